@@ -1,0 +1,165 @@
+"""Attention for the verification pass (and for every other forward of the bundled decoder).
+
+One entry point, :func:`tree_attention`. Queries for T new tokens attend to
+
+* the whole committed prefix, cache slots ``[0, prefix_len)``, with no mask, and
+* the m tree slots ``[prefix_len, prefix_len + m)`` through a (T, m) boolean tree mask.
+
+The same call covers every forward the decoder makes: prefill (``prefix_len`` = tokens already cached, the
+tree mask causal), plain decoding (T = m = 1), the draft growing a tree level by level (T = width of the new
+level, m = nodes drafted so far including that level) and the target verifying a whole tree (T = m = n, the
+tree's ancestor-or-self mask; SpecInfer, Miao et al. 2024, section 4 "tree-based parallel decoding").
+
+Backends: ``"torch"`` is the reference (scaled dot product attention with an explicit prefix + tree mask) and
+runs on every device; ``"cuda"`` is the bit-mask kernel in ``kernels/tree_attention.cu``; ``"auto"`` picks
+the kernel on CUDA tensors when it is available and supports the shapes, else the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["TreeMask", "tree_attention", "resolve_backend", "causal_tree_mask"]
+
+
+@dataclass(frozen=True)
+class TreeMask:
+    """The tree part of an attention mask, kept both dense (for the torch reference) and bit-packed (for
+    the CUDA kernel). Build once per tree shape and reuse every step.
+
+    Attributes:
+        dense: (T, m) bool; ``dense[i, j]`` is True when query i may attend tree slot j.
+        bits: (T, ceil(m / 64)) int64; bit ``j % 64`` of word ``j // 64`` is ``dense[i, j]``.
+    """
+
+    dense: torch.Tensor
+    bits: torch.Tensor
+
+    @classmethod
+    def from_dense(cls, dense: torch.Tensor) -> "TreeMask":
+        """Pack a (T, m) bool mask. The bits live on the same device as ``dense``."""
+        if dense.dim() != 2 or dense.dtype != torch.bool:
+            raise ValueError(f"tree mask must be a 2-D bool tensor, got {tuple(dense.shape)} {dense.dtype}")
+        return cls(dense=dense, bits=pack_mask_bits(dense))
+
+    @property
+    def num_queries(self) -> int:
+        return int(self.dense.shape[0])
+
+    @property
+    def num_tree_keys(self) -> int:
+        return int(self.dense.shape[1])
+
+    def to(self, device: torch.device | str) -> "TreeMask":
+        return TreeMask(dense=self.dense.to(device), bits=self.bits.to(device))
+
+
+def pack_mask_bits(dense: torch.Tensor) -> torch.Tensor:
+    """Pack a (T, m) bool mask into (T, ceil(m / 64)) int64 words, little-endian bit order within a word.
+
+    Bit 63 lands in the sign bit (int64 has no unsigned twin in torch); the kernel reads the words as
+    ``uint64``.
+    """
+    T, m = dense.shape
+    words = max(1, (m + 63) // 64)
+    padded = torch.zeros(T, words * 64, dtype=torch.int64, device=dense.device)
+    padded[:, :m] = dense.to(torch.int64)
+    shifts = torch.arange(64, dtype=torch.int64, device=dense.device)
+    # (T, words, 64) -> (T, words); distinct powers of two, so the sum is a bitwise OR (wraps into bit 63)
+    return (padded.view(T, words, 64) << shifts).sum(dim=-1)
+
+
+def causal_tree_mask(T: int, device: torch.device | str | None = None) -> TreeMask:
+    """A (T, T) lower-triangular mask: T new tokens in a row (prefill, or a chain)."""
+    return TreeMask.from_dense(torch.ones(T, T, dtype=torch.bool, device=device).tril())
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Resolve ``"auto"`` to a concrete backend for tensors on ``device``. Raises ValueError on an unknown
+    name, RuntimeError when ``"cuda"`` is asked for on a non-CUDA device."""
+    if backend not in ("auto", "torch", "cuda"):
+        raise ValueError(f"unknown attention backend {backend!r}; use 'auto', 'torch' or 'cuda'")
+    if backend == "cuda" and device.type != "cuda":
+        raise RuntimeError(f"the 'cuda' attention backend needs CUDA tensors, got device {device}")
+    if backend == "auto":
+        if device.type == "cuda":
+            from . import cuda as _cuda  # imported lazily: builds the kernel on first use
+
+            return "cuda" if _cuda.is_available() else "torch"
+        return "torch"
+    return backend
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_len: int,
+    tree_mask: TreeMask,
+    *,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Attention of T new queries over a committed prefix (dense) plus m tree slots (masked).
+
+    Args:
+        q: (B, Hq, T, D) queries of the new tokens.
+        k_cache, v_cache: (B, Hkv, S, D) static KV cache; slots ``[0, prefix_len)`` hold the committed
+            prefix and ``[prefix_len, prefix_len + m)`` the tree tokens (already written). ``Hq`` must be a
+            multiple of ``Hkv`` (grouped-query attention: query head h reads KV head ``h // (Hq // Hkv)``).
+        prefix_len: committed tokens L visible to every query without a mask (0 <= L, L + m <= S).
+        tree_mask: (T, m) mask over the tree slots, see :class:`TreeMask`.
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        backend: ``"auto"`` | ``"torch"`` | ``"cuda"``.
+
+    Returns:
+        (B, Hq, T, D) attention output, dtype of ``q``.
+
+    Raises:
+        ValueError: inconsistent shapes, or a slot range past the cache.
+    """
+    B, Hq, T, D = q.shape
+    _, Hkv, S, _ = k_cache.shape
+    m = tree_mask.num_tree_keys
+    if tree_mask.num_queries != T:
+        raise ValueError(f"tree mask has {tree_mask.num_queries} rows for {T} queries")
+    if Hq % Hkv:
+        raise ValueError(f"{Hq} query heads is not a multiple of {Hkv} KV heads")
+    if prefix_len < 0 or prefix_len + m > S:
+        raise ValueError(f"slots [0, {prefix_len + m}) do not fit a cache of {S} slots")
+    if scale is None:
+        scale = D**-0.5
+    if resolve_backend(backend, q.device) == "cuda":
+        from . import cuda as _cuda
+
+        return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
+    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
+
+
+def tree_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    prefix_len: int,
+    tree_dense: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The torch reference: scaled dot product attention with an explicit boolean mask.
+
+    Shapes as in :func:`tree_attention`; ``tree_dense`` is the (T, m) bool tree mask. The full mask is
+    (T, L + m): ones over the prefix columns, then the tree mask.
+    """
+    B, Hq, T, D = q.shape
+    Hkv = k_cache.shape[1]
+    m = tree_dense.shape[1]
+    k = k_cache[:, :, : prefix_len + m]  # (B, Hkv, L + m, D)
+    v = v_cache[:, :, : prefix_len + m]
+    if Hq != Hkv:
+        k = k.repeat_interleave(Hq // Hkv, dim=1)  # (B, Hq, L + m, D)
+        v = v.repeat_interleave(Hq // Hkv, dim=1)
+    # (T, L + m): every query sees the whole prefix, and among tree slots only its allowed ones
+    mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree_dense], dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
