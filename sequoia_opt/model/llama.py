@@ -1,0 +1,214 @@
+"""A Llama-family decoder in PyTorch (gpt-fast / nanoGPT style): RMSNorm, rotary embeddings (with the linear
+and Llama 3 ``rope_scaling`` variants), grouped-query attention, SwiGLU MLP, tied or untied embeddings,
+optional q/k/v bias (Qwen2).
+
+Every attention call goes through :func:`sequoia_opt.attention.tree_attention`, so prefill, plain decoding,
+level-by-level drafting and tree verification share one code path. Device and dtype are constructor
+arguments; nothing reads global defaults.
+
+Weights use the Hugging Face layout (rotary pairs are (i, i + head_dim/2), "rotate_half"); the GGUF loader
+undoes llama.cpp's interleaving permutation of the Q and K rows to match.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..attention import TreeMask, tree_attention
+from .config import ModelConfig
+from .kv_cache import ModelKVCache
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """(head_dim / 2,) float32 inverse frequencies, with ``rope_scaling`` applied.
+
+    Linear scaling divides every frequency by ``factor`` (Chen et al. 2023, position interpolation).
+    Llama 3 scaling keeps high frequencies, divides low ones by ``factor`` and interpolates in between
+    (Meta's Llama 3.1 reference, ``apply_scaling``).
+    """
+    hd = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    rs = config.rope_scaling
+    kind = None if rs is None else rs.get("rope_type", rs.get("type"))
+    if kind == "linear":
+        inv_freq = inv_freq / float(rs["factor"])
+    elif kind == "llama3":
+        factor = float(rs["factor"])
+        low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
+        old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq.to(torch.float32)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, H, T, D) by angles whose cos/sin are (B, 1, T, D/2), pairing (i, i + D/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32."""
+
+    def __init__(self, dim: int, eps: float, *, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with a static KV cache."""
+
+    def __init__(self, config: ModelConfig, *, device=None, dtype=None) -> None:
+        super().__init__()
+        c = config
+        kw = dict(device=device, dtype=dtype)
+        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.dim, c.n_heads * c.head_dim, bias=c.attention_bias, **kw)
+        self.k_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.attention_bias, **kw)
+        self.v_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.attention_bias, **kw)
+        self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False, **kw)
+
+    def forward(self, x, cos, sin, layer_cache, cache_slots, prefix_len, tree_mask, backend):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if layer_cache is None:
+            # no cache: plain causal attention over the T tokens (training, perplexity)
+            if self.n_kv_heads != self.n_heads:
+                k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, Hq, T, D)
+                v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            k_all, v_all = layer_cache.update(cache_slots, k, v)  # (B, Hkv, S, D)
+            y = tree_attention(q, k_all, v_all, prefix_len, tree_mask, backend=backend)  # (B, Hq, T, D)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, Hq * D)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, *, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.gate_proj = nn.Linear(config.dim, config.intermediate_size, **kw)
+        self.up_proj = nn.Linear(config.dim, config.intermediate_size, **kw)
+        self.down_proj = nn.Linear(config.intermediate_size, config.dim, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, *, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps, **kw)
+        self.self_attn = Attention(config, **kw)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps, **kw)
+        self.mlp = MLP(config, **kw)
+
+    def forward(self, x, cos, sin, layer_cache, cache_slots, prefix_len, tree_mask, backend):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, cache_slots, prefix_len,
+                               tree_mask, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """A Llama-family causal language model.
+
+    Parameter names follow Hugging Face's ``LlamaForCausalLM`` without the ``model.`` prefix
+    (``embed_tokens.weight``, ``layers.{i}.self_attn.q_proj.weight``, ..., ``norm.weight``,
+    ``lm_head.weight``), so checkpoints map one-to-one.
+
+    Args:
+        config: the architecture.
+        device, dtype: where and in what precision parameters live (explicit; no global defaults).
+    """
+
+    def __init__(self, config: ModelConfig, *, device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.config = config
+        kw = dict(device=device, dtype=dtype)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim, **kw)
+        self.layers = nn.ModuleList(Block(config, **kw) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps, **kw)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False, **kw)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def new_cache(self, max_len: int, batch: int = 1) -> ModelKVCache:
+        """Allocate a static KV cache of ``max_len`` slots: per layer (batch, n_kv_heads, max_len, head_dim)
+        in the model's dtype and device."""
+        c = self.config
+        return ModelKVCache(c.n_layers, batch, c.n_kv_heads, max_len, c.head_dim, dtype=self.dtype,
+                            device=self.device)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        cache: ModelKVCache | None = None,
+        cache_slots: torch.Tensor | None = None,
+        prefix_len: int = 0,
+        tree_mask: TreeMask | None = None,
+        backend: str = "auto",
+    ) -> torch.Tensor:
+        """Logits for T new tokens.
+
+        Args:
+            tokens: (B, T) int64 token ids.
+            positions: (T,) or (B, T) int64 rotary positions; default ``arange(T)`` (no cache) — in tree
+                verification a node's position is ``prefix_len + depth - 1`` style bookkeeping of the caller.
+            cache: the model's :class:`ModelKVCache`; None runs plain causal attention over ``tokens``.
+            cache_slots: (T,) int64 cache slots the new keys/values are written to (with ``cache``).
+            prefix_len: committed slots ``[0, prefix_len)`` every query attends to without a mask.
+            tree_mask: (T, m) mask over slots ``[prefix_len, prefix_len + m)`` (with ``cache``).
+            backend: attention backend, ``"auto" | "torch" | "cuda"``.
+
+        Returns:
+            (B, T, vocab_size) logits in the model's dtype.
+        """
+        B, T = tokens.shape
+        if positions is None:
+            positions = torch.arange(T, device=tokens.device)
+        if cache is not None and (cache_slots is None or tree_mask is None):
+            raise ValueError("a cached forward needs cache_slots and tree_mask")
+        pos = positions.float() if positions.dim() == 2 else positions.float().unsqueeze(0)  # (B|1, T)
+        angles = pos.unsqueeze(-1) * self.inv_freq  # (B|1, T, D/2)
+        cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (B|1, 1, T, D/2)
+        x = self.embed_tokens(tokens)  # (B, T, dim)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if cache is None else cache[i], cache_slots, prefix_len, tree_mask,
+                      backend)
+        return self.lm_head(self.norm(x))  # (B, T, vocab)
