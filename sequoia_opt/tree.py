@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -60,8 +61,8 @@ class Tree:
     max_branching: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "parent", tuple(int(x) for x in self.parent))
-        object.__setattr__(self, "rank", tuple(int(x) for x in self.rank))
+        object.__setattr__(self, "parent", _int_tuple(self.parent, "parent"))
+        object.__setattr__(self, "rank", _int_tuple(self.rank, "rank"))
         _validate(self.parent, self.rank, self.max_depth, self.max_branching)
 
     # ------------------------------------------------------------------ constructors
@@ -257,6 +258,20 @@ class Tree:
         return f"{self.size} nodes, depth {self.tree_depth}, level widths {list(self.level_widths)}"
 
 
+def _int_tuple(values: Any, name: str) -> tuple[int, ...]:
+    """``values`` as a tuple of Python ints; a float, bool, string or None is an error, never truncated."""
+    try:
+        items = list(values)
+    except TypeError:
+        raise TreeValidationError(f"{name} must be a sequence of integers, got {type(values).__name__}") from None
+    out = []
+    for i, x in enumerate(items):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise TreeValidationError(f"node {i}: {name} must be an integer, got {x!r}")
+        out.append(int(x))
+    return tuple(out)
+
+
 def _validate(
     parent: tuple[int, ...], rank: tuple[int, ...], max_depth: int | None, max_branching: int | None
 ) -> None:
@@ -394,6 +409,9 @@ def tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Tree, TreeM
     if not isinstance(meta_raw, dict):
         raise TreeValidationError(f"{source}: 'metadata' must be a mapping")
     meta = TreeMetadata.from_dict(meta_raw)
+    md = meta.max_depth
+    if md is not None and (isinstance(md, bool) or not isinstance(md, int) or md < 0):
+        raise TreeValidationError(f"{source}: metadata max_depth must be a non-negative integer or null, got {md!r}")
     try:
         tree = Tree(parent=parent, rank=rank, max_depth=meta.max_depth)
     except TreeValidationError as err:
