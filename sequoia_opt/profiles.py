@@ -1,0 +1,579 @@
+"""Acceptance and latency profiles: versioned YAML schemas, validation, loading and atomic saving.
+
+Two files feed the solver. Every figure carries its unit in its key name (``_ms`` for milliseconds,
+``tokens`` for token counts); a key with another time unit (``_s``, ``_us``, ``_ns``) is refused rather than
+guessed. Any problem raises :class:`~sequoia_opt.errors.ProfileError` with one line naming the file, the key
+and the problem.
+
+Acceptance profile, ``format: treeopt-acceptance/1`` (Sequoia, Chen et al. 2024, section 3.1)::
+
+    format: treeopt-acceptance/1
+    id: llama2-7b_jf68m_greedy        # optional; defaults to the file stem
+    example: false                    # optional; true for illustrative, not measured, data
+    source: "how the numbers were obtained"   # optional free text
+    measured:                         # what was measured (all optional except mode)
+      target: meta-llama/Llama-2-7b-hf
+      draft: JackFram/llama-68m
+      mode: greedy                    # greedy | sampling
+      temperature: 0.0
+      top_p: 1.0
+      width: 8                        # K, candidates proposed per node while measuring
+      num_samples: 2000
+      date: "2025-01-01T00:00:00+00:00"
+      device: NVIDIA H100 80GB HBM3
+      dtype: float16
+      prompts: data/prompts.jsonl
+    acceptance: [0.62, 0.12, ...]     # K entries, p_k = P(the k-th candidate is the accepted one); sum <= 1
+    counts: [1240, 240, ..., 310]     # optional; K + 1 integers: times candidate k was accepted, then the
+                                      # times all K were rejected. acceptance must equal counts / sum(counts).
+    acceptance_by_depth:              # optional; depth (1 = children of the root) -> K-entry vector
+      1: [...]
+
+Latency profile, ``format: treeopt-latency/1``::
+
+    format: treeopt-latency/1
+    id: h100_llama2-7b_fp16           # optional; defaults to the file stem
+    example: false
+    source: "..."
+    device: {name: NVIDIA H100 80GB HBM3, torch_version: 2.3.0, driver_version: "550.54", dtype: float16,
+             threads: 1}
+    model:
+      target: meta-llama/Llama-2-7b-hf
+      target_shape: {n_layers: 32, d_model: 4096, n_heads: 32}   # free-form mapping
+      draft: JackFram/llama-68m
+      draft_shape: {...}
+      random_weights: false           # true when timed with random weights of the right shape
+    step_overhead_ms: 0.4             # fixed per-step cost (sampling, acceptance, commit), >= 0
+    curves:                           # one entry per context length, increasing context_tokens
+      - context_tokens: 512
+        target:                       # one target forward over `tokens` new tokens at this context
+          tokens: [1, 2, 4, 8, 16, 32, 64, 128]          # strictly increasing, >= 1
+          target_forward_ms: [20.1, 20.2, ...]           # median per row
+          target_forward_spread_ms: [0.2, ...]           # optional; interquartile range (p75 - p25)
+        draft:                        # one draft forward over `tokens` tokens at this context
+          tokens: [1, 2, 4, ...]
+          draft_forward_ms: [1.1, ...]
+          draft_forward_spread_ms: [...]                 # optional
+
+:class:`LatencyCurve` interpolates linearly between measured token counts and between context lengths and
+refuses (``ProfileError``) to extrapolate past the measured range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from ._io import atomic_write_text
+from .errors import ProfileError, SolverError
+
+ACCEPTANCE_FORMAT = "treeopt-acceptance/1"
+LATENCY_FORMAT = "treeopt-latency/1"
+
+#: Slack allowed on ``sum(p) <= 1`` for rounding in profiles written by hand or by other tools.
+SUM_TOLERANCE = 1e-6
+
+_WRONG_TIME_UNITS = ("_s", "_sec", "_secs", "_seconds", "_us", "_ns", "_usec", "_millis")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def validate_acceptance(acceptance: Any, *, error: type[Exception] = SolverError, what: str = "acceptance vector") -> np.ndarray:
+    """Check a positional acceptance vector and return it as a ``(K,)`` float64 array.
+
+    Raises ``error`` (default :class:`SolverError`) with one line when it is not a 1-D sequence of numbers,
+    is empty, holds NaN / inf or a negative entry, or sums above ``1 + SUM_TOLERANCE`` (Sequoia section 3.1:
+    the entries are probabilities of disjoint events).
+    """
+    if isinstance(acceptance, (str, bytes)) or isinstance(acceptance, Mapping):
+        raise error(f"{what} must be a list of probabilities, got {type(acceptance).__name__}")
+    try:
+        p = np.asarray(acceptance, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise error(f"{what} must be a list of numbers") from None
+    if p.ndim != 1:
+        raise error(f"{what} must be a flat list of probabilities, got shape {p.shape}")
+    if p.size == 0:
+        raise error(f"{what} is empty: it needs at least one entry p_1")
+    bad = np.nonzero(~np.isfinite(p))[0]
+    if bad.size:
+        raise error(f"{what} entry p_{bad[0] + 1} is {p[bad[0]]} (must be a finite probability)")
+    neg = np.nonzero(p < 0)[0]
+    if neg.size:
+        raise error(f"{what} entry p_{neg[0] + 1} = {p[neg[0]]} is negative")
+    total = float(p.sum())
+    if total > 1.0 + SUM_TOLERANCE:
+        raise error(f"{what} sums to {total:.6g} > 1 (entries are probabilities of disjoint events)")
+    return p
+
+
+def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ProfileError(f"cannot read {kind} profile {path}: {err.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ProfileError(f"{path}: not valid YAML ({err.__class__.__name__})") from None
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{path}: a {kind} profile must be a YAML mapping with a 'format' key")
+    return doc, path
+
+
+def _check_format(doc: Mapping[str, Any], expected: str, src: str) -> None:
+    fmt = doc.get("format")
+    if fmt == expected:
+        return
+    family = expected.split("/")[0]
+    if isinstance(fmt, str) and fmt.startswith(family + "/"):
+        raise ProfileError(f"{src}: format version {fmt!r} is not supported; this version reads {expected!r}")
+    raise ProfileError(f"{src}: format is {fmt!r}, expected {expected!r}")
+
+
+def _number(value: Any, where: str, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"{where} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ProfileError(f"{where} is {v} (must be finite)")
+    if v < 0 or (positive and v == 0):
+        raise ProfileError(f"{where} = {v} must be {'positive' if positive else 'non-negative'}")
+    return v
+
+
+def _reject_wrong_units(table: Mapping[str, Any], where: str) -> None:
+    for key in table:
+        k = str(key)
+        if any(k.endswith(suffix) for suffix in _WRONG_TIME_UNITS):
+            raise ProfileError(f"{where}: key {k!r} has an unsupported unit; times must be milliseconds in keys ending in _ms")
+
+
+def _plain(value: Any) -> Any:
+    """Numpy scalars/arrays to plain Python for YAML."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- acceptance
+@dataclass
+class AcceptanceProfile:
+    """A measured (or example) positional acceptance vector (Sequoia section 3.1).
+
+    Attributes:
+        id: profile id recorded in tree metadata (the ``id`` key or the file stem).
+        acceptance: (K,) float64, ``p_k`` = probability the k-th candidate is the accepted one.
+        counts: (K+1,) int64 or None; per-candidate accept counts, last entry = all rejected.
+        measured: what was measured (target, draft, mode, temperature, top_p, width, num_samples, date,
+            device, dtype, prompts).
+        by_depth: optional depth -> (K,) vector.
+        example: True for illustrative data that was not measured.
+        source: free text on where the numbers come from.
+    """
+
+    id: str
+    acceptance: np.ndarray
+    counts: np.ndarray | None = None
+    measured: dict[str, Any] = field(default_factory=dict)
+    by_depth: dict[int, np.ndarray] = field(default_factory=dict)
+    example: bool = False
+    source: str | None = None
+
+    @property
+    def width(self) -> int:
+        """K, the number of candidate positions in the vector."""
+        return int(self.acceptance.size)
+
+    @property
+    def num_samples(self) -> int | None:
+        """Total samples behind the vector (sum of counts), or ``measured.num_samples``, or None."""
+        if self.counts is not None:
+            return int(self.counts.sum())
+        n = self.measured.get("num_samples")
+        return int(n) if isinstance(n, int) and not isinstance(n, bool) else None
+
+    def confidence_interval(self, z: float = 1.959963984540054) -> np.ndarray:
+        """Wilson score interval for every ``p_k``: ``(K, 2)`` array of (low, high), default 95 %.
+
+        Raises ProfileError when the profile carries no ``counts``.
+        """
+        if self.counts is None:
+            raise ProfileError(f"acceptance profile {self.id!r} has no counts; a confidence interval needs them")
+        n = float(self.counts.sum())
+        k = self.counts[:-1].astype(np.float64)
+        phat = k / n
+        z2 = z * z
+        centre = (phat + z2 / (2 * n)) / (1 + z2 / n)
+        half = z * np.sqrt(phat * (1 - phat) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+        return np.stack([np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)], axis=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": ACCEPTANCE_FORMAT, "id": self.id}
+        if self.example:
+            d["example"] = True
+        if self.source:
+            d["source"] = self.source
+        d["measured"] = _plain(dict(self.measured))
+        d["acceptance"] = [float(x) for x in self.acceptance]
+        if self.counts is not None:
+            d["counts"] = [int(x) for x in self.counts]
+        if self.by_depth:
+            d["acceptance_by_depth"] = {int(k): [float(x) for x in v] for k, v in sorted(self.by_depth.items())}
+        return d
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "acceptance profile", default_id: str = "acceptance") -> "AcceptanceProfile":
+        """Validate a parsed ``treeopt-acceptance/1`` mapping. Raises ProfileError with one line."""
+        _check_format(doc, ACCEPTANCE_FORMAT, source)
+        if "acceptance" not in doc:
+            raise ProfileError(f"{source}: missing key 'acceptance' (the K-entry vector p_1..p_K)")
+        p = validate_acceptance(doc["acceptance"], error=ProfileError, what=f"{source}: 'acceptance'")
+        measured = doc.get("measured") or {}
+        if not isinstance(measured, dict):
+            raise ProfileError(f"{source}: 'measured' must be a mapping")
+        mode = measured.get("mode")
+        if mode is not None and mode not in ("greedy", "sampling"):
+            raise ProfileError(f"{source}: measured.mode is {mode!r}, expected 'greedy' or 'sampling'")
+        for key in ("temperature", "top_p"):
+            if measured.get(key) is not None:
+                _number(measured[key], f"{source}: measured.{key}")
+        counts = None
+        if doc.get("counts") is not None:
+            raw = doc["counts"]
+            if not isinstance(raw, list) or len(raw) != p.size + 1:
+                raise ProfileError(f"{source}: 'counts' must list K + 1 = {p.size + 1} integers (the last = all rejected)")
+            for i, c in enumerate(raw):
+                if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                    raise ProfileError(f"{source}: counts[{i}] = {c!r} must be a non-negative integer")
+            counts = np.asarray(raw, dtype=np.int64)
+            if counts.sum() == 0:
+                raise ProfileError(f"{source}: 'counts' are all zero")
+            implied = counts[:-1] / counts.sum()
+            worst = int(np.argmax(np.abs(implied - p)))
+            if abs(implied[worst] - p[worst]) > 1e-3:
+                raise ProfileError(
+                    f"{source}: acceptance p_{worst + 1} = {p[worst]:.6g} disagrees with counts "
+                    f"({implied[worst]:.6g} = {counts[worst]}/{counts.sum()})"
+                )
+        by_depth: dict[int, np.ndarray] = {}
+        raw_depth = doc.get("acceptance_by_depth") or {}
+        if not isinstance(raw_depth, dict):
+            raise ProfileError(f"{source}: 'acceptance_by_depth' must map depth -> vector")
+        for k, v in raw_depth.items():
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ProfileError(f"{source}: acceptance_by_depth key {k!r} must be a depth >= 1")
+            by_depth[k] = validate_acceptance(v, error=ProfileError, what=f"{source}: acceptance_by_depth[{k}]")
+        pid = doc.get("id", default_id)
+        if not isinstance(pid, str) or not pid:
+            raise ProfileError(f"{source}: 'id' must be a non-empty string")
+        return cls(
+            id=pid,
+            acceptance=p,
+            counts=counts,
+            measured=dict(measured),
+            by_depth=by_depth,
+            example=bool(doc.get("example", False)),
+            source=doc.get("source"),
+        )
+
+
+def load_acceptance(path: str | Path) -> AcceptanceProfile:
+    """Read and validate a ``treeopt-acceptance/1`` YAML file. Raises ProfileError (also if missing)."""
+    doc, p = _load_yaml(path, "acceptance")
+    return AcceptanceProfile.from_dict(doc, source=str(p), default_id=p.stem)
+
+
+def save_acceptance(path: str | Path, profile: AcceptanceProfile) -> Path:
+    """Validate and write an acceptance profile atomically. Returns the path."""
+    d = profile.to_dict()
+    AcceptanceProfile.from_dict(d, source=str(path))
+    return atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, default_flow_style=None))
+
+
+# ---------------------------------------------------------------------------------------------- latency
+@dataclass(frozen=True)
+class _Table:
+    tokens: np.ndarray  # (k,) int64, strictly increasing
+    ms: np.ndarray  # (k,) float64 medians
+    spread_ms: np.ndarray | None  # (k,) or None
+
+
+def _parse_table(raw: Any, value_key: str, where: str) -> _Table:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where} must be a mapping with 'tokens' and {value_key!r}")
+    _reject_wrong_units(raw, where)
+    spread_key = value_key.replace("_ms", "_spread_ms")
+    unknown = set(map(str, raw)) - {"tokens", value_key, spread_key}
+    if unknown:
+        raise ProfileError(f"{where}: unknown key {sorted(unknown)[0]!r} (expected tokens, {value_key}, {spread_key})")
+    for key in ("tokens", value_key):
+        if key not in raw:
+            raise ProfileError(f"{where}: missing key {key!r}")
+    tokens, values = raw["tokens"], raw[value_key]
+    if not isinstance(tokens, list) or not tokens:
+        raise ProfileError(f"{where}.tokens must be a non-empty list of token counts")
+    if not isinstance(values, list) or len(values) != len(tokens):
+        raise ProfileError(f"{where}.{value_key} must be a list as long as tokens ({len(tokens)})")
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ProfileError(f"{where}.tokens[{i}] = {t!r} must be an integer >= 1")
+        if i and t <= tokens[i - 1]:
+            raise ProfileError(f"{where}.tokens must be strictly increasing ({tokens[i - 1]} then {t})")
+    ms = np.array([_number(v, f"{where}.{value_key}[{i}]") for i, v in enumerate(values)])
+    spread = None
+    if raw.get(spread_key) is not None:
+        s = raw[spread_key]
+        if not isinstance(s, list) or len(s) != len(tokens):
+            raise ProfileError(f"{where}.{spread_key} must be a list as long as tokens ({len(tokens)})")
+        spread = np.array([_number(v, f"{where}.{spread_key}[{i}]") for i, v in enumerate(s)])
+    return _Table(np.asarray(tokens, dtype=np.int64), ms, spread)
+
+
+def _interp(table: _Table, n: float, what: str, src: str) -> float:
+    lo, hi = int(table.tokens[0]), int(table.tokens[-1])
+    if n > hi:
+        raise ProfileError(
+            f"{src}: {what} at {n:g} tokens would extrapolate past the largest measured count {hi} tokens; "
+            "profile larger counts or lower the budget"
+        )
+    if n < lo:
+        raise ProfileError(f"{src}: {what} at {n:g} tokens is below the smallest measured count {lo} tokens")
+    return float(np.interp(n, table.tokens, table.ms))
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    """Latency model from a ``treeopt-latency/1`` profile: target forward T(n), draft forward c(w), overhead.
+
+    Attributes:
+        id: profile id (``id`` key or file stem).
+        contexts: (C,) int64 increasing context lengths (tokens) that were measured.
+        step_overhead_ms: fixed per-step cost in ms.
+        device / model: the metadata mappings as stored.
+    """
+
+    id: str
+    contexts: np.ndarray
+    step_overhead_ms: float
+    _target: tuple[_Table, ...] = field(repr=False)
+    _draft: tuple[_Table, ...] = field(repr=False)
+    device: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    example: bool = False
+    source: str | None = None
+
+    # -------------------------------------------------------------- queries
+    def max_target_tokens(self, context: int | None = None) -> int:
+        """Largest target token count measured at every context used for ``context`` (no extrapolation)."""
+        return int(min(t.tokens[-1] for t in self._bracket(self._target, context)[0]))
+
+    def max_draft_tokens(self, context: int | None = None) -> int:
+        """Largest draft token count measured (no extrapolation past it)."""
+        return int(min(t.tokens[-1] for t in self._bracket(self._draft, context)[0]))
+
+    def _bracket(self, tables: tuple[_Table, ...], context: int | None) -> tuple[list[_Table], list[float]]:
+        """Tables and weights for a context: exact match, linear mix of the two around it, the smallest
+        measured context when below it (latency grows with context, so this is the nearest measured point),
+        ProfileError above the largest."""
+        ctx = self.contexts
+        if context is None:
+            return [tables[0]], [1.0]
+        c = float(context)
+        if not math.isfinite(c) or c < 0:
+            raise ProfileError(f"context length must be a non-negative number of tokens, got {context!r}")
+        if c > ctx[-1]:
+            raise ProfileError(
+                f"latency profile {self.id!r}: context {context} tokens is beyond the largest measured "
+                f"context {int(ctx[-1])} tokens; refusing to extrapolate"
+            )
+        if c <= ctx[0]:
+            return [tables[0]], [1.0]
+        j = int(np.searchsorted(ctx, c))
+        if ctx[j] == c:
+            return [tables[j]], [1.0]
+        w = (c - ctx[j - 1]) / (ctx[j] - ctx[j - 1])
+        return [tables[j - 1], tables[j]], [1.0 - w, w]
+
+    def target_ms(self, n: float, context: int | None = None) -> float:
+        """T(n): ms for one target forward over n tokens at ``context`` tokens of context (default: the
+        smallest measured). Linear interpolation between measured counts and contexts.
+
+        Raises ProfileError when n is outside the measured token range or context past the largest.
+        """
+        tabs, ws = self._bracket(self._target, context)
+        return sum(w * _interp(t, n, "target forward", f"latency profile {self.id!r}") for t, w in zip(tabs, ws))
+
+    def draft_ms(self, w: float, context: int | None = None) -> float:
+        """c(w): ms for one draft forward over w tokens; same interpolation and refusal as :meth:`target_ms`."""
+        tabs, ws = self._bracket(self._draft, context)
+        return sum(k * _interp(t, w, "draft forward", f"latency profile {self.id!r}") for t, k in zip(tabs, ws))
+
+    def target_tokens(self, context: int | None = None) -> np.ndarray:
+        """Measured target token counts at the (first) table used for ``context``."""
+        return self._bracket(self._target, context)[0][0].tokens.copy()
+
+    # -------------------------------------------------------------- io
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": LATENCY_FORMAT, "id": self.id}
+        if self.example:
+            d["example"] = True
+        if self.source:
+            d["source"] = self.source
+        d["device"] = _plain(dict(self.device))
+        d["model"] = _plain(dict(self.model))
+        d["step_overhead_ms"] = float(self.step_overhead_ms)
+        curves = []
+        for c, t, dr in zip(self.contexts, self._target, self._draft):
+            tt: dict[str, Any] = {"tokens": t.tokens.tolist(), "target_forward_ms": t.ms.tolist()}
+            if t.spread_ms is not None:
+                tt["target_forward_spread_ms"] = t.spread_ms.tolist()
+            dd: dict[str, Any] = {"tokens": dr.tokens.tolist(), "draft_forward_ms": dr.ms.tolist()}
+            if dr.spread_ms is not None:
+                dd["draft_forward_spread_ms"] = dr.spread_ms.tolist()
+            curves.append({"context_tokens": int(c), "target": tt, "draft": dd})
+        d["curves"] = curves
+        return d
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "latency profile", default_id: str = "latency") -> "LatencyCurve":
+        """Validate a parsed ``treeopt-latency/1`` mapping. Raises ProfileError with one line."""
+        _check_format(doc, LATENCY_FORMAT, source)
+        _reject_wrong_units(doc, source)
+        if "step_overhead_ms" not in doc:
+            raise ProfileError(f"{source}: missing key 'step_overhead_ms' (use 0 if not measured)")
+        overhead = _number(doc["step_overhead_ms"], f"{source}: step_overhead_ms")
+        curves = doc.get("curves")
+        if not isinstance(curves, list) or not curves:
+            raise ProfileError(f"{source}: 'curves' must be a non-empty list (one entry per context length)")
+        contexts, targets, drafts = [], [], []
+        for i, cur in enumerate(curves):
+            where = f"{source}: curves[{i}]"
+            if not isinstance(cur, dict):
+                raise ProfileError(f"{where} must be a mapping")
+            _reject_wrong_units(cur, where)
+            c = cur.get("context_tokens")
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise ProfileError(f"{where}.context_tokens = {c!r} must be a non-negative integer")
+            if contexts and c <= contexts[-1]:
+                raise ProfileError(f"{where}: context_tokens must be strictly increasing ({contexts[-1]} then {c})")
+            contexts.append(c)
+            if "target" not in cur or "draft" not in cur:
+                raise ProfileError(f"{where} needs both a 'target' and a 'draft' table")
+            targets.append(_parse_table(cur["target"], "target_forward_ms", f"{where}.target"))
+            drafts.append(_parse_table(cur["draft"], "draft_forward_ms", f"{where}.draft"))
+        device = doc.get("device") or {}
+        model = doc.get("model") or {}
+        if not isinstance(device, dict) or not isinstance(model, dict):
+            raise ProfileError(f"{source}: 'device' and 'model' must be mappings")
+        pid = doc.get("id", default_id)
+        if not isinstance(pid, str) or not pid:
+            raise ProfileError(f"{source}: 'id' must be a non-empty string")
+        return cls(
+            id=pid,
+            contexts=np.asarray(contexts, dtype=np.int64),
+            step_overhead_ms=overhead,
+            _target=tuple(targets),
+            _draft=tuple(drafts),
+            device=dict(device),
+            model=dict(model),
+            example=bool(doc.get("example", False)),
+            source=doc.get("source"),
+        )
+
+    @classmethod
+    def synthetic(
+        cls,
+        target: Mapping[int, float],
+        draft: Mapping[int, float],
+        *,
+        step_overhead_ms: float = 0.0,
+        context: int = 0,
+        id: str = "synthetic",
+    ) -> "LatencyCurve":
+        """A one-context curve from ``{tokens: ms}`` mappings (tests, examples). Validated like a file."""
+        t = sorted(target.items())
+        d = sorted(draft.items())
+        doc = {
+            "format": LATENCY_FORMAT,
+            "id": id,
+            "example": True,
+            "step_overhead_ms": step_overhead_ms,
+            "curves": [
+                {
+                    "context_tokens": context,
+                    "target": {"tokens": [k for k, _ in t], "target_forward_ms": [v for _, v in t]},
+                    "draft": {"tokens": [k for k, _ in d], "draft_forward_ms": [v for _, v in d]},
+                }
+            ],
+        }
+        return cls.from_dict(doc, source=f"synthetic curve {id!r}", default_id=id)
+
+
+def load_latency(path: str | Path) -> LatencyCurve:
+    """Read and validate a ``treeopt-latency/1`` YAML file. Raises ProfileError (also if missing)."""
+    doc, p = _load_yaml(path, "latency")
+    return LatencyCurve.from_dict(doc, source=str(p), default_id=p.stem)
+
+
+def save_latency(path: str | Path, curve: LatencyCurve) -> Path:
+    """Write a latency profile atomically (validated by re-parsing first). Returns the path."""
+    d = curve.to_dict()
+    LatencyCurve.from_dict(d, source=str(path))
+    return atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, default_flow_style=None))
+
+
+# ---------------------------------------------------------------------------------------------- mismatch
+def warn_on_mismatch(
+    *,
+    acceptance: AcceptanceProfile | None = None,
+    latency: LatencyCurve | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    target: str | None = None,
+    draft: str | None = None,
+) -> list[str]:
+    """Warnings (strings, one per problem) when the profiles were measured on another device / dtype / model
+    pair than the one in use, or disagree with each other. Values that are unknown on either side are not
+    compared. Returns ``[]`` when everything matches.
+    """
+    out: list[str] = []
+
+    def cmp(label: str, have: Any, want: Any, pid: str) -> None:
+        if have is None or want is None:
+            return
+        if str(have).strip().lower() != str(want).strip().lower():
+            out.append(f"profile {pid!r} was measured with {label} {have!r}, but this run uses {want!r}")
+
+    if acceptance is not None:
+        m = acceptance.measured
+        cmp("target", m.get("target"), target, acceptance.id)
+        cmp("draft", m.get("draft"), draft, acceptance.id)
+        cmp("device", m.get("device"), device, acceptance.id)
+        cmp("dtype", m.get("dtype"), dtype, acceptance.id)
+        if acceptance.example:
+            out.append(f"acceptance profile {acceptance.id!r} is EXAMPLE data, not a measurement")
+    if latency is not None:
+        cmp("device", latency.device.get("name"), device, latency.id)
+        cmp("dtype", latency.device.get("dtype"), dtype, latency.id)
+        cmp("target", latency.model.get("target"), target, latency.id)
+        cmp("draft", latency.model.get("draft"), draft, latency.id)
+        if latency.example:
+            out.append(f"latency profile {latency.id!r} is EXAMPLE data, not a measurement")
+    if acceptance is not None and latency is not None:
+        for key, lk in (("target", "target"), ("draft", "draft")):
+            a, b = acceptance.measured.get(key), latency.model.get(lk)
+            if a is not None and b is not None and str(a).lower() != str(b).lower():
+                out.append(f"the acceptance profile's {key} {a!r} differs from the latency profile's {b!r}")
+    return out

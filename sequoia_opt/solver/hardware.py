@@ -1,0 +1,363 @@
+"""Hardware-aware choice of budget and depth: maximise expected tokens per second, not per step.
+
+Cost model for one decoding step with a tree of n nodes and level widths ``w_0 = 1, w_1, .., w_L``
+(Sequoia, Chen et al. 2024, section 4.2 uses the same split into draft and verification time)::
+
+    draft_ms  = sum_{l = 0}^{L-1} c(w_l)     # to propose the nodes at depth l+1 the draft runs once over
+                                            # the w_l nodes at depth l; the deepest level needs no draft run
+    target_ms = T(n)                         # one target forward over all n tree tokens (root included)
+    cost_ms   = draft_ms + target_ms + step_overhead_ms
+
+    tokens_per_s = 1000 * G(tree) / cost_ms
+
+Plain autoregressive decoding (same target, KV cache, device, precision) emits one token per step of
+``T(1) + step_overhead_ms``, so ``speedup = tokens_per_s * (T(1) + step_overhead_ms) / 1000``. A root-only tree
+has speedup exactly 1.
+
+Maximising G / cost over all trees is hard (cost depends on the level widths), so :func:`choose` scores the
+DP-optimal tree for every (budget m, depth d) with m on a grid (the measured token counts, quarter-octave
+steps and the budget itself) and d = 1..D, and keeps the best. T and c come from a
+:class:`~sequoia_opt.profiles.LatencyCurve` and are never extrapolated: a tree needing a draft width past the
+measured range is skipped, a budget past the largest measured target count is refused (ProfileError).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ProfileError, SolverError
+from ..profiles import LatencyCurve, validate_acceptance
+from ..tree import Tree
+from .dp import DPSolution, solve_dp
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Predicted cost of one decoding step (all in ms) and the resulting rates.
+
+    Attributes:
+        expected_tokens: G, tokens per step.
+        draft_ms / target_ms / overhead_ms / cost_ms: the parts of one step and their sum.
+        tokens_per_s: 1000 * G / cost_ms.
+        speedup: tokens_per_s over plain decoding's tokens per second (ratio).
+    """
+
+    expected_tokens: float
+    draft_ms: float
+    target_ms: float
+    overhead_ms: float
+    cost_ms: float
+    tokens_per_s: float
+    speedup: float
+
+
+def plain_ms_per_token(curve: LatencyCurve, context: int | None = None) -> float:
+    """Plain autoregressive decoding: ms per token = T(1) + step_overhead_ms."""
+    return curve.target_ms(1, context) + curve.step_overhead_ms
+
+
+def step_cost(
+    level_widths: Sequence[int], expected_tokens: float, curve: LatencyCurve, context: int | None = None
+) -> StepCost:
+    """Cost of one step for a tree given by its level widths (``[1, w_1, .., w_L]``) and its G.
+
+    Raises ProfileError when a width or the size is outside the measured range of the curve.
+    """
+    widths = [int(w) for w in level_widths]
+    n = sum(widths)
+    draft = sum(curve.draft_ms(w, context) for w in widths[:-1])
+    target = curve.target_ms(n, context)
+    overhead = curve.step_overhead_ms
+    cost = draft + target + overhead
+    if cost <= 0:
+        raise ProfileError(f"latency profile {curve.id!r} predicts a step cost of {cost} ms; it must be > 0")
+    tps = 1000.0 * expected_tokens / cost
+    return StepCost(
+        expected_tokens=float(expected_tokens),
+        draft_ms=draft,
+        target_ms=target,
+        overhead_ms=overhead,
+        cost_ms=cost,
+        tokens_per_s=tps,
+        speedup=tps * plain_ms_per_token(curve, context) / 1000.0,
+    )
+
+
+def score_tree(tree: Tree, acceptance: Sequence[float], curve: LatencyCurve, context: int | None = None) -> StepCost:
+    """:func:`step_cost` of a concrete tree under the acceptance vector (any tree: baselines, imports)."""
+    return step_cost(tree.level_widths, tree.expected_tokens(acceptance), curve, context)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scored (budget, depth) pair: the DP's optimal tree for it and its predicted cost.
+
+    ``budget``/``depth`` are the limits given to the DP; ``size``/``tree_depth`` what the tree really uses.
+    """
+
+    budget: int
+    depth: int
+    size: int
+    tree_depth: int
+    level_widths: tuple[int, ...]
+    cost: StepCost
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.cost
+        return {
+            "budget": self.budget,
+            "max_depth": self.depth,
+            "nodes": self.size,
+            "depth": self.tree_depth,
+            "level_widths": list(self.level_widths),
+            "expected_tokens_per_step": c.expected_tokens,
+            "draft_ms": c.draft_ms,
+            "target_ms": c.target_ms,
+            "overhead_ms": c.overhead_ms,
+            "cost_ms": c.cost_ms,
+            "tokens_per_s": c.tokens_per_s,
+            "speedup": c.speedup,
+        }
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The hardware-aware choice (see module docstring for the cost model).
+
+    Attributes:
+        tree: the chosen tree (DP-optimal for ``budget`` and ``depth``).
+        budget / depth: the DP limits that produced it (nodes incl. root; depth limit).
+        expected_tokens: G (tokens per step).  cost_ms: one step (ms).  tokens_per_s, speedup: rates.
+        plain_ms_per_token: T(1) + step_overhead_ms, the plain-decoding baseline.
+        context: context length (tokens) the curve was read at, None = smallest measured.
+        alternatives: the best distinct candidates, best first (the choice itself is ``alternatives[0]``).
+        considered / skipped: how many (budget, depth) pairs were scored / skipped for lack of draft data.
+        solution: the DP tables (for further queries).
+    """
+
+    tree: Tree
+    budget: int
+    depth: int
+    expected_tokens: float
+    cost_ms: float
+    tokens_per_s: float
+    speedup: float
+    plain_ms_per_token: float
+    context: int | None
+    alternatives: list[Candidate]
+    considered: int
+    skipped: int
+    solution: DPSolution = field(repr=False)
+
+
+def budget_grid(budget: int, measured: Sequence[int]) -> list[int]:
+    """Budgets to score: every measured token count <= budget, quarter-octave steps (1, 2, 3, 4, 5, 6, 7,
+    8, 10, 11, 13, 16, 19, ...) and the budget itself; sorted, unique."""
+    grid = {int(t) for t in measured if 1 <= t <= budget}
+    grid.add(int(budget))
+    k = 0
+    while True:
+        v = int(round(2 ** (k / 4)))
+        if v > budget:
+            break
+        grid.add(v)
+        k += 1
+    return sorted(grid)
+
+
+def choose(
+    acceptance: Sequence[float],
+    curve: LatencyCurve,
+    budget: int,
+    max_depth: int,
+    max_branching: int = 32,
+    *,
+    context: int | None = None,
+    top: int = 5,
+    solution: DPSolution | None = None,
+) -> Choice:
+    """Pick the budget and depth whose DP-optimal tree maximises predicted tokens per second.
+
+    Args:
+        acceptance: p_1..p_K.  budget: largest n considered (nodes incl. root).  max_depth: D.
+        max_branching: B.  context: context length in tokens (None = smallest measured).
+        top: how many distinct alternatives to keep.  solution: reuse DP tables solved for >= these limits.
+
+    Raises:
+        SolverError: bad acceptance / budget / depth.  ProfileError: budget beyond the largest measured
+            target token count, or no candidate could be scored without extrapolating the draft curve.
+    """
+    p = validate_acceptance(acceptance)
+    max_target = curve.max_target_tokens(context)
+    if isinstance(budget, int) and budget > max_target:
+        raise ProfileError(
+            f"budget {budget} exceeds the largest target token count {max_target} measured in latency "
+            f"profile {curve.id!r}; refusing to extrapolate (lower --budget or profile more tokens)"
+        )
+    if solution is None or solution.max_nodes < budget or solution.max_depth < max_depth:
+        solution = solve_dp(p, budget, max_depth, max_branching)
+    ms, ds = [], []
+    for m in budget_grid(budget, curve.target_tokens(context)):
+        for d in range(1, max_depth + 1):
+            ms.append(m)
+            ds.append(d)
+    widths_all = solution.level_widths_many(ms, ds)
+    max_draft = curve.max_draft_tokens(context)
+    scored: list[Candidate] = []
+    skipped = 0
+    for j, (m, d) in enumerate(zip(ms, ds)):
+        row = widths_all[j]
+        nz = np.nonzero(row)[0]
+        widths = tuple(int(x) for x in row[: int(nz[-1]) + 1])
+        if max(widths[:-1], default=1) > max_draft:
+            skipped += 1
+            continue
+        cost = step_cost(widths, float(solution.table[m, d]), curve, context)
+        scored.append(Candidate(m, d, sum(widths), len(widths) - 1, widths, cost))
+    if not scored:
+        raise ProfileError(
+            f"latency profile {curve.id!r}: every candidate tree needs a draft forward wider than the largest "
+            f"measured draft count {max_draft} tokens; profile wider draft forwards"
+        )
+    # best first; ties (equal rate) go to the smaller, shallower tree
+    scored.sort(key=lambda c: (-round(c.cost.tokens_per_s, 9), c.size, c.tree_depth, c.budget, c.depth))
+    distinct: list[Candidate] = []
+    seen: set[tuple] = set()
+    for c in scored:
+        key = (c.level_widths, round(c.cost.expected_tokens, 9))
+        if key in seen:
+            continue
+        seen.add(key)
+        distinct.append(c)
+        if len(distinct) >= max(1, top):
+            break
+    best = distinct[0]
+    tree = solution.tree(best.budget, best.depth)
+    return Choice(
+        tree=tree,
+        budget=best.budget,
+        depth=best.depth,
+        expected_tokens=best.cost.expected_tokens,
+        cost_ms=best.cost.cost_ms,
+        tokens_per_s=best.cost.tokens_per_s,
+        speedup=best.cost.speedup,
+        plain_ms_per_token=plain_ms_per_token(curve, context),
+        context=context,
+        alternatives=distinct,
+        considered=len(scored),
+        skipped=skipped,
+        solution=solution,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- baselines
+@dataclass(frozen=True)
+class BaselineResult:
+    """A baseline family's best member under the same vector and cost model.
+
+    ``name`` e.g. ``"chain"``; ``params`` e.g. ``{"gamma": 5}``; ``cost`` None without a latency curve.
+    """
+
+    name: str
+    params: dict[str, int]
+    tree: Tree
+    expected_tokens: float
+    cost: StepCost | None
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "name": self.name,
+            "params": dict(self.params),
+            "nodes": self.tree.size,
+            "depth": self.tree.tree_depth,
+            "expected_tokens_per_step": self.expected_tokens,
+        }
+        if self.cost is not None:
+            d.update(cost_ms=self.cost.cost_ms, tokens_per_s=self.cost.tokens_per_s, speedup=self.cost.speedup)
+        return d
+
+
+def compare_baselines(
+    acceptance: Sequence[float],
+    budget: int,
+    max_depth: int,
+    max_branching: int = 32,
+    curve: LatencyCurve | None = None,
+    *,
+    context: int | None = None,
+    best_first_budget: int | None = None,
+) -> list[BaselineResult]:
+    """Best chain (over gamma), best k-ary tree (over k and depth, truncated to the budget), best SpecInfer
+    k x L, and best-first with ``best_first_budget`` (default: ``budget``) nodes, all within the budget,
+    depth and branching limits. "Best" = highest tokens/s with a curve, else highest G (ties: fewer nodes).
+    """
+    from .baselines import best_first, chain, kary_tree, specinfer
+
+    p = validate_acceptance(acceptance)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise SolverError(f"budget must be an integer >= 1, got {budget!r}")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+        raise SolverError(f"max depth must be an integer >= 1, got {max_depth!r}")
+    if curve is not None:
+        budget = min(budget, curve.max_target_tokens(context))
+        max_draft = curve.max_draft_tokens(context)
+    # ranks past the last positive p_k add nodes and cost but never expected tokens
+    k_pos = int(np.nonzero(p > 0)[0][-1]) + 1 if np.any(p > 0) else 1
+    B = max(1, min(max_branching, budget - 1, max(2, k_pos)))
+    pr = lambda i: float(p[i]) if i < p.size else 0.0  # noqa: E731
+
+    def key(g: float, widths: Sequence[int]) -> tuple[float, int]:
+        if curve is None:
+            return (round(g, 12), -sum(widths))
+        if max(list(widths)[:-1], default=1) > max_draft:
+            return (-1.0, 0)
+        return (round(step_cost(widths, g, curve, context).tokens_per_s, 9), -sum(widths))
+
+    out: list[BaselineResult] = []
+
+    def add(name: str, params: dict[str, int], tree: Tree) -> None:
+        g = tree.expected_tokens(p)
+        cost = score_tree(tree, p, curve, context) if curve is not None else None
+        out.append(BaselineResult(name, params, tree, g, cost))
+
+    # chain: G = sum_{j=0..gamma} p1^j, widths all 1
+    best = None
+    for gamma in range(0, min(budget - 1, max_depth) + 1):
+        g = sum(pr(0) ** j for j in range(gamma + 1))
+        k = key(g, [1] * (gamma + 1))
+        if best is None or k > best[0]:
+            best = (k, gamma)
+    add("chain", {"gamma": best[1]}, chain(best[1]))
+
+    # k-ary, truncated breadth-first to the budget; deeper than the depth that fills the budget is the same tree
+    best = None
+    for k_ in range(2, B + 1):
+        for d in range(1, max_depth + 1):
+            t = kary_tree(k_, d, budget)
+            kk = key(t.expected_tokens(p), t.level_widths)
+            if best is None or kk > best[0]:
+                best = (kk, k_, d, t)
+            if t.size >= budget:
+                break
+    if best is not None:
+        add("k-ary", {"k": best[1], "depth": best[2]}, best[3])
+
+    # SpecInfer k x L: widths [1, k, .., k], G = 1 + sum_{r<k} p_{r+1} * sum_{j<L} p1^j
+    best = None
+    for k_ in range(1, B + 1):
+        for L in range(1, max_depth + 1):
+            if 1 + k_ * L > budget:
+                break
+            g = 1.0 + sum(pr(r) for r in range(k_)) * sum(pr(0) ** j for j in range(L))
+            kk = key(g, [1] + [k_] * L)
+            if best is None or kk > best[0]:
+                best = (kk, k_, L)
+    if best is not None:
+        add("specinfer", {"k": best[1], "length": best[2]}, specinfer(best[1], best[2]))
+
+    bf_budget = budget if best_first_budget is None else min(best_first_budget, budget)
+    add("best-first", {"budget": bf_budget}, best_first(p, bf_budget, max_depth, max_branching))
+    return out
