@@ -1,0 +1,108 @@
+"""`treeopt solve` through typer's CliRunner: exit codes, files written or not, --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sequoia_opt import __version__
+from sequoia_opt.cli import app
+from sequoia_opt.tree import load_tree
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "profiles" / "example"
+ACC = str(EXAMPLES / "acceptance.yaml")
+LAT = str(EXAMPLES / "latency.yaml")
+runner = CliRunner()
+
+
+def _acc(tmp_path: Path, vec) -> str:
+    p = tmp_path / "acc.yaml"
+    p.write_text(yaml.safe_dump({"format": "treeopt-acceptance/1", "acceptance": vec}))
+    return str(p)
+
+
+def test_version():
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and __version__ in r.output
+
+
+def test_solve_with_latency_writes_tree(tmp_path):
+    out = tmp_path / "tree.yaml"
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--budget", "128", "--max-depth", "8", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    tree, meta = load_tree(out)
+    assert 1 < tree.size <= 128 and tree.tree_depth <= 8
+    assert meta.predicted_speedup > 1
+    assert meta.latency_profile == "example-synthetic-gpu"
+    assert meta.expected_tokens_per_step == pytest.approx(tree.expected_tokens([0.62, 0.11, 0.05, 0.03, 0.02, 0.015, 0.01, 0.008]))
+    assert "predicted speedup" in r.output
+
+
+def test_solve_json_without_latency(tmp_path):
+    r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "32", "--max-depth", "6", "--json", "--compare"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["latency_profile"] is None
+    assert doc["choice"]["nodes"] <= 32
+    assert any("no --latency" in n for n in doc["notes"])
+    names = [b["name"] for b in doc["baselines"]]
+    assert names == ["chain", "k-ary", "specinfer", "best-first"]
+    assert all(b["expected_tokens_per_step"] <= doc["choice"]["expected_tokens_per_step"] + 1e-9 for b in doc["baselines"])
+
+
+def test_solve_json_with_latency_and_compare():
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--budget", "256", "--max-depth", "10", "--json", "--compare"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert len(doc["alternatives"]) == 5
+    assert doc["choice"]["speedup"] >= max(b["speedup"] for b in doc["baselines"]) - 1e-9
+
+
+@pytest.mark.parametrize("fmt", ["json", "medusa"])
+def test_other_formats(tmp_path, fmt):
+    out = tmp_path / f"tree.{fmt}"
+    r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "16", "--max-depth", "4", "-o", str(out), "--format", fmt])
+    assert r.exit_code == 0, r.output
+    assert out.read_text().strip()
+
+
+@pytest.mark.parametrize(
+    "vec, args, match",
+    [
+        ([0.5, float("nan")], [], "p_2"),
+        ([0.5, -0.1], [], "negative"),
+        ([0.7, 0.6], [], "sums to"),
+        ([], [], "empty"),
+        ([0.5], ["--budget", "0"], "--budget"),
+        ([0.5], ["--max-depth", "0"], "--max-depth"),
+        ([0.5], ["--format", "pdf"], "unknown --format"),
+        ([0.5], ["-l", "BADLAT"], "unsupported unit"),
+        ([0.5], ["-l", LAT, "--budget", "4096"], "extrapolate"),
+    ],
+)
+def test_bad_input_exit_2_and_no_file(tmp_path, vec, args, match):
+    bad_lat = tmp_path / "lat.yaml"
+    doc = yaml.safe_load(Path(LAT).read_text())
+    doc["step_overhead_s"] = doc.pop("step_overhead_ms")
+    bad_lat.write_text(yaml.safe_dump(doc))
+    args = [str(bad_lat) if a == "BADLAT" else a for a in args]
+    out = tmp_path / "tree.yaml"
+    r = runner.invoke(app, ["solve", "-a", _acc(tmp_path, vec), "-o", str(out), *args])
+    assert r.exit_code == 2, r.output
+    assert match in r.stderr
+    assert "Traceback" not in r.output
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+    assert not list(tmp_path.glob(".tree.yaml*"))
+
+
+def test_bad_acceptance_schema(tmp_path):
+    p = tmp_path / "a.yaml"
+    p.write_text("format: treeopt-acceptance/7\nacceptance: [0.5]\n")
+    r = runner.invoke(app, ["solve", "-a", str(p), "-o", str(tmp_path / "t.yaml")])
+    assert r.exit_code == 2 and "treeopt-acceptance/1" in r.stderr
+    assert not (tmp_path / "t.yaml").exists()

@@ -1,0 +1,177 @@
+"""Acceptance / latency profile schemas: round-trips, interpolation, refusals and clear errors."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from sequoia_opt.errors import ProfileError, SolverError
+from sequoia_opt.profiles import (
+    AcceptanceProfile,
+    LatencyCurve,
+    load_acceptance,
+    load_latency,
+    save_acceptance,
+    save_latency,
+    validate_acceptance,
+    warn_on_mismatch,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "profiles" / "example"
+
+LAT = {
+    "format": "treeopt-latency/1",
+    "device": {"name": "dev", "dtype": "float16"},
+    "model": {"target": "T", "draft": "D"},
+    "step_overhead_ms": 0.5,
+    "curves": [
+        {
+            "context_tokens": 100,
+            "target": {"tokens": [1, 10, 100], "target_forward_ms": [10.0, 10.0, 100.0]},
+            "draft": {"tokens": [1, 10], "draft_forward_ms": [1.0, 2.0]},
+        },
+        {
+            "context_tokens": 300,
+            "target": {"tokens": [1, 10, 100], "target_forward_ms": [20.0, 20.0, 200.0]},
+            "draft": {"tokens": [1, 10], "draft_forward_ms": [2.0, 4.0]},
+        },
+    ],
+}
+
+
+def test_example_profiles_load_and_are_labelled():
+    a = load_acceptance(EXAMPLES / "acceptance.yaml")
+    lat = load_latency(EXAMPLES / "latency.yaml")
+    assert a.example and lat.example
+    assert a.width == 8 and 0 < a.acceptance.sum() <= 1
+    assert lat.target_ms(1) == pytest.approx(22.0)
+    assert lat.target_ms(64) == pytest.approx(22.0) and lat.target_ms(128) == pytest.approx(22.0 + 0.12 * 64)
+
+
+def test_latency_interpolation_and_refusal():
+    c = LatencyCurve.from_dict(LAT)
+    assert c.target_ms(55) == pytest.approx(55.0)  # halfway 10 -> 100 tokens
+    assert c.target_ms(55, context=300) == pytest.approx(110.0)
+    assert c.target_ms(55, context=200) == pytest.approx(82.5)  # halfway between contexts
+    assert c.target_ms(10, context=50) == pytest.approx(10.0)  # below the smallest context: smallest
+    assert c.draft_ms(5.5) == pytest.approx(1.5)
+    with pytest.raises(ProfileError, match="largest measured count 100"):
+        c.target_ms(101)
+    with pytest.raises(ProfileError, match="draft forward"):
+        c.draft_ms(11)
+    with pytest.raises(ProfileError, match="context 400"):
+        c.target_ms(5, context=400)
+    assert c.max_target_tokens() == 100 and c.max_draft_tokens() == 10
+
+
+def test_latency_round_trip(tmp_path):
+    c = LatencyCurve.from_dict(LAT, default_id="lat")
+    path = save_latency(tmp_path / "lat.yaml", c)
+    back = load_latency(path)
+    assert back.id == "lat"
+    assert back.to_dict() == c.to_dict()
+    assert back.target_ms(37, context=250) == c.target_ms(37, context=250)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_acceptance_round_trip_and_wilson_interval(tmp_path):
+    prof = AcceptanceProfile(
+        id="pair", acceptance=np.array([0.5, 0.25]), counts=np.array([50, 25, 25]), measured={"mode": "greedy"}
+    )
+    back = load_acceptance(save_acceptance(tmp_path / "a.yaml", prof))
+    assert back.id == "pair" and back.num_samples == 100
+    np.testing.assert_array_equal(back.acceptance, [0.5, 0.25])
+    ci = back.confidence_interval()
+    assert ci.shape == (2, 2)
+    # Wilson 95 % for 50/100: 0.4038 .. 0.5962
+    assert ci[0] == pytest.approx([0.40383, 0.59617], abs=1e-4)
+    assert ci[1, 0] < 0.25 < ci[1, 1]
+    with pytest.raises(ProfileError, match="no counts"):
+        AcceptanceProfile(id="x", acceptance=np.array([0.5])).confidence_interval()
+
+
+def test_id_defaults_to_file_stem(tmp_path):
+    p = tmp_path / "my-pair.yaml"
+    p.write_text(yaml.safe_dump({"format": "treeopt-acceptance/1", "acceptance": [0.4]}))
+    assert load_acceptance(p).id == "my-pair"
+
+
+@pytest.mark.parametrize(
+    "vec, match",
+    [([], "empty"), ([0.1, float("nan")], "p_2"), ([-0.1], "negative"), ([0.6, 0.6], "sums to 1.2"), ("0.5", "list")],
+)
+def test_validate_acceptance(vec, match):
+    with pytest.raises(SolverError, match=match):
+        validate_acceptance(vec)
+    with pytest.raises(ProfileError, match=match):
+        validate_acceptance(vec, error=ProfileError)
+
+
+def test_validate_acceptance_allows_rounding():
+    assert validate_acceptance([0.5, 0.5 + 1e-9]).shape == (2,)
+
+
+def _mutate(fn):
+    d = copy.deepcopy(LAT)
+    fn(d)
+    return d
+
+
+@pytest.mark.parametrize(
+    "doc, match",
+    [
+        (_mutate(lambda d: d.update(format="treeopt-latency/2")), "version"),
+        (_mutate(lambda d: d.update(format="something")), "expected 'treeopt-latency/1'"),
+        (_mutate(lambda d: d.pop("step_overhead_ms")), "step_overhead_ms"),
+        (_mutate(lambda d: d.update(step_overhead_ms=-1)), "non-negative"),
+        (_mutate(lambda d: d["curves"][0]["target"].update(target_forward_ms=[1.0, float("nan"), 2.0])), "finite"),
+        (_mutate(lambda d: d["curves"][0]["target"].update(target_forward_ms=[1.0, -2.0, 2.0])), "non-negative"),
+        (_mutate(lambda d: d["curves"][0].update(target={"tokens": [1, 10, 100], "target_forward_s": [1, 2, 3]})), "unsupported unit"),
+        (_mutate(lambda d: d["curves"][0]["target"].update(tokens=[1, 1, 100])), "strictly increasing"),
+        (_mutate(lambda d: d["curves"][0]["target"].update(tokens=[1, 10])), "as long as tokens"),
+        (_mutate(lambda d: d["curves"][1].update(context_tokens=50)), "context_tokens must be strictly increasing"),
+        (_mutate(lambda d: d["curves"][0].pop("draft")), "draft"),
+        (_mutate(lambda d: d.update(curves=[])), "non-empty"),
+    ],
+)
+def test_bad_latency_profiles(doc, match):
+    with pytest.raises(ProfileError, match=match):
+        LatencyCurve.from_dict(doc)
+
+
+@pytest.mark.parametrize(
+    "doc, match",
+    [
+        ({"format": "treeopt-acceptance/9", "acceptance": [0.5]}, "version"),
+        ({"format": "treeopt-acceptance/1"}, "missing key 'acceptance'"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "counts": [1, 2, 3]}, "K \\+ 1 = 2"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "counts": [9, 1]}, "disagrees with counts"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "measured": {"mode": "beam"}}, "mode"),
+    ],
+)
+def test_bad_acceptance_profiles(doc, match):
+    with pytest.raises(ProfileError, match=match):
+        AcceptanceProfile.from_dict(doc)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_latency(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: [unclosed")
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_acceptance(bad)
+
+
+def test_warn_on_mismatch():
+    c = LatencyCurve.from_dict(LAT)
+    a = AcceptanceProfile(id="a", acceptance=np.array([0.5]), measured={"target": "T", "draft": "other"})
+    assert warn_on_mismatch(latency=c, device="dev", dtype="float16", target="T", draft="D") == []
+    w = warn_on_mismatch(acceptance=a, latency=c, device="H100", dtype="bfloat16")
+    assert any("'dev'" in x and "'H100'" in x for x in w)
+    assert any("bfloat16" in x for x in w)
+    assert any("draft 'other' differs" in x for x in w)

@@ -1,0 +1,271 @@
+"""The Sequoia DP against brute force, the plain-Python reference, closed forms and best-first; baselines;
+the hardware-aware choice on synthetic latency curves."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sequoia_opt.errors import ProfileError, SolverError
+from sequoia_opt.profiles import LatencyCurve
+from sequoia_opt.solver import (
+    best_first,
+    chain,
+    choose,
+    compare_baselines,
+    kary_tree,
+    plain_ms_per_token,
+    score_tree,
+    solve_dp,
+    specinfer,
+)
+from sequoia_opt.solver.reference import reference_table
+
+
+# ---------------------------------------------------------------------------------------------- brute force
+@functools.lru_cache(maxsize=None)
+def _plane_trees(m: int, d: int, B: int) -> tuple:
+    """All ordered trees with exactly m nodes, depth <= d, at most B children: nested tuples of children."""
+    if m == 1:
+        return ((),)
+    if d == 0:
+        return ()
+    out = []
+
+    def forests(rem: int, slots: int):
+        if rem == 0:
+            yield ()
+            return
+        if slots == 0:
+            return
+        for s in range(1, rem + 1):
+            for t in _plane_trees(s, d - 1, B):
+                for rest in forests(rem - s, slots - 1):
+                    yield (t,) + rest
+
+    out.extend(forests(m - 1, B))
+    return tuple(out)
+
+
+def _value(t: tuple, p) -> float:
+    return 1.0 + sum((p[i] if i < len(p) else 0.0) * _value(c, p) for i, c in enumerate(t))
+
+
+def _brute(p, n: int, d: int, B: int) -> float:
+    return max(_value(t, p) for m in range(1, n + 1) for t in _plane_trees(m, d, B))
+
+
+VECTORS = [
+    [0.6, 0.2, 0.1],
+    [0.1, 0.5, 0.3],  # non-monotone: rank 1 beats rank 0
+    [0.0, 0.9],  # zero first entry: rank 1 only reachable through a worthless rank 0
+    [0.3, 0.0, 0.0, 0.6],
+    [0.25, 0.25, 0.25, 0.25],
+    [1.0],
+]
+
+
+@pytest.mark.parametrize("p", VECTORS)
+@pytest.mark.parametrize("B", [1, 2, 3, 6])
+def test_dp_equals_brute_force_up_to_7_nodes(p, B):
+    sol = solve_dp(p, 7, 6, B)
+    for n in range(1, 8):
+        for d in range(1, 7):
+            want = _brute(p, n, d, B)
+            assert sol.table[n, d] == pytest.approx(want, rel=1e-12, abs=1e-12), (n, d)
+            tree = sol.tree(n, d)
+            assert tree.size <= n and tree.tree_depth <= d and tree.max_branching_used <= B
+            assert tree.expected_tokens(p) == pytest.approx(want, rel=1e-9)
+
+
+def test_non_monotone_vector_uses_rank_gap_filler():
+    # p_1 = 0, p_2 = 0.9: the best 3-node tree is root + rank 0 (worthless) + rank 1
+    sol = solve_dp([0.0, 0.9], 3, 1, 2)
+    assert sol.table[3, 1] == pytest.approx(1.9)
+    assert sol.table[2, 1] == pytest.approx(1.0)
+    assert sol.tree(3, 1).rank == (0, 0, 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6),
+    st.integers(1, 24),
+    st.integers(1, 6),
+    st.integers(1, 5),
+)
+def test_dp_equals_plain_python_reference(raw, n, D, B):
+    total = sum(raw)
+    p = [x / total * 0.95 for x in raw] if total > 0.95 else raw
+    ref = np.array(reference_table(p, n, D, B))
+    sol = solve_dp(p, n, D, B)
+    assert ref.shape == sol.table.shape == (n + 1, D + 1)
+    np.testing.assert_allclose(sol.table, ref, rtol=1e-12, atol=1e-12)
+    assert not np.isnan(sol.table).any()
+    assert sol.tree().expected_tokens(p) == pytest.approx(ref[n, D], rel=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8), st.integers(1, 60), st.one_of(st.none(), st.integers(1, 8)))
+def test_best_first_equals_dp_for_non_increasing_p(raw, n, depth):
+    p = sorted(raw, reverse=True)
+    if sum(p) > 1:
+        p = [x / sum(p) for x in p]
+    D = depth if depth is not None else n  # depth n is no limit for n nodes
+    tree = best_first(p, n, max_depth=depth, max_branching=8)
+    assert tree.size <= n
+    if depth is not None:
+        assert tree.tree_depth <= depth
+    assert tree.expected_tokens(p) == pytest.approx(solve_dp(p, n, max(D, 1), 8).table[n, max(D, 1)], rel=1e-9)
+
+
+def test_table_basics():
+    p = [0.5, 0.3]
+    sol = solve_dp(p, 10, 5, 2)
+    assert (sol.table[1, :] == 1.0).all()  # G(1) = 1: the root alone
+    assert (sol.table[0, :] == 0.0).all()
+    assert sol.table[10, 1] == pytest.approx(1.8)  # depth 1: root + both ranks
+    # "at most m nodes": non-decreasing in m and in d
+    assert (np.diff(sol.table[1:], axis=0) >= -1e-15).all()
+    assert (np.diff(sol.table[1:], axis=1) >= -1e-15).all()
+    assert sol.tree(1, 3).size == 1
+
+
+def test_certain_first_candidate_gives_the_chain():
+    sol = solve_dp([1.0, 0.0, 0.0], 9, 16, 4)
+    assert sol.table[9, 16] == pytest.approx(9.0)  # G = n
+    tree = sol.tree(9, 16)
+    assert tree == chain(8)
+    assert sol.table[9, 5] == pytest.approx(6.0)  # depth-limited chain
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.8])
+@pytest.mark.parametrize("gamma", [1, 4, 9])
+def test_chain_matches_closed_form(alpha, gamma):
+    # for a chain only rank 0 matters: p_1 = alpha
+    p = [alpha, 0.1]
+    want = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    assert chain(gamma).expected_tokens(p) == pytest.approx(want, rel=1e-12)
+    # and with B = 1 the DP's best tree is that chain
+    assert solve_dp(p, gamma + 1, gamma, 1).table[gamma + 1, gamma] == pytest.approx(want, rel=1e-12)
+
+
+def test_zeros_give_no_nan():
+    for p in ([0.0], [0.0, 0.0, 0.0], [0.5, 0.0, 0.0, 0.2, 0.0]):
+        sol = solve_dp(p, 50, 8, 8)
+        assert np.isfinite(sol.table).all()
+        assert sol.tree().expected_tokens(p) == pytest.approx(sol.table[50, 8])
+    assert solve_dp([0.0, 0.0], 20, 4).tree().size == 1  # nothing worth speculating
+
+
+def test_trailing_zero_ranks_are_never_used():
+    tree = solve_dp([0.5, 0.3, 0.0, 0.0], 40, 6, 4).tree()
+    assert max(tree.rank) <= 1
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (([], 10, 4), "empty"),
+        (([0.5, float("nan")], 10, 4), "p_2"),
+        (([0.5, -0.1], 10, 4), "negative"),
+        (([0.7, 0.5], 10, 4), "sums to 1.2"),
+        (([0.5], 0, 4), "budget"),
+        (([0.5], 10, 0), "depth"),
+        (([0.5], 10, 4, 0), "branching"),
+    ],
+)
+def test_bad_inputs_raise_solver_error(args, match):
+    with pytest.raises(SolverError, match=match):
+        solve_dp(*args)
+
+
+def test_big_problem_is_fast_and_consistent():
+    rng = np.random.default_rng(1)
+    p = np.sort(rng.random(32))[::-1]
+    p = p / p.sum() * 0.9
+    sol = solve_dp(p, 512, 16, 32)
+    tree = sol.tree(512, 16)
+    assert tree.size <= 512 and tree.tree_depth <= 16
+    assert tree.expected_tokens(p) == pytest.approx(sol.table[512, 16], rel=1e-9)
+    widths = sol.level_widths_many([512, 100], [16, 4])
+    assert tuple(int(x) for x in widths[0][: tree.tree_depth + 1]) == tree.level_widths
+    assert widths[1].sum() == sol.tree(100, 4).size
+
+
+# ---------------------------------------------------------------------------------------------- baselines
+def test_baseline_shapes():
+    assert kary_tree(2, 3).size == 15
+    assert kary_tree(3, 2, budget=7).level_widths == (1, 3, 3)
+    t = specinfer(3, 4)
+    assert t.size == 13 and t.level_widths == (1, 3, 3, 3, 3)
+    p = [0.5, 0.2, 0.1]
+    assert t.expected_tokens(p) == pytest.approx(1 + 0.8 * (1 + 0.5 + 0.25 + 0.125))
+    assert chain(0).size == 1
+
+
+def test_best_first_respects_limits_and_skips_zero_nodes():
+    t = best_first([0.5, 0.3, 0.1], 30, max_depth=2, max_branching=2)
+    assert t.tree_depth <= 2 and t.max_branching_used <= 2 and t.size == 7
+    assert best_first([0.5, 0.0], 10).size == 10  # a chain; rank 1 is worthless
+    assert max(best_first([0.5, 0.0], 10).rank) == 0
+
+
+# ---------------------------------------------------------------------------------------------- hardware
+TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+P = [0.6, 0.12, 0.05, 0.03, 0.02, 0.01, 0.01, 0.005]
+
+
+def _curve(target, draft_ms=0.5, overhead=0.0):
+    return LatencyCurve.synthetic({t: target(t) for t in TOKENS}, {t: draft_ms for t in TOKENS}, step_overhead_ms=overhead)
+
+
+def test_flat_curve_picks_a_large_budget():
+    ch = choose(P, _curve(lambda n: 20.0, draft_ms=0.01), 512, 12)
+    assert ch.tree.size > 256
+    assert ch.speedup > 2
+
+
+def test_steep_curve_picks_a_small_budget():
+    ch = choose(P, _curve(lambda n: 1.0 * n, draft_ms=0.01), 512, 12)
+    assert ch.tree.size <= 4
+    assert ch.speedup >= 1.0
+
+
+def test_choice_arithmetic_is_consistent():
+    curve = _curve(lambda n: 20.0 + (0 if n <= 64 else 0.1 * (n - 64)), draft_ms=1.0, overhead=0.5)
+    ch = choose(P, curve, 256, 10)
+    widths = ch.tree.level_widths
+    cost = sum(curve.draft_ms(w) for w in widths[:-1]) + curve.target_ms(ch.tree.size) + 0.5
+    assert ch.cost_ms == pytest.approx(cost)
+    assert ch.tokens_per_s == pytest.approx(1000 * ch.tree.expected_tokens(P) / cost)
+    assert plain_ms_per_token(curve) == pytest.approx(20.5)
+    assert ch.speedup == pytest.approx(ch.tokens_per_s * 20.5 / 1000)
+    assert len(ch.alternatives) == 5
+    rates = [a.cost.tokens_per_s for a in ch.alternatives]
+    assert rates == sorted(rates, reverse=True)
+    # no alternative on the grid beats the choice, and the choice beats every baseline
+    for b in compare_baselines(P, 256, 10, 32, curve, best_first_budget=ch.budget):
+        assert b.cost.tokens_per_s <= ch.tokens_per_s + 1e-9
+    assert score_tree(chain(0), P, curve).speedup == pytest.approx(1.0)
+
+
+def test_budget_past_the_measured_range_is_refused():
+    with pytest.raises(ProfileError, match="extrapolate"):
+        choose(P, _curve(lambda n: 20.0), 1024, 8)
+
+
+def test_compare_without_curve_ranks_by_expected_tokens():
+    res = {b.name: b for b in compare_baselines(P, 64, 8, 32)}
+    assert set(res) == {"chain", "k-ary", "specinfer", "best-first"}
+    assert res["chain"].params == {"gamma": 8}
+    assert res["chain"].expected_tokens == pytest.approx((1 - 0.6**9) / 0.4)
+    dp = solve_dp(P, 64, 8).table[64, 8]
+    for b in res.values():
+        assert b.tree.size <= 64 and b.expected_tokens <= dp + 1e-12
+        assert b.cost is None
+    assert res["best-first"].expected_tokens == pytest.approx(dp)  # P is non-increasing
