@@ -10,6 +10,7 @@ no file behind.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
+import torch
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -26,6 +28,7 @@ from typing_extensions import Annotated
 from . import __version__
 from ._io import atomic_write_text
 from .errors import TreeoptError
+from .report import Report
 from .tree import Tree, TreeMetadata, now_iso, tree_to_yaml
 
 app = typer.Typer(
@@ -91,23 +94,6 @@ def main(
 
 
 # ---------------------------------------------------------------------------------------------- rendering
-@dataclass
-class Report:
-    """What a command shows: a title, summary key/values, tables, notes, warnings and an optional tree.
-
-    :func:`render` prints it as rich tables or as one JSON document (``data``), from the same content.
-    """
-
-    title: str
-    summary: dict[str, Any] = field(default_factory=dict)
-    tables: list[tuple[str, list[str], list[list[Any]]]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    tree: Tree | None = None
-    acceptance: Any = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return "-" if not math.isfinite(v) else f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
@@ -339,6 +325,434 @@ def solve(
     report.tree = tree
     report.data = data
     render(report, as_json)
+
+
+
+# ---------------------------------------------------------------------------------------------- shared (models)
+TargetOpt = Annotated[
+    Optional[Path], typer.Option("--target", "-t", help="Target checkpoint: HF folder or .gguf (default: the demo target).")
+]
+DraftOpt = Annotated[
+    Optional[Path], typer.Option("--draft", help="Draft checkpoint: HF folder or .gguf (default: the bundled demo draft).")
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="Attention backend: auto | torch | cuda")]
+PromptsOpt = Annotated[
+    Optional[Path], typer.Option("--prompts", help="Prompt file (.jsonl with 'prompt', or blank-line separated text).")
+]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 = sampling.")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass in (0, 1], applied to target and draft.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling generator.")]
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool = True):
+    """Yield ``progress(what, done, total)``: a rich progress bar on stderr with an estimate of time left."""
+    if not enabled:
+        yield lambda what, done, total: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=_err,
+                  transient=True) as prog:
+        tasks: dict[str, Any] = {}
+
+        def update(what: str, done: int, total: int) -> None:
+            key = what.split(",")[0].split(":")[0]
+            if key not in tasks:
+                tasks[key] = prog.add_task(what, total=total)
+            prog.update(tasks[key], completed=done, total=total, description=what)
+
+        yield update
+
+
+def _interruptible(fn: F) -> F:
+    """Ctrl-C: say that nothing was written (outputs are written atomically, last) and exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            _err.print("[yellow]interrupted:[/] no output file was written")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _csv_ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TreeoptError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 0 for v in vals):
+        raise TreeoptError(f"{what} must list non-negative integers, got {text!r}")
+    return sorted(set(vals))
+
+
+# ---------------------------------------------------------------------------------------------- profile
+profile_app = typer.Typer(help="Measure the device (latency curve) and the model pair (acceptance vector).",
+                          no_args_is_help=True)
+app.add_typer(profile_app, name="profile")
+
+
+@profile_app.command("latency")
+@handle_errors
+@_interruptible
+def profile_latency(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    random_weights: Annotated[bool, typer.Option("--random-weights", help="Time a random-weight model of --arch's shape (latency does not depend on weight values).")] = False,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="Preset name (llama-2-7b, llama-3-8b, ...) or a config.json path, with --random-weights.")] = None,
+    draft_arch: Annotated[Optional[str], typer.Option("--draft-arch", help="Draft preset or config.json, with --random-weights.")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    context: Annotated[str, typer.Option("--context", help="Context lengths (tokens), comma-separated.")] = "256",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Largest target token count n profiled.")] = 128,
+    max_draft_tokens: Annotated[int, typer.Option("--max-draft-tokens", help="Largest draft width profiled.")] = 64,
+    repeats: Annotated[int, typer.Option("--max-repeats", help="Most timed repeats per point.")] = 30,
+    backend: BackendOpt = "auto",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
+    output: OutputOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure T(n): one target forward over n tokens through the verification path (KV cache holding the
+    context, prefix + tree mask), and c(w) for the draft; plus the fixed per-step overhead."""
+    from .model import ModelConfig
+    from .model.loaders import load_checkpoint, load_model_config
+    from .pipeline import model_label, parse_device, parse_dtype
+    from .profiles import save_latency
+    from .profiling.device import device_slug
+    from .profiling.latency import build_latency_profile, measure_step_overhead, profile_model, random_weight_model
+    from .profiling.timing import token_grid
+
+    dev, dt = parse_device(device), parse_dtype(dtype)
+    contexts = _csv_ints(context, "--context")
+    if max_tokens < 1 or max_draft_tokens < 1:
+        raise TreeoptError("--max-tokens and --max-draft-tokens must be at least 1")
+    if threads is not None:
+        if threads < 1:
+            raise TreeoptError("--threads must be at least 1")
+        torch.set_num_threads(threads)
+
+    def config_of(spec: str) -> ModelConfig:
+        path = Path(spec)
+        if path.suffix == ".json" or path.is_dir() or path.suffix == ".gguf":
+            return load_model_config(path if path.suffix != ".json" else path.parent)
+        return ModelConfig.preset(spec)
+
+    if random_weights:
+        if arch is None:
+            raise TreeoptError("--random-weights needs --arch (a preset name or a config.json)")
+        tcfg = config_of(arch)
+        tmodel = random_weight_model(tcfg, device=dev, dtype=dt)
+        tname = f"{tcfg.name} (random weights)"
+        dmodel, dname = None, None
+        if draft_arch is not None:
+            dcfg = config_of(draft_arch)
+            dmodel, dname = random_weight_model(dcfg, device=dev, dtype=dt, seed=1), f"{dcfg.name} (random weights)"
+    else:
+        from .pipeline import default_draft_path, default_target_path
+
+        tpath = target or default_target_path()
+        tmodel, _ = load_checkpoint(tpath, device=dev, dtype=dt)
+        tname = model_label(tpath)
+        dpath = draft or default_draft_path()
+        dmodel, _ = load_checkpoint(dpath, device=dev, dtype=dt)
+        dname = model_label(dpath)
+    grid = token_grid(max_tokens)
+    dgrid = token_grid(max_draft_tokens)
+    with progress_bar(not as_json) as progress:
+        ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
+                                max_repeats=repeats)
+        dtables = None
+        if dmodel is not None:
+            dtables = profile_model(dmodel, dgrid, contexts, what="draft", backend=backend, progress=progress,
+                                    max_repeats=repeats)
+        overhead = measure_step_overhead(tmodel, dmodel if dmodel is not None else tmodel, backend=backend)
+    slug = device_slug(dev)
+    pid = f"{slug}_{tcfg.name if random_weights else tname}_{dt}".replace("torch.", "")
+    curve = build_latency_profile(
+        target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device=dev, dtype=dt,
+        target_name=tname, target_config=tmodel.config, draft_name=dname,
+        draft_config=dmodel.config if dmodel is not None else None, random_weights=random_weights, profile_id=pid)
+    out = output or Path("profiles") / slug / f"{(tcfg.name if random_weights else tname)}-latency.yaml"
+    save_latency(out, curve)
+    rows = [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c] for c in contexts for n in grid]
+    report = Report(title="treeopt profile latency")
+    report.summary = {"device": curve.device.get("name"), "dtype": str(dt).removeprefix("torch."),
+                      "threads": torch.get_num_threads(), "target": tname, "draft": dname,
+                      "step overhead (ms)": overhead, "written": str(out)}
+    report.tables.append(("target forward", ["tokens", "ms", "T(n)/T(1)", "context"], rows))
+    if dtables is not None:
+        report.tables.append(("draft forward", ["tokens", "ms", "context"],
+                              [[w, curve.draft_ms(w, c), c] for c in contexts for w in dgrid]))
+    if random_weights:
+        report.notes.append("timed with RANDOM weights of the model's shape: latency does not depend on weight values")
+    if dmodel is None:
+        report.warnings.append("no draft profiled: draft cost recorded as 0 ms (pass --draft / --draft-arch)")
+    report.data = {"profile": curve.to_dict(), "output": str(out)}
+    render(report, as_json)
+
+
+@profile_app.command("acceptance")
+@handle_errors
+@_interruptible
+def profile_acceptance(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    prompts: PromptsOpt = None,
+    width: Annotated[int, typer.Option("--width", "-k", help="K: candidates per node (entries of the vector).")] = 8,
+    depth: Annotated[int, typer.Option("--depth", help="Depth of the measurement spine (trials per step).")] = 4,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = 0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 64,
+    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Use only the first N prompts.")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    output: OutputOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure the positional acceptance vector p_1..p_K with the decoder's own verifier (greedy or
+    sampling), with counts, 95 % intervals and per-depth vectors."""
+    from .pipeline import load_pair, parse_device, parse_dtype
+    from .profiles import save_acceptance
+    from .profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
+    from .prompts import demo_prompts_path, load_prompts
+
+    if width < 1 or depth < 1:
+        raise TreeoptError("--width and --depth must be at least 1")
+    if max_new_tokens < 1:
+        raise TreeoptError("--max-new-tokens must be at least 1")
+    dev, dt = parse_device(device), parse_dtype(dtype)
+    pfile = prompts or demo_prompts_path("profile")
+    texts = load_prompts(pfile, limit=num_prompts)
+    pair = load_pair(target, draft, device=dev, dtype=dt)
+    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    with progress_bar(not as_json) as progress:
+        counts = measure_acceptance(pair.target, pair.draft, ids, width=width, depth=depth, temperature=temperature,
+                                    top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                                    eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
+    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+    pair_slug = f"{pair.target_name}__{pair.draft_name}"
+    prof = build_acceptance_profile(
+        counts, profile_id=f"{pair_slug}_{mode}", target_name=pair.target_name, draft_name=pair.draft_name,
+        temperature=temperature, top_p=top_p, depth=depth, device=str(dev), dtype=str(dt).removeprefix("torch."),
+        prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed)
+    out = output or Path("profiles") / pair_slug / f"acceptance-{mode}.yaml"
+    save_acceptance(out, prof)
+    ci = prof.confidence_interval()
+    report = Report(title="treeopt profile acceptance")
+    report.summary = {"target": pair.target_name, "draft": pair.draft_name, "mode": mode, "trials": counts.trials,
+                      "sum p_k": float(prof.acceptance.sum()), "all rejected": 1 - float(prof.acceptance.sum()),
+                      "tokens / step (measurement tree)": counts.tokens / max(counts.steps, 1), "written": str(out)}
+    report.tables.append(("positional acceptance vector", ["k", "p_k", "95% low", "95% high", "count"],
+                          [[k + 1, float(prof.acceptance[k]), float(ci[k, 0]), float(ci[k, 1]), int(counts.counts[k])]
+                           for k in range(width)]))
+    check = positional_check(counts)
+    if check:
+        report.tables.append(("positional assumption: acceptance mass by depth vs pooled",
+                              ["depth", "trials", "p_1", "mass", "pooled", "z", "consistent"],
+                              [[r["depth"], r["trials"], r["p1"], r["mass"], r["pooled_mass"], r["z"],
+                                "yes" if r["consistent"] else "NO"] for r in check]))
+        if not all(r["consistent"] for r in check):
+            report.notes.append("acceptance differs by depth beyond noise: the solver's positional assumption "
+                                "(Sequoia section 3.1) holds only approximately for this pair")
+    report.acceptance = None
+    report.data = {"profile": prof.to_dict(), "positional_check": check, "output": str(out)}
+    render(report, as_json)
+
+
+# ---------------------------------------------------------------------------------------------- run
+@app.command("run")
+@handle_errors
+@_interruptible
+def run_cmd(
+    tree: Annotated[list[Path], typer.Option("--tree", help="Tree file(s) to run (treeopt YAML, JSON or a Medusa choice list); repeatable.")],
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    prompts: PromptsOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 128,
+    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Use only the first N prompts.")] = None,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = 0,
+    compare: Annotated[bool, typer.Option("--compare", help="Also run the best chain and k-ary tree under --acceptance (and --latency).")] = False,
+    acceptance: Annotated[Optional[Path], typer.Option("--acceptance", "-a", help="Acceptance profile for --compare baselines.")] = None,
+    latency: LatencyOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    results_dir: Annotated[Path, typer.Option("--results-dir", help="Where <run-id>.json and .csv go.")] = Path("results"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Run plain decoding and tree speculative decoding on the same prompts; report speedup, tokens per
+    step against the prediction, the time split, and (greedy) exact equality with plain decoding."""
+    from .evaluation import TreeEntry
+    from .pipeline import load_pair, parse_device, parse_dtype
+    from .prompts import demo_prompts_path, load_prompts
+
+    if max_new_tokens < 1:
+        raise TreeoptError("--max-new-tokens must be at least 1")
+    entries = [_load_tree_entry(p) for p in tree]
+    if compare:
+        entries += _baseline_entries(acceptance, latency, max(e.tree.size for e in entries),
+                                     max(max(e.tree.tree_depth for e in entries), 1))
+    dev, dt = parse_device(device), parse_dtype(dtype)
+    texts = load_prompts(prompts or demo_prompts_path("eval"), limit=num_prompts)
+    pair = load_pair(target, draft, device=dev, dtype=dt)
+    _check_trees_fit(entries, pair)
+    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
+                             settings={"prompts": str(prompts or "demo eval prompts")})
+    render(report, as_json)
+    if report.data.get("greedy_ok") is False:
+        raise typer.Exit(1)
+
+
+def _load_tree_entry(path: Path):
+    from .evaluation import TreeEntry
+    from .tree import load_tree
+
+    try:
+        from .exports import load_any_tree
+    except ImportError:  # pragma: no cover
+        load_any_tree = None
+    if load_any_tree is not None:
+        loaded = load_any_tree(path)
+        tree, meta = (loaded if isinstance(loaded, tuple) else (loaded, TreeMetadata()))
+    else:  # pragma: no cover
+        tree, meta = load_tree(path)
+    return TreeEntry(name=path.stem, tree=tree, metadata=meta or TreeMetadata())
+
+
+def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budget: int, max_depth: int):
+    from .evaluation import TreeEntry
+    from .profiles import load_acceptance, load_latency
+    from .solver import compare_baselines
+
+    if acceptance is None:
+        raise TreeoptError("--compare needs --acceptance (to pick the best chain and k-ary tree)")
+    acc = load_acceptance(acceptance)
+    curve = load_latency(latency) if latency else None
+    out = []
+    for b in compare_baselines(acc.acceptance, budget, max_depth, 32, curve):
+        if b.name.startswith(("chain", "k-ary")):
+            meta = TreeMetadata(budget=b.tree.size, expected_tokens_per_step=b.expected_tokens,
+                                predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
+                                latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}")
+            out.append(TreeEntry(name=f"{b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items()),
+                                 tree=b.tree, metadata=meta))
+    return out
+
+
+def _check_trees_fit(entries, pair) -> None:
+    """Refuse trees the draft cannot produce (wider than the vocabulary, deeper than the context)."""
+    V = pair.draft.config.vocab_size
+    ctx = min(pair.target.config.max_position_embeddings, pair.draft.config.max_position_embeddings)
+    for e in entries:
+        if e.tree.max_branching_used > V:
+            raise TreeoptError(f"tree {e.name!r} has a node with {e.tree.max_branching_used} children; the draft's "
+                               f"vocabulary has only {V} tokens")
+        if e.tree.tree_depth >= ctx:
+            raise TreeoptError(f"tree {e.name!r} has depth {e.tree.tree_depth}; the models have {ctx} positions")
+
+
+def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, seed, backend, results_dir,
+                    as_json, settings) -> Report:
+    from .evaluation import run_trees
+
+    with progress_bar(not as_json) as progress:
+        run = run_trees(pair.target, pair.draft, entries, ids, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
+                        backend=backend, progress=progress,
+                        settings={"target": pair.target_name, "draft": pair.draft_name, **settings})
+    jpath, cpath = run.save(results_dir)
+    report = Report(title="treeopt run")
+    plain = run.summaries[0]
+    report.summary = {"target": pair.target_name, "draft": pair.draft_name, "prompts": len(ids),
+                      "max new tokens": max_new_tokens, "mode": "greedy" if temperature == 0 else "sampling",
+                      "plain decoding (tokens/s)": plain.tokens_per_s, "results": f"{jpath}, {cpath}"}
+    rows = []
+    for s in run.summaries[1:]:
+        rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f}-{s.tps_ci95[1]:.3f}",
+                     s.predicted_tokens_per_step, s.tokens_per_s, s.speedup, s.predicted_speedup,
+                     s.draft_ms, s.verify_ms, s.bookkeeping_ms,
+                     "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
+    report.tables.append(("trees against plain decoding",
+                          ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "tokens/s", "speedup",
+                           "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows))
+    for m in run.mismatch_details:
+        report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
+                               f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
+    report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
+                   "json": str(jpath), "csv": str(cpath)}
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- plot
+@app.command("plot")
+@handle_errors
+def plot_cmd(
+    latency: LatencyOpt = None,
+    acceptance: Annotated[Optional[Path], typer.Option("--acceptance", "-a", help="Acceptance profile.")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", help="A results/<run-id>.json from treeopt run.")] = None,
+    tree: Annotated[Optional[Path], typer.Option("--tree", help="A tree file to draw.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for the PNGs.")] = Path("results/plots"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Draw PNGs: latency curve, acceptance vector with intervals, predicted vs measured speedup against
+    budget, and the tree."""
+    from .plots import plot_all
+    from .profiles import load_acceptance, load_latency
+
+    if not any((latency, acceptance, run, tree)):
+        raise TreeoptError("nothing to plot: pass --latency, --acceptance, --run and/or --tree")
+    curve = load_latency(latency) if latency else None
+    acc = load_acceptance(acceptance) if acceptance else None
+    run_doc = None
+    if run is not None:
+        try:
+            run_doc = json.loads(run.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise TreeoptError(f"cannot read run results {run}: {err}") from None
+    t = _load_tree_entry(tree).tree if tree else None
+    paths = plot_all(out_dir, latency=curve, acceptance=acc, run=run_doc, tree=t)
+    report = Report(title="treeopt plot", summary={"written": ", ".join(str(p) for p in paths)})
+    report.data = {"written": [str(p) for p in paths]}
+    render(report, as_json)
+
+
+# ---------------------------------------------------------------------------------------------- demo
+@app.command("demo")
+@handle_errors
+@_interruptible
+def demo_cmd(
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per evaluation prompt.")] = 96,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Evaluation prompts (held out from profiling).")] = 8,
+    quick: Annotated[bool, typer.Option("--quick", help="Smaller profiles and runs (a smoke test of the pipeline).")] = False,
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Where profiles, the tree, results and plots go.")] = Path("results/demo"),
+    backend: BackendOpt = "auto",
+    as_json: JsonOpt = False,
+) -> None:
+    """The main job on the bundled demo pair: profile this device and the pair, solve, run on held-out
+    prompts, and print predicted against measured figures."""
+    from .demo import run_demo
+
+    with progress_bar(not as_json) as progress:
+        result = run_demo(device=device, dtype=dtype, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
+                          quick=quick, out_dir=out_dir, backend=backend, progress=progress)
+    report = result.report
+    render(report, as_json)
+    if result.greedy_ok is False:
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,277 @@
+"""``treeopt run``: execute trees with the bundled decoder next to plain decoding, on the same prompts, device
+and precision, and compare what was measured with what the solver predicted.
+
+For each prompt the plain autoregressive baseline runs once; every tree then decodes the same prompt. In
+greedy mode each tree's output must equal plain decoding's token for token (a mismatch is reported with the
+first differing position and fails the run). Reported per tree: tokens per second, speedup over plain
+decoding (ratio of decode throughputs, prefill excluded), tokens per step (mean and 95 % interval) against the
+tree's predicted expected tokens per step, and the time split into draft / verify / bookkeeping.
+
+Tokens per step is counted before truncation (accepted nodes + 1 per step), so the final step of a prompt,
+cut by ``max_new_tokens`` or EOS, does not bias it; this is the quantity G that Sequoia's eq. 1 predicts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ._io import atomic_write_text
+from .decoding import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
+from .model import Transformer
+from .tree import Tree, TreeMetadata, now_iso
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass
+class TreeEntry:
+    """A tree to run, under a display name, with the metadata its YAML carried (for the prediction)."""
+
+    name: str
+    tree: Tree
+    metadata: TreeMetadata = field(default_factory=TreeMetadata)
+
+
+@dataclass
+class PromptRow:
+    """One (prompt, decoder) measurement; one CSV row."""
+
+    tree: str
+    prompt_index: int
+    prompt_tokens: int
+    new_tokens: int
+    steps: int
+    tokens_per_step: float
+    decode_ms: float
+    tokens_per_s: float
+    draft_ms: float
+    verify_ms: float
+    bookkeeping_ms: float
+    matches_plain: bool | None
+    first_mismatch: int | None
+
+
+@dataclass
+class TreeSummary:
+    """Aggregates over all prompts for one tree (or for plain decoding, ``tree == "plain"``).
+
+    Attributes:
+        tokens_per_s: total new tokens / total decode time (prefill excluded), tokens/s.
+        speedup: ``tokens_per_s`` / plain decoding's ``tokens_per_s`` (same prompts).
+        tokens_per_step / tps_ci95: mean untruncated tokens per step and its 95 % interval (normal
+            approximation over steps).
+        predicted_tokens_per_step / predicted_speedup: from the tree YAML metadata (None if absent).
+        draft_ms / verify_ms / bookkeeping_ms: totals (ms).
+        mismatches: prompts whose greedy output differed from plain decoding (greedy mode only).
+    """
+
+    tree: str
+    size: int
+    depth: int
+    new_tokens: int
+    steps: int
+    tokens_per_s: float
+    speedup: float
+    tokens_per_step: float
+    tps_ci95: tuple[float, float]
+    predicted_tokens_per_step: float | None
+    predicted_speedup: float | None
+    draft_ms: float
+    verify_ms: float
+    bookkeeping_ms: float
+    mismatches: int
+
+
+@dataclass
+class RunReport:
+    """Everything ``treeopt run`` measured; serialised to ``results/<run_id>.json`` and ``.csv``."""
+
+    run_id: str
+    settings: dict[str, Any]
+    summaries: list[TreeSummary]
+    rows: list[PromptRow]
+    mismatch_details: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def greedy_ok(self) -> bool:
+        """True unless some greedy output differed from plain decoding."""
+        return not self.mismatch_details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "treeopt-run/1", "run_id": self.run_id, "settings": self.settings,
+                "summaries": [asdict(s) for s in self.summaries], "rows": [asdict(r) for r in self.rows],
+                "mismatches": self.mismatch_details}
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        keys = list(asdict(self.rows[0]).keys()) if self.rows else list(PromptRow.__dataclass_fields__)
+        settings_keys = sorted(k for k, v in self.settings.items() if not isinstance(v, (list, dict)))
+        w = csv.writer(buf)
+        w.writerow(keys + settings_keys)
+        for r in self.rows:
+            d = asdict(r)
+            w.writerow([d[k] for k in keys] + [self.settings[k] for k in settings_keys])
+        return buf.getvalue()
+
+    def save(self, results_dir: str | Path) -> tuple[Path, Path]:
+        """Write ``<results_dir>/<run_id>.json`` and ``.csv`` atomically. Returns both paths."""
+        d = Path(results_dir)
+        j = atomic_write_text(d / f"{self.run_id}.json", json.dumps(self.to_dict(), indent=1) + "\n")
+        c = atomic_write_text(d / f"{self.run_id}.csv", self.to_csv())
+        return j, c
+
+
+def _row(name: str, i: int, res: GenerationResult, plain: GenerationResult | None, greedy: bool) -> PromptRow:
+    match, first = None, None
+    if greedy and plain is not None:
+        match = res.tokens == plain.tokens
+        if not match:
+            first = next((k for k, (a, b) in enumerate(zip(res.tokens, plain.tokens)) if a != b),
+                         min(len(res.tokens), len(plain.tokens)))
+    untruncated = [s.accepted_nodes + 1 for s in res.steps]
+    return PromptRow(tree=name, prompt_index=i, prompt_tokens=res.prompt_len, new_tokens=len(res.tokens),
+                     steps=res.num_steps, tokens_per_step=statistics.fmean(untruncated) if untruncated else 0.0,
+                     decode_ms=res.decode_ms, tokens_per_s=res.tokens_per_second, draft_ms=res.draft_ms,
+                     verify_ms=res.verify_ms, bookkeeping_ms=res.bookkeeping_ms, matches_plain=match,
+                     first_mismatch=first)
+
+
+def _ci95(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return (math.nan, math.nan)
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return (m, m)
+    half = 1.959963984540054 * statistics.stdev(xs) / math.sqrt(len(xs))
+    return (m - half, m + half)
+
+
+def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
+             plain_tps: float | None, meta: TreeMetadata | None) -> TreeSummary:
+    per_step = [float(s.accepted_nodes + 1) for r in results for s in r.steps]
+    new = sum(len(r.tokens) for r in results)
+    ms = sum(r.decode_ms for r in results)
+    tps = 1000.0 * new / ms if ms > 0 else 0.0
+    return TreeSummary(
+        tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
+        tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
+        tokens_per_step=statistics.fmean(per_step) if per_step else 0.0, tps_ci95=_ci95(per_step),
+        predicted_tokens_per_step=meta.expected_tokens_per_step if meta else 1.0,
+        predicted_speedup=meta.predicted_speedup if meta else 1.0,
+        draft_ms=sum(r.draft_ms for r in results), verify_ms=sum(r.verify_ms for r in results),
+        bookkeeping_ms=sum(r.bookkeeping_ms for r in results),
+        mismatches=sum(1 for r in rows if r.matches_plain is False),
+    )
+
+
+def run_trees(
+    target: Transformer,
+    draft: Transformer,
+    entries: Sequence[TreeEntry],
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_ids: Sequence[int] = (),
+    backend: str = "auto",
+    warmup: bool = True,
+    settings: dict[str, Any] | None = None,
+    progress: ProgressFn | None = None,
+) -> RunReport:
+    """Run plain decoding and every tree in ``entries`` on every prompt; return the comparison.
+
+    Args:
+        target, draft: the pair (same vocabulary and device).
+        entries: trees with names and their YAML metadata (for predicted figures).
+        prompts: token-id lists (each at least one token).
+        max_new_tokens: tokens to generate per prompt.
+        temperature, top_p, seed: 0 = greedy (outputs must equal plain decoding); sampling otherwise, every
+            decoder seeded with ``seed`` for each prompt.
+        warmup: decode the first prompt once, untimed, with each decoder first (allocators, caches).
+        settings: extra key/values recorded with the results (model names, device, dtype, files).
+
+    Returns:
+        :class:`RunReport`; in greedy mode ``greedy_ok`` is False when some output differed.
+
+    Raises:
+        DecodingError: a tree the draft cannot produce, a prompt that overflows the cache, mismatched
+            vocabularies: all before the first timed forward.
+    """
+    if not entries:
+        raise ValueError("no trees to run")
+    greedy = temperature == 0
+    device = target.device
+    longest = max(len(p) for p in prompts)
+    max_len = min(target.config.max_position_embeddings, draft.config.max_position_embeddings,
+                  longest + max_new_tokens + max(e.tree.size for e in entries) + 1)
+
+    def gen(s: int) -> torch.Generator:
+        g = torch.Generator(device=device)
+        g.manual_seed(s)
+        return g
+
+    plain = AutoregressiveDecoder(target, temperature=temperature, top_p=top_p, generator=gen(seed),
+                                  eos_ids=eos_ids, backend=backend, max_len=max_len)
+    decoders = [SpeculativeDecoder(target, draft, e.tree, temperature=temperature, top_p=top_p,
+                                   generator=gen(seed), eos_ids=eos_ids, backend=backend, max_len=max_len)
+                for e in entries]
+    for p in prompts:  # every request validated before any timed work
+        plain.check(p, max_new_tokens)
+        for d in decoders:
+            d.check(p, max_new_tokens)
+    if warmup:
+        plain.generate(prompts[0], min(8, max_new_tokens))
+        for d in decoders:
+            d.generate(prompts[0], min(8, max_new_tokens))
+    total = len(prompts) * (1 + len(entries))
+    done = 0
+    plain_results: list[GenerationResult] = []
+    results: list[list[GenerationResult]] = [[] for _ in entries]
+    rows: list[PromptRow] = []
+    mismatches: list[dict[str, Any]] = []
+    for i, p in enumerate(prompts):
+        plain.generator = gen(seed + i)
+        base = plain.generate(p, max_new_tokens)
+        plain_results.append(base)
+        rows.append(_row("plain", i, base, None, greedy))
+        done += 1
+        if progress:
+            progress(f"prompt {i + 1}/{len(prompts)}: plain decoding", done, total)
+        for j, (e, d) in enumerate(zip(entries, decoders)):
+            d.generator = gen(seed + i)
+            res = d.generate(p, max_new_tokens)
+            results[j].append(res)
+            row = _row(e.name, i, res, base, greedy)
+            rows.append(row)
+            if row.matches_plain is False:
+                mismatches.append({"tree": e.name, "prompt_index": i, "first_mismatch": row.first_mismatch,
+                                   "plain": base.tokens[row.first_mismatch:row.first_mismatch + 5],
+                                   "tree_output": res.tokens[row.first_mismatch:row.first_mismatch + 5]})
+            done += 1
+            if progress:
+                progress(f"prompt {i + 1}/{len(prompts)}: {e.name}", done, total)
+    plain_rows = [r for r in rows if r.tree == "plain"]
+    plain_summary = _summary("plain", 1, 0, plain_results, plain_rows, None, None)
+    summaries = [plain_summary]
+    for e, res in zip(entries, results):
+        summaries.append(_summary(e.name, e.tree.size, e.tree.tree_depth, res, [r for r in rows if r.tree == e.name],
+                                  plain_summary.tokens_per_s, e.metadata))
+    run_settings = {"date": now_iso(), "max_new_tokens": max_new_tokens, "temperature": temperature,
+                    "top_p": top_p, "seed": seed, "num_prompts": len(prompts), "device": str(device),
+                    "dtype": str(target.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
+                    "trees": {e.name: e.tree.choices() for e in entries}}
+    run_settings.update(settings or {})
+    run_id = f"run-{run_settings['date'].replace(':', '').replace('+0000', 'Z')}"
+    return RunReport(run_id=run_id, settings=run_settings, summaries=summaries, rows=rows,
+                     mismatch_details=mismatches)

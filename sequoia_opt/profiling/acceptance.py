@@ -1,0 +1,201 @@
+"""Acceptance profiling: the positional acceptance vector p_1..p_K of a draft/target pair, measured with the
+decoder's own verifier so the solver and the decoder agree on what "accepted" means.
+
+Sequoia (Chen et al. 2024), section 3.1: p_k is the probability that the k-th candidate a node proposes is
+the one the verifier accepts (unconditionally; ``1 - sum p_k`` is the chance all K are rejected). Greedy mode:
+candidates are the draft's top-K and the accepted one equals the target's argmax. Sampling mode: candidates
+are K draft samples without replacement, tried in rank order with the residual rule (Sequoia Algorithm 2).
+
+How it is measured: the decoder runs a *measurement tree*, a rank-0 spine of depth D where every spine node
+proposes K children. Each spine node the accepted path reaches is one trial (a ``NodeVisit``): which of its K
+candidates was accepted, or none. Counts over all trials give p and its per-entry confidence interval; the
+same counts split by depth test Sequoia's positional assumption (that p does not depend on depth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..decoding import SpeculativeDecoder
+from ..model import Transformer
+from ..profiles import ACCEPTANCE_FORMAT, AcceptanceProfile
+from ..tree import Tree, now_iso
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def measurement_tree(width: int, depth: int) -> Tree:
+    """A rank-0 spine of ``depth`` levels where every spine node has ``width`` children.
+
+    Size ``1 + width * depth``. Raises :class:`~sequoia_opt.errors.TreeValidationError` for width or depth
+    below 1.
+    """
+    from ..errors import TreeValidationError
+
+    if width < 1 or depth < 1:
+        raise TreeValidationError(f"a measurement tree needs width >= 1 and depth >= 1, got {width}, {depth}")
+    return Tree.from_choices([[0] * d + [r] for d in range(depth) for r in range(width)])
+
+
+@dataclass
+class AcceptanceCounts:
+    """Trial outcomes. ``counts[k]`` for k < K: candidate of rank k accepted; ``counts[K]``: all rejected.
+
+    Attributes:
+        width: K.
+        counts: (K + 1,) int64 over all depths.
+        by_depth: depth of the proposed children (1 = the root's children) -> (K + 1,) counts.
+        steps: decoding steps run; tokens: tokens emitted (for tokens per step).
+    """
+
+    width: int
+    counts: np.ndarray
+    by_depth: dict[int, np.ndarray] = field(default_factory=dict)
+    steps: int = 0
+    tokens: int = 0
+
+    @classmethod
+    def empty(cls, width: int) -> "AcceptanceCounts":
+        return cls(width=width, counts=np.zeros(width + 1, dtype=np.int64))
+
+    def add_visit(self, depth: int, accepted_rank: int | None) -> None:
+        """Record one trial at a node of ``depth`` (its children sit at ``depth + 1``)."""
+        k = self.width if accepted_rank is None else int(accepted_rank)
+        self.counts[k] += 1
+        row = self.by_depth.setdefault(depth + 1, np.zeros(self.width + 1, dtype=np.int64))
+        row[k] += 1
+
+    @property
+    def trials(self) -> int:
+        return int(self.counts.sum())
+
+    def vector(self) -> np.ndarray:
+        """(K,) float64 p_k = counts[k] / trials. Raises ValueError with no trials."""
+        if self.trials == 0:
+            raise ValueError("no verification trials were recorded (no steps ran)")
+        return self.counts[:-1] / self.trials
+
+    def depth_vectors(self, min_trials: int = 1) -> dict[int, np.ndarray]:
+        """depth -> (K,) vector, for depths with at least ``min_trials`` trials."""
+        return {d: c[:-1] / c.sum() for d, c in sorted(self.by_depth.items()) if c.sum() >= min_trials}
+
+
+def positional_check(counts: AcceptanceCounts, z: float = 1.96, min_trials: int = 30) -> list[dict]:
+    """How far Sequoia's positional assumption holds: per depth, the depth's p_1 and acceptance mass
+    (sum p_k) against the pooled values, with a normal-approximation z score for the difference in
+    acceptance mass. Depths with fewer than ``min_trials`` trials are left out.
+
+    Returns rows ``{depth, trials, p1, mass, pooled_mass, z, consistent}``; ``consistent`` is ``|z| <= z``.
+    """
+    pooled = counts.vector()
+    pooled_mass = float(pooled.sum())
+    rows = []
+    for d, c in sorted(counts.by_depth.items()):
+        n = int(c.sum())
+        if n < min_trials:
+            continue
+        mass = float(c[:-1].sum() / n)
+        se = np.sqrt(max(pooled_mass * (1 - pooled_mass), 1e-12) / n)
+        zscore = (mass - pooled_mass) / se
+        rows.append({"depth": d, "trials": n, "p1": float(c[0] / n), "mass": mass, "pooled_mass": pooled_mass,
+                     "z": float(zscore), "consistent": bool(abs(zscore) <= z)})
+    return rows
+
+
+@torch.inference_mode()
+def measure_acceptance(
+    target: Transformer,
+    draft: Transformer,
+    prompts: Sequence[Sequence[int]],
+    *,
+    width: int,
+    depth: int = 4,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 64,
+    eos_ids: Sequence[int] = (),
+    backend: str = "auto",
+    progress: ProgressFn | None = None,
+) -> AcceptanceCounts:
+    """Run the decoder with :func:`measurement_tree` over ``prompts`` (token ids) and count the trials.
+
+    Args:
+        target, draft: the pair (same vocabulary, same device).
+        prompts: token id lists.
+        width: K candidates per node; depth: spine depth D of the measurement tree.
+        temperature, top_p: 0 = greedy verification; > 0 = sampling with the residual rule.
+        seed: seeds the decoder's generator (sampling draws).
+        max_new_tokens: tokens generated per prompt.
+
+    Returns:
+        :class:`AcceptanceCounts` over all prompts.
+
+    Raises:
+        DecodingError: as :class:`SpeculativeDecoder` (vocabulary mismatch, overflow, ...), before decoding.
+    """
+    tree = measurement_tree(width, depth)
+    gen = torch.Generator(device=target.device)
+    gen.manual_seed(seed)
+    decoder = SpeculativeDecoder(target, draft, tree, temperature=temperature, top_p=top_p, generator=gen,
+                                 eos_ids=eos_ids, backend=backend)
+    for p in prompts:  # validate every request before the first forward pass
+        decoder.check(p, max_new_tokens)
+    counts = AcceptanceCounts.empty(width)
+    for i, p in enumerate(prompts):
+        result = decoder.generate(p, max_new_tokens)
+        for step in result.steps:
+            counts.steps += 1
+            counts.tokens += step.accepted_len
+            for visit in step.visits:
+                if visit.num_children == width:
+                    counts.add_visit(visit.depth, visit.accepted_rank)
+        if progress:
+            progress(f"acceptance, prompt {i + 1}/{len(prompts)}", i + 1, len(prompts))
+    return counts
+
+
+def build_acceptance_profile(
+    counts: AcceptanceCounts,
+    *,
+    profile_id: str,
+    target_name: str,
+    draft_name: str,
+    temperature: float,
+    top_p: float,
+    depth: int,
+    device: str,
+    dtype: str,
+    prompts_file: str,
+    num_prompts: int,
+    max_new_tokens: int,
+    seed: int,
+) -> AcceptanceProfile:
+    """Assemble a validated ``treeopt-acceptance/1`` :class:`AcceptanceProfile` from measured counts.
+
+    Per-depth vectors are stored for depths with at least 30 trials.
+    """
+    doc = {
+        "format": ACCEPTANCE_FORMAT,
+        "id": profile_id,
+        "source": (f"measured by treeopt profile acceptance: decoder verifier on a rank-0 spine of depth "
+                   f"{depth} with {counts.width} candidates per spine node"),
+        "measured": {
+            "target": target_name, "draft": draft_name,
+            "mode": "greedy" if temperature == 0 else "sampling",
+            "temperature": float(temperature), "top_p": float(top_p), "width": counts.width,
+            "num_samples": counts.trials, "date": now_iso(), "device": device, "dtype": dtype,
+            "prompts": prompts_file, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
+            "seed": seed, "steps": counts.steps,
+            "tokens_per_step": round(counts.tokens / counts.steps, 4) if counts.steps else None,
+        },
+        "acceptance": [float(x) for x in counts.vector()],
+        "counts": [int(x) for x in counts.counts],
+        "acceptance_by_depth": {int(d): [float(x) for x in v]
+                                for d, v in counts.depth_vectors(min_trials=30).items()},
+    }
+    return AcceptanceProfile.from_dict(doc, source=f"acceptance profile {profile_id!r}", default_id=profile_id)

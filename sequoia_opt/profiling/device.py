@@ -1,0 +1,61 @@
+"""What a measurement ran on: device name, software versions, threads. Recorded in every profile."""
+
+from __future__ import annotations
+
+import platform
+import re
+from pathlib import Path
+
+import torch
+
+
+def cpu_name() -> str:
+    """The CPU model name from /proc/cpuinfo (Linux), else ``platform.processor()``, else ``"cpu"``."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+        if m:
+            return m.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def device_name(device: torch.device | str) -> str:
+    """Human-readable device name: the GPU's name for CUDA, the CPU model otherwise."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+def device_slug(device: torch.device | str) -> str:
+    """A folder-safe slug for ``profiles/<device-slug>/``: ``cpu-<model>`` or ``cuda-<gpu name>``."""
+    device = torch.device(device)
+    name = device_name(device).lower()
+    name = re.sub(r"\(r\)|\(tm\)|cpu @.*|processor", "", name)
+    slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-")[:40].strip("-")
+    return f"{device.type}-{slug}" if slug else device.type
+
+
+def device_info(device: torch.device | str, dtype: torch.dtype) -> dict[str, object]:
+    """Mapping stored under ``device:`` in a latency profile (name, versions, dtype, threads)."""
+    device = torch.device(device)
+    info: dict[str, object] = {
+        "name": device_name(device),
+        "type": device.type,
+        "torch_version": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        info["cuda_version"] = torch.version.cuda
+        try:
+            import subprocess
+
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            info["driver_version"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+        except (OSError, IndexError, subprocess.SubprocessError):
+            info["driver_version"] = None
+    return info

@@ -1,0 +1,195 @@
+"""Latency profiling: one target forward over n tokens, and one draft forward over w tokens, through the
+real verification path (static KV cache holding ``context`` tokens, prefix + tree mask), against n.
+
+The result is the latency curve T(n) at each context length L and the draft cost c(w) that the solver's
+hardware-aware choice uses (Sequoia, Chen et al. 2024, section 4.2: the best budget depends on how T(n)
+grows with n on the device). Latency does not depend on the weights' values, so a random-weight model of
+the right shape (``ModelConfig.preset``) profiles a model that was never downloaded; nor on the mask's
+pattern for a given n (both backends do the same work for any (n, n) tree mask), so a causal mask is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..attention import causal_tree_mask
+from ..model import ModelConfig, Transformer
+from ..profiles import LATENCY_FORMAT, LatencyCurve
+from ..tree import now_iso
+from .device import device_info
+from .timing import Timing, time_call
+
+ProgressFn = Callable[[str, int, int], None]
+"""progress(what, done, total): called after each measured point."""
+
+
+@dataclass
+class LatencyTable:
+    """Measured forward times at one context length: ``tokens[i]`` -> ``timings[i]`` (ms)."""
+
+    context: int
+    tokens: list[int] = field(default_factory=list)
+    timings: list[Timing] = field(default_factory=list)
+
+
+def random_weight_model(config: ModelConfig, *, device: torch.device | str, dtype: torch.dtype,
+                        seed: int = 0) -> Transformer:
+    """A model of ``config``'s shape with random weights (normal, std 0.02), built directly on ``device``
+    without a CPU detour (parameters are allocated on the meta device first, then materialised).
+
+    Raises torch's out-of-memory error when the shape does not fit the device.
+    """
+    with torch.device("meta"):
+        model = Transformer(config, device="meta", dtype=dtype)
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    # buffers created on meta (rotary inverse frequencies) are recomputed on the real device
+    from ..model.llama import rope_inv_freq
+
+    model.inv_freq = rope_inv_freq(config).to(device)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval()
+
+
+@torch.inference_mode()
+def time_forward(model: Transformer, n: int, context: int, *, backend: str = "auto",
+                 cache=None, **timing_kw) -> Timing:
+    """Time one forward of ``model`` over n new tokens after ``context`` cached tokens (batch 1).
+
+    The cache is allocated once per context by the caller (or here); its contents are irrelevant to the
+    time. Returns a :class:`Timing` in ms.
+    """
+    device = model.device
+    if cache is None:
+        cache = model.new_cache(context + n)
+    tokens = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+    slots = torch.arange(context, context + n, device=device)
+    mask = causal_tree_mask(n, device)
+
+    def call() -> None:
+        model(tokens, slots, cache=cache, cache_slots=slots, prefix_len=context, tree_mask=mask,
+              backend=backend)
+
+    return time_call(call, device, **timing_kw)
+
+
+def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Sequence[int], *,
+                  what: str = "target", backend: str = "auto", progress: ProgressFn | None = None,
+                  **timing_kw) -> list[LatencyTable]:
+    """Measure ``model`` at every (context, n) pair. Returns one :class:`LatencyTable` per context.
+
+    Raises ValueError for an empty grid or a context + n past the model's ``max_position_embeddings``.
+    """
+    if not token_counts or not contexts:
+        raise ValueError("need at least one token count and one context length")
+    top = max(contexts) + max(token_counts)
+    if top > model.config.max_position_embeddings:
+        raise ValueError(f"context {max(contexts)} + {max(token_counts)} tokens exceeds the {what} model's "
+                         f"context of {model.config.max_position_embeddings} tokens")
+    total = len(token_counts) * len(contexts)
+    done = 0
+    tables = []
+    for ctx in contexts:
+        cache = model.new_cache(ctx + max(token_counts))
+        table = LatencyTable(context=int(ctx))
+        for n in token_counts:
+            table.tokens.append(int(n))
+            table.timings.append(time_forward(model, int(n), int(ctx), backend=backend, cache=cache, **timing_kw))
+            done += 1
+            if progress:
+                progress(f"{what} forward, context {ctx}, {n} tokens", done, total)
+        tables.append(table)
+        del cache
+    return tables
+
+
+def _spread(t: Timing) -> float:
+    return round(t.p90_ms - t.p10_ms, 4)
+
+
+def build_latency_profile(
+    *,
+    target_tables: list[LatencyTable],
+    draft_tables: list[LatencyTable] | None,
+    step_overhead_ms: float,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    target_name: str,
+    target_config: ModelConfig,
+    draft_name: str | None,
+    draft_config: ModelConfig | None,
+    random_weights: bool,
+    profile_id: str,
+) -> LatencyCurve:
+    """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
+
+    Without a draft (``draft_tables`` None) the draft table records 0 ms at one token and the profile says
+    the draft cost was not measured. Spreads are p90 - p10 of the repeats (ms).
+    """
+    curves = []
+    for i, tt in enumerate(target_tables):
+        target = {"tokens": tt.tokens, "target_forward_ms": [round(t.median_ms, 4) for t in tt.timings],
+                  "target_forward_spread_ms": [_spread(t) for t in tt.timings]}
+        if draft_tables is not None:
+            dt = draft_tables[i]
+            draft = {"tokens": dt.tokens, "draft_forward_ms": [round(t.median_ms, 4) for t in dt.timings],
+                     "draft_forward_spread_ms": [_spread(t) for t in dt.timings]}
+        else:
+            draft = {"tokens": list(tt.tokens), "draft_forward_ms": [0.0] * len(tt.tokens)}
+        curves.append({"context_tokens": tt.context, "target": target, "draft": draft})
+
+    def shape(c: ModelConfig) -> dict[str, int]:
+        return {"n_layers": c.n_layers, "d_model": c.dim, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
+                "head_dim": c.head_dim, "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size,
+                "parameters": c.num_parameters()}
+
+    doc = {
+        "format": LATENCY_FORMAT,
+        "id": profile_id,
+        "source": ("measured by treeopt profile latency" + (" with RANDOM weights of the model's shape "
+                   "(latency does not depend on weight values)" if random_weights else "")
+                   + ("" if draft_tables is not None else "; draft cost NOT measured (recorded as 0 ms)")),
+        "date": now_iso(),
+        "device": device_info(device, dtype),
+        "model": {"target": target_name, "target_shape": shape(target_config),
+                  "draft": draft_name, "draft_shape": shape(draft_config) if draft_config else None,
+                  "random_weights": random_weights},
+        "step_overhead_ms": round(float(step_overhead_ms), 4),
+        "curves": curves,
+    }
+    return LatencyCurve.from_dict(doc, source=f"latency profile {profile_id!r}", default_id=profile_id)
+
+
+@torch.inference_mode()
+def measure_step_overhead(target: Transformer, draft: Transformer, *, tree=None, prompt_len: int = 32,
+                          steps: int = 24, backend: str = "auto", seed: int = 0) -> float:
+    """The fixed per-step cost of tree decoding outside the model forwards (ms): verification (argmax or
+    the residual rule), path selection, KV-cache compaction of both models and stop checks, as the decoder
+    itself measures it (``StepStats.bookkeeping_ms``). Median over ``steps`` steps on a random prompt; the
+    value is a measurement of this device, not a guess.
+
+    ``tree`` defaults to a 4-wide star under a 4-deep chain (a typical small Sequoia tree shape).
+    """
+    from ..decoding import SpeculativeDecoder
+    from ..tree import Tree
+
+    if tree is None:
+        tree = Tree.from_choices([[0], [1], [2], [3], [0, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]])
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    dec = SpeculativeDecoder(target, draft, tree, backend=backend,
+                             max_len=prompt_len + steps * tree.size + tree.size + 1)
+    result = dec.generate(prompt, steps)
+    import statistics
+
+    return float(statistics.median(s.bookkeeping_ms for s in result.steps)) if result.steps else 0.0
