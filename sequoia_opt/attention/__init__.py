@@ -135,7 +135,9 @@ def tree_attention(
     if resolve_backend(backend, q.device) == "cuda":
         from . import cuda as _cuda
 
-        return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
+        # "auto" falls back to the reference for tensors the kernel does not take (float32, head_dim 96, ...)
+        if backend == "cuda" or _cuda.supports(q, k_cache, v_cache):
+            return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
     return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
 
 
