@@ -265,14 +265,18 @@ def correctness_cases(args) -> list[dict[str, Any]]:
     return cases
 
 
-def run_case(case: dict[str, Any], device: torch.device, gen: torch.Generator, dry_run: bool) -> dict[str, Any]:
+def run_case(case: dict[str, Any], device: torch.device, gen: torch.Generator, dry_run: bool,
+             dgen: torch.Generator | None = None) -> dict[str, Any]:
+    """One correctness case: fresh inputs (drawn on the device with ``dgen`` when given), poisoned output,
+    float64 reference. Returns the case with its errors and ``passed``."""
     B, Hkv, G, T, L, m, D = (case[k] for k in ("B", "Hkv", "group", "T", "L", "m", "D"))
     dtype = DTYPES[case["dtype"]]
     Hq = Hkv * G
     S = L + m + 5
-    q = torch.randn(B, Hq, T, D, generator=gen).to(device, dtype)
-    k = torch.randn(B, Hkv, S, D, generator=gen).to(device, dtype)
-    v = torch.randn(B, Hkv, S, D, generator=gen).to(device, dtype)
+    g, where = (dgen, device) if dgen is not None else (gen, torch.device("cpu"))
+    q = torch.randn(B, Hq, T, D, generator=g, device=where).to(device, dtype)
+    k = torch.randn(B, Hkv, S, D, generator=g, device=where).to(device, dtype)
+    v = torch.randn(B, Hkv, S, D, generator=g, device=where).to(device, dtype)
     if not dry_run:
         k[:, :, L + m :] = float("nan")  # past the tree: must never be read
         v[:, :, L + m :] = float("nan")
@@ -301,6 +305,7 @@ def run_case(case: dict[str, Any], device: torch.device, gen: torch.Generator, d
 
 def step_correctness(args, device: torch.device, budget_s: float) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(args.seed)
+    dgen = torch.Generator(device=device).manual_seed(args.seed + 17) if device.type == "cuda" else None
     cases = correctness_cases(args)
     # explicit edge cases: a row that sees nothing (L = 0), m not a multiple of 64 around word edges
     extra_dt = "bfloat16" if not args.dry_run else "float32"
@@ -315,7 +320,7 @@ def step_correctness(args, device: torch.device, budget_s: float) -> dict[str, A
             log(f"[correctness] budget spent after {idx} of {len(cases)} cases")
             break
         try:
-            r = run_case(case, device, gen, args.dry_run)
+            r = run_case(case, device, gen, args.dry_run, dgen)
         except Exception as err:  # noqa: BLE001
             r = dict(case, passed=False, error=f"{type(err).__name__}: {err}")
             errors.append(r)
@@ -377,7 +382,8 @@ def step_bench(args, device: torch.device, budget_s: float, copy_bw: dict[str, A
         grid = [(4, 64), (8, 130)]
     else:
         B, Hq, Hkv, D, dtype = 1, 32, 8, 128, torch.bfloat16  # Llama-3-8B attention heads
-        grid = [(n, L) for L in (1024, 4096, 16384) for n in (16, 64, 128)]
+        # the goal rows first (n=64 at L=4096, then L >= 4096), so a tight budget drops the least useful ones
+        grid = [(n, L) for L in (4096, 16384, 1024) for n in (64, 16, 128)]
     G = Hq // Hkv
     timer = Timer(device, warmup=3, reps=args.reps)
     flex, flex_reason = (None, "disabled (--no-flex)") if args.no_flex else _flex_factory(device)
@@ -515,7 +521,10 @@ def _treeopt_cmd() -> list[str]:
     return [sys.executable, "-c", "import sys; from sequoia_opt.cli import app; sys.argv[0] = 'treeopt'; app()"]
 
 
-def step_profile(args, device: torch.device, budget_s: float, out_dir: Path) -> dict[str, Any]:
+def step_profile(args, device: torch.device, budget_s: float, out_dir: Path, kernel_ok: bool = True) -> dict[str, Any]:
+    """Run ``treeopt profile latency`` (random-weight Llama-2-7B shape, bf16, CUDA) writing its YAML under
+    profiles/; with ``--backend torch`` when the kernel failed its check. Skipped with a notice when the
+    command does not exist."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     base = _treeopt_cmd()
     try:
@@ -540,6 +549,8 @@ def step_profile(args, device: torch.device, budget_s: float, out_dir: Path) -> 
         if flag in help_text:
             cmd += [flag, str(yaml_path)]
             break
+    if not kernel_ok and "--backend" in help_text:
+        cmd += ["--backend", "torch"]  # do not time a kernel that failed its correctness check
     if args.dry_run:
         log(f"[profile] dry run: would run {' '.join(cmd[-12:])}")
         return {"status": "dry-run", "command": cmd}
@@ -595,7 +606,7 @@ def print_table(summary: dict[str, Any]) -> None:
     if b:
         log(f"{'n':>4} {'L':>6} {'ours us':>9} {'sdpa us':>9} {'flex us':>9} {'GB/s':>7} {'%copy':>6} "
             f"{'TFLOP/s':>8} {'x sdpa':>7} {'x flex':>7} {'splits':>6}")  # fmt: skip
-        for r in b["rows"]:
+        for r in sorted(b["rows"], key=lambda r: (r["L"], r["n"])):
             def f(x, fmt):
                 return format(x, fmt) if isinstance(x, (int, float)) and x is not None else "-"
 
@@ -705,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if "profile" in args.steps:
         try:
-            prof = step_profile(args, device, budget_s=max(30.0, left() - 15.0), out_dir=out_dir)
+            kernel_ok = correctness_ok and summary.get("build", {}).get("ok", True)
+            prof = step_profile(args, device, budget_s=max(30.0, left() - 15.0), out_dir=out_dir, kernel_ok=kernel_ok)
         except Exception as err:  # noqa: BLE001
             prof = {"status": "error", "error": f"{type(err).__name__}: {err}"}
             log(f"[profile] ERROR {prof['error']}")
