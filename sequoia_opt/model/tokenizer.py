@@ -1,0 +1,265 @@
+"""The tokenizer a model pair shares: a thin wrapper over a Hugging Face ``tokenizers.Tokenizer``.
+
+It adds what decoding needs and ``tokenizer.json`` does not carry: the BOS id, the set of ids that end
+generation (EOS plus end-of-turn tokens such as ``<|im_end|>``), and a cheap :meth:`Tokenizer.fingerprint` so
+a draft and a target with different vocabularies are refused before any forward pass.
+
+Sources: Hugging Face ``tokenizers`` (BPE model, ByteLevel pre-tokenizer/decoder); the HF
+``tokenizer_config.json`` convention for ``bos_token`` / ``eos_token``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+import tokenizers
+
+from .._io import atomic_write_text
+from ..errors import CheckpointError
+
+#: Token strings that end a turn or a document in common Llama-family vocabularies; any present in a
+#: vocabulary join :attr:`Tokenizer.eos_ids` (Qwen2/SmolLM ChatML, Llama 3, Llama 2 / Mistral, Gemma-style).
+END_TOKEN_NAMES: tuple[str, ...] = (
+    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<end_of_turn>",
+    "<|end|>",
+)
+#: BOS candidates, tried in order when nothing names the BOS token explicitly.
+BOS_TOKEN_NAMES: tuple[str, ...] = ("<|begin_of_text|>", "<s>", "<|startoftext|>")
+
+_CONFIG_NAME = "tokenizer_config.json"
+
+
+def _token_content(value) -> str | None:
+    """A token from ``tokenizer_config.json``: a string, or an AddedToken dict ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    """Text <-> token ids for one vocabulary.
+
+    Args:
+        tok: the wrapped ``tokenizers.Tokenizer`` (its post-processor decides whether BOS is prepended).
+        bos_id: the BOS id, or None when the vocabulary has none.
+        eos_ids: ids that end generation; when None, inferred as every token of :data:`END_TOKEN_NAMES`
+            present in the vocabulary. ``eos_id`` (the primary one) is always included.
+        eos_id: the primary EOS id (what a writer stores as ``eos_token``); default: the smallest of
+            ``eos_ids``.
+
+    Raises:
+        CheckpointError: an id outside the vocabulary.
+    """
+
+    def __init__(self, tok: tokenizers.Tokenizer, *, bos_id: int | None = None,
+                 eos_ids: Iterable[int] | None = None, eos_id: int | None = None) -> None:
+        self._tok = tok
+        n = self.vocab_size
+        if eos_ids is None:
+            eos_ids = [i for i in (tok.token_to_id(t) for t in END_TOKEN_NAMES) if i is not None]
+        ids = set(int(i) for i in eos_ids)
+        if eos_id is not None:
+            ids.add(int(eos_id))
+        for i in ids | ({bos_id} if bos_id is not None else set()):
+            if not 0 <= i < n:
+                raise CheckpointError(f"special token id {i} is outside the vocabulary of {n} tokens")
+        self.bos_id: int | None = None if bos_id is None else int(bos_id)
+        self.eos_ids: frozenset[int] = frozenset(ids)
+        self.eos_id: int | None = int(eos_id) if eos_id is not None else (min(ids) if ids else None)
+
+    # -- text <-> ids -------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids for ``text``. Special tokens written in the text (``<|im_start|>``) map to their single
+        ids; BOS is prepended only when the tokenizer's post-processor says so (Llama 3 does, SmolLM2 not)."""
+        return list(self._tok.encode(text, add_special_tokens=True).ids)
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """Text for ``ids``; special tokens are kept unless ``skip_special``."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one token string (vocabulary form, e.g. ``"Ġthe"``), or None."""
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(int(i))
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens in the vocabulary, added/special tokens included."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The wrapped ``tokenizers.Tokenizer``."""
+        return self._tok
+
+    def fingerprint(self) -> str:
+        """16 hex digits of SHA-256 over the vocabulary (every ``(id, token)`` pair, in id order).
+
+        Two tokenizers with the same fingerprint map every id to the same token string, which is what a
+        draft/target pair must share; pre-tokenization and special-token ids are not part of it.
+        """
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        items = sorted((i, t) for t, i in vocab.items())
+        h = hashlib.sha256(json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        return h.hexdigest()[:16]
+
+    # -- files --------------------------------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, *, bos_id: int | None = None,
+                  eos_ids: Iterable[int] | None = None) -> "Tokenizer":
+        """Read a ``tokenizer.json``; BOS/EOS come from the arguments, else from a ``tokenizer_config.json``
+        next to it (HF keys ``bos_token``, ``eos_token``, and treeopt's ``eos_tokens`` list), else from
+        :data:`BOS_TOKEN_NAMES` / :data:`END_TOKEN_NAMES`.
+
+        Raises:
+            CheckpointError: a missing or unreadable file.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"tokenizer file not found: {path}")
+        try:
+            tok = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as err:  # tokenizers raises plain Exception
+            raise CheckpointError(f"cannot read tokenizer {path}: {err}") from None
+        conf: dict = {}
+        conf_path = path.with_name(_CONFIG_NAME)
+        if conf_path.is_file():
+            try:
+                conf = json.loads(conf_path.read_text(encoding="utf-8"))
+            except ValueError as err:
+                raise CheckpointError(f"cannot parse {conf_path}: {err}") from None
+        eos_id = None
+        if bos_id is None:
+            name = _token_content(conf.get("bos_token"))
+            bos_id = tok.token_to_id(name) if name else None
+            if bos_id is None and not name:
+                bos_id = next((i for i in map(tok.token_to_id, BOS_TOKEN_NAMES) if i is not None), None)
+        name = _token_content(conf.get("eos_token"))
+        if name:
+            eos_id = tok.token_to_id(name)
+        if eos_ids is None:
+            names = [n for n in (_token_content(v) for v in conf.get("eos_tokens", [])) if n]
+            if names:
+                eos_ids = [i for i in map(tok.token_to_id, names) if i is not None]
+        return cls(tok, bos_id=bos_id, eos_ids=eos_ids, eos_id=eos_id)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``tokenizer.json`` to ``path`` and ``tokenizer_config.json`` (``bos_token``, ``eos_token``,
+        ``eos_tokens``) next to it, each atomically. Returns ``path``."""
+        path = Path(path)
+        atomic_write_text(path, self._tok.to_str(pretty=False))
+        conf = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": None if self.bos_id is None else self.id_to_token(self.bos_id),
+            "eos_token": None if self.eos_id is None else self.id_to_token(self.eos_id),
+            "eos_tokens": [self.id_to_token(i) for i in sorted(self.eos_ids)],
+        }
+        atomic_write_text(path.with_name(_CONFIG_NAME), json.dumps(conf, indent=2, ensure_ascii=False) + "\n")
+        return path
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
+                f"eos_ids={sorted(self.eos_ids)}, fingerprint={self.fingerprint()})")
+
+
+# -- byte-level BPE from a token list (GGUF ``tokenizer.ggml.model == "gpt2"``) -------------------------------
+
+_GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+#: ``tokenizer.ggml.pre`` values understood, grouped as llama.cpp's ``llama-vocab.cpp`` groups their regexes.
+PRE_TOKENIZERS: dict[str, str] = {
+    **{k: "gpt2" for k in ("default", "gpt2", "gpt-2")},
+    # llama.cpp: \p{N} split first, then the GPT-2 regex == HF Digits(individual_digits) + ByteLevel
+    **{k: "digits+gpt2" for k in ("smollm", "starcoder", "refact", "codeshell", "command-r")},
+    **{k: "llama3" for k in ("llama-bpe", "llama3", "smaug-bpe")},
+    **{k: "qwen2" for k in ("qwen2", "deepseek-r1-qwen")},
+}
+
+
+def _pre_tokenizer(kind: str):
+    pt = tokenizers.pre_tokenizers
+    if kind == "gpt2":
+        return pt.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if kind == "digits+gpt2":  # SmolLM / StarCoder tokenizer.json: Sequence[Digits(individual), ByteLevel]
+        return pt.Sequence([pt.Digits(individual_digits=True),
+                            pt.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    pattern = {"llama3": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN}[kind]
+    return pt.Sequence([pt.Split(tokenizers.Regex(pattern), behavior="isolated", invert=False),
+                        pt.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+
+
+def bpe_tokenizer_from_vocab(
+    tokens: list[str],
+    merges: list[str],
+    *,
+    token_types: list[int] | None = None,
+    pre: str = "default",
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    eos_ids: Iterable[int] | None = None,
+    add_bos: bool = False,
+) -> Tokenizer:
+    """Rebuild a byte-level BPE tokenizer (GPT-2 family) from a token list and merge rules.
+
+    Args:
+        tokens: token strings in id order, in byte-level form (``"Ġthe"``), as GGUF ``tokenizer.ggml.tokens``.
+        merges: ``"left right"`` merge rules in priority order (GGUF ``tokenizer.ggml.merges``).
+        token_types: GGUF token types per id (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,
+            6 byte); control and user-defined tokens become added tokens matched whole in text (control ones
+            special, i.e. dropped by ``decode(skip_special=True)``).
+        pre: GGUF ``tokenizer.ggml.pre``; see :data:`PRE_TOKENIZERS`.
+        bos_id, eos_id, eos_ids: special ids (see :class:`Tokenizer`); EOS also gains every
+            :data:`END_TOKEN_NAMES` token present.
+        add_bos: prepend BOS on encode (GGUF ``tokenizer.ggml.add_bos_token``).
+
+    Raises:
+        CheckpointError: unknown ``pre``, duplicate token strings, a malformed merge, or ``add_bos`` without
+            a BOS id.
+    """
+    if pre not in PRE_TOKENIZERS:
+        raise CheckpointError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); treeopt knows "
+                              f"{', '.join(sorted(PRE_TOKENIZERS))}")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        seen: set[str] = set()
+        dup = next(t for t in tokens if t in seen or seen.add(t))
+        raise CheckpointError(f"tokenizer vocabulary repeats the token {dup!r}")
+    pairs = []
+    for m in merges:
+        parts = m.split(" ")
+        if len(parts) != 2:
+            raise CheckpointError(f"malformed BPE merge {m!r} (expected 'left right')")
+        pairs.append((parts[0], parts[1]))
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = _pre_tokenizer(PRE_TOKENIZERS[pre])
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    if token_types is not None:
+        special = [tokenizers.AddedToken(tokens[i], special=True, normalized=False)
+                   for i, t in enumerate(token_types) if t == 3]
+        user = [tokenizers.AddedToken(tokens[i], special=False, normalized=False)
+                for i, t in enumerate(token_types) if t == 4]
+        if special:
+            tok.add_special_tokens(special)
+        if user:
+            tok.add_tokens(user)
+    if add_bos:
+        if bos_id is None:
+            raise CheckpointError("the tokenizer asks for a BOS token but names none")
+        bos = tokens[bos_id]
+        tok.post_processor = tokenizers.processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
+    else:
+        tok.post_processor = tokenizers.processors.ByteLevel(trim_offsets=False)
+    ids = set(int(i) for i in (eos_ids or ()))
+    ids.update(i for i in (vocab.get(t) for t in END_TOKEN_NAMES) if i is not None)
+    return Tokenizer(tok, bos_id=bos_id, eos_ids=ids, eos_id=eos_id)

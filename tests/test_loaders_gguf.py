@@ -1,0 +1,392 @@
+"""GGUF loading on tiny files written here with gguf.GGUFWriter: dequantization per type, llama.cpp's Q/K row
+permutation and its inverse, metadata -> config (rope scaling included), strictness, and logits equal to the
+source model's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+from sequoia_opt.errors import CheckpointError  # noqa: E402
+from sequoia_opt.model import ModelConfig, Transformer  # noqa: E402
+from sequoia_opt.model.gguf_loader import (  # noqa: E402
+    dequantize_tensor, hf_tensor_name, open_gguf, permute_qk, unpermute_qk)
+from sequoia_opt.model.llama import apply_rotary, rope_inv_freq  # noqa: E402
+from sequoia_opt.model.loaders import load_checkpoint, load_model_config  # noqa: E402
+
+# -- helpers ---------------------------------------------------------------------------------------------------
+
+
+def bytes_to_unicode() -> list[str]:
+    """GPT-2's byte -> printable character table, in byte order."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "o r", "1 2"]
+
+
+def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
+    """(tokens, merges, token_types) of a small byte-level BPE vocabulary with ChatML specials first."""
+    tokens = SPECIALS + bytes_to_unicode() + [m.replace(" ", "") for m in MERGES]
+    types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
+    return tokens, MERGES, types
+
+
+def randomize(model: Transformer, seed: int) -> Transformer:
+    """Fill every parameter from a seeded generator (norm weights around 1) so logits depend on all of them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.2 * noise)
+    return model
+
+
+def tiny_config(**kw) -> ModelConfig:
+    base = dict(vocab_size=len(tiny_vocab()[0]), dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                intermediate_size=128, max_position_embeddings=256, norm_eps=1e-5, rope_theta=10000.0,
+                name="tiny")
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+GGUF_NAMES = {v: k for k, v in {
+    "token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight"}.items()}
+BLOCK = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+         "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
+         "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+         "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in GGUF_NAMES:
+        return GGUF_NAMES[hf]
+    _, i, rest = hf.split(".", 2)
+    mod, kind = rest.rsplit(".", 1)
+    return f"blk.{i}.{BLOCK[mod]}.{kind}"
+
+
+def qtype_for(name: str) -> Q:
+    """A mix of types: norms and biases F32, embeddings F16, attention Q8_0, MLP alternating F16 / Q8_0."""
+    if name.endswith("norm.weight") or name.endswith(".bias"):
+        return Q.F32
+    if "embed" in name or "lm_head" in name:
+        return Q.F16
+    if "self_attn" in name:
+        return Q.Q8_0
+    return Q.F16 if "layers.0." in name else Q.Q8_0
+
+
+def roundtrip(arr: np.ndarray, q: Q) -> np.ndarray:
+    return gguf.quants.dequantize(gguf.quants.quantize(arr, q), q).reshape(arr.shape)
+
+
+def write_gguf(path, model: Transformer, *, arch: str = "llama", permute: bool = True, pre: str = "smollm",
+               drop: str | None = None, extra: str | None = None, rope_freqs: np.ndarray | None = None,
+               linear_factor: float | None = None, tokenizer_model: str = "gpt2") -> dict[str, np.ndarray]:
+    """Write ``model`` as a GGUF the way llama.cpp's converter does; return the HF-layout weights as the
+    loader should reconstruct them (after quantization)."""
+    c = model.config
+    tokens, merges, types = tiny_vocab()
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny-test")
+    w.add_block_count(c.n_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.dim)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.norm_eps)
+    w.add_rope_dimension_count(c.head_dim)
+    if linear_factor is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(linear_factor)
+    w.add_tokenizer_model(tokenizer_model)
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(False)
+    expected = {}
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_embeddings:
+            continue
+        arr = t.detach().float().numpy().copy()
+        q = qtype_for(name)
+        expected[name] = roundtrip(arr, q) if q != Q.F32 else arr
+        if permute and ".q_proj." in name:
+            arr = permute_qk(arr, c.n_heads)
+        elif permute and ".k_proj." in name:
+            arr = permute_qk(arr, c.n_kv_heads)
+        if name == drop:
+            continue
+        if q == Q.F32:
+            w.add_tensor(gguf_name(name), arr.astype(np.float32))
+        elif q == Q.F16:
+            w.add_tensor(gguf_name(name), arr.astype(np.float16))
+        else:
+            w.add_tensor(gguf_name(name), gguf.quants.quantize(arr, q), raw_dtype=q)
+    if extra:
+        w.add_tensor(extra, np.zeros(c.dim, dtype=np.float32))
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return expected
+
+
+def reference(config: ModelConfig, weights: dict[str, np.ndarray]) -> Transformer:
+    ref = Transformer(config)
+    if config.tie_embeddings:
+        weights = {**weights, "lm_head.weight": weights["embed_tokens.weight"]}
+    ref.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()}, strict=True)
+    return ref.eval()
+
+
+TOKENS = torch.tensor([[5, 17, 42, 100, 200, 7, 3, 260, 33, 1]])
+
+
+# -- dequantization per type -----------------------------------------------------------------------------------
+
+def _pack_q4_k(d, dmin, sc, m, q):
+    """ggml block_q4_K (ggml-common.h): d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles.
+    sc, m: (8,) ints < 64; q: (8, 32) ints < 16. Layout from ggml-quants.c get_scale_min_k4 /
+    dequantize_row_q4_K; value = d * sc[j] * q[j] - dmin * m[j]."""
+    scales = np.zeros(12, dtype=np.uint8)
+    for j in range(4):
+        scales[j] = sc[j] & 63
+        scales[j + 4] = m[j] & 63
+    for j in range(4, 8):
+        scales[j + 4] = (sc[j] & 0xF) | ((m[j] & 0xF) << 4)
+        scales[j - 4] |= (sc[j] >> 4) << 6
+        scales[j] |= (m[j] >> 4) << 6
+    qs = np.zeros(128, dtype=np.uint8)
+    for p in range(4):
+        qs[32 * p:32 * p + 32] = q[2 * p] | (q[2 * p + 1] << 4)
+    return np.concatenate([np.array([d, dmin], dtype=np.float16).view(np.uint8), scales, qs])
+
+
+def _pack_q6_k(d, sc, q):
+    """ggml block_q6_K: ql (128 B, low nibbles), qh (64 B, high 2 bits), 16 int8 scales, d (f16).
+    q: (256,) ints in [0, 64), value = d * sc[i // 16] * (q - 32). Layout from dequantize_row_q6_K."""
+    ql = np.zeros(128, dtype=np.uint8)
+    qh = np.zeros(64, dtype=np.uint8)
+    for half in range(2):
+        y, L, H = q[128 * half:128 * half + 128], ql[64 * half:64 * half + 64], qh[32 * half:32 * half + 32]
+        for l in range(32):
+            q1, q2, q3, q4 = y[l], y[l + 32], y[l + 64], y[l + 96]
+            L[l] = (q1 & 0xF) | ((q3 & 0xF) << 4)
+            L[l + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4)
+            H[l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6)
+    return np.concatenate([ql, qh, np.asarray(sc, dtype=np.int8).view(np.uint8),
+                           np.array([d], dtype=np.float16).view(np.uint8)])
+
+
+def test_dequantize_each_type_through_a_gguf_file(tmp_path):
+    rng = np.random.default_rng(0)
+    rows, cols = 3, 512  # non-square, several blocks per row; GGUF stores the shape as (512, 3)
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
+    w.add_tensor("f32", x)
+    w.add_tensor("f16", x.astype(np.float16))
+    for q in (Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
+        w.add_tensor(q.name.lower(), gguf.quants.quantize(x, q), raw_dtype=q)
+    # K-quants: gguf has no quantizer; pack known integers and scales by ggml's block layout instead
+    nb = rows * cols // 256
+    k4 = [(float(rng.uniform(0.01, 0.1)), float(rng.uniform(0.01, 0.1)), rng.integers(0, 64, 8),
+           rng.integers(0, 64, 8), rng.integers(0, 16, (8, 32))) for _ in range(nb)]
+    k6 = [(float(rng.uniform(0.01, 0.1)), rng.integers(-128, 128, 16), rng.integers(0, 64, 256))
+          for _ in range(nb)]
+    w.add_tensor("q4_k", np.stack([_pack_q4_k(*b) for b in k4]).reshape(rows, -1), raw_dtype=Q.Q4_K)
+    w.add_tensor("q6_k", np.stack([_pack_q6_k(*b) for b in k6]).reshape(rows, -1), raw_dtype=Q.Q6_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    f16 = lambda v: float(np.float16(v))  # noqa: E731  (scales are stored as f16)
+    exp_k4 = np.concatenate([np.concatenate([f16(d) * sc[j] * q[j] - f16(dm) * m[j] for j in range(8)])
+                             for d, dm, sc, m, q in k4]).reshape(rows, cols)
+    exp_k6 = np.concatenate([f16(d) * np.repeat(sc, 16) * (q.astype(np.float64) - 32) for d, sc, q in k6])
+    exp_k6 = exp_k6.reshape(rows, cols)
+    amax = np.abs(x).reshape(rows, -1, 32).max(-1, keepdims=True)
+    spread = np.ptp(x.reshape(rows, -1, 32), axis=-1, keepdims=True)
+    blockwise = lambda err: err.reshape(rows, -1, 32)  # noqa: E731
+
+    got = {t.name: dequantize_tensor(t) for t in open_gguf(tmp_path / "q.gguf").tensors}
+    for name, arr in got.items():
+        assert arr.shape == (rows, cols) and arr.dtype == np.float32, name
+    np.testing.assert_array_equal(got["f32"], x)
+    np.testing.assert_allclose(got["f16"], x, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(got["bf16"], x, rtol=8e-3, atol=1e-6)
+    # Q8_0: 32-value blocks, scale amax/127 (f16); error at most half a step plus f16 rounding
+    assert (blockwise(np.abs(got["q8_0"] - x)) <= amax / 127 * 0.5 + amax * 2e-3).all()
+    # Q4_0: levels -8..7 times amax/8 (sign of the extreme): half a step, or one step where the opposite
+    # extreme is clipped at +7
+    assert (blockwise(np.abs(got["q4_0"] - x)) <= amax / 8 + amax * 4e-3).all()
+    assert np.abs(got["q4_0"] - x).mean() < (amax / 8).mean() * 0.3
+    # Q4_1: 16 levels between min and max
+    assert (blockwise(np.abs(got["q4_1"] - x)) <= spread / 15 * 0.5 + spread * 4e-3).all()
+    np.testing.assert_allclose(got["q4_k"], exp_k4, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["q6_k"], exp_k6, rtol=1e-5, atol=1e-6)
+
+
+# -- llama.cpp Q/K permutation -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_head,head_dim,cols", [(4, 8, 16), (3, 64, 5), (1, 2, 3), (2, 16, 0)])
+def test_unpermute_inverts_llama_cpp_permute(n_head, head_dim, cols):
+    g = torch.Generator().manual_seed(n_head * 100 + head_dim)
+    shape = (n_head * head_dim, cols) if cols else (n_head * head_dim,)  # weight or bias
+    w = torch.randn(shape, generator=g)
+    p = permute_qk(w, n_head)
+    assert p.shape == w.shape
+    assert torch.equal(p, w) == (head_dim == 2)  # a head of one rotary pair is left as is
+    assert torch.equal(unpermute_qk(p, n_head), w)
+    assert np.array_equal(unpermute_qk(permute_qk(w.numpy(), n_head), n_head), w.numpy())
+
+
+def test_permutation_maps_rotate_half_to_interleaved_rotary():
+    """What the permutation is for: HF's rotate-half rotary on W equals llama.cpp's interleaved-pair rotary on
+    permute(W), up to the same row order. So un-permuting is right, not merely invertible."""
+    n_head, hd, dim, T = 3, 8, 12, 5
+    g = torch.Generator().manual_seed(1)
+    W, x = torch.randn(n_head * hd, dim, generator=g), torch.randn(T, dim, generator=g)
+    cfg = ModelConfig(vocab_size=8, dim=n_head * hd, n_layers=1, n_heads=n_head, n_kv_heads=n_head,
+                      intermediate_size=8)
+    ang = torch.arange(T, dtype=torch.float32)[:, None] * rope_inv_freq(cfg)  # (T, hd/2)
+    q_hf = (x @ W.T).view(T, n_head, hd).transpose(0, 1)[None]  # (1, H, T, hd)
+    rot_hf = apply_rotary(q_hf, ang.cos()[None, None], ang.sin()[None, None])[0]  # (H, T, hd)
+    q_gg = (x @ permute_qk(W, n_head).T).view(T, n_head, hd // 2, 2)  # pairs (2i, 2i+1)
+    a, b = q_gg[..., 0], q_gg[..., 1]
+    c, s = ang.cos()[:, None], ang.sin()[:, None]
+    rot_gg = torch.stack([a * c - b * s, a * s + b * c], -1).reshape(T, n_head * hd)  # ggml rope "norm" mode
+    expected = permute_qk(rot_hf.transpose(0, 1).reshape(T, n_head * hd).T, n_head).T
+    torch.testing.assert_close(rot_gg, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_name_mapping():
+    assert hf_tensor_name("token_embd.weight") == "embed_tokens.weight"
+    assert hf_tensor_name("blk.12.attn_q.bias") == "layers.12.self_attn.q_proj.bias"
+    assert hf_tensor_name("blk.0.ffn_down.weight") == "layers.0.mlp.down_proj.weight"
+    assert hf_tensor_name("blk.0.attn_norm.weight") == "layers.0.input_layernorm.weight"
+    assert hf_tensor_name("output.weight") == "lm_head.weight"
+    assert hf_tensor_name("blk.0.ffn_gate_exps.weight") is None
+
+
+# -- whole files -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tied,n_kv", [(True, 2), (False, 1), (False, 4)])
+def test_gguf_llama_logits_match_source_model(tmp_path, tied, n_kv):
+    cfg = tiny_config(tie_embeddings=tied, n_kv_heads=n_kv)
+    src = randomize(Transformer(cfg), seed=3).eval()
+    expected = write_gguf(tmp_path / "m.gguf", src)
+    model, tok = load_checkpoint(tmp_path / "m.gguf")
+    assert model.config == cfg.with_(name="m")
+    assert (model.lm_head.weight is model.embed_tokens.weight) == tied
+    assert tok.vocab_size == cfg.vocab_size and tok.bos_id == 1 and 2 in tok.eos_ids
+    with torch.no_grad():
+        got = model(TOKENS)
+        torch.testing.assert_close(got, reference(cfg, expected)(TOKENS), rtol=1e-4, atol=1e-4)
+        # and close to the unquantized source (Q8_0 / F16 error only)
+        assert (got - src(TOKENS)).abs().mean() < 0.05 * src(TOKENS).abs().mean()  # measured ~0.02
+
+
+def test_gguf_qwen2_bias_not_permuted(tmp_path):
+    cfg = tiny_config(attention_bias=True, tie_embeddings=True, rope_theta=1000000.0, norm_eps=1e-6)
+    src = randomize(Transformer(cfg), seed=4).eval()
+    expected = write_gguf(tmp_path / "q.gguf", src, arch="qwen2", permute=False, pre="qwen2")
+    model, _ = load_checkpoint(tmp_path / "q.gguf", dtype=torch.float64)
+    assert model.config.attention_bias and model.dtype == torch.float64
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS).float(), reference(cfg, expected)(TOKENS), rtol=1e-4, atol=1e-4)
+
+
+def test_gguf_permuted_llama_q_k_bias_is_unpermuted(tmp_path):
+    cfg = tiny_config(attention_bias=True)
+    src = randomize(Transformer(cfg), seed=5).eval()
+    expected = write_gguf(tmp_path / "b.gguf", src, arch="llama", permute=True)
+    model, _ = load_checkpoint(tmp_path / "b.gguf")
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), reference(cfg, expected)(TOKENS), rtol=1e-4, atol=1e-4)
+
+
+def test_gguf_strict_missing_and_unexpected(tmp_path):
+    src = randomize(Transformer(tiny_config()), seed=6)
+    write_gguf(tmp_path / "a.gguf", src, drop="layers.1.mlp.up_proj.weight")
+    with pytest.raises(CheckpointError, match=r"missing tensor.*layers\.1\.mlp\.up_proj\.weight"):
+        load_checkpoint(tmp_path / "a.gguf")
+    write_gguf(tmp_path / "b.gguf", src, extra="blk.0.attn_sinks.weight")
+    with pytest.raises(CheckpointError, match=r"unexpected tensor blk\.0\.attn_sinks\.weight"):
+        load_checkpoint(tmp_path / "b.gguf")
+    write_gguf(tmp_path / "c.gguf", src, pre="no-such-pre")
+    with pytest.raises(CheckpointError, match="no-such-pre"):
+        load_checkpoint(tmp_path / "c.gguf")
+    write_gguf(tmp_path / "d.gguf", src, tokenizer_model="llama")
+    with pytest.raises(CheckpointError, match="tokenizer model 'llama'"):
+        load_checkpoint(tmp_path / "d.gguf")
+    (tmp_path / "e.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(CheckpointError, match="GGUF"):
+        load_checkpoint(tmp_path / "e.gguf")
+
+
+def test_gguf_rope_scaling_from_metadata_and_rope_freqs(tmp_path):
+    cfg = tiny_config(dim=128, n_heads=4, n_kv_heads=2, rope_theta=500000.0, max_position_embeddings=131072)
+    src = Transformer(cfg)
+    write_gguf(tmp_path / "lin.gguf", src, linear_factor=4.0)
+    assert load_model_config(tmp_path / "lin.gguf").rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    for factor in (8.0, 32.0):
+        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192}
+        # convert_hf_to_gguf.py stores the divisors base_inv_freq / scaled_inv_freq as rope_freqs.weight
+        divisors = (rope_inv_freq(cfg).double() / rope_inv_freq(cfg.with_(rope_scaling=scaling)).double()).numpy()
+        assert divisors.min() == 1.0 and divisors.max() == factor  # the test spans all three bands
+        write_gguf(tmp_path / "l3.gguf", src, rope_freqs=divisors)
+        got = load_model_config(tmp_path / "l3.gguf")
+        assert got.rope_scaling == scaling
+        model, _ = load_checkpoint(tmp_path / "l3.gguf")
+        torch.testing.assert_close(model.inv_freq, rope_inv_freq(cfg.with_(rope_scaling=scaling)))
+
+
+def test_rope_inv_freq_against_hand_computed_values():
+    cfg = tiny_config(dim=64, n_heads=4, rope_theta=500000.0)  # head_dim 16: 8 frequencies
+    base = [1.0 / 500000.0 ** (2 * i / 16) for i in range(8)]
+    lin = rope_inv_freq(cfg.with_(rope_scaling={"rope_type": "linear", "factor": 4.0}))
+    torch.testing.assert_close(lin, torch.tensor([f / 4.0 for f in base]), rtol=1e-6, atol=0)
+    sc = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+    want = []
+    for f in base:  # Meta's apply_scaling, written out
+        wavelen = 2 * math.pi / f
+        if wavelen < 8192 / 4.0:
+            want.append(f)
+        elif wavelen > 8192 / 1.0:
+            want.append(f / 8.0)
+        else:
+            smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+            want.append((1 - smooth) * f / 8.0 + smooth * f)
+    bands = {("high" if 2 * math.pi / f < 2048 else "low" if 2 * math.pi / f > 8192 else "mid") for f in base}
+    assert bands == {"high", "mid", "low"}
+    torch.testing.assert_close(rope_inv_freq(cfg.with_(rope_scaling=sc)), torch.tensor(want), rtol=1e-6, atol=0)
+    torch.testing.assert_close(rope_inv_freq(cfg), torch.tensor(base), rtol=1e-6, atol=0)

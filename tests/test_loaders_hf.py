@@ -1,0 +1,183 @@
+"""Hugging Face directories: save/load round trip, sharded index, strict errors naming the tensor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from sequoia_opt.errors import CheckpointError
+from sequoia_opt.model import ModelConfig, Transformer
+from sequoia_opt.model.hf import save_hf_checkpoint
+from sequoia_opt.model.loaders import expected_tensors, load_checkpoint, load_model_config
+from sequoia_opt.model.tokenizer import bpe_tokenizer_from_vocab
+
+try:  # shared helpers; tests/ is on sys.path under pytest's default import mode
+    from test_loaders_gguf import randomize, tiny_config, tiny_vocab
+except ImportError:  # tests/ made a package
+    from .test_loaders_gguf import randomize, tiny_config, tiny_vocab
+
+TOKENS = torch.tensor([[5, 17, 42, 100, 200, 7, 3, 260, 33, 1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]])
+
+
+def tiny_tokenizer():
+    tokens, merges, types = tiny_vocab()
+    return bpe_tokenizer_from_vocab(tokens, merges, token_types=types, pre="smollm", bos_id=1, eos_id=2)
+
+
+def saved(tmp_path, seed=0, **cfg):
+    model = randomize(Transformer(tiny_config(**cfg)), seed).eval()
+    out = save_hf_checkpoint(model, tiny_tokenizer(), tmp_path / "ckpt")
+    return model, out
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(tie_embeddings=True),
+    dict(tie_embeddings=False, n_kv_heads=1),
+    dict(attention_bias=True, tie_embeddings=True, norm_eps=1e-6, rope_theta=1e6),  # Qwen2-style
+    dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 64}),
+    dict(head_dim=32),  # head_dim != dim / n_heads
+])
+def test_round_trip_identical_logits(tmp_path, cfg):
+    model, out = saved(tmp_path, **cfg)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                     "tokenizer_config.json"]
+    stored = load_file(out / "model.safetensors")
+    assert ("lm_head.weight" in stored) == (not model.config.tie_embeddings)  # tied weights stored once
+    assert all(k.startswith("model.") for k in stored if k != "lm_head.weight")
+    hf = json.loads((out / "config.json").read_text())
+    assert hf["architectures"] == ["Qwen2ForCausalLM" if model.config.attention_bias else "LlamaForCausalLM"]
+    loaded, tok = load_checkpoint(out)
+    assert loaded.config == model.config
+    assert load_model_config(out) == model.config
+    assert (loaded.lm_head.weight is loaded.embed_tokens.weight) == model.config.tie_embeddings
+    with torch.no_grad():
+        assert torch.equal(loaded(TOKENS), model(TOKENS))
+    assert tok.fingerprint() == tiny_tokenizer().fingerprint()
+    assert tok.bos_id == 1 and tok.eos_id == 2 and tok.eos_ids == tiny_tokenizer().eos_ids
+
+
+def test_load_dtype_and_parameters_are_fresh(tmp_path):
+    model, out = saved(tmp_path, seed=1)
+    loaded, _ = load_checkpoint(out, dtype=torch.bfloat16)
+    assert loaded.dtype == torch.bfloat16 and all(p.dtype == torch.bfloat16 for p in loaded.parameters())
+    assert loaded.inv_freq.dtype == torch.float32  # derived rotary buffer recomputed, not left uninitialised
+    torch.testing.assert_close(loaded.inv_freq, model.inv_freq)
+    n = sum(p.numel() for p in loaded.parameters())
+    assert n == model.config.num_parameters()
+
+
+def test_sharded_checkpoint_with_index(tmp_path):
+    model, out = saved(tmp_path, seed=2, tie_embeddings=False)
+    tensors = load_file(out / "model.safetensors")
+    (out / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for fname, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, out / fname)
+        weight_map.update({k: fname for k in keys})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    loaded, _ = load_checkpoint(out)
+    with torch.no_grad():
+        assert torch.equal(loaded(TOKENS), model(TOKENS))
+    # a shard that the index names but that is gone
+    (out / "model-00002-of-00002.safetensors").rename(out / "elsewhere.bin")
+    with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors"):
+        load_checkpoint(out)
+    # refuses to write a single file where an index would shadow it
+    with pytest.raises(CheckpointError, match="sharded"):
+        save_hf_checkpoint(model, tiny_tokenizer(), out)
+
+
+def _rewrite(out, edit):
+    tensors = load_file(out / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, out / "model.safetensors")
+
+
+def test_missing_tensor_is_named(tmp_path):
+    _, out = saved(tmp_path)
+    _rewrite(out, lambda t: t.pop("model.layers.1.self_attn.v_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) layers\.1\.self_attn\.v_proj\.weight"):
+        load_checkpoint(out)
+
+
+def test_unexpected_tensor_is_named(tmp_path):
+    _, out = saved(tmp_path)
+    _rewrite(out, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias": torch.zeros(64)}))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor\(s\) layers\.0\.self_attn\.o_proj\.bias"):
+        load_checkpoint(out)
+
+
+def test_shape_mismatch_is_named(tmp_path):
+    _, out = saved(tmp_path)
+    _rewrite(out, lambda t: t.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(96, 64)}))
+    with pytest.raises(CheckpointError, match=r"layers\.0\.mlp\.up_proj\.weight \(checkpoint \(96, 64\), "
+                                              r"model \(128, 64\)\)"):
+        load_checkpoint(out)
+
+
+def test_config_disagreeing_with_weights_is_a_shape_error(tmp_path):
+    _, out = saved(tmp_path)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["num_key_value_heads"] = 4
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"shape mismatch.*k_proj\.weight"):
+        load_checkpoint(out)
+
+
+def test_tied_lm_head_present_must_equal_embedding(tmp_path):
+    model, out = saved(tmp_path, tie_embeddings=True)
+    _rewrite(out, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].clone()}))
+    loaded, _ = load_checkpoint(out)  # accepted: equal to the embedding
+    assert loaded.lm_head.weight is loaded.embed_tokens.weight
+    _rewrite(out, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] + 1}))
+    with pytest.raises(CheckpointError, match="lm_head.weight differs"):
+        load_checkpoint(out)
+
+
+def test_untied_config_without_lm_head_is_missing(tmp_path):
+    _, out = saved(tmp_path, tie_embeddings=True)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) lm_head\.weight"):
+        load_checkpoint(out)
+
+
+def test_bad_paths_and_files(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nope")
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="neither"):
+        load_checkpoint(tmp_path / "weights.bin")
+    _, out = saved(tmp_path)
+    (out / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        load_checkpoint(out)
+    (out / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_model_config(out)
+
+
+def test_unknown_architecture_refused(tmp_path):
+    _, out = saved(tmp_path)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="unsupported architecture"):
+        load_checkpoint(out)
+
+
+def test_expected_tensors_tied_vs_untied():
+    tied = expected_tensors(tiny_config(tie_embeddings=True))
+    untied = expected_tensors(tiny_config(tie_embeddings=False))
+    assert set(untied) - set(tied) == {"lm_head.weight"}
+    assert tied["layers.0.self_attn.k_proj.weight"] == (2 * 16, 64)  # GQA: n_kv_heads * head_dim rows
+    assert ModelConfig.preset("smollm2-135m").num_parameters() == sum(
+        torch.Size(s).numel() for s in expected_tensors(ModelConfig.preset("smollm2-135m")).values())

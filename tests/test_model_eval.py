@@ -1,0 +1,32 @@
+"""perplexity() on a tiny random model: matches a hand computation; bad input is refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sequoia_opt.errors import DecodingError
+from sequoia_opt.model import ModelConfig, Transformer
+from sequoia_opt.model.eval import perplexity
+
+
+def test_perplexity_matches_hand_computation():
+    model = Transformer(ModelConfig.preset("tiny")).eval()
+    ids = [3, 14, 15, 92, 65, 35, 89, 79]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids]))[0].double(), -1)
+    nll = -sum(float(logp[t, ids[t + 1]]) for t in range(len(ids) - 1)) / (len(ids) - 1)
+    assert perplexity(model, ids) == pytest.approx(math.exp(nll), rel=1e-5)
+    assert perplexity(model, torch.tensor(ids)) == pytest.approx(math.exp(nll), rel=1e-5)
+
+
+def test_perplexity_refuses_bad_input():
+    model = Transformer(ModelConfig.preset("tiny"))
+    with pytest.raises(DecodingError, match="at least 2"):
+        perplexity(model, [1])
+    with pytest.raises(DecodingError, match="vocabulary|\\[0, 256\\)"):
+        perplexity(model, [1, 256])
+    with pytest.raises(DecodingError, match="context"):
+        perplexity(model, [1] * 513)
