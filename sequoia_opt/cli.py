@@ -704,11 +704,12 @@ def plot_cmd(
     run: Annotated[Optional[Path], typer.Option("--run", help="A results/<run-id>.json from treeopt run.")] = None,
     tree: Annotated[Optional[Path], typer.Option("--tree", help="A tree file to draw.")] = None,
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for the PNGs.")] = Path("results/plots"),
+    max_depth: Annotated[int, typer.Option("--max-depth", "-d", help="Depth limit for the predicted speedup curve.")] = 10,
     as_json: JsonOpt = False,
 ) -> None:
     """Draw PNGs: latency curve, acceptance vector with intervals, predicted vs measured speedup against
     budget, and the tree."""
-    from .plots import plot_all
+    from .plots import plot_all, predicted_speedup_curve
     from .profiles import load_acceptance, load_latency
 
     if not any((latency, acceptance, run, tree)):
@@ -722,7 +723,11 @@ def plot_cmd(
         except (OSError, json.JSONDecodeError) as err:
             raise TreeoptError(f"cannot read run results {run}: {err}") from None
     t = _load_tree_entry(tree).tree if tree else None
-    paths = plot_all(out_dir, latency=curve, acceptance=acc, run=run_doc, tree=t)
+    predicted = None
+    if curve is not None and acc is not None:
+        predicted = predicted_speedup_curve(acc.acceptance, curve, curve.max_target_tokens(), max_depth,
+                                            max(acc.width, 1))
+    paths = plot_all(out_dir, latency=curve, acceptance=acc, run=run_doc, tree=t, predicted=predicted)
     report = Report(title="treeopt plot", summary={"written": ", ".join(str(p) for p in paths)})
     report.data = {"written": [str(p) for p in paths]}
     render(report, as_json)

@@ -160,10 +160,11 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     jpath, cpath = run.save(out_dir)
     files.update(run_json=str(jpath), run_csv=str(cpath))
     try:
-        from .plots import plot_all
+        from .plots import plot_all, predicted_speedup_curve
 
+        predicted = predicted_speedup_curve(p, curve, s.max_tokens, s.max_depth, s.width, context=ctx)
         for i, path in enumerate(plot_all(out_dir / "plots", latency=curve, acceptance=acc, run=run.to_dict(),
-                                          tree=choice.tree)):
+                                          tree=choice.tree, predicted=predicted)):
             files[f"plot{i}"] = str(path)
     except ImportError:  # pragma: no cover - plots are optional
         pass

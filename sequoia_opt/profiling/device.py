@@ -44,12 +44,12 @@ def device_info(device: torch.device | str, dtype: torch.dtype) -> dict[str, obj
     info: dict[str, object] = {
         "name": device_name(device),
         "type": device.type,
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),
         "dtype": str(dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
     }
     if device.type == "cuda":
-        info["cuda_version"] = torch.version.cuda
+        info["cuda_version"] = str(torch.version.cuda)
         try:
             import subprocess
 

@@ -1,0 +1,198 @@
+"""Latency and acceptance profilers on tiny random models (fast)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import PROMPTS, byte_tokenizer, noisy_copy, random_model  # noqa: E402
+
+from sequoia_opt.errors import ProfileError  # noqa: E402
+from sequoia_opt.profiles import load_acceptance, load_latency, save_acceptance, save_latency  # noqa: E402
+from sequoia_opt.profiling.acceptance import (  # noqa: E402
+    AcceptanceCounts,
+    build_acceptance_profile,
+    measure_acceptance,
+    measurement_tree,
+    positional_check,
+)
+from sequoia_opt.profiling.latency import (  # noqa: E402
+    build_latency_profile,
+    measure_step_overhead,
+    profile_model,
+    random_weight_model,
+)
+from sequoia_opt.profiling.timing import time_call, token_grid  # noqa: E402
+from sequoia_opt.decoding import SpeculativeDecoder  # noqa: E402
+from sequoia_opt.model import ModelConfig  # noqa: E402
+from sequoia_opt.tree import Tree  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = random_model(0)
+    return target, noisy_copy(target, 0.05, 1)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids():
+    tok = byte_tokenizer()
+    return [tok.encode(p) for p in PROMPTS]
+
+
+# ------------------------------------------------------------------ timing
+def test_token_grid_is_dense_then_geometric_and_ends_at_max():
+    g = token_grid(200)
+    assert g[:16] == list(range(1, 17))
+    assert g[-1] == 200
+    assert all(b > a for a, b in zip(g, g[1:]))
+    assert all(b / a <= 1.35 for a, b in zip(g[16:], g[17:]))
+    assert token_grid(3) == [1, 2, 3]
+    with pytest.raises(ValueError):
+        token_grid(0)
+
+
+def test_time_call_counts_repeats_within_bounds():
+    calls = []
+    t = time_call(lambda: calls.append(1), "cpu", warmup=3, min_repeats=4, max_repeats=8)
+    assert 4 <= t.repeats <= 8
+    assert len(calls) == 3 + t.repeats
+    assert 0 <= t.p10_ms <= t.median_ms <= t.p90_ms
+    with pytest.raises(ValueError):
+        time_call(lambda: None, "cpu", min_repeats=5, max_repeats=2)
+
+
+# ------------------------------------------------------------------ latency
+def test_random_weight_model_has_preset_shape_and_finite_logits():
+    cfg = ModelConfig.preset("tiny")
+    m = random_weight_model(cfg, device="cpu", dtype=torch.float32)
+    assert sum(p.numel() for p in m.parameters()) == cfg.num_parameters()
+    out = m(torch.tensor([[1, 2, 3]]))
+    assert out.shape == (1, 3, cfg.vocab_size) and torch.isfinite(out).all()
+    assert m.lm_head.weight.data_ptr() != m.embed_tokens.weight.data_ptr()  # tiny is untied
+
+
+def test_latency_profile_round_trips_and_interpolates(tmp_path, pair):
+    target, draft = pair
+    tt = profile_model(target, [1, 2, 4, 8], [0, 16], max_repeats=5)
+    dt = profile_model(draft, [1, 2, 4], [0, 16], what="draft", max_repeats=5)
+    assert [t.context for t in tt] == [0, 16] and tt[0].tokens == [1, 2, 4, 8]
+    overhead = measure_step_overhead(target, draft, steps=4)
+    assert overhead > 0
+    curve = build_latency_profile(target_tables=tt, draft_tables=dt, step_overhead_ms=overhead, device="cpu",
+                                  dtype=torch.float32, target_name="tiny-t", target_config=target.config,
+                                  draft_name="tiny-d", draft_config=draft.config, random_weights=True,
+                                  profile_id="cpu_tiny")
+    path = save_latency(tmp_path / "lat.yaml", curve)
+    back = load_latency(path)
+    assert back.target_ms(4, 16) == pytest.approx(curve.target_ms(4, 16))
+    assert back.device["threads"] == torch.get_num_threads()
+    assert back.model["random_weights"] is True and "RANDOM weights" in back.source
+    t2, t4 = back.target_ms(2, 0), back.target_ms(4, 0)
+    assert min(t2, t4) <= back.target_ms(3, 0) <= max(t2, t4)
+    with pytest.raises(ProfileError, match="extrapolate"):
+        back.target_ms(9, 0)
+
+
+def test_latency_profile_without_draft_says_so(pair):
+    target, _ = pair
+    tt = profile_model(target, [1, 2], [0], min_repeats=3, max_repeats=3)
+    curve = build_latency_profile(target_tables=tt, draft_tables=None, step_overhead_ms=0.1, device="cpu",
+                                  dtype=torch.float32, target_name="t", target_config=target.config,
+                                  draft_name=None, draft_config=None, random_weights=False, profile_id="x")
+    assert curve.draft_ms(1) == 0.0
+    assert "NOT measured" in curve.source
+
+
+def test_profile_model_refuses_past_the_context(pair):
+    target, _ = pair
+    with pytest.raises(ValueError, match="exceeds"):
+        profile_model(target, [8], [target.config.max_position_embeddings])
+
+
+# ------------------------------------------------------------------ acceptance
+def test_measurement_tree_shape():
+    t = measurement_tree(3, 2)
+    assert t.size == 7 and t.level_widths == (1, 3, 3)
+    assert t.children[1] == (4, 5, 6)  # the rank-0 child carries the spine
+
+
+def test_draft_equal_to_target_greedy_vector_is_one_then_zeros(pair, prompt_ids):
+    target, _ = pair
+    c = measure_acceptance(target, target, prompt_ids[:3], width=4, depth=3, max_new_tokens=12)
+    assert c.trials > 0
+    np.testing.assert_array_equal(c.vector(), [1.0, 0.0, 0.0, 0.0])
+
+
+def test_draft_equal_to_target_sampling_first_entry_is_one(pair, prompt_ids):
+    target, _ = pair
+    c = measure_acceptance(target, target, prompt_ids[:3], width=3, depth=3, temperature=1.0,
+                           max_new_tokens=12, seed=1)
+    v = c.vector()
+    assert v[0] >= 0.99 and v.sum() <= 1.0 + 1e-12
+
+
+def test_vector_entries_are_probabilities_with_exactly_k_entries(pair, prompt_ids):
+    target, draft = pair
+    for width in (1, 3, 5):
+        c = measure_acceptance(target, draft, prompt_ids[:2], width=width, depth=2, max_new_tokens=10)
+        v = c.vector()
+        assert v.shape == (width,)
+        assert (v >= 0).all() and (v <= 1).all() and v.sum() <= 1.0 + 1e-12
+        assert c.counts.sum() == c.trials == sum(int(x.sum()) for x in c.by_depth.values())
+
+
+def _wilson_bounds(counts):
+    from sequoia_opt.profiles import AcceptanceProfile
+
+    prof = AcceptanceProfile(id="x", acceptance=counts.vector(), counts=counts.counts)
+    ci = prof.confidence_interval()
+    return ci[:, 0], ci[:, 1]
+
+
+def test_vector_predicts_decoder_tokens_per_step(pair, prompt_ids):
+    """G(tree) from the measured vector matches the decoder's measured tokens per step (issue 4)."""
+    target, draft = pair
+    counts = measure_acceptance(target, draft, prompt_ids, width=4, depth=4, max_new_tokens=40)
+    lo, hi = _wilson_bounds(counts)
+    for tree in (Tree.chain(4), Tree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])):
+        dec = SpeculativeDecoder(target, draft, tree)
+        per_step = [s.accepted_nodes + 1 for p in prompt_ids for s in dec.generate(p, 40).steps]
+        mean = float(np.mean(per_step))
+        half = 1.96 * float(np.std(per_step, ddof=1)) / np.sqrt(len(per_step))
+        g_lo, g_hi = tree.expected_tokens(lo), tree.expected_tokens(hi)
+        assert g_lo <= g_hi
+        # the prediction interval and the measurement interval overlap
+        assert g_lo <= mean + half and mean - half <= g_hi, (tree.summary(), g_lo, g_hi, mean, half)
+        assert tree.expected_tokens(counts.vector()) > 1.2  # the pair does speculate usefully
+
+
+def test_acceptance_profile_round_trip_and_positional_check(tmp_path, pair, prompt_ids):
+    target, draft = pair
+    counts = measure_acceptance(target, draft, prompt_ids[:4], width=4, depth=3, max_new_tokens=30)
+    prof = build_acceptance_profile(counts, profile_id="tiny_greedy", target_name="t", draft_name="d",
+                                    temperature=0.0, top_p=1.0, depth=3, device="cpu", dtype="float32",
+                                    prompts_file="p.jsonl", num_prompts=4, max_new_tokens=30, seed=0)
+    back = load_acceptance(save_acceptance(tmp_path / "acc.yaml", prof))
+    np.testing.assert_allclose(back.acceptance, counts.vector())
+    assert list(back.counts) == list(counts.counts)
+    assert back.measured["mode"] == "greedy" and back.measured["width"] == 4
+    rows = positional_check(counts, min_trials=1)
+    assert rows and all(r["trials"] >= 1 for r in rows)
+    assert rows[0]["depth"] == 1
+
+
+def test_positional_check_flags_a_depth_that_differs():
+    c = AcceptanceCounts.empty(2)
+    for _ in range(200):
+        c.add_visit(0, 0)  # depth 1: always accepted
+    for _ in range(200):
+        c.add_visit(1, None)  # depth 2: never
+    rows = positional_check(c)
+    assert [r["consistent"] for r in rows] == [False, False]
+    assert rows[0]["mass"] == 1.0 and rows[1]["mass"] == 0.0
