@@ -1,0 +1,171 @@
+"""profile -> solve -> run -> plot through the CLI (typer's CliRunner) on a tiny HF-checkpoint pair."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
+
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
+from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
+from sequoia_opt.tree import Tree, load_tree, save_tree  # noqa: E402
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    target, draft, prompts = make_pair(root)
+    return root, target, draft, prompts
+
+
+def test_profile_solve_run_plot_end_to_end(workdir):
+    root, target, draft, prompts = workdir
+    lat, acc, tree, res, plots = (root / "lat.yaml", root / "acc.yaml", root / "tree.yaml", root / "results",
+                                  root / "plots")
+    r = invoke("profile", "latency", "--target", target, "--draft", draft, "--context", "16",
+               "--max-tokens", "12", "--max-draft-tokens", "6", "--max-repeats", "5", "-o", lat, "--json")
+    assert r.exit_code == 0, r.output
+    curve = load_latency(lat)
+    assert list(curve.target_tokens(16)) == list(range(1, 13))
+    assert curve.max_draft_tokens() == 6 and curve.step_overhead_ms > 0
+    assert json.loads(r.stdout)["output"] == str(lat)
+
+    r = invoke("profile", "acceptance", "--target", target, "--draft", draft, "--prompts", prompts,
+               "--width", "4", "--depth", "3", "--max-new-tokens", "24", "-o", acc, "--json")
+    assert r.exit_code == 0, r.output
+    prof = load_acceptance(acc)
+    assert prof.width == 4 and prof.counts is not None and prof.counts.sum() == prof.num_samples
+    assert prof.measured["mode"] == "greedy" and prof.measured["num_prompts"] == 6
+    assert 0 < prof.acceptance.sum() <= 1
+
+    r = invoke("solve", "-a", acc, "-l", lat, "--budget", "12", "--max-depth", "5", "-o", tree, "--json")
+    assert r.exit_code == 0, r.output
+    t, meta = load_tree(tree)
+    assert 1 <= t.size <= 12 and meta.latency_profile == curve.id and meta.acceptance_profile == prof.id
+    assert meta.expected_tokens_per_step == pytest.approx(t.expected_tokens(prof.acceptance))
+
+    chain = root / "chain.yaml"
+    save_tree(chain, Tree.chain(3))
+    r = invoke("run", "--tree", tree, "--tree", chain, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--max-new-tokens", "16", "--num-prompts", "3", "--results-dir", res, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    names = [s["tree"] for s in doc["summaries"]]
+    assert names == ["plain", "tree", "chain"]
+    assert all(s["new_tokens"] == 3 * 16 for s in doc["summaries"])
+    assert Path(doc["json"]).is_file() and Path(doc["csv"]).is_file()
+    csv_lines = Path(doc["csv"]).read_text().splitlines()
+    assert csv_lines[0].startswith("tree,prompt_index") and len(csv_lines) == 1 + 3 * 3
+    assert doc["summaries"][1]["predicted_tokens_per_step"] == pytest.approx(meta.expected_tokens_per_step)
+
+    r = invoke("plot", "--latency", lat, "--acceptance", acc, "--run", doc["json"], "--tree", tree,
+               "-o", plots, "--json")
+    assert r.exit_code == 0, r.output
+    written = json.loads(r.stdout)["written"]
+    assert {Path(w).name for w in written} == {"latency.png", "acceptance.png", "speedup_vs_budget.png", "tree.png"}
+    assert all(Path(w).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for w in written)
+
+
+def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    acc = tmp_path / "acc.yaml"
+    assert invoke("profile", "acceptance", "--target", target, "--draft", draft, "--prompts", prompts, "--width", "3",
+                  "--depth", "2", "--max-new-tokens", "8", "--num-prompts", "2", "-o", acc).exit_code == 0
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.from_choices([[0], [1], [0, 0]]))
+    r = invoke("run", "--tree", tree, "--compare", "-a", acc, "--target", target, "--draft", draft, "--prompts",
+               prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--results-dir", tmp_path, "--json")
+    assert r.exit_code == 0, r.output
+    names = [s["tree"] for s in json.loads(r.stdout)["summaries"]]
+    assert names[:2] == ["plain", "t"]
+    assert any(n.startswith("chain") for n in names) and any(n.startswith("k-ary") for n in names)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "holds no prompts"),
+    ('{"prompt": "ok"}\n{not json}\n', ":2: not valid JSON"),
+    ('{"text_missing": 1}\n', "needs a non-empty 'prompt'"),
+])
+def test_run_refuses_bad_prompt_files(workdir, tmp_path, content, message):
+    root, target, draft, _ = workdir
+    bad = tmp_path / "p.jsonl"
+    bad.write_text(content)
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(2))
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", bad,
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2
+    assert message in r.output
+    assert not (tmp_path / "res").exists()
+
+
+def test_run_refuses_a_tree_wider_than_the_vocabulary(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    tree = tmp_path / "wide.yaml"
+    save_tree(tree, Tree.from_choices([[i] for i in range(300)]))  # the tiny vocabulary has 257 tokens
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2 and "300 children" in r.output
+    assert not (tmp_path / "res").exists()
+
+
+def test_run_refuses_a_tree_deeper_than_the_context(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    tree = tmp_path / "deep.yaml"
+    save_tree(tree, Tree.chain(600))  # the tiny models have 512 positions
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2 and "depth 599" in r.output
+
+
+def test_run_refuses_mismatched_tokenizers(workdir, tmp_path):
+    root, target, _, prompts = workdir
+    other = tmp_path / "other"
+    save_hf_checkpoint(random_model(3, vocab=258), byte_tokenizer(extra=("<|im_end|>",)), other)
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(2))
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", other, "--prompts", prompts,
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2 and "mismatched tokenizers" in r.output
+
+
+def test_run_refuses_a_missing_tree_file(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    r = invoke("run", "--tree", tmp_path / "nope.yaml", "--target", target, "--draft", draft)
+    assert r.exit_code == 2 and "nope.yaml" in r.output
+
+
+def test_profile_latency_bad_inputs(workdir, tmp_path):
+    root, target, draft, _ = workdir
+    out = tmp_path / "lat.yaml"
+    for args, msg in ((["--context", "a,b"], "comma-separated"), (["--dtype", "int3"], "unknown dtype"),
+                      (["--max-tokens", "0"], "at least 1"), (["--random-weights"], "needs --arch"),
+                      (["--random-weights", "--arch", "llama-9000"], "unknown model preset")):
+        r = invoke("profile", "latency", "--target", target, "--draft", draft, "-o", out, *args)
+        assert r.exit_code == 2, (args, r.output)
+        assert msg in r.output
+        assert not out.exists()
+
+
+def test_profile_latency_random_weights_preset(tmp_path):
+    out = tmp_path / "lat.yaml"
+    r = invoke("profile", "latency", "--random-weights", "--arch", "tiny", "--draft-arch", "tiny", "--context", "8",
+               "--max-tokens", "4", "--max-draft-tokens", "2", "--max-repeats", "5", "-o", out)
+    assert r.exit_code == 0, r.output
+    curve = load_latency(out)
+    assert curve.model["random_weights"] is True
+    assert "RANDOM" in r.output
