@@ -89,6 +89,12 @@ def test_save_from_file_and_fingerprint(tmp_path):
     (tmp_path / "tokenizer_config.json").unlink()
     bare = Tokenizer.from_file(path)
     assert bare.eos_ids == {0, 2} and bare.bos_id is None  # no <s>/<|begin_of_text|> in this vocabulary
+    # a tokenizer without BOS stays without one, though the vocabulary holds a BOS-like name
+    tokens, merges, types = tiny_vocab()
+    nobos = bpe_tokenizer_from_vocab(tokens + ["<s>"], merges, token_types=types + [3], eos_id=2)
+    assert Tokenizer.from_file(nobos.save(tmp_path / "n" / "tokenizer.json")).bos_id is None
+    (tmp_path / "n" / "tokenizer_config.json").unlink()
+    assert Tokenizer.from_file(tmp_path / "n" / "tokenizer.json").bos_id == len(tokens)  # guessed by name
     # a different vocabulary (one token renamed) has a different fingerprint
     tokens, merges, types = tiny_vocab()
     tokens[-1] = "zz"

@@ -136,9 +136,10 @@ class Tokenizer:
                 raise CheckpointError(f"cannot parse {conf_path}: {err}") from None
         eos_id = None
         if bos_id is None:
-            name = _token_content(conf.get("bos_token"))
-            bos_id = tok.token_to_id(name) if name else None
-            if bos_id is None and not name:
+            if "bos_token" in conf:  # named, or explicitly null (no BOS)
+                name = _token_content(conf["bos_token"])
+                bos_id = tok.token_to_id(name) if name else None
+            else:
                 bos_id = next((i for i in map(tok.token_to_id, BOS_TOKEN_NAMES) if i is not None), None)
         name = _token_content(conf.get("eos_token"))
         if name:
@@ -240,8 +241,12 @@ def bpe_tokenizer_from_vocab(
         if len(parts) != 2:
             raise CheckpointError(f"malformed BPE merge {m!r} (expected 'left right')")
         pairs.append((parts[0], parts[1]))
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = _pre_tokenizer(PRE_TOKENIZERS[pre])
+    kind = PRE_TOKENIZERS[pre]
+    # Llama 3 takes a pre-token found whole in the vocabulary as is (HF "ignore_merges": true; llama.cpp
+    # tokenizer_ignore_merges for llama-bpe)
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
+                                                     ignore_merges=kind == "llama3"))
+    tok.pre_tokenizer = _pre_tokenizer(kind)
     tok.decoder = tokenizers.decoders.ByteLevel()
     if token_types is not None:
         special = [tokenizers.AddedToken(tokens[i], special=True, normalized=False)
