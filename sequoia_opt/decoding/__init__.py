@@ -1,0 +1,36 @@
+"""The bundled decoder's decoding loop: tree speculative decoding with exact verification, and the plain
+autoregressive baseline it is compared with (batch size 1).
+
+Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` (masks), never the reverse.
+
+* :class:`SpeculativeDecoder` — draft / verify / accept / commit (Sequoia Alg. 2, SpecInfer section 4,
+  Medusa-style tree buffers).
+* :func:`autoregressive_generate` / :class:`AutoregressiveDecoder` — the baseline on the same forward path.
+* :func:`process_logits`, :func:`verify_greedy`, :func:`verify_sampling_node` — the pure rules, testable alone.
+"""
+
+from .autoregressive import AutoregressiveDecoder, autoregressive_generate
+from .buffers import TreeBuffers
+from .sampling import (Acceptance, NodeVisit, process_logits, sample_categorical, sample_without_replacement,
+                       verify_greedy, verify_sampling_batch, verify_sampling_node)
+from .speculative import DecodeState, DraftOutput, SpeculativeDecoder
+from .stats import GenerationResult, StepStats
+
+__all__ = [
+    "SpeculativeDecoder",
+    "DecodeState",
+    "DraftOutput",
+    "AutoregressiveDecoder",
+    "autoregressive_generate",
+    "TreeBuffers",
+    "GenerationResult",
+    "StepStats",
+    "NodeVisit",
+    "Acceptance",
+    "process_logits",
+    "sample_categorical",
+    "sample_without_replacement",
+    "verify_greedy",
+    "verify_sampling_node",
+    "verify_sampling_batch",
+]

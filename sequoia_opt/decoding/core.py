@@ -1,0 +1,135 @@
+"""Pieces shared by the speculative decoder and the autoregressive baseline: input checks, the one cached
+forward every model call goes through, prefill, and stop-rule truncation.
+
+Sharing them is the point: the baseline and the tree decoder run the same forward on the same cache layout,
+so a speedup measures speculation, not a different code path.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from ..attention import TreeMask, causal_tree_mask
+from ..errors import DecodingError
+from ..model import ModelKVCache, Transformer
+
+DEFAULT_MAX_LEN = 4096  # default cache slots (plus the tree size) when a decoder is given no max_len
+
+
+def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
+    """The prompt as a list of ints. Raises :class:`DecodingError` when it is empty or holds an id outside
+    ``[0, vocab_size)``."""
+    try:
+        ids = [int(t) for t in prompt_ids]
+    except (TypeError, ValueError) as err:
+        raise DecodingError(f"prompt_ids must be a sequence of integer token ids ({err})") from None
+    if not ids:
+        raise DecodingError("the prompt is empty: decoding needs at least one token (e.g. a BOS token)")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise DecodingError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def check_max_new_tokens(max_new_tokens: int) -> int:
+    """``max_new_tokens`` as an int >= 0, else :class:`DecodingError`."""
+    if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+        raise DecodingError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    return int(max_new_tokens)
+
+
+def check_capacity(prompt_len: int, max_new_tokens: int, tree_size: int, tree_depth: int, *,
+                   cache_len: int, context: int, what: str = "tree") -> None:
+    """Refuse, before any forward pass, a generation that would overflow the cache or the context.
+
+    With P prompt tokens and M new tokens, the last step starts with at most ``P + M - 2`` cached tokens
+    (the root is the last committed token, not yet cached) and writes ``tree_size`` more slots; its deepest
+    node sits at position ``P + M - 2 + tree_depth``. So we need ``P + M - 2 + tree_size <= cache_len`` and
+    ``P + M - 2 + tree_depth < context``, and the final sequence must fit: ``P + M <= context``.
+
+    Raises:
+        DecodingError: naming the numbers that do not fit.
+    """
+    if max_new_tokens == 0:
+        return
+    P, M = prompt_len, max_new_tokens
+    if P + M > context:
+        raise DecodingError(
+            f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context of "
+            f"{context} positions (max_position_embeddings)")
+    last_pos = P + M - 2 + tree_depth
+    if last_pos >= context:
+        raise DecodingError(
+            f"the {what} is too deep for this context: its deepest node would sit at position {last_pos} "
+            f"(prompt {P} + max_new_tokens {M} - 2 + depth {tree_depth}), but the model has "
+            f"{context} positions; shorten the prompt, max_new_tokens or the tree depth")
+    need = P + M - 2 + tree_size
+    if need > cache_len:
+        raise DecodingError(
+            f"the KV cache has {cache_len} slots but this generation needs {need} (prompt {P} + "
+            f"max_new_tokens {M} - 2 + {what} size {tree_size}); pass a larger max_len or ask for fewer tokens")
+
+
+def causal_mask(T: int, device: torch.device, memo: dict[int, TreeMask] | None = None) -> TreeMask:
+    """A (T, T) lower-triangular :class:`TreeMask` (prefill chunks, plain decoding with T = 1), taken from
+    / stored in the caller's ``memo`` dict when given (each decoder keeps its own; no module state)."""
+    if memo is None:
+        return causal_tree_mask(T, device=device)
+    if T not in memo:
+        memo[T] = causal_tree_mask(T, device=device)
+    return memo[T]
+
+
+def cached_forward(model: Transformer, cache: ModelKVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                   slots: torch.Tensor, prefix_len: int, mask: TreeMask, backend: str) -> torch.Tensor:
+    """The one forward every decoding call makes (batch 1).
+
+    Args:
+        model: the target or the draft.
+        cache: its static cache.
+        tokens: (T,) int64 token ids.
+        positions: (T,) int64 rotary positions.
+        slots: (T,) int64 cache slots the new keys / values go to.
+        prefix_len: committed slots ``[0, prefix_len)`` every query sees unmasked.
+        mask: (T, m) tree mask over slots ``[prefix_len, prefix_len + m)``.
+        backend: resolved attention backend.
+
+    Returns:
+        (T, V) logits in the model's dtype.
+    """
+    return model(tokens.unsqueeze(0), positions, cache=cache, cache_slots=slots, prefix_len=prefix_len,
+                 tree_mask=mask, backend=backend)[0]
+
+
+def run_causal_chunk(model: Transformer, cache: ModelKVCache, tokens: Sequence[int], start: int,
+                     backend: str, memo: dict[int, TreeMask] | None = None) -> torch.Tensor:
+    """Feed ``tokens`` causally at slots / positions ``[start, start + T)`` after ``start`` cached tokens.
+
+    Used for the prefill and for the draft's catch-up chunk. Returns (T, V) logits.
+    """
+    device = model.device
+    T = len(tokens)
+    idx = torch.arange(start, start + T, dtype=torch.int64, device=device)
+    tok = torch.tensor(list(tokens), dtype=torch.int64, device=device)
+    return cached_forward(model, cache, tok, idx, idx, start, causal_mask(T, device, memo), backend)
+
+
+def truncate(emitted: Sequence[int], remaining: int, eos_ids: Iterable[int]) -> tuple[list[int], str | None]:
+    """Apply the stop rules to one step's tokens.
+
+    Keeps at most ``remaining`` tokens and cuts after the first EOS (the EOS itself is kept).
+
+    Returns:
+        ``(tokens, stop_reason)`` with ``stop_reason`` ``"eos"``, ``"max_new_tokens"`` or None (go on).
+    """
+    eos = set(eos_ids)
+    out: list[int] = []
+    for t in emitted[:remaining]:
+        out.append(int(t))
+        if t in eos:
+            return out, "eos"
+    if len(out) >= remaining:
+        return out, "max_new_tokens"
+    return out, None

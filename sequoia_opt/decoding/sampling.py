@@ -1,0 +1,265 @@
+"""Logit processing, sampling, and the exact per-node verifiers (greedy and speculative sampling).
+
+Everything here is a pure function on explicit tensors, so each rule can be tested on its own:
+
+* :func:`process_logits` turns logits into the distribution decoding samples from (temperature, then top-p).
+  The target and the draft go through the same function, and so does the autoregressive baseline.
+* :func:`sample_without_replacement` draws the k candidates a node proposes (ordered: the first is a sample
+  from q, the second a sample from q without the first, ...).
+* :func:`verify_sampling_node` / :func:`verify_sampling_batch` implement multi-candidate speculative sampling
+  with the residual rule (Sequoia, Chen et al. 2024, Algorithm 2; SpecInfer, Miao et al. 2024, section 4,
+  "multi-step speculative sampling"): the emitted token is distributed exactly as p.
+* :func:`verify_greedy` walks a tree under greedy verification: the emitted tokens are exactly the target's
+  greedy continuation.
+
+Randomness always comes from an explicit ``torch.Generator``; random numbers are drawn on the generator's
+device and moved to the data's device, so a CPU generator works with CUDA tensors too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "process_logits",
+    "sample_categorical",
+    "sample_without_replacement",
+    "verify_sampling_node",
+    "verify_sampling_batch",
+    "verify_greedy",
+    "Acceptance",
+    "NodeVisit",
+]
+
+
+def process_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """The distribution to sample from: ``softmax(logits / temperature)`` restricted to the top-p nucleus.
+
+    Args:
+        logits: (..., V) logits of any float dtype.
+        temperature: >= 0. ``0`` means greedy: the result is the one-hot distribution of the argmax.
+        top_p: in (0, 1]. Keep the smallest set of highest-probability tokens whose mass reaches ``top_p``
+            (the most likely token is always kept), zero the rest, renormalise (Holtzman et al. 2020).
+            ``1`` keeps every token.
+
+    Returns:
+        (..., V) float32 probabilities, each row summing to 1.
+
+    Raises:
+        ValueError: a negative temperature or a ``top_p`` outside (0, 1].
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    logits = logits.float()
+    if temperature == 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)  # (..., V)
+        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token in sorted order
+        keep_sorted = before < top_p
+        keep_sorted[..., 0] = True
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        probs = probs * keep
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def _rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Uniform [0, 1) float32 numbers drawn on the generator's device, returned on ``device``."""
+    return torch.rand(shape, generator=generator, device=generator.device).to(device)
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One sample per row.
+
+    Args:
+        probs: (N, V) or (V,) non-negative weights (rows need not be normalised, must not be all zero).
+        generator: the random source.
+
+    Returns:
+        (N,) int64 token ids (a 0-d tensor for a (V,) input), on ``probs``' device.
+    """
+    squeeze = probs.dim() == 1
+    p = probs.reshape(1, -1) if squeeze else probs
+    # inverse CDF: one uniform per row; clamp guards the last bin against float round-off
+    cdf = p.float().cumsum(-1)  # (N, V)
+    u = _rand((p.shape[0], 1), generator, p.device) * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u, right=True).clamp_(max=p.shape[-1] - 1).squeeze(-1)  # (N,)
+    # a zero-probability bin can only be hit through round-off at its left edge: step back to a real token
+    bad = p.gather(-1, idx.unsqueeze(-1)).squeeze(-1) <= 0
+    if bool(bad.any()):
+        idx = torch.where(bad, p.argmax(-1), idx)
+    return idx[0] if squeeze else idx
+
+
+def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """k ordered samples without replacement per row (the exponential race / Gumbel-top-k trick).
+
+    The first column is a sample from ``probs``, the second a sample from ``probs`` with the first removed and
+    renormalised, and so on (Plackett-Luce order), which is what the residual verifier assumes.
+
+    Args:
+        probs: (N, V) non-negative weights.
+        k: samples per row, ``1 <= k <= V``.
+        generator: the random source.
+
+    Returns:
+        (N, k) int64 distinct token ids per row. When a row has fewer than k tokens of positive probability,
+        the trailing columns hold zero-probability tokens (padding); the verifiers never accept those.
+    """
+    e = torch.empty(probs.shape, device=generator.device).exponential_(generator=generator).to(probs.device)
+    keys = probs.float() / e  # (N, V); a token of weight w wins the race first with probability w / sum
+    return keys.topk(k, dim=-1).indices
+
+
+def verify_sampling_batch(
+    p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-candidate speculative sampling at one node, for N independent rows at once.
+
+    For each candidate x in rank order (Sequoia Algorithm 2; SpecInfer section 4): accept x with probability
+    ``min(1, p(x) / q(x))``; on rejection ``p <- normalize(max(p - q, 0))`` and ``q <- q`` with x removed,
+    renormalised. A candidate with ``q(x) == 0`` (padding from :func:`sample_without_replacement`) is
+    skipped. When every candidate is rejected, the token is sampled from the final residual p. If the
+    candidates are ordered samples without replacement from q, the returned token is distributed exactly as p.
+
+    Args:
+        p: (N, V) target distribution (float, rows sum to 1).
+        q: (N, V) draft distribution the candidates were sampled from.
+        candidates: (N, k) int64 candidate tokens in rank order (k may be 0).
+        generator: the random source (fresh uniforms are drawn for every candidate of every row).
+
+    Returns:
+        ``(accepted, token)``: (N,) int64 rank of the accepted candidate or -1 when all were rejected, and
+        (N,) int64 the emitted token (the accepted candidate, or the residual sample).
+    """
+    p = p.float().clone()
+    q = q.float().clone()
+    N, k = candidates.shape
+    device = p.device
+    accepted = torch.full((N,), -1, dtype=torch.int64, device=device)
+    token = torch.zeros(N, dtype=torch.int64, device=device)
+    done = torch.zeros(N, dtype=torch.bool, device=device)
+    for j in range(k):
+        x = candidates[:, j : j + 1]  # (N, 1)
+        px, qx = p.gather(1, x).squeeze(1), q.gather(1, x).squeeze(1)  # (N,)
+        u = _rand((N,), generator, device)
+        live = ~done & (qx > 0)
+        acc = live & (u * qx < px)  # u < p/q without dividing; never accepts p(x) == 0
+        accepted = torch.where(acc, torch.full_like(accepted, j), accepted)
+        token = torch.where(acc, x.squeeze(1), token)
+        done = done | acc
+        rej = (live & ~acc).unsqueeze(1)  # (N, 1)
+        residual = (p - q).clamp_(min=0)
+        mass = residual.sum(1, keepdim=True)
+        residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)  # p == q: nothing to correct
+        p = torch.where(rej, residual, p)
+        q_rm = q.scatter(1, x, 0.0)
+        q_mass = q_rm.sum(1, keepdim=True)
+        q_rm = torch.where(q_mass > 0, q_rm / q_mass.clamp(min=1e-30), q_rm)
+        q = torch.where(rej, q_rm, q)
+    bonus = sample_categorical(p, generator)
+    token = torch.where(done, token, bonus)
+    return accepted, token
+
+
+def verify_sampling_node(
+    p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator
+) -> tuple[int | None, int]:
+    """One node of :func:`verify_sampling_batch` (Sequoia Algorithm 2), with plain Python results.
+
+    Args:
+        p: (V,) target distribution at the node (after :func:`process_logits`).
+        q: (V,) draft distribution the node's children were sampled from.
+        candidates: (k,) int64 the children's tokens in rank order.
+        generator: the random source.
+
+    Returns:
+        ``(rank, token)``: the rank of the accepted child (None when all were rejected) and the emitted token
+        (the accepted child's token, or a sample from the final residual).
+    """
+    acc, tok = verify_sampling_batch(p.reshape(1, -1), q.reshape(1, -1), candidates.reshape(1, -1), generator)
+    a = int(acc.item())
+    return (None if a < 0 else a), int(tok.item())
+
+
+@dataclass(frozen=True)
+class NodeVisit:
+    """One verification trial: a node on the accepted path that has children.
+
+    Attributes:
+        depth: the node's depth (0 = root); its children sit at ``depth + 1``.
+        num_children: how many candidates it proposed (the k of this trial).
+        accepted_rank: rank of the accepted child, or None when every child was rejected.
+    """
+
+    depth: int
+    num_children: int
+    accepted_rank: int | None
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What verification (greedy or sampling) accepted in one tree.
+
+    Attributes:
+        path: node indices from the root (0) to the last accepted node, in depth order.
+        tokens: the tokens to emit: the accepted nodes' tokens (root excluded) then the bonus token.
+        visits: one :class:`NodeVisit` per node on the path that has children (a verification trial).
+    """
+
+    path: tuple[int, ...]
+    tokens: tuple[int, ...]
+    visits: tuple[NodeVisit, ...]
+
+    @property
+    def bonus(self) -> int:
+        """The token the target adds after the last accepted node (the next root)."""
+        return self.tokens[-1]
+
+    @property
+    def accepted_nodes(self) -> int:
+        """Speculated nodes accepted (root and bonus excluded)."""
+        return len(self.path) - 1
+
+
+def verify_greedy(
+    target_argmax: Sequence[int], tree_tokens: Sequence[int], children: Sequence[Sequence[int]]
+) -> Acceptance:
+    """Greedy tree verification (SpecInfer section 4, greedy case; Medusa's typical-acceptance with T = 0).
+
+    Walk from the root; at node v accept the child whose token equals the target's argmax at v (children
+    carry distinct tokens, so at most one matches); stop when none does or at a leaf. The bonus token is the
+    target's argmax at the last accepted node. The accepted tokens plus the bonus are exactly the target's
+    greedy continuation.
+
+    Args:
+        target_argmax: (n,) the target's argmax token at every tree node.
+        tree_tokens: (n,) the tree's tokens (node 0 is the root).
+        children: per node, its children's indices in rank order (``Tree.children``).
+
+    Returns:
+        An :class:`Acceptance`.
+    """
+    node, path, visits, depth = 0, [0], [], 0
+    while children[node]:
+        want = target_argmax[node]
+        hit = None
+        for r, c in enumerate(children[node]):
+            if tree_tokens[c] == want:
+                hit = r
+                break
+        visits.append(NodeVisit(depth, len(children[node]), hit))
+        if hit is None:
+            break
+        node = children[node][hit]
+        path.append(node)
+        depth += 1
+    tokens = tuple(int(tree_tokens[i]) for i in path[1:]) + (int(target_argmax[node]),)
+    return Acceptance(tuple(path), tokens, tuple(visits))

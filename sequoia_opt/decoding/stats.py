@@ -1,0 +1,109 @@
+"""Per-step statistics and the result of one generation (speculative or autoregressive)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import NodeVisit
+
+__all__ = ["StepStats", "GenerationResult", "NodeVisit"]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One decoding step (one target forward).
+
+    Attributes:
+        tokens: the tokens emitted this step (accepted tokens then the bonus token, after EOS /
+            ``max_new_tokens`` truncation).
+        accepted_len: ``len(tokens)``, tokens emitted this step.
+        accepted_nodes: speculated nodes the verifier accepted (before truncation; the bonus not counted).
+        accepted_ranks: rank of the accepted node at depth 1, 2, ... (length ``accepted_nodes``).
+        visits: one :class:`NodeVisit` per verification trial (a node on the accepted path with children):
+            its depth, number of children and the accepted rank or None. The acceptance profiler estimates
+            positional acceptance vectors from these.
+        draft_ms: wall time of the draft (ms; 0 for autoregressive decoding).
+        verify_ms: wall time of the target forward (ms).
+        bookkeeping_ms: wall time of accept + commit (cache compaction, truncation) in ms.
+    """
+
+    tokens: tuple[int, ...]
+    accepted_len: int
+    accepted_nodes: int
+    accepted_ranks: tuple[int, ...]
+    visits: tuple[NodeVisit, ...]
+    draft_ms: float
+    verify_ms: float
+    bookkeeping_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.bookkeeping_ms
+
+
+@dataclass
+class GenerationResult:
+    """Output of ``generate`` (batch size 1).
+
+    Attributes:
+        tokens: the new tokens (prompt excluded), at most ``max_new_tokens``; ends with an EOS id when
+            generation stopped on one.
+        prompt_len: tokens in the prompt.
+        steps: one :class:`StepStats` per target forward after the prefill.
+        prefill_ms: wall time of the prefill (ms; target and draft).
+        stop_reason: ``"eos"``, ``"max_new_tokens"`` or ``"empty"`` (``max_new_tokens == 0``).
+    """
+
+    tokens: list[int]
+    prompt_len: int
+    steps: list[StepStats] = field(default_factory=list)
+    prefill_ms: float = 0.0
+    stop_reason: str = "max_new_tokens"
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens emitted per target forward (0 when there were no steps)."""
+        return len(self.tokens) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def draft_ms(self) -> float:
+        return sum(s.draft_ms for s in self.steps)
+
+    @property
+    def verify_ms(self) -> float:
+        return sum(s.verify_ms for s in self.steps)
+
+    @property
+    def bookkeeping_ms(self) -> float:
+        return sum(s.bookkeeping_ms for s in self.steps)
+
+    @property
+    def decode_ms(self) -> float:
+        """Wall time of all steps (ms), prefill excluded."""
+        return sum(s.total_ms for s in self.steps)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decoding throughput (tokens / s), prefill excluded."""
+        ms = self.decode_ms
+        return 1000.0 * len(self.tokens) / ms if ms > 0 else 0.0
+
+
+class Clock:
+    """``time.perf_counter`` in ms, synchronising CUDA first when the device is a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() * 1000.0

@@ -1,0 +1,457 @@
+"""Tree speculative decoding on tiny random float32 models: the golden tests (tree decoding == plain greedy
+decoding), cache correctness after compaction, stop rules, sampling end-to-end, and input checks."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sequoia_opt.attention import causal_tree_mask
+from sequoia_opt.decoding import (AutoregressiveDecoder, SpeculativeDecoder, TreeBuffers,
+                                  autoregressive_generate)
+from sequoia_opt.errors import DecodingError
+from sequoia_opt.model import ModelConfig, Transformer
+from sequoia_opt.tree import Tree
+
+CFG = ModelConfig.preset("tiny")  # vocab 256, dim 64, 2 layers, 4 heads / 2 KV heads, 512 positions
+
+# ---------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models on 2 shared cores run far faster (and steadier) single-threaded."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def _model(seed: int, cfg: ModelConfig = CFG) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(cfg, device="cpu", dtype=torch.float32).eval()
+
+
+def _perturbed(model: Transformer, noise: float, seed: int) -> Transformer:
+    """A copy of ``model`` with Gaussian noise (``noise`` x each tensor's std): agrees with it partly, so
+    verification sees both acceptances and rejections at various ranks."""
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std())
+    return out
+
+
+@pytest.fixture(scope="module")
+def target() -> Transformer:
+    return _model(0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target) -> dict[str, Transformer]:
+    return {
+        "same": target,  # draft == target: everything accepted
+        "noisy": _perturbed(target, 0.3, seed=1),  # partial agreement: accepts at ranks 0, 1, 2
+        "random": _model(7, CFG.with_(n_layers=1)),  # unrelated: almost everything rejected
+    }
+
+
+SEQUOIA_LIKE = Tree.from_choices([
+    [0], [1], [2], [3],
+    [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
+    [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0],
+    [0, 0, 0, 0], [0, 0, 0, 1], [0, 1, 0, 0],
+    [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0],
+])  # 20 nodes, depth 6, the shape a Sequoia DP produces: wide near the root, a deep rank-0 spine
+
+TREES = {
+    "chain": Tree.chain(6),
+    "star": Tree(parent=[-1] + [0] * 6, rank=[0, 0, 1, 2, 3, 4, 5]),
+    "budget1": Tree.chain(1),
+    "wide": Tree.from_choices([[i] for i in range(8)] + [[i, j] for i in range(8) for j in range(2)]),
+    "sequoia": SEQUOIA_LIKE,
+}
+
+PROMPTS = [[1], [5, 17, 3], [200, 3, 3, 9, 41, 77], list(range(40, 52))]
+NEW = 20
+
+_AR_CACHE: dict[tuple[int, ...], list[int]] = {}
+
+
+def _plain(target, prompt, n=NEW):
+    key = (id(target), n, *prompt)
+    if key not in _AR_CACHE:
+        _AR_CACHE[key] = autoregressive_generate(target, prompt, n).tokens
+    return _AR_CACHE[key]
+
+
+def _count_forwards(*models):
+    calls = []
+    handles = [m.register_forward_pre_hook(lambda mod, args, kw: calls.append(1), with_kwargs=True)
+               for m in models]
+    return calls, handles
+
+
+# ---------------------------------------------------------------------------------------------- golden tests
+
+
+@pytest.mark.parametrize("tree_name", list(TREES))
+@pytest.mark.parametrize("draft_name", ["same", "noisy", "random"])
+def test_greedy_tree_decoding_equals_plain_greedy(target, drafts, tree_name, draft_name):
+    tree = TREES[tree_name]
+    dec = SpeculativeDecoder(target, drafts[draft_name], tree, backend="torch")
+    for prompt in PROMPTS:
+        res = dec.generate(prompt, NEW)  # the decoder's caches are reused across prompts
+        assert res.tokens == _plain(target, prompt), (tree_name, draft_name, prompt)
+        assert sum(s.accepted_len for s in res.steps) == NEW
+        assert res.stop_reason == "max_new_tokens"
+        if draft_name == "same":
+            # the draft proposes the target's argmax: every step but the last accepts a whole root-to-leaf
+            # path of maximal depth along rank 0
+            full = tree.tree_depth + 1
+            assert all(s.accepted_len == full for s in res.steps[:-1])
+
+
+def test_budget_one_tree_is_plain_decoding_step_for_step(target, drafts):
+    dec = SpeculativeDecoder(target, drafts["noisy"], Tree.chain(1))
+    ar = AutoregressiveDecoder(target)
+    for prompt in PROMPTS:
+        res, ref = dec.generate(prompt, NEW), ar.generate(prompt, NEW)
+        assert res.tokens == ref.tokens
+        assert [s.tokens for s in res.steps] == [s.tokens for s in ref.steps]
+        assert all(s.accepted_nodes == 0 and s.accepted_len == 1 for s in res.steps)
+    assert dec.draft_cache is None  # a root-only tree never runs the draft
+
+
+@st.composite
+def _random_trees(draw):
+    n = draw(st.integers(1, 14))
+    parent, rank, kids = [-1], [0], [0]
+    for i in range(1, n):
+        p = draw(st.integers(0, i - 1))
+        parent.append(p)
+        rank.append(kids[p])
+        kids[p] += 1
+        kids.append(0)
+    return Tree.from_edges(parent, rank)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tree=_random_trees(), prompt_seed=st.integers(0, 10_000))
+def test_greedy_equals_plain_on_random_trees(target, drafts, tree, prompt_seed):
+    rng = np.random.default_rng(prompt_seed)
+    prompt = rng.integers(0, CFG.vocab_size, size=int(rng.integers(1, 8))).tolist()
+    res = SpeculativeDecoder(target, drafts["noisy"], tree).generate(prompt, 12)
+    assert res.tokens == _plain(target, prompt, 12)
+
+
+# ---------------------------------------------------------------------------------------------- logits and caches
+
+
+def _plain_logits(model, tokens):
+    """Last-position logits of a cache-free causal forward over ``tokens``."""
+    with torch.inference_mode():
+        return model(torch.tensor([tokens]))[0, -1]
+
+
+def test_tree_logits_equal_path_recompute(target, drafts):
+    tree = SEQUOIA_LIKE
+    dec = SpeculativeDecoder(target, drafts["random"], tree)
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79]
+    state = dec.start(prompt, 30)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, CFG.vocab_size, (tree.size,), generator=gen)
+    tokens[0] = prompt[-1]
+    with torch.inference_mode():
+        logits = dec.verify(state, tokens)  # (n, V)
+    tok = tokens.tolist()
+    for i, path in enumerate(tree.paths):
+        ref = _plain_logits(target, prompt[:-1] + [tok[j] for j in path])
+        torch.testing.assert_close(logits[i], ref, atol=1e-4, rtol=1e-4, msg=f"node {i}")
+
+
+def _fresh_cache(model, tokens, max_len):
+    cache = model.new_cache(max_len)
+    with torch.inference_mode():
+        model(torch.tensor([tokens]), torch.arange(len(tokens)), cache=cache,
+              cache_slots=torch.arange(len(tokens)), prefix_len=0, tree_mask=causal_tree_mask(len(tokens)))
+    return cache
+
+
+def _assert_cache_prefix_equal(cache, ref, upto):
+    for layer, ref_layer in zip(cache.layers, ref.layers):
+        torch.testing.assert_close(layer.k[:, :, :upto], ref_layer.k[:, :, :upto], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.v[:, :, :upto], ref_layer.v[:, :, :upto], atol=1e-5, rtol=1e-5)
+
+
+# A depth-4 tree where the path root -> [1] -> [1, 1] -> [1, 1, 0] -> [1, 1, 0, 1] goes through non-first
+# siblings and skips over other nodes in breadth-first order.
+PATH_TREE = Tree.from_choices([
+    [0], [1], [2], [0, 0], [1, 0], [1, 1], [2, 0], [0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1],
+    [1, 1, 0, 0], [1, 1, 0, 1], [0, 0, 0, 0],
+])
+PATH_CHOICES = [[1], [1, 1], [1, 1, 0], [1, 1, 0, 1]]
+
+
+@pytest.mark.parametrize("accepted", [4, 3, 2, 1, 0])
+def test_commit_of_scattered_path_matches_fresh_recompute(target, drafts, accepted):
+    """Force tree tokens so that greedy verification accepts the first ``accepted`` nodes of PATH_CHOICES
+    (rank 1 at depths 1, 2 and 4), then check both caches against a fresh prefill of the committed tokens,
+    the next root's logits against a fresh recompute, and that decoding then continues exactly."""
+    tree, draft = PATH_TREE, drafts["noisy"]
+    choices = [[]] + tree.choices()
+    node_of = {tuple(c): i for i, c in enumerate(choices)}
+    path_nodes = [0] + [node_of[tuple(c)] for c in PATH_CHOICES]
+    assert path_nodes != sorted(range(len(path_nodes)))  # scattered in BFS order
+    prompt = [7, 7, 100, 21, 4]
+    greedy = _plain(target, prompt, 24)
+    gen = torch.Generator().manual_seed(accepted)
+    tokens = torch.randint(0, CFG.vocab_size, (tree.size,), generator=gen)
+    bad = set(greedy[:6])
+    for i in range(tree.size):  # filler tokens never equal the greedy continuation
+        while int(tokens[i]) in bad:
+            tokens[i] = (int(tokens[i]) + 1) % CFG.vocab_size
+    tokens[0] = prompt[-1]
+    for d, node in enumerate(path_nodes[1 : accepted + 1]):
+        tokens[node] = greedy[d]
+
+    dec = SpeculativeDecoder(target, draft, tree, max_len=64)
+    state = dec.start(prompt, 24)
+    L0 = state.cached
+    with torch.inference_mode():
+        drafted = dec.draft(state, tokens=tokens)
+        acc = dec.accept(drafted, dec.verify(state, drafted.tokens))
+    assert acc.path == tuple(path_nodes[: accepted + 1])
+    assert list(acc.tokens) == greedy[: accepted + 1]
+    emitted = dec.commit(state, acc)
+    assert emitted == greedy[: accepted + 1]
+    assert state.cached == L0 + accepted + 1 and len(state.seq) == state.cached + 1
+    # the draft never processed the last level (depth 4): one fewer node when the path reaches it
+    assert state.draft_cached == L0 + accepted + 1 - (accepted == tree.tree_depth)
+
+    committed = state.seq[: state.cached]
+    _assert_cache_prefix_equal(dec.target_cache, _fresh_cache(target, committed, 64), state.cached)
+    _assert_cache_prefix_equal(dec.draft_cache, _fresh_cache(draft, state.seq[: state.draft_cached], 64),
+                               state.draft_cached)
+    # next step: the new root's logits from the compacted cache equal a fresh recompute
+    with torch.inference_mode():
+        nxt = dec.verify(state, dec.draft(state).tokens)
+    torch.testing.assert_close(nxt[0], _plain_logits(target, state.seq), atol=1e-4, rtol=1e-4)
+    # and decoding from this state continues exactly like plain decoding
+    state.result.steps.clear()
+    while not state.finished:
+        dec.step(state)
+    assert state.result.tokens == greedy
+
+
+def test_step_statistics(target, drafts):
+    tree = SEQUOIA_LIKE
+    res = SpeculativeDecoder(target, drafts["noisy"], tree).generate(PROMPTS[2], 30)
+    assert res.num_steps == len(res.steps) > 0
+    assert sum(s.accepted_len for s in res.steps) == len(res.tokens) == 30
+    assert res.tokens_per_step == pytest.approx(30 / res.num_steps)
+    seen_ranks = set()
+    for s in res.steps[:-1]:
+        assert s.accepted_len == s.accepted_nodes + 1
+        assert len(s.accepted_ranks) == s.accepted_nodes
+        # one trial per visited node with children; all but possibly the last accepted a child
+        accepted = [v.accepted_rank for v in s.visits if v.accepted_rank is not None]
+        assert tuple(accepted) == s.accepted_ranks
+        assert [v.depth for v in s.visits] == list(range(len(s.visits)))
+        assert all(v.num_children >= 1 for v in s.visits)
+        seen_ranks.update(s.accepted_ranks)
+        assert s.draft_ms >= 0 and s.verify_ms > 0 and s.bookkeeping_ms >= 0
+    assert seen_ranks & {1, 2, 3}, "the noisy draft should have a non-first sibling accepted somewhere"
+    assert res.decode_ms > 0 and res.tokens_per_second > 0
+
+
+# ---------------------------------------------------------------------------------------------- stop rules
+
+
+def test_eos_inside_accepted_path(target, drafts):
+    prompt = PROMPTS[1]
+    ref = _plain(target, prompt, NEW)
+    j = next(j for j in range(2, 8) if ref[j] not in ref[:j])  # first occurrence, inside the first step
+    eos = ref[j]
+    dec = SpeculativeDecoder(target, drafts["same"], Tree.chain(8), eos_ids=[eos])
+    res = dec.generate(prompt, NEW)
+    assert res.tokens == ref[: j + 1] and res.stop_reason == "eos"
+    assert res.steps[-1].accepted_nodes > res.steps[-1].accepted_len - 1  # the path went past the EOS
+    ar = autoregressive_generate(target, prompt, NEW, eos_ids=[eos])
+    assert ar.tokens == res.tokens and ar.stop_reason == "eos"
+
+
+def test_eos_as_bonus_token(target, drafts):
+    prompt = PROMPTS[2]
+    ref = _plain(target, prompt, NEW)
+    res = SpeculativeDecoder(target, drafts["random"], Tree.chain(3), eos_ids=ref[0]).generate(prompt, NEW)
+    assert res.tokens == ref[:1] and res.stop_reason == "eos"
+
+
+def test_max_new_tokens_cut_like_plain_decoding(target, drafts):
+    prompt = PROMPTS[2]
+    ref = _plain(target, prompt, 10)
+    dec = SpeculativeDecoder(target, drafts["same"], SEQUOIA_LIKE)
+    for m in range(1, 11):
+        res = dec.generate(prompt, m)
+        assert res.tokens == ref[:m], m
+        assert res.stop_reason == "max_new_tokens"
+    empty = dec.generate(prompt, 0)
+    assert empty.tokens == [] and empty.steps == [] and empty.stop_reason == "empty"
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def test_sampling_runs_reproducible_and_seed_dependent(target, drafts):
+    tree = SEQUOIA_LIKE
+    prompt = PROMPTS[1]
+
+    def run(seed, draft="same", top_p=1.0):
+        g = torch.Generator().manual_seed(seed)
+        dec = SpeculativeDecoder(target, drafts[draft], tree, temperature=1.0, top_p=top_p, generator=g)
+        return dec.generate(prompt, 25)
+
+    a, b, c = run(1), run(1), run(2)
+    assert len(a.tokens) == 25 and a.stop_reason == "max_new_tokens"
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+    assert a.tokens_per_step > 2  # draft == target: the first candidate is (almost) always accepted
+    for draft, top_p in (("noisy", 0.9), ("random", 0.8)):
+        r = run(3, draft, top_p)
+        assert len(r.tokens) == 25 and all(0 <= t < CFG.vocab_size for t in r.tokens)
+    # fresh randomness each generation from the same decoder
+    g = torch.Generator().manual_seed(5)
+    dec = SpeculativeDecoder(target, drafts["noisy"], tree, temperature=1.0, generator=g)
+    assert dec.generate(prompt, 15).tokens != dec.generate(prompt, 15).tokens
+
+
+def test_sampling_baseline_reproducible(target):
+    def run(seed):
+        return autoregressive_generate(target, PROMPTS[0], 15, temperature=0.8, top_p=0.9,
+                                       generator=torch.Generator().manual_seed(seed)).tokens
+
+    assert run(0) == run(0) != run(1)
+
+
+def _micro_pair():
+    cfg = ModelConfig(vocab_size=6, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=32,
+                      max_position_embeddings=16, name="micro")
+    tgt, drf = _model(3, cfg), _model(4, cfg)
+    with torch.no_grad():  # sharpen the micro models a little so top-p removes something
+        tgt.lm_head.weight.mul_(4)
+        drf.lm_head.weight.mul_(4)
+    return tgt, drf
+
+
+@pytest.mark.parametrize("trials", [pytest.param(600, id="fast"),
+                                    pytest.param(40_000, id="long", marks=pytest.mark.slow)])
+def test_speculative_sampling_step_matches_target_distribution(trials):
+    """End to end on a 6-token vocabulary with a different draft and top-p: over many independent steps
+    from the same state, the first emitted token follows the target's sampling law p(. | prompt), and,
+    when a first node was accepted, the second follows p(. | prompt, x1) (all computed exactly)."""
+    tgt, drf = _micro_pair()
+    prompt, T, top_p = [2, 5], 1.0, 0.95
+    from sequoia_opt.decoding import process_logits
+
+    with torch.inference_mode():
+        p1 = process_logits(tgt(torch.tensor([prompt]))[0, -1], T, top_p)  # (6,)
+        p2 = torch.stack([process_logits(tgt(torch.tensor([prompt + [a]]))[0, -1], T, top_p)
+                          for a in range(6)])  # (6, 6) p(x2 = b | x1 = a)
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 1]])
+    dec = SpeculativeDecoder(tgt, drf, tree, temperature=T, top_p=top_p,
+                             generator=torch.Generator().manual_seed(0))
+    state = dec.start(prompt, 4)
+    first, pairs = torch.zeros(6), torch.zeros(6, 6)
+    with torch.inference_mode():
+        for _ in range(trials):  # draft / verify / accept do not change the state: independent steps
+            drafted = dec.draft(state)
+            toks = dec.accept(drafted, dec.verify(state, drafted.tokens)).tokens
+            first[toks[0]] += 1
+            if len(toks) > 1:
+                pairs[toks[0], toks[1]] += 1
+    # sampling noise alone is ~0.04 at 600 trials (enough to catch wiring errors: TV(p1, q1) here is ~0.7)
+    # and ~0.006 at 40k trials (the slow run; several minutes on a loaded 2-core CPU)
+    tol = 0.1 if trials < 10_000 else 0.015
+    tv1 = 0.5 * (first / trials - p1).abs().sum().item()
+    n2 = pairs.sum()
+    assert n2 > trials / 4  # plenty of accepted first nodes
+    tv2 = 0.5 * (pairs - pairs.sum(1, keepdim=True) * p2).abs().sum().item() / n2.item()
+    assert tv1 < tol and tv2 < tol, (tv1, tv2)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def test_refuses_different_vocabularies(target):
+    other = _model(1, CFG.with_(vocab_size=128))
+    with pytest.raises(DecodingError, match="vocabulary"):
+        SpeculativeDecoder(target, other, Tree.chain(3))
+
+
+def test_refuses_tree_wider_than_vocabulary():
+    cfg = CFG.with_(vocab_size=8)
+    m = _model(0, cfg)
+    with pytest.raises(DecodingError, match="9 children"):
+        SpeculativeDecoder(m, m, Tree(parent=[-1] + [0] * 9, rank=[0] + list(range(9))))
+    SpeculativeDecoder(m, m, Tree(parent=[-1] + [0] * 8, rank=[0] + list(range(8))))  # exactly V is fine
+
+
+def test_refuses_overflow_before_any_forward(target, drafts):
+    small = _model(0, CFG.with_(max_position_embeddings=32))
+    draft = drafts["random"]
+    with pytest.raises(DecodingError, match="depth"):
+        SpeculativeDecoder(small, small, Tree.chain(40))  # deeper than the context, whatever the prompt
+    dec = SpeculativeDecoder(small, small, Tree.chain(11))  # depth 10
+    calls, handles = _count_forwards(small, draft, target)
+    try:
+        with pytest.raises(DecodingError, match="too deep"):
+            dec.generate(list(range(20)), 5)  # 20 + 5 fits 32 positions, but nodes reach position 33
+        with pytest.raises(DecodingError, match="exceed the model context"):
+            dec.generate(list(range(30)), 5)  # the sequence itself does not fit
+        with pytest.raises(DecodingError, match="exceed the model context"):
+            autoregressive_generate(small, list(range(30)), 5)
+        with pytest.raises(DecodingError, match="empty"):
+            dec.generate([], 5)
+        with pytest.raises(DecodingError, match="outside the vocabulary"):
+            dec.generate([1, CFG.vocab_size], 5)
+        with pytest.raises(DecodingError, match="max_new_tokens"):
+            dec.generate([1], -1)
+        tight = SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=40)
+        with pytest.raises(DecodingError, match="KV cache has 40 slots"):
+            tight.generate(list(range(10)), 15)  # 10 + 15 - 2 + 20 = 43 slots
+        assert calls == []
+    finally:
+        for h in handles:
+            h.remove()
+    assert dec.generate(list(range(20)), 3).tokens  # a request that fits runs on the same decoder
+    with pytest.raises(DecodingError, match="max_len"):
+        SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=10)
+    with pytest.raises(DecodingError, match="temperature"):
+        SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=-1.0)
+    with pytest.raises(DecodingError, match="top_p"):
+        SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=1.0, top_p=0.0)
+
+
+def test_tree_buffers_layout():
+    tree = SEQUOIA_LIKE
+    buf = TreeBuffers.build(tree, "cpu")
+    assert buf.n == tree.size and buf.tree_depth == tree.tree_depth
+    assert torch.equal(buf.tree_mask.dense, torch.from_numpy(tree.ancestor_mask))
+    assert buf.num_drafted == tree.size - tree.level_widths[-1]
+    for d, sl in enumerate(buf.level_slices):
+        assert buf.level_masks[d].dense.shape == (sl.stop - sl.start, sl.stop)
+        assert torch.equal(buf.level_masks[d].dense, torch.from_numpy(tree.ancestor_mask[sl, : sl.stop]))
+        if d:
+            prev = buf.level_slices[d - 1]
+            parents = buf.child_parent_local[d] + prev.start
+            assert parents.tolist() == list(tree.parent[sl])
+            assert buf.child_rank[d].tolist() == list(tree.rank[sl])
+            assert buf.level_branching[d - 1] == max(len(tree.children[i]) for i in range(prev.start, prev.stop))
+    assert buf.level_branching[-1] == 0
