@@ -189,7 +189,8 @@ class Transformer(nn.Module):
         Args:
             tokens: (B, T) int64 token ids.
             positions: (T,) or (B, T) int64 rotary positions; default ``arange(T)`` (no cache) — in tree
-                verification a node's position is ``prefix_len + depth - 1`` style bookkeeping of the caller.
+                verification the caller passes ``prefix_len + depth`` (the root, the last committed token,
+                sits at position ``prefix_len``, the number of cached tokens).
             cache: the model's :class:`ModelKVCache`; None runs plain causal attention over ``tokens``.
             cache_slots: (T,) int64 cache slots the new keys/values are written to (with ``cache``).
             prefix_len: committed slots ``[0, prefix_len)`` every query attends to without a mask.
