@@ -205,6 +205,9 @@ def solve(
     output: OutputOpt = None,
     fmt: FormatOpt = "yaml",
     compare: Annotated[bool, typer.Option("--compare", help="Score baseline trees under the same model.")] = False,
+    width: Annotated[
+        Optional[int], typer.Option("--width", "-k", help="Expected K (entries of the acceptance vector); refuse another length.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the speculation tree with the most expected tokens per second (or per step without --latency)."""
@@ -217,6 +220,8 @@ def solve(
         if value < 1:
             raise SolverError(f"{name} must be at least 1, got {value}")
     acc = load_acceptance(acceptance)
+    if width is not None and acc.width != width:
+        raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
     curve = load_latency(latency) if latency is not None else None
     p = acc.acceptance
     report = Report(title="treeopt solve")

@@ -169,3 +169,15 @@ def test_profile_latency_random_weights_preset(tmp_path):
     curve = load_latency(out)
     assert curve.model["random_weights"] is True
     assert "RANDOM" in r.output
+
+
+EXAMPLE_ACCEPTANCE = Path(__file__).parents[1] / "profiles" / "example" / "acceptance.yaml"
+
+
+def test_solve_refuses_a_vector_of_another_length(tmp_path):
+    out = tmp_path / "t.yaml"
+    r = invoke("solve", "-a", EXAMPLE_ACCEPTANCE, "--width", "3", "-o", out)
+    assert r.exit_code == 2 and "--width 3" in r.output
+    assert not out.exists()
+    r = invoke("solve", "-a", EXAMPLE_ACCEPTANCE, "--budget", "8", "--max-depth", "3", "-o", out)
+    assert r.exit_code == 0 and out.exists()
