@@ -74,8 +74,9 @@ def check_capacity(prompt_len: int, max_new_tokens: int, tree_size: int, tree_de
 
 def causal_mask(T: int, device: torch.device, memo: dict[int, TreeMask] | None = None) -> TreeMask:
     """A (T, T) lower-triangular :class:`TreeMask` (prefill chunks, plain decoding with T = 1), taken from
-    / stored in the caller's ``memo`` dict when given (each decoder keeps its own; no module state)."""
-    if memo is None:
+    / stored in the caller's ``memo`` dict when given and T is small (the per-step chunks; each decoder
+    keeps its own dict, no module state; prefill masks are built each time so the dict stays small)."""
+    if memo is None or T > 16:
         return causal_tree_mask(T, device=device)
     if T not in memo:
         memo[T] = causal_tree_mask(T, device=device)

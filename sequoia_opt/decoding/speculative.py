@@ -86,6 +86,9 @@ class DraftOutput:
 class SpeculativeDecoder:
     """Tree speculative decoding with exact verification, batch size 1.
 
+    The target and draft caches are allocated once here and shared by every generation of this decoder, so
+    run one generation at a time per decoder (a :class:`DecodeState` is valid until the next :meth:`start`).
+
     Args:
         target: the model whose output is preserved.
         draft: the proposer; must share the target's vocabulary and device (dtype may differ).
