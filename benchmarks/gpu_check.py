@@ -543,7 +543,8 @@ def step_profile(args, device: torch.device, budget_s: float, out_dir: Path, ker
         log(f"[profile] {msg}")
         return {"status": "skipped", "reason": msg}
     help_text = probe.stdout
-    cmd = base + ["profile", "latency", "--random-weights", "--arch", "llama-2-7b", "--device", "cuda", "--dtype", "bfloat16"]
+    cmd = base + ["profile", "latency", "--random-weights", "--arch", "llama-2-7b", "--draft-arch", "llama-68m",
+                  "--device", "cuda", "--dtype", "bfloat16"]
     yaml_path = REPO / "profiles" / f"latency-{_device_slug(device)}-llama-2-7b-bf16-random.yaml"
     for flag in ("--output", "--out", "-o"):
         if flag in help_text:

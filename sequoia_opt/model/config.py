@@ -146,5 +146,7 @@ PRESETS: dict[str, ModelConfig] = {
                                 tie_embeddings=True, name="smollm2-135m"),
     "smollm2-360m": ModelConfig(49152, 960, 32, 15, 5, 2560, rope_theta=100000.0, max_position_embeddings=8192,
                                 tie_embeddings=True, name="smollm2-360m"),
+    # JackFram/llama-68m, the draft of the Sequoia and SpecInfer papers for Llama-2 targets
+    "llama-68m": ModelConfig(32000, 768, 2, 12, 12, 3072, max_position_embeddings=2048, name="llama-68m"),
     "tiny": ModelConfig(256, 64, 2, 4, 2, 128, max_position_embeddings=512, name="tiny"),
 }
