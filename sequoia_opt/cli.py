@@ -192,6 +192,31 @@ def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], tuple[str, list[s
     return lambda tree, meta, p: (tree_to_yaml(tree, meta), [])
 
 
+def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
+    """What the profiles behind a tree were measured on (stored in the tree's metadata so ``run`` can warn
+    when it executes the tree on another device, dtype or model pair)."""
+    out: dict[str, Any] = {}
+    for key, value in (("target", acc.measured.get("target")), ("draft", acc.measured.get("draft")),
+                       ("device", curve.device.get("name") if curve else None),
+                       ("dtype", (curve.device.get("dtype") if curve else None) or acc.measured.get("dtype"))):
+        if value is not None:
+            out[f"profiled_{key}"] = value
+    return out
+
+
+def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
+                           draft: str) -> list[str]:
+    """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
+    one it is about to run on (its prediction then describes other hardware)."""
+    out = []
+    for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft)):
+        want = meta.extra.get(f"profiled_{key}")
+        if want is not None and str(want).strip().lower() != str(have).strip().lower():
+            out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
+                       f"uses {have!r}: its predicted figures describe that setting")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- solve
 @app.command()
 @handle_errors
@@ -318,7 +343,7 @@ def solve(
         latency_profile=curve.id if curve else None,
         solver="sequoia-dp" + ("+hardware" if curve else ""),
         date=now_iso(),
-        extra={"max_branching": max_branching, "budget_limit": budget},
+        extra={"max_branching": max_branching, "budget_limit": budget, **_measured_on(acc, curve)},
     )
     data["tree"] = {"choices": tree.choices(), "metadata": meta.to_dict()}
     if output is not None:
@@ -612,9 +637,15 @@ def run_cmd(
     pair = load_pair(target, draft, device=dev, dtype=dt)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
+    from .profiling.device import device_name
+
+    warnings = [w for e in entries for w in tree_mismatch_warnings(
+        e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
+        target=pair.target_name, draft=pair.draft_name)]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")})
+    report.warnings = warnings + report.warnings
     render(report, as_json)
     if report.data.get("greedy_ok") is False:
         raise typer.Exit(1)

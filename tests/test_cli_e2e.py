@@ -181,3 +181,18 @@ def test_solve_refuses_a_vector_of_another_length(tmp_path):
     assert not out.exists()
     r = invoke("solve", "-a", EXAMPLE_ACCEPTANCE, "--budget", "8", "--max-depth", "3", "-o", out)
     assert r.exit_code == 0 and out.exists()
+
+
+def test_run_warns_when_the_tree_was_solved_for_another_device_or_pair(workdir, tmp_path):
+    from sequoia_opt.tree import TreeMetadata
+
+    root, target, draft, prompts = workdir
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(2), TreeMetadata(extra={"profiled_device": "NVIDIA H200", "profiled_dtype": "bfloat16",
+                                                       "profiled_target": "target", "profiled_draft": "draft"}))
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts, "--num-prompts", "1",
+               "--max-new-tokens", "4", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    warnings = json.loads(r.stdout)["warnings"]
+    assert any("NVIDIA H200" in w for w in warnings) and any("bfloat16" in w for w in warnings)
+    assert len(warnings) == 2  # device and dtype differ; the pair (target, draft) matches
