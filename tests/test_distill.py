@@ -1,0 +1,166 @@
+"""Fast tests of the draft-distillation pieces (no real teacher: a tiny random model stands in)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from sequoia_opt.distill import (
+    TeacherLabels,
+    collect_sources,
+    greedy_agreement,
+    greedy_generate,
+    init_student,
+    label_with_teacher,
+    lr_at,
+    make_prompt,
+    pca_embedding,
+    sampled_vocab,
+    split_files,
+    student_config,
+    student_hidden,
+    token_chunks,
+    topk_kl,
+    train_student,
+)
+from sequoia_opt.model import ModelConfig, Transformer
+
+
+def _files(n: int) -> list[str]:
+    return [f"pkg{i % 7}/mod{i}.py" for i in range(n)]
+
+
+def test_split_is_disjoint_complete_and_seeded():
+    files = _files(200)
+    sizes = {f: (5000 if i % 3 else 100) for i, f in enumerate(files)}
+    a = split_files(files, seed=0, n_profile=20, n_eval=25, sizes=sizes)
+    b = split_files(list(reversed(files)), seed=0, n_profile=20, n_eval=25, sizes=sizes)
+    c = split_files(files, seed=1, n_profile=20, n_eval=25, sizes=sizes)
+    assert a == b  # deterministic under the seed, whatever the input order
+    assert a != c
+    tr, pr, ev = set(a["train"]), set(a["profile"]), set(a["eval"])
+    assert not (tr & pr or tr & ev or pr & ev)
+    assert tr | pr | ev == set(files)
+    assert len(pr) == 20 and len(ev) == 25
+    assert all(sizes[f] >= 2000 for f in pr | ev)  # prompt files are big enough to cut a prompt from
+
+
+def test_collect_sources_skips_tests_and_small_files(tmp_path: Path):
+    for rel, size in [("a.py", 500), ("pkg/b.py", 500), ("test/c.py", 500), ("pkg/tests/d.py", 500),
+                      ("pkg/test_e.py", 500), ("tiny.py", 10), ("site-packages/x/y.py", 500), ("notes.txt", 500)]:
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("x" * size)
+    assert collect_sources(tmp_path) == ["a.py", "pkg/b.py"]
+
+
+def test_make_prompt_token_window_and_whole_lines():
+    text = "".join(f"line_{i} = {i} * 2\n" for i in range(400))
+    enc = lambda s: s.split()  # one "token" per whitespace word
+    p = make_prompt(text, enc, random.Random(0), min_tokens=30, max_tokens=60)
+    assert p is not None and p.endswith("\n") and p in text
+    assert 30 <= len(enc(p)) <= 60
+    assert make_prompt("x\n", enc, random.Random(0), min_tokens=30, max_tokens=60) is None
+
+
+def test_token_chunks_prefix_property(tmp_path: Path):
+    files = []
+    for i in range(6):
+        (tmp_path / f"f{i}.py").write_text(" ".join(str(j) for j in range(i * 100, i * 100 + 90)))
+        files.append(f"f{i}.py")
+    enc = lambda s: [int(w) for w in s.split()]
+    small, _ = token_chunks(tmp_path, files, enc, sep_id=9999, n_tokens=64, chunk=16, max_per_file=50, seed=0)
+    big, _ = token_chunks(tmp_path, files, enc, sep_id=9999, n_tokens=256, chunk=16, max_per_file=50, seed=0)
+    assert small.shape == (4, 16)
+    assert torch.equal(big[:4], small)  # labels of a smaller run are reused by a larger one
+
+
+def test_pca_embedding_shape_and_variance_on_low_rank():
+    g = torch.Generator().manual_seed(0)
+    V, D, r = 2000, 96, 12
+    emb = torch.randn(V, r, generator=g) @ torch.randn(r, D, generator=g) + 0.01 * torch.randn(V, D, generator=g)
+    proj, kept = pca_embedding(emb, 16)
+    assert proj.shape == (V, 16) and proj.dtype == torch.float32
+    assert kept > 0.99
+    # inner products between centred rows are preserved by the projection
+    ec = emb - emb.mean(0)
+    assert torch.allclose(proj[:50] @ proj[:50].T, ec[:50] @ ec[:50].T, rtol=1e-2, atol=0.5)
+    _, kept4 = pca_embedding(emb, 4)
+    assert kept4 < kept
+    with pytest.raises(ValueError):
+        pca_embedding(emb, D + 1)
+
+
+def test_topk_kl_zero_at_teacher_positive_elsewhere():
+    g = torch.Generator().manual_seed(0)
+    N, V, k = 8, 50, 5
+    t_ids = torch.stack([torch.randperm(V, generator=g)[:k] for _ in range(N)])  # (N, k)
+    t_logits = torch.randn(N, k, generator=g)
+    t_logp = torch.log_softmax(t_logits, -1) - 0.3  # unnormalised on purpose: renormalised inside
+    # a student whose distribution is the renormalised teacher: all mass on the k ids
+    student = torch.full((N, V), -1e4)
+    student.scatter_(1, t_ids, t_logits)
+    assert float(topk_kl(student, t_ids, t_logp)) == pytest.approx(0.0, abs=1e-5)
+    assert float(topk_kl(torch.randn(N, V, generator=g), t_ids, t_logp)) > 0.1
+    leaky = student.clone()
+    leaky[leaky < -1e3] = -2.0  # same ratios on the k ids, some mass elsewhere
+    assert float(topk_kl(leaky, t_ids, t_logp)) > 0
+
+
+def test_sampled_vocab_covers_needed_ids():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.tensor([[5, 7], [7, 9]])
+    nxt = torch.tensor([3, 5])
+    v = sampled_vocab(ids, nxt, vocab_size=100, n_random=10, generator=g)
+    assert torch.all(v[1:] > v[:-1])
+    assert {3, 5, 7, 9} <= set(v.tolist())
+
+
+def test_student_hidden_matches_forward():
+    cfg = ModelConfig.preset("tiny").with_(tie_embeddings=True)
+    m = init_student(cfg, seed=0)
+    x = torch.randint(0, cfg.vocab_size, (2, 9))
+    with torch.no_grad():
+        assert torch.allclose(student_hidden(m, x) @ m.embed_tokens.weight.T, m(x), atol=1e-5)
+
+
+def test_lr_schedule():
+    assert lr_at(0, steps=100, lr=1.0, warmup=10) == pytest.approx(0.1)
+    assert lr_at(9, steps=100, lr=1.0, warmup=10) == pytest.approx(1.0)
+    assert lr_at(99, steps=100, lr=1.0, warmup=10) == pytest.approx(0.1, abs=1e-3)
+
+
+@pytest.mark.parametrize("n_random", [None, 16])
+def test_short_training_on_tiny_teacher_reduces_loss(tmp_path: Path, n_random):
+    torch.manual_seed(0)
+    vocab = 64
+    teacher = Transformer(ModelConfig.preset("tiny").with_(vocab_size=vocab), device="cpu").eval()
+    chunks = torch.randint(0, vocab, (6, 24), generator=torch.Generator().manual_seed(1))
+    labels = label_with_teacher(teacher, chunks, k=8, cache_path=tmp_path / "t.pt", log=lambda s: None)
+    assert labels.ids.shape == (6, 24, 8) and labels.logp.dtype == torch.float16
+    again = label_with_teacher(lambda x: pytest.fail("cache not used"), chunks[:4], k=8,
+                               cache_path=tmp_path / "t.pt", log=lambda s: None)
+    assert torch.equal(again.ids, labels.ids[:4])
+    cfg = student_config(vocab_size=vocab, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=64,
+                         rope_theta=10000.0)
+    emb, _ = pca_embedding(teacher.embed_tokens.weight.detach(), 32)
+    student = init_student(cfg, seed=0, embedding=emb)
+    res = train_student(student, chunks, labels, steps=5, batch=2, lr=1e-2, seed=0, warmup=1, log_every=1,
+                        eval_every=1, val=(chunks[:2], TeacherLabels(labels.ids[:2], labels.logp[:2])),
+                        log=lambda s: None, n_random=n_random, extra=chunks, extra_batch=1)
+    kls = [r["val_kl"] for r in res.rows]
+    assert len(res.rows) == 5 and res.tokens_seen == 5 * 3 * 24
+    assert kls[-1] < kls[0]
+
+
+def test_greedy_agreement_of_a_model_with_itself_is_one():
+    m = Transformer(ModelConfig.preset("tiny"), device="cpu").eval()
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    conts = [greedy_generate(m, p, 6, eos_ids=[]) for p in prompts]
+    assert [len(c) for c in conts] == [6, 6]
+    # the cached greedy decode agrees with the uncached forward
+    res = greedy_agreement(m, prompts, conts)
+    assert res["agreement"] == 1.0 and res["positions"] == 12 and res["mean_agreeing_prefix"] == 6
