@@ -1,35 +1,57 @@
 """Atomic file output: write to a temporary file in the destination folder, then rename over the target.
 
-A crash, Ctrl-C or error mid-write leaves either the old file or nothing, never half a file.
+A crash, Ctrl-C or error mid-write leaves either the old file or nothing, never half a file. A symlink is
+written through (its target is replaced, the link stays); a directory or device at the path is refused rather
+than replaced. The new file gets the mode a plain ``open()`` would give it (``0o666`` less the umask), or the
+mode of the file it replaces.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from .errors import OutputError
+
+
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same folder + ``os.replace``).
 
     Creates missing parent folders. Returns the final path.
+
+    Raises:
+        OutputError: the path is a directory, device or other non-regular file, or the OS refuses the
+            write (one line naming the path and the reason).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        raise OutputError(f"cannot write {path}: it exists and is not a regular file")
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _default_mode()
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
+    except OSError as err:
+        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     return path
 
 

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
@@ -56,6 +57,9 @@ ContextOpt = Annotated[
     Optional[int], typer.Option("--context", help="Context length (tokens) to read latency at; default: smallest measured.")
 ]
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the tree here (atomically).")]
+ProfileOutputOpt = Annotated[
+    Optional[Path], typer.Option("--output", "-o", help="Write the profile here (atomically); default under profiles/.")
+]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output format: " + "|".join(FORMATS) + ".")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 
@@ -146,7 +150,8 @@ def render(report: Report, json_mode: bool, console: Console | None = None) -> N
         doc = {**doc, "notes": report.notes, "warnings": report.warnings}
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
-    con = console or Console()
+    # a pipe or file gets wide tables (rich would cut every column to fit 80 characters)
+    con = console or (Console() if sys.stdout.isatty() else Console(width=200))
     summary = Table(title=report.title, show_header=False, title_justify="left")
     summary.add_column(style="bold")
     summary.add_column()
@@ -412,6 +417,18 @@ def _interruptible(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _check_run_options(backend: str, device: Any, temperature: float = 0.0, top_p: float = 1.0) -> None:
+    """Refuse a bad backend, temperature or top-p before any model is loaded (TreeoptError, one line)."""
+    from .attention import resolve_backend
+    from .decoding import process_logits
+
+    try:
+        resolve_backend(backend, device)
+        process_logits(torch.zeros(1), temperature, top_p)
+    except (ValueError, RuntimeError) as err:
+        raise TreeoptError(str(err)) from None
+
+
 def _csv_ints(text: str, what: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
@@ -445,7 +462,7 @@ def profile_latency(
     repeats: Annotated[int, typer.Option("--max-repeats", help="Most timed repeats per point.")] = 30,
     backend: BackendOpt = "auto",
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
-    output: OutputOpt = None,
+    output: ProfileOutputOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure T(n): one target forward over n tokens through the verification path (KV cache holding the
@@ -459,9 +476,14 @@ def profile_latency(
     from .profiling.timing import token_grid
 
     dev, dt = parse_device(device), parse_dtype(dtype)
+    _check_run_options(backend, dev)
     contexts = _csv_ints(context, "--context")
     if max_tokens < 1 or max_draft_tokens < 1:
         raise TreeoptError("--max-tokens and --max-draft-tokens must be at least 1")
+    if repeats < 1:
+        raise TreeoptError(f"--max-repeats must be at least 1, got {repeats}")
+    if not random_weights and (arch or draft_arch):
+        raise TreeoptError("--arch / --draft-arch describe random-weight models: add --random-weights")
     if threads is not None:
         if threads < 1:
             raise TreeoptError("--threads must be at least 1")
@@ -496,11 +518,11 @@ def profile_latency(
     dgrid = token_grid(max_draft_tokens)
     with progress_bar(not as_json) as progress:
         ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
-                                max_repeats=repeats)
+                                min_repeats=min(5, repeats), max_repeats=repeats)
         dtables = None
         if dmodel is not None:
             dtables = profile_model(dmodel, dgrid, contexts, what="draft", backend=backend, progress=progress,
-                                    max_repeats=repeats)
+                                    min_repeats=min(5, repeats), max_repeats=repeats)
         overhead = measure_step_overhead(tmodel, dmodel if dmodel is not None else tmodel, backend=backend)
     slug = device_slug(dev)
     pid = f"{slug}_{tcfg.name if random_weights else tname}_{dt}".replace("torch.", "")
@@ -544,7 +566,7 @@ def profile_acceptance(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
-    output: OutputOpt = None,
+    output: ProfileOutputOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure the positional acceptance vector p_1..p_K with the decoder's own verifier (greedy or
@@ -559,6 +581,7 @@ def profile_acceptance(
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
     dev, dt = parse_device(device), parse_dtype(dtype)
+    _check_run_options(backend, dev, temperature, top_p)
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     pair = load_pair(target, draft, device=dev, dtype=dt)
@@ -629,10 +652,16 @@ def run_cmd(
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
     entries = [_load_tree_entry(p) for p in tree]
+    seen: dict[str, int] = {}
+    for e in entries:  # two files called tree.yaml in different folders must not share a results row name
+        seen[e.name] = seen.get(e.name, 0) + 1
+        if seen[e.name] > 1:
+            e.name = f"{e.name}#{seen[e.name]}"
     if compare:
         entries += _baseline_entries(acceptance, latency, max(e.tree.size for e in entries),
                                      max(max(e.tree.tree_depth for e in entries), 1))
     dev, dt = parse_device(device), parse_dtype(dtype)
+    _check_run_options(backend, dev, temperature, top_p)
     texts = load_prompts(prompts or demo_prompts_path("eval"), limit=num_prompts)
     pair = load_pair(target, draft, device=dev, dtype=dt)
     _check_trees_fit(entries, pair)
@@ -735,7 +764,7 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
 @app.command("plot")
 @handle_errors
 def plot_cmd(
-    latency: LatencyOpt = None,
+    latency: Annotated[Optional[Path], typer.Option("--latency", "-l", help="Latency profile (treeopt-latency/1 YAML).")] = None,
     acceptance: Annotated[Optional[Path], typer.Option("--acceptance", "-a", help="Acceptance profile.")] = None,
     run: Annotated[Optional[Path], typer.Option("--run", help="A results/<run-id>.json from treeopt run.")] = None,
     tree: Annotated[Optional[Path], typer.Option("--tree", help="A tree file to draw.")] = None,
@@ -756,8 +785,8 @@ def plot_cmd(
     if run is not None:
         try:
             run_doc = json.loads(run.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise TreeoptError(f"cannot read run results {run}: {err}") from None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise TreeoptError(f"cannot read run results {run}: {str(err).splitlines()[0]}") from None
     t = _load_tree_entry(tree).tree if tree else None
     predicted = None
     if curve is not None and acc is not None:
@@ -776,8 +805,8 @@ def plot_cmd(
 def demo_cmd(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per evaluation prompt.")] = 96,
-    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Evaluation prompts (held out from profiling).")] = 8,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per evaluation prompt.")] = 64,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Evaluation prompts (held out from profiling).")] = 6,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller profiles and runs (a smoke test of the pipeline).")] = False,
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where profiles, the tree, results and plots go.")] = Path("results/demo"),
     backend: BackendOpt = "auto",
@@ -786,7 +815,9 @@ def demo_cmd(
     """The main job on the bundled demo pair: profile this device and the pair, solve, run on held-out
     prompts, and print predicted against measured figures."""
     from .demo import run_demo
+    from .pipeline import parse_device
 
+    _check_run_options(backend, parse_device(device))
     with progress_bar(not as_json) as progress:
         result = run_demo(device=device, dtype=dtype, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
                           quick=quick, out_dir=out_dir, backend=backend, progress=progress)

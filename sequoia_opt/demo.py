@@ -41,7 +41,7 @@ class DemoSettings:
     """Sizes of each stage. ``quick`` shrinks everything for a smoke test."""
 
     max_tokens: int = 64          # largest target token count profiled (largest budget considered)
-    max_draft_tokens: int = 32    # largest draft width profiled
+    max_draft_tokens: int = 64    # largest draft width profiled (= max_tokens: any level of any tree fits)
     context: int = 256            # context length the latency is measured at (tokens)
     latency_repeats: int = 15
     width: int = 8                # K, entries of the acceptance vector (and max branching)
@@ -49,12 +49,12 @@ class DemoSettings:
     acc_prompts: int = 12
     acc_new_tokens: int = 48
     max_depth: int = 10
-    num_prompts: int = 8
-    max_new_tokens: int = 96
+    num_prompts: int = 6
+    max_new_tokens: int = 64
 
     @classmethod
     def quick(cls) -> "DemoSettings":
-        return cls(max_tokens=24, max_draft_tokens=12, latency_repeats=5, width=4, acc_depth=3, acc_prompts=2,
+        return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, width=4, acc_depth=3, acc_prompts=2,
                    acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16)
 
 
@@ -80,7 +80,7 @@ def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 6
                                   id=f"gpu-like-flat{flat_up_to}")
 
 
-def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int = 96, num_prompts: int = 8,
+def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int = 64, num_prompts: int = 6,
              quick: bool = False, out_dir: Path = Path("results/demo"), backend: str = "auto",
              progress: ProgressFn | None = None) -> DemoResult:
     """Profile -> solve -> run on the demo pair (see module docstring). Writes under ``out_dir``:

@@ -23,3 +23,7 @@ class CheckpointError(TreeoptError):
 
 class DecodingError(TreeoptError):
     """Decoding was asked to do something impossible (tree wider than the vocabulary, cache overflow, ...)."""
+
+
+class OutputError(TreeoptError):
+    """An output file cannot be written (a directory or device in the way, no permission, a missing disk)."""

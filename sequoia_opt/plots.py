@@ -313,7 +313,7 @@ def predicted_speedup_curve(
     budgets: Sequence[int] | None = None,
 ) -> list[tuple[int, float]]:
     """The solver's predicted speedup at each budget: for every budget m (nodes incl. root), the best over
-    depth limits d = 1..``max_depth`` of the DP-optimal tree's predicted speedup under ``curve`` (the cost
+    budgets m' <= m and depth limits d = 1..``max_depth`` of the DP-optimal tree's predicted speedup under ``curve`` (the cost
     model of :mod:`sequoia_opt.solver.hardware`). Trees needing a draft width past the measured range are
     skipped; budgets with no scorable tree are left out.
 
@@ -344,7 +344,12 @@ def predicted_speedup_curve(
         s = step_cost(widths, float(sol.table[m, d]), curve, context).speedup
         if s > best.get(m, -math.inf):
             best[m] = s
-    return sorted(best.items())
+    # a budget is an upper bound: what a smaller budget achieves is available at a larger one too
+    out, run = [], -math.inf
+    for m, s in sorted(best.items()):
+        run = max(run, s)
+        out.append((m, run))
+    return out
 
 
 def plot_speedup_vs_budget(

@@ -117,6 +117,8 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ProfileError(f"cannot read {kind} profile {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path}: not a UTF-8 text file (a {kind} profile is YAML)") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -41,6 +41,8 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
         PromptFileError: missing/unreadable file, invalid JSON on a line (with its line number), a line
             without a non-empty ``prompt`` string, or no prompts at all.
     """
+    if limit is not None and limit < 1:
+        raise PromptFileError(f"the number of prompts must be at least 1, got {limit}")
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -196,3 +196,55 @@ def test_run_warns_when_the_tree_was_solved_for_another_device_or_pair(workdir, 
     warnings = json.loads(r.stdout)["warnings"]
     assert any("NVIDIA H200" in w for w in warnings) and any("bfloat16" in w for w in warnings)
     assert len(warnings) == 2  # device and dtype differ; the pair (target, draft) matches
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "foo"], "unknown attention backend"),
+    (["--backend", "cuda"], "needs CUDA tensors"),
+    (["--temperature", "nan"], "temperature must be"),
+    (["--top-p", "1.5"], "top_p must be"),
+    (["--num-prompts", "0"], "at least 1"),
+])
+def test_run_refuses_bad_options_before_loading_models(workdir, tmp_path, args, message):
+    root, target, draft, prompts = workdir
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(2))
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--results-dir", tmp_path / "res", *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "res").exists()
+
+
+def test_run_gives_duplicate_tree_names_distinct_rows(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(2))
+    r = invoke("run", "--tree", tree, "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    assert [s["tree"] for s in json.loads(r.stdout)["summaries"]] == ["plain", "t", "t#2"]
+
+
+def test_profile_latency_few_repeats_and_too_long_context(workdir, tmp_path):
+    root, target, draft, _ = workdir
+    out = tmp_path / "lat.yaml"
+    r = invoke("profile", "latency", "--target", target, "--draft", draft, "--context", "8", "--max-tokens", "2",
+               "--max-draft-tokens", "2", "--max-repeats", "2", "-o", out)
+    assert r.exit_code == 0, r.output
+    r = invoke("profile", "latency", "--target", target, "--draft", draft, "--context", "100000", "-o", tmp_path / "x.yaml")
+    assert r.exit_code == 2 and "exceeds" in r.output and not (tmp_path / "x.yaml").exists()
+    r = invoke("profile", "latency", "--target", target, "--arch", "tiny", "-o", tmp_path / "y.yaml")
+    assert r.exit_code == 2 and "--random-weights" in r.output
+
+
+def test_solve_output_errors_are_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for out in (tmp_path / "file" / "t.yaml", tmp_path, "/dev/null"):
+        r = invoke("solve", "-a", EXAMPLE_ACCEPTANCE, "--budget", "4", "--max-depth", "2", "-o", out)
+        assert r.exit_code == 2, (out, r.output)
+        assert "cannot write" in r.output and "Traceback" not in r.output
+    binary = tmp_path / "acc.yaml"
+    binary.write_bytes(bytes(range(256)) * 4)
+    r = invoke("solve", "-a", binary)
+    assert r.exit_code == 2 and "not a UTF-8 text file" in r.output

@@ -51,8 +51,8 @@ def process_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0)
     Raises:
         ValueError: a negative temperature or a ``top_p`` outside (0, 1].
     """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not temperature >= 0 or temperature == float("inf"):  # also catches NaN
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     logits = logits.float()

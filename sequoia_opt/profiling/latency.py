@@ -88,13 +88,15 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
                   **timing_kw) -> list[LatencyTable]:
     """Measure ``model`` at every (context, n) pair. Returns one :class:`LatencyTable` per context.
 
-    Raises ValueError for an empty grid or a context + n past the model's ``max_position_embeddings``.
+    Raises ProfileError for an empty grid or a context + n past the model's ``max_position_embeddings``.
     """
+    from ..errors import ProfileError
+
     if not token_counts or not contexts:
-        raise ValueError("need at least one token count and one context length")
+        raise ProfileError("need at least one token count and one context length")
     top = max(contexts) + max(token_counts)
     if top > model.config.max_position_embeddings:
-        raise ValueError(f"context {max(contexts)} + {max(token_counts)} tokens exceeds the {what} model's "
+        raise ProfileError(f"context {max(contexts)} + {max(token_counts)} tokens exceeds the {what} model's "
                          f"context of {model.config.max_position_embeddings} tokens")
     total = len(token_counts) * len(contexts)
     done = 0
