@@ -448,7 +448,9 @@ def test_save_tree_keeps_old_file_and_leaves_no_temp_when_write_fails(tmp_path, 
         raise OSError("disk full")
 
     monkeypatch.setattr(_io.os, "replace", broken_replace)
-    with pytest.raises(OSError, match="disk full"):
+    from sequoia_opt.errors import OutputError
+
+    with pytest.raises(OutputError, match="cannot write .*tree.yaml: disk full"):
         save_tree(path, example)
     assert path.read_text() == before
     assert sorted(os.listdir(tmp_path)) == ["tree.yaml"]
