@@ -296,7 +296,7 @@ def solve(
         best = ch.alternatives[0]
         data["choice"] = best.as_dict()
         data["plain_ms_per_token"] = ch.plain_ms_per_token
-        data["context_tokens"] = context
+        data["context_tokens"] = context if context is not None else int(curve.contexts[0])
         data["alternatives"] = [a.as_dict() for a in ch.alternatives]
         data["candidates_scored"] = ch.considered
         data["candidates_skipped"] = ch.skipped
