@@ -55,6 +55,19 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
+def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str) -> str:
+    """Read a UTF-8 text input file, turning failures into ``error`` with one line:
+    ``cannot read <what> <path>: <reason>`` (missing, a directory, no permission) or
+    ``<path>: not a UTF-8 text file (expected a <what>)`` (binary data)."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a UTF-8 text file (expected a {what})") from None
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically. See :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))

@@ -63,6 +63,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import yaml
 
+from ._io import read_text_file
 from .errors import TreeoptError, TreeValidationError
 from .tree import TREE_FORMAT, Tree, TreeMetadata, tree_from_yaml, tree_to_yaml
 
@@ -409,12 +410,7 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
         TreeValidationError: the file cannot be read, is none of these formats, or holds an invalid tree.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise TreeValidationError(f"cannot read tree file {path}: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise TreeValidationError(f"{path}: not a UTF-8 text file") from None
+    text = read_text_file(path, error=TreeValidationError, what="tree file")
     source = str(path)
     stripped = text.lstrip()
     if not stripped:

@@ -64,12 +64,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import yaml
 
-from ._io import atomic_write_text
+from ._io import atomic_write_text, read_text_file
 from .errors import ProfileError, SolverError
 
 ACCEPTANCE_FORMAT = "treeopt-acceptance/1"
@@ -113,12 +113,7 @@ def validate_acceptance(acceptance: Any, *, error: type[Exception] = SolverError
 
 def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ProfileError(f"cannot read {kind} profile {path}: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise ProfileError(f"{path}: not a UTF-8 text file (a {kind} profile is YAML)") from None
+    text = read_text_file(path, error=ProfileError, what=f"{kind} profile")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ._io import read_text_file
 from .errors import TreeoptError
 
 
@@ -44,10 +45,7 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
     if limit is not None and limit < 1:
         raise PromptFileError(f"the number of prompts must be at least 1, got {limit}")
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise PromptFileError(f"cannot read prompt file {path}: {getattr(err, 'strerror', None) or err}") from None
+    text = read_text_file(path, error=PromptFileError, what="prompt file")
     prompts: list[Prompt] = []
     if path.suffix == ".jsonl":
         for lineno, line in enumerate(text.splitlines(), 1):

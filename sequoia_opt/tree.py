@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import yaml
 
-from ._io import atomic_write_text
+from ._io import atomic_write_text, read_text_file
 from .errors import TreeValidationError
 
 TREE_FORMAT = "treeopt-tree/1"
@@ -426,9 +426,5 @@ def save_tree(path: str | Path, tree: Tree, metadata: TreeMetadata | None = None
 
 def load_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
     """Read a ``treeopt-tree/1`` YAML file. Raises :class:`TreeValidationError` (also for a missing file)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise TreeValidationError(f"cannot read tree file {path}: {err.strerror}") from None
+    text = read_text_file(path, error=TreeValidationError, what="tree file")
     return tree_from_yaml(text, source=str(path))
