@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -30,7 +29,7 @@ from . import __version__
 from ._io import atomic_write_text
 from .errors import TreeoptError
 from .report import Report
-from .tree import Tree, TreeMetadata, now_iso, tree_to_yaml
+from .tree import Tree, TreeMetadata, now_iso
 
 app = typer.Typer(
     name="treeopt",
@@ -176,25 +175,17 @@ def render(report: Report, json_mode: bool, console: Console | None = None) -> N
 # ---------------------------------------------------------------------------------------------- export
 def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], tuple[str, list[str]]]:
     """Resolve the output format before any work is done (so a bad format writes nothing)."""
+    from . import exports
+
     key = fmt.strip().lower()
     if key not in FORMATS:
         raise TreeoptError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    try:
-        from . import exports
-    except ImportError:
-        exports = None  # type: ignore[assignment]
-    if exports is not None and hasattr(exports, "export"):
 
-        def run(tree: Tree, meta: TreeMetadata, p: Any) -> tuple[str, list[str]]:
-            out = exports.export(tree, key, metadata=meta, acceptance=p)
-            return out.text, list(out.notes)
+    def run(tree: Tree, meta: TreeMetadata, p: Any) -> tuple[str, list[str]]:
+        out = exports.export(tree, key, metadata=meta, acceptance=p)
+        return out.text, list(out.notes)
 
-        return run
-    if exports is not None and hasattr(exports, "export_tree"):
-        return lambda tree, meta, p: (exports.export_tree(tree, key, meta), [])
-    if key != "yaml":
-        raise TreeoptError(f"--format {key} needs sequoia_opt.exports, which this installation lacks; use --format yaml")
-    return lambda tree, meta, p: (tree_to_yaml(tree, meta), [])
+    return run
 
 
 def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
@@ -645,7 +636,6 @@ def run_cmd(
 ) -> None:
     """Run plain decoding and tree speculative decoding on the same prompts; report speedup, tokens per
     step against the prediction, the time split, and (greedy) exact equality with plain decoding."""
-    from .evaluation import TreeEntry
     from .pipeline import load_pair, parse_device, parse_dtype
     from .prompts import demo_prompts_path, load_prompts
 
@@ -682,17 +672,9 @@ def run_cmd(
 
 def _load_tree_entry(path: Path):
     from .evaluation import TreeEntry
-    from .tree import load_tree
+    from .exports import load_any_tree
 
-    try:
-        from .exports import load_any_tree
-    except ImportError:  # pragma: no cover
-        load_any_tree = None
-    if load_any_tree is not None:
-        loaded = load_any_tree(path)
-        tree, meta = (loaded if isinstance(loaded, tuple) else (loaded, TreeMetadata()))
-    else:  # pragma: no cover
-        tree, meta = load_tree(path)
+    tree, meta = load_any_tree(path)
     return TreeEntry(name=path.stem, tree=tree, metadata=meta or TreeMetadata())
 
 

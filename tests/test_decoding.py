@@ -23,13 +23,7 @@ CFG = ModelConfig.preset("tiny")  # vocab 256, dim 64, 2 layers, 4 heads / 2 KV 
 # ---------------------------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models on 2 shared cores run far faster (and steadier) single-threaded."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# single-threaded for the whole session: tests/conftest.py
 
 
 def _model(seed: int, cfg: ModelConfig = CFG) -> Transformer:

@@ -15,13 +15,7 @@ from sequoia_opt.tree import Tree
 TRIALS = 100_000  # seeded trials per check: sampling noise in total variation is ~0.003 for V <= 10
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small tensors on 2 shared cores run faster (and steadier) single-threaded."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# single-threaded for the whole session: tests/conftest.py
 
 
 def _tv(counts: torch.Tensor, p: torch.Tensor) -> float:
