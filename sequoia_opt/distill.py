@@ -195,6 +195,31 @@ def token_chunks(root: Path, files: Sequence[str], encode: Callable[[str], list[
     return t, used
 
 
+def training_streams(root: Path, files: Sequence[str], encode: Callable[[str], list[int]], *, sep_id: int,
+                     tokens: int, ce_tokens: int, chunk: int, max_per_file: int, ce_max_per_file: int | None,
+                     seed: int) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
+    """The teacher-labelled chunks (n_lab, chunk) and the CE-only chunks (m, chunk) or None, and the files used.
+
+    The labelled chunks are always the first ``tokens // chunk`` chunks of :func:`token_chunks` with
+    ``max_per_file`` windows, so cached teacher labels keep applying whatever the CE-only settings. With
+    ``ce_max_per_file`` None the same stream continues past them up to ``ce_tokens`` tokens in all; otherwise
+    the CE-only stream is drawn on its own from ``files`` with ``ce_max_per_file`` windows (whole files when
+    large enough), up to ``ce_tokens`` tokens. It may repeat labelled text: it only feeds the CE term.
+    """
+    n_lab = tokens // chunk
+    if ce_max_per_file is None:
+        all_chunks, used = token_chunks(root, files, encode, sep_id=sep_id, n_tokens=max(tokens, ce_tokens),
+                                        chunk=chunk, max_per_file=max_per_file, seed=seed)
+        return all_chunks[:n_lab], (all_chunks[n_lab:] if all_chunks.shape[0] > n_lab else None), used
+    labelled, used = token_chunks(root, files, encode, sep_id=sep_id, n_tokens=tokens, chunk=chunk,
+                                  max_per_file=max_per_file, seed=seed)
+    if ce_tokens < chunk:
+        return labelled, None, used
+    extra, ce_used = token_chunks(root, files, encode, sep_id=sep_id, n_tokens=ce_tokens, chunk=chunk,
+                                  max_per_file=ce_max_per_file, seed=seed)
+    return labelled, extra, sorted(set(used) | set(ce_used))
+
+
 # -- 2. teacher labels -----------------------------------------------------------------------------------------
 
 @dataclass
@@ -783,6 +808,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ce-tokens", type=int, default=0,
                    help="training text tokens in all (>= --tokens); those past --tokens get no teacher labels")
     p.add_argument("--ce-batch", type=int, default=0, help="unlabelled chunks per step (CE only)")
+    p.add_argument("--ce-max-per-file", type=int, default=None,
+                   help="per-file token window of the CE-only stream (default: the labelled stream continues "
+                        "past --tokens with --max-per-file windows)")
     p.add_argument("--val-tokens", type=int, default=8192, help="held-out tokens (eval-split files)")
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--max-per-file", type=int, default=2048)
@@ -885,12 +913,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{name} prompts: {len(rows)} -> {args.prompts_out / f'{name}.jsonl'}")
     sep = tok.token_to_id("<|endoftext|>")
     sep = tok.eos_id if sep is None else sep
-    all_chunks, used = token_chunks(root, split["train"], tok.encode, sep_id=sep,
-                                    n_tokens=max(args.tokens, args.ce_tokens), chunk=args.chunk,
-                                    max_per_file=args.max_per_file, seed=args.seed)
-    # the first --tokens are teacher-labelled; the rest (up to --ce-tokens) only feed the CE term
-    n_lab = args.tokens // args.chunk
-    chunks, extra = all_chunks[:n_lab], (all_chunks[n_lab:] if all_chunks.shape[0] > n_lab else None)
+    chunks, extra, used = training_streams(root, split["train"], tok.encode, sep_id=sep, tokens=args.tokens,
+                                           ce_tokens=args.ce_tokens, chunk=args.chunk,
+                                           max_per_file=args.max_per_file, ce_max_per_file=args.ce_max_per_file,
+                                           seed=args.seed)
     val_chunks, val_used = token_chunks(root, split["eval"], tok.encode, sep_id=sep, n_tokens=args.val_tokens,
                                         chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
     log(f"train: {chunks.numel()} labelled + {0 if extra is None else extra.numel()} CE-only tokens from "

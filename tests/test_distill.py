@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sequoia_opt.distill import (
+    training_streams,
     TeacherLabels,
     collect_sources,
     greedy_agreement,
@@ -76,6 +77,25 @@ def test_token_chunks_prefix_property(tmp_path: Path):
     big, _ = token_chunks(tmp_path, files, enc, sep_id=9999, n_tokens=256, chunk=16, max_per_file=50, seed=0)
     assert small.shape == (4, 16)
     assert torch.equal(big[:4], small)  # labels of a smaller run are reused by a larger one
+
+
+def test_training_streams_keep_labelled_prefix_and_take_whole_files(tmp_path: Path):
+    files = []
+    for i in range(6):
+        (tmp_path / f"f{i}.py").write_text(" ".join(str(j) for j in range(i * 100, i * 100 + 90)))
+        files.append(f"f{i}.py")
+    enc = lambda s: [int(w) for w in s.split()]
+    kw = dict(sep_id=9999, tokens=64, chunk=16, max_per_file=50, seed=0)
+    lab_a, extra_a, _ = training_streams(tmp_path, files, enc, ce_tokens=256, ce_max_per_file=None, **kw)
+    lab_b, extra_b, used = training_streams(tmp_path, files, enc, ce_tokens=10_000, ce_max_per_file=1000, **kw)
+    assert torch.equal(lab_a, lab_b)  # cached teacher labels stay valid
+    assert lab_a.shape == (4, 16) and extra_a.shape == (12, 16)
+    # whole files: 6 x (90 tokens + separator) = 546 tokens -> 34 chunks of 16, every token id present
+    assert extra_b.shape == (34, 16)
+    ids = set(extra_b.flatten().tolist())
+    assert {0, 89, 500, 589} <= ids and sorted(used) == sorted(files)
+    _, none, _ = training_streams(tmp_path, files, enc, ce_tokens=0, ce_max_per_file=1000, **kw)
+    assert none is None
 
 
 def test_pca_embedding_shape_and_variance_on_low_rank():
