@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from sequoia_opt.errors import DecodingError
 from sequoia_opt.model import ModelConfig, Transformer
@@ -30,3 +31,18 @@ def test_perplexity_refuses_bad_input():
         perplexity(model, [1, 256])
     with pytest.raises(DecodingError, match="context"):
         perplexity(model, [1] * 513)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 64, 65])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_few_token_linear_matches_f_linear(rows, bias):
+    from sequoia_opt.model.llama import Linear
+
+    torch.manual_seed(rows)
+    lin = Linear(48, 80, bias=bias)
+    x = torch.randn(1, rows, 48)  # (B, T, in), as the decoder calls it
+    y = lin(x)
+    assert y.shape == (1, rows, 80) and y.is_contiguous()
+    torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    y.sum().backward()  # the path is differentiable (distillation trains through it)
+    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0

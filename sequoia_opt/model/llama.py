@@ -56,6 +56,33 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out.to(x.dtype)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state-dict names) with a CPU path for few-token forwards.
+
+    ``F.linear`` on a CPU computes ``x @ W.T`` as a GEMM whose small dimension is the token count; MKL's
+    float32 kernels run that shape far below memory bandwidth for 2..64 rows, so verifying 2-4 tokens cost
+    ~1.7x one token (GEMV) on the 2-core machine this was measured on, which is the wrong shape of T(n) for
+    speculative decoding. Computing ``(W @ x.T).T`` instead puts the output features on the long side: 2-4
+    rows then cost about what one row does (``benchmarks/bench_cpu_linear.py``). The result equals
+    ``F.linear`` up to float32 summation order.
+
+    Used when the input is float32 on a CPU with ``2 <= rows <= cpu_gemm_max_rows`` (rows = tokens in the
+    batch); every other case is ``F.linear``. Set ``Linear.cpu_gemm_max_rows = 0`` to turn the path off.
+    """
+
+    cpu_gemm_min_rows: int = 2
+    cpu_gemm_max_rows: int = 64
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // max(1, x.shape[-1])
+        if x.device.type != "cpu" or x.dtype != torch.float32 or not self.cpu_gemm_min_rows <= rows <= self.cpu_gemm_max_rows:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()  # (rows, out)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32."""
 
@@ -78,10 +105,10 @@ class Attention(nn.Module):
         c = config
         kw = dict(device=device, dtype=dtype)
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
-        self.q_proj = nn.Linear(c.dim, c.n_heads * c.head_dim, bias=c.attention_bias, **kw)
-        self.k_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.attention_bias, **kw)
-        self.v_proj = nn.Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.attention_bias, **kw)
-        self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.dim, bias=False, **kw)
+        self.q_proj = Linear(c.dim, c.n_heads * c.head_dim, bias=c.attention_bias, **kw)
+        self.k_proj = Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.attention_bias, **kw)
+        self.v_proj = Linear(c.dim, c.n_kv_heads * c.head_dim, bias=c.attention_bias, **kw)
+        self.o_proj = Linear(c.n_heads * c.head_dim, c.dim, bias=False, **kw)
 
     def forward(self, x, cos, sin, layer_cache, cache_slots, prefix_len, tree_mask, backend):
         B, T, _ = x.shape
@@ -108,9 +135,9 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, *, device=None, dtype=None) -> None:
         super().__init__()
         kw = dict(bias=False, device=device, dtype=dtype)
-        self.gate_proj = nn.Linear(config.dim, config.intermediate_size, **kw)
-        self.up_proj = nn.Linear(config.dim, config.intermediate_size, **kw)
-        self.down_proj = nn.Linear(config.intermediate_size, config.dim, **kw)
+        self.gate_proj = Linear(config.dim, config.intermediate_size, **kw)
+        self.up_proj = Linear(config.dim, config.intermediate_size, **kw)
+        self.down_proj = Linear(config.intermediate_size, config.dim, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -153,7 +180,7 @@ class Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.dim, **kw)
         self.layers = nn.ModuleList(Block(config, **kw) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps, **kw)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False, **kw)
+        self.lm_head = Linear(config.dim, config.vocab_size, bias=False, **kw)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
