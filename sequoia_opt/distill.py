@@ -731,8 +731,10 @@ The tied embedding was initialised from the target's embedding matrix ({tlog['pc
 - Teacher labels: the target's top-{tlog['hyper']['k']} next-token ids and log-probabilities at every position
   of {d['train_tokens']:,} training tokens ({d['train_chunks']} chunks of {tlog['hyper']['chunk']} tokens,
   at most {tlog['hyper']['max_per_file']} tokens per file), computed once on CPU, plus
-  {d['ce_only_tokens']:,} further training tokens without teacher labels (the teacher forward on a shared
-  2-core CPU ran at only ~{tlog['timing']['teacher_tokens_per_s']:.0f} tokens/s, so labels were the bottleneck).
+  {d['ce_only_tokens']:,} further training tokens without teacher labels (windows of at most
+  {tlog['hyper'].get('ce_max_per_file') or tlog['hyper']['max_per_file']} tokens per file, so whole files when
+  that is large; the teacher forward ran at ~{tlog['timing']['teacher_tokens_per_s']:.0f} tokens/s on this CPU,
+  so teacher labels are the expensive part).
 - Loss: KL from the renormalised top-k teacher distribution to the student's softmax on the labelled chunks,
   plus {tlog['hyper']['ce_weight']} x next-token cross-entropy on all chunks. Each step takes
   {tlog['hyper']['batch']} labelled and {tlog['hyper']['ce_batch']} unlabelled chunks; the softmax runs over a
@@ -763,8 +765,8 @@ Reproduce (same seed, same data, same machine class):
 | weights <= 20 MB | {size_mb:.2f} MB | {'yes' if bars['size_ok'] else 'NO'} |
 
 Cost: median of {ev['repeats']} cached forwards after a {ev['prefix_len']}-token prefix, draft and target timed
-alternately, warm-up excluded, {ev['threads']} threads; this CPU was shared with other jobs, so single timings
-are noisy (the medians are what the table shows). Agreement: the target decodes each of the {ev['n_prompts']} eval prompts greedily for up
+alternately, warm-up excluded, {ev['threads']} threads (single timings on a shared 2-core VM are noisy; the
+table shows medians). Agreement: the target decodes each of the {ev['n_prompts']} eval prompts greedily for up
 to {ev['gen_tokens']} tokens; at every generated position the draft (given the prompt and the target's tokens so
 far) predicts its argmax, and the fraction equal to the target's token is reported (the mean length of the
 agreeing prefix per prompt is {ev['greedy']['mean_agreeing_prefix']:.2f}). Measured with the shipped float16
