@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -67,12 +68,17 @@ def test_make_prompt_token_window_and_whole_lines():
     assert make_prompt("x\n", enc, random.Random(0), min_tokens=30, max_tokens=60) is None
 
 
-def test_token_chunks_prefix_property(tmp_path: Path):
+def _numbered_files(root: Path) -> tuple[list[str], Callable[[str], list[int]]]:
+    """Six files of 90 "tokens" each (file i holds the integers 100 i .. 100 i + 89) and their encoder."""
     files = []
     for i in range(6):
-        (tmp_path / f"f{i}.py").write_text(" ".join(str(j) for j in range(i * 100, i * 100 + 90)))
+        (root / f"f{i}.py").write_text(" ".join(str(j) for j in range(i * 100, i * 100 + 90)))
         files.append(f"f{i}.py")
-    enc = lambda s: [int(w) for w in s.split()]
+    return files, lambda s: [int(w) for w in s.split()]
+
+
+def test_token_chunks_prefix_property(tmp_path: Path):
+    files, enc = _numbered_files(tmp_path)
     small, _ = token_chunks(tmp_path, files, enc, sep_id=9999, n_tokens=64, chunk=16, max_per_file=50, seed=0)
     big, _ = token_chunks(tmp_path, files, enc, sep_id=9999, n_tokens=256, chunk=16, max_per_file=50, seed=0)
     assert small.shape == (4, 16)
@@ -80,11 +86,7 @@ def test_token_chunks_prefix_property(tmp_path: Path):
 
 
 def test_training_streams_keep_labelled_prefix_and_take_whole_files(tmp_path: Path):
-    files = []
-    for i in range(6):
-        (tmp_path / f"f{i}.py").write_text(" ".join(str(j) for j in range(i * 100, i * 100 + 90)))
-        files.append(f"f{i}.py")
-    enc = lambda s: [int(w) for w in s.split()]
+    files, enc = _numbered_files(tmp_path)
     kw = dict(sep_id=9999, tokens=64, chunk=16, max_per_file=50, seed=0)
     lab_a, extra_a, _ = training_streams(tmp_path, files, enc, ce_tokens=256, ce_max_per_file=None, **kw)
     lab_b, extra_b, used = training_streams(tmp_path, files, enc, ce_tokens=10_000, ce_max_per_file=1000, **kw)
