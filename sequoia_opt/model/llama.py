@@ -66,8 +66,9 @@ class Linear(nn.Linear):
     rows then cost about what one row does (``benchmarks/bench_cpu_linear.py``). The result equals
     ``F.linear`` up to float32 summation order.
 
-    Used when the input is float32 on a CPU with ``2 <= rows <= cpu_gemm_max_rows`` (rows = tokens in the
-    batch); every other case is ``F.linear``. Set ``Linear.cpu_gemm_max_rows = 0`` to turn the path off.
+    Used when the input is float32 on a CPU with ``cpu_gemm_min_rows <= rows <= cpu_gemm_max_rows`` (rows =
+    tokens in the batch, 2..64 by default; one row stays on ``F.linear``'s GEMV, the plain-decoding baseline);
+    every other case is ``F.linear``. Set ``Linear.cpu_gemm_max_rows = 0`` to turn the path off.
     """
 
     cpu_gemm_min_rows: int = 2
@@ -75,7 +76,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
-        if x.device.type != "cpu" or x.dtype != torch.float32 or not self.cpu_gemm_min_rows <= rows <= self.cpu_gemm_max_rows:
+        few = self.cpu_gemm_min_rows <= rows <= self.cpu_gemm_max_rows
+        if x.device.type != "cpu" or x.dtype != torch.float32 or not few:
             return F.linear(x, self.weight, self.bias)
         y = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()  # (rows, out)
         if self.bias is not None:
