@@ -450,7 +450,9 @@ def profile_latency(
     context: Annotated[str, typer.Option("--context", help="Context lengths (tokens), comma-separated.")] = "256",
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Largest target token count n profiled.")] = 128,
     max_draft_tokens: Annotated[int, typer.Option("--max-draft-tokens", help="Largest draft width profiled.")] = 64,
-    repeats: Annotated[int, typer.Option("--max-repeats", help="Most timed repeats per point.")] = 30,
+    repeats: Annotated[int, typer.Option("--max-repeats", help="Most timed repeats per point and round.")] = 30,
+    rounds: Annotated[int, typer.Option(
+        "--rounds", help="Sweeps of the token grid; each point keeps the median of its rounds' medians.")] = 3,
     backend: BackendOpt = "auto",
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
     output: ProfileOutputOpt = None,
@@ -473,6 +475,8 @@ def profile_latency(
         raise TreeoptError("--max-tokens and --max-draft-tokens must be at least 1")
     if repeats < 1:
         raise TreeoptError(f"--max-repeats must be at least 1, got {repeats}")
+    if rounds < 1:
+        raise TreeoptError(f"--rounds must be at least 1, got {rounds}")
     if not random_weights and (arch or draft_arch):
         raise TreeoptError("--arch / --draft-arch describe random-weight models: add --random-weights")
     if threads is not None:
@@ -509,11 +513,11 @@ def profile_latency(
     dgrid = token_grid(max_draft_tokens)
     with progress_bar(not as_json) as progress:
         ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
-                                min_repeats=min(5, repeats), max_repeats=repeats)
+                                rounds=rounds, min_repeats=min(5, repeats), max_repeats=repeats)
         dtables = None
         if dmodel is not None:
             dtables = profile_model(dmodel, dgrid, contexts, what="draft", backend=backend, progress=progress,
-                                    min_repeats=min(5, repeats), max_repeats=repeats)
+                                    rounds=rounds, min_repeats=min(5, repeats), max_repeats=repeats)
         overhead = measure_step_overhead(tmodel, dmodel if dmodel is not None else tmodel, backend=backend)
     slug = device_slug(dev)
     pid = f"{slug}_{tcfg.name if random_weights else tname}_{dt}".replace("torch.", "")

@@ -43,18 +43,20 @@ class DemoSettings:
     max_tokens: int = 64          # largest target token count profiled (largest budget considered)
     max_draft_tokens: int = 64    # largest draft width profiled (= max_tokens: any level of any tree fits)
     context: int = 256            # context length the latency is measured at (tokens)
-    latency_repeats: int = 15
+    latency_repeats: int = 10        # per round
+    latency_rounds: int = 3          # sweeps of the grid (median of round medians)
     width: int = 8                # K, entries of the acceptance vector (and max branching)
     acc_depth: int = 4
-    acc_prompts: int = 12
-    acc_new_tokens: int = 48
+    acc_prompts: int = 24
+    acc_new_tokens: int = 32
     max_depth: int = 10
     num_prompts: int = 6
     max_new_tokens: int = 64
 
     @classmethod
     def quick(cls) -> "DemoSettings":
-        return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, width=4, acc_depth=3, acc_prompts=2,
+        return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, latency_rounds=1, width=4, acc_depth=3,
+                   acc_prompts=2,
                    acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16)
 
 
@@ -99,9 +101,9 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     # 2. latency of this device
     grid, dgrid = token_grid(s.max_tokens), token_grid(s.max_draft_tokens)
     tt = profile_model(pair.target, grid, [s.context], what="target", backend=backend, progress=progress,
-                       max_repeats=s.latency_repeats)
+                       rounds=s.latency_rounds, max_repeats=s.latency_repeats)
     dtab = profile_model(pair.draft, dgrid, [s.context], what="draft", backend=backend, progress=progress,
-                         max_repeats=s.latency_repeats)
+                         rounds=s.latency_rounds, max_repeats=s.latency_repeats)
     overhead = measure_step_overhead(pair.target, pair.draft, backend=backend)
     curve = build_latency_profile(
         target_tables=tt, draft_tables=dtab, step_overhead_ms=overhead, device=dev, dtype=dt,

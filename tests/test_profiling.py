@@ -27,7 +27,7 @@ from sequoia_opt.profiling.latency import (  # noqa: E402
     profile_model,
     random_weight_model,
 )
-from sequoia_opt.profiling.timing import time_call, token_grid  # noqa: E402
+from sequoia_opt.profiling.timing import Timing, time_call, token_grid  # noqa: E402
 from sequoia_opt.decoding import SpeculativeDecoder  # noqa: E402
 from sequoia_opt.model import ModelConfig  # noqa: E402
 from sequoia_opt.tree import Tree  # noqa: E402
@@ -107,6 +107,20 @@ def test_latency_profile_without_draft_says_so(pair):
                                   draft_name=None, draft_config=None, random_weights=False, profile_id="x")
     assert curve.draft_ms(1) == 0.0
     assert "NOT measured" in curve.source
+
+
+def test_profile_model_rounds_take_the_median_of_round_medians(pair, monkeypatch):
+    import sequoia_opt.profiling.latency as lat
+
+    target, _ = pair
+    medians = iter([30.0, 10.0, 90.0, 20.0, 31.0, 12.0])  # (n=1, n=2) per round; round 2 hit a slow spell
+    monkeypatch.setattr(lat, "time_forward", lambda *a, **k: Timing(next(medians), 1.0, 2.0, 4))
+    (table,) = lat.profile_model(target, [1, 2], [0], rounds=3)
+    assert table.tokens == [1, 2]
+    assert [t.median_ms for t in table.timings] == [31.0, 12.0]  # median(30, 90, 31), median(10, 20, 12)
+    assert [t.repeats for t in table.timings] == [12, 12]
+    with pytest.raises(ProfileError, match="rounds"):
+        lat.profile_model(target, [1], [0], rounds=0)
 
 
 def test_profile_model_refuses_past_the_context(pair):

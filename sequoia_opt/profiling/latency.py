@@ -10,6 +10,7 @@ pattern for a given n (both backends do the same work for any (n, n) tree mask),
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -85,8 +86,13 @@ def time_forward(model: Transformer, n: int, context: int, *, backend: str = "au
 
 def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Sequence[int], *,
                   what: str = "target", backend: str = "auto", progress: ProgressFn | None = None,
-                  **timing_kw) -> list[LatencyTable]:
+                  rounds: int = 1, **timing_kw) -> list[LatencyTable]:
     """Measure ``model`` at every (context, n) pair. Returns one :class:`LatencyTable` per context.
+
+    With ``rounds`` > 1 the whole token grid of a context is swept ``rounds`` times and each n keeps the
+    median of its per-round medians (p10 / p90: the medians of the per-round percentiles; repeats: the sum).
+    On a shared machine a slow spell then spoils one round of one n rather than the whole entry, which
+    matters most for T(1), the baseline every predicted speedup divides by.
 
     Raises ProfileError for an empty grid or a context + n past the model's ``max_position_embeddings``.
     """
@@ -98,18 +104,27 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
     if top > model.config.max_position_embeddings:
         raise ProfileError(f"context {max(contexts)} + {max(token_counts)} tokens exceeds the {what} model's "
                          f"context of {model.config.max_position_embeddings} tokens")
-    total = len(token_counts) * len(contexts)
+    if rounds < 1:
+        raise ProfileError(f"rounds must be at least 1, got {rounds}")
+    total = len(token_counts) * len(contexts) * rounds
     done = 0
     tables = []
     for ctx in contexts:
         cache = model.new_cache(ctx + max(token_counts))
+        per_n: list[list[Timing]] = [[] for _ in token_counts]
+        for r in range(rounds):
+            for i, n in enumerate(token_counts):
+                per_n[i].append(time_forward(model, int(n), int(ctx), backend=backend, cache=cache, **timing_kw))
+                done += 1
+                if progress:
+                    tag = f", round {r + 1}/{rounds}" if rounds > 1 else ""
+                    progress(f"{what} forward, context {ctx}, {n} tokens{tag}", done, total)
         table = LatencyTable(context=int(ctx))
-        for n in token_counts:
+        for n, ts in zip(token_counts, per_n):
             table.tokens.append(int(n))
-            table.timings.append(time_forward(model, int(n), int(ctx), backend=backend, cache=cache, **timing_kw))
-            done += 1
-            if progress:
-                progress(f"{what} forward, context {ctx}, {n} tokens", done, total)
+            table.timings.append(Timing(statistics.median(t.median_ms for t in ts),
+                                        statistics.median(t.p10_ms for t in ts),
+                                        statistics.median(t.p90_ms for t in ts), sum(t.repeats for t in ts)))
         tables.append(table)
         del cache
     return tables
