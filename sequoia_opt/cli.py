@@ -26,7 +26,7 @@ from rich.tree import Tree as RichTree
 from typing_extensions import Annotated
 
 from . import __version__
-from ._io import atomic_write_text
+from ._io import atomic_write_text, read_text_file
 from .errors import TreeoptError
 from .report import Report
 from .tree import Tree, TreeMetadata, now_iso
@@ -769,10 +769,11 @@ def plot_cmd(
     acc = load_acceptance(acceptance) if acceptance else None
     run_doc = None
     if run is not None:
+        text = read_text_file(run, error=TreeoptError, what="run results file")
         try:
-            run_doc = json.loads(run.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise TreeoptError(f"cannot read run results {run}: {str(err).splitlines()[0]}") from None
+            run_doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise TreeoptError(f"cannot read run results file {run}: {str(err).splitlines()[0]}") from None
     t = _load_tree_entry(tree).tree if tree else None
     predicted = None
     if curve is not None and acc is not None:

@@ -43,8 +43,8 @@ class DemoSettings:
     max_tokens: int = 64          # largest target token count profiled (largest budget considered)
     max_draft_tokens: int = 64    # largest draft width profiled (= max_tokens: any level of any tree fits)
     context: int = 256            # context length the latency is measured at (tokens)
-    latency_repeats: int = 10        # per round
-    latency_rounds: int = 3          # sweeps of the grid (median of round medians)
+    latency_repeats: int = 10     # timed repeats per point and round
+    latency_rounds: int = 3       # sweeps of the grid (median of round medians)
     width: int = 8                # K, entries of the acceptance vector (and max branching)
     acc_depth: int = 4
     acc_prompts: int = 24
@@ -56,8 +56,7 @@ class DemoSettings:
     @classmethod
     def quick(cls) -> "DemoSettings":
         return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, latency_rounds=1, width=4, acc_depth=3,
-                   acc_prompts=2,
-                   acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16)
+                   acc_prompts=2, acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16)
 
 
 @dataclass

@@ -313,8 +313,8 @@ def predicted_speedup_curve(
     budgets: Sequence[int] | None = None,
 ) -> list[tuple[int, float]]:
     """The solver's predicted speedup at each budget: for every budget m (nodes incl. root), the best over
-    budgets m' <= m and depth limits d = 1..``max_depth`` of the DP-optimal tree's predicted speedup under ``curve`` (the cost
-    model of :mod:`sequoia_opt.solver.hardware`). Trees needing a draft width past the measured range are
+    budgets m' <= m and depth limits d = 1..``max_depth`` of the DP-optimal tree's predicted speedup under
+    ``curve`` (the cost model of :mod:`sequoia_opt.solver.hardware`). Trees needing a draft width past the measured range are
     skipped; budgets with no scorable tree are left out.
 
     ``budgets`` defaults to :func:`~sequoia_opt.solver.hardware.budget_grid` up to ``max_budget`` (capped at
