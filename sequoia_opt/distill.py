@@ -613,7 +613,51 @@ def evaluate_pair(draft: Transformer, target: Transformer, tokenizer, prompts: S
 # -- 5. outputs ------------------------------------------------------------------------------------------------
 
 CSV_FIELDS = ["step", "tokens", "lr", "train_kl", "train_ce", "train_agreement", "val_kl", "val_agreement",
-              "elapsed_s"]
+              "elapsed_s", "stage"]
+
+
+def read_curve(path: Path) -> list[dict]:
+    """The rows of a ``loss_curve.csv`` written by :func:`write_curve`: numbers parsed (``step`` and ``tokens``
+    as int), empty cells kept as ``""``, ``stage`` 1 where the file has no such column.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: a cell is neither empty nor a number.
+    """
+    rows = []
+    for raw in csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"), newline="")):
+        row: dict = {}
+        for k in CSV_FIELDS:
+            v = raw.get(k) or ""
+            row[k] = "" if v == "" else (int(float(v)) if k in ("step", "tokens", "stage") else float(v))
+        row["stage"] = row["stage"] or 1
+        rows.append(row)
+    return rows
+
+
+def continue_curve(earlier: list[dict], rows: list[dict]) -> list[dict]:
+    """One curve over training stages: ``rows`` of a run started with ``--init-from`` appended after the
+    ``earlier`` stages' rows, with step, tokens and elapsed seconds counted on from the earlier stages' last
+    row and ``stage`` one past their last stage (1 when there are none)."""
+    if not earlier:
+        return [dict(r, stage=1) for r in rows]
+    last = earlier[-1]
+    stage = int(last["stage"] or 1) + 1
+    return list(earlier) + [dict(r, step=r["step"] + last["step"], tokens=r["tokens"] + last["tokens"],
+                                 elapsed_s=round(r["elapsed_s"] + last["elapsed_s"], 2), stage=stage)
+                            for r in rows]
+
+
+def stage_summary(tlog: dict) -> dict:
+    """What a continued run keeps of the training log of the checkpoint it started from (``--init-from``):
+    command, date, data sizes, steps, tokens seen, timing, held-out and greedy agreement, and the bars."""
+    d, tr, ev = tlog.get("data", {}), tlog.get("train", {}), tlog.get("evaluation", {})
+    return {"command": tlog.get("command"), "date": tlog.get("date"),
+            "train_tokens": d.get("train_tokens"), "ce_only_tokens": d.get("ce_only_tokens"),
+            "steps_done": tr.get("steps_done"), "tokens_seen": tr.get("tokens_seen"),
+            "final_val_agreement": tr.get("final_val_agreement"),
+            "greedy_agreement": ev.get("greedy", {}).get("agreement"),
+            "timing": tlog.get("timing"), "bars": tlog.get("bars")}
 
 
 def _curve_panel(ax, rows: list[dict], train: Sequence[tuple[str, str, float]], val_key: str, val_label: str,
@@ -626,6 +670,9 @@ def _curve_panel(ax, rows: list[dict], train: Sequence[tuple[str, str, float]], 
     pts = [(r["step"], r[val_key]) for r in rows if r[val_key] != ""]
     if pts:
         ax.plot(*zip(*pts), "o-", label=val_label)
+    for prev, r in zip(rows, rows[1:]):
+        if r.get("stage", 1) != prev.get("stage", 1):  # a run continued with --init-from starts here
+            ax.axvline(prev["step"], color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.legend()
@@ -696,6 +743,43 @@ def bars(ev: dict, safetensors_bytes: int) -> dict[str, bool]:
             "size_ok": safetensors_bytes <= SIZE_BAR_BYTES}
 
 
+def _tokens_seen(tlog: dict) -> int:
+    """Tokens the student saw over all its training stages."""
+    return tlog["train"]["tokens_seen"] + sum(st.get("tokens_seen") or 0 for st in tlog.get("stages") or [])
+
+
+def _stages_text(tlog: dict) -> str:
+    """The card's paragraph and table on training stages (runs continued with ``--init-from``); empty for a
+    checkpoint trained in one run."""
+    stages = list(tlog.get("stages") or [])
+    if not stages:
+        return ""
+    cur = {"command": tlog["command"], "train_tokens": tlog["data"]["train_tokens"],
+           "ce_only_tokens": tlog["data"]["ce_only_tokens"], "steps_done": tlog["train"]["steps_done"],
+           "tokens_seen": tlog["train"]["tokens_seen"], "final_val_agreement": tlog["train"]["final_val_agreement"],
+           "greedy_agreement": tlog["evaluation"].get("greedy", {}).get("agreement"), "timing": tlog["timing"]}
+
+    def num(v, fmt: str) -> str:
+        return "" if v is None else format(v, fmt)
+
+    lines = [f"| {i} | {num(st['train_tokens'], ',')} | {num(st['ce_only_tokens'], ',')} | "
+             f"{num(st['steps_done'], ',')} | {num(st['tokens_seen'], ',')} | "
+             f"{num((st.get('timing') or {}).get('train_s', 0) / 60, '.1f')} | "
+             f"{num(st['final_val_agreement'], '.3f')} | {num(st['greedy_agreement'], '.3f')} |"
+             for i, st in enumerate(stages + [cur], 1)]
+    minutes = sum((st.get("timing") or {}).get("train_s", 0) for st in stages + [cur]) / 60
+    seen = _tokens_seen(tlog)
+    return f"""- Stages: this checkpoint is stage {len(stages) + 1}. Stage 1 trained from scratch; each later stage
+  continued the one before it (`--init-from`) with the settings above. All stages together: {minutes:.1f} min of
+  student training, {seen:,} tokens seen. The loss curve spans all stages (its `stage` column; dotted lines in
+  the PNG); earlier stages' figures are kept under `stages` in `training_log.json`.
+
+| stage | teacher-labelled tokens | CE-only tokens | steps | tokens seen | training min | held-out agreement (teacher-forced) | greedy agreement |
+|---|---|---|---|---|---|---|---|
+{chr(10).join(lines)}
+"""
+
+
 def write_card(out: Path, tlog: dict) -> None:
     """``MODEL_CARD.md`` from the training log."""
     c = tlog["config"]
@@ -759,11 +843,11 @@ The tied embedding was initialised from the target's embedding matrix ({tlog['pc
   only, torch {tlog['env']['torch']}).
 - Held-out (eval-split files, teacher-forced text) top-1 agreement at the end:
   {tlog['train']['final_val_agreement']:.3f}; loss curve in `loss_curve.csv` / `loss_curve.png`.
-
-Reproduce (same seed, same data, same machine class):
+{_stages_text(tlog)}
+Reproduce (same seed, same data, same machine class{', the commands in this order' if tlog.get('stages') else ''}):
 
 ```
-{tlog['command']}
+{chr(10).join([st['command'] for st in tlog.get('stages', [])] + [tlog['command']])}
 ```
 
 ## Measured against the bars
@@ -797,7 +881,7 @@ decoding verifies every token); the draft only affects speed.
 
 - Trained only on Python standard-library code: it agrees with the target mostly on Python source; on prose,
   chat (the target is an instruct model) or other languages its acceptance will be much lower.
-- Short training (minutes on two CPU cores, {tlog['train']['tokens_seen']:,} tokens seen); not a general
+- Short training (minutes on two CPU cores, {_tokens_seen(tlog):,} tokens seen); not a general
   language model, do not use it on its own.
 - Agreement is measured on greedy continuations of Python code prompts with a {ev['prefix_len']}-token-class
   context; sampled decoding (temperature, top-p) accepts less.
@@ -957,7 +1041,16 @@ def main(argv: list[str] | None = None) -> int:
     # keep the PCA directions, rescale to an entry RMS of --emb-rms so the initial logits are near uniform
     emb = emb * (args.emb_rms / emb.pow(2).mean().sqrt())
     student = init_student(cfg, seed=args.seed, embedding=emb)
+    earlier_stages: list[dict] = []  # oldest first: the runs that made the --init-from checkpoint
+    earlier_curve: list[dict] = []
     if args.init_from is not None:
+        # read before this run's outputs replace them (--init-from may be --out)
+        prev_log = args.init_from / "training_log.json"
+        if prev_log.exists():
+            plog = json.loads(prev_log.read_text(encoding="utf-8"))
+            earlier_stages = list(plog.get("stages", [])) + [stage_summary(plog)]
+        if (args.init_from / "loss_curve.csv").exists():
+            earlier_curve = read_curve(args.init_from / "loss_curve.csv")
         # continue a previous run: same architecture, weights from its checkpoint (its own log records how
         # it was made)
         prev, _ = load_checkpoint(args.init_from, device="cpu", dtype=torch.float32)
@@ -986,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
     ev = evaluate_pair(draft.eval(), target, tok, [r["prompt"] for r in prompts["eval"]],
                        gen_tokens=args.gen_tokens, log=log)
     vfinal = evaluate_labels(draft, val_chunks, val_labels)
-    write_curve(tr.rows, out)
+    write_curve(continue_curve(earlier_curve, tr.rows), out)
     total_s = time.perf_counter() - t_start
     st_bytes = (out / "model.safetensors").stat().st_size
     tlog = {
@@ -1004,6 +1097,8 @@ def main(argv: list[str] | None = None) -> int:
                  "heldout_tokens": int(val_chunks.numel())},
         "train": {"steps_done": tr.rows[-1]["step"] if tr.rows else 0, "tokens_seen": tr.tokens_seen,
                   "initial_val": v0, "final_val_agreement": vfinal["agreement"], "final_val_kl": vfinal["kl"]},
+        "init_from": None if args.init_from is None else str(args.init_from),
+        "stages": earlier_stages,
         "timing": {"teacher_s": round(teacher_s, 1), "train_s": round(tr.wall_s, 1), "total_s": round(total_s, 1),
                    "teacher_tokens_per_s": round((chunks.numel() + val_chunks.numel()) / max(teacher_s, 1e-9), 1)},
         "evaluation": ev,

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from sequoia_opt.distill import (
+    DEFAULT_PACKAGE_DATA,
     training_streams,
     TeacherLabels,
     collect_sources,
+    continue_curve,
     greedy_agreement,
     greedy_generate,
     init_student,
@@ -20,13 +22,17 @@ from sequoia_opt.distill import (
     lr_at,
     make_prompt,
     pca_embedding,
+    read_curve,
     sampled_vocab,
     split_files,
+    stage_summary,
     student_config,
     student_hidden,
     token_chunks,
     topk_kl,
     train_student,
+    write_card,
+    write_curve,
 )
 from sequoia_opt.model import ModelConfig, Transformer
 
@@ -186,3 +192,47 @@ def test_greedy_agreement_of_a_model_with_itself_is_one():
     # the cached greedy decode agrees with the uncached forward
     res = greedy_agreement(m, prompts, conts)
     assert res["agreement"] == 1.0 and res["positions"] == 12 and res["mean_agreeing_prefix"] == 6
+
+
+def _row(step: int, val: float | str = "") -> dict:
+    return {"step": step, "tokens": 100 * step, "lr": 1e-3, "train_kl": 2.0 / step, "train_ce": 3.0 / step,
+            "train_agreement": 0.1 * step, "val_kl": "" if val == "" else 1.0, "val_agreement": val,
+            "elapsed_s": 1.5 * step}
+
+
+def test_curve_round_trip_and_continued_stage(tmp_path: Path):
+    first = continue_curve([], [_row(1), _row(2, 0.25)])
+    assert [r["stage"] for r in first] == [1, 1]
+    write_curve(first, tmp_path)
+    back = read_curve(tmp_path / "loss_curve.csv")
+    assert back == first and (tmp_path / "loss_curve.png").stat().st_size > 0
+    both = continue_curve(back, [_row(1), _row(3, 0.5)])
+    assert [(r["step"], r["tokens"], r["elapsed_s"], r["stage"]) for r in both[2:]] == [(3, 300, 4.5, 2),
+                                                                                        (5, 500, 7.5, 2)]
+    assert both[-1]["val_agreement"] == 0.5 and both[:2] == back
+    # a curve written before the stage column existed reads as stage 1
+    (tmp_path / "old.csv").write_text("step,tokens,lr,train_kl,train_ce,train_agreement,val_kl,val_agreement,"
+                                      "elapsed_s\n10,30720,0.001,6.5,8.2,0.02,,,9.87\n")
+    assert read_curve(tmp_path / "old.csv")[0] | {} == {"step": 10, "tokens": 30720, "lr": 0.001, "train_kl": 6.5,
+                                                        "train_ce": 8.2, "train_agreement": 0.02, "val_kl": "",
+                                                        "val_agreement": "", "elapsed_s": 9.87, "stage": 1}
+
+
+def test_card_of_a_continued_run_lists_every_stage_in_order(tmp_path: Path):
+    import json
+
+    tlog = json.loads((DEFAULT_PACKAGE_DATA / "draft" / "training_log.json").read_text(encoding="utf-8"))
+    one = dict(tlog, stages=[])
+    write_card(tmp_path, one)
+    single = (tmp_path / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "Stages:" not in single and single.count(tlog["command"]) == 1
+    second = dict(tlog, command=tlog["command"] + " --init-from sequoia_opt/data/draft",
+                  stages=[stage_summary(tlog)], train=dict(tlog["train"], tokens_seen=1000))
+    write_card(tmp_path, second)
+    card = (tmp_path / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "this checkpoint is stage 2" in card
+    reproduce = card.split("the commands in this order):")[1].split("```")[1].strip().splitlines()
+    assert reproduce == [tlog["command"], second["command"]]
+    table = [ln for ln in card.splitlines() if ln.startswith("| 1 |") or ln.startswith("| 2 |")]
+    assert len(table) == 2 and f"{tlog['train']['tokens_seen']:,}" in table[0] and "| 1,000 |" in table[1]
+    assert f"{tlog['train']['tokens_seen'] + 1000:,} tokens seen" in card
