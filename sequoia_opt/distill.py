@@ -24,6 +24,10 @@ Steps, each a function below:
    ``training_log.json`` and ``MODEL_CARD.md``.
 
 ``python -m sequoia_opt.distill --evaluate DIR`` re-measures cost and agreement of a saved draft.
+``--init-from DIR`` continues training a saved draft (same architecture) as a new *stage*: the earlier stages'
+commands and figures are carried into ``training_log.json`` (``stages``), the loss curve and the model card, so
+the shipped draft can be rebuilt by running each stage's command in order. A larger ``--tokens`` reuses the
+cached teacher labels of a smaller one (its chunks are a prefix) and labels only the rest.
 """
 
 from __future__ import annotations
