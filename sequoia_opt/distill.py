@@ -990,6 +990,9 @@ def main(argv: list[str] | None = None) -> int:
     from .model.hf import save_hf_checkpoint
     from .model.loaders import load_checkpoint
 
+    if args.init_from is not None and not (args.init_from / "config.json").is_file():
+        # fail before the target is loaded and labelling starts, not an hour later
+        raise SystemExit(f"--init-from {args.init_from}: not a saved draft (no config.json there)")
     t_start = time.perf_counter()
     log = _log_to(None)
     torch.manual_seed(args.seed)

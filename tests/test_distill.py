@@ -11,6 +11,7 @@ import torch
 
 from sequoia_opt.distill import (
     DEFAULT_PACKAGE_DATA,
+    main,
     training_streams,
     TeacherLabels,
     collect_sources,
@@ -236,3 +237,9 @@ def test_card_of_a_continued_run_lists_every_stage_in_order(tmp_path: Path):
     table = [ln for ln in card.splitlines() if ln.startswith("| 1 |") or ln.startswith("| 2 |")]
     assert len(table) == 2 and f"{tlog['train']['tokens_seen']:,}" in table[0] and "| 1,000 |" in table[1]
     assert f"{tlog['train']['tokens_seen'] + 1000:,} tokens seen" in card
+
+
+def test_init_from_a_folder_without_a_checkpoint_fails_before_any_work(tmp_path: Path):
+    with pytest.raises(SystemExit, match="not a saved draft"):
+        main(["--init-from", str(tmp_path / "missing"), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
