@@ -107,3 +107,12 @@ def test_binding_syntax_against_torch_headers(tmp_path):
 
 def test_python_version_supported():
     assert sys.version_info >= (3, 10)
+
+
+def test_kernel_sources_ship_as_package_data():
+    # sequoia_opt/kernels links to the repository's kernels/, so a wheel (package data "kernels/*") carries the
+    # same sources that a source checkout builds from
+    pkg = Path(ta_cuda.__file__).resolve().parents[1] / "kernels"
+    repo = Path(ta_cuda.__file__).resolve().parents[2] / "kernels"
+    for name in ta_cuda._SOURCES:
+        assert (pkg / name).read_bytes() == (repo / name).read_bytes()
