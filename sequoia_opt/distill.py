@@ -758,10 +758,7 @@ def _stages_text(tlog: dict) -> str:
     stages = list(tlog.get("stages") or [])
     if not stages:
         return ""
-    cur = {"command": tlog["command"], "train_tokens": tlog["data"]["train_tokens"],
-           "ce_only_tokens": tlog["data"]["ce_only_tokens"], "steps_done": tlog["train"]["steps_done"],
-           "tokens_seen": tlog["train"]["tokens_seen"], "final_val_agreement": tlog["train"]["final_val_agreement"],
-           "greedy_agreement": tlog["evaluation"].get("greedy", {}).get("agreement"), "timing": tlog["timing"]}
+    cur = stage_summary(tlog)  # this run, summarised as a later stage will summarise it
 
     def num(v, fmt: str) -> str:
         return "" if v is None else format(v, fmt)

@@ -214,7 +214,7 @@ def test_curve_round_trip_and_continued_stage(tmp_path: Path):
     # a curve written before the stage column existed reads as stage 1
     (tmp_path / "old.csv").write_text("step,tokens,lr,train_kl,train_ce,train_agreement,val_kl,val_agreement,"
                                       "elapsed_s\n10,30720,0.001,6.5,8.2,0.02,,,9.87\n")
-    assert read_curve(tmp_path / "old.csv")[0] | {} == {"step": 10, "tokens": 30720, "lr": 0.001, "train_kl": 6.5,
+    assert read_curve(tmp_path / "old.csv")[0] == {"step": 10, "tokens": 30720, "lr": 0.001, "train_kl": 6.5,
                                                         "train_ce": 8.2, "train_agreement": 0.02, "val_kl": "",
                                                         "val_agreement": "", "elapsed_s": 9.87, "stage": 1}
 
