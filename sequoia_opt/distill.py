@@ -14,7 +14,9 @@ Steps, each a function below:
    prompts that were not used to profile.
 2. Teacher labels (:func:`label_with_teacher`): the target's top-k next-token ids and log-probabilities over
    N training tokens in chunks of ``--chunk`` tokens, computed once and cached under ``--cache-dir``
-   (resumable; the CPU teacher forward is the bottleneck).
+   (resumable; the CPU teacher forward is the bottleneck). With ``--cont-prompts N``, also sequence-level KD
+   data (:func:`continuation_prompts`, :func:`teacher_continuations`): the target's own greedy continuations
+   of N training-file prompts with its top-k at every position, cached the same way.
 3. Student (:func:`student_config`, :func:`pca_embedding`): tied embedding initialised from the target's
    embedding matrix projected on its top principal directions; trained on :func:`topk_kl` (KL from the
    renormalised top-k teacher distribution) plus a small weight of next-token cross-entropy.
@@ -283,6 +285,108 @@ def label_with_teacher(teacher: Callable[[torch.Tensor], torch.Tensor], chunks: 
     return TeacherLabels(ids=ids, logp=logp, seconds=time.perf_counter() - t0 + prior_s)
 
 
+def continuation_prompts(root: Path, files: Sequence[str], encode: Callable[[str], list[int]], *, n: int,
+                         prompt_tokens: int, seed: int) -> torch.Tensor:
+    """(n, prompt_tokens) int64 prompts for :func:`teacher_continuations`: code prefixes made as the eval
+    prompts are (:func:`make_prompt`: whole lines ending with a newline), cut to their last ``prompt_tokens``
+    tokens so that a batch shares one length. Files are visited in a seeded order, again and again (a new
+    random window each pass) until ``n`` prompts exist.
+
+    Raises:
+        ValueError: no file yields a prompt of ``prompt_tokens`` tokens.
+    """
+    rng = random.Random(seed + 2)
+    order = list(files)
+    rng.shuffle(order)
+    texts: dict[str, str] = {}
+    out: list[list[int]] = []
+    while len(out) < n:
+        before = len(out)
+        for f in order:
+            if len(out) >= n:
+                break
+            if f not in texts:
+                texts[f] = (root / f).read_text(encoding="utf-8", errors="replace")
+            p = make_prompt(texts[f], encode, rng, min_tokens=prompt_tokens, max_tokens=prompt_tokens + 100)
+            if p is not None:
+                out.append(encode(p)[-prompt_tokens:])
+        if len(out) == before:
+            raise ValueError(f"no file yields a prompt of {prompt_tokens} tokens")
+    return torch.tensor(out, dtype=torch.int64)  # (n, P)
+
+
+def teacher_continuations(teacher: Transformer, prompts: torch.Tensor, *, gen_tokens: int, k: int, batch: int,
+                          cache_path: Path | None = None, log: Callable[[str], None] = print
+                          ) -> tuple[torch.Tensor, TeacherLabels]:
+    """Sequence-level distillation data: the teacher's own greedy continuation of each prompt, with its top-k
+    at every position (Kim & Rush 2016, sequence-level KD; DistillSpec, Zhou et al. 2024, sec. 3: a draft
+    trained on the target's generations agrees more with what the target generates when verified).
+
+    A greedy continuation is where tree speculative decoding spends its time and where the draft's agreement
+    is measured; the teacher-forced labels of :func:`label_with_teacher` only cover human-written text, which
+    misses the target's own habits (it repeats lines and patterns of its prompt far more than code does).
+
+    Args:
+        teacher: the target, run with its static KV cache in batches of ``batch`` prompts.
+        prompts: (N, P) int64 prompt tokens (one length; see :func:`continuation_prompts`).
+        gen_tokens: G, greedy tokens generated per prompt (EOS is not special: the labels stay valid).
+        k: teacher top-k kept per position.
+        cache_path: finished batches are saved there and a rerun with the same prompts resumes.
+
+    Returns:
+        ``(seqs, labels)``: seqs (N, P + G) int64, prompt then continuation; labels as
+        :class:`TeacherLabels` (N, P + G, k): position j holds the teacher's top-k for token j + 1.
+    """
+    N, P = prompts.shape
+    T = P + gen_tokens
+    seqs = torch.zeros(N, T, dtype=torch.int64)
+    seqs[:, :P] = prompts
+    ids = torch.zeros(N, T, k, dtype=torch.int32)
+    logp = torch.zeros(N, T, k, dtype=torch.float16)
+    done, prior_s = 0, 0.0
+    if cache_path is not None and cache_path.exists():
+        saved = torch.load(cache_path)
+        m = min(int(saved["done"]), N)
+        if saved["k"] == k and saved["seqs"].shape[1] == T and torch.equal(saved["seqs"][:m, :P], prompts[:m]):
+            done = m
+            prior_s = float(saved.get("seconds", 0.0)) * m / max(1, int(saved["done"]))
+            seqs[:done], ids[:done], logp[:done] = saved["seqs"][:done], saved["ids"][:done], saved["logp"][:done]
+            log(f"continuation cache {cache_path}: {done}/{N} prompts already continued")
+    t0 = time.perf_counter()
+    start = done
+
+    def keep(rows: slice, cols: slice, logits: torch.Tensor) -> None:
+        top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # (b, t, k)
+        ids[rows, cols], logp[rows, cols] = top.indices.to(torch.int32), top.values.to(torch.float16)
+
+    with torch.inference_mode():
+        while done < N:
+            rows = slice(done, min(N, done + batch))
+            b = rows.stop - rows.start
+            cache = teacher.new_cache(T, batch=b)
+            logits = teacher(prompts[rows], torch.arange(P), cache=cache, cache_slots=torch.arange(P),
+                             prefix_len=0, tree_mask=causal_tree_mask(P))  # (b, P, V)
+            keep(rows, slice(0, P), logits)
+            one = causal_tree_mask(1)
+            for i in range(gen_tokens):
+                seqs[rows, P + i] = logits[:, -1].argmax(-1)
+                pos = torch.tensor([P + i])
+                logits = teacher(seqs[rows, P + i: P + i + 1], pos, cache=cache, cache_slots=pos,
+                                 prefix_len=P + i, tree_mask=one)  # (b, 1, V)
+                keep(rows, slice(P + i, P + i + 1), logits)
+            done = rows.stop
+            el = time.perf_counter() - t0
+            if cache_path is not None:
+                cache_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache_path.with_suffix(".tmp")
+                torch.save({"seqs": seqs[:done], "k": k, "done": done, "ids": ids[:done], "logp": logp[:done],
+                            "seconds": el + prior_s}, tmp)
+                os.replace(tmp, cache_path)
+            log(f"continuations: {done}/{N} prompts, {(done - start) * gen_tokens / el:.0f} generated tokens/s, "
+                f"{el:.0f} s")
+    return seqs, TeacherLabels(ids=ids, logp=logp, seconds=time.perf_counter() - t0 + prior_s)
+
+
 # -- 3. student ------------------------------------------------------------------------------------------------
 
 def student_config(*, vocab_size: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int,
@@ -405,13 +509,45 @@ def evaluate_labels(model: Transformer, chunks: torch.Tensor, labels: TeacherLab
     return {"kl": kl_sum / n, "agreement": agree / n}
 
 
+def _batch_loss(model: Transformer, x: torch.Tensor, t_ids: torch.Tensor, t_logp: torch.Tensor, *,
+                n_random: int | None, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Top-k KL over the first ``t_ids.shape[0]`` flattened positions of ``x`` (B, T) (the labelled rows come
+    first), next-token CE over all of ``x``, and the student's top-1 agreement with the teacher on the
+    labelled positions (within the sampled vocabulary when ``n_random`` is set). Returns ``(kl, ce, agree)``."""
+    nl = t_ids.shape[0]
+    T = x.shape[1]
+    nxt = x[:, 1:].reshape(-1)  # (B*(T-1),) real next tokens
+    if n_random is None:
+        logits = model(x)  # (B, T, V)
+        flat = logits.view(-1, logits.shape[-1])[:nl]  # (nl, V)
+        kl = topk_kl(flat, t_ids, t_logp)
+        ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), nxt)
+        top1 = t_ids[:, 0]
+    else:
+        # sampled softmax: score only the ids this batch needs plus random negatives
+        vocab = sampled_vocab(t_ids, nxt, vocab_size=model.config.vocab_size, n_random=n_random,
+                              generator=generator)  # (U,) sorted
+        h = student_hidden(model, x)  # (B, T, dim)
+        scores = h.view(-1, h.shape[-1]) @ model.embed_tokens.weight[vocab].T  # (B*T, U)
+        flat = scores[:nl]
+        kl = topk_kl(flat, torch.searchsorted(vocab, t_ids), t_logp)
+        ce = F.cross_entropy(scores.view(x.shape[0], T, -1)[:, :-1].reshape(-1, vocab.numel()),
+                             torch.searchsorted(vocab, nxt))
+        top1 = torch.searchsorted(vocab, t_ids[:, 0].contiguous())
+    with torch.no_grad():
+        agree = float((flat.argmax(-1) == top1).float().mean())
+    return kl, ce, agree
+
+
 def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabels, *, steps: int, batch: int,
                   lr: float, seed: int, ce_weight: float = 0.1, warmup: int = 30, weight_decay: float = 0.01,
                   clip: float = 1.0, log_every: int = 10, eval_every: int = 100,
                   val: tuple[torch.Tensor, TeacherLabels] | None = None,
                   log: Callable[[str], None] = print, max_seconds: float | None = None,
                   n_random: int | None = 2048, extra: torch.Tensor | None = None,
-                  extra_batch: int = 0) -> TrainResult:
+                  extra_batch: int = 0, cont: tuple[torch.Tensor, TeacherLabels] | None = None,
+                  cont_batch: int = 0,
+                  probe: Callable[[Transformer], float] | None = None) -> TrainResult:
     """AdamW on ``topk_kl + ce_weight * next-token CE`` over random batches of ``batch`` chunks.
 
     With ``n_random`` set, each step's softmax runs over :func:`sampled_vocab` (the batch's teacher top-k
@@ -421,6 +557,13 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
 
     ``extra`` (M, T) are unlabelled chunks of the same text: each step adds ``extra_batch`` of them, which
     contribute only to the cross-entropy term (cheap data where teacher labels are the bottleneck).
+
+    ``cont`` is sequence-level KD data from :func:`teacher_continuations`, sequences (N, T2) with their
+    labels: each step adds the same loss over ``cont_batch`` of them (a second forward, as T2 differs from
+    T), logged as ``cont_kl`` / ``cont_agreement``.
+
+    ``probe`` (model -> fraction) runs at every evaluation, logged as ``val_greedy_agreement`` (the caller
+    passes the greedy agreement on the eval prompts' target continuations, the draft's bar).
 
     Returns the logged rows (step, tokens, lr, train KL/CE/agreement, validation KL/agreement when ``val``),
     the wall time and the tokens seen. Stops early (and says so in the log) past ``max_seconds``.
@@ -432,8 +575,9 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     model.train()
     n, T = chunks.shape
+    use_cont = cont is not None and cont_batch > 0
     rows: list[dict] = []
-    acc = {"kl": 0.0, "ce": 0.0, "agree": 0.0, "k": 0}
+    acc = {"kl": 0.0, "ce": 0.0, "agree": 0.0, "ckl": 0.0, "cagree": 0.0, "k": 0}
     t0 = time.perf_counter()
     tokens = 0
     for step in range(steps):
@@ -447,35 +591,26 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
         x = chunks[idx]  # (B, T) labelled
         if extra is not None and extra_batch > 0:
             x = torch.cat([x, extra[torch.randint(0, extra.shape[0], (extra_batch,), generator=g)]])  # (B+E, T)
-        nl = batch * T  # rows of the flattened batch that carry teacher labels
-        t_ids = labels.ids[idx].view(-1, labels.ids.shape[-1]).long()  # (B*T, k)
-        t_logp = labels.logp[idx].view(-1, labels.logp.shape[-1])  # (B*T, k)
-        nxt = x[:, 1:].reshape(-1)  # ((B+E)*(T-1),) real next tokens
-        if n_random is None:
-            logits = model(x)  # (B+E, T, V)
-            flat = logits.view(-1, logits.shape[-1])  # ((B+E)*T, V)
-            kl = topk_kl(flat[:nl], t_ids, t_logp)
-            ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), nxt)
-            top1 = t_ids[:, 0]
-        else:
-            # sampled softmax: score only the ids this batch needs plus random negatives
-            vocab = sampled_vocab(t_ids, nxt, vocab_size=model.config.vocab_size, n_random=n_random,
-                                  generator=g)  # (U,) sorted
-            h = student_hidden(model, x)  # (B+E, T, dim)
-            flat = h.view(-1, h.shape[-1]) @ model.embed_tokens.weight[vocab].T  # ((B+E)*T, U)
-            kl = topk_kl(flat[:nl], torch.searchsorted(vocab, t_ids), t_logp)
-            ce = F.cross_entropy(flat.view(x.shape[0], T, -1)[:, :-1].reshape(-1, vocab.numel()),
-                                 torch.searchsorted(vocab, nxt))
-            top1 = torch.searchsorted(vocab, t_ids[:, 0].contiguous())
-        flat = flat[:nl]
+        kl, ce, agree = _batch_loss(model, x, labels.ids[idx].view(-1, labels.ids.shape[-1]).long(),
+                                    labels.logp[idx].view(-1, labels.logp.shape[-1]), n_random=n_random,
+                                    generator=g)
         loss = kl + ce_weight * ce
+        tokens += x.numel()
+        if use_cont:
+            cseq, clab = cont
+            cidx = torch.randint(0, cseq.shape[0], (cont_batch,), generator=g)
+            ckl, cce, cagree = _batch_loss(model, cseq[cidx], clab.ids[cidx].view(-1, clab.ids.shape[-1]).long(),
+                                           clab.logp[cidx].view(-1, clab.logp.shape[-1]), n_random=n_random,
+                                           generator=g)
+            loss = loss + ckl + ce_weight * cce
+            tokens += cseq[cidx].numel()
+            acc["ckl"] += float(ckl.detach())
+            acc["cagree"] += cagree
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
-        tokens += x.numel()
-        with torch.no_grad():
-            acc["agree"] += float((flat.argmax(-1) == top1).float().mean())
+        acc["agree"] += agree
         acc["kl"] += float(kl.detach())
         acc["ce"] += float(ce.detach())
         acc["k"] += 1
@@ -484,13 +619,21 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
         if (step + 1) % log_every == 0 or last or over:
             row = {"step": step + 1, "tokens": tokens, "lr": cur, "train_kl": acc["kl"] / acc["k"],
                    "train_ce": acc["ce"] / acc["k"], "train_agreement": acc["agree"] / acc["k"],
-                   "val_kl": "", "val_agreement": "", "elapsed_s": round(time.perf_counter() - t0, 2)}
-            acc = {"kl": 0.0, "ce": 0.0, "agree": 0.0, "k": 0}
-            if val is not None and ((step + 1) % eval_every == 0 or last or over):
-                v = evaluate_labels(model, *val)
-                row["val_kl"], row["val_agreement"] = v["kl"], v["agreement"]
+                   "cont_kl": acc["ckl"] / acc["k"] if use_cont else "",
+                   "cont_agreement": acc["cagree"] / acc["k"] if use_cont else "",
+                   "val_kl": "", "val_agreement": "", "val_greedy_agreement": "",
+                   "elapsed_s": round(time.perf_counter() - t0, 2)}
+            acc = {"kl": 0.0, "ce": 0.0, "agree": 0.0, "ckl": 0.0, "cagree": 0.0, "k": 0}
+            if (step + 1) % eval_every == 0 or last or over:
+                if val is not None:
+                    v = evaluate_labels(model, *val)
+                    row["val_kl"], row["val_agreement"] = v["kl"], v["agreement"]
+                if probe is not None:
+                    row["val_greedy_agreement"] = probe(model)
+                    model.train()
             rows.append(row)
-            log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+            log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
+                         if v != ""))
         if over:
             log(f"stopping at step {step + 1}: past the {max_seconds:.0f} s time limit")
             break
@@ -593,9 +736,10 @@ def greedy_agreement(draft: Transformer, prompts: Sequence[list[int]], continuat
 
 def evaluate_pair(draft: Transformer, target: Transformer, tokenizer, prompts: Sequence[str], *,
                   gen_tokens: int, log: Callable[[str], None] = print, prefix_len: int = 128,
-                  repeats: int = 30) -> dict:
+                  repeats: int = 30, continuations: Sequence[list[int]] | None = None) -> dict:
     """Cost ratio (cached forward at batch 1, ``n_new`` in 1 and 4, float32, medians) and greedy agreement on
-    the target's greedy continuations of ``prompts``."""
+    the target's greedy continuations of ``prompts`` (``continuations``, when given, are those: the target's
+    ``gen_tokens`` greedy tokens per prompt, computed earlier)."""
     cost = {}
     for n_new in (1, 4):
         d, t = measure_pair_ms(draft, target, prefix_len=prefix_len, n_new=n_new, repeats=repeats)
@@ -605,7 +749,8 @@ def evaluate_pair(draft: Transformer, target: Transformer, tokenizer, prompts: S
         return {"cost": cost, "prefix_len": prefix_len, "repeats": repeats, "threads": torch.get_num_threads()}
     enc = [tokenizer.encode(p) for p in prompts]
     t0 = time.perf_counter()
-    conts = [greedy_generate(target, e, gen_tokens, tokenizer.eos_ids) for e in enc]
+    conts = list(continuations) if continuations is not None else \
+        [greedy_generate(target, e, gen_tokens, tokenizer.eos_ids) for e in enc]
     gen_s = time.perf_counter() - t0
     agr = greedy_agreement(draft, enc, conts)
     log(f"greedy agreement on {len(prompts)} prompts x {gen_tokens} target tokens: {agr['agreement']:.4f} "
@@ -616,8 +761,8 @@ def evaluate_pair(draft: Transformer, target: Transformer, tokenizer, prompts: S
 
 # -- 5. outputs ------------------------------------------------------------------------------------------------
 
-CSV_FIELDS = ["step", "tokens", "lr", "train_kl", "train_ce", "train_agreement", "val_kl", "val_agreement",
-              "elapsed_s", "stage"]
+CSV_FIELDS = ["step", "tokens", "lr", "train_kl", "train_ce", "train_agreement", "cont_kl", "cont_agreement",
+              "val_kl", "val_agreement", "val_greedy_agreement", "elapsed_s", "stage"]
 
 
 def read_curve(path: Path) -> list[dict]:
@@ -658,22 +803,29 @@ def stage_summary(tlog: dict) -> dict:
     d, tr, ev = tlog.get("data", {}), tlog.get("train", {}), tlog.get("evaluation", {})
     return {"command": tlog.get("command"), "date": tlog.get("date"),
             "train_tokens": d.get("train_tokens"), "ce_only_tokens": d.get("ce_only_tokens"),
+            "continuation_tokens": (d.get("continuations") or {}).get("generated_tokens", 0),
             "steps_done": tr.get("steps_done"), "tokens_seen": tr.get("tokens_seen"),
             "final_val_agreement": tr.get("final_val_agreement"),
             "greedy_agreement": ev.get("greedy", {}).get("agreement"),
             "timing": tlog.get("timing"), "bars": tlog.get("bars")}
 
 
-def _curve_panel(ax, rows: list[dict], train: Sequence[tuple[str, str, float]], val_key: str, val_label: str,
-                 ylabel: str) -> None:
-    """One panel of the loss curve: train series ``(key, label, alpha)`` per logged step, the held-out
-    series ``val_key`` as points where it was measured."""
-    steps = [r["step"] for r in rows]
+def _curve_panel(ax, rows: list[dict], train: Sequence[tuple[str, str, float]],
+                 val: Sequence[tuple[str, str]], ylabel: str) -> None:
+    """One panel of the loss curve: train series ``(key, label, alpha)`` as lines and held-out series
+    ``(key, label)`` as points, each over the logged steps where it was measured (a series a stage did not
+    log is left out there)."""
+    def points(key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r[key]) for r in rows if r.get(key, "") != ""]
+
     for key, label, alpha in train:
-        ax.plot(steps, [r[key] for r in rows], label=label, alpha=alpha)
-    pts = [(r["step"], r[val_key]) for r in rows if r[val_key] != ""]
-    if pts:
-        ax.plot(*zip(*pts), "o-", label=val_label)
+        pts = points(key)
+        if pts:
+            ax.plot(*zip(*pts), label=label, alpha=alpha)
+    for key, label in val:
+        pts = points(key)
+        if pts:
+            ax.plot(*zip(*pts), "o-", label=label)
     for prev, r in zip(rows, rows[1:]):
         if r.get("stage", 1) != prev.get("stage", 1):  # a run continued with --init-from starts here
             ax.axvline(prev["step"], color="grey", linestyle=":", linewidth=1)
@@ -696,10 +848,13 @@ def write_curve(rows: list[dict], out: Path) -> None:
 
     fig = _new_figure(10, 4)
     a, b = fig.subplots(1, 2)
-    _curve_panel(a, rows, [("train_kl", "train top-k KL", 1.0), ("train_ce", "train next-token CE", 0.6)],
-                 "val_kl", "held-out top-k KL", "nats / token")
-    _curve_panel(b, rows, [("train_agreement", "train top-1 agreement", 1.0)], "val_agreement",
-                 "held-out top-1 agreement", "fraction")
+    _curve_panel(a, rows, [("train_kl", "train top-k KL", 1.0), ("train_ce", "train next-token CE", 0.6),
+                           ("cont_kl", "teacher-continuation top-k KL", 0.8)],
+                 [("val_kl", "held-out top-k KL")], "nats / token")
+    _curve_panel(b, rows, [("train_agreement", "train top-1 agreement", 1.0),
+                           ("cont_agreement", "teacher-continuation top-1 agreement", 0.8)],
+                 [("val_agreement", "held-out top-1 agreement (teacher-forced)"),
+                  ("val_greedy_agreement", "greedy agreement, eval prompts")], "fraction")
     fig.suptitle("treeopt draft distilled from SmolLM2-135M-Instruct")
     _save(fig, out / "loss_curve.png")
 
@@ -764,6 +919,7 @@ def _stages_text(tlog: dict) -> str:
         return "" if v is None else format(v, fmt)
 
     lines = [f"| {i} | {num(st['train_tokens'], ',')} | {num(st['ce_only_tokens'], ',')} | "
+             f"{num(st.get('continuation_tokens') or 0, ',')} | "
              f"{num(st['steps_done'], ',')} | {num(st['tokens_seen'], ',')} | "
              f"{num((st.get('timing') or {}).get('train_s', 0) / 60, '.1f')} | "
              f"{num(st['final_val_agreement'], '.3f')} | {num(st['greedy_agreement'], '.3f')} |"
@@ -775,9 +931,24 @@ def _stages_text(tlog: dict) -> str:
   student training, {seen:,} tokens seen. The loss curve spans all stages (its `stage` column; dotted lines in
   the PNG); earlier stages' figures are kept under `stages` in `training_log.json`.
 
-| stage | teacher-labelled tokens | CE-only tokens | steps | tokens seen | training min | held-out agreement (teacher-forced) | greedy agreement |
-|---|---|---|---|---|---|---|---|
+| stage | teacher-labelled tokens | CE-only tokens | teacher-generated tokens | steps | tokens seen | training min | held-out agreement (teacher-forced) | greedy agreement |
+|---|---|---|---|---|---|---|---|---|
 {chr(10).join(lines)}
+"""
+
+
+def _continuations_text(tlog: dict) -> str:
+    """The card's bullet on sequence-level KD data (:func:`teacher_continuations`); empty when none."""
+    c = tlog["data"].get("continuations")
+    if not c:
+        return ""
+    h = tlog["hyper"]
+    return f"""- Teacher continuations (sequence-level distillation): the target continued {c['prompts']:,} training-file
+  prompts of {c['prompt_tokens']} tokens greedily for {c['generated_tokens_per_prompt']} tokens each
+  ({c['generated_tokens']:,} generated tokens, {c['seconds'] / 60:.1f} min), keeping its top-{h['k']} at every
+  position. Each step adds {h['cont_batch']} of these sequences with the same loss: what the target writes
+  itself (it repeats its prompt's lines and patterns far more than human code does) is what the draft has to
+  predict during speculative decoding.
 """
 
 
@@ -831,7 +1002,7 @@ The tied embedding was initialised from the target's embedding matrix ({tlog['pc
   {tlog['hyper'].get('ce_max_per_file') or tlog['hyper']['max_per_file']} tokens per file, so whole files when
   that is large; the teacher forward ran at ~{tlog['timing']['teacher_tokens_per_s']:.0f} tokens/s on this CPU,
   so teacher labels are the expensive part).
-- Loss: KL from the renormalised top-k teacher distribution to the student's softmax on the labelled chunks,
+{_continuations_text(tlog)}- Loss: KL from the renormalised top-k teacher distribution to the student's softmax on the labelled chunks,
   plus {tlog['hyper']['ce_weight']} x next-token cross-entropy on all chunks. Each step takes
   {tlog['hyper']['batch']} labelled and {tlog['hyper']['ce_batch']} unlabelled chunks; the softmax runs over a
   sampled vocabulary (the batch's teacher top-k ids and next tokens plus {tlog['hyper']['n_random']} random
@@ -921,6 +1092,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ce-weight", type=float, default=0.1)
     p.add_argument("--n-random", type=int, default=2048,
                    help="random negative ids per step in the sampled softmax (0: full vocabulary softmax)")
+    p.add_argument("--cont-prompts", type=int, default=0,
+                   help="training prompts the teacher continues greedily (sequence-level KD data; 0: none)")
+    p.add_argument("--cont-prompt-tokens", type=int, default=96, help="tokens per continuation prompt")
+    p.add_argument("--cont-tokens", type=int, default=48, help="greedy tokens the teacher generates per prompt")
+    p.add_argument("--cont-batch", type=int, default=0, help="continuation sequences per step")
+    p.add_argument("--gen-batch", type=int, default=32, help="prompts the teacher continues at once")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--max-train-minutes", type=float, default=None)
     p.add_argument("--dim", type=int, default=160)
@@ -990,6 +1167,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.init_from is not None and not (args.init_from / "config.json").is_file():
         # fail before the target is loaded and labelling starts, not an hour later
         raise SystemExit(f"--init-from {args.init_from}: not a saved draft (no config.json there)")
+    if min(args.cont_prompts, args.cont_batch, args.cont_tokens) < 0 or args.cont_prompt_tokens < 1 \
+            or args.gen_batch < 1:
+        raise SystemExit("--cont-prompts, --cont-batch and --cont-tokens must be >= 0, --cont-prompt-tokens and "
+                         "--gen-batch >= 1")
+    if args.cont_batch > 0 and (args.cont_prompts == 0 or args.cont_tokens == 0):
+        raise SystemExit("--cont-batch needs teacher continuations: give --cont-prompts and --cont-tokens > 0")
     t_start = time.perf_counter()
     log = _log_to(None)
     torch.manual_seed(args.seed)
@@ -1032,6 +1215,18 @@ def main(argv: list[str] | None = None) -> int:
     labels = label_with_teacher(lambda x: target(x), chunks, k=args.k,
                                 cache_path=args.cache_dir / f"teacher_{key}.pt", log=log, save_every=10)
     teacher_s = labels.seconds + val_labels.seconds  # includes labelling done by earlier (resumed) runs
+    cont = None
+    if args.cont_prompts > 0:
+        cprompts = continuation_prompts(root, split["train"], tok.encode, n=args.cont_prompts,
+                                        prompt_tokens=args.cont_prompt_tokens, seed=args.seed)
+        # keyed on the first prompt: a larger --cont-prompts extends the same prompt list and reuses the cache
+        ckey = hashlib.sha256(cprompts[0].numpy().tobytes() + str((target_path.name, target_path.stat().st_size,
+                                                                   args.k, args.cont_tokens)).encode()
+                              ).hexdigest()[:16]
+        cont = teacher_continuations(target, cprompts, gen_tokens=args.cont_tokens, k=args.k,
+                                     batch=args.gen_batch, cache_path=args.cache_dir / f"continuations_{ckey}.pt",
+                                     log=log)
+        teacher_s += cont[1].seconds
     if args.labels_only:
         log(f"teacher labels cached under {args.cache_dir} in {teacher_s:.0f} s; stopping (--labels-only)")
         return 0
@@ -1065,11 +1260,24 @@ def main(argv: list[str] | None = None) -> int:
     log(f"student: {cfg.num_parameters():,} parameters; PCA keeps {kept:.3f} of the embedding variance")
     v0 = evaluate_labels(student, val_chunks, val_labels)
     log(f"held-out before training: KL {v0['kl']:.3f}, agreement {v0['agreement']:.3f}")
+    eval_enc = [tok.encode(r["prompt"]) for r in prompts["eval"]]
+    eval_conts = None
+    probe = None
+    if args.gen_tokens > 0:
+        t0 = time.perf_counter()
+        eval_conts = [greedy_generate(target, e, args.gen_tokens, tok.eos_ids) for e in eval_enc]
+        log(f"target continuations of the eval prompts: {time.perf_counter() - t0:.0f} s")
+
+        def probe(m: Transformer) -> float:
+            return greedy_agreement(m, eval_enc, eval_conts)["agreement"]
+
+        log(f"greedy agreement before training: {probe(student):.4f}")
     tr = train_student(student, chunks, labels, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
                        ce_weight=args.ce_weight, warmup=args.warmup, weight_decay=args.weight_decay,
                        eval_every=args.eval_every, val=(val_chunks, val_labels), log=log,
                        max_seconds=None if args.max_train_minutes is None else 60 * args.max_train_minutes,
-                       n_random=args.n_random or None, extra=extra, extra_batch=args.ce_batch)
+                       n_random=args.n_random or None, extra=extra, extra_batch=args.ce_batch, cont=cont,
+                       cont_batch=args.cont_batch, probe=probe)
 
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     torch.save(student.state_dict(), args.cache_dir / f"student_seed{args.seed}.pt")  # in case a later step fails
@@ -1081,7 +1289,7 @@ def main(argv: list[str] | None = None) -> int:
     save_hf_checkpoint(student.to(save_dtype), tok, out)
     draft, _ = load_checkpoint(out, device="cpu", dtype=torch.float32)
     ev = evaluate_pair(draft.eval(), target, tok, [r["prompt"] for r in prompts["eval"]],
-                       gen_tokens=args.gen_tokens, log=log)
+                       gen_tokens=args.gen_tokens, log=log, continuations=eval_conts)
     vfinal = evaluate_labels(draft, val_chunks, val_labels)
     write_curve(continue_curve(earlier_curve, tr.rows), out)
     total_s = time.perf_counter() - t_start
@@ -1098,7 +1306,12 @@ def main(argv: list[str] | None = None) -> int:
                  "train_files_used": used, "heldout_files_used": val_used,
                  "train_tokens": int(chunks.numel()), "train_chunks": int(chunks.shape[0]),
                  "ce_only_tokens": 0 if extra is None else int(extra.numel()),
-                 "heldout_tokens": int(val_chunks.numel())},
+                 "heldout_tokens": int(val_chunks.numel()),
+                 "continuations": None if cont is None else {
+                     "prompts": int(cont[0].shape[0]), "prompt_tokens": args.cont_prompt_tokens,
+                     "generated_tokens_per_prompt": args.cont_tokens,
+                     "generated_tokens": int(cont[0].shape[0]) * args.cont_tokens,
+                     "seconds": round(cont[1].seconds, 1)}},
         "train": {"steps_done": tr.rows[-1]["step"] if tr.rows else 0, "tokens_seen": tr.tokens_seen,
                   "initial_val": v0, "final_val_agreement": vfinal["agreement"], "final_val_kl": vfinal["kl"]},
         "init_from": None if args.init_from is None else str(args.init_from),

@@ -15,6 +15,7 @@ from sequoia_opt.distill import (
     training_streams,
     TeacherLabels,
     collect_sources,
+    continuation_prompts,
     continue_curve,
     greedy_agreement,
     greedy_generate,
@@ -29,6 +30,7 @@ from sequoia_opt.distill import (
     stage_summary,
     student_config,
     student_hidden,
+    teacher_continuations,
     token_chunks,
     topk_kl,
     train_student,
@@ -197,8 +199,9 @@ def test_greedy_agreement_of_a_model_with_itself_is_one():
 
 def _row(step: int, val: float | str = "") -> dict:
     return {"step": step, "tokens": 100 * step, "lr": 1e-3, "train_kl": 2.0 / step, "train_ce": 3.0 / step,
-            "train_agreement": 0.1 * step, "val_kl": "" if val == "" else 1.0, "val_agreement": val,
-            "elapsed_s": 1.5 * step}
+            "train_agreement": 0.1 * step, "cont_kl": 1.5 / step, "cont_agreement": 0.2 * step,
+            "val_kl": "" if val == "" else 1.0, "val_agreement": val,
+            "val_greedy_agreement": "" if val == "" else val + 0.1, "elapsed_s": 1.5 * step}
 
 
 def test_curve_round_trip_and_continued_stage(tmp_path: Path):
@@ -211,12 +214,16 @@ def test_curve_round_trip_and_continued_stage(tmp_path: Path):
     assert [(r["step"], r["tokens"], r["elapsed_s"], r["stage"]) for r in both[2:]] == [(3, 300, 4.5, 2),
                                                                                         (5, 500, 7.5, 2)]
     assert both[-1]["val_agreement"] == 0.5 and both[:2] == back
-    # a curve written before the stage column existed reads as stage 1
+    # a curve written before the stage and continuation columns existed reads as stage 1 with those empty
     (tmp_path / "old.csv").write_text("step,tokens,lr,train_kl,train_ce,train_agreement,val_kl,val_agreement,"
                                       "elapsed_s\n10,30720,0.001,6.5,8.2,0.02,,,9.87\n")
     assert read_curve(tmp_path / "old.csv")[0] == {"step": 10, "tokens": 30720, "lr": 0.001, "train_kl": 6.5,
-                                                        "train_ce": 8.2, "train_agreement": 0.02, "val_kl": "",
-                                                        "val_agreement": "", "elapsed_s": 9.87, "stage": 1}
+                                                        "train_ce": 8.2, "train_agreement": 0.02, "cont_kl": "",
+                                                        "cont_agreement": "", "val_kl": "", "val_agreement": "",
+                                                        "val_greedy_agreement": "", "elapsed_s": 9.87, "stage": 1}
+    # and is drawn together with a stage that logged them (series missing in a stage are left out there)
+    write_curve(continue_curve(read_curve(tmp_path / "old.csv"), [_row(1, 0.5)]), tmp_path)
+    assert read_curve(tmp_path / "loss_curve.csv")[1]["val_greedy_agreement"] == 0.6
 
 
 def test_card_of_a_continued_run_lists_every_stage_in_order(tmp_path: Path):
@@ -243,3 +250,78 @@ def test_init_from_a_folder_without_a_checkpoint_fails_before_any_work(tmp_path:
     with pytest.raises(SystemExit, match="not a saved draft"):
         main(["--init-from", str(tmp_path / "missing"), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_teacher_continuations_are_greedy_decodes_with_teacher_forced_labels(tmp_path: Path):
+    torch.manual_seed(0)
+    teacher = Transformer(ModelConfig.preset("tiny").with_(vocab_size=64), device="cpu").eval()
+    prompts = torch.randint(0, 64, (5, 7), generator=torch.Generator().manual_seed(2))
+    seqs, labels = teacher_continuations(teacher, prompts, gen_tokens=6, k=4, batch=2,
+                                         cache_path=tmp_path / "c.pt", log=lambda s: None)
+    assert seqs.shape == (5, 13) and labels.ids.shape == (5, 13, 4) and torch.equal(seqs[:, :7], prompts)
+    for i in range(5):  # batched cached decode == one prompt at a time
+        assert seqs[i, 7:].tolist() == greedy_generate(teacher, prompts[i].tolist(), 6, eos_ids=[])
+    with torch.inference_mode():  # labels at every position == the teacher-forced top-k of the whole sequence
+        lp = torch.log_softmax(teacher(seqs).float(), dim=-1).topk(4, dim=-1)
+    assert torch.equal(labels.ids.long(), lp.indices)
+    assert torch.allclose(labels.logp.float(), lp.values, atol=2e-2)
+    assert torch.equal(labels.ids[:, 6:-1, 0].long(), seqs[:, 7:])  # the continuation is the top-1 label
+    # a rerun over a prefix of the prompts reads the cache, no teacher forward
+    again, lab2 = teacher_continuations(lambda *a, **k: pytest.fail("cache not used"), prompts[:4], gen_tokens=6,
+                                        k=4, batch=2, cache_path=tmp_path / "c.pt", log=lambda s: None)
+    assert torch.equal(again, seqs[:4]) and torch.equal(lab2.logp, labels.logp[:4])
+
+
+def test_continuation_prompts_share_one_length_and_extend_with_n(tmp_path: Path):
+    text = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(60))
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text(text)
+
+    def enc(s: str) -> list[int]:
+        return [ord(c) for c in s]
+
+    few = continuation_prompts(tmp_path, ["a.py", "b.py"], enc, n=3, prompt_tokens=40, seed=0)
+    more = continuation_prompts(tmp_path, ["a.py", "b.py"], enc, n=7, prompt_tokens=40, seed=0)
+    assert few.shape == (3, 40) and more.shape == (7, 40)  # more prompts than files: files are revisited
+    assert torch.equal(more[:3], few)  # a larger n extends the same list (the continuation cache relies on it)
+    assert all(row[-1] == ord("\n") for row in more.tolist())  # prompts end at a line end, like eval prompts
+    with pytest.raises(ValueError, match="no file yields"):
+        continuation_prompts(tmp_path, ["a.py"], enc, n=1, prompt_tokens=5000, seed=0)
+
+
+def test_training_with_continuations_and_a_probe_logs_both(tmp_path: Path):
+    torch.manual_seed(0)
+    teacher = Transformer(ModelConfig.preset("tiny").with_(vocab_size=64), device="cpu").eval()
+    chunks = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
+    labels = label_with_teacher(teacher, chunks, k=8, log=lambda s: None)
+    cont = teacher_continuations(teacher, chunks[:, :6], gen_tokens=10, k=8, batch=4, log=lambda s: None)
+    prompts = [c[:6].tolist() for c in chunks]
+    conts = [s[6:].tolist() for s in cont[0]]
+    cfg = student_config(vocab_size=64, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=64,
+                         rope_theta=10000.0)
+    student = init_student(cfg, seed=0)
+    probes = []
+
+    def probe(m):
+        probes.append(greedy_agreement(m, prompts, conts)["agreement"])
+        return probes[-1]
+
+    res = train_student(student, chunks, labels, steps=40, batch=2, lr=2e-2, seed=0, warmup=1, log_every=10,
+                        eval_every=20, log=lambda s: None, n_random=None, cont=cont, cont_batch=2, probe=probe)
+    assert res.tokens_seen == 40 * (2 * 16 + 2 * 16)
+    assert [r["val_greedy_agreement"] for r in res.rows] == ["", probes[0], "", probes[1]]
+    assert all(isinstance(r["cont_kl"], float) and 0 <= r["cont_agreement"] <= 1 for r in res.rows)
+    assert res.rows[-1]["cont_kl"] < res.rows[0]["cont_kl"]  # the continuation term is being trained
+    assert student.training is False
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cont-batch", "4"], "--cont-batch needs teacher continuations"),
+    (["--cont-batch", "4", "--cont-prompts", "8", "--cont-tokens", "0"], "--cont-batch needs"),
+    (["--cont-prompts", "-1"], "must be >= 0"),
+    (["--gen-batch", "0"], "--gen-batch >= 1"),
+])
+def test_continuation_options_are_checked_before_any_model_loads(tmp_path: Path, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(argv + ["--out", str(tmp_path / "d"), "--target", str(tmp_path / "missing.gguf")])
+    assert not (tmp_path / "d").exists()
