@@ -937,6 +937,12 @@ def _stages_text(tlog: dict) -> str:
 """
 
 
+def _continuation_minutes(timing: dict) -> str:
+    """`` (labels L min, continuations C min)`` when the teacher time includes continuations, else empty."""
+    c = timing.get("continuation_s") or 0.0
+    return "" if not c else f" (labels {(timing['teacher_s'] - c) / 60:.1f} min, continuations {c / 60:.1f} min)"
+
+
 def _continuations_text(tlog: dict) -> str:
     """The card's bullet on sequence-level KD data (:func:`teacher_continuations`); empty when none."""
     c = tlog["data"].get("continuations")
@@ -1010,7 +1016,7 @@ The tied embedding was initialised from the target's embedding matrix ({tlog['pc
   AdamW (betas 0.9/0.95, weight decay {tlog['hyper']['weight_decay']}), peak learning rate
   {tlog['hyper']['lr']}, {tlog['hyper']['warmup']} warm-up steps then cosine decay to 10%,
   {tlog['train']['steps_done']} steps ({tlog['train']['tokens_seen']:,} tokens seen).
-- Cost: teacher labelling {tt['teacher_s'] / 60:.1f} min, student training {tt['train_s'] / 60:.1f} min, whole
+- Cost: teacher {tt['teacher_s'] / 60:.1f} min{_continuation_minutes(tt)}, student training {tt['train_s'] / 60:.1f} min, whole
   command {tt['total_s'] / 60:.1f} min on {tlog['env']['processor']} ({tlog['env']['threads']} threads, CPU
   only, torch {tlog['env']['torch']}).
 - Held-out (eval-split files, teacher-forced text) top-1 agreement at the end:
@@ -1214,7 +1220,8 @@ def main(argv: list[str] | None = None) -> int:
                                     cache_path=args.cache_dir / f"teacher_val_{vkey}.pt", log=log)
     labels = label_with_teacher(lambda x: target(x), chunks, k=args.k,
                                 cache_path=args.cache_dir / f"teacher_{key}.pt", log=log, save_every=10)
-    teacher_s = labels.seconds + val_labels.seconds  # includes labelling done by earlier (resumed) runs
+    label_s = labels.seconds + val_labels.seconds  # includes labelling done by earlier (resumed) runs
+    teacher_s = label_s
     cont = None
     if args.cont_prompts > 0:
         cprompts = continuation_prompts(root, split["train"], tok.encode, n=args.cont_prompts,
@@ -1317,7 +1324,8 @@ def main(argv: list[str] | None = None) -> int:
         "init_from": None if args.init_from is None else str(args.init_from),
         "stages": earlier_stages,
         "timing": {"teacher_s": round(teacher_s, 1), "train_s": round(tr.wall_s, 1), "total_s": round(total_s, 1),
-                   "teacher_tokens_per_s": round((chunks.numel() + val_chunks.numel()) / max(teacher_s, 1e-9), 1)},
+                   "continuation_s": 0.0 if cont is None else round(cont[1].seconds, 1),
+                   "teacher_tokens_per_s": round((chunks.numel() + val_chunks.numel()) / max(label_s, 1e-9), 1)},
         "evaluation": ev,
         "checkpoint": {"safetensors_bytes": st_bytes, "dtype": args.save_dtype,
                        "parameters": cfg.num_parameters()},
