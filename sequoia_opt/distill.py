@@ -238,6 +238,39 @@ class TeacherLabels:
     seconds: float = 0.0  # teacher wall time spent on these labels, cached runs included
 
 
+def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher's top-k of ``logits`` (..., V): ids (..., k) int32 and log-probabilities (..., k) float16
+    (normalised over the full vocabulary), as :class:`TeacherLabels` stores them."""
+    top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return top.indices.to(torch.int32), top.values.to(torch.float16)
+
+
+def _cached_rows(cache_path: Path | None, *, k: int, key: str, head: torch.Tensor, width: int
+                 ) -> tuple[dict | None, int, float]:
+    """How much of a resumable label cache still applies: ``(saved, rows, seconds)``.
+
+    The cache applies to its first ``rows`` rows when it has the same ``k``, its ``key`` tensor has ``width``
+    columns and the first ``head.shape[1]`` columns of those rows equal ``head``'s first rows (the inputs the
+    labels were computed from); ``seconds`` is its recorded teacher time prorated to those rows. ``(None, 0,
+    0.0)`` without a usable cache."""
+    if cache_path is None or not cache_path.exists():
+        return None, 0, 0.0
+    saved = torch.load(cache_path)
+    m = min(int(saved["done"]), head.shape[0])
+    if saved["k"] != k or saved[key].shape[1] != width or not torch.equal(saved[key][:m, :head.shape[1]], head[:m]):
+        return None, 0, 0.0
+    return saved, m, float(saved.get("seconds", 0.0)) * m / max(1, int(saved["done"]))
+
+
+def _save_cache(cache_path: Path, payload: dict) -> None:
+    """``torch.save`` to a temporary file next to ``cache_path``, then rename: an interrupted save leaves the
+    previous cache intact."""
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, cache_path)
+
+
 def label_with_teacher(teacher: Callable[[torch.Tensor], torch.Tensor], chunks: torch.Tensor, *, k: int,
                        cache_path: Path | None = None, log: Callable[[str], None] = print,
                        save_every: int = 25) -> TeacherLabels:
@@ -247,40 +280,22 @@ def label_with_teacher(teacher: Callable[[torch.Tensor], torch.Tensor], chunks: 
     n, T = chunks.shape
     ids = torch.zeros(n, T, k, dtype=torch.int32)
     logp = torch.zeros(n, T, k, dtype=torch.float16)
-    done = 0
-    prior_s = 0.0  # labelling seconds already spent on the cached prefix
-    if cache_path is not None and cache_path.exists():
-        saved = torch.load(cache_path)
-        m = min(int(saved["done"]), n)
-        # chunks for a smaller --tokens are a prefix of those for a larger one: any labelled prefix is reused
-        if saved["k"] == k and saved["chunks"].shape[1] == T and torch.equal(saved["chunks"][:m], chunks[:m]):
-            done = m
-            prior_s = float(saved.get("seconds", 0.0)) * m / max(1, int(saved["done"]))
-            ids[:done], logp[:done] = saved["ids"][:done], saved["logp"][:done]
-            log(f"teacher cache {cache_path}: {done}/{n} chunks already labelled")
-
-    def save() -> None:
-        if cache_path is not None:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_path.with_suffix(".tmp")
-            el = time.perf_counter() - t0 + prior_s
-            torch.save({"chunks": chunks, "k": k, "done": done, "ids": ids[:done], "logp": logp[:done],
-                        "seconds": el}, tmp)
-            os.replace(tmp, cache_path)
-
+    # chunks for a smaller --tokens are a prefix of those for a larger one: any labelled prefix is reused
+    saved, done, prior_s = _cached_rows(cache_path, k=k, key="chunks", head=chunks, width=T)
+    if saved is not None:
+        ids[:done], logp[:done] = saved["ids"][:done], saved["logp"][:done]
+        log(f"teacher cache {cache_path}: {done}/{n} chunks already labelled")
     t0 = time.perf_counter()
     start = done
     with torch.inference_mode():
         while done < n:
-            logits = teacher(chunks[done: done + 1])  # (1, T, V)
-            lp = torch.log_softmax(logits[0].float(), dim=-1)  # (T, V)
-            top = lp.topk(k, dim=-1)  # (T, k) each
-            ids[done] = top.indices.to(torch.int32)
-            logp[done] = top.values.to(torch.float16)
+            ids[done], logp[done] = _top_k(teacher(chunks[done: done + 1])[0], k)  # (T, k) each
             done += 1
             if done % save_every == 0 or done == n:
-                save()
                 el = time.perf_counter() - t0
+                if cache_path is not None:
+                    _save_cache(cache_path, {"chunks": chunks, "k": k, "done": done, "ids": ids[:done],
+                                             "logp": logp[:done], "seconds": el + prior_s})
                 log(f"teacher: {done}/{n} chunks, {(done - start) * T / el:.0f} tokens/s, {el:.0f} s")
     return TeacherLabels(ids=ids, logp=logp, seconds=time.perf_counter() - t0 + prior_s)
 
@@ -343,21 +358,15 @@ def teacher_continuations(teacher: Transformer, prompts: torch.Tensor, *, gen_to
     seqs[:, :P] = prompts
     ids = torch.zeros(N, T, k, dtype=torch.int32)
     logp = torch.zeros(N, T, k, dtype=torch.float16)
-    done, prior_s = 0, 0.0
-    if cache_path is not None and cache_path.exists():
-        saved = torch.load(cache_path)
-        m = min(int(saved["done"]), N)
-        if saved["k"] == k and saved["seqs"].shape[1] == T and torch.equal(saved["seqs"][:m, :P], prompts[:m]):
-            done = m
-            prior_s = float(saved.get("seconds", 0.0)) * m / max(1, int(saved["done"]))
-            seqs[:done], ids[:done], logp[:done] = saved["seqs"][:done], saved["ids"][:done], saved["logp"][:done]
-            log(f"continuation cache {cache_path}: {done}/{N} prompts already continued")
+    saved, done, prior_s = _cached_rows(cache_path, k=k, key="seqs", head=prompts, width=T)
+    if saved is not None:
+        seqs[:done], ids[:done], logp[:done] = saved["seqs"][:done], saved["ids"][:done], saved["logp"][:done]
+        log(f"continuation cache {cache_path}: {done}/{N} prompts already continued")
     t0 = time.perf_counter()
     start = done
 
     def keep(rows: slice, cols: slice, logits: torch.Tensor) -> None:
-        top = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # (b, t, k)
-        ids[rows, cols], logp[rows, cols] = top.indices.to(torch.int32), top.values.to(torch.float16)
+        ids[rows, cols], logp[rows, cols] = _top_k(logits, k)  # (b, t, k) each
 
     with torch.inference_mode():
         while done < N:
@@ -377,11 +386,8 @@ def teacher_continuations(teacher: Transformer, prompts: torch.Tensor, *, gen_to
             done = rows.stop
             el = time.perf_counter() - t0
             if cache_path is not None:
-                cache_path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache_path.with_suffix(".tmp")
-                torch.save({"seqs": seqs[:done], "k": k, "done": done, "ids": ids[:done], "logp": logp[:done],
-                            "seconds": el + prior_s}, tmp)
-                os.replace(tmp, cache_path)
+                _save_cache(cache_path, {"seqs": seqs[:done], "k": k, "done": done, "ids": ids[:done],
+                                         "logp": logp[:done], "seconds": el + prior_s})
             log(f"continuations: {done}/{N} prompts, {(done - start) * gen_tokens / el:.0f} generated tokens/s, "
                 f"{el:.0f} s")
     return seqs, TeacherLabels(ids=ids, logp=logp, seconds=time.perf_counter() - t0 + prior_s)
@@ -599,11 +605,12 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
         if use_cont:
             cseq, clab = cont
             cidx = torch.randint(0, cseq.shape[0], (cont_batch,), generator=g)
-            ckl, cce, cagree = _batch_loss(model, cseq[cidx], clab.ids[cidx].view(-1, clab.ids.shape[-1]).long(),
+            cx = cseq[cidx]  # (C, T2)
+            ckl, cce, cagree = _batch_loss(model, cx, clab.ids[cidx].view(-1, clab.ids.shape[-1]).long(),
                                            clab.logp[cidx].view(-1, clab.logp.shape[-1]), n_random=n_random,
                                            generator=g)
             loss = loss + ckl + ce_weight * cce
-            tokens += cseq[cidx].numel()
+            tokens += cx.numel()
             acc["ckl"] += float(ckl.detach())
             acc["cagree"] += cagree
         opt.zero_grad(set_to_none=True)
