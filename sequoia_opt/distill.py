@@ -914,6 +914,38 @@ def _tokens_seen(tlog: dict) -> int:
     return tlog["train"]["tokens_seen"] + sum(st.get("tokens_seen") or 0 for st in tlog.get("stages") or [])
 
 
+def _training_minutes(tlog: dict) -> float:
+    """Student training minutes over all stages."""
+    runs = [tlog] + list(tlog.get("stages") or [])
+    return sum((r.get("timing") or {}).get("train_s", 0) for r in runs) / 60
+
+
+#: Hand-written notes kept next to the card (what the figures mean, why a bar is missed, what was tried);
+#: :func:`write_card` includes them verbatim, so regenerating the card from the log keeps them.
+CARD_NOTES = "CARD_NOTES.md"
+
+
+def _card_notes(out: Path) -> str:
+    """The text of ``out/CARD_NOTES.md`` preceded by a blank line, or empty when there is none."""
+    path = out / CARD_NOTES
+    return "\n" + path.read_text(encoding="utf-8").strip() + "\n" if path.is_file() else ""
+
+
+def _status_text(tlog: dict) -> str:
+    """One line saying which of the issue's bars the checkpoint misses (from ``tlog['bars']``), or empty."""
+    ev, b = tlog["evaluation"], tlog["bars"]
+    missed = []
+    if not b["cost_ratio_ok"]:
+        missed.append(f"draft cost {ev['cost']['n_new=1']['ratio']:.3f} of a target forward against "
+                      f"{COST_RATIO_BAR}")
+    if not b["agreement_ok"]:
+        missed.append(f"greedy agreement {ev['greedy']['agreement']:.3f} against {AGREEMENT_BAR}")
+    if not b["size_ok"]:
+        missed.append(f"weights {tlog['checkpoint']['safetensors_bytes'] / 1e6:.1f} MB against "
+                      f"{SIZE_BAR_BYTES / 1e6:.0f} MB")
+    return f"- **Bars missed**: {'; '.join(missed)} (table below).\n" if missed else ""
+
+
 def _stages_text(tlog: dict) -> str:
     """The card's paragraph and table on training stages (runs continued with ``--init-from``); empty for a
     checkpoint trained in one run."""
@@ -931,7 +963,7 @@ def _stages_text(tlog: dict) -> str:
              f"{num((st.get('timing') or {}).get('train_s', 0) / 60, '.1f')} | "
              f"{num(st['final_val_agreement'], '.3f')} | {num(st['greedy_agreement'], '.3f')} |"
              for i, st in enumerate(stages + [cur], 1)]
-    minutes = sum((st.get("timing") or {}).get("train_s", 0) for st in stages + [cur]) / 60
+    minutes = _training_minutes(tlog)
     seen = _tokens_seen(tlog)
     return f"""- Stages: this checkpoint is stage {len(stages) + 1}. Stage 1 trained from scratch; each later stage
   continued the one before it (`--init-from`) with the settings above. All stages together: {minutes:.1f} min of
@@ -983,7 +1015,7 @@ that `treeopt demo` / `treeopt run` have a real model pair to optimise on a CPU.
 
 - Licence of these weights: **Apache-2.0** (same as the target, SmolLM2, Apache-2.0).
 - Training data licence: **{DATA_LICENCE}**.
-
+{_status_text(tlog)}{_card_notes(out)}
 ## Architecture and size
 
 | | |
@@ -1066,8 +1098,8 @@ decoding verifies every token); the draft only affects speed.
 
 - Trained only on Python standard-library code: it agrees with the target mostly on Python source; on prose,
   chat (the target is an instruct model) or other languages its acceptance will be much lower.
-- Short training (minutes on two CPU cores, {_tokens_seen(tlog):,} tokens seen); not a general
-  language model, do not use it on its own.
+- Small and briefly trained ({_training_minutes(tlog):.0f} min of student training on two CPU cores,
+  {_tokens_seen(tlog):,} tokens seen); not a general language model, do not use it on its own.
 - Agreement is measured on greedy continuations of Python code prompts with a {ev['prefix_len']}-token-class
   context; sampled decoding (temperature, top-p) accepts less.
 - Cost ratios are for this CPU and thread count; on a GPU both forwards are launch-bound and the ratio differs.

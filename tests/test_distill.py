@@ -246,6 +246,30 @@ def test_card_of_a_continued_run_lists_every_stage_in_order(tmp_path: Path):
     assert f"{tlog['train']['tokens_seen'] + 1000:,} tokens seen" in card
 
 
+def test_card_says_which_bars_are_missed_and_keeps_the_hand_written_notes(tmp_path: Path):
+    import json
+
+    tlog = json.loads((DEFAULT_PACKAGE_DATA / "draft" / "training_log.json").read_text(encoding="utf-8"))
+    ev = tlog["evaluation"]
+    missed = dict(tlog, bars={"cost_ratio_ok": True, "agreement_ok": False, "size_ok": True},
+                  evaluation=dict(ev, greedy=dict(ev["greedy"], agreement=0.4321)),
+                  timing=dict(tlog["timing"], train_s=600.0),
+                  stages=[dict(stage_summary(tlog), timing={"train_s": 1200.0})])
+    (tmp_path / "CARD_NOTES.md").write_text("## Why\n\nThe draft copies less than the target.\n", encoding="utf-8")
+    write_card(tmp_path, missed)
+    card = (tmp_path / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "- **Bars missed**: greedy agreement 0.432 against 0.5 (table below)." in card
+    # the notes sit between the licence bullets and the architecture table, verbatim
+    head, tail = card.split("## Architecture and size")
+    assert "## Why\n\nThe draft copies less than the target.\n" in head and "## Why" not in tail
+    assert "(30 min of student training on two CPU cores" in card and "All stages together: 30.0 min" in card
+    met = dict(tlog, bars={"cost_ratio_ok": True, "agreement_ok": True, "size_ok": True})
+    (tmp_path / "CARD_NOTES.md").unlink()
+    write_card(tmp_path, met)
+    card = (tmp_path / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "Bars missed" not in card and "## Why" not in card
+
+
 def test_init_from_a_folder_without_a_checkpoint_fails_before_any_work(tmp_path: Path):
     with pytest.raises(SystemExit, match="not a saved draft"):
         main(["--init-from", str(tmp_path / "missing"), "--out", str(tmp_path / "out")])
