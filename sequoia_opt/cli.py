@@ -453,6 +453,10 @@ def profile_latency(
     repeats: Annotated[int, typer.Option("--max-repeats", help="Most timed repeats per point and round.")] = 30,
     rounds: Annotated[int, typer.Option(
         "--rounds", help="Sweeps of the token grid; each point keeps the median of its rounds' medians.")] = 3,
+    paired: Annotated[bool, typer.Option(
+        "--paired/--unpaired", help="Time each n alternately with n = 1, call by call, and keep T(1) x the "
+        "median ratio: the curve's shape survives a machine whose speed drifts (costs one extra 1-token "
+        "forward per timed forward).")] = True,
     backend: BackendOpt = "auto",
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
     output: ProfileOutputOpt = None,
@@ -465,7 +469,8 @@ def profile_latency(
     from .pipeline import model_label, parse_device, parse_dtype
     from .profiles import save_latency
     from .profiling.device import device_slug
-    from .profiling.latency import build_latency_profile, measure_step_overhead, profile_model, random_weight_model
+    from .profiling.latency import (build_latency_profile, measure_step_overhead, method_text, profile_model,
+                                    random_weight_model)
     from .profiling.timing import token_grid
 
     dev, dt = parse_device(device), parse_dtype(dtype)
@@ -513,18 +518,20 @@ def profile_latency(
     dgrid = token_grid(max_draft_tokens)
     with progress_bar(not as_json) as progress:
         ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
-                                rounds=rounds, min_repeats=min(5, repeats), max_repeats=repeats)
+                                rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)
         dtables = None
         if dmodel is not None:
             dtables = profile_model(dmodel, dgrid, contexts, what="draft", backend=backend, progress=progress,
-                                    rounds=rounds, min_repeats=min(5, repeats), max_repeats=repeats)
+                                    rounds=rounds, paired=paired, min_repeats=min(5, repeats),
+                                    max_repeats=repeats)
         overhead = measure_step_overhead(tmodel, dmodel if dmodel is not None else tmodel, backend=backend)
     slug = device_slug(dev)
     pid = f"{slug}_{tcfg.name if random_weights else tname}_{dt}".replace("torch.", "")
     curve = build_latency_profile(
         target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device=dev, dtype=dt,
         target_name=tname, target_config=tmodel.config, draft_name=dname,
-        draft_config=dmodel.config if dmodel is not None else None, random_weights=random_weights, profile_id=pid)
+        draft_config=dmodel.config if dmodel is not None else None, random_weights=random_weights, profile_id=pid,
+        method=method_text(rounds, paired))
     out = output or Path("profiles") / slug / f"{(tcfg.name if random_weights else tname)}-latency.yaml"
     save_latency(out, curve)
     rows = [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c] for c in contexts for n in grid]

@@ -27,7 +27,7 @@ from .report import Report
 from .profiles import LatencyCurve, save_acceptance, save_latency
 from .profiling.acceptance import build_acceptance_profile, measure_acceptance
 from .profiling.device import device_slug
-from .profiling.latency import build_latency_profile, measure_step_overhead, profile_model
+from .profiling.latency import build_latency_profile, measure_step_overhead, method_text, profile_model
 from .profiling.timing import token_grid
 from .prompts import demo_prompts_path, load_prompts
 from .solver import choose, compare_baselines
@@ -45,6 +45,7 @@ class DemoSettings:
     context: int = 256            # context length the latency is measured at (tokens)
     latency_repeats: int = 10     # timed repeats per point and round
     latency_rounds: int = 3       # sweeps of the grid (median of round medians)
+    latency_paired: bool = True   # time each n alternately with n = 1 (the curve's shape survives drift)
     width: int = 8                # K, entries of the acceptance vector (and max branching)
     acc_depth: int = 4
     acc_prompts: int = 24
@@ -99,16 +100,16 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
 
     # 2. latency of this device
     grid, dgrid = token_grid(s.max_tokens), token_grid(s.max_draft_tokens)
-    tt = profile_model(pair.target, grid, [s.context], what="target", backend=backend, progress=progress,
-                       rounds=s.latency_rounds, max_repeats=s.latency_repeats)
-    dtab = profile_model(pair.draft, dgrid, [s.context], what="draft", backend=backend, progress=progress,
-                         rounds=s.latency_rounds, max_repeats=s.latency_repeats)
+    timing = dict(rounds=s.latency_rounds, paired=s.latency_paired, max_repeats=s.latency_repeats)
+    tt = profile_model(pair.target, grid, [s.context], what="target", backend=backend, progress=progress, **timing)
+    dtab = profile_model(pair.draft, dgrid, [s.context], what="draft", backend=backend, progress=progress, **timing)
     overhead = measure_step_overhead(pair.target, pair.draft, backend=backend)
     curve = build_latency_profile(
         target_tables=tt, draft_tables=dtab, step_overhead_ms=overhead, device=dev, dtype=dt,
         target_name=pair.target_name, target_config=pair.target.config, draft_name=pair.draft_name,
         draft_config=pair.draft.config, random_weights=False,
-        profile_id=f"{device_slug(dev)}_{pair.target_name}_{str(dt).removeprefix('torch.')}")
+        profile_id=f"{device_slug(dev)}_{pair.target_name}_{str(dt).removeprefix('torch.')}",
+        method=method_text(s.latency_rounds, s.latency_paired))
 
     # 3. acceptance of the pair, on the profile split
     prof_prompts = load_prompts(demo_prompts_path("profile"), limit=s.acc_prompts)

@@ -42,6 +42,7 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     assert list(curve.target_tokens(16)) == list(range(1, 13))
     assert curve.max_draft_tokens() == 6 and curve.step_overhead_ms > 0
     assert json.loads(r.stdout)["output"] == str(lat)
+    assert "(3 rounds, each n timed alternately with n = 1)" in curve.source
 
     r = invoke("profile", "acceptance", "--target", target, "--draft", draft, "--prompts", prompts,
                "--width", "4", "--depth", "3", "--max-new-tokens", "24", "-o", acc, "--json")
@@ -164,10 +165,12 @@ def test_profile_latency_bad_inputs(workdir, tmp_path):
 def test_profile_latency_random_weights_preset(tmp_path):
     out = tmp_path / "lat.yaml"
     r = invoke("profile", "latency", "--random-weights", "--arch", "tiny", "--draft-arch", "tiny", "--context", "8",
-               "--max-tokens", "4", "--max-draft-tokens", "2", "--max-repeats", "5", "-o", out)
+               "--max-tokens", "4", "--max-draft-tokens", "2", "--max-repeats", "5", "--rounds", "1", "--unpaired",
+               "-o", out)
     assert r.exit_code == 0, r.output
     curve = load_latency(out)
     assert curve.model["random_weights"] is True
+    assert curve.source.startswith("measured by treeopt profile latency (1 round) with RANDOM weights")
     assert "RANDOM" in r.output
 
 

@@ -27,7 +27,7 @@ from sequoia_opt.profiling.latency import (  # noqa: E402
     profile_model,
     random_weight_model,
 )
-from sequoia_opt.profiling.timing import Timing, time_call, token_grid  # noqa: E402
+from sequoia_opt.profiling.timing import Timing, time_alternating, time_call, token_grid  # noqa: E402
 from sequoia_opt.decoding import SpeculativeDecoder  # noqa: E402
 from sequoia_opt.model import ModelConfig  # noqa: E402
 from sequoia_opt.tree import Tree  # noqa: E402
@@ -121,6 +121,78 @@ def test_profile_model_rounds_take_the_median_of_round_medians(pair, monkeypatch
     assert [t.repeats for t in table.timings] == [12, 12]
     with pytest.raises(ProfileError, match="rounds"):
         lat.profile_model(target, [1], [0], rounds=0)
+
+
+class _DriftingClock:
+    """A fake ``time`` module: calls advance it by cost x the machine's speed factor, which drifts per call."""
+
+    def __init__(self, factors):
+        self.now, self.factors, self.calls = 0.0, list(factors), 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def run(self, cost_ms: float) -> None:
+        self.now += cost_ms * self.factors[self.calls % len(self.factors)] / 1e3
+
+
+def test_time_alternating_keeps_the_ratio_on_a_drifting_machine(monkeypatch):
+    import sequoia_opt.profiling.timing as timing
+
+    clock = _DriftingClock([1.0])
+    monkeypatch.setattr(timing, "time", clock)
+
+    def call(cost_ms: float):
+        def fn():
+            clock.run(cost_ms)
+        return fn
+
+    def next_round():  # the machine's speed changes between rounds, the same for both calls of a round
+        clock.calls += 1
+
+    a, b = call(6.0), call(3.0)
+    clock.factors = [1.0, 1.0, 1.6, 1.0, 2.5, 2.5, 2.5, 1.0, 1.3]
+    ta, tb = time_alternating([a, lambda: (b(), next_round())], "cpu", warmup=0, min_repeats=3, max_repeats=9,
+                              rel_tol=0.0, max_seconds=1e9)
+    assert ta.repeats == tb.repeats == 9
+    assert ta.median_ms == pytest.approx(2 * tb.median_ms) and tb.median_ms == pytest.approx(3.0 * 1.3)
+    assert ta.p90_ms == pytest.approx(6.0 * 2.5)
+    with pytest.raises(ValueError, match="nothing"):
+        time_alternating([], "cpu")
+    with pytest.raises(ValueError, match="min_repeats"):
+        time_alternating([a], "cpu", min_repeats=2, max_repeats=1)
+
+
+def test_paired_profile_keeps_the_curve_shape_when_the_machine_drifts(pair, monkeypatch):
+    import sequoia_opt.profiling.latency as lat
+
+    target, _ = pair
+    true_ms = {1: 10.0, 2: 12.0, 4: 20.0}
+    speed = iter([1.0, 1.0, 2.0, 1.5, 3.0, 1.0, 1.0, 2.0, 1.2])  # one factor per timed point, 3 rounds x 3 n
+
+    def timing(ms: float) -> Timing:
+        return Timing(ms, 0.9 * ms, 1.2 * ms, 5)
+
+    def unpaired(model, n, ctx, **kw):
+        return timing(true_ms[n] * next(speed))
+
+    def paired(model, n, ref, ctx, **kw):
+        f = next(speed)  # both calls of a pair see the same machine speed
+        return timing(true_ms[n] * f), timing(true_ms[ref] * f)
+
+    monkeypatch.setattr(lat, "time_forward", unpaired)
+    monkeypatch.setattr(lat, "time_forward_paired", paired)
+    (table,) = lat.profile_model(target, [1, 2, 4], [0], rounds=3, paired=True)
+    t1, t2, t4 = (t.median_ms for t in table.timings)
+    # T(1): the median of all nine 1-token timings (3 own, 6 as the reference) = 10 x median(speed factors)
+    assert t1 == pytest.approx(10.0 * 1.2)
+    assert (t2 / t1, t4 / t1) == (pytest.approx(1.2), pytest.approx(2.0))  # the true shape
+    assert table.timings[2].p90_ms == pytest.approx(1.2 * t4) and table.timings[2].repeats == 15
+    # the same drift, unpaired: every point keeps the speed it happened to be timed at
+    speed = iter([1.0, 1.0, 2.0, 1.5, 3.0, 1.0, 1.0, 2.0, 1.2])
+    (table,) = lat.profile_model(target, [1, 2, 4], [0], rounds=3)
+    u1, u2, u4 = (t.median_ms for t in table.timings)
+    assert (u1, u2, u4) == (pytest.approx(10.0), pytest.approx(24.0), pytest.approx(24.0))
 
 
 def test_profile_model_refuses_past_the_context(pair):

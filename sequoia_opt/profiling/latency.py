@@ -21,7 +21,7 @@ from ..model import ModelConfig, Transformer
 from ..profiles import LATENCY_FORMAT, LatencyCurve
 from ..tree import now_iso
 from .device import device_info
-from .timing import Timing, time_call
+from .timing import Timing, time_alternating, time_call
 
 ProgressFn = Callable[[str, int, int], None]
 """progress(what, done, total): called after each measured point."""
@@ -62,7 +62,21 @@ def random_weight_model(config: ModelConfig, *, device: torch.device | str, dtyp
     return model.eval()
 
 
-@torch.inference_mode()
+def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cache) -> Callable[[], None]:
+    """A closure running one forward of ``model`` over n random tokens after ``context`` cached tokens."""
+    device = model.device
+    tokens = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+    slots = torch.arange(context, context + n, device=device)
+    mask = causal_tree_mask(n, device)
+
+    @torch.inference_mode()
+    def call() -> None:
+        model(tokens, slots, cache=cache, cache_slots=slots, prefix_len=context, tree_mask=mask,
+              backend=backend)
+
+    return call
+
+
 def time_forward(model: Transformer, n: int, context: int, *, backend: str = "auto",
                  cache=None, **timing_kw) -> Timing:
     """Time one forward of ``model`` over n new tokens after ``context`` cached tokens (batch 1).
@@ -70,29 +84,38 @@ def time_forward(model: Transformer, n: int, context: int, *, backend: str = "au
     The cache is allocated once per context by the caller (or here); its contents are irrelevant to the
     time. Returns a :class:`Timing` in ms.
     """
-    device = model.device
     if cache is None:
         cache = model.new_cache(context + n)
-    tokens = torch.randint(0, model.config.vocab_size, (1, n), device=device)
-    slots = torch.arange(context, context + n, device=device)
-    mask = causal_tree_mask(n, device)
+    return time_call(_forward_call(model, n, context, backend=backend, cache=cache), model.device, **timing_kw)
 
-    def call() -> None:
-        model(tokens, slots, cache=cache, cache_slots=slots, prefix_len=context, tree_mask=mask,
-              backend=backend)
 
-    return time_call(call, device, **timing_kw)
+def time_forward_paired(model: Transformer, n: int, reference: int, context: int, *, backend: str = "auto",
+                        cache=None, **timing_kw) -> tuple[Timing, Timing]:
+    """Time forwards over n and over ``reference`` tokens alternately, call by call
+    (:func:`~sequoia_opt.profiling.timing.time_alternating`). Returns (Timing of n, Timing of reference), ms."""
+    if cache is None:
+        cache = model.new_cache(context + max(n, reference))
+    calls = [_forward_call(model, k, context, backend=backend, cache=cache) for k in (n, reference)]
+    t_n, t_ref = time_alternating(calls, model.device, **timing_kw)
+    return t_n, t_ref
 
 
 def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Sequence[int], *,
                   what: str = "target", backend: str = "auto", progress: ProgressFn | None = None,
-                  rounds: int = 1, **timing_kw) -> list[LatencyTable]:
+                  rounds: int = 1, paired: bool = False, **timing_kw) -> list[LatencyTable]:
     """Measure ``model`` at every (context, n) pair. Returns one :class:`LatencyTable` per context.
 
     With ``rounds`` > 1 the whole token grid of a context is swept ``rounds`` times and each n keeps the
     median of its per-round medians (p10 / p90: the medians of the per-round percentiles; repeats: the sum).
     On a shared machine a slow spell then spoils one round of one n rather than the whole entry, which
     matters most for T(1), the baseline every predicted speedup divides by.
+
+    With ``paired`` every n other than the grid's first (the reference, normally 1) is timed alternately with
+    the reference, call by call, and the table keeps ``T(ref) x median over rounds of T(n) / T(ref)`` (p10 /
+    p90 scaled the same way), T(ref) being the median of all its timings. The solver's choice depends on the
+    curve's shape, T(n) / T(1); on a machine whose speed drifts by tens of percent over minutes (shared VMs)
+    unpaired points are timed at different speeds and that shape comes out wrong, paired ratios do not. It
+    costs one reference forward per timed forward.
 
     Raises ProfileError for an empty grid or a context + n past the model's ``max_position_embeddings``.
     """
@@ -109,22 +132,39 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
     total = len(token_counts) * len(contexts) * rounds
     done = 0
     tables = []
+    ref = int(token_counts[0])
     for ctx in contexts:
         cache = model.new_cache(ctx + max(token_counts))
         per_n: list[list[Timing]] = [[] for _ in token_counts]
+        ref_of: list[list[float]] = [[] for _ in token_counts]  # paired: the reference median beside each
         for r in range(rounds):
             for i, n in enumerate(token_counts):
-                per_n[i].append(time_forward(model, int(n), int(ctx), backend=backend, cache=cache, **timing_kw))
+                if paired and i > 0:
+                    t_n, t_ref = time_forward_paired(model, int(n), ref, int(ctx), backend=backend, cache=cache,
+                                                     **timing_kw)
+                    per_n[i].append(t_n)
+                    ref_of[i].append(t_ref.median_ms)
+                else:
+                    per_n[i].append(time_forward(model, int(n), int(ctx), backend=backend, cache=cache,
+                                                 **timing_kw))
                 done += 1
                 if progress:
                     tag = f", round {r + 1}/{rounds}" if rounds > 1 else ""
                     progress(f"{what} forward, context {ctx}, {n} tokens{tag}", done, total)
+        t_ref = statistics.median([t.median_ms for t in per_n[0]] + [m for ms in ref_of for m in ms])
         table = LatencyTable(context=int(ctx))
-        for n, ts in zip(token_counts, per_n):
+        for i, (n, ts, refs) in enumerate(zip(token_counts, per_n, ref_of)):
             table.tokens.append(int(n))
-            table.timings.append(Timing(statistics.median(t.median_ms for t in ts),
-                                        statistics.median(t.p10_ms for t in ts),
-                                        statistics.median(t.p90_ms for t in ts), sum(t.repeats for t in ts)))
+            if refs:  # T(ref) x T(n) / T(ref) of the same pair
+                scale = [t_ref / m for m in refs]
+            elif paired and i == 0:  # the reference itself: the median over all its timings
+                scale = [t_ref / statistics.median(t.median_ms for t in ts)] * len(ts)
+            else:
+                scale = [1.0] * len(ts)
+            table.timings.append(Timing(statistics.median(t.median_ms * k for t, k in zip(ts, scale)),
+                                        statistics.median(t.p10_ms * k for t, k in zip(ts, scale)),
+                                        statistics.median(t.p90_ms * k for t, k in zip(ts, scale)),
+                                        sum(t.repeats for t in ts)))
         tables.append(table)
         del cache
     return tables
@@ -132,6 +172,12 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
 
 def _spread(t: Timing) -> float:
     return round(t.p90_ms - t.p10_ms, 4)
+
+
+def method_text(rounds: int, paired: bool, reference: int = 1) -> str:
+    """How a profile was timed, for its ``source`` line: ``"3 rounds, each n timed alternately with n = 1"``."""
+    text = f"{rounds} round{'s' if rounds != 1 else ''}"
+    return text + (f", each n timed alternately with n = {reference}" if paired else "")
 
 
 def build_latency_profile(
@@ -147,8 +193,11 @@ def build_latency_profile(
     draft_config: ModelConfig | None,
     random_weights: bool,
     profile_id: str,
+    method: str | None = None,
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
+
+    ``method`` (for example :func:`method_text`'s) is appended to the profile's ``source`` line.
 
     Without a draft (``draft_tables`` None) the draft table records 0 ms at one token and the profile says
     the draft cost was not measured. Spreads are p90 - p10 of the repeats (ms).
@@ -173,7 +222,8 @@ def build_latency_profile(
     doc = {
         "format": LATENCY_FORMAT,
         "id": profile_id,
-        "source": ("measured by treeopt profile latency" + (" with RANDOM weights of the model's shape "
+        "source": ("measured by treeopt profile latency" + (f" ({method})" if method else "")
+                   + (" with RANDOM weights of the model's shape "
                    "(latency does not depend on weight values)" if random_weights else "")
                    + ("" if draft_tables is not None else "; draft cost NOT measured (recorded as 0 ms)")),
         "date": now_iso(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -58,37 +58,65 @@ def time_call(
 
     Raises ValueError when ``min_repeats < 1`` or ``max_repeats < min_repeats``.
     """
+    return time_alternating([fn], device, warmup=warmup, min_repeats=min_repeats, max_repeats=max_repeats,
+                            rel_tol=rel_tol, max_seconds=max_seconds)[0]
+
+
+def time_alternating(
+    fns: Sequence[Callable[[], object]],
+    device: torch.device | str,
+    *,
+    warmup: int = 2,
+    min_repeats: int = 5,
+    max_repeats: int = 50,
+    rel_tol: float = 0.02,
+    max_seconds: float = 10.0,
+) -> list[Timing]:
+    """Time several calls interleaved call by call (a, b, a, b, ...) with :func:`time_call`'s rules: each is
+    warmed up, and batches of ``min_repeats`` rounds run until every call's running median settles within
+    ``rel_tol``, ``max_repeats`` rounds were timed or ``max_seconds`` passed.
+
+    Interleaving is what makes a *ratio* of two timings trustworthy on a machine whose speed drifts (a shared
+    VM, a GPU changing clocks): a slow spell lands on both calls instead of on whichever ran during it.
+    Returns one :class:`Timing` (ms) per call, in the order given.
+
+    Raises ValueError when ``fns`` is empty, ``min_repeats < 1`` or ``max_repeats < min_repeats``.
+    """
+    if not fns:
+        raise ValueError("nothing to time")
     if min_repeats < 1 or max_repeats < min_repeats:
         raise ValueError("need 1 <= min_repeats <= max_repeats")
     device = torch.device(device)
     cuda = device.type == "cuda"
-    for _ in range(warmup):
-        fn()
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
     if cuda:
         torch.cuda.synchronize(device)
-    samples: list[float] = []
-    prev_median = None
+    samples: list[list[float]] = [[] for _ in fns]
+    prev: list[float] | None = None
     start = time.perf_counter()
-    while len(samples) < max_repeats:
+    while len(samples[0]) < max_repeats:
         for _ in range(min_repeats):
-            if cuda:
-                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0.record()
-                fn()
-                t1.record()
-                t1.synchronize()
-                samples.append(t0.elapsed_time(t1))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - t0) * 1e3)
-        median = statistics.median(samples)
-        if prev_median is not None and abs(median - prev_median) <= rel_tol * prev_median:
+            for fn, out in zip(fns, samples):
+                if cuda:
+                    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    t0.record()
+                    fn()
+                    t1.record()
+                    t1.synchronize()
+                    out.append(t0.elapsed_time(t1))
+                else:
+                    t0 = time.perf_counter()
+                    fn()
+                    out.append((time.perf_counter() - t0) * 1e3)
+        medians = [statistics.median(xs) for xs in samples]
+        if prev is not None and all(abs(m - q) <= rel_tol * q for m, q in zip(medians, prev)):
             break
         if time.perf_counter() - start > max_seconds:
             break
-        prev_median = median
-    return Timing(statistics.median(samples), _quantile(samples, 0.1), _quantile(samples, 0.9), len(samples))
+        prev = medians
+    return [Timing(statistics.median(xs), _quantile(xs, 0.1), _quantile(xs, 0.9), len(xs)) for xs in samples]
 
 
 def token_grid(max_tokens: int, dense_up_to: int = 16, ratio: float = 1.25) -> list[int]:
