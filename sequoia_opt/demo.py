@@ -43,7 +43,7 @@ class DemoSettings:
     max_tokens: int = 64          # largest target token count profiled (largest budget considered)
     max_draft_tokens: int = 64    # largest draft width profiled (= max_tokens: any level of any tree fits)
     context: int = 256            # context length the latency is measured at (tokens)
-    latency_repeats: int = 10     # timed repeats per point and round
+    latency_repeats: int = 5      # timed repeats per point and round (x 3 rounds, each paired with n = 1)
     latency_rounds: int = 3       # sweeps of the grid (median of round medians)
     latency_paired: bool = True   # time each n alternately with n = 1 (the curve's shape survives drift)
     width: int = 8                # K, entries of the acceptance vector (and max branching)
