@@ -1055,7 +1055,7 @@ The tied embedding was initialised from the target's embedding matrix ({tlog['pc
   AdamW (betas 0.9/0.95, weight decay {tlog['hyper']['weight_decay']}), peak learning rate
   {tlog['hyper']['lr']}, {tlog['hyper']['warmup']} warm-up steps then cosine decay to 10%,
   {tlog['train']['steps_done']} steps ({tlog['train']['tokens_seen']:,} tokens seen).
-- Cost: teacher {tt['teacher_s'] / 60:.1f} min{_continuation_minutes(tt)}, student training {tt['train_s'] / 60:.1f} min, whole
+- Cost: teacher {tt['teacher_s'] / 60:.1f} min over the runs that filled its caches{_continuation_minutes(tt)}, student training {tt['train_s'] / 60:.1f} min, whole
   command {tt['total_s'] / 60:.1f} min on {tlog['env']['processor']} ({tlog['env']['threads']} threads, CPU
   only, torch {tlog['env']['torch']}).
 - Held-out (eval-split files, teacher-forced text) top-1 agreement at the end:

@@ -171,6 +171,11 @@ def test_profile_latency_random_weights_preset(tmp_path):
     curve = load_latency(out)
     assert curve.model["random_weights"] is True
     assert curve.source.startswith("measured by treeopt profile latency (1 round) with RANDOM weights")
+    # paired (the default) on a one-entry grid: nothing to pair, and the profile does not claim it was
+    r = invoke("profile", "latency", "--random-weights", "--arch", "tiny", "--draft-arch", "tiny", "--context", "8",
+               "--max-tokens", "1", "--max-draft-tokens", "1", "--max-repeats", "2", "--rounds", "1", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert load_latency(out).source.startswith("measured by treeopt profile latency (1 round) with RANDOM")
     assert "RANDOM" in r.output
 
 

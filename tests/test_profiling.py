@@ -152,6 +152,8 @@ def test_time_alternating_keeps_the_ratio_on_a_drifting_machine(monkeypatch):
 
     a, b = call(6.0), call(3.0)
     clock.factors = [1.0, 1.0, 1.6, 1.0, 2.5, 2.5, 2.5, 1.0, 1.3]
+    assert [t.repeats for t in time_alternating([a, b], "cpu", warmup=0, min_repeats=5, max_repeats=7,
+                                                rel_tol=-1.0, max_seconds=1e9)] == [7, 7]  # never past the cap
     ta, tb = time_alternating([a, lambda: (b(), next_round())], "cpu", warmup=0, min_repeats=3, max_repeats=9,
                               rel_tol=0.0, max_seconds=1e9)
     assert ta.repeats == tb.repeats == 9

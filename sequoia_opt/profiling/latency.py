@@ -175,7 +175,9 @@ def _spread(t: Timing) -> float:
 
 
 def method_text(rounds: int, paired: bool, reference: int = 1) -> str:
-    """How a profile was timed, for its ``source`` line: ``"3 rounds, each n timed alternately with n = 1"``."""
+    """How a profile was timed, for its ``source`` line: ``"3 rounds, each n timed alternately with n = 1"``.
+
+    ``paired`` should be False for a one-entry grid (nothing to pair) and ``reference`` the grid's first n."""
     text = f"{rounds} round{'s' if rounds != 1 else ''}"
     return text + (f", each n timed alternately with n = {reference}" if paired else "")
 

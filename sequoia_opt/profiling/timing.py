@@ -97,7 +97,7 @@ def time_alternating(
     prev: list[float] | None = None
     start = time.perf_counter()
     while len(samples[0]) < max_repeats:
-        for _ in range(min_repeats):
+        for _ in range(min(min_repeats, max_repeats - len(samples[0]))):  # never past max_repeats
             for fn, out in zip(fns, samples):
                 if cuda:
                     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
