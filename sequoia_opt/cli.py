@@ -531,7 +531,7 @@ def profile_latency(
         target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device=dev, dtype=dt,
         target_name=tname, target_config=tmodel.config, draft_name=dname,
         draft_config=dmodel.config if dmodel is not None else None, random_weights=random_weights, profile_id=pid,
-        method=method_text(rounds, paired and len(grid) > 1, reference=grid[0]))
+        method=method_text(rounds, paired, grid))
     out = output or Path("profiles") / slug / f"{(tcfg.name if random_weights else tname)}-latency.yaml"
     save_latency(out, curve)
     rows = [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c] for c in contexts for n in grid]

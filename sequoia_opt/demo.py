@@ -109,7 +109,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         target_name=pair.target_name, target_config=pair.target.config, draft_name=pair.draft_name,
         draft_config=pair.draft.config, random_weights=False,
         profile_id=f"{device_slug(dev)}_{pair.target_name}_{str(dt).removeprefix('torch.')}",
-        method=method_text(s.latency_rounds, s.latency_paired and len(grid) > 1, reference=grid[0]))
+        method=method_text(s.latency_rounds, s.latency_paired, grid))
 
     # 3. acceptance of the pair, on the profile split
     prof_prompts = load_prompts(demo_prompts_path("profile"), limit=s.acc_prompts)

@@ -174,12 +174,13 @@ def _spread(t: Timing) -> float:
     return round(t.p90_ms - t.p10_ms, 4)
 
 
-def method_text(rounds: int, paired: bool, reference: int = 1) -> str:
-    """How a profile was timed, for its ``source`` line: ``"3 rounds, each n timed alternately with n = 1"``.
-
-    ``paired`` should be False for a one-entry grid (nothing to pair) and ``reference`` the grid's first n."""
+def method_text(rounds: int, paired: bool, token_counts: Sequence[int]) -> str:
+    """How :func:`profile_model` timed a grid, for the profile's ``source`` line:
+    ``"3 rounds, each n timed alternately with n = 1"``. A one-entry grid has nothing to pair, and the
+    reference is the grid's first n, as in :func:`profile_model`."""
     text = f"{rounds} round{'s' if rounds != 1 else ''}"
-    return text + (f", each n timed alternately with n = {reference}" if paired else "")
+    return text + (f", each n timed alternately with n = {token_counts[0]}" if paired and len(token_counts) > 1
+                   else "")
 
 
 def build_latency_profile(
