@@ -63,7 +63,7 @@ def test_time_call_counts_repeats_within_bounds():
     assert 4 <= t.repeats <= 8
     assert len(calls) == 3 + t.repeats
     assert 0 <= t.p10_ms <= t.median_ms <= t.p90_ms
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="got min_repeats=5, max_repeats=2"):
         time_call(lambda: None, "cpu", min_repeats=5, max_repeats=2)
 
 

@@ -85,7 +85,8 @@ def time_alternating(
     if not fns:
         raise ValueError("nothing to time")
     if min_repeats < 1 or max_repeats < min_repeats:
-        raise ValueError("need 1 <= min_repeats <= max_repeats")
+        raise ValueError(f"need 1 <= min_repeats <= max_repeats, got min_repeats={min_repeats}, "
+                         f"max_repeats={max_repeats}")
     device = torch.device(device)
     cuda = device.type == "cuda"
     for fn in fns:
