@@ -67,8 +67,8 @@ class TreeSummary:
     Attributes:
         tokens_per_s: total new tokens / total decode time (prefill excluded), tokens/s.
         speedup: ``tokens_per_s`` / plain decoding's ``tokens_per_s`` (same prompts).
-        tokens_per_step / tps_ci95: mean untruncated tokens per step and its 95 % interval (normal
-            approximation over steps).
+        tokens_per_step / tps_ci95: mean untruncated tokens per step and its 95 % interval over prompts
+            (:func:`tokens_per_step_ci95`).
         predicted_tokens_per_step / predicted_speedup: from the tree YAML metadata (None if absent).
         draft_ms / verify_ms / bookkeeping_ms: totals (ms).
         mismatches: prompts whose greedy output differed from plain decoding (greedy mode only).
@@ -145,26 +145,64 @@ def _row(name: str, i: int, res: GenerationResult, plain: GenerationResult | Non
                      first_mismatch=first)
 
 
-def _ci95(xs: list[float]) -> tuple[float, float]:
-    if not xs:
+# two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom; the normal quantile past that
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def _t975(df: int) -> float:
+    return _T975[df - 1] if df <= len(_T975) else 1.959963984540054
+
+
+def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """95 % interval of the mean tokens per step ``sum(tokens) / sum(steps)`` over all prompts' steps.
+
+    Steps of one prompt are not independent: an easy prompt (one that repeats its own lines) accepts long
+    runs step after step, so an interval that treats every step as a separate draw is too narrow to test a
+    prediction against. The prompt is the unit here: with m >= 2 prompts the mean is a ratio estimator and
+    its variance the cluster-robust one, ``m / (m - 1) * sum_i (y_i - G * x_i)^2 / (sum_i x_i)^2`` (y_i: the
+    prompt's tokens, x_i: its steps, G: the mean), with Student's t at m - 1 degrees of freedom. With one
+    prompt the steps are the only replication and the normal interval over steps is returned.
+
+    Args:
+        per_prompt: per prompt, the untruncated tokens of each step (accepted nodes + 1); prompts without
+            steps are ignored.
+
+    Returns:
+        ``(low, high)`` tokens per step; ``(nan, nan)`` without any step.
+    """
+    groups = [list(map(float, g)) for g in per_prompt if len(g) > 0]
+    if not groups:
         return (math.nan, math.nan)
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return (m, m)
-    half = 1.959963984540054 * statistics.stdev(xs) / math.sqrt(len(xs))
-    return (m - half, m + half)
+    if len(groups) == 1:
+        xs = groups[0]
+        m = statistics.fmean(xs)
+        if len(xs) < 2:
+            return (m, m)
+        half = 1.959963984540054 * statistics.stdev(xs) / math.sqrt(len(xs))
+        return (m - half, m + half)
+    y = [sum(g) for g in groups]
+    x = [len(g) for g in groups]
+    n = sum(x)
+    g_mean = sum(y) / n
+    k = len(groups)
+    var = k / (k - 1) * sum((yi - g_mean * xi) ** 2 for yi, xi in zip(y, x)) / n**2
+    half = _t975(k - 1) * math.sqrt(var)
+    return (g_mean - half, g_mean + half)
 
 
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
              plain_tps: float | None, meta: TreeMetadata | None) -> TreeSummary:
-    per_step = [float(s.accepted_nodes + 1) for r in results for s in r.steps]
+    per_prompt = [[float(s.accepted_nodes + 1) for s in r.steps] for r in results]
+    per_step = [v for steps in per_prompt for v in steps]
     new = sum(len(r.tokens) for r in results)
     ms = sum(r.decode_ms for r in results)
     tps = 1000.0 * new / ms if ms > 0 else 0.0
     return TreeSummary(
         tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
         tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
-        tokens_per_step=statistics.fmean(per_step) if per_step else 0.0, tps_ci95=_ci95(per_step),
+        tokens_per_step=statistics.fmean(per_step) if per_step else 0.0, tps_ci95=tokens_per_step_ci95(per_prompt),
         predicted_tokens_per_step=meta.expected_tokens_per_step if meta else 1.0,
         predicted_speedup=meta.predicted_speedup if meta else 1.0,
         draft_ms=sum(r.draft_ms for r in results), verify_ms=sum(r.verify_ms for r in results),

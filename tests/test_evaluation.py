@@ -1,0 +1,48 @@
+"""The interval ``treeopt run`` reports around measured tokens per step."""
+
+import math
+import statistics
+
+import pytest
+
+from sequoia_opt.evaluation import tokens_per_step_ci95
+
+
+def test_one_prompt_uses_the_normal_interval_over_its_steps():
+    lo, hi = tokens_per_step_ci95([[1.0, 2.0, 3.0]])
+    half = 1.959963984540054 * 1.0 / math.sqrt(3)  # stdev of 1, 2, 3 is 1
+    assert (lo, hi) == pytest.approx((2.0 - half, 2.0 + half))
+
+
+def test_two_prompts_use_the_cluster_robust_ratio_interval_with_t_quantile():
+    # prompt 0: 4 steps of 1 token (y=4, x=4); prompt 1: 2 steps of 3 tokens (y=6, x=2); G = 10 / 6
+    lo, hi = tokens_per_step_ci95([[1, 1, 1, 1], [3, 3]])
+    g = 10 / 6
+    var = 2 / 1 * ((4 - g * 4) ** 2 + (6 - g * 2) ** 2) / 6**2
+    half = 12.706 * math.sqrt(var)  # t, 1 degree of freedom
+    assert (lo + hi) / 2 == pytest.approx(g)
+    assert hi - lo == pytest.approx(2 * half)
+
+
+def test_an_easy_prompt_widens_the_interval_beyond_the_per_step_one():
+    # five prompts accepting ~half the time and one that accepts almost everything: the per-step interval
+    # treats its 40 long steps as 40 independent draws and is far too narrow
+    ordinary = [[1.0, 2.0] * 20 for _ in range(5)]
+    easy = [[3.0] * 40]
+    groups = ordinary + easy
+    steps = [v for g in groups for v in g]
+    mean = statistics.fmean(steps)
+    per_step_half = 1.959963984540054 * statistics.stdev(steps) / math.sqrt(len(steps))
+    lo, hi = tokens_per_step_ci95(groups)
+    assert (lo + hi) / 2 == pytest.approx(mean)
+    assert (hi - lo) / 2 > 3 * per_step_half
+    # the ordinary prompts' own value, 1.5, is rejected by the per-step interval but not over prompts
+    assert not mean - per_step_half < 1.5 < mean + per_step_half
+    assert lo < 1.5 < hi
+
+
+def test_prompts_without_steps_are_ignored_and_no_steps_give_nan():
+    assert tokens_per_step_ci95([[], [1.0, 2.0, 3.0]]) == tokens_per_step_ci95([[1.0, 2.0, 3.0]])
+    lo, hi = tokens_per_step_ci95([[], []])
+    assert math.isnan(lo) and math.isnan(hi)
+    assert tokens_per_step_ci95([[2.0]]) == (2.0, 2.0)
