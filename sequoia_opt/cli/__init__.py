@@ -1,0 +1,20 @@
+"""The ``treeopt`` command line: a thin layer over the library (typer + rich), one module per command group.
+
+* :mod:`.common` — the typer ``app``, one-line error handling, the shared option types, progress display.
+* :mod:`.render` — the one renderer (rich tables or ``--json``) every command prints through.
+* :mod:`.profile` (``profile latency``, ``profile acceptance``), :mod:`.solve`, :mod:`.run`, :mod:`.plot`,
+  :mod:`.demo` — the commands; importing them registers them on ``app``.
+
+Adding a command: see :mod:`.common`.
+"""
+
+# importing a command module registers its commands on ``app``; this order is the order of ``treeopt --help``
+from . import solve  # noqa: F401  # isort: skip
+from . import profile  # noqa: F401  # isort: skip
+from . import run  # noqa: F401  # isort: skip
+from . import plot  # noqa: F401  # isort: skip
+from . import demo  # noqa: F401  # isort: skip
+from .common import app, handle_errors
+from .render import draw_tree, render
+
+__all__ = ["app", "render", "draw_tree", "handle_errors"]

@@ -1,0 +1,175 @@
+"""What every ``treeopt`` command shares: the typer app, the one-line error handling, the option types, the
+progress display, and the checks run before any model is loaded.
+
+Adding a command: in the module of its command group, write a function decorated with ``@app.command()`` (or
+the group's typer) and ``@handle_errors``, take the option types defined here (``AcceptanceOpt``,
+``LatencyOpt``, ``BudgetOpt``, ...), do the work with library calls, build a :class:`~sequoia_opt.report.Report`
+and pass it to :func:`~sequoia_opt.cli.render.render`. User errors are :class:`~sequoia_opt.errors.TreeoptError`:
+``handle_errors`` prints them as one red line on stderr and exits with code 2, without a traceback; typer's
+own usage errors (a malformed option value, an unknown option) get the same one line and exit code 2. Output
+files are written last, atomically, so a failure leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+import torch
+import typer
+from rich.console import Console
+from typing_extensions import Annotated
+
+from .. import __version__
+from ..errors import TreeoptError
+from ..tree import TreeMetadata
+
+app = typer.Typer(
+    name="treeopt",
+    help="Hardware-aware optimizer for tree-based speculative decoding (Sequoia-style).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+FORMATS = ("yaml", "json", "medusa", "vllm", "sglang")
+
+# ---------------------------------------------------------------------------------------------- shared options
+AcceptanceOpt = Annotated[
+    Path, typer.Option("--acceptance", "-a", help="Acceptance profile (treeopt-acceptance/1 YAML).")
+]
+LatencyOpt = Annotated[
+    Optional[Path],
+    typer.Option("--latency", "-l", help="Latency profile (treeopt-latency/1 YAML); enables the hardware-aware choice."),
+]
+BudgetOpt = Annotated[int, typer.Option("--budget", "-n", help="Largest tree size considered (nodes, root included).")]
+MaxDepthOpt = Annotated[int, typer.Option("--max-depth", "-d", help="Depth limit D (the root is depth 0).")]
+MaxBranchingOpt = Annotated[int, typer.Option("--max-branching", "-b", help="Most children per node B.")]
+ContextOpt = Annotated[
+    Optional[int], typer.Option("--context", help="Context length (tokens) to read latency at; default: smallest measured.")
+]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the tree here (atomically).")]
+ProfileOutputOpt = Annotated[
+    Optional[Path], typer.Option("--output", "-o", help="Write the profile here (atomically); default under profiles/.")
+]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output format: " + "|".join(FORMATS) + ".")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+
+_err = Console(stderr=True, highlight=False)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handle_errors(fn: F) -> F:
+    """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TreeoptError as err:
+            msg = str(err).splitlines()[0] if str(err) else err.__class__.__name__
+            _err.print(f"[bold red]error:[/] {msg}", markup=True, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"treeopt {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """treeopt: profile -> solve -> run."""
+
+
+# ---------------------------------------------------------------------------------------------- shared (models)
+TargetOpt = Annotated[
+    Optional[Path], typer.Option("--target", "-t", help="Target checkpoint: HF folder or .gguf (default: the demo target).")
+]
+DraftOpt = Annotated[
+    Optional[Path], typer.Option("--draft", help="Draft checkpoint: HF folder or .gguf (default: the bundled demo draft).")
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="Attention backend: auto | torch | cuda")]
+PromptsOpt = Annotated[
+    Optional[Path], typer.Option("--prompts", help="Prompt file (.jsonl with 'prompt', or blank-line separated text).")
+]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 = sampling.")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass in (0, 1], applied to target and draft.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling generator.")]
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool = True):
+    """Yield ``progress(what, done, total)``: a rich progress bar on stderr with an estimate of time left."""
+    if not enabled:
+        yield lambda what, done, total: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=_err,
+                  transient=True) as prog:
+        tasks: dict[str, Any] = {}
+
+        def update(what: str, done: int, total: int) -> None:
+            key = what.split(",")[0].split(":")[0]
+            if key not in tasks:
+                tasks[key] = prog.add_task(what, total=total)
+            prog.update(tasks[key], completed=done, total=total, description=what)
+
+        yield update
+
+
+def _interruptible(fn: F) -> F:
+    """Ctrl-C: say that nothing was written (outputs are written atomically, last) and exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            _err.print("[yellow]interrupted:[/] no output file was written")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _check_run_options(backend: str, device: Any, temperature: float = 0.0, top_p: float = 1.0) -> None:
+    """Refuse a bad backend, temperature or top-p before any model is loaded (TreeoptError, one line)."""
+    from ..attention import resolve_backend
+    from ..decoding import process_logits
+
+    try:
+        resolve_backend(backend, device)
+        process_logits(torch.zeros(1), temperature, top_p)
+    except (ValueError, RuntimeError) as err:
+        raise TreeoptError(str(err)) from None
+
+
+def _csv_ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TreeoptError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 0 for v in vals):
+        raise TreeoptError(f"{what} must list non-negative integers, got {text!r}")
+    return sorted(set(vals))
+
+
+def _load_tree_entry(path: Path):
+    from ..evaluation import TreeEntry
+    from ..exports import load_any_tree
+
+    tree, meta = load_any_tree(path)
+    return TreeEntry(name=path.stem, tree=tree, metadata=meta or TreeMetadata())

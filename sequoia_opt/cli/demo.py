@@ -1,0 +1,40 @@
+"""``treeopt demo``: the main job on the bundled demo pair (profile, solve, run, plot) on this device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from typing_extensions import Annotated
+
+from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, _check_run_options, _interruptible, app,
+                     handle_errors, progress_bar)
+from .render import render
+
+@app.command("demo")
+@handle_errors
+@_interruptible
+def demo_cmd(
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per evaluation prompt.")] = 64,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Evaluation prompts (held out from profiling).")] = 6,
+    quick: Annotated[bool, typer.Option("--quick", help="Smaller profiles and runs (a smoke test of the pipeline).")] = False,
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Where profiles, the tree, results and plots go.")] = Path("results/demo"),
+    backend: BackendOpt = "auto",
+    as_json: JsonOpt = False,
+) -> None:
+    """The main job on the bundled demo pair: profile this device and the pair, solve, run on held-out
+    prompts, and print predicted against measured figures."""
+    from ..demo import run_demo
+    from ..pipeline import parse_device
+
+    _check_run_options(backend, parse_device(device))
+    with progress_bar(not as_json) as progress:
+        result = run_demo(device=device, dtype=dtype, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
+                          quick=quick, out_dir=out_dir, backend=backend, progress=progress)
+    report = result.report
+    render(report, as_json)
+    if result.greedy_ok is False:
+        raise typer.Exit(1)
+

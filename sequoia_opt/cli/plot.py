@@ -1,0 +1,54 @@
+"""``treeopt plot``: PNGs of the latency curve, the acceptance vector, predicted against measured speedup,
+and the tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from typing_extensions import Annotated
+
+from .._io import read_text_file
+from ..errors import TreeoptError
+from ..report import Report
+from .common import JsonOpt, _load_tree_entry, app, handle_errors
+from .render import render
+
+@app.command("plot")
+@handle_errors
+def plot_cmd(
+    latency: Annotated[Optional[Path], typer.Option("--latency", "-l", help="Latency profile (treeopt-latency/1 YAML).")] = None,
+    acceptance: Annotated[Optional[Path], typer.Option("--acceptance", "-a", help="Acceptance profile.")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", help="A results/<run-id>.json from treeopt run.")] = None,
+    tree: Annotated[Optional[Path], typer.Option("--tree", help="A tree file to draw.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for the PNGs.")] = Path("results/plots"),
+    max_depth: Annotated[int, typer.Option("--max-depth", "-d", help="Depth limit for the predicted speedup curve.")] = 10,
+    as_json: JsonOpt = False,
+) -> None:
+    """Draw PNGs: latency curve, acceptance vector with intervals, predicted vs measured speedup against
+    budget, and the tree."""
+    from ..plots import plot_all, predicted_speedup_curve
+    from ..profiles import load_acceptance, load_latency
+
+    if not any((latency, acceptance, run, tree)):
+        raise TreeoptError("nothing to plot: pass --latency, --acceptance, --run and/or --tree")
+    curve = load_latency(latency) if latency else None
+    acc = load_acceptance(acceptance) if acceptance else None
+    run_doc = None
+    if run is not None:
+        text = read_text_file(run, error=TreeoptError, what="run results file")
+        try:
+            run_doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise TreeoptError(f"cannot read run results file {run}: {str(err).splitlines()[0]}") from None
+    t = _load_tree_entry(tree).tree if tree else None
+    predicted = None
+    if curve is not None and acc is not None:
+        predicted = predicted_speedup_curve(acc.acceptance, curve, curve.max_target_tokens(), max_depth,
+                                            max(acc.width, 1))
+    paths = plot_all(out_dir, latency=curve, acceptance=acc, run=run_doc, tree=t, predicted=predicted)
+    report = Report(title="treeopt plot", summary={"written": ", ".join(str(p) for p in paths)})
+    report.data = {"written": [str(p) for p in paths]}
+    render(report, as_json)
