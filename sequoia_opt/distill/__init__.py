@@ -54,11 +54,11 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ._io import atomic_write_text
-from .attention import causal_tree_mask
-from .model.config import ModelConfig
-from .model.llama import Transformer
-from .prompts import load_prompts
+from .._io import atomic_write_text
+from ..attention import causal_tree_mask
+from ..model.config import ModelConfig
+from ..model.llama import Transformer
+from ..prompts import load_prompts
 
 #: Directory names skipped when collecting standard-library sources: tests, third-party packages, data-like
 #: modules (codec tables, pydoc topics), IDLE and demos, build configuration.
@@ -67,7 +67,7 @@ EXCLUDED_DIRS = frozenset({
     "lib-dynload", "ensurepip", "lib2to3", "__phello__",
 })
 DATA_LICENCE = "PSF-2.0 (Python Software Foundation License, the Python standard library's source)"
-DEFAULT_PACKAGE_DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_PACKAGE_DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 # -- 1. data ---------------------------------------------------------------------------------------------------
@@ -844,7 +844,7 @@ def _curve_panel(ax, rows: list[dict], train: Sequence[tuple[str, str, float]],
 def write_curve(rows: list[dict], out: Path) -> None:
     """``loss_curve.csv`` and ``loss_curve.png`` (train / validation KL and agreement against step), both
     written atomically."""
-    from .plots import _new_figure, _save
+    from ..plots import _new_figure, _save
 
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS)
@@ -1172,7 +1172,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load_target(path: Path | None):
-    from .model.loaders import find_demo_target, load_checkpoint
+    from ..model.loaders import find_demo_target, load_checkpoint
 
     path = path or find_demo_target()
     if path is None:
@@ -1182,7 +1182,7 @@ def _load_target(path: Path | None):
 
 
 def run_evaluate(args) -> dict:
-    from .model.loaders import load_checkpoint
+    from ..model.loaders import load_checkpoint
 
     log = _log_to(None)
     _, target, tok = _load_target(args.target)
@@ -1213,8 +1213,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.evaluate is not None:
         run_evaluate(args)
         return 0
-    from .model.hf import save_hf_checkpoint
-    from .model.loaders import load_checkpoint
+    from ..model.hf import save_hf_checkpoint
+    from ..model.loaders import load_checkpoint
 
     if args.init_from is not None and not (args.init_from / "config.json").is_file():
         # fail before the target is loaded and labelling starts, not an hour later
@@ -1383,6 +1383,3 @@ def main(argv: list[str] | None = None) -> int:
     log(f"done in {total_s / 60:.1f} min: {json.dumps(tlog['bars'])}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
