@@ -1,0 +1,5 @@
+"""``python -m sequoia_opt.distill``: distil (or, with ``--evaluate``, re-measure) the demo draft model."""
+
+from .cli import main
+
+raise SystemExit(main())
