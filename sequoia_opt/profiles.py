@@ -246,6 +246,15 @@ class AcceptanceProfile:
         for key in ("temperature", "top_p"):
             if measured.get(key) is not None:
                 _number(measured[key], f"{source}: measured.{key}")
+        for key in ("width", "num_samples", "num_prompts", "steps", "max_new_tokens"):
+            v = measured.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ProfileError(f"{source}: measured.{key} = {v!r} must be a non-negative integer")
+        # the sizes a profile states must agree with its data (a hand-edited or truncated vector otherwise
+        # solves for another K without a word)
+        if measured.get("width") is not None and measured["width"] != p.size:
+            raise ProfileError(f"{source}: measured.width is {measured['width']} but 'acceptance' has {p.size} "
+                               "entries; the two must agree (K)")
         counts = None
         if doc.get("counts") is not None:
             raw = doc["counts"]
@@ -264,6 +273,9 @@ class AcceptanceProfile:
                     f"{source}: acceptance p_{worst + 1} = {p[worst]:.6g} disagrees with counts "
                     f"({implied[worst]:.6g} = {counts[worst]}/{counts.sum()})"
                 )
+            if measured.get("num_samples") is not None and measured["num_samples"] != int(counts.sum()):
+                raise ProfileError(f"{source}: measured.num_samples is {measured['num_samples']} but 'counts' sum "
+                                   f"to {int(counts.sum())}; the two must agree")
         by_depth: dict[int, np.ndarray] = {}
         raw_depth = doc.get("acceptance_by_depth") or {}
         if not isinstance(raw_depth, dict):
@@ -272,6 +284,9 @@ class AcceptanceProfile:
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ProfileError(f"{source}: acceptance_by_depth key {k!r} must be a depth >= 1")
             by_depth[k] = validate_acceptance(v, error=ProfileError, what=f"{source}: acceptance_by_depth[{k}]")
+            if by_depth[k].size != p.size:
+                raise ProfileError(f"{source}: acceptance_by_depth[{k}] has {by_depth[k].size} entries but "
+                                   f"'acceptance' has {p.size}; every vector of a profile has K entries")
         pid = doc.get("id", default_id)
         if not isinstance(pid, str) or not pid:
             raise ProfileError(f"{source}: 'id' must be a non-empty string")

@@ -151,6 +151,15 @@ def test_bad_latency_profiles(doc, match):
         ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "counts": [1, 2, 3]}, "K \\+ 1 = 2"),
         ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "counts": [9, 1]}, "disagrees with counts"),
         ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "measured": {"mode": "beam"}}, "mode"),
+        # the sizes a profile states are checked against its data
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5, 0.2, 0.1], "measured": {"width": 8}},
+         "measured.width is 8 but 'acceptance' has 3 entries"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "counts": [5, 5], "measured": {"num_samples": 11}},
+         "measured.num_samples is 11 but 'counts' sum to 10"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5, 0.2], "acceptance_by_depth": {1: [0.5]}},
+         "acceptance_by_depth\\[1\\] has 1 entries but 'acceptance' has 2"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "measured": {"width": "8"}},
+         "measured.width = '8' must be a non-negative integer"),
     ],
 )
 def test_bad_acceptance_profiles(doc, match):
@@ -175,3 +184,10 @@ def test_warn_on_mismatch():
     assert any("'dev'" in x and "'H100'" in x for x in w)
     assert any("bfloat16" in x for x in w)
     assert any("draft 'other' differs" in x for x in w)
+
+
+def test_stated_sizes_that_agree_load():
+    prof = AcceptanceProfile.from_dict({"format": "treeopt-acceptance/1", "acceptance": [0.5, 0.25],
+                                        "counts": [2, 1, 1], "measured": {"width": 2, "num_samples": 4},
+                                        "acceptance_by_depth": {1: [0.5, 0.25]}})
+    assert prof.width == 2 and prof.num_samples == 4 and prof.by_depth[1].tolist() == [0.5, 0.25]
