@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
 
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
-from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
+from sequoia_opt.profiles import LatencyCurve, load_acceptance, load_latency, save_latency  # noqa: E402
 from sequoia_opt.tree import Tree, load_tree, save_tree  # noqa: E402
 
 runner = CliRunner()
@@ -256,3 +257,35 @@ def test_solve_output_errors_are_one_line(tmp_path):
     binary.write_bytes(bytes(range(256)) * 4)
     r = invoke("solve", "-a", binary)
     assert r.exit_code == 2 and "not a UTF-8 text file" in r.output
+
+
+def test_progress_is_one_line_per_stage_when_output_is_not_a_terminal(workdir, tmp_path):
+    root, target, draft, _ = workdir
+    r = invoke("profile", "latency", "--target", target, "--draft", draft, "--context", "8", "--max-tokens", "2",
+               "--max-draft-tokens", "2", "--max-repeats", "1", "--rounds", "1", "-o", tmp_path / "lat.yaml")
+    assert r.exit_code == 0, r.output
+    stages = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
+    assert len(stages) == 2, r.stderr  # one line as each stage starts, not one per measured point
+    assert re.fullmatch(r"\[ *\d+\.\d s\] target forward \(1/2\)", stages[0]), stages
+    assert re.fullmatch(r"\[ *\d+\.\d s\] draft forward \(1/2\)", stages[1]), stages
+
+
+def test_run_compare_says_when_the_latency_profile_limits_the_baselines(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    acc, lat, tree = tmp_path / "acc.yaml", tmp_path / "lat.yaml", tmp_path / "big.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nacceptance: [0.6, 0.2, 0.1]\n")
+    save_latency(lat, LatencyCurve.synthetic({1: 10.0, 4: 11.0, 8: 12.0}, {1: 1.0, 8: 1.5}, id="short"))
+    save_tree(tree, Tree.from_choices([[0], [1], [2]] + [[i, j] for i in range(3) for j in range(3)]
+                                      + [[0, 0, j] for j in range(8)]))  # 21 nodes
+    r = invoke("run", "--tree", tree, "--compare", "-a", acc, "-l", lat, "--target", target, "--draft", draft,
+               "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path,
+               "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["baseline_notes"] == [
+        "--compare baselines limited to 8 nodes (asked: 21, the largest tree): latency profile 'short' was "
+        "measured up to 8 target tokens; profile more tokens (treeopt profile latency --max-tokens 21) to compare "
+        "at the trees' size"]
+    assert doc["baseline_notes"][0] in doc["notes"]
+    sizes = {s["tree"]: s["size"] for s in doc["summaries"]}
+    assert sizes["big"] == 21 and all(n <= 8 for name, n in sizes.items() if name not in ("plain", "big"))

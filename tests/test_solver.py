@@ -259,6 +259,16 @@ def test_budget_past_the_measured_range_is_refused():
         choose(P, _curve(lambda n: 20.0), 1024, 8)
 
 
+def test_compare_baselines_refuses_what_the_curve_did_not_measure():
+    curve = LatencyCurve.synthetic({1: 10.0, 8: 11.0, 24: 12.0}, {1: 1.0, 8: 1.2, 24: 1.5})
+    with pytest.raises(ProfileError, match="budget 128 exceeds the largest target token count 24"):
+        compare_baselines(P, 128, 8, 32, curve)  # was: a 24-node best-first tree, without a word
+    res = {b.name: b for b in compare_baselines(P, 24, 8, 32, curve)}
+    assert res["best-first"].tree.size == 24 and res["best-first"].params == {"budget": 24}
+    with pytest.raises(SolverError, match="best-first budget must be in 1..24"):
+        compare_baselines(P, 24, 8, 32, curve, best_first_budget=32)
+
+
 def test_compare_without_curve_ranks_by_expected_tokens():
     res = {b.name: b for b in compare_baselines(P, 64, 8, 32)}
     assert set(res) == {"chain", "k-ary", "specinfer", "best-first"}

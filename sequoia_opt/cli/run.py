@@ -65,9 +65,11 @@ def run_cmd(
         seen[e.name] = seen.get(e.name, 0) + 1
         if seen[e.name] > 1:
             e.name = f"{e.name}#{seen[e.name]}"
+    baseline_notes: list[str] = []
     if compare:
-        entries += _baseline_entries(acceptance, latency, max(e.tree.size for e in entries),
-                                     max(max(e.tree.tree_depth for e in entries), 1))
+        extra, baseline_notes = _baseline_entries(acceptance, latency, max(e.tree.size for e in entries),
+                                                  max(max(e.tree.tree_depth for e in entries), 1))
+        entries += extra
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
     texts = load_prompts(prompts or demo_prompts_path("eval"), limit=num_prompts)
@@ -83,12 +85,20 @@ def run_cmd(
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")})
     report.warnings = warnings + report.warnings
+    report.notes = baseline_notes + report.notes
+    if compare:
+        report.data["baseline_notes"] = baseline_notes
     render(report, as_json)
     if report.data.get("greedy_ok") is False:
         raise typer.Exit(1)
 
 
-def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budget: int, max_depth: int):
+def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budget: int,
+                      max_depth: int) -> tuple[list, list[str]]:
+    """The best chain and k-ary tree within ``budget`` nodes and ``max_depth`` (the largest tree's size and
+    depth), scored under the acceptance profile (and latency profile). Returns ``(entries, notes)``: when
+    the latency profile stops short of ``budget`` tokens the baselines are chosen within what it measured,
+    and a note says so (it goes to the output and the JSON)."""
     from ..evaluation import TreeEntry
     from ..profiles import load_acceptance, load_latency
     from ..solver import compare_baselines
@@ -97,6 +107,13 @@ def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budge
         raise TreeoptError("--compare needs --acceptance (to pick the best chain and k-ary tree)")
     acc = load_acceptance(acceptance)
     curve = load_latency(latency) if latency else None
+    notes = []
+    if curve is not None and budget > curve.max_target_tokens():
+        measured = curve.max_target_tokens()
+        notes.append(f"--compare baselines limited to {measured} nodes (asked: {budget}, the largest tree): latency "
+                     f"profile {curve.id!r} was measured up to {measured} target tokens; profile more tokens "
+                     f"(treeopt profile latency --max-tokens {budget}) to compare at the trees' size")
+        budget = measured
     out = []
     for b in compare_baselines(acc.acceptance, budget, max_depth, 32, curve):
         if b.name.startswith(("chain", "k-ary")):
@@ -105,7 +122,7 @@ def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budge
                                 latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}")
             out.append(TreeEntry(name=f"{b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items()),
                                  tree=b.tree, metadata=meta))
-    return out
+    return out, notes
 
 
 def _check_trees_fit(entries, pair) -> None:

@@ -168,6 +168,20 @@ def budget_grid(budget: int, measured: Sequence[int]) -> list[int]:
     return sorted(grid)
 
 
+def _check_budget_measured(budget: int, curve: LatencyCurve, context: int | None) -> None:
+    """Refuse a budget past the largest target token count measured in ``curve`` (no extrapolation).
+
+    Raises:
+        ProfileError: naming the budget, the largest measured count and the profile.
+    """
+    max_target = curve.max_target_tokens(context)
+    if budget > max_target:
+        raise ProfileError(
+            f"budget {budget} exceeds the largest target token count {max_target} measured in latency "
+            f"profile {curve.id!r}; refusing to extrapolate (lower --budget or profile more tokens)"
+        )
+
+
 def choose(
     acceptance: Sequence[float],
     curve: LatencyCurve,
@@ -191,12 +205,8 @@ def choose(
             target token count, or no candidate could be scored without extrapolating the draft curve.
     """
     p = validate_acceptance(acceptance)
-    max_target = curve.max_target_tokens(context)
-    if isinstance(budget, int) and budget > max_target:
-        raise ProfileError(
-            f"budget {budget} exceeds the largest target token count {max_target} measured in latency "
-            f"profile {curve.id!r}; refusing to extrapolate (lower --budget or profile more tokens)"
-        )
+    if isinstance(budget, int):
+        _check_budget_measured(budget, curve, context)
     if solution is None or solution.max_nodes < budget or solution.max_depth < max_depth:
         solution = solve_dp(p, budget, max_depth, max_branching)
     ms, ds = [], []
@@ -293,6 +303,13 @@ def compare_baselines(
     """Best chain (over gamma), best k-ary tree (over k and depth, truncated to the budget), best SpecInfer
     k x L, and best-first with ``best_first_budget`` (default: ``budget``) nodes, all within the budget,
     depth and branching limits. "Best" = highest tokens/s with a curve, else highest G (ties: fewer nodes).
+
+    Nothing is clamped: a budget the curve was not measured to is refused, as :func:`choose` refuses it (a
+    caller that wants baselines within the curve lowers the budget itself and says so).
+
+    Raises:
+        SolverError: bad acceptance / budget / depth, or ``best_first_budget`` outside ``1..budget``.
+        ProfileError: ``budget`` beyond the largest target token count measured in ``curve``.
     """
     from .baselines import best_first, chain, kary_tree, specinfer
 
@@ -301,8 +318,11 @@ def compare_baselines(
         raise SolverError(f"budget must be an integer >= 1, got {budget!r}")
     if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
         raise SolverError(f"max depth must be an integer >= 1, got {max_depth!r}")
+    if best_first_budget is not None and not 1 <= best_first_budget <= budget:
+        raise SolverError(f"best-first budget must be in 1..{budget} (the baselines' budget), got "
+                          f"{best_first_budget!r}")
     if curve is not None:
-        budget = min(budget, curve.max_target_tokens(context))
+        _check_budget_measured(budget, curve, context)
         max_draft = curve.max_draft_tokens(context)
     # ranks past the last positive p_k add nodes and cost but never expected tokens
     k_pos = int(np.nonzero(p > 0)[0][-1]) + 1 if np.any(p > 0) else 1
@@ -358,6 +378,6 @@ def compare_baselines(
     if best is not None:
         add("specinfer", {"k": best[1], "length": best[2]}, specinfer(best[1], best[2]))
 
-    bf_budget = budget if best_first_budget is None else min(best_first_budget, budget)
+    bf_budget = budget if best_first_budget is None else best_first_budget
     add("best-first", {"budget": bf_budget}, best_first(p, bf_budget, max_depth, max_branching))
     return out
