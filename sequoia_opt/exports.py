@@ -33,8 +33,13 @@ module turns it into what other engines take, and reads their choice lists back.
     (:func:`project_level_uniform` with ``max_depth`` = the input's depth, so the projection needs no more
     draft forwards than the input) and the export says how many expected tokens per step that costs. The
     tree path runs only with an EAGLE-family method and the ``TREE_ATTN`` attention backend; merge the
-    fragment with your ``method`` and ``model``. Upstream still calls tree drafting incomplete
-    (vllm-project/vllm#37396): check it against your vLLM version.
+    fragment with your ``method`` and ``model``. Upstream still called tree drafting incomplete
+    (vllm-project/vllm#37396), then removed it: **only vLLM 0.10.1 to 0.20.2 accept this export**. 0.10.1 is
+    the first release with the ``TREE_ATTN`` backend (0.10.0 has the config field but no backend), and
+    vllm-project/vllm#42121 (May 2026) removed both the backend and ``speculative_token_tree``, so 0.21.0 and
+    later reject it (checked in each release's wheel: ``vllm/v1/attention/backends/tree_attn.py`` and the
+    field in ``vllm/config``). Later releases verify a chain: solve one with ``--max-branching 1`` and give
+    vLLM its length as ``num_speculative_tokens``.
 ``sglang``
     SGLang does not take a tree: its EAGLE worker rebuilds one every step from the draft's scores, shaped by
     ``--speculative-num-steps`` (draft depth), ``--speculative-eagle-topk`` (children per expanded node, and
@@ -83,6 +88,19 @@ FORMAT_SUFFIXES: dict[str, str] = {
 MEDUSA_TOPK = 10
 """Candidates per Medusa head in Medusa's reference code (``TOPK = 10`` in ``medusa/model/utils.py``)."""
 
+VLLM_TREE_RELEASES = ("0.10.1", "0.20.2")
+"""The first and last vLLM releases that accept ``speculative_token_tree`` (checked in the wheels: the
+``TREE_ATTN`` backend arrived in 0.10.1; vllm-project/vllm#42121 removed it and the field, from 0.21.0)."""
+
+TRTLLM_MAX_RANK = 15
+"""Largest rank TensorRT-LLM's C++ runtime takes: ``computePrefix`` in
+``cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp`` keys a node by its rank path packed 4 bits
+per level into a 64-bit prefix, so a rank of 16 or more does not fit its 4 bits (the runtime refuses it;
+without that check it would collide with another node's key)."""
+
+TRTLLM_MAX_DEPTH = 16
+"""Deepest choice path that 64-bit prefix holds (64 bits / 4 bits per level)."""
+
 
 class ExportError(TreeoptError):
     """An export was asked for something it cannot do: an unknown format, a tree the engine cannot take
@@ -104,6 +122,8 @@ class Export:
         notes: one-line caveats for the user (engine limits, projection, "closest setting" for SGLang); a
             projection note starts with ``"projected: lost X tokens/step"`` (or ``gained`` / ``unknown``).
         projected: True when the exported tree is a level-uniform projection of a different input tree.
+        warnings: one-line problems the engine will have with this text as it is (a TensorRT-LLM rank past
+            :data:`TRTLLM_MAX_RANK`, a vLLM release that no longer reads ``speculative_token_tree``).
     """
 
     fmt: str
@@ -112,6 +132,7 @@ class Export:
     lost_tokens: float | None = None
     notes: tuple[str, ...] = ()
     projected: bool = False
+    warnings: tuple[str, ...] = ()
 
 
 class Projection(NamedTuple):
@@ -153,7 +174,7 @@ def export(
         acceptance: positional acceptance vector ``p_1..p_K``; used by ``json`` (derived expected tokens) and
             by ``vllm`` (to choose the best level-uniform projection and report the tokens lost).
     """
-    key = _normalise_format(fmt)
+    key = normalise_format(fmt)
     p = None if acceptance is None else _check_acceptance(acceptance)
     if key in ("medusa", "tensorrt-llm", "vllm", "sglang") and tree.size < 2:
         raise ExportError(
@@ -164,8 +185,11 @@ def export(
         return Export(key, tree_to_yaml(tree, metadata), tree)
     if key == "json":
         return Export(key, _json_text(tree, metadata, p), tree)
-    if key in ("medusa", "tensorrt-llm"):
-        return Export(key, choices_literal(tree) + "\n", tree, notes=_choice_list_notes(tree, key))
+    if key == "medusa":
+        return Export(key, choices_literal(tree) + "\n", tree, notes=_medusa_notes(tree))
+    if key == "tensorrt-llm":
+        return Export(key, choices_literal(tree) + "\n", tree, notes=_trtllm_notes(tree),
+                      warnings=_trtllm_warnings(tree))
     if key == "vllm":
         return _export_vllm(tree, p)
     return _export_sglang(tree)
@@ -454,7 +478,9 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
 _ALIASES = {"trtllm": "tensorrt-llm", "tensorrt_llm": "tensorrt-llm", "trt-llm": "tensorrt-llm", "yml": "yaml"}
 
 
-def _normalise_format(fmt: str) -> str:
+def normalise_format(fmt: str) -> str:
+    """The canonical name of an export format (case-insensitive; ``trtllm``, ``tensorrt_llm``, ``trt-llm``
+    and ``yml`` are aliases). Raises :class:`ExportError` naming the formats for an unknown one."""
     key = str(fmt).strip().lower()
     key = _ALIASES.get(key, key)
     if key not in EXPORT_FORMATS:
@@ -523,18 +549,39 @@ def _json_text(tree: Tree, metadata: TreeMetadata | None, p: np.ndarray | None) 
     )
 
 
-def _choice_list_notes(tree: Tree, key: str) -> tuple[str, ...]:
+def _medusa_notes(tree: Tree) -> tuple[str, ...]:
     depth, top_rank = tree.tree_depth, max(tree.rank)
-    notes = [
-        f"{tree.size - 1} choices, depth {depth}: needs at least {depth} Medusa heads"
-        + (", and max_draft_len >= " + str(tree.size - 1) + " in the engine" if key == "tensorrt-llm" else "")
-    ]
+    notes = [f"{tree.size - 1} choices, depth {depth}: needs at least {depth} Medusa heads"]
     if top_rank >= MEDUSA_TOPK:
         notes.append(
             f"rank {top_rank} >= {MEDUSA_TOPK}: Medusa's reference code takes the top {MEDUSA_TOPK} tokens per "
             "head, raise its TOPK"
         )
     return tuple(notes)
+
+
+def _trtllm_notes(tree: Tree) -> tuple[str, ...]:
+    return (f"{tree.size - 1} choices, depth {tree.tree_depth}: needs at least {tree.tree_depth} Medusa heads, "
+            f"and max_draft_len >= {tree.size - 1} in the engine",)
+
+
+def _trtllm_warnings(tree: Tree) -> tuple[str, ...]:
+    """TensorRT-LLM's limits on a choice list (see :data:`TRTLLM_MAX_RANK`), one line each."""
+    out = []
+    top_rank = max(tree.rank)
+    if top_rank > TRTLLM_MAX_RANK:
+        wide = sum(1 for r in tree.rank[1:] if r > TRTLLM_MAX_RANK)
+        out.append(
+            f"rank {top_rank} > {TRTLLM_MAX_RANK} ({wide} nodes): TensorRT-LLM keys a node by its ranks packed "
+            f"4 bits per level, so every rank must be <= {TRTLLM_MAX_RANK}; re-solve with --max-branching "
+            f"{TRTLLM_MAX_RANK + 1}"
+        )
+    if tree.tree_depth > TRTLLM_MAX_DEPTH:
+        out.append(
+            f"depth {tree.tree_depth} > {TRTLLM_MAX_DEPTH}: TensorRT-LLM's 64-bit rank-path key holds at most "
+            f"{TRTLLM_MAX_DEPTH} levels; re-solve with --max-depth {TRTLLM_MAX_DEPTH}"
+        )
+    return tuple(out)
 
 
 def _export_vllm(tree: Tree, p: np.ndarray | None) -> Export:
@@ -564,13 +611,18 @@ def _export_vllm(tree: Tree, p: np.ndarray | None) -> Export:
         "merge into --speculative-config with an EAGLE-family method and model; the tree path needs the "
         "TREE_ATTN attention backend"
     )
+    first, last = VLLM_TREE_RELEASES
+    warnings = (
+        f"only vLLM {first} to {last} accept speculative_token_tree: vLLM removed tree drafting and its "
+        "TREE_ATTN backend in May 2026 (vllm-project/vllm#42121), so 0.21.0 and later reject this setting",
+    )
     doc = {
         "num_speculative_tokens": out_tree.size - 1,
         "speculative_token_tree": choices_literal(out_tree, tuples=True),
     }
     return Export(
         "vllm", json.dumps(doc, indent=2) + "\n", out_tree, lost_tokens=lost, notes=tuple(notes),
-        projected=out_tree is not tree,
+        projected=out_tree is not tree, warnings=warnings,
     )
 
 

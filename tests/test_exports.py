@@ -625,3 +625,25 @@ def test_brute_force_helper_sanity():
     # all_branchings enumerates exactly the level-uniform trees of <= n nodes
     assert sorted(all_branchings(4, None)) == sorted([(), (1,), (2,), (3,), (1, 1), (1, 2), (1, 1, 1)])
     assert max(len(b) for b in all_branchings(7, 2)) == 2
+
+
+def test_vllm_export_says_which_releases_accept_it():
+    e = export(Tree.from_choices([[0], [1], [0, 0], [1, 0]]), "vllm")
+    assert e.warnings == ("only vLLM 0.10.1 to 0.20.2 accept speculative_token_tree: vLLM removed tree drafting "
+                          "and its TREE_ATTN backend in May 2026 (vllm-project/vllm#42121), so 0.21.0 and later "
+                          "reject this setting",)
+    import sequoia_opt.exports as ex
+    assert "0.10.1 to 0.20.2" in ex.__doc__ and "#42121" in ex.__doc__
+
+
+def test_tensorrt_llm_limits_are_its_own():
+    wide = Tree.from_choices([[i] for i in range(17)])  # ranks 0..16
+    trt = export(wide, "tensorrt-llm")
+    assert trt.warnings == ("rank 16 > 15 (1 nodes): TensorRT-LLM keys a node by its ranks packed 4 bits per "
+                            "level, so every rank must be <= 15; re-solve with --max-branching 16",)
+    assert not any("Medusa's reference code" in n for n in trt.notes)
+    assert export(Tree.from_choices([[i] for i in range(16)]), "tensorrt-llm").warnings == ()
+    deep = export(Tree.chain(18), "trtllm")  # 18 nodes, depth 17
+    assert deep.warnings == ("depth 17 > 16: TensorRT-LLM's 64-bit rank-path key holds at most 16 levels; "
+                             "re-solve with --max-depth 16",)
+    assert export(wide, "medusa").warnings == ()
