@@ -106,3 +106,79 @@ def test_bad_acceptance_schema(tmp_path):
     r = runner.invoke(app, ["solve", "-a", str(p), "-o", str(tmp_path / "t.yaml")])
     assert r.exit_code == 2 and "treeopt-acceptance/1" in r.stderr
     assert not (tmp_path / "t.yaml").exists()
+
+
+# ---------------------------------------------------------------------------------------------- usage errors
+@pytest.mark.parametrize("args, names", [
+    (["solve", "-a", ACC, "--budget", "abc"], "'--budget'"),
+    (["solve", "-a", ACC, "--bogus"], "--bogus"),
+    (["solve"], "'--acceptance'"),
+    (["profile", "latency", "--max-tokens", "x"], "'--max-tokens'"),
+    (["run", "--tree"], "--tree"),
+])
+def test_usage_errors_are_one_line_and_exit_2(args, names):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.output
+    assert lines[0].startswith("error: ") and names in lines[0] and "--help" in lines[0]
+    assert "╭" not in r.output and "Usage:" not in r.output
+
+
+def test_help_and_bare_command_still_show_help():
+    r = runner.invoke(app, [])
+    assert "Usage" in r.output and "solve" in r.output
+    r = runner.invoke(app, ["solve", "--help"])
+    assert r.exit_code == 0 and "--budget" in r.output
+
+
+# ---------------------------------------------------------------------------------------------- --format
+@pytest.mark.parametrize("fmt", ["medusa", "tensorrt-llm", "trtllm", "vllm", "sglang"])
+def test_format_without_output_prints_the_export_to_stdout(tmp_path, fmt):
+    args = ["solve", "-a", ACC, "-l", LAT, "--budget", "32", "--max-depth", "6", "--format", fmt]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "export.txt"
+    assert runner.invoke(app, args + ["-o", str(out)]).exit_code == 0
+    assert r.stdout == out.read_text()  # stdout carries the export alone, byte for byte what -o writes
+    assert "predicted speedup" in r.stderr  # the report went to stderr
+
+
+def test_yaml_format_without_output_is_a_loadable_tree(tmp_path):
+    r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "16", "--max-depth", "4", "--format", "yaml"])
+    assert r.exit_code == 0, r.output
+    path = tmp_path / "t.yaml"
+    path.write_text(r.stdout)
+    tree, meta = load_tree(path)
+    assert tree.size == 16 and meta.budget == 16
+
+
+def test_tensorrt_llm_warns_about_its_4_bit_ranks(tmp_path):
+    acc = _acc(tmp_path, [0.05] * 20)  # every rank equally likely: the budget goes to 19 children of the root
+    r = runner.invoke(app, ["solve", "-a", acc, "--budget", "20", "--max-depth", "1", "--format", "tensorrt-llm"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == [[i] for i in range(19)]
+    assert "warning: rank 18 > 15 (3 nodes)" in r.stderr and "--max-branching 16" in r.stderr
+    assert "Medusa's reference code" not in r.stderr  # Medusa's TOPK advice is for Medusa only
+    r = runner.invoke(app, ["solve", "-a", acc, "--budget", "20", "--max-depth", "1", "--format", "medusa"])
+    assert "rank 18 >= 10" in r.stderr and "4 bits" not in r.stderr
+    r = runner.invoke(app, ["solve", "-a", acc, "--budget", "16", "--max-depth", "1", "--format", "tensorrt-llm",
+                            "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["export"]["format"] == "tensorrt-llm" and doc["export"]["warnings"] == []
+
+
+def test_unknown_format_names_the_formats(tmp_path):
+    out = tmp_path / "t.txt"
+    r = runner.invoke(app, ["solve", "-a", ACC, "--format", "onnx", "-o", str(out)])
+    assert r.exit_code == 2 and "tensorrt-llm" in r.output and not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------- profile sizes
+def test_solve_refuses_a_profile_whose_width_disagrees_with_its_vector(tmp_path):
+    p = tmp_path / "acc.yaml"
+    p.write_text(yaml.safe_dump({"format": "treeopt-acceptance/1", "measured": {"width": 8},
+                                 "acceptance": [0.5, 0.2, 0.1]}))
+    r = runner.invoke(app, ["solve", "-a", str(p)])
+    assert r.exit_code == 2
+    assert "measured.width is 8 but 'acceptance' has 3 entries" in r.output

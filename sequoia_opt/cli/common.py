@@ -14,19 +14,61 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 import torch
 import typer
+import typer.core
 from rich.console import Console
 from typing_extensions import Annotated
 
 from .. import __version__
 from ..errors import TreeoptError
+from ..exports import EXPORT_FORMATS
 from ..tree import TreeMetadata
+_err = Console(stderr=True, highlight=False)
+# the click typer runs on: its vendored copy since typer 0.2x, the click package before
+_click = getattr(typer.core, "_click", None) or importlib.import_module("click")
+
+
+def _print_error(msg: str) -> None:
+    """The one-line error format of every command: ``error: <first line of msg>`` in red on stderr."""
+    line = msg.splitlines()[0] if msg.strip() else "unknown error"
+    _err.print(f"[bold red]error:[/] {line}", markup=True, soft_wrap=True, highlight=False)
+
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """The root command group: typer's own usage errors (a malformed value such as ``--budget abc``, an
+    unknown option, a missing required option) print one line and exit 2, like :func:`handle_errors` does
+    for the library's errors, instead of the multi-line box typer draws. ``treeopt`` with no arguments and
+    ``--help`` still print the help."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:  # noqa: D102
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except _click.exceptions.ClickException as err:
+            if type(err).__name__ == "NoArgsIsHelpError":  # bare `treeopt` / `treeopt profile`: the help
+                err.show()
+                sys.exit(err.exit_code)
+            ctx = getattr(err, "ctx", None)
+            hint = f" (see '{ctx.command_path if ctx is not None else 'treeopt'} --help')"
+            _print_error(err.format_message() + hint)
+            sys.exit(err.exit_code)
+        except _click.exceptions.Abort:
+            _err.print("aborted")
+            sys.exit(1)
+        # without standalone mode typer returns typer.Exit's code (an int) or the command's return value
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="treeopt",
     help="Hardware-aware optimizer for tree-based speculative decoding (Sequoia-style).",
     no_args_is_help=True,
@@ -34,7 +76,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-FORMATS = ("yaml", "json", "medusa", "vllm", "sglang")
+FORMATS = EXPORT_FORMATS  # the library's list: every format it exports, the CLI accepts
 
 # ---------------------------------------------------------------------------------------------- shared options
 AcceptanceOpt = Annotated[
@@ -54,10 +96,11 @@ OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write
 ProfileOutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write the profile here (atomically); default under profiles/.")
 ]
-FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output format: " + "|".join(FORMATS) + ".")]
+FormatOpt = Annotated[Optional[str], typer.Option(
+    "--format", "-f", help="Export format: " + "|".join(FORMATS) + " (default with -o: yaml). Without -o the "
+    "export is printed to stdout and the report goes to stderr.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 
-_err = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -69,8 +112,7 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except TreeoptError as err:
-            msg = str(err).splitlines()[0] if str(err) else err.__class__.__name__
-            _err.print(f"[bold red]error:[/] {msg}", markup=True, soft_wrap=True)
+            _print_error(str(err) or err.__class__.__name__)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -111,9 +153,28 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling gener
 
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True):
-    """Yield ``progress(what, done, total)``: a rich progress bar on stderr with an estimate of time left."""
+    """Yield ``progress(what, done, total)``.
+
+    On a terminal: a rich progress bar on stderr with an estimate of time left. When stdout or stderr is not
+    a terminal (output sent to a file or a pipe, a CI log), a bar would show nothing until the end, so each
+    stage prints one plain line to stderr as it starts, with the time since the command began: a log shows
+    progress as it happens. A stage is ``what`` up to its first ``,`` or ``:`` (e.g. ``target forward``,
+    ``prompt 3/6``).
+    """
     if not enabled:
         yield lambda what, done, total: None
+        return
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        t0 = time.perf_counter()
+        started: set[str] = set()
+
+        def line(what: str, done: int, total: int) -> None:
+            key = what.split(",")[0].split(":")[0]
+            if key not in started:
+                started.add(key)
+                print(f"[{time.perf_counter() - t0:7.1f} s] {key} ({done}/{total})", file=sys.stderr, flush=True)
+
+        yield line
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 

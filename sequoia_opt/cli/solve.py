@@ -3,30 +3,33 @@ depth from a latency profile, baselines side by side, and the exports for servin
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Optional
 
 import typer
+from rich.console import Console
 from typing_extensions import Annotated
 
 from .._io import atomic_write_text
 from ..errors import TreeoptError
 from ..report import Report
 from ..tree import Tree, TreeMetadata, now_iso
-from .common import (FORMATS, AcceptanceOpt, BudgetOpt, ContextOpt, FormatOpt, JsonOpt, LatencyOpt,
+from .common import (AcceptanceOpt, BudgetOpt, ContextOpt, FormatOpt, JsonOpt, LatencyOpt,
                      MaxBranchingOpt, MaxDepthOpt, OutputOpt, app, handle_errors)
 from .render import render
 
-def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], tuple[str, list[str]]]:
-    """Resolve the output format before any work is done (so a bad format writes nothing)."""
+def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], Any]:
+    """Resolve the output format before any work is done (so a bad format writes nothing); returns a
+    function giving the :class:`~sequoia_opt.exports.Export` of a tree."""
     from .. import exports
 
-    key = fmt.strip().lower()
-    if key not in FORMATS:
-        raise TreeoptError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    try:
+        key = exports.normalise_format(fmt)
+    except exports.ExportError:
+        raise TreeoptError(f"unknown --format {fmt!r}; choose one of {', '.join(exports.EXPORT_FORMATS)}") from None
 
-    def run(tree: Tree, meta: TreeMetadata, p: Any) -> tuple[str, list[str]]:
-        out = exports.export(tree, key, metadata=meta, acceptance=p)
-        return out.text, list(out.notes)
+    def run(tree: Tree, meta: TreeMetadata, p: Any) -> Any:
+        return exports.export(tree, key, metadata=meta, acceptance=p)
 
     return run
 
@@ -78,7 +81,7 @@ def solve(
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
     from ..solver import choose, compare_baselines, solve_dp
 
-    export = _exporter(fmt)
+    export = _exporter(fmt or "yaml")
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
         if value < 1:
             raise SolverError(f"{name} must be at least 1, got {value}")
@@ -184,12 +187,23 @@ def solve(
         extra={"max_branching": max_branching, "budget_limit": budget, **_measured_on(acc, curve)},
     )
     data["tree"] = {"choices": tree.choices(), "metadata": meta.to_dict()}
+    out = None
+    if output is not None or fmt is not None:
+        out = export(tree, meta, p)
+        report.notes.extend(out.notes)
+        report.warnings.extend(out.warnings)
+        data["export"] = {"format": out.fmt, "text": out.text, "notes": list(out.notes),
+                          "warnings": list(out.warnings)}
     if output is not None:
-        text, notes = export(tree, meta, p)
-        atomic_write_text(output, text)
-        report.notes.extend(notes)
-        report.notes.append(f"wrote {fmt} to {output}")
+        atomic_write_text(output, out.text)
+        report.notes.append(f"wrote {out.fmt} to {output}")
         data["output"] = str(output)
     report.tree = tree
     report.data = data
-    render(report, as_json)
+    if out is not None and output is None and not as_json:
+        # --format without -o: stdout carries the export alone (pipe it into a file or an engine's config);
+        # the report goes to stderr
+        render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
+        typer.echo(out.text, nl=False)
+    else:
+        render(report, as_json)
