@@ -10,8 +10,9 @@ from safetensors.torch import load_file, save_file
 
 from sequoia_opt.errors import CheckpointError
 from sequoia_opt.model import ModelConfig, Transformer
+from sequoia_opt.model.build import expected_tensors
 from sequoia_opt.model.hf import save_hf_checkpoint
-from sequoia_opt.model.loaders import expected_tensors, load_checkpoint, load_model_config
+from sequoia_opt.model.loaders import load_checkpoint, load_model_config
 from sequoia_opt.model.tokenizer import bpe_tokenizer_from_vocab
 
 try:  # shared helpers; tests/ is on sys.path under pytest's default import mode

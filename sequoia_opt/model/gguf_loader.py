@@ -31,12 +31,12 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
+from .build import build_model
 from .config import ModelConfig
 from .llama import Transformer, rope_inv_freq
-from .loaders import build_model
 from .tokenizer import Tokenizer, bpe_tokenizer_from_vocab
 
-try:  # imported lazily by loaders.load_checkpoint; a clear error if the package is absent
+try:  # a declared dependency; without it, loading a GGUF raises a clear CheckpointError
     import gguf
     from gguf import GGMLQuantizationType, GGUFReader
 except ImportError:  # pragma: no cover - gguf is a declared dependency

@@ -22,9 +22,9 @@ from safetensors.torch import save as safetensors_save
 
 from .._io import atomic_write_bytes, atomic_write_text
 from ..errors import CheckpointError
+from .build import build_model
 from .config import ModelConfig
 from .llama import Transformer
-from .loaders import build_model
 from .tokenizer import Tokenizer
 
 CONFIG_FILE = "config.json"
@@ -106,7 +106,7 @@ def load_hf_tokenizer(path: str | os.PathLike, hf_config: dict[str, Any] | None 
 
 def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
             dtype: torch.dtype = torch.float32) -> tuple[Transformer, Tokenizer]:
-    """Load a Hugging Face model directory strictly (see :mod:`sequoia_opt.model.loaders`).
+    """Load a Hugging Face model directory strictly (see :mod:`sequoia_opt.model.build`).
 
     Raises:
         CheckpointError: a missing file, an unsupported architecture, a tensor missing from the checkpoint,
