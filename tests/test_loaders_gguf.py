@@ -99,9 +99,11 @@ def roundtrip(arr: np.ndarray, q: Q) -> np.ndarray:
 
 def write_gguf(path, model: Transformer, *, arch: str = "llama", permute: bool = True, pre: str = "smollm",
                drop: str | None = None, extra: str | None = None, rope_freqs: np.ndarray | None = None,
-               linear_factor: float | None = None, tokenizer_model: str = "gpt2") -> dict[str, np.ndarray]:
+               linear_factor: float | None = None, tokenizer_model: str = "gpt2", rope_dim: int | None = None,
+               edit=None) -> dict[str, np.ndarray]:
     """Write ``model`` as a GGUF the way llama.cpp's converter does; return the HF-layout weights as the
-    loader should reconstruct them (after quantization)."""
+    loader should reconstruct them (after quantization). ``rope_dim`` overrides ``rope.dimension_count``;
+    ``edit(writer)`` adds metadata; ``rope_freqs`` is stored as F32 unless given as float16."""
     c = model.config
     tokens, merges, types = tiny_vocab()
     w = gguf.GGUFWriter(str(path), arch)
@@ -114,7 +116,9 @@ def write_gguf(path, model: Transformer, *, arch: str = "llama", permute: bool =
     w.add_head_count_kv(c.n_kv_heads)
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.norm_eps)
-    w.add_rope_dimension_count(c.head_dim)
+    w.add_rope_dimension_count(c.head_dim if rope_dim is None else rope_dim)
+    if edit is not None:
+        edit(w)
     if linear_factor is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(linear_factor)
@@ -149,7 +153,8 @@ def write_gguf(path, model: Transformer, *, arch: str = "llama", permute: bool =
     if extra:
         w.add_tensor(extra, np.zeros(c.dim, dtype=np.float32))
     if rope_freqs is not None:
-        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+        w.add_tensor("rope_freqs.weight", rope_freqs if rope_freqs.dtype == np.float16 else
+                     rope_freqs.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -390,3 +395,100 @@ def test_rope_inv_freq_against_hand_computed_values():
     assert bands == {"high", "mid", "low"}
     torch.testing.assert_close(rope_inv_freq(cfg.with_(rope_scaling=sc)), torch.tensor(want), rtol=1e-6, atol=0)
     torch.testing.assert_close(rope_inv_freq(cfg), torch.tensor(base), rtol=1e-6, atol=0)
+
+
+# -- every rope key and rope_freqs, as llama.cpp applies them -------------------------------------------------
+# llama.cpp (src/llama-model.cpp load_hparams, src/llama-context.cpp, ggml-cpu ops.cpp ggml_rope_cache_init /
+# rope_yarn) rotates pair i at position p by p * freq_scale * base^(-2i/n_rot) / freq_factors[i], with
+# freq_scale = 1 / rope.scaling.factor (type defaults to linear; type none forces 1; factor 0 means 1).
+
+def expected_inv_freq(theta: float, head_dim: int, divisors) -> torch.Tensor:
+    """(head_dim / 2,) float64 base^(-2i/d) / divisors[i], written out here independently of rope_inv_freq."""
+    return torch.tensor([theta ** (-2 * i / head_dim) / float(divisors[i]) for i in range(head_dim // 2)],
+                        dtype=torch.float64)
+
+
+FREQ_FACTORS = np.array([1.0, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 0.5])  # exact in float32; head_dim 16
+
+
+@pytest.mark.parametrize("ones", [True, False])
+def test_gguf_linear_factor_and_rope_freqs_both_apply(tmp_path, ones):
+    """The reported bug: linear factor 4 plus a rope_freqs tensor loaded with no scaling at all."""
+    cfg = tiny_config(rope_theta=500000.0)
+    hd = cfg.head_dim
+    ff = np.ones(hd // 2) if ones else FREQ_FACTORS
+    src = randomize(Transformer(cfg), seed=7).eval()
+    weights = write_gguf(tmp_path / "m.gguf", src, linear_factor=4.0, rope_freqs=ff)
+    want = expected_inv_freq(500000.0, hd, 4.0 * ff)  # base^(-2i/d) / (factor * ff_i)
+    model, _ = load_checkpoint(tmp_path / "m.gguf")
+    torch.testing.assert_close(model.inv_freq.double(), want, rtol=1e-6, atol=0)
+    got = load_model_config(tmp_path / "m.gguf")
+    assert got.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    assert got.rope_freq_factors == (None if ones else tuple(FREQ_FACTORS))
+    # logits: the same weights built from a ModelConfig with that rope setup, and with the rotary buffer
+    # overwritten by the frequencies computed above
+    built = reference(cfg.with_(rope_scaling={"rope_type": "linear", "factor": 4.0},
+                                rope_freq_factors=None if ones else tuple(FREQ_FACTORS)), weights)
+    by_hand = reference(cfg, weights)
+    by_hand.inv_freq = want.float()
+    unscaled = reference(cfg, weights)
+    with torch.no_grad():
+        out = model(TOKENS)
+        torch.testing.assert_close(out, built(TOKENS), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, by_hand(TOKENS), rtol=1e-5, atol=1e-5)
+        assert (out - unscaled(TOKENS)).abs().max() > 1e-2  # the scaling shows in the logits
+
+
+@pytest.mark.parametrize("edit,divisor", [
+    (lambda w: w.add_rope_scaling_factor(4.0), 4.0),  # no type: llama.cpp defaults to linear
+    (lambda w: w.add_float32("llama.rope.scale_linear", 2.0), 2.0),  # the old key name
+    (lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.NONE), w.add_rope_scaling_factor(4.0)), 1.0),
+    (lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR), w.add_rope_scaling_factor(0.0)), 1.0),
+    (lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR), w.add_rope_scaling_factor(2.0),
+                w.add_rope_scaling_orig_ctx_len(1024), w.add_rope_scaling_finetuned(True),
+                w.add_rope_scaling_attn_factors(1.0)), 2.0),  # YaRN-only and no-op keys: no effect
+], ids=["factor-without-type", "scale_linear", "type-none", "factor-0", "no-op-keys"])
+def test_gguf_rope_keys_applied_as_llama_cpp(tmp_path, edit, divisor):
+    cfg = tiny_config(rope_theta=10000.0)
+    write_gguf(tmp_path / "m.gguf", Transformer(cfg), edit=edit)
+    model, _ = load_checkpoint(tmp_path / "m.gguf")
+    want = expected_inv_freq(10000.0, cfg.head_dim, [divisor] * (cfg.head_dim // 2))
+    torch.testing.assert_close(model.inv_freq.double(), want, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("kw,key", [
+    (dict(edit=lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.YARN)), "llama.rope.scaling.type = 'yarn'"),
+    (dict(edit=lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)),
+     "llama.rope.scaling.type = 'longrope'"),
+    (dict(edit=lambda w: w.add_string("llama.rope.scaling.type", "ntk")), "llama.rope.scaling.type = 'ntk'"),
+    (dict(edit=lambda w: w.add_rope_scaling_attn_factors(0.5)), "llama.rope.scaling.attn_factor = 0.5"),
+    (dict(edit=lambda w: w.add_rope_scaling_factor(-2.0)), "llama.rope.scaling.factor = -2.0"),
+    (dict(edit=lambda w: w.add_rope_scaling_yarn_log_mul(0.1)), "llama.rope.scaling.yarn_log_multiplier = 0.1"),
+    (dict(edit=lambda w: w.add_rope_freq_base_swa(10000.0)), "llama.rope.freq_base_swa = 10000.0"),
+    (dict(rope_dim=8), "llama.rope.dimension_count = 8"),
+    (dict(rope_freqs=FREQ_FACTORS.astype(np.float16)), "rope_freqs.weight has type F16"),
+    (dict(rope_freqs=np.array([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])), "rope_freqs.weight holds non-positive"),
+    (dict(rope_freqs=FREQ_FACTORS, arch="qwen2", permute=False, pre="qwen2"), "rope_freqs.weight in a 'qwen2'"),
+])
+def test_gguf_unsupported_rope_setting_refused_in_one_line(tmp_path, kw, key):
+    write_gguf(tmp_path / "m.gguf", Transformer(tiny_config()), **kw)
+    for load in (load_model_config, load_checkpoint):
+        with pytest.raises(CheckpointError) as err:
+            load(tmp_path / "m.gguf")
+        assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_gguf_rope_freqs_not_matching_llama3_apply_as_stored(tmp_path):
+    """Divisors near, but not exactly, Llama 3 scaling are applied as stored (llama.cpp reads them as they are),
+    not snapped to the nearest Llama 3 parameters."""
+    cfg = tiny_config(dim=128, n_heads=4, rope_theta=500000.0)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    divisors = (rope_inv_freq(cfg).double() / rope_inv_freq(cfg.with_(rope_scaling=scaling)).double()).numpy()
+    divisors[-1] *= 1.001
+    write_gguf(tmp_path / "m.gguf", Transformer(cfg), rope_freqs=divisors)
+    got = load_model_config(tmp_path / "m.gguf")
+    assert got.rope_scaling is None and got.rope_freq_factors == tuple(divisors.astype(np.float32).tolist())
+    model, _ = load_checkpoint(tmp_path / "m.gguf")
+    want = expected_inv_freq(500000.0, cfg.head_dim, divisors.astype(np.float32))
+    torch.testing.assert_close(model.inv_freq.double(), want, rtol=1e-6, atol=0)

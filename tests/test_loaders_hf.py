@@ -10,14 +10,15 @@ from safetensors.torch import load_file, save_file
 
 from sequoia_opt.errors import CheckpointError
 from sequoia_opt.model import ModelConfig, Transformer
+from sequoia_opt.model.build import expected_tensors
 from sequoia_opt.model.hf import save_hf_checkpoint
-from sequoia_opt.model.loaders import expected_tensors, load_checkpoint, load_model_config
+from sequoia_opt.model.loaders import load_checkpoint, load_model_config
 from sequoia_opt.model.tokenizer import bpe_tokenizer_from_vocab
 
 try:  # shared helpers; tests/ is on sys.path under pytest's default import mode
-    from test_loaders_gguf import randomize, tiny_config, tiny_vocab
+    from test_loaders_gguf import expected_inv_freq, randomize, tiny_config, tiny_vocab
 except ImportError:  # tests/ made a package
-    from .test_loaders_gguf import randomize, tiny_config, tiny_vocab
+    from .test_loaders_gguf import expected_inv_freq, randomize, tiny_config, tiny_vocab
 
 TOKENS = torch.tensor([[5, 17, 42, 100, 200, 7, 3, 260, 33, 1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]])
 
@@ -181,3 +182,73 @@ def test_expected_tensors_tied_vs_untied():
     assert tied["layers.0.self_attn.k_proj.weight"] == (2 * 16, 64)  # GQA: n_kv_heads * head_dim rows
     assert ModelConfig.preset("smollm2-135m").num_parameters() == sum(
         torch.Size(s).numel() for s in expected_tensors(ModelConfig.preset("smollm2-135m")).values())
+
+
+# -- rotary settings in config.json: applied as transformers applies them, or refused in one line ------------
+
+def _with_config(out, drop=(), **changes):
+    cfg = json.loads((out / "config.json").read_text())
+    for key in drop:
+        cfg.pop(key, None)
+    cfg.update(changes)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("changes,drop,theta,divisor", [
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), (), 10000.0, 2.0),  # transformers 4, legacy "type"
+    (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}),
+     ("rope_theta", "rope_scaling"), 500000.0, 2.0),  # transformers 5: theta inside rope_parameters
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e6}), ("rope_theta", "rope_scaling"), 1e6, 1.0),
+], ids=["linear", "v5-linear", "v5-default"])
+def test_hf_rope_settings_applied(tmp_path, changes, drop, theta, divisor):
+    _, out = saved(tmp_path)
+    _with_config(out, drop, **changes)
+    model, _ = load_checkpoint(out)
+    assert model.config.rope_theta == theta
+    want = expected_inv_freq(theta, model.config.head_dim, [divisor] * (model.config.head_dim // 2))
+    torch.testing.assert_close(model.inv_freq.double(), want, rtol=1e-6, atol=0)
+
+
+def test_hf_rope_parameters_llama3_equals_legacy_rope_scaling(tmp_path):
+    model, out = saved(tmp_path, rope_scaling=LLAMA3)
+    _with_config(out, ("rope_theta", "rope_scaling"), rope_parameters={**LLAMA3, "rope_theta": 10000.0})
+    assert load_model_config(out) == model.config
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "rope_type = 'dynamic'"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+     "rope_type = 'yarn'"),
+    (dict(rope_scaling={"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}),
+     "rope_type = 'longrope'"),
+    (dict(rope_scaling={"rope_type": "linear"}), "lacks 'factor'"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 0}), "factor = 0"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "lacks 'low_freq_factor'"),
+    (dict(rope_scaling={**LLAMA3, "high_freq_factor": 1.0}), "high_freq_factor = 1.0"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor = 0.5"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}),
+     "partial_rotary_factor = 0.25"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_parameters={"rope_type": "default"}),
+     "both rope_parameters"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6}}),
+     "per layer type (full_attention)"),
+])
+def test_hf_unsupported_rope_setting_refused_in_one_line(tmp_path, changes, message):
+    _, out = saved(tmp_path)
+    _with_config(out, **changes)
+    for load in (load_model_config, load_checkpoint):
+        with pytest.raises(CheckpointError) as err:
+            load(out)
+        assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_gguf_freq_factors_have_no_config_json_and_nothing_is_written(tmp_path):
+    cfg = tiny_config(rope_freq_factors=(1.0, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 0.5))
+    with pytest.raises(CheckpointError, match="rope_freq_factors"):
+        save_hf_checkpoint(Transformer(cfg), tiny_tokenizer(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -3,10 +3,82 @@ a dataclass with named presets and derived fields."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import CheckpointError
+
+#: ``rope_scaling`` types applied (as ``transformers``' ``modeling_rope_utils`` computes them); others refused.
+ROPE_TYPES = ("default", "linear", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def check_rope_scaling(rs: Any) -> None:
+    """Refuse a ``rope_scaling`` dict that :func:`~sequoia_opt.model.llama.rope_inv_freq` would not compute as
+    ``transformers`` does (``modeling_rope_utils``: ``_compute_default_rope_parameters``,
+    ``_compute_linear_scaling_rope_parameters``, ``_compute_llama3_parameters``).
+
+    Accepted: None; ``{"rope_type" (or legacy "type"): "default"}``; ``"linear"`` with a positive ``factor``;
+    ``"llama3"`` with all of ``factor``, ``low_freq_factor``, ``high_freq_factor`` (> ``low_freq_factor``) and
+    ``original_max_position_embeddings`` (transformers requires them too). Other keys are ignored, as
+    transformers ignores them for these types.
+
+    Raises:
+        CheckpointError: one line naming the key and value: another type (``dynamic``, whose frequencies
+            change with the sequence length; ``yarn``, ``longrope``, ...), a missing or non-positive parameter.
+    """
+    if rs is None:
+        return
+    if not isinstance(rs, dict):
+        raise CheckpointError(f"rope_scaling = {rs!r} is not a dict")
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind not in ROPE_TYPES:
+        raise CheckpointError(f"rope_scaling rope_type = {kind!r} is not supported "
+                              f"(supported: {', '.join(ROPE_TYPES)})")
+    needed = {"default": (), "linear": ("factor",), "llama3": _LLAMA3_KEYS}[kind]
+    for key in needed:
+        if key not in rs:
+            raise CheckpointError(f"rope_scaling ({kind}) lacks {key!r}")
+        if not _positive(rs[key]):
+            raise CheckpointError(f"rope_scaling ({kind}) {key} = {rs[key]!r} is not a positive number")
+    if kind == "llama3" and rs["high_freq_factor"] <= rs["low_freq_factor"]:
+        raise CheckpointError(f"rope_scaling (llama3) high_freq_factor = {rs['high_freq_factor']!r} must exceed "
+                              f"low_freq_factor = {rs['low_freq_factor']!r}")
+
+
+def _hf_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """``(rope_theta, rope_scaling)`` of a ``config.json``: transformers 4 writes ``rope_theta`` and
+    ``rope_scaling``; transformers 5 writes one ``rope_parameters`` dict holding ``rope_type``, ``rope_theta``
+    and the scaling parameters (and reads ``rope_scaling`` as an alias of it). A ``partial_rotary_factor``
+    other than 1 (rotary on part of each head) is refused."""
+    params = cfg.get("rope_parameters")
+    scaling = cfg.get("rope_scaling")
+    if params is not None and scaling is not None and params != scaling:
+        raise CheckpointError(f"config.json has both rope_parameters = {params!r} and rope_scaling = {scaling!r}")
+    rope = params if params is not None else scaling
+    if rope is not None and not isinstance(rope, dict):
+        raise CheckpointError(f"config.json rope_{'parameters' if params is not None else 'scaling'} = {rope!r} "
+                              f"is not a dict")
+    rope = dict(rope or {})
+    nested = [k for k, v in rope.items() if isinstance(v, dict)]
+    if nested:  # transformers 5 keys rope_parameters by layer type for models that mix attention types
+        raise CheckpointError(f"config.json rope parameters per layer type ({', '.join(nested)}) are not supported")
+    theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+    partial = rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise CheckpointError(f"config.json partial_rotary_factor = {partial!r} is not supported (rotary on the "
+                              f"whole head only)")
+    if not _positive(theta):
+        raise CheckpointError(f"config.json rope_theta = {theta!r} is not a positive number")
+    if params is None:
+        return float(theta), scaling
+    # transformers 5 reads a missing rope_type as "default", which takes no other parameter
+    return float(theta), None if rope.get("rope_type", rope.get("type", "default")) == "default" else rope
 
 
 @dataclass(frozen=True)
@@ -25,7 +97,10 @@ class ModelConfig:
         rope_theta: rotary base (Su et al. 2021).
         rope_scaling: None, or a Hugging Face ``rope_scaling`` dict: ``{"rope_type": "linear", "factor": f}``
             or ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-            "original_max_position_embeddings"}``.
+            "original_max_position_embeddings"}`` (checked by :func:`check_rope_scaling`).
+        rope_freq_factors: None, or (head_dim / 2,) positive divisors of the rotary frequencies, applied after
+            ``rope_scaling``: llama.cpp's ``rope_freqs.weight`` ("freq factors"), which has no ``config.json``
+            equivalent unless it matches Llama 3 scaling.
         max_position_embeddings: the model's context length in tokens.
         tie_embeddings: the LM head shares the embedding matrix.
         attention_bias: q/k/v projections carry a bias (Qwen2).
@@ -42,6 +117,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    rope_freq_factors: tuple[float, ...] | None = None
     max_position_embeddings: int = 2048
     tie_embeddings: bool = False
     attention_bias: bool = False
@@ -54,10 +130,13 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
         if self.n_heads % self.n_kv_heads:
             raise CheckpointError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.rope_scaling is not None:
-            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind not in ("linear", "llama3", "default"):
-                raise CheckpointError(f"unsupported rope_scaling type {kind!r} (supported: linear, llama3)")
+        check_rope_scaling(self.rope_scaling)
+        if self.rope_freq_factors is not None:
+            ff = tuple(float(f) for f in self.rope_freq_factors)
+            if len(ff) != self.head_dim // 2 or not all(_positive(f) for f in ff):
+                raise CheckpointError(f"rope_freq_factors must be {self.head_dim // 2} positive numbers "
+                                      f"(head_dim / 2), got {len(ff)}")
+            object.__setattr__(self, "rope_freq_factors", ff)
 
     @property
     def gqa_group(self) -> int:
@@ -86,12 +165,15 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], name: str | None = None) -> "ModelConfig":
         """Build from a Hugging Face ``config.json`` dict (LlamaForCausalLM, MistralForCausalLM,
-        Qwen2ForCausalLM). Raises :class:`CheckpointError` for a missing key or an unknown architecture."""
+        Qwen2ForCausalLM; rotary settings as transformers 4 or 5 writes them, see :func:`check_rope_scaling`).
+        Raises :class:`CheckpointError` for a missing key, an unknown architecture or an unsupported rotary
+        setting."""
         archs = cfg.get("architectures") or []
         mtype = cfg.get("model_type", "")
         known = ("llama", "mistral", "qwen2")
         if mtype not in known and not any(a.lower().startswith(known) for a in archs):
             raise CheckpointError(f"unsupported architecture {archs or mtype!r}; treeopt loads {', '.join(known)}")
+        rope_theta, rope_scaling = _hf_rope(cfg)
         try:
             n_heads = int(cfg["num_attention_heads"])
             return cls(
@@ -103,8 +185,8 @@ class ModelConfig:
                 intermediate_size=int(cfg["intermediate_size"]),
                 head_dim=int(cfg.get("head_dim") or 0),
                 norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rope_scaling=cfg.get("rope_scaling"),
+                rope_theta=rope_theta,
+                rope_scaling=rope_scaling,
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", mtype == "qwen2")),

@@ -5,8 +5,8 @@ Sources:
 - GGUF spec (ggml ``docs/gguf.md``): metadata keys ``general.architecture``, ``{arch}.embedding_length``,
   ``{arch}.block_count``, ``{arch}.feed_forward_length``, ``{arch}.context_length``,
   ``{arch}.attention.head_count[_kv]``, ``{arch}.attention.key_length``,
-  ``{arch}.attention.layer_norm_rms_epsilon``, ``{arch}.rope.freq_base``, ``{arch}.rope.dimension_count``,
-  ``{arch}.rope.scaling.{type,factor}``, ``tokenizer.ggml.*``; tensor names ``token_embd``,
+  ``{arch}.attention.layer_norm_rms_epsilon``, ``{arch}.rope.*`` (see :func:`rope_from_gguf`),
+  ``tokenizer.ggml.*``; tensor names ``token_embd``,
   ``blk.N.attn_{q,k,v,output,norm}``, ``blk.N.ffn_{gate,up,down,norm}``, ``output_norm``, ``output``,
   ``rope_freqs``. Tensor dimensions are stored fastest-varying first (``ne[0]`` = columns), i.e. reversed
   against numpy/PyTorch order; ``gguf.GGUFReader`` and ``gguf.quants.dequantize`` give numpy order.
@@ -15,13 +15,20 @@ Sources:
   llama.cpp's interleaved layout (pairs ``(2i, 2i + 1)``); K uses the KV head count. :func:`unpermute_qk`
   undoes it. ``qwen2`` files are not permuted (llama.cpp runs them with NEOX rotary, the HF layout).
   For Llama 3.1-style ``rope_scaling`` the script writes per-frequency divisors to ``rope_freqs.weight``
-  instead of metadata; :func:`config_from_gguf` recognises the standard Llama 3 parameters from them.
+  instead of metadata; :func:`rope_from_gguf` names them as Llama 3 parameters when they match exactly.
+- How llama.cpp applies the rope keys and ``rope_freqs``: ``src/llama-model.cpp`` ``llama_model::load_hparams``
+  (defaults, old key names), ``src/llama-context.cpp`` ``llama_context`` constructor (scaling type ``none``
+  forces ``freq_scale = 1``; ``yarn`` turns YaRN on; ``attn_factor`` multiplies cos/sin),
+  ``src/models/llama.cpp`` / ``src/models/qwen2.cpp`` (``rope_freqs`` is a llama tensor of ``n_rot/2``
+  floats; qwen2 passes none), ``ggml/src/ggml-cpu/ops.cpp`` ``ggml_rope_cache_init`` / ``rope_yarn``
+  (``theta = p * freq_scale * base^(-2i/n_rot) / freq_factors[i]``; freq factors must be F32).
 - Dequantization is ``gguf.quants.dequantize`` (the ``gguf`` package kept with llama.cpp); tested here for
   F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -31,12 +38,12 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
+from .build import build_model
 from .config import ModelConfig
 from .llama import Transformer, rope_inv_freq
-from .loaders import build_model
 from .tokenizer import Tokenizer, bpe_tokenizer_from_vocab
 
-try:  # imported lazily by loaders.load_checkpoint; a clear error if the package is absent
+try:  # a declared dependency; without it, loading a GGUF raises a clear CheckpointError
     import gguf
     from gguf import GGMLQuantizationType, GGUFReader
 except ImportError:  # pragma: no cover - gguf is a declared dependency
@@ -157,20 +164,98 @@ def dequantize_tensor(t) -> np.ndarray:
 
 
 def _llama3_scaling(factors: np.ndarray, base: ModelConfig) -> dict[str, Any] | None:
-    """Recover a Llama 3 ``rope_scaling`` dict from ``rope_freqs`` divisors (convert_hf_to_gguf.py writes
-    ``1 / ((1 - smooth) / factor + smooth)`` per frequency). Tries the published parameter sets."""
+    """The Llama 3 ``rope_scaling`` dict whose frequencies equal ``base``'s divided by ``factors`` (the
+    (head_dim / 2,) ``rope_freqs`` divisors; convert_hf_to_gguf.py writes ``1 / ((1 - smooth) / factor +
+    smooth)`` per frequency) to float32 precision (rtol 1e-6), trying the published parameter sets; None when
+    none matches (the divisors are then applied as they are)."""
+    want = rope_inv_freq(base).double().numpy() / factors
     factor = _f32(factors.max())
-    if np.allclose(factors, 1.0):
-        return None
     for orig in (8192, 4096, 2048, 16384, 32768, 131072):
         for low, high in ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0)):
             cand = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
                     "original_max_position_embeddings": orig}
-            ref = rope_inv_freq(base.with_(rope_scaling=None)).double() / rope_inv_freq(
-                base.with_(rope_scaling=cand)).double()
-            if np.allclose(ref.numpy(), factors, rtol=1e-4, atol=1e-5):
+            if np.allclose(rope_inv_freq(base.with_(rope_scaling=cand)).double().numpy(), want, rtol=1e-6, atol=0):
                 return cand
-    raise CheckpointError("rope_freqs.weight does not match Llama 3 rope scaling with standard parameters")
+    return None
+
+
+#: ``{arch}.rope.*`` keys :func:`rope_from_gguf` reads (suffixes); any other key under ``{arch}.rope.`` is refused.
+_ROPE_KEYS = ("freq_base", "dimension_count", "scaling.type", "scaling.factor", "scale_linear",
+              "scaling.attn_factor", "scaling.original_context_length", "scaling.finetuned")
+
+
+def rope_from_gguf(reader: "GGUFReader", arch: str, head_dim: int) -> dict[str, Any]:
+    """The rotary setup of a GGUF file as llama.cpp applies it (sources in the module docstring), as
+    :class:`ModelConfig` fields ``rope_theta``, ``rope_scaling`` and ``rope_freq_factors``.
+
+    llama.cpp rotates pair i of a head at position p by ``theta_i = p * freq_scale * base^(-2i/n_rot) / ff_i``
+    radians, and multiplies cos/sin by ``attn_factor``. Each key (prefix ``{arch}.rope.``):
+
+    - ``freq_base``: ``base`` (default 10000). Applied.
+    - ``dimension_count``: ``n_rot`` (default head_dim). Must equal head_dim (llama.cpp's llama and qwen2
+      graphs require it too); partial rotary is refused.
+    - ``scaling.type``: default ``linear``. ``none`` forces ``freq_scale = 1`` whatever the factor; ``linear``
+      applies the factor; ``yarn``, ``longrope`` and unknown names are refused.
+    - ``scaling.factor`` (else the old key ``scale_linear``): ``freq_scale = 1 / factor``, no scaling when
+      absent or 0. Applied as ``rope_scaling = {"rope_type": "linear", "factor": factor}``; negative or
+      non-finite is refused.
+    - ``scaling.attn_factor``: 1 accepted; anything else refused (it would scale rotated q and k).
+    - ``scaling.original_context_length``, ``scaling.finetuned``: read by llama.cpp but used only by YaRN
+      (refused above) and by other architectures' graphs; accepted, no effect.
+    - any other ``{arch}.rope.*`` key (``scaling.yarn_*``, ``freq_base_swa``, ``dimension_sections``, ...):
+      refused.
+    - tensor ``rope_freqs.weight``: ``ff``, (head_dim / 2,) F32 positive divisors, on top of the linear factor;
+      ``llama`` only (llama.cpp's qwen2 does not load it). Named as Llama 3 ``rope_scaling`` when it matches
+      exactly and there is no linear factor, else kept as ``rope_freq_factors``; all ones is no change.
+
+    Raises:
+        CheckpointError: one line naming the refused key or tensor and its value.
+    """
+    prefix = f"{arch}.rope."
+    kind = str(_field(reader, prefix + "scaling.type", "linear"))
+    if kind not in ("none", "linear"):
+        raise CheckpointError(f"GGUF {prefix}scaling.type = {kind!r} is not supported (none, linear)")
+    for key in reader.fields:
+        if key.startswith(prefix) and key[len(prefix):] not in _ROPE_KEYS:
+            raise CheckpointError(f"GGUF {key} = {_field(reader, key)!r} is not supported")
+    rot = int(_field(reader, prefix + "dimension_count", head_dim))
+    if rot != head_dim:
+        raise CheckpointError(f"GGUF {prefix}dimension_count = {rot} is not supported: partial rotary "
+                              f"(head_dim {head_dim})")
+    attn_factor = _f32(_field(reader, prefix + "scaling.attn_factor", 1.0))
+    if attn_factor != 1.0:
+        raise CheckpointError(f"GGUF {prefix}scaling.attn_factor = {attn_factor} is not supported (only 1)")
+    factor_key = prefix + ("scaling.factor" if prefix + "scaling.factor" in reader.fields else "scale_linear")
+    factor = _f32(_field(reader, factor_key, 0.0))
+    if kind == "linear" and not (math.isfinite(factor) and factor >= 0):
+        raise CheckpointError(f"GGUF {factor_key} = {factor} is not supported (a positive factor, or 0 for none)")
+    scale = kind == "linear" and factor not in (0.0, 1.0)
+    out: dict[str, Any] = {"rope_theta": _f32(_field(reader, prefix + "freq_base", 10000.0)),
+                           "rope_scaling": {"rope_type": "linear", "factor": factor} if scale else None,
+                           "rope_freq_factors": None}
+    t = next((t for t in reader.tensors if t.name == _ROPE_FREQS), None)
+    if t is None:
+        return out
+    if arch != "llama":
+        raise CheckpointError(f"GGUF tensor {_ROPE_FREQS} in a {arch!r} file is not supported (llama.cpp's "
+                              f"{arch} does not read it)")
+    if t.tensor_type != GGMLQuantizationType.F32:
+        raise CheckpointError(f"GGUF tensor {_ROPE_FREQS} has type {t.tensor_type.name}; llama.cpp's rope "
+                              f"reads F32")
+    ff = dequantize_tensor(t).reshape(-1).astype(np.float64)
+    if ff.shape != (head_dim // 2,):
+        raise CheckpointError(f"{_ROPE_FREQS} has shape {ff.shape}, expected ({head_dim // 2},)")
+    if not (np.isfinite(ff).all() and (ff > 0).all()):
+        raise CheckpointError(f"GGUF tensor {_ROPE_FREQS} holds non-positive or non-finite values "
+                              f"(min {ff.min()}) and is not supported")
+    if (ff == 1.0).all():
+        return out
+    base = ModelConfig(vocab_size=1, dim=head_dim, n_layers=1, n_heads=1, n_kv_heads=1, intermediate_size=1,
+                       rope_theta=out["rope_theta"])
+    llama3 = None if scale else _llama3_scaling(ff, base)
+    if llama3 is not None:
+        return {**out, "rope_scaling": llama3}
+    return {**out, "rope_freq_factors": tuple(float(f) for f in ff)}
 
 
 def config_from_gguf(reader: "GGUFReader", name: str | None = None) -> ModelConfig:
@@ -180,8 +265,8 @@ def config_from_gguf(reader: "GGUFReader", name: str | None = None) -> ModelConf
     no ``output.weight``; q/k/v bias is read off ``blk.0.attn_q.bias``.
 
     Raises:
-        CheckpointError: an unsupported architecture, a missing key, partial rotary
-            (``rope.dimension_count`` != head_dim), or an unsupported rope scaling type (YaRN, LongRoPE).
+        CheckpointError: an unsupported architecture, a missing key, or a rope key or tensor that
+            :func:`rope_from_gguf` refuses.
     """
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
@@ -192,10 +277,7 @@ def config_from_gguf(reader: "GGUFReader", name: str | None = None) -> ModelConf
     dim = int(_field(reader, f"{arch}.embedding_length"))
     n_heads = int(_field(reader, f"{arch}.attention.head_count"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", dim // n_heads))
-    rot = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
-    if rot != head_dim:
-        raise CheckpointError(f"partial rotary (rope.dimension_count {rot} < head_dim {head_dim}) is unsupported")
-    config = ModelConfig(
+    return ModelConfig(
         vocab_size=n_vocab,
         dim=dim,
         n_layers=int(_field(reader, f"{arch}.block_count")),
@@ -204,25 +286,12 @@ def config_from_gguf(reader: "GGUFReader", name: str | None = None) -> ModelConf
         intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
         head_dim=head_dim,
         norm_eps=_f32(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_theta=_f32(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        **rope_from_gguf(reader, arch, head_dim),
         max_position_embeddings=int(_field(reader, f"{arch}.context_length", 2048)),
         tie_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         name=name or str(_field(reader, "general.name", arch)),
     )
-    kind = str(_field(reader, f"{arch}.rope.scaling.type", "none"))
-    if kind == "linear":
-        config = config.with_(rope_scaling={"rope_type": "linear",
-                                            "factor": _f32(_field(reader, f"{arch}.rope.scaling.factor"))})
-    elif kind not in ("none", ""):
-        raise CheckpointError(f"unsupported rope scaling {kind!r} in GGUF (supported: none, linear, llama3)")
-    if _ROPE_FREQS in names:
-        t = next(t for t in reader.tensors if t.name == _ROPE_FREQS)
-        factors = dequantize_tensor(t).reshape(-1).astype(np.float64)
-        if factors.shape != (head_dim // 2,):
-            raise CheckpointError(f"{_ROPE_FREQS} has shape {factors.shape}, expected ({head_dim // 2},)")
-        config = config.with_(rope_scaling=_llama3_scaling(factors, config))
-    return config
 
 
 def load_gguf_config(path: str | os.PathLike) -> ModelConfig:

@@ -22,9 +22,9 @@ from safetensors.torch import save as safetensors_save
 
 from .._io import atomic_write_bytes, atomic_write_text
 from ..errors import CheckpointError
+from .build import build_model
 from .config import ModelConfig
 from .llama import Transformer
-from .loaders import build_model
 from .tokenizer import Tokenizer
 
 CONFIG_FILE = "config.json"
@@ -106,7 +106,7 @@ def load_hf_tokenizer(path: str | os.PathLike, hf_config: dict[str, Any] | None 
 
 def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
             dtype: torch.dtype = torch.float32) -> tuple[Transformer, Tokenizer]:
-    """Load a Hugging Face model directory strictly (see :mod:`sequoia_opt.model.loaders`).
+    """Load a Hugging Face model directory strictly (see :mod:`sequoia_opt.model.build`).
 
     Raises:
         CheckpointError: a missing file, an unsupported architecture, a tensor missing from the checkpoint,
@@ -164,7 +164,15 @@ def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
 def hf_config_dict(config: ModelConfig, *, dtype: torch.dtype | None = None,
                    bos_id: int | None = None, eos_ids: list[int] | None = None) -> dict[str, Any]:
     """``config.json`` contents for ``config`` (transformers keys). A model with q/k/v bias is written as
-    ``Qwen2ForCausalLM`` (HF's Llama puts the bias on ``o_proj`` too, which this model has not)."""
+    ``Qwen2ForCausalLM`` (HF's Llama puts the bias on ``o_proj`` too, which this model has not).
+
+    Raises:
+        CheckpointError: ``config.rope_freq_factors`` is set (llama.cpp per-frequency divisors from a GGUF
+            ``rope_freqs.weight``), which no transformers ``rope_scaling`` type expresses.
+    """
+    if config.rope_freq_factors is not None:
+        raise CheckpointError(f"{config.name}: rope_freq_factors (a GGUF rope_freqs.weight) have no config.json "
+                              f"equivalent; cannot write a Hugging Face checkpoint")
     qwen = config.attention_bias
     out: dict[str, Any] = {
         "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
@@ -204,8 +212,9 @@ def save_hf_checkpoint(model: Transformer, tokenizer: Tokenizer, out_dir: str | 
     ``tokenizer.json`` and ``tokenizer_config.json``. Each file is written atomically. Returns ``out_dir``.
 
     Raises:
-        CheckpointError: the tokenizer has more tokens than the model's embedding, or ``out_dir`` already
-            holds a sharded checkpoint (its index would take precedence over the new single file).
+        CheckpointError: the tokenizer has more tokens than the model's embedding, ``out_dir`` already
+            holds a sharded checkpoint (its index would take precedence over the new single file), or the
+            config has no ``config.json`` form (see :func:`hf_config_dict`); nothing is written then.
     """
     out = Path(out_dir)
     if (out / INDEX_FILE).exists():
@@ -221,9 +230,9 @@ def save_hf_checkpoint(model: Transformer, tokenizer: Tokenizer, out_dir: str | 
             continue
         key = name if name == "lm_head.weight" else _PREFIX + name
         tensors[key] = t.detach().to("cpu").contiguous()
+    cfg = hf_config_dict(c, dtype=model.dtype, bos_id=tokenizer.bos_id, eos_ids=eos)  # may refuse: before writing
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / WEIGHTS_FILE, safetensors_save(tensors, metadata={"format": "pt"}))
-    cfg = hf_config_dict(c, dtype=model.dtype, bos_id=tokenizer.bos_id, eos_ids=eos)
     atomic_write_text(out / CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
     gen = {"bos_token_id": tokenizer.bos_id, "eos_token_id": eos, "do_sample": False}
     atomic_write_text(out / GENERATION_CONFIG_FILE, json.dumps(gen, indent=2) + "\n")

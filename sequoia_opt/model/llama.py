@@ -1,6 +1,6 @@
 """A Llama-family decoder in PyTorch (gpt-fast / nanoGPT style): RMSNorm, rotary embeddings (with the linear
-and Llama 3 ``rope_scaling`` variants), grouped-query attention, SwiGLU MLP, tied or untied embeddings,
-optional q/k/v bias (Qwen2).
+and Llama 3 ``rope_scaling`` variants and llama.cpp's per-frequency divisors), grouped-query attention, SwiGLU
+MLP, tied or untied embeddings, optional q/k/v bias (Qwen2).
 
 Every attention call goes through :func:`sequoia_opt.attention.tree_attention`, so prefill, plain decoding,
 level-by-level drafting and tree verification share one code path. Device and dtype are constructor
@@ -24,11 +24,17 @@ from .kv_cache import ModelKVCache
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """(head_dim / 2,) float32 inverse frequencies, with ``rope_scaling`` applied.
+    """(head_dim / 2,) float32 inverse frequencies in radians per position, computed in float64: pair i rotates
+    by ``position * inv_freq[i]``.
 
-    Linear scaling divides every frequency by ``factor`` (Chen et al. 2023, position interpolation).
-    Llama 3 scaling keeps high frequencies, divides low ones by ``factor`` and interpolates in between
-    (Meta's Llama 3.1 reference, ``apply_scaling``).
+    ``inv_freq[i] = rope_theta ** (-2i / head_dim)``, then ``rope_scaling`` as transformers'
+    ``modeling_rope_utils`` applies it: linear divides every frequency by ``factor`` (Chen et al. 2023,
+    position interpolation); Llama 3 keeps high frequencies, divides low ones by ``factor`` and interpolates
+    in between (Meta's Llama 3.1 reference ``apply_scaling``, transformers ``_compute_llama3_parameters``).
+    Then each frequency is divided by ``rope_freq_factors[i]`` when set: llama.cpp's
+    ``theta = p * freq_scale * base^(-2i/n_rot) / freq_factors[i]`` (ggml ``ggml/src/ggml-cpu/ops.cpp``,
+    ``ggml_rope_cache_init`` / ``rope_yarn`` without YaRN), with ``freq_scale = 1 / factor`` the linear
+    scaling above.
     """
     hd = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
@@ -38,14 +44,16 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         inv_freq = inv_freq / float(rs["factor"])
     elif kind == "llama3":
         factor = float(rs["factor"])
-        low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
-        old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+        low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old_ctx = float(rs["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv_freq
         scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
         smooth = (old_ctx / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
         inv_freq = torch.where(medium, smoothed, scaled)
+    if config.rope_freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float64)
     return inv_freq.to(torch.float32)
 
 
