@@ -68,8 +68,7 @@ class AutoregressiveDecoder:
         """Validate inputs (before any forward). Returns the prompt as ints. Raises :class:`DecodingError`."""
         prompt = check_prompt(prompt_ids, self.model.config.vocab_size)
         M = check_max_new_tokens(max_new_tokens)
-        check_capacity(len(prompt), M, 1, 0, cache_len=self.max_len,
-                       context=self.model.config.max_position_embeddings, what="plain decoding step")
+        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.model.config.max_position_embeddings)
         return prompt
 
     @torch.inference_mode()

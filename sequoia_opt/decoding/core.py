@@ -40,14 +40,22 @@ def check_max_new_tokens(max_new_tokens: int) -> int:
     return int(max_new_tokens)
 
 
-def check_capacity(prompt_len: int, max_new_tokens: int, tree_size: int, tree_depth: int, *,
-                   cache_len: int, context: int, what: str = "tree") -> None:
-    """Refuse, before any forward pass, a generation that would overflow the cache or the context.
+def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, context: int) -> None:
+    """Refuse, before any forward pass, a generation that plain decoding could not serve either.
 
-    With P prompt tokens and M new tokens, the last step starts with at most ``P + M - 2`` cached tokens
-    (the root is the last committed token, not yet cached) and writes ``tree_size`` more slots; its deepest
-    node sits at position ``P + M - 2 + tree_depth``. So we need ``P + M - 2 + tree_size <= cache_len`` and
-    ``P + M - 2 + tree_depth < context``, and the final sequence must fit: ``P + M <= context``.
+    With P prompt tokens and M new tokens the final sequence must fit the model's context,
+    ``P + M <= context``, and the cache must hold every token but the last one: the last step feeds the
+    token at slot / position ``P + M - 2``, so ``P + M - 1 <= cache_len``. Nothing else is refused: tree
+    decoding needs no more, because near the end of the context or of the cache it clips its tree to the
+    levels that fit (down to a root-only step, which is a plain decoding step; see
+    :class:`~sequoia_opt.decoding.SpeculativeDecoder`). Both decoders call this with the target's
+    context, so they refuse exactly the same requests.
+
+    Args:
+        prompt_len: P, tokens in the prompt (>= 1).
+        max_new_tokens: M (>= 0); ``M == 0`` never overflows.
+        cache_len: slots of the KV cache (the decoder's ``max_len``).
+        context: the model's ``max_position_embeddings``.
 
     Raises:
         DecodingError: naming the numbers that do not fit.
@@ -59,17 +67,11 @@ def check_capacity(prompt_len: int, max_new_tokens: int, tree_size: int, tree_de
         raise DecodingError(
             f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context of "
             f"{context} positions (max_position_embeddings)")
-    last_pos = P + M - 2 + tree_depth
-    if last_pos >= context:
-        raise DecodingError(
-            f"the {what} is too deep for this context: its deepest node would sit at position {last_pos} "
-            f"(prompt {P} + max_new_tokens {M} - 2 + depth {tree_depth}), but the model has "
-            f"{context} positions; shorten the prompt, max_new_tokens or the tree depth")
-    need = P + M - 2 + tree_size
+    need = P + M - 1
     if need > cache_len:
         raise DecodingError(
             f"the KV cache has {cache_len} slots but this generation needs {need} (prompt {P} + "
-            f"max_new_tokens {M} - 2 + {what} size {tree_size}); pass a larger max_len or ask for fewer tokens")
+            f"max_new_tokens {M} - 1); pass a larger max_len or ask for fewer tokens")
 
 
 def causal_mask(T: int, device: torch.device, memo: dict[int, TreeMask] | None = None) -> TreeMask:
