@@ -518,7 +518,7 @@ def test_refuses_exactly_what_plain_decoding_refuses(max_len):
         try:
             d.check(list(range(P)), M)
         except DecodingError as err:
-            return str(err)
+            return "context" if "exceed the model context" in str(err) else "cache" if "KV cache" in str(err) else err
         return None
 
     for P in range(1, 19):
@@ -621,6 +621,32 @@ def test_refuses_overflow_before_any_forward(target, drafts):
         SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=-1.0)
     with pytest.raises(DecodingError, match="top_p"):
         SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=1.0, top_p=0.0)
+
+
+def test_overflow_messages_name_the_limit_and_only_existing_remedies(target, drafts):
+    small = _model(0, CFG.with_(max_position_embeddings=32, name="small32"))
+    long_draft = _model(1, CFG.with_(max_position_embeddings=512, name="draft512", n_layers=1))
+    dec = SpeculativeDecoder(small, long_draft, Tree.chain(4))
+    with pytest.raises(DecodingError, match=r"= 35 tokens exceed the model context: the target model 'small32' "
+                                            r"has max_position_embeddings = 32; shorten the prompt or ask for "
+                                            r"at most 2 new tokens$") as err:
+        dec.check(list(range(30)), 5)
+    assert "max_len" not in str(err.value)  # max_len was not the limit: not suggested
+    with pytest.raises(DecodingError, match=r"the model 'small32' has max_position_embeddings = 32") as err:
+        AutoregressiveDecoder(small).check(list(range(30)), 5)
+    assert "max_len" not in str(err.value)
+    # a shorter draft context limits nothing (its trees are clipped): the target's 512 positions count
+    short_draft = _model(1, CFG.with_(max_position_embeddings=16, n_layers=1))
+    SpeculativeDecoder(target, short_draft, Tree.chain(4)).check(list(range(30)), 5)
+    tight = SpeculativeDecoder(target, drafts["random"], SEQUOIA_LIKE, max_len=40)
+    cache_msg = (r"^the KV cache has 40 slots \(max_len=40\) but this generation needs 44 \(prompt 30 \+ "
+                 r"max_new_tokens 15 - 1: every token but the last is cached\); pass max_len=44 or more, or ask "
+                 r"for at most 11 new tokens$")
+    with pytest.raises(DecodingError, match=cache_msg):
+        tight.check(list(range(30)), 15)
+    with pytest.raises(DecodingError, match=cache_msg):
+        AutoregressiveDecoder(target, max_len=40).check(list(range(30)), 15)
+    assert tight.generate(list(range(30)), 11).tokens == _plain(target, list(range(30)), 11)  # "at most 11"
 
 
 def test_tree_buffers_layout():

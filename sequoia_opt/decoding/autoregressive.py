@@ -16,7 +16,7 @@ from ..attention import TreeMask, resolve_backend
 from ..errors import DecodingError
 from ..model import Transformer
 from .core import (DEFAULT_MAX_LEN, cached_forward, causal_mask, check_capacity, check_max_new_tokens,
-                   check_prompt, run_causal_chunk, truncate)
+                   check_prompt, describe_model, run_causal_chunk, truncate)
 from .sampling import process_logits, sample_categorical
 from .stats import Clock, GenerationResult, StepStats
 
@@ -68,7 +68,8 @@ class AutoregressiveDecoder:
         """Validate inputs (before any forward). Returns the prompt as ints. Raises :class:`DecodingError`."""
         prompt = check_prompt(prompt_ids, self.model.config.vocab_size)
         M = check_max_new_tokens(max_new_tokens)
-        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.model.config.max_position_embeddings)
+        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.model.config.max_position_embeddings,
+                       model=describe_model(self.model))
         return prompt
 
     @torch.inference_mode()

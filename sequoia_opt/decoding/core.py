@@ -40,7 +40,15 @@ def check_max_new_tokens(max_new_tokens: int) -> int:
     return int(max_new_tokens)
 
 
-def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, context: int) -> None:
+def describe_model(model: Transformer, role: str | None = None) -> str:
+    """How messages name a model: ``"the target model 'name'"`` (``role`` None: ``"the model 'name'"``),
+    without the quoted part when the config has no name."""
+    name = getattr(model.config, "name", None)
+    return f"the {role + ' ' if role else ''}model" + (f" {name!r}" if name else "")
+
+
+def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, context: int,
+                   model: str = "the model") -> None:
     """Refuse, before any forward pass, a generation that plain decoding could not serve either.
 
     With P prompt tokens and M new tokens the final sequence must fit the model's context,
@@ -55,23 +63,29 @@ def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, cont
         prompt_len: P, tokens in the prompt (>= 1).
         max_new_tokens: M (>= 0); ``M == 0`` never overflows.
         cache_len: slots of the KV cache (the decoder's ``max_len``).
-        context: the model's ``max_position_embeddings``.
+        context: the limiting model's ``max_position_embeddings``.
+        model: that model as messages name it (:func:`describe_model`).
 
     Raises:
-        DecodingError: naming the numbers that do not fit.
+        DecodingError: naming the numbers that do not fit and the thing that limits: the model and its
+            ``max_position_embeddings``, or the cache and its ``max_len``. Only a cache overflow suggests a
+            larger ``max_len`` (the decoders' argument); a context overflow suggests a shorter prompt or a
+            smaller ``max_new_tokens``.
     """
     if max_new_tokens == 0:
         return
     P, M = prompt_len, max_new_tokens
     if P + M > context:
         raise DecodingError(
-            f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context of "
-            f"{context} positions (max_position_embeddings)")
+            f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context: {model} "
+            f"has max_position_embeddings = {context}; shorten the prompt or ask for at most "
+            f"{max(context - P, 0)} new tokens")
     need = P + M - 1
     if need > cache_len:
         raise DecodingError(
-            f"the KV cache has {cache_len} slots but this generation needs {need} (prompt {P} + "
-            f"max_new_tokens {M} - 1); pass a larger max_len or ask for fewer tokens")
+            f"the KV cache has {cache_len} slots (max_len={cache_len}) but this generation needs {need} "
+            f"(prompt {P} + max_new_tokens {M} - 1: every token but the last is cached); pass max_len={need} "
+            f"or more, or ask for at most {max(cache_len + 1 - P, 0)} new tokens")
 
 
 def causal_mask(T: int, device: torch.device, memo: dict[int, TreeMask] | None = None) -> TreeMask:

@@ -47,7 +47,7 @@ from ..model import Transformer
 from ..tree import Tree
 from .buffers import TreeBuffers
 from .core import (DEFAULT_MAX_LEN, cached_forward, check_capacity, check_max_new_tokens, check_prompt,
-                   run_causal_chunk, truncate)
+                   describe_model, run_causal_chunk, truncate)
 from .sampling import (Acceptance, NodeVisit, process_logits, sample_categorical, sample_without_replacement,
                        verify_greedy, verify_sampling_node)
 from .stats import Clock, GenerationResult, StepStats
@@ -194,7 +194,8 @@ class SpeculativeDecoder:
         """
         prompt = check_prompt(prompt_ids, self.vocab_size)
         M = check_max_new_tokens(max_new_tokens)
-        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.context)
+        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.context,
+                       model=describe_model(self.target_model, "target"))
         return prompt
 
     @torch.inference_mode()
@@ -286,8 +287,9 @@ class SpeculativeDecoder:
             if L <= self._last_root[d]:
                 return d
         raise DecodingError(
-            f"no room for the next token at slot / position {L}: the target has {self.context} positions and "
-            f"the KV cache {self.max_len} slots (max_len); requests are checked against both by check()")
+            f"no room for the next token at slot / position {L}: {describe_model(self.target_model, 'target')} "
+            f"has max_position_embeddings = {self.context} and the KV cache max_len={self.max_len} slots "
+            "(a state that check() would have refused)")
 
     def _buffers_at(self, depth: int) -> TreeBuffers:
         """The decoder's tree clipped to ``depth`` (itself at depth D), compiled once and memoised."""
