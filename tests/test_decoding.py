@@ -334,6 +334,58 @@ def test_sampling_baseline_reproducible(target):
     assert run(0) == run(0) != run(1)
 
 
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """The tiny pair of tests/tiny_pair.py (the CLI's end-to-end pair): target and a noisy copy as draft."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import noisy_copy, random_model
+
+    tgt = random_model(0)
+    return tgt, noisy_copy(tgt, 0.05, 1)
+
+
+@pytest.mark.parametrize("T", [1e-40, 1e-300])
+def test_tiny_temperature_samples_exactly_the_greedy_output(tiny_pair, T):
+    """logits / T overflowed to NaN and every token became the last vocabulary id (256 here)."""
+    tgt, drf = tiny_pair
+    prompt = [72, 101, 108, 108, 111, 44, 32]
+    greedy = autoregressive_generate(tgt, prompt, 24).tokens
+    assert len(set(greedy)) > 3  # a real continuation, not one repeated id
+    plain = autoregressive_generate(tgt, prompt, 24, temperature=T, generator=torch.Generator().manual_seed(1))
+    assert plain.tokens == greedy
+    for tree in (SEQUOIA_LIKE, Tree.chain(4)):
+        dec = SpeculativeDecoder(tgt, drf, tree, temperature=T, top_p=0.9, generator=torch.Generator().manual_seed(2))
+        assert dec.generate(prompt, 24).tokens == greedy
+
+
+def _with_nan_logit(model: Transformer, token: int) -> Transformer:
+    """A copy whose logit for ``token`` is NaN at every position (as after a numerical overflow)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        out.lm_head.weight[token] = float("nan")
+    return out
+
+
+@pytest.mark.parametrize("T", [0.0, 1e-40, 1.0])
+def test_nan_logits_never_become_a_token(target, drafts, T):
+    bad = _with_nan_logit(target, 17)
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(DecodingError, match="the model 'tiny' produced unusable output: the logits hold NaN"):
+        AutoregressiveDecoder(bad, temperature=T, generator=gen).generate(PROMPTS[1], 5)
+    with pytest.raises(DecodingError, match="the target model 'tiny' produced unusable output: the logits hold NaN"):
+        SpeculativeDecoder(bad, drafts["noisy"], SEQUOIA_LIKE, temperature=T, generator=gen).generate(PROMPTS[1], 5)
+    bad_draft = _with_nan_logit(drafts["noisy"], 17)
+    dec = SpeculativeDecoder(target, bad_draft, SEQUOIA_LIKE, temperature=T, generator=gen)
+    if T == 0:  # greedy: a NaN draft only proposes bad candidates, which the target's check rejects
+        assert dec.generate(PROMPTS[1], 8).tokens == _plain(target, PROMPTS[1], 8)
+    else:
+        with pytest.raises(DecodingError, match="the draft model 'tiny' produced unusable output"):
+            dec.generate(PROMPTS[1], 5)
+
+
 def _micro_pair():
     cfg = ModelConfig(vocab_size=6, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=32,
                       max_position_embeddings=16, name="micro")

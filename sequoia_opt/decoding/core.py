@@ -47,6 +47,12 @@ def describe_model(model: Transformer, role: str | None = None) -> str:
     return f"the {role + ' ' if role else ''}model" + (f" {name!r}" if name else "")
 
 
+def model_output_error(err: ValueError, model: Transformer, role: str | None = None) -> DecodingError:
+    """The :class:`DecodingError` a decoder raises when the sampling rules refuse what ``model`` produced
+    (NaN or inf logits, a distribution without mass): the rule's ValueError message, naming the model."""
+    return DecodingError(f"{describe_model(model, role)} produced unusable output: {err}")
+
+
 def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, context: int,
                    model: str = "the model") -> None:
     """Refuse, before any forward pass, a generation that plain decoding could not serve either.

@@ -47,9 +47,9 @@ from ..model import Transformer
 from ..tree import Tree
 from .buffers import TreeBuffers
 from .core import (DEFAULT_MAX_LEN, cached_forward, check_capacity, check_max_new_tokens, check_prompt,
-                   describe_model, run_causal_chunk, truncate)
-from .sampling import (Acceptance, NodeVisit, process_logits, sample_categorical, sample_without_replacement,
-                       verify_greedy, verify_sampling_node)
+                   describe_model, model_output_error, run_causal_chunk, truncate)
+from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical,
+                       sample_without_replacement, verify_greedy, verify_sampling_node)
 from .stats import Clock, GenerationResult, StepStats
 
 __all__ = ["SpeculativeDecoder", "DecodeState", "DraftOutput"]
@@ -323,7 +323,8 @@ class SpeculativeDecoder:
             :class:`DraftOutput`: (n,) node tokens, when sampling the (n, V) draft distributions, the depth.
 
         Raises:
-            DecodingError: forced tokens of the wrong shape or root.
+            DecodingError: forced tokens of the wrong shape or root; when sampling, draft logits with NaN or
+                +inf (:func:`process_logits`).
         """
         buf, dev, L = self.step_buffers(state), self.device, state.cached
         n, D = buf.n, buf.tree_depth
@@ -352,15 +353,19 @@ class SpeculativeDecoder:
                                         buf.level_masks[d], self.backend)  # (w_d, V)
             k = buf.level_branching[d]
             q = None
-            if probs is not None:
-                q = process_logits(logits, self.temperature, self.top_p)  # (w_d, V)
-                probs[sl] = q
-            if tokens is not None:
-                continue
-            if q is None:
-                cand = logits.topk(k, dim=-1).indices  # (w_d, k) the draft's top-k, rank order
-            else:
-                cand = sample_without_replacement(q, k, self.generator)  # (w_d, k) ordered samples
+            try:
+                if probs is not None:
+                    q = process_logits(logits, self.temperature, self.top_p)  # (w_d, V)
+                    probs[sl] = q
+                if tokens is not None:
+                    continue
+                if q is None:
+                    # greedy: NaN draft logits only make bad candidates, which the target's check rejects
+                    cand = logits.topk(k, dim=-1).indices  # (w_d, k) the draft's top-k, rank order
+                else:
+                    cand = sample_without_replacement(q, k, self.generator)  # (w_d, k) ordered samples
+            except ValueError as err:
+                raise model_output_error(err, self.draft_model, "draft") from None
             nxt = buf.level_slices[d + 1]
             out[nxt] = cand[buf.child_parent_local[d + 1], buf.child_rank[d + 1]]
         return DraftOutput(out, probs, D)
@@ -392,29 +397,36 @@ class SpeculativeDecoder:
         Args:
             drafted: the :class:`DraftOutput` of this step.
             target_logits: (n, V) from :meth:`verify`.
+
+        Raises:
+            DecodingError: target logits with NaN or +inf where they are used (no token is made from them),
+                or a draft distribution the residual rule cannot use.
         """
         depth_used = drafted.depth
         buf = self.buffers if depth_used == self.buffers.tree_depth else self._buffers_at(depth_used)
         children = buf.children
         tok_list = drafted.tokens.tolist()
-        if self.greedy:
-            return verify_greedy(target_logits.argmax(-1).tolist(), tok_list, children)
-        node, depth, path, visits = 0, 0, [0], []
-        while True:
-            p = process_logits(target_logits[node], self.temperature, self.top_p)  # (V,)
-            ch = children[node]
-            if not ch:
-                bonus = int(sample_categorical(p, self.generator).item())
-                break
-            cands = drafted.tokens[ch[0] : ch[-1] + 1]  # siblings are contiguous, in rank order
-            r, tok = verify_sampling_node(p, drafted.probs[node], cands, self.generator)
-            visits.append(NodeVisit(depth, len(ch), r))
-            if r is None:
-                bonus = tok
-                break
-            node = ch[r]
-            path.append(node)
-            depth += 1
+        try:
+            if self.greedy:
+                return verify_greedy(argmax_tokens(target_logits), tok_list, children)
+            node, depth, path, visits = 0, 0, [0], []
+            while True:
+                p = process_logits(target_logits[node], self.temperature, self.top_p)  # (V,)
+                ch = children[node]
+                if not ch:
+                    bonus = int(sample_categorical(p, self.generator).item())
+                    break
+                cands = drafted.tokens[ch[0] : ch[-1] + 1]  # siblings are contiguous, in rank order
+                r, tok = verify_sampling_node(p, drafted.probs[node], cands, self.generator)
+                visits.append(NodeVisit(depth, len(ch), r))
+                if r is None:
+                    bonus = tok
+                    break
+                node = ch[r]
+                path.append(node)
+                depth += 1
+        except ValueError as err:
+            raise model_output_error(err, self.target_model, "target") from None
         tokens = tuple(tok_list[i] for i in path[1:]) + (bonus,)
         return Acceptance(tuple(path), tokens, tuple(visits))
 
