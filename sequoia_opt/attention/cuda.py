@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import require_dense_mask, require_tree_mask  # the package __init__ never imports this module eagerly
+# the package __init__ imports this module lazily (never at its own import), so no import cycle
+from . import require_dense_mask, require_tree_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import TreeMask
