@@ -243,16 +243,18 @@ def run_trees(
         :class:`RunReport`; in greedy mode ``greedy_ok`` is False when some output differed.
 
     Raises:
-        DecodingError: a tree the draft cannot produce, a prompt that overflows the cache, mismatched
-            vocabularies: all before the first timed forward.
+        DecodingError: a tree the draft cannot produce, a prompt + ``max_new_tokens`` past the target's
+            context, mismatched vocabularies: all before the first timed forward. (A draft with a shorter
+            context is fine: the trees are clipped near its end, see :class:`SpeculativeDecoder`.)
     """
     if not entries:
         raise ValueError("no trees to run")
     greedy = temperature == 0
     device = target.device
     longest = max(len(p) for p in prompts)
-    max_len = min(target.config.max_position_embeddings, draft.config.max_position_embeddings,
-                  longest + max_new_tokens + max(e.tree.size for e in entries) + 1)
+    # slots for a whole tree at every step; requests are checked against the TARGET's context (a shorter
+    # draft context only clips the trees near its end, it must not cap the cache plain decoding uses too)
+    max_len = min(target.config.max_position_embeddings, longest + max_new_tokens) + max(e.tree.size for e in entries)
 
     def gen(s: int) -> torch.Generator:
         g = torch.Generator(device=device)

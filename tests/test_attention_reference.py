@@ -271,3 +271,81 @@ def test_kernel_sources_present():
     # the header's tile sizes are the planner's
     header = (kdir / "tree_attention.h").read_text()
     assert f"kBlockM = {ta_cuda.BLOCK_M};" in header and f"kBlockN = {ta_cuda.BLOCK_N};" in header
+
+
+# ------------------------------------------------------------------------------------------------------------
+# wrong-type arguments are refused at the entry points, with the type that was expected
+
+
+def test_tree_attention_refuses_a_plain_tensor_as_mask():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = make_case(1, 4, 2, 3, 5, 3, 16, gen)
+    dense = causal_tree_mask(3).dense
+    with pytest.raises(TypeError, match=r"tree_attention takes tree_mask as a sequoia_opt.attention.TreeMask, "
+                                        r"got torch.Tensor; build one .* with TreeMask.from_dense\(mask\)"):
+        tree_attention(q, k, v, 5, dense)
+    with pytest.raises(TypeError, match="got numpy.ndarray"):
+        tree_attention(q, k, v, 5, dense.numpy())
+    with pytest.raises(TypeError, match="tree_attention takes q as a torch.Tensor, got numpy.ndarray"):
+        tree_attention(q.numpy(), k, v, 5, causal_tree_mask(3))
+    out = tree_attention(q, k, v, 5, TreeMask.from_dense(dense))  # the remedy the message names works
+    assert torch.equal(out, tree_attention_reference(q, k, v, 5, dense, 16**-0.5))
+
+
+def test_dense_mask_entry_points_refuse_a_tree_mask_or_a_non_tensor():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = make_case(1, 4, 2, 3, 5, 3, 16, gen)
+    tm = causal_tree_mask(3)
+    with pytest.raises(TypeError, match="tree_attention_reference takes the dense .* got a TreeMask; pass its .dense"):
+        tree_attention_reference(q, k, v, 5, tm, 0.25)
+    with pytest.raises(ValueError, match="2-D bool"):  # a float mask would be added to the scores by SDPA
+        tree_attention_reference(q, k, v, 5, tm.dense.float(), 0.25)
+    with pytest.raises(TypeError, match="split_k_reference takes the dense .* got a TreeMask"):
+        ta_cuda.split_k_reference(q, k, v, 5, tm, 0.25, 1, 1)
+    with pytest.raises(TypeError, match="TreeMask.from_dense takes a .* got numpy.ndarray; convert it with "
+                                        "torch.from_numpy"):
+        TreeMask.from_dense(np.ones((2, 2), dtype=bool))
+    with pytest.raises(TypeError, match="TreeMask.from_dense takes a .* got list"):
+        TreeMask.from_dense([[True]])
+    with pytest.raises(TypeError, match="got a TreeMask"):
+        TreeMask.from_dense(tm)
+
+
+def test_cuda_entry_point_refuses_a_plain_tensor_as_mask_before_anything_else():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = make_case(1, 4, 2, 3, 5, 3, 64, gen, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"tree_attention_cuda takes tree_mask as a .*TreeMask, got torch.Tensor; "
+                                        r".*TreeMask.from_dense\(mask\)"):
+        ta_cuda.tree_attention_cuda(q, k, v, 5, causal_tree_mask(3).dense, 0.125)
+
+
+def test_resolve_backend_takes_a_device_or_its_name():
+    from sequoia_opt.attention import resolve_backend
+
+    assert resolve_backend("torch", "cpu") == resolve_backend("auto", torch.device("cpu")) == "torch"
+    if not torch.cuda.is_available():
+        assert resolve_backend("auto", "cpu") == "torch"
+    with pytest.raises(TypeError, match="resolve_backend takes device as a torch.device or str, got int"):
+        resolve_backend("auto", 0)
+
+
+def test_transformer_forward_refuses_a_plain_tensor_as_mask_before_any_layer():
+    from sequoia_opt.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.preset("tiny")).eval()
+    cache = model.new_cache(8)
+    calls = []
+    handle = model.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with torch.inference_mode(), pytest.raises(TypeError, match=r"Transformer.forward takes tree_mask as a "
+                                                                    r".*TreeMask, got torch.Tensor"):
+            model(torch.tensor([[1, 2]]), torch.arange(2), cache=cache, cache_slots=torch.arange(2),
+                  tree_mask=causal_tree_mask(2).dense)
+    finally:
+        handle.remove()
+    assert calls == []  # refused before the first layer (and before any cache write)
+    with torch.inference_mode():
+        out = model(torch.tensor([[1, 2]]), torch.arange(2), cache=cache, cache_slots=torch.arange(2),
+                    tree_mask=causal_tree_mask(2))
+    assert out.shape == (1, 2, 256)

@@ -334,6 +334,58 @@ def test_sampling_baseline_reproducible(target):
     assert run(0) == run(0) != run(1)
 
 
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """The tiny pair of tests/tiny_pair.py (the CLI's end-to-end pair): target and a noisy copy as draft."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import noisy_copy, random_model
+
+    tgt = random_model(0)
+    return tgt, noisy_copy(tgt, 0.05, 1)
+
+
+@pytest.mark.parametrize("T", [1e-40, 1e-300])
+def test_tiny_temperature_samples_exactly_the_greedy_output(tiny_pair, T):
+    """logits / T overflowed to NaN and every token became the last vocabulary id (256 here)."""
+    tgt, drf = tiny_pair
+    prompt = [72, 101, 108, 108, 111, 44, 32]
+    greedy = autoregressive_generate(tgt, prompt, 24).tokens
+    assert len(set(greedy)) > 3  # a real continuation, not one repeated id
+    plain = autoregressive_generate(tgt, prompt, 24, temperature=T, generator=torch.Generator().manual_seed(1))
+    assert plain.tokens == greedy
+    for tree in (SEQUOIA_LIKE, Tree.chain(4)):
+        dec = SpeculativeDecoder(tgt, drf, tree, temperature=T, top_p=0.9, generator=torch.Generator().manual_seed(2))
+        assert dec.generate(prompt, 24).tokens == greedy
+
+
+def _with_nan_logit(model: Transformer, token: int) -> Transformer:
+    """A copy whose logit for ``token`` is NaN at every position (as after a numerical overflow)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        out.lm_head.weight[token] = float("nan")
+    return out
+
+
+@pytest.mark.parametrize("T", [0.0, 1e-40, 1.0])
+def test_nan_logits_never_become_a_token(target, drafts, T):
+    bad = _with_nan_logit(target, 17)
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(DecodingError, match="the model 'tiny' produced unusable output: the logits hold NaN"):
+        AutoregressiveDecoder(bad, temperature=T, generator=gen).generate(PROMPTS[1], 5)
+    with pytest.raises(DecodingError, match="the target model 'tiny' produced unusable output: the logits hold NaN"):
+        SpeculativeDecoder(bad, drafts["noisy"], SEQUOIA_LIKE, temperature=T, generator=gen).generate(PROMPTS[1], 5)
+    bad_draft = _with_nan_logit(drafts["noisy"], 17)
+    dec = SpeculativeDecoder(target, bad_draft, SEQUOIA_LIKE, temperature=T, generator=gen)
+    if T == 0:  # greedy: a NaN draft only proposes bad candidates, which the target's check rejects
+        assert dec.generate(PROMPTS[1], 8).tokens == _plain(target, PROMPTS[1], 8)
+    else:
+        with pytest.raises(DecodingError, match="the draft model 'tiny' produced unusable output"):
+            dec.generate(PROMPTS[1], 5)
+
+
 def _micro_pair():
     cfg = ModelConfig(vocab_size=6, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=32,
                       max_position_embeddings=16, name="micro")
@@ -380,6 +432,189 @@ def test_speculative_sampling_step_matches_target_distribution(trials):
     assert tv1 < tol and tv2 < tol, (tv1, tv2)
 
 
+# ---------------------------------------------------------------------------------------------- near the end
+
+
+def _with_context(model: Transformer, positions: int) -> Transformer:
+    """The same weights under a config with ``positions`` max_position_embeddings."""
+    out = Transformer(model.config.with_(max_position_embeddings=positions), device="cpu", dtype=torch.float32)
+    out.load_state_dict(model.state_dict())
+    return out.eval()
+
+
+def _record_positions(model):
+    """Every position a cached forward of ``model`` is given (positions is the forward's second argument)."""
+    seen: list[int] = []
+    handle = model.register_forward_pre_hook(lambda mod, args, kw: seen.extend(args[1].tolist()), with_kwargs=True)
+    return seen, handle
+
+
+@pytest.fixture(scope="module")
+def ctx64(target, drafts):
+    return _with_context(target, 64), _with_context(drafts["noisy"], 64)
+
+
+def test_last_position_of_the_context_is_served_like_plain_decoding(ctx64):
+    tgt, drf = ctx64
+    prompt = [(7 * i + 3) % CFG.vocab_size for i in range(63)]
+    plain = AutoregressiveDecoder(tgt).generate(prompt, 1).tokens
+    assert len(plain) == 1
+    dec = SpeculativeDecoder(tgt, drf, Tree.chain(3))
+    res = dec.generate(prompt, 1)
+    assert res.tokens == plain
+    # the root (last prompt token) sits at position 62: of the chain only depth 1 (position 63) fits
+    assert [(s.tree_size, s.tree_depth) for s in res.steps] == [(2, 1)]
+
+
+@pytest.mark.parametrize("tree_name", ["sequoia", "wide", "chain12"])
+def test_prompts_near_the_context_end_equal_plain_decoding(ctx64, tree_name):
+    tgt, drf = ctx64
+    tree = Tree.chain(12) if tree_name == "chain12" else TREES[tree_name]  # chain12: deeper than what is left
+    ctx = 64
+    dec = SpeculativeDecoder(tgt, drf, tree, backend="torch")
+    rng = np.random.default_rng(0)
+    clipped_steps = 0
+    for P in range(ctx - 6, ctx):
+        prompt = rng.integers(0, CFG.vocab_size, size=P).tolist()
+        ref = autoregressive_generate(tgt, prompt, ctx - P).tokens
+        for M in range(1, ctx - P + 1):
+            res = dec.generate(prompt, M)
+            assert res.tokens == ref[:M], (P, M)
+            L = P - 1
+            for s in res.steps:
+                # the step's tree stays inside the context: deepest node at position L + depth < 64
+                assert L + s.tree_depth < ctx
+                assert s.tree_depth <= tree.tree_depth and s.tree_size == tree.level_slices[s.tree_depth].stop
+                clipped_steps += s.tree_depth < tree.tree_depth
+                L += s.accepted_nodes + 1
+    assert clipped_steps > 0
+
+
+@pytest.fixture(scope="module")
+def short_draft_pair(target, drafts):
+    """Target with 64 positions, drafts with 40: the same weights (accepts everything) and a noisy copy."""
+    return _with_context(target, 64), {"same": _with_context(target, 40), "noisy": _with_context(drafts["noisy"], 40)}
+
+
+@pytest.mark.parametrize("draft_name", ["same", "noisy"])
+@pytest.mark.parametrize("tree_name", ["sequoia", "chain"])
+def test_draft_with_a_shorter_context_equals_plain_and_stays_inside_it(short_draft_pair, draft_name, tree_name):
+    tgt, drafts40 = short_draft_pair
+    drf = drafts40[draft_name]
+    prompt = [(11 * i + 5) % CFG.vocab_size for i in range(35)]
+    ref = autoregressive_generate(tgt, prompt, 25).tokens
+    dec = SpeculativeDecoder(tgt, drf, TREES[tree_name])
+    seen, handle = _record_positions(drf)
+    try:
+        state = dec.start(prompt, 25)
+        while not state.finished:
+            before = state.draft_cached
+            stats = dec.step(state)
+            if stats.tree_depth == 0:  # root-only step: no draft forward, nothing new in the draft cache
+                assert state.finished or state.draft_cached == before
+    finally:
+        handle.remove()
+    assert state.result.tokens == ref
+    assert seen and max(seen) < 40  # the draft ran, and never past its 40 positions
+    depths = [s.tree_depth for s in state.result.steps]
+    assert depths[-1] == 0 and depths[0] == TREES[tree_name].tree_depth  # full at first, root-only at the end
+    # the draft cache holds exactly the committed tokens it claims to
+    n = state.draft_cached
+    assert 0 < n <= 40  # positions 0 .. 39
+    _assert_cache_prefix_equal(dec.draft_cache, _fresh_cache(drf, state.seq[:n], n), n)
+
+
+def test_prompt_past_the_draft_context_never_runs_the_draft(short_draft_pair):
+    tgt, drafts40 = short_draft_pair
+    drf = drafts40["noisy"]
+    prompt = [(3 * i + 1) % CFG.vocab_size for i in range(45)]
+    dec = SpeculativeDecoder(tgt, drf, SEQUOIA_LIKE)
+    calls, handles = _count_forwards(drf)
+    try:
+        res = dec.generate(prompt, 10)
+    finally:
+        for h in handles:
+            h.remove()
+    assert res.tokens == autoregressive_generate(tgt, prompt, 10).tokens
+    assert calls == [] and all(s.tree_size == 1 and s.draft_ms >= 0 for s in res.steps)
+    assert len(res.steps) == 10
+
+
+@pytest.mark.parametrize("max_len", [30, 24, 10, 3])
+def test_cache_that_cannot_hold_the_tree_at_the_end_clips_it(target, drafts, max_len):
+    prompt = [9, 8, 7]
+    M = max_len - len(prompt) + 1  # the most plain decoding with this max_len serves
+    ref = AutoregressiveDecoder(target, max_len=max_len).generate(prompt, M).tokens
+    dec = SpeculativeDecoder(target, drafts["same"], SEQUOIA_LIKE, max_len=max_len)  # 20 nodes
+    res = dec.generate(prompt, M)
+    assert res.tokens == ref and len(ref) == M
+    L = len(prompt) - 1
+    for s in res.steps:
+        assert L + s.tree_size <= max_len  # the step's slots L .. L + n_d - 1 fit
+        L += s.accepted_nodes + 1
+    assert res.steps[-1].tree_size < SEQUOIA_LIKE.size
+    with pytest.raises(DecodingError, match=f"KV cache has {max_len} slots"):
+        dec.generate(prompt, M + 1)
+
+
+@pytest.mark.parametrize("max_len", [1, 2, 7, 16, 40, None])
+def test_refuses_exactly_what_plain_decoding_refuses(max_len):
+    tgt = _model(0, CFG.with_(max_position_embeddings=16))
+    drf = _model(1, CFG.with_(max_position_embeddings=9, n_layers=1))
+    plain = AutoregressiveDecoder(tgt, max_len=max_len)
+    trees = [Tree.chain(1), Tree.chain(20), SEQUOIA_LIKE]
+    decs = [SpeculativeDecoder(tgt, drf, t, max_len=max_len if max_len is not None else 16 + t.size)
+            for t in trees]
+
+    def refused(d, P, M):
+        try:
+            d.check(list(range(P)), M)
+        except DecodingError as err:
+            return "context" if "exceed the model context" in str(err) else "cache" if "KV cache" in str(err) else err
+        return None
+
+    for P in range(1, 19):
+        for M in range(19):
+            want = refused(plain, P, M)
+            assert (want is None) == (M == 0 or (P + M <= 16 and P + M - 1 <= (max_len or 16))), (P, M)
+            for d in decs:
+                assert refused(d, P, M) == want, (P, M, d.tree.size)
+
+
+@pytest.mark.parametrize("draft_ctx", [64, 40])
+def test_sampling_near_the_context_end_runs(short_draft_pair, ctx64, draft_ctx):
+    tgt = short_draft_pair[0]
+    drf = short_draft_pair[1]["noisy"] if draft_ctx == 40 else ctx64[1]
+    for P, M in ((60, 4), (63, 1), (50, 14)):
+        prompt = [(5 * i + 2) % CFG.vocab_size for i in range(P)]
+        dec = SpeculativeDecoder(tgt, drf, SEQUOIA_LIKE, temperature=1.0, top_p=0.9,
+                                 generator=torch.Generator().manual_seed(P))
+        res = dec.generate(prompt, M)
+        assert len(res.tokens) == M and all(0 <= t < CFG.vocab_size for t in res.tokens)
+        assert res.steps[-1].tree_depth < SEQUOIA_LIKE.tree_depth
+
+
+def test_clipped_buffers_are_a_prefix_and_memoised(ctx64):
+    tgt, drf = ctx64
+    dec = SpeculativeDecoder(tgt, drf, SEQUOIA_LIKE)
+    full = dec.buffers
+    for d in range(SEQUOIA_LIKE.tree_depth + 1):
+        b = full.clipped(d)
+        n = SEQUOIA_LIKE.level_slices[d].stop
+        assert b.n == n and b.tree_depth == d
+        assert torch.equal(b.tree_mask.dense, full.tree_mask.dense[:n, :n])
+        assert b.children == tuple(tuple(c for c in ch if c < n) for ch in full.children[:n])
+    assert full.clipped(SEQUOIA_LIKE.tree_depth) is full
+    with pytest.raises(ValueError, match="depth 7"):
+        full.clipped(7)
+    prompt = list(range(60))
+    dec.generate(prompt, 4)
+    kept = dict(dec._clipped)
+    assert set(kept) > {SEQUOIA_LIKE.tree_depth} and kept[SEQUOIA_LIKE.tree_depth] is full
+    dec.generate(prompt, 4)
+    assert all(dec._clipped[d] is b for d, b in kept.items())  # compiled once per depth
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 
@@ -400,13 +635,10 @@ def test_refuses_tree_wider_than_vocabulary():
 def test_refuses_overflow_before_any_forward(target, drafts):
     small = _model(0, CFG.with_(max_position_embeddings=32))
     draft = drafts["random"]
-    with pytest.raises(DecodingError, match="depth"):
-        SpeculativeDecoder(small, small, Tree.chain(40))  # deeper than the context, whatever the prompt
     dec = SpeculativeDecoder(small, small, Tree.chain(11))  # depth 10
+    tight = SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=40)
     calls, handles = _count_forwards(small, draft, target)
     try:
-        with pytest.raises(DecodingError, match="too deep"):
-            dec.generate(list(range(20)), 5)  # 20 + 5 fits 32 positions, but nodes reach position 33
         with pytest.raises(DecodingError, match="exceed the model context"):
             dec.generate(list(range(30)), 5)  # the sequence itself does not fit
         with pytest.raises(DecodingError, match="exceed the model context"):
@@ -417,20 +649,56 @@ def test_refuses_overflow_before_any_forward(target, drafts):
             dec.generate([1, CFG.vocab_size], 5)
         with pytest.raises(DecodingError, match="max_new_tokens"):
             dec.generate([1], -1)
-        tight = SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=40)
+        # 30 + 15 - 1 = 44 slots: plain decoding with the same max_len refuses it too
         with pytest.raises(DecodingError, match="KV cache has 40 slots"):
-            tight.generate(list(range(10)), 15)  # 10 + 15 - 2 + 20 = 43 slots
+            tight.generate(list(range(30)), 15)
+        with pytest.raises(DecodingError, match="KV cache has 40 slots"):
+            AutoregressiveDecoder(target, max_len=40).generate(list(range(30)), 15)
         assert calls == []
     finally:
         for h in handles:
             h.remove()
-    assert dec.generate(list(range(20)), 3).tokens  # a request that fits runs on the same decoder
-    with pytest.raises(DecodingError, match="max_len"):
-        SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=10)
+    # what plain decoding serves is served, with its output: nodes past the context or the cache are
+    # clipped (these four were refused before: "too deep", "KV cache has 40 slots", max_len=10, chain(40))
+    assert dec.generate(list(range(20)), 5).tokens == _plain(small, list(range(20)), 5)  # nodes reach 33
+    assert dec.generate(list(range(20)), 3).tokens == _plain(small, list(range(20)), 3)
+    assert tight.generate(list(range(10)), 15).tokens == _plain(target, list(range(10)), 15)  # 43 slots
+    short = SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=10)  # smaller than the 20-node tree
+    assert short.generate(list(range(4)), 6).tokens == _plain(target, list(range(4)), 6)
+    deep = SpeculativeDecoder(small, small, Tree.chain(40))  # deeper than the context, whatever the prompt
+    assert deep.generate(list(range(5)), 27).tokens == _plain(small, list(range(5)), 27)
+    with pytest.raises(DecodingError, match="max_len must be >= 1"):
+        SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=0)
     with pytest.raises(DecodingError, match="temperature"):
         SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=-1.0)
     with pytest.raises(DecodingError, match="top_p"):
         SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=1.0, top_p=0.0)
+
+
+def test_overflow_messages_name_the_limit_and_only_existing_remedies(target, drafts):
+    small = _model(0, CFG.with_(max_position_embeddings=32, name="small32"))
+    long_draft = _model(1, CFG.with_(max_position_embeddings=512, name="draft512", n_layers=1))
+    dec = SpeculativeDecoder(small, long_draft, Tree.chain(4))
+    with pytest.raises(DecodingError, match=r"= 35 tokens exceed the model context: the target model 'small32' "
+                                            r"has max_position_embeddings = 32; shorten the prompt or ask for "
+                                            r"at most 2 new tokens$") as err:
+        dec.check(list(range(30)), 5)
+    assert "max_len" not in str(err.value)  # max_len was not the limit: not suggested
+    with pytest.raises(DecodingError, match=r"the model 'small32' has max_position_embeddings = 32") as err:
+        AutoregressiveDecoder(small).check(list(range(30)), 5)
+    assert "max_len" not in str(err.value)
+    # a shorter draft context limits nothing (its trees are clipped): the target's 512 positions count
+    short_draft = _model(1, CFG.with_(max_position_embeddings=16, n_layers=1))
+    SpeculativeDecoder(target, short_draft, Tree.chain(4)).check(list(range(30)), 5)
+    tight = SpeculativeDecoder(target, drafts["random"], SEQUOIA_LIKE, max_len=40)
+    cache_msg = (r"^the KV cache has 40 slots \(max_len=40\) but this generation needs 44 \(prompt 30 \+ "
+                 r"max_new_tokens 15 - 1: every token but the last is cached\); pass max_len=44 or more, or ask "
+                 r"for at most 11 new tokens$")
+    with pytest.raises(DecodingError, match=cache_msg):
+        tight.check(list(range(30)), 15)
+    with pytest.raises(DecodingError, match=cache_msg):
+        AutoregressiveDecoder(target, max_len=40).check(list(range(30)), 15)
+    assert tight.generate(list(range(30)), 11).tokens == _plain(target, list(range(30)), 11)  # "at most 11"
 
 
 def test_tree_buffers_layout():

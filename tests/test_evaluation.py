@@ -46,3 +46,27 @@ def test_prompts_without_steps_are_ignored_and_no_steps_give_nan():
     lo, hi = tokens_per_step_ci95([[], []])
     assert math.isnan(lo) and math.isnan(hi)
     assert tokens_per_step_ci95([[2.0]]) == (2.0, 2.0)
+
+
+def test_run_trees_serves_what_the_target_context_allows_with_a_shorter_draft_context():
+    """The cache is sized from the target's context: a draft with fewer positions only clips the trees near
+    its end (before, max_len was capped at the draft's 40 positions and both decoders refused 45 + 10)."""
+    import torch
+
+    from sequoia_opt.decoding import autoregressive_generate
+    from sequoia_opt.evaluation import TreeEntry, run_trees
+    from sequoia_opt.model import ModelConfig, Transformer
+    from sequoia_opt.tree import Tree
+
+    cfg = ModelConfig.preset("tiny").with_(max_position_embeddings=64)
+    torch.manual_seed(0)
+    target = Transformer(cfg).eval()
+    draft = Transformer(cfg.with_(max_position_embeddings=40)).eval()
+    draft.load_state_dict(target.state_dict())
+    prompts = [list(range(3, 48)), list(range(100, 130))]  # 45 and 30 tokens
+    entries = [TreeEntry("chain", Tree.chain(5)), TreeEntry("star", Tree.from_choices([[0], [1], [0, 0]]))]
+    report = run_trees(target, draft, entries, prompts, max_new_tokens=10, warmup=False)
+    assert report.greedy_ok
+    plain = [r for r in report.rows if r.tree == "plain"]
+    assert [r.new_tokens for r in plain] == [10, 10]
+    assert autoregressive_generate(target, prompts[0], 10).tokens  # and plain decoding alone serves it too

@@ -235,6 +235,28 @@ def test_vector_entries_are_probabilities_with_exactly_k_entries(pair, prompt_id
         assert c.counts.sum() == c.trials == sum(int(x.sum()) for x in c.by_depth.values())
 
 
+def test_clipped_steps_near_the_context_end_record_only_real_trials(pair, prompt_ids):
+    """Near the end of the context the decoder clips the measurement tree: a clipped spine node is a leaf
+    that proposes nothing, so it is no trial (not a rejection). With draft == target (greedy) every trial
+    accepts rank 0 and a step of depth d makes exactly d trials."""
+    from sequoia_opt.model import Transformer
+
+    target, _ = pair
+    prompts = prompt_ids[:3]
+    ctx = max(len(p) for p in prompts) + 6
+    short = Transformer(target.config.with_(max_position_embeddings=ctx))
+    short.load_state_dict(target.state_dict())
+    short.eval()
+    c = measure_acceptance(short, short, prompts, width=3, depth=4, max_new_tokens=6)
+    dec = SpeculativeDecoder(short, short, measurement_tree(3, 4))
+    steps = [s for p in prompts for s in dec.generate(p, 6).steps]
+    assert any(s.tree_depth < 4 for s in steps)  # some steps were clipped
+    assert c.steps == len(steps)
+    assert c.trials == sum(s.tree_depth for s in steps)
+    np.testing.assert_array_equal(c.counts, [c.trials, 0, 0, 0])  # no rejection recorded for clipped nodes
+    assert set(c.by_depth) <= {1, 2, 3, 4}
+
+
 def _wilson_bounds(counts):
     from sequoia_opt.profiles import AcceptanceProfile
 

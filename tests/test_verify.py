@@ -4,12 +4,14 @@ and the exactness of multi-candidate speculative sampling (Sequoia Algorithm 2).
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
 
-from sequoia_opt.decoding import (process_logits, sample_categorical, sample_without_replacement,
-                                  verify_greedy, verify_sampling_batch, verify_sampling_node)
+from sequoia_opt.decoding import (GREEDY_LIMIT_TEMPERATURE, argmax_tokens, process_logits, sample_categorical,
+                                  sample_without_replacement, verify_greedy, verify_sampling_batch,
+                                  verify_sampling_node)
 from sequoia_opt.tree import Tree
 
 TRIALS = 100_000  # seeded trials per check: sampling noise in total variation is ~0.003 for V <= 10
@@ -47,6 +49,52 @@ def test_process_logits_temperature_and_top_p():
             process_logits(logits, **bad)
 
 
+@pytest.mark.parametrize("T", [1e-40, 1e-300, 5e-324, 1e-45, GREEDY_LIMIT_TEMPERATURE / 2])
+def test_process_logits_tiny_temperature_is_the_greedy_limit(T):
+    """logits / T overflowed (NaN rows; every sampled token became the last id): now the T -> 0 limit."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.5, 3.0, 3.0, -float("inf")], [-3.0, -7.0, -1.0, -2.0]])
+    probs = process_logits(logits, T)
+    expected = torch.tensor([[1.0, 0, 0, 0], [0, 0.5, 0.5, 0], [0, 0, 1.0, 0]])  # ties: uniform
+    assert torch.equal(probs, expected)
+    assert torch.equal(process_logits(logits[0], T), expected[0])
+    assert torch.equal(process_logits(logits, T, top_p=0.9), expected)
+    assert torch.equal(process_logits(logits.half(), T), expected)
+
+
+def test_process_logits_is_finite_and_converges_for_every_finite_temperature():
+    logits = torch.tensor([1.0, 0.9999, 0.0, -float("inf"), -50.0])
+    limit = torch.tensor([1.0, 0, 0, 0, 0])
+    for T in (GREEDY_LIMIT_TEMPERATURE, 2e-38, 1e-30, 1e-10, 1e-7):  # at and above the threshold: divided
+        probs = process_logits(logits, T)
+        assert torch.equal(probs, limit), T  # runner-up 1e-4 behind: exp(-1e-4 / 1e-7) = exp(-1000) = 0
+    probs = process_logits(logits, 1e-4)  # the runner-up weighs exp(-1) against the maximum
+    e = math.exp(-1.0)
+    torch.testing.assert_close(probs, torch.tensor([1.0, e, 0.0, 0.0, 0.0]) / (1 + e), atol=1e-4, rtol=0)
+    for T in (1e30, 1e300):  # huge T: uniform over the finite logits, the impossible token stays at 0
+        torch.testing.assert_close(process_logits(logits, T), torch.tensor([0.25, 0.25, 0.25, 0.0, 0.25]))
+
+
+@pytest.mark.parametrize("T", [0.0, 1e-40, 1.0])
+def test_process_logits_refuses_nan_and_inf_logits(T):
+    ok = torch.tensor([[0.0, 1.0, -float("inf")], [2.0, 2.0, 1.0]])
+    assert torch.isfinite(process_logits(ok, T)).all()  # -inf marks an impossible token: fine
+    for bad in (float("nan"), float("inf")):
+        x = ok.clone()
+        x[1, 2] = bad
+        with pytest.raises(ValueError, match="NaN or \\+inf"):
+            process_logits(x, T)
+    with pytest.raises(ValueError, match="all -inf"):
+        process_logits(torch.full((2, 3), -float("inf")), T)
+
+
+def test_argmax_tokens_refuses_nan_and_inf():
+    assert argmax_tokens(torch.tensor([[0.0, 3.0, 1.0], [5.0, -1.0, -float("inf")]])) == [1, 0]
+    assert argmax_tokens(torch.tensor([0.0, 3.0, 4.0])) == [2]
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="no greedy token"):
+            argmax_tokens(torch.tensor([[0.0, 3.0, 1.0], [5.0, bad, 0.0]]))
+
+
 # ---------------------------------------------------------------------------------------------- samplers
 
 
@@ -78,6 +126,33 @@ def test_sample_without_replacement_pads_with_zero_probability_tokens():
     assert set(s[:, :2].flatten().tolist()) == {1, 3}  # the real samples come first
     assert set(s[:, 2:].flatten().tolist()) <= {0, 2, 4}  # then padding
     assert all(len(set(row)) == 4 for row in s.tolist())
+
+
+BAD_ROWS = {
+    "nan": [0.2, float("nan"), 0.8],
+    "inf": [0.2, float("inf"), 0.8],
+    "negative": [0.6, -0.1, 0.5],
+    "all zero": [0.0, 0.0, 0.0],
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_ROWS))
+def test_samplers_refuse_rows_that_are_not_distributions(bad):
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([[0.1, 0.6, 0.3], BAD_ROWS[bad]])
+    with pytest.raises(ValueError, match="sample_categorical needs rows of finite, non-negative weights"):
+        sample_categorical(probs, g)
+    with pytest.raises(ValueError, match="sample_categorical"):
+        sample_categorical(probs[1], g)
+    with pytest.raises(ValueError, match="sample_without_replacement needs rows of finite"):
+        sample_without_replacement(probs, 2, g)
+    good = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.5, 0.0]])
+    cands = torch.tensor([[1], [0]])
+    with pytest.raises(ValueError, match="draft distribution q"):
+        verify_sampling_batch(good, probs, cands, g)
+    with pytest.raises(ValueError, match="sample_categorical"):  # p, or its residual, is sampled at the end
+        verify_sampling_batch(probs, good, cands, g)
+    assert sample_categorical(good, g).tolist()[1] in (0, 1)  # the valid rows still sample
 
 
 # ---------------------------------------------------------------------------------------------- sampling verifier

@@ -22,7 +22,39 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TreeMask", "tree_attention", "resolve_backend", "causal_tree_mask"]
+__all__ = ["TreeMask", "tree_attention", "resolve_backend", "causal_tree_mask", "require_tree_mask",
+           "require_dense_mask"]
+
+
+def _type_name(x: object) -> str:
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def require_tree_mask(tree_mask: object, where: str) -> None:
+    """Raise TypeError unless ``tree_mask`` is a :class:`TreeMask` (``where`` names the function for the
+    message, which also says how to build one)."""
+    if not isinstance(tree_mask, TreeMask):
+        raise TypeError(f"{where} takes tree_mask as a sequoia_opt.attention.TreeMask, got {_type_name(tree_mask)}; "
+                        "build one from a (T, m) bool tensor with TreeMask.from_dense(mask)")
+
+
+def require_dense_mask(dense: object, where: str) -> None:
+    """Check a dense (T, m) mask argument. Raises TypeError when it is not a tensor (a :class:`TreeMask`:
+    pass its ``.dense``), ValueError when it is not a 2-D bool tensor."""
+    if isinstance(dense, TreeMask):
+        raise TypeError(f"{where} takes the dense (T, m) bool tensor, got a TreeMask; pass its .dense")
+    if not isinstance(dense, torch.Tensor):
+        raise TypeError(f"{where} takes a (T, m) bool torch.Tensor, got {_type_name(dense)}"
+                        + ("; convert it with torch.from_numpy" if type(dense).__module__ == "numpy" else ""))
+    if dense.dim() != 2 or dense.dtype != torch.bool:
+        raise ValueError(f"tree mask must be a 2-D bool tensor, got {tuple(dense.shape)} {dense.dtype}")
+
+
+def _require_tensors(where: str, **tensors: object) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where} takes {name} as a torch.Tensor, got {_type_name(t)}")
 
 
 @dataclass(frozen=True)
@@ -40,9 +72,13 @@ class TreeMask:
 
     @classmethod
     def from_dense(cls, dense: torch.Tensor) -> "TreeMask":
-        """Pack a (T, m) bool mask. The bits live on the same device as ``dense``."""
-        if dense.dim() != 2 or dense.dtype != torch.bool:
-            raise ValueError(f"tree mask must be a 2-D bool tensor, got {tuple(dense.shape)} {dense.dtype}")
+        """Pack a (T, m) bool mask. The bits live on the same device as ``dense``.
+
+        Raises:
+            TypeError: ``dense`` is not a torch.Tensor (e.g. a numpy array or already a TreeMask).
+            ValueError: it is not 2-D bool.
+        """
+        require_dense_mask(dense, "TreeMask.from_dense")
         return cls(dense=dense, bits=pack_mask_bits(dense))
 
     @property
@@ -77,9 +113,14 @@ def causal_tree_mask(T: int, device: torch.device | str | None = None) -> TreeMa
     return TreeMask.from_dense(torch.ones(T, T, dtype=torch.bool, device=device).tril())
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """Resolve ``"auto"`` to a concrete backend for tensors on ``device``. Raises ValueError on an unknown
-    name, RuntimeError when ``"cuda"`` is asked for on a non-CUDA device."""
+def resolve_backend(backend: str, device: torch.device | str) -> str:
+    """Resolve ``"auto"`` to a concrete backend for tensors on ``device`` (a torch.device or its name).
+    Raises ValueError on an unknown name, RuntimeError when ``"cuda"`` is asked for on a non-CUDA device,
+    TypeError when ``device`` is neither a torch.device nor a str."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    elif not isinstance(device, torch.device):
+        raise TypeError(f"resolve_backend takes device as a torch.device or str, got {_type_name(device)}")
     if backend not in ("auto", "torch", "cuda"):
         raise ValueError(f"unknown attention backend {backend!r}; use 'auto', 'torch' or 'cuda'")
     if backend == "cuda" and device.type != "cuda":
@@ -119,8 +160,12 @@ def tree_attention(
         (B, Hq, T, D) attention output, dtype of ``q``.
 
     Raises:
+        TypeError: ``tree_mask`` is not a :class:`TreeMask` (build one with ``TreeMask.from_dense(mask)``),
+            or q / the caches are not tensors.
         ValueError: inconsistent shapes, or a slot range past the cache.
     """
+    require_tree_mask(tree_mask, "tree_attention")
+    _require_tensors("tree_attention", q=q, k_cache=k_cache, v_cache=v_cache)
     B, Hq, T, D = q.shape
     _, Hkv, S, _ = k_cache.shape
     m = tree_mask.num_tree_keys
@@ -153,7 +198,12 @@ def tree_attention_reference(
 
     Shapes as in :func:`tree_attention`; ``tree_dense`` is the (T, m) bool tree mask. The full mask is
     (T, L + m): ones over the prefix columns, then the tree mask.
+
+    Raises:
+        TypeError: ``tree_dense`` is not a tensor (a :class:`TreeMask`: pass its ``.dense``).
+        ValueError: ``tree_dense`` is not 2-D bool (a float mask would be added to the scores by SDPA).
     """
+    require_dense_mask(tree_dense, "tree_attention_reference")
     B, Hq, T, D = q.shape
     Hkv = k_cache.shape[1]
     m = tree_dense.shape[1]

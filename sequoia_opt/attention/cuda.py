@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+# the package __init__ imports this module lazily (never at its own import), so no import cycle
+from . import require_dense_mask, require_tree_mask
+
 if TYPE_CHECKING:  # pragma: no cover
     from . import TreeMask
 
@@ -119,7 +122,12 @@ def split_k_reference(
 
     Returns:
         (B, Hq, T, D) in q's dtype. Rows that see no key are zeros (as the kernel and torch's SDPA give).
+
+    Raises:
+        TypeError: ``tree_dense`` is not a tensor (a TreeMask: pass its ``.dense``).
+        ValueError: ``tree_dense`` is not 2-D bool.
     """
+    require_dense_mask(tree_dense, "split_k_reference")
     B, Hq, T, D = q.shape
     Hkv = k_cache.shape[1]
     m = tree_dense.shape[1]
@@ -324,9 +332,11 @@ def tree_attention_cuda(
         (B, Hq, T, D) in q's dtype; rows that see no key at all are zeros.
 
     Raises:
+        TypeError: ``tree_mask`` is not a TreeMask (build one with ``TreeMask.from_dense(mask)``).
         ValueError: tensors the kernel does not support (see :func:`unsupported_reason`).
         RuntimeError: the extension cannot be built or the launch fails.
     """
+    require_tree_mask(tree_mask, "tree_attention_cuda")
     reason = unsupported_reason(q, k_cache, v_cache)
     if reason is not None:
         raise ValueError(f"tree_attention backend 'cuda': {reason}")

@@ -6,13 +6,15 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
 * :class:`SpeculativeDecoder` — draft / verify / accept / commit (Sequoia Alg. 2, SpecInfer section 4,
   Medusa-style tree buffers).
 * :func:`autoregressive_generate` / :class:`AutoregressiveDecoder` — the baseline on the same forward path.
-* :func:`process_logits`, :func:`verify_greedy`, :func:`verify_sampling_node` — the pure rules, testable alone.
+* :func:`process_logits`, :func:`argmax_tokens`, :func:`verify_greedy`, :func:`verify_sampling_node` — the pure
+  rules, testable alone; they raise ValueError on NaN / inf logits, which the decoders turn into DecodingError.
 """
 
 from .autoregressive import AutoregressiveDecoder, autoregressive_generate
 from .buffers import TreeBuffers
-from .sampling import (Acceptance, NodeVisit, process_logits, sample_categorical, sample_without_replacement,
-                       verify_greedy, verify_sampling_batch, verify_sampling_node)
+from .sampling import (GREEDY_LIMIT_TEMPERATURE, Acceptance, NodeVisit, argmax_tokens, process_logits,
+                       sample_categorical, sample_without_replacement, verify_greedy, verify_sampling_batch,
+                       verify_sampling_node)
 from .speculative import DecodeState, DraftOutput, SpeculativeDecoder
 from .stats import GenerationResult, StepStats
 
@@ -28,6 +30,8 @@ __all__ = [
     "NodeVisit",
     "Acceptance",
     "process_logits",
+    "GREEDY_LIMIT_TEMPERATURE",
+    "argmax_tokens",
     "sample_categorical",
     "sample_without_replacement",
     "verify_greedy",

@@ -16,8 +16,8 @@ from ..attention import TreeMask, resolve_backend
 from ..errors import DecodingError
 from ..model import Transformer
 from .core import (DEFAULT_MAX_LEN, cached_forward, causal_mask, check_capacity, check_max_new_tokens,
-                   check_prompt, run_causal_chunk, truncate)
-from .sampling import process_logits, sample_categorical
+                   check_prompt, describe_model, model_output_error, run_causal_chunk, truncate)
+from .sampling import argmax_tokens, process_logits, sample_categorical
 from .stats import Clock, GenerationResult, StepStats
 
 __all__ = ["AutoregressiveDecoder", "autoregressive_generate"]
@@ -68,8 +68,8 @@ class AutoregressiveDecoder:
         """Validate inputs (before any forward). Returns the prompt as ints. Raises :class:`DecodingError`."""
         prompt = check_prompt(prompt_ids, self.model.config.vocab_size)
         M = check_max_new_tokens(max_new_tokens)
-        check_capacity(len(prompt), M, 1, 0, cache_len=self.max_len,
-                       context=self.model.config.max_position_embeddings, what="plain decoding step")
+        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.model.config.max_position_embeddings,
+                       model=describe_model(self.model))
         return prompt
 
     @torch.inference_mode()
@@ -81,7 +81,8 @@ class AutoregressiveDecoder:
 
         Raises:
             DecodingError: empty prompt, an id outside the vocabulary, or a prompt + budget that would
-                overflow the cache or the context — before any forward pass.
+                overflow the cache or the context — before any forward pass; logits with NaN or +inf
+                during decoding (no token is made from them).
         """
         prompt = self.check(prompt_ids, max_new_tokens)
         M = int(max_new_tokens)
@@ -102,11 +103,14 @@ class AutoregressiveDecoder:
             tok = torch.tensor([root], dtype=torch.int64, device=device)
             logits = cached_forward(model, self.cache, tok, pos, pos, L, mask, self.backend)  # (1, V)
             t1 = clock.now()
-            if self.temperature == 0:
-                nxt = int(logits[0].argmax().item())
-            else:
-                probs = process_logits(logits[0], self.temperature, self.top_p)
-                nxt = int(sample_categorical(probs, self.generator).item())
+            try:
+                if self.temperature == 0:
+                    nxt = argmax_tokens(logits[0])[0]
+                else:
+                    probs = process_logits(logits[0], self.temperature, self.top_p)
+                    nxt = int(sample_categorical(probs, self.generator).item())
+            except ValueError as err:  # NaN / inf logits never become a token
+                raise model_output_error(err, model) from None
             emitted, stop = truncate([nxt], M - len(result.tokens), self.eos_ids)
             result.tokens.extend(emitted)
             t2 = clock.now()

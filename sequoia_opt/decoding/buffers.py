@@ -98,3 +98,22 @@ class TreeBuffers:
             children=tree.children,
             num_drafted=slices[-1].start if len(slices) > 1 else 1,
         )
+
+    def clipped(self, depth: int) -> "TreeBuffers":
+        """These buffers' tree cut to its levels ``0..depth``, compiled on the same device.
+
+        Levels are contiguous in breadth-first order, so the cut tree is the first
+        ``level_slices[depth].stop`` nodes: every kept node keeps its index, slot and position offset, the
+        nodes of level ``depth`` become leaves, and the nodes above keep all their children. The decoder uses
+        it near the end of the context or the cache (:class:`~sequoia_opt.decoding.SpeculativeDecoder`).
+
+        Raises:
+            ValueError: ``depth`` outside ``[0, tree_depth]``.
+        """
+        if not 0 <= depth <= self.tree_depth:
+            raise ValueError(f"cannot clip a tree of depth {self.tree_depth} to depth {depth}")
+        if depth == self.tree_depth:
+            return self
+        keep = self.level_slices[depth].stop
+        tree = Tree(parent=self.tree.parent[:keep], rank=self.tree.rank[:keep])
+        return TreeBuffers.build(tree, self.depth.device)

@@ -40,36 +40,58 @@ def check_max_new_tokens(max_new_tokens: int) -> int:
     return int(max_new_tokens)
 
 
-def check_capacity(prompt_len: int, max_new_tokens: int, tree_size: int, tree_depth: int, *,
-                   cache_len: int, context: int, what: str = "tree") -> None:
-    """Refuse, before any forward pass, a generation that would overflow the cache or the context.
+def describe_model(model: Transformer, role: str | None = None) -> str:
+    """How messages name a model: ``"the target model 'name'"`` (``role`` None: ``"the model 'name'"``),
+    without the quoted part when the config has no name."""
+    name = getattr(model.config, "name", None)
+    return f"the {role + ' ' if role else ''}model" + (f" {name!r}" if name else "")
 
-    With P prompt tokens and M new tokens, the last step starts with at most ``P + M - 2`` cached tokens
-    (the root is the last committed token, not yet cached) and writes ``tree_size`` more slots; its deepest
-    node sits at position ``P + M - 2 + tree_depth``. So we need ``P + M - 2 + tree_size <= cache_len`` and
-    ``P + M - 2 + tree_depth < context``, and the final sequence must fit: ``P + M <= context``.
+
+def model_output_error(err: ValueError, model: Transformer, role: str | None = None) -> DecodingError:
+    """The :class:`DecodingError` a decoder raises when the sampling rules refuse what ``model`` produced
+    (NaN or inf logits, a distribution without mass): the rule's ValueError message, naming the model."""
+    return DecodingError(f"{describe_model(model, role)} produced unusable output: {err}")
+
+
+def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, context: int,
+                   model: str = "the model") -> None:
+    """Refuse, before any forward pass, a generation that plain decoding could not serve either.
+
+    With P prompt tokens and M new tokens the final sequence must fit the model's context,
+    ``P + M <= context``, and the cache must hold every token but the last one: the last step feeds the
+    token at slot / position ``P + M - 2``, so ``P + M - 1 <= cache_len``. Nothing else is refused: tree
+    decoding needs no more, because near the end of the context or of the cache it clips its tree to the
+    levels that fit (down to a root-only step, which is a plain decoding step; see
+    :class:`~sequoia_opt.decoding.SpeculativeDecoder`). Both decoders call this with the target's
+    context, so they refuse exactly the same requests.
+
+    Args:
+        prompt_len: P, tokens in the prompt (>= 1).
+        max_new_tokens: M (>= 0); ``M == 0`` never overflows.
+        cache_len: slots of the KV cache (the decoder's ``max_len``).
+        context: the limiting model's ``max_position_embeddings``.
+        model: that model as messages name it (:func:`describe_model`).
 
     Raises:
-        DecodingError: naming the numbers that do not fit.
+        DecodingError: naming the numbers that do not fit and the thing that limits: the model and its
+            ``max_position_embeddings``, or the cache and its ``max_len``. Only a cache overflow suggests a
+            larger ``max_len`` (the decoders' argument); a context overflow suggests a shorter prompt or a
+            smaller ``max_new_tokens``.
     """
     if max_new_tokens == 0:
         return
     P, M = prompt_len, max_new_tokens
     if P + M > context:
         raise DecodingError(
-            f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context of "
-            f"{context} positions (max_position_embeddings)")
-    last_pos = P + M - 2 + tree_depth
-    if last_pos >= context:
-        raise DecodingError(
-            f"the {what} is too deep for this context: its deepest node would sit at position {last_pos} "
-            f"(prompt {P} + max_new_tokens {M} - 2 + depth {tree_depth}), but the model has "
-            f"{context} positions; shorten the prompt, max_new_tokens or the tree depth")
-    need = P + M - 2 + tree_size
+            f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context: {model} "
+            f"has max_position_embeddings = {context}; shorten the prompt or ask for at most "
+            f"{max(context - P, 0)} new tokens")
+    need = P + M - 1
     if need > cache_len:
         raise DecodingError(
-            f"the KV cache has {cache_len} slots but this generation needs {need} (prompt {P} + "
-            f"max_new_tokens {M} - 2 + {what} size {tree_size}); pass a larger max_len or ask for fewer tokens")
+            f"the KV cache has {cache_len} slots (max_len={cache_len}) but this generation needs {need} "
+            f"(prompt {P} + max_new_tokens {M} - 1: every token but the last is cached); pass max_len={need} "
+            f"or more, or ask for at most {max(cache_len + 1 - P, 0)} new tokens")
 
 
 def causal_mask(T: int, device: torch.device, memo: dict[int, TreeMask] | None = None) -> TreeMask:

@@ -24,6 +24,8 @@ from typing import Sequence
 import torch
 
 __all__ = [
+    "GREEDY_LIMIT_TEMPERATURE",
+    "argmax_tokens",
     "process_logits",
     "sample_categorical",
     "sample_without_replacement",
@@ -35,30 +37,85 @@ __all__ = [
 ]
 
 
+# Temperatures in (0, GREEDY_LIMIT_TEMPERATURE) give the T -> 0 limit directly (see process_logits). The
+# threshold is the smallest normal float32, 2**-126 (about 1.18e-38): below it float32 holds T only as a
+# subnormal (flushed to zero on devices that flush denormals, then (logits - max) / T is 0 / 0 = NaN at the
+# argmax) or, below about 1.4e-45, not at all (1e-300 rounds to 0). Skipping the division there changes
+# nothing visible: a token trailing the maximum by delta weighs exp(-delta / T) against it, under float32's
+# resolution (6e-8) once delta > 17 T, i.e. delta > 2e-37 at the threshold; two distinct float32 logits are
+# that close only when both are smaller than about 1e-30 in magnitude.
+GREEDY_LIMIT_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _check_row_max(top: torch.Tensor, what: str) -> None:
+    """Raise ValueError unless every row maximum in ``top`` is finite: NaN propagates through the max and
+    +inf is the max, so this one reduction over the row maxima finds NaN, +inf and all -inf rows."""
+    if not bool(torch.isfinite(top).all()):
+        raise ValueError(f"the logits hold NaN or +inf (or a row is all -inf): there is no {what} (a numerical "
+                         "overflow in the model?)")
+
+
+def argmax_tokens(logits: torch.Tensor) -> list[int]:
+    """The greedy token of every row, as ints: ``logits.argmax(-1)``, refusing non-finite logits.
+
+    Args:
+        logits: (N, V) or (V,) logits of any float dtype.
+
+    Returns:
+        N ints (one for a (V,) input).
+
+    Raises:
+        ValueError: a row with NaN or +inf, or all -inf.
+    """
+    top, idx = logits.reshape(-1, logits.shape[-1]).max(-1)  # (N,), (N,)
+    _check_row_max(top, "greedy token")
+    return idx.tolist()
+
+
 def process_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
     """The distribution to sample from: ``softmax(logits / temperature)`` restricted to the top-p nucleus.
 
+    Computed as ``softmax((logits - rowmax) / temperature)`` in float32, so no finite temperature overflows
+    (``logits / T`` did for tiny T: inf - inf = NaN, and every token became the last id): the argmax set's
+    scaled logits are exactly 0 and every other one is negative or -inf. As T -> 0 this tends to the uniform
+    distribution over the tokens tied at the maximum (one-hot of the argmax when there is no tie).
+    Temperatures in ``(0, GREEDY_LIMIT_TEMPERATURE)`` (2**-126, about 1.18e-38, the smallest normal float32)
+    give that limit directly, because float32 cannot hold such a T reliably (subnormal, or 0 below about
+    1.4e-45, and the division would make NaN); the limit is the float32 softmax at such a T whenever the
+    logits trailing the maximum trail it by more than ~2e-37 (see the comment at the threshold). Top-p then
+    applies as usual. Temperatures above the largest float32 (3.4e38) are computed as 3.4e38.
+
     Args:
-        logits: (..., V) logits of any float dtype.
-        temperature: >= 0. ``0`` means greedy: the result is the one-hot distribution of the argmax.
+        logits: (..., V) logits of any float dtype; -inf marks an impossible token.
+        temperature: >= 0, finite. ``0`` means greedy: the one-hot distribution of the argmax (the first
+            index among ties, like ``argmax``).
         top_p: in (0, 1]. Keep the smallest set of highest-probability tokens whose mass reaches ``top_p``
             (the most likely token is always kept), zero the rest, renormalise (Holtzman et al. 2020).
             ``1`` keeps every token.
 
     Returns:
-        (..., V) float32 probabilities, each row summing to 1.
+        (..., V) float32 probabilities, each row finite, non-negative and summing to 1.
 
     Raises:
-        ValueError: a negative temperature or a ``top_p`` outside (0, 1].
+        ValueError: a negative, infinite or NaN temperature, a ``top_p`` outside (0, 1], or logits with NaN
+            or +inf (or a row that is all -inf).
     """
     if not temperature >= 0 or temperature == float("inf"):  # also catches NaN
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     logits = logits.float()
+    top = logits.amax(-1, keepdim=True)  # (..., 1)
+    _check_row_max(top, "distribution to sample from")
     if temperature == 0:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    probs = torch.softmax(logits / temperature, dim=-1)
+    shifted = logits - top  # (..., V) <= 0; exactly 0 on the tied argmax set
+    if temperature < GREEDY_LIMIT_TEMPERATURE:
+        tied = (shifted == 0).float()  # the T -> 0 limit
+        probs = tied / tied.sum(-1, keepdim=True)
+    else:
+        probs = torch.softmax(shifted / min(float(temperature), _FLOAT32_MAX), dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)  # (..., V)
         before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each token in sorted order
@@ -68,6 +125,15 @@ def process_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0)
         probs = probs * keep
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def _check_weights(p: torch.Tensor, total: torch.Tensor, what: str) -> None:
+    """Refuse (N, V) sampling weights ``p`` with row totals ``total`` (N, 1) unless every entry is >= 0
+    (False for NaN) and every total finite and > 0: one fused check, one device sync. Raises ValueError."""
+    ok = (p >= 0).all() & torch.isfinite(total).all() & (total > 0).all()
+    if not bool(ok):
+        raise ValueError(f"{what} needs rows of finite, non-negative weights that are not all zero; got a row "
+                         "with NaN, inf, a negative entry or no mass")
 
 
 def _rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -84,11 +150,15 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
 
     Returns:
         (N,) int64 token ids (a 0-d tensor for a (V,) input), on ``probs``' device.
+
+    Raises:
+        ValueError: a row with NaN, inf, a negative weight, or all zeros.
     """
     squeeze = probs.dim() == 1
     p = probs.reshape(1, -1) if squeeze else probs
     # inverse CDF: one uniform per row; clamp guards the last bin against float round-off
     cdf = p.float().cumsum(-1)  # (N, V)
+    _check_weights(p, cdf[:, -1:], "sample_categorical")
     u = _rand((p.shape[0], 1), generator, p.device) * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).clamp_(max=p.shape[-1] - 1).squeeze(-1)  # (N,)
     # a zero-probability bin can only be hit through round-off at its left edge: step back to a real token
@@ -112,7 +182,11 @@ def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Gen
     Returns:
         (N, k) int64 distinct token ids per row. When a row has fewer than k tokens of positive probability,
         the trailing columns hold zero-probability tokens (padding); the verifiers never accept those.
+
+    Raises:
+        ValueError: a row with NaN, inf, a negative weight, or all zeros.
     """
+    _check_weights(probs, probs.float().sum(-1, keepdim=True), "sample_without_replacement")
     e = torch.empty(probs.shape, device=generator.device).exponential_(generator=generator).to(probs.device)
     keys = probs.float() / e  # (N, V); a token of weight w wins the race first with probability w / sum
     return keys.topk(k, dim=-1).indices
@@ -138,9 +212,14 @@ def verify_sampling_batch(
     Returns:
         ``(accepted, token)``: (N,) int64 rank of the accepted candidate or -1 when all were rejected, and
         (N,) int64 the emitted token (the accepted candidate, or the residual sample).
+
+    Raises:
+        ValueError: a row of q, or of p or a residual of p (checked where the token is sampled, by
+            :func:`sample_categorical`), with NaN, inf, a negative entry or no mass.
     """
     p = p.float().clone()
     q = q.float().clone()
+    _check_weights(q, q.sum(1, keepdim=True), "verify_sampling_batch's draft distribution q")
     N, k = candidates.shape
     device = p.device
     accepted = torch.full((N,), -1, dtype=torch.int64, device=device)

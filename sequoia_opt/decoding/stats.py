@@ -28,6 +28,10 @@ class StepStats:
         draft_ms: wall time of the draft (ms; 0 for autoregressive decoding).
         verify_ms: wall time of the target forward (ms).
         bookkeeping_ms: wall time of accept + commit (cache compaction, truncation) in ms.
+        tree_size: nodes of the tree this step verified, root included (1 for plain decoding). Equals the
+            decoder's tree size except near the end of the context or the KV cache, where the speculative
+            decoder clips its tree to the levels that fit.
+        tree_depth: depth of that tree (0 for plain decoding and for a root-only step).
     """
 
     tokens: tuple[int, ...]
@@ -38,6 +42,8 @@ class StepStats:
     draft_ms: float
     verify_ms: float
     bookkeeping_ms: float
+    tree_size: int = 1
+    tree_depth: int = 0
 
     @property
     def total_ms(self) -> float:

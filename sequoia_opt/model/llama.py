@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..attention import TreeMask, tree_attention
+from ..attention import TreeMask, require_tree_mask, tree_attention
 from .config import ModelConfig
 from .kv_cache import ModelKVCache
 
@@ -236,12 +236,18 @@ class Transformer(nn.Module):
 
         Returns:
             (B, T, vocab_size) logits in the model's dtype.
+
+        Raises:
+            TypeError: ``tree_mask`` is not a :class:`~sequoia_opt.attention.TreeMask` (before any layer runs).
+            ValueError: a cached forward without ``cache_slots`` or ``tree_mask``.
         """
         B, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device)
         if cache is not None and (cache_slots is None or tree_mask is None):
             raise ValueError("a cached forward needs cache_slots and tree_mask")
+        if tree_mask is not None:
+            require_tree_mask(tree_mask, "Transformer.forward")
         pos = positions.float() if positions.dim() == 2 else positions.float().unsqueeze(0)  # (B|1, T)
         angles = pos.unsqueeze(-1) * self.inv_freq  # (B|1, T, D/2)
         cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (B|1, 1, T, D/2)

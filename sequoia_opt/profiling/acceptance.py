@@ -9,7 +9,9 @@ are K draft samples without replacement, tried in rank order with the residual r
 How it is measured: the decoder runs a *measurement tree*, a rank-0 spine of depth D where every spine node
 proposes K children. Each spine node the accepted path reaches is one trial (a ``NodeVisit``): which of its K
 candidates was accepted, or none. Counts over all trials give p and its per-entry confidence interval; the
-same counts split by depth test Sequoia's positional assumption (that p does not depend on depth).
+same counts split by depth test Sequoia's positional assumption (that p does not depend on depth). Near the
+end of a context the decoder clips the tree to the levels that fit: a clipped spine node is a leaf there,
+proposes nothing and is no trial (not a rejection), so clipped steps only contribute fewer trials.
 """
 
 from __future__ import annotations
