@@ -125,13 +125,17 @@ def test_run_refuses_a_tree_wider_than_the_vocabulary(workdir, tmp_path):
     assert not (tmp_path / "res").exists()
 
 
-def test_run_refuses_a_tree_deeper_than_the_context(workdir, tmp_path):
+def test_run_clips_a_tree_deeper_than_the_context(workdir, tmp_path):
     root, target, draft, prompts = workdir
     tree = tmp_path / "deep.yaml"
-    save_tree(tree, Tree.chain(600))  # the tiny models have 512 positions
+    save_tree(tree, Tree.chain(600))  # the tiny models have 512 positions: each step uses the levels that fit
     r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
-               "--results-dir", tmp_path / "res")
-    assert r.exit_code == 2 and "depth 599" in r.output
+               "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output  # was refused ("depth 599"), though plain decoding serves the request
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    deep = next(s for s in doc["summaries"] if s["tree"] == "deep")
+    assert deep["size"] == 600 and deep["mismatches"] == 0
 
 
 def test_run_refuses_mismatched_tokenizers(workdir, tmp_path):

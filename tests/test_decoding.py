@@ -684,6 +684,10 @@ def test_overflow_messages_name_the_limit_and_only_existing_remedies(target, dra
                                             r"at most 2 new tokens$") as err:
         dec.check(list(range(30)), 5)
     assert "max_len" not in str(err.value)  # max_len was not the limit: not suggested
+    with pytest.raises(DecodingError, match=r"= 41 tokens exceed the model context: the target model 'small32' "
+                                            r"has max_position_embeddings = 32; shorten the prompt to at most 31 "
+                                            r"tokens$"):
+        dec.check(list(range(40)), 1)  # the prompt alone does not fit: no number of new tokens would
     with pytest.raises(DecodingError, match=r"the model 'small32' has max_position_embeddings = 32") as err:
         AutoregressiveDecoder(small).check(list(range(30)), 5)
     assert "max_len" not in str(err.value)

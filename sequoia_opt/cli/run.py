@@ -126,15 +126,14 @@ def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budge
 
 
 def _check_trees_fit(entries, pair) -> None:
-    """Refuse trees the draft cannot produce (wider than the vocabulary, deeper than the context)."""
+    """Refuse trees the draft cannot produce (a node with more children than the vocabulary has tokens).
+    A tree deeper than what the context has left is not refused: the decoder clips it, step by step, to the
+    levels that fit (see :class:`~sequoia_opt.decoding.SpeculativeDecoder`)."""
     V = pair.draft.config.vocab_size
-    ctx = min(pair.target.config.max_position_embeddings, pair.draft.config.max_position_embeddings)
     for e in entries:
         if e.tree.max_branching_used > V:
             raise TreeoptError(f"tree {e.name!r} has a node with {e.tree.max_branching_used} children; the draft's "
                                f"vocabulary has only {V} tokens")
-        if e.tree.tree_depth >= ctx:
-            raise TreeoptError(f"tree {e.name!r} has depth {e.tree.tree_depth}; the models have {ctx} positions")
 
 
 def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, seed, backend, results_dir,

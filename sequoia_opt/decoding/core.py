@@ -84,8 +84,9 @@ def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, cont
     if P + M > context:
         raise DecodingError(
             f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context: {model} "
-            f"has max_position_embeddings = {context}; shorten the prompt or ask for at most "
-            f"{max(context - P, 0)} new tokens")
+            f"has max_position_embeddings = {context}; "
+            + (f"shorten the prompt or ask for at most {context - P} new tokens" if P < context
+               else f"shorten the prompt to at most {context - 1} tokens"))
     need = P + M - 1
     if need > cache_len:
         raise DecodingError(
