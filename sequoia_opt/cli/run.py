@@ -17,6 +17,7 @@ from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, Latency
                      handle_errors, progress_bar)
 from .render import render
 
+
 def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
                            draft: str) -> list[str]:
     """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the

@@ -46,19 +46,6 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
     return out
 
 
-def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
-                           draft: str) -> list[str]:
-    """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
-    one it is about to run on (its prediction then describes other hardware)."""
-    out = []
-    for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft)):
-        want = meta.extra.get(f"profiled_{key}")
-        if want is not None and str(want).strip().lower() != str(have).strip().lower():
-            out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
-                       f"uses {have!r}: its predicted figures describe that setting")
-    return out
-
-
 @app.command()
 @handle_errors
 def solve(
