@@ -396,9 +396,9 @@ class LatencyCurve:
         return int(min(t.tokens[-1] for t in self._bracket(self._draft, context)[0]))
 
     def _bracket(self, tables: tuple[_Table, ...], context: int | None) -> tuple[list[_Table], list[float]]:
-        """Tables and weights for a context: exact match, linear mix of the two around it, the smallest
-        measured context when below it (latency grows with context, so this is the nearest measured point),
-        ProfileError above the largest."""
+        """Tables and weights (Python floats) for a context: exact match, or a linear mix of the two measured
+        contexts around it. ProfileError outside the measured range (below the smallest as above the
+        largest: the curve would describe another context than the one asked for)."""
         ctx = self.contexts
         if context is None:
             return [tables[0]], [1.0]
@@ -410,19 +410,23 @@ class LatencyCurve:
                 f"latency profile {self.id!r}: context {context} tokens is beyond the largest measured "
                 f"context {int(ctx[-1])} tokens; refusing to extrapolate"
             )
-        if c <= ctx[0]:
-            return [tables[0]], [1.0]
+        if c < ctx[0]:
+            raise ProfileError(
+                f"latency profile {self.id!r}: context {context} tokens is below the smallest measured "
+                f"context {int(ctx[0])} tokens; refusing to extrapolate (profile it: treeopt profile latency "
+                f"--context {int(c)},...)"
+            )
         j = int(np.searchsorted(ctx, c))
         if ctx[j] == c:
             return [tables[j]], [1.0]
-        w = (c - ctx[j - 1]) / (ctx[j] - ctx[j - 1])
+        w = float((c - ctx[j - 1]) / (ctx[j] - ctx[j - 1]))
         return [tables[j - 1], tables[j]], [1.0 - w, w]
 
     def target_ms(self, n: float, context: int | None = None) -> float:
         """T(n): ms for one target forward over n tokens at ``context`` tokens of context (default: the
         smallest measured). Linear interpolation between measured counts and contexts.
 
-        Raises ProfileError when n is outside the measured token range or context past the largest.
+        Raises ProfileError when n or the context is outside the measured range.
         """
         tabs, ws = self._bracket(self._target, context)
         return sum(w * _interp(t, n, "target forward", f"latency profile {self.id!r}") for t, w in zip(tabs, ws))

@@ -182,3 +182,20 @@ def test_solve_refuses_a_profile_whose_width_disagrees_with_its_vector(tmp_path)
     r = runner.invoke(app, ["solve", "-a", str(p)])
     assert r.exit_code == 2
     assert "measured.width is 8 but 'acceptance' has 3 entries" in r.output
+
+
+def test_solve_without_format_prints_the_report_on_stdout_and_no_export():
+    r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "5"])
+    assert r.exit_code == 0, r.output
+    assert "expected tokens / step" in r.stdout and "format: treeopt-tree/1" not in r.stdout
+    assert "format: treeopt-tree/1" not in r.stderr
+
+
+def test_solve_at_a_context_between_measured_ones_writes_the_tree(tmp_path):
+    out = tmp_path / "t.yaml"
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--context", "1000", "--budget", "20", "-o", str(out)])
+    assert r.exit_code == 0, r.output  # was a yaml RepresenterError on an np.float64 speedup
+    tree, meta = load_tree(out)
+    assert type(meta.predicted_speedup) is float and meta.predicted_speedup > 1
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--context", "100", "--budget", "20"])
+    assert r.exit_code == 2 and "below the smallest measured context 512" in r.output

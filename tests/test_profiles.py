@@ -57,7 +57,9 @@ def test_latency_interpolation_and_refusal():
     assert c.target_ms(55) == pytest.approx(55.0)  # halfway 10 -> 100 tokens
     assert c.target_ms(55, context=300) == pytest.approx(110.0)
     assert c.target_ms(55, context=200) == pytest.approx(82.5)  # halfway between contexts
-    assert c.target_ms(10, context=50) == pytest.approx(10.0)  # below the smallest context: smallest
+    with pytest.raises(ProfileError, match="context 50 tokens is below the smallest measured context 100"):
+        c.target_ms(10, context=50)  # was read at 100 tokens of context while callers reported 50
+    assert type(c.target_ms(55, context=200)) is float  # plain floats: YAML writes them (np.float64 not)
     assert c.draft_ms(5.5) == pytest.approx(1.5)
     with pytest.raises(ProfileError, match="largest measured count 100"):
         c.target_ms(101)

@@ -60,7 +60,7 @@ class _OneLineErrors(typer.core.TyperGroup):
             hint = f" (see '{ctx.command_path if ctx is not None else 'treeopt'} --help')"
             _print_error(err.format_message() + hint)
             sys.exit(err.exit_code)
-        except _click.exceptions.Abort:
+        except typer.Abort:  # typer's public name for click's Abort (vendored or not)
             _err.print("aborted")
             sys.exit(1)
         # without standalone mode typer returns typer.Exit's code (an int) or the command's return value

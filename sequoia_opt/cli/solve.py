@@ -56,7 +56,7 @@ def solve(
     max_branching: MaxBranchingOpt = 32,
     context: ContextOpt = None,
     output: OutputOpt = None,
-    fmt: FormatOpt = "yaml",
+    fmt: FormatOpt = None,
     compare: Annotated[bool, typer.Option("--compare", help="Score baseline trees under the same model.")] = False,
     width: Annotated[
         Optional[int], typer.Option("--width", "-k", help="Expected K (entries of the acceptance vector); refuse another length.")
