@@ -269,6 +269,17 @@ def test_compare_baselines_refuses_what_the_curve_did_not_measure():
         compare_baselines(P, 24, 8, 32, curve, best_first_budget=32)
 
 
+def test_compare_baselines_says_which_baseline_the_curve_cannot_score():
+    narrow = LatencyCurve.synthetic({1: 10.0, 8: 11.0, 24: 12.0}, {1: 1.0, 2: 1.1}, id="narrow")
+    res = {b.name: b for b in compare_baselines(P, 24, 8, 32, narrow)}
+    bf = res["best-first"]  # 24 nodes, level widths past 2: scoring it would extrapolate the draft curve
+    assert bf.cost is None and max(bf.tree.level_widths[:-1]) > 2
+    assert bf.note == (f"best-first not scored: it needs a draft forward over {max(bf.tree.level_widths[:-1])} "
+                       "tokens; latency profile 'narrow' measured draft forwards up to 2")
+    assert bf.as_dict()["note"] == bf.note and "speedup" not in bf.as_dict()
+    assert res["chain"].cost is not None and res["chain"].note is None  # was: the whole call raised
+
+
 def test_compare_without_curve_ranks_by_expected_tokens():
     res = {b.name: b for b in compare_baselines(P, 64, 8, 32)}
     assert set(res) == {"chain", "k-ary", "specinfer", "best-first"}

@@ -118,6 +118,8 @@ def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budge
     out = []
     for b in compare_baselines(acc.acceptance, budget, max_depth, 32, curve):
         if b.name.startswith(("chain", "k-ary")):
+            if b.note:
+                notes.append(b.note)
             meta = TreeMetadata(budget=b.tree.size, expected_tokens_per_step=b.expected_tokens,
                                 predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
                                 latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}")

@@ -157,8 +157,10 @@ def solve(
         rows = []
         for b in base:
             row = [b.name, " ".join(f"{k}={v}" for k, v in b.params.items()), b.tree.size, b.tree.tree_depth, b.expected_tokens]
-            if b.cost is not None:
-                row += [b.cost.cost_ms, b.cost.tokens_per_s, b.cost.speedup]
+            if curve is not None:
+                row += [b.cost.cost_ms, b.cost.tokens_per_s, b.cost.speedup] if b.cost else [None] * 3
+            if b.note:
+                report.notes.append(b.note)
             rows.append(row)
         report.tables.append(("baselines (same acceptance vector and cost model)", cols, rows))
 

@@ -268,7 +268,8 @@ def choose(
 class BaselineResult:
     """A baseline family's best member under the same vector and cost model.
 
-    ``name`` e.g. ``"chain"``; ``params`` e.g. ``{"gamma": 5}``; ``cost`` None without a latency curve.
+    ``name`` e.g. ``"chain"``; ``params`` e.g. ``{"gamma": 5}``; ``cost`` None without a latency curve, or
+    when the curve cannot score the tree (a draft forward wider than it measured): ``note`` then says so.
     """
 
     name: str
@@ -276,6 +277,7 @@ class BaselineResult:
     tree: Tree
     expected_tokens: float
     cost: StepCost | None
+    note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -287,6 +289,8 @@ class BaselineResult:
         }
         if self.cost is not None:
             d.update(cost_ms=self.cost.cost_ms, tokens_per_s=self.cost.tokens_per_s, speedup=self.cost.speedup)
+        if self.note is not None:
+            d["note"] = self.note
         return d
 
 
@@ -340,8 +344,15 @@ def compare_baselines(
 
     def add(name: str, params: dict[str, int], tree: Tree) -> None:
         g = tree.expected_tokens(p)
-        cost = score_tree(tree, p, curve, context) if curve is not None else None
-        out.append(BaselineResult(name, params, tree, g, cost))
+        cost, note = None, None
+        if curve is not None:
+            widest = max(tree.level_widths[:-1], default=1)
+            if widest > max_draft:  # scoring it would extrapolate the draft curve: say so, do not guess
+                note = (f"{name} not scored: it needs a draft forward over {widest} tokens; latency profile "
+                        f"{curve.id!r} measured draft forwards up to {max_draft}")
+            else:
+                cost = score_tree(tree, p, curve, context)
+        out.append(BaselineResult(name, params, tree, g, cost, note))
 
     # chain: G = sum_{j=0..gamma} p1^j, widths all 1
     best = None
