@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ._io import atomic_write_text
+from .errors import DecodingError
 from .decoding import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
 from .model import Transformer
 from .tree import Tree, TreeMetadata, now_iso
@@ -266,10 +267,13 @@ def run_trees(
     decoders = [SpeculativeDecoder(target, draft, e.tree, temperature=temperature, top_p=top_p,
                                    generator=gen(seed), eos_ids=eos_ids, backend=backend, max_len=max_len)
                 for e in entries]
-    for p in prompts:  # every request validated before any timed work
-        plain.check(p, max_new_tokens)
-        for d in decoders:
-            d.check(p, max_new_tokens)
+    for i, p in enumerate(prompts):  # every request validated before any timed work
+        try:
+            for d in decoders:  # first: their messages call the target "the target"
+                d.check(p, max_new_tokens)
+            plain.check(p, max_new_tokens)
+        except DecodingError as err:
+            raise DecodingError(f"prompt {i} ({len(p)} tokens): {err}") from None
     if warmup:
         plain.generate(prompts[0], min(8, max_new_tokens))
         for d in decoders:

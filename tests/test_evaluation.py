@@ -70,3 +70,23 @@ def test_run_trees_serves_what_the_target_context_allows_with_a_shorter_draft_co
     plain = [r for r in report.rows if r.tree == "plain"]
     assert [r.new_tokens for r in plain] == [10, 10]
     assert autoregressive_generate(target, prompts[0], 10).tokens  # and plain decoding alone serves it too
+
+
+def test_run_trees_names_the_prompt_that_overflows_the_context():
+    import pytest
+    import torch
+
+    from sequoia_opt.errors import DecodingError
+    from sequoia_opt.evaluation import TreeEntry, run_trees
+    from sequoia_opt.model import ModelConfig, Transformer
+    from sequoia_opt.tree import Tree
+
+    cfg = ModelConfig.preset("tiny").with_(max_position_embeddings=64, name="tiny64")
+    torch.manual_seed(0)
+    target = Transformer(cfg).eval()
+    prompts = [list(range(3, 13)), list(range(3, 63))]  # 10 and 60 tokens; 60 + 8 > 64
+    with pytest.raises(DecodingError, match=r"^prompt 1 \(60 tokens\): prompt \(60 tokens\) \+ max_new_tokens \(8\) "
+                                            r"= 68 tokens exceed the model context: the target model 'tiny64' has "
+                                            r"max_position_embeddings = 64; shorten the prompt to at most 56 tokens "
+                                            r"or ask for at most 4 new tokens$"):
+        run_trees(target, target, [TreeEntry("chain", Tree.chain(3))], prompts, max_new_tokens=8, warmup=False)

@@ -252,3 +252,12 @@ def test_gguf_freq_factors_have_no_config_json_and_nothing_is_written(tmp_path):
     with pytest.raises(CheckpointError, match="rope_freq_factors"):
         save_hf_checkpoint(Transformer(cfg), tiny_tokenizer(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key, value", [("max_position_embeddings", 0), ("max_position_embeddings", -5),
+                                        ("vocab_size", 0), ("n_layers", 1.5)])
+def test_config_refuses_sizes_that_are_not_positive_integers(key, value):
+    from sequoia_opt.model import ModelConfig
+
+    with pytest.raises(CheckpointError, match=f"model config {key} = {value!r} must be a positive integer"):
+        ModelConfig.preset("tiny").with_(**{key: value})

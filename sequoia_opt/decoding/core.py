@@ -82,11 +82,13 @@ def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, cont
         return
     P, M = prompt_len, max_new_tokens
     if P + M > context:
+        fixes = [f"shorten the prompt to at most {context - M} tokens"] if M < context else []
+        if P < context:
+            fixes.append(f"ask for at most {context - P} new tokens")
         raise DecodingError(
             f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context: {model} "
             f"has max_position_embeddings = {context}; "
-            + (f"shorten the prompt or ask for at most {context - P} new tokens" if P < context
-               else f"shorten the prompt to at most {context - 1} tokens"))
+            + (" or ".join(fixes) if fixes else f"shorten the prompt and ask for fewer than {context} new tokens"))
     need = P + M - 1
     if need > cache_len:
         raise DecodingError(

@@ -124,6 +124,10 @@ class ModelConfig:
     name: str = "llama"
 
     def __post_init__(self) -> None:
+        for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_position_embeddings"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise CheckpointError(f"model config {key} = {v!r} must be a positive integer")
         if self.head_dim == 0:
             if self.dim % self.n_heads:
                 raise CheckpointError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
