@@ -82,17 +82,24 @@ def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 6
                                   id=f"gpu-like-flat{flat_up_to}")
 
 
-def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int = 64, num_prompts: int = 6,
-             quick: bool = False, out_dir: Path = Path("results/demo"), backend: str = "auto",
-             progress: ProgressFn | None = None) -> DemoResult:
+def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int | None = None,
+             num_prompts: int | None = None, quick: bool = False, out_dir: Path = Path("results/demo"),
+             backend: str = "auto", progress: ProgressFn | None = None) -> DemoResult:
     """Profile -> solve -> run on the demo pair (see module docstring). Writes under ``out_dir``:
     ``latency.yaml``, ``acceptance.yaml``, ``tree.yaml`` (+ one YAML per compared tree), the run's JSON and
     CSV, and PNG plots. Returns a :class:`DemoResult`.
 
+    ``max_new_tokens`` / ``num_prompts`` (evaluation tokens per prompt, evaluation prompts): None takes the
+    settings' value (64 / 6, or 16 / 2 with ``quick``); a value given wins over ``quick`` too.
+
     Raises:
         TreeoptError: the demo target or draft is missing (with the install command), bad device / dtype.
     """
-    s = DemoSettings.quick() if quick else DemoSettings(max_new_tokens=max_new_tokens, num_prompts=num_prompts)
+    s = DemoSettings.quick() if quick else DemoSettings()
+    if max_new_tokens is not None:
+        s.max_new_tokens = max_new_tokens
+    if num_prompts is not None:
+        s.num_prompts = num_prompts
     dev, dt = parse_device(device), parse_dtype(dtype)
     out_dir = Path(out_dir)
     pair = load_pair(None, None, device=dev, dtype=dt)

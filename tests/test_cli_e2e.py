@@ -293,3 +293,18 @@ def test_run_compare_says_when_the_latency_profile_limits_the_baselines(workdir,
     assert doc["baseline_notes"][0] in doc["notes"]
     sizes = {s["tree"]: s["size"] for s in doc["summaries"]}
     assert sizes["big"] == 21 and all(n <= 8 for name, n in sizes.items() if name not in ("plain", "big"))
+
+
+def test_run_says_what_it_did_with_settings_it_could_not_follow(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(3))
+    n = sum(1 for line in Path(prompts).read_text().splitlines() if line.strip())
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--num-prompts", n + 5, "--top-p", "0.9", "--max-new-tokens", "2", "--results-dir", tmp_path, "--json")
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.stdout)["notes"]
+    assert f"--num-prompts {n + 5}: {prompts} holds {n} prompts; all of them were used" in notes
+    assert "--top-p 0.9 applies to sampling only: greedy decoding (--temperature 0) ignores it" in notes
+    r = invoke("run", "--tree", tree, "-l", tmp_path / "missing.yaml", "--target", target, "--draft", draft)
+    assert r.exit_code == 2 and "add --compare" in r.output  # was: the file was never read, exit 0

@@ -199,3 +199,10 @@ def test_solve_at_a_context_between_measured_ones_writes_the_tree(tmp_path):
     assert type(meta.predicted_speedup) is float and meta.predicted_speedup > 1
     r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--context", "100", "--budget", "20"])
     assert r.exit_code == 2 and "below the smallest measured context 512" in r.output
+
+
+def test_context_without_a_latency_profile_is_refused():
+    r = runner.invoke(app, ["solve", "-a", ACC, "--context", "512"])
+    assert r.exit_code == 2 and "--context selects where to read the latency profile" in r.output
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--context", "-5"])
+    assert r.exit_code == 2 and "--context must be a number of tokens >= 0, got -5" in r.output

@@ -218,6 +218,19 @@ def _check_run_options(backend: str, device: Any, temperature: float = 0.0, top_
         raise TreeoptError(str(err)) from None
 
 
+def setting_notes(*, temperature: float, top_p: float, num_prompts: int | None, prompts_found: int,
+                  prompts_file: Any) -> list[str]:
+    """What a command did with a setting other than what was asked, one line each for the report (and its
+    JSON): fewer prompts than ``--num-prompts`` asked for, a ``--top-p`` that greedy decoding ignores."""
+    notes = []
+    if num_prompts is not None and prompts_found < num_prompts:
+        notes.append(f"--num-prompts {num_prompts}: {prompts_file} holds {prompts_found} prompts; all of them "
+                     "were used")
+    if temperature == 0 and top_p != 1.0:
+        notes.append(f"--top-p {top_p:g} applies to sampling only: greedy decoding (--temperature 0) ignores it")
+    return notes
+
+
 def _csv_ints(text: str, what: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 from typing_extensions import Annotated
 
+from ..errors import TreeoptError
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, _check_run_options, _interruptible, app,
                      handle_errors, progress_bar)
 from .render import render
@@ -17,8 +19,10 @@ from .render import render
 def demo_cmd(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per evaluation prompt.")] = 64,
-    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Evaluation prompts (held out from profiling).")] = 6,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        "--max-new-tokens", help="Tokens per evaluation prompt (default 64; 16 with --quick).")] = None,
+    num_prompts: Annotated[Optional[int], typer.Option(
+        "--num-prompts", help="Evaluation prompts, held out from profiling (default 6; 2 with --quick).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller profiles and runs (a smoke test of the pipeline).")] = False,
     out_dir: Annotated[Path, typer.Option("--out-dir", help="Where profiles, the tree, results and plots go.")] = Path("results/demo"),
     backend: BackendOpt = "auto",
@@ -29,6 +33,9 @@ def demo_cmd(
     from ..demo import run_demo
     from ..pipeline import parse_device
 
+    for name, value in (("--max-new-tokens", max_new_tokens), ("--num-prompts", num_prompts)):
+        if value is not None and value < 1:
+            raise TreeoptError(f"{name} must be at least 1, got {value}")
     _check_run_options(backend, parse_device(device))
     with progress_bar(not as_json) as progress:
         result = run_demo(device=device, dtype=dtype, max_new_tokens=max_new_tokens, num_prompts=num_prompts,

@@ -14,7 +14,7 @@ from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
                      TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _csv_ints, _interruptible, app,
-                     handle_errors, progress_bar)
+                     handle_errors, progress_bar, setting_notes)
 from .render import render
 
 profile_app = typer.Typer(help="Measure the device (latency curve) and the model pair (acceptance vector).",
@@ -188,6 +188,8 @@ def profile_acceptance(
     save_acceptance(out, prof)
     ci = prof.confidence_interval()
     report = Report(title="treeopt profile acceptance")
+    report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
+                                      prompts_found=len(texts), prompts_file=pfile))
     report.summary = {"target": pair.target_name, "draft": pair.draft_name, "mode": mode, "trials": counts.trials,
                       "sum p_k": float(prof.acceptance.sum()), "all rejected": 1 - float(prof.acceptance.sum()),
                       "tokens / step (measurement tree)": counts.tokens / max(counts.steps, 1), "written": str(out)}

@@ -14,7 +14,7 @@ from ..report import Report
 from ..tree import TreeMetadata
 from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, LatencyOpt, PromptsOpt, SeedOpt,
                      TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _interruptible, _load_tree_entry, app,
-                     handle_errors, progress_bar)
+                     handle_errors, progress_bar, setting_notes)
 from .render import render
 
 
@@ -66,6 +66,8 @@ def run_cmd(
         seen[e.name] = seen.get(e.name, 0) + 1
         if seen[e.name] > 1:
             e.name = f"{e.name}#{seen[e.name]}"
+    if not compare and (acceptance is not None or latency is not None):
+        raise TreeoptError("--acceptance / --latency choose the --compare baselines; add --compare (or drop them)")
     baseline_notes: list[str] = []
     if compare:
         extra, baseline_notes = _baseline_entries(acceptance, latency, max(e.tree.size for e in entries),
@@ -73,7 +75,10 @@ def run_cmd(
         entries += extra
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
-    texts = load_prompts(prompts or demo_prompts_path("eval"), limit=num_prompts)
+    pfile = prompts or demo_prompts_path("eval")
+    texts = load_prompts(pfile, limit=num_prompts)
+    settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
+                                   prompts_found=len(texts), prompts_file=pfile)
     pair = load_pair(target, draft, device=dev, dtype=dt)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
@@ -86,7 +91,7 @@ def run_cmd(
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")})
     report.warnings = warnings + report.warnings
-    report.notes = baseline_notes + report.notes
+    report.notes = baseline_notes + settings_notes + report.notes
     if compare:
         report.data["baseline_notes"] = baseline_notes
     render(report, as_json)

@@ -72,6 +72,10 @@ def solve(
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
         if value < 1:
             raise SolverError(f"{name} must be at least 1, got {value}")
+    if context is not None and latency is None:
+        raise SolverError("--context selects where to read the latency profile: pass --latency too (or drop it)")
+    if context is not None and context < 0:
+        raise SolverError(f"--context must be a number of tokens >= 0, got {context}")
     acc = load_acceptance(acceptance)
     if width is not None and acc.width != width:
         raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
