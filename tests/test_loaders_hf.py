@@ -261,3 +261,15 @@ def test_config_refuses_sizes_that_are_not_positive_integers(key, value):
 
     with pytest.raises(CheckpointError, match=f"model config {key} = {value!r} must be a positive integer"):
         ModelConfig.preset("tiny").with_(**{key: value})
+
+
+def test_model_config_reads_a_config_json_file_by_its_own_name(tmp_path):
+    """--arch my.json read the config.json beside it, not my.json."""
+    from sequoia_opt.model.hf import hf_config_dict
+
+    tiny = ModelConfig.preset("tiny")
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(tiny.with_(dim=48, n_heads=4, n_kv_heads=2))))
+    mine = tmp_path / "small.json"
+    mine.write_text(json.dumps(hf_config_dict(tiny.with_(dim=32, n_heads=4, n_kv_heads=2))))
+    assert load_model_config(mine).dim == 32
+    assert load_model_config(tmp_path).dim == 48

@@ -78,7 +78,7 @@ def profile_latency(
     def config_of(spec: str) -> ModelConfig:
         path = Path(spec)
         if path.suffix == ".json" or path.is_dir() or path.suffix == ".gguf":
-            return load_model_config(path if path.suffix != ".json" else path.parent)
+            return load_model_config(path)  # a config .json is read itself, not its folder's config.json
         return ModelConfig.preset(spec)
 
     if random_weights:

@@ -47,10 +47,11 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def load_hf_config(path: str | os.PathLike) -> ModelConfig:
-    """:class:`ModelConfig` from ``path/config.json``. Raises :class:`CheckpointError` (missing file or key,
-    unsupported architecture)."""
+    """:class:`ModelConfig` from ``path/config.json``, or from ``path`` itself when it is a ``.json`` file.
+    Raises :class:`CheckpointError` (missing file or key, unsupported architecture)."""
     path = Path(path)
-    return ModelConfig.from_hf(_read_json(path / CONFIG_FILE), name=None)
+    return ModelConfig.from_hf(_read_json(path if path.suffix.lower() == ".json" else path / CONFIG_FILE),
+                               name=None)
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:

@@ -55,13 +55,15 @@ def _kind(path: Path) -> str:
 
 def load_model_config(path: str | os.PathLike) -> ModelConfig:
     """The architecture of a checkpoint without reading its weights: ``config.json`` of a Hugging Face
-    directory, or the metadata of a GGUF file (tensor data is memory-mapped, not read; a Llama 3.1 GGUF's
-    small ``rope_freqs`` tensor is).
+    directory, a Hugging Face-style config ``.json`` file itself (any name), or the metadata of a GGUF file
+    (tensor data is memory-mapped, not read; a Llama 3.1 GGUF's small ``rope_freqs`` tensor is).
 
     Raises:
         CheckpointError: path missing, unknown format, unsupported architecture or a missing key.
     """
     path = Path(path)
+    if path.suffix.lower() == ".json" and path.is_file():
+        return load_hf_config(path)
     if _kind(path) == "hf":
         return load_hf_config(path)
     return load_gguf_config(path)
