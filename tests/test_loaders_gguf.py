@@ -469,9 +469,21 @@ def test_gguf_rope_keys_applied_as_llama_cpp(tmp_path, edit, divisor):
     (dict(rope_freqs=FREQ_FACTORS.astype(np.float16)), "rope_freqs.weight has type F16"),
     (dict(rope_freqs=np.array([1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])), "rope_freqs.weight holds non-positive"),
     (dict(rope_freqs=FREQ_FACTORS, arch="qwen2", permute=False, pre="qwen2"), "rope_freqs.weight in a 'qwen2'"),
+    (dict(edit=lambda w: w.add_string("llama.rope.scaling.factor", "4")), "llama.rope.scaling.factor = '4' must be "
+                                                                          "a number"),
+    (dict(theta=0.0), "llama.rope.freq_base = 0.0 must be a positive finite number"),
+    (dict(theta=-10000.0), "llama.rope.freq_base = -10000.0 must be a positive finite number"),
+    (dict(theta=float("nan")), "llama.rope.freq_base = nan must be a positive finite number"),
 ])
 def test_gguf_unsupported_rope_setting_refused_in_one_line(tmp_path, kw, key):
-    write_gguf(tmp_path / "m.gguf", Transformer(tiny_config()), **kw)
+    theta = kw.pop("theta", None)
+    if theta is not None:  # written through a config whose base is what llama.cpp would be given
+        import dataclasses
+        model = Transformer(tiny_config())
+        model.config = dataclasses.replace(model.config, rope_theta=theta)
+        write_gguf(tmp_path / "m.gguf", model, **kw)
+    else:
+        write_gguf(tmp_path / "m.gguf", Transformer(tiny_config()), **kw)
     for load in (load_model_config, load_checkpoint):
         with pytest.raises(CheckpointError) as err:
             load(tmp_path / "m.gguf")

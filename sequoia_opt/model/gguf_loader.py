@@ -144,6 +144,15 @@ def _f32(x: Any) -> float:
     return float(str(np.float32(x)))
 
 
+def _number_field(reader: "GGUFReader", key: str, default: float) -> float:
+    """A numeric metadata value as :func:`_f32`; a string, a bool or an array there is refused, naming the key
+    (llama.cpp reads these keys as numbers and rejects another type)."""
+    value = _field(reader, key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise CheckpointError(f"GGUF {key} = {value!r} must be a number")
+    return _f32(value)
+
+
 def dequantize_tensor(t) -> np.ndarray:
     """A GGUF tensor (``gguf.ReaderTensor``) as a float32 numpy array in numpy/PyTorch dimension order (the
     reverse of the GGUF shape), for every type ``gguf.quants.dequantize`` supports.
@@ -222,15 +231,18 @@ def rope_from_gguf(reader: "GGUFReader", arch: str, head_dim: int) -> dict[str, 
     if rot != head_dim:
         raise CheckpointError(f"GGUF {prefix}dimension_count = {rot} is not supported: partial rotary "
                               f"(head_dim {head_dim})")
-    attn_factor = _f32(_field(reader, prefix + "scaling.attn_factor", 1.0))
+    attn_factor = _number_field(reader, prefix + "scaling.attn_factor", 1.0)
     if attn_factor != 1.0:
         raise CheckpointError(f"GGUF {prefix}scaling.attn_factor = {attn_factor} is not supported (only 1)")
     factor_key = prefix + ("scaling.factor" if prefix + "scaling.factor" in reader.fields else "scale_linear")
-    factor = _f32(_field(reader, factor_key, 0.0))
+    factor = _number_field(reader, factor_key, 0.0)
     if kind == "linear" and not (math.isfinite(factor) and factor >= 0):
         raise CheckpointError(f"GGUF {factor_key} = {factor} is not supported (a positive factor, or 0 for none)")
     scale = kind == "linear" and factor not in (0.0, 1.0)
-    out: dict[str, Any] = {"rope_theta": _f32(_field(reader, prefix + "freq_base", 10000.0)),
+    base = _number_field(reader, prefix + "freq_base", 10000.0)
+    if not (math.isfinite(base) and base > 0):
+        raise CheckpointError(f"GGUF {prefix}freq_base = {base} must be a positive finite number")
+    out: dict[str, Any] = {"rope_theta": base,
                            "rope_scaling": {"rope_type": "linear", "factor": factor} if scale else None,
                            "rope_freq_factors": None}
     t = next((t for t in reader.tensors if t.name == _ROPE_FREQS), None)
