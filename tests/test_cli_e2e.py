@@ -308,3 +308,13 @@ def test_run_says_what_it_did_with_settings_it_could_not_follow(workdir, tmp_pat
     assert "--top-p 0.9 applies to sampling only: greedy decoding (--temperature 0) ignores it" in notes
     r = invoke("run", "--tree", tree, "-l", tmp_path / "missing.yaml", "--target", target, "--draft", draft)
     assert r.exit_code == 2 and "add --compare" in r.output  # was: the file was never read, exit 0
+
+
+def test_json_output_still_reports_progress_on_stderr(workdir, tmp_path):
+    root, target, draft, _ = workdir
+    r = invoke("profile", "latency", "--target", target, "--draft", draft, "--context", "8", "--max-tokens", "2",
+               "--max-draft-tokens", "2", "--max-repeats", "1", "--rounds", "1", "-o", tmp_path / "lat.yaml", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["output"] == str(tmp_path / "lat.yaml")  # stdout: the JSON document alone
+    assert [ln.split("] ")[1] for ln in r.stderr.splitlines() if ln.startswith("[")] == [
+        "target forward (1/2)", "draft forward (1/2)"]

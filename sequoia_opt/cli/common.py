@@ -152,18 +152,16 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling gener
 
 
 @contextlib.contextmanager
-def progress_bar(enabled: bool = True):
-    """Yield ``progress(what, done, total)``.
+def progress_bar():
+    """Yield ``progress(what, done, total)``, which reports on stderr (so ``--json`` output on stdout stays
+    clean and still shows progress).
 
-    On a terminal: a rich progress bar on stderr with an estimate of time left. When stdout or stderr is not
-    a terminal (output sent to a file or a pipe, a CI log), a bar would show nothing until the end, so each
-    stage prints one plain line to stderr as it starts, with the time since the command began: a log shows
-    progress as it happens. A stage is ``what`` up to its first ``,`` or ``:`` (e.g. ``target forward``,
+    On a terminal: a rich progress bar with an estimate of time left. When stdout or stderr is not a
+    terminal (output sent to a file or a pipe, a CI log), a bar would show nothing until the end, so each
+    stage prints one plain line as it starts, with the time since the command began: a log shows progress
+    as it happens. A stage is ``what`` up to its first ``,`` or ``:`` (e.g. ``target forward``,
     ``prompt 3/6``).
     """
-    if not enabled:
-        yield lambda what, done, total: None
-        return
     if not (sys.stdout.isatty() and sys.stderr.isatty()):
         t0 = time.perf_counter()
         started: set[str] = set()

@@ -37,7 +37,7 @@ def demo_cmd(
         if value is not None and value < 1:
             raise TreeoptError(f"{name} must be at least 1, got {value}")
     _check_run_options(backend, parse_device(device))
-    with progress_bar(not as_json) as progress:
+    with progress_bar() as progress:
         result = run_demo(device=device, dtype=dtype, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
                           quick=quick, out_dir=out_dir, backend=backend, progress=progress)
     report = result.report

@@ -102,7 +102,7 @@ def profile_latency(
         dname = model_label(dpath)
     grid = token_grid(max_tokens)
     dgrid = token_grid(max_draft_tokens)
-    with progress_bar(not as_json) as progress:
+    with progress_bar() as progress:
         ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
                                 rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)
         dtables = None
@@ -174,7 +174,7 @@ def profile_acceptance(
     texts = load_prompts(pfile, limit=num_prompts)
     pair = load_pair(target, draft, device=dev, dtype=dt)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
-    with progress_bar(not as_json) as progress:
+    with progress_bar() as progress:
         counts = measure_acceptance(pair.target, pair.draft, ids, width=width, depth=depth, temperature=temperature,
                                     top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
                                     eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)

@@ -148,7 +148,7 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
                     as_json, settings) -> Report:
     from ..evaluation import run_trees
 
-    with progress_bar(not as_json) as progress:
+    with progress_bar() as progress:
         run = run_trees(pair.target, pair.draft, entries, ids, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
                         backend=backend, progress=progress,
