@@ -349,3 +349,20 @@ def test_continuation_options_are_checked_before_any_model_loads(tmp_path: Path,
     with pytest.raises(SystemExit, match=message):
         main(argv + ["--out", str(tmp_path / "d"), "--target", str(tmp_path / "missing.gguf")])
     assert not (tmp_path / "d").exists()
+
+
+def test_distill_command_line_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    from sequoia_opt.distill.cli import run_cli
+
+    for argv, message in ((["--evaluate", str(tmp_path / "nope")], "checkpoint not found"),
+                          (["--init-from", str(tmp_path / "nope"), "--out", str(tmp_path / "o")], "not a saved draft"),
+                          (["--cont-prompts", "-1", "--out", str(tmp_path / "o")], "must be >= 0")):
+        assert run_cli(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as exc:
+        run_cli(["--steps", "abc"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: argument --steps: invalid int value: 'abc' (see 'python -m sequoia_opt.distill --help')\n"
+    assert not (tmp_path / "o").exists()

@@ -1,5 +1,5 @@
 """``python -m sequoia_opt.distill``: distil (or, with ``--evaluate``, re-measure) the demo draft model."""
 
-from .cli import main
+from .cli import run_cli
 
-raise SystemExit(main())
+raise SystemExit(run_cli())

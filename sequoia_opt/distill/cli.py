@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from .._io import atomic_write_text
+from ..errors import TreeoptError
 from ..model.llama import Transformer
 from ..prompts import load_prompts
 from .card import bars, stage_summary, write_card
@@ -59,8 +60,15 @@ def _log_to(path: Path | None) -> Callable[[str], None]:
     return log
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse with the project's bad-input rule: one line on stderr and exit code 2 (not the usage block)."""
+
+    def error(self, message: str):  # noqa: D102
+        self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sequoia_opt.distill", description=__doc__.split("\n\n")[0])
+    p = _OneLineParser(prog="python -m sequoia_opt.distill", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_PACKAGE_DATA / "draft", help="checkpoint folder")
     p.add_argument("--evaluate", type=Path, default=None, help="only re-measure cost/agreement of this draft")
     p.add_argument("--prompts-out", type=Path, default=DEFAULT_PACKAGE_DATA / "prompts")
@@ -128,8 +136,8 @@ def run_evaluate(args) -> dict:
     from ..model.loaders import load_checkpoint
 
     log = _log_to(None)
-    _, target, tok = _load_target(args.target)
-    draft, _ = load_checkpoint(args.evaluate, device="cpu", dtype=torch.float32)
+    draft, _ = load_checkpoint(args.evaluate, device="cpu", dtype=torch.float32)  # a bad path fails before
+    _, target, tok = _load_target(args.target)                                     # the target is loaded
     prompts = [p.text for p in load_prompts(args.prompts_out / "eval.jsonl")]
     res = evaluate_pair(draft.eval(), target, tok, prompts, gen_tokens=args.gen_tokens, log=log)
     print(json.dumps(res, indent=2))
@@ -147,6 +155,21 @@ def run_evaluate(args) -> dict:
         write_card(args.evaluate, tlog)
         log(f"updated {log_path} and MODEL_CARD.md")
     return res
+
+
+def run_cli(argv: list[str] | None = None) -> int:
+    """``python -m sequoia_opt.distill``: :func:`main`, with bad input (a refused setting, a missing or
+    broken checkpoint) printed as one line on stderr and exit code 2 instead of a traceback."""
+    try:
+        return main(argv)
+    except SystemExit as err:
+        if isinstance(err.code, str):  # main's refusals: SystemExit("message")
+            print(f"error: {err.code}", file=sys.stderr)
+            return 2
+        raise
+    except TreeoptError as err:
+        print(f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
