@@ -144,6 +144,14 @@ def _number(value: Any, where: str, *, positive: bool = False) -> float:
     return v
 
 
+def _flag(doc: Mapping[str, Any], key: str, source: str) -> bool:
+    """A true/false key (default false); a string such as 'false' is refused, not read as true."""
+    value = doc.get(key, False)
+    if not isinstance(value, bool):
+        raise ProfileError(f"{source}: {key!r} must be true or false, got {value!r}")
+    return value
+
+
 def _reject_wrong_units(table: Mapping[str, Any], where: str) -> None:
     for key in table:
         k = str(key)
@@ -243,9 +251,15 @@ class AcceptanceProfile:
         mode = measured.get("mode")
         if mode is not None and mode not in ("greedy", "sampling"):
             raise ProfileError(f"{source}: measured.mode is {mode!r}, expected 'greedy' or 'sampling'")
-        for key in ("temperature", "top_p"):
+        for key in ("temperature", "top_p", "tokens_per_step"):
             if measured.get(key) is not None:
                 _number(measured[key], f"{source}: measured.{key}")
+        t, top_p = measured.get("temperature"), measured.get("top_p")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ProfileError(f"{source}: measured.top_p = {top_p} must be in (0, 1]")
+        if mode is not None and t is not None and (mode == "greedy") != (t == 0):
+            raise ProfileError(f"{source}: measured.mode is {mode!r} but measured.temperature is {t}; greedy is "
+                               "temperature 0 and sampling a temperature > 0")
         for key in ("width", "num_samples", "num_prompts", "steps", "max_new_tokens"):
             v = measured.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -296,7 +310,7 @@ class AcceptanceProfile:
             counts=counts,
             measured=dict(measured),
             by_depth=by_depth,
-            example=bool(doc.get("example", False)),
+            example=_flag(doc, "example", source),
             source=doc.get("source"),
         )
 
@@ -344,6 +358,9 @@ def _parse_table(raw: Any, value_key: str, where: str) -> _Table:
         if i and t <= tokens[i - 1]:
             raise ProfileError(f"{where}.tokens must be strictly increasing ({tokens[i - 1]} then {t})")
     ms = np.array([_number(v, f"{where}.{value_key}[{i}]") for i, v in enumerate(values)])
+    if value_key == "target_forward_ms" and np.any(ms == 0):  # a draft may be 0 ms (none profiled), not T(n)
+        raise ProfileError(f"{where}.{value_key}[{int(np.argmax(ms == 0))}] = 0 must be positive (a target "
+                           "forward takes time)")
     spread = None
     if raw.get(spread_key) is not None:
         s = raw[spread_key]
@@ -504,7 +521,7 @@ class LatencyCurve:
             _draft=tuple(drafts),
             device=dict(device),
             model=dict(model),
-            example=bool(doc.get("example", False)),
+            example=_flag(doc, "example", source),
             source=doc.get("source"),
         )
 

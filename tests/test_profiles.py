@@ -138,6 +138,8 @@ def _mutate(fn):
         (_mutate(lambda d: d["curves"][1].update(context_tokens=50)), "context_tokens must be strictly increasing"),
         (_mutate(lambda d: d["curves"][0].pop("draft")), "draft"),
         (_mutate(lambda d: d.update(curves=[])), "non-empty"),
+        (_mutate(lambda d: d["curves"][0]["target"].update(target_forward_ms=[0.0, 0.0, 0.0])), "must be positive"),
+        (_mutate(lambda d: d.update(example="no")), "'example' must be true or false"),
     ],
 )
 def test_bad_latency_profiles(doc, match):
@@ -162,6 +164,15 @@ def test_bad_latency_profiles(doc, match):
          "acceptance_by_depth\\[1\\] has 1 entries but 'acceptance' has 2"),
         ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "measured": {"width": "8"}},
          "measured.width = '8' must be a non-negative integer"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "measured": {"mode": "greedy", "temperature": 0.7}},
+         "measured.mode is 'greedy' but measured.temperature is 0.7"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "measured": {"mode": "sampling", "temperature": 0}},
+         "measured.mode is 'sampling' but measured.temperature is 0"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "measured": {"top_p": 5}}, "top_p = 5 must be in"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "measured": {"tokens_per_step": -3}},
+         "tokens_per_step = -3"),
+        ({"format": "treeopt-acceptance/1", "acceptance": [0.5], "example": "false"},
+         "'example' must be true or false, got 'false'"),
     ],
 )
 def test_bad_acceptance_profiles(doc, match):
