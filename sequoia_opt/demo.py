@@ -200,7 +200,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         ["name", "nodes", "depth", "pred. tokens/step", "tokens/step", "95% CI", "pred. speedup", "speedup",
          "tokens/s", "draft ms", "verify ms", "bookkeeping ms"],
         [[x.tree, x.size, x.depth, x.predicted_tokens_per_step, x.tokens_per_step,
-          f"{x.tps_ci95[0]:.2f}-{x.tps_ci95[1]:.2f}", x.predicted_speedup, x.speedup, x.tokens_per_s,
+          f"{x.tps_ci95[0]:.2f} to {x.tps_ci95[1]:.2f}", x.predicted_speedup, x.speedup, x.tokens_per_s,
           x.draft_ms, x.verify_ms, x.bookkeeping_ms] for x in run.summaries[1:]],
     ))
     report.data = {"summary": report.summary, "run": run.to_dict(), "files": files,

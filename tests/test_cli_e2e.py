@@ -318,3 +318,12 @@ def test_json_output_still_reports_progress_on_stderr(workdir, tmp_path):
     assert json.loads(r.stdout)["output"] == str(tmp_path / "lat.yaml")  # stdout: the JSON document alone
     assert [ln.split("] ")[1] for ln in r.stderr.splitlines() if ln.startswith("[")] == [
         "target forward (1/2)", "draft forward (1/2)"]
+
+
+def test_profile_acceptance_names_width_when_it_exceeds_the_vocabulary(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    r = invoke("profile", "acceptance", "--target", target, "--draft", draft, "--prompts", prompts, "-k", "300",
+               "-o", tmp_path / "acc.yaml")
+    assert r.exit_code == 2
+    assert "--width 300 asks for more candidates per node than the draft's vocabulary has tokens (257)" in r.output
+    assert not (tmp_path / "acc.yaml").exists()

@@ -273,3 +273,16 @@ def test_model_config_reads_a_config_json_file_by_its_own_name(tmp_path):
     mine.write_text(json.dumps(hf_config_dict(tiny.with_(dim=32, n_heads=4, n_kv_heads=2))))
     assert load_model_config(mine).dim == 32
     assert load_model_config(tmp_path).dim == 48
+
+
+@pytest.mark.parametrize("model_type, archs", [("qwen2_moe", ["Qwen2MoeForCausalLM"]),
+                                               ("qwen2_vl", ["Qwen2VLForConditionalGeneration"]),
+                                               ("", ["Qwen2MoeForCausalLM"])])
+def test_config_refuses_architectures_that_only_share_a_prefix(model_type, archs):
+    from sequoia_opt.model.hf import hf_config_dict
+
+    cfg = {**hf_config_dict(ModelConfig.preset("tiny")), "model_type": model_type, "architectures": archs}
+    with pytest.raises(CheckpointError, match="unsupported architecture"):
+        ModelConfig.from_hf(cfg)
+    cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    assert ModelConfig.from_hf(cfg).vocab_size == ModelConfig.preset("tiny").vocab_size

@@ -173,6 +173,9 @@ def profile_acceptance(
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     pair = load_pair(target, draft, device=dev, dtype=dt)
+    if width > pair.draft.config.vocab_size:
+        raise TreeoptError(f"--width {width} asks for more candidates per node than the draft's vocabulary has "
+                           f"tokens ({pair.draft.config.vocab_size})")
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     with progress_bar() as progress:
         counts = measure_acceptance(pair.target, pair.draft, ids, width=width, depth=depth, temperature=temperature,

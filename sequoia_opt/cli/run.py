@@ -161,7 +161,7 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
                       "plain decoding (tokens/s)": plain.tokens_per_s, "results": f"{jpath}, {cpath}"}
     rows = []
     for s in run.summaries[1:]:
-        rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f}-{s.tps_ci95[1]:.3f}",
+        rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f} to {s.tps_ci95[1]:.3f}",
                      s.predicted_tokens_per_step, s.tokens_per_s, s.speedup, s.predicted_speedup,
                      s.draft_ms, s.verify_ms, s.bookkeeping_ms,
                      "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])

@@ -175,8 +175,11 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         mtype = cfg.get("model_type", "")
         known = ("llama", "mistral", "qwen2")
-        if mtype not in known and not any(a.lower().startswith(known) for a in archs):
-            raise CheckpointError(f"unsupported architecture {archs or mtype!r}; treeopt loads {', '.join(known)}")
+        known_archs = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+        # exact names: a prefix test let qwen2_moe / Qwen2-VL in, which are other architectures
+        if not (mtype in known if mtype else any(a in known_archs for a in archs)):
+            raise CheckpointError(f"unsupported architecture {mtype or archs!r}; treeopt loads {', '.join(known)} "
+                                  f"({', '.join(known_archs)})")
         rope_theta, rope_scaling = _hf_rope(cfg)
         try:
             n_heads = int(cfg["num_attention_heads"])

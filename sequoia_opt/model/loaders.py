@@ -4,7 +4,8 @@ This module only dispatches on the path (a directory is Hugging Face, a ``.gguf`
 demo target. Format specifics live in :mod:`.hf` (``config.json`` + safetensors + ``tokenizer.json``) and
 :mod:`.gguf_loader` (llama.cpp's GGUF: metadata, dequantization, Q/K row permutation, tokenizer rebuilt from
 metadata); the strict weight assignment both share lives in :mod:`.build`. Imports run one way:
-``loaders`` -> ``hf`` / ``gguf_loader`` -> ``build`` -> ``config`` / ``llama`` / ``tokenizer``.
+``loaders`` -> ``hf`` / ``gguf_loader`` -> ``build`` -> ``config`` / ``llama`` (the two format modules also
+use ``tokenizer``).
 """
 
 from __future__ import annotations
