@@ -3,8 +3,14 @@ autoregressive baseline it is compared with (batch size 1).
 
 Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` (masks), never the reverse.
 
-* :class:`SpeculativeDecoder` — draft / verify / accept / commit (Sequoia Alg. 2, SpecInfer section 4,
-  Medusa-style tree buffers).
+* :class:`SpeculativeDecoder` — the loop, one step in named methods: draft (ask the drafter for the step's
+  tree), verify (one target forward with tree attention), accept (the exact path: Sequoia Alg. 2, SpecInfer
+  section 4), commit (the target's cache and the drafter's); Medusa-style tree buffers, clipped near the
+  end of the context.
+* ``drafters/`` — the proposers: the :class:`Drafter` protocol (candidates, draft probabilities where it has
+  them, its own cache, its cost model and limits), :class:`ModelDrafter` (a separate draft model, one
+  forward per tree level), and the registry :data:`DRAFTERS` (a new drafter is one new file and a
+  registry line).
 * :func:`autoregressive_generate` / :class:`AutoregressiveDecoder` — the baseline on the same forward path.
 * :func:`process_logits`, :func:`argmax_tokens`, :func:`verify_greedy`, :func:`verify_sampling_node` — the pure
   rules, testable alone; they raise ValueError on NaN / inf logits, which the decoders turn into DecodingError.
@@ -12,6 +18,7 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
 
 from .autoregressive import AutoregressiveDecoder, autoregressive_generate
 from .buffers import TreeBuffers
+from .drafters import DRAFTERS, Drafter, DraftSettings, ModelDrafter
 from .sampling import (GREEDY_LIMIT_TEMPERATURE, Acceptance, NodeVisit, argmax_tokens, process_logits,
                        sample_categorical, sample_without_replacement, verify_greedy, verify_sampling_batch,
                        verify_sampling_node)
@@ -22,6 +29,10 @@ __all__ = [
     "SpeculativeDecoder",
     "DecodeState",
     "DraftOutput",
+    "Drafter",
+    "DraftSettings",
+    "ModelDrafter",
+    "DRAFTERS",
     "AutoregressiveDecoder",
     "autoregressive_generate",
     "TreeBuffers",

@@ -1,6 +1,12 @@
-"""Tree speculative decoding: draft a token tree level by level, verify it in one target forward, accept a
-path exactly, compact both caches (Sequoia, Chen et al. 2024; SpecInfer, Miao et al. 2024; Medusa, Cai et
-al. 2024 for the tree buffers).
+"""Tree speculative decoding: a drafter proposes a token tree, the target verifies it in one forward, a path
+is accepted exactly, and the target and the drafter commit it to their caches (Sequoia, Chen et al. 2024;
+SpecInfer, Miao et al. 2024; Medusa, Cai et al. 2024 for the tree buffers).
+
+The proposer is a :class:`~sequoia_opt.decoding.drafters.Drafter` (``decoding/drafters/``): a draft
+:class:`Transformer` passed as ``draft`` is wrapped in a :class:`~sequoia_opt.decoding.drafters.ModelDrafter`
+(a draft model run once per tree level, with its own cache), any other drafter is passed as it is. The
+decoder owns the tree, its clipping near the end, the target and its cache, verification, acceptance and
+the stop rules; the drafter owns its candidates, their distributions and its cache.
 
 State between steps (batch size 1): the committed tokens ``x_0 .. x_L``; the target cache holds
 ``x_0 .. x_{L-1}`` at slots ``0 .. L-1``; ``x_L`` (the last committed token, not cached) is the ROOT of the
@@ -10,46 +16,45 @@ prompt minus its last token; the last prompt token is the first root.
 Near the end. A step whose whole tree would not fit uses the tree clipped to its first d + 1 levels instead
 (the first ``level_slices[d].stop`` nodes: levels are contiguous in breadth-first order), with the largest d
 such that the target writes slots up to ``L + n_d - 1`` and positions up to ``L + d`` (inside its cache and its
-``max_position_embeddings``) and the draft, which processes levels ``0 .. d-1``, sees positions up to
-``L + d - 1`` and slots up to ``L + num_drafted_d - 1`` (inside its own context and cache). Clipped nodes only
+``max_position_embeddings``) and the drafter can propose that tree (its limit,
+:meth:`Drafter.max_root_for_depth`: for the draft model, which processes levels ``0 .. d-1``, positions up to
+``L + d - 1`` and slots up to ``L + num_drafted_d - 1`` inside its own context and cache). Clipped nodes only
 fed tokens that the context or ``max_new_tokens`` cuts off anyway, so output is unchanged. At ``d = 0`` (e.g.
-once the root's position is past a shorter draft context) the step is root-only: no draft forward, the
+once the root's position is past a shorter draft context) the step is root-only: no drafter call, the
 target's one-token forward, i.e. a plain decoding step. The clipped buffers are compiled once per depth, on
-first use, and kept by the decoder.
+first use, and kept by the decoder; the limits per depth are computed once, so an unclipped step costs one
+integer comparison.
 
 One step, in named methods:
 
-1. :meth:`SpeculativeDecoder.draft` — unless the step is root-only, the draft first catches up on committed
-   tokens it has not cached yet, ending at the root, as one causal chunk (usually the root alone; the root
-   plus the last accepted node when that node was on the step tree's last level, which the draft never
-   processes). Its last logits give the root's children. Then one draft forward per level 1 .. d-1 (d the
-   depth of the step's tree) over that level's nodes at their slots, each
-   attending the prefix and its own ancestors; the k children of a node (k from the topology, assigned by
-   rank) are the draft's top-k tokens (greedy) or k samples without replacement (sampling).
+1. :meth:`SpeculativeDecoder.draft` — unless the step is root-only, :meth:`Drafter.propose` fills the step's
+   tree: each node's children (k from the topology, assigned by rank) are the drafter's top-k tokens
+   (greedy) or k samples without replacement from its q (sampling), with q returned for verification.
 2. :meth:`SpeculativeDecoder.verify` — one target forward over all n nodes with the ancestor mask.
 3. :meth:`SpeculativeDecoder.accept` — the accepted path: :func:`verify_greedy`, or per node
-   :func:`verify_sampling_node` (Sequoia Algorithm 2).
+   :func:`verify_sampling_node` (Sequoia Algorithm 2) against the drafter's q.
 4. :meth:`SpeculativeDecoder.commit` — emit the accepted tokens plus the bonus token (stop rules applied),
    then move the accepted path's slots (scattered in breadth-first order) to consecutive slots after the
-   prefix in both caches with :meth:`ModelKVCache.compact`.
+   prefix in the target cache with :meth:`ModelKVCache.compact`, and :meth:`Drafter.commit` the path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
 
 from ..attention import TreeMask, resolve_backend
 from ..errors import DecodingError
-from ..model import Transformer
+from ..model import ModelKVCache, Transformer
 from ..tree import Tree
 from .buffers import TreeBuffers
 from .core import (DEFAULT_MAX_LEN, cached_forward, check_capacity, check_max_new_tokens, check_prompt,
                    describe_model, model_output_error, run_causal_chunk, truncate)
-from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical,
-                       sample_without_replacement, verify_greedy, verify_sampling_node)
+from .drafters import DraftOutput, Drafter, DraftSettings, ModelDrafter, root_tree
+from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical, verify_greedy,
+                       verify_sampling_node)
 from .stats import Clock, GenerationResult, StepStats
 
 __all__ = ["SpeculativeDecoder", "DecodeState", "DraftOutput"]
@@ -62,50 +67,42 @@ class DecodeState:
     Attributes:
         seq: every committed token, prompt then emitted tokens; ``seq[-1]`` is the root of the next tree.
         cached: L, the number of committed tokens in the target cache (slots ``[0, L)``); ``len(seq) == L + 1``.
-        draft_cached: committed tokens in the draft cache (slots ``[0, draft_cached)``), ``<= L``.
         max_new_tokens: the generation's budget of new tokens.
         result: the :class:`GenerationResult` being filled (``result.tokens`` are the new tokens so far).
         finished: True once a stop rule fired.
+        drafter: the decoder's :class:`Drafter` (it owns its cache and count).
+        draft_cached: (read-only) committed tokens in the drafter's cache, its :attr:`Drafter.cached`.
     """
 
     seq: list[int]
     cached: int
-    draft_cached: int
     max_new_tokens: int
     result: GenerationResult
     finished: bool = False
+    drafter: Drafter | None = field(default=None, repr=False, compare=False)
 
     @property
     def root(self) -> int:
         return self.seq[-1]
 
-
-@dataclass
-class DraftOutput:
-    """The drafted tree.
-
-    Attributes:
-        tokens: (n,) int64 token of every node, breadth-first; ``tokens[0]`` is the root.
-        probs: (n, V) float32 draft distribution at each node that has children (the q its children were
-            sampled from); None for greedy decoding and for a root-only step. Rows of leaves are undefined.
-        depth: the depth of the tree drafted this step: the decoder's tree depth D, or less when the step's
-            tree was clipped near the end of the context or the cache (then n is that clipped tree's size).
-    """
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None
-    depth: int
+    @property
+    def draft_cached(self) -> int:
+        """Committed tokens in the drafter's cache (slots ``[0, draft_cached)``), ``<= L``; 0 without a
+        drafter cache. The drafter's own count (:attr:`Drafter.cached`)."""
+        return self.drafter.cached if self.drafter is not None else 0
 
 
 class SpeculativeDecoder:
     """Tree speculative decoding with exact verification, batch size 1.
 
-    The target and draft caches are allocated once here and shared by every generation of this decoder, so
+    The target and drafter caches are allocated once here and shared by every generation of this decoder, so
     run one generation at a time per decoder (a :class:`DecodeState` is valid until the next :meth:`start`).
 
     Args:
         target: the model whose output is preserved.
-        draft: the proposer; must share the target's vocabulary and device (dtype may differ).
+        draft: the proposer: a draft :class:`Transformer` (wrapped in a :class:`ModelDrafter`) or any
+            :class:`Drafter` (bound to this decoder, so one decoder per drafter); must share the target's
+            vocabulary and device (a draft model's dtype may differ).
         tree: the speculation topology (n nodes, depth D), compiled once into :class:`TreeBuffers`.
         temperature: 0 = greedy (children are the draft's top-k, output = the target's greedy decoding);
             > 0 = speculative sampling (output distributed as the target's temperature / top-p sampling).
@@ -115,7 +112,7 @@ class SpeculativeDecoder:
             replaced between generations.
         eos_ids: token ids (or one id) that stop generation (the first EOS is emitted, nothing after it).
         backend: attention backend ``"auto" | "torch" | "cuda"``, resolved once here.
-        max_len: slots of each preallocated KV cache (target and draft, reused across prompts); default
+        max_len: slots of each preallocated KV cache (target and drafter, reused across prompts); default
             ``min(context, 4096) + n`` where ``context`` is the target's ``max_position_embeddings`` (a
             128k-context model would otherwise allocate its whole context). Any ``max_len >= 1`` is
             accepted: where a whole tree does not fit the remaining slots the step's tree is clipped (see
@@ -129,23 +126,34 @@ class SpeculativeDecoder:
 
     Attributes:
         context: the target's ``max_position_embeddings`` (what requests are checked against).
-        draft_context: the draft's ``max_position_embeddings``.
+        drafter: the :class:`Drafter` proposing the candidates.
+        draft_context: the drafter's context (a draft model's ``max_position_embeddings``).
+        draft_model, draft_cache: the :class:`ModelDrafter`'s model and cache (None for other drafters; the
+            cache is None too when the tree has depth 0).
 
     Raises:
         DecodingError: different vocabularies or devices, a node with more children than the vocabulary
-            has tokens, ``max_len < 1``, a bad temperature / top_p.
+            has tokens, ``max_len < 1``, a bad temperature / top_p, ``draft`` neither a :class:`Transformer`
+            nor a :class:`Drafter`, sampling with a drafter that has no probabilities (point-mass
+            verification is not implemented yet), a drafter already bound to another decoder.
     """
 
-    def __init__(self, target: Transformer, draft: Transformer, tree: Tree, *, temperature: float = 0.0,
-                 top_p: float = 1.0, generator: torch.Generator | None = None, eos_ids: Iterable[int] = (),
-                 backend: str = "auto", max_len: int | None = None) -> None:
+    def __init__(self, target: Transformer, draft: Transformer | Drafter, tree: Tree, *,
+                 temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
+                 eos_ids: Iterable[int] = (), backend: str = "auto", max_len: int | None = None) -> None:
         V = target.config.vocab_size
-        if draft.config.vocab_size != V:
+        if isinstance(draft, Transformer):
+            drafter = ModelDrafter(draft)
+        elif isinstance(draft, Drafter):
+            drafter = draft
+        else:
+            raise DecodingError(f"draft must be a Transformer or a Drafter, got {type(draft).__name__}")
+        if drafter.vocab_size != V:
             raise DecodingError(
-                f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's ({V}); "
+                f"the draft's vocabulary ({drafter.vocab_size} tokens) differs from the target's ({V}); "
                 "speculative decoding needs a draft that shares the target's tokenizer")
-        if draft.device != target.device:
-            raise DecodingError(f"the draft is on {draft.device} but the target on {target.device}")
+        if drafter.device != target.device:
+            raise DecodingError(f"the draft is on {drafter.device} but the target on {target.device}")
         if tree.max_branching_used > V:
             raise DecodingError(
                 f"the tree has a node with {tree.max_branching_used} children but the vocabulary has only "
@@ -154,13 +162,17 @@ class SpeculativeDecoder:
             process_logits(torch.zeros(1), temperature, top_p)
         except ValueError as err:
             raise DecodingError(str(err)) from None
+        if temperature != 0 and not drafter.has_probs:
+            raise DecodingError(
+                f"{type(drafter).__name__} proposes candidates without draft probabilities, which sampling "
+                "would verify as point masses: point-mass verification is not implemented yet (use greedy "
+                "decoding, temperature 0, with this drafter)")
         self.context = target.config.max_position_embeddings
-        self.draft_context = draft.config.max_position_embeddings
         n = tree.size
         self.max_len = int(max_len if max_len is not None else min(self.context, DEFAULT_MAX_LEN) + n)
         if self.max_len < 1:
             raise DecodingError(f"max_len must be >= 1 (one slot for a root-only step), got {self.max_len}")
-        self.target_model, self.draft_model, self.tree = target, draft, tree
+        self.target_model, self.drafter, self.tree = target, drafter, tree
         self.vocab_size = V
         self.device = target.device
         self.temperature, self.top_p = float(temperature), float(top_p)
@@ -170,10 +182,12 @@ class SpeculativeDecoder:
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(0)
-        self.generator = generator
         self.buffers = TreeBuffers.build(tree, self.device)
         self.target_cache = target.new_cache(self.max_len)
-        self.draft_cache = draft.new_cache(self.max_len) if tree.tree_depth > 0 else None
+        self._settings = DraftSettings(device=self.device, max_len=self.max_len, backend=self.backend,
+                                       temperature=self.temperature, top_p=self.top_p, generator=generator,
+                                       tree_depth=tree.tree_depth)
+        drafter.bind(self._settings)
         self._masks: dict[int, TreeMask] = {}
         self._clock = Clock(self.device)
         # clipping near the end: per depth d, the largest L (root slot and position) at which the tree
@@ -181,6 +195,31 @@ class SpeculativeDecoder:
         self._last_root = tuple(self._last_root_for_depth(d) for d in range(tree.tree_depth + 1))
         self._full_until = self._last_root[-1]
         self._clipped: dict[int, TreeBuffers] = {tree.tree_depth: self.buffers}  # compiled on first use
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The random source of drafting and verification; may be replaced between generations (the
+        drafter reads it from the shared :class:`DraftSettings`)."""
+        return self._settings.generator
+
+    @generator.setter
+    def generator(self, generator: torch.Generator) -> None:
+        self._settings.generator = generator
+
+    @property
+    def draft_context(self) -> int:
+        """The drafter's context (positions it can see)."""
+        return self.drafter.context
+
+    @property
+    def draft_model(self) -> Transformer | None:
+        """The draft model of a :class:`ModelDrafter`; None for other drafters."""
+        return self.drafter.model if isinstance(self.drafter, ModelDrafter) else None
+
+    @property
+    def draft_cache(self) -> ModelKVCache | None:
+        """The KV cache of a :class:`ModelDrafter` (None when the tree has depth 0); None for other drafters."""
+        return self.drafter.cache if isinstance(self.drafter, ModelDrafter) else None
 
     # ------------------------------------------------------------------ public API
     def check(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
@@ -219,27 +258,27 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def start(self, prompt_ids: Sequence[int], max_new_tokens: int) -> DecodeState:
-        """Check the request, then prefill: feed ``prompt[:-1]`` causally to the target (and the draft).
+        """Check the request, then prefill: feed ``prompt[:-1]`` causally to the target, and the prompt to
+        the drafter (:meth:`Drafter.reset`, :meth:`Drafter.prefill`).
 
-        The last prompt token becomes the first root. The draft is prefilled only when the first step drafts
+        The last prompt token becomes the first root. The drafter is told whether the first step drafts
         (its tree depth is >= 1); otherwise no step of this generation does (the clipped depth never grows),
-        and the draft never sees a position past its context. Returns the :class:`DecodeState`;
-        ``finished`` is already True when ``max_new_tokens == 0``.
+        and a draft model is not prefilled, so it never sees a position past its context. Returns the
+        :class:`DecodeState`; ``finished`` is already True when ``max_new_tokens == 0``.
         """
         prompt = self.check(prompt_ids, max_new_tokens)
         M = int(max_new_tokens)
         result = GenerationResult(tokens=[], prompt_len=len(prompt))
-        state = DecodeState(seq=list(prompt), cached=len(prompt) - 1, draft_cached=0, max_new_tokens=M,
-                            result=result)
+        self.drafter.reset()
+        state = DecodeState(seq=list(prompt), cached=len(prompt) - 1, max_new_tokens=M, result=result,
+                            drafter=self.drafter)
         if M == 0:
             state.finished, result.stop_reason = True, "empty"
             return state
         t0 = self._clock.now()
         if len(prompt) > 1:
             run_causal_chunk(self.target_model, self.target_cache, prompt[:-1], 0, self.backend, self._masks)
-            if self.draft_cache is not None and self._step_depth(len(prompt) - 1) > 0:
-                run_causal_chunk(self.draft_model, self.draft_cache, prompt[:-1], 0, self.backend, self._masks)
-                state.draft_cached = len(prompt) - 1
+        self.drafter.prefill(prompt, will_draft=self._step_depth(len(prompt) - 1) > 0)
         result.prefill_ms = self._clock.now() - t0
         return state
 
@@ -268,13 +307,13 @@ class SpeculativeDecoder:
     def _last_root_for_depth(self, d: int) -> int:
         """The largest L (root slot and position) at which the tree clipped to depth d fits (may be < 0).
 
-        Target: slots ``L .. L + n_d - 1`` and positions up to ``L + d``. Draft (d >= 1): positions up to
-        ``L + d - 1`` (levels ``0 .. d-1``) and slots up to ``L + num_drafted_d - 1``.
+        Target: slots ``L .. L + n_d - 1`` and positions up to ``L + d``. Drafter (d >= 1): its own limit,
+        :meth:`Drafter.max_root_for_depth` (a draft model: positions up to ``L + d - 1``, levels
+        ``0 .. d-1``, and slots up to ``L + num_drafted_d - 1``).
         """
-        sl = self.buffers.level_slices[d]
-        last = min(self.context - 1 - d, self.target_cache.max_len - sl.stop)
+        last = min(self.context - 1 - d, self.target_cache.max_len - self.buffers.level_slices[d].stop)
         if d > 0:
-            last = min(last, self.draft_context - d, self.draft_cache.max_len - sl.start)
+            last = min(last, self.drafter.max_root_for_depth(d, self.buffers))
         return last
 
     def _step_depth(self, L: int) -> int:
@@ -309,15 +348,16 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ the four named steps
     @torch.inference_mode()
     def draft(self, state: DecodeState, tokens: torch.Tensor | Sequence[int] | None = None) -> DraftOutput:
-        """Grow the step's tree level by level with the draft (d forwards: the catch-up chunk, then levels
-        1..d-1, where d is the depth of :meth:`step_buffers`; none for a root-only step).
+        """Grow the step's tree with the drafter (:meth:`Drafter.propose` over :meth:`step_buffers`; no call
+        for a root-only step). A draft model runs d forwards: the catch-up chunk, then levels 1..d-1.
 
         Args:
-            state: the decoding state; not modified (the draft cache is written at slots ``draft_cached ..
-                L + num_drafted``, so drafting again from the same state redoes the same work).
+            state: the decoding state; not modified (a draft model's cache is written at slots
+                ``draft_cached .. L + num_drafted``, so drafting again from the same state redoes the same
+                work).
             tokens: optional (n,) tree tokens to use instead of proposing them (teacher forcing, for tests
-                and replays; ``tokens[0]`` must be the root; n is the step's tree size). The draft still runs
-                over them, so its cache ends up exactly as if it had proposed them.
+                and replays; ``tokens[0]`` must be the root; n is the step's tree size). The drafter still
+                runs over them, so its cache ends up exactly as if it had proposed them.
 
         Returns:
             :class:`DraftOutput`: (n,) node tokens, when sampling the (n, V) draft distributions, the depth.
@@ -326,49 +366,17 @@ class SpeculativeDecoder:
             DecodingError: forced tokens of the wrong shape or root; when sampling, draft logits with NaN or
                 +inf (:func:`process_logits`).
         """
-        buf, dev, L = self.step_buffers(state), self.device, state.cached
-        n, D = buf.n, buf.tree_depth
-        if tokens is None:
-            out = torch.empty(n, dtype=torch.int64, device=dev)
-            out[0] = state.root
-        else:
-            out = torch.as_tensor(tokens, dtype=torch.int64).to(dev).clone()
-            if out.shape != (n,) or int(out[0]) != state.root:
+        buf = self.step_buffers(state)
+        forced = None
+        if tokens is not None:
+            n = buf.n
+            forced = torch.as_tensor(tokens, dtype=torch.int64).to(self.device).clone()
+            if forced.shape != (n,) or int(forced[0]) != state.root:
                 raise DecodingError(f"forced tree tokens must have shape ({n},) and start with the root "
                                     f"{state.root}")
-        probs = None if (self.greedy or D == 0) else torch.empty(n, self.vocab_size, device=dev)
-        if D == 0:
-            return DraftOutput(out, probs, 0)
-        # level 0: every committed token the draft has not cached yet, ending at the root (slot L)
-        chunk = state.seq[state.draft_cached : L + 1]
-        logits = run_causal_chunk(self.draft_model, self.draft_cache, chunk, state.draft_cached, self.backend,
-                                  self._masks)[-1:]  # (1, V): the root's
-        for d in range(D):
-            sl = buf.level_slices[d]
-            if d > 0:
-                slots = buf.node_index[sl] + L  # (w_d,) level d's slots
-                positions = buf.depth[sl] + L  # (w_d,) all = L + d
-                # (w_d, e_d) mask: prefix unmasked, then each node's ancestors-or-self among levels <= d
-                logits = cached_forward(self.draft_model, self.draft_cache, out[sl], positions, slots, L,
-                                        buf.level_masks[d], self.backend)  # (w_d, V)
-            k = buf.level_branching[d]
-            q = None
-            try:
-                if probs is not None:
-                    q = process_logits(logits, self.temperature, self.top_p)  # (w_d, V)
-                    probs[sl] = q
-                if tokens is not None:
-                    continue
-                if q is None:
-                    # greedy: NaN draft logits only make bad candidates, which the target's check rejects
-                    cand = logits.topk(k, dim=-1).indices  # (w_d, k) the draft's top-k, rank order
-                else:
-                    cand = sample_without_replacement(q, k, self.generator)  # (w_d, k) ordered samples
-            except ValueError as err:
-                raise model_output_error(err, self.draft_model, "draft") from None
-            nxt = buf.level_slices[d + 1]
-            out[nxt] = cand[buf.child_parent_local[d + 1], buf.child_rank[d + 1]]
-        return DraftOutput(out, probs, D)
+        if buf.tree_depth == 0:
+            return DraftOutput(root_tree(state.root, buf.n, self.device) if forced is None else forced, None, 0)
+        return self.drafter.propose(state, buf, forced)
 
     @torch.inference_mode()
     def verify(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
@@ -433,12 +441,13 @@ class SpeculativeDecoder:
     @torch.inference_mode()
     def commit(self, state: DecodeState, acc: Acceptance) -> list[int]:
         """Emit the accepted tokens plus the bonus (cut at the first EOS and at ``max_new_tokens``), then,
-        unless generation stops, compact both caches so the accepted path follows the prefix.
+        unless generation stops, commit the accepted path to the target cache and the drafter.
 
         Target: slots ``L + path`` (root first) move to ``[L, L + len(path))``; the bonus becomes the new
-        root, so L grows by ``len(path)``. Draft: the same, less a node on the step tree's last level (which
-        the draft never processes); after a root-only step the draft cache is left as it is (the draft ran
-        no forward, so ``draft_cached`` does not move).
+        root, so L grows by ``len(path)``. Drafter: :meth:`Drafter.commit` with the step's depth; a draft
+        model does the same, less a node on the step tree's last level (which it never processes), and
+        after a root-only step leaves its cache as it is (it ran no forward, so ``draft_cached`` does not
+        move).
 
         Returns:
             The tokens emitted this step.
@@ -454,9 +463,6 @@ class SpeculativeDecoder:
         D = self._step_depth(L)  # the depth this step's tree had (state.cached has not moved yet)
         src = torch.tensor(path, dtype=torch.int64, device=self.device) + L  # (A,) scattered BFS slots
         self.target_cache.compact(src, L)
-        if self.draft_cache is not None and D > 0:
-            m = len(path) if len(path) - 1 < D else len(path) - 1  # the draft skips the last level
-            self.draft_cache.compact(src[:m], L)
-            state.draft_cached = L + m
+        self.drafter.commit(L, path, D, src)
         state.cached = L + len(path)
         return emitted

@@ -1,0 +1,30 @@
+"""Drafters: the proposers a :class:`~sequoia_opt.decoding.SpeculativeDecoder` asks for tree candidates.
+
+The protocol is :class:`Drafter` (``base.py``): ``bind`` (take the decoder's settings, allocate a cache),
+``max_root_for_depth`` (its context / cache limits, for the decoder's clipping near the end), ``reset`` and
+``prefill`` (per generation), ``propose`` (a step's ranked candidates, with the draft distributions q where it
+has them) and ``commit`` (the accepted path, into its own cache and ``cached`` count). It declares its
+``cost_model`` (``"per-level"`` or ``"one-pass"``) and whether it has probabilities (``has_probs``).
+
+Implementations, one file each:
+
+* ``model.py`` — :class:`ModelDrafter`, a separate draft model run once per tree level (``"per-level"``).
+
+A new drafter is one new file and a registry line: implement :class:`Drafter` in ``drafters/<name>.py``
+and add ``"<name>": <Class>`` to :data:`DRAFTERS`. Nothing else changes: the decoder takes any
+:class:`Drafter` instance as its ``draft`` argument.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .base import CostModel, DraftOutput, Drafter, DraftSettings, root_tree
+from .model import ModelDrafter
+
+__all__ = ["Drafter", "DraftOutput", "DraftSettings", "CostModel", "ModelDrafter", "DRAFTERS", "root_tree"]
+
+#: Registry: drafter name -> factory (the class; its constructor's arguments are the drafter's own).
+DRAFTERS: dict[str, Callable[..., Drafter]] = {
+    "model": ModelDrafter,
+}
