@@ -1,0 +1,156 @@
+"""The Drafter protocol (sequoia_opt.decoding.drafters): the registry, the draft model as a ModelDrafter
+(identical to passing the Transformer), and a non-model drafter plugged into the decoder: an oracle that
+proposes the target's greedy continuation in one pass, with no cache and no probabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_decoding import CFG, PROMPTS, SEQUOIA_LIKE, TREES, _model, _perturbed, _with_context
+
+from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder, autoregressive_generate
+from sequoia_opt.decoding.drafters import DRAFTERS, DraftOutput, Drafter, DraftSettings, ModelDrafter, root_tree
+from sequoia_opt.errors import DecodingError
+from sequoia_opt.tree import Tree
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = _model(0)
+    return target, _perturbed(target, 0.3, seed=1)
+
+
+class OracleDrafter(Drafter):
+    """Proposes, at every node of depth j, the target's greedy token at depth j + 1 of the continuation of
+    the committed tokens (rank 0) and the next ids after it (ranks 1, 2, ...), the same for every node of a
+    level, as parallel heads would: one pass per step, no cache, no probabilities (greedy only)."""
+
+    cost_model = "one-pass"
+    has_probs = False
+
+    def __init__(self, target):
+        self.target = target
+        self.vocab_size = target.config.vocab_size
+        self.device = target.device
+        self.context = target.config.max_position_embeddings
+        self.calls = 0
+
+    def bind(self, settings: DraftSettings) -> None:
+        self.settings = settings
+
+    def max_root_for_depth(self, d, buffers):
+        return self.context - d  # the greedy continuation up to depth d reads positions up to L + d - 1
+
+    def prefill(self, prompt_ids, will_draft):
+        pass
+
+    def propose(self, state, buffers, forced_tokens=None):
+        self.calls += 1
+        out = root_tree(state.root, buffers.n, self.device) if forced_tokens is None else forced_tokens
+        seq = list(state.seq)
+        for d in range(1, buffers.tree_depth + 1):
+            g = int(self.target(torch.tensor([seq]))[0, -1].argmax())  # the greedy token at depth d
+            seq.append(g)
+            if forced_tokens is None:
+                out[buffers.level_slices[d]] = (g + buffers.child_rank[d]) % self.vocab_size
+        return DraftOutput(out, None, buffers.tree_depth)
+
+    def commit(self, state_L, path, step_depth, slots):
+        pass
+
+
+def test_registry_holds_the_model_drafter(pair):
+    assert DRAFTERS["model"] is ModelDrafter
+    drafter = DRAFTERS["model"](pair[1])
+    assert isinstance(drafter, Drafter) and drafter.cost_model == "per-level" and drafter.has_probs
+    assert drafter.context == CFG.max_position_embeddings and drafter.cached == 0 and drafter.cache is None
+
+
+def _same_run(a, b):
+    assert a.tokens == b.tokens
+    assert [(s.tokens, s.accepted_ranks, s.tree_size, s.tree_depth) for s in a.steps] == \
+        [(s.tokens, s.accepted_ranks, s.tree_size, s.tree_depth) for s in b.steps]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_model_drafter_passed_explicitly_equals_passing_the_model(pair, temperature):
+    target, draft = pair
+    def run(d, tree):
+        dec = SpeculativeDecoder(target, d, tree, temperature=temperature, top_p=0.9,
+                                 generator=torch.Generator().manual_seed(3))
+        return dec, [dec.generate(p, 16) for p in PROMPTS]
+
+    for tree in (SEQUOIA_LIKE, TREES["wide"], Tree.chain(1)):
+        plain_dec, plain = run(draft, tree)
+        wrapped_dec, wrapped = run(ModelDrafter(draft), tree)
+        for a, b in zip(plain, wrapped):
+            _same_run(a, b)
+        assert wrapped_dec.draft_model is draft and wrapped_dec.draft_context == plain_dec.draft_context
+        assert (wrapped_dec.draft_cache is None) == (plain_dec.draft_cache is None) == (tree.tree_depth == 0)
+
+
+def test_replacing_the_generator_reaches_the_drafter(pair):
+    target, draft = pair
+    fresh = SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=1.0, generator=torch.Generator().manual_seed(4))
+    dec = SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=1.0)
+    dec.generate(PROMPTS[1], 5)
+    dec.generator = torch.Generator().manual_seed(4)
+    _same_run(dec.generate(PROMPTS[2], 16), fresh.generate(PROMPTS[2], 16))
+
+
+@pytest.mark.parametrize("tree_name", ["sequoia", "wide", "chain", "budget1"])
+def test_oracle_drafter_equals_plain_greedy(pair, tree_name):
+    target = pair[0]
+    tree = TREES[tree_name]
+    oracle = OracleDrafter(target)
+    dec = SpeculativeDecoder(target, oracle, tree, backend="torch")
+    assert dec.drafter is oracle and dec.draft_model is None and dec.draft_cache is None
+    ar = AutoregressiveDecoder(target)
+    for prompt in PROMPTS:
+        state = dec.start(prompt, 20)
+        while not state.finished:
+            dec.step(state)
+        assert state.result.tokens == ar.generate(prompt, 20).tokens, prompt
+        assert state.draft_cached == 0  # no cache
+        # rank 0 is always the target's choice: every step but the last accepts a whole rank-0 path
+        assert all(s.accepted_nodes == tree.tree_depth for s in state.result.steps[:-1])
+    assert (oracle.calls > 0) == (tree.tree_depth > 0)
+
+
+@pytest.mark.parametrize("tree_name", ["sequoia", "chain12"])
+def test_oracle_drafter_near_the_context_end_equals_plain_greedy(pair, tree_name):
+    ctx = 64
+    target = _with_context(pair[0], ctx)
+    tree = Tree.chain(12) if tree_name == "chain12" else TREES[tree_name]
+    dec = SpeculativeDecoder(target, OracleDrafter(target), tree, backend="torch")
+    rng = np.random.default_rng(1)
+    clipped = 0
+    for P in (ctx - 14, ctx - 5, ctx - 1):
+        prompt = rng.integers(0, CFG.vocab_size, size=P).tolist()
+        ref = autoregressive_generate(target, prompt, ctx - P).tokens
+        for M in sorted({1, (ctx - P + 1) // 2, ctx - P}):
+            res = dec.generate(prompt, M)
+            assert res.tokens == ref[:M], (P, M)
+            clipped += sum(s.tree_depth < tree.tree_depth for s in res.steps)
+    assert clipped > 0
+
+
+def test_sampling_with_a_drafter_without_probabilities_is_refused(pair):
+    target = pair[0]
+    with pytest.raises(DecodingError, match="point-mass verification is not implemented yet"):
+        SpeculativeDecoder(target, OracleDrafter(target), SEQUOIA_LIKE, temperature=1.0)
+    SpeculativeDecoder(target, OracleDrafter(target), SEQUOIA_LIKE, temperature=0.0)  # greedy needs no q
+
+
+def test_a_drafter_serves_one_decoder_and_draft_must_be_a_model_or_a_drafter(pair):
+    target, draft = pair
+    drafter = ModelDrafter(draft)
+    SpeculativeDecoder(target, drafter, SEQUOIA_LIKE)
+    with pytest.raises(DecodingError, match="already serves a decoder"):
+        SpeculativeDecoder(target, drafter, SEQUOIA_LIKE)
+    with pytest.raises(DecodingError, match="draft must be a Transformer or a Drafter, got str"):
+        SpeculativeDecoder(target, "llama-68m", SEQUOIA_LIKE)
+    with pytest.raises(DecodingError, match="vocabulary"):
+        SpeculativeDecoder(target, OracleDrafter(_model(1, CFG.with_(vocab_size=128))), SEQUOIA_LIKE)
