@@ -84,9 +84,9 @@ def root_tree(root: int, n: int, device: torch.device) -> torch.Tensor:
 class Drafter(ABC):
     """A proposer of tree candidates (one drafter serves one decoder, one generation at a time).
 
-    The decoder calls, in order: :meth:`bind` once (from its constructor); per generation :meth:`reset` then
-    :meth:`prefill`; per step :meth:`propose` (not for a root-only step) and, unless generation stops,
-    :meth:`commit`. :meth:`max_root_for_depth` is called once per depth from :meth:`bind`'s caller, after it.
+    The decoder calls, in order: from its constructor :meth:`bind`, then :meth:`max_root_for_depth` once per
+    depth 1..D; per generation :meth:`reset` then :meth:`prefill`; per step :meth:`propose` (not for a
+    root-only step) and, unless generation stops, :meth:`commit`.
 
     Class attributes:
         cost_model: ``"per-level"``: one forward per tree level over that level's w nodes, cost c(w) ms

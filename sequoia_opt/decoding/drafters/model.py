@@ -13,7 +13,7 @@ level, to consecutive slots after the prefix (:meth:`ModelKVCache.compact`).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -24,6 +24,9 @@ from ..buffers import TreeBuffers
 from ..core import cached_forward, model_output_error, run_causal_chunk
 from ..sampling import process_logits, sample_without_replacement
 from .base import DraftOutput, Drafter, DraftSettings, root_tree
+
+if TYPE_CHECKING:
+    from ..speculative import DecodeState
 
 __all__ = ["ModelDrafter"]
 
@@ -71,7 +74,8 @@ class ModelDrafter(Drafter):
             run_causal_chunk(self.model, self.cache, prompt_ids[:-1], 0, self.settings.backend, self._masks)
             self.cached = len(prompt_ids) - 1
 
-    def propose(self, state, buffers: TreeBuffers, forced_tokens: torch.Tensor | None = None) -> DraftOutput:
+    def propose(self, state: DecodeState, buffers: TreeBuffers,
+                forced_tokens: torch.Tensor | None = None) -> DraftOutput:
         s, buf, L = self.settings, buffers, state.cached
         n, D = buf.n, buf.tree_depth
         out = root_tree(state.root, n, s.device) if forced_tokens is None else forced_tokens
