@@ -137,11 +137,19 @@ def test_oracle_drafter_near_the_context_end_equals_plain_greedy(pair, tree_name
     assert clipped > 0
 
 
-def test_sampling_with_a_drafter_without_probabilities_is_refused(pair):
+def test_sampling_with_a_drafter_without_probabilities_verifies_point_masses(pair):
+    """No q: the candidates are verified as point masses (exactness: tests/test_lookup_drafter.py)."""
     target = pair[0]
-    with pytest.raises(DecodingError, match="point-mass verification is not implemented yet"):
-        SpeculativeDecoder(target, OracleDrafter(target), SEQUOIA_LIKE, temperature=1.0)
-    SpeculativeDecoder(target, OracleDrafter(target), SEQUOIA_LIKE, temperature=0.0)  # greedy needs no q
+
+    def run(seed):
+        dec = SpeculativeDecoder(target, OracleDrafter(target), SEQUOIA_LIKE, temperature=1.0,
+                                 generator=torch.Generator().manual_seed(seed))
+        return dec.generate(PROMPTS[1], 12)
+
+    a, b = run(1), run(1)
+    _same_run(a, b)
+    assert len(a.tokens) == 12 and all(0 <= t < CFG.vocab_size for t in a.tokens)
+    assert all(s.tree_depth == SEQUOIA_LIKE.tree_depth for s in a.steps)
 
 
 def test_a_drafter_serves_one_decoder_and_draft_must_be_a_model_or_a_drafter(pair):

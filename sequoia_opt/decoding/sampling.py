@@ -9,6 +9,9 @@ Everything here is a pure function on explicit tensors, so each rule can be test
 * :func:`verify_sampling_node` / :func:`verify_sampling_batch` implement multi-candidate speculative sampling
   with the residual rule (Sequoia, Chen et al. 2024, Algorithm 2; SpecInfer, Miao et al. 2024, section 4,
   "multi-step speculative sampling"): the emitted token is distributed exactly as p.
+* :func:`verify_point_mass_node` / :func:`verify_point_mass_batch` are the same rule for candidates proposed
+  without a distribution (a drafter with ``has_probs`` False, e.g. prompt lookup): each candidate is
+  verified as a point mass, accepted with the current residual's probability of its token.
 * :func:`verify_greedy` walks a tree under greedy verification: the emitted tokens are exactly the target's
   greedy continuation.
 
@@ -31,6 +34,8 @@ __all__ = [
     "sample_without_replacement",
     "verify_sampling_node",
     "verify_sampling_batch",
+    "verify_point_mass_node",
+    "verify_point_mass_batch",
     "verify_greedy",
     "Acceptance",
     "NodeVisit",
@@ -264,6 +269,77 @@ def verify_sampling_node(
         (the accepted child's token, or a sample from the final residual).
     """
     acc, tok = verify_sampling_batch(p.reshape(1, -1), q.reshape(1, -1), candidates.reshape(1, -1), generator)
+    a = int(acc.item())
+    return (None if a < 0 else a), int(tok.item())
+
+
+def verify_point_mass_batch(
+    p: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-candidate speculative sampling at one node when the candidates have no draft distribution,
+    for N independent rows at once: each candidate is verified as a point mass.
+
+    The rule is :func:`verify_sampling_batch` (Sequoia Algorithm 2; SpecInfer section 4) with q = one-hot(x)
+    for candidate x: accept x with probability ``min(1, p(x) / q(x)) = p(x)``, p being the current residual;
+    on rejection the residual ``normalize(max(p - q, 0))`` is p with ``p(x)`` set to 0, renormalised. When
+    every candidate is rejected the token is sampled from the final residual.
+
+    Why the emitted token is distributed as p, whatever the candidates (as long as they do not depend on
+    this call's random numbers): by induction on k. For k = 0 the token is a sample of p. For k >= 1 and
+    first candidate x: the token is x with probability p(x); otherwise (probability 1 - p(x)) the rule
+    continues with the residual p' = p(. | not x) and the other k - 1 candidates, so by induction it emits
+    y != x with probability (1 - p(x)) * p'(y) = p(y). A candidate with p(x) = 0 (outside the top-p nucleus,
+    or repeated) is never accepted and leaves the residual unchanged; one with p(x) = 1 is always accepted.
+
+    Args:
+        p: (N, V) target distribution (float, rows sum to 1; unnormalised rows are read as normalised).
+        candidates: (N, k) int64 candidate tokens in rank order (k may be 0).
+        generator: the random source: one (N, k) draw of uniforms, then one uniform per row for the residual
+            sample (drawn even for rows that accepted a candidate, so the number of draws is fixed).
+
+    Returns:
+        ``(accepted, token)``: (N,) int64 rank of the accepted candidate or -1 when all were rejected, and
+        (N,) int64 the emitted token (the accepted candidate, or the residual sample).
+
+    Raises:
+        ValueError: a row of p with NaN, inf, a negative entry or no mass (:func:`sample_categorical`).
+    """
+    p = p.float().clone()  # (N, V) the residual, unnormalised
+    N, k = candidates.shape
+    device = p.device
+    accepted = torch.full((N,), -1, dtype=torch.int64, device=device)
+    token = torch.zeros(N, dtype=torch.int64, device=device)
+    done = torch.zeros(N, dtype=torch.bool, device=device)
+    u = _rand((N, k), generator, device)  # (N, k)
+    for j in range(k):
+        x = candidates[:, j : j + 1]  # (N, 1)
+        px = p.gather(1, x).squeeze(1)  # (N,) the residual's weight of x
+        mass = p.sum(1)  # (N,) the residual's total weight
+        acc = ~done & (u[:, j] * mass < px)  # u < p(x) / mass without dividing; never accepts p(x) == 0
+        accepted = torch.where(acc, torch.full_like(accepted, j), accepted)
+        token = torch.where(acc, x.squeeze(1), token)
+        done = done | acc
+        p = p.scatter(1, x, torch.where(done, px, torch.zeros_like(px)).unsqueeze(1))  # rejected: p(x) = 0
+    bonus = sample_categorical(p, generator)
+    token = torch.where(done, token, bonus)
+    return accepted, token
+
+
+def verify_point_mass_node(
+    p: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator
+) -> tuple[int | None, int]:
+    """One node of :func:`verify_point_mass_batch` (point-mass verification), with plain Python results.
+
+    Args:
+        p: (V,) target distribution at the node (after :func:`process_logits`).
+        candidates: (k,) int64 the children's tokens in rank order (proposed without a distribution).
+        generator: the random source.
+
+    Returns:
+        ``(rank, token)``: the rank of the accepted child (None when all were rejected) and the emitted token
+        (the accepted child's token, or a sample from the final residual: p without the rejected children).
+    """
+    acc, tok = verify_point_mass_batch(p.reshape(1, -1), candidates.reshape(1, -1), generator)
     a = int(acc.item())
     return (None if a < 0 else a), int(tok.item())
 

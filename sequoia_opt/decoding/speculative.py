@@ -32,7 +32,9 @@ One step, in named methods:
    (greedy) or k samples without replacement from its q (sampling), with q returned for verification.
 2. :meth:`SpeculativeDecoder.verify` — one target forward over all n nodes with the ancestor mask.
 3. :meth:`SpeculativeDecoder.accept` — the accepted path: :func:`verify_greedy`, or per node
-   :func:`verify_sampling_node` (Sequoia Algorithm 2) against the drafter's q.
+   :func:`verify_sampling_node` (Sequoia Algorithm 2) against the drafter's q, or, for a drafter without
+   probabilities (:attr:`Drafter.has_probs` False), :func:`verify_point_mass_node` (the same rule with each
+   candidate a point mass).
 4. :meth:`SpeculativeDecoder.commit` — emit the accepted tokens plus the bonus token (stop rules applied),
    then move the accepted path's slots (scattered in breadth-first order) to consecutive slots after the
    prefix in the target cache with :meth:`ModelKVCache.compact`, and :meth:`Drafter.commit` the path.
@@ -54,7 +56,7 @@ from .core import (DEFAULT_MAX_LEN, cached_forward, check_capacity, check_max_ne
                    describe_model, model_output_error, run_causal_chunk, truncate)
 from .drafters import DraftOutput, Drafter, DraftSettings, ModelDrafter, root_tree
 from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical, verify_greedy,
-                       verify_sampling_node)
+                       verify_point_mass_node, verify_sampling_node)
 from .stats import Clock, GenerationResult, StepStats
 
 __all__ = ["SpeculativeDecoder", "DecodeState", "DraftOutput"]
@@ -134,8 +136,7 @@ class SpeculativeDecoder:
     Raises:
         DecodingError: different vocabularies or devices, a node with more children than the vocabulary
             has tokens, ``max_len < 1``, a bad temperature / top_p, ``draft`` neither a :class:`Transformer`
-            nor a :class:`Drafter`, sampling with a drafter that has no probabilities (point-mass
-            verification is not implemented yet), a drafter already bound to another decoder.
+            nor a :class:`Drafter`, a drafter already bound to another decoder.
     """
 
     def __init__(self, target: Transformer, draft: Transformer | Drafter, tree: Tree, *,
@@ -162,11 +163,6 @@ class SpeculativeDecoder:
             process_logits(torch.zeros(1), temperature, top_p)
         except ValueError as err:
             raise DecodingError(str(err)) from None
-        if temperature != 0 and not drafter.has_probs:
-            raise DecodingError(
-                f"{type(drafter).__name__} proposes candidates without draft probabilities, which sampling "
-                "would verify as point masses: point-mass verification is not implemented yet (use greedy "
-                "decoding, temperature 0, with this drafter)")
         self.context = target.config.max_position_embeddings
         n = tree.size
         self.max_len = int(max_len if max_len is not None else min(self.context, DEFAULT_MAX_LEN) + n)
@@ -398,9 +394,11 @@ class SpeculativeDecoder:
 
         Greedy: :func:`verify_greedy` on the target's argmax. Sampling: from the root, at each node run
         :func:`verify_sampling_node` on ``p = process_logits(target)`` and the draft's ``q`` with the
-        node's children as candidates (Sequoia Algorithm 2); move to an accepted child, or stop with the
-        residual sample; at a leaf the bonus is sampled from p there. The tree is the one drafted
-        (``drafted.depth``: clipped near the end, where a clipped node is a leaf).
+        node's children as candidates (Sequoia Algorithm 2), or, when the drafter has no probabilities
+        (``drafted.probs`` is None), :func:`verify_point_mass_node` on p (each child in rank order accepted
+        with the residual's probability of its token, else removed from the residual); move to an accepted
+        child, or stop with the residual sample; at a leaf the bonus is sampled from p there. The tree is the
+        one drafted (``drafted.depth``: clipped near the end, where a clipped node is a leaf).
 
         Args:
             drafted: the :class:`DraftOutput` of this step.
@@ -425,7 +423,10 @@ class SpeculativeDecoder:
                     bonus = int(sample_categorical(p, self.generator).item())
                     break
                 cands = drafted.tokens[ch[0] : ch[-1] + 1]  # siblings are contiguous, in rank order
-                r, tok = verify_sampling_node(p, drafted.probs[node], cands, self.generator)
+                if drafted.probs is None:  # a drafter without probabilities: point masses
+                    r, tok = verify_point_mass_node(p, cands, self.generator)
+                else:
+                    r, tok = verify_sampling_node(p, drafted.probs[node], cands, self.generator)
                 visits.append(NodeVisit(depth, len(ch), r))
                 if r is None:
                     bonus = tok

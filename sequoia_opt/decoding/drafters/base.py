@@ -94,9 +94,10 @@ class Drafter(ABC):
             block diffusion drafters such as DFlash). The solver's cost model follows it; the decoder does
             not (it calls :meth:`propose` once per step either way).
         has_probs: whether :meth:`propose` returns the draft distributions q when sampling. A drafter
-            without them proposes point masses: its candidates will be verified as point masses
-            (a candidate x with q = one-hot(x); not implemented yet, so the decoder refuses such a drafter
-            when sampling, with a :class:`~sequoia_opt.errors.DecodingError`; greedy needs no q).
+            without them proposes point masses: when sampling, its candidates are verified as point masses
+            (a candidate x with q = one-hot(x): accepted with the residual's probability of x, else removed
+            from the residual; :func:`~sequoia_opt.decoding.sampling.verify_point_mass_node`), which is exact
+            for any candidates that do not depend on the verifier's random numbers; greedy needs no q.
 
     Attributes (set by the subclass):
         vocab_size: V; candidates are ids in ``[0, V)`` and q rows have V columns. Must equal the target's.
