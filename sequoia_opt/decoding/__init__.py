@@ -9,19 +9,20 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
   end of the context.
 * ``drafters/`` — the proposers: the :class:`Drafter` protocol (candidates, draft probabilities where it has
   them, its own cache, its cost model and limits), :class:`ModelDrafter` (a separate draft model, one
-  forward per tree level), and the registry :data:`DRAFTERS` (a new drafter is one new file and a
-  registry line).
+  forward per tree level), :class:`PromptLookupDrafter` (n-gram prompt lookup, no model), and the
+  registry :data:`DRAFTERS` (a new drafter is one new file and a registry line).
 * :func:`autoregressive_generate` / :class:`AutoregressiveDecoder` — the baseline on the same forward path.
-* :func:`process_logits`, :func:`argmax_tokens`, :func:`verify_greedy`, :func:`verify_sampling_node` — the pure
-  rules, testable alone; they raise ValueError on NaN / inf logits, which the decoders turn into DecodingError.
+* :func:`process_logits`, :func:`argmax_tokens`, :func:`verify_greedy`, :func:`verify_sampling_node`,
+  :func:`verify_point_mass_node` — the pure rules, testable alone; they raise ValueError on NaN / inf
+  logits, which the decoders turn into DecodingError.
 """
 
 from .autoregressive import AutoregressiveDecoder, autoregressive_generate
 from .buffers import TreeBuffers
-from .drafters import DRAFTERS, Drafter, DraftSettings, ModelDrafter
+from .drafters import DRAFTERS, Drafter, DraftSettings, ModelDrafter, PromptLookupDrafter
 from .sampling import (GREEDY_LIMIT_TEMPERATURE, Acceptance, NodeVisit, argmax_tokens, process_logits,
-                       sample_categorical, sample_without_replacement, verify_greedy, verify_sampling_batch,
-                       verify_sampling_node)
+                       sample_categorical, sample_without_replacement, verify_greedy, verify_point_mass_batch,
+                       verify_point_mass_node, verify_sampling_batch, verify_sampling_node)
 from .speculative import DecodeState, DraftOutput, SpeculativeDecoder
 from .stats import GenerationResult, StepStats
 
@@ -32,6 +33,7 @@ __all__ = [
     "Drafter",
     "DraftSettings",
     "ModelDrafter",
+    "PromptLookupDrafter",
     "DRAFTERS",
     "AutoregressiveDecoder",
     "autoregressive_generate",
@@ -48,4 +50,6 @@ __all__ = [
     "verify_greedy",
     "verify_sampling_node",
     "verify_sampling_batch",
+    "verify_point_mass_node",
+    "verify_point_mass_batch",
 ]

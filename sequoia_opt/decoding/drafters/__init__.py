@@ -9,6 +9,8 @@ has them) and ``commit`` (the accepted path, into its own cache and ``cached`` c
 Implementations, one file each:
 
 * ``model.py`` — :class:`ModelDrafter`, a separate draft model run once per tree level (``"per-level"``).
+* ``lookup.py`` — :class:`PromptLookupDrafter`, n-gram prompt lookup over the prompt and the generated text
+  (no model, no cache, no probabilities: sampling verifies its candidates as point masses; ``"one-pass"``).
 
 A new drafter is one new file and a registry line: implement :class:`Drafter` in ``drafters/<name>.py``
 and add ``"<name>": <Class>`` to :data:`DRAFTERS`. Nothing else changes: the decoder takes any
@@ -20,11 +22,14 @@ from __future__ import annotations
 from typing import Callable
 
 from .base import CostModel, DraftOutput, Drafter, DraftSettings, root_tree
+from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 
-__all__ = ["Drafter", "DraftOutput", "DraftSettings", "CostModel", "ModelDrafter", "DRAFTERS", "root_tree"]
+__all__ = ["Drafter", "DraftOutput", "DraftSettings", "CostModel", "ModelDrafter", "PromptLookupDrafter", "DRAFTERS",
+           "root_tree"]
 
 #: Registry: drafter name -> factory (the class; its constructor's arguments are the drafter's own).
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "model": ModelDrafter,
+    "lookup": PromptLookupDrafter,
 }

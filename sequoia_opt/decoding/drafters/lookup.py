@@ -1,0 +1,226 @@
+""":class:`PromptLookupDrafter`: candidates from earlier occurrences of the current suffix in the prompt and
+the generated text (n-gram prompt lookup). No model, no cache, no probabilities; cost model ``"one-pass"``
+(one lookup per node proposes every level, at a cost of about nothing next to a target forward).
+
+Sources: "Prompt Lookup Decoding" (A. Saxena, 2023, github.com/apoorvumang/prompt-lookup-decoding); vLLM's
+``ngram`` speculative method (its ``prompt_lookup_min`` / ``prompt_lookup_max`` settings, whose names this
+drafter takes); llama.cpp's lookup decoding (an n-gram cache over the context). Those propose one chain
+from the most recent longest match; this drafter proposes a tree: every node gets its own ranked
+candidates, from its own context.
+
+The rule. A node's context is the committed sequence ``state.seq`` (prompt, then emitted tokens; its last
+token is the root) followed by the tokens of the node's ancestors below the root and the node itself (the
+root path). For ``n = prompt_lookup_max`` down to ``prompt_lookup_min`` (only n <= the context's length), an
+occurrence of the context's last n tokens is any earlier window ``context[j - n : j]`` equal to them with
+``j < len(context)``: it is followed by the token ``context[j]`` (so the suffix itself, which nothing follows,
+never counts; occurrences may overlap it). Each token t that follows an occurrence gets the key
+``(m, c, r)``: m the longest n at which t follows an occurrence (the match length), c the number of
+occurrences of that length t follows (the frequency), r the largest such j (the recency: most recent
+first). Candidates are the distinct tokens sorted by key, largest first (longest match, then most frequent,
+then most recent; r is unique per token of one length, so the order is total). A node with k children gets
+the first k candidates in rank order. When fewer than k are found, the remaining ranks get fillers: the
+smallest token ids ``0, 1, 2, ...`` not already among that node's candidates, in increasing order
+(deterministic, and siblings stay distinct, as greedy verification assumes). A filler is an ordinary
+token to the verifier: it is accepted only when the target agrees.
+
+Cost. An index over ``state.seq`` maps every n-gram (``prompt_lookup_min <= n <= prompt_lookup_max``) to the
+tokens that followed it, each with its count and its last position, so a node's lookup is one dictionary
+read per n plus a sort of the distinct followers. It is built by :meth:`PromptLookupDrafter.prefill` and
+extended by :meth:`PromptLookupDrafter.propose` with the tokens committed since (``state.seq`` only grows
+within a generation; :meth:`reset` clears it), O(max - min + 1) per new token. The tokens a node's root
+path adds are matched locally (at most the tree's depth windows per n), never added to the index.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ...errors import DecodingError
+from ..buffers import TreeBuffers
+from .base import DraftOutput, Drafter, DraftSettings
+
+if TYPE_CHECKING:
+    from ..speculative import DecodeState
+
+__all__ = ["PromptLookupDrafter", "UNLIMITED"]
+
+#: The lookup drafter's context and its limit per depth: it reads positions only through the committed
+#: tokens, so it sets no limit of its own (the decoder's target limits still apply).
+UNLIMITED = sys.maxsize
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise DecodingError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+class PromptLookupDrafter(Drafter):
+    """The n-gram prompt lookup drafter (see the module docstring for the ranking rule).
+
+    Args:
+        vocab_size: V, the target's vocabulary size (candidates and fillers are ids in ``[0, V)``).
+        prompt_lookup_min: the shortest suffix (in tokens) matched, >= 1 (vLLM's name).
+        prompt_lookup_max: the longest suffix matched, >= ``prompt_lookup_min`` (vLLM's name).
+        device: where the tree tokens are made; must be the target's device (pass ``target.device``).
+
+    Attributes:
+        context: :data:`UNLIMITED` (no positions limit of its own).
+        cached: always 0: the drafter has no cache. Its n-gram index is not a cache of the decoder's slots;
+            it covers ``indexed`` tokens of ``state.seq``.
+        indexed: how many tokens of the committed sequence the index has taken in.
+
+    Raises:
+        DecodingError: a parameter that is not an integer (bools refused), ``vocab_size < 1``,
+            ``prompt_lookup_min < 1``, or ``prompt_lookup_min > prompt_lookup_max``; each message names the
+            parameter.
+    """
+
+    cost_model = "one-pass"
+    has_probs = False
+
+    def __init__(self, vocab_size: int, *, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3,
+                 device: torch.device | str = "cpu") -> None:
+        self.vocab_size = _check_int("vocab_size", vocab_size, 1)
+        self.prompt_lookup_min = _check_int("prompt_lookup_min", prompt_lookup_min, 1)
+        self.prompt_lookup_max = _check_int("prompt_lookup_max", prompt_lookup_max, 1)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise DecodingError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                                f"({self.prompt_lookup_max})")
+        self.device = torch.device(device)
+        self.context = UNLIMITED
+        self.cached = 0
+        self.settings: DraftSettings | None = None
+        self._seq: list[int] = []  # the committed tokens indexed so far
+        # n-gram -> {following token: [count, last position of that token]}
+        self._index: dict[tuple[int, ...], dict[int, list[int]]] = {}
+
+    @property
+    def indexed(self) -> int:
+        return len(self._seq)
+
+    # ------------------------------------------------------------------ the protocol
+    def bind(self, settings: DraftSettings) -> None:
+        if self.settings is not None:
+            raise DecodingError("this PromptLookupDrafter already serves a decoder (it indexes one generation "
+                                "at a time); make one per decoder")
+        self.settings = settings
+
+    def max_root_for_depth(self, d: int, buffers: TreeBuffers) -> int:
+        return UNLIMITED  # no positions or cache of its own
+
+    def reset(self) -> None:
+        self.cached = 0
+        self._seq = []
+        self._index = {}
+
+    def prefill(self, prompt_ids: Sequence[int], will_draft: bool) -> None:
+        self._extend(prompt_ids)
+
+    def propose(self, state: DecodeState, buffers: TreeBuffers,
+                forced_tokens: torch.Tensor | None = None) -> DraftOutput:
+        self._extend(state.seq)
+        D = buffers.tree_depth
+        if forced_tokens is not None:  # nothing to fill and no cache: the forced tree as it is
+            return DraftOutput(forced_tokens, None, D)
+        tokens = [state.root] + [0] * (buffers.n - 1)
+        paths: list[list[int]] = [[]] * buffers.n  # per node: its root path's tokens below the root
+        for node, ch in enumerate(buffers.children):  # breadth-first: a node's path is known before its own
+            if not ch:
+                continue
+            cands = self.candidates(state.seq, paths[node], len(ch))
+            for c, tok in zip(ch, cands):  # children are in rank order
+                tokens[c] = tok
+                paths[c] = paths[node] + [tok]
+        return DraftOutput(torch.tensor(tokens, dtype=torch.int64, device=self.device), None, D)
+
+    def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
+        # no cache: the committed tokens reach the index through state.seq at the next propose
+        pass
+
+    # ------------------------------------------------------------------ the lookup
+    def candidates(self, seq: Sequence[int], path: Sequence[int], k: int) -> list[int]:
+        """The k ranked candidates after the context ``seq + path`` (the module docstring's rule).
+
+        Args:
+            seq: the committed tokens; the index is first extended to them (they must extend what it holds,
+                as ``state.seq`` does within a generation; otherwise it is rebuilt).
+            path: the root path's tokens below the root (empty for the root).
+            k: how many candidates, ``0 <= k <= vocab_size``.
+
+        Returns:
+            k distinct token ids: the found candidates by rank, then fillers.
+        """
+        self._extend(seq)
+        S, P = len(self._seq), len(path)
+        total = S + P
+        picked: list[int] = []
+        seen: set[int] = set()
+        for n in range(min(self.prompt_lookup_max, total), self.prompt_lookup_min - 1, -1):
+            if len(picked) >= k:
+                break
+            suffix = tuple(self._at(total - n + i, path) for i in range(n))
+            stats = self._index.get(suffix)
+            local: dict[int, list[int]] = {}
+            for j in range(max(S, n), total):  # occurrences followed by a token of the path
+                if all(self._at(j - n + i, path) == suffix[i] for i in range(n)):
+                    t = path[j - S]
+                    if t in local:
+                        local[t][0] += 1
+                        local[t][1] = j
+                    else:
+                        local[t] = [1, j]
+            if local:
+                merged = {t: list(v) for t, v in stats.items()} if stats else {}
+                for t, (c, r) in local.items():
+                    if t in merged:
+                        merged[t][0] += c
+                        merged[t][1] = r  # local positions come after every indexed one
+                    else:
+                        merged[t] = [c, r]
+                stats = merged
+            if not stats:
+                continue
+            for t in sorted(stats, key=lambda t: (stats[t][0], stats[t][1]), reverse=True):
+                if t not in seen:
+                    seen.add(t)
+                    picked.append(t)
+                    if len(picked) == k:
+                        break
+        filler = 0
+        while len(picked) < k:
+            if filler not in seen:
+                seen.add(filler)
+                picked.append(filler)
+            filler += 1
+        return picked[:k]
+
+    def _at(self, i: int, path: Sequence[int]) -> int:
+        """Token i of the context ``self._seq + path``."""
+        S = len(self._seq)
+        return self._seq[i] if i < S else path[i - S]
+
+    def _extend(self, seq: Sequence[int]) -> None:
+        """Take the tokens of ``seq`` past the indexed ones into the index (rebuild if ``seq`` does not extend
+        what is indexed: a cheap check of the length and the last indexed token)."""
+        S = len(self._seq)
+        if len(seq) < S or (S and seq[S - 1] != self._seq[-1]):
+            self.reset()
+            S = 0
+        if len(seq) == S:
+            return
+        self._seq.extend(int(t) for t in seq[S:])
+        s, lo, hi = self._seq, self.prompt_lookup_min, self.prompt_lookup_max
+        for j in range(max(S, 1), len(s)):  # j: a follower position; the n-gram s[j-n:j] precedes it
+            t = s[j]
+            for n in range(lo, min(hi, j) + 1):
+                followers = self._index.setdefault(tuple(s[j - n : j]), {})
+                st = followers.get(t)
+                if st is None:
+                    followers[t] = [1, j]
+                else:
+                    st[0] += 1
+                    st[1] = j
