@@ -126,9 +126,18 @@ def test_oracle_drafter_near_the_context_end_equals_plain_greedy(pair, tree_name
     tree = Tree.chain(12) if tree_name == "chain12" else TREES[tree_name]
     dec = SpeculativeDecoder(target, OracleDrafter(target), tree, backend="torch")
     rng = np.random.default_rng(1)
+    assert_near_the_end_equals_plain(dec, [rng.integers(0, CFG.vocab_size, size=P).tolist()
+                                           for P in (ctx - 14, ctx - 5, ctx - 1)])
+
+
+def assert_near_the_end_equals_plain(dec, prompts):
+    """``dec`` serves each prompt (near the end of its target's context) with every budget from 1 to the
+    context's end exactly like plain greedy decoding, and some step had its tree clipped."""
+    target, tree = dec.target_model, dec.tree
+    ctx = target.config.max_position_embeddings
     clipped = 0
-    for P in (ctx - 14, ctx - 5, ctx - 1):
-        prompt = rng.integers(0, CFG.vocab_size, size=P).tolist()
+    for prompt in prompts:
+        P = len(prompt)
         ref = autoregressive_generate(target, prompt, ctx - P).tokens
         for M in sorted({1, (ctx - P + 1) // 2, ctx - P}):
             res = dec.generate(prompt, M)

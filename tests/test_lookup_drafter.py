@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from test_decoding import CFG, PROMPTS, SEQUOIA_LIKE, TREES, _micro_pair, _model, _plain, _with_context
+from test_drafters import assert_near_the_end_equals_plain
 
 from sequoia_opt.decoding import (DRAFTERS, AutoregressiveDecoder, PromptLookupDrafter, SpeculativeDecoder,
                                   TreeBuffers, autoregressive_generate, process_logits, verify_point_mass_batch,
@@ -166,15 +167,8 @@ def test_greedy_near_the_context_end_equals_plain_decoding(target, tree_name):
     tgt = _with_context(target, ctx)
     tree = Tree.chain(12) if tree_name == "chain12" else TREES[tree_name]
     dec = SpeculativeDecoder(tgt, PromptLookupDrafter(CFG.vocab_size, prompt_lookup_max=4), tree, backend="torch")
-    clipped = 0
-    for P in (ctx - 14, ctx - 5, ctx - 1):
-        prompt = [(3 * i) % 7 + 20 for i in range(P)]  # period 7: plenty of matches
-        ref = autoregressive_generate(tgt, prompt, ctx - P).tokens
-        for M in sorted({1, (ctx - P + 1) // 2, ctx - P}):
-            res = dec.generate(prompt, M)
-            assert res.tokens == ref[:M], (P, M)
-            clipped += sum(s.tree_depth < tree.tree_depth for s in res.steps)
-    assert clipped > 0
+    # period 7: plenty of matches
+    assert_near_the_end_equals_plain(dec, [[(3 * i) % 7 + 20 for i in range(P)] for P in (ctx - 14, ctx - 5, ctx - 1)])
 
 
 def test_a_text_that_repeats_is_accepted_several_tokens_per_step(target):
