@@ -9,7 +9,8 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
   end of the context.
 * ``drafters/`` — the proposers: the :class:`Drafter` protocol (candidates, draft probabilities where it has
   them, its own cache, its cost model and limits), :class:`ModelDrafter` (a separate draft model, one
-  forward per tree level), and the registry :data:`DRAFTERS` (a new drafter is one new file and a
+  forward per tree level), :class:`LayerSkipDrafter` (the target's own first L layers, sharing its cache),
+  and the registry :data:`DRAFTERS` (a new drafter is one new file and a
   registry line).
 * :func:`autoregressive_generate` / :class:`AutoregressiveDecoder` — the baseline on the same forward path.
 * :func:`process_logits`, :func:`argmax_tokens`, :func:`verify_greedy`, :func:`verify_sampling_node` — the pure
@@ -18,7 +19,7 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
 
 from .autoregressive import AutoregressiveDecoder, autoregressive_generate
 from .buffers import TreeBuffers
-from .drafters import DRAFTERS, Drafter, DraftSettings, ModelDrafter
+from .drafters import DRAFTERS, Drafter, DraftSettings, LayerSkipDrafter, ModelDrafter
 from .sampling import (GREEDY_LIMIT_TEMPERATURE, Acceptance, NodeVisit, argmax_tokens, process_logits,
                        sample_categorical, sample_without_replacement, verify_greedy, verify_sampling_batch,
                        verify_sampling_node)
@@ -32,6 +33,7 @@ __all__ = [
     "Drafter",
     "DraftSettings",
     "ModelDrafter",
+    "LayerSkipDrafter",
     "DRAFTERS",
     "AutoregressiveDecoder",
     "autoregressive_generate",

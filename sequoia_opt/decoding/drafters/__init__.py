@@ -9,6 +9,8 @@ has them) and ``commit`` (the accepted path, into its own cache and ``cached`` c
 Implementations, one file each:
 
 * ``model.py`` — :class:`ModelDrafter`, a separate draft model run once per tree level (``"per-level"``).
+* ``layer_skip.py`` — :class:`LayerSkipDrafter`, registry name ``"self"``: the target's own first L layers +
+  final norm + LM head, sharing its weights and (for those layers) its KV cache (``"per-level"``).
 
 A new drafter is one new file and a registry line: implement :class:`Drafter` in ``drafters/<name>.py``
 and add ``"<name>": <Class>`` to :data:`DRAFTERS`. Nothing else changes: the decoder takes any
@@ -20,11 +22,14 @@ from __future__ import annotations
 from typing import Callable
 
 from .base import CostModel, DraftOutput, Drafter, DraftSettings, root_tree
+from .layer_skip import LayerSkipDrafter
 from .model import ModelDrafter
 
-__all__ = ["Drafter", "DraftOutput", "DraftSettings", "CostModel", "ModelDrafter", "DRAFTERS", "root_tree"]
+__all__ = ["Drafter", "DraftOutput", "DraftSettings", "CostModel", "ModelDrafter", "LayerSkipDrafter", "DRAFTERS",
+           "root_tree"]
 
 #: Registry: drafter name -> factory (the class; its constructor's arguments are the drafter's own).
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "model": ModelDrafter,
+    "self": LayerSkipDrafter,  # LayerSkipDrafter(target, num_layers): --draft self:L
 }
