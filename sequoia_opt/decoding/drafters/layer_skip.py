@@ -32,7 +32,7 @@ from ...attention import TreeMask
 from ...errors import DecodingError
 from ...model import ModelKVCache, Transformer
 from ..buffers import TreeBuffers
-from .base import DraftOutput, Drafter, DraftSettings
+from .base import Drafter, DraftOutput, DraftSettings
 from .model import propose_by_levels
 
 if TYPE_CHECKING:
