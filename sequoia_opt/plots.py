@@ -321,7 +321,7 @@ def predicted_speedup_curve(
     the largest measured target count). Returns ``[(budget, speedup), ...]`` sorted by budget.
     """
     from .solver.dp import solve_dp
-    from .solver.hardware import budget_grid, step_cost
+    from .solver.hardware import budget_grid, step_cost, widest_draft_forward
 
     p = acceptance.acceptance if isinstance(acceptance, AcceptanceProfile) else acceptance
     top = min(int(max_budget), curve.max_target_tokens(context))
@@ -339,7 +339,7 @@ def predicted_speedup_curve(
         row = widths_all[j]
         nz = np.nonzero(row)[0]
         widths = [int(x) for x in row[: int(nz[-1]) + 1]]
-        if max(widths[:-1], default=1) > max_draft:
+        if widest_draft_forward(widths, curve.cost_model) > max_draft:
             continue
         s = step_cost(widths, float(sol.table[m, d]), curve, context).speedup
         if s > best.get(m, -math.inf):

@@ -51,9 +51,18 @@ Latency profile, ``format: treeopt-latency/1``::
           target_forward_ms: [20.1, 20.2, ...]           # median per row
           target_forward_spread_ms: [0.2, ...]           # optional; interquartile range (p75 - p25)
         draft:                        # one draft forward over `tokens` tokens at this context
+          cost_model: per-level       # optional, default per-level; the same in every curve (see below)
           tokens: [1, 2, 4, ...]
           draft_forward_ms: [1.1, ...]
           draft_forward_spread_ms: [...]                 # optional
+
+The draft table's ``cost_model`` is how the solver charges the drafter per step (the drafter's own
+:attr:`~sequoia_opt.decoding.drafters.Drafter.cost_model`; DESIGN.md, "Drafters and drafting policies"):
+``per-level`` (one draft forward per tree level over that level's width w, c(w): a draft model, self
+layer-skip) or ``one-pass`` (one forward proposes every level: Medusa heads, block diffusion drafters such
+as DFlash; c is read at the number of speculated tokens, see :func:`~sequoia_opt.solver.hardware.step_cost`).
+A profile without the key reads as ``per-level`` (every profile written before the key existed); another
+value, or different values in different curves, is refused. Saving always writes it.
 
 :class:`LatencyCurve` interpolates linearly between measured token counts and between context lengths and
 refuses (``ProfileError``) to extrapolate past the measured range.
@@ -77,6 +86,9 @@ LATENCY_FORMAT = "treeopt-latency/1"
 
 #: Slack allowed on ``sum(p) <= 1`` for rounding in profiles written by hand or by other tools.
 SUM_TOLERANCE = 1e-6
+
+#: The drafter cost models a latency profile's draft table may declare (the first is the default).
+DRAFT_COST_MODELS = ("per-level", "one-pass")
 
 _WRONG_TIME_UNITS = ("_s", "_sec", "_secs", "_seconds", "_us", "_ns", "_usec", "_millis")
 
@@ -370,6 +382,13 @@ def _parse_table(raw: Any, value_key: str, where: str) -> _Table:
     return _Table(np.asarray(tokens, dtype=np.int64), ms, spread)
 
 
+def check_cost_model(value: Any, where: str) -> str:
+    """``value`` if it is one of :data:`DRAFT_COST_MODELS`, else ProfileError naming ``where`` and the choices."""
+    if value not in DRAFT_COST_MODELS:
+        raise ProfileError(f"{where} is {value!r}; expected one of {', '.join(DRAFT_COST_MODELS)}")
+    return value
+
+
 def _interp(table: _Table, n: float, what: str, src: str) -> float:
     lo, hi = int(table.tokens[0]), int(table.tokens[-1])
     if n > hi:
@@ -391,6 +410,12 @@ class LatencyCurve:
         contexts: (C,) int64 increasing context lengths (tokens) that were measured.
         step_overhead_ms: fixed per-step cost in ms.
         device / model: the metadata mappings as stored.
+        cost_model: the drafter's cost model, ``"per-level"`` or ``"one-pass"`` (:data:`DRAFT_COST_MODELS`;
+            the draft tables' ``cost_model`` key, default ``"per-level"``); how
+            :func:`~sequoia_opt.solver.hardware.step_cost` charges c.
+
+    Raises:
+        ProfileError: (construction) an unknown ``cost_model``.
     """
 
     id: str
@@ -402,6 +427,10 @@ class LatencyCurve:
     model: dict[str, Any] = field(default_factory=dict)
     example: bool = False
     source: str | None = None
+    cost_model: str = DRAFT_COST_MODELS[0]
+
+    def __post_init__(self) -> None:
+        check_cost_model(self.cost_model, f"latency profile {self.id!r}: draft cost_model")
 
     # -------------------------------------------------------------- queries
     def max_target_tokens(self, context: int | None = None) -> int:
@@ -472,7 +501,8 @@ class LatencyCurve:
             tt: dict[str, Any] = {"tokens": t.tokens.tolist(), "target_forward_ms": t.ms.tolist()}
             if t.spread_ms is not None:
                 tt["target_forward_spread_ms"] = t.spread_ms.tolist()
-            dd: dict[str, Any] = {"tokens": dr.tokens.tolist(), "draft_forward_ms": dr.ms.tolist()}
+            dd: dict[str, Any] = {"cost_model": self.cost_model, "tokens": dr.tokens.tolist(),
+                                  "draft_forward_ms": dr.ms.tolist()}
             if dr.spread_ms is not None:
                 dd["draft_forward_spread_ms"] = dr.spread_ms.tolist()
             curves.append({"context_tokens": int(c), "target": tt, "draft": dd})
@@ -490,7 +520,7 @@ class LatencyCurve:
         curves = doc.get("curves")
         if not isinstance(curves, list) or not curves:
             raise ProfileError(f"{source}: 'curves' must be a non-empty list (one entry per context length)")
-        contexts, targets, drafts = [], [], []
+        contexts, targets, drafts, cost_models = [], [], [], []
         for i, cur in enumerate(curves):
             where = f"{source}: curves[{i}]"
             if not isinstance(cur, dict):
@@ -505,7 +535,16 @@ class LatencyCurve:
             if "target" not in cur or "draft" not in cur:
                 raise ProfileError(f"{where} needs both a 'target' and a 'draft' table")
             targets.append(_parse_table(cur["target"], "target_forward_ms", f"{where}.target"))
-            drafts.append(_parse_table(cur["draft"], "draft_forward_ms", f"{where}.draft"))
+            draft = cur["draft"]
+            if isinstance(draft, dict):  # the cost model, default per-level, one for every curve
+                cost_models.append(check_cost_model(draft.get("cost_model", DRAFT_COST_MODELS[0]),
+                                                    f"{where}.draft.cost_model"))
+                if cost_models[-1] != cost_models[0]:
+                    raise ProfileError(f"{where}.draft.cost_model is {cost_models[-1]!r} but curves[0]'s is "
+                                       f"{cost_models[0]!r} (a missing key reads as {DRAFT_COST_MODELS[0]!r}); "
+                                       "one drafter has one cost model")
+                draft = {k: v for k, v in draft.items() if k != "cost_model"}
+            drafts.append(_parse_table(draft, "draft_forward_ms", f"{where}.draft"))
         device = doc.get("device") or {}
         model = doc.get("model") or {}
         if not isinstance(device, dict) or not isinstance(model, dict):
@@ -523,6 +562,7 @@ class LatencyCurve:
             model=dict(model),
             example=_flag(doc, "example", source),
             source=doc.get("source"),
+            cost_model=cost_models[0] if cost_models else DRAFT_COST_MODELS[0],
         )
 
     @classmethod
@@ -534,8 +574,10 @@ class LatencyCurve:
         step_overhead_ms: float = 0.0,
         context: int = 0,
         id: str = "synthetic",
+        cost_model: str = DRAFT_COST_MODELS[0],
     ) -> "LatencyCurve":
-        """A one-context curve from ``{tokens: ms}`` mappings (tests, examples). Validated like a file."""
+        """A one-context curve from ``{tokens: ms}`` mappings (tests, examples), its draft table declaring
+        ``cost_model``. Validated like a file."""
         t = sorted(target.items())
         d = sorted(draft.items())
         doc = {
@@ -547,7 +589,8 @@ class LatencyCurve:
                 {
                     "context_tokens": context,
                     "target": {"tokens": [k for k, _ in t], "target_forward_ms": [v for _, v in t]},
-                    "draft": {"tokens": [k for k, _ in d], "draft_forward_ms": [v for _, v in d]},
+                    "draft": {"cost_model": cost_model, "tokens": [k for k, _ in d],
+                              "draft_forward_ms": [v for _, v in d]},
                 }
             ],
         }

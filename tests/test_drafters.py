@@ -171,3 +171,25 @@ def test_a_drafter_serves_one_decoder_and_draft_must_be_a_model_or_a_drafter(pai
         SpeculativeDecoder(target, "llama-68m", SEQUOIA_LIKE)
     with pytest.raises(DecodingError, match="vocabulary"):
         SpeculativeDecoder(target, OracleDrafter(_model(1, CFG.with_(vocab_size=128))), SEQUOIA_LIKE)
+
+
+def test_the_solver_charges_a_drafter_by_its_declared_cost_model(pair):
+    """The drafter protocol's cost models are the ones a latency profile stores; a one-pass drafter (the
+    oracle here, as a parallel-heads drafter would be) is charged one draft forward over the tree's n - 1
+    speculated tokens, a per-level one (the draft model, self layer-skip) one forward per level but the last."""
+    from typing import get_args
+
+    from sequoia_opt.decoding.drafters import CostModel, LayerSkipDrafter
+    from sequoia_opt.profiles import DRAFT_COST_MODELS, LatencyCurve
+    from sequoia_opt.solver import score_tree
+
+    assert get_args(CostModel) == DRAFT_COST_MODELS
+    target = pair[0]
+    table = {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0, 32: 32.0}  # c(w) = w ms, T(n) = 10 ms
+    acc = [0.6, 0.2, 0.1]
+    for drafter, draft_ms in ((OracleDrafter(target), SEQUOIA_LIKE.size - 1),
+                              (ModelDrafter(pair[1]), sum(SEQUOIA_LIKE.level_widths[:-1])),
+                              (LayerSkipDrafter(target, 1), sum(SEQUOIA_LIKE.level_widths[:-1]))):
+        curve = LatencyCurve.synthetic({1: 10.0, 32: 10.0}, table, cost_model=drafter.cost_model)
+        cost = score_tree(SEQUOIA_LIKE, acc, curve)
+        assert cost.draft_ms == pytest.approx(draft_ms) and cost.cost_ms == pytest.approx(draft_ms + 10.0)

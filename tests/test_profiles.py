@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,42 @@ def test_stated_sizes_that_agree_load():
                                         "counts": [2, 1, 1], "measured": {"width": 2, "num_samples": 4},
                                         "acceptance_by_depth": {1: [0.5, 0.25]}})
     assert prof.width == 2 and prof.num_samples == 4 and prof.by_depth[1].tolist() == [0.5, 0.25]
+
+
+# ---------------------------------------------------------------------------------------------- draft cost model
+
+
+def test_latency_cost_model_defaults_to_per_level_and_round_trips(tmp_path):
+    old = LatencyCurve.from_dict(LAT)  # written before the key existed
+    assert old.cost_model == "per-level"
+    assert all(c["draft"]["cost_model"] == "per-level" for c in old.to_dict()["curves"])  # saving writes it
+    doc = copy.deepcopy(LAT)
+    for cur in doc["curves"]:
+        cur["draft"]["cost_model"] = "one-pass"
+    c = LatencyCurve.from_dict(doc, default_id="heads")
+    assert c.cost_model == "one-pass" and c.draft_ms(5.5) == pytest.approx(1.5)
+    back = load_latency(save_latency(tmp_path / "heads.yaml", c))
+    assert back.cost_model == "one-pass" and back.to_dict() == c.to_dict()
+    assert yaml.safe_load((tmp_path / "heads.yaml").read_text())["curves"][1]["draft"]["cost_model"] == "one-pass"
+    assert LatencyCurve.synthetic({1: 1.0}, {1: 1.0}, cost_model="one-pass").cost_model == "one-pass"
+
+
+@pytest.mark.parametrize("first, second, match", [
+    ("two-pass", None, r"curves\[0\]\.draft\.cost_model is 'two-pass'; expected one of per-level, one-pass"),
+    ("one-pass", "per-level", r"curves\[1\]\.draft\.cost_model is 'per-level' but curves\[0\]'s is 'one-pass'"),
+    (None, "one-pass", r"curves\[1\]\.draft\.cost_model is 'one-pass' but curves\[0\]'s is 'per-level'"),
+])
+def test_latency_cost_model_unknown_or_mixed_is_refused(first, second, match):
+    doc = copy.deepcopy(LAT)
+    for cur, value in zip(doc["curves"], (first, second)):
+        if value is not None:
+            cur["draft"]["cost_model"] = value
+    with pytest.raises(ProfileError, match=match):
+        LatencyCurve.from_dict(doc)
+
+
+def test_latency_cost_model_unknown_is_refused_at_construction():
+    with pytest.raises(ProfileError, match="draft.cost_model is 'x'"):
+        LatencyCurve.synthetic({1: 1.0}, {1: 1.0}, cost_model="x")
+    with pytest.raises(ProfileError, match="latency profile 'lat': draft cost_model is 'x'"):
+        dataclasses.replace(LatencyCurve.from_dict(LAT, default_id="lat"), cost_model="x")

@@ -23,7 +23,9 @@ from sequoia_opt.solver import (
     score_tree,
     solve_dp,
     specinfer,
+    step_cost,
 )
+from sequoia_opt.solver.hardware import draft_forwards
 from sequoia_opt.solver.reference import reference_table
 
 
@@ -290,3 +292,55 @@ def test_compare_without_curve_ranks_by_expected_tokens():
         assert b.tree.size <= 64 and b.expected_tokens <= dp + 1e-12
         assert b.cost is None
     assert res["best-first"].expected_tokens == pytest.approx(dp)  # P is non-increasing
+
+
+# ---------------------------------------------------------------------------------------------- drafter cost model
+def _two_models(target: dict, draft: dict, overhead: float = 0.0) -> tuple[LatencyCurve, LatencyCurve]:
+    """The same tables read per-level and one-pass."""
+    return tuple(LatencyCurve.synthetic(target, draft, step_overhead_ms=overhead, cost_model=cm)
+                 for cm in ("per-level", "one-pass"))
+
+
+def test_one_pass_step_cost_is_one_draft_forward_over_the_speculated_tokens():
+    per_level, one_pass = _two_models({1: 10.0, 2: 10.0, 4: 12.0, 8: 16.0}, {1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0},
+                                      overhead=0.5)
+    # widths [1, 2, 2], n = 5: one-pass c(4) = 2.0, T(5) = 13.0 (between 12 at 4 and 16 at 8), + 0.5
+    c = step_cost([1, 2, 2], 2.0, one_pass)
+    assert (c.draft_ms, c.target_ms, c.overhead_ms, c.cost_ms) == pytest.approx((2.0, 13.0, 0.5, 15.5))
+    assert c.tokens_per_s == pytest.approx(1000 * 2.0 / 15.5) and c.speedup == pytest.approx(2.0 * 10.5 / 15.5)
+    # per-level (unchanged): c(1) + c(2) = 2.5
+    assert step_cost([1, 2, 2], 2.0, per_level).cost_ms == pytest.approx(16.0)
+    # a chain of 3: one-pass c(3) = 1.75 (between 1.5 at 2 and 2.0 at 4), per-level 3 c(1) = 3.0
+    assert step_cost([1, 1, 1, 1], 1.0, one_pass).draft_ms == pytest.approx(1.75)
+    assert step_cost([1, 1, 1, 1], 1.0, per_level).draft_ms == pytest.approx(3.0)
+    # root-only: no draft forward under either model, speedup exactly 1
+    for curve in (per_level, one_pass):
+        assert step_cost([1], 1.0, curve).draft_ms == 0 and step_cost([1], 1.0, curve).speedup == pytest.approx(1.0)
+    # the cost model may be given explicitly; by default it is the curve's
+    assert step_cost([1, 2, 2], 2.0, per_level, cost_model="one-pass") == c
+    assert score_tree(specinfer(2, 2), P, one_pass).draft_ms == pytest.approx(2.0)
+    assert draft_forwards([1, 3, 4], "one-pass") == [7] and draft_forwards([1, 3, 4], "per-level") == [1, 3]
+    with pytest.raises(ProfileError, match="draft cost model is 'heads'"):
+        step_cost([1, 2], 1.0, one_pass, cost_model="heads")
+
+
+def test_one_pass_choice_goes_deeper_when_each_level_costs_a_draft_forward():
+    # flat T(n) up to 64 tokens, a flat draft forward of 3 ms: per-level pays it at every level, one-pass once
+    per_level, one_pass = _two_models({t: 20.0 for t in TOKENS if t <= 64}, {t: 3.0 for t in TOKENS if t <= 64})
+    a, b = choose(P, per_level, 64, 12), choose(P, one_pass, 64, 12)
+    assert b.tree.tree_depth > a.tree.tree_depth
+    # each choice's cost is its own model's arithmetic
+    assert a.cost_ms == pytest.approx(3.0 * a.tree.tree_depth + 20.0)
+    assert b.cost_ms == pytest.approx(3.0 + 20.0)
+    # the one-pass choice is at least as fast, under one-pass, as the per-level choice's tree would be
+    assert b.tokens_per_s >= score_tree(a.tree, P, one_pass).tokens_per_s - 1e-9
+
+
+def test_one_pass_never_scores_a_tree_past_the_measured_draft_forward():
+    per_level, one_pass = _two_models({t: 20.0 for t in TOKENS if t <= 64}, {1: 1.0, 4: 1.0, 8: 1.0})
+    ch = choose(P, one_pass, 64, 12)
+    assert ch.tree.size - 1 <= 8 and all(c.size - 1 <= 8 for c in ch.alternatives) and ch.skipped > 0
+    assert choose(P, per_level, 64, 12).tree.size > 9  # per-level only needs each level <= 8 wide
+    for b in compare_baselines(P, 32, 8, 8, one_pass):
+        assert (b.cost is None) == (b.tree.size - 1 > 8)
+        assert b.cost is not None or "draft forward over" in b.note

@@ -9,8 +9,9 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
   end of the context.
 * ``drafters/`` — the proposers: the :class:`Drafter` protocol (candidates, draft probabilities where it has
   them, its own cache, its cost model and limits), :class:`ModelDrafter` (a separate draft model, one
-  forward per tree level), :class:`PromptLookupDrafter` (n-gram prompt lookup, no model), and the
-  registry :data:`DRAFTERS` (a new drafter is one new file and a registry line).
+  forward per tree level), :class:`PromptLookupDrafter` (n-gram prompt lookup, no model),
+  :class:`LayerSkipDrafter` (the target's own first L layers, sharing its cache), and the registry
+  :data:`DRAFTERS` (a new drafter is one new file and a registry line).
 * :func:`autoregressive_generate` / :class:`AutoregressiveDecoder` — the baseline on the same forward path.
 * :func:`process_logits`, :func:`argmax_tokens`, :func:`verify_greedy`, :func:`verify_sampling_node`,
   :func:`verify_point_mass_node` — the pure rules, testable alone; they raise ValueError on NaN / inf
@@ -19,7 +20,7 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
 
 from .autoregressive import AutoregressiveDecoder, autoregressive_generate
 from .buffers import TreeBuffers
-from .drafters import DRAFTERS, Drafter, DraftSettings, ModelDrafter, PromptLookupDrafter
+from .drafters import DRAFTERS, Drafter, DraftSettings, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
 from .sampling import (GREEDY_LIMIT_TEMPERATURE, Acceptance, NodeVisit, argmax_tokens, process_logits,
                        sample_categorical, sample_without_replacement, verify_greedy, verify_point_mass_batch,
                        verify_point_mass_node, verify_sampling_batch, verify_sampling_node)
@@ -34,6 +35,7 @@ __all__ = [
     "DraftSettings",
     "ModelDrafter",
     "PromptLookupDrafter",
+    "LayerSkipDrafter",
     "DRAFTERS",
     "AutoregressiveDecoder",
     "autoregressive_generate",

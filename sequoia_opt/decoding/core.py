@@ -109,7 +109,8 @@ def causal_mask(T: int, device: torch.device, memo: dict[int, TreeMask] | None =
 
 
 def cached_forward(model: Transformer, cache: ModelKVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                   slots: torch.Tensor, prefix_len: int, mask: TreeMask, backend: str) -> torch.Tensor:
+                   slots: torch.Tensor, prefix_len: int, mask: TreeMask, backend: str,
+                   num_layers: int | None = None) -> torch.Tensor:
     """The one forward every decoding call makes (batch 1).
 
     Args:
@@ -121,17 +122,21 @@ def cached_forward(model: Transformer, cache: ModelKVCache, tokens: torch.Tensor
         prefix_len: committed slots ``[0, prefix_len)`` every query sees unmasked.
         mask: (T, m) tree mask over slots ``[prefix_len, prefix_len + m)``.
         backend: resolved attention backend.
+        num_layers: None (every layer) or the first k layers only (:meth:`Transformer.forward`; the
+            layer-skip draft), writing K/V only for those layers.
 
     Returns:
         (T, V) logits in the model's dtype.
     """
     return model(tokens.unsqueeze(0), positions, cache=cache, cache_slots=slots, prefix_len=prefix_len,
-                 tree_mask=mask, backend=backend)[0]
+                 tree_mask=mask, backend=backend, num_layers=num_layers)[0]
 
 
 def run_causal_chunk(model: Transformer, cache: ModelKVCache, tokens: Sequence[int], start: int,
-                     backend: str, memo: dict[int, TreeMask] | None = None) -> torch.Tensor:
-    """Feed ``tokens`` causally at slots / positions ``[start, start + T)`` after ``start`` cached tokens.
+                     backend: str, memo: dict[int, TreeMask] | None = None,
+                     num_layers: int | None = None) -> torch.Tensor:
+    """Feed ``tokens`` causally at slots / positions ``[start, start + T)`` after ``start`` cached tokens
+    (through the first ``num_layers`` layers only when given, as :func:`cached_forward`).
 
     Used for the prefill and for the draft's catch-up chunk. Returns (T, V) logits.
     """
@@ -139,7 +144,7 @@ def run_causal_chunk(model: Transformer, cache: ModelKVCache, tokens: Sequence[i
     T = len(tokens)
     idx = torch.arange(start, start + T, dtype=torch.int64, device=device)
     tok = torch.tensor(list(tokens), dtype=torch.int64, device=device)
-    return cached_forward(model, cache, tok, idx, idx, start, causal_mask(T, device, memo), backend)
+    return cached_forward(model, cache, tok, idx, idx, start, causal_mask(T, device, memo), backend, num_layers)
 
 
 def truncate(emitted: Sequence[int], remaining: int, eos_ids: Iterable[int]) -> tuple[list[int], str | None]:

@@ -182,7 +182,8 @@ class SpeculativeDecoder:
         self.target_cache = target.new_cache(self.max_len)
         self._settings = DraftSettings(device=self.device, max_len=self.max_len, backend=self.backend,
                                        temperature=self.temperature, top_p=self.top_p, generator=generator,
-                                       tree_depth=tree.tree_depth)
+                                       tree_depth=tree.tree_depth, target=target,
+                                       target_cache=self.target_cache)
         drafter.bind(self._settings)
         self._masks: dict[int, TreeMask] = {}
         self._clock = Clock(self.device)

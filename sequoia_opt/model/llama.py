@@ -220,6 +220,7 @@ class Transformer(nn.Module):
         prefix_len: int = 0,
         tree_mask: TreeMask | None = None,
         backend: str = "auto",
+        num_layers: int | None = None,
     ) -> torch.Tensor:
         """Logits for T new tokens.
 
@@ -233,13 +234,19 @@ class Transformer(nn.Module):
             prefix_len: committed slots ``[0, prefix_len)`` every query attends to without a mask.
             tree_mask: (T, m) mask over slots ``[prefix_len, prefix_len + m)`` (with ``cache``).
             backend: attention backend, ``"auto" | "torch" | "cuda"``.
+            num_layers: None (the whole model) or k in ``1..n_layers``: run only the first k blocks, then the
+                final norm and the LM head (the self-speculative layer-skip draft: Draft & Verify, Zhang et
+                al. 2023; LayerSkip, Elhoushi et al. 2024). With ``cache``, only layers ``0 .. k-1`` of the
+                cache are written; the others are left as they are. None takes the same loop over every
+                layer as before (no extra work or allocation).
 
         Returns:
             (B, T, vocab_size) logits in the model's dtype.
 
         Raises:
             TypeError: ``tree_mask`` is not a :class:`~sequoia_opt.attention.TreeMask` (before any layer runs).
-            ValueError: a cached forward without ``cache_slots`` or ``tree_mask``.
+            ValueError: a cached forward without ``cache_slots`` or ``tree_mask``; ``num_layers`` not an int
+                in ``1..n_layers`` (before any layer runs).
         """
         B, T = tokens.shape
         if positions is None:
@@ -248,11 +255,18 @@ class Transformer(nn.Module):
             raise ValueError("a cached forward needs cache_slots and tree_mask")
         if tree_mask is not None:
             require_tree_mask(tree_mask, "Transformer.forward")
+        layers = self.layers
+        if num_layers is not None:
+            n = self.config.n_layers
+            if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= n:
+                raise ValueError(f"num_layers must be an integer in 1..{n} (the model's n_layers), got "
+                                 f"{num_layers!r}")
+            layers = self.layers[:num_layers]
         pos = positions.float() if positions.dim() == 2 else positions.float().unsqueeze(0)  # (B|1, T)
         angles = pos.unsqueeze(-1) * self.inv_freq  # (B|1, T, D/2)
         cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (B|1, 1, T, D/2)
         x = self.embed_tokens(tokens)  # (B, T, dim)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], cache_slots, prefix_len, tree_mask,
                       backend)
         return self.lm_head(self.norm(x))  # (B, T, vocab)

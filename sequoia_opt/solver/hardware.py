@@ -1,12 +1,23 @@
 """Hardware-aware choice of budget and depth: maximise expected tokens per second, not per step.
 
 Cost model for one decoding step with a tree of n nodes and level widths ``w_0 = 1, w_1, .., w_L``
-(Sequoia, Chen et al. 2024, section 4.2 uses the same split into draft and verification time)::
+(Sequoia, Chen et al. 2024, section 4.2 uses the same split into draft and verification time). The drafter
+is charged by its own cost model, the latency profile's ``cost_model`` (:attr:`LatencyCurve.cost_model`;
+DESIGN.md, "Drafters and drafting policies")::
 
+    per-level (a draft model, self layer-skip: one forward per tree level):
     draft_ms  = sum_{l = 0}^{L-1} c(w_l)     # to propose the nodes at depth l+1 the draft runs once over
                                             # the w_l nodes at depth l; the deepest level needs no draft run
+    one-pass (Medusa heads, block diffusion drafters such as DFlash: one forward proposes every level):
+    draft_ms  = c(n - 1)                     # one forward, read at the n - 1 speculated tokens; 0 when n = 1
     target_ms = T(n)                         # one target forward over all n tree tokens (root included)
     cost_ms   = draft_ms + target_ms + step_overhead_ms
+
+Why c(n - 1) for a one-pass drafter: its one forward produces the n - 1 non-root tokens of the tree, and
+its profile's draft table is measured as the cost of that forward against the number of tokens it proposes
+(a block diffusion drafter denoises a block of that many positions; a heads drafter's table is flat, so
+c(n - 1) = c(1) there). Reading c at the tree's speculated tokens is then right for both kinds, grows with
+the tree as the real work does, and never charges a one-pass drafter per level.
 
     tokens_per_s = 1000 * G(tree) / cost_ms
 
@@ -29,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ProfileError, SolverError
-from ..profiles import LatencyCurve, validate_acceptance
+from ..profiles import LatencyCurve, check_cost_model, validate_acceptance
 from ..tree import Tree
 from .dp import DPSolution, solve_dp
 
@@ -59,16 +70,39 @@ def plain_ms_per_token(curve: LatencyCurve, context: int | None = None) -> float
     return curve.target_ms(1, context) + curve.step_overhead_ms
 
 
+def draft_forwards(level_widths: Sequence[int], cost_model: str) -> list[int]:
+    """The token counts of a step's draft forwards (see the module docstring): per-level, one forward per
+    level but the last over its width (``level_widths[:-1]``); one-pass, one forward over the n - 1
+    speculated tokens (none for a root-only tree). Raises ProfileError for another cost model."""
+    widths = [int(w) for w in level_widths]
+    if check_cost_model(cost_model, "draft cost model") == "per-level":
+        return widths[:-1]
+    n = sum(widths)
+    return [n - 1] if n > 1 else []
+
+
+def widest_draft_forward(level_widths: Sequence[int], cost_model: str) -> int:
+    """The largest draft forward a tree needs under ``cost_model`` (1 when it needs none), to compare with
+    :meth:`LatencyCurve.max_draft_tokens` before scoring (no extrapolation)."""
+    return max(draft_forwards(level_widths, cost_model), default=1)
+
+
 def step_cost(
-    level_widths: Sequence[int], expected_tokens: float, curve: LatencyCurve, context: int | None = None
+    level_widths: Sequence[int], expected_tokens: float, curve: LatencyCurve, context: int | None = None,
+    cost_model: str | None = None,
 ) -> StepCost:
     """Cost of one step for a tree given by its level widths (``[1, w_1, .., w_L]``) and its G.
 
-    Raises ProfileError when a width or the size is outside the measured range of the curve.
+    The drafter is charged by ``cost_model`` (default: the curve's, :attr:`LatencyCurve.cost_model`):
+    ``"per-level"`` sum of c(w_l) over every level but the last, ``"one-pass"`` c(n - 1) (module docstring).
+
+    Raises ProfileError when a width or the size is outside the measured range of the curve, or for an
+    unknown cost model.
     """
     widths = [int(w) for w in level_widths]
     n = sum(widths)
-    draft = sum(curve.draft_ms(w, context) for w in widths[:-1])
+    forwards = draft_forwards(widths, curve.cost_model if cost_model is None else cost_model)
+    draft = sum(curve.draft_ms(w, context) for w in forwards)
     target = curve.target_ms(n, context)
     overhead = curve.step_overhead_ms
     cost = draft + target + overhead
@@ -86,9 +120,10 @@ def step_cost(
     )
 
 
-def score_tree(tree: Tree, acceptance: Sequence[float], curve: LatencyCurve, context: int | None = None) -> StepCost:
+def score_tree(tree: Tree, acceptance: Sequence[float], curve: LatencyCurve, context: int | None = None,
+               cost_model: str | None = None) -> StepCost:
     """:func:`step_cost` of a concrete tree under the acceptance vector (any tree: baselines, imports)."""
-    return step_cost(tree.level_widths, tree.expected_tokens(acceptance), curve, context)
+    return step_cost(tree.level_widths, tree.expected_tokens(acceptance), curve, context, cost_model)
 
 
 @dataclass(frozen=True)
@@ -193,7 +228,9 @@ def choose(
     top: int = 5,
     solution: DPSolution | None = None,
 ) -> Choice:
-    """Pick the budget and depth whose DP-optimal tree maximises predicted tokens per second.
+    """Pick the budget and depth whose DP-optimal tree maximises predicted tokens per second, the drafter
+    charged by the curve's cost model (:func:`step_cost`; a one-pass drafter's single forward over n - 1
+    tokens must lie in the measured draft range, as every per-level forward must).
 
     Args:
         acceptance: p_1..p_K.  budget: largest n considered (nodes incl. root).  max_depth: D.
@@ -222,7 +259,7 @@ def choose(
         row = widths_all[j]
         nz = np.nonzero(row)[0]
         widths = tuple(int(x) for x in row[: int(nz[-1]) + 1])
-        if max(widths[:-1], default=1) > max_draft:
+        if widest_draft_forward(widths, curve.cost_model) > max_draft:
             skipped += 1
             continue
         cost = step_cost(widths, float(solution.table[m, d]), curve, context)
@@ -336,7 +373,7 @@ def compare_baselines(
     def key(g: float, widths: Sequence[int]) -> tuple[float, int]:
         if curve is None:
             return (round(g, 12), -sum(widths))
-        if max(list(widths)[:-1], default=1) > max_draft:
+        if widest_draft_forward(widths, curve.cost_model) > max_draft:
             return (-1.0, 0)
         return (round(step_cost(widths, g, curve, context).tokens_per_s, 9), -sum(widths))
 
@@ -346,7 +383,7 @@ def compare_baselines(
         g = tree.expected_tokens(p)
         cost, note = None, None
         if curve is not None:
-            widest = max(tree.level_widths[:-1], default=1)
+            widest = widest_draft_forward(tree.level_widths, curve.cost_model)
             if widest > max_draft:  # scoring it would extrapolate the draft curve: say so, do not guess
                 note = (f"{name} not scored: it needs a draft forward over {widest} tokens; latency profile "
                         f"{curve.id!r} measured draft forwards up to {max_draft}")

@@ -11,6 +11,8 @@ Implementations, one file each:
 * ``model.py`` — :class:`ModelDrafter`, a separate draft model run once per tree level (``"per-level"``).
 * ``lookup.py`` — :class:`PromptLookupDrafter`, n-gram prompt lookup over the prompt and the generated text
   (no model, no cache, no probabilities: sampling verifies its candidates as point masses; ``"one-pass"``).
+* ``layer_skip.py`` — :class:`LayerSkipDrafter`, registry name ``"self"``: the target's own first L layers +
+  final norm + LM head, sharing its weights and (for those layers) its KV cache (``"per-level"``).
 
 A new drafter is one new file and a registry line: implement :class:`Drafter` in ``drafters/<name>.py``
 and add ``"<name>": <Class>`` to :data:`DRAFTERS`. Nothing else changes: the decoder takes any
@@ -22,14 +24,17 @@ from __future__ import annotations
 from typing import Callable
 
 from .base import CostModel, DraftOutput, Drafter, DraftSettings, root_tree
+from .layer_skip import LayerSkipDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 
-__all__ = ["Drafter", "DraftOutput", "DraftSettings", "CostModel", "ModelDrafter", "PromptLookupDrafter", "DRAFTERS",
+__all__ = ["Drafter", "DraftOutput", "DraftSettings", "CostModel", "ModelDrafter", "PromptLookupDrafter",
+           "LayerSkipDrafter", "DRAFTERS",
            "root_tree"]
 
 #: Registry: drafter name -> factory (the class; its constructor's arguments are the drafter's own).
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "model": ModelDrafter,
     "lookup": PromptLookupDrafter,
+    "self": LayerSkipDrafter,  # LayerSkipDrafter(target, num_layers): --draft self:L
 }

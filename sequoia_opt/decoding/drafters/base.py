@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Sequence
 import torch
 
 if TYPE_CHECKING:  # the decoder's types; importing them here would be circular
+    from ...model import ModelKVCache, Transformer
     from ..buffers import TreeBuffers
     from ..speculative import DecodeState
 
@@ -59,6 +60,11 @@ class DraftSettings:
         generator: the decoder's random source. The decoder replaces this field when its ``generator``
             attribute is replaced, so read it at each :meth:`Drafter.propose`, never keep a copy.
         tree_depth: D, the depth of the decoder's whole tree (0: no step ever drafts).
+        target: the decoder's target model (None only when settings are made outside a decoder).
+        target_cache: the decoder's target KV cache (``SpeculativeDecoder.target_cache``, ``max_len`` slots,
+            every target layer), for a drafter that shares it (self layer-skip writes the K/V of the
+            target's first layers at the tree's slots, which verification then overwrites). A drafter with
+            its own cache ignores both fields; no drafter may write target slots below the step's root.
     """
 
     device: torch.device
@@ -68,6 +74,8 @@ class DraftSettings:
     top_p: float
     generator: torch.Generator
     tree_depth: int
+    target: Transformer | None = None
+    target_cache: ModelKVCache | None = None
 
     @property
     def greedy(self) -> bool:

@@ -28,7 +28,72 @@ from .base import DraftOutput, Drafter, DraftSettings, root_tree
 if TYPE_CHECKING:
     from ..speculative import DecodeState
 
-__all__ = ["ModelDrafter"]
+__all__ = ["ModelDrafter", "propose_by_levels"]
+
+
+def propose_by_levels(model: Transformer, cache: ModelKVCache, chunk: Sequence[int], chunk_start: int,
+                      state: DecodeState, buffers: TreeBuffers, settings: DraftSettings,
+                      masks: dict[int, TreeMask], forced_tokens: torch.Tensor | None = None, *,
+                      num_layers: int | None = None, role: str = "draft") -> DraftOutput:
+    """The per-level drafting loop shared by every drafter that is a :class:`Transformer` run once per tree
+    level (:class:`ModelDrafter`; :class:`~sequoia_opt.decoding.drafters.layer_skip.LayerSkipDrafter`
+    with ``num_layers``): :meth:`Drafter.propose`'s contract, in this order (so the random draws are made in
+    the same order for every such drafter).
+
+    Level 0 is ``chunk``, committed tokens ending at the root, fed causally at slots / positions
+    ``[chunk_start, L + 1)`` (``L = state.cached``); its last logits give the root's children. Then one
+    forward per level 1 .. d-1 over that level's nodes at slots ``L + node_index``, positions ``L + depth``,
+    each attending the prefix ``[0, L)`` and its own ancestors (``buffers.level_masks``). A node's k children
+    are the top-k tokens (greedy) or k ordered samples without replacement from
+    ``q = process_logits(logits)`` (sampling; q is returned for verification).
+
+    Args:
+        model: the drafting model; ``num_layers``: None (all its layers) or its first k layers only.
+        cache: where the forwards write K/V (every slot of ``[chunk_start, L + num_drafted)`` it writes).
+        chunk, chunk_start: the catch-up chunk and its first slot; ``chunk_start + len(chunk) == L + 1``.
+        state, buffers, forced_tokens: as :meth:`Drafter.propose`.
+        settings: the decoder's :class:`DraftSettings` (device, backend, temperature, top_p, generator).
+        masks: the drafter's memo of causal chunk masks, by length.
+        role: how an error names the model (:func:`~sequoia_opt.decoding.core.model_output_error`).
+
+    Returns:
+        :class:`DraftOutput`: (n,) tokens, (n, V) float32 q when sampling else None, depth d.
+
+    Raises:
+        DecodingError: when sampling, logits :func:`process_logits` refuses (NaN, +inf), naming the model.
+    """
+    s, buf, L = settings, buffers, state.cached
+    n, D = buf.n, buf.tree_depth
+    out = root_tree(state.root, n, s.device) if forced_tokens is None else forced_tokens
+    probs = None if s.greedy else torch.empty(n, model.config.vocab_size, device=s.device)
+    logits = run_causal_chunk(model, cache, chunk, chunk_start, s.backend, masks,
+                              num_layers)[-1:]  # (1, V): the root's
+    for d in range(D):
+        sl = buf.level_slices[d]
+        if d > 0:
+            slots = buf.node_index[sl] + L  # (w_d,) level d's slots
+            positions = buf.depth[sl] + L  # (w_d,) all = L + d
+            # (w_d, e_d) mask: prefix unmasked, then each node's ancestors-or-self among levels <= d
+            logits = cached_forward(model, cache, out[sl], positions, slots, L, buf.level_masks[d], s.backend,
+                                    num_layers)  # (w_d, V)
+        k = buf.level_branching[d]
+        q = None
+        try:
+            if probs is not None:
+                q = process_logits(logits, s.temperature, s.top_p)  # (w_d, V)
+                probs[sl] = q
+            if forced_tokens is not None:
+                continue
+            if q is None:
+                # greedy: NaN draft logits only make bad candidates, which the target's check rejects
+                cand = logits.topk(k, dim=-1).indices  # (w_d, k) the draft's top-k, rank order
+            else:
+                cand = sample_without_replacement(q, k, s.generator)  # (w_d, k) ordered samples
+        except ValueError as err:
+            raise model_output_error(err, model, role) from None
+        nxt = buf.level_slices[d + 1]
+        out[nxt] = cand[buf.child_parent_local[d + 1], buf.child_rank[d + 1]]
+    return DraftOutput(out, probs, D)
 
 
 class ModelDrafter(Drafter):
@@ -76,40 +141,9 @@ class ModelDrafter(Drafter):
 
     def propose(self, state: DecodeState, buffers: TreeBuffers,
                 forced_tokens: torch.Tensor | None = None) -> DraftOutput:
-        s, buf, L = self.settings, buffers, state.cached
-        n, D = buf.n, buf.tree_depth
-        out = root_tree(state.root, n, s.device) if forced_tokens is None else forced_tokens
-        probs = None if s.greedy else torch.empty(n, self.vocab_size, device=s.device)
         # level 0: every committed token the draft has not cached yet, ending at the root (slot L)
-        chunk = state.seq[self.cached : L + 1]
-        logits = run_causal_chunk(self.model, self.cache, chunk, self.cached, s.backend,
-                                  self._masks)[-1:]  # (1, V): the root's
-        for d in range(D):
-            sl = buf.level_slices[d]
-            if d > 0:
-                slots = buf.node_index[sl] + L  # (w_d,) level d's slots
-                positions = buf.depth[sl] + L  # (w_d,) all = L + d
-                # (w_d, e_d) mask: prefix unmasked, then each node's ancestors-or-self among levels <= d
-                logits = cached_forward(self.model, self.cache, out[sl], positions, slots, L,
-                                        buf.level_masks[d], s.backend)  # (w_d, V)
-            k = buf.level_branching[d]
-            q = None
-            try:
-                if probs is not None:
-                    q = process_logits(logits, s.temperature, s.top_p)  # (w_d, V)
-                    probs[sl] = q
-                if forced_tokens is not None:
-                    continue
-                if q is None:
-                    # greedy: NaN draft logits only make bad candidates, which the target's check rejects
-                    cand = logits.topk(k, dim=-1).indices  # (w_d, k) the draft's top-k, rank order
-                else:
-                    cand = sample_without_replacement(q, k, s.generator)  # (w_d, k) ordered samples
-            except ValueError as err:
-                raise model_output_error(err, self.model, "draft") from None
-            nxt = buf.level_slices[d + 1]
-            out[nxt] = cand[buf.child_parent_local[d + 1], buf.child_rank[d + 1]]
-        return DraftOutput(out, probs, D)
+        return propose_by_levels(self.model, self.cache, state.seq[self.cached : state.cached + 1], self.cached,
+                                 state, buffers, self.settings, self._masks, forced_tokens, role="draft")
 
     def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
         # after a root-only step the draft ran no forward: its cache and count stay as they are

@@ -1,0 +1,116 @@
+""":class:`LayerSkipDrafter`: self-speculative drafting with the target's own first L layers, then its final
+norm and LM head (Draft & Verify, Zhang et al. 2023; LayerSkip, Elhoushi et al. 2024). No second
+checkpoint: the drafter shares the target's weights and, for those L layers, its KV cache. Cost model
+``"per-level"`` (one forward of L layers per tree level). CLI name ``self`` (``--draft self:L``).
+
+Per step (tree depth d >= 1, L_c = the root's slot and position, the target's committed count): one forward
+of the first L layers over the root alone at slot L_c, whose logits give the root's children; then one such
+forward per level 1 .. d-1 over that level's nodes at their slots, each attending the prefix and its own
+ancestors; children by rank exactly as :class:`~sequoia_opt.decoding.drafters.ModelDrafter` takes them (the
+same loop, :func:`~sequoia_opt.decoding.drafters.model.propose_by_levels`).
+
+Why sharing the target's cache is exact. The drafter writes layers ``0 .. L-1`` of the decoder's target
+cache at the step's tree slots ``L_c .. L_c + num_drafted - 1`` only, never below the root. The K/V a
+layer l < L holds for a token depend only on that token, its position and the layers-below K/V of its
+ancestors (the committed prefix and its tree ancestors), which are the same tokens at the same positions
+in the drafter's forward and the target's verification forward. The verification forward then writes every
+layer at every tree slot ``L_c .. L_c + n - 1`` before it reads them (a layer writes its K/V, then attends),
+so what the target reads is its own values (equal to the drafter's up to floating-point summation order,
+and in any case the target's, so verification is exactly what it would be without the drafter); the
+target's compaction then moves the accepted path's slots in every layer. So after every step the prefix
+``[0, L_c')`` of the first L layers holds exactly what the drafter needs: the drafter has no cache of its own
+and no catch-up beyond the root, and its committed count :attr:`cached` always equals the target's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ...attention import TreeMask
+from ...errors import DecodingError
+from ...model import ModelKVCache, Transformer
+from ..buffers import TreeBuffers
+from .base import Drafter, DraftOutput, DraftSettings
+from .model import propose_by_levels
+
+if TYPE_CHECKING:
+    from ..speculative import DecodeState
+
+__all__ = ["LayerSkipDrafter"]
+
+
+class LayerSkipDrafter(Drafter):
+    """The target's first ``num_layers`` blocks + its final norm + LM head, as a drafter.
+
+    Args:
+        target: the decoder's target model (the same object must be passed to the decoder: :meth:`bind`
+            checks it).
+        num_layers: L, the number of leading blocks the draft runs, an int in ``1 .. n_layers - 1`` (L =
+            n_layers would be the target itself).
+
+    Attributes:
+        target, num_layers: as given.
+        cache: the decoder's target cache (shared, never allocated here), set by :meth:`bind`.
+        context: the target's ``max_position_embeddings``.
+        cached: the target's committed count (see the module docstring: always equal).
+
+    Raises:
+        DecodingError: ``num_layers`` not an int in ``1 .. n_layers - 1``, naming L and n_layers.
+    """
+
+    cost_model = "per-level"
+    has_probs = True
+
+    def __init__(self, target: Transformer, num_layers: int) -> None:
+        n = target.config.n_layers
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= n - 1:
+            raise DecodingError(
+                f"self:L drafting needs L in 1..{n - 1} (the target has n_layers = {n}; L = n_layers would be "
+                f"the target itself), got L = {num_layers!r}")
+        self.target = target
+        self.num_layers = num_layers
+        self.vocab_size = target.config.vocab_size
+        self.device = target.device
+        self.context = target.config.max_position_embeddings
+        self.cached = 0
+        self.cache: ModelKVCache | None = None
+        self.settings: DraftSettings | None = None
+        self._masks: dict[int, TreeMask] = {}
+        self._role = f"first-{num_layers}-layer draft of the target"
+
+    def bind(self, settings: DraftSettings) -> None:
+        """Take the decoder's target cache (:attr:`DraftSettings.target_cache`) as the draft's cache.
+
+        Raises:
+            DecodingError: already bound; the decoder's target is not this drafter's target, or it gave no
+                target cache.
+        """
+        if self.settings is not None:
+            raise DecodingError("this LayerSkipDrafter already serves a decoder (it shares that decoder's target "
+                                "cache); make one per decoder")
+        if settings.target is not self.target or settings.target_cache is None:
+            raise DecodingError("a LayerSkipDrafter drafts with its decoder's target and shares its KV cache: "
+                                "pass the same target model to the drafter and to the decoder")
+        self.settings = settings
+        self.cache = settings.target_cache
+
+    def max_root_for_depth(self, d: int, buffers: TreeBuffers) -> int:
+        # levels 0 .. d-1: positions up to L + d - 1, slots up to L + num_drafted_d - 1 (the target's own
+        # limit, positions up to L + d and slots up to L + n_d - 1, is stricter)
+        return min(self.context - d, self.cache.max_len - buffers.level_slices[d].start)
+
+    def prefill(self, prompt_ids: Sequence[int], will_draft: bool) -> None:
+        # the decoder's target prefill has written prompt[:-1] in every layer, the draft's L included
+        self.cached = len(prompt_ids) - 1
+
+    def propose(self, state: DecodeState, buffers: TreeBuffers,
+                forced_tokens: torch.Tensor | None = None) -> DraftOutput:
+        L = state.cached  # level 0: the root alone (the prefix is in the shared cache)
+        return propose_by_levels(self.target, self.cache, state.seq[L : L + 1], L, state, buffers, self.settings,
+                                 self._masks, forced_tokens, num_layers=self.num_layers, role=self._role)
+
+    def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
+        # the target's compaction has moved the path in every layer (after a root-only step too)
+        self.cached = state_L + len(path)
