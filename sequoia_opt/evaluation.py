@@ -27,6 +27,7 @@ import torch
 from ._io import atomic_write_text
 from .errors import DecodingError
 from .decoding import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
+from .decoding.drafters import Drafter, drafter_factory
 from .model import Transformer
 from .tree import Tree, TreeMetadata, now_iso
 
@@ -214,7 +215,7 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
 
 def run_trees(
     target: Transformer,
-    draft: Transformer,
+    draft: Transformer | Drafter | Callable[[], Transformer | Drafter],
     entries: Sequence[TreeEntry],
     prompts: Sequence[Sequence[int]],
     *,
@@ -231,7 +232,11 @@ def run_trees(
     """Run plain decoding and every tree in ``entries`` on every prompt; return the comparison.
 
     Args:
-        target, draft: the pair (same vocabulary and device).
+        target: the target model.
+        draft: the proposer: a draft Transformer, or a function making a fresh
+            :class:`~sequoia_opt.decoding.drafters.Drafter` per decoder (e.g. ``ModelPair.new_drafter``; each
+            tree gets its own decoder, and a drafter serves one; :func:`~sequoia_opt.decoding.drafters.drafter_factory`),
+            or one Drafter instance when ``entries`` holds a single tree. Same vocabulary and device as the target.
         entries: trees with names and their YAML metadata (for predicted figures).
         prompts: token-id lists (each at least one token).
         max_new_tokens: tokens to generate per prompt.
@@ -264,7 +269,8 @@ def run_trees(
 
     plain = AutoregressiveDecoder(target, temperature=temperature, top_p=top_p, generator=gen(seed),
                                   eos_ids=eos_ids, backend=backend, max_len=max_len)
-    decoders = [SpeculativeDecoder(target, draft, e.tree, temperature=temperature, top_p=top_p,
+    make_draft = drafter_factory(draft)
+    decoders = [SpeculativeDecoder(target, make_draft(), e.tree, temperature=temperature, top_p=top_p,
                                    generator=gen(seed), eos_ids=eos_ids, backend=backend, max_len=max_len)
                 for e in entries]
     for i, p in enumerate(prompts):  # every request validated before any timed work

@@ -138,7 +138,9 @@ TargetOpt = Annotated[
     Optional[Path], typer.Option("--target", "-t", help="Target checkpoint: HF folder or .gguf (default: the demo target).")
 ]
 DraftOpt = Annotated[
-    Optional[Path], typer.Option("--draft", help="Draft checkpoint: HF folder or .gguf (default: the bundled demo draft).")
+    Optional[str], typer.Option("--draft", help="Drafter: a draft checkpoint (HF folder or .gguf; default: the "
+                                "bundled demo draft), self:L (the target's first L layers, layer skip) or "
+                                "lookup[:MIN-MAX] (n-gram prompt lookup over prompt and output).")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16")]

@@ -58,8 +58,11 @@ def run_cmd(
     from ..pipeline import load_pair, parse_device, parse_dtype
     from ..prompts import demo_prompts_path, load_prompts
 
+    from ..pipeline import parse_drafter_spec
+
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
+    spec = parse_drafter_spec(draft)  # a bad --draft fails before anything is read
     entries = [_load_tree_entry(p) for p in tree]
     seen: dict[str, int] = {}
     for e in entries:  # two files called tree.yaml in different folders must not share a results row name
@@ -79,7 +82,7 @@ def run_cmd(
     texts = load_prompts(pfile, limit=num_prompts)
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
-    pair = load_pair(target, draft, device=dev, dtype=dt)
+    pair = load_pair(target, spec, device=dev, dtype=dt)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     from ..profiling.device import device_name
@@ -137,10 +140,10 @@ def _check_trees_fit(entries, pair) -> None:
     """Refuse trees the draft cannot produce (a node with more children than the vocabulary has tokens).
     A tree deeper than what the context has left is not refused: the decoder clips it, step by step, to the
     levels that fit (see :class:`~sequoia_opt.decoding.SpeculativeDecoder`)."""
-    V = pair.draft.config.vocab_size
+    V = pair.vocab_size
     for e in entries:
         if e.tree.max_branching_used > V:
-            raise TreeoptError(f"tree {e.name!r} has a node with {e.tree.max_branching_used} children; the draft's "
+            raise TreeoptError(f"tree {e.name!r} has a node with {e.tree.max_branching_used} children; the "
                                f"vocabulary has only {V} tokens")
 
 
@@ -149,10 +152,11 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     from ..evaluation import run_trees
 
     with progress_bar() as progress:
-        run = run_trees(pair.target, pair.draft, entries, ids, max_new_tokens=max_new_tokens,
+        run = run_trees(pair.target, pair.new_drafter, entries, ids, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
                         backend=backend, progress=progress,
-                        settings={"target": pair.target_name, "draft": pair.draft_name, **settings})
+                        settings={"target": pair.target_name, "draft": pair.draft_name,
+                                  "draft_cost_model": pair.cost_model, **settings})
     jpath, cpath = run.save(results_dir)
     report = Report(title="treeopt run")
     plain = run.summaries[0]

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..decoding import SpeculativeDecoder
+from ..decoding.drafters import Drafter, drafter_factory
 from ..model import Transformer
 from ..profiles import ACCEPTANCE_FORMAT, AcceptanceProfile
 from ..tree import Tree, now_iso
@@ -111,7 +112,7 @@ def positional_check(counts: AcceptanceCounts, z: float = 1.96, min_trials: int 
 @torch.inference_mode()
 def measure_acceptance(
     target: Transformer,
-    draft: Transformer,
+    draft: Transformer | Drafter | Callable[[], Transformer | Drafter],
     prompts: Sequence[Sequence[int]],
     *,
     width: int,
@@ -127,7 +128,9 @@ def measure_acceptance(
     """Run the decoder with :func:`measurement_tree` over ``prompts`` (token ids) and count the trials.
 
     Args:
-        target, draft: the pair (same vocabulary, same device).
+        target: the target model.
+        draft: the proposer (same vocabulary, same device): a draft Transformer, a
+            :class:`~sequoia_opt.decoding.drafters.Drafter` instance, or a function making one (called once).
         prompts: token id lists.
         width: K candidates per node; depth: spine depth D of the measurement tree.
         temperature, top_p: 0 = greedy verification; > 0 = sampling with the residual rule.
@@ -143,7 +146,7 @@ def measure_acceptance(
     tree = measurement_tree(width, depth)
     gen = torch.Generator(device=target.device)
     gen.manual_seed(seed)
-    decoder = SpeculativeDecoder(target, draft, tree, temperature=temperature, top_p=top_p, generator=gen,
+    decoder = SpeculativeDecoder(target, drafter_factory(draft)(), tree, temperature=temperature, top_p=top_p, generator=gen,
                                  eos_ids=eos_ids, backend=backend)
     for p in prompts:  # validate every request before the first forward pass
         decoder.check(p, max_new_tokens)
@@ -176,10 +179,13 @@ def build_acceptance_profile(
     num_prompts: int,
     max_new_tokens: int,
     seed: int,
+    draft_cost_model: str | None = None,
 ) -> AcceptanceProfile:
     """Assemble a validated ``treeopt-acceptance/1`` :class:`AcceptanceProfile` from measured counts.
 
-    Per-depth vectors are stored for depths with at least 30 trials.
+    Per-depth vectors are stored for depths with at least 30 trials. ``draft_name`` names the drafter (a
+    checkpoint label, ``self:L`` or ``lookup:MIN-MAX``); ``draft_cost_model`` (``per-level`` / ``one-pass``),
+    when given, is stored as ``measured.draft_cost_model``.
     """
     doc = {
         "format": ACCEPTANCE_FORMAT,
@@ -188,6 +194,7 @@ def build_acceptance_profile(
                    f"{depth} with {counts.width} candidates per spine node"),
         "measured": {
             "target": target_name, "draft": draft_name,
+            **({"draft_cost_model": draft_cost_model} if draft_cost_model else {}),
             "mode": "greedy" if temperature == 0 else "sampling",
             "temperature": float(temperature), "top_p": float(top_p), "width": counts.width,
             "num_samples": counts.trials, "date": now_iso(), "device": device, "dtype": dtype,

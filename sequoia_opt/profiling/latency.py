@@ -62,8 +62,10 @@ def random_weight_model(config: ModelConfig, *, device: torch.device | str, dtyp
     return model.eval()
 
 
-def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cache) -> Callable[[], None]:
-    """A closure running one forward of ``model`` over n random tokens after ``context`` cached tokens."""
+def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cache,
+                  num_layers: int | None = None) -> Callable[[], None]:
+    """A closure running one forward of ``model`` over n random tokens after ``context`` cached tokens (only
+    its first ``num_layers`` blocks, then norm and LM head, when given: the self layer-skip draft)."""
     device = model.device
     tokens = torch.randint(0, model.config.vocab_size, (1, n), device=device)
     slots = torch.arange(context, context + n, device=device)
@@ -72,38 +74,45 @@ def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cac
     @torch.inference_mode()
     def call() -> None:
         model(tokens, slots, cache=cache, cache_slots=slots, prefix_len=context, tree_mask=mask,
-              backend=backend)
+              backend=backend, num_layers=num_layers)
 
     return call
 
 
 def time_forward(model: Transformer, n: int, context: int, *, backend: str = "auto",
-                 cache=None, **timing_kw) -> Timing:
-    """Time one forward of ``model`` over n new tokens after ``context`` cached tokens (batch 1).
+                 cache=None, num_layers: int | None = None, **timing_kw) -> Timing:
+    """Time one forward of ``model`` over n new tokens after ``context`` cached tokens (batch 1), through its
+    first ``num_layers`` blocks only when given.
 
     The cache is allocated once per context by the caller (or here); its contents are irrelevant to the
     time. Returns a :class:`Timing` in ms.
     """
     if cache is None:
         cache = model.new_cache(context + n)
-    return time_call(_forward_call(model, n, context, backend=backend, cache=cache), model.device, **timing_kw)
+    return time_call(_forward_call(model, n, context, backend=backend, cache=cache, num_layers=num_layers),
+                     model.device, **timing_kw)
 
 
 def time_forward_paired(model: Transformer, n: int, reference: int, context: int, *, backend: str = "auto",
-                        cache=None, **timing_kw) -> tuple[Timing, Timing]:
+                        cache=None, num_layers: int | None = None, **timing_kw) -> tuple[Timing, Timing]:
     """Time forwards over n and over ``reference`` tokens alternately, call by call
     (:func:`~sequoia_opt.profiling.timing.time_alternating`). Returns (Timing of n, Timing of reference), ms."""
     if cache is None:
         cache = model.new_cache(context + max(n, reference))
-    calls = [_forward_call(model, k, context, backend=backend, cache=cache) for k in (n, reference)]
+    calls = [_forward_call(model, k, context, backend=backend, cache=cache, num_layers=num_layers)
+             for k in (n, reference)]
     t_n, t_ref = time_alternating(calls, model.device, **timing_kw)
     return t_n, t_ref
 
 
 def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Sequence[int], *,
                   what: str = "target", backend: str = "auto", progress: ProgressFn | None = None,
-                  rounds: int = 1, paired: bool = False, **timing_kw) -> list[LatencyTable]:
+                  rounds: int = 1, paired: bool = False, num_layers: int | None = None,
+                  **timing_kw) -> list[LatencyTable]:
     """Measure ``model`` at every (context, n) pair. Returns one :class:`LatencyTable` per context.
+
+    ``num_layers`` times the model's first ``num_layers`` blocks + final norm + LM head only: the cost c(w)
+    of the self layer-skip drafter ``self:L`` (:class:`~sequoia_opt.decoding.drafters.LayerSkipDrafter`).
 
     With ``rounds`` > 1 the whole token grid of a context is swept ``rounds`` times and each n keeps the
     median of its per-round medians (p10 / p90: the medians of the per-round percentiles; repeats: the sum).
@@ -141,12 +150,12 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
             for i, n in enumerate(token_counts):
                 if paired and i > 0:
                     t_n, t_ref = time_forward_paired(model, int(n), ref, int(ctx), backend=backend, cache=cache,
-                                                     **timing_kw)
+                                                     num_layers=num_layers, **timing_kw)
                     per_n[i].append(t_n)
                     ref_of[i].append(t_ref.median_ms)
                 else:
                     per_n[i].append(time_forward(model, int(n), int(ctx), backend=backend, cache=cache,
-                                                 **timing_kw))
+                                                 num_layers=num_layers, **timing_kw))
                 done += 1
                 if progress:
                     tag = f", round {r + 1}/{rounds}" if rounds > 1 else ""
@@ -167,6 +176,74 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
                                         sum(t.repeats for t in ts)))
         tables.append(table)
         del cache
+    return tables
+
+
+def time_lookup_propose(make_drafter: Callable[[], object], target: Transformer, w: int, context: int, *,
+                        seed: int = 0, **timing_kw) -> Timing:
+    """Time one :meth:`~sequoia_opt.decoding.drafters.Drafter.propose` of a one-pass drafter without a model
+    (prompt lookup) for a chain of ``w`` drafted nodes after ``context`` committed tokens, through the
+    decoder's own :meth:`~sequoia_opt.decoding.SpeculativeDecoder.draft` (ms).
+
+    A chain is the most lookups ``w`` drafted nodes can need (every node but the last leaf proposes), so this
+    is an upper bound for any tree of ``w + 1`` nodes. The context is random tokens drawn from 64 ids, so
+    that suffixes recur and every lookup finds followers (the costly case). The index over the context is
+    built by the untimed warm-up calls, as the decoder's prefill builds it before the first step.
+    """
+    from ..decoding import SpeculativeDecoder
+    from ..decoding.speculative import DecodeState
+    from ..decoding.stats import GenerationResult
+    from ..tree import Tree
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    V = target.config.vocab_size
+    pool = torch.randperm(V, generator=gen)[: min(64, V)]
+    seq = pool[torch.randint(0, len(pool), (context + 1,), generator=gen)].tolist()
+    dec = SpeculativeDecoder(target, make_drafter(), Tree.chain(w), max_len=context + w + 2)
+    dec.drafter.reset()
+    dec.drafter.prefill(seq, True)
+    state = DecodeState(seq=seq, cached=context, max_new_tokens=w + 1,
+                        result=GenerationResult(prompt_len=len(seq)), drafter=dec.drafter)
+    return time_call(lambda: dec.draft(state), target.device, **timing_kw)
+
+
+def profile_drafter(target: Transformer, drafter: object, token_counts: Sequence[int], contexts: Sequence[int],
+                    *, backend: str = "auto", progress: ProgressFn | None = None, rounds: int = 1,
+                    paired: bool = False, **timing_kw) -> list[LatencyTable]:
+    """c(w) for any drafter, one :class:`LatencyTable` per context, in the units its cost model charges:
+
+    * a draft :class:`Transformer` (per-level): one forward over w tokens (:func:`profile_model`);
+    * ``("self", L)`` (per-level): one forward of the target's first L blocks + norm + LM head over w tokens;
+    * ``("lookup", factory)`` (one-pass): one proposal of w drafted nodes (:func:`time_lookup_propose`),
+      ``factory()`` making a fresh lookup drafter.
+
+    Raises ProfileError as :func:`profile_model` (grid, context past the model's).
+    """
+    from ..errors import ProfileError
+
+    if isinstance(drafter, Transformer):
+        return profile_model(drafter, token_counts, contexts, what="draft", backend=backend, progress=progress,
+                             rounds=rounds, paired=paired, **timing_kw)
+    kind, arg = drafter
+    if kind == "self":
+        return profile_model(target, token_counts, contexts, what=f"self:{arg} draft", backend=backend,
+                             progress=progress, rounds=rounds, paired=paired, num_layers=int(arg), **timing_kw)
+    if kind != "lookup":
+        raise ProfileError(f"unknown drafter kind {kind!r} to profile")
+    total = len(token_counts) * len(contexts)
+    tables, done = [], 0
+    for ctx in contexts:
+        table = LatencyTable(context=int(ctx))
+        for w in token_counts:
+            runs = [time_lookup_propose(arg, target, int(w), int(ctx), seed=r, **timing_kw) for r in range(rounds)]
+            table.tokens.append(int(w))
+            table.timings.append(Timing(statistics.median(t.median_ms for t in runs),
+                                        statistics.median(t.p10_ms for t in runs),
+                                        statistics.median(t.p90_ms for t in runs), sum(t.repeats for t in runs)))
+            done += 1
+            if progress:
+                progress(f"lookup draft, context {ctx}, {w} nodes", done, total)
+        tables.append(table)
     return tables
 
 
@@ -197,10 +274,14 @@ def build_latency_profile(
     random_weights: bool,
     profile_id: str,
     method: str | None = None,
+    draft_cost_model: str = "per-level",
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
 
     ``method`` (for example :func:`method_text`'s) is appended to the profile's ``source`` line.
+    ``draft_cost_model`` (``"per-level"`` or ``"one-pass"``, the drafter's
+    :attr:`~sequoia_opt.decoding.drafters.Drafter.cost_model`) is stored in every draft table; ``draft_name``
+    names the drafter (a checkpoint label, ``self:L``, ``lookup:MIN-MAX``).
 
     Without a draft (``draft_tables`` None) the draft table records 0 ms at one token and the profile says
     the draft cost was not measured. Spreads are p90 - p10 of the repeats (ms).
@@ -211,10 +292,12 @@ def build_latency_profile(
                   "target_forward_spread_ms": [_spread(t) for t in tt.timings]}
         if draft_tables is not None:
             dt = draft_tables[i]
-            draft = {"tokens": dt.tokens, "draft_forward_ms": [round(t.median_ms, 4) for t in dt.timings],
+            draft = {"cost_model": draft_cost_model, "tokens": dt.tokens,
+                     "draft_forward_ms": [round(t.median_ms, 4) for t in dt.timings],
                      "draft_forward_spread_ms": [_spread(t) for t in dt.timings]}
         else:
-            draft = {"tokens": list(tt.tokens), "draft_forward_ms": [0.0] * len(tt.tokens)}
+            draft = {"cost_model": draft_cost_model, "tokens": list(tt.tokens),
+                     "draft_forward_ms": [0.0] * len(tt.tokens)}
         curves.append({"context_tokens": tt.context, "target": target, "draft": draft})
 
     def shape(c: ModelConfig) -> dict[str, int]:
@@ -241,14 +324,16 @@ def build_latency_profile(
 
 
 @torch.inference_mode()
-def measure_step_overhead(target: Transformer, draft: Transformer, *, tree=None, prompt_len: int = 32,
+def measure_step_overhead(target: Transformer, draft: object, *, tree=None, prompt_len: int = 32,
                           steps: int = 24, backend: str = "auto", seed: int = 0) -> float:
     """The fixed per-step cost of tree decoding outside the model forwards (ms): verification (argmax or
     the residual rule), path selection, KV-cache compaction of both models and stop checks, as the decoder
     itself measures it (``StepStats.bookkeeping_ms``). Median over ``steps`` steps on a random prompt; the
     value is a measurement of this device, not a guess.
 
-    ``tree`` defaults to a 4-wide star under a 4-deep chain (a typical small Sequoia tree shape).
+    ``draft``: a draft Transformer, a Drafter, or a function making one (called once;
+    :func:`~sequoia_opt.decoding.drafters.drafter_factory`). ``tree`` defaults to a 4-wide star under a
+    4-deep chain (a typical small Sequoia tree shape).
     """
     from ..decoding import SpeculativeDecoder
     from ..tree import Tree
@@ -257,7 +342,9 @@ def measure_step_overhead(target: Transformer, draft: Transformer, *, tree=None,
         tree = Tree.from_choices([[0], [1], [2], [3], [0, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]])
     gen = torch.Generator(device="cpu").manual_seed(seed)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
-    dec = SpeculativeDecoder(target, draft, tree, backend=backend,
+    from ..decoding.drafters import drafter_factory
+
+    dec = SpeculativeDecoder(target, drafter_factory(draft)(), tree, backend=backend,
                              max_len=prompt_len + steps * tree.size + tree.size + 1)
     result = dec.generate(prompt, steps)
     import statistics

@@ -29,8 +29,7 @@ from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 
 __all__ = ["Drafter", "DraftOutput", "DraftSettings", "CostModel", "ModelDrafter", "PromptLookupDrafter",
-           "LayerSkipDrafter", "DRAFTERS",
-           "root_tree"]
+           "LayerSkipDrafter", "DRAFTERS", "drafter_factory", "root_tree"]
 
 #: Registry: drafter name -> factory (the class; its constructor's arguments are the drafter's own).
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
@@ -38,3 +37,38 @@ DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "lookup": PromptLookupDrafter,
     "self": LayerSkipDrafter,  # LayerSkipDrafter(target, num_layers): --draft self:L
 }
+
+
+def drafter_factory(draft: object) -> Callable[[], object]:
+    """A function making one proposer per :class:`~sequoia_opt.decoding.SpeculativeDecoder` (a drafter is
+    bound to one decoder), from what a caller passes as ``draft``:
+
+    * a draft :class:`~sequoia_opt.model.Transformer`: returned as it is each time (each decoder wraps it in
+      its own :class:`ModelDrafter`, with its own cache; the weights are shared);
+    * a zero-argument callable returning a Transformer or a fresh :class:`Drafter` (e.g.
+      ``ModelPair.new_drafter``, ``lambda: PromptLookupDrafter(V)``): used as it is;
+    * a :class:`Drafter` instance: returned once; a second call raises, since it can serve one decoder only.
+
+    Raises:
+        TypeError: ``draft`` is none of these.
+        DecodingError: (from the returned function) a Drafter instance asked for twice.
+    """
+    from ...errors import DecodingError
+    from ...model import Transformer
+
+    if isinstance(draft, Transformer):
+        return lambda: draft
+    if isinstance(draft, Drafter):
+        used = []
+
+        def once() -> Drafter:
+            if used:
+                raise DecodingError(f"this {type(draft).__name__} can serve one decoder; pass a function making "
+                                    "a fresh drafter (e.g. lambda: PromptLookupDrafter(V)) to run several")
+            used.append(True)
+            return draft
+
+        return once
+    if callable(draft):
+        return draft
+    raise TypeError(f"draft must be a Transformer, a Drafter or a function making one, got {type(draft).__name__}")
