@@ -652,4 +652,8 @@ def warn_on_mismatch(
             a, b = acceptance.measured.get(key), latency.model.get(lk)
             if a is not None and b is not None and str(a).lower() != str(b).lower():
                 out.append(f"the acceptance profile's {key} {a!r} differs from the latency profile's {b!r}")
+        a_cost = acceptance.measured.get("draft_cost_model")
+        if a_cost is not None and str(a_cost) != latency.cost_model:
+            out.append(f"the acceptance profile's drafter has cost model {a_cost!r} but the latency profile charges "
+                       f"{latency.cost_model!r}: the predicted cost is that of another kind of drafter")
     return out

@@ -39,6 +39,7 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
     when it executes the tree on another device, dtype or model pair)."""
     out: dict[str, Any] = {}
     for key, value in (("target", acc.measured.get("target")), ("draft", acc.measured.get("draft")),
+                       ("draft_cost_model", curve.cost_model if curve else acc.measured.get("draft_cost_model")),
                        ("device", curve.device.get("name") if curve else None),
                        ("dtype", (curve.device.get("dtype") if curve else None) or acc.measured.get("dtype"))):
         if value is not None:
@@ -130,6 +131,8 @@ def solve(
         report.summary = {
             "acceptance profile": acc.id,
             "latency profile": curve.id,
+            "drafter": acc.measured.get("draft") or curve.model.get("draft"),
+            "draft cost model": curve.cost_model,
             "context (tokens)": context if context is not None else int(curve.contexts[0]),
             "nodes": tree.size,
             "depth": tree.tree_depth,

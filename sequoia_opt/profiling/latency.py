@@ -203,7 +203,7 @@ def time_lookup_propose(make_drafter: Callable[[], object], target: Transformer,
     dec.drafter.reset()
     dec.drafter.prefill(seq, True)
     state = DecodeState(seq=seq, cached=context, max_new_tokens=w + 1,
-                        result=GenerationResult(prompt_len=len(seq)), drafter=dec.drafter)
+                        result=GenerationResult(tokens=[], prompt_len=len(seq)), drafter=dec.drafter)
     return time_call(lambda: dec.draft(state), target.device, **timing_kw)
 
 

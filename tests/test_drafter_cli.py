@@ -1,0 +1,202 @@
+"""Every drafter through the CLI: ``--draft PATH | self:L | lookup[:MIN-MAX]`` parsed and checked before any
+weights load, then profile latency -> profile acceptance -> solve -> run on a tiny HF-checkpoint pair, with
+profiles that name the drafter and its cost model and greedy output equal to plain decoding."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
+
+import sequoia_opt.pipeline as pipeline  # noqa: E402
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.errors import TreeoptError  # noqa: E402
+from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
+from sequoia_opt.pipeline import DrafterSpec, check_drafter, drafter_slug, parse_drafter_spec  # noqa: E402
+from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
+from sequoia_opt.solver import choose  # noqa: E402
+from sequoia_opt.tree import Tree, load_tree, save_tree  # noqa: E402
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drafters")
+    target, draft, prompts = make_pair(root)
+    return root, target, draft, prompts
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+@pytest.mark.parametrize("text, kind, label, cost, extra", [
+    ("self:3", "self", "self:3", "per-level", {"num_layers": 3}),
+    (" SELF:12 ", "self", "self:12", "per-level", {"num_layers": 12}),
+    ("lookup", "lookup", "lookup:1-3", "one-pass", {"lookup_min": 1, "lookup_max": 3}),
+    ("lookup:5", "lookup", "lookup:1-5", "one-pass", {"lookup_min": 1, "lookup_max": 5}),
+    ("lookup:2-4", "lookup", "lookup:2-4", "one-pass", {"lookup_min": 2, "lookup_max": 4}),
+    ("lookup:2-2", "lookup", "lookup:2-2", "one-pass", {"lookup_min": 2, "lookup_max": 2}),
+])
+def test_parse_drafter_spec_keywords(text, kind, label, cost, extra):
+    spec = parse_drafter_spec(text)
+    assert spec.kind == kind and spec.label == label and spec.cost_model == cost
+    for key, value in extra.items():
+        assert getattr(spec, key) == value
+    assert parse_drafter_spec(spec.spec) == spec  # the spec text gives the same drafter back
+
+
+def test_parse_drafter_spec_paths(tmp_path):
+    ckpt = tmp_path / "my-draft"
+    ckpt.mkdir()
+    assert parse_drafter_spec(str(ckpt)) == DrafterSpec("model", path=ckpt)
+    assert parse_drafter_spec(f"model:{ckpt}") == DrafterSpec("model", path=ckpt)
+    assert parse_drafter_spec(ckpt).label == "my-draft"
+    default = parse_drafter_spec(None)
+    assert default.kind == "model" and default.path is None and default.label == "treeopt-smollm2-draft"
+    assert parse_drafter_spec("") == default
+    # a folder literally named like a keyword is still reachable through model:PATH
+    (tmp_path / "lookup").mkdir()
+    assert parse_drafter_spec(f"model:{tmp_path / 'lookup'}").kind == "model"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("self", "needs L"),
+    ("self:", "needs L"),
+    ("self:0", "must be at least 1, got 0"),
+    ("self:-2", "must be at least 1, got -2"),
+    ("self:two", "must be an integer, got 'two'"),
+    ("lookup:0", "must be at least 1, got 0"),
+    ("lookup:0-3", "smallest n-gram size in lookup:MIN-MAX must be at least 1, got 0"),
+    ("lookup:3-1", "the smallest n-gram size (3) is larger than the largest (1)"),
+    ("lookup:1-2-3", "write lookup, lookup:MAX or lookup:MIN-MAX"),
+    ("lookup:x", "must be an integer, got 'x'"),
+    ("/no/such/checkpoint", "names nothing known"),
+    ("medusa:4", "names nothing known"),
+])
+def test_parse_drafter_spec_refuses(text, message):
+    with pytest.raises(TreeoptError) as err:
+        parse_drafter_spec(text)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_drafter_slug_has_no_colons():
+    assert drafter_slug("self:6") == "self-L6"
+    assert drafter_slug("lookup:1-3") == "lookup-1-3"
+    assert drafter_slug("treeopt-smollm2-draft") == "treeopt-smollm2-draft"
+
+
+def test_check_drafter_against_the_target_config(workdir, tmp_path):
+    root, target, draft, _ = workdir
+    from sequoia_opt.model.loaders import load_model_config
+
+    cfg = load_model_config(target)
+    assert cfg.n_layers == 2
+    check_drafter(DrafterSpec("self", num_layers=1), cfg)  # 1 .. n_layers - 1
+    with pytest.raises(TreeoptError, match=r"L must be in 1\.\.1 \(the target has 2 layers"):
+        check_drafter(DrafterSpec("self", num_layers=2), cfg)
+    check_drafter(parse_drafter_spec(str(draft)), cfg)
+    other = tmp_path / "other"
+    save_hf_checkpoint(random_model(3, vocab=300), byte_tokenizer(), other)
+    with pytest.raises(TreeoptError, match="mismatched tokenizers: --draft other has a vocabulary of 300 tokens, "
+                                           "the target 257"):
+        check_drafter(parse_drafter_spec(str(other)), cfg)
+    check_drafter(parse_drafter_spec("lookup"), cfg)  # nothing to check against a config
+
+
+# ------------------------------------------------------------------------------------------------ bad input, CLI
+@pytest.mark.parametrize("spec, message", [
+    ("self:2", "L must be in 1..1"),
+    ("self:0", "must be at least 1"),
+    ("lookup:0", "must be at least 1"),
+    ("nothing-here", "names nothing known"),
+])
+@pytest.mark.parametrize("command", ["latency", "acceptance", "run"])
+def test_bad_drafter_exits_2_before_weights_load(workdir, tmp_path, monkeypatch, spec, message, command):
+    root, target, draft, prompts = workdir
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights were loaded before the drafter was checked")
+
+    monkeypatch.setattr(pipeline, "load_checkpoint", no_weights)
+    monkeypatch.setattr("sequoia_opt.model.loaders.load_checkpoint", no_weights)
+    out = tmp_path / "out.yaml"
+    if command == "run":
+        tree = tmp_path / "t.yaml"
+        save_tree(tree, Tree.chain(2))
+        args = ["run", "--tree", tree, "--results-dir", tmp_path / "res"]
+    else:
+        args = ["profile", command, "-o", out]
+    r = invoke(*args, "--target", target, "--draft", spec, "--prompts", prompts) if command != "latency" else \
+        invoke(*args, "--target", target, "--draft", spec)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and r.output.count("\n") == 1
+    assert not out.exists() and not (tmp_path / "res").exists()
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+@pytest.mark.parametrize("spec, cost_model", [("self:1", "per-level"), ("lookup", "one-pass"),
+                                              ("lookup:2-4", "one-pass")])
+def test_profile_solve_run_with_each_drafter(workdir, tmp_path, spec, cost_model):
+    root, target, draft, prompts = workdir
+    label = parse_drafter_spec(spec).label
+    lat, acc, tree, res = tmp_path / "lat.yaml", tmp_path / "acc.yaml", tmp_path / "tree.yaml", tmp_path / "res"
+    r = invoke("profile", "latency", "--target", target, "--draft", spec, "--context", "16", "--max-tokens", "8",
+               "--max-repeats", "5", "--rounds", "1", "-o", lat, "--json")
+    assert r.exit_code == 0, r.output
+    curve = load_latency(lat)
+    assert curve.cost_model == cost_model and curve.model["draft"] == label
+    # a one-pass drafter is charged c(n - 1): its draft curve covers the target's token range by default
+    assert curve.max_draft_tokens() == (8 if cost_model == "one-pass" else 64)
+    assert all(curve.draft_ms(w) > 0 for w in (1, 4, 8))
+    summary = json.loads(r.stdout)
+    assert summary["profile"]["curves"][0]["draft"]["cost_model"] == cost_model
+
+    r = invoke("profile", "acceptance", "--target", target, "--draft", spec, "--prompts", prompts, "-k", "3",
+               "--depth", "3", "--max-new-tokens", "20", "-o", acc, "--json")
+    assert r.exit_code == 0, r.output
+    prof = load_acceptance(acc)
+    assert prof.measured["draft"] == label and prof.measured["draft_cost_model"] == cost_model
+    assert prof.num_samples > 0 and 0 <= prof.acceptance.sum() <= 1
+
+    r = invoke("solve", "-a", acc, "-l", lat, "--budget", "8", "--max-depth", "4", "--max-branching", "3", "-o",
+               tree, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    t, meta = load_tree(tree)
+    want = choose(prof.acceptance, curve, 8, 4, 3)
+    assert t.choices() == want.tree.choices()
+    assert meta.extra["profiled_draft"] == label and meta.extra["profiled_draft_cost_model"] == cost_model
+    assert not [w for w in doc.get("warnings", []) if "cost model" in w]
+
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", spec, "--prompts", prompts,
+               "--max-new-tokens", "12", "--num-prompts", "3", "--results-dir", res, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True and doc["settings"]["draft"] == label
+    assert doc["settings"]["draft_cost_model"] == cost_model
+    assert [s["mismatches"] for s in doc["summaries"]] == [0, 0]
+    assert all(s["new_tokens"] == 3 * 12 for s in doc["summaries"])
+    assert not [w for w in doc.get("warnings", []) if "was solved from profiles" in w]
+
+
+def test_solve_warns_when_the_profiles_describe_different_drafters(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    lat, acc = tmp_path / "lat.yaml", tmp_path / "acc.yaml"
+    assert invoke("profile", "latency", "--target", target, "--draft", "lookup", "--context", "16", "--max-tokens",
+                  "4", "--max-repeats", "5", "--rounds", "1", "-o", lat).exit_code == 0
+    assert invoke("profile", "acceptance", "--target", target, "--draft", "self:1", "--prompts", prompts, "-k", "2",
+                  "--depth", "2", "--max-new-tokens", "8", "--num-prompts", "2", "-o", acc).exit_code == 0
+    r = invoke("solve", "-a", acc, "-l", lat, "--budget", "4", "--json")
+    assert r.exit_code == 0, r.output
+    warnings = json.loads(r.stdout)["warnings"]
+    assert any("drafter has cost model 'per-level' but the latency profile charges 'one-pass'" in w for w in warnings)
+    assert any("draft 'self:1' differs from the latency profile's 'lookup:1-3'" in w for w in warnings)
