@@ -236,6 +236,26 @@ class AcceptanceProfile:
         half = z * np.sqrt(phat * (1 - phat) / n + z2 / (4 * n * n)) / (1 + z2 / n)
         return np.stack([np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)], axis=1)
 
+    def depth_rows(self) -> np.ndarray:
+        """(R, K) per-depth vectors for :func:`~sequoia_opt.solver.solve_dp_by_depth`: row r for children at
+        depth r + 1, R = the deepest measured depth; a depth left out (too few trials) repeats the row above
+        it. Without per-depth vectors: the pooled vector as the single row."""
+        if not self.by_depth:
+            return self.acceptance[None, :].copy()
+        rows, last = [], self.acceptance
+        for d in range(1, max(self.by_depth) + 1):
+            last = self.by_depth.get(d, last)
+            rows.append(last)
+        return np.stack(rows)
+
+    @property
+    def positional_consistent(self) -> bool | None:
+        """Whether the acceptance mass of every measured depth agreed with the pooled one (the positional
+        assumption, Sequoia section 3.1; ``measured.positional_consistent``, written by ``treeopt profile
+        acceptance``); None when not recorded."""
+        v = self.measured.get("positional_consistent")
+        return None if v is None else bool(v)
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"format": ACCEPTANCE_FORMAT, "id": self.id}
         if self.example:

@@ -62,12 +62,17 @@ def solve(
     width: Annotated[
         Optional[int], typer.Option("--width", "-k", help="Expected K (entries of the acceptance vector); refuse another length.")
     ] = None,
+    acceptance_model: Annotated[str, typer.Option(
+        "--acceptance-model", help="positional (Sequoia's p_k, the same at every depth) | by-depth (the "
+        "profile's per-depth vectors: drafters whose accepted tokens come in runs, such as lookup) | auto "
+        "(by-depth when the profile's positional check failed).")] = "auto",
     as_json: JsonOpt = False,
 ) -> None:
     """Find the speculation tree with the most expected tokens per second (or per step without --latency)."""
     from ..errors import SolverError
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
-    from ..solver import choose, compare_baselines, solve_dp
+    from ..solver import choose, compare_baselines
+    from ..solver.depth import ACCEPTANCE_MODELS, solve_profile
 
     export = _exporter(fmt or "yaml")
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
@@ -77,6 +82,8 @@ def solve(
         raise SolverError("--context selects where to read the latency profile: pass --latency too (or drop it)")
     if context is not None and context < 0:
         raise SolverError(f"--context must be a number of tokens >= 0, got {context}")
+    if acceptance_model not in ACCEPTANCE_MODELS:
+        raise SolverError(f"unknown --acceptance-model {acceptance_model!r}; use {' | '.join(ACCEPTANCE_MODELS)}")
     acc = load_acceptance(acceptance)
     if width is not None and acc.width != width:
         raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
@@ -93,8 +100,14 @@ def solve(
         "max_branching": max_branching,
     }
 
+    sol, model_used = solve_profile(acc, budget, max_depth, max_branching, acceptance_model)
+    data["acceptance_model"] = model_used
+    if model_used == "by-depth":
+        report.notes.append(
+            f"acceptance model by-depth: the profile's per-depth vectors (depths 1..{len(acc.depth_rows())}, deeper "
+            "levels use the last) " + ("because its positional check failed (acceptance differs by depth "
+                                       "beyond noise)" if acceptance_model == "auto" else "as asked"))
     if curve is None:
-        sol = solve_dp(p, budget, max_depth, max_branching)
         tree = sol.tree()
         g = sol.expected_tokens()
         chosen_budget, chosen_depth, speedup = budget, max_depth, None
@@ -112,13 +125,14 @@ def solve(
         }
         report.summary = {
             "acceptance profile": acc.id,
+            "acceptance model": model_used,
             "nodes": tree.size,
             "depth": tree.tree_depth,
             "level widths": list(tree.level_widths),
             "expected tokens / step": g,
         }
     else:
-        ch = choose(p, curve, budget, max_depth, max_branching, context=context)
+        ch = choose(p, curve, budget, max_depth, max_branching, context=context, solution=sol)
         tree, g, speedup = ch.tree, ch.expected_tokens, ch.speedup
         chosen_budget, chosen_depth = ch.budget, ch.depth
         best = ch.alternatives[0]
@@ -132,6 +146,7 @@ def solve(
             "acceptance profile": acc.id,
             "latency profile": curve.id,
             "drafter": acc.measured.get("draft") or curve.model.get("draft"),
+            "acceptance model": model_used,
             "draft cost model": curve.cost_model,
             "context (tokens)": context if context is not None else int(curve.contexts[0]),
             "nodes": tree.size,
@@ -180,7 +195,8 @@ def solve(
         latency_profile=curve.id if curve else None,
         solver="sequoia-dp" + ("+hardware" if curve else ""),
         date=now_iso(),
-        extra={"max_branching": max_branching, "budget_limit": budget, **_measured_on(acc, curve)},
+        extra={"max_branching": max_branching, "budget_limit": budget, "acceptance_model": model_used,
+               **_measured_on(acc, curve)},
     )
     data["tree"] = {"choices": tree.choices(), "metadata": meta.to_dict()}
     out = None

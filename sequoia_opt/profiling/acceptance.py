@@ -164,6 +164,13 @@ def measure_acceptance(
     return counts
 
 
+def _positional_flag(counts: AcceptanceCounts) -> dict:
+    """``{"positional_consistent": bool}`` when at least two depths had enough trials to test the positional
+    assumption (:func:`positional_check`), else ``{}``."""
+    rows = positional_check(counts)
+    return {"positional_consistent": all(r["consistent"] for r in rows)} if len(rows) >= 2 else {}
+
+
 def build_acceptance_profile(
     counts: AcceptanceCounts,
     *,
@@ -183,7 +190,9 @@ def build_acceptance_profile(
 ) -> AcceptanceProfile:
     """Assemble a validated ``treeopt-acceptance/1`` :class:`AcceptanceProfile` from measured counts.
 
-    Per-depth vectors are stored for depths with at least 30 trials. ``draft_name`` names the drafter (a
+    Per-depth vectors are stored for depths with at least 30 trials, and ``measured.positional_consistent``
+    says whether they agree with the pooled vector (:func:`positional_check`, when two depths or more could
+    be tested): ``treeopt solve``'s ``auto`` acceptance model solves with the per-depth vectors when not. ``draft_name`` names the drafter (a
     checkpoint label, ``self:L`` or ``lookup:MIN-MAX``); ``draft_cost_model`` (``per-level`` / ``one-pass``),
     when given, is stored as ``measured.draft_cost_model``.
     """
@@ -201,6 +210,7 @@ def build_acceptance_profile(
             "prompts": prompts_file, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
             "seed": seed, "steps": counts.steps,
             "tokens_per_step": round(counts.tokens / counts.steps, 4) if counts.steps else None,
+            **_positional_flag(counts),
         },
         "acceptance": [float(x) for x in counts.vector()],
         "counts": [int(x) for x in counts.counts],
