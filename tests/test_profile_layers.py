@@ -4,25 +4,32 @@ bad input, one line, exit 2 and nothing)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import PROMPTS, byte_tokenizer, tiny_config  # noqa: E402
 
+from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.decoding import LayerSkipDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError, SolverError  # noqa: E402
 from sequoia_opt.model import Transformer  # noqa: E402
+from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
+from sequoia_opt.model.loaders import load_checkpoint  # noqa: E402
+from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
 from sequoia_opt.profiling.acceptance import measure_acceptance  # noqa: E402
 from sequoia_opt.profiling.latency import LatencyTable  # noqa: E402
 from sequoia_opt.profiling.layers import check_layers, default_layer_grid, sweep_layers  # noqa: E402
 from sequoia_opt.profiling.timing import Timing  # noqa: E402
 from sequoia_opt.solver.hardware import score_tree  # noqa: E402
 
+runner = CliRunner()
 N_LAYERS = 4
 FAST = {"min_repeats": 1, "max_repeats": 2, "warmup": 1}
 
@@ -163,3 +170,101 @@ def test_sweep_refuses_bad_inputs_before_measuring(target, prompt_ids, kwargs, e
     with pytest.raises(ProfileError, match="did not measure one token"):
         sweep_layers(target, prompt_ids, target_tables=[LatencyTable(16, [2, 8], [Timing(1, 1, 1, 1)] * 2)],
                      **SWEEP)
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("layers")
+    save_hf_checkpoint(_target(), byte_tokenizer(), root / "target")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return root / "target", prompts
+
+
+def _cli(target: Path, prompts: Path, out: Path, *extra: str):
+    args = ["profile", "layers", "--target", target, "--prompts", prompts, "--num-prompts", "3", "-k", "4",
+            "--depth", "3", "--max-new-tokens", "16", "--context", "16", "--max-tokens", "8",
+            "--max-draft-tokens", "4", "--max-repeats", "2", "--rounds", "1", "--max-depth", "4",
+            "--max-branching", "4", "--output-dir", out, *extra]
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_cli_sweeps_and_writes_the_best_profiles(checkpoint, tmp_path):
+    target, prompts = checkpoint
+    out = tmp_path / "profiles"
+    r = _cli(target, prompts, out, "--layers", "3,1", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    rows = doc["rows"]
+    assert [row["num_layers"] for row in rows] == [1, 3]
+    best = doc["best"]
+    assert best == max(rows, key=lambda row: (round(row["predicted_speedup"], 9), -row["num_layers"]))["num_layers"]
+    assert [row["best"] for row in rows] == [row["num_layers"] == best for row in rows]
+    assert doc["budget"] == 8 and sorted(map(int, doc["target_forward_ms"])) == list(range(1, 9))
+    assert all(sorted(map(int, row["draft_forward_ms"])) == [1, 2, 4] for row in rows)
+    acc_path, lat_path = Path(doc["acceptance_profile"]), Path(doc["latency_profile"])
+    assert acc_path == out / f"target__self-L{best}" / "acceptance-greedy.yaml"
+    assert lat_path.parent.parent == out and lat_path.name == f"target__self-L{best}-latency.yaml"
+    # only the best L's two profiles are written
+    assert sorted(p for p in out.rglob("*") if p.is_file()) == sorted([acc_path, lat_path])
+    acc, lat = load_acceptance(acc_path), load_latency(lat_path)
+    assert acc.measured["draft"] == f"self:{best}" and acc.measured["draft_cost_model"] == "per-level"
+    assert acc.measured["mode"] == "greedy" and acc.width == 4 and acc.measured["num_prompts"] == 3
+    assert lat.model["draft"] == f"self:{best}" and lat.cost_model == "per-level"
+    assert list(lat.contexts) == [16] and lat.max_target_tokens() == 8 and lat.max_draft_tokens() == 4
+    assert lat.source.startswith("measured by treeopt profile layers (1 round, each n timed alternately")
+    # each row's counts: an independent greedy measurement of self:L on the same prompts
+    model, tok = load_checkpoint(target, device="cpu", dtype=torch.float32)
+    ids = [tok.encode(p) for p in PROMPTS[:3]]
+    for row in rows:
+        L = row["num_layers"]
+        ref = measure_acceptance(model, LayerSkipDrafter(model, L), ids, width=4, depth=3, max_new_tokens=16,
+                                 eos_ids=sorted(tok.eos_ids))
+        assert row["counts"] == [int(x) for x in ref.counts]
+        if L == best:
+            assert list(acc.counts) == row["counts"]
+    # the next commands the report gives work as written
+    assert doc["next"][1].endswith(f"--draft self:{best} --tree tree-self-L{best}.yaml")
+    solve = doc["next"][0].split()
+    assert solve[:2] == ["treeopt", "solve"]
+    tree = tmp_path / "tree.yaml"
+    r = runner.invoke(app, solve[1:-2] + ["-o", str(tree)])  # the command, less its -o
+    assert r.exit_code == 0, r.output
+    assert tree.is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layers", "0,2"], "--layers has L = 0: L must be in 1..3"),
+    (["--layers", "4"], "--layers has L = 4: L must be in 1..3 (the target has 4 layers"),
+    (["--layers", ""], "--layers lists no L"),
+    (["--layers", " , "], "--layers lists no L"),
+    (["--layers", "a,2"], "--layers must be comma-separated integers"),
+    (["--context", "-1"], "--context must be a number of tokens >= 0"),
+    (["--context", "600"], "--context 600 + 8 tokens exceeds the target's context of 512"),
+    (["--context", "1,2"], "Invalid value for '--context'"),
+    (["--budget", "9"], "--budget 9 exceeds --max-tokens 8"),
+    (["--width", "300"], "--width 300 asks for more candidates"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--device", "tpu"], "unknown device"),
+])
+def test_cli_bad_input_is_one_line_exit_2_nothing_written(checkpoint, tmp_path, args, message):
+    target, prompts = checkpoint
+    out = tmp_path / "profiles"
+    r = _cli(target, prompts, out, *args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert r.output.strip().count("\n") == 0  # one line
+    assert not out.exists()
+
+
+def test_cli_refuses_an_output_folder_that_is_a_file_before_measuring(checkpoint, tmp_path):
+    target, prompts = checkpoint
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder\n")
+    r = _cli(target, prompts, blocked, "--layers", "1")
+    assert r.exit_code == 2 and "is not a folder" in r.output
+    assert "target forward" not in r.output  # refused before anything was timed
+    assert blocked.read_text() == "not a folder\n"
