@@ -236,6 +236,19 @@ def test_cli_sweeps_and_writes_the_best_profiles(checkpoint, tmp_path):
     assert tree.is_file()
 
 
+def test_cli_says_when_no_L_beats_plain_decoding(checkpoint, tmp_path):
+    # a budget of one node: every L's tree is the root alone (speedup 1), the tie goes to the smallest L
+    target, prompts = checkpoint
+    r = _cli(target, prompts, tmp_path / "profiles", "--layers", "2,1", "--budget", "1", "--max-new-tokens", "4",
+             "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [row["tree_nodes"] for row in doc["rows"]] == [1, 1] and doc["best"] == 1
+    assert doc["predicted_speedup"] == pytest.approx(1.0)
+    assert any("no L swept is predicted to beat plain decoding" in w for w in doc["warnings"])
+    assert Path(doc["acceptance_profile"]).is_file() and Path(doc["latency_profile"]).is_file()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--layers", "0,2"], "--layers has L = 0: L must be in 1..3"),
     (["--layers", "4"], "--layers has L = 4: L must be in 1..3 (the target has 4 layers"),

@@ -499,6 +499,10 @@ def profile_layers(
                                       prompts_found=len(texts), prompts_file=pfile))
     report.notes.extend(notes)
     report.notes.append(f"best: --draft self:{L}; next: " + " && ".join(next_cmds))
+    if round(best.predicted_speedup, 9) <= 1.0:
+        report.warnings.append(
+            f"no L swept is predicted to beat plain decoding on this device (every L's best tree is the root alone "
+            f"or slower); self:{L} was kept as the tie-break (the smallest L) and its profiles written for the record")
     report.data = {"target": tname, "n_layers": n_layers, "context": context, "mode": mode, "budget": budget,
                    "max_depth": max_depth, "max_branching": max_branching, "step_overhead_ms": overhead,
                    "target_forward_ms": {int(n): t.median_ms for n, t in zip(ttables[0].tokens, ttables[0].timings)},

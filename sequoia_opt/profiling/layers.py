@@ -271,8 +271,9 @@ def sweep_layers(
         curve = build_latency_profile(
             target_tables=target_tables, draft_tables=dtables, step_overhead_ms=step_overhead_ms, device=dev,
             dtype=dt, target_name=target_name, target_config=target.config, draft_name=f"self:{L}",
-            draft_config=None, random_weights=False, profile_id=f"{device_slug(dev)}_{target_name}__self-L{L}_{dt_name}",
-            method=method, draft_cost_model="per-level", command="treeopt profile layers")
+            draft_config=None, random_weights=False,
+            profile_id=f"{device_slug(dev)}_{target_name}__self-L{L}_{dt_name}", method=method,
+            draft_cost_model="per-level", command="treeopt profile layers")
         choice: Choice | None = None
         if counts.trials:
             try:
