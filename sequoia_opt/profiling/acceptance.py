@@ -187,6 +187,7 @@ def build_acceptance_profile(
     max_new_tokens: int,
     seed: int,
     draft_cost_model: str | None = None,
+    command: str = "treeopt profile acceptance",
 ) -> AcceptanceProfile:
     """Assemble a validated ``treeopt-acceptance/1`` :class:`AcceptanceProfile` from measured counts.
 
@@ -194,12 +195,13 @@ def build_acceptance_profile(
     says whether they agree with the pooled vector (:func:`positional_check`, when two depths or more could
     be tested): ``treeopt solve``'s ``auto`` acceptance model solves with the per-depth vectors when not. ``draft_name`` names the drafter (a
     checkpoint label, ``self:L`` or ``lookup:MIN-MAX``); ``draft_cost_model`` (``per-level`` / ``one-pass``),
-    when given, is stored as ``measured.draft_cost_model``.
+    when given, is stored as ``measured.draft_cost_model``; ``command`` is named in ``source`` as what
+    measured it.
     """
     doc = {
         "format": ACCEPTANCE_FORMAT,
         "id": profile_id,
-        "source": (f"measured by treeopt profile acceptance: decoder verifier on a rank-0 spine of depth "
+        "source": (f"measured by {command}: decoder verifier on a rank-0 spine of depth "
                    f"{depth} with {counts.width} candidates per spine node"),
         "measured": {
             "target": target_name, "draft": draft_name,

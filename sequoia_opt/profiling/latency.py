@@ -275,10 +275,12 @@ def build_latency_profile(
     profile_id: str,
     method: str | None = None,
     draft_cost_model: str = "per-level",
+    command: str = "treeopt profile latency",
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
 
-    ``method`` (for example :func:`method_text`'s) is appended to the profile's ``source`` line.
+    ``method`` (for example :func:`method_text`'s) is appended to the profile's ``source`` line, which names
+    ``command`` as what measured it (``treeopt profile layers`` writes profiles too).
     ``draft_cost_model`` (``"per-level"`` or ``"one-pass"``, the drafter's
     :attr:`~sequoia_opt.decoding.drafters.Drafter.cost_model`) is stored in every draft table; ``draft_name``
     names the drafter (a checkpoint label, ``self:L``, ``lookup:MIN-MAX``).
@@ -308,7 +310,7 @@ def build_latency_profile(
     doc = {
         "format": LATENCY_FORMAT,
         "id": profile_id,
-        "source": ("measured by treeopt profile latency" + (f" ({method})" if method else "")
+        "source": (f"measured by {command}" + (f" ({method})" if method else "")
                    + (" with RANDOM weights of the model's shape "
                    "(latency does not depend on weight values)" if random_weights else "")
                    + ("" if draft_tables is not None else "; draft cost NOT measured (recorded as 0 ms)")),
