@@ -142,6 +142,18 @@ def _ms_at_one(table: LatencyTable, what: str) -> float:
     return table.timings[table.tokens.index(1)].median_ms
 
 
+def _solution(counts: "AcceptanceCounts", budget: int, max_depth: int, max_branching: int):
+    """The DP solution ``treeopt solve --acceptance-model auto`` would use for the profile these counts make
+    (per-depth vectors when the positional check fails on two depths or more, else the pooled vector)."""
+    from ..profiles import AcceptanceProfile
+    from ..solver.depth import solve_profile
+    from .acceptance import _positional_flag
+
+    prof = AcceptanceProfile(id="sweep", acceptance=counts.vector(), measured=_positional_flag(counts),
+                             by_depth=counts.depth_vectors(min_trials=30))
+    return solve_profile(prof, budget, max_depth, max_branching, "auto")[0]
+
+
 def sweep_layers(
     target: Transformer,
     prompt_ids: Sequence[Sequence[int]],
@@ -277,7 +289,8 @@ def sweep_layers(
         choice: Choice | None = None
         if counts.trials:
             try:
-                choice = choose(counts.vector(), curve, budget, max_depth, max_branching, context=ctx)
+                choice = choose(counts.vector(), curve, budget, max_depth, max_branching, context=ctx,
+                                solution=_solution(counts, budget, max_depth, max_branching))
             except (ProfileError, SolverError):
                 choice = None
         c1 = _ms_at_one(dtables[contexts.index(ctx)], f"self:{L} draft")
