@@ -29,7 +29,7 @@ drafter, its cost model, c(1)/T(1), its best tree, and predicted against measure
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -178,15 +178,16 @@ def _self_drafter_stage(target: Transformer, prompt_ids: Sequence[Sequence[int]]
     dt = target.dtype if dtype is None else dtype
     rows = []
     for L in sorted(set(int(x) for x in layers)):
-        def tagged(what: str, done: int, total: int, L: int = L) -> None:
-            if progress:
-                progress(f"self L={L} {what}", done, total)
+        def tagged(stage: str, L: int = L) -> ProgressFn | None:
+            return (lambda what, done, total: progress(f"self L={L} {stage}, {what}", done, total)) if progress \
+                else None
 
         counts = measure_acceptance(target, lambda L=L: LayerSkipDrafter(target, L), prompt_ids, width=width,
                                     depth=depth, max_new_tokens=max_new_tokens, eos_ids=eos_ids, backend=backend,
-                                    progress=tagged)
+                                    progress=tagged("acceptance"))
         tables = profile_drafter(target, ("self", L), list(draft_tokens), [t.context for t in target_tables],
-                                 backend=backend, progress=tagged, rounds=rounds, paired=paired, **timing_kw)
+                                 backend=backend, progress=tagged("draft timing"), rounds=rounds, paired=paired,
+                                 **timing_kw)
         curve = build_latency_profile(
             target_tables=target_tables, draft_tables=tables, step_overhead_ms=step_overhead_ms, device=dev, dtype=dt,
             target_name=target_name, target_config=target.config, draft_name=f"self:{L}", draft_config=None,
@@ -225,7 +226,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     Raises:
         TreeoptError: the demo target or draft is missing (with the install command), bad device / dtype.
     """
-    s = settings if settings is not None else (DemoSettings.quick() if quick else DemoSettings())
+    s = replace(settings) if settings is not None else (DemoSettings.quick() if quick else DemoSettings())
     if max_new_tokens is not None:
         s.max_new_tokens = max_new_tokens
     if num_prompts is not None:
@@ -275,7 +276,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     overhead_nomodel = measure_step_overhead(pair.target, look.new_drafter, backend=backend)  # no draft cache
 
     def tagged(stage: str) -> ProgressFn | None:
-        return (lambda what, done, total: progress(f"{stage} {what}", done, total)) if progress else None
+        return (lambda what, done, total: progress(f"{stage}, {what}", done, total)) if progress else None
 
     ltab = profile_drafter(pair.target, ("lookup", look.new_drafter), grid, [s.context], backend=backend,
                            progress=progress, rounds=s.latency_rounds, max_repeats=s.latency_repeats)
@@ -287,7 +288,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     look_ids = prof_ids[: s.lookup_prompts]
     look_counts = measure_acceptance(pair.target, look.new_drafter, look_ids, width=s.extra_width,
                                      depth=s.extra_depth, max_new_tokens=s.lookup_new_tokens, eos_ids=eos,
-                                     backend=backend, progress=tagged("lookup"))
+                                     backend=backend, progress=tagged("lookup acceptance"))
     look_acc = acceptance_profile(look_counts, look.draft_name, look.cost_model, s.extra_depth, len(look_ids),
                                   s.lookup_new_tokens)
     layers = list(s.self_layers) if s.self_layers is not None else _spread_layers(pair.target.config.n_layers)
@@ -419,13 +420,19 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     else:
         report.notes.append(f"self:L not compared: the target has {pair.target.config.n_layers} layer(s), no L "
                             "leaves one out")
+    for pl in plans:
+        if pl.tree.size == 1:
+            report.notes.append(f"{pl.label}: no tree beats plain decoding under its profiles on this device; its best "
+                                "tree is the root alone (plain decoding through the speculative decoder)")
     if sweep is not None and self_acc is None:
         report.notes.append("self:L not compared: its acceptance measurement recorded no trials")
+    fewer = (len(look_ids) * s.lookup_new_tokens < len(ids) * s.acc_new_tokens
+             or len(self_ids) * s.self_new_tokens < len(ids) * s.acc_new_tokens)
     report.notes.append(
-        f"acceptance of lookup on {len(look_ids)} profile prompt(s) x {s.lookup_new_tokens} new tokens, K = "
-        f"{s.extra_width} at depth {s.extra_depth} (self:L likewise); the draft model's on {len(ids)} x "
-        f"{s.acc_new_tokens}, K = {s.width} at depth {s.acc_depth}: fewer for the extra drafters, to keep the demo "
-        "short (their K is also their trees' max branching)")
+        f"acceptance measured on profile prompts x new tokens: the draft model on {len(ids)} x {s.acc_new_tokens} "
+        f"(K = {s.width}, depth {s.acc_depth}), lookup on {len(look_ids)} x {s.lookup_new_tokens} and self:L on "
+        f"{len(self_ids)} x {s.self_new_tokens} per L (K = {s.extra_width}, depth {s.extra_depth}, also their trees' "
+        "max branching)" + ("; fewer for the extra drafters, to keep the demo short" if fewer else ""))
     report.data = {"summary": report.summary, "run": run.to_dict(), "files": files,
                    "acceptance": acc.to_dict(), "latency_profile": curve.to_dict(),
                    "drafters": [asdict(r) for r in cmp.rows], "self_sweep": sweep_rows}

@@ -29,6 +29,8 @@ from .errors import DecodingError
 from .decoding import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
 from .decoding.drafters import Drafter, drafter_factory
 from .model import Transformer
+from .profiles import AcceptanceProfile, LatencyCurve
+from .solver.hardware import Choice
 from .tree import Tree, TreeMetadata, now_iso
 
 ProgressFn = Callable[[str, int, int], None]
@@ -381,13 +383,13 @@ class DrafterPlan:
 
     label: str
     cost_model: str
-    acceptance: Any
-    curve: Any
+    acceptance: AcceptanceProfile
+    curve: LatencyCurve
     context: int
     budget: int
     max_depth: int
     max_branching: int
-    choice: Any
+    choice: Choice
     metadata: TreeMetadata
     name: str
 
@@ -410,7 +412,7 @@ def _same_name(a: Any, b: Any) -> bool:
     return str(a).strip().lower() == str(b).strip().lower()
 
 
-def check_drafter_profiles(label: str, cost_model: str, acceptance: Any, curve: Any) -> None:
+def check_drafter_profiles(label: str, cost_model: str, acceptance: AcceptanceProfile, curve: LatencyCurve) -> None:
     """Refuse profiles measured with another drafter than ``label`` (nothing is loaded; call it before any
     weights load). Checked: the acceptance profile's ``measured.draft`` and ``measured.draft_cost_model``, the
     latency profile's ``model.draft`` and draft-table ``cost_model``. A name a profile does not record is not
@@ -442,7 +444,8 @@ def check_drafter_profiles(label: str, cost_model: str, acceptance: Any, curve: 
                            f"{cost_model}")
 
 
-def plan_drafter(label: str, cost_model: str, acceptance: Any, curve: Any, *, budget: int | None = None,
+def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, curve: LatencyCurve, *,
+                 budget: int | None = None,
                  max_depth: int = 10, max_branching: int = 8, context: int | None = None,
                  name: str | None = None, check: bool = True) -> DrafterPlan:
     """Choose one drafter's best tree from its own profiles: :func:`~sequoia_opt.solver.hardware.choose` on

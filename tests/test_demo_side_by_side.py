@@ -99,7 +99,8 @@ def test_demo_report_has_the_side_by_side_table_and_the_sweep(demo):
     cols, body = tables["self"]
     assert [row[0] for row in body] == [1] and body[0][-1] == "<-"
     assert result.report.summary["drafters compared"] == "draft, lookup:1-3, self:1"
-    assert any("acceptance of lookup on 2 profile prompt(s) x 8 new tokens" in n for n in result.report.notes)
+    assert any("the draft model on 2 x 8 (K = 3, depth 2), lookup on 2 x 8 and self:L on 1 x 8 per L (K = 2, depth 2"
+               in n and n.endswith("; fewer for the extra drafters, to keep the demo short") for n in result.report.notes)
     assert [d["drafter"] for d in result.report.data["drafters"]] == ["draft", "lookup:1-3", "self:1"]
     import json
 

@@ -284,6 +284,9 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     for plan, (a, lat) in zip(plans, paths):
         report.notes.append(f"{plan.label}: tree solved from {a} and {lat} (budget {plan.budget}, max depth "
                             f"{plan.max_depth}, max branching {plan.max_branching}, context {plan.context})")
+        if plan.tree.size == 1:
+            report.notes.append(f"{plan.label}: no tree beats plain decoding under its profiles; its best tree is the "
+                                "root alone (plain decoding through the speculative decoder)")
     report.notes.extend(notes)
     report.warnings = warnings
     for m in run.mismatch_details:
