@@ -11,26 +11,43 @@
    picks from a GPU-like latency curve (flat up to 64 tokens) as the hardware-awareness cross-check;
 5. run every tree and plain decoding on the held-out *eval* prompts (``evaluation.run_trees``), check greedy
    outputs equal plain decoding, and report predicted against measured tokens per step and speedup.
+
+Beside the draft model, the other shipped drafters go through the same profile -> solve -> run, and every
+drafter's best tree runs in the same call (one plain baseline, the same prompts):
+
+* prompt lookup (``lookup:1-3``, one-pass): its c(w) per proposal (``profiling.latency.profile_drafter``) and
+  its greedy acceptance vector (``profiling.acceptance.measure_acceptance``);
+* self layer-skip (``self:L``, the target's first L layers): a small sweep over L (acceptance and c(w) per L,
+  the target's T(n) shared) keeps the L whose hardware-aware tree predicts the highest speedup.
+
+Their acceptance is measured on fewer prompts (and a smaller measurement tree) than the draft model's, to keep
+the demo short (:class:`DemoSettings`); the report says how many. A "drafters side by side" table gives, per
+drafter, its cost model, c(1)/T(1), its best tree, and predicted against measured tokens per step and speedup
+(``evaluation.compare_drafters``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from .evaluation import RunReport, TreeEntry, run_trees
-from .pipeline import load_pair, parse_device, parse_dtype
+from .errors import ProfileError, SolverError
+from .evaluation import DrafterRow, RunReport, TreeEntry, compare_drafters, drafter_table, plan_drafter
+from .model import Transformer
+from .pipeline import DrafterSpec, ModelPair, drafter_slug, load_pair, parse_device, parse_dtype
 from .report import Report
 from .profiles import LatencyCurve, save_acceptance, save_latency
-from .profiling.acceptance import build_acceptance_profile, measure_acceptance
+from .profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
 from .profiling.device import device_slug
-from .profiling.latency import build_latency_profile, measure_step_overhead, method_text, profile_model
+from .profiling.latency import (LatencyTable, build_latency_profile, measure_step_overhead, method_text,
+                                profile_drafter, profile_model)
 from .profiling.timing import token_grid
 from .prompts import demo_prompts_path, load_prompts
-from .solver import choose, compare_baselines
+from .solver import Choice, choose, compare_baselines
 from .tree import TreeMetadata, now_iso, save_tree
 
 ProgressFn = Callable[[str, int, int], None]
@@ -53,21 +70,33 @@ class DemoSettings:
     max_depth: int = 10
     num_prompts: int = 6
     max_new_tokens: int = 64
+    # the other drafters (lookup, self:L): smaller acceptance measurements than the draft model's, to keep the
+    # demo short; K = extra_width is also their trees' max branching
+    extra_width: int = 4          # K of their acceptance vectors
+    extra_depth: int = 3          # depth of their measurement spine
+    lookup_prompts: int = 8       # lookup acceptance: profile prompts x new tokens
+    lookup_new_tokens: int = 32
+    self_layers: tuple[int, ...] | None = None  # L values swept (None: 3 spread over 1..n_layers-1)
+    self_prompts: int = 3         # self:L acceptance, per L: profile prompts x new tokens
+    self_new_tokens: int = 24
 
     @classmethod
     def quick(cls) -> "DemoSettings":
         return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, latency_rounds=1, width=4, acc_depth=3,
-                   acc_prompts=2, acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16)
+                   acc_prompts=2, acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16,
+                   lookup_prompts=2, lookup_new_tokens=16, self_prompts=1, self_new_tokens=16)
 
 
 @dataclass
 class DemoResult:
-    """What the demo produced: the rendered report (cli.Report), the run, and where files went."""
+    """What the demo produced: the rendered report (cli.Report), the run, where files went, and one
+    :class:`~sequoia_opt.evaluation.DrafterRow` per drafter (the side-by-side table)."""
 
     report: Any
     run: RunReport
     greedy_ok: bool
     files: dict[str, str]
+    drafters: list[DrafterRow] = field(default_factory=list)
 
 
 def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 64) -> LatencyCurve:
@@ -82,28 +111,132 @@ def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 6
                                   id=f"gpu-like-flat{flat_up_to}")
 
 
+def _spread_layers(n_layers: int, count: int = 3) -> list[int]:
+    """``count`` values of L spread evenly over ``1 .. n_layers - 1``, ending at ``n_layers - 1`` (fewer when
+    the range is shorter): ``round(i * (n_layers - 1) / count)``, i = 1..count. 30 layers -> [10, 19, 29]."""
+    top = n_layers - 1
+    return sorted({max(1, math.floor(i * top / count + 0.5)) for i in range(1, count + 1)}) if top >= 1 else []
+
+
+@dataclass
+class _LayerRow:
+    """One L of :func:`_self_drafter_stage` (the fields of ``profiling.layers.LayerChoice`` it uses)."""
+
+    num_layers: int
+    counts: AcceptanceCounts
+    draft_tables: list[LatencyTable]
+    curve: LatencyCurve
+    choice: Choice | None
+    expected_tokens: float
+    predicted_speedup: float
+    c1_over_T1: float
+
+
+@dataclass
+class _LayerSweep:
+    """The rows in increasing L and the best (``profiling.layers.LayerSweep``'s shape)."""
+
+    rows: list[_LayerRow]
+    best: _LayerRow
+
+
+def _self_drafter_stage(target: Transformer, prompt_ids: Sequence[Sequence[int]], *,
+                        target_tables: list[LatencyTable], step_overhead_ms: float, layers: Sequence[int],
+                        width: int, depth: int, max_new_tokens: int, draft_tokens: Sequence[int], budget: int,
+                        max_depth: int, max_branching: int, eos_ids: Sequence[int] = (), backend: str = "auto",
+                        context: int | None = None, target_name: str = "target",
+                        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                        progress: ProgressFn | None = None, rounds: int = 1, paired: bool = True,
+                        **timing_kw: Any) -> _LayerSweep:
+    """Which L for ``self:L``: per L, greedy acceptance (:func:`measure_acceptance` with a
+    :class:`~sequoia_opt.decoding.drafters.LayerSkipDrafter`, a ``width`` x ``depth`` measurement tree over
+    ``prompt_ids``), c(w) at ``draft_tokens`` (:func:`profile_drafter` with ``("self", L)``, at the target
+    tables' contexts), the curve with the target's shared T(n), and the hardware-aware choice (``budget``,
+    ``max_depth``, ``max_branching`` at ``context``); the best L is the one whose tree predicts the highest
+    speedup (ties: the smaller L).
+
+    The arguments are those of ``sequoia_opt.profiling.layers.sweep_layers``, which does this sweep with its
+    checks; this local version stands in for it until that module is merged (then this body becomes one call).
+
+    Returns:
+        rows (increasing L) and the best, each with ``num_layers``, ``counts``, ``draft_tables``, ``curve``
+        (``treeopt-latency/1``, cost model per-level, drafter ``self:L``), ``choice`` (None without trials or
+        when the solver refused), ``expected_tokens`` / ``predicted_speedup`` (1.0 without a choice), and
+        ``c1_over_T1`` (c(1) / T(1) at the context).
+
+    Raises:
+        ProfileError: an empty layer grid. DecodingError: as :func:`measure_acceptance` (before any forward).
+    """
+    from .decoding.drafters import LayerSkipDrafter
+
+    if not layers:
+        raise ProfileError("no L to sweep for self:L (the target needs at least 2 layers)")
+    ctx = target_tables[0].context if context is None else int(context)
+    t_one = next(t for t in target_tables if t.context == ctx)
+    t1 = t_one.timings[t_one.tokens.index(1)].median_ms
+    dev = target.device if device is None else device
+    dt = target.dtype if dtype is None else dtype
+    rows = []
+    for L in sorted(set(int(x) for x in layers)):
+        def tagged(stage: str, L: int = L) -> ProgressFn | None:
+            return (lambda what, done, total: progress(f"self L={L} {stage}, {what}", done, total)) if progress \
+                else None
+
+        counts = measure_acceptance(target, lambda L=L: LayerSkipDrafter(target, L), prompt_ids, width=width,
+                                    depth=depth, max_new_tokens=max_new_tokens, eos_ids=eos_ids, backend=backend,
+                                    progress=tagged("acceptance"))
+        tables = profile_drafter(target, ("self", L), list(draft_tokens), [t.context for t in target_tables],
+                                 backend=backend, progress=tagged("draft timing"), rounds=rounds, paired=paired,
+                                 **timing_kw)
+        curve = build_latency_profile(
+            target_tables=target_tables, draft_tables=tables, step_overhead_ms=step_overhead_ms, device=dev, dtype=dt,
+            target_name=target_name, target_config=target.config, draft_name=f"self:{L}", draft_config=None,
+            random_weights=False, method=method_text(rounds, paired, list(draft_tokens)),
+            profile_id=f"{device_slug(dev)}_{target_name}__self-L{L}_{str(dt).removeprefix('torch.')}",
+            draft_cost_model="per-level")
+        choice = None
+        if counts.trials:
+            try:
+                choice = choose(counts.vector(), curve, budget, max_depth, max_branching, context=ctx)
+            except (ProfileError, SolverError):
+                choice = None
+        d_one = next(t for t in tables if t.context == ctx)
+        c1 = d_one.timings[d_one.tokens.index(1)].median_ms
+        rows.append(_LayerRow(L, counts, tables, curve, choice, choice.expected_tokens if choice else 1.0,
+                              choice.speedup if choice else 1.0, c1 / t1))
+    best = max(rows, key=lambda r: (round(r.predicted_speedup, 9), -r.num_layers))
+    return _LayerSweep(rows, best)
+
+
 def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int | None = None,
              num_prompts: int | None = None, quick: bool = False, out_dir: Path = Path("results/demo"),
-             backend: str = "auto", progress: ProgressFn | None = None) -> DemoResult:
+             backend: str = "auto", progress: ProgressFn | None = None, target: Path | None = None,
+             draft: str | Path | None = None, settings: DemoSettings | None = None) -> DemoResult:
     """Profile -> solve -> run on the demo pair (see module docstring). Writes under ``out_dir``:
-    ``latency.yaml``, ``acceptance.yaml``, ``tree.yaml`` (+ one YAML per compared tree), the run's JSON and
-    CSV, and PNG plots. Returns a :class:`DemoResult`.
+    ``latency.yaml``, ``acceptance.yaml``, ``tree.yaml`` (+ one YAML per compared tree) for the draft model,
+    ``latency-<drafter>.yaml``, ``acceptance-<drafter>.yaml`` and ``tree-<drafter>.yaml`` for the lookup and
+    self drafters (``lookup-1-3``, ``self-L<L>``), the run's JSON (with the side-by-side rows under
+    ``drafters``) and CSV, and PNG plots. Returns a :class:`DemoResult`.
 
     ``max_new_tokens`` / ``num_prompts`` (evaluation tokens per prompt, evaluation prompts): None takes the
-    settings' value (64 / 6, or 16 / 2 with ``quick``); a value given wins over ``quick`` too.
+    settings' value (64 / 6, or 16 / 2 with ``quick``); a value given wins over ``quick`` too. ``target`` /
+    ``draft``: another pair (a checkpoint path each; default: the demo pair), e.g. for tests; ``settings``:
+    the stage sizes (default: :class:`DemoSettings`, or its ``quick()``).
 
     Raises:
         TreeoptError: the demo target or draft is missing (with the install command), bad device / dtype.
     """
-    s = DemoSettings.quick() if quick else DemoSettings()
+    s = replace(settings) if settings is not None else (DemoSettings.quick() if quick else DemoSettings())
     if max_new_tokens is not None:
         s.max_new_tokens = max_new_tokens
     if num_prompts is not None:
         s.num_prompts = num_prompts
     dev, dt = parse_device(device), parse_dtype(dtype)
+    dtype_name = str(dt).removeprefix("torch.")
     out_dir = Path(out_dir)
-    pair = load_pair(None, None, device=dev, dtype=dt)
+    pair = load_pair(target, draft, device=dev, dtype=dt)
     eos = sorted(pair.tokenizer.eos_ids)
+    tname = pair.target_name
 
     # 2. latency of this device
     grid, dgrid = token_grid(s.max_tokens), token_grid(s.max_draft_tokens)
@@ -113,26 +246,83 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     overhead = measure_step_overhead(pair.target, pair.draft, backend=backend)
     curve = build_latency_profile(
         target_tables=tt, draft_tables=dtab, step_overhead_ms=overhead, device=dev, dtype=dt,
-        target_name=pair.target_name, target_config=pair.target.config, draft_name=pair.draft_name,
+        target_name=tname, target_config=pair.target.config, draft_name=pair.draft_name,
         draft_config=pair.draft.config, random_weights=False,
-        profile_id=f"{device_slug(dev)}_{pair.target_name}_{str(dt).removeprefix('torch.')}",
+        profile_id=f"{device_slug(dev)}_{tname}_{dtype_name}",
         method=method_text(s.latency_rounds, s.latency_paired, grid))
 
     # 3. acceptance of the pair, on the profile split
-    prof_prompts = load_prompts(demo_prompts_path("profile"), limit=s.acc_prompts)
-    ids = [pair.tokenizer.encode(p.text) for p in prof_prompts]
+    prof_prompts = load_prompts(demo_prompts_path("profile"), limit=max(s.acc_prompts, s.lookup_prompts,
+                                                                        s.self_prompts))
+    prof_ids = [pair.tokenizer.encode(p.text) for p in prof_prompts]
+    ids = prof_ids[: s.acc_prompts]
     counts = measure_acceptance(pair.target, pair.draft, ids, width=s.width, depth=s.acc_depth,
                                 max_new_tokens=s.acc_new_tokens, eos_ids=eos, backend=backend, progress=progress)
-    acc = build_acceptance_profile(
-        counts, profile_id=f"{pair.target_name}__{pair.draft_name}_greedy", target_name=pair.target_name,
-        draft_name=pair.draft_name, temperature=0.0, top_p=1.0, depth=s.acc_depth, device=str(dev),
-        dtype=str(dt).removeprefix("torch."), prompts_file="sequoia_opt/data/prompts/profile.jsonl",
-        num_prompts=len(ids), max_new_tokens=s.acc_new_tokens, seed=0)
+
+    def acceptance_profile(counts: AcceptanceCounts, label: str, cost_model: str, depth: int, n_prompts: int,
+                           new_tokens: int):
+        return build_acceptance_profile(
+            counts, profile_id=f"{tname}__{drafter_slug(label)}_greedy", target_name=tname, draft_name=label,
+            temperature=0.0, top_p=1.0, depth=depth, device=str(dev), dtype=dtype_name,
+            prompts_file="sequoia_opt/data/prompts/profile.jsonl", num_prompts=n_prompts, max_new_tokens=new_tokens,
+            seed=0, draft_cost_model=cost_model)
+
+    acc = acceptance_profile(counts, pair.draft_name, "per-level", s.acc_depth, len(ids), s.acc_new_tokens)
     p = acc.acceptance
 
-    # 4. solve for this device, for a GPU-like curve, and the best baselines
+    # 3b. the other shipped drafters, on this device: prompt lookup (one-pass) and self:L (per-level)
+    look_spec = DrafterSpec("lookup")
+    look = ModelPair(pair.target, None, pair.tokenizer, tname, look_spec.label, look_spec)
+    overhead_nomodel = measure_step_overhead(pair.target, look.new_drafter, backend=backend)  # no draft cache
+
+    def tagged(stage: str) -> ProgressFn | None:
+        return (lambda what, done, total: progress(f"{stage}, {what}", done, total)) if progress else None
+
+    ltab = profile_drafter(pair.target, ("lookup", look.new_drafter), grid, [s.context], backend=backend,
+                           progress=progress, rounds=s.latency_rounds, max_repeats=s.latency_repeats)
+    look_curve = build_latency_profile(
+        target_tables=tt, draft_tables=ltab, step_overhead_ms=overhead_nomodel, device=dev, dtype=dt,
+        target_name=tname, target_config=pair.target.config, draft_name=look.draft_name, draft_config=None,
+        random_weights=False, profile_id=f"{device_slug(dev)}_{tname}__{drafter_slug(look.draft_name)}_{dtype_name}",
+        method=method_text(s.latency_rounds, False, grid), draft_cost_model=look.cost_model)
+    look_ids = prof_ids[: s.lookup_prompts]
+    look_counts = measure_acceptance(pair.target, look.new_drafter, look_ids, width=s.extra_width,
+                                     depth=s.extra_depth, max_new_tokens=s.lookup_new_tokens, eos_ids=eos,
+                                     backend=backend, progress=tagged("lookup acceptance"))
+    look_acc = acceptance_profile(look_counts, look.draft_name, look.cost_model, s.extra_depth, len(look_ids),
+                                  s.lookup_new_tokens)
+    layers = list(s.self_layers) if s.self_layers is not None else _spread_layers(pair.target.config.n_layers)
+    layers = [L for L in layers if 1 <= L < pair.target.config.n_layers]
+    self_ids = prof_ids[: s.self_prompts]
+    self_tokens = sorted({w for w in (1, 2, 4, 8, 16, 32, 64) if w <= s.max_draft_tokens} | {s.max_draft_tokens})
+    sweep = _self_drafter_stage(
+        pair.target, self_ids, target_tables=tt, step_overhead_ms=overhead_nomodel, layers=layers,
+        width=s.extra_width, depth=s.extra_depth, max_new_tokens=s.self_new_tokens, draft_tokens=self_tokens,
+        budget=s.max_tokens, max_depth=s.max_depth, max_branching=s.extra_width, eos_ids=eos, backend=backend,
+        context=s.context, target_name=tname, device=dev, dtype=dt, progress=progress,
+        rounds=s.latency_rounds, paired=s.latency_paired, max_repeats=s.latency_repeats) if layers else None
+
+    # 4. solve for this device, for a GPU-like curve, and the best baselines; each drafter's own best tree
     ctx = s.context
-    choice = choose(p, curve, s.max_tokens, s.max_depth, s.width, context=ctx)
+    model_plan = plan_drafter(pair.draft_name, "per-level", acc, curve, budget=s.max_tokens, max_depth=s.max_depth,
+                              max_branching=s.width, context=ctx, name="solved (this CPU)")
+    choice = model_plan.choice
+    plans = [model_plan]
+    drafts: list[Any] = [pair.draft]
+    plans.append(plan_drafter(look.draft_name, look.cost_model, look_acc, look_curve, budget=s.max_tokens,
+                              max_depth=s.max_depth, max_branching=s.extra_width, context=ctx))
+    drafts.append(look.new_drafter)
+    self_acc = None
+    if sweep is not None and sweep.best.counts.trials:
+        best = sweep.best
+        self_spec = DrafterSpec("self", num_layers=best.num_layers)
+        self_pair = ModelPair(pair.target, None, pair.tokenizer, tname, self_spec.label, self_spec)
+        self_acc = acceptance_profile(best.counts, self_pair.draft_name, self_pair.cost_model, s.extra_depth,
+                                      len(self_ids), s.self_new_tokens)
+        plans.append(plan_drafter(self_pair.draft_name, self_pair.cost_model, self_acc, best.curve,
+                                  budget=s.max_tokens, max_depth=s.max_depth, max_branching=s.extra_width,
+                                  context=ctx))
+        drafts.append(self_pair.new_drafter)
     gpu_curve = gpu_like_curve(curve, ctx)
     gpu_choice = choose(p, gpu_curve, s.max_tokens, s.max_depth, s.width)
 
@@ -144,28 +334,35 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                             predicted_speedup=c.speedup, acceptance_profile=acc.id, latency_profile=curve.id,
                             solver=solver, date=now_iso())
 
-    entries = [TreeEntry("solved (this CPU)", choice.tree,
-                         meta("sequoia-dp+hardware", choice.tree, choice.budget, choice.depth))]
+    baselines: list[TreeEntry] = []
     for b in compare_baselines(p, s.max_tokens, s.max_depth, s.width, curve, context=ctx):
         if b.name in ("chain", "k-ary"):
             label = f"best {b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items())
-            entries.append(TreeEntry(label, b.tree, meta(f"baseline:{b.name}", b.tree, b.tree.size, b.tree.tree_depth)))
-    entries.append(TreeEntry("solved (GPU-like curve)", gpu_choice.tree,
-                             meta("sequoia-dp+hardware:gpu-like", gpu_choice.tree, gpu_choice.budget, gpu_choice.depth)))
+            baselines.append(TreeEntry(label, b.tree, meta(f"baseline:{b.name}", b.tree, b.tree.size,
+                                                           b.tree.tree_depth)))
+    gpu_entry = TreeEntry("solved (GPU-like curve)", gpu_choice.tree,
+                          meta("sequoia-dp+hardware:gpu-like", gpu_choice.tree, gpu_choice.budget, gpu_choice.depth))
+    baselines.append(gpu_entry)
 
-    # 5. run on the held-out eval split
+    # 5. run on the held-out eval split: plain decoding once, every drafter's tree and the baselines
     eval_prompts = load_prompts(demo_prompts_path("eval"), limit=s.num_prompts)
     eval_ids = [pair.tokenizer.encode(p.text) for p in eval_prompts]
-    run = run_trees(pair.target, pair.draft, entries, eval_ids, max_new_tokens=s.max_new_tokens, eos_ids=eos,
-                    backend=backend, progress=progress,
-                    settings={"target": pair.target_name, "draft": pair.draft_name, "demo": True,
-                              "prompts": "sequoia_opt/data/prompts/eval.jsonl"})
+    cmp = compare_drafters(pair.target, plans, drafts, eval_ids, max_new_tokens=s.max_new_tokens,
+                           extra_entries=baselines, draft=pair.draft, eos_ids=eos, backend=backend, progress=progress,
+                           settings={"target": tname, "draft": pair.draft_name, "demo": True,
+                                     "prompts": "sequoia_opt/data/prompts/eval.jsonl"})
+    run = cmp.run
 
     # outputs, each written atomically, after all measurements succeeded
     files = {"latency": str(save_latency(out_dir / "latency.yaml", curve)),
              "acceptance": str(save_acceptance(out_dir / "acceptance.yaml", acc)),
-             "tree": str(save_tree(out_dir / "tree.yaml", choice.tree, entries[0].metadata)),
-             "tree_gpu_like": str(save_tree(out_dir / "tree-gpu-like.yaml", gpu_choice.tree, entries[-1].metadata))}
+             "tree": str(save_tree(out_dir / "tree.yaml", choice.tree, model_plan.metadata)),
+             "tree_gpu_like": str(save_tree(out_dir / "tree-gpu-like.yaml", gpu_choice.tree, gpu_entry.metadata))}
+    for plan in plans[1:]:
+        slug = drafter_slug(plan.label)
+        files[f"latency_{slug}"] = str(save_latency(out_dir / f"latency-{slug}.yaml", plan.curve))
+        files[f"acceptance_{slug}"] = str(save_acceptance(out_dir / f"acceptance-{slug}.yaml", plan.acceptance))
+        files[f"tree_{slug}"] = str(save_tree(out_dir / f"tree-{slug}.yaml", plan.tree, plan.metadata))
     jpath, cpath = run.save(out_dir)
     files.update(run_json=str(jpath), run_csv=str(cpath))
     try:
@@ -180,10 +377,10 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
 
     report = Report(title="treeopt demo: profile -> solve -> run on this device")
     plain = run.summaries[0]
-    solved = run.summaries[1]
+    solved = next(x for x in run.summaries if x.tree == model_plan.name)
     report.summary = {
         "device": curve.device.get("name"), "threads": torch.get_num_threads(),
-        "target / draft": f"{pair.target_name} / {pair.draft_name}",
+        "target / draft": f"{tname} / {pair.draft_name}",
         "T(1) target / c(1) draft (ms)": f"{curve.target_ms(1, ctx):.2f} / {curve.draft_ms(1, ctx):.2f}",
         "acceptance p_1..p_4": ", ".join(f"{x:.3f}" for x in p[:4]),
         "chosen tree": f"{choice.tree.size} nodes, depth {choice.tree.tree_depth}, widths {list(choice.tree.level_widths)}",
@@ -192,6 +389,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         "measured speedup": solved.speedup,
         "predicted tokens/step": solved.predicted_tokens_per_step,
         "measured tokens/step": solved.tokens_per_step,
+        "drafters compared": ", ".join(pl.label for pl in plans),
         "greedy output == plain": "yes" if run.greedy_ok else "NO",
         "outputs": str(out_dir),
     }
@@ -203,9 +401,42 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
           f"{x.tps_ci95[0]:.2f} to {x.tps_ci95[1]:.2f}", x.predicted_speedup, x.speedup, x.tokens_per_s,
           x.draft_ms, x.verify_ms, x.bookkeeping_ms] for x in run.summaries[1:]],
     ))
+    report.tables.append(drafter_table(cmp.rows))
+    sweep_rows = []
+    if sweep is not None:
+        sweep_rows = [{"L": r.num_layers, "c1_over_T1": r.c1_over_T1, "trials": r.counts.trials,
+                       "p1": float(r.counts.vector()[0]) if r.counts.trials else None,
+                       "acceptance_mass": float(r.counts.vector().sum()) if r.counts.trials else None,
+                       "nodes": r.choice.tree.size if r.choice else None, "predicted_tokens_per_step": r.expected_tokens,
+                       "predicted_speedup": r.predicted_speedup, "best": r is sweep.best} for r in sweep.rows]
+        report.tables.append((
+            "self:L, which L: acceptance and cost per L, each L's best tree (predicted on this device)",
+            ["L", "c(1)/T(1)", "trials", "p_1", "sum p_k", "nodes", "pred. tokens/step", "pred. speedup", "best"],
+            [[r["L"], r["c1_over_T1"], r["trials"], r["p1"], r["acceptance_mass"], r["nodes"],
+              r["predicted_tokens_per_step"], r["predicted_speedup"], "<-" if r["best"] else ""] for r in sweep_rows]))
+        report.notes.append(f"self:L: L swept over {[r.num_layers for r in sweep.rows]}, best L = "
+                            f"{sweep.best.num_layers} (highest predicted speedup); acceptance per L on "
+                            f"{len(self_ids)} profile prompt(s) x {s.self_new_tokens} new tokens")
+    else:
+        report.notes.append(f"self:L not compared: the target has {pair.target.config.n_layers} layer(s), no L "
+                            "leaves one out")
+    for pl in plans:
+        if pl.tree.size == 1:
+            report.notes.append(f"{pl.label}: no tree beats plain decoding under its profiles on this device; its best "
+                                "tree is the root alone (plain decoding through the speculative decoder)")
+    if sweep is not None and self_acc is None:
+        report.notes.append("self:L not compared: its acceptance measurement recorded no trials")
+    fewer = (len(look_ids) * s.lookup_new_tokens < len(ids) * s.acc_new_tokens
+             or len(self_ids) * s.self_new_tokens < len(ids) * s.acc_new_tokens)
+    report.notes.append(
+        f"acceptance measured on profile prompts x new tokens: the draft model on {len(ids)} x {s.acc_new_tokens} "
+        f"(K = {s.width}, depth {s.acc_depth}), lookup on {len(look_ids)} x {s.lookup_new_tokens} and self:L on "
+        f"{len(self_ids)} x {s.self_new_tokens} per L (K = {s.extra_width}, depth {s.extra_depth}, also their trees' "
+        "max branching)" + ("; fewer for the extra drafters, to keep the demo short" if fewer else ""))
     report.data = {"summary": report.summary, "run": run.to_dict(), "files": files,
-                   "acceptance": acc.to_dict(), "latency_profile": curve.to_dict()}
+                   "acceptance": acc.to_dict(), "latency_profile": curve.to_dict(),
+                   "drafters": [asdict(r) for r in cmp.rows], "self_sweep": sweep_rows}
     for m in run.mismatch_details:
         report.warnings.append(f"{m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} "
                                f"at position {m['first_mismatch']}")
-    return DemoResult(report=report, run=run, greedy_ok=run.greedy_ok, files=files)
+    return DemoResult(report=report, run=run, greedy_ok=run.greedy_ok, files=files, drafters=list(cmp.rows))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -134,6 +134,21 @@ def drafter_slug(label: str) -> str:
     if not sep:
         return label
     return f"{head}-L{rest}" if head == "self" else f"{head}-{rest}"
+
+
+def default_acceptance_path(target_label: str, drafter: DrafterSpec, mode: str = "greedy") -> Path:
+    """Where ``treeopt profile acceptance`` writes a drafter's acceptance profile without ``-o``:
+    ``profiles/<target>__<drafter slug>/acceptance-<mode>.yaml`` (relative to the working directory), mode
+    ``greedy`` or ``sampling-t<T>-p<P>``."""
+    return Path("profiles") / f"{target_label}__{drafter_slug(drafter.label)}" / f"acceptance-{mode}.yaml"
+
+
+def default_latency_path(target_label: str, drafter: DrafterSpec, device_slug: str) -> Path:
+    """Where ``treeopt profile latency`` writes a drafter's latency profile without ``-o``:
+    ``profiles/<device slug>/<target>-latency.yaml`` for a draft model,
+    ``profiles/<device slug>/<target>__<drafter slug>-latency.yaml`` for ``self:L`` and ``lookup``."""
+    dpart = f"__{drafter_slug(drafter.label)}" if drafter.kind != "model" else ""
+    return Path("profiles") / device_slug / f"{target_label}{dpart}-latency.yaml"
 
 
 def _positive_int(text: str, what: str, spec: str) -> int:
@@ -296,19 +311,49 @@ def load_pair(target_path: Path | None, draft: str | Path | DrafterSpec | None, 
         TreeoptError: a bad spec, L out of range, different vocabulary sizes; CheckpointError: a checkpoint
             cannot be loaded, or the tokenizers differ (vocabulary fingerprints), before any forward pass.
     """
+    return load_drafters(target_path, [draft], device=device, dtype=dtype)[0]
+
+
+def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | DrafterSpec | None], *,
+                  device: torch.device, dtype: torch.dtype) -> list[ModelPair]:
+    """Load the target once and every drafter of ``drafts``: one :class:`ModelPair` per entry, in order, all
+    sharing the same target model and tokenizer (a ``"model"`` drafter's checkpoint is loaded once however
+    often it is named). Each pair's ``new_drafter`` is that drafter's factory, ``draft_name`` its label,
+    ``cost_model`` its cost model.
+
+    Every check that needs no weights runs first, for every drafter: the specs
+    (:func:`parse_drafter_spec`), then the target's and the drafts' configs (:func:`check_drafter`); only
+    then are weights loaded (the target first).
+
+    Raises:
+        TreeoptError: no drafter, a bad spec, L out of range, different vocabulary sizes; CheckpointError: a
+            checkpoint cannot be loaded, or a draft's tokenizer differs from the target's, before any forward.
+    """
     from .model.loaders import load_model_config
 
-    spec = parse_drafter_spec(draft)
+    specs = [parse_drafter_spec(d) for d in drafts]
+    if not specs:
+        raise TreeoptError("no drafter to load")
     tp = Path(target_path) if target_path else default_target_path()
-    check_drafter(spec, load_model_config(tp))
+    tconfig = load_model_config(tp)
+    for spec in specs:
+        check_drafter(spec, tconfig)
     target, ttok, tname = load_target(tp, device=device, dtype=dtype)
-    if spec.kind != "model":
-        return ModelPair(target, None, ttok, tname, spec.label, spec)
-    dp = spec.path if spec.path is not None else default_draft_path()
-    draft_model, dtok = load_checkpoint(dp, device=device, dtype=dtype)
-    if ttok.fingerprint() != dtok.fingerprint() or target.config.vocab_size != draft_model.config.vocab_size:
-        raise CheckpointError(
-            f"mismatched tokenizers: target {tp.name} ({target.config.vocab_size} tokens, "
-            f"{ttok.fingerprint()}) and draft {dp.name} ({draft_model.config.vocab_size} tokens, "
-            f"{dtok.fingerprint()}); speculative decoding needs a draft that shares the target's tokenizer")
-    return ModelPair(target, draft_model, ttok, tname, spec.label, spec)
+    models: dict[Path, Transformer] = {}
+    pairs = []
+    for spec in specs:
+        if spec.kind != "model":
+            pairs.append(ModelPair(target, None, ttok, tname, spec.label, spec))
+            continue
+        dp = spec.path if spec.path is not None else default_draft_path()
+        key = Path(dp).resolve()
+        if key not in models:
+            draft_model, dtok = load_checkpoint(dp, device=device, dtype=dtype)
+            if ttok.fingerprint() != dtok.fingerprint() or target.config.vocab_size != draft_model.config.vocab_size:
+                raise CheckpointError(
+                    f"mismatched tokenizers: target {tp.name} ({target.config.vocab_size} tokens, "
+                    f"{ttok.fingerprint()}) and draft {dp.name} ({draft_model.config.vocab_size} tokens, "
+                    f"{dtok.fingerprint()}); speculative decoding needs a draft that shares the target's tokenizer")
+            models[key] = draft_model
+        pairs.append(ModelPair(target, models[key], ttok, tname, spec.label, spec))
+    return pairs

@@ -1,4 +1,5 @@
-"""``treeopt demo``: the main job on the bundled demo pair (profile, solve, run, plot) on this device."""
+"""``treeopt demo``: the main job on the bundled demo pair (profile, solve, run, plot) on this device, and every
+shipped drafter's best tree side by side."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def demo_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """The main job on the bundled demo pair: profile this device and the pair, solve, run on held-out
-    prompts, and print predicted against measured figures."""
+    prompts, and print predicted against measured figures; then every shipped drafter (the draft model,
+    prompt lookup, self:L with its best L) with its own best tree, side by side against one plain baseline."""
     from ..demo import run_demo
     from ..pipeline import parse_device
 

@@ -1,5 +1,11 @@
 """``treeopt run``: plain and tree speculative decoding on the same prompts, speedup and tokens per step
-against the prediction, and (greedy) token-for-token equality with plain decoding."""
+against the prediction, and (greedy) token-for-token equality with plain decoding.
+
+``treeopt run --compare-drafters``: several drafters side by side (``--draft`` repeated, each paired in
+order with its own ``-a`` acceptance and ``-l`` latency profile, by default the files ``treeopt profile``
+writes): each drafter's best tree is solved here from its own profiles
+(:func:`~sequoia_opt.evaluation.plan_drafter`), then plain decoding once and every drafter's tree run on the
+same prompts (:func:`~sequoia_opt.evaluation.compare_drafters`): one row per drafter."""
 
 from __future__ import annotations
 
@@ -12,9 +18,9 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from ..tree import TreeMetadata
-from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, LatencyOpt, PromptsOpt, SeedOpt,
-                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _interruptible, _load_tree_entry, app,
-                     handle_errors, progress_bar, setting_notes)
+from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt,
+                     TopPOpt, _check_run_options, _interruptible, _load_tree_entry, app, handle_errors, progress_bar,
+                     setting_notes)
 from .render import render
 
 
@@ -31,13 +37,31 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
     return out
 
 
+DraftsOpt = Annotated[
+    Optional[list[str]], typer.Option(
+        "--draft", help="Drafter: a draft checkpoint (HF folder or .gguf; default: the bundled demo draft), self:L "
+        "(the target's first L layers) or lookup[:MIN-MAX] (n-gram prompt lookup). With --compare-drafters "
+        "repeatable (default: the bundled draft model and lookup), each paired in order with one -a and one -l.")
+]
+ProfilesOpt = Annotated[
+    Optional[list[Path]], typer.Option(
+        "--acceptance", "-a", help="Acceptance profile: of the --compare baselines; with --compare-drafters one per "
+        "--draft, in order (default: where treeopt profile acceptance writes it).")
+]
+LatenciesOpt = Annotated[
+    Optional[list[Path]], typer.Option(
+        "--latency", "-l", help="Latency profile: of the --compare baselines; with --compare-drafters one per "
+        "--draft, in order (default: where treeopt profile latency writes it).")
+]
+
+
 @app.command("run")
 @handle_errors
 @_interruptible
 def run_cmd(
-    tree: Annotated[list[Path], typer.Option("--tree", help="Tree file(s) to run (treeopt YAML, JSON or a Medusa choice list); repeatable.")],
+    tree: Annotated[Optional[list[Path]], typer.Option("--tree", help="Tree file(s) to run (treeopt YAML, JSON or a Medusa choice list); repeatable. Required unless --compare-drafters.")] = None,
     target: TargetOpt = None,
-    draft: DraftOpt = None,
+    draft: DraftsOpt = None,
     prompts: PromptsOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 128,
     num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Use only the first N prompts.")] = None,
@@ -45,8 +69,14 @@ def run_cmd(
     top_p: TopPOpt = 1.0,
     seed: SeedOpt = 0,
     compare: Annotated[bool, typer.Option("--compare", help="Also run the best chain and k-ary tree under --acceptance (and --latency).")] = False,
-    acceptance: Annotated[Optional[Path], typer.Option("--acceptance", "-a", help="Acceptance profile for --compare baselines.")] = None,
-    latency: LatencyOpt = None,
+    compare_drafters: Annotated[bool, typer.Option(
+        "--compare-drafters", help="Run each --draft's own best tree (solved here from its -a / -l profiles, "
+        "hardware-aware) and plain decoding once, on the same prompts, and compare them side by side.")] = False,
+    acceptance: ProfilesOpt = None,
+    latency: LatenciesOpt = None,
+    budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="With --compare-drafters: largest tree considered, nodes incl. the root (default: each latency profile's largest measured token count).")] = None,
+    max_depth: Annotated[Optional[int], typer.Option("--max-depth", "-d", help="With --compare-drafters: depth limit D (default 10).")] = None,
+    max_branching: Annotated[Optional[int], typer.Option("--max-branching", "-b", help="With --compare-drafters: most children per node B (default 8).")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
@@ -54,26 +84,47 @@ def run_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run plain decoding and tree speculative decoding on the same prompts; report speedup, tokens per
-    step against the prediction, the time split, and (greedy) exact equality with plain decoding."""
-    from ..pipeline import load_pair, parse_device, parse_dtype
+    step against the prediction, the time split, and (greedy) exact equality with plain decoding. With
+    --compare-drafters: every drafter's own best tree against one plain baseline."""
+    from ..pipeline import load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..prompts import demo_prompts_path, load_prompts
-
-    from ..pipeline import parse_drafter_spec
 
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
-    spec = parse_drafter_spec(draft)  # a bad --draft fails before anything is read
+    if compare_drafters:
+        _compare_drafters_cmd(
+            tree=tree, target=target, drafts=draft, prompts=prompts, max_new_tokens=max_new_tokens,
+            num_prompts=num_prompts, temperature=temperature, top_p=top_p, seed=seed, compare=compare,
+            acceptance=acceptance, latency=latency, budget=budget, max_depth=max_depth, max_branching=max_branching,
+            device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json)
+        return
+    if not tree:
+        raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
+                           "drafter's own best tree)")
+    if draft is not None and len(draft) > 1:
+        raise TreeoptError(f"--draft was given {len(draft)} times: one drafter runs the --tree files; to compare "
+                           "drafters, each with its own best tree, add --compare-drafters")
+    for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
+        if value is not None:
+            raise TreeoptError(f"{name} limits the trees --compare-drafters solves; add --compare-drafters (or drop "
+                               f"{name})")
+    if acceptance is not None and len(acceptance) > 1 or latency is not None and len(latency) > 1:
+        raise TreeoptError("--compare takes one --acceptance and at most one --latency (several pair with several "
+                           "--draft under --compare-drafters)")
+    acceptance_path = acceptance[0] if acceptance else None
+    latency_path = latency[0] if latency else None
+    spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails before anything is read
     entries = [_load_tree_entry(p) for p in tree]
     seen: dict[str, int] = {}
     for e in entries:  # two files called tree.yaml in different folders must not share a results row name
         seen[e.name] = seen.get(e.name, 0) + 1
         if seen[e.name] > 1:
             e.name = f"{e.name}#{seen[e.name]}"
-    if not compare and (acceptance is not None or latency is not None):
+    if not compare and (acceptance_path is not None or latency_path is not None):
         raise TreeoptError("--acceptance / --latency choose the --compare baselines; add --compare (or drop them)")
     baseline_notes: list[str] = []
     if compare:
-        extra, baseline_notes = _baseline_entries(acceptance, latency, max(e.tree.size for e in entries),
+        extra, baseline_notes = _baseline_entries(acceptance_path, latency_path, max(e.tree.size for e in entries),
                                                   max(max(e.tree.tree_depth for e in entries), 1))
         entries += extra
     dev, dt = parse_device(device), parse_dtype(dtype)
@@ -99,6 +150,152 @@ def run_cmd(
         report.data["baseline_notes"] = baseline_notes
     render(report, as_json)
     if report.data.get("greedy_ok") is False:
+        raise typer.Exit(1)
+
+
+#: The drafters ``run --compare-drafters`` compares when no --draft is given (self:L needs its L: name it).
+DEFAULT_COMPARED_DRAFTERS = (None, "lookup")
+
+
+def _plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[list[Path]], *, target: Optional[Path],
+                   device, temperature: float, top_p: float, budget: Optional[int], max_depth: int,
+                   max_branching: int, defaults: bool = False) -> tuple[list, list[tuple[Path, Path]]]:
+    """Each drafter's profiles (given, or at the default paths) and its best tree, before any weights load.
+
+    Returns ``(plans, [(acceptance path, latency path)])`` in the order of ``specs``. ``defaults``: the specs
+    are :data:`DEFAULT_COMPARED_DRAFTERS` (no --draft was given; messages say so).
+
+    Raises:
+        TreeoptError: count mismatches between --draft and -a / -l, a missing profile (naming the command
+            that writes it), profiles of another drafter, a budget the profile did not measure.
+    """
+    from ..evaluation import plan_drafter
+    from ..pipeline import default_acceptance_path, default_latency_path, default_target_path, model_label
+    from ..profiles import load_acceptance, load_latency
+    from ..profiling.device import device_slug
+
+    n = len(specs)
+    what = "default drafters (no --draft: the bundled draft model and lookup)" if defaults else "--draft"
+    for opt, given in (("--acceptance", acceptance), ("--latency", latency)):
+        if given is not None and len(given) != n:
+            raise TreeoptError(f"--compare-drafters pairs every --draft with one {opt}, in order: got {n} {what} "
+                               f"and {len(given)} {opt}")
+    tlabel = model_label(Path(target) if target else default_target_path())
+    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+    slug = device_slug(device)
+    plans, paths = [], []
+    for i, spec in enumerate(specs):
+        a_path = acceptance[i] if acceptance is not None else default_acceptance_path(tlabel, spec, mode)
+        l_path = latency[i] if latency is not None else default_latency_path(tlabel, spec, slug)
+        how = (f"{' --target ' + str(target) if target else ''}"
+               f"{'' if spec.kind == 'model' and spec.path is None else ' --draft ' + spec.spec}")
+        for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
+            if not Path(path).is_file():
+                extra = f" --temperature {temperature:g} --top-p {top_p:g}" if kind == "acceptance" and temperature else ""
+                raise TreeoptError(f"no {kind} profile of drafter {spec.label} at {path}: write it with treeopt profile "
+                                   f"{kind}{how}{extra} (or pass {opt} PATH)")
+        acc, curve = load_acceptance(a_path), load_latency(l_path)
+        plans.append(plan_drafter(spec.label, spec.cost_model, acc, curve, budget=budget, max_depth=max_depth,
+                                  max_branching=max_branching))
+        paths.append((Path(a_path), Path(l_path)))
+    return plans, paths
+
+
+def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_prompts, temperature, top_p, seed,
+                          compare, acceptance, latency, budget, max_depth, max_branching, device, dtype, backend,
+                          results_dir, as_json) -> None:
+    """``treeopt run --compare-drafters``: every check and every drafter's solve first, then the weights load
+    (the target once), then one run: plain decoding and each drafter's best tree on the same prompts."""
+    from ..evaluation import compare_drafters, drafter_table
+    from ..model.loaders import load_model_config
+    from ..pipeline import (check_drafter, default_target_path, load_drafters, parse_device, parse_drafter_spec,
+                            parse_dtype)
+    from ..profiles import warn_on_mismatch
+    from ..profiling.device import device_name
+    from ..prompts import demo_prompts_path, load_prompts
+
+    if tree:
+        raise TreeoptError("--compare-drafters runs each drafter's own best tree, solved from its profiles: drop "
+                           "--tree (or run the tree files without --compare-drafters)")
+    if compare:
+        raise TreeoptError("--compare and --compare-drafters are separate modes (baselines of one drafter, or "
+                           "drafters side by side): pass one")
+    max_depth = 10 if max_depth is None else max_depth
+    max_branching = 8 if max_branching is None else max_branching
+    for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
+        if value is not None and value < 1:
+            raise TreeoptError(f"{name} must be at least 1, got {value}")
+    specs = [parse_drafter_spec(d) for d in (drafts if drafts else DEFAULT_COMPARED_DRAFTERS)]
+    seen: dict[str, str] = {}
+    for spec in specs:
+        key = spec.label.lower()
+        if key in seen:
+            raise TreeoptError(f"--draft {spec.spec} is named twice (or two drafters share the label {spec.label!r}): "
+                               "each drafter runs once, with its own profiles")
+        seen[key] = spec.spec
+    dev, dt = parse_device(device), parse_dtype(dtype)
+    _check_run_options(backend, dev, temperature, top_p)
+    tconfig = load_model_config(Path(target) if target else default_target_path())
+    for spec in specs:  # L in range, vocabularies: from the configs, before the profiles are looked for
+        check_drafter(spec, tconfig)
+    plans, paths = _plan_drafters(specs, acceptance, latency, target=target, device=dev, temperature=temperature,
+                                  top_p=top_p, budget=budget, max_depth=max_depth, max_branching=max_branching,
+                                  defaults=not drafts)
+    pfile = prompts or demo_prompts_path("eval")
+    texts = load_prompts(pfile, limit=num_prompts)
+    notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts, prompts_found=len(texts),
+                          prompts_file=pfile)
+    pairs = load_drafters(target, specs, device=dev, dtype=dt)
+    pair = pairs[0]
+    _check_trees_fit([p.entry(None) for p in plans], pair)
+    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    mode = "greedy" if temperature == 0 else "sampling"
+    warnings: list[str] = []
+    dtype_name = str(dt).removeprefix("torch.")
+    for plan, dpair in zip(plans, pairs):
+        # an acceptance profile records the device type (cpu, cuda), a latency profile the device's name
+        for w in (warn_on_mismatch(acceptance=plan.acceptance, device=str(dev), dtype=dtype_name,
+                                   target=dpair.target_name, draft=dpair.draft_name)
+                  + warn_on_mismatch(latency=plan.curve, device=device_name(dev), dtype=dtype_name,
+                                     target=dpair.target_name, draft=dpair.draft_name)):
+            if w not in warnings:
+                warnings.append(w)
+        measured_mode = plan.acceptance.measured.get("mode")
+        if measured_mode is not None and measured_mode != mode:
+            warnings.append(f"acceptance profile {plan.acceptance.id!r} was measured in {measured_mode} mode, this "
+                            f"run is {mode}: {plan.label}'s predicted tokens per step describe the other mode")
+    with progress_bar() as progress:
+        cmp = compare_drafters(
+            pair.target, plans, [p.new_drafter for p in pairs], ids, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
+            backend=backend, progress=progress,
+            settings={"target": pair.target_name, "compare_drafters": True,
+                      "prompts": str(prompts or "demo eval prompts"),
+                      "profiles": {p.label: {"acceptance": str(a), "latency": str(lat)}
+                                   for p, (a, lat) in zip(plans, paths)}})
+    run = cmp.run
+    jpath, cpath = run.save(results_dir)
+    report = Report(title="treeopt run --compare-drafters")
+    report.summary = {"target": pair.target_name, "drafters": ", ".join(p.label for p in plans), "prompts": len(ids),
+                      "max new tokens": max_new_tokens, "mode": mode,
+                      "plain decoding (tokens/s)": run.summaries[0].tokens_per_s, "results": f"{jpath}, {cpath}"}
+    report.tables.append(drafter_table(cmp.rows))
+    report.tables.append(_trees_table(run, temperature))
+    for plan, (a, lat) in zip(plans, paths):
+        report.notes.append(f"{plan.label}: tree solved from {a} and {lat} (budget {plan.budget}, max depth "
+                            f"{plan.max_depth}, max branching {plan.max_branching}, context {plan.context})")
+        if plan.tree.size == 1:
+            report.notes.append(f"{plan.label}: no tree beats plain decoding under its profiles; its best tree is the "
+                                "root alone (plain decoding through the speculative decoder)")
+    report.notes.extend(notes)
+    report.warnings = warnings
+    for m in run.mismatch_details:
+        report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
+                               f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
+    report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
+                   "json": str(jpath), "csv": str(cpath)}
+    render(report, as_json)
+    if report.data["greedy_ok"] is False:
         raise typer.Exit(1)
 
 
@@ -163,18 +360,23 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     report.summary = {"target": pair.target_name, "draft": pair.draft_name, "prompts": len(ids),
                       "max new tokens": max_new_tokens, "mode": "greedy" if temperature == 0 else "sampling",
                       "plain decoding (tokens/s)": plain.tokens_per_s, "results": f"{jpath}, {cpath}"}
-    rows = []
-    for s in run.summaries[1:]:
-        rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f} to {s.tps_ci95[1]:.3f}",
-                     s.predicted_tokens_per_step, s.tokens_per_s, s.speedup, s.predicted_speedup,
-                     s.draft_ms, s.verify_ms, s.bookkeeping_ms,
-                     "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
-    report.tables.append(("trees against plain decoding",
-                          ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "tokens/s", "speedup",
-                           "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows))
+    report.tables.append(_trees_table(run, temperature))
     for m in run.mismatch_details:
         report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
                                f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
     report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
                    "json": str(jpath), "csv": str(cpath)}
     return report
+
+
+def _trees_table(run, temperature: float) -> tuple[str, list[str], list[list]]:
+    """The per-tree table of a run: measured against predicted, the time split, and greedy equality."""
+    rows = []
+    for s in run.summaries[1:]:
+        rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f} to {s.tps_ci95[1]:.3f}",
+                     s.predicted_tokens_per_step, s.tokens_per_s, s.speedup, s.predicted_speedup,
+                     s.draft_ms, s.verify_ms, s.bookkeeping_ms,
+                     "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
+    return ("trees against plain decoding",
+            ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "tokens/s", "speedup",
+             "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)

@@ -1,0 +1,351 @@
+"""Several drafters side by side: ``run_trees`` with a drafter per tree, each drafter's best tree chosen from
+its own profiles (``plan_drafter``), and ``treeopt run --compare-drafters`` end to end on a tiny pair, with
+profiles written by the CLI itself at its default paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import PROMPTS, byte_tokenizer, make_pair, noisy_copy, random_model  # noqa: E402
+
+import sequoia_opt.pipeline as pipeline  # noqa: E402
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.decoding.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
+from sequoia_opt.errors import ProfileError  # noqa: E402
+from sequoia_opt.evaluation import (TreeEntry, check_drafter_profiles, compare_drafters, drafter_rows,  # noqa: E402
+                                    plan_drafter, run_trees)
+from sequoia_opt.pipeline import DrafterSpec, default_acceptance_path, default_latency_path  # noqa: E402
+from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_acceptance, load_latency  # noqa: E402
+from sequoia_opt.profiling.device import device_slug  # noqa: E402
+from sequoia_opt.solver import choose  # noqa: E402
+from sequoia_opt.tree import Tree, save_tree  # noqa: E402
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+# ------------------------------------------------------------------------------------------------ run_trees
+@pytest.fixture(scope="module")
+def models():
+    target = random_model(0)
+    draft = noisy_copy(target, 0.05, 1)
+    tok = byte_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS[:3]]
+    return target, draft, prompts
+
+
+def _counted(make):
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return make()
+
+    return factory, calls
+
+
+def test_run_trees_runs_each_entry_with_its_own_drafter_as_separate_runs_do(models):
+    target, draft, prompts = models
+    V = target.config.vocab_size
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    makers = {"model": lambda: draft, "lookup": lambda: PromptLookupDrafter(V),
+              "self": lambda: LayerSkipDrafter(target, 1)}
+    counted = {k: _counted(m) for k, m in makers.items()}
+    entries = [TreeEntry(k, tree, draft=f, drafter=k) for k, (f, _) in counted.items()]
+    both = run_trees(target, None, entries, prompts, max_new_tokens=20, warmup=False)
+    # the run's draft is None: every decoder took its entry's drafter, one fresh drafter per decoder
+    assert [len(c) for _, c in counted.values()] == [1, 1, 1]
+    assert both.greedy_ok and both.settings["drafters"] == {k: k for k in makers}
+    assert [s.drafter for s in both.summaries] == [None, "model", "lookup", "self"]
+
+    def key(rows, name):
+        return [(r.prompt_index, r.new_tokens, r.steps, r.tokens_per_step, r.matches_plain)
+                for r in rows if r.tree == name]
+
+    per_drafter = {}
+    for name, make in makers.items():
+        alone = run_trees(target, make, [TreeEntry(name, tree)], prompts, max_new_tokens=20, warmup=False)
+        assert key(both.rows, name) == key(alone.rows, name)
+        assert key(both.rows, "plain") == key(alone.rows, "plain")
+        per_drafter[name] = [r[2] for r in key(alone.rows, name)]
+    # the drafters do propose differently: a run that gave every tree one drafter could not match all three
+    assert len({tuple(v) for v in per_drafter.values()}) > 1
+
+
+def test_run_trees_needs_a_drafter_for_every_entry(models):
+    target, draft, prompts = models
+    entries = [TreeEntry("own", Tree.chain(2), draft=lambda: draft), TreeEntry("none", Tree.chain(2))]
+    with pytest.raises(ValueError, match="some entries have no drafter of their own"):
+        run_trees(target, None, entries, prompts, max_new_tokens=4)
+    # with a run-level draft the entry without one takes it
+    run = run_trees(target, draft, entries, prompts[:1], max_new_tokens=4, warmup=False)
+    assert [s.tree for s in run.summaries] == ["plain", "own", "none"] and run.greedy_ok
+
+
+# ------------------------------------------------------------------------------------------------ plan_drafter
+def _acc(draft: str, cost_model: str, counts=(60, 20, 10, 10)) -> AcceptanceProfile:
+    """An acceptance profile of ``draft`` with these counts (the last: all rejected) out of 100 trials."""
+    return AcceptanceProfile.from_dict({
+        "format": "treeopt-acceptance/1", "id": f"acc-{draft}",
+        "measured": {"target": "t", "draft": draft, "draft_cost_model": cost_model, "mode": "greedy"},
+        "acceptance": [c / sum(counts) for c in counts[:-1]], "counts": list(counts)})
+
+
+def _curve(draft: str | None, cost_model: str, c: float = 2.0) -> LatencyCurve:
+    curve = LatencyCurve.synthetic({n: 10.0 + 0.5 * n for n in range(1, 17)}, {w: c + 0.1 * w for w in range(1, 17)},
+                                   step_overhead_ms=1.0, context=32, id=f"lat-{draft}", cost_model=cost_model)
+    if draft is not None:
+        curve.model["draft"] = draft
+    return curve
+
+
+def test_plan_drafter_is_choose_on_its_own_profiles():
+    acc, curve = _acc("self:3", "per-level"), _curve("self:3", "per-level")
+    plan = plan_drafter("self:3", "per-level", acc, curve, max_depth=5, max_branching=3)
+    want = choose(acc.acceptance, curve, 16, 5, 3)  # default budget: the largest measured target count
+    assert plan.budget == 16 and plan.context == 32
+    assert plan.tree.choices() == want.tree.choices()
+    assert plan.metadata.predicted_speedup == pytest.approx(want.speedup)
+    assert plan.metadata.expected_tokens_per_step == pytest.approx(want.expected_tokens)
+    assert plan.metadata.extra["drafter"] == "self:3" and plan.metadata.extra["draft_cost_model"] == "per-level"
+    assert plan.c1_over_t1 == pytest.approx(2.1 / 10.5)
+    small = plan_drafter("self:3", "per-level", acc, curve, budget=4, max_depth=5, max_branching=3)
+    assert small.tree.size <= 4 and small.tree.choices() == choose(acc.acceptance, curve, 4, 5, 3).tree.choices()
+    # the same vector under a one-pass curve (c(n - 1) once per step) chooses by that cost model
+    one = plan_drafter("lookup:1-3", "one-pass", _acc("lookup:1-3", "one-pass"), _curve("lookup:1-3", "one-pass"),
+                       max_depth=5, max_branching=3)
+    assert one.tree.choices() == choose(acc.acceptance, _curve("x", "one-pass"), 16, 5, 3).tree.choices()
+
+
+@pytest.mark.parametrize("acc, curve, message", [
+    (("lookup:1-3", "one-pass"), ("self:3", "per-level"), "acceptance profile 'acc-lookup:1-3' measured drafter "
+     "'lookup:1-3', not 'self:3'"),
+    (("self:3", "per-level"), ("self:4", "per-level"), "latency profile 'lat-self:4' timed drafter 'self:4', not "
+     "'self:3'"),
+    (("self:3", "one-pass"), ("self:3", "per-level"), "acceptance profile 'acc-self:3' measured a one-pass drafter"),
+    (("self:3", "per-level"), ("self:3", "one-pass"), "latency profile 'lat-self:3' charges a one-pass drafter"),
+    (("self:3", "per-level"), (None, "per-level"), "timed no drafter (its draft cost is recorded as 0 ms)"),
+])
+def test_profiles_of_another_drafter_are_refused(acc, curve, message):
+    with pytest.raises(ProfileError) as err:
+        check_drafter_profiles("self:3", "per-level", _acc(*acc), _curve(*curve))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ProfileError):
+        plan_drafter("self:3", "per-level", _acc(*acc), _curve(*curve))
+
+
+def test_compare_drafters_one_plain_baseline_and_a_row_per_drafter(models):
+    target, draft, prompts = models
+    V = target.config.vocab_size
+    plans = [plan_drafter("draft", "per-level", _acc("draft", "per-level"), _curve("draft", "per-level"),
+                          max_depth=3, max_branching=2),
+             plan_drafter("lookup:1-3", "one-pass", _acc("lookup:1-3", "one-pass", (30, 10, 60)),
+                          _curve("lookup:1-3", "one-pass", 0.01), max_depth=3, max_branching=2)]
+    extra = [TreeEntry("chain", Tree.chain(2))]
+    cmp = compare_drafters(target, plans, [draft, lambda: PromptLookupDrafter(V)], prompts, max_new_tokens=12,
+                           extra_entries=extra, draft=draft, warmup=False)
+    run = cmp.run
+    assert [s.tree for s in run.summaries] == ["plain", "draft", "lookup:1-3", "chain"]
+    assert cmp.greedy_ok and [r.drafter for r in cmp.rows] == ["draft", "lookup:1-3"]
+    for row, plan in zip(cmp.rows, plans):
+        s = next(x for x in run.summaries if x.tree == plan.name)
+        assert row.equals_plain is True and row.mismatches == 0
+        assert (row.nodes, row.depth, row.level_widths) == (plan.tree.size, plan.tree.tree_depth,
+                                                            list(plan.tree.level_widths))
+        assert row.tokens_per_step == s.tokens_per_step and row.speedup == s.speedup
+        assert row.predicted_speedup == pytest.approx(plan.choice.speedup)
+    assert run.to_dict()["drafters"][1]["drafter"] == "lookup:1-3"
+    assert drafter_rows(plans, run) == cmp.rows
+    with pytest.raises(ValueError, match="2 drafter plans but 1 drafts"):
+        compare_drafters(target, plans, [draft], prompts, max_new_tokens=4)
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+SPECS = ("DRAFT", "lookup", "self:1")  # DRAFT: the tiny pair's draft checkpoint
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """A tiny pair and every drafter's profiles, written by ``treeopt profile`` at its default paths (in a
+    working directory of its own)."""
+    root = tmp_path_factory.mktemp("compare")
+    target, draft, prompts = make_pair(root)
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        for spec in SPECS:
+            d = str(draft) if spec == "DRAFT" else spec
+            r = invoke("profile", "latency", "--target", target, "--draft", d, "--context", "16", "--max-tokens", "8",
+                       "--max-draft-tokens", "8", "--max-repeats", "5", "--rounds", "1")
+            assert r.exit_code == 0, r.output
+            r = invoke("profile", "acceptance", "--target", target, "--draft", d, "--prompts", prompts, "-k", "3",
+                       "--depth", "3", "--max-new-tokens", "16", "--num-prompts", "3")
+            assert r.exit_code == 0, r.output
+    finally:
+        os.chdir(old)
+    return root, target, draft, prompts
+
+
+@pytest.fixture
+def in_root(profiled, monkeypatch):
+    monkeypatch.chdir(profiled[0])
+    return profiled
+
+
+def _paths(root: Path, spec: DrafterSpec) -> tuple[Path, Path]:
+    return (root / default_acceptance_path("target", spec),
+            root / default_latency_path("target", spec, device_slug("cpu")))
+
+
+def test_compare_drafters_end_to_end_with_the_profiles_the_cli_wrote(in_root):
+    root, target, draft, prompts = in_root
+    res = root / "res"
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", draft, "--draft", "lookup", "--draft",
+               "self:1", "--prompts", prompts, "--num-prompts", "3", "--max-new-tokens", "12", "--max-depth", "4",
+               "--max-branching", "3", "--results-dir", res, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    rows = doc["drafters"]
+    assert [row["drafter"] for row in rows] == ["draft", "lookup:1-3", "self:1"]
+    assert [row["cost_model"] for row in rows] == ["per-level", "one-pass", "per-level"]
+    assert all(row["equals_plain"] is True and row["mismatches"] == 0 for row in rows)
+    assert [s["tree"] for s in doc["summaries"]] == ["plain", "draft", "lookup:1-3", "self:1"]
+    assert all(s["new_tokens"] == 3 * 12 for s in doc["summaries"])  # one baseline, the same prompts for all
+    for row, spec in zip(rows, (pipeline.parse_drafter_spec(str(draft)), DrafterSpec("lookup"),
+                                DrafterSpec("self", num_layers=1))):
+        a, lat = _paths(root, spec)
+        acc, curve = load_acceptance(a), load_latency(lat)
+        assert acc.measured["draft"] == row["drafter"] == curve.model["draft"]
+        want = choose(acc.acceptance, curve, curve.max_target_tokens(), 4, 3)  # budget default: largest measured
+        assert doc["settings"]["trees"][row["tree"]] == want.tree.choices()
+        assert (row["nodes"], row["level_widths"]) == (want.tree.size, list(want.tree.level_widths))
+        assert row["predicted_tokens_per_step"] == pytest.approx(want.expected_tokens)
+        assert row["predicted_speedup"] == pytest.approx(want.speedup)
+        assert row["c1_over_t1"] == pytest.approx(curve.draft_ms(1) / curve.target_ms(1))
+        s = next(x for x in doc["summaries"] if x["tree"] == row["tree"])
+        assert row["tokens_per_step"] == s["tokens_per_step"] and row["speedup"] == s["speedup"]
+        assert s["drafter"] == row["drafter"]
+        assert doc["settings"]["profiles"][row["drafter"]] == {"acceptance": str(a.relative_to(root)),
+                                                              "latency": str(lat.relative_to(root))}
+    assert Path(doc["json"]).is_file() and json.loads(Path(doc["json"]).read_text())["drafters"] == rows
+    csv_lines = Path(doc["csv"]).read_text().splitlines()
+    assert len(csv_lines) == 1 + 4 * 3  # plain + three drafters, three prompts each
+
+    # the table: one row per drafter
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", "lookup", "--draft", "self:1", "--prompts",
+               prompts, "--num-prompts", "1", "--max-new-tokens", "6", "--results-dir", res)
+    assert r.exit_code == 0, r.output
+    table = r.stdout[r.stdout.index("drafters side by side"):r.stdout.index("trees against plain decoding")]
+    lines = [ln for ln in table.splitlines() if "lookup:1-3" in ln or "self:1" in ln]
+    assert len(lines) == 2 and all(ln.rstrip().endswith("yes │") for ln in lines)
+    assert "one-pass" in lines[0] and "per-level" in lines[1]
+
+
+def test_compare_drafters_explicit_profiles_pair_in_order(in_root):
+    root, target, draft, prompts = in_root
+    self_acc, self_lat = _paths(root, DrafterSpec("self", num_layers=1))
+    look_acc, look_lat = _paths(root, DrafterSpec("lookup"))
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", "self:1", "--draft", "lookup",
+               "-a", self_acc, "-a", look_acc, "-l", self_lat, "-l", look_lat, "--budget", "6", "--prompts", prompts,
+               "--num-prompts", "1", "--max-new-tokens", "6", "--results-dir", root / "res2", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [row["drafter"] for row in doc["drafters"]] == ["self:1", "lookup:1-3"]
+    for row, (a, lat) in zip(doc["drafters"], ((self_acc, self_lat), (look_acc, look_lat))):
+        want = choose(load_acceptance(a).acceptance, load_latency(lat), 6, 10, 8)  # -n 6, defaults -d 10 -b 8
+        assert doc["settings"]["trees"][row["tree"]] == want.tree.choices() and row["nodes"] <= 6
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--draft", "lookup", "--draft", "self:1", "-a", "SELF_ACC"],
+     "pairs every --draft with one --acceptance, in order: got 2 --draft and 1 --acceptance"),
+    (["--draft", "lookup", "-l", "SELF_LAT", "-l", "LOOK_LAT"],
+     "pairs every --draft with one --latency, in order: got 1 --draft and 2 --latency"),
+    (["--draft", "self:1", "-a", "LOOK_ACC", "-l", "SELF_LAT"],
+     "measured drafter 'lookup:1-3', not 'self:1' (the drafter it is paired with)"),
+    (["--draft", "self:1", "-a", "SELF_ACC", "-l", "LOOK_LAT"], "timed drafter 'lookup:1-3', not 'self:1'"),
+    (["--draft", "lookup:2-4"], "no acceptance profile of drafter lookup:2-4 at "
+     "profiles/target__lookup-2-4/acceptance-greedy.yaml: write it with treeopt profile acceptance --target"),
+    (["--draft", "lookup:2-4", "-a", "LOOK_ACC"], "no latency profile of drafter lookup:2-4 at "),
+    (["--draft", "lookup", "--draft", "lookup:1-3"], "each drafter runs once"),
+    (["--draft", "self:2"], "L must be in 1..1"),
+    ([], "mismatched tokenizers: --draft treeopt-smollm2-draft"),  # the default drafters: the bundled draft first
+    (["--draft", "lookup", "--budget", "99"], "budget 99 exceeds the largest target token count 8"),
+    (["--draft", "lookup", "--tree", "TREE"], "--compare-drafters runs each drafter's own best tree, solved from its "
+     "profiles: drop --tree"),
+    (["--draft", "lookup", "--compare"], "--compare and --compare-drafters are separate modes"),
+    (["--draft", "lookup", "--max-depth", "0"], "--max-depth must be at least 1, got 0"),
+])
+def test_compare_drafters_bad_inputs_exit_2_before_weights_load(in_root, monkeypatch, args, message):
+    root, target, draft, prompts = in_root
+    self_acc, self_lat = _paths(root, DrafterSpec("self", num_layers=1))
+    look_acc, look_lat = _paths(root, DrafterSpec("lookup"))
+    tree = root / "t.yaml"
+    save_tree(tree, Tree.chain(2))
+    subst = {"SELF_ACC": self_acc, "SELF_LAT": self_lat, "LOOK_ACC": look_acc, "LOOK_LAT": look_lat, "TREE": tree}
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights were loaded before the inputs were checked")
+
+    monkeypatch.setattr(pipeline, "load_checkpoint", no_weights)
+    res = root / "bad-res"
+    r = invoke("run", "--compare-drafters", "--target", target, "--prompts", prompts, "--results-dir", res,
+               *[subst.get(a, a) for a in args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and r.output.count("\n") == 1
+    assert not res.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--tree is required: the tree file(s) to run (or --compare-drafters"),
+    (["--tree", "TREE", "--draft", "lookup", "--draft", "self:1"], "--draft was given 2 times: one drafter runs the "
+     "--tree files; to compare drafters, each with its own best tree, add --compare-drafters"),
+    (["--tree", "TREE", "--budget", "5"], "--budget limits the trees --compare-drafters solves"),
+    (["--tree", "TREE", "--compare", "-a", "LOOK_ACC", "-a", "SELF_ACC"], "--compare takes one --acceptance"),
+])
+def test_run_without_compare_drafters_keeps_its_rules(in_root, monkeypatch, args, message):
+    root, target, draft, prompts = in_root
+    tree = root / "t.yaml"
+    save_tree(tree, Tree.chain(2))
+    subst = {"TREE": tree, "LOOK_ACC": _paths(root, DrafterSpec("lookup"))[0],
+             "SELF_ACC": _paths(root, DrafterSpec("self", num_layers=1))[0]}
+    monkeypatch.setattr(pipeline, "load_checkpoint", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    res = root / "bad-res"
+    r = invoke("run", "--target", target, "--prompts", prompts, "--results-dir", res, *[subst.get(a, a) for a in args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and r.output.count("\n") == 1
+    assert not res.exists()
+
+
+def test_load_drafters_loads_the_target_and_a_checkpoint_once(in_root, monkeypatch):
+    root, target, draft, prompts = in_root
+    loaded = []
+    real = pipeline.load_checkpoint
+
+    def counting(path, **kw):
+        loaded.append(Path(path).name)
+        return real(path, **kw)
+
+    monkeypatch.setattr(pipeline, "load_checkpoint", counting)
+    pairs = pipeline.load_drafters(target, [str(draft), "lookup", "self:1", f"model:{draft}"], device=torch.device("cpu"),
+                                   dtype=torch.float32)
+    assert loaded == ["target", "draft"]
+    assert [p.draft_name for p in pairs] == ["draft", "lookup:1-3", "self:1", "draft"]
+    assert [p.cost_model for p in pairs] == ["per-level", "one-pass", "per-level", "per-level"]
+    assert all(p.target is pairs[0].target for p in pairs) and pairs[0].draft is pairs[3].draft
+    assert isinstance(pairs[1].new_drafter(), PromptLookupDrafter)
+    assert isinstance(pairs[2].new_drafter(), LayerSkipDrafter) and pairs[2].new_drafter() is not pairs[2].new_drafter()
+    assert np.isclose(pairs[0].vocab_size, 257)

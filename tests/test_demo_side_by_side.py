@@ -1,0 +1,108 @@
+"""``run_demo`` on a tiny pair (fast): beside the draft model, the lookup and self:L drafters are profiled,
+each gets its own hardware-aware tree, and all run in one call against one plain baseline; the "drafters
+side by side" table has a row per drafter whose tree is the solver's choice on that drafter's written
+profiles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import byte_tokenizer, noisy_copy, tiny_config  # noqa: E402
+
+from sequoia_opt.demo import DemoSettings, _spread_layers, run_demo  # noqa: E402
+from sequoia_opt.model import Transformer  # noqa: E402
+from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
+from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
+from sequoia_opt.solver import choose  # noqa: E402
+from sequoia_opt.tree import load_tree  # noqa: E402
+
+SETTINGS = dict(max_tokens=8, max_draft_tokens=8, context=16, latency_repeats=5, latency_rounds=1, width=3,
+                acc_depth=2, acc_prompts=2, acc_new_tokens=8, max_depth=4, num_prompts=2, max_new_tokens=8,
+                extra_width=2, extra_depth=2, lookup_prompts=2, lookup_new_tokens=8, self_prompts=1,
+                self_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The demo on a 2-layer byte-level pair whose context holds the demo prompts (up to ~840 bytes)."""
+    root = tmp_path_factory.mktemp("demo")
+    torch.manual_seed(0)
+    target = Transformer(tiny_config().with_(max_position_embeddings=1024))
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            p.fill_(1.0) if "norm" in name else p.normal_(0.0, 0.3)
+    target.eval()
+    tok = byte_tokenizer()
+    save_hf_checkpoint(target, tok, root / "target")
+    save_hf_checkpoint(noisy_copy(target, 0.05, 1), tok, root / "draft")
+    out = root / "out"
+    result = run_demo(target=root / "target", draft=str(root / "draft"), settings=DemoSettings(**SETTINGS),
+                      out_dir=out)
+    return result, out
+
+
+def test_spread_layers():
+    assert _spread_layers(30) == [10, 19, 29]
+    assert _spread_layers(2) == [1] and _spread_layers(3) == [1, 2] and _spread_layers(1) == []
+
+
+def test_demo_runs_every_drafter_side_by_side(demo):
+    result, out = demo
+    assert result.greedy_ok
+    rows = result.drafters
+    assert [r.drafter for r in rows] == ["draft", "lookup:1-3", "self:1"]
+    assert [r.cost_model for r in rows] == ["per-level", "one-pass", "per-level"]
+    assert all(r.equals_plain is True and r.mismatches == 0 for r in rows)
+    # one plain baseline; every drafter's tree and the baselines on the same prompts, in one run
+    names = [s.tree for s in result.run.summaries]
+    assert names[:4] == ["plain", "solved (this CPU)", "lookup:1-3", "self:1"]
+    assert names[4:] == [n for n in names[4:] if n.startswith(("best chain", "best k-ary", "solved (GPU-like"))]
+    plain = result.run.summaries[0]
+    assert len(names) == 7 and 0 < plain.new_tokens <= 2 * 8  # (a random target may emit EOS early)
+    assert all(s.new_tokens == plain.new_tokens for s in result.run.summaries)
+    files = {"draft": ("acceptance.yaml", "latency.yaml", "tree.yaml", 3),
+             "lookup:1-3": ("acceptance-lookup-1-3.yaml", "latency-lookup-1-3.yaml", "tree-lookup-1-3.yaml", 2),
+             "self:1": ("acceptance-self-L1.yaml", "latency-self-L1.yaml", "tree-self-L1.yaml", 2)}
+    for r in rows:
+        a, lat, t, width = files[r.drafter]
+        acc, curve = load_acceptance(out / a), load_latency(out / lat)
+        assert acc.measured["draft"] == r.drafter == curve.model["draft"]
+        assert curve.cost_model == r.cost_model and acc.width == width
+        want = choose(acc.acceptance, curve, 8, 4, width, context=16)
+        tree, meta = load_tree(out / t)
+        assert tree.choices() == want.tree.choices()
+        assert (r.nodes, r.depth, r.level_widths) == (want.tree.size, want.tree.tree_depth,
+                                                      list(want.tree.level_widths))
+        assert r.predicted_tokens_per_step == pytest.approx(want.expected_tokens)
+        assert r.predicted_speedup == pytest.approx(want.speedup)
+        assert meta.predicted_speedup == pytest.approx(want.speedup)
+        assert r.c1_over_t1 == pytest.approx(curve.draft_ms(1, 16) / curve.target_ms(1, 16))
+        s = next(x for x in result.run.summaries if x.tree == r.tree)
+        assert (r.tokens_per_step, r.speedup, r.tokens_per_s) == (s.tokens_per_step, s.speedup, s.tokens_per_s)
+    assert load_acceptance(out / "acceptance-lookup-1-3.yaml").measured["num_prompts"] == 2
+    assert load_acceptance(out / "acceptance-self-L1.yaml").measured["num_prompts"] == 1
+
+
+def test_demo_report_has_the_side_by_side_table_and_the_sweep(demo):
+    result, out = demo
+    tables = {title.split(":")[0]: (cols, body) for title, cols, body in result.report.tables}
+    cols, body = tables["drafters side by side"]
+    assert cols[0] == "drafter" and cols[-1] == "= plain" and "c(1)/T(1)" in cols
+    assert [row[0] for row in body] == ["draft", "lookup:1-3", "self:1"]
+    assert [row[-1] for row in body] == ["yes", "yes", "yes"]
+    assert [row[3] for row in body] == [r.nodes for r in result.drafters]
+    cols, body = tables["self"]
+    assert [row[0] for row in body] == [1] and body[0][-1] == "<-"
+    assert result.report.summary["drafters compared"] == "draft, lookup:1-3, self:1"
+    assert any("the draft model on 2 x 8 (K = 3, depth 2), lookup on 2 x 8 and self:L on 1 x 8 per L (K = 2, depth 2"
+               in n and n.endswith("; fewer for the extra drafters, to keep the demo short") for n in result.report.notes)
+    assert [d["drafter"] for d in result.report.data["drafters"]] == ["draft", "lookup:1-3", "self:1"]
+    import json
+
+    assert [d["drafter"] for d in json.loads(Path(result.files["run_json"]).read_text())["drafters"]] == \
+        ["draft", "lookup:1-3", "self:1"]
