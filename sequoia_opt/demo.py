@@ -28,26 +28,24 @@ drafter, its cost model, c(1)/T(1), its best tree, and predicted against measure
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 
-from .errors import ProfileError, SolverError
 from .evaluation import DrafterRow, RunReport, TreeEntry, compare_drafters, drafter_table, plan_drafter
-from .model import Transformer
 from .pipeline import DrafterSpec, ModelPair, drafter_slug, load_pair, parse_device, parse_dtype
 from .report import Report
 from .profiles import LatencyCurve, save_acceptance, save_latency
 from .profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
 from .profiling.device import device_slug
-from .profiling.latency import (LatencyTable, build_latency_profile, measure_step_overhead, method_text,
+from .profiling.layers import default_layer_grid, sweep_layers
+from .profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
                                 profile_drafter, profile_model)
 from .profiling.timing import token_grid
 from .prompts import demo_prompts_path, load_prompts
-from .solver import Choice, choose, compare_baselines
+from .solver import choose, compare_baselines
 from .tree import TreeMetadata, now_iso, save_tree
 
 ProgressFn = Callable[[str, int, int], None]
@@ -75,7 +73,11 @@ class DemoSettings:
     extra_width: int = 4          # K of their acceptance vectors
     extra_depth: int = 3          # depth of their measurement spine
     lookup_prompts: int = 8       # lookup acceptance: profile prompts x new tokens
-    lookup_new_tokens: int = 32
+    # lookup's acceptance grows with the text it can copy from, so it is measured at the run's generation
+    # length (None: max_new_tokens), on a deeper spine (its accepted tokens come in runs: the per-depth
+    # vectors, which solve's auto acceptance model then uses, must reach as deep as its trees)
+    lookup_new_tokens: int | None = None
+    lookup_depth: int = 6
     self_layers: tuple[int, ...] | None = None  # L values swept (None: 3 spread over 1..n_layers-1)
     self_prompts: int = 3         # self:L acceptance, per L: profile prompts x new tokens
     self_new_tokens: int = 24
@@ -84,7 +86,7 @@ class DemoSettings:
     def quick(cls) -> "DemoSettings":
         return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, latency_rounds=1, width=4, acc_depth=3,
                    acc_prompts=2, acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16,
-                   lookup_prompts=2, lookup_new_tokens=16, self_prompts=1, self_new_tokens=16)
+                   lookup_prompts=2, lookup_new_tokens=16, lookup_depth=3, self_prompts=1, self_new_tokens=16)
 
 
 @dataclass
@@ -111,103 +113,6 @@ def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 6
                                   id=f"gpu-like-flat{flat_up_to}")
 
 
-def _spread_layers(n_layers: int, count: int = 3) -> list[int]:
-    """``count`` values of L spread evenly over ``1 .. n_layers - 1``, ending at ``n_layers - 1`` (fewer when
-    the range is shorter): ``round(i * (n_layers - 1) / count)``, i = 1..count. 30 layers -> [10, 19, 29]."""
-    top = n_layers - 1
-    return sorted({max(1, math.floor(i * top / count + 0.5)) for i in range(1, count + 1)}) if top >= 1 else []
-
-
-@dataclass
-class _LayerRow:
-    """One L of :func:`_self_drafter_stage` (the fields of ``profiling.layers.LayerChoice`` it uses)."""
-
-    num_layers: int
-    counts: AcceptanceCounts
-    draft_tables: list[LatencyTable]
-    curve: LatencyCurve
-    choice: Choice | None
-    expected_tokens: float
-    predicted_speedup: float
-    c1_over_T1: float
-
-
-@dataclass
-class _LayerSweep:
-    """The rows in increasing L and the best (``profiling.layers.LayerSweep``'s shape)."""
-
-    rows: list[_LayerRow]
-    best: _LayerRow
-
-
-def _self_drafter_stage(target: Transformer, prompt_ids: Sequence[Sequence[int]], *,
-                        target_tables: list[LatencyTable], step_overhead_ms: float, layers: Sequence[int],
-                        width: int, depth: int, max_new_tokens: int, draft_tokens: Sequence[int], budget: int,
-                        max_depth: int, max_branching: int, eos_ids: Sequence[int] = (), backend: str = "auto",
-                        context: int | None = None, target_name: str = "target",
-                        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                        progress: ProgressFn | None = None, rounds: int = 1, paired: bool = True,
-                        **timing_kw: Any) -> _LayerSweep:
-    """Which L for ``self:L``: per L, greedy acceptance (:func:`measure_acceptance` with a
-    :class:`~sequoia_opt.decoding.drafters.LayerSkipDrafter`, a ``width`` x ``depth`` measurement tree over
-    ``prompt_ids``), c(w) at ``draft_tokens`` (:func:`profile_drafter` with ``("self", L)``, at the target
-    tables' contexts), the curve with the target's shared T(n), and the hardware-aware choice (``budget``,
-    ``max_depth``, ``max_branching`` at ``context``); the best L is the one whose tree predicts the highest
-    speedup (ties: the smaller L).
-
-    The arguments are those of ``sequoia_opt.profiling.layers.sweep_layers``, which does this sweep with its
-    checks; this local version stands in for it until that module is merged (then this body becomes one call).
-
-    Returns:
-        rows (increasing L) and the best, each with ``num_layers``, ``counts``, ``draft_tables``, ``curve``
-        (``treeopt-latency/1``, cost model per-level, drafter ``self:L``), ``choice`` (None without trials or
-        when the solver refused), ``expected_tokens`` / ``predicted_speedup`` (1.0 without a choice), and
-        ``c1_over_T1`` (c(1) / T(1) at the context).
-
-    Raises:
-        ProfileError: an empty layer grid. DecodingError: as :func:`measure_acceptance` (before any forward).
-    """
-    from .decoding.drafters import LayerSkipDrafter
-
-    if not layers:
-        raise ProfileError("no L to sweep for self:L (the target needs at least 2 layers)")
-    ctx = target_tables[0].context if context is None else int(context)
-    t_one = next(t for t in target_tables if t.context == ctx)
-    t1 = t_one.timings[t_one.tokens.index(1)].median_ms
-    dev = target.device if device is None else device
-    dt = target.dtype if dtype is None else dtype
-    rows = []
-    for L in sorted(set(int(x) for x in layers)):
-        def tagged(stage: str, L: int = L) -> ProgressFn | None:
-            return (lambda what, done, total: progress(f"self L={L} {stage}, {what}", done, total)) if progress \
-                else None
-
-        counts = measure_acceptance(target, lambda L=L: LayerSkipDrafter(target, L), prompt_ids, width=width,
-                                    depth=depth, max_new_tokens=max_new_tokens, eos_ids=eos_ids, backend=backend,
-                                    progress=tagged("acceptance"))
-        tables = profile_drafter(target, ("self", L), list(draft_tokens), [t.context for t in target_tables],
-                                 backend=backend, progress=tagged("draft timing"), rounds=rounds, paired=paired,
-                                 **timing_kw)
-        curve = build_latency_profile(
-            target_tables=target_tables, draft_tables=tables, step_overhead_ms=step_overhead_ms, device=dev, dtype=dt,
-            target_name=target_name, target_config=target.config, draft_name=f"self:{L}", draft_config=None,
-            random_weights=False, method=method_text(rounds, paired, list(draft_tokens)),
-            profile_id=f"{device_slug(dev)}_{target_name}__self-L{L}_{str(dt).removeprefix('torch.')}",
-            draft_cost_model="per-level")
-        choice = None
-        if counts.trials:
-            try:
-                choice = choose(counts.vector(), curve, budget, max_depth, max_branching, context=ctx)
-            except (ProfileError, SolverError):
-                choice = None
-        d_one = next(t for t in tables if t.context == ctx)
-        c1 = d_one.timings[d_one.tokens.index(1)].median_ms
-        rows.append(_LayerRow(L, counts, tables, curve, choice, choice.expected_tokens if choice else 1.0,
-                              choice.speedup if choice else 1.0, c1 / t1))
-    best = max(rows, key=lambda r: (round(r.predicted_speedup, 9), -r.num_layers))
-    return _LayerSweep(rows, best)
-
-
 def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int | None = None,
              num_prompts: int | None = None, quick: bool = False, out_dir: Path = Path("results/demo"),
              backend: str = "auto", progress: ProgressFn | None = None, target: Path | None = None,
@@ -231,6 +136,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         s.max_new_tokens = max_new_tokens
     if num_prompts is not None:
         s.num_prompts = num_prompts
+    if s.lookup_new_tokens is None:
+        s.lookup_new_tokens = s.max_new_tokens
     dev, dt = parse_device(device), parse_dtype(dtype)
     dtype_name = str(dt).removeprefix("torch.")
     out_dir = Path(out_dir)
@@ -287,15 +194,17 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         method=method_text(s.latency_rounds, False, grid), draft_cost_model=look.cost_model)
     look_ids = prof_ids[: s.lookup_prompts]
     look_counts = measure_acceptance(pair.target, look.new_drafter, look_ids, width=s.extra_width,
-                                     depth=s.extra_depth, max_new_tokens=s.lookup_new_tokens, eos_ids=eos,
+                                     depth=s.lookup_depth, max_new_tokens=s.lookup_new_tokens, eos_ids=eos,
                                      backend=backend, progress=tagged("lookup acceptance"))
-    look_acc = acceptance_profile(look_counts, look.draft_name, look.cost_model, s.extra_depth, len(look_ids),
+    look_acc = acceptance_profile(look_counts, look.draft_name, look.cost_model, s.lookup_depth, len(look_ids),
                                   s.lookup_new_tokens)
-    layers = list(s.self_layers) if s.self_layers is not None else _spread_layers(pair.target.config.n_layers)
+    n_layers = pair.target.config.n_layers
+    layers = (list(s.self_layers) if s.self_layers is not None
+              else default_layer_grid(n_layers, count=3) if n_layers >= 2 else [])
     layers = [L for L in layers if 1 <= L < pair.target.config.n_layers]
     self_ids = prof_ids[: s.self_prompts]
     self_tokens = sorted({w for w in (1, 2, 4, 8, 16, 32, 64) if w <= s.max_draft_tokens} | {s.max_draft_tokens})
-    sweep = _self_drafter_stage(
+    sweep = sweep_layers(
         pair.target, self_ids, target_tables=tt, step_overhead_ms=overhead_nomodel, layers=layers,
         width=s.extra_width, depth=s.extra_depth, max_new_tokens=s.self_new_tokens, draft_tokens=self_tokens,
         budget=s.max_tokens, max_depth=s.max_depth, max_branching=s.extra_width, eos_ids=eos, backend=backend,
@@ -430,9 +339,9 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
              or len(self_ids) * s.self_new_tokens < len(ids) * s.acc_new_tokens)
     report.notes.append(
         f"acceptance measured on profile prompts x new tokens: the draft model on {len(ids)} x {s.acc_new_tokens} "
-        f"(K = {s.width}, depth {s.acc_depth}), lookup on {len(look_ids)} x {s.lookup_new_tokens} and self:L on "
-        f"{len(self_ids)} x {s.self_new_tokens} per L (K = {s.extra_width}, depth {s.extra_depth}, also their trees' "
-        "max branching)" + ("; fewer for the extra drafters, to keep the demo short" if fewer else ""))
+        f"(K = {s.width}, depth {s.acc_depth}), lookup on {len(look_ids)} x {s.lookup_new_tokens} (K = "
+        f"{s.extra_width}, depth {s.lookup_depth}) and self:L on {len(self_ids)} x {s.self_new_tokens} per L (K = "
+        f"{s.extra_width}, depth {s.extra_depth}); K is also their trees' max branching" + ("; fewer for the extra drafters, to keep the demo short" if fewer else ""))
     report.data = {"summary": report.summary, "run": run.to_dict(), "files": files,
                    "acceptance": acc.to_dict(), "latency_profile": curve.to_dict(),
                    "drafters": [asdict(r) for r in cmp.rows], "self_sweep": sweep_rows}

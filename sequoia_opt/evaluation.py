@@ -447,7 +447,7 @@ def check_drafter_profiles(label: str, cost_model: str, acceptance: AcceptancePr
 def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, curve: LatencyCurve, *,
                  budget: int | None = None,
                  max_depth: int = 10, max_branching: int = 8, context: int | None = None,
-                 name: str | None = None, check: bool = True) -> DrafterPlan:
+                 name: str | None = None, check: bool = True, acceptance_model: str = "auto") -> DrafterPlan:
     """Choose one drafter's best tree from its own profiles: :func:`~sequoia_opt.solver.hardware.choose` on
     its acceptance vector and its latency curve (the drafter charged by its cost model), as ``treeopt solve
     -a ACC -l LAT`` would.
@@ -463,6 +463,9 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
         context: context length (tokens) to read the curve at; None = the smallest measured.
         name: the tree's name in results (default: ``label``).
         check: refuse profiles of another drafter first (:func:`check_drafter_profiles`).
+        acceptance_model: ``auto`` | ``positional`` | ``by-depth``, as ``treeopt solve --acceptance-model``
+            (:func:`~sequoia_opt.solver.depth.resolve_acceptance_model`: ``auto`` solves with the profile's
+            per-depth vectors when its positional check failed, as it does for prompt lookup).
 
     Returns:
         :class:`DrafterPlan`.
@@ -472,14 +475,17 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
             curve can score. SolverError: bad limits or acceptance vector.
     """
     from .solver import choose
+    from .solver.depth import solve_profile
 
     if check:
         check_drafter_profiles(label, cost_model, acceptance, curve)
     ctx = int(curve.contexts[0]) if context is None else int(context)
     limit = curve.max_target_tokens(context) if budget is None else budget
-    choice = choose(acceptance.acceptance, curve, limit, max_depth, max_branching, context=context)
+    solution, model_used = solve_profile(acceptance, limit, max_depth, max_branching, acceptance_model)
+    choice = choose(acceptance.acceptance, curve, limit, max_depth, max_branching, context=context,
+                    solution=solution)
     extra = {"drafter": label, "draft_cost_model": cost_model, "max_branching": max_branching,
-             "budget_limit": limit, "context_tokens": ctx}
+             "budget_limit": limit, "context_tokens": ctx, "acceptance_model": model_used}
     for key, value in (("target", acceptance.measured.get("target")), ("draft", label),
                        ("draft_cost_model", cost_model), ("device", curve.device.get("name")),
                        ("dtype", curve.device.get("dtype") or acceptance.measured.get("dtype"))):
@@ -509,6 +515,7 @@ class DrafterRow:
         equals_plain: greedy output equal to plain decoding on every prompt (None when sampling).
         mismatches: prompts whose greedy output differed.
         acceptance_profile, latency_profile: the profile ids.
+        acceptance_model: how the prediction was solved, ``positional`` or ``by-depth`` (:func:`plan_drafter`).
     """
 
     drafter: str
@@ -528,6 +535,7 @@ class DrafterRow:
     mismatches: int
     acceptance_profile: str
     latency_profile: str
+    acceptance_model: str = "positional"
 
 
 def drafter_rows(plans: Sequence[DrafterPlan], run: RunReport) -> list[DrafterRow]:
@@ -547,16 +555,18 @@ def drafter_rows(plans: Sequence[DrafterPlan], run: RunReport) -> list[DrafterRo
             predicted_tokens_per_step=p.choice.expected_tokens, tokens_per_step=s.tokens_per_step,
             tps_ci95=s.tps_ci95, predicted_speedup=p.choice.speedup, speedup=s.speedup,
             tokens_per_s=s.tokens_per_s, equals_plain=(s.mismatches == 0) if greedy else None,
-            mismatches=s.mismatches, acceptance_profile=p.acceptance.id, latency_profile=p.curve.id))
+            mismatches=s.mismatches, acceptance_profile=p.acceptance.id, latency_profile=p.curve.id,
+            acceptance_model=str(p.metadata.extra.get("acceptance_model", "positional"))))
     return out
 
 
 def drafter_table(rows: Sequence[DrafterRow]) -> tuple[str, list[str], list[list[Any]]]:
     """The side-by-side table (title, column names, rows) of :class:`DrafterRow` s, for a
     :class:`~sequoia_opt.report.Report`: one row per drafter, its best tree, predicted against measured."""
-    cols = ["drafter", "cost model", "c(1)/T(1)", "nodes", "depth", "level widths", "pred. tokens/step",
+    cols = ["drafter", "cost model", "acc. model", "c(1)/T(1)", "nodes", "depth", "level widths", "pred. tokens/step",
             "tokens/step", "95% CI", "pred. speedup", "speedup", "tokens/s", "= plain"]
-    body = [[r.drafter, r.cost_model, r.c1_over_t1, r.nodes, r.depth, " ".join(map(str, r.level_widths)),
+    body = [[r.drafter, r.cost_model, r.acceptance_model, r.c1_over_t1, r.nodes, r.depth,
+             " ".join(map(str, r.level_widths)),
              r.predicted_tokens_per_step, r.tokens_per_step, f"{r.tps_ci95[0]:.2f} to {r.tps_ci95[1]:.2f}",
              r.predicted_speedup, r.speedup, r.tokens_per_s,
              "-" if r.equals_plain is None else ("yes" if r.equals_plain else f"NO ({r.mismatches})")]

@@ -14,7 +14,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import byte_tokenizer, noisy_copy, tiny_config  # noqa: E402
 
-from sequoia_opt.demo import DemoSettings, _spread_layers, run_demo  # noqa: E402
+from sequoia_opt.demo import DemoSettings, run_demo  # noqa: E402
+from sequoia_opt.profiling.layers import default_layer_grid  # noqa: E402
 from sequoia_opt.model import Transformer  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
 from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
@@ -23,7 +24,7 @@ from sequoia_opt.tree import load_tree  # noqa: E402
 
 SETTINGS = dict(max_tokens=8, max_draft_tokens=8, context=16, latency_repeats=5, latency_rounds=1, width=3,
                 acc_depth=2, acc_prompts=2, acc_new_tokens=8, max_depth=4, num_prompts=2, max_new_tokens=8,
-                extra_width=2, extra_depth=2, lookup_prompts=2, lookup_new_tokens=8, self_prompts=1,
+                extra_width=2, extra_depth=2, lookup_prompts=2, lookup_new_tokens=8, lookup_depth=3, self_prompts=1,
                 self_new_tokens=8)
 
 
@@ -46,9 +47,9 @@ def demo(tmp_path_factory):
     return result, out
 
 
-def test_spread_layers():
-    assert _spread_layers(30) == [10, 19, 29]
-    assert _spread_layers(2) == [1] and _spread_layers(3) == [1, 2] and _spread_layers(1) == []
+def test_the_demo_sweeps_three_layer_counts():
+    assert default_layer_grid(30, count=3) == [10, 19, 29]
+    assert default_layer_grid(2, count=3) == [1] and default_layer_grid(3, count=3) == [1, 2]
 
 
 def test_demo_runs_every_drafter_side_by_side(demo):
@@ -95,12 +96,14 @@ def test_demo_report_has_the_side_by_side_table_and_the_sweep(demo):
     assert cols[0] == "drafter" and cols[-1] == "= plain" and "c(1)/T(1)" in cols
     assert [row[0] for row in body] == ["draft", "lookup:1-3", "self:1"]
     assert [row[-1] for row in body] == ["yes", "yes", "yes"]
-    assert [row[3] for row in body] == [r.nodes for r in result.drafters]
+    assert [row[cols.index("nodes")] for row in body] == [r.nodes for r in result.drafters]
+    assert [row[cols.index("acc. model")] for row in body] == [r.acceptance_model for r in result.drafters]
     cols, body = tables["self"]
     assert [row[0] for row in body] == [1] and body[0][-1] == "<-"
     assert result.report.summary["drafters compared"] == "draft, lookup:1-3, self:1"
-    assert any("the draft model on 2 x 8 (K = 3, depth 2), lookup on 2 x 8 and self:L on 1 x 8 per L (K = 2, depth 2"
-               in n and n.endswith("; fewer for the extra drafters, to keep the demo short") for n in result.report.notes)
+    assert any("the draft model on 2 x 8 (K = 3, depth 2), lookup on 2 x 8 (K = 2, depth 3) and self:L on 1 x 8 per "
+               "L (K = 2, depth 2); K is also their trees' max branching" in n
+               and n.endswith("; fewer for the extra drafters, to keep the demo short") for n in result.report.notes)
     assert [d["drafter"] for d in result.report.data["drafters"]] == ["draft", "lookup:1-3", "self:1"]
     import json
 
