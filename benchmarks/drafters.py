@@ -40,9 +40,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per eval prompt (default 64)")
     ap.add_argument("--self-layers", default=None, help="L values swept for self:L, comma-separated "
                     "(default: 3 spread over 1..n_layers-1)")
+    ap.add_argument("--self-check", type=int, default=None, metavar="L",
+                    help="also test the tokens/step prediction of self:L on trees of 4 and 8 nodes, whether or not "
+                    "they pay off on this device (default: the largest L swept)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=Path("results/drafters"))
+    ap.add_argument("--self-check-only", action="store_true", help="run only the --self-check measurement")
     args = ap.parse_args(argv)
+    if args.self_check_only:
+        if not args.self_check:
+            ap.error("--self-check-only needs --self-check L")
+        s = DemoSettings.quick() if args.quick else DemoSettings()
+        rows = self_check(args.self_check, s, num_prompts=args.num_prompts or s.num_prompts,
+                          max_new_tokens=args.max_new_tokens or s.max_new_tokens, device=args.device)
+        stamp = now_iso().replace(":", "").replace("+0000", "Z")
+        path = atomic_write_text(args.out / f"{stamp}-self-check.json",
+                                 json.dumps({"format": "treeopt-bench-drafters-self/1", "self_check": rows}, indent=1)
+                                 + "\n")
+        _print_self_check(rows)
+        print(f"wrote {path}")
+        return 0 if all(r["equals_plain"] for r in rows) else 1
 
     settings = DemoSettings.quick() if args.quick else DemoSettings()
     if args.self_layers:
@@ -80,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
            "lookup_over_draft_model_tokens_per_s": (by["lookup"]["tokens_per_s"] / rows[0]["tokens_per_s"]
                                                     if "lookup" in by and rows[0]["tokens_per_s"] else None),
            "greedy_ok": result.greedy_ok, "files": result.files}
+    L = args.self_check or max(int(r["L"]) for r in result.report.data.get("self_sweep") or [{"L": 0}])
+    if L >= 1:
+        doc["self_check"] = self_check(L, settings, num_prompts=result.run.settings.get("num_prompts"),
+                                       max_new_tokens=result.run.settings.get("max_new_tokens"), device=args.device)
     path = atomic_write_text(args.out / f"{stamp}.json", json.dumps(doc, indent=1) + "\n")
 
     print(f"plain decoding {plain.tokens_per_s:.2f} tokens/s; "
@@ -95,10 +116,59 @@ def main(argv: list[str] | None = None) -> int:
               f"({r['predicted_tokens_per_step_positional']:.2f}) / {r['tokens_per_step']:.2f} [{lo:.2f}, {hi:.2f}] | "
               f"{r['predicted_speedup']:.2f}x / {r['speedup']:.2f}x | {r['tokens_per_s']:.2f} | "
               f"{'yes' if r['equals_plain'] else 'NO'} |")
+    _print_self_check(doc.get("self_check", []))
     if doc["lookup_over_draft_model_tokens_per_s"] is not None:
         print(f"lookup / draft model tokens/s: {doc['lookup_over_draft_model_tokens_per_s']:.2f}")
     print(f"wrote {path}")
     return 0 if result.greedy_ok else 1
+
+
+def self_check(L: int, settings: DemoSettings, *, num_prompts: int, max_new_tokens: int,
+               device: str) -> list[dict]:
+    """Predicted against measured tokens/step of ``self:L`` on its DP trees of 4 and 8 nodes (depth <= 4),
+    however they compare with plain decoding on this device: the demo runs the hardware-aware choice, which
+    can be the root alone, and then says nothing about the acceptance model. Acceptance on the demo's profile
+    prompts (its ``acc_prompts`` x ``acc_new_tokens``, K = 4, depth 4), the run on the same eval prompts."""
+    import torch
+
+    from sequoia_opt.evaluation import TreeEntry, run_trees
+    from sequoia_opt.pipeline import load_pair
+    from sequoia_opt.profiling.acceptance import build_acceptance_profile, measure_acceptance
+    from sequoia_opt.prompts import demo_prompts_path, load_prompts
+    from sequoia_opt.solver.depth import solve_profile
+    from sequoia_opt.tree import TreeMetadata
+
+    pair = load_pair(None, f"self:{L}", device=torch.device(device), dtype=torch.float32)
+    eos = sorted(pair.tokenizer.eos_ids)
+    prof = [pair.tokenizer.encode(p.text) for p in load_prompts(demo_prompts_path("profile"),
+                                                               limit=settings.acc_prompts)]
+    ev = [pair.tokenizer.encode(p.text) for p in load_prompts(demo_prompts_path("eval"), limit=num_prompts)]
+    counts = measure_acceptance(pair.target, pair.new_drafter, prof, width=4, depth=4,
+                                max_new_tokens=settings.acc_new_tokens, eos_ids=eos)
+    acc = build_acceptance_profile(counts, profile_id=f"self-{L}", target_name=pair.target_name,
+                                   draft_name=pair.draft_name, temperature=0.0, top_p=1.0, depth=4, device=device,
+                                   dtype="float32", prompts_file="profile", num_prompts=len(prof),
+                                   max_new_tokens=settings.acc_new_tokens, seed=0, draft_cost_model="per-level")
+    sol, model = solve_profile(acc, 8, 4, 4)
+    entries = [TreeEntry(f"self:{L} dp{m}", sol.tree(m, 4),
+                         TreeMetadata(expected_tokens_per_step=sol.expected_tokens(m, 4))) for m in (4, 8)]
+    run = run_trees(pair.target, pair.new_drafter, entries, ev, max_new_tokens=max_new_tokens, eos_ids=eos)
+    out = []
+    for e, s in zip(entries, run.summaries[1:]):
+        out.append({"L": L, "nodes": e.tree.size, "level_widths": list(e.tree.level_widths),
+                    "acceptance": [round(float(x), 4) for x in acc.acceptance], "acceptance_model": model,
+                    "predicted": s.predicted_tokens_per_step, "measured": s.tokens_per_step, "ci95": list(s.tps_ci95),
+                    "error": s.predicted_tokens_per_step / s.tokens_per_step - 1, "speedup": s.speedup,
+                    "equals_plain": s.mismatches == 0})
+    return out
+
+
+def _print_self_check(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"self:{r['L']} check, tree {r['nodes']} nodes (widths {r['level_widths']}), {r['acceptance_model']}: "
+              f"tokens/step predicted {r['predicted']:.3f}, measured {r['measured']:.3f} "
+              f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] ({r['error']:+.1%}); speedup {r['speedup']:.2f}x, = plain: "
+              f"{'yes' if r['equals_plain'] else 'NO'}")
 
 
 def _file_key(files: dict[str, str], kind: str, drafter: str) -> str:
