@@ -73,8 +73,8 @@ def default_draft_path() -> Path:
 def model_label(path: Path) -> str:
     """A short name for a checkpoint: the GGUF file stem, or the HF folder name (``draft`` folders of the
     package are called ``treeopt-draft``)."""
-    path = Path(path)
-    if path.resolve() == bundled_draft_path().resolve():
+    path = Path(path).resolve()  # "." and "draft/" are named by the folder, never ""
+    if path == bundled_draft_path().resolve():
         return "treeopt-smollm2-draft"
     return path.stem if path.suffix.lower() == ".gguf" else path.name
 
@@ -145,9 +145,9 @@ def default_acceptance_path(target_label: str, drafter: DrafterSpec, mode: str =
 
 def default_latency_path(target_label: str, drafter: DrafterSpec, device_slug: str) -> Path:
     """Where ``treeopt profile latency`` writes a drafter's latency profile without ``-o``:
-    ``profiles/<device slug>/<target>-latency.yaml`` for a draft model,
-    ``profiles/<device slug>/<target>__<drafter slug>-latency.yaml`` for ``self:L`` and ``lookup``."""
-    dpart = f"__{drafter_slug(drafter.label)}" if drafter.kind != "model" else ""
+    ``profiles/<device slug>/<target>__<drafter slug>-latency.yaml`` (the draft checkpoint's name, ``self-L6``,
+    ``lookup-1-3``), so two drafters never share a file."""
+    dpart = f"__{drafter_slug(drafter.label)}"
     return Path("profiles") / device_slug / f"{target_label}{dpart}-latency.yaml"
 
 
@@ -206,6 +206,8 @@ def parse_drafter_spec(spec: str | Path | DrafterSpec | None) -> DrafterSpec:
                 raise TreeoptError(f"--draft {text!r}: the smallest n-gram size ({lo}) is larger than the largest "
                                    f"({hi})")
         return DrafterSpec("lookup", lookup_min=lo, lookup_max=hi)
+    if key == "model" and sep and not rest.strip():
+        raise TreeoptError(f"--draft {text!r} names no checkpoint: write model:PATH")
     path = Path(rest if key == "model" and sep else text).expanduser()
     if not path.exists():
         raise TreeoptError(f"--draft {text!r} names nothing known: not an existing checkpoint (HF folder or "

@@ -200,3 +200,55 @@ def test_solve_warns_when_the_profiles_describe_different_drafters(workdir, tmp_
     warnings = json.loads(r.stdout)["warnings"]
     assert any("drafter has cost model 'per-level' but the latency profile charges 'one-pass'" in w for w in warnings)
     assert any("draft 'self:1' differs from the latency profile's 'lookup:1-3'" in w for w in warnings)
+
+
+def test_empty_model_path_is_refused_and_dot_is_named_by_its_folder(workdir, monkeypatch):
+    root, target, draft, _ = workdir
+    with pytest.raises(TreeoptError, match="names no checkpoint"):
+        parse_drafter_spec("model:")
+    monkeypatch.chdir(draft)
+    assert parse_drafter_spec(".").label == "draft"
+    assert parse_drafter_spec("model:.").label == "draft"
+
+
+def test_two_draft_checkpoints_get_their_own_default_latency_files(workdir):
+    from sequoia_opt.pipeline import default_latency_path
+
+    root, target, draft, _ = workdir
+    other = root / "draft-b"
+    other.mkdir(exist_ok=True)
+    a = default_latency_path("t", parse_drafter_spec(str(draft)), "cpu")
+    b = default_latency_path("t", parse_drafter_spec(str(other)), "cpu")
+    assert a == Path("profiles/cpu/t__draft-latency.yaml") and b == Path("profiles/cpu/t__draft-b-latency.yaml")
+    assert default_latency_path("t", parse_drafter_spec("self:3"), "cpu").name == "t__self-L3-latency.yaml"
+
+
+@pytest.mark.parametrize("args, what", [(["--draft", "self:1", "--context", "480"], "self:1 draft model"),
+                                        (["--context", "500", "--max-draft-tokens", "16"], "draft model"),
+                                        (["--draft", "lookup", "--context", "510"], "target model")])
+def test_profile_latency_checks_every_width_against_the_context_before_timing(workdir, tmp_path, monkeypatch,
+                                                                               args, what):
+    root, target, draft, _ = workdir
+    import sequoia_opt.profiling.latency as latency
+
+    monkeypatch.setattr(latency, "profile_model", lambda *a, **k: pytest.fail("timed before the sizes were checked"))
+    out = tmp_path / "lat.yaml"
+    full = ["--draft", str(draft)] + args if "--draft" not in args else args
+    r = invoke("profile", "latency", "--target", target, "--max-tokens", "4", "-o", out, *full)
+    assert r.exit_code == 2, r.output
+    assert f"exceeds the {what}'s context of 512 tokens" in r.output and not out.exists()
+
+
+def test_run_warns_when_a_tree_was_solved_for_another_cost_model(workdir, tmp_path):
+    root, target, draft, prompts = workdir
+    tree = tmp_path / "t.yaml"
+    from sequoia_opt.tree import TreeMetadata
+
+    save_tree(tree, Tree.chain(3), TreeMetadata(extra={"profiled_draft": "lookup:1-3",
+                                                       "profiled_draft_cost_model": "per-level"}))
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", "lookup", "--prompts", prompts,
+               "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    warnings = json.loads(r.stdout)["warnings"]
+    assert any("draft_cost_model 'per-level', but this run uses 'one-pass'" in w for w in warnings)
+    assert not any("with draft 'lookup:1-3'" in w for w in warnings)

@@ -128,6 +128,16 @@ def profile_latency(
         make_drafter = drafter  # a draft model: the decoder wraps it
     grid = token_grid(max_tokens)
     dgrid = token_grid(max_draft_tokens)
+    # every size against every context before anything is timed (a late refusal would waste the target's curve)
+    positions = [(tmodel.config.max_position_embeddings, max(grid), "target")]
+    if isinstance(drafter, torch.nn.Module):
+        positions.append((drafter.config.max_position_embeddings, max(dgrid), "draft"))
+    elif isinstance(drafter, tuple) and drafter[0] == "self":
+        positions.append((tmodel.config.max_position_embeddings, max(dgrid), f"self:{drafter[1]} draft"))
+    for limit, widest, what in positions:
+        if max(contexts) + widest > limit:
+            raise TreeoptError(f"--context {max(contexts)} + {widest} tokens exceeds the {what} model's context of "
+                               f"{limit} tokens: lower --context, --max-tokens or --max-draft-tokens")
     with progress_bar() as progress:
         ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
                                 rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)
@@ -139,7 +149,7 @@ def profile_latency(
         overhead = measure_step_overhead(tmodel, make_drafter if drafter is not None else tmodel, backend=backend)
     slug = device_slug(dev)
     base = tcfg.name if random_weights else tname
-    dpart = f"__{drafter_slug(dname)}" if dname is not None and spec is not None and spec.kind != "model" else ""
+    dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
     pid = f"{slug}_{base}{dpart}_{dt}".replace("torch.", "")
     curve = build_latency_profile(
         target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device=dev, dtype=dt,
@@ -219,7 +229,8 @@ def profile_acceptance(
     texts = load_prompts(pfile, limit=num_prompts)
     pair = load_pair(target, spec, device=dev, dtype=dt)
     if width > pair.vocab_size:
-        raise TreeoptError(f"--width {width} asks for more candidates per node than the draft's vocabulary has "
+        raise TreeoptError(f"--width {width} asks for more candidates per node than the "
+                           f"{'draft' if pair.draft is not None else 'target'}'s vocabulary has "
                            f"tokens ({pair.vocab_size})")
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     with progress_bar() as progress:

@@ -25,12 +25,15 @@ from .render import render
 
 
 def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
-                           draft: str) -> list[str]:
+                           draft: str, draft_cost_model: str | None = None) -> list[str]:
     """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
     one it is about to run on (its prediction then describes other hardware)."""
     out = []
-    for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft)):
+    for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
+                      ("draft_cost_model", draft_cost_model)):
         want = meta.extra.get(f"profiled_{key}")
+        if have is None:
+            continue
         if want is not None and str(want).strip().lower() != str(have).strip().lower():
             out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
                        f"uses {have!r}: its predicted figures describe that setting")
@@ -140,7 +143,7 @@ def run_cmd(
 
     warnings = [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
-        target=pair.target_name, draft=pair.draft_name)]
+        target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model)]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")})
