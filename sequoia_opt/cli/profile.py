@@ -156,6 +156,10 @@ def profile_latency(
         target_name=tname, target_config=tmodel.config, draft_name=dname, draft_config=dconfig,
         random_weights=random_weights, profile_id=pid, method=method_text(rounds, paired, grid),
         draft_cost_model=cost_model)
+    if output is None and not random_weights:  # the path run --compare-drafters looks for by default
+        from ..pipeline import default_latency_path
+
+        output = default_latency_path(tname, spec, slug)
     out = output or Path("profiles") / slug / f"{base}{dpart}-latency.yaml"
     save_latency(out, curve)
     rows = [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c] for c in contexts for n in grid]
