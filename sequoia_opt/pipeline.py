@@ -140,7 +140,7 @@ def default_acceptance_path(target_label: str, drafter: DrafterSpec, mode: str =
     """Where ``treeopt profile acceptance`` writes a drafter's acceptance profile without ``-o``:
     ``profiles/<target>__<drafter slug>/acceptance-<mode>.yaml`` (relative to the working directory), mode
     ``greedy`` or ``sampling-t<T>-p<P>``."""
-    return Path("profiles") / f"{target_label}__{drafter_slug(drafter.label)}" / f"acceptance-{mode}.yaml"
+    return Path("profiles") / pair_slug(target_label, drafter.label) / f"acceptance-{mode}.yaml"
 
 
 def default_latency_path(target_label: str, drafter: DrafterSpec, device_slug: str) -> Path:
@@ -149,6 +149,11 @@ def default_latency_path(target_label: str, drafter: DrafterSpec, device_slug: s
     ``lookup-1-3``), so two drafters never share a file."""
     dpart = f"__{drafter_slug(drafter.label)}"
     return Path("profiles") / device_slug / f"{target_label}{dpart}-latency.yaml"
+
+
+def pair_slug(target_label: str, drafter_label: str) -> str:
+    """``<target>__<drafter slug>``: the folder of a pair's acceptance profiles and the stem of its ids."""
+    return f"{target_label}__{drafter_slug(drafter_label)}"
 
 
 def _positive_int(text: str, what: str, spec: str) -> int:
@@ -270,7 +275,7 @@ class ModelPair:
     def slug(self) -> str:
         """``<target>__<drafter>`` for default profile folders (``self:6`` -> ``self-L6``, ``lookup:1-3`` ->
         ``lookup-1-3``: no ``:`` in file names)."""
-        return f"{self.target_name}__{drafter_slug(self.draft_name)}"
+        return pair_slug(self.target_name, self.draft_name)
 
     def new_drafter(self):
         """A fresh proposer for one :class:`~sequoia_opt.decoding.SpeculativeDecoder` (a drafter serves one

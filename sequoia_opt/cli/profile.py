@@ -215,7 +215,7 @@ def profile_acceptance(
 ) -> None:
     """Measure the positional acceptance vector p_1..p_K with the decoder's own verifier (greedy or
     sampling), with counts, 95 % intervals and per-depth vectors."""
-    from ..pipeline import load_pair, parse_device, parse_dtype
+    from ..pipeline import default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
     from ..prompts import demo_prompts_path, load_prompts
@@ -248,7 +248,7 @@ def profile_acceptance(
         temperature=temperature, top_p=top_p, depth=depth, device=str(dev), dtype=str(dt).removeprefix("torch."),
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model=pair.cost_model)
-    out = output or Path("profiles") / pair_slug / f"acceptance-{mode}.yaml"
+    out = output or default_acceptance_path(pair.target_name, spec, mode)  # where run --compare-drafters looks
     save_acceptance(out, prof)
     ci = prof.confidence_interval()
     report = Report(title="treeopt profile acceptance")
