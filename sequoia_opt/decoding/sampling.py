@@ -37,6 +37,9 @@ __all__ = [
     "verify_point_mass_node",
     "verify_point_mass_batch",
     "verify_greedy",
+    "verify_groups_node",
+    "CandidateGroup",
+    "sample_excluding",
     "Acceptance",
     "NodeVisit",
 ]
@@ -197,6 +200,36 @@ def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Gen
     return keys.topk(k, dim=-1).indices
 
 
+def sample_excluding(q: torch.Tensor, k: int, exclude: Sequence[int], generator: torch.Generator
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """k ordered samples without replacement from q with the tokens ``exclude`` removed: what a drafter grafts
+    next to candidates other drafters already proposed at the node (TreeGraft's recovered candidates).
+
+    Args:
+        q: (V,) float a drafter's distribution at the node.
+        k: how many candidates, ``0 <= k <= V - len(set(exclude))``.
+        exclude: token ids already proposed at the node (never returned).
+        generator: the random source (one exponential race, as :func:`sample_without_replacement`).
+
+    Returns:
+        ``(tokens, q_cond)``: (k,) int64 distinct tokens not in ``exclude`` (when fewer than k have mass, the
+        rest are zero-mass tokens, which verification skips), and (V,) float32 the distribution they were
+        drawn from: q with ``exclude`` zeroed and renormalised (all zeros when q has no mass left).
+    """
+    q_cond = q.float().clone()
+    ex = torch.as_tensor(list(exclude), dtype=torch.int64, device=q.device)
+    if ex.numel():
+        q_cond[ex] = 0.0
+    mass = q_cond.sum()
+    if float(mass) > 0:
+        q_cond = q_cond / mass
+    e = torch.empty(q_cond.shape, device=generator.device).exponential_(generator=generator).to(q.device)
+    keys = q_cond / e  # (V,)
+    if ex.numel():
+        keys[ex] = -1.0  # below every other key (>= 0): never picked
+    return keys.topk(k).indices, q_cond
+
+
 def verify_sampling_batch(
     p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -342,6 +375,94 @@ def verify_point_mass_node(
     acc, tok = verify_point_mass_batch(p.reshape(1, -1), candidates.reshape(1, -1), generator)
     a = int(acc.item())
     return (None if a < 0 else a), int(tok.item())
+
+
+@dataclass(frozen=True)
+class CandidateGroup:
+    """The candidates one drafter proposed at a node of a shared tree, with the distribution they were drawn
+    from (for :func:`verify_groups_node`).
+
+    Attributes:
+        q: (V,) float the distribution the candidates are ordered samples without replacement from (for
+            candidates chosen after other drafters' candidates at the same node, q with those tokens removed
+            and renormalised: the distribution they were really drawn from); None: point masses (a drafter
+            without probabilities, or greedy decoding).
+        tokens: (k,) int64 the candidates in rank order.
+        drafter: index of the drafter that proposed them (for reports).
+    """
+
+    q: torch.Tensor | None
+    tokens: torch.Tensor
+    drafter: int = 0
+
+
+def verify_groups_node(
+    p: torch.Tensor, groups: Sequence[CandidateGroup], generator: torch.Generator
+) -> tuple[tuple[int, int] | None, int]:
+    """Speculative sampling at one node whose candidates come from several drafters (SpecInfer, Miao et al.
+    2024, section 4, multi-step speculative sampling; Sequoia Algorithm 2 within a group).
+
+    The groups are tried in order, and within a group the candidates in rank order, against one residual r
+    (initially p). A candidate x of a group with distribution q (q updated within the group: a rejected
+    candidate is removed from q and q renormalised) is accepted with probability ``min(1, r(x) / q(x))``;
+    on rejection ``r <- normalize(max(r - q, 0))``. A candidate with ``q(x) == 0`` is skipped. A point-mass
+    group (``q`` None) accepts x with probability ``r(x)`` and on rejection sets ``r(x) = 0`` (renormalised),
+    :func:`verify_point_mass_batch`'s rule. When every candidate is rejected the token is sampled from r.
+
+    Why exact: each trial maps a residual r to a token distributed as r, provided the candidate was drawn
+    from the trial's q independently of the verifier's random numbers (for a point mass: any fixed
+    candidate), which holds for candidates drawn before verification from distributions that depend only
+    on the tree (a strong drafter's candidates drawn from its q with a light drafter's tokens removed
+    included). Chaining trials keeps the property (the induction of :func:`verify_point_mass_batch`), so
+    the emitted token is distributed exactly as p.
+
+    Args:
+        p: (V,) target distribution at the node (after :func:`process_logits`).
+        groups: the node's :class:`CandidateGroup` s in trial order (light drafter first).
+        generator: the random source.
+
+    Returns:
+        ``((group, rank), token)`` for an accepted candidate, or ``(None, token)`` with a sample of the final
+        residual.
+
+    Raises:
+        ValueError: a q with NaN, inf, a negative entry or no mass, or a p / residual
+            :func:`sample_categorical` refuses.
+    """
+    r = p.float().clone()  # (V,) the residual, normalised
+    device = r.device
+    for gi, g in enumerate(groups):
+        k = int(g.tokens.shape[0])
+        if k == 0:
+            continue
+        toks = g.tokens.tolist()
+        u = _rand((k,), generator, device).tolist()
+        if g.q is None:
+            for j, x in enumerate(toks):
+                rx = float(r[x])
+                mass = float(r.sum())
+                if u[j] * mass < rx:
+                    return (gi, j), x
+                r[x] = 0.0
+            continue
+        q = g.q.float().clone()
+        _check_weights(q.reshape(1, -1), q.sum().reshape(1, 1), "verify_groups_node's draft distribution q")
+        for j, x in enumerate(toks):
+            qx, rx = float(q[x]), float(r[x]) / max(float(r.sum()), 1e-30)
+            if qx <= 0:
+                continue
+            if u[j] * qx < rx:
+                return (gi, j), x
+            r = r / r.sum().clamp(min=1e-30)
+            res = (r - q).clamp_(min=0)
+            mass = res.sum()
+            if float(mass) > 0:
+                r = res / mass
+            q[x] = 0.0
+            q_mass = q.sum()
+            if float(q_mass) > 0:
+                q = q / q_mass
+    return None, int(sample_categorical(r / r.sum().clamp(min=1e-30), generator).item())
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,10 @@ class StepStats:
             decoder's tree size except near the end of the context or the KV cache, where the speculative
             decoder clips its tree to the levels that fit.
         tree_depth: depth of that tree (0 for plain decoding and for a root-only step).
+        accepted_drafters: for a multi-drafter tree, the index of the drafter that proposed each accepted
+            node (depth order; a node two drafters proposed counts for the first); empty otherwise.
+        drafter_ms: for a multi-drafter tree, wall time (ms) spent in each drafter this step; empty otherwise.
+        drafter_calls: for a multi-drafter tree, 1 for each drafter that was asked this step, else 0.
     """
 
     tokens: tuple[int, ...]
@@ -44,6 +48,9 @@ class StepStats:
     bookkeeping_ms: float
     tree_size: int = 1
     tree_depth: int = 0
+    accepted_drafters: tuple[int, ...] = ()
+    drafter_ms: tuple[float, ...] = ()
+    drafter_calls: tuple[int, ...] = ()
 
     @property
     def total_ms(self) -> float:
@@ -89,6 +96,21 @@ class GenerationResult:
     @property
     def bookkeeping_ms(self) -> float:
         return sum(s.bookkeeping_ms for s in self.steps)
+
+    def drafter_totals(self) -> tuple[list[float], list[int], list[int]]:
+        """Per drafter of a multi-drafter decoder: total ms, steps it was asked in, accepted nodes it
+        proposed (empty lists for a single-drafter or plain decoder)."""
+        k = max((len(s.drafter_ms) for s in self.steps), default=0)
+        ms, calls, accepted = [0.0] * k, [0] * k, [0] * k
+        for s in self.steps:
+            for i, v in enumerate(s.drafter_ms):
+                ms[i] += v
+            for i, v in enumerate(s.drafter_calls):
+                calls[i] += v
+            for d in s.accepted_drafters:
+                if d < k:
+                    accepted[d] += 1
+        return ms, calls, accepted
 
     @property
     def decode_ms(self) -> float:

@@ -39,11 +39,17 @@ class DraftOutput:
             distributions (:attr:`Drafter.has_probs` False). Rows of leaves are undefined.
         depth: the depth of the tree drafted this step: the decoder's tree depth D, or less when the step's
             tree was clipped near the end of the context or the cache (then n is that clipped tree's size).
+        confidence: (n,) float32 the drafter's confidence at each node that has children, in [0, 1]: a
+            model's top-1 probability (softmax of its logits at temperature 1), prompt lookup's share of the
+            top follower among the followers of the longest matched suffix (0 without a match); only when
+            :attr:`DraftSettings.want_confidence` is set (a graft scheduler's features), else None. Rows of
+            leaves are undefined.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None
     depth: int
+    confidence: torch.Tensor | None = None
 
 
 @dataclass
@@ -65,6 +71,7 @@ class DraftSettings:
             every target layer), for a drafter that shares it (self layer-skip writes the K/V of the
             target's first layers at the tree's slots, which verification then overwrites). A drafter with
             its own cache ignores both fields; no drafter may write target slots below the step's root.
+        want_confidence: fill :attr:`DraftOutput.confidence` (a multi-drafter policy's scheduler reads it).
     """
 
     device: torch.device
@@ -76,6 +83,7 @@ class DraftSettings:
     tree_depth: int
     target: Transformer | None = None
     target_cache: ModelKVCache | None = None
+    want_confidence: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -118,6 +126,7 @@ class Drafter(ABC):
 
     cost_model: ClassVar[CostModel]
     has_probs: ClassVar[bool]
+    shares_target_cache: ClassVar[bool] = False
     vocab_size: int
     device: torch.device
     context: int
@@ -196,3 +205,29 @@ class Drafter(ABC):
             slots: (A,) int64 ``L + path`` on the device, as the target compacts them (reuse it; do not
                 allocate another).
         """
+
+    def score_nodes(self, state: DecodeState, tokens: torch.Tensor, depth: torch.Tensor,
+                    ancestors: torch.Tensor, nodes: Sequence[int], first: bool) -> torch.Tensor | None:
+        """Run the drafter over some nodes of a step's shared tree (a multi-drafter policy's call; the tree
+        is any parent-before-child order, node i at slot ``L + i`` and position ``L + depth[i]``).
+
+        Args:
+            state: the decoding state (read only).
+            tokens: (m,) int64 tokens of the tree's nodes so far (``tokens[0]`` the root).
+            depth: (m,) int64 their depths.
+            ancestors: (m, m) bool ancestor-or-self matrix of those nodes.
+            nodes: node indices to run over this call, each with every ancestor already run over by this
+                drafter in this step or earlier in ``nodes``; with ``first`` the call's first node must be
+                the root (0), which is fed with the committed tokens the drafter has not cached yet.
+            first: this is the drafter's first call in this step.
+
+        Returns:
+            (len(nodes), V) logits, or None for a drafter without a model (prompt lookup: the policy asks its
+            ``candidates`` instead).
+
+        Raises:
+            DecodingError: a drafter that cannot join a shared tree (the default).
+        """
+        from ...errors import DecodingError
+
+        raise DecodingError(f"{type(self).__name__} cannot run over a shared multi-drafter tree")

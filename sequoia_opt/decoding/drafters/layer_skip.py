@@ -33,7 +33,7 @@ from ...errors import DecodingError
 from ...model import ModelKVCache, Transformer
 from ..buffers import TreeBuffers
 from .base import Drafter, DraftOutput, DraftSettings
-from .model import propose_by_levels
+from .model import propose_by_levels, score_shared_nodes
 
 if TYPE_CHECKING:
     from ..speculative import DecodeState
@@ -62,6 +62,7 @@ class LayerSkipDrafter(Drafter):
 
     cost_model = "per-level"
     has_probs = True
+    shares_target_cache = True
 
     def __init__(self, target: Transformer, num_layers: int) -> None:
         n = target.config.n_layers
@@ -110,6 +111,13 @@ class LayerSkipDrafter(Drafter):
         L = state.cached  # level 0: the root alone (the prefix is in the shared cache)
         return propose_by_levels(self.target, self.cache, state.seq[L : L + 1], L, state, buffers, self.settings,
                                  self._masks, forced_tokens, num_layers=self.num_layers, role=self._role)
+
+    def score_nodes(self, state: DecodeState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                    nodes: Sequence[int], first: bool) -> torch.Tensor:
+        L = state.cached  # the root alone (the prefix is in the shared cache)
+        return score_shared_nodes(self.target, self.cache, state.seq[L : L + 1], L, state, tokens, depth, ancestors,
+                                  nodes, first, self.settings, self._masks, num_layers=self.num_layers,
+                                  role=self._role)
 
     def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
         # the target's compaction has moved the path in every layer (after a root-only step too)

@@ -129,23 +129,36 @@ class PromptLookupDrafter(Drafter):
         if forced_tokens is not None:  # nothing to fill and no cache: the forced tree as it is
             return DraftOutput(forced_tokens, None, D)
         tokens = [state.root] + [0] * (buffers.n - 1)
+        conf = [0.0] * buffers.n
         paths: list[list[int]] = [[]] * buffers.n  # per node: its root path's tokens below the root
         for node, ch in enumerate(buffers.children):  # breadth-first: a node's path is known before its own
             if not ch:
                 continue
-            cands = self.candidates(state.seq, paths[node], len(ch))
+            cands, conf[node] = self.ranked(state.seq, paths[node], len(ch))
             for c, tok in zip(ch, cands):  # children are in rank order
                 tokens[c] = tok
                 paths[c] = paths[node] + [tok]
-        return DraftOutput(torch.tensor(tokens, dtype=torch.int64, device=self.device), None, D)
+        confidence = torch.tensor(conf, device=self.device) if self.settings.want_confidence else None
+        return DraftOutput(torch.tensor(tokens, dtype=torch.int64, device=self.device), None, D, confidence)
 
     def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
         # no cache: the committed tokens reach the index through state.seq at the next propose
         pass
 
     # ------------------------------------------------------------------ the lookup
+    def score_nodes(self, state: DecodeState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                    nodes: Sequence[int], first: bool) -> None:
+        """No model and no cache: nothing to run (a shared-tree policy asks :meth:`ranked` per node)."""
+        self._extend(state.seq)
+        return None
+
     def candidates(self, seq: Sequence[int], path: Sequence[int], k: int) -> list[int]:
-        """The k ranked candidates after the context ``seq + path`` (the module docstring's rule).
+        """The k ranked candidates after the context ``seq + path`` (:meth:`ranked` without its confidence)."""
+        return self.ranked(seq, path, k)[0]
+
+    def ranked(self, seq: Sequence[int], path: Sequence[int], k: int) -> tuple[list[int], float]:
+        """The k ranked candidates after the context ``seq + path`` (the module docstring's rule), and the
+        lookup's confidence there.
 
         Args:
             seq: the committed tokens; the index is first extended to them (they must extend what it holds,
@@ -154,7 +167,9 @@ class PromptLookupDrafter(Drafter):
             k: how many candidates, ``0 <= k <= vocab_size``.
 
         Returns:
-            k distinct token ids: the found candidates by rank, then fillers.
+            ``(tokens, confidence)``: k distinct token ids (the found candidates by rank, then fillers), and
+            the top follower's share of the followers' count at the longest matched suffix, in [0, 1] (0 when
+            no suffix matches).
 
         Raises:
             DecodingError: ``k`` outside ``[0, vocab_size]`` (no k distinct ids to propose).
@@ -166,6 +181,7 @@ class PromptLookupDrafter(Drafter):
         total = S + P
         picked: list[int] = []
         seen: set[int] = set()
+        confidence = None
         for n in range(min(self.prompt_lookup_max, total), self.prompt_lookup_min - 1, -1):
             if len(picked) >= k:
                 break
@@ -191,6 +207,9 @@ class PromptLookupDrafter(Drafter):
                 stats = merged
             if not stats:
                 continue
+            if confidence is None:
+                counts = [c for c, _ in stats.values()]
+                confidence = max(counts) / sum(counts)
             for t in sorted(stats, key=lambda t: (stats[t][0], stats[t][1]), reverse=True):
                 if t not in seen:
                     seen.add(t)
@@ -203,7 +222,7 @@ class PromptLookupDrafter(Drafter):
                 seen.add(filler)
                 picked.append(filler)
             filler += 1
-        return picked[:k]
+        return picked[:k], (confidence or 0.0)
 
     def _at(self, i: int, path: Sequence[int]) -> int:
         """Token i of the context ``self._seq + path``."""

@@ -28,7 +28,7 @@ from .base import DraftOutput, Drafter, DraftSettings, root_tree
 if TYPE_CHECKING:
     from ..speculative import DecodeState
 
-__all__ = ["ModelDrafter", "propose_by_levels"]
+__all__ = ["ModelDrafter", "propose_by_levels", "score_shared_nodes"]
 
 
 def propose_by_levels(model: Transformer, cache: ModelKVCache, chunk: Sequence[int], chunk_start: int,
@@ -66,6 +66,7 @@ def propose_by_levels(model: Transformer, cache: ModelKVCache, chunk: Sequence[i
     n, D = buf.n, buf.tree_depth
     out = root_tree(state.root, n, s.device) if forced_tokens is None else forced_tokens
     probs = None if s.greedy else torch.empty(n, model.config.vocab_size, device=s.device)
+    conf = torch.zeros(n, device=s.device) if s.want_confidence else None
     logits = run_causal_chunk(model, cache, chunk, chunk_start, s.backend, masks,
                               num_layers)[-1:]  # (1, V): the root's
     for d in range(D):
@@ -78,6 +79,8 @@ def propose_by_levels(model: Transformer, cache: ModelKVCache, chunk: Sequence[i
                                     num_layers)  # (w_d, V)
         k = buf.level_branching[d]
         q = None
+        if conf is not None:
+            conf[sl] = logits.float().softmax(-1).amax(-1)  # (w_d,) top-1 probability at temperature 1
         try:
             if probs is not None:
                 q = process_logits(logits, s.temperature, s.top_p)  # (w_d, V)
@@ -93,7 +96,35 @@ def propose_by_levels(model: Transformer, cache: ModelKVCache, chunk: Sequence[i
             raise model_output_error(err, model, role) from None
         nxt = buf.level_slices[d + 1]
         out[nxt] = cand[buf.child_parent_local[d + 1], buf.child_rank[d + 1]]
-    return DraftOutput(out, probs, D)
+    return DraftOutput(out, probs, D, conf)
+
+
+def score_shared_nodes(model: Transformer, cache: ModelKVCache, chunk: Sequence[int], chunk_start: int,
+                       state: DecodeState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                       nodes: Sequence[int], first: bool, settings: DraftSettings, masks: dict[int, TreeMask], *,
+                       num_layers: int | None = None, role: str = "draft") -> torch.Tensor:
+    """:meth:`Drafter.score_nodes` for a model run over nodes of a shared tree: with ``first``, the catch-up
+    chunk (committed tokens ending at the root, slots ``[chunk_start, L + 1)``) gives the root's logits;
+    the other nodes go in one forward at slots ``L + i``, positions ``L + depth[i]``, each attending the
+    prefix ``[0, L)`` and its ancestors-or-self among tree slots ``[L, L + max(nodes) + 1)``.
+
+    Returns (len(nodes), V) logits in the model's dtype.
+    """
+    L = state.cached
+    rows = []
+    rest = list(nodes)
+    if first:
+        if not rest or rest[0] != 0:
+            raise DecodingError("a drafter's first call in a step must start with the root (node 0)")
+        rows.append(run_causal_chunk(model, cache, chunk, chunk_start, settings.backend, masks, num_layers)[-1:])
+        rest = rest[1:]
+    if rest:
+        idx = torch.as_tensor(rest, dtype=torch.int64, device=settings.device)  # (w,)
+        m = max(rest) + 1
+        mask = TreeMask.from_dense(ancestors[idx, :m].contiguous())  # (w, m) prefix + ancestors-or-self
+        rows.append(cached_forward(model, cache, tokens[idx], depth[idx] + L, idx + L, L, mask, settings.backend,
+                                   num_layers))  # (w, V)
+    return torch.cat(rows) if len(rows) > 1 else rows[0]
 
 
 class ModelDrafter(Drafter):
@@ -144,6 +175,11 @@ class ModelDrafter(Drafter):
         # level 0: every committed token the draft has not cached yet, ending at the root (slot L)
         return propose_by_levels(self.model, self.cache, state.seq[self.cached : state.cached + 1], self.cached,
                                  state, buffers, self.settings, self._masks, forced_tokens, role="draft")
+
+    def score_nodes(self, state: DecodeState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                    nodes: Sequence[int], first: bool) -> torch.Tensor:
+        return score_shared_nodes(self.model, self.cache, state.seq[self.cached : state.cached + 1], self.cached,
+                                  state, tokens, depth, ancestors, nodes, first, self.settings, self._masks)
 
     def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
         # after a root-only step the draft ran no forward: its cache and count stay as they are

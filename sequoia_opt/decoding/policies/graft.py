@@ -1,0 +1,263 @@
+""":class:`GraftPolicy`: two drafters of different cost grow one shared tree (TreeGraft, 2026).
+
+The plan is a solved tree whose nodes each name their drafter (``plan_drafter[i]``: 0 = the light drafter,
+1 = the strong one; :class:`~sequoia_opt.tree.DrafterTree`). A strong node of per-drafter rank r under a
+parent is the strong drafter's r-th candidate *among the tokens the light drafter did not already propose
+there*; siblings are light first, and a strong node's children are strong nodes (a grafted branch is the
+strong drafter's own recovered path).
+
+One step:
+
+1. The light drafter proposes its part of the plan (the plan's light-only subtree, a static tree compiled
+   once) with its ordinary :meth:`~sequoia_opt.decoding.drafters.Drafter.propose`: nodes ``0 .. n_l - 1`` of
+   the step tree, in that subtree's breadth-first order, with their draft distributions and confidence.
+2. The scheduler (:mod:`~sequoia_opt.decoding.policies.scheduler`) reads cheap features of that part and
+   decides whether the strong drafter is called this step.
+3. If it is: level by level, the strong drafter runs over the nodes it needs (every ancestor-or-self of a node
+   where it grafts; the root through its catch-up chunk), re-scoring the light drafter's candidates there,
+   and grafts its candidates at the plan's graft positions: greedy, its top-b tokens with the light's
+   children excluded; sampling, b ordered samples without replacement from its q with those tokens removed
+   (:func:`~sequoia_opt.decoding.sampling.sample_excluding`), verified against that conditional q. Grafted
+   nodes are appended after the light's (their slots never move a light node), nothing the light proposed is
+   removed, and the strong's candidates never repeat a light sibling. A prompt-lookup strong drafter grafts
+   its ranked candidates as point masses.
+4. Commit: the light drafter commits the accepted path while it stays on its nodes; the strong drafter, when
+   it was called, the path while it stays on nodes it ran over (its catch-up chunk feeds the rest next
+   time it is called); a drafter sharing the target's cache commits the whole path.
+
+Exactness: greedy verification is unchanged (siblings are distinct tokens); under sampling each node's
+candidates are verified group by group against the distribution they were drawn from
+(:func:`~sequoia_opt.decoding.sampling.verify_groups_node`, SpecInfer's multi-step speculative sampling).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ...errors import DecodingError
+from ...tree import Tree
+from ..buffers import TreeBuffers
+from ..drafters import Drafter, DraftSettings
+from ..sampling import CandidateGroup, process_logits, sample_excluding
+from .base import DraftingPolicy, StepTree, ancestor_matrix
+from .scheduler import AlwaysGraft, GraftScheduler, spine_features
+
+if TYPE_CHECKING:
+    from ..speculative import DecodeState
+
+__all__ = ["GraftPolicy", "check_graft_plan"]
+
+
+def check_graft_plan(tree: Tree, drafter: Sequence[int]) -> None:
+    """Refuse a plan the graft policy cannot run.
+
+    Raises:
+        DecodingError: labels not one per node, a label other than 0 / 1, a light sibling after a strong one,
+            or a light node under a strong one.
+    """
+    if len(drafter) != tree.size:
+        raise DecodingError(f"the plan names {len(drafter)} drafters for {tree.size} nodes")
+    for i in range(1, tree.size):
+        k = int(drafter[i])
+        if k not in (0, 1):
+            raise DecodingError(f"plan node {i} names drafter {k}; a graft plan has drafters 0 (light) and 1 (strong)")
+        p = tree.parent[i]
+        if p > 0 and int(drafter[p]) == 1 and k == 0:
+            raise DecodingError(f"plan node {i} is a light node under a strong node {p}: a grafted branch is the "
+                                "strong drafter's own")
+    for ch in tree.children:
+        labels = [int(drafter[c]) for c in ch]
+        if labels != sorted(labels):
+            raise DecodingError("a plan node has a light child after a strong one (siblings are light first)")
+
+
+class GraftPolicy(DraftingPolicy):
+    """A light and a strong drafter grow one tree from a solved plan; a scheduler decides when the strong
+    drafter is called (module docstring).
+
+    Args:
+        light, strong: the two drafters (each bound to this policy's decoder only).
+        plan: the plan's topology (canonical breadth-first :class:`~sequoia_opt.tree.Tree`).
+        plan_drafter: per plan node, 0 (light) or 1 (strong); the root's entry is ignored.
+        names: the two drafters' labels (for reports).
+        scheduler: the :class:`GraftScheduler` (default :class:`AlwaysGraft`: a static grafted tree).
+
+    Raises:
+        DecodingError: a plan :func:`check_graft_plan` refuses; a strong drafter that cannot run over a shared
+            tree is refused when it is first asked.
+    """
+
+    wants_confidence = True
+
+    def __init__(self, light: Drafter, strong: Drafter, plan: Tree, plan_drafter: Sequence[int],
+                 names: Sequence[str] = ("light", "strong"), scheduler: GraftScheduler | None = None) -> None:
+        check_graft_plan(plan, plan_drafter)
+        self.drafters = (light, strong)
+        self.names = tuple(names)
+        self.scheduler = scheduler or AlwaysGraft()
+        self.plan, self.plan_drafter = plan, tuple(int(k) for k in plan_drafter)
+        self.max_size, self.max_depth = plan.size, plan.tree_depth
+        lab = self.plan_drafter
+        light_nodes = [i for i in range(plan.size) if i == 0 or lab[i] == 0]
+        strong_nodes = [i for i in range(1, plan.size) if lab[i] == 1]
+        # plan node -> step node: the light's nodes first (their subtree's BFS order), the strong's after
+        self._step_of = {p: j for j, p in enumerate(light_nodes)}
+        for j, p in enumerate(strong_nodes):
+            self._step_of[p] = len(light_nodes) + j
+        self.light_tree = Tree(parent=[-1] + [self._step_of[plan.parent[i]] for i in light_nodes[1:]],
+                               rank=[plan.rank[i] for i in light_nodes])
+        self.n_light = len(light_nodes)
+        self.step_parent = [-1] * plan.size  # the full step tree's parents (when the strong drafter is called)
+        for p, j in self._step_of.items():
+            if p:
+                self.step_parent[j] = self._step_of[plan.parent[p]]
+        depth = plan.depth
+        self.step_depth = [0] * plan.size
+        for p, j in self._step_of.items():
+            self.step_depth[j] = int(depth[p])
+        # graft sites: step node -> how many strong children (in the plan's rank order)
+        sites: dict[int, int] = {}
+        for p in strong_nodes:
+            s = self._step_of[plan.parent[p]]
+            sites[s] = sites.get(s, 0) + 1
+        self.graft_sites = dict(sorted(sites.items()))
+        # the strong drafter runs over every ancestor-or-self of a graft site, level by level
+        anc = ancestor_matrix(self.step_parent)
+        need = sorted({j for s in sites for j in range(plan.size) if anc[s, j]})
+        self.strong_levels: list[list[int]] = []
+        for d in range(self.max_depth + 1):
+            lvl = [j for j in need if self.step_depth[j] == d]
+            if lvl:
+                self.strong_levels.append(lvl)
+        self.strong_processed = frozenset(need)
+        self.light_spine = [j for j in self._light_spine()]
+        self.recent_accepted = 0.0
+        self.drafter_ms, self.drafter_calls = [0.0, 0.0], [0, 0]
+        self._called = False
+        self.last_features = None
+        self._buffers: TreeBuffers | None = None
+        self._settings: DraftSettings | None = None
+
+    def _light_spine(self) -> list[int]:
+        """The light tree's rank-0 spine nodes that have children (root first)."""
+        t, out, node = self.light_tree, [], 0
+        while t.children[node]:
+            out.append(node)
+            node = t.children[node][0]
+        return out
+
+    @classmethod
+    def from_drafter_tree(cls, light: Drafter, strong: Drafter, dtree, scheduler: GraftScheduler | None = None
+                          ) -> "GraftPolicy":
+        """From a :class:`~sequoia_opt.tree.DrafterTree` (two drafters, light first)."""
+        if len(dtree.names) != 2:
+            raise DecodingError(f"a graft plan names two drafters (light, strong); this one names {list(dtree.names)}")
+        return cls(light, strong, dtree.tree, dtree.drafter, dtree.names, scheduler)
+
+    def bind(self, settings: DraftSettings) -> None:
+        super().bind(settings)
+        self._settings = settings
+        self._buffers = TreeBuffers.build(self.light_tree, settings.device)
+
+    def reset(self) -> None:
+        super().reset()
+        self.recent_accepted = 0.0
+
+    def observe(self, accepted_nodes: int) -> None:
+        self.recent_accepted = 0.5 * self.recent_accepted + 0.5 * accepted_nodes
+
+    # ------------------------------------------------------------------ one step
+    def draft(self, state: DecodeState) -> StepTree:
+        s, buf = self._settings, self._buffers
+        light, strong = self.drafters
+        tree = StepTree(state.root)
+        t0 = time.perf_counter()
+        conf = None
+        if buf.tree_depth > 0:
+            out = light.propose(state, buf)
+            for node, ch in enumerate(buf.children):
+                if ch:
+                    q = out.probs[node] if out.probs is not None else None
+                    tree.add_group(node, CandidateGroup(q, out.tokens[ch[0] : ch[-1] + 1], 0), merge=False)
+            conf = out.confidence.tolist() if out.confidence is not None else None
+        t1 = time.perf_counter()
+        self.drafter_ms = [1000.0 * (t1 - t0), 0.0]
+        self.drafter_calls = [int(buf.tree_depth > 0), 0]
+        self._called = False
+        if not self.graft_sites:
+            return tree
+        feats = spine_features(conf if conf is not None else [0.0] * tree.n, self.light_spine, self.recent_accepted)
+        self.last_features = feats
+        if not self.scheduler.decide(feats):
+            return tree
+        self._called = True
+        self._graft(state, tree, strong, s)
+        self.drafter_ms[1] = 1000.0 * (time.perf_counter() - t1)
+        self.drafter_calls[1] = 1
+        return tree
+
+    def _graft(self, state: DecodeState, tree: StepTree, strong: Drafter, s: DraftSettings) -> None:
+        device = s.device
+        n = self.plan.size
+        tokens = torch.zeros(n, dtype=torch.int64, device=device)
+        tokens[: tree.n] = torch.tensor(tree.tokens, dtype=torch.int64, device=device)
+        depth = torch.tensor(self.step_depth, dtype=torch.int64, device=device)
+        anc = torch.from_numpy(ancestor_matrix(self.step_parent)).to(device)
+        for li, nodes in enumerate(self.strong_levels):
+            logits = strong.score_nodes(state, tokens, depth, anc, nodes, li == 0)
+            for row, node in enumerate(nodes):
+                b = self.graft_sites.get(node)
+                if not b:
+                    continue
+                exclude = [tree.tokens[c] for c in tree.children[node]]
+                if logits is None:  # a drafter without a model: its ranked candidates, as point masses
+                    cands, _ = strong.ranked(state.seq, tree.path_tokens(node), b + len(exclude))
+                    new = [t for t in cands if t not in exclude][:b]
+                    group = CandidateGroup(None, torch.tensor(new, dtype=torch.int64, device=device), 1)
+                elif s.greedy:
+                    lg = logits[row].float().clone()
+                    if exclude:
+                        lg[torch.tensor(exclude, device=device)] = float("-inf")
+                    group = CandidateGroup(None, lg.topk(b).indices, 1)
+                else:
+                    try:
+                        q = process_logits(logits[row], s.temperature, s.top_p)
+                    except ValueError as err:
+                        raise DecodingError(f"the strong drafter {self.names[1]!r}: {err}") from None
+                    cand, q_cond = sample_excluding(q, b, exclude, s.generator)
+                    group = CandidateGroup(q_cond, cand, 1)
+                kids = tree.add_group(node, group, merge=False)
+                for c in kids:
+                    tokens[c] = tree.tokens[c]
+
+    def commit(self, state_L: int, path: Sequence[int], tree: StepTree | None) -> None:
+        light, strong = self.drafters
+        device = self._settings.device
+        if tree is None:  # a root-only step: no drafter ran
+            empty = torch.tensor([0], dtype=torch.int64, device=device) + state_L
+            for d in self.drafters:
+                d.commit(state_L, [0], 0, empty)
+            return
+        full = torch.tensor(list(path), dtype=torch.int64, device=device) + state_L
+        if light.shares_target_cache:
+            light.commit(state_L, list(path), self._buffers.tree_depth, full)
+        else:
+            lp = _prefix(path, lambda j: j < self.n_light)
+            light.commit(state_L, lp, self._buffers.tree_depth, full[: len(lp)])
+        if strong.shares_target_cache:
+            strong.commit(state_L, list(path), self.max_depth, full)
+        elif self._called:
+            sp = _prefix(path, self.strong_processed.__contains__)
+            strong.commit(state_L, sp, self.max_depth + 1, full[: len(sp)])
+
+
+def _prefix(path: Sequence[int], keep) -> list[int]:
+    out = []
+    for j in path:
+        if not keep(j):
+            break
+        out.append(j)
+    return out

@@ -1,0 +1,111 @@
+""":class:`MergePolicy`: every drafter proposes its own tree and the union by shared prefixes is verified
+(SpecInfer, Miao et al. 2024, section 3: the token trees of several small speculative models merged into one).
+
+One step: each drafter proposes its tree (a static tree per drafter, compiled once) with its ordinary
+:meth:`~sequoia_opt.decoding.drafters.Drafter.propose`; drafter 0's nodes are the step tree's first nodes,
+and every other drafter's nodes are walked in breadth-first order: a node whose token is already a child of
+its (mapped) parent is merged into that child (which keeps both provenances), any other is appended. At a
+node, each drafter's children form one candidate group with that drafter's distribution, tried in drafter
+order (:func:`~sequoia_opt.decoding.sampling.verify_groups_node`: exact for candidates of different
+drafters, SpecInfer's multi-step speculative sampling). Each drafter commits the accepted path while it stays
+on nodes of its own tree, in its own tree's numbering (its cache holds its tree at those slots).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ...errors import DecodingError
+from ...tree import Tree
+from ..buffers import TreeBuffers
+from ..drafters import Drafter, DraftSettings
+from ..sampling import CandidateGroup
+from .base import DraftingPolicy, StepTree
+
+if TYPE_CHECKING:
+    from ..speculative import DecodeState
+
+__all__ = ["MergePolicy"]
+
+
+class MergePolicy(DraftingPolicy):
+    """SpecInfer's merge: the union of every drafter's own tree (module docstring).
+
+    Args:
+        drafters: the drafters (each bound to this policy's decoder only), in verification order.
+        trees: one tree per drafter (its own solved tree).
+        names: their labels.
+
+    Raises:
+        DecodingError: not one tree per drafter, or fewer than two drafters.
+    """
+
+    def __init__(self, drafters: Sequence[Drafter], trees: Sequence[Tree], names: Sequence[str] | None = None) -> None:
+        if len(drafters) < 2 or len(drafters) != len(trees):
+            raise DecodingError(f"a merge needs one tree per drafter and at least two drafters, got {len(drafters)} "
+                                f"drafters and {len(trees)} trees")
+        self.drafters = tuple(drafters)
+        self.trees = tuple(trees)
+        self.names = tuple(names) if names is not None else tuple(f"drafter{i}" for i in range(len(drafters)))
+        self.max_depth = max(t.tree_depth for t in trees)
+        self.max_size = sum(t.size for t in trees) - (len(trees) - 1)  # every non-root node distinct at most
+        k = len(drafters)
+        self.drafter_ms, self.drafter_calls = [0.0] * k, [0] * k
+        self._buffers: list[TreeBuffers] = []
+        self._settings: DraftSettings | None = None
+        self._own: list[dict[int, int]] = []  # per drafter: step node -> its own node
+
+    def bind(self, settings: DraftSettings) -> None:
+        super().bind(settings)
+        self._settings = settings
+        self._buffers = [TreeBuffers.build(t, settings.device) for t in self.trees]
+
+    def last_full_root(self, context: int, max_len: int) -> int:
+        last = super().last_full_root(context, max_len)
+        for d, buf in zip(self.drafters, self._buffers):
+            if buf.tree_depth:
+                last = min(last, d.max_root_for_depth(buf.tree_depth, buf))
+        return last
+
+    def draft(self, state: DecodeState) -> StepTree:
+        tree = StepTree(state.root)
+        self._own = []
+        for k, (d, buf) in enumerate(zip(self.drafters, self._buffers)):
+            t0 = time.perf_counter()
+            own: dict[int, int] = {0: 0}
+            step_of = [0] * buf.n  # own node -> step node
+            if buf.tree_depth > 0:
+                out = d.propose(state, buf)
+                for node, ch in enumerate(buf.children):
+                    if ch:
+                        q = out.probs[node] if out.probs is not None else None
+                        kids = tree.add_group(step_of[node], CandidateGroup(q, out.tokens[ch[0] : ch[-1] + 1], k))
+                        for c, s in zip(ch, kids):
+                            step_of[c] = s
+                            own.setdefault(s, c)
+            self._own.append(own)
+            self.drafter_ms[k] = 1000.0 * (time.perf_counter() - t0)
+            self.drafter_calls[k] = int(buf.tree_depth > 0)
+        return tree
+
+    def commit(self, state_L: int, path: Sequence[int], tree: StepTree | None) -> None:
+        device = self._settings.device
+        for k, (d, buf) in enumerate(zip(self.drafters, self._buffers)):
+            if tree is None:
+                d.commit(state_L, [0], 0, torch.tensor([state_L], dtype=torch.int64, device=device))
+                continue
+            if d.shares_target_cache:
+                d.commit(state_L, list(path), buf.tree_depth,
+                         torch.tensor(list(path), dtype=torch.int64, device=device) + state_L)
+                continue
+            own_path = []
+            for j in path:
+                o = self._own[k].get(j)
+                if o is None:
+                    break
+                own_path.append(o)
+            d.commit(state_L, own_path, buf.tree_depth,
+                     torch.tensor(own_path, dtype=torch.int64, device=device) + state_L)

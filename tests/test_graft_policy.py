@@ -1,0 +1,215 @@
+"""Multi-drafter trees at run time: the graft policy (TreeGraft) and SpecInfer's merge, in
+MultiDraftDecoder. Greedy output equals plain decoding with mixed provenance; grafting never removes a
+branch; sampling with candidates of several drafters is exact (TV against the target's own sampling)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_decoding import PROMPTS, _micro_pair, _model, _perturbed, _plain
+
+from sequoia_opt.decoding import (LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, process_logits,
+                                  sample_without_replacement)
+from sequoia_opt.decoding.multidraft import MultiDraftDecoder
+from sequoia_opt.decoding.policies import (AlwaysGraft, GraftFeatures, GraftPolicy, LogisticScheduler, MergePolicy,
+                                           NeverGraft, load_scheduler, save_scheduler)
+from sequoia_opt.decoding.sampling import CandidateGroup, sample_excluding, verify_groups_node
+from sequoia_opt.errors import DecodingError, ProfileError
+from sequoia_opt.tree import Tree
+
+# a plan: light spine [0] [0,0] [0,0,0] with siblings; strong grafts at the root ([2]: a recovered branch with
+# its own child [2,0]), under [1] and next to [0,0] (as [0,1])
+PLAN = Tree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0]])
+STRONG = {(2,), (2, 0), (1, 0), (0, 1)}
+LABELS = [0] + [int(tuple(c) in STRONG) for c in PLAN.choices()]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _model(0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    return {"weak": _perturbed(target, 0.6, 1), "strong": _perturbed(target, 0.15, 2)}
+
+
+def _decoders(target, drafts):
+    V = target.config.vocab_size
+    weak, strong = drafts["weak"], drafts["strong"]
+    return {
+        "model/model": lambda: GraftPolicy(ModelDrafter(weak), ModelDrafter(strong), PLAN, LABELS),
+        "lookup/model": lambda: GraftPolicy(PromptLookupDrafter(V), ModelDrafter(strong), PLAN, LABELS),
+        "model/self": lambda: GraftPolicy(ModelDrafter(weak), LayerSkipDrafter(target, 1), PLAN, LABELS),
+        "self/model": lambda: GraftPolicy(LayerSkipDrafter(target, 1), ModelDrafter(strong), PLAN, LABELS),
+        "model/lookup": lambda: GraftPolicy(ModelDrafter(weak), PromptLookupDrafter(V), PLAN, LABELS),
+        "merge lookup+model+model": lambda: MergePolicy(
+            [PromptLookupDrafter(V), ModelDrafter(weak), ModelDrafter(strong)], [PLAN, PLAN, Tree.chain(4)]),
+        "merge self+model": lambda: MergePolicy([LayerSkipDrafter(target, 1), ModelDrafter(strong)],
+                                                [PLAN, Tree.chain(4)]),
+    }
+
+
+@pytest.mark.parametrize("kind", ["model/model", "lookup/model", "model/self", "self/model", "model/lookup",
+                                  "merge lookup+model+model", "merge self+model"])
+def test_greedy_output_equals_plain_decoding_with_mixed_provenance(target, drafts, kind):
+    dec = MultiDraftDecoder(target, _decoders(target, drafts)[kind](), max_len=128)
+    accepted_by = set()
+    for prompt in PROMPTS:
+        res = dec.generate(prompt, 20)
+        assert res.tokens == _plain(target, prompt), (kind, prompt)
+        accepted_by.update(d for s in res.steps for d in s.accepted_drafters)
+        assert all(s.tree_size >= 1 for s in res.steps)
+    if kind in ("model/model", "self/model"):  # both drafters' nodes were accepted somewhere
+        assert accepted_by == {0, 1}
+
+
+def test_scheduler_that_never_calls_the_strong_drafter_runs_the_light_tree_alone(target, drafts):
+    pol = GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]), PLAN, LABELS,
+                      scheduler=NeverGraft())
+    res = MultiDraftDecoder(target, pol, max_len=128).generate(PROMPTS[2], 20)
+    assert res.tokens == _plain(target, PROMPTS[2])
+    assert {s.tree_size for s in res.steps} == {pol.n_light} == {5}
+    ms, calls, accepted = res.drafter_totals()
+    assert calls == [res.num_steps, 0] and ms[1] == 0.0 and accepted[1] == 0
+
+
+def test_grafting_never_removes_a_branch_and_never_repeats_a_light_sibling(target, drafts):
+    """From one state, the light drafter's part of the tree is the same whether or not the strong drafter is
+    called, and every grafted candidate is a token no light sibling has."""
+    for temperature in (0.0, 1.0):
+        trees = {}
+        for sched in (NeverGraft(), AlwaysGraft()):
+            pol = GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]), PLAN, LABELS,
+                              scheduler=sched)
+            dec = MultiDraftDecoder(target, pol, max_len=128, temperature=temperature,
+                                    generator=torch.Generator().manual_seed(5))
+            state = dec.start(PROMPTS[3], 10)
+            trees[sched.name] = dec.draft(state)
+        light, full = trees["never"], trees["always"]
+        n = light.n
+        assert full.n == PLAN.size and n == 5
+        assert full.tokens[:n] == light.tokens and full.parent[:n] == light.parent
+        for node in range(full.n):
+            toks = [full.tokens[c] for c in full.children[node]]
+            assert len(set(toks)) == len(toks)  # siblings distinct: no duplicate of a light candidate
+            assert [full.source[c] for c in full.children[node]] == sorted(full.source[c] for c in full.children[node])
+        assert sorted(full.source[n:]) == [1, 1, 1, 1]
+
+
+def test_merge_keeps_one_node_per_token_with_both_provenances(target, drafts):
+    """Two copies of one drafter propose the same tree: the union is that tree, every node proposed by both."""
+    pol = MergePolicy([ModelDrafter(drafts["weak"]), ModelDrafter(drafts["weak"])], [PLAN, Tree.chain(3)])
+    dec = MultiDraftDecoder(target, pol, max_len=128)
+    state = dec.start(PROMPTS[3], 10)
+    tree = dec.draft(state)
+    assert tree.n == PLAN.size
+    spine = [0, 1, 4]  # the chain's nodes are the plan's rank-0 spine
+    assert [tree.provenance[i] for i in spine[1:]] == [0b11, 0b11]
+    assert all(tree.provenance[i] == 0b01 for i in range(1, tree.n) if i not in spine)
+    assert len(tree.groups[0]) == 2 and tree.group_children[0][1] == [tree.children[0][0]]
+
+
+def test_near_the_end_of_the_cache_steps_become_plain_and_output_is_unchanged(target, drafts):
+    pol = GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]), PLAN, LABELS)
+    dec = MultiDraftDecoder(target, pol, max_len=30)
+    prompt = PROMPTS[3]
+    res = dec.generate(prompt, 30 - len(prompt))
+    assert res.tokens == _plain(target, prompt, 30 - len(prompt))
+    assert res.steps[-1].tree_size == 1 and res.steps[0].tree_size == PLAN.size
+
+
+def test_bad_plans_and_pairs_are_refused(target, drafts):
+    with pytest.raises(DecodingError, match="light node under a strong"):
+        GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]), Tree.chain(3), [0, 1, 0])
+    with pytest.raises(DecodingError, match="light first"):
+        GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]),
+                    Tree.from_choices([[0], [1]]), [0, 1, 0])
+    with pytest.raises(DecodingError, match="drafters 0"):
+        GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]), Tree.chain(2), [0, 2])
+    with pytest.raises(DecodingError, match="vocabulary"):
+        MultiDraftDecoder(target, GraftPolicy(PromptLookupDrafter(7), ModelDrafter(drafts["strong"]), PLAN, LABELS))
+    with pytest.raises(DecodingError, match="one tree per drafter"):
+        MergePolicy([ModelDrafter(drafts["weak"])], [PLAN])
+
+
+def test_scheduler_file_round_trips_and_refuses_another_pair(tmp_path):
+    s = LogisticScheduler(weights=[-3.0, 0.0, 0.0, -1.0], bias=2.0, pair={"target": "t", "light": "a", "strong": "b"},
+                          card={"trained_on": "test"})
+    f = tmp_path / "s.yaml"
+    save_scheduler(f, s)
+    back = load_scheduler(f, pair={"target": "t", "light": "a", "strong": "b"})
+    assert back.weights == s.weights and back.bias == 2.0 and back.card == {"trained_on": "test"}
+    confident = GraftFeatures(0.95, 0.9, 0.8, 3.0)
+    unsure = GraftFeatures(0.1, 0.2, 0.1, 0.0)
+    assert not back.decide(confident) and back.decide(unsure)
+    assert back.probability(unsure) == pytest.approx(1 / (1 + 2.718281828 ** -(2.0 - 0.3)), rel=1e-6)
+    with pytest.raises(ProfileError, match="trained for strong 'b'"):
+        load_scheduler(f, pair={"strong": "c"})
+    f.write_text("format: other/1\n")
+    with pytest.raises(ProfileError, match="treeopt-scheduler/1"):
+        load_scheduler(f)
+
+
+# ---------------------------------------------------------------------------------------------- exact sampling
+def _tv(counts: torch.Tensor, p: torch.Tensor) -> float:
+    return 0.5 * (counts.double() / counts.sum() - p.double()).abs().sum().item()
+
+
+@pytest.mark.parametrize("trials", [pytest.param(25_000, id="fast"),
+                                    pytest.param(200_000, id="long", marks=pytest.mark.slow)])
+def test_groups_of_two_drafters_emit_the_target_distribution(trials):
+    """One node: 2 light candidates sampled without replacement from q1, then 2 strong candidates from q2 with
+    the light's removed (then, in a second run, a point-mass group of fixed candidates first). Candidates are
+    redrawn every trial; the emitted token follows p. Sampling noise in TV: about 0.005 at 25k trials, 0.0019
+    at 200k."""
+    V = 6
+    p = torch.tensor([0.30, 0.05, 0.25, 0.10, 0.20, 0.10])
+    q1 = torch.tensor([0.05, 0.40, 0.05, 0.30, 0.10, 0.10])
+    q2 = torch.tensor([0.25, 0.10, 0.30, 0.05, 0.20, 0.10])
+    g = torch.Generator().manual_seed(0)
+    for point_mass_first in (False, True):
+        counts = torch.zeros(V)
+        accepted_strong = 0
+        for _ in range(trials):
+            if point_mass_first:
+                light = CandidateGroup(None, torch.tensor([1, 3]), 0)
+            else:
+                light = CandidateGroup(q1, sample_without_replacement(q1.unsqueeze(0), 2, g)[0], 0)
+            cand, q2c = sample_excluding(q2, 2, light.tokens.tolist(), g)
+            assert not set(cand.tolist()) & set(light.tokens.tolist())
+            hit, tok = verify_groups_node(p, [light, CandidateGroup(q2c, cand, 1)], g)
+            counts[tok] += 1
+            accepted_strong += hit is not None and hit[0] == 1
+        assert _tv(counts, p) < 0.01, (point_mass_first, _tv(counts, p))
+        assert accepted_strong > trials // 6  # the strong group is really exercised
+
+
+@pytest.mark.parametrize("trials", [pytest.param(1_500, id="fast"),
+                                    pytest.param(30_000, id="long", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["graft", "merge"])
+def test_decoder_with_several_drafters_samples_the_target_distribution(trials, kind):
+    """End to end on a 6-token vocabulary with top-p: each trial drafts afresh (new candidates) from the same
+    state, verifies and accepts; the first emitted token follows p(. | prompt). Measured TV: see the
+    assertion (fast run's tolerance covers its ~0.02 sampling noise; the slow run is held to 0.01)."""
+    tgt, drf = _micro_pair()
+    light_model = _perturbed(tgt, 0.8, 7)
+    prompt, T, top_p = [2, 5, 1, 2, 5, 3, 2, 1, 4, 2], 1.0, 0.95
+    with torch.inference_mode():
+        p1 = process_logits(tgt(torch.tensor([prompt]))[0, -1], T, top_p)  # (6,)
+    plan = Tree.from_choices([[0], [1], [2], [0, 0], [2, 0]])
+    if kind == "graft":
+        pol = GraftPolicy(ModelDrafter(light_model), ModelDrafter(drf), plan, [0, 0, 0, 1, 0, 1])
+    else:
+        pol = MergePolicy([PromptLookupDrafter(6), ModelDrafter(light_model), ModelDrafter(drf)],
+                          [Tree.chain(3), plan, Tree.from_choices([[0], [1], [0, 0]])])
+    dec = MultiDraftDecoder(tgt, pol, temperature=T, top_p=top_p, generator=torch.Generator().manual_seed(0))
+    state = dec.start(prompt, 4)
+    first = torch.zeros(6)
+    with torch.inference_mode():
+        for _ in range(trials):
+            tree = dec.draft(state)
+            acc = dec.accept(tree, dec.verify(state, tree))
+            first[acc.tokens[0]] += 1
+    tol = 0.035 if trials < 10_000 else 0.01
+    assert _tv(first, p1) < tol, _tv(first, p1)
