@@ -138,7 +138,8 @@ class PromptLookupDrafter(Drafter):
             for c, tok in zip(ch, cands):  # children are in rank order
                 tokens[c] = tok
                 paths[c] = paths[node] + [tok]
-        confidence = torch.tensor(conf, device=self.device) if self.settings.want_confidence else None
+        want = self.settings is not None and self.settings.want_confidence
+        confidence = torch.tensor(conf, device=self.device) if want else None
         return DraftOutput(torch.tensor(tokens, dtype=torch.int64, device=self.device), None, D, confidence)
 
     def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
