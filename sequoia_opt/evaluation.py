@@ -50,6 +50,10 @@ class TreeEntry:
             plain baseline.
         drafter: the drafter's label for results (``treeopt-smollm2-draft``, ``self:6``, ``lookup:1-3``);
             None = the run's drafter.
+        policy: a function making a fresh multi-drafter
+            :class:`~sequoia_opt.decoding.policies.DraftingPolicy` (graft, merge): the entry then runs in a
+            :class:`~sequoia_opt.decoding.multidraft.MultiDraftDecoder` and ``draft`` is not used; ``tree`` is
+            the plan's topology (for its size, depth and choice list in the results).
     """
 
     name: str
@@ -57,6 +61,7 @@ class TreeEntry:
     metadata: TreeMetadata = field(default_factory=TreeMetadata)
     draft: Transformer | Drafter | Callable[[], Transformer | Drafter] | None = None
     drafter: str | None = None
+    policy: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -91,6 +96,9 @@ class TreeSummary:
         draft_ms / verify_ms / bookkeeping_ms: totals (ms).
         mismatches: prompts whose greedy output differed from plain decoding (greedy mode only).
         drafter: the label of the drafter that ran this tree when its entry named one (None otherwise).
+        drafters: for a multi-drafter entry, per drafter (light first): ``name``, ``calls`` (steps it was
+            asked in), ``call_rate`` (calls / steps), ``ms`` (its total wall time), ``ms_per_call`` and
+            ``accepted_nodes`` (accepted nodes it proposed); empty otherwise.
     """
 
     tree: str
@@ -109,6 +117,7 @@ class TreeSummary:
     bookkeeping_ms: float
     mismatches: int
     drafter: str | None = None
+    drafters: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -221,7 +230,8 @@ def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, 
 
 
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
-             plain_tps: float | None, meta: TreeMetadata | None, drafter: str | None = None) -> TreeSummary:
+             plain_tps: float | None, meta: TreeMetadata | None, drafter: str | None = None,
+             names: Sequence[str] = ()) -> TreeSummary:
     per_prompt = [[float(s.accepted_nodes + 1) for s in r.steps] for r in results]
     per_step = [v for steps in per_prompt for v in steps]
     new = sum(len(r.tokens) for r in results)
@@ -236,7 +246,23 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
         draft_ms=sum(r.draft_ms for r in results), verify_ms=sum(r.verify_ms for r in results),
         bookkeeping_ms=sum(r.bookkeeping_ms for r in results),
         mismatches=sum(1 for r in rows if r.matches_plain is False), drafter=drafter,
+        drafters=_drafter_stats(results, names) if names else [],
     )
+
+
+def _drafter_stats(results: list[GenerationResult], names: Sequence[str]) -> list[dict[str, Any]]:
+    """Per drafter of a multi-drafter entry: calls, call rate, time and accepted nodes over all prompts."""
+    k = len(names)
+    ms, calls, accepted = [0.0] * k, [0] * k, [0] * k
+    steps = sum(r.num_steps for r in results)
+    for r in results:
+        m, c, a = r.drafter_totals()
+        for i in range(min(k, len(m))):
+            ms[i] += m[i]
+            calls[i] += c[i]
+            accepted[i] += a[i]
+    return [{"name": names[i], "calls": calls[i], "call_rate": calls[i] / steps if steps else 0.0, "ms": ms[i],
+             "ms_per_call": ms[i] / calls[i] if calls[i] else 0.0, "accepted_nodes": accepted[i]} for i in range(k)]
 
 
 def run_trees(
@@ -284,14 +310,16 @@ def run_trees(
     """
     if not entries:
         raise ValueError("no trees to run")
-    if draft is None and any(e.draft is None for e in entries):
+    if draft is None and any(e.draft is None and e.policy is None for e in entries):
         raise ValueError("draft is None but some entries have no drafter of their own (TreeEntry.draft)")
     greedy = temperature == 0
     device = target.device
     longest = max(len(p) for p in prompts)
     # slots for a whole tree at every step; requests are checked against the TARGET's context (a shorter
     # draft context only clips the trees near its end, it must not cap the cache plain decoding uses too)
-    max_len = min(target.config.max_position_embeddings, longest + max_new_tokens) + max(e.tree.size for e in entries)
+    policies = [e.policy() if e.policy is not None else None for e in entries]  # one fresh policy per decoder
+    sizes = [e.tree.size if pol is None else pol.max_size for e, pol in zip(entries, policies)]
+    max_len = min(target.config.max_position_embeddings, longest + max_new_tokens) + max(sizes)
 
     def gen(s: int) -> torch.Generator:
         g = torch.Generator(device=device)
@@ -302,10 +330,17 @@ def run_trees(
                                   eos_ids=eos_ids, backend=backend, max_len=max_len)
     make_draft = drafter_factory(draft) if draft is not None else None
     # one proposer per decoder: an entry's own drafter, or a fresh one from the run's (a drafter binds to one)
-    decoders = [SpeculativeDecoder(target, (drafter_factory(e.draft) if e.draft is not None else make_draft)(),
-                                   e.tree, temperature=temperature, top_p=top_p, generator=gen(seed),
-                                   eos_ids=eos_ids, backend=backend, max_len=max_len)
-                for e in entries]
+    decoders = []
+    for e, pol in zip(entries, policies):
+        kw = dict(temperature=temperature, top_p=top_p, generator=gen(seed), eos_ids=eos_ids, backend=backend,
+                  max_len=max_len)
+        if pol is not None:
+            from .decoding.multidraft import MultiDraftDecoder
+
+            decoders.append(MultiDraftDecoder(target, pol, **kw))
+        else:
+            decoders.append(SpeculativeDecoder(
+                target, (drafter_factory(e.draft) if e.draft is not None else make_draft)(), e.tree, **kw))
     for i, p in enumerate(prompts):  # every request validated before any timed work
         try:
             for d in decoders:  # first: their messages call the target "the target"
@@ -347,9 +382,11 @@ def run_trees(
     plain_rows = [r for r in rows if r.tree == "plain"]
     plain_summary = _summary("plain", 1, 0, plain_results, plain_rows, None, None)
     summaries = [plain_summary]
-    for e, res in zip(entries, results):
-        summaries.append(_summary(e.name, e.tree.size, e.tree.tree_depth, res, [r for r in rows if r.tree == e.name],
-                                  plain_summary.tokens_per_s, e.metadata, e.drafter))
+    for e, d, res in zip(entries, decoders, results):
+        names = d.policy.names if e.policy is not None else ()
+        size, depth = (d.policy.max_size, d.policy.max_depth) if e.policy is not None else (e.tree.size, e.tree.tree_depth)
+        summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
+                                  plain_summary.tokens_per_s, e.metadata, e.drafter, names))
     run_settings = {"date": now_iso(), "max_new_tokens": max_new_tokens, "temperature": temperature,
                     "top_p": top_p, "seed": seed, "num_prompts": len(prompts), "device": str(device),
                     "dtype": str(target.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
