@@ -192,3 +192,9 @@ def test_single_drafter_v2_bad_label_refused_by_load_tree():
     text = "format: treeopt-tree/2\ndrafters: [d]\nnodes:\n  - {parent: -1, rank: 0}\n  - {parent: 0, rank: 0, drafter: 1}\n"
     with pytest.raises(TreeValidationError, match="drafter index 1 is out of range"):
         tree_from_yaml(text)
+
+
+@pytest.mark.parametrize("names", [("lookup:1-3", "self:6"), ("a, b", "'q'"), ("[x]", "y: z"), ("1", "true")])
+def test_yaml_v2_names_that_need_quoting(names):
+    d = DrafterTree(Tree.from_choices([[0], [1]]), (0, 0, 1), names)
+    assert drafter_tree_from_yaml(drafter_tree_to_yaml(d))[0] == d

@@ -1021,6 +1021,7 @@ __all__ = [
     "GraftDPSolution",
     "brute_force_graft",
     "drafter_costs_ms",
+    "drafter_forwards",
     "graft_baselines",
     "graft_depth_family",
     "graft_expected_tokens",
