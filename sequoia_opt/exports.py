@@ -715,5 +715,5 @@ def _tree_from_mapping(doc: Any, yaml_text: str | None, source: str) -> tuple[Tr
     if yaml_text is not None:
         return tree_from_yaml(yaml_text, source=source)
     # JSON: the derived block is never truth; validate the rest exactly as the YAML reader does.
-    core = {k: doc[k] for k in ("format", "metadata", "nodes") if k in doc}
+    core = {k: doc[k] for k in ("format", "metadata", "drafters", "nodes") if k in doc}
     return tree_from_yaml(yaml.safe_dump(core, sort_keys=False), source=source)

@@ -18,6 +18,11 @@ vector ``p = (p_1 .. p_K)``, where ``p_k`` is the probability that the k-th cand
     G(tree) = sum over nodes v of  prod_{u on the root->v path, u != root} p_{rank(u) + 1}
 
 the root contributing 1 (the target always emits one token per step).
+
+Several drafters (issue 16, TreeGraft 2026): :class:`DrafterTree` is a plain tree plus each node's drafter
+index (light first); a node of drafter j is j's r-th candidate among the tokens the lighter drafters did not
+already propose at its parent. YAML ``treeopt-tree/2`` stores it (top-level ``drafters``, a node's
+``drafter``); the /2 readers read /1 too, and the /1 readers read a /2 file that names a single drafter.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from ._io import atomic_write_text, read_text_file
 from .errors import TreeValidationError
 
 TREE_FORMAT = "treeopt-tree/1"
+#: The multi-drafter tree format: adds top-level ``drafters`` and a node's ``drafter`` (reads /1 too).
+TREE_FORMAT_V2 = "treeopt-tree/2"
+TREE_FORMATS = (TREE_FORMAT, TREE_FORMAT_V2)
 
 
 @dataclass(frozen=True, eq=True)
@@ -85,23 +93,7 @@ class Tree:
             raise TreeValidationError("a tree needs a root and as many ranks as parents")
         if parent[0] != -1:
             raise TreeValidationError("node 0 must be the root (parent -1)")
-        children: list[list[int]] = [[] for _ in range(n)]
-        for i in range(1, n):
-            p = int(parent[i])
-            if not 0 <= p < n:
-                raise TreeValidationError(f"node {i}: parent {p} is not a node index in [0, {n})")
-            children[p].append(i)
-        order = [0]
-        new_index = {0: 0}
-        head = 0
-        while head < len(order):
-            v = order[head]
-            head += 1
-            for c in sorted(children[v], key=lambda c: int(rank[c])):
-                new_index[c] = len(order)
-                order.append(c)
-        if len(order) != n:
-            raise TreeValidationError("some nodes are not reachable from the root (a cycle or a second root)")
+        order, new_index = _canonical_order(parent, rank)
         new_parent = [-1] + [new_index[int(parent[v])] for v in order[1:]]
         new_rank = [int(rank[v]) for v in order]
         return cls(parent=new_parent, rank=new_rank, **limits)
@@ -258,6 +250,31 @@ class Tree:
         return f"{self.size} nodes, depth {self.tree_depth}, level widths {list(self.level_widths)}"
 
 
+def _canonical_order(parent: Sequence[int], rank: Sequence[int]) -> tuple[list[int], dict[int, int]]:
+    """Breadth-first order of an edge list whose node 0 is the root, children by rank: ``(order, new_index)``
+    with ``order[j]`` the input index of canonical node j and ``new_index`` its inverse. Raises
+    :class:`TreeValidationError` for a parent outside the node range, a cycle or an unreachable node."""
+    n = len(parent)
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):
+        p = int(parent[i])
+        if not 0 <= p < n:
+            raise TreeValidationError(f"node {i}: parent {p} is not a node index in [0, {n})")
+        children[p].append(i)
+    order = [0]
+    new_index = {0: 0}
+    head = 0
+    while head < len(order):
+        v = order[head]
+        head += 1
+        for c in sorted(children[v], key=lambda c: int(rank[c])):
+            new_index[c] = len(order)
+            order.append(c)
+    if len(order) != n:
+        raise TreeValidationError("some nodes are not reachable from the root (a cycle or a second root)")
+    return order, new_index
+
+
 def _int_tuple(values: Any, name: str) -> tuple[int, ...]:
     """``values`` as a tuple of Python ints; a float, bool, string or None is an error, never truncated."""
     try:
@@ -313,6 +330,221 @@ def _validate(
     for p, r in seen:
         if r > 0 and (p, r - 1) not in seen:
             raise TreeValidationError(f"rank gap under node {p}: rank {r} without rank {r - 1}")
+
+
+# ---------------------------------------------------------------------- several drafters
+
+
+@dataclass(frozen=True, eq=True)
+class DrafterTree:
+    """A draft tree grown by several drafters (issue 16; TreeGraft 2026): a plain :class:`Tree` plus, for
+    every node, the index of the drafter that proposed it.
+
+    Semantics. Drafters are ordered light first (index 0, e.g. prompt lookup or a small draft model), then
+    stronger, costlier ones. A node labelled with drafter j and *drafter rank* r (:attr:`drafter_rank`) is
+    drafter j's r-th candidate at its parent **among the tokens not already proposed at that parent by
+    drafters with a smaller index** (a conditional rank: the strong drafter's candidates are grafted next to
+    the light's, never duplicating them). Siblings are ordered by drafter index, so ``tree.rank`` (the
+    sibling index) of a node is the number of its siblings from smaller drafters plus its drafter rank.
+
+    Args:
+        tree: the topology (canonical breadth-first order, unchanged :class:`Tree` rules).
+        drafter: (n,) drafter index of each node; the root's is 0 by convention (no drafter proposes it).
+        names: the drafters' names, light first (at least one).
+
+    Raises:
+        TreeValidationError: ``drafter`` not one per node, an index outside ``[0, len(names))``, a root not
+            labelled 0, no names / an empty or repeated name, or siblings not ordered light first (a node of
+            a smaller drafter index after one of a larger index under the same parent).
+
+    A single-drafter ``DrafterTree(tree, (0,) * n, (name,))`` is the plain tree: :attr:`drafter_rank` equals
+    ``tree.rank``, and its YAML may be written as ``treeopt-tree/1`` by :func:`save_tree`.
+    """
+
+    tree: Tree
+    drafter: tuple[int, ...]
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tree, Tree):
+            raise TreeValidationError(f"a drafter tree wraps a Tree, got {type(self.tree).__name__}")
+        object.__setattr__(self, "drafter", _int_tuple(self.drafter, "drafter"))
+        if isinstance(self.names, str):
+            raise TreeValidationError("names must be a list of drafter names, not one string")
+        try:
+            names = tuple(self.names)
+        except TypeError:
+            raise TreeValidationError(f"names must be a list of drafter names, got {self.names!r}") from None
+        object.__setattr__(self, "names", names)
+        if not names:
+            raise TreeValidationError("a drafter tree needs at least one drafter name")
+        for j, name in enumerate(names):
+            if not isinstance(name, str) or not name.strip():
+                raise TreeValidationError(f"drafter {j}: name must be a non-empty string, got {name!r}")
+        if len(set(names)) != len(names):
+            raise TreeValidationError(f"drafter names must be distinct, got {list(names)}")
+        n, lab = self.tree.size, self.drafter
+        if len(lab) != n:
+            raise TreeValidationError(f"{len(lab)} drafter labels for a tree of {n} nodes; give one per node")
+        if lab[0] != 0:
+            raise TreeValidationError(f"the root's drafter must be 0 (by convention), got {lab[0]}")
+        for i, j in enumerate(lab):
+            if not 0 <= j < len(names):
+                raise TreeValidationError(
+                    f"node {i}: drafter index {j} is out of range [0, {len(names)}) (drafters: {list(names)})")
+        for p, kids in enumerate(self.tree.children):
+            for a, b in zip(kids, kids[1:]):
+                if lab[b] < lab[a]:
+                    raise TreeValidationError(
+                        f"node {b}: drafter {lab[b]} ({names[lab[b]]}) comes after its sibling {a} of drafter "
+                        f"{lab[a]} ({names[lab[a]]}) under node {p}; siblings must be ordered light first "
+                        "(drafter index non-decreasing along rank)")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def single(cls, tree: Tree, name: str = "draft") -> "DrafterTree":
+        """The plain ``tree`` as grown by one drafter ``name`` (every node labelled 0)."""
+        return cls(tree, (0,) * tree.size, (name,))
+
+    @classmethod
+    def from_edges(cls, parent: Sequence[int], rank: Sequence[int], drafter: Sequence[int],
+                   names: Sequence[str], **limits: Any) -> "DrafterTree":
+        """Build from nodes in any order (node 0 = the root; ``rank`` = sibling index), sorting into canonical
+        order and carrying each node's drafter along. Raises :class:`TreeValidationError` like the
+        constructor and :meth:`Tree.from_edges`."""
+        n = len(parent)
+        if n == 0 or len(rank) != n or len(drafter) != n:
+            raise TreeValidationError(f"{n} parents, {len(rank)} ranks and {len(drafter)} drafter labels: "
+                                      "a drafter tree needs one of each per node, root included")
+        if parent[0] != -1:
+            raise TreeValidationError("node 0 must be the root (parent -1)")
+        order, new_index = _canonical_order(parent, rank)
+        tree = Tree(parent=[-1] + [new_index[int(parent[v])] for v in order[1:]],
+                    rank=[rank[v] for v in order], **limits)
+        return cls(tree, tuple(drafter[v] for v in order), tuple(names))
+
+    # ------------------------------------------------------------------ the plain tree's view
+    @property
+    def size(self) -> int:
+        """Number of nodes n, root included."""
+        return self.tree.size
+
+    def __len__(self) -> int:
+        return self.tree.size
+
+    @property
+    def parent(self) -> tuple[int, ...]:
+        return self.tree.parent
+
+    @property
+    def rank(self) -> tuple[int, ...]:
+        """Sibling index of each node (light siblings first); see :attr:`drafter_rank` for the conditional
+        rank within the node's own drafter."""
+        return self.tree.rank
+
+    @property
+    def depth(self) -> np.ndarray:
+        return self.tree.depth
+
+    @property
+    def tree_depth(self) -> int:
+        return self.tree.tree_depth
+
+    @property
+    def level_widths(self) -> tuple[int, ...]:
+        return self.tree.level_widths
+
+    @property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        return self.tree.children
+
+    # ------------------------------------------------------------------ derived, per drafter
+    @property
+    def num_drafters(self) -> int:
+        """Number of drafters named (``len(names)``), used or not."""
+        return len(self.names)
+
+    @cached_property
+    def drafter_rank(self) -> tuple[int, ...]:
+        """(n,) each node's rank among its drafter's candidates at its parent: ``rank`` minus the number of
+        earlier siblings with a smaller drafter index (the root's is 0). For drafter 0 it equals ``rank``."""
+        out = [0] * self.size
+        for kids in self.tree.children:
+            seen: dict[int, int] = {}
+            for c in kids:
+                j = self.drafter[c]
+                out[c] = seen.get(j, 0)
+                seen[j] = out[c] + 1
+        return tuple(out)
+
+    @cached_property
+    def drafter_counts(self) -> tuple[int, ...]:
+        """Non-root nodes proposed by each drafter (length :attr:`num_drafters`; the root is proposed by no
+        drafter, so the counts sum to n - 1)."""
+        c = [0] * self.num_drafters
+        for j in self.drafter[1:]:
+            c[j] += 1
+        return tuple(c)
+
+    @cached_property
+    def expands(self) -> tuple[tuple[int, ...], ...]:
+        """For each drafter k, the sorted node indices with at least one child labelled k (the nodes whose
+        candidates drafter k must propose)."""
+        out: list[set[int]] = [set() for _ in range(self.num_drafters)]
+        for v in range(1, self.size):
+            out[self.drafter[v]].add(self.tree.parent[v])
+        return tuple(tuple(sorted(s)) for s in out)
+
+    def processed(self, k: int) -> tuple[int, ...]:
+        """The sorted node indices drafter k runs a forward over in a step: the ancestors-or-self of
+        :attr:`expands` ``[k]`` (a per-level drafter needs each expanded node and, one level at a time, its
+        ancestors in its cache). Empty when drafter k proposes nothing. Raises TreeValidationError for a k
+        outside ``[0, num_drafters)``."""
+        self._check_drafter(k)
+        seen: set[int] = set()
+        for v in self.expands[k]:
+            seen.update(self.tree.paths[v])
+        return tuple(sorted(seen))
+
+    def processed_level_widths(self, k: int) -> tuple[int, ...]:
+        """How many nodes of :meth:`processed` ``(k)`` lie at each depth 0..tree_depth (length
+        ``tree_depth + 1``; level 0 is the root; zeros where drafter k processes nothing)."""
+        w = [0] * (self.tree_depth + 1)
+        for v in self.processed(k):
+            w[int(self.tree.depth[v])] += 1
+        return tuple(w)
+
+    def light_only(self) -> tuple["DrafterTree", tuple[int, ...]]:
+        """The subtree of the nodes whose root path holds drafter-0 nodes only (what the light drafter alone
+        grows), same names, and the index map ``old -> new`` (length n, -1 for a node left out). Light
+        siblings come first, so kept nodes keep their ranks and their relative (canonical) order."""
+        keep = [False] * self.size
+        keep[0] = True
+        for v in range(1, self.size):
+            keep[v] = keep[self.tree.parent[v]] and self.drafter[v] == 0
+        index, parent, rank = [-1] * self.size, [], []
+        for v in range(self.size):
+            if keep[v]:
+                index[v] = len(parent)
+                parent.append(-1 if v == 0 else index[self.tree.parent[v]])
+                rank.append(self.tree.rank[v])
+        return DrafterTree(Tree(parent=parent, rank=rank), (0,) * len(parent), self.names), tuple(index)
+
+    def _check_drafter(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < self.num_drafters:
+            raise TreeValidationError(f"drafter index {k!r} is out of range [0, {self.num_drafters})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored in ``treeopt-tree/2`` YAML: ``drafters`` and ``nodes`` (``drafter`` omitted when 0)."""
+        nodes = []
+        for p, r, j in zip(self.tree.parent, self.tree.rank, self.drafter):
+            nodes.append({"parent": p, "rank": r, **({"drafter": j} if j else {})})
+        return {"drafters": list(self.names), "nodes": nodes}
+
+    def summary(self) -> str:
+        """One line: size, depth, level widths and nodes per drafter."""
+        per = ", ".join(f"{name} {c}" for name, c in zip(self.names, self.drafter_counts))
+        return f"{self.tree.summary()}; nodes per drafter: {per}"
 
 
 # ---------------------------------------------------------------------- YAML document
@@ -372,18 +604,42 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def tree_to_yaml(tree: Tree, metadata: TreeMetadata | None = None) -> str:
-    """Serialize to ``treeopt-tree/1`` YAML text (format line, metadata mapping, flow-style node list)."""
+def _metadata_yaml(fmt: str, metadata: TreeMetadata | None) -> str:
     meta = (metadata or TreeMetadata()).to_dict()
     meta = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in meta.items()}
-    head = yaml.safe_dump({"format": TREE_FORMAT, "metadata": meta}, sort_keys=False)
+    return yaml.safe_dump({"format": fmt, "metadata": meta}, sort_keys=False)
+
+
+def tree_to_yaml(tree: Tree, metadata: TreeMetadata | None = None) -> str:
+    """Serialize to ``treeopt-tree/1`` YAML text (format line, metadata mapping, flow-style node list)."""
     nodes = "".join(f"  - {{parent: {p}, rank: {r}}}\n" for p, r in zip(tree.parent, tree.rank))
-    return head + "nodes:\n" + nodes
+    return _metadata_yaml(TREE_FORMAT, metadata) + "nodes:\n" + nodes
 
 
-def tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Tree, TreeMetadata]:
-    """Parse ``treeopt-tree/1`` YAML text. Raises :class:`TreeValidationError` with one clear line on an
-    unknown format version, a malformed node list or an invalid topology."""
+def drafter_tree_to_yaml(dtree: DrafterTree, metadata: TreeMetadata | None = None) -> str:
+    """Serialize to ``treeopt-tree/2`` YAML text: format line, metadata mapping, ``drafters: [names]`` (light
+    first), and one flow-style node per line with ``parent``, ``rank`` (sibling index) and ``drafter`` (its
+    index in ``drafters``; left out when 0)::
+
+        format: treeopt-tree/2
+        metadata: {...}
+        drafters: [lookup, smollm2-360m]
+        nodes:
+          - {parent: -1, rank: 0}
+          - {parent: 0, rank: 0}
+          - {parent: 0, rank: 1, drafter: 1}
+    """
+    names = yaml.safe_dump({"drafters": list(dtree.names)}, sort_keys=False, default_flow_style=None, width=1 << 30)
+    nodes = "".join(
+        f"  - {{parent: {p}, rank: {r}" + (f", drafter: {j}}}\n" if j else "}\n")
+        for p, r, j in zip(dtree.tree.parent, dtree.tree.rank, dtree.drafter)
+    )
+    return _metadata_yaml(TREE_FORMAT_V2, metadata) + names + "nodes:\n" + nodes
+
+
+def _parse_tree_document(text: str, source: str):
+    """Parse ``treeopt-tree/1`` or ``/2`` text into ``(format, Tree, drafter labels, names or None, metadata)``;
+    ``names`` is None for /1 (it has none). Raises TreeValidationError with one line, prefixed by ``source``."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -391,20 +647,38 @@ def tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Tree, TreeM
     if not isinstance(doc, dict):
         raise TreeValidationError(f"{source}: expected a mapping with 'format' and 'nodes'")
     fmt = doc.get("format")
-    if fmt != TREE_FORMAT:
-        raise TreeValidationError(f"{source}: unknown format {fmt!r}; this version reads {TREE_FORMAT!r}")
+    if fmt not in TREE_FORMATS:
+        raise TreeValidationError(
+            f"{source}: unknown format {fmt!r}; this version reads {' and '.join(map(repr, TREE_FORMATS))}")
+    names = None
+    if fmt == TREE_FORMAT_V2:
+        raw = doc.get("drafters")
+        if not isinstance(raw, list) or not raw or not all(isinstance(x, str) and x.strip() for x in raw):
+            raise TreeValidationError(f"{source}: format {TREE_FORMAT_V2} needs 'drafters', a non-empty list of "
+                                      f"drafter names (light first), got {raw!r}")
+        names = tuple(raw)
+    elif "drafters" in doc:
+        raise TreeValidationError(f"{source}: 'drafters' is a {TREE_FORMAT_V2} key; this file says {fmt!r}")
     nodes = doc.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise TreeValidationError(f"{source}: 'nodes' must be a non-empty list")
-    parent, rank = [], []
+    parent, rank, drafter = [], [], []
     for i, node in enumerate(nodes):
         if not isinstance(node, dict) or "parent" not in node or "rank" not in node:
             raise TreeValidationError(f"{source}: node {i} must be a mapping with 'parent' and 'rank'")
         p, r = node["parent"], node["rank"]
         if isinstance(p, bool) or isinstance(r, bool) or not isinstance(p, int) or not isinstance(r, int):
             raise TreeValidationError(f"{source}: node {i}: parent and rank must be integers")
+        j = node.get("drafter", 0)
+        if "drafter" in node and fmt != TREE_FORMAT_V2:
+            raise TreeValidationError(f"{source}: node {i} has a 'drafter', which {fmt} does not have; "
+                                      f"write the file as {TREE_FORMAT_V2}")
+        if isinstance(j, bool) or not isinstance(j, int):
+            raise TreeValidationError(f"{source}: node {i}: drafter must be an integer index into 'drafters', "
+                                      f"got {j!r}")
         parent.append(p)
         rank.append(r)
+        drafter.append(j)
     meta_raw = doc.get("metadata") or {}
     if not isinstance(meta_raw, dict):
         raise TreeValidationError(f"{source}: 'metadata' must be a mapping")
@@ -416,7 +690,44 @@ def tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Tree, TreeM
         tree = Tree(parent=parent, rank=rank, max_depth=meta.max_depth)
     except TreeValidationError as err:
         raise TreeValidationError(f"{source}: {err}") from None
+    return fmt, tree, tuple(drafter), names, meta
+
+
+def tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Tree, TreeMetadata]:
+    """Parse ``treeopt-tree/1`` YAML text, or ``treeopt-tree/2`` text that names a single drafter. Raises
+    :class:`TreeValidationError` with one clear line on an unknown format version, a malformed node list, an
+    invalid topology, or a /2 tree that names more than one drafter (read that with
+    :func:`drafter_tree_from_yaml` / :func:`load_drafter_tree`)."""
+    fmt, tree, drafter, names, meta = _parse_tree_document(text, source)
+    if names is not None:
+        if len(names) > 1:
+            raise TreeValidationError(
+                f"{source}: a multi-drafter tree ({len(names)} drafters: {', '.join(names)}); a single-drafter "
+                "reader cannot run it, use the multi-drafter path (load_drafter_tree)")
+        try:
+            DrafterTree(tree, drafter, names)
+        except TreeValidationError as err:
+            raise TreeValidationError(f"{source}: {err}") from None
     return tree, meta
+
+
+def drafter_tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[DrafterTree, TreeMetadata]:
+    """Parse ``treeopt-tree/2`` or ``/1`` YAML text into a :class:`DrafterTree`. A /1 tree is one drafter's:
+    every node is labelled 0 and the drafter is named by the metadata's ``drafter`` or ``profiled_draft`` key
+    when it holds a name (what ``treeopt solve`` records), else ``"draft"``.
+
+    Raises :class:`TreeValidationError` with one line (prefixed by ``source``) as :func:`tree_from_yaml`, and
+    for drafter labels out of range, not one per node, or siblings not ordered light first.
+    """
+    fmt, tree, drafter, names, meta = _parse_tree_document(text, source)
+    if names is None:
+        name = next((v for v in (meta.extra.get("drafter"), meta.extra.get("profiled_draft"))
+                     if isinstance(v, str) and v.strip()), "draft")
+        names = (name,)
+    try:
+        return DrafterTree(tree, drafter, names), meta
+    except TreeValidationError as err:
+        raise TreeValidationError(f"{source}: {err}") from None
 
 
 def save_tree(path: str | Path, tree: Tree, metadata: TreeMetadata | None = None) -> Path:
@@ -424,7 +735,21 @@ def save_tree(path: str | Path, tree: Tree, metadata: TreeMetadata | None = None
     return atomic_write_text(path, tree_to_yaml(tree, metadata))
 
 
+def save_drafter_tree(path: str | Path, dtree: DrafterTree, metadata: TreeMetadata | None = None) -> Path:
+    """Write a drafter tree as ``treeopt-tree/2`` YAML atomically (:func:`drafter_tree_to_yaml`). Returns
+    the path."""
+    return atomic_write_text(path, drafter_tree_to_yaml(dtree, metadata))
+
+
 def load_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
-    """Read a ``treeopt-tree/1`` YAML file. Raises :class:`TreeValidationError` (also for a missing file)."""
+    """Read a ``treeopt-tree/1`` YAML file (or a single-drafter /2 one; :func:`tree_from_yaml`). Raises
+    :class:`TreeValidationError` (also for a missing file, and for a multi-drafter tree)."""
     text = read_text_file(path, error=TreeValidationError, what="tree file")
     return tree_from_yaml(text, source=str(path))
+
+
+def load_drafter_tree(path: str | Path) -> tuple[DrafterTree, TreeMetadata]:
+    """Read a ``treeopt-tree/2`` or ``/1`` YAML file as a :class:`DrafterTree`
+    (:func:`drafter_tree_from_yaml`). Raises :class:`TreeValidationError` (also for a missing file)."""
+    text = read_text_file(path, error=TreeValidationError, what="tree file")
+    return drafter_tree_from_yaml(text, source=str(path))

@@ -325,7 +325,7 @@ NODES_OK = "nodes:\n  - {parent: -1, rank: 0}\n  - {parent: 0, rank: 0}\n"
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("format: treeopt-tree/2\n" + NODES_OK, "unknown format 'treeopt-tree/2'"),
+        ("format: treeopt-tree/3\n" + NODES_OK, "unknown format 'treeopt-tree/3'"),
         (NODES_OK, "unknown format None"),
         ("format: treeopt-tree/1\nnodes: []\n", "non-empty list"),
         ("format: treeopt-tree/1\n", "non-empty list"),

@@ -6,11 +6,27 @@
 - :mod:`.reference`: the same recurrence in plain Python (tests, benchmark baseline).
 - :mod:`.baselines`: chain, k-ary, SpecInfer k x L, best-first trees.
 - :mod:`.hardware`: step cost from latency curves, :func:`choose` (budget and depth), baseline comparison.
+- :mod:`.graft`: trees grown by a light and a strong drafter (issue 16): conditional vectors, per-drafter
+  cost, the exact graft DP, :func:`solve_graft`, baselines (each drafter alone, SpecInfer merge).
 """
 
 from .baselines import best_first, chain, kary_tree, specinfer
 from .depth import DepthDPSolution, expected_tokens_by_depth, solve_dp_by_depth
 from .dp import DPSolution, optimal_tree, solve_dp
+from .graft import (
+    BruteForceGraft,
+    GraftAcceptance,
+    GraftChoice,
+    GraftDPSolution,
+    brute_force_graft,
+    graft_baselines,
+    graft_expected_tokens,
+    graft_step_cost,
+    merge_trees,
+    optimal_graft_tree,
+    solve_graft,
+    solve_graft_dp,
+)
 from .hardware import (
     BaselineResult,
     Candidate,
@@ -25,22 +41,34 @@ from .hardware import (
 
 __all__ = [
     "BaselineResult",
+    "BruteForceGraft",
     "Candidate",
     "Choice",
     "DPSolution",
     "DepthDPSolution",
+    "GraftAcceptance",
+    "GraftChoice",
+    "GraftDPSolution",
     "StepCost",
     "best_first",
+    "brute_force_graft",
     "chain",
     "choose",
     "compare_baselines",
     "expected_tokens_by_depth",
+    "graft_baselines",
+    "graft_expected_tokens",
+    "graft_step_cost",
     "kary_tree",
+    "merge_trees",
+    "optimal_graft_tree",
     "optimal_tree",
     "plain_ms_per_token",
     "score_tree",
     "solve_dp",
     "solve_dp_by_depth",
+    "solve_graft",
+    "solve_graft_dp",
     "specinfer",
     "step_cost",
 ]
