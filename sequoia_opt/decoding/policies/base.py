@@ -27,7 +27,25 @@ from ..sampling import CandidateGroup
 if TYPE_CHECKING:
     from ..speculative import DecodeState
 
-__all__ = ["StepTree", "DraftingPolicy", "ancestor_matrix"]
+__all__ = ["StepTree", "DraftingPolicy", "ancestor_matrix", "as_drafter"]
+
+
+def as_drafter(draft: object) -> Drafter:
+    """A :class:`Drafter` from what callers pass as a drafter: a draft
+    :class:`~sequoia_opt.model.Transformer` is wrapped in a fresh :class:`ModelDrafter` (its own cache), a
+    Drafter is returned as it is.
+
+    Raises:
+        TypeError: neither.
+    """
+    from ...model import Transformer
+    from ..drafters import ModelDrafter
+
+    if isinstance(draft, Transformer):
+        return ModelDrafter(draft)
+    if isinstance(draft, Drafter):
+        return draft
+    raise TypeError(f"a drafter must be a Transformer or a Drafter, got {type(draft).__name__}")
 
 
 def ancestor_matrix(parent: Sequence[int]) -> np.ndarray:

@@ -42,7 +42,7 @@ from ...tree import Tree
 from ..buffers import TreeBuffers
 from ..drafters import Drafter, DraftSettings
 from ..sampling import CandidateGroup, process_logits, sample_excluding
-from .base import DraftingPolicy, StepTree, ancestor_matrix
+from .base import DraftingPolicy, StepTree, ancestor_matrix, as_drafter
 from .scheduler import AlwaysGraft, GraftScheduler, spine_features
 
 if TYPE_CHECKING:
@@ -79,7 +79,8 @@ class GraftPolicy(DraftingPolicy):
     drafter is called (module docstring).
 
     Args:
-        light, strong: the two drafters (each bound to this policy's decoder only).
+        light, strong: the two drafters (each bound to this policy's decoder only; a draft Transformer is
+            wrapped in a ModelDrafter).
         plan: the plan's topology (canonical breadth-first :class:`~sequoia_opt.tree.Tree`).
         plan_drafter: per plan node, 0 (light) or 1 (strong); the root's entry is ignored.
         names: the two drafters' labels (for reports).
@@ -95,6 +96,7 @@ class GraftPolicy(DraftingPolicy):
     def __init__(self, light: Drafter, strong: Drafter, plan: Tree, plan_drafter: Sequence[int],
                  names: Sequence[str] = ("light", "strong"), scheduler: GraftScheduler | None = None) -> None:
         check_graft_plan(plan, plan_drafter)
+        light, strong = as_drafter(light), as_drafter(strong)
         self.drafters = (light, strong)
         self.names = tuple(names)
         self.scheduler = scheduler or AlwaysGraft()

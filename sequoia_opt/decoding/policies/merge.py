@@ -23,7 +23,7 @@ from ...tree import Tree
 from ..buffers import TreeBuffers
 from ..drafters import Drafter, DraftSettings
 from ..sampling import CandidateGroup
-from .base import DraftingPolicy, StepTree
+from .base import DraftingPolicy, StepTree, as_drafter
 
 if TYPE_CHECKING:
     from ..speculative import DecodeState
@@ -47,7 +47,7 @@ class MergePolicy(DraftingPolicy):
         if len(drafters) < 2 or len(drafters) != len(trees):
             raise DecodingError(f"a merge needs one tree per drafter and at least two drafters, got {len(drafters)} "
                                 f"drafters and {len(trees)} trees")
-        self.drafters = tuple(drafters)
+        self.drafters = tuple(as_drafter(d) for d in drafters)
         self.trees = tuple(trees)
         self.names = tuple(names) if names is not None else tuple(f"drafter{i}" for i in range(len(drafters)))
         self.max_depth = max(t.tree_depth for t in trees)

@@ -1,0 +1,194 @@
+"""Two drafters, one tree, on the demo pair and this device: profile -> solve -> train -> run, greedy and sampling.
+
+Light drafter: prompt lookup (``lookup``, free, no probabilities); strong drafter: the bundled draft model
+(``--light`` / ``--strong`` take any ``--draft`` spec: ``lookup``, ``self:L``, ``model:PATH``). For each mode
+(greedy, then sampling at ``--temperature``):
+
+1. profile (``sequoia_opt.grafting.profile_graft``) on the *profile* prompts: the target's T(n), each drafter's
+   c(w), each drafter's own acceptance vector, and the pair profile (the strong drafter's acceptance next to
+   the light's candidates);
+2. solve (``plan_graft``): each drafter's own best tree, the SpecInfer merge of the two, the hardware-aware
+   grafted tree;
+3. train the scheduler (``profiling.graft``) on the same profile prompts, from the value of calling the strong
+   drafter at each step of the grafted tree;
+4. run on the held-out *eval* prompts, one ``run_trees`` call with one plain baseline: light alone, strong
+   alone, the merge, the grafted tree with the strong drafter called every step (static) and when the
+   scheduler says (scheduled).
+
+Reported per configuration: tokens/s, speedup over plain decoding (same run), tokens/step predicted and
+measured, per-drafter call rate and time, and whether greedy output equalled plain decoding. Goal (issue 16):
+the scheduled tree at least +15 % tokens/s over the best single-drafter configuration, greedy output identical,
+predicted tokens/step within 5 %. Speeds are ratios within one run (a shared machine drifts). Writes
+``results/graft/<date>.json`` (and the profiles, trees and scheduler under ``results/graft/<date>/``)::
+
+    python benchmarks/graft.py                  # ~25 min on 2 CPU cores
+    python benchmarks/graft.py --quick          # smoke test, ~3 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from sequoia_opt._io import atomic_write_text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    ap.add_argument("--light", default="lookup", help="light drafter spec (default: lookup)")
+    ap.add_argument("--strong", default=None, help="strong drafter spec (default: the bundled draft model)")
+    ap.add_argument("--num-prompts", type=int, default=None, help="eval prompts (default 6; quick 2)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per eval prompt (default 64; quick 16)")
+    ap.add_argument("--scheduler-prompts", type=int, default=None,
+                    help="profile prompts the scheduler is trained on (default 16; quick 4)")
+    ap.add_argument("--temperature", type=float, default=0.8, help="sampling mode's temperature (default 0.8)")
+    ap.add_argument("--modes", default="greedy,sampling", help="greedy, sampling or both (default)")
+    ap.add_argument("--budget", type=int, default=None, help="largest tree, nodes incl. the root (default: max timed)")
+    ap.add_argument("--max-depth", type=int, default=8)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=Path("results/graft"))
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from sequoia_opt.decoding.policies import save_scheduler
+    from sequoia_opt.errors import ProfileError
+    from sequoia_opt.evaluation import run_trees
+    from sequoia_opt.grafting import (GraftProfileSettings, graft_entries, plan_graft, profile_graft,
+                                      scheduled_prediction)
+    from sequoia_opt.pipeline import ModelPair, load_pair, parse_device, parse_drafter_spec, parse_dtype
+    from sequoia_opt.profiles import save_acceptance, save_latency, save_pair_acceptance
+    from sequoia_opt.profiling.graft import collect_scheduler_samples, train_scheduler
+    from sequoia_opt.prompts import demo_prompts_path, load_prompts
+    from sequoia_opt.tree import TreeMetadata, now_iso, save_drafter_tree
+
+    s = GraftProfileSettings.quick() if args.quick else GraftProfileSettings()
+    n_eval = args.num_prompts or (2 if args.quick else 6)
+    new_tokens = args.max_new_tokens or (16 if args.quick else 64)
+    n_sched = args.scheduler_prompts or (4 if args.quick else 16)
+    dev = parse_device(args.device)
+    base = load_pair(None, None, device=dev, dtype=parse_dtype("float32"))
+    tname = base.target_name
+
+    def side(spec_text):
+        spec = parse_drafter_spec(spec_text)
+        if spec.kind == "model":
+            return base if spec_text is None else load_pair(None, spec, device=dev, dtype=base.target.dtype)
+        return ModelPair(base.target, None, base.tokenizer, tname, spec.label, spec)
+
+    light, strong = side(args.light), side(args.strong)
+    eos = sorted(base.tokenizer.eos_ids)
+    prof_texts = load_prompts(demo_prompts_path("profile"), limit=max(s.prompts, n_sched))
+    prof_ids = [base.tokenizer.encode(p.text) for p in prof_texts]
+    eval_ids = [base.tokenizer.encode(p.text) for p in load_prompts(demo_prompts_path("eval"), limit=n_eval)]
+    stamp = now_iso().replace(":", "").replace("+0000", "Z")
+    out_dir = args.out / stamp
+
+    def progress(what: str, done: int, total: int) -> None:
+        if done == 1 or done == total:
+            print(f"  {what} ({done}/{total})", file=sys.stderr, flush=True)
+
+    doc = {"format": "treeopt-bench-graft/1", "date": now_iso(), "device": args.device,
+           "threads": torch.get_num_threads(), "target": tname, "light": light.draft_name,
+           "strong": strong.draft_name, "eval_prompts": n_eval, "max_new_tokens": new_tokens,
+           "settings": asdict(s), "scheduler_prompts": n_sched, "modes": {}}
+    ok = True
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        T = 0.0 if mode == "greedy" else args.temperature
+        print(f"[{mode}] profiling", file=sys.stderr, flush=True)
+        prof = profile_graft(base.target, light, strong, prof_ids, settings=s, temperature=T, eos_ids=eos,
+                             prompts_file="sequoia_opt/data/prompts/profile.jsonl", progress=progress)
+        plans = plan_graft(prof, budget=args.budget or s.max_tokens, max_depth=args.max_depth,
+                           max_branching=s.width)
+        files = {"light_latency": save_latency(out_dir / mode / "latency-light.yaml", prof.light_curve),
+                 "strong_latency": save_latency(out_dir / mode / "latency-strong.yaml", prof.strong_curve),
+                 "light_acceptance": save_acceptance(out_dir / mode / "acceptance-light.yaml", prof.light_acceptance),
+                 "strong_acceptance": save_acceptance(out_dir / mode / "acceptance-strong.yaml",
+                                                      prof.strong_acceptance),
+                 "pair_acceptance": save_pair_acceptance(out_dir / mode / "acceptance-pair.yaml", prof.pair),
+                 "graft_tree": save_drafter_tree(out_dir / mode / "tree-graft.yaml", plans.choice.dtree,
+                                                 plans.metadata["graft"])}
+        scheduler, sched_meta, sched_card, sched_pred = None, None, None, None
+        if plans.choice.plan == "graft":
+            print(f"[{mode}] scheduler samples", file=sys.stderr, flush=True)
+            samples = collect_scheduler_samples(
+                base.target, light.new_drafter, strong.new_drafter, plans.choice.dtree.tree,
+                plans.choice.dtree.drafter, prof_ids[:n_sched], max_new_tokens=s.new_tokens, temperature=T,
+                eos_ids=eos, progress=progress)
+            try:
+                scheduler = train_scheduler(samples, prof.light_curve, pair={
+                    "target": tname, "light": light.draft_name, "strong": strong.draft_name},
+                    extra_card={"mode": mode, "prompts": "sequoia_opt/data/prompts/profile.jsonl"})
+                files["scheduler"] = save_scheduler(out_dir / mode / "scheduler.yaml", scheduler)
+                g, rate = scheduled_prediction(plans.choice.expected_tokens, samples, scheduler)
+                m = plans.metadata["graft"]
+                sched_meta = TreeMetadata(budget=m.budget, max_depth=m.max_depth, expected_tokens_per_step=g,
+                                          predicted_speedup=None, acceptance_profile=m.acceptance_profile,
+                                          latency_profile=m.latency_profile, solver="graft-dp+scheduler",
+                                          date=now_iso(), extra={**m.extra, "predicted_call_rate": rate})
+                sched_card, sched_pred = scheduler.card, {"tokens_per_step": g, "call_rate": rate}
+            except ProfileError as err:
+                sched_card = {"not trained": str(err)}
+        entries = graft_entries(plans, light.new_drafter, strong.new_drafter, scheduler=scheduler,
+                                scheduled_metadata=sched_meta)
+        print(f"[{mode}] running {len(entries)} configurations on {n_eval} eval prompts", file=sys.stderr, flush=True)
+        run = run_trees(base.target, None, entries, eval_ids, max_new_tokens=new_tokens, temperature=T, eos_ids=eos,
+                        progress=progress, settings={"target": tname, "benchmark": "graft", "mode": mode})
+        files.update(zip(("run_json", "run_csv"), run.save(out_dir / mode)))
+        plain = run.summaries[0]
+        rows = []
+        for x in run.summaries[1:]:
+            err = (x.predicted_tokens_per_step and x.tokens_per_step / x.predicted_tokens_per_step - 1)
+            rows.append({"config": x.tree, "nodes": x.size, "depth": x.depth, "tokens_per_s": x.tokens_per_s,
+                         "speedup": x.speedup, "tokens_per_step": x.tokens_per_step,
+                         "predicted_tokens_per_step": x.predicted_tokens_per_step,
+                         "tokens_per_step_error": err, "predicted_speedup": x.predicted_speedup,
+                         "equals_plain": (x.mismatches == 0) if T == 0 else None, "drafters": x.drafters})
+        singles = [r for r in rows if r["config"] in ("light alone", "strong alone")]
+        best_single = max(singles, key=lambda r: r["tokens_per_s"])
+        sched = next((r for r in rows if r["config"] == "graft (scheduled)"), None)
+        static = next((r for r in rows if r["config"] == "graft (static)"), None)
+        ok &= run.greedy_ok or T > 0
+        doc["modes"][mode] = {
+            "temperature": T, "plain_tokens_per_s": plain.tokens_per_s, "rows": rows,
+            "best_single": best_single["config"],
+            "scheduled_over_best_single": sched and sched["tokens_per_s"] / best_single["tokens_per_s"],
+            "static_over_best_single": static and static["tokens_per_s"] / best_single["tokens_per_s"],
+            "solver": {"plan": plans.choice.plan, "graft_depths": list(plans.choice.graft_depths),
+                       "tree": plans.choice.dtree.summary(), "predicted_speedup": plans.choice.speedup,
+                       "baselines": plans.baselines, "candidates": plans.choice.candidates[:5]},
+            "scheduler": {"card": sched_card, "predicted": sched_pred},
+            "greedy_ok": run.greedy_ok if T == 0 else None,
+            "files": {k: str(v) for k, v in files.items()}}
+        _print_mode(mode, T, plain.tokens_per_s, rows, doc["modes"][mode])
+    path = atomic_write_text(args.out / f"{stamp}.json", json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"wrote {path}")
+    return 0 if ok else 1
+
+
+def _print_mode(mode: str, T: float, plain_tps: float, rows: list[dict], d: dict) -> None:
+    print(f"\n### {mode} (T = {T}); plain decoding {plain_tps:.2f} tokens/s\n")
+    print("| config | nodes | tokens/s | speedup | tokens/step pred / meas (err) | strong call rate | = plain |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        calls = next((x["call_rate"] for x in r["drafters"][1:2]), None) if r["drafters"] else None
+        pred = r["predicted_tokens_per_step"]
+        err = r["tokens_per_step_error"]
+        print(f"| {r['config']} | {r['nodes']} | {r['tokens_per_s']:.2f} | {r['speedup']:.3f} | "
+              f"{pred if pred is None else f'{pred:.3f}'} / {r['tokens_per_step']:.3f} "
+              f"({'-' if not err else f'{100 * err:+.1f} %'}) | {'-' if calls is None else f'{calls:.2f}'} | "
+              f"{'-' if r['equals_plain'] is None else ('yes' if r['equals_plain'] else 'NO')} |")
+    for key in ("scheduled_over_best_single", "static_over_best_single"):
+        if d[key]:
+            print(f"{key.replace('_', ' ')} ({d['best_single']}): {d[key]:.3f}")
+    card = d["scheduler"]["card"]
+    if card and "held_out" in card:
+        print(f"scheduler held-out: {card['held_out']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""Two drafters, one tree: from the profiles of a light and a strong drafter to the runs that compare the
+grafted tree (TreeGraft, 2026) with each drafter alone and with SpecInfer's merge, on one plain baseline.
+
+* :func:`graft_acceptance` — the solver's value model (:class:`~sequoia_opt.solver.graft.GraftAcceptance`)
+  from the three acceptance profiles: the light drafter's own vector (per depth), the strong drafter's own
+  vector (its children where it proposes alone, ``a = 0``), and the pair profile's conditional vector (the
+  strong drafter's candidates next to A light ones, ``a = A``).
+* :func:`plan_graft` — every plan from the same profiles: each drafter's own best tree
+  (:func:`~sequoia_opt.evaluation.plan_drafter`), the hardware-aware grafted tree
+  (:func:`~sequoia_opt.solver.graft.solve_graft`) and the SpecInfer merge of the two own trees, with
+  predicted tokens per step and speedup for each.
+* :func:`graft_entries` — those plans as :class:`~sequoia_opt.evaluation.TreeEntry` s for
+  :func:`~sequoia_opt.evaluation.run_trees`: light alone, strong alone, merge, the grafted tree with the
+  strong drafter called every step ("static"), and, with a trained scheduler, called when the scheduler says.
+* :func:`scheduled_prediction` — the scheduled tree's predicted tokens per step: the static tree's G less the
+  accepted nodes the strong drafter added on the profile steps the scheduler would skip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .decoding.policies import GraftPolicy, GraftScheduler, MergePolicy
+from .errors import SolverError
+from .evaluation import DrafterPlan, TreeEntry, plan_drafter
+from .profiles import AcceptanceProfile, LatencyCurve, PairAcceptanceProfile
+from .profiling.graft import SchedulerSample
+from .solver.graft import GraftAcceptance, GraftChoice, graft_baselines, graft_expected_tokens, graft_step_cost, \
+    merge_trees, solve_graft
+from .tree import DrafterTree, TreeMetadata, now_iso
+
+__all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction"]
+
+
+@dataclass
+class GraftProfiles:
+    """What the graft plans are solved from.
+
+    Attributes:
+        light, strong: the drafters' labels (:attr:`~sequoia_opt.pipeline.DrafterSpec.label`), light first.
+        light_cost_model, strong_cost_model: ``per-level`` or ``one-pass``.
+        light_curve, strong_curve: each drafter's latency profile (the target's T(n), its own c(w)).
+        light_acceptance, strong_acceptance: each drafter's own acceptance profile.
+        pair: the pair profile (the strong drafter's conditional vector).
+    """
+
+    light: str
+    strong: str
+    light_cost_model: str
+    strong_cost_model: str
+    light_curve: LatencyCurve
+    strong_curve: LatencyCurve
+    light_acceptance: AcceptanceProfile
+    strong_acceptance: AcceptanceProfile
+    pair: PairAcceptanceProfile
+
+
+def graft_acceptance(p: GraftProfiles) -> GraftAcceptance:
+    """The value model: light = the light drafter's own per-depth rows; strong = {0: the strong drafter's own
+    rows, A: the pair profile's conditional rows}. When the light's own rows and the pair's conditional rows
+    do not form a valid model together (two measurements: their sum may pass 1 by noise), the pair profile's
+    own light rows are used instead (the same trials as the conditional rows).
+
+    Raises:
+        SolverError: neither combination is a valid model.
+    """
+    strong = {p.pair.light_width: p.pair.strong_rows(), 0: p.strong_acceptance.depth_rows()}
+    names = (p.light, p.strong)
+    try:
+        return GraftAcceptance(p.light_acceptance.depth_rows(), strong, names)
+    except SolverError:
+        return GraftAcceptance(p.pair.light_rows(), strong, names)
+
+
+@dataclass
+class GraftPlans:
+    """Every plan of one pair (:func:`plan_graft`).
+
+    Attributes:
+        profiles: what they were solved from.  acceptance: the value model.
+        light_plan, strong_plan: each drafter's own best tree (as ``treeopt run --compare-drafters``).
+        choice: the grafted tree (:func:`~sequoia_opt.solver.graft.solve_graft`).
+        merge: the SpecInfer merge of the two own trees, as a drafter tree.
+        baselines: :func:`~sequoia_opt.solver.graft.graft_baselines`' rows (all under the graft cost model).
+        metadata: per plan name (``graft``, ``merge``), the tree metadata (predictions, profile ids).
+    """
+
+    profiles: GraftProfiles
+    acceptance: GraftAcceptance
+    light_plan: DrafterPlan
+    strong_plan: DrafterPlan
+    choice: GraftChoice
+    merge: DrafterTree
+    baselines: list[dict[str, Any]]
+    metadata: dict[str, TreeMetadata]
+
+
+def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: int = 8,
+               context: int | None = None) -> GraftPlans:
+    """Solve every plan of the pair from its profiles (module docstring).
+
+    Raises:
+        ProfileError / SolverError: profiles of another drafter, bad limits, a budget past what a curve measured.
+    """
+    acc = graft_acceptance(p)
+    light_plan = plan_drafter(p.light, p.light_cost_model, p.light_acceptance, p.light_curve, budget=budget,
+                              max_depth=max_depth, max_branching=max_branching, context=context)
+    strong_plan = plan_drafter(p.strong, p.strong_cost_model, p.strong_acceptance, p.strong_curve, budget=budget,
+                               max_depth=max_depth, max_branching=max_branching, context=context)
+    curves = [p.light_curve, p.strong_curve]
+    choice = solve_graft(acc, p.light_curve, curves, budget=budget, max_depth=max_depth, context=context,
+                         max_branching=max_branching)
+    baselines = graft_baselines(acc, p.light_curve, curves, budget=budget, max_depth=max_depth, context=context,
+                                max_branching=max_branching)
+    merge = merge_trees(light_plan.tree, strong_plan.tree, (p.light, p.strong))
+    extra = {"drafters": [p.light, p.strong], "pair_acceptance_profile": p.pair.id,
+             "strong_acceptance_profile": p.strong_acceptance.id, "light_acceptance_profile": p.light_acceptance.id,
+             "strong_latency_profile": p.strong_curve.id, "graft_plan": choice.plan,
+             "graft_depths": list(choice.graft_depths)}
+    meta = {"graft": TreeMetadata(budget=choice.budget, max_depth=choice.depth,
+                                  expected_tokens_per_step=choice.expected_tokens, predicted_speedup=choice.speedup,
+                                  acceptance_profile=p.pair.id, latency_profile=p.light_curve.id,
+                                  solver="graft-dp+hardware", date=now_iso(), extra=extra)}
+    try:  # the merge's G is an estimate (graft_baselines' note); the larger own tree's G is a floor
+        g_merge = max(graft_expected_tokens(merge, acc), light_plan.choice.expected_tokens,
+                      strong_plan.choice.expected_tokens)
+        c_merge = graft_step_cost(merge, p.light_curve, curves, context, expected_tokens=g_merge)
+        meta["merge"] = TreeMetadata(budget=merge.size, max_depth=merge.tree_depth, expected_tokens_per_step=g_merge,
+                                     predicted_speedup=c_merge.speedup, acceptance_profile=p.pair.id,
+                                     latency_profile=p.light_curve.id, solver="specinfer-merge", date=now_iso(),
+                                     extra=extra)
+    except SolverError:
+        meta["merge"] = TreeMetadata(solver="specinfer-merge", date=now_iso(), extra=extra)
+    return GraftPlans(p, acc, light_plan, strong_plan, choice, merge, baselines, meta)
+
+
+def scheduled_prediction(expected_tokens: float, samples: Sequence[SchedulerSample], scheduler: GraftScheduler
+                         ) -> tuple[float, float]:
+    """The scheduled tree's predicted tokens per step and call rate: the static grafted tree's G less the mean,
+    over the profile steps, of the nodes the strong drafter added on the steps the scheduler would not call it
+    (under greedy verification exactly what skipping it loses there). Returns ``(G, call_rate)``.
+
+    Raises:
+        ValueError: no samples.
+    """
+    from .decoding.policies.scheduler import GraftFeatures
+
+    if not samples:
+        raise ValueError("no scheduler samples to predict from")
+    calls = np.array([scheduler.decide(GraftFeatures(*s.features)) for s in samples])
+    lost = np.array([s.accepted_full - s.accepted_light for s in samples], dtype=float)
+    return float(expected_tokens - (lost * ~calls).mean()), float(calls.mean())
+
+
+def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[[], Any], *,
+                  scheduler: GraftScheduler | None = None, scheduled_metadata: TreeMetadata | None = None,
+                  names: Sequence[str] = ("light alone", "strong alone", "specinfer merge", "graft (static)",
+                                          "graft (scheduled)")) -> list[TreeEntry]:
+    """The plans as run entries (module docstring). ``light`` / ``strong`` make a fresh drafter each (each
+    decoder binds its own); ``scheduler`` adds the scheduled grafted tree (with ``scheduled_metadata`` for its
+    prediction, :func:`scheduled_prediction`)."""
+    p = plans.profiles
+    dn = (p.light, p.strong)
+    dt = plans.choice.dtree
+    merge_trees_ = (plans.light_plan.tree, plans.strong_plan.tree)
+    out = [TreeEntry(names[0], plans.light_plan.tree, plans.light_plan.metadata, draft=light, drafter=p.light),
+           TreeEntry(names[1], plans.strong_plan.tree, plans.strong_plan.metadata, draft=strong, drafter=p.strong),
+           TreeEntry(names[2], plans.merge.tree, plans.metadata["merge"], drafter="+".join(dn),
+                     policy=lambda: MergePolicy([light(), strong()], merge_trees_, dn))]
+    if plans.choice.plan == "graft":
+        out.append(TreeEntry(names[3], dt.tree, plans.metadata["graft"], drafter="+".join(dn),
+                             policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt)))
+        if scheduler is not None:
+            out.append(TreeEntry(names[4], dt.tree, scheduled_metadata or plans.metadata["graft"],
+                                 drafter="+".join(dn),
+                                 policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt, scheduler)))
+    return out
+
+
+@dataclass
+class GraftProfileSettings:
+    """Sizes of :func:`profile_graft`'s measurements (the demo's scale by default; ``quick`` for smoke tests).
+
+    Attributes:
+        max_tokens: largest target token count / draft width timed (the largest budget considered).
+        context: context length the latency is measured at (tokens).
+        latency_rounds, latency_repeats: timing rounds and repeats per point (median of round medians).
+        width, depth: K and spine depth D of each drafter's own acceptance measurement.
+        light_width, strong_width, pair_depth: A, B and D of the pair measurement.
+        prompts, new_tokens: profile prompts used and tokens generated per prompt (acceptance and pair).
+    """
+
+    max_tokens: int = 32
+    context: int = 256
+    latency_rounds: int = 3
+    latency_repeats: int = 5
+    width: int = 4
+    depth: int = 6
+    light_width: int = 1
+    strong_width: int = 3
+    pair_depth: int = 6
+    prompts: int = 8
+    new_tokens: int = 64
+
+    @classmethod
+    def quick(cls) -> "GraftProfileSettings":
+        return cls(max_tokens=16, latency_rounds=1, latency_repeats=5, width=3, depth=3, strong_width=2,
+                   pair_depth=3, prompts=2, new_tokens=16)
+
+
+def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, settings: GraftProfileSettings,
+                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, eos_ids: Sequence[int] = (),
+                  backend: str = "auto", device_label: str | None = None, prompts_file: str = "",
+                  progress: Callable[[str, int, int], None] | None = None) -> GraftProfiles:
+    """Measure everything the graft plans are solved from, on this device: the target's T(n) (once), each
+    drafter's c(w) in its cost model, each drafter's own acceptance profile and the pair profile.
+
+    Args:
+        target: the target :class:`~sequoia_opt.model.Transformer`.
+        light, strong: :class:`~sequoia_opt.pipeline.ModelPair` s of the target with each drafter (their
+            ``new_drafter`` makes a fresh proposer, ``draft_name`` and ``cost_model`` name it).
+        prompts: profile prompts (token ids); the first ``settings.prompts`` are used.
+        temperature, top_p, seed: the acceptance measurements' mode (0 = greedy).
+
+    Raises:
+        DecodingError / ProfileError: as the profilers (vocabularies, a grid past the context).
+    """
+    import torch
+
+    from .profiles import PairAcceptanceProfile
+    from .profiling.acceptance import build_acceptance_profile, measure_acceptance
+    from .profiling.device import device_slug
+    from .profiling.graft import measure_pair_acceptance
+    from .profiling.latency import build_latency_profile, measure_step_overhead, method_text, profile_drafter, \
+        profile_model
+    from .profiling.timing import token_grid
+    from .pipeline import drafter_slug
+
+    s = settings
+    dev = target.device
+    dtype_name = str(target.dtype).removeprefix("torch.")
+    tname = light.target_name
+    grid = token_grid(s.max_tokens)
+    timing = dict(rounds=s.latency_rounds, max_repeats=s.latency_repeats)
+    tt = profile_model(target, grid, [s.context], what="target", backend=backend, progress=progress, paired=True,
+                       **timing)
+    mode = "greedy" if temperature == 0 else "sampling"
+
+    def side(pair) -> tuple[LatencyCurve, AcceptanceProfile]:
+        kind = pair.drafter.kind if pair.drafter is not None else "model"
+        what = pair.draft if kind == "model" else (("lookup", pair.new_drafter) if kind == "lookup"
+                                                   else ("self", int(pair.drafter.num_layers)))
+        dtab = profile_drafter(target, what, grid, [s.context], backend=backend, progress=progress, **timing)
+        overhead = measure_step_overhead(target, pair.new_drafter, backend=backend)
+        slug = drafter_slug(pair.draft_name)
+        curve = build_latency_profile(
+            target_tables=tt, draft_tables=dtab, step_overhead_ms=overhead, device=dev, dtype=target.dtype,
+            target_name=tname, target_config=target.config, draft_name=pair.draft_name,
+            draft_config=pair.draft.config if kind == "model" else None, random_weights=False,
+            profile_id=f"{device_label or device_slug(dev)}_{tname}__{slug}_{dtype_name}",
+            method=method_text(s.latency_rounds, True, grid), draft_cost_model=pair.cost_model,
+            command="treeopt profile graft")
+        ids = list(prompts[: s.prompts])
+        counts = measure_acceptance(target, pair.new_drafter, ids, width=s.width, depth=s.depth,
+                                    temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=s.new_tokens,
+                                    eos_ids=eos_ids, backend=backend, progress=progress)
+        acc = build_acceptance_profile(
+            counts, profile_id=f"{tname}__{slug}_{mode}", target_name=tname, draft_name=pair.draft_name,
+            temperature=temperature, top_p=top_p, depth=s.depth, device=str(dev), dtype=dtype_name,
+            prompts_file=prompts_file, num_prompts=len(ids), max_new_tokens=s.new_tokens, seed=seed,
+            draft_cost_model=pair.cost_model, command="treeopt profile graft")
+        return curve, acc
+
+    light_curve, light_acc = side(light)
+    strong_curve, strong_acc = side(strong)
+    ids = list(prompts[: s.prompts])
+    counts = measure_pair_acceptance(target, light.new_drafter, strong.new_drafter, ids, light_width=s.light_width,
+                                     strong_width=s.strong_width, depth=s.pair_depth, temperature=temperature,
+                                     top_p=top_p, seed=seed, max_new_tokens=s.new_tokens, eos_ids=eos_ids,
+                                     backend=backend, progress=progress)
+    pid = f"{tname}__{drafter_slug(light.draft_name)}+{drafter_slug(strong.draft_name)}_{mode}"
+    pair_profile = PairAcceptanceProfile(
+        id=pid, drafters=(light.draft_name, strong.draft_name), cost_models=(light.cost_model, strong.cost_model),
+        light_width=s.light_width, strong_width=s.strong_width, counts_by_depth=dict(counts.by_depth),
+        measured={"target": tname, "mode": mode, "temperature": float(temperature), "top_p": float(top_p),
+                  "depth": s.pair_depth, "num_samples": counts.trials, "steps": counts.steps,
+                  "tokens_per_step": round(counts.tokens / counts.steps, 4) if counts.steps else None,
+                  "prompts": prompts_file, "num_prompts": len(ids), "max_new_tokens": s.new_tokens, "seed": seed,
+                  "device": str(dev), "dtype": dtype_name, "threads": torch.get_num_threads(), "date": now_iso()},
+        source=(f"measured by treeopt profile graft: decoder verifier on a light rank-0 spine of depth "
+                f"{s.pair_depth}, {s.light_width} light + {s.strong_width} grafted strong candidates per spine node"))
+    return GraftProfiles(light.draft_name, strong.draft_name, light.cost_model, strong.cost_model, light_curve,
+                         strong_curve, light_acc, strong_acc, pair_profile)
