@@ -495,6 +495,19 @@ class DrafterTree:
             out[self.drafter[v]].add(self.tree.parent[v])
         return tuple(tuple(sorted(s)) for s in out)
 
+    @cached_property
+    def light_under_strong(self) -> bool:
+        """True when some node has an ancestor of a larger drafter index (two drafters: a light node under a
+        strong one). The graft policy runs only trees where this is False (a grafted branch is the strong
+        drafter's own recovered path; :func:`~sequoia_opt.decoding.policies.graft.check_graft_plan`)."""
+        top = [0] * self.size  # the largest drafter index on the root path, the node included
+        for v in range(1, self.size):  # canonical order: parents before children
+            above = top[self.tree.parent[v]]
+            if self.drafter[v] < above:
+                return True
+            top[v] = max(above, self.drafter[v])
+        return False
+
     def processed(self, k: int) -> tuple[int, ...]:
         """The sorted node indices drafter k runs a forward over in a step: the ancestors-or-self of
         :attr:`expands` ``[k]`` (a per-level drafter needs each expanded node and, one level at a time, its

@@ -3,12 +3,26 @@ TreeGraft 2026). Value model, cost model, an exact DP for the expected tokens pe
 choice, baselines and a brute force for tests.
 
 Tree. A :class:`~sequoia_opt.tree.DrafterTree` with two drafters: 0 = light (prompt lookup, a small draft
-model), 1 = strong (a bigger draft model). At each node the children are either
+model), 1 = strong (a bigger draft model). At the root and at each light node the children are either
 
 (i)  light ranks ``0..c-1`` (any ``c <= K0``), or
 (ii) light ranks ``0..a-1`` and then the strong drafter's *conditional* ranks ``0..b-1`` (``b >= 1``): its
      candidates among the tokens the light did not already propose there, for an ``a`` the acceptance model
      has a strong vector for (``a = 0``: the strong drafter alone).
+
+At a strong node, by default (``light_under_strong=False``), the children are
+
+(iii) the strong drafter's ranks ``0..b-1`` only, scored by its own vector ``strong[0]`` (no light sibling, so
+      its conditional ranks are its plain ranks); without an ``a = 0`` vector strong nodes are leaves.
+
+Why: the run-time graft policy (:mod:`~sequoia_opt.decoding.policies.graft`) runs the light drafter first,
+over the plan's light-only subtree (the nodes whose root path holds light nodes only), and then lets the
+strong drafter graft level by level; a grafted branch is the strong drafter's own recovered path, and
+:func:`~sequoia_opt.decoding.policies.graft.check_graft_plan` refuses a light node under a strong one (the
+light drafter would have to run again after the strong). With ``light_under_strong=True`` a strong node's
+children follow (i) / (ii) like any node's: a larger search space (its G is at least the default's) for
+analysis, not a plan the policy runs. :attr:`~sequoia_opt.tree.DrafterTree.light_under_strong` tells the two
+kinds of trees apart; :func:`graft_expected_tokens` scores both.
 
 Value model ("conditional vectors", :class:`GraftAcceptance`). ``light`` is an (R0, K0) array, row r = the
 light's positional acceptance vector of children at depth r + 1 (deeper levels use the last row; the
@@ -43,21 +57,30 @@ comparable with one another. Curves are never extrapolated (ProfileError, as
 :func:`~sequoia_opt.solver.hardware.step_cost`).
 
 DP (exact for G). With the depth limit D fixed, the best value of a subtree depends only on the absolute
-depth t of its root and its node budget, so, as in :mod:`~sequoia_opt.solver.depth`, tables are built from
-the deepest level up in left-child / right-sibling form (Sequoia sections 3.2 / 4.1). For a parent at depth t
-(row = min(t, R - 1)), ``F(t, m)`` = best G of a subtree with at most m nodes, ``F(D, m) = 1``::
+depth t of its root, the drafter of its root and its node budget, so, as in :mod:`~sequoia_opt.solver.depth`,
+tables are built from the deepest level up in left-child / right-sibling form (Sequoia sections 3.2 / 4.1).
+For a parent at depth t (row = min(t, R - 1)), ``F(t, m)`` = best G of a subtree rooted at a light node (or
+the root) with at most m nodes, ``Fs(t, m)`` = the same rooted at a strong node, ``F(D, m) = Fs(D, m) = 1``::
 
-    L(i, m)    = max(0, max_s light[row, i] * F(t+1, s) + L(i+1, m-s))         light ranks i.. (may stop)
-    S_a(j, m)  = max(0, max_s strong[a][row, j] * F(t+1, s) + S_a(j+1, m-s))   strong ranks j >= 1 (may stop)
-    H_a(a, m)  = max_{s>=1} strong[a][row, 0] * F(t+1, s) + S_a(1, m-s)       strong rank 0 (mandatory)
-    H_a(i, m)  = max_{s>=1} light[row, i] * F(t+1, s) + H_a(i+1, m-s)        light ranks i < a (mandatory)
+    L(i, m)    = max(0, max_s light[row, i] * F(t+1, s) + L(i+1, m-s))          light ranks i.. (may stop)
+    S_a(j, m)  = max(0, max_s strong[a][row, j] * Fs(t+1, s) + S_a(j+1, m-s))   strong ranks j >= 1 (may stop)
+    H_a(a, m)  = max_{s>=1} strong[a][row, 0] * Fs(t+1, s) + S_a(1, m-s)       strong rank 0 (mandatory)
+    H_a(i, m)  = max_{s>=1} light[row, i] * F(t+1, s) + H_a(i+1, m-s)         light ranks i < a (mandatory)
     F(t, m)    = 1 + max(L(0, m-1), max over allowed a of H_a(0, m-1))
+    Ls(j, m)   = max(0, max_s strong[0][row, j] * Fs(t+1, s) + Ls(j+1, m-s))   a strong node's ranks (may stop)
+    Fs(t, m)   = 1 + Ls(0, m-1)                       (Ls = 0, strong leaves, without an a = 0 vector)
 
-(``-inf`` where the mandatory children do not fit). Option (ii) is allowed only at parent depths in
-``graft_depths`` and only while ``a + b <= max_branching``. Every tree the DP builds satisfies the rules of
-:func:`graft_expected_tokens` and every such tree is in its search space, so the table is the exact maximum of
-G (tests check it against :func:`brute_force_graft` for every budget <= 7 and depth <= 4). Cost per depth
-limit d: O(d * (K0 + sum_a (a + K1)) * n^2 / 2) multiply-add-max steps, compiled with numba.
+(``-inf`` where the mandatory children do not fit). With ``light_under_strong=True``, ``Fs = F`` (a strong
+node's children are (i) / (ii) like any node's; the pre-rule DP). Option (ii) is allowed only at parent
+depths in ``graft_depths`` and only while ``a + b <= max_branching``. ``graft_depths`` limits where the strong
+drafter grafts next to light siblings (under light parents), not a strong node's own children: below a strong
+node its recovered path goes on wherever the depth limit allows (at run time the strong drafter proposes
+those children from its forwards over its own path), limited only by the optional ``strong_path_depths`` (the parent depths where Ls may
+be non-zero; :func:`solve_graft` tries all and none). Every tree the DP builds satisfies the rules of
+:func:`graft_expected_tokens` (and, by default, the policy's) and every such tree is in its search space, so
+the table is the exact maximum of G (tests check it against :func:`brute_force_graft` under both settings for
+every budget <= 7 and depth <= 4). Cost per depth limit d: O(d * (K0 + K1 + sum_a (a + K1)) * n^2 / 2)
+multiply-add-max steps, compiled with numba.
 
 Hardware-aware choice (an approximation, :func:`solve_graft`). The step cost depends on the per-drafter
 processed level widths, not on G alone, so tokens per second are not maximised exactly: the DP-optimal tree
@@ -65,15 +88,24 @@ is scored for every budget m on :func:`~sequoia_opt.solver.hardware.budget_grid`
 and every plan of a small family, and the best by tokens/s is kept. The plans: a grafting set (the parent
 depths where strong children may be grafted) among none (light only), the prefixes {0}, {0, 1}, .., all
 depths, each single depth and each suffix {j..D-1}; and "strong only" (the DP over the strong's own vector).
-A tree that gives up some G for a cheaper step outside that family is missed. Measured against
-:func:`brute_force_graft` (every valid tree) on 1000 random cases (tests/test_graft_solver.py's generator,
-seeds 0..999: K0, K1 <= 3, one or two depth rows, random strong keys, synthetic curves with random slopes,
-the strong per-level or one-pass; budgets 4..7, depth 2..4, branching 2..4): the worst ratio solve_graft /
-brute-force best tokens/s was 0.9839 (seed 927), the mean 0.99992, 990 of 1000 exact. With the prefixes and
-single depths only (no suffixes, no strong-only plan) the worst was 0.9712 and the mean 0.99982. On equal G
-the reconstruction puts nodes under fewer parents (fewer nodes to draft); with the opposite tie rule (the
-smallest child subtree first, as solver/dp.py) the worst was 0.9622. The test asserts >= 0.98 on 14 of
-these cases, the worst two included.
+By default each plan is tried twice: the strong's recovered paths allowed at every depth, and strong nodes as
+leaves (``strong_path_depths`` all / none). A tree that gives up some G for a cheaper step outside that
+family is missed. Measured against :func:`brute_force_graft` (every valid tree under the same rule) on 1000
+random cases (tests/test_graft_solver.py's generator, seeds 0..999: K0, K1 <= 3, one or two depth rows,
+random strong keys, synthetic curves with random slopes, the strong per-level or one-pass; budgets 4..7,
+depth 2..4, branching 2..4), the ratio solve_graft / brute-force best tokens/s:
+
+- the default (no light node under a strong one): worst 0.9839 (seed 927), then 0.9858 (seed 54), mean
+  0.99994, 992 of 1000 exact, no chosen tree with a light node under a strong one. Without the strong-leaves
+  variant the worst was 0.9754 (seed 555: the G-optimal trees extend the strong's path one level deeper,
+  which costs a second strong forward; the best tree stops it at the graft) and the mean 0.99989;
+- ``light_under_strong=True``: worst 0.9839 (seed 927), then 0.9864 (seed 378), mean 0.99992, 990 of 1000
+  exact (92 chosen trees have a light node under a strong one). With the prefixes and single depths only
+  (no suffixes, no strong-only plan) the worst was 0.9712 and the mean 0.99982.
+
+On equal G the reconstruction puts nodes under fewer parents (fewer nodes to draft); with the opposite tie
+rule (the smallest child subtree first, as solver/dp.py) the worst was 0.9622 (light under strong allowed).
+The test asserts >= 0.98 on 17 of these cases, the worst two of each setting and seed 555 included.
 
 Baselines (:func:`graft_baselines`): each drafter alone with its own best tree
 (:func:`~sequoia_opt.solver.hardware.choose`), and the SpecInfer merge (Miao et al. 2024, section 4: the
@@ -313,10 +345,14 @@ def pair_curve(target_curve: LatencyCurve, draft_curve: LatencyCurve) -> Latency
 
 # ---------------------------------------------------------------------------------------------- the DP
 @njit(cache=True)
-def _graft_tables(P, Q, akeys, K1s, allow, n, D, B):  # pragma: no cover - compiled
+def _graft_tables(P, Q, akeys, K1s, allow, sallow, n, D, B, lus):  # pragma: no cover - compiled
     """Tables for depth limit D (module docstring). P: (R, K0) light rows; Q: (NA, R, K1max) strong rows per
     key (rows padded by repeating the last, ranks past K1s[k] zero); akeys: (NA,) ascending; allow: (D,) bool
-    per parent depth. Returns F (D+1, n+1), L (D, Kl+1, n), S (D, NA, K1max+1, n), H (D, NA, amax+1, n)."""
+    per parent depth (grafts under light parents); sallow: (D,) bool per parent depth, a strong node may have
+    children there (without lus); lus: light children allowed under strong nodes (then a strong node's
+    subtree is scored by F like any node's, and Ls is not filled). Returns F (D+1, n+1), L (D, Kl+1, n),
+    S (D, NA, K1max+1, n), H (D, NA, amax+1, n), Fs (D+1, n+1) and Ls (D, Ks+1, n) (the strong-rooted
+    subtrees: a chain over the a = 0 vector's ranks, Ks = min(its K1, B), 0 without an a = 0 vector)."""
     R = P.shape[0]
     K0 = P.shape[1]
     NA = akeys.shape[0]
@@ -326,16 +362,36 @@ def _graft_tables(P, Q, akeys, K1s, allow, n, D, B):  # pragma: no cover - compi
     for k in range(NA):
         if akeys[k] > amax:
             amax = akeys[k]
+    k0 = 0 if NA > 0 and akeys[0] == 0 else -1  # the index of key a = 0 (the strong's own vector)
+    Ks = 0
+    if k0 == 0:
+        Ks = K1s[0] if K1s[0] < B else B
     F = np.zeros((D + 1, n + 1))
     L = np.zeros((D, Kl + 1, n))
     S = np.zeros((D, NA, K1m + 1, n))
     H = np.full((D, NA, amax + 1, n), _NEG)
+    Fs = np.zeros((D + 1, n + 1))
+    Ls = np.zeros((D, Ks + 1, n))
     for m in range(1, n + 1):
         F[D, m] = 1.0
+        Fs[D, m] = 1.0
     best = np.zeros(n)
     for t in range(D - 1, -1, -1):
         row = t if t < R else R - 1
         fch = F[t + 1]
+        if not lus and sallow[t]:  # a strong node's children: the strong's own ranks, strong-rooted subtrees
+            fsn = Fs[t + 1]
+            for j in range(Ks - 1, -1, -1):  # "at most" chain with the stop option (0); Ls[t, Ks] = 0
+                qj = Q[0, row, j]
+                for s in range(1, n):
+                    c = qj * fsn[s]
+                    for m in range(s, n):
+                        v = c + Ls[t, j + 1, m - s]
+                        if v > Ls[t, j, m]:
+                            Ls[t, j, m] = v
+        for m in range(1, n + 1):  # without strong children here (Ls = 0), strong nodes are leaves
+            Fs[t, m] = 1.0 + Ls[t, 0, m - 1]
+        sch = F[t + 1] if lus else Fs[t + 1]  # the value of a strong child's subtree
         for i in range(Kl - 1, -1, -1):  # light chain, "at most" with the stop option (0)
             pi = P[row, i]
             for s in range(1, n):
@@ -355,14 +411,14 @@ def _graft_tables(P, Q, akeys, K1s, allow, n, D, B):  # pragma: no cover - compi
                 for j in range(kb - 1, 0, -1):  # strong ranks 1.. (may stop); S[t, k, kb] = 0
                     qj = Q[k, row, j]
                     for s in range(1, n):
-                        c = qj * fch[s]
+                        c = qj * sch[s]
                         for m in range(s, n):
                             v = c + S[t, k, j + 1, m - s]
                             if v > S[t, k, j, m]:
                                 S[t, k, j, m] = v
                 q0 = Q[k, row, 0]
                 for s in range(1, n):  # strong rank 0, mandatory
-                    c = q0 * fch[s]
+                    c = q0 * sch[s]
                     for m in range(s, n):
                         v = c + S[t, k, 1, m - s]
                         if v > H[t, k, a, m]:
@@ -382,20 +438,24 @@ def _graft_tables(P, Q, akeys, K1s, allow, n, D, B):  # pragma: no cover - compi
                         best[m] = H[t, k, 0, m]
         for m in range(1, n + 1):
             F[t, m] = 1.0 + best[m - 1]
-    return F, L, S, H
+    return F, L, S, H, Fs, Ls
 
 
 @njit(cache=True)
-def _graft_reconstruct(P, Q, akeys, K1s, allow, B, F, L, S, H, m, parent, rank, drafter, depth):  # pragma: no cover
+def _graft_reconstruct(P, Q, akeys, K1s, allow, B, lus, F, L, S, H, Fs, Ls, m, parent, rank, drafter,
+                       depth):  # pragma: no cover - compiled
     """The optimal tree with at most m nodes for one depth limit's tables, depth-first order (parents before
     children). Ties prefer the light-only option, then the smaller a; within a chain, stopping, then the
     largest child subtree (at equal G that puts the nodes under fewer parents, so fewer nodes need a draft
-    forward: it matters to the per-drafter cost). Returns the number of nodes."""
+    forward: it matters to the per-drafter cost). Without ``lus`` a strong node's children are the strong
+    chain of Ls / Fs. Returns the number of nodes."""
     R = P.shape[0]
     K0 = P.shape[1]
     Kl = K0 if K0 < B else B
     NA = akeys.shape[0]
     D = F.shape[0] - 1
+    Ks = Ls.shape[1] - 1
+    SF = F if lus else Fs  # the value table of a strong child's subtree
     stack_node = np.empty(m, dtype=np.int64)
     stack_budget = np.empty(m, dtype=np.int64)
     parent[0] = -1
@@ -415,6 +475,29 @@ def _graft_reconstruct(P, Q, akeys, K1s, allow, B, F, L, S, H, m, parent, rank, 
             continue
         row = t if t < R else R - 1
         r = bud - 1
+        if drafter[v] == 1 and not lus:  # a strong node: the strong's own ranks, strong subtrees
+            j = 0
+            while j < Ks and r > 0:
+                tg = Ls[t, j, r]
+                tl = 1e-12 * (tg if tg > 1.0 else 1.0)
+                if tg <= tl:
+                    break
+                best_s = r
+                for s in range(r, 0, -1):
+                    if Q[0, row, j] * Fs[t + 1, s] + Ls[t, j + 1, r - s] >= tg - tl:
+                        best_s = s
+                        break
+                parent[count] = v
+                rank[count] = j
+                drafter[count] = 1
+                depth[count] = t + 1
+                stack_node[top] = count
+                stack_budget[top] = best_s
+                top += 1
+                count += 1
+                r -= best_s
+                j += 1
+            continue
         target = F[t, bud] - 1.0
         tol = 1e-12 * (target if target > 1.0 else 1.0)
         if target <= tol:
@@ -460,7 +543,7 @@ def _graft_reconstruct(P, Q, akeys, K1s, allow, B, F, L, S, H, m, parent, rank, 
                         nx = H[t, k, i + 1, r - s]
                         val = P[row, i] * F[t + 1, s] + nx if nx > 0.5 * _NEG else _NEG
                     else:
-                        val = Q[k, row, 0] * F[t + 1, s] + S[t, k, 1, r - s]
+                        val = Q[k, row, 0] * SF[t + 1, s] + S[t, k, 1, r - s]
                     if val >= tg - tl:
                         best_s = s
                         break
@@ -481,7 +564,7 @@ def _graft_reconstruct(P, Q, akeys, K1s, allow, B, F, L, S, H, m, parent, rank, 
                     break
                 best_s = r
                 for s in range(r, 0, -1):
-                    if Q[k, row, j] * F[t + 1, s] + S[t, k, j + 1, r - s] >= tg - tl:
+                    if Q[k, row, j] * SF[t + 1, s] + S[t, k, j + 1, r - s] >= tg - tl:
                         best_s = s
                         break
                 parent[count] = v
@@ -516,18 +599,18 @@ def _drafter_widths(parent, drafter, depth, cnt, levels):  # pragma: no cover - 
     return widths, counts
 
 
-def _normalize_graft_depths(graft_depths: Iterable[int] | None, D: int) -> frozenset[int]:
+def _normalize_graft_depths(graft_depths: Iterable[int] | None, D: int, what: str = "graft") -> frozenset[int]:
     if graft_depths is None:
         return frozenset(range(D))
     if isinstance(graft_depths, (str, bytes)):
-        raise SolverError(f"graft depths must be a set of parent depths (integers >= 0), got {graft_depths!r}")
+        raise SolverError(f"{what} depths must be a set of parent depths (integers >= 0), got {graft_depths!r}")
     try:
         items = list(graft_depths)
     except TypeError:
-        raise SolverError(f"graft depths must be a set of parent depths (integers >= 0), got {graft_depths!r}") from None
+        raise SolverError(f"{what} depths must be a set of parent depths (integers >= 0), got {graft_depths!r}") from None
     for t in items:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-            raise SolverError(f"graft depth {t!r} must be an integer >= 0 (the depth of the parent: 0 = the root)")
+            raise SolverError(f"{what} depth {t!r} must be an integer >= 0 (the depth of the parent: 0 = the root)")
     return frozenset(int(t) for t in items)
 
 
@@ -569,7 +652,12 @@ class GraftDPSolution:
     Attributes:
         acceptance: the value model.  max_nodes / max_depth / max_branching: n, D, B (B bounds a node's
             children of both drafters together).  graft_depths: parent depths where strong children may be
-            grafted (0 = the root's children).
+            grafted next to light siblings, under a light parent (0 = the root's children).
+        light_under_strong: False (the graft policy's rule): a strong node's children are strong nodes
+            (the strong's own vector), at the parent depths in ``strong_path_depths``; True: any children,
+            as any node's.
+        strong_path_depths: with ``light_under_strong`` False, the parent depths where a strong node may
+            have (strong) children (all by default; empty: strong nodes are leaves).
         table: (n+1, D+1) float64, ``table[m, d]`` = best G (tokens per step) with at most m nodes (root
             included) and depth at most d. Row 0 is 0, ``table[1, :] = 1``.
     """
@@ -581,6 +669,8 @@ class GraftDPSolution:
     graft_depths: frozenset[int]
     table: np.ndarray
     _packed: _Packed = field(repr=False)
+    light_under_strong: bool = False
+    strong_path_depths: frozenset[int] | None = None
 
     def _check(self, m: int | None, d: int | None) -> tuple[int, int]:
         m = self.max_nodes if m is None else _check_int("budget", m, 1)
@@ -601,18 +691,21 @@ class GraftDPSolution:
         :func:`graft_expected_tokens` equals ``table[m, d]`` up to rounding."""
         m, d = self._check(m, d)
         return _reconstruct_tree(self.acceptance.names, self._packed, self.max_nodes, d, self.max_branching,
-                                 self.graft_depths, m)
+                                 self.graft_depths, m, self.light_under_strong, self.strong_path_depths)
 
 
 def _reconstruct_tree(names: tuple[str, ...], pk: _Packed, n: int, d: int, B: int, gd: frozenset[int],
-                      m: int) -> DrafterTree:
-    """The DP-optimal tree for (m <= n, depth limit d, grafting set gd), tables rebuilt for d."""
+                      m: int, lus: bool, sd: frozenset[int] | None = None) -> DrafterTree:
+    """The DP-optimal tree for (m <= n, depth limit d, grafting set gd, light under strong allowed or not),
+    tables rebuilt for d."""
     if d == 0:
         return DrafterTree(Tree.chain(1), (0,), names)
+    sd = frozenset(range(d)) if sd is None else sd
     allow = _allow(gd, d)
-    tabs = _graft_tables(pk.P, pk.Q, pk.akeys, pk.K1s, allow, n, d, B)
+    sallow = _allow(sd, d)  # ignored when lus
+    tabs = _graft_tables(pk.P, pk.Q, pk.akeys, pk.K1s, allow, sallow, n, d, B, lus)
     arrays = [np.empty(m, dtype=np.int64) for _ in range(4)]
-    cnt = _graft_reconstruct(pk.P, pk.Q, pk.akeys, pk.K1s, allow, B, *tabs, m, *arrays)
+    cnt = _graft_reconstruct(pk.P, pk.Q, pk.akeys, pk.K1s, allow, B, lus, *tabs, m, *arrays)
     parent, rank, drafter, _ = (x[:cnt] for x in arrays)
     return DrafterTree.from_edges(parent.tolist(), rank.tolist(), drafter.tolist(), names, max_branching=B)
 
@@ -623,7 +716,8 @@ def _check_limits(acc: GraftAcceptance, max_nodes: int, max_depth: int, max_bran
     n = _check_int("budget", max_nodes, 1)
     D = _check_int("max depth", max_depth, 1)
     B = _check_int("max branching", max_branching, 1)
-    pk_rows = 1 + acc.light.shape[1] + sum(a + 1 + q.shape[1] for a, q in acc.strong.items())
+    pk_rows = 2 + acc.light.shape[1] + sum(a + 1 + q.shape[1] for a, q in acc.strong.items())
+    pk_rows += acc.strong[0].shape[1] if 0 in acc.strong else 0  # the strong-rooted chain (Fs, Ls)
     entries = D * pk_rows * n
     if entries > MAX_TABLE_ENTRIES:
         raise SolverError(f"budget {n}, depth {D} and these vectors need {entries:,} table entries (limit "
@@ -632,39 +726,62 @@ def _check_limits(acc: GraftAcceptance, max_nodes: int, max_depth: int, max_bran
 
 
 def solve_graft_dp(acc: GraftAcceptance, max_nodes: int, max_depth: int, *, max_branching: int = 32,
-                   graft_depths: Iterable[int] | None = None) -> GraftDPSolution:
+                   graft_depths: Iterable[int] | None = None, light_under_strong: bool = False,
+                   strong_path_depths: Iterable[int] | None = None) -> GraftDPSolution:
     """Solve the graft DP (module docstring) for every budget ``m <= max_nodes`` and depth limit
     ``d <= max_depth``: the exact maximum of :func:`graft_expected_tokens`.
 
     Args:
         acc: the conditional vectors.  max_nodes: budget n (nodes incl. the root, >= 1).  max_depth: D >= 1.
         max_branching: B >= 1, the most children (of both drafters) a node may have.
-        graft_depths: parent depths at which strong children may be grafted (0 = the root); None = all,
-            an empty set = light only.
+        graft_depths: parent depths at which strong children may be grafted next to light siblings, under a
+            light parent (0 = the root); None = all, an empty set = light only. They do not limit a strong
+            node's own (strong) children.
+        light_under_strong: False (default; what the graft policy runs): a strong node's children are strong
+            nodes only, the strong's own vector (``acc.strong[0]``; leaves without one). True: a strong node
+            may have any children (light ones, grafts), as any node, at the depths in ``graft_depths``.
+        strong_path_depths: with ``light_under_strong`` False only: the parent depths at which a strong node
+            may have (strong) children; None = all (the default), an empty set = strong nodes are leaves
+            (the strong drafter only grafts). :func:`solve_graft` tries both.
 
     Returns:
         :class:`GraftDPSolution` with ``table`` (n+1, D+1) in tokens per step.
 
     Raises:
-        SolverError: a bad model, budget / depth / branching < 1, a bad graft depth, or tables beyond
+        SolverError: a bad model, budget / depth / branching < 1, a bad graft or strong path depth,
+            ``strong_path_depths`` with ``light_under_strong`` True, or tables beyond
             :data:`~sequoia_opt.solver.dp.MAX_TABLE_ENTRIES`.
     """
     n, D, B = _check_limits(acc, max_nodes, max_depth, max_branching)
     gd = _normalize_graft_depths(graft_depths, D)
+    lus = _check_bool("light_under_strong", light_under_strong)
+    if lus and strong_path_depths is not None:
+        raise SolverError("strong_path_depths limits a strong node's strong-only children; with "
+                          "light_under_strong=True a strong node's children follow graft_depths like any node's")
+    sd = None if lus else _normalize_graft_depths(strong_path_depths, D, "strong path")
     pk = _pack(acc)
     table = np.zeros((n + 1, D + 1))
     table[1:, :] = 1.0
     for d in range(1, D + 1):
-        F, _, _, _ = _graft_tables(pk.P, pk.Q, pk.akeys, pk.K1s, _allow(gd, d), n, d, B)
+        sallow = _allow(frozenset(range(d)) if sd is None else sd, d)
+        F = _graft_tables(pk.P, pk.Q, pk.akeys, pk.K1s, _allow(gd, d), sallow, n, d, B, lus)[0]
         table[:, d] = F[0]
-    return GraftDPSolution(acc, n, D, B, gd, table, pk)
+    return GraftDPSolution(acc, n, D, B, gd, table, pk, lus, sd)
+
+
+def _check_bool(what: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise SolverError(f"{what} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def optimal_graft_tree(acc: GraftAcceptance, budget: int, max_depth: int, *, max_branching: int = 32,
-                       graft_depths: Iterable[int] | None = None) -> DrafterTree:
+                       graft_depths: Iterable[int] | None = None, light_under_strong: bool = False,
+                       strong_path_depths: Iterable[int] | None = None) -> DrafterTree:
     """The :class:`~sequoia_opt.tree.DrafterTree` maximising G with at most ``budget`` nodes and depth <=
-    ``max_depth`` (:func:`solve_graft_dp`; same errors)."""
-    return solve_graft_dp(acc, budget, max_depth, max_branching=max_branching, graft_depths=graft_depths).tree()
+    ``max_depth`` (:func:`solve_graft_dp`; same arguments and errors)."""
+    return solve_graft_dp(acc, budget, max_depth, max_branching=max_branching, graft_depths=graft_depths,
+                          light_under_strong=light_under_strong, strong_path_depths=strong_path_depths).tree()
 
 
 # ---------------------------------------------------------------------------------------------- choice
@@ -673,13 +790,17 @@ class GraftChoice:
     """The hardware-aware choice of a grafted tree (:func:`solve_graft`).
 
     Attributes:
-        dtree: the chosen tree (DP-optimal for ``plan``, ``budget``, ``depth`` and ``graft_depths``).
+        dtree: the chosen tree (DP-optimal for ``plan``, ``budget``, ``depth``, ``graft_depths`` and
+            ``strong_path_depths``).
         plan: ``light only`` (no grafting), ``graft`` or ``strong only`` (:func:`solve_graft`).
-        budget / depth / graft_depths: the DP limits that produced it.
+        budget / depth / graft_depths / strong_path_depths: the DP limits that produced it
+            (:func:`solve_graft_dp`; ``strong_path_depths`` is None when light nodes were allowed under
+            strong ones).
         expected_tokens: G (tokens per step).  cost: its :class:`~sequoia_opt.solver.hardware.StepCost`.
         drafter_ms: each drafter's draft time (ms), light first.
         plain_ms_per_token: T(1) + step_overhead_ms.  context: the context length used (None = smallest).
         candidates: the best distinct candidates, best first, as dicts (plan, budget, max_depth, graft_depths,
+            strong_path_depths,
             nodes, depth, nodes_per_drafter, level_widths, processed_widths, expected_tokens_per_step,
             draft_ms, drafter_ms, target_ms, overhead_ms, cost_ms, tokens_per_s, speedup).
         considered / skipped: candidates scored / skipped (a draft forward past a curve's measured range).
@@ -698,6 +819,7 @@ class GraftChoice:
     candidates: list[dict[str, Any]]
     considered: int
     skipped: int
+    strong_path_depths: tuple[int, ...] | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -721,12 +843,14 @@ def graft_depth_family(max_depth: int) -> list[frozenset[int]]:
 def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: Sequence[LatencyCurve], *,
                 budget: int, max_depth: int, context: int | None = None, max_branching: int = 32,
                 graft_depths_family: Sequence[Iterable[int]] | None = None, strong_only: bool = True,
-                top: int = 10) -> GraftChoice:
+                top: int = 10, light_under_strong: bool = False) -> GraftChoice:
     """Pick the grafted tree with the highest predicted tokens per second (the approximation of the module
     docstring): the DP-optimal tree of every (budget m on :func:`~sequoia_opt.solver.hardware.budget_grid`,
     depth limit d = 1..D, plan) scored by :func:`graft_step_cost`, where a plan is a grafting set of
     :func:`graft_depth_family` (the empty set = light only) or, when ``acc.strong`` has an a = 0 vector,
-    ``strong only`` (the DP over the strong's own vector, every node the strong's).
+    ``strong only`` (the DP over the strong's own vector, every node the strong's); without
+    ``light_under_strong`` each plan is tried with the strong's recovered paths allowed at every depth and
+    with strong nodes as leaves (``strong_path_depths`` all / none, :func:`solve_graft_dp`).
 
     Args:
         acc: the conditional vectors.  target_curve: T(n), overhead.  draft_curves: (light, strong) c(w).
@@ -734,10 +858,13 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
         max_branching: B, children per node (both drafters).  graft_depths_family: other grafting sets to try
             instead of the default family.  strong_only: also try the strong-only plan (when there is an
             a = 0 vector).  top: distinct candidates kept in the table.
+        light_under_strong: False (default; what the graft policy runs): no light node under a strong node
+            (:func:`solve_graft_dp`); True: allowed.
 
     Returns:
         :class:`GraftChoice`; its ``candidates`` rows carry ``plan`` (what the tree holds: ``light only``,
-        ``graft`` = both drafters' nodes, ``strong only``) and the ``graft_depths`` its DP was allowed.
+        ``graft`` = both drafters' nodes, ``strong only``) and the ``graft_depths`` and ``strong_path_depths``
+        its DP was allowed.
 
     Raises:
         SolverError: bad model / limits / curves count.  ProfileError: budget beyond the largest measured
@@ -750,6 +877,7 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
               else [_normalize_graft_depths(s, D) for s in graft_depths_family])
     if not family:
         raise SolverError("graft_depths_family is empty: give at least one set of parent depths")
+    lus = _check_bool("light_under_strong", light_under_strong)
     pk = _pack(acc)
     plans = [("graft", pk, gd) for gd in family]
     if strong_only and 0 in acc.strong:
@@ -763,13 +891,17 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
     arrays = [np.empty(n, dtype=np.int64) for _ in range(4)]
     for d in range(1, D + 1):
         todo = {}
+        every = frozenset(range(d))
+        paths = (every,) if lus else (every, frozenset())
         for name, packed, gd in plans:  # grafting sets that differ only below the depth limit are one plan
-            todo.setdefault((name, id(packed), gd & frozenset(range(d))), (name, packed, gd & frozenset(range(d))))
-        for name, packed, gd in sorted(todo.values(), key=lambda x: (x[0], len(x[2]), sorted(x[2]))):
+            for sd in paths:
+                todo.setdefault((name, id(packed), gd & every, sd), (name, packed, gd & every, sd))
+        for name, packed, gd, sd in sorted(todo.values(), key=lambda x: (x[0], len(x[2]), sorted(x[2]), -len(x[3]))):
             allow = _allow(gd, d)
-            tabs = _graft_tables(packed.P, packed.Q, packed.akeys, packed.K1s, allow, n, d, B)
+            tabs = _graft_tables(packed.P, packed.Q, packed.akeys, packed.K1s, allow, _allow(sd, d), n, d, B, lus)
             for m in grid:
-                cnt = _graft_reconstruct(packed.P, packed.Q, packed.akeys, packed.K1s, allow, B, *tabs, m, *arrays)
+                cnt = _graft_reconstruct(packed.P, packed.Q, packed.akeys, packed.K1s, allow, B, lus, *tabs, m,
+                                         *arrays)
                 parent, rank, drafter, depth = (x[:cnt] for x in arrays)
                 levels = int(depth.max()) + 1
                 widths, counts = _drafter_widths(parent, drafter, depth, cnt, levels)
@@ -792,7 +924,8 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
                 lw = np.bincount(depth, minlength=levels)
                 plan = "graft" if counts[0] and counts[1] else ("strong only" if counts[1] else "light only")
                 row = {
-                    "plan": plan, "budget": m, "max_depth": d, "graft_depths": sorted(gd), "nodes": cnt,
+                    "plan": plan, "budget": m, "max_depth": d, "graft_depths": sorted(gd),
+                    "strong_path_depths": None if lus else sorted(sd), "nodes": cnt,
                     "depth": levels - 1, "nodes_per_drafter": [int(x) for x in counts],
                     "level_widths": [int(x) for x in lw],
                     "processed_widths": [[int(x) for x in widths[k]] for k in range(2)],
@@ -810,13 +943,14 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
     scored.sort(key=lambda x: x[0])
     _, best, packed = scored[0]
     dtree = _reconstruct_tree(acc.names, packed, n, best["max_depth"], B, frozenset(best["graft_depths"]),
-                              best["budget"])
+                              best["budget"], lus, frozenset(best["strong_path_depths"] or ()))
     cost = graft_step_cost(dtree, target_curve, curves, context, expected_tokens=best["expected_tokens_per_step"])
     return GraftChoice(
         dtree=dtree, plan=best["plan"], budget=best["budget"], depth=best["max_depth"],
         graft_depths=tuple(best["graft_depths"]), expected_tokens=best["expected_tokens_per_step"], cost=cost,
         drafter_ms=drafter_costs_ms(dtree, curves, context), plain_ms_per_token=plain_ms_per_token(target_curve, context),
         context=context, candidates=[r for _, r, _ in scored[: max(1, top)]], considered=len(scored), skipped=skipped,
+        strong_path_depths=None if lus else tuple(best["strong_path_depths"]),
     )
 
 
@@ -938,7 +1072,8 @@ class BruteForceGraft:
 
 
 def _patterns(acc: GraftAcceptance, B: int) -> list[tuple[int, ...]]:
-    """The allowed label sequences of a node's children (module docstring), non-empty."""
+    """The allowed label sequences of a node's children (module docstring), non-empty: light ranks, or light
+    ranks then strong conditional ranks."""
     out = [(0,) * c for c in range(1, min(acc.light.shape[1], B) + 1)]
     for a in acc.keys:
         for b in range(1, min(acc.strong[a].shape[1], B - a) + 1):
@@ -946,13 +1081,23 @@ def _patterns(acc: GraftAcceptance, B: int) -> list[tuple[int, ...]]:
     return out
 
 
+def _strong_patterns(acc: GraftAcceptance, B: int) -> list[tuple[int, ...]]:
+    """The allowed label sequences of a strong node's children when no light node may lie under a strong one:
+    the strong's own ranks (none without an a = 0 vector)."""
+    if 0 not in acc.strong:
+        return []
+    return [(1,) * b for b in range(1, min(acc.strong[0].shape[1], B) + 1)]
+
+
 def brute_force_graft(acc: GraftAcceptance, target_curve: LatencyCurve | None,
                       draft_curves: Sequence[LatencyCurve] | None, budget: int, max_depth: int,
-                      max_branching: int = 32) -> BruteForceGraft:
-    """Enumerate every valid two-drafter tree (strong grafts allowed at every depth) with at most ``budget``
-    nodes, depth <= ``max_depth``, at most ``max_branching`` children per node, score each with
-    :func:`graft_expected_tokens` and (with curves) :func:`graft_step_cost`; trees whose draft forwards lie
-    outside a curve's measured range are not scored by tokens/s. For tests: refused above 7 nodes.
+                      max_branching: int = 32, *, light_under_strong: bool = False) -> BruteForceGraft:
+    """Enumerate every valid two-drafter tree (strong grafts allowed at every depth; with
+    ``light_under_strong`` False, the default, a strong node's children are the strong's own ranks only, as
+    in :func:`solve_graft_dp`) with at most ``budget`` nodes, depth <= ``max_depth``, at most
+    ``max_branching`` children per node, score each with :func:`graft_expected_tokens` and (with curves)
+    :func:`graft_step_cost`; trees whose draft forwards lie outside a curve's measured range are not scored by
+    tokens/s. For tests: refused above 7 nodes.
 
     Raises:
         SolverError: a budget above 7 (the count grows exponentially), bad limits.
@@ -960,23 +1105,25 @@ def brute_force_graft(acc: GraftAcceptance, target_curve: LatencyCurve | None,
     n, D, B = _check_limits(acc, budget, max_depth, max_branching)
     if n > 7:
         raise SolverError(f"brute force enumerates every tree; budget {n} is too large (at most 7)")
-    pats = _patterns(acc, B)
+    lus = _check_bool("light_under_strong", light_under_strong)
+    pats = (_patterns(acc, B), _patterns(acc, B) if lus else _strong_patterns(acc, B))
 
     @functools.lru_cache(maxsize=None)
-    def gen(t: int, s: int) -> tuple:
-        """All subtrees rooted at depth t with exactly s nodes: tuples of (label, subtree) children."""
+    def gen(t: int, s: int, label: int) -> tuple:
+        """All subtrees rooted at depth t at a node of drafter ``label`` with exactly s nodes: tuples of
+        (label, subtree) children."""
         if s == 1:
             return ((),)
         if t >= D:
             return ()
         out = []
-        for pat in pats:
+        for pat in pats[label]:
             c = len(pat)
             if c > s - 1:
                 continue
             for cut in itertools.combinations(range(1, s - 1), c - 1):  # compositions of s - 1 into c parts
                 parts = [b - a for a, b in zip((0,) + cut, cut + (s - 1,))]
-                for kids in itertools.product(*(gen(t + 1, x) for x in parts)):
+                for kids in itertools.product(*(gen(t + 1, x, k) for x, k in zip(parts, pat))):
                     out.append(tuple(zip(pat, kids)))
         return tuple(out)
 
@@ -997,7 +1144,7 @@ def brute_force_graft(acc: GraftAcceptance, target_curve: LatencyCurve | None,
     best, best_cost, by_size, count = None, None, {}, 0
     curves = None if draft_curves is None else _check_curves(draft_curves, 2)
     for s in range(1, n + 1):
-        for sub in gen(0, s):
+        for sub in gen(0, s, 0):
             count += 1
             dt = build(sub)
             g = graft_expected_tokens(dt, acc)
