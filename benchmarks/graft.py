@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="greedy,sampling", help="greedy, sampling or both (default)")
     ap.add_argument("--budget", type=int, default=None, help="largest tree, nodes incl. the root (default: max timed)")
     ap.add_argument("--max-depth", type=int, default=8)
+    ap.add_argument("--no-reselect", action="store_true",
+                    help="skip the scheduled tree with graft positions re-selected from the strong drafter's scores")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=Path("results/graft"))
     args = ap.parse_args(argv)
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             except ProfileError as err:
                 sched_card = {"not trained": str(err)}
         entries = graft_entries(plans, light.new_drafter, strong.new_drafter, scheduler=scheduler,
-                                scheduled_metadata=sched_meta)
+                                scheduled_metadata=sched_meta, reselect=not args.no_reselect)
         print(f"[{mode}] running {len(entries)} configurations on {n_eval} eval prompts", file=sys.stderr, flush=True)
         run = run_trees(base.target, None, entries, eval_ids, max_new_tokens=new_tokens, temperature=T, eos_ids=eos,
                         progress=progress, settings={"target": tname, "benchmark": "graft", "mode": mode})
@@ -151,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         singles = [r for r in rows if r["config"] in ("light alone", "strong alone")]
         best_single = max(singles, key=lambda r: r["tokens_per_s"])
         sched = next((r for r in rows if r["config"] == "graft (scheduled)"), None)
+        resel = next((r for r in rows if r["config"] == "graft (scheduled, re-selected)"), None)
         static = next((r for r in rows if r["config"] == "graft (static)"), None)
         ok &= run.greedy_ok or T > 0
         doc["modes"][mode] = {
             "temperature": T, "plain_tokens_per_s": plain.tokens_per_s, "rows": rows,
             "best_single": best_single["config"],
+            "reselected_over_best_single": resel and resel["tokens_per_s"] / best_single["tokens_per_s"],
             "scheduled_over_best_single": sched and sched["tokens_per_s"] / best_single["tokens_per_s"],
             "static_over_best_single": static and static["tokens_per_s"] / best_single["tokens_per_s"],
             "solver": {"plan": plans.choice.plan, "graft_depths": list(plans.choice.graft_depths),
@@ -182,7 +186,7 @@ def _print_mode(mode: str, T: float, plain_tps: float, rows: list[dict], d: dict
               f"{pred if pred is None else f'{pred:.3f}'} / {r['tokens_per_step']:.3f} "
               f"({'-' if not err else f'{100 * err:+.1f} %'}) | {'-' if calls is None else f'{calls:.2f}'} | "
               f"{'-' if r['equals_plain'] is None else ('yes' if r['equals_plain'] else 'NO')} |")
-    for key in ("scheduled_over_best_single", "static_over_best_single"):
+    for key in ("scheduled_over_best_single", "reselected_over_best_single", "static_over_best_single"):
         if d[key]:
             print(f"{key.replace('_', ' ')} ({d['best_single']}): {d[key]:.3f}")
     card = d["scheduler"]["card"]

@@ -157,11 +157,15 @@ def scheduled_prediction(expected_tokens: float, samples: Sequence[SchedulerSamp
 
 def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[[], Any], *,
                   scheduler: GraftScheduler | None = None, scheduled_metadata: TreeMetadata | None = None,
+                  reselect: bool = False,
                   names: Sequence[str] = ("light alone", "strong alone", "specinfer merge", "graft (static)",
-                                          "graft (scheduled)")) -> list[TreeEntry]:
+                                          "graft (scheduled)", "graft (scheduled, re-selected)")
+                  ) -> list[TreeEntry]:
     """The plans as run entries (module docstring). ``light`` / ``strong`` make a fresh drafter each (each
     decoder binds its own); ``scheduler`` adds the scheduled grafted tree (with ``scheduled_metadata`` for its
-    prediction, :func:`scheduled_prediction`)."""
+    prediction, :func:`scheduled_prediction`); ``reselect`` adds it again with the graft positions
+    re-selected each step from the strong drafter's scores (:class:`GraftPolicy` ``reselect``; its prediction
+    is the fixed positions', a lower bound)."""
     p = plans.profiles
     dn = (p.light, p.strong)
     dt = plans.choice.dtree
@@ -177,6 +181,10 @@ def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[
             out.append(TreeEntry(names[4], dt.tree, scheduled_metadata or plans.metadata["graft"],
                                  drafter="+".join(dn),
                                  policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt, scheduler)))
+        if reselect:
+            out.append(TreeEntry(names[5], dt.tree, scheduled_metadata or plans.metadata["graft"],
+                                 drafter="+".join(dn), policy=lambda: GraftPolicy.from_drafter_tree(
+                                     light(), strong(), dt, scheduler, reselect=True)))
     return out
 
 

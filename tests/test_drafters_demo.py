@@ -53,3 +53,32 @@ def test_every_drafter_is_greedy_exact_on_the_demo_pair(demo, spec):
             steps += res.num_steps
     # every drafter got tokens accepted somewhere (fewer steps than tokens), so the trees were really used
     assert steps < sum(len(r) for r in refs) * len(TREES)
+
+
+GRAFT_PLAN = Tree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0]])
+GRAFT_LABELS = [0] + [int(tuple(c) in {(2,), (2, 0), (1, 0), (0, 1)}) for c in GRAFT_PLAN.choices()]
+
+
+@pytest.mark.parametrize("light,strong", [("lookup", None), (None, "self:24"), ("lookup", "self:8")])
+def test_two_drafters_in_one_tree_are_greedy_exact_on_the_demo_pair(demo, light, strong):
+    """Mixed provenance on the real pair: the grafted tree (light part + strong grafts) and SpecInfer's merge
+    decode exactly as plain greedy decoding, and nodes of both drafters are accepted."""
+    pair, ids, refs = demo
+    from sequoia_opt.decoding.multidraft import MultiDraftDecoder
+    from sequoia_opt.decoding.policies import GraftPolicy, MergePolicy
+    from sequoia_opt.pipeline import ModelPair, parse_drafter_spec
+
+    def maker(spec):
+        d = parse_drafter_spec(spec)
+        return ModelPair(pair.target, pair.draft, pair.tokenizer, pair.target_name, d.label, d).new_drafter
+
+    mk_light, mk_strong = maker(light), maker(strong)
+    accepted = set()
+    for policy in (lambda: GraftPolicy(mk_light(), mk_strong(), GRAFT_PLAN, GRAFT_LABELS),
+                   lambda: MergePolicy([mk_light(), mk_strong()], [TREES[1], TREES[0]])):
+        dec = MultiDraftDecoder(pair.target, policy(), eos_ids=pair.tokenizer.eos_ids, max_len=1024)
+        for p, ref in zip(ids, refs):
+            res = dec.generate(p, 40)
+            assert res.tokens == ref, (light, strong, pair.tokenizer.decode(res.tokens))
+            accepted.update(d for s in res.steps for d in s.accepted_drafters)
+    assert accepted == {0, 1}

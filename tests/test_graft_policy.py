@@ -213,3 +213,40 @@ def test_decoder_with_several_drafters_samples_the_target_distribution(trials, k
             first[acc.tokens[0]] += 1
     tol = 0.035 if trials < 10_000 else 0.01
     assert _tv(first, p1) < tol, _tv(first, p1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_reselected_grafts_go_where_the_strong_drafter_scores_highest(target, drafts, temperature):
+    """Re-selection moves the plan's leaf grafts under light parents of one depth (here depth 1: the plan's
+    [1, 0] and [0, 1]) to the pairs (light node v, token t) with the highest P_strong(path to v) * q_strong(t | v),
+    recomputed here from cache-free forwards of the strong model; the tree keeps the plan's size and depths, no
+    sibling repeats a token, greedy output is unchanged, and sampling (point masses) runs."""
+    strong = drafts["strong"]
+    pol = GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(strong), PLAN, LABELS, reselect=True)
+    assert pol.reselect_levels == {1: 2}  # the root's graft [2] has a child: its position stays
+    dec = MultiDraftDecoder(target, pol, max_len=128, temperature=temperature,
+                            generator=torch.Generator().manual_seed(3))
+    prompt = PROMPTS[3]
+    state = dec.start(prompt, 10)
+    tree = dec.draft(state)
+    assert tree.n == PLAN.size and sorted(tree.depth) == sorted(PLAN.depth.tolist())
+    for node in range(tree.n):
+        toks = [tree.tokens[c] for c in tree.children[node]]
+        assert len(set(toks)) == len(toks)
+    with torch.inference_mode():
+        q_root = strong(torch.tensor([prompt]))[0, -1].float().softmax(-1)
+        pairs = []
+        for v in (1, 2):  # the light depth-1 nodes the strong drafter runs over ([0] and [1])
+            tok = tree.tokens[v]
+            q_v = strong(torch.tensor([prompt + [tok]]))[0, -1].float().softmax(-1)
+            light_kids = {tree.tokens[c] for c in tree.children[v] if tree.source[c] == 0}
+            pairs += [(float(q_root[tok] * q_v[t]), v, t) for t in range(q_v.numel()) if t not in light_kids]
+    want = sorted(((v, t) for _, v, t in sorted(pairs, reverse=True)[:2]))
+    got = sorted((tree.parent[c], tree.tokens[c]) for c in range(tree.n)
+                 if tree.source[c] == 1 and tree.depth[c] == 2 and tree.parent[c] in (1, 2))
+    assert got == want
+    if temperature == 0:
+        for p in PROMPTS:
+            assert dec.generate(p, 20).tokens == _plain(target, p)
+    else:
+        assert len(dec.generate(PROMPTS[2], 20).tokens) == 20

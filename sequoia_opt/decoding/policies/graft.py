@@ -85,6 +85,10 @@ class GraftPolicy(DraftingPolicy):
         plan_drafter: per plan node, 0 (light) or 1 (strong); the root's entry is ignored.
         names: the two drafters' labels (for reports).
         scheduler: the :class:`GraftScheduler` (default :class:`AlwaysGraft`: a static grafted tree).
+        reselect: re-select the graft positions each step from the strong drafter's scores (TreeGraft's
+            re-scoring; :meth:`_reselect`): at every depth where the plan grafts leaves only, its number of
+            grafts goes to the light nodes whose root path and next token the strong drafter rates highest,
+            among the nodes it runs over anyway (the same cost). Default False: the plan's positions.
 
     Raises:
         DecodingError: a plan :func:`check_graft_plan` refuses; a strong drafter that cannot run over a shared
@@ -94,7 +98,8 @@ class GraftPolicy(DraftingPolicy):
     wants_confidence = True
 
     def __init__(self, light: Drafter, strong: Drafter, plan: Tree, plan_drafter: Sequence[int],
-                 names: Sequence[str] = ("light", "strong"), scheduler: GraftScheduler | None = None) -> None:
+                 names: Sequence[str] = ("light", "strong"), scheduler: GraftScheduler | None = None,
+                 reselect: bool = False) -> None:
         check_graft_plan(plan, plan_drafter)
         light, strong = as_drafter(light), as_drafter(strong)
         self.drafters = (light, strong)
@@ -135,6 +140,19 @@ class GraftPolicy(DraftingPolicy):
             if lvl:
                 self.strong_levels.append(lvl)
         self.strong_processed = frozenset(need)
+        # re-selection: per parent depth j, the grafts under light parents there, where every one is a leaf
+        # (the plan's grafted subtrees keep their positions)
+        self.reselect = bool(reselect)
+        self.reselect_levels: dict[int, int] = {}
+        blocked: set[int] = set()
+        for p in strong_nodes:
+            if plan.parent[p] == 0 or lab[plan.parent[p]] == 0:
+                j = int(depth[plan.parent[p]])
+                if plan.children[p]:
+                    blocked.add(j)
+                self.reselect_levels[j] = self.reselect_levels.get(j, 0) + 1
+        for j in blocked:
+            self.reselect_levels.pop(j, None)
         self.light_spine = [j for j in self._light_spine()]
         self.recent_accepted = 0.0
         self.drafter_ms, self.drafter_calls = [0.0, 0.0], [0, 0]
@@ -152,12 +170,12 @@ class GraftPolicy(DraftingPolicy):
         return out
 
     @classmethod
-    def from_drafter_tree(cls, light: Drafter, strong: Drafter, dtree, scheduler: GraftScheduler | None = None
-                          ) -> "GraftPolicy":
+    def from_drafter_tree(cls, light: Drafter, strong: Drafter, dtree, scheduler: GraftScheduler | None = None,
+                          reselect: bool = False) -> "GraftPolicy":
         """From a :class:`~sequoia_opt.tree.DrafterTree` (two drafters, light first)."""
         if len(dtree.names) != 2:
             raise DecodingError(f"a graft plan names two drafters (light, strong); this one names {list(dtree.names)}")
-        return cls(light, strong, dtree.tree, dtree.drafter, dtree.names, scheduler)
+        return cls(light, strong, dtree.tree, dtree.drafter, dtree.names, scheduler, reselect)
 
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
@@ -208,11 +226,16 @@ class GraftPolicy(DraftingPolicy):
         tokens[: tree.n] = torch.tensor(tree.tokens, dtype=torch.int64, device=device)
         depth = torch.tensor(self.step_depth, dtype=torch.int64, device=device)
         anc = torch.from_numpy(ancestor_matrix(self.step_parent)).to(device)
+        path_p = {0: 1.0}  # re-selection: the strong drafter's probability of each light node's root path
         for li, nodes in enumerate(self.strong_levels):
             logits = strong.score_nodes(state, tokens, depth, anc, nodes, li == 0)
+            d = self.step_depth[nodes[0]]
+            reselected = self.reselect and logits is not None and d in self.reselect_levels
+            if reselected:
+                self._reselect(tree, tokens, nodes, logits, self.reselect_levels[d], path_p, s)
             for row, node in enumerate(nodes):
                 b = self.graft_sites.get(node)
-                if not b:
+                if not b or (reselected and node < self.n_light):  # re-selected: the light parents' grafts
                     continue
                 exclude = [tree.tokens[c] for c in tree.children[node]]
                 if logits is None:  # a drafter without a model: its ranked candidates, as point masses
@@ -234,6 +257,38 @@ class GraftPolicy(DraftingPolicy):
                 kids = tree.add_group(node, group, merge=False)
                 for c in kids:
                     tokens[c] = tree.tokens[c]
+
+    def _reselect(self, tree: StepTree, tokens: torch.Tensor, nodes: Sequence[int], logits: torch.Tensor, g: int,
+                  path_p: dict[int, float], s: DraftSettings) -> None:
+        """Re-select this level's g graft positions from the strong drafter's scores (TreeGraft's re-scoring):
+        every light node of the level that the strong drafter ran over is a candidate parent, every token its
+        light children do not already have a candidate child; a pair (v, t) scores P_strong(path to v) *
+        q_strong(t | v) (P_strong: the product of the strong's probabilities of the light tokens along v's
+        path, temperature 1), and the g best pairs are grafted, ranked by score under each parent. Candidates
+        chosen by score are not samples of q: under sampling they are verified as point masses (exact for any
+        candidates drawn before verification)."""
+        probs = logits.float().softmax(-1)  # (w, V)
+        light_rows = [(row, v) for row, v in enumerate(nodes) if v < self.n_light]
+        for row, v in light_rows:  # the path probability of v's light children, for the next level
+            for c in tree.children[v]:
+                path_p[c] = path_p.get(v, 0.0) * float(probs[row, tree.tokens[c]])
+        pairs: list[tuple[float, int, int]] = []
+        for row, v in light_rows:
+            pv = path_p.get(v, 0.0)
+            pr = probs[row].clone()
+            ex = [tree.tokens[c] for c in tree.children[v]]
+            if ex:
+                pr[torch.tensor(ex, device=pr.device)] = -1.0
+            top = pr.topk(min(g, pr.numel() - len(ex)))
+            pairs += [(pv * float(x), v, int(t)) for x, t in zip(top.values.tolist(), top.indices.tolist())]
+        pairs.sort(key=lambda x: -x[0])
+        chosen: dict[int, list[int]] = {}
+        for _, v, t in pairs[:g]:
+            chosen.setdefault(v, []).append(t)
+        for v in sorted(chosen):
+            group = CandidateGroup(None, torch.tensor(chosen[v], dtype=torch.int64, device=s.device), 1)
+            for c in tree.add_group(v, group, merge=False):
+                tokens[c] = tree.tokens[c]
 
     def commit(self, state_L: int, path: Sequence[int], tree: StepTree | None) -> None:
         light, strong = self.drafters
