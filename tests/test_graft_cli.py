@@ -269,6 +269,15 @@ def test_profile_scheduler_trains_and_run_uses_it(env, tmp_path, monkeypatch):
     assert doc["settings"]["multi_drafter"]["scheduler"] == str(out)
     assert json.loads(Path(doc["json"]).read_text())["summaries"][1]["drafters"] == s["drafters"]
 
+    # sampling: the same tree and scheduler run (exactness under sampling is tests/test_graft_policy.py's)
+    r = invoke("run", "--target", env["target"], "--draft", "lookup", "--draft", env["draft"], "--tree", env["plan"],
+               "--scheduler", out, "--prompts", env["prompts"], "--num-prompts", "1", "--max-new-tokens", "8",
+               "--temperature", "0.8", "--results-dir", res, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is None and doc["settings"]["temperature"] == 0.8
+    assert [row["drafter"] for row in doc["per_drafter"]] == [LIGHT, STRONG]
+
 
 def test_profile_scheduler_exits_1_when_the_strong_drafter_never_pays(env, tmp_path):
     out = tmp_path / "sched.yaml"
