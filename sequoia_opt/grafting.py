@@ -252,7 +252,7 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
     dtype_name = str(target.dtype).removeprefix("torch.")
     tname = light.target_name
     grid = token_grid(s.max_tokens)
-    timing = dict(rounds=s.latency_rounds, max_repeats=s.latency_repeats)
+    timing = dict(rounds=s.latency_rounds, min_repeats=min(5, s.latency_repeats), max_repeats=s.latency_repeats)
     tt = profile_model(target, grid, [s.context], what="target", backend=backend, progress=progress, paired=True,
                        **timing)
     mode = "greedy" if temperature == 0 else "sampling"

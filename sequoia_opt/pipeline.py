@@ -151,6 +151,16 @@ def default_latency_path(target_label: str, drafter: DrafterSpec, device_slug: s
     return Path("profiles") / device_slug / f"{target_label}{dpart}-latency.yaml"
 
 
+def default_pair_acceptance_path(target_label: str, light: DrafterSpec, strong: DrafterSpec,
+                                 mode: str = "greedy") -> Path:
+    """Where ``treeopt profile graft`` writes the pair profile of a light and a strong drafter without
+    ``--out-dir``: ``profiles/<target>__<light slug>+<strong slug>/acceptance-pair-<mode>.yaml`` (relative to
+    the working directory; mode ``greedy`` or ``sampling-t<T>-p<P>``, as :func:`default_acceptance_path`).
+    The folder also holds the pair's default scheduler file (``treeopt profile scheduler``)."""
+    folder = f"{pair_slug(target_label, light.label)}+{drafter_slug(strong.label)}"
+    return Path("profiles") / folder / f"acceptance-pair-{mode}.yaml"
+
+
 def pair_slug(target_label: str, drafter_label: str) -> str:
     """``<target>__<drafter slug>``: the folder of a pair's acceptance profiles and the stem of its ids."""
     return f"{target_label}__{drafter_slug(drafter_label)}"

@@ -2,7 +2,8 @@
 
 * :mod:`.common` — the typer ``app``, one-line error handling, the shared option types, progress display.
 * :mod:`.render` — the one renderer (rich tables or ``--json``) every command prints through.
-* :mod:`.profile` (``profile latency``, ``profile acceptance``, ``profile layers``), :mod:`.solve`, :mod:`.run`,
+* :mod:`.profile` (``profile latency``, ``profile acceptance``, ``profile layers``, ``profile graft``,
+  ``profile scheduler``), :mod:`.solve`, :mod:`.run`,
   :mod:`.plot`, :mod:`.demo` — the commands; importing them registers them on ``app``.
 
 Adding a command: see :mod:`.common`.

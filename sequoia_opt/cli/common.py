@@ -151,6 +151,11 @@ PromptsOpt = Annotated[
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 = sampling.")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass in (0, 1], applied to target and draft.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling generator.")]
+TwoDraftsOpt = Annotated[
+    Optional[list[str]], typer.Option(
+        "--draft", help="The two drafters, given twice: the light (cheap) one first, then the strong one. Each a "
+        "draft checkpoint (PATH or model:PATH, HF folder or .gguf), self:L or lookup[:MIN-MAX].")
+]
 
 
 @contextlib.contextmanager
@@ -247,3 +252,110 @@ def _load_tree_entry(path: Path):
 
     tree, meta = load_any_tree(path)
     return TreeEntry(name=path.stem, tree=tree, metadata=meta or TreeMetadata())
+
+
+def mode_slug(temperature: float, top_p: float) -> str:
+    """The acceptance mode in profile file names: ``greedy`` or ``sampling-t<T>-p<P>`` (what ``treeopt profile
+    acceptance`` writes and ``run --compare-drafters`` looks for)."""
+    return "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+
+
+def _two_drafters(drafts: Optional[list[str]], command: str):
+    """Parse the two ``--draft`` of a multi-drafter command, light first (nothing is loaded).
+
+    Returns:
+        ``(light, strong)`` :class:`~sequoia_opt.pipeline.DrafterSpec` s.
+
+    Raises:
+        TreeoptError: not exactly two, a bad spec, or the same drafter twice (one line).
+    """
+    from ..pipeline import parse_drafter_spec
+
+    n = len(drafts or [])
+    if n != 2:
+        raise TreeoptError(f"{command} takes exactly two --draft, the light drafter then the strong one (got {n})")
+    light, strong = (parse_drafter_spec(d) for d in drafts)
+    if light.label.strip().lower() == strong.label.strip().lower():
+        raise TreeoptError(f"--draft {light.spec} is given twice (or both drafters are named {light.label!r}): a "
+                           "light and a strong drafter are two different drafters")
+    return light, strong
+
+
+def _graft_tree_names(path: Path) -> Optional[tuple[str, ...]]:
+    """The drafter names of a ``treeopt-tree/2`` file naming two or more drafters; None for any other file (a
+    ``/1`` tree, a one-drafter ``/2`` tree, an export, or a file that does not parse: its reader says why)."""
+    from ..errors import TreeValidationError
+    from ..tree import load_drafter_tree
+
+    try:
+        dtree, _ = load_drafter_tree(path)
+    except TreeValidationError:
+        return None
+    return dtree.names if len(dtree.names) > 1 else None
+
+
+def _load_graft_tree(path: Path, light, strong):
+    """Read a grafted tree (``treeopt-tree/2``, two drafters, light first) and check it against the two
+    ``--draft`` before any model loads: its names must be the drafters' labels in order, and its plan one the
+    graft policy runs (no light node under a strong one, siblings light first).
+
+    Returns:
+        ``(DrafterTree, TreeMetadata)``.
+
+    Raises:
+        TreeoptError: an unreadable or invalid tree, another number of drafters, other drafters or another
+            order, a plan the graft policy refuses (one line naming the file).
+    """
+    from ..decoding.policies import check_graft_plan
+    from ..errors import DecodingError
+    from ..tree import load_drafter_tree
+
+    dtree, meta = load_drafter_tree(path)
+    names = dtree.names
+    if len(names) != 2:
+        raise TreeoptError(f"tree {path} names {len(names)} drafter(s) ({', '.join(names)}); a grafted tree names "
+                           "two, the light then the strong (treeopt solve --pair-acceptance writes one)")
+    given = (light.label, strong.label)
+    if any(a.strip().lower() != b.strip().lower() for a, b in zip(names, given)):
+        raise TreeoptError(f"tree {path} was solved for light {names[0]!r} and strong {names[1]!r}, but --draft "
+                           f"gives {given[0]!r} then {given[1]!r}: pass the tree's drafters, light first")
+    try:
+        check_graft_plan(dtree.tree, dtree.drafter)
+    except DecodingError as err:
+        raise TreeoptError(f"tree {path}: {err}") from None
+    return dtree, meta
+
+
+def _write_all(writes: list[tuple[Path, Callable[[Path], Any]]]) -> None:
+    """Write several output files as one: each ``(path, write)`` in order (``write(path)`` writes atomically);
+    when one fails, the files already written are put back as they were (removed, or their old bytes
+    restored) and the error is raised."""
+    from .._io import atomic_write_bytes
+
+    done: list[tuple[Path, Optional[bytes]]] = []
+    try:
+        for path, write in writes:
+            previous = path.read_bytes() if path.is_file() else None
+            write(path)
+            done.append((path, previous))
+    except BaseException:
+        for path, previous in reversed(done):
+            if previous is None:
+                path.unlink(missing_ok=True)
+            else:
+                atomic_write_bytes(path, previous)
+        raise
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse, before any measuring, an output path that cannot become a file: a directory (or device) at
+    the path, or a file where one of its folders should be (OutputError, one line)."""
+    from ..errors import OutputError
+
+    if path.exists() and not path.is_file():
+        raise OutputError(f"cannot write {path}: it exists and is not a regular file")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"cannot write {path}: {parent} is not a folder")
+            break

@@ -5,7 +5,13 @@ against the prediction, and (greedy) token-for-token equality with plain decodin
 order with its own ``-a`` acceptance and ``-l`` latency profile, by default the files ``treeopt profile``
 writes): each drafter's best tree is solved here from its own profiles
 (:func:`~sequoia_opt.evaluation.plan_drafter`), then plain decoding once and every drafter's tree run on the
-same prompts (:func:`~sequoia_opt.evaluation.compare_drafters`): one row per drafter."""
+same prompts (:func:`~sequoia_opt.evaluation.compare_drafters`): one row per drafter.
+
+Two drafters in one tree (issue 16): ``treeopt run --draft LIGHT --draft STRONG --tree GRAFT.yaml`` runs a
+grafted tree (``treeopt-tree/2`` naming both, :class:`~sequoia_opt.decoding.policies.GraftPolicy`), the strong
+drafter called every step or when ``--scheduler`` says; ``--merge`` with one ``--tree`` per ``--draft`` runs
+each drafter's own tree merged into one (SpecInfer, :class:`~sequoia_opt.decoding.policies.MergePolicy`). Both
+add a per-drafter table (calls, call rate, time, accepted nodes) to the trees table."""
 
 from __future__ import annotations
 
@@ -17,10 +23,10 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from ..tree import TreeMetadata
+from ..tree import Tree, TreeMetadata
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt,
-                     TopPOpt, _check_run_options, _interruptible, _load_tree_entry, app, handle_errors, progress_bar,
-                     setting_notes)
+                     TopPOpt, _check_run_options, _graft_tree_names, _interruptible, _load_graft_tree,
+                     _load_tree_entry, _print_error, app, handle_errors, progress_bar, setting_notes)
 from .render import render
 
 
@@ -44,7 +50,8 @@ DraftsOpt = Annotated[
     Optional[list[str]], typer.Option(
         "--draft", help="Drafter: a draft checkpoint (HF folder or .gguf; default: the bundled demo draft), self:L "
         "(the target's first L layers) or lookup[:MIN-MAX] (n-gram prompt lookup). With --compare-drafters "
-        "repeatable (default: the bundled draft model and lookup), each paired in order with one -a and one -l.")
+        "repeatable (default: the bundled draft model and lookup), each paired in order with one -a and one -l. "
+        "Twice with a treeopt-tree/2 --tree: its light then its strong drafter; with --merge: one per --tree.")
 ]
 ProfilesOpt = Annotated[
     Optional[list[Path]], typer.Option(
@@ -77,6 +84,13 @@ def run_cmd(
         "hardware-aware) and plain decoding once, on the same prompts, and compare them side by side.")] = False,
     acceptance: ProfilesOpt = None,
     latency: LatenciesOpt = None,
+    merge: Annotated[bool, typer.Option(
+        "--merge", help="Two or more --draft, one --tree each (that drafter's own tree, in order): every drafter "
+        "proposes its tree each step and their union is verified (SpecInfer's merge).")] = False,
+    scheduler: Annotated[Optional[Path], typer.Option(
+        "--scheduler", help="With a grafted tree (two --draft, a treeopt-tree/2 --tree): the scheduler file "
+        "(treeopt profile scheduler) deciding per step whether the strong drafter is called (default: every "
+        "step).")] = None,
     budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="With --compare-drafters: largest tree considered, nodes incl. the root (default: each latency profile's largest measured token count).")] = None,
     max_depth: Annotated[Optional[int], typer.Option("--max-depth", "-d", help="With --compare-drafters: depth limit D (default 10).")] = None,
     max_branching: Annotated[Optional[int], typer.Option("--max-branching", "-b", help="With --compare-drafters: most children per node B (default 8).")] = None,
@@ -94,6 +108,9 @@ def run_cmd(
 
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
+    if compare_drafters and (merge or scheduler is not None):
+        raise TreeoptError("--compare-drafters runs each drafter's own best tree alone: drop --merge / --scheduler (or "
+                           "--compare-drafters)")
     if compare_drafters:
         _compare_drafters_cmd(
             tree=tree, target=target, drafts=draft, prompts=prompts, max_new_tokens=max_new_tokens,
@@ -104,13 +121,39 @@ def run_cmd(
     if not tree:
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
                            "drafter's own best tree)")
-    if draft is not None and len(draft) > 1:
-        raise TreeoptError(f"--draft was given {len(draft)} times: one drafter runs the --tree files; to compare "
-                           "drafters, each with its own best tree, add --compare-drafters")
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
         if value is not None:
             raise TreeoptError(f"{name} limits the trees --compare-drafters solves; add --compare-drafters (or drop "
                                f"{name})")
+    n_draft = len(draft or [])
+    grafted = [p for p in tree if _graft_tree_names(p)] if n_draft > 1 and not merge else []
+    if merge or (grafted and len(grafted) == len(tree) and n_draft == 2):
+        _multi_drafter_cmd(
+            trees=tree, target=target, drafts=draft, merge=merge, scheduler=scheduler, prompts=prompts,
+            max_new_tokens=max_new_tokens, num_prompts=num_prompts, temperature=temperature, top_p=top_p, seed=seed,
+            compare=compare, acceptance=acceptance, latency=latency, device=device, dtype=dtype, backend=backend,
+            results_dir=results_dir, as_json=as_json)
+        return
+    if grafted and n_draft != 2:
+        raise TreeoptError(f"a grafted tree ({grafted[0]}) runs two drafters, its light then its strong one: got "
+                           f"{n_draft} --draft")
+    if grafted:
+        single = next(p for p in tree if p not in grafted)
+        raise TreeoptError(f"{single} is one drafter's tree and {grafted[0]} a grafted tree of two: run them "
+                           "separately (or --merge: one drafter's own tree per --draft)")
+    if n_draft > 1:
+        raise TreeoptError(f"--draft was given {n_draft} times: one drafter runs the --tree files; to compare "
+                           "drafters, each with its own best tree, add --compare-drafters; to run two drafters in "
+                           "one tree, give a treeopt-tree/2 tree naming them (treeopt solve --pair-acceptance) or "
+                           "add --merge with one --tree per --draft")
+    if scheduler is not None:
+        raise TreeoptError("--scheduler decides when a grafted tree calls its strong drafter: give two --draft (light, "
+                           "strong) and the treeopt-tree/2 tree naming them")
+    for p in tree:
+        names = _graft_tree_names(p)
+        if names:
+            raise TreeoptError(f"tree {p} names {len(names)} drafters ({', '.join(names)}): run it with one --draft "
+                               "per drafter, in that order, light first")
     if acceptance is not None and len(acceptance) > 1 or latency is not None and len(latency) > 1:
         raise TreeoptError("--compare takes one --acceptance and at most one --latency (several pair with several "
                            "--draft under --compare-drafters)")
@@ -300,6 +343,176 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     render(report, as_json)
     if report.data["greedy_ok"] is False:
         raise typer.Exit(1)
+
+
+def _merged_topology(trees) -> Tree:
+    """The planned shape of SpecInfer's merge of several drafters' own trees: every tree's root children side
+    by side under one root, in drafter order (the union when no two drafters propose the same token; at run
+    time shared tokens merge and the tree is smaller, :class:`~sequoia_opt.decoding.policies.MergePolicy`)."""
+    from ..tree import Tree
+
+    choices, offset = [], 0
+    for t in trees:
+        choices += [[c[0] + offset, *c[1:]] for c in t.choices()]
+        offset += len(t.children[0])
+    return Tree.from_choices(choices)
+
+
+def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_new_tokens, num_prompts,
+                       temperature, top_p, seed, compare, acceptance, latency, device, dtype, backend, results_dir,
+                       as_json) -> None:
+    """``treeopt run`` with several drafters in one tree: a grafted tree (two --draft, ``treeopt-tree/2`` trees
+    naming them) or ``--merge`` (one drafter's own tree per --draft). Every check first (trees against the
+    drafters, the graft plans, the scheduler's pair, the drafters' vocabularies against the target's config),
+    then the weights load and one run: plain decoding and every multi-drafter tree on the same prompts. A
+    failure during the run is one line, exit 1, and no results file.
+
+    Raises:
+        TreeoptError: as the checks above (exit 2, before any model forward).
+    """
+    from dataclasses import replace
+
+    from ..decoding.policies import GraftPolicy, MergePolicy, load_scheduler
+    from ..evaluation import TreeEntry, run_trees
+    from ..pipeline import default_target_path, load_drafters, model_label, parse_device, parse_drafter_spec, \
+        parse_dtype
+    from ..profiling.device import device_name
+    from ..prompts import demo_prompts_path, load_prompts
+
+    if compare:
+        raise TreeoptError("--compare scores one drafter's baselines; for two drafters treeopt solve --pair-acceptance "
+                           "prints the grafted tree's (each drafter alone, the SpecInfer merge)")
+    if acceptance or latency:
+        raise TreeoptError("--acceptance / --latency choose the --compare baselines of one drafter: drop them with "
+                           "several drafters")
+    specs = [parse_drafter_spec(d) for d in drafts or []]
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.label.lower() in seen:
+            raise TreeoptError(f"--draft {spec.spec} is named twice (or two drafters share the label {spec.label!r}): "
+                               "each drafter proposes once per step")
+        seen.add(spec.label.lower())
+    notes: list[str] = []
+    if merge:
+        if len(specs) < 2:
+            raise TreeoptError(f"--merge runs several drafters' own trees merged into one: give two or more --draft, "
+                               f"one per --tree (got {len(specs)} --draft)")
+        if len(trees) != len(specs):
+            raise TreeoptError(f"--merge runs one --tree per --draft, in order: got {len(specs)} --draft and "
+                               f"{len(trees)} --tree")
+        if scheduler is not None:
+            raise TreeoptError("--scheduler decides when a grafted tree calls its strong drafter; --merge calls every "
+                               "drafter every step (drop one of them)")
+        for p in trees:
+            names = _graft_tree_names(p)
+            if names:
+                raise TreeoptError(f"--merge takes each drafter's own tree (treeopt-tree/1); {p} names "
+                                   f"{len(names)} drafters ({', '.join(names)})")
+        own = [_load_tree_entry(p) for p in trees]
+    else:
+        light, strong = specs
+        grafts = [(Path(p), *_load_graft_tree(p, light, strong)) for p in trees]
+    dev, dt = parse_device(device), parse_dtype(dtype)
+    _check_run_options(backend, dev, temperature, top_p)
+    tp = Path(target) if target else default_target_path()
+    sched = None
+    if scheduler is not None:
+        sched = load_scheduler(scheduler, pair={"target": model_label(tp), "light": specs[0].label,
+                                                "strong": specs[1].label})
+    pfile = prompts or demo_prompts_path("eval")
+    texts = load_prompts(pfile, limit=num_prompts)
+    pairs = load_drafters(tp, specs, device=dev, dtype=dt)  # specs and configs (vocabularies) checked first
+    pair = pairs[0]
+    labels = [p.draft_name for p in pairs]
+    makers = [p.new_drafter for p in pairs]
+    dtype_name = str(dt).removeprefix("torch.")
+    warnings: list[str] = []
+    entries = []
+    if merge:
+        union = _merged_topology([e.tree for e in own])
+        trees_ = tuple(e.tree for e in own)
+        meta = TreeMetadata(budget=union.size, max_depth=union.tree_depth, solver="specinfer-merge",
+                            extra={"drafters": labels, "trees": [str(p) for p in trees]})
+        entries.append(TreeEntry("specinfer merge", union, meta, drafter="+".join(labels),
+                                 policy=lambda: MergePolicy([m() for m in makers], trees_, labels)))
+        for e, p in zip(own, pairs):
+            warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
+                                               target=p.target_name, draft=p.draft_name,
+                                               draft_cost_model=p.cost_model)
+        notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
+                     "solve --pair-acceptance estimates the merge)")
+    else:
+        seen_names: dict[str, int] = {}
+        for path, dtree, meta in grafts:
+            name = path.stem + (" (scheduled)" if sched is not None else "")
+            seen_names[name] = seen_names.get(name, 0) + 1
+            if seen_names[name] > 1:
+                name = f"{name}#{seen_names[name]}"
+            predicted = (sched.card.get("predicted") or {}) if sched is not None else {}
+            if sched is not None and predicted.get("tree_choices") == dtree.tree.choices() \
+                    and predicted.get("tree_drafter") == list(dtree.drafter):
+                meta = replace(meta, expected_tokens_per_step=predicted["tokens_per_step"], predicted_speedup=None)
+                notes.append(f"{name}: predicted tokens/step with the scheduler (its card: the static tree's "
+                             f"{predicted.get('static_tokens_per_step', float('nan')):.4g} less what the skipped "
+                             f"calls added on the profile steps; call rate {predicted.get('call_rate', float('nan')):.2f})")
+            elif sched is not None:
+                notes.append(f"{name}: the scheduler was trained for another tree (or carries no prediction): the "
+                             "predicted figures are the static tree's (the strong drafter called every step)")
+            warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
+                                               target=pair.target_name, draft=None)
+
+            def policy(dtree=dtree):
+                return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)
+
+            entries.append(TreeEntry(name, dtree.tree, meta, drafter="+".join(labels), policy=policy))
+    _check_trees_fit(entries, pair)
+    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    kind = "merge" if merge else "graft"
+    settings = {"target": pair.target_name, "prompts": str(prompts or "demo eval prompts"),
+                "multi_drafter": {"policy": kind, "drafters": labels, "cost_models": [p.cost_model for p in pairs],
+                                  "trees": [str(p) for p in trees],
+                                  "scheduler": str(scheduler) if scheduler is not None else None}}
+    try:
+        with progress_bar() as progress:
+            run = run_trees(pair.target, None, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend,
+                            progress=progress, settings=settings)
+    except TreeoptError:
+        raise
+    except Exception as err:  # a drafter (or the target) failing mid-run: one line, nothing written
+        _print_error(f"the run stopped: {type(err).__name__}: {err} (no results were written)")
+        raise typer.Exit(1) from None
+    jpath, cpath = run.save(results_dir)
+    report = Report(title=f"treeopt run ({kind}: {' + '.join(labels)})")
+    report.summary = {"target": pair.target_name, "drafters": ", ".join(labels), "policy": kind,
+                      "scheduler": str(scheduler) if scheduler is not None else ("-" if merge else "none (every step)"),
+                      "prompts": len(ids), "max new tokens": max_new_tokens,
+                      "mode": "greedy" if temperature == 0 else "sampling",
+                      "plain decoding (tokens/s)": run.summaries[0].tokens_per_s, "results": f"{jpath}, {cpath}"}
+    report.tables.append(_trees_table(run, temperature))
+    title, cols, rows = _drafters_table(run)
+    report.tables.append((title, cols, rows))
+    for m in run.mismatch_details:
+        warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
+                        f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
+    report.warnings = warnings
+    report.notes = notes + setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
+                                         prompts_found=len(texts), prompts_file=pfile)
+    report.data = {**run.to_dict(), "per_drafter": [dict(zip(cols, r)) for r in rows],
+                   "greedy_ok": run.greedy_ok if temperature == 0 else None, "json": str(jpath), "csv": str(cpath)}
+    render(report, as_json)
+    if report.data["greedy_ok"] is False:
+        raise typer.Exit(1)
+
+
+def _drafters_table(run) -> tuple[str, list[str], list[list]]:
+    """Per drafter of every multi-drafter tree of a run (:attr:`~sequoia_opt.evaluation.TreeSummary.drafters`):
+    calls (steps it was asked in), call rate (calls / steps), its total time (ms), ms per call, and the
+    accepted nodes it proposed."""
+    rows = [[s.tree, d["name"], d["calls"], d["call_rate"], d["ms"], d["ms_per_call"], d["accepted_nodes"]]
+            for s in run.summaries[1:] for d in s.drafters]
+    return ("drafters of each tree", ["name", "drafter", "calls", "call rate", "ms", "ms per call", "accepted nodes"],
+            rows)
 
 
 def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budget: int,

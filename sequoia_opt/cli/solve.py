@@ -1,9 +1,15 @@
 """``treeopt solve``: the DP-optimal tree for an acceptance profile, the hardware-aware choice of budget and
-depth from a latency profile, baselines side by side, and the exports for serving engines."""
+depth from a latency profile, baselines side by side, and the exports for serving engines.
+
+With ``--pair-acceptance`` (two drafters, issue 16): two ``-a`` and two ``-l`` (the light drafter's, then the
+strong one's) and the pair profile give the hardware-aware grafted tree
+(:func:`~sequoia_opt.grafting.plan_graft`), written as ``treeopt-tree/2``, beside the baselines under the same
+cost model: each drafter alone and SpecInfer's merge of their own trees."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
@@ -14,8 +20,7 @@ from .._io import atomic_write_text
 from ..errors import TreeoptError
 from ..report import Report
 from ..tree import Tree, TreeMetadata, now_iso
-from .common import (AcceptanceOpt, BudgetOpt, ContextOpt, FormatOpt, JsonOpt, LatencyOpt,
-                     MaxBranchingOpt, MaxDepthOpt, OutputOpt, app, handle_errors)
+from .common import ContextOpt, FormatOpt, JsonOpt, OutputOpt, app, handle_errors
 from .render import render
 
 def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], Any]:
@@ -47,14 +52,32 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
     return out
 
 
+AcceptancesOpt = Annotated[list[Path], typer.Option(
+    "--acceptance", "-a", help="Acceptance profile (treeopt-acceptance/1 YAML); with --pair-acceptance given twice: "
+    "the light drafter's, then the strong one's.")]
+LatenciesOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--latency", "-l", help="Latency profile (treeopt-latency/1 YAML); enables the hardware-aware choice. With "
+    "--pair-acceptance given twice: the light drafter's, then the strong one's.")]
+PairAcceptanceOpt = Annotated[Optional[Path], typer.Option(
+    "--pair-acceptance", help="Pair profile of a light and a strong drafter (treeopt-acceptance-pair/1, treeopt "
+    "profile graft): solve the grafted tree both grow, from it and two -a / -l (light first).")]
+#: The single-drafter limits when none is given (a grafted tree's are in _solve_graft).
+SINGLE_DEFAULTS = {"budget": 128, "max_depth": 16, "max_branching": 32}
+
+
 @app.command()
 @handle_errors
 def solve(
-    acceptance: AcceptanceOpt,
-    budget: BudgetOpt = 128,
-    max_depth: MaxDepthOpt = 16,
-    latency: LatencyOpt = None,
-    max_branching: MaxBranchingOpt = 32,
+    acceptance: AcceptancesOpt,
+    budget: Annotated[Optional[int], typer.Option(
+        "--budget", "-n", help="Largest tree size considered (nodes, root included; default 128; with "
+        "--pair-acceptance the largest target token count both latency profiles measured).")] = None,
+    max_depth: Annotated[Optional[int], typer.Option(
+        "--max-depth", "-d", help="Depth limit D, the root is depth 0 (default 16; with --pair-acceptance 8).")] = None,
+    latency: LatenciesOpt = None,
+    max_branching: Annotated[Optional[int], typer.Option(
+        "--max-branching", "-b", help="Most children per node B (default 32; with --pair-acceptance 8).")] = None,
+    pair_acceptance: PairAcceptanceOpt = None,
     context: ContextOpt = None,
     output: OutputOpt = None,
     fmt: FormatOpt = None,
@@ -68,12 +91,29 @@ def solve(
         "(by-depth when the profile's positional check failed).")] = "auto",
     as_json: JsonOpt = False,
 ) -> None:
-    """Find the speculation tree with the most expected tokens per second (or per step without --latency)."""
+    """Find the speculation tree with the most expected tokens per second (or per step without --latency).
+    With --pair-acceptance: the grafted tree of a light and a strong drafter, against each alone and their
+    SpecInfer merge."""
     from ..errors import SolverError
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
     from ..solver import choose, compare_baselines
     from ..solver.depth import ACCEPTANCE_MODELS, solve_profile
 
+    if pair_acceptance is not None:
+        _solve_graft(pair_acceptance, acceptance, latency, budget=budget, max_depth=max_depth,
+                     max_branching=max_branching, context=context, output=output, fmt=fmt, width=width,
+                     acceptance_model=acceptance_model, as_json=as_json)
+        return
+    for opt, given in (("--acceptance", acceptance), ("--latency", latency)):
+        if given is not None and len(given) > 1:
+            raise SolverError(f"{opt} was given {len(given)} times: one profile solves one drafter's tree; a light "
+                              "and a strong drafter's (two -a, two -l, light first) solve a grafted tree with "
+                              "--pair-acceptance PAIR.yaml")
+    acceptance = acceptance[0]
+    latency = latency[0] if latency else None
+    budget = SINGLE_DEFAULTS["budget"] if budget is None else budget
+    max_depth = SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth
+    max_branching = SINGLE_DEFAULTS["max_branching"] if max_branching is None else max_branching
     export = _exporter(fmt or "yaml")
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
         if value < 1:
@@ -217,5 +257,154 @@ def solve(
         # the report goes to stderr
         render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
         typer.echo(out.text, nl=False)
+    else:
+        render(report, as_json)
+
+
+#: A grafted tree's limits when none is given (the graft DP runs per depth limit and grafting set: a smaller
+#: default than one drafter's).
+GRAFT_DEFAULTS = {"max_depth": 8, "max_branching": 8}
+
+
+def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list[Path]], *, budget: Optional[int],
+                 max_depth: Optional[int], max_branching: Optional[int], context: Optional[int],
+                 output: Optional[Path], fmt: Optional[str], width: Optional[int], acceptance_model: str,
+                 as_json: bool) -> None:
+    """``treeopt solve --pair-acceptance``: every check and the profiles' agreement first (one line, exit 2,
+    nothing written), then :func:`~sequoia_opt.grafting.plan_graft` and the report: the chosen grafted tree,
+    the best candidates, and the baselines (each drafter alone, the SpecInfer merge) under the same cost
+    model. The tree is written as ``treeopt-tree/2`` (-o, or ``--format yaml`` to stdout).
+
+    Raises:
+        SolverError / ProfileError: not two -a and two -l, an option a grafted tree does not take, profiles
+            that do not name the pair's drafters in order, limits the profiles cannot score.
+    """
+    from .. import exports
+    from ..errors import ProfileError, SolverError
+    from ..evaluation import check_drafter_profiles
+    from ..grafting import GraftProfiles, plan_graft
+    from ..profiles import load_acceptance, load_latency, load_pair_acceptance, warn_on_mismatch
+    from ..tree import drafter_tree_to_yaml, save_drafter_tree
+
+    n_lat = len(latency or [])
+    if len(acceptance) != 2 or n_lat != 2:
+        raise SolverError(f"--pair-acceptance grafts two drafters: pass two -a and two -l, the light drafter's then the "
+                          f"strong one's (got {len(acceptance)} -a and {n_lat} -l)")
+    if fmt is not None:
+        try:
+            key = exports.normalise_format(fmt)
+        except exports.ExportError:
+            key = None
+        if key != "yaml":
+            raise SolverError(f"--format {fmt}: a grafted tree is written as treeopt-tree/2 YAML only (the engines' "
+                              "formats hold one drafter's tree)")
+    if width is not None:
+        raise SolverError("--width checks one acceptance profile's length; drop it with --pair-acceptance")
+    if acceptance_model != "auto":
+        raise SolverError("--acceptance-model chooses one drafter's value model; a grafted tree's is the pair profile's "
+                          "(drop it with --pair-acceptance)")
+    max_depth = GRAFT_DEFAULTS["max_depth"] if max_depth is None else max_depth
+    max_branching = GRAFT_DEFAULTS["max_branching"] if max_branching is None else max_branching
+    for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
+        if value is not None and value < 1:
+            raise SolverError(f"{name} must be at least 1, got {value}")
+    if context is not None and context < 0:
+        raise SolverError(f"--context must be a number of tokens >= 0, got {context}")
+    pair = load_pair_acceptance(pair_path)
+    accs = [load_acceptance(a) for a in acceptance]
+    curves = [load_latency(lat) for lat in latency]
+    names, models = pair.drafters, pair.cost_models
+    for name, cost_model, acc, curve in zip(names, models, accs, curves):
+        try:
+            check_drafter_profiles(name, cost_model, acc, curve)
+        except ProfileError as err:
+            raise ProfileError(f"{err} (pair profile {pair.id!r} names light {names[0]!r} and strong {names[1]!r}: "
+                               "pass -a and -l in that order)") from None
+    if budget is None:
+        budget = min(c.max_target_tokens(context) for c in curves)
+    report = Report(title="treeopt solve --pair-acceptance")
+    for acc, curve in zip(accs, curves):
+        for w in warn_on_mismatch(acceptance=acc, latency=curve):
+            if w not in report.warnings:
+                report.warnings.append(w)
+    for acc in accs:
+        for key in ("target", "temperature", "top_p"):
+            have, want = acc.measured.get(key), pair.measured.get(key)
+            if have is not None and want is not None and str(have) != str(want):
+                report.warnings.append(f"acceptance profile {acc.id!r} was measured with {key} {have!r}, the pair "
+                                       f"profile {pair.id!r} with {want!r}: the model mixes two settings")
+    profiles = GraftProfiles(names[0], names[1], models[0], models[1], curves[0], curves[1], accs[0], accs[1], pair)
+    plans = plan_graft(profiles, budget=budget, max_depth=max_depth, max_branching=max_branching, context=context)
+    ch, dtree = plans.choice, plans.choice.dtree
+    ctx = context if context is not None else int(curves[0].contexts[0])
+    meta = plans.metadata["graft"]
+    meta.extra.update({"max_branching": max_branching, "budget_limit": budget, "context_tokens": ctx,
+                       "light_latency_profile": curves[0].id})
+    for key, value in (("target", pair.measured.get("target") or accs[0].measured.get("target")),
+                       ("device", curves[0].device.get("name")),
+                       ("dtype", curves[0].device.get("dtype") or pair.measured.get("dtype"))):
+        if value is not None:
+            meta.extra[f"profiled_{key}"] = value
+
+    def cells(name: str, nodes, per, depth, g, cost, tps, speedup) -> list:
+        return [name, nodes, " ".join(map(str, per)), depth, g, cost, tps, speedup]
+
+    rows = [cells(f"graft ({ch.plan}, chosen)", dtree.size, dtree.drafter_counts, dtree.tree_depth,
+                  ch.expected_tokens, ch.cost.cost_ms, ch.tokens_per_s, ch.speedup)]
+    for b in plans.baselines:
+        rows.append(cells(b["name"], b["size"], b["nodes_per_drafter"], b["depth"], b["expected_tokens"],
+                          b["cost_ms"], b["tokens_per_s"], b["speedup"]))
+        if b.get("note"):
+            report.notes.append(b["note"])
+    report.summary = {
+        "pair profile": pair.id, "light drafter": names[0], "strong drafter": names[1],
+        "acceptance profiles": f"{accs[0].id}, {accs[1].id}", "latency profiles": f"{curves[0].id}, {curves[1].id}",
+        "context (tokens)": ctx, "plan": ch.plan, "graft depths": list(ch.graft_depths), "nodes": dtree.size,
+        "nodes per drafter": ", ".join(f"{n} {c}" for n, c in zip(names, dtree.drafter_counts)),
+        "depth": dtree.tree_depth, "level widths": list(dtree.level_widths),
+        "expected tokens / step": ch.expected_tokens, "step cost (ms)": ch.cost.cost_ms,
+        "tokens / s": ch.tokens_per_s, "plain decoding (ms / token)": ch.plain_ms_per_token,
+        "predicted speedup": ch.speedup}
+    report.tables.append(("grafted tree against the baselines (one cost model: each drafter pays for the nodes it "
+                          "processes, the target for the whole tree)",
+                          ["name", "nodes", "nodes per drafter", "depth", "G", "cost ms", "tokens/s", "speedup"], rows))
+    report.tables.append(("best candidates (DP-optimal grafted tree per budget, depth limit and grafting set)",
+                          ["plan", "budget", "max depth", "graft depths", "nodes", "G", "cost ms", "tokens/s",
+                           "speedup"],
+                          [[c["plan"], c["budget"], c["max_depth"], " ".join(map(str, c["graft_depths"])) or "-",
+                            c["nodes"], c["expected_tokens_per_step"], c["cost_ms"], c["tokens_per_s"], c["speedup"]]
+                           for c in ch.candidates[:5]]))
+    if ch.skipped:
+        report.notes.append(f"{ch.skipped} candidates skipped: their draft widths exceed a measured draft curve")
+    singles = [b for b in plans.baselines if b["name"] in ("light alone", "strong alone") and b["tokens_per_s"]]
+    best = max(singles, key=lambda b: b["tokens_per_s"], default=None)
+    if ch.plan == "graft" and best is not None:
+        report.notes.append(f"grafting pays here: predicted {ch.tokens_per_s:.4g} tokens/s against {best['name']}'s "
+                            f"{best['tokens_per_s']:.4g} ({ch.tokens_per_s / best['tokens_per_s'] - 1:+.1%})")
+    elif ch.plan != "graft":
+        report.notes.append(f"grafting does not pay on this hardware under these profiles: the best plan is {ch.plan} "
+                            "(the tree written holds that drafter's nodes alone)")
+    data: dict[str, Any] = {
+        "pair_acceptance_profile": pair.id, "drafters": list(names), "cost_models": list(models),
+        "acceptance_profiles": [a.id for a in accs], "latency_profiles": [c.id for c in curves],
+        "budget_limit": budget, "max_depth": max_depth, "max_branching": max_branching, "context_tokens": ctx,
+        "choice": {"plan": ch.plan, "budget": ch.budget, "max_depth": ch.depth, "graft_depths": list(ch.graft_depths),
+                   "nodes": dtree.size, "depth": dtree.tree_depth, "nodes_per_drafter": list(dtree.drafter_counts),
+                   "level_widths": list(dtree.level_widths), "expected_tokens_per_step": ch.expected_tokens,
+                   "drafter_ms": list(ch.drafter_ms), "cost_ms": ch.cost.cost_ms, "tokens_per_s": ch.tokens_per_s,
+                   "speedup": ch.speedup},
+        "plain_ms_per_token": ch.plain_ms_per_token, "candidates": ch.candidates,
+        "candidates_scored": ch.considered, "candidates_skipped": ch.skipped, "baselines": plans.baselines,
+        "tree": {**dtree.to_dict(), "metadata": meta.to_dict()}}
+    text = drafter_tree_to_yaml(dtree, meta)
+    if output is not None:
+        save_drafter_tree(output, dtree, meta)
+        report.notes.append(f"wrote treeopt-tree/2 to {output}")
+        data["output"] = str(output)
+    report.tree = dtree.tree
+    report.data = data
+    if fmt is not None and output is None and not as_json:  # as one drafter's --format without -o: stdout = the tree
+        render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
+        typer.echo(text, nl=False)
     else:
         render(report, as_json)

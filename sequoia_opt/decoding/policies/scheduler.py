@@ -154,7 +154,7 @@ def load_scheduler(path: str | Path, *, pair: dict[str, str] | None = None) -> L
             have = sched.pair.get(key)
             if have is not None and want is not None and have != want:
                 raise ProfileError(f"{path} was trained for {key} {have!r}, not {want!r}: train one for this pair "
-                                   "(treeopt profile graft --train-scheduler)")
+                                   "(treeopt profile scheduler)")
     return sched
 
 
