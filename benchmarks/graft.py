@@ -9,11 +9,13 @@ Light drafter: prompt lookup (``lookup``, free, no probabilities); strong drafte
    the light's candidates);
 2. solve (``plan_graft``): each drafter's own best tree, the SpecInfer merge of the two, the hardware-aware
    grafted tree;
-3. train the scheduler (``profiling.graft``) on the same profile prompts, from the value of calling the strong
-   drafter at each step of the grafted tree;
+3. schedule (``grafting.choose_scheduled_plan``): for each plan worth scheduling (the solver's best tree holding
+   both drafters, and the merge read as a graft plan), run it on profile prompts with the strong drafter
+   called every step, train its scheduler from the value of calling it at each step, predict the scheduled
+   tree's tokens/step and step cost, and keep the plan with the best predicted tokens/s;
 4. run on the held-out *eval* prompts, one ``run_trees`` call with one plain baseline: light alone, strong
-   alone, the merge, the grafted tree with the strong drafter called every step (static) and when the
-   scheduler says (scheduled).
+   alone, the merge, the scheduled plan with the strong drafter called every step (static), when the
+   scheduler says (scheduled), and the same with graft positions re-selected from the strong drafter's scores.
 
 Reported per configuration: tokens/s, speedup over plain decoding (same run), tokens/step predicted and
 measured, per-drafter call rate and time, and whether greedy output equalled plain decoding. Goal (issue 16):
@@ -58,15 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from sequoia_opt.decoding.policies import save_scheduler
-    from sequoia_opt.errors import ProfileError
     from sequoia_opt.evaluation import run_trees
-    from sequoia_opt.grafting import (GraftProfileSettings, graft_entries, plan_graft, profile_graft,
-                                      scheduled_prediction)
+    from sequoia_opt.grafting import (GraftProfileSettings, choose_scheduled_plan, graft_entries, plan_graft,
+                                      profile_graft)
     from sequoia_opt.pipeline import ModelPair, load_pair, parse_device, parse_drafter_spec, parse_dtype
     from sequoia_opt.profiles import save_acceptance, save_latency, save_pair_acceptance
-    from sequoia_opt.profiling.graft import collect_scheduler_samples, train_scheduler
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
-    from sequoia_opt.tree import TreeMetadata, now_iso, save_drafter_tree
+    from sequoia_opt.tree import now_iso, save_drafter_tree
 
     s = GraftProfileSettings.quick() if args.quick else GraftProfileSettings()
     n_eval = args.num_prompts or (2 if args.quick else 6)
@@ -114,29 +114,20 @@ def main(argv: list[str] | None = None) -> int:
                  "pair_acceptance": save_pair_acceptance(out_dir / mode / "acceptance-pair.yaml", prof.pair),
                  "graft_tree": save_drafter_tree(out_dir / mode / "tree-graft.yaml", plans.choice.dtree,
                                                  plans.metadata["graft"])}
-        scheduler, sched_meta, sched_card, sched_pred = None, None, None, None
-        if plans.choice.plan == "graft":
-            print(f"[{mode}] scheduler samples", file=sys.stderr, flush=True)
-            samples = collect_scheduler_samples(
-                base.target, light.new_drafter, strong.new_drafter, plans.choice.dtree.tree,
-                plans.choice.dtree.drafter, prof_ids[:n_sched], max_new_tokens=s.new_tokens, temperature=T,
-                eos_ids=eos, progress=progress)
-            try:
-                scheduler = train_scheduler(samples, prof.light_curve, pair={
-                    "target": tname, "light": light.draft_name, "strong": strong.draft_name},
-                    extra_card={"mode": mode, "prompts": "sequoia_opt/data/prompts/profile.jsonl"})
-                files["scheduler"] = save_scheduler(out_dir / mode / "scheduler.yaml", scheduler)
-                g, rate = scheduled_prediction(plans.choice.expected_tokens, samples, scheduler)
-                m = plans.metadata["graft"]
-                sched_meta = TreeMetadata(budget=m.budget, max_depth=m.max_depth, expected_tokens_per_step=g,
-                                          predicted_speedup=None, acceptance_profile=m.acceptance_profile,
-                                          latency_profile=m.latency_profile, solver="graft-dp+scheduler",
-                                          date=now_iso(), extra={**m.extra, "predicted_call_rate": rate})
-                sched_card, sched_pred = scheduler.card, {"tokens_per_step": g, "call_rate": rate}
-            except ProfileError as err:
-                sched_card = {"not trained": str(err)}
-        entries = graft_entries(plans, light.new_drafter, strong.new_drafter, scheduler=scheduler,
-                                scheduled_metadata=sched_meta, reselect=not args.no_reselect)
+        print(f"[{mode}] scheduler: samples and training per candidate plan", file=sys.stderr, flush=True)
+        scheduled = choose_scheduled_plan(
+            plans, base.target, light.new_drafter, strong.new_drafter, prof_ids[:n_sched], max_new_tokens=s.new_tokens,
+            temperature=T, eos_ids=eos, progress=progress,
+            pair={"target": tname, "light": light.draft_name, "strong": strong.draft_name},
+            extra_card={"mode": mode, "prompts": "sequoia_opt/data/prompts/profile.jsonl"})
+        best = scheduled[0] if scheduled else None
+        if best is not None:
+            files["scheduled_tree"] = save_drafter_tree(out_dir / mode / "tree-scheduled.yaml", best.dtree,
+                                                        plans.metadata["graft"])
+            if hasattr(best.scheduler, "to_dict"):
+                files["scheduler"] = save_scheduler(out_dir / mode / "scheduler.yaml", best.scheduler)
+        entries = graft_entries(plans, light.new_drafter, strong.new_drafter, scheduled=best,
+                                reselect=not args.no_reselect)
         print(f"[{mode}] running {len(entries)} configurations on {n_eval} eval prompts", file=sys.stderr, flush=True)
         run = run_trees(base.target, None, entries, eval_ids, max_new_tokens=new_tokens, temperature=T, eos_ids=eos,
                         progress=progress, settings={"target": tname, "benchmark": "graft", "mode": mode})
@@ -165,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             "solver": {"plan": plans.choice.plan, "graft_depths": list(plans.choice.graft_depths),
                        "tree": plans.choice.dtree.summary(), "predicted_speedup": plans.choice.speedup,
                        "baselines": plans.baselines, "candidates": plans.choice.candidates[:5]},
-            "scheduler": {"card": sched_card, "predicted": sched_pred},
+            "scheduled_plans": [{"name": sp.name, "tree": sp.dtree.summary(), "static_tokens": sp.static_tokens,
+                                 "expected_tokens": sp.expected_tokens, "call_rate": sp.call_rate,
+                                 "cost_ms": sp.cost_ms, "predicted_speedup": sp.speedup, "samples": len(sp.samples),
+                                 "card": sp.card} for sp in scheduled],
             "greedy_ok": run.greedy_ok if T == 0 else None,
             "files": {k: str(v) for k, v in files.items()}}
         _print_mode(mode, T, plain.tokens_per_s, rows, doc["modes"][mode])
@@ -189,9 +183,11 @@ def _print_mode(mode: str, T: float, plain_tps: float, rows: list[dict], d: dict
     for key in ("scheduled_over_best_single", "reselected_over_best_single", "static_over_best_single"):
         if d[key]:
             print(f"{key.replace('_', ' ')} ({d['best_single']}): {d[key]:.3f}")
-    card = d["scheduler"]["card"]
-    if card and "held_out" in card:
-        print(f"scheduler held-out: {card['held_out']}")
+    for sp in d["scheduled_plans"]:
+        held = sp["card"].get("held_out", sp["card"].get("why"))
+        print(f"scheduled plan {sp['name']}: {sp['tree']}; predicted {sp['expected_tokens']:.3f} tokens/step "
+              f"(static {sp['static_tokens']:.3f}), call rate {sp['call_rate']:.2f}, speedup {sp['predicted_speedup']:.3f}; "
+              f"held-out: {held}")
 
 
 if __name__ == "__main__":

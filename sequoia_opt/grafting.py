@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .decoding.policies import GraftPolicy, GraftScheduler, MergePolicy
-from .errors import SolverError
+from .errors import ProfileError, SolverError
 from .evaluation import DrafterPlan, TreeEntry, plan_drafter
 from .profiles import AcceptanceProfile, LatencyCurve, PairAcceptanceProfile
 from .profiling.graft import SchedulerSample
@@ -32,7 +32,8 @@ from .solver.graft import GraftAcceptance, GraftChoice, graft_baselines, graft_e
     merge_trees, solve_graft
 from .tree import DrafterTree, TreeMetadata, now_iso
 
-__all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction"]
+__all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction",
+           "GraftProfileSettings", "profile_graft", "ScheduledPlan", "scheduled_candidates", "choose_scheduled_plan"]
 
 
 @dataclass
@@ -156,35 +157,52 @@ def scheduled_prediction(expected_tokens: float, samples: Sequence[SchedulerSamp
 
 
 def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[[], Any], *,
-                  scheduler: GraftScheduler | None = None, scheduled_metadata: TreeMetadata | None = None,
-                  reselect: bool = False,
+                  scheduled: "ScheduledPlan | None" = None, reselect: bool = False,
                   names: Sequence[str] = ("light alone", "strong alone", "specinfer merge", "graft (static)",
                                           "graft (scheduled)", "graft (scheduled, re-selected)")
                   ) -> list[TreeEntry]:
     """The plans as run entries (module docstring). ``light`` / ``strong`` make a fresh drafter each (each
-    decoder binds its own); ``scheduler`` adds the scheduled grafted tree (with ``scheduled_metadata`` for its
-    prediction, :func:`scheduled_prediction`); ``reselect`` adds it again with the graft positions
-    re-selected each step from the strong drafter's scores (:class:`GraftPolicy` ``reselect``; its prediction
-    is the fixed positions', a lower bound)."""
+    decoder binds its own). The grafted tree is ``scheduled.dtree`` when given (then run with the strong drafter
+    called every step, "static", and with its scheduler, "scheduled"), else the solver's choice when it holds
+    both drafters (static only). ``reselect`` adds the scheduled tree again with the graft positions re-selected
+    each step from the strong drafter's scores (:class:`GraftPolicy` ``reselect``; predicted as the fixed
+    positions, a lower bound)."""
     p = plans.profiles
     dn = (p.light, p.strong)
-    dt = plans.choice.dtree
+    curves = [p.light_curve, p.strong_curve]
+    ctx = plans.light_plan.context
     merge_trees_ = (plans.light_plan.tree, plans.strong_plan.tree)
     out = [TreeEntry(names[0], plans.light_plan.tree, plans.light_plan.metadata, draft=light, drafter=p.light),
            TreeEntry(names[1], plans.strong_plan.tree, plans.strong_plan.metadata, draft=strong, drafter=p.strong),
            TreeEntry(names[2], plans.merge.tree, plans.metadata["merge"], drafter="+".join(dn),
                      policy=lambda: MergePolicy([light(), strong()], merge_trees_, dn))]
-    if plans.choice.plan == "graft":
-        out.append(TreeEntry(names[3], dt.tree, plans.metadata["graft"], drafter="+".join(dn),
-                             policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt)))
-        if scheduler is not None:
-            out.append(TreeEntry(names[4], dt.tree, scheduled_metadata or plans.metadata["graft"],
-                                 drafter="+".join(dn),
-                                 policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt, scheduler)))
+    dt = scheduled.dtree if scheduled is not None else (plans.choice.dtree if plans.choice.plan == "graft" else None)
+    if dt is None:
+        return out
+    try:  # a plan the conditional model cannot score (e.g. a light width it did not measure) has no prediction
+        g = graft_expected_tokens(dt, plans.acceptance)
+        speedup = graft_step_cost(dt, p.light_curve, curves, ctx, expected_tokens=g).speedup
+    except (SolverError, ProfileError):
+        g = speedup = None
+    base = plans.metadata["graft"]
+    static_meta = TreeMetadata(budget=dt.size, max_depth=dt.tree_depth, expected_tokens_per_step=g,
+                               predicted_speedup=speedup,
+                               acceptance_profile=base.acceptance_profile, latency_profile=base.latency_profile,
+                               solver=base.solver, date=now_iso(),
+                               extra={**base.extra, "plan": scheduled.name if scheduled else "solver graft"})
+    out.append(TreeEntry(names[3], dt.tree, static_meta, drafter="+".join(dn),
+                         policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt)))
+    if scheduled is not None:
+        sm = TreeMetadata(budget=dt.size, max_depth=dt.tree_depth, expected_tokens_per_step=scheduled.expected_tokens,
+                          predicted_speedup=scheduled.speedup, acceptance_profile=base.acceptance_profile,
+                          latency_profile=base.latency_profile, solver="graft+scheduler", date=now_iso(),
+                          extra={**static_meta.extra, "predicted_call_rate": scheduled.call_rate})
+        sched = scheduled.scheduler
+        out.append(TreeEntry(names[4], dt.tree, sm, drafter="+".join(dn),
+                             policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt, sched)))
         if reselect:
-            out.append(TreeEntry(names[5], dt.tree, scheduled_metadata or plans.metadata["graft"],
-                                 drafter="+".join(dn), policy=lambda: GraftPolicy.from_drafter_tree(
-                                     light(), strong(), dt, scheduler, reselect=True)))
+            out.append(TreeEntry(names[5], dt.tree, sm, drafter="+".join(dn), policy=lambda: GraftPolicy.from_drafter_tree(
+                light(), strong(), dt, sched, reselect=True)))
     return out
 
 
@@ -302,3 +320,118 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
                 f"{s.pair_depth}, {s.light_width} light + {s.strong_width} grafted strong candidates per spine node"))
     return GraftProfiles(light.draft_name, strong.draft_name, light.cost_model, strong.cost_model, light_curve,
                          strong_curve, light_acc, strong_acc, pair_profile)
+
+
+@dataclass
+class ScheduledPlan:
+    """A graft plan run with a trained scheduler, and its prediction from the profile steps
+    (:func:`choose_scheduled_plan`).
+
+    Attributes:
+        name: where the plan came from (``solver graft`` or ``merge as graft``).
+        dtree: the plan.  scheduler: the trained scheduler (or :class:`AlwaysGraft` / :class:`NeverGraft` when
+            the strong drafter paid at every / no profile step; ``card`` says which).
+        card: the scheduler's card.
+        static_tokens: G of the plan with the strong drafter called every step (the conditional model).
+        expected_tokens: the scheduled tree's G (:func:`scheduled_prediction`).  call_rate: its predicted rate.
+        cost_ms: its predicted step cost: the light part's step (light draft, T(n_light), overhead) plus, at
+            the call rate, the strong drafter's draft time and T(n_full) - T(n_light).
+        tokens_per_s / speedup: 1000 G / cost_ms, and over plain decoding (T(1) + overhead).
+        samples: the profile steps it was trained and predicted on.
+    """
+
+    name: str
+    dtree: DrafterTree
+    scheduler: GraftScheduler
+    card: dict[str, Any]
+    static_tokens: float
+    expected_tokens: float
+    call_rate: float
+    cost_ms: float
+    tokens_per_s: float
+    speedup: float
+    samples: list[SchedulerSample]
+
+
+def scheduled_candidates(plans: GraftPlans) -> list[tuple[str, DrafterTree]]:
+    """Plans worth scheduling: the solver's best tree that holds both drafters' nodes (even where, called every
+    step, it loses to a drafter alone: a scheduler calls the strong drafter only where it pays), and the
+    SpecInfer merge of the two own trees read as a graft plan (the light drafter's best tree, the strong
+    drafter's best tree grafted at the root: skipped, the light tree alone runs)."""
+    from .decoding.policies import check_graft_plan
+    from .errors import DecodingError
+    from .solver.graft import graft_depth_family
+
+    p = plans.profiles
+    out: list[tuple[str, DrafterTree]] = []
+    try:
+        fam = [g for g in graft_depth_family(plans.light_plan.max_depth) if g]
+        c = solve_graft(plans.acceptance, p.light_curve, [p.light_curve, p.strong_curve],
+                        budget=plans.light_plan.budget, max_depth=plans.light_plan.max_depth,
+                        context=plans.light_plan.context, max_branching=plans.light_plan.max_branching,
+                        graft_depths_family=fam, strong_only=False)
+        if c.plan == "graft":
+            out.append(("solver graft", c.dtree))
+    except SolverError:
+        pass
+    if plans.light_plan.tree.tree_depth and plans.strong_plan.tree.tree_depth:
+        try:
+            check_graft_plan(plans.merge.tree, plans.merge.drafter)
+            out.append(("merge as graft", plans.merge))
+        except DecodingError:
+            pass
+    return out
+
+
+def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], strong: Callable[[], Any],
+                          prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
+                          top_p: float = 1.0, eos_ids: Sequence[int] = (), pair: dict[str, str] | None = None,
+                          extra_card: dict[str, Any] | None = None,
+                          progress: Callable[[str, int, int], None] | None = None) -> list[ScheduledPlan]:
+    """For each of :func:`scheduled_candidates`: run it on the profile ``prompts`` with the strong drafter called
+    every step (:func:`~sequoia_opt.profiling.graft.collect_scheduler_samples`), train its scheduler
+    (:func:`~sequoia_opt.profiling.graft.train_scheduler`) and predict the scheduled tree's tokens per step and
+    step cost (:class:`ScheduledPlan`). Returns them best predicted tokens/s first (empty when no plan holds
+    both drafters).
+
+    Raises:
+        DecodingError: as the decoder, before decoding.
+    """
+    from .decoding.policies import AlwaysGraft, NeverGraft
+    from .decoding.policies.scheduler import GraftFeatures
+    from .profiling.graft import collect_scheduler_samples, train_scheduler
+    from .solver.graft import drafter_costs_ms
+
+    p = plans.profiles
+    curves = [p.light_curve, p.strong_curve]
+    ctx = plans.light_plan.context
+    out = []
+    for name, dt in scheduled_candidates(plans):
+        samples = collect_scheduler_samples(target, light, strong, dt.tree, dt.drafter, prompts,
+                                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                            eos_ids=eos_ids, progress=progress)
+        if not samples:
+            continue
+        try:
+            sched = train_scheduler(samples, p.light_curve, pair=pair or {}, context=ctx,
+                                    extra_card={"plan": name, **(extra_card or {})})
+            card = sched.card
+        except ProfileError as err:
+            pays = "at every" in str(err)
+            sched = AlwaysGraft() if pays else NeverGraft()
+            card = {"kind": sched.name, "why": str(err), "plan": name, **(extra_card or {})}
+        g_static = graft_expected_tokens(dt, plans.acceptance)
+        g, rate = scheduled_prediction(g_static, samples, sched)
+        light_dt, _ = dt.light_only()
+        ms_light = drafter_costs_ms(light_dt, curves, ctx)[0] if light_dt.size > 1 else 0.0
+        ms_strong = drafter_costs_ms(dt, curves, ctx)[1]
+        curve = p.light_curve
+        base = ms_light + curve.target_ms(light_dt.size, ctx) + curve.step_overhead_ms
+        extra = ms_strong + curve.target_ms(dt.size, ctx) - curve.target_ms(light_dt.size, ctx)
+        calls = [sched.decide(GraftFeatures(*s.features)) for s in samples]
+        cost = base + extra * (sum(calls) / len(calls))
+        tps = 1000.0 * g / cost
+        plain = curve.target_ms(1, ctx) + curve.step_overhead_ms
+        out.append(ScheduledPlan(name, dt, sched, card, g_static, g, rate, cost, tps, tps * plain / 1000.0, samples))
+    out.sort(key=lambda sp: -sp.tokens_per_s)
+    return out

@@ -11,8 +11,10 @@ from test_decoding import _model, _perturbed
 
 from sequoia_opt.decoding.policies import AlwaysGraft, NeverGraft
 from sequoia_opt.evaluation import run_trees
-from sequoia_opt.grafting import (GraftProfileSettings, graft_acceptance, graft_entries, plan_graft, profile_graft,
-                                  scheduled_prediction)
+from sequoia_opt.grafting import (GraftProfileSettings, ScheduledPlan, choose_scheduled_plan, graft_acceptance,
+                                  graft_entries, plan_graft, profile_graft, scheduled_candidates, scheduled_prediction)
+from sequoia_opt.errors import SolverError
+from sequoia_opt.solver.graft import graft_expected_tokens
 from sequoia_opt.pipeline import DrafterSpec, ModelPair
 from sequoia_opt.profiling.graft import SchedulerSample
 from sequoia_opt.tree import DrafterTree
@@ -53,15 +55,16 @@ def test_every_configuration_runs_and_greedy_output_equals_plain(profiled):
     plans = plan_graft(prof, budget=16, max_depth=4, max_branching=3, context=64)
     assert plans.choice.expected_tokens >= 1.0
     assert {r["name"] for r in plans.baselines} >= {"light alone", "strong alone", "specinfer merge"}
-    if plans.choice.plan != "graft":  # on this tiny pair the solver may not graft: run a grafted plan anyway
-        from test_graft_policy import LABELS, PLAN
+    # on this tiny pair the solver may not graft: schedule a hand-made grafted plan with a scheduler that never
+    # calls the strong drafter
+    from test_graft_policy import LABELS, PLAN
 
-        dt = DrafterTree(PLAN, tuple(LABELS), ("weak", "strong"))
-        plans = dataclasses.replace(plans, choice=dataclasses.replace(plans.choice, dtree=dt, plan="graft"))
-    entries = graft_entries(plans, light.new_drafter, strong.new_drafter, scheduler=NeverGraft())
+    dt = DrafterTree(PLAN, tuple(LABELS), ("weak", "strong"))
+    sp = ScheduledPlan("test", dt, NeverGraft(), {}, 2.0, 1.5, 0.0, 10.0, 150.0, 1.5, [])
+    entries = graft_entries(plans, light.new_drafter, strong.new_drafter, scheduled=sp, reselect=True)
     names = [e.name for e in entries]
     assert names[:3] == ["light alone", "strong alone", "specinfer merge"]
-    assert names[3:] == ["graft (static)", "graft (scheduled)"]
+    assert names[3:] == ["graft (static)", "graft (scheduled)", "graft (scheduled, re-selected)"]
     run = run_trees(target, None, entries, prompts, max_new_tokens=12)
     assert run.greedy_ok
     by = {s.tree: s for s in run.summaries}
@@ -72,6 +75,27 @@ def test_every_configuration_runs_and_greedy_output_equals_plain(profiled):
     # the scheduler that never calls: the strong drafter is never asked; the static tree asks it every step
     assert by["graft (scheduled)"].drafters[1]["calls"] == 0
     assert by["graft (static)"].drafters[1]["call_rate"] == 1.0
+    assert by["graft (scheduled)"].predicted_tokens_per_step == 1.5
+    # the hand-made plan puts a strong child next to 2 light ones, a width the pair profile did not measure
+    assert by["graft (static)"].predicted_tokens_per_step is None
+    with pytest.raises(SolverError, match="next to 2 light siblings"):
+        graft_expected_tokens(dt, plans.acceptance)
+
+
+def test_scheduled_plans_are_trained_and_predicted_from_the_profile_steps(profiled):
+    target, light, strong, prompts, prof = profiled
+    plans = plan_graft(prof, budget=16, max_depth=4, max_branching=3, context=64)
+    cands = scheduled_candidates(plans)
+    for name, dt in cands:
+        assert name in ("solver graft", "merge as graft") and set(dt.drafter[1:]) == {0, 1}
+    got = choose_scheduled_plan(plans, target, light.new_drafter, strong.new_drafter, prompts, max_new_tokens=12,
+                                pair={"target": "tiny", "light": "weak", "strong": "strong"})
+    assert [sp.name for sp in got] == sorted((n for n, _ in cands), key=lambda n: -next(
+        sp.tokens_per_s for sp in got if sp.name == n)) and len(got) == len(cands)
+    for sp in got:
+        assert sp.samples and 0.0 <= sp.call_rate <= 1.0
+        assert 1.0 <= sp.expected_tokens <= sp.static_tokens + 1e-9  # skipping can only lose accepted nodes
+        assert sp.tokens_per_s == pytest.approx(1000.0 * sp.expected_tokens / sp.cost_ms)
 
 
 def test_scheduled_prediction_subtracts_what_skipped_steps_lose():
