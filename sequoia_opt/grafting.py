@@ -12,12 +12,13 @@ grafted tree (TreeGraft, 2026) with each drafter alone and with SpecInfer's merg
 * :func:`graft_entries` — those plans as :class:`~sequoia_opt.evaluation.TreeEntry` s for
   :func:`~sequoia_opt.evaluation.run_trees`: light alone, strong alone, merge, the grafted tree with the
   strong drafter called every step ("static"), and, with a trained scheduler, called when the scheduler says.
-* :func:`scheduled_prediction` — the scheduled tree's predicted tokens per step: the static tree's G less the
-  accepted nodes the strong drafter added on the profile steps the scheduler would skip.
+* :func:`scheduled_prediction` — the scheduled tree's predicted tokens per step: the light part's G plus the
+  share of the strong drafter's contribution that the scheduler's calls keep on the profile steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -120,7 +121,9 @@ def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: 
     extra = {"drafters": [p.light, p.strong], "pair_acceptance_profile": p.pair.id,
              "strong_acceptance_profile": p.strong_acceptance.id, "light_acceptance_profile": p.light_acceptance.id,
              "strong_latency_profile": p.strong_curve.id, "graft_plan": choice.plan,
-             "graft_depths": list(choice.graft_depths)}
+             "graft_depths": list(choice.graft_depths),
+             # G of the plan's light part alone: a scheduler's prediction starts from it (scheduled_prediction)
+             "light_part_expected_tokens_per_step": graft_expected_tokens(choice.dtree.light_only()[0], acc)}
     meta = {"graft": TreeMetadata(budget=choice.budget, max_depth=choice.depth,
                                   expected_tokens_per_step=choice.expected_tokens, predicted_speedup=choice.speedup,
                                   acceptance_profile=p.pair.id, latency_profile=p.light_curve.id,
@@ -138,11 +141,17 @@ def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: 
     return GraftPlans(p, acc, light_plan, strong_plan, choice, merge, baselines, meta)
 
 
-def scheduled_prediction(expected_tokens: float, samples: Sequence[SchedulerSample], scheduler: GraftScheduler
-                         ) -> tuple[float, float]:
-    """The scheduled tree's predicted tokens per step and call rate: the static grafted tree's G less the mean,
-    over the profile steps, of the nodes the strong drafter added on the steps the scheduler would not call it
-    (under greedy verification exactly what skipping it loses there). Returns ``(G, call_rate)``.
+def scheduled_prediction(expected_tokens: float, light_tokens: float, samples: Sequence[SchedulerSample],
+                         scheduler: GraftScheduler) -> tuple[float, float]:
+    """The scheduled tree's predicted tokens per step and call rate.
+
+    G_sched = G_light + kappa * (G_full - G_light): the model's G of the plan's light part (``light_tokens``)
+    plus the share kappa of the strong drafter's contribution (``expected_tokens - light_tokens``) that the
+    scheduler's calls keep, measured on the profile steps: kappa = the nodes the strong drafter added on the steps
+    it calls it / on every step (1 when it never added any). Under greedy verification what a step loses
+    without the strong drafter is exactly the nodes it added there, so kappa is what the scheduler keeps of
+    the value; the model gives the levels, the profile steps the correlation between the features and that
+    value. Returns ``(G_sched, call_rate)``.
 
     Raises:
         ValueError: no samples.
@@ -152,8 +161,9 @@ def scheduled_prediction(expected_tokens: float, samples: Sequence[SchedulerSamp
     if not samples:
         raise ValueError("no scheduler samples to predict from")
     calls = np.array([scheduler.decide(GraftFeatures(*s.features)) for s in samples])
-    lost = np.array([s.accepted_full - s.accepted_light for s in samples], dtype=float)
-    return float(expected_tokens - (lost * ~calls).mean()), float(calls.mean())
+    added = np.array([s.accepted_full - s.accepted_light for s in samples], dtype=float)
+    kappa = float(added[calls].sum() / added.sum()) if added.sum() > 0 else 1.0
+    return float(light_tokens + kappa * (expected_tokens - light_tokens)), float(calls.mean())
 
 
 def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[[], Any], *,
@@ -357,28 +367,35 @@ def scheduled_candidates(plans: GraftPlans) -> list[tuple[str, DrafterTree]]:
     """Plans worth scheduling: the solver's best tree that holds both drafters' nodes (even where, called every
     step, it loses to a drafter alone: a scheduler calls the strong drafter only where it pays), and the
     SpecInfer merge of the two own trees read as a graft plan (the light drafter's best tree, the strong
-    drafter's best tree grafted at the root: skipped, the light tree alone runs)."""
+    drafter's best tree grafted at the root: skipped, the light tree alone runs), when the pair profile can
+    score it (it measured the strong drafter next to A light candidates: the light tree's root must have A
+    children)."""
     from .decoding.policies import check_graft_plan
     from .errors import DecodingError
-    from .solver.graft import graft_depth_family
+    from .solver.graft import graft_depth_family, optimal_graft_tree
 
     p = plans.profiles
     out: list[tuple[str, DrafterTree]] = []
-    try:
-        fam = [g for g in graft_depth_family(plans.light_plan.max_depth) if g]
-        c = solve_graft(plans.acceptance, p.light_curve, [p.light_curve, p.strong_curve],
-                        budget=plans.light_plan.budget, max_depth=plans.light_plan.max_depth,
-                        context=plans.light_plan.context, max_branching=plans.light_plan.max_branching,
-                        graft_depths_family=fam, strong_only=False)
-        if c.plan == "graft":
-            out.append(("solver graft", c.dtree))
-    except SolverError:
+    lp = plans.light_plan
+    try:  # every candidate solve_graft scores; the best by tokens/s that holds both drafters' nodes, rebuilt
+        fam = [g for g in graft_depth_family(lp.max_depth) if g]
+        c = solve_graft(plans.acceptance, p.light_curve, [p.light_curve, p.strong_curve], budget=lp.budget,
+                        max_depth=lp.max_depth, context=lp.context, max_branching=lp.max_branching,
+                        graft_depths_family=fam, strong_only=False, top=10_000)
+        both = [x for x in c.candidates if x["plan"] == "graft"]
+        if both:
+            x = max(both, key=lambda x: x["tokens_per_s"])
+            dt = optimal_graft_tree(plans.acceptance, x["budget"], x["max_depth"], max_branching=lp.max_branching,
+                                    graft_depths=x["graft_depths"], strong_path_depths=x["strong_path_depths"])
+            out.append(("solver graft", dataclasses.replace(dt, names=(p.light, p.strong))))
+    except (SolverError, ProfileError):
         pass
     if plans.light_plan.tree.tree_depth and plans.strong_plan.tree.tree_depth:
         try:
             check_graft_plan(plans.merge.tree, plans.merge.drafter)
+            graft_expected_tokens(plans.merge, plans.acceptance)  # a light width at the root the pair measured
             out.append(("merge as graft", plans.merge))
-        except DecodingError:
+        except (DecodingError, SolverError):
             pass
     return out
 
@@ -421,8 +438,8 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
             sched = AlwaysGraft() if pays else NeverGraft()
             card = {"kind": sched.name, "why": str(err), "plan": name, **(extra_card or {})}
         g_static = graft_expected_tokens(dt, plans.acceptance)
-        g, rate = scheduled_prediction(g_static, samples, sched)
         light_dt, _ = dt.light_only()
+        g, rate = scheduled_prediction(g_static, graft_expected_tokens(light_dt, plans.acceptance), samples, sched)
         ms_light = drafter_costs_ms(light_dt, curves, ctx)[0] if light_dt.size > 1 else 0.0
         ms_strong = drafter_costs_ms(dt, curves, ctx)[1]
         curve = p.light_curve

@@ -64,7 +64,8 @@ def env(tmp_path_factory):
     finally:
         os.chdir(old)
     plan = root / "plan.yaml"
-    save_drafter_tree(plan, DrafterTree(PLAN, LABELS, (LIGHT, STRONG)), TreeMetadata(expected_tokens_per_step=2.0))
+    save_drafter_tree(plan, DrafterTree(PLAN, LABELS, (LIGHT, STRONG)), TreeMetadata(
+        expected_tokens_per_step=2.0, extra={"light_part_expected_tokens_per_step": 1.5}))
 
     def light_curve(name: str, target_ms: dict[int, float]) -> Path:
         curve = LatencyCurve.synthetic(target_ms, {w: 0.01 for w in (1, 16)}, step_overhead_ms=1.0, context=16,
@@ -208,6 +209,54 @@ def test_solve_writes_a_grafted_tree_with_the_baselines(env, tmp_path, monkeypat
     assert r.exit_code == 0, r.output
     table = r.stdout[r.stdout.index("grafted tree against the baselines"):]
     assert all(name in table for name in ("chosen", "light alone", "strong alone", "specinfer merge"))
+
+
+@pytest.mark.parametrize("plan", ["graft", "merge"])
+def test_solve_plan_writes_a_tree_holding_both_drafters(env, tmp_path, monkeypatch, plan):
+    """--plan graft / merge: the tree a scheduler needs (both drafters' nodes), whatever wins called every step.
+    The pair profile is the measured one with its counts rewritten so that the strong drafter's first grafted
+    candidate is accepted at 40 % of the trials (the tiny pair's own strong drafter adds nothing)."""
+    import dataclasses
+
+    import numpy as np
+
+    from sequoia_opt.evaluation import plan_drafter
+    from sequoia_opt.profiles import load_acceptance, load_latency, save_pair_acceptance
+
+    monkeypatch.chdir(env["root"])
+    f = _files(env)
+    measured = load_pair_acceptance(f["pair_acceptance"])
+    A, B = measured.light_width, measured.strong_width
+    counts = {d: np.array([30] * A + [40] + [0] * (B - 1) + [30]) for d in (1, 2, 3)}
+    pair_file = tmp_path / "pair.yaml"
+    save_pair_acceptance(pair_file, dataclasses.replace(measured, counts_by_depth=counts))
+    out = tmp_path / "graft.yaml"
+    r = invoke("solve", "--pair-acceptance", pair_file, "-a", f["light_acceptance"], "-a", f["strong_acceptance"],
+               "-l", f["light_latency"], "-l", f["strong_latency"], "--max-depth", "3", "--plan", plan, "-o", out,
+               "--json")
+    if plan == "merge":  # the merge is scored only when the light tree's root has the A children the pair measured
+        la, sa = load_acceptance(f["light_acceptance"]), load_acceptance(f["strong_acceptance"])
+        ll, sl = load_latency(f["light_latency"]), load_latency(f["strong_latency"])
+        lt = plan_drafter(LIGHT, "one-pass", la, ll, budget=16, max_depth=3).tree
+        st = plan_drafter(STRONG, "per-level", sa, sl, budget=16, max_depth=3).tree
+        if not (lt.tree_depth and st.tree_depth and len(lt.children[0]) == A):
+            assert r.exit_code == 2 and "no tree holding both drafters' nodes" in r.stderr and not out.exists()
+            return
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    dtree, meta = load_drafter_tree(out)
+    assert set(dtree.drafter[1:]) == {0, 1}  # both drafters' nodes
+    assert doc["choice"]["plan"] == f"{plan} (--plan)" and meta.extra["graft_plan"] == plan
+    assert meta.expected_tokens_per_step == pytest.approx(doc["choice"]["expected_tokens_per_step"])
+    assert meta.expected_tokens_per_step > 1.0
+    assert any(n.startswith(f"--plan {plan}:") for n in doc["notes"])
+
+
+def test_solve_plan_needs_pair_acceptance(env, monkeypatch):
+    monkeypatch.chdir(env["root"])
+    f = _files(env)
+    r = invoke("solve", "-a", f["light_acceptance"], "--plan", "graft")
+    assert r.exit_code == 2 and "add --pair-acceptance" in r.stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,13 +3,12 @@ output equal to plain decoding for every configuration), and the scheduled tree'
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 from test_decoding import _model, _perturbed
 
-from sequoia_opt.decoding.policies import AlwaysGraft, NeverGraft
+from sequoia_opt.decoding.policies import AlwaysGraft, LogisticScheduler, NeverGraft
 from sequoia_opt.evaluation import run_trees
 from sequoia_opt.grafting import (GraftProfileSettings, ScheduledPlan, choose_scheduled_plan, graft_acceptance,
                                   graft_entries, plan_graft, profile_graft, scheduled_candidates, scheduled_prediction)
@@ -94,15 +93,18 @@ def test_scheduled_plans_are_trained_and_predicted_from_the_profile_steps(profil
         sp.tokens_per_s for sp in got if sp.name == n)) and len(got) == len(cands)
     for sp in got:
         assert sp.samples and 0.0 <= sp.call_rate <= 1.0
-        assert 1.0 <= sp.expected_tokens <= sp.static_tokens + 1e-9  # skipping can only lose accepted nodes
+        assert 1.0 <= sp.expected_tokens <= sp.static_tokens + 1e-9  # between the light part's G and the plan's
         assert sp.tokens_per_s == pytest.approx(1000.0 * sp.expected_tokens / sp.cost_ms)
 
 
-def test_scheduled_prediction_subtracts_what_skipped_steps_lose():
-    s = [SchedulerSample((0.9, 0.9, 0.9, 2.0), 3, 1, 5.0, 1.0, 9, 5, 0),
-         SchedulerSample((0.1, 0.1, 0.1, 0.0), 2, 2, 5.0, 1.0, 9, 5, 0)]
-    assert scheduled_prediction(3.0, s, AlwaysGraft()) == (3.0, 1.0)
-    g, rate = scheduled_prediction(3.0, s, NeverGraft())
-    assert rate == 0.0 and g == pytest.approx(3.0 - (2 + 0) / 2)
+def test_scheduled_prediction_keeps_the_share_of_the_strong_drafters_value_its_calls_capture():
+    s = [SchedulerSample((0.9, 0.9, 0.9, 2.0), 3, 1, 5.0, 1.0, 9, 5, 0),   # the strong drafter added 2 nodes
+         SchedulerSample((0.1, 0.1, 0.1, 0.0), 3, 2, 5.0, 1.0, 9, 5, 0),   # added 1
+         SchedulerSample((0.4, 0.4, 0.4, 0.0), 2, 2, 5.0, 1.0, 9, 5, 0)]   # added 0
+    assert scheduled_prediction(3.0, 2.0, s, AlwaysGraft()) == (3.0, 1.0)
+    assert scheduled_prediction(3.0, 2.0, s, NeverGraft()) == (2.0, 0.0)
+    calls_confident = LogisticScheduler(weights=[10.0, 0.0, 0.0, 0.0], bias=-5.0)  # calls when conf_root >= 0.5
+    g, rate = scheduled_prediction(3.0, 2.0, s, calls_confident)
+    assert rate == pytest.approx(1 / 3) and g == pytest.approx(2.0 + (2 / 3) * 1.0)
     with pytest.raises(ValueError):
-        scheduled_prediction(3.0, [], NeverGraft())
+        scheduled_prediction(3.0, 2.0, [], NeverGraft())

@@ -777,8 +777,9 @@ def profile_scheduler(
         _print_error(f"{err} (no scheduler was written)")
         raise typer.Exit(1) from None
     predicted = None
-    if meta.expected_tokens_per_step is not None:
-        g, rate = scheduled_prediction(meta.expected_tokens_per_step, samples, sched)
+    g_light = meta.extra.get("light_part_expected_tokens_per_step")
+    if meta.expected_tokens_per_step is not None and g_light is not None:
+        g, rate = scheduled_prediction(meta.expected_tokens_per_step, float(g_light), samples, sched)
         predicted = {"tokens_per_step": g, "call_rate": rate, "static_tokens_per_step": meta.expected_tokens_per_step,
                      "tree_choices": dtree.tree.choices(), "tree_drafter": list(dtree.drafter)}
         sched.card["predicted"] = predicted

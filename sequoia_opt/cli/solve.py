@@ -8,6 +8,7 @@ cost model: each drafter alone and SpecInfer's merge of their own trees."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -78,6 +79,11 @@ def solve(
     max_branching: Annotated[Optional[int], typer.Option(
         "--max-branching", "-b", help="Most children per node B (default 32; with --pair-acceptance 8).")] = None,
     pair_acceptance: PairAcceptanceOpt = None,
+    plan: Annotated[str, typer.Option(
+        "--plan", help="With --pair-acceptance, the tree written: auto (the best predicted tokens/s with the strong "
+        "drafter called every step; may hold one drafter's nodes) | graft (the best tree holding both drafters' "
+        "nodes: what a scheduler, treeopt profile scheduler, calls the strong drafter of only where it pays) | "
+        "merge (each drafter's own best tree, the strong one grafted at the root).")] = "auto",
     context: ContextOpt = None,
     output: OutputOpt = None,
     fmt: FormatOpt = None,
@@ -102,8 +108,10 @@ def solve(
     if pair_acceptance is not None:
         _solve_graft(pair_acceptance, acceptance, latency, budget=budget, max_depth=max_depth,
                      max_branching=max_branching, context=context, output=output, fmt=fmt, width=width,
-                     acceptance_model=acceptance_model, as_json=as_json)
+                     acceptance_model=acceptance_model, as_json=as_json, plan=plan)
         return
+    if plan != "auto":
+        raise SolverError("--plan chooses which grafted tree to write: add --pair-acceptance (or drop --plan)")
     for opt, given in (("--acceptance", acceptance), ("--latency", latency)):
         if given is not None and len(given) > 1:
             raise SolverError(f"{opt} was given {len(given)} times: one profile solves one drafter's tree; a light "
@@ -269,7 +277,7 @@ GRAFT_DEFAULTS = {"max_depth": 8, "max_branching": 8}
 def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list[Path]], *, budget: Optional[int],
                  max_depth: Optional[int], max_branching: Optional[int], context: Optional[int],
                  output: Optional[Path], fmt: Optional[str], width: Optional[int], acceptance_model: str,
-                 as_json: bool) -> None:
+                 as_json: bool, plan: str = "auto") -> None:
     """``treeopt solve --pair-acceptance``: every check and the profiles' agreement first (one line, exit 2,
     nothing written), then :func:`~sequoia_opt.grafting.plan_graft` and the report: the chosen grafted tree,
     the best candidates, and the baselines (each drafter alone, the SpecInfer merge) under the same cost
@@ -286,6 +294,8 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     from ..profiles import load_acceptance, load_latency, load_pair_acceptance, warn_on_mismatch
     from ..tree import drafter_tree_to_yaml, save_drafter_tree
 
+    if plan not in ("auto", "graft", "merge"):
+        raise SolverError(f"--plan {plan!r}: choose auto, graft or merge")
     n_lat = len(latency or [])
     if len(acceptance) != 2 or n_lat != 2:
         raise SolverError(f"--pair-acceptance grafts two drafters: pass two -a and two -l, the light drafter's then the "
@@ -338,6 +348,27 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     ch, dtree = plans.choice, plans.choice.dtree
     ctx = context if context is not None else int(curves[0].contexts[0])
     meta = plans.metadata["graft"]
+    if plan != "auto":  # a tree holding both drafters, for a scheduler, whether or not it wins called every step
+        from ..grafting import scheduled_candidates
+        from ..solver.graft import drafter_costs_ms, graft_expected_tokens, graft_step_cost
+
+        want = {"graft": "solver graft", "merge": "merge as graft"}[plan]
+        found = dict(scheduled_candidates(plans)).get(want)
+        if found is None:
+            raise SolverError(f"--plan {plan}: no tree holding both drafters' nodes fits these limits and profiles "
+                              f"(the strong drafter adds nothing the DP keeps; or, for merge, a drafter's own best "
+                              f"tree is the root alone or the light tree's root has other than the "
+                              f"{pair.light_width} children the pair profile measured)")
+        g = graft_expected_tokens(found, plans.acceptance)
+        cost = graft_step_cost(found, curves[0], curves, context, expected_tokens=g)
+        ch = dataclasses.replace(ch, dtree=found, plan=f"{plan} (--plan)", budget=found.size, depth=found.tree_depth,
+                                 expected_tokens=g, cost=cost, drafter_ms=drafter_costs_ms(found, curves, context))
+        dtree = found
+        meta = dataclasses.replace(meta, budget=found.size, max_depth=found.tree_depth, expected_tokens_per_step=g,
+                                   predicted_speedup=cost.speedup, extra={
+                                       **meta.extra, "graft_plan": plan,
+                                       "light_part_expected_tokens_per_step": graft_expected_tokens(
+                                           found.light_only()[0], plans.acceptance)})
     meta.extra.update({"max_branching": max_branching, "budget_limit": budget, "context_tokens": ctx,
                        "light_latency_profile": curves[0].id})
     for key, value in (("target", pair.measured.get("target") or accs[0].measured.get("target")),
@@ -378,7 +409,11 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
         report.notes.append(f"{ch.skipped} candidates skipped: their draft widths exceed a measured draft curve")
     singles = [b for b in plans.baselines if b["name"] in ("light alone", "strong alone") and b["tokens_per_s"]]
     best = max(singles, key=lambda b: b["tokens_per_s"], default=None)
-    if ch.plan == "graft" and best is not None:
+    if plan != "auto" and best is not None:
+        report.notes.append(f"--plan {plan}: with the strong drafter called every step this tree predicts "
+                            f"{ch.tokens_per_s:.4g} tokens/s against {best['name']}'s {best['tokens_per_s']:.4g}; "
+                            "a scheduler (treeopt profile scheduler --tree ...) calls it only where it pays")
+    elif ch.plan == "graft" and best is not None:
         report.notes.append(f"grafting pays here: predicted {ch.tokens_per_s:.4g} tokens/s against {best['name']}'s "
                             f"{best['tokens_per_s']:.4g} ({ch.tokens_per_s / best['tokens_per_s'] - 1:+.1%})")
     elif ch.plan != "graft":
