@@ -731,9 +731,10 @@ def profile_scheduler(
     from ..pipeline import default_pair_acceptance_path, default_target_path, load_drafters, model_label, \
         parse_device, parse_dtype
     from ..profiles import load_latency
-    from ..profiling.graft import collect_scheduler_samples, train_scheduler
+    from ..profiling.graft import collect_scheduler_samples, require_sklearn, train_scheduler
     from ..prompts import demo_prompts_path, load_prompts
 
+    require_sklearn()  # before minutes of sampling
     light, strong = _two_drafters(draft, "profile scheduler")
     for name, value in (("--num-prompts", num_prompts), ("--max-new-tokens", max_new_tokens)):
         if value < 1:

@@ -42,7 +42,7 @@ from ..profiles import LatencyCurve
 from ..tree import Tree
 
 __all__ = ["pair_measurement_plan", "PairCounts", "measure_pair_acceptance", "SchedulerSample",
-           "collect_scheduler_samples", "train_scheduler", "scheduler_value"]
+           "collect_scheduler_samples", "train_scheduler", "scheduler_value", "require_sklearn"]
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -232,6 +232,21 @@ def scheduler_value(samples: Sequence[SchedulerSample], curve: LatencyCurve, con
     return value, r
 
 
+def require_sklearn():
+    """scikit-learn's ``LogisticRegression`` (what :func:`train_scheduler` fits), imported here so a command can
+    check for it before minutes of sampling.
+
+    Raises:
+        ProfileError: scikit-learn is not installed (``pip install 'sequoia_opt[scheduler]'``).
+    """
+    try:
+        from sklearn.linear_model import LogisticRegression
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ProfileError("training a scheduler needs scikit-learn: pip install 'sequoia_opt[scheduler]' "
+                           "(or scikit-learn)") from None
+    return LogisticRegression
+
+
 def train_scheduler(samples: Sequence[SchedulerSample], curve: LatencyCurve, *, pair: dict[str, str],
                     context: int | None = None, holdout_fraction: float = 0.3, seed: int = 0,
                     extra_card: dict[str, Any] | None = None) -> LogisticScheduler:
@@ -248,12 +263,9 @@ def train_scheduler(samples: Sequence[SchedulerSample], curve: LatencyCurve, *, 
         ProfileError: fewer than 20 samples, or one class only (the strong drafter always or never pays:
             then ship :class:`~sequoia_opt.decoding.policies.AlwaysGraft` / ``NeverGraft``, as the card of the
             error says).
-        ImportError: scikit-learn is not installed (``pip install 'treeopt[scheduler]'``).
+        ProfileError: scikit-learn is not installed (:func:`require_sklearn`).
     """
-    try:
-        from sklearn.linear_model import LogisticRegression
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("training a scheduler needs scikit-learn: pip install 'treeopt[scheduler]'") from None
+    LogisticRegression = require_sklearn()
     if len(samples) < 20:
         raise ProfileError(f"{len(samples)} scheduler samples are too few to train on (need >= 20)")
     value, r = scheduler_value(samples, curve, context)
