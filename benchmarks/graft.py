@@ -55,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the scheduled tree with graft positions re-selected from the strong drafter's scores")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=Path("results/graft"))
+    ap.add_argument("--flat-target-from", type=Path, default=None, metavar="DIR",
+                    help="only print each plan's predicted speedup where T(n) is flat, from the profiles a run saved "
+                    "under DIR (results/graft/<date>/)")
     args = ap.parse_args(argv)
+    if args.flat_target_from is not None:
+        return gpu_like_from(args.flat_target_from, args.budget or 32, args.max_depth, 4)  # the run's sizes
 
     import torch
 
@@ -166,6 +171,64 @@ def main(argv: list[str] | None = None) -> int:
     path = atomic_write_text(args.out / f"{stamp}.json", json.dumps(doc, indent=1, default=str) + "\n")
     print(f"wrote {path}")
     return 0 if ok else 1
+
+
+def flat_target_rows(prof, budget: int, max_depth: int, max_branching: int) -> list[dict]:
+    """What the same measured acceptance would give where T(n) is flat (a GPU's shape, ``demo.gpu_like_curve``:
+    this device's T(1) and c(w), T(n) = T(1) up to 64 tokens): each plan re-solved and its predicted speedup.
+    A prediction, not a measurement."""
+    import dataclasses
+
+    from sequoia_opt.demo import gpu_like_curve
+    from sequoia_opt.grafting import plan_graft
+
+    def flat(curve):
+        c = gpu_like_curve(curve, None)
+        return dataclasses.replace(c, cost_model=curve.cost_model, model=curve.model, device=curve.device,
+                                   id=f"{curve.id}-flat")
+
+    fp = dataclasses.replace(prof, light_curve=flat(prof.light_curve), strong_curve=flat(prof.strong_curve))
+    plans = plan_graft(fp, budget=budget, max_depth=max_depth, max_branching=max_branching)
+    rows = [{"config": "light alone", "nodes": plans.light_plan.tree.size,
+             "predicted_tokens_per_step": plans.light_plan.choice.expected_tokens,
+             "predicted_speedup": plans.light_plan.choice.speedup},
+            {"config": "strong alone", "nodes": plans.strong_plan.tree.size,
+             "predicted_tokens_per_step": plans.strong_plan.choice.expected_tokens,
+             "predicted_speedup": plans.strong_plan.choice.speedup},
+            {"config": "specinfer merge", "nodes": plans.merge.size,
+             "predicted_tokens_per_step": plans.metadata["merge"].expected_tokens_per_step,
+             "predicted_speedup": plans.metadata["merge"].predicted_speedup},
+            {"config": f"solver's choice ({plans.choice.plan})", "nodes": plans.choice.dtree.size,
+             "predicted_tokens_per_step": plans.choice.expected_tokens, "predicted_speedup": plans.choice.speedup}]
+    return rows
+
+
+def gpu_like_from(run_dir: Path, budget: int, max_depth: int, max_branching: int) -> int:
+    """``--flat-target-from DIR``: :func:`flat_target_rows` from the profiles a run saved under DIR/<mode>/."""
+    from sequoia_opt.grafting import GraftProfiles
+    from sequoia_opt.profiles import load_acceptance, load_latency, load_pair_acceptance
+
+    out: dict[str, list[dict]] = {}
+    for mode_dir in sorted(p for p in run_dir.iterdir() if (p / "acceptance-pair.yaml").is_file()):
+        pair = load_pair_acceptance(mode_dir / "acceptance-pair.yaml")
+        ll, sl = load_latency(mode_dir / "latency-light.yaml"), load_latency(mode_dir / "latency-strong.yaml")
+        la, sa = load_acceptance(mode_dir / "acceptance-light.yaml"), load_acceptance(mode_dir / "acceptance-strong.yaml")
+        prof = GraftProfiles(pair.drafters[0], pair.drafters[1], pair.cost_models[0], pair.cost_models[1], ll, sl, la,
+                             sa, pair)
+        print(f"\n### {mode_dir.name}: predicted where T(n) is flat up to 64 tokens (this device's T(1), c(w))\n")
+        print("| config | nodes | predicted tokens/step | predicted speedup |")
+        print("|---|---|---|---|")
+        out[mode_dir.name] = rows = flat_target_rows(prof, budget, max_depth, max_branching)
+        for r in rows:
+            g, sp = r["predicted_tokens_per_step"], r["predicted_speedup"]
+            print(f"| {r['config']} | {r['nodes']} | {'-' if g is None else f'{g:.3f}'} | "
+                  f"{'-' if sp is None else f'{sp:.3f}'} |")
+    path = atomic_write_text(run_dir.parent / f"{run_dir.name}-flat-target.json", json.dumps(
+        {"format": "treeopt-bench-graft-flat/1", "from": str(run_dir), "budget": budget, "max_depth": max_depth,
+         "max_branching": max_branching, "note": "predicted, not measured: T(n) = T(1) up to 64 tokens",
+         "modes": out}, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
 
 
 def _print_mode(mode: str, T: float, plain_tps: float, rows: list[dict], d: dict) -> None:
