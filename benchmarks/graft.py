@@ -246,6 +246,10 @@ def _print_mode(mode: str, T: float, plain_tps: float, rows: list[dict], d: dict
     for key in ("scheduled_over_best_single", "reselected_over_best_single", "static_over_best_single"):
         if d[key]:
             print(f"{key.replace('_', ' ')} ({d['best_single']}): {d[key]:.3f}")
+    plans = d["scheduled_plans"]
+    if plans and plans[0]["call_rate"] == 0:
+        print("verdict: the best scheduled plan never calls the strong drafter: grafting does not pay here "
+              "(the scheduled tree is the light drafter's part alone)")
     for sp in d["scheduled_plans"]:
         held = sp["card"].get("held_out", sp["card"].get("why"))
         print(f"scheduled plan {sp['name']}: {sp['tree']}; predicted {sp['expected_tokens']:.3f} tokens/step "
