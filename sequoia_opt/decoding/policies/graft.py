@@ -91,8 +91,8 @@ class GraftPolicy(DraftingPolicy):
             among the nodes it runs over anyway (the same cost). Default False: the plan's positions.
 
     Raises:
-        DecodingError: a plan :func:`check_graft_plan` refuses, ``names`` not two names; a strong drafter that cannot run over a shared
-            tree is refused when it is first asked.
+        DecodingError: a plan :func:`check_graft_plan` refuses, ``names`` not two names; a strong drafter that
+            cannot run over a shared tree is refused when it is first asked.
     """
 
     wants_confidence = True
