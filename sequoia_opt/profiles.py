@@ -136,8 +136,11 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ProfileError(f"{path}: not valid YAML ({err.__class__.__name__})") from None
+    article = "an" if kind[:1] in "aeiou" else "a"
+    if doc is None:
+        raise ProfileError(f"{path}: the file is empty (expected {article} {kind} profile)")
     if not isinstance(doc, dict):
-        raise ProfileError(f"{path}: a {kind} profile must be a YAML mapping with a 'format' key")
+        raise ProfileError(f"{path}: {article} {kind} profile must be a YAML mapping with a 'format' key")
     return doc, path
 
 

@@ -414,6 +414,29 @@ def test_run_bad_multi_drafter_input_exits_2_before_weights_load(env, tmp_path, 
     assert not res.exists()
 
 
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read tree file"),
+    ("", "the file is empty"),
+    ("format: treeopt-tree/2\ndrafters: [a\n", "not valid YAML (ParserError)"),
+    ("format: treeopt-tree/2\ndrafters: [lookup:1-3, draft]\nnodes:\n  - {parent: -1, rank: 0}\n"
+     "  - {parent: 0, rank: 0, drafter: 7}\n", "node 1: drafter index 7 is out of range"),
+])
+@pytest.mark.parametrize("drafts", [1, 2])
+def test_run_reports_a_missing_or_broken_tree_file_not_the_draft_count(env, tmp_path, no_weights, content, message,
+                                                                      drafts):
+    """With two --draft, a tree file that is missing or does not parse used to be reported as "--draft was given 2
+    times" (it was taken for a one-drafter tree); with one --draft, a /2 file with a bad drafter index as "a
+    multi-drafter tree ... use load_drafter_tree". The reader's own reason comes first."""
+    bad = tmp_path / "bad.yaml"
+    if content is not None:
+        bad.write_text(content)
+    res = tmp_path / "res"
+    r = invoke("run", "--target", env["target"], "--prompts", env["prompts"], "--results-dir", res,
+               "--draft", "lookup", *(["--draft", env["draft"]] if drafts == 2 else []), "--tree", bad)
+    _one_line_error(r, 2, message)
+    assert "--draft was given" not in r.output and not res.exists()
+
+
 def test_a_drafter_failing_mid_run_is_one_line_exit_1_and_no_results(env, tmp_path, monkeypatch):
     from sequoia_opt.decoding.drafters.model import ModelDrafter
 

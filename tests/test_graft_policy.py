@@ -133,6 +133,25 @@ def test_bad_plans_and_pairs_are_refused(target, drafts):
         MergePolicy([ModelDrafter(drafts["weak"])], [PLAN])
 
 
+def test_names_must_match_the_drafters_or_a_drafters_vocabulary_goes_unchecked(target, drafts):
+    """A names list shorter than the drafters used to be accepted: the decoder's vocabulary check zips names with
+    drafters, so an unnamed drafter with another vocabulary ran unchecked."""
+    V = target.config.vocab_size
+    with pytest.raises(DecodingError, match="one name per drafter: got 1 names for 2 drafters"):
+        MergePolicy([ModelDrafter(drafts["strong"]), PromptLookupDrafter(V + 43)], [PLAN, PLAN], names=["a"])
+    with pytest.raises(DecodingError, match=r"names its two drafters \(light, strong\), got \['x'\]"):
+        GraftPolicy(ModelDrafter(drafts["strong"]), PromptLookupDrafter(V + 43), PLAN, LABELS, names=("x",))
+
+    class Unnamed(MergePolicy):  # a policy of the user's own that forgets a name: the decoder refuses it
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.names = self.names[:1]
+
+    with pytest.raises(DecodingError, match="names 1 drafter"):
+        MultiDraftDecoder(target, Unnamed([ModelDrafter(drafts["strong"]), PromptLookupDrafter(V + 43)],
+                                          [PLAN, PLAN]))
+
+
 def test_scheduler_file_round_trips_and_refuses_another_pair(tmp_path):
     s = LogisticScheduler(weights=[-3.0, 0.0, 0.0, -1.0], bias=2.0, pair={"target": "t", "light": "a", "strong": "b"},
                           card={"trained_on": "test"})
@@ -146,6 +165,10 @@ def test_scheduler_file_round_trips_and_refuses_another_pair(tmp_path):
     assert back.probability(unsure) == pytest.approx(1 / (1 + 2.718281828 ** -(2.0 - 0.3)), rel=1e-6)
     with pytest.raises(ProfileError, match="trained for strong 'b'"):
         load_scheduler(f, pair={"strong": "c"})
+    # another kind is refused, not run as a logistic model
+    f.write_text(f.read_text().replace("kind: logistic", "kind: forest"))
+    with pytest.raises(ProfileError, match="scheduler kind 'forest' is not one this version runs"):
+        load_scheduler(f)
     f.write_text("format: other/1\n")
     with pytest.raises(ProfileError, match="treeopt-scheduler/1"):
         load_scheduler(f)

@@ -134,3 +134,13 @@ def test_refusals_of_files(tmp_path):
     (tmp_path / "pair.yaml").write_text(yaml.safe_dump(_doc()))
     with pytest.raises(ProfileError, match="format is 'treeopt-acceptance-pair/1', expected 'treeopt-acceptance/1'"):
         load_acceptance(tmp_path / "pair.yaml")  # the single-drafter reader refuses a pair profile
+
+
+def test_an_empty_or_non_mapping_pair_profile_is_named_as_such(tmp_path):
+    """An empty file used to read "a acceptance pair profile must be a YAML mapping with a 'format' key"."""
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ProfileError, match=r"empty.yaml: the file is empty \(expected an acceptance pair profile\)"):
+        load_pair_acceptance(tmp_path / "empty.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ProfileError, match="list.yaml: an acceptance pair profile must be a YAML mapping"):
+        load_pair_acceptance(tmp_path / "list.yaml")

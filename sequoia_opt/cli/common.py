@@ -294,6 +294,34 @@ def _graft_tree_names(path: Path) -> Optional[tuple[str, ...]]:
     return dtree.names if len(dtree.names) > 1 else None
 
 
+def _check_tree_readable(path: Path) -> None:
+    """Raise the tree reader's own one-line error for a file that is no valid tree of any format run takes (a
+    ``/1`` or ``/2`` tree, an export, a choice list). Used where the file's kind decides which check runs
+    next, so that a missing, empty or corrupt file is reported as such and not as a mismatch of --draft count.
+
+    Raises:
+        TreeValidationError: the file cannot be read or holds no valid tree (a ``treeopt-tree/2`` file: the
+            multi-drafter reader's reason; anything else: the single-drafter reader's).
+    """
+    from ..errors import TreeValidationError
+    from ..exports import load_any_tree
+    from ..tree import load_drafter_tree
+
+    try:
+        load_drafter_tree(path)
+        return
+    except TreeValidationError as e:
+        v2_error = e
+    try:
+        load_any_tree(path)
+    except TreeValidationError as e:
+        try:
+            declares_v2 = "treeopt-tree/2" in Path(path).read_text(errors="replace")
+        except OSError:
+            declares_v2 = False
+        raise (v2_error if declares_v2 else e) from None
+
+
 def _load_graft_tree(path: Path, light, strong):
     """Read a grafted tree (``treeopt-tree/2``, two drafters, light first) and check it against the two
     ``--draft`` before any model loads: its names must be the drafters' labels in order, and its plan one the

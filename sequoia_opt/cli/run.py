@@ -25,8 +25,8 @@ from ..errors import TreeoptError
 from ..report import Report
 from ..tree import Tree, TreeMetadata
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt,
-                     TopPOpt, _check_run_options, _graft_tree_names, _interruptible, _load_graft_tree,
-                     _load_tree_entry, _print_error, app, handle_errors, progress_bar, setting_notes)
+                     TopPOpt, _check_run_options, _check_tree_readable, _graft_tree_names, _interruptible,
+                     _load_graft_tree, _load_tree_entry, _print_error, app, handle_errors, progress_bar, setting_notes)
 from .render import render
 
 
@@ -134,6 +134,10 @@ def run_cmd(
             compare=compare, acceptance=acceptance, latency=latency, device=device, dtype=dtype, backend=backend,
             results_dir=results_dir, as_json=as_json)
         return
+    if n_draft > 1 and not merge:
+        for p in tree:  # a missing or broken file is reported as such, not as a --draft count that does not fit
+            if p not in grafted:
+                _check_tree_readable(p)
     if grafted and n_draft != 2:
         raise TreeoptError(f"a grafted tree ({grafted[0]}) runs two drafters, its light then its strong one: got "
                            f"{n_draft} --draft")
@@ -151,6 +155,8 @@ def run_cmd(
                            "strong) and the treeopt-tree/2 tree naming them")
     for p in tree:
         names = _graft_tree_names(p)
+        if not names:
+            _check_tree_readable(p)
         if names:
             raise TreeoptError(f"tree {p} names {len(names)} drafters ({', '.join(names)}): run it with one --draft "
                                "per drafter, in that order, light first")

@@ -56,6 +56,10 @@ class MultiDraftDecoder:
                  generator: torch.Generator | None = None, eos_ids: Iterable[int] = (), backend: str = "auto",
                  max_len: int | None = None) -> None:
         V = target.config.vocab_size
+        if len(policy.names) != len(policy.drafters):  # zip below would skip the unnamed drafters' checks
+            raise DecodingError(f"the policy names {len(policy.names)} drafter(s) "
+                                f"({', '.join(map(str, policy.names))}) but has {len(policy.drafters)}: one name per "
+                                "drafter")
         for name, d in zip(policy.names, policy.drafters):
             if d.vocab_size != V:
                 raise DecodingError(f"drafter {name!r} has a vocabulary of {d.vocab_size} tokens but the target "

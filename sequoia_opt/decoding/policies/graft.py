@@ -91,8 +91,8 @@ class GraftPolicy(DraftingPolicy):
             among the nodes it runs over anyway (the same cost). Default False: the plan's positions.
 
     Raises:
-        DecodingError: a plan :func:`check_graft_plan` refuses; a strong drafter that cannot run over a shared
-            tree is refused when it is first asked.
+        DecodingError: a plan :func:`check_graft_plan` refuses, ``names`` not two names; a strong drafter that
+            cannot run over a shared tree is refused when it is first asked.
     """
 
     wants_confidence = True
@@ -104,6 +104,8 @@ class GraftPolicy(DraftingPolicy):
         light, strong = as_drafter(light), as_drafter(strong)
         self.drafters = (light, strong)
         self.names = tuple(names)
+        if len(self.names) != 2:
+            raise DecodingError(f"a graft policy names its two drafters (light, strong), got {list(self.names)}")
         self.scheduler = scheduler or AlwaysGraft()
         self.plan, self.plan_drafter = plan, tuple(int(k) for k in plan_drafter)
         self.max_size, self.max_depth = plan.size, plan.tree_depth

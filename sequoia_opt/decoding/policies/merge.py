@@ -40,7 +40,7 @@ class MergePolicy(DraftingPolicy):
         names: their labels.
 
     Raises:
-        DecodingError: not one tree per drafter, or fewer than two drafters.
+        DecodingError: not one tree per drafter, fewer than two drafters, or not one name per drafter.
     """
 
     def __init__(self, drafters: Sequence[Drafter], trees: Sequence[Tree], names: Sequence[str] | None = None) -> None:
@@ -50,6 +50,9 @@ class MergePolicy(DraftingPolicy):
         self.drafters = tuple(as_drafter(d) for d in drafters)
         self.trees = tuple(trees)
         self.names = tuple(names) if names is not None else tuple(f"drafter{i}" for i in range(len(drafters)))
+        if len(self.names) != len(self.drafters):
+            raise DecodingError(f"a merge needs one name per drafter: got {len(self.names)} names for "
+                                f"{len(self.drafters)} drafters")
         self.max_depth = max(t.tree_depth for t in trees)
         self.max_size = sum(t.size for t in trees) - (len(trees) - 1)  # every non-root node distinct at most
         k = len(drafters)

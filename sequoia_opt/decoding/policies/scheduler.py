@@ -130,7 +130,7 @@ def load_scheduler(path: str | Path, *, pair: dict[str, str] | None = None) -> L
     """Read a scheduler file; with ``pair``, refuse one trained for another pair.
 
     Raises:
-        ProfileError: unreadable file, another format, features in another order, bad numbers, or (with
+        ProfileError: unreadable file, another format or kind, features in another order, bad numbers, or (with
             ``pair``) a ``target`` / ``light`` / ``strong`` label that differs from the file's.
     """
     text = read_text_file(path, error=ProfileError, what="scheduler file")
@@ -141,6 +141,8 @@ def load_scheduler(path: str | Path, *, pair: dict[str, str] | None = None) -> L
     if not isinstance(doc, dict) or doc.get("format") != SCHEDULER_FORMAT:
         raise ProfileError(f"{path}: not a {SCHEDULER_FORMAT} file (format: "
                            f"{doc.get('format') if isinstance(doc, dict) else None!r})")
+    if doc.get("kind", "logistic") != "logistic":  # the only kind this version reads: never run another as one
+        raise ProfileError(f"{path}: scheduler kind {doc.get('kind')!r} is not one this version runs ('logistic')")
     if list(doc.get("features", [])) != list(FEATURE_NAMES):
         raise ProfileError(f"{path}: features {doc.get('features')} differ from this version's {list(FEATURE_NAMES)}")
     try:
