@@ -12,6 +12,9 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
   forward per tree level), :class:`PromptLookupDrafter` (n-gram prompt lookup, no model),
   :class:`LayerSkipDrafter` (the target's own first L layers, sharing its cache), and the registry
   :data:`DRAFTERS` (a new drafter is one new file and a registry line).
+* ``policies/`` and :class:`MultiDraftDecoder` (``multidraft.py``) — several drafters in one tree: the graft
+  policy (TreeGraft: a light drafter's part, a strong drafter's grafts when a scheduler calls it) and
+  SpecInfer's merge, verified exactly with mixed provenance (:func:`verify_groups_node`).
 * :func:`autoregressive_generate` / :class:`AutoregressiveDecoder` — the baseline on the same forward path.
 * :func:`process_logits`, :func:`argmax_tokens`, :func:`verify_greedy`, :func:`verify_sampling_node`,
   :func:`verify_point_mass_node` — the pure rules, testable alone; they raise ValueError on NaN / inf
@@ -25,10 +28,12 @@ from .sampling import (GREEDY_LIMIT_TEMPERATURE, Acceptance, NodeVisit, argmax_t
                        sample_categorical, sample_without_replacement, verify_greedy, verify_point_mass_batch,
                        verify_point_mass_node, verify_sampling_batch, verify_sampling_node)
 from .speculative import DecodeState, DraftOutput, SpeculativeDecoder
+from .multidraft import MultiDraftDecoder  # noqa: E402 (after speculative: it builds on DecodeState)
 from .stats import GenerationResult, StepStats
 
 __all__ = [
     "SpeculativeDecoder",
+    "MultiDraftDecoder",
     "DecodeState",
     "DraftOutput",
     "Drafter",
