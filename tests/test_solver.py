@@ -4,7 +4,6 @@ the hardware-aware choice on synthetic latency curves."""
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import pytest
