@@ -415,7 +415,6 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
         DecodingError: as the decoder, before decoding.
     """
     from .decoding.policies import AlwaysGraft, NeverGraft
-    from .decoding.policies.scheduler import GraftFeatures
     from .profiling.graft import collect_scheduler_samples, train_scheduler
     from .solver.graft import drafter_costs_ms
 
@@ -445,8 +444,7 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
         curve = p.light_curve
         base = ms_light + curve.target_ms(light_dt.size, ctx) + curve.step_overhead_ms
         extra = ms_strong + curve.target_ms(dt.size, ctx) - curve.target_ms(light_dt.size, ctx)
-        calls = [sched.decide(GraftFeatures(*s.features)) for s in samples]
-        cost = base + extra * (sum(calls) / len(calls))
+        cost = base + extra * rate
         tps = 1000.0 * g / cost
         plain = curve.target_ms(1, ctx) + curve.step_overhead_ms
         out.append(ScheduledPlan(name, dt, sched, card, g_static, g, rate, cost, tps, tps * plain / 1000.0, samples))

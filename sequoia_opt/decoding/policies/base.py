@@ -21,8 +21,10 @@ import numpy as np
 import torch
 
 from ...attention import TreeMask
-from ..drafters import Drafter, DraftSettings
+from ..buffers import TreeBuffers
+from ..drafters import Drafter, DraftOutput, DraftSettings
 from ..sampling import CandidateGroup
+from ..stats import Clock
 
 if TYPE_CHECKING:
     from ..speculative import DecodeState
@@ -135,6 +137,24 @@ class StepTree:
         self.group_children[node].append(out)
         return out
 
+    def add_drafted(self, out: DraftOutput, buffers: TreeBuffers, drafter: int, *, merge: bool = True) -> list[int]:
+        """Add a drafter's static tree (``out`` proposed over ``buffers``) below this tree's root: each node with
+        children becomes one candidate group (its q row when ``out.probs`` has one, else point masses).
+
+        Returns:
+            ``step_of``: per node of the drafter's tree, the step-tree node it is (the root is 0). Into an
+            empty tree with ``merge=False`` that is the identity.
+        """
+        step_of = [0] * buffers.n
+        for node, ch in enumerate(buffers.children):
+            if ch:
+                q = out.probs[node] if out.probs is not None else None
+                kids = self.add_group(step_of[node], CandidateGroup(q, out.tokens[ch[0] : ch[-1] + 1], drafter),
+                                      merge=merge)
+                for c, s in zip(ch, kids):
+                    step_of[c] = s
+        return step_of
+
     def ancestors(self) -> np.ndarray:
         """(n, n) bool ancestor-or-self matrix (:func:`ancestor_matrix`)."""
         return ancestor_matrix(self.parent)
@@ -157,6 +177,7 @@ class DraftingPolicy(ABC):
         max_size: the most nodes a step's tree can have (root included).
         max_depth: the deepest a step's tree can be.
         drafter_ms / drafter_calls: per drafter, the last step's wall time (ms) and whether it was asked.
+        clock: the :class:`~sequoia_opt.decoding.stats.Clock` of the decoder's device (set by :meth:`bind`).
     """
 
     drafters: tuple[Drafter, ...]
@@ -168,8 +189,10 @@ class DraftingPolicy(ABC):
     wants_confidence: bool = False
 
     def bind(self, settings: DraftSettings) -> None:
-        """Bind every drafter to the decoder (:meth:`Drafter.bind`)."""
+        """Bind every drafter to the decoder (:meth:`Drafter.bind`), and time drafters on the decoder's device
+        (:attr:`clock`: CUDA is synchronised before each reading, as the decoder's own clock)."""
         settings.want_confidence = self.wants_confidence
+        self.clock = Clock(settings.device)
         for d in self.drafters:
             d.bind(settings)
 

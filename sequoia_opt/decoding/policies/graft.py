@@ -32,7 +32,6 @@ candidates are verified group by group against the distribution they were drawn 
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -134,7 +133,7 @@ class GraftPolicy(DraftingPolicy):
             sites[s] = sites.get(s, 0) + 1
         self.graft_sites = dict(sorted(sites.items()))
         # the strong drafter runs over every ancestor-or-self of a graft site, level by level
-        anc = ancestor_matrix(self.step_parent)
+        anc = self._step_anc = ancestor_matrix(self.step_parent)  # (n, n) bool, the full step tree's
         need = sorted({j for s in sites for j in range(plan.size) if anc[s, j]})
         self.strong_levels: list[list[int]] = []
         for d in range(self.max_depth + 1):
@@ -155,7 +154,7 @@ class GraftPolicy(DraftingPolicy):
                 self.reselect_levels[j] = self.reselect_levels.get(j, 0) + 1
         for j in blocked:
             self.reselect_levels.pop(j, None)
-        self.light_spine = [j for j in self._light_spine()]
+        self.light_spine = self._light_spine()
         self.recent_accepted = 0.0
         self.drafter_ms, self.drafter_calls = [0.0, 0.0], [0, 0]
         self._called = False
@@ -183,6 +182,9 @@ class GraftPolicy(DraftingPolicy):
         super().bind(settings)
         self._settings = settings
         self._buffers = TreeBuffers.build(self.light_tree, settings.device)
+        # the full step tree's depths and ancestor matrix, for the strong drafter's forwards (fixed by the plan)
+        self._step_depth_t = torch.tensor(self.step_depth, dtype=torch.int64, device=settings.device)  # (n,)
+        self._step_anc_t = torch.from_numpy(self._step_anc).to(settings.device)  # (n, n)
 
     def reset(self) -> None:
         super().reset()
@@ -196,17 +198,14 @@ class GraftPolicy(DraftingPolicy):
         s, buf = self._settings, self._buffers
         light, strong = self.drafters
         tree = StepTree(state.root)
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         conf = None
         if buf.tree_depth > 0:
             out = light.propose(state, buf)
-            for node, ch in enumerate(buf.children):
-                if ch:
-                    q = out.probs[node] if out.probs is not None else None
-                    tree.add_group(node, CandidateGroup(q, out.tokens[ch[0] : ch[-1] + 1], 0), merge=False)
+            tree.add_drafted(out, buf, 0, merge=False)  # nodes 0 .. n_l - 1, the light tree's own order
             conf = out.confidence.tolist() if out.confidence is not None else None
-        t1 = time.perf_counter()
-        self.drafter_ms = [1000.0 * (t1 - t0), 0.0]
+        t1 = self.clock.now()
+        self.drafter_ms = [t1 - t0, 0.0]
         self.drafter_calls = [int(buf.tree_depth > 0), 0]
         self._called = False
         if not self.graft_sites:
@@ -217,7 +216,7 @@ class GraftPolicy(DraftingPolicy):
             return tree
         self._called = True
         self._graft(state, tree, strong, s)
-        self.drafter_ms[1] = 1000.0 * (time.perf_counter() - t1)
+        self.drafter_ms[1] = self.clock.now() - t1
         self.drafter_calls[1] = 1
         return tree
 
@@ -226,8 +225,7 @@ class GraftPolicy(DraftingPolicy):
         n = self.plan.size
         tokens = torch.zeros(n, dtype=torch.int64, device=device)
         tokens[: tree.n] = torch.tensor(tree.tokens, dtype=torch.int64, device=device)
-        depth = torch.tensor(self.step_depth, dtype=torch.int64, device=device)
-        anc = torch.from_numpy(ancestor_matrix(self.step_parent)).to(device)
+        depth, anc = self._step_depth_t, self._step_anc_t
         path_p = {0: 1.0}  # re-selection: the strong drafter's probability of each light node's root path
         for li, nodes in enumerate(self.strong_levels):
             logits = strong.score_nodes(state, tokens, depth, anc, nodes, li == 0)

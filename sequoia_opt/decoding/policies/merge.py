@@ -13,7 +13,6 @@ on nodes of its own tree, in its own tree's numbering (its cache holds its tree 
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -22,7 +21,6 @@ from ...errors import DecodingError
 from ...tree import Tree
 from ..buffers import TreeBuffers
 from ..drafters import Drafter, DraftSettings
-from ..sampling import CandidateGroup
 from .base import DraftingPolicy, StepTree, as_drafter
 
 if TYPE_CHECKING:
@@ -77,20 +75,13 @@ class MergePolicy(DraftingPolicy):
         tree = StepTree(state.root)
         self._own = []
         for k, (d, buf) in enumerate(zip(self.drafters, self._buffers)):
-            t0 = time.perf_counter()
-            own: dict[int, int] = {0: 0}
-            step_of = [0] * buf.n  # own node -> step node
+            t0 = self.clock.now()
+            own: dict[int, int] = {0: 0}  # step node -> own node
             if buf.tree_depth > 0:
-                out = d.propose(state, buf)
-                for node, ch in enumerate(buf.children):
-                    if ch:
-                        q = out.probs[node] if out.probs is not None else None
-                        kids = tree.add_group(step_of[node], CandidateGroup(q, out.tokens[ch[0] : ch[-1] + 1], k))
-                        for c, s in zip(ch, kids):
-                            step_of[c] = s
-                            own.setdefault(s, c)
+                for c, s in enumerate(tree.add_drafted(d.propose(state, buf), buf, k)):
+                    own.setdefault(s, c)
             self._own.append(own)
-            self.drafter_ms[k] = 1000.0 * (time.perf_counter() - t0)
+            self.drafter_ms[k] = self.clock.now() - t0
             self.drafter_calls[k] = int(buf.tree_depth > 0)
         return tree
 
