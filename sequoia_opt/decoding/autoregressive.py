@@ -15,8 +15,8 @@ import torch
 from ..attention import TreeMask, resolve_backend
 from ..errors import DecodingError
 from ..model import Transformer
-from .core import (DEFAULT_MAX_LEN, cached_forward, causal_mask, check_capacity, check_max_new_tokens,
-                   check_prompt, describe_model, model_output_error, run_causal_chunk, truncate)
+from .core import (DEFAULT_MAX_LEN, cached_forward, causal_mask, check_request, model_output_error, run_causal_chunk,
+                   truncate)
 from .sampling import argmax_tokens, process_logits, sample_categorical
 from .stats import Clock, GenerationResult, StepStats
 
@@ -66,11 +66,7 @@ class AutoregressiveDecoder:
 
     def check(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
         """Validate inputs (before any forward). Returns the prompt as ints. Raises :class:`DecodingError`."""
-        prompt = check_prompt(prompt_ids, self.model.config.vocab_size)
-        M = check_max_new_tokens(max_new_tokens)
-        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.model.config.max_position_embeddings,
-                       model=describe_model(self.model))
-        return prompt
+        return check_request(prompt_ids, max_new_tokens, self.model, max_len=self.max_len)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> GenerationResult:

@@ -97,6 +97,23 @@ def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, cont
             f"or more, or ask for at most {max(cache_len + 1 - P, 0)} new tokens")
 
 
+def check_request(prompt_ids: Sequence[int], max_new_tokens: int, model: Transformer, *, max_len: int,
+                  role: str | None = None) -> list[int]:
+    """Every decoder's request check, before any forward pass: :func:`check_prompt` against the model's
+    vocabulary, :func:`check_max_new_tokens`, and :func:`check_capacity` against its
+    ``max_position_embeddings`` and ``max_len`` cache slots (``role`` names the model in messages). Returns the
+    prompt as ints.
+
+    Raises:
+        DecodingError: as those checks.
+    """
+    prompt = check_prompt(prompt_ids, model.config.vocab_size)
+    M = check_max_new_tokens(max_new_tokens)
+    check_capacity(len(prompt), M, cache_len=max_len, context=model.config.max_position_embeddings,
+                   model=describe_model(model, role))
+    return prompt
+
+
 def causal_mask(T: int, device: torch.device, memo: dict[int, TreeMask] | None = None) -> TreeMask:
     """A (T, T) lower-triangular :class:`TreeMask` (prefill chunks, plain decoding with T = 1), taken from
     / stored in the caller's ``memo`` dict when given and T is small (the per-step chunks; each decoder

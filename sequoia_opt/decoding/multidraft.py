@@ -23,8 +23,7 @@ import torch
 from ..attention import TreeMask, resolve_backend
 from ..errors import DecodingError
 from ..model import Transformer
-from .core import (DEFAULT_MAX_LEN, cached_forward, check_capacity, check_max_new_tokens, check_prompt,
-                   describe_model, model_output_error, run_causal_chunk, truncate)
+from .core import DEFAULT_MAX_LEN, cached_forward, check_request, model_output_error, run_causal_chunk
 from .drafters import DraftSettings
 from .policies.base import DraftingPolicy, StepTree
 from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical, verify_greedy,
@@ -107,11 +106,7 @@ class MultiDraftDecoder:
             DecodingError: empty prompt, an id outside the vocabulary, ``max_new_tokens < 0``, or a request that
                 does not fit the target's context or the cache.
         """
-        prompt = check_prompt(prompt_ids, self.vocab_size)
-        M = check_max_new_tokens(max_new_tokens)
-        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.context,
-                       model=describe_model(self.target_model, "target"))
-        return prompt
+        return check_request(prompt_ids, max_new_tokens, self.target_model, max_len=self.max_len, role="target")
 
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> GenerationResult:
@@ -221,12 +216,8 @@ class MultiDraftDecoder:
     def commit(self, state: DecodeState, tree: StepTree, acc: Acceptance) -> list[int]:
         """Emit the accepted tokens and the bonus (stop rules applied); unless generation stops, compact the
         accepted path in the target cache and commit it to every drafter through the policy."""
-        result = state.result
-        emitted, stop = truncate(acc.tokens, state.max_new_tokens - len(result.tokens), self.eos_ids)
-        result.tokens.extend(emitted)
-        state.seq.extend(emitted)
-        if stop is not None:
-            state.finished, result.stop_reason = True, stop
+        emitted = state.emit(acc.tokens, self.eos_ids)
+        if state.finished:
             return emitted
         L = state.cached
         src = torch.tensor(acc.path, dtype=torch.int64, device=self.device) + L  # (A,)

@@ -52,8 +52,8 @@ from ..errors import DecodingError
 from ..model import ModelKVCache, Transformer
 from ..tree import Tree
 from .buffers import TreeBuffers
-from .core import (DEFAULT_MAX_LEN, cached_forward, check_capacity, check_max_new_tokens, check_prompt,
-                   describe_model, model_output_error, run_causal_chunk, truncate)
+from .core import (DEFAULT_MAX_LEN, cached_forward, check_request, describe_model, model_output_error, run_causal_chunk,
+                   truncate)
 from .drafters import DraftOutput, Drafter, DraftSettings, ModelDrafter, root_tree
 from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical, verify_greedy,
                        verify_point_mass_node, verify_sampling_node)
@@ -86,6 +86,18 @@ class DecodeState:
     @property
     def root(self) -> int:
         return self.seq[-1]
+
+    def emit(self, tokens: Sequence[int], eos_ids: frozenset[int]) -> list[int]:
+        """Emit a step's tokens (accepted nodes, then the bonus) after the stop rules (:func:`truncate`: the
+        first EOS, ``max_new_tokens``) into ``result.tokens`` and ``seq``; on a stop set ``finished`` and the
+        result's ``stop_reason``. Returns the tokens emitted."""
+        result = self.result
+        emitted, stop = truncate(tokens, self.max_new_tokens - len(result.tokens), eos_ids)
+        result.tokens.extend(emitted)
+        self.seq.extend(emitted)
+        if stop is not None:
+            self.finished, result.stop_reason = True, stop
+        return emitted
 
     @property
     def draft_cached(self) -> int:
@@ -228,11 +240,7 @@ class SpeculativeDecoder:
                 (:func:`~sequoia_opt.decoding.core.check_capacity`): exactly what plain decoding of the
                 target with the same ``max_len`` refuses. The tree never causes a refusal (it is clipped).
         """
-        prompt = check_prompt(prompt_ids, self.vocab_size)
-        M = check_max_new_tokens(max_new_tokens)
-        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.context,
-                       model=describe_model(self.target_model, "target"))
-        return prompt
+        return check_request(prompt_ids, max_new_tokens, self.target_model, max_len=self.max_len, role="target")
 
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> GenerationResult:
@@ -454,12 +462,8 @@ class SpeculativeDecoder:
         Returns:
             The tokens emitted this step.
         """
-        result = state.result
-        emitted, stop = truncate(acc.tokens, state.max_new_tokens - len(result.tokens), self.eos_ids)
-        result.tokens.extend(emitted)
-        state.seq.extend(emitted)
-        if stop is not None:
-            state.finished, result.stop_reason = True, stop
+        emitted = state.emit(acc.tokens, self.eos_ids)
+        if state.finished:
             return emitted
         L, path = state.cached, acc.path
         D = self._step_depth(L)  # the depth this step's tree had (state.cached has not moved yet)
