@@ -129,11 +129,22 @@ def validate_acceptance(acceptance: Any, *, error: type[Exception] = SolverError
     return p
 
 
+def wilson_interval(k: float, n: float, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval (low, high) for a proportion of ``k`` successes in ``n`` trials, default 95 %
+    (``k`` may be an expected count); (0, 1) when ``n`` is 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    phat, z2 = k / n, z * z
+    centre = (phat + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(max(phat * (1 - phat), 0.0) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
 def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     path = Path(path)
     text = read_text_file(path, error=ProfileError, what=f"{kind} profile")
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         raise ProfileError(f"{path}: not valid YAML ({err.__class__.__name__})") from None
     article = "an" if kind[:1] in "aeiou" else "a"

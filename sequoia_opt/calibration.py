@@ -1,0 +1,288 @@
+"""The calibration profile: how well a drafter's draft probability predicts acceptance, and the draft trees
+it was measured on (``format: treeopt-calibration/1``).
+
+A dynamic tree (:mod:`sequoia_opt.dynamic`) is chosen from draft probabilities, so its value model is not a
+positional acceptance vector but a *calibration*: the probability that a candidate is accepted (given its
+parent was reached) as a function of its draft probability q. Measured on recorded steps
+(:func:`~sequoia_opt.profiling.calibration.measure_calibration`): each step the drafter grows a wide EAGLE-2
+tree (``recording.steps`` levels, ``recording.topk`` children per node and frontier width), and the target
+verifies every node of it in one forward, which gives, for every candidate, the target's probability of that
+token at its parent: its acceptance given the parent is reached (greedy: 1 when it is the target's argmax,
+else 0; sampling: the target's p of it, since the verifier emits a token distributed as p and accepts a
+candidate exactly when it emits that token).
+
+YAML::
+
+    format: treeopt-calibration/1
+    id: smollm2-135m__draft_greedy
+    measured: {target: ..., draft: ..., device: cpu, dtype: float32, temperature: 0.0, top_p: 1.0,
+               prompts_file: ..., num_prompts: 20, max_new_tokens: 64, seed: 0, date: ...,
+               recording: {steps: 5, topk: 6}, draft_probability: "softmax at temperature 1"}
+    ece: 0.041                       # expected calibration error over the bins (derived)
+    candidates: 28150                # non-root nodes of all recorded steps (derived)
+    bins:                            # the reliability table (derived from steps; checked on load)
+      - {low: 0.0, high: 0.02, count: 20110, accepted: 61.0, mean_draft_prob: 0.0041, acceptance: 0.0030,
+         ci_low: 0.0023, ci_high: 0.0039}
+      ...
+    by_rank: [{rank: 0, count: ..., accepted: ..., mean_draft_prob: ..., acceptance: ...}, ...]
+    by_depth: [{depth: 1, ...}, ...]
+    steps:                           # the recorded draft trees, one per decoding step, creation order
+      - {parent: [-1, 0, 0, 1, ...], prob: [1.0, 0.71, ...], rank: [0, 0, 1, 0, ...],
+         accept: [1.0, 1.0, 0.0, ...], entropy: [1.93, 0.88, null, ...]}   # null: a node not expanded
+
+The bins, ranks and depths are views of ``steps`` (counts add up to ``candidates`` in each); the file stores
+them for readers and the loader refuses a file whose tables disagree with its steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from ._io import atomic_write_text
+from .errors import ProfileError
+from .profiles import _check_format, _load_yaml, wilson_interval
+
+__all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
+           "save_calibration"]
+
+CALIBRATION_FORMAT = "treeopt-calibration/1"
+
+#: Bin edges of the reliability table over the draft probability (finer where most candidates are).
+DEFAULT_EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+#: Bins with fewer candidates than this are left out of the calibration curve (:meth:`acceptance_of`).
+MIN_BIN_COUNT = 10
+
+
+@dataclass
+class RecordedStep:
+    """One recorded draft tree (n nodes, creation order, the root first).
+
+    Attributes:
+        parent: (n,) int parent index (-1 for the root).
+        prob: (n,) float the draft probability of the node's token under its parent (1 for the root).
+        rank: (n,) int the node's rank among its parent's candidates (0 = best).
+        accept: (n,) float its acceptance given the parent is reached (the target's probability of its token
+            there; greedy 0 or 1; the root 1).
+        entropy: (n,) float the draft entropy (nats) at nodes the drafter ran over; NaN elsewhere.
+    """
+
+    parent: np.ndarray
+    prob: np.ndarray
+    rank: np.ndarray
+    accept: np.ndarray
+    entropy: np.ndarray
+    _children: list[list[int]] | None = field(default=None, repr=False)
+    _depth: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # the precision the file keeps, so that a profile's tables are the same before and after a round trip
+        self.prob, self.accept = np.round(self.prob, 6), np.round(self.accept, 6)
+        self.entropy = np.round(self.entropy, 4)
+        n = len(self.parent)
+        for name in ("prob", "rank", "accept", "entropy"):
+            if len(getattr(self, name)) != n:
+                raise ProfileError(f"a recorded step has {n} parents but {len(getattr(self, name))} {name} values")
+        if n == 0 or self.parent[0] != -1 or any(not 0 <= int(p) < i for i, p in enumerate(self.parent[1:], 1)):
+            raise ProfileError("a recorded step's parents must list the root first (-1) and every parent before "
+                               "its children")
+        if not (np.all((self.prob >= 0) & (self.prob <= 1)) and np.all((self.accept >= 0) & (self.accept <= 1))):
+            raise ProfileError("a recorded step's prob and accept values must be probabilities in [0, 1]")
+
+    @property
+    def n(self) -> int:
+        return len(self.parent)
+
+    @property
+    def children(self) -> list[list[int]]:
+        """Per node its children, by rank."""
+        if self._children is None:
+            ch: list[list[int]] = [[] for _ in range(self.n)]
+            for i in range(1, self.n):
+                ch[int(self.parent[i])].append(i)
+            self._children = [sorted(c, key=lambda i: int(self.rank[i])) for c in ch]
+        return self._children
+
+    @property
+    def depth(self) -> np.ndarray:
+        if self._depth is None:
+            d = np.zeros(self.n, dtype=np.int64)
+            for i in range(1, self.n):
+                d[i] = d[int(self.parent[i])] + 1
+            self._depth = d
+        return self._depth
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parent": [int(x) for x in self.parent], "prob": [round(float(x), 6) for x in self.prob],
+                "rank": [int(x) for x in self.rank], "accept": [round(float(x), 6) for x in self.accept],
+                "entropy": [None if math.isnan(x) else round(float(x), 4) for x in self.entropy]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> "RecordedStep":
+        try:
+            ent = [float("nan") if x is None else float(x) for x in d["entropy"]]
+            return cls(np.asarray(d["parent"], dtype=np.int64), np.asarray(d["prob"], dtype=np.float64),
+                       np.asarray(d["rank"], dtype=np.int64), np.asarray(d["accept"], dtype=np.float64),
+                       np.asarray(ent, dtype=np.float64))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ProfileError(f"{where}: a recorded step needs parent, prob, rank, accept and entropy lists "
+                               f"({err.__class__.__name__}: {err})") from None
+
+
+def _table(key: np.ndarray, prob: np.ndarray, acc: np.ndarray, labels: Sequence[Any], name: str) -> list[dict]:
+    rows = []
+    for i, lab in enumerate(labels):
+        m = key == i
+        n = int(m.sum())
+        if name == "bin" and n == 0:
+            rows.append({"count": 0, "accepted": 0.0})
+            continue
+        if n == 0:
+            continue
+        a = float(acc[m].sum())
+        lo, hi = wilson_interval(a, n)
+        rows.append({"count": n, "accepted": round(a, 4), "mean_draft_prob": round(float(prob[m].mean()), 6),
+                     "acceptance": round(a / n, 6), "ci_low": round(lo, 6), "ci_high": round(hi, 6)})
+    return rows
+
+
+@dataclass
+class CalibrationProfile:
+    """Reliability of a drafter's draft probability as a predictor of acceptance, with the recorded draft
+    trees (module docstring).
+
+    Attributes:
+        id: profile id.
+        measured: what was measured (target, draft, device, dtype, temperature, top_p, recording, ...).
+        steps: the recorded draft trees.
+        edges: bin edges over the draft probability, from 0 to 1.
+
+    Raises:
+        ProfileError: no steps, or edges that are not increasing from 0 to 1.
+    """
+
+    id: str
+    measured: dict[str, Any]
+    steps: list[RecordedStep]
+    edges: tuple[float, ...] = DEFAULT_EDGES
+    _curve: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        e = np.asarray(self.edges, dtype=np.float64)
+        if len(e) < 2 or e[0] != 0.0 or e[-1] != 1.0 or np.any(np.diff(e) <= 0):
+            raise ProfileError(f"calibration bin edges must rise from 0 to 1, got {list(self.edges)}")
+        if not self.steps:
+            raise ProfileError(f"calibration profile {self.id!r} has no recorded steps")
+        self.edges = tuple(float(x) for x in e)
+
+    # ------------------------------------------------------------------ views
+    def candidates(self) -> dict[str, np.ndarray]:
+        """Every non-root node of every step: ``prob``, ``accept``, ``rank``, ``depth`` arrays (same length)."""
+        cat = lambda f: np.concatenate([f(s)[1:] for s in self.steps])  # noqa: E731
+        return {"prob": cat(lambda s: s.prob), "accept": cat(lambda s: s.accept), "rank": cat(lambda s: s.rank),
+                "depth": cat(lambda s: s.depth)}
+
+    @property
+    def temperature(self) -> float:
+        return float(self.measured.get("temperature", 0.0))
+
+    @property
+    def recording(self) -> dict[str, int]:
+        r = self.measured.get("recording") or {}
+        return {"steps": int(r.get("steps", max(int(s.depth.max()) for s in self.steps))),
+                "topk": int(r.get("topk", max(len(c) for s in self.steps for c in s.children)))}
+
+    def _bin_index(self, prob: np.ndarray) -> np.ndarray:
+        return np.clip(np.searchsorted(np.asarray(self.edges), prob, side="right") - 1, 0, len(self.edges) - 2)
+
+    def bins(self) -> list[dict[str, Any]]:
+        """The reliability table: per draft-probability bin its count, expected accepted count, mean draft
+        probability, acceptance and 95 % Wilson interval."""
+        c = self.candidates()
+        rows = _table(self._bin_index(c["prob"]), c["prob"], c["accept"], range(len(self.edges) - 1), "bin")
+        for r, lo, hi in zip(rows, self.edges[:-1], self.edges[1:]):
+            r["low"], r["high"] = lo, hi
+        return [{"low": r.pop("low"), "high": r.pop("high"), **r} for r in rows]
+
+    def by_rank(self) -> list[dict[str, Any]]:
+        c = self.candidates()
+        K = int(c["rank"].max()) + 1
+        return [{"rank": int(r), **row} for r, row in zip(range(K), _table(c["rank"], c["prob"], c["accept"],
+                                                                           range(K), "rank"))]
+
+    def by_depth(self) -> list[dict[str, Any]]:
+        c = self.candidates()
+        D = int(c["depth"].max())
+        return [{"depth": d + 1, **row} for d, row in zip(range(D), _table(c["depth"] - 1, c["prob"], c["accept"],
+                                                                           range(D), "depth"))]
+
+    def ece(self) -> float:
+        """Expected calibration error: sum over bins of (count / N) |acceptance - mean draft probability|."""
+        rows = [r for r in self.bins() if r["count"]]
+        total = sum(r["count"] for r in rows)
+        return float(sum(r["count"] / total * abs(r["acceptance"] - r["mean_draft_prob"]) for r in rows))
+
+    def acceptance_of(self, prob: np.ndarray | float) -> np.ndarray:
+        """The calibrated acceptance of candidates with draft probability ``prob``: linear interpolation
+        between the (mean draft probability, acceptance) points of bins with at least
+        :data:`MIN_BIN_COUNT` candidates, anchored at (0, 0) and held flat past the last point."""
+        if self._curve is None:
+            rows = [r for r in self.bins() if r["count"] >= MIN_BIN_COUNT]
+            self._curve = (np.array([0.0] + [r["mean_draft_prob"] for r in rows]),
+                           np.array([0.0] + [r["acceptance"] for r in rows]))
+        return np.interp(np.asarray(prob, dtype=np.float64), *self._curve)
+
+    # ------------------------------------------------------------------ file
+    def to_dict(self) -> dict[str, Any]:
+        c = self.candidates()
+        return {"format": CALIBRATION_FORMAT, "id": self.id, "measured": dict(self.measured),
+                "ece": round(self.ece(), 6), "candidates": int(len(c["prob"])), "edges": list(self.edges),
+                "bins": self.bins(), "by_rank": self.by_rank(), "by_depth": self.by_depth(),
+                "steps": [s.to_dict() for s in self.steps]}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "calibration profile",
+                  default_id: str = "calibration") -> "CalibrationProfile":
+        """Parse and validate (the stored tables must be the ones the steps give).
+
+        Raises:
+            ProfileError: another format or version, a bad step, tables that disagree with the steps.
+        """
+        _check_format(doc, CALIBRATION_FORMAT, source)
+        raw = doc.get("steps")
+        if not isinstance(raw, list) or not raw:
+            raise ProfileError(f"{source}: 'steps' must be a non-empty list of recorded draft trees")
+        steps = [RecordedStep.from_dict(s if isinstance(s, dict) else {}, f"{source}: steps[{i}]")
+                 for i, s in enumerate(raw)]
+        measured = doc.get("measured") or {}
+        if not isinstance(measured, dict):
+            raise ProfileError(f"{source}: 'measured' must be a mapping")
+        prof = cls(str(doc.get("id", default_id)), dict(measured), steps,
+                   tuple(doc.get("edges", DEFAULT_EDGES)))
+        stored = doc.get("bins")
+        if stored is not None:
+            have = [int(r.get("count", -1)) if isinstance(r, dict) else -1 for r in stored]
+            want = [r["count"] for r in prof.bins()]
+            if have != want:
+                raise ProfileError(f"{source}: the reliability table's counts {have} do not match the recorded "
+                                   f"steps' {want}; the file was edited or cut")
+        return prof
+
+
+def load_calibration(path: str | Path) -> CalibrationProfile:
+    """Read and validate a ``treeopt-calibration/1`` YAML file. Raises ProfileError (also if missing)."""
+    doc, p = _load_yaml(path, "calibration")
+    return CalibrationProfile.from_dict(doc, source=str(p), default_id=p.stem)
+
+
+def save_calibration(path: str | Path, profile: CalibrationProfile) -> Path:
+    """Write a calibration profile atomically. Returns the path."""
+    d = profile.to_dict()
+    Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return atomic_write_text(path, yaml.dump(d, Dumper=Dumper, sort_keys=False, default_flow_style=None))

@@ -1,0 +1,104 @@
+"""Measure a drafter's calibration: record wide draft trees and the target's verdict on every node
+(:mod:`sequoia_opt.calibration` says what is recorded and why it gives each candidate's acceptance)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from ..calibration import CalibrationProfile, RecordedStep
+from ..decoding.drafters import Drafter
+from ..decoding.multidraft import MultiDraftDecoder
+from ..decoding.policies import DynamicPolicy
+from ..decoding.sampling import argmax_tokens, process_logits
+from ..dynamic import DynamicSetting, max_candidates
+from ..model import Transformer
+from ..tree import now_iso
+
+__all__ = ["measure_calibration", "build_calibration_profile"]
+
+
+@torch.inference_mode()
+def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter], prompts: Sequence[Sequence[int]], *,
+                        steps: int = 5, topk: int = 6, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                        max_new_tokens: int = 64, eos_ids: Iterable[int] = (), backend: str = "auto",
+                        progress: Callable[[str, int, int], None] | None = None) -> list[RecordedStep]:
+    """Decode every prompt with a wide EAGLE-2 tree (``steps`` levels, ``topk`` children and frontier, every
+    grown node verified) and record, per step, the tree and each node's acceptance given its parent.
+
+    Args:
+        target: the target model.
+        new_drafter: makes the drafter (one per call; it binds to this decoder).
+        prompts: token ids per prompt (each at least one token).
+        steps, topk: the recording tree (``1 + topk + (steps - 1) topk^2`` nodes verified per step).
+        temperature, top_p: the decoding mode (greedy acceptance is the target's argmax; sampling, its p).
+        seed: the decoder's random seed (per prompt ``seed + i``).
+        max_new_tokens: tokens generated per prompt.
+
+    Returns:
+        One :class:`~sequoia_opt.calibration.RecordedStep` per step that drafted (root-only steps near the end of
+        the context are skipped).
+
+    Raises:
+        DecodingError: a drafter without draft probabilities, a prompt past the target's context.
+        ValueError: steps or topk < 1.
+    """
+    setting = DynamicSetting("eagle", steps, topk, max_candidates(DynamicSetting("eagle", steps, topk, 2)))
+    policy = DynamicPolicy(new_drafter(), setting)
+    longest = max(len(p) for p in prompts)
+    dec = MultiDraftDecoder(target, policy, temperature=temperature, top_p=top_p, eos_ids=eos_ids, backend=backend,
+                            max_len=min(target.config.max_position_embeddings, longest + max_new_tokens)
+                            + policy.max_size)
+    for i, p in enumerate(prompts):
+        dec.check(p, max_new_tokens)
+    out: list[RecordedStep] = []
+    for i, p in enumerate(prompts):
+        dec.generator = torch.Generator(device=target.device).manual_seed(seed + i)
+        state = dec.start(p, max_new_tokens)
+        while not state.finished:
+            tree = dec.draft(state)
+            logits = dec.verify(state, tree)  # (n, V)
+            if tree.n > 1:
+                out.append(_record(policy, tree, logits, temperature, top_p))
+            acc = dec.accept(tree, logits)
+            dec.commit(state, tree, acc)
+        if progress:
+            progress(f"prompt {i + 1}/{len(prompts)}", i + 1, len(prompts))
+    return out
+
+
+def _record(policy: DynamicPolicy, tree, logits: torch.Tensor, temperature: float, top_p: float) -> RecordedStep:
+    cand, sel = policy.last_tree, policy.last_selected  # sel[j]: the candidate node that step node j is
+    n = tree.n
+    step_of = {c: j for j, c in enumerate(sel)}
+    accept = np.ones(n)
+    if temperature == 0:
+        top = argmax_tokens(logits)
+        for j in range(1, n):
+            accept[j] = float(top[tree.parent[j]] == tree.tokens[j])
+    else:
+        p = process_logits(logits, temperature, top_p)  # (n, V)
+        rows = torch.tensor(tree.parent[1:]), torch.tensor(tree.tokens[1:])
+        accept[1:] = p[rows].double().cpu().numpy()
+    ent = np.full(n, math.nan)
+    for c, h in cand.entropy.items():
+        if c in step_of:
+            ent[step_of[c]] = h
+    return RecordedStep(parent=np.asarray(tree.parent, dtype=np.int64),
+                        prob=np.asarray([cand.prob[c] for c in sel], dtype=np.float64),
+                        rank=np.asarray([cand.rank[c] for c in sel], dtype=np.int64), accept=accept, entropy=ent)
+
+
+def build_calibration_profile(steps: list[RecordedStep], *, profile_id: str, target_name: str, draft_name: str,
+                              temperature: float, top_p: float, recording_steps: int, recording_topk: int,
+                              **measured) -> CalibrationProfile:
+    """Wrap recorded steps in a :class:`~sequoia_opt.calibration.CalibrationProfile` with what was measured."""
+    meta = {"target": target_name, "draft": draft_name, "temperature": float(temperature), "top_p": float(top_p),
+            "recording": {"steps": int(recording_steps), "topk": int(recording_topk)},
+            "draft_probability": ("the draft's softmax at temperature 1" if temperature == 0 else
+                                  "the draft's q at the sampling temperature and top-p"),
+            "date": now_iso(), **measured}
+    return CalibrationProfile(profile_id, meta, steps)

@@ -1,0 +1,206 @@
+"""Predicting dynamic-tree settings and choosing the hardware-aware one.
+
+Method (simulation over recorded draft distributions, then calibration): for each recorded step of a
+:class:`~sequoia_opt.calibration.CalibrationProfile`, the setting's rule (:func:`sequoia_opt.dynamic.grow`,
+the decoder's own code) runs over the recorded draft tree instead of a live drafter (:class:`ReplayExpander`:
+a node's candidates are its recorded children, by rank, with their draft probabilities and the node's
+entropy). The rule's tree is then valued as Sequoia values a tree (expected tokens per step = 1 + the sum over
+nodes of the probability that the whole root path is accepted), with each node's acceptance given its parent
+read from the calibration curve at its draft probability (:meth:`CalibrationProfile.acceptance_of`); the
+per-step values are averaged. The cost of the step is what the rule did on that step: one draft forward per
+expansion, c(w) at its width w, and the target's T(n) at the verified size n (Sequoia section 4.2's split):
+
+    G = mean_steps [1 + sum_{v in tree} prod_{u on root..v} a(q_u)]
+    cost_ms = mean_steps [sum_forwards c(w) + T(n)] + step overhead;   tokens/s = 1000 G / cost_ms
+
+``replay`` in the results is the same tree valued with each node's recorded acceptance instead of the
+calibration curve (an oracle for the recording's own steps: how much the calibration's independence
+assumption costs). A node the rule expands that the recording did not is a leaf (counted in ``coverage``).
+Under sampling the entropy rule draws its children; the replay takes the recorded top-ranked ones instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..calibration import CalibrationProfile, RecordedStep
+from ..dynamic import POLICY_NAMES, CandidateTree, DynamicSetting, Expansion, grow
+from ..errors import ProfileError
+from ..profiles import LatencyCurve
+from .hardware import plain_ms_per_token
+
+__all__ = ["ReplayExpander", "DynamicPrediction", "predict_setting", "setting_grid", "choose_dynamic"]
+
+
+class ReplayExpander:
+    """An :class:`~sequoia_opt.dynamic.Expander` over one recorded step: a grown node's token is the index of
+    the recorded node it is, so its candidates are that node's recorded children (tokens = their indices)."""
+
+    def __init__(self, step: RecordedStep) -> None:
+        self.step = step
+        self.uncovered = 0
+
+    def expand(self, tree: CandidateTree, nodes: list[int], k: int) -> list[Expansion]:
+        s, out = self.step, []
+        for v in nodes:
+            rec = tree.token[v]
+            kids = s.children[rec][:k]
+            if not kids and math.isnan(s.entropy[rec]):
+                self.uncovered += 1
+            h = 0.0 if math.isnan(s.entropy[rec]) else float(s.entropy[rec])
+            out.append(Expansion(list(kids), [float(s.prob[c]) for c in kids], h))
+        return out
+
+
+@dataclass
+class DynamicPrediction:
+    """A setting's predicted figures (means over the recorded steps).
+
+    Attributes:
+        setting: the dynamic setting (or None for a static tree row).
+        tokens_per_step: G by the calibration curve; ``replay``: by the recorded acceptances.
+        tree_size: mean verified nodes (root included).  forwards: mean draft forwards per step.
+        draft_ms / target_ms / overhead_ms / cost_ms: the mean step's parts (ms).
+        tokens_per_s, speedup: 1000 G / cost_ms, and over plain decoding (T(1) + overhead per token).
+        coverage: fraction of steps where the rule never expanded a node the recording had not.
+    """
+
+    setting: DynamicSetting | None
+    tokens_per_step: float
+    replay: float
+    tree_size: float
+    forwards: float
+    draft_ms: float
+    target_ms: float
+    overhead_ms: float
+    cost_ms: float
+    tokens_per_s: float
+    speedup: float
+    coverage: float
+    label: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "setting"}
+        d["setting"] = self.setting.to_dict() if self.setting else None
+        return d
+
+
+def _tree_value(tree: CandidateTree, nodes: Sequence[int], acc: np.ndarray) -> float:
+    """1 + sum over the non-root nodes of the product of ``acc`` (indexed by the grown node) on the root path."""
+    reach = {0: 1.0}
+    for v in nodes[1:]:  # creation order: a parent is valued before its children
+        reach[v] = reach[tree.parent[v]] * float(acc[v])
+    return float(sum(reach.values()))
+
+
+def predict_setting(profile: CalibrationProfile, setting: DynamicSetting, curve: LatencyCurve,
+                    context: int | None = None, *, max_steps: int | None = None) -> DynamicPrediction:
+    """Predict one setting over the profile's recorded steps (module docstring).
+
+    Args:
+        profile: the calibration profile (recorded steps and reliability table).
+        setting: the dynamic setting.
+        curve: the latency profile: T(n) for the target, c(w) for the drafter.
+        context: context length the curve is read at (None = its smallest).
+        max_steps: use at most this many recorded steps (evenly spaced), for speed.
+
+    Raises:
+        ProfileError: a verified size or a draft width outside the curve's measured range (never
+            extrapolated).
+    """
+    steps = profile.steps
+    if max_steps is not None and len(steps) > max_steps:
+        steps = [steps[i] for i in np.linspace(0, len(steps) - 1, max_steps).round().astype(int)]
+    g = r = size = fw = dms = tms = 0.0
+    covered = 0
+    for step in steps:
+        ex = ReplayExpander(step)
+        tree, sel = grow(setting, 0, ex)
+        rec = np.asarray(tree.token)
+        g += _tree_value(tree, sel, profile.acceptance_of(np.asarray(tree.prob)))
+        r += _tree_value(tree, sel, np.where(np.arange(tree.n) == 0, 1.0, step.accept[rec]))
+        size += len(sel)
+        fw += len(tree.forward_widths)
+        dms += sum(curve.draft_ms(w, context) for w in tree.forward_widths)
+        tms += curve.target_ms(len(sel), context)
+        covered += ex.uncovered == 0
+    m = len(steps)
+    G, draft, target = g / m, dms / m, tms / m
+    over = curve.step_overhead_ms
+    cost = draft + target + over
+    tps = 1000.0 * G / cost
+    return DynamicPrediction(setting, G, r / m, size / m, fw / m, draft, target, over, cost, tps,
+                             tps * plain_ms_per_token(curve, context) / 1000.0, covered / m, setting.label)
+
+
+def setting_grid(profile: CalibrationProfile, *, policies: Sequence[str] = POLICY_NAMES,
+                 budgets: Sequence[int] | None = None, max_budget: int = 64,
+                 topks: Sequence[int] = (1, 2, 3, 4, 6, 8), max_steps: int | None = None) -> list[DynamicSetting]:
+    """The settings :func:`choose_dynamic` scores: steps 1..the recording's, topk up to the recording's,
+    budgets up to ``max_budget`` (default grid 4, 6, 8, 12, 16, 24, 32, 48, 64), every policy; settings whose
+    budget exceeds what the rule can grow are left out (they equal a smaller one)."""
+    rec = profile.recording
+    S = min(rec["steps"], max_steps or rec["steps"])
+    ks = sorted({k for k in topks if k <= rec["topk"]})
+    bs = sorted({b for b in (budgets or (4, 6, 8, 12, 16, 24, 32, 48, 64)) if 2 <= b <= max_budget})
+    out = []
+    for pol in policies:
+        for s in range(1, S + 1):
+            for k in ks:
+                for b in bs:
+                    if b > 1 + sum(k ** d for d in range(1, s + 1)) or (pol == "eagle" and b > 1 + k + (s - 1) * k * k):
+                        continue
+                    out.append(DynamicSetting(pol, s, k, b))
+    return out
+
+
+@dataclass
+class DynamicChoice:
+    """The scored settings, best first, and the notes on what was left out (never silently)."""
+
+    rows: list[DynamicPrediction]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> DynamicPrediction:
+        return self.rows[0]
+
+    def best_of(self, policy: str) -> DynamicPrediction | None:
+        return next((r for r in self.rows if r.setting and r.setting.policy == policy), None)
+
+
+def choose_dynamic(profile: CalibrationProfile, curve: LatencyCurve, settings: Sequence[DynamicSetting], *,
+                   context: int | None = None, max_steps: int | None = 200) -> DynamicChoice:
+    """Score every setting (:func:`predict_setting`) and sort by predicted tokens per second.
+
+    A setting whose budget is past the curve's largest measured target token count, or whose draft forwards
+    are wider than its measured draft widths, is left out with a note.
+
+    Raises:
+        ProfileError: no setting could be scored.
+    """
+    rows, notes = [], []
+    top_n, top_w = curve.max_target_tokens(context), curve.max_draft_tokens(context)
+    over_budget = sorted({s.budget for s in settings if s.budget > top_n})
+    if over_budget:
+        notes.append(f"budgets {over_budget} are past the latency profile's largest measured token count ({top_n}):"
+                     " left out (T(n) is never extrapolated)")
+    wide = 0
+    for s in settings:
+        if s.budget > top_n:
+            continue
+        try:
+            rows.append(predict_setting(profile, s, curve, context, max_steps=max_steps))
+        except ProfileError:
+            wide += 1
+    if wide:
+        notes.append(f"{wide} setting(s) need draft forwards wider than the measured {top_w} tokens: left out")
+    if not rows:
+        raise ProfileError("no dynamic setting could be scored within the latency profile's measured range "
+                           f"(target up to {top_n} tokens, draft up to {top_w})")
+    rows.sort(key=lambda r: -r.tokens_per_s)
+    return DynamicChoice(rows, notes)
