@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from sequoia_opt.decoding import AdaptiveTreeDecoder, AutoregressiveDecoder, OnlineAcceptance, SpeculativeDecoder, TreeAdapter
 from sequoia_opt.decoding.adaptive import acceptance_from_hazards, hazards_from_acceptance, visit_counts
 from sequoia_opt.decoding.sampling import NodeVisit
 from sequoia_opt.errors import DecodingError, ProfileError
 from sequoia_opt.model import ModelConfig, Transformer
-from sequoia_opt.profiles import LatencyCurve
-from sequoia_opt.tree import Tree
+from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, save_acceptance, save_latency
+from sequoia_opt.tree import Tree, TreeMetadata, save_tree
 
 V = NodeVisit  # (depth, num_children, accepted_rank)
 
@@ -257,3 +260,87 @@ def test_adaptation_time_is_charged_to_the_step(target, drafts, monkeypatch):
     monkeypatch.setattr(adapter, "observe", slow)
     res = dec.generate([3, 4, 5], 6)
     assert all(s.bookkeeping_ms >= 20.0 for s in res.steps)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app_(), [str(a) for a in args])
+
+
+def app_():
+    from sequoia_opt.cli import app
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapt")
+    acc, lat = root / "acc.yaml", root / "lat.yaml"
+    save_acceptance(acc, AcceptanceProfile(id="acc-test", acceptance=np.array([0.5, 0.2, 0.1])))
+    save_latency(lat, LatencyCurve.synthetic({n: 1.0 + 0.1 * n for n in range(1, 17)}, {w: 0.3 for w in range(1, 17)},
+                                             id="lat-test"))
+    tree = root / "t.yaml"
+    save_tree(tree, Tree.from_choices([[0], [1], [0, 0]]), TreeMetadata(budget=4, extra={"budget_limit": 10}))
+    return root, acc, lat, tree
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--adapt", "--adapt-window", "0"], "--adapt-window must be at least 1"),
+    (["--adapt", "--adapt-every", "0"], "--adapt-every must be at least 1"),
+    (["--adapt", "--adapt-prior-weight", "-1"], "--adapt-prior-weight must be a number >= 0"),
+    (["--adapt-window", "8"], "add --adapt"),
+])
+def test_cli_adapt_bad_values_one_line_exit_2(profiles, tmp_path, extra, message):
+    root, acc, lat, tree = profiles
+    # a target that does not exist: the check comes before any model is looked for
+    r = invoke("run", "--tree", tree, "-a", acc, "-l", lat, "--target", tmp_path / "no-model", *extra,
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("given, missing", [(["-a"], "missing --latency"), (["-l"], "missing --acceptance"),
+                                            ([], "missing --acceptance and --latency")])
+def test_cli_adapt_needs_both_profiles(profiles, tmp_path, given, missing):
+    root, acc, lat, tree = profiles
+    args = [x for opt in given for x in (opt, acc if opt == "-a" else lat)]
+    r = invoke("run", "--tree", tree, "--adapt", *args, "--target", tmp_path / "no-model",
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2 and missing in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cli_adapt_runs_next_to_the_static_tree(profiles, tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    root, acc, lat, tree = profiles
+    target, draft, prompts = make_pair(tmp_path)
+    r = invoke("run", "--tree", tree, "--adapt", "-a", acc, "-l", lat, "--adapt-every", "2", "--adapt-window", "4",
+               "--target", target, "--draft", draft, "--prompts", prompts, "--num-prompts", "2",
+               "--max-new-tokens", "12", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    assert [s["tree"] for s in doc["summaries"]] == ["plain", "t", "t (adaptive)"]
+    ada = doc["summaries"][2]
+    assert ada["mismatches"] == 0 and ada["new_tokens"] == 2 * 12
+    log = ada["adaptive"]
+    assert (log["every"], log["window"], log["prior_weight"], log["budget"]) == (2, 4, 8.0, 10)
+    assert log["steps"] == ada["steps"] and len(log["resolves"]) == ada["steps"] // 2
+    assert all(1 <= x["size"] <= 10 and x["step"] % 2 == 0 for x in log["resolves"])
+    assert ada["size"] == len(log["final_tree"]) + 1
+    assert doc["summaries"][1]["adaptive"] is None
+    saved = json.loads(Path(doc["json"]).read_text())
+    assert saved["summaries"][2]["adaptive"]["resolves"] == log["resolves"]  # the results file holds the log
+    assert any("re-solved every 2 steps" in n for n in doc["notes"])
+    # the tables: the adaptive tree in the trees table, then the re-solve log
+    r = invoke("run", "--tree", tree, "--adapt", "-a", acc, "-l", lat, "--adapt-every", "2", "--target", target,
+               "--draft", draft, "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "8",
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 0, r.output
+    assert "t (adaptive)" in r.stdout and "re-solves of the adaptive trees" in r.stdout
