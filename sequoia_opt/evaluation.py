@@ -7,6 +7,10 @@ first differing position and fails the run). Reported per tree: tokens per secon
 decoding (ratio of decode throughputs, prefill excluded), tokens per step (mean and 95 % interval) against the
 tree's predicted expected tokens per step, and the time split into draft / verify / bookkeeping.
 
+An entry with a :class:`~sequoia_opt.decoding.adaptive.TreeAdapter` (``treeopt run --adapt``) runs in an
+:class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder`: its tree is re-solved during the run, and its
+summary carries the re-solve log (:attr:`TreeSummary.adaptive`).
+
 Tokens per step is counted before truncation (accepted nodes + 1 per step), so the final step of a prompt,
 cut by ``max_new_tokens`` or EOS, does not bias it; this is the quantity G that Sequoia's eq. 1 predicts.
 """
@@ -18,7 +22,7 @@ import io
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -26,7 +30,7 @@ import torch
 
 from ._io import atomic_write_text
 from .errors import DecodingError
-from .decoding import AutoregressiveDecoder, GenerationResult, SpeculativeDecoder
+from .decoding import AdaptiveTreeDecoder, AutoregressiveDecoder, GenerationResult, SpeculativeDecoder, TreeAdapter
 from .decoding.drafters import Drafter, drafter_factory
 from .model import Transformer
 from .profiles import AcceptanceProfile, LatencyCurve
@@ -54,6 +58,9 @@ class TreeEntry:
             :class:`~sequoia_opt.decoding.policies.DraftingPolicy` (graft, merge): the entry then runs in a
             :class:`~sequoia_opt.decoding.multidraft.MultiDraftDecoder` and ``draft`` is not used; ``tree`` is
             the plan's topology (for its size, depth and choice list in the results).
+        adapter: a :class:`~sequoia_opt.decoding.adaptive.TreeAdapter` (its ``initial`` tree is ``tree``): the
+            entry then runs in an :class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder`, its tree re-solved
+            during the run (``treeopt run --adapt``); the adapter is reset after the warm-up.
     """
 
     name: str
@@ -62,6 +69,7 @@ class TreeEntry:
     draft: Transformer | Drafter | Callable[[], Transformer | Drafter] | None = None
     drafter: str | None = None
     policy: Callable[[], Any] | None = None
+    adapter: TreeAdapter | None = None
 
 
 @dataclass
@@ -99,6 +107,11 @@ class TreeSummary:
         drafters: for a multi-drafter entry, per drafter (light first): ``name``, ``calls`` (steps it was
             asked in), ``call_rate`` (calls / steps), ``ms`` (its total wall time), ``ms_per_call`` and
             ``accepted_nodes`` (accepted nodes it proposed); empty otherwise.
+        adaptive: for an adaptive entry (:attr:`TreeEntry.adapter`), :meth:`TreeAdapter.as_dict`: its settings
+            and limits, the initial and final trees, and ``resolves``, the log of re-solves (step, generation,
+            tokens so far, new tree's size / depth / level widths, predicted tokens per step and speedup,
+            whether the tree changed, solve ms, the estimate); None otherwise. ``size`` / ``depth`` are then the
+            final tree's, and ``predicted_tokens_per_step`` the step-weighted mean of the trees' predictions.
     """
 
     tree: str
@@ -118,6 +131,7 @@ class TreeSummary:
     mismatches: int
     drafter: str | None = None
     drafters: list[dict[str, Any]] = field(default_factory=list)
+    adaptive: dict[str, Any] | None = None
 
 
 @dataclass
@@ -291,7 +305,8 @@ def run_trees(
             or one Drafter instance when ``entries`` holds a single tree. Same vocabulary and device as the target.
             An entry with its own :attr:`TreeEntry.draft` runs with that one instead (None here is allowed when
             every entry has its own).
-        entries: trees with names and their YAML metadata (for predicted figures).
+        entries: trees with names and their YAML metadata (for predicted figures); an entry with an
+            ``adapter`` runs adapted (its cache sized for the adapter's budget).
         prompts: token-id lists (each at least one token).
         max_new_tokens: tokens to generate per prompt.
         temperature, top_p, seed: 0 = greedy (outputs must equal plain decoding); sampling otherwise, every
@@ -319,6 +334,7 @@ def run_trees(
     # draft context only clips the trees near its end, it must not cap the cache plain decoding uses too)
     policies = [e.policy() if e.policy is not None else None for e in entries]  # one fresh policy per decoder
     sizes = [e.tree.size if pol is None else pol.max_size for e, pol in zip(entries, policies)]
+    sizes += [e.adapter.budget for e in entries if e.adapter is not None]  # every tree it may re-solve to
     max_len = min(target.config.max_position_embeddings, longest + max_new_tokens) + max(sizes)
 
     def gen(s: int) -> torch.Generator:
@@ -338,6 +354,9 @@ def run_trees(
             from .decoding.multidraft import MultiDraftDecoder
 
             decoders.append(MultiDraftDecoder(target, pol, **kw))
+        elif e.adapter is not None:
+            decoders.append(AdaptiveTreeDecoder(
+                target, (drafter_factory(e.draft) if e.draft is not None else make_draft)(), e.adapter, **kw))
         else:
             decoders.append(SpeculativeDecoder(
                 target, (drafter_factory(e.draft) if e.draft is not None else make_draft)(), e.tree, **kw))
@@ -352,6 +371,8 @@ def run_trees(
         plain.generate(prompts[0], min(8, max_new_tokens))
         for d in decoders:
             d.generate(prompts[0], min(8, max_new_tokens))
+            if isinstance(d, AdaptiveTreeDecoder):
+                d.reset()  # the warm-up's steps are not the run's: start from the initial tree and the prior
     total = len(prompts) * (1 + len(entries))
     done = 0
     plain_results: list[GenerationResult] = []
@@ -385,8 +406,14 @@ def run_trees(
     for e, d, res in zip(entries, decoders, results):
         names = d.policy.names if e.policy is not None else ()
         size, depth = (d.policy.max_size, d.policy.max_depth) if e.policy is not None else (e.tree.size, e.tree.tree_depth)
+        meta = e.metadata
+        if e.adapter is not None:  # the final tree; predicted: the step-weighted mean over the trees it used
+            size, depth = d.tree.size, d.tree.tree_depth
+            meta = replace(meta, expected_tokens_per_step=e.adapter.predicted_tokens_per_step, predicted_speedup=None)
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
-                                  plain_summary.tokens_per_s, e.metadata, e.drafter, names))
+                                  plain_summary.tokens_per_s, meta, e.drafter, names))
+        if e.adapter is not None:
+            summaries[-1].adaptive = e.adapter.as_dict()
     run_settings = {"date": now_iso(), "max_new_tokens": max_new_tokens, "temperature": temperature,
                     "top_p": top_p, "seed": seed, "num_prompts": len(prompts), "device": str(device),
                     "dtype": str(target.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),

@@ -11,7 +11,15 @@ Two drafters in one tree (issue 16): ``treeopt run --draft LIGHT --draft STRONG 
 grafted tree (``treeopt-tree/2`` naming both, :class:`~sequoia_opt.decoding.policies.GraftPolicy`), the strong
 drafter called every step or when ``--scheduler`` says; ``--merge`` with one ``--tree`` per ``--draft`` runs
 each drafter's own tree merged into one (SpecInfer, :class:`~sequoia_opt.decoding.policies.MergePolicy`). Both
-add a per-drafter table (calls, call rate, time, accepted nodes) to the trees table."""
+add a per-drafter table (calls, call rate, time, accepted nodes) to the trees table.
+
+``treeopt run --tree T.yaml --adapt -a ACC.yaml -l LAT.yaml`` (issue 17): each tree also runs adapted, as
+``<name> (adaptive)`` in the same table: its tree is re-solved every ``--adapt-every`` steps from the
+acceptance this run's verifications measure over the last ``--adapt-window`` steps (the profile ``-a`` as
+prior, worth ``--adapt-prior-weight`` trials per rank), with the hardware-aware choice of ``treeopt solve`` on
+``-l``, within the tree's budget / depth / branching limits
+(:class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder`). A re-solve table (step, prompt, new tree size,
+depth, predicted tokens per step) follows; the results JSON holds the whole log."""
 
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ from ..tree import Tree, TreeMetadata
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt,
                      TopPOpt, _check_run_options, _check_tree_readable, _graft_tree_names, _interruptible,
                      _load_graft_tree, _load_tree_entry, _print_error, app, handle_errors, progress_bar, setting_notes)
+from ..decoding.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
 
 
@@ -55,13 +64,14 @@ DraftsOpt = Annotated[
 ]
 ProfilesOpt = Annotated[
     Optional[list[Path]], typer.Option(
-        "--acceptance", "-a", help="Acceptance profile: of the --compare baselines; with --compare-drafters one per "
-        "--draft, in order (default: where treeopt profile acceptance writes it).")
+        "--acceptance", "-a", help="Acceptance profile: of the --compare baselines, and the prior of --adapt's "
+        "estimate; with --compare-drafters one per --draft, in order (default: where treeopt profile acceptance "
+        "writes it).")
 ]
 LatenciesOpt = Annotated[
     Optional[list[Path]], typer.Option(
-        "--latency", "-l", help="Latency profile: of the --compare baselines; with --compare-drafters one per "
-        "--draft, in order (default: where treeopt profile latency writes it).")
+        "--latency", "-l", help="Latency profile: of the --compare baselines, and what --adapt's re-solves read; "
+        "with --compare-drafters one per --draft, in order (default: where treeopt profile latency writes it).")
 ]
 
 
@@ -91,9 +101,19 @@ def run_cmd(
         "--scheduler", help="With a grafted tree (two --draft, a treeopt-tree/2 --tree): the scheduler file "
         "(treeopt profile scheduler) deciding per step whether the strong drafter is called (default: every "
         "step).")] = None,
-    budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="With --compare-drafters: largest tree considered, nodes incl. the root (default: each latency profile's largest measured token count).")] = None,
-    max_depth: Annotated[Optional[int], typer.Option("--max-depth", "-d", help="With --compare-drafters: depth limit D (default 10).")] = None,
-    max_branching: Annotated[Optional[int], typer.Option("--max-branching", "-b", help="With --compare-drafters: most children per node B (default 8).")] = None,
+    adapt: Annotated[bool, typer.Option(
+        "--adapt", help="Also run each --tree adapted: re-solved every --adapt-every steps from the acceptance this "
+        "run measures (prior: -a; hardware-aware choice: -l), reported next to the static tree.")] = False,
+    adapt_every: Annotated[Optional[int], typer.Option(
+        "--adapt-every", help=f"With --adapt: steps between re-solves (default {DEFAULT_EVERY}).")] = None,
+    adapt_window: Annotated[Optional[int], typer.Option(
+        "--adapt-window", help=f"With --adapt: steps the acceptance estimate remembers (default {DEFAULT_WINDOW}).")] = None,
+    adapt_prior_weight: Annotated[Optional[float], typer.Option(
+        "--adapt-prior-weight", help="With --adapt: pseudo-trials per rank the -a profile is worth in the estimate "
+        f"(default {DEFAULT_PRIOR_WEIGHT:g}).")] = None,
+    budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="With --compare-drafters: largest tree considered, nodes incl. the root (default: each latency profile's largest measured token count). With --adapt: largest re-solved tree (default: the tree's budget limit).")] = None,
+    max_depth: Annotated[Optional[int], typer.Option("--max-depth", "-d", help="With --compare-drafters: depth limit D (default 10). With --adapt: of the re-solves (default 16, as treeopt solve).")] = None,
+    max_branching: Annotated[Optional[int], typer.Option("--max-branching", "-b", help="With --compare-drafters: most children per node B (default 8). With --adapt: of the re-solves (default: the tree's, else 32).")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
@@ -108,6 +128,9 @@ def run_cmd(
 
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
+    adapt_every, adapt_window, adapt_prior_weight = _check_adapt_options(
+        adapt, adapt_every, adapt_window, adapt_prior_weight, acceptance=acceptance, latency=latency,
+        multi=compare_drafters or merge or scheduler is not None or len(draft or []) > 1)
     if compare_drafters and (merge or scheduler is not None):
         raise TreeoptError("--compare-drafters runs each drafter's own best tree alone: drop --merge / --scheduler (or "
                            "--compare-drafters)")
@@ -122,9 +145,11 @@ def run_cmd(
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
                            "drafter's own best tree)")
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
-        if value is not None:
-            raise TreeoptError(f"{name} limits the trees --compare-drafters solves; add --compare-drafters (or drop "
-                               f"{name})")
+        if value is not None and not adapt:
+            raise TreeoptError(f"{name} limits the trees --compare-drafters solves (or --adapt re-solves); add one "
+                               f"(or drop {name})")
+        if value is not None and value < 1:
+            raise TreeoptError(f"{name} must be at least 1, got {value}")
     n_draft = len(draft or [])
     grafted = [p for p in tree if _graft_tree_names(p)] if n_draft > 1 and not merge else []
     if merge or (grafted and len(grafted) == len(tree) and n_draft == 2):
@@ -172,8 +197,15 @@ def run_cmd(
         seen[e.name] = seen.get(e.name, 0) + 1
         if seen[e.name] > 1:
             e.name = f"{e.name}#{seen[e.name]}"
-    if not compare and (acceptance_path is not None or latency_path is not None):
-        raise TreeoptError("--acceptance / --latency choose the --compare baselines; add --compare (or drop them)")
+    if not compare and not adapt and (acceptance_path is not None or latency_path is not None):
+        raise TreeoptError("--acceptance / --latency choose the --compare baselines (or --adapt's prior and "
+                           "re-solves); add --compare or --adapt (or drop them)")
+    adapt_notes: list[str] = []
+    if adapt:
+        twins, adapt_notes = _adaptive_entries(entries, acceptance_path, latency_path, every=adapt_every,
+                                               window=adapt_window, prior_weight=adapt_prior_weight, budget=budget,
+                                               max_depth=max_depth, max_branching=max_branching)
+        entries = [x for pair in zip(entries, twins) for x in pair]  # each adaptive tree after its static one
     baseline_notes: list[str] = []
     if compare:
         extra, baseline_notes = _baseline_entries(acceptance_path, latency_path, max(e.tree.size for e in entries),
@@ -197,7 +229,7 @@ def run_cmd(
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")})
     report.warnings = warnings + report.warnings
-    report.notes = baseline_notes + settings_notes + report.notes
+    report.notes = adapt_notes + baseline_notes + settings_notes + report.notes
     if compare:
         report.data["baseline_notes"] = baseline_notes
     render(report, as_json)
@@ -583,6 +615,10 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
                       "max new tokens": max_new_tokens, "mode": "greedy" if temperature == 0 else "sampling",
                       "plain decoding (tokens/s)": plain.tokens_per_s, "results": f"{jpath}, {cpath}"}
     report.tables.append(_trees_table(run, temperature))
+    if any(s.adaptive for s in run.summaries):
+        table, notes = _resolve_table(run)
+        report.tables.append(table)
+        report.notes += notes
     for m in run.mismatch_details:
         report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
                                f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
@@ -602,3 +638,118 @@ def _trees_table(run, temperature: float) -> tuple[str, list[str], list[list]]:
     return ("trees against plain decoding",
             ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "tokens/s", "speedup",
              "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
+
+
+# ---------------------------------------------------------------------------------------------- --adapt
+def _check_adapt_options(adapt: bool, every: Optional[int], window: Optional[int], prior_weight: Optional[float], *,
+                         acceptance: Optional[list[Path]], latency: Optional[list[Path]],
+                         multi: bool) -> tuple[int, int, float]:
+    """The ``--adapt`` options checked before anything is read; returns ``(every, window, prior_weight)``
+    with the defaults filled in.
+
+    Raises:
+        TreeoptError: an ``--adapt-*`` option without ``--adapt``; ``--adapt`` with several drafters or
+            ``--compare-drafters``; every or window below 1; a negative or non-finite prior weight; ``--adapt``
+            without ``--acceptance`` or ``--latency``.
+    """
+    import math
+
+    given = [n for n, v in (("--adapt-every", every), ("--adapt-window", window),
+                            ("--adapt-prior-weight", prior_weight)) if v is not None]
+    if not adapt:
+        if given:
+            raise TreeoptError(f"{given[0]} sets how --adapt re-solves the tree: add --adapt (or drop {given[0]})")
+        return DEFAULT_EVERY, DEFAULT_WINDOW, DEFAULT_PRIOR_WEIGHT
+    if multi:
+        raise TreeoptError("--adapt re-solves one drafter's static tree: drop it with --compare-drafters, --merge, "
+                           "--scheduler or several --draft")
+    every = DEFAULT_EVERY if every is None else every
+    window = DEFAULT_WINDOW if window is None else window
+    prior_weight = DEFAULT_PRIOR_WEIGHT if prior_weight is None else prior_weight
+    if every < 1:
+        raise TreeoptError(f"--adapt-every must be at least 1 (steps between re-solves), got {every}")
+    if window < 1:
+        raise TreeoptError(f"--adapt-window must be at least 1 (steps the acceptance estimate remembers), got {window}")
+    if not math.isfinite(prior_weight) or prior_weight < 0:
+        raise TreeoptError(f"--adapt-prior-weight must be a number >= 0 (pseudo-trials per rank), got {prior_weight:g}")
+    missing = [opt for opt, v in (("--acceptance", acceptance), ("--latency", latency)) if not v]
+    if missing:
+        raise TreeoptError(f"--adapt needs --acceptance (the prior of its running estimate) and --latency (what its "
+                           f"hardware-aware re-solves read): missing {' and '.join(missing)}")
+    return every, window, prior_weight
+
+
+def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, window: int, prior_weight: float,
+                      budget: Optional[int], max_depth: Optional[int], max_branching: Optional[int]) -> tuple[list, list[str]]:
+    """One adaptive twin per tree entry, ``<name> (adaptive)``, starting from that tree (nothing is loaded
+    but the two profiles; each :class:`~sequoia_opt.decoding.adaptive.TreeAdapter` solves the prior once,
+    which checks the limits against the latency profile).
+
+    Limits of the re-solves: ``budget`` or the tree's recorded budget limit (``treeopt solve`` writes it),
+    else its budget, else its size, lowered to the latency profile's largest measured token count when a
+    limit that was not given exceeds it (a note says so); ``max_depth`` or 16 (``treeopt solve``'s default);
+    ``max_branching`` or the tree's recorded one, else 32.
+
+    Returns:
+        ``(entries, notes)``.
+
+    Raises:
+        TreeoptError: a root-only tree; ``--budget`` past what the latency profile measured; a bad profile.
+    """
+    from ..decoding.adaptive import TreeAdapter
+    from ..evaluation import TreeEntry
+    from ..profiles import load_acceptance, load_latency
+    from .solve import SINGLE_DEFAULTS
+
+    acc, curve = load_acceptance(acceptance), load_latency(latency)
+    measured = curve.max_target_tokens()
+    out, notes = [], []
+    for e in entries:
+        if e.tree.tree_depth == 0:
+            raise TreeoptError(f"--adapt: tree {e.name!r} is the root alone; an adaptive tree starts from a tree of "
+                               "depth >= 1 (its drafter has nothing to draft with otherwise)")
+        extra = e.metadata.extra
+        b = budget if budget is not None else int(extra.get("budget_limit") or e.metadata.budget or e.tree.size)
+        if budget is None and b > measured:
+            notes.append(f"{e.name} (adaptive): re-solves limited to {measured} nodes (the tree's budget: {b}): latency "
+                         f"profile {curve.id!r} was measured up to {measured} target tokens")
+            b = measured
+        d = SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth
+        br = max_branching if max_branching is not None else int(extra.get("max_branching")
+                                                                 or SINGLE_DEFAULTS["max_branching"])
+        adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,
+                              window=window, prior_weight=prior_weight)
+        out.append(TreeEntry(f"{e.name} (adaptive)", e.tree, e.metadata, adapter=adapter))
+        notes.append(f"{e.name} (adaptive): re-solved every {every} steps from the acceptance of the last {window} "
+                     f"steps (prior {acc.id!r}, worth {prior_weight:g} trials per rank) with latency profile "
+                     f"{curve.id!r}, within budget {b}, depth {d}, branching {br}; the time of each re-solve is "
+                     "charged to its step")
+    return out, notes
+
+
+#: Re-solve rows shown in the table; past it only the re-solves that changed the tree (the JSON has them all).
+RESOLVE_ROWS = 40
+
+
+def _resolve_table(run) -> tuple[tuple[str, list[str], list[list]], list[str]]:
+    """The re-solve log of every adaptive tree of a run (:attr:`~sequoia_opt.evaluation.TreeSummary.adaptive`):
+    per re-solve the step (since the run began), the prompt, tokens so far, the new tree's size, depth and
+    level widths, its predicted tokens per step and speedup, whether it changed the tree, the solve time.
+    Returns ``(table, notes)``."""
+    rows, notes = [], []
+    for s in run.summaries:
+        if not s.adaptive:
+            continue
+        log = s.adaptive["resolves"]
+        shown = log if len(log) <= RESOLVE_ROWS else [r for r in log if r["changed"]]
+        rows += [[s.tree, r["step"], r["generation"], r["tokens"], r["size"], r["depth"],
+                  " ".join(map(str, r["level_widths"])), r["expected_tokens"], r["speedup"],
+                  "yes" if r["changed"] else "no", r["solve_ms"]] for r in shown]
+        changed = sum(r["changed"] for r in log)
+        mean_ms = sum(r["solve_ms"] for r in log) / len(log) if log else 0.0
+        notes.append(f"{s.tree}: {len(log)} re-solves over {s.adaptive['steps']} steps, {changed} changed the tree "
+                     f"(final: {s.size} nodes, depth {s.depth}); {mean_ms:.2f} ms per re-solve"
+                     + (f"; the table shows the {len(shown)} that changed it (all are in the JSON)"
+                        if shown is not log else ""))
+    return ("re-solves of the adaptive trees", ["name", "step", "prompt", "tokens", "nodes", "depth", "level widths",
+                                                "pred. tokens/step", "pred. speedup", "changed", "solve ms"], rows), notes

@@ -15,6 +15,8 @@ Layering: ``decoding`` uses ``model`` (Transformer, KV cache) and ``attention`` 
 * ``policies/`` and :class:`MultiDraftDecoder` (``multidraft.py``) — several drafters in one tree: the graft
   policy (TreeGraft: a light drafter's part, a strong drafter's grafts when a scheduler calls it) and
   SpecInfer's merge, verified exactly with mixed provenance (:func:`verify_groups_node`).
+* :class:`AdaptiveTreeDecoder` (``adaptive.py``) — the static loop with its tree re-solved every N steps from a
+  running acceptance estimate (:class:`OnlineAcceptance`, :class:`TreeAdapter`; ``treeopt run --adapt``).
 * :func:`autoregressive_generate` / :class:`AutoregressiveDecoder` — the baseline on the same forward path.
 * :func:`process_logits`, :func:`argmax_tokens`, :func:`verify_greedy`, :func:`verify_sampling_node`,
   :func:`verify_point_mass_node` — the pure rules, testable alone; they raise ValueError on NaN / inf
@@ -29,11 +31,16 @@ from .sampling import (GREEDY_LIMIT_TEMPERATURE, Acceptance, NodeVisit, argmax_t
                        verify_point_mass_node, verify_sampling_batch, verify_sampling_node)
 from .speculative import DecodeState, DraftOutput, SpeculativeDecoder
 from .multidraft import MultiDraftDecoder  # noqa: E402 (after speculative: it builds on DecodeState)
+from .adaptive import AdaptiveTreeDecoder, OnlineAcceptance, Resolve, TreeAdapter  # noqa: E402 (the same)
 from .stats import GenerationResult, StepStats
 
 __all__ = [
     "SpeculativeDecoder",
     "MultiDraftDecoder",
+    "AdaptiveTreeDecoder",
+    "OnlineAcceptance",
+    "TreeAdapter",
+    "Resolve",
     "DecodeState",
     "DraftOutput",
     "Drafter",

@@ -22,7 +22,8 @@ such that the target writes slots up to ``L + n_d - 1`` and positions up to ``L 
 fed tokens that the context or ``max_new_tokens`` cuts off anyway, so output is unchanged. At ``d = 0`` (e.g.
 once the root's position is past a shorter draft context) the step is root-only: no drafter call, the
 target's one-token forward, i.e. a plain decoding step. The clipped buffers are compiled once per depth, on
-first use, and kept by the decoder; the limits per depth are computed once, so an unclipped step costs one
+first use, and kept by the decoder; the limits per depth are computed once (per tree:
+:meth:`SpeculativeDecoder.set_tree` compiles a new tree between steps), so an unclipped step costs one
 integer comparison.
 
 One step, in named methods:
@@ -60,6 +61,14 @@ from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sam
 from .stats import Clock, GenerationResult, StepStats
 
 __all__ = ["SpeculativeDecoder", "DecodeState", "DraftOutput"]
+
+
+def _check_tree_width(tree: Tree, vocab_size: int) -> None:
+    """Refuse a tree with a node of more children than the vocabulary has tokens (DecodingError)."""
+    if tree.max_branching_used > vocab_size:
+        raise DecodingError(
+            f"the tree has a node with {tree.max_branching_used} children but the vocabulary has only "
+            f"{vocab_size} tokens: a node cannot propose more distinct candidates than that")
 
 
 @dataclass
@@ -117,7 +126,8 @@ class SpeculativeDecoder:
         draft: the proposer: a draft :class:`Transformer` (wrapped in a :class:`ModelDrafter`) or any
             :class:`Drafter` (bound to this decoder, so one decoder per drafter); must share the target's
             vocabulary and device (a draft model's dtype may differ).
-        tree: the speculation topology (n nodes, depth D), compiled once into :class:`TreeBuffers`.
+        tree: the speculation topology (n nodes, depth D), compiled once into :class:`TreeBuffers`
+            (:meth:`set_tree` replaces it between steps).
         temperature: 0 = greedy (children are the draft's top-k, output = the target's greedy decoding);
             > 0 = speculative sampling (output distributed as the target's temperature / top-p sampling).
         top_p: nucleus mass in (0, 1], applied to target and draft alike (:func:`process_logits`).
@@ -167,10 +177,7 @@ class SpeculativeDecoder:
                 "speculative decoding needs a draft that shares the target's tokenizer")
         if drafter.device != target.device:
             raise DecodingError(f"the draft is on {drafter.device} but the target on {target.device}")
-        if tree.max_branching_used > V:
-            raise DecodingError(
-                f"the tree has a node with {tree.max_branching_used} children but the vocabulary has only "
-                f"{V} tokens: a node cannot propose more distinct candidates than that")
+        _check_tree_width(tree, V)
         try:
             process_logits(torch.zeros(1), temperature, top_p)
         except ValueError as err:
@@ -190,7 +197,6 @@ class SpeculativeDecoder:
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(0)
-        self.buffers = TreeBuffers.build(tree, self.device)
         self.target_cache = target.new_cache(self.max_len)
         self._settings = DraftSettings(device=self.device, max_len=self.max_len, backend=self.backend,
                                        temperature=self.temperature, top_p=self.top_p, generator=generator,
@@ -199,11 +205,40 @@ class SpeculativeDecoder:
         drafter.bind(self._settings)
         self._masks: dict[int, TreeMask] = {}
         self._clock = Clock(self.device)
+        self._use_tree(tree)
+
+    def _use_tree(self, tree: Tree) -> None:
+        """Compile ``tree`` into :class:`TreeBuffers` and its clipping limits (the constructor, :meth:`set_tree`)."""
+        self.tree = tree
+        self.buffers = TreeBuffers.build(tree, self.device)
         # clipping near the end: per depth d, the largest L (root slot and position) at which the tree
         # clipped to depth d fits; non-increasing in d. The whole tree fits while L <= _full_until.
         self._last_root = tuple(self._last_root_for_depth(d) for d in range(tree.tree_depth + 1))
         self._full_until = self._last_root[-1]
         self._clipped: dict[int, TreeBuffers] = {tree.tree_depth: self.buffers}  # compiled on first use
+
+    def set_tree(self, tree: Tree) -> None:
+        """Replace the decoder's tree between steps (an adaptive decoder's re-solve,
+        :class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder`).
+
+        The new tree is compiled into :class:`TreeBuffers`, its clipping limits per depth are computed again
+        (:meth:`Drafter.max_root_for_depth` for each of its depths) and the old tree's clipped buffers are
+        dropped. The caches stay as they are: ``max_len`` was fixed at construction (a tree larger than the
+        slots left is clipped, as always; a decoder meant to swap trees allocates for the largest it allows).
+        Between steps the caches hold exactly the committed tokens whatever tree was used, and every step's
+        output is exact for any tree, so swapping trees never changes greedy output (nor the sampled
+        distribution). Call it between :meth:`step` s only, never inside one.
+
+        Raises:
+            DecodingError: a node with more children than the vocabulary has tokens; a tree of depth >= 1 for a
+                decoder made with a root-only tree (its drafter was bound for no drafting: a draft model
+                allocated no cache).
+        """
+        _check_tree_width(tree, self.vocab_size)
+        if tree.tree_depth > 0 and self._settings.tree_depth == 0:
+            raise DecodingError("this decoder was made with a root-only tree, so its drafter allocated nothing to "
+                                "draft with; make the decoder with a tree of depth >= 1 to swap in deeper trees")
+        self._use_tree(tree)
 
     @property
     def generator(self) -> torch.Generator:

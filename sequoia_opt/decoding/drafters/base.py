@@ -65,7 +65,8 @@ class DraftSettings:
         top_p: nucleus mass in (0, 1] the decoder applies to the target; a model drafter applies it to q too.
         generator: the decoder's random source. The decoder replaces this field when its ``generator``
             attribute is replaced, so read it at each :meth:`Drafter.propose`, never keep a copy.
-        tree_depth: D, the depth of the decoder's whole tree (0: no step ever drafts).
+        tree_depth: D, the depth of the decoder's whole tree when it was made (0: no step ever drafts; such a
+            decoder refuses a deeper tree in :meth:`~sequoia_opt.decoding.SpeculativeDecoder.set_tree`).
         target: the decoder's target model (None only when settings are made outside a decoder).
         target_cache: the decoder's target KV cache (``SpeculativeDecoder.target_cache``, ``max_len`` slots,
             every target layer), for a drafter that shares it (self layer-skip writes the K/V of the
@@ -101,7 +102,7 @@ class Drafter(ABC):
     """A proposer of tree candidates (one drafter serves one decoder, one generation at a time).
 
     The decoder calls, in order: from its constructor :meth:`bind`, then :meth:`max_root_for_depth` once per
-    depth 1..D; per generation :meth:`reset` then :meth:`prefill`; per step :meth:`propose` (not for a
+    depth 1..D (again for each tree :meth:`~sequoia_opt.decoding.SpeculativeDecoder.set_tree` swaps in); per generation :meth:`reset` then :meth:`prefill`; per step :meth:`propose` (not for a
     root-only step) and, unless generation stops, :meth:`commit`.
 
     Class attributes:
@@ -146,7 +147,7 @@ class Drafter(ABC):
         """The drafter's limit for the decoder's clipping: the largest root slot / position L at which it
         can propose the decoder's tree (``buffers``) clipped to depth ``d`` (``1 <= d <= D``), given its
         context and its cache slots. May be negative (never at this depth). The decoder takes the minimum
-        of this and the target's limit, once per depth at construction; the result must be non-increasing
+        of this and the target's limit, once per depth for each tree it compiles; the result must be non-increasing
         in d. A per-level model drafter processes levels ``0 .. d-1``: positions up to ``L + d - 1``, slots
         up to ``L + buffers.level_slices[d].start - 1``.
         """

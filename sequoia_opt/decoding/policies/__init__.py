@@ -1,7 +1,8 @@
 """Drafting policies: what decides a step's tree (DESIGN.md, "Drafters and drafting policies").
 
 The static solved tree is :class:`~sequoia_opt.decoding.SpeculativeDecoder`'s own loop (one drafter, one
-tree compiled once). The policies here grow a step's tree from several drafters and run in
+tree compiled once); the adaptive static tree (re-solved from live acceptance) runs in that loop too, as
+:class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder` (``decoding/adaptive.py``). The policies here grow a step's tree from several drafters and run in
 :class:`~sequoia_opt.decoding.multidraft.MultiDraftDecoder`:
 
 * ``graft.py`` — :class:`GraftPolicy`: a light and a strong drafter grow one shared tree from a solved plan

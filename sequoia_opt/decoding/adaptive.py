@@ -1,0 +1,408 @@
+"""Adaptive static trees: a solved tree re-solved during the run from the acceptance this run's verifications
+measure (issue 17; DESIGN.md, "Drafters and drafting policies": an adaptive static tree).
+
+A static tree is solved once from a profile's positional acceptance vector (Sequoia, Chen et al. 2024,
+section 3.1: ``p_k`` = the probability that a node's k-th candidate is the one accepted). When the workload
+differs from the profile prompts (code after prose, a repetitive document), the tree no longer fits. Here the
+decoder keeps a running estimate of p from every verification trial of this run, with the profile as prior,
+and every N steps solves the Sequoia DP again (section 3.2 / 4.1; :func:`~sequoia_opt.solver.dp.solve_dp`)
+with the same hardware-aware choice of budget and depth ``treeopt solve -l`` makes
+(:func:`~sequoia_opt.solver.hardware.choose`), within the original budget / depth / branching limits. The DP
+takes about a millisecond at working budgets; the time is measured and charged to the step that ran it.
+
+Three parts:
+
+* :class:`OnlineAcceptance` — the running estimate. Counts are kept per rank as *conditional* trials: rank k
+  is tried at a node when ranks ``0..k-1`` were tried there and rejected and the node has a k-th candidate;
+  it is a hit when rank k is accepted. ``h_k = hits_k / trials_k`` estimates
+  ``P(rank k accepted | ranks < k rejected)``, and the positional vector is
+  ``p_k = h_k * prod_{j<k} (1 - h_j)`` (the Kaplan-Meier form). Counting conditionally is what lets nodes of
+  any width contribute: a node with 2 candidates that rejects both says nothing about rank 2 (it was never
+  tried), where an unconditional count would read it as "rank 2 rejected". The result is always a valid
+  acceptance vector (entries in [0, 1], sum ``1 - prod (1 - h_k) <= 1``); it need not be non-increasing
+  (the DP is exact for any p).
+* :class:`TreeAdapter` — the controller: the estimate, the re-solve schedule, the current tree and the log
+  of re-solves (:class:`Resolve`). No model, no torch: testable from synthetic visits.
+* :class:`AdaptiveTreeDecoder` — :class:`~sequoia_opt.decoding.SpeculativeDecoder` whose :meth:`step` feeds
+  each step's trials to its adapter and swaps the tree in between steps
+  (:meth:`~sequoia_opt.decoding.SpeculativeDecoder.set_tree`). The loop is the static decoder's; greedy output
+  is the target's greedy decoding whatever tree a step uses, so it equals plain decoding.
+
+Forgetting is a window of the last W steps (exact integer counts over a deque; a step with no trial, e.g.
+root-only, still takes its place, so after W root-only steps the estimate is the prior again and the tree
+can grow back). The estimate, the tree and the step count run across generations: the run is the workload
+(:meth:`AdaptiveTreeDecoder.reset` starts over). The estimate is pooled over depths (Sequoia's positional
+model); a profile's per-depth vectors are not used here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import DecodingError
+from ..profiles import LatencyCurve, validate_acceptance
+from ..tree import Tree
+from .core import DEFAULT_MAX_LEN
+from .sampling import NodeVisit
+from .speculative import DecodeState, SpeculativeDecoder
+from .stats import StepStats
+
+if TYPE_CHECKING:
+    from ..model import Transformer
+    from .drafters import Drafter
+
+__all__ = ["OnlineAcceptance", "Resolve", "TreeAdapter", "AdaptiveTreeDecoder", "DEFAULT_EVERY", "DEFAULT_WINDOW",
+           "DEFAULT_PRIOR_WEIGHT"]
+
+#: Steps between re-solves (``treeopt run --adapt-every``).
+DEFAULT_EVERY = 16
+#: Steps the estimate remembers (``treeopt run --adapt-window``).
+DEFAULT_WINDOW = 64
+#: Pseudo-trials per rank the prior is worth (``treeopt run --adapt-prior-weight``).
+DEFAULT_PRIOR_WEIGHT = 8.0
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise DecodingError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def hazards_from_acceptance(acceptance: Sequence[float]) -> np.ndarray:
+    """The conditional acceptance per rank of a positional vector: ``h_k = p_k / (1 - sum_{j<k} p_j)``, the
+    probability that rank k is accepted given ranks ``0..k-1`` were rejected. (K,) float64 in [0, 1]; a rank
+    whose earlier ranks take all the mass (denominator 0) gets 0.
+
+    Raises:
+        SolverError: ``acceptance`` is not a valid vector (:func:`~sequoia_opt.profiles.validate_acceptance`).
+    """
+    p = validate_acceptance(acceptance)
+    left = 1.0 - np.concatenate([[0.0], np.cumsum(p)[:-1]])  # (K,) mass not taken by ranks < k
+    h = np.divide(p, left, out=np.zeros_like(p), where=left > 1e-12)
+    return np.clip(h, 0.0, 1.0)
+
+
+def acceptance_from_hazards(hazards: Sequence[float]) -> np.ndarray:
+    """The positional vector of per-rank conditional acceptances: ``p_k = h_k * prod_{j<k} (1 - h_j)``.
+    (K,) float64, entries in [0, 1], sum ``1 - prod_k (1 - h_k) <= 1``."""
+    h = np.clip(np.asarray(hazards, dtype=np.float64), 0.0, 1.0)
+    survive = np.concatenate([[1.0], np.cumprod(1.0 - h)[:-1]])  # (K,) P(ranks < k all rejected)
+    return h * survive
+
+
+def visit_counts(visits: Iterable[NodeVisit], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Conditional trials and hits per rank ``0..width-1`` of some verification trials.
+
+    A visit with ``c`` children and accepted rank ``r`` tried ranks ``0..r`` (``r`` a hit, the others misses);
+    with ``r`` None it tried all ``c`` ranks and every one missed. Ranks ``>= width`` are outside the vector
+    (a visit accepted there counts as ranks ``0..width-1`` tried and missed).
+
+    Returns:
+        ``(trials, hits)``, each (width,) int64.
+    """
+    trials = np.zeros(width, dtype=np.int64)
+    hits = np.zeros(width, dtype=np.int64)
+    for v in visits:
+        r = v.accepted_rank
+        tried = min(v.num_children if r is None else r + 1, width)
+        trials[:tried] += 1
+        if r is not None and r < width:
+            hits[r] += 1
+    return trials, hits
+
+
+class OnlineAcceptance:
+    """A running positional acceptance estimate over the last ``window`` steps, with a prior (module
+    docstring for the estimator).
+
+    Per rank k (K = the prior's width): ``h_k = (hits_k + w * h0_k) / (trials_k + w)`` with ``w`` the prior
+    weight (pseudo-trials per rank) and ``h0`` the prior's conditional acceptance
+    (:func:`hazards_from_acceptance`); a rank never tried in the window keeps ``h0_k``. The positional vector
+    is :func:`acceptance_from_hazards` of ``h``.
+
+    Args:
+        prior: (K,) positional acceptance vector (an acceptance profile's), sum <= 1.
+        window: steps remembered, W >= 1; the counts are exact sums over the last W :meth:`add_step` calls.
+        prior_weight: pseudo-trials per rank, >= 0 (0: the counts alone wherever a rank was tried).
+
+    Attributes:
+        prior: (K,) the prior vector.  prior_hazards: (K,) its conditional form.
+        trials / hits: (K,) int64 counts over the window.
+        steps: steps added since the last :meth:`reset` (all of them, not only the window's).
+
+    Raises:
+        SolverError: a bad prior vector.  DecodingError: ``window < 1`` or a negative / non-finite weight.
+    """
+
+    def __init__(self, prior: Sequence[float], *, window: int = DEFAULT_WINDOW,
+                 prior_weight: float = DEFAULT_PRIOR_WEIGHT) -> None:
+        self.prior = validate_acceptance(prior, what="prior acceptance vector")
+        self.prior_hazards = hazards_from_acceptance(self.prior)
+        self.window = _positive_int("the adaptation window (steps)", window)
+        w = float(prior_weight)
+        if not np.isfinite(w) or w < 0:
+            raise DecodingError(f"the prior weight must be a number of pseudo-trials >= 0, got {prior_weight!r}")
+        self.prior_weight = w
+        self.reset()
+
+    @property
+    def width(self) -> int:
+        """K, the ranks estimated."""
+        return int(self.prior.size)
+
+    def reset(self) -> None:
+        """Forget every step (the estimate is the prior again)."""
+        self._steps: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.trials = np.zeros(self.width, dtype=np.int64)
+        self.hits = np.zeros(self.width, dtype=np.int64)
+        self.steps = 0
+
+    def add_step(self, visits: Iterable[NodeVisit]) -> None:
+        """Count one decoding step's verification trials (:attr:`StepStats.visits`; none for a root-only
+        step, which still takes its place in the window), dropping the step that leaves the window."""
+        t, h = visit_counts(visits, self.width)
+        self._steps.append((t, h))
+        self.trials += t
+        self.hits += h
+        if len(self._steps) > self.window:
+            old_t, old_h = self._steps.popleft()
+            self.trials -= old_t
+            self.hits -= old_h
+        self.steps += 1
+
+    @property
+    def hazards(self) -> np.ndarray:
+        """(K,) conditional acceptance per rank: the counts shrunk towards the prior (class docstring)."""
+        w = self.prior_weight
+        den = self.trials + w
+        est = np.divide(self.hits + w * self.prior_hazards, den, out=self.prior_hazards.copy(), where=den > 0)
+        return np.clip(est, 0.0, 1.0)
+
+    @property
+    def acceptance(self) -> np.ndarray:
+        """(K,) the positional acceptance vector p_1..p_K the DP takes (valid: entries >= 0, sum <= 1)."""
+        return acceptance_from_hazards(self.hazards)
+
+
+@dataclass(frozen=True)
+class Resolve:
+    """One re-solve of an adaptive tree (a row of ``treeopt run --adapt``'s re-solve log).
+
+    Attributes:
+        step: steps decoded (since the adapter's reset) when it ran; its tree serves step ``step`` onwards.
+        generation: the generation (prompt, 0-based since the reset) it ran in.
+        tokens: tokens emitted since the reset, when it ran.
+        size / depth / level_widths: the tree chosen (nodes incl. the root; depth; nodes per level).
+        expected_tokens: its predicted tokens per step G under the estimate.
+        speedup: its predicted speedup over plain decoding (the latency curve's cost model).
+        changed: whether it differs from the tree it replaces.
+        solve_ms: wall time of the DP and the hardware-aware choice (ms).
+        acceptance: the estimate it solved with, p_1..p_K.
+    """
+
+    step: int
+    generation: int
+    tokens: int
+    size: int
+    depth: int
+    level_widths: tuple[int, ...]
+    expected_tokens: float
+    speedup: float
+    changed: bool
+    solve_ms: float
+    acceptance: tuple[float, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["level_widths"] = list(self.level_widths)
+        d["acceptance"] = list(self.acceptance)
+        return d
+
+
+class TreeAdapter:
+    """The adaptive tree's controller: the running estimate (:class:`OnlineAcceptance`), a re-solve every
+    ``every`` steps (:func:`~sequoia_opt.solver.hardware.choose` on the estimate, within the limits), the
+    current tree and the log of re-solves.
+
+    Args:
+        initial: the tree the run starts with (the static tree being adapted).
+        prior: (K,) the acceptance profile's vector (the estimate's prior).
+        curve: the latency profile the hardware-aware choice reads (T(n), c(w), the drafter's cost model).
+        budget: the largest tree a re-solve may choose (nodes incl. the root), within what ``curve`` measured.
+        max_depth: the depth limit D of a re-solve (>= 1).  max_branching: B, most children per node.
+        every: steps between re-solves (>= 1).  window: steps the estimate remembers (>= 1).
+        prior_weight: pseudo-trials per rank the prior is worth (>= 0).
+        context: context length (tokens) to read ``curve`` at; None = the smallest measured.
+
+    Attributes:
+        tree: the current tree.  estimate: the :class:`OnlineAcceptance`.  resolves: the log, oldest first.
+        steps / tokens / generation: steps decoded, tokens emitted, generations started since the reset.
+        prior_choice: the choice solved from the prior alone at construction (it checks the limits against
+            the curve before any model runs, and loads the compiled DP).
+
+    Raises:
+        DecodingError: ``every`` or ``window`` below 1, a bad prior weight.  SolverError: a bad prior vector,
+            budget, depth or branching.  ProfileError: a budget past the largest target token count ``curve``
+            measured, or no tree ``curve`` can score.
+    """
+
+    def __init__(self, initial: Tree, prior: Sequence[float], curve: LatencyCurve, *, budget: int, max_depth: int,
+                 max_branching: int = 32, every: int = DEFAULT_EVERY, window: int = DEFAULT_WINDOW,
+                 prior_weight: float = DEFAULT_PRIOR_WEIGHT, context: int | None = None) -> None:
+        self.every = _positive_int("the re-solve interval (steps)", every)
+        self.estimate = OnlineAcceptance(prior, window=window, prior_weight=prior_weight)
+        self.initial, self.curve, self.context = initial, curve, context
+        self.budget, self.max_depth, self.max_branching = budget, max_depth, max_branching
+        self.prior_choice = self._choose(self.estimate.prior)
+        self.reset()
+
+    def _choose(self, acceptance: np.ndarray):
+        # decoding and solver are peers (cli -> profiling / solver / decoding); imported here so that importing
+        # the decoder does not load the compiled DP
+        from ..solver.hardware import choose
+
+        return choose(acceptance, self.curve, self.budget, self.max_depth, self.max_branching, context=self.context,
+                      top=1)
+
+    def reset(self) -> None:
+        """Back to the initial tree, the prior, an empty log, no steps."""
+        self.estimate.reset()
+        self.tree = self.initial
+        self.resolves: list[Resolve] = []
+        self.steps = self.tokens = 0
+        self.generation = -1
+        # predicted tokens per step of the tree in use: the initial tree's under the prior, then each re-solve's
+        self._predicted = self.initial.expected_tokens(self.estimate.prior)
+        self._predicted_sum = 0.0
+
+    def start_generation(self) -> None:
+        """A new generation (prompt) begins: counted for the log."""
+        self.generation += 1
+
+    @property
+    def window(self) -> int:
+        return self.estimate.window
+
+    @property
+    def prior_weight(self) -> float:
+        return self.estimate.prior_weight
+
+    @property
+    def predicted_tokens_per_step(self) -> float | None:
+        """The step-weighted mean of the predicted tokens per step of the trees used since the reset (the
+        initial tree's under the prior, each re-solved tree's under the estimate it was solved with); None
+        before the first step."""
+        return self._predicted_sum / self.steps if self.steps else None
+
+    def observe(self, visits: Iterable[NodeVisit], tokens: int) -> Tree | None:
+        """Count one step (its verification trials, its emitted tokens); every ``every`` steps re-solve.
+
+        Returns:
+            The new tree when a re-solve chose one different from the current tree (the caller swaps it in
+            before the next step), else None.
+        """
+        self.estimate.add_step(visits)
+        self.steps += 1
+        self.tokens += int(tokens)
+        self._predicted_sum += self._predicted
+        if self.steps % self.every:
+            return None
+        return self.tree if self.resolve().changed else None
+
+    def resolve(self) -> Resolve:
+        """Re-solve now from the current estimate: the hardware-aware choice within the limits becomes the
+        current tree; the :class:`Resolve` is logged and returned."""
+        p = self.estimate.acceptance
+        t0 = time.perf_counter()
+        choice = self._choose(p)
+        ms = (time.perf_counter() - t0) * 1000.0
+        tree = choice.tree
+        changed = tree != self.tree
+        rec = Resolve(step=self.steps, generation=max(self.generation, 0), tokens=self.tokens, size=tree.size,
+                      depth=tree.tree_depth, level_widths=tuple(int(w) for w in tree.level_widths),
+                      expected_tokens=float(choice.expected_tokens), speedup=float(choice.speedup), changed=changed,
+                      solve_ms=ms, acceptance=tuple(float(x) for x in p))
+        self.tree, self._predicted = tree, rec.expected_tokens
+        self.resolves.append(rec)
+        return rec
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings, the counts and the log (for a run's results JSON)."""
+        return {"every": self.every, "window": self.window, "prior_weight": self.prior_weight,
+                "budget": self.budget, "max_depth": self.max_depth, "max_branching": self.max_branching,
+                "context": self.context, "latency_profile": self.curve.id,
+                "prior": [float(x) for x in self.estimate.prior], "steps": self.steps, "tokens": self.tokens,
+                "predicted_tokens_per_step": self.predicted_tokens_per_step,
+                "initial_tree": self.initial.choices(), "final_tree": self.tree.choices(),
+                "resolves": [r.as_dict() for r in self.resolves]}
+
+
+class AdaptiveTreeDecoder(SpeculativeDecoder):
+    """:class:`~sequoia_opt.decoding.SpeculativeDecoder` with a tree re-solved during the run by a
+    :class:`TreeAdapter` (module docstring). The public API is the static decoder's (:meth:`check`,
+    :meth:`generate`, :meth:`start`, :meth:`step`, ``generator``) plus :meth:`reset` and ``adapter``.
+
+    After each step the step's trials go to the adapter; when a re-solve picks another tree it is swapped in
+    (:meth:`~sequoia_opt.decoding.SpeculativeDecoder.set_tree`) before the next step. The time of both (the
+    counting, the DP, compiling the new tree's buffers) is added to that step's ``bookkeeping_ms``, so the
+    measured tokens per second pays for the adaptation.
+
+    Args:
+        target, draft: as :class:`~sequoia_opt.decoding.SpeculativeDecoder`.
+        adapter: the :class:`TreeAdapter` (its ``tree`` is the first step's tree); reset here.
+        temperature, top_p, generator, eos_ids, backend: as :class:`~sequoia_opt.decoding.SpeculativeDecoder`.
+        max_len: slots of each KV cache; default ``min(context, 4096) + max(initial tree size, budget)`` so
+            every tree the adapter may choose fits a whole step.
+
+    Raises:
+        DecodingError: as :class:`~sequoia_opt.decoding.SpeculativeDecoder`; an initial tree of depth 0 (the
+            decoder would allocate no draft cache, and no re-solved tree could draft).
+    """
+
+    def __init__(self, target: Transformer, draft: Transformer | Drafter, adapter: TreeAdapter, *,
+                 temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
+                 eos_ids: Iterable[int] = (), backend: str = "auto", max_len: int | None = None) -> None:
+        adapter.reset()
+        if adapter.tree.tree_depth == 0:
+            raise DecodingError("an adaptive tree must start with a tree of depth >= 1 (from a root-only tree the "
+                                "decoder allocates nothing to draft with)")
+        if max_len is None:
+            largest = max(adapter.tree.size, adapter.budget)
+            max_len = min(target.config.max_position_embeddings, DEFAULT_MAX_LEN) + largest
+        super().__init__(target, draft, adapter.tree, temperature=temperature, top_p=top_p, generator=generator,
+                         eos_ids=eos_ids, backend=backend, max_len=max_len)
+        self.adapter = adapter
+
+    def reset(self) -> None:
+        """Start the adaptation over: the initial tree, the prior, an empty log (e.g. after a warm-up)."""
+        self.adapter.reset()
+        if self.tree != self.adapter.tree:
+            self.set_tree(self.adapter.tree)
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: Sequence[int], max_new_tokens: int) -> DecodeState:
+        """As :meth:`SpeculativeDecoder.start`; the adapter counts the generation."""
+        state = super().start(prompt_ids, max_new_tokens)
+        self.adapter.start_generation()
+        return state
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState) -> StepStats:
+        """One static-tree step (:meth:`SpeculativeDecoder.step`), then the adapter observes it and, on a
+        re-solve that changed the tree, the new tree is swapped in; the time is added to the step's
+        ``bookkeeping_ms`` (host work: the counts, the DP, the new buffers)."""
+        stats = super().step(state)
+        t0 = time.perf_counter()
+        new = self.adapter.observe(stats.visits, stats.accepted_len)
+        if new is not None:
+            self.set_tree(new)
+        spent = (time.perf_counter() - t0) * 1000.0
+        stats = replace(stats, bookkeeping_ms=stats.bookkeeping_ms + spent)
+        state.result.steps[-1] = stats
+        return stats

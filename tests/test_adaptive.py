@@ -1,0 +1,346 @@
+"""Adaptive static trees (``treeopt run --adapt``, issue 17): the running acceptance estimate from synthetic
+visits (exact counts, window forgetting, the prior), re-solves on a synthetic shift (exact tree sizes),
+greedy output equal to plain decoding while the tree is swapped between steps, and the CLI's checks."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from sequoia_opt.decoding import AdaptiveTreeDecoder, AutoregressiveDecoder, OnlineAcceptance, SpeculativeDecoder, TreeAdapter
+from sequoia_opt.decoding.adaptive import acceptance_from_hazards, hazards_from_acceptance, visit_counts
+from sequoia_opt.decoding.sampling import NodeVisit
+from sequoia_opt.errors import DecodingError, ProfileError
+from sequoia_opt.model import ModelConfig, Transformer
+from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, save_acceptance, save_latency
+from sequoia_opt.tree import Tree, TreeMetadata, save_tree
+
+V = NodeVisit  # (depth, num_children, accepted_rank)
+
+# T(n) = 10 + (n - 1) ms, c(w) = 1 ms, no overhead: plain decoding costs 10 ms per token
+CURVE = LatencyCurve.synthetic({n: 10.0 + (n - 1) for n in range(1, 17)}, {w: 1.0 for w in range(1, 17)})
+
+
+# ---------------------------------------------------------------------------------------------- the estimate
+def test_visit_counts_are_conditional_trials_per_rank():
+    trials, hits = visit_counts([V(0, 2, 0), V(1, 2, 1), V(2, 2, None), V(0, 5, 3), V(0, 5, None)], width=2)
+    # rank 0: tried by all five, accepted once; rank 1: tried by the last four (the first accepted rank 0),
+    # accepted once; ranks >= 2 are outside the vector (rank 3 accepted counts as ranks 0, 1 tried and missed)
+    assert trials.tolist() == [5, 4] and hits.tolist() == [1, 1]
+    # a node with one candidate never tries rank 1
+    assert [x.tolist() for x in visit_counts([V(0, 1, None), V(3, 1, 0)], width=3)] == [[2, 0, 0], [1, 0, 0]]
+
+
+def test_hazards_round_trip_the_positional_vector():
+    p = np.array([0.5, 0.25, 0.125])
+    h = hazards_from_acceptance(p)
+    assert h.tolist() == [0.5, 0.5, 0.5]
+    assert np.allclose(acceptance_from_hazards(h), p, rtol=0, atol=1e-15)
+    # earlier ranks take all the mass: the later rank's conditional acceptance is 0, not NaN
+    assert hazards_from_acceptance([1.0, 0.0]).tolist() == [1.0, 0.0]
+
+
+def test_estimate_from_synthetic_visits_exact():
+    est = OnlineAcceptance([0.5, 0.25], window=3, prior_weight=2)
+    assert est.prior_hazards.tolist() == [0.5, 0.5]
+    np.testing.assert_allclose(est.acceptance, [0.5, 0.25], atol=1e-15)  # no steps: the prior
+    est.add_step([V(0, 2, 0), V(1, 2, 1), V(2, 2, None)])
+    assert est.trials.tolist() == [3, 2] and est.hits.tolist() == [1, 1] and est.steps == 1
+    # h_0 = (1 + 2 * 0.5) / (3 + 2) = 0.4, h_1 = (1 + 2 * 0.5) / (2 + 2) = 0.5
+    np.testing.assert_allclose(est.hazards, [0.4, 0.5], atol=1e-15)
+    # p_1 = 0.4, p_2 = 0.6 * 0.5 = 0.3
+    np.testing.assert_allclose(est.acceptance, [0.4, 0.3], atol=1e-15)
+
+
+def test_window_forgets_the_oldest_steps():
+    est = OnlineAcceptance([0.5, 0.25], window=2, prior_weight=0)
+    est.add_step([V(0, 2, 0)])  # A: rank 0 hit
+    est.add_step([V(0, 2, None)])  # B: ranks 0, 1 missed
+    est.add_step([V(0, 2, 1)])  # C: rank 0 missed, rank 1 hit; A leaves the window
+    assert est.trials.tolist() == [2, 2] and est.hits.tolist() == [0, 1] and est.steps == 3
+    np.testing.assert_allclose(est.acceptance, [0.0, 0.5], atol=1e-15)
+    est.add_step([])  # root-only steps take their place in the window too
+    est.add_step([])
+    assert est.trials.tolist() == [0, 0] and est.hits.tolist() == [0, 0]
+    np.testing.assert_allclose(est.acceptance, [0.5, 0.25], atol=1e-15)  # back to the prior
+    est.reset()
+    assert est.steps == 0 and est.trials.tolist() == [0, 0]
+
+
+def test_ranks_never_tried_keep_the_prior():
+    est = OnlineAcceptance([0.6, 0.2, 0.1], window=8, prior_weight=0)
+    est.add_step([V(0, 2, None)])  # ranks 0 and 1 tried and rejected; rank 2 never tried
+    # h = (0, 0, prior 0.1 / (1 - 0.8) = 0.5) -> p = (0, 0, 0.5)
+    np.testing.assert_allclose(est.hazards, [0.0, 0.0, 0.5], atol=1e-12)
+    np.testing.assert_allclose(est.acceptance, [0.0, 0.0, 0.5], atol=1e-12)
+
+
+def test_estimate_is_always_a_valid_vector():
+    from sequoia_opt.profiles import validate_acceptance
+
+    rng = np.random.default_rng(0)
+    est = OnlineAcceptance([0.3, 0.3, 0.3], window=5, prior_weight=0.5)
+    for _ in range(40):
+        visits = []
+        for d in range(int(rng.integers(0, 4))):
+            c = int(rng.integers(1, 6))
+            r = int(rng.integers(0, c + 1))
+            visits.append(V(d, c, None if r == c else r))
+        est.add_step(visits)
+        p = est.acceptance
+        validate_acceptance(p)
+        assert (p >= 0).all() and p.sum() <= 1 + 1e-12
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(window=0), "window"), (dict(prior_weight=-1.0), "prior weight"), (dict(prior_weight=float("nan")), "prior"),
+])
+def test_estimate_refuses_bad_settings(kw, message):
+    with pytest.raises(DecodingError, match=message):
+        OnlineAcceptance([0.5], **kw)
+
+
+# ---------------------------------------------------------------------------------------------- re-solves
+def _adapter(**kw) -> TreeAdapter:
+    args = dict(budget=12, max_depth=8, max_branching=4, every=4, window=4, prior_weight=0)
+    args.update(kw)
+    return TreeAdapter(Tree.chain(3), [0.6, 0.2, 0.1], CURVE, **args)
+
+
+def test_resolve_triggers_on_a_synthetic_shift():
+    ad = _adapter()
+    assert ad.tree == Tree.chain(3) and ad.resolves == []
+    # phase 1: every rank-0 candidate accepted (chains of 5 accepted nodes per step)
+    high = [V(d, 1, 0) for d in range(5)]
+    assert [ad.observe(high, 6) for _ in range(3)] == [None, None, None]  # no re-solve before step 4
+    grown = ad.observe(high, 6)
+    # p = (1, 0, 0): a chain is best; G = n at cost T(n) + (n - 1) c(1) = 8 + 2n ms, increasing in n, so the
+    # chain as deep as the depth limit allows: 9 nodes, depth 8
+    assert grown == Tree.chain(9)
+    r = ad.resolves[-1]
+    assert (r.step, r.generation, r.tokens, r.size, r.depth, r.changed) == (4, 0, 24, 9, 8, True)
+    assert r.level_widths == (1,) * 9 and r.expected_tokens == pytest.approx(9.0)
+    assert r.speedup == pytest.approx(9 / 26 * 10)  # 9 tokens per 26 ms against 1 per 10 ms
+    assert r.acceptance == pytest.approx((1.0, 0.0, 0.0)) and r.solve_ms > 0
+    # phase 2: every candidate of 3 rejected; the window (4 steps) forgets phase 1 by the next re-solve
+    low = [V(0, 3, None)]
+    assert [ad.observe(low, 1) for _ in range(3)] == [None, None, None]
+    shrunk = ad.observe(low, 1)
+    assert shrunk == Tree.chain(1)  # p = (0, 0, 0): nothing is ever accepted, the root alone is best
+    r = ad.resolves[-1]
+    assert (r.step, r.tokens, r.size, r.depth, r.changed) == (8, 28, 1, 0, True)
+    assert r.expected_tokens == 1.0 and r.speedup == pytest.approx(1.0)
+    # phase 3: root-only steps (no trials) fill the window: the estimate is the prior again, and so is the tree
+    for _ in range(3):
+        assert ad.observe([], 1) is None
+    assert ad.observe([], 1) == ad.prior_choice.tree
+    assert ad.resolves[-1].acceptance == pytest.approx((0.6, 0.2, 0.1))
+    assert [x.size for x in ad.resolves] == [9, 1, ad.prior_choice.tree.size]
+    # predicted tokens per step, step-weighted: 4 steps of chain(3) under the prior (1 + 0.6 + 0.36), 4 of
+    # chain(9) (9), 4 root-only (1)
+    assert ad.predicted_tokens_per_step == pytest.approx((4 * 1.96 + 4 * 9 + 4 * 1) / 12)
+
+
+def test_a_resolve_that_keeps_the_tree_is_logged_unchanged():
+    ad = _adapter(every=2, window=8)
+    high = [V(d, 1, 0) for d in range(5)]
+    ad.observe(high, 6)
+    assert ad.observe(high, 6) == Tree.chain(9)
+    ad.observe(high, 6)
+    assert ad.observe(high, 6) is None  # same estimate, same tree
+    assert [(r.step, r.changed) for r in ad.resolves] == [(2, True), (4, False)]
+    doc = ad.as_dict()
+    assert doc["every"] == 2 and doc["window"] == 8 and doc["steps"] == 4 and doc["tokens"] == 24
+    assert doc["final_tree"] == Tree.chain(9).choices() and len(doc["resolves"]) == 2
+    json.dumps(doc)  # plain JSON
+    ad.reset()
+    assert ad.tree == Tree.chain(3) and ad.resolves == [] and ad.steps == 0
+
+
+def test_adapter_refuses_bad_settings():
+    with pytest.raises(DecodingError, match="re-solve interval"):
+        _adapter(every=0)
+    with pytest.raises(DecodingError, match="window"):
+        _adapter(window=0)
+    with pytest.raises(ProfileError, match="budget 40 exceeds"):
+        _adapter(budget=40)  # the curve measured up to 16 target tokens
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+CFG = ModelConfig.preset("tiny")  # vocab 256, 512 positions
+
+
+def _model(seed: int, cfg: ModelConfig = CFG) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(cfg, device="cpu", dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def target() -> Transformer:
+    return _model(0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target) -> dict[str, Transformer]:
+    noisy = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.std())
+    return {"same": target, "noisy": noisy, "random": _model(7, CFG.with_(n_layers=1))}
+
+
+PROMPTS = [[1], [5, 17, 3], [200, 3, 3, 9, 41, 77], list(range(40, 52)), [7] * 490]  # the last: near the context end
+NEW = 20
+
+
+@pytest.mark.parametrize("draft_name, prior", [
+    ("same", [0.2, 0.1]),  # everything accepted: the tree grows from a pessimistic prior
+    ("noisy", [0.4, 0.2, 0.1]),
+    ("random", [0.8, 0.1]),  # almost nothing accepted: the tree shrinks (to the root alone), then regrows
+])
+def test_adaptive_greedy_equals_plain(target, drafts, draft_name, prior):
+    adapter = TreeAdapter(Tree.from_choices([[0], [1], [0, 0]]), prior, CURVE, budget=12, max_depth=6,
+                          max_branching=4, every=2, window=4, prior_weight=1)
+    dec = AdaptiveTreeDecoder(target, drafts[draft_name], adapter, backend="torch")
+    assert dec.max_len == min(512, 4096) + 12  # room for the largest tree a re-solve may choose
+    plain = AutoregressiveDecoder(target)
+    sizes = set()
+    for prompt in PROMPTS:  # the tree, the estimate and the step count carry over from prompt to prompt
+        res = dec.generate(prompt, NEW)
+        assert res.tokens == plain.generate(prompt, NEW).tokens, (draft_name, len(prompt))
+        sizes |= {s.tree_size for s in res.steps}
+    steps = adapter.steps
+    assert len(adapter.resolves) == steps // 2 and adapter.generation == len(PROMPTS) - 1
+    assert any(r.changed for r in adapter.resolves)
+    assert len(sizes) > 1  # the swapped trees were really used
+    if draft_name == "same":
+        # every rank-0 candidate accepted, rank 1 never tried (its prior is small): the chain as deep as the
+        # depth limit allows
+        assert adapter.tree == Tree.chain(7)
+    if draft_name == "random":
+        assert 1 in sizes and adapter.resolves[-1].size >= 1
+        assert any(r.size == 1 for r in adapter.resolves)
+    dec.reset()
+    assert dec.tree == adapter.initial and adapter.resolves == [] and adapter.steps == 0
+
+
+def test_set_tree_checks(target, drafts):
+    dec = SpeculativeDecoder(target, drafts["noisy"], Tree.chain(1))
+    with pytest.raises(DecodingError, match="root-only tree"):
+        dec.set_tree(Tree.chain(3))
+    dec = SpeculativeDecoder(target, drafts["noisy"], Tree.chain(3))
+    with pytest.raises(DecodingError, match="300 children"):
+        dec.set_tree(Tree.from_choices([[i] for i in range(300)]))
+    dec.set_tree(Tree.chain(5))
+    assert dec.tree == Tree.chain(5) and dec.buffers.n == 5 and dec.generate([1, 2], 10).tokens == \
+        AutoregressiveDecoder(target).generate([1, 2], 10).tokens
+    with pytest.raises(DecodingError, match="depth >= 1"):
+        AdaptiveTreeDecoder(target, drafts["noisy"], TreeAdapter(Tree.chain(1), [0.5], CURVE, budget=8, max_depth=4))
+
+
+def test_adaptation_time_is_charged_to_the_step(target, drafts, monkeypatch):
+    adapter = TreeAdapter(Tree.chain(3), [0.5], CURVE, budget=8, max_depth=4, every=1, window=4)
+    dec = AdaptiveTreeDecoder(target, drafts["noisy"], adapter, backend="torch")
+    real = adapter.observe
+
+    def slow(visits, tokens):
+        import time
+
+        time.sleep(0.02)
+        return real(visits, tokens)
+
+    monkeypatch.setattr(adapter, "observe", slow)
+    res = dec.generate([3, 4, 5], 6)
+    assert all(s.bookkeeping_ms >= 20.0 for s in res.steps)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app_(), [str(a) for a in args])
+
+
+def app_():
+    from sequoia_opt.cli import app
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapt")
+    acc, lat = root / "acc.yaml", root / "lat.yaml"
+    save_acceptance(acc, AcceptanceProfile(id="acc-test", acceptance=np.array([0.5, 0.2, 0.1])))
+    save_latency(lat, LatencyCurve.synthetic({n: 1.0 + 0.1 * n for n in range(1, 17)}, {w: 0.3 for w in range(1, 17)},
+                                             id="lat-test"))
+    tree = root / "t.yaml"
+    save_tree(tree, Tree.from_choices([[0], [1], [0, 0]]), TreeMetadata(budget=4, extra={"budget_limit": 10}))
+    return root, acc, lat, tree
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--adapt", "--adapt-window", "0"], "--adapt-window must be at least 1"),
+    (["--adapt", "--adapt-every", "0"], "--adapt-every must be at least 1"),
+    (["--adapt", "--adapt-prior-weight", "-1"], "--adapt-prior-weight must be a number >= 0"),
+    (["--adapt-window", "8"], "add --adapt"),
+])
+def test_cli_adapt_bad_values_one_line_exit_2(profiles, tmp_path, extra, message):
+    root, acc, lat, tree = profiles
+    # a target that does not exist: the check comes before any model is looked for
+    r = invoke("run", "--tree", tree, "-a", acc, "-l", lat, "--target", tmp_path / "no-model", *extra,
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("given, missing", [(["-a"], "missing --latency"), (["-l"], "missing --acceptance"),
+                                            ([], "missing --acceptance and --latency")])
+def test_cli_adapt_needs_both_profiles(profiles, tmp_path, given, missing):
+    root, acc, lat, tree = profiles
+    args = [x for opt in given for x in (opt, acc if opt == "-a" else lat)]
+    r = invoke("run", "--tree", tree, "--adapt", *args, "--target", tmp_path / "no-model",
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2 and missing in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cli_adapt_runs_next_to_the_static_tree(profiles, tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    root, acc, lat, tree = profiles
+    target, draft, prompts = make_pair(tmp_path)
+    r = invoke("run", "--tree", tree, "--adapt", "-a", acc, "-l", lat, "--adapt-every", "2", "--adapt-window", "4",
+               "--target", target, "--draft", draft, "--prompts", prompts, "--num-prompts", "2",
+               "--max-new-tokens", "12", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    assert [s["tree"] for s in doc["summaries"]] == ["plain", "t", "t (adaptive)"]
+    ada = doc["summaries"][2]
+    assert ada["mismatches"] == 0 and ada["new_tokens"] == 2 * 12
+    log = ada["adaptive"]
+    assert (log["every"], log["window"], log["prior_weight"], log["budget"]) == (2, 4, 8.0, 10)
+    assert log["steps"] == ada["steps"] and len(log["resolves"]) == ada["steps"] // 2
+    assert all(1 <= x["size"] <= 10 and x["step"] % 2 == 0 for x in log["resolves"])
+    assert ada["size"] == len(log["final_tree"]) + 1
+    assert doc["summaries"][1]["adaptive"] is None
+    saved = json.loads(Path(doc["json"]).read_text())
+    assert saved["summaries"][2]["adaptive"]["resolves"] == log["resolves"]  # the results file holds the log
+    assert any("re-solved every 2 steps" in n for n in doc["notes"])
+    # the tables: the adaptive tree in the trees table, then the re-solve log
+    r = invoke("run", "--tree", tree, "--adapt", "-a", acc, "-l", lat, "--adapt-every", "2", "--target", target,
+               "--draft", draft, "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "8",
+               "--results-dir", tmp_path / "res")
+    assert r.exit_code == 0, r.output
+    assert "t (adaptive)" in r.stdout and "re-solves of the adaptive trees" in r.stdout
