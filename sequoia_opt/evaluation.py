@@ -405,7 +405,7 @@ def run_trees(
     summaries = [plain_summary]
     for e, d, res in zip(entries, decoders, results):
         names = d.policy.names if e.policy is not None else ()
-        size, depth = (d.policy.max_size, d.policy.max_depth) if e.policy is not None else (e.tree.size, e.tree.tree_depth)
+        size, depth = (d.policy.max_verified, d.policy.max_depth) if e.policy is not None else (e.tree.size, e.tree.tree_depth)
         meta = e.metadata
         if e.adapter is not None:  # the final tree; predicted: the step-weighted mean over the trees it used
             size, depth = d.tree.size, d.tree.tree_depth

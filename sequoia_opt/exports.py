@@ -717,3 +717,90 @@ def _tree_from_mapping(doc: Any, yaml_text: str | None, source: str) -> tuple[Tr
     # JSON: the derived block is never truth; validate the rest exactly as the YAML reader does.
     core = {k: doc[k] for k in ("format", "metadata", "drafters", "nodes") if k in doc}
     return tree_from_yaml(yaml.safe_dump(core, sort_keys=False), source=source)
+
+
+# ---------------------------------------------------------------------------------------------- dynamic settings
+DYNAMIC_FORMAT = "treeopt-dynamic/1"
+DYNAMIC_EXPORT_FORMATS: tuple[str, ...] = ("yaml", "json", "sglang", "tensorrt-llm")
+
+
+def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None = None,
+                   provenance: dict[str, Any] | None = None) -> Export:
+    """Export a dynamic-tree setting (:class:`~sequoia_opt.dynamic.DynamicSetting`).
+
+    Formats:
+
+    ``yaml`` / ``json``
+        ``treeopt-dynamic/1``: ``setting`` (policy, steps, topk, budget), ``predicted`` (tokens per step,
+        tokens/s, speedup, ...) and ``provenance`` (the calibration and latency profile ids); ``treeopt run
+        --dynamic FILE`` reads it.
+    ``sglang``
+        The EAGLE server arguments, as JSON with the flags string: ``--speculative-algorithm EAGLE
+        --speculative-num-steps S --speculative-eagle-topk K --speculative-num-draft-tokens N`` (N counts the
+        root, as treeopt's budget does). SGLang's worker expands the top-K frontier for S steps and keeps the N
+        best by path probability: the ``eagle`` rule.
+    ``tensorrt-llm``
+        The LLM API's ``speculative_config`` for EAGLE-3 with a dynamic tree (``extra_llm_api_options`` YAML
+        of ``trtllm-serve``; ``EagleDecodingConfig`` fields): ``decoding_type: Eagle3``, ``max_draft_len: S``,
+        ``use_dynamic_tree: true``, ``dynamic_tree_max_topK: K``, ``max_total_draft_tokens: N - 1`` (TensorRT-LLM
+        counts draft tokens without the root), and ``speculative_model_dir`` left for the user.
+
+    Both engines draft by EAGLE-2 re-ranking only: ``entropy`` and ``best-first`` settings have no engine
+    setting (ExportError). vLLM has no dynamic tree; releases 0.10.1 to 0.20.2 take a static tree
+    (:data:`VLLM_TREE_RELEASES`), later ones a chain.
+
+    Raises:
+        ExportError: an unknown format, or an engine format for a policy the engine does not run.
+    """
+    key = normalise_format(fmt)
+    if key not in DYNAMIC_EXPORT_FORMATS:
+        raise ExportError(f"a dynamic setting exports as {', '.join(DYNAMIC_EXPORT_FORMATS)}, not {fmt!r} "
+                          "(vLLM and Medusa take static trees only)")
+    s = setting
+    stub = Tree.chain(min(s.steps, s.budget - 1) + 1)  # the Export's tree field: the setting's deepest path
+    if key in ("yaml", "json"):
+        doc = {"format": DYNAMIC_FORMAT, "setting": s.to_dict(), "predicted": predicted or {},
+               "provenance": provenance or {}}
+        text = (yaml.safe_dump(doc, sort_keys=False) if key == "yaml" else json.dumps(doc, indent=2) + "\n")
+        return Export(key, text, stub)
+    if s.policy != "eagle":
+        raise ExportError(f"{key} drafts dynamic trees by EAGLE-2 re-ranking only; a {s.policy!r} setting has no "
+                          f"{key} equivalent (export the best 'eagle' setting)")
+    if key == "sglang":
+        flags = (f"--speculative-algorithm EAGLE --speculative-num-steps {s.steps} --speculative-eagle-topk {s.topk} "
+                 f"--speculative-num-draft-tokens {s.budget}")
+        doc = {"speculative_algorithm": "EAGLE", "speculative_num_steps": s.steps, "speculative_eagle_topk": s.topk,
+               "speculative_num_draft_tokens": s.budget, "cli_flags": flags}
+        notes = ("--speculative-num-draft-tokens counts the root (treeopt's budget)",)
+        if s.topk == 1 and s.budget != s.steps + 1:
+            notes += (f"with topk 1 SGLang sets num_draft_tokens to num_steps + 1 = {s.steps + 1}",)
+        return Export(key, json.dumps(doc, indent=2) + "\n", stub, notes=notes)
+    doc = {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": s.steps,
+                                  "speculative_model_dir": "<your EAGLE-3 draft checkpoint>",
+                                  "eagle3_one_model": False, "use_dynamic_tree": True,
+                                  "dynamic_tree_max_topK": s.topk, "max_total_draft_tokens": s.budget - 1}}
+    return Export(key, yaml.safe_dump(doc, sort_keys=False), stub,
+                  notes=("max_total_draft_tokens excludes the root (treeopt's budget - 1); set "
+                         "speculative_model_dir to your EAGLE-3 checkpoint",))
+
+
+def load_dynamic_setting(path: str | Path) -> tuple[Any, dict[str, Any]]:
+    """Read a ``treeopt-dynamic/1`` file (YAML or JSON): ``(setting, document)``.
+
+    Raises:
+        ExportError: unreadable, another format, or a bad setting.
+    """
+    from .dynamic import DynamicSetting
+
+    text = read_text_file(Path(path), error=ExportError, what="dynamic setting")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ExportError(f"{path}: not valid YAML or JSON ({err.__class__.__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != DYNAMIC_FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ExportError(f"{path}: format is {got!r}, expected {DYNAMIC_FORMAT!r}")
+    try:
+        return DynamicSetting.from_dict(doc.get("setting") or {}), doc
+    except ValueError as err:
+        raise ExportError(f"{path}: {err}") from None

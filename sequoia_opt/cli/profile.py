@@ -217,10 +217,21 @@ def profile_acceptance(
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
     output: ProfileOutputOpt = None,
+    calibration: Annotated[bool, typer.Option(
+        "--calibration", help="Measure the calibration profile instead (treeopt-calibration/1, for solve --dynamic): "
+        "per step a wide EAGLE-2 tree is drafted and every node verified; the reliability table gives acceptance "
+        "against draft probability with counts, 95 % intervals and the ECE.")] = False,
+    calibration_steps: Annotated[int, typer.Option(
+        "--calibration-steps", help="With --calibration: levels of the recorded tree (the deepest dynamic setting "
+        "solve --dynamic can predict).")] = 5,
+    calibration_topk: Annotated[int, typer.Option(
+        "--calibration-topk", help="With --calibration: children per expanded node and frontier width of the "
+        "recorded tree (1 + k + (steps - 1) k^2 nodes verified per step).")] = 4,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure the positional acceptance vector p_1..p_K with the decoder's own verifier (greedy or
-    sampling), with counts, 95 % intervals and per-depth vectors."""
+    sampling), with counts, 95 % intervals and per-depth vectors; with --calibration, the calibration profile
+    of draft probability against acceptance that dynamic trees are predicted from."""
     from ..pipeline import default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
@@ -235,9 +246,22 @@ def profile_acceptance(
     from ..pipeline import parse_drafter_spec
 
     spec = parse_drafter_spec(draft)  # a bad --draft fails here, before prompts or models are read
+    if calibration:
+        if calibration_steps < 1 or calibration_topk < 1:
+            raise TreeoptError("--calibration-steps and --calibration-topk must be at least 1")
+        if spec is not None and spec.kind == "lookup":
+            raise TreeoptError("prompt lookup has no draft probabilities to calibrate; use a draft model or self:L")
+    elif (calibration_steps, calibration_topk) != (5, 4):
+        raise TreeoptError("--calibration-steps / --calibration-topk shape the calibration recording: add "
+                           "--calibration (or drop them)")
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     pair = load_pair(target, spec, device=dev, dtype=dt)
+    if calibration:
+        _profile_calibration(pair, spec, texts, pfile, steps=calibration_steps, topk=calibration_topk,
+                             temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                             num_prompts=num_prompts, dev=dev, dt=dt, backend=backend, output=output, as_json=as_json)
+        return
     if width > pair.vocab_size:
         raise TreeoptError(f"--width {width} asks for more candidates per node than the "
                            f"{'draft' if pair.draft is not None else 'target'}'s vocabulary has "
@@ -278,6 +302,47 @@ def profile_acceptance(
                                 "(Sequoia section 3.1) holds only approximately for this pair")
     report.acceptance = None
     report.data = {"profile": prof.to_dict(), "positional_check": check, "output": str(out)}
+    render(report, as_json)
+
+
+def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, top_p, seed, max_new_tokens,
+                         num_prompts, dev, dt, backend, output, as_json) -> None:
+    """``profile acceptance --calibration``: record, build, write and show the calibration profile."""
+    from ..calibration import save_calibration
+    from ..pipeline import default_acceptance_path
+    from ..profiling.calibration import build_calibration_profile, measure_calibration
+
+    if topk > pair.vocab_size:
+        raise TreeoptError(f"--calibration-topk {topk} is more than the vocabulary's {pair.vocab_size} tokens")
+    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    with progress_bar() as progress:
+        steps_rec = measure_calibration(pair.target, pair.new_drafter, ids, steps=steps, topk=topk,
+                                        temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                                        eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
+    if not steps_rec:
+        raise TreeoptError("no step drafted (every prompt is at the end of the context): nothing to calibrate")
+    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+    prof = build_calibration_profile(
+        steps_rec, profile_id=f"{pair.slug}_calibration_{mode}", target_name=pair.target_name,
+        draft_name=pair.draft_name, temperature=temperature, top_p=top_p, recording_steps=steps, recording_topk=topk,
+        device=str(dev), dtype=str(dt).removeprefix("torch."), prompts_file=str(pfile), num_prompts=len(ids),
+        max_new_tokens=max_new_tokens, seed=seed)
+    out = output or default_acceptance_path(pair.target_name, spec, mode).with_name(f"calibration-{mode}.yaml")
+    save_calibration(out, prof)
+    report = Report(title="treeopt profile acceptance --calibration")
+    report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
+                                      prompts_found=len(texts), prompts_file=pfile))
+    bins = prof.bins()
+    report.summary = {"target": pair.target_name, "draft": pair.draft_name, "mode": mode,
+                      "recorded steps": len(prof.steps), "candidates": sum(b["count"] for b in bins),
+                      "recording tree": f"{steps} levels, top-{topk}", "ECE": prof.ece(), "written": str(out)}
+    report.tables.append(("reliability: acceptance against draft probability",
+                          ["draft prob", "count", "mean draft prob", "acceptance", "95% low", "95% high"],
+                          [[f"{b['low']:g}-{b['high']:g}", b["count"], b.get("mean_draft_prob"), b.get("acceptance"),
+                            b.get("ci_low"), b.get("ci_high")] for b in bins]))
+    report.tables.append(("by rank", ["rank", "count", "mean draft prob", "acceptance"],
+                          [[r["rank"], r["count"], r["mean_draft_prob"], r["acceptance"]] for r in prof.by_rank()]))
+    report.data = {k: v for k, v in prof.to_dict().items() if k != "steps"} | {"output": str(out)}
     render(report, as_json)
 
 

@@ -24,7 +24,7 @@ depth, predicted tokens per step) follows; the results JSON holds the whole log.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from typing_extensions import Annotated
@@ -111,6 +111,13 @@ def run_cmd(
     adapt_prior_weight: Annotated[Optional[float], typer.Option(
         "--adapt-prior-weight", help="With --adapt: pseudo-trials per rank the -a profile is worth in the estimate "
         f"(default {DEFAULT_PRIOR_WEIGHT:g}).")] = None,
+    dynamic: Annotated[Optional[list[str]], typer.Option(
+        "--dynamic", help="A dynamic-tree setting to run (repeatable): POLICY:steps=S,topk=K,budget=N with POLICY "
+        "eagle | entropy | best-first, or a treeopt-dynamic/1 file (treeopt solve --dynamic -o). The tree is chosen "
+        "each step from the draft's scores; with or without --tree.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", help="With --dynamic: the calibration profile to predict each setting's tokens per step "
+        "from (and -l for its speedup).")] = None,
     budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="With --compare-drafters: largest tree considered, nodes incl. the root (default: each latency profile's largest measured token count). With --adapt: largest re-solved tree (default: the tree's budget limit).")] = None,
     max_depth: Annotated[Optional[int], typer.Option("--max-depth", "-d", help="With --compare-drafters: depth limit D (default 10). With --adapt: of the re-solves (default 16, as treeopt solve).")] = None,
     max_branching: Annotated[Optional[int], typer.Option("--max-branching", "-b", help="With --compare-drafters: most children per node B (default 8). With --adapt: of the re-solves (default: the tree's, else 32).")] = None,
@@ -141,9 +148,12 @@ def run_cmd(
             acceptance=acceptance, latency=latency, budget=budget, max_depth=max_depth, max_branching=max_branching,
             device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json)
         return
-    if not tree:
+    dyn = _dynamic_settings(dynamic, calibration, latency, multi=merge or scheduler is not None or len(draft or []) > 1,
+                            adapt=adapt)
+    if not tree and not dyn:
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
-                           "drafter's own best tree)")
+                           "drafter's own best tree; or --dynamic, a dynamic-tree setting)")
+    tree = tree or []
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
         if value is not None and not adapt:
             raise TreeoptError(f"{name} limits the trees --compare-drafters solves (or --adapt re-solves); add one "
@@ -197,7 +207,7 @@ def run_cmd(
         seen[e.name] = seen.get(e.name, 0) + 1
         if seen[e.name] > 1:
             e.name = f"{e.name}#{seen[e.name]}"
-    if not compare and not adapt and (acceptance_path is not None or latency_path is not None):
+    if not compare and not adapt and (acceptance_path is not None or latency_path is not None and calibration is None):
         raise TreeoptError("--acceptance / --latency choose the --compare baselines (or --adapt's prior and "
                            "re-solves); add --compare or --adapt (or drop them)")
     adapt_notes: list[str] = []
@@ -218,6 +228,7 @@ def run_cmd(
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
     pair = load_pair(target, spec, device=dev, dtype=dt)
+    entries += _dynamic_entries(dyn, pair, calibration, latency_path)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     from ..profiling.device import device_name
@@ -585,6 +596,84 @@ def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budge
             out.append(TreeEntry(name=f"{b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items()),
                                  tree=b.tree, metadata=meta))
     return out, notes
+
+
+def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], latency: Optional[list[Path]], *,
+                      multi: bool, adapt: bool) -> list[tuple[Any, dict]]:
+    """The --dynamic settings, read before any model loads: ``[(setting, predicted figures from its file)]``.
+
+    Raises:
+        TreeoptError: a setting that cannot be read, --calibration without --dynamic, --dynamic with several
+            drafters or --adapt (one line, exit 2).
+    """
+    from ..dynamic import parse_setting
+    from ..exports import load_dynamic_setting
+
+    if not specs:
+        if calibration is not None:
+            raise TreeoptError("--calibration predicts --dynamic settings: add --dynamic (or drop --calibration)")
+        return []
+    if multi:
+        raise TreeoptError("--dynamic runs one drafter (the tree is chosen from its scores): give at most one --draft")
+    if adapt:
+        raise TreeoptError("--adapt re-solves static trees; a --dynamic setting already follows the workload: run them "
+                           "separately")
+    out = []
+    for spec in specs:
+        if Path(spec).suffix.lower() in (".yaml", ".yml", ".json") or Path(spec).is_file():
+            setting, doc = load_dynamic_setting(spec)
+            out.append((setting, doc.get("predicted") or {}))
+            continue
+        try:
+            out.append((parse_setting(spec), {}))
+        except ValueError as err:
+            raise TreeoptError(str(err)) from None
+    if calibration is not None:
+        if not latency or len(latency) != 1:
+            raise TreeoptError("--calibration predicts a setting's tokens/s with one --latency profile: add -l")
+    return out
+
+
+def _dynamic_entries(settings: list[tuple[Any, dict]], pair, calibration: Optional[Path],
+                     latency: Optional[Path]) -> list:
+    """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction: from
+    --calibration and -l when given, else from its file's ``predicted``."""
+    from ..decoding.policies import DynamicPolicy
+    from ..evaluation import TreeEntry
+    from ..tree import Tree
+
+    if not settings:
+        return []
+    cal = curve = None
+    if calibration is not None:
+        from ..calibration import load_calibration
+        from ..profiles import load_latency
+
+        cal, curve = load_calibration(calibration), load_latency(latency)
+        for key, have in (("target", pair.target_name), ("draft", pair.draft_name)):
+            want = cal.measured.get(key)
+            if want is not None and str(want).lower() != str(have).lower():
+                raise TreeoptError(f"the calibration profile {cal.id!r} is of {key} {want!r} but this run's {key} is "
+                                   f"{have!r}: profiles of another pair predict nothing here")
+    out = []
+    for setting, predicted in settings:
+        if setting.topk > pair.vocab_size:
+            raise TreeoptError(f"{setting.label}: topk {setting.topk} is more than the vocabulary's {pair.vocab_size} tokens")
+        g, sp = predicted.get("tokens_per_step"), predicted.get("speedup")
+        if cal is not None:
+            from ..solver.dynamic import predict_setting
+
+            pred = predict_setting(cal, setting, curve, max_steps=200)
+            g, sp = pred.tokens_per_step, pred.speedup
+        meta = TreeMetadata(budget=setting.budget, max_depth=setting.steps, expected_tokens_per_step=g,
+                            predicted_speedup=sp, solver=f"dynamic:{setting.policy}",
+                            extra={"dynamic": setting.to_dict()})
+
+        def make(s=setting):
+            return DynamicPolicy(pair.new_drafter(), s, name=pair.draft_name)
+
+        out.append(TreeEntry(setting.label, Tree.chain(1), meta, policy=make, drafter=pair.draft_name))
+    return out
 
 
 def _check_trees_fit(entries, pair) -> None:

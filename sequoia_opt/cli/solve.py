@@ -53,7 +53,7 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
     return out
 
 
-AcceptancesOpt = Annotated[list[Path], typer.Option(
+AcceptancesOpt = Annotated[Optional[list[Path]], typer.Option(
     "--acceptance", "-a", help="Acceptance profile (treeopt-acceptance/1 YAML); with --pair-acceptance given twice: "
     "the light drafter's, then the strong one's.")]
 LatenciesOpt = Annotated[Optional[list[Path]], typer.Option(
@@ -69,7 +69,7 @@ SINGLE_DEFAULTS = {"budget": 128, "max_depth": 16, "max_branching": 32}
 @app.command()
 @handle_errors
 def solve(
-    acceptance: AcceptancesOpt,
+    acceptance: AcceptancesOpt = None,
     budget: Annotated[Optional[int], typer.Option(
         "--budget", "-n", help="Largest tree size considered (nodes, root included; default 128; with "
         "--pair-acceptance the largest target token count both latency profiles measured).")] = None,
@@ -79,6 +79,12 @@ def solve(
     max_branching: Annotated[Optional[int], typer.Option(
         "--max-branching", "-b", help="Most children per node B (default 32; with --pair-acceptance 8).")] = None,
     pair_acceptance: PairAcceptanceOpt = None,
+    dynamic: Annotated[Optional[Path], typer.Option(
+        "--dynamic", help="Calibration profile (treeopt-calibration/1, treeopt profile acceptance --calibration): "
+        "predict every dynamic-tree setting (EAGLE-2, entropy, best-first) with -l, print the table and export the "
+        "hardware-aware best (--format yaml|json|sglang|tensorrt-llm); -a adds the static DP tree for comparison.")] = None,
+    policy: Annotated[Optional[str], typer.Option(
+        "--policy", help="With --dynamic: the rules to score, comma-separated (eagle,entropy,best-first; default all).")] = None,
     plan: Annotated[str, typer.Option(
         "--plan", help="With --pair-acceptance, the tree written: auto (the best predicted tokens/s with the strong "
         "drafter called every step; may hold one drafter's nodes) | graft (the best tree holding both drafters' "
@@ -105,6 +111,18 @@ def solve(
     from ..solver import choose, compare_baselines
     from ..solver.depth import ACCEPTANCE_MODELS, solve_profile
 
+    if dynamic is not None:
+        if pair_acceptance is not None:
+            raise SolverError("--dynamic and --pair-acceptance solve different things: give one")
+        from .solve_dynamic import solve_dynamic
+
+        solve_dynamic(dynamic, latency, acceptance, budget=budget, max_depth=max_depth, policies=policy,
+                      context=context, output=output, fmt=fmt, as_json=as_json)
+        return
+    if policy is not None:
+        raise SolverError("--policy chooses dynamic rules: add --dynamic CALIBRATION.yaml (or drop --policy)")
+    if not acceptance:
+        raise SolverError("missing --acceptance / -a (an acceptance profile, treeopt profile acceptance)")
     if pair_acceptance is not None:
         _solve_graft(pair_acceptance, acceptance, latency, budget=budget, max_depth=max_depth,
                      max_branching=max_branching, context=context, output=output, fmt=fmt, width=width,

@@ -188,6 +188,12 @@ class DraftingPolicy(ABC):
     drafter_calls: list[int]
     wants_confidence: bool = False
 
+    @property
+    def max_verified(self) -> int:
+        """The most nodes a step's verified tree can have (root included); ``max_size`` unless the policy grows
+        candidates it does not verify (a dynamic tree's re-ranking)."""
+        return self.max_size
+
     def bind(self, settings: DraftSettings) -> None:
         """Bind every drafter to the decoder (:meth:`Drafter.bind`), and time drafters on the decoder's device
         (:attr:`clock`: CUDA is synchronised before each reading, as the decoder's own clock)."""

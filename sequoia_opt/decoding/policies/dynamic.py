@@ -73,6 +73,10 @@ class DynamicPolicy(DraftingPolicy):
         self.last_selected: list[int] = []
         self._settings: DraftSettings | None = None
 
+    @property
+    def max_verified(self) -> int:
+        return self.setting.budget
+
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
         self._settings = settings

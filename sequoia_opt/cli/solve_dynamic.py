@@ -1,0 +1,135 @@
+"""``treeopt solve --dynamic CAL.yaml -l LAT.yaml``: predict every dynamic-tree setting (EAGLE-2, entropy,
+best-first) from a calibration profile, choose the hardware-aware best, print the table, and export it (the
+``treeopt-dynamic/1`` file; SGLang flags and TensorRT-LLM EAGLE-3 settings for the best ``eagle`` setting)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from .._io import atomic_write_text
+from ..errors import SolverError
+from ..report import Report
+from .render import render
+
+
+def _same_pair(cal: Any, curve: Any, acc: Any) -> None:
+    """Refuse profiles of different model pairs (one line, exit 2)."""
+    m = cal.measured
+    for label, other in (("latency", {"target": curve.model.get("target"), "draft": curve.model.get("draft")}),
+                         ("acceptance", acc.measured if acc is not None else {})):
+        for key in ("target", "draft"):
+            a, b = m.get(key), other.get(key)
+            if a is not None and b is not None and str(a).lower() != str(b).lower():
+                raise SolverError(f"the calibration profile {cal.id!r} is of {key} {a!r} but the {label} profile's "
+                                  f"{key} is {b!r}: profiles of another pair predict nothing here")
+
+
+def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: Optional[list[Path]], *,
+                  budget: Optional[int], max_depth: Optional[int], policies: Optional[str], context: Optional[int],
+                  output: Optional[Path], fmt: Optional[str], as_json: bool) -> None:
+    from .. import exports
+    from ..calibration import load_calibration
+    from ..dynamic import POLICY_NAMES
+    from ..profiles import load_acceptance, load_latency
+    from ..solver import choose
+    from ..solver.dynamic import choose_dynamic, setting_grid
+
+    if not latency or len(latency) != 1:
+        raise SolverError("--dynamic needs one --latency profile (T(n) of the target, c(w) of the drafter)")
+    if acceptance and len(acceptance) > 1:
+        raise SolverError("--dynamic compares with one static tree: give at most one --acceptance")
+    key = exports.normalise_format(fmt) if fmt else "yaml"
+    if key not in exports.DYNAMIC_EXPORT_FORMATS:
+        raise SolverError(f"--dynamic writes {', '.join(exports.DYNAMIC_EXPORT_FORMATS)}, not {fmt!r}")
+    pols = tuple(p.strip() for p in policies.split(",")) if policies else POLICY_NAMES
+    bad = [p for p in pols if p not in POLICY_NAMES]
+    if bad:
+        raise SolverError(f"unknown --policy {', '.join(bad)}; choose from {', '.join(POLICY_NAMES)}")
+    if key in ("sglang", "tensorrt-llm") and "eagle" not in pols:
+        raise SolverError(f"{key} runs the eagle rule only: include eagle in --policy")
+    for name, value in (("--budget", budget), ("--max-depth", max_depth)):
+        if value is not None and value < 2 - (name == "--max-depth"):
+            raise SolverError(f"{name} is too small: {value}")
+    cal = load_calibration(calibration)
+    curve = load_latency(latency[0])
+    acc = load_acceptance(acceptance[0]) if acceptance else None
+    _same_pair(cal, curve, acc)
+    report = Report(title="treeopt solve --dynamic")
+    top_n = curve.max_target_tokens(context)
+    limit = budget if budget is not None else min(64, top_n)
+    if limit > top_n:
+        report.notes.append(f"--budget {limit} is past the latency profile's largest measured token count {top_n}: "
+                            f"clamped to {top_n} (T(n) is never extrapolated)")
+        limit = top_n
+    rec = cal.recording
+    if max_depth is not None and max_depth > rec["steps"]:
+        report.notes.append(f"--max-depth {max_depth} is deeper than the calibration recorded ({rec['steps']} levels):"
+                            f" clamped to {rec['steps']} (record deeper with profile acceptance --calibration-steps)")
+    grid = setting_grid(cal, policies=pols, max_budget=limit, max_steps=max_depth)
+    if not grid:
+        raise SolverError(f"no dynamic setting fits budget {limit} and depth {max_depth}")
+    ch = choose_dynamic(cal, curve, grid, context=context)
+    report.notes.extend(ch.notes)
+    best = ch.best
+    rows: list[list[Any]] = []
+    shown = {}
+    for r in ch.rows:  # the best of each (policy, budget), not every tie
+        k = (r.setting.policy, r.setting.budget)
+        if k not in shown:
+            shown[k] = r
+    static = None
+    if acc is not None:
+        c = choose(acc.acceptance, curve, min(limit, top_n), max_depth or 16, context=context)
+        static = c
+    for r in sorted(shown.values(), key=lambda r: -r.tokens_per_s):
+        s = r.setting
+        rows.append([s.policy, s.steps, s.topk, s.budget, r.tokens_per_step, r.replay, r.tree_size, r.forwards,
+                     r.draft_ms, r.target_ms, r.tokens_per_s, r.speedup, r.coverage])
+    if static is not None:
+        rows.append(["static DP", static.tree.tree_depth, static.tree.max_branching_used, static.tree.size,
+                     static.expected_tokens, None, static.tree.size, None, None, None, None, static.speedup, None])
+    report.tables.append((
+        "dynamic settings (best per policy and budget; predicted: recorded draft trees valued by the calibration "
+        "curve; replay: by the recorded acceptances)",
+        ["policy", "steps", "topk", "budget", "tokens/step", "replay", "nodes", "draft fwd", "draft ms",
+         "target ms", "tokens/s", "speedup", "coverage"], rows))
+    best_eagle = ch.best_of("eagle")
+    report.summary = {
+        "calibration profile": cal.id, "latency profile": curve.id, "ECE": cal.ece(),
+        "recorded steps": len(cal.steps), "settings scored": len(ch.rows),
+        "chosen": best.label, "predicted tokens / step": best.tokens_per_step,
+        "predicted tokens / s": best.tokens_per_s, "predicted speedup": best.speedup,
+    }
+    if static is not None:
+        report.summary["static DP tree speedup"] = static.speedup
+    data: dict[str, Any] = {"chosen": best.to_dict(), "rows": [r.to_dict() for r in ch.rows], "notes": ch.notes}
+    provenance = {"calibration_profile": cal.id, "latency_profile": curve.id,
+                  "target": cal.measured.get("target"), "draft": cal.measured.get("draft")}
+    if best_eagle is not None:
+        for engine in ("sglang", "tensorrt-llm"):
+            e = exports.export_dynamic(best_eagle.setting, engine)
+            data[engine] = e.text
+        report.summary["SGLang flags (best eagle)"] = exports.export_dynamic(best_eagle.setting, "sglang").text \
+            .split('"cli_flags": "')[1].split('"')[0]
+        if best_eagle is not best:
+            report.notes.append(f"engines run the eagle rule: their setting is the best eagle one, "
+                                f"{best_eagle.label} ({best_eagle.speedup:.3f}x predicted)")
+    target = best if key in ("yaml", "json") else best_eagle
+    exp = exports.export_dynamic(target.setting, key, predicted=target.to_dict(), provenance=provenance)
+    report.notes.extend(exp.notes)
+    data["export"] = {"format": key, "text": exp.text, "notes": list(exp.notes)}
+    if output is not None:
+        atomic_write_text(output, exp.text)
+        report.summary["written"] = str(output)
+        data["output"] = str(output)
+    report.data = data
+    if fmt is not None and output is None and not as_json:  # stdout carries the export alone, the report stderr
+        render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
+        typer.echo(exp.text, nl=False)
+    else:
+        render(report, as_json)
