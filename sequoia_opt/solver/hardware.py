@@ -217,6 +217,29 @@ def _check_budget_measured(budget: int, curve: LatencyCurve, context: int | None
         )
 
 
+class _MemoCurve:
+    """A :class:`LatencyCurve` whose ``target_ms`` / ``draft_ms`` remember what they returned (one
+    :func:`choose` reads the same few token counts hundreds of times); everything else is the curve's."""
+
+    def __init__(self, curve: LatencyCurve) -> None:
+        self._curve, self._t, self._c = curve, {}, {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._curve, name)
+
+    def target_ms(self, n: float, context: int | None = None) -> float:
+        key = (n, context)
+        if key not in self._t:
+            self._t[key] = self._curve.target_ms(n, context)
+        return self._t[key]
+
+    def draft_ms(self, w: float, context: int | None = None) -> float:
+        key = (w, context)
+        if key not in self._c:
+            self._c[key] = self._curve.draft_ms(w, context)
+        return self._c[key]
+
+
 def choose(
     acceptance: Sequence[float],
     curve: LatencyCurve,
@@ -253,6 +276,7 @@ def choose(
             ds.append(d)
     widths_all = solution.level_widths_many(ms, ds)
     max_draft = curve.max_draft_tokens(context)
+    curve = _MemoCurve(curve)  # the candidates share most token counts: read each T(n), c(w) once
     scored: list[Candidate] = []
     skipped = 0
     for j, (m, d) in enumerate(zip(ms, ds)):
