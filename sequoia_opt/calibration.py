@@ -136,19 +136,22 @@ class RecordedStep:
 
 
 def _table(key: np.ndarray, prob: np.ndarray, acc: np.ndarray, labels: Sequence[Any], name: str) -> list[dict]:
+    """One row per label (``key == i`` for the i-th), its label under ``name`` first; empty rows are kept for
+    bins and left out otherwise (a rank no candidate had is not a row, and the next rank keeps its label)."""
     rows = []
     for i, lab in enumerate(labels):
         m = key == i
         n = int(m.sum())
         if name == "bin" and n == 0:
-            rows.append({"count": 0, "accepted": 0.0})
+            rows.append({name: lab, "count": 0, "accepted": 0.0})
             continue
         if n == 0:
             continue
         a = float(acc[m].sum())
         lo, hi = wilson_interval(a, n)
-        rows.append({"count": n, "accepted": round(a, 4), "mean_draft_prob": round(float(prob[m].mean()), 6),
-                     "acceptance": round(a / n, 6), "ci_low": round(lo, 6), "ci_high": round(hi, 6)})
+        rows.append({name: lab, "count": n, "accepted": round(a, 4),
+                     "mean_draft_prob": round(float(prob[m].mean()), 6), "acceptance": round(a / n, 6),
+                     "ci_low": round(lo, 6), "ci_high": round(hi, 6)})
     return rows
 
 
@@ -206,21 +209,19 @@ class CalibrationProfile:
         probability, acceptance and 95 % Wilson interval."""
         c = self.candidates()
         rows = _table(self._bin_index(c["prob"]), c["prob"], c["accept"], range(len(self.edges) - 1), "bin")
-        for r, lo, hi in zip(rows, self.edges[:-1], self.edges[1:]):
-            r["low"], r["high"] = lo, hi
-        return [{"low": r.pop("low"), "high": r.pop("high"), **r} for r in rows]
+        out = []
+        for r in rows:
+            i = r.pop("bin")
+            out.append({"low": self.edges[i], "high": self.edges[i + 1], **r})
+        return out
 
     def by_rank(self) -> list[dict[str, Any]]:
         c = self.candidates()
-        K = int(c["rank"].max()) + 1
-        return [{"rank": int(r), **row} for r, row in zip(range(K), _table(c["rank"], c["prob"], c["accept"],
-                                                                           range(K), "rank"))]
+        return _table(c["rank"], c["prob"], c["accept"], range(int(c["rank"].max()) + 1), "rank")
 
     def by_depth(self) -> list[dict[str, Any]]:
         c = self.candidates()
-        D = int(c["depth"].max())
-        return [{"depth": d + 1, **row} for d, row in zip(range(D), _table(c["depth"] - 1, c["prob"], c["accept"],
-                                                                           range(D), "depth"))]
+        return _table(c["depth"] - 1, c["prob"], c["accept"], range(1, int(c["depth"].max()) + 1), "depth")
 
     def ece(self) -> float:
         """Expected calibration error: sum over bins of (count / N) |acceptance - mean draft probability|."""
@@ -265,14 +266,23 @@ class CalibrationProfile:
             raise ProfileError(f"{source}: 'measured' must be a mapping")
         prof = cls(str(doc.get("id", default_id)), dict(measured), steps,
                    tuple(doc.get("edges", DEFAULT_EDGES)))
-        stored = doc.get("bins")
-        if stored is not None:
-            have = [int(r.get("count", -1)) if isinstance(r, dict) else -1 for r in stored]
-            want = [r["count"] for r in prof.bins()]
+        for key, what, rows in (("bins", "the reliability table", prof.bins), ("by_rank", "by_rank", prof.by_rank),
+                                ("by_depth", "by_depth", prof.by_depth)):
+            stored = doc.get(key)
+            if stored is None:
+                continue
+            have = [_count(r) for r in stored] if isinstance(stored, list) else stored
+            want = [r["count"] for r in rows()]
             if have != want:
-                raise ProfileError(f"{source}: the reliability table's counts {have} do not match the recorded "
-                                   f"steps' {want}; the file was edited or cut")
+                raise ProfileError(f"{source}: {what}'s counts {have} do not match the recorded steps' {want}; the "
+                                   "file was edited or cut")
         return prof
+
+
+def _count(row: Any) -> Any:
+    """A stored table row's count as an int (what it was, when it is none: the mismatch message shows it)."""
+    c = row.get("count") if isinstance(row, dict) else None
+    return int(c) if isinstance(c, (int, float)) and not isinstance(c, bool) and float(c).is_integer() else c
 
 
 def load_calibration(path: str | Path) -> CalibrationProfile:

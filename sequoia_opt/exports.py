@@ -752,8 +752,8 @@ def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None =
     Raises:
         ExportError: an unknown format, or an engine format for a policy the engine does not run.
     """
-    key = normalise_format(fmt)
-    if key not in DYNAMIC_EXPORT_FORMATS:
+    key = _ALIASES.get(str(fmt).strip().lower(), str(fmt).strip().lower())
+    if key not in DYNAMIC_EXPORT_FORMATS:  # not normalise_format: its list names static-tree formats too
         raise ExportError(f"a dynamic setting exports as {', '.join(DYNAMIC_EXPORT_FORMATS)}, not {fmt!r} "
                           "(vLLM and Medusa take static trees only)")
     s = setting

@@ -122,7 +122,8 @@ def solve(
     if policy is not None:
         raise SolverError("--policy chooses dynamic rules: add --dynamic CALIBRATION.yaml (or drop --policy)")
     if not acceptance:
-        raise SolverError("missing --acceptance / -a (an acceptance profile, treeopt profile acceptance)")
+        raise SolverError("Missing option '--acceptance' / '-a': an acceptance profile (treeopt profile acceptance), "
+                          "or --dynamic CALIBRATION.yaml (see 'treeopt solve --help')")
     if pair_acceptance is not None:
         _solve_graft(pair_acceptance, acceptance, latency, budget=budget, max_depth=max_depth,
                      max_branching=max_branching, context=context, output=output, fmt=fmt, width=width,

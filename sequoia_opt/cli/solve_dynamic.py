@@ -43,7 +43,10 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         raise SolverError("--dynamic needs one --latency profile (T(n) of the target, c(w) of the drafter)")
     if acceptance and len(acceptance) > 1:
         raise SolverError("--dynamic compares with one static tree: give at most one --acceptance")
-    key = exports.normalise_format(fmt) if fmt else "yaml"
+    try:
+        key = exports.normalise_format(fmt) if fmt else "yaml"
+    except exports.ExportError:  # its list of formats names static-tree ones too: say what --dynamic writes
+        key = None
     if key not in exports.DYNAMIC_EXPORT_FORMATS:
         raise SolverError(f"--dynamic writes {', '.join(exports.DYNAMIC_EXPORT_FORMATS)}, not {fmt!r}")
     pols = tuple(p.strip() for p in policies.split(",")) if policies else POLICY_NAMES

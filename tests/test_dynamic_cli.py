@@ -1,0 +1,252 @@
+"""solve --dynamic, run --dynamic and profile acceptance --calibration through the CLI (typer's CliRunner), on
+synthetic calibration and latency profiles and the tiny HF-checkpoint pair."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import make_pair  # noqa: E402
+
+from sequoia_opt.calibration import CalibrationProfile, RecordedStep, load_calibration, save_calibration  # noqa: E402
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.dynamic import DynamicSetting  # noqa: E402
+from sequoia_opt.exports import DYNAMIC_FORMAT, load_dynamic_setting  # noqa: E402
+from sequoia_opt.profiles import LatencyCurve, save_latency  # noqa: E402
+from sequoia_opt.solver.dynamic import predict_setting  # noqa: E402
+
+runner = CliRunner()
+NAN = math.nan
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _one_line_error(r, *fragments):
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+def _recorded(i: int) -> RecordedStep:
+    """A recording of steps 2, topk 2 (both depth-1 nodes expanded), its acceptances varied a little by i."""
+    a = 0.05 * (i % 3)
+    return RecordedStep(np.array([-1, 0, 0, 1, 1, 2, 2]), np.array([1, 0.7, 0.2, 0.6, 0.3, 0.5, 0.4]),
+                        np.array([0, 0, 1, 0, 1, 0, 1]), np.array([1, 0.8 - a, 0.1, 0.5 + a, 0.3, 0.6, 0.2]),
+                        np.array([1.0, 0.9, 1.1, NAN, NAN, NAN, NAN]))
+
+
+def _calibration(path: Path, target: str = "target", draft: str = "draft", steps: int = 2, topk: int = 2) -> Path:
+    prof = CalibrationProfile("tiny_calibration", {"target": target, "draft": draft, "temperature": 0.0,
+                                                   "recording": {"steps": steps, "topk": topk}},
+                              [_recorded(i) for i in range(12)])
+    return save_calibration(path, prof)
+
+
+def _latency(path: Path, target: str = "target", draft: str = "draft") -> Path:
+    curve = LatencyCurve.synthetic({1: 10.0, 2: 10.5, 4: 11.0, 8: 13.0}, {1: 1.0, 2: 1.2, 4: 1.5},
+                                   step_overhead_ms=0.5, id="tiny_latency")
+    return save_latency(path, replace(curve, model={"target": target, "draft": draft}))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dyn")
+    return _calibration(root / "cal.yaml"), _latency(root / "lat.yaml")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dyn-pair")
+    target, draft, prompts = make_pair(root)
+    assert (target.name, draft.name) == ("target", "draft")  # the names profiles of this pair carry
+    return root, target, draft, prompts
+
+
+# ---------------------------------------------------------------------------------------------- solve --dynamic
+def test_solve_dynamic_prints_the_table_and_writes_the_chosen_setting(files, tmp_path):
+    cal, lat = files
+    out = tmp_path / "dyn.yaml"
+    r = invoke("solve", "--dynamic", cal, "-l", lat, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert "dynamic settings" in r.stdout and "eagle" in r.stdout and "best-first" in r.stdout
+    setting, doc = load_dynamic_setting(out)
+    assert doc["format"] == DYNAMIC_FORMAT
+    assert doc["provenance"] == {"calibration_profile": "tiny_calibration", "latency_profile": "tiny_latency",
+                                 "target": "target", "draft": "draft"}
+    assert setting.steps <= 2 and setting.topk <= 2 and setting.budget <= 8
+    # the file's prediction is the predictor's for that setting
+    from sequoia_opt.calibration import load_calibration
+    from sequoia_opt.profiles import load_latency
+
+    p = predict_setting(load_calibration(cal), setting, load_latency(lat))
+    assert doc["predicted"]["tokens_per_step"] == pytest.approx(p.tokens_per_step, abs=1e-6)
+    assert doc["predicted"]["speedup"] == pytest.approx(p.speedup, abs=1e-6)
+
+    r = invoke("solve", "--dynamic", cal, "-l", lat, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["chosen"]["setting"] == setting.to_dict()
+    tps = [row["tokens_per_s"] for row in data["rows"]]
+    assert tps == sorted(tps, reverse=True) and data["chosen"]["tokens_per_s"] == tps[0]
+    assert {row["setting"]["policy"] for row in data["rows"]} == {"eagle", "entropy", "best-first"}
+
+
+def test_solve_dynamic_sglang_to_stdout_is_the_json_alone(files):
+    cal, lat = files
+    r = invoke("solve", "--dynamic", cal, "-l", lat, "--policy", "eagle", "--format", "sglang")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)  # the report went to stderr
+    assert "dynamic settings" in r.stderr
+    r2 = invoke("solve", "--dynamic", cal, "-l", lat, "--policy", "eagle", "--json")
+    chosen = DynamicSetting.from_dict(json.loads(r2.stdout)["chosen"]["setting"])
+    assert chosen.policy == "eagle"
+    assert (doc["speculative_num_steps"], doc["speculative_eagle_topk"], doc["speculative_num_draft_tokens"]) == (
+        chosen.steps, chosen.topk, chosen.budget)
+    assert doc["cli_flags"].endswith(f"--speculative-num-draft-tokens {chosen.budget}")
+
+
+def test_solve_dynamic_refuses_profiles_of_another_pair(files, tmp_path):
+    _, lat = files
+    other = _calibration(tmp_path / "other.yaml", target="some-70b")
+    r = invoke("solve", "--dynamic", other, "-l", lat)
+    _one_line_error(r, "'some-70b'", "'target'", "another pair")
+
+
+def test_solve_dynamic_clamps_a_budget_past_the_latency_profile_with_a_note(files, tmp_path):
+    _, lat = files
+    cal = _calibration(tmp_path / "wide.yaml", steps=3, topk=3)  # settings of up to 22 nodes could be scored
+    r = invoke("solve", "--dynamic", cal, "-l", lat, "--budget", "20", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert ("--budget 20 is past the latency profile's largest measured token count 8: clamped to 8 (T(n) is never "
+            "extrapolated)") in doc["notes"]
+    assert max(row["setting"]["budget"] for row in doc["rows"]) == 8
+    assert not any("left out" in n for n in doc["notes"])  # clamped before the grid: nothing to leave out
+    r = invoke("solve", "--dynamic", cal, "-l", lat, "--budget", "20")  # the table shows the note too
+    assert r.exit_code == 0 and "clamped to 8" in r.output
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--policy", "bogus"], ["unknown --policy bogus", "eagle, entropy, best-first"]),
+    (["--format", "vllm"], ["--dynamic writes yaml, json, sglang, tensorrt-llm, not 'vllm'"]),
+    (["--format", "bogus"], ["--dynamic writes yaml, json, sglang, tensorrt-llm, not 'bogus'"]),
+    (["--policy", "entropy", "--format", "sglang"], ["sglang runs the eagle rule only"]),
+])
+def test_solve_dynamic_bad_options(files, args, fragments):
+    cal, lat = files
+    _one_line_error(invoke("solve", "--dynamic", cal, "-l", lat, *args), *fragments)
+
+
+def test_solve_policy_without_dynamic_and_dynamic_without_latency(files):
+    cal, _ = files
+    _one_line_error(invoke("solve", "--policy", "eagle", "-a", cal), "add --dynamic")
+    _one_line_error(invoke("solve", "--dynamic", cal), "needs one --latency profile")
+
+
+# ---------------------------------------------------------------------------------------------- run --dynamic
+def test_run_refuses_bad_dynamic_options_before_loading_models(files, tmp_path):
+    cal, lat = files
+    missing = tmp_path / "no-such-model"  # a model path that does not exist: the options fail first
+    _one_line_error(invoke("run", "--dynamic", "bogus:1", "--target", missing, "--results-dir", tmp_path / "res"),
+                    "cannot read dynamic setting 'bogus:1'")
+    _one_line_error(invoke("run", "--dynamic", "eagle:steps=2,topk=2", "--target", missing), "lacks budget")
+    _one_line_error(invoke("run", "--tree", cal, "--calibration", cal, "--target", missing),
+                    "--calibration predicts --dynamic settings")
+    _one_line_error(invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--calibration", cal,
+                           "--target", missing), "add -l")
+    assert not (tmp_path / "res").exists()
+
+
+def test_run_dynamic_on_the_tiny_pair(workdir, files, tmp_path):
+    root, target, draft, prompts = workdir
+    cal, lat = files
+    r = invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--calibration", cal, "-l", lat,
+               "--target", target, "--draft", draft, "--prompts", prompts, "--num-prompts", "2",
+               "--max-new-tokens", "8", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    rows = {s["tree"]: s for s in doc["summaries"]}
+    assert list(rows) == ["plain", "eagle:s2-k2-n4"]
+    row = rows["eagle:s2-k2-n4"]
+    assert row["mismatches"] == 0 and row["new_tokens"] == 2 * 8
+    from sequoia_opt.calibration import load_calibration
+    from sequoia_opt.profiles import load_latency
+
+    pred = predict_setting(load_calibration(cal), DynamicSetting("eagle", 2, 2, 4), load_latency(lat), max_steps=200)
+    assert row["predicted_tokens_per_step"] == pytest.approx(pred.tokens_per_step)
+    saved = json.loads(Path(doc["json"]).read_text())
+    assert any(s["tree"] == "eagle:s2-k2-n4" and s["mismatches"] == 0 for s in saved["summaries"])
+
+    # a treeopt-dynamic/1 file runs with the prediction it carries
+    setting_file = tmp_path / "best.yaml"
+    assert invoke("solve", "--dynamic", cal, "-l", lat, "--policy", "best-first", "-o", setting_file).exit_code == 0
+    setting, sdoc = load_dynamic_setting(setting_file)
+    r = invoke("run", "--dynamic", setting_file, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--num-prompts", "1", "--max-new-tokens", "6", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    row = next(s for s in json.loads(r.stdout)["summaries"] if s["tree"] == setting.label)
+    assert row["mismatches"] == 0
+    assert row["predicted_tokens_per_step"] == pytest.approx(sdoc["predicted"]["tokens_per_step"])
+
+
+def test_run_dynamic_refuses_a_calibration_of_another_pair(workdir, files, tmp_path):
+    root, target, draft, prompts = workdir
+    _, lat = files
+    other = _calibration(tmp_path / "other.yaml", draft="some-draft")
+    r = invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--calibration", other, "-l", lat,
+               "--target", target, "--draft", draft, "--prompts", prompts, "--results-dir", tmp_path / "res")
+    _one_line_error(r, "'some-draft'", "'draft'")
+    assert not (tmp_path / "res").exists()
+
+
+# ---------------------------------------------------------------------------------------------- profile --calibration
+def test_profile_acceptance_calibration_writes_a_loadable_profile(workdir, files, tmp_path):
+    root, target, draft, prompts = workdir
+    _, lat = files
+    out = tmp_path / "cal.yaml"
+    r = invoke("profile", "acceptance", "--calibration", "--target", target, "--draft", draft, "--prompts", prompts,
+               "--num-prompts", "2", "--max-new-tokens", "8", "--calibration-steps", "2", "--calibration-topk", "2",
+               "-o", out, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["output"] == str(out)
+    prof = load_calibration(out)
+    assert (prof.measured["target"], prof.measured["draft"]) == ("target", "draft")
+    assert prof.recording == {"steps": 2, "topk": 2} and prof.measured["num_prompts"] == 2
+    assert prof.steps and all(s.n == 1 + 2 + 2 * 2 for s in prof.steps)
+    assert all(set(s.accept.tolist()) <= {0.0, 1.0} for s in prof.steps)  # greedy
+    doc = yaml.safe_load(out.read_text())
+    assert doc["candidates"] == 6 * len(prof.steps) == sum(b["count"] for b in doc["bins"])
+    # the measured profile feeds solve --dynamic with this pair's latency profile
+    r = invoke("solve", "--dynamic", out, "-l", lat, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["chosen"]["setting"]["steps"] <= 2
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--calibration", "--calibration-steps", "0"], "--calibration-steps and --calibration-topk must be at least 1"),
+    (["--calibration", "--calibration-topk", "0"], "--calibration-steps and --calibration-topk must be at least 1"),
+    (["--calibration", "--draft", "lookup"], "prompt lookup has no draft probabilities"),
+    (["--calibration-steps", "3"], "add --calibration"),
+])
+def test_profile_calibration_bad_options(workdir, tmp_path, args, fragment):
+    root, target, draft, prompts = workdir
+    out = tmp_path / "cal.yaml"
+    extra = [] if "--draft" in args else ["--draft", draft]
+    r = invoke("profile", "acceptance", "--target", target, *extra, "--prompts", prompts, "-o", out, *args)
+    _one_line_error(r, fragment)
+    assert not out.exists()
