@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", type=Path, default=None, help="reuse this calibration profile")
     ap.add_argument("--prose-acceptance", type=Path, default=None, help="reuse this prose acceptance profile")
     ap.add_argument("--budget", type=int, default=32, help="largest static tree / dynamic budget (default 32)")
+    ap.add_argument("--equal-budget", type=int, default=16,
+                    help="also compare at this budget: the DP-optimal static tree of that size against each policy "
+                         "(default 16; 0 to skip)")
     ap.add_argument("--out", type=Path, default=Path("results/dynamic"))
     args = ap.parse_args(argv)
 
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.profiles import load_acceptance, load_latency
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
     from sequoia_opt.solver import choose
-    from sequoia_opt.solver.dynamic import choose_dynamic, predict_setting, setting_grid
+    from sequoia_opt.solver.dynamic import choose_dynamic, setting_grid
     from sequoia_opt.tree import Tree, TreeMetadata, now_iso
 
     quick = args.quick
@@ -112,10 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     code = choose(code_acc.acceptance, curve, top, 12)
     prose = choose(prose_acc.acceptance, curve, top, 12)
     B = max(code.tree.size, 2)
-    grid = setting_grid(calib, max_budget=top, budgets=sorted({B, 4, 6, 8, 12, 16, 24, 32}))
+    E = min(args.equal_budget, top)
+    grid = setting_grid(calib, max_budget=top, budgets=sorted({B, E, 4, 6, 8, 12, 16, 24, 32} - {0}))
     ch = choose_dynamic(calib, curve, grid)
-    at_b = {p: max((r for r in ch.rows if r.setting.policy == p and r.setting.budget == B),
-                   key=lambda r: r.tokens_per_step, default=None) for p in POLICY_NAMES}
+
+    def best_at(budget):
+        return {p: max((r for r in ch.rows if r.setting.policy == p and r.setting.budget == budget),
+                       key=lambda r: r.tokens_per_step, default=None) for p in POLICY_NAMES}
+
+    at_b = best_at(B)
+    at_e = best_at(E) if E >= 2 and E != B else {}
     best_dyn = ch.best
 
     def static_entry(name, c, acc):
@@ -152,6 +161,16 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(at_b[p].setting)
     if best_dyn.setting not in seen:
         entries.append(dyn_entry(best_dyn))
+        seen.add(best_dyn.setting)
+    if at_e:
+        from sequoia_opt.solver import optimal_tree
+
+        t = optimal_tree(code_acc.acceptance, E, 12, 8)
+        entries.append(TreeEntry(f"static DP n{E}", t, TreeMetadata(budget=E, expected_tokens_per_step=t.expected_tokens(
+            code_acc.acceptance), solver="sequoia-dp")))
+        for p in POLICY_NAMES:
+            if at_e[p] is not None and at_e[p].setting not in seen:
+                entries.append(dyn_entry(at_e[p]))
     entries.append(adaptive_entry(code))
     print(f"eval (code): {len(code_ids)} prompts x {new} tokens, {len(entries)} trees + plain", flush=True)
     run_code = run_trees(pair.target, pair.new_drafter, entries, code_ids, max_new_tokens=new, eos_ids=eos,
@@ -192,9 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     best_at_b = max(at_b_rows, key=lambda r: r["tokens_per_step"]) if at_b_rows else None
     adaptive = next(r for r in mixed_rows if r["name"].endswith("(adaptive)"))
     fixed = [r for r in mixed_rows if not r["name"].endswith("(adaptive)")]
+    e_static = next((r for r in code_rows if r["name"] == f"static DP n{E}"), None)
+    e_rows = [r for r in dyn_rows if r["name"].endswith(f"-n{E}")]
+    best_at_e = max(e_rows, key=lambda r: r["tokens_per_step"]) if e_rows else None
     goals = {
         "best dynamic at budget B, tokens/step over static DP": (best_at_b["tokens_per_step"] / static_row["tokens_per_step"]
                                                                 if best_at_b else None),
+        f"best dynamic at budget {E}, tokens/step over the static DP tree of {E}": (
+            best_at_e["tokens_per_step"] / e_static["tokens_per_step"] if best_at_e and e_static else None),
         "dynamic predicted / measured tokens/step": {r["name"]: r["predicted_tokens_per_step"] / r["tokens_per_step"]
                                                      for r in dyn_rows},
         "mixed: adaptive tokens/s over the best fixed tree": adaptive["tokens_per_s"] / max(r["tokens_per_s"] for r in fixed),
@@ -202,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "greedy equal everywhere": all(r["mismatches"] == 0 for r in code_rows + mixed_rows),
     }
     doc = {"date": date, "device": str(curve.device.get("name")), "threads": torch.get_num_threads(),
-           "budget_B": B, "prompts_per_domain": n_eval, "max_new_tokens": new,
+           "budget_B": B, "equal_budget": E, "prompts_per_domain": n_eval, "max_new_tokens": new,
            "profiles": {"latency": str(lat), "calibration": str(cal), "code_acceptance": str(code_acc_path),
                         "prose_acceptance": str(pacc)},
            "calibration_ece": calib.ece(),
@@ -211,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                       "prose": {"size": prose.tree.size, "depth": prose.tree.tree_depth, "G": prose.expected_tokens,
                                 "speedup": prose.speedup}},
            "dynamic_choice": best_dyn.to_dict(), "dynamic_at_B": {p: (r.to_dict() if r else None) for p, r in at_b.items()},
+           "dynamic_at_equal_budget": {p: (r.to_dict() if r else None) for p, r in at_e.items()},
            "eval_code": {"plain_tokens_per_s": code_plain, "rows": code_rows},
            "mixed": {"plain_tokens_per_s": mixed_plain, "rows": mixed_rows, "per_domain_best_tokens_per_s": per_domain},
            "goals": goals}

@@ -82,3 +82,29 @@ def test_two_drafters_in_one_tree_are_greedy_exact_on_the_demo_pair(demo, light,
             assert res.tokens == ref, (light, strong, pair.tokenizer.decode(res.tokens))
             accepted.update(d for s in res.steps for d in s.accepted_drafters)
     assert accepted == {0, 1}
+
+
+@pytest.mark.parametrize("setting", ["eagle:steps=4,topk=4,budget=16", "entropy:steps=5,topk=4,budget=12",
+                                     "best-first:steps=5,topk=3,budget=12"])
+@pytest.mark.parametrize("spec", [None, "self:24"])
+def test_dynamic_trees_are_greedy_exact_on_the_demo_pair(demo, setting, spec):
+    """Each dynamic rule (EAGLE-2, entropy, best-first) with the bundled draft and with self:24 decodes the
+    eval prompts exactly as plain greedy decoding does, and its trees were really used."""
+    from sequoia_opt.decoding.multidraft import MultiDraftDecoder
+    from sequoia_opt.decoding.policies import DynamicPolicy
+    from sequoia_opt.dynamic import parse_setting
+    from sequoia_opt.pipeline import ModelPair, parse_drafter_spec
+
+    pair, ids, refs = demo
+    drafter = parse_drafter_spec(spec)
+    use = ModelPair(pair.target, pair.draft, pair.tokenizer, pair.target_name, drafter.label, drafter)
+    s = parse_setting(setting)
+    dec = MultiDraftDecoder(pair.target, DynamicPolicy(use.new_drafter(), s), eos_ids=pair.tokenizer.eos_ids,
+                            max_len=1024)
+    steps = 0
+    for p, ref in zip(ids, refs):
+        res = dec.generate(p, 40)
+        assert res.tokens == ref, (setting, drafter.label, pair.tokenizer.decode(res.tokens))
+        assert max(st.tree_size for st in res.steps) <= s.budget
+        steps += res.num_steps
+    assert steps < sum(len(r) for r in refs)
