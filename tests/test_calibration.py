@@ -53,12 +53,14 @@ def _profile(steps, edges=EDGES, **measured) -> CalibrationProfile:
 def test_the_reliability_table_adds_up_by_hand():
     prof = _profile([step_a(), step_b()])
     bins = prof.bins()
-    # candidates (q, accept): A (.8, 1) (.1, 0) (.6, 1) (.3, 0); B (.9, .5) (.05, .25) (.4, .75)
+    # candidates (q, accept, weight = the parent's reach): A (.8, 1, 1) (.1, 0, 1) (.6, 1, 1) (.3, 0, 1);
+    # B (.9, .5, 1) (.05, .25, 1) (.4, .75, .25): B's node 3 hangs under a parent reached with probability .25
     assert [(b["low"], b["high"], b["count"]) for b in bins] == [(0.0, 0.25, 2), (0.25, 0.5, 2), (0.5, 0.75, 1),
                                                                   (0.75, 1.0, 2)]
-    assert [b["accepted"] for b in bins] == pytest.approx([0.25, 0.75, 1.0, 1.5])
-    assert [b["mean_draft_prob"] for b in bins] == pytest.approx([0.075, 0.35, 0.6, 0.85])
-    assert [b["acceptance"] for b in bins] == pytest.approx([0.125, 0.375, 1.0, 0.75])
+    assert [b["reached"] for b in bins] == pytest.approx([2, 1.25, 1, 2])
+    assert [b["accepted"] for b in bins] == pytest.approx([0.25, 0.1875, 1.0, 1.5])
+    assert [b["mean_draft_prob"] for b in bins] == pytest.approx([0.075, 0.4 / 1.25, 0.6, 0.85])
+    assert [b["acceptance"] for b in bins] == pytest.approx([0.125, 0.15, 1.0, 0.75])
     for b in bins:
         assert 0 <= b["ci_low"] <= b["acceptance"] <= b["ci_high"] <= 1
     # Wilson at 1 of 1 accepted: the lower end is n / (n + z^2)
@@ -66,20 +68,23 @@ def test_the_reliability_table_adds_up_by_hand():
 
     ranks = prof.by_rank()
     assert [(r["rank"], r["count"]) for r in ranks] == [(0, 4), (1, 3)]
-    assert [r["accepted"] for r in ranks] == pytest.approx([3.25, 0.25])
-    assert [r["mean_draft_prob"] for r in ranks] == pytest.approx([0.675, 0.15])
-    assert [r["acceptance"] for r in ranks] == pytest.approx([0.8125, 0.25 / 3], abs=1e-6)
+    assert [r["reached"] for r in ranks] == pytest.approx([3.25, 3])
+    assert [r["accepted"] for r in ranks] == pytest.approx([2.6875, 0.25])
+    assert [r["mean_draft_prob"] for r in ranks] == pytest.approx([2.4 / 3.25, 0.15], abs=1e-6)
+    assert [r["acceptance"] for r in ranks] == pytest.approx([2.6875 / 3.25, 0.25 / 3], abs=1e-6)
     depths = prof.by_depth()
     assert [(r["depth"], r["count"]) for r in depths] == [(1, 4), (2, 3)]
-    assert [r["accepted"] for r in depths] == pytest.approx([1.75, 1.75])
-    assert [r["mean_draft_prob"] for r in depths] == pytest.approx([0.4625, 1.3 / 3], abs=1e-6)
+    assert [r["reached"] for r in depths] == pytest.approx([4, 2.25])
+    assert [r["accepted"] for r in depths] == pytest.approx([1.75, 1.1875])
+    assert [r["mean_draft_prob"] for r in depths] == pytest.approx([0.4625, 1.0 / 2.25], abs=1e-6)
 
     non_root = sum(s.n - 1 for s in prof.steps)
     assert non_root == 7
     assert sum(b["count"] for b in bins) == sum(r["count"] for r in ranks) == sum(r["count"] for r in depths) == 7
     assert prof.to_dict()["candidates"] == 7
-    # ECE = sum (count / N) |acceptance - mean q| = (2 * .05 + 2 * .025 + 1 * .4 + 2 * .1) / 7
-    assert prof.ece() == pytest.approx(0.75 / 7, abs=1e-6)
+    assert sum(b["reached"] for b in bins) == sum(r["reached"] for r in ranks) == sum(r["reached"] for r in depths)
+    # ECE = sum (reached / total) |acceptance - mean q| = (2 * .05 + 1.25 * .17 + 1 * .4 + 2 * .1) / 6.25
+    assert prof.ece() == pytest.approx(0.9125 / 6.25, abs=1e-6)
     # the recording's shape, when measured does not say it: deepest level and most children
     assert prof.recording == {"steps": 2, "topk": 2}
 
@@ -89,16 +94,17 @@ def test_acceptance_of_interpolates_bins_with_enough_candidates_only():
     few = _profile([step_a(), step_b()])
     assert MIN_BIN_COUNT > 2
     assert few.acceptance_of(np.array([0.1, 0.5, 0.9])).tolist() == [0.0, 0.0, 0.0]
-    # five copies: bins of 10, 10, 5, 10 candidates; the 5 is left out of the curve
+    # five copies: bins of 10, 10, 5, 10 candidates, reached 10, 6.25, 5, 10: the 6.25 and the 5 are left out
     prof = _profile([step_a(), step_b()] * 5)
     assert [b["count"] for b in prof.bins()] == [10, 10, 5, 10]
+    assert [b["reached"] for b in prof.bins()] == pytest.approx([10, 6.25, 5, 10])
     assert MIN_BIN_COUNT == 10
-    # points (0, 0), (.075, .125), (.35, .375), (.85, .75)
+    # points (0, 0), (.075, .125), (.85, .75)
     assert float(prof.acceptance_of(0.0375)) == pytest.approx(0.0625)
-    assert float(prof.acceptance_of(0.2)) == pytest.approx(0.125 + 0.125 / 0.275 * 0.25)
-    assert float(prof.acceptance_of(0.6)) == pytest.approx(0.375 + 0.25 / 0.5 * 0.375)  # not the left-out 1.0
+    assert float(prof.acceptance_of(0.2)) == pytest.approx(0.125 + 0.125 / 0.775 * 0.625)
+    assert float(prof.acceptance_of(0.6)) == pytest.approx(0.125 + 0.525 / 0.775 * 0.625)  # not the left-out 1.0
     assert float(prof.acceptance_of(0.99)) == pytest.approx(0.75)  # held flat past the last point
-    assert prof.ece() == pytest.approx(0.75 / 7, abs=1e-6)  # copies change no fraction
+    assert prof.ece() == pytest.approx(0.9125 / 6.25, abs=1e-6)  # copies change no fraction
 
 
 def test_default_edges_place_boundary_probabilities_in_the_upper_bin():
@@ -208,17 +214,23 @@ CURVE = LatencyCurve.synthetic({1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0}, {1: 1.0, 2:
 
 @pytest.fixture(scope="module")
 def replayed():
-    # ten copies of R: bins [0, .25) 10 (q .2, a .1), [.25, .5) 20 (q .3, .4; a .3, .2), [.5, .75) 30 (q .7, .6, .5;
-    # a .8, .5, .6); curve points (0, 0), (.2, .1), (.35, .25), (.6, 19/30), flat after
+    # ten copies of R; reach-weighted bins: [0, .25) reached 10 (q .2, a .1); [.25, .5) reached 10 * (.8 + .1) = 9,
+    # left out; [.5, .75) reached 19 (q .7, .6, .5; a .8, .5, .6; weights 1, .8, .1): mean q 1.23 / 1.9, acceptance
+    # 1.26 / 1.9; curve points (0, 0), (.2, .1), (1.23 / 1.9, 1.26 / 1.9), flat after
     return _profile([step_r()] * 10, recording={"steps": 2, "topk": 2})
 
 
 def test_predict_eagle_by_hand(replayed):
     a = replayed.acceptance_of
-    assert float(a(0.7)) == pytest.approx(19 / 30, abs=1e-6) and float(a(0.3)) == pytest.approx(0.2)
+    x, y = 1.23 / 1.9, 1.26 / 1.9
+
+    def line(q):
+        return 0.1 + (q - 0.2) / (x - 0.2) * (y - 0.1)
+
+    assert float(a(0.7)) == pytest.approx(y, abs=1e-6) and float(a(0.3)) == pytest.approx(line(0.3), abs=1e-6)
     # eagle s2 k2 n4: grows all 7 nodes (forwards of 1 and 2 nodes), keeps the 3 best paths: .7, .42, .21
     p = predict_setting(replayed, DynamicSetting("eagle", 2, 2, 4), CURVE)
-    g = 1 + 19 / 30 + (19 / 30) ** 2 + 19 / 30 * 0.2
+    g = 1 + y + y * line(0.6) + y * line(0.3)
     assert p.tokens_per_step == pytest.approx(g, abs=1e-5)
     assert p.replay == pytest.approx(1 + 0.8 + 0.8 * 0.5 + 0.8 * 0.3)
     assert (p.tree_size, p.forwards, p.coverage) == (4, 2, 1.0)
@@ -228,7 +240,7 @@ def test_predict_eagle_by_hand(replayed):
     assert p.speedup == pytest.approx(g * 10.5 / 16, rel=1e-5)  # plain: T(1) + overhead per token
     # eagle s1 k2 n3: the root's two children, one forward; T(3) interpolates to 12
     p = predict_setting(replayed, DynamicSetting("eagle", 1, 2, 3), CURVE)
-    assert p.tokens_per_step == pytest.approx(1 + 19 / 30 + 0.1, abs=1e-5)
+    assert p.tokens_per_step == pytest.approx(1 + y + 0.1, abs=1e-5)
     assert p.replay == pytest.approx(1.9)
     assert (p.tree_size, p.forwards, p.draft_ms, p.target_ms) == (3, 1, 1.0, pytest.approx(12.0))
 

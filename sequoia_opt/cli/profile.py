@@ -337,11 +337,14 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
                       "recorded steps": len(prof.steps), "candidates": sum(b["count"] for b in bins),
                       "recording tree": f"{steps} levels, top-{topk}", "ECE": prof.ece(), "written": str(out)}
     report.tables.append(("reliability: acceptance against draft probability",
-                          ["draft prob", "count", "mean draft prob", "acceptance", "95% low", "95% high"],
-                          [[f"{b['low']:g}-{b['high']:g}", b["count"], b.get("mean_draft_prob"), b.get("acceptance"),
-                            b.get("ci_low"), b.get("ci_high")] for b in bins]))
-    report.tables.append(("by rank", ["rank", "count", "mean draft prob", "acceptance"],
-                          [[r["rank"], r["count"], r["mean_draft_prob"], r["acceptance"]] for r in prof.by_rank()]))
+                          ["draft prob", "count", "reached", "mean draft prob", "acceptance", "95% low", "95% high"],
+                          [[f"{b['low']:g}-{b['high']:g}", b["count"], b["reached"], b.get("mean_draft_prob"),
+                            b.get("acceptance"), b.get("ci_low"), b.get("ci_high")] for b in bins]))
+    report.tables.append(("by rank", ["rank", "count", "reached", "mean draft prob", "acceptance"],
+                          [[r["rank"], r["count"], r["reached"], r.get("mean_draft_prob"), r.get("acceptance")]
+                           for r in prof.by_rank()]))
+    report.notes.append("reached: candidates weighted by the probability that their parent is reached (greedy: "
+                        "children of the target's own path); acceptance is P(accepted | parent reached)")
     report.data = {k: v for k, v in prof.to_dict().items() if k != "steps"} | {"output": str(out)}
     render(report, as_json)
 
