@@ -75,13 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.calibration import load_calibration
     from sequoia_opt.decoding.adaptive import TreeAdapter
     from sequoia_opt.decoding.policies import DynamicPolicy
-    from sequoia_opt.dynamic import POLICY_NAMES
+    from sequoia_opt.dynamic import POLICY_NAMES, DynamicSetting
     from sequoia_opt.evaluation import TreeEntry, run_trees
     from sequoia_opt.pipeline import load_pair
     from sequoia_opt.profiles import load_acceptance, load_latency
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
     from sequoia_opt.solver import choose
-    from sequoia_opt.solver.dynamic import choose_dynamic, setting_grid
+    from sequoia_opt.solver.dynamic import choose_dynamic, predict_setting, setting_grid
     from sequoia_opt.tree import Tree, TreeMetadata, now_iso
 
     quick = args.quick
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     def dyn_entry(r):
         meta = TreeMetadata(budget=r.setting.budget, max_depth=r.setting.steps,
                             expected_tokens_per_step=r.tokens_per_step, predicted_speedup=r.speedup,
-                            solver=f"dynamic:{r.setting.policy}")
+                            solver=f"dynamic:{r.setting.policy}", extra={"setting": r.setting.to_dict()})
         return TreeEntry(r.setting.label, Tree.chain(1), meta,
                          policy=lambda s=r.setting: DynamicPolicy(pair.new_drafter(), s, name=pair.draft_name))
 
@@ -186,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     run_mixed = run_trees(pair.target, pair.new_drafter, m_entries, mixed, max_new_tokens=new, eos_ids=eos,
                           progress=progress)
 
+    # in-sample check of the prediction method: a calibration recorded on the eval prompts themselves (the
+    # profile -> eval difference is then the workload's, not the method's)
+    cal_eval = out / "calibration-eval-greedy.yaml"
+    treeopt("profile", "acceptance", "--calibration", "--prompts", demo_prompts_path("eval"), "--num-prompts", n_eval,
+            "--max-new-tokens", new, "-o", cal_eval)
+    calib_eval = load_calibration(cal_eval)
+    in_sample = {e.name: predict_setting(calib_eval, DynamicSetting.from_dict(e.metadata.extra["setting"]), curve).tokens_per_step
+                 for e in entries if "setting" in e.metadata.extra}
+
     def rows_of(run):
         plain = run.summaries[0]
         return [{"name": s.tree, "size": s.size, "tokens_per_s": s.tokens_per_s, "speedup": s.speedup,
@@ -221,13 +230,17 @@ def main(argv: list[str] | None = None) -> int:
             best_at_e["tokens_per_step"] / e_static["tokens_per_step"] if best_at_e and e_static else None),
         "dynamic predicted / measured tokens/step": {r["name"]: r["predicted_tokens_per_step"] / r["tokens_per_step"]
                                                      for r in dyn_rows},
+        "dynamic predicted in-sample / measured tokens/step": {r["name"]: in_sample[r["name"]] / r["tokens_per_step"]
+                                                               for r in dyn_rows if r["name"] in in_sample},
+        "static DP predicted / measured tokens/step": static_row["predicted_tokens_per_step"] / static_row["tokens_per_step"],
         "mixed: adaptive tokens/s over the best fixed tree": adaptive["tokens_per_s"] / max(r["tokens_per_s"] for r in fixed),
         "mixed: adaptive tokens/s over per-domain best": adaptive["tokens_per_s"] / per_domain,
         "greedy equal everywhere": all(r["mismatches"] == 0 for r in code_rows + mixed_rows),
     }
     doc = {"date": date, "device": str(curve.device.get("name")), "threads": torch.get_num_threads(),
            "budget_B": B, "equal_budget": E, "prompts_per_domain": n_eval, "max_new_tokens": new,
-           "profiles": {"latency": str(lat), "calibration": str(cal), "code_acceptance": str(code_acc_path),
+           "profiles": {"latency": str(lat), "calibration": str(cal), "calibration_eval": str(cal_eval),
+                        "code_acceptance": str(code_acc_path),
                         "prose_acceptance": str(pacc)},
            "calibration_ece": calib.ece(),
            "static": {"code": {"size": code.tree.size, "depth": code.tree.tree_depth, "G": code.expected_tokens,
