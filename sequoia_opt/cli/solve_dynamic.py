@@ -55,9 +55,10 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         raise SolverError(f"unknown --policy {', '.join(bad)}; choose from {', '.join(POLICY_NAMES)}")
     if key in ("sglang", "tensorrt-llm") and "eagle" not in pols:
         raise SolverError(f"{key} runs the eagle rule only: include eagle in --policy")
-    for name, value in (("--budget", budget), ("--max-depth", max_depth)):
-        if value is not None and value < 2 - (name == "--max-depth"):
-            raise SolverError(f"{name} is too small: {value}")
+    if budget is not None and budget < 2:
+        raise SolverError(f"--budget counts the root: a dynamic tree needs at least 2 nodes, got {budget}")
+    if max_depth is not None and max_depth < 1:
+        raise SolverError(f"--max-depth must be at least 1, got {max_depth}")
     cal = load_calibration(calibration)
     curve = load_latency(latency[0])
     acc = load_acceptance(acceptance[0]) if acceptance else None
@@ -85,17 +86,15 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         k = (r.setting.policy, r.setting.budget)
         if k not in shown:
             shown[k] = r
-    static = None
-    if acc is not None:
-        c = choose(acc.acceptance, curve, min(limit, top_n), max_depth or 16, context=context)
-        static = c
+    static = choose(acc.acceptance, curve, limit, max_depth or 16, context=context) if acc is not None else None
     for r in sorted(shown.values(), key=lambda r: -r.tokens_per_s):
         s = r.setting
         rows.append([s.policy, s.steps, s.topk, s.budget, r.tokens_per_step, r.replay, r.tree_size, r.forwards,
                      r.draft_ms, r.target_ms, r.tokens_per_s, r.speedup, r.coverage])
     if static is not None:
         rows.append(["static DP", static.tree.tree_depth, static.tree.max_branching_used, static.tree.size,
-                     static.expected_tokens, None, static.tree.size, None, None, None, None, static.speedup, None])
+                     static.expected_tokens, None, static.tree.size, None, None, None, static.tokens_per_s,
+                     static.speedup, None])
     report.tables.append((
         "dynamic settings (best per policy and budget; predicted: recorded draft trees valued by the calibration "
         "curve; replay: by the recorded acceptances)",
