@@ -223,9 +223,30 @@ class CalibrationProfile:
 
     @property
     def recording(self) -> dict[str, int]:
+        """The recording tree's ``steps`` (levels) and ``topk`` (children per node): what ``measured.recording``
+        says, else what the recorded trees show."""
         r = self.measured.get("recording") or {}
         return {"steps": int(r.get("steps", max(int(s.depth.max()) for s in self.steps))),
                 "topk": int(r.get("topk", max(len(c) for s in self.steps for c in s.children)))}
+
+    def calibrated_bins(self) -> int:
+        """How many bins the calibration curve uses (at least :data:`MIN_BIN_COUNT` reached candidates); a
+        curve of fewer than 3 predicts little (the CLI warns)."""
+        return sum(1 for r in self.bins() if r["reached"] >= MIN_BIN_COUNT)
+
+    def _check_recording(self, source: str) -> None:
+        r = self.measured.get("recording")
+        if r is None:
+            return
+        try:
+            steps, topk = int(r["steps"]), int(r["topk"])
+        except (KeyError, TypeError, ValueError):
+            raise ProfileError(f"{source}: measured.recording must give integer steps and topk, got {r!r}") from None
+        depth = max(int(s.depth.max()) for s in self.steps)
+        kids = max(len(c) for s in self.steps for c in s.children)
+        if depth != steps or kids > topk:
+            raise ProfileError(f"{source}: measured.recording says {steps} levels of top-{topk}, but the recorded "
+                               f"trees are {depth} levels deep with up to {kids} children per node")
 
     def _bin_index(self, prob: np.ndarray) -> np.ndarray:
         return np.clip(np.searchsorted(np.asarray(self.edges), prob, side="right") - 1, 0, len(self.edges) - 2)
@@ -296,6 +317,7 @@ class CalibrationProfile:
             raise ProfileError(f"{source}: 'measured' must be a mapping")
         prof = cls(str(doc.get("id", default_id)), dict(measured), steps,
                    tuple(doc.get("edges", DEFAULT_EDGES)))
+        prof._check_recording(source)
         for key, what, rows in (("bins", "the reliability table", prof.bins), ("by_rank", "by_rank", prof.by_rank),
                                 ("by_depth", "by_depth", prof.by_depth)):
             stored = doc.get(key)

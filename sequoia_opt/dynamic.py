@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 __all__ = ["POLICY_NAMES", "DynamicSetting", "Expansion", "Expander", "CandidateTree", "grow", "parse_setting",
-           "entropy_children", "max_candidates"]
+           "entropy_children", "max_candidates", "max_tree_size"]
 
 #: The dynamic rules, by the name the CLI and profiles use.
 POLICY_NAMES = ("eagle", "entropy", "best-first")
@@ -114,6 +114,8 @@ def parse_setting(spec: str) -> DynamicSetting:
         key = key.strip()
         if key not in ("steps", "topk", "budget") or not val.strip().lstrip("-").isdigit():
             raise ValueError(f"cannot read {part!r} in dynamic setting {spec!r}; expected {form}")
+        if key in vals:
+            raise ValueError(f"dynamic setting {spec!r} gives {key} twice")
         vals[key] = int(val)
     missing = [k for k in ("steps", "topk", "budget") if k not in vals]
     if missing:
@@ -126,7 +128,16 @@ def max_candidates(s: DynamicSetting) -> int:
     ``1 + k + (steps - 1) k^2`` before re-ranking; the other two never grow past the budget."""
     if s.policy == "eagle":
         return 1 + s.topk + (s.steps - 1) * s.topk * s.topk
-    return s.budget
+    return max_tree_size(s)
+
+
+def max_tree_size(s: DynamicSetting) -> int:
+    """The most nodes the rule can verify: the budget, or what ``steps`` levels can hold when that is less
+    (eagle keeps at most the ``1 + k + (steps - 1) k^2`` nodes it grew; the others at most
+    ``1 + sum_{d=1..steps} k^d``)."""
+    if s.policy == "eagle":
+        return min(s.budget, 1 + s.topk + (s.steps - 1) * s.topk * s.topk)
+    return min(s.budget, sum(s.topk ** d for d in range(s.steps + 1)))
 
 
 def entropy_children(entropy: float, topk: int) -> int:

@@ -221,7 +221,8 @@ def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, 
             steps are ignored.
 
     Returns:
-        ``(low, high)`` tokens per step; ``(nan, nan)`` without any step.
+        ``(low, high)`` tokens per step, the low end clipped at 1 (every step emits a token); ``(nan, nan)``
+        without any step.
     """
     groups = [list(map(float, g)) for g in per_prompt if len(g) > 0]
     if not groups:
@@ -232,7 +233,7 @@ def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, 
         if len(xs) < 2:
             return (m, m)
         half = 1.959963984540054 * statistics.stdev(xs) / math.sqrt(len(xs))
-        return (m - half, m + half)
+        return (max(m - half, 1.0), m + half)
     y = [sum(g) for g in groups]
     x = [len(g) for g in groups]
     n = sum(x)
@@ -240,7 +241,7 @@ def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, 
     k = len(groups)
     var = k / (k - 1) * sum((yi - g_mean * xi) ** 2 for yi, xi in zip(y, x)) / n**2
     half = _t975(k - 1) * math.sqrt(var)
-    return (g_mean - half, g_mean + half)
+    return (max(g_mean - half, 1.0), g_mean + half)  # a step emits at least its bonus token
 
 
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],

@@ -193,6 +193,17 @@ def test_a_bad_step_is_refused(tmp_path, edit, message):
         load_calibration(_write(path, doc))
 
 
+def test_a_recording_that_contradicts_its_trees_is_refused(tmp_path):
+    path = save_calibration(tmp_path / "cal.yaml", _profile([step_a(), step_b()], recording={"steps": 2, "topk": 2}))
+    doc = yaml.safe_load(path.read_text())
+    for bad, msg in (({"steps": 9, "topk": 9}, "says 9 levels of top-9, but the recorded trees are 2 levels deep"),
+                     ({"steps": 2, "topk": 1}, "with up to 2 children per node"),
+                     ({"steps": "two", "topk": 2}, "integer steps and topk")):
+        doc["measured"]["recording"] = bad
+        with pytest.raises(ProfileError, match=msg):
+            load_calibration(_write(path, doc))
+
+
 def test_a_profile_needs_steps_and_rising_edges():
     with pytest.raises(ProfileError, match="no recorded steps"):
         CalibrationProfile("x", {}, [])

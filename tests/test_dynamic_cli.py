@@ -128,7 +128,17 @@ def test_solve_dynamic_refuses_profiles_of_another_pair(files, tmp_path):
 
 def test_solve_dynamic_clamps_a_budget_past_the_latency_profile_with_a_note(files, tmp_path):
     _, lat = files
-    cal = _calibration(tmp_path / "wide.yaml", steps=3, topk=3)  # settings of up to 22 nodes could be scored
+    # a recording of 3 levels of top-3 (22 nodes: the root's 3 children, their 9, 3 of those expanded again):
+    # settings of up to 22 nodes could be scored
+    parent = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5, 7, 7, 7]
+    rank = [0] + [0, 1, 2] * 7
+    prob = [1.0] + [0.6, 0.25, 0.1] * 7
+    accept = [1.0] + [0.7, 0.2, 0.05] * 7
+    ent = [1.0, 0.9, 1.1, 1.2, 0.8, 0.8, NAN, 0.8, NAN, NAN, NAN, NAN, NAN] + [NAN] * 9
+    steps = [RecordedStep(np.array(parent), np.array(prob), np.array(rank), np.array(accept), np.array(ent))] * 12
+    cal = save_calibration(tmp_path / "wide.yaml", CalibrationProfile(
+        "tiny_calibration", {"target": "target", "draft": "draft", "temperature": 0.0,
+                             "recording": {"steps": 3, "topk": 3}}, steps))
     r = invoke("solve", "--dynamic", cal, "-l", lat, "--budget", "20", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -168,7 +178,19 @@ def test_run_refuses_bad_dynamic_options_before_loading_models(files, tmp_path):
                     "--calibration predicts --dynamic settings")
     _one_line_error(invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--calibration", cal,
                            "--target", missing), "add -l")
+    _one_line_error(invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--compare", "--target", missing),
+                    "--compare sizes its baselines by the --tree files")
     assert not (tmp_path / "res").exists()
+
+
+def test_solve_dynamic_warns_when_the_calibration_is_too_small(files, tmp_path):
+    _, lat = files
+    few = save_calibration(tmp_path / "few.yaml", CalibrationProfile(
+        "few", {"target": "target", "draft": "draft", "temperature": 0.0}, [_recorded(0)]))
+    r = invoke("solve", "--dynamic", few, "-l", lat, "--json")
+    assert r.exit_code == 0, r.output
+    assert any("bin(s) with enough reached candidates: its predictions are not meaningful" in w
+               for w in json.loads(r.stdout)["warnings"])
 
 
 def test_run_dynamic_on_the_tiny_pair(workdir, files, tmp_path):
@@ -242,6 +264,7 @@ def test_profile_acceptance_calibration_writes_a_loadable_profile(workdir, files
     (["--calibration", "--calibration-topk", "0"], "--calibration-steps and --calibration-topk must be at least 1"),
     (["--calibration", "--draft", "lookup"], "prompt lookup has no draft probabilities"),
     (["--calibration-steps", "3"], "add --calibration"),
+    (["--calibration", "--calibration-steps", "30", "--calibration-topk", "50"], "has 72551 nodes"),
 ])
 def test_profile_calibration_bad_options(workdir, tmp_path, args, fragment):
     root, target, draft, prompts = workdir

@@ -81,12 +81,25 @@ def test_best_first_pops_in_path_order_and_scores_lazily():
     assert sorted(tree.path[1:]) == pytest.approx([0.25] * 4 + [0.5] * 2)
 
 
+def test_the_verified_size_is_what_the_rule_can_grow():
+    from sequoia_opt.dynamic import max_tree_size
+
+    assert max_tree_size(parse_setting("eagle:steps=2,topk=2,budget=100000")) == 1 + 2 + 4
+    assert max_tree_size(parse_setting("entropy:steps=2,topk=3,budget=100000")) == 1 + 3 + 9
+    assert max_tree_size(parse_setting("best-first:steps=3,topk=1,budget=50")) == 4
+    assert max_tree_size(parse_setting("best-first:steps=3,topk=3,budget=10")) == 10
+    assert max_candidates(parse_setting("entropy:steps=2,topk=2,budget=100000")) == 7  # slots, not the budget
+    pol = DynamicPolicy(ModelDrafter(_model(1)), parse_setting("eagle:steps=2,topk=2,budget=100000"))
+    assert pol.max_verified == 7 and pol.max_size == 7
+
+
 def test_settings_parse_and_bad_ones_are_refused():
     assert parse_setting("eagle:steps=4,topk=2,budget=16") == DynamicSetting("eagle", 4, 2, 16)
     assert parse_setting("best-first:s3-k4-n20") == DynamicSetting("best-first", 3, 4, 20)
     assert parse_setting(DynamicSetting("entropy", 2, 3, 9).label) == DynamicSetting("entropy", 2, 3, 9)
     for bad in ("eagle", "beam:steps=1,topk=1,budget=4", "eagle:steps=0,topk=2,budget=8",
-                "eagle:steps=2,topk=2,budget=1", "eagle:steps=2,topk=2", "eagle:steps=2,topk=x,budget=4"):
+                "eagle:steps=2,topk=2,budget=1", "eagle:steps=2,topk=2", "eagle:steps=2,topk=x,budget=4",
+                "eagle:steps=2,topk=2,budget=4,steps=3"):
         with pytest.raises(ValueError):
             parse_setting(bad)
 

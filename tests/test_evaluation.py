@@ -9,9 +9,12 @@ from sequoia_opt.evaluation import tokens_per_step_ci95
 
 
 def test_one_prompt_uses_the_normal_interval_over_its_steps():
-    lo, hi = tokens_per_step_ci95([[1.0, 2.0, 3.0]])
-    half = 1.959963984540054 * 1.0 / math.sqrt(3)  # stdev of 1, 2, 3 is 1
-    assert (lo, hi) == pytest.approx((2.0 - half, 2.0 + half))
+    lo, hi = tokens_per_step_ci95([[2.0, 3.0, 4.0]])
+    half = 1.959963984540054 * 1.0 / math.sqrt(3)  # stdev of 2, 3, 4 is 1
+    assert (lo, hi) == pytest.approx((3.0 - half, 3.0 + half))
+    # the low end never goes below 1 token per step (every step emits its bonus token)
+    lo, hi = tokens_per_step_ci95([[1.0, 3.0]])
+    assert lo == 1.0 and hi == pytest.approx(2.0 + 1.959963984540054 * math.sqrt(2) / math.sqrt(2))
 
 
 def test_two_prompts_use_the_cluster_robust_ratio_interval_with_t_quantile():
@@ -20,8 +23,8 @@ def test_two_prompts_use_the_cluster_robust_ratio_interval_with_t_quantile():
     g = 10 / 6
     var = 2 / 1 * ((4 - g * 4) ** 2 + (6 - g * 2) ** 2) / 6**2
     half = 12.706 * math.sqrt(var)  # t, 1 degree of freedom
-    assert (lo + hi) / 2 == pytest.approx(g)
-    assert hi - lo == pytest.approx(2 * half)
+    assert g - half < 1  # so the low end is clipped at one token per step
+    assert lo == 1.0 and hi == pytest.approx(g + half, rel=1e-4)
 
 
 def test_an_easy_prompt_widens_the_interval_beyond_the_per_step_one():

@@ -251,6 +251,13 @@ def profile_acceptance(
             raise TreeoptError("--calibration-steps and --calibration-topk must be at least 1")
         if spec is not None and spec.kind == "lookup":
             raise TreeoptError("prompt lookup has no draft probabilities to calibrate; use a draft model or self:L")
+        from ..profiling.calibration import MAX_RECORDING_NODES
+
+        n_rec = 1 + calibration_topk + (calibration_steps - 1) * calibration_topk ** 2
+        if n_rec > MAX_RECORDING_NODES:
+            raise TreeoptError(f"the recording tree (--calibration-steps {calibration_steps}, --calibration-topk "
+                               f"{calibration_topk}) has {n_rec} nodes, verified in one forward each step; at most "
+                               f"{MAX_RECORDING_NODES}")
     elif (calibration_steps, calibration_topk) != (5, 4):
         raise TreeoptError("--calibration-steps / --calibration-topk shape the calibration recording: add "
                            "--calibration (or drop them)")

@@ -153,6 +153,8 @@ def run_cmd(
     if not tree and not dyn:
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
                            "drafter's own best tree; or --dynamic, a dynamic-tree setting)")
+    if compare and not tree:
+        raise TreeoptError("--compare sizes its baselines by the --tree files: add a --tree (or drop --compare)")
     tree = tree or []
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
         if value is not None and not adapt:
@@ -228,7 +230,8 @@ def run_cmd(
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
     pair = load_pair(target, spec, device=dev, dtype=dt)
-    entries += _dynamic_entries(dyn, pair, calibration, latency_path)
+    dyn_notes: list[str] = []
+    entries += _dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     from ..profiling.device import device_name
@@ -240,7 +243,7 @@ def run_cmd(
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")})
     report.warnings = warnings + report.warnings
-    report.notes = adapt_notes + baseline_notes + settings_notes + report.notes
+    report.notes = adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
     if compare:
         report.data["baseline_notes"] = baseline_notes
     render(report, as_json)
@@ -599,8 +602,9 @@ def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budge
 
 
 def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], latency: Optional[list[Path]], *,
-                      multi: bool, adapt: bool) -> list[tuple[Any, dict]]:
-    """The --dynamic settings, read before any model loads: ``[(setting, predicted figures from its file)]``.
+                      multi: bool, adapt: bool) -> list[tuple[Any, dict, dict]]:
+    """The --dynamic settings, read before any model loads: ``[(setting, predicted figures from its file, its
+    provenance)]`` (empty mappings for a setting given as text).
 
     Raises:
         TreeoptError: a setting that cannot be read, --calibration without --dynamic, --dynamic with several
@@ -622,10 +626,10 @@ def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], l
     for spec in specs:
         if Path(spec).suffix.lower() in (".yaml", ".yml", ".json") or Path(spec).is_file():
             setting, doc = load_dynamic_setting(spec)
-            out.append((setting, doc.get("predicted") or {}))
+            out.append((setting, doc.get("predicted") or {}, doc.get("provenance") or {}))
             continue
         try:
-            out.append((parse_setting(spec), {}))
+            out.append((parse_setting(spec), {}, {}))
         except ValueError as err:
             raise TreeoptError(str(err)) from None
     if calibration is not None:
@@ -634,10 +638,11 @@ def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], l
     return out
 
 
-def _dynamic_entries(settings: list[tuple[Any, dict]], pair, calibration: Optional[Path],
-                     latency: Optional[Path]) -> list:
+def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: Optional[Path],
+                     latency: Optional[Path], temperature: float, notes: list[str]) -> list:
     """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction: from
-    --calibration and -l when given, else from its file's ``predicted``."""
+    --calibration and -l when given, else from its file's ``predicted`` when the file was solved for this
+    drafter (a note says when it was not). Warnings about the calibration go to ``notes``."""
     from ..decoding.policies import DynamicPolicy
     from ..evaluation import TreeEntry
     from ..tree import Tree
@@ -650,13 +655,22 @@ def _dynamic_entries(settings: list[tuple[Any, dict]], pair, calibration: Option
         from ..profiles import load_latency
 
         cal, curve = load_calibration(calibration), load_latency(latency)
+        from .solve_dynamic import _same_pair, calibration_warnings
+
+        _same_pair(cal, curve, None)
+        notes.extend(calibration_warnings(cal, temperature=temperature))
         for key, have in (("target", pair.target_name), ("draft", pair.draft_name)):
             want = cal.measured.get(key)
             if want is not None and str(want).lower() != str(have).lower():
                 raise TreeoptError(f"the calibration profile {cal.id!r} is of {key} {want!r} but this run's {key} is "
                                    f"{have!r}: profiles of another pair predict nothing here")
     out = []
-    for setting, predicted in settings:
+    for setting, predicted, provenance in settings:
+        solved_for = provenance.get("draft")
+        if predicted and solved_for is not None and str(solved_for).lower() != str(pair.draft_name).lower():
+            notes.append(f"{setting.label}: its file was solved for drafter {solved_for!r}, this run drafts with "
+                         f"{pair.draft_name!r}: its prediction is not shown")
+            predicted = {}
         if setting.topk > pair.vocab_size:
             raise TreeoptError(f"{setting.label}: topk {setting.topk} is more than the vocabulary's {pair.vocab_size} tokens")
         g, sp = predicted.get("tokens_per_step"), predicted.get("speedup")

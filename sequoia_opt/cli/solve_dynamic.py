@@ -29,6 +29,24 @@ def _same_pair(cal: Any, curve: Any, acc: Any) -> None:
                                   f"{key} is {b!r}: profiles of another pair predict nothing here")
 
 
+def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any = None) -> list[str]:
+    """What makes a calibration profile's predictions doubtful here: too few calibrated bins, or another
+    decoding mode than the run's (``temperature``) or the static tree's acceptance profile (``acc``)."""
+    out = []
+    k = cal.calibrated_bins()
+    if k < 3:
+        out.append(f"calibration profile {cal.id!r} has only {k} bin(s) with enough reached candidates: its predictions "
+                   "are not meaningful (record more prompts or tokens)")
+    mode = lambda t: "greedy" if float(t or 0) == 0 else f"sampling at temperature {float(t):g}"  # noqa: E731
+    if temperature is not None and mode(temperature) != mode(cal.temperature):
+        out.append(f"calibration profile {cal.id!r} was recorded in {mode(cal.temperature)} mode, this run decodes in "
+                   f"{mode(temperature)} mode")
+    if acc is not None and mode(acc.measured.get("temperature")) != mode(cal.temperature):
+        out.append(f"the calibration profile is {mode(cal.temperature)}, the acceptance profile "
+                   f"{mode(acc.measured.get('temperature'))}: the static row is another decoding mode")
+    return out
+
+
 def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: Optional[list[Path]], *,
                   budget: Optional[int], max_depth: Optional[int], policies: Optional[str], context: Optional[int],
                   output: Optional[Path], fmt: Optional[str], as_json: bool) -> None:
@@ -64,6 +82,7 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     acc = load_acceptance(acceptance[0]) if acceptance else None
     _same_pair(cal, curve, acc)
     report = Report(title="treeopt solve --dynamic")
+    report.warnings.extend(calibration_warnings(cal, acc=acc))
     top_n = curve.max_target_tokens(context)
     limit = budget if budget is not None else min(64, top_n)
     if limit > top_n:

@@ -141,12 +141,13 @@ def setting_grid(profile: CalibrationProfile, *, policies: Sequence[str] = POLIC
                  budgets: Sequence[int] | None = None, max_budget: int = 64,
                  topks: Sequence[int] = (1, 2, 3, 4, 6, 8), max_steps: int | None = None) -> list[DynamicSetting]:
     """The settings :func:`choose_dynamic` scores: steps 1..the recording's, topk up to the recording's,
-    budgets up to ``max_budget`` (default grid 4, 6, 8, 12, 16, 24, 32, 48, 64), every policy; settings whose
+    budgets up to ``max_budget`` (default grid 4, 6, 8, 12, 16, 24, 32, 48, 64, and ``max_budget`` itself), every
+    policy; settings whose
     budget exceeds what the rule can grow are left out (they equal a smaller one)."""
     rec = profile.recording
     S = min(rec["steps"], max_steps or rec["steps"])
     ks = sorted({k for k in topks if k <= rec["topk"]})
-    bs = sorted({b for b in (budgets or (4, 6, 8, 12, 16, 24, 32, 48, 64)) if 2 <= b <= max_budget})
+    bs = sorted({b for b in (budgets or (4, 6, 8, 12, 16, 24, 32, 48, 64)) if 2 <= b <= max_budget} | {max_budget})
     out = []
     for pol in policies:
         for s in range(1, S + 1):

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from ...dynamic import CandidateTree, DynamicSetting, Expansion, grow, max_candidates
+from ...dynamic import CandidateTree, DynamicSetting, Expansion, grow, max_candidates, max_tree_size
 from ...errors import DecodingError
 from ..drafters import Drafter, DraftSettings
 from ..sampling import CandidateGroup, process_logits, sample_without_replacement
@@ -75,7 +75,7 @@ class DynamicPolicy(DraftingPolicy):
 
     @property
     def max_verified(self) -> int:
-        return self.setting.budget
+        return max_tree_size(self.setting)
 
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
