@@ -344,3 +344,13 @@ def test_cli_adapt_runs_next_to_the_static_tree(profiles, tmp_path):
                "--results-dir", tmp_path / "res")
     assert r.exit_code == 0, r.output
     assert "t (adaptive)" in r.stdout and "re-solves of the adaptive trees" in r.stdout
+    # a prior measured on another pair: the run says so (every re-solve reads it)
+    other = tmp_path / "other.yaml"
+    save_acceptance(other, AcceptanceProfile(id="acc-other", acceptance=np.array([0.5, 0.2, 0.1]),
+                                             measured={"target": "some-70b"}))
+    r = invoke("run", "--tree", tree, "--adapt", "-a", other, "-l", lat, "--target", target, "--draft", draft,
+               "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path / "res",
+               "--json")
+    assert r.exit_code == 0, r.output
+    assert any(w.startswith("--adapt: profile 'acc-other' was measured with target 'some-70b'")
+               for w in json.loads(r.stdout)["warnings"])

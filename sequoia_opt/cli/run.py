@@ -236,7 +236,15 @@ def run_cmd(
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     from ..profiling.device import device_name
 
-    warnings = [w for e in entries for w in tree_mismatch_warnings(
+    adapt_warnings: list[str] = []
+    if adapt:  # the prior and the curve every re-solve reads: of this pair, this device?
+        from ..profiles import load_acceptance, load_latency, warn_on_mismatch
+
+        adapt_warnings = [f"--adapt: {w}" for w in warn_on_mismatch(
+            acceptance=load_acceptance(acceptance_path), latency=load_latency(latency_path),
+            device=device_name(dev), dtype=str(dt).removeprefix("torch."), target=pair.target_name,
+            draft=pair.draft_name)]
+    warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model)]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
