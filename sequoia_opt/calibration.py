@@ -312,9 +312,10 @@ class CalibrationProfile:
             raise ProfileError(f"{source}: 'steps' must be a non-empty list of recorded draft trees")
         steps = [RecordedStep.from_dict(s if isinstance(s, dict) else {}, f"{source}: steps[{i}]")
                  for i, s in enumerate(raw)]
-        measured = doc.get("measured") or {}
-        if not isinstance(measured, dict):
-            raise ProfileError(f"{source}: 'measured' must be a mapping")
+        measured = doc.get("measured")
+        if not isinstance(measured, dict) or not measured.get("target") or not measured.get("draft"):
+            raise ProfileError(f"{source}: 'measured' must be a mapping naming the target and the draft (the pair "
+                               "checks read them)")
         prof = cls(str(doc.get("id", default_id)), dict(measured), steps,
                    tuple(doc.get("edges", DEFAULT_EDGES)))
         prof._check_recording(source)

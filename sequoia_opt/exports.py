@@ -797,8 +797,10 @@ def load_dynamic_setting(path: str | Path) -> tuple[Any, dict[str, Any]]:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ExportError(f"{path}: not valid YAML or JSON ({err.__class__.__name__})") from None
+    if doc is None:
+        raise ExportError(f"{path}: the file is empty (expected a {DYNAMIC_FORMAT} setting, treeopt solve --dynamic -o)")
     if not isinstance(doc, dict) or doc.get("format") != DYNAMIC_FORMAT:
-        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        got = doc.get("format") if isinstance(doc, dict) else f"a {type(doc).__name__}, not a mapping"
         raise ExportError(f"{path}: format is {got!r}, expected {DYNAMIC_FORMAT!r}")
     try:
         return DynamicSetting.from_dict(doc.get("setting") or {}), doc

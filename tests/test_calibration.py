@@ -193,6 +193,22 @@ def test_a_bad_step_is_refused(tmp_path, edit, message):
         load_calibration(_write(path, doc))
 
 
+def test_a_profile_must_name_its_pair(tmp_path):
+    path = save_calibration(tmp_path / "cal.yaml", _profile([step_a()]))
+    doc = yaml.safe_load(path.read_text())
+    for measured in (None, {}, {"target": "t"}):
+        doc["measured"] = measured
+        with pytest.raises(ProfileError, match="naming the target and the draft"):
+            load_calibration(_write(path, doc))
+
+
+def test_an_empty_dynamic_setting_file_says_so(tmp_path):
+    empty = tmp_path / "dyn.yaml"
+    empty.write_text("")
+    with pytest.raises(ExportError, match="the file is empty"):
+        load_dynamic_setting(empty)
+
+
 def test_a_recording_that_contradicts_its_trees_is_refused(tmp_path):
     path = save_calibration(tmp_path / "cal.yaml", _profile([step_a(), step_b()], recording={"steps": 2, "topk": 2}))
     doc = yaml.safe_load(path.read_text())

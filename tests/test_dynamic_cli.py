@@ -152,6 +152,7 @@ def test_solve_dynamic_clamps_a_budget_past_the_latency_profile_with_a_note(file
 
 @pytest.mark.parametrize("args, fragments", [
     (["--policy", "bogus"], ["unknown --policy bogus", "eagle, entropy, best-first"]),
+    (["--policy", ""], ["--policy names no rule"]),
     (["--format", "vllm"], ["--dynamic writes yaml, json, sglang, tensorrt-llm, not 'vllm'"]),
     (["--format", "bogus"], ["--dynamic writes yaml, json, sglang, tensorrt-llm, not 'bogus'"]),
     (["--policy", "entropy", "--format", "sglang"], ["sglang runs the eagle rule only"]),
@@ -265,6 +266,7 @@ def test_profile_acceptance_calibration_writes_a_loadable_profile(workdir, files
     (["--calibration", "--draft", "lookup"], "prompt lookup has no draft probabilities"),
     (["--calibration-steps", "3"], "add --calibration"),
     (["--calibration", "--calibration-steps", "30", "--calibration-topk", "50"], "has 72551 nodes"),
+    (["--calibration", "--width", "4"], "the calibration's recording tree is --calibration-topk"),
 ])
 def test_profile_calibration_bad_options(workdir, tmp_path, args, fragment):
     root, target, draft, prompts = workdir

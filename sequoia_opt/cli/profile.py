@@ -251,6 +251,9 @@ def profile_acceptance(
             raise TreeoptError("--calibration-steps and --calibration-topk must be at least 1")
         if spec is not None and spec.kind == "lookup":
             raise TreeoptError("prompt lookup has no draft probabilities to calibrate; use a draft model or self:L")
+        if (width, depth) != (8, 4):
+            raise TreeoptError("--width / --depth shape the positional measurement; the calibration's recording tree "
+                               "is --calibration-topk / --calibration-steps")
         from ..profiling.calibration import MAX_RECORDING_NODES
 
         n_rec = 1 + calibration_topk + (calibration_steps - 1) * calibration_topk ** 2

@@ -67,7 +67,9 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         key = None
     if key not in exports.DYNAMIC_EXPORT_FORMATS:
         raise SolverError(f"--dynamic writes {', '.join(exports.DYNAMIC_EXPORT_FORMATS)}, not {fmt!r}")
-    pols = tuple(p.strip() for p in policies.split(",")) if policies else POLICY_NAMES
+    pols = tuple(p.strip() for p in policies.split(",")) if policies is not None else POLICY_NAMES
+    if not any(pols):
+        raise SolverError(f"--policy names no rule; choose from {', '.join(POLICY_NAMES)} (or drop --policy)")
     bad = [p for p in pols if p not in POLICY_NAMES]
     if bad:
         raise SolverError(f"unknown --policy {', '.join(bad)}; choose from {', '.join(POLICY_NAMES)}")
