@@ -127,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     at_e = best_at(E) if E >= 2 and E != B else {}
     best_dyn = ch.best
 
-    def static_entry(name, c, acc):
+    def static_entry(name, c):
         meta = TreeMetadata(budget=c.budget, max_depth=c.depth, expected_tokens_per_step=c.expected_tokens,
                             predicted_speedup=c.speedup, solver="sequoia-dp")
-        return TreeEntry(name, c.tree, meta), acc
+        return TreeEntry(name, c.tree, meta)
 
     def dyn_entry(r):
         meta = TreeMetadata(budget=r.setting.budget, max_depth=r.setting.steps,
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [{done}/{total}] {what}", flush=True)
 
     # 3. eval code prompts
-    entries = [static_entry("static DP", code, code_acc)[0]]
+    entries = [static_entry("static DP", code)]
     seen = set()
     for p in POLICY_NAMES:
         if at_b[p] is not None:
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     mixed = [x for ab in zip(code_ids, prose_ids) for x in ab]
     domain = ["code", "prose"] * len(code_ids)
     best_policy = max((r for r in at_b.values() if r is not None), key=lambda r: r.tokens_per_step)
-    m_entries = [static_entry("code tree", code, code_acc)[0], static_entry("prose tree", prose, prose_acc)[0],
+    m_entries = [static_entry("code tree", code), static_entry("prose tree", prose),
                  dyn_entry(best_policy), adaptive_entry(code)]
     print(f"mixed stream: {len(mixed)} prompts, code and prose alternating", flush=True)
     run_mixed = run_trees(pair.target, pair.new_drafter, m_entries, mixed, max_new_tokens=new, eos_ids=eos,

@@ -88,6 +88,7 @@ class RecordedStep:
     entropy: np.ndarray
     _children: list[list[int]] | None = field(default=None, repr=False)
     _depth: np.ndarray | None = field(default=None, repr=False)
+    _reach: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # the precision the file keeps, so that a profile's tables are the same before and after a round trip
@@ -121,10 +122,12 @@ class RecordedStep:
     def reach(self) -> np.ndarray:
         """(n,) the probability that each node is reached: the product of ``accept`` along its root path (the
         root 1; greedy 0 or 1: the node is on the target's own path)."""
-        r = np.ones(self.n)
-        for i in range(1, self.n):
-            r[i] = r[int(self.parent[i])] * self.accept[i]
-        return r
+        if self._reach is None:
+            r = np.ones(self.n)
+            for i in range(1, self.n):
+                r[i] = r[int(self.parent[i])] * self.accept[i]
+            self._reach = r
+        return self._reach
 
     @property
     def depth(self) -> np.ndarray:
@@ -188,7 +191,7 @@ class CalibrationProfile:
     Attributes:
         id: profile id.
         measured: what was measured (target, draft, device, dtype, temperature, top_p, recording, ...).
-        steps: the recorded draft trees.
+        steps: the recorded draft trees (fixed once the profile is made: its tables are gathered from them once).
         edges: bin edges over the draft probability, from 0 to 1.
 
     Raises:
@@ -200,6 +203,7 @@ class CalibrationProfile:
     steps: list[RecordedStep]
     edges: tuple[float, ...] = DEFAULT_EDGES
     _curve: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    _cand: dict[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         e = np.asarray(self.edges, dtype=np.float64)
@@ -213,9 +217,12 @@ class CalibrationProfile:
     def candidates(self) -> dict[str, np.ndarray]:
         """Every non-root node of every step: ``prob``, ``accept``, ``rank``, ``depth`` and ``weight`` (its
         parent's reach probability, :attr:`RecordedStep.reach`) arrays, same length."""
-        cat = lambda f: np.concatenate([f(s)[1:] for s in self.steps])  # noqa: E731
-        return {"prob": cat(lambda s: s.prob), "accept": cat(lambda s: s.accept), "rank": cat(lambda s: s.rank),
-                "depth": cat(lambda s: s.depth), "weight": cat(lambda s: s.reach[s.parent])}
+        if self._cand is None:  # every table and the curve read these: gathered once
+            cat = lambda f: np.concatenate([f(s)[1:] for s in self.steps])  # noqa: E731
+            self._cand = {"prob": cat(lambda s: s.prob), "accept": cat(lambda s: s.accept),
+                          "rank": cat(lambda s: s.rank), "depth": cat(lambda s: s.depth),
+                          "weight": cat(lambda s: s.reach[s.parent])}
+        return self._cand
 
     @property
     def temperature(self) -> float:

@@ -123,21 +123,23 @@ def parse_setting(spec: str) -> DynamicSetting:
     return DynamicSetting(m.group(1), vals["steps"], vals["topk"], vals["budget"])
 
 
-def max_candidates(s: DynamicSetting) -> int:
-    """The most nodes the rule's candidate tree can hold, root included (the drafter's slots): eagle grows
-    ``1 + k + (steps - 1) k^2`` before re-ranking; the other two never grow past the budget."""
+def _can_grow(s: DynamicSetting) -> int:
+    """Nodes ``steps`` levels can hold under the rule, whatever the budget: eagle expands k frontier nodes per
+    level, ``1 + k + (steps - 1) k^2``; the others every node, ``1 + sum_{d=1..steps} k^d``."""
     if s.policy == "eagle":
         return 1 + s.topk + (s.steps - 1) * s.topk * s.topk
-    return max_tree_size(s)
+    return sum(s.topk ** d for d in range(s.steps + 1))
+
+
+def max_candidates(s: DynamicSetting) -> int:
+    """The most nodes the rule's candidate tree can hold, root included (the drafter's slots): eagle grows all
+    it can before re-ranking; the other two never grow past the budget."""
+    return _can_grow(s) if s.policy == "eagle" else max_tree_size(s)
 
 
 def max_tree_size(s: DynamicSetting) -> int:
-    """The most nodes the rule can verify: the budget, or what ``steps`` levels can hold when that is less
-    (eagle keeps at most the ``1 + k + (steps - 1) k^2`` nodes it grew; the others at most
-    ``1 + sum_{d=1..steps} k^d``)."""
-    if s.policy == "eagle":
-        return min(s.budget, 1 + s.topk + (s.steps - 1) * s.topk * s.topk)
-    return min(s.budget, sum(s.topk ** d for d in range(s.steps + 1)))
+    """The most nodes the rule can verify: the budget, or what ``steps`` levels can hold when that is less."""
+    return min(s.budget, _can_grow(s))
 
 
 def entropy_children(entropy: float, topk: int) -> int:

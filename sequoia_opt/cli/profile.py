@@ -254,13 +254,12 @@ def profile_acceptance(
         if (width, depth) != (8, 4):
             raise TreeoptError("--width / --depth shape the positional measurement; the calibration's recording tree "
                                "is --calibration-topk / --calibration-steps")
-        from ..profiling.calibration import MAX_RECORDING_NODES
+        from ..profiling.calibration import recording_setting
 
-        n_rec = 1 + calibration_topk + (calibration_steps - 1) * calibration_topk ** 2
-        if n_rec > MAX_RECORDING_NODES:
-            raise TreeoptError(f"the recording tree (--calibration-steps {calibration_steps}, --calibration-topk "
-                               f"{calibration_topk}) has {n_rec} nodes, verified in one forward each step; at most "
-                               f"{MAX_RECORDING_NODES}")
+        try:
+            recording_setting(calibration_steps, calibration_topk)  # its size, before any model loads
+        except ValueError as err:
+            raise TreeoptError(str(err)) from None
     elif (calibration_steps, calibration_topk) != (5, 4):
         raise TreeoptError("--calibration-steps / --calibration-topk shape the calibration recording: add "
                            "--calibration (or drop them)")

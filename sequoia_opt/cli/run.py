@@ -663,15 +663,10 @@ def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: 
         from ..profiles import load_latency
 
         cal, curve = load_calibration(calibration), load_latency(latency)
-        from .solve_dynamic import _same_pair, calibration_warnings
+        from .solve_dynamic import calibration_warnings, same_pair
 
-        _same_pair(cal, curve, None)
+        same_pair(cal, curve, run=(pair.target_name, pair.draft_name))
         notes.extend(calibration_warnings(cal, temperature=temperature))
-        for key, have in (("target", pair.target_name), ("draft", pair.draft_name)):
-            want = cal.measured.get(key)
-            if want is not None and str(want).lower() != str(have).lower():
-                raise TreeoptError(f"the calibration profile {cal.id!r} is of {key} {want!r} but this run's {key} is "
-                                   f"{have!r}: profiles of another pair predict nothing here")
     out = []
     for setting, predicted, provenance in settings:
         solved_for = provenance.get("draft")

@@ -4,6 +4,7 @@ best-first) from a calibration profile, choose the hardware-aware best, print th
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -17,16 +18,20 @@ from ..report import Report
 from .render import render
 
 
-def _same_pair(cal: Any, curve: Any, acc: Any) -> None:
-    """Refuse profiles of different model pairs (one line, exit 2)."""
-    m = cal.measured
-    for label, other in (("latency", {"target": curve.model.get("target"), "draft": curve.model.get("draft")}),
-                         ("acceptance", acc.measured if acc is not None else {})):
+def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None = None) -> None:
+    """Refuse a calibration profile of another model pair than the latency profile's, the acceptance
+    profile's (``acc``) or the run's (``run``: its target and draft names): one line, exit 2."""
+    others = [("the latency profile's", {"target": curve.model.get("target"), "draft": curve.model.get("draft")})]
+    if acc is not None:
+        others.append(("the acceptance profile's", acc.measured))
+    if run is not None:
+        others.append(("this run's", {"target": run[0], "draft": run[1]}))
+    for label, other in others:
         for key in ("target", "draft"):
-            a, b = m.get(key), other.get(key)
+            a, b = cal.measured.get(key), other.get(key)
             if a is not None and b is not None and str(a).lower() != str(b).lower():
-                raise SolverError(f"the calibration profile {cal.id!r} is of {key} {a!r} but the {label} profile's "
-                                  f"{key} is {b!r}: profiles of another pair predict nothing here")
+                raise SolverError(f"the calibration profile {cal.id!r} is of {key} {a!r} but {label} {key} is "
+                                  f"{b!r}: profiles of another pair predict nothing here")
 
 
 def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any = None) -> list[str]:
@@ -82,7 +87,7 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     cal = load_calibration(calibration)
     curve = load_latency(latency[0])
     acc = load_acceptance(acceptance[0]) if acceptance else None
-    _same_pair(cal, curve, acc)
+    same_pair(cal, curve, acc)
     report = Report(title="treeopt solve --dynamic")
     report.warnings.extend(calibration_warnings(cal, acc=acc))
     top_n = curve.max_target_tokens(context)
@@ -135,10 +140,8 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
                   "target": cal.measured.get("target"), "draft": cal.measured.get("draft")}
     if best_eagle is not None:
         for engine in ("sglang", "tensorrt-llm"):
-            e = exports.export_dynamic(best_eagle.setting, engine)
-            data[engine] = e.text
-        report.summary["SGLang flags (best eagle)"] = exports.export_dynamic(best_eagle.setting, "sglang").text \
-            .split('"cli_flags": "')[1].split('"')[0]
+            data[engine] = exports.export_dynamic(best_eagle.setting, engine).text
+        report.summary["SGLang flags (best eagle)"] = json.loads(data["sglang"])["cli_flags"]
         if best_eagle is not best:
             report.notes.append(f"engines run the eagle rule: their setting is the best eagle one, "
                                 f"{best_eagle.label} ({best_eagle.speedup:.3f}x predicted)")

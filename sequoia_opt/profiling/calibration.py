@@ -18,10 +18,24 @@ from ..dynamic import DynamicSetting, max_candidates
 from ..model import Transformer
 from ..tree import now_iso
 
-__all__ = ["measure_calibration", "build_calibration_profile", "MAX_RECORDING_NODES"]
+__all__ = ["measure_calibration", "build_calibration_profile", "recording_setting", "MAX_RECORDING_NODES"]
 
 #: The most nodes a recording tree may have (one target forward verifies them all each step).
 MAX_RECORDING_NODES = 1024
+
+
+def recording_setting(steps: int, topk: int) -> DynamicSetting:
+    """The recording tree: EAGLE-2 of ``steps`` levels and ``topk`` children, every grown node verified.
+
+    Raises:
+        ValueError: steps or topk < 1, or a tree of more than :data:`MAX_RECORDING_NODES` nodes.
+    """
+    n = max_candidates(DynamicSetting("eagle", steps, topk, 2))
+    if n > MAX_RECORDING_NODES:
+        raise ValueError(f"a recording tree of {steps} levels of top-{topk} has {n} nodes (1 + k + (steps - 1) k^2); "
+                         f"at most {MAX_RECORDING_NODES} are verified in one forward: lower --calibration-steps or "
+                         "--calibration-topk")
+    return DynamicSetting("eagle", steps, topk, n)
 
 
 @torch.inference_mode()
@@ -49,13 +63,7 @@ def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter],
         DecodingError: a drafter without draft probabilities, a prompt past the target's context.
         ValueError: steps or topk < 1, or a recording tree of more than :data:`MAX_RECORDING_NODES` nodes.
     """
-    n = max_candidates(DynamicSetting("eagle", steps, topk, 2))
-    if n > MAX_RECORDING_NODES:
-        raise ValueError(f"a recording tree of {steps} levels of top-{topk} has {n} nodes (1 + k + (steps - 1) k^2); "
-                         f"at most {MAX_RECORDING_NODES} are verified in one forward: lower --calibration-steps or "
-                         "--calibration-topk")
-    setting = DynamicSetting("eagle", steps, topk, n)
-    policy = DynamicPolicy(new_drafter(), setting)
+    policy = DynamicPolicy(new_drafter(), recording_setting(steps, topk))
     longest = max(len(p) for p in prompts)
     dec = MultiDraftDecoder(target, policy, temperature=temperature, top_p=top_p, eos_ids=eos_ids, backend=backend,
                             max_len=min(target.config.max_position_embeddings, longest + max_new_tokens)

@@ -28,10 +28,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..calibration import CalibrationProfile, RecordedStep
-from ..dynamic import POLICY_NAMES, CandidateTree, DynamicSetting, Expansion, grow
+from ..dynamic import POLICY_NAMES, CandidateTree, DynamicSetting, Expansion, grow, max_tree_size
 from ..errors import ProfileError
 from ..profiles import LatencyCurve
-from .hardware import plain_ms_per_token
+from .hardware import StepCost, cost_of_step
 
 __all__ = ["ReplayExpander", "DynamicPrediction", "predict_setting", "setting_grid", "choose_dynamic"]
 
@@ -61,32 +61,63 @@ class DynamicPrediction:
     """A setting's predicted figures (means over the recorded steps).
 
     Attributes:
-        setting: the dynamic setting (or None for a static tree row).
-        tokens_per_step: G by the calibration curve; ``replay``: by the recorded acceptances.
+        setting: the dynamic setting.
+        replay: G valued by the recorded acceptances (G by the calibration curve is ``tokens_per_step``).
         tree_size: mean verified nodes (root included).  forwards: mean draft forwards per step.
-        draft_ms / target_ms / overhead_ms / cost_ms: the mean step's parts (ms).
-        tokens_per_s, speedup: 1000 G / cost_ms, and over plain decoding (T(1) + overhead per token).
         coverage: fraction of steps where the rule never expanded a node the recording had not.
+        cost: the mean step's :class:`~sequoia_opt.solver.hardware.StepCost` (its ``expected_tokens`` is G by
+            the calibration curve, ``tokens_per_step`` here; draft, target, overhead and total ms; tokens/s;
+            speedup over plain decoding).
     """
 
-    setting: DynamicSetting | None
-    tokens_per_step: float
+    setting: DynamicSetting
     replay: float
     tree_size: float
     forwards: float
-    draft_ms: float
-    target_ms: float
-    overhead_ms: float
-    cost_ms: float
-    tokens_per_s: float
-    speedup: float
     coverage: float
-    label: str = ""
+    cost: StepCost
+
+    @property
+    def label(self) -> str:
+        return self.setting.label
+
+    @property
+    def tokens_per_step(self) -> float:
+        """G by the calibration curve (the cost's ``expected_tokens``)."""
+        return self.cost.expected_tokens
+
+    @property
+    def draft_ms(self) -> float:
+        return self.cost.draft_ms
+
+    @property
+    def target_ms(self) -> float:
+        return self.cost.target_ms
+
+    @property
+    def cost_ms(self) -> float:
+        return self.cost.cost_ms
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.cost.tokens_per_s
+
+    @property
+    def speedup(self) -> float:
+        return self.cost.speedup
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "setting"}
-        d["setting"] = self.setting.to_dict() if self.setting else None
+        d = {"tokens_per_step": self.tokens_per_step, "replay": self.replay, "tree_size": self.tree_size,
+             "forwards": self.forwards}
+        d.update((k, getattr(self.cost, k)) for k in _COST_FIELDS)
+        d.update(coverage=self.coverage, label=self.label)
+        d = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in d.items()}
+        d["setting"] = self.setting.to_dict()
         return d
+
+
+#: The step cost's figures in a :class:`DynamicPrediction`'s dict, in order.
+_COST_FIELDS = ("draft_ms", "target_ms", "overhead_ms", "cost_ms", "tokens_per_s", "speedup")
 
 
 def _tree_value(tree: CandidateTree, nodes: Sequence[int], acc: np.ndarray) -> float:
@@ -129,12 +160,8 @@ def predict_setting(profile: CalibrationProfile, setting: DynamicSetting, curve:
         tms += curve.target_ms(len(sel), context)
         covered += ex.uncovered == 0
     m = len(steps)
-    G, draft, target = g / m, dms / m, tms / m
-    over = curve.step_overhead_ms
-    cost = draft + target + over
-    tps = 1000.0 * G / cost
-    return DynamicPrediction(setting, G, r / m, size / m, fw / m, draft, target, over, cost, tps,
-                             tps * plain_ms_per_token(curve, context) / 1000.0, covered / m, setting.label)
+    return DynamicPrediction(setting, r / m, size / m, fw / m, covered / m,
+                             cost_of_step(g / m, dms / m, tms / m, curve, context))
 
 
 def setting_grid(profile: CalibrationProfile, *, policies: Sequence[str] = POLICY_NAMES,
@@ -153,9 +180,9 @@ def setting_grid(profile: CalibrationProfile, *, policies: Sequence[str] = POLIC
         for s in range(1, S + 1):
             for k in ks:
                 for b in bs:
-                    if b > 1 + sum(k ** d for d in range(1, s + 1)) or (pol == "eagle" and b > 1 + k + (s - 1) * k * k):
-                        continue
-                    out.append(DynamicSetting(pol, s, k, b))
+                    setting = DynamicSetting(pol, s, k, b)
+                    if max_tree_size(setting) == b:
+                        out.append(setting)
     return out
 
 

@@ -129,7 +129,7 @@ from ..profiles import SUM_TOLERANCE, LatencyCurve, check_cost_model, validate_a
 from ..tree import DrafterTree, Tree
 from .depth import solve_dp_by_depth
 from .dp import MAX_TABLE_ENTRIES, _check_int
-from .hardware import StepCost, _check_budget_measured, budget_grid, choose, plain_ms_per_token
+from .hardware import StepCost, _check_budget_measured, budget_grid, choose, cost_of_step, plain_ms_per_token
 
 #: Value of an impossible option (mandatory children that do not fit the budget).
 _NEG = -1e300
@@ -290,14 +290,7 @@ def drafter_costs_ms(dtree: DrafterTree, draft_curves: Sequence[LatencyCurve],
 
 
 def _step_cost(g: float, draft: float, n: int, target_curve: LatencyCurve, context: int | None) -> StepCost:
-    target = target_curve.target_ms(n, context)
-    overhead = target_curve.step_overhead_ms
-    cost = draft + target + overhead
-    if cost <= 0:
-        raise ProfileError(f"latency profile {target_curve.id!r} predicts a step cost of {cost} ms; it must be > 0")
-    tps = 1000.0 * g / cost
-    return StepCost(expected_tokens=float(g), draft_ms=float(draft), target_ms=target, overhead_ms=overhead,
-                    cost_ms=cost, tokens_per_s=tps, speedup=tps * plain_ms_per_token(target_curve, context) / 1000.0)
+    return cost_of_step(g, draft, target_curve.target_ms(n, context), target_curve, context)
 
 
 def graft_step_cost(dtree: DrafterTree, target_curve: LatencyCurve, draft_curves: Sequence[LatencyCurve],

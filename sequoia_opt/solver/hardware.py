@@ -100,24 +100,27 @@ def step_cost(
     unknown cost model.
     """
     widths = [int(w) for w in level_widths]
-    n = sum(widths)
     forwards = draft_forwards(widths, curve.cost_model if cost_model is None else cost_model)
     draft = sum(curve.draft_ms(w, context) for w in forwards)
-    target = curve.target_ms(n, context)
+    return cost_of_step(expected_tokens, draft, curve.target_ms(sum(widths), context), curve, context)
+
+
+def cost_of_step(expected_tokens: float, draft_ms: float, target_ms: float, curve: LatencyCurve,
+                 context: int | None = None) -> StepCost:
+    """The :class:`StepCost` of a step whose draft and target times are known (ms): adds the curve's per-step
+    overhead and derives tokens/s and the speedup over plain decoding (module docstring). What every cost
+    model here ends in: a static tree's (:func:`step_cost`), a grafted tree's, a dynamic setting's mean step.
+
+    Raises ProfileError when the step would cost 0 ms or less.
+    """
     overhead = curve.step_overhead_ms
-    cost = draft + target + overhead
+    cost = draft_ms + target_ms + overhead
     if cost <= 0:
         raise ProfileError(f"latency profile {curve.id!r} predicts a step cost of {cost} ms; it must be > 0")
     tps = 1000.0 * expected_tokens / cost
-    return StepCost(
-        expected_tokens=float(expected_tokens),
-        draft_ms=draft,
-        target_ms=target,
-        overhead_ms=overhead,
-        cost_ms=cost,
-        tokens_per_s=tps,
-        speedup=tps * plain_ms_per_token(curve, context) / 1000.0,
-    )
+    return StepCost(expected_tokens=float(expected_tokens), draft_ms=float(draft_ms), target_ms=float(target_ms),
+                    overhead_ms=overhead, cost_ms=cost, tokens_per_s=tps,
+                    speedup=tps * plain_ms_per_token(curve, context) / 1000.0)
 
 
 def score_tree(tree: Tree, acceptance: Sequence[float], curve: LatencyCurve, context: int | None = None,
