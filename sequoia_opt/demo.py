@@ -40,6 +40,7 @@ from .report import Report
 from .profiles import LatencyCurve, save_acceptance, save_latency
 from .profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
 from .profiling.device import device_slug
+from .model.tuned_linear import linear_record
 from .profiling.layers import default_layer_grid, sweep_layers
 from .profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
                                 profile_drafter, profile_model)
@@ -116,7 +117,8 @@ def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 6
 def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int | None = None,
              num_prompts: int | None = None, quick: bool = False, out_dir: Path = Path("results/demo"),
              backend: str = "auto", progress: ProgressFn | None = None, target: Path | None = None,
-             draft: str | Path | None = None, settings: DemoSettings | None = None) -> DemoResult:
+             draft: str | Path | None = None, settings: DemoSettings | None = None, weights: str = "float32",
+             log: Callable[[str], None] | None = None) -> DemoResult:
     """Profile -> solve -> run on the demo pair (see module docstring). Writes under ``out_dir``:
     ``latency.yaml``, ``acceptance.yaml``, ``tree.yaml`` (+ one YAML per compared tree) for the draft model,
     ``latency-<drafter>.yaml``, ``acceptance-<drafter>.yaml`` and ``tree-<drafter>.yaml`` for the lookup and
@@ -126,7 +128,10 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     ``max_new_tokens`` / ``num_prompts`` (evaluation tokens per prompt, evaluation prompts): None takes the
     settings' value (64 / 6, or 16 / 2 with ``quick``); a value given wins over ``quick`` too. ``target`` /
     ``draft``: another pair (a checkpoint path each; default: the demo pair), e.g. for tests; ``settings``:
-    the stage sizes (default: :class:`DemoSettings`, or its ``quick()``).
+    the stage sizes (default: :class:`DemoSettings`, or its ``quick()``). ``weights``: the target's weight
+    precision on a CPU (:data:`~sequoia_opt.model.tuned_linear.PRECISIONS`); on a CPU in float32 every
+    model's linears are tuned for this machine at load (``log`` gets the one-line notice when shapes are
+    timed), so plain decoding, the baseline of every speedup, runs its own fastest kernels too.
 
     Raises:
         TreeoptError: the demo target or draft is missing (with the install command), bad device / dtype.
@@ -141,7 +146,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     dev, dt = parse_device(device), parse_dtype(dtype)
     dtype_name = str(dt).removeprefix("torch.")
     out_dir = Path(out_dir)
-    pair = load_pair(target, draft, device=dev, dtype=dt)
+    pair = load_pair(target, draft, device=dev, dtype=dt, weights=weights, log=log)
     eos = sorted(pair.tokenizer.eos_ids)
     tname = pair.target_name
 
@@ -156,7 +161,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         target_name=tname, target_config=pair.target.config, draft_name=pair.draft_name,
         draft_config=pair.draft.config, random_weights=False,
         profile_id=f"{device_slug(dev)}_{tname}_{dtype_name}",
-        method=method_text(s.latency_rounds, s.latency_paired, grid))
+        method=method_text(s.latency_rounds, s.latency_paired, grid), linear=linear_record(pair.target),
+        draft_linear=linear_record(pair.draft))
 
     # 3. acceptance of the pair, on the profile split
     prof_prompts = load_prompts(demo_prompts_path("profile"), limit=max(s.acc_prompts, s.lookup_prompts,
@@ -191,7 +197,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         target_tables=tt, draft_tables=ltab, step_overhead_ms=overhead_nomodel, device=dev, dtype=dt,
         target_name=tname, target_config=pair.target.config, draft_name=look.draft_name, draft_config=None,
         random_weights=False, profile_id=f"{device_slug(dev)}_{tname}__{drafter_slug(look.draft_name)}_{dtype_name}",
-        method=method_text(s.latency_rounds, False, grid), draft_cost_model=look.cost_model)
+        method=method_text(s.latency_rounds, False, grid), draft_cost_model=look.cost_model,
+        linear=linear_record(pair.target))
     look_ids = prof_ids[: s.lookup_prompts]
     look_counts = measure_acceptance(pair.target, look.new_drafter, look_ids, width=s.extra_width,
                                      depth=s.lookup_depth, max_new_tokens=s.lookup_new_tokens, eos_ids=eos,

@@ -29,6 +29,7 @@ from .errors import ProfileError, SolverError
 from .evaluation import DrafterPlan, TreeEntry, plan_drafter
 from .profiles import AcceptanceProfile, LatencyCurve, PairAcceptanceProfile
 from .profiling.graft import SchedulerSample
+from .model.tuned_linear import linear_record
 from .solver.graft import GraftAcceptance, GraftChoice, graft_baselines, graft_expected_tokens, graft_step_cost, \
     merge_trees, solve_graft
 from .tree import DrafterTree, TreeMetadata, now_iso
@@ -298,7 +299,8 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
             draft_config=pair.draft.config if kind == "model" else None, random_weights=False,
             profile_id=f"{device_label or device_slug(dev)}_{tname}__{slug}_{dtype_name}",
             method=method_text(s.latency_rounds, True, grid), draft_cost_model=pair.cost_model,
-            command="treeopt profile graft")
+            command="treeopt profile graft", linear=linear_record(target),
+            draft_linear=linear_record(pair.draft) if kind == "model" else None)
         ids = list(prompts[: s.prompts])
         counts = measure_acceptance(target, pair.new_drafter, ids, width=s.width, depth=s.depth,
                                     temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=s.new_tokens,

@@ -304,20 +304,28 @@ class ModelPair:
         return self.draft
 
 
-def load_target(target_path: Path | None, *, device: torch.device, dtype: torch.dtype
-                ) -> tuple[Transformer, Tokenizer, str]:
-    """Load the target (default: the demo target). Returns ``(model, tokenizer, label)``.
+def load_target(target_path: Path | None, *, device: torch.device, dtype: torch.dtype, weights: str = "float32",
+                log: Callable[[str], None] | None = None) -> tuple[Transformer, Tokenizer, str]:
+    """Load the target (default: the demo target), its linears tuned for this machine on a CPU in float32
+    (:func:`~sequoia_opt.model.loaders.tune_loaded_model`; ``weights``: ``float32`` | ``int4`` | ``int8``).
+    Returns ``(model, tokenizer, label)``.
 
     Raises:
-        CheckpointError: the checkpoint cannot be loaded; TreeoptError: the demo target is not installed.
+        CheckpointError: the checkpoint cannot be loaded; TreeoptError: the demo target is not installed, or
+            an unknown ``weights``.
     """
+    from .model.loaders import tune_loaded_model
+    from .model.tuned_linear import check_precision
+
+    check_precision(weights)
     tp = Path(target_path) if target_path else default_target_path()
     target, ttok = load_checkpoint(tp, device=device, dtype=dtype)
+    tune_loaded_model(target, tp, weights=weights, log=log)
     return target, ttok, model_label(tp)
 
 
 def load_pair(target_path: Path | None, draft: str | Path | DrafterSpec | None, *, device: torch.device,
-              dtype: torch.dtype) -> ModelPair:
+              dtype: torch.dtype, weights: str = "float32", log: Callable[[str], None] | None = None) -> ModelPair:
     """Load the target and its drafter (defaults: the demo pair).
 
     ``draft`` is a :class:`DrafterSpec` or a ``--draft`` text (:func:`parse_drafter_spec`: a checkpoint
@@ -328,11 +336,12 @@ def load_pair(target_path: Path | None, draft: str | Path | DrafterSpec | None, 
         TreeoptError: a bad spec, L out of range, different vocabulary sizes; CheckpointError: a checkpoint
             cannot be loaded, or the tokenizers differ (vocabulary fingerprints), before any forward pass.
     """
-    return load_drafters(target_path, [draft], device=device, dtype=dtype)[0]
+    return load_drafters(target_path, [draft], device=device, dtype=dtype, weights=weights, log=log)[0]
 
 
 def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | DrafterSpec | None], *,
-                  device: torch.device, dtype: torch.dtype) -> list[ModelPair]:
+                  device: torch.device, dtype: torch.dtype, weights: str = "float32",
+                  log: Callable[[str], None] | None = None) -> list[ModelPair]:
     """Load the target once and every drafter of ``drafts``: one :class:`ModelPair` per entry, in order, all
     sharing the same target model and tokenizer (a ``"model"`` drafter's checkpoint is loaded once however
     often it is named). Each pair's ``new_drafter`` is that drafter's factory, ``draft_name`` its label,
@@ -340,14 +349,18 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
 
     Every check that needs no weights runs first, for every drafter: the specs
     (:func:`parse_drafter_spec`), then the target's and the drafts' configs (:func:`check_drafter`); only
-    then are weights loaded (the target first).
+    then are weights loaded (the target first). On a CPU in float32 the target's and each draft model's
+    linears are tuned for this machine (:func:`load_target`); ``weights`` applies to the target (a draft
+    model keeps float32).
 
     Raises:
         TreeoptError: no drafter, a bad spec, L out of range, different vocabulary sizes; CheckpointError: a
             checkpoint cannot be loaded, or a draft's tokenizer differs from the target's, before any forward.
     """
-    from .model.loaders import load_model_config
+    from .model.loaders import load_model_config, tune_loaded_model
+    from .model.tuned_linear import check_precision
 
+    check_precision(weights)
     specs = [parse_drafter_spec(d) for d in drafts]
     if not specs:
         raise TreeoptError("no drafter to load")
@@ -355,7 +368,7 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
     tconfig = load_model_config(tp)
     for spec in specs:
         check_drafter(spec, tconfig)
-    target, ttok, tname = load_target(tp, device=device, dtype=dtype)
+    target, ttok, tname = load_target(tp, device=device, dtype=dtype, weights=weights, log=log)
     models: dict[Path, Transformer] = {}
     pairs = []
     for spec in specs:
@@ -366,6 +379,7 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
         key = Path(dp).resolve()
         if key not in models:
             draft_model, dtok = load_checkpoint(dp, device=device, dtype=dtype)
+            tune_loaded_model(draft_model, dp, log=log)
             if ttok.fingerprint() != dtok.fingerprint() or target.config.vocab_size != draft_model.config.vocab_size:
                 raise CheckpointError(
                     f"mismatched tokenizers: target {tp.name} ({target.config.vocab_size} tokens, "

@@ -143,6 +143,15 @@ DraftOpt = Annotated[
                                 "lookup[:MIN-MAX] (n-gram prompt lookup over prompt and output).")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
+WeightsOpt = Annotated[str, typer.Option(
+    "--weights", help="Target weight precision on a CPU: float32 (the checkpoint's weights) | int4 (also the "
+    "weight-only int4 kernel on the GGUF's own Q4_0/Q4_1 blocks, exact) | int8 (per-channel int8, approximate). "
+    "Every CPU float32 model's linears are tuned for this machine at load (cached).")]
+
+
+def note(msg: str) -> None:
+    """One informational line on stderr (``note: ...``), e.g. the first-load linear tuning."""
+    _err.print(f"[dim]note:[/] {msg}", markup=True, soft_wrap=True, highlight=False)
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="Attention backend: auto | torch | cuda")]
 PromptsOpt = Annotated[

@@ -10,8 +10,8 @@ import typer
 from typing_extensions import Annotated
 
 from ..errors import TreeoptError
-from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, _check_run_options, _interruptible, app,
-                     handle_errors, progress_bar)
+from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, WeightsOpt, _check_run_options, _interruptible, app,
+                     handle_errors, note, progress_bar)
 from .render import render
 
 @app.command("demo")
@@ -20,6 +20,7 @@ from .render import render
 def demo_cmd(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
+    weights: WeightsOpt = "float32",
     max_new_tokens: Annotated[Optional[int], typer.Option(
         "--max-new-tokens", help="Tokens per evaluation prompt (default 64; 16 with --quick).")] = None,
     num_prompts: Annotated[Optional[int], typer.Option(
@@ -33,15 +34,18 @@ def demo_cmd(
     prompts, and print predicted against measured figures; then every shipped drafter (the draft model,
     prompt lookup, self:L with its best L) with its own best tree, side by side against one plain baseline."""
     from ..demo import run_demo
+    from ..model.tuned_linear import check_precision
     from ..pipeline import parse_device
 
+    check_precision(weights)
     for name, value in (("--max-new-tokens", max_new_tokens), ("--num-prompts", num_prompts)):
         if value is not None and value < 1:
             raise TreeoptError(f"{name} must be at least 1, got {value}")
     _check_run_options(backend, parse_device(device))
     with progress_bar() as progress:
         result = run_demo(device=device, dtype=dtype, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
-                          quick=quick, out_dir=out_dir, backend=backend, progress=progress)
+                          quick=quick, out_dir=out_dir, backend=backend, progress=progress,
+                          weights=weights, log=note)
     report = result.report
     render(report, as_json)
     if result.greedy_ok is False:

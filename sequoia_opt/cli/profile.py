@@ -20,8 +20,8 @@ from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, MaxBranchingOpt, MaxDepthOpt,
                      ProfileOutputOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt, TopPOpt, TwoDraftsOpt,
-                     _check_run_options, _check_writable, _csv_ints, _interruptible, _load_graft_tree, _print_error,
-                     _two_drafters, _write_all, app, handle_errors, mode_slug, progress_bar, setting_notes)
+                     WeightsOpt, _check_run_options, _check_writable, _csv_ints, _interruptible, _load_graft_tree, _print_error,
+                     _two_drafters, _write_all, app, handle_errors, mode_slug, note, progress_bar, setting_notes)
 from .render import render
 
 profile_app = typer.Typer(help="Measure the device (latency curve) and the model pair (acceptance vector); "
@@ -55,6 +55,7 @@ def profile_latency(
         "forward per timed forward).")] = True,
     backend: BackendOpt = "auto",
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
+    weights: WeightsOpt = "float32",
     output: ProfileOutputOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -62,8 +63,9 @@ def profile_latency(
     context, prefix + tree mask), and the drafter's cost c(w) in its own cost model (a draft model or
     self:L: one forward over w tokens, per level; lookup: one proposal of w nodes); plus the fixed per-step
     overhead."""
-    from ..model import ModelConfig
-    from ..model.loaders import load_model_config
+    from ..model import ModelConfig, Transformer
+    from ..model.loaders import load_model_config, tune_loaded_model
+    from ..model.tuned_linear import check_precision, linear_record
     from ..pipeline import (DrafterSpec, check_drafter, drafter_slug, load_pair, parse_device, parse_drafter_spec,
                             parse_dtype)
     from ..profiles import save_latency
@@ -74,6 +76,7 @@ def profile_latency(
 
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev)
+    check_precision(weights)
     contexts = _csv_ints(context, "--context")
     if random_weights and arch is None:
         raise TreeoptError("--random-weights needs --arch (a preset name or a config.json)")
@@ -114,10 +117,12 @@ def profile_latency(
         if spec is not None:
             check_drafter(spec, tcfg)
         tmodel = random_weight_model(tcfg, device=dev, dtype=dt)
+        tune_loaded_model(tmodel, None, weights=weights, log=note)
         tname = f"{tcfg.name} (random weights)"
         dname = None
         if dcfg is not None:
             drafter = random_weight_model(dcfg, device=dev, dtype=dt, seed=1)
+            tune_loaded_model(drafter, None, log=note)
             dname, dconfig = f"{dcfg.name} (random weights)", dcfg
         elif spec is not None:
             from ..pipeline import ModelPair
@@ -126,7 +131,7 @@ def profile_latency(
             drafter, dname = _drafter_to_time(pair), spec.label
             make_drafter = pair.new_drafter
     else:
-        pair = load_pair(target, spec, device=dev, dtype=dt)
+        pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
         tmodel, tname, dname = pair.target, pair.target_name, pair.draft_name
         drafter, make_drafter = _drafter_to_time(pair), pair.new_drafter
         dconfig = pair.draft.config if pair.draft is not None else None
@@ -161,7 +166,8 @@ def profile_latency(
         target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device=dev, dtype=dt,
         target_name=tname, target_config=tmodel.config, draft_name=dname, draft_config=dconfig,
         random_weights=random_weights, profile_id=pid, method=method_text(rounds, paired, grid),
-        draft_cost_model=cost_model)
+        draft_cost_model=cost_model, linear=linear_record(tmodel),
+        draft_linear=linear_record(drafter) if isinstance(drafter, Transformer) else None)
     if output is None and not random_weights:  # the path run --compare-drafters looks for by default
         from ..pipeline import default_latency_path
 

@@ -33,8 +33,9 @@ from ..errors import TreeoptError
 from ..report import Report
 from ..tree import Tree, TreeMetadata
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt,
-                     TopPOpt, _check_run_options, _check_tree_readable, _graft_tree_names, _interruptible,
-                     _load_graft_tree, _load_tree_entry, _print_error, app, handle_errors, progress_bar, setting_notes)
+                     TopPOpt, WeightsOpt, _check_run_options, _check_tree_readable, _graft_tree_names, _interruptible,
+                     _load_graft_tree, _load_tree_entry, _print_error, app, handle_errors, note, progress_bar,
+                     setting_notes)
 from ..decoding.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
 
@@ -123,6 +124,7 @@ def run_cmd(
     max_branching: Annotated[Optional[int], typer.Option("--max-branching", "-b", help="With --compare-drafters: most children per node B (default 8). With --adapt: of the re-solves (default: the tree's, else 32).")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
+    weights: WeightsOpt = "float32",
     backend: BackendOpt = "auto",
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where <run-id>.json and .csv go.")] = Path("results"),
     as_json: JsonOpt = False,
@@ -130,9 +132,11 @@ def run_cmd(
     """Run plain decoding and tree speculative decoding on the same prompts; report speedup, tokens per
     step against the prediction, the time split, and (greedy) exact equality with plain decoding. With
     --compare-drafters: every drafter's own best tree against one plain baseline."""
+    from ..model.tuned_linear import check_precision
     from ..pipeline import load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..prompts import demo_prompts_path, load_prompts
 
+    check_precision(weights)
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
     adapt_every, adapt_window, adapt_prior_weight = _check_adapt_options(
@@ -146,7 +150,7 @@ def run_cmd(
             tree=tree, target=target, drafts=draft, prompts=prompts, max_new_tokens=max_new_tokens,
             num_prompts=num_prompts, temperature=temperature, top_p=top_p, seed=seed, compare=compare,
             acceptance=acceptance, latency=latency, budget=budget, max_depth=max_depth, max_branching=max_branching,
-            device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json)
+            device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json, weights=weights)
         return
     dyn = _dynamic_settings(dynamic, calibration, latency, multi=merge or scheduler is not None or len(draft or []) > 1,
                             adapt=adapt)
@@ -169,7 +173,7 @@ def run_cmd(
             trees=tree, target=target, drafts=draft, merge=merge, scheduler=scheduler, prompts=prompts,
             max_new_tokens=max_new_tokens, num_prompts=num_prompts, temperature=temperature, top_p=top_p, seed=seed,
             compare=compare, acceptance=acceptance, latency=latency, device=device, dtype=dtype, backend=backend,
-            results_dir=results_dir, as_json=as_json)
+            results_dir=results_dir, as_json=as_json, weights=weights)
         return
     if n_draft > 1 and not merge:
         for p in tree:  # a missing or broken file is reported as such, not as a --draft count that does not fit
@@ -229,7 +233,7 @@ def run_cmd(
     texts = load_prompts(pfile, limit=num_prompts)
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
-    pair = load_pair(target, spec, device=dev, dtype=dt)
+    pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
     dyn_notes: list[str] = []
     entries += _dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
     _check_trees_fit(entries, pair)
@@ -309,7 +313,7 @@ def _plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[li
 
 def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_prompts, temperature, top_p, seed,
                           compare, acceptance, latency, budget, max_depth, max_branching, device, dtype, backend,
-                          results_dir, as_json) -> None:
+                          results_dir, as_json, weights="float32") -> None:
     """``treeopt run --compare-drafters``: every check and every drafter's solve first, then the weights load
     (the target once), then one run: plain decoding and each drafter's best tree on the same prompts."""
     from ..evaluation import compare_drafters, drafter_table
@@ -351,7 +355,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     texts = load_prompts(pfile, limit=num_prompts)
     notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts, prompts_found=len(texts),
                           prompts_file=pfile)
-    pairs = load_drafters(target, specs, device=dev, dtype=dt)
+    pairs = load_drafters(target, specs, device=dev, dtype=dt, weights=weights, log=note)
     pair = pairs[0]
     _check_trees_fit([p.entry(None) for p in plans], pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
@@ -420,7 +424,7 @@ def _merged_topology(trees) -> Tree:
 
 def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_new_tokens, num_prompts,
                        temperature, top_p, seed, compare, acceptance, latency, device, dtype, backend, results_dir,
-                       as_json) -> None:
+                       as_json, weights="float32") -> None:
     """``treeopt run`` with several drafters in one tree: a grafted tree (two --draft, ``treeopt-tree/2`` trees
     naming them) or ``--merge`` (one drafter's own tree per --draft). Every check first (trees against the
     drafters, the graft plans, the scheduler's pair, the drafters' vocabularies against the target's config),
@@ -481,7 +485,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                                                 "strong": specs[1].label})
     pfile = prompts or demo_prompts_path("eval")
     texts = load_prompts(pfile, limit=num_prompts)
-    pairs = load_drafters(tp, specs, device=dev, dtype=dt)  # specs and configs (vocabularies) checked first
+    pairs = load_drafters(tp, specs, device=dev, dtype=dt, weights=weights, log=note)  # specs and configs (vocabularies) checked first
     pair = pairs[0]
     labels = [p.draft_name for p in pairs]
     makers = [p.new_drafter for p in pairs]

@@ -374,3 +374,56 @@ def load_gguf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
 
     model = build_model(config, shapes, fetch, device=device, dtype=dtype, where=str(path))
     return model, tokenizer
+
+
+def _int4_blocks_of(t) -> "Int4Blocks":
+    """A Q4_0 / Q4_1 tensor's own blocks as :class:`~sequoia_opt.model.tuned_linear.Int4Blocks` (PyTorch
+    dimension order, rows not yet un-permuted).
+
+    ggml's layout per block of 32 weights (``ggml-common.h``): Q4_0 is ``d`` (fp16) then 16 bytes of codes,
+    ``w = d (q - 8)``; Q4_1 is ``d``, ``m`` (fp16) then the codes, ``w = d q + m``. Byte j holds element j in
+    its low nibble and element j + 16 in its high nibble.
+    """
+    from .tuned_linear import Int4Blocks
+
+    out_f, in_f = (int(d) for d in reversed(t.shape.tolist()))
+    kind = t.tensor_type.name
+    head = 2 if kind == "Q4_0" else 4
+    raw = np.asarray(t.data).reshape(out_f, in_f // 32, head + 16)  # (out, groups, bytes per block)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (out, groups)
+    qs = raw[..., head:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out_f, in_f)  # (out, in) codes 0..15
+    if kind == "Q4_0":
+        zero = np.zeros_like(d)
+    else:
+        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zero = m + 8.0 * d  # d q + m = d (q - 8) + (m + 8 d)
+    return Int4Blocks(torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(d), torch.from_numpy(zero))
+
+
+def gguf_int4_blocks(path: str | os.PathLike) -> dict[str, "Int4Blocks"]:
+    """Parameter name (Hugging Face naming) -> the 4-bit blocks of every Q4_0 / Q4_1 linear weight of a GGUF
+    file, rows un-permuted as :func:`load_gguf` un-permutes Q and K, for the ``int4`` kernel of
+    :mod:`~sequoia_opt.model.tuned_linear` (an exact representation of the dequantized weight). Tensors of
+    other types (F32, Q8_0, K-quants) are left out; so are embeddings (a lookup, not a linear).
+
+    Raises:
+        CheckpointError: the file cannot be read as GGUF.
+    """
+    from .tuned_linear import Int4Blocks
+
+    reader = open_gguf(path)
+    config = config_from_gguf(reader, name=Path(path).stem)
+    permuted = ARCHITECTURES[_field(reader, "general.architecture")]
+    out: dict[str, Int4Blocks] = {}
+    for t in reader.tensors:
+        name = hf_tensor_name(t.name) if t.name != _ROPE_FREQS else None
+        if name is None or t.tensor_type.name not in ("Q4_0", "Q4_1") or name == "embed_tokens.weight":
+            continue
+        b = _int4_blocks_of(t)
+        heads = (config.n_heads if ".self_attn.q_proj." in name
+                 else config.n_kv_heads if ".self_attn.k_proj." in name else None)
+        if permuted and heads is not None:
+            b = Int4Blocks(unpermute_qk(b.q, heads), unpermute_qk(b.scale, heads), unpermute_qk(b.zero, heads))
+        out[name] = b
+    return out

@@ -65,32 +65,23 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters and state-dict names) with a CPU path for few-token forwards.
+    """``nn.Linear`` (same parameters and state-dict names) that runs device-tuned kernels when it has them.
 
-    ``F.linear`` on a CPU computes ``x @ W.T`` as a GEMM whose small dimension is the token count; MKL's
-    float32 kernels run that shape far below memory bandwidth for 2..64 rows, so verifying 2-4 tokens cost
-    ~1.7x one token (GEMV) on the 2-core machine this was measured on, which is the wrong shape of T(n) for
-    speculative decoding. Computing ``(W @ x.T).T`` instead puts the output features on the long side: 2-4
-    rows then cost about what one row does (``benchmarks/bench_cpu_linear.py``). The result equals
-    ``F.linear`` up to float32 summation order.
-
-    Used when the input is float32 on a CPU with ``cpu_gemm_min_rows <= rows <= cpu_gemm_max_rows`` (rows =
-    tokens in the batch, 2..64 by default; one row stays on ``F.linear``'s GEMV, the plain-decoding baseline);
-    every other case is ``F.linear``. Set ``Linear.cpu_gemm_max_rows = 0`` to turn the path off.
+    Untuned, or with gradients enabled (distillation), or on another device or dtype than the one it was tuned
+    for, it is ``F.linear``. :func:`~sequoia_opt.model.tuned_linear.tune_linears` sets :attr:`dispatch`: the
+    kernel measured fastest on this machine for the weight's shape at each row-count bucket (rows = tokens x
+    batch of the forward), so plain decoding (1 row) and tree verification (2..64 rows) each run their own
+    fastest path. See :mod:`sequoia_opt.model.tuned_linear`.
     """
 
-    cpu_gemm_min_rows: int = 2
-    cpu_gemm_max_rows: int = 64
+    dispatch = None  # LinearDispatch | None, set by tune_linears
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // max(1, x.shape[-1])
-        few = self.cpu_gemm_min_rows <= rows <= self.cpu_gemm_max_rows
-        if x.device.type != "cpu" or x.dtype != torch.float32 or not few:
+        d = self.dispatch
+        if (d is None or x.device.type != "cpu" or x.dtype != torch.float32
+                or (torch.is_grad_enabled() and self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
-        y = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()  # (rows, out)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return d(x, self.bias)
 
 
 class RMSNorm(nn.Module):

@@ -93,3 +93,35 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
     if _kind(path) == "hf":
         return load_hf(path, device=device, dtype=dtype)
     return load_gguf(path, device=device, dtype=dtype)
+
+
+def tune_loaded_model(model: Transformer, path: str | os.PathLike | None, *, weights: str = "float32",
+                      log=None):
+    """Tune a loaded CPU float32 model's linear layers for this machine
+    (:func:`~sequoia_opt.model.tuned_linear.tune_linears`, cached per device), with the checkpoint's 4-bit
+    blocks when ``weights="int4"`` and ``path`` is a GGUF with Q4_0 / Q4_1 linears.
+
+    Args:
+        model: the model :func:`load_checkpoint` returned (a random-weight model: ``path`` None).
+        path: its checkpoint, or None.
+        weights: ``"float32"`` | ``"int4"`` | ``"int8"`` (:data:`~sequoia_opt.model.tuned_linear.PRECISIONS`).
+        log: called with one line per notable event (shapes being timed; int4 with no 4-bit blocks).
+
+    Returns:
+        the :class:`~sequoia_opt.model.tuned_linear.TuningReport`, or None (not a CPU float32 model).
+
+    Raises:
+        TreeoptError: an unknown ``weights``.
+    """
+    from .tuned_linear import check_precision, tune_linears
+
+    check_precision(weights)
+    blocks = None
+    if weights == "int4":
+        from .gguf_loader import gguf_int4_blocks
+
+        blocks = gguf_int4_blocks(path) if path is not None and _kind(Path(path)) == "gguf" else {}
+        if not blocks and log is not None:
+            log(f"--weights int4: {Path(path).name if path else 'this model'} has no Q4_0/Q4_1 linear weights; "
+                "its linears keep float32 kernels")
+    return tune_linears(model, precision=weights, blocks=blocks, log=log)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -276,6 +276,8 @@ def build_latency_profile(
     method: str | None = None,
     draft_cost_model: str = "per-level",
     command: str = "treeopt profile latency",
+    linear: Mapping[str, Any] | None = None,
+    draft_linear: Mapping[str, Any] | None = None,
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
 
@@ -287,6 +289,10 @@ def build_latency_profile(
 
     Without a draft (``draft_tables`` None) the draft table records 0 ms at one token and the profile says
     the draft cost was not measured. Spreads are p90 - p10 of the repeats (ms).
+
+    ``linear`` / ``draft_linear`` (:func:`~sequoia_opt.model.tuned_linear.linear_record` of the target and
+    the draft model) are recorded as ``device.linear`` / ``device.draft_linear``: the CPU kernels the timed
+    forwards ran, per weight shape and row-count bucket.
     """
     curves = []
     for i, tt in enumerate(target_tables):
@@ -315,7 +321,9 @@ def build_latency_profile(
                    "(latency does not depend on weight values)" if random_weights else "")
                    + ("" if draft_tables is not None else "; draft cost NOT measured (recorded as 0 ms)")),
         "date": now_iso(),
-        "device": device_info(device, dtype),
+        "device": {**device_info(device, dtype),
+                   **({"linear": dict(linear)} if linear else {}),
+                   **({"draft_linear": dict(draft_linear)} if draft_linear else {})},
         "model": {"target": target_name, "target_shape": shape(target_config),
                   "draft": draft_name, "draft_shape": shape(draft_config) if draft_config else None,
                   "random_weights": random_weights},

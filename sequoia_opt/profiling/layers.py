@@ -29,6 +29,7 @@ import torch
 
 from ..errors import ProfileError, SolverError
 from ..model import Transformer
+from ..model.tuned_linear import linear_record
 from ..profiles import LatencyCurve
 from ..solver.hardware import Choice, choose
 from .acceptance import AcceptanceCounts, measure_acceptance
@@ -285,7 +286,7 @@ def sweep_layers(
             dtype=dt, target_name=target_name, target_config=target.config, draft_name=f"self:{L}",
             draft_config=None, random_weights=False,
             profile_id=f"{device_slug(dev)}_{target_name}__self-L{L}_{dt_name}", method=method,
-            draft_cost_model="per-level", command="treeopt profile layers")
+            draft_cost_model="per-level", command="treeopt profile layers", linear=linear_record(target))
         choice: Choice | None = None
         if counts.trials:
             try:
