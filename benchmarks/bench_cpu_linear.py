@@ -1,11 +1,12 @@
-"""T(n) on a CPU with the decoder's few-token GEMM path (``model.llama.Linear``) against plain ``F.linear``.
+"""T(n) on a CPU with the tuned linears (``model.tuned_linear``) against each single kernel everywhere.
 
 A random-weight model of a preset's shape (default: SmolLM2-135M, the demo target) runs one cached forward of
 n tokens after a ``--context``-token prefix, through the verification path (tree mask, KV cache), at float32.
-For each n the two variants are timed alternately (``--rounds`` rounds of ``profiling.timing.time_call``
-medians), and the median over rounds is reported with the ratio F.linear / path. T(1) uses F.linear in both
-(the path starts at 2 rows), so it is the same baseline plain decoding runs. Writes
-``results/bench_cpu_linear.json`` atomically::
+Variants: every linear on ``F.linear`` (what a plain PyTorch decoder runs), every linear on one kernel
+(``w_xt``, ``x_wt``, ``onednn``), and the tuned plan (per weight shape and row-count bucket, the kernel
+measured fastest on this machine). For each n the variants are timed one after another in each of
+``--rounds`` rounds (``profiling.timing.time_call`` medians); the median over rounds is reported, with
+T(n)/T(1) per variant and the ratio F.linear / tuned. Writes ``results/bench_cpu_linear.json`` atomically::
 
     python benchmarks/bench_cpu_linear.py [--arch smollm2-135m] [--threads 2] [--rounds 3]
 """
@@ -15,58 +16,82 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
+import sys
 from pathlib import Path
 
 import torch
 
-from sequoia_opt._io import atomic_write_text
-from sequoia_opt.model.config import PRESETS
-from sequoia_opt.model.llama import Linear
-from sequoia_opt.profiling.latency import random_weight_model, time_forward
-from sequoia_opt.tree import now_iso
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sequoia_opt._io import atomic_write_text  # noqa: E402
+from sequoia_opt.model.config import PRESETS  # noqa: E402
+from sequoia_opt.model.llama import Linear  # noqa: E402
+from sequoia_opt.model.tuned_linear import (KERNELS, ROW_BUCKETS, LinearDispatch, linear_record,  # noqa: E402
+                                            tune_linears)
+from sequoia_opt.profiling.device import cpu_name  # noqa: E402
+from sequoia_opt.profiling.latency import random_weight_model, time_forward  # noqa: E402
+from sequoia_opt.tree import now_iso  # noqa: E402
+
+
+def force(model: torch.nn.Module, kernel: str) -> None:
+    """Every linear of ``model`` runs ``kernel`` at every row count."""
+    for m in model.modules():
+        if isinstance(m, Linear):
+            with torch.no_grad():
+                state = KERNELS[kernel].prepare(m.weight.detach(), None)
+            m.dispatch = LinearDispatch((kernel,) * len(ROW_BUCKETS), {kernel: state}, m.out_features)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="smollm2-135m", choices=sorted(PRESETS))
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 16, 32, 64])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-seconds", type=float, default=3.0, help="timing budget of one median (s)")
+    ap.add_argument("--max-seconds", type=float, default=2.0, help="timing budget of one median (s)")
     ap.add_argument("--out", type=Path, default=Path("results/bench_cpu_linear.json"))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     model = random_weight_model(PRESETS[args.arch], device="cpu", dtype=torch.float32)
     cache = model.new_cache(args.context + max(args.tokens))
-    default_max = Linear.cpu_gemm_max_rows
-    rows = []
-    print(f"{'n':>4} {'F.linear ms':>12} {'path ms':>9} {'ratio':>6}   T(n)/T(1): F.linear  path")
-    t1 = {}
-    try:
-        for n in args.tokens:
-            res = {"F.linear": [], "path": []}
-            for _ in range(args.rounds):
-                for name, max_rows in (("F.linear", 0), ("path", default_max)):
-                    Linear.cpu_gemm_max_rows = max_rows
-                    res[name].append(time_forward(model, n, args.context, cache=cache, max_seconds=args.max_seconds).median_ms)
-            med = {k: statistics.median(v) for k, v in res.items()}
-            if n == 1:
-                t1 = med
-            rel = {k: med[k] / t1[k] if t1 else float("nan") for k in med}
-            rows.append({"tokens": n, "f_linear_ms": med["F.linear"], "path_ms": med["path"],
-                         "ratio": med["F.linear"] / med["path"], "f_linear_over_t1": rel["F.linear"],
-                         "path_over_t1": rel["path"]})
-            print(f"{n:4d} {med['F.linear']:12.1f} {med['path']:9.1f} {med['F.linear'] / med['path']:6.2f}"
-                  f"   {rel['F.linear']:18.2f} {rel['path']:5.2f}", flush=True)
-    finally:
-        Linear.cpu_gemm_max_rows = default_max
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    singles = [k for k in ("w_xt", "x_wt", "onednn") if KERNELS[k].available()]
+    variants = ["F.linear", *singles, "tuned"]
+    dispatch: dict[str, list] = {"F.linear": [None] * len(linears)}
+    for k in singles:  # every variant's kernel states are built once, then swapped in per timing
+        force(model, k)
+        dispatch[k] = [m.dispatch for m in linears]
+    tune_linears(model)
+    plan = linear_record(model)
+    dispatch["tuned"] = [m.dispatch for m in linears]
+
+    def apply(variant: str) -> None:
+        for m, d in zip(linears, dispatch[variant]):
+            m.dispatch = d
+
+    med: dict[int, dict[str, float]] = {}
+    for n in args.tokens:
+        res: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(args.rounds):
+            for v in variants:
+                apply(v)
+                res[v].append(time_forward(model, n, args.context, cache=cache, max_seconds=args.max_seconds).median_ms)
+        med[n] = {v: statistics.median(x) for v, x in res.items()}
+        print(f"n={n:3d} " + "  ".join(f"{v} {med[n][v]:.1f}" for v in variants) + " ms", flush=True)
+    t1 = med[args.tokens[0]]
+    rows = [{"tokens": n, "ms": med[n], "over_t1": {v: med[n][v] / t1[v] for v in variants},
+             "f_linear_over_tuned": med[n]["F.linear"] / med[n]["tuned"]} for n in args.tokens]
+    print("| n | " + " | ".join(f"{v} ms (T(n)/T(1))" for v in variants) + " | F.linear / tuned |")
+    print("|---|" + "---|" * (len(variants) + 1))
+    for r in rows:
+        print(f"| {r['tokens']} | " + " | ".join(f"{r['ms'][v]:.1f} ({r['over_t1'][v]:.2f})" for v in variants)
+              + f" | {r['f_linear_over_tuned']:.2f} |")
     doc = {"benchmark": "bench_cpu_linear", "date": now_iso(), "arch": args.arch, "context": args.context,
-           "threads": torch.get_num_threads(), "rounds": args.rounds, "processor": platform.processor(),
-           "cpu_count": os.cpu_count(), "torch": torch.__version__, "rows": rows}
+           "device": cpu_name(), "threads": torch.get_num_threads(), "rounds": args.rounds,
+           "cpu_count": os.cpu_count(), "torch": torch.__version__, "plan": plan, "rows": rows}
     print(f"wrote {atomic_write_text(args.out, json.dumps(doc, indent=2) + chr(10))}")
 
 

@@ -35,14 +35,19 @@ def test_perplexity_refuses_bad_input():
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 64, 65])
 @pytest.mark.parametrize("bias", [False, True])
-def test_cpu_few_token_linear_matches_f_linear(rows, bias):
+def test_tuned_linear_matches_f_linear_and_trains_through_f_linear(rows, bias, tmp_path, monkeypatch):
     from sequoia_opt.model.llama import Linear
+    from sequoia_opt.model.tuned_linear import tune_linears
 
+    monkeypatch.setenv("TREEOPT_CACHE_DIR", str(tmp_path))
     torch.manual_seed(rows)
     lin = Linear(48, 80, bias=bias)
+    tune_linears(torch.nn.Sequential(lin), repeats=1)
+    assert lin.dispatch is not None
     x = torch.randn(1, rows, 48)  # (B, T, in), as the decoder calls it
-    y = lin(x)
+    with torch.inference_mode():
+        y = lin(x)  # the tuned kernel of this row count
     assert y.shape == (1, rows, 80) and y.is_contiguous()
     torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
-    y.sum().backward()  # the path is differentiable (distillation trains through it)
+    lin(x).sum().backward()  # with gradients: F.linear (distillation trains through it)
     assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
