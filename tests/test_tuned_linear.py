@@ -231,3 +231,30 @@ def test_cli_refuses_an_unknown_weight_precision():
     res = CliRunner().invoke(app, ["run", "--weights", "fp8", "--tree", "nonexistent.yaml"])
     assert res.exit_code == 2
     assert "weight precision 'fp8'" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_cli_profile_linear_shows_the_plan_and_retunes(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+    from tiny_pair import make_pair
+
+    from sequoia_opt.cli import app
+
+    monkeypatch.setenv("TREEOPT_CACHE_DIR", str(tmp_path / "cache"))
+    tdir, _, _ = make_pair(tmp_path)
+    runner = CliRunner()
+    first = runner.invoke(app, ["profile", "linear", "--target", str(tdir), "--json"])
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    shapes = set(doc["choices"])
+    assert shapes and set(doc["tuned_shapes"]) == shapes and set(doc["timings_ms"]) == shapes
+    for shape, per_bucket in doc["timings_ms"].items():  # the kept kernel is the fastest or within MIN_GAIN
+        for b, times in per_bucket.items():
+            kept = doc["choices"][shape][b]
+            assert times[kept] == min(times.values()) or kept == "linear"
+    again = runner.invoke(app, ["profile", "linear", "--target", str(tdir), "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["tuned_shapes"] == []  # read from the plan
+    assert json.loads(again.stdout)["choices"] == doc["choices"]
+    retuned = runner.invoke(app, ["profile", "linear", "--target", str(tdir), "--retune", "--json"])
+    assert retuned.exit_code == 0 and set(json.loads(retuned.stdout)["tuned_shapes"]) == shapes
+    bad = runner.invoke(app, ["profile", "linear", "--target", str(tdir), "--weights", "int2"])
+    assert bad.exit_code == 2 and "weight precision 'int2'" in bad.output

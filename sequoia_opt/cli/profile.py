@@ -205,6 +205,64 @@ def _drafter_to_time(pair) -> object:
     return ("lookup", pair.new_drafter)
 
 
+@profile_app.command("linear")
+@handle_errors
+@_interruptible
+def profile_linear_cmd(
+    target: TargetOpt = None,
+    weights: WeightsOpt = "float32",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
+    retune: Annotated[bool, typer.Option("--retune", help="Time every shape again (the cached plan is replaced), "
+                                         "e.g. after a tuning on a busy machine.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tune (or show) the CPU linear kernels of the target on this machine: per weight shape and row-count
+    bucket, the median ms of each candidate kernel and the one kept. Every CPU float32 load reads this plan
+    (cached per device, torch version, threads and precision)."""
+    from ..model.loaders import load_checkpoint, tune_loaded_model
+    from ..model.tuned_linear import ROW_BUCKETS, check_precision
+    from ..pipeline import default_target_path, model_label
+
+    check_precision(weights)
+    if threads is not None:
+        if threads < 1:
+            raise TreeoptError("--threads must be at least 1")
+        torch.set_num_threads(threads)
+    tp = Path(target) if target else default_target_path()
+    model, _ = load_checkpoint(tp, device="cpu", dtype=torch.float32)
+    from ..model.tuned_linear import tune_linears
+
+    if retune:
+        rep = tune_linears(model, precision=weights, use_cache=False, log=note,
+                           blocks=_int4_blocks(tp) if weights == "int4" else None)
+    else:
+        rep = tune_loaded_model(model, tp, weights=weights, log=note)
+    report = Report(title=f"CPU linear kernels of {model_label(tp)} on this machine ({weights})")
+    report.summary = {"threads": torch.get_num_threads(), "plan": rep.cache,
+                      "shapes timed now": len(rep.tuned_shapes), "seconds": round(rep.seconds, 1),
+                      "extra weight copies (MiB)": round(rep.extra_bytes / 2**20, 1)}
+    rows = []
+    for shape, picks in rep.choices.items():
+        times = rep.timings_ms.get(shape, {})
+        for b in ROW_BUCKETS:
+            t = times.get(str(b), {})
+            rows.append([shape, b, picks[str(b)], ", ".join(f"{k} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: kv[1]))
+                         or ("(one candidate)" if shape in rep.timings_ms or not rep.choices else "(not recorded: --retune)"),
+                         (t["linear"] / t[picks[str(b)]]) if "linear" in t else None])
+    report.tables.append(("kernel per weight shape (out x in) and row bucket (rows = tokens x batch; a bucket "
+                          "serves counts up to it)", ["shape", "rows", "kept", "candidates (median ms)",
+                                                      "F.linear / kept"], rows))
+    report.data = {"precision": rep.precision, "choices": rep.choices, "timings_ms": rep.timings_ms,
+                   "cache": rep.cache, "tuned_shapes": rep.tuned_shapes}
+    render(report, as_json)
+
+
+def _int4_blocks(path: Path):
+    from ..model.gguf_loader import gguf_int4_blocks
+
+    return gguf_int4_blocks(path) if path.suffix.lower() == ".gguf" else {}
+
+
 @profile_app.command("acceptance")
 @handle_errors
 @_interruptible

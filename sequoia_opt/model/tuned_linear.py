@@ -337,19 +337,22 @@ def _cache_file(key: Mapping[str, Any]) -> Path:
     return cache_dir() / f"{digest}.json"
 
 
-def _read_cache(path: Path, key: Mapping[str, Any]) -> dict[str, list[str]]:
+def _read_cache(path: Path, key: Mapping[str, Any]) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """The cached plan (shape -> one kernel per bucket) and its timings (shape -> {bucket: {kernel: ms}}) for
+    ``key``; empty when the file is missing, unreadable, of another key, or names a kernel this build lacks."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}
+        return {}, {}
     if not isinstance(doc, dict) or doc.get("key") != dict(key) or not isinstance(doc.get("choices"), dict):
-        return {}
+        return {}, {}
     ok = {}
     for shape, picks in doc["choices"].items():
         if (isinstance(picks, list) and len(picks) == len(ROW_BUCKETS)
                 and all(isinstance(p, str) and p in KERNELS and KERNELS[p].available() for p in picks)):
             ok[shape] = picks
-    return ok
+    timings = doc.get("timings_ms") if isinstance(doc.get("timings_ms"), dict) else {}
+    return ok, {s: t for s, t in timings.items() if s in ok}
 
 
 # ------------------------------------------------------------------------------------------------ tuning
@@ -360,6 +363,8 @@ class TuningReport:
     Attributes:
         precision: the weight precision.
         choices: ``"<out>x<in>[:int4]" -> {bucket rows: kernel}`` (bucket rows as strings, YAML-friendly).
+        timings_ms: ``"<out>x<in>[:int4]" -> {bucket rows: {kernel: median ms}}`` of the candidates timed
+            for that shape (here or when the cached plan was made; empty for a shape with one candidate).
         tuned_shapes: shapes timed by this call (the others came from the cache).
         seconds: wall time of this call (timing included).
         extra_bytes: memory held by transposed / packed copies, bytes.
@@ -368,6 +373,7 @@ class TuningReport:
 
     precision: str
     choices: dict[str, dict[str, str]]
+    timings_ms: dict[str, dict[str, dict[str, float]]]
     tuned_shapes: list[str]
     seconds: float
     extra_bytes: int
@@ -413,7 +419,7 @@ def tune_linears(model: torch.nn.Module, *, precision: str = "float32",
     blocks = dict(blocks or {}) if precision == "int4" else {}
     key = _machine_key(precision)
     path = _cache_file(key)
-    cached = _read_cache(path, key) if use_cache else {}
+    cached, timings = _read_cache(path, key) if use_cache else ({}, {})
     shapes: dict[str, tuple[int, int, bool]] = {}
     for name, lin in layers:
         has = f"{name}.weight" in blocks
@@ -429,10 +435,16 @@ def tune_linears(model: torch.nn.Module, *, precision: str = "float32",
     for s in todo:
         out_f, in_f, has = shapes[s]
         names = candidates(precision, has, (out_f, in_f))
-        cached[s] = list(choose(time_kernels(out_f, in_f, names, repeats=repeats)) if len(names) > 1
-                         else (names[0],) * len(ROW_BUCKETS))
+        if len(names) > 1:
+            table = time_kernels(out_f, in_f, names, repeats=repeats)
+            cached[s] = list(choose(table))
+            timings[s] = {str(b): {k: round(v, 5) for k, v in table[b].items()} for b in ROW_BUCKETS}
+        else:
+            cached[s] = [names[0]] * len(ROW_BUCKETS)
+            timings.pop(s, None)
     if todo:
-        atomic_write_text(path, json.dumps({"key": key, "choices": cached}, indent=1, sort_keys=True))
+        atomic_write_text(path, json.dumps({"key": key, "choices": cached, "timings_ms": timings}, indent=1,
+                                           sort_keys=True))
     extra = 0
     seen: dict[int, LinearDispatch] = {}
     for name, lin in layers:
@@ -448,7 +460,8 @@ def tune_linears(model: torch.nn.Module, *, precision: str = "float32",
         lin.dispatch = seen[wid] = LinearDispatch(picks, states, lin.out_features)
         extra += lin.dispatch.state_bytes()
     choices = {s: {str(b): k for b, k in zip(ROW_BUCKETS, cached[s])} for s in sorted(shapes)}
-    return TuningReport(precision, choices, todo, time.perf_counter() - t_start, extra, str(path))
+    return TuningReport(precision, choices, {s: timings[s] for s in sorted(shapes) if s in timings}, todo,
+                        time.perf_counter() - t_start, extra, str(path))
 
 
 def _shape_key(out_f: int, in_f: int, int4: bool) -> str:
