@@ -328,8 +328,20 @@ def cache_dir() -> Path:
 def _machine_key(precision: str) -> dict[str, Any]:
     from ..profiling.device import cpu_name
 
-    return {"device": cpu_name(), "torch": str(torch.__version__), "threads": torch.get_num_threads(),
-            "dtype": "float32", "precision": precision, "version": TUNING_VERSION}
+    return {"device": cpu_name(), "isa": _isa_digest(), "llc_bytes": _llc_bytes(), "torch": str(torch.__version__),
+            "threads": torch.get_num_threads(), "dtype": "float32", "precision": precision,
+            "version": TUNING_VERSION}
+
+
+def _isa_digest() -> str:
+    """A short digest of the CPU's instruction-set flags (/proc/cpuinfo), so two machines sold under one
+    model name (a VM's generic "AMD EPYC") with different vector units do not share a plan."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return hashlib.sha1(" ".join(sorted(line.split(":", 1)[-1].split())).encode()).hexdigest()[:12]
 
 
 def _cache_file(key: Mapping[str, Any]) -> Path:
