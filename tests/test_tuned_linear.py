@@ -181,7 +181,8 @@ def test_int4_weights_tune_with_the_blocks_and_decode_like_plain(tmp_path, monke
     model, _ = load_gguf(path)
     prompt = [5, 9, 17, 3]
     rep = tune_loaded_model(model, path, weights="int4")
-    assert rep.precision == "int4"
+    assert rep.precision == "int4" and linear_record(model)["precision"] == "int4"
+    assert set(linear_record(model)["kernels"]) == set(rep.choices)  # ":int4" shapes, whichever kernel won
     assert {s for s in rep.choices if s.endswith(":int4")} == {f"{m.out_features}x{m.in_features}:int4"
                                                              for n, m in model.named_modules()
                                                              if n.endswith("proj")}

@@ -207,12 +207,15 @@ class LinearDispatch:
     states its chosen kernels need (a transposed or packed copy costs the weight's size again).
     """
 
-    __slots__ = ("choices", "_table", "_states", "out_features")
+    __slots__ = ("choices", "_table", "_states", "out_features", "precision", "shape_key")
 
-    def __init__(self, choices: tuple[str, ...], states: Mapping[str, Any], out_features: int) -> None:
+    def __init__(self, choices: tuple[str, ...], states: Mapping[str, Any], out_features: int, *,
+                 precision: str = "float32", shape_key: str | None = None) -> None:
         self.choices = choices  # one kernel name per ROW_BUCKETS entry
         self._states = dict(states)
         self.out_features = out_features
+        self.precision = precision  # what the layer was tuned under (int4 may still pick float kernels)
+        self.shape_key = shape_key  # its plan's key, "<out>x<in>[:int4]"
         run = {name: KERNELS[name].run for name in set(choices)}
         # rows -> (run, state) for every rows <= the last bucket, so the hot path is one index
         self._table = [None] + [(run[choices[bucket_of(r)]], self._states[choices[bucket_of(r)]])
@@ -469,7 +472,8 @@ def tune_linears(model: torch.nn.Module, *, precision: str = "float32",
         with torch.no_grad():
             w = lin.weight.detach()
             states = {n: KERNELS[n].prepare(w, blocks.get(f"{name}.weight")) for n in set(picks)}
-        lin.dispatch = seen[wid] = LinearDispatch(picks, states, lin.out_features)
+        lin.dispatch = seen[wid] = LinearDispatch(picks, states, lin.out_features, precision=precision,
+                                                  shape_key=_shape_key(lin.out_features, lin.in_features, has))
         extra += lin.dispatch.state_bytes()
     choices = {s: {str(b): k for b, k in zip(ROW_BUCKETS, cached[s])} for s in sorted(shapes)}
     return TuningReport(precision, choices, {s: timings[s] for s in sorted(shapes) if s in timings}, todo,
@@ -491,7 +495,7 @@ def tuning_of(model: torch.nn.Module) -> dict[str, dict[str, str]] | None:
     out: dict[str, dict[str, str]] = {}
     for _, lin in _linears(model):
         if lin.dispatch is not None:
-            key = _shape_key(lin.out_features, lin.in_features, "int4" in lin.dispatch.choices)
+            key = lin.dispatch.shape_key or _shape_key(lin.out_features, lin.in_features, "int4" in lin.dispatch.choices)
             out[key] = {str(b): k for b, k in zip(ROW_BUCKETS, lin.dispatch.choices)}
     return out or None
 
@@ -503,7 +507,8 @@ def linear_record(model: torch.nn.Module) -> dict[str, Any] | None:
     kernels = tuning_of(model)
     if kernels is None:
         return None
-    picks = {k for per in kernels.values() for k in per.values()}
-    precision = "int8" if "int8" in picks else "int4" if any(s.endswith(":int4") for s in kernels) else "float32"
+    tuned = [m.dispatch for _, m in _linears(model) if m.dispatch is not None]
+    precisions = {d.precision for d in tuned}
+    precision = precisions.pop() if len(precisions) == 1 else "mixed"
     return {"precision": precision, "tuning_version": TUNING_VERSION, "row_buckets": list(ROW_BUCKETS),
             "kernels": kernels}
