@@ -209,9 +209,13 @@ def tree_attention_reference(
     m = tree_dense.shape[1]
     k = k_cache[:, :, : prefix_len + m]  # (B, Hkv, L + m, D)
     v = v_cache[:, :, : prefix_len + m]
-    if Hq != Hkv:
-        k = k.repeat_interleave(Hq // Hkv, dim=1)  # (B, Hq, L + m, D)
-        v = v.repeat_interleave(Hq // Hkv, dim=1)
     # (T, L + m): every query sees the whole prefix, and among tree slots only its allowed ones
     mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree_dense], dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    G = Hq // Hkv
+    if G == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    # grouped-query attention without copying the cache G times: query head h = kv * G + g reads KV head kv,
+    # so the G query heads of a KV head become G * T query rows of that head (rows are independent)
+    qg = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D), rows ordered (g, t)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(G, 1), scale=scale)  # (B, Hkv, G*T, D)
+    return out.reshape(B, Hq, T, D)
