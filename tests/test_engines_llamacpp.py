@@ -423,3 +423,54 @@ def test_cli_end_to_end_on_llamacpp(tmp_path, monkeypatch):
     assert [r["name"] for r in data["runs"]] == ["plain", "c2"]
     assert all(r["equal_to_plain"] for r in data["runs"]) and data["runs"][0]["tokens"] == 8
     assert data["runs"][1]["predicted_tokens_per_step"] == pytest.approx(1 + 0.4847457627118644 + 0.4847457627118644 ** 2)
+
+
+# ---------------------------------------------------------------------------------------------- GPU engines
+def test_gpu_engine_profile_from_recorded_timings(monkeypatch):
+    """The SGLang / vLLM code path on recorded forward times: the project's sweep (paired with n = 1) over the
+    engine's calls, assembled into a treeopt-latency/1 profile naming the engine."""
+    import sequoia_opt.profiling.latency as lat
+    from sequoia_opt.engines import gpu
+    from sequoia_opt.profiling.timing import Timing
+
+    recorded = {(256, 1): 7.1, (256, 2): 7.2, (256, 4): 7.4, (256, 8): 8.0, (1024, 1): 7.9, (1024, 2): 8.0,
+                (1024, 4): 8.3, (1024, 8): 9.1}  # ms, as an H100 answered vLLM's offline generate (illustrative)
+    seen = []
+
+    def calls_at(ctx):
+        seen.append(ctx)
+
+        def call(n):
+            f = lambda: None  # noqa: E731
+            f.key = (ctx, n)
+            return f
+
+        return call
+
+    def fake_alternating(fns, device, **kw):
+        assert device == "cpu"  # wall clock: the engine runs its own streams / process
+        return [Timing(recorded[f.key], recorded[f.key] * 0.99, recorded[f.key] * 1.01, 5) for f in fns]
+
+    monkeypatch.setattr(lat, "time_alternating", fake_alternating)
+    monkeypatch.setattr(lat, "time_call", lambda fn, device, **kw: fake_alternating([fn], device)[0])
+    curve = gpu.profile_gpu("vllm", "/models/Llama-3.2-1B", contexts=[256, 1024], token_counts=[1, 2, 4, 8],
+                            calls_at=calls_at, engine={"name": "vllm", "version": "vllm 0.20.2"}, rounds=2,
+                            device_name="NVIDIA H100 80GB HBM3")
+    assert seen == [256, 1024]
+    assert curve.engine == "vllm" and curve.engine_info["version"] == "vllm 0.20.2"
+    assert [curve.target_ms(n, 256) for n in (1, 2, 4, 8)] == pytest.approx([7.1, 7.2, 7.4, 8.0])
+    assert curve.target_ms(8, 1024) == pytest.approx(9.1) and curve.device["name"] == "NVIDIA H100 80GB HBM3"
+    assert LatencyCurve.from_dict(curve.to_dict()).engine == "vllm"
+    w = engine_mismatch(curve, "llama.cpp", what="--format llama.cpp")
+    assert "'vllm'" in w and "'llama.cpp'" in w
+    with pytest.raises(EngineError, match="multiples of 16"):
+        gpu.profile_gpu("sglang", "m", contexts=[100], token_counts=[1], calls_at=calls_at)
+
+
+def test_gpu_engine_cli_refuses_without_cuda(monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.20.2"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = runner.invoke(app, ["profile", "latency", "--engine", "vllm", "--target", "/models/x"])
+    assert res.exit_code == 2 and "--engine vllm profiles a CUDA GPU and torch sees none here" in res.output

@@ -534,6 +534,16 @@ def replay_chain(traces: Sequence[Sequence[tuple[int, float, bool]]], setting: C
     (fewer than ``n_min``: none); the accepted prefix and the target's token are emitted and the next step
     starts after them. Returns (tokens per step, drafted tokens per step, draft forwards per step)."""
     steps = tokens = drafted = forwards = 0
+    for k, j, f in _replay_steps(traces, setting):
+        steps += 1
+        tokens += j + 1
+        drafted += k
+        forwards += f
+    return tokens / max(1, steps), drafted / max(1, steps), forwards / max(1, steps)
+
+
+def _replay_steps(traces: Sequence[Sequence[tuple[int, float, bool]]], setting: ChainSetting):
+    """Per replayed step (:func:`replay_chain`): (tokens drafted and verified, tokens accepted, draft forwards)."""
     for trace in traces:
         t = 0
         while t < len(trace):
@@ -547,12 +557,28 @@ def replay_chain(traces: Sequence[Sequence[tuple[int, float, bool]]], setting: C
             j = 0
             while j < k and trace[t + j][2]:
                 j += 1
-            steps += 1
-            tokens += j + 1
-            drafted += k
-            forwards += f
+            yield k, j, f
             t += j + 1
-    return tokens / max(1, steps), drafted / max(1, steps), forwards / max(1, steps)
+
+
+def predict_replay(traces: Sequence[Sequence[tuple[int, float, bool]]], setting: ChainSetting, curve: Any,
+                   context: int | None = None):
+    """Predicted :class:`~sequoia_opt.solver.hardware.StepCost` of any chain setting (draft-p-min and draft-min
+    included) from recorded traces: each replayed step (:func:`replay_chain`) costs its draft forwards at c(1)
+    and T(drafted + 1) on ``curve``; the mean step goes through the cost model's
+    :func:`~sequoia_opt.solver.hardware.cost_of_step`. The acceptance is the traces' own (runs of agreement
+    included), not a positional vector's."""
+    from ..solver.hardware import cost_of_step
+
+    n = tok = 0
+    draft = target = 0.0
+    c1 = curve.draft_ms(1, context)
+    for k, j, f in _replay_steps(traces, setting):
+        n += 1
+        tok += j + 1
+        draft += f * c1
+        target += curve.target_ms(k + 1, context)
+    return cost_of_step(tok / max(1, n), draft / max(1, n), target / max(1, n), curve, context)
 
 
 # ---------------------------------------------------------------------------------------------- solving
