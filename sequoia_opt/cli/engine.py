@@ -95,8 +95,6 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
     if threads is not None and threads < 1:
         raise TreeoptError("--threads must be at least 1")
     if name in ("sglang", "vllm"):
-        from ..engines.gpu import profile_gpu_cli
-
         profile_gpu_cli(name, target=target, contexts=contexts, max_tokens=max_tokens, repeats=repeats,
                         output=output, as_json=as_json)
         return
@@ -313,4 +311,38 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     report.notes.append(f"wrote {path}")
     report.data = {**doc, "output": str(path)}
+    render(report, as_json)
+
+
+# ---------------------------------------------------------------------------------------------- GPU engines
+def profile_gpu_cli(name: str, *, target: Optional[Path], contexts: list[int], max_tokens: int, repeats: int,
+                    output: Optional[Path], as_json: bool) -> None:
+    """``treeopt profile latency --engine sglang|vllm``: refuse before anything loads (the engine missing: its
+    install command; no CUDA; no --target), then profile and write."""
+    import torch
+
+    from ..engines import EngineError, require_engine
+    from ..engines.gpu import _check_contexts, profile_gpu
+    from ..profiles import save_latency
+    from ..profiling.timing import token_grid
+    from ..report import Report
+
+    require_engine(name)
+    if not torch.cuda.is_available():
+        raise EngineError(f"--engine {name} profiles a CUDA GPU and torch sees none here")
+    if target is None:
+        raise EngineError(f"--engine {name} needs --target: a Hugging Face model folder (or hub name the engine "
+                          "resolves locally)")
+    _check_contexts(contexts)
+    grid = token_grid(max_tokens)
+    curve = profile_gpu(name, str(target), contexts=contexts, token_counts=grid, max_repeats=repeats)
+    out = output or Path("profiles") / curve.id.split("_")[0] / f"{Path(str(target)).name}-{name}-latency.yaml"
+    save_latency(out, curve)
+    report = Report(title=f"treeopt profile latency --engine {name}")
+    report.summary = {"engine": curve.engine_info.get("version"), "device": curve.device.get("name"),
+                      "written": str(out)}
+    report.tables.append(("target forward", ["tokens", "ms", "T(n)/T(1)", "context"],
+                          [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c]
+                           for c in contexts for n in grid]))
+    report.data = {"profile": curve.to_dict(), "output": str(out)}
     render(report, as_json)

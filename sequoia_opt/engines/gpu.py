@@ -152,35 +152,3 @@ def profile_gpu(name: str, model: str, *, contexts: Sequence[int], token_counts:
         method=method_text(rounds, paired, token_counts) + f"; {engine.get('method', 'offline API')}",
         command=f"treeopt profile latency --engine {name}", engine=engine,
         device_meta={"name": device_name, "type": "cuda", "dtype": dtype})
-
-
-def profile_gpu_cli(name: str, *, target: Path | None, contexts: Sequence[int], max_tokens: int, repeats: int,
-                    output: Path | None, as_json: bool) -> None:
-    """``treeopt profile latency --engine sglang|vllm``: refuse before anything loads (the engine missing: its
-    install command; no CUDA; no --target), then profile and write."""
-    import torch
-
-    from ..cli.render import render
-    from ..profiles import save_latency
-    from ..profiling.timing import token_grid
-    from ..report import Report
-
-    require_engine(name)
-    if not torch.cuda.is_available():
-        raise EngineError(f"--engine {name} profiles a CUDA GPU and torch sees none here")
-    if target is None:
-        raise EngineError(f"--engine {name} needs --target: a Hugging Face model folder (or hub name the engine "
-                          "resolves locally)")
-    _check_contexts(contexts)
-    grid = token_grid(max_tokens)
-    curve = profile_gpu(name, str(target), contexts=contexts, token_counts=grid, max_repeats=repeats)
-    out = output or Path("profiles") / curve.id.split("_")[0] / f"{Path(str(target)).name}-{name}-latency.yaml"
-    save_latency(out, curve)
-    report = Report(title=f"treeopt profile latency --engine {name}")
-    report.summary = {"engine": curve.engine_info.get("version"), "device": curve.device.get("name"),
-                      "written": str(out)}
-    report.tables.append(("target forward", ["tokens", "ms", "T(n)/T(1)", "context"],
-                          [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c]
-                           for c in contexts for n in grid]))
-    report.data = {"profile": curve.to_dict(), "output": str(out)}
-    render(report, as_json)
