@@ -474,3 +474,17 @@ def test_gpu_engine_cli_refuses_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     res = runner.invoke(app, ["profile", "latency", "--engine", "vllm", "--target", "/models/x"])
     assert res.exit_code == 2 and "--engine vllm profiles a CUDA GPU and torch sees none here" in res.output
+
+
+def test_predict_replay_charges_each_replayed_step():
+    from sequoia_opt.engines.llamacpp import ChainSetting, predict_chain, predict_replay
+
+    curve = LatencyCurve.from_dict(_curve_doc(target=(10.0, 14.0, 18.0, 22.0, 26.0), draft=1.0))
+    trace = [[(0, 0.9, True), (0, 0.9, True), (0, 0.2, False), (0, 0.9, True), (0, 0.9, True)]]
+    # ChainSetting(4): steps (k=4, j=2, f=4) then (k=1, j=1, f=1): 5 tokens; ms 4 + T(5) + .5, 1 + T(2) + .5
+    c = predict_replay(trace, ChainSetting(4), curve)
+    assert c.expected_tokens == 2.5 and c.cost_ms == pytest.approx(((4 + 26) + (1 + 14)) / 2 + 0.5)
+    assert c.speedup == pytest.approx(1000 * 2.5 / c.cost_ms * 10.5 / 1000)
+    # a positional vector of p_1 = 0.5 values a 2-token chain at 1 + .5 + .25
+    assert predict_chain(ChainSetting(2), _acc(0.5, 0.1), curve).expected_tokens == pytest.approx(1.75)
+    assert predict_chain(ChainSetting(2, 0, 0.5), _acc(0.5), curve) is None
