@@ -33,6 +33,7 @@ rc=${PIPESTATUS[0]}
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
   echo "gpu_check.py was stopped at the ${LIMIT}s limit; the JSON written before that is in results/gpu/" | tee -a "$LOG"
 fi
+timeout 150 "$PY" benchmarks/gpu_engines.py --out results/gpu 2>&1 | tee -a "$LOG"  # SGLang / vLLM T(n) where installed (issue 20)
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
   cp "$LOG" "$OUT/" 2>/dev/null

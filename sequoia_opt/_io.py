@@ -8,6 +8,7 @@ mode of the file it replaces.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -71,3 +72,37 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically. See :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_output_path(path: str | os.PathLike):
+    """For writers that open the file themselves (``gguf.GGUFWriter``): yield a temporary path in the
+    destination folder; when the block finishes, rename it over ``path`` (atomically, with
+    :func:`atomic_write_bytes`'s mode rules); when it raises, remove it and leave ``path`` as it was.
+
+    Raises:
+        OutputError: as :func:`atomic_write_bytes` (a directory in the way, the OS refusing the write).
+    """
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    if path.exists() and not path.is_file():
+        raise OutputError(f"cannot write {path}: it exists and is not a regular file")
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _default_mode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as err:
+        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, mode)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -43,6 +43,7 @@ Latency profile, ``format: treeopt-latency/1``::
       draft: JackFram/llama-68m
       draft_shape: {...}
       random_weights: false           # true when timed with random weights of the right shape
+    engine: {name: llama.cpp, version: 0.3.36}   # optional; what ran the forwards (absent: treeopt's decoder)
     step_overhead_ms: 0.4             # fixed per-step cost (sampling, acceptance, commit), >= 0
     curves:                           # one entry per context length, increasing context_tokens
       - context_tokens: 512
@@ -63,6 +64,11 @@ layer-skip) or ``one-pass`` (one forward proposes every level: Medusa heads, blo
 as DFlash; c is read at the number of speculated tokens, see :func:`~sequoia_opt.solver.hardware.step_cost`).
 A profile without the key reads as ``per-level`` (every profile written before the key existed); another
 value, or different values in different curves, is refused. Saving always writes it.
+
+``engine`` names what ran the forwards (issue 20): a mapping with a non-empty ``name`` (``treeopt``, ``llama.cpp``,
+``sglang``, ``vllm``) and free-form details (``version``, ...). A profile without it was measured on treeopt's
+bundled decoder, and is saved without it; :func:`sequoia_opt.engines.engine_mismatch` warns when a profile of one
+engine solves for another.
 
 :class:`LatencyCurve` interpolates linearly between measured token counts and between context lengths and
 refuses (``ProfileError``) to extrapolate past the measured range.
@@ -694,9 +700,15 @@ class LatencyCurve:
     example: bool = False
     source: str | None = None
     cost_model: str = DRAFT_COST_MODELS[0]
+    engine_info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_cost_model(self.cost_model, f"latency profile {self.id!r}: draft cost_model")
+
+    @property
+    def engine(self) -> str:
+        """The engine that ran the forwards (``engine.name``); ``"treeopt"`` (the bundled decoder) when unnamed."""
+        return str(self.engine_info.get("name") or "treeopt")
 
     # -------------------------------------------------------------- queries
     def max_target_tokens(self, context: int | None = None) -> int:
@@ -761,6 +773,8 @@ class LatencyCurve:
             d["source"] = self.source
         d["device"] = _plain(dict(self.device))
         d["model"] = _plain(dict(self.model))
+        if self.engine_info:
+            d["engine"] = _plain(dict(self.engine_info))
         d["step_overhead_ms"] = float(self.step_overhead_ms)
         curves = []
         for c, t, dr in zip(self.contexts, self._target, self._draft):
@@ -818,6 +832,11 @@ class LatencyCurve:
         pid = doc.get("id", default_id)
         if not isinstance(pid, str) or not pid:
             raise ProfileError(f"{source}: 'id' must be a non-empty string")
+        engine = doc.get("engine") or {}
+        if not isinstance(engine, dict) or (engine and not (isinstance(engine.get("name"), str)
+                                                            and engine["name"].strip())):
+            raise ProfileError(f"{source}: 'engine' must be a mapping with a non-empty 'name' (treeopt, llama.cpp, "
+                               f"sglang, vllm), got {engine!r}")
         return cls(
             id=pid,
             contexts=np.asarray(contexts, dtype=np.int64),
@@ -829,6 +848,7 @@ class LatencyCurve:
             example=_flag(doc, "example", source),
             source=doc.get("source"),
             cost_model=cost_models[0] if cost_models else DRAFT_COST_MODELS[0],
+            engine_info=dict(engine),
         )
 
     @classmethod

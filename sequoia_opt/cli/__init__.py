@@ -15,6 +15,7 @@ from . import profile  # noqa: F401  # isort: skip
 from . import run  # noqa: F401  # isort: skip
 from . import plot  # noqa: F401  # isort: skip
 from . import demo  # noqa: F401  # isort: skip
+from . import engine  # noqa: F401  # isort: skip
 from .common import app, handle_errors
 from .render import draw_tree, render
 

@@ -37,8 +37,10 @@ _click = getattr(typer.core, "_click", None) or importlib.import_module("click")
 
 def _print_error(msg: str) -> None:
     """The one-line error format of every command: ``error: <first line of msg>`` in red on stderr."""
-    line = msg.splitlines()[0] if msg.strip() else "unknown error"
-    _err.print(f"[bold red]error:[/] {line}", markup=True, soft_wrap=True, highlight=False)
+    from rich.markup import escape
+
+    line = msg.splitlines()[0] if msg.strip() else "unknown error"  # escaped: "pip install 'x[extra]'" is not markup
+    _err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True, highlight=False)
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -97,7 +99,8 @@ ProfileOutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write the profile here (atomically); default under profiles/.")
 ]
 FormatOpt = Annotated[Optional[str], typer.Option(
-    "--format", "-f", help="Export format: " + "|".join(FORMATS) + " (default with -o: yaml). Without -o the "
+    "--format", "-f", help="Export format: " + "|".join(FORMATS) + "|llama.cpp (llama.cpp's speculative flags: "
+    "the best chain on the curve) (default with -o: yaml). Without -o the "
     "export is printed to stdout and the report goes to stderr.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 

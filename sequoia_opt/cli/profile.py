@@ -57,12 +57,27 @@ def profile_latency(
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
     weights: WeightsOpt = "float32",
     output: ProfileOutputOpt = None,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="What runs the forwards: treeopt (the bundled decoder) | llama.cpp (GGUF target and draft "
+        "through llama-cpp-python, logits for all n positions) | sglang | vllm (CUDA).")] = "treeopt",
     as_json: JsonOpt = False,
 ) -> None:
     """Measure T(n): one target forward over n tokens through the verification path (KV cache holding the
     context, prefix + tree mask), and the drafter's cost c(w) in its own cost model (a draft model or
     self:L: one forward over w tokens, per level; lookup: one proposal of w nodes); plus the fixed per-step
-    overhead."""
+    overhead. --engine llama.cpp | sglang | vllm: the same curve on that engine."""
+    from ..engines import engine_name
+
+    if engine_name(engine) != "treeopt":
+        from .engine import profile_latency_engine
+
+        profile_latency_engine(engine, target=target, draft=draft, context=context, max_tokens=max_tokens,
+                               max_draft_tokens=max_draft_tokens, repeats=repeats, rounds=rounds, paired=paired,
+                               threads=threads, output=output, as_json=as_json,
+                               other={"--random-weights": random_weights, "--arch": arch, "--draft-arch": draft_arch,
+                                      "--device": device != "cpu", "--dtype": dtype != "float32",
+                                      "--backend": backend != "auto", "--weights": weights != "float32"})
+        return
     from ..model import ModelConfig, Transformer
     from ..model.loaders import load_model_config, tune_loaded_model
     from ..model.tuned_linear import check_precision, linear_record

@@ -46,7 +46,7 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
     one it is about to run on (its prediction then describes other hardware)."""
     out = []
     for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
-                      ("draft_cost_model", draft_cost_model)):
+                      ("draft_cost_model", draft_cost_model), ("engine", "treeopt")):
         want = meta.extra.get(f"profiled_{key}")
         if have is None:
             continue
@@ -127,15 +127,38 @@ def run_cmd(
     weights: WeightsOpt = "float32",
     backend: BackendOpt = "auto",
     results_dir: Annotated[Path, typer.Option("--results-dir", help="Where <run-id>.json and .csv go.")] = Path("results"),
+    engine: Annotated[str, typer.Option(
+        "--engine", help="treeopt (the bundled decoder) | llama.cpp: plain and chain speculative decoding on "
+        "llama.cpp, --tree being llama.cpp flags (solve --format llama.cpp -o) or a chain tree.")] = "treeopt",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="With --engine llama.cpp: its threads "
+                                                   "(default: the CPU count).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run plain decoding and tree speculative decoding on the same prompts; report speedup, tokens per
     step against the prediction, the time split, and (greedy) exact equality with plain decoding. With
     --compare-drafters: every drafter's own best tree against one plain baseline."""
+    from ..engines import engine_name
     from ..model.tuned_linear import check_precision
     from ..pipeline import load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..prompts import demo_prompts_path, load_prompts
 
+    if engine_name(engine) != "treeopt":
+        if engine_name(engine) != "llama.cpp":
+            raise TreeoptError(f"run --engine {engine_name(engine)}: treeopt runs llama.cpp here; the GPU engines are "
+                               "profiled (profile latency --engine) and served by their own servers")
+        from .engine import run_llamacpp
+
+        run_llamacpp(tree=tree, target=target, draft=draft, prompts=prompts, max_new_tokens=max_new_tokens,
+                     num_prompts=num_prompts, acceptance=acceptance, latency=latency, threads=threads,
+                     results_dir=results_dir, as_json=as_json,
+                     other={"--temperature": temperature != 0.0, "--top-p": top_p != 1.0, "--compare": compare,
+                            "--compare-drafters": compare_drafters, "--merge": merge, "--scheduler": scheduler,
+                            "--adapt": adapt, "--dynamic": dynamic, "--calibration": calibration,
+                            "--device": device != "cpu", "--dtype": dtype != "float32",
+                            "--backend": backend != "auto", "--weights": weights != "float32"})
+        return
+    if threads is not None:
+        raise TreeoptError("--threads sets llama.cpp's threads: add --engine llama.cpp (or drop it)")
     check_precision(weights)
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")

@@ -44,6 +44,8 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
     """What the profiles behind a tree were measured on (stored in the tree's metadata so ``run`` can warn
     when it executes the tree on another device, dtype or model pair)."""
     out: dict[str, Any] = {}
+    if curve is not None and curve.engine != "treeopt":
+        out["profiled_engine"] = curve.engine
     for key, value in (("target", acc.measured.get("target")), ("draft", acc.measured.get("draft")),
                        ("draft_cost_model", curve.cost_model if curve else acc.measured.get("draft_cost_model")),
                        ("device", curve.device.get("name") if curve else None),
@@ -111,6 +113,17 @@ def solve(
     from ..solver import choose, compare_baselines
     from ..solver.depth import ACCEPTANCE_MODELS, solve_profile
 
+    from .engine import is_llamacpp_format
+
+    if is_llamacpp_format(fmt):
+        from .engine import solve_llamacpp
+
+        solve_llamacpp(acceptance=acceptance, latency=latency, max_depth=max_depth, context=context, output=output,
+                       acceptance_model=acceptance_model, as_json=as_json,
+                       other={"--dynamic": dynamic, "--pair-acceptance": pair_acceptance, "--budget": budget,
+                              "--max-branching": max_branching, "--compare": compare, "--width": width,
+                              "--policy": policy, "--plan": plan != "auto"})
+        return
     if dynamic is not None:
         if pair_acceptance is not None:
             raise SolverError("--dynamic and --pair-acceptance solve different things: give one")
@@ -158,6 +171,14 @@ def solve(
     p = acc.acceptance
     report = Report(title="treeopt solve")
     report.warnings = warn_on_mismatch(acceptance=acc, latency=curve)
+    if curve is not None:  # a tree is only as good as the curve of the engine that serves it (issue 20)
+        from .. import exports
+        from ..engines import FORMAT_ENGINES, engine_mismatch
+
+        key = exports.normalise_format(fmt or "yaml")
+        w = engine_mismatch(curve, FORMAT_ENGINES.get(key, key), what=f"--format {key}")
+        if w:
+            report.warnings.append(w)
     report.acceptance = p
     data: dict[str, Any] = {
         "acceptance_profile": acc.id,

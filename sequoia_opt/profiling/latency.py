@@ -138,24 +138,62 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
                          f"context of {model.config.max_position_embeddings} tokens")
     if rounds < 1:
         raise ProfileError(f"rounds must be at least 1, got {rounds}")
+
+    def timers_at(ctx: int):
+        cache = model.new_cache(ctx + max(token_counts))
+        one = lambda n: time_forward(model, n, ctx, backend=backend, cache=cache,  # noqa: E731
+                                     num_layers=num_layers, **timing_kw)
+        pair = lambda n, r: time_forward_paired(model, n, r, ctx, backend=backend, cache=cache,  # noqa: E731
+                                                num_layers=num_layers, **timing_kw)
+        return one, pair
+
+    return sweep_grid(timers_at, token_counts, contexts, what=what, progress=progress, rounds=rounds,
+                      paired=paired)
+
+
+def engine_timers(calls_at: Callable[[int], Callable[[int], Callable[[], None]]], device: torch.device | str = "cpu",
+                  **timing_kw):
+    """:func:`sweep_grid`'s ``timers_at`` for an engine given by ``calls_at(context)``, which sets that context up
+    (a KV cache holding ``context`` tokens) and returns ``call(n)``: a closure running one forward over n new
+    tokens there and leaving the cache as it found it. Times with :func:`time_call` / :func:`time_alternating`."""
+    def timers_at(ctx: int):
+        call = calls_at(ctx)
+        return (lambda n: time_call(call(n), device, **timing_kw),
+                lambda n, r: tuple(time_alternating([call(n), call(r)], device, **timing_kw)))
+
+    return timers_at
+
+
+def sweep_grid(timers_at: Callable[[int], tuple[Callable[[int], Timing], Callable[[int, int], tuple[Timing, Timing]]]],
+               token_counts: Sequence[int], contexts: Sequence[int], *, what: str = "target",
+               progress: ProgressFn | None = None, rounds: int = 1, paired: bool = False) -> list[LatencyTable]:
+    """Time a forward at every (context, n) pair with :func:`profile_model`'s rounds and pairing, for any
+    engine: ``timers_at(context)`` sets that context up and returns ``(time(n), time_paired(n, ref))``, the
+    :class:`Timing` of a forward over n new tokens there, and of n and ``ref`` tokens timed alternately
+    (:func:`engine_timers` makes them for an engine's forward). Returns one :class:`LatencyTable` (ms) per context.
+
+    Raises ProfileError for ``rounds`` below 1.
+    """
+    from ..errors import ProfileError
+
+    if rounds < 1:
+        raise ProfileError(f"rounds must be at least 1, got {rounds}")
     total = len(token_counts) * len(contexts) * rounds
     done = 0
     tables = []
     ref = int(token_counts[0])
     for ctx in contexts:
-        cache = model.new_cache(ctx + max(token_counts))
+        time_one, time_pair = timers_at(int(ctx))
         per_n: list[list[Timing]] = [[] for _ in token_counts]
         ref_of: list[list[float]] = [[] for _ in token_counts]  # paired: the reference median beside each
         for r in range(rounds):
             for i, n in enumerate(token_counts):
                 if paired and i > 0:
-                    t_n, t_ref = time_forward_paired(model, int(n), ref, int(ctx), backend=backend, cache=cache,
-                                                     num_layers=num_layers, **timing_kw)
+                    t_n, t_ref = time_pair(int(n), ref)
                     per_n[i].append(t_n)
                     ref_of[i].append(t_ref.median_ms)
                 else:
-                    per_n[i].append(time_forward(model, int(n), int(ctx), backend=backend, cache=cache,
-                                                 num_layers=num_layers, **timing_kw))
+                    per_n[i].append(time_one(int(n)))
                 done += 1
                 if progress:
                     tag = f", round {r + 1}/{rounds}" if rounds > 1 else ""
@@ -175,7 +213,7 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
                                         statistics.median(t.p90_ms * k for t, k in zip(ts, scale)),
                                         sum(t.repeats for t in ts)))
         tables.append(table)
-        del cache
+        del time_one, time_pair
     return tables
 
 
@@ -278,6 +316,8 @@ def build_latency_profile(
     command: str = "treeopt profile latency",
     linear: Mapping[str, Any] | None = None,
     draft_linear: Mapping[str, Any] | None = None,
+    engine: dict | None = None,
+    device_meta: dict | None = None,
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
 
@@ -286,6 +326,9 @@ def build_latency_profile(
     ``draft_cost_model`` (``"per-level"`` or ``"one-pass"``, the drafter's
     :attr:`~sequoia_opt.decoding.drafters.Drafter.cost_model`) is stored in every draft table; ``draft_name``
     names the drafter (a checkpoint label, ``self:L``, ``lookup:MIN-MAX``).
+
+    ``engine`` (``{"name": "llama.cpp", "version": ...}``) names the engine that ran the forwards when it is not
+    treeopt's decoder, and ``device_meta`` then replaces the torch device's mapping (what that engine ran on).
 
     Without a draft (``draft_tables`` None) the draft table records 0 ms at one token and the profile says
     the draft cost was not measured. Spreads are p90 - p10 of the repeats (ms).
@@ -321,9 +364,10 @@ def build_latency_profile(
                    "(latency does not depend on weight values)" if random_weights else "")
                    + ("" if draft_tables is not None else "; draft cost NOT measured (recorded as 0 ms)")),
         "date": now_iso(),
-        "device": {**device_info(device, dtype),
-                   **({"linear": dict(linear)} if linear else {}),
-                   **({"draft_linear": dict(draft_linear)} if draft_linear else {})},
+        "device": device_meta if device_meta is not None else {
+            **device_info(device, dtype), **({"linear": dict(linear)} if linear else {}),
+            **({"draft_linear": dict(draft_linear)} if draft_linear else {})},
+        **({"engine": dict(engine)} if engine else {}),
         "model": {"target": target_name, "target_shape": shape(target_config),
                   "draft": draft_name, "draft_shape": shape(draft_config) if draft_config else None,
                   "random_weights": random_weights},

