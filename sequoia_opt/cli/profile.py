@@ -136,7 +136,8 @@ def profile_latency(
             drafter, dname = _drafter_to_time(pair), spec.label
             make_drafter = pair.new_drafter
     else:
-        pair = load_pair(target, spec, device=dev, dtype=dt)
+        # offload: the target's layers go to pinned host memory, so load it on the host
+        pair = load_pair(target, spec, device=torch.device("cpu") if offload else dev, dtype=dt)
         tmodel, tname, dname = pair.target, pair.target_name, pair.draft_name
         drafter, make_drafter = _drafter_to_time(pair), pair.new_drafter
         dconfig = pair.draft.config if pair.draft is not None else None

@@ -56,8 +56,10 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
         from ..profiles import save_latency
         from ..profiling.offload import profile_offload
 
+        if draft_model is not None:
+            draft_model.to(dev)  # the draft stays resident on the device
         with progress_bar() as progress:
-            curve, info = profile_offload(tmodel, draft_model, grid, dgrid, contexts[0], target_name=tname,
+            curve, info = profile_offload(tmodel, draft_model, grid, dgrid, contexts[0], device=dev, target_name=tname,
                                           draft_name=dname, profile_id=f"{pid}_offload", dtype=dt, progress=progress,
                                           rounds=rounds, **timing)
         out = output or Path("profiles") / slug / f"{base}{dpart}-offload-latency.yaml"
