@@ -97,3 +97,19 @@ def test_offload_profiling_refuses_without_cuda():
     with pytest.raises(ProfileError, match="not CUDA"):
         profile_offload(m, None, [1, 2], [1], 8, device=torch.device("cpu"), target_name="t", draft_name=None,
                         profile_id="x", dtype=torch.float32)
+
+
+def test_gpu_offload_script_dry_run(tmp_path):
+    """benchmarks/offload_gpu.py (what gpu_check.sh runs) end to end on a CPU: offload mode, solve, decode."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "offload_gpu.py"
+    spec = importlib.util.spec_from_file_location("offload_gpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--dry-run", "--out-dir", str(tmp_path), "--new-tokens", "4"]) == 0
+    doc = json.loads((tmp_path / "offload.json").read_text())
+    assert doc["dry_run"] and doc["decode"]["greedy_exact"] and doc["solved"]["nodes"] >= 2
+    assert (tmp_path / "offload-latency.yaml").is_file()
