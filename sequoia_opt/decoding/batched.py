@@ -289,7 +289,7 @@ class BatchedDecoder:
         if self._fits(D, max_L, chunk):
             return D
         self._t.repack()  # holes first: a repack restores every row's own slot count
-        if self._d is not None:
+        if self._d is not None and self._draft_live:
             self._d.repack()
         for d in range(D, -1, -1):
             if self._fits(d, max_L, chunk):
