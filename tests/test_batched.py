@@ -209,3 +209,17 @@ def test_demo_pair_batch_equals_each_alone():
     for text, p, r in zip(texts, prompts, res.results):
         assert r.tokens == plain.generate(p, 32).tokens, text
     assert len(res.steps) < 32
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_batches_with_eos_and_a_tight_cache(target, draft, seed):
+    """Random prompt lengths, a random tree, an EOS id and a cache just big enough: repacks, clipping and rows
+    leaving at once, every row still equal to plain decoding alone."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 256, (int(k),), generator=g).tolist() for k in torch.randint(1, 30, (5,), generator=g)]
+    tree = [TREES["chain"], TREES["star"], TREES["sequoia"]][seed]
+    eos = int(_plain(target, prompts[0], 30)[7])
+    need = max(len(p) for p in prompts) + 30 - 1
+    res = BatchedDecoder(target, draft, tree, eos_ids=[eos], max_len=need, max_batch=5).generate(prompts, 30)
+    for p, r in zip(prompts, res.results):
+        assert r.tokens == _plain(target, p, 30, (eos,))
