@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sequoia_opt.attention import RowPrefix, TreeMask, causal_tree_mask, tree_attention
-from sequoia_opt.decoding import AutoregressiveDecoder
+from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
 from sequoia_opt.decoding.batched import BatchedDecoder, batched_autoregressive
 from sequoia_opt.errors import DecodingError
 from sequoia_opt.model import ModelConfig, ModelKVCache, Transformer
@@ -70,6 +70,9 @@ def test_mixed_length_batch_equals_each_alone(target, draft, name):
     for p, r in zip(PROMPTS, res.results):
         assert r.tokens == _plain(target, p), (name, p)
         assert r.stop_reason == "max_new_tokens"
+        # the batched draft proposes what the batch-1 draft proposes: the same tokens accepted at every step
+        alone = SpeculativeDecoder(target, draft, TREES[name], max_len=256).generate(p, NEW)
+        assert [s.accepted_len for s in r.steps] == [s.accepted_len for s in alone.steps], (name, p)
     accepted = [s.accepted_len for r in res.results for s in r.steps]
     assert max(accepted) > 1 and min(accepted) == 1  # rows accepted paths of different lengths
     assert len(res.steps) < NEW  # speculation did save steps

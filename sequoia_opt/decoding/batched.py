@@ -143,12 +143,13 @@ class _Rows:
         self.valid = torch.zeros(batch, self.base.max_len, dtype=torch.bool, device=self.device)
         self.frontier = 0
 
-    def prefix(self, extra: torch.Tensor | None = None) -> RowPrefix:
-        """The RowPrefix of slots ``[0, F)`` (plus ``extra`` (B, c) columns of validity after F)."""
+    def prefix(self, extra: torch.Tensor | None = None, length: int | None = None) -> RowPrefix:
+        """The RowPrefix of the committed slots ``[0, F)``, with ``extra`` (B, c) validity columns for the slots
+        after F; its shared prefix length is ``length`` (default F: ``extra`` then covers tree slots)."""
         valid = self.valid[:, : self.frontier]
         if extra is not None:
             valid = torch.cat([valid, extra], dim=1)
-        return RowPrefix(valid.shape[1], valid)
+        return RowPrefix(self.frontier if length is None else length, valid)
 
     def commit(self, src: list[list[int]]) -> None:
         """Row i's slots ``src[i]`` move to ``[F, F + len(src[i]))``; F grows by the longest."""
@@ -413,7 +414,7 @@ class BatchedDecoder:
                             cache_slots=slots, prefix_len=rows.prefix(chunk_valid), tree_mask=mask,
                             backend="torch")[:, -1:]  # (B, 1, V): the roots'
         R = F + c - 1  # every row's root slot
-        prefix = rows.prefix(chunk_valid[:, : c - 1])  # committed draft slots + chunk before the root
+        prefix = rows.prefix(chunk_valid[:, : c - 1], R)  # committed draft slots + chunk before the root
         Lt = torch.tensor(L, dtype=torch.int64, device=dev).unsqueeze(1)  # (B, 1)
         for lvl in range(d):
             sl = buf.level_slices[lvl]
