@@ -34,6 +34,7 @@ if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
   echo "gpu_check.py was stopped at the ${LIMIT}s limit; the JSON written before that is in results/gpu/" | tee -a "$LOG"
 fi
 timeout 150 "$PY" benchmarks/gpu_engines.py --out results/gpu 2>&1 | tee -a "$LOG"  # SGLang / vLLM T(n) where installed (issue 20)
+timeout --signal=TERM --kill-after=15 "${TREEOPT_OFFLOAD_LIMIT_S:-240}" "$PY" benchmarks/offload_gpu.py 2>&1 | tee -a "$LOG"  # issue 19: offloaded T(n) + speedup -> results/gpu/offload*.{json,yaml}
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
   cp "$LOG" "$OUT/" 2>/dev/null

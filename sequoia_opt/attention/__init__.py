@@ -10,6 +10,11 @@ tree mask causal), plain decoding (T = m = 1), the draft growing a tree level by
 level, m = nodes drafted so far including that level) and the target verifying a whole tree (T = m = n, the
 tree's ancestor-or-self mask; SpecInfer, Miao et al. 2024, section 4 "tree-based parallel decoding").
 
+Batch > 1 with sequences of different lengths (:mod:`sequoia_opt.decoding.batched`): ``prefix_len`` may be a
+:class:`RowPrefix` instead of an int, naming for every batch row which cache slots hold that row's tokens
+(the rows share the slot layout, each sees only its own valid slots). Such a call always runs the torch
+reference, on every backend: the CUDA kernel takes one int ``prefix_len`` for the whole batch.
+
 Backends: ``"torch"`` is the reference (scaled dot product attention with an explicit prefix + tree mask) and
 runs on every device; ``"cuda"`` is the bit-mask kernel in ``kernels/tree_attention.cu``; ``"auto"`` picks
 the kernel on CUDA tensors when it is available and supports the shapes, else the reference.
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TreeMask", "tree_attention", "resolve_backend", "causal_tree_mask", "require_tree_mask",
+__all__ = ["TreeMask", "RowPrefix", "tree_attention", "resolve_backend", "causal_tree_mask", "require_tree_mask",
            "require_dense_mask"]
 
 
@@ -93,6 +98,34 @@ class TreeMask:
         return TreeMask(dense=self.dense.to(device), bits=self.bits.to(device))
 
 
+@dataclass(frozen=True)
+class RowPrefix:
+    """Per-row key validity for a batch whose sequences have different lengths (passed as ``prefix_len``).
+
+    Every row's queries see prefix slots ``[0, length)`` and the tree slots ``[length, length + m)`` through
+    the tree mask, as with an int ``prefix_len``, but only where ``valid`` is True for that row: slot s of
+    row b is visible iff ``valid[b, s]`` (for ``s < valid.shape[1]``; slots past ``valid``'s width are
+    valid). A row's padding and the holes its shorter accepted paths left are False there, so attention of
+    row b never reads another length's padding. A query row that would see no slot at all (a pure padding
+    query) attends every slot instead, so its output stays finite (callers discard it; this keeps NaN out
+    of the cache, where 0 * NaN would poison every later query).
+
+    Attributes:
+        length: the shared prefix length (committed slots before the tree region), tokens.
+        valid: (B, K) bool, ``K >= length``, on the tensors' device.
+    """
+
+    length: int
+    valid: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.valid, torch.Tensor) or self.valid.dim() != 2 or self.valid.dtype != torch.bool:
+            raise ValueError("RowPrefix.valid must be a (B, K) bool tensor")
+        if self.valid.shape[1] < self.length or self.length < 0:
+            raise ValueError(f"RowPrefix.valid covers {self.valid.shape[1]} slots, fewer than its prefix "
+                             f"length {self.length}")
+
+
 def pack_mask_bits(dense: torch.Tensor) -> torch.Tensor:
     """Pack a (T, m) bool mask into (T, ceil(m / 64)) int64 words, little-endian bit order within a word.
 
@@ -138,7 +171,7 @@ def tree_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    prefix_len: int,
+    prefix_len: int | RowPrefix,
     tree_mask: TreeMask,
     *,
     scale: float | None = None,
@@ -151,7 +184,9 @@ def tree_attention(
         k_cache, v_cache: (B, Hkv, S, D) static KV cache; slots ``[0, prefix_len)`` hold the committed
             prefix and ``[prefix_len, prefix_len + m)`` the tree tokens (already written). ``Hq`` must be a
             multiple of ``Hkv`` (grouped-query attention: query head h reads KV head ``h // (Hq // Hkv)``).
-        prefix_len: committed tokens L visible to every query without a mask (0 <= L, L + m <= S).
+        prefix_len: committed tokens L visible to every query without a mask (0 <= L, L + m <= S); or a
+            :class:`RowPrefix` (batch > 1, rows of different lengths: L shared, per-row valid slots), which
+            always runs the torch reference.
         tree_mask: (T, m) mask over the tree slots, see :class:`TreeMask`.
         scale: softmax scale, default ``1 / sqrt(D)``.
         backend: ``"auto"`` | ``"torch"`` | ``"cuda"``.
@@ -169,6 +204,11 @@ def tree_attention(
     B, Hq, T, D = q.shape
     _, Hkv, S, _ = k_cache.shape
     m = tree_mask.num_tree_keys
+    rows = prefix_len if isinstance(prefix_len, RowPrefix) else None
+    if rows is not None:
+        if rows.valid.shape[0] != B:
+            raise ValueError(f"RowPrefix.valid has {rows.valid.shape[0]} rows for a batch of {B}")
+        prefix_len = rows.length
     if tree_mask.num_queries != T:
         raise ValueError(f"tree mask has {tree_mask.num_queries} rows for {T} queries")
     if Hq % Hkv:
@@ -177,6 +217,8 @@ def tree_attention(
         raise ValueError(f"slots [0, {prefix_len + m}) do not fit a cache of {S} slots")
     if scale is None:
         scale = D**-0.5
+    if rows is not None:
+        return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid)
     if resolve_backend(backend, q.device) == "cuda":
         from . import cuda as _cuda
 
@@ -193,11 +235,14 @@ def tree_attention_reference(
     prefix_len: int,
     tree_dense: torch.Tensor,
     scale: float,
+    row_valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The torch reference: scaled dot product attention with an explicit boolean mask.
 
     Shapes as in :func:`tree_attention`; ``tree_dense`` is the (T, m) bool tree mask. The full mask is
-    (T, L + m): ones over the prefix columns, then the tree mask.
+    (T, L + m): ones over the prefix columns, then the tree mask. With ``row_valid`` ((B, K) bool,
+    :attr:`RowPrefix.valid`) it is (B, 1, T, L + m): that mask and, per row, its valid slots (slots past K
+    valid; a query row left with no slot sees every slot, see :class:`RowPrefix`).
 
     Raises:
         TypeError: ``tree_dense`` is not a tensor (a :class:`TreeMask`: pass its ``.dense``).
@@ -211,11 +256,19 @@ def tree_attention_reference(
     v = v_cache[:, :, : prefix_len + m]
     # (T, L + m): every query sees the whole prefix, and among tree slots only its allowed ones
     mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree_dense], dim=1)
+    if row_valid is not None:
+        S_used = prefix_len + m
+        valid = row_valid[:, :S_used]
+        if valid.shape[1] < S_used:
+            valid = torch.cat([valid, valid.new_ones(valid.shape[0], S_used - valid.shape[1])], dim=1)
+        mask = mask.unsqueeze(0) & valid.unsqueeze(1)  # (B, T, L + m)
+        mask = (mask | ~mask.any(-1, keepdim=True)).unsqueeze(1)  # (B, 1, T, L + m)
     G = Hq // Hkv
     if G == 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     # grouped-query attention without copying the cache G times: query head h = kv * G + g reads KV head kv,
     # so the G query heads of a KV head become G * T query rows of that head (rows are independent)
     qg = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D), rows ordered (g, t)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(G, 1), scale=scale)  # (B, Hkv, G*T, D)
+    mask = mask.repeat(G, 1) if mask.dim() == 2 else mask.repeat(1, 1, G, 1)  # (G*T, L+m) | (B, 1, G*T, L+m)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # (B, Hkv, G*T, D)
     return out.reshape(B, Hq, T, D)

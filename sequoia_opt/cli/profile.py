@@ -61,6 +61,13 @@ def profile_latency(
         "--engine", help="What runs the forwards: treeopt (the bundled decoder) | llama.cpp (GGUF target and draft "
         "through llama-cpp-python, logits for all n positions) | sglang | vllm (CUDA).")] = "treeopt",
     as_json: JsonOpt = False,
+    batch: Annotated[Optional[str], typer.Option(
+        "--batch", help="Batch sizes, comma-separated (1,2,4,8): measure T(b, n), c(b, w) and the step overhead "
+        "per batch size through the batched decoder (n tokens per sequence) and write a "
+        "treeopt-latency-batch/1 profile (a draft model or none).")] = None,
+    offload: Annotated[bool, typer.Option(
+        "--offload", help="CUDA only: time the target with its layers streamed from pinned host memory (host->device "
+        "bandwidth, per-layer copy and compute) and write T(n) of the offloaded target.")] = False,
 ) -> None:
     """Measure T(n): one target forward over n tokens through the verification path (KV cache holding the
     context, prefix + tree mask), and the drafter's cost c(w) in its own cost model (a draft model or
@@ -93,6 +100,9 @@ def profile_latency(
     _check_run_options(backend, dev)
     check_precision(weights)
     contexts = _csv_ints(context, "--context")
+    from .profile_batch import check_batch_options
+
+    batches = check_batch_options(batch, offload, dev, draft)
     if random_weights and arch is None:
         raise TreeoptError("--random-weights needs --arch (a preset name or a config.json)")
     if random_weights and draft is not None and draft_arch is not None:
@@ -146,7 +156,9 @@ def profile_latency(
             drafter, dname = _drafter_to_time(pair), spec.label
             make_drafter = pair.new_drafter
     else:
-        pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
+        # offload: the target's layers go to pinned host memory, so load it on the host
+        pair = load_pair(target, spec, device=torch.device("cpu") if offload else dev, dtype=dt, weights=weights,
+                         log=note)
         tmodel, tname, dname = pair.target, pair.target_name, pair.draft_name
         drafter, make_drafter = _drafter_to_time(pair), pair.new_drafter
         dconfig = pair.draft.config if pair.draft is not None else None
@@ -164,6 +176,15 @@ def profile_latency(
         if max(contexts) + widest > limit:
             raise TreeoptError(f"--context {max(contexts)} + {widest} tokens exceeds the {what} model's context of "
                                f"{limit} tokens: lower --context, --max-tokens or --max-draft-tokens")
+    if batches is not None or offload:
+        from .profile_batch import profile_latency_batch_or_offload
+
+        profile_latency_batch_or_offload(
+            batches, offload, tmodel=tmodel, draft=drafter, tname=tname, dname=dname, dev=dev, dt=dt, grid=grid,
+            dgrid=dgrid, contexts=contexts, rounds=rounds, paired=paired, repeats=repeats,
+            random_weights=random_weights, base=tcfg.name if random_weights else tname, output=output,
+            as_json=as_json)
+        return
     with progress_bar() as progress:
         ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
                                 rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)

@@ -104,6 +104,10 @@ def solve(
         "profile's per-depth vectors: drafters whose accepted tokens come in runs, such as lookup) | auto "
         "(by-depth when the profile's positional check failed).")] = "auto",
     as_json: JsonOpt = False,
+    batch: Annotated[Optional[str], typer.Option(
+        "--batch", help="Batch sizes, comma-separated (1,4,16): the hardware-aware tree per batch size from a "
+        "treeopt-latency-batch/1 profile (-l), printed as a table; -o writes one plan file for a server, "
+        "--format ENGINE adds that engine's setting per batch range.")] = None,
 ) -> None:
     """Find the speculation tree with the most expected tokens per second (or per step without --latency).
     With --pair-acceptance: the grafted tree of a light and a strong drafter, against each alone and their
@@ -113,6 +117,20 @@ def solve(
     from ..solver import choose, compare_baselines
     from ..solver.depth import ACCEPTANCE_MODELS, solve_profile
 
+    if batch is not None:
+        if dynamic is not None or pair_acceptance is not None or compare:
+            raise SolverError("--batch solves one drafter's static tree per batch size: drop --dynamic, "
+                              "--pair-acceptance and --compare")
+        if not acceptance or len(acceptance) > 1 or (latency and len(latency) > 1):
+            raise SolverError("--batch takes one --acceptance and one --latency profile")
+        from .solve_batch import solve_batch
+
+        solve_batch(batch, acceptance[0], latency[0] if latency else None,
+                    budget=SINGLE_DEFAULTS["budget"] if budget is None else budget,
+                    max_depth=SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth,
+                    max_branching=SINGLE_DEFAULTS["max_branching"] if max_branching is None else max_branching,
+                    context=context, output=output, fmt=fmt, acceptance_model=acceptance_model, as_json=as_json)
+        return
     from .engine import is_llamacpp_format
 
     if is_llamacpp_format(fmt):

@@ -21,6 +21,13 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
+    @classmethod
+    def of_buffers(cls, k: torch.Tensor, v: torch.Tensor) -> "KVCache":
+        """A cache over existing (B, Hkv, S, D) buffers (views of another cache's rows: writes go there)."""
+        cache = cls.__new__(cls)
+        cache.k, cache.v = k, v
+        return cache
+
     def update(self, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, Hkv, T, D) at slots ``input_pos`` (T,) int64; return the full (k, v) buffers."""
         self.k.index_copy_(2, input_pos, k.to(self.k.dtype))
@@ -68,3 +75,47 @@ class ModelKVCache:
             for buf in (layer.k, layer.v):
                 moved = buf.index_select(2, src_slots)  # (B, Hkv, A, D), a copy
                 buf.index_copy_(2, dst, moved)
+
+    # ------------------------------------------------------------------ batch > 1 (decoding/batched.py)
+    @property
+    def batch(self) -> int:
+        """Rows of the buffers (sequences of a batch)."""
+        return int(self.layers[0].k.shape[0]) if self.layers else 0
+
+    def rows(self, start: int, stop: int) -> "ModelKVCache":
+        """The cache of batch rows ``[start, stop)``: views sharing this cache's buffers (a write through it is a
+        write here). A batched decoder prefills row i through ``rows(i, i + 1)`` with the batch-1 forward, and
+        decodes its b live sequences through ``rows(0, b)``."""
+        view = ModelKVCache.__new__(ModelKVCache)
+        view.layers = [KVCache.of_buffers(layer.k[start:stop], layer.v[start:stop]) for layer in self.layers]
+        view.max_len = self.max_len
+        return view
+
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        """Move batch rows ``keep`` (K,) int64 (ascending) to rows ``[0, K)``, in every layer (a finished
+        sequence leaves the batch; rows past K are then stale)."""
+        K = int(keep.numel())
+        if torch.equal(keep, torch.arange(K, device=keep.device)):
+            return
+        for layer in self.layers:
+            for buf in (layer.k, layer.v):
+                buf[:K] = buf.index_select(0, keep)  # index_select copies first, so overlap is safe
+
+    def compact_rows(self, src_slots: torch.Tensor, dst_start: int) -> None:
+        """Per-row compaction: row b's slots ``src_slots[b]`` ((B, A) int64, any order) move to consecutive
+        slots ``[dst_start, dst_start + A)`` of row b, in every layer (reads before writes, so overlapping
+        ranges are safe). Rows accepting fewer than A slots pad their row of ``src_slots`` with any valid
+        slot; the batched decoder marks those destination slots invalid.
+
+        Raises :class:`DecodingError` when a slot lies outside the cache.
+        """
+        B, A = src_slots.shape
+        if A == 0:
+            return
+        if dst_start < 0 or dst_start + A > self.max_len or int(src_slots.min()) < 0 or int(src_slots.max()) >= self.max_len:
+            raise DecodingError(f"compaction of {A} slots to {dst_start} does not fit a cache of {self.max_len}")
+        for layer in self.layers:
+            for buf in (layer.k, layer.v):
+                _, H, _, D = buf.shape
+                idx = src_slots.view(B, 1, A, 1).expand(B, H, A, D)
+                buf[:, :, dst_start:dst_start + A] = buf.gather(2, idx)

@@ -63,24 +63,32 @@ def random_weight_model(config: ModelConfig, *, device: torch.device | str, dtyp
 
 
 def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cache,
-                  num_layers: int | None = None) -> Callable[[], None]:
+                  num_layers: int | None = None, rows: int | None = None) -> Callable[[], None]:
     """A closure running one forward of ``model`` over n random tokens after ``context`` cached tokens (only
-    its first ``num_layers`` blocks, then norm and LM head, when given: the self layer-skip draft)."""
+    its first ``num_layers`` blocks, then norm and LM head, when given: the self layer-skip draft). With
+    ``rows`` = b: b rows of n tokens each, through the batched decoder's path (a per-row
+    :class:`~sequoia_opt.attention.RowPrefix`, every prefix slot valid; ``cache`` has >= b rows)."""
     device = model.device
-    tokens = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+    tokens = torch.randint(0, model.config.vocab_size, (1 if rows is None else rows, n), device=device)
     slots = torch.arange(context, context + n, device=device)
     mask = causal_tree_mask(n, device)
+    prefix = context
+    if rows is not None:
+        from ..attention import RowPrefix
+
+        prefix = RowPrefix(context, torch.ones(rows, context, dtype=torch.bool, device=device))
+        cache = cache.rows(0, rows)
 
     @torch.inference_mode()
     def call() -> None:
-        model(tokens, slots, cache=cache, cache_slots=slots, prefix_len=context, tree_mask=mask,
+        model(tokens, slots, cache=cache, cache_slots=slots, prefix_len=prefix, tree_mask=mask,
               backend=backend, num_layers=num_layers)
 
     return call
 
 
 def time_forward(model: Transformer, n: int, context: int, *, backend: str = "auto",
-                 cache=None, num_layers: int | None = None, **timing_kw) -> Timing:
+                 cache=None, num_layers: int | None = None, rows: int | None = None, **timing_kw) -> Timing:
     """Time one forward of ``model`` over n new tokens after ``context`` cached tokens (batch 1), through its
     first ``num_layers`` blocks only when given.
 
@@ -88,18 +96,19 @@ def time_forward(model: Transformer, n: int, context: int, *, backend: str = "au
     time. Returns a :class:`Timing` in ms.
     """
     if cache is None:
-        cache = model.new_cache(context + n)
-    return time_call(_forward_call(model, n, context, backend=backend, cache=cache, num_layers=num_layers),
-                     model.device, **timing_kw)
+        cache = model.new_cache(context + n, batch=rows or 1)
+    return time_call(_forward_call(model, n, context, backend=backend, cache=cache, num_layers=num_layers,
+                                   rows=rows), model.device, **timing_kw)
 
 
 def time_forward_paired(model: Transformer, n: int, reference: int, context: int, *, backend: str = "auto",
-                        cache=None, num_layers: int | None = None, **timing_kw) -> tuple[Timing, Timing]:
+                        cache=None, num_layers: int | None = None, rows: int | None = None,
+                        **timing_kw) -> tuple[Timing, Timing]:
     """Time forwards over n and over ``reference`` tokens alternately, call by call
     (:func:`~sequoia_opt.profiling.timing.time_alternating`). Returns (Timing of n, Timing of reference), ms."""
     if cache is None:
-        cache = model.new_cache(context + max(n, reference))
-    calls = [_forward_call(model, k, context, backend=backend, cache=cache, num_layers=num_layers)
+        cache = model.new_cache(context + max(n, reference), batch=rows or 1)
+    calls = [_forward_call(model, k, context, backend=backend, cache=cache, num_layers=num_layers, rows=rows)
              for k in (n, reference)]
     t_n, t_ref = time_alternating(calls, model.device, **timing_kw)
     return t_n, t_ref
@@ -108,8 +117,11 @@ def time_forward_paired(model: Transformer, n: int, reference: int, context: int
 def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Sequence[int], *,
                   what: str = "target", backend: str = "auto", progress: ProgressFn | None = None,
                   rounds: int = 1, paired: bool = False, num_layers: int | None = None,
-                  **timing_kw) -> list[LatencyTable]:
+                  rows: int | None = None, **timing_kw) -> list[LatencyTable]:
     """Measure ``model`` at every (context, n) pair. Returns one :class:`LatencyTable` per context.
+
+    ``rows`` = b times b rows of n tokens per forward through the batched decoder's attention path
+    (T(b, n), :mod:`sequoia_opt.profiling.batch`); None is the batch-1 path.
 
     ``num_layers`` times the model's first ``num_layers`` blocks + final norm + LM head only: the cost c(w)
     of the self layer-skip drafter ``self:L`` (:class:`~sequoia_opt.decoding.drafters.LayerSkipDrafter`).
@@ -140,11 +152,11 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
         raise ProfileError(f"rounds must be at least 1, got {rounds}")
 
     def timers_at(ctx: int):
-        cache = model.new_cache(ctx + max(token_counts))
+        cache = model.new_cache(ctx + max(token_counts), batch=rows or 1)
         one = lambda n: time_forward(model, n, ctx, backend=backend, cache=cache,  # noqa: E731
-                                     num_layers=num_layers, **timing_kw)
+                                     num_layers=num_layers, rows=rows, **timing_kw)
         pair = lambda n, r: time_forward_paired(model, n, r, ctx, backend=backend, cache=cache,  # noqa: E731
-                                                num_layers=num_layers, **timing_kw)
+                                                num_layers=num_layers, rows=rows, **timing_kw)
         return one, pair
 
     return sweep_grid(timers_at, token_counts, contexts, what=what, progress=progress, rounds=rounds,

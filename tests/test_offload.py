@@ -1,0 +1,115 @@
+"""Offloading regime: the cost model on synthetic bandwidths (flat T(n) while the copy hides compute, the
+pipeline formula, the deep narrow trees solve chooses there), the offload mode's layer streaming on CPU (same
+logits and greedy output as the resident model; one copy per layer per forward), and the refusals without
+CUDA."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from sequoia_opt.errors import ProfileError
+from sequoia_opt.model import ModelConfig, Transformer
+from sequoia_opt.model.offload import layer_bytes, offload_layers
+from sequoia_opt.profiles import LatencyCurve
+from sequoia_opt.solver import choose
+from sequoia_opt.solver.offload import OffloadModel, offload_curve, roofline_layer_ms, synthetic_offload_model
+from sequoia_opt.tree import Tree
+
+P = [0.52, 0.12, 0.06, 0.04, 0.03, 0.02, 0.015, 0.01]  # a Sequoia-like positional vector
+NS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def test_pipeline_formula_and_flat_curve_while_transfer_bound():
+    # 10 layers of 100 MB over 20 GB/s: 5 ms per copy; compute 0.5 ms + 0.02 ms per token
+    m = OffloadModel(n_layers=10, layer_bytes=100e6, h2d_gbps=20.0,
+                     layer_compute_ms={n: 0.5 + 0.02 * n for n in NS}, resident_ms={n: 0.1 for n in NS},
+                     overhead_ms=0.3)
+    assert m.transfer_ms == pytest.approx(5.0)
+    # transfer-bound (c(n) <= 5 ms up to n = 225): first copy + 9 x copy + last compute + resident + overhead
+    for n in (1, 64, 128):
+        assert m.target_ms(n) == pytest.approx(5.0 + 9 * 5.0 + (0.5 + 0.02 * n) + 0.1 + 0.3)
+    assert m.target_ms(128) / m.target_ms(1) < 1.06  # flat far past 64 tokens
+    assert m.transfer_bound_until() == 128
+    c256 = 0.5 + 0.02 * 256  # compute-bound at 256: the copies hide behind compute
+    assert m.target_ms(256) == pytest.approx(5.0 + 9 * c256 + c256 + 0.4)
+    # the same layers resident-speed link (1000 GB/s): compute dominates from n = 1
+    fast = OffloadModel(10, 100e6, 1000.0, {n: 0.5 + 0.02 * n for n in NS})
+    assert fast.target_ms(256) / fast.target_ms(1) > 5
+    with pytest.raises(ProfileError, match="outside the measured range"):
+        m.target_ms(512)
+    with pytest.raises(ProfileError, match="h2d_gbps > 0"):
+        OffloadModel(10, 100e6, 0.0, {1: 1.0})
+
+
+def test_solve_chooses_deep_narrow_trees_when_offloaded():
+    """Llama-2-7B (fp16) on an L40-like GPU: offloaded over PCIe 4 (25 GB/s) against resident. Offloaded, T(n)
+    is flat to hundreds of tokens and the draft (resident) is cheap next to it, so the tree is much deeper and
+    bigger, and its speedup far larger (Sequoia section 4's offloading regime)."""
+    cfg = ModelConfig.preset("llama-2-7b")
+    off = synthetic_offload_model(cfg, NS, h2d_gbps=25.0, tflops=180.0, hbm_gbps=860.0, context=256)
+    draft = {w: 0.6 + 0.002 * w for w in NS}  # a 68M draft on the device
+    curve = offload_curve(off, NS, draft, step_overhead_ms=0.5, context=256, profile_id="offload-7b")
+    assert curve.target_ms(256) / curve.target_ms(1) < 1.1
+    assert curve.device["offload"]["h2d_gbps"] == 25.0 and curve.device["offload"]["n_layers"] == 32
+    # resident on the same GPU: weights from HBM each layer; compute-bound past ~100 tokens
+    res = {n: sum(roofline_layer_ms(n, dim=4096, intermediate=11008, n_heads=32, n_kv_heads=32, head_dim=128,
+                                    context=256, bytes_per_param=2, tflops=180.0, hbm_gbps=860.0)
+                  for _ in range(32)) for n in NS}
+    resident = LatencyCurve.synthetic(res, draft, step_overhead_ms=0.5, context=256, id="resident-7b")
+    a = choose(P, curve, 256, 16)
+    b = choose(P, resident, 256, 16)
+    assert a.tree.tree_depth >= 8 and a.tree.tree_depth > b.tree.tree_depth
+    assert a.tree.size > b.tree.size
+    assert a.speedup > b.speedup > 1
+
+
+def test_offload_mode_streams_layers_and_keeps_output(tmp_path):
+    cfg = ModelConfig.preset("tiny").with_(n_layers=3)
+    torch.manual_seed(0)
+    ref = Transformer(cfg).eval()
+    model = copy.deepcopy(ref)
+    nbytes = layer_bytes(model)
+    state = offload_layers(model, "cpu")
+    assert len(state.host) == 3 and len(state.slots) == 2 and nbytes == sum(t.numel() * 4 for t in state.host[0].values())
+    toks = torch.randint(0, cfg.vocab_size, (2, 7))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(toks), ref(toks))
+    assert state.copies == 3  # one copy per layer per forward
+    prompt = [3, 14, 15, 92, 65]
+    plain = AutoregressiveDecoder(ref, max_len=64).generate(prompt, 12).tokens
+    assert AutoregressiveDecoder(model, max_len=64).generate(prompt, 12).tokens == plain
+    draft = Transformer(cfg.with_(n_layers=1)).eval()
+    assert SpeculativeDecoder(model, draft, Tree.chain(4), max_len=64).generate(prompt, 12).tokens == plain
+    with pytest.raises(ValueError, match="already in offload mode"):
+        offload_layers(model, "cpu")
+
+
+def test_offload_profiling_refuses_without_cuda():
+    from sequoia_opt.profiling.offload import measure_h2d_gbps, profile_offload
+
+    with pytest.raises(ProfileError, match="not CUDA"):
+        measure_h2d_gbps(torch.device("cpu"))
+    m = Transformer(ModelConfig.preset("tiny")).eval()
+    with pytest.raises(ProfileError, match="not CUDA"):
+        profile_offload(m, None, [1, 2], [1], 8, device=torch.device("cpu"), target_name="t", draft_name=None,
+                        profile_id="x", dtype=torch.float32)
+
+
+def test_gpu_offload_script_dry_run(tmp_path):
+    """benchmarks/offload_gpu.py (what gpu_check.sh runs) end to end on a CPU: offload mode, solve, decode."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "offload_gpu.py"
+    spec = importlib.util.spec_from_file_location("offload_gpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--dry-run", "--out-dir", str(tmp_path), "--new-tokens", "4"]) == 0
+    doc = json.loads((tmp_path / "offload.json").read_text())
+    assert doc["dry_run"] and doc["decode"]["greedy_exact"] and doc["solved"]["nodes"] >= 2
+    assert (tmp_path / "offload-latency.yaml").is_file()
