@@ -32,27 +32,28 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         OutputError: the path is a directory, device or other non-regular file, or the OS refuses the
             write (one line naming the path and the reason).
     """
+    path = _target(path)
+    with atomic_output_path(path) as tmp:
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+        except OSError as err:
+            raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+    return path
+
+
+def _target(path: str | os.PathLike) -> Path:
+    """The file a write to ``path`` replaces: a symlink's target; a directory or device there is refused.
+
+    Raises:
+        OutputError: the path exists and is not a regular file.
+    """
     path = Path(path)
     if path.is_symlink():
         path = path.resolve()
     if path.exists() and not path.is_file():
         raise OutputError(f"cannot write {path}: it exists and is not a regular file")
-    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _default_mode()
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 
@@ -83,11 +84,7 @@ def atomic_output_path(path: str | os.PathLike):
     Raises:
         OutputError: as :func:`atomic_write_bytes` (a directory in the way, the OS refusing the write).
     """
-    path = Path(path)
-    if path.is_symlink():
-        path = path.resolve()
-    if path.exists() and not path.is_file():
-        raise OutputError(f"cannot write {path}: it exists and is not a regular file")
+    path = _target(path)
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _default_mode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

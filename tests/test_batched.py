@@ -5,7 +5,8 @@ the cache, per-row EOS / max_new_tokens stops and rows leaving the batch; the pe
 
 from __future__ import annotations
 
-import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,24 +15,13 @@ from sequoia_opt.attention import RowPrefix, TreeMask, causal_tree_mask, tree_at
 from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
 from sequoia_opt.decoding.batched import BatchedDecoder, batched_autoregressive
 from sequoia_opt.errors import DecodingError
-from sequoia_opt.model import ModelConfig, ModelKVCache, Transformer
+from sequoia_opt.model import ModelKVCache, Transformer
 from sequoia_opt.tree import Tree
 
-CFG = ModelConfig.preset("tiny")
+sys.path.insert(0, str(Path(__file__).parent))
 
-
-def _model(seed: int, cfg: ModelConfig = CFG) -> Transformer:
-    torch.manual_seed(seed)
-    return Transformer(cfg, device="cpu", dtype=torch.float32).eval()
-
-
-def _perturbed(model: Transformer, noise: float, seed: int) -> Transformer:
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * noise * p.std())
-    return out
+# the tiny models of the batch-1 decoding tests: a random target and a partly agreeing perturbed copy
+from test_decoding import CFG, _model, _perturbed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
