@@ -105,7 +105,7 @@ def treeopt_rows(args, prompts_ids, eos, pair, report_to: dict) -> tuple[list[di
     def plain_all():
         return [autoregressive_generate(pair.target, p, args.max_new_tokens, eos_ids=eos).tokens for p in prompts_ids]
 
-    reference, _ = _timed(plain_all)  # warm, tuned: the reference tokens for every other row
+    reference = plain_all()  # warm, tuned: the reference tokens for every other row
     untune(pair.target)
     plain_all()  # warm-up
     out, secs = _timed(plain_all)

@@ -152,6 +152,15 @@ WeightsOpt = Annotated[str, typer.Option(
     "Every CPU float32 model's linears are tuned for this machine at load (cached).")]
 
 
+def set_torch_threads(threads: Optional[int]) -> None:
+    """``--threads``: torch's CPU threads (None: torch's default). Raises TreeoptError below 1."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise TreeoptError("--threads must be at least 1")
+    torch.set_num_threads(threads)
+
+
 def note(msg: str) -> None:
     """One informational line on stderr (``note: ...``), e.g. the first-load linear tuning."""
     _err.print(f"[dim]note:[/] {msg}", markup=True, soft_wrap=True, highlight=False)

@@ -21,7 +21,8 @@ from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, MaxBranchingOpt, MaxDepthOpt,
                      ProfileOutputOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt, TopPOpt, TwoDraftsOpt,
                      WeightsOpt, _check_run_options, _check_writable, _csv_ints, _interruptible, _load_graft_tree, _print_error,
-                     _two_drafters, _write_all, app, handle_errors, mode_slug, note, progress_bar, setting_notes)
+                     _two_drafters, _write_all, app, handle_errors, mode_slug, note, progress_bar, set_torch_threads,
+                     setting_notes)
 from .render import render
 
 profile_app = typer.Typer(help="Measure the device (latency curve) and the model pair (acceptance vector); "
@@ -119,10 +120,7 @@ def profile_latency(
         raise TreeoptError(f"--rounds must be at least 1, got {rounds}")
     if not random_weights and (arch or draft_arch):
         raise TreeoptError("--arch / --draft-arch describe random-weight models: add --random-weights")
-    if threads is not None:
-        if threads < 1:
-            raise TreeoptError("--threads must be at least 1")
-        torch.set_num_threads(threads)
+    set_torch_threads(threads)
 
     def config_of(spec_text: str) -> ModelConfig:
         path = Path(spec_text)
@@ -260,19 +258,10 @@ def profile_linear_cmd(
     from ..pipeline import default_target_path, model_label
 
     check_precision(weights)
-    if threads is not None:
-        if threads < 1:
-            raise TreeoptError("--threads must be at least 1")
-        torch.set_num_threads(threads)
+    set_torch_threads(threads)
     tp = Path(target) if target else default_target_path()
     model, _ = load_checkpoint(tp, device="cpu", dtype=torch.float32)
-    from ..model.tuned_linear import tune_linears
-
-    if retune:
-        rep = tune_linears(model, precision=weights, use_cache=False, log=note,
-                           blocks=_int4_blocks(tp) if weights == "int4" else None)
-    else:
-        rep = tune_loaded_model(model, tp, weights=weights, log=note)
+    rep = tune_loaded_model(model, tp, weights=weights, log=note, use_cache=not retune)
     report = Report(title=f"CPU linear kernels of {model_label(tp)} on this machine ({weights})")
     report.summary = {"threads": torch.get_num_threads(), "plan": rep.cache,
                       "shapes timed now": len(rep.tuned_shapes), "seconds": round(rep.seconds, 1),
@@ -291,12 +280,6 @@ def profile_linear_cmd(
     report.data = {"precision": rep.precision, "choices": rep.choices, "timings_ms": rep.timings_ms,
                    "cache": rep.cache, "tuned_shapes": rep.tuned_shapes}
     render(report, as_json)
-
-
-def _int4_blocks(path: Path):
-    from ..model.gguf_loader import gguf_int4_blocks
-
-    return gguf_int4_blocks(path) if path.suffix.lower() == ".gguf" else {}
 
 
 @profile_app.command("acceptance")

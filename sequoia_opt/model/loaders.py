@@ -96,7 +96,7 @@ def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cp
 
 
 def tune_loaded_model(model: Transformer, path: str | os.PathLike | None, *, weights: str = "float32",
-                      log=None):
+                      log=None, use_cache: bool = True):
     """Tune a loaded CPU float32 model's linear layers for this machine
     (:func:`~sequoia_opt.model.tuned_linear.tune_linears`, cached per device), with the checkpoint's 4-bit
     blocks when ``weights="int4"`` and ``path`` is a GGUF with Q4_0 / Q4_1 linears.
@@ -106,6 +106,7 @@ def tune_loaded_model(model: Transformer, path: str | os.PathLike | None, *, wei
         path: its checkpoint, or None.
         weights: ``"float32"`` | ``"int4"`` | ``"int8"`` (:data:`~sequoia_opt.model.tuned_linear.PRECISIONS`).
         log: called with one line per notable event (shapes being timed; int4 with no 4-bit blocks).
+        use_cache: False times every shape again and replaces the cached plan (``profile linear --retune``).
 
     Returns:
         the :class:`~sequoia_opt.model.tuned_linear.TuningReport`, or None (not a CPU float32 model).
@@ -124,4 +125,4 @@ def tune_loaded_model(model: Transformer, path: str | os.PathLike | None, *, wei
         if not blocks and log is not None:
             log(f"--weights int4: {Path(path).name if path else 'this model'} has no Q4_0/Q4_1 linear weights; "
                 "its linears keep float32 kernels")
-    return tune_linears(model, precision=weights, blocks=blocks, log=log)
+    return tune_linears(model, precision=weights, blocks=blocks, log=log, use_cache=use_cache)
