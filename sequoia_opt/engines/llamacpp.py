@@ -85,13 +85,19 @@ class LlamaCppModel:
         n_threads: threads for single-token and batched decodes (both ``n_threads`` and ``n_threads_batch``).
         n_batch: most tokens one :meth:`decode` takes (default ``min(n_ctx, 512)``).
         n_seq_max: sequences the context holds (1 for a chain).
+        kv_type: the KV cache's element type, ``"f16"`` (llama.cpp's default, what a server runs) or ``"f32"``.
+        flash_attn: llama.cpp's flash attention; ``None`` lets llama.cpp choose (its default, "auto"). Its CPU
+            kernel rounds queries to f16, so with ``kv_type="f32"`` and ``flash_attn=False`` the logits of an F32
+            GGUF match a float32 reference to ~1e-5; with the defaults, to ~3e-3.
 
     Raises:
         EngineError: llama-cpp-python missing, or llama.cpp refusing the file (its error message, one line).
     """
 
     def __init__(self, path: str | Path, *, n_ctx: int = 2048, n_threads: int = 2, n_batch: int | None = None,
-                 n_seq_max: int = 1) -> None:
+                 n_seq_max: int = 1, kv_type: str = "f16", flash_attn: bool | None = None) -> None:
+        if kv_type not in ("f16", "f32"):
+            raise EngineError(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
         self._lib = lib = require_engine("llama.cpp")
         _install_log(lib)
         lib.llama_backend_init()
@@ -110,6 +116,10 @@ class LlamaCppModel:
         cparams.n_seq_max = int(n_seq_max)
         cparams.n_threads = cparams.n_threads_batch = int(n_threads)
         cparams.no_perf = True
+        cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32 if kv_type == "f32" else lib.GGML_TYPE_F16
+        if flash_attn is not None:
+            cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                       else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
