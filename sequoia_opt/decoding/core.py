@@ -53,6 +53,22 @@ def model_output_error(err: ValueError, model: Transformer, role: str | None = N
     return DecodingError(f"{describe_model(model, role)} produced unusable output: {err}")
 
 
+def verify_error(err: ValueError, target: Transformer, node: int | None, depth: int, drafter: str | None = None
+                 ) -> DecodingError:
+    """The :class:`DecodingError` for a sampling rule's refusal while verifying tree node ``node`` (None: the
+    whole tree's logits, greedy verification): a draft distribution the candidates came from
+    (:class:`~sequoia_opt.decoding.sampling.DraftDistributionError`) names the drafter (``drafter``, its
+    label) and the node, anything else the target (:func:`model_output_error`) and the node."""
+    from .sampling import DraftDistributionError
+
+    where = "" if node is None else f"at tree node {node} (depth {depth})"
+    if isinstance(err, DraftDistributionError):
+        who = f"drafter {drafter!r}" if drafter else "the drafter"
+        return DecodingError(f"{who} proposed the candidates {where} from a distribution verification cannot "
+                             f"use: {err}")
+    return DecodingError(f"{model_output_error(err, target, 'target')}" + (f"; {where}" if where else ""))
+
+
 def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, context: int,
                    model: str = "the model") -> None:
     """Refuse, before any forward pass, a generation that plain decoding could not serve either.

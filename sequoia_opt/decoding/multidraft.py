@@ -23,7 +23,7 @@ import torch
 from ..attention import TreeMask, resolve_backend
 from ..errors import DecodingError
 from ..model import Transformer
-from .core import DEFAULT_MAX_LEN, cached_forward, check_request, model_output_error, run_causal_chunk
+from .core import DEFAULT_MAX_LEN, cached_forward, check_request, run_causal_chunk, verify_error
 from .drafters import DraftSettings
 from .policies.base import DraftingPolicy, StepTree
 from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical, verify_greedy,
@@ -187,10 +187,10 @@ class MultiDraftDecoder:
     def accept(self, tree: StepTree, target_logits: torch.Tensor) -> Acceptance:
         """The accepted path and the bonus token: greedy, the target's argmax walk; sampling, per node its
         candidate groups in order (:func:`verify_groups_node`), then the bonus from p (or the residual)."""
+        node, depth, path, visits = 0, 0, [0], []
         try:
             if self.greedy:
                 return verify_greedy(argmax_tokens(target_logits), tree.tokens, tree.children)
-            node, depth, path, visits = 0, 0, [0], []
             while True:
                 p = process_logits(target_logits[node], self.temperature, self.top_p)  # (V,)
                 ch = tree.children[node]
@@ -208,7 +208,9 @@ class MultiDraftDecoder:
                 path.append(node)
                 depth += 1
         except ValueError as err:
-            raise model_output_error(err, self.target_model, "target") from None
+            k = getattr(err, "drafter", None)  # a DraftDistributionError names its group's drafter
+            raise verify_error(err, self.target_model, None if self.greedy else node, depth,
+                               None if k is None else self.policy.names[k]) from None
         tokens = tuple(tree.tokens[i] for i in path[1:]) + (bonus,)
         return Acceptance(tuple(path), tokens, tuple(visits))
 

@@ -42,6 +42,7 @@ __all__ = [
     "sample_excluding",
     "Acceptance",
     "NodeVisit",
+    "DraftDistributionError",
 ]
 
 
@@ -135,13 +136,26 @@ def process_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0)
     return probs
 
 
-def _check_weights(p: torch.Tensor, total: torch.Tensor, what: str) -> None:
+class DraftDistributionError(ValueError):
+    """A draft distribution q that candidates claim to be drawn from but the residual rule cannot use (NaN,
+    inf, a negative entry or no mass): the drafter's fault, not the target's.
+
+    Attributes:
+        drafter: the index of the drafter whose candidate group holds q (None where the caller knows it).
+    """
+
+    def __init__(self, message: str, drafter: int | None = None) -> None:
+        super().__init__(message)
+        self.drafter = drafter
+
+
+def _check_weights(p: torch.Tensor, total: torch.Tensor, what: str, error: type[ValueError] = ValueError) -> None:
     """Refuse (N, V) sampling weights ``p`` with row totals ``total`` (N, 1) unless every entry is >= 0
-    (False for NaN) and every total finite and > 0: one fused check, one device sync. Raises ValueError."""
+    (False for NaN) and every total finite and > 0: one fused check, one device sync. Raises ``error``."""
     ok = (p >= 0).all() & torch.isfinite(total).all() & (total > 0).all()
     if not bool(ok):
-        raise ValueError(f"{what} needs rows of finite, non-negative weights that are not all zero; got a row "
-                         "with NaN, inf, a negative entry or no mass")
+        raise error(f"{what} needs rows of finite, non-negative weights that are not all zero; got a row "
+                    "with NaN, inf, a negative entry or no mass")
 
 
 def _rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -252,12 +266,13 @@ def verify_sampling_batch(
         (N,) int64 the emitted token (the accepted candidate, or the residual sample).
 
     Raises:
-        ValueError: a row of q, or of p or a residual of p (checked where the token is sampled, by
-            :func:`sample_categorical`), with NaN, inf, a negative entry or no mass.
+        DraftDistributionError: a row of q with NaN, inf, a negative entry or no mass.
+        ValueError: a row of p or a residual of p (checked where the token is sampled, by
+            :func:`sample_categorical`) with NaN, inf, a negative entry or no mass.
     """
     p = p.float().clone()
     q = q.float().clone()
-    _check_weights(q, q.sum(1, keepdim=True), "verify_sampling_batch's draft distribution q")
+    _check_weights(q, q.sum(1, keepdim=True), "the draft distribution q", DraftDistributionError)
     N, k = candidates.shape
     device = p.device
     accepted = torch.full((N,), -1, dtype=torch.int64, device=device)
@@ -426,8 +441,8 @@ def verify_groups_node(
         residual.
 
     Raises:
-        ValueError: a q with NaN, inf, a negative entry or no mass, or a p / residual
-            :func:`sample_categorical` refuses.
+        DraftDistributionError: a group's q with NaN, inf, a negative entry or no mass (naming its drafter).
+        ValueError: a p / residual :func:`sample_categorical` refuses.
     """
     r = p.float().clone()  # (V,) the residual, normalised
     device = r.device
@@ -446,7 +461,10 @@ def verify_groups_node(
                 r[x] = 0.0
             continue
         q = g.q.float().clone()
-        _check_weights(q.reshape(1, -1), q.sum().reshape(1, 1), "verify_groups_node's draft distribution q")
+        try:
+            _check_weights(q.reshape(1, -1), q.sum().reshape(1, 1), f"the draft distribution q of candidate group {gi}")
+        except ValueError as err:
+            raise DraftDistributionError(str(err), g.drafter) from None
         for j, x in enumerate(toks):
             qx, rx = float(q[x]), float(r[x]) / max(float(r.sum()), 1e-30)
             if qx <= 0:

@@ -53,8 +53,8 @@ from ..errors import DecodingError
 from ..model import ModelKVCache, Transformer
 from ..tree import Tree
 from .buffers import TreeBuffers
-from .core import (DEFAULT_MAX_LEN, cached_forward, check_request, describe_model, model_output_error, run_causal_chunk,
-                   truncate)
+from .core import (DEFAULT_MAX_LEN, cached_forward, check_request, describe_model, run_causal_chunk, truncate,
+                   verify_error)
 from .drafters import DraftOutput, Drafter, DraftSettings, ModelDrafter, root_tree
 from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical, verify_greedy,
                        verify_point_mass_node, verify_sampling_node)
@@ -456,10 +456,10 @@ class SpeculativeDecoder:
         buf = self.buffers if depth_used == self.buffers.tree_depth else self._buffers_at(depth_used)
         children = buf.children
         tok_list = drafted.tokens.tolist()
+        node, depth, path, visits = 0, 0, [0], []
         try:
             if self.greedy:
                 return verify_greedy(argmax_tokens(target_logits), tok_list, children)
-            node, depth, path, visits = 0, 0, [0], []
             while True:
                 p = process_logits(target_logits[node], self.temperature, self.top_p)  # (V,)
                 ch = children[node]
@@ -479,7 +479,8 @@ class SpeculativeDecoder:
                 path.append(node)
                 depth += 1
         except ValueError as err:
-            raise model_output_error(err, self.target_model, "target") from None
+            raise verify_error(err, self.target_model, None if self.greedy else node, depth,
+                               type(self.drafter).__name__) from None
         tokens = tuple(tok_list[i] for i in path[1:]) + (bonus,)
         return Acceptance(tuple(path), tokens, tuple(visits))
 
