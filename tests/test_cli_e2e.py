@@ -327,3 +327,35 @@ def test_profile_acceptance_names_width_when_it_exceeds_the_vocabulary(workdir, 
     assert r.exit_code == 2
     assert "--width 300 asks for more candidates per node than the draft's vocabulary has tokens (257)" in r.output
     assert not (tmp_path / "acc.yaml").exists()
+
+
+def test_two_runs_into_one_results_folder_keep_both_files(workdir, tmp_path):
+    """Two `treeopt run` calls a moment apart (the old one-second run ids made them one id, the second's JSON
+    and CSV replacing the first's): both runs' files stay, each JSON naming its own run."""
+    root, target, draft, prompts = workdir
+    tree, res = tmp_path / "t.yaml", tmp_path / "res"
+    save_tree(tree, Tree.chain(2))
+    docs = []
+    for _ in range(2):
+        r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+                   "--num-prompts", "1", "--max-new-tokens", "2", "--results-dir", res, "--json")
+        assert r.exit_code == 0, r.output
+        docs.append(json.loads(r.stdout))
+    assert docs[0]["run_id"] != docs[1]["run_id"]
+    assert sorted(p.name for p in res.iterdir()) == sorted(f"{d['run_id']}{ext}" for d in docs
+                                                         for ext in (".json", ".csv"))
+    assert [json.loads(Path(d["json"]).read_text())["run_id"] for d in docs] == [d["run_id"] for d in docs]
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_run_refuses_a_results_dir_it_cannot_write_before_reading_anything(tmp_path, where):
+    """The results folder is checked first: with a --target that does not exist, the error is still the
+    results folder's (nothing is loaded or run before a results folder that cannot take the files fails)."""
+    (tmp_path / "f").write_text("x")
+    res = tmp_path / "f" if where == "file" else tmp_path / "f" / "res"
+    r = invoke("run", "--tree", tmp_path / "missing.yaml", "--target", tmp_path / "no-model", "--results-dir", res)
+    assert r.exit_code == 2, r.output
+    want = "it exists and is not a folder" if where == "file" else f"{tmp_path / 'f'} is not a folder"
+    assert f"--results-dir {res}: {want}" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert (tmp_path / "f").read_text() == "x"

@@ -408,3 +408,27 @@ def _check_writable(path: Path) -> None:
             if not parent.is_dir():
                 raise OutputError(f"cannot write {path}: {parent} is not a folder")
             break
+
+
+def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
+    """Refuse, before any model loads, a results folder that cannot take new files: a file (or device) at
+    the path or where one of its folders should be, or a folder this user cannot write (OutputError, one
+    line naming ``option``)."""
+    import os
+
+    from ..errors import OutputError
+
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise OutputError(f"{option} {path}: it exists and is not a folder (results are written into a folder)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputError(f"{option} {path}: this user cannot write into that folder")
+        return
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"{option} {path}: {parent} is not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise OutputError(f"{option} {path}: cannot create it, this user cannot write into {parent}")
+            break

@@ -33,7 +33,8 @@ from ..errors import TreeoptError
 from ..report import Report
 from ..tree import Tree, TreeMetadata
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt,
-                     TopPOpt, WeightsOpt, _check_run_options, _check_tree_readable, _graft_tree_names, _interruptible,
+                     TopPOpt, WeightsOpt, _check_results_dir, _check_run_options, _check_tree_readable,
+                     _graft_tree_names, _interruptible,
                      _load_graft_tree, _load_tree_entry, _print_error, app, handle_errors, note, progress_bar,
                      setting_notes)
 from ..decoding.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
@@ -142,6 +143,7 @@ def run_cmd(
     from ..pipeline import load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..prompts import demo_prompts_path, load_prompts
 
+    _check_results_dir(results_dir)  # before any file is read or model loaded: a run's results must land
     if engine_name(engine) != "treeopt":
         if engine_name(engine) != "llama.cpp":
             raise TreeoptError(f"run --engine {engine_name(engine)}: treeopt runs llama.cpp here; the GPU engines are "
