@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -206,3 +207,21 @@ def test_context_without_a_latency_profile_is_refused():
     assert r.exit_code == 2 and "--context selects where to read the latency profile" in r.output
     r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--context", "-5"])
     assert r.exit_code == 2 and "--context must be a number of tokens >= 0, got -5" in r.output
+
+
+def test_solve_compare_scores_the_baselines_with_the_solved_trees_value_model(tmp_path):
+    """A profile whose positional check failed is solved per depth; its baselines were scored with the pooled
+    vector (a chain of gamma=2 at 1 + 0.5 + 0.25 where per depth it is 1 + 0.2 + 0.16)."""
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nid: runs\nmeasured: {mode: greedy, positional_consistent: false}\n"
+                   "acceptance: [0.5, 0.1, 0.05]\nacceptance_by_depth:\n  1: [0.2, 0.1, 0.05]\n  2: [0.8, 0.05, 0.02]\n")
+    r = runner.invoke(app, ["solve", "-a", str(acc), "--budget", "8", "--max-depth", "4", "--compare", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["acceptance_model"] == "by-depth"
+    base = {b["name"]: b for b in doc["baselines"]}
+    gamma = base["chain"]["params"]["gamma"]
+    p1 = [0.2] + [0.8] * gamma  # per-depth p_1: depth 1, then depth 2 (and deeper, the last row)
+    want = sum(float(np.prod(p1[:j])) for j in range(gamma + 1))
+    assert base["chain"]["expected_tokens_per_step"] == pytest.approx(want, rel=1e-12)
+    assert base["best-first"]["expected_tokens_per_step"] <= doc["choice"]["expected_tokens_per_step"] + 1e-12

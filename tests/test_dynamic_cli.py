@@ -275,3 +275,32 @@ def test_profile_calibration_bad_options(workdir, tmp_path, args, fragment):
     r = invoke("profile", "acceptance", "--target", target, *extra, "--prompts", prompts, "-o", out, *args)
     _one_line_error(r, fragment)
     assert not out.exists()
+
+
+def test_solve_dynamic_scores_the_static_tree_as_solve_does(files, tmp_path):
+    """A profile whose positional check failed: solve values trees per depth; solve --dynamic's static row
+    did with the pooled vector (G 1.227 against 1.242 on the demo's prose profiles, one tree, two speedups).
+    Both now find the same tree and give it the same G and speedup."""
+    cal, lat = files
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nid: runs\nmeasured: {mode: greedy, positional_consistent: false}\n"
+                   "acceptance: [0.5, 0.1, 0.05]\nacceptance_by_depth:\n  1: [0.3, 0.1, 0.05]\n"
+                   "  2: [0.8, 0.05, 0.02]\n")
+    r = invoke("solve", "-a", acc, "-l", lat, "--budget", "8", "--json")
+    assert r.exit_code == 0, r.output
+    solved = json.loads(r.stdout)
+    r = invoke("solve", "--dynamic", cal, "-a", acc, "-l", lat, "--json")
+    assert r.exit_code == 0, r.output
+    static = json.loads(r.stdout)["static"]
+    assert solved["acceptance_model"] == static["acceptance_model"] == "by-depth"
+    assert static["choices"] == solved["tree"]["choices"]
+    assert static["expected_tokens_per_step"] == pytest.approx(solved["choice"]["expected_tokens_per_step"], rel=1e-12)
+    assert static["speedup"] == pytest.approx(solved["choice"]["speedup"], rel=1e-12)
+    # and not the pooled vector's figure
+    from sequoia_opt.solver import expected_tokens_by_depth
+    from sequoia_opt.tree import Tree
+
+    t = Tree.from_choices(static["choices"])
+    assert static["expected_tokens_per_step"] == pytest.approx(
+        expected_tokens_by_depth(t, [[0.3, 0.1, 0.05], [0.8, 0.05, 0.02]]))
+    assert t.size > 2 and abs(t.expected_tokens([0.5, 0.1, 0.05]) - static["expected_tokens_per_step"]) > 1e-3

@@ -248,9 +248,9 @@ def run_cmd(
                                                max_depth=max_depth, max_branching=max_branching)
         entries = [x for pair in zip(entries, twins) for x in pair]  # each adaptive tree after its static one
     baseline_notes: list[str] = []
+    value_label = None
     if compare:
-        extra, baseline_notes = _baseline_entries(acceptance_path, latency_path, max(e.tree.size for e in entries),
-                                                  max(max(e.tree.tree_depth for e in entries), 1))
+        entries, extra, baseline_notes, value_label = _baseline_entries(entries, acceptance_path, latency_path)
         entries += extra
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
@@ -278,7 +278,7 @@ def run_cmd(
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model)]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
-                             settings={"prompts": str(prompts or "demo eval prompts")})
+                             settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
     report.warnings = warnings + report.warnings
     report.notes = adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
     if compare:
@@ -415,7 +415,8 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
                       "max new tokens": max_new_tokens, "mode": mode,
                       "plain decoding (tokens/s)": run.summaries[0].tokens_per_s, "results": f"{jpath}, {cpath}"}
     report.tables.append(drafter_table(cmp.rows))
-    report.tables.append(_trees_table(run, temperature))
+    report.tables.append(_trees_table(run, temperature, "each drafter's own profiles and acceptance model, as in "
+                                                        "the drafters table"))
     for plan, (a, lat) in zip(plans, paths):
         report.notes.append(f"{plan.label}: tree solved from {a} and {lat} (budget {plan.budget}, max depth "
                             f"{plan.max_depth}, max branching {plan.max_branching}, context {plan.context})")
@@ -578,7 +579,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                       "prompts": len(ids), "max new tokens": max_new_tokens,
                       "mode": "greedy" if temperature == 0 else "sampling",
                       "plain decoding (tokens/s)": run.summaries[0].tokens_per_s, "results": f"{jpath}, {cpath}"}
-    report.tables.append(_trees_table(run, temperature))
+    report.tables.append(_trees_table(run, temperature, None if merge else "the grafted trees' files (pair profile)"))
     title, cols, rows = _drafters_table(run)
     report.tables.append((title, cols, rows))
     for m in run.mismatch_details:
@@ -604,38 +605,88 @@ def _drafters_table(run) -> tuple[str, list[str], list[list]]:
             rows)
 
 
-def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budget: int,
-                      max_depth: int) -> tuple[list, list[str]]:
-    """The best chain and k-ary tree within ``budget`` nodes and ``max_depth`` (the largest tree's size and
-    depth), scored under the acceptance profile (and latency profile). Returns ``(entries, notes)``: when
-    the latency profile stops short of ``budget`` tokens the baselines are chosen within what it measured,
-    and a note says so (it goes to the output and the JSON)."""
+def _baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path]) -> tuple[list, list, list[str], str]:
+    """``--compare``: the best chain and k-ary tree within the largest --tree's size and depth, and every
+    static tree of the table scored under ONE value model (:class:`~sequoia_opt.solver.depth.ValueModel`):
+    the model the --tree files were solved with when they agree (else the profile's ``auto`` model, as
+    ``treeopt solve``), from the acceptance profile given here, and the latency profile's cost model. A tree
+    whose file predicted otherwise is re-scored (a note gives both figures); a baseline that is one of the
+    --tree files is not run twice (a note says so); when the latency profile stops short of the largest tree,
+    the baselines are chosen within what it measured (a note says so).
+
+    Returns:
+        ``(entries, baselines, notes, label)``: ``entries`` with the static trees' predictions re-scored, the
+        baseline entries, the notes (they go to the output and the JSON) and the value model's label (the
+        trees table's title names it).
+    """
+    from dataclasses import replace
+
+    from ..errors import ProfileError
     from ..evaluation import TreeEntry
     from ..profiles import load_acceptance, load_latency
-    from ..solver import compare_baselines
+    from ..solver import compare_baselines, step_cost
+    from ..solver.depth import ValueModel
 
     if acceptance is None:
         raise TreeoptError("--compare needs --acceptance (to pick the best chain and k-ary tree)")
     acc = load_acceptance(acceptance)
     curve = load_latency(latency) if latency else None
+    static = [e for e in entries if e.policy is None and e.adapter is None]
+    recorded = {e.metadata.extra.get("acceptance_model") for e in static}
+    model = recorded.pop() if len(recorded) == 1 and None not in recorded else "auto"
     notes = []
+    if model == "by-depth" and not acc.by_depth:
+        notes.append(f"--compare: the trees were solved with per-depth acceptance, profile {acc.id!r} has no "
+                     "per-depth vectors: every tree is scored with its positional vector")
+        model = "positional"
+    vm = ValueModel.of_profile(acc, model if model in ("positional", "by-depth") else "auto")
+
+    def predict(tree):  # (G, speedup) under the table's value model and cost model; speedup None off the curve
+        g = vm.expected_tokens(tree)
+        if curve is None:
+            return g, None
+        try:
+            return g, step_cost(tree.level_widths, g, curve).speedup
+        except ProfileError:
+            return g, None
+
+    out_entries = []
+    for e in entries:
+        if e.policy is not None or e.adapter is not None:
+            out_entries.append(e)
+            continue
+        g, sp = predict(e.tree)
+        old = e.metadata.expected_tokens_per_step
+        if old is not None and abs(old - g) > 5e-4:
+            notes.append(f"tree {e.name!r}: predicted {g:.3f} tokens/step under {vm.label} (its file: {old:.3f}, "
+                         f"{e.metadata.extra.get('acceptance_model') or 'positional'} acceptance of profile "
+                         f"{e.metadata.acceptance_profile!r}): every tree of the table is scored one way")
+        out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g, predicted_speedup=sp)))
+    budget = max(e.tree.size for e in static)
+    max_depth = max(max(e.tree.tree_depth for e in static), 1)
     if curve is not None and budget > curve.max_target_tokens():
         measured = curve.max_target_tokens()
         notes.append(f"--compare baselines limited to {measured} nodes (asked: {budget}, the largest tree): latency "
                      f"profile {curve.id!r} was measured up to {measured} target tokens; profile more tokens "
                      f"(treeopt profile latency --max-tokens {budget}) to compare at the trees' size")
         budget = measured
+    runs = {tuple(map(tuple, e.tree.choices())): e.name for e in static}
     out = []
-    for b in compare_baselines(acc.acceptance, budget, max_depth, 32, curve):
+    for b in compare_baselines(vm.acceptance, budget, max_depth, 32, curve, by_depth=vm.rows):
         if b.name.startswith(("chain", "k-ary")):
             if b.note:
                 notes.append(b.note)
+            label = f"{b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items())
+            same = runs.get(tuple(map(tuple, b.tree.choices())))
+            if same is not None:
+                notes.append(f"--compare: the best {label} is tree {same!r} itself; it runs once, under that name")
+                continue
             meta = TreeMetadata(budget=b.tree.size, expected_tokens_per_step=b.expected_tokens,
                                 predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
-                                latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}")
-            out.append(TreeEntry(name=f"{b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items()),
-                                 tree=b.tree, metadata=meta))
-    return out, notes
+                                latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}",
+                                extra={"acceptance_model": vm.name})
+            out.append(TreeEntry(name=label, tree=b.tree, metadata=meta))
+    return out_entries, out, notes, vm.label
 
 
 def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], latency: Optional[list[Path]], *,
@@ -733,23 +784,55 @@ def _check_trees_fit(entries, pair) -> None:
                                f"vocabulary has only {V} tokens")
 
 
+def _prediction_label(entries, value_label: str | None = None) -> tuple[str, list[str]]:
+    """What the trees table's predicted columns are, for its title: the static trees' value model
+    (``value_label`` when --compare scored them all, else what their files record: acceptance model and
+    profile), then the adaptive trees' and dynamic settings' own models. Returns ``(label, warnings)``: a
+    warning when the static trees' files record more than one value model."""
+    parts, warnings = [], []
+    if value_label is not None:
+        parts.append(value_label)
+    else:
+        groups: dict[str, list[str]] = {}
+        for e in entries:
+            m = e.metadata
+            if e.policy is None and e.adapter is None and m.expected_tokens_per_step is not None:
+                key = f"{m.extra.get('acceptance_model') or 'positional'} acceptance" + (
+                    f" of profile {m.acceptance_profile!r}" if m.acceptance_profile else "")
+                groups.setdefault(key, []).append(e.name)
+        if len(groups) == 1:
+            parts.append(f"{next(iter(groups))}, from the tree files")
+        elif groups:
+            parts.append("; ".join(f"{k} for {', '.join(v)}" for k, v in groups.items()))
+            warnings.append("the predicted columns mix value models (" + "; ".join(groups) + "): one tree file's "
+                            "figures are not comparable with another's; --compare -a PROFILE scores every tree "
+                            "under one")
+    if any(e.adapter is not None for e in entries):
+        parts.append("adaptive trees: their last re-solve's positional estimate")
+    if any(e.policy is not None and str(e.metadata.solver or "").startswith("dynamic") for e in entries):
+        parts.append("dynamic settings: their calibration profile")
+    return "; ".join(parts), warnings
+
+
 def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, seed, backend, results_dir,
-                    as_json, settings) -> Report:
+                    as_json, settings, value_label: str | None = None) -> Report:
     from ..evaluation import run_trees
 
+    predicted, label_warnings = _prediction_label(entries, value_label)
     with progress_bar() as progress:
         run = run_trees(pair.target, pair.new_drafter, entries, ids, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
                         backend=backend, progress=progress,
                         settings={"target": pair.target_name, "draft": pair.draft_name,
-                                  "draft_cost_model": pair.cost_model, **settings})
+                                  "draft_cost_model": pair.cost_model, "predicted_by": predicted, **settings})
     jpath, cpath = run.save(results_dir)
     report = Report(title="treeopt run")
     plain = run.summaries[0]
     report.summary = {"target": pair.target_name, "draft": pair.draft_name, "prompts": len(ids),
                       "max new tokens": max_new_tokens, "mode": "greedy" if temperature == 0 else "sampling",
                       "plain decoding (tokens/s)": plain.tokens_per_s, "results": f"{jpath}, {cpath}"}
-    report.tables.append(_trees_table(run, temperature))
+    report.warnings = label_warnings
+    report.tables.append(_trees_table(run, temperature, predicted))
     if any(s.adaptive for s in run.summaries):
         table, notes = _resolve_table(run)
         report.tables.append(table)
@@ -762,15 +845,16 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     return report
 
 
-def _trees_table(run, temperature: float) -> tuple[str, list[str], list[list]]:
-    """The per-tree table of a run: measured against predicted, the time split, and greedy equality."""
+def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple[str, list[str], list[list]]:
+    """The per-tree table of a run: measured against predicted, the time split, and greedy equality; the
+    title names what the predicted columns come from (``predicted``)."""
     rows = []
     for s in run.summaries[1:]:
         rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f} to {s.tps_ci95[1]:.3f}",
                      s.predicted_tokens_per_step, s.tokens_per_s, s.speedup, s.predicted_speedup,
                      s.draft_ms, s.verify_ms, s.bookkeeping_ms,
                      "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
-    return ("trees against plain decoding",
+    return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else ""),
             ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "tokens/s", "speedup",
              "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
 
