@@ -39,7 +39,7 @@ from .pipeline import DrafterSpec, ModelPair, drafter_slug, load_pair, parse_dev
 from .report import Report
 from .profiles import LatencyCurve, save_acceptance, save_latency
 from .profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
-from .profiling.device import device_slug
+from .profiling.device import device_name, device_slug
 from .model.tuned_linear import linear_record
 from .profiling.layers import default_layer_grid, sweep_layers
 from .profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
@@ -176,7 +176,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                            new_tokens: int):
         return build_acceptance_profile(
             counts, profile_id=f"{tname}__{drafter_slug(label)}_greedy", target_name=tname, draft_name=label,
-            temperature=0.0, top_p=1.0, depth=depth, device=str(dev), dtype=dtype_name,
+            temperature=0.0, top_p=1.0, depth=depth, device=device_name(dev), dtype=dtype_name,
             prompts_file="sequoia_opt/data/prompts/profile.jsonl", num_prompts=n_prompts, max_new_tokens=new_tokens,
             seed=0, draft_cost_model=cost_model)
 

@@ -81,6 +81,7 @@ a strong drafter measured together for grafted trees (issue 16), per depth one c
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -897,6 +898,27 @@ def save_latency(path: str | Path, curve: LatencyCurve) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- mismatch
+_DEVICE_TYPE = re.compile(r"(cpu|cuda|mps|xpu|hip)(:\d+)?")
+
+
+def same_device(recorded: Any, name: Any, device_type: str | None = None) -> bool:
+    """Whether a profile's recorded device is the device ``name`` (of torch type ``device_type``). Profiles
+    record the device's name (``profiling.device.device_name``: the CPU model, the GPU's name); files
+    written before acceptance profiles did hold its type (``cpu``, ``cuda:0``), which matches every device of
+    that type (one device, one name: "cpu" and "AMD EPYC 7B13" are the same machine). Names compare without
+    case or surrounding blanks.
+    """
+    r, n = str(recorded).strip().lower(), str(name).strip().lower()
+    r_type, n_type = _DEVICE_TYPE.fullmatch(r), _DEVICE_TYPE.fullmatch(n)
+    if r_type and n_type:
+        return r_type.group(1) == n_type.group(1)
+    if r_type:
+        return device_type is None or r_type.group(1) == device_type.strip().lower().split(":")[0]
+    if n_type:
+        return True  # the caller knows only the type: a name cannot be told apart from it
+    return r == n
+
+
 def warn_on_mismatch(
     *,
     acceptance: AcceptanceProfile | None = None,
@@ -905,17 +927,24 @@ def warn_on_mismatch(
     dtype: str | None = None,
     target: str | None = None,
     draft: str | None = None,
+    device_type: str | None = None,
 ) -> list[str]:
     """Warnings (strings, one per problem) when the profiles were measured on another device / dtype / model
     pair than the one in use, or disagree with each other. Values that are unknown on either side are not
-    compared. Returns ``[]`` when everything matches.
+    compared. ``device`` is the device's name (``profiling.device.device_name``), ``device_type`` its torch
+    type (``cpu``, ``cuda``), for profiles that recorded only a type (:func:`same_device`). Returns ``[]``
+    when everything matches.
     """
     out: list[str] = []
 
     def cmp(label: str, have: Any, want: Any, pid: str) -> None:
         if have is None or want is None:
             return
-        if str(have).strip().lower() != str(want).strip().lower():
+        if label == "device":
+            differs = not same_device(have, want, device_type)
+        else:
+            differs = str(have).strip().lower() != str(want).strip().lower()
+        if differs:
             out.append(f"profile {pid!r} was measured with {label} {have!r}, but this run uses {want!r}")
 
     if acceptance is not None:

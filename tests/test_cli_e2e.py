@@ -52,6 +52,7 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     prof = load_acceptance(acc)
     assert prof.width == 4 and prof.counts is not None and prof.counts.sum() == prof.num_samples
     assert prof.measured["mode"] == "greedy" and prof.measured["num_prompts"] == 6
+    assert prof.measured["device"] == curve.device["name"]  # one name per device (was "cpu" here, a CPU model there)
     assert 0 < prof.acceptance.sum() <= 1
 
     r = invoke("solve", "-a", acc, "-l", lat, "--budget", "12", "--max-depth", "5", "-o", tree, "--json")

@@ -225,3 +225,20 @@ def test_solve_compare_scores_the_baselines_with_the_solved_trees_value_model(tm
     want = sum(float(np.prod(p1[:j])) for j in range(gamma + 1))
     assert base["chain"]["expected_tokens_per_step"] == pytest.approx(want, rel=1e-12)
     assert base["best-first"]["expected_tokens_per_step"] <= doc["choice"]["expected_tokens_per_step"] + 1e-12
+
+
+def test_solve_default_budget_fits_the_latency_profile(tmp_path):
+    """The default budget (128) was refused on a profile measured to 64 tokens; it is lowered to what the
+    profile measured, with a note. An explicit --budget past it is still refused."""
+    from sequoia_opt.profiles import LatencyCurve, save_latency
+
+    lat = save_latency(tmp_path / "lat.yaml", LatencyCurve.synthetic(
+        {1: 10.0, 8: 10.5, 16: 11.0, 32: 13.0, 64: 20.0}, {w: 1.0 for w in (1, 8, 16, 32, 64)}, id="to64"))
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(lat), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["budget_limit"] == 64 and doc["choice"]["nodes"] <= 64
+    assert ("budget 64 (the default is 128): latency profile 'to64' was measured up to 64 target tokens, and T(n) "
+            "is never extrapolated (--budget sets it)") in doc["notes"]
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(lat), "--budget", "128"])
+    assert r.exit_code == 2 and "budget 128 exceeds the largest target token count 64" in r.output

@@ -42,16 +42,21 @@ from .render import render
 
 
 def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
-                           draft: str, draft_cost_model: str | None = None) -> list[str]:
+                           draft: str, draft_cost_model: str | None = None, device_type: str | None = None) -> list[str]:
     """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
-    one it is about to run on (its prediction then describes other hardware)."""
+    one it is about to run on (its prediction then describes other hardware). ``device``: the device's name,
+    ``device_type`` its torch type (:func:`~sequoia_opt.profiles.same_device`)."""
+    from ..profiles import same_device
+
     out = []
     for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
                       ("draft_cost_model", draft_cost_model), ("engine", "treeopt")):
         want = meta.extra.get(f"profiled_{key}")
-        if have is None:
+        if have is None or want is None:
             continue
-        if want is not None and str(want).strip().lower() != str(have).strip().lower():
+        same = (same_device(want, have, device_type) if key == "device"
+                else str(want).strip().lower() == str(have).strip().lower())
+        if not same:
             out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
                        f"uses {have!r}: its predicted figures describe that setting")
     return out
@@ -271,11 +276,11 @@ def run_cmd(
 
         adapt_warnings = [f"--adapt: {w}" for w in warn_on_mismatch(
             acceptance=load_acceptance(acceptance_path), latency=load_latency(latency_path),
-            device=device_name(dev), dtype=str(dt).removeprefix("torch."), target=pair.target_name,
-            draft=pair.draft_name)]
+            device=device_name(dev), device_type=dev.type, dtype=str(dt).removeprefix("torch."),
+            target=pair.target_name, draft=pair.draft_name)]
     warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
-        target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model)]
+        target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type)]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
@@ -388,11 +393,9 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     warnings: list[str] = []
     dtype_name = str(dt).removeprefix("torch.")
     for plan, dpair in zip(plans, pairs):
-        # an acceptance profile records the device type (cpu, cuda), a latency profile the device's name
-        for w in (warn_on_mismatch(acceptance=plan.acceptance, device=str(dev), dtype=dtype_name,
-                                   target=dpair.target_name, draft=dpair.draft_name)
-                  + warn_on_mismatch(latency=plan.curve, device=device_name(dev), dtype=dtype_name,
-                                     target=dpair.target_name, draft=dpair.draft_name)):
+        on = dict(device=device_name(dev), device_type=dev.type, dtype=dtype_name, target=dpair.target_name,
+                  draft=dpair.draft_name)
+        for w in warn_on_mismatch(acceptance=plan.acceptance, **on) + warn_on_mismatch(latency=plan.curve, **on):
             if w not in warnings:
                 warnings.append(w)
         measured_mode = plan.acceptance.measured.get("mode")
@@ -528,7 +531,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
         for e, p in zip(own, pairs):
             warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
                                                target=p.target_name, draft=p.draft_name,
-                                               draft_cost_model=p.cost_model)
+                                               draft_cost_model=p.cost_model, device_type=dev.type)
         notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
                      "solve --pair-acceptance estimates the merge)")
     else:
@@ -549,7 +552,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                 notes.append(f"{name}: the scheduler was trained for another tree (or carries no prediction): the "
                              "predicted figures are the static tree's (the strong drafter called every step)")
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
-                                               target=pair.target_name, draft=None)
+                                               target=pair.target_name, draft=None, device_type=dev.type)
 
             def policy(dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)

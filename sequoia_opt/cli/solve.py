@@ -126,7 +126,7 @@ def solve(
         from .solve_batch import solve_batch
 
         solve_batch(batch, acceptance[0], latency[0] if latency else None,
-                    budget=SINGLE_DEFAULTS["budget"] if budget is None else budget,
+                    budget=SINGLE_DEFAULTS["budget"] if budget is None else budget,  # lowered per batch size there
                     max_depth=SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth,
                     max_branching=SINGLE_DEFAULTS["max_branching"] if max_branching is None else max_branching,
                     context=context, output=output, fmt=fmt, acceptance_model=acceptance_model, as_json=as_json)
@@ -169,6 +169,7 @@ def solve(
                               "--pair-acceptance PAIR.yaml")
     acceptance = acceptance[0]
     latency = latency[0] if latency else None
+    budget_given = budget is not None
     budget = SINGLE_DEFAULTS["budget"] if budget is None else budget
     max_depth = SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth
     max_branching = SINGLE_DEFAULTS["max_branching"] if max_branching is None else max_branching
@@ -188,6 +189,11 @@ def solve(
     curve = load_latency(latency) if latency is not None else None
     p = acc.acceptance
     report = Report(title="treeopt solve")
+    if curve is not None and not budget_given and curve.max_target_tokens(context) < budget:
+        measured = curve.max_target_tokens(context)
+        report.notes.append(f"budget {measured} (the default is {budget}): latency profile {curve.id!r} was measured "
+                            f"up to {measured} target tokens, and T(n) is never extrapolated (--budget sets it)")
+        budget = measured
     report.warnings = warn_on_mismatch(acceptance=acc, latency=curve)
     if curve is not None:  # a tree is only as good as the curve of the engine that serves it (issue 20)
         from .. import exports
