@@ -80,6 +80,35 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
         raise error(f"{path}: not a UTF-8 text file (expected a {what})") from None
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def check_numbers(doc, source: str, error: type[Exception]) -> None:
+    """Refuse a parsed file (YAML / JSON: nested dicts and lists) holding a number no field of any treeopt
+    format takes: an infinity or NaN (YAML's ``.inf`` / ``.nan``, JSON's ``Infinity`` / ``NaN``), or an integer
+    outside int64 (1e30 written as an integer). Every loader calls it before reading fields, so such a
+    value fails as one line naming the file and the key, never as an OverflowError deep in numpy; each
+    format then checks its own fields' ranges.
+
+    Raises:
+        error: ``"<source>: <key path> is inf (a file holds finite numbers)"`` or ``"... does not fit a 64-bit
+            integer"``.
+    """
+    import math
+
+    stack = [(doc, "")]
+    while stack:
+        x, where = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(x))
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise error(f"{source}: {where or 'the value'} is {x} (a file holds finite numbers)")
+        elif isinstance(x, int) and not isinstance(x, bool) and not -_INT64_MAX - 1 <= x <= _INT64_MAX:
+            raise error(f"{source}: {where or 'the value'} = {x} does not fit a 64-bit integer")
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically. See :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))

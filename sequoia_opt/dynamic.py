@@ -42,6 +42,10 @@ __all__ = ["POLICY_NAMES", "DynamicSetting", "Expansion", "Expander", "Candidate
 #: The dynamic rules, by the name the CLI and profiles use.
 POLICY_NAMES = ("eagle", "entropy", "best-first")
 
+#: The largest steps, topk or budget a setting may hold (2**31 - 1; memory bounds it far lower, see
+#: :func:`setting_memory_bytes`).
+MAX_SETTING = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class DynamicSetting:
@@ -74,6 +78,10 @@ class DynamicSetting:
                 raise ValueError(f"a dynamic setting's {name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 2:
             raise ValueError(f"a dynamic setting's budget counts the root and must be >= 2, got {self.budget!r}")
+        for name in ("steps", "topk", "budget"):
+            if getattr(self, name) > MAX_SETTING:
+                raise ValueError(f"a dynamic setting's {name} = {getattr(self, name)} is out of range (at most "
+                                 f"{MAX_SETTING})")
 
     @property
     def label(self) -> str:
@@ -85,8 +93,10 @@ class DynamicSetting:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DynamicSetting":
+        """From a file's ``setting`` mapping; integers as written (2.5, inf or "3" are refused, not rounded).
+        Raises ValueError."""
         try:
-            return cls(str(d["policy"]), int(d["steps"]), int(d["topk"]), int(d["budget"]))
+            return cls(str(d["policy"]), d["steps"], d["topk"], d["budget"])
         except (KeyError, TypeError) as err:
             raise ValueError(f"a dynamic setting needs policy, steps, topk and budget ({err})") from None
 

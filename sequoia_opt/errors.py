@@ -27,3 +27,8 @@ class DecodingError(TreeoptError):
 
 class OutputError(TreeoptError):
     """An output file cannot be written (a directory or device in the way, no permission, a missing disk)."""
+
+
+class ProfileWarning(UserWarning):
+    """A profile that loads but whose figures look wrong (e.g. a latency curve far below T(1) for larger n):
+    the CLI prints each as one ``warning:`` line on stderr."""

@@ -68,7 +68,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import yaml
 
-from ._io import read_text_file
+from ._io import check_numbers, read_text_file
 from .errors import TreeoptError, TreeValidationError
 from .tree import TREE_FORMAT, Tree, TreeMetadata, tree_from_yaml, tree_to_yaml
 
@@ -802,6 +802,14 @@ def load_dynamic_setting(path: str | Path) -> tuple[Any, dict[str, Any]]:
     if not isinstance(doc, dict) or doc.get("format") != DYNAMIC_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else f"a {type(doc).__name__}, not a mapping"
         raise ExportError(f"{path}: format is {got!r}, expected {DYNAMIC_FORMAT!r}")
+    check_numbers(doc, str(path), ExportError)
+    predicted = doc.get("predicted") or {}
+    if not isinstance(predicted, dict):
+        raise ExportError(f"{path}: 'predicted' must be a mapping")
+    for key in ("tokens_per_step", "speedup", "tokens_per_s", "cost_ms"):  # what run --dynamic shows
+        v = predicted.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            raise ExportError(f"{path}: predicted.{key} = {v!r} must be a number >= 0")
     try:
         return DynamicSetting.from_dict(doc.get("setting") or {}), doc
     except ValueError as err:

@@ -108,15 +108,33 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def handle_errors(fn: F) -> F:
-    """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback)."""
+    """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback); print each distinct
+    :class:`~sequoia_opt.errors.ProfileWarning` raised on the way as one ``warning:`` line on stderr."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except TreeoptError as err:
-            _print_error(str(err) or err.__class__.__name__)
-            raise typer.Exit(2) from None
+        import warnings
+
+        from rich.markup import escape
+
+        from ..errors import ProfileWarning
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ProfileWarning)
+            try:
+                return fn(*args, **kwargs)
+            except TreeoptError as err:
+                _print_error(str(err) or err.__class__.__name__)
+                raise typer.Exit(2) from None
+            finally:
+                shown: set[str] = set()
+                for w in caught:
+                    if not issubclass(w.category, ProfileWarning):
+                        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                    elif str(w.message) not in shown:
+                        shown.add(str(w.message))
+                        _err.print(f"[yellow]warning:[/] {escape(str(w.message))}", markup=True, soft_wrap=True,
+                                   highlight=False)
 
     return wrapper  # type: ignore[return-value]
 

@@ -29,6 +29,7 @@ ngram-simple --spec-ngram-simple-size-n N --spec-ngram-simple-size-m M``.
 from __future__ import annotations
 
 import ctypes
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -784,6 +785,10 @@ def run_settings(target: LlamaCppModel, draft: LlamaCppModel | None, prompts: Se
     return plain, runs
 
 
+#: The longest draft a llama.cpp setting file may ask for (tokens).
+MAX_DRAFT = 2**31 - 1
+
+
 def parse_setting_file(path: Path) -> ChainSetting:
     """A chain setting from a file: llama.cpp flags (what ``solve --format llama.cpp -o`` writes:
     ``--spec-draft-n-max N [--spec-draft-n-min M] [--spec-draft-p-min P]``, or the older ``--draft-max`` /
@@ -809,6 +814,11 @@ def parse_setting_file(path: Path) -> ChainSetting:
                     vals[names[w]] = float(words[i + 1])
                 except ValueError:
                     raise EngineError(f"{path}: {w} {words[i + 1]!r} is not a number") from None
+                integer = names[w] != "p_min"
+                v = vals[names[w]]
+                if not math.isfinite(v) or (integer and (not v.is_integer() or not 0 <= v <= MAX_DRAFT)):
+                    want = f"an integer in 0..{MAX_DRAFT}" if integer else "a number in [0, 1]"
+                    raise EngineError(f"{path}: {w} {words[i + 1]} is out of range (must be {want})")
         if "n_max" not in vals and "--spec-type none" in " ".join(words):
             vals["n_max"] = 0
         if "n_max" not in vals:
