@@ -182,8 +182,11 @@ def run_cmd(
             acceptance=acceptance, latency=latency, budget=budget, max_depth=max_depth, max_branching=max_branching,
             device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json, weights=weights)
         return
+    dyn_notes: list[str] = []
     dyn = _dynamic_settings(dynamic, calibration, latency, multi=merge or scheduler is not None or len(draft or []) > 1,
-                            adapt=adapt)
+                            adapt=adapt, notes=dyn_notes)
+    if dynamic and not dyn and not tree:
+        raise TreeoptError("no --dynamic setting is left to run: " + "; ".join(dyn_notes))
     if not tree and not dyn:
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
                            "drafter's own best tree; or --dynamic, a dynamic-tree setting)")
@@ -263,8 +266,8 @@ def run_cmd(
     texts = load_prompts(pfile, limit=num_prompts)
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
+    _check_dynamic_memory(dyn, target, dev)  # before the weights load
     pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
-    dyn_notes: list[str] = []
     entries += _dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
@@ -693,15 +696,20 @@ def _baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Pat
 
 
 def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], latency: Optional[list[Path]], *,
-                      multi: bool, adapt: bool) -> list[tuple[Any, dict, dict]]:
-    """The --dynamic settings, read before any model loads: ``[(setting, predicted figures from its file, its
-    provenance)]`` (empty mappings for a setting given as text).
+                      multi: bool, adapt: bool, notes: Optional[list[str]] = None) -> list[tuple[Any, dict, dict]]:
+    """The --dynamic settings, read and checked before any model loads: ``[(setting, predicted figures,
+    provenance)]``. Predicted figures come from --calibration and -l when given (a setting the latency
+    profile cannot score, its budget or a draft forward past what it measured, is dropped with a note in
+    ``notes``, as ``solve --dynamic`` leaves it out), else from a setting file's ``predicted``; a setting given
+    as text has none. With ``device``, a setting whose step would need more memory than the device has free
+    (:func:`~sequoia_opt.dynamic.step_memory_bytes`, at the target's vocabulary) is refused.
 
     Raises:
-        TreeoptError: a setting that cannot be read, --calibration without --dynamic, --dynamic with several
-            drafters or --adapt (one line, exit 2).
+        TreeoptError: a setting that cannot be read or does not fit in memory, --calibration without
+            --dynamic, --dynamic with several drafters or --adapt (one line, exit 2).
     """
     from ..dynamic import parse_setting
+    from ..errors import ProfileError
     from ..exports import load_dynamic_setting
 
     if not specs:
@@ -723,50 +731,88 @@ def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], l
             out.append((parse_setting(spec), {}, {}))
         except ValueError as err:
             raise TreeoptError(str(err)) from None
+    if calibration is not None and (not latency or len(latency) != 1):
+        raise TreeoptError("--calibration predicts a setting's tokens/s with one --latency profile: add -l")
     if calibration is not None:
-        if not latency or len(latency) != 1:
-            raise TreeoptError("--calibration predicts a setting's tokens/s with one --latency profile: add -l")
+        from ..calibration import load_calibration
+        from ..profiles import load_latency
+        from ..solver.dynamic import predict_setting
+
+        cal, curve = load_calibration(calibration), load_latency(latency[0])
+        top_n = curve.max_target_tokens()
+        kept = []
+        for setting, _, provenance in out:
+            try:
+                if setting.budget > top_n:
+                    raise ProfileError(f"its budget {setting.budget} is past the largest target token count {top_n} "
+                                       f"latency profile {curve.id!r} measured")
+                pred = predict_setting(cal, setting, curve, max_steps=200)
+            except ProfileError as err:
+                if notes is not None:
+                    notes.append(f"{setting.label} not run: {err} (T(n) and c(w) are never extrapolated: profile more "
+                                 "tokens, or lower its budget / topk)")
+                continue
+            kept.append((setting, {"tokens_per_step": pred.tokens_per_step, "speedup": pred.speedup,
+                                   "from": "calibration"}, provenance))
+        out = kept
     return out
+
+
+def _check_dynamic_memory(settings: list[tuple[Any, dict, dict]], target: Optional[Path], device) -> None:
+    """Refuse, before any model loads, a --dynamic setting whose step would need more memory than ``device``
+    has free (:func:`~sequoia_opt.dynamic.check_step_memory` at the target's vocabulary, read from its config).
+
+    Raises:
+        TreeoptError: one line naming the setting and the memory.
+    """
+    from ..dynamic import check_step_memory
+    from ..model.loaders import load_model_config
+    from ..pipeline import default_target_path
+    from ..profiling.device import free_memory_bytes
+
+    if not settings:
+        return
+    vocab = load_model_config(Path(target) if target else default_target_path()).vocab_size
+    free = free_memory_bytes(device)
+    for setting, _, _ in settings:
+        try:
+            check_step_memory(setting, vocab, free, str(device))
+        except ValueError as err:
+            raise TreeoptError(str(err)) from None
 
 
 def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: Optional[Path],
                      latency: Optional[Path], temperature: float, notes: list[str]) -> list:
-    """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction: from
-    --calibration and -l when given, else from its file's ``predicted`` when the file was solved for this
-    drafter (a note says when it was not). Warnings about the calibration go to ``notes``."""
+    """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction
+    (:func:`_dynamic_settings`: from --calibration and -l, else from its file when the file was solved for this
+    drafter; a note says when it was not). Warnings about the calibration go to ``notes``."""
     from ..decoding.policies import DynamicPolicy
     from ..evaluation import TreeEntry
     from ..tree import Tree
 
     if not settings:
         return []
-    cal = curve = None
     if calibration is not None:
         from ..calibration import load_calibration
         from ..profiles import load_latency
-
-        cal, curve = load_calibration(calibration), load_latency(latency)
         from .solve_dynamic import calibration_warnings, same_pair
 
-        same_pair(cal, curve, run=(pair.target_name, pair.draft_name))
+        cal = load_calibration(calibration)
+        same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name))
         notes.extend(calibration_warnings(cal, temperature=temperature))
     out = []
     for setting, predicted, provenance in settings:
         solved_for = provenance.get("draft")
-        if predicted and solved_for is not None and str(solved_for).lower() != str(pair.draft_name).lower():
+        if predicted.get("from") != "calibration" and predicted and solved_for is not None \
+                and str(solved_for).lower() != str(pair.draft_name).lower():
             notes.append(f"{setting.label}: its file was solved for drafter {solved_for!r}, this run drafts with "
                          f"{pair.draft_name!r}: its prediction is not shown")
             predicted = {}
         if setting.topk > pair.vocab_size:
             raise TreeoptError(f"{setting.label}: topk {setting.topk} is more than the vocabulary's {pair.vocab_size} tokens")
-        g, sp = predicted.get("tokens_per_step"), predicted.get("speedup")
-        if cal is not None:
-            from ..solver.dynamic import predict_setting
-
-            pred = predict_setting(cal, setting, curve, max_steps=200)
-            g, sp = pred.tokens_per_step, pred.speedup
-        meta = TreeMetadata(budget=setting.budget, max_depth=setting.steps, expected_tokens_per_step=g,
-                            predicted_speedup=sp, solver=f"dynamic:{setting.policy}",
+        meta = TreeMetadata(budget=setting.budget, max_depth=setting.steps,
+                            expected_tokens_per_step=predicted.get("tokens_per_step"),
+                            predicted_speedup=predicted.get("speedup"), solver=f"dynamic:{setting.policy}",
                             extra={"dynamic": setting.to_dict()})
 
         def make(s=setting):
