@@ -144,11 +144,13 @@ def atomic_output_path(path: str | os.PathLike):
             os.unlink(tmp)
 
 
-def new_run_id(prefix: str = "run") -> str:
+def new_run_id(prefix: str | None = "run") -> str:
     """A run id no other run shares: ``<prefix>-<UTC time to the millisecond>Z-<6 random hex digits>``,
-    e.g. ``run-20261201T094917.123Z-3fa2c1`` (sorts by time; 2**24 suffixes per millisecond)."""
+    e.g. ``run-20261201T094917.123Z-3fa2c1`` (sorts by time; 2**24 suffixes per millisecond); without the
+    prefix for ``None`` (a benchmark's results folder)."""
     now = _dt.datetime.now(_dt.timezone.utc)
-    return f"{prefix}-{now.strftime('%Y%m%dT%H%M%S')}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
+    stamp = f"{now.strftime('%Y%m%dT%H%M%S')}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
+    return f"{prefix}-{stamp}" if prefix else stamp
 
 
 @contextlib.contextmanager
