@@ -421,11 +421,20 @@ def _check_writable(path: Path) -> None:
 
     if path.exists() and not path.is_file():
         raise OutputError(f"cannot write {path}: it exists and is not a regular file")
-    for parent in path.parents:
+    _existing_folder_above(path, f"cannot write {path}")
+
+
+def _existing_folder_above(path: Path, what: str) -> Optional[Path]:
+    """The nearest folder above ``path`` that exists (None when none does); OutputError ``"<what>: <it> is not
+    a folder"`` when that nearest existing path is a file."""
+    from ..errors import OutputError
+
+    for parent in Path(path).parents:
         if parent.exists():
             if not parent.is_dir():
-                raise OutputError(f"cannot write {path}: {parent} is not a folder")
-            break
+                raise OutputError(f"{what}: {parent} is not a folder")
+            return parent
+    return None
 
 
 def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
@@ -443,10 +452,6 @@ def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise OutputError(f"{option} {path}: this user cannot write into that folder")
         return
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise OutputError(f"{option} {path}: {parent} is not a folder")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise OutputError(f"{option} {path}: cannot create it, this user cannot write into {parent}")
-            break
+    parent = _existing_folder_above(path, f"{option} {path}")
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{option} {path}: cannot create it, this user cannot write into {parent}")
