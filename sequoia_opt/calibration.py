@@ -155,19 +155,27 @@ class RecordedStep:
                 raise ProfileError(f"{where}: a recorded step needs parent, prob, rank, accept and entropy lists "
                                    f"(missing or not a list: {key})")
             lists[key] = v
-        ints = {k: [check_integer(x, f"{where}.{k}[{i}]", low=-1 if k == "parent" else 0, high=MAX_TOKENS)
-                    for i, x in enumerate(lists[k])] for k in ("parent", "rank")}
+        ints = {}
+        for k in ("parent", "rank"):
+            v, low = lists[k], -1 if k == "parent" else 0
+            if v and not (all(type(x) is int for x in v) and low <= min(v) and max(v) <= MAX_TOKENS):
+                for i, x in enumerate(v):  # name the first entry out of range
+                    check_integer(x, f"{where}.{k}[{i}]", low=low, high=MAX_TOKENS)
+            ints[k] = v
         floats = {}
         for k in ("prob", "accept", "entropy"):
-            out = []
-            for i, x in enumerate(lists[k]):
-                if x is None and k == "entropy":
-                    out.append(float("nan"))
-                    continue
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(float(x)):
-                    raise ProfileError(f"{where}.{k}[{i}] = {x!r} must be a finite number")
-                out.append(float(x))
-            floats[k] = np.asarray(out, dtype=np.float64)
+            v = [float("nan") if x is None and k == "entropy" else x for x in lists[k]]
+            if not all(type(x) in (int, float) for x in v):
+                i = next(i for i, x in enumerate(v) if type(x) not in (int, float))
+                raise ProfileError(f"{where}.{k}[{i}] = {v[i]!r} must be a finite number")
+            arr = np.asarray(v, dtype=np.float64)
+            bad = ~np.isfinite(arr)
+            if k == "entropy":  # null (NaN here) where the drafter did not run
+                bad &= np.asarray([x is not None for x in lists[k]], dtype=bool)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ProfileError(f"{where}.{k}[{i}] = {lists[k][i]!r} must be a finite number")
+            floats[k] = arr
         try:
             return cls(np.asarray(ints["parent"], dtype=np.int64), floats["prob"],
                        np.asarray(ints["rank"], dtype=np.int64), floats["accept"], floats["entropy"])

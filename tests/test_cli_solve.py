@@ -74,7 +74,7 @@ def test_other_formats(tmp_path, fmt):
 @pytest.mark.parametrize(
     "vec, args, match",
     [
-        ([0.5, float("nan")], [], "p_2"),
+        ([0.5, float("nan")], [], "acceptance[1] is nan (a file holds finite numbers)"),
         ([0.5, -0.1], [], "negative"),
         ([0.7, 0.6], [], "sums to"),
         ([], [], "empty"),
