@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from sequoia_opt._io import atomic_write_text
-from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from sequoia_opt.decoding import Decoder
+from sequoia_opt.drafting.policies import StaticTreePolicy
 from sequoia_opt.model import ModelConfig
 from sequoia_opt.profiles import load_acceptance, save_latency
 from sequoia_opt.profiling.latency import random_weight_model
@@ -100,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     prompt = torch.randint(0, tcfg.vocab_size, (32,), generator=gen).tolist()
     M = args.new_tokens
     max_len = len(prompt) + M + tree.size + 1
-    plain = AutoregressiveDecoder(target, max_len=max_len)
+    plain = Decoder(target, max_len=max_len)
     plain.generate(prompt, 2)  # warm-up
     rp = plain.generate(prompt, M)
     plain_ms = statistics.median(s.verify_ms + s.bookkeeping_ms for s in rp.steps)
-    spec = SpeculativeDecoder(target, draft, tree, max_len=max_len)
+    spec = Decoder(target, StaticTreePolicy(draft, tree), max_len=max_len)
     spec.generate(prompt, 2)
     rs = spec.generate(prompt, M)
     step_ms = statistics.median(s.total_ms for s in rs.steps)

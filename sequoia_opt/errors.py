@@ -27,3 +27,7 @@ class DecodingError(TreeoptError):
 
 class OutputError(TreeoptError):
     """An output file cannot be written (a directory or device in the way, no permission, a missing disk)."""
+
+
+class EngineError(TreeoptError):
+    """An engine is not installed, refuses a model, or cannot do what was asked (one line for the CLI)."""

@@ -263,7 +263,7 @@ def test_profile_acceptance_calibration_writes_a_loadable_profile(workdir, files
 @pytest.mark.parametrize("args, fragment", [
     (["--calibration", "--calibration-steps", "0"], "--calibration-steps and --calibration-topk must be at least 1"),
     (["--calibration", "--calibration-topk", "0"], "--calibration-steps and --calibration-topk must be at least 1"),
-    (["--calibration", "--draft", "lookup"], "prompt lookup has no draft probabilities"),
+    (["--calibration", "--draft", "lookup"], "lookup:1-3 has no draft probabilities"),
     (["--calibration-steps", "3"], "add --calibration"),
     (["--calibration", "--calibration-steps", "30", "--calibration-topk", "50"], "has 72551 nodes"),
     (["--calibration", "--width", "4"], "the calibration's recording tree is --calibration-topk"),

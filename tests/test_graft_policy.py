@@ -8,14 +8,14 @@ import pytest
 import torch
 from test_decoding import PROMPTS, _micro_pair, _model, _perturbed, _plain
 
-from sequoia_opt.decoding import (LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, process_logits,
-                                  sample_without_replacement)
-from sequoia_opt.decoding.multidraft import MultiDraftDecoder
-from sequoia_opt.decoding.policies import (AlwaysGraft, GraftFeatures, GraftPolicy, LogisticScheduler, MergePolicy,
-                                           NeverGraft, load_scheduler, save_scheduler)
+from sequoia_opt.decoding import process_logits, sample_without_replacement
+from sequoia_opt.drafting import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from sequoia_opt.drafting import MultiDraftDecoder
+from sequoia_opt.drafting.policies import AlwaysGraft, GraftFeatures, GraftPolicy, LogisticScheduler, MergePolicy, NeverGraft, load_scheduler, save_scheduler
 from sequoia_opt.decoding.sampling import CandidateGroup, sample_excluding, verify_groups_node
 from sequoia_opt.errors import DecodingError, ProfileError
 from sequoia_opt.tree import Tree
+from tiny_pair import draft_one, verify_one
 
 # a plan: light spine [0] [0,0] [0,0,0] with siblings; strong grafts at the root ([2]: a recovered branch with
 # its own child [2,0]), under [1] and next to [0,0] (as [0,1])
@@ -85,13 +85,13 @@ def test_grafting_never_removes_a_branch_and_never_repeats_a_light_sibling(targe
             dec = MultiDraftDecoder(target, pol, max_len=128, temperature=temperature,
                                     generator=torch.Generator().manual_seed(5))
             state = dec.start(PROMPTS[3], 10)
-            trees[sched.name] = dec.draft(state)
+            trees[sched.name] = draft_one(dec, state)
         light, full = trees["never"], trees["always"]
         n = light.n
         assert full.n == PLAN.size and n == 5
-        assert full.tokens[:n] == light.tokens and full.parent[:n] == light.parent
+        assert full.token_list[:n] == light.token_list and full.parent[:n] == light.parent
         for node in range(full.n):
-            toks = [full.tokens[c] for c in full.children[node]]
+            toks = [full.token_list[c] for c in full.children[node]]
             assert len(set(toks)) == len(toks)  # siblings distinct: no duplicate of a light candidate
             assert [full.source[c] for c in full.children[node]] == sorted(full.source[c] for c in full.children[node])
         assert sorted(full.source[n:]) == [1, 1, 1, 1]
@@ -102,12 +102,12 @@ def test_merge_keeps_one_node_per_token_with_both_provenances(target, drafts):
     pol = MergePolicy([ModelDrafter(drafts["weak"]), ModelDrafter(drafts["weak"])], [PLAN, Tree.chain(3)])
     dec = MultiDraftDecoder(target, pol, max_len=128)
     state = dec.start(PROMPTS[3], 10)
-    tree = dec.draft(state)
+    tree = draft_one(dec, state)
     assert tree.n == PLAN.size
     spine = [0, 1, 4]  # the chain's nodes are the plan's rank-0 spine
     assert [tree.provenance[i] for i in spine[1:]] == [0b11, 0b11]
     assert all(tree.provenance[i] == 0b01 for i in range(1, tree.n) if i not in spine)
-    assert len(tree.groups[0]) == 2 and tree.group_children[0][1] == [tree.children[0][0]]
+    assert len(tree.groups(0)) == 2 and tree.group_children(0)[1] == [tree.children[0][0]]
 
 
 def test_near_the_end_of_the_cache_steps_become_plain_and_output_is_unchanged(target, drafts):
@@ -231,8 +231,8 @@ def test_decoder_with_several_drafters_samples_the_target_distribution(trials, k
     first = torch.zeros(6)
     with torch.inference_mode():
         for _ in range(trials):
-            tree = dec.draft(state)
-            acc = dec.accept(tree, dec.verify(state, tree))
+            tree = draft_one(dec, state)
+            acc = dec.accept(tree, verify_one(dec, state, tree))
             first[acc.tokens[0]] += 1
     tol = 0.035 if trials < 10_000 else 0.01
     assert _tv(first, p1) < tol, _tv(first, p1)
@@ -251,21 +251,21 @@ def test_reselected_grafts_go_where_the_strong_drafter_scores_highest(target, dr
                             generator=torch.Generator().manual_seed(3))
     prompt = PROMPTS[3]
     state = dec.start(prompt, 10)
-    tree = dec.draft(state)
+    tree = draft_one(dec, state)
     assert tree.n == PLAN.size and sorted(tree.depth) == sorted(PLAN.depth.tolist())
     for node in range(tree.n):
-        toks = [tree.tokens[c] for c in tree.children[node]]
+        toks = [tree.token_list[c] for c in tree.children[node]]
         assert len(set(toks)) == len(toks)
     with torch.inference_mode():
         q_root = strong(torch.tensor([prompt]))[0, -1].float().softmax(-1)
         pairs = []
         for v in (1, 2):  # the light depth-1 nodes the strong drafter runs over ([0] and [1])
-            tok = tree.tokens[v]
+            tok = tree.token_list[v]
             q_v = strong(torch.tensor([prompt + [tok]]))[0, -1].float().softmax(-1)
-            light_kids = {tree.tokens[c] for c in tree.children[v] if tree.source[c] == 0}
+            light_kids = {tree.token_list[c] for c in tree.children[v] if tree.source[c] == 0}
             pairs += [(float(q_root[tok] * q_v[t]), v, t) for t in range(q_v.numel()) if t not in light_kids]
     want = sorted(((v, t) for _, v, t in sorted(pairs, reverse=True)[:2]))
-    got = sorted((tree.parent[c], tree.tokens[c]) for c in range(tree.n)
+    got = sorted((tree.parent[c], tree.token_list[c]) for c in range(tree.n)
                  if tree.source[c] == 1 and tree.depth[c] == 2 and tree.parent[c] in (1, 2))
     assert got == want
     if temperature == 0:

@@ -10,7 +10,8 @@ import copy
 import pytest
 import torch
 
-from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from sequoia_opt.decoding import AutoregressiveDecoder
+from sequoia_opt.drafting import SpeculativeDecoder
 from sequoia_opt.errors import ProfileError
 from sequoia_opt.model import ModelConfig, Transformer
 from sequoia_opt.model.offload import layer_bytes, offload_layers

@@ -10,7 +10,7 @@ tree mask causal), plain decoding (T = m = 1), the draft growing a tree level by
 level, m = nodes drafted so far including that level) and the target verifying a whole tree (T = m = n, the
 tree's ancestor-or-self mask; SpecInfer, Miao et al. 2024, section 4 "tree-based parallel decoding").
 
-Batch > 1 with sequences of different lengths (:mod:`sequoia_opt.decoding.batched`): ``prefix_len`` may be a
+Batch > 1 with sequences of different lengths (:mod:`sequoia_opt.decoding.rows`): ``prefix_len`` may be a
 :class:`RowPrefix` instead of an int, naming for every batch row which cache slots hold that row's tokens
 (the rows share the slot layout, each sees only its own valid slots). Such a call always runs the torch
 reference, on every backend: the CUDA kernel takes one int ``prefix_len`` for the whole batch.
@@ -110,17 +110,25 @@ class RowPrefix:
     query) attends every slot instead, so its output stays finite (callers discard it; this keeps NaN out
     of the cache, where 0 * NaN would poison every later query).
 
+    Rows may also verify different trees in one forward (per-row trees, as vLLM's per-request draft lengths):
+    ``tree`` then gives each row its own (T, m) tree mask and the call's ``tree_mask`` only fixes T and m.
+
     Attributes:
         length: the shared prefix length (committed slots before the tree region), tokens.
         valid: (B, K) bool, ``K >= length``, on the tensors' device.
+        tree: None (every row uses the call's tree mask) or (B, T, m) bool, row b's tree mask.
     """
 
     length: int
     valid: torch.Tensor
+    tree: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.valid, torch.Tensor) or self.valid.dim() != 2 or self.valid.dtype != torch.bool:
             raise ValueError("RowPrefix.valid must be a (B, K) bool tensor")
+        if self.tree is not None and (not isinstance(self.tree, torch.Tensor) or self.tree.dim() != 3
+                                      or self.tree.dtype != torch.bool or self.tree.shape[0] != self.valid.shape[0]):
+            raise ValueError("RowPrefix.tree must be a (B, T, m) bool tensor, one tree mask per row")
         if self.valid.shape[1] < self.length or self.length < 0:
             raise ValueError(f"RowPrefix.valid covers {self.valid.shape[1]} slots, fewer than its prefix "
                              f"length {self.length}")
@@ -211,6 +219,8 @@ def tree_attention(
         prefix_len = rows.length
     if tree_mask.num_queries != T:
         raise ValueError(f"tree mask has {tree_mask.num_queries} rows for {T} queries")
+    if rows is not None and rows.tree is not None and tuple(rows.tree.shape[1:]) != (T, m):
+        raise ValueError(f"RowPrefix.tree has per-row masks of {tuple(rows.tree.shape[1:])}, not ({T}, {m})")
     if Hq % Hkv:
         raise ValueError(f"{Hq} query heads is not a multiple of {Hkv} KV heads")
     if prefix_len < 0 or prefix_len + m > S:
@@ -218,7 +228,8 @@ def tree_attention(
     if scale is None:
         scale = D**-0.5
     if rows is not None:
-        return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid)
+        return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid,
+                                        rows.tree)
     if resolve_backend(backend, q.device) == "cuda":
         from . import cuda as _cuda
 
@@ -236,13 +247,15 @@ def tree_attention_reference(
     tree_dense: torch.Tensor,
     scale: float,
     row_valid: torch.Tensor | None = None,
+    row_tree: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The torch reference: scaled dot product attention with an explicit boolean mask.
 
     Shapes as in :func:`tree_attention`; ``tree_dense`` is the (T, m) bool tree mask. The full mask is
     (T, L + m): ones over the prefix columns, then the tree mask. With ``row_valid`` ((B, K) bool,
     :attr:`RowPrefix.valid`) it is (B, 1, T, L + m): that mask and, per row, its valid slots (slots past K
-    valid; a query row left with no slot sees every slot, see :class:`RowPrefix`).
+    valid; a query row left with no slot sees every slot, see :class:`RowPrefix`); ``row_tree`` ((B, T, m)
+    bool, :attr:`RowPrefix.tree`) replaces the tree columns row by row.
 
     Raises:
         TypeError: ``tree_dense`` is not a tensor (a :class:`TreeMask`: pass its ``.dense``).
@@ -255,13 +268,16 @@ def tree_attention_reference(
     k = k_cache[:, :, : prefix_len + m]  # (B, Hkv, L + m, D)
     v = v_cache[:, :, : prefix_len + m]
     # (T, L + m): every query sees the whole prefix, and among tree slots only its allowed ones
-    mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree_dense], dim=1)
+    if row_tree is not None:  # (B, T, L + m): the prefix, then each row's own tree mask
+        mask = torch.cat([torch.ones(B, T, prefix_len, dtype=torch.bool, device=q.device), row_tree], dim=2)
+    else:
+        mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree_dense], dim=1)
     if row_valid is not None:
         S_used = prefix_len + m
         valid = row_valid[:, :S_used]
         if valid.shape[1] < S_used:
             valid = torch.cat([valid, valid.new_ones(valid.shape[0], S_used - valid.shape[1])], dim=1)
-        mask = mask.unsqueeze(0) & valid.unsqueeze(1)  # (B, T, L + m)
+        mask = (mask if mask.dim() == 3 else mask.unsqueeze(0)) & valid.unsqueeze(1)  # (B, T, L + m)
         mask = (mask | ~mask.any(-1, keepdim=True)).unsqueeze(1)  # (B, 1, T, L + m)
     G = Hq // Hkv
     if G == 1:

@@ -134,6 +134,13 @@ def main(
     ] = False,
 ) -> None:
     """treeopt: profile -> solve -> run."""
+    from ..drafting.registry import load_plugins
+
+    try:
+        load_plugins()  # TREEOPT_PLUGINS and the treeopt.plugins entry points: drafters and policies of one's own
+    except TreeoptError as err:
+        _print_error(str(err))
+        raise typer.Exit(2) from None
 
 
 # ---------------------------------------------------------------------------------------------- shared (models)
@@ -355,7 +362,7 @@ def _load_graft_tree(path: Path, light, strong):
         TreeoptError: an unreadable or invalid tree, another number of drafters, other drafters or another
             order, a plan the graft policy refuses (one line naming the file).
     """
-    from ..decoding.policies import check_graft_plan
+    from ..drafting.policies import check_graft_plan
     from ..errors import DecodingError
     from ..tree import load_drafter_tree
 

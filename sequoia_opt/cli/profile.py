@@ -92,7 +92,7 @@ def profile_latency(
     from ..pipeline import (DrafterSpec, check_drafter, drafter_slug, load_pair, parse_device, parse_drafter_spec,
                             parse_dtype)
     from ..profiles import save_latency
-    from ..profiling.device import device_slug
+    from ..device import device_slug
     from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text, profile_drafter,
                                     profile_model, random_weight_model)
     from ..profiling.timing import token_grid
@@ -134,7 +134,7 @@ def profile_latency(
     if random_weights:
         tcfg = config_of(arch)
         dcfg = config_of(draft_arch) if draft_arch is not None else None
-        if spec is not None and spec.kind == "model":
+        if spec is not None and spec.entry.loads_model:
             raise TreeoptError("with --random-weights a draft model is given by its shape: --draft-arch "
                                "PRESET|config.json (--draft takes self:L or lookup here)")
         if spec is not None:
@@ -151,14 +151,15 @@ def profile_latency(
             from ..pipeline import ModelPair
 
             pair = ModelPair(tmodel, None, None, tname, spec.label, spec)
-            drafter, dname = _drafter_to_time(pair), spec.label
+            drafter, dname = pair.cost_probe(), spec.label
             make_drafter = pair.new_drafter
     else:
         # offload: the target's layers go to pinned host memory, so load it on the host
         pair = load_pair(target, spec, device=torch.device("cpu") if offload else dev, dtype=dt, weights=weights,
                          log=note)
         tmodel, tname, dname = pair.target, pair.target_name, pair.draft_name
-        drafter, make_drafter = _drafter_to_time(pair), pair.new_drafter
+        drafter = pair.draft if pair.draft is not None else (pair.cost_probe() if spec is not None else None)
+        make_drafter = pair.new_drafter
         dconfig = pair.draft.config if pair.draft is not None else None
     if isinstance(drafter, torch.nn.Module):
         make_drafter = drafter  # a draft model: the decoder wraps it
@@ -168,8 +169,8 @@ def profile_latency(
     positions = [(tmodel.config.max_position_embeddings, max(grid), "target")]
     if isinstance(drafter, torch.nn.Module):
         positions.append((drafter.config.max_position_embeddings, max(dgrid), "draft"))
-    elif isinstance(drafter, tuple) and drafter[0] == "self":
-        positions.append((tmodel.config.max_position_embeddings, max(dgrid), f"self:{drafter[1]} draft"))
+    elif drafter is not None and drafter.model is not None:
+        positions.append((drafter.model.config.max_position_embeddings, max(dgrid), drafter.label))
     for limit, widest, what in positions:
         if max(contexts) + widest > limit:
             raise TreeoptError(f"--context {max(contexts)} + {widest} tokens exceeds the {what} model's context of "
@@ -227,16 +228,6 @@ def profile_latency(
         report.warnings.append("no draft profiled: draft cost recorded as 0 ms (pass --draft / --draft-arch)")
     report.data = {"profile": curve.to_dict(), "output": str(out)}
     render(report, as_json)
-
-
-def _drafter_to_time(pair) -> object:
-    """What :func:`~sequoia_opt.profiling.latency.profile_drafter` times for a pair's drafter."""
-    spec = pair.drafter
-    if spec is None or spec.kind == "model":
-        return pair.draft
-    if spec.kind == "self":
-        return ("self", spec.num_layers)
-    return ("lookup", pair.new_drafter)
 
 
 @profile_app.command("linear")
@@ -332,8 +323,9 @@ def profile_acceptance(
     if calibration:
         if calibration_steps < 1 or calibration_topk < 1:
             raise TreeoptError("--calibration-steps and --calibration-topk must be at least 1")
-        if spec is not None and spec.kind == "lookup":
-            raise TreeoptError("prompt lookup has no draft probabilities to calibrate; use a draft model or self:L")
+        if spec is not None and not spec.entry.has_probs:
+            raise TreeoptError(f"{spec.label} has no draft probabilities to calibrate; use a drafter that has them "
+                               "(a draft model, self:L)")
         if (width, depth) != (8, 4):
             raise TreeoptError("--width / --depth shape the positional measurement; the calibration's recording tree "
                                "is --calibration-topk / --calibration-steps")
@@ -496,13 +488,13 @@ def profile_layers(
     acceptance vector and the draft cost c(w), let the hardware-aware solver pick a tree, and keep the L with
     the highest predicted speedup. The target's T(n) is timed once. Writes the best L's acceptance and
     latency profiles."""
-    from ..decoding.drafters import LayerSkipDrafter
+    from ..drafting.drafters import LayerSkipDrafter
     from ..errors import SolverError
     from ..model.loaders import load_model_config
-    from ..pipeline import DrafterSpec, ModelPair, default_target_path, load_pair, parse_device, parse_dtype
+    from ..pipeline import ModelPair, default_target_path, load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..profiles import save_acceptance, save_latency
     from ..profiling.acceptance import build_acceptance_profile
-    from ..profiling.device import device_slug
+    from ..device import device_slug
     from ..profiling.latency import measure_step_overhead, profile_model
     from ..profiling.layers import check_layers, default_layer_grid, sweep_layers
     from ..profiling.timing import token_grid
@@ -560,11 +552,11 @@ def profile_layers(
     if threads is not None:
         torch.set_num_threads(threads)
 
-    pair = load_pair(tp, DrafterSpec("self", num_layers=grid[-1]), device=dev, dtype=dt)
+    pair = load_pair(tp, parse_drafter_spec(f"self:{grid[-1]}"), device=dev, dtype=dt)
     tmodel, tname = pair.target, pair.target_name
 
     def pair_for(L: int) -> ModelPair:
-        return ModelPair(tmodel, None, pair.tokenizer, tname, f"self:{L}", DrafterSpec("self", num_layers=L))
+        return ModelPair(tmodel, None, pair.tokenizer, tname, f"self:{L}", parse_drafter_spec(f"self:{L}"))
 
     def outputs(L: int) -> tuple[Path, Path]:
         return (output_dir / pair_for(L).slug / f"acceptance-{mode}.yaml",
@@ -750,7 +742,7 @@ def profile_graft_cmd(
     from ..model.loaders import load_model_config
     from ..pipeline import default_draft_path, default_target_path, load_drafters, model_label, parse_device, parse_dtype
     from ..profiles import save_acceptance, save_latency, save_pair_acceptance
-    from ..profiling.device import device_slug
+    from ..device import device_slug
     from ..prompts import demo_prompts_path, load_prompts
 
     light, strong = _two_drafters(draft, "profile graft")
@@ -770,7 +762,7 @@ def profile_graft_cmd(
                            f"than the vocabulary has tokens ({tcfg.vocab_size})")
     limits = [(tcfg.max_position_embeddings, "target")]
     for spec in (light, strong):
-        if spec.kind == "model":
+        if spec.entry.loads_model:
             dcfg = load_model_config(spec.path if spec.path is not None else default_draft_path())
             limits.append((dcfg.max_position_embeddings, f"{spec.label} draft"))
     for limit, what in limits:
@@ -885,7 +877,7 @@ def profile_scheduler(
     cost in the light-only tree's tokens), fit a logistic model on cheap features of the light drafter's part,
     and save it with its card. Exit 1 without writing when it cannot be trained (the strong drafter pays at
     every step or at none: run the tree without --scheduler, or with the light drafter alone)."""
-    from ..decoding.policies import FEATURE_NAMES, save_scheduler
+    from ..drafting.policies import FEATURE_NAMES, save_scheduler
     from ..errors import ProfileError
     from ..grafting import scheduled_prediction
     from ..pipeline import default_pair_acceptance_path, default_target_path, load_drafters, model_label, \

@@ -8,9 +8,9 @@ writes): each drafter's best tree is solved here from its own profiles
 same prompts (:func:`~sequoia_opt.evaluation.compare_drafters`): one row per drafter.
 
 Two drafters in one tree (issue 16): ``treeopt run --draft LIGHT --draft STRONG --tree GRAFT.yaml`` runs a
-grafted tree (``treeopt-tree/2`` naming both, :class:`~sequoia_opt.decoding.policies.GraftPolicy`), the strong
+grafted tree (``treeopt-tree/2`` naming both, :class:`~sequoia_opt.drafting.policies.GraftPolicy`), the strong
 drafter called every step or when ``--scheduler`` says; ``--merge`` with one ``--tree`` per ``--draft`` runs
-each drafter's own tree merged into one (SpecInfer, :class:`~sequoia_opt.decoding.policies.MergePolicy`). Both
+each drafter's own tree merged into one (SpecInfer, :class:`~sequoia_opt.drafting.policies.MergePolicy`). Both
 add a per-drafter table (calls, call rate, time, accepted nodes) to the trees table.
 
 ``treeopt run --tree T.yaml --adapt -a ACC.yaml -l LAT.yaml`` (issue 17): each tree also runs adapted, as
@@ -18,11 +18,12 @@ add a per-drafter table (calls, call rate, time, accepted nodes) to the trees ta
 acceptance this run's verifications measure over the last ``--adapt-window`` steps (the profile ``-a`` as
 prior, worth ``--adapt-prior-weight`` trials per rank), with the hardware-aware choice of ``treeopt solve`` on
 ``-l``, within the tree's budget / depth / branching limits
-(:class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder`). A re-solve table (step, prompt, new tree size,
+(:class:`~sequoia_opt.drafting.policies.AdaptiveTreePolicy`). A re-solve table (step, prompt, new tree size,
 depth, predicted tokens per step) follows; the results JSON holds the whole log."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,7 +37,7 @@ from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedO
                      TopPOpt, WeightsOpt, _check_run_options, _check_tree_readable, _graft_tree_names, _interruptible,
                      _load_graft_tree, _load_tree_entry, _print_error, app, handle_errors, note, progress_bar,
                      setting_notes)
-from ..decoding.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
+from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
 
 
@@ -119,6 +120,10 @@ def run_cmd(
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="With --dynamic: the calibration profile to predict each setting's tokens per step "
         "from (and -l for its speedup).")] = None,
+    policy: Annotated[Optional[str], typer.Option(
+        "--policy", help="The drafting policy each --tree runs with: static (default: the tree every step), "
+        "chain[:N[,MIN[,PMIN]]] (a chain grown token by token, llama.cpp's draft-max/-min/-p-min rule), "
+        "dynamic:POLICY:steps=S,topk=K,budget=N, or one a plugin registered (TREEOPT_PLUGINS).")] = None,
     budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="With --compare-drafters: largest tree considered, nodes incl. the root (default: each latency profile's largest measured token count). With --adapt: largest re-solved tree (default: the tree's budget limit).")] = None,
     max_depth: Annotated[Optional[int], typer.Option("--max-depth", "-d", help="With --compare-drafters: depth limit D (default 10). With --adapt: of the re-solves (default 16, as treeopt solve).")] = None,
     max_branching: Annotated[Optional[int], typer.Option("--max-branching", "-b", help="With --compare-drafters: most children per node B (default 8). With --adapt: of the re-solves (default: the tree's, else 32).")] = None,
@@ -159,6 +164,13 @@ def run_cmd(
         return
     if threads is not None:
         raise TreeoptError("--threads sets llama.cpp's threads: add --engine llama.cpp (or drop it)")
+    from ..drafting.registry import parse_policy
+
+    pkind, popts = parse_policy(policy)  # a bad --policy fails here, before anything is read
+    if policy is not None and pkind.name != "static" and (compare_drafters or merge or scheduler is not None or adapt
+                                                          or len(draft or []) > 1):
+        raise TreeoptError(f"--policy {policy} runs one drafter's --tree files: it does not combine with "
+                           "--compare-drafters, --merge, --scheduler, --adapt or two --draft")
     check_precision(weights)
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
@@ -231,6 +243,11 @@ def run_cmd(
     latency_path = latency[0] if latency else None
     spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails before anything is read
     entries = [_load_tree_entry(p) for p in tree]
+    if pkind.name != "static":  # the tree file's prediction is the static tree's: not this policy's
+        for e in entries:
+            e.name = f"{e.name} ({policy})"
+            e.metadata = replace(e.metadata, expected_tokens_per_step=None, predicted_speedup=None)
+            e.policy = lambda drafter, t=e.tree: pkind.build(drafter, t, popts)
     seen: dict[str, int] = {}
     for e in entries:  # two files called tree.yaml in different folders must not share a results row name
         seen[e.name] = seen.get(e.name, 0) + 1
@@ -261,7 +278,7 @@ def run_cmd(
     entries += _dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
-    from ..profiling.device import device_name
+    from ..device import device_name
 
     adapt_warnings: list[str] = []
     if adapt:  # the prior and the curve every re-solve reads: of this pair, this device?
@@ -305,7 +322,7 @@ def _plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[li
     from ..evaluation import plan_drafter
     from ..pipeline import default_acceptance_path, default_latency_path, default_target_path, model_label
     from ..profiles import load_acceptance, load_latency
-    from ..profiling.device import device_slug
+    from ..device import device_slug
 
     n = len(specs)
     what = "default drafters (no --draft: the bundled draft model and lookup)" if defaults else "--draft"
@@ -321,7 +338,7 @@ def _plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[li
         a_path = acceptance[i] if acceptance is not None else default_acceptance_path(tlabel, spec, mode)
         l_path = latency[i] if latency is not None else default_latency_path(tlabel, spec, slug)
         how = (f"{' --target ' + str(target) if target else ''}"
-               f"{'' if spec.kind == 'model' and spec.path is None else ' --draft ' + spec.spec}")
+               f"{'' if spec.entry.loads_model and spec.path is None else ' --draft ' + spec.spec}")
         for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
             if not Path(path).is_file():
                 extra = f" --temperature {temperature:g} --top-p {top_p:g}" if kind == "acceptance" and temperature else ""
@@ -344,7 +361,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     from ..pipeline import (check_drafter, default_target_path, load_drafters, parse_device, parse_drafter_spec,
                             parse_dtype)
     from ..profiles import warn_on_mismatch
-    from ..profiling.device import device_name
+    from ..device import device_name
     from ..prompts import demo_prompts_path, load_prompts
 
     if tree:
@@ -435,7 +452,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
 def _merged_topology(trees) -> Tree:
     """The planned shape of SpecInfer's merge of several drafters' own trees: every tree's root children side
     by side under one root, in drafter order (the union when no two drafters propose the same token; at run
-    time shared tokens merge and the tree is smaller, :class:`~sequoia_opt.decoding.policies.MergePolicy`)."""
+    time shared tokens merge and the tree is smaller, :class:`~sequoia_opt.drafting.policies.MergePolicy`)."""
     from ..tree import Tree
 
     choices, offset = [], 0
@@ -459,11 +476,11 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
     """
     from dataclasses import replace
 
-    from ..decoding.policies import GraftPolicy, MergePolicy, load_scheduler
+    from ..drafting.policies import GraftPolicy, MergePolicy, load_scheduler
     from ..evaluation import TreeEntry, run_trees
     from ..pipeline import default_target_path, load_drafters, model_label, parse_device, parse_drafter_spec, \
         parse_dtype
-    from ..profiling.device import device_name
+    from ..device import device_name
     from ..prompts import demo_prompts_path, load_prompts
 
     if compare:
@@ -521,7 +538,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
         meta = TreeMetadata(budget=union.size, max_depth=union.tree_depth, solver="specinfer-merge",
                             extra={"drafters": labels, "trees": [str(p) for p in trees]})
         entries.append(TreeEntry("specinfer merge", union, meta, drafter="+".join(labels),
-                                 policy=lambda: MergePolicy([m() for m in makers], trees_, labels)))
+                                 policy=lambda _: MergePolicy([m() for m in makers], trees_, labels)))
         for e, p in zip(own, pairs):
             warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
                                                target=p.target_name, draft=p.draft_name,
@@ -548,7 +565,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
                                                target=pair.target_name, draft=None)
 
-            def policy(dtree=dtree):
+            def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)
 
             entries.append(TreeEntry(name, dtree.tree, meta, drafter="+".join(labels), policy=policy))
@@ -678,7 +695,7 @@ def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: 
     """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction: from
     --calibration and -l when given, else from its file's ``predicted`` when the file was solved for this
     drafter (a note says when it was not). Warnings about the calibration go to ``notes``."""
-    from ..decoding.policies import DynamicPolicy
+    from ..drafting.policies import DynamicPolicy
     from ..evaluation import TreeEntry
     from ..tree import Tree
 
@@ -713,8 +730,8 @@ def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: 
                             predicted_speedup=sp, solver=f"dynamic:{setting.policy}",
                             extra={"dynamic": setting.to_dict()})
 
-        def make(s=setting):
-            return DynamicPolicy(pair.new_drafter(), s, name=pair.draft_name)
+        def make(drafter, s=setting):
+            return DynamicPolicy(drafter, s, name=pair.draft_name)
 
         out.append(TreeEntry(setting.label, Tree.chain(1), meta, policy=make, drafter=pair.draft_name))
     return out
@@ -723,7 +740,7 @@ def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: 
 def _check_trees_fit(entries, pair) -> None:
     """Refuse trees the draft cannot produce (a node with more children than the vocabulary has tokens).
     A tree deeper than what the context has left is not refused: the decoder clips it, step by step, to the
-    levels that fit (see :class:`~sequoia_opt.decoding.SpeculativeDecoder`)."""
+    levels that fit (see :class:`~sequoia_opt.drafting.policies.StaticTreePolicy`)."""
     V = pair.vocab_size
     for e in entries:
         if e.tree.max_branching_used > V:
@@ -815,7 +832,7 @@ def _check_adapt_options(adapt: bool, every: Optional[int], window: Optional[int
 def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, window: int, prior_weight: float,
                       budget: Optional[int], max_depth: Optional[int], max_branching: Optional[int]) -> tuple[list, list[str]]:
     """One adaptive twin per tree entry, ``<name> (adaptive)``, starting from that tree (nothing is loaded
-    but the two profiles; each :class:`~sequoia_opt.decoding.adaptive.TreeAdapter` solves the prior once,
+    but the two profiles; each :class:`~sequoia_opt.drafting.policies.TreeAdapter` solves the prior once,
     which checks the limits against the latency profile).
 
     Limits of the re-solves: ``budget`` or the tree's recorded budget limit (``treeopt solve`` writes it),
@@ -829,7 +846,7 @@ def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, w
     Raises:
         TreeoptError: a root-only tree; ``--budget`` past what the latency profile measured; a bad profile.
     """
-    from ..decoding.adaptive import TreeAdapter
+    from ..drafting.policies import AdaptiveTreePolicy, TreeAdapter
     from ..evaluation import TreeEntry
     from ..profiles import load_acceptance, load_latency
     from .solve import SINGLE_DEFAULTS
@@ -852,7 +869,8 @@ def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, w
                                                                  or SINGLE_DEFAULTS["max_branching"])
         adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,
                               window=window, prior_weight=prior_weight)
-        out.append(TreeEntry(f"{e.name} (adaptive)", e.tree, e.metadata, adapter=adapter))
+        out.append(TreeEntry(f"{e.name} (adaptive)", e.tree, e.metadata,
+                             policy=lambda drafter, a=adapter: AdaptiveTreePolicy(drafter, a)))
         notes.append(f"{e.name} (adaptive): re-solved every {every} steps from the acceptance of the last {window} "
                      f"steps (prior {acc.id!r}, worth {prior_weight:g} trials per rank) with latency profile "
                      f"{curve.id!r}, within budget {b}, depth {d}, branching {br}; the time of each re-solve is "

@@ -19,15 +19,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TreeoptError
+from ..errors import EngineError  # noqa: F401 (re-exported: engines raise it)
 
 #: What a latency profile without an ``engine`` key was measured on: treeopt's bundled decoder.
 DEFAULT_ENGINE = "treeopt"
-
-
-class EngineError(TreeoptError):
-    """An engine is not installed, refuses a model, or cannot do what was asked (one line for the CLI)."""
-
 
 @dataclass(frozen=True)
 class Engine:

@@ -16,7 +16,7 @@ slots (double buffering):
   LM head, the decoder's bookkeeping and the draft.
 
 The model's forward, KV caches (on the device), masks and every decoder work unchanged: an offloaded target is
-passed to :class:`~sequoia_opt.decoding.SpeculativeDecoder` / :class:`AutoregressiveDecoder` as it is. On a CPU
+passed to :class:`~sequoia_opt.decoding.loop.Decoder` as it is. On a CPU
 device the same code runs without streams or pinning (the copies are synchronous), which is how the slot
 logic is tested on machines without a GPU; only CUDA overlaps.
 """

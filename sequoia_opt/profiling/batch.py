@@ -1,7 +1,7 @@
 """Latency per batch size: T(b, n), c(b, w) and the step overhead at batch b, timed exactly as batch 1 is
 (:func:`~sequoia_opt.profiling.latency.profile_model`: rounds, medians, forwards paired with the n = 1 forward
 of the same batch) but through the batched decoder's forward (b rows of n tokens, a per-row
-:class:`~sequoia_opt.attention.RowPrefix`; :mod:`sequoia_opt.decoding.batched`).
+:class:`~sequoia_opt.attention.RowPrefix`; :mod:`sequoia_opt.decoding.rows`).
 
 Why per batch: at batch b a tree of n nodes feeds the target b x n tokens, so the curve that decides the
 budget (Sequoia, Chen et al. 2024, section 4.2) is T(b, n) against n, which bends up at a smaller n the
@@ -29,19 +29,18 @@ OVERHEAD_TREE = Tree.from_choices([[0], [1], [2], [3], [0, 0], [0, 1], [0, 0, 0]
 @torch.inference_mode()
 def measure_batch_overhead(target: Transformer, draft: Transformer | None, batch: int, *, tree: Tree | None = None,
                            prompt_len: int = 32, steps: int = 16, seed: int = 0) -> float:
-    """The batched decoder's fixed per-step cost outside the model forwards at batch ``batch`` (ms): greedy
-    verification of every row, KV compaction of both caches, stop checks (``BatchStep.bookkeeping_ms``),
-    median over ``steps`` steps of random prompts of ``prompt_len`` tokens (a root-only tree without a
-    draft)."""
-    from ..decoding.batched import BatchedDecoder
+    """The loop's fixed per-step cost outside the model forwards at batch ``batch`` (ms): greedy verification of
+    every row, KV compaction of both caches, stop checks (``BatchStep.bookkeeping_ms``), median over ``steps``
+    steps of random prompts of ``prompt_len`` tokens (plain decoding without a draft)."""
+    from ..decoding import Decoder
+    from ..drafting.policies import StaticTreePolicy
 
-    if draft is None:
-        tree = Tree.chain(1)
-    tree = tree or OVERHEAD_TREE
+    tree = Tree.chain(1) if draft is None else tree or OVERHEAD_TREE
     gen = torch.Generator(device="cpu").manual_seed(seed)
     prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
-    dec = BatchedDecoder(target, draft, tree, max_len=prompt_len + steps * tree.size + tree.size + 1, max_batch=batch)
-    res = dec.generate(prompts, steps)
+    policy = StaticTreePolicy(draft, tree) if draft is not None else None
+    dec = Decoder(target, policy, max_len=prompt_len + steps * tree.size + tree.size + 1, max_batch=batch)
+    res = dec.generate_batch(prompts, steps)
     return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0
 
 

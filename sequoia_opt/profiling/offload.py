@@ -26,7 +26,7 @@ from ..model.kv_cache import KVCache
 from ..model.offload import layer_bytes, offload_layers
 from ..profiles import LatencyCurve
 from ..solver.offload import OffloadModel, offload_curve
-from .device import device_info
+from ..device import device_info
 from .latency import ProgressFn, profile_model, time_forward
 from .timing import time_call
 
