@@ -258,3 +258,33 @@ def test_copy_timing_leaves_the_slots_consistent():
     with torch.inference_mode():
         torch.testing.assert_close(model(toks), ref(toks))
     assert rec.races() == []
+
+
+def test_first_mismatch_reports_the_margin(monkeypatch):
+    """A greedy mismatch on random weights may be a near-tie: offload_gpu.py records where the outputs first differ
+    and the target's margins there, and calls it a near-tie only under NEAR_TIE of the top logit."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "offload_gpu.py"
+    spec = importlib.util.spec_from_file_location("offload_gpu_mm", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = Transformer(ModelConfig.preset("tiny")).eval()
+    prompt = [5, 9, 2, 77]
+    plain = AutoregressiveDecoder(model, max_len=32).generate(prompt, 6).tokens
+    assert mod.first_mismatch(model, prompt, plain, list(plain)) is None
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + plain[:3]]))[0, -1]
+    second = int(torch.topk(logits, 2).indices[1])
+    tree = plain[:3] + [second] + plain[4:]
+    mm = mod.first_mismatch(model, prompt, plain, tree)
+    top = torch.topk(logits.float(), 2).values
+    assert mm["index"] == 3 and mm["plain_token"] == plain[3] and mm["tree_token"] == second
+    assert mm["top2_margin"] == pytest.approx(float(top[0] - top[1]), abs=1e-5)
+    assert mm["pair_margin"] == pytest.approx(mm["top2_margin"], abs=1e-5)  # the runner-up was chosen
+    monkeypatch.setattr(mod, "NEAR_TIE", 1e9)
+    assert mod.first_mismatch(model, prompt, plain, tree)["verdict"] == "near-tie"
+    monkeypatch.setattr(mod, "NEAR_TIE", 0.0)
+    assert mod.first_mismatch(model, prompt, plain, tree)["verdict"] == "mismatch"
+    assert mod.first_mismatch(model, prompt, plain, plain[:4])["note"] == "one output is longer"

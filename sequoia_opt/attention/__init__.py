@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["TreeMask", "RowPrefix", "tree_attention", "resolve_backend", "causal_tree_mask", "require_tree_mask",
-           "require_dense_mask", "BackendRecord", "record_backends"]
+           "require_dense_mask", "BackendRecord", "record_backends", "choose_backend"]
 
 
 def _type_name(x: object) -> str:
@@ -281,23 +281,42 @@ def tree_attention(
             rec.note("torch", None if backend == "torch" else "a per-row prefix (batch rows of different lengths) "
                      "runs the torch reference")
         return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid)
-    refused = None
+    ran, refused = choose_backend(backend, q, k_cache, v_cache)
+    if rec is not None:
+        rec.note(ran, refused)
+    if ran == "cuda":
+        from . import cuda as _cuda
+
+        return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
+    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
+
+
+def choose_backend(backend: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[str, str | None]:
+    """The backend one :func:`tree_attention` call runs (an int prefix), and why the kernel was refused.
+
+    ``"torch"`` runs the reference; ``"cuda"`` the kernel (its own errors say why it cannot); ``"auto"`` the kernel
+    on CUDA tensors when it is available and takes these tensors (dtype, head_dim, layout), else the reference
+    with the reason: :func:`~sequoia_opt.attention.cuda.unavailable_reason` or
+    :func:`~sequoia_opt.attention.cuda.unsupported_reason`. On a CPU, ``"auto"`` is the reference with no
+    refusal (there is no kernel to refuse).
+
+    Returns:
+        ``("cuda" | "torch", reason or None)``.
+
+    Raises:
+        ValueError / RuntimeError: as :func:`resolve_backend` (an unknown name, ``"cuda"`` off CUDA).
+    """
     if resolve_backend(backend, q.device) == "cuda":
         from . import cuda as _cuda
 
         # "auto" falls back to the reference for tensors the kernel does not take (float32, head_dim 96, ...)
         refused = None if backend == "cuda" else _cuda.unsupported_reason(q, k_cache, v_cache)
-        if refused is None:
-            if rec is not None:
-                rec.note("cuda")
-            return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
-    elif backend == "auto" and q.device.type == "cuda":
+        return ("cuda", None) if refused is None else ("torch", refused)
+    if backend == "auto" and q.device.type == "cuda":
         from . import cuda as _cuda
 
-        refused = _cuda.unavailable_reason() or "the kernel is unavailable"
-    if rec is not None:
-        rec.note("torch", refused)
-    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
+        return "torch", _cuda.unavailable_reason() or "the kernel is unavailable"
+    return "torch", None
 
 
 def tree_attention_reference(
