@@ -10,8 +10,8 @@ Steps (each guarded: one failing does not lose the others' results; each writes 
 
 1. build: build (or load from the cache) the kernel extension and time it; build.json. A dry run checks the
    sources and names the build without compiling.
-2. correctness: fresh random inputs at odd sizes (T in {1,7,64,129,256}, L in {0,1,1000,4097,16384} and one
-   32768 + 37 prefix, GQA 1/4/8, head_dim 64/128, fp16/bf16; tree masks of random trees, some draft levels
+2. correctness: fresh random inputs at odd sizes (T in {1,7,64,129,256}, L in {0,1,1000,4097,16384}, one
+   32768 + 37 prefix and the CUDA-graph layout (no prefix, the whole cache masked, a long zero tail), GQA 1/4/8, head_dim 64/128, fp16/bf16; tree masks of random trees, some draft levels
    with m > T, some forced split counts, cache slots past the tree filled with NaN), output NaN-poisoned
    before each run, relative Frobenius error against float64 attention within TOL (what bf16/fp16 inputs and
    outputs allow; the error of torch's own SDPA in the same dtype is recorded beside it). The grid runs in a
@@ -278,6 +278,11 @@ def edge_cases(args) -> list[dict[str, Any]]:
              for T in (1, 64)]
     for T, m in ((9, 70), (3, 64), (5, 65), (2, 130)):
         cases.append(dict(B=1, Hkv=2, group=4, T=T, L=0, m=m, D=D, dtype=dt, num_splits=None, empty_row=1))
+    # the CUDA-graph layout (sequoia_opt.model.graphs): no prefix, the whole cache masked: ones over the committed
+    # tokens, the tree, then a long all-zero tail of unused slots (whole splits that see no key)
+    for T, committed, tail in ((1, 2085, 91), (64, 520, 1400)) if not args.dry_run else ((1, 85, 40), (8, 20, 140)):
+        cases.append(dict(B=1, Hkv=2 if args.dry_run else 8, group=4, T=T, L=0, m=committed + T + tail, D=D,
+                          dtype=dt, num_splits=None, graphs_layout=(committed, tail)))
     return cases
 
 
@@ -296,7 +301,12 @@ def run_case(case: dict[str, Any], device: torch.device, gen: torch.Generator, d
     if not dry_run:
         k[:, :, L + m :] = float("nan")  # past the tree: must never be read
         v[:, :, L + m :] = float("nan")
-    dense = tree_rows(T, m, gen)
+    if case.get("graphs_layout") is not None:
+        committed, tail = case["graphs_layout"]
+        dense = torch.cat([torch.ones(T, committed, dtype=torch.bool), tree_rows(T, T, gen),
+                           torch.zeros(T, tail, dtype=torch.bool)], 1)  # (T, m)
+    else:
+        dense = tree_rows(T, m, gen)
     if case.get("empty_row") is not None:
         dense[case["empty_row"]] = False
     scale = D**-0.5

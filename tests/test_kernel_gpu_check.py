@@ -68,6 +68,8 @@ def test_edge_cases_time_the_benchmark_head_shape_past_32k(gc):
                          and c["dtype"] == "bfloat16" for c in longs)
     assert {c["T"] for c in longs} == {1, 64}
     assert sum(1 for c in cases if c.get("empty_row") is not None) == 4
+    graphs = [c for c in cases if c.get("graphs_layout")]
+    assert graphs and all(c["L"] == 0 and c["m"] > 1900 and c["graphs_layout"][1] >= 64 for c in graphs)
 
 
 def test_sweep_status_and_kernel_verdict(gc):

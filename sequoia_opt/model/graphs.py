@@ -175,6 +175,7 @@ class GraphedTransformer(Transformer):
         self.norm = model.norm
         self.lm_head = model.lm_head
         self.register_buffer("inv_freq", model.inv_freq, persistent=False)
+        self.train(model.training)
         self.max_tokens, self.max_graphs, self.capture_after = max_tokens, max_graphs, capture_after
         if graph_factory is None:
             pool = torch.cuda.graph_pool_handle()
