@@ -28,10 +28,9 @@ def test_record_counts_the_backend_of_every_call_and_the_refusals():
         rows = RowPrefix(4, torch.ones(1, 4, dtype=torch.bool))
         with record_backends() as inner:  # nested: the inner block records its own calls only
             tree_attention(q, k, v, rows, mask)
-        tree_attention(q, k, v, rows, mask, backend="torch")  # the reference asked for: no refusal
+        tree_attention(q, k, v, rows, mask, backend="torch")
     assert rec.as_dict() == {"backend": "torch", "calls": {"torch": 3}, "refused": {}}
-    assert inner.as_dict() == {"backend": "torch", "calls": {"torch": 1}, "refused": {
-        "cuda: a per-row prefix (batch rows of different lengths) runs the torch reference": 1}}
+    assert inner.as_dict() == {"backend": "torch", "calls": {"torch": 1}, "refused": {}}
     tree_attention(q, k, v, 4, mask)  # outside any block: nothing recorded, nothing fails
     assert rec.ran["torch"] == 3
     assert BackendRecord().backend is None

@@ -277,9 +277,9 @@ def tree_attention(
         scale = D**-0.5
     rec = _RECORD.get()
     if rows is not None:
-        if rec is not None:
-            rec.note("torch", None if backend == "torch" else "a per-row prefix (batch rows of different lengths) "
-                     "runs the torch reference")
+        if rec is not None:  # on CUDA the kernel was not ruled out by the caller: say why it did not run
+            rec.note("torch", None if backend == "torch" or q.device.type != "cuda" else
+                     "a per-row prefix (batch rows of different lengths) runs the torch reference")
         return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid)
     ran, refused = choose_backend(backend, q, k_cache, v_cache)
     if rec is not None:
