@@ -65,6 +65,7 @@ FINAL_S = 5.0  # kept for the last archive, summary and table
 REFRESH_S = 15.0  # $OUT refreshed this often during a long stage
 OUT_FILES = ("gpu_check.tar.gz", "gpu_check.log", "summary.json")  # all that goes to $OUT
 DEMO_DRAFT_CONFIG = "sequoia_opt/data/draft/config.json"  # the bundled draft's shape (its weights: 14 MB)
+GPU_CONTEXTS, GPU_MAX_TOKENS, GPU_MAX_DRAFT_TOKENS = "512,1920", 128, 64  # the GPU profiles' grid
 
 
 # ------------------------------------------------------------------------------------------------ deadline
@@ -506,8 +507,10 @@ def _profile_argv(kind: str, graphs: bool) -> Callable[[float, Run], list[str]]:
             arch = ["--arch", "llama-2-7b", "--draft-arch", "llama-68m"] if kind == "7b" else \
                 ["--arch", "smollm2-135m", "--draft-arch", DEMO_DRAFT_CONFIG]
             rounds, repeats = ("2", "20") if cap >= 60 else ("1", "10")
-            cmd += arch + ["--device", "cuda", "--dtype", "bfloat16", "--context", "512,2048", "--max-tokens", "128",
-                           "--max-draft-tokens", "64", "--rounds", rounds, "--max-repeats", repeats]
+            # contexts: 1920 + 64 draft tokens fit JackFram-68M's and the bundled draft's 2048 positions
+            cmd += arch + ["--device", "cuda", "--dtype", "bfloat16", "--context", GPU_CONTEXTS, "--max-tokens",
+                           str(GPU_MAX_TOKENS), "--max-draft-tokens", str(GPU_MAX_DRAFT_TOKENS), "--rounds", rounds,
+                           "--max-repeats", repeats]
             # the kernel when it passed its check (the bundled draft's head_dim 32 it cannot take: auto, recorded)
             ok = kernel_ok(run)
             cmd += ["--backend", ("cuda" if kind == "7b" else "auto") if ok else "torch"]

@@ -265,3 +265,33 @@ def test_full_dry_run(tmp_path):
     assert fig["kernel"]["correctness"] == "PASS" and all(r["rel_err"] < 1e-4 for r in fig["kernel"]["rows"])
     assert fig["profiles"]["7b-eager"]["attention"]["target"]["backend"] == "torch"
     assert fig["predictions"]["demo-eager"]["label"].startswith("PREDICTION")
+
+
+def test_gpu_profile_commands_fit_the_models(gs, tmp_path):
+    """The GPU profile stages cannot be dry-run with their real sizes on a CPU: check their grids against the
+    models' context lengths (a refusal there would cost the stage), and the backend they ask for."""
+    from types import SimpleNamespace
+
+    from sequoia_opt.model import ModelConfig
+    from sequoia_opt.model.loaders import load_model_config
+
+    def config(spec):
+        return load_model_config(REPO / spec) if spec.endswith(".json") else ModelConfig.preset(spec)
+
+    run = SimpleNamespace(results=tmp_path, python="python3", dry_run=False, kernel_disabled=None)
+    (tmp_path / "kernel").mkdir()
+    for ok, want in ((True, {"7b": "cuda", "demo": "auto"}), (False, {"7b": "torch", "demo": "torch"})):
+        (tmp_path / "kernel" / "summary.json").write_text(json.dumps({"kernel_ok": ok}))
+        for kind in ("7b", "demo"):
+            for graphs in (False, True):
+                argv = gs._profile_argv(kind, graphs)(100.0, run)
+                opt = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+                top = max(int(c) for c in opt["--context"].split(","))
+                assert top + int(opt["--max-tokens"]) <= config(opt["--arch"]).max_position_embeddings
+                assert top + int(opt["--max-draft-tokens"]) <= config(opt["--draft-arch"]).max_position_embeddings
+                assert opt["--device"] == "cuda" and opt["--dtype"] == "bfloat16" and opt["--backend"] == want[kind]
+                assert ("--cuda-graphs" in argv) == graphs and opt["--output"].endswith(
+                    f"{kind}-{'graphs' if graphs else 'eager'}.yaml")
+    for cap, rounds in ((100.0, "2"), (50.0, "1")):  # a short cap: one round, fewer repeats
+        argv = gs._profile_argv("7b", False)(cap, run)
+        assert argv[argv.index("--rounds") + 1] == rounds
