@@ -82,7 +82,7 @@ class Stage:
         argv: the command, or a function of (cap in s, the run) returning it; None for an in-process stage.
         fn: an in-process stage: a function of (the run, its cap in s) returning (status, note); it keeps to
             its cap itself (no process to stop).
-        ok_rc: exit codes that mean it ran (others: failed); ``{3: "incomplete"}``-style names in ``rc_status``.
+        rc_status: the status each exit code means (``{0: "ok", 3: "incomplete"}``); any other is "failed".
         skip: a function of the run returning why it must not run (None: run it).
     """
 
@@ -249,7 +249,7 @@ class Run:
         self.results.mkdir(parents=True, exist_ok=True)
         self.log_path = self.results / "gpu_check.log"
         self._log = open(self.log_path, "a", buffering=1)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered when SIGTERM arrives while the main thread logs
         self.env = self._stage_env()
         self.toolchain: dict[str, Any] = {}
         self.stages: list[StageResult] = []
@@ -487,11 +487,14 @@ def kernel_ok(run: Run) -> bool:
 
 
 def _after_build(run: Run) -> None:
+    """After a failed, stopped or skipped build (or no usable CUDA_HOME), disable the kernel for every later stage
+    (``TREEOPT_DISABLE_CUDA_KERNEL=1``: no stage rebuilds it or waits on torch's build lock) and say so once."""
     build = next((s for s in run.stages if s.name == "build"), None)
     if build is not None and build.status != "ok" and not run.dry_run and not run.kernel_disabled:
         run.kernel_disabled = f"the kernel build {build.status} ({build.note}); later stages run the torch reference"
-    if run.kernel_disabled:
-        run.env["TREEOPT_DISABLE_CUDA_KERNEL"] = "1"  # never rebuild, never wait on torch's build lock
+    if run.kernel_disabled and run.env.get("TREEOPT_DISABLE_CUDA_KERNEL") != "1":
+        run.env["TREEOPT_DISABLE_CUDA_KERNEL"] = "1"
+        run.log(f"[runner] kernel disabled for the later stages: {run.kernel_disabled}")
 
 
 def _profile_argv(kind: str, graphs: bool) -> Callable[[float, Run], list[str]]:

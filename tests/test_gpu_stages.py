@@ -295,3 +295,50 @@ def test_gpu_profile_commands_fit_the_models(gs, tmp_path):
     for cap, rounds in ((100.0, "2"), (50.0, "1")):  # a short cap: one round, fewer repeats
         argv = gs._profile_argv("7b", False)(cap, run)
         assert argv[argv.index("--rounds") + 1] == rounds
+
+
+def test_gpu_check_sh_killed_mid_stage_returns_the_stages_before(tmp_path):
+    """The real script (dry run, three stages) is SIGKILLed while the 7B profile stage runs: $OUT holds its three
+    files, and the archive holds the engine and kernel stages' results."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["bash", str(SCRIPT), "--dry-run", "--stages", "engines,kernel,profile-7b-eager",
+                             "--results-dir", str(tmp_path / "results")], env={**os.environ, "OUT": str(out)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline, stages = time.time() + 240, []
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            stages = json.loads((out / "summary.json").read_text())["stages"]
+        except (OSError, ValueError):
+            stages = []
+        if any(s["name"] == "profile-7b-eager" and s["status"] == "running" for s in stages):
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, f"the script ended before its last stage was killed: {stages}"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "gpu_check.tar.gz", "summary.json"]
+    names = set(_archive_names(out / "gpu_check.tar.gz"))
+    assert {"engines/gpu_engines.json", "kernel/correctness.json", "kernel/bench.json", "kernel/summary.json"} <= names
+    assert "profiles/7b-eager.yaml" not in names
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["name"], s["status"]) for s in summary["stages"]] == [
+        ("engines", "ok"), ("kernel", "ok"), ("profile-7b-eager", "running")]
+    assert summary["figures"]["kernel"]["correctness"] == "PASS"
+
+
+def test_a_failed_build_disables_the_kernel_for_later_stages(gs, tmp_path):
+    run = gs.Run(tmp_path / "r", None, False, "python3", 540.0)
+    run.stages.append(gs.StageResult("build", "b", status="timeout", note="stopped at its 240 s cap"))
+    stages = {s.name: s for s in gs.plan(False)}
+    assert stages["kernel"].skip(run) == ("the kernel build timeout (stopped at its 240 s cap); later stages run "
+                                         "the torch reference")
+    assert run.env["TREEOPT_DISABLE_CUDA_KERNEL"] == "1"
+    assert "[runner] kernel disabled for the later stages" in run.log_path.read_text()
+    (tmp_path / "r" / "kernel").mkdir()
+    (tmp_path / "r" / "kernel" / "summary.json").write_text(json.dumps({"kernel_ok": True}))
+    assert not gs.kernel_ok(run)  # whatever an earlier file says
+    for name in ("profile-7b-eager", "profile-demo-graphs"):
+        argv = stages[name].argv(100.0, run)
+        assert argv[argv.index("--backend") + 1] == "torch"
+    argv = stages["offload"].argv(100.0, run)
+    assert argv[argv.index("--backend") + 1] == "torch"
