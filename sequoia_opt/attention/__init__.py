@@ -18,17 +18,25 @@ reference, on every backend: the CUDA kernel takes one int ``prefix_len`` for th
 Backends: ``"torch"`` is the reference (scaled dot product attention with an explicit prefix + tree mask) and
 runs on every device; ``"cuda"`` is the bit-mask kernel in ``kernels/tree_attention.cu``; ``"auto"`` picks
 the kernel on CUDA tensors when it is available and supports the shapes, else the reference.
+
+No silent fallback: inside ``with record_backends() as rec:`` every call counts the backend that ran
+(``rec.ran``) and, when ``"auto"`` or a per-row prefix ruled the kernel out, why (``rec.refused``); profiles
+store :meth:`BackendRecord.as_dict` in their ``device`` block.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
 __all__ = ["TreeMask", "RowPrefix", "tree_attention", "resolve_backend", "causal_tree_mask", "require_tree_mask",
-           "require_dense_mask"]
+           "require_dense_mask", "BackendRecord", "record_backends", "choose_backend"]
 
 
 def _type_name(x: object) -> str:
@@ -134,6 +142,56 @@ class RowPrefix:
                              f"length {self.length}")
 
 
+@dataclass
+class BackendRecord:
+    """Which attention backend ran, counted per :func:`tree_attention` call made while it records.
+
+    Attributes:
+        ran: ``{"cuda" | "torch": calls}``.
+        refused: ``{"cuda: <reason>": calls}``: calls that did not run the kernel although it was not ruled
+            out by the caller (``backend="auto"``, or a :class:`RowPrefix`, which only the reference takes).
+            A call asking for ``"torch"`` is not a refusal.
+
+    A CUDA-graph replay repeats the calls its capture made without running Python, so it is not counted
+    (:mod:`sequoia_opt.model.graphs` counts replays).
+    """
+
+    ran: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)
+
+    def note(self, ran: str, refused: str | None = None) -> None:
+        self.ran[ran] += 1
+        if refused is not None:
+            self.refused[f"cuda: {refused}"] += 1
+
+    @property
+    def backend(self) -> str | None:
+        """The one backend every counted call ran, ``"mixed"`` when several did, None when nothing ran."""
+        if not self.ran:
+            return None
+        return next(iter(self.ran)) if len(self.ran) == 1 else "mixed"
+
+    def as_dict(self) -> dict[str, object]:
+        """``{"backend": ..., "calls": {backend: n}, "refused": {reason: n}}`` (plain types, for YAML/JSON)."""
+        return {"backend": self.backend, "calls": dict(sorted(self.ran.items())),
+                "refused": dict(sorted(self.refused.items()))}
+
+
+_RECORD: ContextVar[BackendRecord | None] = ContextVar("treeopt_attention_record", default=None)
+
+
+@contextmanager
+def record_backends() -> Iterator[BackendRecord]:
+    """Count the attention backend of every :func:`tree_attention` call in this block (this thread / task;
+    nested blocks record apart, the inner one only). Yields the :class:`BackendRecord`."""
+    rec = BackendRecord()
+    token = _RECORD.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORD.reset(token)
+
+
 def pack_mask_bits(dense: torch.Tensor) -> torch.Tensor:
     """Pack a (T, m) bool mask into (T, ceil(m / 64)) int64 words, little-endian bit order within a word.
 
@@ -227,16 +285,49 @@ def tree_attention(
         raise ValueError(f"slots [0, {prefix_len + m}) do not fit a cache of {S} slots")
     if scale is None:
         scale = D**-0.5
+    rec = _RECORD.get()
     if rows is not None:
+        if rec is not None:  # on CUDA the kernel was not ruled out by the caller: say why it did not run
+            rec.note("torch", None if backend == "torch" or q.device.type != "cuda" else
+                     "a per-row prefix (batch rows of different lengths) runs the torch reference")
         return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid,
                                         rows.tree)
+    ran, refused = choose_backend(backend, q, k_cache, v_cache)
+    if rec is not None:
+        rec.note(ran, refused)
+    if ran == "cuda":
+        from . import cuda as _cuda
+
+        return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
+    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
+
+
+def choose_backend(backend: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[str, str | None]:
+    """The backend one :func:`tree_attention` call runs (an int prefix), and why the kernel was refused.
+
+    ``"torch"`` runs the reference; ``"cuda"`` the kernel (its own errors say why it cannot); ``"auto"`` the kernel
+    on CUDA tensors when it is available and takes these tensors (dtype, head_dim, layout), else the reference
+    with the reason: :func:`~sequoia_opt.attention.cuda.unavailable_reason` or
+    :func:`~sequoia_opt.attention.cuda.unsupported_reason`. On a CPU, ``"auto"`` is the reference with no
+    refusal (there is no kernel to refuse).
+
+    Returns:
+        ``("cuda" | "torch", reason or None)``.
+
+    Raises:
+        ValueError / RuntimeError: as :func:`resolve_backend` (an unknown name, ``"cuda"`` off CUDA).
+    """
     if resolve_backend(backend, q.device) == "cuda":
         from . import cuda as _cuda
 
         # "auto" falls back to the reference for tensors the kernel does not take (float32, head_dim 96, ...)
-        if backend == "cuda" or _cuda.supports(q, k_cache, v_cache):
-            return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
-    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
+        refused = None if backend == "cuda" else _cuda.unsupported_reason(q, k_cache, v_cache)
+        return ("cuda", None) if refused is None else ("torch", refused)
+    if backend == "auto" and q.device.type == "cuda":
+        from . import cuda as _cuda
+
+        return "torch", _cuda.unavailable_reason() or "the kernel is unavailable"
+    return "torch", None
 
 
 def tree_attention_reference(

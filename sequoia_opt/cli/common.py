@@ -159,6 +159,32 @@ WeightsOpt = Annotated[str, typer.Option(
     "Every CPU float32 model's linears are tuned for this machine at load (cached).")]
 
 
+CudaGraphsOpt = Annotated[bool, typer.Option(
+    "--cuda-graphs", help="CUDA only: replay the target's and the draft model's cached forwards from CUDA graphs "
+    "captured per shape (batch, tokens), as serving engines do; eager launches hide how T(n) grows on a GPU.")]
+
+
+def check_cuda_graphs(enabled: bool, device: Any) -> None:
+    """Refuse ``--cuda-graphs`` off CUDA before any model loads (TreeoptError: one line, exit 2)."""
+    if enabled and torch.device(device).type != "cuda":
+        raise TreeoptError(f"--cuda-graphs captures CUDA graphs: it needs --device cuda (got --device {device})")
+
+
+def graphed(model: Any) -> Any:
+    """``--cuda-graphs``: ``model`` wrapped in a :class:`~sequoia_opt.model.graphs.GraphedTransformer` when it is a
+    treeopt Transformer (a drafter without a model of its own is returned as it is). Raises TreeoptError when it
+    cannot be graphed (one line)."""
+    from ..model import Transformer
+    from ..model.graphs import cuda_graphs
+
+    if not isinstance(model, Transformer):
+        return model
+    try:
+        return cuda_graphs(model)
+    except ValueError as err:
+        raise TreeoptError(f"--cuda-graphs: {err}") from None
+
+
 def set_torch_threads(threads: Optional[int]) -> None:
     """``--threads``: torch's CPU threads (None: torch's default). Raises TreeoptError below 1."""
     if threads is None:

@@ -18,11 +18,11 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, MaxBranchingOpt, MaxDepthOpt,
+from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, MaxBranchingOpt, MaxDepthOpt,
                      ProfileOutputOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt, TopPOpt, TwoDraftsOpt,
                      WeightsOpt, _check_run_options, _check_writable, _csv_ints, _interruptible, _load_graft_tree, _print_error,
-                     _two_drafters, _write_all, app, handle_errors, mode_slug, note, progress_bar, set_torch_threads,
-                     setting_notes)
+                     _two_drafters, _write_all, app, check_cuda_graphs, graphed, handle_errors, mode_slug, note,
+                     progress_bar, set_torch_threads, setting_notes)
 from .render import render
 
 profile_app = typer.Typer(help="Measure the device (latency curve) and the model pair (acceptance vector); "
@@ -69,6 +69,7 @@ def profile_latency(
     offload: Annotated[bool, typer.Option(
         "--offload", help="CUDA only: time the target with its layers streamed from pinned host memory (host->device "
         "bandwidth, per-layer copy and compute) and write T(n) of the offloaded target.")] = False,
+    cuda_graphs: CudaGraphsOpt = False,
 ) -> None:
     """Measure T(n): one target forward over n tokens through the verification path (KV cache holding the
     context, prefix + tree mask), and the drafter's cost c(w) in its own cost model (a draft model or
@@ -84,7 +85,8 @@ def profile_latency(
                                threads=threads, output=output, as_json=as_json,
                                other={"--random-weights": random_weights, "--arch": arch, "--draft-arch": draft_arch,
                                       "--device": device != "cpu", "--dtype": dtype != "float32",
-                                      "--backend": backend != "auto", "--weights": weights != "float32"})
+                                      "--backend": backend != "auto", "--weights": weights != "float32",
+                                      "--cuda-graphs": cuda_graphs})
         return
     from ..model import ModelConfig, Transformer
     from ..model.loaders import load_model_config, tune_loaded_model
@@ -97,6 +99,9 @@ def profile_latency(
                                     profile_model, random_weight_model)
     from ..profiling.timing import token_grid
 
+    check_cuda_graphs(cuda_graphs, device)
+    if cuda_graphs and (batch is not None or offload):
+        raise TreeoptError("--cuda-graphs times the batch-1 resident forwards: drop --batch / --offload (or it)")
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev)
     check_precision(weights)
@@ -147,7 +152,9 @@ def profile_latency(
             drafter = random_weight_model(dcfg, device=dev, dtype=dt, seed=1)
             tune_loaded_model(drafter, None, log=note)
             dname, dconfig = f"{dcfg.name} (random weights)", dcfg
-        elif spec is not None:
+        if cuda_graphs:  # the graphed forwards replace the eager ones everywhere below, drafters included
+            tmodel, drafter = graphed(tmodel), graphed(drafter)
+        if dcfg is None and spec is not None:
             from ..pipeline import ModelPair
 
             pair = ModelPair(tmodel, None, None, tname, spec.label, spec)
@@ -157,6 +164,10 @@ def profile_latency(
         # offload: the target's layers go to pinned host memory, so load it on the host
         pair = load_pair(target, spec, device=torch.device("cpu") if offload else dev, dtype=dt, weights=weights,
                          log=note)
+        if cuda_graphs:
+            import dataclasses
+
+            pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
         tmodel, tname, dname = pair.target, pair.target_name, pair.draft_name
         drafter = pair.draft if pair.draft is not None else (pair.cost_probe() if spec is not None else None)
         make_drafter = pair.new_drafter
@@ -184,30 +195,41 @@ def profile_latency(
             random_weights=random_weights, base=tcfg.name if random_weights else tname, output=output,
             as_json=as_json)
         return
+    from ..attention import record_backends
+
     with progress_bar() as progress:
-        ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
-                                rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)
+        with record_backends() as t_att:
+            ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
+                                    rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)
         dtables = None
-        if drafter is not None:
-            dtables = profile_drafter(tmodel, drafter, dgrid, contexts, backend=backend, progress=progress,
-                                      rounds=rounds, paired=paired and not one_pass, min_repeats=min(5, repeats),
-                                      max_repeats=repeats)
+        with record_backends() as d_att:
+            if drafter is not None:
+                dtables = profile_drafter(tmodel, drafter, dgrid, contexts, backend=backend, progress=progress,
+                                          rounds=rounds, paired=paired and not one_pass, min_repeats=min(5, repeats),
+                                          max_repeats=repeats)
         overhead = measure_step_overhead(tmodel, make_drafter if drafter is not None else tmodel, backend=backend)
     slug = device_slug(dev)
     base = tcfg.name if random_weights else tname
     dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
-    pid = f"{slug}_{base}{dpart}_{dt}".replace("torch.", "")
+    gpart = "_cuda-graphs" if cuda_graphs else ""
+    pid = f"{slug}_{base}{dpart}_{dt}{gpart}".replace("torch.", "")
+    graphs = ({"target": tmodel.stats.as_dict(),
+               "draft": drafter.stats.as_dict() if hasattr(drafter, "stats") else None} if cuda_graphs else None)
     curve = build_latency_profile(
         target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device=dev, dtype=dt,
         target_name=tname, target_config=tmodel.config, draft_name=dname, draft_config=dconfig,
-        random_weights=random_weights, profile_id=pid, method=method_text(rounds, paired, grid),
+        random_weights=random_weights, profile_id=pid, method=method_text(rounds, paired, grid)
+        + ("; forwards replayed from CUDA graphs" if cuda_graphs else ""),
         draft_cost_model=cost_model, linear=linear_record(tmodel),
-        draft_linear=linear_record(drafter) if isinstance(drafter, Transformer) else None)
-    if output is None and not random_weights:  # the path run --compare-drafters looks for by default
+        draft_linear=linear_record(drafter) if isinstance(drafter, Transformer) else None,
+        attention={"requested": backend, "target": t_att.as_dict(),
+                   "draft": d_att.as_dict() if dtables is not None else None},
+        cuda_graphs=graphs)
+    if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks by default
         from ..pipeline import default_latency_path
 
         output = default_latency_path(tname, spec, slug)
-    out = output or Path("profiles") / slug / f"{base}{dpart}-latency.yaml"
+    out = output or Path("profiles") / slug / f"{base}{dpart}{gpart.replace('_', '-')}-latency.yaml"
     save_latency(out, curve)
     rows = [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c] for c in contexts for n in grid]
     report = Report(title="treeopt profile latency")

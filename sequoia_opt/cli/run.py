@@ -33,10 +33,10 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from ..tree import Tree, TreeMetadata
-from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt,
-                     TopPOpt, WeightsOpt, _check_run_options, _check_tree_readable, _graft_tree_names, _interruptible,
-                     _load_graft_tree, _load_tree_entry, _print_error, app, handle_errors, note, progress_bar,
-                     setting_notes)
+from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt,
+                     TemperatureOpt, TopPOpt, WeightsOpt, _check_run_options, _check_tree_readable, _graft_tree_names,
+                     _interruptible, _load_graft_tree, _load_tree_entry, _print_error, app, check_cuda_graphs, graphed,
+                     handle_errors, note, progress_bar, setting_notes)
 from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
 
@@ -137,6 +137,7 @@ def run_cmd(
         "llama.cpp, --tree being llama.cpp flags (solve --format llama.cpp -o) or a chain tree.")] = "treeopt",
     threads: Annotated[Optional[int], typer.Option("--threads", help="With --engine llama.cpp: its threads "
                                                    "(default: the CPU count).")] = None,
+    cuda_graphs: CudaGraphsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run plain decoding and tree speculative decoding on the same prompts; report speedup, tokens per
@@ -160,8 +161,13 @@ def run_cmd(
                             "--compare-drafters": compare_drafters, "--merge": merge, "--scheduler": scheduler,
                             "--adapt": adapt, "--dynamic": dynamic, "--calibration": calibration,
                             "--device": device != "cpu", "--dtype": dtype != "float32",
-                            "--backend": backend != "auto", "--weights": weights != "float32"})
+                            "--backend": backend != "auto", "--weights": weights != "float32",
+                            "--cuda-graphs": cuda_graphs})
         return
+    check_cuda_graphs(cuda_graphs, device)
+    if cuda_graphs and (compare_drafters or merge or scheduler is not None or len(draft or []) > 1):
+        raise TreeoptError("--cuda-graphs runs one drafter's --tree files (and --compare, --adapt, --dynamic): drop "
+                           "--compare-drafters / --merge / a second --draft (or --cuda-graphs)")
     if threads is not None:
         raise TreeoptError("--threads sets llama.cpp's threads: add --engine llama.cpp (or drop it)")
     from ..drafting.registry import parse_policy
@@ -274,6 +280,10 @@ def run_cmd(
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
     pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
+    if cuda_graphs:  # plain decoding and every tree replay the same graphed forwards
+        import dataclasses
+
+        pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
     dyn_notes: list[str] = []
     entries += _dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
     _check_trees_fit(entries, pair)
@@ -296,6 +306,13 @@ def run_cmd(
                              settings={"prompts": str(prompts or "demo eval prompts")})
     report.warnings = warnings + report.warnings
     report.notes = adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
+    if cuda_graphs:
+        stats = {role: m.stats.as_dict() for role, m in (("target", pair.target), ("draft", pair.draft))
+                 if hasattr(m, "stats")}
+        report.data["cuda_graphs"] = stats
+        report.notes.append("forwards replayed from CUDA graphs: " + "; ".join(
+            f"{role} {st['captures']} captured, {st['replays']} replays, {sum(st['eager'].values())} eager"
+            for role, st in stats.items()))
     if compare:
         report.data["baseline_notes"] = baseline_notes
     render(report, as_json)

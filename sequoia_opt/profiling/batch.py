@@ -55,22 +55,34 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
 
     Raises ProfileError as :func:`profile_model` (empty grid, context past the model's).
     """
+    from ..attention import BackendRecord, record_backends
+
     curves = {}
+    seen = {"target": BackendRecord(), "draft": BackendRecord()}  # every batch size's calls, per model
     for b in batches:
-        tt = profile_model(target, token_counts, contexts, what=f"target (batch {b})", progress=progress,
-                           rounds=rounds, paired=paired, rows=int(b), **timing_kw)
-        dt = None
-        if draft is not None:
-            dt = profile_model(draft, draft_counts, contexts, what=f"draft (batch {b})", progress=progress,
+        with record_backends() as t_att:
+            tt = profile_model(target, token_counts, contexts, what=f"target (batch {b})", progress=progress,
                                rounds=rounds, paired=paired, rows=int(b), **timing_kw)
+        dt = None
+        with record_backends() as d_att:
+            if draft is not None:
+                dt = profile_model(draft, draft_counts, contexts, what=f"draft (batch {b})", progress=progress,
+                                   rounds=rounds, paired=paired, rows=int(b), **timing_kw)
+        for role, rec in (("target", t_att), ("draft", d_att)):
+            seen[role].ran.update(rec.ran)
+            seen[role].refused.update(rec.refused)
         overhead = measure_batch_overhead(target, draft, int(b))
         curves[int(b)] = build_latency_profile(
             target_tables=tt, draft_tables=dt, step_overhead_ms=overhead, device=device, dtype=dtype,
             target_name=target_name, target_config=target.config, draft_name=draft_name,
             draft_config=draft.config if draft is not None else None, random_weights=random_weights,
-            profile_id=f"{profile_id}@batch{b}", method=method, command=command)
+            profile_id=f"{profile_id}@batch{b}", method=method, command=command,
+            attention={"requested": "auto", "target": t_att.as_dict(),
+                       "draft": d_att.as_dict() if dt is not None else None})
     first = curves[min(curves)]
-    return BatchLatencyProfile(id=profile_id, curves=curves, device=dict(first.device), model=dict(first.model),
+    dev = {**first.device, "attention": {"requested": "auto", "target": seen["target"].as_dict(),
+                                         "draft": seen["draft"].as_dict() if draft is not None else None}}
+    return BatchLatencyProfile(id=profile_id, curves=curves, device=dev, model=dict(first.model),
                                source=(first.source or "").replace(f"{profile_id}@batch{min(curves)}", profile_id)
                                + f"; batch sizes {','.join(map(str, sorted(curves)))}, tokens per row",
                                date=now_iso())

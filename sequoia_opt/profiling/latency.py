@@ -334,6 +334,8 @@ def build_latency_profile(
     draft_linear: Mapping[str, Any] | None = None,
     engine: dict | None = None,
     device_meta: dict | None = None,
+    attention: Mapping[str, Any] | None = None,
+    cuda_graphs: Mapping[str, Any] | None = None,
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
 
@@ -352,6 +354,12 @@ def build_latency_profile(
     ``linear`` / ``draft_linear`` (:func:`~sequoia_opt.model.tuned_linear.linear_record` of the target and
     the draft model) are recorded as ``device.linear`` / ``device.draft_linear``: the CPU kernels the timed
     forwards ran, per weight shape and row-count bucket.
+
+    ``attention`` is recorded as ``device.attention``: the backend asked for and, per model, the attention
+    backend that ran and why the kernel was refused (:meth:`~sequoia_opt.attention.BackendRecord.as_dict`), so a
+    kernel that failed to load is never replaced by the reference without a trace. ``cuda_graphs`` (per model,
+    :meth:`~sequoia_opt.model.graphs.GraphStats.as_dict`) is recorded as ``device.cuda_graphs`` when the forwards
+    were replayed from CUDA graphs.
     """
     curves = []
     for i, tt in enumerate(target_tables):
@@ -382,7 +390,9 @@ def build_latency_profile(
         "date": now_iso(),
         "device": device_meta if device_meta is not None else {
             **device_info(device, dtype), **({"linear": dict(linear)} if linear else {}),
-            **({"draft_linear": dict(draft_linear)} if draft_linear else {})},
+            **({"draft_linear": dict(draft_linear)} if draft_linear else {}),
+            **({"attention": dict(attention)} if attention else {}),
+            **({"cuda_graphs": dict(cuda_graphs)} if cuda_graphs else {})},
         **({"engine": dict(engine)} if engine else {}),
         "model": {"target": target_name, "target_shape": shape(target_config),
                   "draft": draft_name, "draft_shape": shape(draft_config) if draft_config else None,
