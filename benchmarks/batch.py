@@ -6,7 +6,7 @@ Steps (one run, one machine state): profile T(b, n), c(b, w) and the overhead at
 (:func:`~sequoia_opt.profiling.batch.profile_batches`, the ``profile latency --batch`` method), choose the
 tree per batch (:func:`~sequoia_opt.solver.batch.choose_per_batch`) from the pair's shipped greedy acceptance
 profile, then decode held-out prompts (``sequoia_opt/data/prompts/eval.jsonl``, mixed lengths) with the
-:class:`~sequoia_opt.decoding.batched.BatchedDecoder`. Prints a table and writes
+:class:`~sequoia_opt.decoding.loop.Decoder` over a batch. Prints a table and writes
 ``results/batch/demo-cpu.json`` (and the batch profile beside it) atomically. Timing: wrap in the lock::
 
     flock /tmp/treeopt-bench.lock python benchmarks/batch.py
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from sequoia_opt._io import atomic_write_text
-from sequoia_opt.decoding import AutoregressiveDecoder
-from sequoia_opt.decoding.batched import BatchedDecoder, batched_autoregressive
+from sequoia_opt.decoding import Decoder
+from sequoia_opt.drafting.policies import StaticTreePolicy
 from sequoia_opt.pipeline import default_acceptance_path, load_pair, parse_drafter_spec
 from sequoia_opt.profiles import load_acceptance
 from sequoia_opt.profiles_batch import parse_batches, save_batch_latency
@@ -82,18 +82,18 @@ def main() -> None:
                for i, t in enumerate(texts)]
     M = args.max_new_tokens
     max_len = max(len(x) for x in prompts) + M + max(grid) + 1
-    plain1 = AutoregressiveDecoder(target, max_len=max_len)
+    plain1 = Decoder(target, max_len=max_len)
     ref = [plain1.generate(x, M).tokens for x in prompts]  # no EOS: every row makes M tokens
 
     def measure(decs: dict, b: int) -> dict:
         """Run every decoder of ``decs`` ``decode_rounds`` times, interleaved (a slow spell of the shared
         machine then hits all of them), and keep each one's median tokens/s."""
         for dec in decs.values():
-            dec.generate(prompts[:b], 4)  # warm-up (buffers, allocator)
+            dec.generate_batch(prompts[:b], 4)  # warm-up (buffers, allocator)
         runs: dict = {k: [] for k in decs}
         for _ in range(args.decode_rounds):
             for k, dec in decs.items():
-                runs[k].append(dec.generate(prompts[:b], M))
+                runs[k].append(dec.generate_batch(prompts[:b], M))
         out = {}
         for k, rs in runs.items():
             rs.sort(key=lambda r: r.tokens_per_second)
@@ -112,10 +112,10 @@ def main() -> None:
         b = c.batch
         curve = prof.curve(b)
         entry = {"batch": b, "prompt_tokens": [len(x) for x in prompts[:b]]}
-        decs = {"plain": batched_autoregressive(target, max_len=max_len, max_batch=b),
-                "chosen": BatchedDecoder(target, draft, c.tree, max_len=max_len, max_batch=b)}
+        decs = {"plain": Decoder(target, max_len=max_len, max_batch=b),
+                "chosen": Decoder(target, StaticTreePolicy(draft, c.tree), max_len=max_len, max_batch=b)}
         if c.tree != tree1:
-            decs["batch1_tree"] = BatchedDecoder(target, draft, tree1, max_len=max_len, max_batch=b)
+            decs["batch1_tree"] = Decoder(target, StaticTreePolicy(draft, tree1), max_len=max_len, max_batch=b)
         got = measure(decs, b)
         entry["plain"] = got["plain"]
         entry["plain"]["predicted_tokens_per_s_total"] = b * c.plain_tokens_per_s_per_sequence

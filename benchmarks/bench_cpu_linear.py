@@ -29,7 +29,7 @@ from sequoia_opt.model.config import PRESETS  # noqa: E402
 from sequoia_opt.model.llama import Linear  # noqa: E402
 from sequoia_opt.model.tuned_linear import (KERNELS, ROW_BUCKETS, LinearDispatch, linear_record,  # noqa: E402
                                             tune_linears)
-from sequoia_opt.profiling.device import cpu_name  # noqa: E402
+from sequoia_opt.device import cpu_name  # noqa: E402
 from sequoia_opt.profiling.latency import random_weight_model, time_forward  # noqa: E402
 from sequoia_opt.tree import now_iso  # noqa: E402
 

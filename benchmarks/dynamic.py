@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from sequoia_opt.calibration import load_calibration
-    from sequoia_opt.decoding.adaptive import TreeAdapter
-    from sequoia_opt.decoding.policies import DynamicPolicy
+    from sequoia_opt.drafting.policies import AdaptiveTreePolicy, DynamicPolicy, TreeAdapter
     from sequoia_opt.dynamic import POLICY_NAMES, DynamicSetting
     from sequoia_opt.evaluation import TreeEntry, run_trees
     from sequoia_opt.pipeline import load_pair
@@ -137,13 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                             expected_tokens_per_step=r.tokens_per_step, predicted_speedup=r.speedup,
                             solver=f"dynamic:{r.setting.policy}", extra={"setting": r.setting.to_dict()})
         return TreeEntry(r.setting.label, Tree.chain(1), meta,
-                         policy=lambda s=r.setting: DynamicPolicy(pair.new_drafter(), s, name=pair.draft_name))
+                         policy=lambda d, s=r.setting: DynamicPolicy(d, s, name=pair.draft_name))
 
     def adaptive_entry(c):
         ad = TreeAdapter(c.tree, code_acc.acceptance, curve, budget=top, max_depth=12, max_branching=8, every=16,
                          window=64, prior_weight=8.0)
         return TreeEntry("static DP (adaptive)", c.tree, TreeMetadata(expected_tokens_per_step=c.expected_tokens),
-                         adapter=ad)
+                         policy=lambda d: AdaptiveTreePolicy(d, ad))
 
     eos = sorted(pair.tokenizer.eos_ids)
     code_ids = [pair.tokenizer.encode(p.text) for p in load_prompts(demo_prompts_path("eval"), limit=n_eval)]

@@ -32,12 +32,17 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results/gpu")
     args = ap.parse_args()
     summary = {}
+    missing = {}
     for name in ("sglang", "vllm"):
         try:
             require_engine(name)
         except EngineError as err:
-            print(f"gpu_engines: {err}: skipped")
+            missing[name] = str(err)
             summary[name] = {"skipped": str(err)}
+    if missing:  # one line for what cannot run here (the lent GPU machines have neither package)
+        print(f"gpu_engines: {' and '.join(missing)} not installed here: skipped ({'; '.join(missing.values())})")
+    for name in ("sglang", "vllm"):
+        if name in missing:
             continue
         if not args.model:
             print(f"gpu_engines: {name} is installed but no --model / $TREEOPT_GPU_ENGINE_MODEL names a local "

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from sequoia_opt.decoding.policies import save_scheduler
+    from sequoia_opt.drafting.policies import save_scheduler
     from sequoia_opt.evaluation import run_trees
     from sequoia_opt.grafting import (GraftProfileSettings, choose_scheduled_plan, graft_entries, plan_graft,
                                       profile_graft)

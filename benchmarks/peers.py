@@ -100,7 +100,7 @@ def treeopt_rows(args, prompts_ids, eos, pair, report_to: dict) -> tuple[list[di
          "predicted_speedup": choice.speedup, "predicted_tokens_per_step": choice.expected_tokens},
     ]
     # the same plain decoder with every linear on F.linear (what a plain PyTorch decoder runs), after the rest
-    from sequoia_opt.decoding.autoregressive import autoregressive_generate
+    from sequoia_opt.decoding import autoregressive_generate
 
     def plain_all():
         return [autoregressive_generate(pair.target, p, args.max_new_tokens, eos_ids=eos).tokens for p in prompts_ids]
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
 
     from sequoia_opt.pipeline import default_target_path, load_pair
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
-    from sequoia_opt.profiling.device import cpu_name
+    from sequoia_opt.device import cpu_name
 
     gguf_path = default_target_path()
     pair = load_pair(None, None, device=torch.device("cpu"), dtype=torch.float32, weights=args.weights,

@@ -35,11 +35,11 @@ from typing import Any, Callable
 import torch
 
 from .evaluation import DrafterRow, RunReport, TreeEntry, compare_drafters, drafter_table, plan_drafter
-from .pipeline import DrafterSpec, ModelPair, drafter_slug, load_pair, parse_device, parse_dtype
+from .pipeline import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
 from .report import Report
 from .profiles import LatencyCurve, save_acceptance, save_latency
 from .profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
-from .profiling.device import device_name, device_slug
+from .device import device_name, device_slug
 from .model.tuned_linear import linear_record
 from .profiling.layers import default_layer_grid, sweep_layers
 from .profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
@@ -184,14 +184,14 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     p = acc.acceptance
 
     # 3b. the other shipped drafters, on this device: prompt lookup (one-pass) and self:L (per-level)
-    look_spec = DrafterSpec("lookup")
+    look_spec = parse_drafter_spec("lookup")
     look = ModelPair(pair.target, None, pair.tokenizer, tname, look_spec.label, look_spec)
     overhead_nomodel = measure_step_overhead(pair.target, look.new_drafter, backend=backend)  # no draft cache
 
     def tagged(stage: str) -> ProgressFn | None:
         return (lambda what, done, total: progress(f"{stage}, {what}", done, total)) if progress else None
 
-    ltab = profile_drafter(pair.target, ("lookup", look.new_drafter), grid, [s.context], backend=backend,
+    ltab = profile_drafter(pair.target, look.cost_probe(), grid, [s.context], backend=backend,
                            progress=progress, rounds=s.latency_rounds, max_repeats=s.latency_repeats)
     look_curve = build_latency_profile(
         target_tables=tt, draft_tables=ltab, step_overhead_ms=overhead_nomodel, device=dev, dtype=dt,
@@ -231,7 +231,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     self_acc = None
     if sweep is not None and sweep.best.counts.trials:
         best = sweep.best
-        self_spec = DrafterSpec("self", num_layers=best.num_layers)
+        self_spec = parse_drafter_spec(f"self:{best.num_layers}")
         self_pair = ModelPair(pair.target, None, pair.tokenizer, tname, self_spec.label, self_spec)
         self_acc = acceptance_profile(best.counts, self_pair.draft_name, self_pair.cost_model, s.extra_depth,
                                       len(self_ids), s.self_new_tokens)

@@ -3,7 +3,7 @@
 A static tree (Sequoia) is solved once from an average acceptance vector. A *dynamic* tree is chosen per step
 from the draft probabilities the drafter just produced. Three rules, each a pure function of an
 :class:`Expander` (the thing that runs the drafter over some nodes and returns their ranked candidates), so
-the decoder's policies (:mod:`sequoia_opt.decoding.policies`, the expander is a real draft forward) and the
+the decoder's policies (:mod:`sequoia_opt.drafting.policies`, the expander is a real draft forward) and the
 solver's predictor (:mod:`sequoia_opt.solver.dynamic`, the expander replays recorded draft distributions) run
 the very same code:
 

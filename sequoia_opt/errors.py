@@ -29,6 +29,10 @@ class OutputError(TreeoptError):
     """An output file cannot be written (a directory or device in the way, no permission, a missing disk)."""
 
 
+class EngineError(TreeoptError):
+    """An engine is not installed, refuses a model, or cannot do what was asked (one line for the CLI)."""
+
+
 class ProfileWarning(UserWarning):
     """A profile that loads but whose figures look wrong (e.g. a latency curve far below T(1) for larger n):
     the CLI prints each as one ``warning:`` line on stderr."""

@@ -7,9 +7,9 @@ first differing position and fails the run). Reported per tree: tokens per secon
 decoding (ratio of decode throughputs, prefill excluded), tokens per step (mean and 95 % interval) against the
 tree's predicted expected tokens per step, and the time split into draft / verify / bookkeeping.
 
-An entry with a :class:`~sequoia_opt.decoding.adaptive.TreeAdapter` (``treeopt run --adapt``) runs in an
-:class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder`: its tree is re-solved during the run, and its
-summary carries the re-solve log (:attr:`TreeSummary.adaptive`).
+Every decoder is the one loop, :class:`~sequoia_opt.decoding.loop.Decoder`, with the entry's drafting policy: its
+own (:attr:`TreeEntry.policy`: adaptive, dynamic, graft, merge), or the static tree with its drafter. An
+adaptive policy's summary carries its re-solve log (:attr:`TreeSummary.adaptive`).
 
 Tokens per step is counted before truncation (accepted nodes + 1 per step), so the final step of a prompt,
 cut by ``max_new_tokens`` or EOS, does not bias it; this is the quantity G that Sequoia's eq. 1 predicts.
@@ -30,8 +30,9 @@ import torch
 
 from ._io import create_files, new_run_id
 from .errors import DecodingError
-from .decoding import AdaptiveTreeDecoder, AutoregressiveDecoder, GenerationResult, SpeculativeDecoder, TreeAdapter
-from .decoding.drafters import Drafter, drafter_factory
+from .decoding import Decoder, DraftingPolicy, GenerationResult
+from .drafting.drafters import Drafter, drafter_factory
+from .drafting.policies import StaticTreePolicy
 from .model import Transformer
 from .profiles import AcceptanceProfile, LatencyCurve
 from .solver.hardware import Choice
@@ -49,18 +50,16 @@ class TreeEntry:
         tree: the tree.
         metadata: what the solver knew (predicted tokens per step and speedup are read from it).
         draft: this tree's own proposer, as :func:`run_trees` takes ``draft`` (a draft Transformer, or a
-            function making a fresh :class:`~sequoia_opt.decoding.drafters.Drafter` per decoder); None = the
+            function making a fresh :class:`~sequoia_opt.drafting.drafters.Drafter` per decoder); None = the
             ``draft`` given to :func:`run_trees`. Lets one run hold trees of different drafters against one
             plain baseline.
         drafter: the drafter's label for results (``treeopt-smollm2-draft``, ``self:6``, ``lookup:1-3``);
             None = the run's drafter.
-        policy: a function making a fresh multi-drafter
-            :class:`~sequoia_opt.decoding.policies.DraftingPolicy` (graft, merge): the entry then runs in a
-            :class:`~sequoia_opt.decoding.multidraft.MultiDraftDecoder` and ``draft`` is not used; ``tree`` is
-            the plan's topology (for its size, depth and choice list in the results).
-        adapter: a :class:`~sequoia_opt.decoding.adaptive.TreeAdapter` (its ``initial`` tree is ``tree``): the
-            entry then runs in an :class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder`, its tree re-solved
-            during the run (``treeopt run --adapt``); the adapter is reset after the warm-up.
+        policy: ``policy(drafter)`` makes a fresh :class:`~sequoia_opt.decoding.policy.DraftingPolicy` (adaptive,
+            dynamic, graft, merge: ``sequoia_opt.drafting.policies``) around a fresh drafter of the entry (its
+            ``draft``, else the run's; None when there is neither: a graft or merge policy brings its own); None
+            = the static tree ``tree`` with that drafter. With a policy, ``tree`` names the topology in the
+            results (the plan's, the initial tree's); an adaptive policy restarts after the warm-up.
     """
 
     name: str
@@ -68,8 +67,7 @@ class TreeEntry:
     metadata: TreeMetadata = field(default_factory=TreeMetadata)
     draft: Transformer | Drafter | Callable[[], Transformer | Drafter] | None = None
     drafter: str | None = None
-    policy: Callable[[], Any] | None = None
-    adapter: TreeAdapter | None = None
+    policy: Callable[[Drafter | None], DraftingPolicy] | None = None
 
 
 @dataclass
@@ -107,7 +105,7 @@ class TreeSummary:
         drafters: for a multi-drafter entry, per drafter (light first): ``name``, ``calls`` (steps it was
             asked in), ``call_rate`` (calls / steps), ``ms`` (its total wall time), ``ms_per_call`` and
             ``accepted_nodes`` (accepted nodes it proposed); empty otherwise.
-        adaptive: for an adaptive entry (:attr:`TreeEntry.adapter`), :meth:`TreeAdapter.as_dict`: its settings
+        adaptive: for an adaptive entry (its policy has an ``adapter``), :meth:`TreeAdapter.as_dict`: its settings
             and limits, the initial and final trees, and ``resolves``, the log of re-solves (step, generation,
             tokens so far, new tree's size / depth / level widths, predicted tokens per step and speedup,
             whether the tree changed, solve ms, the estimate); None otherwise. ``size`` / ``depth`` are then the
@@ -313,13 +311,13 @@ def run_trees(
     Args:
         target: the target model.
         draft: the proposer: a draft Transformer, or a function making a fresh
-            :class:`~sequoia_opt.decoding.drafters.Drafter` per decoder (e.g. ``ModelPair.new_drafter``; each
-            tree gets its own decoder, and a drafter serves one; :func:`~sequoia_opt.decoding.drafters.drafter_factory`),
+            :class:`~sequoia_opt.drafting.drafters.Drafter` per decoder (e.g. ``ModelPair.new_drafter``; each
+            tree gets its own decoder, and a drafter serves one; :func:`~sequoia_opt.drafting.drafters.drafter_factory`),
             or one Drafter instance when ``entries`` holds a single tree. Same vocabulary and device as the target.
             An entry with its own :attr:`TreeEntry.draft` runs with that one instead (None here is allowed when
             every entry has its own).
-        entries: trees with names and their YAML metadata (for predicted figures); an entry with an
-            ``adapter`` runs adapted (its cache sized for the adapter's budget).
+        entries: trees with names and their YAML metadata (for predicted figures); an entry with a ``policy``
+            runs that policy (its cache sized for the policy's largest tree).
         prompts: token-id lists (each at least one token).
         max_new_tokens: tokens to generate per prompt.
         temperature, top_p, seed: 0 = greedy (outputs must equal plain decoding); sampling otherwise, every
@@ -333,7 +331,8 @@ def run_trees(
     Raises:
         DecodingError: a tree the draft cannot produce, a prompt + ``max_new_tokens`` past the target's
             context, mismatched vocabularies: all before the first timed forward. (A draft with a shorter
-            context is fine: the trees are clipped near its end, see :class:`SpeculativeDecoder`.)
+            context is fine: the trees are clipped near its end, see
+            :class:`~sequoia_opt.drafting.policies.StaticTreePolicy`.)
         ValueError: no entries, or an entry without a drafter when ``draft`` is None.
     """
     if not entries:
@@ -345,34 +344,25 @@ def run_trees(
     longest = max(len(p) for p in prompts)
     # slots for a whole tree at every step; requests are checked against the TARGET's context (a shorter
     # draft context only clips the trees near its end, it must not cap the cache plain decoding uses too)
-    policies = [e.policy() if e.policy is not None else None for e in entries]  # one fresh policy per decoder
-    sizes = [e.tree.size if pol is None else pol.max_size for e, pol in zip(entries, policies)]
-    sizes += [e.adapter.budget for e in entries if e.adapter is not None]  # every tree it may re-solve to
-    max_len = min(target.config.max_position_embeddings, longest + max_new_tokens) + max(sizes)
+    make_draft = drafter_factory(draft) if draft is not None else None
+    # one fresh policy per decoder: the entry's own, or its static tree with a fresh drafter (a drafter binds to
+    # one decoder)
+    def policy_of(e: TreeEntry) -> DraftingPolicy:
+        make = drafter_factory(e.draft) if e.draft is not None else make_draft
+        drafter = make() if make is not None else None
+        return e.policy(drafter) if e.policy is not None else StaticTreePolicy(drafter, e.tree)
+
+    policies = [policy_of(e) for e in entries]
+    max_len = min(target.config.max_position_embeddings, longest + max_new_tokens) + max(p.max_size for p in policies)
 
     def gen(s: int) -> torch.Generator:
         g = torch.Generator(device=device)
         g.manual_seed(s)
         return g
 
-    plain = AutoregressiveDecoder(target, temperature=temperature, top_p=top_p, generator=gen(seed),
-                                  eos_ids=eos_ids, backend=backend, max_len=max_len)
-    make_draft = drafter_factory(draft) if draft is not None else None
-    # one proposer per decoder: an entry's own drafter, or a fresh one from the run's (a drafter binds to one)
-    decoders = []
-    for e, pol in zip(entries, policies):
-        kw = dict(temperature=temperature, top_p=top_p, generator=gen(seed), eos_ids=eos_ids, backend=backend,
-                  max_len=max_len)
-        if pol is not None:
-            from .decoding.multidraft import MultiDraftDecoder
-
-            decoders.append(MultiDraftDecoder(target, pol, **kw))
-        elif e.adapter is not None:
-            decoders.append(AdaptiveTreeDecoder(
-                target, (drafter_factory(e.draft) if e.draft is not None else make_draft)(), e.adapter, **kw))
-        else:
-            decoders.append(SpeculativeDecoder(
-                target, (drafter_factory(e.draft) if e.draft is not None else make_draft)(), e.tree, **kw))
+    kw = dict(temperature=temperature, top_p=top_p, eos_ids=eos_ids, backend=backend, max_len=max_len)
+    plain = Decoder(target, None, generator=gen(seed), **kw)
+    decoders = [Decoder(target, pol, generator=gen(seed), **kw) for pol in policies]
     for i, p in enumerate(prompts):  # every request validated before any timed work
         try:
             for d in decoders:  # first: their messages call the target "the target"
@@ -384,8 +374,8 @@ def run_trees(
         plain.generate(prompts[0], min(8, max_new_tokens))
         for d in decoders:
             d.generate(prompts[0], min(8, max_new_tokens))
-            if isinstance(d, AdaptiveTreeDecoder):
-                d.reset()  # the warm-up's steps are not the run's: start from the initial tree and the prior
+            if hasattr(d.policy, "restart"):
+                d.policy.restart()  # the warm-up's steps are not the run's: the initial tree and the prior
     total = len(prompts) * (1 + len(entries))
     done = 0
     plain_results: list[GenerationResult] = []
@@ -416,17 +406,19 @@ def run_trees(
     plain_rows = [r for r in rows if r.tree == "plain"]
     plain_summary = _summary("plain", 1, 0, plain_results, plain_rows, None, None)
     summaries = [plain_summary]
-    for e, d, res in zip(entries, decoders, results):
-        names = d.policy.names if e.policy is not None else ()
-        size, depth = (d.policy.max_verified, d.policy.max_depth) if e.policy is not None else (e.tree.size, e.tree.tree_depth)
+    for e, pol, res in zip(entries, policies, results):
+        names = pol.names if pol.reports_drafters else ()
+        static = isinstance(pol, StaticTreePolicy)
+        size, depth = (e.tree.size, e.tree.tree_depth) if static else (pol.max_verified, pol.max_depth)
         meta = e.metadata
-        if e.adapter is not None:  # the final tree; predicted: the step-weighted mean over the trees it used
-            size, depth = d.tree.size, d.tree.tree_depth
-            meta = replace(meta, expected_tokens_per_step=e.adapter.predicted_tokens_per_step, predicted_speedup=None)
+        adapter = getattr(pol, "adapter", None)
+        if adapter is not None:  # the final tree; predicted: the step-weighted mean over the trees it used
+            size, depth = pol.tree.size, pol.tree.tree_depth
+            meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None)
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
                                   plain_summary.tokens_per_s, meta, e.drafter, names))
-        if e.adapter is not None:
-            summaries[-1].adaptive = e.adapter.as_dict()
+        if adapter is not None:
+            summaries[-1].adaptive = adapter.as_dict()
     run_settings = {"date": now_iso(), "max_new_tokens": max_new_tokens, "temperature": temperature,
                     "top_p": top_p, "seed": seed, "num_prompts": len(prompts), "device": str(device),
                     "dtype": str(target.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),

@@ -69,7 +69,8 @@ import numpy as np
 import yaml
 
 from ._io import check_numbers, read_text_file
-from .errors import TreeoptError, TreeValidationError
+from .errors import EngineError, TreeoptError, TreeValidationError
+from .solver.chains import ChainSetting
 from .tree import TREE_FORMAT, Tree, TreeMetadata, tree_from_yaml, tree_to_yaml
 
 EXPORT_FORMATS: tuple[str, ...] = ("yaml", "json", "medusa", "tensorrt-llm", "vllm", "sglang")
@@ -814,3 +815,76 @@ def load_dynamic_setting(path: str | Path) -> tuple[Any, dict[str, Any]]:
         return DynamicSetting.from_dict(doc.get("setting") or {}), doc
     except ValueError as err:
         raise ExportError(f"{path}: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------- llama.cpp
+def chain_flags(setting: ChainSetting) -> str:
+    """The setting as llama.cpp's ``llama-server`` / ``llama-cli`` flags (the draft itself is ``-md DRAFT.gguf``);
+    a setting of no speculation is ``--spec-type none``."""
+    if setting.n_max == 0:
+        return "--spec-type none"
+    return (f"--spec-type draft-simple --spec-draft-n-max {setting.n_max} --spec-draft-n-min {setting.n_min} "
+            f"--spec-draft-p-min {setting.p_min:g}")
+
+
+def lookup_flags(min_n: int, n_max: int) -> str:
+    """Prompt lookup (n-gram) as llama.cpp's ``ngram-simple``: match an n-gram of ``min_n`` tokens, draft the
+    ``n_max`` tokens that followed it."""
+    return f"--spec-type ngram-simple --spec-ngram-simple-size-n {min_n} --spec-ngram-simple-size-m {n_max}"
+
+
+#: The longest draft a llama.cpp setting file may ask for (tokens).
+MAX_DRAFT = 2**31 - 1
+
+
+def parse_setting_file(path: Path) -> ChainSetting:
+    """A chain setting from a file: llama.cpp flags (what ``solve --format llama.cpp -o`` writes:
+    ``--spec-draft-n-max N [--spec-draft-n-min M] [--spec-draft-p-min P]``, or the older ``--draft-max`` /
+    ``--draft-min`` / ``--draft-p-min``), or a treeopt tree that is a chain (its depth is draft-max).
+
+    Raises:
+        EngineError: a file that is neither, a tree that branches, a negative or malformed value.
+    """
+    from ._io import read_text_file
+
+    text = read_text_file(path, error=EngineError, what="llama.cpp setting")
+    words = text.split()
+    if any(w.startswith("--") for w in words):
+        names = {"--spec-draft-n-max": "n_max", "--draft-max": "n_max", "--draft": "n_max",
+                 "--spec-draft-n-min": "n_min", "--draft-min": "n_min",
+                 "--spec-draft-p-min": "p_min", "--draft-p-min": "p_min"}
+        vals: dict[str, float] = {}
+        for i, w in enumerate(words):
+            if w in names:
+                if i + 1 >= len(words):
+                    raise EngineError(f"{path}: {w} has no value")
+                try:
+                    vals[names[w]] = float(words[i + 1])
+                except ValueError:
+                    raise EngineError(f"{path}: {w} {words[i + 1]!r} is not a number") from None
+                integer = names[w] != "p_min"
+                v = vals[names[w]]
+                if not math.isfinite(v) or (integer and (not v.is_integer() or not 0 <= v <= MAX_DRAFT)):
+                    want = f"an integer in 0..{MAX_DRAFT}" if integer else "a number in [0, 1]"
+                    raise EngineError(f"{path}: {w} {words[i + 1]} is out of range (must be {want})")
+        if "n_max" not in vals and "--spec-type none" in " ".join(words):
+            vals["n_max"] = 0
+        if "n_max" not in vals:
+            raise EngineError(f"{path}: no --spec-draft-n-max N (a llama.cpp draft-model setting; treeopt solve "
+                              "--format llama.cpp -o writes one)")
+        s = ChainSetting(int(vals["n_max"]), int(vals.get("n_min", 0)), float(vals.get("p_min", 0.0)))
+    else:
+        from .errors import TreeValidationError
+
+        try:
+            tree, _ = load_any_tree(path)
+        except TreeValidationError as err:
+            raise EngineError(f"{path}: neither llama.cpp flags nor a tree ({err})") from None
+        if any(w != 1 for w in tree.level_widths):
+            raise EngineError(f"{path}: the tree has level widths {list(tree.level_widths)}; llama.cpp verifies a "
+                              "chain (solve it with treeopt solve --format llama.cpp)")
+        s = ChainSetting(tree.size - 1)
+    if s.n_max < 0 or s.n_min < 0 or not 0.0 <= s.p_min <= 1.0:
+        raise EngineError(f"{path}: draft-max and draft-min must be >= 0 and draft-p-min in [0, 1], got "
+                          f"{s.n_max}, {s.n_min}, {s.p_min:g}")
+    return s

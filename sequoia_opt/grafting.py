@@ -24,17 +24,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .decoding.policies import GraftPolicy, GraftScheduler, MergePolicy
+from .drafting.policies import GraftPolicy, GraftScheduler, MergePolicy
 from .errors import ProfileError, SolverError
 from .evaluation import DrafterPlan, TreeEntry, plan_drafter
-from .profiles import AcceptanceProfile, LatencyCurve, PairAcceptanceProfile
+from .profiles import PAIR_MIN_TRIALS, AcceptanceProfile, LatencyCurve, PairAcceptanceProfile
 from .profiling.graft import SchedulerSample
 from .model.tuned_linear import linear_record
 from .solver.graft import GraftAcceptance, GraftChoice, graft_baselines, graft_expected_tokens, graft_step_cost, \
     merge_trees, solve_graft
 from .tree import DrafterTree, TreeMetadata, now_iso
 
-__all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction",
+__all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "pair_graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction",
            "GraftProfileSettings", "profile_graft", "ScheduledPlan", "scheduled_candidates", "choose_scheduled_plan"]
 
 
@@ -61,21 +61,39 @@ class GraftProfiles:
     pair: PairAcceptanceProfile
 
 
-def graft_acceptance(p: GraftProfiles) -> GraftAcceptance:
-    """The value model: light = the light drafter's own per-depth rows; strong = {0: the strong drafter's own
-    rows, A: the pair profile's conditional rows}. When the light's own rows and the pair's conditional rows
-    do not form a valid model together (two measurements: their sum may pass 1 by noise), the pair profile's
-    own light rows are used instead (the same trials as the conditional rows).
+def pair_graft_acceptance(pair: PairAcceptanceProfile, *, strong_alone: AcceptanceProfile | None = None,
+                          light_alone: AcceptanceProfile | None = None, names: Sequence[str] | None = None,
+                          min_trials: int = PAIR_MIN_TRIALS) -> GraftAcceptance:
+    """The graft solver's value model (:class:`~sequoia_opt.solver.graft.GraftAcceptance`) of a pair profile:
+    strong = {A: the pair's conditional rows (the strong drafter beside the light's A candidates), 0: the strong
+    drafter's own per-depth rows when ``strong_alone`` is given (the plan where it proposes alone)}; light = the
+    light drafter's own per-depth rows when ``light_alone`` is given and they form a valid model with the pair's
+    conditional rows (two measurements: their sum may pass 1 by noise), else the pair's own light rows (the same
+    trials as the conditional rows). Names: ``names`` or the pair's drafters.
 
     Raises:
-        SolverError: neither combination is a valid model.
+        SolverError: no valid model.
     """
-    strong = {p.pair.light_width: p.pair.strong_rows(), 0: p.strong_acceptance.depth_rows()}
-    names = (p.light, p.strong)
-    try:
-        return GraftAcceptance(p.light_acceptance.depth_rows(), strong, names)
-    except SolverError:
-        return GraftAcceptance(p.pair.light_rows(), strong, names)
+    strong = {pair.light_width: pair.strong_rows(min_trials)}
+    if strong_alone is not None:
+        strong[0] = strong_alone.depth_rows()
+    names = tuple(names) if names is not None else tuple(pair.drafters)
+    if light_alone is not None:
+        try:
+            return GraftAcceptance(light_alone.depth_rows(), strong, names)
+        except SolverError:
+            pass
+    return GraftAcceptance(pair.light_rows(min_trials), strong, names)
+
+
+def graft_acceptance(p: GraftProfiles) -> GraftAcceptance:
+    """The value model of a pair's profiles (:func:`pair_graft_acceptance` with both drafters' own profiles).
+
+    Raises:
+        SolverError: no valid model.
+    """
+    return pair_graft_acceptance(p.pair, strong_alone=p.strong_acceptance, light_alone=p.light_acceptance,
+                                 names=(p.light, p.strong))
 
 
 @dataclass
@@ -157,7 +175,7 @@ def scheduled_prediction(expected_tokens: float, light_tokens: float, samples: S
     Raises:
         ValueError: no samples.
     """
-    from .decoding.policies.scheduler import GraftFeatures
+    from .drafting.policies.scheduler import GraftFeatures
 
     if not samples:
         raise ValueError("no scheduler samples to predict from")
@@ -186,7 +204,7 @@ def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[
     out = [TreeEntry(names[0], plans.light_plan.tree, plans.light_plan.metadata, draft=light, drafter=p.light),
            TreeEntry(names[1], plans.strong_plan.tree, plans.strong_plan.metadata, draft=strong, drafter=p.strong),
            TreeEntry(names[2], plans.merge.tree, plans.metadata["merge"], drafter="+".join(dn),
-                     policy=lambda: MergePolicy([light(), strong()], merge_trees_, dn))]
+                     policy=lambda _: MergePolicy([light(), strong()], merge_trees_, dn))]
     dt = scheduled.dtree if scheduled is not None else (plans.choice.dtree if plans.choice.plan == "graft" else None)
     if dt is None:
         return out
@@ -202,7 +220,7 @@ def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[
                                solver=base.solver, date=now_iso(),
                                extra={**base.extra, "plan": scheduled.name if scheduled else "solver graft"})
     out.append(TreeEntry(names[3], dt.tree, static_meta, drafter="+".join(dn),
-                         policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt)))
+                         policy=lambda _: GraftPolicy.from_drafter_tree(light(), strong(), dt)))
     if scheduled is not None:
         sm = TreeMetadata(budget=dt.size, max_depth=dt.tree_depth, expected_tokens_per_step=scheduled.expected_tokens,
                           predicted_speedup=scheduled.speedup, acceptance_profile=base.acceptance_profile,
@@ -210,9 +228,9 @@ def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[
                           extra={**static_meta.extra, "predicted_call_rate": scheduled.call_rate})
         sched = scheduled.scheduler
         out.append(TreeEntry(names[4], dt.tree, sm, drafter="+".join(dn),
-                             policy=lambda: GraftPolicy.from_drafter_tree(light(), strong(), dt, sched)))
+                             policy=lambda _: GraftPolicy.from_drafter_tree(light(), strong(), dt, sched)))
         if reselect:
-            out.append(TreeEntry(names[5], dt.tree, sm, drafter="+".join(dn), policy=lambda: GraftPolicy.from_drafter_tree(
+            out.append(TreeEntry(names[5], dt.tree, sm, drafter="+".join(dn), policy=lambda _: GraftPolicy.from_drafter_tree(
                 light(), strong(), dt, sched, reselect=True)))
     return out
 
@@ -269,7 +287,7 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
 
     from .profiles import PairAcceptanceProfile
     from .profiling.acceptance import build_acceptance_profile, measure_acceptance
-    from .profiling.device import device_name, device_slug
+    from .device import device_name, device_slug
     from .profiling.graft import measure_pair_acceptance
     from .profiling.latency import build_latency_profile, measure_step_overhead, method_text, profile_drafter, \
         profile_model
@@ -287,20 +305,18 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
     mode = "greedy" if temperature == 0 else "sampling"
 
     def side(pair) -> tuple[LatencyCurve, AcceptanceProfile]:
-        kind = pair.drafter.kind if pair.drafter is not None else "model"
-        what = pair.draft if kind == "model" else (("lookup", pair.new_drafter) if kind == "lookup"
-                                                   else ("self", int(pair.drafter.num_layers)))
-        dtab = profile_drafter(target, what, grid, [s.context], backend=backend, progress=progress, **timing)
+        dtab = profile_drafter(target, pair.cost_probe(), grid, [s.context], backend=backend, progress=progress,
+                               **timing)
         overhead = measure_step_overhead(target, pair.new_drafter, backend=backend)
         slug = drafter_slug(pair.draft_name)
         curve = build_latency_profile(
             target_tables=tt, draft_tables=dtab, step_overhead_ms=overhead, device=dev, dtype=target.dtype,
             target_name=tname, target_config=target.config, draft_name=pair.draft_name,
-            draft_config=pair.draft.config if kind == "model" else None, random_weights=False,
+            draft_config=pair.draft.config if pair.draft is not None else None, random_weights=False,
             profile_id=f"{device_label or device_slug(dev)}_{tname}__{slug}_{dtype_name}",
             method=method_text(s.latency_rounds, True, grid), draft_cost_model=pair.cost_model,
             command="treeopt profile graft", linear=linear_record(target),
-            draft_linear=linear_record(pair.draft) if kind == "model" else None)
+            draft_linear=linear_record(pair.draft) if pair.draft is not None else None)
         ids = list(prompts[: s.prompts])
         counts = measure_acceptance(target, pair.new_drafter, ids, width=s.width, depth=s.depth,
                                     temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=s.new_tokens,
@@ -372,7 +388,7 @@ def scheduled_candidates(plans: GraftPlans) -> list[tuple[str, DrafterTree]]:
     drafter's best tree grafted at the root: skipped, the light tree alone runs), when the pair profile can
     score it (it measured the strong drafter next to A light candidates: the light tree's root must have A
     children)."""
-    from .decoding.policies import check_graft_plan
+    from .drafting.policies import check_graft_plan
     from .errors import DecodingError
     from .solver.graft import graft_depth_family, optimal_graft_tree
 
@@ -416,7 +432,7 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
     Raises:
         DecodingError: as the decoder, before decoding.
     """
-    from .decoding.policies import AlwaysGraft, NeverGraft
+    from .drafting.policies import AlwaysGraft, NeverGraft
     from .profiling.graft import collect_scheduler_samples, train_scheduler
     from .solver.graft import drafter_costs_ms
 

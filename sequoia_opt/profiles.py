@@ -58,7 +58,7 @@ Latency profile, ``format: treeopt-latency/1``::
           draft_forward_spread_ms: [...]                 # optional
 
 The draft table's ``cost_model`` is how the solver charges the drafter per step (the drafter's own
-:attr:`~sequoia_opt.decoding.drafters.Drafter.cost_model`; DESIGN.md, "Drafters and drafting policies"):
+:attr:`~sequoia_opt.drafting.drafters.Drafter.cost_model`; DESIGN.md, "Drafters and drafting policies"):
 ``per-level`` (one draft forward per tree level over that level's width w, c(w): a draft model, self
 layer-skip) or ``one-pass`` (one forward proposes every level: Medusa heads, block diffusion drafters such
 as DFlash; c is read at the number of speculated tokens, see :func:`~sequoia_opt.solver.hardware.step_cost`).
@@ -589,22 +589,6 @@ class PairAcceptanceProfile:
         half = z * np.sqrt(phat * (1 - phat) / n + z2 / (4 * n * n)) / (1 + z2 / n)
         return np.stack([np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)], axis=-1)
 
-    def to_graft_acceptance(self, strong_alone: "AcceptanceProfile | None" = None,
-                            min_trials: int = PAIR_MIN_TRIALS):
-        """The :class:`~sequoia_opt.solver.graft.GraftAcceptance` of this pair: ``light`` = :meth:`light_rows`,
-        ``strong`` = {A: :meth:`strong_rows`} plus {0: ``strong_alone.depth_rows()``} when the strong drafter's
-        own profile is given (the plan where it proposes alone). Names = :attr:`drafters`.
-
-        Raises:
-            SolverError: the vectors do not form a valid model (GraftAcceptance's checks).
-        """
-        from .solver.graft import GraftAcceptance  # the solver's type; profiles stays importable without it
-
-        strong = {self.light_width: self.strong_rows(min_trials)}
-        if strong_alone is not None:
-            strong[0] = strong_alone.depth_rows()
-        return GraftAcceptance(self.light_rows(min_trials), strong, self.drafters)
-
     # -------------------------------------------------------------- io
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"format": PAIR_ACCEPTANCE_FORMAT, "id": self.id}
@@ -985,7 +969,7 @@ _DEVICE_TYPE = re.compile(r"(cpu|cuda|mps|xpu|hip)(:\d+)?")
 
 def same_device(recorded: Any, name: Any, device_type: str | None = None) -> bool:
     """Whether a profile's recorded device is the device ``name`` (of torch type ``device_type``). Profiles
-    record the device's name (``profiling.device.device_name``: the CPU model, the GPU's name); files
+    record the device's name (``sequoia_opt.device.device_name``: the CPU model, the GPU's name); files
     written before acceptance profiles did hold its type (``cpu``, ``cuda:0``), which matches every device of
     that type (one device, one name: "cpu" and "AMD EPYC 7B13" are the same machine). Names compare without
     case or surrounding blanks.
@@ -1013,7 +997,7 @@ def warn_on_mismatch(
 ) -> list[str]:
     """Warnings (strings, one per problem) when the profiles were measured on another device / dtype / model
     pair than the one in use, or disagree with each other. Values that are unknown on either side are not
-    compared. ``device`` is the device's name (``profiling.device.device_name``), ``device_type`` its torch
+    compared. ``device`` is the device's name (``sequoia_opt.device.device_name``), ``device_type`` its torch
     type (``cpu``, ``cuda``), for profiles that recorded only a type (:func:`same_device`). Returns ``[]``
     when everything matches.
     """

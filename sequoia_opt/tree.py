@@ -501,7 +501,7 @@ class DrafterTree:
     def light_under_strong(self) -> bool:
         """True when some node has an ancestor of a larger drafter index (two drafters: a light node under a
         strong one). The graft policy runs only trees where this is False (a grafted branch is the strong
-        drafter's own recovered path; :func:`~sequoia_opt.decoding.policies.graft.check_graft_plan`)."""
+        drafter's own recovered path; :func:`~sequoia_opt.drafting.policies.graft.check_graft_plan`)."""
         top = [0] * self.size  # the largest drafter index on the root path, the node included
         for v in range(1, self.size):  # canonical order: parents before children
             above = top[self.tree.parent[v]]

@@ -14,8 +14,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sequoia_opt.decoding import AdaptiveTreeDecoder, AutoregressiveDecoder, OnlineAcceptance, SpeculativeDecoder, TreeAdapter
-from sequoia_opt.decoding.adaptive import acceptance_from_hazards, hazards_from_acceptance, visit_counts
+from sequoia_opt.decoding import AutoregressiveDecoder
+from sequoia_opt.drafting import AdaptiveTreeDecoder, OnlineAcceptance, SpeculativeDecoder, TreeAdapter
+from sequoia_opt.drafting.policies.adaptive import acceptance_from_hazards, hazards_from_acceptance, visit_counts
 from sequoia_opt.decoding.sampling import NodeVisit
 from sequoia_opt.errors import DecodingError, ProfileError
 from sequoia_opt.model import ModelConfig, Transformer
@@ -228,19 +229,19 @@ def test_adaptive_greedy_equals_plain(target, drafts, draft_name, prior):
     if draft_name == "random":
         assert 1 in sizes and adapter.resolves[-1].size >= 1
         assert any(r.size == 1 for r in adapter.resolves)
-    dec.reset()
-    assert dec.tree == adapter.initial and adapter.resolves == [] and adapter.steps == 0
+    dec.policy.restart()
+    assert dec.policy.tree == adapter.initial and adapter.resolves == [] and adapter.steps == 0
 
 
 def test_set_tree_checks(target, drafts):
     dec = SpeculativeDecoder(target, drafts["noisy"], Tree.chain(1))
     with pytest.raises(DecodingError, match="root-only tree"):
-        dec.set_tree(Tree.chain(3))
+        dec.policy.set_tree(Tree.chain(3))
     dec = SpeculativeDecoder(target, drafts["noisy"], Tree.chain(3))
     with pytest.raises(DecodingError, match="300 children"):
-        dec.set_tree(Tree.from_choices([[i] for i in range(300)]))
-    dec.set_tree(Tree.chain(5))
-    assert dec.tree == Tree.chain(5) and dec.buffers.n == 5 and dec.generate([1, 2], 10).tokens == \
+        dec.policy.set_tree(Tree.from_choices([[i] for i in range(300)]))
+    dec.policy.set_tree(Tree.chain(5))
+    assert dec.policy.tree == Tree.chain(5) and dec.policy.buffers.n == 5 and dec.generate([1, 2], 10).tokens == \
         AutoregressiveDecoder(target).generate([1, 2], 10).tokens
     with pytest.raises(DecodingError, match="depth >= 1"):
         AdaptiveTreeDecoder(target, drafts["noisy"], TreeAdapter(Tree.chain(1), [0.5], CURVE, budget=8, max_depth=4))
@@ -362,7 +363,7 @@ def test_cli_adapt_names_this_machine_one_way(profiles, tmp_path):
     'measured with device cpu, but this run uses AMD EPYC ...'). A latency profile of a GPU still warns."""
     from dataclasses import replace
 
-    from sequoia_opt.profiling.device import cpu_name
+    from sequoia_opt.device import cpu_name
 
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_pair import make_pair

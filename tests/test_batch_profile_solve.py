@@ -126,6 +126,9 @@ def test_profile_latency_batch_on_the_tiny_pair(tmp_path):
         assert list(c.target_tokens()) == [1, 2, 3] and c.max_draft_tokens() == 2
         assert all(c.target_ms(n) > 0 for n in (1, 2, 3)) and c.step_overhead_ms > 0
     assert "batch sizes 1,3" in prof.source
+    att = prof.device["attention"]  # every batch size's calls, per model (a CPU: the reference, nothing refused)
+    assert att["target"]["backend"] == att["draft"]["backend"] == "torch" and att["target"]["refused"] == {}
+    assert att["target"]["calls"]["torch"] > 0 and att["draft"]["calls"]["torch"] > 0
     for args, msg in ((["--batch", "0"], "below 1"), (["--batch", "2", "--draft", "lookup"], "draft model"),
                       (["--offload"], "not CUDA"), (["--batch", "2", "--offload"], "give one")):
         r = invoke("profile", "latency", "--target", target, *args)

@@ -1,4 +1,4 @@
-"""Batch > 1 (decoding/batched.py): every sequence of a mixed-length batch decodes exactly as it does alone
+"""Batch > 1 (the one loop over rows: decoding/loop.py, decoding/rows.py): every sequence of a mixed-length batch decodes exactly as it does alone
 (plain batch-1 greedy), with trees and without, through per-row compaction, repacks, clipping near the end of
 the cache, per-row EOS / max_new_tokens stops and rows leaving the batch; the per-row attention mask
 (RowPrefix) and the per-row cache operations on their own; bad input refused before any forward."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sequoia_opt.attention import RowPrefix, TreeMask, causal_tree_mask, tree_attention
-from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
-from sequoia_opt.decoding.batched import BatchedDecoder, batched_autoregressive
+from sequoia_opt.decoding import AutoregressiveDecoder, Decoder
+from sequoia_opt.drafting import SpeculativeDecoder, StaticTreePolicy
 from sequoia_opt.errors import DecodingError
 from sequoia_opt.model import ModelKVCache, Transformer
 from sequoia_opt.tree import Tree
@@ -46,6 +46,10 @@ NEW = 24
 _REF: dict[tuple, list[int]] = {}
 
 
+def BatchedDecoder(target, draft, tree, max_batch=8, **kw):  # noqa: N802: a static tree over a batch, in the loop
+    return Decoder(target, StaticTreePolicy(draft, tree), max_batch=max_batch, **kw)
+
+
 def _plain(target, prompt, new=NEW, eos=()):
     key = (tuple(prompt), new, tuple(eos))
     if key not in _REF:
@@ -56,7 +60,7 @@ def _plain(target, prompt, new=NEW, eos=()):
 @pytest.mark.parametrize("name", sorted(TREES))
 def test_mixed_length_batch_equals_each_alone(target, draft, name):
     dec = BatchedDecoder(target, draft, TREES[name], max_len=256, max_batch=6)
-    res = dec.generate(PROMPTS, NEW)
+    res = dec.generate_batch(PROMPTS, NEW)
     for p, r in zip(PROMPTS, res.results):
         assert r.tokens == _plain(target, p), (name, p)
         assert r.stop_reason == "max_new_tokens"
@@ -70,7 +74,7 @@ def test_mixed_length_batch_equals_each_alone(target, draft, name):
 
 
 def test_plain_batched_decoding_equals_each_alone(target):
-    res = batched_autoregressive(target, max_len=256, max_batch=8).generate(PROMPTS, NEW)
+    res = Decoder(target, max_len=256, max_batch=8).generate_batch(PROMPTS, NEW)
     assert [r.tokens for r in res.results] == [_plain(target, p) for p in PROMPTS]
     assert len(res.steps) == NEW and all(s.tree_size == 1 and s.batch == len(PROMPTS) for s in res.steps)
 
@@ -78,10 +82,10 @@ def test_plain_batched_decoding_equals_each_alone(target):
 def test_batch_of_one_and_draft_equal_target(target):
     """A draft identical to the target accepts whole paths: holes never appear, every step emits D + 1."""
     tree = Tree.chain(4)
-    res = BatchedDecoder(target, target, tree, max_len=256).generate(PROMPTS[:3], 16)
+    res = BatchedDecoder(target, target, tree, max_len=256).generate_batch(PROMPTS[:3], 16)
     assert [r.tokens for r in res.results] == [_plain(target, p, 16) for p in PROMPTS[:3]]
     assert all(e == 4 for s in res.steps for e in s.emitted)
-    one = BatchedDecoder(target, target, tree, max_len=256).generate([PROMPTS[2]], 16)
+    one = BatchedDecoder(target, target, tree, max_len=256).generate_batch([PROMPTS[2]], 16)
     assert one.results[0].tokens == _plain(target, PROMPTS[2], 16)
 
 
@@ -92,16 +96,16 @@ def test_small_cache_repacks_and_clips_exactly(target, draft):
     prompts = [PROMPTS[0], PROMPTS[5], PROMPTS[3]]
     need = max(len(p) for p in prompts) + NEW - 1
     dec = BatchedDecoder(target, draft, tree, max_len=need, max_batch=3)
-    res = dec.generate(prompts, NEW)
+    res = dec.generate_batch(prompts, NEW)
     assert [r.tokens for r in res.results] == [_plain(target, p) for p in prompts]
-    assert dec._t.repacks > 0
+    assert dec.face.rows.repacks > 0
     assert min(s.tree_size for s in res.steps) < tree.size  # clipped near the end
 
 
 def test_per_row_eos_and_rows_leave_the_batch(target, draft):
     ref = _plain(target, PROMPTS[2])
     eos = ref[5]  # row 2 stops at its 6th token; other rows stop where (if) they meet that id
-    res = BatchedDecoder(target, draft, TREES["sequoia"], eos_ids=[eos], max_len=256).generate(PROMPTS, NEW)
+    res = BatchedDecoder(target, draft, TREES["sequoia"], eos_ids=[eos], max_len=256).generate_batch(PROMPTS, NEW)
     for p, r in zip(PROMPTS, res.results):
         alone = _plain(target, p, NEW, (eos,))
         assert r.tokens == alone
@@ -111,21 +115,21 @@ def test_per_row_eos_and_rows_leave_the_batch(target, draft):
 
 
 def test_zero_new_tokens_is_empty_for_every_row(target, draft):
-    res = BatchedDecoder(target, draft, TREES["chain"], max_len=64).generate(PROMPTS[:2], 0)
+    res = BatchedDecoder(target, draft, TREES["chain"], max_len=64).generate_batch(PROMPTS[:2], 0)
     assert all(r.tokens == [] and r.stop_reason == "empty" for r in res.results) and not res.steps
 
 
 def test_bad_batches_refused_before_any_forward(target, draft):
     dec = BatchedDecoder(target, draft, TREES["chain"], max_len=40, max_batch=2)
     with pytest.raises(DecodingError, match="prompt 1 of 2 .*KV cache has 40 slots"):
-        dec.generate([[1, 2], list(range(30))], 20)
+        dec.generate_batch([[1, 2], list(range(30))], 20)
     with pytest.raises(DecodingError, match="exceeds this decoder's max_batch=2"):
-        dec.generate([[1], [2], [3]], 4)
+        dec.generate_batch([[1], [2], [3]], 4)
     with pytest.raises(DecodingError, match="prompt 0 of 1 .*empty"):
-        dec.generate([[]], 4)
+        dec.generate_batch([[]], 4)
     with pytest.raises(DecodingError, match="batch is empty"):
-        dec.generate([], 4)
-    with pytest.raises(DecodingError, match="needs a draft"):
+        dec.generate_batch([], 4)
+    with pytest.raises(DecodingError, match="the draft must be a Transformer or a Drafter, got NoneType"):
         BatchedDecoder(target, None, TREES["chain"])
     with pytest.raises(DecodingError, match="max_batch"):
         BatchedDecoder(target, draft, TREES["chain"], max_batch=0)
@@ -197,7 +201,7 @@ def test_demo_pair_batch_equals_each_alone():
     prompts = [tok.encode(t) for t in texts]
     tree = TREES["sequoia"]
     dec = BatchedDecoder(pair.target, pair.draft, tree, eos_ids=tok.eos_ids, max_len=256, max_batch=4)
-    res = dec.generate(prompts, 32)
+    res = dec.generate_batch(prompts, 32)
     plain = AutoregressiveDecoder(pair.target, eos_ids=tok.eos_ids, max_len=256)
     for text, p, r in zip(texts, prompts, res.results):
         assert r.tokens == plain.generate(p, 32).tokens, text
@@ -213,6 +217,6 @@ def test_random_batches_with_eos_and_a_tight_cache(target, draft, seed):
     tree = [TREES["chain"], TREES["star"], TREES["sequoia"]][seed]
     eos = int(_plain(target, prompts[0], 30)[7])
     need = max(len(p) for p in prompts) + 30 - 1
-    res = BatchedDecoder(target, draft, tree, eos_ids=[eos], max_len=need, max_batch=5).generate(prompts, 30)
+    res = BatchedDecoder(target, draft, tree, eos_ids=[eos], max_len=need, max_batch=5).generate_batch(prompts, 30)
     for p, r in zip(prompts, res.results):
         assert r.tokens == _plain(target, p, 30, (eos,))

@@ -15,7 +15,7 @@ from test_decoding import PROMPTS, _model, _perturbed
 
 from sequoia_opt.calibration import (CALIBRATION_FORMAT, MIN_BIN_COUNT, CalibrationProfile, RecordedStep,
                                      load_calibration, save_calibration)
-from sequoia_opt.decoding import ModelDrafter
+from sequoia_opt.drafting import ModelDrafter
 from sequoia_opt.dynamic import DynamicSetting
 from sequoia_opt.errors import ProfileError
 from sequoia_opt.exports import DYNAMIC_FORMAT, ExportError, export_dynamic, load_dynamic_setting

@@ -182,6 +182,10 @@ def test_profile_latency_random_weights_preset(tmp_path):
     curve = load_latency(out)
     assert curve.model["random_weights"] is True
     assert curve.source.startswith("measured by treeopt profile latency (1 round) with RANDOM weights")
+    att = curve.device["attention"]  # the backend that ran, per model (a CPU: the reference, nothing refused)
+    assert att["requested"] == "auto" and att["target"]["backend"] == att["draft"]["backend"] == "torch"
+    assert att["target"]["calls"]["torch"] >= 2 * 4 * 5 and att["target"]["refused"] == {}
+    assert "cuda_graphs" not in curve.device
     # paired (the default) on a one-entry grid: nothing to pair, and the profile does not claim it was
     r = invoke("profile", "latency", "--random-weights", "--arch", "tiny", "--draft-arch", "tiny", "--context", "8",
                "--max-tokens", "1", "--max-draft-tokens", "1", "--max-repeats", "2", "--rounds", "1", "-o", out)

@@ -19,13 +19,13 @@ from tiny_pair import PROMPTS, byte_tokenizer, make_pair, noisy_copy, random_mod
 
 import sequoia_opt.pipeline as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
-from sequoia_opt.decoding.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
+from sequoia_opt.drafting.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.evaluation import (TreeEntry, check_drafter_profiles, compare_drafters, drafter_rows,  # noqa: E402
                                     plan_drafter, run_trees)
-from sequoia_opt.pipeline import DrafterSpec, default_acceptance_path, default_latency_path  # noqa: E402
+from sequoia_opt.pipeline import DrafterSpec, default_acceptance_path, default_latency_path, parse_drafter_spec  # noqa: E402
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_acceptance, load_latency  # noqa: E402
-from sequoia_opt.profiling.device import device_slug  # noqa: E402
+from sequoia_opt.device import device_slug  # noqa: E402
 from sequoia_opt.solver import choose  # noqa: E402
 from sequoia_opt.tree import Tree, save_tree  # noqa: E402
 
@@ -224,8 +224,8 @@ def test_compare_drafters_end_to_end_with_the_profiles_the_cli_wrote(in_root):
     assert all(row["equals_plain"] is True and row["mismatches"] == 0 for row in rows)
     assert [s["tree"] for s in doc["summaries"]] == ["plain", "draft", "lookup:1-3", "self:1"]
     assert all(s["new_tokens"] == 3 * 12 for s in doc["summaries"])  # one baseline, the same prompts for all
-    for row, spec in zip(rows, (pipeline.parse_drafter_spec(str(draft)), DrafterSpec("lookup"),
-                                DrafterSpec("self", num_layers=1))):
+    for row, spec in zip(rows, (pipeline.parse_drafter_spec(str(draft)), parse_drafter_spec("lookup"),
+                                parse_drafter_spec("self:1"))):
         a, lat = _paths(root, spec)
         acc, curve = load_acceptance(a), load_latency(lat)
         assert acc.measured["draft"] == row["drafter"] == curve.model["draft"]
@@ -256,8 +256,8 @@ def test_compare_drafters_end_to_end_with_the_profiles_the_cli_wrote(in_root):
 
 def test_compare_drafters_explicit_profiles_pair_in_order(in_root):
     root, target, draft, prompts = in_root
-    self_acc, self_lat = _paths(root, DrafterSpec("self", num_layers=1))
-    look_acc, look_lat = _paths(root, DrafterSpec("lookup"))
+    self_acc, self_lat = _paths(root, parse_drafter_spec("self:1"))
+    look_acc, look_lat = _paths(root, parse_drafter_spec("lookup"))
     r = invoke("run", "--compare-drafters", "--target", target, "--draft", "self:1", "--draft", "lookup",
                "-a", self_acc, "-a", look_acc, "-l", self_lat, "-l", look_lat, "--budget", "6", "--prompts", prompts,
                "--num-prompts", "1", "--max-new-tokens", "6", "--results-dir", root / "res2", "--json")
@@ -291,8 +291,8 @@ def test_compare_drafters_explicit_profiles_pair_in_order(in_root):
 ])
 def test_compare_drafters_bad_inputs_exit_2_before_weights_load(in_root, monkeypatch, args, message):
     root, target, draft, prompts = in_root
-    self_acc, self_lat = _paths(root, DrafterSpec("self", num_layers=1))
-    look_acc, look_lat = _paths(root, DrafterSpec("lookup"))
+    self_acc, self_lat = _paths(root, parse_drafter_spec("self:1"))
+    look_acc, look_lat = _paths(root, parse_drafter_spec("lookup"))
     tree = root / "t.yaml"
     save_tree(tree, Tree.chain(2))
     subst = {"SELF_ACC": self_acc, "SELF_LAT": self_lat, "LOOK_ACC": look_acc, "LOOK_LAT": look_lat, "TREE": tree}
@@ -320,8 +320,8 @@ def test_run_without_compare_drafters_keeps_its_rules(in_root, monkeypatch, args
     root, target, draft, prompts = in_root
     tree = root / "t.yaml"
     save_tree(tree, Tree.chain(2))
-    subst = {"TREE": tree, "LOOK_ACC": _paths(root, DrafterSpec("lookup"))[0],
-             "SELF_ACC": _paths(root, DrafterSpec("self", num_layers=1))[0]}
+    subst = {"TREE": tree, "LOOK_ACC": _paths(root, parse_drafter_spec("lookup"))[0],
+             "SELF_ACC": _paths(root, parse_drafter_spec("self:1"))[0]}
     monkeypatch.setattr(pipeline, "load_checkpoint", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     res = root / "bad-res"
     r = invoke("run", "--target", target, "--prompts", prompts, "--results-dir", res, *[subst.get(a, a) for a in args])

@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sequoia_opt.attention import causal_tree_mask
-from sequoia_opt.decoding import (AutoregressiveDecoder, SpeculativeDecoder, TreeBuffers,
-                                  autoregressive_generate)
+from sequoia_opt.decoding import AutoregressiveDecoder, TreeBuffers, autoregressive_generate
+from sequoia_opt.drafting import SpeculativeDecoder
 from sequoia_opt.errors import DecodingError
 from sequoia_opt.model import ModelConfig, Transformer
 from sequoia_opt.tree import Tree
+from tiny_pair import commit_one, draft_one, verify_one
 
 CFG = ModelConfig.preset("tiny")  # vocab 256, dim 64, 2 layers, 4 heads / 2 KV heads, 512 positions
 
@@ -120,7 +121,7 @@ def test_budget_one_tree_is_plain_decoding_step_for_step(target, drafts):
         assert res.tokens == ref.tokens
         assert [s.tokens for s in res.steps] == [s.tokens for s in ref.steps]
         assert all(s.accepted_nodes == 0 and s.accepted_len == 1 for s in res.steps)
-    assert dec.draft_cache is None  # a root-only tree never runs the draft
+    assert dec.policy.drafter.cache is None  # a root-only tree never runs the draft
 
 
 @st.composite
@@ -163,7 +164,7 @@ def test_tree_logits_equal_path_recompute(target, drafts):
     tokens = torch.randint(0, CFG.vocab_size, (tree.size,), generator=gen)
     tokens[0] = prompt[-1]
     with torch.inference_mode():
-        logits = dec.verify(state, tokens)  # (n, V)
+        logits = verify_one(dec, state, tokens)  # (n, V)
     tok = tokens.tolist()
     for i, path in enumerate(tree.paths):
         ref = _plain_logits(target, prompt[:-1] + [tok[j] for j in path])
@@ -219,23 +220,24 @@ def test_commit_of_scattered_path_matches_fresh_recompute(target, drafts, accept
     state = dec.start(prompt, 24)
     L0 = state.cached
     with torch.inference_mode():
-        drafted = dec.draft(state, tokens=tokens)
-        acc = dec.accept(drafted, dec.verify(state, drafted.tokens))
+        drafted = draft_one(dec, state, tokens)
+        acc = dec.accept(drafted, verify_one(dec, state, drafted))
     assert acc.path == tuple(path_nodes[: accepted + 1])
     assert list(acc.tokens) == greedy[: accepted + 1]
-    emitted = dec.commit(state, acc)
+    emitted = commit_one(dec, state, drafted, acc)
     assert emitted == greedy[: accepted + 1]
     assert state.cached == L0 + accepted + 1 and len(state.seq) == state.cached + 1
     # the draft never processed the last level (depth 4): one fewer node when the path reaches it
-    assert state.draft_cached == L0 + accepted + 1 - (accepted == tree.tree_depth)
+    draft_cached = dec.policy.drafter.cached
+    assert draft_cached == L0 + accepted + 1 - (accepted == tree.tree_depth)
 
     committed = state.seq[: state.cached]
     _assert_cache_prefix_equal(dec.target_cache, _fresh_cache(target, committed, 64), state.cached)
-    _assert_cache_prefix_equal(dec.draft_cache, _fresh_cache(draft, state.seq[: state.draft_cached], 64),
-                               state.draft_cached)
+    _assert_cache_prefix_equal(dec.policy.drafter.cache, _fresh_cache(draft, state.seq[:draft_cached], 64),
+                               draft_cached)
     # next step: the new root's logits from the compacted cache equal a fresh recompute
     with torch.inference_mode():
-        nxt = dec.verify(state, dec.draft(state).tokens)
+        nxt = verify_one(dec, state, draft_one(dec, state))
     torch.testing.assert_close(nxt[0], _plain_logits(target, state.seq), atol=1e-4, rtol=1e-4)
     # and decoding from this state continues exactly like plain decoding
     state.result.steps.clear()
@@ -373,7 +375,7 @@ def _with_nan_logit(model: Transformer, token: int) -> Transformer:
 def test_nan_logits_never_become_a_token(target, drafts, T):
     bad = _with_nan_logit(target, 17)
     gen = torch.Generator().manual_seed(0)
-    with pytest.raises(DecodingError, match="the model 'tiny' produced unusable output: the logits hold NaN"):
+    with pytest.raises(DecodingError, match="the target model 'tiny' produced unusable output: the logits hold NaN"):
         AutoregressiveDecoder(bad, temperature=T, generator=gen).generate(PROMPTS[1], 5)
     with pytest.raises(DecodingError, match="the target model 'tiny' produced unusable output: the logits hold NaN"):
         SpeculativeDecoder(bad, drafts["noisy"], SEQUOIA_LIKE, temperature=T, generator=gen).generate(PROMPTS[1], 5)
@@ -417,8 +419,8 @@ def test_speculative_sampling_step_matches_target_distribution(trials):
     first, pairs = torch.zeros(6), torch.zeros(6, 6)
     with torch.inference_mode():
         for _ in range(trials):  # draft / verify / accept do not change the state: independent steps
-            drafted = dec.draft(state)
-            toks = dec.accept(drafted, dec.verify(state, drafted.tokens)).tokens
+            drafted = draft_one(dec, state)
+            toks = dec.accept(drafted, verify_one(dec, state, drafted)).tokens
             first[toks[0]] += 1
             if len(toks) > 1:
                 pairs[toks[0], toks[1]] += 1
@@ -447,7 +449,7 @@ def _with_context(model: Transformer, positions: int) -> Transformer:
 def _record_positions(model):
     """Every position a cached forward of ``model`` is given (positions is the forward's second argument)."""
     seen: list[int] = []
-    handle = model.register_forward_pre_hook(lambda mod, args, kw: seen.extend(args[1].tolist()), with_kwargs=True)
+    handle = model.register_forward_pre_hook(lambda mod, args, kw: seen.extend(args[1].flatten().tolist()), with_kwargs=True)
     return seen, handle
 
 
@@ -510,10 +512,10 @@ def test_draft_with_a_shorter_context_equals_plain_and_stays_inside_it(short_dra
     try:
         state = dec.start(prompt, 25)
         while not state.finished:
-            before = state.draft_cached
+            before = dec.policy.drafter.cached
             stats = dec.step(state)
             if stats.tree_depth == 0:  # root-only step: no draft forward, nothing new in the draft cache
-                assert state.finished or state.draft_cached == before
+                assert state.finished or dec.policy.drafter.cached == before
     finally:
         handle.remove()
     assert state.result.tokens == ref
@@ -521,9 +523,10 @@ def test_draft_with_a_shorter_context_equals_plain_and_stays_inside_it(short_dra
     depths = [s.tree_depth for s in state.result.steps]
     assert depths[-1] == 0 and depths[0] == TREES[tree_name].tree_depth  # full at first, root-only at the end
     # the draft cache holds exactly the committed tokens it claims to
-    n = state.draft_cached
+    n = dec.policy.drafter.cached
     assert 0 < n <= 40  # positions 0 .. 39
-    _assert_cache_prefix_equal(dec.draft_cache, _fresh_cache(drf, state.seq[:n], n), n)
+    seq = prompt + state.result.tokens
+    _assert_cache_prefix_equal(dec.policy.drafter.cache, _fresh_cache(drf, seq[:n], n), n)
 
 
 def test_prompt_past_the_draft_context_never_runs_the_draft(short_draft_pair):
@@ -599,7 +602,7 @@ def test_sampling_near_the_context_end_runs(short_draft_pair, ctx64, draft_ctx):
 def test_clipped_buffers_are_a_prefix_and_memoised(ctx64):
     tgt, drf = ctx64
     dec = SpeculativeDecoder(tgt, drf, SEQUOIA_LIKE)
-    full = dec.buffers
+    full = dec.policy.buffers
     for d in range(SEQUOIA_LIKE.tree_depth + 1):
         b = full.clipped(d)
         n = SEQUOIA_LIKE.level_slices[d].stop
@@ -611,10 +614,10 @@ def test_clipped_buffers_are_a_prefix_and_memoised(ctx64):
         full.clipped(7)
     prompt = list(range(60))
     dec.generate(prompt, 4)
-    kept = dict(dec._clipped)
+    kept = dict(dec.policy._clipped)
     assert set(kept) > {SEQUOIA_LIKE.tree_depth} and kept[SEQUOIA_LIKE.tree_depth] is full
     dec.generate(prompt, 4)
-    assert all(dec._clipped[d] is b for d, b in kept.items())  # compiled once per depth
+    assert all(dec.policy._clipped[d] is b for d, b in kept.items())  # compiled once per depth
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -694,7 +697,7 @@ def test_overflow_messages_name_the_limit_and_only_existing_remedies(target, dra
         dec.check(list(range(32)), 8)  # 31 prompt tokens would still overflow with 8 new ones
     with pytest.raises(DecodingError, match=r"shorten the prompt and ask for fewer than 32 new tokens$"):
         dec.check(list(range(33)), 40)
-    with pytest.raises(DecodingError, match=r"the model 'small32' has max_position_embeddings = 32") as err:
+    with pytest.raises(DecodingError, match=r"the target model 'small32' has max_position_embeddings = 32") as err:
         AutoregressiveDecoder(small).check(list(range(30)), 5)
     assert "max_len" not in str(err.value)
     # a shorter draft context limits nothing (its trees are clipped): the target's 512 positions count

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from sequoia_opt.decoding import AutoregressiveDecoder
+from sequoia_opt.drafting import SpeculativeDecoder
 from sequoia_opt.model import Transformer
 from sequoia_opt.model.loaders import find_demo_target, load_checkpoint
 from sequoia_opt.tree import Tree

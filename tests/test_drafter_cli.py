@@ -100,9 +100,9 @@ def test_check_drafter_against_the_target_config(workdir, tmp_path):
 
     cfg = load_model_config(target)
     assert cfg.n_layers == 2
-    check_drafter(DrafterSpec("self", num_layers=1), cfg)  # 1 .. n_layers - 1
+    check_drafter(parse_drafter_spec("self:1"), cfg)  # 1 .. n_layers - 1
     with pytest.raises(TreeoptError, match=r"L must be in 1\.\.1 \(the target has 2 layers"):
-        check_drafter(DrafterSpec("self", num_layers=2), cfg)
+        check_drafter(parse_drafter_spec("self:2"), cfg)
     check_drafter(parse_drafter_spec(str(draft)), cfg)
     other = tmp_path / "other"
     save_hf_checkpoint(random_model(3, vocab=300), byte_tokenizer(), other)

@@ -1,5 +1,5 @@
-"""The Drafter protocol (sequoia_opt.decoding.drafters): the registry, the draft model as a ModelDrafter
-(identical to passing the Transformer), and a non-model drafter plugged into the decoder: an oracle that
+"""The Drafter protocol (sequoia_opt.drafting.drafters): the registry, the draft model as a ModelDrafter
+(identical to passing the Transformer), and a non-model drafter plugged into the loop: an oracle that
 proposes the target's greedy continuation in one pass, with no cache and no probabilities."""
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ import torch
 
 from test_decoding import CFG, PROMPTS, SEQUOIA_LIKE, TREES, _model, _perturbed, _with_context
 
-from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder, autoregressive_generate
-from sequoia_opt.decoding.drafters import DRAFTERS, DraftOutput, Drafter, DraftSettings, ModelDrafter, root_tree
+from sequoia_opt.decoding import AutoregressiveDecoder, autoregressive_generate
+from sequoia_opt.drafting import SpeculativeDecoder
+from sequoia_opt.drafting import DRAFTERS, Drafter, DrafterSpec, ModelDrafter
+from sequoia_opt.decoding import DraftOutput, DraftSettings
+from sequoia_opt.decoding.step_tree import root_tree
 from sequoia_opt.errors import DecodingError
 from sequoia_opt.tree import Tree
 
@@ -40,31 +43,37 @@ class OracleDrafter(Drafter):
     def bind(self, settings: DraftSettings) -> None:
         self.settings = settings
 
-    def max_root_for_depth(self, d, buffers):
-        return self.context - d  # the greedy continuation up to depth d reads positions up to L + d - 1
+    def limit(self, state, buffers, depth=None):
+        # the greedy continuation up to depth d reads positions up to L + d - 1
+        D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
+        return max(0, min(D, self.context - max(r.cached for r in state.rows)))
 
-    def prefill(self, prompt_ids, will_draft):
+    def prefill(self, state):
         pass
 
     def propose(self, state, buffers, forced_tokens=None):
         self.calls += 1
-        out = root_tree(state.root, buffers.n, self.device) if forced_tokens is None else forced_tokens
-        seq = list(state.seq)
-        for d in range(1, buffers.tree_depth + 1):
-            g = int(self.target(torch.tensor([seq]))[0, -1].argmax())  # the greedy token at depth d
-            seq.append(g)
-            if forced_tokens is None:
-                out[buffers.level_slices[d]] = (g + buffers.child_rank[d]) % self.vocab_size
+        out = root_tree([r.root for r in state.rows], buffers.n, self.device) if forced_tokens is None \
+            else forced_tokens
+        for b, row in enumerate(state.rows):
+            seq = list(row.seq)
+            for d in range(1, buffers.tree_depth + 1):
+                g = int(self.target(torch.tensor([seq]))[0, -1].argmax())  # the greedy token at depth d
+                seq.append(g)
+                if forced_tokens is None:
+                    out[b, buffers.level_slices[d]] = (g + buffers.child_rank[d]) % self.vocab_size
         return DraftOutput(out, None, buffers.tree_depth)
 
-    def commit(self, state_L, path, step_depth, slots):
+    def commit(self, state, paths, step_depth):
         pass
 
 
 def test_registry_holds_the_model_drafter(pair):
-    assert DRAFTERS["model"] is ModelDrafter
-    drafter = DRAFTERS["model"](pair[1])
-    assert isinstance(drafter, Drafter) and drafter.cost_model == "per-level" and drafter.has_probs
+    kind = DRAFTERS["model"]
+    assert kind.cost_model == "per-level" and kind.loads_model and kind.has_probs
+    drafter = kind.build(DrafterSpec("model"), pair[0], pair[1])
+    assert isinstance(drafter, ModelDrafter) and drafter.model is pair[1]
+    assert drafter.cost_model == "per-level" and drafter.has_probs
     assert drafter.context == CFG.max_position_embeddings and drafter.cached == 0 and drafter.cache is None
 
 
@@ -87,8 +96,9 @@ def test_model_drafter_passed_explicitly_equals_passing_the_model(pair, temperat
         wrapped_dec, wrapped = run(ModelDrafter(draft), tree)
         for a, b in zip(plain, wrapped):
             _same_run(a, b)
-        assert wrapped_dec.draft_model is draft and wrapped_dec.draft_context == plain_dec.draft_context
-        assert (wrapped_dec.draft_cache is None) == (plain_dec.draft_cache is None) == (tree.tree_depth == 0)
+        wrapped_d, plain_d = wrapped_dec.policy.drafter, plain_dec.policy.drafter
+        assert wrapped_d.model is draft and wrapped_d.context == plain_d.context
+        assert (wrapped_d.cache is None) == (plain_d.cache is None) == (tree.tree_depth == 0)
 
 
 def test_replacing_the_generator_reaches_the_drafter(pair):
@@ -106,14 +116,14 @@ def test_oracle_drafter_equals_plain_greedy(pair, tree_name):
     tree = TREES[tree_name]
     oracle = OracleDrafter(target)
     dec = SpeculativeDecoder(target, oracle, tree, backend="torch")
-    assert dec.drafter is oracle and dec.draft_model is None and dec.draft_cache is None
+    assert dec.policy.drafter is oracle
     ar = AutoregressiveDecoder(target)
     for prompt in PROMPTS:
         state = dec.start(prompt, 20)
         while not state.finished:
             dec.step(state)
         assert state.result.tokens == ar.generate(prompt, 20).tokens, prompt
-        assert state.draft_cached == 0  # no cache
+        assert oracle.cached == 0  # no cache
         # rank 0 is always the target's choice: every step but the last accepts a whole rank-0 path
         assert all(s.accepted_nodes == tree.tree_depth for s in state.result.steps[:-1])
     assert (oracle.calls > 0) == (tree.tree_depth > 0)
@@ -133,7 +143,7 @@ def test_oracle_drafter_near_the_context_end_equals_plain_greedy(pair, tree_name
 def assert_near_the_end_equals_plain(dec, prompts):
     """``dec`` serves each prompt (near the end of its target's context) with every budget from 1 to the
     context's end exactly like plain greedy decoding, and some step had its tree clipped."""
-    target, tree = dec.target_model, dec.tree
+    target, tree = dec.target_model, dec.policy.tree
     ctx = target.config.max_position_embeddings
     clipped = 0
     for prompt in prompts:
@@ -167,7 +177,7 @@ def test_a_drafter_serves_one_decoder_and_draft_must_be_a_model_or_a_drafter(pai
     SpeculativeDecoder(target, drafter, SEQUOIA_LIKE)
     with pytest.raises(DecodingError, match="already serves a decoder"):
         SpeculativeDecoder(target, drafter, SEQUOIA_LIKE)
-    with pytest.raises(DecodingError, match="draft must be a Transformer or a Drafter, got str"):
+    with pytest.raises(DecodingError, match="the draft must be a Transformer or a Drafter, got str"):
         SpeculativeDecoder(target, "llama-68m", SEQUOIA_LIKE)
     with pytest.raises(DecodingError, match="vocabulary"):
         SpeculativeDecoder(target, OracleDrafter(_model(1, CFG.with_(vocab_size=128))), SEQUOIA_LIKE)
@@ -179,7 +189,7 @@ def test_the_solver_charges_a_drafter_by_its_declared_cost_model(pair):
     speculated tokens, a per-level one (the draft model, self layer-skip) one forward per level but the last."""
     from typing import get_args
 
-    from sequoia_opt.decoding.drafters import CostModel, LayerSkipDrafter
+    from sequoia_opt.drafting.drafters import CostModel, LayerSkipDrafter
     from sequoia_opt.profiles import DRAFT_COST_MODELS, LatencyCurve
     from sequoia_opt.solver import score_tree
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
+from sequoia_opt.decoding import AutoregressiveDecoder
+from sequoia_opt.drafting import SpeculativeDecoder
 from sequoia_opt.model.loaders import find_demo_target
 from sequoia_opt.pipeline import load_pair
 from sequoia_opt.prompts import demo_prompts_path, load_prompts
@@ -64,8 +65,8 @@ def test_two_drafters_in_one_tree_are_greedy_exact_on_the_demo_pair(demo, light,
     """Mixed provenance on the real pair: the grafted tree (light part + strong grafts) and SpecInfer's merge
     decode exactly as plain greedy decoding, and nodes of both drafters are accepted."""
     pair, ids, refs = demo
-    from sequoia_opt.decoding.multidraft import MultiDraftDecoder
-    from sequoia_opt.decoding.policies import GraftPolicy, MergePolicy
+    from sequoia_opt.drafting import MultiDraftDecoder
+    from sequoia_opt.drafting.policies import GraftPolicy, MergePolicy
     from sequoia_opt.pipeline import ModelPair, parse_drafter_spec
 
     def maker(spec):
@@ -90,8 +91,8 @@ def test_two_drafters_in_one_tree_are_greedy_exact_on_the_demo_pair(demo, light,
 def test_dynamic_trees_are_greedy_exact_on_the_demo_pair(demo, setting, spec):
     """Each dynamic rule (EAGLE-2, entropy, best-first) with the bundled draft and with self:24 decodes the
     eval prompts exactly as plain greedy decoding does, and its trees were really used."""
-    from sequoia_opt.decoding.multidraft import MultiDraftDecoder
-    from sequoia_opt.decoding.policies import DynamicPolicy
+    from sequoia_opt.drafting import MultiDraftDecoder
+    from sequoia_opt.drafting.policies import DynamicPolicy
     from sequoia_opt.dynamic import parse_setting
     from sequoia_opt.pipeline import ModelPair, parse_drafter_spec
 

@@ -263,7 +263,7 @@ def test_profile_acceptance_calibration_writes_a_loadable_profile(workdir, files
 @pytest.mark.parametrize("args, fragment", [
     (["--calibration", "--calibration-steps", "0"], "--calibration-steps and --calibration-topk must be at least 1"),
     (["--calibration", "--calibration-topk", "0"], "--calibration-steps and --calibration-topk must be at least 1"),
-    (["--calibration", "--draft", "lookup"], "prompt lookup has no draft probabilities"),
+    (["--calibration", "--draft", "lookup"], "lookup:1-3 has no draft probabilities"),
     (["--calibration-steps", "3"], "add --calibration"),
     (["--calibration", "--calibration-steps", "30", "--calibration-topk", "50"], "has 72551 nodes"),
     (["--calibration", "--width", "4"], "the calibration's recording tree is --calibration-topk"),
@@ -346,7 +346,7 @@ def test_step_memory_of_a_dynamic_setting():
 def test_run_refuses_a_dynamic_setting_past_the_free_memory_before_loading_models(workdir, tmp_path, monkeypatch):
     """Only topk past the vocabulary was refused; a setting whose step needs more than the free memory ran
     until it ran out of it. The target's config gives the vocabulary (257 tokens here); nothing loads."""
-    import sequoia_opt.profiling.device as device_mod
+    import sequoia_opt.device as device_mod
 
     root, target, draft, prompts = workdir
     monkeypatch.setattr(device_mod, "free_memory_bytes", lambda device: 64 * 2**20)  # 64 MiB free

@@ -9,11 +9,13 @@ import pytest
 import torch
 from test_decoding import PROMPTS, _micro_pair, _model, _perturbed, _plain
 
-from sequoia_opt.decoding import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, process_logits
-from sequoia_opt.decoding.multidraft import MultiDraftDecoder
-from sequoia_opt.decoding.policies import DynamicPolicy
+from sequoia_opt.decoding import process_logits
+from sequoia_opt.drafting import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from sequoia_opt.drafting import MultiDraftDecoder
+from sequoia_opt.drafting.policies import DynamicPolicy
 from sequoia_opt.dynamic import DynamicSetting, Expansion, entropy_children, grow, max_candidates, parse_setting
 from sequoia_opt.errors import DecodingError
+from tiny_pair import draft_one, verify_one
 
 
 class Scripted:
@@ -141,10 +143,10 @@ def test_the_verified_tree_is_the_rules_selection(target, draft):
     pol = DynamicPolicy(ModelDrafter(draft), DynamicSetting("eagle", 3, 3, 8))
     dec = MultiDraftDecoder(target, pol, max_len=160)
     state = dec.start([5, 17, 3, 9], 10)
-    tree = dec.draft(state)
+    tree = draft_one(dec, state)
     cand, sel = pol.last_tree, pol.last_selected
     assert tree.n == 8 and len(sel) == 8 and cand.n == 1 + 3 + 2 * 9
-    assert [cand.token[c] for c in sel] == tree.tokens
+    assert [cand.token[c] for c in sel] == tree.token_list
     assert [sel.index(cand.parent[c]) for c in sel[1:]] == tree.parent[1:]
     # the kept nodes are the 7 best path probabilities of the grown tree
     best = sorted(cand.path[1:], reverse=True)[:7]
@@ -183,8 +185,8 @@ def test_sampling_emits_the_target_distribution(trials, policy):
     first, accepted = torch.zeros(6), 0
     with torch.inference_mode():
         for _ in range(trials):
-            tree = dec.draft(state)
-            acc = dec.accept(tree, dec.verify(state, tree))
+            tree = draft_one(dec, state)
+            acc = dec.accept(tree, verify_one(dec, state, tree))
             first[acc.tokens[0]] += 1
             accepted += acc.accepted_nodes > 0
     tol = 0.035 if trials < 10_000 else 0.01

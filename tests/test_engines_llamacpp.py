@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from sequoia_opt.cli import app
 from sequoia_opt.engines import EngineError, engine_mismatch, engine_name, require_engine
-from sequoia_opt.errors import CheckpointError, ProfileError
+from sequoia_opt.errors import CheckpointError, DecodingError, ProfileError
 from sequoia_opt.model.loaders import find_demo_target, load_checkpoint
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_latency, save_latency
 
@@ -490,3 +490,55 @@ def test_predict_replay_charges_each_replayed_step():
     # a positional vector of p_1 = 0.5 values a 2-token chain at 1 + .5 + .25
     assert predict_chain(ChainSetting(2), _acc(0.5, 0.1), curve).expected_tokens == pytest.approx(1.75)
     assert predict_chain(ChainSetting(2, 0, 0.5), _acc(0.5), curve) is None
+
+
+@needs_llamacpp
+def test_llamacpp_is_a_target_of_the_one_loop_trees_and_clipping(tmp_path):
+    """llama.cpp as the loop's target face: a torch draft model's static tree (several leaves: verified with one
+    llama.cpp sequence per root-to-leaf path) and a chain are greedy-equal to llama.cpp's plain decoding, also up
+    to the last position of the context, where the tree is clipped instead of the request refused."""
+    from tiny_pair import noisy_copy
+
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting import ModelDrafter, StaticTreePolicy
+    from sequoia_opt.engines.llamacpp import LlamaCppModel, LlamaCppTarget
+    from sequoia_opt.model.gguf_writer import write_gguf
+    from sequoia_opt.tree import Tree
+
+    m, tok = random_model(3, std=0.1, vocab=258), merged_tokenizer()
+    path = write_gguf(tmp_path / "tiny.gguf", m, tok, outtype="f32")
+    draft = noisy_copy(m, 0.2, 1)
+    ids = tok.encode("abc, def 42 abc, def 42")
+    tree = Tree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]])
+    with LlamaCppModel(path, n_ctx=48, n_threads=1, n_seq_max=8, kv_type="f32", flash_attn=False) as lm:
+        face = LlamaCppTarget(lm)
+        C = lm.n_ctx  # llama.cpp rounds the context up (to 256 here)
+        assert face.max_leaves == 7 and face.max_width is None and face.context == C >= 48
+        long = (ids * C)[: C - 3]
+        for prompt, M in ((ids, 12), (ids, 40), (long, 3)):  # the last one ends at the context's last position
+            plain = Decoder(LlamaCppTarget(lm)).generate(prompt, M).tokens
+            assert len(plain) == M
+            for t in (tree, Tree.chain(4)):
+                res = Decoder(LlamaCppTarget(lm), StaticTreePolicy(ModelDrafter(draft), t)).generate(prompt, M)
+                assert res.tokens == plain, (M, t.size)
+                if prompt is ids:
+                    assert sum(s.accepted_nodes for s in res.steps) > 0  # the draft is right on some tokens
+                elif t is tree:  # the root at position C - 4, 4 cells left: the 9-node tree is cut to its first level
+                    assert (res.steps[0].tree_size, res.steps[0].tree_depth) == (4, 1)
+        with pytest.raises(DecodingError, match="exceed the model context"):
+            Decoder(LlamaCppTarget(lm)).check(long, 4)
+
+
+@needs_llamacpp
+def test_llamacpp_chain_only_context_refuses_trees(tmp_path):
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting import ModelDrafter, StaticTreePolicy
+    from sequoia_opt.engines.llamacpp import LlamaCppModel, LlamaCppTarget
+    from sequoia_opt.model.gguf_writer import write_gguf
+    from sequoia_opt.tree import Tree
+
+    m, tok = random_model(3, std=0.1, vocab=258), merged_tokenizer()
+    path = write_gguf(tmp_path / "tiny.gguf", m, tok, outtype="f32")
+    with LlamaCppModel(path, n_ctx=32, n_threads=1) as lm:
+        with pytest.raises(DecodingError, match="verifies trees of at most 1 children per node"):
+            Decoder(LlamaCppTarget(lm), StaticTreePolicy(ModelDrafter(m), Tree.from_choices([[0], [1]])))

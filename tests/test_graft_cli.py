@@ -20,13 +20,13 @@ from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
 
 import sequoia_opt.pipeline as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
-from sequoia_opt.decoding.policies import LogisticScheduler, load_scheduler, save_scheduler  # noqa: E402
+from sequoia_opt.drafting.policies import LogisticScheduler, load_scheduler, save_scheduler  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
 from sequoia_opt.pipeline import (default_acceptance_path, default_latency_path,  # noqa: E402
                                   default_pair_acceptance_path, parse_drafter_spec)
 from sequoia_opt.profiles import (LatencyCurve, load_acceptance, load_latency, load_pair_acceptance,  # noqa: E402
                                   save_latency)
-from sequoia_opt.profiling.device import device_slug  # noqa: E402
+from sequoia_opt.device import device_slug  # noqa: E402
 from sequoia_opt.tree import DrafterTree, Tree, TreeMetadata, load_drafter_tree, save_drafter_tree, save_tree  # noqa: E402
 
 runner = CliRunner()
@@ -438,7 +438,7 @@ def test_run_reports_a_missing_or_broken_tree_file_not_the_draft_count(env, tmp_
 
 
 def test_a_drafter_failing_mid_run_is_one_line_exit_1_and_no_results(env, tmp_path, monkeypatch):
-    from sequoia_opt.decoding.drafters.model import ModelDrafter
+    from sequoia_opt.drafting.drafters.model import ModelDrafter
 
     real, calls = ModelDrafter.score_nodes, []
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 from test_decoding import PROMPTS, _micro_pair, _model, _perturbed, _plain
 
-from sequoia_opt.decoding import (LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, process_logits,
-                                  sample_without_replacement)
-from sequoia_opt.decoding.multidraft import MultiDraftDecoder
-from sequoia_opt.decoding.policies import (AlwaysGraft, GraftFeatures, GraftPolicy, LogisticScheduler, MergePolicy,
-                                           NeverGraft, load_scheduler, save_scheduler)
+from sequoia_opt.decoding import process_logits, sample_without_replacement
+from sequoia_opt.drafting import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from sequoia_opt.drafting import MultiDraftDecoder
+from sequoia_opt.drafting.policies import AlwaysGraft, GraftFeatures, GraftPolicy, LogisticScheduler, MergePolicy, NeverGraft, load_scheduler, save_scheduler
 from sequoia_opt.decoding.sampling import CandidateGroup, sample_excluding, verify_groups_node
 from sequoia_opt.errors import DecodingError, ProfileError
 from sequoia_opt.tree import Tree
+from tiny_pair import draft_one, verify_one
 
 # a plan: light spine [0] [0,0] [0,0,0] with siblings; strong grafts at the root ([2]: a recovered branch with
 # its own child [2,0]), under [1] and next to [0,0] (as [0,1])
@@ -85,13 +85,13 @@ def test_grafting_never_removes_a_branch_and_never_repeats_a_light_sibling(targe
             dec = MultiDraftDecoder(target, pol, max_len=128, temperature=temperature,
                                     generator=torch.Generator().manual_seed(5))
             state = dec.start(PROMPTS[3], 10)
-            trees[sched.name] = dec.draft(state)
+            trees[sched.name] = draft_one(dec, state)
         light, full = trees["never"], trees["always"]
         n = light.n
         assert full.n == PLAN.size and n == 5
-        assert full.tokens[:n] == light.tokens and full.parent[:n] == light.parent
+        assert full.token_list[:n] == light.token_list and full.parent[:n] == light.parent
         for node in range(full.n):
-            toks = [full.tokens[c] for c in full.children[node]]
+            toks = [full.token_list[c] for c in full.children[node]]
             assert len(set(toks)) == len(toks)  # siblings distinct: no duplicate of a light candidate
             assert [full.source[c] for c in full.children[node]] == sorted(full.source[c] for c in full.children[node])
         assert sorted(full.source[n:]) == [1, 1, 1, 1]
@@ -102,12 +102,12 @@ def test_merge_keeps_one_node_per_token_with_both_provenances(target, drafts):
     pol = MergePolicy([ModelDrafter(drafts["weak"]), ModelDrafter(drafts["weak"])], [PLAN, Tree.chain(3)])
     dec = MultiDraftDecoder(target, pol, max_len=128)
     state = dec.start(PROMPTS[3], 10)
-    tree = dec.draft(state)
+    tree = draft_one(dec, state)
     assert tree.n == PLAN.size
     spine = [0, 1, 4]  # the chain's nodes are the plan's rank-0 spine
     assert [tree.provenance[i] for i in spine[1:]] == [0b11, 0b11]
     assert all(tree.provenance[i] == 0b01 for i in range(1, tree.n) if i not in spine)
-    assert len(tree.groups[0]) == 2 and tree.group_children[0][1] == [tree.children[0][0]]
+    assert len(tree.groups(0)) == 2 and tree.group_children(0)[1] == [tree.children[0][0]]
 
 
 def test_near_the_end_of_the_cache_steps_become_plain_and_output_is_unchanged(target, drafts):
@@ -231,8 +231,8 @@ def test_decoder_with_several_drafters_samples_the_target_distribution(trials, k
     first = torch.zeros(6)
     with torch.inference_mode():
         for _ in range(trials):
-            tree = dec.draft(state)
-            acc = dec.accept(tree, dec.verify(state, tree))
+            tree = draft_one(dec, state)
+            acc = dec.accept(tree, verify_one(dec, state, tree))
             first[acc.tokens[0]] += 1
     tol = 0.035 if trials < 10_000 else 0.01
     assert _tv(first, p1) < tol, _tv(first, p1)
@@ -251,21 +251,21 @@ def test_reselected_grafts_go_where_the_strong_drafter_scores_highest(target, dr
                             generator=torch.Generator().manual_seed(3))
     prompt = PROMPTS[3]
     state = dec.start(prompt, 10)
-    tree = dec.draft(state)
+    tree = draft_one(dec, state)
     assert tree.n == PLAN.size and sorted(tree.depth) == sorted(PLAN.depth.tolist())
     for node in range(tree.n):
-        toks = [tree.tokens[c] for c in tree.children[node]]
+        toks = [tree.token_list[c] for c in tree.children[node]]
         assert len(set(toks)) == len(toks)
     with torch.inference_mode():
         q_root = strong(torch.tensor([prompt]))[0, -1].float().softmax(-1)
         pairs = []
         for v in (1, 2):  # the light depth-1 nodes the strong drafter runs over ([0] and [1])
-            tok = tree.tokens[v]
+            tok = tree.token_list[v]
             q_v = strong(torch.tensor([prompt + [tok]]))[0, -1].float().softmax(-1)
-            light_kids = {tree.tokens[c] for c in tree.children[v] if tree.source[c] == 0}
+            light_kids = {tree.token_list[c] for c in tree.children[v] if tree.source[c] == 0}
             pairs += [(float(q_root[tok] * q_v[t]), v, t) for t in range(q_v.numel()) if t not in light_kids]
     want = sorted(((v, t) for _, v, t in sorted(pairs, reverse=True)[:2]))
-    got = sorted((tree.parent[c], tree.tokens[c]) for c in range(tree.n)
+    got = sorted((tree.parent[c], tree.token_list[c]) for c in range(tree.n)
                  if tree.source[c] == 1 and tree.depth[c] == 2 and tree.parent[c] in (1, 2))
     assert got == want
     if temperature == 0:
@@ -303,12 +303,12 @@ def test_a_site_with_nothing_left_to_graft_gets_no_grafted_children_and_sampling
     first, sizes, strong_hits = torch.zeros(6), {}, 0
     with torch.inference_mode():
         for _ in range(trials):
-            tree = dec.draft(state)
-            light_root = {tree.tokens[c] for c in tree.children[0] if tree.source[c] == 0}
-            grafted = [tree.tokens[c] for c in tree.children[0] if tree.source[c] == 1]
+            tree = draft_one(dec, state)
+            light_root = {tree.token_list[c] for c in tree.children[0] if tree.source[c] == 0}
+            grafted = [tree.token_list[c] for c in tree.children[0] if tree.source[c] == 1]
             assert set(grafted) == {2, 5} - light_root  # every token with mass left, nothing without
             sizes[tree.n] = sizes.get(tree.n, 0) + 1
-            acc = dec.accept(tree, dec.verify(state, tree))
+            acc = dec.accept(tree, verify_one(dec, state, tree))
             first[acc.tokens[0]] += 1
             strong_hits += len(acc.path) > 1 and tree.source[acc.path[1]] == 1
     assert set(sizes) == {4, 6}  # nothing grafted / one grafted child and its branch
@@ -335,9 +335,9 @@ def test_greedy_grafts_only_finite_candidates_and_output_equals_plain_decoding(t
     sizes = set()
     for prompt in PROMPTS:
         state = dec.start(prompt, 20)
-        tree = dec.draft(state)
+        tree = draft_one(dec, state)
         for node in range(tree.n):
-            toks = [tree.tokens[c] for c in tree.children[node]]
+            toks = [tree.token_list[c] for c in tree.children[node]]
             assert len(set(toks)) == len(toks)  # never a light sibling repeated through a -inf logit
         sizes.add(tree.n)
         assert dec.generate(prompt, 20).tokens == _plain(target, prompt)
@@ -347,7 +347,7 @@ def test_greedy_grafts_only_finite_candidates_and_output_equals_plain_decoding(t
 def test_an_unusable_draft_distribution_names_the_drafter_and_node_not_the_target(target, drafts):
     """A grafted group whose q has no mass (a drafter's fault) is reported against that drafter, at its node;
     NaN target logits are still the target's."""
-    from sequoia_opt.decoding.policies.base import StepTree
+    from sequoia_opt.decoding import StepTree
 
     pol = GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]), SPARE_PLAN, SPARE_LABELS,
                       names=("light-x", "strong-y"))
@@ -358,8 +358,10 @@ def test_an_unusable_draft_distribution_names_the_drafter_and_node_not_the_targe
     tree.add_group(1, CandidateGroup(torch.zeros(V), torch.tensor([9]), 1))
     logits = torch.zeros(tree.n, V)
     logits[0, 7] = 50.0  # the target accepts the light's token 7, then meets the strong's massless q at node 1
-    with pytest.raises(DecodingError, match=r"drafter 'strong-y' proposed the candidates at tree node 1 \(depth 1\)"):
+    with pytest.raises(DecodingError, match=r"^cannot verify tree node 1 \(depth 1\): the candidates of drafter "
+                                            r"'strong-y' come with a distribution the residual rule cannot use"):
         dec.accept(tree, logits)
     logits[1, 0] = float("nan")
-    with pytest.raises(DecodingError, match=r"the target model 'tiny' produced unusable output: the logits hold NaN.*; at tree node 1 \(depth 1\)"):
+    with pytest.raises(DecodingError, match=r"the target model 'tiny' produced unusable output: the logits hold NaN.*"
+                                            r"\(at tree node 1, depth 1\)$"):
         dec.accept(tree, logits)

@@ -12,7 +12,6 @@ from sequoia_opt.profiles import LatencyCurve
 from sequoia_opt.solver import choose, solve_dp, solve_dp_by_depth
 from sequoia_opt.solver.graft import (
     GraftAcceptance,
-    brute_force_graft,
     graft_baselines,
     graft_depth_family,
     graft_expected_tokens,
@@ -23,6 +22,7 @@ from sequoia_opt.solver.graft import (
     solve_graft,
     solve_graft_dp,
 )
+from sequoia_opt.solver.reference import brute_force_graft
 from sequoia_opt.tree import DrafterTree, Tree
 
 # The hand-built tree of tests/test_tree_v2.py (light = 0, strong = 1):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_decoding import _model, _perturbed
 
-from sequoia_opt.decoding.policies import AlwaysGraft, LogisticScheduler, NeverGraft
+from sequoia_opt.drafting.policies import AlwaysGraft, LogisticScheduler, NeverGraft
 from sequoia_opt.evaluation import run_trees
 from sequoia_opt.grafting import (GraftProfileSettings, ScheduledPlan, choose_scheduled_plan, graft_acceptance,
                                   graft_entries, plan_graft, profile_graft, scheduled_candidates, scheduled_prediction)

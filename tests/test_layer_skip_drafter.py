@@ -11,12 +11,13 @@ import torch
 from test_decoding import CFG, PROMPTS, SEQUOIA_LIKE, TREES, _model, _with_context
 
 from sequoia_opt.attention import causal_tree_mask
-from sequoia_opt.decoding import (AutoregressiveDecoder, LayerSkipDrafter, SpeculativeDecoder,
-                                  autoregressive_generate, process_logits)
-from sequoia_opt.decoding.drafters import DRAFTERS
+from sequoia_opt.decoding import AutoregressiveDecoder, autoregressive_generate, process_logits
+from sequoia_opt.drafting import LayerSkipDrafter, SpeculativeDecoder
+from sequoia_opt.drafting import DRAFTERS, parse_drafter_spec
 from sequoia_opt.errors import DecodingError
 from sequoia_opt.model import ModelConfig, Transformer
 from sequoia_opt.tree import Tree
+from tiny_pair import draft_one, verify_one
 
 CFG4 = CFG.with_(n_layers=4)
 
@@ -84,8 +85,10 @@ def test_full_forward_is_num_layers_none(target4):
 
 
 def test_registry_and_protocol(target4):
-    assert DRAFTERS["self"] is LayerSkipDrafter
-    d = DRAFTERS["self"](target4, 2)
+    kind = DRAFTERS["self"]
+    assert (kind.cost_model, kind.loads_model, kind.has_probs) == ("per-level", False, True)
+    d = kind.build(parse_drafter_spec("self:2"), target4, None)
+    assert isinstance(d, LayerSkipDrafter) and d.num_layers == 2
     assert d.cost_model == "per-level" and d.has_probs and d.context == CFG4.max_position_embeddings
     assert d.vocab_size == CFG4.vocab_size and d.device == target4.device and d.cache is None
 
@@ -115,16 +118,16 @@ def test_drafter_must_serve_its_own_target_once(target4):
 @pytest.mark.parametrize("tree_name", ["chain", "wide", "sequoia", "budget1"])
 def test_greedy_equals_plain_decoding(target4, k, tree_name):
     dec = SpeculativeDecoder(target4, LayerSkipDrafter(target4, k), TREES[tree_name], backend="torch")
-    assert dec.target_cache is dec.drafter.cache  # shared, nothing allocated for the draft
+    assert dec.target_cache is dec.policy.drafter.cache  # shared, nothing allocated for the draft
     accepted = 0
     for prompt in PROMPTS:
         ref = autoregressive_generate(target4, prompt, 20).tokens
         state = dec.start(prompt, 20)
         while not state.finished:
-            stats = dec.step(state)
+            stats = dec.step(state).rows[0]
             accepted += stats.accepted_nodes
             if not state.finished:
-                assert dec.drafter.cached == state.cached  # the drafter's count is the target's
+                assert dec.policy.drafter.cached == state.cached  # the drafter's count is the target's
         assert state.result.tokens == ref, (k, tree_name, prompt)
     if tree_name != "budget1":
         assert accepted > 0  # the draft is not useless: some of its candidates were accepted
@@ -166,9 +169,9 @@ def test_greedy_with_a_short_cache_equals_plain_decoding(target4):
 def test_forced_tokens_leave_the_target_cache_as_proposing_does(target4):
     dec = SpeculativeDecoder(target4, LayerSkipDrafter(target4, 2), SEQUOIA_LIKE)
     state = dec.start(PROMPTS[2], 10)
-    proposed = dec.draft(state)
+    proposed = draft_one(dec, state)
     snap = [(layer.k.clone(), layer.v.clone()) for layer in dec.target_cache.layers]
-    again = dec.draft(state, proposed.tokens)
+    again = draft_one(dec, state, proposed.tokens)
     assert torch.equal(again.tokens, proposed.tokens)
     for (k, v), layer in zip(snap, dec.target_cache.layers):
         assert torch.equal(k, layer.k) and torch.equal(v, layer.v)
@@ -204,8 +207,8 @@ def test_sampling_first_token_follows_the_target(trials):
     first = torch.zeros(5)
     with torch.inference_mode():
         for _ in range(trials):
-            drafted = dec.draft(state)
-            first[dec.accept(drafted, dec.verify(state, drafted.tokens)).tokens[0]] += 1
+            drafted = draft_one(dec, state)
+            first[dec.accept(drafted, verify_one(dec, state, drafted)).tokens[0]] += 1
     tv = 0.5 * (first / trials - p1).abs().sum().item()
     # sampling noise over 5 tokens: ~0.03 at 800 trials (catches wiring errors: TV(p, q) is ~0.2), ~0.006 at
     # 20k (the slow run, about 2 minutes on a loaded 2-core CPU)

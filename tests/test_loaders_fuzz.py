@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from sequoia_opt.calibration import CalibrationProfile, RecordedStep, load_calibration
 from sequoia_opt.cli import app
-from sequoia_opt.decoding.policies import load_scheduler
+from sequoia_opt.drafting.policies import load_scheduler
 from sequoia_opt.engines.llamacpp import parse_setting_file
 from sequoia_opt.errors import ProfileWarning, TreeoptError
 from sequoia_opt.exports import load_any_tree, load_dynamic_setting

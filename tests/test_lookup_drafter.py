@@ -4,8 +4,6 @@ that repeats itself, exact sampling (the pure rule and the decoder), and its par
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -13,11 +11,12 @@ import torch
 from test_decoding import CFG, PROMPTS, SEQUOIA_LIKE, TREES, _micro_pair, _model, _plain, _with_context
 from test_drafters import assert_near_the_end_equals_plain
 
-from sequoia_opt.decoding import (DRAFTERS, AutoregressiveDecoder, PromptLookupDrafter, SpeculativeDecoder,
-                                  TreeBuffers, autoregressive_generate, process_logits, verify_point_mass_batch,
-                                  verify_point_mass_node)
+from sequoia_opt.decoding import (AutoregressiveDecoder, TreeBuffers, autoregressive_generate, process_logits,
+                                  verify_point_mass_batch, verify_point_mass_node)
+from sequoia_opt.drafting import DRAFTERS, PromptLookupDrafter, SpeculativeDecoder, parse_drafter_spec
 from sequoia_opt.errors import DecodingError
 from sequoia_opt.tree import Tree
+from tiny_pair import draft_one, one_row_state, verify_one
 
 
 def _tv(counts: torch.Tensor, p: torch.Tensor) -> float:
@@ -36,12 +35,15 @@ def _lookup(V=16, **kw):
 # ---------------------------------------------------------------------------------------------- the rule
 
 
-def test_registry_and_protocol_attributes():
-    assert DRAFTERS["lookup"] is PromptLookupDrafter
-    d = DRAFTERS["lookup"](CFG.vocab_size, prompt_lookup_min=2, prompt_lookup_max=4)
+def test_registry_and_protocol_attributes(target):
+    kind = DRAFTERS["lookup"]
+    assert (kind.cost_model, kind.has_probs, kind.loads_model) == ("one-pass", False, False)
+    d = kind.build(parse_drafter_spec("lookup:2-4"), target, None)
+    assert isinstance(d, PromptLookupDrafter)
     assert (d.cost_model, d.has_probs, d.cached, d.prompt_lookup_min, d.prompt_lookup_max) == \
         ("one-pass", False, 0, 2, 4)
-    assert d.context > 10**15 and d.max_root_for_depth(3, TreeBuffers.build(Tree.chain(3), "cpu")) > 10**15
+    buf = TreeBuffers.build(Tree.chain(4), "cpu")
+    assert d.context > 10**15 and d.limit(one_row_state(list(range(10**3))), buf) == 3
 
 
 def test_longest_match_is_the_first_candidate():
@@ -85,22 +87,21 @@ def test_the_root_path_extends_the_context():
 
 def test_index_follows_the_committed_sequence_and_rebuilds_on_another_one():
     d = _lookup()
-    d.prefill([5, 6, 7], True)
+    d.prefill(one_row_state([5, 6, 7]))
     assert d.indexed == 3 and d.candidates([5, 6, 7, 8, 5, 6, 7], [], 1) == [8] and d.indexed == 7
     assert d.candidates([1, 2, 1], [], 1) == [2] and d.indexed == 3  # not an extension: rebuilt
     d.reset()
     assert d.indexed == 0 and d.cached == 0
 
 
-def _state(seq):
-    return SimpleNamespace(seq=list(seq), root=seq[-1], cached=len(seq) - 1)
+_state = one_row_state
 
 
 def test_a_chain_copies_the_continuation():
     d = _lookup()
     buf = TreeBuffers.build(Tree.chain(5), "cpu")  # 5 nodes, depth 4
     out = d.propose(_state([10, 11, 12, 13, 14, 20, 10, 11]), buf)
-    assert out.tokens.tolist() == [11, 12, 13, 14, 20] and out.probs is None and out.depth == 4
+    assert out.tokens.tolist() == [[11, 12, 13, 14, 20]] and out.probs is None and out.depth == 4
 
 
 @pytest.mark.parametrize("tree_name", ["sequoia", "wide", "star"])
@@ -110,7 +111,7 @@ def test_every_node_gets_its_ranked_candidates_and_siblings_are_distinct(tree_na
     rng = np.random.default_rng(0)
     seq = rng.integers(0, 6, size=50).tolist()  # a small alphabet: many matches
     d = _lookup(prompt_lookup_max=4)
-    toks = d.propose(_state(seq), buf).tokens.tolist()
+    toks = d.propose(_state(seq), buf).tokens[0].tolist()
     assert toks[0] == seq[-1]
     for i, ch in enumerate(buf.children):
         if not ch:
@@ -121,8 +122,8 @@ def test_every_node_gets_its_ranked_candidates_and_siblings_are_distinct(tree_na
             j = tree.parent[j]
         assert [toks[c] for c in ch] == d.candidates(seq, path, len(ch))
         assert len({toks[c] for c in ch}) == len(ch)
-    forced = torch.arange(buf.n)
-    forced[0] = seq[-1]
+    forced = torch.arange(buf.n).unsqueeze(0)  # (1, n)
+    forced[0, 0] = seq[-1]
     assert d.propose(_state(seq), buf, forced).tokens is forced
 
 
@@ -240,10 +241,10 @@ def test_decoder_with_the_lookup_drafter_samples_the_target_distribution(trials)
     dec = SpeculativeDecoder(tgt, PromptLookupDrafter(6), tree, temperature=T, top_p=top_p,
                              generator=torch.Generator().manual_seed(0))
     state = dec.start(prompt, 4)
-    drafted = dec.draft(state)
+    drafted = draft_one(dec, state)
     assert drafted.tokens.tolist()[:4] == [2, 5, 1, 0]  # (2) was followed by 5 twice, by 1 once; filler 0
-    assert torch.equal(dec.draft(state).tokens, drafted.tokens)
-    logits = dec.verify(state, drafted.tokens)
+    assert torch.equal(draft_one(dec, state).tokens, drafted.tokens)
+    logits = verify_one(dec, state, drafted)
     first, pairs = torch.zeros(6), torch.zeros(6, 6)
     for _ in range(trials):
         toks = dec.accept(drafted, logits).tokens

@@ -82,9 +82,11 @@ def test_confidence_interval_matches_the_single_profile(pair):
     assert lo < 0.4 < hi and hi - lo == pytest.approx(0.1885, abs=1e-3)  # Wilson, n = 100, p = 0.4
 
 
-def test_to_graft_acceptance(pair):
+def test_pair_graft_acceptance(pair):
+    from sequoia_opt.grafting import pair_graft_acceptance
+
     alone = AcceptanceProfile(id="big", acceptance=np.array([0.6, 0.2]))
-    acc = pair.to_graft_acceptance(alone)
+    acc = pair_graft_acceptance(pair, strong_alone=alone)
     assert isinstance(acc, GraftAcceptance)
     assert acc.keys == (0, 2) and acc.names == ("lookup:1-3", "big-draft")
     assert np.allclose(acc.light, pair.light_rows()) and np.allclose(acc.strong[2], pair.strong_rows())
@@ -92,7 +94,11 @@ def test_to_graft_acceptance(pair):
     # root: two light children and one strong graft: 1 + 0.4 + 0.1 + 0.2
     t = DrafterTree(Tree(parent=[-1, 0, 0, 0], rank=[0, 0, 1, 2]), (0, 0, 0, 1), acc.names)
     assert graft_expected_tokens(t, acc) == pytest.approx(1.7)
-    assert pair.to_graft_acceptance().keys == (2,)
+    assert pair_graft_acceptance(pair).keys == (2,)
+    # the light drafter's own rows replace the pair's when they form a valid model with the conditional rows
+    light_alone = AcceptanceProfile(id="look", acceptance=np.array([0.3, 0.1]))
+    own = pair_graft_acceptance(pair, light_alone=light_alone, names=("a", "b"))
+    assert np.allclose(own.light, [[0.3, 0.1]]) and own.names == ("a", "b")
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from test_decoding import PROMPTS, _model, _perturbed
 
-from sequoia_opt.decoding import ModelDrafter
-from sequoia_opt.decoding.policies import GraftFeatures
+from sequoia_opt.drafting import ModelDrafter
+from sequoia_opt.drafting.policies import GraftFeatures
 from sequoia_opt.errors import ProfileError
 from sequoia_opt.profiles import LatencyCurve
 from sequoia_opt.profiling.graft import (SchedulerSample, collect_scheduler_samples, measure_pair_acceptance,

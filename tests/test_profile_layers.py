@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import PROMPTS, byte_tokenizer, tiny_config  # noqa: E402
 
 from sequoia_opt.cli import app  # noqa: E402
-from sequoia_opt.decoding import LayerSkipDrafter  # noqa: E402
+from sequoia_opt.drafting import LayerSkipDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError, SolverError  # noqa: E402
 from sequoia_opt.model import Transformer  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402

@@ -28,7 +28,7 @@ from sequoia_opt.profiling.latency import (  # noqa: E402
     random_weight_model,
 )
 from sequoia_opt.profiling.timing import Timing, time_alternating, time_call, token_grid  # noqa: E402
-from sequoia_opt.decoding import SpeculativeDecoder  # noqa: E402
+from sequoia_opt.drafting import SpeculativeDecoder  # noqa: E402
 from sequoia_opt.model import ModelConfig  # noqa: E402
 from sequoia_opt.tree import Tree  # noqa: E402
 

@@ -17,8 +17,8 @@ from gguf import GGMLQuantizationType as Q
 sys.path.insert(0, str(Path(__file__).parent))
 import test_loaders_gguf as tlg  # noqa: E402
 
-from sequoia_opt.decoding import SpeculativeDecoder  # noqa: E402
-from sequoia_opt.decoding.autoregressive import autoregressive_generate  # noqa: E402
+from sequoia_opt.drafting import SpeculativeDecoder  # noqa: E402
+from sequoia_opt.decoding import autoregressive_generate  # noqa: E402
 from sequoia_opt.errors import TreeoptError  # noqa: E402
 from sequoia_opt.model import ModelConfig, Transformer  # noqa: E402
 from sequoia_opt.model.gguf_loader import gguf_int4_blocks, load_gguf  # noqa: E402

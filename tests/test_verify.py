@@ -9,9 +9,7 @@ import math
 import pytest
 import torch
 
-from sequoia_opt.decoding import (GREEDY_LIMIT_TEMPERATURE, argmax_tokens, process_logits, sample_categorical,
-                                  sample_without_replacement, verify_greedy, verify_sampling_batch,
-                                  verify_sampling_node)
+from sequoia_opt.decoding import GREEDY_LIMIT_TEMPERATURE, argmax_tokens, process_logits, sample_categorical, sample_without_replacement, verify_greedy, verify_sampling_batch, verify_sampling_node
 from sequoia_opt.tree import Tree
 
 TRIALS = 100_000  # seeded trials per check: sampling noise in total variation is ~0.003 for V <= 10

@@ -73,3 +73,38 @@ def make_pair(root: Path, *, noise: float = 0.05, seed: int = 0) -> tuple[Path, 
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     return tdir, ddir, prompts
+
+
+# ---------------------------------------------------------------------------------------------- one step by hand
+def draft_one(dec, state, tokens=None):
+    """The loop's draft of a batch-of-one step (``dec.draft``), or, with ``tokens`` ((n,) tree tokens), the
+    static policy's draft teacher-forced with them (the drafter still runs over them)."""
+    with torch.inference_mode():  # as the loop runs it (the caches' row views were made in inference mode)
+        if tokens is None:
+            return dec.draft(state)[0]
+        rooms = dec.face.room(state, dec.policy.max_size)
+        return dec.policy.draft(state, rooms, forced_tokens=torch.as_tensor(tokens).reshape(1, -1))[0]
+
+
+def verify_one(dec, state, tree):
+    """The target's (n, V) logits over one row's tree: a StepTree, or (n,) tokens of the static policy's tree."""
+    from sequoia_opt.decoding import StepTree
+
+    if not isinstance(tree, StepTree):
+        tree = StepTree.static(dec.policy.buffers, torch.as_tensor(tree))
+    return dec.verify(state, [tree])[0]
+
+
+def commit_one(dec, state, tree, acc):
+    """Emit and commit one row's acceptance; returns the tokens emitted."""
+    return dec.commit(state, [tree], [acc])[0]
+
+
+def one_row_state(seq, max_new_tokens: int = 1):
+    """A :class:`~sequoia_opt.decoding.DecodeState` of one row whose committed tokens are ``seq`` (its last token
+    the root), as a drafter's ``propose`` reads it."""
+    from sequoia_opt.decoding import DecodeState, GenerationResult, RowState
+
+    r = GenerationResult(tokens=[], prompt_len=len(seq))
+    return DecodeState(rows=[RowState(seq=list(seq), cached=len(seq) - 1, max_new_tokens=max_new_tokens, result=r)],
+                       results=[r])

@@ -10,7 +10,7 @@ tree mask causal), plain decoding (T = m = 1), the draft growing a tree level by
 level, m = nodes drafted so far including that level) and the target verifying a whole tree (T = m = n, the
 tree's ancestor-or-self mask; SpecInfer, Miao et al. 2024, section 4 "tree-based parallel decoding").
 
-Batch > 1 with sequences of different lengths (:mod:`sequoia_opt.decoding.batched`): ``prefix_len`` may be a
+Batch > 1 with sequences of different lengths (:mod:`sequoia_opt.decoding.rows`): ``prefix_len`` may be a
 :class:`RowPrefix` instead of an int, naming for every batch row which cache slots hold that row's tokens
 (the rows share the slot layout, each sees only its own valid slots). Such a call always runs the torch
 reference, on every backend: the CUDA kernel takes one int ``prefix_len`` for the whole batch.
@@ -18,17 +18,25 @@ reference, on every backend: the CUDA kernel takes one int ``prefix_len`` for th
 Backends: ``"torch"`` is the reference (scaled dot product attention with an explicit prefix + tree mask) and
 runs on every device; ``"cuda"`` is the bit-mask kernel in ``kernels/tree_attention.cu``; ``"auto"`` picks
 the kernel on CUDA tensors when it is available and supports the shapes, else the reference.
+
+No silent fallback: inside ``with record_backends() as rec:`` every call counts the backend that ran
+(``rec.ran``) and, when ``"auto"`` or a per-row prefix ruled the kernel out, why (``rec.refused``); profiles
+store :meth:`BackendRecord.as_dict` in their ``device`` block.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
 __all__ = ["TreeMask", "RowPrefix", "tree_attention", "resolve_backend", "causal_tree_mask", "require_tree_mask",
-           "require_dense_mask"]
+           "require_dense_mask", "BackendRecord", "record_backends", "choose_backend"]
 
 
 def _type_name(x: object) -> str:
@@ -110,20 +118,78 @@ class RowPrefix:
     query) attends every slot instead, so its output stays finite (callers discard it; this keeps NaN out
     of the cache, where 0 * NaN would poison every later query).
 
+    Rows may also verify different trees in one forward (per-row trees, as vLLM's per-request draft lengths):
+    ``tree`` then gives each row its own (T, m) tree mask and the call's ``tree_mask`` only fixes T and m.
+
     Attributes:
         length: the shared prefix length (committed slots before the tree region), tokens.
         valid: (B, K) bool, ``K >= length``, on the tensors' device.
+        tree: None (every row uses the call's tree mask) or (B, T, m) bool, row b's tree mask.
     """
 
     length: int
     valid: torch.Tensor
+    tree: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.valid, torch.Tensor) or self.valid.dim() != 2 or self.valid.dtype != torch.bool:
             raise ValueError("RowPrefix.valid must be a (B, K) bool tensor")
+        if self.tree is not None and (not isinstance(self.tree, torch.Tensor) or self.tree.dim() != 3
+                                      or self.tree.dtype != torch.bool or self.tree.shape[0] != self.valid.shape[0]):
+            raise ValueError("RowPrefix.tree must be a (B, T, m) bool tensor, one tree mask per row")
         if self.valid.shape[1] < self.length or self.length < 0:
             raise ValueError(f"RowPrefix.valid covers {self.valid.shape[1]} slots, fewer than its prefix "
                              f"length {self.length}")
+
+
+@dataclass
+class BackendRecord:
+    """Which attention backend ran, counted per :func:`tree_attention` call made while it records.
+
+    Attributes:
+        ran: ``{"cuda" | "torch": calls}``.
+        refused: ``{"cuda: <reason>": calls}``: calls that did not run the kernel although it was not ruled
+            out by the caller (``backend="auto"``, or a :class:`RowPrefix`, which only the reference takes).
+            A call asking for ``"torch"`` is not a refusal.
+
+    A CUDA-graph replay repeats the calls its capture made without running Python, so it is not counted
+    (:mod:`sequoia_opt.model.graphs` counts replays).
+    """
+
+    ran: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)
+
+    def note(self, ran: str, refused: str | None = None) -> None:
+        self.ran[ran] += 1
+        if refused is not None:
+            self.refused[f"cuda: {refused}"] += 1
+
+    @property
+    def backend(self) -> str | None:
+        """The one backend every counted call ran, ``"mixed"`` when several did, None when nothing ran."""
+        if not self.ran:
+            return None
+        return next(iter(self.ran)) if len(self.ran) == 1 else "mixed"
+
+    def as_dict(self) -> dict[str, object]:
+        """``{"backend": ..., "calls": {backend: n}, "refused": {reason: n}}`` (plain types, for YAML/JSON)."""
+        return {"backend": self.backend, "calls": dict(sorted(self.ran.items())),
+                "refused": dict(sorted(self.refused.items()))}
+
+
+_RECORD: ContextVar[BackendRecord | None] = ContextVar("treeopt_attention_record", default=None)
+
+
+@contextmanager
+def record_backends() -> Iterator[BackendRecord]:
+    """Count the attention backend of every :func:`tree_attention` call in this block (this thread / task;
+    nested blocks record apart, the inner one only). Yields the :class:`BackendRecord`."""
+    rec = BackendRecord()
+    token = _RECORD.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORD.reset(token)
 
 
 def pack_mask_bits(dense: torch.Tensor) -> torch.Tensor:
@@ -211,21 +277,57 @@ def tree_attention(
         prefix_len = rows.length
     if tree_mask.num_queries != T:
         raise ValueError(f"tree mask has {tree_mask.num_queries} rows for {T} queries")
+    if rows is not None and rows.tree is not None and tuple(rows.tree.shape[1:]) != (T, m):
+        raise ValueError(f"RowPrefix.tree has per-row masks of {tuple(rows.tree.shape[1:])}, not ({T}, {m})")
     if Hq % Hkv:
         raise ValueError(f"{Hq} query heads is not a multiple of {Hkv} KV heads")
     if prefix_len < 0 or prefix_len + m > S:
         raise ValueError(f"slots [0, {prefix_len + m}) do not fit a cache of {S} slots")
     if scale is None:
         scale = D**-0.5
+    rec = _RECORD.get()
     if rows is not None:
-        return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid)
+        if rec is not None:  # on CUDA the kernel was not ruled out by the caller: say why it did not run
+            rec.note("torch", None if backend == "torch" or q.device.type != "cuda" else
+                     "a per-row prefix (batch rows of different lengths) runs the torch reference")
+        return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid,
+                                        rows.tree)
+    ran, refused = choose_backend(backend, q, k_cache, v_cache)
+    if rec is not None:
+        rec.note(ran, refused)
+    if ran == "cuda":
+        from . import cuda as _cuda
+
+        return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
+    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
+
+
+def choose_backend(backend: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[str, str | None]:
+    """The backend one :func:`tree_attention` call runs (an int prefix), and why the kernel was refused.
+
+    ``"torch"`` runs the reference; ``"cuda"`` the kernel (its own errors say why it cannot); ``"auto"`` the kernel
+    on CUDA tensors when it is available and takes these tensors (dtype, head_dim, layout), else the reference
+    with the reason: :func:`~sequoia_opt.attention.cuda.unavailable_reason` or
+    :func:`~sequoia_opt.attention.cuda.unsupported_reason`. On a CPU, ``"auto"`` is the reference with no
+    refusal (there is no kernel to refuse).
+
+    Returns:
+        ``("cuda" | "torch", reason or None)``.
+
+    Raises:
+        ValueError / RuntimeError: as :func:`resolve_backend` (an unknown name, ``"cuda"`` off CUDA).
+    """
     if resolve_backend(backend, q.device) == "cuda":
         from . import cuda as _cuda
 
         # "auto" falls back to the reference for tensors the kernel does not take (float32, head_dim 96, ...)
-        if backend == "cuda" or _cuda.supports(q, k_cache, v_cache):
-            return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
-    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
+        refused = None if backend == "cuda" else _cuda.unsupported_reason(q, k_cache, v_cache)
+        return ("cuda", None) if refused is None else ("torch", refused)
+    if backend == "auto" and q.device.type == "cuda":
+        from . import cuda as _cuda
+
+        return "torch", _cuda.unavailable_reason() or "the kernel is unavailable"
+    return "torch", None
 
 
 def tree_attention_reference(
@@ -236,13 +338,15 @@ def tree_attention_reference(
     tree_dense: torch.Tensor,
     scale: float,
     row_valid: torch.Tensor | None = None,
+    row_tree: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The torch reference: scaled dot product attention with an explicit boolean mask.
 
     Shapes as in :func:`tree_attention`; ``tree_dense`` is the (T, m) bool tree mask. The full mask is
     (T, L + m): ones over the prefix columns, then the tree mask. With ``row_valid`` ((B, K) bool,
     :attr:`RowPrefix.valid`) it is (B, 1, T, L + m): that mask and, per row, its valid slots (slots past K
-    valid; a query row left with no slot sees every slot, see :class:`RowPrefix`).
+    valid; a query row left with no slot sees every slot, see :class:`RowPrefix`); ``row_tree`` ((B, T, m)
+    bool, :attr:`RowPrefix.tree`) replaces the tree columns row by row.
 
     Raises:
         TypeError: ``tree_dense`` is not a tensor (a :class:`TreeMask`: pass its ``.dense``).
@@ -255,13 +359,16 @@ def tree_attention_reference(
     k = k_cache[:, :, : prefix_len + m]  # (B, Hkv, L + m, D)
     v = v_cache[:, :, : prefix_len + m]
     # (T, L + m): every query sees the whole prefix, and among tree slots only its allowed ones
-    mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree_dense], dim=1)
+    if row_tree is not None:  # (B, T, L + m): the prefix, then each row's own tree mask
+        mask = torch.cat([torch.ones(B, T, prefix_len, dtype=torch.bool, device=q.device), row_tree], dim=2)
+    else:
+        mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree_dense], dim=1)
     if row_valid is not None:
         S_used = prefix_len + m
         valid = row_valid[:, :S_used]
         if valid.shape[1] < S_used:
             valid = torch.cat([valid, valid.new_ones(valid.shape[0], S_used - valid.shape[1])], dim=1)
-        mask = mask.unsqueeze(0) & valid.unsqueeze(1)  # (B, T, L + m)
+        mask = (mask if mask.dim() == 3 else mask.unsqueeze(0)) & valid.unsqueeze(1)  # (B, T, L + m)
         mask = (mask | ~mask.any(-1, keepdim=True)).unsqueeze(1)  # (B, 1, T, L + m)
     G = Hq // Hkv
     if G == 1:

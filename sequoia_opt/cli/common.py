@@ -152,6 +152,13 @@ def main(
     ] = False,
 ) -> None:
     """treeopt: profile -> solve -> run."""
+    from ..drafting.registry import load_plugins
+
+    try:
+        load_plugins()  # TREEOPT_PLUGINS and the treeopt.plugins entry points: drafters and policies of one's own
+    except TreeoptError as err:
+        _print_error(str(err))
+        raise typer.Exit(2) from None
 
 
 # ---------------------------------------------------------------------------------------------- shared (models)
@@ -168,6 +175,32 @@ WeightsOpt = Annotated[str, typer.Option(
     "--weights", help="Target weight precision on a CPU: float32 (the checkpoint's weights) | int4 (also the "
     "weight-only int4 kernel on the GGUF's own Q4_0/Q4_1 blocks, exact) | int8 (per-channel int8, approximate). "
     "Every CPU float32 model's linears are tuned for this machine at load (cached).")]
+
+
+CudaGraphsOpt = Annotated[bool, typer.Option(
+    "--cuda-graphs", help="CUDA only: replay the target's and the draft model's cached forwards from CUDA graphs "
+    "captured per shape (batch, tokens), as serving engines do; eager launches hide how T(n) grows on a GPU.")]
+
+
+def check_cuda_graphs(enabled: bool, device: Any) -> None:
+    """Refuse ``--cuda-graphs`` off CUDA before any model loads (TreeoptError: one line, exit 2)."""
+    if enabled and torch.device(device).type != "cuda":
+        raise TreeoptError(f"--cuda-graphs captures CUDA graphs: it needs --device cuda (got --device {device})")
+
+
+def graphed(model: Any) -> Any:
+    """``--cuda-graphs``: ``model`` wrapped in a :class:`~sequoia_opt.model.graphs.GraphedTransformer` when it is a
+    treeopt Transformer (a drafter without a model of its own is returned as it is). Raises TreeoptError when it
+    cannot be graphed (one line)."""
+    from ..model import Transformer
+    from ..model.graphs import cuda_graphs
+
+    if not isinstance(model, Transformer):
+        return model
+    try:
+        return cuda_graphs(model)
+    except ValueError as err:
+        raise TreeoptError(f"--cuda-graphs: {err}") from None
 
 
 def set_torch_threads(threads: Optional[int]) -> None:
@@ -373,7 +406,7 @@ def _load_graft_tree(path: Path, light, strong):
         TreeoptError: an unreadable or invalid tree, another number of drafters, other drafters or another
             order, a plan the graft policy refuses (one line naming the file).
     """
-    from ..decoding.policies import check_graft_plan
+    from ..drafting.policies import check_graft_plan
     from ..errors import DecodingError
     from ..tree import load_drafter_tree
 

@@ -101,7 +101,7 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
     require_engine(name)  # one line with the install command when missing, before anything loads
     from ..engines.llamacpp import profile_latency, resolve_pair
     from ..profiles import save_latency
-    from ..profiling.device import device_slug
+    from ..device import device_slug
     from ..profiling.timing import token_grid
 
     if output is not None:
@@ -174,12 +174,12 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
         report.warnings.append(w)
     ch = solve_chain(acc, curve, max_draft=max_draft, context=context, acceptance_model=acceptance_model)
     drafter = str(acc.measured.get("draft") or curve.model.get("draft") or "")
-    lookup = drafter.startswith("lookup")
-    if lookup:
-        lo, hi = drafter.partition(":")[2].partition("-")[::2] if ":" in drafter else ("1", "3")
-        text = lookup_flags(int(hi or lo), ch.setting.n_max) if ch.setting.n_max else chain_flags(ch.setting)
+    spec = _profiled_drafter(drafter)
+    if spec is not None and spec.entry.engine_methods.get("llama.cpp") == "ngram-simple":
+        n = int(spec.lookup_max)
+        text = lookup_flags(n, ch.setting.n_max) if ch.setting.n_max else chain_flags(ch.setting)
         report.notes.append(f"prompt lookup {drafter}: llama.cpp's ngram-simple matches one n-gram size; "
-                            f"size-n {int(hi or lo)} (the longest of {drafter}), size-m the chain length")
+                            f"size-n {n} (the longest of {drafter}), size-m the chain length")
     else:
         text = chain_flags(ch.setting)
     if ch.setting.n_max == 0:
@@ -217,6 +217,20 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
 
 
 # ---------------------------------------------------------------------------------------------- run
+def _profiled_drafter(label: str):
+    """The :class:`~sequoia_opt.drafting.registry.DrafterSpec` of a drafter a profile names by its label, when the
+    label is a registered kind's text (``lookup:1-3``, ``self:6``); None for a checkpoint's name."""
+    from ..drafting.registry import DRAFTERS, parse_drafter_spec
+
+    head = label.partition(":")[0]
+    if head not in DRAFTERS or DRAFTERS[head].loads_model:
+        return None
+    try:
+        return parse_drafter_spec(label)
+    except TreeoptError:
+        return None
+
+
 def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: Optional[list[str]],
                  prompts: Optional[Path], max_new_tokens: int, num_prompts: Optional[int],
                  acceptance: Optional[list[Path]], latency: Optional[list[Path]], threads: Optional[int],

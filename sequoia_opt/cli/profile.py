@@ -18,11 +18,11 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, MaxBranchingOpt, MaxDepthOpt,
+from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, MaxBranchingOpt, MaxDepthOpt,
                      ProfileOutputOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt, TopPOpt, TwoDraftsOpt,
                      WeightsOpt, _check_run_options, _check_writable, _csv_ints, _interruptible, _load_graft_tree, _print_error,
-                     _two_drafters, _write_all, app, handle_errors, mode_slug, note, progress_bar, set_torch_threads,
-                     setting_notes)
+                     _two_drafters, _write_all, app, check_cuda_graphs, graphed, handle_errors, mode_slug, note,
+                     progress_bar, set_torch_threads, setting_notes)
 from .render import render
 
 profile_app = typer.Typer(help="Measure the device (latency curve) and the model pair (acceptance vector); "
@@ -69,6 +69,7 @@ def profile_latency(
     offload: Annotated[bool, typer.Option(
         "--offload", help="CUDA only: time the target with its layers streamed from pinned host memory (host->device "
         "bandwidth, per-layer copy and compute) and write T(n) of the offloaded target.")] = False,
+    cuda_graphs: CudaGraphsOpt = False,
 ) -> None:
     """Measure T(n): one target forward over n tokens through the verification path (KV cache holding the
     context, prefix + tree mask), and the drafter's cost c(w) in its own cost model (a draft model or
@@ -84,7 +85,8 @@ def profile_latency(
                                threads=threads, output=output, as_json=as_json,
                                other={"--random-weights": random_weights, "--arch": arch, "--draft-arch": draft_arch,
                                       "--device": device != "cpu", "--dtype": dtype != "float32",
-                                      "--backend": backend != "auto", "--weights": weights != "float32"})
+                                      "--backend": backend != "auto", "--weights": weights != "float32",
+                                      "--cuda-graphs": cuda_graphs})
         return
     from ..model import ModelConfig, Transformer
     from ..model.loaders import load_model_config, tune_loaded_model
@@ -92,11 +94,14 @@ def profile_latency(
     from ..pipeline import (DrafterSpec, check_drafter, drafter_slug, load_pair, parse_device, parse_drafter_spec,
                             parse_dtype)
     from ..profiles import save_latency
-    from ..profiling.device import device_slug
+    from ..device import device_slug
     from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text, profile_drafter,
                                     profile_model, random_weight_model)
     from ..profiling.timing import token_grid
 
+    check_cuda_graphs(cuda_graphs, device)
+    if cuda_graphs and (batch is not None or offload):
+        raise TreeoptError("--cuda-graphs times the batch-1 resident forwards: drop --batch / --offload (or it)")
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev)
     check_precision(weights)
@@ -134,7 +139,7 @@ def profile_latency(
     if random_weights:
         tcfg = config_of(arch)
         dcfg = config_of(draft_arch) if draft_arch is not None else None
-        if spec is not None and spec.kind == "model":
+        if spec is not None and spec.entry.loads_model:
             raise TreeoptError("with --random-weights a draft model is given by its shape: --draft-arch "
                                "PRESET|config.json (--draft takes self:L or lookup here)")
         if spec is not None:
@@ -147,18 +152,25 @@ def profile_latency(
             drafter = random_weight_model(dcfg, device=dev, dtype=dt, seed=1)
             tune_loaded_model(drafter, None, log=note)
             dname, dconfig = f"{dcfg.name} (random weights)", dcfg
-        elif spec is not None:
+        if cuda_graphs:  # the graphed forwards replace the eager ones everywhere below, drafters included
+            tmodel, drafter = graphed(tmodel), graphed(drafter)
+        if dcfg is None and spec is not None:
             from ..pipeline import ModelPair
 
             pair = ModelPair(tmodel, None, None, tname, spec.label, spec)
-            drafter, dname = _drafter_to_time(pair), spec.label
+            drafter, dname = pair.cost_probe(), spec.label
             make_drafter = pair.new_drafter
     else:
         # offload: the target's layers go to pinned host memory, so load it on the host
         pair = load_pair(target, spec, device=torch.device("cpu") if offload else dev, dtype=dt, weights=weights,
                          log=note)
+        if cuda_graphs:
+            import dataclasses
+
+            pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
         tmodel, tname, dname = pair.target, pair.target_name, pair.draft_name
-        drafter, make_drafter = _drafter_to_time(pair), pair.new_drafter
+        drafter = pair.draft if pair.draft is not None else (pair.cost_probe() if spec is not None else None)
+        make_drafter = pair.new_drafter
         dconfig = pair.draft.config if pair.draft is not None else None
     if isinstance(drafter, torch.nn.Module):
         make_drafter = drafter  # a draft model: the decoder wraps it
@@ -168,8 +180,8 @@ def profile_latency(
     positions = [(tmodel.config.max_position_embeddings, max(grid), "target")]
     if isinstance(drafter, torch.nn.Module):
         positions.append((drafter.config.max_position_embeddings, max(dgrid), "draft"))
-    elif isinstance(drafter, tuple) and drafter[0] == "self":
-        positions.append((tmodel.config.max_position_embeddings, max(dgrid), f"self:{drafter[1]} draft"))
+    elif drafter is not None and drafter.model is not None:
+        positions.append((drafter.model.config.max_position_embeddings, max(dgrid), drafter.label))
     for limit, widest, what in positions:
         if max(contexts) + widest > limit:
             raise TreeoptError(f"--context {max(contexts)} + {widest} tokens exceeds the {what} model's context of "
@@ -183,30 +195,41 @@ def profile_latency(
             random_weights=random_weights, base=tcfg.name if random_weights else tname, output=output,
             as_json=as_json)
         return
+    from ..attention import record_backends
+
     with progress_bar() as progress:
-        ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
-                                rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)
+        with record_backends() as t_att:
+            ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
+                                    rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)
         dtables = None
-        if drafter is not None:
-            dtables = profile_drafter(tmodel, drafter, dgrid, contexts, backend=backend, progress=progress,
-                                      rounds=rounds, paired=paired and not one_pass, min_repeats=min(5, repeats),
-                                      max_repeats=repeats)
+        with record_backends() as d_att:
+            if drafter is not None:
+                dtables = profile_drafter(tmodel, drafter, dgrid, contexts, backend=backend, progress=progress,
+                                          rounds=rounds, paired=paired and not one_pass, min_repeats=min(5, repeats),
+                                          max_repeats=repeats)
         overhead = measure_step_overhead(tmodel, make_drafter if drafter is not None else tmodel, backend=backend)
     slug = device_slug(dev)
     base = tcfg.name if random_weights else tname
     dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
-    pid = f"{slug}_{base}{dpart}_{dt}".replace("torch.", "")
+    gpart = "_cuda-graphs" if cuda_graphs else ""
+    pid = f"{slug}_{base}{dpart}_{dt}{gpart}".replace("torch.", "")
+    graphs = ({"target": tmodel.stats.as_dict(),
+               "draft": drafter.stats.as_dict() if hasattr(drafter, "stats") else None} if cuda_graphs else None)
     curve = build_latency_profile(
         target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device=dev, dtype=dt,
         target_name=tname, target_config=tmodel.config, draft_name=dname, draft_config=dconfig,
-        random_weights=random_weights, profile_id=pid, method=method_text(rounds, paired, grid),
+        random_weights=random_weights, profile_id=pid, method=method_text(rounds, paired, grid)
+        + ("; forwards replayed from CUDA graphs" if cuda_graphs else ""),
         draft_cost_model=cost_model, linear=linear_record(tmodel),
-        draft_linear=linear_record(drafter) if isinstance(drafter, Transformer) else None)
-    if output is None and not random_weights:  # the path run --compare-drafters looks for by default
+        draft_linear=linear_record(drafter) if isinstance(drafter, Transformer) else None,
+        attention={"requested": backend, "target": t_att.as_dict(),
+                   "draft": d_att.as_dict() if dtables is not None else None},
+        cuda_graphs=graphs)
+    if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks by default
         from ..pipeline import default_latency_path
 
         output = default_latency_path(tname, spec, slug)
-    out = output or Path("profiles") / slug / f"{base}{dpart}-latency.yaml"
+    out = output or Path("profiles") / slug / f"{base}{dpart}{gpart.replace('_', '-')}-latency.yaml"
     save_latency(out, curve)
     rows = [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c] for c in contexts for n in grid]
     report = Report(title="treeopt profile latency")
@@ -227,16 +250,6 @@ def profile_latency(
         report.warnings.append("no draft profiled: draft cost recorded as 0 ms (pass --draft / --draft-arch)")
     report.data = {"profile": curve.to_dict(), "output": str(out)}
     render(report, as_json)
-
-
-def _drafter_to_time(pair) -> object:
-    """What :func:`~sequoia_opt.profiling.latency.profile_drafter` times for a pair's drafter."""
-    spec = pair.drafter
-    if spec is None or spec.kind == "model":
-        return pair.draft
-    if spec.kind == "self":
-        return ("self", spec.num_layers)
-    return ("lookup", pair.new_drafter)
 
 
 @profile_app.command("linear")
@@ -318,7 +331,7 @@ def profile_acceptance(
     from ..pipeline import default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
-    from ..profiling.device import device_name
+    from ..device import device_name
     from ..prompts import demo_prompts_path, load_prompts
 
     if width < 1 or depth < 1:
@@ -333,8 +346,9 @@ def profile_acceptance(
     if calibration:
         if calibration_steps < 1 or calibration_topk < 1:
             raise TreeoptError("--calibration-steps and --calibration-topk must be at least 1")
-        if spec is not None and spec.kind == "lookup":
-            raise TreeoptError("prompt lookup has no draft probabilities to calibrate; use a draft model or self:L")
+        if spec is not None and not spec.entry.has_probs:
+            raise TreeoptError(f"{spec.label} has no draft probabilities to calibrate; use a drafter that has them "
+                               "(a draft model, self:L)")
         if (width, depth) != (8, 4):
             raise TreeoptError("--width / --depth shape the positional measurement; the calibration's recording tree "
                                "is --calibration-topk / --calibration-steps")
@@ -404,7 +418,7 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
     from ..calibration import save_calibration
     from ..pipeline import default_acceptance_path
     from ..profiling.calibration import build_calibration_profile, measure_calibration
-    from ..profiling.device import device_name
+    from ..device import device_name
 
     if topk > pair.vocab_size:
         raise TreeoptError(f"--calibration-topk {topk} is more than the vocabulary's {pair.vocab_size} tokens")
@@ -498,13 +512,13 @@ def profile_layers(
     acceptance vector and the draft cost c(w), let the hardware-aware solver pick a tree, and keep the L with
     the highest predicted speedup. The target's T(n) is timed once. Writes the best L's acceptance and
     latency profiles."""
-    from ..decoding.drafters import LayerSkipDrafter
+    from ..drafting.drafters import LayerSkipDrafter
     from ..errors import SolverError
     from ..model.loaders import load_model_config
-    from ..pipeline import DrafterSpec, ModelPair, default_target_path, load_pair, parse_device, parse_dtype
+    from ..pipeline import ModelPair, default_target_path, load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..profiles import save_acceptance, save_latency
     from ..profiling.acceptance import build_acceptance_profile
-    from ..profiling.device import device_name, device_slug
+    from ..device import device_name, device_slug
     from ..profiling.latency import measure_step_overhead, profile_model
     from ..profiling.layers import check_layers, default_layer_grid, sweep_layers
     from ..profiling.timing import token_grid
@@ -562,11 +576,11 @@ def profile_layers(
     if threads is not None:
         torch.set_num_threads(threads)
 
-    pair = load_pair(tp, DrafterSpec("self", num_layers=grid[-1]), device=dev, dtype=dt)
+    pair = load_pair(tp, parse_drafter_spec(f"self:{grid[-1]}"), device=dev, dtype=dt)
     tmodel, tname = pair.target, pair.target_name
 
     def pair_for(L: int) -> ModelPair:
-        return ModelPair(tmodel, None, pair.tokenizer, tname, f"self:{L}", DrafterSpec("self", num_layers=L))
+        return ModelPair(tmodel, None, pair.tokenizer, tname, f"self:{L}", parse_drafter_spec(f"self:{L}"))
 
     def outputs(L: int) -> tuple[Path, Path]:
         return (output_dir / pair_for(L).slug / f"acceptance-{mode}.yaml",
@@ -752,7 +766,7 @@ def profile_graft_cmd(
     from ..model.loaders import load_model_config
     from ..pipeline import default_draft_path, default_target_path, load_drafters, model_label, parse_device, parse_dtype
     from ..profiles import save_acceptance, save_latency, save_pair_acceptance
-    from ..profiling.device import device_slug
+    from ..device import device_slug
     from ..prompts import demo_prompts_path, load_prompts
 
     light, strong = _two_drafters(draft, "profile graft")
@@ -772,7 +786,7 @@ def profile_graft_cmd(
                            f"than the vocabulary has tokens ({tcfg.vocab_size})")
     limits = [(tcfg.max_position_embeddings, "target")]
     for spec in (light, strong):
-        if spec.kind == "model":
+        if spec.entry.loads_model:
             dcfg = load_model_config(spec.path if spec.path is not None else default_draft_path())
             limits.append((dcfg.max_position_embeddings, f"{spec.label} draft"))
     for limit, what in limits:
@@ -887,7 +901,7 @@ def profile_scheduler(
     cost in the light-only tree's tokens), fit a logistic model on cheap features of the light drafter's part,
     and save it with its card. Exit 1 without writing when it cannot be trained (the strong drafter pays at
     every step or at none: run the tree without --scheduler, or with the light drafter alone)."""
-    from ..decoding.policies import FEATURE_NAMES, save_scheduler
+    from ..drafting.policies import FEATURE_NAMES, save_scheduler
     from ..errors import ProfileError
     from ..grafting import scheduled_prediction
     from ..pipeline import default_pair_acceptance_path, default_target_path, load_drafters, model_label, \

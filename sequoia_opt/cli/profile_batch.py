@@ -32,7 +32,7 @@ def check_batch_options(batch: Optional[str], offload: bool, device: torch.devic
     from ..profiles_batch import parse_batches
 
     batches = parse_batches(batch)
-    if draft is not None and parse_drafter_spec(draft).kind != "model":
+    if draft is not None and not parse_drafter_spec(draft).entry.loads_model:
         raise TreeoptError(f"--batch profiles the batched decoder, which drafts with a draft model; --draft {draft} "
                            "is not one (pass a draft checkpoint, or none for the bundled draft)")
     return batches
@@ -43,7 +43,7 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
                                      as_json: bool) -> None:
     """Time and write the batch or the offload profile, then print its report."""
     from ..pipeline import drafter_slug
-    from ..profiling.device import device_slug
+    from ..device import device_slug
     from ..profiling.latency import method_text
 
     slug = device_slug(dev)

@@ -8,9 +8,9 @@ writes): each drafter's best tree is solved here from its own profiles
 same prompts (:func:`~sequoia_opt.evaluation.compare_drafters`): one row per drafter.
 
 Two drafters in one tree (issue 16): ``treeopt run --draft LIGHT --draft STRONG --tree GRAFT.yaml`` runs a
-grafted tree (``treeopt-tree/2`` naming both, :class:`~sequoia_opt.decoding.policies.GraftPolicy`), the strong
+grafted tree (``treeopt-tree/2`` naming both, :class:`~sequoia_opt.drafting.policies.GraftPolicy`), the strong
 drafter called every step or when ``--scheduler`` says; ``--merge`` with one ``--tree`` per ``--draft`` runs
-each drafter's own tree merged into one (SpecInfer, :class:`~sequoia_opt.decoding.policies.MergePolicy`). Both
+each drafter's own tree merged into one (SpecInfer, :class:`~sequoia_opt.drafting.policies.MergePolicy`). Both
 add a per-drafter table (calls, call rate, time, accepted nodes) to the trees table.
 
 ``treeopt run --tree T.yaml --adapt -a ACC.yaml -l LAT.yaml`` (issue 17): each tree also runs adapted, as
@@ -18,11 +18,12 @@ add a per-drafter table (calls, call rate, time, accepted nodes) to the trees ta
 acceptance this run's verifications measure over the last ``--adapt-window`` steps (the profile ``-a`` as
 prior, worth ``--adapt-prior-weight`` trials per rank), with the hardware-aware choice of ``treeopt solve`` on
 ``-l``, within the tree's budget / depth / branching limits
-(:class:`~sequoia_opt.decoding.adaptive.AdaptiveTreeDecoder`). A re-solve table (step, prompt, new tree size,
+(:class:`~sequoia_opt.drafting.policies.AdaptiveTreePolicy`). A re-solve table (step, prompt, new tree size,
 depth, predicted tokens per step) follows; the results JSON holds the whole log."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,12 +33,11 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from ..tree import Tree, TreeMetadata
-from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt,
-                     TopPOpt, WeightsOpt, _check_results_dir, _check_run_options, _check_tree_readable,
-                     _graft_tree_names, _interruptible,
-                     _load_graft_tree, _load_tree_entry, _print_error, app, handle_errors, note, progress_bar,
-                     setting_notes)
-from ..decoding.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
+from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt,
+                     TemperatureOpt, TopPOpt, WeightsOpt, _check_results_dir, _check_run_options, _check_tree_readable,
+                     _graft_tree_names, _interruptible, _load_graft_tree, _load_tree_entry, _print_error, app,
+                     check_cuda_graphs, graphed, handle_errors, note, progress_bar, setting_notes)
+from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
 
 
@@ -125,6 +125,10 @@ def run_cmd(
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="With --dynamic: the calibration profile to predict each setting's tokens per step "
         "from (and -l for its speedup).")] = None,
+    policy: Annotated[Optional[str], typer.Option(
+        "--policy", help="The drafting policy each --tree runs with: static (default: the tree every step), "
+        "chain[:N[,MIN[,PMIN]]] (a chain grown token by token, llama.cpp's draft-max/-min/-p-min rule), "
+        "dynamic:POLICY:steps=S,topk=K,budget=N, or one a plugin registered (TREEOPT_PLUGINS).")] = None,
     budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="With --compare-drafters: largest tree considered, nodes incl. the root (default: each latency profile's largest measured token count). With --adapt: largest re-solved tree (default: the tree's budget limit).")] = None,
     max_depth: Annotated[Optional[int], typer.Option("--max-depth", "-d", help="With --compare-drafters: depth limit D (default 10). With --adapt: of the re-solves (default 16, as treeopt solve).")] = None,
     max_branching: Annotated[Optional[int], typer.Option("--max-branching", "-b", help="With --compare-drafters: most children per node B (default 8). With --adapt: of the re-solves (default: the tree's, else 32).")] = None,
@@ -138,6 +142,7 @@ def run_cmd(
         "llama.cpp, --tree being llama.cpp flags (solve --format llama.cpp -o) or a chain tree.")] = "treeopt",
     threads: Annotated[Optional[int], typer.Option("--threads", help="With --engine llama.cpp: its threads "
                                                    "(default: the CPU count).")] = None,
+    cuda_graphs: CudaGraphsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run plain decoding and tree speculative decoding on the same prompts; report speedup, tokens per
@@ -162,10 +167,22 @@ def run_cmd(
                             "--compare-drafters": compare_drafters, "--merge": merge, "--scheduler": scheduler,
                             "--adapt": adapt, "--dynamic": dynamic, "--calibration": calibration,
                             "--device": device != "cpu", "--dtype": dtype != "float32",
-                            "--backend": backend != "auto", "--weights": weights != "float32"})
+                            "--backend": backend != "auto", "--weights": weights != "float32",
+                            "--cuda-graphs": cuda_graphs})
         return
+    check_cuda_graphs(cuda_graphs, device)
+    if cuda_graphs and (compare_drafters or merge or scheduler is not None or len(draft or []) > 1):
+        raise TreeoptError("--cuda-graphs runs one drafter's --tree files (and --compare, --adapt, --dynamic): drop "
+                           "--compare-drafters / --merge / a second --draft (or --cuda-graphs)")
     if threads is not None:
         raise TreeoptError("--threads sets llama.cpp's threads: add --engine llama.cpp (or drop it)")
+    from ..drafting.registry import parse_policy
+
+    pkind, popts = parse_policy(policy)  # a bad --policy fails here, before anything is read
+    if policy is not None and pkind.name != "static" and (compare_drafters or merge or scheduler is not None or adapt
+                                                          or len(draft or []) > 1):
+        raise TreeoptError(f"--policy {policy} runs one drafter's --tree files: it does not combine with "
+                           "--compare-drafters, --merge, --scheduler, --adapt or two --draft")
     check_precision(weights)
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
@@ -241,6 +258,11 @@ def run_cmd(
     latency_path = latency[0] if latency else None
     spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails before anything is read
     entries = [_load_tree_entry(p) for p in tree]
+    if pkind.name != "static":  # the tree file's prediction is the static tree's: not this policy's
+        for e in entries:
+            e.name = f"{e.name} ({policy})"
+            e.metadata = replace(e.metadata, expected_tokens_per_step=None, predicted_speedup=None)
+            e.policy = lambda drafter, t=e.tree: pkind.build(drafter, t, popts)
     seen: dict[str, int] = {}
     for e in entries:  # two files called tree.yaml in different folders must not share a results row name
         seen[e.name] = seen.get(e.name, 0) + 1
@@ -268,10 +290,14 @@ def run_cmd(
                                    prompts_found=len(texts), prompts_file=pfile)
     _check_dynamic_memory(dyn, target, dev)  # before the weights load
     pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
+    if cuda_graphs:  # plain decoding and every tree replay the same graphed forwards
+        import dataclasses
+
+        pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
     entries += _dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
-    from ..profiling.device import device_name
+    from ..device import device_name
 
     adapt_warnings: list[str] = []
     if adapt:  # the prior and the curve every re-solve reads: of this pair, this device?
@@ -289,6 +315,13 @@ def run_cmd(
                              settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
     report.warnings = warnings + report.warnings
     report.notes = adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
+    if cuda_graphs:
+        stats = {role: m.stats.as_dict() for role, m in (("target", pair.target), ("draft", pair.draft))
+                 if hasattr(m, "stats")}
+        report.data["cuda_graphs"] = stats
+        report.notes.append("forwards replayed from CUDA graphs: " + "; ".join(
+            f"{role} {st['captures']} captured, {st['replays']} replays, {sum(st['eager'].values())} eager"
+            for role, st in stats.items()))
     if compare:
         report.data["baseline_notes"] = baseline_notes
     render(report, as_json)
@@ -315,7 +348,7 @@ def _plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[li
     from ..evaluation import plan_drafter
     from ..pipeline import default_acceptance_path, default_latency_path, default_target_path, model_label
     from ..profiles import load_acceptance, load_latency
-    from ..profiling.device import device_slug
+    from ..device import device_slug
 
     n = len(specs)
     what = "default drafters (no --draft: the bundled draft model and lookup)" if defaults else "--draft"
@@ -331,7 +364,7 @@ def _plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[li
         a_path = acceptance[i] if acceptance is not None else default_acceptance_path(tlabel, spec, mode)
         l_path = latency[i] if latency is not None else default_latency_path(tlabel, spec, slug)
         how = (f"{' --target ' + str(target) if target else ''}"
-               f"{'' if spec.kind == 'model' and spec.path is None else ' --draft ' + spec.spec}")
+               f"{'' if spec.entry.loads_model and spec.path is None else ' --draft ' + spec.spec}")
         for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
             if not Path(path).is_file():
                 extra = f" --temperature {temperature:g} --top-p {top_p:g}" if kind == "acceptance" and temperature else ""
@@ -354,7 +387,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     from ..pipeline import (check_drafter, default_target_path, load_drafters, parse_device, parse_drafter_spec,
                             parse_dtype)
     from ..profiles import warn_on_mismatch
-    from ..profiling.device import device_name
+    from ..device import device_name
     from ..prompts import demo_prompts_path, load_prompts
 
     if tree:
@@ -444,7 +477,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
 def _merged_topology(trees) -> Tree:
     """The planned shape of SpecInfer's merge of several drafters' own trees: every tree's root children side
     by side under one root, in drafter order (the union when no two drafters propose the same token; at run
-    time shared tokens merge and the tree is smaller, :class:`~sequoia_opt.decoding.policies.MergePolicy`)."""
+    time shared tokens merge and the tree is smaller, :class:`~sequoia_opt.drafting.policies.MergePolicy`)."""
     from ..tree import Tree
 
     choices, offset = [], 0
@@ -468,11 +501,11 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
     """
     from dataclasses import replace
 
-    from ..decoding.policies import GraftPolicy, MergePolicy, load_scheduler
+    from ..drafting.policies import GraftPolicy, MergePolicy, load_scheduler
     from ..evaluation import TreeEntry, run_trees
     from ..pipeline import default_target_path, load_drafters, model_label, parse_device, parse_drafter_spec, \
         parse_dtype
-    from ..profiling.device import device_name
+    from ..device import device_name
     from ..prompts import demo_prompts_path, load_prompts
 
     if compare:
@@ -530,7 +563,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
         meta = TreeMetadata(budget=union.size, max_depth=union.tree_depth, solver="specinfer-merge",
                             extra={"drafters": labels, "trees": [str(p) for p in trees]})
         entries.append(TreeEntry("specinfer merge", union, meta, drafter="+".join(labels),
-                                 policy=lambda: MergePolicy([m() for m in makers], trees_, labels)))
+                                 policy=lambda _: MergePolicy([m() for m in makers], trees_, labels)))
         for e, p in zip(own, pairs):
             warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
                                                target=p.target_name, draft=p.draft_name,
@@ -557,7 +590,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
                                                target=pair.target_name, draft=None, device_type=dev.type)
 
-            def policy(dtree=dtree):
+            def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)
 
             entries.append(TreeEntry(name, dtree.tree, meta, drafter="+".join(labels), policy=policy))
@@ -637,7 +670,7 @@ def _baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Pat
         raise TreeoptError("--compare needs --acceptance (to pick the best chain and k-ary tree)")
     acc = load_acceptance(acceptance)
     curve = load_latency(latency) if latency else None
-    static = [e for e in entries if e.policy is None and e.adapter is None]
+    static = [e for e in entries if e.policy is None]
     recorded = {e.metadata.extra.get("acceptance_model") for e in static}
     model = recorded.pop() if len(recorded) == 1 and None not in recorded else "auto"
     notes = []
@@ -658,7 +691,7 @@ def _baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Pat
 
     out_entries = []
     for e in entries:
-        if e.policy is not None or e.adapter is not None:
+        if e.policy is not None:  # adaptive or dynamic: its own value model
             out_entries.append(e)
             continue
         g, sp = predict(e.tree)
@@ -768,7 +801,7 @@ def _check_dynamic_memory(settings: list[tuple[Any, dict, dict]], target: Option
     from ..dynamic import check_step_memory
     from ..model.loaders import load_model_config
     from ..pipeline import default_target_path
-    from ..profiling.device import free_memory_bytes
+    from ..device import free_memory_bytes
 
     if not settings:
         return
@@ -786,7 +819,7 @@ def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: 
     """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction
     (:func:`_dynamic_settings`: from --calibration and -l, else from its file when the file was solved for this
     drafter; a note says when it was not). Warnings about the calibration go to ``notes``."""
-    from ..decoding.policies import DynamicPolicy
+    from ..drafting.policies import DynamicPolicy
     from ..evaluation import TreeEntry
     from ..tree import Tree
 
@@ -815,8 +848,8 @@ def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: 
                             predicted_speedup=predicted.get("speedup"), solver=f"dynamic:{setting.policy}",
                             extra={"dynamic": setting.to_dict()})
 
-        def make(s=setting):
-            return DynamicPolicy(pair.new_drafter(), s, name=pair.draft_name)
+        def make(drafter, s=setting):
+            return DynamicPolicy(drafter, s, name=pair.draft_name)
 
         out.append(TreeEntry(setting.label, Tree.chain(1), meta, policy=make, drafter=pair.draft_name))
     return out
@@ -825,7 +858,7 @@ def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: 
 def _check_trees_fit(entries, pair) -> None:
     """Refuse trees the draft cannot produce (a node with more children than the vocabulary has tokens).
     A tree deeper than what the context has left is not refused: the decoder clips it, step by step, to the
-    levels that fit (see :class:`~sequoia_opt.decoding.SpeculativeDecoder`)."""
+    levels that fit (see :class:`~sequoia_opt.drafting.policies.StaticTreePolicy`)."""
     V = pair.vocab_size
     for e in entries:
         if e.tree.max_branching_used > V:
@@ -845,7 +878,7 @@ def _prediction_label(entries, value_label: str | None = None) -> tuple[str, lis
         groups: dict[str, list[str]] = {}
         for e in entries:
             m = e.metadata
-            if e.policy is None and e.adapter is None and m.expected_tokens_per_step is not None:
+            if e.policy is None and m.expected_tokens_per_step is not None:
                 key = f"{m.extra.get('acceptance_model') or 'positional'} acceptance" + (
                     f" of profile {m.acceptance_profile!r}" if m.acceptance_profile else "")
                 groups.setdefault(key, []).append(e.name)
@@ -856,9 +889,10 @@ def _prediction_label(entries, value_label: str | None = None) -> tuple[str, lis
             warnings.append("the predicted columns mix value models (" + "; ".join(groups) + "): one tree file's "
                             "figures are not comparable with another's; --compare -a PROFILE scores every tree "
                             "under one")
-    if any(e.adapter is not None for e in entries):
-        parts.append("adaptive trees: their last re-solve's positional estimate")
-    if any(e.policy is not None and str(e.metadata.solver or "").startswith("dynamic") for e in entries):
+    dynamic = [e.policy is not None and str(e.metadata.solver or "").startswith("dynamic") for e in entries]
+    if any(e.policy is not None and not d for e, d in zip(entries, dynamic)):  # run_cmd's other policy: --adapt
+        parts.append("adaptive trees: their re-solves' positional estimate")
+    if any(dynamic):
         parts.append("dynamic settings: their calibration profile")
     return "; ".join(parts), warnings
 
@@ -950,7 +984,7 @@ def _check_adapt_options(adapt: bool, every: Optional[int], window: Optional[int
 def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, window: int, prior_weight: float,
                       budget: Optional[int], max_depth: Optional[int], max_branching: Optional[int]) -> tuple[list, list[str]]:
     """One adaptive twin per tree entry, ``<name> (adaptive)``, starting from that tree (nothing is loaded
-    but the two profiles; each :class:`~sequoia_opt.decoding.adaptive.TreeAdapter` solves the prior once,
+    but the two profiles; each :class:`~sequoia_opt.drafting.policies.TreeAdapter` solves the prior once,
     which checks the limits against the latency profile).
 
     Limits of the re-solves: ``budget`` or the tree's recorded budget limit (``treeopt solve`` writes it),
@@ -964,7 +998,7 @@ def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, w
     Raises:
         TreeoptError: a root-only tree; ``--budget`` past what the latency profile measured; a bad profile.
     """
-    from ..decoding.adaptive import TreeAdapter
+    from ..drafting.policies import AdaptiveTreePolicy, TreeAdapter
     from ..evaluation import TreeEntry
     from ..profiles import load_acceptance, load_latency
     from .solve import SINGLE_DEFAULTS
@@ -987,7 +1021,8 @@ def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, w
                                                                  or SINGLE_DEFAULTS["max_branching"])
         adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,
                               window=window, prior_weight=prior_weight)
-        out.append(TreeEntry(f"{e.name} (adaptive)", e.tree, e.metadata, adapter=adapter))
+        out.append(TreeEntry(f"{e.name} (adaptive)", e.tree, e.metadata,
+                             policy=lambda drafter, a=adapter: AdaptiveTreePolicy(drafter, a)))
         notes.append(f"{e.name} (adaptive): re-solved every {every} steps from the acceptance of the last {window} "
                      f"steps (prior {acc.id!r}, worth {prior_weight:g} trials per rank) with latency profile "
                      f"{curve.id!r}, within budget {b}, depth {d}, branching {br}; the time of each re-solve is "

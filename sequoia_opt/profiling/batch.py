@@ -1,7 +1,7 @@
 """Latency per batch size: T(b, n), c(b, w) and the step overhead at batch b, timed exactly as batch 1 is
 (:func:`~sequoia_opt.profiling.latency.profile_model`: rounds, medians, forwards paired with the n = 1 forward
 of the same batch) but through the batched decoder's forward (b rows of n tokens, a per-row
-:class:`~sequoia_opt.attention.RowPrefix`; :mod:`sequoia_opt.decoding.batched`).
+:class:`~sequoia_opt.attention.RowPrefix`; :mod:`sequoia_opt.decoding.rows`).
 
 Why per batch: at batch b a tree of n nodes feeds the target b x n tokens, so the curve that decides the
 budget (Sequoia, Chen et al. 2024, section 4.2) is T(b, n) against n, which bends up at a smaller n the
@@ -29,19 +29,18 @@ OVERHEAD_TREE = Tree.from_choices([[0], [1], [2], [3], [0, 0], [0, 1], [0, 0, 0]
 @torch.inference_mode()
 def measure_batch_overhead(target: Transformer, draft: Transformer | None, batch: int, *, tree: Tree | None = None,
                            prompt_len: int = 32, steps: int = 16, seed: int = 0) -> float:
-    """The batched decoder's fixed per-step cost outside the model forwards at batch ``batch`` (ms): greedy
-    verification of every row, KV compaction of both caches, stop checks (``BatchStep.bookkeeping_ms``),
-    median over ``steps`` steps of random prompts of ``prompt_len`` tokens (a root-only tree without a
-    draft)."""
-    from ..decoding.batched import BatchedDecoder
+    """The loop's fixed per-step cost outside the model forwards at batch ``batch`` (ms): greedy verification of
+    every row, KV compaction of both caches, stop checks (``BatchStep.bookkeeping_ms``), median over ``steps``
+    steps of random prompts of ``prompt_len`` tokens (plain decoding without a draft)."""
+    from ..decoding import Decoder
+    from ..drafting.policies import StaticTreePolicy
 
-    if draft is None:
-        tree = Tree.chain(1)
-    tree = tree or OVERHEAD_TREE
+    tree = Tree.chain(1) if draft is None else tree or OVERHEAD_TREE
     gen = torch.Generator(device="cpu").manual_seed(seed)
     prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
-    dec = BatchedDecoder(target, draft, tree, max_len=prompt_len + steps * tree.size + tree.size + 1, max_batch=batch)
-    res = dec.generate(prompts, steps)
+    policy = StaticTreePolicy(draft, tree) if draft is not None else None
+    dec = Decoder(target, policy, max_len=prompt_len + steps * tree.size + tree.size + 1, max_batch=batch)
+    res = dec.generate_batch(prompts, steps)
     return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0
 
 
@@ -56,22 +55,34 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
 
     Raises ProfileError as :func:`profile_model` (empty grid, context past the model's).
     """
+    from ..attention import BackendRecord, record_backends
+
     curves = {}
+    seen = {"target": BackendRecord(), "draft": BackendRecord()}  # every batch size's calls, per model
     for b in batches:
-        tt = profile_model(target, token_counts, contexts, what=f"target (batch {b})", progress=progress,
-                           rounds=rounds, paired=paired, rows=int(b), **timing_kw)
-        dt = None
-        if draft is not None:
-            dt = profile_model(draft, draft_counts, contexts, what=f"draft (batch {b})", progress=progress,
+        with record_backends() as t_att:
+            tt = profile_model(target, token_counts, contexts, what=f"target (batch {b})", progress=progress,
                                rounds=rounds, paired=paired, rows=int(b), **timing_kw)
+        dt = None
+        with record_backends() as d_att:
+            if draft is not None:
+                dt = profile_model(draft, draft_counts, contexts, what=f"draft (batch {b})", progress=progress,
+                                   rounds=rounds, paired=paired, rows=int(b), **timing_kw)
+        for role, rec in (("target", t_att), ("draft", d_att)):
+            seen[role].ran.update(rec.ran)
+            seen[role].refused.update(rec.refused)
         overhead = measure_batch_overhead(target, draft, int(b))
         curves[int(b)] = build_latency_profile(
             target_tables=tt, draft_tables=dt, step_overhead_ms=overhead, device=device, dtype=dtype,
             target_name=target_name, target_config=target.config, draft_name=draft_name,
             draft_config=draft.config if draft is not None else None, random_weights=random_weights,
-            profile_id=f"{profile_id}@batch{b}", method=method, command=command)
+            profile_id=f"{profile_id}@batch{b}", method=method, command=command,
+            attention={"requested": "auto", "target": t_att.as_dict(),
+                       "draft": d_att.as_dict() if dt is not None else None})
     first = curves[min(curves)]
-    return BatchLatencyProfile(id=profile_id, curves=curves, device=dict(first.device), model=dict(first.model),
+    dev = {**first.device, "attention": {"requested": "auto", "target": seen["target"].as_dict(),
+                                         "draft": seen["draft"].as_dict() if draft is not None else None}}
+    return BatchLatencyProfile(id=profile_id, curves=curves, device=dev, model=dict(first.model),
                                source=(first.source or "").replace(f"{profile_id}@batch{min(curves)}", profile_id)
                                + f"; batch sizes {','.join(map(str, sorted(curves)))}, tokens per row",
                                date=now_iso())

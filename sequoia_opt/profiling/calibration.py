@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from ..calibration import CalibrationProfile, RecordedStep
-from ..decoding.drafters import Drafter
-from ..decoding.multidraft import MultiDraftDecoder
-from ..decoding.policies import DynamicPolicy
+from ..decoding import Decoder, StepView
 from ..decoding.sampling import argmax_tokens, process_logits
+from ..drafting.drafters import Drafter
+from ..drafting.policies import DynamicPolicy
 from ..dynamic import DynamicSetting, max_candidates
 from ..model import Transformer
 from ..tree import now_iso
@@ -63,27 +63,33 @@ def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter],
         DecodingError: a drafter without draft probabilities, a prompt past the target's context.
         ValueError: steps or topk < 1, or a recording tree of more than :data:`MAX_RECORDING_NODES` nodes.
     """
-    policy = DynamicPolicy(new_drafter(), recording_setting(steps, topk))
+    policy = _RecordingPolicy(new_drafter(), recording_setting(steps, topk), temperature, top_p)
     longest = max(len(p) for p in prompts)
-    dec = MultiDraftDecoder(target, policy, temperature=temperature, top_p=top_p, eos_ids=eos_ids, backend=backend,
-                            max_len=min(target.config.max_position_embeddings, longest + max_new_tokens)
-                            + policy.max_size)
+    dec = Decoder(target, policy, temperature=temperature, top_p=top_p, eos_ids=eos_ids, backend=backend,
+                  max_len=min(target.config.max_position_embeddings, longest + max_new_tokens) + policy.max_size)
     for i, p in enumerate(prompts):
         dec.check(p, max_new_tokens)
-    out: list[RecordedStep] = []
     for i, p in enumerate(prompts):
         dec.generator = torch.Generator(device=target.device).manual_seed(seed + i)
-        state = dec.start(p, max_new_tokens)
-        while not state.finished:
-            tree = dec.draft(state)
-            logits = dec.verify(state, tree)  # (n, V)
-            if tree.n > 1:
-                out.append(_record(policy, tree, logits, temperature, top_p))
-            acc = dec.accept(tree, logits)
-            dec.commit(state, tree, acc)
+        dec.generate(p, max_new_tokens)
         if progress:
             progress(f"prompt {i + 1}/{len(prompts)}", i + 1, len(prompts))
-    return out
+    return policy.recorded
+
+
+class _RecordingPolicy(DynamicPolicy):
+    """The recording tree's dynamic policy: each step that drafted is recorded when the loop shows it the step
+    (:meth:`observe`: the tree verified and the target's logits over it)."""
+
+    def __init__(self, drafter: Drafter, setting, temperature: float, top_p: float) -> None:
+        super().__init__(drafter, setting)
+        self.temperature, self.top_p = temperature, top_p
+        self.recorded: list[RecordedStep] = []
+
+    def observe(self, state, step: StepView) -> None:
+        tree, logits = step.trees[0], step.logits[0]
+        if tree.n > 1:
+            self.recorded.append(_record(self, tree, logits, self.temperature, self.top_p))
 
 
 def _record(policy: DynamicPolicy, tree, logits: torch.Tensor, temperature: float, top_p: float) -> RecordedStep:
@@ -94,10 +100,10 @@ def _record(policy: DynamicPolicy, tree, logits: torch.Tensor, temperature: floa
     if temperature == 0:
         top = argmax_tokens(logits)
         for j in range(1, n):
-            accept[j] = float(top[tree.parent[j]] == tree.tokens[j])
+            accept[j] = float(top[tree.parent[j]] == tree.token_list[j])
     else:
         p = process_logits(logits, temperature, top_p)  # (n, V)
-        rows = torch.tensor(tree.parent[1:]), torch.tensor(tree.tokens[1:])
+        rows = torch.tensor(tree.parent[1:]), torch.tensor(tree.token_list[1:])
         accept[1:] = p[rows].double().cpu().numpy()
     ent = np.full(n, math.nan)
     for c, h in cand.entropy.items():

@@ -10,7 +10,7 @@ spine node the accepted path reaches is one trial; its outcome is the light cand
 depth of the children, exactly like :mod:`~sequoia_opt.profiling.acceptance`'s single-drafter vectors.
 
 **The scheduler's value.** With the strong drafter called at every step of a graft plan, each step records
-the scheduler's features (:class:`~sequoia_opt.decoding.policies.GraftFeatures`), the nodes accepted in the
+the scheduler's features (:class:`~sequoia_opt.drafting.policies.GraftFeatures`), the nodes accepted in the
 whole tree, and the nodes accepted in the light drafter's part alone (the accepted path's prefix on light
 nodes: under greedy verification exactly what the light-only tree would have accepted, since it accepts the
 longest prefix of the target's own continuation). The value of calling the strong drafter at that step, in
@@ -33,9 +33,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..decoding.drafters import Drafter
-from ..decoding.multidraft import MultiDraftDecoder
-from ..decoding.policies import AlwaysGraft, GraftPolicy, LogisticScheduler
+from ..decoding import Decoder
+from ..drafting.drafters import Drafter
+from ..drafting.policies import AlwaysGraft, GraftPolicy, LogisticScheduler
 from ..errors import ProfileError
 from ..model import Transformer
 from ..profiles import LatencyCurve
@@ -128,8 +128,8 @@ def measure_pair_acceptance(
     gen = torch.Generator(device=target.device)
     gen.manual_seed(seed)
     policy = GraftPolicy(light(), strong(), tree, labels, scheduler=AlwaysGraft())
-    dec = MultiDraftDecoder(target, policy, temperature=temperature, top_p=top_p, generator=gen, eos_ids=eos_ids,
-                            backend=backend)
+    dec = Decoder(target, policy, temperature=temperature, top_p=top_p, generator=gen, eos_ids=eos_ids,
+                  backend=backend)
     for p in prompts:
         dec.check(p, max_new_tokens)
     W = light_width + strong_width
@@ -155,7 +155,7 @@ class SchedulerSample:
     """One step of a graft plan run with the strong drafter called (module docstring).
 
     Attributes:
-        features: the scheduler's features, :data:`~sequoia_opt.decoding.policies.FEATURE_NAMES` order.
+        features: the scheduler's features, :data:`~sequoia_opt.drafting.policies.FEATURE_NAMES` order.
         accepted_full / accepted_light: nodes accepted in the whole tree / in the light part alone.
         strong_ms / light_ms: the drafters' wall time this step (ms).
         n_full / n_light: tree sizes with and without the strong drafter's nodes.
@@ -187,15 +187,16 @@ def collect_scheduler_samples(
     gen = torch.Generator(device=target.device)
     gen.manual_seed(seed)
     policy = GraftPolicy(light(), strong(), plan, plan_drafter, scheduler=AlwaysGraft())
-    dec = MultiDraftDecoder(target, policy, temperature=temperature, top_p=top_p, generator=gen, eos_ids=eos_ids,
-                            backend=backend)
+    dec = Decoder(target, policy, temperature=temperature, top_p=top_p, generator=gen, eos_ids=eos_ids,
+                  backend=backend)
     for p in prompts:
         dec.check(p, max_new_tokens)
     out: list[SchedulerSample] = []
     for i, p in enumerate(prompts):
         state = dec.start(p, max_new_tokens)
         while not state.finished:
-            stats = dec.step(state)
+            dec.step(state)
+            stats = state.result.steps[-1]
             if stats.tree_size != plan.size or policy.last_features is None:
                 continue
             path_nodes = stats.accepted_drafters
@@ -261,7 +262,7 @@ def train_scheduler(samples: Sequence[SchedulerSample], curve: LatencyCurve, *, 
 
     Raises:
         ProfileError: fewer than 20 samples, or one class only (the strong drafter always or never pays:
-            then ship :class:`~sequoia_opt.decoding.policies.AlwaysGraft` / ``NeverGraft``, as the card of the
+            then ship :class:`~sequoia_opt.drafting.policies.AlwaysGraft` / ``NeverGraft``, as the card of the
             error says).
         ProfileError: scikit-learn is not installed (:func:`require_sklearn`).
     """

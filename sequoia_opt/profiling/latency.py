@@ -20,7 +20,7 @@ from ..attention import causal_tree_mask
 from ..model import ModelConfig, Transformer
 from ..profiles import LATENCY_FORMAT, LatencyCurve
 from ..tree import now_iso
-from .device import device_info
+from ..device import device_info
 from .timing import Timing, time_alternating, time_call
 
 ProgressFn = Callable[[str, int, int], None]
@@ -124,7 +124,7 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
     (T(b, n), :mod:`sequoia_opt.profiling.batch`); None is the batch-1 path.
 
     ``num_layers`` times the model's first ``num_layers`` blocks + final norm + LM head only: the cost c(w)
-    of the self layer-skip drafter ``self:L`` (:class:`~sequoia_opt.decoding.drafters.LayerSkipDrafter`).
+    of the self layer-skip drafter ``self:L`` (:class:`~sequoia_opt.drafting.drafters.LayerSkipDrafter`).
 
     With ``rounds`` > 1 the whole token grid of a context is swept ``rounds`` times and each n keeps the
     median of its per-round medians (p10 / p90: the medians of the per-round percentiles; repeats: the sum).
@@ -231,68 +231,72 @@ def sweep_grid(timers_at: Callable[[int], tuple[Callable[[int], Timing], Callabl
 
 def time_lookup_propose(make_drafter: Callable[[], object], target: Transformer, w: int, context: int, *,
                         seed: int = 0, **timing_kw) -> Timing:
-    """Time one :meth:`~sequoia_opt.decoding.drafters.Drafter.propose` of a one-pass drafter without a model
-    (prompt lookup) for a chain of ``w`` drafted nodes after ``context`` committed tokens, through the
-    decoder's own :meth:`~sequoia_opt.decoding.SpeculativeDecoder.draft` (ms).
+    """Time one :meth:`~sequoia_opt.drafting.drafters.Drafter.propose` of a one-pass drafter without a model
+    (prompt lookup) for a chain of ``w`` drafted nodes after ``context`` committed tokens, through the policy's
+    own draft (ms).
 
     A chain is the most lookups ``w`` drafted nodes can need (every node but the last leaf proposes), so this
     is an upper bound for any tree of ``w + 1`` nodes. The context is random tokens drawn from 64 ids, so
     that suffixes recur and every lookup finds followers (the costly case). The index over the context is
-    built by the untimed warm-up calls, as the decoder's prefill builds it before the first step.
+    built by the untimed warm-up calls, as the policy's prefill builds it before the first step.
     """
-    from ..decoding import SpeculativeDecoder
-    from ..decoding.speculative import DecodeState
+    from ..decoding import Decoder
+    from ..decoding.state import DecodeState, RowState
     from ..decoding.stats import GenerationResult
+    from ..decoding.step_tree import Room
+    from ..drafting.policies import StaticTreePolicy
     from ..tree import Tree
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     V = target.config.vocab_size
     pool = torch.randperm(V, generator=gen)[: min(64, V)]
     seq = pool[torch.randint(0, len(pool), (context + 1,), generator=gen)].tolist()
-    dec = SpeculativeDecoder(target, make_drafter(), Tree.chain(w), max_len=context + w + 2)
-    dec.drafter.reset()
-    dec.drafter.prefill(seq, True)
-    state = DecodeState(seq=seq, cached=context, max_new_tokens=w + 1,
-                        result=GenerationResult(tokens=[], prompt_len=len(seq)), drafter=dec.drafter)
-    return time_call(lambda: dec.draft(state), target.device, **timing_kw)
+    policy = StaticTreePolicy(make_drafter(), Tree.chain(w))
+    Decoder(target, policy, max_len=context + w + 2)
+    result = GenerationResult(tokens=[], prompt_len=len(seq))
+    state = DecodeState(rows=[RowState(seq=seq, cached=context, max_new_tokens=w + 1, result=result)],
+                        results=[result])
+    policy.reset()
+    policy.prefill(state)
+    rooms = [Room(w + 1, w)]
+    return time_call(lambda: policy.draft(state, rooms), target.device, **timing_kw)
 
 
-def profile_drafter(target: Transformer, drafter: object, token_counts: Sequence[int], contexts: Sequence[int],
+def profile_drafter(target: Transformer, probe: object, token_counts: Sequence[int], contexts: Sequence[int],
                     *, backend: str = "auto", progress: ProgressFn | None = None, rounds: int = 1,
                     paired: bool = False, **timing_kw) -> list[LatencyTable]:
-    """c(w) for any drafter, one :class:`LatencyTable` per context, in the units its cost model charges:
+    """c(w) for any drafter, one :class:`LatencyTable` per context, in the units its cost model charges, as its
+    :class:`~sequoia_opt.drafting.registry.CostProbe` says (``ModelPair.cost_probe()``):
 
-    * a draft :class:`Transformer` (per-level): one forward over w tokens (:func:`profile_model`);
-    * ``("self", L)`` (per-level): one forward of the target's first L blocks + norm + LM head over w tokens;
-    * ``("lookup", factory)`` (one-pass): one proposal of w drafted nodes (:func:`time_lookup_propose`),
-      ``factory()`` making a fresh lookup drafter.
+    * a probe with a model (per-level): one forward of that model (its first ``num_layers`` blocks + norm + LM
+      head when given: self layer-skip) over w tokens (:func:`profile_model`); a draft :class:`Transformer` is
+      taken as such a probe;
+    * a probe without a model (one-pass, no model: prompt lookup): one proposal of w drafted nodes by a fresh
+      drafter from ``probe.make`` (:func:`time_lookup_propose`).
 
     Raises ProfileError as :func:`profile_model` (grid, context past the model's).
     """
-    from ..errors import ProfileError
-
-    if isinstance(drafter, Transformer):
-        return profile_model(drafter, token_counts, contexts, what="draft", backend=backend, progress=progress,
+    if isinstance(probe, Transformer):
+        return profile_model(probe, token_counts, contexts, what="draft", backend=backend, progress=progress,
                              rounds=rounds, paired=paired, **timing_kw)
-    kind, arg = drafter
-    if kind == "self":
-        return profile_model(target, token_counts, contexts, what=f"self:{arg} draft", backend=backend,
-                             progress=progress, rounds=rounds, paired=paired, num_layers=int(arg), **timing_kw)
-    if kind != "lookup":
-        raise ProfileError(f"unknown drafter kind {kind!r} to profile")
+    if probe.model is not None:
+        return profile_model(probe.model, token_counts, contexts, what=probe.label, backend=backend,
+                             progress=progress, rounds=rounds, paired=paired, num_layers=probe.num_layers,
+                             **timing_kw)
     total = len(token_counts) * len(contexts)
     tables, done = [], 0
     for ctx in contexts:
         table = LatencyTable(context=int(ctx))
         for w in token_counts:
-            runs = [time_lookup_propose(arg, target, int(w), int(ctx), seed=r, **timing_kw) for r in range(rounds)]
+            runs = [time_lookup_propose(probe.make, target, int(w), int(ctx), seed=r, **timing_kw)
+                    for r in range(rounds)]
             table.tokens.append(int(w))
             table.timings.append(Timing(statistics.median(t.median_ms for t in runs),
                                         statistics.median(t.p10_ms for t in runs),
                                         statistics.median(t.p90_ms for t in runs), sum(t.repeats for t in runs)))
             done += 1
             if progress:
-                progress(f"lookup draft, context {ctx}, {w} nodes", done, total)
+                progress(f"{probe.label}, context {ctx}, {w} nodes", done, total)
         tables.append(table)
     return tables
 
@@ -330,13 +334,15 @@ def build_latency_profile(
     draft_linear: Mapping[str, Any] | None = None,
     engine: dict | None = None,
     device_meta: dict | None = None,
+    attention: Mapping[str, Any] | None = None,
+    cuda_graphs: Mapping[str, Any] | None = None,
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
 
     ``method`` (for example :func:`method_text`'s) is appended to the profile's ``source`` line, which names
     ``command`` as what measured it (``treeopt profile layers`` writes profiles too).
     ``draft_cost_model`` (``"per-level"`` or ``"one-pass"``, the drafter's
-    :attr:`~sequoia_opt.decoding.drafters.Drafter.cost_model`) is stored in every draft table; ``draft_name``
+    :attr:`~sequoia_opt.drafting.drafters.Drafter.cost_model`) is stored in every draft table; ``draft_name``
     names the drafter (a checkpoint label, ``self:L``, ``lookup:MIN-MAX``).
 
     ``engine`` (``{"name": "llama.cpp", "version": ...}``) names the engine that ran the forwards when it is not
@@ -348,6 +354,12 @@ def build_latency_profile(
     ``linear`` / ``draft_linear`` (:func:`~sequoia_opt.model.tuned_linear.linear_record` of the target and
     the draft model) are recorded as ``device.linear`` / ``device.draft_linear``: the CPU kernels the timed
     forwards ran, per weight shape and row-count bucket.
+
+    ``attention`` is recorded as ``device.attention``: the backend asked for and, per model, the attention
+    backend that ran and why the kernel was refused (:meth:`~sequoia_opt.attention.BackendRecord.as_dict`), so a
+    kernel that failed to load is never replaced by the reference without a trace. ``cuda_graphs`` (per model,
+    :meth:`~sequoia_opt.model.graphs.GraphStats.as_dict`) is recorded as ``device.cuda_graphs`` when the forwards
+    were replayed from CUDA graphs.
     """
     curves = []
     for i, tt in enumerate(target_tables):
@@ -378,7 +390,9 @@ def build_latency_profile(
         "date": now_iso(),
         "device": device_meta if device_meta is not None else {
             **device_info(device, dtype), **({"linear": dict(linear)} if linear else {}),
-            **({"draft_linear": dict(draft_linear)} if draft_linear else {})},
+            **({"draft_linear": dict(draft_linear)} if draft_linear else {}),
+            **({"attention": dict(attention)} if attention else {}),
+            **({"cuda_graphs": dict(cuda_graphs)} if cuda_graphs else {})},
         **({"engine": dict(engine)} if engine else {}),
         "model": {"target": target_name, "target_shape": shape(target_config),
                   "draft": draft_name, "draft_shape": shape(draft_config) if draft_config else None,
@@ -398,20 +412,20 @@ def measure_step_overhead(target: Transformer, draft: object, *, tree=None, prom
     value is a measurement of this device, not a guess.
 
     ``draft``: a draft Transformer, a Drafter, or a function making one (called once;
-    :func:`~sequoia_opt.decoding.drafters.drafter_factory`). ``tree`` defaults to a 4-wide star under a
+    :func:`~sequoia_opt.drafting.drafters.drafter_factory`). ``tree`` defaults to a 4-wide star under a
     4-deep chain (a typical small Sequoia tree shape).
     """
-    from ..decoding import SpeculativeDecoder
+    from ..decoding import Decoder
+    from ..drafting.drafters import drafter_factory
+    from ..drafting.policies import StaticTreePolicy
     from ..tree import Tree
 
     if tree is None:
         tree = Tree.from_choices([[0], [1], [2], [3], [0, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]])
     gen = torch.Generator(device="cpu").manual_seed(seed)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
-    from ..decoding.drafters import drafter_factory
-
-    dec = SpeculativeDecoder(target, drafter_factory(draft)(), tree, backend=backend,
-                             max_len=prompt_len + steps * tree.size + tree.size + 1)
+    dec = Decoder(target, StaticTreePolicy(drafter_factory(draft)(), tree), backend=backend,
+                  max_len=prompt_len + steps * tree.size + tree.size + 1)
     result = dec.generate(prompt, steps)
     import statistics
 

@@ -2,7 +2,7 @@
 keep the one whose hardware-aware tree predicts the highest speedup.
 
 The self-speculative drafter runs the target's first L blocks + final norm + LM head
-(:class:`~sequoia_opt.decoding.drafters.LayerSkipDrafter`; Draft & Verify, Zhang et al. 2023; LayerSkip,
+(:class:`~sequoia_opt.drafting.drafters.LayerSkipDrafter`; Draft & Verify, Zhang et al. 2023; LayerSkip,
 Elhoushi et al. 2024). L trades two things against each other:
 
 * acceptance falls as L shrinks (the early layers' output agrees less often with the full model's,
@@ -33,7 +33,7 @@ from ..model.tuned_linear import linear_record
 from ..profiles import LatencyCurve
 from ..solver.hardware import Choice, choose
 from .acceptance import AcceptanceCounts, measure_acceptance
-from .device import device_slug
+from ..device import device_slug
 from .latency import LatencyTable, build_latency_profile, method_text, profile_drafter
 
 __all__ = ["LayerChoice", "LayerSweep", "default_layer_grid", "check_layers", "sweep_layers", "DRAFT_TOKENS"]
@@ -52,9 +52,9 @@ class LayerChoice:
     Attributes:
         num_layers: L, the target's leading blocks the draft runs (``1 .. n_layers - 1``).
         counts: the acceptance trials of ``self:L`` (:func:`measure_acceptance` with a
-            :class:`~sequoia_opt.decoding.drafters.LayerSkipDrafter`), greedy or sampling as asked.
+            :class:`~sequoia_opt.drafting.drafters.LayerSkipDrafter`), greedy or sampling as asked.
         draft_tables: c(w) of ``self:L`` in ms, one :class:`LatencyTable` per context of the target tables
-            (:func:`profile_drafter` with ``("self", L)``).
+            (:func:`profile_drafter` with the ``self:L`` cost probe).
         curve: the target's tables and these draft tables as a validated ``treeopt-latency/1`` curve, draft
             cost model ``"per-level"``, drafter named ``self:L`` (:func:`build_latency_profile`).
         choice: the hardware-aware choice for this L's acceptance vector and curve
@@ -187,7 +187,7 @@ def sweep_layers(
     rows and the L with the highest predicted speedup.
 
     Per L, in increasing order: the acceptance trials of a
-    :class:`~sequoia_opt.decoding.drafters.LayerSkipDrafter` over ``prompt_ids`` (:func:`measure_acceptance`
+    :class:`~sequoia_opt.drafting.drafters.LayerSkipDrafter` over ``prompt_ids`` (:func:`measure_acceptance`
     with a ``width`` x ``depth`` measurement tree, ``max_new_tokens`` per prompt, greedy when
     ``temperature`` is 0); its c(w) at every context of ``target_tables`` and every w of ``draft_tokens``
     (:func:`profile_drafter`, ``rounds`` and ``paired`` as :func:`~sequoia_opt.profiling.latency.profile_model`,
@@ -261,7 +261,8 @@ def sweep_layers(
                            f"measured at context {ctx}; refusing to extrapolate (lower the budget or time more "
                            "target tokens)")
 
-    from ..decoding.drafters import LayerSkipDrafter
+    from ..drafting.drafters import LayerSkipDrafter
+    from ..drafting.registry import CostProbe
 
     dev = torch.device(device) if device is not None else target.device
     dt = dtype if dtype is not None else target.dtype
@@ -279,8 +280,9 @@ def sweep_layers(
                                     depth=depth, temperature=temperature, top_p=top_p, seed=seed,
                                     max_new_tokens=max_new_tokens, eos_ids=eos_ids, backend=backend,
                                     progress=tagged(L, "acceptance"))
-        dtables = profile_drafter(target, ("self", L), dtok, contexts, backend=backend,
-                                  progress=tagged(L, "draft timing"), rounds=rounds, paired=paired, **timing_kw)
+        dtables = profile_drafter(target, CostProbe(f"self:{L} draft", model=target, num_layers=L), dtok, contexts,
+                                  backend=backend, progress=tagged(L, "draft timing"), rounds=rounds, paired=paired,
+                                  **timing_kw)
         curve = build_latency_profile(
             target_tables=target_tables, draft_tables=dtables, step_overhead_ms=step_overhead_ms, device=dev,
             dtype=dt, target_name=target_name, target_config=target.config, draft_name=f"self:{L}",

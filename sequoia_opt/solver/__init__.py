@@ -3,22 +3,23 @@
 - :mod:`.dp`: :func:`solve_dp` (numba), the table G[m, d] and tree reconstruction.
 - :mod:`.depth`: :func:`solve_dp_by_depth`, the same DP when acceptance depends on depth (drafters whose
   accepted tokens come in runs, such as prompt lookup), and :func:`expected_tokens_by_depth`.
-- :mod:`.reference`: the same recurrence in plain Python (tests, benchmark baseline).
+- :mod:`.reference`: the oracles: the same recurrence in plain Python, the brute-force graft (tests, benchmark
+  baselines).
 - :mod:`.baselines`: chain, k-ary, SpecInfer k x L, best-first trees.
 - :mod:`.hardware`: step cost from latency curves, :func:`choose` (budget and depth), baseline comparison.
-- :mod:`.graft`: trees grown by a light and a strong drafter (issue 16): conditional vectors, per-drafter
-  cost, the exact graft DP, :func:`solve_graft`, baselines (each drafter alone, SpecInfer merge).
+- :mod:`.graft`: trees grown by a light and a strong drafter: per-drafter cost, :func:`solve_graft` (the choice),
+  baselines (each drafter alone, SpecInfer merge); the value model in :mod:`.graft_value`, the exact DP in
+  :mod:`.graft_dp`.
+- :mod:`.chains`: chains (a tree of width 1) for chain-verifying engines, and their replay.
 """
 
 from .baselines import best_first, chain, kary_tree, specinfer
 from .depth import DepthDPSolution, ValueModel, expected_tokens_by_depth, solve_dp_by_depth
 from .dp import DPSolution, optimal_tree, solve_dp
 from .graft import (
-    BruteForceGraft,
     GraftAcceptance,
     GraftChoice,
     GraftDPSolution,
-    brute_force_graft,
     graft_baselines,
     graft_expected_tokens,
     graft_step_cost,
@@ -27,6 +28,7 @@ from .graft import (
     solve_graft,
     solve_graft_dp,
 )
+from .reference import BruteForceGraft, brute_force_graft
 from .hardware import (
     BaselineResult,
     Candidate,

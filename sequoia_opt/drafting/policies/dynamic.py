@@ -2,9 +2,9 @@
 best-first / DDTree).
 
 The rule (:mod:`sequoia_opt.dynamic`) grows a candidate tree by asking the drafter, one forward at a time,
-for the ranked candidates of some nodes (:meth:`~sequoia_opt.decoding.drafters.Drafter.score_nodes`: node i
+for the ranked candidates of some nodes (:meth:`~sequoia_opt.drafting.drafters.Drafter.score_nodes`: node i
 of the candidate tree at slot ``L + i`` and position ``L + depth[i]`` of the drafter's cache); the nodes it
-keeps become the step's :class:`~sequoia_opt.decoding.policies.StepTree`, verified by the target in one
+keeps become the step's :class:`~sequoia_opt.decoding.step_tree.StepTree`, verified by the target in one
 forward. The solver's predictor runs the same rule over recorded draft distributions.
 
 Draft probabilities: greedy decoding ranks by the drafter's softmax at temperature 1; sampling by its q (the
@@ -28,24 +28,23 @@ candidate-tree slots); its catch-up chunk feeds the rest next step. A drafter sh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
+from ...decoding.sampling import CandidateGroup, process_logits, sample_without_replacement
+from ...decoding.state import DecodeState, DraftSettings, RowState
+from ...decoding.step_tree import Room, StepTree
 from ...dynamic import CandidateTree, DynamicSetting, Expansion, grow, max_candidates, max_tree_size
 from ...errors import DecodingError
-from ..drafters import Drafter, DraftSettings
-from ..sampling import CandidateGroup, process_logits, sample_without_replacement
-from .base import DraftingPolicy, StepTree, as_drafter
-
-if TYPE_CHECKING:
-    from ..speculative import DecodeState
+from ..drafters import Drafter, as_drafter
+from .base import SharedTreePolicy, commit_drafter
 
 __all__ = ["DynamicPolicy"]
 
 
-class DynamicPolicy(DraftingPolicy):
+class DynamicPolicy(SharedTreePolicy):
     """One drafter, a tree chosen per step by a dynamic rule (module docstring).
 
     Args:
@@ -71,20 +70,17 @@ class DynamicPolicy(DraftingPolicy):
         self.drafter_ms, self.drafter_calls = [0.0], [0]
         self.last_tree: CandidateTree | None = None
         self.last_selected: list[int] = []
-        self._settings: DraftSettings | None = None
 
     @property
     def max_verified(self) -> int:
         return max_tree_size(self.setting)
 
-    def bind(self, settings: DraftSettings) -> None:
-        super().bind(settings)
-        self._settings = settings
-
-    def draft(self, state: DecodeState) -> StepTree:
-        s = self._settings
+    def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
+        if not self.whole_fits(state, rooms[0]):
+            return self.root_only(state)
+        s = self.settings
         t0 = self.clock.now()
-        ex = _DraftExpander(self.drafters[0], self.names[0], state, s, self.max_size,
+        ex = _DraftExpander(self.drafters[0], self.names[0], state.row, s, self.max_size,
                             sample=not s.greedy and self.setting.policy == "entropy")
         cand, selected = grow(self.setting, state.root, ex)
         tree = StepTree(state.root)
@@ -103,34 +99,24 @@ class DynamicPolicy(DraftingPolicy):
         self.last_tree = cand
         self.last_selected = sorted(step_of, key=step_of.__getitem__)
         self.drafter_ms, self.drafter_calls = [self.clock.now() - t0], [1]
-        return tree
+        return [tree]
 
-    def commit(self, state_L: int, path: Sequence[int], tree: StepTree | None) -> None:
-        d = self.drafters[0]
-        device = self._settings.device
-        if tree is None:  # a root-only step: the drafter ran nothing
-            d.commit(state_L, [0], 0, torch.tensor([state_L], dtype=torch.int64, device=device))
-            return
-        if d.shares_target_cache:
-            d.commit(state_L, list(path), self.max_depth, torch.tensor(list(path), device=device) + state_L)
+    def commit(self, state: DecodeState, trees: Sequence[StepTree], paths: Sequence[Sequence[int]]) -> None:
+        if self.commit_root_only(state):
             return
         ran = set(self.last_tree.expanded)
-        cand_path = []
-        for j in path:
-            c = self.last_selected[j]
-            if c not in ran:
-                break
-            cand_path.append(c)
-        slots = torch.tensor(cand_path, dtype=torch.int64, device=device) + state_L  # the drafter's slots
-        d.commit(state_L, cand_path, self.max_depth + 1, slots)
+        sel = self.last_selected
+        # the drafter ran over the candidate tree at slots L + candidate index: its own numbering
+        commit_drafter(self.drafters[0], state, paths[0], lambda j: sel[j] if sel[j] in ran else None,
+                       self.max_depth if self.drafters[0].shares_target_cache else self.max_depth + 1)
 
 
 class _DraftExpander:
     """The runtime :class:`~sequoia_opt.dynamic.Expander`: one ``score_nodes`` forward per call."""
 
-    def __init__(self, drafter: Drafter, name: str, state: DecodeState, s: DraftSettings, n_max: int,
+    def __init__(self, drafter: Drafter, name: str, row: RowState, s: DraftSettings, n_max: int,
                  sample: bool) -> None:
-        self.drafter, self.name, self.state, self.s, self.sample = drafter, name, state, s, sample
+        self.drafter, self.name, self.state, self.s, self.sample = drafter, name, row, s, sample
         self.tokens = torch.zeros(n_max, dtype=torch.int64, device=s.device)  # (n_max,) candidate tokens
         self.depth = torch.zeros(n_max, dtype=torch.int64, device=s.device)  # (n_max,) their depths
         self.anc = np.zeros((n_max, n_max), dtype=bool)  # (n_max, n_max) ancestor-or-self

@@ -2,7 +2,7 @@
 distilled from an offline value computation decides per step whether the costly drafter is worth calling).
 
 Features (:class:`GraftFeatures`), read after the light drafter has grown its part of the step's tree, all
-cheap: the light drafter's confidence (:attr:`~sequoia_opt.decoding.drafters.DraftOutput.confidence`: a
+cheap: the light drafter's confidence (:attr:`~sequoia_opt.decoding.step_tree.DraftOutput.confidence`: a
 model's top-1 probability, prompt lookup's top-follower share) at the root and along its rank-0 spine, and
 the recent acceptance (an exponential average of accepted nodes per step). A shipped scheduler is a logistic
 model over them, :class:`LogisticScheduler`, trained offline by

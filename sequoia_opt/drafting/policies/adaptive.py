@@ -23,15 +23,15 @@ Three parts:
   (the DP is exact for any p).
 * :class:`TreeAdapter` — the controller: the estimate, the re-solve schedule, the current tree and the log
   of re-solves (:class:`Resolve`). No model, no torch: testable from synthetic visits.
-* :class:`AdaptiveTreeDecoder` — :class:`~sequoia_opt.decoding.SpeculativeDecoder` whose :meth:`step` feeds
-  each step's trials to its adapter and swaps the tree in between steps
-  (:meth:`~sequoia_opt.decoding.SpeculativeDecoder.set_tree`). The loop is the static decoder's; greedy output
-  is the target's greedy decoding whatever tree a step uses, so it equals plain decoding.
+* :class:`AdaptiveTreePolicy` — the static policy (:class:`~sequoia_opt.drafting.policies.static.StaticTreePolicy`)
+  whose :meth:`~AdaptiveTreePolicy.observe` feeds each step's trials to its adapter and swaps the tree in
+  between steps. Greedy output is the target's greedy decoding whatever tree a step uses, so it equals plain
+  decoding.
 
 Forgetting is a window of the last W steps (exact integer counts over a deque; a step with no trial, e.g.
 root-only, still takes its place, so after W root-only steps the estimate is the prior again and the tree
 can grow back). The estimate, the tree and the step count run across generations: the run is the workload
-(:meth:`AdaptiveTreeDecoder.reset` starts over). The estimate is pooled over depths (Sequoia's positional
+(:meth:`AdaptiveTreePolicy.restart` starts over). The estimate is pooled over depths (Sequoia's positional
 model); a profile's per-depth vectors are not used here.
 """
 
@@ -39,25 +39,21 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
 
 import numpy as np
-import torch
 
-from ..errors import DecodingError
-from ..profiles import LatencyCurve, validate_acceptance
-from ..tree import Tree
-from .core import DEFAULT_MAX_LEN
-from .sampling import NodeVisit
-from .speculative import DecodeState, SpeculativeDecoder
-from .stats import StepStats
+from ...decoding.policy import StepView
+from ...decoding.sampling import NodeVisit
+from ...decoding.state import DecodeState
+from ...errors import DecodingError
+from ...profiles import LatencyCurve, validate_acceptance
+from ...tree import Tree
+from ..drafters import Drafter
+from .static import StaticTreePolicy
 
-if TYPE_CHECKING:
-    from ..model import Transformer
-    from .drafters import Drafter
-
-__all__ = ["OnlineAcceptance", "Resolve", "TreeAdapter", "AdaptiveTreeDecoder", "DEFAULT_EVERY", "DEFAULT_WINDOW",
+__all__ = ["OnlineAcceptance", "Resolve", "TreeAdapter", "AdaptiveTreePolicy", "DEFAULT_EVERY", "DEFAULT_WINDOW",
            "DEFAULT_PRIOR_WEIGHT"]
 
 #: Steps between re-solves (``treeopt run --adapt-every``).
@@ -263,9 +259,8 @@ class TreeAdapter:
         self.reset()
 
     def _choose(self, acceptance: np.ndarray):
-        # decoding and solver are peers (cli -> profiling / solver / decoding); imported here so that importing
-        # the decoder does not load the compiled DP
-        from ..solver.hardware import choose
+        # imported here so that importing the policies does not load the compiled DP
+        from ...solver.hardware import choose
 
         return choose(acceptance, self.curve, self.budget, self.max_depth, self.max_branching, context=self.context,
                       top=1)
@@ -343,66 +338,48 @@ class TreeAdapter:
                 "resolves": [r.as_dict() for r in self.resolves]}
 
 
-class AdaptiveTreeDecoder(SpeculativeDecoder):
-    """:class:`~sequoia_opt.decoding.SpeculativeDecoder` with a tree re-solved during the run by a
-    :class:`TreeAdapter` (module docstring). The public API is the static decoder's (:meth:`check`,
-    :meth:`generate`, :meth:`start`, :meth:`step`, ``generator``) plus :meth:`reset` and ``adapter``.
+class AdaptiveTreePolicy(StaticTreePolicy):
+    """The static policy with its tree re-solved during the run by a :class:`TreeAdapter` (module docstring).
 
-    After each step the step's trials go to the adapter; when a re-solve picks another tree it is swapped in
-    (:meth:`~sequoia_opt.decoding.SpeculativeDecoder.set_tree`) before the next step. The time of both (the
-    counting, the DP, compiling the new tree's buffers) is added to that step's ``bookkeeping_ms``, so the
-    measured tokens per second pays for the adaptation.
+    After each step (:meth:`observe`, inside the step's timed bookkeeping, so the measured tokens per second
+    pays for the adaptation: the counting, the DP, compiling the new tree's buffers) every row's trials go to the
+    adapter; when a re-solve picks another tree it is swapped in before the next step. Its ``max_size`` is the
+    larger of the initial tree and the adapter's budget, so the decoder's caches hold every tree it may choose.
 
     Args:
-        target, draft: as :class:`~sequoia_opt.decoding.SpeculativeDecoder`.
+        drafter: as :class:`~sequoia_opt.drafting.policies.static.StaticTreePolicy`.
         adapter: the :class:`TreeAdapter` (its ``tree`` is the first step's tree); reset here.
-        temperature, top_p, generator, eos_ids, backend: as :class:`~sequoia_opt.decoding.SpeculativeDecoder`.
-        max_len: slots of each KV cache; default ``min(context, 4096) + max(initial tree size, budget)`` so
-            every tree the adapter may choose fits a whole step.
+        name: the drafter's label.
 
     Raises:
-        DecodingError: as :class:`~sequoia_opt.decoding.SpeculativeDecoder`; an initial tree of depth 0 (the
-            decoder would allocate no draft cache, and no re-solved tree could draft).
+        DecodingError: an initial tree of depth 0 (the drafter would allocate nothing, and no re-solved tree
+            could draft).
     """
 
-    def __init__(self, target: Transformer, draft: Transformer | Drafter, adapter: TreeAdapter, *,
-                 temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
-                 eos_ids: Iterable[int] = (), backend: str = "auto", max_len: int | None = None) -> None:
+    def __init__(self, drafter: Drafter, adapter: TreeAdapter, name: str = "draft") -> None:
         adapter.reset()
         if adapter.tree.tree_depth == 0:
             raise DecodingError("an adaptive tree must start with a tree of depth >= 1 (from a root-only tree the "
                                 "decoder allocates nothing to draft with)")
-        if max_len is None:
-            largest = max(adapter.tree.size, adapter.budget)
-            max_len = min(target.config.max_position_embeddings, DEFAULT_MAX_LEN) + largest
-        super().__init__(target, draft, adapter.tree, temperature=temperature, top_p=top_p, generator=generator,
-                         eos_ids=eos_ids, backend=backend, max_len=max_len)
+        super().__init__(drafter, adapter.tree, name)
         self.adapter = adapter
+        self.max_size = max(adapter.tree.size, adapter.budget)
 
-    def reset(self) -> None:
+    def restart(self) -> None:
         """Start the adaptation over: the initial tree, the prior, an empty log (e.g. after a warm-up)."""
         self.adapter.reset()
         if self.tree != self.adapter.tree:
             self.set_tree(self.adapter.tree)
 
-    @torch.inference_mode()
-    def start(self, prompt_ids: Sequence[int], max_new_tokens: int) -> DecodeState:
-        """As :meth:`SpeculativeDecoder.start`; the adapter counts the generation."""
-        state = super().start(prompt_ids, max_new_tokens)
+    def reset(self) -> None:
+        """A new generation: the drafter forgets it, the adapter counts it (the estimate runs across
+        generations: the run is the workload)."""
+        super().reset()
         self.adapter.start_generation()
-        return state
 
-    @torch.inference_mode()
-    def step(self, state: DecodeState) -> StepStats:
-        """One static-tree step (:meth:`SpeculativeDecoder.step`), then the adapter observes it and, on a
-        re-solve that changed the tree, the new tree is swapped in; the time is added to the step's
-        ``bookkeeping_ms`` (host work: the counts, the DP, the new buffers)."""
-        stats = super().step(state)
-        t0 = time.perf_counter()
-        new = self.adapter.observe(stats.visits, stats.accepted_len)
-        if new is not None:
+    def observe(self, state: DecodeState, step: StepView) -> None:
+        new = None
+        for acc, emitted in zip(step.acceptances, step.emitted):
+            new = self.adapter.observe(acc.visits, len(emitted)) or new
+        if new is not None and new != self.tree:
             self.set_tree(new)
-        spent = (time.perf_counter() - t0) * 1000.0
-        stats = replace(stats, bookkeeping_ms=stats.bookkeeping_ms + spent)
-        state.result.steps[-1] = stats
-        return stats

@@ -2,7 +2,7 @@
 (SpecInfer, Miao et al. 2024, section 3: the token trees of several small speculative models merged into one).
 
 One step: each drafter proposes its tree (a static tree per drafter, compiled once) with its ordinary
-:meth:`~sequoia_opt.decoding.drafters.Drafter.propose`; drafter 0's nodes are the step tree's first nodes,
+:meth:`~sequoia_opt.drafting.drafters.Drafter.propose`; drafter 0's nodes are the step tree's first nodes,
 and every other drafter's nodes are walked in breadth-first order: a node whose token is already a child of
 its (mapped) parent is merged into that child (which keeps both provenances), any other is appended. At a
 node, each drafter's children form one candidate group with that drafter's distribution, tried in drafter
@@ -13,23 +13,19 @@ on nodes of its own tree, in its own tree's numbering (its cache holds its tree 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-import torch
-
+from ...decoding.state import DecodeState, DraftSettings
+from ...decoding.step_tree import Room, StepTree, TreeBuffers
 from ...errors import DecodingError
 from ...tree import Tree
-from ..buffers import TreeBuffers
-from ..drafters import Drafter, DraftSettings
-from .base import DraftingPolicy, StepTree, as_drafter
-
-if TYPE_CHECKING:
-    from ..speculative import DecodeState
+from ..drafters import Drafter, as_drafter
+from .base import SharedTreePolicy, commit_drafter
 
 __all__ = ["MergePolicy"]
 
 
-class MergePolicy(DraftingPolicy):
+class MergePolicy(SharedTreePolicy):
     """SpecInfer's merge: the union of every drafter's own tree (module docstring).
 
     Args:
@@ -56,50 +52,36 @@ class MergePolicy(DraftingPolicy):
         k = len(drafters)
         self.drafter_ms, self.drafter_calls = [0.0] * k, [0] * k
         self._buffers: list[TreeBuffers] = []
-        self._settings: DraftSettings | None = None
         self._own: list[dict[int, int]] = []  # per drafter: step node -> its own node
 
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
-        self._settings = settings
         self._buffers = [TreeBuffers.build(t, settings.device) for t in self.trees]
 
-    def last_full_root(self, context: int, max_len: int) -> int:
-        last = super().last_full_root(context, max_len)
-        for d, buf in zip(self.drafters, self._buffers):
-            if buf.tree_depth:
-                last = min(last, d.max_root_for_depth(buf.tree_depth, buf))
-        return last
+    def whole_fits(self, state: DecodeState, room: Room) -> bool:
+        return super().whole_fits(state, room) and all(
+            d.limit(state, buf) == buf.tree_depth for d, buf in zip(self.drafters, self._buffers) if buf.tree_depth)
 
-    def draft(self, state: DecodeState) -> StepTree:
+    def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
+        if not self.whole_fits(state, rooms[0]):
+            return self.root_only(state)
         tree = StepTree(state.root)
         self._own = []
         for k, (d, buf) in enumerate(zip(self.drafters, self._buffers)):
             t0 = self.clock.now()
             own: dict[int, int] = {0: 0}  # step node -> own node
             if buf.tree_depth > 0:
-                for c, s in enumerate(tree.add_drafted(d.propose(state, buf), buf, k)):
+                out = d.propose(state, buf)
+                probs = out.probs[0] if out.probs is not None else None
+                for c, s in enumerate(tree.add_drafted(out.tokens[0], probs, buf, k)):
                     own.setdefault(s, c)
             self._own.append(own)
             self.drafter_ms[k] = self.clock.now() - t0
             self.drafter_calls[k] = int(buf.tree_depth > 0)
-        return tree
+        return [tree]
 
-    def commit(self, state_L: int, path: Sequence[int], tree: StepTree | None) -> None:
-        device = self._settings.device
+    def commit(self, state: DecodeState, trees: Sequence[StepTree], paths: Sequence[Sequence[int]]) -> None:
+        if self.commit_root_only(state):
+            return
         for k, (d, buf) in enumerate(zip(self.drafters, self._buffers)):
-            if tree is None:
-                d.commit(state_L, [0], 0, torch.tensor([state_L], dtype=torch.int64, device=device))
-                continue
-            if d.shares_target_cache:
-                d.commit(state_L, list(path), buf.tree_depth,
-                         torch.tensor(list(path), dtype=torch.int64, device=device) + state_L)
-                continue
-            own_path = []
-            for j in path:
-                o = self._own[k].get(j)
-                if o is None:
-                    break
-                own_path.append(o)
-            d.commit(state_L, own_path, buf.tree_depth,
-                     torch.tensor(own_path, dtype=torch.int64, device=device) + state_L)
+            commit_drafter(d, state, paths[0], self._own[k].get, buf.tree_depth)

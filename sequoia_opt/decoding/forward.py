@@ -1,13 +1,13 @@
-"""Pieces shared by the speculative decoder and the autoregressive baseline: input checks, the one cached
-forward every model call goes through, prefill, and stop-rule truncation.
+"""The cached forward every torch model call of the loop goes through (target and model drafters), prefill
+chunks, and the request checks made before any forward.
 
-Sharing them is the point: the baseline and the tree decoder run the same forward on the same cache layout,
-so a speedup measures speculation, not a different code path.
+Sharing them is the point: plain decoding and tree decoding run the same forward on the same cache layout, so a
+speedup measures speculation, not a different code path.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -53,22 +53,6 @@ def model_output_error(err: ValueError, model: Transformer, role: str | None = N
     return DecodingError(f"{describe_model(model, role)} produced unusable output: {err}")
 
 
-def verify_error(err: ValueError, target: Transformer, node: int | None, depth: int, drafter: str | None = None
-                 ) -> DecodingError:
-    """The :class:`DecodingError` for a sampling rule's refusal while verifying tree node ``node`` (None: the
-    whole tree's logits, greedy verification): a draft distribution the candidates came from
-    (:class:`~sequoia_opt.decoding.sampling.DraftDistributionError`) names the drafter (``drafter``, its
-    label) and the node, anything else the target (:func:`model_output_error`) and the node."""
-    from .sampling import DraftDistributionError
-
-    where = "" if node is None else f"at tree node {node} (depth {depth})"
-    if isinstance(err, DraftDistributionError):
-        who = f"drafter {drafter!r}" if drafter else "the drafter"
-        return DecodingError(f"{who} proposed the candidates {where} from a distribution verification cannot "
-                             f"use: {err}")
-    return DecodingError(f"{model_output_error(err, target, 'target')}" + (f"; {where}" if where else ""))
-
-
 def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, context: int,
                    model: str = "the model") -> None:
     """Refuse, before any forward pass, a generation that plain decoding could not serve either.
@@ -78,8 +62,8 @@ def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, cont
     token at slot / position ``P + M - 2``, so ``P + M - 1 <= cache_len``. Nothing else is refused: tree
     decoding needs no more, because near the end of the context or of the cache it clips its tree to the
     levels that fit (down to a root-only step, which is a plain decoding step; see
-    :class:`~sequoia_opt.decoding.SpeculativeDecoder`). Both decoders call this with the target's
-    context, so they refuse exactly the same requests.
+    :meth:`~sequoia_opt.decoding.step_tree.StepTree.within`). Plain and tree decoding are one loop checking
+    against the target's context, so they refuse exactly the same requests.
 
     Args:
         prompt_len: P, tokens in the prompt (>= 1).
@@ -178,22 +162,3 @@ def run_causal_chunk(model: Transformer, cache: ModelKVCache, tokens: Sequence[i
     idx = torch.arange(start, start + T, dtype=torch.int64, device=device)
     tok = torch.tensor(list(tokens), dtype=torch.int64, device=device)
     return cached_forward(model, cache, tok, idx, idx, start, causal_mask(T, device, memo), backend, num_layers)
-
-
-def truncate(emitted: Sequence[int], remaining: int, eos_ids: Iterable[int]) -> tuple[list[int], str | None]:
-    """Apply the stop rules to one step's tokens.
-
-    Keeps at most ``remaining`` tokens and cuts after the first EOS (the EOS itself is kept).
-
-    Returns:
-        ``(tokens, stop_reason)`` with ``stop_reason`` ``"eos"``, ``"max_new_tokens"`` or None (go on).
-    """
-    eos = set(eos_ids)
-    out: list[int] = []
-    for t in emitted[:remaining]:
-        out.append(int(t))
-        if t in eos:
-            return out, "eos"
-    if len(out) >= remaining:
-        return out, "max_new_tokens"
-    return out, None

@@ -6,11 +6,12 @@ checkpoint: the drafter shares the target's weights and, for those L layers, its
 Per step (tree depth d >= 1, L_c = the root's slot and position, the target's committed count): one forward
 of the first L layers over the root alone at slot L_c, whose logits give the root's children; then one such
 forward per level 1 .. d-1 over that level's nodes at their slots, each attending the prefix and its own
-ancestors; children by rank exactly as :class:`~sequoia_opt.decoding.drafters.ModelDrafter` takes them (the
-same loop, :func:`~sequoia_opt.decoding.drafters.model.propose_by_levels`).
+ancestors; children by rank exactly as :class:`~sequoia_opt.drafting.drafters.ModelDrafter` takes them (the
+same loop, :func:`~sequoia_opt.drafting.drafters.model.propose_by_levels`).
 
 Why sharing the target's cache is exact. The drafter writes layers ``0 .. L-1`` of the decoder's target
-cache at the step's tree slots ``L_c .. L_c + num_drafted - 1`` only, never below the root. The K/V a
+cache at the step's tree slots ``L_c .. L_c + num_drafted - 1`` only (a batch of one: the target's frontier is
+L_c), never below the root. The K/V a
 layer l < L holds for a token depend only on that token, its position and the layers-below K/V of its
 ancestors (the committed prefix and its tree ancestors), which are the same tokens at the same positions
 in the drafter's forward and the target's verification forward. The verification forward then writes every
@@ -24,35 +25,34 @@ and no catch-up beyond the root, and its committed count :attr:`cached` always e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
 from ...attention import TreeMask
+from ...decoding.state import DecodeState, DraftSettings, RowState
+from ...decoding.step_tree import DraftOutput, TreeBuffers
+from ...decoding.target import TransformerTarget
 from ...errors import DecodingError
-from ...model import ModelKVCache, Transformer
-from ..buffers import TreeBuffers
-from .base import Drafter, DraftOutput, DraftSettings
+from ...model import Transformer
+from .base import Drafter
 from .model import propose_by_levels, score_shared_nodes
-
-if TYPE_CHECKING:
-    from ..speculative import DecodeState
 
 __all__ = ["LayerSkipDrafter"]
 
 
 class LayerSkipDrafter(Drafter):
-    """The target's first ``num_layers`` blocks + its final norm + LM head, as a drafter.
+    """The target's first ``num_layers`` blocks + its final norm + LM head, as a drafter (batch of one).
 
     Args:
-        target: the decoder's target model (the same object must be passed to the decoder: :meth:`bind`
+        target: the decoder's target model (the same object must be the decoder's target: :meth:`bind`
             checks it).
         num_layers: L, the number of leading blocks the draft runs, an int in ``1 .. n_layers - 1`` (L =
             n_layers would be the target itself).
 
     Attributes:
         target, num_layers: as given.
-        cache: the decoder's target cache (shared, never allocated here), set by :meth:`bind`.
+        face: the decoder's target face (its cache is shared, never allocated here), set by :meth:`bind`.
         context: the target's ``max_position_embeddings``.
         cached: the target's committed count (see the module docstring: always equal).
 
@@ -76,49 +76,56 @@ class LayerSkipDrafter(Drafter):
         self.device = target.device
         self.context = target.config.max_position_embeddings
         self.cached = 0
-        self.cache: ModelKVCache | None = None
+        self.face: TransformerTarget | None = None
         self.settings: DraftSettings | None = None
         self._masks: dict[int, TreeMask] = {}
         self._role = f"first-{num_layers}-layer draft of the target"
 
+    @property
+    def cache(self):
+        """The decoder's target KV cache (shared)."""
+        return self.face.cache if self.face is not None else None
+
     def bind(self, settings: DraftSettings) -> None:
-        """Take the decoder's target cache (:attr:`DraftSettings.target_cache`) as the draft's cache.
+        """Take the decoder's target face (its cache becomes the draft's).
 
         Raises:
-            DecodingError: already bound; the decoder's target is not this drafter's target, or it gave no
-                target cache.
+            DecodingError: already bound; the decoder's target is not this drafter's target model.
         """
-        if self.settings is not None:
-            raise DecodingError("this LayerSkipDrafter already serves a decoder (it shares that decoder's target "
-                                "cache); make one per decoder")
-        if settings.target is not self.target or settings.target_cache is None:
+        face = settings.target
+        if not isinstance(face, TransformerTarget) or face.model is not self.target:
             raise DecodingError("a LayerSkipDrafter drafts with its decoder's target and shares its KV cache: "
                                 "pass the same target model to the drafter and to the decoder")
-        self.settings = settings
-        self.cache = settings.target_cache
+        self._bind_once(settings)
+        self.face = face
 
-    def max_root_for_depth(self, d: int, buffers: TreeBuffers) -> int:
-        # levels 0 .. d-1: positions up to L + d - 1, slots up to L + num_drafted_d - 1 (the target's own
-        # limit, positions up to L + d and slots up to L + n_d - 1, is stricter)
-        return min(self.context - d, self.cache.max_len - buffers.level_slices[d].start)
+    def limit(self, state: DecodeState, buffers: TreeBuffers, depth: int | None = None) -> int:
+        # levels 0 .. d-1: positions up to L + d - 1, slots up to L + num_drafted_d - 1 (the target's own room,
+        # positions up to L + d and slots up to L + n_d - 1, is stricter and the loop clips to it)
+        D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
+        L = state.row.cached
+        for d in range(D, 0, -1):
+            if L + d - 1 <= self.context - 1 and L + buffers.level_slices[d].start <= self.face.max_len:
+                return d
+        return 0
 
-    def prefill(self, prompt_ids: Sequence[int], will_draft: bool) -> None:
-        # the decoder's target prefill has written prompt[:-1] in every layer, the draft's L included
-        self.cached = len(prompt_ids) - 1
+    def prefill(self, state: DecodeState) -> None:
+        # the target's prefill has written prompt[:-1] in every layer, the draft's L included
+        self.cached = state.row.cached
 
     def propose(self, state: DecodeState, buffers: TreeBuffers,
                 forced_tokens: torch.Tensor | None = None) -> DraftOutput:
-        L = state.cached  # level 0: the root alone (the prefix is in the shared cache)
-        return propose_by_levels(self.target, self.cache, state.seq[L : L + 1], L, state, buffers, self.settings,
-                                 self._masks, forced_tokens, num_layers=self.num_layers, role=self._role)
+        row = state.row  # level 0: the root alone (the prefix is in the shared cache)
+        return propose_by_levels(self.target, self.face.rows, [row.seq[row.cached:]], state, buffers,
+                                 self.settings, self._masks, forced_tokens, num_layers=self.num_layers,
+                                 role=self._role)
 
-    def score_nodes(self, state: DecodeState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+    def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                     nodes: Sequence[int], first: bool) -> torch.Tensor:
-        L = state.cached  # the root alone (the prefix is in the shared cache)
-        return score_shared_nodes(self.target, self.cache, state.seq[L : L + 1], L, state, tokens, depth, ancestors,
-                                  nodes, first, self.settings, self._masks, num_layers=self.num_layers,
-                                  role=self._role)
+        L = row.cached  # the root alone (the prefix is in the shared cache)
+        return score_shared_nodes(self.target, self.face.rows.view, row.seq[L : L + 1], L, row, tokens, depth,
+                                  ancestors, nodes, first, self.settings, self._masks, num_layers=self.num_layers)
 
-    def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
+    def commit(self, state: DecodeState, paths: Sequence[Sequence[int]], step_depth: int) -> None:
         # the target's compaction has moved the path in every layer (after a root-only step too)
-        self.cached = state_L + len(path)
+        self.cached = state.row.cached + len(paths[0])

@@ -9,9 +9,9 @@ strong drafter's own recovered path).
 One step:
 
 1. The light drafter proposes its part of the plan (the plan's light-only subtree, a static tree compiled
-   once) with its ordinary :meth:`~sequoia_opt.decoding.drafters.Drafter.propose`: nodes ``0 .. n_l - 1`` of
+   once) with its ordinary :meth:`~sequoia_opt.drafting.drafters.Drafter.propose`: nodes ``0 .. n_l - 1`` of
    the step tree, in that subtree's breadth-first order, with their draft distributions and confidence.
-2. The scheduler (:mod:`~sequoia_opt.decoding.policies.scheduler`) reads cheap features of that part and
+2. The scheduler (:mod:`~sequoia_opt.drafting.policies.scheduler`) reads cheap features of that part and
    decides whether the strong drafter is called this step.
 3. If it is: level by level, the strong drafter runs over the nodes it needs (every ancestor-or-self of a node
    where it grafts; the root through its catch-up chunk), re-scoring the light drafter's candidates there,
@@ -32,20 +32,18 @@ candidates are verified group by group against the distribution they were drawn 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
+from ...decoding.sampling import CandidateGroup, process_logits, sample_excluding
+from ...decoding.state import DecodeState, DraftSettings
+from ...decoding.step_tree import Room, StepTree, TreeBuffers, ancestor_matrix
 from ...errors import DecodingError
 from ...tree import Tree
-from ..buffers import TreeBuffers
-from ..drafters import Drafter, DraftSettings
-from ..sampling import CandidateGroup, process_logits, sample_excluding
-from .base import DraftingPolicy, StepTree, ancestor_matrix, as_drafter
+from ..drafters import Drafter, as_drafter
+from .base import SharedTreePolicy, commit_drafter
 from .scheduler import AlwaysGraft, GraftScheduler, spine_features
-
-if TYPE_CHECKING:
-    from ..speculative import DecodeState
 
 __all__ = ["GraftPolicy", "check_graft_plan"]
 
@@ -73,7 +71,7 @@ def check_graft_plan(tree: Tree, drafter: Sequence[int]) -> None:
             raise DecodingError("a plan node has a light child after a strong one (siblings are light first)")
 
 
-class GraftPolicy(DraftingPolicy):
+class GraftPolicy(SharedTreePolicy):
     """A light and a strong drafter grow one tree from a solved plan; a scheduler decides when the strong
     drafter is called (module docstring).
 
@@ -161,10 +159,9 @@ class GraftPolicy(DraftingPolicy):
         self.recent_accepted = 0.0
         self.drafter_ms, self.drafter_calls = [0.0, 0.0], [0, 0]
         self._called = False
-        self._ran: dict[int, int] = {}  # this step: node of the step tree -> its planned node, for those the strong ran over
+        self._ran: dict[int, int] = {}  # this step: step node -> the planned node it is, for those the strong ran over
         self.last_features = None
         self._buffers: TreeBuffers | None = None
-        self._settings: DraftSettings | None = None
 
     def _light_spine(self) -> list[int]:
         """The light tree's rank-0 spine nodes that have children (root first)."""
@@ -184,7 +181,6 @@ class GraftPolicy(DraftingPolicy):
 
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
-        self._settings = settings
         self._buffers = TreeBuffers.build(self.light_tree, settings.device)
         # the full step tree's depths and ancestor matrix, for the strong drafter's forwards (fixed by the plan)
         self._step_depth_t = torch.tensor(self.step_depth, dtype=torch.int64, device=settings.device)  # (n,)
@@ -194,20 +190,26 @@ class GraftPolicy(DraftingPolicy):
         super().reset()
         self.recent_accepted = 0.0
 
-    def observe(self, accepted_nodes: int) -> None:
-        self.recent_accepted = 0.5 * self.recent_accepted + 0.5 * accepted_nodes
+    def observe(self, state: DecodeState, step) -> None:
+        self.recent_accepted = 0.5 * self.recent_accepted + 0.5 * step.acceptances[0].accepted_nodes
 
     # ------------------------------------------------------------------ one step
-    def draft(self, state: DecodeState) -> StepTree:
-        s, buf = self._settings, self._buffers
+    def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
+        if not self.whole_fits(state, rooms[0]):
+            return self.root_only(state)
+        return [self._draft(state)]
+
+    def _draft(self, state: DecodeState) -> StepTree:
+        s, buf = self.settings, self._buffers
         light, strong = self.drafters
         tree = StepTree(state.root)
         t0 = self.clock.now()
         conf = None
         if buf.tree_depth > 0:
             out = light.propose(state, buf)
-            tree.add_drafted(out, buf, 0, merge=False)  # nodes 0 .. n_l - 1, the light tree's own order
-            conf = out.confidence.tolist() if out.confidence is not None else None
+            probs = out.probs[0] if out.probs is not None else None
+            tree.add_drafted(out.tokens[0], probs, buf, 0, merge=False)  # nodes 0 .. n_l - 1, its own order
+            conf = out.confidence[0].tolist() if out.confidence is not None else None
         t1 = self.clock.now()
         self.drafter_ms = [t1 - t0, 0.0]
         self.drafter_calls = [int(buf.tree_depth > 0), 0]
@@ -234,7 +236,7 @@ class GraftPolicy(DraftingPolicy):
         device = s.device
         n = self.plan.size
         tokens = torch.zeros(n, dtype=torch.int64, device=device)  # (n,) planned step nodes' tokens
-        tokens[: tree.n] = torch.tensor(tree.tokens, dtype=torch.int64, device=device)
+        tokens[: tree.n] = torch.tensor(tree.token_list, dtype=torch.int64, device=device)
         depth, anc = self._step_depth_t, self._step_anc_t
         real = list(range(self.n_light)) + [-1] * (n - self.n_light)
         path_p = {0: 1.0}  # re-selection: the strong drafter's probability of each light node's root path
@@ -242,7 +244,7 @@ class GraftPolicy(DraftingPolicy):
             nodes = [j for j in level if real[j] >= 0]
             if not nodes:
                 continue
-            logits = strong.score_nodes(state, tokens, depth, anc, nodes, li == 0)
+            logits = strong.score_nodes(state.row, tokens, depth, anc, nodes, li == 0)
             self._ran.update((real[j], j) for j in nodes)
             d = self.step_depth[nodes[0]]
             reselected = self.reselect and logits is not None and d in self.reselect_levels
@@ -253,7 +255,7 @@ class GraftPolicy(DraftingPolicy):
                 if not b or (reselected and node < self.n_light):  # re-selected: the light parents' grafts
                     continue
                 at = real[node]
-                exclude = [tree.tokens[c] for c in tree.children[at]]
+                exclude = [tree.token_list[c] for c in tree.children[at]]
                 if logits is None:  # a drafter without a model: its ranked candidates, as point masses
                     cands, _ = strong.ranked(state.seq, tree.path_tokens(at), min(b + len(exclude), strong.vocab_size))
                     new = torch.tensor([t for t in cands if t not in exclude][:b], dtype=torch.int64, device=device)
@@ -277,7 +279,7 @@ class GraftPolicy(DraftingPolicy):
                 kids = tree.add_group(at, group, merge=False)
                 for j, c in zip(self._graft_kids[node], kids):
                     real[j] = c
-                    tokens[j] = tree.tokens[c]
+                    tokens[j] = tree.token_list[c]
 
     def _reselect(self, tree: StepTree, nodes: Sequence[int], logits: torch.Tensor, g: int,
                   path_p: dict[int, float], s: DraftSettings) -> None:
@@ -292,12 +294,12 @@ class GraftPolicy(DraftingPolicy):
         light_rows = [(row, v) for row, v in enumerate(nodes) if v < self.n_light]
         for row, v in light_rows:  # the path probability of v's light children, for the next level
             for c in tree.children[v]:
-                path_p[c] = path_p.get(v, 0.0) * float(probs[row, tree.tokens[c]])
+                path_p[c] = path_p.get(v, 0.0) * float(probs[row, tree.token_list[c]])
         pairs: list[tuple[float, int, int]] = []
         for row, v in light_rows:
             pv = path_p.get(v, 0.0)
             pr = probs[row].clone()
-            ex = [tree.tokens[c] for c in tree.children[v]]
+            ex = [tree.token_list[c] for c in tree.children[v]]
             if ex:
                 pr[torch.tensor(ex, device=pr.device)] = -1.0
             top = pr.topk(min(g, pr.numel() - len(ex)))
@@ -310,32 +312,15 @@ class GraftPolicy(DraftingPolicy):
             tree.add_group(v, CandidateGroup(None, torch.tensor(chosen[v], dtype=torch.int64, device=s.device), 1),
                            merge=False)  # leaves: the strong drafter never runs over them
 
-    def commit(self, state_L: int, path: Sequence[int], tree: StepTree | None) -> None:
-        light, strong = self.drafters
-        device = self._settings.device
-        if tree is None:  # a root-only step: no drafter ran
-            empty = torch.tensor([0], dtype=torch.int64, device=device) + state_L
-            for d in self.drafters:
-                d.commit(state_L, [0], 0, empty)
+    def commit(self, state: DecodeState, trees: Sequence[StepTree], paths: Sequence[Sequence[int]]) -> None:
+        if self.commit_root_only(state):
             return
-        full = torch.tensor(list(path), dtype=torch.int64, device=device) + state_L
-        if light.shares_target_cache:
-            light.commit(state_L, list(path), self._buffers.tree_depth, full)
-        else:
-            lp = _prefix(path, lambda j: j < self.n_light)
-            light.commit(state_L, lp, self._buffers.tree_depth, full[: len(lp)])
+        light, strong = self.drafters
+        n_light, ran = self.n_light, self._ran
+        # the light tree's nodes are the step tree's first n_l (its own numbering); the strong drafter ran over
+        # step nodes at their own slots
+        commit_drafter(light, state, paths[0], lambda j: j if j < n_light else None, self._buffers.tree_depth)
         if strong.shares_target_cache:
-            strong.commit(state_L, list(path), self.max_depth, full)
-        elif self._called:  # the strong drafter's cache holds its nodes at their planned slots
-            sp = [self._ran[j] for j in _prefix(path, self._ran.__contains__)]
-            strong.commit(state_L, sp, self.max_depth + 1,
-                          torch.tensor(sp, dtype=torch.int64, device=device) + state_L)
-
-
-def _prefix(path: Sequence[int], keep) -> list[int]:
-    out = []
-    for j in path:
-        if not keep(j):
-            break
-        out.append(j)
-    return out
+            commit_drafter(strong, state, paths[0], int, self.max_depth)
+        elif self._called:  # its cache holds the nodes it ran over at their planned slots
+            commit_drafter(strong, state, paths[0], ran.get, self.max_depth + 1)

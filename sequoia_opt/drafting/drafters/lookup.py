@@ -26,8 +26,8 @@ token to the verifier: it is accepted only when the target agrees.
 Cost. An index over ``state.seq`` maps every n-gram (``prompt_lookup_min <= n <= prompt_lookup_max``) to the
 tokens that followed it, each with its count and its last position, so a node's lookup is one dictionary
 read per n plus a sort of the distinct followers. It is built by :meth:`PromptLookupDrafter.prefill` and
-extended by :meth:`PromptLookupDrafter.propose` with the tokens committed since (``state.seq`` only grows
-within a generation; :meth:`reset` clears it), O(max - min + 1) per new token: about 4 ms per 1000 tokens
+extended by :meth:`PromptLookupDrafter.propose` with the tokens committed since (a row's ``seq`` only grows
+within a generation; :meth:`reset` clears it; one index per row of a batch), O(max - min + 1) per new token: about 4 ms per 1000 tokens
 with the defaults in CPython, and a 61-node tree over a 4000-token context is proposed in about 0.3 ms. The
 tokens a node's root path adds are matched locally (at most the tree's depth windows per n), never added to
 the index.
@@ -36,21 +36,19 @@ the index.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
+from ...decoding.state import DecodeState, DraftSettings, RowState
+from ...decoding.step_tree import DraftOutput, TreeBuffers
 from ...errors import DecodingError
-from ..buffers import TreeBuffers
-from .base import DraftOutput, Drafter, DraftSettings
+from .base import Drafter
 
-if TYPE_CHECKING:
-    from ..speculative import DecodeState
+__all__ = ["PromptLookupDrafter", "NgramIndex", "UNLIMITED"]
 
-__all__ = ["PromptLookupDrafter", "UNLIMITED"]
-
-#: The lookup drafter's context and its limit per depth: it reads positions only through the committed
-#: tokens, so it sets no limit of its own (the decoder's target limits still apply).
+#: The lookup drafter's context: it reads positions only through the committed tokens, so it sets no limit of
+#: its own (the target's limits still apply).
 UNLIMITED = sys.maxsize
 
 
@@ -60,102 +58,23 @@ def _check_int(name: str, value: object, low: int) -> int:
     return int(value)
 
 
-class PromptLookupDrafter(Drafter):
-    """The n-gram prompt lookup drafter (see the module docstring for the ranking rule).
+class NgramIndex:
+    """One sequence's n-gram index (module docstring: the ranking rule and its cost).
 
     Args:
-        vocab_size: V, the target's vocabulary size (candidates and fillers are ids in ``[0, V)``).
-        prompt_lookup_min: the shortest suffix (in tokens) matched, >= 1 (vLLM's name).
-        prompt_lookup_max: the longest suffix matched, >= ``prompt_lookup_min`` (vLLM's name).
-        device: where the tree tokens are made; must be the target's device (pass ``target.device``).
-
-    Attributes:
-        context: :data:`UNLIMITED` (no positions limit of its own).
-        cached: always 0: the drafter has no cache. Its n-gram index is not a cache of the decoder's slots;
-            it covers ``indexed`` tokens of ``state.seq``.
-        indexed: how many tokens of the committed sequence the index has taken in.
-
-    Raises:
-        DecodingError: a parameter that is not an integer (bools refused), ``vocab_size < 1``,
-            ``prompt_lookup_min < 1``, or ``prompt_lookup_min > prompt_lookup_max``; each message names the
-            parameter.
+        vocab_size: V (fillers are the smallest ids not already proposed).
+        lo, hi: the shortest and longest suffix matched (tokens).
     """
 
-    cost_model = "one-pass"
-    has_probs = False
-
-    def __init__(self, vocab_size: int, *, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3,
-                 device: torch.device | str = "cpu") -> None:
-        self.vocab_size = _check_int("vocab_size", vocab_size, 1)
-        self.prompt_lookup_min = _check_int("prompt_lookup_min", prompt_lookup_min, 1)
-        self.prompt_lookup_max = _check_int("prompt_lookup_max", prompt_lookup_max, 1)
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise DecodingError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
-                                f"({self.prompt_lookup_max})")
-        self.device = torch.device(device)
-        self.context = UNLIMITED
-        self.cached = 0
-        self.settings: DraftSettings | None = None
+    def __init__(self, vocab_size: int, lo: int, hi: int) -> None:
+        self.vocab_size, self.prompt_lookup_min, self.prompt_lookup_max = vocab_size, lo, hi
         self._seq: list[int] = []  # the committed tokens indexed so far
         # n-gram -> {following token: [count, last position of that token]}
         self._index: dict[tuple[int, ...], dict[int, list[int]]] = {}
 
-    @property
-    def indexed(self) -> int:
-        return len(self._seq)
-
-    # ------------------------------------------------------------------ the protocol
-    def bind(self, settings: DraftSettings) -> None:
-        if self.settings is not None:
-            raise DecodingError("this PromptLookupDrafter already serves a decoder (it indexes one generation "
-                                "at a time); make one per decoder")
-        self.settings = settings
-
-    def max_root_for_depth(self, d: int, buffers: TreeBuffers) -> int:
-        return UNLIMITED  # no positions or cache of its own
-
     def reset(self) -> None:
-        self.cached = 0
         self._seq = []
         self._index = {}
-
-    def prefill(self, prompt_ids: Sequence[int], will_draft: bool) -> None:
-        self._extend(prompt_ids)
-
-    def propose(self, state: DecodeState, buffers: TreeBuffers,
-                forced_tokens: torch.Tensor | None = None) -> DraftOutput:
-        self._extend(state.seq)
-        D = buffers.tree_depth
-        if forced_tokens is not None:  # nothing to fill and no cache: the forced tree as it is
-            return DraftOutput(forced_tokens, None, D)
-        tokens = [state.root] + [0] * (buffers.n - 1)
-        conf = [0.0] * buffers.n
-        paths: list[list[int]] = [[]] * buffers.n  # per node: its root path's tokens below the root
-        for node, ch in enumerate(buffers.children):  # breadth-first: a node's path is known before its own
-            if not ch:
-                continue
-            cands, conf[node] = self.ranked(state.seq, paths[node], len(ch))
-            for c, tok in zip(ch, cands):  # children are in rank order
-                tokens[c] = tok
-                paths[c] = paths[node] + [tok]
-        want = self.settings is not None and self.settings.want_confidence
-        confidence = torch.tensor(conf, device=self.device) if want else None
-        return DraftOutput(torch.tensor(tokens, dtype=torch.int64, device=self.device), None, D, confidence)
-
-    def commit(self, state_L: int, path: Sequence[int], step_depth: int, slots: torch.Tensor) -> None:
-        # no cache: the committed tokens reach the index through state.seq at the next propose
-        pass
-
-    # ------------------------------------------------------------------ the lookup
-    def score_nodes(self, state: DecodeState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
-                    nodes: Sequence[int], first: bool) -> None:
-        """No model and no cache: nothing to run (a shared-tree policy asks :meth:`ranked` per node)."""
-        self._extend(state.seq)
-        return None
-
-    def candidates(self, seq: Sequence[int], path: Sequence[int], k: int) -> list[int]:
-        """The k ranked candidates after the context ``seq + path`` (:meth:`ranked` without its confidence)."""
-        return self.ranked(seq, path, k)[0]
 
     def ranked(self, seq: Sequence[int], path: Sequence[int], k: int) -> tuple[list[int], float]:
         """The k ranked candidates after the context ``seq + path`` (the module docstring's rule), and the
@@ -251,3 +170,110 @@ class PromptLookupDrafter(Drafter):
                 else:
                     st[0] += 1
                     st[1] = j
+
+
+class PromptLookupDrafter(Drafter):
+    """The n-gram prompt lookup drafter (see the module docstring for the ranking rule), one index per row.
+
+    Args:
+        vocab_size: V, the target's vocabulary size (candidates and fillers are ids in ``[0, V)``).
+        prompt_lookup_min: the shortest suffix (in tokens) matched, >= 1 (vLLM's name).
+        prompt_lookup_max: the longest suffix matched, >= ``prompt_lookup_min`` (vLLM's name).
+        device: where the tree tokens are made; must be the target's device (pass ``target.device``).
+
+    Attributes:
+        context: :data:`UNLIMITED` (no positions limit of its own).
+        cached: always 0: the drafter has no cache. Its n-gram indexes are not caches of the decoder's slots.
+        indexed: how many tokens of row 0's committed sequence its index has taken in.
+
+    Raises:
+        DecodingError: a parameter that is not an integer (bools refused), ``vocab_size < 1``,
+            ``prompt_lookup_min < 1``, or ``prompt_lookup_min > prompt_lookup_max``; each message names the
+            parameter.
+    """
+
+    cost_model = "one-pass"
+    has_probs = False
+    max_rows = 1 << 30
+
+    def __init__(self, vocab_size: int, *, prompt_lookup_min: int = 1, prompt_lookup_max: int = 3,
+                 device: torch.device | str = "cpu") -> None:
+        self.vocab_size = _check_int("vocab_size", vocab_size, 1)
+        self.prompt_lookup_min = _check_int("prompt_lookup_min", prompt_lookup_min, 1)
+        self.prompt_lookup_max = _check_int("prompt_lookup_max", prompt_lookup_max, 1)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise DecodingError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                                f"({self.prompt_lookup_max})")
+        self.device = torch.device(device)
+        self.context = UNLIMITED
+        self.cached = 0
+        self.settings: DraftSettings | None = None
+        self._rows: list[NgramIndex] = [self._new_index()]
+
+    def _new_index(self) -> NgramIndex:
+        return NgramIndex(self.vocab_size, self.prompt_lookup_min, self.prompt_lookup_max)
+
+    @property
+    def indexed(self) -> int:
+        return len(self._rows[0]._seq) if self._rows else 0
+
+    # ------------------------------------------------------------------ the protocol
+    def bind(self, settings: DraftSettings) -> None:
+        self._bind_once(settings)
+
+    def reset(self) -> None:
+        self._rows = [self._new_index()]
+
+    def prefill(self, state: DecodeState) -> None:
+        self._rows = [self._new_index() for _ in state.rows]
+        for idx, r in zip(self._rows, state.rows):
+            idx._extend(r.seq)
+
+    def propose(self, state: DecodeState, buffers: TreeBuffers,
+                forced_tokens: torch.Tensor | None = None) -> DraftOutput:
+        D = buffers.tree_depth
+        while len(self._rows) < len(state.rows):
+            self._rows.append(self._new_index())
+        for idx, r in zip(self._rows, state.rows):
+            idx._extend(r.seq)
+        if forced_tokens is not None:  # nothing to fill and no cache: the forced tree as it is
+            return DraftOutput(forced_tokens, None, D)
+        tokens, confs = [], []
+        for idx, r in zip(self._rows, state.rows):
+            toks = [r.root] + [0] * (buffers.n - 1)
+            conf = [0.0] * buffers.n
+            paths: list[list[int]] = [[]] * buffers.n  # per node: its root path's tokens below the root
+            for node, ch in enumerate(buffers.children):  # breadth-first: a node's path is known before its own
+                if not ch:
+                    continue
+                cands, conf[node] = idx.ranked(r.seq, paths[node], len(ch))
+                for c, tok in zip(ch, cands):  # children are in rank order
+                    toks[c] = tok
+                    paths[c] = paths[node] + [tok]
+            tokens.append(toks)
+            confs.append(conf)
+        want = self.settings is not None and self.settings.want_confidence
+        confidence = torch.tensor(confs, device=self.device) if want else None
+        return DraftOutput(torch.tensor(tokens, dtype=torch.int64, device=self.device), None, D, confidence)
+
+    def commit(self, state: DecodeState, paths: Sequence[Sequence[int]], step_depth: int) -> None:
+        # no cache: the committed tokens reach the index through the row's seq at the next proposal
+        pass
+
+    def keep(self, rows: Sequence[int]) -> None:
+        self._rows = [self._rows[b] for b in rows]
+
+    def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
+                    nodes: Sequence[int], first: bool) -> None:
+        """No model and no cache: nothing to run (a shared-tree policy asks :meth:`ranked` per node)."""
+        self._rows[0]._extend(row.seq)
+        return None
+
+    def candidates(self, seq: Sequence[int], path: Sequence[int], k: int) -> list[int]:
+        """The k ranked candidates after the context ``seq + path`` (row 0's index; :meth:`ranked` without its
+        confidence)."""
+        return self.ranked(seq, path, k)[0]
+
+    def ranked(self, seq: Sequence[int], path: Sequence[int], k: int) -> tuple[list[int], float]:
+        """:meth:`NgramIndex.ranked` on row 0's index (a batch of one; a shared-tree policy's call)."""
+        return self._rows[0].ranked(seq, path, k)

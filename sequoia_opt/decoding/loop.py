@@ -1,0 +1,438 @@
+"""The decoding loop: one :class:`Decoder` for plain decoding and every speculative policy, any target face,
+any batch size (a batch of one is one row).
+
+Tree speculative decoding (Sequoia, Chen et al. 2024; SpecInfer, Miao et al. 2024; Medusa, Cai et al. 2024):
+a drafting policy proposes a tree of candidates per row, the target verifies every row's tree in one forward
+with tree attention, a path is accepted exactly, and the target and the policy's drafters commit it. With no
+policy every tree is the root alone: plain autoregressive decoding, through the same forward, cache and stop
+rules, so a speedup measures speculation and nothing else.
+
+One step, in named methods:
+
+1. :meth:`Decoder.draft` — the target face says each row's room (cache slots, positions:
+   :class:`~sequoia_opt.decoding.step_tree.Room`); the policy grows one
+   :class:`~sequoia_opt.decoding.step_tree.StepTree` per row; a tree past its room is clipped, exactly
+   (:meth:`~sequoia_opt.decoding.step_tree.StepTree.within`; the only clipping there is).
+2. :meth:`Decoder.verify` — one target forward over every row's tree (:meth:`TargetFace.verify`).
+3. :meth:`Decoder.accept` — per row, the accepted path and the bonus token: greedy, the target's argmax walk
+   (:func:`~sequoia_opt.decoding.sampling.verify_greedy`); sampling, at each node its candidate groups against
+   the distributions they were drawn from (one group with q: Sequoia Algorithm 2,
+   :func:`~sequoia_opt.decoding.sampling.verify_sampling_node`; a point-mass group:
+   :func:`~sequoia_opt.decoding.sampling.verify_point_mass_node`; several groups: SpecInfer's multi-step
+   speculative sampling, :func:`~sequoia_opt.decoding.sampling.verify_groups_node`).
+4. :meth:`Decoder.commit` — emit (:meth:`RowState.emit`, the only stop rules), the target commits the
+   paths (KV compaction, or llama.cpp's ``seq_rm``), the policy commits them to its drafters; then the
+   policy observes the step and finished rows leave the batch.
+
+Exactness: under greedy decoding every row's output is the target's greedy decoding of that prompt alone
+(siblings carry distinct tokens; up to float summation order of batched GEMMs); under sampling each row's
+output is distributed as the target's temperature / top-p sampling.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from ..errors import DecodingError
+from ..model import Transformer
+from .forward import check_capacity, check_max_new_tokens, check_prompt
+from .policy import DraftingPolicy, StepView
+from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical, verify_greedy,
+                       verify_groups_node, verify_point_mass_node, verify_sampling_node)
+from .state import DecodeState, DraftSettings, RowState, eos_set
+from .stats import BatchResult, BatchStep, Clock, GenerationResult, StepStats
+from .step_tree import StepTree, TreeBuffers, _ROOT_ONLY
+from .target import TargetFace, TransformerTarget
+
+__all__ = ["Decoder", "DEFAULT_MAX_LEN", "plain_decoder", "AutoregressiveDecoder", "autoregressive_generate"]
+
+DEFAULT_MAX_LEN = 4096  # default cache slots (plus the largest tree) when a decoder is given no max_len
+
+
+class Decoder:
+    """The one decoding loop (module docstring).
+
+    Args:
+        target: a :class:`~sequoia_opt.model.Transformer` (wrapped in a
+            :class:`~sequoia_opt.decoding.target.TransformerTarget` with ``max_len`` slots, ``max_batch`` rows,
+            ``backend``) or any :class:`TargetFace` (llama.cpp: ``sequoia_opt.engines.llamacpp``).
+        policy: the drafting policy (``sequoia_opt.drafting.policies``), bound to this decoder (one decoder per
+            policy); None = plain decoding.
+        temperature: 0 = greedy (output = the target's greedy decoding); > 0 = speculative sampling (output
+            distributed as the target's temperature / top-p sampling).
+        top_p: nucleus mass in (0, 1], applied to the target and to model drafters alike.
+        generator: random source for sampling (drafting and verification); None = a generator on the target's
+            device seeded with 0. The attribute ``generator`` may be replaced between generations.
+        eos_ids: ids (or one id) that stop a row (its first EOS is emitted, nothing after it).
+        backend: attention backend ``"auto" | "torch" | "cuda"`` of a Transformer target.
+        max_len: KV cache slots per row of a Transformer target (and of model drafters); default
+            ``min(context, 4096) + policy.max_size`` (``min(context, 4096)`` for plain decoding). Any
+            ``max_len >= 1`` is accepted: trees are clipped where they do not fit.
+        max_batch: the most prompts one generation decodes together (rows allocated).
+
+    Requests: exactly those plain decoding with the same ``max_len`` serves (:meth:`check`); never refused
+    because of the tree, which is clipped near the end of the context or the cache.
+
+    Raises:
+        DecodingError: a drafter with another vocabulary or device than the target, a bad temperature / top_p,
+            ``max_len`` or ``max_batch`` below 1, a batch larger than the policy or the target face serves, a
+            policy node wider than the face verifies, a drafter already bound to another decoder.
+    """
+
+    def __init__(self, target: Transformer | TargetFace, policy: DraftingPolicy | None = None, *,
+                 temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
+                 eos_ids: int | Iterable[int] = (), backend: str = "auto", max_len: int | None = None,
+                 max_batch: int = 1) -> None:
+        try:
+            process_logits(torch.zeros(1), temperature, top_p)  # validates temperature and top_p
+        except ValueError as err:
+            raise DecodingError(str(err)) from None
+        if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
+            raise DecodingError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if isinstance(target, Transformer):
+            if max_len is None:
+                context = target.config.max_position_embeddings
+                max_len = min(context, DEFAULT_MAX_LEN) + (policy.max_size if policy is not None else 0)
+            face: TargetFace = TransformerTarget(target, max_len=max_len, max_batch=max_batch, backend=backend)
+        elif isinstance(target, TargetFace):
+            face = target
+        else:
+            raise DecodingError(f"target must be a Transformer or a TargetFace, got {type(target).__name__}")
+        if max_batch > face.max_batch:
+            raise DecodingError(f"{face.name} serves at most {face.max_batch} rows per step, not {max_batch}")
+        self.face, self.policy = face, policy
+        self.max_batch = int(max_batch)
+        self.vocab_size, self.device = face.vocab_size, face.device
+        self.context, self.max_len = face.context, face.max_len
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.greedy = self.temperature == 0
+        self.eos_ids = eos_set(eos_ids)
+        if generator is None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(0)
+        self._settings = DraftSettings(device=self.device, max_len=self.max_len, max_batch=self.max_batch,
+                                       backend=getattr(face, "backend", "torch"), temperature=self.temperature,
+                                       top_p=self.top_p, generator=generator,
+                                       tree_depth=policy.max_depth if policy is not None else 0, target=face)
+        self._want = 1
+        if policy is not None:
+            self._check_policy(policy)
+            policy.bind(self._settings)
+            self._want = max(1, int(policy.max_size))
+        self._root = TreeBuffers.build(_ROOT_ONLY, self.device)
+        self._clock = Clock(self.device)
+
+    def _check_policy(self, policy: DraftingPolicy) -> None:
+        names = policy.names
+        if len(names) != len(policy.drafters):  # zip below would skip the unnamed drafters' checks
+            raise DecodingError(f"the policy names {len(names)} drafter(s) ({', '.join(map(str, names))}) but has "
+                                f"{len(policy.drafters)}: one name per drafter")
+        for name, d in zip(names, policy.drafters):
+            V = getattr(d, "vocab_size", self.vocab_size)
+            if V != self.vocab_size:
+                raise DecodingError(f"drafter {name!r} has a vocabulary of {V} tokens but the target "
+                                    f"{self.vocab_size}; every drafter must share the target's tokenizer")
+            dev = getattr(d, "device", self.device)
+            if torch.device(dev) != self.device:
+                raise DecodingError(f"drafter {name!r} is on {dev} but the target on {self.device}")
+        if self.max_batch > policy.max_rows:
+            raise DecodingError(f"the {type(policy).__name__} serves at most {policy.max_rows} row(s) per step, not "
+                                f"a batch of {self.max_batch}")
+        width = getattr(policy, "max_width", None)
+        if self.face.max_width is not None and width is not None and width > self.face.max_width:
+            raise DecodingError(f"{self.face.name} verifies trees of at most {self.face.max_width} children per "
+                                f"node; this policy grows {width}")
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def generator(self) -> torch.Generator:
+        """The random source of drafting and verification; may be replaced between generations (drafters read
+        it from the shared :class:`~sequoia_opt.decoding.state.DraftSettings`)."""
+        return self._settings.generator
+
+    @generator.setter
+    def generator(self, generator: torch.Generator) -> None:
+        self._settings.generator = generator
+
+    @property
+    def target_model(self) -> Transformer | None:
+        """The torch target model (None for another face)."""
+        return getattr(self.face, "model", None) if isinstance(self.face, TransformerTarget) else None
+
+    @property
+    def target_cache(self):
+        """The torch target's KV cache (all rows; None for another face)."""
+        return self.face.cache if isinstance(self.face, TransformerTarget) else None
+
+    # ------------------------------------------------------------------ requests
+    def check(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Validate a request before any forward; returns the prompt as ints.
+
+        Raises:
+            DecodingError: empty prompt, an id outside the vocabulary, ``max_new_tokens`` < 0, or a prompt +
+                ``max_new_tokens`` that does not fit the target's context or ``max_len`` slots
+                (:func:`~sequoia_opt.decoding.forward.check_capacity`): what plain decoding refuses too.
+        """
+        prompt = check_prompt(prompt_ids, self.vocab_size)
+        M = check_max_new_tokens(max_new_tokens)
+        check_capacity(len(prompt), M, cache_len=self.max_len, context=self.context, model=self.face.name)
+        return prompt
+
+    def check_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        """:meth:`check` for every prompt of a batch (at most ``max_batch``); messages name the prompt.
+
+        Raises:
+            DecodingError: no prompts, more than ``max_batch``, or a prompt :meth:`check` refuses.
+        """
+        prompts = list(prompts)
+        if not prompts:
+            raise DecodingError("the batch is empty: give at least one prompt")
+        if len(prompts) > self.max_batch:
+            raise DecodingError(f"a batch of {len(prompts)} prompts exceeds this decoder's max_batch="
+                                f"{self.max_batch} rows")
+        out = []
+        for i, p in enumerate(prompts):
+            try:
+                out.append(self.check(p, max_new_tokens))
+            except DecodingError as err:
+                raise DecodingError(f"prompt {i} of {len(prompts)} (0-based) cannot be decoded in this batch: "
+                                    f"{err}") from None
+        return out
+
+    # ------------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> GenerationResult:
+        """Decode up to ``max_new_tokens`` new tokens after one prompt (a batch of one).
+
+        Raises:
+            DecodingError: as :meth:`check`, before any forward; unusable model output (NaN / inf logits),
+                naming the model or the drafter.
+        """
+        state = self.start(prompt_ids, max_new_tokens)
+        while not state.finished:
+            self.step(state)
+        return state.result
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> BatchResult:
+        """Decode up to ``max_new_tokens`` new tokens after each prompt, all in one batch; each row stops on its
+        own (EOS, ``max_new_tokens``) and leaves the batch.
+
+        Returns:
+            :class:`~sequoia_opt.decoding.stats.BatchResult`: per prompt, in order, its result; per step, a
+            :class:`~sequoia_opt.decoding.stats.BatchStep`.
+        """
+        state = self.start_batch(prompts, max_new_tokens)
+        while not state.finished:
+            self.step(state)
+        return BatchResult(state.results, state.steps, state.prefill_ms)
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: Sequence[int], max_new_tokens: int) -> DecodeState:
+        """Check one request and prefill it (:meth:`start_batch` with a batch of one)."""
+        return self._start([self.check(prompt_ids, max_new_tokens)], int(max_new_tokens))
+
+    @torch.inference_mode()
+    def start_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> DecodeState:
+        """Check every request, then prefill: the target takes ``prompt[:-1]`` of each row, the policy the
+        prompts; the last prompt token of each row is its first root. The state is already finished when
+        ``max_new_tokens == 0``."""
+        return self._start(self.check_batch(prompts, max_new_tokens), int(max_new_tokens))
+
+    def _start(self, prompts: list[list[int]], M: int) -> DecodeState:
+        results = [GenerationResult(tokens=[], prompt_len=len(p)) for p in prompts]
+        rows = [RowState(seq=list(p), cached=len(p) - 1, max_new_tokens=M, result=r, index=i)
+                for i, (p, r) in enumerate(zip(prompts, results))]
+        state = DecodeState(rows=rows, results=results)
+        if M == 0:
+            for r in results:
+                r.stop_reason = "empty"
+            state.rows = []
+            return state
+        t0 = self._clock.now()
+        if self.policy is not None:
+            self.policy.reset()
+        self.face.prefill(prompts)
+        if self.policy is not None:
+            self.policy.prefill(state)
+        state.prefill_ms = self._clock.now() - t0
+        for r in results:
+            r.prefill_ms = state.prefill_ms
+        return state
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState) -> BatchStep:
+        """One draft / verify / accept / commit step over the live rows; appends a
+        :class:`~sequoia_opt.decoding.stats.StepStats` to each row's result and the
+        :class:`~sequoia_opt.decoding.stats.BatchStep` to ``state.steps``.
+
+        Raises:
+            DecodingError: a finished generation; a row without room for its root (a state :meth:`check` refuses);
+                unusable model output.
+        """
+        if state.finished:
+            raise DecodingError("this generation has already finished")
+        clock = self._clock
+        t0 = clock.now()
+        trees = self.draft(state)
+        t1 = clock.now()
+        logits = self.verify(state, trees)
+        t2 = clock.now()
+        accs = [self.accept(t, lg) for t, lg in zip(trees, logits)]
+        rows = list(state.rows)
+        emitted = self.commit(state, trees, accs)
+        if self.policy is not None:
+            self.policy.observe(state, StepView(trees, logits, accs, emitted))
+        keep = [b for b, r in enumerate(rows) if not r.finished]
+        if len(keep) < len(rows):
+            if keep:
+                self.face.keep(keep)
+                if self.policy is not None:
+                    self.policy.keep(keep)
+            state.rows = [rows[b] for b in keep]
+        t3 = clock.now()
+        pol = self.policy
+        multi = pol is not None and pol.reports_drafters
+        d_ms = tuple(pol.drafter_ms) if multi else ()
+        d_calls = tuple(pol.drafter_calls) if multi else ()
+        row_stats = []
+        for row, tree, acc, em in zip(rows, trees, accs, emitted):
+            path = acc.path
+            row_stats.append(StepStats(
+                tokens=tuple(em), accepted_len=len(em), accepted_nodes=len(path) - 1,
+                accepted_ranks=tuple(tree.rank_of(i) for i in path[1:]), visits=acc.visits, draft_ms=t1 - t0,
+                verify_ms=t2 - t1, bookkeeping_ms=t3 - t2, tree_size=tree.n, tree_depth=tree.tree_depth,
+                accepted_drafters=tuple(tree.source_of(i) for i in path[1:]) if multi else (),
+                drafter_ms=d_ms, drafter_calls=d_calls))
+            row.result.steps.append(row_stats[-1])
+        step = BatchStep(batch=len(rows), tree_size=max(t.n for t in trees),
+                         tree_depth=max(t.tree_depth for t in trees), emitted=tuple(len(e) for e in emitted),
+                         draft_ms=t1 - t0, verify_ms=t2 - t1, bookkeeping_ms=t3 - t2, rows=tuple(row_stats))
+        state.steps.append(step)
+        return step
+
+    # ------------------------------------------------------------------ the four named steps
+    @torch.inference_mode()
+    def draft(self, state: DecodeState) -> list[StepTree]:
+        """Each live row's tree for this step: the policy's (the root alone without a policy), clipped to the
+        row's room (:meth:`~sequoia_opt.decoding.step_tree.StepTree.within`). Does not change ``state``
+        (drafting again from the same state redoes the same work).
+
+        Raises:
+            DecodingError: a row without room for its root (a state :meth:`check` would have refused).
+        """
+        rooms = self.face.room(state, self._want)
+        for row, room in zip(state.rows, rooms):
+            if room.nodes < 1 or room.depth < 0:
+                raise DecodingError(
+                    f"no room for the next token at slot / position {row.cached}: {self.face.name} has a context of "
+                    f"{self.context} positions and {self.max_len} cache slots (a state check() would have refused)")
+        if self.policy is None:
+            return [StepTree.static(self._root, torch.tensor([r.root], dtype=torch.int64, device=self.device))
+                    for r in state.rows]
+        trees = self.policy.draft(state, rooms)
+        if len(trees) != len(rooms):
+            raise DecodingError(f"the {type(self.policy).__name__} drafted {len(trees)} trees for {len(rooms)} rows")
+        return [t.within(room) for t, room in zip(trees, rooms)]
+
+    @torch.inference_mode()
+    def verify(self, state: DecodeState, trees: Sequence[StepTree]) -> list[torch.Tensor]:
+        """One target forward over every row's tree; per row (n_b, V) logits."""
+        return self.face.verify(state, trees)
+
+    @torch.inference_mode()
+    def accept(self, tree: StepTree, target_logits: torch.Tensor) -> Acceptance:
+        """One row's accepted path and bonus token (module docstring, step 3).
+
+        Args:
+            tree: the row's verified tree.
+            target_logits: (n, V) the target's logits over it.
+
+        Raises:
+            DecodingError: target logits with NaN or +inf where they are used (no token is made from them),
+                naming the target; a candidate group's distribution the rule cannot use, naming the drafter,
+                the node and its depth.
+        """
+        try:
+            if self.greedy:
+                return verify_greedy(argmax_tokens(target_logits), tree.token_list, tree.children)
+        except ValueError as err:
+            raise DecodingError(f"{self.face.name} produced unusable output: {err}") from None
+        node, depth, path, visits = 0, 0, [0], []
+        gen = self.generator
+        while True:
+            try:
+                p = process_logits(target_logits[node], self.temperature, self.top_p)  # (V,)
+            except ValueError as err:
+                raise DecodingError(f"{self.face.name} produced unusable output: {err} (at tree node {node}, "
+                                    f"depth {depth})") from None
+            ch = tree.children[node]
+            if not ch:
+                bonus = int(sample_categorical(p, gen).item())
+                break
+            groups = tree.groups(node)
+            try:
+                if len(groups) == 1:
+                    g = groups[0]
+                    r, tok = (verify_sampling_node(p, g.q, g.tokens, gen) if g.q is not None
+                              else verify_point_mass_node(p, g.tokens, gen))
+                    hit = None if r is None else (0, r)
+                else:
+                    hit, tok = verify_groups_node(p, groups, gen)
+            except ValueError as err:
+                who = sorted({self._drafter_name(g.drafter) for g in groups})
+                raise DecodingError(f"cannot verify tree node {node} (depth {depth}): the candidates of "
+                                    f"{', '.join(who)} come with a distribution the residual rule cannot use "
+                                    f"({err})") from None
+            if hit is None:
+                visits.append(NodeVisit(depth, len(ch), None))
+                bonus = tok
+                break
+            child = tree.group_children(node)[hit[0]][hit[1]]
+            visits.append(NodeVisit(depth, len(ch), ch.index(child)))
+            node = child
+            path.append(node)
+            depth += 1
+        toks = tree.token_list
+        return Acceptance(tuple(path), tuple(toks[i] for i in path[1:]) + (bonus,), tuple(visits))
+
+    def _drafter_name(self, k: int) -> str:
+        names = self.policy.names if self.policy is not None else ()
+        return f"drafter {names[k]!r}" if 0 <= k < len(names) else f"drafter {k}"
+
+    @torch.inference_mode()
+    def commit(self, state: DecodeState, trees: Sequence[StepTree], accs: Sequence[Acceptance]) -> list[list[int]]:
+        """Emit each row's accepted tokens and bonus (the stop rules), commit the paths to the target and to the
+        policy's drafters, and advance the rows (``cached`` grows by the path's length; the bonus is the next
+        root). Returns the tokens each row emitted."""
+        emitted = [row.emit(acc.tokens, self.eos_ids) for row, acc in zip(state.rows, accs)]
+        paths = [acc.path for acc in accs]
+        self.face.commit(state, paths)
+        if self.policy is not None:
+            self.policy.commit(state, trees, paths)
+        for row, path in zip(state.rows, paths):
+            row.cached += len(path)
+        return emitted
+
+
+def plain_decoder(target: Transformer | TargetFace, **kwargs) -> Decoder:
+    """Plain autoregressive decoding, the baseline every speedup is measured against: ``Decoder(target)`` (no
+    policy: every step's tree is the root alone, one target forward per token through the same forward, cache
+    and stop rules). Arguments as :class:`Decoder`."""
+    return Decoder(target, None, **kwargs)
+
+
+def AutoregressiveDecoder(model: Transformer, **kwargs) -> Decoder:  # noqa: N802 (a factory)
+    """:func:`plain_decoder`; the name of earlier releases, kept one release."""
+    return Decoder(model, None, **kwargs)
+
+
+def autoregressive_generate(model: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
+                            **kwargs) -> GenerationResult:
+    """One-shot plain decoding (builds a decoder with just enough cache slots; keep a decoder instead when
+    timing several prompts). Arguments and errors as :class:`Decoder` and :meth:`Decoder.generate`."""
+    if kwargs.get("max_len") is None:  # just enough slots (the check still refuses what does not fit the context)
+        kwargs["max_len"] = min(model.config.max_position_embeddings, len(prompt_ids) + max(int(max_new_tokens), 1))
+    return Decoder(model, None, **kwargs).generate(prompt_ids, max_new_tokens)

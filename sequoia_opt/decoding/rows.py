@@ -1,0 +1,137 @@
+"""One model's static KV cache laid out for B rows of different lengths: padded rows, a shared slot
+frontier, per-row valid slots (the bundled decoder's batch layout; a batch of one is the same layout with
+nothing padded).
+
+Serving systems batch sequences; at batch b a step feeds the target b x n tokens, so the best tree shrinks as
+b grows (Sequoia, Chen et al. 2024, section 4.2). The rows share the cache slot for slot. Row i's committed
+tokens sit at slots of row i where its ``valid`` mask is True; every slot in ``[0, F)`` (F, the *frontier*) is
+either one of its tokens or a hole. Each step's tree goes at the shared slots ``[F, F + n)`` of every row, at
+row i's own positions ``L_i + depth`` (positions are per row, so a hole changes nothing: rotary positions are
+baked into the keys, and attention over a set of keys does not depend on the slots they sit in). Attention
+gets a :class:`~sequoia_opt.attention.RowPrefix` (the prefix ``[0, F)`` through each row's valid mask, then
+the tree mask), so row i never sees row j's tokens, padding, or stale slots. While no row has a hole (always
+for a batch of one) the prefix is the plain int F, which every attention backend takes.
+
+* Prefill: row by row through a one-row view (``cache.rows(i, i + 1)``), prompt i at slots ``[0, P_i - 1)``;
+  F = max_i (P_i - 1); shorter prompts leave holes ``[P_i - 1, F)``.
+* Commit: row i's accepted slots move to ``[F, F + A_i)`` of row i (one gather per layer for all rows; a
+  batch of one compacts its own slots); slots ``[F + A_i, F + A_max)`` of row i become holes; F grows by A_max.
+* Repack: when the next tree would not fit behind F, every row's valid slots are gathered to ``[0, L_i)``
+  and F becomes max_i L_i: a row never needs more slots than it would alone.
+* Keep: a finished row leaves the batch (its cache row is dropped, the rows after it move up).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..attention import RowPrefix
+from ..model import ModelKVCache
+
+__all__ = ["RowCache"]
+
+
+class RowCache:
+    """One model's cache (``max_batch`` rows) in the row layout (module docstring).
+
+    Attributes:
+        base: the whole cache.  view: the live rows' cache (``base.rows(0, B)``).
+        valid: (B, S) bool, row b's committed slots.  frontier: F.  holes: whether some row has a hole in
+            ``[0, F)`` (then attention needs the per-row mask).  repacks: repacks so far (tests read it).
+    """
+
+    def __init__(self, cache: ModelKVCache, device: torch.device) -> None:
+        self.base = cache
+        self.device = device
+        self.view = cache
+        self.valid = torch.zeros(0, cache.max_len, dtype=torch.bool, device=device)
+        self.frontier = 0
+        self.holes = False
+        self.repacks = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.base.max_len
+
+    @property
+    def batch(self) -> int:
+        return int(self.valid.shape[0])
+
+    def reset(self, batch: int) -> None:
+        """Start a generation of ``batch`` rows with nothing committed."""
+        self.view = self.base.rows(0, batch)
+        self.valid = torch.zeros(batch, self.base.max_len, dtype=torch.bool, device=self.device)
+        self.frontier = 0
+        self.holes = False
+
+    def row(self, i: int) -> ModelKVCache:
+        """Row i alone (a one-row view sharing the buffers), for its prefill."""
+        return self.base.rows(i, i + 1)
+
+    def prefilled(self, lengths: Sequence[int]) -> None:
+        """Row i holds ``lengths[i]`` committed tokens at slots ``[0, lengths[i])`` (written through :meth:`row`)."""
+        for i, n in enumerate(lengths):
+            self.valid[i, :n] = True
+        self.frontier = max(lengths) if lengths else 0
+        self.holes = any(n != self.frontier for n in lengths)
+
+    def prefix(self, extra: torch.Tensor | None = None, length: int | None = None) -> int | RowPrefix:
+        """What attention takes as the committed prefix: the int F while no row has a hole and there is no
+        ``extra``; else the :class:`RowPrefix` of slots ``[0, F)`` with ``extra`` (B, c) validity columns for the
+        slots after F (a right-aligned catch-up chunk). Its shared prefix length is ``length`` (default F)."""
+        L = self.frontier if length is None else length
+        if not self.holes and extra is None:
+            return L
+        valid = self.valid[:, : self.frontier]
+        if extra is not None:
+            valid = torch.cat([valid, extra], dim=1)
+        if valid.shape[1] < L:  # slots between the columns given and the prefix length: every row's
+            valid = torch.cat([valid, valid.new_ones(valid.shape[0], L - valid.shape[1])], dim=1)
+        return RowPrefix(L, valid)
+
+    def commit(self, src: Sequence[Sequence[int]]) -> None:
+        """Row i's slots ``src[i]`` (any order) move to ``[F, F + len(src[i]))``; F grows by the longest."""
+        A = max(len(s) for s in src)
+        if A == 0:
+            return
+        F = self.frontier
+        if len(src) == 1:  # a batch of one: its own slots, no padding, no holes
+            s = src[0]
+            if s[0] != F or s[-1] != F + A - 1 or any(a + 1 != b for a, b in zip(s, s[1:])):
+                self.view.compact(torch.tensor(s, dtype=torch.int64, device=self.device), F)
+            self.valid[0, F:F + A] = True
+            self.frontier = F + A
+            return
+        pad = [list(s) + [s[-1] if s else F] * (A - len(s)) for s in src]
+        self.view.compact_rows(torch.tensor(pad, dtype=torch.int64, device=self.device), F)
+        lens = torch.tensor([len(s) for s in src], device=self.device)
+        self.valid[:, F:F + A] = torch.arange(A, device=self.device).unsqueeze(0) < lens.unsqueeze(1)
+        self.frontier = F + A
+        if any(len(s) != A for s in src):
+            self.holes = True
+
+    def repack(self) -> None:
+        """Gather each row's valid slots to ``[0, count_i)``; F becomes the largest count."""
+        counts = self.valid.sum(1)
+        C = int(counts.max()) if counts.numel() else 0
+        if C == self.frontier:
+            return
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :C]  # valid slots first
+        self.view.compact_rows(order, 0)
+        self.repacks += 1
+        self.valid = torch.arange(self.base.max_len, device=self.device).unsqueeze(0) < counts.unsqueeze(1)
+        self.frontier = C
+        self.holes = bool((counts != C).any())
+
+    def keep(self, keep: Sequence[int]) -> None:
+        """Keep rows ``keep`` (ascending), moved to rows ``[0, K)``."""
+        idx = torch.tensor(list(keep), dtype=torch.int64, device=self.device)
+        self.view.keep_rows(idx)
+        self.view = self.base.rows(0, len(keep))
+        self.valid = self.valid.index_select(0, idx)
+        counts = self.valid[:, : self.frontier].sum(1)
+        self.holes = bool((counts != self.frontier).any()) if len(keep) else False
+        if self.holes and len(keep) == 1:
+            self.repack()  # the last row alone: no holes, so every backend serves it again

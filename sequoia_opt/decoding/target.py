@@ -1,0 +1,167 @@
+"""The target face: what the decoding loop asks of the model whose output it preserves, whatever runs it.
+
+A target face prefills the rows' prompts, says how much room each row has for this step's tree (cache slots
+and positions: :class:`~sequoia_opt.decoding.step_tree.Room`), verifies one tree per row in one forward with
+tree attention (SpecInfer, Miao et al. 2024, section 4), and commits each row's accepted path to its cache.
+:class:`TransformerTarget` is the bundled torch model over a static KV cache in the row layout
+(:mod:`~sequoia_opt.decoding.rows`); ``sequoia_opt.engines.llamacpp.target`` is llama.cpp, whose rejected KV
+cells are removed with ``llama_memory_seq_rm``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ..attention import RowPrefix, TreeMask, resolve_backend
+from ..errors import DecodingError
+from ..model import Transformer
+from .forward import causal_mask, run_causal_chunk
+from .rows import RowCache
+from .step_tree import Room, StepTree
+
+if TYPE_CHECKING:
+    from .state import DecodeState
+
+__all__ = ["TargetFace", "TransformerTarget"]
+
+
+class TargetFace(ABC):
+    """The target as the loop sees it (module docstring).
+
+    Attributes (set by the implementation):
+        vocab_size: V.  device: where logits and drafters' tensors live.  context: the positions it can see
+        (``max_position_embeddings`` / llama.cpp's ``n_ctx``).  max_len: cache slots per row.
+        max_batch: the most rows one step serves.  max_width: the most children a node may have (a face that
+        verifies chains only says 1).  name: how messages name it.
+    """
+
+    vocab_size: int
+    device: torch.device
+    context: int
+    max_len: int
+    max_batch: int = 1
+    max_width: int | None = None
+    name: str = "the target model"
+
+    @abstractmethod
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Start a generation of ``len(prompts)`` rows: row i's cache takes ``prompts[i][:-1]`` (its last token
+        is the first root)."""
+
+    @abstractmethod
+    def room(self, state: DecodeState, want: int) -> list[Room]:
+        """Each live row's room for this step's tree; ``want`` is the largest tree the policy may grow (a face
+        may make room for it, e.g. by repacking). ``Room.nodes < 1`` means not even the root fits."""
+
+    @abstractmethod
+    def verify(self, state: DecodeState, trees: Sequence[StepTree]) -> list[torch.Tensor]:
+        """One forward over every row's tree: node i of row b at its slot, position ``L_b + depth[i]``, attending
+        the row's committed prefix and its own ancestors. Returns per row (n_b, V) logits."""
+
+    @abstractmethod
+    def commit(self, state: DecodeState, paths: Sequence[Sequence[int]]) -> None:
+        """Row b's accepted path (node indices from the root) becomes committed after its prefix (``cached`` of
+        the rows has not moved yet); every other tree slot is free again."""
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Only rows ``rows`` (ascending) stay in the batch (the others finished)."""
+
+
+class TransformerTarget(TargetFace):
+    """The bundled torch :class:`~sequoia_opt.model.Transformer` as the loop's target: a static KV cache of
+    ``max_batch`` rows x ``max_len`` slots in the row layout (:class:`~sequoia_opt.decoding.rows.RowCache`).
+
+    A batch of one has no holes, so every forward passes the plain int prefix and any attention backend (the
+    CUDA kernel included) serves it; a batch with holes goes through the torch reference's per-row masks.
+
+    Args:
+        model: the target model.
+        max_len: cache slots per row (>= 1).
+        max_batch: rows allocated (>= 1).
+        backend: attention backend ``"auto" | "torch" | "cuda"``, resolved once here.
+
+    Raises:
+        DecodingError: ``max_len`` or ``max_batch`` below 1.
+    """
+
+    def __init__(self, model: Transformer, *, max_len: int, max_batch: int = 1, backend: str = "auto") -> None:
+        if int(max_len) < 1:
+            raise DecodingError(f"max_len must be >= 1 (one slot for a root-only step), got {max_len}")
+        if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
+            raise DecodingError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        self.model = model
+        self.vocab_size = model.config.vocab_size
+        self.device = model.device
+        self.context = model.config.max_position_embeddings
+        self.max_len, self.max_batch = int(max_len), int(max_batch)
+        self.backend = resolve_backend(backend, self.device)
+        self.cache = model.new_cache(self.max_len, batch=self.max_batch)
+        self.rows = RowCache(self.cache, self.device)
+        self._masks: dict[int, TreeMask] = {}
+        name = getattr(model.config, "name", None)
+        self.name = "the target model" + (f" {name!r}" if name else "")
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> None:
+        self.rows.reset(len(prompts))
+        for i, p in enumerate(prompts):
+            if len(p) > 1:
+                run_causal_chunk(self.model, self.rows.row(i), p[:-1], 0, self.backend, self._masks)
+        self.rows.prefilled([len(p) - 1 for p in prompts])
+
+    def room(self, state: DecodeState, want: int) -> list[Room]:
+        rows = self.rows
+        if rows.frontier + want > rows.max_len and (rows.holes or rows.batch > 1):
+            rows.repack()  # holes first: a repack restores every row's own slot count
+        nodes = rows.max_len - rows.frontier
+        return [Room(nodes, self.context - 1 - r.cached) for r in state.rows]
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: TreeMask,
+                row_masks: torch.Tensor | None = None) -> torch.Tensor:
+        """One forward of (B, T) tokens at slots ``[F, F + T)`` of every row, (B, T) positions, the tree
+        ``mask`` (T, T) shared by the rows or ``row_masks`` (B, T, T) per row. Returns (B, T, V) logits."""
+        rows = self.rows
+        F = rows.frontier
+        T = tokens.shape[1]
+        slots = torch.arange(F, F + T, dtype=torch.int64, device=self.device)
+        prefix = rows.prefix()
+        if row_masks is not None:
+            valid = rows.valid[:, :F] if isinstance(prefix, RowPrefix) or rows.batch > 1 else \
+                torch.ones(rows.batch, F, dtype=torch.bool, device=self.device)
+            prefix = RowPrefix(F, valid, row_masks)
+        return self.model(tokens, positions, cache=rows.view, cache_slots=slots, prefix_len=prefix,
+                          tree_mask=mask, backend=self.backend)
+
+    def verify(self, state: DecodeState, trees: Sequence[StepTree]) -> list[torch.Tensor]:
+        dev = self.device
+        rows = state.rows
+        if len(trees) == 1:  # a batch of one: the tree's own mask and depths, no stacking
+            t, L = trees[0], rows[0].cached
+            logits = self.forward(t.tokens.to(dev).unsqueeze(0), (t.depth_tensor(dev) + L).unsqueeze(0),
+                                  t.mask(dev))
+            return [logits[0]]
+        n = max(t.n for t in trees)
+        same = all(t.buffers is not None and t.buffers is trees[0].buffers for t in trees)
+        tokens = torch.zeros(len(trees), n, dtype=torch.int64, device=dev)
+        depth = torch.zeros(len(trees), n, dtype=torch.int64, device=dev)
+        for b, t in enumerate(trees):
+            tokens[b, : t.n] = t.tokens.to(dev)
+            depth[b, : t.n] = t.depth_tensor(dev)
+        Lt = torch.tensor([r.cached for r in rows], dtype=torch.int64, device=dev).unsqueeze(1)
+        if same:
+            logits = self.forward(tokens, depth + Lt, trees[0].mask(dev))
+        else:  # per-row trees: padding nodes see themselves only (their logits are never read)
+            masks = torch.eye(n, dtype=torch.bool, device=dev).repeat(len(trees), 1, 1)  # (B, n, n)
+            for b, t in enumerate(trees):
+                masks[b, : t.n, : t.n] = t.mask(dev).dense
+            logits = self.forward(tokens, depth + Lt, causal_mask(n, dev), masks)
+        return [logits[b, : t.n] for b, t in enumerate(trees)]
+
+    def commit(self, state: DecodeState, paths: Sequence[Sequence[int]]) -> None:
+        F = self.rows.frontier
+        self.rows.commit([[F + i for i in p] for p in paths])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        self.rows.keep(rows)

@@ -1,0 +1,447 @@
+"""The registries: every drafter kind and every drafting policy by name. The CLI, the profilers, the jobs and
+the engines read them; nothing else switches on a drafter's name.
+
+A drafter kind (:class:`DrafterKind`) says how ``--draft NAME[:ARG]`` parses into a :class:`DrafterSpec`, how
+the spec is checked against the target's config before any weights load, its label in profiles and reports,
+its cost model, whether it loads a checkpoint of its own, how to build one drafter per decoder, and what one
+unit of its cost is for the latency profiler (:class:`CostProbe`). A policy kind (:class:`PolicyKind`) says
+how ``treeopt run --policy NAME[:ARG]`` builds a policy around one fresh drafter and the run's tree.
+
+A new drafter is one file in ``drafters/`` and one :func:`register_drafter` call; a new policy is one file in
+``policies/`` and one :func:`register_policy` call. Outside the package the file that calls them is a plugin,
+imported before any command runs (:func:`load_plugins`): a module named in ``TREEOPT_PLUGINS`` (comma
+separated; a ``.py`` path or an importable name) or an entry point of the group ``treeopt.plugins``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..errors import TreeoptError
+from ..model.loaders import bundled_draft_path, model_label
+from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+from .drafters.base import CostModel
+from .policies import ChainPolicy, DynamicPolicy, StaticTreePolicy
+
+__all__ = ["DrafterSpec", "DrafterKind", "CostProbe", "PolicyKind", "DRAFTERS", "POLICIES", "register_drafter",
+           "register_policy", "policy_kind", "parse_policy", "load_plugins", "drafter_kind",
+                  "parse_drafter_spec", "check_drafter", "drafter_slug", "LOOKUP_DEFAULT", "DRAFTER_KEYWORDS"]
+
+#: The lookup drafter's n-gram sizes when ``--draft lookup`` gives none (vLLM's ``ngram`` method takes both
+#: ``prompt_lookup_min`` and ``prompt_lookup_max``; 1..3 matches prompt lookup decoding's usual setting).
+LOOKUP_DEFAULT = (1, 3)
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """Which drafter to use, as parsed from ``--draft`` (:func:`parse_drafter_spec`), before any model loads.
+
+    Attributes:
+        kind: the registry name (:data:`DRAFTERS`): ``"model"`` (a draft checkpoint), ``"self"`` (the target's
+            first L layers), ``"lookup"`` (n-gram prompt lookup), or a registered one.
+        path: the checkpoint (HF folder or .gguf) of a kind that loads one; None = the bundled demo draft.
+        options: the kind's own settings (``num_layers`` for ``self``, ``lookup_min`` / ``lookup_max`` for
+            ``lookup``), as its parser made them.
+    """
+
+    kind: str
+    path: Path | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return self.options.get(name, default)
+
+    @property
+    def num_layers(self) -> int | None:
+        """L of a layer-skip drafter (None for other kinds)."""
+        return self.options.get("num_layers")
+
+    @property
+    def lookup_min(self) -> int:
+        return self.options.get("lookup_min", LOOKUP_DEFAULT[0])
+
+    @property
+    def lookup_max(self) -> int:
+        return self.options.get("lookup_max", LOOKUP_DEFAULT[1])
+
+    @property
+    def entry(self) -> "DrafterKind":
+        return drafter_kind(self.kind)
+
+    @property
+    def cost_model(self) -> str:
+        """How the solver charges this drafter: ``"per-level"`` or ``"one-pass"``."""
+        return self.entry.cost_model
+
+    @property
+    def label(self) -> str:
+        """The drafter's name in profiles, trees and reports (``treeopt-smollm2-draft``, ``self:6``,
+        ``lookup:1-3``)."""
+        return self.entry.label(self)
+
+    @property
+    def spec(self) -> str:
+        """The ``--draft`` text that gives this drafter back (a path for a checkpoint)."""
+        if self.entry.loads_model:
+            return str(self.path) if self.path is not None else str(bundled_draft_path())
+        return self.label
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.path, tuple(sorted(self.options.items()))))
+
+
+@dataclass(frozen=True)
+class CostProbe:
+    """One unit of a drafter's cost, as the latency profiler times it (c(w) in the drafter's cost model): a
+    forward of ``model`` (its first ``num_layers`` blocks, then norm and LM head, when given) over w tokens, or
+    (``model`` None) one proposal of a w-node chain by a fresh drafter from ``make`` (a one-pass drafter without
+    a model)."""
+
+    label: str
+    model: Any = None
+    num_layers: int | None = None
+    make: Callable[[], Drafter] | None = None
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """A drafter kind in the registry (module docstring).
+
+    Attributes:
+        name: the ``--draft`` keyword.  summary: one line for help texts.  cost_model: how the solver charges it.
+        parse: ``(argument after "name:" or None, whole --draft text) -> options``; raises TreeoptError naming
+            the problem.
+        label: ``spec -> label`` for profiles and reports.
+        check: ``(spec, target ModelConfig) -> None``, before weights load; raises TreeoptError.
+        build: ``(spec, target Transformer, its loaded draft model or None) -> Drafter``, a fresh one per
+            decoder.
+        probe: ``(spec, target, draft model or None, make) -> CostProbe``.
+        loads_model: it loads a checkpoint of its own beside the target (``spec.path``).
+        has_probs: its candidates come with draft distributions (dynamic trees and calibration need them).
+        engine_methods: per serving engine, the name of this drafter's speculative method there (vLLM's
+            ``speculative_config.method``, llama.cpp's ``--spec-type``), for the exports; absent: the engine has
+            no such method.
+    """
+
+    name: str
+    summary: str
+    cost_model: CostModel
+    parse: Callable[[str | None, str], dict[str, Any]]
+    label: Callable[[DrafterSpec], str]
+    build: Callable[[DrafterSpec, Any, Any], Drafter]
+    probe: Callable[[DrafterSpec, Any, Any, Callable[[], Drafter]], CostProbe]
+    check: Callable[[DrafterSpec, Any], None] = lambda spec, config: None
+    loads_model: bool = False
+    has_probs: bool = True
+    engine_methods: Mapping[str, str] = field(default_factory=dict)
+
+
+def _positive_int(text: str, what: str, spec: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise TreeoptError(f"--draft {spec!r}: {what} must be an integer, got {text!r}") from None
+    if value < 1:
+        raise TreeoptError(f"--draft {spec!r}: {what} must be at least 1, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- the bundled kinds
+def _parse_self(arg: str | None, text: str) -> dict[str, Any]:
+    if not arg:
+        raise TreeoptError(f"--draft {text!r}: the layer-skip drafter needs L, the number of the target's "
+                           "first layers it runs: --draft self:L (L in 1..n_layers-1; treeopt profile layers "
+                           "measures which L is best on this device)")
+    return {"num_layers": _positive_int(arg, "L in self:L", text)}
+
+
+def _check_self(spec: DrafterSpec, config: Any) -> None:
+    n = config.n_layers
+    if not 1 <= int(spec.num_layers) <= n - 1:
+        raise TreeoptError(f"--draft self:{spec.num_layers}: L must be in 1..{n - 1} (the target has {n} "
+                           "layers; L = n_layers would be the target itself)")
+
+
+def _parse_lookup(arg: str | None, text: str) -> dict[str, Any]:
+    lo, hi = LOOKUP_DEFAULT
+    if arg is not None:
+        parts = arg.split("-")
+        if len(parts) == 1:
+            lo, hi = 1, _positive_int(parts[0].strip(), "the n-gram size in lookup:N", text)
+        elif len(parts) == 2:
+            lo = _positive_int(parts[0].strip(), "the smallest n-gram size in lookup:MIN-MAX", text)
+            hi = _positive_int(parts[1].strip(), "the largest n-gram size in lookup:MIN-MAX", text)
+        else:
+            raise TreeoptError(f"--draft {text!r}: write lookup, lookup:MAX or lookup:MIN-MAX (n-gram sizes "
+                               "in tokens, at least 1)")
+        if lo > hi:
+            raise TreeoptError(f"--draft {text!r}: the smallest n-gram size ({lo}) is larger than the largest "
+                               f"({hi})")
+    return {"lookup_min": lo, "lookup_max": hi}
+
+
+def _check_model(spec: DrafterSpec, config: Any) -> None:
+    from ..model.loaders import load_model_config
+
+    path = spec.path if spec.path is not None else bundled_draft_path()
+    if spec.path is None and not (path / "config.json").is_file():
+        raise TreeoptError(f"the bundled draft model is missing from {path} (pass --draft PATH)")
+    dcfg = load_model_config(path)
+    if dcfg.vocab_size != config.vocab_size:
+        raise TreeoptError(f"mismatched tokenizers: --draft {spec.label} has a vocabulary of {dcfg.vocab_size} "
+                           f"tokens, the target {config.vocab_size}; a drafter must share the target's tokenizer")
+
+
+def _lookup(spec: DrafterSpec, target: Any) -> PromptLookupDrafter:
+    return PromptLookupDrafter(target.config.vocab_size, prompt_lookup_min=spec.lookup_min,
+                               prompt_lookup_max=spec.lookup_max, device=target.device)
+
+
+#: Registry: drafter kind name -> :class:`DrafterKind`.
+DRAFTERS: dict[str, DrafterKind] = {}
+
+
+def register_drafter(kind: DrafterKind) -> DrafterKind:
+    """Add a drafter kind (``--draft NAME[:ARG]`` then parses into it everywhere). Raises ValueError when the
+    name is taken."""
+    if kind.name in DRAFTERS:
+        raise ValueError(f"a drafter kind named {kind.name!r} is already registered")
+    DRAFTERS[kind.name] = kind
+    return kind
+
+
+register_drafter(DrafterKind(
+    "model", "a separate draft model (HF folder or .gguf): --draft PATH or model:PATH", "per-level",
+    parse=lambda arg, text: {}, label=lambda s: model_label(s.path if s.path is not None else bundled_draft_path()),
+    build=lambda spec, target, draft: ModelDrafter(draft), check=_check_model, loads_model=True,
+    engine_methods={"vllm": "draft_model", "llama.cpp": "draft-simple", "sglang": "STANDALONE"},
+    probe=lambda spec, target, draft, make: CostProbe("draft", model=draft)))
+register_drafter(DrafterKind(
+    "self", "the target's own first L layers (self-speculative layer skip): --draft self:L", "per-level",
+    parse=_parse_self, label=lambda s: f"self:{s.num_layers}", check=_check_self,
+    build=lambda spec, target, draft: LayerSkipDrafter(target, int(spec.num_layers)),
+    probe=lambda spec, target, draft, make: CostProbe(f"self:{spec.num_layers} draft", model=target,
+                                                      num_layers=int(spec.num_layers))))
+register_drafter(DrafterKind(
+    "lookup", "n-gram prompt lookup: --draft lookup, lookup:MAX or lookup:MIN-MAX", "one-pass",
+    parse=_parse_lookup, label=lambda s: f"lookup:{s.lookup_min}-{s.lookup_max}",
+    build=lambda spec, target, draft: _lookup(spec, target), has_probs=False,
+    engine_methods={"vllm": "ngram", "llama.cpp": "ngram-simple", "sglang": "NGRAM"},
+    probe=lambda spec, target, draft, make: CostProbe("lookup draft", make=make)))
+
+#: The keywords of :func:`parse_drafter_spec` (anything else is a checkpoint path).
+DRAFTER_KEYWORDS = tuple(DRAFTERS)
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """A drafting policy in the registry, as ``treeopt run --policy NAME[:ARG]`` builds it.
+
+    Attributes:
+        name: the ``--policy`` keyword.  summary: one line for help texts.
+        parse: ``(argument after "name:" or None) -> options``, before anything loads; raises TreeoptError.
+        build: ``(a fresh drafter, the run's tree, options) -> DraftingPolicy``, one per decoder.
+        policy: the :class:`~sequoia_opt.decoding.policy.DraftingPolicy` class it builds.
+    """
+
+    name: str
+    summary: str
+    parse: Callable[[str | None], dict[str, Any]]
+    build: Callable[[Drafter, Any, Mapping[str, Any]], Any]
+    policy: type
+
+
+def _parse_none(name: str) -> Callable[[str | None], dict[str, Any]]:
+    def parse(arg: str | None) -> dict[str, Any]:
+        if arg:
+            raise TreeoptError(f"--policy {name} takes no argument, got {name}:{arg}")
+        return {}
+    return parse
+
+
+def _parse_chain(arg: str | None) -> dict[str, Any]:
+    """``chain`` (the tree's depth as draft-max) or ``chain:N[,MIN[,PMIN]]``."""
+    if not arg:
+        return {}
+    parts = [x.strip() for x in arg.split(",")]
+    try:
+        if len(parts) > 3:
+            raise ValueError
+        out: dict[str, Any] = {"n_max": int(parts[0])}
+        if len(parts) > 1:
+            out["n_min"] = int(parts[1])
+        if len(parts) > 2:
+            out["p_min"] = float(parts[2])
+    except ValueError:
+        raise TreeoptError(f"--policy chain:{arg}: write chain:N[,MIN[,PMIN]] (draft-max, draft-min, draft-p-min)") \
+            from None
+    if out["n_max"] < 1 or out.get("n_min", 0) < 0 or not 0.0 <= out.get("p_min", 0.0) <= 1.0:
+        raise TreeoptError(f"--policy chain:{arg}: draft-max >= 1, draft-min >= 0, draft-p-min in [0, 1]")
+    return out
+
+
+def _parse_dynamic(arg: str | None) -> dict[str, Any]:
+    from ..dynamic import parse_setting
+
+    try:
+        return {"setting": parse_setting(arg or "")}
+    except ValueError as err:
+        raise TreeoptError(f"--policy dynamic:{arg or ''}: {err}") from None
+
+
+#: Registry: ``--policy`` name -> :class:`PolicyKind` (the policies a run builds around one drafter and its tree;
+#: the adaptive, graft and merge policies need profiles or two drafters and have their own ``run`` options).
+POLICIES: dict[str, PolicyKind] = {}
+
+
+def register_policy(kind: PolicyKind) -> PolicyKind:
+    """Add a policy kind (``treeopt run --policy NAME[:ARG]`` then builds it). Raises ValueError when the name is
+    taken."""
+    if kind.name in POLICIES:
+        raise ValueError(f"a policy kind named {kind.name!r} is already registered")
+    POLICIES[kind.name] = kind
+    return kind
+
+
+register_policy(PolicyKind("static", "the tree of --tree every step (Sequoia)", _parse_none("static"),
+                           lambda drafter, tree, o: StaticTreePolicy(drafter, tree), StaticTreePolicy))
+register_policy(PolicyKind(
+    "chain", "a chain grown token by token with llama.cpp's rule: chain[:N[,MIN[,PMIN]]] (draft-max, draft-min, "
+    "draft-p-min; default draft-max: the tree's depth)", _parse_chain,
+    lambda drafter, tree, o: ChainPolicy(drafter, o.get("n_max", max(1, tree.tree_depth)), o.get("n_min", 0),
+                                         o.get("p_min", 0.0)), ChainPolicy))
+register_policy(PolicyKind(
+    "dynamic", "a tree chosen each step from the drafter's scores: dynamic:POLICY:steps=S,topk=K,budget=N",
+    _parse_dynamic, lambda drafter, tree, o: DynamicPolicy(drafter, o["setting"]), DynamicPolicy))
+
+
+def policy_kind(name: str) -> PolicyKind:
+    """The registered policy kind ``name``. Raises TreeoptError naming the known kinds."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise TreeoptError(f"unknown --policy {name!r}; known: {', '.join(POLICIES)}") from None
+
+
+def parse_policy(text: str | None) -> tuple[PolicyKind, dict[str, Any]]:
+    """``--policy NAME[:ARG]`` -> (its kind, its options); None is ``static``. Nothing is loaded.
+
+    Raises:
+        TreeoptError: an unknown name, or the kind's own argument errors.
+    """
+    head, sep, rest = (text or "static").partition(":")
+    kind = policy_kind(head.strip().lower())
+    return kind, kind.parse(rest.strip() if sep else None)
+
+
+_PLUGINS_LOADED: set[str] = set()
+
+
+def load_plugins(names: str | None = None) -> list[str]:
+    """Import the plugins (module docstring): the modules in ``names`` (default: the ``TREEOPT_PLUGINS``
+    environment variable, comma separated; ``.py`` paths or importable names) and the entry points of the group
+    ``treeopt.plugins``. Each one registers its drafters and policies when imported; a plugin is imported once.
+
+    Returns:
+        The plugins imported by this call.
+
+    Raises:
+        TreeoptError: a plugin that cannot be imported (its name and the reason, one line).
+    """
+    import importlib
+    import importlib.util
+    import os
+    import sys
+    from importlib.metadata import entry_points
+
+    wanted = [x.strip() for x in (os.environ.get("TREEOPT_PLUGINS", "") if names is None else names).split(",")
+              if x.strip()]
+    done = []
+    for name in wanted:
+        if name in _PLUGINS_LOADED:
+            continue
+        try:
+            if name.endswith(".py"):
+                path = Path(name).expanduser()
+                spec = importlib.util.spec_from_file_location(f"treeopt_plugin_{path.stem}", path)
+                if spec is None or not path.is_file():
+                    raise ImportError(f"no such file {path}")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[spec.name] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(name)
+        except Exception as err:  # a plugin's own failure, whatever it is, is reported as the plugin's
+            raise TreeoptError(f"plugin {name!r} (TREEOPT_PLUGINS) could not be loaded: "
+                               f"{type(err).__name__}: {err}") from None
+        _PLUGINS_LOADED.add(name)
+        done.append(name)
+    for ep in entry_points(group="treeopt.plugins"):
+        if ep.name in _PLUGINS_LOADED:
+            continue
+        try:
+            ep.load()
+        except Exception as err:
+            raise TreeoptError(f"plugin {ep.name!r} (entry point {ep.value}) could not be loaded: "
+                               f"{type(err).__name__}: {err}") from None
+        _PLUGINS_LOADED.add(ep.name)
+        done.append(ep.name)
+    return done
+
+
+def drafter_kind(name: str) -> DrafterKind:
+    """The registered kind ``name``. Raises TreeoptError naming the known kinds."""
+    try:
+        return DRAFTERS[name]
+    except KeyError:
+        raise TreeoptError(f"unknown drafter kind {name!r}; known: {', '.join(DRAFTERS)}") from None
+
+
+def drafter_slug(label: str) -> str:
+    """A drafter label as a file-name part: ``self:6`` -> ``self-L6``, ``lookup:1-3`` -> ``lookup-1-3``."""
+    head, sep, rest = label.partition(":")
+    if not sep:
+        return label
+    return f"{head}-L{rest}" if head == "self" else f"{head}-{rest}"
+
+
+def parse_drafter_spec(spec: str | Path | DrafterSpec | None) -> DrafterSpec:
+    """Parse ``--draft``: ``PATH`` | ``model:PATH`` | ``NAME`` | ``NAME:ARG`` of a registered kind (``self:L``,
+    ``lookup``, ``lookup:MAX``, ``lookup:MIN-MAX``). Nothing is loaded; a checkpoint path must exist.
+
+    None (or ``""``) is the bundled demo draft model. The range of L in ``self:L`` (1..n_layers - 1) is checked
+    against the target's config by :func:`check_drafter`.
+
+    Raises:
+        TreeoptError: one line naming the problem: an unknown keyword or a path that does not exist, a kind's
+            own argument errors (``self`` without L, a size that is not an integer >= 1, MIN > MAX).
+    """
+    if isinstance(spec, DrafterSpec):
+        return spec
+    if spec is None or str(spec).strip() == "":
+        return DrafterSpec("model")
+    text = str(spec) if isinstance(spec, Path) else spec.strip()
+    head, sep, rest = text.partition(":")
+    key = head.strip().lower()
+    kind = DRAFTERS.get(key)
+    if kind is not None and not kind.loads_model:
+        return DrafterSpec(key, options=kind.parse(rest.strip() if sep else None, text))
+    if kind is not None and sep and not rest.strip():
+        raise TreeoptError(f"--draft {text!r} names no checkpoint: write {key}:PATH")
+    path = Path(rest if kind is not None and sep else text).expanduser()
+    if not path.exists():
+        raise TreeoptError(f"--draft {text!r} names nothing known: not an existing checkpoint (HF folder or "
+                           f".gguf), nor one of {', '.join(k for k in DRAFTERS if not DRAFTERS[k].loads_model)}")
+    return DrafterSpec(key if kind is not None else "model", path=path)
+
+
+def check_drafter(spec: DrafterSpec, target_config: Any) -> None:
+    """Check a drafter against the target's :class:`~sequoia_opt.model.ModelConfig` before any weights load
+    (the kind's own check: L of ``self:L`` in 1..n_layers - 1; a draft checkpoint's vocabulary size, its config
+    only, equal to the target's).
+
+    Raises:
+        TreeoptError: naming the problem (CheckpointError when the draft's config cannot be read).
+    """
+    spec.entry.check(spec, target_config)

@@ -1,0 +1,248 @@
+"""llama.cpp through llama-cpp-python's low-level API: one GGUF in one llama.cpp context.
+
+:class:`LlamaCppModel` decodes a ``llama_batch`` with logits for the positions asked for, at given positions
+and sequence ids, and removes, keeps or copies KV cells by sequence (the ``llama_memory_seq_*`` API). The rest of
+the engine builds on it: ``target.py`` (llama.cpp as the loop's target face and as a drafter), ``decode.py``
+(generation through the one loop), ``profile.py`` (T(n), c(w), acceptance on llama.cpp's logits),
+``models.py`` (the GGUF files a run uses).
+
+Flags are those of the llama.cpp vendored by llama-cpp-python 0.3.36 (commit 0c1e570, 2026-10-01):
+``--spec-type draft-simple --spec-draft-n-max N --spec-draft-n-min M --spec-draft-p-min P``; it removed the
+older ``--draft-max`` / ``--draft-min`` (``arg_removed``), and a plain Llama draft GGUF needs ``--spec-type
+draft-simple`` (the type is inferred only for MTP / DFlash drafts). Prompt lookup is ``--spec-type
+ngram-simple --spec-ngram-simple-size-n N --spec-ngram-simple-size-m M``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...errors import EngineError
+from .. import require_engine
+
+__all__ = ["LlamaCppModel", "engine_info", "check_gguf", "DRAFT_TOP_K", "top1"]
+
+DRAFT_TOP_K = 10
+
+_LOG: list[str] = []  # llama.cpp's error lines of the current load (the callback below appends them)
+_CALLBACK = None
+
+def _install_log(llama_cpp: Any) -> None:
+    """Route llama.cpp's log through one callback that keeps error lines (to name why a GGUF is refused) and
+    prints nothing else."""
+    global _CALLBACK
+    if _CALLBACK is not None:
+        return
+
+    @llama_cpp.llama_log_callback
+    def _cb(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # noqa: ARG001
+        if level in (3, 4):  # GGML_LOG_LEVEL_ERROR: 4 in this ggml (NONE, DEBUG, INFO, WARN, ERROR), 3 in older ones
+            _LOG.append(text.decode("utf-8", "replace").strip())
+
+    _CALLBACK = _cb
+    llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
+
+def engine_info() -> dict[str, str]:
+    """``{"name": "llama.cpp", "version": <llama-cpp-python version>, "system": <llama.cpp's CPU features>}``
+    for a profile's ``engine`` key. Raises EngineError when llama-cpp-python is not installed."""
+    llama_cpp = require_engine("llama.cpp")
+    info = {"name": "llama.cpp", "version": f"llama-cpp-python {llama_cpp.__version__}"}
+    try:
+        info["system"] = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    except Exception:  # noqa: BLE001 - informational only
+        pass
+    return info
+
+class LlamaCppModel:
+    """One GGUF model in one llama.cpp context (batch 1 sequence unless ``n_seq_max``), CPU threads given.
+
+    Args:
+        path: the ``.gguf`` file.
+        n_ctx: KV cache size in tokens (context + the largest batch).
+        n_threads: threads for single-token and batched decodes (both ``n_threads`` and ``n_threads_batch``).
+        n_batch: most tokens one :meth:`decode` takes (default ``min(n_ctx, 512)``).
+        n_seq_max: sequences the context holds (1 for a chain; a tree of P leaves needs P + 1).
+        kv_unified: one KV cache shared by all sequences (a cell may then belong to several: what a tree's
+            paths need); default: unified when ``n_seq_max > 1``.
+        kv_type: the KV cache's element type, ``"f16"`` (llama.cpp's default, what a server runs) or ``"f32"``.
+        flash_attn: llama.cpp's flash attention; ``None`` lets llama.cpp choose (its default, "auto"). Its CPU
+            kernel rounds queries to f16, so with ``kv_type="f32"`` and ``flash_attn=False`` the logits of an F32
+            GGUF match a float32 reference to ~1e-5; with the defaults, to ~3e-3.
+
+    Raises:
+        EngineError: llama-cpp-python missing, or llama.cpp refusing the file (its error message, one line).
+    """
+
+    def __init__(self, path: str | Path, *, n_ctx: int = 2048, n_threads: int = 2, n_batch: int | None = None,
+                 n_seq_max: int = 1, kv_type: str = "f16", flash_attn: bool | None = None,
+                 kv_unified: bool | None = None) -> None:
+        if kv_type not in ("f16", "f32"):
+            raise EngineError(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
+        self._lib = lib = require_engine("llama.cpp")
+        _install_log(lib)
+        lib.llama_backend_init()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise EngineError(f"GGUF file not found: {self.path}")
+        _LOG.clear()
+        mparams = lib.llama_model_default_params()
+        self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise EngineError(f"llama.cpp refuses {self.path}: {_why()}")
+        self.n_batch = int(n_batch or min(n_ctx, 512))
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = int(n_ctx)
+        cparams.n_batch = cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = int(n_seq_max)
+        cparams.kv_unified = bool(n_seq_max > 1 if kv_unified is None else kv_unified)
+        cparams.n_threads = cparams.n_threads_batch = int(n_threads)
+        cparams.no_perf = True
+        cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32 if kv_type == "f32" else lib.GGML_TYPE_F16
+        if flash_attn is not None:
+            cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                       else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise EngineError(f"llama.cpp cannot make a context for {self.path}: {_why()}")
+        self.n_ctx = int(lib.llama_n_ctx(self._ctx))
+        self.n_threads = int(n_threads)
+        self.n_seq_max = int(n_seq_max)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
+        self._mem = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(self.n_batch, 0, max(1, int(n_seq_max)))
+
+    # -------------------------------------------------------------- forwards
+    def decode(self, tokens: Sequence[int], start: int, *, logits: bool | Sequence[bool] = True,
+               seq_ids: Sequence[Sequence[int]] | None = None, positions: Sequence[int] | None = None) -> None:
+        """One ``llama_decode`` over ``tokens`` at positions ``start, start + 1, ...`` (or ``positions``) of
+        sequence 0 (or ``seq_ids[i]``), with logits for every token (``logits=True``), the last only
+        (``False``), or per token. Read them with :meth:`logits`.
+
+        Raises:
+            EngineError: more tokens than ``n_batch``, or llama.cpp's decode failing (its return code).
+        """
+        n = len(tokens)
+        if n == 0 or n > self.n_batch:
+            raise EngineError(f"a llama.cpp batch holds 1..{self.n_batch} tokens, got {n}")
+        b = self._batch
+        b.n_tokens = n
+        for i, t in enumerate(tokens):
+            b.token[i] = int(t)
+            b.pos[i] = int(positions[i]) if positions is not None else start + i
+            ids = seq_ids[i] if seq_ids is not None else (0,)
+            b.n_seq_id[i] = len(ids)
+            for j, s in enumerate(ids):
+                b.seq_id[i][j] = int(s)
+            b.logits[i] = int(bool(logits if isinstance(logits, bool) else logits[i]) or
+                              (logits is False and i == n - 1))
+        rc = self._lib.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise EngineError(f"llama_decode returned {rc} ({self.path.name}, {n} tokens at position {start}; "
+                              f"context {self.n_ctx} tokens)")
+
+    def logits(self, rows: int) -> np.ndarray:
+        """(rows, n_vocab) float32 view of the last decode's logits, in batch order of the tokens that asked
+        for them (valid until the next decode)."""
+        ptr = self._lib.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+
+    def synchronize(self) -> None:
+        self._lib.llama_synchronize(self._ctx)
+
+    def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
+        """Remove sequence ``seq``'s KV cells at positions [p0, p1) (p1 = -1: to the end)."""
+        if not self._lib.llama_memory_seq_rm(self._mem, seq, int(p0), int(p1)):
+            raise EngineError(f"llama.cpp could not remove KV cells [{p0}, {p1}) of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Add sequence ``dst`` to the cells of sequence ``src`` at positions [p0, p1) (-1: all)."""
+        self._lib.llama_memory_seq_cp(self._mem, int(src), int(dst), int(p0), int(p1))
+
+    def seq_keep(self, seq: int) -> None:
+        """Remove every cell not in sequence ``seq``; the kept cells belong to ``seq`` alone."""
+        self._lib.llama_memory_seq_keep(self._mem, int(seq))
+
+    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        """llama.cpp's own tokenization of ``text`` with the GGUF's tokenizer (special tokens in the text
+        parsed as such; BOS added only with ``add_special`` and the file's ``add_bos_token``)."""
+        lib = self._lib
+        raw = text.encode("utf-8")
+        vocab = lib.llama_model_get_vocab(self._model)
+        buf = (lib.llama_token * (len(raw) + 8))()
+        n = lib.llama_tokenize(vocab, raw, len(raw), buf, len(buf), add_special, True)
+        if n < 0:
+            raise EngineError(f"llama.cpp could not tokenize {len(raw)} bytes (needs {-n} tokens)")
+        return [int(buf[i]) for i in range(n)]
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        self._lib.llama_memory_clear(self._mem, True)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Decode ``tokens`` from position 0 in ``n_batch`` chunks, logits for the last token only."""
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s: s + self.n_batch]
+            self.decode(chunk, s, logits=False)
+
+    def close(self) -> None:
+        lib = self._lib
+        if getattr(self, "_ctx", None):
+            lib.llama_batch_free(self._batch)
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "LlamaCppModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # noqa: D105
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+def _why() -> str:
+    """llama.cpp's reason for the last failure: its first error line, without the function-name prefixes
+    (``llama_model_load: error loading model: cannot find tokenizer merges in model file`` -> the reason)."""
+    lines = [ln for ln in _LOG if "error" in ln.lower() or "fail" in ln.lower()] or [ln for ln in _LOG if ln]
+    if not lines:
+        return "no reason given (see llama.cpp's log)"
+    line = lines[0]
+    for prefix in ("llama_model_load: ", "error loading model: ", "llama_model_load_from_file_impl: "):
+        line = line.split(prefix, 1)[1] if prefix in line else line
+    return line
+
+def check_gguf(path: str | Path) -> None:
+    """Load ``path`` in llama.cpp (metadata and memory-mapped weights, no context) and release it: refuse early, in one line
+    with llama.cpp's own message, a GGUF it will not run. Raises EngineError."""
+    lib = require_engine("llama.cpp")
+    _install_log(lib)
+    lib.llama_backend_init()
+    path = Path(path)
+    if not path.is_file():
+        raise EngineError(f"GGUF file not found: {path}")
+    _LOG.clear()
+    params = lib.llama_model_default_params()
+    model = lib.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise EngineError(f"llama.cpp refuses {path}: {_why()}")
+    lib.llama_model_free(model)
+
+def top1(row: np.ndarray) -> tuple[int, float]:
+    """The argmax of a logit row and its probability among the row's top :data:`DRAFT_TOP_K` logits."""
+    k = min(DRAFT_TOP_K, row.size)
+    top = np.argpartition(row, -k)[-k:]
+    vals = row[top].astype(np.float64)
+    best = int(top[int(np.argmax(vals))])
+    e = np.exp(vals - vals.max())
+    return best, float(1.0 / e.sum())

@@ -1,0 +1,69 @@
+"""The GGUF files a llama.cpp run uses: the target, and the draft written as a GGUF when it is a Hugging Face
+folder (the bundled draft included)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...errors import EngineError
+from .binding import check_gguf
+
+__all__ = ["GgufPair", "resolve_pair"]
+
+
+@dataclass
+class GgufPair:
+    """The target and draft GGUF files llama.cpp runs, with the labels profiles name them by."""
+
+    target: Path
+    target_label: str
+    draft: Path | None
+    draft_label: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_draft: bool = True) -> GgufPair:
+    """The GGUF files for ``--target`` / ``--draft`` (defaults: the demo target; the bundled draft). A draft
+    that is a Hugging Face folder (the bundled one included) is written as an F16 GGUF into ``workdir`` first
+    (:func:`~sequoia_opt.model.gguf_writer.write_gguf`, named by its label so profiles still match). Both
+    configs are checked (vocabulary sizes equal) before any weights load.
+
+    Raises:
+        EngineError / TreeoptError: a target that is not a GGUF, a drafter llama.cpp does not run here
+            (``self:L``; prompt lookup has its own flags), a vocabulary mismatch.
+    """
+    from ...model.loaders import load_checkpoint, load_model_config
+    from ...pipeline import check_drafter, default_target_path, model_label, parse_drafter_spec
+
+    tpath = Path(target) if target is not None else default_target_path()
+    if tpath.suffix.lower() != ".gguf" or not tpath.is_file():
+        raise EngineError(f"--engine llama.cpp runs GGUF files: {tpath} is not one (convert a Hugging Face model "
+                          "with llama.cpp's convert_hf_to_gguf.py; a draft with treeopt export-draft --gguf)")
+    check_gguf(tpath)  # llama.cpp's own refusal first, in its words
+    tcfg = load_model_config(tpath)
+    out = GgufPair(tpath, model_label(tpath), None, None)
+    if not need_draft and draft is None:
+        return out
+    spec = parse_drafter_spec(draft)
+    if not spec.entry.loads_model:
+        raise EngineError(f"--draft {spec.label}: llama.cpp's speculative decoding here runs a draft model (for "
+                          "prompt lookup, solve --format llama.cpp on a lookup profile gives its ngram-simple flags)")
+    check_drafter(spec, tcfg)
+    from ...pipeline import default_draft_path
+
+    dsrc = spec.path if spec.path is not None else default_draft_path()
+    label = model_label(dsrc)
+    if Path(dsrc).suffix.lower() == ".gguf":
+        check_gguf(dsrc)
+        out.draft, out.draft_label = Path(dsrc), label
+        return out
+    from ...model.gguf_writer import write_gguf
+
+    model, tok = load_checkpoint(dsrc)
+    gpath = Path(workdir) / f"{label}.gguf"
+    write_gguf(gpath, model, tok, outtype="f16", name=label)
+    out.draft, out.draft_label = gpath, label
+    out.notes.append(f"draft {dsrc} written as an F16 GGUF for llama.cpp ({gpath.name}; keep one with treeopt "
+                     "export-draft --gguf)")
+    return out

@@ -1,0 +1,179 @@
+"""llama.cpp's latency curve and acceptance, measured through its own forwards and logits.
+
+* :func:`profile_latency` — T(n): one target ``llama_decode`` over n tokens after ``context`` cached tokens *with
+  logits for all n positions* (verification reads them all), the draft's c(w) the same way, and the per-step
+  overhead of a speculative step outside the two models' forwards; in the ``treeopt-latency/1`` format with
+  ``engine: {name: llama.cpp, version}``.
+* :func:`measure_acceptance` — the greedy positional acceptance vector on llama.cpp's own logits, teacher-forced
+  along the target's greedy output: the rank of the target's token among the draft's logits at each position.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from ...errors import EngineError
+from ...solver.chains import ChainSetting
+from .binding import LlamaCppModel, engine_info, top1
+from .decode import generate
+
+__all__ = ["forward_calls", "measure_step_overhead", "profile_latency", "measure_acceptance"]
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def _filled(model: LlamaCppModel, context: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    model.clear()
+    if context:
+        model.prefill(rng.integers(0, model.n_vocab, context).tolist())
+
+
+def forward_calls(model: LlamaCppModel, *, seed: int = 0) -> Callable[[int], Callable[[int], Callable[[], None]]]:
+    """``calls_at(context)`` for :func:`~sequoia_opt.profiling.latency.engine_timers`: fills ``model``'s KV
+    cache with ``context`` random tokens and returns ``call(n)``, a closure running one ``llama_decode`` over
+    n random tokens at positions ``context..context + n - 1`` with logits for all n, then removing their cells."""
+    rng = np.random.default_rng(seed)
+
+    def calls_at(ctx: int) -> Callable[[int], Callable[[], None]]:
+        _filled(model, ctx, seed)
+
+        def call(n: int) -> Callable[[], None]:
+            toks = rng.integers(0, model.n_vocab, n).tolist()
+
+            def run() -> None:
+                model.decode(toks, ctx, logits=True)
+                model.synchronize()
+                model.seq_rm(ctx)
+
+            return run
+
+        return call
+
+    return calls_at
+
+
+def measure_step_overhead(target: LlamaCppModel, draft: LlamaCppModel, *, n_max: int = 4, prompt_len: int = 32,
+                          steps: int = 24, seed: int = 0) -> float:
+    """The per-step cost of a chain speculative step outside the two models' forwards (ms): argmax of the
+    verified rows, the acceptance test, ``seq_rm`` of both contexts, the batches' filling, stop checks; the
+    median of :attr:`Step.bookkeeping_ms` over ``steps`` steps of :func:`generate` on a random prompt."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, target.n_vocab, prompt_len).tolist()
+    gen = generate(target, prompt, steps * (n_max + 1), draft=draft, setting=ChainSetting(n_max))
+    return float(statistics.median(s.bookkeeping_ms for s in gen.steps[:steps])) if gen.steps else 0.0
+
+
+def _file_type(path: Path) -> str:
+    from ...model.gguf_loader import _field, open_gguf
+
+    from gguf import LlamaFileType
+
+    ft = _field(open_gguf(path), "general.file_type", None)
+    try:
+        return LlamaFileType(int(ft)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (TypeError, ValueError):
+        return "unknown"
+
+
+def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Sequence[int],
+                    token_counts: Sequence[int], draft_token_counts: Sequence[int], n_threads: int = 2,
+                    rounds: int = 3, paired: bool = True, max_repeats: int = 30, progress: ProgressFn | None = None,
+                    target_name: str | None = None, draft_name: str | None = None):
+    """The llama.cpp latency profile of a target GGUF and a draft GGUF (``treeopt-latency/1`` with ``engine``):
+    T(n) and c(w) with logits for every position (:func:`forward_calls`, timed by
+    :func:`~sequoia_opt.profiling.latency.sweep_grid` with its rounds and pairing against n = 1), and the
+    per-step overhead (:func:`measure_step_overhead`). ``draft_path`` None records no draft (0 ms).
+
+    Returns:
+        the validated :class:`~sequoia_opt.profiles.LatencyCurve`.
+
+    Raises:
+        EngineError: llama-cpp-python missing, a GGUF llama.cpp refuses, a context + n past a model's context.
+    """
+    import torch
+
+    from ...model.loaders import load_model_config
+    from ...device import cpu_name, device_slug
+    from ...profiling.latency import build_latency_profile, engine_timers, method_text, sweep_grid
+
+    tcfg = load_model_config(target_path)
+    dcfg = load_model_config(draft_path) if draft_path is not None else None
+    widest = max(max(token_counts), max(draft_token_counts))
+    for cfg, path in ((tcfg, target_path), (dcfg, draft_path)):
+        if cfg is not None and max(contexts) + widest > cfg.max_position_embeddings:
+            raise EngineError(f"context {max(contexts)} + {widest} tokens exceeds {Path(path).name}'s context of "
+                              f"{cfg.max_position_embeddings} tokens")
+    n_ctx = max(max(contexts) + widest + 8, 256)  # 256: what measure_step_overhead's run needs
+    kw = dict(min_repeats=min(5, max_repeats), max_repeats=max_repeats)
+    with LlamaCppModel(target_path, n_ctx=n_ctx, n_threads=n_threads) as tm:
+        ttables = sweep_grid(engine_timers(forward_calls(tm), "cpu", **kw), token_counts, contexts, what="target",
+                             progress=progress, rounds=rounds, paired=paired)
+        dtables, overhead = None, 0.0
+        if draft_path is not None:
+            with LlamaCppModel(draft_path, n_ctx=n_ctx, n_threads=n_threads) as dm:
+                dtables = sweep_grid(engine_timers(forward_calls(dm, seed=1), "cpu", **kw), draft_token_counts,
+                                     contexts, what="draft", progress=progress, rounds=rounds, paired=paired)
+                overhead = measure_step_overhead(tm, dm)
+    tname = target_name or Path(target_path).stem
+    dname = draft_name or (Path(draft_path).stem if draft_path is not None else None)
+    slug = device_slug("cpu")
+    device_meta = {"name": cpu_name(), "type": "cpu", "dtype": _file_type(Path(target_path)),
+                   "draft_dtype": _file_type(Path(draft_path)) if draft_path is not None else None,
+                   "threads": n_threads}
+    pid = f"{slug}_{tname}" + (f"__{dname}" if dname else "") + "_llama.cpp"
+    return build_latency_profile(
+        target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device="cpu", dtype=torch.float32,
+        target_name=tname, target_config=tcfg, draft_name=dname, draft_config=dcfg, random_weights=False,
+        profile_id=pid, method=method_text(rounds, paired, token_counts) + "; llama_decode with logits for every "
+        "position", command="treeopt profile latency --engine llama.cpp", engine=engine_info(),
+        device_meta=device_meta)
+
+
+def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Sequence[Sequence[int]],
+                       max_new_tokens: int, *, width: int = 8, eos_ids: Iterable[int] = (),
+                       progress: ProgressFn | None = None) -> tuple[np.ndarray, list[list[tuple[int, float, bool]]]]:
+    """Greedy acceptance of ``draft`` for ``target`` on llama.cpp's logits (Sequoia section 3.1, greedy: the
+    accepted candidate is the target's argmax): for each prompt the target's greedy continuation
+    (:func:`generate`, plain), then one draft decode over prompt + continuation with logits at every
+    continuation position; the target's token's rank among the draft's logits is one trial.
+
+    Returns:
+        ``(counts, traces)``: counts (width + 1,) int64, ``counts[k]`` the trials whose target token was the
+        draft's rank-k candidate, ``counts[width]`` none of the top ``width``; traces, per prompt and
+        continuation position, (draft top-1 token, its probability among the draft's top 10 logits, whether
+        it equals the target's token), what a chain's draft-p-min rule reads.
+
+    Raises:
+        EngineError: as :func:`generate`.
+    """
+    counts = np.zeros(width + 1, dtype=np.int64)
+    traces = []
+    for i, ids in enumerate(prompts):
+        cont = generate(target, ids, max_new_tokens, eos_ids=eos_ids).tokens
+        full = list(ids) + cont
+        draft.clear()
+        first = len(ids) - 1  # the logits at position p predict token p + 1
+        if first > 0:
+            draft.prefill(full[:first])
+        rows_tokens = full[first: len(full) - 1]
+        trace = []
+        for s in range(0, len(rows_tokens), draft.n_batch):
+            chunk = rows_tokens[s: s + draft.n_batch]
+            draft.decode(chunk, first + s, logits=True)
+            rows = draft.logits(len(chunk))
+            for r in range(len(chunk)):
+                want = full[first + s + r + 1]
+                row = rows[r]
+                rank = int((row > row[want]).sum())
+                counts[min(rank, width)] += 1
+                tok, prob = top1(row)
+                trace.append((tok, prob, tok == want))
+        traces.append(trace)
+        if progress:
+            progress("llama.cpp acceptance", i + 1, len(prompts))
+    return counts, traces

@@ -1,0 +1,79 @@
+"""The GPU engines' profilers without the engines (issue 27, fix 9): every engine's named profiler exists, and
+the random prompts are drawn below the model's own vocabulary (its tokenizer's), not below 32000."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+from sequoia_opt.engines import ENGINES, EngineError, engine_profiler
+from sequoia_opt.engines import gpu
+from sequoia_opt.pipeline import bundled_draft_path
+
+
+def test_every_named_profiler_is_a_function_that_exists():
+    named = {name: eng.profiler for name, eng in ENGINES.items() if eng.profiler is not None}
+    assert set(named) == {"llama.cpp", "sglang", "vllm"}
+    for name in named:
+        assert callable(engine_profiler(name)), name
+    assert engine_profiler("vllm") is gpu.profile_gpu and engine_profiler("treeopt") is None
+    with pytest.raises(EngineError, match="unknown --engine"):
+        engine_profiler("tgi")
+
+
+def test_vocab_size_from_the_tokenizer(tmp_path):
+    assert gpu.tokenizer_vocab_size("x", types.SimpleNamespace(vocab_size=128256)) == 128256
+    assert gpu.tokenizer_vocab_size("x", [0] * 300) == 300  # no vocab_size: its length
+    assert gpu.tokenizer_vocab_size(str(bundled_draft_path())) == 49152  # tokenizer.json of the bundled draft
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936}))
+    assert gpu.tokenizer_vocab_size(str(tmp_path)) == 151936
+    with pytest.raises(EngineError, match="vocabulary size"):
+        gpu.tokenizer_vocab_size(str(tmp_path / "missing"))
+
+
+def _run_calls(calls_at):
+    call = calls_at(32)
+    call(8)()
+
+
+def test_vllm_and_sglang_prompts_stay_inside_a_small_vocabulary(monkeypatch):
+    vocab = 500  # far below the 32000 the profilers used to assume
+    sent = []
+
+    class LLM:
+        def __init__(self, **kw):
+            pass
+
+        def get_tokenizer(self):
+            return types.SimpleNamespace(vocab_size=vocab)
+
+        def generate(self, prompts, params, use_tqdm=False):
+            for p in prompts:
+                sent.append(p["prompt_token_ids"] if isinstance(p, dict) else p.prompt_token_ids)
+
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "0.20.2"
+    vllm.LLM = LLM
+    vllm.SamplingParams = lambda **kw: kw
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", None)  # an old release: prompts as dicts
+    calls_at, info = gpu.vllm_calls("/models/small")
+    _run_calls(calls_at)
+
+    class Engine:
+        def __init__(self, **kw):
+            self.tokenizer_manager = types.SimpleNamespace(tokenizer=types.SimpleNamespace(vocab_size=vocab))
+
+        def generate(self, input_ids, sampling_params, **kw):
+            sent.append(input_ids)
+
+    sgl = types.ModuleType("sglang")
+    sgl.Engine = Engine
+    monkeypatch.setitem(sys.modules, "sglang", sgl)
+    calls_at, info = gpu.sglang_calls("/models/small")
+    _run_calls(calls_at)
+    assert len(sent) == 4 and all(len(ids) >= 9 for ids in sent)
+    assert max(max(ids) for ids in sent) < vocab and min(min(ids) for ids in sent) >= 100

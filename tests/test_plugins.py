@@ -1,0 +1,165 @@
+"""The one-loop promise: a new drafter is one file and a registry line, a new policy is one file and a registry
+line, and both run through ``treeopt run`` unchanged. The two files here are written outside the package (as a
+user's plugins, named in TREEOPT_PLUGINS); the loop, the CLI and the jobs know nothing of them."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import make_pair, random_model  # noqa: E402
+
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.decoding import Decoder, autoregressive_generate  # noqa: E402
+from sequoia_opt.drafting import registry  # noqa: E402
+from sequoia_opt.errors import TreeoptError  # noqa: E402
+from sequoia_opt.tree import Tree, save_tree  # noqa: E402
+
+# A drafter of one's own: proposes, at every node, the node's own token and the ids after it (a drafter that
+# is right whenever the text repeats a token: cheap, no model, no cache, no probabilities).
+TOY_DRAFTER = textwrap.dedent('''
+    import torch
+    from sequoia_opt.decoding.step_tree import DraftOutput, root_tree
+    from sequoia_opt.drafting.drafters.base import Drafter
+    from sequoia_opt.drafting.registry import CostProbe, DrafterKind, register_drafter
+
+    class RepeatDrafter(Drafter):
+        cost_model = "one-pass"
+        has_probs = False
+        max_rows = 64
+
+        def __init__(self, vocab_size, device):
+            self.vocab_size, self.device, self.context = vocab_size, torch.device(device), 1 << 40
+            self.proposals = 0
+
+        def bind(self, settings):
+            self._bind_once(settings)
+
+        def prefill(self, state):
+            pass
+
+        def propose(self, state, buffers, forced_tokens=None):
+            self.proposals += 1
+            out = root_tree([r.root for r in state.rows], buffers.n, self.device)
+            for b in range(len(state.rows)):
+                for d in range(1, buffers.tree_depth + 1):
+                    sl, parent = buffers.level_slices[d], buffers.child_parent_local[d]
+                    prev = out[b, buffers.level_slices[d - 1]]
+                    out[b, sl] = (prev[parent] + buffers.child_rank[d]) % self.vocab_size
+            return DraftOutput(out if forced_tokens is None else forced_tokens, None, buffers.tree_depth)
+
+        def commit(self, state, paths, step_depth):
+            pass
+
+    register_drafter(DrafterKind(
+        "repeat", "repeat the last token", "one-pass", parse=lambda arg, text: {}, label=lambda s: "repeat",
+        build=lambda spec, target, draft: RepeatDrafter(target.config.vocab_size, target.device),
+        probe=lambda spec, target, draft, make: CostProbe("repeat", make=make), has_probs=False))
+''')
+
+# A policy of one's own: each row's tree is the --tree cut to depth 1 or 2 by the parity of the row's length (so
+# rows of one batch verify trees of different sizes in one forward).
+TOY_POLICY = textwrap.dedent('''
+    from sequoia_opt.decoding.policy import DraftingPolicy
+    from sequoia_opt.decoding.step_tree import StepTree, TreeBuffers
+    from sequoia_opt.drafting.drafters import as_drafter
+    from sequoia_opt.drafting.registry import PolicyKind, register_policy
+
+    class AlternatingPolicy(DraftingPolicy):
+        reports_drafters = False
+
+        def __init__(self, drafter, tree):
+            self.drafter = as_drafter(drafter)
+            self.drafters, self.names = (self.drafter,), ("draft",)
+            self.tree, self.max_size, self.max_depth = tree, tree.size, tree.tree_depth
+            self.max_rows = self.drafter.max_rows
+
+        def bind(self, settings):
+            super().bind(settings)
+            full = TreeBuffers.build(self.tree, settings.device)
+            self.cuts = [full.clipped(min(d, full.tree_depth)) for d in (1, 2)]
+
+        def draft(self, state, rooms):
+            trees = []
+            for row in state.rows:  # each row its own tree: one drafter call per row
+                buf = self.cuts[len(row.seq) % 2]
+                sub = type(state)(rows=[row], results=[row.result])
+                out = self.drafter.propose(sub, buf)
+                trees.append(StepTree.static(buf, out.tokens[0]))
+            return trees
+
+        def commit(self, state, trees, paths):
+            pass
+
+    register_policy(PolicyKind("alternating", "depth 1 or 2 by the row's length", lambda arg: {},
+                               lambda drafter, tree, opts: AlternatingPolicy(drafter, tree), AlternatingPolicy))
+''')
+
+
+@pytest.fixture()
+def plugins(tmp_path, monkeypatch):
+    d, p = tmp_path / "toy_drafter.py", tmp_path / "toy_policy.py"
+    d.write_text(TOY_DRAFTER)
+    p.write_text(TOY_POLICY)
+    monkeypatch.setenv("TREEOPT_PLUGINS", f"{d},{p}")
+    before_d, before_p = dict(registry.DRAFTERS), dict(registry.POLICIES)
+    yield d, p
+    # leave the registries as they were for the other tests
+    registry.DRAFTERS.clear()
+    registry.DRAFTERS.update(before_d)
+    registry.POLICIES.clear()
+    registry.POLICIES.update(before_p)
+    registry._PLUGINS_LOADED.difference_update({str(d), str(p)})
+
+
+def test_a_toy_drafter_and_policy_run_through_treeopt_run_unchanged(tmp_path, plugins):
+    target, _, prompts = make_pair(tmp_path)
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.from_choices([[0], [1], [0, 0], [1, 0]]))
+    r = CliRunner().invoke(app, ["run", "--tree", str(tree), "--target", str(target), "--draft", "repeat",
+                                 "--policy", "alternating", "--prompts", str(prompts), "--num-prompts", "2",
+                                 "--max-new-tokens", "12", "--results-dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    by = {s["tree"]: s for s in doc["summaries"]}
+    toy = by["t (alternating)"]
+    assert toy["mismatches"] == 0 and toy["new_tokens"] == by["plain"]["new_tokens"] == 24
+    rows = [x for x in doc["rows"] if x["tree"] == "t (alternating)"]
+    assert all(x["matches_plain"] for x in rows)
+    assert "repeat" in registry.DRAFTERS and "alternating" in registry.POLICIES
+
+
+def test_per_row_trees_of_different_sizes_in_one_batch_equal_plain(plugins):
+    """The toy policy gives rows of one batch trees of different sizes (its depth follows each row's own length):
+    one forward verifies them all, and every row equals its plain greedy decoding alone."""
+    registry.load_plugins()
+    target = random_model(0, std=0.3)
+    drafter = registry.DRAFTERS["repeat"].build(None, target, None)
+    policy = registry.POLICIES["alternating"].build(drafter, Tree.from_choices([[0], [1], [0, 0], [1, 0]]), {})
+    prompts = [[5, 5, 5, 5], [1, 2, 3], list(range(30, 50)), [7]]
+    dec = Decoder(target, policy, max_batch=4, max_len=128)
+    state = dec.start_batch(prompts, 16)
+    sizes = set()
+    while not state.finished:
+        step = dec.step(state)
+        sizes.add(tuple(s.tree_size for s in step.rows))
+    assert any(len(set(s)) > 1 for s in sizes)  # some step verified trees of different sizes together
+    for p, res in zip(prompts, state.results):
+        assert res.tokens == autoregressive_generate(target, p, 16).tokens
+    assert drafter.proposals > 0
+
+
+def test_a_plugin_that_fails_to_import_is_one_line(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('no GPU here')\n")
+    with pytest.raises(TreeoptError, match=r"plugin .*bad.py.* could not be loaded: RuntimeError: no GPU here"):
+        registry.load_plugins(str(bad))
+    monkeypatch.setenv("TREEOPT_PLUGINS", str(tmp_path / "missing.py"))
+    r = CliRunner().invoke(app, ["run", "--tree", "x.yaml"])
+    assert r.exit_code == 2 and "could not be loaded" in r.output and "Traceback" not in r.output
