@@ -27,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-from sequoia_opt._io import atomic_write_text
+from sequoia_opt._io import create_files, new_run_id
 from sequoia_opt.demo import DemoSettings, run_demo
 from sequoia_opt.profiles import load_acceptance
 from sequoia_opt.tree import load_tree, now_iso
@@ -53,10 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         s = DemoSettings.quick() if args.quick else DemoSettings()
         rows = self_check(args.self_check, s, num_prompts=args.num_prompts or s.num_prompts,
                           max_new_tokens=args.max_new_tokens or s.max_new_tokens, device=args.device)
-        stamp = now_iso().replace(":", "").replace("+0000", "Z")
-        path = atomic_write_text(args.out / f"{stamp}-self-check.json",
-                                 json.dumps({"format": "treeopt-bench-drafters-self/1", "self_check": rows}, indent=1)
-                                 + "\n")
+        (path,) = create_files({args.out / f"{new_run_id(None)}-self-check.json": json.dumps(
+            {"format": "treeopt-bench-drafters-self/1", "self_check": rows}, indent=1) + "\n"})
         _print_self_check(rows)
         print(f"wrote {path}")
         return 0 if all(r["equals_plain"] for r in rows) else 1
@@ -64,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = DemoSettings.quick() if args.quick else DemoSettings()
     if args.self_layers:
         settings.self_layers = tuple(int(x) for x in args.self_layers.split(","))
-    stamp = now_iso().replace(":", "").replace("+0000", "Z")
+    stamp = new_run_id(None)  # unique: two runs never share a folder or a results file
     out_dir = args.out / stamp
 
     def progress(what: str, done: int, total: int) -> None:
@@ -101,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if L >= 1:
         doc["self_check"] = self_check(L, settings, num_prompts=result.run.settings.get("num_prompts"),
                                        max_new_tokens=result.run.settings.get("max_new_tokens"), device=args.device)
-    path = atomic_write_text(args.out / f"{stamp}.json", json.dumps(doc, indent=1) + "\n")
+    (path,) = create_files({args.out / f"{stamp}.json": json.dumps(doc, indent=1) + "\n"})
 
     print(f"plain decoding {plain.tokens_per_s:.2f} tokens/s; "
           f"{result.run.settings.get('num_prompts')} eval prompts x {result.run.settings.get('max_new_tokens')} tokens")

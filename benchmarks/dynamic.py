@@ -35,7 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sequoia_opt._io import atomic_write_text
+from sequoia_opt._io import create_files, new_run_id
 
 PROSE = Path(__file__).parent / "data" / "prose-moby-dick.jsonl"
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick
     n_eval = args.num_prompts or (2 if quick else 8)
     new = args.max_new_tokens or (16 if quick else 64)
-    date = now_iso().replace(":", "").replace("+0000", "Z")
+    date = new_run_id(None)  # unique: two runs never share a folder or a results file
     out = args.out / date
     out.mkdir(parents=True, exist_ok=True)
     prose_prof, prose_eval = split_prose(out)
@@ -251,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
            "eval_code": {"plain_tokens_per_s": code_plain, "rows": code_rows},
            "mixed": {"plain_tokens_per_s": mixed_plain, "rows": mixed_rows, "per_domain_best_tokens_per_s": per_domain},
            "goals": goals}
-    path = args.out / f"{date}.json"
-    atomic_write_text(path, json.dumps(doc, indent=2, default=float) + "\n")
+    (path,) = create_files({args.out / f"{date}.json": json.dumps(doc, indent=2, default=float) + "\n"})
     for title, rows, plain in (("eval (code)", code_rows, code_plain), ("mixed stream", mixed_rows, mixed_plain)):
         print(f"\n{title}: plain {plain:.2f} tokens/s")
         print(f"  {'name':28s} {'nodes':>5s} {'tok/s':>7s} {'speedup':>7s} {'tok/step':>8s} {'pred':>6s} {'=plain':>6s}")

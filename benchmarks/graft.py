@@ -35,7 +35,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from sequoia_opt._io import atomic_write_text
+from sequoia_opt._io import atomic_write_text, create_files, new_run_id
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     prof_texts = load_prompts(demo_prompts_path("profile"), limit=max(s.prompts, n_sched))
     prof_ids = [base.tokenizer.encode(p.text) for p in prof_texts]
     eval_ids = [base.tokenizer.encode(p.text) for p in load_prompts(demo_prompts_path("eval"), limit=n_eval)]
-    stamp = now_iso().replace(":", "").replace("+0000", "Z")
+    stamp = new_run_id(None)  # unique: two runs never share a folder or a results file
     out_dir = args.out / stamp
 
     def progress(what: str, done: int, total: int) -> None:
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             "greedy_ok": run.greedy_ok if T == 0 else None,
             "files": {k: str(v) for k, v in files.items()}}
         _print_mode(mode, T, plain.tokens_per_s, rows, doc["modes"][mode])
-    path = atomic_write_text(args.out / f"{stamp}.json", json.dumps(doc, indent=1, default=str) + "\n")
+    (path,) = create_files({args.out / f"{stamp}.json": json.dumps(doc, indent=1, default=str) + "\n"})
     print(f"wrote {path}")
     return 0 if ok else 1
 

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sequoia_opt._io import atomic_write_text  # noqa: E402
+from sequoia_opt._io import create_files, new_run_id  # noqa: E402
 from sequoia_opt.engines.llamacpp import (ChainSetting, LlamaCppModel, chain_flags, measure_acceptance,  # noqa: E402
                                           predict_chain, predict_replay, profile_latency, replay_chain,
                                           run_settings, solve_chain)
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results/llamacpp")
     args = ap.parse_args()
     t_all = time.perf_counter()
-    run_id = now_iso().replace(":", "").replace("-", "")[:15] + "Z"
+    run_id = new_run_id(None)  # unique: two runs never share a folder or a results file
     out_dir = args.out / run_id
     target = find_demo_target()
     if target is None:
@@ -176,8 +176,7 @@ def main() -> None:
         "wall_s": {"profile": t_profile, "acceptance": t_acc, "runs": t_run, "total": time.perf_counter() - t_all},
         "eval": {"prompts": len(ev), "new_tokens": args.new_tokens},
     }
-    path = args.out / f"{run_id}.json"
-    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    (path,) = create_files({args.out / f"{run_id}.json": json.dumps(doc, indent=2) + "\n"})
     print(f"\nllama.cpp plain: {plain.tokens_per_s:.1f} tokens/s ({args.threads} threads); chosen on llama.cpp's "
           f"curve: {chosen['setting']}; on treeopt's curve: {contrast['setting'] if contrast else '-'}")
     head = f"{'setting':<24}{'tok/s':>8}{'speedup':>9}{'tok/step':>9}{'pred pos':>10}{'pred replay':>12}{'= plain':>9}"

@@ -4,15 +4,25 @@ A crash, Ctrl-C or error mid-write leaves either the old file or nothing, never 
 written through (its target is replaced, the link stays); a directory or device at the path is refused rather
 than replaced. The new file gets the mode a plain ``open()`` would give it (``0o666`` less the umask), or the
 mode of the file it replaces.
+
+Run outputs (``results/<run-id>.json`` and ``.csv``) never replace anything: :func:`new_run_id` makes ids
+that two runs in one second do not share, and :func:`create_files` creates a run's files together under
+names that must not exist yet.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import errno
 import os
+import secrets
+import signal
 import stat
 import tempfile
+import threading
 from pathlib import Path
+from typing import Mapping
 
 from .errors import OutputError
 
@@ -70,6 +80,35 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
         raise error(f"{path}: not a UTF-8 text file (expected a {what})") from None
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def check_numbers(doc, source: str, error: type[Exception]) -> None:
+    """Refuse a parsed file (YAML / JSON: nested dicts and lists) holding a number no field of any treeopt
+    format takes: an infinity or NaN (YAML's ``.inf`` / ``.nan``, JSON's ``Infinity`` / ``NaN``), or an integer
+    outside int64 (1e30 written as an integer). Every loader calls it before reading fields, so such a
+    value fails as one line naming the file and the key, never as an OverflowError deep in numpy; each
+    format then checks its own fields' ranges.
+
+    Raises:
+        error: ``"<source>: <key path> is inf (a file holds finite numbers)"`` or ``"... does not fit a 64-bit
+            integer"``.
+    """
+    import math
+
+    stack = [(doc, "")]
+    while stack:
+        x, where = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(x))
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise error(f"{source}: {where or 'the value'} is {x} (a file holds finite numbers)")
+        elif isinstance(x, int) and not isinstance(x, bool) and not -_INT64_MAX - 1 <= x <= _INT64_MAX:
+            raise error(f"{source}: {where or 'the value'} = {x} does not fit a 64-bit integer")
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically. See :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
@@ -103,3 +142,110 @@ def atomic_output_path(path: str | os.PathLike):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def new_run_id(prefix: str | None = "run") -> str:
+    """A run id no other run shares: ``<prefix>-<UTC time to the millisecond>Z-<6 random hex digits>``,
+    e.g. ``run-20261201T094917.123Z-3fa2c1`` (sorts by time; 2**24 suffixes per millisecond); without the
+    prefix for ``None`` (a benchmark's results folder)."""
+    now = _dt.datetime.now(_dt.timezone.utc)
+    stamp = f"{now.strftime('%Y%m%dT%H%M%S')}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
+    return f"{prefix}-{stamp}" if prefix else stamp
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Hold SIGINT / SIGTERM until the block ends (main thread only; elsewhere Python runs no handler), then
+    deliver the first one that arrived to the handler that was installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    old = {sig: signal.signal(sig, lambda s, _f: got.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        if got:
+            os.kill(os.getpid(), got[0])
+
+
+def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
+    """Create several new files as one unit, never replacing a file: each is written and synced under a
+    temporary name in its folder, then all are given their names (``os.link``, which fails on a name that
+    exists) with Ctrl-C / SIGTERM held until the last one has its name; when a name exists or a step fails,
+    the names already given are removed, so either every file exists or none does.
+
+    Args:
+        files: path -> content (str is written as UTF-8), in commit order (give the record a reader looks
+            for, e.g. a run's JSON, last).
+
+    Returns:
+        The paths, in the order given.
+
+    Raises:
+        OutputError: a name that exists (``"... exists: a writer never replaces a file it did not create"``),
+            a folder that cannot be made, or the OS refusing a write; one line naming the path.
+    """
+    paths = [Path(p) for p in files]
+    for p in paths:
+        if os.path.lexists(p):
+            raise OutputError(f"cannot write {p}: it exists, and a run never replaces a file it did not create")
+    tmps: list[str] = []
+    made: list[Path] = []
+    try:
+        for p, data in zip(paths, files.values()):
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+                tmps.append(tmp)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, _default_mode())
+            except OSError as err:
+                raise OutputError(f"cannot write {p}: {err.strerror or err}") from None
+        with _signals_deferred():
+            try:
+                for p, tmp in zip(paths, tmps):
+                    _link_new(tmp, p)
+                    made.append(p)
+            except BaseException:
+                for p in made:
+                    with contextlib.suppress(OSError):
+                        os.unlink(p)
+                raise
+    finally:
+        for tmp in tmps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return paths
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    """Give the written file ``tmp`` the name ``path``, which must not exist (``os.link``; where the file
+    system has no hard links, an exclusive create then a rename over that placeholder)."""
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        raise OutputError(f"cannot write {path}: it exists, and a run never replaces a file it did not "
+                          "create") from None
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        raise OutputError(f"cannot write {path}: it exists, and a run never replaces a file it did not "
+                          "create") from None
+    except OSError as err:
+        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None

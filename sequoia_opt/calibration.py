@@ -54,7 +54,7 @@ import yaml
 
 from ._io import atomic_write_text
 from .errors import ProfileError
-from .profiles import _check_format, _load_yaml, wilson_interval
+from .profiles import MAX_TOKENS, _check_format, _load_yaml, check_integer, wilson_interval
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
            "save_calibration"]
@@ -145,14 +145,42 @@ class RecordedStep:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> "RecordedStep":
+        """From a file's step mapping: parent and rank lists of integers (-1 .. 2**31 - 1), prob, accept and
+        entropy lists of finite numbers (entropy null where the drafter did not run). Raises ProfileError
+        naming ``where`` and the entry."""
+        lists = {}
+        for key in ("parent", "prob", "rank", "accept", "entropy"):
+            v = d.get(key)
+            if not isinstance(v, list):
+                raise ProfileError(f"{where}: a recorded step needs parent, prob, rank, accept and entropy lists "
+                                   f"(missing or not a list: {key})")
+            lists[key] = v
+        ints = {}
+        for k in ("parent", "rank"):
+            v, low = lists[k], -1 if k == "parent" else 0
+            if v and not (all(type(x) is int for x in v) and low <= min(v) and max(v) <= MAX_TOKENS):
+                for i, x in enumerate(v):  # name the first entry out of range
+                    check_integer(x, f"{where}.{k}[{i}]", low=low, high=MAX_TOKENS)
+            ints[k] = v
+        floats = {}
+        for k in ("prob", "accept", "entropy"):
+            v = [float("nan") if x is None and k == "entropy" else x for x in lists[k]]
+            if not all(type(x) in (int, float) for x in v):
+                i = next(i for i, x in enumerate(v) if type(x) not in (int, float))
+                raise ProfileError(f"{where}.{k}[{i}] = {v[i]!r} must be a finite number")
+            arr = np.asarray(v, dtype=np.float64)
+            bad = ~np.isfinite(arr)
+            if k == "entropy":  # null (NaN here) where the drafter did not run
+                bad &= np.asarray([x is not None for x in lists[k]], dtype=bool)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ProfileError(f"{where}.{k}[{i}] = {lists[k][i]!r} must be a finite number")
+            floats[k] = arr
         try:
-            ent = [float("nan") if x is None else float(x) for x in d["entropy"]]
-            return cls(np.asarray(d["parent"], dtype=np.int64), np.asarray(d["prob"], dtype=np.float64),
-                       np.asarray(d["rank"], dtype=np.int64), np.asarray(d["accept"], dtype=np.float64),
-                       np.asarray(ent, dtype=np.float64))
-        except (KeyError, TypeError, ValueError) as err:
-            raise ProfileError(f"{where}: a recorded step needs parent, prob, rank, accept and entropy lists "
-                               f"({err.__class__.__name__}: {err})") from None
+            return cls(np.asarray(ints["parent"], dtype=np.int64), floats["prob"],
+                       np.asarray(ints["rank"], dtype=np.int64), floats["accept"], floats["entropy"])
+        except ProfileError as err:
+            raise ProfileError(f"{where}: {err}") from None
 
 
 def _table(key: np.ndarray, prob: np.ndarray, acc: np.ndarray, weight: np.ndarray, labels: Sequence[Any],
@@ -206,8 +234,11 @@ class CalibrationProfile:
     _cand: dict[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        e = np.asarray(self.edges, dtype=np.float64)
-        if len(e) < 2 or e[0] != 0.0 or e[-1] != 1.0 or np.any(np.diff(e) <= 0):
+        try:
+            e = np.asarray(self.edges, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise ProfileError(f"calibration bin edges must be numbers rising from 0 to 1, got {list(self.edges)}") from None
+        if e.ndim != 1 or len(e) < 2 or e[0] != 0.0 or e[-1] != 1.0 or np.any(np.diff(e) <= 0):
             raise ProfileError(f"calibration bin edges must rise from 0 to 1, got {list(self.edges)}")
         if not self.steps:
             raise ProfileError(f"calibration profile {self.id!r} has no recorded steps")
@@ -245,10 +276,10 @@ class CalibrationProfile:
         r = self.measured.get("recording")
         if r is None:
             return
-        try:
-            steps, topk = int(r["steps"]), int(r["topk"])
-        except (KeyError, TypeError, ValueError):
-            raise ProfileError(f"{source}: measured.recording must give integer steps and topk, got {r!r}") from None
+        if not isinstance(r, Mapping) or "steps" not in r or "topk" not in r:
+            raise ProfileError(f"{source}: measured.recording must give integer steps and topk, got {r!r}")
+        steps = check_integer(r["steps"], f"{source}: measured.recording.steps", low=1, high=MAX_TOKENS)
+        topk = check_integer(r["topk"], f"{source}: measured.recording.topk", low=1, high=MAX_TOKENS)
         depth = max(int(s.depth.max()) for s in self.steps)
         kids = max(len(c) for s in self.steps for c in s.children)
         if depth != steps or kids > topk:
@@ -323,8 +354,13 @@ class CalibrationProfile:
         if not isinstance(measured, dict) or not measured.get("target") or not measured.get("draft"):
             raise ProfileError(f"{source}: 'measured' must be a mapping naming the target and the draft (the pair "
                                "checks read them)")
-        prof = cls(str(doc.get("id", default_id)), dict(measured), steps,
-                   tuple(doc.get("edges", DEFAULT_EDGES)))
+        edges = doc.get("edges", DEFAULT_EDGES)
+        if not isinstance(edges, (list, tuple)):
+            raise ProfileError(f"{source}: 'edges' must be a list of bin edges rising from 0 to 1, got {edges!r}")
+        try:
+            prof = cls(str(doc.get("id", default_id)), dict(measured), steps, tuple(edges))
+        except ProfileError as err:
+            raise ProfileError(f"{source}: {err}") from None
         prof._check_recording(source)
         for key, what, rows in (("bins", "the reliability table", prof.bins), ("by_rank", "by_rank", prof.by_rank),
                                 ("by_depth", "by_depth", prof.by_depth)):

@@ -39,7 +39,7 @@ from .pipeline import ModelPair, drafter_slug, load_pair, parse_device, parse_dt
 from .report import Report
 from .profiles import LatencyCurve, save_acceptance, save_latency
 from .profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
-from .device import device_slug
+from .device import device_name, device_slug
 from .model.tuned_linear import linear_record
 from .profiling.layers import default_layer_grid, sweep_layers
 from .profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
@@ -176,7 +176,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                            new_tokens: int):
         return build_acceptance_profile(
             counts, profile_id=f"{tname}__{drafter_slug(label)}_greedy", target_name=tname, draft_name=label,
-            temperature=0.0, top_p=1.0, depth=depth, device=str(dev), dtype=dtype_name,
+            temperature=0.0, top_p=1.0, depth=depth, device=device_name(dev), dtype=dtype_name,
             prompts_file="sequoia_opt/data/prompts/profile.jsonl", num_prompts=n_prompts, max_new_tokens=new_tokens,
             seed=0, draft_cost_model=cost_model)
 
@@ -239,21 +239,29 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                                   budget=s.max_tokens, max_depth=s.max_depth, max_branching=s.extra_width,
                                   context=ctx))
         drafts.append(self_pair.new_drafter)
+    # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
+    from .solver.depth import ValueModel, solve_profile
+    from .solver.hardware import step_cost
+
+    vm = ValueModel.of_profile(acc, model_plan.metadata.extra.get("acceptance_model", "auto"))
     gpu_curve = gpu_like_curve(curve, ctx)
-    gpu_choice = choose(p, gpu_curve, s.max_tokens, s.max_depth, s.width)
+    gpu_choice = choose(p, gpu_curve, s.max_tokens, s.max_depth, s.width,
+                        solution=solve_profile(acc, s.max_tokens, s.max_depth, s.width, vm.name)[0])
 
     def meta(solver: str, tree, budget: int | None, depth: int | None) -> TreeMetadata:
-        from .solver.hardware import score_tree
-
-        c = score_tree(tree, p, curve, ctx)
+        c = step_cost(tree.level_widths, vm.expected_tokens(tree), curve, ctx)
         return TreeMetadata(budget=budget, max_depth=depth, expected_tokens_per_step=c.expected_tokens,
                             predicted_speedup=c.speedup, acceptance_profile=acc.id, latency_profile=curve.id,
-                            solver=solver, date=now_iso())
+                            solver=solver, date=now_iso(), extra={"acceptance_model": vm.name})
 
     baselines: list[TreeEntry] = []
-    for b in compare_baselines(p, s.max_tokens, s.max_depth, s.width, curve, context=ctx):
+    baseline_notes: list[str] = []
+    for b in compare_baselines(p, s.max_tokens, s.max_depth, s.width, curve, context=ctx, by_depth=vm.rows):
         if b.name in ("chain", "k-ary"):
             label = f"best {b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items())
+            if b.tree.choices() == choice.tree.choices():
+                baseline_notes.append(f"{label} is the solved tree itself: it runs once, as {model_plan.name!r}")
+                continue
             baselines.append(TreeEntry(label, b.tree, meta(f"baseline:{b.name}", b.tree, b.tree.size,
                                                            b.tree.tree_depth)))
     gpu_entry = TreeEntry("solved (GPU-like curve)", gpu_choice.tree,
@@ -336,6 +344,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     else:
         report.notes.append(f"self:L not compared: the target has {pair.target.config.n_layers} layer(s), no L "
                             "leaves one out")
+    report.notes.extend(baseline_notes)
     for pl in plans:
         if pl.tree.size == 1:
             report.notes.append(f"{pl.label}: no tree beats plain decoding under its profiles on this device; its best "

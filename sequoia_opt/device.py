@@ -29,6 +29,27 @@ def device_name(device: torch.device | str) -> str:
     return cpu_name()
 
 
+def free_memory_bytes(device: torch.device | str) -> int:
+    """Memory free for new allocations on ``device`` (bytes): the GPU's free memory for CUDA
+    (``torch.cuda.mem_get_info``), else the host's available memory (``MemAvailable`` in /proc/meminfo on
+    Linux, else free physical pages)."""
+    import os
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        m = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
+        if m:
+            return int(m.group(1)) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 2**62  # unknown: refuse nothing
+
+
 def device_slug(device: torch.device | str) -> str:
     """A folder-safe slug for ``profiles/<device-slug>/``: ``cpu-<model>`` or ``cuda-<gpu name>``."""
     device = torch.device(device)

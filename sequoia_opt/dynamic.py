@@ -42,6 +42,10 @@ __all__ = ["POLICY_NAMES", "DynamicSetting", "Expansion", "Expander", "Candidate
 #: The dynamic rules, by the name the CLI and profiles use.
 POLICY_NAMES = ("eagle", "entropy", "best-first")
 
+#: The largest steps, topk or budget a setting may hold (2**31 - 1; memory bounds it far lower, see
+#: :func:`step_memory_bytes`).
+MAX_SETTING = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class DynamicSetting:
@@ -74,6 +78,10 @@ class DynamicSetting:
                 raise ValueError(f"a dynamic setting's {name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 2:
             raise ValueError(f"a dynamic setting's budget counts the root and must be >= 2, got {self.budget!r}")
+        for name in ("steps", "topk", "budget"):
+            if getattr(self, name) > MAX_SETTING:
+                raise ValueError(f"a dynamic setting's {name} = {getattr(self, name)} is out of range (at most "
+                                 f"{MAX_SETTING})")
 
     @property
     def label(self) -> str:
@@ -85,8 +93,10 @@ class DynamicSetting:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DynamicSetting":
+        """From a file's ``setting`` mapping; integers as written (2.5, inf or "3" are refused, not rounded).
+        Raises ValueError."""
         try:
-            return cls(str(d["policy"]), int(d["steps"]), int(d["topk"]), int(d["budget"]))
+            return cls(str(d["policy"]), d["steps"], d["topk"], d["budget"])
         except (KeyError, TypeError) as err:
             raise ValueError(f"a dynamic setting needs policy, steps, topk and budget ({err})") from None
 
@@ -140,6 +150,36 @@ def max_candidates(s: DynamicSetting) -> int:
 def max_tree_size(s: DynamicSetting) -> int:
     """The most nodes the rule can verify: the budget, or what ``steps`` levels can hold when that is less."""
     return min(s.budget, _can_grow(s))
+
+
+def step_memory_bytes(s: DynamicSetting, vocab_size: int) -> int:
+    """Bytes one decoding step of the setting allocates at most (what :class:`DynamicPolicy` holds while it
+    grows a tree): the (n, n) bool ancestor-or-self matrix over the n = :func:`max_candidates` candidate nodes
+    and its copy on the decoding device (2 n^2), and the draft distributions of the widest forward, w nodes
+    over the vocabulary, as float32 logits, probabilities and their logarithms (12 w V); w is topk for
+    ``eagle`` (its frontier), else the budget less the root. EAGLE at topk 128 over 8 steps: n = 114,817,
+    26 GB."""
+    n = max_candidates(s)
+    w = max(1, min(n - 1, s.topk if s.policy == "eagle" else s.budget - 1))
+    return 2 * n * n + 12 * w * int(vocab_size)
+
+
+def check_step_memory(s: DynamicSetting, vocab_size: int, free_bytes: int, where: str = "this machine") -> None:
+    """Refuse a setting whose step needs more memory than ``free_bytes`` (:func:`step_memory_bytes`).
+
+    Raises:
+        ValueError: one line naming the setting, the memory it needs and the memory free on ``where``.
+    """
+    need = step_memory_bytes(s, vocab_size)
+    if need > free_bytes:
+        n = max_candidates(s)
+        raise ValueError(f"{s.label}: one step needs about {_gib(need)} ({n:,} candidate nodes: a {n:,} x {n:,} "
+                         f"ancestor matrix, and draft distributions over {vocab_size:,} tokens), more than the "
+                         f"{_gib(free_bytes)} free on {where}: lower topk or steps")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def entropy_children(entropy: float, topk: int) -> int:

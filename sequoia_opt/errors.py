@@ -31,3 +31,8 @@ class OutputError(TreeoptError):
 
 class EngineError(TreeoptError):
     """An engine is not installed, refuses a model, or cannot do what was asked (one line for the CLI)."""
+
+
+class ProfileWarning(UserWarning):
+    """A profile that loads but whose figures look wrong (e.g. a latency curve far below T(1) for larger n):
+    the CLI prints each as one ``warning:`` line on stderr."""

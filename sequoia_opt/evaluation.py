@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ._io import atomic_write_text
+from ._io import create_files, new_run_id
 from .errors import DecodingError
 from .decoding import Decoder, DraftingPolicy, GenerationResult
 from .drafting.drafters import Drafter, drafter_factory
@@ -172,10 +172,22 @@ class RunReport:
         return buf.getvalue()
 
     def save(self, results_dir: str | Path) -> tuple[Path, Path]:
-        """Write ``<results_dir>/<run_id>.json`` and ``.csv`` atomically. Returns both paths."""
+        """Create ``<results_dir>/<run_id>.json`` and ``.csv`` as one unit (:func:`~sequoia_opt._io.create_files`:
+        both or neither, the CSV first so a JSON always has its CSV). Never replaces a file: when a file of
+        this run id exists already (another run's), the run takes a fresh id (:func:`~sequoia_opt._io.new_run_id`)
+        and ``run_id`` changes. Returns ``(json path, csv path)``.
+
+        Raises:
+            OutputError: the OS refuses the write, or another writer takes the fresh names between the check
+                and the commit (nothing of this run is left then).
+        """
         d = Path(results_dir)
-        j = atomic_write_text(d / f"{self.run_id}.json", json.dumps(self.to_dict(), indent=1) + "\n")
-        c = atomic_write_text(d / f"{self.run_id}.csv", self.to_csv())
+        for _ in range(8):
+            if not any((d / f"{self.run_id}{ext}").exists() for ext in (".json", ".csv")):
+                break
+            self.run_id = new_run_id(self.run_id.split("-", 1)[0])
+        c, j = create_files({d / f"{self.run_id}.csv": self.to_csv(),
+                             d / f"{self.run_id}.json": json.dumps(self.to_dict(), indent=1) + "\n"})
         return j, c
 
 
@@ -414,8 +426,7 @@ def run_trees(
     if any(e.drafter is not None for e in entries):
         run_settings["drafters"] = {e.name: e.drafter for e in entries if e.drafter is not None}
     run_settings.update(settings or {})
-    run_id = f"run-{run_settings['date'].replace(':', '').replace('+0000', 'Z')}"
-    return RunReport(run_id=run_id, settings=run_settings, summaries=summaries, rows=rows,
+    return RunReport(run_id=new_run_id(), settings=run_settings, summaries=summaries, rows=rows,
                      mismatch_details=mismatches)
 
 

@@ -68,7 +68,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import yaml
 
-from ._io import read_text_file
+from ._io import check_numbers, read_text_file
 from .errors import EngineError, TreeoptError, TreeValidationError
 from .solver.chains import ChainSetting
 from .tree import TREE_FORMAT, Tree, TreeMetadata, tree_from_yaml, tree_to_yaml
@@ -803,6 +803,14 @@ def load_dynamic_setting(path: str | Path) -> tuple[Any, dict[str, Any]]:
     if not isinstance(doc, dict) or doc.get("format") != DYNAMIC_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else f"a {type(doc).__name__}, not a mapping"
         raise ExportError(f"{path}: format is {got!r}, expected {DYNAMIC_FORMAT!r}")
+    check_numbers(doc, str(path), ExportError)
+    predicted = doc.get("predicted") or {}
+    if not isinstance(predicted, dict):
+        raise ExportError(f"{path}: 'predicted' must be a mapping")
+    for key in ("tokens_per_step", "speedup", "tokens_per_s", "cost_ms"):  # what run --dynamic shows
+        v = predicted.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            raise ExportError(f"{path}: predicted.{key} = {v!r} must be a number >= 0")
     try:
         return DynamicSetting.from_dict(doc.get("setting") or {}), doc
     except ValueError as err:
@@ -823,6 +831,10 @@ def lookup_flags(min_n: int, n_max: int) -> str:
     """Prompt lookup (n-gram) as llama.cpp's ``ngram-simple``: match an n-gram of ``min_n`` tokens, draft the
     ``n_max`` tokens that followed it."""
     return f"--spec-type ngram-simple --spec-ngram-simple-size-n {min_n} --spec-ngram-simple-size-m {n_max}"
+
+
+#: The longest draft a llama.cpp setting file may ask for (tokens).
+MAX_DRAFT = 2**31 - 1
 
 
 def parse_setting_file(path: Path) -> ChainSetting:
@@ -850,6 +862,11 @@ def parse_setting_file(path: Path) -> ChainSetting:
                     vals[names[w]] = float(words[i + 1])
                 except ValueError:
                     raise EngineError(f"{path}: {w} {words[i + 1]!r} is not a number") from None
+                integer = names[w] != "p_min"
+                v = vals[names[w]]
+                if not math.isfinite(v) or (integer and (not v.is_integer() or not 0 <= v <= MAX_DRAFT)):
+                    want = f"an integer in 0..{MAX_DRAFT}" if integer else "a number in [0, 1]"
+                    raise EngineError(f"{path}: {w} {words[i + 1]} is out of range (must be {want})")
         if "n_max" not in vals and "--spec-type none" in " ".join(words):
             vals["n_max"] = 0
         if "n_max" not in vals:

@@ -287,7 +287,7 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
 
     from .profiles import PairAcceptanceProfile
     from .profiling.acceptance import build_acceptance_profile, measure_acceptance
-    from .device import device_slug
+    from .device import device_name, device_slug
     from .profiling.graft import measure_pair_acceptance
     from .profiling.latency import build_latency_profile, measure_step_overhead, method_text, profile_drafter, \
         profile_model
@@ -323,7 +323,7 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
                                     eos_ids=eos_ids, backend=backend, progress=progress)
         acc = build_acceptance_profile(
             counts, profile_id=f"{tname}__{slug}_{mode}", target_name=tname, draft_name=pair.draft_name,
-            temperature=temperature, top_p=top_p, depth=s.depth, device=str(dev), dtype=dtype_name,
+            temperature=temperature, top_p=top_p, depth=s.depth, device=device_name(dev), dtype=dtype_name,
             prompts_file=prompts_file, num_prompts=len(ids), max_new_tokens=s.new_tokens, seed=seed,
             draft_cost_model=pair.cost_model, command="treeopt profile graft")
         return curve, acc
@@ -343,7 +343,7 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
                   "depth": s.pair_depth, "num_samples": counts.trials, "steps": counts.steps,
                   "tokens_per_step": round(counts.tokens / counts.steps, 4) if counts.steps else None,
                   "prompts": prompts_file, "num_prompts": len(ids), "max_new_tokens": s.new_tokens, "seed": seed,
-                  "device": str(dev), "dtype": dtype_name, "threads": torch.get_num_threads(), "date": now_iso()},
+                  "device": device_name(dev), "dtype": dtype_name, "threads": torch.get_num_threads(), "date": now_iso()},
         source=(f"measured by treeopt profile graft: decoder verifier on a light rank-0 spine of depth "
                 f"{s.pair_depth}, {s.light_width} light + {s.strong_width} grafted strong candidates per spine node"))
     return GraftProfiles(light.draft_name, strong.draft_name, light.cost_model, strong.cost_model, light_curve,

@@ -81,6 +81,7 @@ a strong drafter measured together for grafted trees (issue 16), per depth one c
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -88,8 +89,8 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from ._io import atomic_write_text, read_text_file
-from .errors import ProfileError, SolverError
+from ._io import atomic_write_text, check_numbers, read_text_file
+from .errors import ProfileError, ProfileWarning, SolverError
 
 ACCEPTANCE_FORMAT = "treeopt-acceptance/1"
 LATENCY_FORMAT = "treeopt-latency/1"
@@ -103,6 +104,17 @@ SUM_TOLERANCE = 1e-6
 DRAFT_COST_MODELS = ("per-level", "one-pass")
 
 _WRONG_TIME_UNITS = ("_s", "_sec", "_secs", "_seconds", "_us", "_ns", "_usec", "_millis")
+
+#: The largest count a file may hold (acceptance counts, trials, samples): 2**53, the largest integer a
+#: float64 holds exactly (counts are divided in float64, and a sum of 1024 of them still fits int64).
+MAX_COUNT = 2**53
+#: The largest token count, context length, batch size, depth or width a file may hold (2**31 - 1).
+MAX_TOKENS = 2**31 - 1
+#: The largest time a file may hold, in ms (1e9 ms, about 11.6 days: past it a figure is not a measurement).
+MAX_MS = 1e9
+#: A forward over n > 1 tokens measured below this fraction of the one-token forward is implausible (more
+#: work in less than half the time: noise, a machine under other load, a cache effect): loading warns.
+IMPLAUSIBLE_FRACTION = 0.5
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -158,6 +170,7 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
         raise ProfileError(f"{path}: the file is empty (expected {article} {kind} profile)")
     if not isinstance(doc, dict):
         raise ProfileError(f"{path}: {article} {kind} profile must be a YAML mapping with a 'format' key")
+    check_numbers(doc, str(path), ProfileError)
     return doc, path
 
 
@@ -171,15 +184,35 @@ def _check_format(doc: Mapping[str, Any], expected: str, src: str) -> None:
     raise ProfileError(f"{src}: format is {fmt!r}, expected {expected!r}")
 
 
-def _number(value: Any, where: str, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _number(value: Any, where: str, *, positive: bool = False, high: float | None = None) -> float:
+    """A finite, non-negative (``positive``: > 0) number, at most ``high``; ProfileError naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ProfileError(f"{where} must be a number, got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an integer past float64's range
+        raise ProfileError(f"{where} = {value} is out of range (must be finite)") from None
     if not math.isfinite(v):
         raise ProfileError(f"{where} is {v} (must be finite)")
     if v < 0 or (positive and v == 0):
         raise ProfileError(f"{where} = {v} must be {'positive' if positive else 'non-negative'}")
+    if high is not None and v > high:
+        raise ProfileError(f"{where} = {v:g} is out of range (at most {high:g})")
     return v
+
+
+def check_integer(value: Any, where: str, *, low: int = 0, high: int = MAX_COUNT,
+                  error: type[Exception] = ProfileError) -> int:
+    """An integer in ``[low, high]`` from a file (bools, floats, inf and NaN refused: a count is written as an
+    integer), as a Python int; otherwise ``error`` with one line naming ``where`` and the range. The bounds
+    keep every value inside int64 (:data:`MAX_COUNT`, :data:`MAX_TOKENS`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise error(f"{where} = {value!r} must be an integer >= {low}")
+    if value < low:
+        raise error(f"{where} = {value} must be an integer >= {low}")
+    if value > high:
+        raise error(f"{where} = {value} is out of range (at most {high})")
+    return int(value)
 
 
 def _flag(doc: Mapping[str, Any], key: str, source: str) -> bool:
@@ -320,8 +353,10 @@ class AcceptanceProfile:
                                "temperature 0 and sampling a temperature > 0")
         for key in ("width", "num_samples", "num_prompts", "steps", "max_new_tokens"):
             v = measured.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ProfileError(f"{source}: measured.{key} = {v!r} must be a non-negative integer")
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ProfileError(f"{source}: measured.{key} = {v!r} must be a non-negative integer")
+                check_integer(v, f"{source}: measured.{key}", high=MAX_TOKENS if key == "width" else MAX_COUNT)
         # the sizes a profile states must agree with its data (a hand-edited or truncated vector otherwise
         # solves for another K without a word)
         if measured.get("width") is not None and measured["width"] != p.size:
@@ -335,6 +370,7 @@ class AcceptanceProfile:
             for i, c in enumerate(raw):
                 if isinstance(c, bool) or not isinstance(c, int) or c < 0:
                     raise ProfileError(f"{source}: counts[{i}] = {c!r} must be a non-negative integer")
+                check_integer(c, f"{source}: counts[{i}]")
             counts = np.asarray(raw, dtype=np.int64)
             if counts.sum() == 0:
                 raise ProfileError(f"{source}: 'counts' are all zero")
@@ -355,6 +391,7 @@ class AcceptanceProfile:
         for k, v in raw_depth.items():
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ProfileError(f"{source}: acceptance_by_depth key {k!r} must be a depth >= 1")
+            check_integer(k, f"{source}: acceptance_by_depth key", low=1, high=MAX_TOKENS)
             by_depth[k] = validate_acceptance(v, error=ProfileError, what=f"{source}: acceptance_by_depth[{k}]")
             if by_depth[k].size != p.size:
                 raise ProfileError(f"{source}: acceptance_by_depth[{k}] has {by_depth[k].size} entries but "
@@ -458,6 +495,7 @@ class PairAcceptanceProfile:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ProfileError(f"{src}: {key} = {v!r} must be an integer >= 1")
+            check_integer(v, f"{src}: {key}", low=1, high=MAX_TOKENS)
         A, B = int(self.light_width), int(self.strong_width)
         if not isinstance(self.counts_by_depth, Mapping) or not self.counts_by_depth:
             raise ProfileError(f"{src}: 'outcome_counts_by_depth' must map depth -> A + B + 1 = {A + B + 1} counts")
@@ -465,6 +503,7 @@ class PairAcceptanceProfile:
         for d, raw in self.counts_by_depth.items():
             if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
                 raise ProfileError(f"{src}: outcome_counts_by_depth key {d!r} must be a depth >= 1")
+            check_integer(d, f"{src}: outcome_counts_by_depth key", low=1, high=MAX_TOKENS)
             values = raw.tolist() if isinstance(raw, np.ndarray) else raw
             if not isinstance(values, list) or len(values) != A + B + 1:
                 raise ProfileError(f"{src}: outcome_counts_by_depth[{d}] must list A + B + 1 = {A + B + 1} counts "
@@ -473,6 +512,7 @@ class PairAcceptanceProfile:
                 if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
                     raise ProfileError(f"{src}: outcome_counts_by_depth[{d}][{i}] = {c!r} must be a non-negative "
                                        "integer")
+                check_integer(c, f"{src}: outcome_counts_by_depth[{d}][{i}]")
             counts[int(d)] = np.asarray(values, dtype=np.int64)
         if sum(int(c.sum()) for c in counts.values()) == 0:
             raise ProfileError(f"{src}: every outcome count is zero")
@@ -623,9 +663,10 @@ def _parse_table(raw: Any, value_key: str, where: str) -> _Table:
     for i, t in enumerate(tokens):
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ProfileError(f"{where}.tokens[{i}] = {t!r} must be an integer >= 1")
+        check_integer(t, f"{where}.tokens[{i}]", low=1, high=MAX_TOKENS)
         if i and t <= tokens[i - 1]:
             raise ProfileError(f"{where}.tokens must be strictly increasing ({tokens[i - 1]} then {t})")
-    ms = np.array([_number(v, f"{where}.{value_key}[{i}]") for i, v in enumerate(values)])
+    ms = np.array([_number(v, f"{where}.{value_key}[{i}]", high=MAX_MS) for i, v in enumerate(values)])
     if value_key == "target_forward_ms" and np.any(ms == 0):  # a draft may be 0 ms (none profiled), not T(n)
         raise ProfileError(f"{where}.{value_key}[{int(np.argmax(ms == 0))}] = 0 must be positive (a target "
                            "forward takes time)")
@@ -634,8 +675,19 @@ def _parse_table(raw: Any, value_key: str, where: str) -> _Table:
         s = raw[spread_key]
         if not isinstance(s, list) or len(s) != len(tokens):
             raise ProfileError(f"{where}.{spread_key} must be a list as long as tokens ({len(tokens)})")
-        spread = np.array([_number(v, f"{where}.{spread_key}[{i}]") for i, v in enumerate(s)])
+        spread = np.array([_number(v, f"{where}.{spread_key}[{i}]", high=MAX_MS) for i, v in enumerate(s)])
     return _Table(np.asarray(tokens, dtype=np.int64), ms, spread)
+
+
+def _ranges(rows: list[int], tokens) -> str:
+    """Runs of adjacent measured points by their token counts: rows ``[4, 5, 6, 9]`` of tokens
+    ``[1, 2, 4, 8, 9, 12, 16, 20, 25, 31]`` -> ``"9..16, 31"``."""
+    parts, start = [], rows[0]
+    for a, b in zip(rows, rows[1:] + [None]):
+        if b != a + 1:
+            parts.append(str(int(tokens[start])) if start == a else f"{int(tokens[start])}..{int(tokens[a])}")
+            start = b
+    return ", ".join(parts)
 
 
 def check_cost_model(value: Any, where: str) -> str:
@@ -693,6 +745,27 @@ class LatencyCurve:
     def engine(self) -> str:
         """The engine that ran the forwards (``engine.name``); ``"treeopt"`` (the bundled decoder) when unnamed."""
         return str(self.engine_info.get("name") or "treeopt")
+
+    def implausible_points(self) -> list[str]:
+        """One line per table (target or draft, per context) whose forwards over n > 1 tokens take less than
+        :data:`IMPLAUSIBLE_FRACTION` of the one-token forward, naming the points: such a curve makes large trees
+        look nearly free. Empty for a plausible curve (or a table that did not measure n = 1)."""
+        out = []
+        for c, tables in zip(self.contexts, zip(self._target, self._draft)):
+            for what, table in zip(("T", "c"), tables):
+                tok, ms = table.tokens, table.ms
+                if tok[0] != 1 or ms[0] <= 0:
+                    continue
+                low = [i for i in range(1, len(tok)) if ms[i] < IMPLAUSIBLE_FRACTION * ms[0]]
+                if not low:
+                    continue
+                vals = [float(ms[i]) for i in low]
+                span = f"{min(vals):.4g}" if min(vals) == max(vals) else f"{min(vals):.4g}..{max(vals):.4g}"
+                out.append(f"{what}({_ranges(low, tok)}) = {span} ms at context {int(c)} is "
+                           f"below {IMPLAUSIBLE_FRACTION:g} x {what}(1) = {float(ms[0]):.4g} ms: an implausible "
+                           f"{'target' if what == 'T' else 'draft'} curve (noise or other load while profiling?); "
+                           "re-measure before trusting trees solved from it")
+        return out
 
     # -------------------------------------------------------------- queries
     def max_target_tokens(self, context: int | None = None) -> int:
@@ -774,13 +847,16 @@ class LatencyCurve:
         return d
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "latency profile", default_id: str = "latency") -> "LatencyCurve":
-        """Validate a parsed ``treeopt-latency/1`` mapping. Raises ProfileError with one line."""
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "latency profile", default_id: str = "latency",
+                  check_plausible: bool = True) -> "LatencyCurve":
+        """Validate a parsed ``treeopt-latency/1`` mapping. Raises ProfileError with one line; warns
+        (:class:`~sequoia_opt.errors.ProfileWarning`, one per table, naming the points) about an implausible
+        curve (:meth:`implausible_points`) unless ``check_plausible`` is False."""
         _check_format(doc, LATENCY_FORMAT, source)
         _reject_wrong_units(doc, source)
         if "step_overhead_ms" not in doc:
             raise ProfileError(f"{source}: missing key 'step_overhead_ms' (use 0 if not measured)")
-        overhead = _number(doc["step_overhead_ms"], f"{source}: step_overhead_ms")
+        overhead = _number(doc["step_overhead_ms"], f"{source}: step_overhead_ms", high=MAX_MS)
         curves = doc.get("curves")
         if not isinstance(curves, list) or not curves:
             raise ProfileError(f"{source}: 'curves' must be a non-empty list (one entry per context length)")
@@ -793,6 +869,7 @@ class LatencyCurve:
             c = cur.get("context_tokens")
             if isinstance(c, bool) or not isinstance(c, int) or c < 0:
                 raise ProfileError(f"{where}.context_tokens = {c!r} must be a non-negative integer")
+            check_integer(c, f"{where}.context_tokens", high=MAX_TOKENS)
             if contexts and c <= contexts[-1]:
                 raise ProfileError(f"{where}: context_tokens must be strictly increasing ({contexts[-1]} then {c})")
             contexts.append(c)
@@ -821,7 +898,7 @@ class LatencyCurve:
                                                             and engine["name"].strip())):
             raise ProfileError(f"{source}: 'engine' must be a mapping with a non-empty 'name' (treeopt, llama.cpp, "
                                f"sglang, vllm), got {engine!r}")
-        return cls(
+        curve = cls(
             id=pid,
             contexts=np.asarray(contexts, dtype=np.int64),
             step_overhead_ms=overhead,
@@ -834,6 +911,12 @@ class LatencyCurve:
             cost_model=cost_models[0] if cost_models else DRAFT_COST_MODELS[0],
             engine_info=dict(engine),
         )
+        if check_plausible:
+            import warnings
+
+            for msg in curve.implausible_points():
+                warnings.warn(f"{source}: {msg}", ProfileWarning, stacklevel=2)
+        return curve
 
     @classmethod
     def synthetic(
@@ -864,7 +947,7 @@ class LatencyCurve:
                 }
             ],
         }
-        return cls.from_dict(doc, source=f"synthetic curve {id!r}", default_id=id)
+        return cls.from_dict(doc, source=f"synthetic curve {id!r}", default_id=id, check_plausible=False)
 
 
 def load_latency(path: str | Path) -> LatencyCurve:
@@ -881,6 +964,27 @@ def save_latency(path: str | Path, curve: LatencyCurve) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- mismatch
+_DEVICE_TYPE = re.compile(r"(cpu|cuda|mps|xpu|hip)(:\d+)?")
+
+
+def same_device(recorded: Any, name: Any, device_type: str | None = None) -> bool:
+    """Whether a profile's recorded device is the device ``name`` (of torch type ``device_type``). Profiles
+    record the device's name (``sequoia_opt.device.device_name``: the CPU model, the GPU's name); files
+    written before acceptance profiles did hold its type (``cpu``, ``cuda:0``), which matches every device of
+    that type (one device, one name: "cpu" and "AMD EPYC 7B13" are the same machine). Names compare without
+    case or surrounding blanks.
+    """
+    r, n = str(recorded).strip().lower(), str(name).strip().lower()
+    r_type, n_type = _DEVICE_TYPE.fullmatch(r), _DEVICE_TYPE.fullmatch(n)
+    if r_type and n_type:
+        return r_type.group(1) == n_type.group(1)
+    if r_type:
+        return device_type is None or r_type.group(1) == device_type.strip().lower().split(":")[0]
+    if n_type:
+        return True  # the caller knows only the type: a name cannot be told apart from it
+    return r == n
+
+
 def warn_on_mismatch(
     *,
     acceptance: AcceptanceProfile | None = None,
@@ -889,17 +993,24 @@ def warn_on_mismatch(
     dtype: str | None = None,
     target: str | None = None,
     draft: str | None = None,
+    device_type: str | None = None,
 ) -> list[str]:
     """Warnings (strings, one per problem) when the profiles were measured on another device / dtype / model
     pair than the one in use, or disagree with each other. Values that are unknown on either side are not
-    compared. Returns ``[]`` when everything matches.
+    compared. ``device`` is the device's name (``sequoia_opt.device.device_name``), ``device_type`` its torch
+    type (``cpu``, ``cuda``), for profiles that recorded only a type (:func:`same_device`). Returns ``[]``
+    when everything matches.
     """
     out: list[str] = []
 
     def cmp(label: str, have: Any, want: Any, pid: str) -> None:
         if have is None or want is None:
             return
-        if str(have).strip().lower() != str(want).strip().lower():
+        if label == "device":
+            differs = not same_device(have, want, device_type)
+        else:
+            differs = str(have).strip().lower() != str(want).strip().lower()
+        if differs:
             out.append(f"profile {pid!r} was measured with {label} {have!r}, but this run uses {want!r}")
 
     if acceptance is not None:

@@ -38,7 +38,7 @@ import yaml
 
 from ._io import atomic_write_text
 from .errors import ProfileError
-from .profiles import LATENCY_FORMAT, LatencyCurve, _check_format, _load_yaml
+from .profiles import LATENCY_FORMAT, MAX_TOKENS, LatencyCurve, _check_format, _load_yaml, check_integer
 
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
 
@@ -137,8 +137,7 @@ class BatchLatencyProfile:
             if not isinstance(e, dict):
                 raise ProfileError(f"{where} must be a mapping")
             b = e.get("batch")
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise ProfileError(f"{where}.batch = {b!r} must be an integer >= 1")
+            b = check_integer(b, f"{where}.batch", low=1, high=MAX_TOKENS)
             if b in curves:
                 raise ProfileError(f"{where}: batch {b} is given twice")
             body = {"format": LATENCY_FORMAT, "id": f"{pid}@batch{b}", "device": doc.get("device") or {},

@@ -38,13 +38,15 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import yaml
 
-from ._io import atomic_write_text, read_text_file
+from ._io import atomic_write_text, check_numbers, read_text_file
 from .errors import TreeValidationError
 
 TREE_FORMAT = "treeopt-tree/1"
 #: The multi-drafter tree format: adds top-level ``drafters`` and a node's ``drafter`` (reads /1 too).
 TREE_FORMAT_V2 = "treeopt-tree/2"
 TREE_FORMATS = (TREE_FORMAT, TREE_FORMAT_V2)
+#: The largest budget or depth a tree file's metadata may state (2**31 - 1 nodes).
+MAX_TREE_NODES = 2**31 - 1
 
 
 @dataclass(frozen=True, eq=True)
@@ -659,6 +661,7 @@ def _parse_tree_document(text: str, source: str):
         raise TreeValidationError(f"{source}: not valid YAML ({err.__class__.__name__})") from err
     if not isinstance(doc, dict):
         raise TreeValidationError(f"{source}: expected a mapping with 'format' and 'nodes'")
+    check_numbers(doc, source, TreeValidationError)
     fmt = doc.get("format")
     if fmt not in TREE_FORMATS:
         raise TreeValidationError(
@@ -696,9 +699,15 @@ def _parse_tree_document(text: str, source: str):
     if not isinstance(meta_raw, dict):
         raise TreeValidationError(f"{source}: 'metadata' must be a mapping")
     meta = TreeMetadata.from_dict(meta_raw)
-    md = meta.max_depth
-    if md is not None and (isinstance(md, bool) or not isinstance(md, int) or md < 0):
-        raise TreeValidationError(f"{source}: metadata max_depth must be a non-negative integer or null, got {md!r}")
+    for key in ("max_depth", "budget"):
+        v = getattr(meta, key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TREE_NODES):
+            raise TreeValidationError(f"{source}: metadata {key} must be an integer in 0..{MAX_TREE_NODES} or null, "
+                                      f"got {v!r}")
+    for key, low in (("expected_tokens_per_step", 1.0), ("predicted_speedup", 0.0)):
+        v = getattr(meta, key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= low):
+            raise TreeValidationError(f"{source}: metadata {key} must be a number >= {low:g} or null, got {v!r}")
     try:
         tree = Tree(parent=parent, rank=rank, max_depth=meta.max_depth)
     except TreeValidationError as err:

@@ -355,3 +355,34 @@ def test_cli_adapt_runs_next_to_the_static_tree(profiles, tmp_path):
     assert r.exit_code == 0, r.output
     assert any(w.startswith("--adapt: profile 'acc-other' was measured with target 'some-70b'")
                for w in json.loads(r.stdout)["warnings"])
+
+
+def test_cli_adapt_names_this_machine_one_way(profiles, tmp_path):
+    """An acceptance profile that recorded the device type ('cpu', as profile acceptance wrote before) and a
+    latency profile that recorded this CPU's name describe one machine: no device warning (there was:
+    'measured with device cpu, but this run uses AMD EPYC ...'). A latency profile of a GPU still warns."""
+    from dataclasses import replace
+
+    from sequoia_opt.device import cpu_name
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    root, _, _, tree = profiles
+    target, draft, prompts = make_pair(tmp_path)
+    acc, here, gpu = tmp_path / "acc.yaml", tmp_path / "here.yaml", tmp_path / "gpu.yaml"
+    save_acceptance(acc, AcceptanceProfile(id="acc-cpu", acceptance=np.array([0.5, 0.2, 0.1]),
+                                           measured={"mode": "greedy", "device": "cpu"}))
+    curve = LatencyCurve.synthetic({n: 1.0 + 0.1 * n for n in range(1, 17)}, {w: 0.3 for w in range(1, 17)}, id="l")
+    save_latency(here, replace(curve, device={"name": cpu_name(), "dtype": "float32"}))
+    save_latency(gpu, replace(curve, device={"name": "NVIDIA H200", "dtype": "float32"}))
+    warnings = {}
+    for lat in (here, gpu):
+        r = invoke("run", "--tree", tree, "--adapt", "-a", acc, "-l", lat, "--target", target, "--draft", draft,
+                   "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "2", "--results-dir",
+                   tmp_path / "res", "--json")
+        assert r.exit_code == 0, r.output
+        warnings[lat.stem] = [w for w in json.loads(r.stdout)["warnings"] if "device" in w]
+    assert warnings["here"] == []
+    assert warnings["gpu"] == [f"--adapt: profile 'l' was measured with device 'NVIDIA H200', but this run uses "
+                               f"{cpu_name()!r}"]

@@ -214,7 +214,8 @@ def test_a_recording_that_contradicts_its_trees_is_refused(tmp_path):
     doc = yaml.safe_load(path.read_text())
     for bad, msg in (({"steps": 9, "topk": 9}, "says 9 levels of top-9, but the recorded trees are 2 levels deep"),
                      ({"steps": 2, "topk": 1}, "with up to 2 children per node"),
-                     ({"steps": "two", "topk": 2}, "integer steps and topk")):
+                     ({"steps": "two", "topk": 2}, "measured.recording.steps = 'two' must be an integer >= 1"),
+                     ({"steps": 2}, "integer steps and topk")):
         doc["measured"]["recording"] = bad
         with pytest.raises(ProfileError, match=msg):
             load_calibration(_write(path, doc))

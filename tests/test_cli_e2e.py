@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -51,6 +52,7 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     prof = load_acceptance(acc)
     assert prof.width == 4 and prof.counts is not None and prof.counts.sum() == prof.num_samples
     assert prof.measured["mode"] == "greedy" and prof.measured["num_prompts"] == 6
+    assert prof.measured["device"] == curve.device["name"]  # one name per device (was "cpu" here, a CPU model there)
     assert 0 < prof.acceptance.sum() <= 1
 
     r = invoke("solve", "-a", acc, "-l", lat, "--budget", "12", "--max-depth", "5", "-o", tree, "--json")
@@ -92,9 +94,13 @@ def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
     r = invoke("run", "--tree", tree, "--compare", "-a", acc, "--target", target, "--draft", draft, "--prompts",
                prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--results-dir", tmp_path, "--json")
     assert r.exit_code == 0, r.output
-    names = [s["tree"] for s in json.loads(r.stdout)["summaries"]]
+    doc = json.loads(r.stdout)
+    names = [s["tree"] for s in doc["summaries"]]
     assert names[:2] == ["plain", "t"]
-    assert any(n.startswith("chain") for n in names) and any(n.startswith("k-ary") for n in names)
+    assert any(n.startswith("chain") for n in names)
+    # the best k-ary tree within 4 nodes, depth 2, is t itself: it runs once, as t
+    assert not any(n.startswith("k-ary") for n in names)
+    assert "--compare: the best k-ary k=2 depth=2 is tree 't' itself; it runs once, under that name" in doc["notes"]
 
 
 @pytest.mark.parametrize("content, message", [
@@ -331,3 +337,100 @@ def test_profile_acceptance_names_width_when_it_exceeds_the_vocabulary(workdir, 
     assert r.exit_code == 2
     assert "--width 300 asks for more candidates per node than the draft's vocabulary has tokens (257)" in r.output
     assert not (tmp_path / "acc.yaml").exists()
+
+
+def test_two_runs_into_one_results_folder_keep_both_files(workdir, tmp_path):
+    """Two `treeopt run` calls a moment apart (the old one-second run ids made them one id, the second's JSON
+    and CSV replacing the first's): both runs' files stay, each JSON naming its own run."""
+    root, target, draft, prompts = workdir
+    tree, res = tmp_path / "t.yaml", tmp_path / "res"
+    save_tree(tree, Tree.chain(2))
+    docs = []
+    for _ in range(2):
+        r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+                   "--num-prompts", "1", "--max-new-tokens", "2", "--results-dir", res, "--json")
+        assert r.exit_code == 0, r.output
+        docs.append(json.loads(r.stdout))
+    assert docs[0]["run_id"] != docs[1]["run_id"]
+    assert sorted(p.name for p in res.iterdir()) == sorted(f"{d['run_id']}{ext}" for d in docs
+                                                         for ext in (".json", ".csv"))
+    assert [json.loads(Path(d["json"]).read_text())["run_id"] for d in docs] == [d["run_id"] for d in docs]
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_run_refuses_a_results_dir_it_cannot_write_before_reading_anything(tmp_path, where):
+    """The results folder is checked first: with a --target that does not exist, the error is still the
+    results folder's (nothing is loaded or run before a results folder that cannot take the files fails)."""
+    (tmp_path / "f").write_text("x")
+    res = tmp_path / "f" if where == "file" else tmp_path / "f" / "res"
+    r = invoke("run", "--tree", tmp_path / "missing.yaml", "--target", tmp_path / "no-model", "--results-dir", res)
+    assert r.exit_code == 2, r.output
+    want = "it exists and is not a folder" if where == "file" else f"{tmp_path / 'f'} is not a folder"
+    assert f"--results-dir {res}: {want}" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert (tmp_path / "f").read_text() == "x"
+
+
+BY_DEPTH_ACCEPTANCE = """format: treeopt-acceptance/1
+id: runs
+measured: {mode: greedy, positional_consistent: false}
+acceptance: [0.5, 0.1, 0.05]
+acceptance_by_depth:
+  1: [0.2, 0.1, 0.05]
+  2: [0.8, 0.05, 0.02]
+  3: [0.9, 0.03, 0.01]
+"""
+
+
+def test_run_compare_scores_every_tree_of_its_table_with_one_value_model(workdir, tmp_path):
+    """A profile whose positional check failed: solve picks the per-depth model; run --compare scores the
+    baselines with it too (they used the pooled vector: a chain of gamma = 1 at 1.5 where per depth gives 1.2),
+    names it in the results, and a tree file scored under another model is re-scored with a note."""
+    from sequoia_opt.profiles import load_acceptance
+    from sequoia_opt.solver import expected_tokens_by_depth
+
+    root, target, draft, prompts = workdir
+    acc = tmp_path / "acc.yaml"
+    acc.write_text(BY_DEPTH_ACCEPTANCE)
+    rows = load_acceptance(acc).depth_rows()
+    solved, other = tmp_path / "solved.yaml", tmp_path / "other.yaml"
+    r = invoke("solve", "-a", acc, "--budget", "6", "--max-depth", "4", "-o", solved, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["acceptance_model"] == "by-depth"
+    save_tree(other, Tree.from_choices([[0], [1]]), load_tree(solved)[1])  # a tree file whose G is not its own
+    r = invoke("run", "--tree", solved, "--tree", other, "--compare", "-a", acc, "--target", target, "--draft",
+               draft, "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir",
+               tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["settings"]["predicted_by"] == "by-depth acceptance of profile 'runs'"
+    trees = doc["settings"]["trees"]
+    names = [s["tree"] for s in doc["summaries"][1:]]
+    assert any(n.startswith("chain") for n in names) and len(names) >= 3
+    for s in doc["summaries"][1:]:
+        want = expected_tokens_by_depth(Tree.from_choices(trees[s["tree"]]), rows)
+        assert s["predicted_tokens_per_step"] == pytest.approx(want, rel=1e-12), s["tree"]
+    chain = next(s for s in doc["summaries"] if s["tree"].startswith("chain"))
+    gamma = len(trees[chain["tree"]])
+    p1 = [0.2, 0.8] + [0.9] * gamma  # p_1 per depth; depths past 3 use the last row
+    assert chain["predicted_tokens_per_step"] == pytest.approx(sum(np.prod(p1[:j]) for j in range(gamma + 1)))
+    g_other = expected_tokens_by_depth(Tree.from_choices([[0], [1]]), rows)
+    assert any(n.startswith(f"tree 'other': predicted {g_other:.3f} tokens/step under by-depth") for n in doc["notes"])
+
+
+def test_run_compare_drops_a_baseline_that_is_the_tree_itself(workdir, tmp_path):
+    """A chain of 3 nodes as the --tree, a profile under which the best chain is that chain: one row, one
+    score."""
+    root, target, draft, prompts = workdir
+    acc, tree = tmp_path / "acc.yaml", tmp_path / "c3.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nid: steep\nacceptance: [0.9, 0.01]\n")
+    save_tree(tree, Tree.chain(3))
+    r = invoke("run", "--tree", tree, "--compare", "-a", acc, "--target", target, "--draft", draft, "--prompts",
+               prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    names = [s["tree"] for s in doc["summaries"]]
+    assert not any(n.startswith("chain") for n in names) and names[:2] == ["plain", "c3"]
+    assert "--compare: the best chain gamma=2 is tree 'c3' itself; it runs once, under that name" in doc["notes"]
+    c3 = doc["summaries"][1]
+    assert c3["predicted_tokens_per_step"] == pytest.approx(1 + 0.9 + 0.81)

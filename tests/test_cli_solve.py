@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -73,7 +74,7 @@ def test_other_formats(tmp_path, fmt):
 @pytest.mark.parametrize(
     "vec, args, match",
     [
-        ([0.5, float("nan")], [], "p_2"),
+        ([0.5, float("nan")], [], "acceptance[1] is nan (a file holds finite numbers)"),
         ([0.5, -0.1], [], "negative"),
         ([0.7, 0.6], [], "sums to"),
         ([], [], "empty"),
@@ -206,3 +207,38 @@ def test_context_without_a_latency_profile_is_refused():
     assert r.exit_code == 2 and "--context selects where to read the latency profile" in r.output
     r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--context", "-5"])
     assert r.exit_code == 2 and "--context must be a number of tokens >= 0, got -5" in r.output
+
+
+def test_solve_compare_scores_the_baselines_with_the_solved_trees_value_model(tmp_path):
+    """A profile whose positional check failed is solved per depth; its baselines were scored with the pooled
+    vector (a chain of gamma=2 at 1 + 0.5 + 0.25 where per depth it is 1 + 0.2 + 0.16)."""
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nid: runs\nmeasured: {mode: greedy, positional_consistent: false}\n"
+                   "acceptance: [0.5, 0.1, 0.05]\nacceptance_by_depth:\n  1: [0.2, 0.1, 0.05]\n  2: [0.8, 0.05, 0.02]\n")
+    r = runner.invoke(app, ["solve", "-a", str(acc), "--budget", "8", "--max-depth", "4", "--compare", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["acceptance_model"] == "by-depth"
+    base = {b["name"]: b for b in doc["baselines"]}
+    gamma = base["chain"]["params"]["gamma"]
+    p1 = [0.2] + [0.8] * gamma  # per-depth p_1: depth 1, then depth 2 (and deeper, the last row)
+    want = sum(float(np.prod(p1[:j])) for j in range(gamma + 1))
+    assert base["chain"]["expected_tokens_per_step"] == pytest.approx(want, rel=1e-12)
+    assert base["best-first"]["expected_tokens_per_step"] <= doc["choice"]["expected_tokens_per_step"] + 1e-12
+
+
+def test_solve_default_budget_fits_the_latency_profile(tmp_path):
+    """The default budget (128) was refused on a profile measured to 64 tokens; it is lowered to what the
+    profile measured, with a note. An explicit --budget past it is still refused."""
+    from sequoia_opt.profiles import LatencyCurve, save_latency
+
+    lat = save_latency(tmp_path / "lat.yaml", LatencyCurve.synthetic(
+        {1: 10.0, 8: 10.5, 16: 11.0, 32: 13.0, 64: 20.0}, {w: 1.0 for w in (1, 8, 16, 32, 64)}, id="to64"))
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(lat), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["budget_limit"] == 64 and doc["choice"]["nodes"] <= 64
+    assert ("budget 64 (the default is 128): latency profile 'to64' was measured up to 64 target tokens, and T(n) "
+            "is never extrapolated (--budget sets it)") in doc["notes"]
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(lat), "--budget", "128"])
+    assert r.exit_code == 2 and "budget 128 exceeds the largest target token count 64" in r.output

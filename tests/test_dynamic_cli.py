@@ -275,3 +275,87 @@ def test_profile_calibration_bad_options(workdir, tmp_path, args, fragment):
     r = invoke("profile", "acceptance", "--target", target, *extra, "--prompts", prompts, "-o", out, *args)
     _one_line_error(r, fragment)
     assert not out.exists()
+
+
+def test_solve_dynamic_scores_the_static_tree_as_solve_does(files, tmp_path):
+    """A profile whose positional check failed: solve values trees per depth; solve --dynamic's static row
+    did with the pooled vector (G 1.227 against 1.242 on the demo's prose profiles, one tree, two speedups).
+    Both now find the same tree and give it the same G and speedup."""
+    cal, lat = files
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nid: runs\nmeasured: {mode: greedy, positional_consistent: false}\n"
+                   "acceptance: [0.5, 0.1, 0.05]\nacceptance_by_depth:\n  1: [0.3, 0.1, 0.05]\n"
+                   "  2: [0.8, 0.05, 0.02]\n")
+    r = invoke("solve", "-a", acc, "-l", lat, "--budget", "8", "--json")
+    assert r.exit_code == 0, r.output
+    solved = json.loads(r.stdout)
+    r = invoke("solve", "--dynamic", cal, "-a", acc, "-l", lat, "--json")
+    assert r.exit_code == 0, r.output
+    static = json.loads(r.stdout)["static"]
+    assert solved["acceptance_model"] == static["acceptance_model"] == "by-depth"
+    assert static["choices"] == solved["tree"]["choices"]
+    assert static["expected_tokens_per_step"] == pytest.approx(solved["choice"]["expected_tokens_per_step"], rel=1e-12)
+    assert static["speedup"] == pytest.approx(solved["choice"]["speedup"], rel=1e-12)
+    # and not the pooled vector's figure
+    from sequoia_opt.solver import expected_tokens_by_depth
+    from sequoia_opt.tree import Tree
+
+    t = Tree.from_choices(static["choices"])
+    assert static["expected_tokens_per_step"] == pytest.approx(
+        expected_tokens_by_depth(t, [[0.3, 0.1, 0.05], [0.8, 0.05, 0.02]]))
+    assert t.size > 2 and abs(t.expected_tokens([0.5, 0.1, 0.05]) - static["expected_tokens_per_step"]) > 1e-3
+
+
+def test_run_dynamic_drops_a_setting_past_the_latency_profile_with_a_note(workdir, files, tmp_path):
+    """As solve --dynamic leaves it out: the run goes on with the settings the profile can score (the whole
+    run was refused before); with none left, one line and exit 2."""
+    root, target, draft, prompts = workdir
+    cal, lat = files  # the latency profile measured the target up to 8 tokens
+    r = invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--dynamic", "best-first:steps=2,topk=2,budget=12",
+               "--calibration", cal, "-l", lat, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [s["tree"] for s in doc["summaries"]] == ["plain", "eagle:s2-k2-n4"]
+    assert ("best-first:s2-k2-n12 not run: its budget 12 is past the largest target token count 8 latency profile "
+            "'tiny_latency' measured (T(n) and c(w) are never extrapolated: profile more tokens, or lower its budget "
+            "/ topk)") in doc["notes"]
+    r = invoke("run", "--dynamic", "best-first:steps=2,topk=2,budget=12", "--calibration", cal, "-l", lat,
+               "--target", tmp_path / "no-model", "--results-dir", tmp_path / "res2")
+    _one_line_error(r, "no --dynamic setting is left to run: best-first:s2-k2-n12 not run: its budget 12")
+    assert not (tmp_path / "res2").exists()
+
+
+def test_step_memory_of_a_dynamic_setting():
+    """EAGLE at topk 128 over 8 steps keeps 114,817 candidates: the (n, n) ancestor matrix and its device copy
+    are 26.4 GB; the draft distributions of its 128-node frontier over 49,152 tokens 75 MB."""
+    from sequoia_opt.dynamic import check_step_memory, max_candidates, step_memory_bytes
+
+    big = DynamicSetting("eagle", 8, 128, 64)
+    assert max_candidates(big) == 1 + 128 + 7 * 128 * 128 == 114_817
+    assert step_memory_bytes(big, 49_152) == 2 * 114_817**2 + 12 * 128 * 49_152
+    small = DynamicSetting("best-first", 4, 4, 16)
+    assert step_memory_bytes(small, 49_152) == 2 * 16**2 + 12 * 15 * 49_152
+    check_step_memory(small, 49_152, 2**30)
+    with pytest.raises(ValueError, match=r"^eagle:s8-k128-n64: one step needs about 24\.6 GiB \(114,817 candidate "
+                                         r"nodes: a 114,817 x 114,817 ancestor matrix, and draft distributions over "
+                                         r"49,152 tokens\), more than the 16\.0 GiB free on cpu: lower topk or steps$"):
+        check_step_memory(big, 49_152, 16 * 2**30, "cpu")
+
+
+def test_run_refuses_a_dynamic_setting_past_the_free_memory_before_loading_models(workdir, tmp_path, monkeypatch):
+    """Only topk past the vocabulary was refused; a setting whose step needs more than the free memory ran
+    until it ran out of it. The target's config gives the vocabulary (257 tokens here); nothing loads."""
+    import sequoia_opt.device as device_mod
+
+    root, target, draft, prompts = workdir
+    monkeypatch.setattr(device_mod, "free_memory_bytes", lambda device: 64 * 2**20)  # 64 MiB free
+    loads = []
+    import sequoia_opt.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "load_pair", lambda *a, **k: loads.append(1))
+    r = invoke("run", "--dynamic", "eagle:steps=3,topk=64,budget=32", "--target", target, "--draft", draft,
+               "--prompts", prompts, "--results-dir", tmp_path / "res")
+    _one_line_error(r, "eagle:s3-k64-n32: one step needs about 130.2 MiB (8,257 candidate nodes: a 8,257 x 8,257 "
+                       "ancestor matrix, and draft distributions over 257 tokens), more than the 64.0 MiB free on cpu")
+    assert loads == [] and not (tmp_path / "res").exists()

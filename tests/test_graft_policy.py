@@ -273,3 +273,95 @@ def test_reselected_grafts_go_where_the_strong_drafter_scores_highest(target, dr
             assert dec.generate(p, 20).tokens == _plain(target, p)
     else:
         assert len(dec.generate(PROMPTS[2], 20).tokens) == 20
+
+
+# ---------------------------------------------------------------------------------- nothing left to graft
+# A plan whose strong grafts sit at the root ([2], [3]) with a grafted branch [2, 0]; the light drafter
+# proposes [0], [1] and [0, 0].
+SPARE_PLAN = Tree.from_choices([[0], [1], [2], [3], [0, 0], [2, 0]])
+SPARE_LABELS = [0] + [int(c[0] >= 2) for c in SPARE_PLAN.choices()]
+
+
+@pytest.mark.parametrize("trials", [pytest.param(1_500, id="fast"),
+                                    pytest.param(30_000, id="long", marks=pytest.mark.slow)])
+def test_a_site_with_nothing_left_to_graft_gets_no_grafted_children_and_sampling_stays_exact(trials):
+    """Top-p 0.9 on the micro pair: the target's nucleus at the prompt is {2, 5} (p = 0.44 / 0.56); the strong
+    drafter is the target itself and the light drafter a perturbed copy whose nucleus is {0, 2, 5}. When the
+    light's two root candidates are 2 and 5 (about 2/3 of the draws) the strong drafter's q with them
+    removed has no mass: the root gets no grafted child and no node below it (the step tree is the light's
+    4 nodes); when they are {0, 5} or {0, 2}, one grafted child (and its branch) of the plan's two. The step
+    goes on exactly: the first emitted token follows p (TV below the fast run's ~0.02 noise bound)."""
+    tgt, _ = _micro_pair()
+    light_model = _perturbed(tgt, 0.4, 7)
+    prompt, T, top_p = [2, 5, 1, 2, 5, 3, 2, 1, 4, 2], 1.0, 0.9
+    with torch.inference_mode():
+        p1 = process_logits(tgt(torch.tensor([prompt]))[0, -1], T, top_p)  # (6,)
+    assert p1.nonzero().flatten().tolist() == [2, 5]
+    pol = GraftPolicy(ModelDrafter(light_model), ModelDrafter(tgt), SPARE_PLAN, SPARE_LABELS)
+    dec = MultiDraftDecoder(tgt, pol, temperature=T, top_p=top_p, generator=torch.Generator().manual_seed(0))
+    state = dec.start(prompt, 4)
+    first, sizes, strong_hits = torch.zeros(6), {}, 0
+    with torch.inference_mode():
+        for _ in range(trials):
+            tree = draft_one(dec, state)
+            light_root = {tree.token_list[c] for c in tree.children[0] if tree.source[c] == 0}
+            grafted = [tree.token_list[c] for c in tree.children[0] if tree.source[c] == 1]
+            assert set(grafted) == {2, 5} - light_root  # every token with mass left, nothing without
+            sizes[tree.n] = sizes.get(tree.n, 0) + 1
+            acc = dec.accept(tree, verify_one(dec, state, tree))
+            first[acc.tokens[0]] += 1
+            strong_hits += len(acc.path) > 1 and tree.source[acc.path[1]] == 1
+    assert set(sizes) == {4, 6}  # nothing grafted / one grafted child and its branch
+    assert sizes[4] > trials // 2 and sizes[6] > trials // 10
+    assert strong_hits > 0
+    tol = 0.035 if trials < 10_000 else 0.01
+    assert _tv(first, p1) < tol, _tv(first, p1)
+
+
+class _TopTwoDrafter(ModelDrafter):
+    """A drafter whose logits are -inf outside its two best tokens (a drafter with a truncated vocabulary,
+    padded with -inf to the target's): under greedy decoding a site where the light drafter already proposed
+    both has nothing left to graft."""
+
+    def score_nodes(self, *args, **kwargs):
+        logits = super().score_nodes(*args, **kwargs)
+        keep = logits.topk(2, dim=-1).indices
+        return torch.full_like(logits, float("-inf")).scatter(-1, keep, logits.gather(-1, keep))
+
+
+def test_greedy_grafts_only_finite_candidates_and_output_equals_plain_decoding(target, drafts):
+    pol = GraftPolicy(ModelDrafter(drafts["weak"]), _TopTwoDrafter(drafts["strong"]), SPARE_PLAN, SPARE_LABELS)
+    dec = MultiDraftDecoder(target, pol, max_len=128)
+    sizes = set()
+    for prompt in PROMPTS:
+        state = dec.start(prompt, 20)
+        tree = draft_one(dec, state)
+        for node in range(tree.n):
+            toks = [tree.token_list[c] for c in tree.children[node]]
+            assert len(set(toks)) == len(toks)  # never a light sibling repeated through a -inf logit
+        sizes.add(tree.n)
+        assert dec.generate(prompt, 20).tokens == _plain(target, prompt)
+    assert min(sizes) < SPARE_PLAN.size  # some root had fewer than two finite tokens left
+
+
+def test_an_unusable_draft_distribution_names_the_drafter_and_node_not_the_target(target, drafts):
+    """A grafted group whose q has no mass (a drafter's fault) is reported against that drafter, at its node;
+    NaN target logits are still the target's."""
+    from sequoia_opt.decoding import StepTree
+
+    pol = GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]), SPARE_PLAN, SPARE_LABELS,
+                      names=("light-x", "strong-y"))
+    dec = MultiDraftDecoder(target, pol, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    V = target.config.vocab_size
+    tree = StepTree(5)
+    tree.add_group(0, CandidateGroup(None, torch.tensor([7]), 0))
+    tree.add_group(1, CandidateGroup(torch.zeros(V), torch.tensor([9]), 1))
+    logits = torch.zeros(tree.n, V)
+    logits[0, 7] = 50.0  # the target accepts the light's token 7, then meets the strong's massless q at node 1
+    with pytest.raises(DecodingError, match=r"^cannot verify tree node 1 \(depth 1\): the candidates of drafter "
+                                            r"'strong-y' come with a distribution the residual rule cannot use"):
+        dec.accept(tree, logits)
+    logits[1, 0] = float("nan")
+    with pytest.raises(DecodingError, match=r"the target model 'tiny' produced unusable output: the logits hold NaN.*"
+                                            r"\(at tree node 1, depth 1\)$"):
+        dec.accept(tree, logits)

@@ -48,3 +48,119 @@ def test_refuses_paths_it_cannot_write(tmp_path, make):
 def test_refuses_a_device():
     with pytest.raises(OutputError, match="not a regular file"):
         atomic_write_text("/dev/null", "data")
+
+
+# ------------------------------------------------------------------ run outputs: unique ids, never replaced
+def _report(run_id):
+    from sequoia_opt.evaluation import RunReport
+
+    return RunReport(run_id=run_id, settings={"date": "2026-12-01T09:49:17+00:00"}, summaries=[], rows=[])
+
+
+def test_run_ids_made_in_one_second_differ():
+    import re
+
+    from sequoia_opt._io import new_run_id
+
+    ids = [new_run_id() for _ in range(2000)]  # well within one second
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"run-\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}", i) for i in ids)
+    assert re.fullmatch(r"llamacpp-\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}", new_run_id("llamacpp"))
+
+
+def test_two_reports_saved_in_one_second_keep_both_and_an_existing_file_is_never_replaced(tmp_path):
+    from sequoia_opt._io import new_run_id
+
+    a, b = _report(new_run_id()), _report(new_run_id())
+    ja, ca = a.save(tmp_path)
+    jb, cb = b.save(tmp_path)
+    assert len({ja, jb, ca, cb}) == 4 and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in (ja, ca, jb, cb))
+    # a third report under a's id (a clock tick shared, a copied report): it takes a fresh id, a's files stay
+    before = ja.read_bytes(), ca.read_bytes()
+    c = _report(a.run_id)
+    c.settings["marker"] = "third"
+    jc, cc = c.save(tmp_path)
+    assert c.run_id != a.run_id and jc.name == f"{c.run_id}.json" and '"marker": "third"' in jc.read_text()
+    assert (ja.read_bytes(), ca.read_bytes()) == before
+    assert len(list(tmp_path.iterdir())) == 6
+
+
+def test_create_files_is_all_or_nothing_and_never_replaces(tmp_path):
+    from sequoia_opt._io import create_files
+
+    (tmp_path / "b.json").write_text("someone else's")
+    with pytest.raises(OutputError, match=r"b.json: it exists, and a run never replaces a file it did not create"):
+        create_files({tmp_path / "a.csv": "1", tmp_path / "b.json": "2"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]  # no a.csv, no temp file
+    assert (tmp_path / "b.json").read_text() == "someone else's"
+
+
+def test_create_files_loses_the_race_for_a_name_without_leaving_half_a_run(tmp_path, monkeypatch):
+    """Another writer takes the second name between the check and the commit: the first file made is
+    removed again, the other writer's file is untouched."""
+    import sequoia_opt._io as io
+
+    real = io._link_new
+
+    def racing(tmp, path):
+        if path.name == "b.json":
+            path.write_text("the other run")
+        real(tmp, path)
+
+    monkeypatch.setattr(io, "_link_new", racing)
+    with pytest.raises(OutputError, match="b.json: it exists"):
+        io.create_files({tmp_path / "a.csv": "1", tmp_path / "b.json": "2"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+    assert (tmp_path / "b.json").read_text() == "the other run"
+
+
+def test_an_interrupt_during_the_commit_waits_until_both_files_exist(tmp_path, monkeypatch):
+    import signal
+
+    import sequoia_opt._io as io
+
+    real = io._link_new
+
+    def interrupted(tmp, path):
+        real(tmp, path)
+        if path.name == "a.csv":
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C between the two names
+
+    monkeypatch.setattr(io, "_link_new", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        io.create_files({tmp_path / "a.csv": "1", tmp_path / "b.json": "2"})
+    assert (tmp_path / "a.csv").read_text() == "1" and (tmp_path / "b.json").read_text() == "2"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_two_processes_saving_runs_into_one_folder_at_once_keep_both(tmp_path):
+    """Two processes import, say they are ready, and save a run report into one folder the moment the test
+    says go (well within one clock second of each other): two JSON and two CSV files, each JSON its own run."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    code = ("import os, sys, time\n"
+            "from sequoia_opt._io import new_run_id\n"
+            "from sequoia_opt.evaluation import RunReport\n"
+            "sync, out, who = sys.argv[1:]\n"
+            "open(os.path.join(sync, 'ready-' + who), 'w').close()\n"
+            "while not os.path.exists(os.path.join(sync, 'go')):\n"
+            "    time.sleep(0.001)\n"
+            "r = RunReport(run_id=new_run_id(), settings={'who': who}, summaries=[], rows=[])\n"
+            "print(r.save(out)[0])\n")
+    sync, out = tmp_path / "sync", tmp_path / "results"
+    sync.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(sync), str(out), who], stdout=subprocess.PIPE,
+                              text=True, env=env) for who in ("first", "second")]
+    deadline = time.time() + 120
+    while len(list(sync.glob("ready-*"))) < 2 and time.time() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    (sync / "go").touch()
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(list(out.glob("*.json"))) == 2 and len(list(out.glob("*.csv"))) == 2
+    assert sorted(json.loads(open(o).read())["settings"]["who"] for o in outs) == ["first", "second"]

@@ -200,6 +200,24 @@ def test_warn_on_mismatch():
     assert any("draft 'other' differs" in x for x in w)
 
 
+@pytest.mark.parametrize("recorded, name, kind, same", [
+    ("cpu", "AMD EPYC 7B13", "cpu", True),          # a type recorded by an older acceptance profile
+    ("cuda:0", "AMD EPYC 7B13", "cpu", False),
+    ("cuda", "NVIDIA H200", "cuda", True),
+    ("AMD EPYC 7B13", " amd epyc 7b13 ", "cpu", True),
+    ("AMD EPYC 7B13", "NVIDIA H200", "cuda", False),
+    ("cpu", "cuda:1", None, False),
+    ("NVIDIA H200", "cuda", None, True),             # only a type known on this side: not told apart
+])
+def test_one_device_named_two_ways_is_one_device(recorded, name, kind, same):
+    from sequoia_opt.profiles import same_device
+
+    assert same_device(recorded, name, kind) is same
+    a = AcceptanceProfile(id="a", acceptance=np.array([0.5]), measured={"device": recorded})
+    w = warn_on_mismatch(acceptance=a, device=name, device_type=kind)
+    assert w == ([] if same else [f"profile 'a' was measured with device {recorded!r}, but this run uses {name!r}"])
+
+
 def test_stated_sizes_that_agree_load():
     prof = AcceptanceProfile.from_dict({"format": "treeopt-acceptance/1", "acceptance": [0.5, 0.25],
                                         "counts": [2, 1, 1], "measured": {"width": 2, "num_samples": 4},

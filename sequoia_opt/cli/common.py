@@ -108,15 +108,33 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def handle_errors(fn: F) -> F:
-    """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback)."""
+    """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback); print each distinct
+    :class:`~sequoia_opt.errors.ProfileWarning` raised on the way as one ``warning:`` line on stderr."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except TreeoptError as err:
-            _print_error(str(err) or err.__class__.__name__)
-            raise typer.Exit(2) from None
+        import warnings
+
+        from rich.markup import escape
+
+        from ..errors import ProfileWarning
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ProfileWarning)
+            try:
+                return fn(*args, **kwargs)
+            except TreeoptError as err:
+                _print_error(str(err) or err.__class__.__name__)
+                raise typer.Exit(2) from None
+            finally:
+                shown: set[str] = set()
+                for w in caught:
+                    if not issubclass(w.category, ProfileWarning):
+                        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                    elif str(w.message) not in shown:
+                        shown.add(str(w.message))
+                        _err.print(f"[yellow]warning:[/] {escape(str(w.message))}", markup=True, soft_wrap=True,
+                                   highlight=False)
 
     return wrapper  # type: ignore[return-value]
 
@@ -436,8 +454,37 @@ def _check_writable(path: Path) -> None:
 
     if path.exists() and not path.is_file():
         raise OutputError(f"cannot write {path}: it exists and is not a regular file")
-    for parent in path.parents:
+    _existing_folder_above(path, f"cannot write {path}")
+
+
+def _existing_folder_above(path: Path, what: str) -> Optional[Path]:
+    """The nearest folder above ``path`` that exists (None when none does); OutputError ``"<what>: <it> is not
+    a folder"`` when that nearest existing path is a file."""
+    from ..errors import OutputError
+
+    for parent in Path(path).parents:
         if parent.exists():
             if not parent.is_dir():
-                raise OutputError(f"cannot write {path}: {parent} is not a folder")
-            break
+                raise OutputError(f"{what}: {parent} is not a folder")
+            return parent
+    return None
+
+
+def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
+    """Refuse, before any model loads, a results folder that cannot take new files: a file (or device) at
+    the path or where one of its folders should be, or a folder this user cannot write (OutputError, one
+    line naming ``option``)."""
+    import os
+
+    from ..errors import OutputError
+
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise OutputError(f"{option} {path}: it exists and is not a folder (results are written into a folder)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputError(f"{option} {path}: this user cannot write into that folder")
+        return
+    parent = _existing_folder_above(path, f"{option} {path}")
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{option} {path}: cannot create it, this user cannot write into {parent}")

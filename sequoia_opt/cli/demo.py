@@ -10,8 +10,8 @@ import typer
 from typing_extensions import Annotated
 
 from ..errors import TreeoptError
-from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, WeightsOpt, _check_run_options, _interruptible, app,
-                     handle_errors, note, progress_bar)
+from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, WeightsOpt, _check_results_dir, _check_run_options,
+                     _interruptible, app, handle_errors, note, progress_bar)
 from .render import render
 
 @app.command("demo")
@@ -42,6 +42,7 @@ def demo_cmd(
         if value is not None and value < 1:
             raise TreeoptError(f"{name} must be at least 1, got {value}")
     _check_run_options(backend, parse_device(device))
+    _check_results_dir(out_dir, "--out-dir")
     with progress_bar() as progress:
         result = run_demo(device=device, dtype=dtype, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
                           quick=quick, out_dir=out_dir, backend=backend, progress=progress,

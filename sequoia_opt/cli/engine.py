@@ -241,13 +241,12 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
     import json
     import os
 
-    from .._io import atomic_write_text
+    from .._io import create_files, new_run_id
     from ..engines import engine_mismatch, require_engine
     from ..engines.llamacpp import (LlamaCppModel, parse_setting_file, predict_chain, resolve_pair,
                                     run_settings)
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
     from ..prompts import demo_prompts_path, load_prompts
-    from ..tree import now_iso
 
     given = [k for k, v in other.items() if v]
     if given:
@@ -315,14 +314,13 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
     if not all(r.equal for r in runs):
         report.warnings.append("a chain's greedy output differs from plain decoding (see '= plain'): llama.cpp's "
                                "batched and single-token forwards round differently where two logits tie")
-    run_id = now_iso().replace(":", "").replace("-", "")[:15] + "Z"
+    run_id = new_run_id("llamacpp")
     doc = {"format": "treeopt-run-llamacpp/1", "engine": "llama.cpp", "target": pair.target_label,
            "draft": pair.draft_label, "threads": n_threads, "prompts": str(prompts or demo_prompts_path("eval")),
            "num_prompts": len(ids), "max_new_tokens": max_new_tokens,
            "acceptance_profile": acc.id if acc else None, "latency_profile": curve.id if curve else None,
            "runs": out_rows}
-    path = Path(results_dir) / f"llamacpp-{run_id}.json"
-    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    (path,) = create_files({Path(results_dir) / f"{run_id}.json": json.dumps(doc, indent=2) + "\n"})
     report.notes.append(f"wrote {path}")
     report.data = {**doc, "output": str(path)}
     render(report, as_json)

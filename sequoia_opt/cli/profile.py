@@ -331,6 +331,7 @@ def profile_acceptance(
     from ..pipeline import default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
+    from ..device import device_name
     from ..prompts import demo_prompts_path, load_prompts
 
     if width < 1 or depth < 1:
@@ -381,7 +382,7 @@ def profile_acceptance(
     pair_slug = pair.slug
     prof = build_acceptance_profile(
         counts, profile_id=f"{pair_slug}_{mode}", target_name=pair.target_name, draft_name=pair.draft_name,
-        temperature=temperature, top_p=top_p, depth=depth, device=str(dev), dtype=str(dt).removeprefix("torch."),
+        temperature=temperature, top_p=top_p, depth=depth, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model=pair.cost_model)
     out = output or default_acceptance_path(pair.target_name, spec, mode)  # where run --compare-drafters looks
@@ -417,6 +418,7 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
     from ..calibration import save_calibration
     from ..pipeline import default_acceptance_path
     from ..profiling.calibration import build_calibration_profile, measure_calibration
+    from ..device import device_name
 
     if topk > pair.vocab_size:
         raise TreeoptError(f"--calibration-topk {topk} is more than the vocabulary's {pair.vocab_size} tokens")
@@ -431,7 +433,7 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
     prof = build_calibration_profile(
         steps_rec, profile_id=f"{pair.slug}_calibration_{mode}", target_name=pair.target_name,
         draft_name=pair.draft_name, temperature=temperature, top_p=top_p, recording_steps=steps, recording_topk=topk,
-        device=str(dev), dtype=str(dt).removeprefix("torch."), prompts_file=str(pfile), num_prompts=len(ids),
+        device=device_name(dev), dtype=str(dt).removeprefix("torch."), prompts_file=str(pfile), num_prompts=len(ids),
         max_new_tokens=max_new_tokens, seed=seed)
     out = output or default_acceptance_path(pair.target_name, spec, mode).with_name(f"calibration-{mode}.yaml")
     save_calibration(out, prof)
@@ -516,7 +518,7 @@ def profile_layers(
     from ..pipeline import ModelPair, default_target_path, load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..profiles import save_acceptance, save_latency
     from ..profiling.acceptance import build_acceptance_profile
-    from ..device import device_slug
+    from ..device import device_name, device_slug
     from ..profiling.latency import measure_step_overhead, profile_model
     from ..profiling.layers import check_layers, default_layer_grid, sweep_layers
     from ..profiling.timing import token_grid
@@ -609,7 +611,7 @@ def profile_layers(
     acc_out, lat_out = outputs(L)
     prof = build_acceptance_profile(
         best.counts, profile_id=f"{pair_for(L).slug}_{mode}", target_name=tname, draft_name=f"self:{L}",
-        temperature=temperature, top_p=top_p, depth=depth, device=str(dev), dtype=str(dt).removeprefix("torch."),
+        temperature=temperature, top_p=top_p, depth=depth, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model="per-level", command="treeopt profile layers")
 

@@ -34,24 +34,29 @@ from ..errors import TreeoptError
 from ..report import Report
 from ..tree import Tree, TreeMetadata
 from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt,
-                     TemperatureOpt, TopPOpt, WeightsOpt, _check_run_options, _check_tree_readable, _graft_tree_names,
-                     _interruptible, _load_graft_tree, _load_tree_entry, _print_error, app, check_cuda_graphs, graphed,
-                     handle_errors, note, progress_bar, setting_notes)
+                     TemperatureOpt, TopPOpt, WeightsOpt, _check_results_dir, _check_run_options, _check_tree_readable,
+                     _graft_tree_names, _interruptible, _load_graft_tree, _load_tree_entry, _print_error, app,
+                     check_cuda_graphs, graphed, handle_errors, note, progress_bar, setting_notes)
 from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
 
 
 def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
-                           draft: str, draft_cost_model: str | None = None) -> list[str]:
+                           draft: str, draft_cost_model: str | None = None, device_type: str | None = None) -> list[str]:
     """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
-    one it is about to run on (its prediction then describes other hardware)."""
+    one it is about to run on (its prediction then describes other hardware). ``device``: the device's name,
+    ``device_type`` its torch type (:func:`~sequoia_opt.profiles.same_device`)."""
+    from ..profiles import same_device
+
     out = []
     for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
                       ("draft_cost_model", draft_cost_model), ("engine", "treeopt")):
         want = meta.extra.get(f"profiled_{key}")
-        if have is None:
+        if have is None or want is None:
             continue
-        if want is not None and str(want).strip().lower() != str(have).strip().lower():
+        same = (same_device(want, have, device_type) if key == "device"
+                else str(want).strip().lower() == str(have).strip().lower())
+        if not same:
             out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
                        f"uses {have!r}: its predicted figures describe that setting")
     return out
@@ -148,6 +153,7 @@ def run_cmd(
     from ..pipeline import load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..prompts import demo_prompts_path, load_prompts
 
+    _check_results_dir(results_dir)  # before any file is read or model loaded: a run's results must land
     if engine_name(engine) != "treeopt":
         if engine_name(engine) != "llama.cpp":
             raise TreeoptError(f"run --engine {engine_name(engine)}: treeopt runs llama.cpp here; the GPU engines are "
@@ -193,8 +199,11 @@ def run_cmd(
             acceptance=acceptance, latency=latency, budget=budget, max_depth=max_depth, max_branching=max_branching,
             device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json, weights=weights)
         return
+    dyn_notes: list[str] = []
     dyn = _dynamic_settings(dynamic, calibration, latency, multi=merge or scheduler is not None or len(draft or []) > 1,
-                            adapt=adapt)
+                            adapt=adapt, notes=dyn_notes)
+    if dynamic and not dyn and not tree:
+        raise TreeoptError("no --dynamic setting is left to run: " + "; ".join(dyn_notes))
     if not tree and not dyn:
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
                            "drafter's own best tree; or --dynamic, a dynamic-tree setting)")
@@ -269,9 +278,9 @@ def run_cmd(
                                                max_depth=max_depth, max_branching=max_branching)
         entries = [x for pair in zip(entries, twins) for x in pair]  # each adaptive tree after its static one
     baseline_notes: list[str] = []
+    value_label = None
     if compare:
-        extra, baseline_notes = _baseline_entries(acceptance_path, latency_path, max(e.tree.size for e in entries),
-                                                  max(max(e.tree.tree_depth for e in entries), 1))
+        entries, extra, baseline_notes, value_label = _baseline_entries(entries, acceptance_path, latency_path)
         entries += extra
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
@@ -279,12 +288,12 @@ def run_cmd(
     texts = load_prompts(pfile, limit=num_prompts)
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
+    _check_dynamic_memory(dyn, target, dev)  # before the weights load
     pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
     if cuda_graphs:  # plain decoding and every tree replay the same graphed forwards
         import dataclasses
 
         pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
-    dyn_notes: list[str] = []
     entries += _dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
     _check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
@@ -296,14 +305,14 @@ def run_cmd(
 
         adapt_warnings = [f"--adapt: {w}" for w in warn_on_mismatch(
             acceptance=load_acceptance(acceptance_path), latency=load_latency(latency_path),
-            device=device_name(dev), dtype=str(dt).removeprefix("torch."), target=pair.target_name,
-            draft=pair.draft_name)]
+            device=device_name(dev), device_type=dev.type, dtype=str(dt).removeprefix("torch."),
+            target=pair.target_name, draft=pair.draft_name)]
     warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
-        target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model)]
+        target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type)]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
-                             settings={"prompts": str(prompts or "demo eval prompts")})
+                             settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
     report.warnings = warnings + report.warnings
     report.notes = adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
     if cuda_graphs:
@@ -420,11 +429,9 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     warnings: list[str] = []
     dtype_name = str(dt).removeprefix("torch.")
     for plan, dpair in zip(plans, pairs):
-        # an acceptance profile records the device type (cpu, cuda), a latency profile the device's name
-        for w in (warn_on_mismatch(acceptance=plan.acceptance, device=str(dev), dtype=dtype_name,
-                                   target=dpair.target_name, draft=dpair.draft_name)
-                  + warn_on_mismatch(latency=plan.curve, device=device_name(dev), dtype=dtype_name,
-                                     target=dpair.target_name, draft=dpair.draft_name)):
+        on = dict(device=device_name(dev), device_type=dev.type, dtype=dtype_name, target=dpair.target_name,
+                  draft=dpair.draft_name)
+        for w in warn_on_mismatch(acceptance=plan.acceptance, **on) + warn_on_mismatch(latency=plan.curve, **on):
             if w not in warnings:
                 warnings.append(w)
         measured_mode = plan.acceptance.measured.get("mode")
@@ -447,7 +454,8 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
                       "max new tokens": max_new_tokens, "mode": mode,
                       "plain decoding (tokens/s)": run.summaries[0].tokens_per_s, "results": f"{jpath}, {cpath}"}
     report.tables.append(drafter_table(cmp.rows))
-    report.tables.append(_trees_table(run, temperature))
+    report.tables.append(_trees_table(run, temperature, "each drafter's own profiles and acceptance model, as in "
+                                                        "the drafters table"))
     for plan, (a, lat) in zip(plans, paths):
         report.notes.append(f"{plan.label}: tree solved from {a} and {lat} (budget {plan.budget}, max depth "
                             f"{plan.max_depth}, max branching {plan.max_branching}, context {plan.context})")
@@ -559,7 +567,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
         for e, p in zip(own, pairs):
             warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
                                                target=p.target_name, draft=p.draft_name,
-                                               draft_cost_model=p.cost_model)
+                                               draft_cost_model=p.cost_model, device_type=dev.type)
         notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
                      "solve --pair-acceptance estimates the merge)")
     else:
@@ -580,7 +588,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                 notes.append(f"{name}: the scheduler was trained for another tree (or carries no prediction): the "
                              "predicted figures are the static tree's (the strong drafter called every step)")
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
-                                               target=pair.target_name, draft=None)
+                                               target=pair.target_name, draft=None, device_type=dev.type)
 
             def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)
@@ -610,7 +618,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                       "prompts": len(ids), "max new tokens": max_new_tokens,
                       "mode": "greedy" if temperature == 0 else "sampling",
                       "plain decoding (tokens/s)": run.summaries[0].tokens_per_s, "results": f"{jpath}, {cpath}"}
-    report.tables.append(_trees_table(run, temperature))
+    report.tables.append(_trees_table(run, temperature, None if merge else "the grafted trees' files (pair profile)"))
     title, cols, rows = _drafters_table(run)
     report.tables.append((title, cols, rows))
     for m in run.mismatch_details:
@@ -636,50 +644,105 @@ def _drafters_table(run) -> tuple[str, list[str], list[list]]:
             rows)
 
 
-def _baseline_entries(acceptance: Optional[Path], latency: Optional[Path], budget: int,
-                      max_depth: int) -> tuple[list, list[str]]:
-    """The best chain and k-ary tree within ``budget`` nodes and ``max_depth`` (the largest tree's size and
-    depth), scored under the acceptance profile (and latency profile). Returns ``(entries, notes)``: when
-    the latency profile stops short of ``budget`` tokens the baselines are chosen within what it measured,
-    and a note says so (it goes to the output and the JSON)."""
+def _baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path]) -> tuple[list, list, list[str], str]:
+    """``--compare``: the best chain and k-ary tree within the largest --tree's size and depth, and every
+    static tree of the table scored under ONE value model (:class:`~sequoia_opt.solver.depth.ValueModel`):
+    the model the --tree files were solved with when they agree (else the profile's ``auto`` model, as
+    ``treeopt solve``), from the acceptance profile given here, and the latency profile's cost model. A tree
+    whose file predicted otherwise is re-scored (a note gives both figures); a baseline that is one of the
+    --tree files is not run twice (a note says so); when the latency profile stops short of the largest tree,
+    the baselines are chosen within what it measured (a note says so).
+
+    Returns:
+        ``(entries, baselines, notes, label)``: ``entries`` with the static trees' predictions re-scored, the
+        baseline entries, the notes (they go to the output and the JSON) and the value model's label (the
+        trees table's title names it).
+    """
+    from dataclasses import replace
+
+    from ..errors import ProfileError
     from ..evaluation import TreeEntry
     from ..profiles import load_acceptance, load_latency
-    from ..solver import compare_baselines
+    from ..solver import compare_baselines, step_cost
+    from ..solver.depth import ValueModel
 
     if acceptance is None:
         raise TreeoptError("--compare needs --acceptance (to pick the best chain and k-ary tree)")
     acc = load_acceptance(acceptance)
     curve = load_latency(latency) if latency else None
+    static = [e for e in entries if e.policy is None]
+    recorded = {e.metadata.extra.get("acceptance_model") for e in static}
+    model = recorded.pop() if len(recorded) == 1 and None not in recorded else "auto"
     notes = []
+    if model == "by-depth" and not acc.by_depth:
+        notes.append(f"--compare: the trees were solved with per-depth acceptance, profile {acc.id!r} has no "
+                     "per-depth vectors: every tree is scored with its positional vector")
+        model = "positional"
+    vm = ValueModel.of_profile(acc, model if model in ("positional", "by-depth") else "auto")
+
+    def predict(tree):  # (G, speedup) under the table's value model and cost model; speedup None off the curve
+        g = vm.expected_tokens(tree)
+        if curve is None:
+            return g, None
+        try:
+            return g, step_cost(tree.level_widths, g, curve).speedup
+        except ProfileError:
+            return g, None
+
+    out_entries = []
+    for e in entries:
+        if e.policy is not None:  # adaptive or dynamic: its own value model
+            out_entries.append(e)
+            continue
+        g, sp = predict(e.tree)
+        old = e.metadata.expected_tokens_per_step
+        if old is not None and abs(old - g) > 5e-4:
+            notes.append(f"tree {e.name!r}: predicted {g:.3f} tokens/step under {vm.label} (its file: {old:.3f}, "
+                         f"{e.metadata.extra.get('acceptance_model') or 'positional'} acceptance of profile "
+                         f"{e.metadata.acceptance_profile!r}): every tree of the table is scored one way")
+        out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g, predicted_speedup=sp)))
+    budget = max(e.tree.size for e in static)
+    max_depth = max(max(e.tree.tree_depth for e in static), 1)
     if curve is not None and budget > curve.max_target_tokens():
         measured = curve.max_target_tokens()
         notes.append(f"--compare baselines limited to {measured} nodes (asked: {budget}, the largest tree): latency "
                      f"profile {curve.id!r} was measured up to {measured} target tokens; profile more tokens "
                      f"(treeopt profile latency --max-tokens {budget}) to compare at the trees' size")
         budget = measured
+    runs = {tuple(map(tuple, e.tree.choices())): e.name for e in static}
     out = []
-    for b in compare_baselines(acc.acceptance, budget, max_depth, 32, curve):
+    for b in compare_baselines(vm.acceptance, budget, max_depth, 32, curve, by_depth=vm.rows):
         if b.name.startswith(("chain", "k-ary")):
             if b.note:
                 notes.append(b.note)
+            label = f"{b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items())
+            same = runs.get(tuple(map(tuple, b.tree.choices())))
+            if same is not None:
+                notes.append(f"--compare: the best {label} is tree {same!r} itself; it runs once, under that name")
+                continue
             meta = TreeMetadata(budget=b.tree.size, expected_tokens_per_step=b.expected_tokens,
                                 predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
-                                latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}")
-            out.append(TreeEntry(name=f"{b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items()),
-                                 tree=b.tree, metadata=meta))
-    return out, notes
+                                latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}",
+                                extra={"acceptance_model": vm.name})
+            out.append(TreeEntry(name=label, tree=b.tree, metadata=meta))
+    return out_entries, out, notes, vm.label
 
 
 def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], latency: Optional[list[Path]], *,
-                      multi: bool, adapt: bool) -> list[tuple[Any, dict, dict]]:
-    """The --dynamic settings, read before any model loads: ``[(setting, predicted figures from its file, its
-    provenance)]`` (empty mappings for a setting given as text).
+                      multi: bool, adapt: bool, notes: Optional[list[str]] = None) -> list[tuple[Any, dict, dict]]:
+    """The --dynamic settings, read and checked before any model loads: ``[(setting, predicted figures,
+    provenance)]``. Predicted figures come from --calibration and -l when given (a setting the latency
+    profile cannot score, its budget or a draft forward past what it measured, is dropped with a note in
+    ``notes``, as ``solve --dynamic`` leaves it out), else from a setting file's ``predicted``; a setting given
+    as text has none. With ``device``, a setting whose step would need more memory than the device has free
+    (:func:`~sequoia_opt.dynamic.step_memory_bytes`, at the target's vocabulary) is refused.
 
     Raises:
-        TreeoptError: a setting that cannot be read, --calibration without --dynamic, --dynamic with several
-            drafters or --adapt (one line, exit 2).
+        TreeoptError: a setting that cannot be read or does not fit in memory, --calibration without
+            --dynamic, --dynamic with several drafters or --adapt (one line, exit 2).
     """
     from ..dynamic import parse_setting
+    from ..errors import ProfileError
     from ..exports import load_dynamic_setting
 
     if not specs:
@@ -701,50 +764,88 @@ def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], l
             out.append((parse_setting(spec), {}, {}))
         except ValueError as err:
             raise TreeoptError(str(err)) from None
+    if calibration is not None and (not latency or len(latency) != 1):
+        raise TreeoptError("--calibration predicts a setting's tokens/s with one --latency profile: add -l")
     if calibration is not None:
-        if not latency or len(latency) != 1:
-            raise TreeoptError("--calibration predicts a setting's tokens/s with one --latency profile: add -l")
+        from ..calibration import load_calibration
+        from ..profiles import load_latency
+        from ..solver.dynamic import predict_setting
+
+        cal, curve = load_calibration(calibration), load_latency(latency[0])
+        top_n = curve.max_target_tokens()
+        kept = []
+        for setting, _, provenance in out:
+            try:
+                if setting.budget > top_n:
+                    raise ProfileError(f"its budget {setting.budget} is past the largest target token count {top_n} "
+                                       f"latency profile {curve.id!r} measured")
+                pred = predict_setting(cal, setting, curve, max_steps=200)
+            except ProfileError as err:
+                if notes is not None:
+                    notes.append(f"{setting.label} not run: {err} (T(n) and c(w) are never extrapolated: profile more "
+                                 "tokens, or lower its budget / topk)")
+                continue
+            kept.append((setting, {"tokens_per_step": pred.tokens_per_step, "speedup": pred.speedup,
+                                   "from": "calibration"}, provenance))
+        out = kept
     return out
+
+
+def _check_dynamic_memory(settings: list[tuple[Any, dict, dict]], target: Optional[Path], device) -> None:
+    """Refuse, before any model loads, a --dynamic setting whose step would need more memory than ``device``
+    has free (:func:`~sequoia_opt.dynamic.check_step_memory` at the target's vocabulary, read from its config).
+
+    Raises:
+        TreeoptError: one line naming the setting and the memory.
+    """
+    from ..dynamic import check_step_memory
+    from ..model.loaders import load_model_config
+    from ..pipeline import default_target_path
+    from ..device import free_memory_bytes
+
+    if not settings:
+        return
+    vocab = load_model_config(Path(target) if target else default_target_path()).vocab_size
+    free = free_memory_bytes(device)
+    for setting, _, _ in settings:
+        try:
+            check_step_memory(setting, vocab, free, str(device))
+        except ValueError as err:
+            raise TreeoptError(str(err)) from None
 
 
 def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: Optional[Path],
                      latency: Optional[Path], temperature: float, notes: list[str]) -> list:
-    """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction: from
-    --calibration and -l when given, else from its file's ``predicted`` when the file was solved for this
-    drafter (a note says when it was not). Warnings about the calibration go to ``notes``."""
+    """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction
+    (:func:`_dynamic_settings`: from --calibration and -l, else from its file when the file was solved for this
+    drafter; a note says when it was not). Warnings about the calibration go to ``notes``."""
     from ..drafting.policies import DynamicPolicy
     from ..evaluation import TreeEntry
     from ..tree import Tree
 
     if not settings:
         return []
-    cal = curve = None
     if calibration is not None:
         from ..calibration import load_calibration
         from ..profiles import load_latency
-
-        cal, curve = load_calibration(calibration), load_latency(latency)
         from .solve_dynamic import calibration_warnings, same_pair
 
-        same_pair(cal, curve, run=(pair.target_name, pair.draft_name))
+        cal = load_calibration(calibration)
+        same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name))
         notes.extend(calibration_warnings(cal, temperature=temperature))
     out = []
     for setting, predicted, provenance in settings:
         solved_for = provenance.get("draft")
-        if predicted and solved_for is not None and str(solved_for).lower() != str(pair.draft_name).lower():
+        if predicted.get("from") != "calibration" and predicted and solved_for is not None \
+                and str(solved_for).lower() != str(pair.draft_name).lower():
             notes.append(f"{setting.label}: its file was solved for drafter {solved_for!r}, this run drafts with "
                          f"{pair.draft_name!r}: its prediction is not shown")
             predicted = {}
         if setting.topk > pair.vocab_size:
             raise TreeoptError(f"{setting.label}: topk {setting.topk} is more than the vocabulary's {pair.vocab_size} tokens")
-        g, sp = predicted.get("tokens_per_step"), predicted.get("speedup")
-        if cal is not None:
-            from ..solver.dynamic import predict_setting
-
-            pred = predict_setting(cal, setting, curve, max_steps=200)
-            g, sp = pred.tokens_per_step, pred.speedup
-        meta = TreeMetadata(budget=setting.budget, max_depth=setting.steps, expected_tokens_per_step=g,
-                            predicted_speedup=sp, solver=f"dynamic:{setting.policy}",
+        meta = TreeMetadata(budget=setting.budget, max_depth=setting.steps,
+                            expected_tokens_per_step=predicted.get("tokens_per_step"),
+                            predicted_speedup=predicted.get("speedup"), solver=f"dynamic:{setting.policy}",
                             extra={"dynamic": setting.to_dict()})
 
         def make(drafter, s=setting):
@@ -765,23 +866,56 @@ def _check_trees_fit(entries, pair) -> None:
                                f"vocabulary has only {V} tokens")
 
 
+def _prediction_label(entries, value_label: str | None = None) -> tuple[str, list[str]]:
+    """What the trees table's predicted columns are, for its title: the static trees' value model
+    (``value_label`` when --compare scored them all, else what their files record: acceptance model and
+    profile), then the adaptive trees' and dynamic settings' own models. Returns ``(label, warnings)``: a
+    warning when the static trees' files record more than one value model."""
+    parts, warnings = [], []
+    if value_label is not None:
+        parts.append(value_label)
+    else:
+        groups: dict[str, list[str]] = {}
+        for e in entries:
+            m = e.metadata
+            if e.policy is None and m.expected_tokens_per_step is not None:
+                key = f"{m.extra.get('acceptance_model') or 'positional'} acceptance" + (
+                    f" of profile {m.acceptance_profile!r}" if m.acceptance_profile else "")
+                groups.setdefault(key, []).append(e.name)
+        if len(groups) == 1:
+            parts.append(f"{next(iter(groups))}, from the tree files")
+        elif groups:
+            parts.append("; ".join(f"{k} for {', '.join(v)}" for k, v in groups.items()))
+            warnings.append("the predicted columns mix value models (" + "; ".join(groups) + "): one tree file's "
+                            "figures are not comparable with another's; --compare -a PROFILE scores every tree "
+                            "under one")
+    dynamic = [e.policy is not None and str(e.metadata.solver or "").startswith("dynamic") for e in entries]
+    if any(e.policy is not None and not d for e, d in zip(entries, dynamic)):  # run_cmd's other policy: --adapt
+        parts.append("adaptive trees: their re-solves' positional estimate")
+    if any(dynamic):
+        parts.append("dynamic settings: their calibration profile")
+    return "; ".join(parts), warnings
+
+
 def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, seed, backend, results_dir,
-                    as_json, settings) -> Report:
+                    as_json, settings, value_label: str | None = None) -> Report:
     from ..evaluation import run_trees
 
+    predicted, label_warnings = _prediction_label(entries, value_label)
     with progress_bar() as progress:
         run = run_trees(pair.target, pair.new_drafter, entries, ids, max_new_tokens=max_new_tokens,
                         temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
                         backend=backend, progress=progress,
                         settings={"target": pair.target_name, "draft": pair.draft_name,
-                                  "draft_cost_model": pair.cost_model, **settings})
+                                  "draft_cost_model": pair.cost_model, "predicted_by": predicted, **settings})
     jpath, cpath = run.save(results_dir)
     report = Report(title="treeopt run")
     plain = run.summaries[0]
     report.summary = {"target": pair.target_name, "draft": pair.draft_name, "prompts": len(ids),
                       "max new tokens": max_new_tokens, "mode": "greedy" if temperature == 0 else "sampling",
                       "plain decoding (tokens/s)": plain.tokens_per_s, "results": f"{jpath}, {cpath}"}
-    report.tables.append(_trees_table(run, temperature))
+    report.warnings = label_warnings
+    report.tables.append(_trees_table(run, temperature, predicted))
     if any(s.adaptive for s in run.summaries):
         table, notes = _resolve_table(run)
         report.tables.append(table)
@@ -794,15 +928,16 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     return report
 
 
-def _trees_table(run, temperature: float) -> tuple[str, list[str], list[list]]:
-    """The per-tree table of a run: measured against predicted, the time split, and greedy equality."""
+def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple[str, list[str], list[list]]:
+    """The per-tree table of a run: measured against predicted, the time split, and greedy equality; the
+    title names what the predicted columns come from (``predicted``)."""
     rows = []
     for s in run.summaries[1:]:
         rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f} to {s.tps_ci95[1]:.3f}",
                      s.predicted_tokens_per_step, s.tokens_per_s, s.speedup, s.predicted_speedup,
                      s.draft_ms, s.verify_ms, s.bookkeeping_ms,
                      "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
-    return ("trees against plain decoding",
+    return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else ""),
             ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "tokens/s", "speedup",
              "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
 

@@ -115,7 +115,7 @@ def solve(
     from ..errors import SolverError
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
     from ..solver import choose, compare_baselines
-    from ..solver.depth import ACCEPTANCE_MODELS, solve_profile
+    from ..solver.depth import ACCEPTANCE_MODELS, ValueModel, solve_profile
 
     if batch is not None:
         if dynamic is not None or pair_acceptance is not None or compare:
@@ -126,7 +126,7 @@ def solve(
         from .solve_batch import solve_batch
 
         solve_batch(batch, acceptance[0], latency[0] if latency else None,
-                    budget=SINGLE_DEFAULTS["budget"] if budget is None else budget,
+                    budget=SINGLE_DEFAULTS["budget"] if budget is None else budget,  # lowered per batch size there
                     max_depth=SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth,
                     max_branching=SINGLE_DEFAULTS["max_branching"] if max_branching is None else max_branching,
                     context=context, output=output, fmt=fmt, acceptance_model=acceptance_model, as_json=as_json)
@@ -169,6 +169,7 @@ def solve(
                               "--pair-acceptance PAIR.yaml")
     acceptance = acceptance[0]
     latency = latency[0] if latency else None
+    budget_given = budget is not None
     budget = SINGLE_DEFAULTS["budget"] if budget is None else budget
     max_depth = SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth
     max_branching = SINGLE_DEFAULTS["max_branching"] if max_branching is None else max_branching
@@ -188,6 +189,11 @@ def solve(
     curve = load_latency(latency) if latency is not None else None
     p = acc.acceptance
     report = Report(title="treeopt solve")
+    if curve is not None and not budget_given and curve.max_target_tokens(context) < budget:
+        measured = curve.max_target_tokens(context)
+        report.notes.append(f"budget {measured} (the default is {budget}): latency profile {curve.id!r} was measured "
+                            f"up to {measured} target tokens, and T(n) is never extrapolated (--budget sets it)")
+        budget = measured
     report.warnings = warn_on_mismatch(acceptance=acc, latency=curve)
     if curve is not None:  # a tree is only as good as the curve of the engine that serves it (issue 20)
         from .. import exports
@@ -207,6 +213,7 @@ def solve(
     }
 
     sol, model_used = solve_profile(acc, budget, max_depth, max_branching, acceptance_model)
+    vm = ValueModel.of_profile(acc, model_used)  # every G this command prints: the solved tree's and the baselines'
     data["acceptance_model"] = model_used
     if model_used == "by-depth":
         report.notes.append(
@@ -266,7 +273,7 @@ def solve(
         }
         report.tables.append(
             (
-                "best choices (DP-optimal tree per budget and depth limit)",
+                f"best choices (DP-optimal tree per budget and depth limit; G: {vm.label})",
                 ["budget", "max depth", "nodes", "G", "draft ms", "target ms", "cost ms", "tokens/s", "speedup"],
                 [
                     [a.budget, a.depth, a.size, a.cost.expected_tokens, a.cost.draft_ms, a.cost.target_ms,
@@ -279,7 +286,8 @@ def solve(
             report.notes.append(f"{ch.skipped} candidates skipped: their draft widths exceed the measured draft curve")
 
     if compare:
-        base = compare_baselines(p, budget, max_depth, max_branching, curve, context=context, best_first_budget=chosen_budget)
+        base = compare_baselines(p, budget, max_depth, max_branching, curve, context=context,
+                                 best_first_budget=chosen_budget, by_depth=vm.rows)
         data["baselines"] = [b.as_dict() for b in base]
         cols = ["name", "params", "nodes", "depth", "G"] + (["cost ms", "tokens/s", "speedup"] if curve else [])
         rows = []
@@ -290,7 +298,7 @@ def solve(
             if b.note:
                 report.notes.append(b.note)
             rows.append(row)
-        report.tables.append(("baselines (same acceptance vector and cost model)", cols, rows))
+        report.tables.append((f"baselines (G: {vm.label}, as the solved tree; same cost model)", cols, rows))
 
     meta = TreeMetadata(
         budget=chosen_budget,

@@ -112,13 +112,20 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         k = (r.setting.policy, r.setting.budget)
         if k not in shown:
             shown[k] = r
-    static = choose(acc.acceptance, curve, limit, max_depth or 16, context=context) if acc is not None else None
+    static = static_model = None
+    if acc is not None:  # the static tree as treeopt solve finds and scores it: its limits and value model
+        from ..solver.depth import solve_profile
+        from .solve import SINGLE_DEFAULTS
+
+        depth, branching = max_depth or SINGLE_DEFAULTS["max_depth"], SINGLE_DEFAULTS["max_branching"]
+        sol, static_model = solve_profile(acc, limit, depth, branching)
+        static = choose(acc.acceptance, curve, limit, depth, branching, context=context, solution=sol)
     for r in sorted(shown.values(), key=lambda r: -r.tokens_per_s):
         s = r.setting
         rows.append([s.policy, s.steps, s.topk, s.budget, r.tokens_per_step, r.replay, r.tree_size, r.forwards,
                      r.draft_ms, r.target_ms, r.tokens_per_s, r.speedup, r.coverage])
     if static is not None:
-        rows.append(["static DP", static.tree.tree_depth, static.tree.max_branching_used, static.tree.size,
+        rows.append([f"static DP ({static_model} acceptance)", static.tree.tree_depth, static.tree.max_branching_used, static.tree.size,
                      static.expected_tokens, None, static.tree.size, None, None, None, static.tokens_per_s,
                      static.speedup, None])
     report.tables.append((
@@ -135,7 +142,11 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     }
     if static is not None:
         report.summary["static DP tree speedup"] = static.speedup
+        report.summary["static DP acceptance model"] = static_model
     data: dict[str, Any] = {"chosen": best.to_dict(), "rows": [r.to_dict() for r in ch.rows], "notes": ch.notes}
+    if static is not None:
+        data["static"] = {"choices": static.tree.choices(), "acceptance_model": static_model,
+                          "expected_tokens_per_step": static.expected_tokens, "speedup": static.speedup}
     provenance = {"calibration_profile": cal.id, "latency_profile": curve.id,
                   "target": cal.measured.get("target"), "draft": cal.measured.get("draft")}
     if best_eagle is not None:

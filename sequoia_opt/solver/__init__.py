@@ -14,7 +14,7 @@
 """
 
 from .baselines import best_first, chain, kary_tree, specinfer
-from .depth import DepthDPSolution, expected_tokens_by_depth, solve_dp_by_depth
+from .depth import DepthDPSolution, ValueModel, expected_tokens_by_depth, solve_dp_by_depth
 from .dp import DPSolution, optimal_tree, solve_dp
 from .graft import (
     GraftAcceptance,

@@ -81,6 +81,7 @@ def best_first(
     budget: int,
     max_depth: int | None = None,
     max_branching: int | None = None,
+    by_depth=None,
 ) -> Tree:
     """Greedy best-first expansion (Medusa-style): start from the root, repeatedly add the frontier node with
     the highest path probability until ``budget`` nodes (root included) or no frontier node has a positive
@@ -88,8 +89,16 @@ def best_first(
 
     The frontier holds, for each node, its next child rank (ranks stay a prefix: no gap), within
     ``max_depth`` and ``max_branching``. Ties go to the node added first. Exact for non-increasing p.
+    ``by_depth``: (R, K) per-depth vectors (row r: children at depth r + 1, deeper levels the last row) to
+    take path probabilities from instead of ``acceptance`` (:class:`~sequoia_opt.solver.depth.ValueModel`).
     """
     p = validate_acceptance(acceptance)
+    rows = None
+    if by_depth is not None:
+        from .depth import validate_acceptance_by_depth
+
+        rows = validate_acceptance_by_depth(by_depth)
+        p = rows[0]
     _positive("budget", budget)
     if max_depth is not None:
         _positive("max depth", max_depth)
@@ -104,7 +113,7 @@ def best_first(
         nonlocal counter
         if r >= K or (max_depth is not None and depth[v] >= max_depth):
             return
-        q = prob[v] * float(p[r])
+        q = prob[v] * float(p[r] if rows is None else rows[min(depth[v], len(rows) - 1), r])
         if q > 0.0:
             heapq.heappush(heap, (-q, counter, v, r))
             counter += 1

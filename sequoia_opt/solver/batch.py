@@ -43,7 +43,7 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from ..profiles import _check_format, _load_yaml
+from ..profiles import MAX_TOKENS, _check_format, _load_yaml, check_integer
 from ..profiles_batch import BatchLatencyProfile
 from ..tree import Tree, now_iso
 from .dp import DPSolution
@@ -154,6 +154,10 @@ def _validate(doc: Any, src: str) -> list[tuple[int, int, Tree]]:
         raise ProfileError(f"{src}: 'entries' must be a non-empty list")
     out = []
     for i, e in enumerate(entries):
+        rng = e.get("batch_range") if isinstance(e, dict) else None
+        if isinstance(rng, list):
+            for x in rng:
+                check_integer(x, f"{src}: entries[{i}].batch_range", low=1, high=MAX_TOKENS)
         try:
             lo, hi = (int(x) for x in e["batch_range"])
             choices = e["choices"]
@@ -163,8 +167,27 @@ def _validate(doc: Any, src: str) -> list[tuple[int, int, Tree]]:
         if lo < 1 or hi < lo or (out and lo <= out[-1][1]):
             raise ProfileError(f"{src}: entries[{i}].batch_range {[lo, hi]} must be increasing ranges of batch "
                                "sizes >= 1")
+        # the figures stated beside the tree: numbers in range, the shape the tree's own
+        for key in _PLAN_INTEGERS:
+            if e.get(key) is not None:
+                check_integer(e[key], f"{src}: entries[{i}].{key}", high=MAX_TOKENS)
+        for key in _PLAN_NUMBERS:
+            v = e.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise ProfileError(f"{src}: entries[{i}].{key} = {v!r} must be a number >= 0")
+        for key, have in (("nodes", tree.size), ("depth", tree.tree_depth), ("level_widths", list(tree.level_widths))):
+            if e.get(key) is not None and e[key] != have:
+                raise ProfileError(f"{src}: entries[{i}].{key} is {e[key]} but its choices give {have}")
         out.append((lo, hi, tree))
+    if doc.get("context_tokens") is not None:
+        check_integer(doc["context_tokens"], f"{src}: context_tokens", high=MAX_TOKENS)
     return out
+
+
+#: The integer and the other numeric fields of a plan entry (:func:`plan_document`).
+_PLAN_INTEGERS = ("batch", "nodes", "depth", "budget_limit")
+_PLAN_NUMBERS = ("expected_tokens_per_step", "tokens_per_s_per_sequence", "tokens_per_s_total",
+                 "plain_tokens_per_s_per_sequence", "speedup", "step_cost_ms")
 
 
 def load_plan(path: str | Path) -> list[tuple[int, int, Tree]]:

@@ -291,6 +291,45 @@ def solve_dp_by_depth(acceptance_by_depth: Sequence[Sequence[float]], max_nodes:
 ACCEPTANCE_MODELS = ("auto", "positional", "by-depth")
 
 
+@dataclass(frozen=True)
+class ValueModel:
+    """How a table scores every static tree it shows: G (expected tokens per step) under Sequoia's positional
+    vector (Sequoia, section 3.1) or under the profile's per-depth vectors (:func:`expected_tokens_by_depth`).
+    A table builds every predicted figure with one ValueModel and names it in its title (:attr:`label`), so
+    one tree has one score wherever it appears.
+
+    Attributes:
+        name: ``"positional"`` or ``"by-depth"``.
+        acceptance: (K,) the pooled positional vector.
+        rows: (R, K) the per-depth vectors (row r: children at depth r + 1) for ``by-depth``, else None.
+        profile_id: the acceptance profile's id (for the label), or None.
+    """
+
+    name: str
+    acceptance: np.ndarray
+    rows: np.ndarray | None = None
+    profile_id: str | None = None
+
+    @classmethod
+    def of_profile(cls, profile, model: str = "auto") -> "ValueModel":
+        """The value model ``treeopt solve --acceptance-model model`` solves a profile with
+        (:func:`resolve_acceptance_model`). Raises SolverError as that function."""
+        used = resolve_acceptance_model(profile, model)
+        return cls(used, validate_acceptance(profile.acceptance),
+                   profile.depth_rows() if used == "by-depth" else None, profile.id)
+
+    def expected_tokens(self, tree: Tree) -> float:
+        """G(tree), tokens per step, under this model."""
+        if self.rows is not None:
+            return expected_tokens_by_depth(tree, self.rows)
+        return tree.expected_tokens(self.acceptance)
+
+    @property
+    def label(self) -> str:
+        """E.g. ``"by-depth acceptance of profile 'x'"``: what a table's title says its predictions use."""
+        return f"{self.name} acceptance" + (f" of profile {self.profile_id!r}" if self.profile_id else "")
+
+
 def resolve_acceptance_model(profile, model: str = "auto") -> str:
     """``"positional"`` or ``"by-depth"`` for an :class:`~sequoia_opt.profiles.AcceptanceProfile`: ``auto``
     takes ``by-depth`` when the profile measured two depths or more and its positional check failed

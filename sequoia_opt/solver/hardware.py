@@ -367,10 +367,14 @@ def compare_baselines(
     *,
     context: int | None = None,
     best_first_budget: int | None = None,
+    by_depth=None,
 ) -> list[BaselineResult]:
     """Best chain (over gamma), best k-ary tree (over k and depth, truncated to the budget), best SpecInfer
     k x L, and best-first with ``best_first_budget`` (default: ``budget``) nodes, all within the budget,
     depth and branching limits. "Best" = highest tokens/s with a curve, else highest G (ties: fewer nodes).
+    G is the positional vector's, or with ``by_depth`` ((R, K) per-depth vectors, the ``by-depth`` model of
+    :class:`~sequoia_opt.solver.depth.ValueModel`) the per-depth model's, for choosing and for scoring: the
+    baselines are scored as the solved tree they are shown next to.
 
     Nothing is clamped: a budget the curve was not measured to is refused, as :func:`choose` refuses it (a
     caller that wants baselines within the curve lowers the budget itself and says so).
@@ -392,10 +396,19 @@ def compare_baselines(
     if curve is not None:
         _check_budget_measured(budget, curve, context)
         max_draft = curve.max_draft_tokens(context)
+    rows = None
+    if by_depth is not None:
+        from .depth import expected_tokens_by_depth, validate_acceptance_by_depth
+
+        rows = validate_acceptance_by_depth(by_depth)
+
+    def value(tree: Tree) -> float:  # G under the table's one value model
+        return tree.expected_tokens(p) if rows is None else expected_tokens_by_depth(tree, rows)
+
     # ranks past the last positive p_k add nodes and cost but never expected tokens
-    k_pos = int(np.nonzero(p > 0)[0][-1]) + 1 if np.any(p > 0) else 1
+    pos = np.any(rows > 0, axis=0) if rows is not None else p > 0
+    k_pos = int(np.nonzero(pos)[0][-1]) + 1 if np.any(pos) else 1
     B = max(1, min(max_branching, budget - 1, max(2, k_pos)))
-    pr = lambda i: float(p[i]) if i < p.size else 0.0  # noqa: E731
 
     def key(g: float, widths: Sequence[int]) -> tuple[float, int]:
         if curve is None:
@@ -407,7 +420,7 @@ def compare_baselines(
     out: list[BaselineResult] = []
 
     def add(name: str, params: dict[str, int], tree: Tree) -> None:
-        g = tree.expected_tokens(p)
+        g = value(tree)
         cost, note = None, None
         if curve is not None:
             widest = widest_draft_forward(tree.level_widths, curve.cost_model)
@@ -415,14 +428,13 @@ def compare_baselines(
                 note = (f"{name} not scored: it needs a draft forward over {widest} tokens; latency profile "
                         f"{curve.id!r} measured draft forwards up to {max_draft}")
             else:
-                cost = score_tree(tree, p, curve, context)
+                cost = step_cost(tree.level_widths, g, curve, context)
         out.append(BaselineResult(name, params, tree, g, cost, note))
 
-    # chain: G = sum_{j=0..gamma} p1^j, widths all 1
+    # chain: widths all 1 (positional G = sum_{j=0..gamma} p1^j)
     best = None
     for gamma in range(0, min(budget - 1, max_depth) + 1):
-        g = sum(pr(0) ** j for j in range(gamma + 1))
-        k = key(g, [1] * (gamma + 1))
+        k = key(value(chain(gamma)), [1] * (gamma + 1))
         if best is None or k > best[0]:
             best = (k, gamma)
     add("chain", {"gamma": best[1]}, chain(best[1]))
@@ -432,7 +444,7 @@ def compare_baselines(
     for k_ in range(2, B + 1):
         for d in range(1, max_depth + 1):
             t = kary_tree(k_, d, budget)
-            kk = key(t.expected_tokens(p), t.level_widths)
+            kk = key(value(t), t.level_widths)
             if best is None or kk > best[0]:
                 best = (kk, k_, d, t)
             if t.size >= budget:
@@ -440,19 +452,18 @@ def compare_baselines(
     if best is not None:
         add("k-ary", {"k": best[1], "depth": best[2]}, best[3])
 
-    # SpecInfer k x L: widths [1, k, .., k], G = 1 + sum_{r<k} p_{r+1} * sum_{j<L} p1^j
+    # SpecInfer k x L: widths [1, k, .., k] (positional G = 1 + sum_{r<k} p_{r+1} * sum_{j<L} p1^j)
     best = None
     for k_ in range(1, B + 1):
         for L in range(1, max_depth + 1):
             if 1 + k_ * L > budget:
                 break
-            g = 1.0 + sum(pr(r) for r in range(k_)) * sum(pr(0) ** j for j in range(L))
-            kk = key(g, [1] + [k_] * L)
+            kk = key(value(specinfer(k_, L)), [1] + [k_] * L)
             if best is None or kk > best[0]:
                 best = (kk, k_, L)
     if best is not None:
         add("specinfer", {"k": best[1], "length": best[2]}, specinfer(best[1], best[2]))
 
     bf_budget = budget if best_first_budget is None else best_first_budget
-    add("best-first", {"budget": bf_budget}, best_first(p, bf_budget, max_depth, max_branching))
+    add("best-first", {"budget": bf_budget}, best_first(p, bf_budget, max_depth, max_branching, by_depth=rows))
     return out

@@ -130,6 +130,10 @@ class GraftPolicy(SharedTreePolicy):
             s = self._step_of[plan.parent[p]]
             sites[s] = sites.get(s, 0) + 1
         self.graft_sites = dict(sorted(sites.items()))
+        # per graft site, its planned strong children's step nodes in rank order
+        self._graft_kids: dict[int, list[int]] = {}
+        for p in strong_nodes:
+            self._graft_kids.setdefault(self._step_of[plan.parent[p]], []).append(self._step_of[p])
         # the strong drafter runs over every ancestor-or-self of a graft site, level by level
         anc = self._step_anc = ancestor_matrix(self.step_parent)  # (n, n) bool, the full step tree's
         need = sorted({j for s in sites for j in range(plan.size) if anc[s, j]})
@@ -138,7 +142,6 @@ class GraftPolicy(SharedTreePolicy):
             lvl = [j for j in need if self.step_depth[j] == d]
             if lvl:
                 self.strong_levels.append(lvl)
-        self.strong_processed = frozenset(need)
         # re-selection: per parent depth j, the grafts under light parents there, where every one is a leaf
         # (the plan's grafted subtrees keep their positions)
         self.reselect = bool(reselect)
@@ -156,6 +159,7 @@ class GraftPolicy(SharedTreePolicy):
         self.recent_accepted = 0.0
         self.drafter_ms, self.drafter_calls = [0.0, 0.0], [0, 0]
         self._called = False
+        self._ran: dict[int, int] = {}  # this step: step node -> the planned node it is, for those the strong ran over
         self.last_features = None
         self._buffers: TreeBuffers | None = None
 
@@ -210,6 +214,7 @@ class GraftPolicy(SharedTreePolicy):
         self.drafter_ms = [t1 - t0, 0.0]
         self.drafter_calls = [int(buf.tree_depth > 0), 0]
         self._called = False
+        self._ran = {}
         if not self.graft_sites:
             return tree
         feats = spine_features(conf if conf is not None else [0.0] * tree.n, self.light_spine, self.recent_accepted)
@@ -223,44 +228,60 @@ class GraftPolicy(SharedTreePolicy):
         return tree
 
     def _graft(self, state: DecodeState, tree: StepTree, strong: Drafter, s: DraftSettings) -> None:
+        """Run the strong drafter level by level and graft its candidates. The strong drafter works in the
+        plan's step-node numbering (its slots, depths and ancestor rows are fixed by the plan); ``real`` maps
+        a planned node to the node it became in ``tree``. A site with nothing left to graft (the strong
+        drafter's mass, top-p nucleus or finite logits all lie on the light's children there) gets fewer
+        grafted children or none, and the planned nodes below a missing one are not drafted."""
         device = s.device
         n = self.plan.size
-        tokens = torch.zeros(n, dtype=torch.int64, device=device)
+        tokens = torch.zeros(n, dtype=torch.int64, device=device)  # (n,) planned step nodes' tokens
         tokens[: tree.n] = torch.tensor(tree.token_list, dtype=torch.int64, device=device)
         depth, anc = self._step_depth_t, self._step_anc_t
+        real = list(range(self.n_light)) + [-1] * (n - self.n_light)
         path_p = {0: 1.0}  # re-selection: the strong drafter's probability of each light node's root path
-        for li, nodes in enumerate(self.strong_levels):
+        for li, level in enumerate(self.strong_levels):
+            nodes = [j for j in level if real[j] >= 0]
+            if not nodes:
+                continue
             logits = strong.score_nodes(state.row, tokens, depth, anc, nodes, li == 0)
+            self._ran.update((real[j], j) for j in nodes)
             d = self.step_depth[nodes[0]]
             reselected = self.reselect and logits is not None and d in self.reselect_levels
             if reselected:
-                self._reselect(tree, tokens, nodes, logits, self.reselect_levels[d], path_p, s)
+                self._reselect(tree, nodes, logits, self.reselect_levels[d], path_p, s)
             for row, node in enumerate(nodes):
                 b = self.graft_sites.get(node)
                 if not b or (reselected and node < self.n_light):  # re-selected: the light parents' grafts
                     continue
-                exclude = [tree.token_list[c] for c in tree.children[node]]
+                at = real[node]
+                exclude = [tree.token_list[c] for c in tree.children[at]]
                 if logits is None:  # a drafter without a model: its ranked candidates, as point masses
-                    cands, _ = strong.ranked(state.seq, tree.path_tokens(node), b + len(exclude))
-                    new = [t for t in cands if t not in exclude][:b]
-                    group = CandidateGroup(None, torch.tensor(new, dtype=torch.int64, device=device), 1)
+                    cands, _ = strong.ranked(state.seq, tree.path_tokens(at), min(b + len(exclude), strong.vocab_size))
+                    new = torch.tensor([t for t in cands if t not in exclude][:b], dtype=torch.int64, device=device)
+                    group = CandidateGroup(None, new, 1)
                 elif s.greedy:
                     lg = logits[row].float().clone()
                     if exclude:
                         lg[torch.tensor(exclude, device=device)] = float("-inf")
-                    group = CandidateGroup(None, lg.topk(b).indices, 1)
+                    top = lg.topk(min(b, lg.numel()))
+                    group = CandidateGroup(None, top.indices[top.values > float("-inf")], 1)
                 else:
                     try:
                         q = process_logits(logits[row], s.temperature, s.top_p)
                     except ValueError as err:
-                        raise DecodingError(f"the strong drafter {self.names[1]!r}: {err}") from None
+                        raise DecodingError(f"the strong drafter {self.names[1]!r} at step node {at} (depth "
+                                            f"{self.step_depth[node]}): {err}") from None
                     cand, q_cond = sample_excluding(q, b, exclude, s.generator)
-                    group = CandidateGroup(q_cond, cand, 1)
-                kids = tree.add_group(node, group, merge=False)
-                for c in kids:
-                    tokens[c] = tree.token_list[c]
+                    group = CandidateGroup(q_cond, cand[q_cond[cand] > 0], 1)  # no zero-mass padding
+                if not group.tokens.numel():
+                    continue  # nothing left to graft here
+                kids = tree.add_group(at, group, merge=False)
+                for j, c in zip(self._graft_kids[node], kids):
+                    real[j] = c
+                    tokens[j] = tree.token_list[c]
 
-    def _reselect(self, tree: StepTree, tokens: torch.Tensor, nodes: Sequence[int], logits: torch.Tensor, g: int,
+    def _reselect(self, tree: StepTree, nodes: Sequence[int], logits: torch.Tensor, g: int,
                   path_p: dict[int, float], s: DraftSettings) -> None:
         """Re-select this level's g graft positions from the strong drafter's scores (TreeGraft's re-scoring):
         every light node of the level that the strong drafter ran over is a candidate parent, every token its
@@ -288,19 +309,18 @@ class GraftPolicy(SharedTreePolicy):
         for _, v, t in pairs[:g]:
             chosen.setdefault(v, []).append(t)
         for v in sorted(chosen):
-            group = CandidateGroup(None, torch.tensor(chosen[v], dtype=torch.int64, device=s.device), 1)
-            for c in tree.add_group(v, group, merge=False):
-                tokens[c] = tree.token_list[c]
+            tree.add_group(v, CandidateGroup(None, torch.tensor(chosen[v], dtype=torch.int64, device=s.device), 1),
+                           merge=False)  # leaves: the strong drafter never runs over them
 
     def commit(self, state: DecodeState, trees: Sequence[StepTree], paths: Sequence[Sequence[int]]) -> None:
         if self.commit_root_only(state):
             return
         light, strong = self.drafters
-        n_light, processed = self.n_light, self.strong_processed
+        n_light, ran = self.n_light, self._ran
         # the light tree's nodes are the step tree's first n_l (its own numbering); the strong drafter ran over
         # step nodes at their own slots
         commit_drafter(light, state, paths[0], lambda j: j if j < n_light else None, self._buffers.tree_depth)
         if strong.shares_target_cache:
             commit_drafter(strong, state, paths[0], int, self.max_depth)
-        elif self._called:
-            commit_drafter(strong, state, paths[0], lambda j: j if j in processed else None, self.max_depth + 1)
+        elif self._called:  # its cache holds the nodes it ran over at their planned slots
+            commit_drafter(strong, state, paths[0], ran.get, self.max_depth + 1)

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from ..._io import atomic_write_text, read_text_file
+from ..._io import atomic_write_text, check_numbers, read_text_file
 from ...errors import ProfileError
 
 __all__ = ["GraftFeatures", "GraftScheduler", "AlwaysGraft", "NeverGraft", "LogisticScheduler", "SCHEDULER_FORMAT",
@@ -141,6 +141,7 @@ def load_scheduler(path: str | Path, *, pair: dict[str, str] | None = None) -> L
     if not isinstance(doc, dict) or doc.get("format") != SCHEDULER_FORMAT:
         raise ProfileError(f"{path}: not a {SCHEDULER_FORMAT} file (format: "
                            f"{doc.get('format') if isinstance(doc, dict) else None!r})")
+    check_numbers(doc, str(path), ProfileError)
     if doc.get("kind", "logistic") != "logistic":  # the only kind this version reads: never run another as one
         raise ProfileError(f"{path}: scheduler kind {doc.get('kind')!r} is not one this version runs ('logistic')")
     if list(doc.get("features", [])) != list(FEATURE_NAMES):
