@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from sequoia_opt.calibration import load_calibration
+    from sequoia_opt.profiles.calibration import load_calibration
     from sequoia_opt.drafting.policies import AdaptiveTreePolicy, DynamicPolicy, TreeAdapter
     from sequoia_opt.dynamic import POLICY_NAMES, DynamicSetting
     from sequoia_opt.evaluation import TreeEntry, run_trees

@@ -19,7 +19,7 @@ from tiny_pair import make_pair  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, save_latency  # noqa: E402
-from sequoia_opt.profiles_batch import (BatchLatencyProfile, load_batch_latency, parse_batches,  # noqa: E402
+from sequoia_opt.profiles.batch import (BatchLatencyProfile, load_batch_latency, parse_batches,  # noqa: E402
                                         save_batch_latency)
 from sequoia_opt.solver import choose  # noqa: E402
 from sequoia_opt.solver.batch import choose_per_batch, load_plan, tree_for_batch  # noqa: E402

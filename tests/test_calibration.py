@@ -13,7 +13,7 @@ import torch
 import yaml
 from test_decoding import PROMPTS, _model, _perturbed
 
-from sequoia_opt.calibration import (CALIBRATION_FORMAT, MIN_BIN_COUNT, CalibrationProfile, RecordedStep,
+from sequoia_opt.profiles.calibration import (CALIBRATION_FORMAT, MIN_BIN_COUNT, CalibrationProfile, RecordedStep,
                                      load_calibration, save_calibration)
 from sequoia_opt.drafting import ModelDrafter
 from sequoia_opt.dynamic import DynamicSetting

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import make_pair  # noqa: E402
 
-from sequoia_opt.calibration import CalibrationProfile, RecordedStep, load_calibration, save_calibration  # noqa: E402
+from sequoia_opt.profiles.calibration import CalibrationProfile, RecordedStep, load_calibration, save_calibration  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.dynamic import DynamicSetting  # noqa: E402
 from sequoia_opt.exports import DYNAMIC_FORMAT, load_dynamic_setting  # noqa: E402
@@ -89,7 +89,7 @@ def test_solve_dynamic_prints_the_table_and_writes_the_chosen_setting(files, tmp
                                  "target": "target", "draft": "draft"}
     assert setting.steps <= 2 and setting.topk <= 2 and setting.budget <= 8
     # the file's prediction is the predictor's for that setting
-    from sequoia_opt.calibration import load_calibration
+    from sequoia_opt.profiles.calibration import load_calibration
     from sequoia_opt.profiles import load_latency
 
     p = predict_setting(load_calibration(cal), setting, load_latency(lat))
@@ -207,7 +207,7 @@ def test_run_dynamic_on_the_tiny_pair(workdir, files, tmp_path):
     assert list(rows) == ["plain", "eagle:s2-k2-n4"]
     row = rows["eagle:s2-k2-n4"]
     assert row["mismatches"] == 0 and row["new_tokens"] == 2 * 8
-    from sequoia_opt.calibration import load_calibration
+    from sequoia_opt.profiles.calibration import load_calibration
     from sequoia_opt.profiles import load_latency
 
     pred = predict_setting(load_calibration(cal), DynamicSetting("eagle", 2, 2, 4), load_latency(lat), max_steps=200)

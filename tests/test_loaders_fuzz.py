@@ -19,14 +19,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sequoia_opt.calibration import CalibrationProfile, RecordedStep, load_calibration
+from sequoia_opt.profiles.calibration import CalibrationProfile, RecordedStep, load_calibration
 from sequoia_opt.cli import app
 from sequoia_opt.drafting.policies import load_scheduler
 from sequoia_opt.engines.llamacpp import parse_setting_file
 from sequoia_opt.errors import ProfileWarning, TreeoptError
 from sequoia_opt.exports import load_any_tree, load_dynamic_setting
 from sequoia_opt.profiles import load_acceptance, load_latency, load_pair_acceptance
-from sequoia_opt.profiles_batch import load_batch_latency
+from sequoia_opt.profiles.batch import load_batch_latency
 from sequoia_opt.solver.batch import load_plan
 from sequoia_opt.tree import load_drafter_tree
 

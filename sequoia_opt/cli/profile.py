@@ -415,7 +415,7 @@ def profile_acceptance(
 def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, top_p, seed, max_new_tokens,
                          num_prompts, dev, dt, backend, output, as_json) -> None:
     """``profile acceptance --calibration``: record, build, write and show the calibration profile."""
-    from ..calibration import save_calibration
+    from ..profiles.calibration import save_calibration
     from ..pipeline import default_acceptance_path
     from ..profiling.calibration import build_calibration_profile, measure_calibration
     from ..device import device_name

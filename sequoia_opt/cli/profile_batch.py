@@ -29,7 +29,7 @@ def check_batch_options(batch: Optional[str], offload: bool, device: torch.devic
     if batch is None:
         return None
     from ..pipeline import parse_drafter_spec
-    from ..profiles_batch import parse_batches
+    from ..profiles.batch import parse_batches
 
     batches = parse_batches(batch)
     if draft is not None and not parse_drafter_spec(draft).entry.loads_model:
@@ -73,7 +73,7 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
         report.data = {"profile": curve.to_dict(), "offload": info, "output": str(out)}
         render(report, as_json)
         return
-    from ..profiles_batch import save_batch_latency
+    from ..profiles.batch import save_batch_latency
     from ..profiling.batch import profile_batches
 
     with progress_bar() as progress:

@@ -767,7 +767,7 @@ def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], l
     if calibration is not None and (not latency or len(latency) != 1):
         raise TreeoptError("--calibration predicts a setting's tokens/s with one --latency profile: add -l")
     if calibration is not None:
-        from ..calibration import load_calibration
+        from ..profiles.calibration import load_calibration
         from ..profiles import load_latency
         from ..solver.dynamic import predict_setting
 
@@ -826,9 +826,9 @@ def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: 
     if not settings:
         return []
     if calibration is not None:
-        from ..calibration import load_calibration
+        from ..profiles.calibration import load_calibration
         from ..profiles import load_latency
-        from .solve_dynamic import calibration_warnings, same_pair
+        from ..profiles.calibration import calibration_warnings, same_pair
 
         cal = load_calibration(calibration)
         same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name))
@@ -1001,7 +1001,7 @@ def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, w
     from ..drafting.policies import AdaptiveTreePolicy, TreeAdapter
     from ..evaluation import TreeEntry
     from ..profiles import load_acceptance, load_latency
-    from .solve import SINGLE_DEFAULTS
+    from ..solver.hardware import SINGLE_DEFAULTS
 
     acc, curve = load_acceptance(acceptance), load_latency(latency)
     measured = curve.max_target_tokens()

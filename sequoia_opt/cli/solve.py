@@ -20,6 +20,7 @@ from typing_extensions import Annotated
 from .._io import atomic_write_text
 from ..errors import TreeoptError
 from ..report import Report
+from ..solver.hardware import SINGLE_DEFAULTS
 from ..tree import Tree, TreeMetadata, now_iso
 from .common import ContextOpt, FormatOpt, JsonOpt, OutputOpt, app, handle_errors
 from .render import render
@@ -64,8 +65,6 @@ LatenciesOpt = Annotated[Optional[list[Path]], typer.Option(
 PairAcceptanceOpt = Annotated[Optional[Path], typer.Option(
     "--pair-acceptance", help="Pair profile of a light and a strong drafter (treeopt-acceptance-pair/1, treeopt "
     "profile graft): solve the grafted tree both grow, from it and two -a / -l (light first).")]
-#: The single-drafter limits when none is given (a grafted tree's are in _solve_graft).
-SINGLE_DEFAULTS = {"budget": 128, "max_depth": 16, "max_branching": 32}
 
 
 @app.command()

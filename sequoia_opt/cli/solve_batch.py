@@ -22,7 +22,7 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     """Every check first (one line, exit 2), then one :func:`choose` per batch size, the table and the plan."""
     from .. import exports
     from ..profiles import load_acceptance, warn_on_mismatch
-    from ..profiles_batch import load_batch_latency, parse_batches
+    from ..profiles.batch import load_batch_latency, parse_batches
     from ..solver.batch import choose_per_batch, plan_document, save_plan
     from ..solver.depth import solve_profile
 

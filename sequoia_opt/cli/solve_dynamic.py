@@ -18,45 +18,11 @@ from ..report import Report
 from .render import render
 
 
-def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None = None) -> None:
-    """Refuse a calibration profile of another model pair than the latency profile's, the acceptance
-    profile's (``acc``) or the run's (``run``: its target and draft names): one line, exit 2."""
-    others = [("the latency profile's", {"target": curve.model.get("target"), "draft": curve.model.get("draft")})]
-    if acc is not None:
-        others.append(("the acceptance profile's", acc.measured))
-    if run is not None:
-        others.append(("this run's", {"target": run[0], "draft": run[1]}))
-    for label, other in others:
-        for key in ("target", "draft"):
-            a, b = cal.measured.get(key), other.get(key)
-            if a is not None and b is not None and str(a).lower() != str(b).lower():
-                raise SolverError(f"the calibration profile {cal.id!r} is of {key} {a!r} but {label} {key} is "
-                                  f"{b!r}: profiles of another pair predict nothing here")
-
-
-def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any = None) -> list[str]:
-    """What makes a calibration profile's predictions doubtful here: too few calibrated bins, or another
-    decoding mode than the run's (``temperature``) or the static tree's acceptance profile (``acc``)."""
-    out = []
-    k = cal.calibrated_bins()
-    if k < 3:
-        out.append(f"calibration profile {cal.id!r} has only {k} bin(s) with enough reached candidates: its predictions "
-                   "are not meaningful (record more prompts or tokens)")
-    mode = lambda t: "greedy" if float(t or 0) == 0 else f"sampling at temperature {float(t):g}"  # noqa: E731
-    if temperature is not None and mode(temperature) != mode(cal.temperature):
-        out.append(f"calibration profile {cal.id!r} was recorded in {mode(cal.temperature)} mode, this run decodes in "
-                   f"{mode(temperature)} mode")
-    if acc is not None and mode(acc.measured.get("temperature")) != mode(cal.temperature):
-        out.append(f"the calibration profile is {mode(cal.temperature)}, the acceptance profile "
-                   f"{mode(acc.measured.get('temperature'))}: the static row is another decoding mode")
-    return out
-
-
 def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: Optional[list[Path]], *,
                   budget: Optional[int], max_depth: Optional[int], policies: Optional[str], context: Optional[int],
                   output: Optional[Path], fmt: Optional[str], as_json: bool) -> None:
     from .. import exports
-    from ..calibration import load_calibration
+    from ..profiles.calibration import calibration_warnings, load_calibration, same_pair
     from ..dynamic import POLICY_NAMES
     from ..profiles import load_acceptance, load_latency
     from ..solver import choose
@@ -115,7 +81,7 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     static = static_model = None
     if acc is not None:  # the static tree as treeopt solve finds and scores it: its limits and value model
         from ..solver.depth import solve_profile
-        from .solve import SINGLE_DEFAULTS
+        from ..solver.hardware import SINGLE_DEFAULTS
 
         depth, branching = max_depth or SINGLE_DEFAULTS["max_depth"], SINGLE_DEFAULTS["max_branching"]
         sol, static_model = solve_profile(acc, limit, depth, branching)

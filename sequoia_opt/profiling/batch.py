@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from ..model import Transformer
-from ..profiles_batch import BatchLatencyProfile
+from ..profiles.batch import BatchLatencyProfile
 from ..tree import Tree, now_iso
 from .latency import ProgressFn, build_latency_profile, profile_model
 

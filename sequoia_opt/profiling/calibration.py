@@ -1,5 +1,5 @@
 """Measure a drafter's calibration: record wide draft trees and the target's verdict on every node
-(:mod:`sequoia_opt.calibration` says what is recorded and why it gives each candidate's acceptance)."""
+(:mod:`sequoia_opt.profiles.calibration` says what is recorded and why it gives each candidate's acceptance)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..calibration import CalibrationProfile, RecordedStep
+from ..profiles.calibration import CalibrationProfile, RecordedStep
 from ..decoding import Decoder, StepView
 from ..decoding.sampling import argmax_tokens, process_logits
 from ..drafting.drafters import Drafter
@@ -56,7 +56,7 @@ def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter],
         max_new_tokens: tokens generated per prompt.
 
     Returns:
-        One :class:`~sequoia_opt.calibration.RecordedStep` per step that drafted (root-only steps near the end of
+        One :class:`~sequoia_opt.profiles.calibration.RecordedStep` per step that drafted (root-only steps near the end of
         the context are skipped).
 
     Raises:
@@ -117,7 +117,7 @@ def _record(policy: DynamicPolicy, tree, logits: torch.Tensor, temperature: floa
 def build_calibration_profile(steps: list[RecordedStep], *, profile_id: str, target_name: str, draft_name: str,
                               temperature: float, top_p: float, recording_steps: int, recording_topk: int,
                               **measured) -> CalibrationProfile:
-    """Wrap recorded steps in a :class:`~sequoia_opt.calibration.CalibrationProfile` with what was measured."""
+    """Wrap recorded steps in a :class:`~sequoia_opt.profiles.calibration.CalibrationProfile` with what was measured."""
     meta = {"target": target_name, "draft": draft_name, "temperature": float(temperature), "top_p": float(top_p),
             "recording": {"steps": int(recording_steps), "topk": int(recording_topk)},
             "draft_probability": ("the draft's softmax at temperature 1" if temperature == 0 else

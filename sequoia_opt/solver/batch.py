@@ -3,7 +3,7 @@
 At batch b one step costs ``draft_ms(b) + T(b, n) + overhead(b)`` and emits G(tree) tokens in every one of the
 b sequences, so the tree maximising tokens/s per sequence also maximises the batch's total (b times it): the
 batch-b choice is :func:`~sequoia_opt.solver.hardware.choose` on the batch-b curve of a
-:class:`~sequoia_opt.profiles_batch.BatchLatencyProfile` (Sequoia, Chen et al. 2024, section 4.2, with
+:class:`~sequoia_opt.profiles.batch.BatchLatencyProfile` (Sequoia, Chen et al. 2024, section 4.2, with
 T(b, n) for T(n)). As b grows, T(b, n) bends up at smaller n and the chosen tree shrinks towards root-only
 (plain decoding) once verification is compute-bound.
 
@@ -43,8 +43,8 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from ..profiles import MAX_TOKENS, _check_format, _load_yaml, check_integer
-from ..profiles_batch import BatchLatencyProfile
+from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integer
+from ..profiles.batch import BatchLatencyProfile
 from ..tree import Tree, now_iso
 from .dp import DPSolution
 from .hardware import Choice, choose

@@ -1,7 +1,7 @@
 """Predicting dynamic-tree settings and choosing the hardware-aware one.
 
 Method (simulation over recorded draft distributions, then calibration): for each recorded step of a
-:class:`~sequoia_opt.calibration.CalibrationProfile`, the setting's rule (:func:`sequoia_opt.dynamic.grow`,
+:class:`~sequoia_opt.profiles.calibration.CalibrationProfile`, the setting's rule (:func:`sequoia_opt.dynamic.grow`,
 the decoder's own code) runs over the recorded draft tree instead of a live drafter (:class:`ReplayExpander`:
 a node's candidates are its recorded children, by rank, with their draft probabilities and the node's
 entropy). The rule's tree is then valued as Sequoia values a tree (expected tokens per step = 1 + the sum over
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..calibration import CalibrationProfile, RecordedStep
+from ..profiles.calibration import CalibrationProfile, RecordedStep
 from ..dynamic import POLICY_NAMES, CandidateTree, DynamicSetting, Expansion, grow, max_tree_size
 from ..errors import ProfileError
 from ..profiles import LatencyCurve

@@ -45,6 +45,11 @@ from ..tree import Tree
 from .dp import DPSolution, solve_dp
 
 
+#: The single-drafter limits of ``treeopt solve`` / ``run`` when none is given: budget (nodes incl. the root), depth
+#: D and branching B (a grafted tree's are in the graft solve).
+SINGLE_DEFAULTS = {"budget": 128, "max_depth": 16, "max_branching": 32}
+
+
 @dataclass(frozen=True)
 class StepCost:
     """Predicted cost of one decoding step (all in ms) and the resulting rates.

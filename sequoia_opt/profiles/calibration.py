@@ -52,9 +52,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
-from ._io import atomic_write_text
-from .errors import ProfileError
-from .profiles import MAX_TOKENS, _check_format, _load_yaml, check_integer, wilson_interval
+from .._io import atomic_write_text
+from ..errors import ProfileError, SolverError
+from .common import MAX_TOKENS, _check_format, _load_yaml, check_integer, wilson_interval
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
            "save_calibration"]
@@ -392,3 +392,37 @@ def save_calibration(path: str | Path, profile: CalibrationProfile) -> Path:
     d = profile.to_dict()
     Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return atomic_write_text(path, yaml.dump(d, Dumper=Dumper, sort_keys=False, default_flow_style=None))
+
+
+def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None = None) -> None:
+    """Refuse a calibration profile of another model pair than the latency profile's, the acceptance
+    profile's (``acc``) or the run's (``run``: its target and draft names): one line, exit 2."""
+    others = [("the latency profile's", {"target": curve.model.get("target"), "draft": curve.model.get("draft")})]
+    if acc is not None:
+        others.append(("the acceptance profile's", acc.measured))
+    if run is not None:
+        others.append(("this run's", {"target": run[0], "draft": run[1]}))
+    for label, other in others:
+        for key in ("target", "draft"):
+            a, b = cal.measured.get(key), other.get(key)
+            if a is not None and b is not None and str(a).lower() != str(b).lower():
+                raise SolverError(f"the calibration profile {cal.id!r} is of {key} {a!r} but {label} {key} is "
+                                  f"{b!r}: profiles of another pair predict nothing here")
+
+
+def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any = None) -> list[str]:
+    """What makes a calibration profile's predictions doubtful here: too few calibrated bins, or another
+    decoding mode than the run's (``temperature``) or the static tree's acceptance profile (``acc``)."""
+    out = []
+    k = cal.calibrated_bins()
+    if k < 3:
+        out.append(f"calibration profile {cal.id!r} has only {k} bin(s) with enough reached candidates: its predictions "
+                   "are not meaningful (record more prompts or tokens)")
+    mode = lambda t: "greedy" if float(t or 0) == 0 else f"sampling at temperature {float(t):g}"  # noqa: E731
+    if temperature is not None and mode(temperature) != mode(cal.temperature):
+        out.append(f"calibration profile {cal.id!r} was recorded in {mode(cal.temperature)} mode, this run decodes in "
+                   f"{mode(temperature)} mode")
+    if acc is not None and mode(acc.measured.get("temperature")) != mode(cal.temperature):
+        out.append(f"the calibration profile is {mode(cal.temperature)}, the acceptance profile "
+                   f"{mode(acc.measured.get('temperature'))}: the static row is another decoding mode")
+    return out

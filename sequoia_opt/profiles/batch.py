@@ -36,9 +36,10 @@ from typing import Any, Mapping
 
 import yaml
 
-from ._io import atomic_write_text
-from .errors import ProfileError
-from .profiles import LATENCY_FORMAT, MAX_TOKENS, LatencyCurve, _check_format, _load_yaml, check_integer
+from .._io import atomic_write_text
+from ..errors import ProfileError
+from .common import LATENCY_FORMAT, MAX_TOKENS, _check_format, _load_yaml, check_integer
+from .latency import LatencyCurve
 
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
 

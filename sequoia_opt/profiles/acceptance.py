@@ -1,0 +1,195 @@
+"""The positional acceptance profile, ``treeopt-acceptance/1`` (the format: :mod:`sequoia_opt.profiles`): p_1..p_K
+with their counts, per-depth vectors, intervals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import yaml
+
+from .._io import atomic_write_text
+from ..errors import ProfileError
+from .common import (ACCEPTANCE_FORMAT, MAX_COUNT, MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain,
+                     check_integer, validate_acceptance)
+
+# ---------------------------------------------------------------------------------------------- acceptance
+@dataclass
+class AcceptanceProfile:
+    """A measured (or example) positional acceptance vector (Sequoia section 3.1).
+
+    Attributes:
+        id: profile id recorded in tree metadata (the ``id`` key or the file stem).
+        acceptance: (K,) float64, ``p_k`` = probability the k-th candidate is the accepted one.
+        counts: (K+1,) int64 or None; per-candidate accept counts, last entry = all rejected.
+        measured: what was measured (target, draft, mode, temperature, top_p, width, num_samples, date,
+            device, dtype, prompts).
+        by_depth: optional depth -> (K,) vector.
+        example: True for illustrative data that was not measured.
+        source: free text on where the numbers come from.
+    """
+
+    id: str
+    acceptance: np.ndarray
+    counts: np.ndarray | None = None
+    measured: dict[str, Any] = field(default_factory=dict)
+    by_depth: dict[int, np.ndarray] = field(default_factory=dict)
+    example: bool = False
+    source: str | None = None
+
+    @property
+    def width(self) -> int:
+        """K, the number of candidate positions in the vector."""
+        return int(self.acceptance.size)
+
+    @property
+    def num_samples(self) -> int | None:
+        """Total samples behind the vector (sum of counts), or ``measured.num_samples``, or None."""
+        if self.counts is not None:
+            return int(self.counts.sum())
+        n = self.measured.get("num_samples")
+        return int(n) if isinstance(n, int) and not isinstance(n, bool) else None
+
+    def confidence_interval(self, z: float = 1.959963984540054) -> np.ndarray:
+        """Wilson score interval for every ``p_k``: ``(K, 2)`` array of (low, high), default 95 %.
+
+        Raises ProfileError when the profile carries no ``counts``.
+        """
+        if self.counts is None:
+            raise ProfileError(f"acceptance profile {self.id!r} has no counts; a confidence interval needs them")
+        n = float(self.counts.sum())
+        k = self.counts[:-1].astype(np.float64)
+        phat = k / n
+        z2 = z * z
+        centre = (phat + z2 / (2 * n)) / (1 + z2 / n)
+        half = z * np.sqrt(phat * (1 - phat) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+        return np.stack([np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)], axis=1)
+
+    def depth_rows(self) -> np.ndarray:
+        """(R, K) per-depth vectors for :func:`~sequoia_opt.solver.solve_dp_by_depth`: row r for children at
+        depth r + 1, R = the deepest measured depth; a depth left out (too few trials) repeats the row above
+        it. Without per-depth vectors: the pooled vector as the single row."""
+        if not self.by_depth:
+            return self.acceptance[None, :].copy()
+        rows, last = [], self.acceptance
+        for d in range(1, max(self.by_depth) + 1):
+            last = self.by_depth.get(d, last)
+            rows.append(last)
+        return np.stack(rows)
+
+    @property
+    def positional_consistent(self) -> bool | None:
+        """Whether the acceptance mass of every measured depth agreed with the pooled one (the positional
+        assumption, Sequoia section 3.1; ``measured.positional_consistent``, written by ``treeopt profile
+        acceptance``); None when not recorded."""
+        v = self.measured.get("positional_consistent")
+        return None if v is None else bool(v)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": ACCEPTANCE_FORMAT, "id": self.id}
+        if self.example:
+            d["example"] = True
+        if self.source:
+            d["source"] = self.source
+        d["measured"] = _plain(dict(self.measured))
+        d["acceptance"] = [float(x) for x in self.acceptance]
+        if self.counts is not None:
+            d["counts"] = [int(x) for x in self.counts]
+        if self.by_depth:
+            d["acceptance_by_depth"] = {int(k): [float(x) for x in v] for k, v in sorted(self.by_depth.items())}
+        return d
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "acceptance profile", default_id: str = "acceptance") -> "AcceptanceProfile":
+        """Validate a parsed ``treeopt-acceptance/1`` mapping. Raises ProfileError with one line."""
+        _check_format(doc, ACCEPTANCE_FORMAT, source)
+        if "acceptance" not in doc:
+            raise ProfileError(f"{source}: missing key 'acceptance' (the K-entry vector p_1..p_K)")
+        p = validate_acceptance(doc["acceptance"], error=ProfileError, what=f"{source}: 'acceptance'")
+        measured = doc.get("measured") or {}
+        if not isinstance(measured, dict):
+            raise ProfileError(f"{source}: 'measured' must be a mapping")
+        mode = measured.get("mode")
+        if mode is not None and mode not in ("greedy", "sampling"):
+            raise ProfileError(f"{source}: measured.mode is {mode!r}, expected 'greedy' or 'sampling'")
+        for key in ("temperature", "top_p", "tokens_per_step"):
+            if measured.get(key) is not None:
+                _number(measured[key], f"{source}: measured.{key}")
+        t, top_p = measured.get("temperature"), measured.get("top_p")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ProfileError(f"{source}: measured.top_p = {top_p} must be in (0, 1]")
+        if mode is not None and t is not None and (mode == "greedy") != (t == 0):
+            raise ProfileError(f"{source}: measured.mode is {mode!r} but measured.temperature is {t}; greedy is "
+                               "temperature 0 and sampling a temperature > 0")
+        for key in ("width", "num_samples", "num_prompts", "steps", "max_new_tokens"):
+            v = measured.get(key)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ProfileError(f"{source}: measured.{key} = {v!r} must be a non-negative integer")
+                check_integer(v, f"{source}: measured.{key}", high=MAX_TOKENS if key == "width" else MAX_COUNT)
+        # the sizes a profile states must agree with its data (a hand-edited or truncated vector otherwise
+        # solves for another K without a word)
+        if measured.get("width") is not None and measured["width"] != p.size:
+            raise ProfileError(f"{source}: measured.width is {measured['width']} but 'acceptance' has {p.size} "
+                               "entries; the two must agree (K)")
+        counts = None
+        if doc.get("counts") is not None:
+            raw = doc["counts"]
+            if not isinstance(raw, list) or len(raw) != p.size + 1:
+                raise ProfileError(f"{source}: 'counts' must list K + 1 = {p.size + 1} integers (the last = all rejected)")
+            for i, c in enumerate(raw):
+                if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                    raise ProfileError(f"{source}: counts[{i}] = {c!r} must be a non-negative integer")
+                check_integer(c, f"{source}: counts[{i}]")
+            counts = np.asarray(raw, dtype=np.int64)
+            if counts.sum() == 0:
+                raise ProfileError(f"{source}: 'counts' are all zero")
+            implied = counts[:-1] / counts.sum()
+            worst = int(np.argmax(np.abs(implied - p)))
+            if abs(implied[worst] - p[worst]) > 1e-3:
+                raise ProfileError(
+                    f"{source}: acceptance p_{worst + 1} = {p[worst]:.6g} disagrees with counts "
+                    f"({implied[worst]:.6g} = {counts[worst]}/{counts.sum()})"
+                )
+            if measured.get("num_samples") is not None and measured["num_samples"] != int(counts.sum()):
+                raise ProfileError(f"{source}: measured.num_samples is {measured['num_samples']} but 'counts' sum "
+                                   f"to {int(counts.sum())}; the two must agree")
+        by_depth: dict[int, np.ndarray] = {}
+        raw_depth = doc.get("acceptance_by_depth") or {}
+        if not isinstance(raw_depth, dict):
+            raise ProfileError(f"{source}: 'acceptance_by_depth' must map depth -> vector")
+        for k, v in raw_depth.items():
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ProfileError(f"{source}: acceptance_by_depth key {k!r} must be a depth >= 1")
+            check_integer(k, f"{source}: acceptance_by_depth key", low=1, high=MAX_TOKENS)
+            by_depth[k] = validate_acceptance(v, error=ProfileError, what=f"{source}: acceptance_by_depth[{k}]")
+            if by_depth[k].size != p.size:
+                raise ProfileError(f"{source}: acceptance_by_depth[{k}] has {by_depth[k].size} entries but "
+                                   f"'acceptance' has {p.size}; every vector of a profile has K entries")
+        pid = doc.get("id", default_id)
+        if not isinstance(pid, str) or not pid:
+            raise ProfileError(f"{source}: 'id' must be a non-empty string")
+        return cls(
+            id=pid,
+            acceptance=p,
+            counts=counts,
+            measured=dict(measured),
+            by_depth=by_depth,
+            example=_flag(doc, "example", source),
+            source=doc.get("source"),
+        )
+
+
+def load_acceptance(path: str | Path) -> AcceptanceProfile:
+    """Read and validate a ``treeopt-acceptance/1`` YAML file. Raises ProfileError (also if missing)."""
+    doc, p = _load_yaml(path, "acceptance")
+    return AcceptanceProfile.from_dict(doc, source=str(p), default_id=p.stem)
+
+
+def save_acceptance(path: str | Path, profile: AcceptanceProfile) -> Path:
+    """Validate and write an acceptance profile atomically. Returns the path."""
+    d = profile.to_dict()
+    AcceptanceProfile.from_dict(d, source=str(path))
+    return atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, default_flow_style=None))

@@ -1,0 +1,86 @@
+"""Cross-checks of the profiles a command is given: were they measured on this device, in this precision, for this
+pair (:func:`warn_on_mismatch`)? One warning line each; nothing is refused."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .acceptance import AcceptanceProfile
+from .latency import LatencyCurve
+
+# ---------------------------------------------------------------------------------------------- mismatch
+_DEVICE_TYPE = re.compile(r"(cpu|cuda|mps|xpu|hip)(:\d+)?")
+
+
+def same_device(recorded: Any, name: Any, device_type: str | None = None) -> bool:
+    """Whether a profile's recorded device is the device ``name`` (of torch type ``device_type``). Profiles
+    record the device's name (``sequoia_opt.device.device_name``: the CPU model, the GPU's name); files
+    written before acceptance profiles did hold its type (``cpu``, ``cuda:0``), which matches every device of
+    that type (one device, one name: "cpu" and "AMD EPYC 7B13" are the same machine). Names compare without
+    case or surrounding blanks.
+    """
+    r, n = str(recorded).strip().lower(), str(name).strip().lower()
+    r_type, n_type = _DEVICE_TYPE.fullmatch(r), _DEVICE_TYPE.fullmatch(n)
+    if r_type and n_type:
+        return r_type.group(1) == n_type.group(1)
+    if r_type:
+        return device_type is None or r_type.group(1) == device_type.strip().lower().split(":")[0]
+    if n_type:
+        return True  # the caller knows only the type: a name cannot be told apart from it
+    return r == n
+
+
+def warn_on_mismatch(
+    *,
+    acceptance: AcceptanceProfile | None = None,
+    latency: LatencyCurve | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    target: str | None = None,
+    draft: str | None = None,
+    device_type: str | None = None,
+) -> list[str]:
+    """Warnings (strings, one per problem) when the profiles were measured on another device / dtype / model
+    pair than the one in use, or disagree with each other. Values that are unknown on either side are not
+    compared. ``device`` is the device's name (``sequoia_opt.device.device_name``), ``device_type`` its torch
+    type (``cpu``, ``cuda``), for profiles that recorded only a type (:func:`same_device`). Returns ``[]``
+    when everything matches.
+    """
+    out: list[str] = []
+
+    def cmp(label: str, have: Any, want: Any, pid: str) -> None:
+        if have is None or want is None:
+            return
+        if label == "device":
+            differs = not same_device(have, want, device_type)
+        else:
+            differs = str(have).strip().lower() != str(want).strip().lower()
+        if differs:
+            out.append(f"profile {pid!r} was measured with {label} {have!r}, but this run uses {want!r}")
+
+    if acceptance is not None:
+        m = acceptance.measured
+        cmp("target", m.get("target"), target, acceptance.id)
+        cmp("draft", m.get("draft"), draft, acceptance.id)
+        cmp("device", m.get("device"), device, acceptance.id)
+        cmp("dtype", m.get("dtype"), dtype, acceptance.id)
+        if acceptance.example:
+            out.append(f"acceptance profile {acceptance.id!r} is EXAMPLE data, not a measurement")
+    if latency is not None:
+        cmp("device", latency.device.get("name"), device, latency.id)
+        cmp("dtype", latency.device.get("dtype"), dtype, latency.id)
+        cmp("target", latency.model.get("target"), target, latency.id)
+        cmp("draft", latency.model.get("draft"), draft, latency.id)
+        if latency.example:
+            out.append(f"latency profile {latency.id!r} is EXAMPLE data, not a measurement")
+    if acceptance is not None and latency is not None:
+        for key, lk in (("target", "target"), ("draft", "draft")):
+            a, b = acceptance.measured.get(key), latency.model.get(lk)
+            if a is not None and b is not None and str(a).lower() != str(b).lower():
+                out.append(f"the acceptance profile's {key} {a!r} differs from the latency profile's {b!r}")
+        a_cost = acceptance.measured.get("draft_cost_model")
+        if a_cost is not None and str(a_cost) != latency.cost_model:
+            out.append(f"the acceptance profile's drafter has cost model {a_cost!r} but the latency profile charges "
+                       f"{latency.cost_model!r}: the predicted cost is that of another kind of drafter")
+    return out

@@ -1,0 +1,179 @@
+"""What every profile format shares: the format names, the bounds on numbers, the acceptance-vector check, the
+Wilson interval, and the YAML reading and field helpers every loader uses (one line per problem, naming the file
+and the key)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import yaml
+
+from .._io import check_numbers, read_text_file
+from ..errors import ProfileError, SolverError
+
+ACCEPTANCE_FORMAT = "treeopt-acceptance/1"
+
+
+LATENCY_FORMAT = "treeopt-latency/1"
+
+
+#: A light and a strong drafter measured together (:class:`PairAcceptanceProfile`, issue 16).
+PAIR_ACCEPTANCE_FORMAT = "treeopt-acceptance-pair/1"
+
+
+#: Slack allowed on ``sum(p) <= 1`` for rounding in profiles written by hand or by other tools.
+SUM_TOLERANCE = 1e-6
+
+
+#: The drafter cost models a latency profile's draft table may declare (the first is the default).
+DRAFT_COST_MODELS = ("per-level", "one-pass")
+
+
+_WRONG_TIME_UNITS = ("_s", "_sec", "_secs", "_seconds", "_us", "_ns", "_usec", "_millis")
+
+
+#: The largest count a file may hold (acceptance counts, trials, samples): 2**53, the largest integer a
+#: float64 holds exactly (counts are divided in float64, and a sum of 1024 of them still fits int64).
+MAX_COUNT = 2**53
+
+
+#: The largest token count, context length, batch size, depth or width a file may hold (2**31 - 1).
+MAX_TOKENS = 2**31 - 1
+
+
+#: The largest time a file may hold, in ms (1e9 ms, about 11.6 days: past it a figure is not a measurement).
+MAX_MS = 1e9
+
+
+#: A forward over n > 1 tokens measured below this fraction of the one-token forward is implausible (more
+#: work in less than half the time: noise, a machine under other load, a cache effect): loading warns.
+IMPLAUSIBLE_FRACTION = 0.5
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def validate_acceptance(acceptance: Any, *, error: type[Exception] = SolverError, what: str = "acceptance vector") -> np.ndarray:
+    """Check a positional acceptance vector and return it as a ``(K,)`` float64 array.
+
+    Raises ``error`` (default :class:`SolverError`) with one line when it is not a 1-D sequence of numbers,
+    is empty, holds NaN / inf or a negative entry, or sums above ``1 + SUM_TOLERANCE`` (Sequoia section 3.1:
+    the entries are probabilities of disjoint events).
+    """
+    if isinstance(acceptance, (str, bytes)) or isinstance(acceptance, Mapping):
+        raise error(f"{what} must be a list of probabilities, got {type(acceptance).__name__}")
+    try:
+        p = np.asarray(acceptance, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise error(f"{what} must be a list of numbers") from None
+    if p.ndim != 1:
+        raise error(f"{what} must be a flat list of probabilities, got shape {p.shape}")
+    if p.size == 0:
+        raise error(f"{what} is empty: it needs at least one entry p_1")
+    bad = np.nonzero(~np.isfinite(p))[0]
+    if bad.size:
+        raise error(f"{what} entry p_{bad[0] + 1} is {p[bad[0]]} (must be a finite probability)")
+    neg = np.nonzero(p < 0)[0]
+    if neg.size:
+        raise error(f"{what} entry p_{neg[0] + 1} = {p[neg[0]]} is negative")
+    total = float(p.sum())
+    if total > 1.0 + SUM_TOLERANCE:
+        raise error(f"{what} sums to {total:.6g} > 1 (entries are probabilities of disjoint events)")
+    return p
+
+
+def wilson_interval(k: float, n: float, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval (low, high) for a proportion of ``k`` successes in ``n`` trials, default 95 %
+    (``k`` may be an expected count); (0, 1) when ``n`` is 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    phat, z2 = k / n, z * z
+    centre = (phat + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(max(phat * (1 - phat), 0.0) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
+def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
+    path = Path(path)
+    text = read_text_file(path, error=ProfileError, what=f"{kind} profile")
+    try:
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as err:
+        raise ProfileError(f"{path}: not valid YAML ({err.__class__.__name__})") from None
+    article = "an" if kind[:1] in "aeiou" else "a"
+    if doc is None:
+        raise ProfileError(f"{path}: the file is empty (expected {article} {kind} profile)")
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{path}: {article} {kind} profile must be a YAML mapping with a 'format' key")
+    check_numbers(doc, str(path), ProfileError)
+    return doc, path
+
+
+def _check_format(doc: Mapping[str, Any], expected: str, src: str) -> None:
+    fmt = doc.get("format")
+    if fmt == expected:
+        return
+    family = expected.split("/")[0]
+    if isinstance(fmt, str) and fmt.startswith(family + "/"):
+        raise ProfileError(f"{src}: format version {fmt!r} is not supported; this version reads {expected!r}")
+    raise ProfileError(f"{src}: format is {fmt!r}, expected {expected!r}")
+
+
+def _number(value: Any, where: str, *, positive: bool = False, high: float | None = None) -> float:
+    """A finite, non-negative (``positive``: > 0) number, at most ``high``; ProfileError naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ProfileError(f"{where} must be a number, got {value!r}")
+    try:
+        v = float(value)
+    except OverflowError:  # an integer past float64's range
+        raise ProfileError(f"{where} = {value} is out of range (must be finite)") from None
+    if not math.isfinite(v):
+        raise ProfileError(f"{where} is {v} (must be finite)")
+    if v < 0 or (positive and v == 0):
+        raise ProfileError(f"{where} = {v} must be {'positive' if positive else 'non-negative'}")
+    if high is not None and v > high:
+        raise ProfileError(f"{where} = {v:g} is out of range (at most {high:g})")
+    return v
+
+
+def check_integer(value: Any, where: str, *, low: int = 0, high: int = MAX_COUNT,
+                  error: type[Exception] = ProfileError) -> int:
+    """An integer in ``[low, high]`` from a file (bools, floats, inf and NaN refused: a count is written as an
+    integer), as a Python int; otherwise ``error`` with one line naming ``where`` and the range. The bounds
+    keep every value inside int64 (:data:`MAX_COUNT`, :data:`MAX_TOKENS`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise error(f"{where} = {value!r} must be an integer >= {low}")
+    if value < low:
+        raise error(f"{where} = {value} must be an integer >= {low}")
+    if value > high:
+        raise error(f"{where} = {value} is out of range (at most {high})")
+    return int(value)
+
+
+def _flag(doc: Mapping[str, Any], key: str, source: str) -> bool:
+    """A true/false key (default false); a string such as 'false' is refused, not read as true."""
+    value = doc.get(key, False)
+    if not isinstance(value, bool):
+        raise ProfileError(f"{source}: {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _reject_wrong_units(table: Mapping[str, Any], where: str) -> None:
+    for key in table:
+        k = str(key)
+        if any(k.endswith(suffix) for suffix in _WRONG_TIME_UNITS):
+            raise ProfileError(f"{where}: key {k!r} has an unsupported unit; times must be milliseconds in keys ending in _ms")
+
+
+def _plain(value: Any) -> Any:
+    """Numpy scalars/arrays to plain Python for YAML."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,345 @@
+"""The latency profile, ``treeopt-latency/1`` (the format: :mod:`sequoia_opt.profiles`): T(n) per context, the
+drafter's c(w) and cost model, the step overhead, the engine that ran the forwards (:class:`LatencyCurve`)."""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import yaml
+
+from .._io import atomic_write_text
+from ..errors import ProfileError, ProfileWarning
+from .common import (DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _flag,
+                     _load_yaml, _number, _plain, _reject_wrong_units, check_integer)
+
+# ---------------------------------------------------------------------------------------------- latency
+@dataclass(frozen=True)
+class _Table:
+    tokens: np.ndarray  # (k,) int64, strictly increasing
+    ms: np.ndarray  # (k,) float64 medians
+    spread_ms: np.ndarray | None  # (k,) or None
+
+
+def _parse_table(raw: Any, value_key: str, where: str) -> _Table:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where} must be a mapping with 'tokens' and {value_key!r}")
+    _reject_wrong_units(raw, where)
+    spread_key = value_key.replace("_ms", "_spread_ms")
+    unknown = set(map(str, raw)) - {"tokens", value_key, spread_key}
+    if unknown:
+        raise ProfileError(f"{where}: unknown key {sorted(unknown)[0]!r} (expected tokens, {value_key}, {spread_key})")
+    for key in ("tokens", value_key):
+        if key not in raw:
+            raise ProfileError(f"{where}: missing key {key!r}")
+    tokens, values = raw["tokens"], raw[value_key]
+    if not isinstance(tokens, list) or not tokens:
+        raise ProfileError(f"{where}.tokens must be a non-empty list of token counts")
+    if not isinstance(values, list) or len(values) != len(tokens):
+        raise ProfileError(f"{where}.{value_key} must be a list as long as tokens ({len(tokens)})")
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ProfileError(f"{where}.tokens[{i}] = {t!r} must be an integer >= 1")
+        check_integer(t, f"{where}.tokens[{i}]", low=1, high=MAX_TOKENS)
+        if i and t <= tokens[i - 1]:
+            raise ProfileError(f"{where}.tokens must be strictly increasing ({tokens[i - 1]} then {t})")
+    ms = np.array([_number(v, f"{where}.{value_key}[{i}]", high=MAX_MS) for i, v in enumerate(values)])
+    if value_key == "target_forward_ms" and np.any(ms == 0):  # a draft may be 0 ms (none profiled), not T(n)
+        raise ProfileError(f"{where}.{value_key}[{int(np.argmax(ms == 0))}] = 0 must be positive (a target "
+                           "forward takes time)")
+    spread = None
+    if raw.get(spread_key) is not None:
+        s = raw[spread_key]
+        if not isinstance(s, list) or len(s) != len(tokens):
+            raise ProfileError(f"{where}.{spread_key} must be a list as long as tokens ({len(tokens)})")
+        spread = np.array([_number(v, f"{where}.{spread_key}[{i}]", high=MAX_MS) for i, v in enumerate(s)])
+    return _Table(np.asarray(tokens, dtype=np.int64), ms, spread)
+
+
+def _ranges(rows: list[int], tokens) -> str:
+    """Runs of adjacent measured points by their token counts: rows ``[4, 5, 6, 9]`` of tokens
+    ``[1, 2, 4, 8, 9, 12, 16, 20, 25, 31]`` -> ``"9..16, 31"``."""
+    parts, start = [], rows[0]
+    for a, b in zip(rows, rows[1:] + [None]):
+        if b != a + 1:
+            parts.append(str(int(tokens[start])) if start == a else f"{int(tokens[start])}..{int(tokens[a])}")
+            start = b
+    return ", ".join(parts)
+
+
+def check_cost_model(value: Any, where: str) -> str:
+    """``value`` if it is one of :data:`DRAFT_COST_MODELS`, else ProfileError naming ``where`` and the choices."""
+    if value not in DRAFT_COST_MODELS:
+        raise ProfileError(f"{where} is {value!r}; expected one of {', '.join(DRAFT_COST_MODELS)}")
+    return value
+
+
+def _interp(table: _Table, n: float, what: str, src: str) -> float:
+    lo, hi = int(table.tokens[0]), int(table.tokens[-1])
+    if n > hi:
+        raise ProfileError(
+            f"{src}: {what} at {n:g} tokens would extrapolate past the largest measured count {hi} tokens; "
+            "profile larger counts or lower the budget"
+        )
+    if n < lo:
+        raise ProfileError(f"{src}: {what} at {n:g} tokens is below the smallest measured count {lo} tokens")
+    return float(np.interp(n, table.tokens, table.ms))
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    """Latency model from a ``treeopt-latency/1`` profile: target forward T(n), draft forward c(w), overhead.
+
+    Attributes:
+        id: profile id (``id`` key or file stem).
+        contexts: (C,) int64 increasing context lengths (tokens) that were measured.
+        step_overhead_ms: fixed per-step cost in ms.
+        device / model: the metadata mappings as stored.
+        cost_model: the drafter's cost model, ``"per-level"`` or ``"one-pass"`` (:data:`DRAFT_COST_MODELS`;
+            the draft tables' ``cost_model`` key, default ``"per-level"``); how
+            :func:`~sequoia_opt.solver.hardware.step_cost` charges c.
+
+    Raises:
+        ProfileError: (construction) an unknown ``cost_model``.
+    """
+
+    id: str
+    contexts: np.ndarray
+    step_overhead_ms: float
+    _target: tuple[_Table, ...] = field(repr=False)
+    _draft: tuple[_Table, ...] = field(repr=False)
+    device: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    example: bool = False
+    source: str | None = None
+    cost_model: str = DRAFT_COST_MODELS[0]
+    engine_info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_cost_model(self.cost_model, f"latency profile {self.id!r}: draft cost_model")
+
+    @property
+    def engine(self) -> str:
+        """The engine that ran the forwards (``engine.name``); ``"treeopt"`` (the bundled decoder) when unnamed."""
+        return str(self.engine_info.get("name") or "treeopt")
+
+    def implausible_points(self) -> list[str]:
+        """One line per table (target or draft, per context) whose forwards over n > 1 tokens take less than
+        :data:`IMPLAUSIBLE_FRACTION` of the one-token forward, naming the points: such a curve makes large trees
+        look nearly free. Empty for a plausible curve (or a table that did not measure n = 1)."""
+        out = []
+        for c, tables in zip(self.contexts, zip(self._target, self._draft)):
+            for what, table in zip(("T", "c"), tables):
+                tok, ms = table.tokens, table.ms
+                if tok[0] != 1 or ms[0] <= 0:
+                    continue
+                low = [i for i in range(1, len(tok)) if ms[i] < IMPLAUSIBLE_FRACTION * ms[0]]
+                if not low:
+                    continue
+                vals = [float(ms[i]) for i in low]
+                span = f"{min(vals):.4g}" if min(vals) == max(vals) else f"{min(vals):.4g}..{max(vals):.4g}"
+                out.append(f"{what}({_ranges(low, tok)}) = {span} ms at context {int(c)} is "
+                           f"below {IMPLAUSIBLE_FRACTION:g} x {what}(1) = {float(ms[0]):.4g} ms: an implausible "
+                           f"{'target' if what == 'T' else 'draft'} curve (noise or other load while profiling?); "
+                           "re-measure before trusting trees solved from it")
+        return out
+
+    # -------------------------------------------------------------- queries
+    def max_target_tokens(self, context: int | None = None) -> int:
+        """Largest target token count measured at every context used for ``context`` (no extrapolation)."""
+        return int(min(t.tokens[-1] for t in self._bracket(self._target, context)[0]))
+
+    def max_draft_tokens(self, context: int | None = None) -> int:
+        """Largest draft token count measured (no extrapolation past it)."""
+        return int(min(t.tokens[-1] for t in self._bracket(self._draft, context)[0]))
+
+    def _bracket(self, tables: tuple[_Table, ...], context: int | None) -> tuple[list[_Table], list[float]]:
+        """Tables and weights (Python floats) for a context: exact match, or a linear mix of the two measured
+        contexts around it. ProfileError outside the measured range (below the smallest as above the
+        largest: the curve would describe another context than the one asked for)."""
+        ctx = self.contexts
+        if context is None:
+            return [tables[0]], [1.0]
+        c = float(context)
+        if not math.isfinite(c) or c < 0:
+            raise ProfileError(f"context length must be a non-negative number of tokens, got {context!r}")
+        if c > ctx[-1]:
+            raise ProfileError(
+                f"latency profile {self.id!r}: context {context} tokens is beyond the largest measured "
+                f"context {int(ctx[-1])} tokens; refusing to extrapolate"
+            )
+        if c < ctx[0]:
+            raise ProfileError(
+                f"latency profile {self.id!r}: context {context} tokens is below the smallest measured "
+                f"context {int(ctx[0])} tokens; refusing to extrapolate (profile it: treeopt profile latency "
+                f"--context {int(c)},...)"
+            )
+        j = int(np.searchsorted(ctx, c))
+        if ctx[j] == c:
+            return [tables[j]], [1.0]
+        w = float((c - ctx[j - 1]) / (ctx[j] - ctx[j - 1]))
+        return [tables[j - 1], tables[j]], [1.0 - w, w]
+
+    def target_ms(self, n: float, context: int | None = None) -> float:
+        """T(n): ms for one target forward over n tokens at ``context`` tokens of context (default: the
+        smallest measured). Linear interpolation between measured counts and contexts.
+
+        Raises ProfileError when n or the context is outside the measured range.
+        """
+        tabs, ws = self._bracket(self._target, context)
+        return sum(w * _interp(t, n, "target forward", f"latency profile {self.id!r}") for t, w in zip(tabs, ws))
+
+    def draft_ms(self, w: float, context: int | None = None) -> float:
+        """c(w): ms for one draft forward over w tokens; same interpolation and refusal as :meth:`target_ms`."""
+        tabs, ws = self._bracket(self._draft, context)
+        return sum(k * _interp(t, w, "draft forward", f"latency profile {self.id!r}") for t, k in zip(tabs, ws))
+
+    def target_tokens(self, context: int | None = None) -> np.ndarray:
+        """Measured target token counts at the (first) table used for ``context``."""
+        return self._bracket(self._target, context)[0][0].tokens.copy()
+
+    # -------------------------------------------------------------- io
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": LATENCY_FORMAT, "id": self.id}
+        if self.example:
+            d["example"] = True
+        if self.source:
+            d["source"] = self.source
+        d["device"] = _plain(dict(self.device))
+        d["model"] = _plain(dict(self.model))
+        if self.engine_info:
+            d["engine"] = _plain(dict(self.engine_info))
+        d["step_overhead_ms"] = float(self.step_overhead_ms)
+        curves = []
+        for c, t, dr in zip(self.contexts, self._target, self._draft):
+            tt: dict[str, Any] = {"tokens": t.tokens.tolist(), "target_forward_ms": t.ms.tolist()}
+            if t.spread_ms is not None:
+                tt["target_forward_spread_ms"] = t.spread_ms.tolist()
+            dd: dict[str, Any] = {"cost_model": self.cost_model, "tokens": dr.tokens.tolist(),
+                                  "draft_forward_ms": dr.ms.tolist()}
+            if dr.spread_ms is not None:
+                dd["draft_forward_spread_ms"] = dr.spread_ms.tolist()
+            curves.append({"context_tokens": int(c), "target": tt, "draft": dd})
+        d["curves"] = curves
+        return d
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *, source: str = "latency profile", default_id: str = "latency",
+                  check_plausible: bool = True) -> "LatencyCurve":
+        """Validate a parsed ``treeopt-latency/1`` mapping. Raises ProfileError with one line; warns
+        (:class:`~sequoia_opt.errors.ProfileWarning`, one per table, naming the points) about an implausible
+        curve (:meth:`implausible_points`) unless ``check_plausible`` is False."""
+        _check_format(doc, LATENCY_FORMAT, source)
+        _reject_wrong_units(doc, source)
+        if "step_overhead_ms" not in doc:
+            raise ProfileError(f"{source}: missing key 'step_overhead_ms' (use 0 if not measured)")
+        overhead = _number(doc["step_overhead_ms"], f"{source}: step_overhead_ms", high=MAX_MS)
+        curves = doc.get("curves")
+        if not isinstance(curves, list) or not curves:
+            raise ProfileError(f"{source}: 'curves' must be a non-empty list (one entry per context length)")
+        contexts, targets, drafts, cost_models = [], [], [], []
+        for i, cur in enumerate(curves):
+            where = f"{source}: curves[{i}]"
+            if not isinstance(cur, dict):
+                raise ProfileError(f"{where} must be a mapping")
+            _reject_wrong_units(cur, where)
+            c = cur.get("context_tokens")
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise ProfileError(f"{where}.context_tokens = {c!r} must be a non-negative integer")
+            check_integer(c, f"{where}.context_tokens", high=MAX_TOKENS)
+            if contexts and c <= contexts[-1]:
+                raise ProfileError(f"{where}: context_tokens must be strictly increasing ({contexts[-1]} then {c})")
+            contexts.append(c)
+            if "target" not in cur or "draft" not in cur:
+                raise ProfileError(f"{where} needs both a 'target' and a 'draft' table")
+            targets.append(_parse_table(cur["target"], "target_forward_ms", f"{where}.target"))
+            draft = cur["draft"]
+            if isinstance(draft, dict):  # the cost model, default per-level, one for every curve
+                cost_models.append(check_cost_model(draft.get("cost_model", DRAFT_COST_MODELS[0]),
+                                                    f"{where}.draft.cost_model"))
+                if cost_models[-1] != cost_models[0]:
+                    raise ProfileError(f"{where}.draft.cost_model is {cost_models[-1]!r} but curves[0]'s is "
+                                       f"{cost_models[0]!r} (a missing key reads as {DRAFT_COST_MODELS[0]!r}); "
+                                       "one drafter has one cost model")
+                draft = {k: v for k, v in draft.items() if k != "cost_model"}
+            drafts.append(_parse_table(draft, "draft_forward_ms", f"{where}.draft"))
+        device = doc.get("device") or {}
+        model = doc.get("model") or {}
+        if not isinstance(device, dict) or not isinstance(model, dict):
+            raise ProfileError(f"{source}: 'device' and 'model' must be mappings")
+        pid = doc.get("id", default_id)
+        if not isinstance(pid, str) or not pid:
+            raise ProfileError(f"{source}: 'id' must be a non-empty string")
+        engine = doc.get("engine") or {}
+        if not isinstance(engine, dict) or (engine and not (isinstance(engine.get("name"), str)
+                                                            and engine["name"].strip())):
+            raise ProfileError(f"{source}: 'engine' must be a mapping with a non-empty 'name' (treeopt, llama.cpp, "
+                               f"sglang, vllm), got {engine!r}")
+        curve = cls(
+            id=pid,
+            contexts=np.asarray(contexts, dtype=np.int64),
+            step_overhead_ms=overhead,
+            _target=tuple(targets),
+            _draft=tuple(drafts),
+            device=dict(device),
+            model=dict(model),
+            example=_flag(doc, "example", source),
+            source=doc.get("source"),
+            cost_model=cost_models[0] if cost_models else DRAFT_COST_MODELS[0],
+            engine_info=dict(engine),
+        )
+        if check_plausible:
+            import warnings
+
+            for msg in curve.implausible_points():
+                warnings.warn(f"{source}: {msg}", ProfileWarning, stacklevel=2)
+        return curve
+
+    @classmethod
+    def synthetic(
+        cls,
+        target: Mapping[int, float],
+        draft: Mapping[int, float],
+        *,
+        step_overhead_ms: float = 0.0,
+        context: int = 0,
+        id: str = "synthetic",
+        cost_model: str = DRAFT_COST_MODELS[0],
+    ) -> "LatencyCurve":
+        """A one-context curve from ``{tokens: ms}`` mappings (tests, examples), its draft table declaring
+        ``cost_model``. Validated like a file."""
+        t = sorted(target.items())
+        d = sorted(draft.items())
+        doc = {
+            "format": LATENCY_FORMAT,
+            "id": id,
+            "example": True,
+            "step_overhead_ms": step_overhead_ms,
+            "curves": [
+                {
+                    "context_tokens": context,
+                    "target": {"tokens": [k for k, _ in t], "target_forward_ms": [v for _, v in t]},
+                    "draft": {"cost_model": cost_model, "tokens": [k for k, _ in d],
+                              "draft_forward_ms": [v for _, v in d]},
+                }
+            ],
+        }
+        return cls.from_dict(doc, source=f"synthetic curve {id!r}", default_id=id, check_plausible=False)
+
+
+def load_latency(path: str | Path) -> LatencyCurve:
+    """Read and validate a ``treeopt-latency/1`` YAML file. Raises ProfileError (also if missing)."""
+    doc, p = _load_yaml(path, "latency")
+    return LatencyCurve.from_dict(doc, source=str(p), default_id=p.stem)
+
+
+def save_latency(path: str | Path, curve: LatencyCurve) -> Path:
+    """Write a latency profile atomically (validated by re-parsing first). Returns the path."""
+    d = curve.to_dict()
+    LatencyCurve.from_dict(d, source=str(path))
+    return atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, default_flow_style=None))
