@@ -25,7 +25,7 @@ import torch
 from sequoia_opt._io import atomic_write_text
 from sequoia_opt.decoding import Decoder
 from sequoia_opt.drafting.policies import StaticTreePolicy
-from sequoia_opt.pipeline import default_acceptance_path, load_pair, parse_drafter_spec
+from sequoia_opt.jobs.load import default_acceptance_path, load_pair, parse_drafter_spec
 from sequoia_opt.profiles import load_acceptance
 from sequoia_opt.profiles.batch import parse_batches, save_batch_latency
 from sequoia_opt.profiling.batch import profile_batches

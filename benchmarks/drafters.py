@@ -1,6 +1,6 @@
 """Every shipped drafter on the demo pair, this device: profile -> solve -> run, predicted against measured.
 
-Runs the demo pipeline (``sequoia_opt.demo.run_demo``: the target's T(n) timed once; per drafter its c(w) in
+Runs the demo pipeline (``sequoia_opt.jobs.demo.run_demo``: the target's T(n) timed once; per drafter its c(w) in
 its own cost model, its greedy acceptance on the *profile* prompts, its hardware-aware tree; then one
 ``run_trees`` call on the held-out *eval* prompts (Python source: code) with one plain baseline) and reports,
 per drafter (the bundled draft model, prompt lookup, self:L at the sweep's best L):
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from sequoia_opt._io import create_files, new_run_id
-from sequoia_opt.demo import DemoSettings, run_demo
+from sequoia_opt.jobs.demo import DemoSettings, run_demo
 from sequoia_opt.profiles import load_acceptance
 from sequoia_opt.tree import load_tree, now_iso
 
@@ -129,8 +129,8 @@ def self_check(L: int, settings: DemoSettings, *, num_prompts: int, max_new_toke
     prompts (its ``acc_prompts`` x ``acc_new_tokens``, K = 4, depth 4), the run on the same eval prompts."""
     import torch
 
-    from sequoia_opt.evaluation import TreeEntry, run_trees
-    from sequoia_opt.pipeline import load_pair
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.jobs.load import load_pair
     from sequoia_opt.profiling.acceptance import build_acceptance_profile, measure_acceptance
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
     from sequoia_opt.solver.depth import solve_profile
@@ -171,7 +171,7 @@ def _print_self_check(rows: list[dict]) -> None:
 
 def _file_key(files: dict[str, str], kind: str, drafter: str) -> str:
     """The demo's file key for a drafter's profile or tree (``acceptance`` / ``tree`` for the draft model)."""
-    from sequoia_opt.pipeline import drafter_slug
+    from sequoia_opt.jobs.load import drafter_slug
 
     key = f"{kind}_{drafter_slug(drafter)}"
     return key if key in files else kind

@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.profiles.calibration import load_calibration
     from sequoia_opt.drafting.policies import AdaptiveTreePolicy, DynamicPolicy, TreeAdapter
     from sequoia_opt.dynamic import POLICY_NAMES, DynamicSetting
-    from sequoia_opt.evaluation import TreeEntry, run_trees
-    from sequoia_opt.pipeline import load_pair
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.jobs.load import load_pair
     from sequoia_opt.profiles import load_acceptance, load_latency
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
     from sequoia_opt.solver import choose

@@ -4,7 +4,7 @@ Light drafter: prompt lookup (``lookup``, free, no probabilities); strong drafte
 (``--light`` / ``--strong`` take any ``--draft`` spec: ``lookup``, ``self:L``, ``model:PATH``). For each mode
 (greedy, then sampling at ``--temperature``):
 
-1. profile (``sequoia_opt.grafting.profile_graft``) on the *profile* prompts: the target's T(n), each drafter's
+1. profile (``sequoia_opt.jobs.graft.profile_graft``) on the *profile* prompts: the target's T(n), each drafter's
    c(w), each drafter's own acceptance vector, and the pair profile (the strong drafter's acceptance next to
    the light's candidates);
 2. solve (``plan_graft``): each drafter's own best tree, the SpecInfer merge of the two, the hardware-aware
@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from sequoia_opt.drafting.policies import save_scheduler
-    from sequoia_opt.evaluation import run_trees
-    from sequoia_opt.grafting import (GraftProfileSettings, choose_scheduled_plan, graft_entries, plan_graft,
+    from sequoia_opt.jobs.run import run_trees
+    from sequoia_opt.jobs.graft import (GraftProfileSettings, choose_scheduled_plan, graft_entries, plan_graft,
                                       profile_graft)
-    from sequoia_opt.pipeline import ModelPair, load_pair, parse_device, parse_drafter_spec, parse_dtype
+    from sequoia_opt.jobs.load import ModelPair, load_pair, parse_device, parse_drafter_spec, parse_dtype
     from sequoia_opt.profiles import save_acceptance, save_latency, save_pair_acceptance
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
     from sequoia_opt.tree import now_iso, save_drafter_tree
@@ -179,8 +179,8 @@ def flat_target_rows(prof, budget: int, max_depth: int, max_branching: int) -> l
     A prediction, not a measurement."""
     import dataclasses
 
-    from sequoia_opt.demo import gpu_like_curve
-    from sequoia_opt.grafting import plan_graft
+    from sequoia_opt.jobs.demo import gpu_like_curve
+    from sequoia_opt.jobs.graft import plan_graft
 
     def flat(curve):
         c = gpu_like_curve(curve, None)
@@ -205,7 +205,7 @@ def flat_target_rows(prof, budget: int, max_depth: int, max_branching: int) -> l
 
 def gpu_like_from(run_dir: Path, budget: int, max_depth: int, max_branching: int) -> int:
     """``--flat-target-from DIR``: :func:`flat_target_rows` from the profiles a run saved under DIR/<mode>/."""
-    from sequoia_opt.grafting import GraftProfiles
+    from sequoia_opt.jobs.graft import GraftProfiles
     from sequoia_opt.profiles import load_acceptance, load_latency, load_pair_acceptance
 
     out: dict[str, list[dict]] = {}

@@ -35,7 +35,7 @@ from sequoia_opt.engines.llamacpp import (ChainSetting, LlamaCppModel, chain_fla
                                           run_settings, solve_chain)
 from sequoia_opt.model.gguf_writer import write_gguf  # noqa: E402
 from sequoia_opt.model.loaders import find_demo_target, load_checkpoint  # noqa: E402
-from sequoia_opt.pipeline import bundled_draft_path  # noqa: E402
+from sequoia_opt.jobs.load import bundled_draft_path  # noqa: E402
 from sequoia_opt.profiles import ACCEPTANCE_FORMAT, AcceptanceProfile, load_latency, save_acceptance, save_latency  # noqa: E402
 from sequoia_opt.profiling.timing import token_grid  # noqa: E402
 from sequoia_opt.prompts import demo_prompts_path, load_prompts  # noqa: E402

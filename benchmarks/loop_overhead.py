@@ -43,7 +43,10 @@ def _decoders(target, draft, tree, lookup):
 def measure(args) -> dict:
     import torch
 
-    from sequoia_opt.pipeline import load_pair
+    try:
+        from sequoia_opt.jobs.load import load_pair
+    except ImportError:  # an earlier checkout
+        from sequoia_opt.pipeline import load_pair
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
     from sequoia_opt.tree import Tree
 

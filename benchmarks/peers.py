@@ -58,7 +58,7 @@ def _timed(fn):
 
 def treeopt_rows(args, prompts_ids, eos, pair, report_to: dict) -> tuple[list[dict], list[list[int]]]:
     """Profile T(n) here (tuned), solve the hardware-aware tree, run plain + tree; then plain untuned."""
-    from sequoia_opt.evaluation import TreeEntry, run_trees
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
     from sequoia_opt.model.tuned_linear import linear_record, tune_linears, untune
     from sequoia_opt.profiles import load_acceptance
     from sequoia_opt.profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from sequoia_opt.pipeline import default_target_path, load_pair
+    from sequoia_opt.jobs.load import default_target_path, load_pair
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
     from sequoia_opt.device import cpu_name
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from sequoia_opt._io import atomic_write_text
-from sequoia_opt.demo import gpu_like_curve
+from sequoia_opt.jobs.demo import gpu_like_curve
 from sequoia_opt.profiles import LatencyCurve, load_acceptance, load_latency
 from sequoia_opt.solver import choose
 from sequoia_opt.tree import now_iso

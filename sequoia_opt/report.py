@@ -1,4 +1,4 @@
-"""What a command shows, as data: built by the library (e.g. :mod:`sequoia_opt.demo`), rendered by the CLI."""
+"""What a command shows, as data: built by the library (e.g. :mod:`sequoia_opt.jobs.demo`), rendered by the CLI."""
 
 from __future__ import annotations
 

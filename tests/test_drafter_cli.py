@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
 
-import sequoia_opt.pipeline as pipeline  # noqa: E402
+import sequoia_opt.jobs.load as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.errors import TreeoptError  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
-from sequoia_opt.pipeline import DrafterSpec, check_drafter, drafter_slug, parse_drafter_spec  # noqa: E402
+from sequoia_opt.jobs.load import DrafterSpec, check_drafter, drafter_slug, parse_drafter_spec  # noqa: E402
 from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
 from sequoia_opt.solver import choose  # noqa: E402
 from sequoia_opt.tree import Tree, load_tree, save_tree  # noqa: E402
@@ -212,7 +212,7 @@ def test_empty_model_path_is_refused_and_dot_is_named_by_its_folder(workdir, mon
 
 
 def test_two_draft_checkpoints_get_their_own_default_latency_files(workdir):
-    from sequoia_opt.pipeline import default_latency_path
+    from sequoia_opt.jobs.load import default_latency_path
 
     root, target, draft, _ = workdir
     other = root / "draft-b"

@@ -11,7 +11,7 @@ import torch
 from sequoia_opt.decoding import AutoregressiveDecoder
 from sequoia_opt.drafting import SpeculativeDecoder
 from sequoia_opt.model.loaders import find_demo_target
-from sequoia_opt.pipeline import load_pair
+from sequoia_opt.jobs.load import load_pair
 from sequoia_opt.prompts import demo_prompts_path, load_prompts
 from sequoia_opt.tree import Tree
 
@@ -41,7 +41,7 @@ def demo():
 @pytest.mark.parametrize("spec", [None, "self:8", "self:24", "lookup", "lookup:2-4"])
 def test_every_drafter_is_greedy_exact_on_the_demo_pair(demo, spec):
     pair, ids, refs = demo
-    from sequoia_opt.pipeline import ModelPair, parse_drafter_spec
+    from sequoia_opt.jobs.load import ModelPair, parse_drafter_spec
 
     drafter = parse_drafter_spec(spec)
     use = ModelPair(pair.target, pair.draft, pair.tokenizer, pair.target_name, drafter.label, drafter)
@@ -67,7 +67,7 @@ def test_two_drafters_in_one_tree_are_greedy_exact_on_the_demo_pair(demo, light,
     pair, ids, refs = demo
     from sequoia_opt.drafting import MultiDraftDecoder
     from sequoia_opt.drafting.policies import GraftPolicy, MergePolicy
-    from sequoia_opt.pipeline import ModelPair, parse_drafter_spec
+    from sequoia_opt.jobs.load import ModelPair, parse_drafter_spec
 
     def maker(spec):
         d = parse_drafter_spec(spec)
@@ -94,7 +94,7 @@ def test_dynamic_trees_are_greedy_exact_on_the_demo_pair(demo, setting, spec):
     from sequoia_opt.drafting import MultiDraftDecoder
     from sequoia_opt.drafting.policies import DynamicPolicy
     from sequoia_opt.dynamic import parse_setting
-    from sequoia_opt.pipeline import ModelPair, parse_drafter_spec
+    from sequoia_opt.jobs.load import ModelPair, parse_drafter_spec
 
     pair, ids, refs = demo
     drafter = parse_drafter_spec(spec)

@@ -351,7 +351,7 @@ def test_run_refuses_a_dynamic_setting_past_the_free_memory_before_loading_model
     root, target, draft, prompts = workdir
     monkeypatch.setattr(device_mod, "free_memory_bytes", lambda device: 64 * 2**20)  # 64 MiB free
     loads = []
-    import sequoia_opt.pipeline as pipeline
+    import sequoia_opt.jobs.load as pipeline
 
     monkeypatch.setattr(pipeline, "load_pair", lambda *a, **k: loads.append(1))
     r = invoke("run", "--dynamic", "eagle:steps=3,topk=64,budget=32", "--target", target, "--draft", draft,

@@ -11,7 +11,7 @@ import pytest
 
 from sequoia_opt.engines import ENGINES, EngineError, engine_profiler
 from sequoia_opt.engines import gpu
-from sequoia_opt.pipeline import bundled_draft_path
+from sequoia_opt.jobs.load import bundled_draft_path
 
 
 def test_every_named_profiler_is_a_function_that_exists():

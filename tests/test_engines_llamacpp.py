@@ -198,7 +198,7 @@ def test_gguf_writer_failure_leaves_no_file(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def draft_gguf(tmp_path_factory):
     from sequoia_opt.model.gguf_writer import write_gguf
-    from sequoia_opt.pipeline import bundled_draft_path
+    from sequoia_opt.jobs.load import bundled_draft_path
 
     model, tok = load_checkpoint(bundled_draft_path())
     path = tmp_path_factory.mktemp("gguf") / "treeopt-smollm2-draft.gguf"

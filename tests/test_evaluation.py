@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from sequoia_opt.evaluation import tokens_per_step_ci95
+from sequoia_opt.jobs.run import tokens_per_step_ci95
 
 
 def test_one_prompt_uses_the_normal_interval_over_its_steps():
@@ -57,7 +57,7 @@ def test_run_trees_serves_what_the_target_context_allows_with_a_shorter_draft_co
     import torch
 
     from sequoia_opt.decoding import autoregressive_generate
-    from sequoia_opt.evaluation import TreeEntry, run_trees
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
     from sequoia_opt.model import ModelConfig, Transformer
     from sequoia_opt.tree import Tree
 
@@ -80,7 +80,7 @@ def test_run_trees_names_the_prompt_that_overflows_the_context():
     import torch
 
     from sequoia_opt.errors import DecodingError
-    from sequoia_opt.evaluation import TreeEntry, run_trees
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
     from sequoia_opt.model import ModelConfig, Transformer
     from sequoia_opt.tree import Tree
 

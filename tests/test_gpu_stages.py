@@ -227,7 +227,7 @@ def test_demo_target_preset_is_the_gguf_header():
     (the GGUF itself cannot travel to the GPU machine)."""
     from sequoia_opt.model import ModelConfig
     from sequoia_opt.model.loaders import load_model_config
-    from sequoia_opt.pipeline import default_target_path
+    from sequoia_opt.jobs.load import default_target_path
 
     try:
         path = default_target_path()

@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
 
-import sequoia_opt.pipeline as pipeline  # noqa: E402
+import sequoia_opt.jobs.load as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.drafting.policies import LogisticScheduler, load_scheduler, save_scheduler  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
-from sequoia_opt.pipeline import (default_acceptance_path, default_latency_path,  # noqa: E402
+from sequoia_opt.jobs.load import (default_acceptance_path, default_latency_path,  # noqa: E402
                                   default_pair_acceptance_path, parse_drafter_spec)
 from sequoia_opt.profiles import (LatencyCurve, load_acceptance, load_latency, load_pair_acceptance,  # noqa: E402
                                   save_latency)
@@ -142,10 +142,10 @@ def test_run_compare_drafters_finds_the_profiles_profile_graft_wrote(env, tmp_pa
 
 
 def test_profile_graft_writes_nothing_when_a_write_or_a_measurement_fails(env, tmp_path, monkeypatch):
-    import sequoia_opt.grafting as grafting
+    import sequoia_opt.jobs.graft as grafting
     import sequoia_opt.profiles as profiles
     from sequoia_opt.errors import DecodingError, OutputError
-    from sequoia_opt.grafting import GraftProfiles
+    from sequoia_opt.jobs.graft import GraftProfiles
 
     root, files = env["root"], _files(env)
     measured = GraftProfiles(
@@ -220,7 +220,7 @@ def test_solve_plan_writes_a_tree_holding_both_drafters(env, tmp_path, monkeypat
 
     import numpy as np
 
-    from sequoia_opt.evaluation import plan_drafter
+    from sequoia_opt.jobs.compare import plan_drafter
     from sequoia_opt.profiles import load_acceptance, load_latency, save_pair_acceptance
 
     monkeypatch.chdir(env["root"])

@@ -9,12 +9,12 @@ import torch
 from test_decoding import _model, _perturbed
 
 from sequoia_opt.drafting.policies import AlwaysGraft, LogisticScheduler, NeverGraft
-from sequoia_opt.evaluation import run_trees
-from sequoia_opt.grafting import (GraftProfileSettings, ScheduledPlan, choose_scheduled_plan, graft_acceptance,
+from sequoia_opt.jobs.run import run_trees
+from sequoia_opt.jobs.graft import (GraftProfileSettings, ScheduledPlan, choose_scheduled_plan, graft_acceptance,
                                   graft_entries, plan_graft, profile_graft, scheduled_candidates, scheduled_prediction)
 from sequoia_opt.errors import SolverError
 from sequoia_opt.solver.graft import graft_expected_tokens
-from sequoia_opt.pipeline import DrafterSpec, ModelPair
+from sequoia_opt.jobs.load import DrafterSpec, ModelPair
 from sequoia_opt.profiling.graft import SchedulerSample
 from sequoia_opt.tree import DrafterTree
 

@@ -52,7 +52,7 @@ def test_refuses_a_device():
 
 # ------------------------------------------------------------------ run outputs: unique ids, never replaced
 def _report(run_id):
-    from sequoia_opt.evaluation import RunReport
+    from sequoia_opt.jobs.run import RunReport
 
     return RunReport(run_id=run_id, settings={"date": "2026-12-01T09:49:17+00:00"}, summaries=[], rows=[])
 
@@ -144,7 +144,7 @@ def test_two_processes_saving_runs_into_one_folder_at_once_keep_both(tmp_path):
 
     code = ("import os, sys, time\n"
             "from sequoia_opt._io import new_run_id\n"
-            "from sequoia_opt.evaluation import RunReport\n"
+            "from sequoia_opt.jobs.run import RunReport\n"
             "sync, out, who = sys.argv[1:]\n"
             "open(os.path.join(sync, 'ready-' + who), 'w').close()\n"
             "while not os.path.exists(os.path.join(sync, 'go')):\n"

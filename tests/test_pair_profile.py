@@ -83,7 +83,7 @@ def test_confidence_interval_matches_the_single_profile(pair):
 
 
 def test_pair_graft_acceptance(pair):
-    from sequoia_opt.grafting import pair_graft_acceptance
+    from sequoia_opt.jobs.graft import pair_graft_acceptance
 
     alone = AcceptanceProfile(id="big", acceptance=np.array([0.6, 0.2]))
     acc = pair_graft_acceptance(pair, strong_alone=alone)

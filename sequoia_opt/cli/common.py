@@ -319,7 +319,7 @@ def _csv_ints(text: str, what: str) -> list[int]:
 
 
 def _load_tree_entry(path: Path):
-    from ..evaluation import TreeEntry
+    from ..jobs.run import TreeEntry
     from ..exports import load_any_tree
 
     tree, meta = load_any_tree(path)
@@ -336,12 +336,12 @@ def _two_drafters(drafts: Optional[list[str]], command: str):
     """Parse the two ``--draft`` of a multi-drafter command, light first (nothing is loaded).
 
     Returns:
-        ``(light, strong)`` :class:`~sequoia_opt.pipeline.DrafterSpec` s.
+        ``(light, strong)`` :class:`~sequoia_opt.jobs.load.DrafterSpec` s.
 
     Raises:
         TreeoptError: not exactly two, a bad spec, or the same drafter twice (one line).
     """
-    from ..pipeline import parse_drafter_spec
+    from ..jobs.load import parse_drafter_spec
 
     n = len(drafts or [])
     if n != 2:

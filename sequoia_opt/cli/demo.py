@@ -33,9 +33,9 @@ def demo_cmd(
     """The main job on the bundled demo pair: profile this device and the pair, solve, run on held-out
     prompts, and print predicted against measured figures; then every shipped drafter (the draft model,
     prompt lookup, self:L with its best L) with its own best tree, side by side against one plain baseline."""
-    from ..demo import run_demo
+    from ..jobs.demo import run_demo
     from ..model.tuned_linear import check_precision
-    from ..pipeline import parse_device
+    from ..jobs.load import parse_device
 
     check_precision(weights)
     for name, value in (("--max-new-tokens", max_new_tokens), ("--num-prompts", num_prompts)):

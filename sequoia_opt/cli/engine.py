@@ -39,7 +39,7 @@ def export_draft(
     tokenizer: what llama.cpp's speculative decoding takes as --model-draft."""
     from ..model.gguf_writer import OUTTYPES, describe, write_gguf
     from ..model.loaders import load_checkpoint
-    from ..pipeline import default_draft_path, model_label
+    from ..jobs.load import default_draft_path, model_label
 
     if outtype not in OUTTYPES:
         raise TreeoptError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")

@@ -3,7 +3,7 @@ device (T(n), c(w), the per-step overhead), the model pair (the positional accep
 self layer-skip drafter both at once over a grid of L, keeping the L with the best predicted speedup.
 
 Two drafters (issue 16): ``treeopt profile graft`` measures a light and a strong drafter for one grafted tree
-(each drafter's profiles and the pair profile, :func:`~sequoia_opt.grafting.profile_graft`), and ``treeopt
+(each drafter's profiles and the pair profile, :func:`~sequoia_opt.jobs.graft.profile_graft`), and ``treeopt
 profile scheduler`` trains the scheduler that decides when a grafted tree calls the strong drafter
 (:func:`~sequoia_opt.profiling.graft.train_scheduler`)."""
 
@@ -91,7 +91,7 @@ def profile_latency(
     from ..model import ModelConfig, Transformer
     from ..model.loaders import load_model_config, tune_loaded_model
     from ..model.tuned_linear import check_precision, linear_record
-    from ..pipeline import (DrafterSpec, check_drafter, drafter_slug, load_pair, parse_device, parse_drafter_spec,
+    from ..jobs.load import (DrafterSpec, check_drafter, drafter_slug, load_pair, parse_device, parse_drafter_spec,
                             parse_dtype)
     from ..profiles import save_latency
     from ..device import device_slug
@@ -155,7 +155,7 @@ def profile_latency(
         if cuda_graphs:  # the graphed forwards replace the eager ones everywhere below, drafters included
             tmodel, drafter = graphed(tmodel), graphed(drafter)
         if dcfg is None and spec is not None:
-            from ..pipeline import ModelPair
+            from ..jobs.load import ModelPair
 
             pair = ModelPair(tmodel, None, None, tname, spec.label, spec)
             drafter, dname = pair.cost_probe(), spec.label
@@ -226,7 +226,7 @@ def profile_latency(
                    "draft": d_att.as_dict() if dtables is not None else None},
         cuda_graphs=graphs)
     if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks by default
-        from ..pipeline import default_latency_path
+        from ..jobs.load import default_latency_path
 
         output = default_latency_path(tname, spec, slug)
     out = output or Path("profiles") / slug / f"{base}{dpart}{gpart.replace('_', '-')}-latency.yaml"
@@ -268,7 +268,7 @@ def profile_linear_cmd(
     (cached per device, torch version, threads and precision)."""
     from ..model.loaders import load_checkpoint, tune_loaded_model
     from ..model.tuned_linear import ROW_BUCKETS, check_precision
-    from ..pipeline import default_target_path, model_label
+    from ..jobs.load import default_target_path, model_label
 
     check_precision(weights)
     set_torch_threads(threads)
@@ -328,7 +328,7 @@ def profile_acceptance(
     """Measure the positional acceptance vector p_1..p_K with the decoder's own verifier (greedy or
     sampling), with counts, 95 % intervals and per-depth vectors; with --calibration, the calibration profile
     of draft probability against acceptance that dynamic trees are predicted from."""
-    from ..pipeline import default_acceptance_path, load_pair, parse_device, parse_dtype
+    from ..jobs.load import default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
     from ..device import device_name
@@ -340,7 +340,7 @@ def profile_acceptance(
         raise TreeoptError("--max-new-tokens must be at least 1")
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
-    from ..pipeline import parse_drafter_spec
+    from ..jobs.load import parse_drafter_spec
 
     spec = parse_drafter_spec(draft)  # a bad --draft fails here, before prompts or models are read
     if calibration:
@@ -416,7 +416,7 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
                          num_prompts, dev, dt, backend, output, as_json) -> None:
     """``profile acceptance --calibration``: record, build, write and show the calibration profile."""
     from ..profiles.calibration import save_calibration
-    from ..pipeline import default_acceptance_path
+    from ..jobs.load import default_acceptance_path
     from ..profiling.calibration import build_calibration_profile, measure_calibration
     from ..device import device_name
 
@@ -515,7 +515,7 @@ def profile_layers(
     from ..drafting.drafters import LayerSkipDrafter
     from ..errors import SolverError
     from ..model.loaders import load_model_config
-    from ..pipeline import ModelPair, default_target_path, load_pair, parse_device, parse_drafter_spec, parse_dtype
+    from ..jobs.load import ModelPair, default_target_path, load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..profiles import save_acceptance, save_latency
     from ..profiling.acceptance import build_acceptance_profile
     from ..device import device_name, device_slug
@@ -698,7 +698,7 @@ def profile_layers(
 def _graft_outputs(out_dir: Path | None, tlabel: str, light, strong, device_slug: str, mode: str) -> dict[str, Path]:
     """The five files ``profile graft`` writes: the default paths the other commands read (each drafter's
     latency and own acceptance profile, the pair profile), or the same layout under ``out_dir``."""
-    from ..pipeline import default_acceptance_path, default_latency_path, default_pair_acceptance_path
+    from ..jobs.load import default_acceptance_path, default_latency_path, default_pair_acceptance_path
 
     paths = {"light_latency": default_latency_path(tlabel, light, device_slug),
              "strong_latency": default_latency_path(tlabel, strong, device_slug),
@@ -762,9 +762,9 @@ def profile_graft_cmd(
     """Profile a light and a strong drafter for grafting (one tree grown by both): the target's T(n) once,
     each drafter's c(w) and own acceptance vector, and the pair profile (the strong drafter's acceptance next
     to the light's candidates). Writes five profiles, all or none, after every measurement succeeded."""
-    from ..grafting import GraftProfileSettings, profile_graft
+    from ..jobs.graft import GraftProfileSettings, profile_graft
     from ..model.loaders import load_model_config
-    from ..pipeline import default_draft_path, default_target_path, load_drafters, model_label, parse_device, parse_dtype
+    from ..jobs.load import default_draft_path, default_target_path, load_drafters, model_label, parse_device, parse_dtype
     from ..profiles import save_acceptance, save_latency, save_pair_acceptance
     from ..device import device_slug
     from ..prompts import demo_prompts_path, load_prompts
@@ -903,8 +903,8 @@ def profile_scheduler(
     every step or at none: run the tree without --scheduler, or with the light drafter alone)."""
     from ..drafting.policies import FEATURE_NAMES, save_scheduler
     from ..errors import ProfileError
-    from ..grafting import scheduled_prediction
-    from ..pipeline import default_pair_acceptance_path, default_target_path, load_drafters, model_label, \
+    from ..jobs.graft import scheduled_prediction
+    from ..jobs.load import default_pair_acceptance_path, default_target_path, load_drafters, model_label, \
         parse_device, parse_dtype
     from ..profiles import load_latency
     from ..profiling.graft import collect_scheduler_samples, require_sklearn, train_scheduler

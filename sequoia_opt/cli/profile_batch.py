@@ -28,7 +28,7 @@ def check_batch_options(batch: Optional[str], offload: bool, device: torch.devic
         raise TreeoptError("--offload needs CUDA, but torch sees no CUDA device here")
     if batch is None:
         return None
-    from ..pipeline import parse_drafter_spec
+    from ..jobs.load import parse_drafter_spec
     from ..profiles.batch import parse_batches
 
     batches = parse_batches(batch)
@@ -42,7 +42,7 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
                                      rounds, paired, repeats, random_weights, base, output: Optional[Path],
                                      as_json: bool) -> None:
     """Time and write the batch or the offload profile, then print its report."""
-    from ..pipeline import drafter_slug
+    from ..jobs.load import drafter_slug
     from ..device import device_slug
     from ..profiling.latency import method_text
 

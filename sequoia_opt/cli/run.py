@@ -4,8 +4,8 @@ against the prediction, and (greedy) token-for-token equality with plain decodin
 ``treeopt run --compare-drafters``: several drafters side by side (``--draft`` repeated, each paired in
 order with its own ``-a`` acceptance and ``-l`` latency profile, by default the files ``treeopt profile``
 writes): each drafter's best tree is solved here from its own profiles
-(:func:`~sequoia_opt.evaluation.plan_drafter`), then plain decoding once and every drafter's tree run on the
-same prompts (:func:`~sequoia_opt.evaluation.compare_drafters`): one row per drafter.
+(:func:`~sequoia_opt.jobs.run.plan_drafter`), then plain decoding once and every drafter's tree run on the
+same prompts (:func:`~sequoia_opt.jobs.run.compare_drafters`): one row per drafter.
 
 Two drafters in one tree (issue 16): ``treeopt run --draft LIGHT --draft STRONG --tree GRAFT.yaml`` runs a
 grafted tree (``treeopt-tree/2`` naming both, :class:`~sequoia_opt.drafting.policies.GraftPolicy`), the strong
@@ -25,41 +25,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from ..tree import Tree, TreeMetadata
+from ..tree import TreeMetadata
 from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt,
                      TemperatureOpt, TopPOpt, WeightsOpt, _check_results_dir, _check_run_options, _check_tree_readable,
                      _graft_tree_names, _interruptible, _load_graft_tree, _load_tree_entry, _print_error, app,
                      check_cuda_graphs, graphed, handle_errors, note, progress_bar, setting_notes)
 from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
-
-
-def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
-                           draft: str, draft_cost_model: str | None = None, device_type: str | None = None) -> list[str]:
-    """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
-    one it is about to run on (its prediction then describes other hardware). ``device``: the device's name,
-    ``device_type`` its torch type (:func:`~sequoia_opt.profiles.same_device`)."""
-    from ..profiles import same_device
-
-    out = []
-    for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
-                      ("draft_cost_model", draft_cost_model), ("engine", "treeopt")):
-        want = meta.extra.get(f"profiled_{key}")
-        if have is None or want is None:
-            continue
-        same = (same_device(want, have, device_type) if key == "device"
-                else str(want).strip().lower() == str(have).strip().lower())
-        if not same:
-            out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
-                       f"uses {have!r}: its predicted figures describe that setting")
-    return out
+from ..jobs.entries import (DEFAULT_COMPARED_DRAFTERS, adaptive_entries, baseline_entries, check_adapt_options,
+                            check_dynamic_memory, check_trees_fit, dynamic_entries, dynamic_settings, merged_topology,
+                            plan_drafters, tree_mismatch_warnings)
 
 
 DraftsOpt = Annotated[
@@ -150,7 +132,7 @@ def run_cmd(
     --compare-drafters: every drafter's own best tree against one plain baseline."""
     from ..engines import engine_name
     from ..model.tuned_linear import check_precision
-    from ..pipeline import load_pair, parse_device, parse_drafter_spec, parse_dtype
+    from ..jobs.load import load_pair, parse_device, parse_drafter_spec, parse_dtype
     from ..prompts import demo_prompts_path, load_prompts
 
     _check_results_dir(results_dir)  # before any file is read or model loaded: a run's results must land
@@ -186,7 +168,7 @@ def run_cmd(
     check_precision(weights)
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
-    adapt_every, adapt_window, adapt_prior_weight = _check_adapt_options(
+    adapt_every, adapt_window, adapt_prior_weight = check_adapt_options(
         adapt, adapt_every, adapt_window, adapt_prior_weight, acceptance=acceptance, latency=latency,
         multi=compare_drafters or merge or scheduler is not None or len(draft or []) > 1)
     if compare_drafters and (merge or scheduler is not None):
@@ -200,7 +182,7 @@ def run_cmd(
             device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json, weights=weights)
         return
     dyn_notes: list[str] = []
-    dyn = _dynamic_settings(dynamic, calibration, latency, multi=merge or scheduler is not None or len(draft or []) > 1,
+    dyn = dynamic_settings(dynamic, calibration, latency, multi=merge or scheduler is not None or len(draft or []) > 1,
                             adapt=adapt, notes=dyn_notes)
     if dynamic and not dyn and not tree:
         raise TreeoptError("no --dynamic setting is left to run: " + "; ".join(dyn_notes))
@@ -273,14 +255,14 @@ def run_cmd(
                            "re-solves); add --compare or --adapt (or drop them)")
     adapt_notes: list[str] = []
     if adapt:
-        twins, adapt_notes = _adaptive_entries(entries, acceptance_path, latency_path, every=adapt_every,
+        twins, adapt_notes = adaptive_entries(entries, acceptance_path, latency_path, every=adapt_every,
                                                window=adapt_window, prior_weight=adapt_prior_weight, budget=budget,
                                                max_depth=max_depth, max_branching=max_branching)
         entries = [x for pair in zip(entries, twins) for x in pair]  # each adaptive tree after its static one
     baseline_notes: list[str] = []
     value_label = None
     if compare:
-        entries, extra, baseline_notes, value_label = _baseline_entries(entries, acceptance_path, latency_path)
+        entries, extra, baseline_notes, value_label = baseline_entries(entries, acceptance_path, latency_path)
         entries += extra
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
@@ -288,14 +270,14 @@ def run_cmd(
     texts = load_prompts(pfile, limit=num_prompts)
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
-    _check_dynamic_memory(dyn, target, dev)  # before the weights load
+    check_dynamic_memory(dyn, target, dev)  # before the weights load
     pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
     if cuda_graphs:  # plain decoding and every tree replay the same graphed forwards
         import dataclasses
 
         pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
-    entries += _dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
-    _check_trees_fit(entries, pair)
+    entries += dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
+    check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     from ..device import device_name
 
@@ -329,62 +311,14 @@ def run_cmd(
         raise typer.Exit(1)
 
 
-#: The drafters ``run --compare-drafters`` compares when no --draft is given (self:L needs its L: name it).
-DEFAULT_COMPARED_DRAFTERS = (None, "lookup")
-
-
-def _plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[list[Path]], *, target: Optional[Path],
-                   device, temperature: float, top_p: float, budget: Optional[int], max_depth: int,
-                   max_branching: int, defaults: bool = False) -> tuple[list, list[tuple[Path, Path]]]:
-    """Each drafter's profiles (given, or at the default paths) and its best tree, before any weights load.
-
-    Returns ``(plans, [(acceptance path, latency path)])`` in the order of ``specs``. ``defaults``: the specs
-    are :data:`DEFAULT_COMPARED_DRAFTERS` (no --draft was given; messages say so).
-
-    Raises:
-        TreeoptError: count mismatches between --draft and -a / -l, a missing profile (naming the command
-            that writes it), profiles of another drafter, a budget the profile did not measure.
-    """
-    from ..evaluation import plan_drafter
-    from ..pipeline import default_acceptance_path, default_latency_path, default_target_path, model_label
-    from ..profiles import load_acceptance, load_latency
-    from ..device import device_slug
-
-    n = len(specs)
-    what = "default drafters (no --draft: the bundled draft model and lookup)" if defaults else "--draft"
-    for opt, given in (("--acceptance", acceptance), ("--latency", latency)):
-        if given is not None and len(given) != n:
-            raise TreeoptError(f"--compare-drafters pairs every --draft with one {opt}, in order: got {n} {what} "
-                               f"and {len(given)} {opt}")
-    tlabel = model_label(Path(target) if target else default_target_path())
-    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
-    slug = device_slug(device)
-    plans, paths = [], []
-    for i, spec in enumerate(specs):
-        a_path = acceptance[i] if acceptance is not None else default_acceptance_path(tlabel, spec, mode)
-        l_path = latency[i] if latency is not None else default_latency_path(tlabel, spec, slug)
-        how = (f"{' --target ' + str(target) if target else ''}"
-               f"{'' if spec.entry.loads_model and spec.path is None else ' --draft ' + spec.spec}")
-        for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
-            if not Path(path).is_file():
-                extra = f" --temperature {temperature:g} --top-p {top_p:g}" if kind == "acceptance" and temperature else ""
-                raise TreeoptError(f"no {kind} profile of drafter {spec.label} at {path}: write it with treeopt profile "
-                                   f"{kind}{how}{extra} (or pass {opt} PATH)")
-        acc, curve = load_acceptance(a_path), load_latency(l_path)
-        plans.append(plan_drafter(spec.label, spec.cost_model, acc, curve, budget=budget, max_depth=max_depth,
-                                  max_branching=max_branching))
-        paths.append((Path(a_path), Path(l_path)))
-    return plans, paths
-
-
 def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_prompts, temperature, top_p, seed,
                           compare, acceptance, latency, budget, max_depth, max_branching, device, dtype, backend,
                           results_dir, as_json, weights="float32") -> None:
     """``treeopt run --compare-drafters``: every check and every drafter's solve first, then the weights load
     (the target once), then one run: plain decoding and each drafter's best tree on the same prompts."""
-    from ..evaluation import compare_drafters, drafter_table
+    from ..jobs.compare import compare_drafters, drafter_table
     from ..model.loaders import load_model_config
-    from ..pipeline import (check_drafter, default_target_path, load_drafters, parse_device, parse_drafter_spec,
+    from ..jobs.load import (check_drafter, default_target_path, load_drafters, parse_device, parse_drafter_spec,
                             parse_dtype)
     from ..profiles import warn_on_mismatch
     from ..device import device_name
@@ -414,7 +348,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     tconfig = load_model_config(Path(target) if target else default_target_path())
     for spec in specs:  # L in range, vocabularies: from the configs, before the profiles are looked for
         check_drafter(spec, tconfig)
-    plans, paths = _plan_drafters(specs, acceptance, latency, target=target, device=dev, temperature=temperature,
+    plans, paths = plan_drafters(specs, acceptance, latency, target=target, device=dev, temperature=temperature,
                                   top_p=top_p, budget=budget, max_depth=max_depth, max_branching=max_branching,
                                   defaults=not drafts)
     pfile = prompts or demo_prompts_path("eval")
@@ -423,7 +357,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
                           prompts_file=pfile)
     pairs = load_drafters(target, specs, device=dev, dtype=dt, weights=weights, log=note)
     pair = pairs[0]
-    _check_trees_fit([p.entry(None) for p in plans], pair)
+    check_trees_fit([p.entry(None) for p in plans], pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     mode = "greedy" if temperature == 0 else "sampling"
     warnings: list[str] = []
@@ -474,19 +408,6 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
         raise typer.Exit(1)
 
 
-def _merged_topology(trees) -> Tree:
-    """The planned shape of SpecInfer's merge of several drafters' own trees: every tree's root children side
-    by side under one root, in drafter order (the union when no two drafters propose the same token; at run
-    time shared tokens merge and the tree is smaller, :class:`~sequoia_opt.drafting.policies.MergePolicy`)."""
-    from ..tree import Tree
-
-    choices, offset = [], 0
-    for t in trees:
-        choices += [[c[0] + offset, *c[1:]] for c in t.choices()]
-        offset += len(t.children[0])
-    return Tree.from_choices(choices)
-
-
 def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_new_tokens, num_prompts,
                        temperature, top_p, seed, compare, acceptance, latency, device, dtype, backend, results_dir,
                        as_json, weights="float32") -> None:
@@ -502,8 +423,8 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
     from dataclasses import replace
 
     from ..drafting.policies import GraftPolicy, MergePolicy, load_scheduler
-    from ..evaluation import TreeEntry, run_trees
-    from ..pipeline import default_target_path, load_drafters, model_label, parse_device, parse_drafter_spec, \
+    from ..jobs.run import TreeEntry, run_trees
+    from ..jobs.load import default_target_path, load_drafters, model_label, parse_device, parse_drafter_spec, \
         parse_dtype
     from ..device import device_name
     from ..prompts import demo_prompts_path, load_prompts
@@ -558,7 +479,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
     warnings: list[str] = []
     entries = []
     if merge:
-        union = _merged_topology([e.tree for e in own])
+        union = merged_topology([e.tree for e in own])
         trees_ = tuple(e.tree for e in own)
         meta = TreeMetadata(budget=union.size, max_depth=union.tree_depth, solver="specinfer-merge",
                             extra={"drafters": labels, "trees": [str(p) for p in trees]})
@@ -594,7 +515,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)
 
             entries.append(TreeEntry(name, dtree.tree, meta, drafter="+".join(labels), policy=policy))
-    _check_trees_fit(entries, pair)
+    check_trees_fit(entries, pair)
     ids = [pair.tokenizer.encode(p.text) for p in texts]
     kind = "merge" if merge else "graft"
     settings = {"target": pair.target_name, "prompts": str(prompts or "demo eval prompts"),
@@ -635,235 +556,13 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
 
 
 def _drafters_table(run) -> tuple[str, list[str], list[list]]:
-    """Per drafter of every multi-drafter tree of a run (:attr:`~sequoia_opt.evaluation.TreeSummary.drafters`):
+    """Per drafter of every multi-drafter tree of a run (:attr:`~sequoia_opt.jobs.run.TreeSummary.drafters`):
     calls (steps it was asked in), call rate (calls / steps), its total time (ms), ms per call, and the
     accepted nodes it proposed."""
     rows = [[s.tree, d["name"], d["calls"], d["call_rate"], d["ms"], d["ms_per_call"], d["accepted_nodes"]]
             for s in run.summaries[1:] for d in s.drafters]
     return ("drafters of each tree", ["name", "drafter", "calls", "call rate", "ms", "ms per call", "accepted nodes"],
             rows)
-
-
-def _baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path]) -> tuple[list, list, list[str], str]:
-    """``--compare``: the best chain and k-ary tree within the largest --tree's size and depth, and every
-    static tree of the table scored under ONE value model (:class:`~sequoia_opt.solver.depth.ValueModel`):
-    the model the --tree files were solved with when they agree (else the profile's ``auto`` model, as
-    ``treeopt solve``), from the acceptance profile given here, and the latency profile's cost model. A tree
-    whose file predicted otherwise is re-scored (a note gives both figures); a baseline that is one of the
-    --tree files is not run twice (a note says so); when the latency profile stops short of the largest tree,
-    the baselines are chosen within what it measured (a note says so).
-
-    Returns:
-        ``(entries, baselines, notes, label)``: ``entries`` with the static trees' predictions re-scored, the
-        baseline entries, the notes (they go to the output and the JSON) and the value model's label (the
-        trees table's title names it).
-    """
-    from dataclasses import replace
-
-    from ..errors import ProfileError
-    from ..evaluation import TreeEntry
-    from ..profiles import load_acceptance, load_latency
-    from ..solver import compare_baselines, step_cost
-    from ..solver.depth import ValueModel
-
-    if acceptance is None:
-        raise TreeoptError("--compare needs --acceptance (to pick the best chain and k-ary tree)")
-    acc = load_acceptance(acceptance)
-    curve = load_latency(latency) if latency else None
-    static = [e for e in entries if e.policy is None]
-    recorded = {e.metadata.extra.get("acceptance_model") for e in static}
-    model = recorded.pop() if len(recorded) == 1 and None not in recorded else "auto"
-    notes = []
-    if model == "by-depth" and not acc.by_depth:
-        notes.append(f"--compare: the trees were solved with per-depth acceptance, profile {acc.id!r} has no "
-                     "per-depth vectors: every tree is scored with its positional vector")
-        model = "positional"
-    vm = ValueModel.of_profile(acc, model if model in ("positional", "by-depth") else "auto")
-
-    def predict(tree):  # (G, speedup) under the table's value model and cost model; speedup None off the curve
-        g = vm.expected_tokens(tree)
-        if curve is None:
-            return g, None
-        try:
-            return g, step_cost(tree.level_widths, g, curve).speedup
-        except ProfileError:
-            return g, None
-
-    out_entries = []
-    for e in entries:
-        if e.policy is not None:  # adaptive or dynamic: its own value model
-            out_entries.append(e)
-            continue
-        g, sp = predict(e.tree)
-        old = e.metadata.expected_tokens_per_step
-        if old is not None and abs(old - g) > 5e-4:
-            notes.append(f"tree {e.name!r}: predicted {g:.3f} tokens/step under {vm.label} (its file: {old:.3f}, "
-                         f"{e.metadata.extra.get('acceptance_model') or 'positional'} acceptance of profile "
-                         f"{e.metadata.acceptance_profile!r}): every tree of the table is scored one way")
-        out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g, predicted_speedup=sp)))
-    budget = max(e.tree.size for e in static)
-    max_depth = max(max(e.tree.tree_depth for e in static), 1)
-    if curve is not None and budget > curve.max_target_tokens():
-        measured = curve.max_target_tokens()
-        notes.append(f"--compare baselines limited to {measured} nodes (asked: {budget}, the largest tree): latency "
-                     f"profile {curve.id!r} was measured up to {measured} target tokens; profile more tokens "
-                     f"(treeopt profile latency --max-tokens {budget}) to compare at the trees' size")
-        budget = measured
-    runs = {tuple(map(tuple, e.tree.choices())): e.name for e in static}
-    out = []
-    for b in compare_baselines(vm.acceptance, budget, max_depth, 32, curve, by_depth=vm.rows):
-        if b.name.startswith(("chain", "k-ary")):
-            if b.note:
-                notes.append(b.note)
-            label = f"{b.name} " + " ".join(f"{k}={v}" for k, v in b.params.items())
-            same = runs.get(tuple(map(tuple, b.tree.choices())))
-            if same is not None:
-                notes.append(f"--compare: the best {label} is tree {same!r} itself; it runs once, under that name")
-                continue
-            meta = TreeMetadata(budget=b.tree.size, expected_tokens_per_step=b.expected_tokens,
-                                predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
-                                latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}",
-                                extra={"acceptance_model": vm.name})
-            out.append(TreeEntry(name=label, tree=b.tree, metadata=meta))
-    return out_entries, out, notes, vm.label
-
-
-def _dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], latency: Optional[list[Path]], *,
-                      multi: bool, adapt: bool, notes: Optional[list[str]] = None) -> list[tuple[Any, dict, dict]]:
-    """The --dynamic settings, read and checked before any model loads: ``[(setting, predicted figures,
-    provenance)]``. Predicted figures come from --calibration and -l when given (a setting the latency
-    profile cannot score, its budget or a draft forward past what it measured, is dropped with a note in
-    ``notes``, as ``solve --dynamic`` leaves it out), else from a setting file's ``predicted``; a setting given
-    as text has none. With ``device``, a setting whose step would need more memory than the device has free
-    (:func:`~sequoia_opt.dynamic.step_memory_bytes`, at the target's vocabulary) is refused.
-
-    Raises:
-        TreeoptError: a setting that cannot be read or does not fit in memory, --calibration without
-            --dynamic, --dynamic with several drafters or --adapt (one line, exit 2).
-    """
-    from ..dynamic import parse_setting
-    from ..errors import ProfileError
-    from ..exports import load_dynamic_setting
-
-    if not specs:
-        if calibration is not None:
-            raise TreeoptError("--calibration predicts --dynamic settings: add --dynamic (or drop --calibration)")
-        return []
-    if multi:
-        raise TreeoptError("--dynamic runs one drafter (the tree is chosen from its scores): give at most one --draft")
-    if adapt:
-        raise TreeoptError("--adapt re-solves static trees; a --dynamic setting already follows the workload: run them "
-                           "separately")
-    out = []
-    for spec in specs:
-        if Path(spec).suffix.lower() in (".yaml", ".yml", ".json") or Path(spec).is_file():
-            setting, doc = load_dynamic_setting(spec)
-            out.append((setting, doc.get("predicted") or {}, doc.get("provenance") or {}))
-            continue
-        try:
-            out.append((parse_setting(spec), {}, {}))
-        except ValueError as err:
-            raise TreeoptError(str(err)) from None
-    if calibration is not None and (not latency or len(latency) != 1):
-        raise TreeoptError("--calibration predicts a setting's tokens/s with one --latency profile: add -l")
-    if calibration is not None:
-        from ..profiles.calibration import load_calibration
-        from ..profiles import load_latency
-        from ..solver.dynamic import predict_setting
-
-        cal, curve = load_calibration(calibration), load_latency(latency[0])
-        top_n = curve.max_target_tokens()
-        kept = []
-        for setting, _, provenance in out:
-            try:
-                if setting.budget > top_n:
-                    raise ProfileError(f"its budget {setting.budget} is past the largest target token count {top_n} "
-                                       f"latency profile {curve.id!r} measured")
-                pred = predict_setting(cal, setting, curve, max_steps=200)
-            except ProfileError as err:
-                if notes is not None:
-                    notes.append(f"{setting.label} not run: {err} (T(n) and c(w) are never extrapolated: profile more "
-                                 "tokens, or lower its budget / topk)")
-                continue
-            kept.append((setting, {"tokens_per_step": pred.tokens_per_step, "speedup": pred.speedup,
-                                   "from": "calibration"}, provenance))
-        out = kept
-    return out
-
-
-def _check_dynamic_memory(settings: list[tuple[Any, dict, dict]], target: Optional[Path], device) -> None:
-    """Refuse, before any model loads, a --dynamic setting whose step would need more memory than ``device``
-    has free (:func:`~sequoia_opt.dynamic.check_step_memory` at the target's vocabulary, read from its config).
-
-    Raises:
-        TreeoptError: one line naming the setting and the memory.
-    """
-    from ..dynamic import check_step_memory
-    from ..model.loaders import load_model_config
-    from ..pipeline import default_target_path
-    from ..device import free_memory_bytes
-
-    if not settings:
-        return
-    vocab = load_model_config(Path(target) if target else default_target_path()).vocab_size
-    free = free_memory_bytes(device)
-    for setting, _, _ in settings:
-        try:
-            check_step_memory(setting, vocab, free, str(device))
-        except ValueError as err:
-            raise TreeoptError(str(err)) from None
-
-
-def _dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: Optional[Path],
-                     latency: Optional[Path], temperature: float, notes: list[str]) -> list:
-    """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction
-    (:func:`_dynamic_settings`: from --calibration and -l, else from its file when the file was solved for this
-    drafter; a note says when it was not). Warnings about the calibration go to ``notes``."""
-    from ..drafting.policies import DynamicPolicy
-    from ..evaluation import TreeEntry
-    from ..tree import Tree
-
-    if not settings:
-        return []
-    if calibration is not None:
-        from ..profiles.calibration import load_calibration
-        from ..profiles import load_latency
-        from ..profiles.calibration import calibration_warnings, same_pair
-
-        cal = load_calibration(calibration)
-        same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name))
-        notes.extend(calibration_warnings(cal, temperature=temperature))
-    out = []
-    for setting, predicted, provenance in settings:
-        solved_for = provenance.get("draft")
-        if predicted.get("from") != "calibration" and predicted and solved_for is not None \
-                and str(solved_for).lower() != str(pair.draft_name).lower():
-            notes.append(f"{setting.label}: its file was solved for drafter {solved_for!r}, this run drafts with "
-                         f"{pair.draft_name!r}: its prediction is not shown")
-            predicted = {}
-        if setting.topk > pair.vocab_size:
-            raise TreeoptError(f"{setting.label}: topk {setting.topk} is more than the vocabulary's {pair.vocab_size} tokens")
-        meta = TreeMetadata(budget=setting.budget, max_depth=setting.steps,
-                            expected_tokens_per_step=predicted.get("tokens_per_step"),
-                            predicted_speedup=predicted.get("speedup"), solver=f"dynamic:{setting.policy}",
-                            extra={"dynamic": setting.to_dict()})
-
-        def make(drafter, s=setting):
-            return DynamicPolicy(drafter, s, name=pair.draft_name)
-
-        out.append(TreeEntry(setting.label, Tree.chain(1), meta, policy=make, drafter=pair.draft_name))
-    return out
-
-
-def _check_trees_fit(entries, pair) -> None:
-    """Refuse trees the draft cannot produce (a node with more children than the vocabulary has tokens).
-    A tree deeper than what the context has left is not refused: the decoder clips it, step by step, to the
-    levels that fit (see :class:`~sequoia_opt.drafting.policies.StaticTreePolicy`)."""
-    V = pair.vocab_size
-    for e in entries:
-        if e.tree.max_branching_used > V:
-            raise TreeoptError(f"tree {e.name!r} has a node with {e.tree.max_branching_used} children; the "
-                               f"vocabulary has only {V} tokens")
 
 
 def _prediction_label(entries, value_label: str | None = None) -> tuple[str, list[str]]:
@@ -899,7 +598,7 @@ def _prediction_label(entries, value_label: str | None = None) -> tuple[str, lis
 
 def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, seed, backend, results_dir,
                     as_json, settings, value_label: str | None = None) -> Report:
-    from ..evaluation import run_trees
+    from ..jobs.run import run_trees
 
     predicted, label_warnings = _prediction_label(entries, value_label)
     with progress_bar() as progress:
@@ -942,100 +641,12 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
              "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
 
 
-# ---------------------------------------------------------------------------------------------- --adapt
-def _check_adapt_options(adapt: bool, every: Optional[int], window: Optional[int], prior_weight: Optional[float], *,
-                         acceptance: Optional[list[Path]], latency: Optional[list[Path]],
-                         multi: bool) -> tuple[int, int, float]:
-    """The ``--adapt`` options checked before anything is read; returns ``(every, window, prior_weight)``
-    with the defaults filled in.
-
-    Raises:
-        TreeoptError: an ``--adapt-*`` option without ``--adapt``; ``--adapt`` with several drafters or
-            ``--compare-drafters``; every or window below 1; a negative or non-finite prior weight; ``--adapt``
-            without ``--acceptance`` or ``--latency``.
-    """
-    import math
-
-    given = [n for n, v in (("--adapt-every", every), ("--adapt-window", window),
-                            ("--adapt-prior-weight", prior_weight)) if v is not None]
-    if not adapt:
-        if given:
-            raise TreeoptError(f"{given[0]} sets how --adapt re-solves the tree: add --adapt (or drop {given[0]})")
-        return DEFAULT_EVERY, DEFAULT_WINDOW, DEFAULT_PRIOR_WEIGHT
-    if multi:
-        raise TreeoptError("--adapt re-solves one drafter's static tree: drop it with --compare-drafters, --merge, "
-                           "--scheduler or several --draft")
-    every = DEFAULT_EVERY if every is None else every
-    window = DEFAULT_WINDOW if window is None else window
-    prior_weight = DEFAULT_PRIOR_WEIGHT if prior_weight is None else prior_weight
-    if every < 1:
-        raise TreeoptError(f"--adapt-every must be at least 1 (steps between re-solves), got {every}")
-    if window < 1:
-        raise TreeoptError(f"--adapt-window must be at least 1 (steps the acceptance estimate remembers), got {window}")
-    if not math.isfinite(prior_weight) or prior_weight < 0:
-        raise TreeoptError(f"--adapt-prior-weight must be a number >= 0 (pseudo-trials per rank), got {prior_weight:g}")
-    missing = [opt for opt, v in (("--acceptance", acceptance), ("--latency", latency)) if not v]
-    if missing:
-        raise TreeoptError(f"--adapt needs --acceptance (the prior of its running estimate) and --latency (what its "
-                           f"hardware-aware re-solves read): missing {' and '.join(missing)}")
-    return every, window, prior_weight
-
-
-def _adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, window: int, prior_weight: float,
-                      budget: Optional[int], max_depth: Optional[int], max_branching: Optional[int]) -> tuple[list, list[str]]:
-    """One adaptive twin per tree entry, ``<name> (adaptive)``, starting from that tree (nothing is loaded
-    but the two profiles; each :class:`~sequoia_opt.drafting.policies.TreeAdapter` solves the prior once,
-    which checks the limits against the latency profile).
-
-    Limits of the re-solves: ``budget`` or the tree's recorded budget limit (``treeopt solve`` writes it),
-    else its budget, else its size, lowered to the latency profile's largest measured token count when a
-    limit that was not given exceeds it (a note says so); ``max_depth`` or 16 (``treeopt solve``'s default);
-    ``max_branching`` or the tree's recorded one, else 32.
-
-    Returns:
-        ``(entries, notes)``.
-
-    Raises:
-        TreeoptError: a root-only tree; ``--budget`` past what the latency profile measured; a bad profile.
-    """
-    from ..drafting.policies import AdaptiveTreePolicy, TreeAdapter
-    from ..evaluation import TreeEntry
-    from ..profiles import load_acceptance, load_latency
-    from ..solver.hardware import SINGLE_DEFAULTS
-
-    acc, curve = load_acceptance(acceptance), load_latency(latency)
-    measured = curve.max_target_tokens()
-    out, notes = [], []
-    for e in entries:
-        if e.tree.tree_depth == 0:
-            raise TreeoptError(f"--adapt: tree {e.name!r} is the root alone; an adaptive tree starts from a tree of "
-                               "depth >= 1 (its drafter has nothing to draft with otherwise)")
-        extra = e.metadata.extra
-        b = budget if budget is not None else int(extra.get("budget_limit") or e.metadata.budget or e.tree.size)
-        if budget is None and b > measured:
-            notes.append(f"{e.name} (adaptive): re-solves limited to {measured} nodes (the tree's budget: {b}): latency "
-                         f"profile {curve.id!r} was measured up to {measured} target tokens")
-            b = measured
-        d = SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth
-        br = max_branching if max_branching is not None else int(extra.get("max_branching")
-                                                                 or SINGLE_DEFAULTS["max_branching"])
-        adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,
-                              window=window, prior_weight=prior_weight)
-        out.append(TreeEntry(f"{e.name} (adaptive)", e.tree, e.metadata,
-                             policy=lambda drafter, a=adapter: AdaptiveTreePolicy(drafter, a)))
-        notes.append(f"{e.name} (adaptive): re-solved every {every} steps from the acceptance of the last {window} "
-                     f"steps (prior {acc.id!r}, worth {prior_weight:g} trials per rank) with latency profile "
-                     f"{curve.id!r}, within budget {b}, depth {d}, branching {br}; the time of each re-solve is "
-                     "charged to its step")
-    return out, notes
-
-
 #: Re-solve rows shown in the table; past it only the re-solves that changed the tree (the JSON has them all).
 RESOLVE_ROWS = 40
 
 
 def _resolve_table(run) -> tuple[tuple[str, list[str], list[list]], list[str]]:
-    """The re-solve log of every adaptive tree of a run (:attr:`~sequoia_opt.evaluation.TreeSummary.adaptive`):
+    """The re-solve log of every adaptive tree of a run (:attr:`~sequoia_opt.jobs.run.TreeSummary.adaptive`):
     per re-solve the step (since the run began), the prompt, tokens so far, the new tree's size, depth and
     level widths, its predicted tokens per step and speedup, whether it changed the tree, the solve time.
     Returns ``(table, notes)``."""

@@ -3,7 +3,7 @@ depth from a latency profile, baselines side by side, and the exports for servin
 
 With ``--pair-acceptance`` (two drafters, issue 16): two ``-a`` and two ``-l`` (the light drafter's, then the
 strong one's) and the pair profile give the hardware-aware grafted tree
-(:func:`~sequoia_opt.grafting.plan_graft`), written as ``treeopt-tree/2``, beside the baselines under the same
+(:func:`~sequoia_opt.jobs.graft.plan_graft`), written as ``treeopt-tree/2``, beside the baselines under the same
 cost model: each drafter alone and SpecInfer's merge of their own trees."""
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
                  output: Optional[Path], fmt: Optional[str], width: Optional[int], acceptance_model: str,
                  as_json: bool, plan: str = "auto") -> None:
     """``treeopt solve --pair-acceptance``: every check and the profiles' agreement first (one line, exit 2,
-    nothing written), then :func:`~sequoia_opt.grafting.plan_graft` and the report: the chosen grafted tree,
+    nothing written), then :func:`~sequoia_opt.jobs.graft.plan_graft` and the report: the chosen grafted tree,
     the best candidates, and the baselines (each drafter alone, the SpecInfer merge) under the same cost
     model. The tree is written as ``treeopt-tree/2`` (-o, or ``--format yaml`` to stdout).
 
@@ -354,8 +354,8 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     """
     from .. import exports
     from ..errors import ProfileError, SolverError
-    from ..evaluation import check_drafter_profiles
-    from ..grafting import GraftProfiles, plan_graft
+    from ..jobs.compare import check_drafter_profiles
+    from ..jobs.graft import GraftProfiles, plan_graft
     from ..profiles import load_acceptance, load_latency, load_pair_acceptance, warn_on_mismatch
     from ..tree import drafter_tree_to_yaml, save_drafter_tree
 
@@ -414,7 +414,7 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     ctx = context if context is not None else int(curves[0].contexts[0])
     meta = plans.metadata["graft"]
     if plan != "auto":  # a tree holding both drafters, for a scheduler, whether or not it wins called every step
-        from ..grafting import scheduled_candidates
+        from ..jobs.graft import scheduled_candidates
         from ..solver.graft import drafter_costs_ms, graft_expected_tokens, graft_step_cost
 
         want = {"graft": "solver graft", "merge": "merge as graft"}[plan]

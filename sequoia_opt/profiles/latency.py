@@ -4,8 +4,6 @@ drafter's c(w) and cost model, the step overhead, the engine that ran the forwar
 from __future__ import annotations
 
 import math
-import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping

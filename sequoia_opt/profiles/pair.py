@@ -3,7 +3,6 @@ drafter: the strong drafter's acceptance beside the light's candidates; TreeGraf
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -13,8 +12,7 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .acceptance import AcceptanceProfile
-from .common import (DRAFT_COST_MODELS, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, _check_format, _flag, _load_yaml, _number,
+from .common import (MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, _check_format, _flag, _load_yaml, _number,
                      _plain, check_integer)
 from .latency import check_cost_model
 

@@ -14,7 +14,7 @@ from numba import njit
 from ..errors import SolverError
 from ..tree import DrafterTree, Tree
 from .dp import MAX_TABLE_ENTRIES, _check_int
-from .graft_value import GraftAcceptance, graft_expected_tokens
+from .graft_value import GraftAcceptance
 
 __all__ = ["GraftDPSolution", "solve_graft_dp", "optimal_graft_tree"]
 

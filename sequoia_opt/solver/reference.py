@@ -20,7 +20,7 @@ from ..errors import ProfileError, SolverError
 from ..profiles import LatencyCurve, validate_acceptance
 from ..tree import DrafterTree
 from .graft import _check_curves, graft_step_cost
-from .graft_dp import _check_bool, _check_limits, solve_graft_dp
+from .graft_dp import _check_bool, _check_limits
 from .graft_value import GraftAcceptance, graft_expected_tokens
 from .hardware import StepCost
 

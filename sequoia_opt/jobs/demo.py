@@ -34,20 +34,21 @@ from typing import Any, Callable
 
 import torch
 
-from .evaluation import DrafterRow, RunReport, TreeEntry, compare_drafters, drafter_table, plan_drafter
-from .pipeline import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
-from .report import Report
-from .profiles import LatencyCurve, save_acceptance, save_latency
-from .profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
-from .device import device_name, device_slug
-from .model.tuned_linear import linear_record
-from .profiling.layers import default_layer_grid, sweep_layers
-from .profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
+from .run import RunReport, TreeEntry
+from .compare import DrafterRow, compare_drafters, drafter_table, plan_drafter
+from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
+from ..report import Report
+from ..profiles import LatencyCurve, save_acceptance, save_latency
+from ..profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
+from ..device import device_name, device_slug
+from ..model.tuned_linear import linear_record
+from ..profiling.layers import default_layer_grid, sweep_layers
+from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
                                 profile_drafter, profile_model)
-from .profiling.timing import token_grid
-from .prompts import demo_prompts_path, load_prompts
-from .solver import choose, compare_baselines
-from .tree import TreeMetadata, now_iso, save_tree
+from ..profiling.timing import token_grid
+from ..prompts import demo_prompts_path, load_prompts
+from ..solver import choose, compare_baselines
+from ..tree import TreeMetadata, now_iso, save_tree
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -93,7 +94,7 @@ class DemoSettings:
 @dataclass
 class DemoResult:
     """What the demo produced: the rendered report (cli.Report), the run, where files went, and one
-    :class:`~sequoia_opt.evaluation.DrafterRow` per drafter (the side-by-side table)."""
+    :class:`~sequoia_opt.jobs.compare.DrafterRow` per drafter (the side-by-side table)."""
 
     report: Any
     run: RunReport
@@ -240,8 +241,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                                   context=ctx))
         drafts.append(self_pair.new_drafter)
     # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
-    from .solver.depth import ValueModel, solve_profile
-    from .solver.hardware import step_cost
+    from ..solver.depth import ValueModel, solve_profile
+    from ..solver.hardware import step_cost
 
     vm = ValueModel.of_profile(acc, model_plan.metadata.extra.get("acceptance_model", "auto"))
     gpu_curve = gpu_like_curve(curve, ctx)
@@ -290,7 +291,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     jpath, cpath = run.save(out_dir)
     files.update(run_json=str(jpath), run_csv=str(cpath))
     try:
-        from .plots import plot_all, predicted_speedup_curve
+        from ..plots import plot_all, predicted_speedup_curve
 
         predicted = predicted_speedup_curve(p, curve, s.max_tokens, s.max_depth, s.width, context=ctx)
         for i, path in enumerate(plot_all(out_dir / "plots", latency=curve, acceptance=acc, run=run.to_dict(),

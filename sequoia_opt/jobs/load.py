@@ -1,25 +1,23 @@
-"""The main job in library form: load a model pair, profile it on this device, solve, run, report.
-
-``treeopt demo`` and the profile / run commands are thin wrappers over these functions, so scripts and
-notebooks can do the same work without the CLI.
+"""Loading what a job runs: the target (its linears tuned for this machine on a CPU), its drafters as the registry
+builds them (:class:`ModelPair`, :func:`load_pair`, :func:`load_drafters`: every check that needs no weights
+first), devices and dtypes from their names, and the default places profiles are written.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from .drafting.registry import (DRAFTER_KEYWORDS, LOOKUP_DEFAULT, CostProbe, DrafterSpec, check_drafter,  # noqa: F401
+from ..drafting.registry import (CostProbe, DrafterSpec, check_drafter,  # noqa: F401
                                 drafter_slug, parse_drafter_spec)
-from .errors import CheckpointError, TreeoptError
-from .model import Transformer
-from .model.loaders import (bundled_draft_path, default_draft_path, default_target_path, load_checkpoint,  # noqa: F401
+from ..errors import CheckpointError, TreeoptError
+from ..model import Transformer
+from ..model.loaders import (bundled_draft_path, default_draft_path, default_target_path, load_checkpoint,  # noqa: F401
                             model_label)
-from .model.tokenizer import Tokenizer
+from ..model.tokenizer import Tokenizer
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -137,8 +135,8 @@ def load_target(target_path: Path | None, *, device: torch.device, dtype: torch.
         CheckpointError: the checkpoint cannot be loaded; TreeoptError: the demo target is not installed, or
             an unknown ``weights``.
     """
-    from .model.loaders import tune_loaded_model
-    from .model.tuned_linear import check_precision
+    from ..model.loaders import tune_loaded_model
+    from ..model.tuned_linear import check_precision
 
     check_precision(weights)
     tp = Path(target_path) if target_path else default_target_path()
@@ -180,8 +178,8 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
         TreeoptError: no drafter, a bad spec, L out of range, different vocabulary sizes; CheckpointError: a
             checkpoint cannot be loaded, or a draft's tokenizer differs from the target's, before any forward.
     """
-    from .model.loaders import load_model_config, tune_loaded_model
-    from .model.tuned_linear import check_precision
+    from ..model.loaders import load_model_config, tune_loaded_model
+    from ..model.tuned_linear import check_precision
 
     check_precision(weights)
     specs = [parse_drafter_spec(d) for d in drafts]

@@ -6,11 +6,11 @@ grafted tree (TreeGraft, 2026) with each drafter alone and with SpecInfer's merg
   vector (its children where it proposes alone, ``a = 0``), and the pair profile's conditional vector (the
   strong drafter's candidates next to A light ones, ``a = A``).
 * :func:`plan_graft` — every plan from the same profiles: each drafter's own best tree
-  (:func:`~sequoia_opt.evaluation.plan_drafter`), the hardware-aware grafted tree
+  (:func:`~sequoia_opt.jobs.compare.plan_drafter`), the hardware-aware grafted tree
   (:func:`~sequoia_opt.solver.graft.solve_graft`) and the SpecInfer merge of the two own trees, with
   predicted tokens per step and speedup for each.
-* :func:`graft_entries` — those plans as :class:`~sequoia_opt.evaluation.TreeEntry` s for
-  :func:`~sequoia_opt.evaluation.run_trees`: light alone, strong alone, merge, the grafted tree with the
+* :func:`graft_entries` — those plans as :class:`~sequoia_opt.jobs.run.TreeEntry` s for
+  :func:`~sequoia_opt.jobs.run.run_trees`: light alone, strong alone, merge, the grafted tree with the
   strong drafter called every step ("static"), and, with a trained scheduler, called when the scheduler says.
 * :func:`scheduled_prediction` — the scheduled tree's predicted tokens per step: the light part's G plus the
   share of the strong drafter's contribution that the scheduler's calls keep on the profile steps.
@@ -24,15 +24,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .drafting.policies import GraftPolicy, GraftScheduler, MergePolicy
-from .errors import ProfileError, SolverError
-from .evaluation import DrafterPlan, TreeEntry, plan_drafter
-from .profiles import PAIR_MIN_TRIALS, AcceptanceProfile, LatencyCurve, PairAcceptanceProfile
-from .profiling.graft import SchedulerSample
-from .model.tuned_linear import linear_record
-from .solver.graft import GraftAcceptance, GraftChoice, graft_baselines, graft_expected_tokens, graft_step_cost, \
+from ..drafting.policies import GraftPolicy, GraftScheduler, MergePolicy
+from ..errors import ProfileError, SolverError
+from .run import TreeEntry
+from .compare import DrafterPlan, plan_drafter
+from ..profiles import PAIR_MIN_TRIALS, AcceptanceProfile, LatencyCurve, PairAcceptanceProfile
+from ..profiling.graft import SchedulerSample
+from ..model.tuned_linear import linear_record
+from ..solver.graft import GraftAcceptance, GraftChoice, graft_baselines, graft_expected_tokens, graft_step_cost, \
     merge_trees, solve_graft
-from .tree import DrafterTree, TreeMetadata, now_iso
+from ..tree import DrafterTree, TreeMetadata, now_iso
 
 __all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "pair_graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction",
            "GraftProfileSettings", "profile_graft", "ScheduledPlan", "scheduled_candidates", "choose_scheduled_plan"]
@@ -43,7 +44,7 @@ class GraftProfiles:
     """What the graft plans are solved from.
 
     Attributes:
-        light, strong: the drafters' labels (:attr:`~sequoia_opt.pipeline.DrafterSpec.label`), light first.
+        light, strong: the drafters' labels (:attr:`~sequoia_opt.drafting.registry.DrafterSpec.label`), light first.
         light_cost_model, strong_cost_model: ``per-level`` or ``one-pass``.
         light_curve, strong_curve: each drafter's latency profile (the target's T(n), its own c(w)).
         light_acceptance, strong_acceptance: each drafter's own acceptance profile.
@@ -175,7 +176,7 @@ def scheduled_prediction(expected_tokens: float, light_tokens: float, samples: S
     Raises:
         ValueError: no samples.
     """
-    from .drafting.policies.scheduler import GraftFeatures
+    from ..drafting.policies.scheduler import GraftFeatures
 
     if not samples:
         raise ValueError("no scheduler samples to predict from")
@@ -275,7 +276,7 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
 
     Args:
         target: the target :class:`~sequoia_opt.model.Transformer`.
-        light, strong: :class:`~sequoia_opt.pipeline.ModelPair` s of the target with each drafter (their
+        light, strong: :class:`~sequoia_opt.jobs.load.ModelPair` s of the target with each drafter (their
             ``new_drafter`` makes a fresh proposer, ``draft_name`` and ``cost_model`` name it).
         prompts: profile prompts (token ids); the first ``settings.prompts`` are used.
         temperature, top_p, seed: the acceptance measurements' mode (0 = greedy).
@@ -285,14 +286,14 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
     """
     import torch
 
-    from .profiles import PairAcceptanceProfile
-    from .profiling.acceptance import build_acceptance_profile, measure_acceptance
-    from .device import device_name, device_slug
-    from .profiling.graft import measure_pair_acceptance
-    from .profiling.latency import build_latency_profile, measure_step_overhead, method_text, profile_drafter, \
+    from ..profiles import PairAcceptanceProfile
+    from ..profiling.acceptance import build_acceptance_profile, measure_acceptance
+    from ..device import device_name, device_slug
+    from ..profiling.graft import measure_pair_acceptance
+    from ..profiling.latency import build_latency_profile, measure_step_overhead, method_text, profile_drafter, \
         profile_model
-    from .profiling.timing import token_grid
-    from .pipeline import drafter_slug
+    from ..profiling.timing import token_grid
+    from .load import drafter_slug
 
     s = settings
     dev = target.device
@@ -388,9 +389,9 @@ def scheduled_candidates(plans: GraftPlans) -> list[tuple[str, DrafterTree]]:
     drafter's best tree grafted at the root: skipped, the light tree alone runs), when the pair profile can
     score it (it measured the strong drafter next to A light candidates: the light tree's root must have A
     children)."""
-    from .drafting.policies import check_graft_plan
-    from .errors import DecodingError
-    from .solver.graft import graft_depth_family, optimal_graft_tree
+    from ..drafting.policies import check_graft_plan
+    from ..errors import DecodingError
+    from ..solver.graft import graft_depth_family, optimal_graft_tree
 
     p = plans.profiles
     out: list[tuple[str, DrafterTree]] = []
@@ -432,9 +433,9 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
     Raises:
         DecodingError: as the decoder, before decoding.
     """
-    from .drafting.policies import AlwaysGraft, NeverGraft
-    from .profiling.graft import collect_scheduler_samples, train_scheduler
-    from .solver.graft import drafter_costs_ms
+    from ..drafting.policies import AlwaysGraft, NeverGraft
+    from ..profiling.graft import collect_scheduler_samples, train_scheduler
+    from ..solver.graft import drafter_costs_ms
 
     p = plans.profiles
     curves = [p.light_curve, p.strong_curve]

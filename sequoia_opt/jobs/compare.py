@@ -1,0 +1,288 @@
+"""Drafters side by side (``treeopt run --compare-drafters``, the demo's table): each drafter's own best tree,
+solved from its own profiles (:func:`plan_drafter`), run against one plain baseline (:func:`compare_drafters`),
+predicted against measured (:class:`DrafterRow`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+from ..drafting.drafters import Drafter
+from ..model import Transformer
+from ..profiles import AcceptanceProfile, LatencyCurve
+from ..solver.hardware import Choice
+from ..tree import Tree, TreeMetadata, now_iso
+from .run import RunReport, TreeEntry, run_trees
+
+__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "DrafterRow", "drafter_rows", "drafter_table",
+           "DrafterComparison", "compare_drafters"]
+
+
+@dataclass
+class DrafterPlan:
+    """One drafter's hardware-aware tree, chosen from its own profiles (:func:`plan_drafter`).
+
+    Attributes:
+        label: the drafter (:attr:`~sequoia_opt.drafting.registry.DrafterSpec.label`: a checkpoint's name, ``self:L``,
+            ``lookup:MIN-MAX``).
+        cost_model: how the solver charged it, ``"per-level"`` or ``"one-pass"`` (its latency profile's).
+        acceptance: its acceptance profile (:class:`~sequoia_opt.profiles.AcceptanceProfile`).
+        curve: its latency profile (:class:`~sequoia_opt.profiles.LatencyCurve`): the target's T(n) and this
+            drafter's c(w).
+        context: the context length (tokens) the curve was read at.
+        budget, max_depth, max_branching: the limits the solver was given (nodes incl. the root; depth; B).
+        choice: :func:`~sequoia_opt.solver.hardware.choose`'s result (the tree, predicted G and speedup).
+        metadata: the tree's metadata (predicted figures, profile ids, ``extra.drafter``), as saved in YAML.
+        name: the tree's name in the run's results (default: the label).
+    """
+
+    label: str
+    cost_model: str
+    acceptance: AcceptanceProfile
+    curve: LatencyCurve
+    context: int
+    budget: int
+    max_depth: int
+    max_branching: int
+    choice: Choice
+    metadata: TreeMetadata
+    name: str
+
+    @property
+    def tree(self) -> Tree:
+        return self.choice.tree
+
+    @property
+    def c1_over_t1(self) -> float:
+        """c(1) / T(1) at :attr:`context`: one draft forward (per-level) or one proposal of one node
+        (one-pass) against one target forward over one token."""
+        return self.curve.draft_ms(1, self.context) / self.curve.target_ms(1, self.context)
+
+    def entry(self, draft: Transformer | Drafter | Callable[[], Transformer | Drafter]) -> TreeEntry:
+        """This drafter's tree as a :class:`TreeEntry` run with ``draft`` (a factory, as :func:`run_trees`)."""
+        return TreeEntry(self.name, self.tree, self.metadata, draft=draft, drafter=self.label)
+
+
+def _same_name(a: Any, b: Any) -> bool:
+    return str(a).strip().lower() == str(b).strip().lower()
+
+
+def check_drafter_profiles(label: str, cost_model: str, acceptance: AcceptanceProfile, curve: LatencyCurve) -> None:
+    """Refuse profiles measured with another drafter than ``label`` (nothing is loaded; call it before any
+    weights load). Checked: the acceptance profile's ``measured.draft`` and ``measured.draft_cost_model``, the
+    latency profile's ``model.draft`` and draft-table ``cost_model``. A name a profile does not record is not
+    compared, except that a latency profile must have measured some drafter (without one its draft cost is
+    recorded as 0 ms and every tree would look free to draft).
+
+    Raises:
+        ProfileError: one line naming the profile, the drafter it measured, and ``label``.
+    """
+    from ..errors import ProfileError
+
+    measured = acceptance.measured.get("draft")
+    if measured is not None and not _same_name(measured, label):
+        raise ProfileError(f"acceptance profile {acceptance.id!r} measured drafter {measured!r}, not {label!r} (the "
+                           "drafter it is paired with): each drafter needs its own profiles")
+    a_cost = acceptance.measured.get("draft_cost_model")
+    if a_cost is not None and str(a_cost) != cost_model:
+        raise ProfileError(f"acceptance profile {acceptance.id!r} measured a {a_cost} drafter, but {label!r} is "
+                           f"{cost_model}")
+    timed = curve.model.get("draft")
+    if timed is None:
+        raise ProfileError(f"latency profile {curve.id!r} timed no drafter (its draft cost is recorded as 0 ms): "
+                           f"profile {label!r} with treeopt profile latency --draft")
+    if not _same_name(timed, label):
+        raise ProfileError(f"latency profile {curve.id!r} timed drafter {timed!r}, not {label!r} (the drafter it is "
+                           "paired with): each drafter needs its own profiles")
+    if curve.cost_model != cost_model:
+        raise ProfileError(f"latency profile {curve.id!r} charges a {curve.cost_model} drafter, but {label!r} is "
+                           f"{cost_model}")
+
+
+def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, curve: LatencyCurve, *,
+                 budget: int | None = None,
+                 max_depth: int = 10, max_branching: int = 8, context: int | None = None,
+                 name: str | None = None, check: bool = True, acceptance_model: str = "auto") -> DrafterPlan:
+    """Choose one drafter's best tree from its own profiles: :func:`~sequoia_opt.solver.hardware.choose` on
+    its acceptance vector and its latency curve (the drafter charged by its cost model), as ``treeopt solve
+    -a ACC -l LAT`` would.
+
+    Args:
+        label, cost_model: the drafter (:class:`~sequoia_opt.drafting.registry.DrafterSpec` ``label`` and
+            ``cost_model``).
+        acceptance: its :class:`~sequoia_opt.profiles.AcceptanceProfile`.
+        curve: its :class:`~sequoia_opt.profiles.LatencyCurve`.
+        budget: the largest tree considered (nodes incl. the root); None = the largest target token count
+            the curve measured at ``context``.
+        max_depth, max_branching: the solver's depth limit D and most children per node B.
+        context: context length (tokens) to read the curve at; None = the smallest measured.
+        name: the tree's name in results (default: ``label``).
+        check: refuse profiles of another drafter first (:func:`check_drafter_profiles`).
+        acceptance_model: ``auto`` | ``positional`` | ``by-depth``, as ``treeopt solve --acceptance-model``
+            (:func:`~sequoia_opt.solver.depth.resolve_acceptance_model`: ``auto`` solves with the profile's
+            per-depth vectors when its positional check failed, as it does for prompt lookup).
+
+    Returns:
+        :class:`DrafterPlan`.
+
+    Raises:
+        ProfileError: profiles of another drafter; a budget past what the curve measured; no tree the
+            curve can score. SolverError: bad limits or acceptance vector.
+    """
+    from ..solver import choose
+    from ..solver.depth import solve_profile
+
+    if check:
+        check_drafter_profiles(label, cost_model, acceptance, curve)
+    ctx = int(curve.contexts[0]) if context is None else int(context)
+    limit = curve.max_target_tokens(context) if budget is None else budget
+    solution, model_used = solve_profile(acceptance, limit, max_depth, max_branching, acceptance_model)
+    choice = choose(acceptance.acceptance, curve, limit, max_depth, max_branching, context=context,
+                    solution=solution)
+    extra = {"drafter": label, "draft_cost_model": cost_model, "max_branching": max_branching,
+             "budget_limit": limit, "context_tokens": ctx, "acceptance_model": model_used}
+    for key, value in (("target", acceptance.measured.get("target")), ("draft", label),
+                       ("draft_cost_model", cost_model), ("device", curve.device.get("name")),
+                       ("dtype", curve.device.get("dtype") or acceptance.measured.get("dtype"))):
+        if value is not None:
+            extra[f"profiled_{key}"] = value
+    meta = TreeMetadata(budget=choice.budget, max_depth=choice.depth, expected_tokens_per_step=choice.expected_tokens,
+                        predicted_speedup=choice.speedup, acceptance_profile=acceptance.id, latency_profile=curve.id,
+                        solver="sequoia-dp+hardware", date=now_iso(), extra=extra)
+    return DrafterPlan(label=label, cost_model=cost_model, acceptance=acceptance, curve=curve, context=ctx,
+                       budget=limit, max_depth=max_depth, max_branching=max_branching, choice=choice, metadata=meta,
+                       name=name or label)
+
+
+@dataclass
+class DrafterRow:
+    """One drafter's best tree against plain decoding, predicted and measured (one row of the side-by-side
+    table; ``RunReport.drafters`` holds these as dicts).
+
+    Attributes:
+        drafter, cost_model: the drafter's label and cost model.
+        tree: the tree's name in the run's summaries and rows.
+        c1_over_t1: c(1) / T(1) from its latency profile (ratio).
+        nodes, depth, level_widths: the tree (nodes incl. the root; widths from the root level down).
+        predicted_tokens_per_step / predicted_speedup: from its profiles (:func:`plan_drafter`).
+        tokens_per_step / tps_ci95: measured, untruncated (:class:`TreeSummary`).
+        speedup: measured tokens/s over the run's one plain baseline.  tokens_per_s: measured.
+        equals_plain: greedy output equal to plain decoding on every prompt (None when sampling).
+        mismatches: prompts whose greedy output differed.
+        acceptance_profile, latency_profile: the profile ids.
+        acceptance_model: how the prediction was solved, ``positional`` or ``by-depth`` (:func:`plan_drafter`).
+    """
+
+    drafter: str
+    cost_model: str
+    tree: str
+    c1_over_t1: float
+    nodes: int
+    depth: int
+    level_widths: list[int]
+    predicted_tokens_per_step: float
+    tokens_per_step: float
+    tps_ci95: tuple[float, float]
+    predicted_speedup: float
+    speedup: float
+    tokens_per_s: float
+    equals_plain: bool | None
+    mismatches: int
+    acceptance_profile: str
+    latency_profile: str
+    acceptance_model: str = "positional"
+
+
+def drafter_rows(plans: Sequence[DrafterPlan], run: RunReport) -> list[DrafterRow]:
+    """One :class:`DrafterRow` per plan, from the run's summary of the plan's tree (by name).
+
+    Raises:
+        KeyError: a plan's tree is not in the run.
+    """
+    by_name = {s.tree: s for s in run.summaries}
+    greedy = run.settings.get("temperature", 0.0) == 0
+    out = []
+    for p in plans:
+        s = by_name[p.name]
+        out.append(DrafterRow(
+            drafter=p.label, cost_model=p.cost_model, tree=p.name, c1_over_t1=p.c1_over_t1, nodes=p.tree.size,
+            depth=p.tree.tree_depth, level_widths=[int(w) for w in p.tree.level_widths],
+            predicted_tokens_per_step=p.choice.expected_tokens, tokens_per_step=s.tokens_per_step,
+            tps_ci95=s.tps_ci95, predicted_speedup=p.choice.speedup, speedup=s.speedup,
+            tokens_per_s=s.tokens_per_s, equals_plain=(s.mismatches == 0) if greedy else None,
+            mismatches=s.mismatches, acceptance_profile=p.acceptance.id, latency_profile=p.curve.id,
+            acceptance_model=str(p.metadata.extra.get("acceptance_model", "positional"))))
+    return out
+
+
+def drafter_table(rows: Sequence[DrafterRow]) -> tuple[str, list[str], list[list[Any]]]:
+    """The side-by-side table (title, column names, rows) of :class:`DrafterRow` s, for a
+    :class:`~sequoia_opt.report.Report`: one row per drafter, its best tree, predicted against measured."""
+    cols = ["drafter", "cost model", "acc. model", "c(1)/T(1)", "nodes", "depth", "level widths", "pred. tokens/step",
+            "tokens/step", "95% CI", "pred. speedup", "speedup", "tokens/s", "= plain"]
+    body = [[r.drafter, r.cost_model, r.acceptance_model, r.c1_over_t1, r.nodes, r.depth,
+             " ".join(map(str, r.level_widths)),
+             r.predicted_tokens_per_step, r.tokens_per_step, f"{r.tps_ci95[0]:.2f} to {r.tps_ci95[1]:.2f}",
+             r.predicted_speedup, r.speedup, r.tokens_per_s,
+             "-" if r.equals_plain is None else ("yes" if r.equals_plain else f"NO ({r.mismatches})")]
+            for r in rows]
+    return ("drafters side by side: each drafter's own best tree (its profiles, this device) against one plain "
+            "baseline", cols, body)
+
+
+@dataclass
+class DrafterComparison:
+    """What :func:`compare_drafters` ran: the run (one plain baseline, every tree), and one row per drafter."""
+
+    run: RunReport
+    rows: list[DrafterRow]
+    plans: list[DrafterPlan]
+
+    @property
+    def greedy_ok(self) -> bool:
+        return self.run.greedy_ok
+
+
+def compare_drafters(
+    target: Transformer,
+    plans: Sequence[DrafterPlan],
+    drafts: Sequence[Transformer | Drafter | Callable[[], Transformer | Drafter]],
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    extra_entries: Sequence[TreeEntry] = (),
+    draft: Transformer | Drafter | Callable[[], Transformer | Drafter] | None = None,
+    **run_kw: Any,
+) -> DrafterComparison:
+    """Run every drafter's best tree (``plans[i]`` with ``drafts[i]``, each decoder getting a fresh drafter
+    from it) and plain decoding once, on the same prompts, in one :func:`run_trees` call; return the run
+    and one :class:`DrafterRow` per drafter (also stored as ``run.drafters``).
+
+    Args:
+        target: the target model.
+        plans: the drafters' trees (:func:`plan_drafter`), distinct names.
+        drafts: per plan, its proposer as :func:`run_trees` takes ``draft`` (a draft Transformer, or a
+            function making a fresh drafter: ``ModelPair.new_drafter``).
+        prompts: token-id lists.  max_new_tokens: tokens per prompt.
+        extra_entries: more trees to run in the same call after the drafters' (baselines), with their own
+            drafter or ``draft``.
+        draft: the proposer of ``extra_entries`` that have none of their own.
+        run_kw: passed to :func:`run_trees` (``temperature``, ``top_p``, ``seed``, ``eos_ids``, ``backend``,
+            ``warmup``, ``settings``, ``progress``).
+
+    Raises:
+        ValueError: ``drafts`` and ``plans`` of different lengths, no plans, duplicate tree names.
+        DecodingError: as :func:`run_trees`, before the first timed forward.
+    """
+    if not plans:
+        raise ValueError("no drafters to compare")
+    if len(drafts) != len(plans):
+        raise ValueError(f"{len(plans)} drafter plans but {len(drafts)} drafts")
+    entries = [p.entry(d) for p, d in zip(plans, drafts)] + list(extra_entries)
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tree names must be distinct within one run, got {names}")
+    run = run_trees(target, draft, entries, prompts, max_new_tokens=max_new_tokens, **run_kw)
+    rows = drafter_rows(plans, run)
+    run.drafters = [asdict(r) for r in rows]
+    return DrafterComparison(run=run, rows=rows, plans=list(plans))
