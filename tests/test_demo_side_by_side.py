@@ -73,6 +73,7 @@ def test_the_default_latency_grid_is_dense_to_8_and_stops_at_32():
     assert token_grid(s.max_tokens, dense_up_to=s.dense_tokens) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 31,
                                                                      32]
     assert (s.latency_rounds, s.latency_repeats, s.latency_paired, s.latency_warmup) == (3, 5, True, 1)
+    assert (s.width, s.acc_depth) == (4, 4)
     # the samples the intervals come from are kept: 24 x 32 acceptance, 6 x 64 run
     assert (s.acc_prompts, s.acc_new_tokens, s.num_prompts, s.max_new_tokens) == (24, 32, 6, 64)
 
