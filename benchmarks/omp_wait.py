@@ -1,19 +1,21 @@
-"""T(n) on a CPU under OpenMP's two wait policies: threads that spin between parallel regions (the runtime's
-default, ``OMP_WAIT_POLICY`` unset) against threads that sleep (``OMP_WAIT_POLICY=PASSIVE``, what the
-``treeopt`` command sets unless the variable is already set).
+"""T(n) on a CPU under OpenMP wait settings: threads that spin between parallel regions (libgomp's default,
+nothing set) against threads that sleep (``OMP_WAIT_POLICY=PASSIVE``) or spin briefly, then sleep
+(``GOMP_SPINCOUNT=N``, libgomp: N spin iterations; what the ``treeopt`` command sets unless the user set one).
 
 Why it matters: a forward of a small model runs hundreds of short parallel regions. When the machine has as
 many busy processes as cores (a shared VM, tests running beside a profile), a spinning thread burns the time
 slice its sibling needs to reach the next barrier, and one forward can take several times longer; a sleeping
 thread gives it back. On an idle machine spinning saves the wake-up latency.
 
-Each policy runs in its own process (the runtime reads the variable once, at load), alternately, ``--rounds``
+Each setting runs in its own process (the runtime reads the variables once, at load), alternately, ``--rounds``
 times; each process builds a random-weight model of ``--arch``'s shape with the tuned linears (the plan cached
 by the first process) and times one cached forward of n tokens after ``--context`` tokens
-(``profiling.latency.time_forward`` medians). Reported: the median over rounds per policy, the ratio
-spin / passive, and the load average seen before each process. Writes ``results/omp_wait/<stamp>.json``::
+(``profiling.latency.time_forward`` medians). Reported: the median over rounds per setting, its ratio to the
+first setting (the runtime's default), and the load average seen before each process. Writes
+``results/omp_wait/<stamp>.json``::
 
-    python benchmarks/omp_wait.py [--tokens 1 4 16] [--rounds 3] [--threads 2]
+    python benchmarks/omp_wait.py [--settings unset OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000]
+        [--tokens 1 4 16] [--rounds 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-POLICIES = ("spin (unset)", "PASSIVE")
+#: the OpenMP variables a setting may set; every other setting's process sees none of them
+VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 def worker(args) -> None:
@@ -57,6 +60,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10, help="timed forwards per n and process")
+    ap.add_argument("--settings", nargs="+", default=["unset", "OMP_WAIT_POLICY=PASSIVE", "GOMP_SPINCOUNT=10000"],
+                    help="'unset' (the runtime's default) or VAR=VALUE[,VAR=VALUE] of " + ", ".join(VARIABLES))
     ap.add_argument("--out", type=Path, default=Path("results/omp_wait"))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -69,32 +74,40 @@ def main() -> None:
 
     cmd = [sys.executable, __file__, "--worker", "--arch", args.arch, "--context", str(args.context),
            "--threads", str(args.threads), "--repeats", str(args.repeats), "--tokens", *map(str, args.tokens)]
-    runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
+    settings = list(dict.fromkeys(args.settings))
+    extra: dict[str, dict[str, str]] = {}
+    for setting in settings:
+        pairs = [] if setting == "unset" else [kv.split("=", 1) for kv in setting.split(",")]
+        if any(len(kv) != 2 or kv[0] not in VARIABLES for kv in pairs):
+            ap.error(f"--settings: {setting!r} is not 'unset' or VAR=VALUE with VAR in {', '.join(VARIABLES)}")
+        extra[setting] = dict(pairs)
+    runs: dict[str, list[dict]] = {p: [] for p in settings}
     for r in range(args.rounds):
-        for policy in POLICIES:
-            env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-            if policy == "PASSIVE":
-                env["OMP_WAIT_POLICY"] = "PASSIVE"
+        for policy in settings:
+            env = {k: v for k, v in os.environ.items() if k not in VARIABLES} | extra[policy]
             load = os.getloadavg()[0]
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
             doc = json.loads(res.stdout.strip().splitlines()[-1])
             doc["load_avg_1min"] = load
             runs[policy].append(doc)
-            print(f"round {r + 1} {policy:13s} load {load:4.1f}  " +
+            print(f"round {r + 1} {policy:24s} load {load:4.1f}  " +
                   "  ".join(f"T({n}) {ms:7.1f}" for n, ms in doc["ms"].items()) + " ms", flush=True)
-    med = {p: {n: statistics.median(d["ms"][str(n)] for d in runs[p]) for n in args.tokens} for p in POLICIES}
-    rows = [{"tokens": n, "spin_ms": med[POLICIES[0]][n], "passive_ms": med["PASSIVE"][n],
-             "spin_over_passive": med[POLICIES[0]][n] / med["PASSIVE"][n]} for n in args.tokens]
-    loads = [d["load_avg_1min"] for p in POLICIES for d in runs[p]]
+    med = {p: {n: statistics.median(d["ms"][str(n)] for d in runs[p]) for n in args.tokens} for p in settings}
+    base = settings[0]
+    rows = [{"tokens": n, "ms": {p: med[p][n] for p in settings},
+             "over_first": {p: med[p][n] / med[base][n] for p in settings}} for n in args.tokens]
+    loads = [d["load_avg_1min"] for p in settings for d in runs[p]]
     print(f"\nload average (1 min) before each process: {min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} CPUs")
-    print("| n | spin (unset) ms | PASSIVE ms | spin / passive |")
-    print("|---|---|---|---|")
+    print("| n | " + " | ".join(f"{p} ms (/ {base})" for p in settings) + " |")
+    print("|---|" + "---|" * len(settings))
     for row in rows:
-        print(f"| {row['tokens']} | {row['spin_ms']:.1f} | {row['passive_ms']:.1f} | {row['spin_over_passive']:.2f} |")
+        print(f"| {row['tokens']} | " + " | ".join(f"{row['ms'][p]:.1f} ({row['over_first'][p]:.2f})" for p in settings)
+              + " |")
     stamp = now_iso().replace(":", "").replace("+0000", "Z")
     doc = {"benchmark": "omp_wait", "date": now_iso(), "arch": args.arch, "context": args.context,
            "device": cpu_name(), "cpu_count": os.cpu_count(), "rounds": args.rounds, "repeats": args.repeats,
-           "load_avg_1min": {"min": min(loads), "max": max(loads)}, "rows": rows, "runs": runs}
+           "settings": settings, "load_avg_1min": {"min": min(loads), "max": max(loads)}, "rows": rows,
+           "runs": runs}
     print(f"wrote {atomic_write_text(args.out / f'{stamp}.json', json.dumps(doc, indent=1) + chr(10))}")
 
 
