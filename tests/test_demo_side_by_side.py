@@ -173,3 +173,15 @@ def test_demo_refuses_chat_prompts_for_a_target_without_a_template(tmp_path):
         run_demo(target=tmp_path / "target", draft=str(tmp_path / "draft"), settings=DemoSettings(**SETTINGS),
                  out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_demo_cli_refuses_bad_self_layers_before_loading_models(tmp_path):
+    from typer.testing import CliRunner
+
+    from sequoia_opt.cli import app
+
+    r = CliRunner().invoke(app, ["demo", "--self-layers", "6,x", "--out-dir", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--self-layers takes 'auto' or L values like 6,12,24, got '6,x'" in lines[0]
+    assert not (tmp_path / "out").exists()
