@@ -138,7 +138,7 @@ def test_a_template_refusing_a_conversation_names_its_reason():
     "{% set x = messages.append({'role': 'user'}) %}{{ x }}",  # immutable: no mutation of the data given
 ])
 def test_templates_run_in_an_immutable_sandbox(src):
-    with pytest.raises(ChatTemplateError, match="unsafe|refuses"):
+    with pytest.raises(ChatTemplateError, match=r"access to attribute .* is unsafe"):
         render_chat(src, USER)
 
 
