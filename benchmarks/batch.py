@@ -30,7 +30,7 @@ from sequoia_opt.profiles import load_acceptance
 from sequoia_opt.profiles.batch import parse_batches, save_batch_latency
 from sequoia_opt.profiling.batch import profile_batches
 from sequoia_opt.profiling.latency import method_text
-from sequoia_opt.prompts import load_prompts
+from sequoia_opt.prompts import encode_prompts, load_prompts
 from sequoia_opt.solver.batch import choose_per_batch
 from sequoia_opt.solver.hardware import score_tree
 from sequoia_opt.tree import now_iso
@@ -78,8 +78,8 @@ def main() -> None:
     texts = load_prompts(args.prompts, limit=max(batches))
     # mixed lengths: prompt i cut to a length cycling over [P, 0.4 P, 0.75 P, 0.25 P, 0.9 P, 0.6 P, 0.33 P, 0.66 P]
     cuts = [1.0, 0.4, 0.75, 0.25, 0.9, 0.6, 0.33, 0.66]
-    prompts = [tok.encode(t.text)[: max(2, int(args.max_prompt_tokens * cuts[i % len(cuts)]))]
-               for i, t in enumerate(texts)]
+    prompts = [ids[: max(2, int(args.max_prompt_tokens * cuts[i % len(cuts)]))]
+               for i, ids in enumerate(encode_prompts(texts, tok))]
     M = args.max_new_tokens
     max_len = max(len(x) for x in prompts) + M + max(grid) + 1
     plain1 = Decoder(target, max_len=max_len)

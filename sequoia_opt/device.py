@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 from pathlib import Path
@@ -60,7 +61,9 @@ def device_slug(device: torch.device | str) -> str:
 
 
 def device_info(device: torch.device | str, dtype: torch.dtype) -> dict[str, object]:
-    """Mapping stored under ``device:`` in a latency profile (name, versions, dtype, threads)."""
+    """Mapping stored under ``device:`` in a latency profile (name, versions, dtype, threads; on a CPU the
+    OpenMP wait policy the threads ran under, ``OMP_WAIT_POLICY`` or None for the runtime's default: the
+    ``treeopt`` command sets PASSIVE, which changes T(n), see ``benchmarks/omp_wait.py``)."""
     device = torch.device(device)
     info: dict[str, object] = {
         "name": device_name(device),
@@ -69,6 +72,8 @@ def device_info(device: torch.device | str, dtype: torch.dtype) -> dict[str, obj
         "dtype": str(dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
     }
+    if device.type == "cpu":
+        info["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
     if device.type == "cuda":
         info["cuda_version"] = str(torch.version.cuda)
         try:

@@ -2,13 +2,19 @@
 
 Two formats:
 
-* ``.jsonl``: one JSON object per line with a ``"prompt"`` (or ``"text"``) string; other keys are kept as
-  metadata (e.g. ``"source"``). Blank lines are ignored.
+* ``.jsonl``: one JSON object per line, either a raw-text prompt, ``{"prompt": "..."}`` (or ``"text"``), or a
+  chat prompt, ``{"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}``, rendered
+  with the target's own chat template (:mod:`sequoia_opt.model.chat_template`) and ending where the
+  assistant's reply starts. Other keys are kept as metadata (e.g. ``"source"``). Blank lines are ignored.
 * anything else: plain text, prompts separated by one or more blank lines.
 
-The demo pair ships two disjoint sets under ``sequoia_opt/data/prompts/``: ``profile.jsonl`` (used to
-measure acceptance) and ``eval.jsonl`` (what ``treeopt run`` evaluates on), so the acceptance vector is never
-measured on the prompts the prediction is checked against.
+:func:`encode_prompts` turns prompts into token ids for a target (raw text encoded as is, chat prompts
+rendered first); every command that reads a prompt file goes through it.
+
+The demo pair ships three disjoint sets under ``sequoia_opt/data/prompts/``: ``profile.jsonl`` (Python
+source, used to measure acceptance), ``eval.jsonl`` (Python source, what ``treeopt run`` evaluates on) and
+``chat.jsonl`` (chat prompts: instructions about code, written for this project), so the acceptance vector
+is never measured on the prompts the prediction is checked against.
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ._io import read_text_file
 from .errors import TreeoptError
+
+#: The shipped demo prompt sets (:func:`demo_prompts_path`).
+DEMO_SPLITS: tuple[str, ...] = ("profile", "eval", "chat")
 
 
 class PromptFileError(TreeoptError):
@@ -29,10 +38,41 @@ class PromptFileError(TreeoptError):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: its text and whatever metadata the file gave (``source``, ...)."""
+    """One prompt: raw ``text``, or a conversation ``messages`` (each ``{"role": str, "content": str}``;
+    ``text`` is then empty: the text depends on the target's chat template, see :func:`encode_prompts`), and
+    whatever metadata the file gave (``source``, ...). ``origin`` is ``path:line`` for a JSONL prompt."""
 
     text: str
     meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    messages: tuple[dict[str, str], ...] | None = field(default=None, hash=False)
+    origin: str | None = field(default=None, compare=False)
+
+    @property
+    def is_chat(self) -> bool:
+        """True for a chat prompt (``messages``)."""
+        return self.messages is not None
+
+
+def _parse_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
+    """A JSONL line's ``messages``: a non-empty list of ``{"role": str, "content": str}`` objects.
+
+    Raises:
+        PromptFileError: any other shape, naming the line and the message.
+    """
+    if not isinstance(value, list) or not value:
+        raise PromptFileError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise PromptFileError(f"{where}: message {i} must be an object with 'role' and 'content'")
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str) or not role.strip():
+            raise PromptFileError(f"{where}: message {i} needs a non-empty 'role' string")
+        if not isinstance(content, str):
+            raise PromptFileError(f"{where}: message {i} ({role}) needs a 'content' string "
+                                  f"(got {type(content).__name__}; text only)")
+        out.append({**m, "role": role, "content": content})
+    return tuple(out)
 
 
 def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
@@ -40,7 +80,8 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
 
     Raises:
         PromptFileError: missing/unreadable file, invalid JSON on a line (with its line number), a line
-            without a non-empty ``prompt`` string, or no prompts at all.
+            without a non-empty ``prompt`` string or a well-formed ``messages`` list, a line with both, or no
+            prompts at all.
     """
     if limit is not None and limit < 1:
         raise PromptFileError(f"the number of prompts must be at least 1, got {limit}")
@@ -55,12 +96,19 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
                 raise PromptFileError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            where = f"{path}:{lineno}"
             if not isinstance(obj, dict):
-                raise PromptFileError(f"{path}:{lineno}: expected a JSON object with a 'prompt' string")
+                raise PromptFileError(f"{where}: expected a JSON object with a 'prompt' string or 'messages'")
+            meta = {k: v for k, v in obj.items() if k not in ("prompt", "text", "messages")}
+            if "messages" in obj:
+                if "prompt" in obj or "text" in obj:
+                    raise PromptFileError(f"{where}: a line holds a 'prompt' or 'messages', not both")
+                prompts.append(Prompt("", meta, _parse_messages(obj["messages"], where), where))
+                continue
             body = obj.get("prompt", obj.get("text"))
             if not isinstance(body, str) or not body.strip():
-                raise PromptFileError(f"{path}:{lineno}: needs a non-empty 'prompt' string")
-            prompts.append(Prompt(body, {k: v for k, v in obj.items() if k not in ("prompt", "text")}))
+                raise PromptFileError(f"{where}: needs a non-empty 'prompt' string (or 'messages')")
+            prompts.append(Prompt(body, meta, origin=where))
     else:
         for block in text.replace("\r\n", "\n").split("\n\n"):
             if block.strip():
@@ -70,11 +118,50 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
     return prompts[:limit] if limit is not None else prompts
 
 
+def encode_prompts(prompts: Sequence[Prompt], tokenizer, *, model: str = "the target") -> list[list[int]]:
+    """Token ids for each prompt, for ``tokenizer``'s model: raw text with ``tokenizer.encode``; a chat
+    prompt rendered with the model's chat template (``tokenizer.encode_chat``: the assistant turn opened,
+    special tokens as the template writes them).
+
+    Args:
+        prompts: from :func:`load_prompts`.
+        tokenizer: a :class:`~sequoia_opt.model.tokenizer.Tokenizer` (its ``chat_template`` is the model's).
+        model: the model's name, for error messages.
+
+    Returns:
+        One list of token ids per prompt.
+
+    Raises:
+        PromptFileError: chat prompts for a model without a chat template, or a template that refuses a
+            conversation (naming the prompt's file and line).
+    """
+    from .model.chat_template import ChatTemplateError
+
+    chat = [p for p in prompts if p.is_chat]
+    if chat and getattr(tokenizer, "chat_template", None) is None:
+        where = (chat[0].origin or "the prompts").rsplit(":", 1)[0]
+        raise PromptFileError(f"{where} holds chat prompts ('messages') but {model} has no chat template "
+                              "(tokenizer.chat_template in a GGUF, chat_template in tokenizer_config.json); give "
+                              "raw 'prompt' lines")
+    out = []
+    for p in prompts:
+        if not p.is_chat:
+            out.append(tokenizer.encode(p.text))
+            continue
+        try:
+            out.append(tokenizer.encode_chat(p.messages))
+        except ChatTemplateError as err:
+            raise PromptFileError(f"{p.origin or 'chat prompt'}: {model}: {err}") from None
+    return out
+
+
 def demo_prompts_path(split: str) -> Path:
-    """Path of a shipped demo prompt set: ``split`` is ``"profile"`` or ``"eval"``.
+    """Path of a shipped demo prompt set: ``split`` is one of :data:`DEMO_SPLITS` (``"profile"``, ``"eval"``:
+    Python source; ``"chat"``: chat prompts about code).
 
     Raises PromptFileError for another split name.
     """
-    if split not in ("profile", "eval"):
-        raise PromptFileError(f"unknown prompt split {split!r}; the demo ships 'profile' and 'eval'")
+    if split not in DEMO_SPLITS:
+        raise PromptFileError(f"unknown prompt split {split!r}; the demo ships " +
+                              ", ".join(repr(s) for s in DEMO_SPLITS))
     return Path(str(resources.files("sequoia_opt") / "data" / "prompts" / f"{split}.jsonl"))

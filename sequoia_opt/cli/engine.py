@@ -246,7 +246,8 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
     from ..engines.llamacpp import (LlamaCppModel, parse_setting_file, predict_chain, resolve_pair,
                                     run_settings)
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
+    from ..tree import now_iso
 
     given = [k for k, v in other.items() if v]
     if given:
@@ -281,7 +282,7 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
         from ..model.gguf_loader import open_gguf, tokenizer_from_gguf
 
         tok = tokenizer_from_gguf(open_gguf(pair.target))
-        ids = [tok.encode(p.text) for p in plist]
+        ids = encode_prompts(plist, tok, model=pair.target_label)
         n_ctx = max(len(i) for i in ids) + max_new_tokens + max(s.n_max for _, s in settings) + 8
         with LlamaCppModel(pair.target, n_ctx=n_ctx, n_threads=n_threads) as tm, \
                 LlamaCppModel(pair.draft, n_ctx=n_ctx, n_threads=n_threads) as dm:

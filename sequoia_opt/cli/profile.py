@@ -332,7 +332,7 @@ def profile_acceptance(
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
     from ..device import device_name
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
 
     if width < 1 or depth < 1:
         raise TreeoptError("--width and --depth must be at least 1")
@@ -373,7 +373,7 @@ def profile_acceptance(
         raise TreeoptError(f"--width {width} asks for more candidates per node than the "
                            f"{'draft' if pair.draft is not None else 'target'}'s vocabulary has "
                            f"tokens ({pair.vocab_size})")
-    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     with progress_bar() as progress:
         counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=width, depth=depth,
                                     temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
@@ -419,10 +419,11 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
     from ..jobs.load import default_acceptance_path
     from ..profiling.calibration import build_calibration_profile, measure_calibration
     from ..device import device_name
+    from ..prompts import encode_prompts
 
     if topk > pair.vocab_size:
         raise TreeoptError(f"--calibration-topk {topk} is more than the vocabulary's {pair.vocab_size} tokens")
-    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     with progress_bar() as progress:
         steps_rec = measure_calibration(pair.target, pair.new_drafter, ids, steps=steps, topk=topk,
                                         temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
@@ -522,7 +523,7 @@ def profile_layers(
     from ..profiling.latency import measure_step_overhead, profile_model
     from ..profiling.layers import check_layers, default_layer_grid, sweep_layers
     from ..profiling.timing import token_grid
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
     from ..solver import choose
 
     # every check that needs no weights, before any model loads
@@ -589,7 +590,7 @@ def profile_layers(
     for L in grid:  # a path that cannot be written fails now, not after the sweep
         for path in outputs(L):
             _check_writable(path)
-    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     tgrid = token_grid(max_tokens)
     dgrid = _powers_of_two_to(max_draft_tokens)
     timing = {"min_repeats": min(5, repeats), "max_repeats": repeats}
@@ -767,7 +768,7 @@ def profile_graft_cmd(
     from ..jobs.load import default_draft_path, default_target_path, load_drafters, model_label, parse_device, parse_dtype
     from ..profiles import save_acceptance, save_latency, save_pair_acceptance
     from ..device import device_slug
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
 
     light, strong = _two_drafters(draft, "profile graft")
     for name, value in (("--num-prompts", num_prompts), ("--max-new-tokens", max_new_tokens), ("--width", width),
@@ -806,7 +807,7 @@ def profile_graft_cmd(
                                     strong_width=strong_width, pair_depth=depth, prompts=len(texts),
                                     new_tokens=max_new_tokens)
     lpair, spair = load_drafters(tp, [light, strong], device=dev, dtype=dt)
-    ids = [lpair.tokenizer.encode(p.text) for p in texts]
+    ids = encode_prompts(texts, lpair.tokenizer, model=lpair.target_name)
     with progress_bar() as progress:
         prof = profile_graft(lpair.target, lpair, spair, ids, settings=settings, temperature=temperature, top_p=top_p,
                              seed=seed, eos_ids=sorted(lpair.tokenizer.eos_ids), backend=backend, device_label=slug,
@@ -908,7 +909,7 @@ def profile_scheduler(
         parse_device, parse_dtype
     from ..profiles import load_latency
     from ..profiling.graft import collect_scheduler_samples, require_sklearn, train_scheduler
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
 
     require_sklearn()  # before minutes of sampling
     light, strong = _two_drafters(draft, "profile scheduler")
@@ -939,7 +940,7 @@ def profile_scheduler(
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     lpair, spair = load_drafters(tp, [light, strong], device=dev, dtype=dt)
-    ids = [lpair.tokenizer.encode(p.text) for p in texts]
+    ids = encode_prompts(texts, lpair.tokenizer, model=lpair.target_name)
     with progress_bar() as progress:
         samples = collect_scheduler_samples(lpair.target, lpair.new_drafter, spair.new_drafter, dtree.tree,
                                             dtree.drafter, ids, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -133,7 +133,7 @@ def run_cmd(
     from ..engines import engine_name
     from ..model.tuned_linear import check_precision
     from ..jobs.load import load_pair, parse_device, parse_drafter_spec, parse_dtype
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
 
     _check_results_dir(results_dir)  # before any file is read or model loaded: a run's results must land
     if engine_name(engine) != "treeopt":
@@ -278,7 +278,7 @@ def run_cmd(
         pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
     entries += dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
     check_trees_fit(entries, pair)
-    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     from ..device import device_name
 
     adapt_warnings: list[str] = []
@@ -322,7 +322,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
                             parse_dtype)
     from ..profiles import warn_on_mismatch
     from ..device import device_name
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
 
     if tree:
         raise TreeoptError("--compare-drafters runs each drafter's own best tree, solved from its profiles: drop "
@@ -358,7 +358,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     pairs = load_drafters(target, specs, device=dev, dtype=dt, weights=weights, log=note)
     pair = pairs[0]
     check_trees_fit([p.entry(None) for p in plans], pair)
-    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     mode = "greedy" if temperature == 0 else "sampling"
     warnings: list[str] = []
     dtype_name = str(dt).removeprefix("torch.")
@@ -427,7 +427,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
     from ..jobs.load import default_target_path, load_drafters, model_label, parse_device, parse_drafter_spec, \
         parse_dtype
     from ..device import device_name
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
 
     if compare:
         raise TreeoptError("--compare scores one drafter's baselines; for two drafters treeopt solve --pair-acceptance "
@@ -516,7 +516,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
 
             entries.append(TreeEntry(name, dtree.tree, meta, drafter="+".join(labels), policy=policy))
     check_trees_fit(entries, pair)
-    ids = [pair.tokenizer.encode(p.text) for p in texts]
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     kind = "merge" if merge else "graft"
     settings = {"target": pair.target_name, "prompts": str(prompts or "demo eval prompts"),
                 "multi_drafter": {"policy": kind, "drafters": labels, "cost_models": [p.cost_model for p in pairs],

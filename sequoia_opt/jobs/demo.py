@@ -10,20 +10,25 @@
    (``solver.choose``), plus the best chain and k-ary tree under the same model, and the tree the same solver
    picks from a GPU-like latency curve (flat up to 64 tokens) as the hardware-awareness cross-check;
 5. run every tree and plain decoding on the held-out *eval* prompts (``evaluation.run_trees``), check greedy
-   outputs equal plain decoding, and report predicted against measured tokens per step and speedup.
+   outputs equal plain decoding, and report predicted against measured tokens per step and speedup;
+6. chat traffic: plain decoding and the drafters' trees (solved on the code profile) on the shipped chat
+   prompts (``data/prompts/chat.jsonl``, rendered with the target's own chat template), predicted against
+   measured: what a tree solved on one workload gets on another.
 
 Beside the draft model, the other shipped drafters go through the same profile -> solve -> run, and every
 drafter's best tree runs in the same call (one plain baseline, the same prompts):
 
 * prompt lookup (``lookup:1-3``, one-pass): its c(w) per proposal (``profiling.latency.profile_drafter``) and
   its greedy acceptance vector (``profiling.acceptance.measure_acceptance``);
-* self layer-skip (``self:L``, the target's first L layers): a small sweep over L (acceptance and c(w) per L,
-  the target's T(n) shared) keeps the L whose hardware-aware tree predicts the highest speedup.
+* self layer-skip (``self:L``, the target's first L layers), opt-in (``DemoSettings.self_layers``, ``treeopt
+  demo --self-layers``): a small sweep over L (acceptance and c(w) per L, the target's T(n) shared) keeps the
+  L whose hardware-aware tree predicts the highest speedup. It is off by default: on the demo pair no L pays
+  (the target was not trained for early exit) and the sweep costs minutes.
 
-Their acceptance is measured on fewer prompts (and a smaller measurement tree) than the draft model's, to keep
-the demo short (:class:`DemoSettings`); the report says how many. A "drafters side by side" table gives, per
-drafter, its cost model, c(1)/T(1), its best tree, and predicted against measured tokens per step and speedup
-(``evaluation.compare_drafters``).
+Lookup's acceptance is measured on fewer prompts (and a smaller measurement tree) than the draft model's, to
+keep the demo short (:class:`DemoSettings`); the report says how many. A "drafters side by side" table gives,
+per drafter, its cost model, c(1)/T(1), its best tree, and predicted against measured tokens per step and
+speedup (``evaluation.compare_drafters``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 from .run import RunReport, TreeEntry
-from .compare import DrafterRow, compare_drafters, drafter_table, plan_drafter
+from .compare import DrafterComparison, DrafterRow, compare_drafters, drafter_table, plan_drafter
 from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
 from ..report import Report
 from ..profiles import LatencyCurve, save_acceptance, save_latency
@@ -46,7 +51,7 @@ from ..profiling.layers import default_layer_grid, sweep_layers
 from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
                                 profile_drafter, profile_model)
 from ..profiling.timing import token_grid
-from ..prompts import demo_prompts_path, load_prompts
+from ..prompts import demo_prompts_path, encode_prompts, load_prompts
 from ..solver import choose, compare_baselines
 from ..tree import TreeMetadata, now_iso, save_tree
 
@@ -55,15 +60,30 @@ ProgressFn = Callable[[str, int, int], None]
 
 @dataclass
 class DemoSettings:
-    """Sizes of each stage. ``quick`` shrinks everything for a smoke test."""
+    """Sizes of each stage. ``quick`` shrinks everything for a smoke test.
 
-    max_tokens: int = 64          # largest target token count profiled (largest budget considered)
-    max_draft_tokens: int = 64    # largest draft width profiled (= max_tokens: any level of any tree fits)
+    What the defaults keep and cut, so the demo stays within 10 minutes on a 2-core CPU
+    (``docs/demo.md`` has the measured stage times):
+
+    * kept: the samples the intervals are computed from: the draft model's acceptance on 24 profile prompts x
+      32 tokens (the same trials whatever K: a trial is one spine node's K candidates), the run on 6 eval
+      prompts x 64 tokens; 3 paired rounds x 5 repeats per latency point;
+    * cut: latency points past 32 tokens (on a CPU the hardware-aware trees have a few nodes; the solver never
+      extrapolates, so budgets stop at 32), every n profiled only up to 8 (then a geometric grid, the solver
+      interpolates), one untimed warm-up call per point instead of two, K = 4 candidates per node instead of 8
+      (the measurement tree verifies 17 tokens a step, not 33; ranks 5-8 held 8 % of the mass in the shipped
+      profile and CPU trees branch at most 3 ways), and the self:L sweep (opt-in).
+    """
+
+    max_tokens: int = 32          # largest target token count profiled (largest budget considered)
+    max_draft_tokens: int = 32    # largest draft width profiled (= max_tokens: any level of any tree fits)
+    dense_tokens: int = 8         # every n up to this is profiled, then a geometric grid (x 1.25) to max_tokens
     context: int = 256            # context length the latency is measured at (tokens)
     latency_repeats: int = 5      # timed repeats per point and round (x 3 rounds, each paired with n = 1)
     latency_rounds: int = 3       # sweeps of the grid (median of round medians)
     latency_paired: bool = True   # time each n alternately with n = 1 (the curve's shape survives drift)
-    width: int = 8                # K, entries of the acceptance vector (and max branching)
+    latency_warmup: int = 1       # untimed calls per point and round (the cache and kernels are warm by then)
+    width: int = 4                # K, entries of the acceptance vector (and max branching)
     acc_depth: int = 4
     acc_prompts: int = 24
     acc_new_tokens: int = 32
@@ -80,27 +100,54 @@ class DemoSettings:
     # vectors, which solve's auto acceptance model then uses, must reach as deep as its trees)
     lookup_new_tokens: int | None = None
     lookup_depth: int = 6
-    self_layers: tuple[int, ...] | None = None  # L values swept (None: 3 spread over 1..n_layers-1)
+    # self:L, opt-in: None = not compared; "auto" = 3 L spread over 1..n_layers-1; or the L values to sweep
+    self_layers: tuple[int, ...] | str | None = None
     self_prompts: int = 3         # self:L acceptance, per L: profile prompts x new tokens
     self_new_tokens: int = 24
+    # chat traffic: the drafters' trees on the shipped chat prompts (0: skipped); new tokens None = max_new_tokens
+    chat_prompts: int = 4
+    chat_new_tokens: int | None = None
 
     @classmethod
     def quick(cls) -> "DemoSettings":
         return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, latency_rounds=1, width=4, acc_depth=3,
                    acc_prompts=2, acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16,
-                   lookup_prompts=2, lookup_new_tokens=16, lookup_depth=3, self_prompts=1, self_new_tokens=16)
+                   lookup_prompts=2, lookup_new_tokens=16, lookup_depth=3, self_prompts=1, self_new_tokens=16,
+                   chat_prompts=1)
+
+    def layer_grid(self, n_layers: int) -> list[int]:
+        """The L values of the self:L sweep for a target of ``n_layers`` layers (empty: not compared).
+
+        Raises:
+            TreeoptError: ``self_layers`` is a string other than ``"auto"``, or names an L outside
+                1..n_layers-1.
+        """
+        from .errors import TreeoptError
+
+        if self.self_layers is None or n_layers < 2:
+            return []
+        if isinstance(self.self_layers, str):
+            if self.self_layers != "auto":
+                raise TreeoptError(f"self layers must be 'auto' or L values, got {self.self_layers!r}")
+            return default_layer_grid(n_layers, count=3)
+        bad = [L for L in self.self_layers if not 1 <= L < n_layers]
+        if bad:
+            raise TreeoptError(f"self:L needs L in 1..{n_layers - 1} (the target has {n_layers} layers), got {bad}")
+        return sorted(set(self.self_layers))
 
 
 @dataclass
 class DemoResult:
-    """What the demo produced: the rendered report (cli.Report), the run, where files went, and one
-    :class:`~sequoia_opt.jobs.compare.DrafterRow` per drafter (the side-by-side table)."""
+    """What the demo produced: the rendered report (cli.Report), the run, where files went, one
+    :class:`~sequoia_opt.jobs.compare.DrafterRow` per drafter (the side-by-side table), and the chat run (the
+    same trees on chat prompts; None when skipped). ``greedy_ok`` covers both runs."""
 
     report: Any
     run: RunReport
     greedy_ok: bool
     files: dict[str, str]
     drafters: list[DrafterRow] = field(default_factory=list)
+    chat: DrafterComparison | None = None
 
 
 def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 64) -> LatencyCurve:
@@ -127,7 +174,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     ``drafters``) and CSV, and PNG plots. Returns a :class:`DemoResult`.
 
     ``max_new_tokens`` / ``num_prompts`` (evaluation tokens per prompt, evaluation prompts): None takes the
-    settings' value (64 / 6, or 16 / 2 with ``quick``); a value given wins over ``quick`` too. ``target`` /
+    settings' value (64 / 6, or 16 / 2 with ``quick``); a value given wins over ``quick`` too. With
+    ``settings.chat_prompts`` > 0 the chat run is saved under ``out_dir / "chat"``. ``target`` /
     ``draft``: another pair (a checkpoint path each; default: the demo pair), e.g. for tests; ``settings``:
     the stage sizes (default: :class:`DemoSettings`, or its ``quick()``). ``weights``: the target's weight
     precision on a CPU (:data:`~sequoia_opt.model.tuned_linear.PRECISIONS`); on a CPU in float32 every
@@ -135,7 +183,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     timed), so plain decoding, the baseline of every speedup, runs its own fastest kernels too.
 
     Raises:
-        TreeoptError: the demo target or draft is missing (with the install command), bad device / dtype.
+        TreeoptError: the demo target or draft is missing (with the install command), bad device / dtype, an
+            L of ``settings.self_layers`` outside the target's layers.
     """
     s = replace(settings) if settings is not None else (DemoSettings.quick() if quick else DemoSettings())
     if max_new_tokens is not None:
@@ -144,16 +193,25 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         s.num_prompts = num_prompts
     if s.lookup_new_tokens is None:
         s.lookup_new_tokens = s.max_new_tokens
+    if s.chat_new_tokens is None:
+        s.chat_new_tokens = s.max_new_tokens
     dev, dt = parse_device(device), parse_dtype(dtype)
     dtype_name = str(dt).removeprefix("torch.")
     out_dir = Path(out_dir)
     pair = load_pair(target, draft, device=dev, dtype=dt, weights=weights, log=log)
     eos = sorted(pair.tokenizer.eos_ids)
     tname = pair.target_name
+    layers = s.layer_grid(pair.target.config.n_layers)
+    chat_ids: list[list[int]] = []
+    if s.chat_prompts:  # before any measurement: a target without a chat template is refused here
+        chat_ids = encode_prompts(load_prompts(demo_prompts_path("chat"), limit=s.chat_prompts), pair.tokenizer,
+                                  model=tname)
 
     # 2. latency of this device
-    grid, dgrid = token_grid(s.max_tokens), token_grid(s.max_draft_tokens)
-    timing = dict(rounds=s.latency_rounds, paired=s.latency_paired, max_repeats=s.latency_repeats)
+    grid = token_grid(s.max_tokens, dense_up_to=s.dense_tokens)
+    dgrid = token_grid(s.max_draft_tokens, dense_up_to=s.dense_tokens)
+    timing = dict(rounds=s.latency_rounds, paired=s.latency_paired, max_repeats=s.latency_repeats,
+                  warmup=s.latency_warmup)
     tt = profile_model(pair.target, grid, [s.context], what="target", backend=backend, progress=progress, **timing)
     dtab = profile_model(pair.draft, dgrid, [s.context], what="draft", backend=backend, progress=progress, **timing)
     overhead = measure_step_overhead(pair.target, pair.draft, backend=backend)
@@ -168,7 +226,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     # 3. acceptance of the pair, on the profile split
     prof_prompts = load_prompts(demo_prompts_path("profile"), limit=max(s.acc_prompts, s.lookup_prompts,
                                                                         s.self_prompts))
-    prof_ids = [pair.tokenizer.encode(p.text) for p in prof_prompts]
+    prof_ids = encode_prompts(prof_prompts, pair.tokenizer, model=tname)
     ids = prof_ids[: s.acc_prompts]
     counts = measure_acceptance(pair.target, pair.draft, ids, width=s.width, depth=s.acc_depth,
                                 max_new_tokens=s.acc_new_tokens, eos_ids=eos, backend=backend, progress=progress)
@@ -193,7 +251,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         return (lambda what, done, total: progress(f"{stage}, {what}", done, total)) if progress else None
 
     ltab = profile_drafter(pair.target, look.cost_probe(), grid, [s.context], backend=backend,
-                           progress=progress, rounds=s.latency_rounds, max_repeats=s.latency_repeats)
+                           progress=progress, rounds=s.latency_rounds, max_repeats=s.latency_repeats,
+                           warmup=s.latency_warmup)
     look_curve = build_latency_profile(
         target_tables=tt, draft_tables=ltab, step_overhead_ms=overhead_nomodel, device=dev, dtype=dt,
         target_name=tname, target_config=pair.target.config, draft_name=look.draft_name, draft_config=None,
@@ -206,10 +265,6 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                                      backend=backend, progress=tagged("lookup acceptance"))
     look_acc = acceptance_profile(look_counts, look.draft_name, look.cost_model, s.lookup_depth, len(look_ids),
                                   s.lookup_new_tokens)
-    n_layers = pair.target.config.n_layers
-    layers = (list(s.self_layers) if s.self_layers is not None
-              else default_layer_grid(n_layers, count=3) if n_layers >= 2 else [])
-    layers = [L for L in layers if 1 <= L < pair.target.config.n_layers]
     self_ids = prof_ids[: s.self_prompts]
     self_tokens = sorted({w for w in (1, 2, 4, 8, 16, 32, 64) if w <= s.max_draft_tokens} | {s.max_draft_tokens})
     sweep = sweep_layers(
@@ -217,7 +272,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         width=s.extra_width, depth=s.extra_depth, max_new_tokens=s.self_new_tokens, draft_tokens=self_tokens,
         budget=s.max_tokens, max_depth=s.max_depth, max_branching=s.extra_width, eos_ids=eos, backend=backend,
         context=s.context, target_name=tname, device=dev, dtype=dt, progress=progress,
-        rounds=s.latency_rounds, paired=s.latency_paired, max_repeats=s.latency_repeats) if layers else None
+        rounds=s.latency_rounds, paired=s.latency_paired, max_repeats=s.latency_repeats,
+        warmup=s.latency_warmup) if layers else None
 
     # 4. solve for this device, for a GPU-like curve, and the best baselines; each drafter's own best tree
     ctx = s.context
@@ -271,12 +327,18 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
 
     # 5. run on the held-out eval split: plain decoding once, every drafter's tree and the baselines
     eval_prompts = load_prompts(demo_prompts_path("eval"), limit=s.num_prompts)
-    eval_ids = [pair.tokenizer.encode(p.text) for p in eval_prompts]
+    eval_ids = encode_prompts(eval_prompts, pair.tokenizer, model=tname)
     cmp = compare_drafters(pair.target, plans, drafts, eval_ids, max_new_tokens=s.max_new_tokens,
                            extra_entries=baselines, draft=pair.draft, eos_ids=eos, backend=backend, progress=progress,
                            settings={"target": tname, "draft": pair.draft_name, "demo": True,
                                      "prompts": "sequoia_opt/data/prompts/eval.jsonl"})
     run = cmp.run
+    chat = None
+    if chat_ids:  # 6. the drafters' trees (solved on code) on chat traffic, against plain decoding there
+        chat = compare_drafters(pair.target, plans, drafts, chat_ids, max_new_tokens=s.chat_new_tokens, eos_ids=eos,
+                                backend=backend, progress=progress,
+                                settings={"target": tname, "draft": pair.draft_name, "demo": True,
+                                          "prompts": "sequoia_opt/data/prompts/chat.jsonl", "chat_template": True})
 
     # outputs, each written atomically, after all measurements succeeded
     files = {"latency": str(save_latency(out_dir / "latency.yaml", curve)),
@@ -290,6 +352,9 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         files[f"tree_{slug}"] = str(save_tree(out_dir / f"tree-{slug}.yaml", plan.tree, plan.metadata))
     jpath, cpath = run.save(out_dir)
     files.update(run_json=str(jpath), run_csv=str(cpath))
+    if chat is not None:
+        jpath, cpath = chat.run.save(out_dir / "chat")
+        files.update(chat_run_json=str(jpath), chat_run_csv=str(cpath))
     try:
         from ..plots import plot_all, predicted_speedup_curve
 
@@ -315,7 +380,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         "predicted tokens/step": solved.predicted_tokens_per_step,
         "measured tokens/step": solved.tokens_per_step,
         "drafters compared": ", ".join(pl.label for pl in plans),
-        "greedy output == plain": "yes" if run.greedy_ok else "NO",
+        "greedy output == plain": "yes" if run.greedy_ok and (chat is None or chat.greedy_ok) else "NO",
         "outputs": str(out_dir),
     }
     report.tables.append((
@@ -327,8 +392,14 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
           x.draft_ms, x.verify_ms, x.bookkeeping_ms] for x in run.summaries[1:]],
     ))
     report.tables.append(drafter_table(cmp.rows))
+    if chat is not None:
+        title, cols, body = drafter_table(chat.rows)
+        cplain = chat.run.summaries[0]
+        report.tables.append((
+            f"chat prompts ({len(chat_ids)} x {s.chat_new_tokens} tokens, the target's chat template; plain "
+            f"{cplain.tokens_per_s:.1f} tokens/s): the same trees, solved on the code profile", cols, body))
     sweep_rows = []
-    if sweep is not None:
+    if sweep is not None:  # opt-in (settings.self_layers)
         sweep_rows = [{"L": r.num_layers, "c1_over_T1": r.c1_over_T1, "trials": r.counts.trials,
                        "p1": float(r.counts.vector()[0]) if r.counts.trials else None,
                        "acceptance_mass": float(r.counts.vector().sum()) if r.counts.trials else None,
@@ -342,6 +413,9 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         report.notes.append(f"self:L: L swept over {[r.num_layers for r in sweep.rows]}, best L = "
                             f"{sweep.best.num_layers} (highest predicted speedup); acceptance per L on "
                             f"{len(self_ids)} profile prompt(s) x {s.self_new_tokens} new tokens")
+    elif s.self_layers is None:
+        report.notes.append("self:L not compared (opt-in: treeopt demo --self-layers auto); on the demo pair no L "
+                            "pays, see docs/measurements.md")
     else:
         report.notes.append(f"self:L not compared: the target has {pair.target.config.n_layers} layer(s), no L "
                             "leaves one out")
@@ -353,16 +427,22 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     if sweep is not None and self_acc is None:
         report.notes.append("self:L not compared: its acceptance measurement recorded no trials")
     fewer = (len(look_ids) * s.lookup_new_tokens < len(ids) * s.acc_new_tokens
-             or len(self_ids) * s.self_new_tokens < len(ids) * s.acc_new_tokens)
+             or (sweep is not None and len(self_ids) * s.self_new_tokens < len(ids) * s.acc_new_tokens))
+    self_part = (f" and self:L on {len(self_ids)} x {s.self_new_tokens} per L (K = {s.extra_width}, depth "
+                 f"{s.extra_depth})" if sweep is not None else "")
     report.notes.append(
         f"acceptance measured on profile prompts x new tokens: the draft model on {len(ids)} x {s.acc_new_tokens} "
         f"(K = {s.width}, depth {s.acc_depth}), lookup on {len(look_ids)} x {s.lookup_new_tokens} (K = "
-        f"{s.extra_width}, depth {s.lookup_depth}) and self:L on {len(self_ids)} x {s.self_new_tokens} per L (K = "
-        f"{s.extra_width}, depth {s.extra_depth}); K is also their trees' max branching" + ("; fewer for the extra drafters, to keep the demo short" if fewer else ""))
+        f"{s.extra_width}, depth {s.lookup_depth}){self_part}; K is also their trees' max branching"
+        + ("; fewer for the extra drafters, to keep the demo short" if fewer else ""))
     report.data = {"summary": report.summary, "run": run.to_dict(), "files": files,
                    "acceptance": acc.to_dict(), "latency_profile": curve.to_dict(),
-                   "drafters": [asdict(r) for r in cmp.rows], "self_sweep": sweep_rows}
-    for m in run.mismatch_details:
-        report.warnings.append(f"{m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} "
-                               f"at position {m['first_mismatch']}")
-    return DemoResult(report=report, run=run, greedy_ok=run.greedy_ok, files=files, drafters=list(cmp.rows))
+                   "drafters": [asdict(r) for r in cmp.rows], "self_sweep": sweep_rows,
+                   "chat": None if chat is None else {"run": chat.run.to_dict(),
+                                                      "drafters": [asdict(r) for r in chat.rows]}}
+    for r in (run,) + (() if chat is None else (chat.run,)):
+        for m in r.mismatch_details:
+            report.warnings.append(f"{m['tree']!r} differs from plain decoding on {r.settings.get('prompts')} "
+                                   f"prompt {m['prompt_index']} at position {m['first_mismatch']}")
+    return DemoResult(report=report, run=run, greedy_ok=run.greedy_ok and (chat is None or chat.greedy_ok), files=files,
+                      drafters=list(cmp.rows), chat=chat)

@@ -314,7 +314,8 @@ def load_gguf_config(path: str | os.PathLike) -> ModelConfig:
 def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     """Rebuild the tokenizer from ``tokenizer.ggml.*`` metadata: ``model`` must be ``gpt2`` (byte-level BPE:
     ``tokens``, ``merges``, ``token_type``, ``pre``), with ``bos_token_id``, ``eos_token_id``,
-    ``eot_token_id``/``eom_token_id`` (end of turn, added to the EOS set) and ``add_bos_token``.
+    ``eot_token_id``/``eom_token_id`` (end of turn, added to the EOS set) and ``add_bos_token``; the chat
+    template from ``tokenizer.chat_template``.
 
     Raises:
         CheckpointError: another tokenizer model (SentencePiece ``llama``, ...), an unknown pre-tokenizer, or
@@ -328,6 +329,9 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     types = _field(reader, "tokenizer.ggml.token_type", None)
     eos = _field(reader, "tokenizer.ggml.eos_token_id", None)
     extra = [_field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom")]
+    template = _field(reader, "tokenizer.chat_template", None)
+    if template is not None and not isinstance(template, str):
+        raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
     return bpe_tokenizer_from_vocab(
         tokens, merges,
         token_types=None if types is None else [int(t) for t in types],
@@ -336,6 +340,7 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
         eos_id=eos,
         eos_ids=[int(i) for i in extra + [eos] if i is not None],
         add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        chat_template=template,
     )
 
 

@@ -195,6 +195,8 @@ def write_gguf(path: str | os.PathLike, model: Transformer, tokenizer: Tokenizer
         if tokenizer.eos_id is not None:
             w.add_eos_token_id(tokenizer.eos_id)
         w.add_add_bos_token(add_bos)
+        if tokenizer.chat_template is not None:
+            w.add_chat_template(tokenizer.chat_template)
         factors = _rope_factors(c) if arch == "llama" else None
         if factors is not None:
             w.add_tensor(_ROPE_FREQS, factors)

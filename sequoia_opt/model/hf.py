@@ -83,7 +83,8 @@ def _hf_name(name: str) -> str:
 
 def load_hf_tokenizer(path: str | os.PathLike, hf_config: dict[str, Any] | None = None) -> Tokenizer:
     """``path/tokenizer.json`` with BOS/EOS from ``tokenizer_config.json``, ``config.json`` and
-    ``generation_config.json`` (``eos_token_id`` may be an int or a list; all of them end generation).
+    ``generation_config.json`` (``eos_token_id`` may be an int or a list; all of them end generation), and the
+    chat template from ``chat_template.jinja`` or ``tokenizer_config.json`` (:meth:`Tokenizer.from_file`).
 
     Raises:
         CheckpointError: ``tokenizer.json`` missing or unreadable.
@@ -102,7 +103,7 @@ def load_hf_tokenizer(path: str | os.PathLike, hf_config: dict[str, Any] | None 
         if bos is None and isinstance(c.get("bos_token_id"), int):
             bos = int(c["bos_token_id"])
     eos = {i for i in eos if 0 <= i < tok.vocab_size}
-    return Tokenizer(tok.backend, bos_id=bos, eos_ids=eos, eos_id=tok.eos_id)
+    return Tokenizer(tok.backend, bos_id=bos, eos_ids=eos, eos_id=tok.eos_id, chat_template=tok.chat_template)
 
 
 def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",

