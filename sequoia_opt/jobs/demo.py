@@ -122,7 +122,7 @@ class DemoSettings:
             TreeoptError: ``self_layers`` is a string other than ``"auto"``, or names an L outside
                 1..n_layers-1.
         """
-        from .errors import TreeoptError
+        from ..errors import TreeoptError
 
         if self.self_layers is None or n_layers < 2:
             return []
