@@ -2,8 +2,8 @@
 
 * :mod:`.common` — the typer ``app``, one-line error handling, the shared option types, progress display.
 * :mod:`.render` — the one renderer (rich tables or ``--json``) every command prints through.
-* :mod:`.profile` (``profile latency``, ``profile acceptance``, ``profile layers``, ``profile graft``,
-  ``profile scheduler``), :mod:`.solve`, :mod:`.run`,
+* :mod:`.profile_latency` (``profile latency``, ``profile linear``), :mod:`.profile_acceptance`,
+  :mod:`.profile_layers`, :mod:`.profile_graft` (``profile graft``, ``profile scheduler``), :mod:`.solve`, :mod:`.run`,
   :mod:`.plot`, :mod:`.demo` — the commands; importing them registers them on ``app``.
 
 Adding a command: see :mod:`.common`.
@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # importing a command module registers its commands on ``app``; this order is the order of ``treeopt --help``
 from . import solve  # noqa: F401  # isort: skip
-from . import profile  # noqa: F401  # isort: skip
+from . import profile_latency, profile_acceptance, profile_layers, profile_graft  # noqa: F401  # isort: skip
 from . import run  # noqa: F401  # isort: skip
 from . import plot  # noqa: F401  # isort: skip
 from . import demo  # noqa: F401  # isort: skip

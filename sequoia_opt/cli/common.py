@@ -488,3 +488,10 @@ def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
     parent = _existing_folder_above(path, f"{option} {path}")
     if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{option} {path}: cannot create it, this user cannot write into {parent}")
+
+
+#: ``treeopt profile ...``: its commands live in one module each (cli/profile_*.py).
+profile_app = typer.Typer(help="Measure the device (latency curve) and the model pair (acceptance vector); "
+                          "find the best L of the self layer-skip drafter.",
+                          no_args_is_help=True)
+app.add_typer(profile_app, name="profile")

@@ -1,0 +1,180 @@
+"""``treeopt profile acceptance``: what the pair does, the positional acceptance vector p_1..p_K with its counts
+and per-depth vectors (Sequoia section 3.1); ``--calibration``: the calibration profile dynamic trees are
+predicted from."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from typing_extensions import Annotated
+
+from ..errors import TreeoptError
+from ..report import Report
+from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
+                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _interruptible, handle_errors, profile_app,
+                     progress_bar, setting_notes)
+from .render import render
+
+
+@profile_app.command("acceptance")
+@handle_errors
+@_interruptible
+def profile_acceptance(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    prompts: PromptsOpt = None,
+    width: Annotated[int, typer.Option("--width", "-k", help="K: candidates per node (entries of the vector).")] = 8,
+    depth: Annotated[int, typer.Option("--depth", help="Depth of the measurement spine (trials per step).")] = 4,
+    temperature: TemperatureOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    seed: SeedOpt = 0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = 64,
+    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", help="Use only the first N prompts.")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "auto",
+    output: ProfileOutputOpt = None,
+    calibration: Annotated[bool, typer.Option(
+        "--calibration", help="Measure the calibration profile instead (treeopt-calibration/1, for solve --dynamic): "
+        "per step a wide EAGLE-2 tree is drafted and every node verified; the reliability table gives acceptance "
+        "against draft probability with counts, 95 % intervals and the ECE.")] = False,
+    calibration_steps: Annotated[int, typer.Option(
+        "--calibration-steps", help="With --calibration: levels of the recorded tree (the deepest dynamic setting "
+        "solve --dynamic can predict).")] = 5,
+    calibration_topk: Annotated[int, typer.Option(
+        "--calibration-topk", help="With --calibration: children per expanded node and frontier width of the "
+        "recorded tree (1 + k + (steps - 1) k^2 nodes verified per step).")] = 4,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure the positional acceptance vector p_1..p_K with the decoder's own verifier (greedy or
+    sampling), with counts, 95 % intervals and per-depth vectors; with --calibration, the calibration profile
+    of draft probability against acceptance that dynamic trees are predicted from."""
+    from ..jobs.load import default_acceptance_path, load_pair, parse_device, parse_dtype
+    from ..profiles import save_acceptance
+    from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
+    from ..device import device_name
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
+
+    if width < 1 or depth < 1:
+        raise TreeoptError("--width and --depth must be at least 1")
+    if max_new_tokens < 1:
+        raise TreeoptError("--max-new-tokens must be at least 1")
+    dev, dt = parse_device(device), parse_dtype(dtype)
+    _check_run_options(backend, dev, temperature, top_p)
+    from ..jobs.load import parse_drafter_spec
+
+    spec = parse_drafter_spec(draft)  # a bad --draft fails here, before prompts or models are read
+    if calibration:
+        if calibration_steps < 1 or calibration_topk < 1:
+            raise TreeoptError("--calibration-steps and --calibration-topk must be at least 1")
+        if spec is not None and not spec.entry.has_probs:
+            raise TreeoptError(f"{spec.label} has no draft probabilities to calibrate; use a drafter that has them "
+                               "(a draft model, self:L)")
+        if (width, depth) != (8, 4):
+            raise TreeoptError("--width / --depth shape the positional measurement; the calibration's recording tree "
+                               "is --calibration-topk / --calibration-steps")
+        from ..profiling.calibration import recording_setting
+
+        try:
+            recording_setting(calibration_steps, calibration_topk)  # its size, before any model loads
+        except ValueError as err:
+            raise TreeoptError(str(err)) from None
+    elif (calibration_steps, calibration_topk) != (5, 4):
+        raise TreeoptError("--calibration-steps / --calibration-topk shape the calibration recording: add "
+                           "--calibration (or drop them)")
+    pfile = prompts or demo_prompts_path("profile")
+    texts = load_prompts(pfile, limit=num_prompts)
+    pair = load_pair(target, spec, device=dev, dtype=dt)
+    if calibration:
+        _profile_calibration(pair, spec, texts, pfile, steps=calibration_steps, topk=calibration_topk,
+                             temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                             num_prompts=num_prompts, dev=dev, dt=dt, backend=backend, output=output, as_json=as_json)
+        return
+    if width > pair.vocab_size:
+        raise TreeoptError(f"--width {width} asks for more candidates per node than the "
+                           f"{'draft' if pair.draft is not None else 'target'}'s vocabulary has "
+                           f"tokens ({pair.vocab_size})")
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
+    with progress_bar() as progress:
+        counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=width, depth=depth,
+                                    temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                                    eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
+    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+    pair_slug = pair.slug
+    prof = build_acceptance_profile(
+        counts, profile_id=f"{pair_slug}_{mode}", target_name=pair.target_name, draft_name=pair.draft_name,
+        temperature=temperature, top_p=top_p, depth=depth, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
+        prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
+        draft_cost_model=pair.cost_model)
+    out = output or default_acceptance_path(pair.target_name, spec, mode)  # where run --compare-drafters looks
+    save_acceptance(out, prof)
+    ci = prof.confidence_interval()
+    report = Report(title="treeopt profile acceptance")
+    report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
+                                      prompts_found=len(texts), prompts_file=pfile))
+    report.summary = {"target": pair.target_name, "draft": pair.draft_name, "draft cost model": pair.cost_model,
+                      "mode": mode, "trials": counts.trials,
+                      "sum p_k": float(prof.acceptance.sum()), "all rejected": 1 - float(prof.acceptance.sum()),
+                      "tokens / step (measurement tree)": counts.tokens / max(counts.steps, 1), "written": str(out)}
+    report.tables.append(("positional acceptance vector", ["k", "p_k", "95% low", "95% high", "count"],
+                          [[k + 1, float(prof.acceptance[k]), float(ci[k, 0]), float(ci[k, 1]), int(counts.counts[k])]
+                           for k in range(width)]))
+    check = positional_check(counts)
+    if check:
+        report.tables.append(("positional assumption: acceptance mass by depth vs pooled",
+                              ["depth", "trials", "p_1", "mass", "pooled", "z", "consistent"],
+                              [[r["depth"], r["trials"], r["p1"], r["mass"], r["pooled_mass"], r["z"],
+                                "yes" if r["consistent"] else "NO"] for r in check]))
+        if not all(r["consistent"] for r in check):
+            report.notes.append("acceptance differs by depth beyond noise: the solver's positional assumption "
+                                "(Sequoia section 3.1) holds only approximately for this pair")
+    report.acceptance = None
+    report.data = {"profile": prof.to_dict(), "positional_check": check, "output": str(out)}
+    render(report, as_json)
+
+
+def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, top_p, seed, max_new_tokens,
+                         num_prompts, dev, dt, backend, output, as_json) -> None:
+    """``profile acceptance --calibration``: record, build, write and show the calibration profile."""
+    from ..profiles.calibration import save_calibration
+    from ..jobs.load import default_acceptance_path
+    from ..profiling.calibration import build_calibration_profile, measure_calibration
+    from ..device import device_name
+    from ..prompts import encode_prompts
+
+    if topk > pair.vocab_size:
+        raise TreeoptError(f"--calibration-topk {topk} is more than the vocabulary's {pair.vocab_size} tokens")
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
+    with progress_bar() as progress:
+        steps_rec = measure_calibration(pair.target, pair.new_drafter, ids, steps=steps, topk=topk,
+                                        temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                                        eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
+    if not steps_rec:
+        raise TreeoptError("no step drafted (every prompt is at the end of the context): nothing to calibrate")
+    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+    prof = build_calibration_profile(
+        steps_rec, profile_id=f"{pair.slug}_calibration_{mode}", target_name=pair.target_name,
+        draft_name=pair.draft_name, temperature=temperature, top_p=top_p, recording_steps=steps, recording_topk=topk,
+        device=device_name(dev), dtype=str(dt).removeprefix("torch."), prompts_file=str(pfile), num_prompts=len(ids),
+        max_new_tokens=max_new_tokens, seed=seed)
+    out = output or default_acceptance_path(pair.target_name, spec, mode).with_name(f"calibration-{mode}.yaml")
+    save_calibration(out, prof)
+    report = Report(title="treeopt profile acceptance --calibration")
+    report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
+                                      prompts_found=len(texts), prompts_file=pfile))
+    bins = prof.bins()
+    report.summary = {"target": pair.target_name, "draft": pair.draft_name, "mode": mode,
+                      "recorded steps": len(prof.steps), "candidates": sum(b["count"] for b in bins),
+                      "recording tree": f"{steps} levels, top-{topk}", "ECE": prof.ece(), "written": str(out)}
+    report.tables.append(("reliability: acceptance against draft probability",
+                          ["draft prob", "count", "reached", "mean draft prob", "acceptance", "95% low", "95% high"],
+                          [[f"{b['low']:g}-{b['high']:g}", b["count"], b["reached"], b.get("mean_draft_prob"),
+                            b.get("acceptance"), b.get("ci_low"), b.get("ci_high")] for b in bins]))
+    report.tables.append(("by rank", ["rank", "count", "reached", "mean draft prob", "acceptance"],
+                          [[r["rank"], r["count"], r["reached"], r.get("mean_draft_prob"), r.get("acceptance")]
+                           for r in prof.by_rank()]))
+    report.notes.append("reached: candidates weighted by the probability that their parent is reached (greedy: "
+                        "children of the target's own path); acceptance is P(accepted | parent reached)")
+    report.data = {k: v for k, v in prof.to_dict().items() if k != "steps"} | {"output": str(out)}
+    render(report, as_json)

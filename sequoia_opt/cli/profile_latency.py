@@ -1,0 +1,283 @@
+"""``treeopt profile latency`` (what this device does: T(n) at each context length through the real verification
+path, the drafter's c(w) in its own cost model, the per-step overhead; also T(b, n) with ``--batch`` and the
+offload mode) and ``treeopt profile linear`` (the tuned CPU linears' plan)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+import typer
+from typing_extensions import Annotated
+
+from ..errors import TreeoptError
+from ..report import Report
+from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, TargetOpt,
+                     WeightsOpt, _check_run_options, _csv_ints, _interruptible, check_cuda_graphs, graphed,
+                     handle_errors, note, profile_app, progress_bar, set_torch_threads)
+from .render import render
+
+
+@profile_app.command("latency")
+@handle_errors
+@_interruptible
+def profile_latency(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    random_weights: Annotated[bool, typer.Option("--random-weights", help="Time a random-weight model of --arch's shape (latency does not depend on weight values).")] = False,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="Preset name (llama-2-7b, llama-3-8b, ...) or a config.json path, with --random-weights.")] = None,
+    draft_arch: Annotated[Optional[str], typer.Option("--draft-arch", help="Draft preset or config.json, with --random-weights.")] = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    context: Annotated[str, typer.Option("--context", help="Context lengths (tokens), comma-separated.")] = "256",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Largest target token count n profiled.")] = 128,
+    max_draft_tokens: Annotated[Optional[int], typer.Option(
+        "--max-draft-tokens", help="Largest draft width profiled (default: 64 for a per-level drafter; "
+        "--max-tokens for a one-pass drafter, which the solver charges c(n - 1)).")] = None,
+    repeats: Annotated[int, typer.Option("--max-repeats", help="Most timed repeats per point and round.")] = 30,
+    rounds: Annotated[int, typer.Option(
+        "--rounds", help="Sweeps of the token grid; each point keeps the median of its rounds' medians.")] = 3,
+    paired: Annotated[bool, typer.Option(
+        "--paired/--unpaired", help="Time each n alternately with n = 1, call by call, and keep T(1) x the "
+        "median ratio: the curve's shape survives a machine whose speed drifts (costs one extra 1-token "
+        "forward per timed forward).")] = True,
+    backend: BackendOpt = "auto",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
+    weights: WeightsOpt = "float32",
+    output: ProfileOutputOpt = None,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="What runs the forwards: treeopt (the bundled decoder) | llama.cpp (GGUF target and draft "
+        "through llama-cpp-python, logits for all n positions) | sglang | vllm (CUDA).")] = "treeopt",
+    as_json: JsonOpt = False,
+    batch: Annotated[Optional[str], typer.Option(
+        "--batch", help="Batch sizes, comma-separated (1,2,4,8): measure T(b, n), c(b, w) and the step overhead "
+        "per batch size through the batched decoder (n tokens per sequence) and write a "
+        "treeopt-latency-batch/1 profile (a draft model or none).")] = None,
+    offload: Annotated[bool, typer.Option(
+        "--offload", help="CUDA only: time the target with its layers streamed from pinned host memory (host->device "
+        "bandwidth, per-layer copy and compute) and write T(n) of the offloaded target.")] = False,
+    cuda_graphs: CudaGraphsOpt = False,
+) -> None:
+    """Measure T(n): one target forward over n tokens through the verification path (KV cache holding the
+    context, prefix + tree mask), and the drafter's cost c(w) in its own cost model (a draft model or
+    self:L: one forward over w tokens, per level; lookup: one proposal of w nodes); plus the fixed per-step
+    overhead. --engine llama.cpp | sglang | vllm: the same curve on that engine."""
+    from ..engines import engine_name
+
+    if engine_name(engine) != "treeopt":
+        from .engine import profile_latency_engine
+
+        profile_latency_engine(engine, target=target, draft=draft, context=context, max_tokens=max_tokens,
+                               max_draft_tokens=max_draft_tokens, repeats=repeats, rounds=rounds, paired=paired,
+                               threads=threads, output=output, as_json=as_json,
+                               other={"--random-weights": random_weights, "--arch": arch, "--draft-arch": draft_arch,
+                                      "--device": device != "cpu", "--dtype": dtype != "float32",
+                                      "--backend": backend != "auto", "--weights": weights != "float32",
+                                      "--cuda-graphs": cuda_graphs})
+        return
+    from ..model import ModelConfig, Transformer
+    from ..model.loaders import load_model_config, tune_loaded_model
+    from ..model.tuned_linear import check_precision, linear_record
+    from ..jobs.load import (DrafterSpec, check_drafter, drafter_slug, load_pair, parse_device, parse_drafter_spec,
+                            parse_dtype)
+    from ..profiles import save_latency
+    from ..device import device_slug
+    from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text, profile_drafter,
+                                    profile_model, random_weight_model)
+    from ..profiling.timing import token_grid
+
+    check_cuda_graphs(cuda_graphs, device)
+    if cuda_graphs and (batch is not None or offload):
+        raise TreeoptError("--cuda-graphs times the batch-1 resident forwards: drop --batch / --offload (or it)")
+    dev, dt = parse_device(device), parse_dtype(dtype)
+    _check_run_options(backend, dev)
+    check_precision(weights)
+    contexts = _csv_ints(context, "--context")
+    from .profile_batch import check_batch_options
+
+    batches = check_batch_options(batch, offload, dev, draft)
+    if random_weights and arch is None:
+        raise TreeoptError("--random-weights needs --arch (a preset name or a config.json)")
+    if random_weights and draft is not None and draft_arch is not None:
+        raise TreeoptError("--draft and --draft-arch both name a drafter: pass one")
+    spec: DrafterSpec | None = parse_drafter_spec(draft) if (draft is not None or not random_weights) else None
+    one_pass = spec is not None and spec.cost_model == "one-pass"
+    if max_draft_tokens is None:
+        max_draft_tokens = max_tokens if one_pass else 64
+    if max_tokens < 1 or max_draft_tokens < 1:
+        raise TreeoptError("--max-tokens and --max-draft-tokens must be at least 1")
+    if repeats < 1:
+        raise TreeoptError(f"--max-repeats must be at least 1, got {repeats}")
+    if rounds < 1:
+        raise TreeoptError(f"--rounds must be at least 1, got {rounds}")
+    if not random_weights and (arch or draft_arch):
+        raise TreeoptError("--arch / --draft-arch describe random-weight models: add --random-weights")
+    set_torch_threads(threads)
+
+    def config_of(spec_text: str) -> ModelConfig:
+        path = Path(spec_text)
+        if path.suffix == ".json" or path.is_dir() or path.suffix == ".gguf":
+            return load_model_config(path)  # a config .json is read itself, not its folder's config.json
+        return ModelConfig.preset(spec_text)
+
+    cost_model = spec.cost_model if spec is not None else "per-level"
+    drafter: object = None
+    dconfig = None
+    if random_weights:
+        tcfg = config_of(arch)
+        dcfg = config_of(draft_arch) if draft_arch is not None else None
+        if spec is not None and spec.entry.loads_model:
+            raise TreeoptError("with --random-weights a draft model is given by its shape: --draft-arch "
+                               "PRESET|config.json (--draft takes self:L or lookup here)")
+        if spec is not None:
+            check_drafter(spec, tcfg)
+        tmodel = random_weight_model(tcfg, device=dev, dtype=dt)
+        tune_loaded_model(tmodel, None, weights=weights, log=note)
+        tname = f"{tcfg.name} (random weights)"
+        dname = None
+        if dcfg is not None:
+            drafter = random_weight_model(dcfg, device=dev, dtype=dt, seed=1)
+            tune_loaded_model(drafter, None, log=note)
+            dname, dconfig = f"{dcfg.name} (random weights)", dcfg
+        if cuda_graphs:  # the graphed forwards replace the eager ones everywhere below, drafters included
+            tmodel, drafter = graphed(tmodel), graphed(drafter)
+        if dcfg is None and spec is not None:
+            from ..jobs.load import ModelPair
+
+            pair = ModelPair(tmodel, None, None, tname, spec.label, spec)
+            drafter, dname = pair.cost_probe(), spec.label
+            make_drafter = pair.new_drafter
+    else:
+        # offload: the target's layers go to pinned host memory, so load it on the host
+        pair = load_pair(target, spec, device=torch.device("cpu") if offload else dev, dtype=dt, weights=weights,
+                         log=note)
+        if cuda_graphs:
+            import dataclasses
+
+            pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
+        tmodel, tname, dname = pair.target, pair.target_name, pair.draft_name
+        drafter = pair.draft if pair.draft is not None else (pair.cost_probe() if spec is not None else None)
+        make_drafter = pair.new_drafter
+        dconfig = pair.draft.config if pair.draft is not None else None
+    if isinstance(drafter, torch.nn.Module):
+        make_drafter = drafter  # a draft model: the decoder wraps it
+    grid = token_grid(max_tokens)
+    dgrid = token_grid(max_draft_tokens)
+    # every size against every context before anything is timed (a late refusal would waste the target's curve)
+    positions = [(tmodel.config.max_position_embeddings, max(grid), "target")]
+    if isinstance(drafter, torch.nn.Module):
+        positions.append((drafter.config.max_position_embeddings, max(dgrid), "draft"))
+    elif drafter is not None and drafter.model is not None:
+        positions.append((drafter.model.config.max_position_embeddings, max(dgrid), drafter.label))
+    for limit, widest, what in positions:
+        if max(contexts) + widest > limit:
+            raise TreeoptError(f"--context {max(contexts)} + {widest} tokens exceeds the {what} model's context of "
+                               f"{limit} tokens: lower --context, --max-tokens or --max-draft-tokens")
+    if batches is not None or offload:
+        from .profile_batch import profile_latency_batch_or_offload
+
+        profile_latency_batch_or_offload(
+            batches, offload, tmodel=tmodel, draft=drafter, tname=tname, dname=dname, dev=dev, dt=dt, grid=grid,
+            dgrid=dgrid, contexts=contexts, rounds=rounds, paired=paired, repeats=repeats,
+            random_weights=random_weights, base=tcfg.name if random_weights else tname, output=output,
+            as_json=as_json)
+        return
+    from ..attention import record_backends
+
+    with progress_bar() as progress:
+        with record_backends() as t_att:
+            ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
+                                    rounds=rounds, paired=paired, min_repeats=min(5, repeats), max_repeats=repeats)
+        dtables = None
+        with record_backends() as d_att:
+            if drafter is not None:
+                dtables = profile_drafter(tmodel, drafter, dgrid, contexts, backend=backend, progress=progress,
+                                          rounds=rounds, paired=paired and not one_pass, min_repeats=min(5, repeats),
+                                          max_repeats=repeats)
+        overhead = measure_step_overhead(tmodel, make_drafter if drafter is not None else tmodel, backend=backend)
+    slug = device_slug(dev)
+    base = tcfg.name if random_weights else tname
+    dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
+    gpart = "_cuda-graphs" if cuda_graphs else ""
+    pid = f"{slug}_{base}{dpart}_{dt}{gpart}".replace("torch.", "")
+    graphs = ({"target": tmodel.stats.as_dict(),
+               "draft": drafter.stats.as_dict() if hasattr(drafter, "stats") else None} if cuda_graphs else None)
+    curve = build_latency_profile(
+        target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device=dev, dtype=dt,
+        target_name=tname, target_config=tmodel.config, draft_name=dname, draft_config=dconfig,
+        random_weights=random_weights, profile_id=pid, method=method_text(rounds, paired, grid)
+        + ("; forwards replayed from CUDA graphs" if cuda_graphs else ""),
+        draft_cost_model=cost_model, linear=linear_record(tmodel),
+        draft_linear=linear_record(drafter) if isinstance(drafter, Transformer) else None,
+        attention={"requested": backend, "target": t_att.as_dict(),
+                   "draft": d_att.as_dict() if dtables is not None else None},
+        cuda_graphs=graphs)
+    if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks by default
+        from ..jobs.load import default_latency_path
+
+        output = default_latency_path(tname, spec, slug)
+    out = output or Path("profiles") / slug / f"{base}{dpart}{gpart.replace('_', '-')}-latency.yaml"
+    save_latency(out, curve)
+    rows = [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c] for c in contexts for n in grid]
+    report = Report(title="treeopt profile latency")
+    report.summary = {"device": curve.device.get("name"), "dtype": str(dt).removeprefix("torch."),
+                      "threads": torch.get_num_threads(), "target": tname, "draft": dname,
+                      "draft cost model": cost_model if dtables is not None else None,
+                      "c(1) / T(1)": (curve.draft_ms(1, contexts[0]) / curve.target_ms(1, contexts[0])
+                                      if dtables is not None else None),
+                      "step overhead (ms)": overhead, "written": str(out)}
+    report.tables.append(("target forward", ["tokens", "ms", "T(n)/T(1)", "context"], rows))
+    if dtables is not None:
+        unit = "nodes proposed" if one_pass else "tokens"
+        report.tables.append((f"draft cost c(w) ({cost_model})", [unit, "ms", "context"],
+                              [[w, curve.draft_ms(w, c), c] for c in contexts for w in dgrid]))
+    if random_weights:
+        report.notes.append("timed with RANDOM weights of the model's shape: latency does not depend on weight values")
+    if dtables is None:
+        report.warnings.append("no draft profiled: draft cost recorded as 0 ms (pass --draft / --draft-arch)")
+    report.data = {"profile": curve.to_dict(), "output": str(out)}
+    render(report, as_json)
+
+
+@profile_app.command("linear")
+@handle_errors
+@_interruptible
+def profile_linear_cmd(
+    target: TargetOpt = None,
+    weights: WeightsOpt = "float32",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
+    retune: Annotated[bool, typer.Option("--retune", help="Time every shape again (the cached plan is replaced), "
+                                         "e.g. after a tuning on a busy machine.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tune (or show) the CPU linear kernels of the target on this machine: per weight shape and row-count
+    bucket, the median ms of each candidate kernel and the one kept. Every CPU float32 load reads this plan
+    (cached per device, torch version, threads and precision)."""
+    from ..model.loaders import load_checkpoint, tune_loaded_model
+    from ..model.tuned_linear import ROW_BUCKETS, check_precision
+    from ..jobs.load import default_target_path, model_label
+
+    check_precision(weights)
+    set_torch_threads(threads)
+    tp = Path(target) if target else default_target_path()
+    model, _ = load_checkpoint(tp, device="cpu", dtype=torch.float32)
+    rep = tune_loaded_model(model, tp, weights=weights, log=note, use_cache=not retune)
+    report = Report(title=f"CPU linear kernels of {model_label(tp)} on this machine ({weights})")
+    report.summary = {"threads": torch.get_num_threads(), "plan": rep.cache,
+                      "shapes timed now": len(rep.tuned_shapes), "seconds": round(rep.seconds, 1),
+                      "extra weight copies (MiB)": round(rep.extra_bytes / 2**20, 1)}
+    rows = []
+    for shape, picks in rep.choices.items():
+        times = rep.timings_ms.get(shape, {})
+        for b in ROW_BUCKETS:
+            t = times.get(str(b), {})
+            rows.append([shape, b, picks[str(b)], ", ".join(f"{k} {v:.3f}" for k, v in sorted(t.items(), key=lambda kv: kv[1]))
+                         or ("(one candidate)" if shape in rep.timings_ms or not rep.choices else "(not recorded: --retune)"),
+                         (t["linear"] / t[picks[str(b)]]) if "linear" in t else None])
+    report.tables.append(("kernel per weight shape (out x in) and row bucket (rows = tokens x batch; a bucket "
+                          "serves counts up to it)", ["shape", "rows", "kept", "candidates (median ms)",
+                                                      "F.linear / kept"], rows))
+    report.data = {"precision": rep.precision, "choices": rep.choices, "timings_ms": rep.timings_ms,
+                   "cache": rep.cache, "tuned_shapes": rep.tuned_shapes}
+    render(report, as_json)
