@@ -144,6 +144,18 @@ def _chains_only(ranges: Sequence[tuple[int, int, SpecSetting]], engine: str, wh
                                   f"want {s.label}: solve chains (--shape chain)")
 
 
+def _json_rows(doc: dict[str, Any]) -> str:
+    """JSON with one key per line and a list of lists kept one entry per line (a schedule reads as a table)."""
+    lines = []
+    for k, v in doc.items():
+        if isinstance(v, list) and v and all(isinstance(x, list) for x in v):
+            inner = ",\n".join("    " + json.dumps(x) for x in v)
+            lines.append(f"  {json.dumps(k)}: [\n{inner}\n  ]")
+        else:
+            lines.append(f"  {json.dumps(k)}: {json.dumps(v)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 # ---------------------------------------------------------------------------------------------- vLLM
 def check_vllm_schedule(schedule: Any) -> list[tuple[int, int, int]]:
     """vLLM's rules for ``num_speculative_tokens_per_batch_size`` (module docstring). Returns the entries sorted.
@@ -223,7 +235,7 @@ def _export_vllm(ranges, release, method, model, lookup):
         doc["model"] = model or "<your draft model>"
     doc.update(num_speculative_tokens=kmax, num_speculative_tokens_per_batch_size=sched)
     notes = [f"past batch {ranges[-1][1]} vLLM keeps K = {ranges[-1][2].draft_tokens} (the last range's)"]
-    text = json.dumps(doc, indent=2) + "\n"
+    text = _json_rows(doc)
     return dict(text=text, data=doc, releases=releases, checked=checked,
                 command=f"vllm serve MODEL --speculative-config '{json.dumps(doc, separators=(',', ':'))}'",
                 notes=tuple(notes), warnings=tuple(warnings))

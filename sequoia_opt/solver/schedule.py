@@ -69,7 +69,7 @@ SHAPES = ("none", "chain", "envelope", "tree")
 
 __all__ = ["SCHEDULE_FORMAT", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
            "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "predict_ranges", "check_ranges",
-           "plan_document", "save_schedule", "load_schedule", "Schedule", "max_draft_measured"]
+           "plan_document", "save_schedule", "load_schedule", "Schedule", "max_draft_measured", "plan_from_ranges"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -228,12 +228,13 @@ class BatchRow:
 
 @dataclass(frozen=True)
 class Range:
-    """Batch sizes ``lo..hi`` run ``setting``; ``predicted`` is its step at ``lo`` (a measured batch size)."""
+    """Batch sizes ``lo..hi`` run ``setting``; ``predicted`` is its step at the first measured batch size in the
+    range (None when none is: a given schedule's range between two measured batch sizes)."""
 
     lo: int
     hi: int
     setting: SpecSetting
-    predicted: Predicted
+    predicted: Predicted | None
 
 
 @dataclass
@@ -552,6 +553,30 @@ def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, p
     return out
 
 
+def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, profile: BatchLatencyProfile,
+                     batches: Sequence[int] | None = None, *, context: int | None = None,
+                     interval: IntervalFn | None = None, provenance: Mapping[str, Any] | None = None) -> Plan:
+    """A given schedule as a :class:`Plan`: every measured batch size it covers predicted under ``value`` (its
+    setting, and plain decoding beside it), its own ranges kept.
+
+    Raises:
+        ProfileError: as :func:`predict_ranges`.
+    """
+    preds = predict_ranges(ranges, value, profile, batches, context=context, interval=interval)
+    if not preds:
+        raise ProfileError("the schedule covers none of the measured batch sizes")
+    none = SpecSetting.none()
+    plains = predict_ranges([(1, max(hi for _, hi, _ in ranges), none)], value, profile, [p.batch for p in preds],
+                            context=context, interval=interval)
+    rows = [BatchRow(p.batch, p, q, (p, q) if p.setting.speculates else (p,)) for p, q in zip(preds, plains)]
+    out_ranges = [Range(int(lo), int(hi), st, next((p for p in preds if lo <= p.batch <= hi), None))
+                  for lo, hi, st in ranges]
+    paying = [r.batch for r in rows if r.best.setting.speculates]
+    stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
+    shape = next((st.shape for *_, st in ranges if st.speculates), "none")
+    return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}))
+
+
 # ---------------------------------------------------------------------------------------------- the file
 def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dict[str, Any]:
     """The ``treeopt-schedule/1`` mapping of ``plan`` (module docstring)."""
@@ -561,7 +586,8 @@ def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dic
                 "rule": "a server running B requests uses the range that holds B",
                 "stops_paying_above": plan.stops_paying_above,
                 "ranges": [{"batch_range": [r.lo, r.hi], "setting": r.setting.to_dict(),
-                            "predicted": r.predicted.to_dict()} for r in plan.ranges],
+                            "predicted": r.predicted.to_dict() if r.predicted is not None else None}
+                           for r in plan.ranges],
                 "by_batch": [{"batch": r.batch, "best": r.best.to_dict(), "plain": r.plain.to_dict(),
                               "candidates": [c.to_dict() for c in r.candidates]} for r in plan.rows]})
     if plan.notes:
