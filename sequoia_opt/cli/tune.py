@@ -132,10 +132,10 @@ def tune(
             report.notes.append(f"pass it as --speculative-adaptive-config {output}")
         else:
             atomic_write_text(output, settings.text)
-        written["output"] = str(output)
+        written["output_file"] = str(output)
     if schedule is not None:
         save_schedule(schedule, res.schedule)
-        written["schedule"] = str(schedule)
+        written["schedule_file"] = str(schedule)
     for k, v in written.items():
         report.notes.append(f"wrote {v}")
     report.data = {"schedule": res.schedule, "profiles": res.profiles, "peers": res.peers, "check": check,

@@ -424,12 +424,10 @@ class TreeValue:
 
 # ---------------------------------------------------------------------------------------------- solving
 def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None,
-                interval: IntervalFn | None, cap: int | None) -> list[Predicted]:
+                interval: IntervalFn | None) -> list[Predicted]:
     settings = value.settings_at(batch, curve, context) if hasattr(value, "settings_at") else value.settings()
     out = []
     for s in settings:
-        if cap is not None and s.draft_tokens > cap:
-            continue
         cost, iv = value.predict(s, batch, curve, context)
         if interval is not None:
             iv = tuple(float(x) for x in interval(s, batch, cost))
@@ -474,9 +472,11 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     if max_batch is not None and max_batch < batches[-1]:
         raise ProfileError(f"--max-batch {max_batch} is below the largest batch size solved ({batches[-1]})")
     rows: list[BatchRow] = []
-    cap = None
+    cap, capped = None, False
     for b, curve in curves:
-        cands = _candidates(value, b, curve, context, interval, cap)
+        every = _candidates(value, b, curve, context, interval)
+        cands = [p for p in every if cap is None or p.setting.draft_tokens <= cap]
+        capped = capped or cands[0] is not every[0]
         plain = next(p for p in cands if not p.setting.speculates)
         rows.append(BatchRow(b, cands[0], plain, tuple(cands)))
         if first_is_longest and cap is None:
@@ -497,8 +497,9 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     else:
         stops = paying[-1] if all(not r.best.setting.speculates for r in rows if r.batch > paying[-1]) else None
     notes = []
-    if first_is_longest and any(r.candidates[0] is not r.best for r in rows):
-        notes.append("no batch size drafts more than the smallest one (the engine's rule)")
+    if capped:
+        notes.append("no batch size drafts more than the smallest one (the engine's rule), though a longer draft "
+                     "would pay at some")
     return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes)
 
 
