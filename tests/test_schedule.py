@@ -296,3 +296,27 @@ def test_tune_refuses_a_bad_plan_and_predicts_a_good_one(tmp_path):
                               "--batches", "1,8,64", "--plan", str(tmp_path / "good.yaml"), "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert yaml.safe_load(out.read_text())["speculative_config"]["draft_len_schedule"] == {8: 2}
+
+
+# ---------------------------------------------------------------------------------------------- chain acceptance
+def test_acceptance_from_traces_reads_runs_by_depth():
+    from sequoia_opt.jobs.tune import acceptance_from_traces, lookup_traces
+
+    # 10 positions: a run of 5 agreements, then 5 misses (a drafter that keeps matching once it matches)
+    trace = [(0, 1.0, ok) for ok in [True] * 5 + [False] * 5]
+    acc = acceptance_from_traces([trace] * 10, profile_id="t", target_name="t", draft_name="d", max_depth=3,
+                                 source="test")
+    # depth 1: 5 of 10 starts accept; depth 2: of the starts that accepted, those whose next token agrees
+    assert acc.acceptance[0] == pytest.approx(0.5)
+    assert list(acc.counts) == [50, 50]
+    starts2 = [t for t in range(10) if trace[t][2] and t + 1 < 10]
+    ok2 = [t for t in starts2 if trace[t + 1][2]]
+    assert float(acc.by_depth[2][0]) == pytest.approx(len(ok2) / len(starts2))
+    assert acc.measured["positional_consistent"] is False  # runs: depth 2+ accept more than depth 1
+    v = ChainValue(acc, 3)
+    assert len(ok2) / len(starts2) == pytest.approx(0.8)
+    assert v.model_used == "by-depth" and v.g[2] == pytest.approx(1 + 0.5 + 0.5 * 0.8)
+    # n-gram traces: a continuation that copies the prompt is predicted token for token after its first match
+    prompt = [5, 6, 7, 8, 9, 5, 6]
+    traces = lookup_traces([prompt], [[7, 8, 9, 1]], 16, 1, 3)
+    assert [x[2] for x in traces[0]] == [True, True, True, False] and traces[0][0][0] == 7

@@ -11,7 +11,6 @@ import typer
 from typing_extensions import Annotated
 
 from .._io import atomic_write_text
-from ..errors import TreeoptError
 from ..report import Report
 from .common import DraftOpt, JsonOpt, TargetOpt, _check_writable, app, handle_errors, progress_bar
 from .render import render

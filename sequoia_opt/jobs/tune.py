@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import ProfileError, TreeoptError
 
 __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult", "check_options", "tune",
-           "acceptance_from_traces", "lookup_traces", "peer_ranges"]
+           "acceptance_from_traces", "lookup_traces", "peer_ranges", "token_grid"]
 
 TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
 GPU_ENGINES = ("vllm", "sglang", "tensorrt-llm")
@@ -40,6 +40,12 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_MAX_DRAFT = 8
 
 ProgressFn = Callable[[str, int, int], None]
+
+
+def token_grid(k: int) -> list[int]:
+    """The tokens per request T(b, n) is measured at for chains up to K: 1..5, then sparser up to K + 1 (the
+    solver interpolates between them, never past the last)."""
+    return sorted({n for n in (1, 2, 3, 4, 5, 7, 9, 12, 17, 25, 33) if n <= k + 1} | {k + 1})
 
 
 @dataclass
@@ -323,6 +329,22 @@ def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: Progr
     return prof
 
 
+def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any]) -> Any:
+    """The acceptance profile: given, reused from ``path``, or measured by ``measure()`` and saved there."""
+    from ..profiles import load_acceptance, save_acceptance
+
+    if opts.acceptance is not None:
+        done["acceptance"] = f"given: {opts.acceptance}"
+        return load_acceptance(opts.acceptance)
+    if path.is_file():
+        done["acceptance"] = f"reused: {path}"
+        return load_acceptance(path)
+    acc = measure()
+    save_acceptance(path, acc)
+    done["acceptance"] = f"measured: {path}"
+    return acc
+
+
 def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     """Profile what is missing, solve the plan and export it (module docstring). Writes measured profiles under
     ``opts.profiles_dir``; writes no output file (the CLI does, last).
@@ -349,10 +371,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         profile = _latency(opts, spec, done, progress, lambda path: None)
         acc, labels = None, {"target": None, "drafter": spec.label}
         if opts.acceptance is not None:
-            from ..profiles import load_acceptance
-
-            acc = load_acceptance(opts.acceptance)
-            done["acceptance"] = f"given: {opts.acceptance}"
+            acc = _acceptance(opts, Path(opts.acceptance), done, lambda: None)
     ctx = None if opts.engine in GPU_ENGINES else opts.context
     if opts.shape == "envelope":
         from ..profiles.calibration import load_calibration
@@ -419,7 +438,6 @@ def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progres
     from ..engines.llamacpp import (LlamaCppModel, generate, measure_acceptance, profile_latency_batch,
                                     resolve_pair)
     from ..jobs.load import pair_slug
-    from ..profiles import load_acceptance, save_acceptance
     from ..profiles.batch import save_batch_latency
     from ..prompts import demo_prompts_path, load_prompts
 
@@ -436,41 +454,32 @@ def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progres
         if path is None:
             return default
         prof = profile_latency_batch(pair.target, None if lookup else pair.draft, opts.batches,
-                                     contexts=[opts.context], token_counts=list(range(1, want_k + 2)),
+                                     contexts=[opts.context], token_counts=token_grid(want_k),
                                      draft_token_counts=[1, 2], n_threads=opts.threads, rounds=opts.rounds,
-                                     paired=True, progress=progress, target_name=pair.target_label,
-                                     draft_name=dlabel)
+                                     paired=True, max_repeats=10, max_seconds=3.0, progress=progress,
+                                     target_name=pair.target_label, draft_name=dlabel)
         save_batch_latency(path, prof)
         return prof
 
+    def measure_acc() -> Any:
+        pfile = opts.prompts or demo_prompts_path("profile")
+        texts = [p.text for p in load_prompts(pfile, limit=opts.num_prompts)]
+        with LlamaCppModel(pair.target, n_ctx=1024, n_threads=opts.threads) as tm:
+            ids = [tm.tokenize(t) for t in texts]
+            if lookup:
+                conts = [generate(tm, p, opts.max_new_tokens).tokens for p in ids]
+                traces = lookup_traces(ids, conts, tm.n_vocab, spec.lookup_min, spec.lookup_max)
+            else:
+                with LlamaCppModel(pair.draft, n_ctx=1024, n_threads=opts.threads) as dm:
+                    _, traces = measure_acceptance(tm, dm, ids, opts.max_new_tokens, progress=progress)
+        return acceptance_from_traces(traces, profile_id=f"{slug}_greedy_llama.cpp", target_name=pair.target_label,
+                                      draft_name=dlabel, max_depth=want_k, prompts_file=str(pfile),
+                                      max_new_tokens=opts.max_new_tokens,
+                                      source="measured by treeopt tune --engine llama.cpp (teacher-forced on "
+                                             "llama.cpp's greedy output)")
+
     profile = _latency(opts, spec, done, progress, measure)
-    if opts.acceptance is not None:
-        acc = load_acceptance(opts.acceptance)
-        done["acceptance"] = f"given: {opts.acceptance}"
-    else:
-        path = opts.profiles_dir / slug / "acceptance-greedy-llama.cpp-chains.yaml"
-        if path.is_file():
-            acc = load_acceptance(path)
-            done["acceptance"] = f"reused: {path}"
-        else:
-            pfile = opts.prompts or demo_prompts_path("profile")
-            texts = [p.text for p in load_prompts(pfile, limit=opts.num_prompts)]
-            n_ctx = 1024
-            with LlamaCppModel(pair.target, n_ctx=n_ctx, n_threads=opts.threads) as tm:
-                ids = [tm.tokenize(t) for t in texts]
-                if lookup:
-                    conts = [generate(tm, p, opts.max_new_tokens).tokens for p in ids]
-                    traces = lookup_traces(ids, conts, tm.n_vocab, spec.lookup_min, spec.lookup_max)
-                else:
-                    with LlamaCppModel(pair.draft, n_ctx=n_ctx, n_threads=opts.threads) as dm:
-                        _, traces = measure_acceptance(tm, dm, ids, opts.max_new_tokens, progress=progress)
-            acc = acceptance_from_traces(traces, profile_id=f"{slug}_greedy_llama.cpp", target_name=pair.target_label,
-                                         draft_name=dlabel, max_depth=want_k, prompts_file=str(pfile),
-                                         max_new_tokens=opts.max_new_tokens,
-                                         source="measured by treeopt tune --engine llama.cpp (teacher-forced on "
-                                                "llama.cpp's greedy output)")
-            save_acceptance(path, acc)
-            done["acceptance"] = f"measured: {path}"
+    acc = _acceptance(opts, opts.profiles_dir / slug / "acceptance-greedy-llama.cpp-chains.yaml", done, measure_acc)
     return profile, acc, {"target": pair.target_label, "drafter": dlabel}
 
 
@@ -479,8 +488,7 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     import torch
 
     from ..device import device_slug
-    from ..jobs.load import default_acceptance_path, load_pair, pair_slug
-    from ..profiles import load_acceptance, save_acceptance
+    from ..jobs.load import default_acceptance_path, load_pair
     from ..profiles.batch import save_batch_latency
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance
     from ..profiling.batch import profile_batches
@@ -497,37 +505,30 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
         default = opts.profiles_dir / device_slug(dev) / f"{slug}-latency-batch.yaml"
         if path is None:
             return default
-        grid = list(range(1, want_k + 2))
+        grid = token_grid(want_k)
         prof = profile_batches(pair.target, pair.draft, opts.batches, grid, [1, 2], [opts.context],
                                target_name=pair.target_name, draft_name=pair.draft_name,
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,
                                method=method_text(opts.rounds, True, grid), progress=progress, rounds=opts.rounds,
-                               paired=True, command="treeopt tune --engine treeopt", min_repeats=3, max_repeats=15)
+                               paired=True, command="treeopt tune --engine treeopt", min_repeats=3, max_repeats=10,
+                               max_seconds=3.0)
         save_batch_latency(path, prof)
         return prof
 
+    def measure_acc() -> Any:
+        pfile = opts.prompts or demo_prompts_path("profile")
+        ids = encode_prompts(load_prompts(pfile, limit=opts.num_prompts), pair.tokenizer, model=pair.target_name)
+        depth = min(want_k, 8)
+        counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=8, depth=depth,
+                                    max_new_tokens=opts.max_new_tokens, eos_ids=sorted(pair.tokenizer.eos_ids),
+                                    progress=progress)
+        return build_acceptance_profile(
+            counts, profile_id=f"{slug}_greedy", target_name=pair.target_name, draft_name=pair.draft_name,
+            temperature=0.0, top_p=1.0, depth=depth, device="cpu", dtype="float32", prompts_file=str(pfile),
+            num_prompts=len(ids), max_new_tokens=opts.max_new_tokens, seed=0, draft_cost_model=pair.cost_model,
+            command="treeopt tune --engine treeopt")
+
     profile = _latency(opts, spec, done, progress, measure)
-    if opts.acceptance is not None:
-        acc = load_acceptance(opts.acceptance)
-        done["acceptance"] = f"given: {opts.acceptance}"
-    else:
-        path = opts.profiles_dir / default_acceptance_path(pair.target_name, pair.spec).relative_to("profiles")
-        if path.is_file():
-            acc = load_acceptance(path)
-            done["acceptance"] = f"reused: {path}"
-        else:
-            pfile = opts.prompts or demo_prompts_path("profile")
-            texts = load_prompts(pfile, limit=opts.num_prompts)
-            ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
-            depth = min(want_k, 8)
-            counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=8, depth=depth,
-                                        max_new_tokens=opts.max_new_tokens, eos_ids=sorted(pair.tokenizer.eos_ids),
-                                        progress=progress)
-            acc = build_acceptance_profile(
-                counts, profile_id=f"{slug}_greedy", target_name=pair.target_name, draft_name=pair.draft_name,
-                temperature=0.0, top_p=1.0, depth=depth, device="cpu", dtype="float32", prompts_file=str(pfile),
-                num_prompts=len(ids), max_new_tokens=opts.max_new_tokens, seed=0, draft_cost_model=pair.cost_model,
-                command="treeopt tune --engine treeopt")
-            save_acceptance(path, acc)
-            done["acceptance"] = f"measured: {path}"
+    acc = _acceptance(opts, opts.profiles_dir / default_acceptance_path(pair.target_name, pair.spec).relative_to(
+        "profiles"), done, measure_acc)
     return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}

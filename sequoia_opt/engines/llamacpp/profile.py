@@ -201,12 +201,12 @@ def _curve(meta: dict, ttables, dtables, overhead: float, pid: str, method: str,
 def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: Sequence[int], *,
                           contexts: Sequence[int], token_counts: Sequence[int], draft_token_counts: Sequence[int],
                           n_threads: int = 2, rounds: int = 3, paired: bool = True, max_repeats: int = 30,
-                          progress: ProgressFn | None = None, target_name: str | None = None,
-                          draft_name: str | None = None):
+                          max_seconds: float = 10.0, progress: ProgressFn | None = None,
+                          target_name: str | None = None, draft_name: str | None = None):
     """T(b, n), c(b, w) and the per-step overhead at every batch size b on llama.cpp (module docstring): one
     context of b sequences per batch size, a KV cache per sequence (``kv_unified`` off, llama-server's default),
     timed as :func:`profile_latency` times batch 1 (:func:`batch_calls`; overhead:
-    :func:`measure_batch_overhead`).
+    :func:`measure_batch_overhead`); ``max_seconds`` caps the timing of one (batch, n) point.
 
     Returns:
         the :class:`~sequoia_opt.profiles.batch.BatchLatencyProfile` (``treeopt-latency-batch/1``).
@@ -221,7 +221,7 @@ def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: S
     widest = max(max(token_counts), max(draft_token_counts))
     meta = _meta(target_path, draft_path, contexts, widest, n_threads, target_name, draft_name)
     per_seq = max(max(contexts) + widest + 8, 64 + 12 * 3 + 8)  # the overhead run's prompt and steps fit too
-    kw = dict(min_repeats=min(5, max_repeats), max_repeats=max_repeats)
+    kw = dict(min_repeats=min(5, max_repeats), max_repeats=max_repeats, max_seconds=max_seconds)
     curves = {}
     for b in sorted({int(x) for x in batches}):
         cfg = dict(n_ctx=per_seq * b, n_threads=n_threads, n_seq_max=b, kv_unified=False)
