@@ -253,11 +253,17 @@ def main() -> None:
                      "plan_predicted_tokens_per_s_total": pred,
                      "prediction_error": None if chosen is None or pred is None else (pred - chosen) / chosen})
     by_b = {r["batch"]: r for r in rows}
-    meas = lambda b, k: by_b[b]["by_k"][min(k, max(ks))]["tokens_per_s_total"]  # noqa: E731
+    def measured_k(k: int) -> int:
+        """The longest measured K not past k (a peer's K outside a trimmed --ks runs as the nearest one below)."""
+        return max((x for x in ks if x <= k), default=min(ks))
+
+    meas = lambda b, k: by_b[b]["by_k"][k]["tokens_per_s_total"]  # noqa: E731
     batch1_best = by_b[batches[0]]["best_measured_k"]
-    vllm_rule = {b: max((k for k in VLLM_GENERATOR_KS if k in ks), key=lambda k: meas(b, k)) for b in batches}
-    peers_fixed = {"vllm-generator": vllm_rule, "sglang-default": {b: SGLANG_DEFAULT_ENVELOPE[0] for b in batches},
-                   "llama.cpp-default": {b: LLAMACPP_DEFAULT_DRAFT for b in batches},
+    vllm_ks = sorted({measured_k(k) for k in VLLM_GENERATOR_KS})
+    vllm_rule = {b: max(vllm_ks, key=lambda k: meas(b, k)) for b in batches}
+    peers_fixed = {"vllm-generator": vllm_rule,
+                   "sglang-default": {b: measured_k(SGLANG_DEFAULT_ENVELOPE[0]) for b in batches},
+                   "llama.cpp-default": {b: measured_k(LLAMACPP_DEFAULT_DRAFT) for b in batches},
                    "batch1-best": {b: batch1_best for b in batches}}
     for r in rows:
         b = r["batch"]
@@ -291,8 +297,8 @@ def main() -> None:
                                      "greedy_equal_plain": ref is None or all(x["tokens"] == ref for x in sruns[n]),
                                      **({"ranges": settings[n]["ranges"]} if "ranges" in settings[n] else {})}
         st = stream["settings"]
-        stream["peers"] = {"sglang-default": st[f"K={min(SGLANG_DEFAULT_ENVELOPE[0], max(ks))}"]["tokens_per_s_total"],
-                           "llama.cpp-default": st[f"K={LLAMACPP_DEFAULT_DRAFT}"]["tokens_per_s_total"],
+        stream["peers"] = {"sglang-default": st[f"K={measured_k(SGLANG_DEFAULT_ENVELOPE[0])}"]["tokens_per_s_total"],
+                           "llama.cpp-default": st[f"K={measured_k(LLAMACPP_DEFAULT_DRAFT)}"]["tokens_per_s_total"],
                            "batch1-best": st[f"K={batch1_best}"]["tokens_per_s_total"],
                            "vllm-generator": st["vllm-generator"]["tokens_per_s_total"]}
 

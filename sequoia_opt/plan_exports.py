@@ -56,10 +56,11 @@ from .errors import TreeoptError
 from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges
 
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
-           "check_trtllm_schedule", "check_sglang_tiers", "trtllm_draft_len", "vllm_draft_len", "sglang_steps",
+           "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "trtllm_draft_len",
+           "vllm_draft_len", "sglang_steps",
            "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "SGLANG_TIER_RELEASES",
-           "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "SGLANG_DEFAULT_ENVELOPE", "LLAMACPP_DEFAULT_DRAFT",
-           "VLLM_GENERATOR_KS"]
+           "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "LLAMACPP_COMMIT", "SGLANG_DEFAULT_ENVELOPE",
+           "LLAMACPP_DEFAULT_DRAFT", "VLLM_GENERATOR_KS"]
 
 PLAN_ENGINES = ("vllm", "tensorrt-llm", "sglang", "llama.cpp", "treeopt")
 
@@ -84,6 +85,12 @@ SGLANG_DEFAULT_ENVELOPE = (5, 4, 8)
 
 #: The llama.cpp whose flags the export writes, and its default ``--spec-draft-n-max`` (``common/common.h``).
 LLAMACPP_RELEASE = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
+#: The commit the llama.cpp flags were read at, and the pull requests that gave them their spelling: builds
+#: before ggml-org/llama.cpp#22397 (2026-04-27) spell ``--draft-max`` / ``--draft-min``, before #22964
+#: (2026-05-12) ``--spec-type`` has no ``draft-simple``. llama.cpp names releases by build number (``bNNNN``),
+#: which these pull requests do not give, so a ``--release`` other than the checked commit is refused.
+LLAMACPP_COMMIT = "0c1e570"
+LLAMACPP_SPELLING_PRS = ("ggml-org/llama.cpp#22397", "ggml-org/llama.cpp#22964")
 LLAMACPP_DEFAULT_DRAFT = 3
 
 
@@ -466,7 +473,22 @@ def _export_sglang(ranges, release, method):
 
 
 # ---------------------------------------------------------------------------------------------- llama.cpp
-def _export_llamacpp(ranges, method, lookup):
+def check_llamacpp_release(release: str | None) -> None:
+    """Refuse a llama.cpp ``release`` other than the commit the flags were read at (:data:`LLAMACPP_COMMIT`).
+
+    Raises:
+        PlanExportError: any other build (the flags' spelling changed twice in 2026; see
+            :data:`LLAMACPP_SPELLING_PRS`).
+    """
+    if release is not None and not str(release).strip().lower().startswith(LLAMACPP_COMMIT):
+        raise PlanExportError(
+            f"llama.cpp {release} is not the build these flags were checked at ({LLAMACPP_COMMIT}); older builds "
+            f"spell them differently ({LLAMACPP_SPELLING_PRS[0]}: --draft-max -> --spec-draft-n-max, "
+            f"{LLAMACPP_SPELLING_PRS[1]}: --spec-type draft-simple): omit --release, or pass {LLAMACPP_COMMIT}")
+
+
+def _export_llamacpp(ranges, release, method, lookup):
+    check_llamacpp_release(release)
     lines = []
     for lo, hi, s in ranges:
         if s.shape not in ("none", "chain"):
@@ -485,7 +507,8 @@ def _export_llamacpp(ranges, method, lookup):
     doc = {"per_range": lines}
     text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m TARGET.gguf"
                      + (" -md DRAFT.gguf" if method != "ngram" else "") + f" {x['flags']}" for x in lines) + "\n"
-    return dict(text=text, data=doc, releases=LLAMACPP_RELEASE + "; older releases spell --draft-max / --draft-min",
+    return dict(text=text, data=doc, releases=(f"{LLAMACPP_RELEASE} and builds since {LLAMACPP_SPELLING_PRS[1]} "
+                                               f"(2026-05-12); earlier builds spell --draft-max / --draft-min"),
                 checked="common/arg.cpp, common/common.h and common/speculative.cpp of llama.cpp 0c1e570",
                 command="llama-server -m TARGET.gguf [-md DRAFT.gguf] <flags of your -np>",
                 notes=("llama-server runs one setting for all its slots: use the line of the -np you serve with",),
@@ -523,5 +546,5 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
     elif key == "sglang":
         out = _export_sglang(ranges, release, method)
     else:
-        out = _export_llamacpp(ranges, method, lookup)
+        out = _export_llamacpp(ranges, release, method, lookup)
     return EngineSettings(engine=key, release=release, **out)

@@ -202,3 +202,12 @@ def test_static_tree_exports_name_the_releases_that_take_trees():
     assert any("1.4.0rc1" in w and "eagle_choices" in w for w in trt.warnings)
     assert any("#15918" in w for w in trt.warnings)
     assert any("0.21.0 and later reject" in w for w in exports.export(tree, "vllm").warnings)
+
+
+def test_llamacpp_release_is_the_checked_commit_or_refused():
+    plan = PLANS["falling"]
+    assert export_plan(plan, "llama.cpp", release="0c1e570").text == export_plan(plan, "llama.cpp").text
+    assert "#22964" in export_plan(plan, "llama.cpp").releases
+    for old in ("b4200", "b9530", "v0.3.1"):
+        with pytest.raises(PlanExportError, match=f"llama.cpp {old} is not the build these flags were checked at"):
+            export_plan(plan, "llama.cpp", release=old)

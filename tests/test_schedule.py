@@ -320,3 +320,31 @@ def test_acceptance_from_traces_reads_runs_by_depth():
     prompt = [5, 6, 7, 8, 9, 5, 6]
     traces = lookup_traces([prompt], [[7, 8, 9, 1]], 16, 1, 3)
     assert [x[2] for x in traces[0]] == [True, True, True, False] and traces[0][0][0] == 7
+
+
+@pytest.mark.parametrize("ranges,msg", [
+    ([[1, 8, 2], [6, 64, 0]], "overlaps the previous one"),
+    ([[1, 4, 2], [9, 64, 0]], "batch sizes 5..8 are in no range"),
+    ([[1, 8, 12], [9, 64, 0]], "chain:12 at batch 1 is past what latency profile"),
+])
+def test_tune_refuses_bad_plans_in_one_line_writing_nothing(tmp_path, ranges, msg):
+    table, acc = _files(tmp_path)
+    doc = {"format": "treeopt-schedule/1", "ranges": [
+        {"batch_range": [lo, hi], "setting": {"shape": "chain", "draft_tokens": k} if k else {"shape": "none"}}
+        for lo, hi, k in ranges]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    out, sched = tmp_path / "out.json", tmp_path / "s.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--plan", str(tmp_path / "p.yaml"), "-o", str(out), "--schedule", str(sched)])
+    assert res.exit_code == 2 and msg in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
+    assert not out.exists() and not sched.exists()
+
+
+def test_tune_llamacpp_refuses_an_unchecked_release_before_measuring(tmp_path):
+    out = tmp_path / "flags.txt"
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "--release", "b4200", "-o", str(out),
+                              "--profiles-dir", str(tmp_path / "profiles")])
+    assert res.exit_code == 2 and "llama.cpp b4200 is not the build" in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
+    assert not out.exists() and not (tmp_path / "profiles").exists()

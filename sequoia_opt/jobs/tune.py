@@ -131,7 +131,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             missing file, a release the engine's export refuses on its face (not a version).
     """
     from ..jobs.load import parse_drafter_spec
-    from ..plan_exports import _version
+    from ..plan_exports import _version, check_llamacpp_release
 
     opts.engine = _engine(opts.engine)
     if opts.shape not in ("chain", "envelope"):
@@ -168,6 +168,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                                "profile acceptance, or the engine's per-position acceptance)")
         if opts.release is not None:
             _version(opts.release, opts.engine)
+    elif opts.engine == "llama.cpp":
+        check_llamacpp_release(opts.release)  # before minutes of measuring
     elif opts.release is not None and opts.engine == "treeopt":
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
     spec = parse_drafter_spec(opts.draft)  # a bad --draft fails here
