@@ -168,8 +168,8 @@ def med(xs: list[float]) -> float:
 # ---------------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", choices=("treeopt", "llama.cpp"), required=True)
-    ap.add_argument("--workload", choices=tuple(WORKLOADS), required=True)
+    ap.add_argument("--engine", choices=("treeopt", "llama.cpp"))
+    ap.add_argument("--workload", choices=tuple(WORKLOADS))
     ap.add_argument("--draft", default=None, help="the drafter (default: the workload's: draft model / lookup)")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
@@ -185,7 +185,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plan", type=Path, default=None, help="a treeopt-schedule/1 plan (default: tune solves one)")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results/schedules")
+    ap.add_argument("--markdown", type=Path, nargs="+", default=None,
+                    help="print the markdown tables of these results files (no run)")
     args = ap.parse_args()
+    if args.markdown:
+        for path in args.markdown:
+            print(markdown(json.loads(path.read_text()), rel(path.resolve())))
+        return
+    if args.engine is None or args.workload is None:
+        ap.error("--engine and --workload are required (or --markdown FILE...)")
     torch.set_num_threads(args.threads)
     t_start = time.time()
     batches = parse_batches(args.batches)
@@ -350,6 +358,42 @@ def print_tables(doc: dict) -> None:
         st = doc["stream"]["settings"]
         print("stream total tok/s: " + ", ".join(f"{n} {v['tokens_per_s_total']:.1f}" for n, v in st.items()))
     print("goals: " + json.dumps(doc["goals"]))
+
+
+def markdown(doc: dict, source: str) -> str:
+    """A results file as the docs' tables: measured tok/s per K and the plan per batch size, then the stream."""
+    ks = doc["ks"]
+    g = doc["goals"]
+    out = [f"**{doc['engine']}, {doc['workload']} workload ({doc['drafter'] or 'draft model'})**: plan "
+           + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in doc["plan"]["ranges"])
+           + f"; speculation stops paying above batch {doc['plan']['stops_paying_above']} "
+           f"(`{source}`, {doc['rounds']} rounds, medians)", "",
+           "| batch | " + " | ".join(f"K={k}" for k in ks) + " | best K | plan K | regret | predicted | error |",
+           "| --- " * (len(ks) + 6) + "|"]
+    for r in doc["rows"]:
+        by_k = {int(k): v for k, v in r["by_k"].items()}
+        cells = [f"**{by_k[k]['tokens_per_s_total']:.1f}**" if k == r["plan_k"] else
+                 f"{by_k[k]['tokens_per_s_total']:.1f}" for k in ks]
+        out.append(f"| {r['batch']} | " + " | ".join(cells) + f" | {r['best_measured_k']} | {r['plan_k']} | "
+                   f"{100 * (r['regret'] or 0):.1f} % | {r['plan_predicted_tokens_per_s_total'] or 0:.1f} | "
+                   f"{100 * (r['prediction_error'] or 0):+.1f} % |")
+    if doc["stream"]:
+        st = doc["stream"]
+        fixed = {n: v["tokens_per_s_total"] for n, v in st["settings"].items() if n.startswith("K=")}
+        best = max(fixed, key=fixed.get)
+        out += ["", f"Stream 1 -> {st['peak']} -> 1 ({st['requests']} requests x {st['tokens_per_request']} "
+                f"tokens), total tok/s: plan {st['settings']['plan']['tokens_per_s_total']:.1f}; best fixed "
+                f"{best} {fixed[best]:.1f}; K=0 {fixed.get('K=0', 0):.1f}; "
+                + "; ".join(f"{n} {v:.1f}" for n, v in st["peers"].items())]
+    out += ["", "Goals: max regret {:.1f} % (<= 3 %: {}); max prediction error {:.1f} % (<= 10 %: {}); greedy "
+            "equal everywhere: {}{}".format(
+                100 * (g["max_regret"] or 0), g["regret_le_3pct_everywhere"], 100 * (g["max_prediction_error"] or 0),
+                g["prediction_within_10pct_everywhere"], g["greedy_equal_everywhere"],
+                "" if "stream_plan_vs_best_fixed" not in g else
+                "; stream plan / best fixed {:.3f}, >= every fixed K: {}, >= every peer: {}".format(
+                    g["stream_plan_vs_best_fixed"], g["stream_plan_ge_every_fixed"], g["stream_plan_ge_every_peer"])),
+            ""]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
