@@ -102,6 +102,22 @@ def test_plan_says_none_where_speculation_pays_nowhere():
     assert [r.setting.label for r in plan.ranges] == ["none"]
 
 
+def test_min_gain_keeps_plain_decoding_where_the_predicted_lead_is_small():
+    v = ChainValue(_acc(), 8)
+    free = solve_plan(v, PROFILE)
+    leads = {r.batch: r.best.cost.tokens_per_s / r.plain.cost.tokens_per_s - 1 for r in free.rows}
+    small = min(x for x in leads.values() if x > 0)  # the smallest lead a speculating batch size has
+    plan = solve_plan(v, PROFILE, min_gain=small)  # that batch size's lead no longer clears the bar
+    for r in plan.rows:
+        speculates = leads[r.batch] > small
+        assert r.best.setting.speculates == speculates
+        want = next(c for c in free.rows if c.batch == r.batch).best if speculates else r.plain
+        assert r.best.setting == want.setting and r.best.tokens_per_s_total == pytest.approx(want.tokens_per_s_total)
+    assert solve_plan(v, PROFILE, min_gain=max(leads.values())).pays_nowhere
+    with pytest.raises(ProfileError, match="--min-gain -0.1 must lie in"):
+        solve_plan(v, PROFILE, min_gain=-0.1)
+
+
 def test_first_is_longest_caps_later_batches():
     # speculation pays more at batch 8 than at batch 1 (a CPU-like batch-1 curve): TensorRT-LLM's rule caps it
     odd = _profile({1: _curve(5.0, 10.0), 8: _curve(0.2, 12.0)})

@@ -52,6 +52,9 @@ def tune(
     rounds: Annotated[int, typer.Option("--rounds", help="Timing rounds per (batch, tokens).")] = 2,
     acceptance_model: Annotated[str, typer.Option(
         "--acceptance-model", help="auto | positional | by-depth (chains: acceptance by depth from runs).")] = "auto",
+    min_gain: Annotated[float, typer.Option(
+        "--min-gain", help="Speculate only where the predicted lead over plain decoding exceeds this fraction "
+        "(0.05 = 5 %); a smaller lead keeps plain decoding at that batch size.")] = 0.0,
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
         "the extra_llm_api_options YAML; SGLang: the adaptive config JSON; llama.cpp: the flags per -np; treeopt: "
@@ -77,6 +80,7 @@ def tune(
         acceptance=acceptance, calibration=calibration, shape=shape, max_draft=max_draft, context=context,
         release=release, method=method, model=model, max_batch=max_batch, prompts=prompts, num_prompts=num_prompts,
         max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,
+        min_gain=min_gain,
         profiles_dir=profiles_dir, plan=plan))
     for path in (output, schedule):
         if path is not None:

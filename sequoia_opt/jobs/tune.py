@@ -63,6 +63,8 @@ class TuneOptions:
         max_batch: the engine's largest batch (the last range ends there).
         prompts / num_prompts / max_new_tokens: what the acceptance is measured on.
         threads: CPU threads for measuring.  rounds: timing rounds.  acceptance_model: auto | positional | by-depth.
+        min_gain: speculate only where the predicted lead over plain decoding exceeds this fraction
+            (:func:`~sequoia_opt.solver.schedule.solve_plan`).
         profiles_dir: where measured profiles are written and looked for.
         plan: a ``treeopt-schedule/1`` file to predict and export instead of solving one.
     """
@@ -87,6 +89,7 @@ class TuneOptions:
     threads: int = 1
     rounds: int = 2
     acceptance_model: str = "auto"
+    min_gain: float = 0.0
     profiles_dir: Path = Path("profiles")
     plan: Path | None = None
 
@@ -170,6 +173,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             _version(opts.release, opts.engine)
     elif opts.engine == "llama.cpp":
         check_llamacpp_release(opts.release)  # before minutes of measuring
+    if not 0.0 <= float(opts.min_gain) < 10.0:
+        raise TreeoptError(f"--min-gain {opts.min_gain} must lie in [0, 10) (a fraction: 0.05 is 5 %)")
     elif opts.release is not None and opts.engine == "treeopt":
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
     spec = parse_drafter_spec(opts.draft)  # a bad --draft fails here
@@ -398,6 +403,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         done["plan"] = f"given: {opts.plan}"
     else:
         plan = solve_plan(value, profile, opts.batches, context=ctx, first_is_longest=opts.engine == "tensorrt-llm",
+                          min_gain=opts.min_gain,
                           max_batch=opts.max_batch, provenance=prov)
     notes.extend(plan.notes)
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))

@@ -439,7 +439,8 @@ def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None
 
 def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] | None = None, *,
                context: int | None = None, interval: IntervalFn | None = None, first_is_longest: bool = False,
-               max_batch: int | None = None, provenance: Mapping[str, Any] | None = None) -> Plan:
+               max_batch: int | None = None, min_gain: float = 0.0,
+               provenance: Mapping[str, Any] | None = None) -> Plan:
     """The speculation plan: the best setting of ``value`` at every batch size, merged into ranges (module
     docstring).
 
@@ -453,6 +454,9 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
             ``draft_len_schedule`` rule: its smallest key carries ``max_draft_len``).
         max_batch: the last range ends here instead of at the largest measured batch size (an engine's largest
             batch; the figures past the measured batch sizes are not predicted).
+        min_gain: speculate at a batch size only where the best setting's predicted tokens/s beats plain
+            decoding's by more than this fraction (0.05: 5 %); a smaller predicted lead keeps plain decoding
+            there (the step cost the profile does not time and timing noise can erase it).
         provenance: written into the schedule file.
 
     Raises:
@@ -471,6 +475,8 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
                                "profile more tokens")
     if max_batch is not None and max_batch < batches[-1]:
         raise ProfileError(f"--max-batch {max_batch} is below the largest batch size solved ({batches[-1]})")
+    if not 0.0 <= float(min_gain) < 10.0:
+        raise ProfileError(f"--min-gain {min_gain} must lie in [0, 10) (a fraction: 0.05 is 5 %)")
     rows: list[BatchRow] = []
     cap, capped = None, False
     for b, curve in curves:
@@ -478,9 +484,13 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
         cands = [p for p in every if cap is None or p.setting.draft_tokens <= cap]
         capped = capped or cands[0] is not every[0]
         plain = next(p for p in cands if not p.setting.speculates)
-        rows.append(BatchRow(b, cands[0], plain, tuple(cands)))
+        best = cands[0]
+        if min_gain > 0 and best.setting.speculates and \
+                best.cost.tokens_per_s <= plain.cost.tokens_per_s * (1.0 + min_gain):
+            best = plain
+        rows.append(BatchRow(b, best, plain, tuple(cands)))
         if first_is_longest and cap is None:
-            cap = cands[0].setting.draft_tokens
+            cap = best.setting.draft_tokens
     ranges: list[Range] = []
     for i, r in enumerate(rows):
         if ranges and ranges[-1].setting == r.best.setting:
