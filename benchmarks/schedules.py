@@ -25,6 +25,13 @@ Peers, on the same measurements: vLLM's ``generate_config.py`` rule (at each bat
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine llama.cpp --workload edit
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine treeopt --workload eval
 
+Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(b, 4) requests per batch size, 2 rounds;
+a stream of 24 requests x 12 tokens) are the smallest that still reach 16 live rows and give each K two rounds;
+on this 2-core machine under load 3-6 the llama.cpp editing run took 28 min (profiling 4, batch 16 alone 7, the
+stream 9). treeopt's float32 decoder is slower per token: ``--new 10 --min-prompts 3 --stream-requests 20
+--stream-tokens 8 --profile-rounds 1`` keeps it near that. The editing answers copy the function after a short
+preamble, so 16 tokens understate what n-grams accept (``--new 48`` matches the profile's 48, at 3x the time).
+
 Writes ``results/schedules/<date>-<engine>-<workload>.json`` (and the run's profiles and plan beside it) and
 prints the tables.
 """
