@@ -364,3 +364,12 @@ def test_tune_llamacpp_refuses_an_unchecked_release_before_measuring(tmp_path):
     assert res.exit_code == 2 and "llama.cpp b4200 is not the build" in res.output, res.output
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
     assert not out.exists() and not (tmp_path / "profiles").exists()
+
+
+def test_tune_refuses_a_bad_min_gain_before_anything(tmp_path):
+    table, acc = _files(tmp_path)
+    out = tmp_path / "out.json"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--min-gain", "-0.5", "-o", str(out)])
+    assert res.exit_code == 2 and "--min-gain -0.5 must lie in [0, 10)" in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()

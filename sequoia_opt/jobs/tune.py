@@ -135,6 +135,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     """
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import _version, check_llamacpp_release
+    from ..solver.schedule import check_min_gain
 
     opts.engine = _engine(opts.engine)
     if opts.shape not in ("chain", "envelope"):
@@ -173,10 +174,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             _version(opts.release, opts.engine)
     elif opts.engine == "llama.cpp":
         check_llamacpp_release(opts.release)  # before minutes of measuring
-    if not 0.0 <= float(opts.min_gain) < 10.0:
-        raise TreeoptError(f"--min-gain {opts.min_gain} must lie in [0, 10) (a fraction: 0.05 is 5 %)")
     elif opts.release is not None and opts.engine == "treeopt":
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
+    check_min_gain(opts.min_gain)
     spec = parse_drafter_spec(opts.draft)  # a bad --draft fails here
     if opts.engine == "llama.cpp" and not spec.entry.loads_model and spec.kind != "lookup":
         raise TreeoptError(f"--draft {spec.label}: llama.cpp drafts with a draft model or n-grams (lookup)")

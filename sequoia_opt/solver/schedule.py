@@ -68,8 +68,8 @@ SCHEDULE_FORMAT = "treeopt-schedule/1"
 SHAPES = ("none", "chain", "envelope", "tree")
 
 __all__ = ["SCHEDULE_FORMAT", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
-           "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "predict_ranges", "check_ranges",
-           "plan_document", "save_schedule", "load_schedule", "Schedule", "max_draft_measured", "plan_from_ranges"]
+           "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "predict_ranges",
+           "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule", "max_draft_measured", "plan_from_ranges"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -437,6 +437,12 @@ def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None
     return out
 
 
+def check_min_gain(min_gain: float) -> None:
+    """Raises ProfileError unless ``min_gain`` (a fraction of plain decoding's tokens/s) lies in [0, 10)."""
+    if not 0.0 <= float(min_gain) < 10.0:
+        raise ProfileError(f"--min-gain {min_gain} must lie in [0, 10) (a fraction: 0.05 is 5 %)")
+
+
 def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] | None = None, *,
                context: int | None = None, interval: IntervalFn | None = None, first_is_longest: bool = False,
                max_batch: int | None = None, min_gain: float = 0.0,
@@ -475,8 +481,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
                                "profile more tokens")
     if max_batch is not None and max_batch < batches[-1]:
         raise ProfileError(f"--max-batch {max_batch} is below the largest batch size solved ({batches[-1]})")
-    if not 0.0 <= float(min_gain) < 10.0:
-        raise ProfileError(f"--min-gain {min_gain} must lie in [0, 10) (a fraction: 0.05 is 5 %)")
+    check_min_gain(min_gain)
     rows: list[BatchRow] = []
     cap, capped = None, False
     for b, curve in curves:
