@@ -547,4 +547,6 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
         out = _export_sglang(ranges, release, method)
     else:
         out = _export_llamacpp(ranges, release, method, lookup)
+    if key in ("tensorrt-llm", "llama.cpp"):  # formats with comments carry their releases (JSON ones cannot)
+        out["text"] = f"# for {out['releases']}\n" + out["text"]
     return EngineSettings(engine=key, release=release, **out)

@@ -211,3 +211,12 @@ def test_llamacpp_release_is_the_checked_commit_or_refused():
     for old in ("b4200", "b9530", "v0.3.1"):
         with pytest.raises(PlanExportError, match=f"llama.cpp {old} is not the build these flags were checked at"):
             export_plan(plan, "llama.cpp", release=old)
+
+
+@pytest.mark.parametrize("engine,release", [("tensorrt-llm", "1.3.0rc8"), ("llama.cpp", "0c1e570")])
+def test_exports_with_comments_name_their_releases_in_the_file(engine, release):
+    e = export_plan(PLANS["falling"], engine)
+    first = e.text.splitlines()[0]
+    assert first == f"# for {e.releases}" and release in first
+    if engine == "tensorrt-llm":
+        assert yaml.safe_load(e.text) == e.data  # still the YAML the engine reads
