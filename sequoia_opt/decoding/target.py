@@ -69,6 +69,11 @@ class TargetFace(ABC):
     def keep(self, rows: Sequence[int]) -> None:
         """Only rows ``rows`` (ascending) stay in the batch (the others finished)."""
 
+    def join(self, state: DecodeState, prompts: Sequence[Sequence[int]]) -> None:
+        """Rows join a running batch after its ``len(state.rows)`` live rows: new row j's cache takes
+        ``prompts[j][:-1]``. Raises DecodingError for a face that cannot (the default)."""
+        raise DecodingError(f"{self.name} cannot take rows into a running batch")
+
 
 class TransformerTarget(TargetFace):
     """The bundled torch :class:`~sequoia_opt.model.Transformer` as the loop's target: a static KV cache of
@@ -165,3 +170,12 @@ class TransformerTarget(TargetFace):
 
     def keep(self, rows: Sequence[int]) -> None:
         self.rows.keep(rows)
+
+    def join(self, state: DecodeState, prompts: Sequence[Sequence[int]]) -> None:
+        B = self.rows.batch
+        if B + len(prompts) > self.max_batch:
+            raise DecodingError(f"{B} live rows and {len(prompts)} joining exceed max_batch={self.max_batch}")
+        for j, p in enumerate(prompts):
+            if len(p) > 1:
+                run_causal_chunk(self.model, self.rows.row(B + j), p[:-1], 0, self.backend, self._masks)
+        self.rows.add([len(p) - 1 for p in prompts])
