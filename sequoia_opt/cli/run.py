@@ -631,14 +631,21 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
     """The per-tree table of a run: measured against predicted, the time split, and greedy equality; the
     title names what the predicted columns come from (``predicted``)."""
     rows = []
+
+    def span(iv, mark=None):
+        return "-" if iv is None else f"{iv[0]:.3f} to {iv[1]:.3f}" + ("" if mark is None else
+                                                                        (" (in)" if mark else " (OUT)"))
+
     for s in run.summaries[1:]:
         rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f} to {s.tps_ci95[1]:.3f}",
-                     s.predicted_tokens_per_step, s.tokens_per_s, s.speedup, s.predicted_speedup,
+                     s.predicted_tokens_per_step, span(s.predicted_interval, s.inside_prediction), s.tokens_per_s,
+                     s.speedup, s.predicted_speedup, span(s.predicted_speedup_interval),
                      s.draft_ms, s.verify_ms, s.bookkeeping_ms,
                      "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
-    return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else ""),
-            ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "tokens/s", "speedup",
-             "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
+    return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else "")
+            + "; 95% CI: the measured mean's, over prompts; 95% PI: the prediction's for this many new prompts",
+            ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "95% PI", "tokens/s", "speedup",
+             "pred. speedup", "speedup 95% PI", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
 
 
 #: Re-solve rows shown in the table; past it only the re-solves that changed the tree (the JSON has them all).

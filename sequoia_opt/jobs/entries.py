@@ -139,27 +139,35 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
         model = "positional"
     vm = ValueModel.of_profile(acc, model if model in ("positional", "by-depth") else "auto")
 
-    def predict(tree):  # (G, speedup) under the table's value model and cost model; speedup None off the curve
+    def predict(tree):  # (G, step cost) under the table's value model and cost model; the step None off the curve
         g = vm.expected_tokens(tree)
         if curve is None:
             return g, None
         try:
-            return g, step_cost(tree.level_widths, g, curve).speedup
+            return g, step_cost(tree.level_widths, g, curve)
         except ProfileError:
             return g, None
+
+    def spreads(tree, step) -> dict:  # the prediction's spread between prompts, as solve records it
+        from ..solver.intervals import spread_metadata
+
+        return spread_metadata(tree, acc, vm.name, step)
 
     out_entries = []
     for e in entries:
         if e.policy is not None:  # adaptive or dynamic: its own value model
             out_entries.append(e)
             continue
-        g, sp = predict(e.tree)
+        g, step = predict(e.tree)
         old = e.metadata.expected_tokens_per_step
         if old is not None and abs(old - g) > 5e-4:
             notes.append(f"tree {e.name!r}: predicted {g:.3f} tokens/step under {vm.label} (its file: {old:.3f}, "
                          f"{e.metadata.extra.get('acceptance_model') or 'positional'} acceptance of profile "
                          f"{e.metadata.acceptance_profile!r}): every tree of the table is scored one way")
-        out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g, predicted_speedup=sp)))
+        extra = {k: v for k, v in e.metadata.extra.items() if k not in ("tokens_per_step_spread", "speedup_spread")}
+        extra.update(spreads(e.tree, step))
+        out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g,
+                                                       predicted_speedup=step.speedup if step else None, extra=extra)))
     budget = max(e.tree.size for e in static)
     max_depth = max(max(e.tree.tree_depth for e in static), 1)
     if curve is not None and budget > curve.max_target_tokens():
@@ -182,7 +190,7 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
             meta = TreeMetadata(budget=b.tree.size, expected_tokens_per_step=b.expected_tokens,
                                 predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
                                 latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}",
-                                extra={"acceptance_model": vm.name})
+                                extra={"acceptance_model": vm.name, **spreads(b.tree, b.cost)})
             out.append(TreeEntry(name=label, tree=b.tree, metadata=meta))
     return out_entries, out, notes, vm.label
 

@@ -32,6 +32,8 @@ Acceptance profile, ``format: treeopt-acceptance/1`` (Sequoia, Chen et al. 2024,
                                       # times all K were rejected. acceptance must equal counts / sum(counts).
     acceptance_by_depth:              # optional; depth (1 = children of the root) -> K-entry vector
       1: [...]
+    counts_by_prompt:                 # optional; per prompt, per depth 1..D, its K + 1 counts (they sum to
+      - [[...], [...], ...]           # counts): intervals between prompts (sequoia_opt.solver.intervals)
 
 Latency profile, ``format: treeopt-latency/1``::
 
