@@ -373,7 +373,8 @@ def check_adapt_options(adapt: bool, every: Optional[int], window: Optional[int]
 
 
 def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, window: int, prior_weight: float,
-                      budget: Optional[int], max_depth: Optional[int], max_branching: Optional[int]) -> tuple[list, list[str]]:
+                      budget: Optional[int], max_depth: Optional[int], max_branching: Optional[int],
+                      guard: bool = True) -> tuple[list, list[str]]:
     """One adaptive twin per tree entry, ``<name> (adaptive)``, starting from that tree (nothing is loaded
     but the two profiles; each :class:`~sequoia_opt.drafting.policies.TreeAdapter` solves the prior once,
     which checks the limits against the latency profile).
@@ -381,7 +382,8 @@ def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, wi
     Limits of the re-solves: ``budget`` or the tree's recorded budget limit (``treeopt solve`` writes it),
     else its budget, else its size, lowered to the latency profile's largest measured token count when a
     limit that was not given exceeds it (a note says so); ``max_depth`` or 16 (``treeopt solve``'s default);
-    ``max_branching`` or the tree's recorded one, else 32.
+    ``max_branching`` or the tree's recorded one, else 32. ``guard``: arm each adapter's guard (it needs the
+    acceptance profile's per-prompt counts; :class:`~sequoia_opt.drafting.policies.TreeAdapter`).
 
     Returns:
         ``(entries, notes)``.
@@ -411,11 +413,18 @@ def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, wi
         br = max_branching if max_branching is not None else int(extra.get("max_branching")
                                                                  or SINGLE_DEFAULTS["max_branching"])
         adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,
-                              window=window, prior_weight=prior_weight)
+                              window=window, prior_weight=prior_weight, profile=acc, guard=guard)
         out.append(TreeEntry(f"{e.name} (adaptive)", e.tree, e.metadata,
                              policy=lambda drafter, a=adapter: AdaptiveTreePolicy(drafter, a)))
         notes.append(f"{e.name} (adaptive): re-solved every {every} steps from the acceptance of the last {window} "
                      f"steps (prior {acc.id!r}, worth {prior_weight:g} trials per rank) with latency profile "
                      f"{curve.id!r}, within budget {b}, depth {d}, branching {br}; the time of each re-solve is "
                      "charged to its step")
+        if adapter.guarded:
+            notes.append(f"{e.name} (adaptive): guarded: when the window's tokens per step leaves the profile's 95 % "
+                         "prediction interval, the tree is solved from the window's lower bounds (plain decoding "
+                         "when no tree beats it there)")
+        elif guard:
+            notes.append(f"{e.name} (adaptive): not guarded: acceptance profile {acc.id!r} keeps no per-prompt counts "
+                         "(re-measure it with treeopt profile acceptance to arm the guard)")
     return out, notes

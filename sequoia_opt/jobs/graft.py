@@ -33,6 +33,7 @@ from ..profiling.graft import SchedulerSample
 from ..model.tuned_linear import linear_record
 from ..solver.graft import GraftAcceptance, GraftChoice, graft_baselines, graft_expected_tokens, graft_step_cost, \
     merge_trees, solve_graft
+from ..solver.hardware import plain_ms_per_token
 from ..tree import DrafterTree, TreeMetadata, now_iso
 
 __all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "pair_graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction",
@@ -461,11 +462,12 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
         ms_light = drafter_costs_ms(light_dt, curves, ctx)[0] if light_dt.size > 1 else 0.0
         ms_strong = drafter_costs_ms(dt, curves, ctx)[1]
         curve = p.light_curve
-        base = ms_light + curve.target_ms(light_dt.size, ctx) + curve.step_overhead_ms
-        extra = ms_strong + curve.target_ms(dt.size, ctx) - curve.target_ms(light_dt.size, ctx)
+        base = ms_light + curve.step_target_ms(light_dt.size, ctx) + curve.step_overhead(light_dt.size, ctx)
+        extra = (ms_strong + curve.step_target_ms(dt.size, ctx) + curve.step_overhead(dt.size, ctx)
+                 - curve.step_target_ms(light_dt.size, ctx) - curve.step_overhead(light_dt.size, ctx))
         cost = base + extra * rate
         tps = 1000.0 * g / cost
-        plain = curve.target_ms(1, ctx) + curve.step_overhead_ms
+        plain = plain_ms_per_token(curve, ctx)
         out.append(ScheduledPlan(name, dt, sched, card, g_static, g, rate, cost, tps, tps * plain / 1000.0, samples))
     out.sort(key=lambda sp: -sp.tokens_per_s)
     return out

@@ -21,7 +21,7 @@ from ...solver.chains import ChainSetting
 from .binding import LlamaCppModel, engine_info, top1
 from .decode import generate
 
-__all__ = ["forward_calls", "measure_step_overhead", "profile_latency", "measure_acceptance"]
+__all__ = ["forward_calls", "measure_step_overhead", "loop_decoders", "profile_latency", "measure_acceptance"]
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -80,14 +80,32 @@ def _file_type(path: Path) -> str:
         return "unknown"
 
 
+def loop_decoders(target: LlamaCppModel, draft: LlamaCppModel):
+    """``make_decoder(n)`` for :func:`~sequoia_opt.profiling.steps.time_loop` on llama.cpp: plain decoding at
+    n = 1, else a chain of n - 1 drafts (:class:`~sequoia_opt.drafting.policies.ChainPolicy`, p-min 0) over a
+    :class:`~sequoia_opt.engines.llamacpp.target.LlamaCppDrafter`, both contexts shared between calls."""
+    from ...decoding import Decoder
+    from ...drafting.policies import ChainPolicy
+    from .target import LlamaCppDrafter, LlamaCppTarget
+
+    def make_decoder(n: int) -> Decoder:
+        policy = None if n == 1 else ChainPolicy(LlamaCppDrafter(draft), n - 1)
+        return Decoder(LlamaCppTarget(target), policy)
+
+    return make_decoder
+
+
 def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Sequence[int],
                     token_counts: Sequence[int], draft_token_counts: Sequence[int], n_threads: int = 2,
                     rounds: int = 3, paired: bool = True, max_repeats: int = 30, progress: ProgressFn | None = None,
-                    target_name: str | None = None, draft_name: str | None = None):
+                    target_name: str | None = None, draft_name: str | None = None, loop: bool = True):
     """The llama.cpp latency profile of a target GGUF and a draft GGUF (``treeopt-latency/1`` with ``engine``):
     T(n) and c(w) with logits for every position (:func:`forward_calls`, timed by
     :func:`~sequoia_opt.profiling.latency.sweep_grid` with its rounds and pairing against n = 1), and the
-    per-step overhead (:func:`measure_step_overhead`). ``draft_path`` None records no draft (0 ms).
+    per-step overhead (:func:`measure_step_overhead`). ``draft_path`` None records no draft (0 ms). With ``loop``
+    and a draft, the decoding loop's chain steps at every target token count too (:func:`loop_decoders`,
+    :func:`~sequoia_opt.profiling.steps.time_loop`: a chain of n - 1 drafts, the logits read into Python for
+    acceptance and for draft-p-min, both contexts alternating as the runner runs them).
 
     Returns:
         the validated :class:`~sequoia_opt.profiles.LatencyCurve`.
@@ -108,17 +126,23 @@ def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Seq
         if cfg is not None and max(contexts) + widest > cfg.max_position_embeddings:
             raise EngineError(f"context {max(contexts)} + {widest} tokens exceeds {Path(path).name}'s context of "
                               f"{cfg.max_position_embeddings} tokens")
-    n_ctx = max(max(contexts) + widest + 8, 256)  # 256: what measure_step_overhead's run needs
+    # 256: what measure_step_overhead's run needs; the loop's 9 steps commit up to a chain each past the context
+    n_ctx = max(max(contexts) + 10 * widest + 16, 256)
     kw = dict(min_repeats=min(5, max_repeats), max_repeats=max_repeats)
     with LlamaCppModel(target_path, n_ctx=n_ctx, n_threads=n_threads) as tm:
         ttables = sweep_grid(engine_timers(forward_calls(tm), "cpu", **kw), token_counts, contexts, what="target",
                              progress=progress, rounds=rounds, paired=paired)
-        dtables, overhead = None, 0.0
+        dtables, overhead, loops = None, 0.0, None
         if draft_path is not None:
             with LlamaCppModel(draft_path, n_ctx=n_ctx, n_threads=n_threads) as dm:
                 dtables = sweep_grid(engine_timers(forward_calls(dm, seed=1), "cpu", **kw), draft_token_counts,
                                      contexts, what="draft", progress=progress, rounds=rounds, paired=paired)
                 overhead = measure_step_overhead(tm, dm)
+                if loop:
+                    from ...profiling.steps import time_loop
+
+                    loops = [time_loop(loop_decoders(tm, dm), token_counts, c, tm.n_vocab, policy="chain",
+                                       rounds=min(rounds, 2), progress=progress) for c in contexts]
     tname = target_name or Path(target_path).stem
     dname = draft_name or (Path(draft_path).stem if draft_path is not None else None)
     slug = device_slug("cpu")
@@ -131,12 +155,13 @@ def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Seq
         target_name=tname, target_config=tcfg, draft_name=dname, draft_config=dcfg, random_weights=False,
         profile_id=pid, method=method_text(rounds, paired, token_counts) + "; llama_decode with logits for every "
         "position", command="treeopt profile latency --engine llama.cpp", engine=engine_info(),
-        device_meta=device_meta)
+        device_meta=device_meta, loop_tables=loops)
 
 
 def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Sequence[Sequence[int]],
                        max_new_tokens: int, *, width: int = 8, eos_ids: Iterable[int] = (),
-                       progress: ProgressFn | None = None) -> tuple[np.ndarray, list[list[tuple[int, float, bool]]]]:
+                       progress: ProgressFn | None = None, prompt_counts: list | None = None,
+                       ) -> tuple[np.ndarray, list[list[tuple[int, float, bool]]]]:
     """Greedy acceptance of ``draft`` for ``target`` on llama.cpp's logits (Sequoia section 3.1, greedy: the
     accepted candidate is the target's argmax): for each prompt the target's greedy continuation
     (:func:`generate`, plain), then one draft decode over prompt + continuation with logits at every
@@ -146,7 +171,9 @@ def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Seq
         ``(counts, traces)``: counts (width + 1,) int64, ``counts[k]`` the trials whose target token was the
         draft's rank-k candidate, ``counts[width]`` none of the top ``width``; traces, per prompt and
         continuation position, (draft top-1 token, its probability among the draft's top 10 logits, whether
-        it equals the target's token), what a chain's draft-p-min rule reads.
+        it equals the target's token), what a chain's draft-p-min rule reads. With ``prompt_counts`` (a list) each
+        prompt's (1, width + 1) counts are appended to it (every trial is a depth-1 trial here): the per-prompt
+        counts of an acceptance profile (``counts_by_prompt``, intervals between prompts).
 
     Raises:
         EngineError: as :func:`generate`.
@@ -162,6 +189,7 @@ def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Seq
             draft.prefill(full[:first])
         rows_tokens = full[first: len(full) - 1]
         trace = []
+        before = counts.copy()
         for s in range(0, len(rows_tokens), draft.n_batch):
             chunk = rows_tokens[s: s + draft.n_batch]
             draft.decode(chunk, first + s, logits=True)
@@ -174,6 +202,8 @@ def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Seq
                 tok, prob = top1(row)
                 trace.append((tok, prob, tok == want))
         traces.append(trace)
+        if prompt_counts is not None:
+            prompt_counts.append((counts - before)[None, :])
         if progress:
             progress("llama.cpp acceptance", i + 1, len(prompts))
     return counts, traces
