@@ -454,6 +454,12 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     profiles = GraftProfiles(names[0], names[1], models[0], models[1], curves[0], curves[1], accs[0], accs[1], pair)
     plans = plan_graft(profiles, budget=budget, max_depth=max_depth, max_branching=max_branching, context=context)
     ch, dtree = plans.choice, plans.choice.dtree
+    for x in plans.extrapolated:  # what the value model did not measure, and how it was valued
+        deeper = dtree.tree_depth > x["measured_depth"]
+        (report.warnings if deeper else report.notes).append(
+            f"value model: {x['text']}" + (f"; the chosen tree reaches depth {dtree.tree_depth}, deeper than that "
+                                           "measurement: profile a deeper spine (treeopt profile graft --depth)" if deeper
+                                           else ""))
     ctx = context if context is not None else int(curves[0].contexts[0])
     meta = plans.metadata["graft"]
     if plan != "auto":  # a tree holding both drafters, for a scheduler, whether or not it wins called every step

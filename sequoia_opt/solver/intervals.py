@@ -51,7 +51,7 @@ from ..tree import Tree
 
 __all__ = ["PromptSpread", "t975", "resample_prompt_counts", "bootstrap_rows", "tree_values", "value_spread",
            "tree_spread", "speedup_spread", "acceptance_spreads", "prediction_interval", "spread_metadata",
-           "DEFAULT_REPLICATES"]
+           "ratio_spread", "DEFAULT_REPLICATES"]
 
 #: Bootstrap replicates (resamples of the profile's prompts) per figure.
 DEFAULT_REPLICATES = 1000
@@ -314,3 +314,19 @@ def spread_metadata(tree: Tree, profile, model: str = "auto", step=None,
     if step is not None:
         out["speedup_spread"] = speedup_spread(g, step).to_dict(m)
     return out
+
+
+def ratio_spread(numerators: Sequence[float], denominators: Sequence[float], *, replicates: int = DEFAULT_REPLICATES,
+                 seed: int = 0, clip: tuple[float | None, float | None] = (None, None)) -> PromptSpread | None:
+    """The spread between prompts of a ratio of sums, per prompt ``numerators[i] / denominators[i]`` pooled as
+    ``sum(num) / sum(den)`` (a measured tokens per step: tokens over steps of each prompt), by the cluster
+    bootstrap over prompts. None with fewer than 2 prompts or a zero denominator sum."""
+    y = np.asarray(numerators, dtype=np.float64)
+    x = np.asarray(denominators, dtype=np.float64)
+    if y.size < 2 or x.sum() <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(y.size, np.full(y.size, 1.0 / y.size), size=replicates)  # (B, P)
+    den = draws @ x
+    vals = np.divide(draws @ y, den, out=np.full(replicates, y.sum() / x.sum()), where=den > 0)
+    return PromptSpread(float(y.sum() / x.sum()), float(np.std(vals, ddof=1)), int(y.size), int(replicates), clip)
