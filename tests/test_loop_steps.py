@@ -93,6 +93,47 @@ def test_probe_trees():
     assert t.size == 9 and t.level_widths == (1, 4, 4)
 
 
+class _FakeDecoder:
+    """A decoder whose steps take fixed times scaled by the machine's current speed (``clock["slow"]``): verify
+    10 + n ms, draft n ms, bookkeeping 1 + n / 2 ms for a tree of n tokens."""
+
+    def __init__(self, n, clock):
+        self.n, self.clock = n, clock
+
+    def start(self, prompt, max_new_tokens):
+        from types import SimpleNamespace
+        return SimpleNamespace(finished=False)
+
+    def step(self, state):
+        from types import SimpleNamespace
+        f, n = self.clock["slow"], self.n
+        return SimpleNamespace(draft_ms=f * (n - 1), verify_ms=f * (10.0 + n), bookkeeping_ms=f * (1.0 + n / 2),
+                               tree_size=n)
+
+
+def test_time_loop_pairs_every_step_with_a_plain_step_so_a_slow_spell_cancels():
+    """A slow spell (1.5x) while one size is timed: paired with the plain steps beside it, that size keeps its
+    true times (unpaired medians would come out 1.5x too slow and the table's shape wrong)."""
+    clock = {"slow": 1.0}
+    made = []
+
+    def make(n):
+        clock["slow"] = 1.5 if n == 4 else 1.0
+        return _FakeDecoder(n, clock)
+
+    def make_plain():
+        made.append(1)
+        return _FakeDecoder(1, clock)
+
+    table = time_loop(make, [1, 2, 3, 4], 8, 50, steps=4, warmup=1, rounds=1, make_plain=make_plain)
+    assert len(made) == 3  # one reference per timed size and round
+    assert table.tokens == [1, 2, 3, 4]
+    # the reference's median plain step: 8 of 12 steps at full speed (11 ms verify, 1.5 ms bookkeeping)
+    assert table.verify_ms == pytest.approx([11.0, 12.0, 13.0, 14.0])
+    assert table.draft_ms == pytest.approx([0.0, 1.0, 2.0, 3.0])
+    assert table.bookkeeping_ms == pytest.approx([1.5, 2.0, 2.5, 3.0])
+
+
 def test_time_loop_through_the_decoder_on_a_tiny_pair():
     target = random_model(0)
     draft = noisy_copy(target, 0.05, 1)

@@ -72,18 +72,26 @@ def probe_tree(n: int, policy: str = "static") -> Tree:
 
 
 def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
-              policy: str = "static", steps: int = 6, warmup: int = 2, rounds: int = 2, seed: int = 0,
-              progress: ProgressFn | None = None) -> LoopTable:
-    """Time the loop's steps at every tree size (module docstring).
+              policy: str = "static", steps: int = 8, warmup: int = 2, rounds: int = 2, seed: int = 0,
+              progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None) -> LoopTable:
+    """Time the loop's steps at every tree size (module docstring), each alternated step by step with a plain
+    decoding step (the reference), as :func:`~sequoia_opt.profiling.latency.profile_model` pairs T(n) with T(1).
+
+    On a machine whose speed drifts by tens of percent over seconds (a shared VM), unpaired steps are timed at
+    different speeds and the table's shape (what the solver's choice depends on) comes out wrong. Here every timed
+    step of size n has a plain step beside it; a size keeps ``median(part / plain step)`` x the median plain step over
+    all pairs, for its verify, bookkeeping and draft parts alike (n = 1: the plain steps themselves).
 
     Args:
         make_decoder: ``make_decoder(n)`` returns a :class:`~sequoia_opt.decoding.loop.Decoder` whose policy drafts
             :func:`probe_tree` ``(n, policy)`` each step (n = 1: plain decoding, no policy). Called once per size
             and round; a decoder's models may be shared between calls.
-        token_counts: tree sizes n (the target curve's grid; 1 should be first: the plain baseline).
+        token_counts: tree sizes n (the target curve's grid, with 1: the plain baseline).
         context: committed tokens before the timed steps (random ids below ``vocab_size``).
-        steps / warmup: timed and untimed steps per size and round.  rounds: sweeps of the grid (a slow spell
-            of a shared machine then spoils one round of a size); each size keeps the median over all its steps.
+        steps / warmup: timed and untimed step pairs per size and round.  rounds: sweeps of the grid.
+        make_plain: the reference's plain decoder, one that does not share state with ``make_decoder``'s (a
+            llama.cpp target context holds one sequence: the reference needs its own); default
+            ``make_decoder(1)`` (treeopt's decoder: each decoder owns its caches).
 
     Returns:
         :class:`LoopTable`; a step the decoder clipped (near the end of the context) is not counted.
@@ -93,31 +101,55 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
     """
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, vocab_size, context + 1).tolist()  # the last token is the first root
-    per: dict[int, list[tuple[float, float, float]]] = {int(n): [] for n in token_counts}
-    total, done = len(token_counts) * rounds, 0
-    for r in range(rounds):
-        for n in token_counts:
-            dec = make_decoder(int(n))
-            with torch.inference_mode():
-                state = dec.start(prompt, warmup + steps + 1)
+    make_plain = make_plain or (lambda: make_decoder(1))
+    plain: list[tuple[float, float]] = []  # (verify, bookkeeping) of every reference step
+    ratios: dict[int, list[tuple[float, float, float]]] = {int(n): [] for n in token_counts if n > 1}
+    sizes = [int(n) for n in token_counts if n > 1]
+    total, done = max(1, len(sizes)) * rounds, 0
+    with torch.inference_mode():
+        for r in range(rounds):
+            for n in sizes or [1]:
+                ref = make_plain()
+                ref_state = ref.start(prompt, warmup + steps + 1)
+                dec = make_decoder(n) if n > 1 else None
+                state = dec.start(prompt, warmup + steps + 1) if dec is not None else None
                 for i in range(warmup + steps):
-                    if state.finished:
+                    if ref_state.finished or (state is not None and state.finished):
                         break
+                    p = ref.step(ref_state)
+                    if dec is None:
+                        if i >= warmup:
+                            plain.append((p.verify_ms, p.bookkeeping_ms))
+                        continue
                     st = dec.step(state)
-                    if i >= warmup and st.tree_size == n:
-                        per[int(n)].append((st.draft_ms, st.verify_ms, st.bookkeeping_ms))
-            done += 1
-            if progress:
-                progress(f"loop step ({policy}), context {context}, {n} tokens, round {r + 1}/{rounds}", done, total)
+                    if i >= warmup:
+                        plain.append((p.verify_ms, p.bookkeeping_ms))
+                        if st.tree_size == n and p.verify_ms > 0:
+                            ratios[n].append((st.draft_ms / p.verify_ms, st.verify_ms / p.verify_ms,
+                                              st.bookkeeping_ms / p.verify_ms))
+                del ref, dec
+                done += 1
+                if progress:
+                    progress(f"loop step ({policy}), context {context}, {n} tokens, round {r + 1}/{rounds}", done,
+                             total)
     table = LoopTable(context=int(context), policy=policy)
+    if not plain:
+        return table
+    v1 = statistics.median(x[0] for x in plain)
     for n in token_counts:
-        rows = per[int(n)]
-        if not rows:
+        if n == 1:
+            table.tokens.append(1)
+            table.draft_ms.append(0.0)
+            table.verify_ms.append(v1)
+            table.bookkeeping_ms.append(statistics.median(x[1] for x in plain))
+        elif ratios.get(int(n)):
+            rows = ratios[int(n)]
+            table.tokens.append(int(n))
+            table.draft_ms.append(v1 * statistics.median(x[0] for x in rows))
+            table.verify_ms.append(v1 * statistics.median(x[1] for x in rows))
+            table.bookkeeping_ms.append(v1 * statistics.median(x[2] for x in rows))
+        else:
             continue
-        table.tokens.append(int(n))
-        table.draft_ms.append(statistics.median(x[0] for x in rows))
-        table.verify_ms.append(statistics.median(x[1] for x in rows))
-        table.bookkeeping_ms.append(statistics.median(x[2] for x in rows))
         table.level_widths.append(tuple(int(w) for w in probe_tree(int(n), policy).level_widths))
     return table
 

@@ -80,10 +80,13 @@ def _file_type(path: Path) -> str:
         return "unknown"
 
 
-def loop_decoders(target: LlamaCppModel, draft: LlamaCppModel):
-    """``make_decoder(n)`` for :func:`~sequoia_opt.profiling.steps.time_loop` on llama.cpp: plain decoding at
-    n = 1, else a chain of n - 1 drafts (:class:`~sequoia_opt.drafting.policies.ChainPolicy`, p-min 0) over a
-    :class:`~sequoia_opt.engines.llamacpp.target.LlamaCppDrafter`, both contexts shared between calls."""
+def loop_decoders(target: LlamaCppModel, draft: LlamaCppModel, reference: LlamaCppModel):
+    """``(make_decoder, make_plain)`` for :func:`~sequoia_opt.profiling.steps.time_loop` on llama.cpp:
+    ``make_decoder(n)`` decodes plain at n = 1, else a chain of n - 1 drafts
+    (:class:`~sequoia_opt.drafting.policies.ChainPolicy`, p-min 0) over a
+    :class:`~sequoia_opt.engines.llamacpp.target.LlamaCppDrafter` (both contexts shared between calls);
+    ``make_plain()`` decodes plain on ``reference``, a second context of the target (a context holds one
+    sequence, and the reference's steps alternate with the chain's)."""
     from ...decoding import Decoder
     from ...drafting.policies import ChainPolicy
     from .target import LlamaCppDrafter, LlamaCppTarget
@@ -92,7 +95,7 @@ def loop_decoders(target: LlamaCppModel, draft: LlamaCppModel):
         policy = None if n == 1 else ChainPolicy(LlamaCppDrafter(draft), n - 1)
         return Decoder(LlamaCppTarget(target), policy)
 
-    return make_decoder
+    return make_decoder, lambda: Decoder(LlamaCppTarget(reference), None)
 
 
 def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Sequence[int],
@@ -141,8 +144,10 @@ def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Seq
                 if loop:
                     from ...profiling.steps import time_loop
 
-                    loops = [time_loop(loop_decoders(tm, dm), token_counts, c, tm.n_vocab, policy="chain",
-                                       rounds=min(rounds, 2), progress=progress) for c in contexts]
+                    with LlamaCppModel(target_path, n_ctx=n_ctx, n_threads=n_threads) as ref:
+                        make, plain = loop_decoders(tm, dm, ref)
+                        loops = [time_loop(make, token_counts, c, tm.n_vocab, policy="chain", rounds=min(rounds, 2),
+                                           progress=progress, make_plain=plain) for c in contexts]
     tname = target_name or Path(target_path).stem
     dname = draft_name or (Path(draft_path).stem if draft_path is not None else None)
     slug = device_slug("cpu")
