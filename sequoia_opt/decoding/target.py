@@ -161,7 +161,7 @@ class TransformerTarget(TargetFace):
 
     def commit(self, state: DecodeState, paths: Sequence[Sequence[int]]) -> None:
         F = self.rows.frontier
-        self.rows.commit([[F + i for i in p] for p in paths])
+        self.rows.commit([[F + i for i in p] for p in paths] if len(paths) > 1 or len(paths[0]) > 1 else [[F]])
 
     def keep(self, rows: Sequence[int]) -> None:
         self.rows.keep(rows)
