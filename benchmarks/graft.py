@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         metas = {e.name: e.metadata for e in entries}
         for x in run.summaries[1:]:
             err = (x.predicted_tokens_per_step and x.tokens_per_step / x.predicted_tokens_per_step - 1)
-            ic = metas[x.tree].extra.get("in_context") if x.tree in metas else None
+            m = metas.get(x.tree)
+            ic = m.extra.get("in_context") if m is not None else None
             rows.append({"config": x.tree, "nodes": x.size, "depth": x.depth, "tokens_per_s": x.tokens_per_s,
                          "speedup": x.speedup, "tokens_per_step": x.tokens_per_step,
                          "predicted_tokens_per_step": x.predicted_tokens_per_step,
