@@ -18,6 +18,14 @@ Issue 31: the curve also times the decoding loop's own chain steps (``loop``: th
 acceptance and draft-p-min, the two contexts alternating), the acceptance is kept per prompt (the speedup's 95 %
 prediction interval for the eval set), and every chain's prediction is given with the loop's step and with the
 cost model before it (T(n) + c(w) + a fixed overhead); goal: every chain within 10 %.
+Sized for a shared 2-core machine (issue 31's run, about 8 min; the defaults take about 30)::
+
+    flock /tmp/treeopt-bench.lock python benchmarks/llamacpp.py --threads 1 --rounds 1 --max-tokens 12 \
+        --acc-prompts 10 --acc-new-tokens 48 --eval-prompts 5 --new-tokens 48 --lengths 1,2,3,4,6,8
+
+One thread: with two, a llama.cpp thread barrier spins whenever the other thread is descheduled, and on a CPU
+shared with a training job the timings scatter by several times (a 2-thread smoke run measured T(1) = 82 ms and
+T(5) = 535 ms); profile and runs use the same thread count, so the ratios stay comparable.
 
 Prints a table and writes ``results/llamacpp/<run-id>.json`` (plus the profiles under ``results/llamacpp/<run-id>/``).
 """
