@@ -296,9 +296,10 @@ def test_progress_is_one_line_per_stage_when_output_is_not_a_terminal(workdir, t
                "--max-draft-tokens", "2", "--max-repeats", "1", "--rounds", "1", "-o", tmp_path / "lat.yaml")
     assert r.exit_code == 0, r.output
     stages = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
-    assert len(stages) == 2, r.stderr  # one line as each stage starts, not one per measured point
+    assert len(stages) == 3, r.stderr  # one line as each stage starts, not one per measured point
     assert re.fullmatch(r"\[ *\d+\.\d s\] target forward \(1/2\)", stages[0]), stages
     assert re.fullmatch(r"\[ *\d+\.\d s\] draft forward \(1/2\)", stages[1]), stages
+    assert re.fullmatch(r"\[ *\d+\.\d s\] loop step \(static\) \(1/1\)", stages[2]), stages  # --loop (issue 31)
 
 
 def test_run_compare_says_when_the_latency_profile_limits_the_baselines(workdir, tmp_path):
