@@ -320,7 +320,9 @@ def test_run_compare_says_when_the_latency_profile_limits_the_baselines(workdir,
         "at the trees' size"]
     assert doc["baseline_notes"][0] in doc["notes"]
     sizes = {s["tree"]: s["size"] for s in doc["summaries"]}
-    assert sizes["big"] == 21 and all(n <= 8 for name, n in sizes.items() if name not in ("plain", "big"))
+    # the tree itself and its adaptive run (-a and -l: on by default since issue 31) start at 21 nodes
+    assert sizes["big"] == sizes["big (adaptive)"] == 21
+    assert all(n <= 8 for name, n in sizes.items() if not name.startswith(("plain", "big")))
 
 
 def test_run_says_what_it_did_with_settings_it_could_not_follow(workdir, tmp_path):
@@ -345,7 +347,7 @@ def test_json_output_still_reports_progress_on_stderr(workdir, tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["output"] == str(tmp_path / "lat.yaml")  # stdout: the JSON document alone
     assert [ln.split("] ")[1] for ln in r.stderr.splitlines() if ln.startswith("[")] == [
-        "target forward (1/2)", "draft forward (1/2)"]
+        "target forward (1/2)", "draft forward (1/2)", "loop step (static) (1/1)"]  # --loop: issue 31
 
 
 def test_profile_acceptance_names_width_when_it_exceeds_the_vocabulary(workdir, tmp_path):
