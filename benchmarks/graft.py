@@ -139,12 +139,19 @@ def main(argv: list[str] | None = None) -> int:
         files.update(zip(("run_json", "run_csv"), run.save(out_dir / mode)))
         plain = run.summaries[0]
         rows = []
+        metas = {e.name: e.metadata for e in entries}
         for x in run.summaries[1:]:
             err = (x.predicted_tokens_per_step and x.tokens_per_step / x.predicted_tokens_per_step - 1)
+            m = metas.get(x.tree)
+            ic = m.extra.get("in_context") if m is not None else None
             rows.append({"config": x.tree, "nodes": x.size, "depth": x.depth, "tokens_per_s": x.tokens_per_s,
                          "speedup": x.speedup, "tokens_per_step": x.tokens_per_step,
                          "predicted_tokens_per_step": x.predicted_tokens_per_step,
                          "tokens_per_step_error": err, "predicted_speedup": x.predicted_speedup,
+                         "speedup_error": (x.predicted_speedup and x.speedup / x.predicted_speedup - 1),
+                         "predicted_interval": x.predicted_interval, "inside_prediction": x.inside_prediction,
+                         # issue 31: the conditional model's G, before the plan was valued in context
+                         "model_tokens_per_step": ic.get("model_tokens_per_step") if ic else None,
                          "equals_plain": (x.mismatches == 0) if T == 0 else None, "drafters": x.drafters})
         singles = [r for r in rows if r["config"] in ("light alone", "strong alone")]
         best_single = max(singles, key=lambda r: r["tokens_per_s"])
@@ -158,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             "reselected_over_best_single": resel and resel["tokens_per_s"] / best_single["tokens_per_s"],
             "scheduled_over_best_single": sched and sched["tokens_per_s"] / best_single["tokens_per_s"],
             "static_over_best_single": static and static["tokens_per_s"] / best_single["tokens_per_s"],
+            # issue 31: grafted trees predicted within 10 % (speedup), in context
+            "grafted_speedup_errors": {r["config"]: r["speedup_error"] for r in rows if r["config"].startswith("graft")},
+            "extrapolated": [x["text"] for x in plans.extrapolated],
             "solver": {"plan": plans.choice.plan, "graft_depths": list(plans.choice.graft_depths),
                        "tree": plans.choice.dtree.summary(), "predicted_speedup": plans.choice.speedup,
                        "baselines": plans.baselines, "candidates": plans.choice.candidates[:5]},
@@ -233,15 +243,19 @@ def gpu_like_from(run_dir: Path, budget: int, max_depth: int, max_branching: int
 
 def _print_mode(mode: str, T: float, plain_tps: float, rows: list[dict], d: dict) -> None:
     print(f"\n### {mode} (T = {T}); plain decoding {plain_tps:.2f} tokens/s\n")
-    print("| config | nodes | tokens/s | speedup | tokens/step pred / meas (err) | strong call rate | = plain |")
-    print("|---|---|---|---|---|---|---|")
+    print("| config | nodes | tokens/s | speedup pred / meas (err) | tokens/step pred / meas (err) | model G | "
+          "strong call rate | = plain |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         calls = next((x["call_rate"] for x in r["drafters"][1:2]), None) if r["drafters"] else None
         pred = r["predicted_tokens_per_step"]
         err = r["tokens_per_step_error"]
-        print(f"| {r['config']} | {r['nodes']} | {r['tokens_per_s']:.2f} | {r['speedup']:.3f} | "
+        ps, serr, mg = r["predicted_speedup"], r.get("speedup_error"), r.get("model_tokens_per_step")
+        print(f"| {r['config']} | {r['nodes']} | {r['tokens_per_s']:.2f} | "
+              f"{'-' if ps is None else f'{ps:.3f}'} / {r['speedup']:.3f} ({'-' if not serr else f'{100 * serr:+.1f} %'}) | "
               f"{pred if pred is None else f'{pred:.3f}'} / {r['tokens_per_step']:.3f} "
-              f"({'-' if not err else f'{100 * err:+.1f} %'}) | {'-' if calls is None else f'{calls:.2f}'} | "
+              f"({'-' if not err else f'{100 * err:+.1f} %'}) | {'-' if mg is None else f'{mg:.3f}'} | "
+              f"{'-' if calls is None else f'{calls:.2f}'} | "
               f"{'-' if r['equals_plain'] is None else ('yes' if r['equals_plain'] else 'NO')} |")
     for key in ("scheduled_over_best_single", "reselected_over_best_single", "static_over_best_single"):
         if d[key]:

@@ -293,7 +293,7 @@ def profiles(tmp_path_factory):
     (["--adapt", "--adapt-window", "0"], "--adapt-window must be at least 1"),
     (["--adapt", "--adapt-every", "0"], "--adapt-every must be at least 1"),
     (["--adapt", "--adapt-prior-weight", "-1"], "--adapt-prior-weight must be a number >= 0"),
-    (["--adapt-window", "8"], "add --adapt"),
+    (["--no-adapt", "--adapt-window", "8"], "add --adapt"),  # with -a and -l --adapt is on unless turned off
 ])
 def test_cli_adapt_bad_values_one_line_exit_2(profiles, tmp_path, extra, message):
     root, acc, lat, tree = profiles
@@ -386,3 +386,86 @@ def test_cli_adapt_names_this_machine_one_way(profiles, tmp_path):
     assert warnings["here"] == []
     assert warnings["gpu"] == [f"--adapt: profile 'l' was measured with device 'NVIDIA H200', but this run uses "
                                f"{cpu_name()!r}"]
+
+
+# ---------------------------------------------------------------------------------------------- the guard (issue 31)
+def _guard_profile(p1: float = 0.6, prompts: int = 20, spread: float = 0.05) -> AcceptanceProfile:
+    """A profile of K = 3 whose prompts' p_1 vary around ``p1`` (per-prompt counts: the guard is armed)."""
+    rng = np.random.default_rng(0)
+    pc = np.zeros((prompts, 1, 4), dtype=np.int64)
+    for i in range(prompts):
+        q = float(np.clip(p1 + rng.normal(0, spread), 0.05, 0.85))
+        pc[i, 0] = rng.multinomial(40, [q, 0.1, 0.05, 0.85 - q])
+    c = pc.sum(axis=(0, 1))
+    return AcceptanceProfile.from_dict({
+        "format": "treeopt-acceptance/1", "id": "guard", "measured": {"max_new_tokens": 8},
+        "acceptance": (c[:-1] / c.sum()).tolist(), "counts": c.tolist(), "counts_by_prompt": pc.tolist()})
+
+
+def _guarded(profile, **kw) -> TreeAdapter:
+    args = dict(budget=12, max_depth=8, max_branching=4, every=4, window=8, prior_weight=8, min_trials=4)
+    args.update(kw)
+    return TreeAdapter(Tree.chain(3), profile.acceptance, CURVE, profile=profile, **args)
+
+
+def test_guard_is_armed_only_by_per_prompt_counts():
+    prof = _guard_profile()
+    assert _guarded(prof).guarded
+    assert not _guarded(prof, guard=False).guarded
+    old = AcceptanceProfile(id="old", acceptance=prof.acceptance, counts=prof.counts)
+    assert not _guarded(old).guarded and _guarded(old).check() is None
+
+
+def test_inside_the_interval_the_resolve_is_the_usual_one():
+    prof = _guard_profile()
+    ad = _guarded(prof)
+    # the workload of the profile: rank 0 accepted 3 times in 5 at each node
+    steps = [[V(0, 1, 0), V(1, 1, 0)], [V(0, 1, None)], [V(0, 1, 0), V(1, 1, None)], [V(0, 1, 0), V(1, 1, 0)]]
+    for v in steps:
+        ad.observe(v, len(v) + 1)
+    r = ad.resolves[-1]
+    lo, hi = r.interval
+    assert r.reason == "scheduled" and lo <= r.live_tokens_per_step <= hi
+    assert r.acceptance == pytest.approx(tuple(ad.estimate.acceptance))  # prior + window, as without the guard
+
+
+def test_a_workload_below_the_interval_falls_back_to_plain_then_probes():
+    prof = _guard_profile()
+    ad = _guarded(prof)
+    chain3 = Tree.chain(3)
+    assert ad.tree == chain3
+    # nothing accepted: the live tokens per step of chain(3) is 1, below the profile's interval
+    miss = [V(0, 1, None)]
+    assert [ad.observe(miss, 1) for _ in range(3)] == [None] * 3
+    new = ad.observe(miss, 1)
+    r = ad.resolves[-1]
+    assert r.reason == "left the prediction interval" and r.live_tokens_per_step == pytest.approx(1.0)
+    assert r.live_tokens_per_step < r.interval[0]
+    # 4 misses of 4 trials: rank 0's 95 % lower bound is 0, no tree beats plain: the root alone
+    assert new == Tree.chain(1) and r.size == 1 and r.speedup == pytest.approx(1.0)
+    trials = ad.estimate.trials.copy()
+    # the fallback's root-only steps leave the live estimate as it is (the prior would come back otherwise)
+    for _ in range(ad.window - 1):
+        assert ad.observe([], 1) is None
+    np.testing.assert_array_equal(ad.estimate.trials, trials)
+    assert [x.reason for x in ad.resolves] == ["left the prediction interval"]
+    # after a window of root-only steps: a probe block, one draft a step
+    probe = ad.observe([], 1)
+    assert probe == Tree.chain(2) and ad.resolves[-1].reason == "probe"
+    doc = ad.as_dict()
+    assert doc["guard"] is True and doc["resolves"][0]["interval"] == list(r.interval)
+    json.dumps(doc)
+
+
+def test_a_workload_that_moved_is_solved_from_the_live_lower_bounds():
+    prof = _guard_profile(p1=0.3)
+    ad = _guarded(prof, window=16, every=16, min_trials=8)
+    # every rank-0 candidate accepted (a repetitive document): far above the profile's interval
+    hit = [V(d, 1, 0) for d in range(2)]
+    for _ in range(16):
+        ad.observe(hit, 3)
+    r = ad.resolves[-1]
+    assert r.reason == "left the prediction interval" and r.live_tokens_per_step > r.interval[1]
+    # solved from the Wilson lower bounds of 32 hits in 32 trials (rank 0: ~0.89), not from the profile
+    assert r.acceptance[0] == pytest.approx(0.8928, abs=2e-3)
+    assert r.size > 3  # a deeper chain than the profile's tree

@@ -54,12 +54,24 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     assert prof.measured["mode"] == "greedy" and prof.measured["num_prompts"] == 6
     assert prof.measured["device"] == curve.device["name"]  # one name per device (was "cpu" here, a CPU model there)
     assert 0 < prof.acceptance.sum() <= 1
+    # the trials are kept per prompt (6 prompts, depths 1..3) and add up to the pooled counts
+    assert prof.prompt_counts.shape == (6, 3, 5)
+    assert list(prof.prompt_counts.sum(axis=(0, 1))) == list(prof.counts)
+    need = json.loads(r.stdout)["prompts_needed"]
+    assert need["interval_width"] == 0.05 and need["p_1"] >= 2
 
-    r = invoke("solve", "-a", acc, "-l", lat, "--budget", "12", "--max-depth", "5", "-o", tree, "--json")
+    r = invoke("solve", "-a", acc, "-l", lat, "--budget", "12", "--max-depth", "5", "--run-prompts", "3", "-o", tree,
+               "--json")
     assert r.exit_code == 0, r.output
     t, meta = load_tree(tree)
     assert 1 <= t.size <= 12 and meta.latency_profile == curve.id and meta.acceptance_profile == prof.id
     assert meta.expected_tokens_per_step == pytest.approx(t.expected_tokens(prof.acceptance))
+    spread = meta.extra["tokens_per_step_spread"]  # the prediction's spread between the profile's 6 prompts
+    assert spread["point"] == pytest.approx(meta.expected_tokens_per_step) and spread["prompts"] == 6
+    assert spread["new_prompts"] == 3
+    lo, hi = spread["prediction_interval"]
+    mlo, mhi = spread["mean_interval"]
+    assert lo <= mlo <= meta.expected_tokens_per_step <= mhi <= hi  # a new set varies more than the mean
 
     chain = root / "chain.yaml"
     save_tree(chain, Tree.chain(3))
@@ -75,6 +87,11 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     csv_lines = Path(doc["csv"]).read_text().splitlines()
     assert csv_lines[0].startswith("tree,prompt_index") and len(csv_lines) == 1 + 3 * 3
     assert doc["summaries"][1]["predicted_tokens_per_step"] == pytest.approx(meta.expected_tokens_per_step)
+    # the run shows the tree file's prediction interval for its own 3 prompts (solve sized it for 3 too)
+    assert doc["summaries"][1]["predicted_interval"] == pytest.approx([lo, hi])
+    inside = lo <= doc["summaries"][1]["tokens_per_step"] <= hi
+    assert doc["summaries"][1]["inside_prediction"] is inside
+    assert doc["summaries"][2]["predicted_interval"] is None  # the chain's file records no prediction
 
     r = invoke("plot", "--latency", lat, "--acceptance", acc, "--run", doc["json"], "--tree", tree,
                "-o", plots, "--json")
@@ -279,9 +296,10 @@ def test_progress_is_one_line_per_stage_when_output_is_not_a_terminal(workdir, t
                "--max-draft-tokens", "2", "--max-repeats", "1", "--rounds", "1", "-o", tmp_path / "lat.yaml")
     assert r.exit_code == 0, r.output
     stages = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
-    assert len(stages) == 2, r.stderr  # one line as each stage starts, not one per measured point
+    assert len(stages) == 3, r.stderr  # one line as each stage starts, not one per measured point
     assert re.fullmatch(r"\[ *\d+\.\d s\] target forward \(1/2\)", stages[0]), stages
     assert re.fullmatch(r"\[ *\d+\.\d s\] draft forward \(1/2\)", stages[1]), stages
+    assert re.fullmatch(r"\[ *\d+\.\d s\] loop step \(static\) \(1/1\)", stages[2]), stages  # --loop (issue 31)
 
 
 def test_run_compare_says_when_the_latency_profile_limits_the_baselines(workdir, tmp_path):
@@ -302,7 +320,9 @@ def test_run_compare_says_when_the_latency_profile_limits_the_baselines(workdir,
         "at the trees' size"]
     assert doc["baseline_notes"][0] in doc["notes"]
     sizes = {s["tree"]: s["size"] for s in doc["summaries"]}
-    assert sizes["big"] == 21 and all(n <= 8 for name, n in sizes.items() if name not in ("plain", "big"))
+    # the tree itself and its adaptive run (-a and -l: on by default since issue 31) start at 21 nodes
+    assert sizes["big"] == sizes["big (adaptive)"] == 21
+    assert all(n <= 8 for name, n in sizes.items() if not name.startswith(("plain", "big")))
 
 
 def test_run_says_what_it_did_with_settings_it_could_not_follow(workdir, tmp_path):
@@ -327,7 +347,7 @@ def test_json_output_still_reports_progress_on_stderr(workdir, tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["output"] == str(tmp_path / "lat.yaml")  # stdout: the JSON document alone
     assert [ln.split("] ")[1] for ln in r.stderr.splitlines() if ln.startswith("[")] == [
-        "target forward (1/2)", "draft forward (1/2)"]
+        "target forward (1/2)", "draft forward (1/2)", "loop step (static) (1/1)"]  # --loop: issue 31
 
 
 def test_profile_acceptance_names_width_when_it_exceeds_the_vocabulary(workdir, tmp_path):

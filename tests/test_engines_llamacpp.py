@@ -417,6 +417,9 @@ def test_cli_end_to_end_on_llamacpp(tmp_path, monkeypatch):
     assert curve.engine == "llama.cpp" and "llama-cpp-python" in curve.engine_info["version"]
     assert list(curve.target_tokens(16)) == [1, 2, 3] and curve.max_draft_tokens(16) == 2
     assert curve.model["draft"] == "treeopt-smollm2-draft" and curve.device["dtype"] == "Q4_1"
+    # the loop's own chain steps, through LlamaCppTarget + ChainPolicy, each paired with a plain step (issue 31)
+    assert curve.has_loop(16) and curve.loop_policy == "chain"
+    assert curve.step_target_ms(1, 16) > 0 and curve.step_target_ms(3, 16) > 0
     (tmp_path / "c2.txt").write_text("--spec-draft-n-max 2\n")
     res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--tree", "c2.txt", "--draft", "treeopt-smollm2-draft.gguf",
                               "--num-prompts", "1", "--max-new-tokens", "8", "-a", str(SHIPPED_ACC), "-l", "lat.yaml",

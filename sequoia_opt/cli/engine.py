@@ -77,8 +77,9 @@ def export_draft(
 def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Optional[str], context: str,
                            max_tokens: int, max_draft_tokens: Optional[int], repeats: int, rounds: int,
                            paired: bool, threads: Optional[int], output: Optional[Path], as_json: bool,
-                           other: dict[str, Any]) -> None:
-    """``treeopt profile latency --engine ENGINE`` for an engine other than treeopt's decoder."""
+                           other: dict[str, Any], loop: bool = True) -> None:
+    """``treeopt profile latency --engine ENGINE`` for an engine other than treeopt's decoder (llama.cpp: with
+    ``loop``, its chain steps timed through the decoding loop too)."""
     import os
 
     from ..engines import engine_name, require_engine
@@ -114,7 +115,7 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
             curve = profile_latency(pair.target, pair.draft, contexts=contexts, token_counts=grid,
                                     draft_token_counts=dgrid, n_threads=n_threads, rounds=rounds, paired=paired,
                                     max_repeats=repeats, progress=progress, target_name=pair.target_label,
-                                    draft_name=pair.draft_label)
+                                    draft_name=pair.draft_label, loop=loop)
     out = output or (Path("profiles") / device_slug("cpu") / f"{pair.target_label}__{pair.draft_label}-llama.cpp-"
                      "latency.yaml")
     save_latency(out, curve)
@@ -129,6 +130,12 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
                            for c in contexts for n in grid]))
     report.tables.append(("draft cost c(w) (per-level)", ["tokens", "ms", "context"],
                           [[w, curve.draft_ms(w, c), c] for c in contexts for w in dgrid]))
+    if curve.has_loop(c0):
+        report.tables.append(("the decoding loop's step (a chain of n - 1 drafts; n = 1: plain decoding)",
+                              ["tokens", "verify ms", "T(n) ms", "bookkeeping ms", "context"],
+                              [[n, curve.step_target_ms(n, c), curve.target_ms(n, c), curve.step_overhead(n, c), c]
+                               for c in contexts for n in grid]))
+        report.summary["draft extra per forward (ms)"] = curve.draft_extra_ms(c0)
     report.notes.extend(pair.notes)
     report.data = {"profile": curve.to_dict(), "output": str(out)}
     render(report, as_json)
@@ -191,10 +198,26 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
                       "expected tokens / step": ch.expected_tokens, "step cost (ms)": ch.cost_ms,
                       "tokens / s": ch.tokens_per_s, "plain decoding (ms / token)": ch.plain_ms_per_token,
                       "predicted speedup": ch.speedup, "flags": text}
-    report.tables.append(("every draft length on this curve (p-min 0: a fixed-length chain)",
-                          ["draft-max", "G", "cost ms", "tokens/s", "speedup"],
+    from ..solver.intervals import spread_metadata
+    from ..solver.chains import chain_cost
+    from ..tree import Tree
+
+    for r in ch.by_length:  # each length's spread between the profile's prompts, for a new set of as many
+        sp = spread_metadata(Tree.chain(r["draft_max"] + 1), acc, ch.acceptance_model,
+                             chain_cost(r["draft_max"], r["expected_tokens_per_step"], curve, context))
+        r.update(sp)
+    pis = [r.get("speedup_spread", {}).get("prediction_interval") for r in ch.by_length]
+    report.tables.append(("every draft length on this curve (p-min 0: a fixed-length chain; 95 % PI: a new prompt "
+                          "set as large as the profile's)",
+                          ["draft-max", "G", "cost ms", "tokens/s", "speedup", "speedup 95% PI"],
                           [[r["draft_max"], r["expected_tokens_per_step"], r["cost_ms"], r["tokens_per_s"],
-                            r["speedup"]] for r in ch.by_length]))
+                            r["speedup"], "-" if pi is None else f"{pi[0]:.3f} to {pi[1]:.3f}"]
+                           for r, pi in zip(ch.by_length, pis)]))
+    chosen = next(r for r in ch.by_length if r["draft_max"] == ch.setting.n_max)
+    if "speedup_spread" in chosen:
+        lo, hi = chosen["speedup_spread"]["prediction_interval"]
+        report.summary["speedup, 95 % prediction interval"] = (f"{lo:.3f} to {hi:.3f} (a new set of "
+                                                                f"{chosen['speedup_spread']['new_prompts']} prompts)")
     report.notes.append("draft-p-min 0 and draft-min 0 make llama.cpp draft exactly draft-max tokens a step, the "
                         "chain this cost model values; older llama.cpp builds spell the flags --draft-max N "
                         "--draft-min M --draft-p-min P; add -md DRAFT.gguf")
@@ -288,12 +311,18 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
                 LlamaCppModel(pair.draft, n_ctx=n_ctx, n_threads=n_threads) as dm:
             plain, runs = run_settings(tm, dm, ids, settings, max_new_tokens, eos_ids=tok.eos_ids, progress=progress)
     rows, out_rows = [], []
+    from ..solver.intervals import PromptSpread, spread_metadata
+    from ..tree import Tree
+
     for r in [plain] + runs:
         pred = predict_chain(r.setting, acc, curve) if (acc is not None and curve is not None) else None
         speedup = r.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None
+        spread = spread_metadata(Tree.chain(r.setting.n_max + 1), acc, "auto", pred, len(ids)) if pred else {}
+        pi = (PromptSpread.from_dict(spread["speedup_spread"]).prediction_interval(len(ids))
+              if "speedup_spread" in spread else None)
         rows.append([r.name, r.setting.n_max, r.setting.n_min, r.setting.p_min, r.tokens_per_s, speedup,
                      r.tokens_per_step, pred.expected_tokens if pred else None, pred.speedup if pred else None,
-                     "yes" if r.equal else "NO"])
+                     "-" if pi is None else f"{pi[0]:.3f} to {pi[1]:.3f}", "yes" if r.equal else "NO"])
         out_rows.append({"name": r.name, "draft_max": r.setting.n_max, "draft_min": r.setting.n_min,
                          "draft_p_min": r.setting.p_min, "tokens": r.tokens, "steps": r.steps,
                          "decode_ms": r.decode_ms, "draft_ms": r.draft_ms, "verify_ms": r.verify_ms,
@@ -301,14 +330,15 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
                          "tokens_per_step": r.tokens_per_step,
                          "per_prompt_tokens_per_step": r.per_prompt_tokens_per_step,
                          "predicted_tokens_per_step": pred.expected_tokens if pred else None,
-                         "predicted_speedup": pred.speedup if pred else None, "equal_to_plain": r.equal})
+                         "predicted_speedup": pred.speedup if pred else None,
+                         "predicted_speedup_interval": list(pi) if pi else None, "equal_to_plain": r.equal})
     report.summary = {"engine": "llama.cpp", "target": pair.target_label, "draft": pair.draft_label,
                       "threads": n_threads, "prompts": len(ids), "new tokens / prompt": max_new_tokens,
                       "plain tokens / s": plain.tokens_per_s,
                       "greedy equal to plain": all(r.equal for r in runs)}
     report.tables.append(("llama.cpp: plain and chain speculative decoding (decode time, prefill excluded)",
                           ["setting", "draft-max", "draft-min", "p-min", "tokens/s", "speedup", "tokens/step",
-                           "predicted tokens/step", "predicted speedup", "= plain"], rows))
+                           "predicted tokens/step", "predicted speedup", "speedup 95% PI", "= plain"], rows))
     report.notes.extend(pair.notes)
     if acc is None or curve is None:
         report.notes.append("no prediction: pass -a (acceptance) and -l (a llama.cpp latency profile)")

@@ -45,11 +45,15 @@ def profile_acceptance(
     calibration_topk: Annotated[int, typer.Option(
         "--calibration-topk", help="With --calibration: children per expanded node and frontier width of the "
         "recorded tree (1 + k + (steps - 1) k^2 nodes verified per step).")] = 4,
+    interval_width: Annotated[float, typer.Option(
+        "--interval-width", help="Print how many prompts of this kind give a 95 % interval of the mean of p_1 (and "
+        "of the acceptance mass) this wide, from the variation between this profile's prompts.")] = 0.05,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure the positional acceptance vector p_1..p_K with the decoder's own verifier (greedy or
-    sampling), with counts, 95 % intervals and per-depth vectors; with --calibration, the calibration profile
-    of draft probability against acceptance that dynamic trees are predicted from."""
+    sampling), with counts, per-prompt counts, 95 % intervals (of the tokens, and between prompts) and per-depth
+    vectors; with --calibration, the calibration profile of draft probability against acceptance that dynamic
+    trees are predicted from. Profile a sample of your own traffic: --prompts FILE."""
     from ..jobs.load import default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
@@ -58,6 +62,9 @@ def profile_acceptance(
 
     if width < 1 or depth < 1:
         raise TreeoptError("--width and --depth must be at least 1")
+    if not 0 < interval_width <= 1:
+        raise TreeoptError(f"--interval-width is the width of an interval of a probability: in (0, 1], got "
+                           f"{interval_width}")
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
     dev, dt = parse_device(device), parse_dtype(dtype)
@@ -110,6 +117,9 @@ def profile_acceptance(
     out = output or default_acceptance_path(pair.target_name, spec, mode)  # where run --compare-drafters looks
     save_acceptance(out, prof)
     ci = prof.confidence_interval()
+    from ..solver.intervals import acceptance_spreads
+
+    spreads = acceptance_spreads(prof)
     report = Report(title="treeopt profile acceptance")
     report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                       prompts_found=len(texts), prompts_file=pfile))
@@ -117,9 +127,30 @@ def profile_acceptance(
                       "mode": mode, "trials": counts.trials,
                       "sum p_k": float(prof.acceptance.sum()), "all rejected": 1 - float(prof.acceptance.sum()),
                       "tokens / step (measurement tree)": counts.tokens / max(counts.steps, 1), "written": str(out)}
-    report.tables.append(("positional acceptance vector", ["k", "p_k", "95% low", "95% high", "count"],
-                          [[k + 1, float(prof.acceptance[k]), float(ci[k, 0]), float(ci[k, 1]), int(counts.counts[k])]
-                           for k in range(width)]))
+    def between(k: int) -> list:  # the interval of the mean between prompts, and for a new set of as many
+        if spreads is None:
+            return ["-", "-"]
+        return [f"{a:.3f} to {b:.3f}" for a, b in (spreads[k].mean_interval(),
+                                                   spreads[k].prediction_interval(spreads[k].prompts))]
+
+    report.tables.append(("positional acceptance vector (95 % intervals: of the tokens, Wilson; between prompts, a "
+                          "cluster bootstrap: of the mean, and for a new set of as many prompts)",
+                          ["k", "p_k", "tokens low", "tokens high", "between prompts", "new prompt set", "count"],
+                          [[k + 1, float(prof.acceptance[k]), float(ci[k, 0]), float(ci[k, 1]), *between(k),
+                            int(counts.counts[k])] for k in range(width)]
+                          + [["sum", float(prof.acceptance.sum()), None, None, *between(width), None]]))
+    if spreads is not None:
+        need = {"p_1": spreads[0].prompts_needed(interval_width), "sum p_k": spreads[-1].prompts_needed(interval_width)}
+        report.summary["prompts"] = len(ids)
+        report.summary[f"prompts for a {interval_width:g}-wide interval of the mean"] = \
+            f"p_1: {need['p_1']}, sum p_k: {need['sum p_k']} (this profile: {len(ids)})"
+        lo, hi = spreads[0].mean_interval()
+        report.notes.append(f"p_1 between prompts: {lo:.3f} to {hi:.3f} over {len(ids)} prompts (tokens of one prompt "
+                            f"are correlated: the token interval {ci[0, 0]:.3f} to {ci[0, 1]:.3f} is the narrower); "
+                            f"{need['p_1']} prompts of this kind give an interval {interval_width:g} wide")
+    else:
+        need = None
+        report.notes.append("one prompt: no interval between prompts (profile several prompts of your traffic)")
     check = positional_check(counts)
     if check:
         report.tables.append(("positional assumption: acceptance mass by depth vs pooled",
@@ -130,7 +161,9 @@ def profile_acceptance(
             report.notes.append("acceptance differs by depth beyond noise: the solver's positional assumption "
                                 "(Sequoia section 3.1) holds only approximately for this pair")
     report.acceptance = None
-    report.data = {"profile": prof.to_dict(), "positional_check": check, "output": str(out)}
+    report.data = {"profile": prof.to_dict(), "positional_check": check, "output": str(out),
+                   "between_prompts": None if spreads is None else [sp.to_dict(sp.prompts) for sp in spreads],
+                   "prompts_needed": None if need is None else {"interval_width": interval_width, **need}}
     render(report, as_json)
 
 

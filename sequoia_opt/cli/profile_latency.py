@@ -58,11 +58,16 @@ def profile_latency(
         "--offload", help="CUDA only: time the target with its layers streamed from pinned host memory (host->device "
         "bandwidth, per-layer copy and compute) and write T(n) of the offloaded target.")] = False,
     cuda_graphs: CudaGraphsOpt = False,
+    loop: Annotated[bool, typer.Option(
+        "--loop/--no-loop", help="Also time the decoding loop's own steps at every tree size (the drafter's static "
+        "tree through the runner: verify with the logits to acceptance, bookkeeping, the draft beyond c(w)), so the "
+        "solver charges a step as the runner runs it.")] = True,
 ) -> None:
     """Measure T(n): one target forward over n tokens through the verification path (KV cache holding the
     context, prefix + tree mask), and the drafter's cost c(w) in its own cost model (a draft model or
     self:L: one forward over w tokens, per level; lookup: one proposal of w nodes); plus the fixed per-step
-    overhead. --engine llama.cpp | sglang | vllm: the same curve on that engine."""
+    overhead, and the decoding loop's own step per tree size (--loop). --engine llama.cpp | sglang | vllm: the same
+    curve on that engine."""
     from ..engines import engine_name
 
     if engine_name(engine) != "treeopt":
@@ -70,7 +75,7 @@ def profile_latency(
 
         profile_latency_engine(engine, target=target, draft=draft, context=context, max_tokens=max_tokens,
                                max_draft_tokens=max_draft_tokens, repeats=repeats, rounds=rounds, paired=paired,
-                               threads=threads, output=output, as_json=as_json,
+                               threads=threads, output=output, as_json=as_json, loop=loop,
                                other={"--random-weights": random_weights, "--arch": arch, "--draft-arch": draft_arch,
                                       "--device": device != "cpu", "--dtype": dtype != "float32",
                                       "--backend": backend != "auto", "--weights": weights != "float32",
@@ -196,6 +201,14 @@ def profile_latency(
                                           rounds=rounds, paired=paired and not one_pass, min_repeats=min(5, repeats),
                                           max_repeats=repeats)
         overhead = measure_step_overhead(tmodel, make_drafter if drafter is not None else tmodel, backend=backend)
+        loops = None
+        if loop and drafter is not None:  # the runner's own step per tree size (issue 31)
+            from ..profiling.steps import static_loop_decoders, time_loop
+
+            make_dec = static_loop_decoders(tmodel, make_drafter, backend=backend, max_len=max(contexts) + 2 * max(grid)
+                                            + 16)
+            loops = [time_loop(make_dec, grid, c, tmodel.config.vocab_size, rounds=min(rounds, 2), progress=progress)
+                     for c in contexts]
     slug = device_slug(dev)
     base = tcfg.name if random_weights else tname
     dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
@@ -212,7 +225,7 @@ def profile_latency(
         draft_linear=linear_record(drafter) if isinstance(drafter, Transformer) else None,
         attention={"requested": backend, "target": t_att.as_dict(),
                    "draft": d_att.as_dict() if dtables is not None else None},
-        cuda_graphs=graphs)
+        cuda_graphs=graphs, loop_tables=loops)
     if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks by default
         from ..jobs.load import default_latency_path
 
@@ -228,6 +241,12 @@ def profile_latency(
                                       if dtables is not None else None),
                       "step overhead (ms)": overhead, "written": str(out)}
     report.tables.append(("target forward", ["tokens", "ms", "T(n)/T(1)", "context"], rows))
+    if curve.has_loop(contexts[0]):
+        report.tables.append(("the decoding loop's step (static tree of each size; n = 1: plain decoding)",
+                              ["tokens", "verify ms", "T(n) ms", "bookkeeping ms", "context"],
+                              [[n, curve.step_target_ms(n, c), curve.target_ms(n, c), curve.step_overhead(n, c), c]
+                               for c in contexts for n in grid]))
+        report.summary["draft extra per forward (ms)"] = curve.draft_extra_ms(contexts[0])
     if dtables is not None:
         unit = "nodes proposed" if one_pass else "tokens"
         report.tables.append((f"draft cost c(w) ({cost_model})", [unit, "ms", "context"],

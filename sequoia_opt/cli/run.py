@@ -90,9 +90,11 @@ def run_cmd(
         "--scheduler", help="With a grafted tree (two --draft, a treeopt-tree/2 --tree): the scheduler file "
         "(treeopt profile scheduler) deciding per step whether the strong drafter is called (default: every "
         "step).")] = None,
-    adapt: Annotated[bool, typer.Option(
-        "--adapt", help="Also run each --tree adapted: re-solved every --adapt-every steps from the acceptance this "
-        "run measures (prior: -a; hardware-aware choice: -l), reported next to the static tree.")] = False,
+    adapt: Annotated[Optional[bool], typer.Option(
+        "--adapt/--no-adapt", help="Also run each --tree adapted: re-solved every --adapt-every steps from the "
+        "acceptance this run measures (prior: -a; hardware-aware choice: -l), guarded (the safest tree the live "
+        "acceptance supports when it leaves the profile's prediction interval), reported next to the static tree. "
+        "Default: on when -a and -l are given with one drafter's --tree files.")] = None,
     adapt_every: Annotated[Optional[int], typer.Option(
         "--adapt-every", help=f"With --adapt: steps between re-solves (default {DEFAULT_EVERY}).")] = None,
     adapt_window: Annotated[Optional[int], typer.Option(
@@ -168,6 +170,12 @@ def run_cmd(
     check_precision(weights)
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
+    adapt_default = adapt is None
+    if adapt is None:  # on where a latency profile (and the prior) are given with one drafter's trees
+        adapt = bool(tree and acceptance and latency and len(acceptance) == 1 and len(latency) == 1
+                     and not compare_drafters and not merge and scheduler is None and len(draft or []) <= 1
+                     and (policy is None or pkind.name == "static") and not dynamic
+                     and not any(_graft_tree_names(t) for t in tree))
     adapt_every, adapt_window, adapt_prior_weight = check_adapt_options(
         adapt, adapt_every, adapt_window, adapt_prior_weight, acceptance=acceptance, latency=latency,
         multi=compare_drafters or merge or scheduler is not None or len(draft or []) > 1)
@@ -259,6 +267,9 @@ def run_cmd(
                                                window=adapt_window, prior_weight=adapt_prior_weight, budget=budget,
                                                max_depth=max_depth, max_branching=max_branching)
         entries = [x for pair in zip(entries, twins) for x in pair]  # each adaptive tree after its static one
+        if adapt_default:
+            adapt_notes.insert(0, "--adapt is on by default with -a and -l: each tree also runs adapted and guarded "
+                                  "(--no-adapt runs the static trees alone)")
     baseline_notes: list[str] = []
     value_label = None
     if compare:
@@ -631,14 +642,21 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
     """The per-tree table of a run: measured against predicted, the time split, and greedy equality; the
     title names what the predicted columns come from (``predicted``)."""
     rows = []
+
+    def span(iv, mark=None):
+        return "-" if iv is None else f"{iv[0]:.3f} to {iv[1]:.3f}" + ("" if mark is None else
+                                                                        (" (in)" if mark else " (OUT)"))
+
     for s in run.summaries[1:]:
         rows.append([s.tree, s.size, s.depth, s.tokens_per_step, f"{s.tps_ci95[0]:.3f} to {s.tps_ci95[1]:.3f}",
-                     s.predicted_tokens_per_step, s.tokens_per_s, s.speedup, s.predicted_speedup,
+                     s.predicted_tokens_per_step, span(s.predicted_interval, s.inside_prediction), s.tokens_per_s,
+                     s.speedup, s.predicted_speedup, span(s.predicted_speedup_interval),
                      s.draft_ms, s.verify_ms, s.bookkeeping_ms,
                      "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
-    return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else ""),
-            ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "tokens/s", "speedup",
-             "pred. speedup", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
+    return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else "")
+            + "; 95% CI: the measured mean's, over prompts; 95% PI: the prediction's for this many new prompts",
+            ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "95% PI", "tokens/s", "speedup",
+             "pred. speedup", "speedup 95% PI", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
 
 
 #: Re-solve rows shown in the table; past it only the re-solves that changed the tree (the JSON has them all).
@@ -651,13 +669,21 @@ def _resolve_table(run) -> tuple[tuple[str, list[str], list[list]], list[str]]:
     level widths, its predicted tokens per step and speedup, whether it changed the tree, the solve time.
     Returns ``(table, notes)``."""
     rows, notes = [], []
+
+    def live(r) -> str:  # the guard's reading: live tokens/step against the prediction interval
+        if r.get("live_tokens_per_step") is None:
+            return "-"
+        lo, hi = r["interval"]
+        return f"{r['live_tokens_per_step']:.2f} in {lo:.2f}-{hi:.2f}" if lo <= r["live_tokens_per_step"] <= hi \
+            else f"{r['live_tokens_per_step']:.2f} OUT of {lo:.2f}-{hi:.2f}"
+
     for s in run.summaries:
         if not s.adaptive:
             continue
         log = s.adaptive["resolves"]
         shown = log if len(log) <= RESOLVE_ROWS else [r for r in log if r["changed"]]
-        rows += [[s.tree, r["step"], r["generation"], r["tokens"], r["size"], r["depth"],
-                  " ".join(map(str, r["level_widths"])), r["expected_tokens"], r["speedup"],
+        rows += [[s.tree, r["step"], r["generation"], r["tokens"], r.get("reason", "scheduled"), live(r), r["size"],
+                  r["depth"], " ".join(map(str, r["level_widths"])), r["expected_tokens"], r["speedup"],
                   "yes" if r["changed"] else "no", r["solve_ms"]] for r in shown]
         changed = sum(r["changed"] for r in log)
         mean_ms = sum(r["solve_ms"] for r in log) / len(log) if log else 0.0
@@ -665,5 +691,14 @@ def _resolve_table(run) -> tuple[tuple[str, list[str], list[list]], list[str]]:
                      f"(final: {s.size} nodes, depth {s.depth}); {mean_ms:.2f} ms per re-solve"
                      + (f"; the table shows the {len(shown)} that changed it (all are in the JSON)"
                         if shown is not log else ""))
-    return ("re-solves of the adaptive trees", ["name", "step", "prompt", "tokens", "nodes", "depth", "level widths",
-                                                "pred. tokens/step", "pred. speedup", "changed", "solve ms"], rows), notes
+        moved = [r for r in log if r.get("reason") == "left the prediction interval"]
+        if moved:
+            first = moved[0]
+            notes.append(f"{s.tree}: the guard found the live tokens per step outside the profile's 95 % prediction "
+                         f"interval at {len(moved)} re-solves (first at step {first['step']}, prompt "
+                         f"{first['generation']}: {first['live_tokens_per_step']:.2f} against {first['interval'][0]:.2f}"
+                         f"-{first['interval'][1]:.2f}) and solved those from the live acceptance's lower bounds"
+                         + (" (plain decoding where no tree beat it)" if any(r["size"] == 1 for r in moved) else ""))
+    return ("re-solves of the adaptive trees (why: scheduled, or the guard: left the prediction interval / probe)",
+            ["name", "step", "prompt", "tokens", "why", "live tokens/step", "nodes", "depth", "level widths",
+             "pred. tokens/step", "pred. speedup", "changed", "solve ms"], rows), notes

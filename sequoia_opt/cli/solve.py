@@ -107,6 +107,9 @@ def solve(
         "--batch", help="Batch sizes, comma-separated (1,4,16): the hardware-aware tree per batch size from a "
         "treeopt-latency-batch/1 profile (-l), printed as a table; -o writes one plan file for a server, "
         "--format ENGINE adds that engine's setting per batch range.")] = None,
+    run_prompts: Annotated[Optional[int], typer.Option(
+        "--run-prompts", help="Size of the prompt set the tree will be measured on: the prediction interval shown "
+        "(and stored in the tree) is for a new set of that many prompts (default: as many as the profile's).")] = None,
 ) -> None:
     """Find the speculation tree with the most expected tokens per second (or per step without --latency).
     With --pair-acceptance: the grafted tree of a light and a strong drafter, against each alone and their
@@ -116,6 +119,11 @@ def solve(
     from ..solver import choose, compare_baselines
     from ..solver.depth import ACCEPTANCE_MODELS, ValueModel, solve_profile
 
+    if run_prompts is not None and run_prompts < 1:
+        raise SolverError(f"--run-prompts must be at least 1, got {run_prompts}")
+    if run_prompts is not None and (batch is not None or dynamic is not None or pair_acceptance is not None):
+        raise SolverError("--run-prompts sizes the prediction interval of one drafter's static tree: drop it with "
+                          "--batch, --dynamic or --pair-acceptance")
     if batch is not None:
         if dynamic is not None or pair_acceptance is not None or compare:
             raise SolverError("--batch solves one drafter's static tree per batch size: drop --dynamic, "
@@ -283,6 +291,8 @@ def solve(
         )
         if ch.skipped:
             report.notes.append(f"{ch.skipped} candidates skipped: their draft widths exceed the measured draft curve")
+    spreads = _prediction_spreads(tree, acc, model_used, ch.alternatives[0].cost if curve is not None else None,
+                                  run_prompts, report, data)
 
     if compare:
         base = compare_baselines(p, budget, max_depth, max_branching, curve, context=context,
@@ -309,7 +319,7 @@ def solve(
         solver="sequoia-dp" + ("+hardware" if curve else ""),
         date=now_iso(),
         extra={"max_branching": max_branching, "budget_limit": budget, "acceptance_model": model_used,
-               **_measured_on(acc, curve)},
+               **_measured_on(acc, curve), **spreads},
     )
     data["tree"] = {"choices": tree.choices(), "metadata": meta.to_dict()}
     out = None
@@ -332,6 +342,39 @@ def solve(
         typer.echo(out.text, nl=False)
     else:
         render(report, as_json)
+
+
+def _prediction_spreads(tree: Tree, acc: Any, model: str, cost: Any, run_prompts: Optional[int], report: Report,
+                        data: dict[str, Any]) -> dict[str, Any]:
+    """The solved tree's intervals between prompts (:func:`~sequoia_opt.solver.intervals.spread_metadata`): tokens
+    per step, and the speedup with a step cost, each with the interval of the mean and the prediction interval for
+    a new set of ``run_prompts`` prompts (default: the profile's count), added to the report's summary and
+    ``data``. Returns the tree metadata entries (what ``treeopt run`` rescales to its own prompt count); empty, with
+    a note, for a profile without per-prompt counts."""
+    from ..solver.intervals import PromptSpread, spread_metadata
+
+    out = spread_metadata(tree, acc, model, cost, run_prompts)
+    if not out:
+        report.notes.append(f"acceptance profile {acc.id!r} keeps no per-prompt counts (written before treeopt kept "
+                            "them, or from one prompt): no interval between prompts; re-measure it with treeopt "
+                            "profile acceptance --prompts FILE")
+        return {}
+    g = PromptSpread.from_dict(out["tokens_per_step_spread"])
+    for key, what in (("tokens_per_step_spread", "tokens / step"), ("speedup_spread", "speedup")):
+        if key in out:
+            d = out[key]
+            lo, hi = d["prediction_interval"]
+            report.summary[f"{what}, 95 % prediction interval"] = f"{lo:.3f} to {hi:.3f} (a new set of " \
+                                                                  f"{d['new_prompts']} prompts)"
+            lo, hi = d["mean_interval"]
+            report.summary[f"{what}, 95 % interval of the mean"] = f"{lo:.3f} to {hi:.3f} ({d['prompts']} profile " \
+                                                                   "prompts)"
+    report.notes.append(f"intervals between prompts: a cluster bootstrap over the profile's {g.prompts} prompts (their "
+                        "tokens are correlated, so prompts are resampled, not tokens); the prediction interval adds a "
+                        f"new set's own variation; an interval of the mean 0.1 tokens/step wide needs "
+                        f"{g.prompts_needed(0.1)} profile prompts of this kind")
+    data["intervals"] = out
+    return out
 
 
 #: A grafted tree's limits when none is given (the graft DP runs per depth limit and grafting set: a smaller
@@ -411,6 +454,12 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     profiles = GraftProfiles(names[0], names[1], models[0], models[1], curves[0], curves[1], accs[0], accs[1], pair)
     plans = plan_graft(profiles, budget=budget, max_depth=max_depth, max_branching=max_branching, context=context)
     ch, dtree = plans.choice, plans.choice.dtree
+    for x in plans.extrapolated:  # what the value model did not measure, and how it was valued
+        deeper = dtree.tree_depth > x["measured_depth"]
+        (report.warnings if deeper else report.notes).append(
+            f"value model: {x['text']}" + (f"; the chosen tree reaches depth {dtree.tree_depth}, deeper than that "
+                                           "measurement: profile a deeper spine (treeopt profile graft --depth)" if deeper
+                                           else ""))
     ctx = context if context is not None else int(curves[0].contexts[0])
     meta = plans.metadata["graft"]
     if plan != "auto":  # a tree holding both drafters, for a scheduler, whether or not it wins called every step

@@ -146,6 +146,9 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
                        ("dtype", curve.device.get("dtype") or acceptance.measured.get("dtype"))):
         if value is not None:
             extra[f"profiled_{key}"] = value
+    from ..solver.intervals import spread_metadata
+
+    extra.update(spread_metadata(choice.tree, acceptance, model_used, choice.alternatives[0].cost))
     meta = TreeMetadata(budget=choice.budget, max_depth=choice.depth, expected_tokens_per_step=choice.expected_tokens,
                         predicted_speedup=choice.speedup, acceptance_profile=acceptance.id, latency_profile=curve.id,
                         solver="sequoia-dp+hardware", date=now_iso(), extra=extra)

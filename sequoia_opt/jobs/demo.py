@@ -45,6 +45,7 @@ from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype,
 from ..report import Report
 from ..profiles import LatencyCurve, save_acceptance, save_latency
 from ..profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
+from ..profiling.steps import static_loop_decoders, time_loop
 from ..device import device_name, device_slug
 from ..model.tuned_linear import linear_record
 from ..profiling.layers import default_layer_grid, sweep_layers
@@ -107,6 +108,8 @@ class DemoSettings:
     # chat traffic: the drafters' trees on the shipped chat prompts (0: skipped); new tokens None = max_new_tokens
     chat_prompts: int = 4
     chat_new_tokens: int | None = None
+    # the decoding loop's own step per tree size (sequoia_opt.profiling.steps): what the runner adds to T(n) + c(w)
+    loop_rounds: int = 1          # 0: not timed (the cost model is T(n) + c(w) + the fixed overhead)
 
     @classmethod
     def quick(cls) -> "DemoSettings":
@@ -215,13 +218,22 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     tt = profile_model(pair.target, grid, [s.context], what="target", backend=backend, progress=progress, **timing)
     dtab = profile_model(pair.draft, dgrid, [s.context], what="draft", backend=backend, progress=progress, **timing)
     overhead = measure_step_overhead(pair.target, pair.draft, backend=backend)
+
+    def loops(make_drafter) -> list | None:  # the runner's own step per tree size, this drafter's static trees
+        if not s.loop_rounds:
+            return None
+        make_dec = static_loop_decoders(pair.target, make_drafter, backend=backend, max_len=s.context + 2 * s.max_tokens
+                                        + 16)
+        return [time_loop(make_dec, grid, s.context, pair.target.config.vocab_size, rounds=s.loop_rounds,
+                          progress=progress)]
+
     curve = build_latency_profile(
         target_tables=tt, draft_tables=dtab, step_overhead_ms=overhead, device=dev, dtype=dt,
         target_name=tname, target_config=pair.target.config, draft_name=pair.draft_name,
         draft_config=pair.draft.config, random_weights=False,
         profile_id=f"{device_slug(dev)}_{tname}_{dtype_name}",
         method=method_text(s.latency_rounds, s.latency_paired, grid), linear=linear_record(pair.target),
-        draft_linear=linear_record(pair.draft))
+        draft_linear=linear_record(pair.draft), loop_tables=loops(pair.draft))
 
     # 3. acceptance of the pair, on the profile split
     prof_prompts = load_prompts(demo_prompts_path("profile"), limit=max(s.acc_prompts, s.lookup_prompts,
@@ -258,7 +270,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         target_name=tname, target_config=pair.target.config, draft_name=look.draft_name, draft_config=None,
         random_weights=False, profile_id=f"{device_slug(dev)}_{tname}__{drafter_slug(look.draft_name)}_{dtype_name}",
         method=method_text(s.latency_rounds, False, grid), draft_cost_model=look.cost_model,
-        linear=linear_record(pair.target))
+        linear=linear_record(pair.target), loop_tables=loops(look.new_drafter))
     look_ids = prof_ids[: s.lookup_prompts]
     look_counts = measure_acceptance(pair.target, look.new_drafter, look_ids, width=s.extra_width,
                                      depth=s.lookup_depth, max_new_tokens=s.lookup_new_tokens, eos_ids=eos,

@@ -139,27 +139,35 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
         model = "positional"
     vm = ValueModel.of_profile(acc, model if model in ("positional", "by-depth") else "auto")
 
-    def predict(tree):  # (G, speedup) under the table's value model and cost model; speedup None off the curve
+    def predict(tree):  # (G, step cost) under the table's value model and cost model; the step None off the curve
         g = vm.expected_tokens(tree)
         if curve is None:
             return g, None
         try:
-            return g, step_cost(tree.level_widths, g, curve).speedup
+            return g, step_cost(tree.level_widths, g, curve)
         except ProfileError:
             return g, None
+
+    def spreads(tree, step) -> dict:  # the prediction's spread between prompts, as solve records it
+        from ..solver.intervals import spread_metadata
+
+        return spread_metadata(tree, acc, vm.name, step)
 
     out_entries = []
     for e in entries:
         if e.policy is not None:  # adaptive or dynamic: its own value model
             out_entries.append(e)
             continue
-        g, sp = predict(e.tree)
+        g, step = predict(e.tree)
         old = e.metadata.expected_tokens_per_step
         if old is not None and abs(old - g) > 5e-4:
             notes.append(f"tree {e.name!r}: predicted {g:.3f} tokens/step under {vm.label} (its file: {old:.3f}, "
                          f"{e.metadata.extra.get('acceptance_model') or 'positional'} acceptance of profile "
                          f"{e.metadata.acceptance_profile!r}): every tree of the table is scored one way")
-        out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g, predicted_speedup=sp)))
+        extra = {k: v for k, v in e.metadata.extra.items() if k not in ("tokens_per_step_spread", "speedup_spread")}
+        extra.update(spreads(e.tree, step))
+        out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g,
+                                                       predicted_speedup=step.speedup if step else None, extra=extra)))
     budget = max(e.tree.size for e in static)
     max_depth = max(max(e.tree.tree_depth for e in static), 1)
     if curve is not None and budget > curve.max_target_tokens():
@@ -182,7 +190,7 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
             meta = TreeMetadata(budget=b.tree.size, expected_tokens_per_step=b.expected_tokens,
                                 predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
                                 latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}",
-                                extra={"acceptance_model": vm.name})
+                                extra={"acceptance_model": vm.name, **spreads(b.tree, b.cost)})
             out.append(TreeEntry(name=label, tree=b.tree, metadata=meta))
     return out_entries, out, notes, vm.label
 
@@ -365,7 +373,8 @@ def check_adapt_options(adapt: bool, every: Optional[int], window: Optional[int]
 
 
 def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, window: int, prior_weight: float,
-                      budget: Optional[int], max_depth: Optional[int], max_branching: Optional[int]) -> tuple[list, list[str]]:
+                      budget: Optional[int], max_depth: Optional[int], max_branching: Optional[int],
+                      guard: bool = True) -> tuple[list, list[str]]:
     """One adaptive twin per tree entry, ``<name> (adaptive)``, starting from that tree (nothing is loaded
     but the two profiles; each :class:`~sequoia_opt.drafting.policies.TreeAdapter` solves the prior once,
     which checks the limits against the latency profile).
@@ -373,7 +382,8 @@ def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, wi
     Limits of the re-solves: ``budget`` or the tree's recorded budget limit (``treeopt solve`` writes it),
     else its budget, else its size, lowered to the latency profile's largest measured token count when a
     limit that was not given exceeds it (a note says so); ``max_depth`` or 16 (``treeopt solve``'s default);
-    ``max_branching`` or the tree's recorded one, else 32.
+    ``max_branching`` or the tree's recorded one, else 32. ``guard``: arm each adapter's guard (it needs the
+    acceptance profile's per-prompt counts; :class:`~sequoia_opt.drafting.policies.TreeAdapter`).
 
     Returns:
         ``(entries, notes)``.
@@ -403,11 +413,18 @@ def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, wi
         br = max_branching if max_branching is not None else int(extra.get("max_branching")
                                                                  or SINGLE_DEFAULTS["max_branching"])
         adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,
-                              window=window, prior_weight=prior_weight)
+                              window=window, prior_weight=prior_weight, profile=acc, guard=guard)
         out.append(TreeEntry(f"{e.name} (adaptive)", e.tree, e.metadata,
                              policy=lambda drafter, a=adapter: AdaptiveTreePolicy(drafter, a)))
         notes.append(f"{e.name} (adaptive): re-solved every {every} steps from the acceptance of the last {window} "
                      f"steps (prior {acc.id!r}, worth {prior_weight:g} trials per rank) with latency profile "
                      f"{curve.id!r}, within budget {b}, depth {d}, branching {br}; the time of each re-solve is "
                      "charged to its step")
+        if adapter.guarded:
+            notes.append(f"{e.name} (adaptive): guarded: when the window's tokens per step leaves the profile's 95 % "
+                         "prediction interval, the tree is solved from the window's lower bounds (plain decoding "
+                         "when no tree beats it there)")
+        elif guard:
+            notes.append(f"{e.name} (adaptive): not guarded: acceptance profile {acc.id!r} keeps no per-prompt counts "
+                         "(re-measure it with treeopt profile acceptance to arm the guard)")
     return out, notes

@@ -33,10 +33,12 @@ from ..profiling.graft import SchedulerSample
 from ..model.tuned_linear import linear_record
 from ..solver.graft import GraftAcceptance, GraftChoice, graft_baselines, graft_expected_tokens, graft_step_cost, \
     merge_trees, solve_graft
+from ..solver.hardware import plain_ms_per_token
 from ..tree import DrafterTree, TreeMetadata, now_iso
 
 __all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "pair_graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction",
-           "GraftProfileSettings", "profile_graft", "ScheduledPlan", "scheduled_candidates", "choose_scheduled_plan"]
+           "GraftProfileSettings", "profile_graft", "ScheduledPlan", "scheduled_candidates", "choose_scheduled_plan",
+           "in_context_prediction"]
 
 
 @dataclass
@@ -108,6 +110,8 @@ class GraftPlans:
         merge: the SpecInfer merge of the two own trees, as a drafter tree.
         baselines: :func:`~sequoia_opt.solver.graft.graft_baselines`' rows (all under the graft cost model).
         metadata: per plan name (``graft``, ``merge``), the tree metadata (predictions, profile ids).
+        extrapolated: per drafter vector valued past the depth it was measured to, what
+            :func:`~sequoia_opt.solver.graft_value.deepen_conservatively` says; empty when none was.
     """
 
     profiles: GraftProfiles
@@ -118,6 +122,7 @@ class GraftPlans:
     merge: DrafterTree
     baselines: list[dict[str, Any]]
     metadata: dict[str, TreeMetadata]
+    extrapolated: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: int = 8,
@@ -127,7 +132,9 @@ def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: 
     Raises:
         ProfileError / SolverError: profiles of another drafter, bad limits, a budget past what a curve measured.
     """
-    acc = graft_acceptance(p)
+    from ..solver.graft_value import deepen_conservatively
+
+    acc, extrapolated = deepen_conservatively(graft_acceptance(p), max_depth)
     light_plan = plan_drafter(p.light, p.light_cost_model, p.light_acceptance, p.light_curve, budget=budget,
                               max_depth=max_depth, max_branching=max_branching, context=context)
     strong_plan = plan_drafter(p.strong, p.strong_cost_model, p.strong_acceptance, p.strong_curve, budget=budget,
@@ -143,7 +150,8 @@ def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: 
              "strong_latency_profile": p.strong_curve.id, "graft_plan": choice.plan,
              "graft_depths": list(choice.graft_depths),
              # G of the plan's light part alone: a scheduler's prediction starts from it (scheduled_prediction)
-             "light_part_expected_tokens_per_step": graft_expected_tokens(choice.dtree.light_only()[0], acc)}
+             "light_part_expected_tokens_per_step": graft_expected_tokens(choice.dtree.light_only()[0], acc),
+             **({"extrapolated": [x["text"] for x in extrapolated]} if extrapolated else {})}
     meta = {"graft": TreeMetadata(budget=choice.budget, max_depth=choice.depth,
                                   expected_tokens_per_step=choice.expected_tokens, predicted_speedup=choice.speedup,
                                   acceptance_profile=p.pair.id, latency_profile=p.light_curve.id,
@@ -158,7 +166,7 @@ def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: 
                                      extra=extra)
     except SolverError:
         meta["merge"] = TreeMetadata(solver="specinfer-merge", date=now_iso(), extra=extra)
-    return GraftPlans(p, acc, light_plan, strong_plan, choice, merge, baselines, meta)
+    return GraftPlans(p, acc, light_plan, strong_plan, choice, merge, baselines, meta, extrapolated)
 
 
 def scheduled_prediction(expected_tokens: float, light_tokens: float, samples: Sequence[SchedulerSample],
@@ -209,24 +217,33 @@ def graft_entries(plans: GraftPlans, light: Callable[[], Any], strong: Callable[
     dt = scheduled.dtree if scheduled is not None else (plans.choice.dtree if plans.choice.plan == "graft" else None)
     if dt is None:
         return out
-    try:  # a plan the conditional model cannot score (e.g. a light width it did not measure) has no prediction
-        g = graft_expected_tokens(dt, plans.acceptance)
-        speedup = graft_step_cost(dt, p.light_curve, curves, ctx, expected_tokens=g).speedup
-    except (SolverError, ProfileError):
-        g = speedup = None
+    ic = scheduled.in_context if scheduled is not None else {}
+    spreads = {}
+    if ic:  # valued in the plan it runs in (in_context_prediction)
+        g, speedup = ic["tokens_per_step"], ic["speedup"]
+        spreads = {k: ic[k] for k in ("tokens_per_step_spread", "speedup_spread") if k in ic}
+    else:
+        try:  # a plan the conditional model cannot score (e.g. a light width it did not measure) has no prediction
+            g = graft_expected_tokens(dt, plans.acceptance)
+            speedup = graft_step_cost(dt, p.light_curve, curves, ctx, expected_tokens=g).speedup
+        except (SolverError, ProfileError):
+            g = speedup = None
     base = plans.metadata["graft"]
     static_meta = TreeMetadata(budget=dt.size, max_depth=dt.tree_depth, expected_tokens_per_step=g,
                                predicted_speedup=speedup,
                                acceptance_profile=base.acceptance_profile, latency_profile=base.latency_profile,
-                               solver=base.solver, date=now_iso(),
-                               extra={**base.extra, "plan": scheduled.name if scheduled else "solver graft"})
+                               solver=base.solver + ("+in-context" if ic else ""), date=now_iso(),
+                               extra={**base.extra, "plan": scheduled.name if scheduled else "solver graft",
+                                      **spreads, **({"in_context": {k: v for k, v in ic.items() if "spread" not in k}}
+                                                    if ic else {})})
     out.append(TreeEntry(names[3], dt.tree, static_meta, drafter="+".join(dn),
                          policy=lambda _: GraftPolicy.from_drafter_tree(light(), strong(), dt)))
     if scheduled is not None:
         sm = TreeMetadata(budget=dt.size, max_depth=dt.tree_depth, expected_tokens_per_step=scheduled.expected_tokens,
                           predicted_speedup=scheduled.speedup, acceptance_profile=base.acceptance_profile,
                           latency_profile=base.latency_profile, solver="graft+scheduler", date=now_iso(),
-                          extra={**static_meta.extra, "predicted_call_rate": scheduled.call_rate})
+                          extra={**{k: v for k, v in static_meta.extra.items() if "spread" not in k},
+                                 "predicted_call_rate": scheduled.call_rate})
         sched = scheduled.scheduler
         out.append(TreeEntry(names[4], dt.tree, sm, drafter="+".join(dn),
                              policy=lambda _: GraftPolicy.from_drafter_tree(light(), strong(), dt, sched)))
@@ -247,6 +264,8 @@ class GraftProfileSettings:
         width, depth: K and spine depth D of each drafter's own acceptance measurement.
         light_width, strong_width, pair_depth: A, B and D of the pair measurement.
         prompts, new_tokens: profile prompts used and tokens generated per prompt (acceptance and pair).
+        loop_rounds: sweeps of the decoding loop's own steps per tree size (0: not timed; :mod:`~sequoia_opt.
+            profiling.steps`).
     """
 
     max_tokens: int = 32
@@ -260,11 +279,12 @@ class GraftProfileSettings:
     pair_depth: int = 6
     prompts: int = 8
     new_tokens: int = 64
+    loop_rounds: int = 1  # the decoding loop's own step per tree size (profiling/steps.py); 0: not timed
 
     @classmethod
     def quick(cls) -> "GraftProfileSettings":
         return cls(max_tokens=16, latency_rounds=1, latency_repeats=5, width=3, depth=3, strong_width=2,
-                   pair_depth=3, prompts=2, new_tokens=16)
+                   pair_depth=3, prompts=2, new_tokens=16, loop_rounds=0)
 
 
 def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, settings: GraftProfileSettings,
@@ -309,6 +329,14 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
         dtab = profile_drafter(target, pair.cost_probe(), grid, [s.context], backend=backend, progress=progress,
                                **timing)
         overhead = measure_step_overhead(target, pair.new_drafter, backend=backend)
+        loops = None
+        if s.loop_rounds:  # the runner's own step per tree size, this drafter's static trees
+            from ..profiling.steps import static_loop_decoders, time_loop
+
+            make_dec = static_loop_decoders(target, pair.new_drafter, backend=backend,
+                                            max_len=s.context + 2 * s.max_tokens + 16)
+            loops = [time_loop(make_dec, grid, s.context, target.config.vocab_size, rounds=s.loop_rounds,
+                               progress=progress)]
         slug = drafter_slug(pair.draft_name)
         curve = build_latency_profile(
             target_tables=tt, draft_tables=dtab, step_overhead_ms=overhead, device=dev, dtype=target.dtype,
@@ -317,7 +345,7 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
             profile_id=f"{device_label or device_slug(dev)}_{tname}__{slug}_{dtype_name}",
             method=method_text(s.latency_rounds, True, grid), draft_cost_model=pair.cost_model,
             command="treeopt profile graft", linear=linear_record(target),
-            draft_linear=linear_record(pair.draft) if pair.draft is not None else None)
+            draft_linear=linear_record(pair.draft) if pair.draft is not None else None, loop_tables=loops)
         ids = list(prompts[: s.prompts])
         counts = measure_acceptance(target, pair.new_drafter, ids, width=s.width, depth=s.depth,
                                     temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=s.new_tokens,
@@ -367,6 +395,8 @@ class ScheduledPlan:
             the call rate, the strong drafter's draft time and T(n_full) - T(n_light).
         tokens_per_s / speedup: 1000 G / cost_ms, and over plain decoding (T(1) + overhead).
         samples: the profile steps it was trained and predicted on.
+        in_context: the plan valued inside itself (:func:`in_context_prediction`): its tokens per step and draft
+            times measured by running it on the profile prompts, what ``static_tokens`` and the costs above come from.
     """
 
     name: str
@@ -380,6 +410,50 @@ class ScheduledPlan:
     tokens_per_s: float
     speedup: float
     samples: list[SchedulerSample]
+    in_context: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def in_context_prediction(dtree: DrafterTree, samples: Sequence[SchedulerSample], curve: LatencyCurve,
+                          context: int | None, model_tokens: float | None = None) -> dict[str, Any]:
+    """A graft plan valued in the plan it will run in (issue 31): its steps on the profile prompts with the strong
+    drafter called every step (:func:`~sequoia_opt.profiling.graft.collect_scheduler_samples`) give its tokens per
+    step (accepted nodes + 1; the light part's alone: the accepted path's prefix on light nodes), and its drafters'
+    draft times as the runner spends them (the light drafter's catch-up chunks after accepted strong nodes
+    included). The step adds the loop's verify and bookkeeping at the plan's size (the target curve's,
+    :meth:`~sequoia_opt.profiles.LatencyCurve.step_target_ms`). The conditional vectors value the strong drafter
+    out of context (its runs measured from a root of its own, its deepest row extrapolated); measured in the
+    plan, nothing is.
+
+    Returns:
+        ``{tokens_per_step, light_tokens_per_step, light_ms, strong_ms, cost_ms, tokens_per_s, speedup, steps,
+        prompts, tokens_per_step_spread, speedup_spread, model_tokens_per_step}`` (ms per step means; the spreads
+        between the profile prompts, :func:`~sequoia_opt.solver.intervals.ratio_spread`); empty without samples.
+    """
+    from ..solver.intervals import ratio_spread
+
+    if not samples:
+        return {}
+    n = len(samples)
+    by_prompt: dict[int, list[float]] = {}
+    for s_ in samples:
+        row = by_prompt.setdefault(s_.prompt_index, [0.0, 0.0])
+        row[0] += 1 + s_.accepted_full
+        row[1] += 1
+    g = sum(1 + s_.accepted_full for s_ in samples) / n
+    g_light = sum(1 + s_.accepted_light for s_ in samples) / n
+    light_ms = sum(s_.light_ms for s_ in samples) / n
+    strong_ms = sum(s_.strong_ms for s_ in samples) / n
+    cost = light_ms + strong_ms + curve.step_target_ms(dtree.size, context) + curve.step_overhead(dtree.size, context)
+    tps = 1000.0 * g / cost
+    speedup = tps * plain_ms_per_token(curve, context) / 1000.0
+    out: dict[str, Any] = {"tokens_per_step": g, "light_tokens_per_step": g_light, "light_ms": light_ms,
+                           "strong_ms": strong_ms, "cost_ms": cost, "tokens_per_s": tps, "speedup": speedup,
+                           "steps": n, "prompts": len(by_prompt), "model_tokens_per_step": model_tokens}
+    sp = ratio_spread([v[0] for v in by_prompt.values()], [v[1] for v in by_prompt.values()], clip=(1.0, None))
+    if sp is not None:
+        out["tokens_per_step_spread"] = sp.to_dict(sp.prompts)
+        out["speedup_spread"] = sp.scaled(speedup / g).to_dict(sp.prompts)
+    return out
 
 
 def scheduled_candidates(plans: GraftPlans) -> list[tuple[str, DrafterTree]]:
@@ -455,17 +529,20 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
             pays = "at every" in str(err)
             sched = AlwaysGraft() if pays else NeverGraft()
             card = {"kind": sched.name, "why": str(err), "plan": name, **(extra_card or {})}
-        g_static = graft_expected_tokens(dt, plans.acceptance)
         light_dt, _ = dt.light_only()
-        g, rate = scheduled_prediction(g_static, graft_expected_tokens(light_dt, plans.acceptance), samples, sched)
-        ms_light = drafter_costs_ms(light_dt, curves, ctx)[0] if light_dt.size > 1 else 0.0
-        ms_strong = drafter_costs_ms(dt, curves, ctx)[1]
         curve = p.light_curve
-        base = ms_light + curve.target_ms(light_dt.size, ctx) + curve.step_overhead_ms
-        extra = ms_strong + curve.target_ms(dt.size, ctx) - curve.target_ms(light_dt.size, ctx)
+        # valued in context: the plan's own steps on the profile prompts (its G and its drafters' times)
+        ic = in_context_prediction(dt, samples, curve, ctx, graft_expected_tokens(dt, plans.acceptance))
+        g_static = ic["tokens_per_step"]
+        g, rate = scheduled_prediction(g_static, ic["light_tokens_per_step"], samples, sched)
+        ms_light, ms_strong = ic["light_ms"], ic["strong_ms"]
+        base = ms_light + curve.step_target_ms(light_dt.size, ctx) + curve.step_overhead(light_dt.size, ctx)
+        extra = (ms_strong + curve.step_target_ms(dt.size, ctx) + curve.step_overhead(dt.size, ctx)
+                 - curve.step_target_ms(light_dt.size, ctx) - curve.step_overhead(light_dt.size, ctx))
         cost = base + extra * rate
         tps = 1000.0 * g / cost
-        plain = curve.target_ms(1, ctx) + curve.step_overhead_ms
-        out.append(ScheduledPlan(name, dt, sched, card, g_static, g, rate, cost, tps, tps * plain / 1000.0, samples))
+        plain = plain_ms_per_token(curve, ctx)
+        out.append(ScheduledPlan(name, dt, sched, card, g_static, g, rate, cost, tps, tps * plain / 1000.0, samples,
+                                 ic))
     out.sort(key=lambda sp: -sp.tokens_per_s)
     return out

@@ -34,6 +34,7 @@ from ..decoding import Decoder, DraftingPolicy, GenerationResult
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.policies import StaticTreePolicy
 from ..model import Transformer
+from ..solver.intervals import t975
 from ..tree import Tree, TreeMetadata, now_iso
 
 ProgressFn = Callable[[str, int, int], None]
@@ -106,8 +107,12 @@ class TreeSummary:
         adaptive: for an adaptive entry (its policy has an ``adapter``), :meth:`TreeAdapter.as_dict`: its settings
             and limits, the initial and final trees, and ``resolves``, the log of re-solves (step, generation,
             tokens so far, new tree's size / depth / level widths, predicted tokens per step and speedup,
-            whether the tree changed, solve ms, the estimate); None otherwise. ``size`` / ``depth`` are then the
-            final tree's, and ``predicted_tokens_per_step`` the step-weighted mean of the trees' predictions.
+            whether the tree changed, solve ms, the estimate, why it ran); None otherwise. ``size`` / ``depth`` are
+            then the final tree's, and ``predicted_tokens_per_step`` the step-weighted mean of the trees' predictions.
+        predicted_interval / predicted_speedup_interval: the 95 % prediction intervals of tokens per step and of
+            the speedup for a new set of this run's prompts (:mod:`sequoia_opt.solver.intervals`, from the spread
+            the tree file records, ``tokens_per_step_spread`` / ``speedup_spread``); None when it records none.
+        inside_prediction: whether the measured tokens per step lies inside ``predicted_interval`` (None without).
     """
 
     tree: str
@@ -128,6 +133,29 @@ class TreeSummary:
     drafter: str | None = None
     drafters: list[dict[str, Any]] = field(default_factory=list)
     adaptive: dict[str, Any] | None = None
+    predicted_interval: tuple[float, float] | None = None
+    predicted_speedup_interval: tuple[float, float] | None = None
+    inside_prediction: bool | None = None
+
+
+def prediction_intervals(meta: TreeMetadata | None, prompts: int) -> tuple[tuple[float, float] | None,
+                                                                          tuple[float, float] | None]:
+    """The 95 % prediction intervals (tokens per step, speedup) for a new set of ``prompts`` prompts from the spreads
+    a tree file records (``tokens_per_step_spread`` / ``speedup_spread``, written by ``treeopt solve``; rescaled to
+    this number of prompts, :meth:`~sequoia_opt.solver.intervals.PromptSpread.prediction_interval`). An interval is
+    None when the file records none, or records one for another figure than its prediction (a re-scored tree)."""
+    from ..solver.intervals import PromptSpread
+
+    if meta is None or prompts < 1:
+        return None, None
+    out = []
+    for key, point, clip in (("tokens_per_step_spread", meta.expected_tokens_per_step, (1.0, None)),
+                             ("speedup_spread", meta.predicted_speedup, (0.0, None))):
+        raw = meta.extra.get(key)
+        sp = PromptSpread.from_dict(raw, clip) if isinstance(raw, dict) else None
+        ok = sp is not None and point is not None and abs(sp.point - point) <= 1e-6 * max(1.0, abs(point))
+        out.append(sp.prediction_interval(prompts) if ok else None)
+    return out[0], out[1]
 
 
 @dataclass
@@ -204,16 +232,6 @@ def _row(name: str, i: int, res: GenerationResult, plain: GenerationResult | Non
                      first_mismatch=first)
 
 
-# two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom; the normal quantile past that
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
-
-def _t975(df: int) -> float:
-    return _T975[df - 1] if df <= len(_T975) else 1.959963984540054
-
-
 def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, float]:
     """95 % interval of the mean tokens per step ``sum(tokens) / sum(steps)`` over all prompts' steps.
 
@@ -248,7 +266,7 @@ def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, 
     g_mean = sum(y) / n
     k = len(groups)
     var = k / (k - 1) * sum((yi - g_mean * xi) ** 2 for yi, xi in zip(y, x)) / n**2
-    half = _t975(k - 1) * math.sqrt(var)
+    half = t975(k - 1) * math.sqrt(var)
     return (max(g_mean - half, 1.0), g_mean + half)  # a step emits at least its bonus token
 
 
@@ -260,16 +278,20 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     new = sum(len(r.tokens) for r in results)
     ms = sum(r.decode_ms for r in results)
     tps = 1000.0 * new / ms if ms > 0 else 0.0
+    g_int, s_int = prediction_intervals(meta, sum(1 for g in per_prompt if g))
+    mean_tps = statistics.fmean(per_step) if per_step else 0.0
     return TreeSummary(
         tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
         tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
-        tokens_per_step=statistics.fmean(per_step) if per_step else 0.0, tps_ci95=tokens_per_step_ci95(per_prompt),
+        tokens_per_step=mean_tps, tps_ci95=tokens_per_step_ci95(per_prompt),
         predicted_tokens_per_step=meta.expected_tokens_per_step if meta else 1.0,
         predicted_speedup=meta.predicted_speedup if meta else 1.0,
         draft_ms=sum(r.draft_ms for r in results), verify_ms=sum(r.verify_ms for r in results),
         bookkeeping_ms=sum(r.bookkeeping_ms for r in results),
         mismatches=sum(1 for r in rows if r.matches_plain is False), drafter=drafter,
-        drafters=_drafter_stats(results, names) if names else [],
+        drafters=_drafter_stats(results, names) if names else [], predicted_interval=g_int,
+        predicted_speedup_interval=s_int,
+        inside_prediction=None if g_int is None else bool(g_int[0] <= mean_tps <= g_int[1]),
     )
 
 

@@ -32,6 +32,8 @@ Acceptance profile, ``format: treeopt-acceptance/1`` (Sequoia, Chen et al. 2024,
                                       # times all K were rejected. acceptance must equal counts / sum(counts).
     acceptance_by_depth:              # optional; depth (1 = children of the root) -> K-entry vector
       1: [...]
+    counts_by_prompt:                 # optional; per prompt, per depth 1..D, its K + 1 counts (they sum to
+      - [[...], [...], ...]           # counts): intervals between prompts (sequoia_opt.solver.intervals)
 
 Latency profile, ``format: treeopt-latency/1``::
 
@@ -60,6 +62,16 @@ Latency profile, ``format: treeopt-latency/1``::
           tokens: [1, 2, 4, ...]
           draft_forward_ms: [1.1, ...]
           draft_forward_spread_ms: [...]                 # optional
+        loop:                         # optional: the decoding loop's own step, timed as the runner runs it
+          policy: static              # static | chain: the policy whose steps were timed
+          tokens: [1, 2, 4, 8, ...]   # tree sizes n, from 1 (plain decoding)
+          verify_ms: [21.0, ...]      # the loop's verify part (target forward + logits to acceptance)
+          bookkeeping_ms: [0.3, ...]  # accept + emit + commit + observe
+          draft_extra_ms: 0.8         # per draft forward, the loop's draft time beyond c(w)
+
+With a ``loop`` (:mod:`sequoia_opt.profiling.steps`, issue 31) the solver charges a step verify_ms(n) +
+bookkeeping_ms(n) + sum of (c(w) + draft_extra_ms) over its draft forwards, and plain decoding verify_ms(1) +
+bookkeeping_ms(1); without one (every profile written before it existed), T(n) + sum c(w) + step_overhead_ms.
 
 The draft table's ``cost_model`` is how the solver charges the drafter per step (the drafter's own
 :attr:`~sequoia_opt.drafting.drafters.Drafter.cost_model`; DESIGN.md, "Drafters and drafting policies"):

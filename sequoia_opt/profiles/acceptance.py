@@ -1,5 +1,5 @@
 """The positional acceptance profile, ``treeopt-acceptance/1`` (the format: :mod:`sequoia_opt.profiles`): p_1..p_K
-with their counts, per-depth vectors, intervals."""
+with their counts, per-depth vectors, per-prompt counts, intervals."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ class AcceptanceProfile:
         by_depth: optional depth -> (K,) vector.
         example: True for illustrative data that was not measured.
         source: free text on where the numbers come from.
+        prompt_counts: (P, D, K + 1) int64 or None: per profile prompt, per depth 1..D of the proposed children,
+            the outcome counts (``counts_by_prompt`` in the file; profiles written before it existed have none).
+            Tokens of one prompt are correlated, so intervals for a new set of prompts resample prompts, not
+            tokens (:mod:`sequoia_opt.solver.intervals`).
     """
 
     id: str
@@ -38,6 +42,12 @@ class AcceptanceProfile:
     by_depth: dict[int, np.ndarray] = field(default_factory=dict)
     example: bool = False
     source: str | None = None
+    prompt_counts: np.ndarray | None = None
+
+    @property
+    def num_prompts(self) -> int | None:
+        """P, the prompts behind :attr:`prompt_counts` (None without them)."""
+        return None if self.prompt_counts is None else int(self.prompt_counts.shape[0])
 
     @property
     def width(self) -> int:
@@ -53,7 +63,10 @@ class AcceptanceProfile:
         return int(n) if isinstance(n, int) and not isinstance(n, bool) else None
 
     def confidence_interval(self, z: float = 1.959963984540054) -> np.ndarray:
-        """Wilson score interval for every ``p_k``: ``(K, 2)`` array of (low, high), default 95 %.
+        """Wilson score interval for every ``p_k``: ``(K, 2)`` array of (low, high), default 95 %. It counts
+        every trial as independent: the interval of these tokens, too narrow for a new set of prompts (their
+        tokens are correlated within a prompt); :func:`~sequoia_opt.solver.intervals.acceptance_spreads` gives
+        the interval between prompts.
 
         Raises ProfileError when the profile carries no ``counts``.
         """
@@ -99,6 +112,8 @@ class AcceptanceProfile:
             d["counts"] = [int(x) for x in self.counts]
         if self.by_depth:
             d["acceptance_by_depth"] = {int(k): [float(x) for x in v] for k, v in sorted(self.by_depth.items())}
+        if self.prompt_counts is not None:
+            d["counts_by_prompt"] = self.prompt_counts.tolist()
         return d
 
     @classmethod
@@ -171,6 +186,9 @@ class AcceptanceProfile:
         pid = doc.get("id", default_id)
         if not isinstance(pid, str) or not pid:
             raise ProfileError(f"{source}: 'id' must be a non-empty string")
+        prompt_counts = None
+        if doc.get("counts_by_prompt") is not None:
+            prompt_counts = _prompt_counts(doc["counts_by_prompt"], counts, by_depth, measured, p.size, source)
         return cls(
             id=pid,
             acceptance=p,
@@ -179,7 +197,46 @@ class AcceptanceProfile:
             by_depth=by_depth,
             example=_flag(doc, "example", source),
             source=doc.get("source"),
+            prompt_counts=prompt_counts,
         )
+
+
+def _prompt_counts(raw: Any, counts: np.ndarray | None, by_depth: dict[int, np.ndarray], measured: Mapping[str, Any],
+                   K: int, source: str) -> np.ndarray:
+    """``counts_by_prompt`` validated against the rest of the profile: (P, D, K + 1) non-negative integers whose
+    sum over prompts and depths is ``counts`` and whose sum over prompts gives every stored per-depth vector.
+    Raises ProfileError with one line."""
+    if counts is None:
+        raise ProfileError(f"{source}: 'counts_by_prompt' needs 'counts' (their sum over prompts and depths)")
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"{source}: 'counts_by_prompt' must list, per prompt, per depth, K + 1 = {K + 1} counts")
+    D = None
+    for i, prompt in enumerate(raw):
+        if not isinstance(prompt, list) or not prompt or (D is not None and len(prompt) != D):
+            raise ProfileError(f"{source}: counts_by_prompt[{i}] must list one count vector per depth 1..D, the same "
+                               "D for every prompt")
+        D = len(prompt)
+        check_integer(D, f"{source}: counts_by_prompt[{i}] depths", low=1, high=MAX_TOKENS)
+        for d, row in enumerate(prompt):
+            if not isinstance(row, list) or len(row) != K + 1:
+                raise ProfileError(f"{source}: counts_by_prompt[{i}][{d}] must list K + 1 = {K + 1} integers")
+            for c in row:
+                check_integer(c, f"{source}: counts_by_prompt[{i}][{d}]")
+    arr = np.asarray(raw, dtype=np.int64)  # (P, D, K + 1)
+    total = arr.sum(axis=(0, 1))
+    if not np.array_equal(total, counts):
+        raise ProfileError(f"{source}: 'counts_by_prompt' sum to {total.tolist()} over prompts and depths, but "
+                           f"'counts' is {counts.tolist()}; the two must agree")
+    per_depth = arr.sum(axis=0)  # (D, K + 1)
+    for d, v in by_depth.items():
+        n = per_depth[d - 1].sum() if d <= D else 0
+        if n == 0 or np.max(np.abs(per_depth[d - 1, :-1] / n - v)) > 1e-3:
+            raise ProfileError(f"{source}: acceptance_by_depth[{d}] disagrees with the sum of 'counts_by_prompt' at "
+                               f"depth {d}")
+    if measured.get("num_prompts") is not None and measured["num_prompts"] != arr.shape[0]:
+        raise ProfileError(f"{source}: measured.num_prompts is {measured['num_prompts']} but 'counts_by_prompt' "
+                           f"holds {arr.shape[0]} prompts; the two must agree")
+    return arr
 
 
 def load_acceptance(path: str | Path) -> AcceptanceProfile:

@@ -59,6 +59,52 @@ def _parse_table(raw: Any, value_key: str, where: str) -> _Table:
     return _Table(np.asarray(tokens, dtype=np.int64), ms, spread)
 
 
+#: The policies whose loop steps a latency profile may record (:mod:`sequoia_opt.profiling.steps`).
+LOOP_POLICIES = ("static", "chain")
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """The decoding loop's own step times at one context (``loop`` of a curve; :mod:`sequoia_opt.profiling.steps`)."""
+
+    policy: str
+    tokens: np.ndarray  # (k,) int64 tree sizes, strictly increasing, the first 1 (plain decoding)
+    verify_ms: np.ndarray  # (k,) float64
+    bookkeeping_ms: np.ndarray  # (k,) float64
+    draft_extra_ms: float
+
+
+def _parse_loop(raw: Any, where: str) -> _Loop:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where} must be a mapping with policy, tokens, verify_ms, bookkeeping_ms, draft_extra_ms")
+    _reject_wrong_units(raw, where)
+    keys = {"policy", "tokens", "verify_ms", "bookkeeping_ms", "draft_extra_ms"}
+    unknown = set(map(str, raw)) - keys
+    if unknown:
+        raise ProfileError(f"{where}: unknown key {sorted(unknown)[0]!r} (expected {', '.join(sorted(keys))})")
+    missing = keys - set(map(str, raw))
+    if missing:
+        raise ProfileError(f"{where}: missing key {sorted(missing)[0]!r}")
+    if raw["policy"] not in LOOP_POLICIES:
+        raise ProfileError(f"{where}.policy is {raw['policy']!r}; expected one of {', '.join(LOOP_POLICIES)}")
+    tokens = raw["tokens"]
+    if not isinstance(tokens, list) or not tokens or tokens[0] != 1:
+        raise ProfileError(f"{where}.tokens must list tree sizes from 1 (plain decoding), strictly increasing")
+    for i, t in enumerate(tokens):
+        check_integer(t, f"{where}.tokens[{i}]", low=1, high=MAX_TOKENS)
+        if i and t <= tokens[i - 1]:
+            raise ProfileError(f"{where}.tokens must be strictly increasing ({tokens[i - 1]} then {t})")
+    cols = {}
+    for key in ("verify_ms", "bookkeeping_ms"):
+        v = raw[key]
+        if not isinstance(v, list) or len(v) != len(tokens):
+            raise ProfileError(f"{where}.{key} must be a list as long as tokens ({len(tokens)})")
+        cols[key] = np.array([_number(x, f"{where}.{key}[{i}]", positive=key == "verify_ms", high=MAX_MS)
+                              for i, x in enumerate(v)])
+    extra = _number(raw["draft_extra_ms"], f"{where}.draft_extra_ms", high=MAX_MS)
+    return _Loop(raw["policy"], np.asarray(tokens, dtype=np.int64), cols["verify_ms"], cols["bookkeeping_ms"], extra)
+
+
 def _ranges(rows: list[int], tokens) -> str:
     """Runs of adjacent measured points by their token counts: rows ``[4, 5, 6, 9]`` of tokens
     ``[1, 2, 4, 8, 9, 12, 16, 20, 25, 31]`` -> ``"9..16, 31"``."""
@@ -117,9 +163,51 @@ class LatencyCurve:
     source: str | None = None
     cost_model: str = DRAFT_COST_MODELS[0]
     engine_info: dict[str, Any] = field(default_factory=dict)
+    _loop: tuple[_Loop | None, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         check_cost_model(self.cost_model, f"latency profile {self.id!r}: draft cost_model")
+        if not self._loop:
+            object.__setattr__(self, "_loop", (None,) * len(self.contexts))
+
+    # -------------------------------------------------------------- the loop's step (issue 31)
+    def has_loop(self, context: int | None = None) -> bool:
+        """Whether the decoding loop's own steps were timed at every context ``context`` is read from
+        (:mod:`sequoia_opt.profiling.steps`); without, the step is T(n) + c(w) + ``step_overhead_ms``."""
+        tabs, _ = self._bracket(self._loop, context)
+        return all(t is not None for t in tabs)
+
+    @property
+    def loop_policy(self) -> str | None:
+        """The policy whose loop steps were timed (``static`` / ``chain``), None when none were."""
+        return next((t.policy for t in self._loop if t is not None), None)
+
+    def _loop_at(self, key: str, n: float, context: int | None) -> float:
+        tabs, ws = self._bracket(self._loop, context)
+        out = 0.0
+        for t, w in zip(tabs, ws):
+            lo, hi = int(t.tokens[0]), int(t.tokens[-1])
+            if not lo <= n <= hi:
+                raise ProfileError(f"latency profile {self.id!r}: the loop's step at {n:g} tokens is outside the timed "
+                                   f"sizes {lo}..{hi}; refusing to extrapolate")
+            out += w * float(np.interp(n, t.tokens, getattr(t, key)))
+        return out
+
+    def step_target_ms(self, n: float, context: int | None = None) -> float:
+        """What a step of n tree tokens spends verifying (ms): the loop's timed verify part when the profile has one
+        (:meth:`has_loop`), else T(n). Raises ProfileError outside the measured range."""
+        return self._loop_at("verify_ms", n, context) if self.has_loop(context) else self.target_ms(n, context)
+
+    def step_overhead(self, n: float, context: int | None = None) -> float:
+        """A step's bookkeeping (ms): the loop's timed bookkeeping at n tree tokens, else ``step_overhead_ms``."""
+        return self._loop_at("bookkeeping_ms", n, context) if self.has_loop(context) else self.step_overhead_ms
+
+    def draft_extra_ms(self, context: int | None = None) -> float:
+        """Per draft forward, what the loop adds to c(w) (ms; 0 without a timed loop)."""
+        if not self.has_loop(context):
+            return 0.0
+        tabs, ws = self._bracket(self._loop, context)
+        return sum(w * t.draft_extra_ms for t, w in zip(tabs, ws))
 
     @property
     def engine(self) -> str:
@@ -149,8 +237,12 @@ class LatencyCurve:
 
     # -------------------------------------------------------------- queries
     def max_target_tokens(self, context: int | None = None) -> int:
-        """Largest target token count measured at every context used for ``context`` (no extrapolation)."""
-        return int(min(t.tokens[-1] for t in self._bracket(self._target, context)[0]))
+        """Largest target token count measured at every context used for ``context`` (no extrapolation), and
+        timed in the loop there when the profile timed it (:meth:`has_loop`)."""
+        top = int(min(t.tokens[-1] for t in self._bracket(self._target, context)[0]))
+        if self.has_loop(context):
+            top = min(top, int(min(t.tokens[-1] for t in self._bracket(self._loop, context)[0])))
+        return top
 
     def max_draft_tokens(self, context: int | None = None) -> int:
         """Largest draft token count measured (no extrapolation past it)."""
@@ -214,7 +306,7 @@ class LatencyCurve:
             d["engine"] = _plain(dict(self.engine_info))
         d["step_overhead_ms"] = float(self.step_overhead_ms)
         curves = []
-        for c, t, dr in zip(self.contexts, self._target, self._draft):
+        for c, t, dr, lp in zip(self.contexts, self._target, self._draft, self._loop):
             tt: dict[str, Any] = {"tokens": t.tokens.tolist(), "target_forward_ms": t.ms.tolist()}
             if t.spread_ms is not None:
                 tt["target_forward_spread_ms"] = t.spread_ms.tolist()
@@ -223,6 +315,10 @@ class LatencyCurve:
             if dr.spread_ms is not None:
                 dd["draft_forward_spread_ms"] = dr.spread_ms.tolist()
             curves.append({"context_tokens": int(c), "target": tt, "draft": dd})
+            if lp is not None:
+                curves[-1]["loop"] = {"policy": lp.policy, "tokens": lp.tokens.tolist(),
+                                      "verify_ms": lp.verify_ms.tolist(), "bookkeeping_ms": lp.bookkeeping_ms.tolist(),
+                                      "draft_extra_ms": float(lp.draft_extra_ms)}
         d["curves"] = curves
         return d
 
@@ -240,7 +336,7 @@ class LatencyCurve:
         curves = doc.get("curves")
         if not isinstance(curves, list) or not curves:
             raise ProfileError(f"{source}: 'curves' must be a non-empty list (one entry per context length)")
-        contexts, targets, drafts, cost_models = [], [], [], []
+        contexts, targets, drafts, cost_models, loops = [], [], [], [], []
         for i, cur in enumerate(curves):
             where = f"{source}: curves[{i}]"
             if not isinstance(cur, dict):
@@ -266,6 +362,7 @@ class LatencyCurve:
                                        "one drafter has one cost model")
                 draft = {k: v for k, v in draft.items() if k != "cost_model"}
             drafts.append(_parse_table(draft, "draft_forward_ms", f"{where}.draft"))
+            loops.append(_parse_loop(cur["loop"], f"{where}.loop") if cur.get("loop") is not None else None)
         device = doc.get("device") or {}
         model = doc.get("model") or {}
         if not isinstance(device, dict) or not isinstance(model, dict):
@@ -290,6 +387,7 @@ class LatencyCurve:
             source=doc.get("source"),
             cost_model=cost_models[0] if cost_models else DRAFT_COST_MODELS[0],
             engine_info=dict(engine),
+            _loop=tuple(loops),
         )
         if check_plausible:
             import warnings

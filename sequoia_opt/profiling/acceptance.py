@@ -53,6 +53,9 @@ class AcceptanceCounts:
         width: K.
         counts: (K + 1,) int64 over all depths.
         by_depth: depth of the proposed children (1 = the root's children) -> (K + 1,) counts.
+        by_prompt: per prompt (in the order :meth:`start_prompt` was called), depth -> (K + 1,) counts: the
+            same trials split by prompt, what an interval between prompts needs (tokens of one prompt are
+            correlated; :mod:`sequoia_opt.solver.intervals`). Empty when no prompt was started.
         steps: decoding steps run; tokens: tokens emitted (for tokens per step).
     """
 
@@ -61,17 +64,36 @@ class AcceptanceCounts:
     by_depth: dict[int, np.ndarray] = field(default_factory=dict)
     steps: int = 0
     tokens: int = 0
+    by_prompt: list[dict[int, np.ndarray]] = field(default_factory=list)
 
     @classmethod
     def empty(cls, width: int) -> "AcceptanceCounts":
         return cls(width=width, counts=np.zeros(width + 1, dtype=np.int64))
 
+    def start_prompt(self) -> None:
+        """The trials that follow belong to a new prompt (:attr:`by_prompt`)."""
+        self.by_prompt.append({})
+
     def add_visit(self, depth: int, accepted_rank: int | None) -> None:
-        """Record one trial at a node of ``depth`` (its children sit at ``depth + 1``)."""
+        """Record one trial at a node of ``depth`` (its children sit at ``depth + 1``), in the current prompt's
+        counts too when one was started."""
         k = self.width if accepted_rank is None else int(accepted_rank)
         self.counts[k] += 1
-        row = self.by_depth.setdefault(depth + 1, np.zeros(self.width + 1, dtype=np.int64))
-        row[k] += 1
+        for table in (self.by_depth, *self.by_prompt[-1:]):
+            row = table.setdefault(depth + 1, np.zeros(self.width + 1, dtype=np.int64))
+            row[k] += 1
+
+    def prompt_counts(self, depth: int | None = None) -> np.ndarray | None:
+        """(P, D, K + 1) int64: per prompt, per depth 1..D of the proposed children, the outcome counts (D: the
+        deepest depth any prompt reached, or ``depth`` when larger); None when no prompt was started."""
+        if not self.by_prompt:
+            return None
+        D = max([d for t in self.by_prompt for d in t] + [depth or 1])
+        out = np.zeros((len(self.by_prompt), D, self.width + 1), dtype=np.int64)
+        for i, t in enumerate(self.by_prompt):
+            for d, c in t.items():
+                out[i, d - 1] = c
+        return out
 
     @property
     def trials(self) -> int:
@@ -154,6 +176,7 @@ def measure_acceptance(
         decoder.check(p, max_new_tokens)
     counts = AcceptanceCounts.empty(width)
     for i, p in enumerate(prompts):
+        counts.start_prompt()
         result = decoder.generate(p, max_new_tokens)
         for step in result.steps:
             counts.steps += 1
@@ -193,6 +216,8 @@ def build_acceptance_profile(
 ) -> AcceptanceProfile:
     """Assemble a validated ``treeopt-acceptance/1`` :class:`AcceptanceProfile` from measured counts.
 
+    Per-prompt counts (``counts_by_prompt``, :meth:`AcceptanceCounts.prompt_counts`) are stored when the counts
+    were kept by prompt, for intervals between prompts (:mod:`sequoia_opt.solver.intervals`).
     Per-depth vectors are stored for depths with at least 30 trials, and ``measured.positional_consistent``
     says whether they agree with the pooled vector (:func:`positional_check`, when two depths or more could
     be tested): ``treeopt solve``'s ``auto`` acceptance model solves with the per-depth vectors when not. ``draft_name`` names the drafter (a
@@ -221,4 +246,7 @@ def build_acceptance_profile(
         "acceptance_by_depth": {int(d): [float(x) for x in v]
                                 for d, v in counts.depth_vectors(min_trials=30).items()},
     }
+    per_prompt = counts.prompt_counts(depth)
+    if per_prompt is not None:
+        doc["counts_by_prompt"] = per_prompt.tolist()
     return AcceptanceProfile.from_dict(doc, source=f"acceptance profile {profile_id!r}", default_id=profile_id)

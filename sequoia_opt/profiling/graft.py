@@ -222,11 +222,13 @@ def scheduler_value(samples: Sequence[SchedulerSample], curve: LatencyCurve, con
     """
     if not samples:
         raise ProfileError("no scheduler samples: the graft plan never ran a full-size step")
-    t_full = {s.n_full: curve.target_ms(s.n_full, context) for s in samples}
-    t_light = {s.n_light: curve.target_ms(s.n_light, context) for s in samples}
-    over = curve.step_overhead_ms
+    def step_ms(n: int) -> float:  # the target's part of a step of n tokens: verify and bookkeeping
+        return curve.step_target_ms(n, context) + curve.step_overhead(n, context)
+
+    t_full = {s.n_full: step_ms(s.n_full) for s in samples}
+    t_light = {s.n_light: step_ms(s.n_light) for s in samples}
     light_tokens = sum(1 + s.accepted_light for s in samples)
-    light_ms = sum(s.light_ms + t_light[s.n_light] + over for s in samples)
+    light_ms = sum(s.light_ms + t_light[s.n_light] for s in samples)
     r = light_tokens / light_ms
     value = np.array([(s.accepted_full - s.accepted_light) - r * (s.strong_ms + t_full[s.n_full] - t_light[s.n_light])
                       for s in samples])

@@ -336,6 +336,7 @@ def build_latency_profile(
     device_meta: dict | None = None,
     attention: Mapping[str, Any] | None = None,
     cuda_graphs: Mapping[str, Any] | None = None,
+    loop_tables: Sequence[Any] | None = None,
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
 
@@ -360,7 +361,15 @@ def build_latency_profile(
     kernel that failed to load is never replaced by the reference without a trace. ``cuda_graphs`` (per model,
     :meth:`~sequoia_opt.model.graphs.GraphStats.as_dict`) is recorded as ``device.cuda_graphs`` when the forwards
     were replayed from CUDA graphs.
+
+    ``loop_tables`` (one :class:`~sequoia_opt.profiling.steps.LoopTable` per context, in order, or None) are the
+    decoding loop's own steps (issue 31), stored as each curve's ``loop``: verify and bookkeeping per tree size and
+    the extra per draft forward over this profile's c(w) (:func:`~sequoia_opt.profiling.steps.draft_extra_ms`).
     """
+    import numpy as np
+
+    from .steps import draft_extra_ms
+
     curves = []
     for i, tt in enumerate(target_tables):
         target = {"tokens": tt.tokens, "target_forward_ms": [round(t.median_ms, 4) for t in tt.timings],
@@ -374,6 +383,15 @@ def build_latency_profile(
             draft = {"cost_model": draft_cost_model, "tokens": list(tt.tokens),
                      "draft_forward_ms": [0.0] * len(tt.tokens)}
         curves.append({"context_tokens": tt.context, "target": target, "draft": draft})
+        lp = loop_tables[i] if loop_tables is not None else None
+        if lp is not None and lp.tokens:
+            dt_tok, dt_ms = draft["tokens"], draft["draft_forward_ms"]
+            extra = draft_extra_ms(lp, lambda w: float(np.interp(w, dt_tok, dt_ms)), draft_cost_model,
+                                   max_width=dt_tok[-1]) if draft_tables is not None else 0.0
+            curves[-1]["loop"] = {"policy": lp.policy, "tokens": list(lp.tokens),
+                                  "verify_ms": [round(x, 4) for x in lp.verify_ms],
+                                  "bookkeeping_ms": [round(x, 4) for x in lp.bookkeeping_ms],
+                                  "draft_extra_ms": round(extra, 4)}
 
     def shape(c: ModelConfig) -> dict[str, int]:
         return {"n_layers": c.n_layers, "d_model": c.dim, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,

@@ -11,6 +11,8 @@
   baselines (each drafter alone, SpecInfer merge); the value model in :mod:`.graft_value`, the exact DP in
   :mod:`.graft_dp`.
 - :mod:`.chains`: chains (a tree of width 1) for chain-verifying engines, and their replay.
+- :mod:`.intervals`: intervals between prompts (a cluster bootstrap over a profile's prompts): the interval of
+  the mean and the prediction interval for a new prompt set of a given size, of any figure (:class:`PromptSpread`).
 """
 
 from .baselines import best_first, chain, kary_tree, specinfer
@@ -28,6 +30,7 @@ from .graft import (
     solve_graft,
     solve_graft_dp,
 )
+from .intervals import PromptSpread, speedup_spread, tree_spread
 from .reference import BruteForceGraft, brute_force_graft
 from .hardware import (
     BaselineResult,
@@ -51,6 +54,7 @@ __all__ = [
     "GraftAcceptance",
     "GraftChoice",
     "GraftDPSolution",
+    "PromptSpread",
     "StepCost",
     "best_first",
     "brute_force_graft",
@@ -58,6 +62,8 @@ __all__ = [
     "choose",
     "compare_baselines",
     "expected_tokens_by_depth",
+    "speedup_spread",
+    "tree_spread",
     "graft_baselines",
     "graft_expected_tokens",
     "graft_step_cost",

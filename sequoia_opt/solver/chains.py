@@ -67,18 +67,21 @@ def predict_replay(traces: Sequence[Sequence[tuple[int, float, bool]]], setting:
     included) from recorded traces: each replayed step (:func:`replay_chain`) costs its draft forwards at c(1)
     and T(drafted + 1) on ``curve``; the mean step goes through the cost model's
     :func:`~sequoia_opt.solver.hardware.cost_of_step`. The acceptance is the traces' own (runs of agreement
-    included), not a positional vector's."""
+    included), not a positional vector's. With the decoding loop timed in ``curve``, a step costs the loop's
+    verify and bookkeeping at its size and c(1) + the loop's extra per draft forward."""
     from .hardware import cost_of_step
 
     n = tok = 0
-    draft = target = 0.0
-    c1 = curve.draft_ms(1, context)
+    draft = target = over = 0.0
+    c1 = curve.draft_ms(1, context) + curve.draft_extra_ms(context)
     for k, j, f in _replay_steps(traces, setting):
         n += 1
         tok += j + 1
         draft += f * c1
-        target += curve.target_ms(k + 1, context)
-    return cost_of_step(tok / max(1, n), draft / max(1, n), target / max(1, n), curve, context)
+        target += curve.step_target_ms(k + 1, context)
+        over += curve.step_overhead(k + 1, context)
+    n = max(1, n)
+    return cost_of_step(tok / n, draft / n, target / n, curve, context, over / n)
 
 
 @dataclass

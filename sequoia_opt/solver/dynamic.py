@@ -146,7 +146,7 @@ def predict_setting(profile: CalibrationProfile, setting: DynamicSetting, curve:
     steps = profile.steps
     if max_steps is not None and len(steps) > max_steps:
         steps = [steps[i] for i in np.linspace(0, len(steps) - 1, max_steps).round().astype(int)]
-    g = r = size = fw = dms = tms = 0.0
+    g = r = size = fw = dms = tms = over = 0.0
     covered = 0
     for step in steps:
         ex = ReplayExpander(step)
@@ -157,11 +157,13 @@ def predict_setting(profile: CalibrationProfile, setting: DynamicSetting, curve:
         size += len(sel)
         fw += len(tree.forward_widths)
         dms += sum(curve.draft_ms(w, context) for w in tree.forward_widths)
-        tms += curve.target_ms(len(sel), context)
+        dms += len(tree.forward_widths) * curve.draft_extra_ms(context)
+        tms += curve.step_target_ms(len(sel), context)
+        over += curve.step_overhead(len(sel), context)
         covered += ex.uncovered == 0
     m = len(steps)
     return DynamicPrediction(setting, r / m, size / m, fw / m, covered / m,
-                             cost_of_step(g / m, dms / m, tms / m, curve, context))
+                             cost_of_step(g / m, dms / m, tms / m, curve, context, over / m))
 
 
 def setting_grid(profile: CalibrationProfile, *, policies: Sequence[str] = POLICY_NAMES,

@@ -40,7 +40,8 @@ is the chance that any child is accepted, so it is at most 1. The expected token
 Cost model (Sequoia section 4.2's split into draft and verification time, one cost model per drafter as in
 :mod:`~sequoia_opt.solver.hardware`)::
 
-    target_ms = T(n), overhead_ms = step_overhead_ms                   (target_curve)
+    target_ms = T(n), overhead_ms = step_overhead_ms                   (target_curve; the loop's verify_ms(n)
+                                                                        and bookkeeping_ms(n) when timed)
     draft_ms  = sum_k draft_k
     per-level drafter k: draft_k = sum over levels j with W_k(j) > 0 of c_k(W_k(j))
         W_k(j) = nodes at depth j that drafter k runs a forward over: the ancestors-or-self of the nodes
@@ -164,12 +165,16 @@ def drafter_costs_ms(dtree: DrafterTree, draft_curves: Sequence[LatencyCurve],
     """Each drafter's draft time in one step (ms), light first, charged by its curve's cost model.
     Raises ProfileError when a forward is outside the measured range of its curve (no extrapolation)."""
     curves = _check_curves(draft_curves, dtree.num_drafters)
-    return tuple(sum(c.draft_ms(w, context) for w in drafter_forwards(dtree, k, c.cost_model))
-                 for k, c in enumerate(curves))
+    out = []
+    for k, c in enumerate(curves):
+        fw = drafter_forwards(dtree, k, c.cost_model)
+        out.append(sum(c.draft_ms(w, context) for w in fw) + len(fw) * c.draft_extra_ms(context))
+    return tuple(out)
 
 
 def _step_cost(g: float, draft: float, n: int, target_curve: LatencyCurve, context: int | None) -> StepCost:
-    return cost_of_step(g, draft, target_curve.target_ms(n, context), target_curve, context)
+    return cost_of_step(g, draft, target_curve.step_target_ms(n, context), target_curve, context,
+                        target_curve.step_overhead(n, context))
 
 
 def graft_step_cost(dtree: DrafterTree, target_curve: LatencyCurve, draft_curves: Sequence[LatencyCurve],
@@ -211,8 +216,12 @@ def pair_curve(target_curve: LatencyCurve, draft_curve: LatencyCurve) -> Latency
         raise ProfileError(f"latency profiles {target_curve.id!r} and {draft_curve.id!r} were measured at different "
                            f"contexts ({target_curve.contexts.tolist()} vs {draft_curve.contexts.tolist()}); "
                            "profile both at the same context lengths")
+    # the loop's verify and bookkeeping are the target's; its extra per draft forward is the drafter's own
+    loops = tuple(None if t is None else dataclasses.replace(t, draft_extra_ms=d.draft_extra_ms if d is not None
+                                                              else 0.0)
+                  for t, d in zip(target_curve._loop, draft_curve._loop))
     return dataclasses.replace(target_curve, id=f"{target_curve.id}+{draft_curve.id}", _draft=draft_curve._draft,
-                               cost_model=draft_curve.cost_model)
+                               cost_model=draft_curve.cost_model, _loop=loops)
 
 
 # ---------------------------------------------------------------------------------------------- choice

@@ -14,7 +14,7 @@ from ..errors import SolverError
 from ..profiles import SUM_TOLERANCE, validate_acceptance
 from ..tree import DrafterTree
 
-__all__ = ["DEFAULT_NAMES", "GraftAcceptance", "graft_expected_tokens"]
+__all__ = ["DEFAULT_NAMES", "GraftAcceptance", "graft_expected_tokens", "deepen_conservatively"]
 
 
 #: Default drafter names of a :class:`GraftAcceptance` (light first).
@@ -139,3 +139,36 @@ def graft_expected_tokens(dtree: DrafterTree, acc: GraftAcceptance) -> float:
             w = q[min(row, q.shape[0] - 1), r]
         prob[v] = prob[dtree.tree.parent[v]] * w
     return float(prob.sum())
+
+
+def deepen_conservatively(acc: GraftAcceptance, depth: int) -> tuple[GraftAcceptance, list[dict[str, Any]]]:
+    """The value model extended to ``depth`` rows without trusting what was not measured (issue 31): a vector
+    measured to depth R < ``depth`` (R rows) values its depths R + 1 .. ``depth`` with the elementwise minimum of
+    its measured rows, not its deepest row. A drafter whose accepted tokens come in runs (prompt lookup) accepts
+    most at the bottom of the spine it was measured on, where a run has been going for R levels; grafted beside
+    another drafter's candidate its runs start later, so the deepest measured row overstates a deeper level.
+    The minimum is a lower bound of every measured row (and keeps every depth a valid model: it sums to no more
+    than a measured row does).
+
+    Returns:
+        ``(model, notes)``: the extended :class:`GraftAcceptance` and, per vector that was extended, ``{"vector",
+        "measured_depth", "text"}``: which drafter's, the depth it was measured to, and one line saying how the
+        depths past it were valued (empty: nothing was extended).
+    """
+    notes: list[dict[str, Any]] = []
+
+    def deepen(rows: np.ndarray, what: str) -> np.ndarray:
+        R = rows.shape[0]
+        if R >= depth:
+            return rows
+        low = rows.min(axis=0)
+        notes.append({"vector": what, "measured_depth": int(R),
+                      "text": f"{what} measured to depth {R}: depths {R + 1}..{depth} valued with the minimum of its "
+                              f"measured rows (p_1 {low[0]:.3f}, where its deepest row says {rows[-1, 0]:.3f})"})
+        return np.concatenate([rows, np.repeat(low[None, :], depth - R, axis=0)])
+
+    light = deepen(acc.light, f"the light drafter {acc.names[0]!r}")
+    strong = {a: deepen(q, f"the strong drafter {acc.names[1]!r}" + (" alone" if a == 0 else f" beside {a} light "
+                                                                        "candidates"))
+              for a, q in acc.strong.items()}
+    return GraftAcceptance(light, strong, acc.names), notes

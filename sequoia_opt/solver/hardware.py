@@ -25,6 +25,13 @@ Plain autoregressive decoding (same target, KV cache, device, precision) emits o
 ``T(1) + step_overhead_ms``, so ``speedup = tokens_per_s * (T(1) + step_overhead_ms) / 1000``. A root-only tree
 has speedup exactly 1.
 
+The step as the runner runs it (issue 31). When the latency profile timed the decoding loop's own steps
+(:meth:`~sequoia_opt.profiles.LatencyCurve.has_loop`, :mod:`sequoia_opt.profiling.steps`), the parts above are
+the loop's: ``target_ms = verify_ms(n)`` (the target forward and the logits handed to acceptance),
+``overhead_ms = bookkeeping_ms(n)`` (accept, commit, observe), every draft forward costs ``c(w) +
+draft_extra_ms`` (its logits read, its weights reloaded after the target ran), and plain decoding
+``verify_ms(1) + bookkeeping_ms(1)``: what a model's forward timed alone leaves out.
+
 Maximising G / cost over all trees is hard (cost depends on the level widths), so :func:`choose` scores the
 DP-optimal tree for every (budget m, depth d) with m on a grid (the measured token counts, quarter-octave
 steps and the budget itself) and d = 1..D, and keeps the best. T and c come from a
@@ -71,8 +78,9 @@ class StepCost:
 
 
 def plain_ms_per_token(curve: LatencyCurve, context: int | None = None) -> float:
-    """Plain autoregressive decoding: ms per token = T(1) + step_overhead_ms."""
-    return curve.target_ms(1, context) + curve.step_overhead_ms
+    """Plain autoregressive decoding: ms per token = T(1) + step_overhead_ms (the loop's verify_ms(1) +
+    bookkeeping_ms(1) when the profile timed the loop)."""
+    return curve.step_target_ms(1, context) + curve.step_overhead(1, context)
 
 
 def draft_forwards(level_widths: Sequence[int], cost_model: str) -> list[int]:
@@ -106,19 +114,22 @@ def step_cost(
     """
     widths = [int(w) for w in level_widths]
     forwards = draft_forwards(widths, curve.cost_model if cost_model is None else cost_model)
-    draft = sum(curve.draft_ms(w, context) for w in forwards)
-    return cost_of_step(expected_tokens, draft, curve.target_ms(sum(widths), context), curve, context)
+    draft = sum(curve.draft_ms(w, context) for w in forwards) + len(forwards) * curve.draft_extra_ms(context)
+    n = sum(widths)
+    return cost_of_step(expected_tokens, draft, curve.step_target_ms(n, context), curve, context,
+                        curve.step_overhead(n, context))
 
 
 def cost_of_step(expected_tokens: float, draft_ms: float, target_ms: float, curve: LatencyCurve,
-                 context: int | None = None) -> StepCost:
-    """The :class:`StepCost` of a step whose draft and target times are known (ms): adds the curve's per-step
-    overhead and derives tokens/s and the speedup over plain decoding (module docstring). What every cost
-    model here ends in: a static tree's (:func:`step_cost`), a grafted tree's, a dynamic setting's mean step.
+                 context: int | None = None, overhead_ms: float | None = None) -> StepCost:
+    """The :class:`StepCost` of a step whose draft and target times are known (ms): adds the per-step overhead
+    (``overhead_ms``, default the curve's ``step_overhead_ms``) and derives tokens/s and the speedup over plain
+    decoding (module docstring). What every cost model here ends in: a static tree's (:func:`step_cost`), a
+    grafted tree's, a dynamic setting's mean step.
 
     Raises ProfileError when the step would cost 0 ms or less.
     """
-    overhead = curve.step_overhead_ms
+    overhead = curve.step_overhead_ms if overhead_ms is None else float(overhead_ms)
     cost = draft_ms + target_ms + overhead
     if cost <= 0:
         raise ProfileError(f"latency profile {curve.id!r} predicts a step cost of {cost} ms; it must be > 0")
@@ -246,6 +257,18 @@ class _MemoCurve:
         if key not in self._c:
             self._c[key] = self._curve.draft_ms(w, context)
         return self._c[key]
+
+    def step_target_ms(self, n: float, context: int | None = None) -> float:
+        key = ("step", n, context)
+        if key not in self._t:
+            self._t[key] = self._curve.step_target_ms(n, context)
+        return self._t[key]
+
+    def step_overhead(self, n: float, context: int | None = None) -> float:
+        key = ("over", n, context)
+        if key not in self._t:
+            self._t[key] = self._curve.step_overhead(n, context)
+        return self._t[key]
 
 
 def choose(

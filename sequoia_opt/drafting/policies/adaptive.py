@@ -33,6 +33,18 @@ root-only, still takes its place, so after W root-only steps the estimate is the
 can grow back). The estimate, the tree and the step count run across generations: the run is the workload
 (:meth:`AdaptiveTreePolicy.restart` starts over). The estimate is pooled over depths (Sequoia's positional
 model); a profile's per-depth vectors are not used here.
+
+The guard (issue 31: a workload that moves). Given the acceptance profile (with its per-prompt counts), the
+adapter knows how far the current tree's tokens per step may move on prompts of the profile's kind: the 95 %
+prediction interval of :mod:`sequoia_opt.solver.intervals`, for a new set as large as the window (its tokens
+over the tokens each profile prompt generated). At every re-solve the window's own estimate (no prior) gives the
+live tokens per step of the tree in use. Inside the interval, the re-solve is the usual one (prior + window).
+Outside it, the profile no longer describes the traffic: the prior is dropped and the tree is solved from the
+window's per-rank 95 % lower bounds (Wilson), the safest setting the live acceptance supports; when no tree beats
+plain decoding under them, the tree is the root alone (plain decoding). While it runs root-only for the guard,
+those steps do not empty the window (the live estimate that sent it there stays), and after ``window`` such
+steps a one-block probe (a chain of one draft, the cheapest tree that measures anything) refreshes it. Every
+re-solve logs why it ran (:attr:`Resolve.reason`), the live tokens per step and the interval.
 """
 
 from __future__ import annotations
@@ -185,6 +197,19 @@ class OnlineAcceptance:
         """(K,) the positional acceptance vector p_1..p_K the DP takes (valid: entries >= 0, sum <= 1)."""
         return acceptance_from_hazards(self.hazards)
 
+    def live_acceptance(self, lower: bool = False) -> np.ndarray:
+        """(K,) the window's own positional vector (no prior): ``hits_k / trials_k`` per rank, a rank never tried
+        in the window keeping the prior's; with ``lower`` each rank's 95 % Wilson lower bound instead (what the
+        guard solves the safest tree from; an untried rank then counts 0)."""
+        from ...profiles import wilson_interval
+
+        h = self.prior_hazards.copy() if not lower else np.zeros(self.width)
+        for k in range(self.width):
+            if self.trials[k] > 0:
+                h[k] = wilson_interval(float(self.hits[k]), float(self.trials[k]))[0] if lower \
+                    else self.hits[k] / self.trials[k]
+        return acceptance_from_hazards(h)
+
 
 @dataclass(frozen=True)
 class Resolve:
@@ -200,6 +225,12 @@ class Resolve:
         changed: whether it differs from the tree it replaces.
         solve_ms: wall time of the DP and the hardware-aware choice (ms).
         acceptance: the estimate it solved with, p_1..p_K.
+        reason: why this tree: ``scheduled`` (the usual re-solve), ``left the prediction interval`` (the guard:
+            solved from the live lower bounds), ``probe`` (a block of one-draft chains after a root-only fallback).
+        live_tokens_per_step: the tree in use's tokens per step under the window's own estimate (None: no guard,
+            or too few trials in the window).
+        interval: the 95 % prediction interval of that tree's tokens per step on the profile's kind (None: no
+            guard).
     """
 
     step: int
@@ -213,11 +244,15 @@ class Resolve:
     changed: bool
     solve_ms: float
     acceptance: tuple[float, ...]
+    reason: str = "scheduled"
+    live_tokens_per_step: float | None = None
+    interval: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["level_widths"] = list(self.level_widths)
         d["acceptance"] = list(self.acceptance)
+        d["interval"] = list(self.interval) if self.interval is not None else None
         return d
 
 
@@ -235,6 +270,10 @@ class TreeAdapter:
         every: steps between re-solves (>= 1).  window: steps the estimate remembers (>= 1).
         prior_weight: pseudo-trials per rank the prior is worth (>= 0).
         context: context length (tokens) to read ``curve`` at; None = the smallest measured.
+        profile: the acceptance profile the prior comes from: with its per-prompt counts it arms the guard
+            (module docstring); None or a profile without them: no guard.
+        guard: False disarms the guard.
+        min_trials: the window's trials below which the guard does not judge (too little to tell).
 
     Attributes:
         tree: the current tree.  estimate: the :class:`OnlineAcceptance`.  resolves: the log, oldest first.
@@ -250,13 +289,26 @@ class TreeAdapter:
 
     def __init__(self, initial: Tree, prior: Sequence[float], curve: LatencyCurve, *, budget: int, max_depth: int,
                  max_branching: int = 32, every: int = DEFAULT_EVERY, window: int = DEFAULT_WINDOW,
-                 prior_weight: float = DEFAULT_PRIOR_WEIGHT, context: int | None = None) -> None:
+                 prior_weight: float = DEFAULT_PRIOR_WEIGHT, context: int | None = None, profile=None,
+                 guard: bool = True, min_trials: int = 16) -> None:
         self.every = _positive_int("the re-solve interval (steps)", every)
         self.estimate = OnlineAcceptance(prior, window=window, prior_weight=prior_weight)
         self.initial, self.curve, self.context = initial, curve, context
         self.budget, self.max_depth, self.max_branching = budget, max_depth, max_branching
         self.prior_choice = self._choose(self.estimate.prior)
+        armed = (guard and profile is not None and getattr(profile, "prompt_counts", None) is not None
+                 and profile.prompt_counts.shape[0] >= 2 and profile.width == self.estimate.width)
+        self.profile = profile if armed else None
+        self.min_trials = int(min_trials)
+        new = (profile.measured.get("max_new_tokens") if armed else None) or 0
+        self._prompt_tokens = float(new) if isinstance(new, (int, float)) and new > 0 else 32.0
+        self._spreads: dict[tuple, Any] = {}
         self.reset()
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the guard is armed (module docstring)."""
+        return self.profile is not None
 
     def _choose(self, acceptance: np.ndarray):
         # imported here so that importing the policies does not load the compiled DP
@@ -275,6 +327,9 @@ class TreeAdapter:
         # predicted tokens per step of the tree in use: the initial tree's under the prior, then each re-solve's
         self._predicted = self.initial.expected_tokens(self.estimate.prior)
         self._predicted_sum = 0.0
+        self._window_tokens: deque[int] = deque()
+        self._fallback = False  # root-only since the guard chose it
+        self._idle = 0  # root-only steps of the fallback so far (they leave the window as it is)
 
     def start_generation(self) -> None:
         """A new generation (prompt) begins: counted for the log."""
@@ -299,22 +354,75 @@ class TreeAdapter:
         """Count one step (its verification trials, its emitted tokens); every ``every`` steps re-solve.
 
         Returns:
-            The new tree when a re-solve chose one different from the current tree (the caller swaps it in
-            before the next step), else None.
+            The new tree when a re-solve (or the guard's probe) chose one different from the current tree (the
+            caller swaps it in before the next step), else None.
         """
-        self.estimate.add_step(visits)
+        visits = list(visits)
         self.steps += 1
         self.tokens += int(tokens)
         self._predicted_sum += self._predicted
+        if self._fallback and self.tree.size == 1:  # the guard's root-only steps keep the live estimate as it is
+            self._idle += 1
+            if self._idle >= self.window and self._idle % self.every == 0:
+                return self._probe()
+            return None
+        self.estimate.add_step(visits)
+        self._window_tokens.append(int(tokens))
+        if len(self._window_tokens) > self.window:
+            self._window_tokens.popleft()
         if self.steps % self.every:
             return None
         return self.tree if self.resolve().changed else None
 
+    def _spread(self, tree: Tree):
+        """The tree's tokens-per-step spread between the profile's prompts (positional, as the estimate), cached."""
+        from ...solver.intervals import tree_spread
+
+        key = tuple(map(tuple, tree.choices()))
+        if key not in self._spreads:
+            self._spreads[key] = tree_spread(tree, self.profile, model="positional", replicates=400)
+        return self._spreads[key]
+
+    def check(self) -> tuple[float, tuple[float, float]] | None:
+        """The guard's test of the tree in use: ``(live tokens per step, 95 % prediction interval)``, the interval
+        for a new set as large as the window (its tokens over the tokens a profile prompt generated); None when
+        the guard is not armed, the tree is the root alone, or the window holds fewer than ``min_trials``
+        trials."""
+        if self.profile is None or self.tree.size == 1 or int(self.estimate.trials[0]) < self.min_trials:
+            return None
+        live = float(self.tree.expected_tokens(self.estimate.live_acceptance()))
+        m = max(1, int(round(sum(self._window_tokens) / self._prompt_tokens)))
+        return live, self._spread(self.tree).prediction_interval(m)
+
+    def _probe(self) -> Tree | None:
+        """After ``window`` root-only steps of a fallback: one block of one-draft chains to measure again."""
+        from ...solver.hardware import score_tree
+
+        probe = Tree.chain(2)
+        self._fallback, self._idle = False, 0
+        p = self.estimate.live_acceptance()
+        cost = score_tree(probe, p, self.curve, self.context)
+        rec = Resolve(step=self.steps, generation=max(self.generation, 0), tokens=self.tokens, size=probe.size,
+                      depth=probe.tree_depth, level_widths=tuple(int(w) for w in probe.level_widths),
+                      expected_tokens=float(cost.expected_tokens), speedup=float(cost.speedup), changed=True,
+                      solve_ms=0.0, acceptance=tuple(float(x) for x in p), reason="probe")
+        self.tree, self._predicted = probe, rec.expected_tokens
+        self.resolves.append(rec)
+        return probe
+
     def resolve(self) -> Resolve:
         """Re-solve now from the current estimate: the hardware-aware choice within the limits becomes the
-        current tree; the :class:`Resolve` is logged and returned."""
-        p = self.estimate.acceptance
+        current tree; when the guard finds the live tokens per step outside the prediction interval, from the
+        window's lower bounds instead (module docstring). The :class:`Resolve` is logged and returned."""
         t0 = time.perf_counter()
+        judged = self.check()
+        reason, live, interval = "scheduled", None, None
+        p = self.estimate.acceptance
+        if judged is not None:
+            live, interval = judged
+            if not interval[0] <= live <= interval[1]:
+                reason = "left the prediction interval"
+                p = self.estimate.live_acceptance(lower=True)
         choice = self._choose(p)
         ms = (time.perf_counter() - t0) * 1000.0
         tree = choice.tree
@@ -322,8 +430,11 @@ class TreeAdapter:
         rec = Resolve(step=self.steps, generation=max(self.generation, 0), tokens=self.tokens, size=tree.size,
                       depth=tree.tree_depth, level_widths=tuple(int(w) for w in tree.level_widths),
                       expected_tokens=float(choice.expected_tokens), speedup=float(choice.speedup), changed=changed,
-                      solve_ms=ms, acceptance=tuple(float(x) for x in p))
+                      solve_ms=ms, acceptance=tuple(float(x) for x in p), reason=reason, live_tokens_per_step=live,
+                      interval=interval)
         self.tree, self._predicted = tree, rec.expected_tokens
+        self._fallback = reason != "scheduled" and tree.size == 1
+        self._idle = 0
         self.resolves.append(rec)
         return rec
 
@@ -331,7 +442,7 @@ class TreeAdapter:
         """The settings, the counts and the log (for a run's results JSON)."""
         return {"every": self.every, "window": self.window, "prior_weight": self.prior_weight,
                 "budget": self.budget, "max_depth": self.max_depth, "max_branching": self.max_branching,
-                "context": self.context, "latency_profile": self.curve.id,
+                "context": self.context, "latency_profile": self.curve.id, "guard": self.guarded,
                 "prior": [float(x) for x in self.estimate.prior], "steps": self.steps, "tokens": self.tokens,
                 "predicted_tokens_per_step": self.predicted_tokens_per_step,
                 "initial_tree": self.initial.choices(), "final_tree": self.tree.choices(),

@@ -24,8 +24,8 @@ from ...solver.chains import ChainSetting
 from .binding import LlamaCppModel, engine_info, top1
 from .decode import generate
 
-__all__ = ["forward_calls", "batch_calls", "measure_step_overhead", "profile_latency", "profile_latency_batch",
-           "measure_acceptance"]
+__all__ = ["forward_calls", "batch_calls", "measure_step_overhead", "loop_decoders", "profile_latency",
+           "profile_latency_batch", "measure_acceptance"]
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -132,14 +132,35 @@ def _file_type(path: Path) -> str:
         return "unknown"
 
 
+def loop_decoders(target: LlamaCppModel, draft: LlamaCppModel, reference: LlamaCppModel):
+    """``(make_decoder, make_plain)`` for :func:`~sequoia_opt.profiling.steps.time_loop` on llama.cpp:
+    ``make_decoder(n)`` decodes plain at n = 1, else a chain of n - 1 drafts
+    (:class:`~sequoia_opt.drafting.policies.ChainPolicy`, p-min 0) over a
+    :class:`~sequoia_opt.engines.llamacpp.target.LlamaCppDrafter` (both contexts shared between calls);
+    ``make_plain()`` decodes plain on ``reference``, a second context of the target (a context holds one
+    sequence, and the reference's steps alternate with the chain's)."""
+    from ...decoding import Decoder
+    from ...drafting.policies import ChainPolicy
+    from .target import LlamaCppDrafter, LlamaCppTarget
+
+    def make_decoder(n: int) -> Decoder:
+        policy = None if n == 1 else ChainPolicy(LlamaCppDrafter(draft), n - 1)
+        return Decoder(LlamaCppTarget(target), policy)
+
+    return make_decoder, lambda: Decoder(LlamaCppTarget(reference), None)
+
+
 def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Sequence[int],
                     token_counts: Sequence[int], draft_token_counts: Sequence[int], n_threads: int = 2,
                     rounds: int = 3, paired: bool = True, max_repeats: int = 30, progress: ProgressFn | None = None,
-                    target_name: str | None = None, draft_name: str | None = None):
+                    target_name: str | None = None, draft_name: str | None = None, loop: bool = True):
     """The llama.cpp latency profile of a target GGUF and a draft GGUF (``treeopt-latency/1`` with ``engine``):
     T(n) and c(w) with logits for every position (:func:`forward_calls`, timed by
     :func:`~sequoia_opt.profiling.latency.sweep_grid` with its rounds and pairing against n = 1), and the
-    per-step overhead (:func:`measure_step_overhead`). ``draft_path`` None records no draft (0 ms).
+    per-step overhead (:func:`measure_step_overhead`). ``draft_path`` None records no draft (0 ms). With ``loop``
+    and a draft, the decoding loop's chain steps at every target token count too (:func:`loop_decoders`,
+    :func:`~sequoia_opt.profiling.steps.time_loop`: a chain of n - 1 drafts, the logits read into Python for
+    acceptance and for draft-p-min, both contexts alternating as the runner runs them).
 
     Returns:
         the validated :class:`~sequoia_opt.profiles.LatencyCurve`.
@@ -149,21 +170,29 @@ def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Seq
     """
     from ...profiling.latency import engine_timers, method_text, sweep_grid
 
-    meta = _meta(target_path, draft_path, contexts, max(max(token_counts), max(draft_token_counts)), n_threads,
-                 target_name, draft_name)
-    n_ctx = max(max(contexts) + max(max(token_counts), max(draft_token_counts)) + 8, 256)  # 256: the overhead run
+    widest = max(max(token_counts), max(draft_token_counts))
+    meta = _meta(target_path, draft_path, contexts, widest, n_threads, target_name, draft_name)
+    # 256: what measure_step_overhead's run needs; the loop's 9 steps commit up to a chain each past the context
+    n_ctx = max(max(contexts) + 10 * widest + 16, 256)
     kw = dict(min_repeats=min(5, max_repeats), max_repeats=max_repeats)
     with LlamaCppModel(target_path, n_ctx=n_ctx, n_threads=n_threads) as tm:
         ttables = sweep_grid(engine_timers(forward_calls(tm), "cpu", **kw), token_counts, contexts, what="target",
                              progress=progress, rounds=rounds, paired=paired)
-        dtables, overhead = None, 0.0
+        dtables, overhead, loops = None, 0.0, None
         if draft_path is not None:
             with LlamaCppModel(draft_path, n_ctx=n_ctx, n_threads=n_threads) as dm:
                 dtables = sweep_grid(engine_timers(forward_calls(dm, seed=1), "cpu", **kw), draft_token_counts,
                                      contexts, what="draft", progress=progress, rounds=rounds, paired=paired)
                 overhead = measure_step_overhead(tm, dm)
+                if loop:
+                    from ...profiling.steps import time_loop
+
+                    with LlamaCppModel(target_path, n_ctx=n_ctx, n_threads=n_threads) as ref:
+                        make, plain = loop_decoders(tm, dm, ref)
+                        loops = [time_loop(make, token_counts, c, tm.n_vocab, policy="chain", rounds=min(rounds, 2),
+                                           progress=progress, make_plain=plain) for c in contexts]
     return _curve(meta, ttables, dtables, overhead, meta["pid"], method_text(rounds, paired, token_counts),
-                  "treeopt profile latency --engine llama.cpp")
+                  "treeopt profile latency --engine llama.cpp", loop_tables=loops)
 
 
 def _meta(target_path, draft_path, contexts, widest, n_threads, target_name, draft_name) -> dict:
@@ -186,7 +215,8 @@ def _meta(target_path, draft_path, contexts, widest, n_threads, target_name, dra
     return {"tcfg": tcfg, "dcfg": dcfg, "tname": tname, "dname": dname, "device_meta": device_meta, "pid": pid}
 
 
-def _curve(meta: dict, ttables, dtables, overhead: float, pid: str, method: str, command: str):
+def _curve(meta: dict, ttables, dtables, overhead: float, pid: str, method: str, command: str,
+           loop_tables=None):
     import torch
 
     from ...profiling.latency import build_latency_profile
@@ -195,7 +225,7 @@ def _curve(meta: dict, ttables, dtables, overhead: float, pid: str, method: str,
         target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device="cpu", dtype=torch.float32,
         target_name=meta["tname"], target_config=meta["tcfg"], draft_name=meta["dname"], draft_config=meta["dcfg"],
         random_weights=False, profile_id=pid, method=method + "; llama_decode with logits for every position",
-        command=command, engine=engine_info(), device_meta=meta["device_meta"])
+        command=command, engine=engine_info(), device_meta=meta["device_meta"], loop_tables=loop_tables)
 
 
 def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: Sequence[int], *,

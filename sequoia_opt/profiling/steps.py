@@ -1,0 +1,189 @@
+"""The step as the runner runs it: the decoding loop's own draft / verify / bookkeeping times per tree size, timed
+through :class:`~sequoia_opt.decoding.loop.Decoder` with the policy and the target face that will run (issue 31).
+
+Why. T(n) and c(w) time one model's forward in isolation, over and over: its weights stay in the CPU's caches,
+and nothing reads the logits. A real step alternates two models (each evicts the other's weights), fetches the
+target's logits where acceptance reads them (llama.cpp: n rows of a 49k vocabulary copied into Python), reduces
+them (argmax or the residual rule), reads the draft's logits for its candidates, and commits the path to both
+caches. On this CPU that work made llama.cpp chains run 22-39 % slower than T(n) + c(w) + a fixed overhead
+predicted. So the latency profile also records, per tree size n on the target's grid, the loop's medians:
+
+* ``verify_ms(n)`` — the loop's verify part (the target forward over the n tree tokens and the logits handed to
+  acceptance), what the cost model charges in place of T(n);
+* ``bookkeeping_ms(n)`` — accept, emit, the target's and the drafters' commit, the policy's observe: in place
+  of the fixed ``step_overhead_ms``;
+* ``draft_extra_ms`` — per draft forward, the loop's draft time beyond the profile's c(w) (its logits read,
+  the model's weights reloaded after the target ran): added to every forward the cost model charges;
+* n = 1 is plain decoding (no policy): the baseline every speedup divides by.
+
+The probe steps run on a prompt of ``context`` random tokens (the context the curve was measured at), so
+almost every draft is rejected: the timed step is the policy's step at that size, with the shortest commit. The
+probe tree of size n is the first n nodes of the breadth-first 4-ary tree for a static policy (a few levels,
+as solved trees are) and a chain of n - 1 drafts for a chain policy (what chain engines run).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..decoding import Decoder
+from ..tree import Tree
+
+__all__ = ["LoopTable", "probe_tree", "time_loop", "static_loop_decoders", "draft_extra_ms"]
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass
+class LoopTable:
+    """The loop's step times at one context (module docstring), one entry per tree size.
+
+    Attributes:
+        context: tokens in the context while timing.
+        policy: the policy the steps ran (``static`` or ``chain``).
+        tokens: (k,) tree sizes n (1 = plain decoding), increasing.
+        verify_ms / bookkeeping_ms / draft_ms: (k,) medians per step (ms).
+        level_widths: per size, the probe tree's level widths (the draft forwards it ran: every level but the
+            last, one forward each).
+    """
+
+    context: int
+    policy: str
+    tokens: list[int] = field(default_factory=list)
+    verify_ms: list[float] = field(default_factory=list)
+    bookkeeping_ms: list[float] = field(default_factory=list)
+    draft_ms: list[float] = field(default_factory=list)
+    level_widths: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def probe_tree(n: int, policy: str = "static") -> Tree:
+    """The tree of n nodes whose steps are timed: a chain of n - 1 drafts (``chain``) or the first n nodes of the
+    breadth-first 4-ary tree (``static``)."""
+    if policy == "chain":
+        return Tree.chain(n)
+    from ..solver.baselines import kary_tree
+
+    return kary_tree(4, n, n)
+
+
+def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
+              policy: str = "static", steps: int = 8, warmup: int = 2, rounds: int = 2, seed: int = 0,
+              progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None) -> LoopTable:
+    """Time the loop's steps at every tree size (module docstring), each alternated step by step with a plain
+    decoding step (the reference), as :func:`~sequoia_opt.profiling.latency.profile_model` pairs T(n) with T(1).
+
+    On a machine whose speed drifts by tens of percent over seconds (a shared VM), unpaired steps are timed at
+    different speeds and the table's shape (what the solver's choice depends on) comes out wrong. Here every timed
+    step of size n has a plain step beside it; a size keeps ``median(part / plain step)`` x the median plain step over
+    all pairs, for its verify, bookkeeping and draft parts alike (n = 1: the plain steps themselves).
+
+    Args:
+        make_decoder: ``make_decoder(n)`` returns a :class:`~sequoia_opt.decoding.loop.Decoder` whose policy drafts
+            :func:`probe_tree` ``(n, policy)`` each step (n = 1: plain decoding, no policy). Called once per size
+            and round; a decoder's models may be shared between calls.
+        token_counts: tree sizes n (the target curve's grid, with 1: the plain baseline).
+        context: committed tokens before the timed steps (random ids below ``vocab_size``).
+        steps / warmup: timed and untimed step pairs per size and round.  rounds: sweeps of the grid.
+        make_plain: the reference's plain decoder, one that does not share state with ``make_decoder``'s (a
+            llama.cpp target context holds one sequence: the reference needs its own); default
+            ``make_decoder(1)`` (treeopt's decoder: each decoder owns its caches).
+
+    Returns:
+        :class:`LoopTable`; a step the decoder clipped (near the end of the context) is not counted.
+
+    Raises:
+        DecodingError: as the decoder (a context past the target's).
+    """
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, vocab_size, context + 1).tolist()  # the last token is the first root
+    make_plain = make_plain or (lambda: make_decoder(1))
+    plain: list[tuple[float, float]] = []  # (verify, bookkeeping) of every reference step
+    ratios: dict[int, list[tuple[float, float, float]]] = {int(n): [] for n in token_counts if n > 1}
+    sizes = [int(n) for n in token_counts if n > 1]
+    total, done = max(1, len(sizes)) * rounds, 0
+    with torch.inference_mode():
+        for r in range(rounds):
+            for n in sizes or [1]:
+                ref = make_plain()
+                ref_state = ref.start(prompt, warmup + steps + 1)
+                dec = make_decoder(n) if n > 1 else None
+                state = dec.start(prompt, warmup + steps + 1) if dec is not None else None
+                for i in range(warmup + steps):
+                    if ref_state.finished or (state is not None and state.finished):
+                        break
+                    p = ref.step(ref_state)
+                    if dec is None:
+                        if i >= warmup:
+                            plain.append((p.verify_ms, p.bookkeeping_ms))
+                        continue
+                    st = dec.step(state)
+                    if i >= warmup:
+                        plain.append((p.verify_ms, p.bookkeeping_ms))
+                        if st.tree_size == n and p.verify_ms > 0:
+                            ratios[n].append((st.draft_ms / p.verify_ms, st.verify_ms / p.verify_ms,
+                                              st.bookkeeping_ms / p.verify_ms))
+                del ref, dec
+                done += 1
+                if progress:
+                    progress(f"loop step ({policy}), context {context}, {n} tokens, round {r + 1}/{rounds}", done,
+                             total)
+    table = LoopTable(context=int(context), policy=policy)
+    if not plain:
+        return table
+    v1 = statistics.median(x[0] for x in plain)
+    for n in token_counts:
+        if n == 1:
+            table.tokens.append(1)
+            table.draft_ms.append(0.0)
+            table.verify_ms.append(v1)
+            table.bookkeeping_ms.append(statistics.median(x[1] for x in plain))
+        elif ratios.get(int(n)):
+            rows = ratios[int(n)]
+            table.tokens.append(int(n))
+            table.draft_ms.append(v1 * statistics.median(x[0] for x in rows))
+            table.verify_ms.append(v1 * statistics.median(x[1] for x in rows))
+            table.bookkeeping_ms.append(v1 * statistics.median(x[2] for x in rows))
+        else:
+            continue
+        table.level_widths.append(tuple(int(w) for w in probe_tree(int(n), policy).level_widths))
+    return table
+
+
+def static_loop_decoders(target, make_drafter: Callable[[], object], *, backend: str = "auto",
+                         max_len: int | None = None) -> Callable[[int], Decoder]:
+    """``make_decoder`` for :func:`time_loop` on treeopt's decoder: plain decoding at n = 1, else a
+    :class:`~sequoia_opt.drafting.policies.StaticTreePolicy` of :func:`probe_tree` ``(n)`` with a fresh drafter
+    from ``make_drafter`` (:func:`~sequoia_opt.drafting.drafters.drafter_factory`: a draft Transformer, a
+    Drafter factory)."""
+    from ..drafting.drafters import drafter_factory
+    from ..drafting.policies import StaticTreePolicy
+
+    make = drafter_factory(make_drafter)
+
+    def make_decoder(n: int) -> Decoder:
+        policy = None if n == 1 else StaticTreePolicy(make(), probe_tree(n))
+        return Decoder(target, policy, backend=backend, max_len=max_len)
+
+    return make_decoder
+
+
+def draft_extra_ms(table: LoopTable, draft_ms: Callable[[int], float], cost_model: str = "per-level",
+                   max_width: int | None = None) -> float:
+    """Per draft forward, the loop's draft time beyond the profile's c(w): the median over the timed sizes of
+    ``(draft_ms(n) - sum of c over the step's draft forwards) / forwards``, at least 0 (``draft_ms(w)``: the
+    curve's c(w) at the table's context; the forwards as :func:`~sequoia_opt.solver.hardware.draft_forwards`
+    charges them; a size with a forward wider than ``max_width``, past the measured c, is left out). 0 when no
+    timed step drafted."""
+    from ..solver.hardware import draft_forwards
+
+    extras = []
+    for d_ms, widths in zip(table.draft_ms, table.level_widths):
+        fw = draft_forwards(widths, cost_model)
+        if fw and (max_width is None or max(fw) <= max_width):
+            extras.append((d_ms - sum(draft_ms(w) for w in fw)) / len(fw))
+    return max(0.0, statistics.median(extras)) if extras else 0.0

@@ -1,0 +1,164 @@
+"""Intervals between prompts (issue 31): per-prompt counts in acceptance profiles, the cluster bootstrap, the
+interval of the mean and the prediction interval for a new prompt set, and their coverage."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sequoia_opt.errors import ProfileError, SolverError
+from sequoia_opt.profiles import AcceptanceProfile, load_acceptance, save_acceptance
+from sequoia_opt.solver.intervals import (PromptSpread, acceptance_spreads, prediction_interval, spread_metadata,
+                                          t975, tree_spread, tree_values)
+from sequoia_opt.tree import Tree
+
+
+def _counts(rng, P: int, D: int = 3, trials: int = 20, spread: float = 8.0, mean_p1: float = 0.5) -> np.ndarray:
+    """(P, D, 4) per-prompt counts of K = 3 ranks: each prompt has its own p_1 ~ Beta around ``mean_p1``."""
+    out = np.zeros((P, D, 4), dtype=np.int64)
+    for i in range(P):
+        p1 = rng.beta(spread * mean_p1, spread * (1 - mean_p1)) * 0.8
+        probs = [p1, 0.1, 0.05]
+        for d in range(D):
+            out[i, d] = rng.multinomial(trials, probs + [1 - sum(probs)])
+    return out
+
+
+def _profile(pc: np.ndarray, **extra) -> AcceptanceProfile:
+    counts = pc.sum(axis=(0, 1))
+    doc = {"format": "treeopt-acceptance/1", "id": "syn", "measured": {"mode": "greedy", "num_prompts": len(pc)},
+           "acceptance": (counts[:-1] / counts.sum()).tolist(), "counts": counts.tolist(),
+           "counts_by_prompt": pc.tolist(), **extra}
+    return AcceptanceProfile.from_dict(doc)
+
+
+def test_per_prompt_counts_round_trip_and_old_files_still_load(tmp_path):
+    pc = _counts(np.random.default_rng(0), 5)
+    back = load_acceptance(save_acceptance(tmp_path / "a.yaml", _profile(pc)))
+    np.testing.assert_array_equal(back.prompt_counts, pc)
+    assert back.num_prompts == 5
+    old = AcceptanceProfile.from_dict({"format": "treeopt-acceptance/1", "acceptance": [0.5, 0.1],
+                                       "counts": [50, 10, 40]})
+    assert old.prompt_counts is None and old.num_prompts is None
+    assert tree_spread(Tree.chain(2), old) is None  # no per-prompt counts: no interval, no error
+    assert spread_metadata(Tree.chain(2), old) == {}
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.pop("counts"), "needs 'counts'"),
+    (lambda d: d["counts_by_prompt"][0][0].__setitem__(0, d["counts_by_prompt"][0][0][0] + 1), "sum to"),
+    (lambda d: d["counts_by_prompt"][1].pop(), "the same D for every prompt"),
+    (lambda d: d["counts_by_prompt"][0][0].append(1), "K \\+ 1 = 4 integers"),
+    (lambda d: d["counts_by_prompt"][0][0].__setitem__(0, -1), "must be an integer >= 0"),
+    (lambda d: d["measured"].__setitem__("num_prompts", 9), "holds 4 prompts"),
+    (lambda d: d.__setitem__("acceptance_by_depth", {1: [0.9, 0.0, 0.0]}), "acceptance_by_depth\\[1\\] disagrees"),
+])
+def test_bad_per_prompt_counts_are_one_line_errors(edit, match):
+    pc = _counts(np.random.default_rng(1), 4)
+    d = _profile(pc).to_dict()
+    edit(d)
+    with pytest.raises(ProfileError, match=match):
+        AcceptanceProfile.from_dict(d)
+
+
+def test_tree_values_match_the_solvers_G_under_both_models():
+    rng = np.random.default_rng(2)
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]])
+    p = np.array([0.5, 0.2, 0.1])
+    assert tree_values(tree, p[None, None, :])[0] == pytest.approx(tree.expected_tokens(p))
+    from sequoia_opt.solver.depth import expected_tokens_by_depth
+
+    rows = rng.uniform(0, 0.3, size=(2, 3))
+    assert tree_values(tree, rows[None])[0] == pytest.approx(expected_tokens_by_depth(tree, rows))
+
+
+def test_the_point_is_the_profiles_own_figure_and_intervals_nest():
+    prof = _profile(_counts(np.random.default_rng(3), 24))
+    tree = Tree.chain(3)
+    g = tree_spread(tree, prof)
+    assert g.point == pytest.approx(tree.expected_tokens(prof.acceptance))
+    assert g.prompts == 24 and g.replicates == 1000 and g.se > 0
+    mlo, mhi = g.mean_interval()
+    lo, hi = g.prediction_interval(24)
+    assert lo < mlo < g.point < mhi < hi
+    assert (hi - lo) / (mhi - mlo) == pytest.approx(math.sqrt(2), rel=1e-9)  # sqrt(1/P + 1/P) / sqrt(1/P)
+    assert g.prediction_interval(4)[1] - g.prediction_interval(4)[0] > hi - lo  # fewer prompts: wider
+    back = PromptSpread.from_dict(g.to_dict(8), (1.0, None))
+    assert back.prediction_interval(8) == pytest.approx(g.prediction_interval(8))
+
+
+def test_bootstrap_se_matches_the_spread_between_prompt_sets():
+    """The bootstrap's standard error from one set of 30 prompts estimates how the figure varies between sets of
+    30 prompts drawn from the same population (checked against 400 simulated sets)."""
+    rng = np.random.default_rng(4)
+    tree = Tree.chain(3)
+    prof = _profile(_counts(rng, 30))
+    se = tree_spread(tree, prof).se
+    sims = []
+    for _ in range(400):
+        other = _profile(_counts(rng, 30))
+        sims.append(tree.expected_tokens(other.acceptance))
+    assert se == pytest.approx(float(np.std(sims)), rel=0.3)
+
+
+def test_prediction_interval_covers_new_prompt_sets_and_the_token_interval_does_not():
+    """Coverage: with prompts that differ (p_1 varies between them), the prediction interval from a profile of 24
+    prompts holds the figure measured on a new set of 24 in about 95 of 100 cases; the Wilson interval of the tokens
+    (every trial counted as independent) in far fewer."""
+    rng = np.random.default_rng(5)
+    tree = Tree.chain(2)
+    inside = token_inside = 0
+    n = 120
+    for _ in range(n):
+        prof = _profile(_counts(rng, 24, spread=4.0))
+        new = _profile(_counts(rng, 24, spread=4.0))
+        lo, hi = tree_spread(tree, prof, replicates=300).prediction_interval(24)
+        g_new = tree.expected_tokens(new.acceptance)
+        inside += lo <= g_new <= hi
+        ci = prof.confidence_interval()
+        token_inside += tree.expected_tokens(ci[:, 0]) <= g_new <= tree.expected_tokens(ci[:, 1])
+    assert inside / n >= 0.88
+    assert token_inside / n < 0.6
+
+
+def test_acceptance_spreads_and_prompts_needed():
+    prof = _profile(_counts(np.random.default_rng(6), 20))
+    sp = acceptance_spreads(prof)
+    assert len(sp) == 4  # p_1..p_3 and the mass
+    assert sp[0].point == pytest.approx(prof.acceptance[0]) and sp[-1].point == pytest.approx(prof.acceptance.sum())
+    need = sp[0].prompts_needed(0.05)
+    # the interval of the mean with that many prompts is at most 0.05 wide (same sd, same t)
+    assert 2 * t975(sp[0].prompts - 1) * sp[0].sd / math.sqrt(need) <= 0.05 + 1e-12
+    assert 2 * t975(sp[0].prompts - 1) * sp[0].sd / math.sqrt(need - 1) > 0.05
+    with pytest.raises(SolverError, match="positive"):
+        sp[0].prompts_needed(0)
+
+
+def test_prediction_interval_function_refuses_too_few_prompts():
+    with pytest.raises(SolverError, match="at least 2 prompts"):
+        prediction_interval(2.0, 0.1, 1, 5)
+    with pytest.raises(SolverError, match="at least 1 prompt"):
+        prediction_interval(2.0, 0.1, 5, 0)
+    assert prediction_interval(1.05, 0.1, 10, 10, clip=(1.0, None))[0] == 1.0
+    assert t975(1) == 12.706 and t975(1000) == pytest.approx(1.96, abs=1e-3)
+
+
+def test_by_depth_spread_resamples_the_depth_rows():
+    rng = np.random.default_rng(7)
+    pc = _counts(rng, 12)
+    pc[:, 0, 0] += 15  # depth 1 accepts far more than depths 2 and 3: a failed positional check
+    counts = pc.sum(axis=(0, 1))
+    per_depth = pc.sum(axis=0)
+    prof = _profile(pc, acceptance_by_depth={d + 1: (per_depth[d, :-1] / per_depth[d].sum()).tolist()
+                                             for d in range(3)})
+    prof.measured["positional_consistent"] = False
+    tree = Tree.chain(3)
+    from sequoia_opt.solver.depth import expected_tokens_by_depth
+
+    g = tree_spread(tree, prof)  # auto: by-depth
+    assert g.point == pytest.approx(expected_tokens_by_depth(tree, prof.depth_rows()))
+    assert g.point != pytest.approx(tree.expected_tokens(prof.acceptance))
+    assert tree_spread(tree, prof, model="positional").point == pytest.approx(tree.expected_tokens(counts[:-1]
+                                                                                                  / counts.sum()))

@@ -1,0 +1,154 @@
+"""The step as the runner runs it (issue 31): the decoding loop's own verify / bookkeeping / draft times per tree
+size in latency profiles (``loop``), timed through the Decoder, and the cost model that charges them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_pair import noisy_copy, random_model  # noqa: E402
+
+from sequoia_opt.errors import ProfileError  # noqa: E402
+from sequoia_opt.profiles import LatencyCurve, load_latency, save_latency  # noqa: E402
+from sequoia_opt.profiling.latency import build_latency_profile, profile_model  # noqa: E402
+from sequoia_opt.profiling.steps import LoopTable, draft_extra_ms, probe_tree, static_loop_decoders, time_loop  # noqa: E402
+from sequoia_opt.solver.hardware import choose, plain_ms_per_token, step_cost  # noqa: E402
+from sequoia_opt.tree import Tree  # noqa: E402
+
+
+def _doc(loop=None):
+    cur = {"context_tokens": 64,
+           "target": {"tokens": [1, 2, 4, 8], "target_forward_ms": [10.0, 11.0, 13.0, 17.0]},
+           "draft": {"tokens": [1, 2, 4, 8], "draft_forward_ms": [1.0, 1.1, 1.3, 1.7]}}
+    if loop is not None:
+        cur["loop"] = loop
+    return {"format": "treeopt-latency/1", "id": "t", "step_overhead_ms": 0.5, "curves": [cur]}
+
+
+LOOP = {"policy": "chain", "tokens": [1, 2, 4, 8], "verify_ms": [10.5, 12.0, 15.0, 21.0],
+        "bookkeeping_ms": [0.3, 0.4, 0.5, 0.7], "draft_extra_ms": 0.8}
+
+
+def test_without_a_loop_the_step_is_the_forwards_and_the_fixed_overhead():
+    c = LatencyCurve.from_dict(_doc())
+    assert not c.has_loop() and c.loop_policy is None
+    assert c.step_target_ms(4) == c.target_ms(4) == 13.0 and c.step_overhead(4) == 0.5 and c.draft_extra_ms() == 0
+    s = step_cost([1, 1, 1], 2.0, c)  # a chain of 2 drafts: 2 x c(1) + T(3) + overhead
+    assert s.cost_ms == pytest.approx(2 * 1.0 + 12.0 + 0.5)
+    assert plain_ms_per_token(c) == pytest.approx(10.5)
+
+
+def test_with_a_loop_the_step_is_the_loops():
+    c = LatencyCurve.from_dict(_doc(LOOP))
+    assert c.has_loop() and c.loop_policy == "chain"
+    assert c.step_target_ms(3) == pytest.approx(13.5) and c.step_overhead(3) == pytest.approx(0.45)
+    s = step_cost([1, 1, 1], 2.0, c)  # 2 x (c(1) + 0.8) + verify(3) + bookkeeping(3)
+    assert (s.draft_ms, s.target_ms, s.overhead_ms) == pytest.approx((2 * 1.8, 13.5, 0.45))
+    assert plain_ms_per_token(c) == pytest.approx(10.8)  # the loop's plain step
+    assert s.speedup == pytest.approx(1000 * 2.0 / s.cost_ms * 10.8 / 1000)
+    back = load_latency(save_latency(Path(pytest.importorskip("tempfile").mkdtemp()) / "l.yaml", c))
+    assert back.to_dict()["curves"][0]["loop"] == LOOP
+
+
+def test_the_loop_caps_the_largest_tree_scored():
+    loop = dict(LOOP, tokens=[1, 2, 4], verify_ms=[10.5, 12.0, 15.0], bookkeeping_ms=[0.3, 0.4, 0.5])
+    c = LatencyCurve.from_dict(_doc(loop))
+    assert c.max_target_tokens() == 4  # T(n) reaches 8, the loop 4: no extrapolation past either
+    with pytest.raises(ProfileError, match="outside the timed sizes 1..4"):
+        c.step_target_ms(6)
+    ch = choose([0.9, 0.05], c, 4, 4)
+    assert ch.tree.size <= 4
+
+
+@pytest.mark.parametrize("edit, match", [
+    (dict(policy="beam"), "policy is 'beam'"),
+    (dict(tokens=[2, 4, 8, 16]), "from 1"),
+    (dict(tokens=[1, 4, 2, 8]), "strictly increasing"),
+    (dict(verify_ms=[10.0, 11.0]), "as long as tokens"),
+    (dict(verify_ms=[0.0, 11.0, 12.0, 13.0]), "must be positive"),
+    (dict(bookkeeping_ms=[0.1, -0.1, 0.1, 0.1]), "non-negative"),
+    (dict(draft_extra_s=0.1), "unsupported unit"),
+])
+def test_bad_loop_tables_are_one_line_errors(edit, match):
+    with pytest.raises(ProfileError, match=match):
+        LatencyCurve.from_dict(_doc(dict(LOOP, **edit)))
+
+
+def test_draft_extra_is_the_loops_draft_beyond_c():
+    t = LoopTable(context=0, policy="chain", tokens=[1, 2, 3, 4], draft_ms=[0.0, 3.0, 6.0, 9.0],
+                  level_widths=[(1,), (1, 1), (1, 1, 1), (1, 1, 1, 1)], verify_ms=[1.0] * 4, bookkeeping_ms=[0.1] * 4)
+    # c(1) = 1 ms; the loop's draft is 3 ms per forward: 2 ms more
+    assert draft_extra_ms(t, lambda w: 1.0) == pytest.approx(2.0)
+    assert draft_extra_ms(t, lambda w: 5.0) == 0.0  # never negative
+    assert draft_extra_ms(t, lambda w: 1.0, max_width=0) == 0.0  # nothing within the measured c
+
+
+def test_probe_trees():
+    assert probe_tree(1) == Tree.chain(1) and probe_tree(5, "chain") == Tree.chain(5)
+    t = probe_tree(9)
+    assert t.size == 9 and t.level_widths == (1, 4, 4)
+
+
+class _FakeDecoder:
+    """A decoder whose steps take fixed times scaled by the machine's current speed (``clock["slow"]``): verify
+    10 + n ms, draft n ms, bookkeeping 1 + n / 2 ms for a tree of n tokens."""
+
+    def __init__(self, n, clock):
+        self.n, self.clock = n, clock
+
+    def start(self, prompt, max_new_tokens):
+        from types import SimpleNamespace
+        return SimpleNamespace(finished=False)
+
+    def step(self, state):
+        from types import SimpleNamespace
+        f, n = self.clock["slow"], self.n
+        return SimpleNamespace(draft_ms=f * (n - 1), verify_ms=f * (10.0 + n), bookkeeping_ms=f * (1.0 + n / 2),
+                               tree_size=n)
+
+
+def test_time_loop_pairs_every_step_with_a_plain_step_so_a_slow_spell_cancels():
+    """A slow spell (1.5x) while one size is timed: paired with the plain steps beside it, that size keeps its
+    true times (unpaired medians would come out 1.5x too slow and the table's shape wrong)."""
+    clock = {"slow": 1.0}
+    made = []
+
+    def make(n):
+        clock["slow"] = 1.5 if n == 4 else 1.0
+        return _FakeDecoder(n, clock)
+
+    def make_plain():
+        made.append(1)
+        return _FakeDecoder(1, clock)
+
+    table = time_loop(make, [1, 2, 3, 4], 8, 50, steps=4, warmup=1, rounds=1, make_plain=make_plain)
+    assert len(made) == 3  # one reference per timed size and round
+    assert table.tokens == [1, 2, 3, 4]
+    # the reference's median plain step: 8 of 12 steps at full speed (11 ms verify, 1.5 ms bookkeeping)
+    assert table.verify_ms == pytest.approx([11.0, 12.0, 13.0, 14.0])
+    assert table.draft_ms == pytest.approx([0.0, 1.0, 2.0, 3.0])
+    assert table.bookkeeping_ms == pytest.approx([1.5, 2.0, 2.5, 3.0])
+
+
+def test_time_loop_through_the_decoder_on_a_tiny_pair():
+    target = random_model(0)
+    draft = noisy_copy(target, 0.05, 1)
+    grid = [1, 2, 4]
+    table = time_loop(static_loop_decoders(target, draft, max_len=96), grid, 24, 257, steps=3, warmup=1, rounds=1)
+    assert table.tokens == grid and table.policy == "static"
+    assert table.draft_ms[0] < 0.05 and all(d > 0 for d in table.draft_ms[1:])  # plain decoding drafts nothing
+    assert all(v > 0 for v in table.verify_ms) and all(b > 0 for b in table.bookkeeping_ms)
+    assert table.level_widths == [(1,), (1, 1), (1, 3)]
+    tt = profile_model(target, grid, [24], max_repeats=3, min_repeats=2)
+    dt = profile_model(draft, [1, 2, 4], [24], what="draft", max_repeats=3, min_repeats=2)
+    curve = build_latency_profile(target_tables=tt, draft_tables=dt, step_overhead_ms=0.1, device="cpu",
+                                  dtype=target.dtype, target_name="t", target_config=target.config, draft_name="d",
+                                  draft_config=draft.config, random_weights=True, profile_id="x", loop_tables=[table])
+    assert curve.has_loop(24) and curve.loop_policy == "static"
+    assert curve.step_target_ms(4, 24) == pytest.approx(table.verify_ms[2], rel=1e-3)
+    assert curve.step_overhead(2, 24) == pytest.approx(table.bookkeeping_ms[1], rel=1e-3)
+    assert curve.draft_extra_ms(24) >= 0.0
+    assert plain_ms_per_token(curve, 24) == pytest.approx(table.verify_ms[0] + table.bookkeeping_ms[0], rel=1e-3)
