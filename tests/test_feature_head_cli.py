@@ -173,3 +173,30 @@ def test_calibration_dynamic_run_and_compare_drafters_with_an_eagle3_head(workdi
     assert doc["greedy_ok"] is True
     drafted = {s.get("drafter") for s in doc["summaries"]} - {None}
     assert {"eagle3:e3", "draft"} <= drafted, doc["summaries"]
+
+
+@pytest.mark.parametrize("order", ["strong", "light"])
+def test_profile_graft_solve_and_run_with_an_eagle3_head(workdir, tmp_path, monkeypatch, order):
+    """The head as the strong drafter grafting onto prompt lookup, or as the light drafter under the draft model:
+    profile graft, solve --pair-acceptance, run the grafted plan (greedy output equal to plain decoding)."""
+    root, target, draft, prompts, heads = workdir
+    head = f"eagle3:{heads['eagle3']}"
+    light, strong = ("lookup", head) if order == "strong" else (head, str(draft))
+    monkeypatch.chdir(tmp_path)
+    r = invoke("profile", "graft", "--target", target, "--draft", light, "--draft", strong, "--prompts", prompts,
+               "--num-prompts", "2", "--max-new-tokens", "12", "-k", "2", "-A", "1", "-B", "1", "--depth", "2",
+               "--max-tokens", "8", "--context", "16", "--rounds", "1", "--max-repeats", "3", "--json")
+    assert r.exit_code == 0, r.output
+    files = json.loads(r.stdout)["files"]
+    plan = tmp_path / "plan.yaml"
+    r = invoke("solve", "--pair-acceptance", files["pair_acceptance"], "-a", files["light_acceptance"], "-a",
+               files["strong_acceptance"], "-l", files["light_latency"], "-l", files["strong_latency"],
+               "--max-depth", "2", "-o", plan)
+    assert r.exit_code == 0, r.output
+    r = invoke("run", "--target", target, "--draft", light, "--draft", strong, "--tree", plan, "--prompts", prompts,
+               "--num-prompts", "2", "--max-new-tokens", "10", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True and all(s["mismatches"] == 0 for s in doc["summaries"])
+    labels = [parse_drafter_spec(x).label for x in (light, strong)]
+    assert [row["drafter"] for row in doc["per_drafter"]] == labels
