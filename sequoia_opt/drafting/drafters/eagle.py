@@ -44,7 +44,7 @@ from ...errors import DecodingError
 from ...model.heads import EagleHead
 from .base import Drafter
 
-__all__ = ["EagleDrafter", "draft_candidates"]
+__all__ = ["EagleDrafter", "draft_candidates", "draft_level"]
 
 
 def draft_candidates(logits: torch.Tensor, k: int, settings: DraftSettings, draft_ids: torch.Tensor | None,
@@ -80,6 +80,22 @@ def draft_candidates(logits: torch.Tensor, k: int, settings: DraftSettings, draf
         return cand, q
     except ValueError as err:
         raise DecodingError(f"{who} produced unusable output: {err}") from None
+
+
+def draft_level(buf: TreeBuffers, d: int, logits: torch.Tensor, out: torch.Tensor, probs: torch.Tensor | None,
+                conf: torch.Tensor | None, settings: DraftSettings, draft_ids: torch.Tensor | None, vocab_size: int,
+                who: str, forced: bool) -> None:
+    """Level d of a static tree from a head's (B, w_d, V_d) logits at its nodes: the confidence (top-1
+    probability at temperature 1) and q of those nodes, and (unless ``forced``) their children's tokens by rank
+    into ``out`` (B, n) (:func:`draft_candidates`)."""
+    sl = buf.level_slices[d]
+    if conf is not None:
+        conf[:, sl] = logits.float().softmax(-1).amax(-1)  # (B, w_d)
+    cand, q = draft_candidates(logits, buf.level_branching[d], settings, draft_ids, vocab_size, who)
+    if probs is not None:
+        probs[:, sl] = q
+    if not forced:
+        out[:, buf.level_slices[d + 1]] = cand[:, buf.child_parent_local[d + 1], buf.child_rank[d + 1]]
 
 
 class EagleDrafter(Drafter):
@@ -266,14 +282,8 @@ class EagleDrafter(Drafter):
                                  tree_mask=buf.level_masks[d], backend=s.backend)  # (B, w_d, V_d), (B, w_d, H)
                 if d < D - 1:
                     node_h[:, sl] = h
-            if conf is not None:
-                conf[:, sl] = logits.float().softmax(-1).amax(-1)  # (B, w_d) top-1 probability at temperature 1
-            k = buf.level_branching[d]
-            cand, q = draft_candidates(logits, k, s, self.draft_ids, self.vocab_size, self.name)
-            if probs is not None:
-                probs[:, sl] = q
-            if forced_tokens is None:
-                out[:, buf.level_slices[d + 1]] = cand[:, buf.child_parent_local[d + 1], buf.child_rank[d + 1]]
+            draft_level(buf, d, logits, out, probs, conf, s, self.draft_ids, self.vocab_size, self.name,
+                        forced_tokens is not None)
         return DraftOutput(out, probs, D, conf)
 
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,

@@ -24,7 +24,7 @@ from ...decoding.step_tree import DraftOutput, TreeBuffers, root_tree
 from ...errors import DecodingError
 from ...model.heads import MedusaHeads
 from .base import Drafter
-from .eagle import draft_candidates
+from .eagle import draft_level
 
 __all__ = ["MedusaDrafter"]
 
@@ -95,13 +95,7 @@ class MedusaDrafter(Drafter):
             sl = buf.level_slices[d]
             w = sl.stop - sl.start
             lg = logits[:, d: d + 1].expand(B, w, self.vocab_size)  # (B, w_d, V): every node of level d
-            if conf is not None:
-                conf[:, sl] = lg.float().softmax(-1).amax(-1)
-            cand, q = draft_candidates(lg, buf.level_branching[d], s, None, self.vocab_size, self.name)
-            if probs is not None:
-                probs[:, sl] = q
-            if forced_tokens is None:
-                out[:, buf.level_slices[d + 1]] = cand[:, buf.child_parent_local[d + 1], buf.child_rank[d + 1]]
+            draft_level(buf, d, lg, out, probs, conf, s, None, self.vocab_size, self.name, forced_tokens is not None)
         return DraftOutput(out, probs, D, conf)
 
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
