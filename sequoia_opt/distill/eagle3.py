@@ -56,7 +56,7 @@ from .teacher import _cached_rows, _save_cache, _top_k
 from .train import scheduled_lr
 
 __all__ = ["TeacherFeatures", "teacher_features", "choose_draft_vocab", "check_disjoint", "init_head",
-           "ttt_losses", "train_head", "evaluate_head", "default_aux_layers", "main"]
+           "ttt_forward", "ttt_losses", "train_head", "evaluate_head", "default_aux_layers", "main"]
 
 
 def default_aux_layers(n_layers: int) -> tuple[int, int, int]:
@@ -230,19 +230,13 @@ def ttt_losses(head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor, t_ids
     B, T = tokens.shape
     dev = tokens.device
     g = head.fuse(feats.float())  # (B, T, H)
-    hidden = g
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
-    attn = head.midlayer.self_attn
     draft_ids = (draft_index >= 0).nonzero().flatten()  # (V_d,) ascending target ids
     losses, agree = [], []
     feat_loss = torch.zeros((), device=dev)
     base = torch.arange(T, device=dev)
-    for k in range(steps):
+    for k, (logits, out) in enumerate(ttt_forward(head, g, tokens, steps)):
         src = (base + 1 + k).clamp_max(T - 1)
         valid = (base + 1 + k) <= T - 1  # (T,) token t + 1 + k and its label exist
-        x, residual = head.attention_input(tokens[:, src], hidden)
-        logits, out = head.after_attention(_ttt_attention(attn, x, base + k, head, keys, values), residual)
         lab_ids = t_ids[:, src].long()  # (B, T, top)
         did = draft_index[lab_ids]  # (B, T, top)
         lp = t_logp[:, src].float().masked_fill(did < 0, float("-inf"))
@@ -258,8 +252,30 @@ def ttt_losses(head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor, t_ids
             nxt = (base + 1).clamp_max(T - 1)
             fv = (base + 1) <= T - 1
             feat_loss = F.smooth_l1_loss(out[:, fv], g[:, nxt][:, fv].detach())
-        hidden = out
     return losses, agree, feat_loss
+
+
+def ttt_forward(head: EagleHead, fused: torch.Tensor, tokens: torch.Tensor, steps: int):
+    """The head's training-time-test steps (module docstring, step 4), yielded one at a time.
+
+    Args:
+        fused: (B, T, H) the fused target features (``head.fuse``); tokens: (B, T) the text; steps: K.
+
+    Yields:
+        per step k, ``(logits (B, T, V_d), out (B, T, H))``: item t takes token t + 1 + k (the last token past
+        the end: its item is not to be read) and, at k = 0, the fused feature of position t, else the head's step
+        k - 1 output at t; it sits at position t + k, attending to step 0's items 0..t and its own earlier steps.
+    """
+    T = tokens.shape[1]
+    base = torch.arange(T, device=tokens.device)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    hidden = fused
+    for k in range(steps):
+        x, residual = head.attention_input(tokens[:, (base + 1 + k).clamp_max(T - 1)], hidden)
+        logits, hidden = head.after_attention(_ttt_attention(head.midlayer.self_attn, x, base + k, head, keys, values),
+                                              residual)
+        yield logits, hidden
 
 
 @dataclass
