@@ -398,6 +398,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
     p.add_argument("--n-prompts", type=int, default=32, help="as the draft's distillation (the split's sizes)")
     p.add_argument("--labels-only", action="store_true", help="stop after caching the teacher features")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="continue training this saved head (its architecture and draft vocabulary) as a new stage")
     return p
 
 
@@ -457,22 +459,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.labels_only:
         log(f"teacher features cached under {args.cache_dir}; stopping (--labels-only)")
         return 0
-    draft_ids = choose_draft_vocab(data.ids[..., 0], data.chunks, args.draft_vocab, tc.vocab_size)
+    earlier: list[dict] = []
+    if args.init_from is not None:  # a later stage: the saved head's architecture, draft vocabulary and weights
+        from ..model.head_checkpoints import load_eagle_head
+
+        head, draft_ids = load_eagle_head(args.init_from, "eagle3", target)
+        head = head.float().train()
+        prev = args.init_from / "training_log.json"
+        if prev.is_file():
+            plog = json.loads(prev.read_text(encoding="utf-8"))
+            earlier = list(plog.get("stages", [])) + [{k: plog[k] for k in ("command", "date", "timing", "hyper")
+                                                       if k in plog} | {"final_val": plog["train"]["final_val"]}]
+        log(f"stage {len(earlier) + 1}: continuing {args.init_from}")
+    else:
+        draft_ids = choose_draft_vocab(data.ids[..., 0], data.chunks, args.draft_vocab, tc.vocab_size)
     draft_index = torch.full((tc.vocab_size,), -1, dtype=torch.int64)
     draft_index[draft_ids] = torch.arange(draft_ids.numel())
     cover = float((draft_index[data.ids[..., 0].long()] >= 0).float().mean())
     vcover = float((draft_index[val.ids[..., 0].long()] >= 0).float().mean())
     log(f"draft vocabulary: {draft_ids.numel()} ids hold {cover:.3f} of the target's top-1 on the training text, "
         f"{vcover:.3f} held out")
-    layer = ModelConfig(vocab_size=int(draft_ids.numel()), dim=tc.dim, n_layers=1, n_heads=args.heads,
-                        n_kv_heads=args.kv_heads, intermediate_size=args.intermediate, head_dim=args.head_dim,
-                        norm_eps=tc.norm_eps, rope_theta=tc.rope_theta, rope_scaling=tc.rope_scaling,
-                        max_position_embeddings=tc.max_position_embeddings, name="treeopt-smollm2-eagle3")
-    config = EagleConfig(kind="eagle3", layer=layer, vocab_size=tc.vocab_size, target_hidden_size=tc.dim,
-                         aux_layers=aux, name="treeopt-smollm2-eagle3")
-    head = init_head(config, target, draft_ids, seed=args.seed)
+    if args.init_from is None:
+        layer = ModelConfig(vocab_size=int(draft_ids.numel()), dim=tc.dim, n_layers=1, n_heads=args.heads,
+                            n_kv_heads=args.kv_heads, intermediate_size=args.intermediate, head_dim=args.head_dim,
+                            norm_eps=tc.norm_eps, rope_theta=tc.rope_theta, rope_scaling=tc.rope_scaling,
+                            max_position_embeddings=tc.max_position_embeddings, name="treeopt-smollm2-eagle3")
+        config = EagleConfig(kind="eagle3", layer=layer, vocab_size=tc.vocab_size, target_hidden_size=tc.dim,
+                             aux_layers=aux, name="treeopt-smollm2-eagle3")
+        head = init_head(config, target, draft_ids, seed=args.seed)
+    elif tuple(head.config.aux_layers) != tuple(aux):
+        print(f"error: --init-from {args.init_from} fuses layers {list(head.config.aux_layers)}, not {list(aux)}",
+              file=sys.stderr)
+        return 2
     n_params = sum(p.numel() for p in head.parameters())
-    log(f"head: {n_params:,} parameters (draft vocabulary {draft_ids.numel()}, fused layers {list(aux)})")
+    log(f"head: {n_params:,} parameters (draft vocabulary {draft_ids.numel()}, fused layers "
+        f"{list(head.config.aux_layers)})")
     v0 = evaluate_head(head, val, draft_index, steps=args.ttt_steps, window=args.window)
     log(f"held-out before training: agreement per step {[round(a, 3) for a in v0['agreement']]}")
     tr = train_head(head, data, draft_index, steps=args.steps, batch=args.batch, window=args.window, lr=args.lr,
@@ -497,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
                  "heldout_tokens": int(val_chunks.numel()), "disjoint_from": disjoint,
                  "draft_vocab_top1_coverage": {"train": cover, "heldout": vcover}},
         "train": {"rows": tr.rows, "tokens_seen": tr.tokens_seen, "initial_val": v0, "final_val": vfinal},
+        "init_from": None if args.init_from is None else str(args.init_from), "stages": earlier,
         "timing": {"teacher_s": round(data.seconds + val.seconds, 1), "train_s": round(tr.wall_s, 1),
                    "total_s": round(time.perf_counter() - t_start, 1)},
         "env": {"python": platform.python_version(), "torch": torch.__version__, "processor": _cpu_name(),
