@@ -276,17 +276,17 @@ class Decoder:
             raise DecodingError("this generation has already finished")
         clock = self._clock
         t0 = clock.now()
-        trees = self.draft(state)
+        trees = self._draft(state)
         t1 = clock.now()
-        logits = self.verify(state, trees)
+        logits = self.face.verify(state, trees)
         t2 = clock.now()
-        accs = [self.accept(t, lg) for t, lg in zip(trees, logits)]
-        rows = list(state.rows)
-        emitted = self.commit(state, trees, accs)
+        accs = [self._accept(t, lg) for t, lg in zip(trees, logits)]
+        rows = state.rows  # the list is replaced, never changed, when rows leave
+        emitted = self._commit(state, trees, accs)
         if self.policy is not None:
             self.policy.observe(state, StepView(trees, logits, accs, emitted))
-        keep = [b for b, r in enumerate(rows) if not r.finished]
-        if len(keep) < len(rows):
+        if any(r.finished for r in rows):
+            keep = [b for b, r in enumerate(rows) if not r.finished]
             if keep:
                 self.face.keep(keep)
                 if self.policy is not None:
@@ -323,6 +323,9 @@ class Decoder:
         Raises:
             DecodingError: a row without room for its root (a state :meth:`check` would have refused).
         """
+        return self._draft(state)
+
+    def _draft(self, state: DecodeState) -> list[StepTree]:  # the step's own calls skip the inference-mode guard
         rooms = self.face.room(state, self._want)
         for row, room in zip(state.rows, rooms):
             if room.nodes < 1 or room.depth < 0:
@@ -355,9 +358,15 @@ class Decoder:
                 naming the target; a candidate group's distribution the rule cannot use, naming the drafter,
                 the node and its depth.
         """
+        return self._accept(tree, target_logits)
+
+    def _accept(self, tree: StepTree, target_logits: torch.Tensor) -> Acceptance:
         try:
             if self.greedy:
-                return verify_greedy(argmax_tokens(target_logits), tree.token_list, tree.children)
+                top = argmax_tokens(target_logits)
+                if len(top) == 1:  # the root alone (plain decoding): its argmax is the token
+                    return Acceptance((0,), (top[0],), ())
+                return verify_greedy(top, tree.token_list, tree.children)
         except ValueError as err:
             raise DecodingError(f"{self.face.name} produced unusable output: {err}") from None
         node, depth, path, visits = 0, 0, [0], []
@@ -407,7 +416,11 @@ class Decoder:
         """Emit each row's accepted tokens and bonus (the stop rules), commit the paths to the target and to the
         policy's drafters, and advance the rows (``cached`` grows by the path's length; the bonus is the next
         root). Returns the tokens each row emitted."""
-        emitted = [row.emit(acc.tokens, self.eos_ids) for row, acc in zip(state.rows, accs)]
+        return self._commit(state, trees, accs)
+
+    def _commit(self, state: DecodeState, trees: Sequence[StepTree], accs: Sequence[Acceptance]) -> list[list[int]]:
+        eos = self.eos_ids
+        emitted = [row.emit(acc.tokens, eos) for row, acc in zip(state.rows, accs)]
         paths = [acc.path for acc in accs]
         self.face.commit(state, paths)
         if self.policy is not None:

@@ -46,10 +46,25 @@ class RowCache:
         self.base = cache
         self.device = device
         self.view = cache
-        self.valid = torch.zeros(0, cache.max_len, dtype=torch.bool, device=device)
+        self._valid = torch.zeros(0, cache.max_len, dtype=torch.bool, device=device)
+        self._one_row_frontier: int | None = None  # a batch of one without holes: valid is [0, F), not kept
         self.frontier = 0
         self.holes = False
         self.repacks = 0
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """(B, S) bool, row b's committed slots (a batch of one without holes keeps only its frontier: the
+        tensor is made when asked for)."""
+        if self._one_row_frontier is not None:
+            self._valid[0, : self._one_row_frontier] = True
+            self._valid[0, self._one_row_frontier :] = False
+            self._one_row_frontier = None
+        return self._valid
+
+    @valid.setter
+    def valid(self, value: torch.Tensor) -> None:
+        self._valid, self._one_row_frontier = value, None
 
     @property
     def max_len(self) -> int:
@@ -57,12 +72,13 @@ class RowCache:
 
     @property
     def batch(self) -> int:
-        return int(self.valid.shape[0])
+        return int(self._valid.shape[0])
 
     def reset(self, batch: int) -> None:
         """Start a generation of ``batch`` rows with nothing committed."""
         self.view = self.base.rows(0, batch)
         self.valid = torch.zeros(batch, self.base.max_len, dtype=torch.bool, device=self.device)
+        self._one_row_frontier = 0 if batch == 1 else None
         self.frontier = 0
         self.holes = False
 
@@ -72,10 +88,13 @@ class RowCache:
 
     def prefilled(self, lengths: Sequence[int]) -> None:
         """Row i holds ``lengths[i]`` committed tokens at slots ``[0, lengths[i])`` (written through :meth:`row`)."""
-        for i, n in enumerate(lengths):
-            self.valid[i, :n] = True
         self.frontier = max(lengths) if lengths else 0
         self.holes = any(n != self.frontier for n in lengths)
+        if len(lengths) == 1 and not self.holes:
+            self._one_row_frontier = self.frontier
+            return
+        for i, n in enumerate(lengths):
+            self.valid[i, :n] = True
 
     def prefix(self, extra: torch.Tensor | None = None, length: int | None = None) -> int | RowPrefix:
         """What attention takes as the committed prefix: the int F while no row has a hole and there is no
@@ -93,16 +112,18 @@ class RowCache:
 
     def commit(self, src: Sequence[Sequence[int]]) -> None:
         """Row i's slots ``src[i]`` (any order) move to ``[F, F + len(src[i]))``; F grows by the longest."""
+        F = self.frontier
+        if len(src) == 1 and len(src[0]) == 1 and src[0][0] == F and not self.holes:  # a plain step of one row
+            self._one_row_frontier = self.frontier = F + 1
+            return
         A = max(len(s) for s in src)
         if A == 0:
             return
-        F = self.frontier
-        if len(src) == 1:  # a batch of one: its own slots, no padding, no holes
+        if len(src) == 1 and not self.holes:  # a batch of one: its own slots, no padding; valid is [0, F)
             s = src[0]
             if s[0] != F or s[-1] != F + A - 1 or any(a + 1 != b for a, b in zip(s, s[1:])):
                 self.view.compact(torch.tensor(s, dtype=torch.int64, device=self.device), F)
-            self.valid[0, F:F + A] = True
-            self.frontier = F + A
+            self._one_row_frontier = self.frontier = F + A
             return
         pad = [list(s) + [s[-1] if s else F] * (A - len(s)) for s in src]
         self.view.compact_rows(torch.tensor(pad, dtype=torch.int64, device=self.device), F)

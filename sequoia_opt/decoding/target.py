@@ -229,7 +229,7 @@ class TransformerTarget(TargetFace):
 
     def commit(self, state: DecodeState, paths: Sequence[Sequence[int]]) -> None:
         F = self.rows.frontier
-        self.rows.commit([[F + i for i in p] for p in paths])
+        self.rows.commit([[F + i for i in p] for p in paths] if len(paths) > 1 or len(paths[0]) > 1 else [[F]])
         if self.hidden_layers is not None:
             self._path_h = [h[torch.as_tensor(list(p), dtype=torch.int64, device=h.device)]
                             for h, p in zip(self._tree_h, paths)]  # per row (len(path), k, dim)
