@@ -173,6 +173,47 @@ def test_calibration_dynamic_run_and_compare_drafters_with_an_eagle3_head(workdi
     assert doc["greedy_ok"] is True
     drafted = {s.get("drafter") for s in doc["summaries"]} - {None}
     assert {"eagle3:e3", "draft"} <= drafted, doc["summaries"]
+    # the engine exports name the head's method: a static tree for vLLM / SGLang / TensorRT-LLM, the best dynamic
+    # setting for SGLang (EAGLE3, not EAGLE-1/2's EAGLE)
+    # (no -l: the random head's tree at budget 6, not the hardware's choice, which may speculate nothing)
+    r = invoke("solve", "-a", acc, "--budget", "6", "--max-depth", "3", "--format", "vllm")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["method"] == "eagle3"
+    r = invoke("solve", "-a", acc, "--budget", "6", "--max-depth", "3", "--format", "sglang")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["cli_flags"].startswith("--speculative-algorithm EAGLE3 --speculative-num-steps")
+    r = invoke("solve", "--dynamic", cal, "-l", lat, "--format", "sglang")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["speculative_algorithm"] == "EAGLE3"
+    r = invoke("solve", "-a", acc2, "--budget", "6", "--max-depth", "3", "--format", "vllm")
+    assert r.exit_code == 0, r.output
+    assert "method" not in json.loads(r.stdout)  # a draft model: the user names the method
+
+
+def test_engine_exports_name_a_feature_heads_method_and_refuse_what_the_engine_lacks():
+    from sequoia_opt.drafting.registry import head_engine_methods
+    from sequoia_opt.dynamic import DynamicSetting
+    from sequoia_opt.exports import ExportError, export, export_dynamic
+    from sequoia_opt.tree import Tree
+
+    assert head_engine_methods("eagle3:treeopt-smollm2-eagle3") == DRAFTERS["eagle3"].engine_methods
+    assert head_engine_methods("medusa:md")["vllm"] == "medusa"
+    assert [head_engine_methods(x) for x in ("draft", "lookup:1-3", "self:6", None)] == [None] * 4
+    tree = Tree.from_choices([[0], [1], [0, 0]])
+    e3, md, e1 = (head_engine_methods(f"{k}:x") for k in ("eagle3", "medusa", "eagle"))
+    assert json.loads(export(tree, "vllm", methods=e3).text)["method"] == "eagle3"
+    assert not export(tree, "vllm", methods=e3).warnings[1:]
+    assert any("proposes a chain" in w for w in export(tree, "vllm", methods=md).warnings)
+    assert json.loads(export(tree, "sglang", methods=e1).text)["speculative_algorithm"] == "EAGLE"
+    assert any("sglang has no speculative method" in w for w in export(tree, "sglang", methods=md).warnings)
+    assert "EagleDecodingConfig" in export(tree, "tensorrt-llm", methods=e3).notes[0]
+    assert "Medusa heads" in export(tree, "tensorrt-llm", methods=md).notes[0]
+    assert any("tensorrt-llm has no speculative method" in w for w in export(tree, "tensorrt-llm", methods=e1).warnings)
+    s = DynamicSetting("eagle", 3, 2, 6)
+    assert json.loads(export_dynamic(s, "sglang", methods=e1).text)["speculative_algorithm"] == "EAGLE"
+    for methods, engine in ((md, "sglang"), (md, "tensorrt-llm"), (e1, "tensorrt-llm")):
+        with pytest.raises(ExportError, match=f"{engine} has no dynamic tree for this drafter"):
+            export_dynamic(s, engine, methods=methods)
 
 
 @pytest.mark.parametrize("order", ["strong", "light"])

@@ -503,6 +503,16 @@ def drafter_kind(name: str) -> DrafterKind:
         raise TreeoptError(f"unknown drafter kind {name!r}; known: {', '.join(DRAFTERS)}") from None
 
 
+def head_engine_methods(label: str | None) -> Mapping[str, str] | None:
+    """The engine methods of the feature-head drafter a profile names by its label (``eagle3:NAME``,
+    ``eagle:NAME``, ``medusa:NAME``: the kind before the colon), for the engine exports of a tree or dynamic
+    setting solved on that profile; None for any other drafter (a draft model, lookup, self:L) or none named.
+    A feature head is served as the engine's own method (vLLM ``method: eagle3``, SGLang ``--speculative-algorithm
+    EAGLE3``, ...), so its export must name it; other drafters keep the exports' defaults."""
+    kind = DRAFTERS.get(str(label or "").partition(":")[0])
+    return kind.engine_methods if kind is not None and kind.reads_features else None
+
+
 def drafter_slug(label: str) -> str:
     """A drafter label as a file-name part: ``self:6`` -> ``self-L6``, ``lookup:1-3`` -> ``lookup-1-3``."""
     head, sep, rest = label.partition(":")
