@@ -16,6 +16,13 @@ run under ``results/eagle3/<run id>/``) atomically::
 
     flock /tmp/treeopt-bench.lock python benchmarks/eagle3.py            # ~15 min on 2 shared CPU cores
     flock /tmp/treeopt-bench.lock python benchmarks/eagle3.py --quick    # smoke test
+
+Sizes (default): T(n) and each drafter's c(w) up to 32 tokens at context 256 (3 paired rounds, 5 repeats: the
+range the solver's trees use on this CPU, where T(n) grows steeply past ~8 tokens); greedy acceptance on 16
+profile prompts x 32 tokens (K = 4, depth 4; ~450 trials, p_1 to about +-0.045); the head's calibration on 12 x 32
+(6 levels, top-4); the run on 8 held-out eval prompts x 64 tokens, one plain baseline, the two static trees and
+the three best predicted dynamic settings. Chosen so that the whole run fits in ~15 min of a shared 2-core
+machine: the run (6 entries x 512 tokens) is half of it.
 """
 
 from __future__ import annotations
