@@ -94,7 +94,8 @@ def compare(before: Path, after: Path) -> None:
         x, y = b["decoders"][k], a["decoders"][k]
         row = [f"{k:<22}"]
         for key in ("bookkeeping_ms_median", "draft_ms_median", "tokens_per_s_median"):
-            row.append(f"{x[key]:>9.4f} -> {y[key]:>8.4f} ({y[key] / x[key]:>5.2f}x)")
+            ratio = f"{y[key] / x[key]:>5.2f}x" if x[key] else "  new"  # plain decoding timed no draft before
+            row.append(f"{x[key]:>9.4f} -> {y[key]:>8.4f} ({ratio})")
         print("".join(row))
 
 

@@ -102,6 +102,12 @@ without that check it would collide with another node's key)."""
 TRTLLM_MAX_DEPTH = 16
 """Deepest choice path that 64-bit prefix holds (64 bits / 4 bits per level)."""
 
+TRTLLM_TREE_RELEASES = "up to the 1.3 release candidates"
+"""The TensorRT-LLM releases that take a choice list: ``eagle_choices`` (EAGLE, deprecated in 1.3: "will be removed
+in release 1.4") is in the LLM API reference of 1.3.0rc27 and gone from 1.4.0rc1's (NVIDIA/TensorRT-LLM#18210);
+``medusa_choices`` needs the legacy TensorRT backend (``MedusaDecodingConfig`` supports no PyTorch backend),
+removed by #15918. Later releases take a draft length per batch size instead (:mod:`sequoia_opt.plan_exports`)."""
+
 
 class ExportError(TreeoptError):
     """An export was asked for something it cannot do: an unknown format, a tree the engine cannot take
@@ -585,7 +591,9 @@ def _trtllm_notes(tree: Tree, methods: Mapping[str, str] | None = None) -> tuple
 
 def _trtllm_warnings(tree: Tree) -> tuple[str, ...]:
     """TensorRT-LLM's limits on a choice list (see :data:`TRTLLM_MAX_RANK`), one line each."""
-    out = []
+    out = [f"only TensorRT-LLM {TRTLLM_TREE_RELEASES} take a choice list: 1.4.0rc1 and later have no eagle_choices "
+           "(#18210), and medusa_choices needs the legacy TensorRT backend removed by #15918; for later releases "
+           "give a draft length per batch size (treeopt tune --engine tensorrt-llm)"]
     top_rank = max(tree.rank)
     if top_rank > TRTLLM_MAX_RANK:
         wide = sum(1 for r in tree.rank[1:] if r > TRTLLM_MAX_RANK)

@@ -32,6 +32,12 @@ from sequoia_opt.tree import Tree, save_tree  # noqa: E402
 runner = CliRunner()
 
 
+def error_lines(output: str) -> list[str]:
+    """The output's lines less the profile loaders' warnings: the tiny profiles these tests measure on a shared
+    machine may be flagged as implausible curves, which is a warning beside the one-line error, not part of it."""
+    return [ln for ln in output.splitlines() if not ln.startswith("warning: ")]
+
+
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
@@ -305,7 +311,7 @@ def test_compare_drafters_bad_inputs_exit_2_before_weights_load(in_root, monkeyp
     r = invoke("run", "--compare-drafters", "--target", target, "--prompts", prompts, "--results-dir", res,
                *[subst.get(a, a) for a in args])
     assert r.exit_code == 2, r.output
-    assert message in r.output and r.output.count("\n") == 1
+    assert message in r.output and len(error_lines(r.output)) == 1
     assert not res.exists()
 
 
@@ -326,7 +332,7 @@ def test_run_without_compare_drafters_keeps_its_rules(in_root, monkeypatch, args
     res = root / "bad-res"
     r = invoke("run", "--target", target, "--prompts", prompts, "--results-dir", res, *[subst.get(a, a) for a in args])
     assert r.exit_code == 2, r.output
-    assert message in r.output and r.output.count("\n") == 1
+    assert message in r.output and len(error_lines(r.output)) == 1
     assert not res.exists()
 
 

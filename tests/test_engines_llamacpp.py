@@ -543,3 +543,76 @@ def test_llamacpp_chain_only_context_refuses_trees(tmp_path):
     with LlamaCppModel(path, n_ctx=32, n_threads=1) as lm:
         with pytest.raises(DecodingError, match="verifies trees of at most 1 children per node"):
             Decoder(LlamaCppTarget(lm), StaticTreePolicy(ModelDrafter(m), Tree.from_choices([[0], [1]])))
+
+
+# ---------------------------------------------------------------------------------------------- batches (issue 29)
+BATCH_TEXTS = ["import os\n\ndef list_files(path):\n", "def add(a, b):\n    return",
+               "class Stack:\n    def __init__(self):\n", "for i in range(10):\n    print(i", "x = [1, 2, 3]\ny ="]
+
+
+@pytest.fixture(scope="module")
+def llama_batch(draft_gguf, llama_pair):
+    """The demo pair on llama.cpp with 4 sequences (a KV cache per sequence, as llama-server's slots), and each
+    prompt's plain greedy continuation decoded alone (batch of one)."""
+    from sequoia_opt.engines.llamacpp import LlamaCppModel, generate
+
+    tm1, _, tok = llama_pair
+    prompts = [tok.encode(t) for t in BATCH_TEXTS]
+    ref = [generate(tm1, p, 16).tokens for p in prompts]
+    tm = LlamaCppModel(find_demo_target(), n_ctx=256 * 4, n_threads=2, n_seq_max=4, kv_unified=False)
+    dm = LlamaCppModel(draft_gguf[0], n_ctx=256 * 4, n_threads=2, n_seq_max=4, kv_unified=False)
+    yield tm, dm, prompts, ref
+    tm.close()
+    dm.close()
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_llamacpp_batch_rows_decode_as_alone(llama_batch, k):
+    """B rows through one llama_batch per step (one sequence id per row), plain and static chains drafted by
+    the draft GGUF for every row at once: each row's greedy output is its output alone."""
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.policies import StaticTreePolicy
+    from sequoia_opt.engines.llamacpp import LlamaCppDrafter, LlamaCppTarget
+    from sequoia_opt.tree import Tree
+
+    tm, dm, prompts, ref = llama_batch
+    policy = StaticTreePolicy(LlamaCppDrafter(dm), Tree.chain(k + 1)) if k else None
+    dec = Decoder(LlamaCppTarget(tm, max_batch=4), policy, max_batch=4)
+    res = dec.generate_batch(prompts[:4], 16)
+    assert [r.tokens for r in res.results] == ref[:4]
+    assert res.steps[0].batch == 4 and res.steps[0].tree_size == k + 1
+    if k:
+        assert len(res.steps) < 16  # the draft agrees on some tokens
+
+
+def test_llamacpp_rows_join_and_leave(llama_batch):
+    """A stream: rows join a running llama.cpp batch (a free sequence id each) as others finish; exact."""
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.policies import StaticTreePolicy
+    from sequoia_opt.engines.llamacpp import LlamaCppDrafter, LlamaCppTarget
+    from sequoia_opt.tree import Tree
+
+    tm, dm, prompts, ref = llama_batch
+    dec = Decoder(LlamaCppTarget(tm, max_batch=3), StaticTreePolicy(LlamaCppDrafter(dm), Tree.chain(3)), max_batch=3)
+    lens = [16, 8, 12, 16, 10]
+    state = dec.start_batch([prompts[0]], lens[0])
+    waiting, n, batches = [1, 2, 3, 4], 0, []
+    while waiting or not state.finished:
+        if waiting and state.batch < 3 and n % 2 == 1:
+            i = waiting.pop(0)
+            dec.join(state, [prompts[i]], lens[i])
+        if not state.finished:
+            batches.append(dec.step(state).batch)
+        n += 1
+    assert [r.tokens for r in state.results] == [r[:n] for r, n in zip(ref, lens)]
+    assert max(batches) == 3 and batches[0] == 1
+
+
+def test_llamacpp_batch_refusals(llama_batch, llama_pair):
+    from sequoia_opt.engines.llamacpp import LlamaCppTarget
+
+    tm, _, _, _ = llama_batch
+    with pytest.raises(DecodingError, match="5 rows need a llama.cpp context of at least 5 sequences"):
+        LlamaCppTarget(tm, max_batch=5)
+    assert LlamaCppTarget(tm, max_batch=4).max_width == 1  # rows verify chains
+    assert LlamaCppTarget(tm, max_batch=4).max_len == 256  # cells per sequence

@@ -639,11 +639,13 @@ def test_vllm_export_says_which_releases_accept_it():
 def test_tensorrt_llm_limits_are_its_own():
     wide = Tree.from_choices([[i] for i in range(17)])  # ranks 0..16
     trt = export(wide, "tensorrt-llm")
-    assert trt.warnings == ("rank 16 > 15 (1 nodes): TensorRT-LLM keys a node by its ranks packed 4 bits per "
-                            "level, so every rank must be <= 15; re-solve with --max-branching 16",)
+    release = trt.warnings[0]  # which releases take a choice list at all (issue 29)
+    assert release.startswith("only TensorRT-LLM up to the 1.3 release candidates take a choice list")
+    assert trt.warnings[1:] == ("rank 16 > 15 (1 nodes): TensorRT-LLM keys a node by its ranks packed 4 bits per "
+                                "level, so every rank must be <= 15; re-solve with --max-branching 16",)
     assert not any("Medusa's reference code" in n for n in trt.notes)
-    assert export(Tree.from_choices([[i] for i in range(16)]), "tensorrt-llm").warnings == ()
+    assert export(Tree.from_choices([[i] for i in range(16)]), "tensorrt-llm").warnings == (release,)
     deep = export(Tree.chain(18), "trtllm")  # 18 nodes, depth 17
-    assert deep.warnings == ("depth 17 > 16: TensorRT-LLM's 64-bit rank-path key holds at most 16 levels; "
-                             "re-solve with --max-depth 16",)
+    assert deep.warnings[1:] == ("depth 17 > 16: TensorRT-LLM's 64-bit rank-path key holds at most 16 levels; "
+                                 "re-solve with --max-depth 16",)
     assert export(wide, "medusa").warnings == ()

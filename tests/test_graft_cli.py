@@ -45,7 +45,10 @@ def invoke(*args):
 def _one_line_error(r, code: int, message: str) -> None:
     assert r.exit_code == code, r.output
     assert message in r.output, r.output
-    assert r.output.count("\n") == 1 and "Traceback" not in r.output, r.output
+    # a warning line beside the error is the loaders' implausible-curve note on the tiny profiles this file measures
+    # on a shared machine (timing noise), not part of the error
+    errors = [ln for ln in r.output.splitlines() if not ln.startswith("warning: ")]
+    assert len(errors) == 1 and r.output.endswith("\n") and "Traceback" not in r.output, r.output
 
 
 @pytest.fixture(scope="module")

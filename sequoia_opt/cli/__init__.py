@@ -4,7 +4,7 @@
 * :mod:`.render` — the one renderer (rich tables or ``--json``) every command prints through.
 * :mod:`.profile_latency` (``profile latency``, ``profile linear``), :mod:`.profile_acceptance`,
   :mod:`.profile_layers`, :mod:`.profile_graft` (``profile graft``, ``profile scheduler``), :mod:`.solve`, :mod:`.run`,
-  :mod:`.plot`, :mod:`.demo` — the commands; importing them registers them on ``app``.
+  :mod:`.plot`, :mod:`.demo`, :mod:`.tune` — the commands; importing them registers them on ``app``.
 
 Adding a command: see :mod:`.common`.
 """
@@ -24,6 +24,7 @@ from . import run  # noqa: F401  # isort: skip
 from . import plot  # noqa: F401  # isort: skip
 from . import demo  # noqa: F401  # isort: skip
 from . import engine  # noqa: F401  # isort: skip
+from . import tune  # noqa: F401  # isort: skip
 from .common import app, handle_errors
 from .render import draw_tree, render
 

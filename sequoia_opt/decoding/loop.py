@@ -263,6 +263,55 @@ class Decoder:
         return state
 
     @torch.inference_mode()
+    def join(self, state: DecodeState, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[int]:
+        """Requests join a running generation between two steps (continuous batching, as a server admits
+        requests): each is checked as :meth:`check` does, the target face prefills it into a new row after the
+        live ones (:meth:`TargetFace.join`), and the policy's drafters take it in
+        (:meth:`~sequoia_opt.decoding.policy.DraftingPolicy.join`). A state whose rows all finished starts over
+        with the joiners. Exact as a batch is: each row decodes as it would alone.
+
+        Returns:
+            the indices of the joiners' results in ``state.results``.
+
+        Raises:
+            DecodingError: as :meth:`check`; more live rows than ``max_batch``; a face or drafter that cannot take
+                rows into a running batch.
+        """
+        new = [self.check(p, max_new_tokens) for p in prompts]
+        if state.batch + len(new) > self.max_batch:
+            raise DecodingError(f"{state.batch} live rows and {len(new)} joining exceed this decoder's "
+                                f"max_batch={self.max_batch} rows")
+        M = int(max_new_tokens)
+        first = len(state.results)
+        results = [GenerationResult(tokens=[], prompt_len=len(p)) for p in new]
+        state.results.extend(results)
+        if M == 0:
+            for r in results:
+                r.stop_reason = "empty"
+            return list(range(first, first + len(new)))
+        rows = [RowState(seq=list(p), cached=len(p) - 1, max_new_tokens=M, result=r, index=first + j)
+                for j, (p, r) in enumerate(zip(new, results))]
+        t0 = self._clock.now()
+        if not state.rows:  # nothing live: the caches start over with the joiners
+            state.rows = rows
+            if self.policy is not None:
+                self.policy.reset()
+            self.face.prefill(new)
+            if self.policy is not None:
+                self.policy.prefill(state)
+        else:
+            B = state.batch
+            self.face.join(state, new)
+            state.rows.extend(rows)
+            if self.policy is not None:
+                self.policy.join(state, list(range(B, B + len(rows))))
+        ms = self._clock.now() - t0
+        state.prefill_ms += ms
+        for r in results:
+            r.prefill_ms = ms
+        return list(range(first, first + len(new)))
+
+    @torch.inference_mode()
     def step(self, state: DecodeState) -> BatchStep:
         """One draft / verify / accept / commit step over the live rows; appends a
         :class:`~sequoia_opt.decoding.stats.StepStats` to each row's result and the

@@ -119,3 +119,9 @@ class DraftingPolicy(ABC):
         """Only rows ``rows`` (ascending) stay in the batch."""
         for d in self.drafters:
             d.keep(rows)
+
+    def join(self, state: DecodeState, rows: Sequence[int]) -> None:
+        """Rows ``rows`` of ``state.rows`` (the last ones) joined a running batch; the target has prefilled them.
+        Every drafter takes them in (:meth:`~sequoia_opt.drafting.drafters.Drafter.join`)."""
+        for d in self.drafters:
+            d.join(state, rows)

@@ -19,6 +19,8 @@ for a batch of one) the prefix is the plain int F, which every attention backend
 * Repack: when the next tree would not fit behind F, every row's valid slots are gathered to ``[0, L_i)``
   and F becomes max_i L_i: a row never needs more slots than it would alone.
 * Keep: a finished row leaves the batch (its cache row is dropped, the rows after it move up).
+* Add: rows join a running batch (continuous batching): prompt j of the joiners is prefilled at slots
+  ``[0, P_j - 1)`` of row ``B + j``; F becomes the largest of F and every ``P_j - 1``, the gaps are holes.
 """
 
 from __future__ import annotations
@@ -95,6 +97,21 @@ class RowCache:
             return
         for i, n in enumerate(lengths):
             self.valid[i, :n] = True
+
+    def add(self, lengths: Sequence[int]) -> None:
+        """Rows ``B .. B + len(lengths) - 1`` join, each holding ``lengths[j]`` committed tokens at slots
+        ``[0, lengths[j])`` (written through :meth:`row` first). Raises ValueError past the cache's rows."""
+        B, k = self.batch, len(lengths)
+        if B + k > self.base.batch:
+            raise ValueError(f"{B} rows and {k} joining exceed the cache's {self.base.batch} rows")
+        self.view = self.base.rows(0, B + k)
+        new = torch.zeros(k, self.base.max_len, dtype=torch.bool, device=self.device)
+        for j, n in enumerate(lengths):
+            new[j, :n] = True
+        self.valid = torch.cat([self.valid, new])
+        self.frontier = max([self.frontier, *lengths])
+        counts = self.valid[:, : self.frontier].sum(1)
+        self.holes = bool((counts != self.frontier).any())
 
     def prefix(self, extra: torch.Tensor | None = None, length: int | None = None) -> int | RowPrefix:
         """What attention takes as the committed prefix: the int F while no row has a hole and there is no

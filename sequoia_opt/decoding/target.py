@@ -94,6 +94,11 @@ class TargetFace(ABC):
         DecodingError as :meth:`request_hidden`."""
         raise DecodingError(f"{self.name} does not return hidden states")
 
+    def join(self, state: DecodeState, prompts: Sequence[Sequence[int]]) -> None:
+        """Rows join a running batch after its ``len(state.rows)`` live rows: new row j's cache takes
+        ``prompts[j][:-1]``. Raises DecodingError for a face that cannot (the default)."""
+        raise DecodingError(f"{self.name} cannot take rows into a running batch")
+
 
 class TransformerTarget(TargetFace):
     """The bundled torch :class:`~sequoia_opt.model.Transformer` as the loop's target: a static KV cache of
@@ -239,3 +244,24 @@ class TransformerTarget(TargetFace):
         if self.hidden_layers is not None:
             pick = lambda xs: [xs[b] for b in rows] if len(xs) > max(rows, default=-1) else xs  # noqa: E731
             self._prefill_h, self._tree_h, self._path_h = pick(self._prefill_h), pick(self._tree_h), pick(self._path_h)
+
+    def join(self, state: DecodeState, prompts: Sequence[Sequence[int]]) -> None:
+        B = self.rows.batch
+        if B + len(prompts) > self.max_batch:
+            raise DecodingError(f"{B} live rows and {len(prompts)} joining exceed max_batch={self.max_batch}")
+        keep = self.hidden_layers
+        for j, p in enumerate(prompts):
+            if keep is None:
+                if len(p) > 1:
+                    run_causal_chunk(self.model, self.rows.row(B + j), p[:-1], 0, self.backend, self._masks)
+                continue
+            # a feature head asked for hidden states: the joining row's prompt states, as prefill keeps them
+            h = torch.zeros(0, len(keep), self.model.config.dim, dtype=self.model.dtype, device=self.device)
+            if len(p) > 1:
+                _, h = run_causal_chunk(self.model, self.rows.row(B + j), p[:-1], 0, self.backend, self._masks,
+                                        hidden_layers=keep)
+            empty = h[:0]
+            self._prefill_h.append(h)
+            self._tree_h.append(empty)
+            self._path_h.append(empty)
+        self.rows.add([len(p) - 1 for p in prompts])

@@ -23,7 +23,7 @@ from ..errors import TreeoptError
 from ..model.loaders import bundled_draft_path, model_label
 from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
 from .drafters.base import CostModel
-from .policies import ChainPolicy, DynamicPolicy, StaticTreePolicy
+from .policies import ChainPolicy, DynamicPolicy, SchedulePolicy, StaticTreePolicy
 
 __all__ = ["DrafterSpec", "DrafterKind", "CostProbe", "PolicyKind", "DRAFTERS", "POLICIES", "register_drafter",
            "register_policy", "policy_kind", "parse_policy", "load_plugins", "drafter_kind",
@@ -419,6 +419,26 @@ register_policy(PolicyKind(
 register_policy(PolicyKind(
     "dynamic", "a tree chosen each step from the drafter's scores: dynamic:POLICY:steps=S,topk=K,budget=N",
     _parse_dynamic, lambda drafter, tree, o: DynamicPolicy(drafter, o["setting"]), DynamicPolicy))
+
+
+def _parse_schedule(arg: str | None) -> dict[str, Any]:
+    """``schedule:FILE``: a ``treeopt-schedule/1`` file (``treeopt tune -o``); chains, static trees or none."""
+    from ..solver.schedule import load_schedule
+
+    if not arg:
+        raise TreeoptError("--policy schedule:FILE needs a treeopt-schedule/1 file (treeopt tune -o FILE)")
+    sched = load_schedule(arg)
+    for lo, hi, s in sched.ranges:
+        if s.shape == "envelope":
+            raise TreeoptError(f"--policy schedule:{arg}: batch sizes {lo}-{hi} want an EAGLE envelope ({s.label}); "
+                               "run envelopes with --policy dynamic")
+    return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges]}
+
+
+register_policy(PolicyKind(
+    "schedule", "a speculation plan: the chain (or tree) of the batch range holding the live rows, "
+    "schedule:FILE (treeopt tune -o FILE)", _parse_schedule,
+    lambda drafter, tree, o: SchedulePolicy(drafter, o["ranges"]), SchedulePolicy))
 
 
 def policy_kind(name: str) -> PolicyKind:

@@ -30,6 +30,7 @@ measured are refused (no interpolation or extrapolation across b).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -44,7 +45,7 @@ from .latency import LatencyCurve
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
 
 __all__ = ["BATCH_LATENCY_FORMAT", "BatchLatencyProfile", "load_batch_latency", "save_batch_latency",
-           "parse_batches"]
+           "parse_batches", "load_batch_table"]
 
 
 def parse_batches(text: str, option: str = "--batch") -> list[int]:
@@ -163,3 +164,80 @@ def save_batch_latency(path: str | Path, profile: BatchLatencyProfile) -> Path:
     d = profile.to_dict()
     BatchLatencyProfile.from_dict(d, source=str(path))
     return atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, default_flow_style=None))
+
+
+#: The columns of a user's T(b, n) table (:func:`load_batch_table`); the last three are optional.
+TABLE_COLUMNS = ("batch", "tokens", "target_ms", "draft_ms", "overhead_ms")
+
+
+def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | None = None) -> BatchLatencyProfile:
+    """A user's T(b, n) table (CSV, a header line, one row per measured (batch, tokens) pair) as a
+    :class:`BatchLatencyProfile`, for engines treeopt does not profile here (an engine's own benchmark on a GPU)::
+
+        batch,tokens,target_ms,draft_ms,overhead_ms
+        1,1,7.9,0.6,0.3          # one target forward over 1 token per request at batch 1: 7.9 ms
+        1,4,8.4,0.6,0.3          # draft_ms: c(b, w) at w = tokens (optional, 0 when absent: n-grams)
+        8,1,9.1,0.7,0.4          # overhead_ms: the engine's per-step cost at that batch (optional, 0)
+
+    Token counts are per request (a forward at batch b over n tokens feeds b x n). Every batch size must list the
+    same token counts, and the overhead must be one number per batch size.
+
+    Raises:
+        ProfileError: a missing file, an unknown or missing column, a value that is not a positive number, a
+            (batch, tokens) pair twice, a batch size missing token counts another has (one line each).
+    """
+    import csv
+
+    from .._io import read_text_file
+
+    p = Path(path)
+    text = read_text_file(p, error=ProfileError, what="T(b, n) table")
+    rows = [r for r in csv.reader(line for line in text.splitlines() if line.strip() and not line.startswith("#"))]
+    if not rows:
+        raise ProfileError(f"{p}: empty T(b, n) table (header batch,tokens,target_ms[,draft_ms][,overhead_ms])")
+    head = [h.strip() for h in rows[0]]
+    unknown = [h for h in head if h not in TABLE_COLUMNS]
+    if unknown or head[:3] != list(TABLE_COLUMNS[:3]):
+        raise ProfileError(f"{p}: the header must start batch,tokens,target_ms (then draft_ms, overhead_ms), got "
+                           f"{','.join(head)}")
+    table: dict[int, dict[int, tuple[float, float]]] = {}
+    overhead: dict[int, float] = {}
+    for i, r in enumerate(rows[1:], start=2):
+        if len(r) != len(head):
+            raise ProfileError(f"{p}: line {i} has {len(r)} values, the header {len(head)}")
+        rec = dict(zip(head, (x.split("#")[0].strip() for x in r)))
+        try:
+            b, n = int(rec["batch"]), int(rec["tokens"])
+            t = float(rec["target_ms"])
+            d = float(rec.get("draft_ms") or 0.0)
+            o = float(rec.get("overhead_ms") or 0.0)
+        except ValueError:
+            raise ProfileError(f"{p}: line {i}: batch and tokens must be integers, the ms numbers") from None
+        if b < 1 or n < 1 or not t > 0 or d < 0 or o < 0 or not all(map(math.isfinite, (t, d, o))):
+            raise ProfileError(f"{p}: line {i}: batch and tokens >= 1, target_ms > 0, draft_ms and overhead_ms >= 0")
+        if n in table.setdefault(b, {}):
+            raise ProfileError(f"{p}: batch {b}, tokens {n} is given twice")
+        if b in overhead and overhead[b] != o:
+            raise ProfileError(f"{p}: batch {b} gives two overheads ({overhead[b]} and {o} ms): one per batch size")
+        table[b][n], overhead[b] = (t, d), o
+    if not table:
+        raise ProfileError(f"{p}: the T(b, n) table has a header and no rows")
+    first = min(table)
+    grid = sorted(table[first])
+    for b in sorted(table):
+        missing = sorted(set(table[first]) - set(table[b]))
+        extra = sorted(set(table[b]) - set(table[first]))
+        if missing or extra:
+            n = (missing or extra)[0]
+            who = (b, first) if missing else (first, b)
+            raise ProfileError(f"{p}: batch {who[0]} lacks tokens {n}, which batch {who[1]} has: every batch size "
+                               "must list the same token counts")
+    pid = profile_id or p.stem
+    doc = {"format": BATCH_LATENCY_FORMAT, "id": pid, "source": f"a T(b, n) table: {p.name}",
+           "device": {"name": "from the table"}, "model": {}, "batches": []}
+    for b in sorted(table):
+        doc["batches"].append({"batch": b, "step_overhead_ms": overhead[b], "curves": [{
+            "context_tokens": int(context),
+            "target": {"tokens": grid, "target_forward_ms": [table[b][n][0] for n in grid]},
+            "draft": {"tokens": grid, "draft_forward_ms": [table[b][n][1] for n in grid]}}]})
+    return BatchLatencyProfile.from_dict(doc, source=str(p), default_id=pid)

@@ -119,6 +119,11 @@ class Drafter(ABC):
     def keep(self, rows: Sequence[int]) -> None:
         """Only rows ``rows`` (ascending) stay in the batch."""
 
+    def join(self, state: DecodeState, rows: Sequence[int]) -> None:
+        """Rows ``rows`` of ``state.rows`` (the last ones, ascending) joined a running batch: take in their
+        prompts as :meth:`prefill` does. Raises DecodingError for a drafter that cannot (the default)."""
+        raise DecodingError(f"{type(self).__name__} cannot take rows into a running batch")
+
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                     nodes: Sequence[int], first: bool) -> torch.Tensor | None:
         """Run the drafter over some nodes of a step's shared tree (a multi-drafter or dynamic policy's call,

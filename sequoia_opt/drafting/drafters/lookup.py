@@ -263,6 +263,12 @@ class PromptLookupDrafter(Drafter):
     def keep(self, rows: Sequence[int]) -> None:
         self._rows = [self._rows[b] for b in rows]
 
+    def join(self, state: DecodeState, rows: Sequence[int]) -> None:
+        for i in rows:
+            idx = self._new_index()
+            idx._extend(state.rows[i].seq)
+            self._rows.append(idx)
+
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                     nodes: Sequence[int], first: bool) -> None:
         """No model and no cache: nothing to run (a shared-tree policy asks :meth:`ranked` per node)."""

@@ -200,6 +200,18 @@ class ModelDrafter(Drafter):
         self.rows.prefilled(done)
         self.row_cached = done
 
+    def join(self, state: DecodeState, rows: Sequence[int]) -> None:
+        done = []
+        for i in rows:
+            r = state.rows[i]
+            k = len(r.seq) - 1 if len(r.seq) - 1 <= self.context - 1 else 0
+            if self.rows is not None and k:
+                run_causal_chunk(self.model, self.rows.row(i), r.seq[:k], 0, self.settings.backend, self._masks)
+            done.append(k if self.rows is not None else 0)
+        if self.rows is not None:
+            self.rows.add(done)
+        self.row_cached.extend(done)
+
     def _fits(self, d: int, max_L: int, chunk: int, start_d: int) -> bool:
         # levels 0 .. d-1: positions up to L + d - 1; slots up to R + start_d - 1, R = F + chunk - 1
         return max_L + d - 1 <= self.context - 1 and self.rows.frontier + chunk - 1 + start_d <= self.rows.max_len

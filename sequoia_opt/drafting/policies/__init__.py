@@ -10,6 +10,8 @@
   it measures (:class:`TreeAdapter`).
 * ``dynamic.py`` — :class:`DynamicPolicy`: one drafter, a tree chosen per step from its own scores by a rule
   of :mod:`sequoia_opt.dynamic` (EAGLE-2, entropy branching, best-first / DDTree).
+* ``schedule.py`` — :class:`SchedulePolicy`: a speculation plan, the static tree (a chain of K) of the batch range
+  that holds the live rows, as vLLM, TensorRT-LLM and SGLang pick a draft length per batch size.
 * ``graft.py`` — :class:`GraftPolicy`: a light and a strong drafter grow one shared tree from a solved plan
   (TreeGraft, 2026); a scheduler decides per step whether the strong drafter is called.
 * ``merge.py`` — :class:`MergePolicy`: each drafter proposes its own tree; the union by shared prefixes is
@@ -29,8 +31,9 @@ from .merge import MergePolicy
 from .scheduler import (FEATURE_NAMES, AlwaysGraft, GraftFeatures, GraftScheduler, LogisticScheduler, NeverGraft,
                         load_scheduler, save_scheduler)
 from .static import StaticTreePolicy, check_tree_width
+from .schedule import SchedulePolicy
 
-__all__ = ["DraftingPolicy", "SharedTreePolicy", "commit_drafter", "ChainPolicy", "top1_share", "StaticTreePolicy", "check_tree_width",
+__all__ = ["DraftingPolicy", "SharedTreePolicy", "commit_drafter", "ChainPolicy", "top1_share", "StaticTreePolicy", "check_tree_width", "SchedulePolicy",
            "AdaptiveTreePolicy", "TreeAdapter", "OnlineAcceptance", "Resolve", "GraftPolicy", "check_graft_plan",
            "MergePolicy", "DynamicPolicy", "GraftScheduler", "GraftFeatures", "AlwaysGraft", "NeverGraft",
            "LogisticScheduler", "FEATURE_NAMES", "load_scheduler", "save_scheduler"]

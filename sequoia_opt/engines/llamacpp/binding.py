@@ -112,6 +112,7 @@ class LlamaCppModel:
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
         self.n_threads = int(n_threads)
         self.n_seq_max = int(n_seq_max)
+        self.kv_unified = bool(cparams.kv_unified)
         self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
         self._mem = lib.llama_get_memory(self._ctx)
         self._batch = lib.llama_batch_init(self.n_batch, 0, max(1, int(n_seq_max)))
@@ -183,11 +184,18 @@ class LlamaCppModel:
         """Empty the KV cache."""
         self._lib.llama_memory_clear(self._mem, True)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        """Decode ``tokens`` from position 0 in ``n_batch`` chunks, logits for the last token only."""
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
+        """Decode ``tokens`` from position 0 of sequence ``seq`` in ``n_batch`` chunks, logits for the last token
+        only."""
         for s in range(0, len(tokens), self.n_batch):
             chunk = tokens[s: s + self.n_batch]
-            self.decode(chunk, s, logits=False)
+            self.decode(chunk, s, logits=False, seq_ids=None if seq == 0 else [[seq]] * len(chunk))
+
+    @property
+    def seq_cells(self) -> int:
+        """KV cells one sequence can hold: ``n_ctx``, or ``n_ctx / n_seq_max`` with a KV cache per sequence
+        (llama.cpp's ``n_ctx_seq`` when ``kv_unified`` is off)."""
+        return self.n_ctx if self.kv_unified else self.n_ctx // max(1, self.n_seq_max)
 
     def close(self) -> None:
         lib = self._lib

@@ -4,6 +4,9 @@
   logits for all n positions* (verification reads them all), the draft's c(w) the same way, and the per-step
   overhead of a speculative step outside the two models' forwards; in the ``treeopt-latency/1`` format with
   ``engine: {name: llama.cpp, version}``.
+* :func:`profile_latency_batch` — T(b, n), c(b, w) and the overhead per batch size b: b sequences of n tokens
+  each in one ``llama_decode`` (one sequence id per row, a KV cache per sequence, as ``llama-server -np b``
+  decodes its slots), in the ``treeopt-latency-batch/1`` format.
 * :func:`measure_acceptance` — the greedy positional acceptance vector on llama.cpp's own logits, teacher-forced
   along the target's greedy output: the rank of the target's token among the draft's logits at each position.
 """
@@ -21,7 +24,8 @@ from ...solver.chains import ChainSetting
 from .binding import LlamaCppModel, engine_info, top1
 from .decode import generate
 
-__all__ = ["forward_calls", "measure_step_overhead", "profile_latency", "measure_acceptance"]
+__all__ = ["forward_calls", "batch_calls", "measure_step_overhead", "profile_latency", "profile_latency_batch",
+           "measure_acceptance"]
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -55,6 +59,54 @@ def forward_calls(model: LlamaCppModel, *, seed: int = 0) -> Callable[[int], Cal
         return call
 
     return calls_at
+
+
+def batch_calls(model: LlamaCppModel, batch: int, *,
+                seed: int = 0) -> Callable[[int], Callable[[int], Callable[[], None]]]:
+    """:func:`forward_calls` for ``batch`` rows: every row's sequence holds ``context`` random tokens; ``call(n)``
+    runs one ``llama_decode`` over n random tokens per row (b x n tokens, row r in sequence r at positions
+    ``context..context + n - 1``, logits for all), then removes their cells."""
+    rng = np.random.default_rng(seed)
+
+    def calls_at(ctx: int) -> Callable[[int], Callable[[], None]]:
+        model.clear()
+        for s in range(batch):
+            if ctx:
+                model.prefill(rng.integers(0, model.n_vocab, ctx).tolist(), s)
+
+        def call(n: int) -> Callable[[], None]:
+            toks = rng.integers(0, model.n_vocab, batch * n).tolist()
+            seqs = [[s] for s in range(batch) for _ in range(n)]
+            pos = [ctx + i for _ in range(batch) for i in range(n)]
+
+            def run() -> None:
+                model.decode(toks, 0, logits=True, seq_ids=seqs, positions=pos)
+                model.synchronize()
+                for s in range(batch):
+                    model.seq_rm(ctx, -1, s)
+
+            return run
+
+        return call
+
+    return calls_at
+
+
+def measure_batch_overhead(target: LlamaCppModel, draft: LlamaCppModel | None, batch: int, *, n_max: int = 2,
+                           prompt_len: int = 32, steps: int = 12, seed: int = 0) -> float:
+    """The loop's per-step cost outside the forwards at ``batch`` rows on llama.cpp (ms): the median
+    ``bookkeeping_ms`` of ``steps`` steps of static chains of ``n_max`` (plain without a draft) on random
+    prompts."""
+    from ...decoding import Decoder
+    from ...drafting.policies import StaticTreePolicy
+    from ...tree import Tree
+    from .target import LlamaCppDrafter, LlamaCppTarget
+
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, target.n_vocab, prompt_len).tolist() for _ in range(batch)]
+    policy = StaticTreePolicy(LlamaCppDrafter(draft), Tree.chain(n_max + 1)) if draft is not None else None
+    res = Decoder(LlamaCppTarget(target, max_batch=batch), policy, max_batch=batch).generate_batch(prompts, steps)
+    return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0
 
 
 def measure_step_overhead(target: LlamaCppModel, draft: LlamaCppModel, *, n_max: int = 4, prompt_len: int = 32,
@@ -95,20 +147,11 @@ def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Seq
     Raises:
         EngineError: llama-cpp-python missing, a GGUF llama.cpp refuses, a context + n past a model's context.
     """
-    import torch
+    from ...profiling.latency import engine_timers, method_text, sweep_grid
 
-    from ...model.loaders import load_model_config
-    from ...device import cpu_name, device_slug
-    from ...profiling.latency import build_latency_profile, engine_timers, method_text, sweep_grid
-
-    tcfg = load_model_config(target_path)
-    dcfg = load_model_config(draft_path) if draft_path is not None else None
-    widest = max(max(token_counts), max(draft_token_counts))
-    for cfg, path in ((tcfg, target_path), (dcfg, draft_path)):
-        if cfg is not None and max(contexts) + widest > cfg.max_position_embeddings:
-            raise EngineError(f"context {max(contexts)} + {widest} tokens exceeds {Path(path).name}'s context of "
-                              f"{cfg.max_position_embeddings} tokens")
-    n_ctx = max(max(contexts) + widest + 8, 256)  # 256: what measure_step_overhead's run needs
+    meta = _meta(target_path, draft_path, contexts, max(max(token_counts), max(draft_token_counts)), n_threads,
+                 target_name, draft_name)
+    n_ctx = max(max(contexts) + max(max(token_counts), max(draft_token_counts)) + 8, 256)  # 256: the overhead run
     kw = dict(min_repeats=min(5, max_repeats), max_repeats=max_repeats)
     with LlamaCppModel(target_path, n_ctx=n_ctx, n_threads=n_threads) as tm:
         ttables = sweep_grid(engine_timers(forward_calls(tm), "cpu", **kw), token_counts, contexts, what="target",
@@ -119,19 +162,88 @@ def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Seq
                 dtables = sweep_grid(engine_timers(forward_calls(dm, seed=1), "cpu", **kw), draft_token_counts,
                                      contexts, what="draft", progress=progress, rounds=rounds, paired=paired)
                 overhead = measure_step_overhead(tm, dm)
+    return _curve(meta, ttables, dtables, overhead, meta["pid"], method_text(rounds, paired, token_counts),
+                  "treeopt profile latency --engine llama.cpp")
+
+
+def _meta(target_path, draft_path, contexts, widest, n_threads, target_name, draft_name) -> dict:
+    """What a llama.cpp profile records of its models and device; refuses a context past a model's."""
+    from ...model.loaders import load_model_config
+    from ...device import cpu_name, device_slug
+
+    tcfg = load_model_config(target_path)
+    dcfg = load_model_config(draft_path) if draft_path is not None else None
+    for cfg, path in ((tcfg, target_path), (dcfg, draft_path)):
+        if cfg is not None and max(contexts) + widest > cfg.max_position_embeddings:
+            raise EngineError(f"context {max(contexts)} + {widest} tokens exceeds {Path(path).name}'s context of "
+                              f"{cfg.max_position_embeddings} tokens")
     tname = target_name or Path(target_path).stem
     dname = draft_name or (Path(draft_path).stem if draft_path is not None else None)
-    slug = device_slug("cpu")
     device_meta = {"name": cpu_name(), "type": "cpu", "dtype": _file_type(Path(target_path)),
                    "draft_dtype": _file_type(Path(draft_path)) if draft_path is not None else None,
                    "threads": n_threads}
-    pid = f"{slug}_{tname}" + (f"__{dname}" if dname else "") + "_llama.cpp"
+    pid = f"{device_slug('cpu')}_{tname}" + (f"__{dname}" if dname else "") + "_llama.cpp"
+    return {"tcfg": tcfg, "dcfg": dcfg, "tname": tname, "dname": dname, "device_meta": device_meta, "pid": pid}
+
+
+def _curve(meta: dict, ttables, dtables, overhead: float, pid: str, method: str, command: str):
+    import torch
+
+    from ...profiling.latency import build_latency_profile
+
     return build_latency_profile(
         target_tables=ttables, draft_tables=dtables, step_overhead_ms=overhead, device="cpu", dtype=torch.float32,
-        target_name=tname, target_config=tcfg, draft_name=dname, draft_config=dcfg, random_weights=False,
-        profile_id=pid, method=method_text(rounds, paired, token_counts) + "; llama_decode with logits for every "
-        "position", command="treeopt profile latency --engine llama.cpp", engine=engine_info(),
-        device_meta=device_meta)
+        target_name=meta["tname"], target_config=meta["tcfg"], draft_name=meta["dname"], draft_config=meta["dcfg"],
+        random_weights=False, profile_id=pid, method=method + "; llama_decode with logits for every position",
+        command=command, engine=engine_info(), device_meta=meta["device_meta"])
+
+
+def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: Sequence[int], *,
+                          contexts: Sequence[int], token_counts: Sequence[int], draft_token_counts: Sequence[int],
+                          n_threads: int = 2, rounds: int = 3, paired: bool = True, max_repeats: int = 30,
+                          max_seconds: float = 10.0, progress: ProgressFn | None = None,
+                          target_name: str | None = None, draft_name: str | None = None):
+    """T(b, n), c(b, w) and the per-step overhead at every batch size b on llama.cpp (module docstring): one
+    context of b sequences per batch size, a KV cache per sequence (``kv_unified`` off, llama-server's default),
+    timed as :func:`profile_latency` times batch 1 (:func:`batch_calls`; overhead:
+    :func:`measure_batch_overhead`); ``max_seconds`` caps the timing of one (batch, n) point.
+
+    Returns:
+        the :class:`~sequoia_opt.profiles.batch.BatchLatencyProfile` (``treeopt-latency-batch/1``).
+
+    Raises:
+        EngineError: as :func:`profile_latency`.
+    """
+    from ...profiles.batch import BatchLatencyProfile
+    from ...profiling.latency import engine_timers, method_text, sweep_grid
+    from ...tree import now_iso
+
+    widest = max(max(token_counts), max(draft_token_counts))
+    meta = _meta(target_path, draft_path, contexts, widest, n_threads, target_name, draft_name)
+    per_seq = max(max(contexts) + widest + 8, 64 + 12 * 3 + 8)  # the overhead run's prompt and steps fit too
+    kw = dict(min_repeats=min(5, max_repeats), max_repeats=max_repeats, max_seconds=max_seconds)
+    curves = {}
+    for b in sorted({int(x) for x in batches}):
+        cfg = dict(n_ctx=per_seq * b, n_threads=n_threads, n_seq_max=b, kv_unified=False)
+        with LlamaCppModel(target_path, **cfg) as tm:
+            tt = sweep_grid(engine_timers(batch_calls(tm, b), "cpu", **kw), token_counts, contexts,
+                            what=f"target (batch {b})", progress=progress, rounds=rounds, paired=paired)
+            dt, overhead = None, 0.0
+            if draft_path is not None:
+                with LlamaCppModel(draft_path, **cfg) as dm:
+                    dt = sweep_grid(engine_timers(batch_calls(dm, b, seed=1), "cpu", **kw), draft_token_counts,
+                                    contexts, what=f"draft (batch {b})", progress=progress, rounds=rounds,
+                                    paired=paired)
+                    overhead = measure_batch_overhead(tm, dm, b)
+            else:
+                overhead = measure_batch_overhead(tm, None, b)
+        curves[b] = _curve(meta, tt, dt, overhead, f"{meta['pid']}_batch@batch{b}",
+                           method_text(rounds, paired, token_counts), "treeopt tune --engine llama.cpp")
+    first = curves[min(curves)]
+    return BatchLatencyProfile(id=f"{meta['pid']}_batch", curves=curves, device=dict(first.device),
+                               model=dict(first.model), source=f"measured on llama.cpp, batch sizes "
+                               f"{','.join(map(str, sorted(curves)))} (b sequences of n tokens per forward)",
+                               date=now_iso())
 
 
 def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Sequence[Sequence[int]],

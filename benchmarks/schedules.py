@@ -1,0 +1,407 @@
+"""Speculation plans measured the way engines use them (issue 29): at each batch size every fixed draft length K
+in 0..8 and the plan's choice on the same prompts, and a stream of requests whose concurrency rises 1 -> 16 -> 1
+served with the plan against every fixed K; the peers' rules side by side on the same measurements.
+
+One run = one engine (treeopt's own decoder, or llama.cpp with parallel sequences through its batch API) and one
+workload with its drafter:
+
+* ``eval`` — the demo's held-out code prompts (``sequoia_opt/data/prompts/eval.jsonl``, cut to their last
+  ``--max-prompt-tokens``), drafted by the bundled draft model;
+* ``edit`` — editing requests whose answers copy long runs of the prompt (``benchmarks/data/edit-eval.jsonl``,
+  ``benchmarks/make_edit_prompts.py``), drafted by n-grams (prompt lookup).
+
+Steps, in one machine state: ``treeopt tune`` measures T(b, n), c(b, w), the overhead per batch size and the
+drafter's acceptance (on the workload's *profile* prompts, never the eval ones) and solves the plan; then for each
+batch size b, ``--rounds`` interleaved rounds (the order of the Ks rotates each round) decode max(b, 4) eval prompts
+in batches of b with every fixed K; then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
+after step s the batch is refilled up to min(16, s + 1) live rows while requests remain) with every fixed K, the
+plan and vLLM's rule, in rounds. Greedy output is checked token for token: every run against plain decoding of
+the same requests. Decode time excludes the batch's prefill; the stream's wall time includes the joiners'.
+
+Peers, on the same measurements: vLLM's ``generate_config.py`` rule (at each batch size the best *measured* of K in
+{1, 3, 5}), SGLang's default EAGLE envelope (5, 4, 8) as a chain of its 5 steps, llama.cpp's default draft length
+(3, ``common/common.h``), and the batch-1 best K (measured) everywhere.
+
+    flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine llama.cpp --workload edit
+    flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine treeopt --workload eval
+
+Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(b, 4) requests per batch size, 2 rounds;
+a stream of 24 requests x 12 tokens) are the smallest that still reach 16 live rows and give each K two rounds;
+on this 2-core machine under load 3-6 the llama.cpp editing run took 28 min (profiling 4, batch 16 alone 7, the
+stream 9). treeopt's float32 decoder is slower per token: ``--new 10 --min-prompts 3 --stream-requests 20
+--stream-tokens 8 --profile-rounds 1`` keeps it near that. The editing answers copy the function after a short
+preamble, so 16 tokens understate what n-grams accept (``--new 48`` matches the profile's 48, at 3x the time).
+
+Writes ``results/schedules/<date>-<engine>-<workload>.json`` (and the run's profiles and plan beside it) and
+prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sequoia_opt._io import atomic_write_text
+from sequoia_opt.decoding import Decoder
+from sequoia_opt.drafting.drafters.lookup import PromptLookupDrafter
+from sequoia_opt.drafting.policies import SchedulePolicy, StaticTreePolicy
+from sequoia_opt.jobs.tune import TuneOptions, tune
+from sequoia_opt.plan_exports import LLAMACPP_DEFAULT_DRAFT, SGLANG_DEFAULT_ENVELOPE, VLLM_GENERATOR_KS
+from sequoia_opt.profiles.batch import parse_batches
+from sequoia_opt.prompts import encode_prompts, load_prompts
+from sequoia_opt.solver.schedule import save_schedule
+from sequoia_opt.tree import Tree, now_iso
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = {"eval": (ROOT / "sequoia_opt/data/prompts/eval.jsonl", ROOT / "sequoia_opt/data/prompts/profile.jsonl", None),
+             "edit": (ROOT / "benchmarks/data/edit-eval.jsonl", ROOT / "benchmarks/data/edit-profile.jsonl", "lookup")}
+
+
+# ---------------------------------------------------------------------------------------------- engines
+class Engine:
+    """Makes a decoder for b rows with a fixed chain, a plan, or none; one per (engine, drafter)."""
+
+    def __init__(self, name: str, draft: str | None, threads: int, max_len: int) -> None:
+        self.name, self.lookup, self.max_len = name, draft == "lookup", max_len
+        if name == "treeopt":
+            from sequoia_opt.jobs.load import load_pair
+
+            self.pair = load_pair(None, draft, device=torch.device("cpu"), dtype=torch.float32)
+            self.tokenizer = self.pair.tokenizer
+            self.vocab = self.pair.vocab_size
+        else:
+            import tempfile
+
+            from sequoia_opt.engines.llamacpp import resolve_pair
+
+            work = Path(tempfile.mkdtemp(prefix="treeopt-sched-"))
+            self.gguf = resolve_pair(None, None if self.lookup else draft, work, need_draft=not self.lookup)
+            from sequoia_opt.model.gguf_loader import open_gguf, tokenizer_from_gguf
+
+            self.tokenizer = tokenizer_from_gguf(open_gguf(self.gguf.target))  # the GGUF's own, no weights
+            self.vocab = self.tokenizer.vocab_size
+            self.threads = threads
+            self._ctx: dict[int, Any] = {}
+
+    def _contexts(self, rows: int):
+        """llama.cpp contexts of ``rows`` sequences (a KV cache per sequence), made once per row count."""
+        from sequoia_opt.engines.llamacpp import LlamaCppModel
+
+        if rows not in self._ctx:
+            cfg = dict(n_ctx=self.max_len * rows, n_threads=self.threads, n_seq_max=rows, kv_unified=False)
+            tm = LlamaCppModel(self.gguf.target, **cfg)
+            dm = None if self.lookup else LlamaCppModel(self.gguf.draft, **cfg)
+            self._ctx[rows] = (tm, dm)
+        return self._ctx[rows]
+
+    def drafter(self, rows: int):
+        if self.lookup:
+            return PromptLookupDrafter(self.vocab)
+        if self.name == "treeopt":
+            return self.pair.new_drafter()
+        from sequoia_opt.engines.llamacpp import LlamaCppDrafter
+
+        return LlamaCppDrafter(self._contexts(rows)[1])
+
+    def decoder(self, rows: int, k: int | None = None, ranges: list[tuple[int, int, int]] | None = None) -> Decoder:
+        if ranges is not None:
+            policy = SchedulePolicy(self.drafter(rows), [(lo, hi, Tree.chain(kk + 1)) for lo, hi, kk in ranges])
+            if all(kk == 0 for *_, kk in ranges):
+                policy = None
+        else:
+            policy = StaticTreePolicy(self.drafter(rows), Tree.chain(k + 1)) if k else None
+        if self.name == "treeopt":
+            return Decoder(self.pair.target, policy, max_batch=rows, max_len=self.max_len)
+        from sequoia_opt.engines.llamacpp import LlamaCppTarget
+
+        return Decoder(LlamaCppTarget(self._contexts(rows)[0], max_batch=rows), policy, max_batch=rows)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def run_batch(eng: Engine, b: int, k: int, prompts: list[list[int]], new: int) -> dict:
+    """Every prompt in batches of b with a fixed K: tokens per prompt, decode ms (prefill excluded), steps."""
+    dec = eng.decoder(b, k)
+    toks, ms, steps, emitted = [], 0.0, 0, 0
+    for i in range(0, len(prompts), b):
+        res = dec.generate_batch(prompts[i: i + b], new)
+        toks += [r.tokens for r in res.results]
+        ms += sum(s.draft_ms + s.verify_ms + s.bookkeeping_ms for s in res.steps)
+        steps += len(res.steps)
+        emitted += sum(len(r.tokens) for r in res.results)
+    return {"tokens": toks, "ms": ms, "steps": steps, "emitted": emitted}
+
+
+def run_stream(eng: Engine, prompts: list[list[int]], new: int, peak: int, *, k: int | None = None,
+               ranges: list[tuple[int, int, int]] | None = None) -> dict:
+    """The stream (module docstring): wall ms (joins included), tokens per request, the live rows per step."""
+    dec = eng.decoder(peak, k, ranges)
+    waiting = list(range(1, len(prompts)))
+    t0 = time.perf_counter()
+    state = dec.start_batch([prompts[0]], new)
+    live = []
+    s = 0
+    while waiting or not state.finished:
+        room = min(peak, s + 1) - state.batch
+        if waiting and room > 0:
+            take = [waiting.pop(0) for _ in range(min(room, len(waiting)))]
+            dec.join(state, [prompts[i] for i in take], new)
+        if not state.finished:
+            live.append(dec.step(state).batch)
+        s += 1
+    wall = (time.perf_counter() - t0) * 1e3
+    return {"tokens": [r.tokens for r in state.results], "ms": wall - state.prefill_ms, "wall_ms": wall,
+            "live": live, "emitted": sum(len(r.tokens) for r in state.results)}
+
+
+def rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def med(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=("treeopt", "llama.cpp"))
+    ap.add_argument("--workload", choices=tuple(WORKLOADS))
+    ap.add_argument("--draft", default=None, help="the drafter (default: the workload's: draft model / lookup)")
+    ap.add_argument("--batches", default="1,2,4,8,16")
+    ap.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
+    ap.add_argument("--new", type=int, default=16, help="new tokens per request at fixed batch sizes")
+    ap.add_argument("--min-prompts", type=int, default=4, help="prompts per batch size: max(b, this)")
+    ap.add_argument("--max-prompt-tokens", type=int, default=96, help="eval prompts are cut to their last N tokens")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--stream-requests", type=int, default=24)
+    ap.add_argument("--stream-tokens", type=int, default=12)
+    ap.add_argument("--stream-peak", type=int, default=16)
+    ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--profile-rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--plan", type=Path, default=None, help="a treeopt-schedule/1 plan (default: tune solves one)")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "results/schedules")
+    ap.add_argument("--markdown", type=Path, nargs="+", default=None,
+                    help="print the markdown tables of these results files (no run)")
+    args = ap.parse_args()
+    if args.markdown:
+        for path in args.markdown:
+            print(markdown(json.loads(path.read_text()), rel(path.resolve())))
+        return
+    if args.engine is None or args.workload is None:
+        ap.error("--engine and --workload are required (or --markdown FILE...)")
+    torch.set_num_threads(args.threads)
+    t_start = time.time()
+    batches = parse_batches(args.batches)
+    ks = [int(x) for x in args.ks.split(",")]
+    eval_file, profile_file, default_draft = WORKLOADS[args.workload]
+    draft = args.draft or default_draft
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    run_dir = args.out_dir / f"{stamp}-{args.engine}-{args.workload}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(f"[{time.time() - t_start:7.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    # the prompts, encoded by the target's tokenizer (llama.cpp's GGUF tokenizer is the same vocabulary)
+    max_len = 512
+    eng = Engine(args.engine, draft, args.threads, max_len)
+    texts = load_prompts(eval_file)
+    ids = encode_prompts(texts, eng.tokenizer)
+    if args.workload == "eval":
+        ids = [p[-args.max_prompt_tokens:] for p in ids]
+    need = max(max(batches), args.min_prompts, args.stream_requests if not args.no_stream else 0)
+    ids = [ids[i % len(ids)] for i in range(need)]
+    context = int(statistics.median(len(p) for p in ids))
+
+    # 1. profile -> solve, in this machine state (what treeopt tune does)
+    log(f"tune: profile T(b, n) at batch sizes {batches} (context {context}), acceptance on {profile_file.name}")
+    res = tune(TuneOptions(engine=args.engine, draft=draft, batches=batches, context=context, max_draft=max(ks),
+                           prompts=profile_file, num_prompts=8, max_new_tokens=48, threads=args.threads,
+                           rounds=args.profile_rounds, profiles_dir=run_dir / "profiles", plan=args.plan),
+               progress=lambda what, done, total: None)
+    plan = res.plan
+    save_schedule(run_dir / "plan.yaml", res.schedule)
+    plan_k = {r.batch: r.best.setting.draft_tokens for r in plan.rows}
+    ranges = [(r.lo, r.hi, r.setting.draft_tokens) for r in plan.ranges]
+    predicted = {r.batch: {c.setting.draft_tokens: c.tokens_per_s_total for c in r.candidates} for r in plan.rows}
+    log(f"plan: {', '.join(f'{lo}-{hi}: K={k}' for lo, hi, k in ranges)}; {res.profiles}")
+
+    # 2. every fixed K at every batch size, interleaved rounds
+    rows = []
+    for b in batches:
+        prompts = ids[: max(b, args.min_prompts)]
+        runs: dict[int, list[dict]] = {k: [] for k in ks}
+        for r in range(args.rounds):
+            order = ks[r % len(ks):] + ks[: r % len(ks)]
+            for k in order:
+                runs[k].append(run_batch(eng, b, k, prompts, args.new))
+            log(f"batch {b} round {r + 1}/{args.rounds}")
+        plain = runs[0][0]["tokens"] if 0 in runs else None
+        per_k = {}
+        for k in ks:
+            tps = [1000.0 * x["emitted"] / x["ms"] for x in runs[k]]
+            per_k[k] = {"tokens_per_s_total": med(tps), "tokens_per_s_total_rounds": tps,
+                        "tokens_per_step": runs[k][0]["emitted"] / max(1, runs[k][0]["steps"]),
+                        "steps": runs[k][0]["steps"], "emitted": runs[k][0]["emitted"],
+                        "greedy_equal_plain": plain is None or all(x["tokens"] == plain for x in runs[k]),
+                        "predicted_tokens_per_s_total": predicted.get(b, {}).get(k)}
+        best_k = max(ks, key=lambda k: per_k[k]["tokens_per_s_total"])
+        best = per_k[best_k]["tokens_per_s_total"]
+        pk = plan_k.get(b)
+        chosen = per_k.get(pk, {}).get("tokens_per_s_total")
+        pred = predicted.get(b, {}).get(pk)
+        rows.append({"batch": b, "prompts": len(prompts), "by_k": per_k, "best_measured_k": best_k,
+                     "plan_k": pk, "plan_tokens_per_s_total": chosen,
+                     "regret": None if chosen is None else (best - chosen) / best,
+                     "plan_predicted_tokens_per_s_total": pred,
+                     "prediction_error": None if chosen is None or pred is None else (pred - chosen) / chosen})
+    by_b = {r["batch"]: r for r in rows}
+    def measured_k(k: int) -> int:
+        """The longest measured K not past k (a peer's K outside a trimmed --ks runs as the nearest one below)."""
+        return max((x for x in ks if x <= k), default=min(ks))
+
+    meas = lambda b, k: by_b[b]["by_k"][k]["tokens_per_s_total"]  # noqa: E731
+    batch1_best = by_b[batches[0]]["best_measured_k"]
+    vllm_ks = sorted({measured_k(k) for k in VLLM_GENERATOR_KS})
+    vllm_rule = {b: max(vllm_ks, key=lambda k: meas(b, k)) for b in batches}
+    peers_fixed = {"vllm-generator": vllm_rule,
+                   "sglang-default": {b: measured_k(SGLANG_DEFAULT_ENVELOPE[0]) for b in batches},
+                   "llama.cpp-default": {b: measured_k(LLAMACPP_DEFAULT_DRAFT) for b in batches},
+                   "batch1-best": {b: batch1_best for b in batches}}
+    for r in rows:
+        b = r["batch"]
+        r["peers"] = {name: {"k": rule[b], "tokens_per_s_total": meas(b, rule[b])} for name, rule in peers_fixed.items()}
+
+    # 3. the stream: every fixed K, the plan, vLLM's rule (as ranges over the measured batch sizes)
+    stream = None
+    if not args.no_stream:
+        sp = ids[: args.stream_requests]
+        last = max(plan.ranges[-1].hi, args.stream_peak)
+        vr = [(1 if i == 0 else b, (batches[i + 1] - 1) if i + 1 < len(batches) else last, vllm_rule[b])
+              for i, b in enumerate(batches)]
+        plan_ranges = [(lo, hi if i + 1 < len(ranges) else last, k) for i, (lo, hi, k) in enumerate(ranges)]
+        settings: dict[str, dict] = {f"K={k}": {"k": k} for k in ks}
+        settings["plan"] = {"ranges": plan_ranges}
+        settings["vllm-generator"] = {"ranges": vr}
+        sruns: dict[str, list[dict]] = {n: [] for n in settings}
+        names = list(settings)
+        for r in range(args.rounds):
+            for n in names[r % len(names):] + names[: r % len(names)]:
+                sruns[n].append(run_stream(eng, sp, args.stream_tokens, args.stream_peak, **settings[n]))
+            log(f"stream round {r + 1}/{args.rounds}")
+        ref = sruns["K=0"][0]["tokens"] if "K=0" in sruns else None
+        stream = {"requests": len(sp), "tokens_per_request": args.stream_tokens, "peak": args.stream_peak,
+                  "live_rows_plan": sruns["plan"][0]["live"], "settings": {}}
+        for n in names:
+            tps = [1000.0 * x["emitted"] / x["ms"] for x in sruns[n]]
+            wall = [1000.0 * x["emitted"] / x["wall_ms"] for x in sruns[n]]
+            stream["settings"][n] = {"tokens_per_s_total": med(tps), "rounds": tps,
+                                     "tokens_per_s_total_with_prefill": med(wall),
+                                     "greedy_equal_plain": ref is None or all(x["tokens"] == ref for x in sruns[n]),
+                                     **({"ranges": settings[n]["ranges"]} if "ranges" in settings[n] else {})}
+        st = stream["settings"]
+        stream["peers"] = {"sglang-default": st[f"K={measured_k(SGLANG_DEFAULT_ENVELOPE[0])}"]["tokens_per_s_total"],
+                           "llama.cpp-default": st[f"K={measured_k(LLAMACPP_DEFAULT_DRAFT)}"]["tokens_per_s_total"],
+                           "batch1-best": st[f"K={batch1_best}"]["tokens_per_s_total"],
+                           "vllm-generator": st["vllm-generator"]["tokens_per_s_total"]}
+
+    # 4. the goals
+    regrets = [r["regret"] for r in rows if r["regret"] is not None]
+    errors = [abs(r["prediction_error"]) for r in rows if r["prediction_error"] is not None]
+    goals = {"max_regret": max(regrets) if regrets else None,
+             "regret_le_3pct_everywhere": bool(regrets) and max(regrets) <= 0.03,
+             "max_prediction_error": max(errors) if errors else None,
+             "prediction_within_10pct_everywhere": bool(errors) and max(errors) <= 0.10,
+             "greedy_equal_everywhere": all(v["greedy_equal_plain"] for r in rows for v in r["by_k"].values())
+             and (stream is None or all(v["greedy_equal_plain"] for v in stream["settings"].values())),
+             "speculation_stops_paying_above": plan.stops_paying_above}
+    if stream is not None:
+        st = stream["settings"]
+        p = st["plan"]["tokens_per_s_total"]
+        fixed = {n: v["tokens_per_s_total"] for n, v in st.items() if n.startswith("K=")}
+        goals.update(stream_plan_tokens_per_s=p, stream_best_fixed=max(fixed, key=fixed.get),
+                     stream_plan_vs_best_fixed=p / max(fixed.values()),
+                     stream_plan_ge_every_fixed=all(p >= v for v in fixed.values()),
+                     stream_plan_ge_every_peer=all(p >= v for v in stream["peers"].values()))
+    doc = {"benchmark": "benchmarks/schedules.py", "date": now_iso(), "engine": args.engine,
+           "workload": args.workload, "drafter": draft, "prompts": rel(eval_file),
+           "profile_prompts": rel(profile_file), "threads": args.threads,
+           "rounds": args.rounds, "new_tokens": args.new, "context_tokens": context, "batches": batches, "ks": ks,
+           "profiles": res.profiles, "plan": {"ranges": [list(x) for x in ranges],
+                                              "stops_paying_above": plan.stops_paying_above,
+                                              "file": rel(run_dir / "plan.yaml")},
+           "rows": rows, "stream": stream, "goals": goals, "load_average_at_end": list(os.getloadavg()),
+           "command": "flock /tmp/treeopt-bench.lock python " + " ".join(sys.argv), "wall_s": time.time() - t_start}
+    out = args.out_dir / f"{stamp}-{args.engine}-{args.workload}.json"
+    atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    print_tables(doc)
+    print(f"wrote {out}")
+
+
+def print_tables(doc: dict) -> None:
+    ks = doc["ks"]
+    print(f"\n{doc['engine']} / {doc['workload']} ({doc['drafter'] or 'draft model'}): plan "
+          f"{doc['plan']['ranges']}, stops paying above {doc['plan']['stops_paying_above']}")
+    print("batch | " + " | ".join(f"K={k}" for k in ks) + " | best | plan K | regret | predicted | error")
+    for r in doc["rows"]:
+        cells = [f"{r['by_k'][str(k) if isinstance(next(iter(r['by_k'])), str) else k]['tokens_per_s_total']:.1f}"
+                 for k in ks]
+        print(f"{r['batch']} | " + " | ".join(cells) + f" | K={r['best_measured_k']} | {r['plan_k']} | "
+              f"{100 * (r['regret'] or 0):.1f}% | {r['plan_predicted_tokens_per_s_total'] or 0:.1f} | "
+              f"{100 * (r['prediction_error'] or 0):+.1f}%")
+    if doc["stream"]:
+        st = doc["stream"]["settings"]
+        print("stream total tok/s: " + ", ".join(f"{n} {v['tokens_per_s_total']:.1f}" for n, v in st.items()))
+    print("goals: " + json.dumps(doc["goals"]))
+
+
+def markdown(doc: dict, source: str) -> str:
+    """A results file as the docs' tables: measured tok/s per K and the plan per batch size, then the stream."""
+    ks = doc["ks"]
+    g = doc["goals"]
+    out = [f"**{doc['engine']}, {doc['workload']} workload ({doc['drafter'] or 'draft model'})**: plan "
+           + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in doc["plan"]["ranges"])
+           + f"; speculation stops paying above batch {doc['plan']['stops_paying_above']} "
+           f"(`{source}`, {doc['rounds']} rounds, medians)", "",
+           "| batch | " + " | ".join(f"K={k}" for k in ks) + " | best K | plan K | regret | predicted | error |",
+           "| --- " * (len(ks) + 6) + "|"]
+    for r in doc["rows"]:
+        by_k = {int(k): v for k, v in r["by_k"].items()}
+        cells = [f"**{by_k[k]['tokens_per_s_total']:.1f}**" if k == r["plan_k"] else
+                 f"{by_k[k]['tokens_per_s_total']:.1f}" for k in ks]
+        out.append(f"| {r['batch']} | " + " | ".join(cells) + f" | {r['best_measured_k']} | {r['plan_k']} | "
+                   f"{100 * (r['regret'] or 0):.1f} % | {r['plan_predicted_tokens_per_s_total'] or 0:.1f} | "
+                   f"{100 * (r['prediction_error'] or 0):+.1f} % |")
+    if doc["stream"]:
+        st = doc["stream"]
+        fixed = {n: v["tokens_per_s_total"] for n, v in st["settings"].items() if n.startswith("K=")}
+        best = max(fixed, key=fixed.get)
+        out += ["", f"Stream 1 -> {st['peak']} -> 1 ({st['requests']} requests x {st['tokens_per_request']} "
+                f"tokens), total tok/s: plan {st['settings']['plan']['tokens_per_s_total']:.1f}; best fixed "
+                f"{best} {fixed[best]:.1f}; K=0 {fixed.get('K=0', 0):.1f}; "
+                + "; ".join(f"{n} {v:.1f}" for n, v in st["peers"].items())]
+    out += ["", "Goals: max regret {:.1f} % (<= 3 %: {}); max prediction error {:.1f} % (<= 10 %: {}); greedy "
+            "equal everywhere: {}{}".format(
+                100 * (g["max_regret"] or 0), g["regret_le_3pct_everywhere"], 100 * (g["max_prediction_error"] or 0),
+                g["prediction_within_10pct_everywhere"], g["greedy_equal_everywhere"],
+                "" if "stream_plan_vs_best_fixed" not in g else
+                "; stream plan / best fixed {:.3f}, >= every fixed K: {}, >= every peer: {}".format(
+                    g["stream_plan_vs_best_fixed"], g["stream_plan_ge_every_fixed"], g["stream_plan_ge_every_peer"])),
+            ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

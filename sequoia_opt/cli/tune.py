@@ -1,0 +1,148 @@
+"""``treeopt tune --engine {vllm,sglang,tensorrt-llm,llama.cpp,treeopt}``: how far to speculate at each batch size,
+in the engine's own settings (:mod:`sequoia_opt.jobs.tune` does the work; :mod:`sequoia_opt.solver.schedule`
+solves, :mod:`sequoia_opt.plan_exports` writes each engine's settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from typing_extensions import Annotated
+
+from .._io import atomic_write_text
+from ..report import Report
+from .common import DraftOpt, JsonOpt, TargetOpt, _check_writable, app, handle_errors, progress_bar
+from .render import render
+
+
+@app.command("tune")
+@handle_errors
+def tune(
+    engine: Annotated[str, typer.Option("--engine", "-e", help="vllm | sglang | tensorrt-llm | llama.cpp | treeopt")],
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    batches: Annotated[str, typer.Option("--batches", help="Batch sizes to solve, comma-separated.")] = "1,2,4,8,16",
+    latency: Annotated[Optional[Path], typer.Option(
+        "--latency", "-l", help="T(b, n): a treeopt-latency-batch/1 profile, an engine's latency profile (batch 1), or "
+        "a CSV table batch,tokens,target_ms[,draft_ms][,overhead_ms]. Default for llama.cpp and treeopt: measured "
+        "here (or reused from profiles/).")] = None,
+    acceptance: Annotated[Optional[Path], typer.Option(
+        "--acceptance", "-a", help="The drafter's acceptance profile (default for llama.cpp and treeopt: measured here "
+        "or reused).")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        "--calibration", help="A calibration profile: values EAGLE envelopes (--shape envelope).")] = None,
+    shape: Annotated[str, typer.Option("--shape", help="chain (a draft length per batch size) | envelope (EAGLE "
+                                        "steps / topk / draft tokens: SGLang, TensorRT-LLM)")] = "chain",
+    max_draft: Annotated[Optional[int], typer.Option(
+        "--max-draft", help="The longest chain considered (default: what the profile measured, at most 8).")] = None,
+    context: Annotated[int, typer.Option("--context", help="Context length (tokens) latency is measured at.")] = 128,
+    release: Annotated[Optional[str], typer.Option(
+        "--release", help="The engine release to export for (refused when it does not take the setting).")] = None,
+    method: Annotated[Optional[str], typer.Option(
+        "--method", help="The engine's drafting method in vLLM's names: draft_model | ngram | eagle | eagle3 | mtp.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="The draft checkpoint to name in the export.")] = None,
+    max_batch: Annotated[Optional[int], typer.Option(
+        "--max-batch", help="The engine's largest batch: the last range ends there.")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(
+        "--prompts", help="Prompts the acceptance is measured on (default: the demo's profile prompts).")] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="Prompts used for acceptance.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per prompt for acceptance.")] = 48,
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads for measuring.")] = 1,
+    rounds: Annotated[int, typer.Option("--rounds", help="Timing rounds per (batch, tokens).")] = 2,
+    acceptance_model: Annotated[str, typer.Option(
+        "--acceptance-model", help="auto | positional | by-depth (chains: acceptance by depth from runs).")] = "auto",
+    min_gain: Annotated[float, typer.Option(
+        "--min-gain", help="Speculate only where the predicted lead over plain decoding exceeds this fraction "
+        "(0.05 = 5 %); a smaller lead keeps plain decoding at that batch size.")] = 0.0,
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
+        "the extra_llm_api_options YAML; SGLang: the adaptive config JSON; llama.cpp: the flags per -np; treeopt: "
+        "the treeopt-schedule/1 plan).")] = None,
+    schedule: Annotated[Optional[Path], typer.Option(
+        "--schedule", help="Also write the treeopt-schedule/1 plan (every batch size's prediction) here.")] = None,
+    plan: Annotated[Optional[Path], typer.Option(
+        "--plan", help="A treeopt-schedule/1 plan to predict and export instead of solving one.")] = None,
+    profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where profiles are looked for and written.")] =
+    Path("profiles"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Choose how far to speculate at each batch size from measured curves, and print it in the engine's settings:
+    runs what is missing of profile -> solve, then prints the settings, the predicted table per batch size and the
+    command that checks it."""
+    from ..jobs.tune import TuneOptions, check_options
+    from ..jobs.tune import tune as run_tune
+    from ..profiles.batch import parse_batches
+    from ..solver.schedule import save_schedule
+
+    opts = check_options(TuneOptions(
+        engine=engine, target=target, draft=draft, batches=parse_batches(batches, "--batches"), latency=latency,
+        acceptance=acceptance, calibration=calibration, shape=shape, max_draft=max_draft, context=context,
+        release=release, method=method, model=model, max_batch=max_batch, prompts=prompts, num_prompts=num_prompts,
+        max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,
+        min_gain=min_gain,
+        profiles_dir=profiles_dir, plan=plan))
+    for path in (output, schedule):
+        if path is not None:
+            _check_writable(path)
+    with progress_bar() as progress:
+        res = run_tune(opts, progress)
+    plan, settings = res.plan, res.settings
+    report = Report(title=f"treeopt tune --engine {opts.engine}")
+    stops = plan.stops_paying_above
+    report.summary = {
+        "engine": opts.engine, "drafter": res.schedule.get("drafter"), **{k: v for k, v in res.profiles.items()},
+        "speculation": ("pays at no batch size measured: none" if stops == 0 else
+                        f"stops paying above batch {stops}" if stops is not None else
+                        f"pays up to the largest batch measured ({plan.rows[-1].batch})"),
+        "ranges": "; ".join(f"{r.lo}-{r.hi}: {r.setting.label}" for r in plan.ranges)}
+    if settings is not None:
+        report.summary["releases"] = settings.releases
+        report.summary["rules read in"] = settings.checked
+    rows = []
+    for r in plan.rows:
+        b = r.best
+        lo, hi = b.interval
+        rows.append([r.batch, b.setting.label, b.cost.expected_tokens, b.cost.cost_ms, b.tokens_per_s_per_request,
+                     f"{lo:.4g}-{hi:.4g}", b.tokens_per_s_total, f"{r.batch * lo:.4g}-{r.batch * hi:.4g}",
+                     r.plain.tokens_per_s_total, b.cost.speedup])
+    report.tables.append(("predicted per batch size (the plan's setting; intervals 95 %)",
+                          ["batch", "setting", "tokens/step", "step ms", "tok/s per request", "interval",
+                           "tok/s total", "interval", "plain tok/s total", "speedup"], rows))
+    if res.peers:
+        names = list(res.peers)
+        report.tables.append(("predicted total tok/s: the plan against the peers' rules",
+                              ["batch", "plan", *names],
+                              [[r.batch, r.best.tokens_per_s_total, *[res.peers[n].get(r.batch) for n in names]]
+                               for r in plan.rows]))
+    if settings is not None:
+        report.notes.append(f"{opts.engine} settings:\n{settings.text.rstrip()}")
+        report.notes.append(f"start it with: {settings.command}")
+        report.notes.extend(settings.notes)
+        report.warnings.extend(settings.warnings)
+    report.notes.extend(res.notes)
+    plan_file = output if opts.engine == "treeopt" and output is not None else schedule
+    check = res.check.replace("PLAN.yaml", str(plan_file)) if plan_file is not None else res.check
+    if plan_file is None and "PLAN.yaml" in check:
+        check += " (write PLAN.yaml with --schedule PLAN.yaml)"
+    report.notes.append(f"check it: {check}")
+    written = {}
+    if output is not None:
+        if opts.engine == "treeopt":
+            save_schedule(output, res.schedule)
+        elif opts.engine == "sglang" and "adaptive.json" in settings.extra_files:
+            atomic_write_text(output, settings.extra_files["adaptive.json"])
+            report.notes.append(f"pass it as --speculative-adaptive-config {output}")
+        else:
+            atomic_write_text(output, settings.text)
+        written["output_file"] = str(output)
+    if schedule is not None:
+        save_schedule(schedule, res.schedule)
+        written["schedule_file"] = str(schedule)
+    for k, v in written.items():
+        report.notes.append(f"wrote {v}")
+    report.data = {"schedule": res.schedule, "profiles": res.profiles, "peers": res.peers, "check": check,
+                   "settings": None if settings is None else {"text": settings.text, "data": settings.data,
+                                                              "releases": settings.releases,
+                                                              "command": settings.command}, **written}
+    render(report, as_json)

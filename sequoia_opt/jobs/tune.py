@@ -1,0 +1,545 @@
+"""``treeopt tune``: from nothing to an engine's speculation settings per batch size, as a library function.
+
+For the engine and drafter asked, :func:`tune` runs what is missing of profile -> solve -> export and says what it
+reused, measured or was given:
+
+1. the latency per batch size, T(b, n), c(b, w) and the overhead (``treeopt-latency-batch/1``): llama.cpp and
+   treeopt's own decoder are measured on this machine when no profile covers the batch sizes and draft lengths
+   asked (:func:`~sequoia_opt.engines.llamacpp.profile_latency_batch`,
+   :func:`~sequoia_opt.profiling.batch.profile_batches`); a GPU engine takes its profile (``treeopt profile latency
+   --engine sglang|vllm``, batch 1 only) or a user's T(b, n) table (CSV,
+   :func:`~sequoia_opt.profiles.batch.load_batch_table`);
+2. the drafter's acceptance: a profile given or found at the default path, else measured (treeopt: the decoder's
+   own verifier, :func:`~sequoia_opt.profiling.acceptance.measure_acceptance`; llama.cpp: its logits along the
+   target's greedy output, per-depth acceptance from the runs of agreement, :func:`acceptance_from_traces`); an
+   EAGLE envelope takes a calibration profile;
+3. the plan (:func:`~sequoia_opt.solver.schedule.solve_plan`) and the engine's settings
+   (:func:`~sequoia_opt.plan_exports.export_plan`), with the command that checks it.
+
+Every check that needs no model runs first (:func:`check_options`): a bad option is refused in one line before
+anything is measured or written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import ProfileError, TreeoptError
+
+__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult", "check_options", "tune",
+           "acceptance_from_traces", "lookup_traces", "peer_ranges", "token_grid"]
+
+TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
+GPU_ENGINES = ("vllm", "sglang", "tensorrt-llm")
+DEFAULT_BATCHES = (1, 2, 4, 8, 16)
+#: The longest chain a plan considers when neither the user nor the profile says less.
+DEFAULT_MAX_DRAFT = 8
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def token_grid(k: int) -> list[int]:
+    """The tokens per request T(b, n) is measured at for chains up to K: 1..5, then sparser up to K + 1 (the
+    solver interpolates between them, never past the last)."""
+    return sorted({n for n in (1, 2, 3, 4, 5, 7, 9, 12, 17, 25, 33) if n <= k + 1} | {k + 1})
+
+
+@dataclass
+class TuneOptions:
+    """What ``treeopt tune`` was asked (CLI options, module docstring).
+
+    Attributes:
+        engine: one of :data:`TUNE_ENGINES`.  target: the target checkpoint (None: the demo target).
+        draft: the drafter (``--draft``: a checkpoint, ``lookup[:MIN-MAX]``; None: the bundled draft).
+        batches: batch sizes to solve.  latency: a batch latency profile, a latency profile or a T(b, n) CSV.
+        acceptance / calibration: profiles (chains / EAGLE envelopes).  shape: ``chain`` or ``envelope``.
+        max_draft: the longest chain (None: what the profile measured, at most :data:`DEFAULT_MAX_DRAFT`).
+        context: context length (tokens) the latency is measured and read at.
+        release / method / model: the engine release, drafting method and draft checkpoint named in the export.
+        max_batch: the engine's largest batch (the last range ends there).
+        prompts / num_prompts / max_new_tokens: what the acceptance is measured on.
+        threads: CPU threads for measuring.  rounds: timing rounds.  acceptance_model: auto | positional | by-depth.
+        min_gain: speculate only where the predicted lead over plain decoding exceeds this fraction
+            (:func:`~sequoia_opt.solver.schedule.solve_plan`).
+        profiles_dir: where measured profiles are written and looked for.
+        plan: a ``treeopt-schedule/1`` file to predict and export instead of solving one.
+    """
+
+    engine: str
+    target: Path | None = None
+    draft: str | None = None
+    batches: Sequence[int] = DEFAULT_BATCHES
+    latency: Path | None = None
+    acceptance: Path | None = None
+    calibration: Path | None = None
+    shape: str = "chain"
+    max_draft: int | None = None
+    context: int = 128
+    release: str | None = None
+    method: str | None = None
+    model: str | None = None
+    max_batch: int | None = None
+    prompts: Path | None = None
+    num_prompts: int = 8
+    max_new_tokens: int = 48
+    threads: int = 1
+    rounds: int = 2
+    acceptance_model: str = "auto"
+    min_gain: float = 0.0
+    profiles_dir: Path = Path("profiles")
+    plan: Path | None = None
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` produced.
+
+    Attributes:
+        plan: the :class:`~sequoia_opt.solver.schedule.Plan`.  schedule: its ``treeopt-schedule/1`` document.
+        settings: the engine's :class:`~sequoia_opt.plan_exports.EngineSettings` (None for ``treeopt``).
+        profiles: per input (latency, acceptance, calibration), what was done: given, reused or measured, and
+            its path.  peers: per peer rule, its predicted total tokens/s per batch size.
+        check: the command that checks the plan.  notes / warnings: one line each.
+    """
+
+    plan: Any
+    schedule: dict[str, Any]
+    settings: Any
+    profiles: dict[str, str]
+    peers: dict[str, dict[int, float]]
+    check: str
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _engine(name: str) -> str:
+    key = str(name).strip().lower()
+    key = {"trtllm": "tensorrt-llm", "tensorrt_llm": "tensorrt-llm", "llamacpp": "llama.cpp",
+           "llama-cpp": "llama.cpp"}.get(key, key)
+    if key not in TUNE_ENGINES:
+        raise TreeoptError(f"--engine {name!r}: choose one of {', '.join(TUNE_ENGINES)}")
+    return key
+
+
+def check_options(opts: TuneOptions) -> TuneOptions:
+    """Every check that needs no model (one line each), and the options normalised. Returns them.
+
+    Raises:
+        TreeoptError: an unknown engine or shape, a GPU engine without a latency profile or table or without an
+            acceptance (calibration) profile, an envelope without a calibration profile, a batch size < 1, a
+            missing file, a release the engine's export refuses on its face (not a version).
+    """
+    from ..jobs.load import parse_drafter_spec
+    from ..plan_exports import _version, check_llamacpp_release
+    from ..solver.schedule import check_min_gain
+
+    opts.engine = _engine(opts.engine)
+    if opts.shape not in ("chain", "envelope"):
+        raise TreeoptError(f"--shape {opts.shape!r}: choose chain (a draft length per batch size) or envelope "
+                           "(EAGLE steps / topk / draft tokens, valued by a calibration profile)")
+    if opts.shape == "envelope" and opts.calibration is None:
+        raise TreeoptError("--shape envelope values EAGLE envelopes by a calibration profile: pass --calibration "
+                           "(treeopt profile acceptance --calibration)")
+    if opts.shape == "envelope" and opts.engine in ("vllm", "llama.cpp", "treeopt"):
+        raise TreeoptError(f"{opts.engine} takes a draft length per batch size, not an EAGLE envelope: --shape chain")
+    if any(int(b) < 1 for b in opts.batches) or not opts.batches:
+        raise TreeoptError("--batches takes batch sizes >= 1, e.g. 1,2,4,8,16")
+    opts.batches = sorted({int(b) for b in opts.batches})
+    if opts.max_draft is not None and opts.max_draft < 1:
+        raise TreeoptError(f"--max-draft must be at least 1, got {opts.max_draft}")
+    if opts.max_batch is not None and opts.max_batch < max(opts.batches):
+        raise TreeoptError(f"--max-batch {opts.max_batch} is below the largest batch size asked ({max(opts.batches)})")
+    if opts.context < 0 or opts.num_prompts < 1 or opts.max_new_tokens < 1 or opts.threads < 1 or opts.rounds < 1:
+        raise TreeoptError("--context >= 0; --num-prompts, --max-new-tokens, --threads and --rounds >= 1")
+    if opts.plan is not None:
+        from ..solver.schedule import load_schedule
+
+        load_schedule(opts.plan)  # overlapping or missing ranges: one line, before anything is measured
+    for name, path in (("--latency", opts.latency), ("--acceptance", opts.acceptance),
+                       ("--calibration", opts.calibration), ("--prompts", opts.prompts), ("--target", opts.target)):
+        if path is not None and not Path(path).is_file():
+            raise TreeoptError(f"{name} {path}: no such file")
+    if opts.engine in GPU_ENGINES:
+        if opts.latency is None:
+            raise TreeoptError(f"--engine {opts.engine} runs on a GPU: pass its latency with --latency (treeopt profile "
+                               "latency --engine sglang|vllm on the GPU, or a T(b, n) table: batch,tokens,target_ms,...)")
+        if opts.shape == "chain" and opts.acceptance is None:
+            raise TreeoptError(f"--engine {opts.engine}: pass the drafter's acceptance profile with --acceptance (treeopt "
+                               "profile acceptance, or the engine's per-position acceptance)")
+        if opts.release is not None:
+            _version(opts.release, opts.engine)
+    elif opts.engine == "llama.cpp":
+        check_llamacpp_release(opts.release)  # before minutes of measuring
+    elif opts.release is not None and opts.engine == "treeopt":
+        raise TreeoptError("--release names an engine release; treeopt's schedule has none")
+    check_min_gain(opts.min_gain)
+    spec = parse_drafter_spec(opts.draft)  # a bad --draft fails here
+    if opts.engine == "llama.cpp" and not spec.entry.loads_model and spec.kind != "lookup":
+        raise TreeoptError(f"--draft {spec.label}: llama.cpp drafts with a draft model or n-grams (lookup)")
+    return opts
+
+
+# ---------------------------------------------------------------------------------------------- acceptance
+def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], *, profile_id: str,
+                           target_name: str, draft_name: str, max_depth: int, source: str,
+                           prompts_file: str | None = None, max_new_tokens: int | None = None):
+    """An acceptance profile for chains from teacher-forced traces (per prompt and continuation position:
+    the drafter's top-1 token, its probability, whether the target's token equals it), by depth: a chain step
+    may start at every position t, and depth d's p_1 is the fraction of starts whose tokens t .. t + d - 2 were
+    all accepted that accept token t + d - 1 too (the runs of agreement an n-gram or a draft model has, which a
+    single pooled p_1 misses). The pooled vector (``p_1`` = depth 1) carries its counts for the intervals.
+
+    Returns:
+        an :class:`~sequoia_opt.profiles.AcceptanceProfile` with ``acceptance_by_depth`` 1..``max_depth`` (a
+        depth with fewer than 30 trials repeats the one above) and ``positional_consistent`` False when the
+        depths differ beyond the 95 % intervals.
+
+    Raises:
+        ProfileError: no trace positions.
+    """
+    from ..profiles import AcceptanceProfile
+    from ..profiles.common import wilson_interval
+
+    hits = np.zeros(max_depth + 1, dtype=np.int64)
+    trials = np.zeros(max_depth + 1, dtype=np.int64)
+    for trace in traces:
+        ok = [bool(x[2]) for x in trace]
+        for t in range(len(ok)):
+            for d in range(1, max_depth + 1):
+                if t + d - 1 >= len(ok):
+                    break
+                trials[d] += 1
+                if not ok[t + d - 1]:
+                    break
+                hits[d] += 1
+    if trials[1] == 0:
+        raise ProfileError("no trace positions to measure acceptance on")
+    p1 = hits[1] / trials[1]
+    by_depth, last = {}, p1
+    lo1, hi1 = wilson_interval(hits[1], trials[1])
+    consistent = True
+    for d in range(1, max_depth + 1):
+        if trials[d] >= 30:
+            last = hits[d] / trials[d]
+            lo, hi = wilson_interval(hits[d], trials[d])
+            consistent = consistent and not (hi < lo1 or lo > hi1)
+        by_depth[d] = np.array([last])
+    measured = {"target": target_name, "draft": draft_name, "mode": "greedy", "temperature": 0.0, "top_p": 1.0,
+                "width": 1, "num_samples": int(trials[1]), "positional_consistent": bool(consistent),
+                "depth_trials": {int(d): int(trials[d]) for d in range(1, max_depth + 1)}}
+    if prompts_file:
+        measured["prompts"] = prompts_file
+    if max_new_tokens:
+        measured["max_new_tokens"] = int(max_new_tokens)
+    return AcceptanceProfile(id=profile_id, acceptance=np.array([p1]),
+                             counts=np.array([hits[1], trials[1] - hits[1]], dtype=np.int64), measured=measured,
+                             by_depth=by_depth, source=source)
+
+
+def lookup_traces(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], vocab_size: int,
+                  lookup_min: int, lookup_max: int) -> list[list[tuple[int, float, bool]]]:
+    """Teacher-forced traces of prompt lookup (the n-gram drafter's rule,
+    :class:`~sequoia_opt.drafting.drafters.lookup.NgramIndex`) along the target's greedy continuations: at every
+    position, its top candidate after the committed text, its confidence, and whether the target's token equals
+    it."""
+    from ..drafting.drafters.lookup import NgramIndex
+
+    out = []
+    for p, cont in zip(prompts, continuations):
+        idx = NgramIndex(vocab_size, lookup_min, lookup_max)
+        seq = list(p)
+        trace = []
+        for tok in cont:
+            idx._extend(seq)
+            cands, conf = idx.ranked(seq, [], 1)
+            trace.append((int(cands[0]), float(conf), int(cands[0]) == int(tok)))
+            seq.append(int(tok))
+        out.append(trace)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- peers
+def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *, context: int | None = None,
+                batch1_k: int | None = None) -> dict[str, list[tuple[int, int, Any]]]:
+    """The peers' rules as schedules over ``batches`` (every K clipped to what the value model prices):
+    vLLM's ``generate_config.py`` (at each batch size the best of K in {1, 3, 5}, here by prediction), SGLang's
+    default EAGLE envelope (5, 4, 8) as a chain of its 5 steps, llama.cpp's default draft length (3), and the
+    batch-1 best K everywhere."""
+    from ..plan_exports import LLAMACPP_DEFAULT_DRAFT, SGLANG_DEFAULT_ENVELOPE, VLLM_GENERATOR_KS
+    from ..solver.schedule import SpecSetting
+
+    top = value.max_draft
+    clip = lambda k: SpecSetting.chain(min(int(k), top))  # noqa: E731
+    last = plan.ranges[-1].hi
+    bs = sorted(batches)
+
+    def over(settings: dict[int, Any]) -> list[tuple[int, int, Any]]:
+        out = []
+        for i, b in enumerate(bs):
+            hi = bs[i + 1] - 1 if i + 1 < len(bs) else last
+            out.append((1 if i == 0 else b, hi, settings[b]))
+        return out
+
+    vllm = {}
+    for b in bs:
+        curve = profile.curve(b)
+        scored = [(value.predict(clip(k), b, curve, context)[0].tokens_per_s, -k, clip(k)) for k in VLLM_GENERATOR_KS]
+        vllm[b] = max(scored, key=lambda x: (x[0], x[1]))[2]
+    k1 = batch1_k if batch1_k is not None else plan.rows[0].best.setting.draft_tokens
+    return {"vllm-generator": over(vllm),
+            "sglang-default": [(1, last, clip(SGLANG_DEFAULT_ENVELOPE[0]))],
+            "llama.cpp-default": [(1, last, clip(LLAMACPP_DEFAULT_DRAFT))],
+            "batch1-best": [(1, last, clip(k1))]}
+
+
+# ---------------------------------------------------------------------------------------------- the job
+def _covers(profile: Any, batches: Sequence[int], k: int, context: int | None) -> bool:
+    try:
+        return all(profile.curve(b).max_target_tokens(context) >= k + 1 for b in batches)
+    except ProfileError:
+        return False
+
+
+def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, measure: Callable):
+    """The batch latency profile: given, reused from the default path, or measured by ``measure(path)``."""
+    from ..profiles import load_latency
+    from ..profiles.batch import BatchLatencyProfile, load_batch_latency, load_batch_table
+
+    want_k = opts.max_draft or DEFAULT_MAX_DRAFT
+    if opts.latency is not None:
+        p = Path(opts.latency)
+        if p.suffix.lower() == ".csv":
+            prof = load_batch_table(p, context=opts.context)
+        else:
+            try:
+                prof = load_batch_latency(p)
+            except ProfileError:
+                prof = BatchLatencyProfile.from_latency(load_latency(p))
+        missing = [b for b in opts.batches if b not in prof.batches]
+        if missing:  # a batch size the profile or table lacks: one line, exit 2
+            raise ProfileError(f"{p} has no T(b, n) at batch size {missing[0]} (it has {','.join(map(str, prof.batches))}): "
+                               "measure it, or solve --batches the table has")
+        done["latency"] = f"given: {p}"
+        return prof
+    path = measure(None)
+    if path.is_file():
+        prof = load_batch_latency(path)
+        if _covers(prof, opts.batches, want_k, None):
+            done["latency"] = f"reused: {path}"
+            return prof
+    prof = measure(path)
+    done["latency"] = f"measured: {path}"
+    return prof
+
+
+def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any]) -> Any:
+    """The acceptance profile: given, reused from ``path``, or measured by ``measure()`` and saved there."""
+    from ..profiles import load_acceptance, save_acceptance
+
+    if opts.acceptance is not None:
+        done["acceptance"] = f"given: {opts.acceptance}"
+        return load_acceptance(opts.acceptance)
+    if path.is_file():
+        done["acceptance"] = f"reused: {path}"
+        return load_acceptance(path)
+    acc = measure()
+    save_acceptance(path, acc)
+    done["acceptance"] = f"measured: {path}"
+    return acc
+
+
+def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
+    """Profile what is missing, solve the plan and export it (module docstring). Writes measured profiles under
+    ``opts.profiles_dir``; writes no output file (the CLI does, last).
+
+    Raises:
+        TreeoptError: as :func:`check_options`; ProfileError: a batch size the latency profile or table lacks, a
+            draft length past what it measured; PlanExportError: an engine release that does not take the plan;
+            EngineError: llama.cpp missing or refusing a GGUF.
+    """
+    from ..jobs.load import parse_drafter_spec
+    from ..plan_exports import export_plan
+    from ..solver.schedule import (ChainValue, EnvelopeValue, load_schedule, max_draft_measured, plan_document,
+                                   plan_from_ranges, predict_ranges, solve_plan)
+
+    opts = check_options(opts)
+    spec = parse_drafter_spec(opts.draft)
+    done: dict[str, str] = {}
+    notes: list[str] = []
+    if opts.engine == "llama.cpp":
+        profile, acc, labels = _llamacpp_inputs(opts, spec, done, progress)
+    elif opts.engine == "treeopt":
+        profile, acc, labels = _treeopt_inputs(opts, spec, done, progress)
+    else:
+        profile = _latency(opts, spec, done, progress, lambda path: None)
+        acc, labels = None, {"target": None, "drafter": spec.label}
+        if opts.acceptance is not None:
+            acc = _acceptance(opts, Path(opts.acceptance), done, lambda: None)
+    ctx = None if opts.engine in GPU_ENGINES else opts.context
+    if opts.shape == "envelope":
+        from ..profiles.calibration import load_calibration
+
+        value = EnvelopeValue(load_calibration(opts.calibration))
+        done["calibration"] = f"given: {opts.calibration}"
+    else:
+        top = max_draft_measured(profile, opts.batches, ctx)
+        k = opts.max_draft if opts.max_draft is not None else top if opts.plan is not None else \
+            min(DEFAULT_MAX_DRAFT, top)
+        if opts.max_draft is None and opts.plan is None and top < DEFAULT_MAX_DRAFT:
+            notes.append(f"chains up to K = {k}: the latency profile measured T(b, n) up to n = {top + 1}")
+        value = ChainValue(acc, k, acceptance_model=opts.acceptance_model)
+    prov = {"latency_profile": profile.id, "acceptance_profile": getattr(acc, "id", None),
+            "calibration_profile": str(opts.calibration) if opts.calibration else None,
+            "target": labels.get("target"), "batches": list(opts.batches)}
+    prov = {k: v for k, v in prov.items() if v is not None}
+    if opts.plan is not None:
+        sched = load_schedule(opts.plan, profile=profile, context=ctx)  # K past the profile: one line
+        plan = plan_from_ranges(sched.ranges, value, profile, opts.batches, context=ctx,
+                                provenance={**prov, "given_plan": str(opts.plan)})
+        done["plan"] = f"given: {opts.plan}"
+    else:
+        plan = solve_plan(value, profile, opts.batches, context=ctx, first_is_longest=opts.engine == "tensorrt-llm",
+                          min_gain=opts.min_gain,
+                          max_batch=opts.max_batch, provenance=prov)
+    notes.extend(plan.notes)
+    doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
+    # vLLM's names; each export maps them. Lookup and a feature head are the engine's own methods (ngram, eagle3,
+    # eagle, medusa: the kind's engine_methods); a draft model's stays the user's (or the export's default)
+    method = opts.method or (spec.entry.engine_methods.get("vllm")
+                             if spec.kind == "lookup" or spec.entry.reads_features else None)
+    lookup = (spec.lookup_min, spec.lookup_max) if spec.kind == "lookup" else None
+    settings = None
+    if opts.engine != "treeopt":
+        settings = export_plan(plan, opts.engine, release=opts.release, method=method,
+                               model=opts.model, lookup=lookup, max_batch=opts.max_batch)
+        doc["engine_settings"] = settings.data
+        doc["engine_releases"] = settings.releases
+    peers = {}
+    if opts.shape == "chain":
+        for name, ranges in peer_ranges(plan, value, profile, opts.batches, context=ctx).items():
+            peers[name] = {p.batch: p.tokens_per_s_total for p in predict_ranges(ranges, value, profile, opts.batches,
+                                                                                   context=ctx)}
+    return TuneResult(plan, doc, settings, done, peers, _check_command(opts), notes)
+
+
+def _check_command(opts: TuneOptions) -> str:
+    bs = ",".join(map(str, opts.batches))
+    if opts.engine in ("llama.cpp", "treeopt"):
+        draft = f" --draft {opts.draft}" if opts.draft else ""
+        return f"python benchmarks/schedules.py --engine {opts.engine}{draft} --plan PLAN.yaml --batches {bs}"
+    return {"vllm": "on the GPU, per range: vllm bench throughput --model MODEL --speculative-config \"$(cat OUT)\" "
+                    "--max-num-seqs B (and each fixed K beside it)",
+            "sglang": "on the GPU: python -m sglang.bench_offline_throughput --model-path MODEL <cli_flags> at each "
+                      "--max-running-requests B (and each fixed --speculative-num-steps beside it)",
+            "tensorrt-llm": "on the GPU: trtllm-bench --model MODEL throughput --extra_llm_api_options OUT at each "
+                            "--concurrency B (and each fixed max_draft_len beside it)"}[opts.engine]
+
+
+def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None):
+    """llama.cpp's T(b, n) and acceptance, measured here when missing."""
+    import tempfile
+
+    import torch
+
+    from ..device import device_slug
+    from ..engines.llamacpp import (LlamaCppModel, generate, measure_acceptance, profile_latency_batch,
+                                    resolve_pair)
+    from ..jobs.load import pair_slug
+    from ..profiles.batch import save_batch_latency
+    from ..prompts import demo_prompts_path, load_prompts
+
+    torch.set_num_threads(1)  # torch only picks argmaxes here; llama.cpp runs the forwards on its own threads
+    lookup = spec.kind == "lookup"
+    work = Path(tempfile.mkdtemp(prefix="treeopt-tune-"))
+    pair = resolve_pair(opts.target, None if lookup else opts.draft, work, need_draft=not lookup)
+    dlabel = spec.label if lookup else pair.draft_label
+    slug = pair_slug(pair.target_label, dlabel)
+    want_k = opts.max_draft or DEFAULT_MAX_DRAFT
+
+    def measure(path: Path | None) -> Any:
+        default = opts.profiles_dir / device_slug("cpu") / f"{slug}-llama.cpp-latency-batch.yaml"
+        if path is None:
+            return default
+        prof = profile_latency_batch(pair.target, None if lookup else pair.draft, opts.batches,
+                                     contexts=[opts.context], token_counts=token_grid(want_k),
+                                     draft_token_counts=[1, 2], n_threads=opts.threads, rounds=opts.rounds,
+                                     paired=True, max_repeats=10, max_seconds=3.0, progress=progress,
+                                     target_name=pair.target_label, draft_name=dlabel)
+        save_batch_latency(path, prof)
+        return prof
+
+    def measure_acc() -> Any:
+        pfile = opts.prompts or demo_prompts_path("profile")
+        texts = [p.text for p in load_prompts(pfile, limit=opts.num_prompts)]
+        with LlamaCppModel(pair.target, n_ctx=1024, n_threads=opts.threads) as tm:
+            ids = [tm.tokenize(t) for t in texts]
+            if lookup:
+                conts = [generate(tm, p, opts.max_new_tokens).tokens for p in ids]
+                traces = lookup_traces(ids, conts, tm.n_vocab, spec.lookup_min, spec.lookup_max)
+            else:
+                with LlamaCppModel(pair.draft, n_ctx=1024, n_threads=opts.threads) as dm:
+                    _, traces = measure_acceptance(tm, dm, ids, opts.max_new_tokens, progress=progress)
+        return acceptance_from_traces(traces, profile_id=f"{slug}_greedy_llama.cpp", target_name=pair.target_label,
+                                      draft_name=dlabel, max_depth=want_k, prompts_file=str(pfile),
+                                      max_new_tokens=opts.max_new_tokens,
+                                      source="measured by treeopt tune --engine llama.cpp (teacher-forced on "
+                                             "llama.cpp's greedy output)")
+
+    profile = _latency(opts, spec, done, progress, measure)
+    acc = _acceptance(opts, opts.profiles_dir / slug / "acceptance-greedy-llama.cpp-chains.yaml", done, measure_acc)
+    return profile, acc, {"target": pair.target_label, "drafter": dlabel}
+
+
+def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None):
+    """treeopt's T(b, n) (the batched decoder) and acceptance (its verifier), measured here when missing."""
+    import torch
+
+    from ..device import device_slug
+    from ..jobs.load import default_acceptance_path, load_pair
+    from ..profiles.batch import save_batch_latency
+    from ..profiling.acceptance import build_acceptance_profile, measure_acceptance
+    from ..profiling.batch import profile_batches
+    from ..profiling.latency import method_text
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
+
+    torch.set_num_threads(opts.threads)
+    dev = torch.device("cpu")
+    pair = load_pair(opts.target, spec, device=dev, dtype=torch.float32)
+    slug = pair.slug
+    want_k = opts.max_draft or DEFAULT_MAX_DRAFT
+
+    def measure(path: Path | None) -> Any:
+        default = opts.profiles_dir / device_slug(dev) / f"{slug}-latency-batch.yaml"
+        if path is None:
+            return default
+        grid = token_grid(want_k)
+        prof = profile_batches(pair.target, pair.draft, opts.batches, grid, [1, 2], [opts.context],
+                               target_name=pair.target_name, draft_name=pair.draft_name,
+                               profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,
+                               method=method_text(opts.rounds, True, grid), progress=progress, rounds=opts.rounds,
+                               paired=True, command="treeopt tune --engine treeopt", min_repeats=3, max_repeats=10,
+                               max_seconds=3.0)
+        save_batch_latency(path, prof)
+        return prof
+
+    def measure_acc() -> Any:
+        pfile = opts.prompts or demo_prompts_path("profile")
+        ids = encode_prompts(load_prompts(pfile, limit=opts.num_prompts), pair.tokenizer, model=pair.target_name)
+        depth = min(want_k, 8)
+        counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=8, depth=depth,
+                                    max_new_tokens=opts.max_new_tokens, eos_ids=sorted(pair.tokenizer.eos_ids),
+                                    progress=progress)
+        return build_acceptance_profile(
+            counts, profile_id=f"{slug}_greedy", target_name=pair.target_name, draft_name=pair.draft_name,
+            temperature=0.0, top_p=1.0, depth=depth, device="cpu", dtype="float32", prompts_file=str(pfile),
+            num_prompts=len(ids), max_new_tokens=opts.max_new_tokens, seed=0, draft_cost_model=pair.cost_model,
+            command="treeopt tune --engine treeopt")
+
+    profile = _latency(opts, spec, done, progress, measure)
+    acc = _acceptance(opts, opts.profiles_dir / default_acceptance_path(pair.target_name, pair.spec).relative_to(
+        "profiles"), done, measure_acc)
+    return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}

@@ -1,0 +1,552 @@
+"""Speculation plans (:mod:`sequoia_opt.solver.schedule`) in each engine's current settings, each naming the
+releases that take it. The rules each export obeys were read in the engine's own code at a named release (the
+constants below say where); the tests encode them (``tests/test_plan_exports.py``).
+
+``vllm`` — ``--speculative-config`` with ``method``, ``num_speculative_tokens`` (the longest K) and
+    ``num_speculative_tokens_per_batch_size``: ``[[start, end, K], ...]``, inclusive ranges. Rules of
+    ``validate_and_normalize_dynamic_sd_schedule`` (``vllm/v1/spec_decode/dynamic/utils.py``, identical in the
+    0.24.0 and 0.33.0 wheels; 0.23.0 has no such field): entries of three integers, start and end >= 1,
+    start <= end, K >= 0, ranges sorted and non-overlapping, the first starting at 1; a gap carries the previous
+    K and the last K extends past the last end (``build_dynamic_sd_schedule_lookup``); every K is clipped to
+    ``num_speculative_tokens``, which must be > 0 (``Field(gt=0)`` in ``vllm/config/speculative.py``). Model
+    Runner V1 keeps the schedule for the ``ngram``, ``eagle``, ``eagle3``, ``mtp``, ``draft_model`` and
+    ``dflash`` methods only (``_maybe_disable_dynamic_sd_for_v1`` in ``vllm/config/vllm.py``). Chains only: vLLM
+    verifies no tree since 0.21.0 (:data:`sequoia_opt.exports.VLLM_TREE_RELEASES`).
+``tensorrt-llm`` — the LLM API's ``speculative_config`` (``extra_llm_api_options`` YAML) with ``max_draft_len``
+    and ``draft_len_schedule``. From 1.3.0rc8, the first release after NVIDIA/TensorRT-LLM#10860 (merged
+    2026-03-13), a key is the *last* batch size of its range and batch sizes past the largest key draft nothing
+    (``get_draft_len_for_batch_size`` in ``tensorrt_llm/_torch/speculative/utils.py``); the validator
+    (``DecodingBaseConfig.validate_draft_len_schedule_and_sort`` in ``tensorrt_llm/llmapi/llm_args.py``) wants
+    keys >= 1, lengths >= 0, the smallest key's length equal to ``max_draft_len`` and none longer, and no
+    ``max_concurrency`` beside it. The 1.2 releases read keys as range *starts* (#8194: the largest key <= the
+    batch size; ``1`` must be a key, mapping to ``max_draft_len``), and only for NGram and two-model
+    draft/target. Older releases have no ``draft_len_schedule``. An EAGLE envelope exports as the EAGLE-3 dynamic
+    tree (``use_dynamic_tree``, ``dynamic_tree_max_topK``, ``max_total_draft_tokens`` in
+    ``[max_draft_len, topK * max_draft_len]``, ``EagleDecodingConfig.validate_eagle_config``), one per server,
+    with ``max_concurrency`` where the plan stops speculating. The wheels live on NVIDIA's index, which this
+    machine cannot reach: the rules come from the public source.
+``sglang`` — per batch-size tiers of ``--speculative-adaptive --speculative-adaptive-config FILE``: a JSON file
+    ``{"<first batch size of the tier>": {"candidate_steps": [K]}, ...}`` (``adaptive_spec_params.py``,
+    ``_load_adaptive_config``: integer-string keys, a non-empty list of non-negative integers; a batch size uses
+    the tier with the largest key <= it). One candidate per tier pins its steps (the EMA has nowhere to move).
+    Tiers arrived in 0.5.13 (0.5.11 and 0.5.12 have one adaptive slot), step 0 (no speculation in a tier) in
+    0.5.14; checked to 0.5.23. Adaptive runs EAGLE / EAGLE3 with ``--speculative-eagle-topk 1`` only
+    (``adaptive_unsupported_reason``), ``--speculative-num-steps`` must be one of the candidate steps and
+    ``--speculative-num-draft-tokens`` becomes steps + 1 (``_init_adaptive_speculative_params`` in
+    ``arg_groups/speculative_hook.py``). Anything else (a draft model, n-grams, an envelope with topk > 1) runs
+    one static setting per server: the export lists the flags per batch range.
+``llama.cpp`` — ``llama-server -np B`` (B slots: the batch) with ``--spec-type draft-simple --spec-draft-n-max K
+    --spec-draft-n-min 0 --spec-draft-p-min 0``, or ``--spec-type ngram-simple --spec-ngram-simple-size-n N
+    --spec-ngram-simple-size-m K`` for n-grams; one setting per server, so one line per batch range (flags of
+    the llama.cpp vendored by llama-cpp-python 0.3.36, commit 0c1e570: ``common/arg.cpp``; ``--spec-draft-n-max``
+    must be >= 0, the n-gram sizes in 1..1024, ``-np`` non-zero).
+``treeopt`` — the ``treeopt-schedule/1`` file itself (``treeopt run --policy schedule:FILE``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from .errors import TreeoptError
+from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges
+
+__all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
+           "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "trtllm_draft_len",
+           "vllm_draft_len", "sglang_steps",
+           "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "SGLANG_TIER_RELEASES",
+           "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "LLAMACPP_COMMIT", "SGLANG_DEFAULT_ENVELOPE",
+           "LLAMACPP_DEFAULT_DRAFT", "VLLM_GENERATOR_KS"]
+
+PLAN_ENGINES = ("vllm", "tensorrt-llm", "sglang", "llama.cpp", "treeopt")
+
+#: First vLLM release with ``num_speculative_tokens_per_batch_size`` (0.23.0's wheel has none) and the last
+#: release whose wheel was checked (the validator is the same in both).
+VLLM_SCHEDULE_RELEASES = ("0.24.0", "0.33.0")
+#: Methods Model Runner V1 keeps a schedule for (``_maybe_disable_dynamic_sd_for_v1``, vLLM 0.33.0).
+VLLM_V1_SCHEDULE_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash")
+#: The Ks vLLM's ``generate_config.py`` times at each batch size (its per-batch-size rule: the best of them).
+VLLM_GENERATOR_KS = (1, 3, 5)
+
+#: The first TensorRT-LLM release after #10860 (keys are the last batch size of a range; 0 past the largest).
+TRTLLM_UPPER_KEY_RELEASE = "1.3.0rc8"
+#: The first release line whose ``draft_len_schedule`` reads keys as range starts (#8194).
+TRTLLM_LOWER_KEY_RELEASE = "1.2.0"
+
+#: SGLang: per-batch-size adaptive tiers from 0.5.13, checked to 0.5.23; a tier of step 0 from 0.5.14.
+SGLANG_TIER_RELEASES = ("0.5.13", "0.5.23")
+SGLANG_ZERO_STEP_RELEASE = "0.5.14"
+#: SGLang's automatic (steps, topk, num_draft_tokens) for Llama targets with EAGLE (``_auto_choose_speculative_params``).
+SGLANG_DEFAULT_ENVELOPE = (5, 4, 8)
+
+#: The llama.cpp whose flags the export writes, and its default ``--spec-draft-n-max`` (``common/common.h``).
+LLAMACPP_RELEASE = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
+#: The commit the llama.cpp flags were read at, and the pull requests that gave them their spelling: builds
+#: before ggml-org/llama.cpp#22397 (2026-04-27) spell ``--draft-max`` / ``--draft-min``, before #22964
+#: (2026-05-12) ``--spec-type`` has no ``draft-simple``. llama.cpp names releases by build number (``bNNNN``),
+#: which these pull requests do not give, so a ``--release`` other than the checked commit is refused.
+LLAMACPP_COMMIT = "0c1e570"
+LLAMACPP_SPELLING_PRS = ("ggml-org/llama.cpp#22397", "ggml-org/llama.cpp#22964")
+LLAMACPP_DEFAULT_DRAFT = 3
+
+
+class PlanExportError(TreeoptError):
+    """A plan an engine (or the release asked for) does not take, or a malformed schedule for it."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """A plan in one engine's settings.
+
+    Attributes:
+        engine: one of :data:`PLAN_ENGINES`.  release: the release asked for (None: the newest checked).
+        text: what to give the engine (JSON / YAML / flags), ending with a newline.
+        data: the same as a mapping (for ``--json`` and tests).
+        releases: the releases that take it, in words.  checked: where its rules were read.
+        command: how to start the engine with it.
+        notes / warnings: one line each.
+    """
+
+    engine: str
+    release: str | None
+    text: str
+    data: Any
+    releases: str
+    checked: str
+    command: str
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    extra_files: dict[str, str] = field(default_factory=dict)
+
+
+def _version(text: str, engine: str) -> Version:
+    try:
+        return Version(str(text).lstrip("v"))
+    except InvalidVersion:
+        raise PlanExportError(f"--release {text!r} is not a {engine} version (e.g. 0.33.0)") from None
+
+
+def _ranges(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]]) -> list[tuple[int, int, SpecSetting]]:
+    if isinstance(plan, Plan):
+        out = [(r.lo, r.hi, r.setting) for r in plan.ranges]
+    elif isinstance(plan, Schedule):
+        out = list(plan.ranges)
+    else:
+        out = [(int(lo), int(hi), s) for lo, hi, s in plan]
+    try:
+        check_ranges(out)
+    except TreeoptError as err:
+        raise PlanExportError(str(err)) from None
+    return out
+
+
+def _chains_only(ranges: Sequence[tuple[int, int, SpecSetting]], engine: str, why: str) -> None:
+    for lo, hi, s in ranges:
+        if s.shape not in ("none", "chain"):
+            raise PlanExportError(f"{engine} takes a draft length per batch size ({why}); batch sizes {lo}-{hi} "
+                                  f"want {s.label}: solve chains (--shape chain)")
+
+
+def _json_rows(doc: dict[str, Any]) -> str:
+    """JSON with one key per line and a list of lists kept one entry per line (a schedule reads as a table)."""
+    lines = []
+    for k, v in doc.items():
+        if isinstance(v, list) and v and all(isinstance(x, list) for x in v):
+            inner = ",\n".join("    " + json.dumps(x) for x in v)
+            lines.append(f"  {json.dumps(k)}: [\n{inner}\n  ]")
+        else:
+            lines.append(f"  {json.dumps(k)}: {json.dumps(v)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+# ---------------------------------------------------------------------------------------------- vLLM
+def check_vllm_schedule(schedule: Any) -> list[tuple[int, int, int]]:
+    """vLLM's rules for ``num_speculative_tokens_per_batch_size`` (module docstring). Returns the entries sorted.
+
+    Raises:
+        PlanExportError: the first rule broken, in one line.
+    """
+    if not isinstance(schedule, list) or not schedule:
+        raise PlanExportError("num_speculative_tokens_per_batch_size must be a non-empty list of [start, end, K]")
+    out = []
+    for e in schedule:
+        if not isinstance(e, (list, tuple)) or len(e) != 3 or any(isinstance(x, bool) or not isinstance(x, int)
+                                                                   for x in e):
+            raise PlanExportError(f"num_speculative_tokens_per_batch_size entry {e!r} must be three integers "
+                                  "[start, end, K]")
+        lo, hi, k = e
+        if lo <= 0 or hi <= 0:
+            raise PlanExportError(f"batch-size range ({lo}, {hi}) must be positive")
+        if lo > hi:
+            raise PlanExportError(f"batch-size range start must be <= end, got ({lo}, {hi})")
+        if k < 0:
+            raise PlanExportError(f"K must be >= 0, got {k} for ({lo}, {hi})")
+        out.append((lo, hi, k))
+    out.sort()
+    prev = 0
+    for lo, hi, _ in out:
+        if lo <= prev:
+            raise PlanExportError("batch-size ranges must be non-overlapping and sorted")
+        prev = hi
+    if out[0][0] != 1:
+        raise PlanExportError("the first batch-size range must start at 1")
+    return out
+
+
+def vllm_draft_len(schedule: Sequence[Sequence[int]], num_speculative_tokens: int, batch: int) -> int:
+    """The K vLLM runs at ``batch`` under a valid schedule: the range holding it, a gap's previous K, past the
+    last range its K; clipped to ``num_speculative_tokens`` (``build_dynamic_sd_schedule_lookup``)."""
+    k = None
+    for lo, hi, kk in sorted(schedule):
+        if lo > batch:
+            break
+        k = kk
+    return min(int(num_speculative_tokens), int(k))
+
+
+def _export_vllm(ranges, release, method, model, lookup):
+    _chains_only(ranges, "vLLM", "vLLM verifies chains since 0.21.0, with num_speculative_tokens_per_batch_size "
+                 "from 0.24.0")
+    first, last = VLLM_SCHEDULE_RELEASES
+    warnings = []
+    if release is not None:
+        v = _version(release, "vLLM")
+        if v < Version(first):
+            raise PlanExportError(f"vLLM {release} has no num_speculative_tokens_per_batch_size (added in {first}; "
+                                  f"0.23.0's wheel has none): upgrade, or run one K: {max(s.draft_tokens for *_, s in ranges)}")
+        if v > Version(last):
+            warnings.append(f"vLLM {release} is newer than the last release checked ({last}): check its "
+                            "vllm/v1/spec_decode/dynamic/utils.py still takes [start, end, K] entries")
+    method = method or "draft_model"
+    if method not in VLLM_V1_SCHEDULE_METHODS:
+        warnings.append(f"Model Runner V1 drops the schedule for method {method!r} (it keeps "
+                        f"{', '.join(VLLM_V1_SCHEDULE_METHODS)}): run with VLLM_USE_V2_MODEL_RUNNER=1")
+    kmax = max(s.draft_tokens for *_, s in ranges)
+    releases = f"vLLM {first} to {last} (checked in both wheels)"
+    checked = "vllm/v1/spec_decode/dynamic/utils.py and vllm/config/speculative.py of the 0.24.0 and 0.33.0 wheels"
+    if kmax == 0:
+        return dict(text="# speculation pays at no batch size: run vLLM without --speculative-config\n", data={},
+                    releases=releases, checked=checked, command="vllm serve MODEL",
+                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings))
+    sched = [[lo, hi, s.draft_tokens] for lo, hi, s in ranges]
+    check_vllm_schedule(sched)
+    doc: dict[str, Any] = {"method": method}
+    if method == "ngram":
+        lo_n, hi_n = lookup or (1, 3)
+        doc.update(prompt_lookup_min=int(lo_n), prompt_lookup_max=int(hi_n))
+    else:
+        doc["model"] = model or "<your draft model>"
+    doc.update(num_speculative_tokens=kmax, num_speculative_tokens_per_batch_size=sched)
+    notes = [f"past batch {ranges[-1][1]} vLLM keeps K = {ranges[-1][2].draft_tokens} (the last range's)"]
+    text = _json_rows(doc)
+    return dict(text=text, data=doc, releases=releases, checked=checked,
+                command=f"vllm serve MODEL --speculative-config '{json.dumps(doc, separators=(',', ':'))}'",
+                notes=tuple(notes), warnings=tuple(warnings))
+
+
+# ---------------------------------------------------------------------------------------------- TensorRT-LLM
+def check_trtllm_schedule(schedule: Any, max_draft_len: int | None, *, lower_keys: bool = False) -> dict[int, int]:
+    """TensorRT-LLM's rules for ``draft_len_schedule`` (module docstring): keys >= 1, lengths >= 0, the smallest
+    key's length equal to ``max_draft_len``, none longer; with ``lower_keys`` (1.2) key 1 must be there.
+    Returns the schedule sorted by key.
+
+    Raises:
+        PlanExportError: the first rule broken, in one line.
+    """
+    if not isinstance(schedule, dict) or not schedule:
+        raise PlanExportError("draft_len_schedule must be a non-empty mapping of batch size -> draft length")
+    for b, k in schedule.items():
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise PlanExportError(f"draft_len_schedule: batch size threshold must be >= 1, got {b!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise PlanExportError(f"draft_len_schedule: draft length must be >= 0, got {k!r}")
+    if lower_keys and 1 not in schedule:
+        raise PlanExportError("draft_len_schedule must include batch_size=1 (TensorRT-LLM 1.2)")
+    smallest = min(schedule)
+    if max_draft_len is not None:
+        if schedule[smallest] != max_draft_len:
+            raise PlanExportError(f"draft_len_schedule[{smallest}] must equal max_draft_len ({max_draft_len}): the "
+                                  f"smallest key carries the longest draft, got {schedule[smallest]}")
+        longer = [(b, k) for b, k in schedule.items() if k > max_draft_len]
+        if longer:
+            raise PlanExportError(f"draft_len_schedule: draft length {longer[0][1]} at batch size {longer[0][0]} "
+                                  f"exceeds max_draft_len {max_draft_len}")
+    return dict(sorted(schedule.items()))
+
+
+def trtllm_draft_len(schedule: dict[int, int], batch: int, *, lower_keys: bool = False) -> int:
+    """The draft length TensorRT-LLM runs at ``batch``: from 1.3.0rc8 the first key >= it (0 past the largest);
+    in 1.2 the largest key <= it."""
+    keys = sorted(schedule)
+    if lower_keys:
+        return schedule[max(k for k in keys if k <= batch)]
+    for k in keys:
+        if k >= batch:
+            return schedule[k]
+    return 0
+
+
+def _export_trtllm(ranges, release, method, model, lookup, max_batch):
+    lower = False
+    warnings: list[str] = []
+    if release is not None:
+        v = _version(release, "TensorRT-LLM")
+        if v < Version(TRTLLM_LOWER_KEY_RELEASE):
+            raise PlanExportError(f"TensorRT-LLM {release} is not known to take draft_len_schedule (it arrived with "
+                                  f"#8194 in the {TRTLLM_LOWER_KEY_RELEASE} line): run one max_draft_len, or upgrade")
+        lower = v < Version(TRTLLM_UPPER_KEY_RELEASE)
+    decoding = {"draft_model": "Draft_Target", "ngram": "NGram", "eagle3": "Eagle3", "eagle": "Eagle3",
+                "mtp": "MTP"}.get(method or "draft_model", method or "Draft_Target")
+    releases = (f"TensorRT-LLM {TRTLLM_UPPER_KEY_RELEASE} and later (keys end their ranges); "
+                f"{TRTLLM_LOWER_KEY_RELEASE} to 1.2.x with keys starting them")
+    checked = ("NVIDIA/TensorRT-LLM source after #10860: llmapi/llm_args.py validate_draft_len_schedule_and_sort, "
+               "_torch/speculative/utils.py get_draft_len_for_batch_size; 1.2's #8194 validator")
+    envs = [s for *_, s in ranges if s.shape == "envelope"]
+    if envs:
+        return _export_trtllm_envelope(ranges, releases, checked, warnings)
+    _chains_only(ranges, "TensorRT-LLM", "draft_len_schedule")
+    ks = [s.draft_tokens for *_, s in ranges]
+    if max(ks) == 0:
+        return dict(text="# speculation pays at no batch size: leave speculative_config out\n", data={},
+                    releases=releases, checked=checked, command="trtllm-serve MODEL",
+                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings))
+    if ks[0] != max(ks):
+        raise PlanExportError(f"TensorRT-LLM needs the smallest batch size to draft the most (draft_len_schedule's "
+                              f"smallest key carries max_draft_len), but this plan drafts {ks[0]} at batch 1 and "
+                              f"{max(ks)} later: solve for the engine (treeopt tune --engine tensorrt-llm)")
+    notes = []
+    if lower:
+        sched = {lo: s.draft_tokens for lo, _, s in ranges}
+        notes.append(f"TensorRT-LLM {release} reads keys as range starts and applies the schedule to NGram and "
+                     "two-model draft/target only")
+    else:
+        keep = list(ranges)
+        while keep and keep[-1][2].draft_tokens == 0:
+            keep.pop()  # past the largest key TensorRT-LLM drafts nothing: trailing plain ranges are implicit
+        sched = {hi: s.draft_tokens for _, hi, s in keep}
+        if len(keep) == len(ranges):
+            last = keep[-1][1]
+            if max_batch is not None and max_batch > last:
+                sched[max_batch] = sched.pop(last)
+                last = max_batch
+            notes.append(f"past batch {last} TensorRT-LLM drafts nothing (its implicit 0): pass --max-batch with "
+                         "your max_batch_size to extend the last range")
+    cfg: dict[str, Any] = {"decoding_type": decoding, "max_draft_len": ks[0]}
+    if decoding == "NGram":
+        cfg["max_matching_ngram_size"] = int((lookup or (1, 3))[1])
+    elif decoding != "MTP":
+        cfg["speculative_model"] = model or "<your draft checkpoint>"
+    cfg["draft_len_schedule"] = sched
+    check_trtllm_schedule(sched, ks[0], lower_keys=lower)
+    doc = {"speculative_config": cfg}
+    return dict(text=yaml.safe_dump(doc, sort_keys=False), data=doc, releases=releases, checked=checked,
+                command="trtllm-serve MODEL --extra_llm_api_options THIS.yaml", notes=tuple(notes),
+                warnings=tuple(warnings))
+
+
+def _export_trtllm_envelope(ranges, releases, checked, warnings):
+    spec = [(lo, hi, s) for lo, hi, s in ranges if s.speculates]
+    for lo, hi, s in ranges:
+        if s.shape not in ("none", "envelope"):
+            raise PlanExportError(f"batch sizes {lo}-{hi} want {s.label}: an EAGLE-3 plan exports envelopes (or none)")
+    lo, hi, s = spec[0]
+    others = {x.label for *_, x in spec if x != s}
+    if others:
+        raise PlanExportError(f"TensorRT-LLM runs one EAGLE-3 dynamic tree per server; the plan wants {s.label} at "
+                              f"{lo}-{hi} and {', '.join(sorted(others))} elsewhere: solve one envelope for every "
+                              "batch size, or export per-range configs to run separate servers")
+    total = s.draft_tokens
+    if not (s.steps <= total <= s.topk * s.steps):
+        raise PlanExportError(f"max_total_draft_tokens {total} must lie in [max_draft_len {s.steps}, "
+                              f"dynamic_tree_max_topK * max_draft_len {s.topk * s.steps}]")
+    cfg = {"decoding_type": "Eagle3", "max_draft_len": s.steps, "speculative_model": "<your EAGLE-3 checkpoint>",
+           "use_dynamic_tree": True, "dynamic_tree_max_topK": s.topk, "max_total_draft_tokens": total}
+    notes = ["max_total_draft_tokens excludes the root (the envelope's draft tokens - 1)"]
+    last_spec = spec[-1][1]
+    if last_spec < ranges[-1][1] or (ranges[0][2].speculates is False):
+        if not ranges[0][2].speculates:
+            raise PlanExportError("the plan does not speculate at batch 1 but does later: TensorRT-LLM's "
+                                  "max_concurrency only turns speculation off above a batch size")
+        cfg["max_concurrency"] = last_spec
+        notes.append(f"speculation off above batch {last_spec} (max_concurrency)")
+    doc = {"speculative_config": cfg}
+    return dict(text=yaml.safe_dump(doc, sort_keys=False), data=doc, releases=releases + "; EAGLE-3 dynamic tree: "
+                "1.3 and 1.4 API references", checked=checked + "; EagleDecodingConfig.validate_eagle_config",
+                command="trtllm-serve MODEL --extra_llm_api_options THIS.yaml", notes=tuple(notes),
+                warnings=tuple(warnings))
+
+
+# ---------------------------------------------------------------------------------------------- SGLang
+def check_sglang_tiers(cfg: Any, *, allow_zero: bool = True) -> dict[int, list[int]]:
+    """SGLang's rules for an adaptive config (module docstring). Returns tier -> candidate steps.
+
+    Raises:
+        PlanExportError: the first rule broken, in one line.
+    """
+    if not isinstance(cfg, dict):
+        raise PlanExportError("the adaptive config must be a JSON object")
+    tiers = {}
+    for key, entry in cfg.items():
+        if not str(key).isdigit():
+            continue
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        low = 0 if allow_zero else 1
+        if not isinstance(steps, list) or not steps or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                                and s >= low for s in steps):
+            what = "non-negative" if allow_zero else "positive"
+            raise PlanExportError(f"BS {key}: candidate_steps must be a list of {what} ints, got {steps!r}")
+        tiers[int(key)] = list(steps)
+    if not tiers:
+        raise PlanExportError("the adaptive config needs at least one integer-string batch-size key")
+    return dict(sorted(tiers.items()))
+
+
+def sglang_steps(tiers: dict[int, list[int]], batch: int) -> list[int]:
+    """The candidate steps SGLang routes ``batch`` to: the tier with the largest key <= it (the smallest tier
+    below every key)."""
+    keys = sorted(tiers)
+    below = [k for k in keys if k <= batch]
+    return tiers[below[-1] if below else keys[0]]
+
+
+def _export_sglang(ranges, release, method):
+    algo = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STANDALONE", "ngram": "NGRAM"}.get(
+        method or "eagle3", str(method).upper())
+    first, last = SGLANG_TIER_RELEASES
+    v = _version(release, "SGLang") if release is not None else Version(last)
+    warnings = []
+    if release is not None and v > Version(last):
+        warnings.append(f"SGLang {release} is newer than the last release checked ({last})")
+    releases = f"SGLang {first} to {last} (tiers; a tier of 0 steps from {SGLANG_ZERO_STEP_RELEASE})"
+    checked = ("sglang/srt/speculative/adaptive_spec_params.py and srt/arg_groups/speculative_hook.py of the "
+               "0.5.13, 0.5.14, 0.5.15 and 0.5.23 wheels")
+    adaptive_ok = algo in ("EAGLE", "EAGLE3") and all(s.shape in ("none", "chain") or (s.shape == "envelope" and
+                                                                                          s.topk == 1)
+                                                       for *_, s in ranges)
+    if adaptive_ok and v >= Version(first):
+        ks = [s.steps if s.speculates else 0 for *_, s in ranges]
+        zero_ok = v >= Version(SGLANG_ZERO_STEP_RELEASE)
+        if 0 in ks and not zero_ok:
+            raise PlanExportError(f"SGLang {release} takes positive candidate steps only (a tier of 0, no "
+                                  f"speculation, arrived in {SGLANG_ZERO_STEP_RELEASE}); this plan stops "
+                                  "speculating in some ranges")
+        cfg = {str(lo): {"candidate_steps": [k]} for (lo, _, _), k in zip(ranges, ks)}
+        check_sglang_tiers(cfg, allow_zero=zero_ok)
+        start = ks[0] if ks[0] > 0 else max(ks)
+        flags = (f"--speculative-algorithm {algo} --speculative-eagle-topk 1 --speculative-num-steps {start} "
+                 f"--speculative-num-draft-tokens {start + 1} --speculative-adaptive "
+                 "--speculative-adaptive-config adaptive.json")
+        if max(ks) == 0:
+            return dict(text="# speculation pays at no batch size: run SGLang without --speculative-algorithm\n",
+                        data={}, releases=releases, checked=checked, command="python -m sglang.launch_server",
+                        notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings))
+        doc = {"adaptive_config": cfg, "cli_flags": flags}
+        notes = ("one candidate step per tier pins the tier's steps (the EMA has nowhere to move)",
+                 "SGLang pads the batch size to its CUDA-graph batch sizes before routing to a tier")
+        return dict(text=json.dumps(doc, indent=2) + "\n", data=doc, releases=releases, checked=checked,
+                    command=f"python -m sglang.launch_server --model-path MODEL {flags}", notes=notes,
+                    warnings=tuple(warnings), extra_files={"adaptive.json": json.dumps(cfg, indent=2) + "\n"})
+    why = (f"SGLang {release} has no per-batch-size tiers (from {first})" if v < Version(first)
+           else f"SGLang's adaptive mode runs EAGLE/EAGLE3 chains (topk 1); {algo} with this plan runs one setting")
+    lines = []
+    for lo, hi, s in ranges:
+        if not s.speculates:
+            flag = "(no --speculative-algorithm)"
+        elif s.shape == "envelope":
+            flag = (f"--speculative-algorithm {algo} --speculative-num-steps {s.steps} --speculative-eagle-topk "
+                    f"{s.topk} --speculative-num-draft-tokens {s.draft_tokens + 1}")
+        elif s.shape == "chain":
+            flag = (f"--speculative-algorithm {algo} --speculative-num-steps {s.steps} --speculative-eagle-topk 1 "
+                    f"--speculative-num-draft-tokens {s.steps + 1}")
+        else:
+            raise PlanExportError(f"SGLang takes no static tree; batch sizes {lo}-{hi} want {s.label}")
+        lines.append({"batch_range": [lo, hi], "cli_flags": flag})
+    doc = {"per_range": lines, "note": why + ": start the server with the line of the batch size it serves "
+           "(--max-running-requests)"}
+    return dict(text=json.dumps(doc, indent=2) + "\n", data=doc, releases=f"SGLang up to {last} (one static setting)",
+                checked=checked, command="python -m sglang.launch_server --model-path MODEL <cli_flags>",
+                notes=(why,), warnings=tuple(warnings))
+
+
+# ---------------------------------------------------------------------------------------------- llama.cpp
+def check_llamacpp_release(release: str | None) -> None:
+    """Refuse a llama.cpp ``release`` other than the commit the flags were read at (:data:`LLAMACPP_COMMIT`).
+
+    Raises:
+        PlanExportError: any other build (the flags' spelling changed twice in 2026; see
+            :data:`LLAMACPP_SPELLING_PRS`).
+    """
+    if release is not None and not str(release).strip().lower().startswith(LLAMACPP_COMMIT):
+        raise PlanExportError(
+            f"llama.cpp {release} is not the build these flags were checked at ({LLAMACPP_COMMIT}); older builds "
+            f"spell them differently ({LLAMACPP_SPELLING_PRS[0]}: --draft-max -> --spec-draft-n-max, "
+            f"{LLAMACPP_SPELLING_PRS[1]}: --spec-type draft-simple): omit --release, or pass {LLAMACPP_COMMIT}")
+
+
+def _export_llamacpp(ranges, release, method, lookup):
+    check_llamacpp_release(release)
+    lines = []
+    for lo, hi, s in ranges:
+        if s.shape not in ("none", "chain"):
+            raise PlanExportError(f"llama.cpp verifies chains; batch sizes {lo}-{hi} want {s.label}")
+        if not s.speculates:
+            flags = "--spec-type none"
+        elif method == "ngram":
+            n = int((lookup or (1, 3))[0])
+            if not 1 <= n <= 1024 or not 1 <= s.draft_tokens <= 1024:
+                raise PlanExportError("llama.cpp's n-gram sizes must lie in 1..1024")
+            flags = f"--spec-type ngram-simple --spec-ngram-simple-size-n {n} --spec-ngram-simple-size-m {s.draft_tokens}"
+        else:
+            flags = (f"--spec-type draft-simple --spec-draft-n-max {s.draft_tokens} --spec-draft-n-min 0 "
+                     "--spec-draft-p-min 0")
+        lines.append({"batch_range": [lo, hi], "np": hi, "flags": f"-np {hi} {flags}"})
+    doc = {"per_range": lines}
+    text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m TARGET.gguf"
+                     + (" -md DRAFT.gguf" if method != "ngram" else "") + f" {x['flags']}" for x in lines) + "\n"
+    return dict(text=text, data=doc, releases=(f"{LLAMACPP_RELEASE} and builds since {LLAMACPP_SPELLING_PRS[1]} "
+                                               f"(2026-05-12); earlier builds spell --draft-max / --draft-min"),
+                checked="common/arg.cpp, common/common.h and common/speculative.cpp of llama.cpp 0c1e570",
+                command="llama-server -m TARGET.gguf [-md DRAFT.gguf] <flags of your -np>",
+                notes=("llama-server runs one setting for all its slots: use the line of the -np you serve with",),
+                warnings=())
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], engine: str, *,
+                release: str | None = None, method: str | None = None, model: str | None = None,
+                lookup: tuple[int, int] | None = None, max_batch: int | None = None) -> EngineSettings:
+    """A plan (or a schedule's ranges) as ``engine``'s settings (module docstring).
+
+    Args:
+        engine: one of :data:`PLAN_ENGINES` (``treeopt`` is the schedule file; use
+            :func:`~sequoia_opt.solver.schedule.save_schedule`).
+        release: the engine release to target (None: the newest checked); a release that does not take the
+            setting is refused.
+        method: the engine's drafting method (vLLM's ``method``: ``draft_model``, ``ngram``, ``eagle3``, ...).
+        model: the draft checkpoint to name in the config.  lookup: (n-gram min, max) for n-gram methods.
+        max_batch: TensorRT-LLM: the last key (its largest batch size), so the last range covers it.
+
+    Raises:
+        PlanExportError: an unknown engine, a release that does not take the setting, a plan the engine cannot
+            run (a tree for vLLM, a rising draft length for TensorRT-LLM), malformed ranges.
+    """
+    key = str(engine).strip().lower()
+    key = {"trtllm": "tensorrt-llm", "tensorrt_llm": "tensorrt-llm", "llamacpp": "llama.cpp"}.get(key, key)
+    if key not in PLAN_ENGINES or key == "treeopt":
+        raise PlanExportError(f"no engine export for {engine!r}; choose one of vllm, tensorrt-llm, sglang, llama.cpp")
+    ranges = _ranges(plan)
+    if key == "vllm":
+        out = _export_vllm(ranges, release, method, model, lookup)
+    elif key == "tensorrt-llm":
+        out = _export_trtllm(ranges, release, method, model, lookup, max_batch)
+    elif key == "sglang":
+        out = _export_sglang(ranges, release, method)
+    else:
+        out = _export_llamacpp(ranges, release, method, lookup)
+    if key in ("tensorrt-llm", "llama.cpp"):  # formats with comments carry their releases (JSON ones cannot)
+        out["text"] = f"# for {out['releases']}\n" + out["text"]
+    return EngineSettings(engine=key, release=release, **out)

@@ -1,0 +1,672 @@
+"""Speculation plans per batch size: how far to speculate at each batch size, the setting today's engines take
+(vLLM's ``num_speculative_tokens_per_batch_size``, TensorRT-LLM's ``draft_len_schedule``, SGLang's adaptive
+tiers, llama.cpp's one setting per ``-np``), solved from measured curves instead of swept blind.
+
+Cost model (Sequoia, Chen et al. 2024, section 4.2, with T(b, n) for T(n); :mod:`sequoia_opt.solver.batch`): at
+batch b a step of setting s costs ``draft_ms(b, s) + T(b, n_s) + overhead(b)`` and emits G_s tokens in each of
+the b rows, so the setting with the most tokens/s per request also has the most in total (b times it). The
+shapes an engine offers, each with its own value model:
+
+* ``none`` — plain decoding: G = 1, one target forward over 1 token per row.
+* ``chain`` of K drafted tokens (a draft model, a feature head or n-grams) — a tree of width 1, valued by the
+  same exact DP as every tree (:func:`~sequoia_opt.solver.depth.solve_profile` with branching 1: G(K) is the DP's
+  optimum for K + 1 nodes and depth K), charged K draft forwards of 1 token and T(b, K + 1)
+  (:func:`~sequoia_opt.solver.chains.chain_cost`).
+* ``envelope`` — an EAGLE-2 dynamic tree of (steps, topk, draft tokens) (SGLang's and TensorRT-LLM's EAGLE
+  setting), valued by the calibration profile (:func:`~sequoia_opt.solver.dynamic.predict_setting`).
+* ``tree`` — a static tree where the engine still takes one, the hardware-aware choice of
+  :func:`~sequoia_opt.solver.hardware.choose` on the batch's curve.
+
+A plan is the best setting at each measured batch size; consecutive batch sizes with the same setting merge
+into one range, and a range runs from its first measured batch size to the batch size before the next range's
+(the last range ends at the largest measured batch size: nothing is predicted past it). The batch size above
+which speculation stops paying is the largest measured one whose best setting speculates, when every larger
+measured batch size's best is plain decoding.
+
+Intervals: every predicted rate carries a (low, high) interval. The default comes from the value model itself:
+the Wilson interval of the acceptance counts pushed through the same DP (chains, trees), or the calibration
+curve against the recorded acceptances (envelopes); latency is taken as measured. A caller with a better
+model of the spread (per-prompt intervals) passes ``interval=`` (:data:`IntervalFn`) and it is used instead.
+
+Schedule file (``format: treeopt-schedule/1``, :func:`plan_document`, :func:`load_schedule`)::
+
+    format: treeopt-schedule/1
+    engine: vllm                       # what it was solved for
+    drafter: draft                     # the drafter's label
+    latency_profile: ...               # ids of the profiles it was solved from
+    acceptance_profile: ...
+    context_tokens: 256
+    rule: "a server running B requests uses the range that holds B"
+    stops_paying_above: 8              # null: speculation pays at the largest measured batch size
+    ranges:
+      - batch_range: [1, 3]
+        setting: {shape: chain, draft_tokens: 4}     # or {shape: none}, {shape: envelope, steps, topk,
+                                                     # draft_tokens}, {shape: tree, choices: [[0], ...]}
+        predicted: {batch: 1, tokens_per_s_per_request: ..., tokens_per_s_per_request_interval: [lo, hi], ...}
+    by_batch: [...]                    # every measured batch size: the best setting and every candidate scored
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from .._io import atomic_write_text
+from ..errors import ProfileError, SolverError
+from ..profiles.batch import BatchLatencyProfile
+from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integer
+from ..profiles.latency import LatencyCurve
+from ..tree import Tree, now_iso
+from .hardware import StepCost, cost_of_step
+
+SCHEDULE_FORMAT = "treeopt-schedule/1"
+SHAPES = ("none", "chain", "envelope", "tree")
+
+__all__ = ["SCHEDULE_FORMAT", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
+           "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "predict_ranges",
+           "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule", "max_draft_measured", "plan_from_ranges"]
+
+
+# ---------------------------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class SpecSetting:
+    """What a server runs at one batch size (module docstring, the shapes).
+
+    Attributes:
+        shape: ``"none"``, ``"chain"``, ``"envelope"`` or ``"tree"``.
+        draft_tokens: tokens verified per request besides the root: 0, K, the envelope's draft tokens - 1, the
+            tree's size - 1.
+        steps: draft forwards per step at most (chain: K; envelope: steps; tree: its depth).
+        topk: envelope: children per expanded node; 1 otherwise.
+        choices: tree: its choice list (rank paths, breadth-first); empty otherwise.
+    """
+
+    shape: str
+    draft_tokens: int = 0
+    steps: int = 0
+    topk: int = 1
+    choices: tuple[tuple[int, ...], ...] = ()
+
+    @classmethod
+    def none(cls) -> "SpecSetting":
+        return cls("none")
+
+    @classmethod
+    def chain(cls, k: int) -> "SpecSetting":
+        """K drafted tokens per step (K = 0 is plain decoding, ``none``)."""
+        k = int(k)
+        return cls("chain", k, k) if k > 0 else cls.none()
+
+    @classmethod
+    def envelope(cls, setting: Any) -> "SpecSetting":
+        """From an EAGLE :class:`~sequoia_opt.dynamic.DynamicSetting` (its budget counts the root)."""
+        return cls("envelope", int(setting.budget) - 1, int(setting.steps), int(setting.topk))
+
+    @classmethod
+    def static_tree(cls, tree: Tree) -> "SpecSetting":
+        if tree.size < 2:
+            return cls.none()
+        return cls("tree", tree.size - 1, tree.tree_depth, max(1, tree.max_branching_used),
+                   tuple(tuple(int(r) for r in c) for c in tree.choices()))
+
+    @property
+    def speculates(self) -> bool:
+        return self.draft_tokens > 0
+
+    @property
+    def label(self) -> str:
+        if self.shape == "none":
+            return "none"
+        if self.shape == "chain":
+            return f"chain:{self.draft_tokens}"
+        if self.shape == "envelope":
+            return f"eagle:s{self.steps}-k{self.topk}-n{self.draft_tokens + 1}"
+        return f"tree:n{self.draft_tokens + 1}-d{self.steps}"
+
+    def tree(self) -> Tree:
+        """The static tree this setting verifies: the root alone, a chain of K + 1 nodes, or the tree (an
+        envelope has none: ValueError)."""
+        if self.shape == "envelope":
+            raise ValueError("an EAGLE envelope grows its tree per step; it has no static tree")
+        if self.shape == "tree":
+            return Tree.from_choices([list(c) for c in self.choices])
+        return Tree.chain(self.draft_tokens + 1)
+
+    def dynamic(self) -> Any:
+        """The :class:`~sequoia_opt.dynamic.DynamicSetting` of an envelope (the ``eagle`` rule)."""
+        from ..dynamic import DynamicSetting
+
+        return DynamicSetting("eagle", self.steps, self.topk, self.draft_tokens + 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.shape == "none":
+            return {"shape": "none"}
+        if self.shape == "chain":
+            return {"shape": "chain", "draft_tokens": self.draft_tokens}
+        if self.shape == "envelope":
+            return {"shape": "envelope", "steps": self.steps, "topk": self.topk,
+                    "draft_tokens": self.draft_tokens + 1}
+        return {"shape": "tree", "choices": [list(c) for c in self.choices]}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "setting") -> "SpecSetting":
+        """Read :meth:`to_dict`'s mapping (an envelope's ``draft_tokens`` counts the root, as SGLang's
+        ``--speculative-num-draft-tokens``). Raises ProfileError with one line."""
+        if not isinstance(d, Mapping) or d.get("shape") not in SHAPES:
+            raise ProfileError(f"{where} must be a mapping with shape one of {', '.join(SHAPES)}, got {d!r}")
+        shape = d["shape"]
+        if shape == "none":
+            return cls.none()
+        if shape == "chain":
+            return cls.chain(check_integer(d.get("draft_tokens"), f"{where}.draft_tokens", high=MAX_TOKENS))
+        if shape == "envelope":
+            steps = check_integer(d.get("steps"), f"{where}.steps", low=1, high=MAX_TOKENS)
+            topk = check_integer(d.get("topk"), f"{where}.topk", low=1, high=MAX_TOKENS)
+            n = check_integer(d.get("draft_tokens"), f"{where}.draft_tokens", low=2, high=MAX_TOKENS)
+            return cls("envelope", n - 1, steps, topk)
+        try:
+            return cls.static_tree(Tree.from_choices(d.get("choices") or []))
+        except (TypeError, ValueError) as err:
+            raise ProfileError(f"{where}.choices: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------- predictions
+#: ``(setting, batch, step cost) -> (low, high)`` tokens/s per request: an interval model a caller supplies
+#: (e.g. one built from per-prompt acceptance); the value model's own is the default (module docstring).
+IntervalFn = Callable[[SpecSetting, int, StepCost], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A setting's predicted step at one batch size.
+
+    Attributes:
+        setting: the setting.  batch: b.  cost: the step (G per request, ms, tokens/s per request, speedup
+            over plain decoding at the same batch size).
+        interval: (low, high) tokens/s per request.
+    """
+
+    setting: SpecSetting
+    batch: int
+    cost: StepCost
+    interval: tuple[float, float]
+
+    @property
+    def tokens_per_s_per_request(self) -> float:
+        return self.cost.tokens_per_s
+
+    @property
+    def tokens_per_s_total(self) -> float:
+        return self.batch * self.cost.tokens_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        c, (lo, hi) = self.cost, self.interval
+        return {"batch": self.batch, "setting": self.setting.label,
+                "expected_tokens_per_step": round(c.expected_tokens, 6), "step_ms": round(c.cost_ms, 4),
+                "draft_ms": round(c.draft_ms, 4), "target_ms": round(c.target_ms, 4),
+                "tokens_per_s_per_request": round(c.tokens_per_s, 4),
+                "tokens_per_s_per_request_interval": [round(lo, 4), round(hi, 4)],
+                "tokens_per_s_total": round(self.tokens_per_s_total, 4),
+                "tokens_per_s_total_interval": [round(self.batch * lo, 4), round(self.batch * hi, 4)],
+                "speedup": round(c.speedup, 6)}
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One measured batch size: the best setting, plain decoding, and every candidate scored (best first)."""
+
+    batch: int
+    best: Predicted
+    plain: Predicted
+    candidates: tuple[Predicted, ...]
+
+
+@dataclass(frozen=True)
+class Range:
+    """Batch sizes ``lo..hi`` run ``setting``; ``predicted`` is its step at the first measured batch size in the
+    range (None when none is: a given schedule's range between two measured batch sizes)."""
+
+    lo: int
+    hi: int
+    setting: SpecSetting
+    predicted: Predicted | None
+
+
+@dataclass
+class Plan:
+    """A speculation plan (module docstring).
+
+    Attributes:
+        rows: per measured batch size, ascending.  ranges: the merged ranges.
+        stops_paying_above: the largest measured batch size where speculation pays when plain decoding is best at
+            every larger one; None when speculation pays at the largest measured batch size; 0 when it pays at
+            none.
+        shape: the value model's shape.  context: the context (tokens) the curves were read at.
+        provenance: ids of the profiles and what was solved (written into the schedule file).
+        notes: one line each, what the user should know (a K limit lowered, a constraint applied).
+    """
+
+    rows: list[BatchRow]
+    ranges: list[Range]
+    stops_paying_above: int | None
+    shape: str
+    context: int | None
+    provenance: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pays_nowhere(self) -> bool:
+        return self.stops_paying_above == 0
+
+    def setting_at(self, batch: int) -> SpecSetting:
+        """The setting of the range holding ``batch``. Raises ProfileError past the ranges."""
+        for r in self.ranges:
+            if r.lo <= batch <= r.hi:
+                return r.setting
+        raise ProfileError(f"the plan covers batch sizes 1..{self.ranges[-1].hi}, not {batch}")
+
+    def row(self, batch: int) -> BatchRow:
+        for r in self.rows:
+            if r.batch == batch:
+                return r
+        raise ProfileError(f"batch size {batch} was not solved (solved: {', '.join(str(r.batch) for r in self.rows)})")
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return max(r.setting.draft_tokens for r in self.ranges)
+
+
+# ---------------------------------------------------------------------------------------------- value models
+def max_draft_measured(profile: BatchLatencyProfile, batches: Sequence[int], context: int | None = None) -> int:
+    """The longest chain every batch size's curve prices without extrapolating: min over b of the largest
+    measured T(b, n), less the root."""
+    return min(profile.curve(b).max_target_tokens(context) for b in batches) - 1
+
+
+def _tps_interval(g_lo: float, g_hi: float, cost: StepCost) -> tuple[float, float]:
+    return 1000.0 * g_lo / cost.cost_ms, 1000.0 * g_hi / cost.cost_ms
+
+
+class ChainValue:
+    """Chains of K = 0..``max_draft`` drafted tokens under an acceptance profile: G(K) from Sequoia's DP with
+    branching 1 (a chain is a tree of width 1), under the profile's acceptance model
+    (:func:`~sequoia_opt.solver.depth.resolve_acceptance_model`); its interval is the same DP on the Wilson
+    bounds of p_1 (95 %), or the point when the profile has no counts.
+
+    Args:
+        acceptance: an :class:`~sequoia_opt.profiles.AcceptanceProfile`.  max_draft: the longest chain scored.
+        acceptance_model: ``auto`` | ``positional`` | ``by-depth``.
+
+    Raises:
+        SolverError: max_draft < 0, or as :func:`~sequoia_opt.solver.depth.solve_profile`.
+    """
+
+    shape = "chain"
+
+    def __init__(self, acceptance: Any, max_draft: int, *, acceptance_model: str = "auto") -> None:
+        from .depth import solve_profile, solve_dp_by_depth
+        from .dp import solve_dp
+
+        if isinstance(max_draft, bool) or int(max_draft) != max_draft or max_draft < 0:
+            raise SolverError(f"the longest chain must be an integer >= 0, got {max_draft!r}")
+        self.acceptance, self.max_draft = acceptance, int(max_draft)
+        K = max(1, self.max_draft)
+        sol, self.model_used = solve_profile(acceptance, K + 1, K, 1, acceptance_model)
+        self.g = [1.0] + [float(sol.table[k + 1, k]) for k in range(1, K + 1)]
+        self.g_lo, self.g_hi = list(self.g), list(self.g)
+        if getattr(acceptance, "counts", None) is not None:
+            ci = acceptance.confidence_interval()
+            p1 = float(acceptance.acceptance[0])
+            for j, bound in ((0, self.g_lo), (1, self.g_hi)):
+                b1 = float(ci[0, j])
+                if self.model_used == "by-depth":
+                    rows = acceptance.depth_rows().copy()
+                    rows[:, 0] = np.clip(rows[:, 0] * (b1 / p1 if p1 > 0 else 0.0), 0.0, 1.0)
+                    rows[:, 1:] = 0.0
+                    s = solve_dp_by_depth(rows, K + 1, K, 1)
+                else:
+                    s = solve_dp(np.array([b1]), K + 1, K, 1)
+                bound[1:] = [float(s.table[k + 1, k]) for k in range(1, K + 1)]
+
+    def settings(self) -> list[SpecSetting]:
+        return [SpecSetting.chain(k) for k in range(0, self.max_draft + 1)]
+
+    def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
+                context: int | None) -> tuple[StepCost, tuple[float, float]]:
+        """The step of a chain (or ``none``) at ``batch`` and its default interval (tokens/s per request)."""
+        from .chains import chain_cost
+
+        k = setting.draft_tokens
+        if setting.shape not in ("none", "chain") or k > self.max_draft:
+            raise SolverError(f"a chain value model of K <= {self.max_draft} cannot price {setting.label}")
+        cost = chain_cost(k, self.g[k], curve, context)
+        return cost, _tps_interval(self.g_lo[k], self.g_hi[k], cost)
+
+
+class EnvelopeValue:
+    """EAGLE envelopes (steps, topk, draft tokens) valued by a calibration profile
+    (:func:`~sequoia_opt.solver.dynamic.predict_setting`: the EAGLE-2 rule replayed over recorded draft trees,
+    each node's acceptance read from the calibration curve); the interval spans the calibration value and the
+    recorded acceptances' replay of the same trees.
+
+    Args:
+        calibration: a :class:`~sequoia_opt.profiles.calibration.CalibrationProfile`.
+        settings: the envelopes scored (default: :func:`~sequoia_opt.solver.dynamic.setting_grid`, eagle only).
+        max_steps: recorded steps used per prediction (evenly spaced).
+    """
+
+    shape = "envelope"
+
+    def __init__(self, calibration: Any, settings: Sequence[Any] | None = None, *, max_steps: int | None = 200) -> None:
+        from .dynamic import setting_grid
+
+        self.calibration = calibration
+        self._settings = list(settings) if settings is not None else setting_grid(calibration, policies=("eagle",))
+        self.max_steps = max_steps
+        self.max_draft = max((s.budget - 1 for s in self._settings), default=0)
+
+    def settings(self) -> list[SpecSetting]:
+        return [SpecSetting.none()] + [SpecSetting.envelope(s) for s in self._settings]
+
+    def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
+                context: int | None) -> tuple[StepCost, tuple[float, float]]:
+        from .dynamic import predict_setting
+
+        if setting.shape == "none":
+            cost = cost_of_step(1.0, 0.0, curve.target_ms(1, context), curve, context)
+            return cost, (cost.tokens_per_s, cost.tokens_per_s)
+        pred = predict_setting(self.calibration, setting.dynamic(), curve, context, max_steps=self.max_steps)
+        g, r = pred.tokens_per_step, pred.replay
+        return pred.cost, _tps_interval(min(g, r), max(g, r), pred.cost)
+
+
+class TreeValue:
+    """Static trees: at each batch size the hardware-aware tree of :func:`~sequoia_opt.solver.hardware.choose`
+    (budget lowered to what the batch's curve measured), valued positionally; the interval is the tree's G under
+    the Wilson bounds of every p_k."""
+
+    shape = "tree"
+
+    def __init__(self, acceptance: Any, *, budget: int = 64, max_depth: int = 12, max_branching: int = 16) -> None:
+        self.acceptance, self.budget, self.max_depth, self.max_branching = acceptance, budget, max_depth, max_branching
+        self.max_draft = budget - 1
+        self._solution = None
+
+    def settings_at(self, batch: int, curve: LatencyCurve, context: int | None) -> list[SpecSetting]:
+        from .hardware import choose
+
+        limit = min(self.budget, curve.max_target_tokens(context))
+        ch = choose(self.acceptance.acceptance, curve, limit, self.max_depth, self.max_branching, context=context,
+                    solution=self._solution)
+        self._solution = ch.solution if self._solution is None or ch.solution.max_nodes >= self._solution.max_nodes \
+            else self._solution
+        return [SpecSetting.none(), SpecSetting.static_tree(ch.tree)]
+
+    def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
+                context: int | None) -> tuple[StepCost, tuple[float, float]]:
+        from .hardware import step_cost
+
+        tree = setting.tree()
+        p = self.acceptance.acceptance
+        g = tree.expected_tokens(p)
+        cost = step_cost(tree.level_widths, g, curve, context)
+        if getattr(self.acceptance, "counts", None) is None or tree.size < 2:
+            return cost, (cost.tokens_per_s, cost.tokens_per_s)
+        ci = self.acceptance.confidence_interval()
+        hi = ci[:, 1] / max(1.0, float(ci[:, 1].sum()))  # a vector's mass is at most 1
+        return cost, _tps_interval(tree.expected_tokens(ci[:, 0]), max(g, tree.expected_tokens(hi)), cost)
+
+
+# ---------------------------------------------------------------------------------------------- solving
+def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None,
+                interval: IntervalFn | None) -> list[Predicted]:
+    settings = value.settings_at(batch, curve, context) if hasattr(value, "settings_at") else value.settings()
+    out = []
+    for s in settings:
+        cost, iv = value.predict(s, batch, curve, context)
+        if interval is not None:
+            iv = tuple(float(x) for x in interval(s, batch, cost))
+        out.append(Predicted(s, batch, cost, iv))
+    # best first; ties (equal rate) go to the setting that drafts less
+    out.sort(key=lambda p: (-round(p.cost.tokens_per_s, 9), p.setting.draft_tokens, p.setting.label))
+    return out
+
+
+def check_min_gain(min_gain: float) -> None:
+    """Raises ProfileError unless ``min_gain`` (a fraction of plain decoding's tokens/s) lies in [0, 10)."""
+    if not 0.0 <= float(min_gain) < 10.0:
+        raise ProfileError(f"--min-gain {min_gain} must lie in [0, 10) (a fraction: 0.05 is 5 %)")
+
+
+def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] | None = None, *,
+               context: int | None = None, interval: IntervalFn | None = None, first_is_longest: bool = False,
+               max_batch: int | None = None, min_gain: float = 0.0,
+               provenance: Mapping[str, Any] | None = None) -> Plan:
+    """The speculation plan: the best setting of ``value`` at every batch size, merged into ranges (module
+    docstring).
+
+    Args:
+        value: a value model (:class:`ChainValue`, :class:`EnvelopeValue`, :class:`TreeValue`).
+        profile: T(b, n), c(b, w) and the overhead per batch size.
+        batches: the batch sizes to solve (default: every one the profile measured); each must be measured.
+        context: context length (tokens) the curves are read at (None: each curve's smallest).
+        interval: an interval model replacing the value model's own (:data:`IntervalFn`).
+        first_is_longest: no batch size drafts more than the smallest one does (TensorRT-LLM's
+            ``draft_len_schedule`` rule: its smallest key carries ``max_draft_len``).
+        max_batch: the last range ends here instead of at the largest measured batch size (an engine's largest
+            batch; the figures past the measured batch sizes are not predicted).
+        min_gain: speculate at a batch size only where the best setting's predicted tokens/s beats plain
+            decoding's by more than this fraction (0.05: 5 %); a smaller predicted lead keeps plain decoding
+            there (the step cost the profile does not time and timing noise can erase it).
+        provenance: written into the schedule file.
+
+    Raises:
+        ProfileError: a batch size the profile did not measure; a chain longer than some batch's curve measured
+            (``T(b, K + 1)``: K past the profile); ``max_batch`` below the largest batch size solved.
+    """
+    batches = sorted({int(b) for b in (batches if batches is not None else profile.batches)})
+    if not batches:
+        raise ProfileError("no batch size to solve")
+    curves = [(b, profile.curve(b)) for b in batches]  # every batch size checked before any solve
+    for b, curve in curves:
+        top = curve.max_target_tokens(context) - 1
+        if getattr(value, "shape", "") == "chain" and value.max_draft > top:
+            raise ProfileError(f"draft length {value.max_draft} is past what latency profile {profile.id!r} measured "
+                               f"at batch {b} (T(b, n) up to n = {top + 1}, so K <= {top}); lower --max-draft or "
+                               "profile more tokens")
+    if max_batch is not None and max_batch < batches[-1]:
+        raise ProfileError(f"--max-batch {max_batch} is below the largest batch size solved ({batches[-1]})")
+    check_min_gain(min_gain)
+    rows: list[BatchRow] = []
+    cap, capped = None, False
+    for b, curve in curves:
+        every = _candidates(value, b, curve, context, interval)
+        cands = [p for p in every if cap is None or p.setting.draft_tokens <= cap]
+        capped = capped or cands[0] is not every[0]
+        plain = next(p for p in cands if not p.setting.speculates)
+        best = cands[0]
+        if min_gain > 0 and best.setting.speculates and \
+                best.cost.tokens_per_s <= plain.cost.tokens_per_s * (1.0 + min_gain):
+            best = plain
+        rows.append(BatchRow(b, best, plain, tuple(cands)))
+        if first_is_longest and cap is None:
+            cap = best.setting.draft_tokens
+    ranges: list[Range] = []
+    for i, r in enumerate(rows):
+        if ranges and ranges[-1].setting == r.best.setting:
+            continue
+        ranges.append(Range(r.batch, 0, r.best.setting, r.best))
+    last = max_batch if max_batch is not None else batches[-1]
+    ranges = [Range(x.lo, (ranges[i + 1].lo - 1) if i + 1 < len(ranges) else last, x.setting, x.predicted)
+              for i, x in enumerate(ranges)]
+    paying = [r.batch for r in rows if r.best.setting.speculates]
+    if not paying:
+        stops = 0
+    elif paying[-1] == rows[-1].batch:
+        stops = None
+    else:
+        stops = paying[-1] if all(not r.best.setting.speculates for r in rows if r.batch > paying[-1]) else None
+    notes = []
+    if capped:
+        notes.append("no batch size drafts more than the smallest one (the engine's rule), though a longer draft "
+                     "would pay at some")
+    return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes)
+
+
+def check_ranges(ranges: Sequence[tuple[int, int, Any]], where: str = "schedule") -> None:
+    """A schedule's batch ranges ``(lo, hi, setting)``, in order: the first starts at 1, each ``lo <= hi``,
+    each starts right after the previous ends (no overlap, no batch size missing).
+
+    Raises:
+        ProfileError: one line naming the first bad range.
+    """
+    if not ranges:
+        raise ProfileError(f"{where}: no batch ranges")
+    prev = 0
+    for i, (lo, hi, _) in enumerate(ranges):
+        for name, v in (("start", lo), ("end", hi)):
+            check_integer(v, f"{where}: range {i} {name}", low=1, high=MAX_TOKENS)
+        if hi < lo:
+            raise ProfileError(f"{where}: range {i} [{lo}, {hi}] ends before it starts")
+        if lo <= prev:
+            raise ProfileError(f"{where}: range {i} [{lo}, {hi}] overlaps the previous one (which ends at {prev})")
+        if lo != prev + 1:
+            what = "the first range must start at batch size 1" if i == 0 else \
+                f"batch sizes {prev + 1}..{lo - 1} are in no range"
+            raise ProfileError(f"{where}: {what} (range {i} is [{lo}, {hi}])")
+        prev = hi
+
+
+def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, profile: BatchLatencyProfile,
+                   batches: Sequence[int] | None = None, *, context: int | None = None,
+                   interval: IntervalFn | None = None) -> list[Predicted]:
+    """Predict a given schedule (a user's, or a peer's rule) at every measured batch size it covers.
+
+    Raises:
+        ProfileError: bad ranges (:func:`check_ranges`); a setting past what the profile measured (K + 1 past
+            T(b, n)'s largest n).
+    """
+    check_ranges(ranges)
+    out = []
+    for b in sorted(batches if batches is not None else profile.batches):
+        setting = next((s for lo, hi, s in ranges if lo <= b <= hi), None)
+        if setting is None:
+            continue
+        curve = profile.curve(b)
+        top = curve.max_target_tokens(context) - 1
+        if setting.draft_tokens > top:
+            raise ProfileError(f"{setting.label} at batch {b} is past what latency profile {profile.id!r} measured "
+                               f"(T(b, n) up to n = {top + 1})")
+        cost, iv = value.predict(setting, b, curve, context)
+        if interval is not None:
+            iv = tuple(float(x) for x in interval(setting, b, cost))
+        out.append(Predicted(setting, b, cost, iv))
+    return out
+
+
+def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, profile: BatchLatencyProfile,
+                     batches: Sequence[int] | None = None, *, context: int | None = None,
+                     interval: IntervalFn | None = None, provenance: Mapping[str, Any] | None = None) -> Plan:
+    """A given schedule as a :class:`Plan`: every measured batch size it covers predicted under ``value`` (its
+    setting, and plain decoding beside it), its own ranges kept.
+
+    Raises:
+        ProfileError: as :func:`predict_ranges`.
+    """
+    preds = predict_ranges(ranges, value, profile, batches, context=context, interval=interval)
+    if not preds:
+        raise ProfileError("the schedule covers none of the measured batch sizes")
+    none = SpecSetting.none()
+    plains = predict_ranges([(1, max(hi for _, hi, _ in ranges), none)], value, profile, [p.batch for p in preds],
+                            context=context, interval=interval)
+    rows = [BatchRow(p.batch, p, q, (p, q) if p.setting.speculates else (p,)) for p, q in zip(preds, plains)]
+    out_ranges = [Range(int(lo), int(hi), st, next((p for p in preds if lo <= p.batch <= hi), None))
+                  for lo, hi, st in ranges]
+    paying = [r.batch for r in rows if r.best.setting.speculates]
+    stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
+    shape = next((st.shape for *_, st in ranges if st.speculates), "none")
+    return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}))
+
+
+# ---------------------------------------------------------------------------------------------- the file
+def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dict[str, Any]:
+    """The ``treeopt-schedule/1`` mapping of ``plan`` (module docstring)."""
+    doc: dict[str, Any] = {"format": SCHEDULE_FORMAT, "engine": engine, "drafter": drafter, "shape": plan.shape}
+    doc.update(plan.provenance)
+    doc.update({"context_tokens": plan.context, "date": now_iso(),
+                "rule": "a server running B requests uses the range that holds B",
+                "stops_paying_above": plan.stops_paying_above,
+                "ranges": [{"batch_range": [r.lo, r.hi], "setting": r.setting.to_dict(),
+                            "predicted": r.predicted.to_dict() if r.predicted is not None else None}
+                           for r in plan.ranges],
+                "by_batch": [{"batch": r.batch, "best": r.best.to_dict(), "plain": r.plain.to_dict(),
+                              "candidates": [c.to_dict() for c in r.candidates]} for r in plan.rows]})
+    if plan.notes:
+        doc["notes"] = list(plan.notes)
+    return doc
+
+
+def save_schedule(path: str | Path, doc: Mapping[str, Any]) -> Path:
+    """Write a schedule atomically (JSON for ``.json``, else YAML), validated first. Returns the path."""
+    _validate(doc, str(path))
+    text = (json.dumps(doc, indent=2) + "\n" if str(path).endswith(".json")
+            else yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=None))
+    return atomic_write_text(path, text)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule read from a file: its ranges and the document (engine, drafter, provenance)."""
+
+    ranges: tuple[tuple[int, int, SpecSetting], ...]
+    doc: dict[str, Any]
+
+    def setting_at(self, batch: int) -> SpecSetting:
+        for lo, hi, s in self.ranges:
+            if lo <= batch <= hi:
+                return s
+        raise ProfileError(f"the schedule covers batch sizes 1..{self.ranges[-1][1]}, not {batch}")
+
+
+def _validate(doc: Any, src: str) -> Schedule:
+    _check_format(doc, SCHEDULE_FORMAT, src)
+    raw = doc.get("ranges")
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"{src}: 'ranges' must be a non-empty list of {{batch_range: [lo, hi], setting: ...}}")
+    ranges = []
+    for i, e in enumerate(raw):
+        rng = e.get("batch_range") if isinstance(e, dict) else None
+        if not isinstance(rng, list) or len(rng) != 2:
+            raise ProfileError(f"{src}: ranges[{i}].batch_range must be [lo, hi]")
+        lo = check_integer(rng[0], f"{src}: ranges[{i}].batch_range[0]", low=1, high=MAX_TOKENS)
+        hi = check_integer(rng[1], f"{src}: ranges[{i}].batch_range[1]", low=1, high=MAX_TOKENS)
+        ranges.append((lo, hi, SpecSetting.from_dict(e.get("setting"), f"{src}: ranges[{i}].setting")))
+    check_ranges(ranges, src)
+    s = doc.get("stops_paying_above")
+    if s is not None:
+        check_integer(s, f"{src}: stops_paying_above", high=MAX_TOKENS)
+    return Schedule(tuple(ranges), dict(doc))
+
+
+def load_schedule(path: str | Path, *, profile: BatchLatencyProfile | None = None,
+                  context: int | None = None) -> Schedule:
+    """Read a ``treeopt-schedule/1`` file (YAML or JSON). With ``profile``, every range's setting must be priced
+    by every measured batch size the range holds (its K + 1 within T(b, n)'s measured n).
+
+    Raises:
+        ProfileError: a missing or malformed file, overlapping or missing batch ranges, K past the profile.
+    """
+    doc, p = _load_yaml(path, "schedule")
+    sched = _validate(doc, str(p))
+    if profile is not None:
+        for lo, hi, s in sched.ranges:
+            for b in profile.batches:
+                if lo <= b <= hi and s.draft_tokens + 1 > profile.curve(b).max_target_tokens(context):
+                    raise ProfileError(f"{p}: {s.label} at batch {b} is past what latency profile {profile.id!r} "
+                                       f"measured (T(b, n) up to n = {profile.curve(b).max_target_tokens(context)})")
+    return sched

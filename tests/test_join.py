@@ -1,0 +1,113 @@
+"""Rows joining a running generation (``Decoder.join``, continuous batching): every request decodes exactly as
+it would alone, whenever it joins (shorter or longer than the rows already running, while rows leave), with a
+draft model, prompt lookup, or no policy; a drained state starts over; the limits are refused before any
+forward."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from sequoia_opt.decoding import AutoregressiveDecoder, Decoder
+from sequoia_opt.drafting import StaticTreePolicy
+from sequoia_opt.drafting.drafters.lookup import PromptLookupDrafter
+from sequoia_opt.errors import DecodingError
+from sequoia_opt.tree import Tree
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_decoding import _model, _perturbed  # noqa: E402
+
+PROMPTS = [[5, 17, 3], list(range(40, 52)), [1], list(range(100, 131)), [200, 3, 3, 9, 41, 77], [7, 7, 7, 7]]
+_REF: dict[tuple, list[int]] = {}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _model(0)
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return _perturbed(target, 0.3, seed=1)
+
+
+def _alone(target, prompt, new):
+    key = (tuple(prompt), new)
+    if key not in _REF:
+        _REF[key] = AutoregressiveDecoder(target, max_len=256).generate(prompt, new).tokens
+    return _REF[key]
+
+
+def _stream(dec, prompts, new, arrive_every=2, lens=None):
+    """Start with prompt 0; after every ``arrive_every`` steps the next prompt joins; run to the end."""
+    state = dec.start_batch([prompts[0]], new if lens is None else lens[0])
+    waiting = list(range(1, len(prompts)))
+    steps = 0
+    batches = []
+    while waiting or not state.finished:
+        if waiting and state.batch < dec.max_batch and ((steps and steps % arrive_every == 0) or state.finished):
+            i = waiting.pop(0)
+            dec.join(state, [prompts[i]], new if lens is None else lens[i])
+        if not state.finished:
+            batches.append(dec.step(state).batch)
+            steps += 1
+    return state, batches
+
+
+@pytest.mark.parametrize("kind", ["plain", "chain", "tree", "lookup"])
+def test_joiners_decode_as_alone(target, draft, kind):
+    tree = {"chain": Tree.chain(4), "tree": Tree.from_choices([[0], [1], [0, 0], [0, 1], [0, 0, 0]]),
+            "lookup": Tree.chain(3)}.get(kind)
+    if kind == "plain":
+        policy = None
+    elif kind == "lookup":
+        policy = StaticTreePolicy(PromptLookupDrafter(target.config.vocab_size), tree)
+    else:
+        policy = StaticTreePolicy(draft, tree)
+    dec = Decoder(target, policy, max_len=256, max_batch=4)
+    lens = [20, 12, 24, 8, 16, 10]  # rows leave at different steps while others join
+    state, batches = _stream(dec, PROMPTS, 20, lens=lens)
+    assert [r.tokens for r in state.results] == [_alone(target, p, n) for p, n in zip(PROMPTS, lens)]
+    assert all(r.stop_reason == "max_new_tokens" for r in state.results)
+    assert max(batches) >= 3 and batches[0] == 1  # concurrency rose from one row
+
+
+def test_join_a_longer_prompt_than_the_frontier_makes_holes(target, draft):
+    """A joiner longer than every cached row moves the shared frontier: the old rows get holes, exactly."""
+    dec = Decoder(target, StaticTreePolicy(draft, Tree.chain(3)), max_len=256, max_batch=3)
+    state = dec.start_batch([[5, 17, 3]], 16)
+    dec.step(state)
+    dec.join(state, [list(range(100, 140))], 16)
+    assert dec.face.rows.holes and dec.face.rows.frontier >= 39
+    while not state.finished:
+        dec.step(state)
+    assert state.results[0].tokens == _alone(target, [5, 17, 3], 16)
+    assert state.results[1].tokens == _alone(target, list(range(100, 140)), 16)
+
+
+def test_join_after_every_row_finished_starts_over(target, draft):
+    dec = Decoder(target, StaticTreePolicy(draft, Tree.chain(2)), max_len=256, max_batch=2)
+    state = dec.start_batch([[5, 17, 3]], 4)
+    while not state.finished:
+        dec.step(state)
+    idx = dec.join(state, [[200, 3, 3, 9], [7, 7]], 6)
+    assert idx == [1, 2] and state.batch == 2
+    while not state.finished:
+        dec.step(state)
+    assert [r.tokens for r in state.results] == [_alone(target, p, n) for p, n in
+                                                 (([5, 17, 3], 4), ([200, 3, 3, 9], 6), ([7, 7], 6))]
+
+
+def test_join_refusals(target, draft):
+    dec = Decoder(target, StaticTreePolicy(draft, Tree.chain(2)), max_len=40, max_batch=2)
+    state = dec.start_batch([[1, 2, 3]], 4)
+    with pytest.raises(DecodingError, match="1 live rows and 2 joining exceed this decoder's max_batch=2"):
+        dec.join(state, [[4], [5]], 4)
+    with pytest.raises(DecodingError, match="KV cache has 40 slots"):
+        dec.join(state, [list(range(38))], 8)
+    assert state.batch == 1 and len(state.results) == 1  # nothing half-joined
+    empty = dec.join(state, [[9, 9]], 0)
+    assert state.results[empty[0]].stop_reason == "empty" and state.batch == 1

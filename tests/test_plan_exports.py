@@ -1,0 +1,222 @@
+"""Plans in each engine's current settings (issue 29), against the rules read in each engine's own code at a named
+release (sequoia_opt/plan_exports.py says where): what every engine would run at every batch size equals the
+plan's setting there, every rule of its validator is encoded and broken once, and a release that does not take
+the setting is refused in one line. The static-tree exports say which releases still take trees."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from sequoia_opt import exports
+from sequoia_opt.dynamic import DynamicSetting
+from sequoia_opt.plan_exports import (PlanExportError, check_sglang_tiers, check_trtllm_schedule,
+                                      check_vllm_schedule, export_plan, sglang_steps, trtllm_draft_len,
+                                      vllm_draft_len)
+from sequoia_opt.solver.schedule import SpecSetting
+from sequoia_opt.tree import Tree
+
+C = SpecSetting.chain
+N = SpecSetting.none()
+PLANS = {
+    "falling": [(1, 3, C(4)), (4, 15, C(2)), (16, 64, N)],
+    "all-speculate": [(1, 1, C(5)), (2, 8, C(3)), (9, 128, C(1))],
+    "none": [(1, 256, N)],
+    "one": [(1, 32, C(3))],
+}
+
+
+def _want(ranges, b, past="last"):
+    for lo, hi, s in ranges:
+        if lo <= b <= hi:
+            return s.draft_tokens
+    return ranges[-1][2].draft_tokens if past == "last" else 0
+
+
+# ---------------------------------------------------------------------------------------------- vLLM
+@pytest.mark.parametrize("name", ["falling", "all-speculate", "one"])
+def test_vllm_runs_the_plan_at_every_batch_size(name):
+    ranges = PLANS[name]
+    e = export_plan(ranges, "vllm", method="eagle3", model="m")
+    cfg = json.loads(e.text)
+    assert cfg["method"] == "eagle3" and cfg["model"] == "m"
+    sched = check_vllm_schedule(cfg["num_speculative_tokens_per_batch_size"])
+    assert cfg["num_speculative_tokens"] == max(s.draft_tokens for *_, s in ranges) > 0
+    for b in range(1, 300):
+        assert vllm_draft_len(sched, cfg["num_speculative_tokens"], b) == _want(ranges, b)
+    assert "0.24.0 to 0.33.0" in e.releases
+
+
+def test_vllm_lookup_fills_gaps_and_clips_as_vllm_does():
+    sched = [(1, 4, 5), (9, 16, 2)]  # a gap 5..8 carries the previous K; K clipped to num_speculative_tokens
+    assert [vllm_draft_len(sched, 3, b) for b in (1, 4, 6, 9, 40)] == [3, 3, 3, 2, 2]
+
+
+@pytest.mark.parametrize("sched,msg", [
+    ([], "non-empty list"),
+    ([[1, 4]], "three integers"),
+    ([[1, 4, 2.0]], "three integers"),
+    ([[0, 4, 2]], "must be positive"),
+    ([[1, 4, 2], [6, 5, 1]], "start must be <= end"),
+    ([[1, 4, -1]], "K must be >= 0"),
+    ([[1, 4, 2], [4, 8, 1]], "non-overlapping"),
+    ([[2, 4, 2]], "first batch-size range must start at 1"),
+])
+def test_vllm_validator_rules(sched, msg):
+    with pytest.raises(PlanExportError, match=msg):
+        check_vllm_schedule(sched)
+
+
+def test_vllm_releases_methods_shapes_and_ngram():
+    with pytest.raises(PlanExportError, match="vLLM 0.23.0 has no num_speculative_tokens_per_batch_size"):
+        export_plan(PLANS["falling"], "vllm", release="0.23.0")
+    assert export_plan(PLANS["falling"], "vllm", release="0.24.0").warnings == ()
+    assert "newer than the last release checked" in export_plan(PLANS["falling"], "vllm", release="0.40.1").warnings[0]
+    assert "VLLM_USE_V2_MODEL_RUNNER=1" in export_plan(PLANS["falling"], "vllm", method="suffix").warnings[0]
+    ng = json.loads(export_plan(PLANS["one"], "vllm", method="ngram", lookup=(2, 4)).text)
+    assert (ng["prompt_lookup_min"], ng["prompt_lookup_max"]) == (2, 4) and "model" not in ng
+    with pytest.raises(PlanExportError, match="vLLM takes a draft length per batch size"):
+        export_plan([(1, 4, SpecSetting.static_tree(Tree.from_choices([[0], [1]])))], "vllm")
+    e = export_plan(PLANS["none"], "vllm")
+    assert e.data == {} and "without --speculative-config" in e.text
+
+
+# ---------------------------------------------------------------------------------------------- TensorRT-LLM
+@pytest.mark.parametrize("name", ["falling", "all-speculate", "one"])
+def test_trtllm_runs_the_plan_at_every_batch_size(name):
+    ranges = [(lo, hi, s) for lo, hi, s in PLANS[name]]
+    if name == "all-speculate":
+        ranges = [(1, 1, C(5)), (2, 8, C(3)), (9, 128, C(1))]
+    e = export_plan(ranges, "tensorrt-llm", max_batch=512)
+    cfg = yaml.safe_load(e.text)["speculative_config"]
+    sched = check_trtllm_schedule(cfg["draft_len_schedule"], cfg["max_draft_len"])
+    for b in range(1, 600):
+        want = _want(ranges, b, past="zero")
+        if ranges[-1][2].draft_tokens and ranges[-1][1] < b <= 512:
+            want = ranges[-1][2].draft_tokens  # --max-batch extended the last range
+        assert trtllm_draft_len(sched, b) == want, b
+    assert cfg["decoding_type"] == "Draft_Target" and cfg["max_draft_len"] == ranges[0][2].draft_tokens
+
+
+def test_trtllm_12_reads_keys_as_range_starts():
+    ranges = PLANS["falling"]
+    cfg = yaml.safe_load(export_plan(ranges, "tensorrt-llm", release="1.2.1").text)["speculative_config"]
+    sched = check_trtllm_schedule(cfg["draft_len_schedule"], cfg["max_draft_len"], lower_keys=True)
+    assert sched == {1: 4, 4: 2, 16: 0}
+    for b in range(1, 100):
+        assert trtllm_draft_len(sched, b, lower_keys=True) == _want(ranges, b)
+    with pytest.raises(PlanExportError, match="not known to take draft_len_schedule"):
+        export_plan(ranges, "tensorrt-llm", release="1.1.0")
+
+
+@pytest.mark.parametrize("sched,mdl,msg", [
+    ({}, 3, "non-empty mapping"),
+    ({0: 3}, 3, "threshold must be >= 1"),
+    ({4: -1}, 3, "draft length must be >= 0"),
+    ({4: 2, 8: 1}, 3, r"draft_len_schedule\[4\] must equal max_draft_len \(3\)"),
+    ({4: 3, 8: 4}, 3, "exceeds max_draft_len 3"),
+])
+def test_trtllm_validator_rules(sched, mdl, msg):
+    with pytest.raises(PlanExportError, match=msg):
+        check_trtllm_schedule(sched, mdl)
+    with pytest.raises(PlanExportError, match="must include batch_size=1"):
+        check_trtllm_schedule({4: 3}, 3, lower_keys=True)
+
+
+def test_trtllm_refuses_a_rising_plan_and_exports_envelopes():
+    with pytest.raises(PlanExportError, match="smallest batch size to draft the most"):
+        export_plan([(1, 1, C(1)), (2, 8, C(3))], "tensorrt-llm")
+    env = SpecSetting.envelope(DynamicSetting("eagle", 4, 4, 16))
+    cfg = yaml.safe_load(export_plan([(1, 8, env), (9, 64, N)], "tensorrt-llm").text)["speculative_config"]
+    assert cfg == {"decoding_type": "Eagle3", "max_draft_len": 4, "speculative_model": "<your EAGLE-3 checkpoint>",
+                   "use_dynamic_tree": True, "dynamic_tree_max_topK": 4, "max_total_draft_tokens": 15,
+                   "max_concurrency": 8}
+    assert cfg["max_draft_len"] <= cfg["max_total_draft_tokens"] <= cfg["dynamic_tree_max_topK"] * cfg["max_draft_len"]
+    other = SpecSetting.envelope(DynamicSetting("eagle", 2, 2, 4))
+    with pytest.raises(PlanExportError, match="one EAGLE-3 dynamic tree per server"):
+        export_plan([(1, 8, env), (9, 64, other)], "tensorrt-llm")
+    too_many = SpecSetting("envelope", 20, 4, 2)  # 21 draft tokens > topK * steps = 8
+    with pytest.raises(PlanExportError, match=r"must lie in \[max_draft_len 4, dynamic_tree_max_topK"):
+        export_plan([(1, 8, too_many)], "tensorrt-llm")
+
+
+# ---------------------------------------------------------------------------------------------- SGLang
+@pytest.mark.parametrize("name", ["falling", "all-speculate", "one"])
+def test_sglang_tiers_route_every_batch_size_to_the_plan(name):
+    ranges = PLANS[name]
+    e = export_plan(ranges, "sglang", method="eagle3")
+    tiers = check_sglang_tiers(json.loads(e.extra_files["adaptive.json"]))
+    for b in range(1, 300):
+        assert sglang_steps(tiers, b) == [_want(ranges, b)]
+    flags = e.data["cli_flags"]
+    steps = int(flags.split("--speculative-num-steps ")[1].split()[0])
+    assert "--speculative-eagle-topk 1" in flags and any(steps in v for v in tiers.values())  # a candidate step
+    assert f"--speculative-num-draft-tokens {steps + 1}" in flags
+
+
+def test_sglang_releases_and_static_fallbacks():
+    with pytest.raises(PlanExportError, match="a tier of 0, no speculation, arrived in 0.5.14"):
+        export_plan(PLANS["falling"], "sglang", method="eagle3", release="0.5.13")
+    assert "adaptive_config" in export_plan(PLANS["all-speculate"], "sglang", method="eagle3", release="0.5.13").data
+    old = export_plan(PLANS["falling"], "sglang", method="eagle3", release="0.5.12")
+    assert "no per-batch-size tiers" in old.notes[0] and len(old.data["per_range"]) == 3
+    standalone = export_plan(PLANS["falling"], "sglang", method="draft_model")
+    assert standalone.data["per_range"][0]["cli_flags"].startswith("--speculative-algorithm STANDALONE")
+    env = SpecSetting.envelope(DynamicSetting("eagle", 5, 4, 8))
+    e = export_plan([(1, 8, env), (9, 64, N)], "sglang", method="eagle")
+    assert e.data["per_range"][0]["cli_flags"] == ("--speculative-algorithm EAGLE --speculative-num-steps 5 "
+                                                    "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8")
+    for bad in ({"1": {"candidate_steps": []}}, {"1": {"candidate_steps": [-1]}}, {"x": {}}):
+        with pytest.raises(PlanExportError):
+            check_sglang_tiers(bad)
+    with pytest.raises(PlanExportError, match="positive ints"):
+        check_sglang_tiers({"1": {"candidate_steps": [0]}}, allow_zero=False)
+
+
+# ---------------------------------------------------------------------------------------------- llama.cpp
+def test_llamacpp_one_line_per_range():
+    e = export_plan(PLANS["falling"], "llama.cpp")
+    assert [x["flags"] for x in e.data["per_range"]] == [
+        "-np 3 --spec-type draft-simple --spec-draft-n-max 4 --spec-draft-n-min 0 --spec-draft-p-min 0",
+        "-np 15 --spec-type draft-simple --spec-draft-n-max 2 --spec-draft-n-min 0 --spec-draft-p-min 0",
+        "-np 64 --spec-type none"]
+    ng = export_plan(PLANS["one"], "llama.cpp", method="ngram", lookup=(3, 5))
+    assert ng.data["per_range"][0]["flags"] == "-np 32 --spec-type ngram-simple --spec-ngram-simple-size-n 3 " \
+                                               "--spec-ngram-simple-size-m 3"
+    assert "0c1e570" in e.releases and "-md DRAFT.gguf" in e.text and "-md" not in ng.text
+
+
+def test_unknown_engine_and_bad_ranges():
+    with pytest.raises(PlanExportError, match="no engine export for 'mlc'"):
+        export_plan(PLANS["one"], "mlc")
+    with pytest.raises(PlanExportError, match="batch sizes 4..4 are in no range"):
+        export_plan([(1, 3, C(2)), (5, 8, C(1))], "vllm")
+
+
+# ---------------------------------------------------------------------------------------------- static trees
+def test_static_tree_exports_name_the_releases_that_take_trees():
+    tree = Tree.from_choices([[0], [1], [0, 0]])
+    trt = exports.export(tree, "tensorrt-llm")
+    assert any("1.4.0rc1" in w and "eagle_choices" in w for w in trt.warnings)
+    assert any("#15918" in w for w in trt.warnings)
+    assert any("0.21.0 and later reject" in w for w in exports.export(tree, "vllm").warnings)
+
+
+def test_llamacpp_release_is_the_checked_commit_or_refused():
+    plan = PLANS["falling"]
+    assert export_plan(plan, "llama.cpp", release="0c1e570").text == export_plan(plan, "llama.cpp").text
+    assert "#22964" in export_plan(plan, "llama.cpp").releases
+    for old in ("b4200", "b9530", "v0.3.1"):
+        with pytest.raises(PlanExportError, match=f"llama.cpp {old} is not the build these flags were checked at"):
+            export_plan(plan, "llama.cpp", release=old)
+
+
+@pytest.mark.parametrize("engine,release", [("tensorrt-llm", "1.3.0rc8"), ("llama.cpp", "0c1e570")])
+def test_exports_with_comments_name_their_releases_in_the_file(engine, release):
+    e = export_plan(PLANS["falling"], engine)
+    first = e.text.splitlines()[0]
+    assert first == f"# for {e.releases}" and release in first
+    if engine == "tensorrt-llm":
+        assert yaml.safe_load(e.text) == e.data  # still the YAML the engine reads

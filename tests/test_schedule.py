@@ -1,0 +1,375 @@
+"""Speculation plans per batch size (issue 29): the chain value is the same DP as every tree, the plan's
+choices against brute force on synthetic curves, ranges and where speculation stops paying, the schedule file
+and its refusals, a user's T(b, n) table, the SchedulePolicy run exactly, and ``treeopt tune`` on a GPU engine's
+table (exit codes, nothing written on bad input)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sequoia_opt.cli import app
+from sequoia_opt.errors import DecodingError, ProfileError, SolverError, TreeoptError
+from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
+from sequoia_opt.profiles.batch import BatchLatencyProfile, load_batch_table
+from sequoia_opt.solver.chains import ChainSetting, predict_chain
+from sequoia_opt.solver.schedule import (ChainValue, SpecSetting, check_ranges, load_schedule, plan_document,
+                                         plan_from_ranges, predict_ranges, save_schedule, solve_plan)
+from sequoia_opt.tree import Tree
+
+sys.path.insert(0, str(Path(__file__).parent))
+runner = CliRunner()
+
+
+def _acc(p=(0.7, 0.1, 0.05), counts=True, by_depth=None):
+    p = np.array(p)
+    c = (np.round(np.append(p, 1 - p.sum()) * 1000).astype(np.int64)) if counts else None
+    return AcceptanceProfile(id="acc", acceptance=p, counts=c, by_depth=by_depth or {},
+                             measured={"positional_consistent": False} if by_depth else {})
+
+
+def _curve(per_token_ms: float, base_ms: float, n_max: int = 9, draft_ms: float = 1.0, overhead: float = 0.5):
+    """T(n) = base + per_token * (n - 1): a flat (memory-bound) or steep (compute-bound) curve."""
+    return LatencyCurve.synthetic({n: base_ms + per_token_ms * (n - 1) for n in range(1, n_max + 1)},
+                                  {1: draft_ms, 2: draft_ms * 1.2}, step_overhead_ms=overhead)
+
+
+def _profile(curves: dict[int, LatencyCurve]) -> BatchLatencyProfile:
+    return BatchLatencyProfile(id="prof", curves=curves)
+
+
+# a GPU-like device: flat at batch 1, steep at batch 64
+PROFILE = _profile({1: _curve(0.1, 10.0), 8: _curve(0.6, 11.0), 64: _curve(15.0, 14.0)})
+
+
+# ---------------------------------------------------------------------------------------------- value models
+def test_chain_value_is_the_dp_and_matches_the_closed_form():
+    acc = _acc()
+    v = ChainValue(acc, 8)
+    for k in range(0, 9):
+        want = predict_chain(ChainSetting(k), acc, PROFILE.curve(1), acceptance_model="positional")
+        cost, (lo, hi) = v.predict(SpecSetting.chain(k), 1, PROFILE.curve(1), None)
+        assert cost.expected_tokens == pytest.approx(want.expected_tokens, rel=1e-12)
+        assert cost.cost_ms == pytest.approx(want.cost_ms)
+        assert lo <= cost.tokens_per_s <= hi
+        if k:
+            assert lo < cost.tokens_per_s < hi  # counts give a real interval
+    assert v.g[1] == pytest.approx(1.7) and v.g[2] == pytest.approx(1 + 0.7 + 0.49)
+
+
+def test_chain_value_by_depth_reads_each_depth():
+    acc = _acc(by_depth={1: np.array([0.5, 0.1]), 2: np.array([0.9, 0.05]), 3: np.array([0.9, 0.05])})
+    acc.acceptance = np.array([0.5, 0.1])
+    acc.counts = np.array([500, 100, 400])
+    v = ChainValue(acc, 3)
+    assert v.model_used == "by-depth"
+    assert v.g[3] == pytest.approx(1 + 0.5 + 0.45 + 0.405)
+    with pytest.raises(SolverError, match="cannot price chain:4"):
+        v.predict(SpecSetting.chain(4), 1, PROFILE.curve(1), None)
+
+
+def test_interval_function_replaces_the_default():
+    plan = solve_plan(ChainValue(_acc(), 6), PROFILE, interval=lambda s, b, c: (1.0, 2.0))
+    assert all(c.interval == (1.0, 2.0) for r in plan.rows for c in r.candidates)
+
+
+# ---------------------------------------------------------------------------------------------- solving
+def test_plan_is_the_best_fixed_k_at_every_batch_and_stops_paying():
+    v = ChainValue(_acc(), 8)
+    plan = solve_plan(v, PROFILE)
+    for r in plan.rows:  # brute force: every K priced, the plan's is the best
+        rates = {k: v.predict(SpecSetting.chain(k), r.batch, PROFILE.curve(r.batch), None)[0].tokens_per_s
+                 for k in range(9)}
+        assert r.best.setting.draft_tokens == max(rates, key=lambda k: (rates[k], -k))
+        assert r.best.tokens_per_s_total == pytest.approx(r.batch * rates[r.best.setting.draft_tokens])
+    ks = [r.best.setting.draft_tokens for r in plan.rows]
+    assert ks[0] > ks[1] > 0 and ks[2] == 0  # shorter as the curve steepens, none at 64
+    assert plan.stops_paying_above == 8 and not plan.pays_nowhere
+    assert [(r.lo, r.hi) for r in plan.ranges] == [(1, 7), (8, 63), (64, 64)]
+    assert plan.setting_at(5) == plan.rows[0].best.setting and plan.setting_at(64).draft_tokens == 0
+
+
+def test_plan_says_none_where_speculation_pays_nowhere():
+    steep = _profile({1: _curve(9.0, 10.0), 4: _curve(30.0, 30.0)})  # T(n) ~ n: no tokens per step pay
+    plan = solve_plan(ChainValue(_acc(), 5), steep)
+    assert plan.pays_nowhere and plan.stops_paying_above == 0
+    assert [r.setting.label for r in plan.ranges] == ["none"]
+
+
+def test_min_gain_keeps_plain_decoding_where_the_predicted_lead_is_small():
+    v = ChainValue(_acc(), 8)
+    free = solve_plan(v, PROFILE)
+    leads = {r.batch: r.best.cost.tokens_per_s / r.plain.cost.tokens_per_s - 1 for r in free.rows}
+    small = min(x for x in leads.values() if x > 0)  # the smallest lead a speculating batch size has
+    plan = solve_plan(v, PROFILE, min_gain=small)  # that batch size's lead no longer clears the bar
+    for r in plan.rows:
+        speculates = leads[r.batch] > small
+        assert r.best.setting.speculates == speculates
+        want = next(c for c in free.rows if c.batch == r.batch).best if speculates else r.plain
+        assert r.best.setting == want.setting and r.best.tokens_per_s_total == pytest.approx(want.tokens_per_s_total)
+    assert solve_plan(v, PROFILE, min_gain=max(leads.values())).pays_nowhere
+    with pytest.raises(ProfileError, match="--min-gain -0.1 must lie in"):
+        solve_plan(v, PROFILE, min_gain=-0.1)
+
+
+def test_first_is_longest_caps_later_batches():
+    # speculation pays more at batch 8 than at batch 1 (a CPU-like batch-1 curve): TensorRT-LLM's rule caps it
+    odd = _profile({1: _curve(5.0, 10.0), 8: _curve(0.2, 12.0)})
+    free = solve_plan(ChainValue(_acc(), 6), odd)
+    capped = solve_plan(ChainValue(_acc(), 6), odd, first_is_longest=True)
+    k1, k8 = (r.best.setting.draft_tokens for r in free.rows)
+    assert k8 > k1
+    assert capped.rows[1].best.setting.draft_tokens == k1 and capped.notes
+
+
+def test_plan_refusals():
+    with pytest.raises(ProfileError, match="draft length 9 is past what latency profile 'prof' measured at batch 1"):
+        solve_plan(ChainValue(_acc(), 9), PROFILE)
+    with pytest.raises(ProfileError, match="measured at batch sizes 1,8,64, not 2"):
+        solve_plan(ChainValue(_acc(), 4), PROFILE, [1, 2])
+    with pytest.raises(ProfileError, match="--max-batch 32 is below"):
+        solve_plan(ChainValue(_acc(), 4), PROFILE, max_batch=32)
+    plan = solve_plan(ChainValue(_acc(), 4), PROFILE, max_batch=256)
+    assert plan.ranges[-1].hi == 256
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+@pytest.mark.parametrize("ranges,msg", [
+    ([(2, 4, None)], "the first range must start at batch size 1"),
+    ([(1, 4, None), (4, 8, None)], r"range 1 \[4, 8\] overlaps the previous one"),
+    ([(1, 4, None), (6, 8, None)], "batch sizes 5..5 are in no range"),
+    ([(1, 4, None), (5, 3, None)], "ends before it starts"),
+    ([], "no batch ranges"),
+])
+def test_check_ranges_refuses(ranges, msg):
+    with pytest.raises(ProfileError, match=msg):
+        check_ranges(ranges)
+
+
+def test_schedule_file_round_trip_and_refusals(tmp_path):
+    plan = solve_plan(ChainValue(_acc(), 6), PROFILE)
+    doc = plan_document(plan, engine="vllm", drafter="d")
+    path = save_schedule(tmp_path / "s.yaml", doc)
+    back = load_schedule(path, profile=PROFILE)
+    assert [(lo, hi, s) for lo, hi, s in back.ranges] == [(r.lo, r.hi, r.setting) for r in plan.ranges]
+    assert back.doc["stops_paying_above"] == 8
+    assert json.loads(json.dumps(doc))["by_batch"][0]["best"]["setting"] == plan.rows[0].best.setting.label
+    bad = dict(doc, ranges=[dict(doc["ranges"][0], batch_range=[1, 9]), *doc["ranges"][1:]])
+    with pytest.raises(ProfileError, match="overlaps"):
+        save_schedule(tmp_path / "bad.yaml", bad)
+    assert not (tmp_path / "bad.yaml").exists()
+    long = dict(doc, ranges=[{"batch_range": [1, 64], "setting": {"shape": "chain", "draft_tokens": 12}}])
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(long))
+    with pytest.raises(ProfileError, match="chain:12 at batch 1 is past what latency profile 'prof' measured"):
+        load_schedule(tmp_path / "long.yaml", profile=PROFILE)
+    with pytest.raises(ProfileError, match="shape one of none, chain, envelope, tree"):
+        SpecSetting.from_dict({"shape": "wide"})
+
+
+def test_predict_ranges_and_plan_from_ranges():
+    v = ChainValue(_acc(), 6)
+    ranges = [(1, 4, SpecSetting.chain(3)), (5, 100, SpecSetting.chain(1))]
+    preds = predict_ranges(ranges, v, PROFILE)
+    assert [(p.batch, p.setting.draft_tokens) for p in preds] == [(1, 3), (8, 1), (64, 1)]
+    plan = plan_from_ranges(ranges, v, PROFILE)
+    assert [r.best.setting.draft_tokens for r in plan.rows] == [3, 1, 1]
+    assert plan.rows[2].plain.setting.label == "none" and plan.stops_paying_above is None
+
+
+def test_settings_labels_and_trees():
+    assert SpecSetting.chain(0) == SpecSetting.none()
+    assert SpecSetting.chain(3).tree().size == 4
+    t = Tree.from_choices([[0], [1], [0, 0]])
+    s = SpecSetting.static_tree(t)
+    assert s.label == "tree:n4-d2" and s.tree().choices() == t.choices()
+    from sequoia_opt.dynamic import DynamicSetting
+
+    e = SpecSetting.envelope(DynamicSetting("eagle", 5, 4, 8))
+    assert e.label == "eagle:s5-k4-n8" and e.draft_tokens == 7 and e.dynamic().budget == 8
+    assert SpecSetting.from_dict(e.to_dict()) == e
+
+
+# ---------------------------------------------------------------------------------------------- T(b, n) tables
+def test_batch_table_loads_and_refuses(tmp_path):
+    good = "batch,tokens,target_ms,draft_ms,overhead_ms\n1,1,8,0.5,0.2\n1,4,9,0.5,0.2\n8,1,9,0.6,0.3\n8,4,14,0.6,0.3\n"
+    (tmp_path / "t.csv").write_text(good)
+    prof = load_batch_table(tmp_path / "t.csv")
+    assert prof.batches == [1, 8] and prof.curve(8).target_ms(4) == 14 and prof.curve(8).step_overhead_ms == 0.3
+    assert prof.curve(1).target_ms(2) == pytest.approx(8 + 1 / 3)
+    for text, msg in [(good.replace("8,4,14,0.6,0.3\n", ""), "batch 8 lacks tokens 4, which batch 1 has"),
+                      (good + "8,4,15,0.6,0.3\n", "batch 8, tokens 4 is given twice"),
+                      (good.replace("target_ms", "t_ms"), "the header must start batch,tokens,target_ms"),
+                      (good.replace("8,4,14,0.6,0.3", "8,4,14,0.6,0.4"), "batch 8 gives two overheads"),
+                      (good.replace("1,4,9", "1,4,-9"), "target_ms > 0")]:
+        (tmp_path / "b.csv").write_text(text)
+        with pytest.raises(ProfileError, match=msg):
+            load_batch_table(tmp_path / "b.csv")
+
+
+# ---------------------------------------------------------------------------------------------- the policy
+def test_schedule_policy_switches_exactly_as_rows_leave():
+    from test_decoding import _model, _perturbed
+
+    from sequoia_opt.decoding import AutoregressiveDecoder, Decoder
+    from sequoia_opt.drafting.policies import SchedulePolicy
+
+    target = _model(0)
+    draft = _perturbed(target, 0.3, seed=1)
+    prompts = [[5, 17, 3], list(range(40, 52)), [200, 3, 3, 9], [7, 7]]
+    lens = [6, 12, 18, 24]  # rows leave one by one: 4 -> 3 -> 2 -> 1 live rows
+    ranges = [(1, 1, Tree.chain(5)), (2, 3, Tree.chain(2)), (4, 4, Tree.chain(1))]
+    pol = SchedulePolicy(draft, ranges)
+    dec = Decoder(target, pol, max_len=128, max_batch=4)
+    state = dec.start_batch(prompts, 24)
+    for r, n in zip(state.rows, lens):
+        r.max_new_tokens = n
+    while not state.finished:
+        dec.step(state)
+    for p, n, r in zip(prompts, lens, state.results):
+        assert r.tokens == AutoregressiveDecoder(target, max_len=128).generate(p, n).tokens
+    used = dict(pol.used)
+    assert used == {4: 1, 3: 2, 2: 2, 1: 5} and pol.switches == 3  # from the widest tree it was built with
+    with pytest.raises(DecodingError, match="batch sizes 2..2 are in no range"):
+        SchedulePolicy(draft, [(1, 1, Tree.chain(2)), (3, 4, Tree.chain(1))])
+
+
+def test_schedule_policy_from_the_registry(tmp_path):
+    from sequoia_opt.drafting.registry import parse_policy
+
+    plan = solve_plan(ChainValue(_acc(), 6), PROFILE)
+    path = save_schedule(tmp_path / "p.yaml", plan_document(plan, engine="treeopt"))
+    kind, opts = parse_policy(f"schedule:{path}")
+    assert kind.name == "schedule" and [t.size for *_, t in opts["ranges"]] == [r.setting.draft_tokens + 1
+                                                                                 for r in plan.ranges]
+    env = {"format": "treeopt-schedule/1", "ranges": [{"batch_range": [1, 4], "setting": {
+        "shape": "envelope", "steps": 3, "topk": 2, "draft_tokens": 6}}]}
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(env))
+    with pytest.raises(TreeoptError, match="run envelopes with --policy dynamic"):
+        parse_policy(f"schedule:{tmp_path / 'e.yaml'}")
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+def _files(tmp_path):
+    (tmp_path / "t.csv").write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
+        f"{b},{n},{PROFILE.curve(b).target_ms(n)},1.0,0.5\n" for b in (1, 8, 64) for n in range(1, 10)))
+    acc = _acc()
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(acc.to_dict()))
+    return tmp_path / "t.csv", tmp_path / "a.yaml"
+
+
+def test_tune_gpu_engine_from_a_table(tmp_path):
+    table, acc = _files(tmp_path)
+    out, sched = tmp_path / "v.json", tmp_path / "s.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--max-batch", "256", "-o", str(out), "--schedule", str(sched), "--json"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads(out.read_text())
+    doc = json.loads(res.output)
+    plan = load_schedule(sched)
+    assert cfg["num_speculative_tokens_per_batch_size"] == [[lo, hi, s.draft_tokens] for lo, hi, s in plan.ranges]
+    assert cfg["num_speculative_tokens_per_batch_size"][-1] == [64, 256, 0]
+    assert doc["schedule"]["stops_paying_above"] == 8
+    assert set(doc["peers"]) == {"vllm-generator", "sglang-default", "llama.cpp-default", "batch1-best"}
+    for b, plan_tps in ((r["batch"], r["best"]["tokens_per_s_total"]) for r in doc["schedule"]["by_batch"]):
+        assert all(plan_tps >= v[str(b)] - 1e-6 for v in doc["peers"].values())  # the plan is never predicted worse
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--batches", "1,2"], "has no T(b, n) at batch size 2"),
+    (["--max-draft", "9"], "draft length 9 is past what latency profile"),
+    (["--release", "0.23.0"], "vLLM 0.23.0 has no num_speculative_tokens_per_batch_size"),
+    (["--release", "banana"], "is not a vllm version"),
+    (["--shape", "envelope"], "values EAGLE envelopes by a calibration profile"),
+])
+def test_tune_refusals_write_nothing(tmp_path, args, msg):
+    table, acc = _files(tmp_path)
+    out = tmp_path / "out.json"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "-o", str(out),
+                              "--batches", "1,8,64", *args])
+    assert res.exit_code == 2 and msg in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()
+
+
+def test_tune_refuses_a_bad_plan_and_predicts_a_good_one(tmp_path):
+    table, acc = _files(tmp_path)
+    bad = {"format": "treeopt-schedule/1", "ranges": [
+        {"batch_range": [1, 8], "setting": {"shape": "chain", "draft_tokens": 2}},
+        {"batch_range": [6, 64], "setting": {"shape": "none"}}]}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "-a", str(acc),
+                              "--batches", "1,8,64", "--plan", str(tmp_path / "bad.yaml")])
+    assert res.exit_code == 2 and "overlaps the previous one" in res.output
+    good = dict(bad, ranges=[bad["ranges"][0], {"batch_range": [9, 64], "setting": {"shape": "none"}}])
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(good))
+    out = tmp_path / "trt.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "-a", str(acc),
+                              "--batches", "1,8,64", "--plan", str(tmp_path / "good.yaml"), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert yaml.safe_load(out.read_text())["speculative_config"]["draft_len_schedule"] == {8: 2}
+
+
+# ---------------------------------------------------------------------------------------------- chain acceptance
+def test_acceptance_from_traces_reads_runs_by_depth():
+    from sequoia_opt.jobs.tune import acceptance_from_traces, lookup_traces
+
+    # 10 positions: a run of 5 agreements, then 5 misses (a drafter that keeps matching once it matches)
+    trace = [(0, 1.0, ok) for ok in [True] * 5 + [False] * 5]
+    acc = acceptance_from_traces([trace] * 10, profile_id="t", target_name="t", draft_name="d", max_depth=3,
+                                 source="test")
+    # depth 1: 5 of 10 starts accept; depth 2: of the starts that accepted, those whose next token agrees
+    assert acc.acceptance[0] == pytest.approx(0.5)
+    assert list(acc.counts) == [50, 50]
+    starts2 = [t for t in range(10) if trace[t][2] and t + 1 < 10]
+    ok2 = [t for t in starts2 if trace[t + 1][2]]
+    assert float(acc.by_depth[2][0]) == pytest.approx(len(ok2) / len(starts2))
+    assert acc.measured["positional_consistent"] is False  # runs: depth 2+ accept more than depth 1
+    v = ChainValue(acc, 3)
+    assert len(ok2) / len(starts2) == pytest.approx(0.8)
+    assert v.model_used == "by-depth" and v.g[2] == pytest.approx(1 + 0.5 + 0.5 * 0.8)
+    # n-gram traces: a continuation that copies the prompt is predicted token for token after its first match
+    prompt = [5, 6, 7, 8, 9, 5, 6]
+    traces = lookup_traces([prompt], [[7, 8, 9, 1]], 16, 1, 3)
+    assert [x[2] for x in traces[0]] == [True, True, True, False] and traces[0][0][0] == 7
+
+
+@pytest.mark.parametrize("ranges,msg", [
+    ([[1, 8, 2], [6, 64, 0]], "overlaps the previous one"),
+    ([[1, 4, 2], [9, 64, 0]], "batch sizes 5..8 are in no range"),
+    ([[1, 8, 12], [9, 64, 0]], "chain:12 at batch 1 is past what latency profile"),
+])
+def test_tune_refuses_bad_plans_in_one_line_writing_nothing(tmp_path, ranges, msg):
+    table, acc = _files(tmp_path)
+    doc = {"format": "treeopt-schedule/1", "ranges": [
+        {"batch_range": [lo, hi], "setting": {"shape": "chain", "draft_tokens": k} if k else {"shape": "none"}}
+        for lo, hi, k in ranges]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    out, sched = tmp_path / "out.json", tmp_path / "s.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--plan", str(tmp_path / "p.yaml"), "-o", str(out), "--schedule", str(sched)])
+    assert res.exit_code == 2 and msg in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
+    assert not out.exists() and not sched.exists()
+
+
+def test_tune_llamacpp_refuses_an_unchecked_release_before_measuring(tmp_path):
+    out = tmp_path / "flags.txt"
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "--release", "b4200", "-o", str(out),
+                              "--profiles-dir", str(tmp_path / "profiles")])
+    assert res.exit_code == 2 and "llama.cpp b4200 is not the build" in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
+    assert not out.exists() and not (tmp_path / "profiles").exists()
+
+
+def test_tune_refuses_a_bad_min_gain_before_anything(tmp_path):
+    table, acc = _files(tmp_path)
+    out = tmp_path / "out.json"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--min-gain", "-0.5", "-o", str(out)])
+    assert res.exit_code == 2 and "--min-gain -0.5 must lie in [0, 10)" in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()
