@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from feature_heads import TARGET4, eagle3_config, eagle3_tensors, random_target, write_head  # noqa: E402
+from feature_heads import eagle3_config, eagle3_tensors, random_target, write_head  # noqa: E402
 
 from sequoia_opt.distill.eagle3 import (TeacherFeatures, check_disjoint, choose_draft_vocab, init_head,  # noqa: E402
                                         train_head, ttt_forward, ttt_losses)
