@@ -63,7 +63,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import yaml
@@ -171,6 +171,7 @@ def export(
     fmt: str,
     metadata: TreeMetadata | None = None,
     acceptance: Sequence[float] | None = None,
+    methods: Mapping[str, str] | None = None,
 ) -> Export:
     """Export ``tree`` as ``fmt`` and return the text with notes for the user (see :class:`Export`).
 
@@ -180,6 +181,10 @@ def export(
         metadata: written by ``yaml`` and ``json``; the engine formats have no place for it.
         acceptance: positional acceptance vector ``p_1..p_K``; used by ``json`` (derived expected tokens) and
             by ``vllm`` (to choose the best level-uniform projection and report the tokens lost).
+        methods: the drafter's method per engine when the engine serves it as its own method (a feature
+            head: :func:`~sequoia_opt.drafting.registry.head_engine_methods`): vLLM's ``method`` and SGLang's
+            ``--speculative-algorithm`` are written, TensorRT-LLM's note names its decoding config, and an engine
+            without that method is warned about. None: the drafter is the user's to name (as before).
     """
     key = normalise_format(fmt)
     p = None if acceptance is None else _check_acceptance(acceptance)
@@ -195,11 +200,19 @@ def export(
     if key == "medusa":
         return Export(key, choices_literal(tree) + "\n", tree, notes=_medusa_notes(tree))
     if key == "tensorrt-llm":
-        return Export(key, choices_literal(tree) + "\n", tree, notes=_trtllm_notes(tree),
-                      warnings=_trtllm_warnings(tree))
+        return Export(key, choices_literal(tree) + "\n", tree, notes=_trtllm_notes(tree, methods),
+                      warnings=_trtllm_warnings(tree) + _no_method("tensorrt-llm", methods))
     if key == "vllm":
-        return _export_vllm(tree, p)
-    return _export_sglang(tree)
+        return _export_vllm(tree, p, methods)
+    return _export_sglang(tree, methods)
+
+
+def _no_method(engine: str, methods: Mapping[str, str] | None) -> tuple[str, ...]:
+    """A warning when a feature head's ``methods`` name none for ``engine`` (it cannot serve that head)."""
+    if methods is None or engine in methods:
+        return ()
+    return (f"{engine} has no speculative method for this drafter (it serves it as {', '.join(sorted(methods))} "
+            "only): the setting is the tree's, the engine cannot run it with this head",)
 
 
 def choices_literal(tree: Tree, *, tuples: bool = False) -> str:
@@ -567,7 +580,11 @@ def _medusa_notes(tree: Tree) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def _trtllm_notes(tree: Tree) -> tuple[str, ...]:
+def _trtllm_notes(tree: Tree, methods: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    method = (methods or {}).get("tensorrt-llm")
+    if method == "Eagle3":
+        return (f"{tree.size - 1} choices, depth {tree.tree_depth}: EagleDecodingConfig(decoding_type Eagle3, "
+                f"eagle_choices=..., max_draft_len >= {tree.tree_depth}) with your EAGLE-3 head's checkpoint",)
     return (f"{tree.size - 1} choices, depth {tree.tree_depth}: needs at least {tree.tree_depth} Medusa heads, "
             f"and max_draft_len >= {tree.size - 1} in the engine",)
 
@@ -593,8 +610,9 @@ def _trtllm_warnings(tree: Tree) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _export_vllm(tree: Tree, p: np.ndarray | None) -> Export:
+def _export_vllm(tree: Tree, p: np.ndarray | None, methods: Mapping[str, str] | None = None) -> Export:
     notes = []
+    method = (methods or {}).get("vllm")
     lost: float | None = 0.0
     out_tree = tree
     branching = level_branching(tree)
@@ -617,15 +635,19 @@ def _export_vllm(tree: Tree, p: np.ndarray | None) -> Export:
             f"{tree.size} nodes, depth {tree.tree_depth})"
         )
     notes.append(
-        "merge into --speculative-config with an EAGLE-family method and model; the tree path needs the "
-        "TREE_ATTN attention backend"
+        ("merge into --speculative-config with an EAGLE-family method and model" if method is None else
+         f"merge into --speculative-config with \"model\": your {method} head's checkpoint")
+        + "; the tree path needs the TREE_ATTN attention backend"
     )
     first, last = VLLM_TREE_RELEASES
     warnings = (
         f"only vLLM {first} to {last} accept speculative_token_tree: vLLM removed tree drafting and its "
         "TREE_ATTN backend in May 2026 (vllm-project/vllm#42121), so 0.21.0 and later reject this setting",
-    )
+    ) + _no_method("vllm", methods)
+    if method is not None and method not in ("eagle", "eagle3"):
+        warnings += (f"vLLM drafts trees with its EAGLE proposer only: method {method!r} proposes a chain",)
     doc = {
+        **({"method": method} if method is not None else {}),
         "num_speculative_tokens": out_tree.size - 1,
         "speculative_token_tree": choices_literal(out_tree, tuples=True),
     }
@@ -635,7 +657,8 @@ def _export_vllm(tree: Tree, p: np.ndarray | None) -> Export:
     )
 
 
-def _export_sglang(tree: Tree) -> Export:
+def _export_sglang(tree: Tree, methods: Mapping[str, str] | None = None) -> Export:
+    algo = (methods or {}).get("sglang")
     steps = tree.tree_depth
     topk = tree.max_branching_used
     capacity = 1 + topk + (steps - 1) * topk * topk
@@ -650,17 +673,20 @@ def _export_sglang(tree: Tree) -> Export:
             f"candidates with steps {steps}, topk {topk}; the tree has {tree.size} nodes)"
         )
     flags = (
-        f"--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
+        (f"--speculative-algorithm {algo} " if algo else "")
+        + f"--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
         f"--speculative-num-draft-tokens {num_draft_tokens}"
     )
     doc = {
+        **({"speculative_algorithm": algo} if algo else {}),
         "speculative_num_steps": steps,
         "speculative_eagle_topk": topk,
         "speculative_num_draft_tokens": num_draft_tokens,
         "cli_flags": flags,
         "note": notes[0],
     }
-    return Export("sglang", json.dumps(doc, indent=2) + "\n", tree, notes=tuple(notes))
+    return Export("sglang", json.dumps(doc, indent=2) + "\n", tree, notes=tuple(notes),
+                  warnings=_no_method("sglang", methods))
 
 
 def _parse_choice_text(text: str, name: str | None) -> Any:
@@ -734,7 +760,7 @@ DYNAMIC_EXPORT_FORMATS: tuple[str, ...] = ("yaml", "json", "sglang", "tensorrt-l
 
 
 def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None = None,
-                   provenance: dict[str, Any] | None = None) -> Export:
+                   provenance: dict[str, Any] | None = None, methods: Mapping[str, str] | None = None) -> Export:
     """Export a dynamic-tree setting (:class:`~sequoia_opt.dynamic.DynamicSetting`).
 
     Formats:
@@ -758,8 +784,13 @@ def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None =
     setting (ExportError). vLLM has no dynamic tree; releases 0.10.1 to 0.20.2 take a static tree
     (:data:`VLLM_TREE_RELEASES`), later ones a chain.
 
+    ``methods``: a feature head's methods per engine (:func:`~sequoia_opt.drafting.registry.head_engine_methods`):
+    SGLang's algorithm is the head's (``EAGLE3`` for an EAGLE-3 head, ``EAGLE`` for EAGLE-1/2); an engine with
+    no dynamic tree for that head (Medusa's heads, an EAGLE-1/2 head on TensorRT-LLM) is refused. None: SGLang's
+    ``EAGLE`` and TensorRT-LLM's ``Eagle3``, the user's head to name.
+
     Raises:
-        ExportError: an unknown format, or an engine format for a policy the engine does not run.
+        ExportError: an unknown format, or an engine format for a policy or a head the engine does not run.
     """
     key = _ALIASES.get(str(fmt).strip().lower(), str(fmt).strip().lower())
     if key not in DYNAMIC_EXPORT_FORMATS:  # not normalise_format: its list names static-tree formats too
@@ -775,10 +806,16 @@ def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None =
     if s.policy != "eagle":
         raise ExportError(f"{key} drafts dynamic trees by EAGLE-2 re-ranking only; a {s.policy!r} setting has no "
                           f"{key} equivalent (export the best 'eagle' setting)")
+    engine_method = (methods or {}).get(key)
+    if methods is not None and engine_method not in (("EAGLE", "EAGLE3") if key == "sglang" else ("Eagle3",)):
+        have = ", ".join(f"{e} {m}" for e, m in methods.items())
+        raise ExportError(f"{key} has no dynamic tree for this drafter (served as {have}): export the static tree "
+                          "(treeopt solve --format) instead")
     if key == "sglang":
-        flags = (f"--speculative-algorithm EAGLE --speculative-num-steps {s.steps} --speculative-eagle-topk {s.topk} "
+        algo = engine_method or "EAGLE"
+        flags = (f"--speculative-algorithm {algo} --speculative-num-steps {s.steps} --speculative-eagle-topk {s.topk} "
                  f"--speculative-num-draft-tokens {s.budget}")
-        doc = {"speculative_algorithm": "EAGLE", "speculative_num_steps": s.steps, "speculative_eagle_topk": s.topk,
+        doc = {"speculative_algorithm": algo, "speculative_num_steps": s.steps, "speculative_eagle_topk": s.topk,
                "speculative_num_draft_tokens": s.budget, "cli_flags": flags}
         notes = ("--speculative-num-draft-tokens counts the root (treeopt's budget)",)
         if s.topk == 1 and s.budget != s.steps + 1:

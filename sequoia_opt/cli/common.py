@@ -167,8 +167,10 @@ TargetOpt = Annotated[
 ]
 DraftOpt = Annotated[
     Optional[str], typer.Option("--draft", help="Drafter: a draft checkpoint (HF folder or .gguf; default: the "
-                                "bundled demo draft), self:L (the target's first L layers, layer skip) or "
-                                "lookup[:MIN-MAX] (n-gram prompt lookup over prompt and output).")
+                                "bundled demo draft), self:L (the target's first L layers, layer skip), "
+                                "lookup[:MIN-MAX] (n-gram prompt lookup over prompt and output), or a feature head "
+                                "on the target's hidden states: eagle3[:PATH] (EAGLE-3; alone: the head shipped for "
+                                "the demo pair), eagle:PATH (EAGLE-1/2), medusa:PATH.")
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda | cuda:N")]
 WeightsOpt = Annotated[str, typer.Option(
@@ -226,7 +228,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling gener
 TwoDraftsOpt = Annotated[
     Optional[list[str]], typer.Option(
         "--draft", help="The two drafters, given twice: the light (cheap) one first, then the strong one. Each a "
-        "draft checkpoint (PATH or model:PATH, HF folder or .gguf), self:L or lookup[:MIN-MAX].")
+        "draft checkpoint (PATH or model:PATH, HF folder or .gguf), self:L, lookup[:MIN-MAX] or a feature head "
+        "(eagle3[:PATH], eagle:PATH, medusa:PATH).")
 ]
 
 

@@ -111,7 +111,9 @@ def profile_graft_cmd(
                            f"than the vocabulary has tokens ({tcfg.vocab_size})")
     limits = [(tcfg.max_position_embeddings, "target")]
     for spec in (light, strong):
-        if spec.entry.loads_model:
+        if spec.entry.reads_features:  # a feature head: its checks (hidden size, vocabulary, layers) first
+            spec.entry.check(spec, tcfg)
+        elif spec.entry.loads_model:
             dcfg = load_model_config(spec.path if spec.path is not None else default_draft_path())
             limits.append((dcfg.max_position_embeddings, f"{spec.label} draft"))
     for limit, what in limits:

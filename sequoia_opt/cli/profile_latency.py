@@ -162,9 +162,11 @@ def profile_latency(
 
             pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
         tmodel, tname, dname = pair.target, pair.target_name, pair.draft_name
-        drafter = pair.draft if pair.draft is not None else (pair.cost_probe() if spec is not None else None)
+        # a draft model is timed itself; any other drafter (a feature head, self:L, lookup) by its cost probe
+        model = pair.draft if isinstance(pair.draft, Transformer) else None
+        drafter = model if model is not None else (pair.cost_probe() if spec is not None else None)
         make_drafter = pair.new_drafter
-        dconfig = pair.draft.config if pair.draft is not None else None
+        dconfig = model.config if model is not None else None
     if isinstance(drafter, torch.nn.Module):
         make_drafter = drafter  # a draft model: the decoder wraps it
     grid = token_grid(max_tokens)

@@ -47,7 +47,8 @@ from ..jobs.entries import (DEFAULT_COMPARED_DRAFTERS, adaptive_entries, baselin
 DraftsOpt = Annotated[
     Optional[list[str]], typer.Option(
         "--draft", help="Drafter: a draft checkpoint (HF folder or .gguf; default: the bundled demo draft), self:L "
-        "(the target's first L layers) or lookup[:MIN-MAX] (n-gram prompt lookup). With --compare-drafters "
+        "(the target's first L layers), lookup[:MIN-MAX] (n-gram prompt lookup) or a feature head on the target's "
+        "hidden states (eagle3[:PATH], eagle:PATH, medusa:PATH). With --compare-drafters "
         "repeatable (default: the bundled draft model and lookup), each paired in order with one -a and one -l. "
         "Twice with a treeopt-tree/2 --tree: its light then its strong drafter; with --merge: one per --tree.")
 ]

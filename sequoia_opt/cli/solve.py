@@ -35,8 +35,10 @@ def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], Any]:
     except exports.ExportError:
         raise TreeoptError(f"unknown --format {fmt!r}; choose one of {', '.join(exports.EXPORT_FORMATS)}") from None
 
-    def run(tree: Tree, meta: TreeMetadata, p: Any) -> Any:
-        return exports.export(tree, key, metadata=meta, acceptance=p)
+    def run(tree: Tree, meta: TreeMetadata, p: Any, drafter: str | None = None) -> Any:
+        from ..drafting.registry import head_engine_methods
+
+        return exports.export(tree, key, metadata=meta, acceptance=p, methods=head_engine_methods(drafter))
 
     return run
 
@@ -324,7 +326,7 @@ def solve(
     data["tree"] = {"choices": tree.choices(), "metadata": meta.to_dict()}
     out = None
     if output is not None or fmt is not None:
-        out = export(tree, meta, p)
+        out = export(tree, meta, p, acc.measured.get("draft"))  # a feature head: the engine's method named
         report.notes.extend(out.notes)
         report.warnings.extend(out.warnings)
         data["export"] = {"format": out.fmt, "text": out.text, "notes": list(out.notes),

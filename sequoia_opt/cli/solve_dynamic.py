@@ -24,6 +24,7 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     from .. import exports
     from ..profiles.calibration import calibration_warnings, load_calibration, same_pair
     from ..dynamic import POLICY_NAMES
+    from ..drafting.registry import head_engine_methods
     from ..profiles import load_acceptance, load_latency
     from ..solver import choose
     from ..solver.dynamic import choose_dynamic, setting_grid
@@ -115,15 +116,21 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
                           "expected_tokens_per_step": static.expected_tokens, "speedup": static.speedup}
     provenance = {"calibration_profile": cal.id, "latency_profile": curve.id,
                   "target": cal.measured.get("target"), "draft": cal.measured.get("draft")}
+    methods = head_engine_methods(cal.measured.get("draft"))  # a feature head: the engines' own method for it
     if best_eagle is not None:
         for engine in ("sglang", "tensorrt-llm"):
-            data[engine] = exports.export_dynamic(best_eagle.setting, engine).text
-        report.summary["SGLang flags (best eagle)"] = json.loads(data["sglang"])["cli_flags"]
+            try:
+                data[engine] = exports.export_dynamic(best_eagle.setting, engine, methods=methods).text
+            except exports.ExportError as e:
+                report.notes.append(str(e))
+        if "sglang" in data:
+            report.summary["SGLang flags (best eagle)"] = json.loads(data["sglang"])["cli_flags"]
         if best_eagle is not best:
             report.notes.append(f"engines run the eagle rule: their setting is the best eagle one, "
                                 f"{best_eagle.label} ({best_eagle.speedup:.3f}x predicted)")
     target = best if key in ("yaml", "json") else best_eagle
-    exp = exports.export_dynamic(target.setting, key, predicted=target.to_dict(), provenance=provenance)
+    exp = exports.export_dynamic(target.setting, key, predicted=target.to_dict(), provenance=provenance,
+                                 methods=methods)
     report.notes.extend(exp.notes)
     data["export"] = {"format": key, "text": exp.text, "notes": list(exp.notes)}
     if output is not None:

@@ -127,7 +127,7 @@ def causal_mask(T: int, device: torch.device, memo: dict[int, TreeMask] | None =
 
 def cached_forward(model: Transformer, cache: ModelKVCache, tokens: torch.Tensor, positions: torch.Tensor,
                    slots: torch.Tensor, prefix_len: int, mask: TreeMask, backend: str,
-                   num_layers: int | None = None) -> torch.Tensor:
+                   num_layers: int | None = None, hidden_layers: tuple[int, ...] | None = None):
     """The one forward every decoding call makes (batch 1).
 
     Args:
@@ -141,24 +141,31 @@ def cached_forward(model: Transformer, cache: ModelKVCache, tokens: torch.Tensor
         backend: resolved attention backend.
         num_layers: None (every layer) or the first k layers only (:meth:`Transformer.forward`; the
             layer-skip draft), writing K/V only for those layers.
+        hidden_layers: None, or the layers whose hidden states are kept (:meth:`Transformer.forward`).
 
     Returns:
-        (T, V) logits in the model's dtype.
+        (T, V) logits in the model's dtype; with ``hidden_layers``, ``(logits, hidden)``, hidden (T, k, dim).
     """
+    if hidden_layers is not None:
+        logits, hidden = model(tokens.unsqueeze(0), positions, cache=cache, cache_slots=slots, prefix_len=prefix_len,
+                               tree_mask=mask, backend=backend, num_layers=num_layers, hidden_layers=hidden_layers)
+        return logits[0], hidden[0]
     return model(tokens.unsqueeze(0), positions, cache=cache, cache_slots=slots, prefix_len=prefix_len,
                  tree_mask=mask, backend=backend, num_layers=num_layers)[0]
 
 
 def run_causal_chunk(model: Transformer, cache: ModelKVCache, tokens: Sequence[int], start: int,
                      backend: str, memo: dict[int, TreeMask] | None = None,
-                     num_layers: int | None = None) -> torch.Tensor:
+                     num_layers: int | None = None, hidden_layers: tuple[int, ...] | None = None):
     """Feed ``tokens`` causally at slots / positions ``[start, start + T)`` after ``start`` cached tokens
     (through the first ``num_layers`` layers only when given, as :func:`cached_forward`).
 
-    Used for the prefill and for the draft's catch-up chunk. Returns (T, V) logits.
+    Used for the prefill and for the draft's catch-up chunk. Returns (T, V) logits (with ``hidden_layers``,
+    ``(logits, hidden)`` as :func:`cached_forward`).
     """
     device = model.device
     T = len(tokens)
     idx = torch.arange(start, start + T, dtype=torch.int64, device=device)
     tok = torch.tensor(list(tokens), dtype=torch.int64, device=device)
-    return cached_forward(model, cache, tok, idx, idx, start, causal_mask(T, device, memo), backend, num_layers)
+    return cached_forward(model, cache, tok, idx, idx, start, causal_mask(T, device, memo), backend, num_layers,
+                          hidden_layers)

@@ -69,6 +69,31 @@ class TargetFace(ABC):
     def keep(self, rows: Sequence[int]) -> None:
         """Only rows ``rows`` (ascending) stay in the batch (the others finished)."""
 
+    # ------------------------------------------------------------------ hidden states (feature heads)
+    def request_hidden(self, layers: Sequence[int]) -> None:
+        """A drafter asks, once at bind, for the target's hidden states of ``layers``
+        (:meth:`~sequoia_opt.model.Transformer.forward`'s ``hidden_layers`` numbering: i < n_layers the residual
+        stream entering block i, n_layers the final norm's output). From then on the face keeps them for every
+        prefill token (:meth:`prefill_hidden`) and for each committed path (:meth:`path_hidden`). What a feature
+        head (EAGLE-3, EAGLE, Medusa) reads; the loop itself never does.
+
+        Raises:
+            DecodingError: a face that cannot return hidden states (the default), or an index out of range.
+        """
+        raise DecodingError(f"{self.name} does not return hidden states, which feature-head drafters (EAGLE-3, "
+                            "EAGLE, Medusa) read; run them with the bundled torch target")
+
+    def prefill_hidden(self, row: int, layers: Sequence[int]) -> torch.Tensor:
+        """(P_row - 1, len(layers), dim) the hidden states of row ``row``'s prefilled tokens (its prompt but the
+        last token), positions 0 .. P - 2, after :meth:`prefill`. Raises DecodingError as :meth:`request_hidden`."""
+        raise DecodingError(f"{self.name} does not return hidden states")
+
+    def path_hidden(self, row: int, layers: Sequence[int]) -> torch.Tensor:
+        """(len(path), len(layers), dim) the hidden states of row ``row``'s last committed path (the root first),
+        after :meth:`commit`: positions L .. L + len(path) - 1 of the step that committed it. Raises
+        DecodingError as :meth:`request_hidden`."""
+        raise DecodingError(f"{self.name} does not return hidden states")
+
     def join(self, state: DecodeState, prompts: Sequence[Sequence[int]]) -> None:
         """Rows join a running batch after its ``len(state.rows)`` live rows: new row j's cache takes
         ``prompts[j][:-1]``. Raises DecodingError for a face that cannot (the default)."""
@@ -108,12 +133,50 @@ class TransformerTarget(TargetFace):
         self._masks: dict[int, TreeMask] = {}
         name = getattr(model.config, "name", None)
         self.name = "the target model" + (f" {name!r}" if name else "")
+        # hidden states a feature head asked for (request_hidden): None = none asked, the default forward
+        self.hidden_layers: tuple[int, ...] | None = None
+        self._prefill_h: list[torch.Tensor] = []  # per row (P - 1, k, dim)
+        self._tree_h: list[torch.Tensor] = []  # per row (n, k, dim), the last verify
+        self._path_h: list[torch.Tensor] = []  # per row (len(path), k, dim), the last commit
+
+    def request_hidden(self, layers: Sequence[int]) -> None:
+        n = self.model.config.n_layers
+        want = sorted({int(i) for i in layers} | set(self.hidden_layers or ()))
+        bad = [i for i in want if not 0 <= i <= n]
+        if bad:
+            raise DecodingError(f"{self.name} has hidden states 0..{n} (0: the embeddings, {n}: the final norm's "
+                                f"output); a drafter asked for {bad[0]}")
+        self.hidden_layers = tuple(want)
+
+    def _pick(self, h: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+        have = self.hidden_layers or ()
+        try:
+            idx = [have.index(int(i)) for i in layers]
+        except ValueError:
+            raise DecodingError(f"hidden states of layers {list(layers)} were not requested (request_hidden) from "
+                                f"{self.name}") from None
+        return h[:, idx] if idx != list(range(len(have))) else h
+
+    def prefill_hidden(self, row: int, layers: Sequence[int]) -> torch.Tensor:
+        return self._pick(self._prefill_h[row], layers)
+
+    def path_hidden(self, row: int, layers: Sequence[int]) -> torch.Tensor:
+        return self._pick(self._path_h[row], layers)
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> None:
         self.rows.reset(len(prompts))
+        keep = self.hidden_layers
+        self._prefill_h, self._tree_h, self._path_h = [], [], []
         for i, p in enumerate(prompts):
+            if keep is None:
+                if len(p) > 1:
+                    run_causal_chunk(self.model, self.rows.row(i), p[:-1], 0, self.backend, self._masks)
+                continue
+            h = torch.zeros(0, len(keep), self.model.config.dim, dtype=self.model.dtype, device=self.device)
             if len(p) > 1:
-                run_causal_chunk(self.model, self.rows.row(i), p[:-1], 0, self.backend, self._masks)
+                _, h = run_causal_chunk(self.model, self.rows.row(i), p[:-1], 0, self.backend, self._masks,
+                                        hidden_layers=keep)
+            self._prefill_h.append(h)  # (P - 1, k, dim)
         self.rows.prefilled([len(p) - 1 for p in prompts])
 
     def room(self, state: DecodeState, want: int) -> list[Room]:
@@ -136,6 +199,11 @@ class TransformerTarget(TargetFace):
             valid = rows.valid[:, :F] if isinstance(prefix, RowPrefix) or rows.batch > 1 else \
                 torch.ones(rows.batch, F, dtype=torch.bool, device=self.device)
             prefix = RowPrefix(F, valid, row_masks)
+        if self.hidden_layers is not None:  # a feature head asked for hidden states: kept per row, per node
+            logits, hidden = self.model(tokens, positions, cache=rows.view, cache_slots=slots, prefix_len=prefix,
+                                        tree_mask=mask, backend=self.backend, hidden_layers=self.hidden_layers)
+            self._tree_h = list(hidden)  # per row (T, k, dim)
+            return logits
         return self.model(tokens, positions, cache=rows.view, cache_slots=slots, prefix_len=prefix,
                           tree_mask=mask, backend=self.backend)
 
@@ -167,15 +235,33 @@ class TransformerTarget(TargetFace):
     def commit(self, state: DecodeState, paths: Sequence[Sequence[int]]) -> None:
         F = self.rows.frontier
         self.rows.commit([[F + i for i in p] for p in paths] if len(paths) > 1 or len(paths[0]) > 1 else [[F]])
+        if self.hidden_layers is not None:
+            self._path_h = [h[torch.as_tensor(list(p), dtype=torch.int64, device=h.device)]
+                            for h, p in zip(self._tree_h, paths)]  # per row (len(path), k, dim)
 
     def keep(self, rows: Sequence[int]) -> None:
         self.rows.keep(rows)
+        if self.hidden_layers is not None:
+            pick = lambda xs: [xs[b] for b in rows] if len(xs) > max(rows, default=-1) else xs  # noqa: E731
+            self._prefill_h, self._tree_h, self._path_h = pick(self._prefill_h), pick(self._tree_h), pick(self._path_h)
 
     def join(self, state: DecodeState, prompts: Sequence[Sequence[int]]) -> None:
         B = self.rows.batch
         if B + len(prompts) > self.max_batch:
             raise DecodingError(f"{B} live rows and {len(prompts)} joining exceed max_batch={self.max_batch}")
+        keep = self.hidden_layers
         for j, p in enumerate(prompts):
+            if keep is None:
+                if len(p) > 1:
+                    run_causal_chunk(self.model, self.rows.row(B + j), p[:-1], 0, self.backend, self._masks)
+                continue
+            # a feature head asked for hidden states: the joining row's prompt states, as prefill keeps them
+            h = torch.zeros(0, len(keep), self.model.config.dim, dtype=self.model.dtype, device=self.device)
             if len(p) > 1:
-                run_causal_chunk(self.model, self.rows.row(B + j), p[:-1], 0, self.backend, self._masks)
+                _, h = run_causal_chunk(self.model, self.rows.row(B + j), p[:-1], 0, self.backend, self._masks,
+                                        hidden_layers=keep)
+            empty = h[:0]
+            self._prefill_h.append(h)
+            self._tree_h.append(empty)
+            self._path_h.append(empty)
         self.rows.add([len(p) - 1 for p in prompts])

@@ -108,6 +108,18 @@ def sampled_vocab(t_ids: torch.Tensor, targets: torch.Tensor, *, vocab_size: int
     return torch.unique(torch.cat([t_ids.reshape(-1).long(), targets.reshape(-1), rand]))
 
 
+def scheduled_lr(opt: torch.optim.Optimizer, step: int, *, steps: int, lr: float, warmup: int, t0: float,
+                 max_seconds: float | None) -> float:
+    """Set and return the learning rate of ``step`` (:func:`lr_at`). With a time limit, the schedule follows
+    whichever of steps or wall time since ``t0`` is further along, so the learning rate has decayed when the
+    limit stops the run."""
+    sched = step if max_seconds is None else max(step, int(steps * (time.perf_counter() - t0) / max_seconds))
+    cur = lr_at(min(sched, steps - 1), steps=steps, lr=lr, warmup=warmup)
+    for group in opt.param_groups:
+        group["lr"] = cur
+    return cur
+
+
 def lr_at(step: int, *, steps: int, lr: float, warmup: int, final_frac: float = 0.1) -> float:
     """Linear warm-up then cosine decay to ``final_frac * lr``."""
     if step < warmup:
@@ -210,12 +222,7 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
     t0 = time.perf_counter()
     tokens = 0
     for step in range(steps):
-        # with a time limit, the schedule follows whichever of steps or wall time is further along, so the
-        # learning rate has decayed when the limit stops the run
-        sched = step if max_seconds is None else max(step, int(steps * (time.perf_counter() - t0) / max_seconds))
-        cur = lr_at(min(sched, steps - 1), steps=steps, lr=lr, warmup=warmup)
-        for group in opt.param_groups:
-            group["lr"] = cur
+        cur = scheduled_lr(opt, step, steps=steps, lr=lr, warmup=warmup, t0=t0, max_seconds=max_seconds)
         idx = torch.randint(0, n, (batch,), generator=g)
         x = chunks[idx]  # (B, T) labelled
         if extra is not None and extra_batch > 0:

@@ -82,10 +82,22 @@ class DrafterSpec:
         return self.entry.label(self)
 
     @property
+    def checkpoint(self) -> Path | None:
+        """The checkpoint a kind that loads one reads: ``path``, else the kind's bundled default (the demo draft
+        for ``model``); None for kinds without a checkpoint."""
+        entry = self.entry
+        if not entry.loads_model:
+            return None
+        if self.path is not None:
+            return self.path
+        return entry.default_path() if entry.default_path is not None else bundled_draft_path()
+
+    @property
     def spec(self) -> str:
-        """The ``--draft`` text that gives this drafter back (a path for a checkpoint)."""
+        """The ``--draft`` text that gives this drafter back (a path for a checkpoint; ``eagle3:PATH`` for a
+        feature head)."""
         if self.entry.loads_model:
-            return str(self.path) if self.path is not None else str(bundled_draft_path())
+            return str(self.checkpoint) if self.kind == "model" else f"{self.kind}:{self.checkpoint}"
         return self.label
 
     def __hash__(self) -> int:
@@ -123,6 +135,13 @@ class DrafterKind:
         engine_methods: per serving engine, the name of this drafter's speculative method there (vLLM's
             ``speculative_config.method``, llama.cpp's ``--spec-type``), for the exports; absent: the engine has
             no such method.
+        load: ``(spec, target Transformer) -> what build takes as its draft``, for a kind whose checkpoint is
+            not a draft :class:`~sequoia_opt.model.Transformer` (a feature head); None: a draft model, loaded by
+            ``jobs.load`` (``load_checkpoint``, tokenizers compared).
+        default_path: ``() -> Path`` of the checkpoint ``--draft NAME`` without ``:PATH`` names (the bundled
+            one); None: a path is required (``model``'s default is the bundled draft, as ``--draft`` omitted).
+        reads_features: it reads the target's hidden states (a feature head): only the bundled torch target
+            can serve it, and it needs no tokenizer of its own.
     """
 
     name: str
@@ -136,6 +155,9 @@ class DrafterKind:
     loads_model: bool = False
     has_probs: bool = True
     engine_methods: Mapping[str, str] = field(default_factory=dict)
+    load: Callable[[DrafterSpec, Any], Any] | None = None
+    default_path: Callable[[], Path] | None = None
+    reads_features: bool = False
 
 
 def _positive_int(text: str, what: str, spec: str) -> int:
@@ -230,6 +252,89 @@ register_drafter(DrafterKind(
     build=lambda spec, target, draft: _lookup(spec, target), has_probs=False,
     engine_methods={"vllm": "ngram", "llama.cpp": "ngram-simple", "sglang": "NGRAM"},
     probe=lambda spec, target, draft, make: CostProbe("lookup draft", make=make)))
+
+
+# ---------------------------------------------------------------------------------------------- feature heads
+def _bundled_eagle3() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("sequoia_opt") / "data" / "eagle3"))
+
+
+def _check_head(kind: str) -> Callable[[DrafterSpec, Any], None]:
+    def check(spec: DrafterSpec, config: Any) -> None:
+        from ..model.head_checkpoints import check_eagle_head, read_medusa_config
+
+        path = spec.checkpoint
+        if kind == "medusa":
+            read_medusa_config(path, config)
+        else:
+            check_eagle_head(path, kind, config)
+    return check
+
+
+def _load_head(kind: str) -> Callable[[DrafterSpec, Any], Any]:
+    def load(spec: DrafterSpec, target: Any) -> Any:
+        from ..model.head_checkpoints import load_eagle_head, load_medusa_heads
+
+        if kind == "medusa":
+            return load_medusa_heads(spec.checkpoint, target)
+        return load_eagle_head(spec.checkpoint, kind, target)
+    return load
+
+
+def _build_head(kind: str) -> Callable[[DrafterSpec, Any, Any], Drafter]:
+    def build(spec: DrafterSpec, target: Any, loaded: Any) -> Drafter:
+        from .drafters.eagle import EagleDrafter
+        from .drafters.medusa import MedusaDrafter
+
+        c = target.config
+        if loaded is None:  # a caller that did not load it (a plugin, a test): load now
+            loaded = _load_head(kind)(spec, target)
+        if kind == "medusa":
+            return MedusaDrafter(loaded, c.n_layers, context=c.max_position_embeddings)
+        head, draft_ids = loaded
+        return EagleDrafter(head, c.n_layers, draft_ids, context=c.max_position_embeddings)
+    return build
+
+
+def _probe_head(kind: str) -> Callable[[DrafterSpec, Any, Any, Callable[[], Drafter]], CostProbe]:
+    def probe(spec: DrafterSpec, target: Any, loaded: Any, make: Callable[[], Drafter]) -> CostProbe:
+        from .drafters.eagle import EagleLevelProbe
+        from .drafters.medusa import MedusaPassProbe
+
+        if loaded is None:
+            loaded = _load_head(kind)(spec, target)
+        if kind == "medusa":
+            return CostProbe(f"{spec.label} heads", model=MedusaPassProbe(loaded, target))
+        return CostProbe(f"{spec.label} level", model=EagleLevelProbe(loaded[0], target))
+    return probe
+
+
+def _head_label(kind: str) -> Callable[[DrafterSpec], str]:
+    def label(spec: DrafterSpec) -> str:
+        path = Path(spec.checkpoint).resolve()
+        bundled = kind == "eagle3" and path == _bundled_eagle3().resolve()
+        return f"{kind}:{'treeopt-smollm2-eagle3' if bundled else path.name}"
+    return label
+
+
+register_drafter(DrafterKind(
+    "eagle3", "an EAGLE-3 head on the target's low / middle / high features: --draft eagle3:PATH (eagle3 alone: the "
+    "head shipped for the demo pair)", "per-level", parse=lambda arg, text: {}, label=_head_label("eagle3"),
+    build=_build_head("eagle3"), probe=_probe_head("eagle3"), check=_check_head("eagle3"), loads_model=True,
+    load=_load_head("eagle3"), default_path=_bundled_eagle3, reads_features=True,
+    engine_methods={"vllm": "eagle3", "sglang": "EAGLE3", "tensorrt-llm": "Eagle3", "llama.cpp": "draft-eagle3"}))
+register_drafter(DrafterKind(
+    "eagle", "an EAGLE-1/2 head on the target's last hidden state: --draft eagle:PATH", "per-level",
+    parse=lambda arg, text: {}, label=_head_label("eagle"), build=_build_head("eagle"), probe=_probe_head("eagle"),
+    check=_check_head("eagle"), loads_model=True, load=_load_head("eagle"), reads_features=True,
+    engine_methods={"vllm": "eagle", "sglang": "EAGLE"}))
+register_drafter(DrafterKind(
+    "medusa", "Medusa heads on the target's last hidden state (head k proposes depth k + 1): --draft medusa:PATH",
+    "one-pass", parse=lambda arg, text: {}, label=_head_label("medusa"), build=_build_head("medusa"),
+    probe=_probe_head("medusa"), check=_check_head("medusa"), loads_model=True, load=_load_head("medusa"),
+    reads_features=True, engine_methods={"vllm": "medusa", "tensorrt-llm": "Medusa"}))
 
 #: The keywords of :func:`parse_drafter_spec` (anything else is a checkpoint path).
 DRAFTER_KEYWORDS = tuple(DRAFTERS)
@@ -418,6 +523,16 @@ def drafter_kind(name: str) -> DrafterKind:
         raise TreeoptError(f"unknown drafter kind {name!r}; known: {', '.join(DRAFTERS)}") from None
 
 
+def head_engine_methods(label: str | None) -> Mapping[str, str] | None:
+    """The engine methods of the feature-head drafter a profile names by its label (``eagle3:NAME``,
+    ``eagle:NAME``, ``medusa:NAME``: the kind before the colon), for the engine exports of a tree or dynamic
+    setting solved on that profile; None for any other drafter (a draft model, lookup, self:L) or none named.
+    A feature head is served as the engine's own method (vLLM ``method: eagle3``, SGLang ``--speculative-algorithm
+    EAGLE3``, ...), so its export must name it; other drafters keep the exports' defaults."""
+    kind = DRAFTERS.get(str(label or "").partition(":")[0])
+    return kind.engine_methods if kind is not None and kind.reads_features else None
+
+
 def drafter_slug(label: str) -> str:
     """A drafter label as a file-name part: ``self:6`` -> ``self-L6``, ``lookup:1-3`` -> ``lookup-1-3``."""
     head, sep, rest = label.partition(":")
@@ -447,7 +562,12 @@ def parse_drafter_spec(spec: str | Path | DrafterSpec | None) -> DrafterSpec:
     kind = DRAFTERS.get(key)
     if kind is not None and not kind.loads_model:
         return DrafterSpec(key, options=kind.parse(rest.strip() if sep else None, text))
-    if kind is not None and sep and not rest.strip():
+    if kind is not None and not sep and kind.default_path is not None:
+        if not kind.default_path().is_dir():
+            raise TreeoptError(f"--draft {key}: the bundled {key} checkpoint is missing from {kind.default_path()} "
+                               f"(write --draft {key}:PATH)")
+        return DrafterSpec(key)
+    if kind is not None and (sep and not rest.strip() or not sep and kind.name != "model"):
         raise TreeoptError(f"--draft {text!r} names no checkpoint: write {key}:PATH")
     path = Path(rest if kind is not None and sep else text).expanduser()
     if not path.exists():

@@ -20,6 +20,9 @@ drafter's best tree runs in the same call (one plain baseline, the same prompts)
 
 * prompt lookup (``lookup:1-3``, one-pass): its c(w) per proposal (``profiling.latency.profile_drafter``) and
   its greedy acceptance vector (``profiling.acceptance.measure_acceptance``);
+* the EAGLE-3 head shipped for the demo pair (``eagle3``, ``sequoia_opt/data/eagle3``, per-level), when it is
+  there (``DemoSettings.eagle3``): its c(w) per level (its cost probe), its greedy acceptance on the profile
+  prompts with the draft model's measurement tree;
 * self layer-skip (``self:L``, the target's first L layers), opt-in (``DemoSettings.self_layers``, ``treeopt
   demo --self-layers``): a small sweep over L (acceptance and c(w) per L, the target's T(n) shared) keeps the
   L whose hardware-aware tree predicts the highest speedup. It is off by default: on the demo pair no L pays
@@ -105,6 +108,11 @@ class DemoSettings:
     self_layers: tuple[int, ...] | str | None = None
     self_prompts: int = 3         # self:L acceptance, per L: profile prompts x new tokens
     self_new_tokens: int = 24
+    # the EAGLE-3 head shipped for the pair (when sequoia_opt/data/eagle3 is there): acceptance on profile prompts
+    # x new tokens, with the draft model's measurement tree (K = width, depth acc_depth)
+    eagle3: bool = True
+    eagle3_prompts: int = 12
+    eagle3_new_tokens: int = 32
     # chat traffic: the drafters' trees on the shipped chat prompts (0: skipped); new tokens None = max_new_tokens
     chat_prompts: int = 4
     chat_new_tokens: int | None = None
@@ -116,7 +124,7 @@ class DemoSettings:
         return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, latency_rounds=1, width=4, acc_depth=3,
                    acc_prompts=2, acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16,
                    lookup_prompts=2, lookup_new_tokens=16, lookup_depth=3, self_prompts=1, self_new_tokens=16,
-                   chat_prompts=1)
+                   eagle3_prompts=2, eagle3_new_tokens=16, chat_prompts=1)
 
     def layer_grid(self, n_layers: int) -> list[int]:
         """The L values of the self:L sweep for a target of ``n_layers`` layers (empty: not compared).
@@ -163,6 +171,38 @@ def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 6
     draft = {w: curve.draft_ms(w, context) for w in token_grid(dmax)}
     return LatencyCurve.synthetic(target, draft, step_overhead_ms=curve.step_overhead_ms,
                                   id=f"gpu-like-flat{flat_up_to}")
+
+
+def _eagle3_side(pair: ModelPair, s: DemoSettings, target_tables, dgrid, prof_ids, backend, tagged,
+                 acceptance_profile, dev, dt, eos) -> tuple[ModelPair, Any, LatencyCurve] | None:
+    """The shipped EAGLE-3 head's pair, greedy acceptance profile and latency curve (its c(w) per level beside the
+    target's T(n)); None when ``sequoia_opt/data/eagle3`` is not there."""
+    from ..drafting.registry import DRAFTERS
+
+    entry = DRAFTERS["eagle3"]
+    if not (entry.default_path() / "config.json").is_file():
+        return None
+    spec = parse_drafter_spec("eagle3")
+    entry.check(spec, pair.target.config)
+    hp = ModelPair(pair.target, entry.load(spec, pair.target), pair.tokenizer, pair.target_name, spec.label, spec)
+    htab = profile_drafter(pair.target, hp.cost_probe(), dgrid, [s.context], backend=backend,
+                           progress=tagged("eagle3 latency"), rounds=s.latency_rounds, paired=s.latency_paired,
+                           max_repeats=s.latency_repeats, warmup=s.latency_warmup)
+    overhead = measure_step_overhead(pair.target, hp.new_drafter, backend=backend)
+    dtype_name = str(dt).removeprefix("torch.")
+    curve = build_latency_profile(
+        target_tables=target_tables, draft_tables=htab, step_overhead_ms=overhead, device=dev, dtype=dt,
+        target_name=pair.target_name, target_config=pair.target.config, draft_name=hp.draft_name, draft_config=None,
+        random_weights=False,
+        profile_id=f"{device_slug(dev)}_{pair.target_name}__{drafter_slug(hp.draft_name)}_{dtype_name}",
+        method=method_text(s.latency_rounds, s.latency_paired, dgrid), draft_cost_model=hp.cost_model,
+        linear=linear_record(pair.target))
+    ids = prof_ids[: s.eagle3_prompts]
+    counts = measure_acceptance(pair.target, hp.new_drafter, ids, width=s.width, depth=s.acc_depth,
+                                max_new_tokens=s.eagle3_new_tokens, eos_ids=eos, backend=backend,
+                                progress=tagged("eagle3 acceptance"))
+    return hp, acceptance_profile(counts, hp.draft_name, hp.cost_model, s.acc_depth, len(ids),
+                                  s.eagle3_new_tokens), curve
 
 
 def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int | None = None,
@@ -237,7 +277,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
 
     # 3. acceptance of the pair, on the profile split
     prof_prompts = load_prompts(demo_prompts_path("profile"), limit=max(s.acc_prompts, s.lookup_prompts,
-                                                                        s.self_prompts))
+                                                                        s.self_prompts, s.eagle3_prompts))
     prof_ids = encode_prompts(prof_prompts, pair.tokenizer, model=tname)
     ids = prof_ids[: s.acc_prompts]
     counts = measure_acceptance(pair.target, pair.draft, ids, width=s.width, depth=s.acc_depth,
@@ -277,6 +317,9 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                                      backend=backend, progress=tagged("lookup acceptance"))
     look_acc = acceptance_profile(look_counts, look.draft_name, look.cost_model, s.lookup_depth, len(look_ids),
                                   s.lookup_new_tokens)
+    # the shipped head reads the demo target's features: another target (tests, --target) does not compare it
+    head = _eagle3_side(pair, s, tt, dgrid, prof_ids, backend, tagged, acceptance_profile, dev, dt, eos) \
+        if s.eagle3 and target is None else None
     self_ids = prof_ids[: s.self_prompts]
     self_tokens = sorted({w for w in (1, 2, 4, 8, 16, 32, 64) if w <= s.max_draft_tokens} | {s.max_draft_tokens})
     sweep = sweep_layers(
@@ -297,6 +340,11 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     plans.append(plan_drafter(look.draft_name, look.cost_model, look_acc, look_curve, budget=s.max_tokens,
                               max_depth=s.max_depth, max_branching=s.extra_width, context=ctx))
     drafts.append(look.new_drafter)
+    if head is not None:
+        hpair, hacc, hcurve = head
+        plans.append(plan_drafter(hpair.draft_name, hpair.cost_model, hacc, hcurve, budget=s.max_tokens,
+                                  max_depth=s.max_depth, max_branching=s.width, context=ctx))
+        drafts.append(hpair.new_drafter)
     self_acc = None
     if sweep is not None and sweep.best.counts.trials:
         best = sweep.best
@@ -442,6 +490,14 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
              or (sweep is not None and len(self_ids) * s.self_new_tokens < len(ids) * s.acc_new_tokens))
     self_part = (f" and self:L on {len(self_ids)} x {s.self_new_tokens} per L (K = {s.extra_width}, depth "
                  f"{s.extra_depth})" if sweep is not None else "")
+    if head is not None:
+        self_part += (f"; the EAGLE-3 head on {min(s.eagle3_prompts, len(prof_ids))} x {s.eagle3_new_tokens} (K = "
+                      f"{s.width}, depth {s.acc_depth})")
+    elif s.eagle3 and target is None:
+        report.notes.append("eagle3 not compared: the shipped head is missing from sequoia_opt/data/eagle3")
+    elif s.eagle3:
+        report.notes.append("eagle3 not compared: the shipped head reads the demo target's hidden states, and "
+                            "this run's target is another")
     report.notes.append(
         f"acceptance measured on profile prompts x new tokens: the draft model on {len(ids)} x {s.acc_new_tokens} "
         f"(K = {s.width}, depth {s.acc_depth}), lookup on {len(look_ids)} x {s.lookup_new_tokens} (K = "

@@ -306,6 +306,7 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
     """
     import torch
 
+    from ..model import Transformer
     from ..profiles import PairAcceptanceProfile
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance
     from ..device import device_name, device_slug
@@ -341,11 +342,12 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
         curve = build_latency_profile(
             target_tables=tt, draft_tables=dtab, step_overhead_ms=overhead, device=dev, dtype=target.dtype,
             target_name=tname, target_config=target.config, draft_name=pair.draft_name,
-            draft_config=pair.draft.config if pair.draft is not None else None, random_weights=False,
+            draft_config=pair.draft.config if isinstance(pair.draft, Transformer) else None, random_weights=False,
             profile_id=f"{device_label or device_slug(dev)}_{tname}__{slug}_{dtype_name}",
             method=method_text(s.latency_rounds, True, grid), draft_cost_model=pair.cost_model,
             command="treeopt profile graft", linear=linear_record(target),
-            draft_linear=linear_record(pair.draft) if pair.draft is not None else None, loop_tables=loops)
+            draft_linear=linear_record(pair.draft) if isinstance(pair.draft, Transformer) else None,
+            loop_tables=loops)
         ids = list(prompts[: s.prompts])
         counts = measure_acceptance(target, pair.new_drafter, ids, width=s.width, depth=s.depth,
                                     temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=s.new_tokens,

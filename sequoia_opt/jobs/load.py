@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -82,14 +82,15 @@ class ModelPair:
 
     Attributes:
         target: the target model.
-        draft: the draft model for a ``"model"`` drafter; None for ``self`` and ``lookup``.
+        draft: the draft model for a ``"model"`` drafter; what the kind's ``load`` returned for a feature head
+            (an EAGLE head and its draft ids, Medusa heads); None for ``self`` and ``lookup``.
         tokenizer: the target's tokenizer.
         target_name, draft_name: labels for profiles and reports (``draft_name`` is :attr:`DrafterSpec.label`).
         drafter: the :class:`DrafterSpec`.
     """
 
     target: Transformer
-    draft: Transformer | None
+    draft: Any
     tokenizer: Tokenizer
     target_name: str
     draft_name: str
@@ -190,11 +191,17 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
     for spec in specs:
         check_drafter(spec, tconfig)
     target, ttok, tname = load_target(tp, device=device, dtype=dtype, weights=weights, log=log)
-    models: dict[Path, Transformer] = {}
+    models: dict[Any, Any] = {}
     pairs = []
     for spec in specs:
         if not spec.entry.loads_model:
             pairs.append(ModelPair(target, None, ttok, tname, spec.label, spec))
+            continue
+        if spec.entry.load is not None:  # a feature head: the kind loads it against the target (no tokenizer)
+            key = (spec.kind, Path(spec.checkpoint).resolve())
+            if key not in models:
+                models[key] = spec.entry.load(spec, target)
+            pairs.append(ModelPair(target, models[key], ttok, tname, spec.label, spec))
             continue
         dp = spec.path if spec.path is not None else default_draft_path()
         key = Path(dp).resolve()

@@ -407,7 +407,10 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
                           max_batch=opts.max_batch, provenance=prov)
     notes.extend(plan.notes)
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
-    method = opts.method or ("ngram" if spec.kind == "lookup" else None)  # vLLM's names; each export maps them
+    # vLLM's names; each export maps them. Lookup and a feature head are the engine's own methods (ngram, eagle3,
+    # eagle, medusa: the kind's engine_methods); a draft model's stays the user's (or the export's default)
+    method = opts.method or (spec.entry.engine_methods.get("vllm")
+                             if spec.kind == "lookup" or spec.entry.reads_features else None)
     lookup = (spec.lookup_min, spec.lookup_max) if spec.kind == "lookup" else None
     settings = None
     if opts.engine != "treeopt":

@@ -209,19 +209,23 @@ class GraphedTransformer(Transformer):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *,
                 cache: ModelKVCache | None = None, cache_slots: torch.Tensor | None = None,
                 prefix_len: int | RowPrefix = 0, tree_mask: TreeMask | None = None, backend: str = "auto",
-                num_layers: int | None = None) -> torch.Tensor:
-        """:meth:`Transformer.forward`, replayed from a CUDA graph when the call can be (module docstring).
+                num_layers: int | None = None, hidden_layers: tuple[int, ...] | None = None) -> torch.Tensor:
+        """:meth:`Transformer.forward`, replayed from a CUDA graph when the call can be (module docstring); a
+        forward keeping hidden states (``hidden_layers``, a feature-head drafter's) runs eagerly.
 
         Returns:
-            (B, T, vocab_size) logits in the model's dtype (a fresh tensor, not the graph's static output).
+            (B, T, vocab_size) logits in the model's dtype (a fresh tensor, not the graph's static output); with
+            ``hidden_layers``, ``(logits, hidden)`` as :meth:`Transformer.forward`.
 
         Raises:
             As :meth:`Transformer.forward`; ValueError when ``prefix_len + m`` passes the cache's slots.
         """
         eager = lambda: super(GraphedTransformer, self).forward(  # noqa: E731
             tokens, positions, cache=cache, cache_slots=cache_slots, prefix_len=prefix_len, tree_mask=tree_mask,
-            backend=backend, num_layers=num_layers)
-        reason = self._eager_reason(tokens, cache, prefix_len, tree_mask)
+            backend=backend, num_layers=num_layers, **({} if hidden_layers is None else
+                                                        {"hidden_layers": hidden_layers}))
+        reason = "hidden states" if hidden_layers is not None else self._eager_reason(tokens, cache, prefix_len,
+                                                                                       tree_mask)
         if reason is None and cache_slots is None:
             reason = "no KV cache"
         if reason is not None:

@@ -212,8 +212,9 @@ class Transformer(nn.Module):
         tree_mask: TreeMask | None = None,
         backend: str = "auto",
         num_layers: int | None = None,
-    ) -> torch.Tensor:
-        """Logits for T new tokens.
+        hidden_layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits for T new tokens (and, when asked, the hidden states of some layers).
 
         Args:
             tokens: (B, T) int64 token ids.
@@ -230,14 +231,21 @@ class Transformer(nn.Module):
                 al. 2023; LayerSkip, Elhoushi et al. 2024). With ``cache``, only layers ``0 .. k-1`` of the
                 cache are written; the others are left as they are. None takes the same loop over every
                 layer as before (no extra work or allocation).
+            hidden_layers: None, or layer indices in Hugging Face's ``output_hidden_states`` numbering: i in
+                ``0 .. n_layers - 1`` is the residual stream entering block i (0: the token embeddings), i =
+                ``n_layers`` the final norm's output (what the LM head reads). What a feature-head drafter reads
+                (EAGLE-3 fuses a low, a middle and a high layer; EAGLE-1/2 and Medusa read ``n_layers``). With
+                ``num_layers`` only indices ``<= num_layers`` are valid (``num_layers``: the final norm of the
+                first ``num_layers`` blocks).
 
         Returns:
-            (B, T, vocab_size) logits in the model's dtype.
+            (B, T, vocab_size) logits in the model's dtype; with ``hidden_layers``, ``(logits, hidden)`` with
+            hidden (B, T, len(hidden_layers), dim) in the model's dtype, in the order asked.
 
         Raises:
             TypeError: ``tree_mask`` is not a :class:`~sequoia_opt.attention.TreeMask` (before any layer runs).
             ValueError: a cached forward without ``cache_slots`` or ``tree_mask``; ``num_layers`` not an int
-                in ``1..n_layers`` (before any layer runs).
+                in ``1..n_layers``; a hidden layer index outside ``0..num_layers`` (before any layer runs).
         """
         B, T = tokens.shape
         if positions is None:
@@ -257,7 +265,29 @@ class Transformer(nn.Module):
         angles = pos.unsqueeze(-1) * self.inv_freq  # (B|1, T, D/2)
         cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)  # (B|1, 1, T, D/2)
         x = self.embed_tokens(tokens)  # (B, T, dim)
+        if hidden_layers is not None:
+            return self._forward_keeping(x, layers, hidden_layers, cos, sin, cache, cache_slots, prefix_len,
+                                         tree_mask, backend)
         for i, layer in enumerate(layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], cache_slots, prefix_len, tree_mask,
                       backend)
         return self.lm_head(self.norm(x))  # (B, T, vocab)
+
+    def _forward_keeping(self, x, layers, hidden_layers, cos, sin, cache, cache_slots, prefix_len, tree_mask,
+                         backend) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`'s loop, keeping the residual stream at ``hidden_layers`` (its docstring)."""
+        n = len(layers)
+        want = [int(i) for i in hidden_layers]
+        bad = [i for i in want if not 0 <= i <= n]
+        if bad or not want:
+            raise ValueError(f"hidden layer indices must be in 0..{n} (0: the embeddings, {n}: the final norm's "
+                             f"output), got {list(hidden_layers)!r}")
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(layers):
+            if i in want:
+                kept[i] = x
+            x = layer(x, cos, sin, None if cache is None else cache[i], cache_slots, prefix_len, tree_mask,
+                      backend)
+        h = self.norm(x)  # (B, T, dim)
+        kept[n] = h
+        return self.lm_head(h), torch.stack([kept[i] for i in want], dim=2)  # (B, T, V), (B, T, k, dim)

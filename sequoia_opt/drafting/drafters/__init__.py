@@ -14,6 +14,9 @@ Implementations, one file each:
   (no model, no cache, no probabilities: sampling verifies its candidates as point masses; ``"one-pass"``).
 * ``layer_skip.py`` — :class:`LayerSkipDrafter`: the target's own first L layers + final norm + LM head,
   sharing its weights and (for those layers) its KV cache (``"per-level"``).
+* ``eagle.py`` — :class:`EagleDrafter`, an EAGLE-3 or EAGLE-1/2 head on the target's own hidden states, which
+  it asks of the target face (``"per-level"``).
+* ``medusa.py`` — :class:`MedusaDrafter`, Medusa's heads on the target's last hidden state (``"one-pass"``).
 
 A new drafter is one new file here and a registry line (:mod:`sequoia_opt.drafting.registry`).
 """
@@ -23,12 +26,14 @@ from __future__ import annotations
 from typing import Callable
 
 from .base import CostModel, Drafter
+from .eagle import EagleDrafter
 from .layer_skip import LayerSkipDrafter
 from .lookup import PromptLookupDrafter
+from .medusa import MedusaDrafter
 from .model import ModelDrafter
 
-__all__ = ["Drafter", "CostModel", "ModelDrafter", "PromptLookupDrafter", "LayerSkipDrafter", "as_drafter",
-           "drafter_factory"]
+__all__ = ["Drafter", "CostModel", "ModelDrafter", "PromptLookupDrafter", "LayerSkipDrafter", "EagleDrafter",
+           "MedusaDrafter", "as_drafter", "drafter_factory"]
 
 
 def as_drafter(draft: object) -> Drafter:

@@ -324,3 +324,5 @@ class GraftPolicy(SharedTreePolicy):
             commit_drafter(strong, state, paths[0], int, self.max_depth)
         elif self._called:  # its cache holds the nodes it ran over at their planned slots
             commit_drafter(strong, state, paths[0], ran.get, self.max_depth + 1)
+        else:  # not asked this step: told so (step depth 0), as every drafter is after every step
+            strong.commit(state, [[0]], 0)

@@ -46,6 +46,11 @@ def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_
     if not need_draft and draft is None:
         return out
     spec = parse_drafter_spec(draft)
+    if spec.entry.reads_features:
+        method = spec.entry.engine_methods.get("llama.cpp")
+        raise EngineError(f"--draft {spec.label}: a feature head reads the target's hidden states, which llama.cpp's "
+                          "binding here does not return; run it with treeopt's torch decoder"
+                          + (f" (llama.cpp serves it itself with --spec-type {method})" if method else ""))
     if not spec.entry.loads_model:
         raise EngineError(f"--draft {spec.label}: llama.cpp's speculative decoding here runs a draft model (for "
                           "prompt lookup, solve --format llama.cpp on a lookup profile gives its ngram-simple flags)")

