@@ -511,10 +511,8 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
     """
     from ..drafting.policies import AlwaysGraft, NeverGraft
     from ..profiling.graft import collect_scheduler_samples, train_scheduler
-    from ..solver.graft import drafter_costs_ms
 
     p = plans.profiles
-    curves = [p.light_curve, p.strong_curve]
     ctx = plans.light_plan.context
     out = []
     for name, dt in scheduled_candidates(plans):
