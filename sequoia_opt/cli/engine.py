@@ -13,7 +13,7 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from .common import JsonOpt, _check_writable, _interruptible, app, handle_errors, progress_bar
+from .common import JsonOpt, _check_writable, app, handle_errors, progress_bar
 from .render import render
 
 LLAMACPP_FORMATS = ("llama.cpp", "llamacpp", "llama-cpp")
@@ -153,7 +153,7 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
 
     from .._io import atomic_write_text
     from ..engines import engine_mismatch
-    from ..engines.llamacpp import ChainSetting, chain_flags, lookup_flags, solve_chain
+    from ..engines.llamacpp import chain_flags, lookup_flags, solve_chain
     from ..errors import SolverError
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
     from ..solver.depth import ACCEPTANCE_MODELS
@@ -270,7 +270,6 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
                                     run_settings)
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
     from ..prompts import demo_prompts_path, encode_prompts, load_prompts
-    from ..tree import now_iso
 
     given = [k for k, v in other.items() if v]
     if given:
