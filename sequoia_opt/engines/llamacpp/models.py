@@ -33,8 +33,9 @@ def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_
         EngineError / TreeoptError: a target that is not a GGUF, a drafter llama.cpp does not run here
             (``self:L``; prompt lookup has its own flags), a vocabulary mismatch.
     """
-    from ...model.loaders import load_checkpoint, load_model_config
-    from ...jobs.load import check_drafter, default_target_path, model_label, parse_drafter_spec
+    from ...drafting.registry import check_drafter, parse_drafter_spec
+    from ...model.loaders import (default_draft_path, default_target_path, load_checkpoint, load_model_config,
+                                  model_label)
 
     tpath = Path(target) if target is not None else default_target_path()
     if tpath.suffix.lower() != ".gguf" or not tpath.is_file():
@@ -55,8 +56,6 @@ def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_
         raise EngineError(f"--draft {spec.label}: llama.cpp's speculative decoding here runs a draft model (for "
                           "prompt lookup, solve --format llama.cpp on a lookup profile gives its ngram-simple flags)")
     check_drafter(spec, tcfg)
-    from ...jobs.load import default_draft_path
-
     dsrc = spec.path if spec.path is not None else default_draft_path()
     label = model_label(dsrc)
     if Path(dsrc).suffix.lower() == ".gguf":
