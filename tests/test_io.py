@@ -128,10 +128,16 @@ def test_an_interrupt_during_the_commit_waits_until_both_files_exist(tmp_path, m
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C between the two names
 
     monkeypatch.setattr(io, "_link_new", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        io.create_files({tmp_path / "a.csv": "1", tmp_path / "b.json": "2"})
+    # Ctrl-C raises KeyboardInterrupt under Python's own handler, which a shell's background job does not have
+    # (it starts with SIGINT ignored): install it for this test, as an interactive run has it
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            io.create_files({tmp_path / "a.csv": "1", tmp_path / "b.json": "2"})
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert (tmp_path / "a.csv").read_text() == "1" and (tmp_path / "b.json").read_text() == "2"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_two_processes_saving_runs_into_one_folder_at_once_keep_both(tmp_path):
