@@ -41,7 +41,7 @@ def test_without_a_loop_the_step_is_the_forwards_and_the_fixed_overhead():
     assert plain_ms_per_token(c) == pytest.approx(10.5)
 
 
-def test_with_a_loop_the_step_is_the_loops():
+def test_with_a_loop_the_step_is_the_loops(tmp_path):
     c = LatencyCurve.from_dict(_doc(LOOP))
     assert c.has_loop() and c.loop_policy == "chain"
     assert c.step_target_ms(3) == pytest.approx(13.5) and c.step_overhead(3) == pytest.approx(0.45)
@@ -49,7 +49,7 @@ def test_with_a_loop_the_step_is_the_loops():
     assert (s.draft_ms, s.target_ms, s.overhead_ms) == pytest.approx((2 * 1.8, 13.5, 0.45))
     assert plain_ms_per_token(c) == pytest.approx(10.8)  # the loop's plain step
     assert s.speedup == pytest.approx(1000 * 2.0 / s.cost_ms * 10.8 / 1000)
-    back = load_latency(save_latency(Path(pytest.importorskip("tempfile").mkdtemp()) / "l.yaml", c))
+    back = load_latency(save_latency(tmp_path / "l.yaml", c))
     assert back.to_dict()["curves"][0]["loop"] == LOOP
 
 
