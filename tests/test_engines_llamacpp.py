@@ -308,14 +308,22 @@ def test_llamacpp_acceptance_and_replay(llama_pair):
 
     tm, dm, tok = llama_pair
     ids = tok.encode("for i in range(10):\n    print(i)\n")
-    counts, traces = measure_acceptance(tm, dm, [ids], 16, width=4, eos_ids=tok.eos_ids)
-    assert counts.sum() == len(traces[0]) == 16
+    per_prompt: list = []
+    other = tok.encode("def add(a, b):\n    return a + b\n")
+    counts, traces = measure_acceptance(tm, dm, [ids, other], 16, width=4, eos_ids=tok.eos_ids,
+                                        prompt_counts=per_prompt)
+    assert len(traces[0]) == 16 and counts.sum() == len(traces[0]) + len(traces[1])
+    # per prompt: one (1, width + 1) row each (depth 1), summing to the pooled counts; prompt 0's rank-0 trials
+    # are its trace's top-1 agreements
+    assert [c.shape for c in per_prompt] == [(1, 5), (1, 5)]
+    assert (per_prompt[0] + per_prompt[1])[0].tolist() == counts.tolist()
+    assert per_prompt[0][0, 0] == sum(t[2] for t in traces[0])
+    assert per_prompt[0][0].sum() == 16
     # the replay of a fixed chain on the trace is what the runner does on the same prompt
     for n in (1, 3):
         gen = generate(tm, ids, 16, draft=dm, setting=ChainSetting(n), eos_ids=tok.eos_ids)
-        tps, drafted, _ = replay_chain(traces, ChainSetting(n))
+        tps, drafted, _ = replay_chain(traces[:1], ChainSetting(n))
         assert tps == pytest.approx(gen.tokens_per_step)
-        assert counts[0] == sum(t[2] for t in traces[0])
 
 
 def test_replay_chain_applies_p_min_and_n_min():

@@ -278,7 +278,8 @@ def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: S
 
 def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Sequence[Sequence[int]],
                        max_new_tokens: int, *, width: int = 8, eos_ids: Iterable[int] = (),
-                       progress: ProgressFn | None = None) -> tuple[np.ndarray, list[list[tuple[int, float, bool]]]]:
+                       progress: ProgressFn | None = None, prompt_counts: list | None = None,
+                       ) -> tuple[np.ndarray, list[list[tuple[int, float, bool]]]]:
     """Greedy acceptance of ``draft`` for ``target`` on llama.cpp's logits (Sequoia section 3.1, greedy: the
     accepted candidate is the target's argmax): for each prompt the target's greedy continuation
     (:func:`generate`, plain), then one draft decode over prompt + continuation with logits at every
@@ -288,7 +289,9 @@ def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Seq
         ``(counts, traces)``: counts (width + 1,) int64, ``counts[k]`` the trials whose target token was the
         draft's rank-k candidate, ``counts[width]`` none of the top ``width``; traces, per prompt and
         continuation position, (draft top-1 token, its probability among the draft's top 10 logits, whether
-        it equals the target's token), what a chain's draft-p-min rule reads.
+        it equals the target's token), what a chain's draft-p-min rule reads. With ``prompt_counts`` (a list) each
+        prompt's (1, width + 1) counts are appended to it (every trial is a depth-1 trial here): the per-prompt
+        counts of an acceptance profile (``counts_by_prompt``, intervals between prompts).
 
     Raises:
         EngineError: as :func:`generate`.
@@ -304,6 +307,7 @@ def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Seq
             draft.prefill(full[:first])
         rows_tokens = full[first: len(full) - 1]
         trace = []
+        before = counts.copy()
         for s in range(0, len(rows_tokens), draft.n_batch):
             chunk = rows_tokens[s: s + draft.n_batch]
             draft.decode(chunk, first + s, logits=True)
@@ -316,6 +320,8 @@ def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Seq
                 tok, prob = top1(row)
                 trace.append((tok, prob, tok == want))
         traces.append(trace)
+        if prompt_counts is not None:
+            prompt_counts.append((counts - before)[None, :])
         if progress:
             progress("llama.cpp acceptance", i + 1, len(prompts))
     return counts, traces
