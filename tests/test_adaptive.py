@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from sequoia_opt.decoding import AutoregressiveDecoder
 from sequoia_opt.drafting import AdaptiveTreeDecoder, OnlineAcceptance, SpeculativeDecoder, TreeAdapter
-from sequoia_opt.drafting.policies.adaptive import acceptance_from_hazards, hazards_from_acceptance, visit_counts
+from sequoia_opt.drafting.policies.adaptive import (MAX_PROBE_BACKOFF, acceptance_from_hazards, hazards_from_acceptance,
+                                                  visit_counts)
 from sequoia_opt.decoding.sampling import NodeVisit
 from sequoia_opt.errors import DecodingError, ProfileError
 from sequoia_opt.model import ModelConfig, Transformer
@@ -455,6 +456,36 @@ def test_a_workload_below_the_interval_falls_back_to_plain_then_probes():
     doc = ad.as_dict()
     assert doc["guard"] is True and doc["resolves"][0]["interval"] == list(r.interval)
     json.dumps(doc)
+    # the probe's block finds the traffic still below: plain again, and the next probe waits twice as long
+    one_miss = [V(0, 1, None)]
+    assert [ad.observe(one_miss, 1) for _ in range(ad.every - 1)] == [None] * (ad.every - 1)
+    assert ad.observe(one_miss, 1) == Tree.chain(1) and ad.resolves[-1].reason == "left the prediction interval"
+    waits = []
+    for backoff in (2, 4, 8, 8):  # doubling, capped at MAX_PROBE_BACKOFF windows
+        idle = 0
+        while True:
+            idle += 1
+            if ad.observe([], 1) is not None:
+                break
+        waits.append(idle)
+        assert ad.resolves[-1].reason == "probe"
+        for _ in range(ad.every - 1):
+            ad.observe(one_miss, 1)
+        assert ad.observe(one_miss, 1) == Tree.chain(1)
+    assert waits == [2 * ad.window, 4 * ad.window, 8 * ad.window, 8 * ad.window] and MAX_PROBE_BACKOFF == 8
+    # a probe that finds acceptance back inside the interval leads to a tree, and the wait is one window again
+    while ad.observe([], 1) is None:
+        pass
+    hit = [V(0, 1, 0), V(1, 1, 0)]
+    for _ in range(ad.every):
+        ad.observe(hit[:1], 2)
+    assert ad.tree.size > 1
+    while ad.observe(one_miss, 1) != Tree.chain(1):  # below again: the first probe after this fallback ...
+        pass
+    idle = 1
+    while ad.observe([], 1) is None:
+        idle += 1
+    assert idle == ad.window  # ... waits one window
 
 
 def test_a_workload_that_moved_is_solved_from_the_live_lower_bounds():

@@ -43,7 +43,10 @@ Outside it, the profile no longer describes the traffic: the prior is dropped an
 window's per-rank 95 % lower bounds (Wilson), the safest setting the live acceptance supports; when no tree beats
 plain decoding under them, the tree is the root alone (plain decoding). While it runs root-only for the guard,
 those steps do not empty the window (the live estimate that sent it there stays), and after ``window`` such
-steps a one-block probe (a chain of one draft, the cheapest tree that measures anything) refreshes it. Every
+steps a one-block probe (a chain of one draft, the cheapest tree that measures anything) refreshes it. A probe
+costs (it drafts where drafting does not pay), so the wait doubles after every probe that finds the traffic still
+below the interval (``window`` x 1, 2, 4, up to :data:`MAX_PROBE_BACKOFF` root-only steps: exponential back-off,
+as a retransmission timer backs off), and is ``window`` again once a probe leads back to a tree. Every
 re-solve logs why it ran (:attr:`Resolve.reason`), the live tokens per step and the interval.
 """
 
@@ -66,7 +69,7 @@ from ..drafters import Drafter
 from .static import StaticTreePolicy
 
 __all__ = ["OnlineAcceptance", "Resolve", "TreeAdapter", "AdaptiveTreePolicy", "DEFAULT_EVERY", "DEFAULT_WINDOW",
-           "DEFAULT_PRIOR_WEIGHT"]
+           "DEFAULT_PRIOR_WEIGHT", "MAX_PROBE_BACKOFF"]
 
 #: Steps between re-solves (``treeopt run --adapt-every``).
 DEFAULT_EVERY = 16
@@ -74,6 +77,8 @@ DEFAULT_EVERY = 16
 DEFAULT_WINDOW = 64
 #: Pseudo-trials per rank the prior is worth (``treeopt run --adapt-prior-weight``).
 DEFAULT_PRIOR_WEIGHT = 8.0
+#: The guard's longest wait between probes, in windows of root-only steps (the module docstring's back-off).
+MAX_PROBE_BACKOFF = 8
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -330,6 +335,8 @@ class TreeAdapter:
         self._window_tokens: deque[int] = deque()
         self._fallback = False  # root-only since the guard chose it
         self._idle = 0  # root-only steps of the fallback so far (they leave the window as it is)
+        self._backoff = 1  # windows of root-only steps before the next probe (doubles per failed probe)
+        self._probing = False  # the tree in use is a probe
 
     def start_generation(self) -> None:
         """A new generation (prompt) begins: counted for the log."""
@@ -363,7 +370,7 @@ class TreeAdapter:
         self._predicted_sum += self._predicted
         if self._fallback and self.tree.size == 1:  # the guard's root-only steps keep the live estimate as it is
             self._idle += 1
-            if self._idle >= self.window and self._idle % self.every == 0:
+            if self._idle >= self.window * self._backoff and self._idle % self.every == 0:
                 return self._probe()
             return None
         self.estimate.add_step(visits)
@@ -399,7 +406,7 @@ class TreeAdapter:
         from ...solver.hardware import score_tree
 
         probe = Tree.chain(2)
-        self._fallback, self._idle = False, 0
+        self._fallback, self._idle, self._probing = False, 0, True
         p = self.estimate.live_acceptance()
         cost = score_tree(probe, p, self.curve, self.context)
         rec = Resolve(step=self.steps, generation=max(self.generation, 0), tokens=self.tokens, size=probe.size,
@@ -434,6 +441,9 @@ class TreeAdapter:
                       interval=interval)
         self.tree, self._predicted = tree, rec.expected_tokens
         self._fallback = reason != "scheduled" and tree.size == 1
+        if self._probing:  # the probe's verdict: still below (wait longer before the next one), or a tree again
+            self._backoff = min(2 * self._backoff, MAX_PROBE_BACKOFF) if self._fallback else 1
+        self._probing = False
         self._idle = 0
         self.resolves.append(rec)
         return rec
