@@ -53,14 +53,14 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from .errors import TreeoptError
-from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges
+from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_rules
 
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
            "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "trtllm_draft_len",
            "vllm_draft_len", "sglang_steps",
            "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "SGLANG_TIER_RELEASES",
            "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "LLAMACPP_COMMIT", "SGLANG_DEFAULT_ENVELOPE",
-           "LLAMACPP_DEFAULT_DRAFT", "VLLM_GENERATOR_KS"]
+           "LLAMACPP_DEFAULT_DRAFT", "VLLM_GENERATOR_KS", "guard_notes", "ACCEPTANCE_LENGTH_SOURCE"]
 
 PLAN_ENGINES = ("vllm", "tensorrt-llm", "sglang", "llama.cpp", "treeopt")
 
@@ -92,6 +92,36 @@ LLAMACPP_RELEASE = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
 LLAMACPP_COMMIT = "0c1e570"
 LLAMACPP_SPELLING_PRS = ("ggml-org/llama.cpp#22397", "ggml-org/llama.cpp#22964")
 LLAMACPP_DEFAULT_DRAFT = 3
+
+
+#: Where each engine reports the mean acceptance length (tokens per step per request: accepted drafts + 1), what
+#: a plan's guard rule (:func:`~sequoia_opt.solver.schedule.guard_rules`) is read against.
+ACCEPTANCE_LENGTH_SOURCE = {
+    "vllm": "1 + vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_drafts (its Prometheus counters)",
+    "sglang": "the accept length of its decode log lines",
+    "tensorrt-llm": "its accepted draft tokens per iteration + 1",
+    "llama.cpp": "1 + accepted draft tokens per speculative step of a slot",
+    "treeopt": "tokens per step (treeopt run's report; run --adapt guards it itself)",
+}
+
+
+def guard_notes(plan: Plan, engine: str) -> list[str]:
+    """The plan's guard (:func:`~sequoia_opt.solver.schedule.guard_rules`) as one line per speculating range, read
+    against ``engine``'s own acceptance-length figure (:data:`ACCEPTANCE_LENGTH_SOURCE`). No engine takes such a
+    rule as a setting (SGLang's adaptive mode follows an EMA of it, without the profile's interval), so it is
+    printed for the operator or a watchdog; ``treeopt run --adapt`` applies it itself. Empty for a plan
+    without predictions or speculation."""
+    rules = guard_rules(plan) if isinstance(plan, Plan) else []
+    if not rules:
+        return []
+    src = ACCEPTANCE_LENGTH_SOURCE.get(engine, "the engine's mean acceptance length")
+    out = [f"guard (watch {src}, over a few hundred steps):"]
+    for g in rules:
+        out.append(f"  batch {g.lo}-{g.hi} ({g.setting}): predicted {g.expected_tokens_per_step:.2f} tokens/step; "
+                   f"below {g.interval_low:.2f} the traffic is not what was profiled (re-run treeopt tune on a "
+                   f"sample of it); below {g.break_even:.2f} this setting is slower than plain decoding (stop "
+                   f"speculating in this range)")
+    return out
 
 
 class PlanExportError(TreeoptError):

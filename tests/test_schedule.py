@@ -95,6 +95,34 @@ def test_plan_is_the_best_fixed_k_at_every_batch_and_stops_paying():
     assert plan.setting_at(5) == plan.rows[0].best.setting and plan.setting_at(64).draft_tokens == 0
 
 
+def test_guard_rules_per_speculating_range():
+    from sequoia_opt.plan_exports import guard_notes
+    from sequoia_opt.solver.schedule import guard_rules
+
+    plan = solve_plan(ChainValue(_acc(), 8), PROFILE)
+    rules = guard_rules(plan)
+    # one rule per range that speculates (batch 64 runs plain: none)
+    assert [(g.lo, g.hi) for g in rules] == [(1, 7), (8, 63)]
+    for g, r in zip(rules, plan.ranges):
+        best, plain = plan.row(r.predicted.batch).best, plan.row(r.predicted.batch).plain
+        assert g.expected_tokens_per_step == pytest.approx(best.cost.expected_tokens)
+        # break-even: the tokens per step at which the setting's tokens/s equals plain decoding's
+        assert g.break_even == pytest.approx(best.cost.cost_ms / plain.cost.cost_ms)
+        assert 1.0 < g.break_even < g.expected_tokens_per_step
+        assert g.interval_low == pytest.approx(min(g.expected_tokens_per_step,
+                                                   best.interval[0] * best.cost.cost_ms / 1000.0))
+    doc = plan_document(plan, engine="vllm")
+    assert [d["batch_range"] for d in doc["guard"]] == [[1, 7], [8, 63]]
+    lines = guard_notes(plan, "vllm")
+    assert "vllm:spec_decode_num_accepted_tokens" in lines[0] and len(lines) == 3
+    assert f"below {rules[0].break_even:.2f} this setting is slower than plain decoding" in lines[1]
+    # plain everywhere: nothing to guard
+    steep = _profile({1: _curve(9.0, 10.0), 4: _curve(30.0, 30.0)})
+    none = solve_plan(ChainValue(_acc(), 5), steep)
+    assert guard_rules(none) == [] and guard_notes(none, "sglang") == [] and "guard" not in plan_document(
+        none, engine="sglang")
+
+
 def test_plan_says_none_where_speculation_pays_nowhere():
     steep = _profile({1: _curve(9.0, 10.0), 4: _curve(30.0, 30.0)})  # T(n) ~ n: no tokens per step pay
     plan = solve_plan(ChainValue(_acc(), 5), steep)

@@ -362,7 +362,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             EngineError: llama.cpp missing or refusing a GGUF.
     """
     from ..jobs.load import parse_drafter_spec
-    from ..plan_exports import export_plan
+    from ..plan_exports import export_plan, guard_notes
     from ..solver.schedule import (ChainValue, EnvelopeValue, load_schedule, max_draft_measured, plan_document,
                                    plan_from_ranges, predict_ranges, solve_plan)
 
@@ -406,6 +406,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
                           min_gain=opts.min_gain,
                           max_batch=opts.max_batch, provenance=prov)
     notes.extend(plan.notes)
+    notes.extend(guard_notes(plan, opts.engine))
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
     # vLLM's names; each export maps them. Lookup and a feature head are the engine's own methods (ngram, eagle3,
     # eagle, medusa: the kind's engine_methods); a draft model's stays the user's (or the export's default)

@@ -593,6 +593,56 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
     return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}))
 
 
+# ---------------------------------------------------------------------------------------------- the guard
+@dataclass(frozen=True)
+class GuardRule:
+    """What to watch on a server running one speculating range of a plan (issue 31, part 4): the guard of
+    ``treeopt run`` (:mod:`sequoia_opt.drafting.policies.adaptive`) as a rule an operator or a watchdog applies to
+    the engine's logged mean acceptance length (tokens per step per request: accepted drafts + 1), since no
+    engine takes one as a setting.
+
+    Attributes:
+        lo / hi: the batch range.  setting: its label.
+        expected_tokens_per_step: the plan's prediction at the range's first measured batch size.
+        interval_low: the low end of its 95 % interval (tokens per step): below it for a sustained window, the
+            traffic is not what was profiled; re-profile on a sample of it (``treeopt tune``).
+        break_even: the tokens per step below which the setting is slower than plain decoding at that batch
+            size (its step ms over plain's): below it, stop speculating in this range.
+    """
+
+    lo: int
+    hi: int
+    setting: str
+    expected_tokens_per_step: float
+    interval_low: float
+    break_even: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_range": [self.lo, self.hi], "setting": self.setting,
+                "expected_tokens_per_step": round(self.expected_tokens_per_step, 4),
+                "interval_low": round(self.interval_low, 4), "break_even": round(self.break_even, 4)}
+
+
+def guard_rules(plan: Plan) -> list[GuardRule]:
+    """One :class:`GuardRule` per speculating range of ``plan`` with a prediction (a range between measured batch
+    sizes has none). ``break_even = step_ms / plain step_ms`` at the range's batch size (plain emits one token a
+    step); ``interval_low`` is the tokens-per-step low end of the prediction's interval (its tokens/s interval
+    times the step's ms), never above the point."""
+    rules = []
+    for r in plan.ranges:
+        p = r.predicted
+        if p is None or not r.setting.speculates:
+            continue
+        try:
+            plain_ms = plan.row(p.batch).plain.cost.cost_ms
+        except ProfileError:
+            continue
+        g = p.cost.expected_tokens
+        low = min(g, p.interval[0] * p.cost.cost_ms / 1000.0)
+        rules.append(GuardRule(r.lo, r.hi, r.setting.label, g, low, p.cost.cost_ms / plain_ms))
+    return rules
+
+
 # ---------------------------------------------------------------------------------------------- the file
 def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dict[str, Any]:
     """The ``treeopt-schedule/1`` mapping of ``plan`` (module docstring)."""
@@ -606,6 +656,9 @@ def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dic
                            for r in plan.ranges],
                 "by_batch": [{"batch": r.batch, "best": r.best.to_dict(), "plain": r.plain.to_dict(),
                               "candidates": [c.to_dict() for c in r.candidates]} for r in plan.rows]})
+    rules = guard_rules(plan)
+    if rules:
+        doc["guard"] = [g.to_dict() for g in rules]
     if plan.notes:
         doc["notes"] = list(plan.notes)
     return doc
