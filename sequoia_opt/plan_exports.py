@@ -329,6 +329,11 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
             raise PlanExportError(f"TensorRT-LLM {release} is not known to take draft_len_schedule (it arrived with "
                                   f"#8194 in the {TRTLLM_LOWER_KEY_RELEASE} line): run one max_draft_len, or upgrade")
         lower = v < Version(TRTLLM_UPPER_KEY_RELEASE)
+    if (method or "").lower() == "medusa":
+        raise PlanExportError("TensorRT-LLM takes no draft_len_schedule for Medusa: its Medusa heads ran in the "
+                              "TensorRT backend, removed with its choice lists (NVIDIA/TensorRT-LLM#15918), and the "
+                              "schedule is read by the PyTorch backend's NGram / Draft_Target / Eagle3 / MTP; "
+                              "export for vLLM (method medusa)")
     decoding = {"draft_model": "Draft_Target", "ngram": "NGram", "eagle3": "Eagle3", "eagle": "Eagle3",
                 "mtp": "MTP"}.get(method or "draft_model", method or "Draft_Target")
     releases = (f"TensorRT-LLM {TRTLLM_UPPER_KEY_RELEASE} and later (keys end their ranges); "
@@ -443,9 +448,21 @@ def sglang_steps(tiers: dict[int, list[int]], batch: int) -> list[int]:
     return tiers[below[-1] if below else keys[0]]
 
 
+#: vLLM's method names -> SGLang's ``--speculative-algorithm`` (its ``SpeculativeAlgorithm``: EAGLE, EAGLE3,
+#: STANDALONE, NGRAM; MTP layers run as EAGLE, its NEXTN alias; no Medusa).
+SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STANDALONE", "ngram": "NGRAM",
+                     "mtp": "EAGLE"}
+
+
 def _export_sglang(ranges, release, method):
-    algo = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STANDALONE", "ngram": "NGRAM"}.get(
-        method or "eagle3", str(method).upper())
+    key = (method or "eagle3").lower()
+    if key.upper() in SGLANG_ALGORITHMS.values():
+        key = next(k for k, v in SGLANG_ALGORITHMS.items() if v == key.upper())
+    if key not in SGLANG_ALGORITHMS:
+        raise PlanExportError(f"SGLang has no speculative algorithm for method {method!r} (it runs "
+                              f"{', '.join(sorted(set(SGLANG_ALGORITHMS.values())))}); export for vLLM"
+                              + (" (method medusa)" if key == "medusa" else ""))
+    algo = SGLANG_ALGORITHMS[key]
     first, last = SGLANG_TIER_RELEASES
     v = _version(release, "SGLang") if release is not None else Version(last)
     warnings = []

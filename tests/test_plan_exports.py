@@ -175,6 +175,21 @@ def test_sglang_releases_and_static_fallbacks():
         check_sglang_tiers({"1": {"candidate_steps": [0]}}, allow_zero=False)
 
 
+def test_medusa_heads_export_for_vllm_only():
+    """SGLang has no Medusa algorithm; TensorRT-LLM's Medusa ran in the TensorRT backend removed by #15918, and its
+    draft_len_schedule is the PyTorch backend's: both refuse in one line naming vLLM; vLLM takes method medusa."""
+    with pytest.raises(PlanExportError, match="SGLang has no speculative algorithm for method 'medusa'.*vLLM"):
+        export_plan(PLANS["falling"], "sglang", method="medusa")
+    with pytest.raises(PlanExportError, match="no draft_len_schedule for Medusa.*#15918.*vLLM"):
+        export_plan(PLANS["falling"], "tensorrt-llm", method="medusa")
+    v = export_plan(PLANS["falling"], "vllm", method="medusa")
+    assert json.loads(v.text)["method"] == "medusa" and any("Model Runner V1 drops the schedule" in w for w in v.warnings)
+    # SGLang's own algorithm names are accepted as methods too; MTP layers run as EAGLE
+    assert export_plan(PLANS["falling"], "sglang", method="STANDALONE").data["per_range"][0]["cli_flags"].startswith(
+        "--speculative-algorithm STANDALONE")
+    assert "--speculative-algorithm EAGLE " in export_plan(PLANS["falling"], "sglang", method="mtp").data["cli_flags"]
+
+
 # ---------------------------------------------------------------------------------------------- llama.cpp
 def test_llamacpp_one_line_per_range():
     e = export_plan(PLANS["falling"], "llama.cpp")
