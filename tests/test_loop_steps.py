@@ -99,8 +99,9 @@ class _FakeDecoder:
     def __init__(self, n, clock):
         self.n, self.clock = n, clock
 
-    def start(self, prompt, max_new_tokens):
+    def start_batch(self, prompts, max_new_tokens):
         from types import SimpleNamespace
+        self.rows = len(prompts)
         return SimpleNamespace(finished=False)
 
     def step(self, state):
@@ -152,3 +153,37 @@ def test_time_loop_through_the_decoder_on_a_tiny_pair():
     assert curve.step_overhead(2, 24) == pytest.approx(table.bookkeeping_ms[1], rel=1e-3)
     assert curve.draft_extra_ms(24) >= 0.0
     assert plain_ms_per_token(curve, 24) == pytest.approx(table.verify_ms[0] + table.bookkeeping_ms[0], rel=1e-3)
+
+
+def test_time_loop_runs_every_step_at_the_batch_size():
+    made = []
+
+    def make(n):
+        made.append(_FakeDecoder(n, {"slow": 1.0}))
+        return made[-1]
+
+    table = time_loop(make, [1, 2], 8, 50, steps=2, warmup=1, rounds=1, rows=3)
+    assert table.tokens == [1, 2] and {d.rows for d in made} == {3}  # b random prompts, one per row
+
+
+def test_batch_profiles_time_the_loop_at_every_batch_size():
+    from sequoia_opt.profiles.batch import BatchLatencyProfile
+    from sequoia_opt.profiling.batch import profile_batches
+
+    target = random_model(0)
+    draft = noisy_copy(target, 0.05, 1)
+    prof = profile_batches(target, draft, [1, 2], [1, 2, 3], [1, 2], [16], target_name="t", draft_name="d",
+                           profile_id="p", device=target.device, dtype=target.dtype, random_weights=True,
+                           loop="chain", min_repeats=2, max_repeats=2)
+    for b in (1, 2):
+        c = prof.curve(b)
+        assert c.has_loop(16) and c.loop_policy == "chain"
+        # a chain plan's step at b is the loop's: verify(3) in place of T(b, 3)
+        assert step_cost([1, 1, 1], 2.0, c, 16).target_ms == pytest.approx(c.step_target_ms(3, 16))
+        assert c.step_target_ms(3, 16) != c.target_ms(3, 16)
+    back = BatchLatencyProfile.from_dict(prof.to_dict())
+    assert back.curve(2).has_loop(16) and back.curve(2).to_dict()["curves"][0]["loop"]["policy"] == "chain"
+    plain = profile_batches(target, None, [2], [1, 2], [1], [16], target_name="t", draft_name=None, profile_id="q",
+                            device=target.device, dtype=target.dtype, random_weights=True, loop="chain",
+                            min_repeats=2, max_repeats=2)
+    assert not plain.curve(2).has_loop(16)  # no draft model: nothing to time

@@ -40,8 +40,9 @@ def check_batch_options(batch: Optional[str], offload: bool, device: torch.devic
 
 def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, dname, dev, dt, grid, dgrid, contexts,
                                      rounds, paired, repeats, random_weights, base, output: Optional[Path],
-                                     as_json: bool) -> None:
-    """Time and write the batch or the offload profile, then print its report."""
+                                     as_json: bool, loop: bool = False) -> None:
+    """Time and write the batch or the offload profile, then print its report (``loop``: with a draft model, each
+    batch size's curve also times the decoding loop's own step at b rows)."""
     from ..jobs.load import drafter_slug
     from ..device import device_slug
     from ..profiling.latency import method_text
@@ -80,7 +81,8 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
         prof = profile_batches(tmodel, draft_model, batches, grid, dgrid, contexts, target_name=tname,
                                draft_name=dname, profile_id=f"{pid}_batch", device=dev, dtype=dt,
                                random_weights=random_weights, method=method_text(rounds, paired, grid),
-                               progress=progress, rounds=rounds, paired=paired, **timing)
+                               progress=progress, rounds=rounds, paired=paired,
+                               loop="static" if loop and draft_model is not None else None, **timing)
     out = output or Path("profiles") / slug / f"{base}{dpart}-latency-batch.yaml"
     save_batch_latency(out, prof)
     ctx = contexts[0]

@@ -523,7 +523,7 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,
                                method=method_text(opts.rounds, True, grid), progress=progress, rounds=opts.rounds,
                                paired=True, command="treeopt tune --engine treeopt", min_repeats=3, max_repeats=10,
-                               max_seconds=3.0)
+                               max_seconds=3.0, loop="chain" if opts.shape == "chain" else "static")
         save_batch_latency(path, prof)
         return prof
 

@@ -49,9 +49,15 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
                     target_name: str, draft_name: str | None, profile_id: str, device: torch.device,
                     dtype: torch.dtype, random_weights: bool = False, method: str | None = None,
                     progress: ProgressFn | None = None, rounds: int = 1, paired: bool = False,
-                    command: str = "treeopt profile latency --batch", **timing_kw) -> BatchLatencyProfile:
+                    command: str = "treeopt profile latency --batch", loop: str | None = None,
+                    **timing_kw) -> BatchLatencyProfile:
     """Measure T(b, n) at every batch b, n in ``token_counts`` (tokens per row), c(b, w) of the draft model
     (w in ``draft_counts``) and the step overhead at b. Returns a :class:`BatchLatencyProfile`.
+
+    With ``loop`` (``"chain"`` or ``"static"``, the probe's shape) and a draft model, every batch size's curve also
+    records the decoding loop's own step at b rows (:func:`~sequoia_opt.profiling.steps.time_loop` with ``rows=b``:
+    verify with the logits handed to acceptance, bookkeeping, the draft beyond c(b, w)), which the cost model then
+    charges as at batch 1 (issue 31): T(b, n) timed alone leaves out per-row work that grows with b.
 
     Raises ProfileError as :func:`profile_model` (empty grid, context past the model's).
     """
@@ -72,13 +78,22 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
             seen[role].ran.update(rec.ran)
             seen[role].refused.update(rec.refused)
         overhead = measure_batch_overhead(target, draft, int(b))
+        loops = None
+        if loop is not None and draft is not None:
+            from .steps import static_loop_decoders, time_loop
+
+            longest = max(contexts) + 2 * max(token_counts) + 16
+            make = static_loop_decoders(target, draft, max_len=longest, max_batch=int(b), policy=loop)
+            loops = [time_loop(make, token_counts, int(c), target.config.vocab_size, policy=loop,
+                               rounds=max(1, min(int(rounds), 2)), rows=int(b), progress=progress)
+                     for c in contexts]
         curves[int(b)] = build_latency_profile(
             target_tables=tt, draft_tables=dt, step_overhead_ms=overhead, device=device, dtype=dtype,
             target_name=target_name, target_config=target.config, draft_name=draft_name,
             draft_config=draft.config if draft is not None else None, random_weights=random_weights,
             profile_id=f"{profile_id}@batch{b}", method=method, command=command,
             attention={"requested": "auto", "target": t_att.as_dict(),
-                       "draft": d_att.as_dict() if dt is not None else None})
+                       "draft": d_att.as_dict() if dt is not None else None}, loop_tables=loops)
     first = curves[min(curves)]
     dev = {**first.device, "attention": {"requested": "auto", "target": seen["target"].as_dict(),
                                          "draft": seen["draft"].as_dict() if draft is not None else None}}

@@ -73,7 +73,8 @@ def probe_tree(n: int, policy: str = "static") -> Tree:
 
 def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
               policy: str = "static", steps: int = 8, warmup: int = 2, rounds: int = 2, seed: int = 0,
-              progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None) -> LoopTable:
+              progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None,
+              rows: int = 1) -> LoopTable:
     """Time the loop's steps at every tree size (module docstring), each alternated step by step with a plain
     decoding step (the reference), as :func:`~sequoia_opt.profiling.latency.profile_model` pairs T(n) with T(1).
 
@@ -92,6 +93,8 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
         make_plain: the reference's plain decoder, one that does not share state with ``make_decoder``'s (a
             llama.cpp target context holds one sequence: the reference needs its own); default
             ``make_decoder(1)`` (treeopt's decoder: each decoder owns its caches).
+        rows: the batch size b: every step runs b rows (b random prompts), the table is the loop's step at b
+            (the decoders must take ``max_batch`` >= b); a step where a row's tree was clipped is not counted.
 
     Returns:
         :class:`LoopTable`; a step the decoder clipped (near the end of the context) is not counted.
@@ -100,7 +103,7 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
         DecodingError: as the decoder (a context past the target's).
     """
     rng = np.random.default_rng(seed)
-    prompt = rng.integers(0, vocab_size, context + 1).tolist()  # the last token is the first root
+    prompts = [rng.integers(0, vocab_size, context + 1).tolist() for _ in range(max(1, int(rows)))]  # last: a root
     make_plain = make_plain or (lambda: make_decoder(1))
     plain: list[tuple[float, float]] = []  # (verify, bookkeeping) of every reference step
     ratios: dict[int, list[tuple[float, float, float]]] = {int(n): [] for n in token_counts if n > 1}
@@ -110,9 +113,9 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
         for r in range(rounds):
             for n in sizes or [1]:
                 ref = make_plain()
-                ref_state = ref.start(prompt, warmup + steps + 1)
+                ref_state = ref.start_batch(prompts, warmup + steps + 1)
                 dec = make_decoder(n) if n > 1 else None
-                state = dec.start(prompt, warmup + steps + 1) if dec is not None else None
+                state = dec.start_batch(prompts, warmup + steps + 1) if dec is not None else None
                 for i in range(warmup + steps):
                     if ref_state.finished or (state is not None and state.finished):
                         break
@@ -155,19 +158,21 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
 
 
 def static_loop_decoders(target, make_drafter: Callable[[], object], *, backend: str = "auto",
-                         max_len: int | None = None) -> Callable[[int], Decoder]:
+                         max_len: int | None = None, max_batch: int = 1,
+                         policy: str = "static") -> Callable[[int], Decoder]:
     """``make_decoder`` for :func:`time_loop` on treeopt's decoder: plain decoding at n = 1, else a
-    :class:`~sequoia_opt.drafting.policies.StaticTreePolicy` of :func:`probe_tree` ``(n)`` with a fresh drafter
-    from ``make_drafter`` (:func:`~sequoia_opt.drafting.drafters.drafter_factory`: a draft Transformer, a
-    Drafter factory)."""
+    :class:`~sequoia_opt.drafting.policies.StaticTreePolicy` of :func:`probe_tree` ``(n, policy)`` (a chain is a
+    static tree of width 1, as a speculation plan runs it) with a fresh drafter from ``make_drafter``
+    (:func:`~sequoia_opt.drafting.drafters.drafter_factory`: a draft Transformer, a Drafter factory), serving up
+    to ``max_batch`` rows."""
     from ..drafting.drafters import drafter_factory
     from ..drafting.policies import StaticTreePolicy
 
     make = drafter_factory(make_drafter)
 
     def make_decoder(n: int) -> Decoder:
-        policy = None if n == 1 else StaticTreePolicy(make(), probe_tree(n))
-        return Decoder(target, policy, backend=backend, max_len=max_len)
+        pol = None if n == 1 else StaticTreePolicy(make(), probe_tree(n, policy))
+        return Decoder(target, pol, backend=backend, max_len=max_len, max_batch=max_batch)
 
     return make_decoder
 
