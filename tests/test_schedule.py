@@ -123,6 +123,24 @@ def test_guard_rules_per_speculating_range():
         none, engine="sglang")
 
 
+def test_chain_intervals_come_from_the_spread_between_prompts():
+    from sequoia_opt.solver.intervals import tree_spread
+
+    # 6 prompts: their rank-0 acceptance differs a lot (0.4-0.9), far more than 1200 independent tokens allow
+    rates = [0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    pc = np.array([[[int(200 * r), 0, 0, 200 - int(200 * r)]] for r in rates], dtype=np.int64)  # (P, 1, K + 1)
+    counts = pc.sum(axis=(0, 1))
+    acc = AcceptanceProfile(id="acc", acceptance=counts[:-1] / counts.sum(), counts=counts, prompt_counts=pc)
+    v = ChainValue(acc, 4)
+    wilson = ChainValue(_acc(tuple(counts[:-1] / counts.sum())), 4)
+    assert v.interval_method == "between prompts" and wilson.interval_method == "wilson"
+    for k in range(1, 5):
+        lo, hi = tree_spread(Tree.chain(k + 1), acc).prediction_interval(6)
+        assert (v.g_lo[k], v.g_hi[k]) == pytest.approx((min(lo, v.g[k]), max(hi, v.g[k])))
+        assert v.g_hi[k] - v.g_lo[k] > 2 * (wilson.g_hi[k] - wilson.g_lo[k])  # the prompts' spread is wider
+        assert v.g_lo[k] < v.g[k] < v.g_hi[k]
+
+
 def test_plan_says_none_where_speculation_pays_nowhere():
     steep = _profile({1: _curve(9.0, 10.0), 4: _curve(30.0, 30.0)})  # T(n) ~ n: no tokens per step pay
     plan = solve_plan(ChainValue(_acc(), 5), steep)

@@ -295,8 +295,10 @@ def _tps_interval(g_lo: float, g_hi: float, cost: StepCost) -> tuple[float, floa
 class ChainValue:
     """Chains of K = 0..``max_draft`` drafted tokens under an acceptance profile: G(K) from Sequoia's DP with
     branching 1 (a chain is a tree of width 1), under the profile's acceptance model
-    (:func:`~sequoia_opt.solver.depth.resolve_acceptance_model`); its interval is the same DP on the Wilson
-    bounds of p_1 (95 %), or the point when the profile has no counts.
+    (:func:`~sequoia_opt.solver.depth.resolve_acceptance_model`). Its interval: with per-prompt counts, the 95 %
+    prediction interval between prompts for a new set as large as the profile's (issue 31,
+    :mod:`sequoia_opt.solver.intervals`: tokens of one prompt are correlated); else the same DP on the Wilson
+    bounds of p_1 (95 %, tokens counted as independent: too narrow for new traffic), or the point without counts.
 
     Args:
         acceptance: an :class:`~sequoia_opt.profiles.AcceptanceProfile`.  max_draft: the longest chain scored.
@@ -319,7 +321,11 @@ class ChainValue:
         sol, self.model_used = solve_profile(acceptance, K + 1, K, 1, acceptance_model)
         self.g = [1.0] + [float(sol.table[k + 1, k]) for k in range(1, K + 1)]
         self.g_lo, self.g_hi = list(self.g), list(self.g)
+        self.interval_method = "none"
+        if self._prompt_intervals(K):
+            return
         if getattr(acceptance, "counts", None) is not None:
+            self.interval_method = "wilson"
             ci = acceptance.confidence_interval()
             p1 = float(acceptance.acceptance[0])
             for j, bound in ((0, self.g_lo), (1, self.g_hi)):
@@ -332,6 +338,25 @@ class ChainValue:
                 else:
                     s = solve_dp(np.array([b1]), K + 1, K, 1)
                 bound[1:] = [float(s.table[k + 1, k]) for k in range(1, K + 1)]
+
+    def _prompt_intervals(self, K: int) -> bool:
+        """Fill ``g_lo`` / ``g_hi`` from the spread between prompts; False when the profile has no per-prompt
+        counts (or one prompt)."""
+        from ..tree import Tree
+        from .intervals import tree_spread
+
+        pc = getattr(self.acceptance, "prompt_counts", None)
+        if pc is None or pc.shape[0] < 2:
+            return False
+        for k in range(1, K + 1):
+            spread = tree_spread(Tree.chain(k + 1), self.acceptance, model=self.model_used)
+            if spread is None:
+                return False
+            lo, hi = spread.prediction_interval(spread.prompts)
+            # the interval around the DP's own point (the bootstrap's point is the same G up to rounding)
+            self.g_lo[k], self.g_hi[k] = min(lo, self.g[k]), max(hi, self.g[k])
+        self.interval_method = "between prompts"
+        return True
 
     def settings(self) -> list[SpecSetting]:
         return [SpecSetting.chain(k) for k in range(0, self.max_draft + 1)]
