@@ -110,8 +110,15 @@ def test_demo_runs_every_drafter_side_by_side(demo):
         assert (r.nodes, r.depth, r.level_widths) == (want.tree.size, want.tree.tree_depth,
                                                       list(want.tree.level_widths))
         assert r.predicted_tokens_per_step == pytest.approx(want.expected_tokens)
-        assert r.predicted_speedup == pytest.approx(want.speedup)
-        assert meta.predicted_speedup == pytest.approx(want.speedup)
+        assert r.predicted_speedup == pytest.approx(meta.predicted_speedup)
+        if want.tree.size == 1:  # the root alone (plain decoding): nothing to time again
+            assert "step_check" not in meta.extra and meta.predicted_speedup == pytest.approx(want.speedup) == 1.0
+        else:  # the solver's figure is kept; the predicted speedup is the chosen step's, timed after the choice
+            assert meta.extra["solver_predicted_speedup"] == pytest.approx(want.speedup)
+            chk = meta.extra["step_check"]
+            assert chk["tree_size"] == want.tree.size and chk["steps"] == 2 * 12
+            assert meta.predicted_speedup == pytest.approx(want.expected_tokens * chk["plain_ms"] / chk["step_ms"],
+                                                           rel=1e-3)
         assert r.c1_over_t1 == pytest.approx(curve.draft_ms(1, 16) / curve.target_ms(1, 16))
         s = next(x for x in result.run.summaries if x.tree == r.tree)
         assert (r.tokens_per_step, r.speedup, r.tokens_per_s) == (s.tokens_per_step, s.speedup, s.tokens_per_s)

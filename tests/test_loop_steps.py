@@ -187,3 +187,31 @@ def test_batch_profiles_time_the_loop_at_every_batch_size():
                             device=target.device, dtype=target.dtype, random_weights=True, loop="chain",
                             min_repeats=2, max_repeats=2)
     assert not plain.curve(2).has_loop(16)  # no draft model: nothing to time
+
+
+def test_the_chosen_step_is_timed_again_and_its_prediction_follows():
+    from types import SimpleNamespace
+
+    from sequoia_opt.jobs.compare import check_prediction
+    from sequoia_opt.profiling.steps import StepCheck, check_chosen_step
+    from sequoia_opt.tree import TreeMetadata
+
+    target = random_model(0)
+    draft = noisy_copy(target, 0.05, 1)
+    tree = Tree.from_choices([[0], [1], [0, 0]])
+    chk = check_chosen_step(target, draft, tree, 24, steps=3, warmup=1, rounds=1)
+    assert chk.tree_size == 4 and chk.steps == 3 and chk.plain_ms > 0 and chk.step_ms > 0
+    assert chk.speedup(2.0) == pytest.approx(2.0 * chk.plain_ms / chk.step_ms)
+    assert check_chosen_step(target, draft, Tree.chain(1), 24) is None  # the root alone: nothing to check
+    # the plan's metadata: the check's speedup, the solver's kept, the speedup spread rescaled (G untouched)
+    meta = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5,
+                        extra={"speedup_spread": {"point": 1.5, "se": 0.1, "prompts": 10, "new_prompts": 10}})
+    plan = SimpleNamespace(metadata=meta, tree=tree)
+    got = check_prediction(plan, target, draft, 24, steps=3, rounds=1)
+    assert isinstance(got, StepCheck)
+    want = got.speedup(2.0)
+    assert meta.predicted_speedup == pytest.approx(want) and meta.expected_tokens_per_step == 2.0
+    assert meta.extra["solver_predicted_speedup"] == 1.5 and meta.extra["step_check"]["tree_size"] == 4
+    sp = meta.extra["speedup_spread"]
+    assert sp["point"] == pytest.approx(want) and sp["se"] == pytest.approx(0.1 * want / 1.5)
+    assert sp["prediction_interval"][0] < want < sp["prediction_interval"][1]

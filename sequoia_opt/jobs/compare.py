@@ -14,8 +14,8 @@ from ..solver.hardware import Choice
 from ..tree import Tree, TreeMetadata, now_iso
 from .run import RunReport, TreeEntry, run_trees
 
-__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "DrafterRow", "drafter_rows", "drafter_table",
-           "DrafterComparison", "compare_drafters"]
+__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "check_prediction", "DrafterRow", "drafter_rows",
+           "drafter_table", "DrafterComparison", "compare_drafters"]
 
 
 @dataclass
@@ -97,6 +97,40 @@ def check_drafter_profiles(label: str, cost_model: str, acceptance: AcceptancePr
     if curve.cost_model != cost_model:
         raise ProfileError(f"latency profile {curve.id!r} charges a {curve.cost_model} drafter, but {label!r} is "
                            f"{cost_model}")
+
+
+def check_prediction(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int, *, backend: str = "auto",
+                     steps: int = 12, rounds: int = 2) -> Any:
+    """Time the plan's chosen tree's own step again, after the choice, and predict its speedup from that step
+    (:class:`~sequoia_opt.profiling.steps.StepCheck` says why: the winner's curse of a noisy curve). Updates
+    ``plan.metadata`` in place: ``predicted_speedup`` from the check, the solver's own figure kept as
+    ``extra.solver_predicted_speedup``, the check as ``extra.step_check``, and the speedup's spread between
+    prompts rescaled. Tokens per step stay the solver's (the step check times cost, not acceptance).
+
+    Returns:
+        The :class:`~sequoia_opt.profiling.steps.StepCheck`, or None (a root-only tree: nothing changed).
+
+    Raises:
+        DecodingError: as the decoder.
+    """
+    from ..profiling.steps import check_chosen_step
+    from ..solver.intervals import PromptSpread
+
+    meta = plan.metadata
+    chk = check_chosen_step(target, make_drafter, plan.tree, context, backend=backend, steps=steps, rounds=rounds)
+    if chk is None or meta.expected_tokens_per_step is None:
+        return None
+    new = chk.speedup(meta.expected_tokens_per_step)
+    old = meta.predicted_speedup
+    meta.extra["solver_predicted_speedup"] = old
+    meta.extra["step_check"] = chk.as_dict()
+    spread = meta.extra.get("speedup_spread")
+    if isinstance(spread, dict) and old:
+        ps = PromptSpread.from_dict(spread, (0.0, None))
+        if ps is not None:
+            meta.extra["speedup_spread"] = ps.scaled(new / old).to_dict(spread.get("new_prompts"))
+    meta.predicted_speedup = new
+    return chk
 
 
 def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, curve: LatencyCurve, *,
@@ -211,7 +245,9 @@ def drafter_rows(plans: Sequence[DrafterPlan], run: RunReport) -> list[DrafterRo
             drafter=p.label, cost_model=p.cost_model, tree=p.name, c1_over_t1=p.c1_over_t1, nodes=p.tree.size,
             depth=p.tree.tree_depth, level_widths=[int(w) for w in p.tree.level_widths],
             predicted_tokens_per_step=p.choice.expected_tokens, tokens_per_step=s.tokens_per_step,
-            tps_ci95=s.tps_ci95, predicted_speedup=p.choice.speedup, speedup=s.speedup,
+            tps_ci95=s.tps_ci95, speedup=s.speedup,
+            predicted_speedup=p.metadata.predicted_speedup if p.metadata.predicted_speedup is not None
+            else p.choice.speedup,  # the metadata's: a step check after the choice may have replaced it
             tokens_per_s=s.tokens_per_s, equals_plain=(s.mismatches == 0) if greedy else None,
             mismatches=s.mismatches, acceptance_profile=p.acceptance.id, latency_profile=p.curve.id,
             acceptance_model=str(p.metadata.extra.get("acceptance_model", "positional"))))

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 
 from .run import RunReport, TreeEntry
-from .compare import DrafterComparison, DrafterRow, compare_drafters, drafter_table, plan_drafter
+from .compare import DrafterComparison, DrafterRow, check_prediction, compare_drafters, drafter_table, plan_drafter
 from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
 from ..report import Report
 from ..profiles import LatencyCurve, save_acceptance, save_latency
@@ -118,13 +118,17 @@ class DemoSettings:
     chat_new_tokens: int | None = None
     # the decoding loop's own step per tree size (sequoia_opt.profiling.steps): what the runner adds to T(n) + c(w)
     loop_rounds: int = 1          # 0: not timed (the cost model is T(n) + c(w) + the fixed overhead)
+    # each drafter's chosen tree's own step, timed again after the choice (profiling.steps.check_chosen_step: the
+    # winner's curse of a noisy curve); its predicted speedup comes from it. 0 rounds: not checked
+    check_rounds: int = 2
+    check_steps: int = 12
 
     @classmethod
     def quick(cls) -> "DemoSettings":
         return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, latency_rounds=1, width=4, acc_depth=3,
                    acc_prompts=2, acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16,
                    lookup_prompts=2, lookup_new_tokens=16, lookup_depth=3, self_prompts=1, self_new_tokens=16,
-                   eagle3_prompts=2, eagle3_new_tokens=16, chat_prompts=1)
+                   eagle3_prompts=2, eagle3_new_tokens=16, chat_prompts=1, check_rounds=1, check_steps=4)
 
     def layer_grid(self, n_layers: int) -> list[int]:
         """The L values of the self:L sweep for a target of ``n_layers`` layers (empty: not compared).
@@ -356,6 +360,10 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                                   budget=s.max_tokens, max_depth=s.max_depth, max_branching=s.extra_width,
                                   context=ctx))
         drafts.append(self_pair.new_drafter)
+    if s.check_rounds:  # each drafter's chosen step timed again: its prediction no longer rides the choice's noise
+        for plan, make in zip(plans, drafts):
+            check_prediction(plan, pair.target, make, ctx, backend=backend, steps=s.check_steps,
+                             rounds=s.check_rounds)
     # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
     from ..solver.depth import ValueModel, solve_profile
     from ..solver.hardware import step_cost
