@@ -364,6 +364,30 @@ def test_greedy_output_is_plain_decoding_with_every_policy(heads, target, kind):
             Decoder(target, DynamicPolicy(make(), parse_setting("eagle:steps=4,topk=1,budget=5"))).generate(PROMPT, 8)
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa"])
+def test_rows_joining_a_running_batch_decode_as_alone(heads, target, kind):
+    """Continuous batching with a feature head (issue 29's stream): a request joins between steps, the face keeps
+    its prompt's hidden states and the head takes them in (EagleDrafter / MedusaDrafter.join); every request's
+    greedy output is plain decoding's of it alone, while rows of other lengths run and leave."""
+    make = _make(kind, heads, target)
+    prompts = [PROMPT, [9, 8, 7], list(range(30, 52)), [200, 3, 3, 9, 41], [11]]
+    lens = [18, 10, 14, 8, 12]
+    dec = Decoder(target, StaticTreePolicy(make(), Tree.from_choices([[0], [1], [0, 0]])), max_len=256, max_batch=3)
+    state = dec.start_batch([prompts[0]], lens[0])
+    waiting, steps, batches = list(range(1, len(prompts))), 0, []
+    while waiting or not state.finished:
+        if waiting and state.batch < dec.max_batch and (steps % 2 == 0 or state.finished):
+            i = waiting.pop(0)
+            dec.join(state, [prompts[i]], lens[i])
+        if not state.finished:
+            batches.append(dec.step(state).batch)
+            steps += 1
+    assert [r.tokens for r in state.results] == [_greedy(target, p, n) for p, n in zip(prompts, lens)]
+    assert max(batches) == 3 and batches[0] == 2  # the second request joined before the first step
+    drafted = [s.tree_size for r in state.results for s in r.steps]
+    assert max(drafted) == 4  # the joiners drafted full trees, not plain steps
+
+
 def test_a_missed_commit_is_refused_not_guessed(heads, target):
     head, ids = load_eagle_head(heads["eagle3"], "eagle3", target)
     dec = Decoder(target, StaticTreePolicy(EagleDrafter(head, 4, ids), Tree.chain(2)))

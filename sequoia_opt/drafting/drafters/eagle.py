@@ -180,6 +180,26 @@ class EagleDrafter(Drafter):
         self.rows.prefilled(done)
         self.row_cached = done
 
+    def join(self, state: DecodeState, rows: Sequence[int]) -> None:
+        """Rows ``rows`` (the last ones) joined a running batch: their prompts' target features (the face kept
+        them at its join) go through the head as :meth:`prefill` does, into the rows' own cache rows."""
+        done = []
+        for i in rows:
+            r = state.rows[i]
+            f = self.face.prefill_hidden(i, self.layers)  # (L_i, k, H_t)
+            k = 0
+            if self.rows is not None:
+                L = r.cached
+                k = L - 1 if 1 <= L - 1 <= self.context - 1 else 0
+                if k:
+                    with torch.inference_mode():
+                        self._chunk_forward(self.rows.row(i), [r.seq[1: k + 1]], [f[:k]], 0, [0])
+            done.append(k)
+            self._pending.append(f[k:])
+        if self.rows is not None:
+            self.rows.add(done)
+        self.row_cached.extend(done)
+
     def keep(self, rows: Sequence[int]) -> None:
         self.row_cached = [self.row_cached[b] for b in rows]
         self._pending = [self._pending[b] for b in rows]

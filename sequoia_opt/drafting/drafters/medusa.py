@@ -73,6 +73,13 @@ class MedusaDrafter(Drafter):
             h = self.face.prefill_hidden(b, self.layers)  # (P - 1, 1, H)
             self.last.append(h[-1, 0] if h.shape[0] else None)
 
+    def join(self, state: DecodeState, rows: Sequence[int]) -> None:
+        """Rows ``rows`` (the last ones) joined a running batch: their prompts' last hidden states, as
+        :meth:`prefill` takes them."""
+        for i in rows:
+            h = self.face.prefill_hidden(i, self.layers)  # (P - 1, 1, H)
+            self.last.append(h[-1, 0] if h.shape[0] else None)
+
     def keep(self, rows: Sequence[int]) -> None:
         self.last = [self.last[b] for b in rows]
 
