@@ -462,30 +462,30 @@ def test_a_workload_below_the_interval_falls_back_to_plain_then_probes():
     assert ad.observe(one_miss, 1) == Tree.chain(1) and ad.resolves[-1].reason == "left the prediction interval"
     waits = []
     for backoff in (2, 4, 8, 8):  # doubling, capped at MAX_PROBE_BACKOFF windows
-        idle = 0
-        while True:
-            idle += 1
-            if ad.observe([], 1) is not None:
-                break
-        waits.append(idle)
+        waits.append(_steps_until(lambda: ad.observe([], 1) is not None))
         assert ad.resolves[-1].reason == "probe"
         for _ in range(ad.every - 1):
             ad.observe(one_miss, 1)
         assert ad.observe(one_miss, 1) == Tree.chain(1)
     assert waits == [2 * ad.window, 4 * ad.window, 8 * ad.window, 8 * ad.window] and MAX_PROBE_BACKOFF == 8
-    # a probe that finds acceptance back inside the interval leads to a tree, and the wait is one window again
-    while ad.observe([], 1) is None:
-        pass
-    hit = [V(0, 1, 0), V(1, 1, 0)]
+    # a probe that finds acceptance back inside the interval leads to a tree, judged on its own block (the window
+    # started over with it: the misses before it are gone), and the wait is one window again
+    _steps_until(lambda: ad.observe([], 1) is not None)
     for _ in range(ad.every):
-        ad.observe(hit[:1], 2)
-    assert ad.tree.size > 1
-    while ad.observe(one_miss, 1) != Tree.chain(1):  # below again: the first probe after this fallback ...
-        pass
-    idle = 1
-    while ad.observe([], 1) is None:
-        idle += 1
-    assert idle == ad.window  # ... waits one window
+        ad.observe([V(0, 1, 0)], 2)
+    r = ad.resolves[-1]
+    # (every draft accepted: above the profile's interval, so solved from the live lower bounds: a tree)
+    assert ad.tree.size > 1 and r.live_tokens_per_step == pytest.approx(2.0)
+    _steps_until(lambda: ad.observe(one_miss, 1) == Tree.chain(1))  # below again: the first probe after this ...
+    assert _steps_until(lambda: ad.observe([], 1) is not None) == ad.window  # ... waits one window
+
+
+def _steps_until(done, limit: int = 1000) -> int:
+    """Steps until ``done()`` (which runs one step) is true; fails rather than hangs past ``limit``."""
+    for k in range(1, limit + 1):
+        if done():
+            return k
+    pytest.fail(f"not done after {limit} steps")
 
 
 def test_a_workload_that_moved_is_solved_from_the_live_lower_bounds():
