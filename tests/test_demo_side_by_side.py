@@ -116,7 +116,7 @@ def test_demo_runs_every_drafter_side_by_side(demo):
         else:  # the solver's figure is kept; the predicted speedup is the chosen step's, timed after the choice
             assert meta.extra["solver_predicted_speedup"] == pytest.approx(want.speedup)
             chk = meta.extra["step_check"]
-            assert chk["tree_size"] == want.tree.size and chk["steps"] == 2 * 12
+            assert chk["tree_size"] == want.tree.size and 0 < chk["steps"] <= 2 * 12
             assert meta.predicted_speedup == pytest.approx(want.expected_tokens * chk["plain_ms"] / chk["step_ms"],
                                                            rel=1e-3)
         assert r.c1_over_t1 == pytest.approx(curve.draft_ms(1, 16) / curve.target_ms(1, 16))

@@ -107,8 +107,11 @@ class _FakeDecoder:
     def step(self, state):
         from types import SimpleNamespace
         f, n = self.clock["slow"], self.n
+        self.steps = getattr(self, "steps", 0) + 1
+        # a row leaves after the fifth step of a leaving decoder: its steps from then are not counted
+        b = self.rows - 1 if self.clock.get("leave") == n and self.steps > 5 else self.rows
         return SimpleNamespace(draft_ms=f * (n - 1), verify_ms=f * (10.0 + n), bookkeeping_ms=f * (1.0 + n / 2),
-                               tree_size=n)
+                               tree_size=n, batch=b, rows=[SimpleNamespace(tree_size=n)] * b)
 
 
 def test_time_loop_pairs_every_step_with_a_plain_step_so_a_slow_spell_cancels():
@@ -164,6 +167,16 @@ def test_time_loop_runs_every_step_at_the_batch_size():
 
     table = time_loop(make, [1, 2], 8, 50, steps=2, warmup=1, rounds=1, rows=3)
     assert table.tokens == [1, 2] and {d.rows for d in made} == {3}  # b random prompts, one per row
+    assert table.timed == [2, 2]
+    # a row that leaves early (its drafts accepted): the steps after it are not the step at b rows
+    made.clear()
+
+    def leaving(n):
+        made.append(_FakeDecoder(n, {"slow": 1.0, "leave": 2}))
+        return made[-1]
+
+    table = time_loop(leaving, [1, 2], 8, 50, steps=8, warmup=1, rounds=1, rows=3)
+    assert table.timed == [8, 4]  # steps 2-5 of 1 + 8 counted at size 2; the plain reference's all 8
 
 
 def test_batch_profiles_time_the_loop_at_every_batch_size():

@@ -51,6 +51,8 @@ class LoopTable:
         verify_ms / bookkeeping_ms / draft_ms: (k,) medians per step (ms).
         level_widths: per size, the probe tree's level widths (the draft forwards it ran: every level but the
             last, one forward each).
+        timed: per size, the step pairs behind its medians (a step where a row left the batch or had its tree
+            clipped is not counted).
     """
 
     context: int
@@ -60,6 +62,7 @@ class LoopTable:
     bookkeeping_ms: list[float] = field(default_factory=list)
     draft_ms: list[float] = field(default_factory=list)
     level_widths: list[tuple[int, ...]] = field(default_factory=list)
+    timed: list[int] = field(default_factory=list)
 
 
 def probe_tree(n: int, policy: str = "static") -> Tree:
@@ -116,7 +119,14 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
                 ref = make_plain()
                 ref_state = ref.start_batch(prompts, warmup + steps + 1)
                 dec = make_decoder(n) if n > 1 else None
-                state = dec.start_batch(prompts, warmup + steps + 1) if dec is not None else None
+                state = None
+                if dec is not None:  # room for n tokens a step where the decoder has it: accepted drafts must
+                    # not finish a row before the timed steps are done
+                    room = getattr(dec, "max_len", None)
+                    m = warmup + steps + 1
+                    if room is not None:
+                        m = max(m, min(m * n, int(room) - (context + 1) - n))
+                    state = dec.start_batch(prompts, m)
                 for i in range(warmup + steps):
                     if ref_state.finished or (state is not None and state.finished):
                         break
@@ -128,7 +138,10 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
                     st = dec.step(state)
                     if i >= warmup:
                         plain.append((p.verify_ms, p.bookkeeping_ms))
-                        if st.tree_size == n and p.verify_ms > 0:
+                        # the step at b rows of n tokens each: not one where a row left (it finished early
+                        # on accepted drafts) or had its tree clipped
+                        full = st.batch == len(prompts) and all(x.tree_size == n for x in st.rows)
+                        if full and p.verify_ms > 0:
                             ratios[n].append((st.draft_ms / p.verify_ms, st.verify_ms / p.verify_ms,
                                               st.bookkeeping_ms / p.verify_ms))
                 del ref, dec
@@ -146,12 +159,14 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
             table.draft_ms.append(0.0)
             table.verify_ms.append(v1)
             table.bookkeeping_ms.append(statistics.median(x[1] for x in plain))
+            table.timed.append(len(plain))
         elif ratios.get(int(n)):
-            rows = ratios[int(n)]
+            pairs = ratios[int(n)]
             table.tokens.append(int(n))
-            table.draft_ms.append(v1 * statistics.median(x[0] for x in rows))
-            table.verify_ms.append(v1 * statistics.median(x[1] for x in rows))
-            table.bookkeeping_ms.append(v1 * statistics.median(x[2] for x in rows))
+            table.draft_ms.append(v1 * statistics.median(x[0] for x in pairs))
+            table.verify_ms.append(v1 * statistics.median(x[1] for x in pairs))
+            table.bookkeeping_ms.append(v1 * statistics.median(x[2] for x in pairs))
+            table.timed.append(len(pairs))
         else:
             continue
         table.level_widths.append(tuple(int(w) for w in probe_tree(int(n), policy).level_widths))
@@ -210,7 +225,7 @@ class StepCheck:
         plain_ms: the loop's plain step (verify + bookkeeping), median of the paired reference steps (ms).
         step_ms: the tree's step (draft + verify + bookkeeping), the median ratio to the plain step beside it
             times ``plain_ms`` (ms), as :func:`time_loop` keeps it.
-        steps: timed step pairs behind it.
+        steps: the step pairs behind it (requested ones where the tree was clipped are left out).
     """
 
     tree_size: int
@@ -261,4 +276,4 @@ def check_chosen_step(target, make_drafter: Callable[[], object], tree: Tree, co
         return None
     i = table.tokens.index(tree.size)
     return StepCheck(tree.size, table.verify_ms[0] + table.bookkeeping_ms[0],
-                     table.draft_ms[i] + table.verify_ms[i] + table.bookkeeping_ms[i], steps * rounds)
+                     table.draft_ms[i] + table.verify_ms[i] + table.bookkeeping_ms[i], table.timed[i])
