@@ -361,8 +361,9 @@ def test_tune_refuses_a_bad_plan_and_predicts_a_good_one(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- chain acceptance
-def test_acceptance_from_traces_reads_runs_by_depth():
+def test_acceptance_from_traces_reads_runs_by_depth(tmp_path):
     from sequoia_opt.jobs.tune import acceptance_from_traces, lookup_traces
+    from sequoia_opt.profiles import load_acceptance, save_acceptance
 
     # 10 positions: a run of 5 agreements, then 5 misses (a drafter that keeps matching once it matches)
     trace = [(0, 1.0, ok) for ok in [True] * 5 + [False] * 5]
@@ -378,6 +379,15 @@ def test_acceptance_from_traces_reads_runs_by_depth():
     v = ChainValue(acc, 3)
     assert len(ok2) / len(starts2) == pytest.approx(0.8)
     assert v.model_used == "by-depth" and v.g[2] == pytest.approx(1 + 0.5 + 0.5 * 0.8)
+    # per prompt: the depth-1 trials, split as the traces are; the profile saves and loads with them, and the
+    # chains' intervals then come from the spread between prompts
+    mixed = [[(0, 1.0, ok) for ok in [True] * k + [False] * (10 - k)] for k in (2, 4, 6, 8, 9)]
+    acc = acceptance_from_traces(mixed, profile_id="m", target_name="t", draft_name="d", max_depth=3, source="test")
+    assert acc.prompt_counts.tolist() == [[[k, 10 - k]] for k in (2, 4, 6, 8, 9)]
+    assert acc.measured["num_prompts"] == 5
+    back = load_acceptance(save_acceptance(tmp_path / "a.yaml", acc))
+    assert back.prompt_counts.tolist() == acc.prompt_counts.tolist() and back.by_depth.keys() == acc.by_depth.keys()
+    assert ChainValue(back, 3).interval_method == "between prompts"
     # n-gram traces: a continuation that copies the prompt is predicted token for token after its first match
     prompt = [5, 6, 7, 8, 9, 5, 6]
     traces = lookup_traces([prompt], [[7, 8, 9, 1]], 16, 1, 3)

@@ -195,8 +195,8 @@ def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], 
 
     Returns:
         an :class:`~sequoia_opt.profiles.AcceptanceProfile` with ``acceptance_by_depth`` 1..``max_depth`` (a
-        depth with fewer than 30 trials repeats the one above) and ``positional_consistent`` False when the
-        depths differ beyond the 95 % intervals.
+        depth with fewer than 30 trials repeats the one above), ``positional_consistent`` False when the
+        depths differ beyond the 95 % intervals, and per-prompt depth-1 counts (two traces or more).
 
     Raises:
         ProfileError: no trace positions.
@@ -206,7 +206,9 @@ def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], 
 
     hits = np.zeros(max_depth + 1, dtype=np.int64)
     trials = np.zeros(max_depth + 1, dtype=np.int64)
+    per_prompt = []  # (1, 2) per prompt: its depth-1 hits and misses (the counts' own split by prompt)
     for trace in traces:
+        before = (int(hits[1]), int(trials[1]))
         ok = [bool(x[2]) for x in trace]
         for t in range(len(ok)):
             for d in range(1, max_depth + 1):
@@ -216,6 +218,8 @@ def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], 
                 if not ok[t + d - 1]:
                     break
                 hits[d] += 1
+        h, t = int(hits[1]) - before[0], int(trials[1]) - before[1]
+        per_prompt.append([[h, t - h]])
     if trials[1] == 0:
         raise ProfileError("no trace positions to measure acceptance on")
     p1 = hits[1] / trials[1]
@@ -235,9 +239,13 @@ def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], 
         measured["prompts"] = prompts_file
     if max_new_tokens:
         measured["max_new_tokens"] = int(max_new_tokens)
+    # per prompt, the depth-1 trials only: every stored count is a depth-1 trial (the per-depth vectors are
+    # conditional rates derived from the same positions), so the intervals between prompts follow p_1's spread
+    measured["num_prompts"] = len(per_prompt)
     return AcceptanceProfile(id=profile_id, acceptance=np.array([p1]),
                              counts=np.array([hits[1], trials[1] - hits[1]], dtype=np.int64), measured=measured,
-                             by_depth=by_depth, source=source)
+                             by_depth=by_depth, source=source,
+                             prompt_counts=np.asarray(per_prompt, dtype=np.int64) if len(per_prompt) >= 2 else None)
 
 
 def lookup_traces(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], vocab_size: int,

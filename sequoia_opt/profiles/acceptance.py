@@ -204,7 +204,8 @@ class AcceptanceProfile:
 def _prompt_counts(raw: Any, counts: np.ndarray | None, by_depth: dict[int, np.ndarray], measured: Mapping[str, Any],
                    K: int, source: str) -> np.ndarray:
     """``counts_by_prompt`` validated against the rest of the profile: (P, D, K + 1) non-negative integers whose
-    sum over prompts and depths is ``counts`` and whose sum over prompts gives every stored per-depth vector.
+    sum over prompts and depths is ``counts`` and whose sum over prompts gives every stored per-depth vector up to
+    depth D (deeper stored vectors have no per-prompt counts: their intervals repeat depth D's spread).
     Raises ProfileError with one line."""
     if counts is None:
         raise ProfileError(f"{source}: 'counts_by_prompt' needs 'counts' (their sum over prompts and depths)")
@@ -229,7 +230,9 @@ def _prompt_counts(raw: Any, counts: np.ndarray | None, by_depth: dict[int, np.n
                            f"'counts' is {counts.tolist()}; the two must agree")
     per_depth = arr.sum(axis=0)  # (D, K + 1)
     for d, v in by_depth.items():
-        n = per_depth[d - 1].sum() if d <= D else 0
+        if d > D:  # per-prompt counts of the first D depths only (teacher-forced chain traces keep depth 1)
+            continue
+        n = per_depth[d - 1].sum()
         if n == 0 or np.max(np.abs(per_depth[d - 1, :-1] / n - v)) > 1e-3:
             raise ProfileError(f"{source}: acceptance_by_depth[{d}] disagrees with the sum of 'counts_by_prompt' at "
                                f"depth {d}")
