@@ -115,12 +115,16 @@ def guard_notes(plan: Plan, engine: str) -> list[str]:
     if not rules:
         return []
     src = ACCEPTANCE_LENGTH_SOURCE.get(engine, "the engine's mean acceptance length")
-    out = [f"guard (watch {src}, over a few hundred steps):"]
+    out = [f"guard (watch {src}, over as many requests as the acceptance profile measured):"]
     for g in rules:
+        shift = (f"below {g.interval_low:.2f} the traffic is not what was profiled (re-run treeopt tune on a "
+                 f"sample of it); " if g.reads_interval else "")
         out.append(f"  batch {g.lo}-{g.hi} ({g.setting}): predicted {g.expected_tokens_per_step:.2f} tokens/step; "
-                   f"below {g.interval_low:.2f} the traffic is not what was profiled (re-run treeopt tune on a "
-                   f"sample of it); below {g.break_even:.2f} this setting is slower than plain decoding (stop "
-                   f"speculating in this range)")
+                   f"{shift}below {g.break_even:.2f} this setting is slower than plain decoding (stop speculating "
+                   f"in this range)")
+    if not any(g.reads_interval for g in rules):
+        out.append(f"  (no interval between prompts behind this plan ({rules[0].interval_method}): profile "
+                   "acceptance with per-prompt counts for the re-profile line)")
     return out
 
 

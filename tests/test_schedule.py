@@ -114,8 +114,20 @@ def test_guard_rules_per_speculating_range():
     doc = plan_document(plan, engine="vllm")
     assert [d["batch_range"] for d in doc["guard"]] == [[1, 7], [8, 63]]
     lines = guard_notes(plan, "vllm")
-    assert "vllm:spec_decode_num_accepted_tokens" in lines[0] and len(lines) == 3
+    # a Wilson interval (tokens counted as independent) bounds no new traffic: the rule reads the break-even only
+    assert plan.interval_method == "wilson" and not any(g.reads_interval for g in rules)
+    assert "vllm:spec_decode_num_accepted_tokens" in lines[0] and len(lines) == 4
     assert f"below {rules[0].break_even:.2f} this setting is slower than plain decoding" in lines[1]
+    assert "not what was profiled" not in lines[1] and "no interval between prompts" in lines[3]
+    # with per-prompt counts the rule reads the interval too
+    rates = [0.5, 0.6, 0.7, 0.8, 0.9]
+    pc = np.array([[[int(200 * r), 0, 0, 200 - int(200 * r)]] for r in rates], dtype=np.int64)
+    counts = pc.sum(axis=(0, 1))
+    acc = AcceptanceProfile(id="acc", acceptance=counts[:-1] / counts.sum(), counts=counts, prompt_counts=pc)
+    between = solve_plan(ChainValue(acc, 8), PROFILE)
+    r0 = guard_rules(between)[0]
+    assert between.interval_method == "between prompts" and r0.reads_interval
+    assert f"below {r0.interval_low:.2f} the traffic is not what was profiled" in guard_notes(between, "sglang")[1]
     # plain everywhere: nothing to guard
     steep = _profile({1: _curve(9.0, 10.0), 4: _curve(30.0, 30.0)})
     none = solve_plan(ChainValue(_acc(), 5), steep)

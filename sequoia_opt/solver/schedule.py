@@ -249,6 +249,8 @@ class Plan:
         shape: the value model's shape.  context: the context (tokens) the curves were read at.
         provenance: ids of the profiles and what was solved (written into the schedule file).
         notes: one line each, what the user should know (a K limit lowered, a constraint applied).
+        interval_method: how the predictions' intervals were made (the value model's ``interval_method``:
+            ``between prompts``, ``wilson``, or ``none`` / another word for a model without one).
     """
 
     rows: list[BatchRow]
@@ -258,6 +260,7 @@ class Plan:
     context: int | None
     provenance: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    interval_method: str = "none"
 
     @property
     def pays_nowhere(self) -> bool:
@@ -540,7 +543,8 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     if capped:
         notes.append("no batch size drafts more than the smallest one (the engine's rule), though a longer draft "
                      "would pay at some")
-    return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes)
+    return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes,
+                getattr(value, "interval_method", "none"))
 
 
 def check_ranges(ranges: Sequence[tuple[int, int, Any]], where: str = "schedule") -> None:
@@ -615,7 +619,8 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
     paying = [r.batch for r in rows if r.best.setting.speculates]
     stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
     shape = next((st.shape for *_, st in ranges if st.speculates), "none")
-    return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}))
+    return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}),
+                interval_method=getattr(value, "interval_method", "none"))
 
 
 # ---------------------------------------------------------------------------------------------- the guard
@@ -631,6 +636,8 @@ class GuardRule:
         expected_tokens_per_step: the plan's prediction at the range's first measured batch size.
         interval_low: the low end of its 95 % interval (tokens per step): below it for a sustained window, the
             traffic is not what was profiled; re-profile on a sample of it (``treeopt tune``).
+        interval_method: how that interval was made (:attr:`Plan.interval_method`); only ``between prompts``
+            bounds a new set of prompts (issue 31), so only then does the rule read it.
         break_even: the tokens per step below which the setting is slower than plain decoding at that batch
             size (its step ms over plain's): below it, stop speculating in this range.
     """
@@ -641,11 +648,18 @@ class GuardRule:
     expected_tokens_per_step: float
     interval_low: float
     break_even: float
+    interval_method: str = "none"
+
+    @property
+    def reads_interval(self) -> bool:
+        """Whether the rule's interval bounds new traffic (made between prompts, and below the point)."""
+        return self.interval_method == "between prompts" and self.interval_low < self.expected_tokens_per_step
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch_range": [self.lo, self.hi], "setting": self.setting,
                 "expected_tokens_per_step": round(self.expected_tokens_per_step, 4),
-                "interval_low": round(self.interval_low, 4), "break_even": round(self.break_even, 4)}
+                "interval_low": round(self.interval_low, 4), "interval_method": self.interval_method,
+                "break_even": round(self.break_even, 4)}
 
 
 def guard_rules(plan: Plan) -> list[GuardRule]:
@@ -664,7 +678,7 @@ def guard_rules(plan: Plan) -> list[GuardRule]:
             continue
         g = p.cost.expected_tokens
         low = min(g, p.interval[0] * p.cost.cost_ms / 1000.0)
-        rules.append(GuardRule(r.lo, r.hi, r.setting.label, g, low, p.cost.cost_ms / plain_ms))
+        rules.append(GuardRule(r.lo, r.hi, r.setting.label, g, low, p.cost.cost_ms / plain_ms, plan.interval_method))
     return rules
 
 
