@@ -455,7 +455,7 @@ def sglang_steps(tiers: dict[int, list[int]], batch: int) -> list[int]:
 #: vLLM's method names -> SGLang's ``--speculative-algorithm`` (its ``SpeculativeAlgorithm``: EAGLE, EAGLE3,
 #: STANDALONE, NGRAM; MTP layers run as EAGLE, its NEXTN alias; no Medusa).
 SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STANDALONE", "ngram": "NGRAM",
-                     "mtp": "EAGLE"}
+                     "mtp": "EAGLE", "nextn": "EAGLE"}
 
 
 def _export_sglang(ranges, release, method):

@@ -187,7 +187,8 @@ def test_medusa_heads_export_for_vllm_only():
     # SGLang's own algorithm names are accepted as methods too; MTP layers run as EAGLE
     assert export_plan(PLANS["falling"], "sglang", method="STANDALONE").data["per_range"][0]["cli_flags"].startswith(
         "--speculative-algorithm STANDALONE")
-    assert "--speculative-algorithm EAGLE " in export_plan(PLANS["falling"], "sglang", method="mtp").data["cli_flags"]
+    for mtp in ("mtp", "NEXTN"):  # SGLang runs MTP layers as EAGLE (NEXTN is its alias)
+        assert "--speculative-algorithm EAGLE " in export_plan(PLANS["falling"], "sglang", method=mtp).data["cli_flags"]
 
 
 # ---------------------------------------------------------------------------------------------- llama.cpp
