@@ -468,14 +468,17 @@ def test_a_workload_below_the_interval_falls_back_to_plain_then_probes():
             ad.observe(one_miss, 1)
         assert ad.observe(one_miss, 1) == Tree.chain(1)
     assert waits == [2 * ad.window, 4 * ad.window, 8 * ad.window, 8 * ad.window] and MAX_PROBE_BACKOFF == 8
-    # a probe that finds acceptance back inside the interval leads to a tree, judged on its own block (the window
-    # started over with it: the misses before it are gone), and the wait is one window again
-    _steps_until(lambda: ad.observe([], 1) is not None)
-    for _ in range(ad.every):
-        ad.observe([V(0, 1, 0)], 2)
-    r = ad.resolves[-1]
-    # (every draft accepted: above the profile's interval, so solved from the live lower bounds: a tree)
-    assert ad.tree.size > 1 and r.live_tokens_per_step == pytest.approx(2.0)
+    # probes that find acceptance back lead to a tree as their blocks fill the window (a probe joins the window
+    # that sent the guard to plain decoding), and the wait is one window again
+    hits = 0
+    for _ in range(4):
+        _steps_until(lambda: ad.observe([], 1) is not None)
+        for _ in range(ad.every):
+            ad.observe([V(0, 1, 0)], 2)
+        hits += ad.every
+        if ad.tree.size > 1:
+            break
+    assert ad.tree.size > 1 and hits <= 4 * ad.every
     _steps_until(lambda: ad.observe(one_miss, 1) == Tree.chain(1))  # below again: the first probe after this ...
     assert _steps_until(lambda: ad.observe([], 1) is not None) == ad.window  # ... waits one window
 
