@@ -167,16 +167,7 @@ class EagleDrafter(Drafter):
             self._pending = feats
             return
         self.rows.reset(B)
-        done = []
-        for b, r in enumerate(state.rows):
-            L = r.cached
-            # items 1 .. L - 1 of a prompt the head's positions can hold; the root's item is the first chunk's
-            k = L - 1 if 1 <= L - 1 <= self.context - 1 else 0
-            if k:
-                with torch.inference_mode():
-                    self._chunk_forward(self.rows.row(b), [r.seq[1: k + 1]], [feats[b][:k]], 0, [0])
-            done.append(k)
-            self._pending.append(feats[b][k:])
+        done = [self._take_prompt(b, r, feats[b]) for b, r in enumerate(state.rows)]
         self.rows.prefilled(done)
         self.row_cached = done
 
@@ -185,20 +176,27 @@ class EagleDrafter(Drafter):
         them at its join) go through the head as :meth:`prefill` does, into the rows' own cache rows."""
         done = []
         for i in rows:
-            r = state.rows[i]
             f = self.face.prefill_hidden(i, self.layers)  # (L_i, k, H_t)
-            k = 0
-            if self.rows is not None:
-                L = r.cached
-                k = L - 1 if 1 <= L - 1 <= self.context - 1 else 0
-                if k:
-                    with torch.inference_mode():
-                        self._chunk_forward(self.rows.row(i), [r.seq[1: k + 1]], [f[:k]], 0, [0])
-            done.append(k)
-            self._pending.append(f[k:])
+            if self.rows is None:
+                self._pending.append(f)
+                done.append(0)
+            else:
+                done.append(self._take_prompt(i, state.rows[i], f))
         if self.rows is not None:
             self.rows.add(done)
         self.row_cached.extend(done)
+
+    def _take_prompt(self, b: int, row: RowState, feats: torch.Tensor) -> int:
+        """Row ``b``'s prompt through the head into its own cache row: items 1 .. L - 1 of the prompt that the
+        head's positions can hold (the root's item is the first chunk's); the features after them wait in
+        ``_pending``. ``feats``: (L, k, H_t) the prompt's target features. Returns the items taken."""
+        L = row.cached
+        k = L - 1 if 1 <= L - 1 <= self.context - 1 else 0
+        if k:
+            with torch.inference_mode():
+                self._chunk_forward(self.rows.row(b), [row.seq[1: k + 1]], [feats[:k]], 0, [0])
+        self._pending.append(feats[k:])
+        return k
 
     def keep(self, rows: Sequence[int]) -> None:
         self.row_cached = [self.row_cached[b] for b in rows]

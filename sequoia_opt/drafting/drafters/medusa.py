@@ -68,17 +68,18 @@ class MedusaDrafter(Drafter):
         self.last, self._logits = [], None
 
     def prefill(self, state: DecodeState) -> None:
-        self.last = []
-        for b in range(len(state.rows)):
-            h = self.face.prefill_hidden(b, self.layers)  # (P - 1, 1, H)
-            self.last.append(h[-1, 0] if h.shape[0] else None)
+        self.last = [self._prompt_state(b) for b in range(len(state.rows))]
 
     def join(self, state: DecodeState, rows: Sequence[int]) -> None:
         """Rows ``rows`` (the last ones) joined a running batch: their prompts' last hidden states, as
         :meth:`prefill` takes them."""
-        for i in rows:
-            h = self.face.prefill_hidden(i, self.layers)  # (P - 1, 1, H)
-            self.last.append(h[-1, 0] if h.shape[0] else None)
+        self.last.extend(self._prompt_state(i) for i in rows)
+
+    def _prompt_state(self, b: int) -> torch.Tensor | None:
+        """(H,) the last hidden state of row ``b``'s prefilled prompt; None for a one-token prompt (nothing
+        prefilled: the heads wait for the first committed path)."""
+        h = self.face.prefill_hidden(b, self.layers)  # (P - 1, 1, H)
+        return h[-1, 0] if h.shape[0] else None
 
     def keep(self, rows: Sequence[int]) -> None:
         self.last = [self.last[b] for b in rows]
