@@ -174,11 +174,12 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
 
 
 def static_loop_decoders(target, make_drafter: Callable[[], object], *, backend: str = "auto",
-                         max_len: int | None = None, max_batch: int = 1,
-                         policy: str = "static") -> Callable[[int], Decoder]:
+                         max_len: int | None = None, max_batch: int = 1, policy: str = "static",
+                         tree: Tree | None = None) -> Callable[[int], Decoder]:
     """``make_decoder`` for :func:`time_loop` on treeopt's decoder: plain decoding at n = 1, else a
     :class:`~sequoia_opt.drafting.policies.StaticTreePolicy` of :func:`probe_tree` ``(n, policy)`` (a chain is a
-    static tree of width 1, as a speculation plan runs it) with a fresh drafter from ``make_drafter``
+    static tree of width 1, as a speculation plan runs it), or of ``tree`` itself when given (one chosen tree,
+    :func:`check_chosen_step`), with a fresh drafter from ``make_drafter``
     (:func:`~sequoia_opt.drafting.drafters.drafter_factory`: a draft Transformer, a Drafter factory), serving up
     to ``max_batch`` rows."""
     from ..drafting.drafters import drafter_factory
@@ -187,7 +188,7 @@ def static_loop_decoders(target, make_drafter: Callable[[], object], *, backend:
     make = drafter_factory(make_drafter)
 
     def make_decoder(n: int) -> Decoder:
-        pol = None if n == 1 else StaticTreePolicy(make(), probe_tree(n, policy))
+        pol = None if n == 1 else StaticTreePolicy(make(), tree if tree is not None else probe_tree(n, policy))
         return Decoder(target, pol, backend=backend, max_len=max_len, max_batch=max_batch)
 
     return make_decoder
@@ -259,17 +260,10 @@ def check_chosen_step(target, make_drafter: Callable[[], object], tree: Tree, co
     Raises:
         DecodingError: as the decoder (a context past the target's).
     """
-    from ..drafting.drafters import drafter_factory
-    from ..drafting.policies import StaticTreePolicy
-
     if tree.size < 2:
         return None
-    make = drafter_factory(make_drafter)
-    max_len = int(context) + (warmup + steps + 2) * tree.size + 16
-
-    def make_decoder(n: int) -> Decoder:
-        return Decoder(target, None if n == 1 else StaticTreePolicy(make(), tree), backend=backend, max_len=max_len)
-
+    make_decoder = static_loop_decoders(target, make_drafter, backend=backend, tree=tree,
+                                        max_len=int(context) + (warmup + steps + 2) * tree.size + 16)
     table = time_loop(make_decoder, [1, tree.size], context, target.config.vocab_size, steps=steps, warmup=warmup,
                       rounds=rounds, seed=seed, progress=progress)
     if tree.size not in table.tokens:
