@@ -460,13 +460,12 @@ SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STAND
 
 def _export_sglang(ranges, release, method):
     key = (method or "eagle3").lower()
-    if key.upper() in SGLANG_ALGORITHMS.values():
-        key = next(k for k, v in SGLANG_ALGORITHMS.items() if v == key.upper())
-    if key not in SGLANG_ALGORITHMS:
+    algos = set(SGLANG_ALGORITHMS.values())
+    algo = SGLANG_ALGORITHMS.get(key, key.upper() if key.upper() in algos else None)  # vLLM's name or SGLang's own
+    if algo is None:
         raise PlanExportError(f"SGLang has no speculative algorithm for method {method!r} (it runs "
-                              f"{', '.join(sorted(set(SGLANG_ALGORITHMS.values())))}); export for vLLM"
+                              f"{', '.join(sorted(algos))}); export for vLLM"
                               + (" (method medusa)" if key == "medusa" else ""))
-    algo = SGLANG_ALGORITHMS[key]
     first, last = SGLANG_TIER_RELEASES
     v = _version(release, "SGLang") if release is not None else Version(last)
     warnings = []
