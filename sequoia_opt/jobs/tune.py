@@ -206,10 +206,10 @@ def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], 
 
     hits = np.zeros(max_depth + 1, dtype=np.int64)
     trials = np.zeros(max_depth + 1, dtype=np.int64)
-    per_prompt = []  # (1, 2) per prompt: its depth-1 hits and misses (the counts' own split by prompt)
+    per_prompt = []  # (1, 2) per prompt: its depth-1 hits and misses (every position is a depth-1 trial)
     for trace in traces:
-        before = (int(hits[1]), int(trials[1]))
         ok = [bool(x[2]) for x in trace]
+        per_prompt.append([[sum(ok), len(ok) - sum(ok)]])
         for t in range(len(ok)):
             for d in range(1, max_depth + 1):
                 if t + d - 1 >= len(ok):
@@ -218,8 +218,6 @@ def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], 
                 if not ok[t + d - 1]:
                     break
                 hits[d] += 1
-        h, t = int(hits[1]) - before[0], int(trials[1]) - before[1]
-        per_prompt.append([[h, t - h]])
     if trials[1] == 0:
         raise ProfileError("no trace positions to measure acceptance on")
     p1 = hits[1] / trials[1]
