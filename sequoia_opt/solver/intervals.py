@@ -50,8 +50,8 @@ from ..errors import SolverError
 from ..tree import Tree
 
 __all__ = ["PromptSpread", "t975", "resample_prompt_counts", "bootstrap_rows", "tree_values", "value_spread",
-           "tree_spread", "speedup_spread", "acceptance_spreads", "prediction_interval", "spread_metadata",
-           "ratio_spread", "DEFAULT_REPLICATES"]
+           "tree_spread", "tree_spreads", "speedup_spread", "acceptance_spreads", "prediction_interval",
+           "spread_metadata", "ratio_spread", "DEFAULT_REPLICATES"]
 
 #: Bootstrap replicates (resamples of the profile's prompts) per figure.
 DEFAULT_REPLICATES = 1000
@@ -274,8 +274,21 @@ def tree_spread(tree: Tree, profile, *, model: str = "auto", replicates: int = D
                 seed: int = 0) -> PromptSpread | None:
     """The spread between prompts of a tree's expected tokens per step G (a chain is a tree of width 1) under
     the profile's value model; None for a profile without per-prompt counts. Clipped at 1 token per step."""
-    return value_spread(profile, lambda r: tree_values(tree, r), model=model, replicates=replicates, seed=seed,
-                        clip=(1.0, None))
+    spreads = tree_spreads([tree], profile, model=model, replicates=replicates, seed=seed)
+    return None if spreads is None else spreads[0]
+
+
+def tree_spreads(trees: Sequence[Tree], profile, *, model: str = "auto", replicates: int = DEFAULT_REPLICATES,
+                 seed: int = 0) -> list[PromptSpread] | None:
+    """:func:`tree_spread` of several trees from one resample of the profile's prompts (the same replicates for
+    every tree, as separate calls with one seed would draw them); None for a profile without per-prompt counts."""
+    got = bootstrap_rows(profile, model, replicates, seed)
+    if got is None:
+        return None
+    rows, boot = got
+    P = int(profile.prompt_counts.shape[0])
+    return [PromptSpread(float(tree_values(t, rows[None])[0]), float(np.std(tree_values(t, boot), ddof=1)), P,
+                         int(replicates), (1.0, None)) for t in trees]
 
 
 def speedup_spread(tokens: PromptSpread, step) -> PromptSpread:

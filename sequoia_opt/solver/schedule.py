@@ -346,15 +346,15 @@ class ChainValue:
         """Fill ``g_lo`` / ``g_hi`` from the spread between prompts; False when the profile has no per-prompt
         counts (or one prompt)."""
         from ..tree import Tree
-        from .intervals import tree_spread
+        from .intervals import tree_spreads
 
         pc = getattr(self.acceptance, "prompt_counts", None)
         if pc is None or pc.shape[0] < 2:
             return False
-        for k in range(1, K + 1):
-            spread = tree_spread(Tree.chain(k + 1), self.acceptance, model=self.model_used)
-            if spread is None:
-                return False
+        spreads = tree_spreads([Tree.chain(k + 1) for k in range(1, K + 1)], self.acceptance, model=self.model_used)
+        if spreads is None:
+            return False
+        for k, spread in enumerate(spreads, start=1):
             lo, hi = spread.prediction_interval(spread.prompts)
             # the interval around the DP's own point (the bootstrap's point is the same G up to rounding)
             self.g_lo[k], self.g_hi[k] = min(lo, self.g[k]), max(hi, self.g[k])
