@@ -190,27 +190,23 @@ class ModelDrafter(Drafter):
         if self.rows is None:
             return
         self.rows.reset(B)
-        done = []
-        for i, r in enumerate(state.rows):
-            # a prompt already past the draft's context never drafts: not prefilled (no position past it)
-            k = len(r.seq) - 1 if len(r.seq) - 1 <= self.context - 1 else 0
-            if k:
-                run_causal_chunk(self.model, self.rows.row(i), r.seq[:k], 0, self.settings.backend, self._masks)
-            done.append(k)
+        done = [self._take_prompt(i, r) for i, r in enumerate(state.rows)]
         self.rows.prefilled(done)
         self.row_cached = done
 
     def join(self, state: DecodeState, rows: Sequence[int]) -> None:
-        done = []
-        for i in rows:
-            r = state.rows[i]
-            k = len(r.seq) - 1 if len(r.seq) - 1 <= self.context - 1 else 0
-            if self.rows is not None and k:
-                run_causal_chunk(self.model, self.rows.row(i), r.seq[:k], 0, self.settings.backend, self._masks)
-            done.append(k if self.rows is not None else 0)
+        done = [self._take_prompt(i, state.rows[i]) if self.rows is not None else 0 for i in rows]
         if self.rows is not None:
             self.rows.add(done)
         self.row_cached.extend(done)
+
+    def _take_prompt(self, i: int, row: RowState) -> int:
+        """Row ``i``'s prompt but its last token through the draft into its own cache row; returns the tokens
+        taken (0 for a prompt already past the draft's context: it never drafts, no position past it)."""
+        k = len(row.seq) - 1 if len(row.seq) - 1 <= self.context - 1 else 0
+        if k:
+            run_causal_chunk(self.model, self.rows.row(i), row.seq[:k], 0, self.settings.backend, self._masks)
+        return k
 
     def _fits(self, d: int, max_L: int, chunk: int, start_d: int) -> bool:
         # levels 0 .. d-1: positions up to L + d - 1; slots up to R + start_d - 1, R = F + chunk - 1
