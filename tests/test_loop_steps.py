@@ -228,3 +228,23 @@ def test_the_chosen_step_is_timed_again_and_its_prediction_follows():
     sp = meta.extra["speedup_spread"]
     assert sp["point"] == pytest.approx(want) and sp["se"] == pytest.approx(0.1 * want / 1.5)
     assert sp["prediction_interval"][0] < want < sp["prediction_interval"][1]
+
+
+def test_the_chosen_step_on_real_prompts_times_the_accepted_drafts():
+    """On prompts the drafts are accepted as they will be (here a draft equal to the target: all of them), so
+    the timed step holds the long catch-up and commit; the check says where it ran and counts its pairs."""
+    from sequoia_opt.profiling.steps import check_chosen_step
+
+    target = random_model(0)
+    tree = Tree.from_choices([[0], [1], [0, 0]])
+    prompts = [list(range(5, 17)), list(range(40, 49)), list(range(60, 90))]
+    chk = check_chosen_step(target, target, tree, 24, steps=6, warmup=1, rounds=2, prompts=prompts)
+    assert chk.on == "prompts" and chk.tree_size == 4
+    assert chk.steps == 2 * 6  # 2 pairs per prompt, 3 prompts, 2 rounds; no step clipped
+    assert chk.plain_ms > 0 and chk.step_ms > 0
+    assert chk.as_dict()["on"] == "prompts"
+    # a random context is the default
+    assert check_chosen_step(target, target, tree, 24, steps=2, warmup=1, rounds=1).on == "random"
+    # prompts longer than the context keep their last `context` tokens: a 40-token prompt at context 24 runs
+    assert check_chosen_step(target, target, tree, 24, steps=1, warmup=0, rounds=1,
+                             prompts=[list(range(3, 43))]).steps == 1

@@ -100,9 +100,11 @@ def check_drafter_profiles(label: str, cost_model: str, acceptance: AcceptancePr
 
 
 def check_prediction(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int, *, backend: str = "auto",
-                     steps: int = 12, rounds: int = 2) -> Any:
+                     steps: int = 12, rounds: int = 2, prompts: Sequence[Sequence[int]] | None = None) -> Any:
     """Time the plan's chosen tree's own step again, after the choice, and predict its speedup from that step
-    (:class:`~sequoia_opt.profiling.steps.StepCheck` says why: the winner's curse of a noisy curve). Updates
+    (:class:`~sequoia_opt.profiling.steps.StepCheck` says why: the winner's curse of a noisy curve), on the
+    profile's ``prompts`` when given (drafts accepted as they will be: :func:`~sequoia_opt.profiling.steps.
+    check_chosen_step`), else on a random context. Updates
     ``plan.metadata`` in place: ``predicted_speedup`` from the check, the solver's own figure kept as
     ``extra.solver_predicted_speedup``, the check as ``extra.step_check``, and the speedup's spread between
     prompts rescaled. Tokens per step stay the solver's (the step check times cost, not acceptance).
@@ -117,7 +119,8 @@ def check_prediction(plan: "DrafterPlan", target: Any, make_drafter: Any, contex
     from ..solver.intervals import PromptSpread
 
     meta = plan.metadata
-    chk = check_chosen_step(target, make_drafter, plan.tree, context, backend=backend, steps=steps, rounds=rounds)
+    chk = check_chosen_step(target, make_drafter, plan.tree, context, backend=backend, steps=steps, rounds=rounds,
+                            prompts=prompts)
     if chk is None or meta.expected_tokens_per_step is None:
         return None
     new = chk.speedup(meta.expected_tokens_per_step)

@@ -119,9 +119,11 @@ class DemoSettings:
     # the decoding loop's own step per tree size (sequoia_opt.profiling.steps): what the runner adds to T(n) + c(w)
     loop_rounds: int = 1          # 0: not timed (the cost model is T(n) + c(w) + the fixed overhead)
     # each drafter's chosen tree's own step, timed again after the choice (profiling.steps.check_chosen_step: the
-    # winner's curse of a noisy curve); its predicted speedup comes from it. 0 rounds: not checked
+    # winner's curse of a noisy curve); its predicted speedup comes from it. 0 rounds: not checked. Timed on the
+    # first check_prompts profile prompts (drafts accepted as they will be; 0: a random context)
     check_rounds: int = 2
     check_steps: int = 12
+    check_prompts: int = 4
 
     @classmethod
     def quick(cls) -> "DemoSettings":
@@ -363,7 +365,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     if s.check_rounds:  # each drafter's chosen step timed again: its prediction no longer rides the choice's noise
         for plan, make in zip(plans, drafts):
             check_prediction(plan, pair.target, make, ctx, backend=backend, steps=s.check_steps,
-                             rounds=s.check_rounds)
+                             rounds=s.check_rounds, prompts=prof_ids[: s.check_prompts] or None)
     # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
     from ..solver.depth import ValueModel, solve_profile
     from ..solver.hardware import step_cost

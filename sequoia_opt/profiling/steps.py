@@ -227,12 +227,15 @@ class StepCheck:
         step_ms: the tree's step (draft + verify + bookkeeping), the median ratio to the plain step beside it
             times ``plain_ms`` (ms), as :func:`time_loop` keeps it.
         steps: the step pairs behind it (requested ones where the tree was clipped are left out).
+        on: ``"random"`` (a random context: the step at its cheapest, medians) or ``"prompts"`` (real prompts:
+            drafts accepted as they will be, means).
     """
 
     tree_size: int
     plain_ms: float
     step_ms: float
     steps: int
+    on: str = "random"
 
     def speedup(self, expected_tokens: float) -> float:
         """The predicted speedup with this step: ``G x plain_ms / step_ms`` (G: tokens per step)."""
@@ -240,19 +243,31 @@ class StepCheck:
 
     def as_dict(self) -> dict:
         return {"tree_size": self.tree_size, "plain_ms": round(self.plain_ms, 4), "step_ms": round(self.step_ms, 4),
-                "ratio": round(self.step_ms / self.plain_ms, 6), "steps": self.steps}
+                "ratio": round(self.step_ms / self.plain_ms, 6), "steps": self.steps, "on": self.on}
 
 
 def check_chosen_step(target, make_drafter: Callable[[], object], tree: Tree, context: int, *,
                       backend: str = "auto", steps: int = 12, warmup: int = 2, rounds: int = 2, seed: int = 1,
-                      progress: ProgressFn | None = None) -> StepCheck | None:
-    """Time the chosen ``tree``'s own step through the decoder, each step paired with a plain step as
-    :func:`time_loop` does (:class:`StepCheck` says why), on ``context`` random tokens.
+                      progress: ProgressFn | None = None,
+                      prompts: Sequence[Sequence[int]] | None = None) -> StepCheck | None:
+    """Time the chosen ``tree``'s own step through the decoder, each step paired with a plain step (:class:`StepCheck`
+    says why), on ``context`` random tokens, or on the user's ``prompts`` when given.
+
+    On random tokens almost every draft is rejected, so the timed step has the shortest catch-up and commit, and a
+    prompt-lookup drafter finds nothing to propose: the probe is the step at its cheapest. On real prompts the
+    drafts are accepted as they will be, so the drafter's catch-up over the accepted path, the longer commit and
+    the policy's work on it are in the timed step (on the demo pair they cost 5 % of the step that the random probe
+    missed: ``benchmarks/step_parts.py``). There the figure is the ratio of the *means* (the tree's step over the
+    plain step beside it, summed over all pairs), as a run's tokens/s averages them, not the median ratio a
+    curve keeps to rank sizes robustly.
 
     Args:
         target: the target Transformer.  make_drafter: a draft Transformer or a Drafter factory.
         tree: the chosen tree (a root-only tree has nothing to check: None).
-        steps / warmup / rounds: timed and untimed step pairs per round; rounds.  seed: the random prompt's.
+        steps / warmup: timed and untimed step pairs per round (on ``prompts``: the timed pairs spread over them,
+            at least one each).  rounds: repeats.  seed: the random prompt's.
+        prompts: token-id lists (e.g. the acceptance profile's prompts, not the held-out ones): decode these
+            instead of a random context (each at most ``context`` tokens are used, its last ones).
 
     Returns:
         :class:`StepCheck`, or None for a root-only tree or when no step ran unclipped.
@@ -262,6 +277,9 @@ def check_chosen_step(target, make_drafter: Callable[[], object], tree: Tree, co
     """
     if tree.size < 2:
         return None
+    if prompts:
+        return _check_on_prompts(target, make_drafter, tree, [list(p)[-int(context):] for p in prompts if len(p)],
+                                 backend=backend, steps=steps, warmup=warmup, rounds=rounds, progress=progress)
     make_decoder = static_loop_decoders(target, make_drafter, backend=backend, tree=tree,
                                         max_len=int(context) + (warmup + steps + 2) * tree.size + 16)
     table = time_loop(make_decoder, [1, tree.size], context, target.config.vocab_size, steps=steps, warmup=warmup,
@@ -271,3 +289,44 @@ def check_chosen_step(target, make_drafter: Callable[[], object], tree: Tree, co
     i = table.tokens.index(tree.size)
     return StepCheck(tree.size, table.verify_ms[0] + table.bookkeeping_ms[0],
                      table.draft_ms[i] + table.verify_ms[i] + table.bookkeeping_ms[i], table.timed[i])
+
+
+def _check_on_prompts(target, make_drafter, tree: Tree, prompts: list[list[int]], *, backend: str, steps: int,
+                      warmup: int, rounds: int, progress: ProgressFn | None) -> StepCheck | None:
+    """:func:`check_chosen_step` on real prompts: per round, one plain and one tree decoder (their caches
+    allocated once), ``warmup`` untimed pairs on the first prompt, then each prompt decoded by both in lockstep for
+    its share of ``steps``; the StepCheck is the mean plain step and the mean tree step over the timed pairs (a
+    pair whose tree step was clipped, or where either decoder finished, is not counted)."""
+    if not prompts:
+        return None
+    pairs_per = max(1, -(-int(steps) // len(prompts)))
+    longest = max(len(p) for p in prompts)
+    make_decoder = static_loop_decoders(target, make_drafter, backend=backend, tree=tree,
+                                        max_len=longest + (warmup + pairs_per + 2) * tree.size + 16)
+    plain_ms: list[float] = []
+    tree_ms: list[float] = []
+    with torch.inference_mode():
+        for r in range(rounds):
+            ref, dec = make_decoder(1), make_decoder(tree.size)
+            for j, p in enumerate(prompts):
+                n_pairs = pairs_per + (warmup if j == 0 else 0)
+                ref_state = ref.start_batch([p], n_pairs + 1)
+                state = dec.start_batch([p], (n_pairs + 1) * tree.size)
+                for i in range(n_pairs):
+                    if ref_state.finished or state.finished:
+                        break
+                    a = ref.step(ref_state)
+                    b = dec.step(state)
+                    if j == 0 and i < warmup:
+                        continue
+                    if b.rows and all(x.tree_size == tree.size for x in b.rows):
+                        plain_ms.append(a.total_ms)
+                        tree_ms.append(b.total_ms)
+            del ref, dec
+            if progress:
+                progress(f"step check on {len(prompts)} prompts, {tree.size} tokens, round {r + 1}/{rounds}", r + 1,
+                         rounds)
+    if not tree_ms or sum(plain_ms) <= 0:
+        return None
+    return StepCheck(tree.size, statistics.fmean(plain_ms), statistics.fmean(tree_ms), len(tree_ms),
+                     on="prompts")
