@@ -185,7 +185,10 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
             extra[f"profiled_{key}"] = value
     from ..solver.intervals import spread_metadata
 
+    from ..solver.depth import ValueModel
+
     extra.update(spread_metadata(choice.tree, acceptance, model_used, choice.alternatives[0].cost))
+    extra["end_overshoot_tokens"] = ValueModel.of_profile(acceptance, model_used).end_overshoot_tokens(choice.tree)
     meta = TreeMetadata(budget=choice.budget, max_depth=choice.depth, expected_tokens_per_step=choice.expected_tokens,
                         predicted_speedup=choice.speedup, acceptance_profile=acceptance.id, latency_profile=curve.id,
                         solver="sequoia-dp+hardware", date=now_iso(), extra=extra)
@@ -204,7 +207,8 @@ class DrafterRow:
         tree: the tree's name in the run's summaries and rows.
         c1_over_t1: c(1) / T(1) from its latency profile (ratio).
         nodes, depth, level_widths: the tree (nodes incl. the root; widths from the root level down).
-        predicted_tokens_per_step / predicted_speedup: from its profiles (:func:`plan_drafter`).
+        predicted_tokens_per_step / predicted_speedup: from its profiles (:func:`plan_drafter`); the speedup for
+            the run's generation lengths (:attr:`TreeSummary.predicted_speedup`).
         tokens_per_step / tps_ci95: measured, untruncated (:class:`TreeSummary`).
         speedup: measured tokens/s over the run's one plain baseline.  tokens_per_s: measured.
         equals_plain: greedy output equal to plain decoding on every prompt (None when sampling).
@@ -249,8 +253,9 @@ def drafter_rows(plans: Sequence[DrafterPlan], run: RunReport) -> list[DrafterRo
             depth=p.tree.tree_depth, level_widths=[int(w) for w in p.tree.level_widths],
             predicted_tokens_per_step=p.choice.expected_tokens, tokens_per_step=s.tokens_per_step,
             tps_ci95=s.tps_ci95, speedup=s.speedup,
-            predicted_speedup=p.metadata.predicted_speedup if p.metadata.predicted_speedup is not None
-            else p.choice.speedup,  # the metadata's: a step check after the choice may have replaced it
+            # the run's: the metadata's (a step check after the choice may have replaced the solver's) over the
+            # run's generation lengths (TreeSummary.predicted_speedup)
+            predicted_speedup=s.predicted_speedup if s.predicted_speedup is not None else p.choice.speedup,
             tokens_per_s=s.tokens_per_s, equals_plain=(s.mismatches == 0) if greedy else None,
             mismatches=s.mismatches, acceptance_profile=p.acceptance.id, latency_profile=p.curve.id,
             acceptance_model=str(p.metadata.extra.get("acceptance_model", "positional"))))

@@ -97,7 +97,12 @@ class TreeSummary:
         speedup: ``tokens_per_s`` / plain decoding's ``tokens_per_s`` (same prompts).
         tokens_per_step / tps_ci95: mean untruncated tokens per step and its 95 % interval over prompts
             (:func:`tokens_per_step_ci95`).
-        predicted_tokens_per_step / predicted_speedup: from the tree YAML metadata (None if absent).
+        predicted_tokens_per_step: from the tree YAML metadata (None if absent).
+        predicted_speedup: the tree file's speedup for generations of this run's lengths: its steady-state figure
+            (``predicted_speedup_steady``) x ``N / (N + P x end_overshoot_tokens)`` (N new tokens over P
+            generations) when the file records ``end_overshoot_tokens``: a generation ends inside a step, which
+            emits only what is left (:mod:`sequoia_opt.solver.generation`); the steady-state figure otherwise.
+        predicted_speedup_steady: the file's figure as written (None if absent).
         draft_ms / verify_ms / bookkeeping_ms: totals (ms).
         mismatches: prompts whose greedy output differed from plain decoding (greedy mode only).
         drafter: the label of the drafter that ran this tree when its entry named one (None otherwise).
@@ -110,7 +115,7 @@ class TreeSummary:
             whether the tree changed, solve ms, the estimate, why it ran); None otherwise. ``size`` / ``depth`` are
             then the final tree's, and ``predicted_tokens_per_step`` the step-weighted mean of the trees' predictions.
         predicted_interval / predicted_speedup_interval: the 95 % prediction intervals of tokens per step and of
-            the speedup for a new set of this run's prompts (:mod:`sequoia_opt.solver.intervals`, from the spread
+            the speedup (scaled as ``predicted_speedup``) for a new set of this run's prompts (:mod:`sequoia_opt.solver.intervals`, from the spread
             the tree file records, ``tokens_per_step_spread`` / ``speedup_spread``); None when it records none.
         inside_prediction: whether the measured tokens per step lies inside ``predicted_interval`` (None without).
     """
@@ -136,6 +141,7 @@ class TreeSummary:
     predicted_interval: tuple[float, float] | None = None
     predicted_speedup_interval: tuple[float, float] | None = None
     inside_prediction: bool | None = None
+    predicted_speedup_steady: float | None = None
 
 
 def prediction_intervals(meta: TreeMetadata | None, prompts: int) -> tuple[tuple[float, float] | None,
@@ -278,14 +284,26 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     new = sum(len(r.tokens) for r in results)
     ms = sum(r.decode_ms for r in results)
     tps = 1000.0 * new / ms if ms > 0 else 0.0
-    g_int, s_int = prediction_intervals(meta, sum(1 for g in per_prompt if g))
+    generations = sum(1 for g in per_prompt if g)
+    g_int, s_int = prediction_intervals(meta, generations)
     mean_tps = statistics.fmean(per_step) if per_step else 0.0
+    steady = meta.predicted_speedup if meta else 1.0
+    predicted = steady
+    overshoot = meta.extra.get("end_overshoot_tokens") if meta else None
+    if predicted is not None and isinstance(overshoot, (int, float)) and overshoot >= 0:
+        # the run's generations end inside a step (solver.generation): the steady state over these lengths
+        from ..solver.generation import finite_generation_factor
+
+        f = finite_generation_factor(float(overshoot), new, generations)
+        predicted = predicted * f
+        if s_int is not None:
+            s_int = (s_int[0] * f, s_int[1] * f)
     return TreeSummary(
         tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
         tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
         tokens_per_step=mean_tps, tps_ci95=tokens_per_step_ci95(per_prompt),
         predicted_tokens_per_step=meta.expected_tokens_per_step if meta else 1.0,
-        predicted_speedup=meta.predicted_speedup if meta else 1.0,
+        predicted_speedup=predicted, predicted_speedup_steady=steady,
         draft_ms=sum(r.draft_ms for r in results), verify_ms=sum(r.verify_ms for r in results),
         bookkeeping_ms=sum(r.bookkeeping_ms for r in results),
         mismatches=sum(1 for r in rows if r.matches_plain is False), drafter=drafter,

@@ -162,6 +162,12 @@ def expected_tokens_by_depth(tree: Tree, acceptance_by_depth) -> float:
 
     Raises SolverError for a bad ``acceptance_by_depth`` (:func:`validate_acceptance_by_depth`).
     """
+    return float(path_probabilities_by_depth(tree, acceptance_by_depth).sum())
+
+
+def path_probabilities_by_depth(tree: Tree, acceptance_by_depth) -> np.ndarray:
+    """(n,) float64: each node's probability of being accepted under the depth-dependent model of
+    :func:`expected_tokens_by_depth` (root 1). Raises SolverError for a bad ``acceptance_by_depth``."""
     P = validate_acceptance_by_depth(acceptance_by_depth)
     R, K = P.shape
     prob = np.zeros(tree.size)
@@ -171,7 +177,7 @@ def expected_tokens_by_depth(tree: Tree, acceptance_by_depth) -> float:
         r, d = tree.rank[v], depths[v]
         w = P[min(d - 1, R - 1), r] if r < K else 0.0
         prob[v] = prob[tree.parent[v]] * w
-    return float(prob.sum())
+    return prob
 
 
 @dataclass(frozen=True)
@@ -323,6 +329,20 @@ class ValueModel:
         if self.rows is not None:
             return expected_tokens_by_depth(tree, self.rows)
         return tree.expected_tokens(self.acceptance)
+
+    def path_probabilities(self, tree: Tree) -> np.ndarray:
+        """(n,) each node's probability of being accepted under this model (root 1; they sum to G)."""
+        if self.rows is not None:
+            return path_probabilities_by_depth(tree, self.rows)
+        return tree.path_probabilities(self.acceptance)
+
+    def end_overshoot_tokens(self, tree: Tree) -> float:
+        """Tokens the last step of a generation emits past its end, on average
+        (:func:`~sequoia_opt.solver.generation.end_overshoot_tokens`): what a finite generation costs the tree
+        beyond its steady-state speedup."""
+        from .generation import end_overshoot_tokens
+
+        return end_overshoot_tokens(tree.depth, self.path_probabilities(tree))
 
     @property
     def label(self) -> str:

@@ -1,0 +1,72 @@
+"""Speedup over a generation of finite length: the last step's overshoot.
+
+A tree's predicted speedup, ``G x T_plain / T_step``, is the steady state: every step emits its accepted path and
+the bonus token. A generation of N tokens ends inside a step, and that step emits only what is left (the decoder
+truncates at ``max_new_tokens`` or at EOS), so the tree runs more steps than ``N / G``, while plain decoding runs
+exactly N. Over the 40-token generations of ``benchmarks/prediction_splits.py`` that is 2 % of the steps of a
+10-node tree, a bias every measured speedup of short generations carries.
+
+The expected number of steps follows from renewal theory. Let X >= 1 be the tokens one step emits (untruncated;
+steps are taken as independent draws) with mean mu = G. The steps needed to reach N tokens are
+tau = min{n : X_1 + ... + X_n >= N}; by Wald's identity ``E[tau] = (N + E[O]) / mu`` with O the overshoot
+``X_1 + ... + X_tau - N``. For integer steps (span 1) and N large against X, the overshoot's limiting law is
+``P(O = j) = P(X > j) / mu`` (j = 0, 1, ...: the residual waiting time of a discrete renewal process; Feller,
+*An Introduction to Probability Theory and Its Applications*, vol. 1, ch. XIII, recurrent events), so ``E[O] = E[X (X - 1)] / (2 mu)``. The speedup over
+generations of N tokens is then the steady-state speedup times ``N / (N + E[O])``.
+
+X's law comes from the tree: P(X >= k + 1) is the probability that some node at depth k is accepted, the sum of
+the reach probabilities of the depth-k nodes (at most one node per depth lies on the accepted path).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["step_length_tail", "end_overshoot_tokens", "finite_generation_factor"]
+
+
+def step_length_tail(depths: Sequence[int], reach: Sequence[float]) -> np.ndarray:
+    """``(D + 1,)`` float64: entry k is P(X >= k + 1), the probability a step emits more than k tokens.
+
+    Args:
+        depths: (n,) each node's depth (root 0).
+        reach: (n,) each node's probability of being accepted (root 1), e.g.
+            :meth:`~sequoia_opt.tree.Tree.path_probabilities` or
+            :meth:`~sequoia_opt.solver.depth.ValueModel.path_probabilities`.
+
+    Raises:
+        ValueError: lengths differ, no nodes, or a reach probability outside [0, 1].
+    """
+    d = np.asarray(depths, dtype=np.int64)
+    p = np.asarray(reach, dtype=np.float64)
+    if d.shape != p.shape or d.size == 0:
+        raise ValueError(f"depths and reach need the same nonzero length, got {d.size} and {p.size}")
+    if np.any(p < -1e-12) or np.any(p > 1 + 1e-9) or np.any(d < 0):
+        raise ValueError("reach probabilities must lie in [0, 1] and depths be >= 0")
+    return np.minimum(np.bincount(d, weights=np.clip(p, 0.0, 1.0)), 1.0)
+
+
+def end_overshoot_tokens(depths: Sequence[int], reach: Sequence[float]) -> float:
+    """E[O], tokens the last step of a long generation would emit past its end (module docstring):
+    ``E[X (X - 1)] / (2 E[X])`` with ``E[X] = sum_k P(X >= k+1)`` and ``E[X (X - 1)] = sum_k 2 k P(X >= k+1)``.
+    0 for the root alone (plain decoding never overshoots). Raises ValueError as :func:`step_length_tail`."""
+    tail = step_length_tail(depths, reach)
+    k = np.arange(tail.size, dtype=np.float64)
+    mu = float(tail.sum())
+    return float((2.0 * k * tail).sum()) / (2.0 * mu)
+
+
+def finite_generation_factor(overshoot_tokens: float, new_tokens: float, generations: int = 1) -> float:
+    """The steady-state speedup's factor over ``generations`` generations of ``new_tokens`` tokens in all:
+    ``N / (N + generations x E[O])`` (1 when nothing was generated).
+
+    Raises:
+        ValueError: a negative overshoot, token count or generation count.
+    """
+    if overshoot_tokens < 0 or new_tokens < 0 or generations < 0:
+        raise ValueError("overshoot, new tokens and generations must be >= 0")
+    if new_tokens == 0:
+        return 1.0
+    return float(new_tokens) / (float(new_tokens) + generations * float(overshoot_tokens))

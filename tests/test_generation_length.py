@@ -1,0 +1,110 @@
+"""A generation of finite length (solver.generation): the last step emits only what is left, so a tree runs
+more steps than N / G; the run's predicted speedup follows (issue 31)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sequoia_opt.solver.depth import ValueModel
+from sequoia_opt.solver.generation import end_overshoot_tokens, finite_generation_factor, step_length_tail
+from sequoia_opt.tree import Tree, TreeMetadata
+
+TREE = Tree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+ACC = np.array([0.55, 0.2, 0.08])
+
+
+def _simulate_steps(tree: Tree, acc: np.ndarray, n_tokens: int, gens: int, rng) -> float:
+    """Mean steps to emit ``n_tokens`` tokens, each step walking the tree as the verifier does (the k-th child
+    accepted with probability acc[k], the accepted path's tokens plus the bonus emitted, the last step truncated)."""
+    children = {v: sorted((c for c in range(tree.size) if tree.parent[c] == v), key=lambda c: tree.rank[c])
+                for v in range(tree.size)}
+    total = 0
+    for _ in range(gens):
+        left, steps = n_tokens, 0
+        while left > 0:
+            v, x = 0, 1
+            while True:
+                u = rng.random()
+                nxt, edge = None, 0.0
+                for c in children[v]:
+                    edge += acc[tree.rank[c]]
+                    if u < edge:
+                        nxt = c
+                        break
+                if nxt is None:
+                    break
+                v, x = nxt, x + 1
+            left -= x
+            steps += 1
+        total += steps
+    return total / gens
+
+
+def test_the_tail_is_the_reach_of_each_depth_and_sums_to_g():
+    reach = TREE.path_probabilities(ACC)
+    tail = step_length_tail(TREE.depth, reach)
+    assert tail[0] == 1.0
+    assert tail[1] == pytest.approx(ACC.sum())  # some depth-1 node accepted: p_1 + p_2 + p_3
+    assert tail[3] == pytest.approx(ACC[0] ** 3)  # the one depth-3 node: the first child thrice
+    assert tail.sum() == pytest.approx(TREE.expected_tokens(ACC))
+    assert np.all(np.diff(tail) <= 1e-12)  # P(X > k) falls with k
+
+
+def test_overshoot_matches_the_renewal_formula_and_a_simulation():
+    reach = TREE.path_probabilities(ACC)
+    tail = step_length_tail(TREE.depth, reach)
+    px = -np.diff(np.append(tail, 0.0))  # P(X = k + 1)
+    x = np.arange(1, tail.size + 1)
+    mu = float((px * x).sum())
+    want = float((px * x * (x - 1)).sum()) / (2 * mu)
+    assert end_overshoot_tokens(TREE.depth, reach) == pytest.approx(want)
+    n, gens = 40, 4000
+    steps = _simulate_steps(TREE, ACC, n, gens, np.random.default_rng(0))
+    predicted = (n + want) / mu  # Wald: E[steps] = (N + E[O]) / mu
+    assert steps == pytest.approx(predicted, rel=0.01)
+    assert steps > n / mu * 1.01  # the steady state alone under-counts the steps by > 1 %
+    f = finite_generation_factor(want, n * gens, gens)
+    assert f == pytest.approx((n / mu) / predicted)
+
+
+def test_plain_decoding_and_no_tokens_have_no_end_effect():
+    assert end_overshoot_tokens([0], [1.0]) == 0.0  # the root alone emits one token a step: nothing left over
+    assert finite_generation_factor(0.7, 0, 0) == 1.0
+    assert finite_generation_factor(0.0, 40, 3) == 1.0
+    with pytest.raises(ValueError):
+        finite_generation_factor(-0.1, 40, 1)
+    with pytest.raises(ValueError):
+        step_length_tail([0, 1], [1.0])
+    with pytest.raises(ValueError):
+        step_length_tail([0, 1], [1.0, 1.5])
+
+
+def test_the_value_model_gives_the_same_overshoot_by_depth_as_positional_when_rows_repeat():
+    pos = ValueModel("positional", ACC)
+    by_depth = ValueModel("by-depth", ACC, np.tile(ACC, (3, 1)))
+    assert by_depth.path_probabilities(TREE) == pytest.approx(pos.path_probabilities(TREE))
+    assert by_depth.end_overshoot_tokens(TREE) == pytest.approx(pos.end_overshoot_tokens(TREE))
+    deeper = ValueModel("by-depth", ACC, np.array([ACC, ACC * 0.5]))  # a weaker second level: less overshoot
+    assert deeper.end_overshoot_tokens(TREE) < pos.end_overshoot_tokens(TREE)
+
+
+def test_a_run_predicts_the_speedup_for_its_generation_lengths():
+    import torch
+
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.model import ModelConfig, Transformer
+
+    cfg = ModelConfig.preset("tiny").with_(max_position_embeddings=96)
+    torch.manual_seed(0)
+    target = Transformer(cfg).eval()
+    tree = Tree.from_choices([[0], [1], [0, 0]])
+    meta = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5, extra={"end_overshoot_tokens": 0.6})
+    bare = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5)
+    report = run_trees(target, target, [TreeEntry("t", tree, meta), TreeEntry("bare", tree, bare)],
+                       [list(range(3, 20)), list(range(30, 41))], max_new_tokens=12, warmup=False)
+    s = {x.tree: x for x in report.summaries}
+    assert s["t"].new_tokens == 24
+    assert s["t"].predicted_speedup_steady == 1.5
+    assert s["t"].predicted_speedup == pytest.approx(1.5 * 24 / (24 + 2 * 0.6))
+    assert s["bare"].predicted_speedup == 1.5  # no overshoot recorded: the file's figure as written
