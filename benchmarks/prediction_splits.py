@@ -44,10 +44,12 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the treeopt CLI: a shared machine's threads wait passively
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from sequoia_opt.omp import apply_default  # noqa: E402
+
+apply_default()  # as the treeopt command: threads spin on an idle machine, sleep on a busy one
 
 
 def split_profile(counts, idx, *, depth: int, new_tokens: int, label: str):
@@ -293,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     run_id = new_run_id(None)
     doc = {"format": "treeopt-bench-predictions/1", "run_id": run_id, "date": now_iso(),
            "command": "flock /tmp/treeopt-bench.lock python benchmarks/prediction_splits.py"
-           + (" --quick" if args.quick else ""), "threads": torch.get_num_threads(), "load_avg_1min_start": load0,
+           + (" --quick" if args.quick else ""), "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+           "load_avg_1min_start": load0,
            "load_avg_1min_end": os.getloadavg()[0], "prompts": n_prompts, "new_tokens": new_tokens,
            "context_tokens": ctx, "latency": curve.to_dict(), "splits": splits, "goals": goals,
            "coverage": coverage,

@@ -27,10 +27,12 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from sequoia_opt.omp import apply_default  # noqa: E402
+
+apply_default()  # as the treeopt command: threads spin on an idle machine, sleep on a busy one
 PROSE = ROOT / "benchmarks/data/prose-moby-dick.jsonl"
 
 

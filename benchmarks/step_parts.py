@@ -18,10 +18,12 @@ import statistics
 import sys
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the treeopt CLI
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from sequoia_opt.omp import apply_default  # noqa: E402
+
+apply_default()  # as the treeopt command: threads spin on an idle machine, sleep on a busy one
 
 DEMO_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [2, 0]]
 

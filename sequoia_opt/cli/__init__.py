@@ -9,13 +9,13 @@
 Adding a command: see :mod:`.common`.
 """
 
-import os
+# OpenMP threads spin between parallel regions on an idle machine and sleep on a busy one, unless the user set the
+# policy (sequoia_opt.omp says why: on the 2-core VM spinning made the demo pair's tree 1.76x plain decoding
+# against 1.23x sleeping when idle, and one forward 3-8x slower beside other jobs). The runtime reads the variable
+# when torch loads it, so this runs before any torch import (sequoia_opt/__init__.py imports nothing).
+from ..omp import apply_default  # noqa: E402
 
-# OpenMP threads sleep between parallel regions instead of spinning, unless the user set the policy: on a 2-core
-# machine shared with other jobs, spinning threads made one forward 3-4x slower (python benchmarks/omp_wait.py,
-# results/omp_wait/). The runtime reads the variable when torch loads it, so this runs before any torch import
-# (sequoia_opt/__init__.py imports nothing); a program that imported torch first keeps its own policy.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+apply_default()
 
 # importing a command module registers its commands on ``app``; this order is the order of ``treeopt --help``
 from . import solve  # noqa: F401  # isort: skip

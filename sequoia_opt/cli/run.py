@@ -303,12 +303,17 @@ def run_cmd(
             target=pair.target_name, draft=pair.draft_name)]
     warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
-        target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type)]
+        target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
+        omp_wait_policy=_omp_policy(dev))]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
     report.warnings = warnings + report.warnings
     report.notes = adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
+    if dev.type == "cpu":
+        from ..omp import policy_note
+
+        report.notes.append(policy_note())
     if cuda_graphs:
         stats = {role: m.stats.as_dict() for role, m in (("target", pair.target), ("draft", pair.draft))
                  if hasattr(m, "stats")}
@@ -500,7 +505,8 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
         for e, p in zip(own, pairs):
             warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
                                                target=p.target_name, draft=p.draft_name,
-                                               draft_cost_model=p.cost_model, device_type=dev.type)
+                                               draft_cost_model=p.cost_model, device_type=dev.type,
+                                               omp_wait_policy=_omp_policy(dev))
         notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
                      "solve --pair-acceptance estimates the merge)")
     else:
@@ -521,7 +527,8 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                 notes.append(f"{name}: the scheduler was trained for another tree (or carries no prediction): the "
                              "predicted figures are the static tree's (the strong drafter called every step)")
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
-                                               target=pair.target_name, draft=None, device_type=dev.type)
+                                               target=pair.target_name, draft=None, device_type=dev.type,
+                                               omp_wait_policy=_omp_policy(dev))
 
             def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)
@@ -637,6 +644,13 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
                    "json": str(jpath), "csv": str(cpath)}
     return report
+
+
+def _omp_policy(dev) -> str | None:
+    """The run's OpenMP wait policy on a CPU (``OMP_WAIT_POLICY``, :mod:`sequoia_opt.omp`), None elsewhere."""
+    import os
+
+    return os.environ.get("OMP_WAIT_POLICY") if dev.type == "cpu" else None
 
 
 def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple[str, list[str], list[list]]:

@@ -52,7 +52,8 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
     for key, value in (("target", acc.measured.get("target")), ("draft", acc.measured.get("draft")),
                        ("draft_cost_model", curve.cost_model if curve else acc.measured.get("draft_cost_model")),
                        ("device", curve.device.get("name") if curve else None),
-                       ("dtype", (curve.device.get("dtype") if curve else None) or acc.measured.get("dtype"))):
+                       ("dtype", (curve.device.get("dtype") if curve else None) or acc.measured.get("dtype")),
+                       ("omp_wait_policy", curve.device.get("omp_wait_policy") if curve else None)):
         if value is not None:
             out[f"profiled_{key}"] = value
     return out

@@ -180,7 +180,8 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
              "budget_limit": limit, "context_tokens": ctx, "acceptance_model": model_used}
     for key, value in (("target", acceptance.measured.get("target")), ("draft", label),
                        ("draft_cost_model", cost_model), ("device", curve.device.get("name")),
-                       ("dtype", curve.device.get("dtype") or acceptance.measured.get("dtype"))):
+                       ("dtype", curve.device.get("dtype") or acceptance.measured.get("dtype")),
+                       ("omp_wait_policy", curve.device.get("omp_wait_policy"))):
         if value is not None:
             extra[f"profiled_{key}"] = value
     from ..solver.intervals import spread_metadata

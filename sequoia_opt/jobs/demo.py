@@ -491,6 +491,10 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         report.notes.append(f"self:L not compared: the target has {pair.target.config.n_layers} layer(s), no L "
                             "leaves one out")
     report.notes.extend(baseline_notes)
+    if dev.type == "cpu":
+        from ..omp import policy_note
+
+        report.notes.append(policy_note())
     for pl in plans:
         if pl.tree.size == 1:
             report.notes.append(f"{pl.label}: no tree beats plain decoding under its profiles on this device; its best "
