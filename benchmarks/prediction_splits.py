@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from sequoia_opt.omp import apply_default  # noqa: E402
 
-apply_default()  # as the treeopt command: threads spin on an idle machine, sleep on a busy one
+apply_default()  # as the treeopt command: threads sleep unless OMP_WAIT_POLICY is set
 
 
 def split_profile(counts, idx, *, depth: int, new_tokens: int, label: str):

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from sequoia_opt.omp import apply_default  # noqa: E402
 
-apply_default()  # as the treeopt command: threads spin on an idle machine, sleep on a busy one
+apply_default()  # as the treeopt command: threads sleep unless OMP_WAIT_POLICY is set
 
 DEMO_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [2, 0]]
 

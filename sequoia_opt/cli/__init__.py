@@ -9,10 +9,10 @@
 Adding a command: see :mod:`.common`.
 """
 
-# OpenMP threads spin between parallel regions on an idle machine and sleep on a busy one, unless the user set the
-# policy (sequoia_opt.omp says why: on the 2-core VM spinning made the demo pair's tree 1.76x plain decoding
-# against 1.23x sleeping when idle, and one forward 3-8x slower beside other jobs). The runtime reads the variable
-# when torch loads it, so this runs before any torch import (sequoia_opt/__init__.py imports nothing).
+# OpenMP threads sleep between parallel regions unless the user set the policy (sequoia_opt.omp says why: spinning
+# beside other jobs made one forward 3-8x slower, and on an idle machine it misled the profiler's paired timing).
+# The runtime reads the variable when torch loads it, so this runs before any torch import (sequoia_opt/__init__.py
+# imports nothing).
 from ..omp import apply_default  # noqa: E402
 
 apply_default()
