@@ -110,7 +110,9 @@ def test_demo_runs_every_drafter_side_by_side(demo):
         assert (r.nodes, r.depth, r.level_widths) == (want.tree.size, want.tree.tree_depth,
                                                       list(want.tree.level_widths))
         assert r.predicted_tokens_per_step == pytest.approx(want.expected_tokens)
-        assert r.predicted_speedup == pytest.approx(meta.predicted_speedup)
+        s = next(x for x in result.run.summaries if x.tree == r.tree)  # the file's figure over the run's generations
+        assert s.predicted_speedup_steady == pytest.approx(meta.predicted_speedup)
+        assert r.predicted_speedup == s.predicted_speedup <= meta.predicted_speedup
         if want.tree.size == 1:  # the root alone (plain decoding): nothing to time again
             assert "step_check" not in meta.extra and meta.predicted_speedup == pytest.approx(want.speedup) == 1.0
         else:  # the solver's figure is kept; the predicted speedup is the chosen step's, timed after the choice
