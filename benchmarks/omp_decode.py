@@ -7,8 +7,8 @@ verify, bookkeeping), tokens per step, and the tree's speedup over plain decodin
 speedup over the best plain decoder across all processes (what ``treeopt demo``'s headline compares with).
 
 Why it matters: a tree step runs the draft model's forwards, each hundreds of tiny parallel regions; threads that
-sleep between regions pay a wake-up at each, threads that spin do not. ``sequoia_opt.omp`` chooses the policy from
-the machine's load at start. Run it on an otherwise idle machine (the spinning figures assume idle cores)::
+sleep between regions pay a wake-up at each, threads that spin do not. ``sequoia_opt.omp`` says why the ``treeopt``
+command still sleeps by default. Run it on an otherwise idle machine (the spinning figures assume idle cores)::
 
     flock /tmp/treeopt-bench.lock python benchmarks/omp_decode.py [--rounds 2] [--prompts 6] [--new-tokens 40]
 

@@ -1,7 +1,8 @@
 """The OpenMP wait policy of a CPU run: threads sleep between parallel regions unless the user chose otherwise.
 
 A forward of a small model runs hundreds of short parallel regions. Between them libgomp's threads either spin
-(``OMP_WAIT_POLICY=ACTIVE``, the runtime's default) or sleep on a futex (``PASSIVE``). Measured on the 2-core VM
+(``OMP_WAIT_POLICY=ACTIVE``; libgomp's default with the variable unset spins for a while, then sleeps) or sleep on
+a futex (``PASSIVE``). Measured on the 2-core VM
 (``docs/measurements.md``, "OpenMP threads on a shared CPU"):
 
 * beside other jobs, spinning threads burn the slice a sibling needs to reach the next barrier: one forward ran

@@ -294,7 +294,9 @@ def speedup_points_from_run(run_json: Mapping[str, Any]) -> SpeedupPoints:
                 ci_t = (lo, hi)
         trees.append(TreePoint(
             name=name, size=size, speedup=_finite(s.get("speedup")),
-            predicted_speedup=_finite(s.get("predicted_speedup")),
+            # the steady state, as the solver's curve it is drawn against (the run's figure is scaled to its
+            # generation lengths: TreeSummary.predicted_speedup); files written before have only the one
+            predicted_speedup=_finite(s.get("predicted_speedup_steady", s.get("predicted_speedup"))),
             tokens_per_step=_finite(s.get("tokens_per_step")), tps_ci95=ci_t,
             predicted_tokens_per_step=_finite(s.get("predicted_tokens_per_step")),
         ))

@@ -247,7 +247,9 @@ def test_compare_drafters_end_to_end_with_the_profiles_the_cli_wrote(in_root):
         # the solver's steady state, and over the run's 3 generations of 12 tokens (solver.generation)
         summary = next(x for x in doc["summaries"] if x["tree"] == row["tree"])
         assert summary["predicted_speedup_steady"] == pytest.approx(want.speedup)
-        assert row["predicted_speedup"] == summary["predicted_speedup"] <= want.speedup
+        assert row["predicted_speedup"] == summary["predicted_speedup"]
+        if row["nodes"] > 1:  # a tree that can emit more than one token a step overshoots each generation's end
+            assert summary["predicted_speedup"] < summary["predicted_speedup_steady"]
         assert row["c1_over_t1"] == pytest.approx(curve.draft_ms(1) / curve.target_ms(1))
         s = next(x for x in doc["summaries"] if x["tree"] == row["tree"])
         assert row["tokens_per_step"] == s["tokens_per_step"] and row["speedup"] == s["speedup"]

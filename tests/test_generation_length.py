@@ -99,7 +99,9 @@ def test_a_run_predicts_the_speedup_for_its_generation_lengths():
     torch.manual_seed(0)
     target = Transformer(cfg).eval()
     tree = Tree.from_choices([[0], [1], [0, 0]])
-    meta = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5, extra={"end_overshoot_tokens": 0.6})
+    spread = {"point": 1.5, "se": 0.1, "prompts": 10, "new_prompts": 10}
+    meta = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5,
+                        extra={"end_overshoot_tokens": 0.6, "speedup_spread": spread})
     bare = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5)
     report = run_trees(target, target, [TreeEntry("t", tree, meta), TreeEntry("bare", tree, bare)],
                        [list(range(3, 20)), list(range(30, 41))], max_new_tokens=12, warmup=False)
@@ -108,3 +110,10 @@ def test_a_run_predicts_the_speedup_for_its_generation_lengths():
     assert s["t"].predicted_speedup_steady == 1.5
     assert s["t"].predicted_speedup == pytest.approx(1.5 * 24 / (24 + 2 * 0.6))
     assert s["bare"].predicted_speedup == 1.5  # no overshoot recorded: the file's figure as written
+    # the speedup's prediction interval is scaled as its point
+    from sequoia_opt.solver.intervals import PromptSpread
+
+    lo, hi = PromptSpread.from_dict(spread, (0.0, None)).prediction_interval(2)
+    f = 24 / (24 + 2 * 0.6)
+    assert s["t"].predicted_speedup_interval == pytest.approx((lo * f, hi * f))
+    assert s["t"].predicted_speedup_interval[0] < s["t"].predicted_speedup < s["t"].predicted_speedup_interval[1]

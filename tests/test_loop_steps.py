@@ -240,11 +240,11 @@ def test_the_chosen_step_on_real_prompts_times_the_accepted_drafts():
     prompts = [list(range(5, 17)), list(range(40, 49)), list(range(60, 90))]
     chk = check_chosen_step(target, target, tree, 24, steps=6, warmup=1, rounds=2, prompts=prompts)
     assert chk.on == "prompts" and chk.tree_size == 4
-    assert chk.steps == 2 * 6  # 2 pairs per prompt, 3 prompts, 2 rounds; no step clipped
+    assert chk.steps == 2 * 6  # steps=6: one prompt a round in one block of 6 (the rounds rotate); none clipped
     assert chk.plain_ms > 0 and chk.step_ms > 0
     assert chk.as_dict()["on"] == "prompts"
     # a random context is the default
     assert check_chosen_step(target, target, tree, 24, steps=2, warmup=1, rounds=1).on == "random"
-    # prompts longer than the context keep their last `context` tokens: a 40-token prompt at context 24 runs
-    assert check_chosen_step(target, target, tree, 24, steps=1, warmup=0, rounds=1,
-                             prompts=[list(range(3, 43))]).steps == 1
+    # a prompt longer than the model's context (512 positions) keeps its last `context` tokens, so it runs
+    long = [(7 * i) % 250 + 3 for i in range(600)]
+    assert check_chosen_step(target, target, tree, 24, steps=2, warmup=0, rounds=1, prompts=[long]).steps == 2

@@ -670,7 +670,8 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
                      "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
     return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else "")
             + "; 95% CI: the measured mean's, over prompts; 95% PI: the prediction's for this many new prompts; "
-            "pred. speedup: for generations of this run's lengths (the last step of each emits only what is left)",
+            "pred. speedup: for generations of this run's lengths where the tree file records its "
+            "end_overshoot_tokens (the last step of a generation emits only what is left), else the steady state",
             ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "95% PI", "tokens/s", "speedup",
              "pred. speedup", "speedup 95% PI", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
 

@@ -224,8 +224,9 @@ class StepCheck:
     Attributes:
         tree_size: n, the tree's nodes.
         plain_ms: the loop's plain step (verify + bookkeeping), median of the paired reference steps (ms).
-        step_ms: the tree's step (draft + verify + bookkeeping), the median ratio to the plain step beside it
-            times ``plain_ms`` (ms), as :func:`time_loop` keeps it.
+        step_ms: the tree's step (draft + verify + bookkeeping) in ms: on a random context the median ratio to the
+            plain step beside it times ``plain_ms``, as :func:`time_loop` keeps it; on prompts the mean tree step (and
+            ``plain_ms`` the mean plain step).
         steps: the step pairs behind it (requested ones where the tree was clipped are left out).
         on: ``"random"`` (a random context: the step at its cheapest, medians) or ``"prompts"`` (real prompts:
             drafts accepted as they will be, means).
@@ -265,8 +266,8 @@ def check_chosen_step(target, make_drafter: Callable[[], object], tree: Tree, co
         target: the target Transformer.  make_drafter: a draft Transformer or a Drafter factory.
         tree: the chosen tree (a root-only tree has nothing to check: None).
         steps / warmup: timed and untimed step pairs per round (on ``prompts``: timed steps per decoder and round, in
-            blocks of at least :data:`CHECK_BLOCK_STEPS` on as many prompts).  rounds: repeats.  seed: the random
-            prompt's.
+            blocks of :data:`CHECK_BLOCK_STEPS` or more on as many prompts, one block of ``steps`` when fewer).
+            rounds: repeats, rotating through the prompts.  seed: the random prompt's.
         prompts: token-id lists (e.g. the acceptance profile's prompts, not the held-out ones): decode these
             instead of a random context (each at most ``context`` tokens are used, its last ones).
 
@@ -279,7 +280,8 @@ def check_chosen_step(target, make_drafter: Callable[[], object], tree: Tree, co
     if tree.size < 2:
         return None
     if prompts:
-        return _check_on_prompts(target, make_drafter, tree, [list(p)[-int(context):] for p in prompts if len(p)],
+        keep = max(1, int(context))
+        return _check_on_prompts(target, make_drafter, tree, [list(p)[-keep:] for p in prompts if len(p)],
                                  backend=backend, steps=steps, warmup=warmup, rounds=rounds, progress=progress)
     make_decoder = static_loop_decoders(target, make_drafter, backend=backend, tree=tree,
                                         max_len=int(context) + (warmup + steps + 2) * tree.size + 16)
