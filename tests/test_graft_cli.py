@@ -283,7 +283,10 @@ def test_solve_refuses_mismatched_profiles(env, tmp_path, monkeypatch, args, mes
     out = tmp_path / "graft.yaml"
     r = invoke("solve", *[subst.get(a, a) for a in args], "-o", out)
     assert r.exit_code == 2, r.output
-    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+    # one error line; the fixture's profiles are timed for real (one round on a tiny model), so a noisy draft
+    # curve may add the loader's "implausible draft curve" warning line, which is the tool doing its job
+    errors = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("warning:")]
+    assert len(errors) == 1 and message in errors[0], r.output
     assert not out.exists()
 
 
