@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from .omp import run_policy
+
 
 def cpu_name() -> str:
     """The CPU model name from /proc/cpuinfo (Linux), else ``platform.processor()``, else ``"cpu"``."""
@@ -73,7 +75,7 @@ def device_info(device: torch.device | str, dtype: torch.dtype) -> dict[str, obj
         "threads": torch.get_num_threads(),
     }
     if device.type == "cpu":
-        info["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
+        info["omp_wait_policy"] = run_policy(device.type)
     if device.type == "cuda":
         info["cuda_version"] = str(torch.version.cuda)
         try:

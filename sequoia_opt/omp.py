@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["apply_default", "policy_note", "DEFAULT_POLICY", "REASON_VARIABLE"]
+__all__ = ["apply_default", "run_policy", "policy_note", "DEFAULT_POLICY", "REASON_VARIABLE"]
 
 #: the policy the treeopt command sets when the user set none
 DEFAULT_POLICY = "PASSIVE"
@@ -49,6 +49,12 @@ def apply_default() -> str | None:
                                    "profiler's paired timing faithful; OMP_WAIT_POLICY=ACTIVE is faster on an idle "
                                    "machine, with less faithful predictions")
     return DEFAULT_POLICY
+
+
+def run_policy(device_type: str) -> str | None:
+    """The wait policy a run on ``device_type`` (``"cpu"``, ``"cuda"``, ...) records: ``OMP_WAIT_POLICY`` on a CPU
+    (None when unset: the runtime's default), None on any other device (its threads are not the compute)."""
+    return os.environ.get("OMP_WAIT_POLICY") if device_type == "cpu" else None
 
 
 def policy_note() -> str:

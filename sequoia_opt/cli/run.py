@@ -31,6 +31,7 @@ import typer
 from typing_extensions import Annotated
 
 from ..errors import TreeoptError
+from ..omp import run_policy
 from ..report import Report
 from ..tree import TreeMetadata
 from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt,
@@ -304,7 +305,7 @@ def run_cmd(
     warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
-        omp_wait_policy=_omp_policy(dev))]
+        omp_wait_policy=run_policy(dev.type))]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
@@ -506,7 +507,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
             warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
                                                target=p.target_name, draft=p.draft_name,
                                                draft_cost_model=p.cost_model, device_type=dev.type,
-                                               omp_wait_policy=_omp_policy(dev))
+                                               omp_wait_policy=run_policy(dev.type))
         notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
                      "solve --pair-acceptance estimates the merge)")
     else:
@@ -528,7 +529,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                              "predicted figures are the static tree's (the strong drafter called every step)")
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
                                                target=pair.target_name, draft=None, device_type=dev.type,
-                                               omp_wait_policy=_omp_policy(dev))
+                                               omp_wait_policy=run_policy(dev.type))
 
             def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)
@@ -644,13 +645,6 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
                    "json": str(jpath), "csv": str(cpath)}
     return report
-
-
-def _omp_policy(dev) -> str | None:
-    """The run's OpenMP wait policy on a CPU (``OMP_WAIT_POLICY``, :mod:`sequoia_opt.omp`), None elsewhere."""
-    import os
-
-    return os.environ.get("OMP_WAIT_POLICY") if dev.type == "cpu" else None
 
 
 def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple[str, list[str], list[list]]:

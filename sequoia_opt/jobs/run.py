@@ -21,7 +21,6 @@ import csv
 import io
 import json
 import math
-import os
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from ..decoding import Decoder, DraftingPolicy, GenerationResult
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.policies import StaticTreePolicy
 from ..model import Transformer
+from ..omp import run_policy
 from ..solver.intervals import t975
 from ..tree import Tree, TreeMetadata, now_iso
 
@@ -461,7 +461,7 @@ def run_trees(
     run_settings = {"date": now_iso(), "max_new_tokens": max_new_tokens, "temperature": temperature,
                     "top_p": top_p, "seed": seed, "num_prompts": len(prompts), "device": str(device),
                     "dtype": str(target.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
-                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") if device.type == "cpu" else None,
+                    "omp_wait_policy": run_policy(device.type),
                     "trees": {e.name: e.tree.choices() for e in entries}}
     if any(e.drafter is not None for e in entries):
         run_settings["drafters"] = {e.name: e.drafter for e in entries if e.drafter is not None}
