@@ -44,7 +44,6 @@ import sys
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from sequoia_opt.omp import apply_default  # noqa: E402
@@ -279,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         "coverage_over_many_splits": {n: round(c["coverage"], 3) for n, c in coverage.items()},
     }
     print(f"{'split':>5} {'nodes':>5} {'pred G':>7} {'95% PI':>13} {'meas G':>7} {'in':>3} {'G err':>7} "
-          f"{'pred x':>7} {'meas x':>7} {'x err':>7} {'x err (no loop)':>15} {'x err (checked)':>15} {'x err (run)':>11}")
+          f"{'pred x':>7} {'meas x':>7} {'x err':>7} {'x err (no loop)':>15} {'x err (checked)':>15} "
+          f"{'x err (run)':>11}")
     for s in splits:
         lo, hi = s["prediction_interval"]
         print(f"{s['split']:>5} {s['nodes']:>5} {s['predicted_tokens_per_step']:>7.3f} {lo:>6.2f}-{hi:<6.2f} "
@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     run_id = new_run_id(None)
     doc = {"format": "treeopt-bench-predictions/1", "run_id": run_id, "date": now_iso(),
            "command": "flock /tmp/treeopt-bench.lock python benchmarks/prediction_splits.py"
-           + (" --quick" if args.quick else ""), "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-           "load_avg_1min_start": load0,
+           + (" --quick" if args.quick else ""), "threads": torch.get_num_threads(),
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_avg_1min_start": load0,
            "load_avg_1min_end": os.getloadavg()[0], "prompts": n_prompts, "new_tokens": new_tokens,
            "context_tokens": ctx, "latency": curve.to_dict(), "splits": splits, "goals": goals,
            "coverage": coverage,

@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from sequoia_opt.omp import apply_default  # noqa: E402

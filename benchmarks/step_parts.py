@@ -18,7 +18,6 @@ import statistics
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from sequoia_opt.omp import apply_default  # noqa: E402

@@ -184,9 +184,8 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
                        ("omp_wait_policy", curve.device.get("omp_wait_policy"))):
         if value is not None:
             extra[f"profiled_{key}"] = value
-    from ..solver.intervals import spread_metadata
-
     from ..solver.depth import ValueModel
+    from ..solver.intervals import spread_metadata
 
     extra.update(spread_metadata(choice.tree, acceptance, model_used, choice.alternatives[0].cost))
     extra["end_overshoot_tokens"] = ValueModel.of_profile(acceptance, model_used).end_overshoot_tokens(choice.tree)

@@ -116,8 +116,9 @@ class TreeSummary:
             whether the tree changed, solve ms, the estimate, why it ran); None otherwise. ``size`` / ``depth`` are
             then the final tree's, and ``predicted_tokens_per_step`` the step-weighted mean of the trees' predictions.
         predicted_interval / predicted_speedup_interval: the 95 % prediction intervals of tokens per step and of
-            the speedup (scaled as ``predicted_speedup``) for a new set of this run's prompts (:mod:`sequoia_opt.solver.intervals`, from the spread
-            the tree file records, ``tokens_per_step_spread`` / ``speedup_spread``); None when it records none.
+            the speedup (scaled as ``predicted_speedup``) for a new set of this run's prompts
+            (:mod:`sequoia_opt.solver.intervals`, from the spread the tree file records, ``tokens_per_step_spread`` /
+            ``speedup_spread``); None when it records none.
         inside_prediction: whether the measured tokens per step lies inside ``predicted_interval`` (None without).
     """
 

@@ -11,8 +11,9 @@ steps are taken as independent draws) with mean mu = G. The steps needed to reac
 tau = min{n : X_1 + ... + X_n >= N}; by Wald's identity ``E[tau] = (N + E[O]) / mu`` with O the overshoot
 ``X_1 + ... + X_tau - N``. For integer steps (span 1) and N large against X, the overshoot's limiting law is
 ``P(O = j) = P(X > j) / mu`` (j = 0, 1, ...: the residual waiting time of a discrete renewal process; Feller,
-*An Introduction to Probability Theory and Its Applications*, vol. 1, ch. XIII, recurrent events), so ``E[O] = E[X (X - 1)] / (2 mu)``. The speedup over
-generations of N tokens is then the steady-state speedup times ``N / (N + E[O])``.
+*An Introduction to Probability Theory and Its Applications*, vol. 1, ch. XIII, recurrent events), so
+``E[O] = E[X (X - 1)] / (2 mu)``. The speedup over generations of N tokens is then the steady-state speedup times
+``N / (N + E[O])``.
 
 X's law comes from the tree: P(X >= k + 1) is the probability that some node at depth k is accepted, the sum of
 the reach probabilities of the depth-k nodes (at most one node per depth lies on the accepted path).
