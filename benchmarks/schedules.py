@@ -12,8 +12,9 @@ workload with its drafter:
 
 Steps, in one machine state: ``treeopt tune`` measures T(b, n), c(b, w), the overhead per batch size and the
 drafter's acceptance (on the workload's *profile* prompts, never the eval ones) and solves the plan; then for each
-batch size b, ``--rounds`` interleaved rounds (the order of the Ks rotates each round) decode max(b, 4) eval prompts
-in batches of b with every fixed K; then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
+batch size b, ``--rounds`` interleaved rounds (the order of the Ks rotates each round) serve max(4, 3 b) eval
+requests at a steady concurrency of b with every fixed K (continuous batching: a finished row's slot takes the next
+request; only the steps with b live rows are timed, as a server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
 after step s the batch is refilled up to min(16, s + 1) live rows while requests remain) with every fixed K, the
 plan and vLLM's rule, in rounds. Greedy output is checked token for token: every run against plain decoding of
 the same requests. Decode time excludes the batch's prefill; the stream's wall time includes the joiners'.
@@ -25,7 +26,7 @@ Peers, on the same measurements: vLLM's ``generate_config.py`` rule (at each bat
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine llama.cpp --workload edit
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine treeopt --workload eval
 
-Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(b, 4) requests per batch size, 2 rounds;
+Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(4, 3 b) requests per batch size, 2 rounds;
 a stream of 24 requests x 12 tokens) are the smallest that still reach 16 live rows and give each K two rounds;
 on this 2-core machine under load 3-6 the llama.cpp editing run took 28 min (profiling 4, batch 16 alone 7, the
 stream 9). treeopt's float32 decoder is slower per token: ``--new 10 --min-prompts 3 --stream-requests 20
@@ -127,16 +128,26 @@ class Engine:
 
 # ---------------------------------------------------------------------------------------------- runs
 def run_batch(eng: Engine, b: int, k: int, prompts: list[list[int]], new: int) -> dict:
-    """Every prompt in batches of b with a fixed K: tokens per prompt, decode ms (prefill excluded), steps."""
+    """The requests served at a steady concurrency of b, as a server runs b requests: b rows start, and each row
+    that finishes is replaced by the next waiting request between two steps (continuous batching,
+    :meth:`Decoder.join`). Only the steps with all b rows live are timed and counted: the ramp-down after the last
+    join (fewer live rows, the slowest requests' tail) is what a server at concurrency b never runs. Returns tokens
+    per request (request order), decode ms of those steps (prefill and joins excluded), their steps and tokens."""
     dec = eng.decoder(b, k)
-    toks, ms, steps, emitted = [], 0.0, 0, 0
-    for i in range(0, len(prompts), b):
-        res = dec.generate_batch(prompts[i: i + b], new)
-        toks += [r.tokens for r in res.results]
-        ms += sum(s.draft_ms + s.verify_ms + s.bookkeeping_ms for s in res.steps)
-        steps += len(res.steps)
-        emitted += sum(len(r.tokens) for r in res.results)
-    return {"tokens": toks, "ms": ms, "steps": steps, "emitted": emitted}
+    state = dec.start_batch(prompts[:b], new)
+    waiting = list(range(b, len(prompts)))
+    ms, steps, emitted = 0.0, 0, 0
+    while waiting or not state.finished:
+        room = b - state.batch
+        if waiting and room > 0:
+            take = [waiting.pop(0) for _ in range(min(room, len(waiting)))]
+            dec.join(state, [prompts[i] for i in take], new)
+        st = dec.step(state)
+        if st.batch == b:
+            ms += st.total_ms
+            steps += 1
+            emitted += sum(st.emitted)
+    return {"tokens": [r.tokens for r in state.results], "ms": ms, "steps": steps, "emitted": emitted}
 
 
 def run_stream(eng: Engine, prompts: list[list[int]], new: int, peak: int, *, k: int | None = None,
@@ -181,7 +192,11 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
     ap.add_argument("--new", type=int, default=16, help="new tokens per request at fixed batch sizes")
-    ap.add_argument("--min-prompts", type=int, default=4, help="prompts per batch size: max(b, this)")
+    ap.add_argument("--output-tokens", type=int, default=None,
+                    help="the answer length tune solves for (default: --new, the requests' own length)")
+    ap.add_argument("--min-prompts", type=int, default=4, help="requests per batch size: at least this many")
+    ap.add_argument("--turnovers", type=int, default=3,
+                    help="requests per batch size: at least b x this (each row slot serves this many requests)")
     ap.add_argument("--max-prompt-tokens", type=int, default=96, help="eval prompts are cut to their last N tokens")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--stream-requests", type=int, default=24)
@@ -221,7 +236,8 @@ def main() -> None:
     ids = encode_prompts(texts, eng.tokenizer)
     if args.workload == "eval":
         ids = [p[-args.max_prompt_tokens:] for p in ids]
-    need = max(max(batches), args.min_prompts, args.stream_requests if not args.no_stream else 0)
+    requests_at = lambda b: max(args.min_prompts, args.turnovers * b)  # noqa: E731
+    need = max(max(requests_at(b) for b in batches), args.stream_requests if not args.no_stream else 0)
     ids = [ids[i % len(ids)] for i in range(need)]
     context = int(statistics.median(len(p) for p in ids))
 
@@ -229,7 +245,8 @@ def main() -> None:
     log(f"tune: profile T(b, n) at batch sizes {batches} (context {context}), acceptance on {profile_file.name}")
     res = tune(TuneOptions(engine=args.engine, draft=draft, batches=batches, context=context, max_draft=max(ks),
                            prompts=profile_file, num_prompts=8, max_new_tokens=48, threads=args.threads,
-                           rounds=args.profile_rounds, profiles_dir=run_dir / "profiles", plan=args.plan),
+                           rounds=args.profile_rounds, profiles_dir=run_dir / "profiles", plan=args.plan,
+                           output_tokens=args.output_tokens or args.new),
                progress=lambda what, done, total: None)
     plan = res.plan
     save_schedule(run_dir / "plan.yaml", res.schedule)
@@ -241,7 +258,7 @@ def main() -> None:
     # 2. every fixed K at every batch size, interleaved rounds
     rows = []
     for b in batches:
-        prompts = ids[: max(b, args.min_prompts)]
+        prompts = ids[: requests_at(b)]
         runs: dict[int, list[dict]] = {k: [] for k in ks}
         for r in range(args.rounds):
             order = ks[r % len(ks):] + ks[: r % len(ks)]
@@ -262,11 +279,19 @@ def main() -> None:
         pk = plan_k.get(b)
         chosen = per_k.get(pk, {}).get("tokens_per_s_total")
         pred = predicted.get(b, {}).get(pk)
+        # the speedup over plain decoding measured in the same rounds: its error is the model's, free of the
+        # machine's speed moving between the profile and these rounds (which moves both rates alike)
+        pred0, meas0 = predicted.get(b, {}).get(0), per_k.get(0, {}).get("tokens_per_s_total")
+        sp_pred = None if pred is None or not pred0 else pred / pred0
+        sp_meas = None if chosen is None or not meas0 else chosen / meas0
         rows.append({"batch": b, "prompts": len(prompts), "by_k": per_k, "best_measured_k": best_k,
                      "plan_k": pk, "plan_tokens_per_s_total": chosen,
                      "regret": None if chosen is None else (best - chosen) / best,
                      "plan_predicted_tokens_per_s_total": pred,
-                     "prediction_error": None if chosen is None or pred is None else (pred - chosen) / chosen})
+                     "prediction_error": None if chosen is None or pred is None else (pred - chosen) / chosen,
+                     "plain_prediction_error": None if not meas0 or pred0 is None else (pred0 - meas0) / meas0,
+                     "plan_predicted_speedup": sp_pred, "plan_measured_speedup": sp_meas,
+                     "speedup_prediction_error": None if sp_pred is None or not sp_meas else (sp_pred - sp_meas) / sp_meas})
     by_b = {r["batch"]: r for r in rows}
     def measured_k(k: int) -> int:
         """The longest measured K not past k (a peer's K outside a trimmed --ks runs as the nearest one below)."""
@@ -320,10 +345,12 @@ def main() -> None:
     # 4. the goals
     regrets = [r["regret"] for r in rows if r["regret"] is not None]
     errors = [abs(r["prediction_error"]) for r in rows if r["prediction_error"] is not None]
+    sp_errors = [abs(r["speedup_prediction_error"]) for r in rows if r["speedup_prediction_error"] is not None]
     goals = {"max_regret": max(regrets) if regrets else None,
              "regret_le_3pct_everywhere": bool(regrets) and max(regrets) <= 0.03,
              "max_prediction_error": max(errors) if errors else None,
              "prediction_within_10pct_everywhere": bool(errors) and max(errors) <= 0.10,
+             "max_speedup_prediction_error": max(sp_errors) if sp_errors else None,
              "greedy_equal_everywhere": all(v["greedy_equal_plain"] for r in rows for v in r["by_k"].values())
              and (stream is None or all(v["greedy_equal_plain"] for v in stream["settings"].values())),
              "speculation_stops_paying_above": plan.stops_paying_above}
@@ -338,7 +365,9 @@ def main() -> None:
     doc = {"benchmark": "benchmarks/schedules.py", "date": now_iso(), "engine": args.engine,
            "workload": args.workload, "drafter": draft, "prompts": rel(eval_file),
            "profile_prompts": rel(profile_file), "threads": args.threads,
-           "rounds": args.rounds, "new_tokens": args.new, "context_tokens": context, "batches": batches, "ks": ks,
+           "rounds": args.rounds, "new_tokens": args.new, "output_tokens": args.output_tokens or args.new,
+           "turnovers": args.turnovers, "measurement": "steady concurrency (continuous batching, b rows live)",
+           "context_tokens": context, "batches": batches, "ks": ks,
            "profiles": res.profiles, "plan": {"ranges": [list(x) for x in ranges],
                                               "stops_paying_above": plan.stops_paying_above,
                                               "file": rel(run_dir / "plan.yaml")},
@@ -354,17 +383,24 @@ def print_tables(doc: dict) -> None:
     ks = doc["ks"]
     print(f"\n{doc['engine']} / {doc['workload']} ({doc['drafter'] or 'draft model'}): plan "
           f"{doc['plan']['ranges']}, stops paying above {doc['plan']['stops_paying_above']}")
-    print("batch | " + " | ".join(f"K={k}" for k in ks) + " | best | plan K | regret | predicted | error")
+    print("batch | " + " | ".join(f"K={k}" for k in ks) + " | best | plan K | regret | predicted | error | speedup")
     for r in doc["rows"]:
         cells = [f"{r['by_k'][str(k) if isinstance(next(iter(r['by_k'])), str) else k]['tokens_per_s_total']:.1f}"
                  for k in ks]
         print(f"{r['batch']} | " + " | ".join(cells) + f" | K={r['best_measured_k']} | {r['plan_k']} | "
               f"{100 * (r['regret'] or 0):.1f}% | {r['plan_predicted_tokens_per_s_total'] or 0:.1f} | "
-              f"{100 * (r['prediction_error'] or 0):+.1f}%")
+              f"{100 * (r['prediction_error'] or 0):+.1f}% | {_speedups(r)}")
     if doc["stream"]:
         st = doc["stream"]["settings"]
         print("stream total tok/s: " + ", ".join(f"{n} {v['tokens_per_s_total']:.1f}" for n, v in st.items()))
     print("goals: " + json.dumps(doc["goals"]))
+
+
+def _speedups(r: dict) -> str:
+    if r.get("plan_predicted_speedup") is None or r.get("plan_measured_speedup") is None:
+        return "-"  # a results file from before the column, or no K = 0 run
+    return (f"{r['plan_predicted_speedup']:.2f}x / {r['plan_measured_speedup']:.2f}x "
+            f"({100 * r['speedup_prediction_error']:+.1f} %)")
 
 
 def markdown(doc: dict, source: str) -> str:
@@ -375,15 +411,16 @@ def markdown(doc: dict, source: str) -> str:
            + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in doc["plan"]["ranges"])
            + f"; speculation stops paying above batch {doc['plan']['stops_paying_above']} "
            f"(`{source}`, {doc['rounds']} rounds, medians)", "",
-           "| batch | " + " | ".join(f"K={k}" for k in ks) + " | best K | plan K | regret | predicted | error |",
-           "| --- " * (len(ks) + 6) + "|"]
+           "| batch | " + " | ".join(f"K={k}" for k in ks) + " | best K | plan K | regret | predicted | error "
+           "| speedup predicted / measured |",
+           "| --- " * (len(ks) + 7) + "|"]
     for r in doc["rows"]:
         by_k = {int(k): v for k, v in r["by_k"].items()}
         cells = [f"**{by_k[k]['tokens_per_s_total']:.1f}**" if k == r["plan_k"] else
                  f"{by_k[k]['tokens_per_s_total']:.1f}" for k in ks]
         out.append(f"| {r['batch']} | " + " | ".join(cells) + f" | {r['best_measured_k']} | {r['plan_k']} | "
                    f"{100 * (r['regret'] or 0):.1f} % | {r['plan_predicted_tokens_per_s_total'] or 0:.1f} | "
-                   f"{100 * (r['prediction_error'] or 0):+.1f} % |")
+                   f"{100 * (r['prediction_error'] or 0):+.1f} % | {_speedups(r)} |")
     if doc["stream"]:
         st = doc["stream"]
         fixed = {n: v["tokens_per_s_total"] for n, v in st["settings"].items() if n.startswith("K=")}

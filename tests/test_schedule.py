@@ -441,3 +441,54 @@ def test_tune_refuses_a_bad_min_gain_before_anything(tmp_path):
                               "--min-gain", "-0.5", "-o", str(out)])
     assert res.exit_code == 2 and "--min-gain -0.5 must lie in [0, 10)" in res.output, res.output
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------- answer length
+def test_output_tokens_scale_each_chain_by_its_overshoot():
+    from sequoia_opt.solver.depth import ValueModel
+    from sequoia_opt.solver.generation import finite_generation_factor
+
+    acc = _acc()
+    v = ChainValue(acc, 6)
+    steady = solve_plan(v, PROFILE)
+    short = solve_plan(v, PROFILE, output_tokens=12)
+    assert short.output_tokens == 12 and steady.output_tokens is None
+    vm = ValueModel.of_profile(acc, v.model_used)
+    for r0, r1 in zip(steady.rows, short.rows):
+        by_k = {c.setting.draft_tokens: c for c in r0.candidates}
+        for c in r1.candidates:
+            k = c.setting.draft_tokens
+            over = vm.end_overshoot_tokens(Tree.chain(k + 1))
+            assert over == pytest.approx(v.end_overshoot(c.setting))
+            f = 12 / (12 + over)
+            assert f == pytest.approx(finite_generation_factor(over, 12))
+            assert c.tokens_per_s_total == pytest.approx(by_k[k].tokens_per_s_total * f)
+            assert c.interval[0] == pytest.approx(by_k[k].interval[0] * f)
+            assert c.cost.expected_tokens == by_k[k].cost.expected_tokens  # G stays the steady tokens per step
+        assert by_k[0].tokens_per_s_total == pytest.approx(r1.plain.tokens_per_s_total)  # plain never overshoots
+    # a chain of K overshoots by more than one of K - 1, so a short answer never favours a longer chain
+    assert all(r1.best.setting.draft_tokens <= r0.best.setting.draft_tokens
+               for r0, r1 in zip(steady.rows, short.rows))
+    # one token per answer: every drafted token past it is wasted, and the best chain at batch 1 gets shorter
+    one = solve_plan(v, PROFILE, output_tokens=1)
+    assert one.rows[0].best.setting.draft_tokens < steady.rows[0].best.setting.draft_tokens
+    doc = plan_document(short, engine="vllm")
+    assert doc["output_tokens"] == 12
+    preds = predict_ranges([(1, 64, SpecSetting.chain(3))], v, PROFILE, output_tokens=12)
+    assert [p.tokens_per_s_total for p in preds] == pytest.approx(
+        [c.tokens_per_s_total for r in short.rows for c in r.candidates if c.setting.draft_tokens == 3])
+    with pytest.raises(ProfileError, match="--output-tokens = 0 must be an integer >= 1"):
+        solve_plan(v, PROFILE, output_tokens=0)
+
+
+def test_tune_refuses_a_bad_output_length_before_anything(tmp_path):
+    table, acc = _files(tmp_path)
+    out = tmp_path / "out.json"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--output-tokens", "0", "-o", str(out)])
+    assert res.exit_code == 2 and "--output-tokens = 0 must be an integer >= 1" in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--output-tokens", "24", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["schedule"]["output_tokens"] == 24

@@ -55,6 +55,9 @@ def tune(
     min_gain: Annotated[float, typer.Option(
         "--min-gain", help="Speculate only where the predicted lead over plain decoding exceeds this fraction "
         "(0.05 = 5 %); a smaller lead keeps plain decoding at that batch size.")] = 0.0,
+    output_tokens: Annotated[Optional[int], typer.Option(
+        "--output-tokens", help="The requests' typical answer length (tokens): rates over answers that long, whose "
+        "last step's drafted tokens past the end are wasted (default: the steady state of long answers).")] = None,
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
         "the extra_llm_api_options YAML; SGLang: the adaptive config JSON; llama.cpp: the flags per -np; treeopt: "
@@ -80,7 +83,7 @@ def tune(
         acceptance=acceptance, calibration=calibration, shape=shape, max_draft=max_draft, context=context,
         release=release, method=method, model=model, max_batch=max_batch, prompts=prompts, num_prompts=num_prompts,
         max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,
-        min_gain=min_gain,
+        min_gain=min_gain, output_tokens=output_tokens,
         profiles_dir=profiles_dir, plan=plan))
     for path in (output, schedule):
         if path is not None:
@@ -106,7 +109,9 @@ def tune(
         rows.append([r.batch, b.setting.label, b.cost.expected_tokens, b.cost.cost_ms, b.tokens_per_s_per_request,
                      f"{lo:.4g}-{hi:.4g}", b.tokens_per_s_total, f"{r.batch * lo:.4g}-{r.batch * hi:.4g}",
                      r.plain.tokens_per_s_total, b.cost.speedup])
-    report.tables.append(("predicted per batch size (the plan's setting; intervals 95 %)",
+    over = (f"over {plan.output_tokens}-token answers" if plan.output_tokens is not None
+            else "steady state of long answers")
+    report.tables.append((f"predicted per batch size (the plan's setting; {over}; intervals 95 %)",
                           ["batch", "setting", "tokens/step", "step ms", "tok/s per request", "interval",
                            "tok/s total", "interval", "plain tok/s total", "speedup"], rows))
     if res.peers:

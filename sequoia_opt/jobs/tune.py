@@ -65,6 +65,8 @@ class TuneOptions:
         threads: CPU threads for measuring.  rounds: timing rounds.  acceptance_model: auto | positional | by-depth.
         min_gain: speculate only where the predicted lead over plain decoding exceeds this fraction
             (:func:`~sequoia_opt.solver.schedule.solve_plan`).
+        output_tokens: the requests' typical answer length (tokens); the plan's rates are over answers that long
+            (:func:`~sequoia_opt.solver.schedule.solve_plan`); None: the steady state of long answers.
         profiles_dir: where measured profiles are written and looked for.
         plan: a ``treeopt-schedule/1`` file to predict and export instead of solving one.
     """
@@ -90,6 +92,7 @@ class TuneOptions:
     rounds: int = 2
     acceptance_model: str = "auto"
     min_gain: float = 0.0
+    output_tokens: int | None = None
     profiles_dir: Path = Path("profiles")
     plan: Path | None = None
 
@@ -135,7 +138,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     """
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import _version, check_llamacpp_release
-    from ..solver.schedule import check_min_gain
+    from ..solver.schedule import check_min_gain, check_output_tokens
 
     opts.engine = _engine(opts.engine)
     if opts.shape not in ("chain", "envelope"):
@@ -177,6 +180,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     elif opts.release is not None and opts.engine == "treeopt":
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
     check_min_gain(opts.min_gain)
+    check_output_tokens(opts.output_tokens)
     spec = parse_drafter_spec(opts.draft)  # a bad --draft fails here
     if opts.engine == "llama.cpp" and not spec.entry.loads_model and spec.kind != "lookup":
         raise TreeoptError(f"--draft {spec.label}: llama.cpp drafts with a draft model or n-grams (lookup)")
@@ -405,11 +409,11 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     if opts.plan is not None:
         sched = load_schedule(opts.plan, profile=profile, context=ctx)  # K past the profile: one line
         plan = plan_from_ranges(sched.ranges, value, profile, opts.batches, context=ctx,
-                                provenance={**prov, "given_plan": str(opts.plan)})
+                                output_tokens=opts.output_tokens, provenance={**prov, "given_plan": str(opts.plan)})
         done["plan"] = f"given: {opts.plan}"
     else:
         plan = solve_plan(value, profile, opts.batches, context=ctx, first_is_longest=opts.engine == "tensorrt-llm",
-                          min_gain=opts.min_gain,
+                          min_gain=opts.min_gain, output_tokens=opts.output_tokens,
                           max_batch=opts.max_batch, provenance=prov)
     notes.extend(plan.notes)
     notes.extend(guard_notes(plan, opts.engine))
@@ -428,8 +432,9 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     peers = {}
     if opts.shape == "chain":
         for name, ranges in peer_ranges(plan, value, profile, opts.batches, context=ctx).items():
-            peers[name] = {p.batch: p.tokens_per_s_total for p in predict_ranges(ranges, value, profile, opts.batches,
-                                                                                   context=ctx)}
+            peers[name] = {p.batch: p.tokens_per_s_total
+                           for p in predict_ranges(ranges, value, profile, opts.batches, context=ctx,
+                                                   output_tokens=opts.output_tokens)}
     return TuneResult(plan, doc, settings, done, peers, _check_command(opts), notes)
 
 

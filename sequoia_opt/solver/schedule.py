@@ -23,6 +23,12 @@ into one range, and a range runs from its first measured batch size to the batch
 which speculation stops paying is the largest measured one whose best setting speculates, when every larger
 measured batch size's best is plain decoding.
 
+Generation length: by default every rate is the steady state of long generations. With ``output_tokens`` = N (the
+requests' typical answer length), a speculating setting's rates are scaled by N / (N + E[O]), E[O] the tokens its
+last step would emit past a request's end (the renewal overshoot of :mod:`sequoia_opt.solver.generation`): a
+request of N tokens takes (N + E[O]) / G steps, not N / G. Short answers favour shorter drafts. Envelopes carry no
+overshoot model and stay at the steady state (the plan says so in its notes).
+
 Intervals: every predicted rate carries a (low, high) interval. The default comes from the value model itself:
 the Wilson interval of the acceptance counts pushed through the same DP (chains, trees), or the calibration
 curve against the recorded acceptances (envelopes); latency is taken as measured. A caller with a better
@@ -49,7 +55,7 @@ Schedule file (``format: treeopt-schedule/1``, :func:`plan_document`, :func:`loa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -68,8 +74,9 @@ SCHEDULE_FORMAT = "treeopt-schedule/1"
 SHAPES = ("none", "chain", "envelope", "tree")
 
 __all__ = ["SCHEDULE_FORMAT", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
-           "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "predict_ranges",
-           "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule", "max_draft_measured", "plan_from_ranges"]
+           "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "check_output_tokens",
+           "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
+           "max_draft_measured", "plan_from_ranges"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -251,6 +258,8 @@ class Plan:
         notes: one line each, what the user should know (a K limit lowered, a constraint applied).
         interval_method: how the predictions' intervals were made (the value model's ``interval_method``:
             ``between prompts``, ``wilson``, or ``none`` / another word for a model without one).
+        output_tokens: the generation length (tokens per request) the rates were scaled to (module docstring);
+            None for the steady state of long generations.
     """
 
     rows: list[BatchRow]
@@ -261,6 +270,7 @@ class Plan:
     provenance: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     interval_method: str = "none"
+    output_tokens: int | None = None
 
     @property
     def pays_nowhere(self) -> bool:
@@ -323,6 +333,7 @@ class ChainValue:
         K = max(1, self.max_draft)
         sol, self.model_used = solve_profile(acceptance, K + 1, K, 1, acceptance_model)
         self.g = [1.0] + [float(sol.table[k + 1, k]) for k in range(1, K + 1)]
+        self._overshoot: dict[int, float] = {0: 0.0}
         self.g_lo, self.g_hi = list(self.g), list(self.g)
         self.interval_method = "none"
         if self._prompt_intervals(K):
@@ -363,6 +374,18 @@ class ChainValue:
 
     def settings(self) -> list[SpecSetting]:
         return [SpecSetting.chain(k) for k in range(0, self.max_draft + 1)]
+
+    def end_overshoot(self, setting: SpecSetting) -> float:
+        """E[O] (tokens) of a chain of ``setting.draft_tokens`` under the value model G is read from
+        (:meth:`~sequoia_opt.solver.depth.ValueModel.end_overshoot_tokens`); 0 for plain decoding."""
+        from ..tree import Tree
+        from .depth import ValueModel
+
+        k = setting.draft_tokens
+        if k not in self._overshoot:
+            vm = ValueModel.of_profile(self.acceptance, self.model_used)
+            self._overshoot[k] = vm.end_overshoot_tokens(Tree.chain(k + 1))
+        return self._overshoot[k]
 
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
                 context: int | None) -> tuple[StepCost, tuple[float, float]]:
@@ -449,17 +472,43 @@ class TreeValue:
         hi = ci[:, 1] / max(1.0, float(ci[:, 1].sum()))  # a vector's mass is at most 1
         return cost, _tps_interval(tree.expected_tokens(ci[:, 0]), max(g, tree.expected_tokens(hi)), cost)
 
+    def end_overshoot(self, setting: SpecSetting) -> float:
+        """E[O] (tokens) of the setting's tree under the positional vector it is valued by; 0 without a tree."""
+        from .generation import end_overshoot_tokens
+
+        if setting.shape != "tree":
+            return 0.0
+        tree = setting.tree()
+        return end_overshoot_tokens(tree.depth, tree.path_probabilities(self.acceptance.acceptance))
+
 
 # ---------------------------------------------------------------------------------------------- solving
+def _predict(value: Any, setting: SpecSetting, batch: int, curve: LatencyCurve, context: int | None,
+             interval: IntervalFn | None, output_tokens: int | None) -> Predicted:
+    """One setting's prediction under ``value`` (its interval replaced by ``interval``'s when given), its rates
+    scaled to ``output_tokens``-token generations when given (module docstring)."""
+    cost, iv = value.predict(setting, batch, curve, context)
+    if interval is not None:
+        iv = tuple(float(x) for x in interval(setting, batch, cost))
+    if output_tokens is not None and setting.speculates and hasattr(value, "end_overshoot"):
+        from .generation import finite_generation_factor
+
+        f = finite_generation_factor(value.end_overshoot(setting), output_tokens)
+        cost = replace(cost, tokens_per_s=cost.tokens_per_s * f, speedup=cost.speedup * f)
+        iv = (iv[0] * f, iv[1] * f)
+    return Predicted(setting, batch, cost, iv)
+
+
+def check_output_tokens(output_tokens: int | None) -> None:
+    """Raises ProfileError unless ``output_tokens`` is None or an integer >= 1 (tokens per request)."""
+    if output_tokens is not None:
+        check_integer(output_tokens, "--output-tokens", low=1, high=MAX_TOKENS)
+
+
 def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None,
-                interval: IntervalFn | None) -> list[Predicted]:
+                interval: IntervalFn | None, output_tokens: int | None = None) -> list[Predicted]:
     settings = value.settings_at(batch, curve, context) if hasattr(value, "settings_at") else value.settings()
-    out = []
-    for s in settings:
-        cost, iv = value.predict(s, batch, curve, context)
-        if interval is not None:
-            iv = tuple(float(x) for x in interval(s, batch, cost))
-        out.append(Predicted(s, batch, cost, iv))
+    out = [_predict(value, s, batch, curve, context, interval, output_tokens) for s in settings]
     # best first; ties (equal rate) go to the setting that drafts less
     out.sort(key=lambda p: (-round(p.cost.tokens_per_s, 9), p.setting.draft_tokens, p.setting.label))
     return out
@@ -473,7 +522,7 @@ def check_min_gain(min_gain: float) -> None:
 
 def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] | None = None, *,
                context: int | None = None, interval: IntervalFn | None = None, first_is_longest: bool = False,
-               max_batch: int | None = None, min_gain: float = 0.0,
+               max_batch: int | None = None, min_gain: float = 0.0, output_tokens: int | None = None,
                provenance: Mapping[str, Any] | None = None) -> Plan:
     """The speculation plan: the best setting of ``value`` at every batch size, merged into ranges (module
     docstring).
@@ -491,11 +540,14 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
         min_gain: speculate at a batch size only where the best setting's predicted tokens/s beats plain
             decoding's by more than this fraction (0.05: 5 %); a smaller predicted lead keeps plain decoding
             there (the step cost the profile does not time and timing noise can erase it).
+        output_tokens: the requests' typical answer length (tokens): rates over generations that long (module
+            docstring); None: the steady state.
         provenance: written into the schedule file.
 
     Raises:
         ProfileError: a batch size the profile did not measure; a chain longer than some batch's curve measured
-            (``T(b, K + 1)``: K past the profile); ``max_batch`` below the largest batch size solved.
+            (``T(b, K + 1)``: K past the profile); ``max_batch`` below the largest batch size solved;
+            ``output_tokens`` not a positive integer.
     """
     batches = sorted({int(b) for b in (batches if batches is not None else profile.batches)})
     if not batches:
@@ -510,10 +562,11 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     if max_batch is not None and max_batch < batches[-1]:
         raise ProfileError(f"--max-batch {max_batch} is below the largest batch size solved ({batches[-1]})")
     check_min_gain(min_gain)
+    check_output_tokens(output_tokens)
     rows: list[BatchRow] = []
     cap, capped = None, False
     for b, curve in curves:
-        every = _candidates(value, b, curve, context, interval)
+        every = _candidates(value, b, curve, context, interval, output_tokens)
         cands = [p for p in every if cap is None or p.setting.draft_tokens <= cap]
         capped = capped or cands[0] is not every[0]
         plain = next(p for p in cands if not p.setting.speculates)
@@ -543,8 +596,16 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     if capped:
         notes.append("no batch size drafts more than the smallest one (the engine's rule), though a longer draft "
                      "would pay at some")
+    notes += _length_notes(value, output_tokens)
     return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes,
-                getattr(value, "interval_method", "none"))
+                getattr(value, "interval_method", "none"), output_tokens)
+
+
+def _length_notes(value: Any, output_tokens: int | None) -> list[str]:
+    if output_tokens is not None and not hasattr(value, "end_overshoot"):
+        return [f"{value.shape} rates are the steady state: no overshoot model scales them to {output_tokens}-token "
+                "answers"]
+    return []
 
 
 def check_ranges(ranges: Sequence[tuple[int, int, Any]], where: str = "schedule") -> None:
@@ -573,14 +634,16 @@ def check_ranges(ranges: Sequence[tuple[int, int, Any]], where: str = "schedule"
 
 def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, profile: BatchLatencyProfile,
                    batches: Sequence[int] | None = None, *, context: int | None = None,
-                   interval: IntervalFn | None = None) -> list[Predicted]:
-    """Predict a given schedule (a user's, or a peer's rule) at every measured batch size it covers.
+                   interval: IntervalFn | None = None, output_tokens: int | None = None) -> list[Predicted]:
+    """Predict a given schedule (a user's, or a peer's rule) at every measured batch size it covers
+    (``output_tokens`` as :func:`solve_plan`).
 
     Raises:
         ProfileError: bad ranges (:func:`check_ranges`); a setting past what the profile measured (K + 1 past
-            T(b, n)'s largest n).
+            T(b, n)'s largest n); ``output_tokens`` not a positive integer.
     """
     check_ranges(ranges)
+    check_output_tokens(output_tokens)
     out = []
     for b in sorted(batches if batches is not None else profile.batches):
         setting = next((s for lo, hi, s in ranges if lo <= b <= hi), None)
@@ -591,23 +654,22 @@ def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, p
         if setting.draft_tokens > top:
             raise ProfileError(f"{setting.label} at batch {b} is past what latency profile {profile.id!r} measured "
                                f"(T(b, n) up to n = {top + 1})")
-        cost, iv = value.predict(setting, b, curve, context)
-        if interval is not None:
-            iv = tuple(float(x) for x in interval(setting, b, cost))
-        out.append(Predicted(setting, b, cost, iv))
+        out.append(_predict(value, setting, b, curve, context, interval, output_tokens))
     return out
 
 
 def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, profile: BatchLatencyProfile,
                      batches: Sequence[int] | None = None, *, context: int | None = None,
-                     interval: IntervalFn | None = None, provenance: Mapping[str, Any] | None = None) -> Plan:
+                     interval: IntervalFn | None = None, output_tokens: int | None = None,
+                     provenance: Mapping[str, Any] | None = None) -> Plan:
     """A given schedule as a :class:`Plan`: every measured batch size it covers predicted under ``value`` (its
-    setting, and plain decoding beside it), its own ranges kept.
+    setting, and plain decoding beside it), its own ranges kept (``output_tokens`` as :func:`solve_plan`).
 
     Raises:
         ProfileError: as :func:`predict_ranges`.
     """
-    preds = predict_ranges(ranges, value, profile, batches, context=context, interval=interval)
+    preds = predict_ranges(ranges, value, profile, batches, context=context, interval=interval,
+                           output_tokens=output_tokens)
     if not preds:
         raise ProfileError("the schedule covers none of the measured batch sizes")
     none = SpecSetting.none()
@@ -619,8 +681,8 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
     paying = [r.batch for r in rows if r.best.setting.speculates]
     stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
     shape = next((st.shape for *_, st in ranges if st.speculates), "none")
-    return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}),
-                interval_method=getattr(value, "interval_method", "none"))
+    return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}), _length_notes(value, output_tokens),
+                interval_method=getattr(value, "interval_method", "none"), output_tokens=output_tokens)
 
 
 # ---------------------------------------------------------------------------------------------- the guard
@@ -687,7 +749,7 @@ def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dic
     """The ``treeopt-schedule/1`` mapping of ``plan`` (module docstring)."""
     doc: dict[str, Any] = {"format": SCHEDULE_FORMAT, "engine": engine, "drafter": drafter, "shape": plan.shape}
     doc.update(plan.provenance)
-    doc.update({"context_tokens": plan.context, "date": now_iso(),
+    doc.update({"context_tokens": plan.context, "output_tokens": plan.output_tokens, "date": now_iso(),
                 "rule": "a server running B requests uses the range that holds B",
                 "stops_paying_above": plan.stops_paying_above,
                 "ranges": [{"batch_range": [r.lo, r.hi], "setting": r.setting.to_dict(),
