@@ -627,3 +627,25 @@ def test_llamacpp_batch_refusals(llama_batch, llama_pair):
         LlamaCppTarget(tm, max_batch=5)
     assert LlamaCppTarget(tm, max_batch=4).max_width == 1  # rows verify chains
     assert LlamaCppTarget(tm, max_batch=4).max_len == 256  # cells per sequence
+
+
+@needs_llamacpp
+def test_llamacpp_batch_profile_times_the_loops_chain_step_with_ngrams(tmp_path):
+    """``profile_latency_batch`` with n-grams and no draft GGUF: every batch size's curve carries the loop's chain
+    step at b rows (text that repeats, so n-grams draft every chain), and the cost model charges it."""
+    from sequoia_opt.engines.llamacpp import profile_latency_batch
+    from sequoia_opt.model.gguf_writer import write_gguf
+    from sequoia_opt.solver.hardware import step_cost
+
+    m, tok = random_model(3, std=0.1, vocab=258), merged_tokenizer()
+    path = write_gguf(tmp_path / "tiny.gguf", m, tok, outtype="f32")
+    prof = profile_latency_batch(path, None, [1, 2], contexts=[16], token_counts=[1, 2, 3], draft_token_counts=[1, 2],
+                                 n_threads=1, rounds=1, max_repeats=3, max_seconds=0.5, lookup=(1, 3))
+    for b in (1, 2):
+        c = prof.curve(b)
+        assert c.has_loop(16) and c.loop_policy == "chain"
+        assert step_cost([1, 1, 1], 2.0, c, 16).target_ms == pytest.approx(c.step_target_ms(3, 16))
+        assert c.step_target_ms(3, 16) != c.target_ms(3, 16)  # the loop's verify, not llama_decode's alone
+    without = profile_latency_batch(path, None, [2], contexts=[16], token_counts=[1, 2], draft_token_counts=[1],
+                                    n_threads=1, rounds=1, max_repeats=3, max_seconds=0.5)
+    assert not without.curve(2).has_loop(16)  # no drafter named: T(b, n) and the overhead only

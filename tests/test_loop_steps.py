@@ -202,6 +202,35 @@ def test_batch_profiles_time_the_loop_at_every_batch_size():
     assert not plain.curve(2).has_loop(16)  # no draft model: nothing to time
 
 
+def test_repeating_prompts_repeat_one_segment_per_row():
+    from sequoia_opt.profiling.steps import repeating_prompts
+
+    ps = repeating_prompts(3, 40, 257, period=6, seed=2)
+    assert len(ps) == 3 and all(len(p) == 41 for p in ps)
+    for p in ps:
+        assert len(set(p[:6])) > 1  # a random segment, not one id
+        assert all(p[i] == p[i % 6] for i in range(41))  # the segment, again and again
+    assert ps[0] != ps[1]  # each row its own text
+    assert ps == repeating_prompts(3, 40, 257, period=6, seed=2)
+    with pytest.raises(ValueError, match="period >= 2"):
+        repeating_prompts(3, 40, 257, period=1)
+
+
+def test_batch_profiles_time_an_ngram_drafters_loop_on_text_that_repeats():
+    from sequoia_opt.drafting.drafters import PromptLookupDrafter
+    from sequoia_opt.profiling.batch import profile_batches
+
+    target = random_model(0)
+    prof = profile_batches(target, None, [2], [1, 2, 3], [1], [16], target_name="t", draft_name="lookup",
+                           profile_id="q", device=target.device, dtype=target.dtype, random_weights=True,
+                           loop="chain", loop_drafter=lambda: PromptLookupDrafter(257), min_repeats=2, max_repeats=2)
+    c = prof.curve(2)
+    # n-grams propose nothing on random ids; on text that repeats every size's chain step was timed at b = 2
+    assert c.has_loop(16) and c.loop_policy == "chain"
+    assert step_cost([1, 1, 1], 2.0, c, 16).target_ms == pytest.approx(c.step_target_ms(3, 16))
+    assert c.step_target_ms(3, 16) != c.target_ms(3, 16)
+
+
 def test_the_chosen_step_is_timed_again_and_its_prediction_follows():
     from types import SimpleNamespace
 

@@ -480,7 +480,8 @@ def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progres
                                      contexts=[opts.context], token_counts=token_grid(want_k),
                                      draft_token_counts=[1, 2], n_threads=opts.threads, rounds=opts.rounds,
                                      paired=True, max_repeats=10, max_seconds=3.0, progress=progress,
-                                     target_name=pair.target_label, draft_name=dlabel)
+                                     target_name=pair.target_label, draft_name=dlabel,
+                                     lookup=(spec.lookup_min, spec.lookup_max) if lookup else None)
         save_batch_latency(path, prof)
         return prof
 
@@ -534,7 +535,8 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,
                                method=method_text(opts.rounds, True, grid), progress=progress, rounds=opts.rounds,
                                paired=True, command="treeopt tune --engine treeopt", min_repeats=3, max_repeats=10,
-                               max_seconds=3.0, loop="chain" if opts.shape == "chain" else "static")
+                               max_seconds=3.0, loop="chain" if opts.shape == "chain" else "static",
+                               loop_drafter=pair.new_drafter)
         save_batch_latency(path, prof)
         return prof
 

@@ -11,7 +11,7 @@ larger b is; the tree that is best at batch 1 is too big at batch 32.
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -50,14 +50,17 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
                     dtype: torch.dtype, random_weights: bool = False, method: str | None = None,
                     progress: ProgressFn | None = None, rounds: int = 1, paired: bool = False,
                     command: str = "treeopt profile latency --batch", loop: str | None = None,
-                    **timing_kw) -> BatchLatencyProfile:
+                    loop_drafter: Callable[[], object] | None = None, **timing_kw) -> BatchLatencyProfile:
     """Measure T(b, n) at every batch b, n in ``token_counts`` (tokens per row), c(b, w) of the draft model
     (w in ``draft_counts``) and the step overhead at b. Returns a :class:`BatchLatencyProfile`.
 
-    With ``loop`` (``"chain"`` or ``"static"``, the probe's shape) and a draft model, every batch size's curve also
+    With ``loop`` (``"chain"`` or ``"static"``, the probe's shape) and a drafter, every batch size's curve also
     records the decoding loop's own step at b rows (:func:`~sequoia_opt.profiling.steps.time_loop` with ``rows=b``:
     verify with the logits handed to acceptance, bookkeeping, the draft beyond c(b, w)), which the cost model then
-    charges as at batch 1 (issue 31): T(b, n) timed alone leaves out per-row work that grows with b.
+    charges as at batch 1 (issue 31): T(b, n) timed alone leaves out per-row work that grows with b. The drafter is
+    the draft model, or ``loop_drafter`` (a function making a fresh drafter, e.g. ``ModelPair.new_drafter``) where
+    there is none: an n-gram drafter's steps run on :func:`~sequoia_opt.profiling.steps.repeating_prompts`, where
+    it proposes a full chain (it proposes nothing on random ids).
 
     Raises ProfileError as :func:`profile_model` (empty grid, context past the model's).
     """
@@ -79,13 +82,18 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
             seen[role].refused.update(rec.refused)
         overhead = measure_batch_overhead(target, draft, int(b))
         loops = None
-        if loop is not None and draft is not None:
-            from .steps import static_loop_decoders, time_loop
+        drafter = draft if draft is not None else loop_drafter
+        if loop is not None and drafter is not None:
+            from .steps import repeating_prompts, static_loop_decoders, time_loop
 
-            longest = max(contexts) + 2 * max(token_counts) + 16
-            make = static_loop_decoders(target, draft, max_len=longest, max_batch=int(b), policy=loop)
-            loops = [time_loop(make, token_counts, int(c), target.config.vocab_size, policy=loop,
-                               rounds=max(1, min(int(rounds), 2)), rows=int(b), progress=progress)
+            V = target.config.vocab_size
+            copies = draft is None  # n-grams (or a head): text that repeats, where n-grams draft a full chain
+            # a row may accept a whole chain each step on text that repeats: room for every step's n tokens
+            longest = max(contexts) + (16 * max(token_counts) if copies else 2 * max(token_counts)) + 16
+            make = static_loop_decoders(target, drafter, max_len=longest, max_batch=int(b), policy=loop)
+            loops = [time_loop(make, token_counts, int(c), V, policy=loop, rounds=max(1, min(int(rounds), 2)),
+                               rows=int(b), progress=progress,
+                               prompts=repeating_prompts(int(b), int(c), V) if copies else None)
                      for c in contexts]
         curves[int(b)] = build_latency_profile(
             target_tables=tt, draft_tables=dt, step_overhead_ms=overhead, device=device, dtype=dtype,

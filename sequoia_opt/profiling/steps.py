@@ -34,7 +34,7 @@ import torch
 from ..decoding import Decoder
 from ..tree import Tree
 
-__all__ = ["LoopTable", "probe_tree", "time_loop", "static_loop_decoders", "draft_extra_ms", "StepCheck",
+__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "static_loop_decoders", "draft_extra_ms", "StepCheck",
            "check_chosen_step"]
 
 ProgressFn = Callable[[str, int, int], None]
@@ -75,10 +75,28 @@ def probe_tree(n: int, policy: str = "static") -> Tree:
     return kary_tree(4, n, n)
 
 
+def repeating_prompts(rows: int, context: int, vocab_size: int, *, period: int = 16, seed: int = 0) -> list[list[int]]:
+    """``rows`` prompts of ``context + 1`` tokens, each a random segment of ``period`` ids repeated: text that copies
+    itself, where an n-gram drafter (prompt lookup) finds a match and proposes a full chain at every step, as it
+    does on the requests it pays on. Random prompts would time no n-gram step at all: nothing in them repeats.
+
+    Raises:
+        ValueError: ``period`` < 2 or ``rows`` < 1.
+    """
+    if period < 2 or rows < 1:
+        raise ValueError(f"need period >= 2 and rows >= 1, got period {period}, rows {rows}")
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(int(rows)):
+        seg = rng.integers(0, vocab_size, period).tolist()
+        out.append((seg * (context // period + 2))[: context + 1])
+    return out
+
+
 def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
               policy: str = "static", steps: int = 8, warmup: int = 2, rounds: int = 2, seed: int = 0,
               progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None,
-              rows: int = 1) -> LoopTable:
+              rows: int = 1, prompts: Sequence[Sequence[int]] | None = None) -> LoopTable:
     """Time the loop's steps at every tree size (module docstring), each alternated step by step with a plain
     decoding step (the reference), as :func:`~sequoia_opt.profiling.latency.profile_model` pairs T(n) with T(1).
 
@@ -99,6 +117,8 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
             ``make_decoder(1)`` (treeopt's decoder: each decoder owns its caches).
         rows: the batch size b: every step runs b rows (b random prompts), the table is the loop's step at b
             (the decoders must take ``max_batch`` >= b); a step where a row's tree was clipped is not counted.
+        prompts: the b prompts of ``context + 1`` tokens to step (default: random ids); e.g.
+            :func:`repeating_prompts` for an n-gram drafter, which proposes nothing on random ids.
 
     Returns:
         :class:`LoopTable`; a step the decoder clipped (near the end of the context) is not counted.
@@ -106,8 +126,10 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
     Raises:
         DecodingError: as the decoder (a context past the target's).
     """
-    rng = np.random.default_rng(seed)
-    prompts = [rng.integers(0, vocab_size, context + 1).tolist() for _ in range(max(1, int(rows)))]  # last: a root
+    if prompts is None:
+        rng = np.random.default_rng(seed)
+        prompts = [rng.integers(0, vocab_size, context + 1).tolist() for _ in range(max(1, int(rows)))]  # last: root
+    prompts = [list(x) for x in prompts]
     make_plain = make_plain or (lambda: make_decoder(1))
     plain: list[tuple[float, float]] = []  # (verify, bookkeeping) of every reference step
     ratios: dict[int, list[tuple[float, float, float]]] = {int(n): [] for n in token_counts if n > 1}

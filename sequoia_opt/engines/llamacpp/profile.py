@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -150,6 +151,26 @@ def loop_decoders(target: LlamaCppModel, draft: LlamaCppModel, reference: LlamaC
     return make_decoder, lambda: Decoder(LlamaCppTarget(reference), None)
 
 
+def batch_loop_decoders(target: LlamaCppModel, make_drafter: Callable[[], object], reference: LlamaCppModel,
+                        batch: int):
+    """``(make_decoder, make_plain)`` for :func:`~sequoia_opt.profiling.steps.time_loop` at ``batch`` rows on
+    llama.cpp, as a speculation plan runs them (``benchmarks/schedules.py``, ``SchedulePolicy``): ``make_decoder(n)``
+    decodes plain at n = 1, else a static chain of n nodes
+    (:class:`~sequoia_opt.drafting.policies.StaticTreePolicy`) over a fresh drafter from ``make_drafter`` (a
+    :class:`~sequoia_opt.engines.llamacpp.target.LlamaCppDrafter` on a draft context of ``batch`` sequences, or
+    n-grams); ``make_plain()`` decodes plain on ``reference``, a second target context of ``batch`` sequences."""
+    from ...decoding import Decoder
+    from ...drafting.policies import StaticTreePolicy
+    from ...profiling.steps import probe_tree
+    from .target import LlamaCppTarget
+
+    def make_decoder(n: int) -> Decoder:
+        policy = None if n == 1 else StaticTreePolicy(make_drafter(), probe_tree(n, "chain"))
+        return Decoder(LlamaCppTarget(target, max_batch=batch), policy, max_batch=batch)
+
+    return make_decoder, lambda: Decoder(LlamaCppTarget(reference, max_batch=batch), None, max_batch=batch)
+
+
 def profile_latency(target_path: Path, draft_path: Path | None, *, contexts: Sequence[int],
                     token_counts: Sequence[int], draft_token_counts: Sequence[int], n_threads: int = 2,
                     rounds: int = 3, paired: bool = True, max_repeats: int = 30, progress: ProgressFn | None = None,
@@ -232,11 +253,19 @@ def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: S
                           contexts: Sequence[int], token_counts: Sequence[int], draft_token_counts: Sequence[int],
                           n_threads: int = 2, rounds: int = 3, paired: bool = True, max_repeats: int = 30,
                           max_seconds: float = 10.0, progress: ProgressFn | None = None,
-                          target_name: str | None = None, draft_name: str | None = None):
+                          target_name: str | None = None, draft_name: str | None = None,
+                          lookup: tuple[int, int] | None = None, loop: bool = True):
     """T(b, n), c(b, w) and the per-step overhead at every batch size b on llama.cpp (module docstring): one
     context of b sequences per batch size, a KV cache per sequence (``kv_unified`` off, llama-server's default),
     timed as :func:`profile_latency` times batch 1 (:func:`batch_calls`; overhead:
     :func:`measure_batch_overhead`); ``max_seconds`` caps the timing of one (batch, n) point.
+
+    With ``loop`` and a drafter (the draft GGUF, or n-grams: ``lookup`` = (min, max) n-gram, without a draft), every
+    batch size's curve also records the decoding loop's own chain step at b rows (:func:`batch_loop_decoders`,
+    :func:`~sequoia_opt.profiling.steps.time_loop`: the logits of b x n rows read into Python, the acceptance,
+    the commits), which the cost model charges instead of T(b, n) plus the overhead (issue 31: on this engine the
+    step's work outside ``llama_decode`` grows with b x n). n-grams step on
+    :func:`~sequoia_opt.profiling.steps.repeating_prompts`, where they propose a full chain.
 
     Returns:
         the :class:`~sequoia_opt.profiles.batch.BatchLatencyProfile` (``treeopt-latency-batch/1``).
@@ -267,13 +296,48 @@ def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: S
                     overhead = measure_batch_overhead(tm, dm, b)
             else:
                 overhead = measure_batch_overhead(tm, None, b)
+        loops = None
+        if loop and (draft_path is not None or lookup is not None):
+            loops = _batch_loop_tables(target_path, draft_path, lookup, b, contexts, token_counts, n_threads,
+                                       rounds, progress)
         curves[b] = _curve(meta, tt, dt, overhead, f"{meta['pid']}_batch@batch{b}",
-                           method_text(rounds, paired, token_counts), "treeopt tune --engine llama.cpp")
+                           method_text(rounds, paired, token_counts), "treeopt tune --engine llama.cpp",
+                           loop_tables=loops)
     first = curves[min(curves)]
     return BatchLatencyProfile(id=f"{meta['pid']}_batch", curves=curves, device=dict(first.device),
                                model=dict(first.model), source=f"measured on llama.cpp, batch sizes "
                                f"{','.join(map(str, sorted(curves)))} (b sequences of n tokens per forward)",
                                date=now_iso())
+
+
+def _batch_loop_tables(target_path: Path, draft_path: Path | None, lookup: tuple[int, int] | None, batch: int,
+                       contexts: Sequence[int], token_counts: Sequence[int], n_threads: int, rounds: int,
+                       progress: ProgressFn | None) -> list:
+    """The loop's chain steps at ``batch`` rows (:func:`profile_latency_batch`), one table per context. Its own
+    contexts: room for every timed step to commit a whole chain (text that repeats is accepted), which the
+    T(b, n) contexts are not sized for."""
+    from ...drafting.drafters import PromptLookupDrafter
+    from ...profiling.steps import repeating_prompts, time_loop
+    from .target import LlamaCppDrafter
+
+    widest = max(token_counts)
+    cfg = dict(n_ctx=(max(contexts) + 16 * widest + 32) * batch, n_threads=n_threads, n_seq_max=batch,
+               kv_unified=False)
+    with contextlib.ExitStack() as stack:
+        tm = stack.enter_context(LlamaCppModel(target_path, **cfg))
+        ref = stack.enter_context(LlamaCppModel(target_path, **cfg))
+        if draft_path is not None:
+            dm = stack.enter_context(LlamaCppModel(draft_path, **cfg))
+            make_drafter = lambda: LlamaCppDrafter(dm)  # noqa: E731
+        else:
+            lo, hi = lookup
+            make_drafter = lambda: PromptLookupDrafter(tm.n_vocab, prompt_lookup_min=lo,  # noqa: E731
+                                                       prompt_lookup_max=hi)
+        make, plain = batch_loop_decoders(tm, make_drafter, ref, batch)
+        return [time_loop(make, token_counts, int(c), tm.n_vocab, policy="chain", rounds=max(1, min(rounds, 2)),
+                          progress=progress, make_plain=plain, rows=batch,
+                          prompts=repeating_prompts(batch, int(c), tm.n_vocab) if draft_path is None else None)
+                for c in contexts]
 
 
 def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Sequence[Sequence[int]],
