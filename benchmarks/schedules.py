@@ -14,10 +14,11 @@ Steps, in one machine state: ``treeopt tune`` measures T(b, n), c(b, w), the ove
 drafter's acceptance (on the workload's *profile* prompts, never the eval ones) and solves the plan; then for each
 batch size b, ``--rounds`` interleaved rounds (the order of the Ks rotates each round) serve max(4, 3 b) eval
 requests at a steady concurrency of b with every fixed K (continuous batching: a finished row's slot takes the next
-request; only the steps with b live rows are timed, as a server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
-after step s the batch is refilled up to min(16, s + 1) live rows while requests remain) with every fixed K, the
-plan and vLLM's rule, in rounds. Greedy output is checked token for token: every run against plain decoding of
-the same requests. Decode time excludes the batch's prefill; the stream's wall time includes the joiners'.
+request; only the steps with b live rows are timed, as a server at concurrency b runs them); then the stream
+(``--stream-requests`` requests of ``--stream-tokens`` tokens; after step s the batch is refilled up to
+min(16, s + 1) live rows while requests remain) with every fixed K, the plan and vLLM's rule, in rounds. Greedy
+output is checked token for token: every run against plain decoding of the same requests. Decode time excludes
+prefill (the first rows' and the joiners'); the stream's wall time includes the joiners'.
 
 Peers, on the same measurements: vLLM's ``generate_config.py`` rule (at each batch size the best *measured* of K in
 {1, 3, 5}), SGLang's default EAGLE envelope (5, 4, 8) as a chain of its 5 steps, llama.cpp's default draft length
@@ -291,7 +292,8 @@ def main() -> None:
                      "prediction_error": None if chosen is None or pred is None else (pred - chosen) / chosen,
                      "plain_prediction_error": None if not meas0 or pred0 is None else (pred0 - meas0) / meas0,
                      "plan_predicted_speedup": sp_pred, "plan_measured_speedup": sp_meas,
-                     "speedup_prediction_error": None if sp_pred is None or not sp_meas else (sp_pred - sp_meas) / sp_meas})
+                     "speedup_prediction_error": None if sp_pred is None or not sp_meas
+                     else (sp_pred - sp_meas) / sp_meas})
     by_b = {r["batch"]: r for r in rows}
     def measured_k(k: int) -> int:
         """The longest measured K not past k (a peer's K outside a trimmed --ks runs as the nearest one below)."""

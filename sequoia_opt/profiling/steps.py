@@ -34,8 +34,8 @@ import torch
 from ..decoding import Decoder
 from ..tree import Tree
 
-__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "static_loop_decoders", "draft_extra_ms", "StepCheck",
-           "check_chosen_step"]
+__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "static_loop_decoders", "draft_extra_ms",
+           "StepCheck", "check_chosen_step"]
 
 ProgressFn = Callable[[str, int, int], None]
 
