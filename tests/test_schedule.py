@@ -434,12 +434,14 @@ def test_tune_llamacpp_refuses_an_unchecked_release_before_measuring(tmp_path):
     assert not out.exists() and not (tmp_path / "profiles").exists()
 
 
-def test_tune_refuses_a_bad_min_gain_before_anything(tmp_path):
+@pytest.mark.parametrize("args,msg", [(["--min-gain", "-0.5"], "--min-gain -0.5 must lie in [0, 10)"),
+                                      (["--output-tokens", "0"], "--output-tokens = 0 must be an integer >= 1")])
+def test_tune_refuses_a_bad_bar_or_answer_length_before_anything(tmp_path, args, msg):
     table, acc = _files(tmp_path)
     out = tmp_path / "out.json"
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
-                              "--min-gain", "-0.5", "-o", str(out)])
-    assert res.exit_code == 2 and "--min-gain -0.5 must lie in [0, 10)" in res.output, res.output
+                              *args, "-o", str(out)])
+    assert res.exit_code == 2 and msg in res.output, res.output
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()
 
 
@@ -481,14 +483,18 @@ def test_output_tokens_scale_each_chain_by_its_overshoot():
         solve_plan(v, PROFILE, output_tokens=0)
 
 
-def test_tune_refuses_a_bad_output_length_before_anything(tmp_path):
+def test_tune_writes_the_answer_length_into_the_plan(tmp_path):
     table, acc = _files(tmp_path)
     out = tmp_path / "out.json"
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
-                              "--output-tokens", "0", "-o", str(out)])
-    assert res.exit_code == 2 and "--output-tokens = 0 must be an integer >= 1" in res.output, res.output
-    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()
-    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--output-tokens", "24", "-o", str(out), "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["schedule"]["output_tokens"] == 24
+    short = json.loads(res.output)["schedule"]
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "-o", str(out), "--json"])
+    steady = json.loads(res.output)["schedule"]
+    assert short["output_tokens"] == 24 and steady["output_tokens"] is None
+    for a, b in zip(short["by_batch"], steady["by_batch"]):  # a speculating best loses its overshoot, plain nothing
+        assert a["plain"]["tokens_per_s_total"] == pytest.approx(b["plain"]["tokens_per_s_total"])
+        if b["best"]["setting"] != "none":
+            assert a["best"]["tokens_per_s_total"] < b["best"]["tokens_per_s_total"]
