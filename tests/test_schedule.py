@@ -446,41 +446,77 @@ def test_tune_refuses_a_bad_bar_or_answer_length_before_anything(tmp_path, args,
 
 
 # ---------------------------------------------------------------------------------------------- answer length
-def test_output_tokens_scale_each_chain_by_its_overshoot():
-    from sequoia_opt.solver.depth import ValueModel
-    from sequoia_opt.solver.generation import finite_generation_factor
+def _steps_to(n: int, pmf: dict[int, float], memo: dict[int, float]) -> float:
+    """Expected steps to emit n tokens, a step emitting j tokens with probability pmf[j] (plain recursion)."""
+    if n <= 0:
+        return 0.0
+    if n not in memo:
+        memo[n] = 1.0 + sum(q * _steps_to(n - j, pmf, memo) for j, q in pmf.items())
+    return memo[n]
 
-    acc = _acc()
+
+def test_output_tokens_scale_each_chain_by_its_expected_steps():
+    acc = _acc()  # p_1 = 0.7: a chain of K emits j tokens with P = 0.7^(j-1) 0.3 (j <= K), 0.7^K (j = K + 1)
     v = ChainValue(acc, 6)
     steady = solve_plan(v, PROFILE)
     short = solve_plan(v, PROFILE, output_tokens=12)
     assert short.output_tokens == 12 and steady.output_tokens is None
-    vm = ValueModel.of_profile(acc, v.model_used)
     for r0, r1 in zip(steady.rows, short.rows):
         by_k = {c.setting.draft_tokens: c for c in r0.candidates}
         for c in r1.candidates:
             k = c.setting.draft_tokens
-            over = vm.end_overshoot_tokens(Tree.chain(k + 1))
-            assert over == pytest.approx(v.end_overshoot(c.setting))
-            f = 12 / (12 + over)
-            assert f == pytest.approx(finite_generation_factor(over, 12))
+            pmf = {j: 0.7 ** (j - 1) * 0.3 for j in range(1, k + 1)} | {k + 1: 0.7 ** k}
+            g = sum(j * q for j, q in pmf.items())
+            f = 12 / (g * _steps_to(12, pmf, {}))
+            assert c.length_factor == pytest.approx(f, rel=1e-9) and c.cost.expected_tokens == pytest.approx(g)
             assert c.tokens_per_s_total == pytest.approx(by_k[k].tokens_per_s_total * f)
             assert c.interval[0] == pytest.approx(by_k[k].interval[0] * f)
-            assert c.cost.expected_tokens == by_k[k].cost.expected_tokens  # G stays the steady tokens per step
-        assert by_k[0].tokens_per_s_total == pytest.approx(r1.plain.tokens_per_s_total)  # plain never overshoots
-    # a chain of K overshoots by more than one of K - 1, so a short answer never favours a longer chain
+            assert c.speedup == pytest.approx(by_k[k].cost.speedup * f)
+            assert c.cost == by_k[k].cost  # the step itself (G, ms) stays the steady state's
+        assert r1.plain.length_factor == 1.0  # plain never overshoots
+    # K = 1 at 12 tokens, by hand: m(n) = 1 + 0.3 m(n - 1) + 0.7 m(n - 2)
+    k1 = next(c for c in short.rows[0].candidates if c.setting.draft_tokens == 1)
+    assert k1.length_factor == pytest.approx(12 / (1.7 * 7.297686), rel=1e-6)  # m(12) = 7.297686
+    # a longer chain wastes more at the end, so a short answer never favours a longer chain
     assert all(r1.best.setting.draft_tokens <= r0.best.setting.draft_tokens
                for r0, r1 in zip(steady.rows, short.rows))
-    # one token per answer: every drafted token past it is wasted, and the best chain at batch 1 gets shorter
-    one = solve_plan(v, PROFILE, output_tokens=1)
-    assert one.rows[0].best.setting.draft_tokens < steady.rows[0].best.setting.draft_tokens
+    # one-token answers: every request is one step whatever is drafted, so speculation pays nowhere
+    assert solve_plan(v, PROFILE, output_tokens=1).pays_nowhere
+    # the guard reads the steady state: its tokens per step and interval are not scaled
+    from sequoia_opt.solver.schedule import guard_rules
+
+    for a, b in zip(guard_rules(steady), guard_rules(short)):
+        if a.setting == b.setting:
+            assert (a.expected_tokens_per_step, a.interval_low) == pytest.approx((b.expected_tokens_per_step,
+                                                                                 b.interval_low))
     doc = plan_document(short, engine="vllm")
-    assert doc["output_tokens"] == 12
+    assert doc["output_tokens"] == 12 and doc["by_batch"][0]["best"]["length_factor"] < 1
     preds = predict_ranges([(1, 64, SpecSetting.chain(3))], v, PROFILE, output_tokens=12)
     assert [p.tokens_per_s_total for p in preds] == pytest.approx(
         [c.tokens_per_s_total for r in short.rows for c in r.candidates if c.setting.draft_tokens == 3])
     with pytest.raises(ProfileError, match="--output-tokens = 0 must be an integer >= 1"):
         solve_plan(v, PROFILE, output_tokens=0)
+
+
+def test_answer_length_factor_exact_and_its_limit():
+    from sequoia_opt.solver.generation import (EXACT_STEPS_UP_TO, answer_length_factor, end_overshoot_tokens,
+                                               expected_steps)
+
+    t = Tree.chain(3)
+    reach = t.path_probabilities(np.array([0.7]))  # X in {1, 2, 3}: P = 0.3, 0.21, 0.49
+    assert expected_steps([1.0, 0.7, 0.49], 2) == pytest.approx(1.3)  # one step unless the first emits 1 token
+    assert answer_length_factor(t.depth, reach, 1) == pytest.approx(1 / 2.19)
+    big = EXACT_STEPS_UP_TO + 1
+    assert answer_length_factor(t.depth, reach, big) == pytest.approx(big / (big + end_overshoot_tokens(t.depth,
+                                                                                                        reach)))
+    # past a few dozen tokens the exact count and the renewal limit agree
+    n = 200
+    assert answer_length_factor(t.depth, reach, n) == pytest.approx(n / (n + end_overshoot_tokens(t.depth, reach)),
+                                                                    rel=1e-4)
+    with pytest.raises(ValueError, match="at least 1 token"):
+        answer_length_factor(t.depth, reach, 0)
+    with pytest.raises(ValueError, match="starts at P"):
+        expected_steps([0.9, 0.5], 3)
 
 
 def test_tune_writes_the_answer_length_into_the_plan(tmp_path):

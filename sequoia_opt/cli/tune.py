@@ -108,7 +108,7 @@ def tune(
         lo, hi = b.interval
         rows.append([r.batch, b.setting.label, b.cost.expected_tokens, b.cost.cost_ms, b.tokens_per_s_per_request,
                      f"{lo:.4g}-{hi:.4g}", b.tokens_per_s_total, f"{r.batch * lo:.4g}-{r.batch * hi:.4g}",
-                     r.plain.tokens_per_s_total, b.cost.speedup])
+                     r.plain.tokens_per_s_total, b.speedup])
     over = (f"over {plan.output_tokens}-token answers" if plan.output_tokens is not None
             else "steady state of long answers")
     report.tables.append((f"predicted per batch size (the plan's setting; {over}; intervals 95 %)",

@@ -296,8 +296,11 @@ def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *, 
 
     vllm = {}
     for b in bs:
+        # the plan's own scores where it has them (over its answer length); else the value model's steady state
+        scores = {c.setting: c.tokens_per_s_per_request for r in plan.rows if r.batch == b for c in r.candidates}
         curve = profile.curve(b)
-        scored = [(value.predict(clip(k), b, curve, context)[0].tokens_per_s, -k, clip(k)) for k in VLLM_GENERATOR_KS]
+        scored = [(scores[s] if s in scores else value.predict(s, b, curve, context)[0].tokens_per_s, -k, s)
+                  for k, s in ((k, clip(k)) for k in VLLM_GENERATOR_KS)]
         vllm[b] = max(scored, key=lambda x: (x[0], x[1]))[2]
     k1 = batch1_k if batch1_k is not None else plan.rows[0].best.setting.draft_tokens
     return {"vllm-generator": over(vllm),

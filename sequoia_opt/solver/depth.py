@@ -344,6 +344,14 @@ class ValueModel:
 
         return end_overshoot_tokens(tree.depth, self.path_probabilities(tree))
 
+    def answer_length_factor(self, tree: Tree, new_tokens: int) -> float:
+        """The factor on the tree's steady-state rate over answers of ``new_tokens`` tokens under this model
+        (:func:`~sequoia_opt.solver.generation.answer_length_factor`: the exact expected steps, the last one
+        truncated). Raises ValueError for ``new_tokens`` < 1."""
+        from .generation import answer_length_factor
+
+        return answer_length_factor(tree.depth, self.path_probabilities(tree), new_tokens)
+
     @property
     def label(self) -> str:
         """E.g. ``"by-depth acceptance of profile 'x'"``: what a table's title says its predictions use."""

@@ -24,10 +24,12 @@ which speculation stops paying is the largest measured one whose best setting sp
 measured batch size's best is plain decoding.
 
 Generation length: by default every rate is the steady state of long generations. With ``output_tokens`` = N (the
-requests' typical answer length), a speculating setting's rates are scaled by N / (N + E[O]), E[O] the tokens its
-last step would emit past a request's end (the renewal overshoot of :mod:`sequoia_opt.solver.generation`): a
-request of N tokens takes (N + E[O]) / G steps, not N / G. Short answers favour shorter drafts. Envelopes carry no
-overshoot model and stay at the steady state (the plan says so in its notes).
+requests' typical answer length), a speculating setting's rates are scaled by its ``length_factor``,
+N / (G E[tau]) with E[tau] the expected steps to emit N tokens, the last step truncated
+(:func:`~sequoia_opt.solver.generation.answer_length_factor`; about N / (N + E[O]) for long answers, E[O] the
+renewal overshoot; 1 / G at N = 1, where no draft can pay). Short answers favour shorter drafts. Tokens per step
+(G), the step's ms and the guard stay the steady state's. Envelopes carry no model of their step lengths and stay
+at the steady state (the plan says so in its notes).
 
 Intervals: every predicted rate carries a (low, high) interval. The default comes from the value model itself:
 the Wilson interval of the acceptance counts pushed through the same DP (chains, trees), or the calibration
@@ -55,7 +57,7 @@ Schedule file (``format: treeopt-schedule/1``, :func:`plan_document`, :func:`loa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -193,34 +195,42 @@ class Predicted:
     """A setting's predicted step at one batch size.
 
     Attributes:
-        setting: the setting.  batch: b.  cost: the step (G per request, ms, tokens/s per request, speedup
-            over plain decoding at the same batch size).
-        interval: (low, high) tokens/s per request.
+        setting: the setting.  batch: b.  cost: the steady-state step (G per request, ms, tokens/s per request,
+            speedup over plain decoding at the same batch size).
+        interval: (low, high) tokens/s per request, over the plan's answer length.
+        length_factor: the rates' factor over the plan's answer length (module docstring; 1: the steady state).
     """
 
     setting: SpecSetting
     batch: int
     cost: StepCost
     interval: tuple[float, float]
+    length_factor: float = 1.0
 
     @property
     def tokens_per_s_per_request(self) -> float:
-        return self.cost.tokens_per_s
+        return self.cost.tokens_per_s * self.length_factor
 
     @property
     def tokens_per_s_total(self) -> float:
-        return self.batch * self.cost.tokens_per_s
+        return self.batch * self.tokens_per_s_per_request
+
+    @property
+    def speedup(self) -> float:
+        """Over plain decoding at the same batch size, over the plan's answer length."""
+        return self.cost.speedup * self.length_factor
 
     def to_dict(self) -> dict[str, Any]:
         c, (lo, hi) = self.cost, self.interval
         return {"batch": self.batch, "setting": self.setting.label,
                 "expected_tokens_per_step": round(c.expected_tokens, 6), "step_ms": round(c.cost_ms, 4),
                 "draft_ms": round(c.draft_ms, 4), "target_ms": round(c.target_ms, 4),
-                "tokens_per_s_per_request": round(c.tokens_per_s, 4),
+                "length_factor": round(self.length_factor, 6),
+                "tokens_per_s_per_request": round(self.tokens_per_s_per_request, 4),
                 "tokens_per_s_per_request_interval": [round(lo, 4), round(hi, 4)],
                 "tokens_per_s_total": round(self.tokens_per_s_total, 4),
                 "tokens_per_s_total_interval": [round(self.batch * lo, 4), round(self.batch * hi, 4)],
-                "speedup": round(c.speedup, 6)}
+                "speedup": round(self.speedup, 6)}
 
 
 @dataclass(frozen=True)
@@ -333,7 +343,7 @@ class ChainValue:
         K = max(1, self.max_draft)
         sol, self.model_used = solve_profile(acceptance, K + 1, K, 1, acceptance_model)
         self.g = [1.0] + [float(sol.table[k + 1, k]) for k in range(1, K + 1)]
-        self._overshoot: dict[int, float] = {0: 0.0}
+        self._factors: dict[tuple[int, int], float] = {}
         self.g_lo, self.g_hi = list(self.g), list(self.g)
         self.interval_method = "none"
         if self._prompt_intervals(K):
@@ -375,17 +385,18 @@ class ChainValue:
     def settings(self) -> list[SpecSetting]:
         return [SpecSetting.chain(k) for k in range(0, self.max_draft + 1)]
 
-    def end_overshoot(self, setting: SpecSetting) -> float:
-        """E[O] (tokens) of a chain of ``setting.draft_tokens`` under the value model G is read from
-        (:meth:`~sequoia_opt.solver.depth.ValueModel.end_overshoot_tokens`); 0 for plain decoding."""
+    def length_factor(self, setting: SpecSetting, output_tokens: int) -> float:
+        """The rate's factor for a chain of ``setting.draft_tokens`` over answers of ``output_tokens`` tokens, under
+        the value model G is read from (:meth:`~sequoia_opt.solver.depth.ValueModel.answer_length_factor`); 1 for
+        plain decoding."""
         from ..tree import Tree
         from .depth import ValueModel
 
-        k = setting.draft_tokens
-        if k not in self._overshoot:
+        key = (setting.draft_tokens, int(output_tokens))
+        if key not in self._factors:
             vm = ValueModel.of_profile(self.acceptance, self.model_used)
-            self._overshoot[k] = vm.end_overshoot_tokens(Tree.chain(k + 1))
-        return self._overshoot[k]
+            self._factors[key] = vm.answer_length_factor(Tree.chain(key[0] + 1), key[1])
+        return self._factors[key]
 
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
                 context: int | None) -> tuple[StepCost, tuple[float, float]]:
@@ -472,14 +483,15 @@ class TreeValue:
         hi = ci[:, 1] / max(1.0, float(ci[:, 1].sum()))  # a vector's mass is at most 1
         return cost, _tps_interval(tree.expected_tokens(ci[:, 0]), max(g, tree.expected_tokens(hi)), cost)
 
-    def end_overshoot(self, setting: SpecSetting) -> float:
-        """E[O] (tokens) of the setting's tree under the positional vector it is valued by; 0 without a tree."""
-        from .generation import end_overshoot_tokens
+    def length_factor(self, setting: SpecSetting, output_tokens: int) -> float:
+        """The rate's factor for the setting's tree over answers of ``output_tokens`` tokens, under the positional
+        vector it is valued by; 1 without a tree."""
+        from .generation import answer_length_factor
 
         if setting.shape != "tree":
-            return 0.0
+            return 1.0
         tree = setting.tree()
-        return end_overshoot_tokens(tree.depth, tree.path_probabilities(self.acceptance.acceptance))
+        return answer_length_factor(tree.depth, tree.path_probabilities(self.acceptance.acceptance), output_tokens)
 
 
 # ---------------------------------------------------------------------------------------------- solving
@@ -490,13 +502,11 @@ def _predict(value: Any, setting: SpecSetting, batch: int, curve: LatencyCurve, 
     cost, iv = value.predict(setting, batch, curve, context)
     if interval is not None:
         iv = tuple(float(x) for x in interval(setting, batch, cost))
-    if output_tokens is not None and setting.speculates and hasattr(value, "end_overshoot"):
-        from .generation import finite_generation_factor
-
-        f = finite_generation_factor(value.end_overshoot(setting), output_tokens)
-        cost = replace(cost, tokens_per_s=cost.tokens_per_s * f, speedup=cost.speedup * f)
+    f = 1.0
+    if output_tokens is not None and setting.speculates and hasattr(value, "length_factor"):
+        f = value.length_factor(setting, output_tokens)
         iv = (iv[0] * f, iv[1] * f)
-    return Predicted(setting, batch, cost, iv)
+    return Predicted(setting, batch, cost, iv, f)
 
 
 def check_output_tokens(output_tokens: int | None) -> None:
@@ -510,7 +520,7 @@ def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None
     settings = value.settings_at(batch, curve, context) if hasattr(value, "settings_at") else value.settings()
     out = [_predict(value, s, batch, curve, context, interval, output_tokens) for s in settings]
     # best first; ties (equal rate) go to the setting that drafts less
-    out.sort(key=lambda p: (-round(p.cost.tokens_per_s, 9), p.setting.draft_tokens, p.setting.label))
+    out.sort(key=lambda p: (-round(p.tokens_per_s_per_request, 9), p.setting.draft_tokens, p.setting.label))
     return out
 
 
@@ -572,7 +582,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
         plain = next(p for p in cands if not p.setting.speculates)
         best = cands[0]
         if min_gain > 0 and best.setting.speculates and \
-                best.cost.tokens_per_s <= plain.cost.tokens_per_s * (1.0 + min_gain):
+                best.tokens_per_s_per_request <= plain.tokens_per_s_per_request * (1.0 + min_gain):
             best = plain
         rows.append(BatchRow(b, best, plain, tuple(cands)))
         if first_is_longest and cap is None:
@@ -602,9 +612,9 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
 
 
 def _length_notes(value: Any, output_tokens: int | None) -> list[str]:
-    if output_tokens is not None and not hasattr(value, "end_overshoot"):
-        return [f"{value.shape} rates are the steady state: no overshoot model scales them to {output_tokens}-token "
-                "answers"]
+    if output_tokens is not None and not hasattr(value, "length_factor"):
+        return [f"{value.shape} rates are the steady state: no model of their step lengths scales them to "
+                f"{output_tokens}-token answers"]
     return []
 
 
@@ -739,7 +749,7 @@ def guard_rules(plan: Plan) -> list[GuardRule]:
         except ProfileError:
             continue
         g = p.cost.expected_tokens
-        low = min(g, p.interval[0] * p.cost.cost_ms / 1000.0)
+        low = min(g, p.interval[0] / p.length_factor * p.cost.cost_ms / 1000.0)  # the steady state's, as g
         rules.append(GuardRule(r.lo, r.hi, r.setting.label, g, low, p.cost.cost_ms / plain_ms, plan.interval_method))
     return rules
 
