@@ -59,8 +59,9 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
     verify with the logits handed to acceptance, bookkeeping, the draft beyond c(b, w)), which the cost model then
     charges as at batch 1 (issue 31): T(b, n) timed alone leaves out per-row work that grows with b. The drafter is
     the draft model, or ``loop_drafter`` (a function making a fresh drafter, e.g. ``ModelPair.new_drafter``) where
-    there is none: an n-gram drafter's steps run on :func:`~sequoia_opt.profiling.steps.repeating_prompts`, where
-    it proposes a full chain (it proposes nothing on random ids).
+    there is none, at the batch sizes it serves (``max_rows``); without a draft model the steps run on
+    :func:`~sequoia_opt.profiling.steps.repeating_prompts`, text that copies itself, where the target accepts what
+    n-grams draft and each step commits whole chains, as on the requests n-grams pay on.
 
     Raises ProfileError as :func:`profile_model` (empty grid, context past the model's).
     """
@@ -83,11 +84,13 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
         overhead = measure_batch_overhead(target, draft, int(b))
         loops = None
         drafter = draft if draft is not None else loop_drafter
+        if drafter is not None and draft is None and getattr(drafter(), "max_rows", 1) < int(b):
+            drafter = None  # a drafter serving fewer rows (self layer-skip: one) has no step at b rows to time
         if loop is not None and drafter is not None:
             from .steps import repeating_prompts, static_loop_decoders, time_loop
 
             V = target.config.vocab_size
-            copies = draft is None  # n-grams (or a head): text that repeats, where n-grams draft a full chain
+            copies = draft is None  # n-grams (or a head): text that repeats, whose drafts the target accepts
             # a row may accept a whole chain each step on text that repeats: room for every step's n tokens
             longest = max(contexts) + (16 * max(token_counts) if copies else 2 * max(token_counts)) + 16
             make = static_loop_decoders(target, drafter, max_len=longest, max_batch=int(b), policy=loop)

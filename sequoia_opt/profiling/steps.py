@@ -77,8 +77,9 @@ def probe_tree(n: int, policy: str = "static") -> Tree:
 
 def repeating_prompts(rows: int, context: int, vocab_size: int, *, period: int = 16, seed: int = 0) -> list[list[int]]:
     """``rows`` prompts of ``context + 1`` tokens, each a random segment of ``period`` ids repeated: text that copies
-    itself, where an n-gram drafter (prompt lookup) finds a match and proposes a full chain at every step, as it
-    does on the requests it pays on. Random prompts would time no n-gram step at all: nothing in them repeats.
+    itself, where an n-gram drafter (prompt lookup) proposes the segment's continuation and a target that copies
+    accepts it, so each step commits a whole chain, as on the requests n-grams pay on. On random ids n-grams match
+    nothing and pad their chains with filler that the target rejects: a step that commits one token.
 
     Raises:
         ValueError: ``period`` < 2 or ``rows`` < 1.
@@ -118,7 +119,7 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
         rows: the batch size b: every step runs b rows (b random prompts), the table is the loop's step at b
             (the decoders must take ``max_batch`` >= b); a step where a row's tree was clipped is not counted.
         prompts: the b prompts of ``context + 1`` tokens to step (default: random ids); e.g.
-            :func:`repeating_prompts` for an n-gram drafter, which proposes nothing on random ids.
+            :func:`repeating_prompts` for an n-gram drafter, whose drafts are accepted only on text that repeats.
 
     Returns:
         :class:`LoopTable`; a step the decoder clipped (near the end of the context) is not counted.

@@ -265,7 +265,7 @@ def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: S
     :func:`~sequoia_opt.profiling.steps.time_loop`: the logits of b x n rows read into Python, the acceptance,
     the commits), which the cost model charges instead of T(b, n) plus the overhead (issue 31: on this engine the
     step's work outside ``llama_decode`` grows with b x n). n-grams step on
-    :func:`~sequoia_opt.profiling.steps.repeating_prompts`, where they propose a full chain.
+    :func:`~sequoia_opt.profiling.steps.repeating_prompts`, where the target accepts their chains.
 
     Returns:
         the :class:`~sequoia_opt.profiles.batch.BatchLatencyProfile` (``treeopt-latency-batch/1``).
