@@ -28,10 +28,10 @@ Peers, on the same measurements: vLLM's ``generate_config.py`` rule (at each bat
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine treeopt --workload eval
 
 Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(4, 3 b) requests per batch size, 2 rounds;
-a stream of 24 requests x 12 tokens) are the smallest that still reach 16 live rows and give each K two rounds;
-on this 2-core machine under load 3-6 the llama.cpp editing run took 28 min (profiling 4, batch 16 alone 7, the
-stream 9). treeopt's float32 decoder is slower per token: ``--new 10 --min-prompts 3 --stream-requests 20
---stream-tokens 8 --profile-rounds 1`` keeps it near that. The editing answers copy the function after a short
+a stream of 24 requests x 12 tokens) reach 16 live rows and give each K two rounds. With nothing else running,
+``--engine llama.cpp --workload eval --stream-requests 20 --stream-tokens 8`` took 58 min (``tune`` 17, timing the
+loop's step at every batch size with the draft GGUF; batch 16 alone 17); ``--engine treeopt --workload eval
+--turnovers 2 --stream-requests 20 --stream-tokens 8`` took 31 min (``tune`` 12). The editing answers copy the function after a short
 preamble, so 16 tokens understate what n-grams accept (``--new 48`` matches the profile's 48, at 3x the time).
 
 Writes ``results/schedules/<date>-<engine>-<workload>.json`` (and the run's profiles and plan beside it) and
@@ -217,6 +217,9 @@ def main() -> None:
         return
     if args.engine is None or args.workload is None:
         ap.error("--engine and --workload are required (or --markdown FILE...)")
+    for name in ("new", "turnovers", "rounds", "min_prompts"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
     torch.set_num_threads(args.threads)
     t_start = time.time()
     batches = parse_batches(args.batches)
@@ -318,7 +321,9 @@ def main() -> None:
         last = max(plan.ranges[-1].hi, args.stream_peak)
         vr = [(1 if i == 0 else b, (batches[i + 1] - 1) if i + 1 < len(batches) else last, vllm_rule[b])
               for i, b in enumerate(batches)]
-        plan_ranges = [(lo, hi if i + 1 < len(ranges) else last, k) for i, (lo, hi, k) in enumerate(ranges)]
+        # from 1 live row (a plan solved from --batches 2,... starts at 2) to the stream's peak
+        plan_ranges = [(1 if i == 0 else lo, hi if i + 1 < len(ranges) else last, k)
+                       for i, (lo, hi, k) in enumerate(ranges)]
         settings: dict[str, dict] = {f"K={k}": {"k": k} for k in ks}
         settings["plan"] = {"ranges": plan_ranges}
         settings["vllm-generator"] = {"ranges": vr}
@@ -407,6 +412,13 @@ def print_tables(doc: dict) -> None:
     print("goals: " + json.dumps(doc["goals"]))
 
 
+def _stops(above: int | None) -> str:
+    if above == 0:
+        return "speculation pays at no batch size"
+    return "speculation pays up to the largest batch size" if above is None else \
+        f"speculation stops paying above batch {above}"
+
+
 def _speedups(r: dict) -> str:
     if r.get("plan_predicted_speedup") is None or r.get("plan_measured_speedup") is None:
         return "-"  # a results file from before the column, or no K = 0 run
@@ -420,7 +432,7 @@ def markdown(doc: dict, source: str) -> str:
     g = doc["goals"]
     out = [f"**{doc['engine']}, {doc['workload']} workload ({doc['drafter'] or 'draft model'})**: plan "
            + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in doc["plan"]["ranges"])
-           + f"; speculation stops paying above batch {doc['plan']['stops_paying_above']} "
+           + "; " + _stops(doc["plan"]["stops_paying_above"]) + " "
            f"(`{source}`, {doc['rounds']} rounds, medians)", "",
            "| batch | " + " | ".join(f"K={k}" for k in ks) + " | best K | plan K | regret | predicted | error "
            "| speedup predicted / measured |",
