@@ -12,11 +12,12 @@ workload with its drafter:
 
 Steps, in one machine state: ``treeopt tune`` measures T(b, n), c(b, w), the overhead per batch size and the
 drafter's acceptance (on the workload's *profile* prompts, never the eval ones) and solves the plan; then for each
-batch size b, ``--rounds`` interleaved rounds (the order of the Ks rotates each round) serve max(4, 3 b) eval
-requests at a steady concurrency of b with every fixed K (continuous batching: a finished row's slot takes the next
-request; only the steps with b live rows are timed, as a server at concurrency b runs them); then the stream
-(``--stream-requests`` requests of ``--stream-tokens`` tokens; after step s the batch is refilled up to
-min(16, s + 1) live rows while requests remain) with every fixed K, the plan and vLLM's rule, in rounds. Greedy
+batch size b, ``--rounds`` rounds serve max(4, 3 b) eval requests at a steady concurrency of b with every fixed K
+(continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
+server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
+after step s the batch is refilled up to min(16, s + 1) live rows while requests remain) with every fixed K, the
+plan and vLLM's rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in
+turn (the order rotates each round), so every setting is timed in the same seconds of this VM's drifting speed. Greedy
 output is checked token for token: every run against plain decoding of the same requests. Decode time excludes
 prefill (the first rows' and the joiners'); the stream's wall time includes the joiners'.
 
@@ -93,84 +94,140 @@ class Engine:
             self.threads = threads
             self._ctx: dict[int, Any] = {}
 
-    def _contexts(self, rows: int):
-        """llama.cpp contexts of ``rows`` sequences (a KV cache per sequence), made once per row count."""
+    def _contexts(self, rows: int, slot: int = 0):
+        """llama.cpp contexts of ``rows`` sequences (a KV cache per sequence), made once per (row count, slot): the
+        settings of one lockstep comparison each need their own (a context's cache holds one decoder's rows)."""
         from sequoia_opt.engines.llamacpp import LlamaCppModel
 
-        if rows not in self._ctx:
+        if (rows, slot) not in self._ctx:
             cfg = dict(n_ctx=self.max_len * rows, n_threads=self.threads, n_seq_max=rows, kv_unified=False)
             tm = LlamaCppModel(self.gguf.target, **cfg)
             dm = None if self.lookup else LlamaCppModel(self.gguf.draft, **cfg)
-            self._ctx[rows] = (tm, dm)
-        return self._ctx[rows]
+            self._ctx[rows, slot] = (tm, dm)
+        return self._ctx[rows, slot]
 
-    def drafter(self, rows: int):
+    def release(self) -> None:
+        """Drop the llama.cpp contexts made so far (each batch size's set is used once)."""
+        if self.name != "treeopt":
+            self._ctx.clear()
+
+    def drafter(self, rows: int, slot: int = 0):
         if self.lookup:
             return PromptLookupDrafter(self.vocab)
         if self.name == "treeopt":
             return self.pair.new_drafter()
         from sequoia_opt.engines.llamacpp import LlamaCppDrafter
 
-        return LlamaCppDrafter(self._contexts(rows)[1])
+        return LlamaCppDrafter(self._contexts(rows, slot)[1])
 
-    def decoder(self, rows: int, k: int | None = None, ranges: list[tuple[int, int, int]] | None = None) -> Decoder:
+    def decoder(self, rows: int, k: int | None = None, ranges: list[tuple[int, int, int]] | None = None,
+                slot: int = 0) -> Decoder:
+        """A decoder of up to ``rows`` rows drafting a fixed chain of ``k`` (0: plain decoding) or the plan's
+        ``ranges`` (live rows lo..hi -> K); ``slot`` keeps the decoders of one lockstep comparison apart."""
         if ranges is not None:
-            policy = SchedulePolicy(self.drafter(rows), [(lo, hi, Tree.chain(kk + 1)) for lo, hi, kk in ranges])
+            policy = SchedulePolicy(self.drafter(rows, slot), [(lo, hi, Tree.chain(kk + 1)) for lo, hi, kk in ranges])
             if all(kk == 0 for *_, kk in ranges):
                 policy = None
         else:
-            policy = StaticTreePolicy(self.drafter(rows), Tree.chain(k + 1)) if k else None
+            policy = StaticTreePolicy(self.drafter(rows, slot), Tree.chain(k + 1)) if k else None
         if self.name == "treeopt":
             return Decoder(self.pair.target, policy, max_batch=rows, max_len=self.max_len)
         from sequoia_opt.engines.llamacpp import LlamaCppTarget
 
-        return Decoder(LlamaCppTarget(self._contexts(rows)[0], max_batch=rows), policy, max_batch=rows)
+        return Decoder(LlamaCppTarget(self._contexts(rows, slot)[0], max_batch=rows), policy, max_batch=rows)
 
 
 # ---------------------------------------------------------------------------------------------- runs
-def run_batch(eng: Engine, b: int, k: int, prompts: list[list[int]], new: int) -> dict:
-    """The requests served at a steady concurrency of b, as a server runs b requests: b rows start, and each row
-    that finishes is replaced by the next waiting request between two steps (continuous batching,
-    :meth:`Decoder.join`). Only the steps with all b rows live are timed and counted: the ramp-down after the last
-    join (fewer live rows, the slowest requests' tail) is what a server at concurrency b never runs. Returns tokens
-    per request (request order), decode ms of those steps (prefill and joins excluded), their steps and tokens."""
-    dec = eng.decoder(b, k)
-    state = dec.start_batch(prompts[:b], new)
-    waiting = list(range(b, len(prompts)))
-    ms, steps, emitted = 0.0, 0, 0
-    while waiting or not state.finished:
-        room = b - state.batch
-        if waiting and room > 0:
-            take = [waiting.pop(0) for _ in range(min(room, len(waiting)))]
-            dec.join(state, [prompts[i] for i in take], new)
-        st = dec.step(state)
-        if st.batch == b:
-            ms += st.total_ms
-            steps += 1
-            emitted += sum(st.emitted)
-    return {"tokens": [r.tokens for r in state.results], "ms": ms, "steps": steps, "emitted": emitted}
+class Served:
+    """One setting serving its requests by continuous batching, advanced a block of steps at a time so that the
+    settings of one comparison run in lockstep (:func:`lockstep`).
+
+    After step s the batch is refilled up to ``concurrency(s)`` live rows while requests wait (a finished row's
+    slot takes the next request between two steps, :meth:`Decoder.join`, as vLLM, SGLang and llama-server run
+    requests). ``timed_rows``: only the steps with that many live rows are timed and counted (a steady
+    concurrency; the ramp-down after the last join, the slowest requests' tail, is what a server at that
+    concurrency never runs); None: every step, and ``ms`` is the setting's own wall time (its steps and joins)
+    less prefill.
+    """
+
+    def __init__(self, dec: Decoder, prompts: list[list[int]], new: int, concurrency, timed_rows: int | None):
+        self.dec, self.prompts, self.new = dec, prompts, new
+        self.concurrency, self.timed_rows = concurrency, timed_rows
+        self.state = None
+        self.waiting = list(range(len(prompts)))
+        self.s = self.steps = self.emitted = 0
+        self.ms = self.wall_ms = 0.0
+        self.live: list[int] = []
+
+    @property
+    def done(self) -> bool:
+        return self.state is not None and not self.waiting and self.state.finished
+
+    def advance(self, steps: int) -> None:
+        """Up to ``steps`` steps (fewer when the requests run out)."""
+        for _ in range(steps):
+            if self.done:
+                return
+            t0 = time.perf_counter()
+            want = self.concurrency(self.s)
+            if self.state is None:
+                take = [self.waiting.pop(0) for _ in range(min(want, len(self.waiting)))]
+                self.state = self.dec.start_batch([self.prompts[i] for i in take], self.new)
+            room = want - self.state.batch
+            if self.waiting and room > 0:
+                take = [self.waiting.pop(0) for _ in range(min(room, len(self.waiting)))]
+                self.dec.join(self.state, [self.prompts[i] for i in take], self.new)
+            if not self.state.finished:
+                st = self.dec.step(self.state)
+                self.live.append(st.batch)
+                if self.timed_rows is None or st.batch == self.timed_rows:
+                    self.ms += st.total_ms
+                    self.steps += 1
+                    self.emitted += sum(st.emitted)
+            self.s += 1
+            self.wall_ms += (time.perf_counter() - t0) * 1e3
+
+    def result(self) -> dict:
+        """Tokens per request (request order), the timed ms, steps and tokens, the live rows per step."""
+        ms = self.ms if self.timed_rows is not None else self.wall_ms - self.state.prefill_ms
+        return {"tokens": [r.tokens for r in self.state.results], "ms": ms, "steps": self.steps,
+                "emitted": self.emitted if self.timed_rows is not None else
+                sum(len(r.tokens) for r in self.state.results),
+                "wall_ms": self.wall_ms, "live": self.live}
 
 
-def run_stream(eng: Engine, prompts: list[list[int]], new: int, peak: int, *, k: int | None = None,
-               ranges: list[tuple[int, int, int]] | None = None) -> dict:
-    """The stream (module docstring): wall ms (joins included), tokens per request, the live rows per step."""
-    dec = eng.decoder(peak, k, ranges)
-    waiting = list(range(1, len(prompts)))
-    t0 = time.perf_counter()
-    state = dec.start_batch([prompts[0]], new)
-    live = []
-    s = 0
-    while waiting or not state.finished:
-        room = min(peak, s + 1) - state.batch
-        if waiting and room > 0:
-            take = [waiting.pop(0) for _ in range(min(room, len(waiting)))]
-            dec.join(state, [prompts[i] for i in take], new)
-        if not state.finished:
-            live.append(dec.step(state).batch)
-        s += 1
-    wall = (time.perf_counter() - t0) * 1e3
-    return {"tokens": [r.tokens for r in state.results], "ms": wall - state.prefill_ms, "wall_ms": wall,
-            "live": live, "emitted": sum(len(r.tokens) for r in state.results)}
+def lockstep(served: list[Served], block: int) -> None:
+    """Advance every setting ``block`` steps in turn until all have served their requests.
+
+    This VM's speed moves by tens of percent over tens of seconds; a setting timed alone, minutes after another,
+    is timed at another speed, and the comparison (the regret, the speedup) carries the drift. In lockstep every
+    setting is timed in the same seconds. Blocks of a few steps rather than single ones: a server steps one
+    decoder many times in a row (its weights and caches stay warm), and single alternated steps read the
+    speculative step a few percent cheaper against plain (:data:`sequoia_opt.profiling.steps.CHECK_BLOCK_STEPS`).
+    """
+    while not all(x.done for x in served):
+        for x in served:
+            x.advance(block)
+
+
+def run_batch(eng: Engine, b: int, ks: list[int], prompts: list[list[int]], new: int, block: int) -> dict[int, dict]:
+    """The requests served at a steady concurrency of b with every fixed K in ``ks``, in lockstep (in that order);
+    per K: tokens per request, decode ms of the steps with b live rows (prefill and joins excluded), their steps
+    and tokens."""
+    served = {k: Served(eng.decoder(b, k, slot=i), prompts, new, lambda s: b, b) for i, k in enumerate(ks)}
+    lockstep(list(served.values()), block)
+    return {k: x.result() for k, x in served.items()}
+
+
+def run_stream(eng: Engine, prompts: list[list[int]], new: int, peak: int, settings: dict[str, dict],
+               block: int) -> dict[str, dict]:
+    """The stream (module docstring) served with every setting (``{"k": K}`` or ``{"ranges": [...]}``) in
+    lockstep: per setting its own wall ms (steps and joins, prefill excluded), tokens per request, the live rows
+    per step."""
+    served = {n: Served(eng.decoder(peak, slot=i, **st), prompts, new, lambda s: min(peak, s + 1), None)
+              for i, (n, st) in enumerate(settings.items())}
+    lockstep(list(served.values()), block)
+    return {n: x.result() for n, x in served.items()}
 
 
 def rel(path: Path) -> str:
@@ -200,6 +257,8 @@ def main() -> None:
                     help="requests per batch size: at least b x this (each row slot serves this many requests)")
     ap.add_argument("--max-prompt-tokens", type=int, default=96, help="eval prompts are cut to their last N tokens")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--block-steps", type=int, default=4,
+                    help="the settings compared run in lockstep, this many steps each in turn")
     ap.add_argument("--stream-requests", type=int, default=24)
     ap.add_argument("--stream-tokens", type=int, default=12)
     ap.add_argument("--stream-peak", type=int, default=16)
@@ -217,7 +276,7 @@ def main() -> None:
         return
     if args.engine is None or args.workload is None:
         ap.error("--engine and --workload are required (or --markdown FILE...)")
-    for name in ("new", "turnovers", "rounds", "min_prompts"):
+    for name in ("new", "turnovers", "rounds", "min_prompts", "block_steps"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     torch.set_num_threads(args.threads)
@@ -266,9 +325,10 @@ def main() -> None:
         runs: dict[int, list[dict]] = {k: [] for k in ks}
         for r in range(args.rounds):
             order = ks[r % len(ks):] + ks[: r % len(ks)]
-            for k in order:
-                runs[k].append(run_batch(eng, b, k, prompts, args.new))
+            for k, res_k in run_batch(eng, b, order, prompts, args.new, args.block_steps).items():
+                runs[k].append(res_k)
             log(f"batch {b} round {r + 1}/{args.rounds}")
+        eng.release()
         plain = runs[0][0]["tokens"] if 0 in runs else None
         per_k = {}
         for k in ks:
@@ -336,9 +396,12 @@ def main() -> None:
         same_as = {n: next(m for m in names if k_by_rows[m] == k_by_rows[n]) for n in names}
         runs_of = [n for n in names if same_as[n] == n]
         for r in range(args.rounds):
-            for n in runs_of[r % len(runs_of):] + runs_of[: r % len(runs_of)]:
-                sruns[n].append(run_stream(eng, sp, args.stream_tokens, args.stream_peak, **settings[n]))
+            order = runs_of[r % len(runs_of):] + runs_of[: r % len(runs_of)]
+            for n, res_n in run_stream(eng, sp, args.stream_tokens, args.stream_peak, {n: settings[n] for n in order},
+                                       args.block_steps).items():
+                sruns[n].append(res_n)
             log(f"stream round {r + 1}/{args.rounds}")
+        eng.release()
         for n in names:
             sruns[n] = sruns[same_as[n]]
         ref = sruns["K=0"][0]["tokens"] if "K=0" in sruns else None
@@ -382,7 +445,8 @@ def main() -> None:
            "workload": args.workload, "drafter": draft, "prompts": rel(eval_file),
            "profile_prompts": rel(profile_file), "threads": args.threads,
            "rounds": args.rounds, "new_tokens": args.new, "output_tokens": args.output_tokens or args.new,
-           "turnovers": args.turnovers, "measurement": "steady concurrency (continuous batching, b rows live)",
+           "turnovers": args.turnovers, "measurement": "steady concurrency (continuous batching, b rows live); settings in lockstep",
+           "block_steps": args.block_steps,
            "context_tokens": context, "batches": batches, "ks": ks,
            "profiles": res.profiles, "plan": {"ranges": [list(x) for x in ranges],
                                               "stops_paying_above": plan.stops_paying_above,

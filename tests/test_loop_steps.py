@@ -14,7 +14,8 @@ from tiny_pair import noisy_copy, random_model  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.profiles import LatencyCurve, load_latency, save_latency  # noqa: E402
 from sequoia_opt.profiling.latency import build_latency_profile, profile_model  # noqa: E402
-from sequoia_opt.profiling.steps import LoopTable, draft_extra_ms, probe_tree, static_loop_decoders, time_loop  # noqa: E402
+from sequoia_opt.profiling.steps import (LoopTable, draft_extra_ms, probe_tree, ratio_rel_se,  # noqa: E402
+                                         static_loop_decoders, time_loop)
 from sequoia_opt.solver.hardware import choose, plain_ms_per_token, step_cost  # noqa: E402
 from sequoia_opt.tree import Tree  # noqa: E402
 
@@ -177,6 +178,41 @@ def test_time_loop_runs_every_step_at_the_batch_size():
 
     table = time_loop(leaving, [1, 2], 8, 50, steps=8, warmup=1, rounds=1, rows=3)
     assert table.timed == [8, 4]  # steps 2-5 of 1 + 8 counted at size 2; the plain reference's all 8
+
+
+def test_ratio_rel_se_is_the_medians_normal_error_from_the_mad():
+    # median 2, MAD 1: 1.2533 x 1.4826 / sqrt(3) / 2
+    assert ratio_rel_se([1.0, 2.0, 3.0]) == pytest.approx(1.2533 * 1.4826 / 3 ** 0.5 / 2)
+    assert ratio_rel_se([5.0] * 8) == 0.0
+    assert ratio_rel_se([1.0, 2.0]) == float("inf")  # too few to say
+    assert ratio_rel_se([-1.0, 0.0, 0.0]) == float("inf")
+
+
+def test_time_loop_adds_rounds_only_for_sizes_still_noisy():
+    """max_rounds: after the first round, a size whose step ratio scatters (size 3: verify +-30 % step to step)
+    gets more rounds until max_rounds; a steady one (size 2) is done after its first."""
+    made = []
+
+    class Noisy(_FakeDecoder):
+        def step(self, state):
+            out = super().step(state)
+            if self.n == 3:
+                out.verify_ms *= 1.3 if self.steps % 2 else 0.7
+            return out
+
+    def make(n):
+        made.append(n)
+        return Noisy(n, {"slow": 1.0})
+
+    table = time_loop(make, [1, 2, 3], 8, 50, steps=4, warmup=0, rounds=1, max_rounds=4, make_plain=lambda: Noisy(
+        1, {"slow": 1.0}))
+    assert made.count(2) == 1 and made.count(3) == 4
+    assert table.timed == [4 * 5, 4, 16]  # the plain reference steps beside every timed step
+    assert table.verify_ms[1] == pytest.approx(12.0)
+    # without max_rounds, one round each, as before
+    made.clear()
+    time_loop(make, [1, 2, 3], 8, 50, steps=4, warmup=0, rounds=1, make_plain=lambda: Noisy(1, {"slow": 1.0}))
+    assert made == [2, 3]
 
 
 def test_batch_profiles_time_the_loop_at_every_batch_size():

@@ -87,7 +87,7 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
         if drafter is not None and draft is None and getattr(drafter(), "max_rows", 1) < int(b):
             drafter = None  # a drafter serving fewer rows (self layer-skip: one) has no step at b rows to time
         if loop is not None and drafter is not None:
-            from .steps import repeating_prompts, static_loop_decoders, time_loop
+            from .steps import LOOP_MAX_ROUNDS, repeating_prompts, static_loop_decoders, time_loop
 
             V = target.config.vocab_size
             copies = draft is None  # n-grams (or a head): text that repeats, whose drafts the target accepts
@@ -95,7 +95,7 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
             longest = max(contexts) + (16 * max(token_counts) if copies else 2 * max(token_counts)) + 16
             make = static_loop_decoders(target, drafter, max_len=longest, max_batch=int(b), policy=loop)
             loops = [time_loop(make, token_counts, int(c), V, policy=loop, rounds=max(1, min(int(rounds), 2)),
-                               rows=int(b), progress=progress,
+                               max_rounds=LOOP_MAX_ROUNDS, rows=int(b), progress=progress,
                                prompts=repeating_prompts(int(b), int(c), V) if copies else None)
                      for c in contexts]
         curves[int(b)] = build_latency_profile(

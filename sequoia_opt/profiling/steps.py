@@ -34,7 +34,8 @@ import torch
 from ..decoding import Decoder
 from ..tree import Tree
 
-__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "static_loop_decoders", "draft_extra_ms",
+__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "ratio_rel_se", "DEFAULT_REL_SE",
+           "LOOP_MAX_ROUNDS", "static_loop_decoders", "draft_extra_ms",
            "StepCheck", "check_chosen_step"]
 
 ProgressFn = Callable[[str, int, int], None]
@@ -94,10 +95,31 @@ def repeating_prompts(rows: int, context: int, vocab_size: int, *, period: int =
     return out
 
 
+#: the relative standard error a step ratio is measured to when :func:`time_loop` may add rounds (``max_rounds``)
+DEFAULT_REL_SE = 0.02
+#: the most rounds a latency profile times the loop's step in at one batch size (``max_rounds`` of the batch
+#: profilers, treeopt's and llama.cpp's): a size gets more rounds until its step ratio is known to 2 %
+LOOP_MAX_ROUNDS = 6
+
+
+def ratio_rel_se(xs: Sequence[float]) -> float:
+    """The standard error of the median of ``xs`` relative to it, from the median absolute deviation (robust to
+    the heavy tail of a shared machine's step times): 1.2533 x 1.4826 MAD / sqrt(k) / median, the normal
+    approximation of the median's error. inf with fewer than 3 values or a median <= 0."""
+    if len(xs) < 3:
+        return float("inf")
+    med = statistics.median(xs)
+    if med <= 0:
+        return float("inf")
+    mad = statistics.median(abs(x - med) for x in xs)
+    return 1.2533 * 1.4826 * mad / (len(xs) ** 0.5) / med
+
+
 def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
               policy: str = "static", steps: int = 8, warmup: int = 2, rounds: int = 2, seed: int = 0,
               progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None,
-              rows: int = 1, prompts: Sequence[Sequence[int]] | None = None) -> LoopTable:
+              rows: int = 1, prompts: Sequence[Sequence[int]] | None = None, max_rounds: int | None = None,
+              rel_se: float = DEFAULT_REL_SE) -> LoopTable:
     """Time the loop's steps at every tree size (module docstring), each alternated step by step with a plain
     decoding step (the reference), as :func:`~sequoia_opt.profiling.latency.profile_model` pairs T(n) with T(1).
 
@@ -113,6 +135,10 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
         token_counts: tree sizes n (the target curve's grid, with 1: the plain baseline).
         context: committed tokens before the timed steps (random ids below ``vocab_size``).
         steps / warmup: timed and untimed step pairs per size and round.  rounds: sweeps of the grid.
+        max_rounds: up to this many sweeps in all (default ``rounds``): after ``rounds``, the sizes whose step
+            ratio's relative standard error is still above ``rel_se`` (:func:`ratio_rel_se`) get another round, until each is
+            or the rounds run out. On this VM a step's time scatters by 10-30 %, and 16 pairs left the chain's
+            first drafted token 15 % cheaper than 108 pairs measured it (and the plan chose K = 1 for it).
         make_plain: the reference's plain decoder, one that does not share state with ``make_decoder``'s (a
             llama.cpp target context holds one sequence: the reference needs its own); default
             ``make_decoder(1)`` (treeopt's decoder: each decoder owns its caches).
@@ -135,10 +161,17 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
     plain: list[tuple[float, float]] = []  # (verify, bookkeeping) of every reference step
     ratios: dict[int, list[tuple[float, float, float]]] = {int(n): [] for n in token_counts if n > 1}
     sizes = [int(n) for n in token_counts if n > 1]
+    last = max(int(rounds), int(max_rounds or rounds))
     total, done = max(1, len(sizes)) * rounds, 0
     with torch.inference_mode():
-        for r in range(rounds):
-            for n in sizes or [1]:
+        for r in range(last):
+            todo = sizes if r < rounds else [n for n in sizes if ratio_rel_se(
+                [sum(x) for x in ratios[n]]) > rel_se]
+            if r >= rounds and not todo:
+                break
+            if r >= rounds:
+                total += len(todo)
+            for n in todo or [1]:
                 ref = make_plain()
                 ref_state = ref.start_batch(prompts, warmup + steps + 1)
                 dec = make_decoder(n) if n > 1 else None
@@ -170,8 +203,8 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
                 del ref, dec
                 done += 1
                 if progress:
-                    progress(f"loop step ({policy}), context {context}, {n} tokens, round {r + 1}/{rounds}", done,
-                             total)
+                    progress(f"loop step ({policy}), context {context}, {n} tokens, round {r + 1}/"
+                             f"{rounds if r < rounds else last}", done, total)
     table = LoopTable(context=int(context), policy=policy)
     if not plain:
         return table

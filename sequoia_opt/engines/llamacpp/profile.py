@@ -317,7 +317,7 @@ def _batch_loop_tables(target_path: Path, draft_path: Path | None, lookup: tuple
     contexts: room for every timed step to commit a whole chain (text that repeats is accepted), which the
     T(b, n) contexts are not sized for."""
     from ...drafting.drafters import PromptLookupDrafter
-    from ...profiling.steps import repeating_prompts, time_loop
+    from ...profiling.steps import LOOP_MAX_ROUNDS, repeating_prompts, time_loop
     from .target import LlamaCppDrafter
 
     widest = max(token_counts)
@@ -335,7 +335,7 @@ def _batch_loop_tables(target_path: Path, draft_path: Path | None, lookup: tuple
                                                        prompt_lookup_max=hi)
         make, plain = batch_loop_decoders(tm, make_drafter, ref, batch)
         return [time_loop(make, token_counts, int(c), tm.n_vocab, policy="chain", rounds=max(1, min(rounds, 2)),
-                          progress=progress, make_plain=plain, rows=batch,
+                          max_rounds=LOOP_MAX_ROUNDS, progress=progress, make_plain=plain, rows=batch,
                           prompts=repeating_prompts(batch, int(c), tm.n_vocab) if draft_path is None else None)
                 for c in contexts]
 
