@@ -32,7 +32,7 @@ Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(4, 3 b) 
 a stream of 24 requests x 12 tokens) reach 16 live rows and give each K two rounds. With nothing else running,
 ``--engine llama.cpp --workload eval --stream-requests 20 --stream-tokens 8`` took 58 min (``tune`` 17, timing the
 loop's step at every batch size with the draft GGUF; batch 16 alone 17); ``--engine treeopt --workload eval
---turnovers 2 --stream-requests 20 --stream-tokens 8`` took 31 min (``tune`` 12). The editing answers copy the function after a short
+--turnovers 2 --stream-requests 20 --stream-tokens 8`` took 41 min (``tune`` 22, its loop timed to 2 %). The editing answers copy the function after a short
 preamble, so 16 tokens understate what n-grams accept (``--new 48`` matches the profile's 48, at 3x the time).
 
 Writes ``results/schedules/<date>-<engine>-<workload>.json`` (and the run's profiles and plan beside it) and
