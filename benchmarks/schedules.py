@@ -11,7 +11,9 @@ workload with its drafter:
   ``benchmarks/make_edit_prompts.py``), drafted by n-grams (prompt lookup).
 
 Steps, in one machine state: ``treeopt tune`` measures T(b, n), c(b, w), the overhead per batch size and the
-drafter's acceptance (on the workload's *profile* prompts, never the eval ones) and solves the plan; then for each
+drafter's acceptance (on ``--profile-prompts`` of the workload's *profile* prompts, never the eval ones, each
+answered to ``--profile-new-tokens``: by default the requests' own length, as a user profiles on the traffic they
+serve; the first tokens of an answer accept differently from later ones) and solves the plan; then for each
 batch size b, ``--rounds`` rounds serve max(4, 3 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
 server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
@@ -264,6 +266,10 @@ def main() -> None:
     ap.add_argument("--stream-peak", type=int, default=16)
     ap.add_argument("--no-stream", action="store_true")
     ap.add_argument("--profile-rounds", type=int, default=2)
+    ap.add_argument("--profile-prompts", type=int, default=32,
+                    help="profile prompts tune measures acceptance on (the workload's profile file has 32 / 8)")
+    ap.add_argument("--profile-new-tokens", type=int, default=None,
+                    help="answer tokens per profile prompt (default: --new, the length the requests are served to)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plan", type=Path, default=None, help="a treeopt-schedule/1 plan (default: tune solves one)")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results/schedules")
@@ -276,8 +282,8 @@ def main() -> None:
         return
     if args.engine is None or args.workload is None:
         ap.error("--engine and --workload are required (or --markdown FILE...)")
-    for name in ("new", "turnovers", "rounds", "min_prompts", "block_steps"):
-        if getattr(args, name) < 1:
+    for name in ("new", "turnovers", "rounds", "min_prompts", "block_steps", "profile_prompts", "profile_new_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     torch.set_num_threads(args.threads)
     t_start = time.time()
@@ -307,7 +313,8 @@ def main() -> None:
     # 1. profile -> solve, in this machine state (what treeopt tune does)
     log(f"tune: profile T(b, n) at batch sizes {batches} (context {context}), acceptance on {profile_file.name}")
     res = tune(TuneOptions(engine=args.engine, draft=draft, batches=batches, context=context, max_draft=max(ks),
-                           prompts=profile_file, num_prompts=8, max_new_tokens=48, threads=args.threads,
+                           prompts=profile_file, num_prompts=args.profile_prompts,
+                           max_new_tokens=args.profile_new_tokens or args.new, threads=args.threads,
                            rounds=args.profile_rounds, profiles_dir=run_dir / "profiles", plan=args.plan,
                            output_tokens=args.output_tokens or args.new),
                progress=lambda what, done, total: None)
@@ -445,7 +452,9 @@ def main() -> None:
            "workload": args.workload, "drafter": draft, "prompts": rel(eval_file),
            "profile_prompts": rel(profile_file), "threads": args.threads,
            "rounds": args.rounds, "new_tokens": args.new, "output_tokens": args.output_tokens or args.new,
-           "turnovers": args.turnovers, "measurement": "steady concurrency (continuous batching, b rows live); settings in lockstep",
+           "turnovers": args.turnovers, "profile_num_prompts": args.profile_prompts,
+           "profile_new_tokens": args.profile_new_tokens or args.new,
+           "measurement": "steady concurrency (continuous batching, b rows live); settings in lockstep",
            "block_steps": args.block_steps,
            "context_tokens": context, "batches": batches, "ks": ks,
            "profiles": res.profiles, "plan": {"ranges": [list(x) for x in ranges],
