@@ -137,8 +137,9 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
         steps / warmup: timed and untimed step pairs per size and round.  rounds: sweeps of the grid.
         max_rounds: up to this many sweeps in all (default ``rounds``): after ``rounds``, the sizes whose step
             ratio's relative standard error is still above ``rel_se`` (:func:`ratio_rel_se`) get another round,
-            until none is or the rounds run out. On this VM a step's time scatters by 10-30 %, and 16 pairs left the chain's
-            first drafted token 15 % cheaper than 108 pairs measured it (and the plan chose K = 1 for it).
+            until none is or the rounds run out. On this VM a step's time scatters by 10-30 %, and 16 pairs left
+            the chain's first drafted token 15 % cheaper than 108 pairs measured it (and the plan chose K = 1
+            for it).
         make_plain: the reference's plain decoder, one that does not share state with ``make_decoder``'s (a
             llama.cpp target context holds one sequence: the reference needs its own); default
             ``make_decoder(1)`` (treeopt's decoder: each decoder owns its caches).
