@@ -165,6 +165,11 @@ class Served:
     def done(self) -> bool:
         return self.state is not None and not self.waiting and self.state.finished
 
+    def _next(self, count: int) -> list[list[int]]:
+        """The next ``count`` waiting requests (fewer when fewer wait), taken off the queue."""
+        take, self.waiting = self.waiting[:count], self.waiting[count:]
+        return [self.prompts[i] for i in take]
+
     def advance(self, steps: int) -> None:
         """Up to ``steps`` steps (fewer when the requests run out)."""
         for _ in range(steps):
@@ -173,12 +178,10 @@ class Served:
             t0 = time.perf_counter()
             want = self.concurrency(self.s)
             if self.state is None:
-                take = [self.waiting.pop(0) for _ in range(min(want, len(self.waiting)))]
-                self.state = self.dec.start_batch([self.prompts[i] for i in take], self.new)
+                self.state = self.dec.start_batch(self._next(want), self.new)
             room = want - self.state.batch
             if self.waiting and room > 0:
-                take = [self.waiting.pop(0) for _ in range(min(room, len(self.waiting)))]
-                self.dec.join(self.state, [self.prompts[i] for i in take], self.new)
+                self.dec.join(self.state, self._next(room), self.new)
             if not self.state.finished:
                 st = self.dec.step(self.state)
                 self.live.append(st.batch)
