@@ -388,9 +388,16 @@ def test_acceptance_from_traces_reads_runs_by_depth(tmp_path):
     ok2 = [t for t in starts2 if trace[t + 1][2]]
     assert float(acc.by_depth[2][0]) == pytest.approx(len(ok2) / len(starts2))
     assert acc.measured["positional_consistent"] is False  # runs: depth 2+ accept more than depth 1
-    v = ChainValue(acc, 3)
+    v = ChainValue(acc, 3, acceptance_model="by-depth")
     assert len(ok2) / len(starts2) == pytest.approx(0.8)
     assert v.model_used == "by-depth" and v.g[2] == pytest.approx(1 + 0.5 + 0.5 * 0.8)
+    # the replay (auto's choice with traces): K = 2 on TTTTTFFFFF emits 3, 3, 1, 1 in its four full-room steps
+    # (G = 2, not the per-depth 1.9: no step starts inside the run it accepts); over the 10-token answer two
+    # more steps of one token each
+    r = ChainValue(acc, 3)
+    assert r.model_used == "replay" and acc.chain_traces == ["1111100000"] * 10
+    assert r.g[2] == pytest.approx(2.0) and r.g_lo[2] == r.g_hi[2] == pytest.approx(2.0)  # equal prompts
+    assert r.g[2] * r.length_factor(SpecSetting.chain(2), 10) == pytest.approx(10 / 6)
     # per prompt: the depth-1 trials, split as the traces are; the profile saves and loads with them, and the
     # chains' intervals then come from the spread between prompts
     mixed = [[(0, 1.0, ok) for ok in [True] * k + [False] * (10 - k)] for k in (2, 4, 6, 8, 9)]
@@ -534,3 +541,128 @@ def test_tune_writes_the_answer_length_into_the_plan(tmp_path):
         assert a["plain"]["tokens_per_s_total"] == pytest.approx(b["plain"]["tokens_per_s_total"])
         if b["best"]["setting"] != "none":
             assert a["best"]["tokens_per_s_total"] < b["best"]["tokens_per_s_total"]
+
+
+# ---------------------------------------------------------------------------------------------- teacher-forced chains
+def _tiny_chain_pair():
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import noisy_copy, random_model
+
+    target = random_model(0)
+    return target, noisy_copy(target, 0.05, 1)
+
+
+@pytest.mark.parametrize("drafter", ["model", "self", "lookup"])
+def test_chain_traces_replay_is_what_the_decoder_does(drafter):
+    """Along the target's greedy output, a greedy chain drafts exactly the teacher-forced guesses: replaying the
+    traces gives the decoder's own steps for every K, for each drafter kind."""
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.drafters import LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
+    from sequoia_opt.drafting.policies import StaticTreePolicy
+    from sequoia_opt.profiling.acceptance import chain_traces
+    from sequoia_opt.solver.chains import replay_chain
+
+    target, draft = _tiny_chain_pair()
+    make = {"model": lambda: ModelDrafter(draft), "self": lambda: LayerSkipDrafter(target, 1),
+            "lookup": lambda: PromptLookupDrafter(257)}[drafter]
+    # the last prompt makes the tiny target repeat itself, so prompt lookup has runs to match
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [100, 101, 102, 103, 100, 101], [3, 4, 5], [9, 9, 9, 9, 9, 9]]
+    traces = chain_traces(target, make, prompts, max_new_tokens=24)
+    hits = sum(ok for tr in traces for _, _, ok in tr)
+    assert [len(tr) for tr in traces] == [24] * 4 and 0 < hits < 96  # both outcomes occur
+    assert all(0.0 <= q <= 1.0 for tr in traces for _, q, _ in tr)
+    for k in (1, 2, 4):
+        dec = Decoder(target, StaticTreePolicy(make(), Tree.chain(k + 1)))
+        steps = sum(len(dec.generate(p, 24).steps) for p in prompts)
+        assert replay_chain(traces, ChainSetting(k))[0] == pytest.approx(96 / steps)
+
+
+def test_chain_traces_need_a_drafter_that_can_be_teacher_forced():
+    from sequoia_opt.drafting.drafters import Drafter, ModelDrafter
+    from sequoia_opt.profiling.acceptance import chain_traces
+
+    target, draft = _tiny_chain_pair()
+
+    class Heads(ModelDrafter):  # as a feature head: its guesses need the target's hidden states
+        teacher_forced = Drafter.teacher_forced
+
+    assert chain_traces(target, lambda: Heads(draft), [[1, 2, 3]], max_new_tokens=4) is None
+    with pytest.raises(DecodingError):  # a request past the context is refused before any forward
+        chain_traces(target, lambda: ModelDrafter(draft), [[1] * 4000], max_new_tokens=4)
+
+
+def test_tune_treeopt_measures_chain_acceptance_teacher_forced(tmp_path):
+    """``tune --engine treeopt`` on a latency table: the chains' acceptance is measured along the target's greedy
+    output (its own file beside the tree profile), and its p_1 is the traces' agreement."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    from sequoia_opt.profiles import load_acceptance
+
+    tdir, ddir, prompts = make_pair(tmp_path)
+    table, _ = _files(tmp_path)
+    prof = tmp_path / "profiles"
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
+                              str(table), "--batches", "1,8,64", "--prompts", str(prompts), "--num-prompts", "3",
+                              "--max-new-tokens", "12", "--profiles-dir", str(prof), "--json"])
+    assert res.exit_code == 0, res.output
+    files = list(prof.rglob("*.yaml"))
+    assert len(files) == 1 and files[0].name.endswith("-chains.yaml")
+    acc = load_acceptance(files[0])
+    assert "teacher-forced" in acc.source and acc.measured["num_prompts"] == 3
+    assert acc.counts.sum() == acc.measured["num_samples"] and 0 < acc.counts.sum() <= 36
+    assert acc.prompt_counts.sum() == acc.counts.sum()
+    assert json.loads(res.stdout)["profiles"]["acceptance"].startswith("measured:")
+    again = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
+                                str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["profiles"]["acceptance"].startswith("reused:")
+
+
+def test_chain_replay_predicts_the_decoders_tokens_per_step_on_its_prompts():
+    """The replay model's rate at the traces' answer length is what the decoder measures on those prompts, for
+    every K (the per-depth model over-values long chains on the same traces)."""
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.drafters import ModelDrafter
+    from sequoia_opt.drafting.policies import StaticTreePolicy
+    from sequoia_opt.jobs.tune import acceptance_from_traces
+    from sequoia_opt.profiling.acceptance import chain_traces
+
+    target, draft = _tiny_chain_pair()
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [100, 101, 102, 103, 100, 101], [3, 4, 5], [9, 9, 9, 9, 9, 9],
+               [40, 41, 42], [7, 1, 7, 1, 7]]
+    traces = chain_traces(target, lambda: ModelDrafter(draft), prompts, max_new_tokens=20)
+    acc = acceptance_from_traces(traces, profile_id="r", target_name="t", draft_name="d", max_depth=6,
+                                 source="test", max_new_tokens=20)
+    value = ChainValue(acc, 6)
+    assert value.model_used == "replay" and value.interval_method == "between prompts"
+    for k in range(1, 7):
+        dec = Decoder(target, StaticTreePolicy(ModelDrafter(draft), Tree.chain(k + 1)))
+        measured = 20 * len(prompts) / sum(len(dec.generate(p, 20).steps) for p in prompts)
+        assert value.g[k] * value.length_factor(SpecSetting.chain(k), 20) == pytest.approx(measured)
+        assert value.g_lo[k] <= value.g[k] <= value.g_hi[k] and value.g_hi[k] > value.g_lo[k]
+
+
+def test_chain_traces_in_the_profile_file(tmp_path):
+    from sequoia_opt.jobs.tune import acceptance_from_traces
+    from sequoia_opt.profiles import load_acceptance, save_acceptance
+
+    traces = [[(0, 1.0, c == "1") for c in f] for f in ("1101", "0011100", "1")]
+    acc = acceptance_from_traces(traces + [[]], profile_id="f", target_name="t", draft_name="d", max_depth=3,
+                                 source="test")
+    assert acc.chain_traces == ["1101", "0011100", "1"] and acc.measured["num_prompts"] == 3  # the empty one: none
+    path = save_acceptance(tmp_path / "a.yaml", acc)
+    assert load_acceptance(path).chain_traces == acc.chain_traces
+    doc = yaml.safe_load(path.read_text())
+    for bad, msg in (("11x1", r"chain_traces\[0\] must be a non-empty string of 0 and 1"),
+                     ("1100", "hold 6 agreements in 12 tokens but 'counts' are"),):
+        d = dict(doc, chain_traces=[bad] + doc["chain_traces"][1:])
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
+        with pytest.raises(ProfileError, match=msg):
+            load_acceptance(tmp_path / "bad.yaml")
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(dict(doc, chain_traces=doc["chain_traces"][:2])))
+    with pytest.raises(ProfileError, match="num_prompts is 3 but 'chain_traces' lists 2"):
+        load_acceptance(tmp_path / "bad.yaml")
+    # a profile without traces cannot be replayed: one line
+    with pytest.raises(SolverError, match="has no chain_traces to replay"):
+        ChainValue(_acc(), 3, acceptance_model="replay")
+    assert ChainValue(_acc(), 3).model_used in ("positional", "by-depth")

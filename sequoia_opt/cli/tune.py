@@ -51,7 +51,8 @@ def tune(
     threads: Annotated[int, typer.Option("--threads", help="CPU threads for measuring.")] = 1,
     rounds: Annotated[int, typer.Option("--rounds", help="Timing rounds per (batch, tokens).")] = 2,
     acceptance_model: Annotated[str, typer.Option(
-        "--acceptance-model", help="auto | positional | by-depth (chains: acceptance by depth from runs).")] = "auto",
+        "--acceptance-model", help="auto | replay | positional | by-depth (auto: chains replayed on the profile's "
+        "teacher-forced traces where it has them).")] = "auto",
     min_gain: Annotated[float, typer.Option(
         "--min-gain", help="Speculate only where the predicted lead over plain decoding exceeds this fraction "
         "(0.05 = 5 %); a smaller lead keeps plain decoding at that batch size.")] = 0.0,

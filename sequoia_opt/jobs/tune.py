@@ -9,10 +9,11 @@ reused, measured or was given:
    :func:`~sequoia_opt.profiling.batch.profile_batches`); a GPU engine takes its profile (``treeopt profile latency
    --engine sglang|vllm``, batch 1 only) or a user's T(b, n) table (CSV,
    :func:`~sequoia_opt.profiles.batch.load_batch_table`);
-2. the drafter's acceptance: a profile given or found at the default path, else measured (treeopt: the decoder's
-   own verifier, :func:`~sequoia_opt.profiling.acceptance.measure_acceptance`; llama.cpp: its logits along the
-   target's greedy output, per-depth acceptance from the runs of agreement, :func:`acceptance_from_traces`); an
-   EAGLE envelope takes a calibration profile;
+2. the drafter's acceptance: a profile given or found at the default path, else measured along the target's
+   greedy output, the drafter teacher-forced (treeopt: :func:`~sequoia_opt.profiling.acceptance.chain_traces`;
+   llama.cpp: its logits), per-depth acceptance from the runs of agreement (:func:`acceptance_from_traces`); a
+   drafter that cannot be teacher-forced (a feature head) is measured by the decoder's own verifier
+   (:func:`~sequoia_opt.profiling.acceptance.measure_acceptance`); an EAGLE envelope takes a calibration profile;
 3. the plan (:func:`~sequoia_opt.solver.schedule.solve_plan`) and the engine's settings
    (:func:`~sequoia_opt.plan_exports.export_plan`), with the command that checks it.
 
@@ -62,7 +63,8 @@ class TuneOptions:
         release / method / model: the engine release, drafting method and draft checkpoint named in the export.
         max_batch: the engine's largest batch (the last range ends there).
         prompts / num_prompts / max_new_tokens: what the acceptance is measured on.
-        threads: CPU threads for measuring.  rounds: timing rounds.  acceptance_model: auto | positional | by-depth.
+        threads: CPU threads for measuring.  rounds: timing rounds.
+        acceptance_model: auto | replay | positional | by-depth (:class:`~sequoia_opt.solver.schedule.ChainValue`).
         min_gain: speculate only where the predicted lead over plain decoding exceeds this fraction
             (:func:`~sequoia_opt.solver.schedule.solve_plan`).
         output_tokens: the requests' typical answer length (tokens); the plan's rates are over answers that long
@@ -163,9 +165,11 @@ def check_options(opts: TuneOptions) -> TuneOptions:
 
         load_schedule(opts.plan)  # overlapping or missing ranges: one line, before anything is measured
     for name, path in (("--latency", opts.latency), ("--acceptance", opts.acceptance),
-                       ("--calibration", opts.calibration), ("--prompts", opts.prompts), ("--target", opts.target)):
+                       ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
             raise TreeoptError(f"{name} {path}: no such file")
+    if opts.target is not None and not Path(opts.target).exists():  # a GGUF file or a checkpoint folder
+        raise TreeoptError(f"--target {opts.target}: no such file or folder")
     if opts.engine in GPU_ENGINES:
         if opts.latency is None:
             raise TreeoptError(f"--engine {opts.engine} runs on a GPU: pass its latency with --latency (treeopt profile "
@@ -200,13 +204,18 @@ def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], 
     Returns:
         an :class:`~sequoia_opt.profiles.AcceptanceProfile` with ``acceptance_by_depth`` 1..``max_depth`` (a
         depth with fewer than 30 trials repeats the one above), ``positional_consistent`` False when the
-        depths differ beyond the 95 % intervals, and per-prompt depth-1 counts (two traces or more).
+        depths differ beyond the 95 % intervals, per-prompt depth-1 counts (two traces or more), and the traces'
+        agreements themselves (``chain_traces``: a chain replays on them,
+        :func:`~sequoia_opt.solver.chains.replay_counts`).
+        An empty trace (a continuation that ended at once) counts as no prompt.
 
     Raises:
         ProfileError: no trace positions.
     """
     from ..profiles import AcceptanceProfile
     from ..profiles.common import wilson_interval
+
+    traces = [t for t in traces if len(t)]
 
     hits = np.zeros(max_depth + 1, dtype=np.int64)
     trials = np.zeros(max_depth + 1, dtype=np.int64)
@@ -247,29 +256,21 @@ def acceptance_from_traces(traces: Sequence[Sequence[tuple[int, float, bool]]], 
     return AcceptanceProfile(id=profile_id, acceptance=np.array([p1]),
                              counts=np.array([hits[1], trials[1] - hits[1]], dtype=np.int64), measured=measured,
                              by_depth=by_depth, source=source,
-                             prompt_counts=np.asarray(per_prompt, dtype=np.int64) if len(per_prompt) >= 2 else None)
+                             prompt_counts=np.asarray(per_prompt, dtype=np.int64) if len(per_prompt) >= 2 else None,
+                             chain_traces=["".join("1" if x[2] else "0" for x in t) for t in traces] or None)
 
 
 def lookup_traces(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], vocab_size: int,
                   lookup_min: int, lookup_max: int) -> list[list[tuple[int, float, bool]]]:
-    """Teacher-forced traces of prompt lookup (the n-gram drafter's rule,
-    :class:`~sequoia_opt.drafting.drafters.lookup.NgramIndex`) along the target's greedy continuations: at every
-    position, its top candidate after the committed text, its confidence, and whether the target's token equals
-    it."""
-    from ..drafting.drafters.lookup import NgramIndex
+    """Teacher-forced traces of prompt lookup along the target's greedy continuations (llama.cpp's tokens): at
+    every position, the n-gram drafter's top candidate after the committed text
+    (:meth:`~sequoia_opt.drafting.drafters.PromptLookupDrafter.teacher_forced`), its confidence, and whether
+    the target's token equals it."""
+    from ..drafting.drafters.lookup import PromptLookupDrafter
 
-    out = []
-    for p, cont in zip(prompts, continuations):
-        idx = NgramIndex(vocab_size, lookup_min, lookup_max)
-        seq = list(p)
-        trace = []
-        for tok in cont:
-            idx._extend(seq)
-            cands, conf = idx.ranked(seq, [], 1)
-            trace.append((int(cands[0]), float(conf), int(cands[0]) == int(tok)))
-            seq.append(int(tok))
-        out.append(trace)
-    return out
+    drafter = PromptLookupDrafter(vocab_size, prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max)
+    return [[(tok, q, tok == int(t)) for (tok, q), t in zip(drafter.teacher_forced(p, cont), cont)]
+            for p, cont in zip(prompts, continuations)]
 
 
 # ---------------------------------------------------------------------------------------------- peers
@@ -517,7 +518,8 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     from ..device import device_slug
     from ..jobs.load import default_acceptance_path, load_pair
     from ..profiles.batch import save_batch_latency
-    from ..profiling.acceptance import build_acceptance_profile, measure_acceptance
+    from ..drafting.drafters import Drafter
+    from ..profiling.acceptance import build_acceptance_profile, chain_traces, measure_acceptance
     from ..profiling.batch import profile_batches
     from ..profiling.latency import method_text
     from ..prompts import demo_prompts_path, encode_prompts, load_prompts
@@ -543,9 +545,19 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
         save_batch_latency(path, prof)
         return prof
 
+    chains = opts.shape == "chain" and type(pair.new_drafter()).teacher_forced is not Drafter.teacher_forced
+
     def measure_acc() -> Any:
         pfile = opts.prompts or demo_prompts_path("profile")
         ids = encode_prompts(load_prompts(pfile, limit=opts.num_prompts), pair.tokenizer, model=pair.target_name)
+        if chains:  # per-depth acceptance from every start along the target's greedy output (chain_traces)
+            traces = chain_traces(pair.target, pair.new_drafter, ids, max_new_tokens=opts.max_new_tokens,
+                                  eos_ids=sorted(pair.tokenizer.eos_ids), progress=progress)
+            return acceptance_from_traces(traces, profile_id=f"{slug}_greedy_chains", target_name=pair.target_name,
+                                          draft_name=pair.draft_name, max_depth=want_k, prompts_file=str(pfile),
+                                          max_new_tokens=opts.max_new_tokens,
+                                          source="measured by treeopt tune --engine treeopt (the drafter "
+                                                 "teacher-forced on the target's greedy output)")
         depth = min(want_k, 8)
         counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=8, depth=depth,
                                     max_new_tokens=opts.max_new_tokens, eos_ids=sorted(pair.tokenizer.eos_ids),
@@ -557,6 +569,8 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
             command="treeopt tune --engine treeopt")
 
     profile = _latency(opts, spec, done, progress, measure)
-    acc = _acceptance(opts, opts.profiles_dir / default_acceptance_path(pair.target_name, pair.spec).relative_to(
-        "profiles"), done, measure_acc)
+    path = opts.profiles_dir / default_acceptance_path(pair.target_name, pair.spec).relative_to("profiles")
+    if chains:  # not the tree profile's file: a chain profile has no ranks past the first
+        path = path.with_name(path.stem + "-chains.yaml")
+    acc = _acceptance(opts, path, done, measure_acc)
     return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}

@@ -33,6 +33,11 @@ class AcceptanceProfile:
             the outcome counts (``counts_by_prompt`` in the file; profiles written before it existed have none).
             Tokens of one prompt are correlated, so intervals for a new set of prompts resample prompts, not
             tokens (:mod:`sequoia_opt.solver.intervals`).
+        chain_traces: None, or per profile prompt a string of ``1`` / ``0``, one per token of the target's greedy
+            continuation: whether the drafter's top-1, teacher-forced on the tokens before it, equals the
+            target's token (:func:`~sequoia_opt.profiling.acceptance.chain_traces`). A greedy chain of any
+            length replays exactly on them (:func:`~sequoia_opt.solver.chains.replay_counts`); the file's
+            ``chain_traces``.
     """
 
     id: str
@@ -43,6 +48,7 @@ class AcceptanceProfile:
     example: bool = False
     source: str | None = None
     prompt_counts: np.ndarray | None = None
+    chain_traces: list[str] | None = None
 
     @property
     def num_prompts(self) -> int | None:
@@ -114,6 +120,8 @@ class AcceptanceProfile:
             d["acceptance_by_depth"] = {int(k): [float(x) for x in v] for k, v in sorted(self.by_depth.items())}
         if self.prompt_counts is not None:
             d["counts_by_prompt"] = self.prompt_counts.tolist()
+        if self.chain_traces is not None:
+            d["chain_traces"] = list(self.chain_traces)
         return d
 
     @classmethod
@@ -198,7 +206,29 @@ class AcceptanceProfile:
             example=_flag(doc, "example", source),
             source=doc.get("source"),
             prompt_counts=prompt_counts,
+            chain_traces=_chain_traces(doc["chain_traces"], counts, measured, source)
+            if doc.get("chain_traces") is not None else None,
         )
+
+
+def _chain_traces(raw: Any, counts: np.ndarray | None, measured: Mapping[str, Any], source: str) -> list[str]:
+    """``chain_traces`` validated: a non-empty list of non-empty strings of ``0`` / ``1``, one per prompt
+    (``measured.num_prompts`` when given); with a one-entry vector, its counts are the traces' (agreements,
+    misses)."""
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"{source}: 'chain_traces' must list, per prompt, a string of 0 and 1 (one per token)")
+    for i, t in enumerate(raw):
+        if not isinstance(t, str) or not t or set(t) - {"0", "1"}:
+            raise ProfileError(f"{source}: chain_traces[{i}] must be a non-empty string of 0 and 1")
+    if measured.get("num_prompts") is not None and measured["num_prompts"] != len(raw):
+        raise ProfileError(f"{source}: measured.num_prompts is {measured['num_prompts']} but 'chain_traces' lists "
+                           f"{len(raw)} prompts")
+    if counts is not None and counts.size == 2:
+        hits, total = sum(t.count("1") for t in raw), sum(len(t) for t in raw)
+        if [hits, total - hits] != counts.tolist():
+            raise ProfileError(f"{source}: 'chain_traces' hold {hits} agreements in {total} tokens but 'counts' are "
+                               f"{counts.tolist()}")
+    return list(raw)
 
 
 def _prompt_counts(raw: Any, counts: np.ndarray | None, by_depth: dict[int, np.ndarray], measured: Mapping[str, Any],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["ChainSetting", "replay_chain", "predict_replay", "ChainChoice", "chain_cost", "solve_chain",
+__all__ = ["ChainSetting", "replay_chain", "replay_counts", "predict_replay", "ChainChoice", "chain_cost", "solve_chain",
            "predict_chain"]
 
 
@@ -59,6 +59,36 @@ def _replay_steps(traces: Sequence[Sequence[tuple[int, float, bool]]], setting: 
                 j += 1
             yield k, j, f
             t += j + 1
+
+
+def replay_counts(flags: Sequence[str], k: int, length: int | None = None) -> tuple[list[int], list[int]]:
+    """A greedy chain of ``k`` drafts replayed on teacher-forced agreement strings (per prompt, ``1`` where the
+    drafter's top-1 equals the target's greedy token; a profile's ``chain_traces``): per prompt, the tokens
+    emitted and the steps run. Exact for greedy decoding on those prompts: a drafted token is accepted iff every
+    one before it in the step was (then the drafter saw the target's own tokens) and it agrees.
+
+    Args:
+        flags: per prompt, a string of ``0`` / ``1``.  k: drafts per step (0: plain decoding).
+        length: None: the steady state of long answers, only steps with room for all k drafts (a step near the
+            answer's end drafts fewer, as the decoder does, and is left out); an int: answers of at most
+            ``length`` tokens (each string cut there), every step.
+
+    Returns:
+        (tokens, steps), one entry per prompt (a prompt with no full-room step has 0 and 0 in the steady state).
+    """
+    tokens, steps = [], []
+    full = ChainSetting(k)
+    for f in flags:
+        trace = [(0, 1.0, c == "1") for c in (f if length is None else f[:length])]
+        n = t = 0
+        for drafted, j, _ in _replay_steps([trace], full):
+            if length is None and drafted < k:
+                break  # the end of the answer: this and every later step has less room
+            n += 1
+            t += j + 1
+        tokens.append(t)
+        steps.append(n)
+    return tokens, steps
 
 
 def predict_replay(traces: Sequence[Sequence[tuple[int, float, bool]]], setting: ChainSetting, curve: Any,

@@ -316,19 +316,32 @@ def _tps_interval(g_lo: float, g_hi: float, cost: StepCost) -> tuple[float, floa
 
 
 class ChainValue:
-    """Chains of K = 0..``max_draft`` drafted tokens under an acceptance profile: G(K) from Sequoia's DP with
-    branching 1 (a chain is a tree of width 1), under the profile's acceptance model
-    (:func:`~sequoia_opt.solver.depth.resolve_acceptance_model`). Its interval: with per-prompt counts, the 95 %
-    prediction interval between prompts for a new set as large as the profile's (issue 31,
-    :mod:`sequoia_opt.solver.intervals`: tokens of one prompt are correlated); else the same DP on the Wilson
-    bounds of p_1 (95 %, tokens counted as independent: too narrow for new traffic), or the point without counts.
+    """Chains of K = 0..``max_draft`` drafted tokens under an acceptance profile: G(K), the expected tokens per
+    step.
+
+    * ``replay`` (``auto``'s choice when the profile has ``chain_traces``, :func:`~sequoia_opt.profiling.acceptance.
+      chain_traces`): each K replayed on the profile prompts' teacher-forced agreements
+      (:func:`~sequoia_opt.solver.chains.replay_counts`), exact for greedy decoding on them. Why not per-depth
+      rates from every start: a chain never starts inside a run it would have accepted whole, so rates averaged
+      over every position over-value long chains (demo pair, 32 prompts x 64 tokens: K = 2 by 3.5 %, K = 4 by
+      6.7 %, K = 8 by 12 % against the replay; the decoder matches the replay step for step). G is the steady
+      state (steps with room for all K drafts); :meth:`length_factor` replays answers of the plan's length.
+    * otherwise Sequoia's DP with branching 1 (a chain is a tree of width 1) under the profile's positional or
+      per-depth vectors (:func:`~sequoia_opt.solver.depth.resolve_acceptance_model`).
+
+    Its interval: with per-prompt data, the 95 % prediction interval between prompts for a new set as large as
+    the profile's (issue 31, :mod:`sequoia_opt.solver.intervals`: tokens of one prompt are correlated; the replay
+    resamples its per-prompt tokens and steps, :func:`~sequoia_opt.solver.intervals.ratio_spread`); else the same
+    DP on the Wilson bounds of p_1 (95 %, tokens counted as independent: too narrow for new traffic), or the point
+    without counts.
 
     Args:
         acceptance: an :class:`~sequoia_opt.profiles.AcceptanceProfile`.  max_draft: the longest chain scored.
-        acceptance_model: ``auto`` | ``positional`` | ``by-depth``.
+        acceptance_model: ``auto`` | ``replay`` | ``positional`` | ``by-depth``.
 
     Raises:
-        SolverError: max_draft < 0, or as :func:`~sequoia_opt.solver.depth.solve_profile`.
+        SolverError: max_draft < 0; ``replay`` of a profile without ``chain_traces``; as
+            :func:`~sequoia_opt.solver.depth.solve_profile`.
     """
 
     shape = "chain"
@@ -341,9 +354,16 @@ class ChainValue:
             raise SolverError(f"the longest chain must be an integer >= 0, got {max_draft!r}")
         self.acceptance, self.max_draft = acceptance, int(max_draft)
         K = max(1, self.max_draft)
+        self._factors: dict[tuple[int, int], float] = {}
+        traces = getattr(acceptance, "chain_traces", None)
+        if acceptance_model == "replay" and not traces:
+            raise SolverError(f"acceptance profile {getattr(acceptance, 'id', '?')!r} has no chain_traces to replay "
+                              "(measure it with treeopt tune, or use --acceptance-model auto)")
+        if traces and acceptance_model in ("auto", "replay"):
+            self._replay(list(traces), K)
+            return
         sol, self.model_used = solve_profile(acceptance, K + 1, K, 1, acceptance_model)
         self.g = [1.0] + [float(sol.table[k + 1, k]) for k in range(1, K + 1)]
-        self._factors: dict[tuple[int, int], float] = {}
         self.g_lo, self.g_hi = list(self.g), list(self.g)
         self.interval_method = "none"
         if self._prompt_intervals(K):
@@ -362,6 +382,41 @@ class ChainValue:
                 else:
                     s = solve_dp(np.array([b1]), K + 1, K, 1)
                 bound[1:] = [float(s.table[k + 1, k]) for k in range(1, K + 1)]
+
+    def _replay(self, traces: list[str], K: int) -> None:
+        """G, its interval and the answer lengths' replays from ``chain_traces`` (class docstring)."""
+        from .chains import replay_counts
+        from .intervals import ratio_spread
+
+        self.model_used, self._traces = "replay", traces
+        measured = getattr(self.acceptance, "measured", {}) or {}
+        self._traced_tokens = int(measured.get("max_new_tokens") or max(len(t) for t in traces))
+        self.g, self.g_lo, self.g_hi = [1.0], [1.0], [1.0]
+        self.interval_method = "between prompts" if len(traces) >= 2 else "none"
+        for k in range(1, K + 1):
+            tok, steps = replay_counts(traces, k)
+            if sum(steps) == 0:  # no answer has room for k drafts: the whole answers, end steps and all
+                tok, steps = replay_counts(traces, k, self._traced_tokens)
+            g = sum(tok) / sum(steps)
+            spread = ratio_spread(tok, steps, clip=(1.0, None)) if len(traces) >= 2 else None
+            lo, hi = spread.prediction_interval(spread.prompts) if spread is not None else (g, g)
+            self.g.append(g)
+            self.g_lo.append(min(lo, g))
+            self.g_hi.append(max(hi, g))
+
+    def _replay_factor(self, k: int, output_tokens: int) -> float:
+        """Answers of ``output_tokens`` tokens: replayed when the traces are that long (each trace cut there);
+        longer, the traced answers' extra end-of-answer steps per answer, c, kept: rate = 1 / (1 / G + c / N)."""
+        from .chains import replay_counts
+
+        g = self.g[k]
+        if output_tokens <= self._traced_tokens:
+            tok, steps = replay_counts(self._traces, k, output_tokens)
+            return sum(tok) / sum(steps) / g
+        tok, steps = replay_counts(self._traces, k, self._traced_tokens)
+        per_answer = sum(tok) / len(self._traces)
+        c = max(0.0, (sum(steps) / sum(tok) - 1.0 / g) * per_answer)
+        return 1.0 / (1.0 / g + c / output_tokens) / g
 
     def _prompt_intervals(self, K: int) -> bool:
         """Fill ``g_lo`` / ``g_hi`` from the spread between prompts; False when the profile has no per-prompt
@@ -393,6 +448,8 @@ class ChainValue:
         from .depth import ValueModel
 
         key = (setting.draft_tokens, int(output_tokens))
+        if key not in self._factors and self.model_used == "replay":
+            self._factors[key] = self._replay_factor(*key) if key[0] else 1.0
         if key not in self._factors:
             vm = ValueModel.of_profile(self.acceptance, self.model_used)
             self._factors[key] = vm.answer_length_factor(Tree.chain(key[0] + 1), key[1])

@@ -124,6 +124,20 @@ class Drafter(ABC):
         prompts as :meth:`prefill` does. Raises DecodingError for a drafter that cannot (the default)."""
         raise DecodingError(f"{type(self).__name__} cannot take rows into a running batch")
 
+    def teacher_forced(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[tuple[int, float]] | None:
+        """This drafter's top-1 guess for every token of a known continuation, teacher-forced: guess i is what it
+        would draft for ``continuation[i]`` after ``prompt + continuation[:i]``. Along the target's own greedy
+        output this is exactly what a greedy chain drafts once the tokens before it were accepted, so one pass
+        prices a chain of every length and every start (:func:`~sequoia_opt.profiling.acceptance.chain_traces`).
+        Needs no :meth:`bind` and touches no cache.
+
+        Returns:
+            per continuation token, ``(token id, the drafter's probability of it)`` (prompt lookup: its match
+            confidence); None for a drafter that cannot be teacher-forced on tokens alone (the default: a feature
+            head also needs the target's hidden states).
+        """
+        return None
+
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                     nodes: Sequence[int], first: bool) -> torch.Tensor | None:
         """Run the drafter over some nodes of a step's shared tree (a multi-drafter or dynamic policy's call,

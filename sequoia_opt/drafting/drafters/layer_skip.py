@@ -36,7 +36,7 @@ from ...decoding.target import TransformerTarget
 from ...errors import DecodingError
 from ...model import Transformer
 from .base import Drafter
-from .model import propose_by_levels, score_shared_nodes
+from .model import propose_by_levels, score_shared_nodes, teacher_forced_top1
 
 __all__ = ["LayerSkipDrafter"]
 
@@ -119,6 +119,11 @@ class LayerSkipDrafter(Drafter):
         return propose_by_levels(self.target, self.face.rows, [row.seq[row.cached:]], state, buffers,
                                  self.settings, self._masks, forced_tokens, num_layers=self.num_layers,
                                  role=self._role)
+
+    def teacher_forced(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[tuple[int, float]]:
+        """The first L blocks' greedy guesses along ``continuation`` (:meth:`Drafter.teacher_forced`,
+        :func:`~sequoia_opt.drafting.drafters.model.teacher_forced_top1`)."""
+        return teacher_forced_top1(self.target, prompt, continuation, num_layers=self.num_layers)
 
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                     nodes: Sequence[int], first: bool) -> torch.Tensor:

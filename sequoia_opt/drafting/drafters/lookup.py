@@ -256,6 +256,18 @@ class PromptLookupDrafter(Drafter):
         confidence = torch.tensor(confs, device=self.device) if want else None
         return DraftOutput(torch.tensor(tokens, dtype=torch.int64, device=self.device), None, D, confidence)
 
+    def teacher_forced(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[tuple[int, float]]:
+        """The n-gram rule's top candidate for each token of ``continuation`` after ``prompt`` and the tokens
+        before it, with its match confidence (:meth:`Drafter.teacher_forced`; a fresh index, this drafter's rows
+        untouched)."""
+        idx, seq, out = self._new_index(), list(prompt), []
+        for tok in continuation:
+            idx._extend(seq)
+            cands, conf = idx.ranked(seq, [], 1)
+            out.append((int(cands[0]), float(conf)))
+            seq.append(int(tok))
+        return out
+
     def commit(self, state: DecodeState, paths: Sequence[Sequence[int]], step_depth: int) -> None:
         # no cache: the committed tokens reach the index through the row's seq at the next proposal
         pass

@@ -33,6 +33,31 @@ from .base import Drafter
 __all__ = ["ModelDrafter", "propose_by_levels", "score_shared_nodes"]
 
 
+def teacher_forced_top1(model: Transformer, prompt: Sequence[int], continuation: Sequence[int], *,
+                        num_layers: int | None = None) -> list[tuple[int, float]]:
+    """A model's greedy guess for each token of ``continuation`` after ``prompt`` and the tokens before it: one
+    uncached causal forward over ``prompt + continuation[:-1]`` (``num_layers``: only the first blocks, self
+    layer-skip), its argmax and softmax probability at the last ``len(continuation)`` positions.
+
+    Returns:
+        ``len(continuation)`` pairs (token id, probability in [0, 1]); empty for an empty continuation.
+
+    Raises:
+        DecodingError: an empty prompt, or more tokens than the model's context.
+    """
+    if not continuation:
+        return []
+    P, G = len(prompt), len(continuation)
+    if P < 1 or P + G - 1 > model.config.max_position_embeddings:
+        raise DecodingError(f"teacher forcing needs a prompt and at most {model.config.max_position_embeddings} "
+                            f"tokens, got a prompt of {P} and {G} continuation tokens")
+    seq = torch.tensor([list(prompt) + list(continuation[:-1])], dtype=torch.int64, device=model.device)
+    with torch.inference_mode():
+        logits = model(seq, num_layers=num_layers)[0, P - 1:].float()  # (G, V)
+        probs, top = torch.softmax(logits, dim=-1).max(dim=-1)
+    return [(int(t), float(q)) for t, q in zip(top.tolist(), probs.tolist())]
+
+
 def propose_by_levels(model: Transformer, rows: RowCache, chunks: Sequence[Sequence[int]], state: DecodeState,
                       buffers: TreeBuffers, settings: DraftSettings, masks: dict[int, TreeMask],
                       forced_tokens: torch.Tensor | None = None, *, num_layers: int | None = None,
@@ -235,6 +260,11 @@ class ModelDrafter(Drafter):
         self._chunk = (max(len(ch) for ch in chunks), [len(ch) for ch in chunks])
         return propose_by_levels(self.model, self.rows, chunks, state, buffers, self.settings, self._masks,
                                  forced_tokens, role="draft")
+
+    def teacher_forced(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[tuple[int, float]]:
+        """The draft model's greedy guesses along ``continuation`` (:meth:`Drafter.teacher_forced`,
+        :func:`teacher_forced_top1`)."""
+        return teacher_forced_top1(self.model, prompt, continuation)
 
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                     nodes: Sequence[int], first: bool) -> torch.Tensor:
