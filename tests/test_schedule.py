@@ -666,3 +666,30 @@ def test_chain_traces_in_the_profile_file(tmp_path):
     with pytest.raises(SolverError, match="has no chain_traces to replay"):
         ChainValue(_acc(), 3, acceptance_model="replay")
     assert ChainValue(_acc(), 3).model_used in ("positional", "by-depth")
+
+
+def test_profile_acceptance_chains_writes_a_replayable_profile(tmp_path):
+    """``profile acceptance --chains``: the traces' profile, whose table is each K's replay, that ``tune`` takes
+    for a GPU engine; the options it cannot honour are refused before any model loads."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    from sequoia_opt.profiles import load_acceptance
+
+    tdir, ddir, prompts = make_pair(tmp_path)
+    out = tmp_path / "chains.yaml"
+    res = runner.invoke(app, ["profile", "acceptance", "--target", str(tdir), "--draft", str(ddir), "--prompts",
+                              str(prompts), "--chains", "--max-new-tokens", "12", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    acc = load_acceptance(out)
+    assert len(acc.chain_traces) == 6 and all(len(t) == 12 for t in acc.chain_traces)
+    shown = json.loads(res.stdout)["tokens_per_step"]
+    value = ChainValue(acc, 8)
+    assert value.model_used == "replay" and [shown[str(k)] for k in range(1, 9)] == pytest.approx(value.g[1:])
+    table, _ = _files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(out), "--batches", "1,8,64"])
+    assert res.exit_code == 0, res.output
+    for extra, msg in ((["--temperature", "0.7"], "--chains measures greedy chains"),
+                       (["--calibration"], "--chains measures greedy chains")):
+        res = runner.invoke(app, ["profile", "acceptance", "--target", str(tdir), "--chains", *extra])
+        assert res.exit_code == 2 and msg in res.output

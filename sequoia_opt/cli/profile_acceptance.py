@@ -45,6 +45,11 @@ def profile_acceptance(
     calibration_topk: Annotated[int, typer.Option(
         "--calibration-topk", help="With --calibration: children per expanded node and frontier width of the "
         "recorded tree (1 + k + (steps - 1) k^2 nodes verified per step).")] = 4,
+    chains: Annotated[bool, typer.Option(
+        "--chains", help="Measure chain acceptance instead (greedy; for treeopt tune and the engines' draft lengths): "
+        "the target's greedy output with the drafter teacher-forced along it, kept per prompt, so that a chain of "
+        "every length is replayed exactly (written beside the tree profile as acceptance-greedy-chains.yaml).")
+    ] = False,
     interval_width: Annotated[float, typer.Option(
         "--interval-width", help="Print how many prompts of this kind give a 95 % interval of the mean of p_1 (and "
         "of the acceptance mass) this wide, from the variation between this profile's prompts.")] = 0.05,
@@ -90,9 +95,19 @@ def profile_acceptance(
     elif (calibration_steps, calibration_topk) != (5, 4):
         raise TreeoptError("--calibration-steps / --calibration-topk shape the calibration recording: add "
                            "--calibration (or drop them)")
+    if chains and (calibration or temperature != 0 or (width, depth) != (8, 4)):
+        raise TreeoptError("--chains measures greedy chains along the target's output: drop --calibration, "
+                           "--temperature, --width and --depth")
+    if chains and spec is not None and spec.entry.reads_features:
+        raise TreeoptError(f"--chains: {spec.label} needs the target's hidden states and cannot be teacher-forced; "
+                           "profile it without --chains")
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     pair = load_pair(target, spec, device=dev, dtype=dt)
+    if chains:
+        _profile_chains(pair, spec, texts, pfile, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
+                        backend=backend, output=output, interval_width=interval_width, as_json=as_json)
+        return
     if calibration:
         _profile_calibration(pair, spec, texts, pfile, steps=calibration_steps, topk=calibration_topk,
                              temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
@@ -164,6 +179,56 @@ def profile_acceptance(
     report.data = {"profile": prof.to_dict(), "positional_check": check, "output": str(out),
                    "between_prompts": None if spreads is None else [sp.to_dict(sp.prompts) for sp in spreads],
                    "prompts_needed": None if need is None else {"interval_width": interval_width, **need}}
+    render(report, as_json)
+
+
+def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, backend, output, interval_width,
+                    as_json) -> None:
+    """``profile acceptance --chains``: teacher-forced traces (:func:`~sequoia_opt.profiling.acceptance.chain_traces`),
+    the chain profile (:func:`~sequoia_opt.jobs.tune.acceptance_from_traces`), written and shown with each K's
+    replayed tokens per step (:class:`~sequoia_opt.solver.schedule.ChainValue`)."""
+    from ..jobs.load import default_acceptance_path
+    from ..jobs.tune import DEFAULT_MAX_DRAFT, acceptance_from_traces
+    from ..profiles import save_acceptance
+    from ..profiling.acceptance import chain_traces
+    from ..prompts import encode_prompts
+    from ..solver.intervals import acceptance_spreads
+    from ..solver.schedule import ChainValue, SpecSetting
+
+    ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
+    with progress_bar() as progress:
+        traces = chain_traces(pair.target, pair.new_drafter, ids, max_new_tokens=max_new_tokens,
+                              eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
+    if traces is None:
+        raise TreeoptError(f"--chains: {pair.draft_name} cannot be teacher-forced; profile it without --chains")
+    prof = acceptance_from_traces(traces, profile_id=f"{pair.slug}_greedy_chains", target_name=pair.target_name,
+                                  draft_name=pair.draft_name, max_depth=DEFAULT_MAX_DRAFT, prompts_file=str(pfile),
+                                  max_new_tokens=max_new_tokens,
+                                  source="measured by treeopt profile acceptance --chains (the drafter teacher-forced "
+                                         "on the target's greedy output)")
+    base = default_acceptance_path(pair.target_name, spec)
+    out = output or base.with_name(base.stem + "-chains.yaml")  # where treeopt tune --engine treeopt looks
+    save_acceptance(out, prof)
+    value = ChainValue(prof, DEFAULT_MAX_DRAFT)
+    report = Report(title="treeopt profile acceptance --chains")
+    report.notes.extend(setting_notes(temperature=0.0, top_p=1.0, num_prompts=num_prompts, prompts_found=len(texts),
+                                      prompts_file=pfile))
+    report.summary = {"target": pair.target_name, "draft": pair.draft_name, "prompts": prof.measured["num_prompts"],
+                      "tokens": int(prof.counts.sum()), "p_1 (every position)": float(prof.acceptance[0]),
+                      "written": str(out)}
+    spreads = acceptance_spreads(prof)
+    if spreads is not None:
+        report.summary[f"prompts for a {interval_width:g}-wide interval of the mean of p_1"] = \
+            spreads[0].prompts_needed(interval_width)
+    report.tables.append((f"greedy chains of K drafts, replayed on the traces (steady state; 95 % interval for a new "
+                          f"set of as many prompts, {value.interval_method})",
+                          ["K", "tokens / step", "low", "high", f"over {max_new_tokens}-token answers"],
+                          [[k, value.g[k], value.g_lo[k], value.g_hi[k],
+                            value.g[k] * value.length_factor(SpecSetting.chain(k), max_new_tokens)]
+                           for k in range(1, DEFAULT_MAX_DRAFT + 1)]))
+    report.acceptance = None
+    report.data = {"profile": prof.to_dict(), "output": str(out),
+                   "tokens_per_step": {k: value.g[k] for k in range(1, DEFAULT_MAX_DRAFT + 1)}}
     render(report, as_json)
 
 
