@@ -650,6 +650,11 @@ def test_chain_traces_in_the_profile_file(tmp_path):
     acc = acceptance_from_traces(traces + [[]], profile_id="f", target_name="t", draft_name="d", max_depth=3,
                                  source="test")
     assert acc.chain_traces == ["1101", "0011100", "1"] and acc.measured["num_prompts"] == 3  # the empty one: none
+    # K = 7, 8 need answers of 8, 9 tokens for one full step: valued on whole answers, and said so
+    from sequoia_opt.jobs.tune import short_traces_note
+
+    assert ChainValue(acc, 8).whole_answer_ks == [7, 8] and ChainValue(acc, 6).whole_answer_ks == []
+    assert short_traces_note(ChainValue(acc, 8)).startswith("chains of K >= 7: no traced answer has room")
     path = save_acceptance(tmp_path / "a.yaml", acc)
     assert load_acceptance(path).chain_traces == acc.chain_traces
     doc = yaml.safe_load(path.read_text())

@@ -188,7 +188,7 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
     the chain profile (:func:`~sequoia_opt.jobs.tune.acceptance_from_traces`), written and shown with each K's
     replayed tokens per step (:class:`~sequoia_opt.solver.schedule.ChainValue`)."""
     from ..jobs.load import default_acceptance_path
-    from ..jobs.tune import DEFAULT_MAX_DRAFT, acceptance_from_traces
+    from ..jobs.tune import DEFAULT_MAX_DRAFT, acceptance_from_traces, short_traces_note
     from ..profiles import save_acceptance
     from ..profiling.acceptance import chain_traces
     from ..prompts import encode_prompts
@@ -213,6 +213,8 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
     report = Report(title="treeopt profile acceptance --chains")
     report.notes.extend(setting_notes(temperature=0.0, top_p=1.0, num_prompts=num_prompts, prompts_found=len(texts),
                                       prompts_file=pfile))
+    if value.whole_answer_ks:
+        report.notes.append(short_traces_note(value))
     report.summary = {"target": pair.target_name, "draft": pair.draft_name, "prompts": prof.measured["num_prompts"],
                       "tokens": int(prof.counts.sum()), "p_1 (every position)": float(prof.acceptance[0]),
                       "written": str(out)}

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import ProfileError, TreeoptError
 
 __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult", "check_options", "tune",
-           "acceptance_from_traces", "lookup_traces", "peer_ranges", "token_grid"]
+           "acceptance_from_traces", "lookup_traces", "peer_ranges", "short_traces_note", "token_grid"]
 
 TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
 GPU_ENGINES = ("vllm", "sglang", "tensorrt-llm")
@@ -273,6 +273,14 @@ def lookup_traces(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequ
             for p, cont in zip(prompts, continuations)]
 
 
+def short_traces_note(value: Any) -> str:
+    """One line for a replayed :class:`~sequoia_opt.solver.schedule.ChainValue` whose traces are too short to show
+    some K's steady state (``value.whole_answer_ks``)."""
+    ks = value.whole_answer_ks
+    return (f"chains of K >= {ks[0]}: no traced answer has room for K drafts, so their tokens per step are whole "
+            "answers' (end steps included); profile longer answers (--max-new-tokens) for their steady state")
+
+
 # ---------------------------------------------------------------------------------------------- peers
 def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *, context: int | None = None,
                 batch1_k: int | None = None) -> dict[str, list[tuple[int, int, Any]]]:
@@ -406,6 +414,8 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         if opts.max_draft is None and opts.plan is None and top < DEFAULT_MAX_DRAFT:
             notes.append(f"chains up to K = {k}: the latency profile measured T(b, n) up to n = {top + 1}")
         value = ChainValue(acc, k, acceptance_model=opts.acceptance_model)
+        if value.whole_answer_ks:
+            notes.append(short_traces_note(value))
     prov = {"latency_profile": profile.id, "acceptance_profile": getattr(acc, "id", None),
             "calibration_profile": str(opts.calibration) if opts.calibration else None,
             "target": labels.get("target"), "batches": list(opts.batches)}

@@ -339,6 +339,10 @@ class ChainValue:
         acceptance: an :class:`~sequoia_opt.profiles.AcceptanceProfile`.  max_draft: the longest chain scored.
         acceptance_model: ``auto`` | ``replay`` | ``positional`` | ``by-depth``.
 
+    Attributes:
+        model_used: the model G came from.  g, g_lo, g_hi: per K, G and its interval.  whole_answer_ks: replay only,
+            the K no traced answer has room for (their G is whole answers', end steps included).
+
     Raises:
         SolverError: max_draft < 0; ``replay`` of a profile without ``chain_traces``; as
             :func:`~sequoia_opt.solver.depth.solve_profile`.
@@ -355,6 +359,7 @@ class ChainValue:
         self.acceptance, self.max_draft = acceptance, int(max_draft)
         K = max(1, self.max_draft)
         self._factors: dict[tuple[int, int], float] = {}
+        self.whole_answer_ks: list[int] = []  # replay: K whose steady state the traces are too short to show
         traces = getattr(acceptance, "chain_traces", None)
         if acceptance_model == "replay" and not traces:
             raise SolverError(f"acceptance profile {getattr(acceptance, 'id', '?')!r} has no chain_traces to replay "
@@ -397,6 +402,7 @@ class ChainValue:
             tok, steps = replay_counts(traces, k)
             if sum(steps) == 0:  # no answer has room for k drafts: the whole answers, end steps and all
                 tok, steps = replay_counts(traces, k, self._traced_tokens)
+                self.whole_answer_ks.append(k)
             g = sum(tok) / sum(steps)
             spread = ratio_spread(tok, steps, clip=(1.0, None)) if len(traces) >= 2 else None
             lo, hi = spread.prediction_interval(spread.prompts) if spread is not None else (g, g)
