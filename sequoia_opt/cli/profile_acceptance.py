@@ -187,27 +187,21 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
     """``profile acceptance --chains``: teacher-forced traces (:func:`~sequoia_opt.profiling.acceptance.chain_traces`),
     the chain profile (:func:`~sequoia_opt.jobs.tune.acceptance_from_traces`), written and shown with each K's
     replayed tokens per step (:class:`~sequoia_opt.solver.schedule.ChainValue`)."""
-    from ..jobs.load import default_acceptance_path
-    from ..jobs.tune import DEFAULT_MAX_DRAFT, acceptance_from_traces, short_traces_note
+    from ..jobs.load import default_chain_acceptance_path
+    from ..jobs.tune import DEFAULT_MAX_DRAFT, measure_chain_acceptance, short_traces_note
     from ..profiles import save_acceptance
-    from ..profiling.acceptance import chain_traces
     from ..prompts import encode_prompts
     from ..solver.intervals import acceptance_spreads
     from ..solver.schedule import ChainValue, SpecSetting
 
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     with progress_bar() as progress:
-        traces = chain_traces(pair.target, pair.new_drafter, ids, max_new_tokens=max_new_tokens,
-                              eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
-    if traces is None:
+        prof = measure_chain_acceptance(pair, ids, prompts_file=str(pfile), max_new_tokens=max_new_tokens,
+                                        max_depth=DEFAULT_MAX_DRAFT, command="treeopt profile acceptance --chains",
+                                        backend=backend, progress=progress)
+    if prof is None:
         raise TreeoptError(f"--chains: {pair.draft_name} cannot be teacher-forced; profile it without --chains")
-    prof = acceptance_from_traces(traces, profile_id=f"{pair.slug}_greedy_chains", target_name=pair.target_name,
-                                  draft_name=pair.draft_name, max_depth=DEFAULT_MAX_DRAFT, prompts_file=str(pfile),
-                                  max_new_tokens=max_new_tokens,
-                                  source="measured by treeopt profile acceptance --chains (the drafter teacher-forced "
-                                         "on the target's greedy output)")
-    base = default_acceptance_path(pair.target_name, spec)
-    out = output or base.with_name(base.stem + "-chains.yaml")  # where treeopt tune --engine treeopt looks
+    out = output or default_chain_acceptance_path(pair.target_name, spec)  # where treeopt tune --engine treeopt looks
     save_acceptance(out, prof)
     value = ChainValue(prof, DEFAULT_MAX_DRAFT)
     report = Report(title="treeopt profile acceptance --chains")

@@ -53,6 +53,13 @@ def default_acceptance_path(target_label: str, drafter: DrafterSpec, mode: str =
     return Path("profiles") / pair_slug(target_label, drafter.label) / f"acceptance-{mode}.yaml"
 
 
+def default_chain_acceptance_path(target_label: str, drafter: DrafterSpec) -> Path:
+    """Where ``treeopt profile acceptance --chains`` and ``treeopt tune --engine treeopt`` keep a drafter's chain
+    profile (teacher-forced traces): ``acceptance-greedy-chains.yaml`` beside :func:`default_acceptance_path`'s
+    greedy file, never in it (a chain profile has no ranks past the first)."""
+    return default_acceptance_path(target_label, drafter).with_name("acceptance-greedy-chains.yaml")
+
+
 def default_latency_path(target_label: str, drafter: DrafterSpec, device_slug: str) -> Path:
     """Where ``treeopt profile latency`` writes a drafter's latency profile without ``-o``:
     ``profiles/<device slug>/<target>__<drafter slug>-latency.yaml`` (the draft checkpoint's name, ``self-L6``,

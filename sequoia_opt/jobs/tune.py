@@ -32,7 +32,8 @@ import numpy as np
 from ..errors import ProfileError, TreeoptError
 
 __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult", "check_options", "tune",
-           "acceptance_from_traces", "lookup_traces", "peer_ranges", "short_traces_note", "token_grid"]
+           "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance", "peer_ranges", "short_traces_note",
+           "token_grid"]
 
 TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
 GPU_ENGINES = ("vllm", "sglang", "tensorrt-llm")
@@ -267,10 +268,29 @@ def lookup_traces(prompts: Sequence[Sequence[int]], continuations: Sequence[Sequ
     (:meth:`~sequoia_opt.drafting.drafters.PromptLookupDrafter.teacher_forced`), its confidence, and whether
     the target's token equals it."""
     from ..drafting.drafters.lookup import PromptLookupDrafter
+    from ..profiling.acceptance import teacher_forced_trace
 
     drafter = PromptLookupDrafter(vocab_size, prompt_lookup_min=lookup_min, prompt_lookup_max=lookup_max)
-    return [[(tok, q, tok == int(t)) for (tok, q), t in zip(drafter.teacher_forced(p, cont), cont)]
-            for p, cont in zip(prompts, continuations)]
+    return [teacher_forced_trace(drafter, p, cont) for p, cont in zip(prompts, continuations)]
+
+
+def measure_chain_acceptance(pair: Any, prompts: Sequence[Sequence[int]], *, prompts_file: str, max_new_tokens: int,
+                             max_depth: int, command: str, backend: str = "auto", progress: ProgressFn | None = None):
+    """A pair's chain profile on treeopt's decoder: the drafter teacher-forced along the target's greedy output
+    (:func:`~sequoia_opt.profiling.acceptance.chain_traces`), as :func:`acceptance_from_traces` (id
+    ``<pair>_greedy_chains``; ``command`` names what measured it; ``backend``: the decoder's attention backend).
+    None when the drafter cannot be teacher-forced."""
+    from ..profiling.acceptance import chain_traces
+
+    traces = chain_traces(pair.target, pair.new_drafter, prompts, max_new_tokens=max_new_tokens,
+                          eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
+    if traces is None:
+        return None
+    return acceptance_from_traces(traces, profile_id=f"{pair.slug}_greedy_chains", target_name=pair.target_name,
+                                  draft_name=pair.draft_name, max_depth=max_depth, prompts_file=prompts_file,
+                                  max_new_tokens=max_new_tokens,
+                                  source=f"measured by {command} (the drafter teacher-forced on the target's greedy "
+                                         "output)")
 
 
 def short_traces_note(value: Any) -> str:
@@ -526,10 +546,9 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     import torch
 
     from ..device import device_slug
-    from ..jobs.load import default_acceptance_path, load_pair
+    from ..jobs.load import default_acceptance_path, default_chain_acceptance_path, load_pair
     from ..profiles.batch import save_batch_latency
-    from ..drafting.drafters import Drafter
-    from ..profiling.acceptance import build_acceptance_profile, chain_traces, measure_acceptance
+    from ..profiling.acceptance import build_acceptance_profile, can_teacher_force, measure_acceptance
     from ..profiling.batch import profile_batches
     from ..profiling.latency import method_text
     from ..prompts import demo_prompts_path, encode_prompts, load_prompts
@@ -555,19 +574,15 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
         save_batch_latency(path, prof)
         return prof
 
-    chains = opts.shape == "chain" and type(pair.new_drafter()).teacher_forced is not Drafter.teacher_forced
+    chains = opts.shape == "chain" and can_teacher_force(pair.new_drafter())
 
     def measure_acc() -> Any:
         pfile = opts.prompts or demo_prompts_path("profile")
         ids = encode_prompts(load_prompts(pfile, limit=opts.num_prompts), pair.tokenizer, model=pair.target_name)
-        if chains:  # per-depth acceptance from every start along the target's greedy output (chain_traces)
-            traces = chain_traces(pair.target, pair.new_drafter, ids, max_new_tokens=opts.max_new_tokens,
-                                  eos_ids=sorted(pair.tokenizer.eos_ids), progress=progress)
-            return acceptance_from_traces(traces, profile_id=f"{slug}_greedy_chains", target_name=pair.target_name,
-                                          draft_name=pair.draft_name, max_depth=want_k, prompts_file=str(pfile),
-                                          max_new_tokens=opts.max_new_tokens,
-                                          source="measured by treeopt tune --engine treeopt (the drafter "
-                                                 "teacher-forced on the target's greedy output)")
+        if chains:  # along the target's greedy output, every start seen (chain_traces)
+            return measure_chain_acceptance(pair, ids, prompts_file=str(pfile), max_new_tokens=opts.max_new_tokens,
+                                            max_depth=want_k, command="treeopt tune --engine treeopt",
+                                            progress=progress)
         depth = min(want_k, 8)
         counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=8, depth=depth,
                                     max_new_tokens=opts.max_new_tokens, eos_ids=sorted(pair.tokenizer.eos_ids),
@@ -579,8 +594,6 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
             command="treeopt tune --engine treeopt")
 
     profile = _latency(opts, spec, done, progress, measure)
-    path = opts.profiles_dir / default_acceptance_path(pair.target_name, pair.spec).relative_to("profiles")
-    if chains:  # not the tree profile's file: a chain profile has no ranks past the first
-        path = path.with_name(path.stem + "-chains.yaml")
-    acc = _acceptance(opts, path, done, measure_acc)
+    default = (default_chain_acceptance_path if chains else default_acceptance_path)(pair.target_name, pair.spec)
+    acc = _acceptance(opts, opts.profiles_dir / default.relative_to("profiles"), done, measure_acc)
     return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}

@@ -192,6 +192,18 @@ def measure_acceptance(
 Trace = list[tuple[int, float, bool]]
 
 
+def can_teacher_force(drafter: Drafter) -> bool:
+    """Whether ``drafter`` implements :meth:`~sequoia_opt.drafting.drafters.Drafter.teacher_forced` (a feature
+    head does not: it needs the target's hidden states)."""
+    return type(drafter).teacher_forced is not Drafter.teacher_forced
+
+
+def teacher_forced_trace(drafter: Drafter, prompt: Sequence[int], continuation: Sequence[int]) -> Trace:
+    """One prompt's trace: per token of ``continuation``, ``(the drafter's teacher-forced guess, its probability,
+    whether it equals the token)``."""
+    return [(tok, q, tok == int(t)) for (tok, q), t in zip(drafter.teacher_forced(prompt, continuation), continuation)]
+
+
 def chain_traces(target: Transformer, draft: Transformer | Drafter | Callable[[], Transformer | Drafter],
                  prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_ids: Sequence[int] = (),
                  backend: str = "auto", progress: ProgressFn | None = None) -> list[Trace] | None:
@@ -221,16 +233,14 @@ def chain_traces(target: Transformer, draft: Transformer | Drafter | Callable[[]
     from ..decoding.loop import plain_decoder
 
     drafter = drafter_factory(draft)()
-    if type(drafter).teacher_forced is Drafter.teacher_forced:
+    if not can_teacher_force(drafter):
         return None
     plain = plain_decoder(target, eos_ids=eos_ids, backend=backend)
     for p in prompts:  # validate every request before the first forward pass
         plain.check(p, max_new_tokens)
     out: list[Trace] = []
     for i, p in enumerate(prompts):
-        cont = plain.generate(p, max_new_tokens).tokens
-        guesses = drafter.teacher_forced(p, cont)
-        out.append([(tok, q, tok == int(t)) for (tok, q), t in zip(guesses, cont)])
+        out.append(teacher_forced_trace(drafter, p, plain.generate(p, max_new_tokens).tokens))
         if progress:
             progress(f"chain traces, prompt {i + 1}/{len(prompts)}", i + 1, len(prompts))
     return out
