@@ -30,8 +30,12 @@ Peers, on the same measurements: vLLM's ``generate_config.py`` rule (at each bat
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine llama.cpp --workload edit
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine treeopt --workload eval
 
-Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(4, 3 b) requests per batch size, 2 rounds;
-a stream of 24 requests x 12 tokens) reach 16 live rows and give each K two rounds. With nothing else running,
+Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(4, 3 b) requests per batch size, 3 rounds;
+a stream of 40 requests x 12 tokens) reach 16 live rows and give each K three rounds. Why three: every round builds
+fresh decoders, and a decoder instance keeps its speed (the 2-token chain step's ratio to plain ranged 1.07-1.24
+over 10 rounds at batch 1, sd 0.047; ``round_rel_se`` in ``sequoia_opt/profiling/steps.py``), so two rounds leave
+each K's rate 3-4 % from its mean, as wide as the gaps between K = 1..5 at batch 1. Why 40 requests: with 20 x 8
+the stream was 18 steps long and never passed 11 live rows. With nothing else running,
 ``--engine llama.cpp --workload eval --stream-requests 20 --stream-tokens 8`` took 58 min (``tune`` 17, timing the
 loop's step at every batch size with the draft GGUF; batch 16 alone 17); ``--engine treeopt --workload eval
 --turnovers 2 --stream-requests 20 --stream-tokens 8`` took 41 min (``tune`` 22, its loop timed to 2 %). The editing answers copy the function after a short
@@ -261,10 +265,10 @@ def main() -> None:
     ap.add_argument("--turnovers", type=int, default=3,
                     help="requests per batch size: at least b x this (each row slot serves this many requests)")
     ap.add_argument("--max-prompt-tokens", type=int, default=96, help="eval prompts are cut to their last N tokens")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--block-steps", type=int, default=4,
                     help="the settings compared run in lockstep, this many steps each in turn")
-    ap.add_argument("--stream-requests", type=int, default=24)
+    ap.add_argument("--stream-requests", type=int, default=40)
     ap.add_argument("--stream-tokens", type=int, default=12)
     ap.add_argument("--stream-peak", type=int, default=16)
     ap.add_argument("--no-stream", action="store_true")

@@ -14,7 +14,7 @@ from tiny_pair import noisy_copy, random_model  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.profiles import LatencyCurve, load_latency, save_latency  # noqa: E402
 from sequoia_opt.profiling.latency import build_latency_profile, profile_model  # noqa: E402
-from sequoia_opt.profiling.steps import (LoopTable, draft_extra_ms, probe_tree, ratio_rel_se,  # noqa: E402
+from sequoia_opt.profiling.steps import (LoopTable, draft_extra_ms, probe_tree, ratio_rel_se, round_rel_se,  # noqa: E402
                                          static_loop_decoders, time_loop)
 from sequoia_opt.solver.hardware import choose, plain_ms_per_token, step_cost  # noqa: E402
 from sequoia_opt.tree import Tree  # noqa: E402
@@ -188,9 +188,38 @@ def test_ratio_rel_se_is_the_medians_normal_error_from_the_mad():
     assert ratio_rel_se([-1.0, 0.0, 0.0]) == float("inf")
 
 
+def test_round_rel_se_is_the_spread_between_rounds():
+    # rounds 1.0, 1.2, 1.1: sd 0.1, mean 1.1
+    assert round_rel_se([1.0, 1.2, 1.1]) == pytest.approx(0.1 / 3 ** 0.5 / 1.1)
+    assert round_rel_se([1.1] * 4) == 0.0
+    assert round_rel_se([1.0, 1.2]) == float("inf")  # two rounds cannot say how rounds differ
+    assert round_rel_se([-1.0, 0.5, 0.5]) == float("inf")
+
+
+def test_time_loop_adds_rounds_while_rounds_disagree():
+    """A size whose steps agree within each round but whose rounds differ (a decoder instance keeps its speed:
+    +-10 % between rounds here) is not known from its steps' spread: it gets rounds until max_rounds."""
+    made = []
+
+    class PerInstance(_FakeDecoder):
+        def step(self, state):
+            out = super().step(state)
+            if self.n == 2:
+                out.verify_ms *= 1.1 if made.count(2) % 2 else 0.9
+            return out
+
+    def make(n):
+        made.append(n)
+        return PerInstance(n, {"slow": 1.0})
+
+    time_loop(make, [1, 2, 3], 8, 50, steps=4, warmup=0, rounds=1, max_rounds=5,
+              make_plain=lambda: PerInstance(1, {"slow": 1.0}))
+    assert made.count(2) == 5 and made.count(3) == 3  # size 3 steady: three rounds that agree
+
+
 def test_time_loop_adds_rounds_only_for_sizes_still_noisy():
     """max_rounds: after the first round, a size whose step ratio scatters (size 3: verify +-30 % step to step)
-    gets more rounds until max_rounds; a steady one (size 2) is done after its first."""
+    gets more rounds until max_rounds; a steady one (size 2) is done once three rounds show its rounds agree."""
     made = []
 
     class Noisy(_FakeDecoder):
@@ -206,8 +235,8 @@ def test_time_loop_adds_rounds_only_for_sizes_still_noisy():
 
     table = time_loop(make, [1, 2, 3], 8, 50, steps=4, warmup=0, rounds=1, max_rounds=4, make_plain=lambda: Noisy(
         1, {"slow": 1.0}))
-    assert made.count(2) == 1 and made.count(3) == 4
-    assert table.timed == [4 * 5, 4, 16]  # the plain reference steps beside every timed step
+    assert made.count(2) == 3 and made.count(3) == 4
+    assert table.timed == [4 * 7, 12, 16]  # the plain reference steps beside every timed step
     assert table.verify_ms[1] == pytest.approx(12.0)
     # without max_rounds, one round each, as before
     made.clear()

@@ -34,7 +34,8 @@ import torch
 from ..decoding import Decoder
 from ..tree import Tree
 
-__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "ratio_rel_se", "DEFAULT_REL_SE",
+__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "ratio_rel_se", "round_rel_se",
+           "DEFAULT_REL_SE",
            "LOOP_MAX_ROUNDS", "static_loop_decoders", "draft_extra_ms",
            "StepCheck", "check_chosen_step"]
 
@@ -102,6 +103,24 @@ DEFAULT_REL_SE = 0.02
 LOOP_MAX_ROUNDS = 6
 
 
+def round_rel_se(round_medians: Sequence[float]) -> float:
+    """The standard error of the mean of per-round medians relative to it: stdev / sqrt(R) / mean over the R
+    rounds (each round a fresh decoder, timed in its own seconds). inf with fewer than 3 rounds or a mean <= 0.
+
+    Why rounds and not steps. A decoder instance keeps its speed: on this VM (demo pair, batch 1, 10 rounds of 16
+    paired steps) the 2-token chain step's verify ratio to the plain step beside it ranged 1.07-1.24 between rounds
+    (sd 0.047) while the steps of one round agreed closely, so the steps' own spread (:func:`ratio_rel_se`) said
+    2 % after two rounds while two rounds left the ratio 3 % from its mean, and the latency profiles of seven
+    benchmark runs read it anywhere from 1.01 to 1.19 (batch 1's choice of K flips across that range)."""
+    xs = [float(x) for x in round_medians]
+    if len(xs) < 3:
+        return float("inf")
+    mean = statistics.fmean(xs)
+    if mean <= 0:
+        return float("inf")
+    return statistics.stdev(xs) / (len(xs) ** 0.5) / mean
+
+
 def ratio_rel_se(xs: Sequence[float]) -> float:
     """The standard error of the median of ``xs`` relative to it, from the median absolute deviation (robust to
     the heavy tail of a shared machine's step times): 1.2533 x 1.4826 MAD / sqrt(k) / median, the normal
@@ -136,10 +155,12 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
         context: committed tokens before the timed steps (random ids below ``vocab_size``).
         steps / warmup: timed and untimed step pairs per size and round.  rounds: sweeps of the grid.
         max_rounds: up to this many sweeps in all (default ``rounds``): after ``rounds``, the sizes whose step
-            ratio's relative standard error is still above ``rel_se`` (:func:`ratio_rel_se`) get another round,
-            until none is or the rounds run out. On this VM a step's time scatters by 10-30 %, and 16 pairs left
-            the chain's first drafted token 15 % cheaper than 108 pairs measured it (and the plan chose K = 1
-            for it).
+            ratio is not yet known to ``rel_se`` get another round, until none is left or the rounds run out. Known
+            means both the steps' spread (:func:`ratio_rel_se` over every pair) and the spread between rounds
+            (:func:`round_rel_se` over the rounds' medians, which needs 3 rounds) are within ``rel_se``: each round
+            is a fresh decoder, and decoders differ by more than their steps do. On this VM a step's time scatters
+            by 10-30 %, and 16 pairs left the chain's first drafted token 15 % cheaper than 108 pairs measured it
+            (and the plan chose K = 1 for it).
         make_plain: the reference's plain decoder, one that does not share state with ``make_decoder``'s (a
             llama.cpp target context holds one sequence: the reference needs its own); default
             ``make_decoder(1)`` (treeopt's decoder: each decoder owns its caches).
@@ -161,13 +182,22 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
     make_plain = make_plain or (lambda: make_decoder(1))
     plain: list[tuple[float, float]] = []  # (verify, bookkeeping) of every reference step
     ratios: dict[int, list[tuple[float, float, float]]] = {int(n): [] for n in token_counts if n > 1}
+    round_of: dict[int, list[int]] = {n: [] for n in ratios}  # the round of each pair in ``ratios``
     sizes = [int(n) for n in token_counts if n > 1]
+
+    def known(n: int) -> bool:
+        steps_ = [sum(x) for x in ratios[n]]
+        by_round: dict[int, list[float]] = {}
+        for r_, x in zip(round_of[n], steps_):
+            by_round.setdefault(r_, []).append(x)
+        return (ratio_rel_se(steps_) <= rel_se
+                and round_rel_se([statistics.median(v) for v in by_round.values()]) <= rel_se)
+
     last = max(int(rounds), int(max_rounds or rounds))
     total, done = max(1, len(sizes)) * rounds, 0
     with torch.inference_mode():
         for r in range(last):
-            todo = sizes if r < rounds else [n for n in sizes if ratio_rel_se(
-                [sum(x) for x in ratios[n]]) > rel_se]
+            todo = sizes if r < rounds else [n for n in sizes if not known(n)]
             if r >= rounds and not todo:
                 break
             if r >= rounds:
@@ -201,6 +231,7 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
                         if full and p.verify_ms > 0:
                             ratios[n].append((st.draft_ms / p.verify_ms, st.verify_ms / p.verify_ms,
                                               st.bookkeeping_ms / p.verify_ms))
+                            round_of[n].append(r)
                 del ref, dec
                 done += 1
                 if progress:
