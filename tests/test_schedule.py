@@ -18,7 +18,7 @@ from sequoia_opt.cli import app
 from sequoia_opt.errors import DecodingError, ProfileError, SolverError, TreeoptError
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
 from sequoia_opt.profiles.batch import BatchLatencyProfile, load_batch_table
-from sequoia_opt.solver.chains import ChainSetting, predict_chain
+from sequoia_opt.solver.chains import ChainSetting, predict_chain, replay_counts
 from sequoia_opt.solver.schedule import (ChainValue, SpecSetting, check_ranges, load_schedule, plan_document,
                                          plan_from_ranges, predict_ranges, save_schedule, solve_plan)
 from sequoia_opt.tree import Tree
@@ -442,7 +442,11 @@ def test_tune_llamacpp_refuses_an_unchecked_release_before_measuring(tmp_path):
 
 
 @pytest.mark.parametrize("args,msg", [(["--min-gain", "-0.5"], "--min-gain -0.5 must lie in [0, 10)"),
-                                      (["--output-tokens", "0"], "--output-tokens = 0 must be an integer >= 1")])
+                                      (["--output-tokens", "0"], "--output-tokens = 0 must be an integer >= 1"),
+                                      (["--acceptance-model", "replays"],
+                                       "unknown --acceptance-model 'replays'; use auto | replay | positional"),
+                                      (["--acceptance-model", "replay"], "has no chain_traces (treeopt profile "
+                                       "acceptance --chains measures them)")])
 def test_tune_refuses_a_bad_bar_or_answer_length_before_anything(tmp_path, args, msg):
     table, acc = _files(tmp_path)
     out = tmp_path / "out.json"
@@ -577,6 +581,29 @@ def test_chain_traces_replay_is_what_the_decoder_does(drafter):
         assert replay_chain(traces, ChainSetting(k))[0] == pytest.approx(96 / steps)
 
 
+def test_chain_traces_past_a_short_drafts_context_are_the_decoders_root_only_steps():
+    """A draft model whose context ends inside the answer: past it the decoder drafts nothing (one token a step)
+    and the traces read misses there, so the replay is still the decoder's steps."""
+    import dataclasses
+
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.drafters import ModelDrafter
+    from sequoia_opt.drafting.policies import StaticTreePolicy
+    from sequoia_opt.profiling.acceptance import chain_traces
+
+    target, draft = _tiny_chain_pair()
+    draft.config = dataclasses.replace(draft.config, max_position_embeddings=16)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [9, 9, 9, 9, 9, 9], [3] * 20]  # the last: past it from the start
+    traces = chain_traces(target, lambda: ModelDrafter(draft), prompts, max_new_tokens=20)
+    assert [len(t) for t in traces] == [20] * 3
+    assert not any(ok for _, _, ok in traces[2]) and not any(ok for _, _, ok in traces[0][7:])
+    for k in (1, 2, 4):
+        dec = Decoder(target, StaticTreePolicy(ModelDrafter(draft), Tree.chain(k + 1)))
+        steps = sum(len(dec.generate(p, 20).steps) for p in prompts)
+        assert replay_counts(["".join("1" if ok else "0" for _, _, ok in t) for t in traces], k, 20)[1] == \
+            [len(dec.generate(p, 20).steps) for p in prompts] and steps > 0
+
+
 def test_chain_traces_need_a_drafter_that_can_be_teacher_forced():
     from sequoia_opt.drafting.drafters import Drafter, ModelDrafter
     from sequoia_opt.profiling.acceptance import chain_traces
@@ -642,6 +669,24 @@ def test_chain_replay_predicts_the_decoders_tokens_per_step_on_its_prompts():
         assert value.g_lo[k] <= value.g[k] <= value.g_hi[k] and value.g_hi[k] > value.g_lo[k]
 
 
+def test_chain_replay_past_the_traced_length_keeps_answers_that_ended():
+    """Answers longer than the traces: one that ended (an EOS) before the traced length stays as it was, one that
+    ran to it goes on at the steady rate; at the traced length itself the traces are replayed as they are."""
+    from sequoia_opt.jobs.tune import acceptance_from_traces
+
+    flags = ("11111111", "01010000", "0101")  # traced to 8 tokens; the third ended at 4
+    acc = acceptance_from_traces([[(0, 1.0, c == "1") for c in f] for f in flags], profile_id="e", target_name="t",
+                                 draft_name="d", max_depth=2, source="test", max_new_tokens=8)
+    v, two = ChainValue(acc, 2), SpecSetting.chain(2)
+    tok, steps = replay_counts(flags, 2, 8)
+    assert (sum(tok), sum(steps)) == (20, 12)
+    assert v.g[2] * v.length_factor(two, 8) == pytest.approx(20 / 12)
+    # 16 tokens: 8 more for each of the two answers that reached 8, at G; none for the one that ended
+    assert v.g[2] * v.length_factor(two, 16) == pytest.approx((20 + 16) / (12 + 16 / v.g[2]))
+    # no jump just past the traced length (the old formula read the ended answer as 9 tokens long)
+    assert v.g[2] * v.length_factor(two, 9) == pytest.approx((20 + 2) / (12 + 2 / v.g[2]))
+
+
 def test_chain_traces_in_the_profile_file(tmp_path):
     from sequoia_opt.jobs.tune import acceptance_from_traces
     from sequoia_opt.profiles import load_acceptance, save_acceptance
@@ -650,11 +695,16 @@ def test_chain_traces_in_the_profile_file(tmp_path):
     acc = acceptance_from_traces(traces + [[]], profile_id="f", target_name="t", draft_name="d", max_depth=3,
                                  source="test")
     assert acc.chain_traces == ["1101", "0011100", "1"] and acc.measured["num_prompts"] == 3  # the empty one: none
-    # K = 7, 8 need answers of 8, 9 tokens for one full step: valued on whole answers, and said so
+    # K drafts need an answer of K + 1 tokens for one full step: K = 4..6 have one answer of three with room (its
+    # steady state alone, an interval of one prompt), K = 7, 8 none: valued on whole answers, and said so
     from sequoia_opt.jobs.tune import short_traces_note
 
-    assert ChainValue(acc, 8).whole_answer_ks == [7, 8] and ChainValue(acc, 6).whole_answer_ks == []
-    assert short_traces_note(ChainValue(acc, 8)).startswith("chains of K >= 7: no traced answer has room")
+    assert ChainValue(acc, 8).whole_answer_ks == [4, 5, 6, 7, 8] and ChainValue(acc, 3).whole_answer_ks == []
+    assert short_traces_note(ChainValue(acc, 8)).startswith("chains of K >= 4: most traced answers have no room")
+    # K = 3: the two answers with room ("1101", "0011100"), not the one-token answer
+    v3 = ChainValue(acc, 3)
+    # "1101": one step (2 accepted + 1) = 3 tokens; "0011100": 1, 1, then 3 accepted + 1 = 6 tokens in 3 steps
+    assert v3.g[3] == pytest.approx((3 + 6) / (1 + 3))
     path = save_acceptance(tmp_path / "a.yaml", acc)
     assert load_acceptance(path).chain_traces == acc.chain_traces
     doc = yaml.safe_load(path.read_text())
@@ -667,7 +717,20 @@ def test_chain_traces_in_the_profile_file(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(dict(doc, chain_traces=doc["chain_traces"][:2])))
     with pytest.raises(ProfileError, match="num_prompts is 3 but 'chain_traces' lists 2"):
         load_acceptance(tmp_path / "bad.yaml")
+    # traces longer than the answers measured, or whose agreement is not the vector's p_1 (no counts to check)
+    d = dict(doc, measured=dict(doc["measured"], max_new_tokens=5))
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(ProfileError, match="a chain trace has 7 tokens but measured.max_new_tokens is 5"):
+        load_acceptance(tmp_path / "bad.yaml")
+    d = {k: v for k, v in doc.items() if k not in ("counts", "counts_by_prompt")}
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(d))
+    assert load_acceptance(tmp_path / "ok.yaml").chain_traces == acc.chain_traces
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(dict(d, acceptance=[0.9])))
+    with pytest.raises(ProfileError, match="'chain_traces' agree at 0.5833 but 'acceptance' says 0.9000"):
+        load_acceptance(tmp_path / "bad.yaml")
     # a profile without traces cannot be replayed: one line
+    with pytest.raises(SolverError, match="unknown --acceptance-model 'spine'"):
+        ChainValue(_acc(), 3, acceptance_model="spine")
     with pytest.raises(SolverError, match="has no chain_traces to replay"):
         ChainValue(_acc(), 3, acceptance_model="replay")
     assert ChainValue(_acc(), 3).model_used in ("positional", "by-depth")

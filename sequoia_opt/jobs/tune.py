@@ -141,7 +141,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     """
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import _version, check_llamacpp_release
-    from ..solver.schedule import check_min_gain, check_output_tokens
+    from ..solver.schedule import check_chain_acceptance_model, check_min_gain, check_output_tokens
 
     opts.engine = _engine(opts.engine)
     if opts.shape not in ("chain", "envelope"):
@@ -186,9 +186,20 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
     check_min_gain(opts.min_gain)
     check_output_tokens(opts.output_tokens)
+    check_chain_acceptance_model(opts.acceptance_model)
     spec = parse_drafter_spec(opts.draft)  # a bad --draft fails here
     if opts.engine == "llama.cpp" and not spec.entry.loads_model and spec.kind != "lookup":
         raise TreeoptError(f"--draft {spec.label}: llama.cpp drafts with a draft model or n-grams (lookup)")
+    if opts.acceptance_model == "replay" and opts.shape == "chain":  # before minutes of measuring
+        if opts.acceptance is not None:
+            from ..profiles import load_acceptance
+
+            if not load_acceptance(opts.acceptance).chain_traces:
+                raise TreeoptError(f"--acceptance-model replay: {opts.acceptance} has no chain_traces (treeopt profile "
+                                   "acceptance --chains measures them)")
+        elif spec.entry.reads_features:
+            raise TreeoptError(f"--acceptance-model replay: --draft {spec.label} reads the target's features and "
+                               "cannot be teacher-forced, so no chain traces can be measured for it")
     return opts
 
 
@@ -297,8 +308,8 @@ def short_traces_note(value: Any) -> str:
     """One line for a replayed :class:`~sequoia_opt.solver.schedule.ChainValue` whose traces are too short to show
     some K's steady state (``value.whole_answer_ks``)."""
     ks = value.whole_answer_ks
-    return (f"chains of K >= {ks[0]}: no traced answer has room for K drafts, so their tokens per step are whole "
-            "answers' (end steps included); profile longer answers (--max-new-tokens) for their steady state")
+    return (f"chains of K >= {ks[0]}: most traced answers have no room for K drafts, so their tokens per step are "
+            "whole answers' (end steps included); profile longer answers (--max-new-tokens) for their steady state")
 
 
 # ---------------------------------------------------------------------------------------------- peers

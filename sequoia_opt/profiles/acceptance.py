@@ -206,15 +206,17 @@ class AcceptanceProfile:
             example=_flag(doc, "example", source),
             source=doc.get("source"),
             prompt_counts=prompt_counts,
-            chain_traces=_chain_traces(doc["chain_traces"], counts, measured, source)
+            chain_traces=_chain_traces(doc["chain_traces"], p, counts, measured, source)
             if doc.get("chain_traces") is not None else None,
         )
 
 
-def _chain_traces(raw: Any, counts: np.ndarray | None, measured: Mapping[str, Any], source: str) -> list[str]:
+def _chain_traces(raw: Any, p: np.ndarray, counts: np.ndarray | None, measured: Mapping[str, Any],
+                  source: str) -> list[str]:
     """``chain_traces`` validated: a non-empty list of non-empty strings of ``0`` / ``1``, one per prompt
-    (``measured.num_prompts`` when given); with a one-entry vector, its counts are the traces' (agreements,
-    misses)."""
+    (``measured.num_prompts`` when given), none longer than ``measured.max_new_tokens`` (when given); with a
+    one-entry vector ``p``, its counts (when given) are the traces' (agreements, misses) and its p_1 their
+    agreement rate (to 1e-3). Raises ProfileError with one line."""
     if not isinstance(raw, list) or not raw:
         raise ProfileError(f"{source}: 'chain_traces' must list, per prompt, a string of 0 and 1 (one per token)")
     for i, t in enumerate(raw):
@@ -223,11 +225,17 @@ def _chain_traces(raw: Any, counts: np.ndarray | None, measured: Mapping[str, An
     if measured.get("num_prompts") is not None and measured["num_prompts"] != len(raw):
         raise ProfileError(f"{source}: measured.num_prompts is {measured['num_prompts']} but 'chain_traces' lists "
                            f"{len(raw)} prompts")
-    if counts is not None and counts.size == 2:
-        hits, total = sum(t.count("1") for t in raw), sum(len(t) for t in raw)
-        if [hits, total - hits] != counts.tolist():
-            raise ProfileError(f"{source}: 'chain_traces' hold {hits} agreements in {total} tokens but 'counts' are "
-                               f"{counts.tolist()}")
+    longest = max(len(t) for t in raw)
+    if isinstance(measured.get("max_new_tokens"), int) and longest > measured["max_new_tokens"]:
+        raise ProfileError(f"{source}: a chain trace has {longest} tokens but measured.max_new_tokens is "
+                           f"{measured['max_new_tokens']}")
+    hits, total = sum(t.count("1") for t in raw), sum(len(t) for t in raw)
+    if counts is not None and counts.size == 2 and [hits, total - hits] != counts.tolist():
+        raise ProfileError(f"{source}: 'chain_traces' hold {hits} agreements in {total} tokens but 'counts' are "
+                           f"{counts.tolist()}")
+    if p.size == 1 and abs(float(p[0]) - hits / total) > 1e-3:
+        raise ProfileError(f"{source}: 'chain_traces' agree at {hits / total:.4f} but 'acceptance' says "
+                           f"{float(p[0]):.4f}")
     return list(raw)
 
 

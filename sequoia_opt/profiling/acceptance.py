@@ -25,6 +25,7 @@ import torch
 from ..decoding import Decoder
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.policies import StaticTreePolicy
+from ..errors import DecodingError
 from ..model import Transformer
 from ..profiles import ACCEPTANCE_FORMAT, AcceptanceProfile
 from ..tree import Tree, now_iso
@@ -200,8 +201,17 @@ def can_teacher_force(drafter: Drafter) -> bool:
 
 def teacher_forced_trace(drafter: Drafter, prompt: Sequence[int], continuation: Sequence[int]) -> Trace:
     """One prompt's trace: per token of ``continuation``, ``(the drafter's teacher-forced guess, its probability,
-    whether it equals the token)``."""
-    return [(tok, q, tok == int(t)) for (tok, q), t in zip(drafter.teacher_forced(prompt, continuation), continuation)]
+    whether it equals the token)``.
+
+    Raises:
+        DecodingError: the drafter returned a guess count other than ``len(continuation)`` (a short trace would
+            replay as a shorter answer without a word).
+    """
+    guesses = drafter.teacher_forced(prompt, continuation)
+    if len(guesses) != len(continuation):
+        raise DecodingError(f"{type(drafter).__name__}.teacher_forced returned {len(guesses)} guesses for "
+                            f"{len(continuation)} tokens")
+    return [(tok, q, tok == int(t)) for (tok, q), t in zip(guesses, continuation)]
 
 
 def chain_traces(target: Transformer, draft: Transformer | Drafter | Callable[[], Transformer | Drafter],

@@ -315,6 +315,18 @@ def _tps_interval(g_lo: float, g_hi: float, cost: StepCost) -> tuple[float, floa
     return 1000.0 * g_lo / cost.cost_ms, 1000.0 * g_hi / cost.cost_ms
 
 
+#: how :class:`ChainValue` values a chain: ``replay`` needs a profile's ``chain_traces``; ``auto`` replays them
+#: when present, else as :func:`~sequoia_opt.solver.depth.resolve_acceptance_model`
+CHAIN_ACCEPTANCE_MODELS = ("auto", "replay", "positional", "by-depth")
+
+
+def check_chain_acceptance_model(name: str) -> str:
+    """``name`` when it is one of :data:`CHAIN_ACCEPTANCE_MODELS`. Raises SolverError (one line) otherwise."""
+    if name not in CHAIN_ACCEPTANCE_MODELS:
+        raise SolverError(f"unknown --acceptance-model {name!r}; use {' | '.join(CHAIN_ACCEPTANCE_MODELS)}")
+    return name
+
+
 class ChainValue:
     """Chains of K = 0..``max_draft`` drafted tokens under an acceptance profile: G(K), the expected tokens per
     step.
@@ -341,7 +353,8 @@ class ChainValue:
 
     Attributes:
         model_used: the model G came from.  g, g_lo, g_hi: per K, G and its interval.  whole_answer_ks: replay only,
-            the K no traced answer has room for (their G is whole answers', end steps included).
+            the K that fewer than half the traced answers have room for (their G is whole answers', end steps
+            included).
 
     Raises:
         SolverError: max_draft < 0; ``replay`` of a profile without ``chain_traces``; as
@@ -361,9 +374,10 @@ class ChainValue:
         self._factors: dict[tuple[int, int], float] = {}
         self.whole_answer_ks: list[int] = []  # replay: K whose steady state the traces are too short to show
         traces = getattr(acceptance, "chain_traces", None)
+        check_chain_acceptance_model(acceptance_model)
         if acceptance_model == "replay" and not traces:
             raise SolverError(f"acceptance profile {getattr(acceptance, 'id', '?')!r} has no chain_traces to replay "
-                              "(measure it with treeopt tune, or use --acceptance-model auto)")
+                              "(measure one with treeopt profile acceptance --chains, or use --acceptance-model auto)")
         if traces and acceptance_model in ("auto", "replay"):
             self._replay(list(traces), K)
             return
@@ -400,29 +414,32 @@ class ChainValue:
         self.interval_method = "between prompts" if len(traces) >= 2 else "none"
         for k in range(1, K + 1):
             tok, steps = replay_counts(traces, k)
-            if sum(steps) == 0:  # no answer has room for k drafts: the whole answers, end steps and all
+            room = [i for i, n in enumerate(steps) if n > 0]  # the answers with room for k drafts
+            if len(room) < max(min(2, len(traces)), (len(traces) + 1) // 2):
+                # most answers are too short for k drafts: their steady state would be a few long answers' (and
+                # its interval as narrow as those few): the whole answers, end steps and all
                 tok, steps = replay_counts(traces, k, self._traced_tokens)
                 self.whole_answer_ks.append(k)
+            else:
+                tok, steps = [tok[i] for i in room], [steps[i] for i in room]
             g = sum(tok) / sum(steps)
-            spread = ratio_spread(tok, steps, clip=(1.0, None)) if len(traces) >= 2 else None
+            spread = ratio_spread(tok, steps, clip=(1.0, None)) if len(tok) >= 2 else None
             lo, hi = spread.prediction_interval(spread.prompts) if spread is not None else (g, g)
             self.g.append(g)
             self.g_lo.append(min(lo, g))
             self.g_hi.append(max(hi, g))
 
     def _replay_factor(self, k: int, output_tokens: int) -> float:
-        """Answers of ``output_tokens`` tokens: replayed when the traces are that long (each trace cut there);
-        longer, the traced answers' extra end-of-answer steps per answer, c, kept: rate = 1 / (1 / G + c / N)."""
+        """Answers of at most N = ``output_tokens`` tokens: the traces replayed, each cut at N. Past the traced
+        length, an answer that ended there (an EOS) stays as it was, and one that ran to the traced length goes on
+        at the steady rate G for its N - traced more tokens (its end-of-answer steps kept: with every answer
+        traced to its end this is rate = 1 / (1 / G + c / N), c the extra steps per answer)."""
         from .chains import replay_counts
 
-        g = self.g[k]
-        if output_tokens <= self._traced_tokens:
-            tok, steps = replay_counts(self._traces, k, output_tokens)
-            return sum(tok) / sum(steps) / g
-        tok, steps = replay_counts(self._traces, k, self._traced_tokens)
-        per_answer = sum(tok) / len(self._traces)
-        c = max(0.0, (sum(steps) / sum(tok) - 1.0 / g) * per_answer)
-        return 1.0 / (1.0 / g + c / output_tokens) / g
+        g, traced = self.g[k], self._traced_tokens
+        tok, steps = replay_counts(self._traces, k, min(int(output_tokens), traced))
+        more = max(0, int(output_tokens) - traced) * sum(len(t) >= traced for t in self._traces)
+        return (sum(tok) + more) / (sum(steps) + more / g) / g
 
     def _prompt_intervals(self, K: int) -> bool:
         """Fill ``g_lo`` / ``g_hi`` from the spread between prompts; False when the profile has no per-prompt

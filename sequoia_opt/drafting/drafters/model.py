@@ -40,22 +40,28 @@ def teacher_forced_top1(model: Transformer, prompt: Sequence[int], continuation:
     layer-skip), its argmax and softmax probability at the last ``len(continuation)`` positions.
 
     Returns:
-        ``len(continuation)`` pairs (token id, probability in [0, 1]); empty for an empty continuation.
+        ``len(continuation)`` pairs (token id, probability in [0, 1]); empty for an empty continuation. A token
+        past the model's context (``max_position_embeddings``, a draft shorter than its target) gets ``(-1, 0.0)``,
+        a guess no token equals: there the decoder's drafter proposes nothing and the step commits one token, as
+        a rejected draft does.
 
     Raises:
-        DecodingError: an empty prompt, or more tokens than the model's context.
+        DecodingError: an empty prompt.
     """
     if not continuation:
         return []
     P, G = len(prompt), len(continuation)
-    if P < 1 or P + G - 1 > model.config.max_position_embeddings:
-        raise DecodingError(f"teacher forcing needs a prompt and at most {model.config.max_position_embeddings} "
-                            f"tokens, got a prompt of {P} and {G} continuation tokens")
-    seq = torch.tensor([list(prompt) + list(continuation[:-1])], dtype=torch.int64, device=model.device)
+    if P < 1:
+        raise DecodingError("teacher forcing needs a prompt of at least one token")
+    room = max(0, min(G, model.config.max_position_embeddings - P + 1))  # guesses whose inputs fit the context
+    out = [(-1, 0.0)] * (G - room)
+    if room == 0:
+        return out
+    seq = torch.tensor([list(prompt) + list(continuation[:room - 1])], dtype=torch.int64, device=model.device)
     with torch.inference_mode():
-        logits = model(seq, num_layers=num_layers)[0, P - 1:].float()  # (G, V)
+        logits = model(seq, num_layers=num_layers)[0, P - 1:].float()  # (room, V)
         probs, top = torch.softmax(logits, dim=-1).max(dim=-1)
-    return [(int(t), float(q)) for t, q in zip(top.tolist(), probs.tolist())]
+    return [(int(t), float(q)) for t, q in zip(top.tolist(), probs.tolist())] + out
 
 
 def propose_by_levels(model: Transformer, rows: RowCache, chunks: Sequence[Sequence[int]], state: DecodeState,
