@@ -2,9 +2,10 @@
 change, whose answers copy long runs of the prompt (where n-gram drafting accepts far more than on fresh code).
 
 Each prompt shows a function, states the edit, and opens the edited function; a model continues by copying the
-body with the edit applied. Twelve functions (written for this set), two edits each (a rename, a docstring
-added); the first four functions' prompts are the profile split (acceptance is measured on them), the other
-eight functions' the eval split (the benchmark decodes them), so no function is in both.
+body with the edit applied. Twenty functions (written for this set), two edits each (a rename, a docstring
+added); the first four of ``FUNCTIONS`` and the eight of ``PROFILE_ONLY`` are the profile split (24 prompts,
+acceptance is measured on them), the other eight functions the eval split (16 prompts, the benchmark decodes
+them), so no function is in both.
 
     python benchmarks/make_edit_prompts.py      # -> benchmarks/data/edit-profile.jsonl, edit-eval.jsonl
 """
@@ -153,6 +154,93 @@ FUNCTIONS = [
 '''),
 ]
 
+#: more functions for the profile split only (written for this set, none like an eval function): with the first
+#: four alone the profile was 8 prompts, and the model copies some functions from the answer's first token and
+#: opens others with a preamble, so 8 prompts placed the rate 13-44 % off the eval requests
+PROFILE_ONLY = [
+    ("dedupe_keep_order", "unique_in_order", '''def dedupe_keep_order(items):
+    seen = set()
+    unique = []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            unique.append(item)
+    return unique
+'''),
+    ("transpose", "swap_axes", '''def transpose(matrix):
+    if not matrix:
+        return []
+    rows, cols = len(matrix), len(matrix[0])
+    result = [[None] * rows for _ in range(cols)]
+    for i in range(rows):
+        for j in range(cols):
+            result[j][i] = matrix[i][j]
+    return result
+'''),
+    ("group_by_key", "bucket_items", '''def group_by_key(records, key):
+    groups = {}
+    for record in records:
+        value = record.get(key)
+        if value is None:
+            continue
+        groups.setdefault(value, []).append(record)
+    return groups
+'''),
+    ("is_palindrome", "reads_same_backwards", '''def is_palindrome(text):
+    letters = [c.lower() for c in text if c.isalnum()]
+    left, right = 0, len(letters) - 1
+    while left < right:
+        if letters[left] != letters[right]:
+            return False
+        left += 1
+        right -= 1
+    return True
+'''),
+    ("pairwise_sums", "adjacent_totals", '''def pairwise_sums(numbers):
+    if len(numbers) < 2:
+        return []
+    sums = []
+    previous = numbers[0]
+    for current in numbers[1:]:
+        sums.append(previous + current)
+        previous = current
+    return sums
+'''),
+    ("split_words", "tokenize_line", '''def split_words(line, keep_case=False):
+    words = []
+    current = []
+    for ch in line:
+        if ch.isalnum() or ch == "_":
+            current.append(ch if keep_case else ch.lower())
+        elif current:
+            words.append("".join(current))
+            current = []
+    if current:
+        words.append("".join(current))
+    return words
+'''),
+    ("moving_max", "window_maximum", '''def moving_max(values, window):
+    if window < 1:
+        raise ValueError("window must be positive")
+    result = []
+    for end in range(window, len(values) + 1):
+        best = values[end - window]
+        for v in values[end - window + 1:end]:
+            if v > best:
+                best = v
+        result.append(best)
+    return result
+'''),
+    ("invert_mapping", "reverse_dict", '''def invert_mapping(mapping):
+    inverted = {}
+    for key, value in mapping.items():
+        if value in inverted:
+            raise ValueError(f"duplicate value: {value!r}")
+        inverted[value] = key
+    return inverted
+'''),
+]
+
 
 def prompts_for(name: str, new_name: str, code: str) -> list[dict]:
     """The two editing requests of one function: a rename, and a docstring added."""
@@ -169,7 +257,7 @@ def prompts_for(name: str, new_name: str, code: str) -> list[dict]:
 def main() -> None:
     out = Path(__file__).parent / "data"
     out.mkdir(exist_ok=True)
-    for split, funcs in (("profile", FUNCTIONS[:4]), ("eval", FUNCTIONS[4:])):
+    for split, funcs in (("profile", FUNCTIONS[:4] + PROFILE_ONLY), ("eval", FUNCTIONS[4:])):
         rows = [p for f in funcs for p in prompts_for(*f)]
         (out / f"edit-{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"{out / f'edit-{split}.jsonl'}: {len(rows)} prompts")

@@ -14,7 +14,7 @@ Steps, in one machine state: ``treeopt tune`` measures T(b, n), c(b, w), the ove
 drafter's acceptance (on ``--profile-prompts`` of the workload's *profile* prompts, never the eval ones, each
 answered to ``--profile-new-tokens``: by default the requests' own length, as a user profiles on the traffic they
 serve; the first tokens of an answer accept differently from later ones) and solves the plan; then for each
-batch size b, ``--rounds`` rounds serve max(4, 3 b) eval requests at a steady concurrency of b with every fixed K
+batch size b, ``--rounds`` rounds serve max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
 server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
 after step s the batch is refilled up to min(16, s + 1) live rows while requests remain) with every fixed K, the
@@ -30,12 +30,14 @@ Peers, on the same measurements: vLLM's ``generate_config.py`` rule (at each bat
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine llama.cpp --workload edit
     flock /tmp/treeopt-bench.lock python benchmarks/schedules.py --engine treeopt --workload eval
 
-Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(4, 3 b) requests per batch size, 3 rounds;
+Sizes: the defaults (K 0..8 at batch 1, 2, 4, 8, 16, 16 new tokens, max(16, 2 b) requests per batch size, 3 rounds;
 a stream of 40 requests x 12 tokens) reach 16 live rows and give each K three rounds. Why three: every round builds
 fresh decoders, and a decoder instance keeps its speed (the 2-token chain step's ratio to plain ranged 1.07-1.24
 over 10 rounds at batch 1, sd 0.047; ``round_rel_se`` in ``sequoia_opt/profiling/steps.py``), so two rounds leave
 each K's rate 3-4 % from its mean, as wide as the gaps between K = 1..5 at batch 1. Why 40 requests: with 20 x 8
-the stream was 18 steps long and never passed 11 live rows. With nothing else running,
+the stream was 18 steps long and never passed 11 live rows. Why at least 16 requests at every batch size: with 4 at
+batch 1 (two editing functions) the rate measured was those two functions', not the workload's that the plan is
+predicted for; now batch sizes 1-8 serve the same 16 requests, and 16 serves 32. With nothing else running,
 ``--engine llama.cpp --workload eval --stream-requests 20 --stream-tokens 8`` took 58 min (``tune`` 17, timing the
 loop's step at every batch size with the draft GGUF; batch 16 alone 17); ``--engine treeopt --workload eval
 --turnovers 2 --stream-requests 20 --stream-tokens 8`` took 41 min (``tune`` 22, its loop timed to 2 %). The editing answers copy the function after a short
@@ -261,8 +263,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=16, help="new tokens per request at fixed batch sizes")
     ap.add_argument("--output-tokens", type=int, default=None,
                     help="the answer length tune solves for (default: --new, the requests' own length)")
-    ap.add_argument("--min-prompts", type=int, default=4, help="requests per batch size: at least this many")
-    ap.add_argument("--turnovers", type=int, default=3,
+    ap.add_argument("--min-prompts", type=int, default=16,
+                    help="requests per batch size: at least this many (the same first ones at every batch size)")
+    ap.add_argument("--turnovers", type=int, default=2,
                     help="requests per batch size: at least b x this (each row slot serves this many requests)")
     ap.add_argument("--max-prompt-tokens", type=int, default=96, help="eval prompts are cut to their last N tokens")
     ap.add_argument("--rounds", type=int, default=3)
@@ -274,7 +277,7 @@ def main() -> None:
     ap.add_argument("--no-stream", action="store_true")
     ap.add_argument("--profile-rounds", type=int, default=2)
     ap.add_argument("--profile-prompts", type=int, default=32,
-                    help="profile prompts tune measures acceptance on (the workload's profile file has 32 / 8)")
+                    help="profile prompts tune measures acceptance on (the workload's profile file has 32 / 24)")
     ap.add_argument("--profile-new-tokens", type=int, default=None,
                     help="answer tokens per profile prompt (default: --new, the length the requests are served to)")
     ap.add_argument("--threads", type=int, default=1)
