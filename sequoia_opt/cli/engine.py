@@ -156,7 +156,7 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
     from ..engines.llamacpp import chain_flags, lookup_flags, solve_chain
     from ..errors import SolverError
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
-    from ..solver.depth import ACCEPTANCE_MODELS
+    from ..solver.depth import check_acceptance_model
 
     given = [k for k, v in other.items() if v]
     if given:
@@ -169,8 +169,7 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
         raise SolverError(f"--max-depth (the longest draft) must be at least 1, got {max_draft}")
     if context is not None and context < 0:
         raise SolverError(f"--context must be a number of tokens >= 0, got {context}")
-    if acceptance_model not in ACCEPTANCE_MODELS:
-        raise SolverError(f"unknown --acceptance-model {acceptance_model!r}; use {' | '.join(ACCEPTANCE_MODELS)}")
+    check_acceptance_model(acceptance_model)
     if output is not None:
         _check_writable(output)
     acc, curve = load_acceptance(acceptance[0]), load_latency(latency[0])

@@ -120,7 +120,7 @@ def solve(
     from ..errors import SolverError
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
     from ..solver import choose, compare_baselines
-    from ..solver.depth import ACCEPTANCE_MODELS, ValueModel, solve_profile
+    from ..solver.depth import ValueModel, check_acceptance_model, solve_profile
 
     if run_prompts is not None and run_prompts < 1:
         raise SolverError(f"--run-prompts must be at least 1, got {run_prompts}")
@@ -191,8 +191,7 @@ def solve(
         raise SolverError("--context selects where to read the latency profile: pass --latency too (or drop it)")
     if context is not None and context < 0:
         raise SolverError(f"--context must be a number of tokens >= 0, got {context}")
-    if acceptance_model not in ACCEPTANCE_MODELS:
-        raise SolverError(f"unknown --acceptance-model {acceptance_model!r}; use {' | '.join(ACCEPTANCE_MODELS)}")
+    check_acceptance_model(acceptance_model)
     acc = load_acceptance(acceptance)
     if width is not None and acc.width != width:
         raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")

@@ -297,6 +297,14 @@ def solve_dp_by_depth(acceptance_by_depth: Sequence[Sequence[float]], max_nodes:
 ACCEPTANCE_MODELS = ("auto", "positional", "by-depth")
 
 
+def check_acceptance_model(name: str, models: tuple[str, ...] = ACCEPTANCE_MODELS) -> str:
+    """``name`` when it is one of ``models`` (the ``--acceptance-model`` values a command takes). Raises
+    SolverError (one line) otherwise."""
+    if name not in models:
+        raise SolverError(f"unknown --acceptance-model {name!r}; use {' | '.join(models)}")
+    return name
+
+
 @dataclass(frozen=True)
 class ValueModel:
     """How a table scores every static tree it shows: G (expected tokens per step) under Sequoia's positional

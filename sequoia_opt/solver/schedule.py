@@ -70,6 +70,7 @@ from ..profiles.batch import BatchLatencyProfile
 from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integer
 from ..profiles.latency import LatencyCurve
 from ..tree import Tree, now_iso
+from .depth import ACCEPTANCE_MODELS, check_acceptance_model
 from .hardware import StepCost, cost_of_step
 
 SCHEDULE_FORMAT = "treeopt-schedule/1"
@@ -316,15 +317,13 @@ def _tps_interval(g_lo: float, g_hi: float, cost: StepCost) -> tuple[float, floa
 
 
 #: how :class:`ChainValue` values a chain: ``replay`` needs a profile's ``chain_traces``; ``auto`` replays them
-#: when present, else as :func:`~sequoia_opt.solver.depth.resolve_acceptance_model`
-CHAIN_ACCEPTANCE_MODELS = ("auto", "replay", "positional", "by-depth")
+#: when present, else as :func:`~sequoia_opt.solver.depth.resolve_acceptance_model`; the rest as ``treeopt solve``
+CHAIN_ACCEPTANCE_MODELS = ACCEPTANCE_MODELS[:1] + ("replay",) + ACCEPTANCE_MODELS[1:]
 
 
 def check_chain_acceptance_model(name: str) -> str:
     """``name`` when it is one of :data:`CHAIN_ACCEPTANCE_MODELS`. Raises SolverError (one line) otherwise."""
-    if name not in CHAIN_ACCEPTANCE_MODELS:
-        raise SolverError(f"unknown --acceptance-model {name!r}; use {' | '.join(CHAIN_ACCEPTANCE_MODELS)}")
-    return name
+    return check_acceptance_model(name, CHAIN_ACCEPTANCE_MODELS)
 
 
 class ChainValue:
@@ -423,7 +422,7 @@ class ChainValue:
             else:
                 tok, steps = [tok[i] for i in room], [steps[i] for i in room]
             g = sum(tok) / sum(steps)
-            spread = ratio_spread(tok, steps, clip=(1.0, None)) if len(tok) >= 2 else None
+            spread = ratio_spread(tok, steps, clip=(1.0, None))  # None for one answer
             lo, hi = spread.prediction_interval(spread.prompts) if spread is not None else (g, g)
             self.g.append(g)
             self.g_lo.append(min(lo, g))
