@@ -203,6 +203,7 @@ def test_demo_pair_batch_equals_each_alone():
     dec = BatchedDecoder(pair.target, pair.draft, tree, eos_ids=tok.eos_ids, max_len=256, max_batch=4)
     res = dec.generate_batch(prompts, 32)
     plain = AutoregressiveDecoder(pair.target, eos_ids=tok.eos_ids, max_len=256)
+    assert len(res.results) == len(prompts)
     for text, p, r in zip(texts, prompts, res.results):
         assert r.tokens == plain.generate(p, 32).tokens, text
     assert len(res.steps) < 32
@@ -218,6 +219,7 @@ def test_random_batches_with_eos_and_a_tight_cache(target, draft, seed):
     eos = int(_plain(target, prompts[0], 30)[7])
     need = max(len(p) for p in prompts) + 30 - 1
     res = BatchedDecoder(target, draft, tree, eos_ids=[eos], max_len=need, max_batch=5).generate_batch(prompts, 30)
+    assert len(res.results) == len(prompts)
     for p, r in zip(prompts, res.results):
         assert r.tokens == _plain(target, p, 30, (eos,))
 

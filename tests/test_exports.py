@@ -269,8 +269,9 @@ def test_root_only_tree_cannot_go_to_an_engine(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["yaml", "json"])
-def test_root_only_tree_exports_as_treeopt(fmt):
-    assert export_tree(Tree.chain(1), fmt)
+def test_root_only_tree_exports_as_treeopt(tmp_path, fmt):
+    tree, _ = load_any_tree(write(tmp_path, f"t.{fmt}", export_tree(Tree.chain(1), fmt)))
+    assert tree == Tree.chain(1) and tree.size == 1
 
 
 @pytest.mark.parametrize(
@@ -424,15 +425,15 @@ def test_projection_without_acceptance_is_level_uniform_and_no_bigger(t):
     assert lost == (0.0 if is_level_uniform(t) else None)
 
 
-def test_projection_is_fast_for_large_trees():
-    import time
-
+def test_projection_of_a_large_tree_is_level_uniform_and_no_bigger():
+    # a 1024-node tree (its speed is a benchmark's business, not a test's)
     p = [0.5, 0.2, 0.1, 0.05, 0.03, 0.02]
     t = greedy_tree(p, 1024)
-    start = time.perf_counter()
     projected, lost = project_level_uniform(t, p, max_depth=t.tree_depth)
-    assert time.perf_counter() - start < 10  # typically well under 1 s
-    assert projected.size <= 1024 and lost >= 0
+    assert not is_level_uniform(t)
+    assert is_level_uniform(projected)
+    assert projected.size <= 1024 and projected.tree_depth <= t.tree_depth
+    assert lost > 0  # the greedy tree is not level-uniform: projecting it loses expected tokens
 
 
 # ------------------------------------------------------------------------------------------- imports

@@ -135,13 +135,37 @@ def _set(doc, path, value):
     doc[path[-1]] = value
 
 
+#: Per format, what the loaded sample must hold: a few fields read back against the document above.
+READ_BACK = {
+    "acceptance": lambda x: (x.acceptance.tolist(), x.counts.tolist(), x.by_depth[2].tolist())
+    == ([0.5, 0.2, 0.1], [10, 4, 2, 4], [0.6, 0.1, 0.1]),
+    "latency": lambda x: (list(x.contexts), x.target_ms(4, 16), x.target_ms(8, 64), x.draft_ms(2, 16), x.step_overhead_ms)
+    == ([16, 64], 11.0, 13.0, 1.2, 0.5),
+    "pair": lambda x: (x.drafters, x.light_width, x.strong_width, x.counts_by_depth[2].tolist())
+    == (("light", "strong"), 1, 2, [5, 3, 1, 6]),
+    "batch": lambda x: (x.batches, x.curve(4).step_overhead_ms, x.curve(1).target_ms(2, 16)) == ([1, 4], 0.7, 10.5),
+    "calibration": lambda x: (len(x.steps), x.temperature) == (4, 0.0),
+    "tree": lambda x: (x[0].parent, x[0].rank, x[1].budget) == ((-1, 0, 0, 1), (0, 0, 1, 0), 4),
+    "graft tree": lambda x: (x[0].tree.parent, x[0].drafter, x[0].names) == ((-1, 0, 0), (0, 0, 1), ("light", "strong")),
+    "scheduler": lambda x: (x.weights, x.bias, x.threshold) == ([-2.6, 5.4, -0.4, -0.2], -7.2, 0.5),
+    "dynamic": lambda x: ((x[0].policy, x[0].steps, x[0].topk, x[0].budget), x[1]["predicted"]["speedup"])
+    == (("eagle", 2, 3, 4), 1.4),
+    "plan": lambda x: [(lo, hi, t.size) for lo, hi, t in x] == [(1, 3, 3), (4, 4, 1)],
+}
+
+
+def test_every_format_has_a_read_back_check():
+    assert set(READ_BACK) == set(SAMPLES)
+
+
 @pytest.mark.parametrize("fmt", list(SAMPLES))
 def test_every_sample_loads(tmp_path, fmt):
     loader, name, doc = SAMPLES[fmt]
     _write(tmp_path / name, doc)
     with warnings.catch_warnings():
         warnings.simplefilter("error", ProfileWarning)
-        loader(tmp_path / name)
+        loaded = loader(tmp_path / name)
+    assert READ_BACK[fmt](loaded), f"{fmt}: the loaded file does not hold what was written"
 
 
 HOSTILE = st.one_of(

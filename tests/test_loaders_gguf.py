@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as Q  # noqa: E402
+import gguf  # a required dependency (pyproject.toml): missing, this file fails rather than skips
+from gguf import GGMLQuantizationType as Q
 
-from sequoia_opt.errors import CheckpointError  # noqa: E402
-from sequoia_opt.model import ModelConfig, Transformer  # noqa: E402
-from sequoia_opt.model.gguf_loader import (  # noqa: E402
+from sequoia_opt.errors import CheckpointError
+from sequoia_opt.model import ModelConfig, Transformer
+from sequoia_opt.model.gguf_loader import (
     dequantize_tensor, hf_tensor_name, open_gguf, permute_qk, unpermute_qk)
-from sequoia_opt.model.llama import apply_rotary, rope_inv_freq  # noqa: E402
-from sequoia_opt.model.loaders import load_checkpoint, load_model_config  # noqa: E402
+from sequoia_opt.model.llama import apply_rotary, rope_inv_freq
+from sequoia_opt.model.loaders import load_checkpoint, load_model_config
 
 # -- helpers ---------------------------------------------------------------------------------------------------
 

@@ -150,6 +150,7 @@ def test_per_row_trees_of_different_sizes_in_one_batch_equal_plain(plugins):
         step = dec.step(state)
         sizes.add(tuple(s.tree_size for s in step.rows))
     assert any(len(set(s)) > 1 for s in sizes)  # some step verified trees of different sizes together
+    assert len(state.results) == len(prompts)
     for p, res in zip(prompts, state.results):
         assert res.tokens == autoregressive_generate(target, p, 16).tokens
     assert drafter.proposals > 0
