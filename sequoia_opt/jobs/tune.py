@@ -59,8 +59,10 @@ class TuneOptions:
         draft: the drafter (``--draft``: a checkpoint, ``lookup[:MIN-MAX]``; None: the bundled draft).
         batches: batch sizes to solve.  latency: a batch latency profile, a latency profile or a T(b, n) CSV.
         acceptance / calibration: profiles (chains / EAGLE envelopes).  shape: ``chain`` or ``envelope``.
-        max_draft: the longest chain (None: what the profile measured, at most :data:`DEFAULT_MAX_DRAFT`).
-        context: context length (tokens) the latency is measured and read at.
+        max_draft: the longest chain (None: what the profile measured, at most :data:`DEFAULT_MAX_DRAFT`, or with
+            ``plan`` what the profile measured).
+        context: context length (tokens) the latency is measured and read at (llama.cpp and treeopt; a GPU engine's
+            profile is read at its smallest context).
         release / method / model: the engine release, drafting method and draft checkpoint named in the export.
         max_batch: the engine's largest batch (the last range ends there).
         prompts / num_prompts / max_new_tokens: what the acceptance is measured on.
@@ -109,7 +111,8 @@ class TuneResult:
         settings: the engine's :class:`~sequoia_opt.plan_exports.EngineSettings` (None for ``treeopt``).
         profiles: per input (latency, acceptance, calibration), what was done: given, reused or measured, and
             its path.  peers: per peer rule, its predicted total tokens/s per batch size.
-        check: the command that checks the plan.  notes / warnings: one line each.
+        check: the command that checks the plan.  notes: one line each (the engine's own warnings are in
+            ``settings.warnings``).
     """
 
     plan: Any
@@ -119,7 +122,6 @@ class TuneResult:
     peers: dict[str, dict[int, float]]
     check: str
     notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
 
 def _engine(name: str) -> str:
@@ -135,9 +137,14 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     """Every check that needs no model (one line each), and the options normalised. Returns them.
 
     Raises:
-        TreeoptError: an unknown engine or shape, a GPU engine without a latency profile or table or without an
-            acceptance (calibration) profile, an envelope without a calibration profile, a batch size < 1, a
-            missing file, a release the engine's export refuses on its face (not a version).
+        TreeoptError (its subclasses ProfileError, SolverError, PlanExportError among them), one line each: an
+            unknown engine or shape; a GPU engine without a latency profile or table or without an acceptance
+            (calibration) profile; an envelope without a calibration profile; a batch size < 1; ``max_draft`` < 1;
+            ``max_batch`` below the largest batch size; ``context`` < 0 or ``num_prompts`` / ``max_new_tokens`` /
+            ``threads`` / ``rounds`` < 1; a missing file; a ``plan`` file with overlapping or missing ranges; a
+            release the engine's export refuses on its face (not a version); ``min_gain`` outside [0, 10);
+            ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; a bad or
+            unsupported ``draft``.
     """
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import _version, check_llamacpp_release
@@ -407,12 +414,14 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
 
 def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     """Profile what is missing, solve the plan and export it (module docstring). Writes measured profiles under
-    ``opts.profiles_dir``; writes no output file (the CLI does, last).
+    ``opts.profiles_dir``; writes no output file (the CLI does, last); a draft model converted to a GGUF for
+    llama.cpp lives in a temporary folder removed before it returns.
 
     Raises:
         TreeoptError: as :func:`check_options`; ProfileError: a batch size the latency profile or table lacks, a
-            draft length past what it measured; PlanExportError: an engine release that does not take the plan;
-            EngineError: llama.cpp missing or refusing a GGUF.
+            draft length past what it measured; SolverError: an acceptance model the profile cannot serve (e.g.
+            ``by-depth`` without per-depth vectors); PlanExportError: an engine release that does not take the
+            plan; EngineError: llama.cpp missing or refusing a GGUF; DecodingError: as the decoder, while measuring.
     """
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import export_plan, guard_notes
@@ -502,17 +511,24 @@ def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progres
 
     import torch
 
+    from ..engines.llamacpp import resolve_pair
+
+    torch.set_num_threads(1)  # torch only picks argmaxes here; llama.cpp runs the forwards on its own threads
+    lookup = spec.kind == "lookup"
+    with tempfile.TemporaryDirectory(prefix="treeopt-tune-") as work:  # a draft model written as a GGUF
+        return _llamacpp_measured(opts, spec, done, progress, resolve_pair(
+            opts.target, None if lookup else opts.draft, Path(work), need_draft=not lookup))
+
+
+def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, pair: Any):
+    """:func:`_llamacpp_inputs` on a resolved pair of GGUFs."""
     from ..device import device_slug
-    from ..engines.llamacpp import (LlamaCppModel, generate, measure_acceptance, profile_latency_batch,
-                                    resolve_pair)
+    from ..engines.llamacpp import LlamaCppModel, generate, measure_acceptance, profile_latency_batch
     from ..jobs.load import pair_slug
     from ..profiles.batch import save_batch_latency
     from ..prompts import demo_prompts_path, load_prompts
 
-    torch.set_num_threads(1)  # torch only picks argmaxes here; llama.cpp runs the forwards on its own threads
     lookup = spec.kind == "lookup"
-    work = Path(tempfile.mkdtemp(prefix="treeopt-tune-"))
-    pair = resolve_pair(opts.target, None if lookup else opts.draft, work, need_draft=not lookup)
     dlabel = spec.label if lookup else pair.draft_label
     slug = pair_slug(pair.target_label, dlabel)
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT

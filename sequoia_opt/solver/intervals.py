@@ -63,7 +63,13 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 
 
 def t975(df: int) -> float:
-    """The two-sided 95 % quantile of Student's t with ``df`` >= 1 degrees of freedom (1.96 past 30)."""
+    """The two-sided 95 % quantile of Student's t with ``df`` >= 1 degrees of freedom (1.96 past 30).
+
+    Raises:
+        SolverError: ``df`` < 1 (one prompt has no spread to scale).
+    """
+    if df < 1:
+        raise SolverError(f"Student's t needs at least 1 degree of freedom (2 prompts), got {df}")
     return _T975[df - 1] if df <= len(_T975) else 1.959963984540054
 
 
