@@ -143,6 +143,8 @@ class EngineSettings:
         releases: the releases that take it, in words.  checked: where its rules were read.
         command: how to start the engine with it.
         notes / warnings: one line each.
+        extra_files: file name -> content, files the settings refer to, written beside them (SGLang's
+            ``adaptive.json``).
     """
 
     engine: str
@@ -422,6 +424,8 @@ def _export_trtllm_envelope(ranges, releases, checked, warnings):
 # ---------------------------------------------------------------------------------------------- SGLang
 def check_sglang_tiers(cfg: Any, *, allow_zero: bool = True) -> dict[int, list[int]]:
     """SGLang's rules for an adaptive config (module docstring). Returns tier -> candidate steps.
+    ``allow_zero``: whether a tier may hold 0 steps (no speculation); the export passes False for the releases
+    that refuse it (module docstring).
 
     Raises:
         PlanExportError: the first rule broken, in one line.

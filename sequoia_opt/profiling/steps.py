@@ -144,8 +144,9 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
 
     On a machine whose speed drifts by tens of percent over seconds (a shared VM), unpaired steps are timed at
     different speeds and the table's shape (what the solver's choice depends on) comes out wrong. Here every timed
-    step of size n has a plain step beside it; a size keeps ``median(part / plain step)`` x the median plain step over
-    all pairs, for its verify, bookkeeping and draft parts alike (n = 1: the plain steps themselves).
+    step of size n has a plain step beside it; a size keeps ``median(part / the paired plain step's verify ms)`` x the
+    median plain verify ms over all pairs, for its verify, bookkeeping and draft parts alike (n = 1: the plain
+    steps' own verify and bookkeeping medians).
 
     Args:
         make_decoder: ``make_decoder(n)`` returns a :class:`~sequoia_opt.decoding.loop.Decoder` whose policy drafts

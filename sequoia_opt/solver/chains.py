@@ -32,7 +32,9 @@ def replay_chain(traces: Sequence[Sequence[tuple[int, float, bool]]], setting: C
     """What a chain setting does on recorded traces (:func:`~sequoia_opt.engines.llamacpp.measure_acceptance`), replaying llama.cpp's rule:
     from each position the draft proposes while its top-1 probability is at least ``p_min``, at most ``n_max``
     (fewer than ``n_min``: none); the accepted prefix and the target's token are emitted and the next step
-    starts after them. Returns (tokens per step, drafted tokens per step, draft forwards per step)."""
+    starts after them. A trace is one prompt's positions, each ``(the draft's top-1 token, its probability
+    among the draft's top 10 logits, whether it equals the target's token)``. Returns (tokens per step, drafted
+    tokens per step, draft forwards per step)."""
     steps = tokens = drafted = forwards = 0
     for k, j, f in _replay_steps(traces, setting):
         steps += 1
@@ -116,7 +118,16 @@ def predict_replay(traces: Sequence[Sequence[tuple[int, float, bool]]], setting:
 
 @dataclass
 class ChainChoice:
-    """The chain solved for llama.cpp: its setting, the predicted step, and every length scored."""
+    """The chain solved for llama.cpp: its setting, the predicted step, and every length scored.
+
+    Attributes:
+        setting: the best draft length (draft-min 0, draft-p-min 0).  expected_tokens: its tokens per step.
+        cost_ms: its step (ms).  tokens_per_s / speedup: 1000 G / cost_ms, and over plain decoding.
+        plain_ms_per_token: plain decoding's step (ms; one token a step).
+        by_length: per draft length 0..the longest scored, ``{draft_max, expected_tokens_per_step, cost_ms,
+            tokens_per_s, speedup}``.
+        acceptance_model: the value model G came from (``positional`` or ``by-depth``).
+    """
 
     setting: ChainSetting
     expected_tokens: float

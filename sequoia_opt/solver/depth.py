@@ -16,7 +16,8 @@ Model. ``P`` is an (R, K) array; row r is the acceptance vector of children at d
 root's children), and depths beyond R use the last row. G(tree) = sum over nodes of the product, along the
 node's path, of ``P[min(depth - 1, R - 1), rank]`` (root counts 1): :func:`expected_tokens_by_depth`.
 
-Recurrence. With the depth limit D fixed, the value of a subtree depends on the absolute depth a of its
+Recurrence (this project's extension of Sequoia's DP, Chen et al. 2024, section 3.2, to a rank-and-depth
+acceptance model; derived here). With the depth limit D fixed, the value of a subtree depends on the absolute depth a of its
 root (which row its children use) and on the levels D - a left below it, so the table is built per D, from
 the deepest level up: ``F_D(m, D) = 1`` and, for a < D, ``F_D(m, a) = 1 + g_a(0, m - 1)`` with
 ``g_a(i, m) = max(0, max_s P[row(a), i] * F_D(s, a + 1) + g_a(i + 1, m - s))``, the same
@@ -210,7 +211,8 @@ class DepthDPSolution:
         return m, d
 
     def expected_tokens(self, m: int | None = None, d: int | None = None) -> float:
-        """Best G (tokens per step) with at most m nodes and depth at most d."""
+        """Best G (tokens per step) with at most m nodes and depth at most d. Raises SolverError outside the
+        solved range."""
         m, d = self._check(m, d)
         return float(self.table[m, d])
 
@@ -225,14 +227,18 @@ class DepthDPSolution:
 
     def tree(self, m: int | None = None, d: int | None = None) -> Tree:
         """The optimal tree with at most m nodes and depth at most d (its :func:`expected_tokens_by_depth`
-        equals ``table[m, d]``)."""
+        equals ``table[m, d]``). Raises SolverError outside the solved range."""
         m, d = self._check(m, d)
         parent, rank, _ = self._edges(m, d)
         return Tree.from_edges(parent.tolist(), rank.tolist(), max_branching=self.max_branching)
 
     def level_widths_many(self, budgets, depths) -> np.ndarray:
         """Level widths of the optimal trees for many (budget, depth) pairs: ``(len(budgets), max(depths)+1)``
-        int64 (the tables are built once per distinct depth)."""
+        int64 (the tables are built once per distinct depth).
+
+        Raises:
+            SolverError: unequal or empty sequences; a pair outside the solved range.
+        """
         ms = np.asarray(budgets, dtype=np.int64)
         ds = np.asarray(depths, dtype=np.int64)
         if ms.shape != ds.shape or ms.ndim != 1 or ms.size == 0:

@@ -220,7 +220,8 @@ class DPSolution:
         return m, d
 
     def expected_tokens(self, m: int | None = None, d: int | None = None) -> float:
-        """Best G (tokens per step) with at most m nodes and depth at most d (defaults: the solved limits)."""
+        """Best G (tokens per step) with at most m nodes and depth at most d (defaults: the solved limits).
+        Raises SolverError outside the solved range."""
         m, d = self._check(m, d)
         return float(self.table[m, d])
 
@@ -246,7 +247,8 @@ class DPSolution:
 
     def level_widths_many(self, budgets, depths) -> np.ndarray:
         """Level widths of the optimal trees for many (budget, depth) pairs at once (compiled, no Tree
-        objects). Returns ``(len(budgets), max(depths)+1)`` int64; row j, column t = nodes at depth t."""
+        objects). Returns ``(len(budgets), max(depths)+1)`` int64; row j, column t = nodes at depth t.
+        Raises SolverError: unequal or empty sequences, a pair outside the solved range."""
         ms = np.asarray(budgets, dtype=np.int64)
         ds = np.asarray(depths, dtype=np.int64)
         if ms.shape != ds.shape or ms.ndim != 1 or ms.size == 0:

@@ -8,10 +8,11 @@ the b rows, so the setting with the most tokens/s per request also has the most 
 shapes an engine offers, each with its own value model:
 
 * ``none`` — plain decoding: G = 1, one target forward over 1 token per row.
-* ``chain`` of K drafted tokens (a draft model, a feature head or n-grams) — a tree of width 1, valued by the
-  same exact DP as every tree (:func:`~sequoia_opt.solver.depth.solve_profile` with branching 1: G(K) is the DP's
-  optimum for K + 1 nodes and depth K), charged K draft forwards of 1 token and T(b, K + 1)
-  (:func:`~sequoia_opt.solver.chains.chain_cost`).
+* ``chain`` of K drafted tokens (a draft model, a feature head or n-grams) — replayed on the profile's
+  teacher-forced ``chain_traces`` when it has them (what ``treeopt tune`` measures; :class:`ChainValue`), else a
+  tree of width 1 valued by the same exact DP as every tree (:func:`~sequoia_opt.solver.depth.solve_profile` with
+  branching 1: G(K) is the DP's optimum for K + 1 nodes and depth K); charged K draft forwards of 1 token and
+  T(b, K + 1) (:func:`~sequoia_opt.solver.chains.chain_cost`).
 * ``envelope`` — an EAGLE-2 dynamic tree of (steps, topk, draft tokens) (SGLang's and TensorRT-LLM's EAGLE
   setting), valued by the calibration profile (:func:`~sequoia_opt.solver.dynamic.predict_setting`).
 * ``tree`` — a static tree where the engine still takes one, the hardware-aware choice of
@@ -31,10 +32,12 @@ renewal overshoot; 1 / G at N = 1, where no draft can pay). Short answers favour
 (G), the step's ms and the guard stay the steady state's. Envelopes carry no model of their step lengths and stay
 at the steady state (the plan says so in its notes).
 
-Intervals: every predicted rate carries a (low, high) interval. The default comes from the value model itself:
-the Wilson interval of the acceptance counts pushed through the same DP (chains, trees), or the calibration
-curve against the recorded acceptances (envelopes); latency is taken as measured. A caller with a better
-model of the spread (per-prompt intervals) passes ``interval=`` (:data:`IntervalFn`) and it is used instead.
+Intervals: every predicted rate carries a (low, high) interval, from the value model itself: for chains, the
+95 % prediction interval between prompts when the profile keeps per-prompt counts or traces
+(:mod:`sequoia_opt.solver.intervals`), else the Wilson interval of the acceptance counts pushed through the same
+DP (as for trees); for envelopes, the calibration curve against the recorded acceptances. Latency is taken as
+measured. A caller with a better model of the spread passes ``interval=`` (:data:`IntervalFn`) and it is used
+instead.
 
 Schedule file (``format: treeopt-schedule/1``, :func:`plan_document`, :func:`load_schedule`)::
 
@@ -92,7 +95,7 @@ class SpecSetting:
         draft_tokens: tokens verified per request besides the root: 0, K, the envelope's draft tokens - 1, the
             tree's size - 1.
         steps: draft forwards per step at most (chain: K; envelope: steps; tree: its depth).
-        topk: envelope: children per expanded node; 1 otherwise.
+        topk: envelope: children per expanded node; tree: its widest branching; chain / none: 1.
         choices: tree: its choice list (rank paths, breadth-first); empty otherwise.
     """
 
@@ -295,6 +298,7 @@ class Plan:
         raise ProfileError(f"the plan covers batch sizes 1..{self.ranges[-1].hi}, not {batch}")
 
     def row(self, batch: int) -> BatchRow:
+        """The solved row of ``batch``. Raises ProfileError for a batch size that was not solved."""
         for r in self.rows:
             if r.batch == batch:
                 return r
@@ -479,7 +483,11 @@ class ChainValue:
 
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
                 context: int | None) -> tuple[StepCost, tuple[float, float]]:
-        """The step of a chain (or ``none``) at ``batch`` and its default interval (tokens/s per request)."""
+        """The step of a chain (or ``none``) at ``batch`` and its default interval (tokens/s per request).
+
+        Raises:
+            SolverError: a shape other than none / chain, or K past ``max_draft``.
+        """
         from .chains import chain_cost
 
         k = setting.draft_tokens
@@ -502,6 +510,8 @@ class EnvelopeValue:
     """
 
     shape = "envelope"
+    #: the interval's source (:attr:`Plan.interval_method`): the calibration value against the recorded replay
+    interval_method = "calibration vs replay"
 
     def __init__(self, calibration: Any, settings: Sequence[Any] | None = None, *, max_steps: int | None = 200) -> None:
         from .dynamic import setting_grid
@@ -512,10 +522,17 @@ class EnvelopeValue:
         self.max_draft = max((s.budget - 1 for s in self._settings), default=0)
 
     def settings(self) -> list[SpecSetting]:
+        """The candidates at every batch size: plain decoding and every envelope scored."""
         return [SpecSetting.none()] + [SpecSetting.envelope(s) for s in self._settings]
 
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
                 context: int | None) -> tuple[StepCost, tuple[float, float]]:
+        """The step of ``setting`` at ``batch`` rows on ``curve`` (read at ``context`` tokens), and its tokens/s
+        per request interval (low, high).
+
+        Raises:
+            ProfileError: as :func:`~sequoia_opt.solver.dynamic.predict_setting` (a size or width past the curve).
+        """
         from .dynamic import predict_setting
 
         if setting.shape == "none":
@@ -529,7 +546,13 @@ class EnvelopeValue:
 class TreeValue:
     """Static trees: at each batch size the hardware-aware tree of :func:`~sequoia_opt.solver.hardware.choose`
     (budget lowered to what the batch's curve measured), valued positionally; the interval is the tree's G under
-    the Wilson bounds of every p_k."""
+    the Wilson bounds of every p_k.
+
+    Args:
+        acceptance: an :class:`~sequoia_opt.profiles.AcceptanceProfile` (its positional vector).
+        budget: the most nodes a tree holds, root included (the tokens verified per row; lowered at each batch size
+            to what its curve measured).  max_depth / max_branching: the DP's limits.
+    """
 
     shape = "tree"
 
@@ -539,6 +562,7 @@ class TreeValue:
         self._solution = None
 
     def settings_at(self, batch: int, curve: LatencyCurve, context: int | None) -> list[SpecSetting]:
+        """The candidates at ``batch``: plain decoding and the hardware-aware tree on that batch's curve."""
         from .hardware import choose
 
         limit = min(self.budget, curve.max_target_tokens(context))
@@ -550,6 +574,8 @@ class TreeValue:
 
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
                 context: int | None) -> tuple[StepCost, tuple[float, float]]:
+        """The step of ``setting`` (plain or a static tree) at ``batch`` rows on ``curve``, and its tokens/s per
+        request interval (low, high) under the Wilson bounds of every p_k."""
         from .hardware import step_cost
 
         tree = setting.tree()
@@ -617,7 +643,11 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     docstring).
 
     Args:
-        value: a value model (:class:`ChainValue`, :class:`EnvelopeValue`, :class:`TreeValue`).
+        value: a value model (:class:`ChainValue`, :class:`EnvelopeValue`, :class:`TreeValue`, or one of your own
+            with the same face: ``shape``, ``max_draft``, ``settings()`` or ``settings_at(batch, curve, context)``
+            (the candidate :class:`SpecSetting` s, plain decoding among them), ``predict(setting, batch, curve,
+            context)`` -> ``(StepCost, (low, high) tokens/s per request)``, and optionally
+            ``length_factor(setting, output_tokens)`` and ``interval_method``).
         profile: T(b, n), c(b, w) and the overhead per batch size.
         batches: the batch sizes to solve (default: every one the profile measured); each must be measured.
         context: context length (tokens) the curves are read at (None: each curve's smallest).
@@ -634,9 +664,10 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
         provenance: written into the schedule file.
 
     Raises:
-        ProfileError: a batch size the profile did not measure; a chain longer than some batch's curve measured
-            (``T(b, K + 1)``: K past the profile); ``max_batch`` below the largest batch size solved;
-            ``output_tokens`` not a positive integer.
+        ProfileError: no batch size; a batch size the profile did not measure; a chain longer than some batch's
+            curve measured (``T(b, K + 1)``: K past the profile); ``max_batch`` below the largest batch size solved;
+            ``min_gain`` outside [0, 10); ``output_tokens`` not a positive integer.
+        SolverError / ProfileError: as the value model's ``predict``.
     """
     batches = sorted({int(b) for b in (batches if batches is not None else profile.batches)})
     if not batches:
@@ -816,8 +847,9 @@ class GuardRule:
 def guard_rules(plan: Plan) -> list[GuardRule]:
     """One :class:`GuardRule` per speculating range of ``plan`` with a prediction (a range between measured batch
     sizes has none). ``break_even = step_ms / plain step_ms`` at the range's batch size (plain emits one token a
-    step); ``interval_low`` is the tokens-per-step low end of the prediction's interval (its tokens/s interval
-    times the step's ms), never above the point."""
+    step); ``interval_low`` is the tokens-per-step low end of the prediction's interval, never above the point:
+    its tokens/s low end (per request) / ``length_factor`` x the step's ms / 1000 (the steady state's, as
+    ``expected_tokens``)."""
     rules = []
     for r in plan.ranges:
         p = r.predicted
@@ -855,7 +887,11 @@ def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dic
 
 
 def save_schedule(path: str | Path, doc: Mapping[str, Any]) -> Path:
-    """Write a schedule atomically (JSON for ``.json``, else YAML), validated first. Returns the path."""
+    """Write a schedule atomically (JSON for ``.json``, else YAML), validated first. Returns the path.
+
+    Raises:
+        ProfileError: a document that is not a valid ``treeopt-schedule/1`` (nothing is written).
+    """
     _validate(doc, str(path))
     text = (json.dumps(doc, indent=2) + "\n" if str(path).endswith(".json")
             else yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=None))
@@ -870,6 +906,7 @@ class Schedule:
     doc: dict[str, Any]
 
     def setting_at(self, batch: int) -> SpecSetting:
+        """The setting of the range holding ``batch``. Raises ProfileError past the ranges."""
         for lo, hi, s in self.ranges:
             if lo <= batch <= hi:
                 return s

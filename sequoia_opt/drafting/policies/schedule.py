@@ -84,6 +84,9 @@ class SchedulePolicy(StaticTreePolicy):
 
     def draft(self, state: DecodeState, rooms: Sequence[Room],
               forced_tokens: torch.Tensor | Sequence[Sequence[int]] | None = None) -> list[StepTree]:
+        """Every row's tree this step: the tree of the range holding the live rows' count ``len(state.rows)`` (the
+        batch size), drafted as :class:`StaticTreePolicy` drafts its one tree (``forced_tokens``: (B, n), n that
+        tree's size). Counts a switch when the range changed since the last step."""
         tree = self.tree_for(len(state.rows))
         if tree is not self.tree:
             self._use_tree(tree)

@@ -156,7 +156,11 @@ class LlamaCppModel:
         self._lib.llama_synchronize(self._ctx)
 
     def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
-        """Remove sequence ``seq``'s KV cells at positions [p0, p1) (p1 = -1: to the end)."""
+        """Remove sequence ``seq``'s KV cells at positions [p0, p1) (p1 = -1: to the end).
+
+        Raises:
+            EngineError: llama.cpp refuses (a partial removal its cache cannot do).
+        """
         if not self._lib.llama_memory_seq_rm(self._mem, seq, int(p0), int(p1)):
             raise EngineError(f"llama.cpp could not remove KV cells [{p0}, {p1}) of sequence {seq}")
 
@@ -170,7 +174,11 @@ class LlamaCppModel:
 
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         """llama.cpp's own tokenization of ``text`` with the GGUF's tokenizer (special tokens in the text
-        parsed as such; BOS added only with ``add_special`` and the file's ``add_bos_token``)."""
+        parsed as such; BOS added only with ``add_special`` and the file's ``add_bos_token``).
+
+        Raises:
+            EngineError: llama.cpp's tokenizer fails.
+        """
         lib = self._lib
         raw = text.encode("utf-8")
         vocab = lib.llama_model_get_vocab(self._model)
@@ -247,7 +255,8 @@ def check_gguf(path: str | Path) -> None:
     lib.llama_model_free(model)
 
 def top1(row: np.ndarray) -> tuple[int, float]:
-    """The argmax of a logit row and its probability among the row's top :data:`DRAFT_TOP_K` logits."""
+    """The argmax of a logit row (``row``: (n_vocab,) logits) and its probability among the row's top
+    :data:`DRAFT_TOP_K` logits (llama.cpp's draft-p-min reads it so): ``(token id, probability)``."""
     k = min(DRAFT_TOP_K, row.size)
     top = np.argpartition(row, -k)[-k:]
     vals = row[top].astype(np.float64)

@@ -358,7 +358,8 @@ def measure_acceptance(target: LlamaCppModel, draft: LlamaCppModel, prompts: Seq
         counts of an acceptance profile (``counts_by_prompt``, intervals between prompts).
 
     Raises:
-        EngineError: as :func:`generate`.
+        EngineError: llama.cpp refuses a decode; DecodingError: as :func:`generate` (an empty prompt, a prompt
+            and answer past the target's context).
     """
     counts = np.zeros(width + 1, dtype=np.int64)
     traces = []

@@ -50,15 +50,20 @@ class LlamaCppTarget(TargetFace):
         model: the target GGUF's :class:`~sequoia_opt.engines.llamacpp.binding.LlamaCppModel`. For a batch of one,
             a context with ``n_seq_max`` sequences verifies trees of up to ``n_seq_max - 1`` leaves (1: chains
             only), which needs a unified KV cache (``kv_unified=True``) so that one cell can belong to several
-            sequences. For ``max_batch`` rows the context needs ``n_seq_max >= max_batch``; each row holds
-            :attr:`~sequoia_opt.engines.llamacpp.binding.LlamaCppModel.seq_cells` cells.
+            sequences. For ``max_batch`` rows the context needs ``n_seq_max >= max_batch`` and a KV cache per
+            sequence (``kv_unified=False``, as :func:`~sequoia_opt.engines.llamacpp.profile.profile_latency_batch`
+            opens it): each row then holds
+            :attr:`~sequoia_opt.engines.llamacpp.binding.LlamaCppModel.seq_cells` = ``n_ctx / n_seq_max`` cells of
+            its own (with a unified cache every row would count all ``n_ctx`` cells as its room, which the rows
+            share).
         max_batch: the most rows one step serves.
 
     Attributes:
         max_len / context: cells (positions) per row.  max_leaves: the most leaves of a verified tree.
 
     Raises:
-        DecodingError: ``max_batch`` < 1 or past the context's sequences.
+        DecodingError: ``max_batch`` < 1 or past the context's sequences. :meth:`verify`: a tree of more leaves
+            than ``n_seq_max - 1``.
     """
 
     def __init__(self, model: LlamaCppModel, max_batch: int = 1) -> None:
@@ -180,8 +185,13 @@ class LlamaCppDrafter(Drafter):
     are the argmax).
 
     Args:
-        model: the draft GGUF's :class:`~sequoia_opt.engines.llamacpp.binding.LlamaCppModel` (``n_seq_max`` >= the
-            rows it serves).
+        model: the draft GGUF's :class:`~sequoia_opt.engines.llamacpp.binding.LlamaCppModel`. One row: any
+            context. More rows: ``n_seq_max`` >= the rows it serves and a KV cache per sequence
+            (``kv_unified=False``); with a unified cache it serves one row (:attr:`max_rows`).
+
+    Raises:
+        DecodingError: :meth:`bind` with sampling (it proposes greedily); :meth:`propose` a tree wider than a chain
+            or forced tokens; :meth:`join` past :attr:`max_rows` rows.
 
     Attributes:
         row_cached: per live row, committed tokens in its sequence (positions ``[0, cached)``); ``cached`` is
