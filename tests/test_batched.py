@@ -185,6 +185,28 @@ def test_per_row_compaction_and_row_removal():
     assert cache.layers[0].k[1, 0, 0, 0] == -1.0
 
 
+def test_row_removal_copies_the_committed_prefix_of_the_rows_that_move():
+    """keep_rows(keep, slots): rows from the first one that moves take their new place, slots [0, slots) only;
+    rows before it and slots past ``slots`` are not written (what continuous batching pays when a request ends)."""
+    from sequoia_opt.errors import DecodingError
+
+    cache = ModelKVCache(2, 5, 1, 10, 2, dtype=torch.float32, device="cpu")
+    for layer in cache.layers:
+        for buf in (layer.k, layer.v):
+            buf.copy_(torch.arange(5 * 10, dtype=torch.float32).view(5, 1, 10, 1).expand(5, 1, 10, 2))
+    before = [(layer.k.clone(), layer.v.clone()) for layer in cache.layers]
+    cache.rows(0, 5).keep_rows(torch.tensor([0, 1, 3, 4]), slots=6)  # row 2 finished
+    for layer, (k0, v0) in zip(cache.layers, before):
+        for buf, old in ((layer.k, k0), (layer.v, v0)):
+            assert torch.equal(buf[:2], old[:2])  # rows before the first mover: untouched
+            assert torch.equal(buf[2:4, :, :6], old[[3, 4], :, :6])  # movers: their committed prefix
+            assert torch.equal(buf[2:4, :, 6:], old[2:4, :, 6:])  # past it: not copied (scratch)
+    cache.rows(0, 4).keep_rows(torch.tensor([0, 1, 2, 3]), slots=6)  # nobody moves: nothing written
+    assert torch.equal(cache.layers[0].k[2, 0, :, 0], torch.tensor([30.0, 31, 32, 33, 34, 35, 26, 27, 28, 29]))
+    with pytest.raises(DecodingError, match="keep_rows over 11 slots of a cache of 10"):
+        cache.rows(0, 4).keep_rows(torch.tensor([1, 2]), slots=11)
+
+
 @pytest.mark.slow
 def test_demo_pair_batch_equals_each_alone():
     """The demo pair (SmolLM2-135M GGUF target, bundled draft): a mixed-length batch of 4, each row equal to

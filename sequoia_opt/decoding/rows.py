@@ -166,7 +166,7 @@ class RowCache:
     def keep(self, keep: Sequence[int]) -> None:
         """Keep rows ``keep`` (ascending), moved to rows ``[0, K)``."""
         idx = torch.tensor(list(keep), dtype=torch.int64, device=self.device)
-        self.view.keep_rows(idx)
+        self.view.keep_rows(idx, self.frontier)  # slots past the frontier hold nothing committed
         self.view = self.base.rows(0, len(keep))
         self.valid = self.valid.index_select(0, idx)
         counts = self.valid[:, : self.frontier].sum(1)
