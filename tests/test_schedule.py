@@ -339,6 +339,21 @@ def test_tune_gpu_engine_from_a_table(tmp_path):
         assert all(plan_tps >= v[str(b)] - 1e-6 for v in doc["peers"].values())  # the plan is never predicted worse
 
 
+def test_tune_solves_every_batch_size_the_table_has_and_says_what_max_batch_carries(tmp_path):
+    """Without --batches, a given T(b, n) is solved at every batch size it measured (the docs' vLLM example
+    planned 1-16 of a 1-256 table and carried batch 16's K to 256); --max-batch past the last measured size is
+    said in a note."""
+    table, acc = _files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--max-batch", "256",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert [r["batch"] for r in doc["schedule"]["by_batch"]] == [1, 8, 64]
+    assert doc["schedule"]["ranges"][-1]["batch_range"] == [64, 256]
+    assert any(n.startswith("batch sizes 65..256 take batch 64's setting (none): nothing past batch 64 was "
+                            "measured") for n in doc["notes"]), doc["notes"]
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--batches", "1,2"], "has no T(b, n) at batch size 2"),
     (["--max-draft", "9"], "draft length 9 is past what latency profile"),

@@ -22,7 +22,9 @@ def tune(
     engine: Annotated[str, typer.Option("--engine", "-e", help="vllm | sglang | tensorrt-llm | llama.cpp | treeopt")],
     target: TargetOpt = None,
     draft: DraftOpt = None,
-    batches: Annotated[str, typer.Option("--batches", help="Batch sizes to solve, comma-separated.")] = "1,2,4,8,16",
+    batches: Annotated[Optional[str], typer.Option(
+        "--batches", help="Batch sizes to solve, comma-separated (default: every batch size the --latency profile or "
+        "table has; 1,2,4,8,16 when tune measures).")] = None,
     latency: Annotated[Optional[Path], typer.Option(
         "--latency", "-l", help="T(b, n): a treeopt-latency-batch/1 profile, an engine's latency profile (batch 1), or "
         "a CSV table batch,tokens,target_ms[,draft_ms][,overhead_ms]. Default for llama.cpp and treeopt: measured "
@@ -80,7 +82,7 @@ def tune(
     from ..solver.schedule import save_schedule
 
     opts = check_options(TuneOptions(
-        engine=engine, target=target, draft=draft, batches=parse_batches(batches, "--batches"), latency=latency,
+        engine=engine, target=target, draft=draft, batches=None if batches is None else parse_batches(batches, "--batches"), latency=latency,
         acceptance=acceptance, calibration=calibration, shape=shape, max_draft=max_draft, context=context,
         release=release, method=method, model=model, max_batch=max_batch, prompts=prompts, num_prompts=num_prompts,
         max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,

@@ -57,7 +57,8 @@ class TuneOptions:
     Attributes:
         engine: one of :data:`TUNE_ENGINES`.  target: the target checkpoint (None: the demo target).
         draft: the drafter (``--draft``: a checkpoint, ``lookup[:MIN-MAX]``; None: the bundled draft).
-        batches: batch sizes to solve.  latency: a batch latency profile, a latency profile or a T(b, n) CSV.
+        batches: batch sizes to solve (None: every batch size the given ``latency`` measured, else
+            :data:`DEFAULT_BATCHES`).  latency: a batch latency profile, a latency profile or a T(b, n) CSV.
         acceptance / calibration: profiles (chains / EAGLE envelopes).  shape: ``chain`` or ``envelope``.
         max_draft: the longest chain (None: what the profile measured, at most :data:`DEFAULT_MAX_DRAFT`, or with
             ``plan`` what the profile measured).
@@ -79,7 +80,7 @@ class TuneOptions:
     engine: str
     target: Path | None = None
     draft: str | None = None
-    batches: Sequence[int] = DEFAULT_BATCHES
+    batches: Sequence[int] | None = None
     latency: Path | None = None
     acceptance: Path | None = None
     calibration: Path | None = None
@@ -159,6 +160,13 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                            "(treeopt profile acceptance --calibration)")
     if opts.shape == "envelope" and opts.engine in ("vllm", "llama.cpp", "treeopt"):
         raise TreeoptError(f"{opts.engine} takes a draft length per batch size, not an EAGLE envelope: --shape chain")
+    for name, path in (("--latency", opts.latency), ("--acceptance", opts.acceptance),
+                       ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
+        if path is not None and not Path(path).is_file():
+            raise TreeoptError(f"{name} {path}: no such file")
+    if opts.batches is None:  # a given T(b, n): every batch size it measured; measured here: the default grid
+        opts.batches = (list(load_given_latency(Path(opts.latency), opts.context).batches)
+                        if opts.latency is not None else list(DEFAULT_BATCHES))
     if any(int(b) < 1 for b in opts.batches) or not opts.batches:
         raise TreeoptError("--batches takes batch sizes >= 1, e.g. 1,2,4,8,16")
     opts.batches = sorted({int(b) for b in opts.batches})
@@ -172,10 +180,6 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         from ..solver.schedule import load_schedule
 
         load_schedule(opts.plan)  # overlapping or missing ranges: one line, before anything is measured
-    for name, path in (("--latency", opts.latency), ("--acceptance", opts.acceptance),
-                       ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
-        if path is not None and not Path(path).is_file():
-            raise TreeoptError(f"{name} {path}: no such file")
     if opts.target is not None and not Path(opts.target).exists():  # a GGUF file or a checkpoint folder
         raise TreeoptError(f"--target {opts.target}: no such file or folder")
     if opts.engine in GPU_ENGINES:
@@ -364,25 +368,36 @@ def _covers(profile: Any, batches: Sequence[int], k: int, context: int | None) -
         return False
 
 
-def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, measure: Callable):
-    """The batch latency profile: given, reused from the default path, or measured by ``measure(path)``."""
+def load_given_latency(path: Path, context: int | None = None) -> Any:
+    """A ``--latency`` file as a :class:`~sequoia_opt.profiles.batch.BatchLatencyProfile`: a T(b, n) CSV table (read
+    at ``context``), a ``treeopt-latency-batch/1`` profile, or a latency profile (batch 1).
+
+    Raises:
+        ProfileError: a file none of these loaders takes (the last one's line).
+    """
     from ..profiles import load_latency
     from ..profiles.batch import BatchLatencyProfile, load_batch_latency, load_batch_table
+
+    if path.suffix.lower() == ".csv":
+        return load_batch_table(path, context=context)
+    try:
+        return load_batch_latency(path)
+    except ProfileError:
+        return BatchLatencyProfile.from_latency(load_latency(path))
+
+
+def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, measure: Callable):
+    """The batch latency profile: given, reused from the default path, or measured by ``measure(path)``."""
+    from ..profiles.batch import load_batch_latency
 
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
     if opts.latency is not None:
         p = Path(opts.latency)
-        if p.suffix.lower() == ".csv":
-            prof = load_batch_table(p, context=opts.context)
-        else:
-            try:
-                prof = load_batch_latency(p)
-            except ProfileError:
-                prof = BatchLatencyProfile.from_latency(load_latency(p))
+        prof = load_given_latency(p, opts.context)
         missing = [b for b in opts.batches if b not in prof.batches]
         if missing:  # a batch size the profile or table lacks: one line, exit 2
             raise ProfileError(f"{p} has no T(b, n) at batch size {missing[0]} (it has {','.join(map(str, prof.batches))}): "
-                               "measure it, or solve --batches the table has")
+                               "measure it, or pass --batches among those (the default: all of them)")
         done["latency"] = f"given: {p}"
         return prof
     path = measure(None)

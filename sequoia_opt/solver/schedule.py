@@ -716,6 +716,10 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     if capped:
         notes.append("no batch size drafts more than the smallest one (the engine's rule), though a longer draft "
                      "would pay at some")
+    if last > batches[-1]:
+        notes.append(f"batch sizes {batches[-1] + 1}..{last} take batch {batches[-1]}'s setting "
+                     f"({ranges[-1].setting.label}): nothing past batch {batches[-1]} was measured, so nothing there "
+                     "is predicted (measure larger batch sizes to solve them)")
     notes += _length_notes(value, output_tokens)
     return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes,
                 getattr(value, "interval_method", "none"), output_tokens)
