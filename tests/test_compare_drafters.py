@@ -22,7 +22,8 @@ from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.drafting.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.jobs.run import TreeEntry, run_trees  # noqa: E402
-from sequoia_opt.jobs.compare import check_drafter_profiles, compare_drafters, drafter_rows, plan_drafter  # noqa: E402
+from sequoia_opt.jobs.compare import (check_drafter_profiles, check_warning, compare_drafters, drafter_rows,  # noqa: E402
+                                      plan_drafter)
 from sequoia_opt.jobs.load import DrafterSpec, default_acceptance_path, default_latency_path, parse_drafter_spec  # noqa: E402
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_acceptance, load_latency  # noqa: E402
 from sequoia_opt.device import device_slug  # noqa: E402
@@ -133,6 +134,21 @@ def test_plan_drafter_is_choose_on_its_own_profiles():
     one = plan_drafter("lookup:1-3", "one-pass", _acc("lookup:1-3", "one-pass"), _curve("lookup:1-3", "one-pass"),
                        max_depth=5, max_branching=3)
     assert one.tree.choices() == choose(acc.acceptance, _curve("x", "one-pass"), 16, 5, 3).tree.choices()
+
+
+def test_a_check_that_turns_a_gain_into_a_loss_is_one_warning():
+    plan = plan_drafter("self:3", "per-level", _acc("self:3", "per-level"), _curve("self:3", "per-level"),
+                        max_depth=5, max_branching=3)
+    assert check_warning(plan) is None  # not checked
+    plan.metadata.extra["solver_predicted_speedup"] = 1.33
+    for checked, warned in ((1.05, False), (1.0, False), (0.945, True)):
+        plan.metadata.predicted_speedup = checked
+        w = check_warning(plan)
+        assert (w is not None) == warned
+    assert w.startswith(f"self:3: its {plan.tree.size}-node tree's step") and "predicts 0.94x (the solver said 1.33x)" in w
+    assert "\n" not in w
+    plan.metadata.extra["solver_predicted_speedup"] = 0.98  # a loss before the check too: the solver said so already
+    assert check_warning(plan) is None
 
 
 @pytest.mark.parametrize("acc, curve, message", [

@@ -14,8 +14,8 @@ from ..solver.hardware import Choice
 from ..tree import Tree, TreeMetadata, now_iso
 from .run import RunReport, TreeEntry, run_trees
 
-__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "check_prediction", "DrafterRow", "drafter_rows",
-           "drafter_table", "DrafterComparison", "compare_drafters"]
+__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "check_prediction", "check_warning", "DrafterRow",
+           "drafter_rows", "drafter_table", "DrafterComparison", "compare_drafters"]
 
 
 @dataclass
@@ -134,6 +134,19 @@ def check_prediction(plan: "DrafterPlan", target: Any, make_drafter: Any, contex
             meta.extra["speedup_spread"] = ps.scaled(new / old).to_dict(spread.get("new_prompts"))
     meta.predicted_speedup = new
     return chk
+
+
+def check_warning(plan: "DrafterPlan") -> str | None:
+    """One line when :func:`check_prediction` turned the plan's tree from a predicted gain into a predicted loss
+    (its checked speedup below 1x where the solver's was above): the choice rode noise in the latency curve, and
+    the user should know before the run says which figure held. None otherwise (or before a check)."""
+    meta = plan.metadata
+    old, new = meta.extra.get("solver_predicted_speedup"), meta.predicted_speedup
+    if old is None or new is None or not new < 1.0 < old:
+        return None
+    return (f"{plan.label}: its {plan.tree.size}-node tree's step, timed again after the choice, predicts {new:.2f}x "
+            f"(the solver said {old:.2f}x): the choice rode noise in the latency curve; the run says which figure "
+            "held (on a machine that nothing else loads, the curve is steadier)")
 
 
 def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, curve: LatencyCurve, *,

@@ -43,7 +43,8 @@ from typing import Any, Callable
 import torch
 
 from .run import RunReport, TreeEntry
-from .compare import DrafterComparison, DrafterRow, check_prediction, compare_drafters, drafter_table, plan_drafter
+from .compare import (DrafterComparison, DrafterRow, check_prediction, check_warning, compare_drafters, drafter_table,
+                      plan_drafter)
 from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
 from ..report import Report
 from ..profiles import LatencyCurve, save_acceptance, save_latency
@@ -362,10 +363,12 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                                   budget=s.max_tokens, max_depth=s.max_depth, max_branching=s.extra_width,
                                   context=ctx))
         drafts.append(self_pair.new_drafter)
+    check_warnings: list[str] = []
     if s.check_rounds:  # each drafter's chosen step timed again: its prediction no longer rides the choice's noise
         for plan, make in zip(plans, drafts):
-            check_prediction(plan, pair.target, make, ctx, backend=backend, steps=s.check_steps,
-                             rounds=s.check_rounds, prompts=prof_ids[: s.check_prompts] or None)
+            if check_prediction(plan, pair.target, make, ctx, backend=backend, steps=s.check_steps,
+                                rounds=s.check_rounds, prompts=prof_ids[: s.check_prompts] or None) is not None:
+                check_warnings += [w for w in [check_warning(plan)] if w]
     # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
     from ..solver.depth import ValueModel, solve_profile
     from ..solver.hardware import step_cost
@@ -523,6 +526,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                    "drafters": [asdict(r) for r in cmp.rows], "self_sweep": sweep_rows,
                    "chat": None if chat is None else {"run": chat.run.to_dict(),
                                                       "drafters": [asdict(r) for r in chat.rows]}}
+    report.warnings.extend(check_warnings)
     for r in (run,) + (() if chat is None else (chat.run,)):
         for m in r.mismatch_details:
             report.warnings.append(f"{m['tree']!r} differs from plain decoding on {r.settings.get('prompts')} "
