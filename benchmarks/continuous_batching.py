@@ -1,0 +1,161 @@
+"""Continuous batching on treeopt's decoder: what a request that finishes costs the step, before and after
+``ModelKVCache.keep_rows`` copied only what moves (commit a6bb34d).
+
+A server's rows finish one by one; each time, the decoder drops the finished row from the target's and the
+draft model's KV caches (:meth:`~sequoia_opt.decoding.rows.RowCache.keep`). It used to copy every kept row's
+whole cache (all ``max_len`` slots); it now moves only the rows after the first that leaves, and only their
+committed prefix ``[0, frontier)``. The baseline in the same run is the old copy, put back on the caches of
+half of the decoders (``--settings`` each run with both, in lockstep, so the VM's drift hits both alike).
+
+The stream is ``benchmarks/schedules.py``'s: the eval prompts (their last 96 tokens), one request joining per
+step up to ``--peak`` live rows, ``--tokens`` new tokens each, the demo pair, greedy, one thread. Per setting and
+keep: decode tokens/s (step time only, prefill and joins excluded), and the median bookkeeping ms of the steps
+where a row left and of those where none did. Greedy output is checked equal across every decoder.
+
+    flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py     # about 5 min on 2 cores
+
+Writes ``results/continuous_batching/<run-id>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from schedules import WORKLOADS, Engine, Served, lockstep  # noqa: E402
+
+from sequoia_opt._io import create_files, new_run_id  # noqa: E402
+from sequoia_opt.decoding.rows import RowCache  # noqa: E402
+from sequoia_opt.prompts import encode_prompts, load_prompts  # noqa: E402
+from sequoia_opt.tree import now_iso  # noqa: E402
+
+_keep = RowCache.keep
+
+
+def _keep_either(self: RowCache, keep) -> None:
+    """RowCache.keep, or the copy before a6bb34d on the caches marked ``_full_copy`` (every kept row, every slot);
+    counts its calls (``_keeps``)."""
+    self._keeps = getattr(self, "_keeps", 0) + 1
+    if getattr(self, "_full_copy", False):
+        idx = torch.tensor(list(keep), dtype=torch.int64, device=self.device)
+        for layer in self.view.layers:
+            for buf in (layer.k, layer.v):
+                buf[: len(idx)] = buf.index_select(0, idx)
+        self.view = self.base.rows(0, len(idx))
+        self.valid = self.valid.index_select(0, idx)
+        counts = self.valid[:, : self.frontier].sum(1)
+        self.holes = bool((counts != self.frontier).any()) if len(idx) else False
+        if self.holes and len(idx) == 1:
+            self.repack()
+        return
+    _keep(self, keep)
+
+
+def _mark_full_copy(dec) -> None:
+    dec.face.rows._full_copy = True
+    drafter = getattr(dec.policy, "drafter", None)
+    if getattr(drafter, "rows", None) is not None:
+        drafter.rows._full_copy = True
+
+
+class Logged(Served):
+    """:class:`Served` that keeps each step's (live rows, step ms, bookkeeping ms, tokens, rows that left)."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.log: list[tuple[int, float, float, int, int]] = []
+
+    def advance(self, steps: int) -> None:
+        for _ in range(steps):
+            if self.done:
+                return
+            steps = len(self.state.steps) if self.state is not None else 0
+            keeps = getattr(self.dec.face.rows, "_keeps", 0)
+            super().advance(1)
+            if self.state is not None and len(self.state.steps) > steps:
+                st = self.state.steps[-1]
+                left = getattr(self.dec.face.rows, "_keeps", 0) - keeps  # the step dropped a finished row
+                self.log.append((st.batch, st.total_ms, st.bookkeeping_ms, sum(st.emitted), left))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--settings", default="0,1", help="fixed draft lengths K to serve the stream with (0: plain)")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--peak", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=ROOT / "results/continuous_batching")
+    args = ap.parse_args()
+    if min(args.requests, args.tokens, args.peak, args.rounds) < 1:
+        ap.error("--requests, --tokens, --peak and --rounds must be at least 1")
+    torch.set_num_threads(1)
+    RowCache.keep = _keep_either
+    t0 = time.time()
+    eng = Engine("treeopt", None, 1, 512)
+    ids = [p[-96:] for p in encode_prompts(load_prompts(WORKLOADS["eval"][0]), eng.tokenizer)]
+    ids = [ids[i % len(ids)] for i in range(args.requests)]
+    ks = [int(x) for x in args.settings.split(",")]
+    names = [f"K={k} {how}" for k in ks for how in ("full copy", "prefix")]
+    logs: dict[str, list] = {n: [] for n in names}
+    tokens: dict[str, list] = {n: [] for n in names}
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        served = {}
+        for i, n in enumerate(order):
+            k = int(n.split()[0][2:])
+            dec = eng.decoder(args.peak, k=k, slot=i)
+            if n.endswith("full copy"):
+                _mark_full_copy(dec)
+            served[n] = Logged(dec, ids, args.tokens, lambda s: min(args.peak, s + 1), None)
+        lockstep(list(served.values()), 4)
+        for n, x in served.items():
+            logs[n].append(x.log)
+            tokens[n].append([res.tokens for res in x.state.results])
+        print(f"[{time.time() - t0:6.0f} s] round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
+    ref = tokens[names[0]][0]
+    rows = []
+    for n in names:
+        tps = [1000.0 * sum(s[3] for s in lg) / sum(s[1] for s in lg) for lg in logs[n]]
+        left = [s[2] for lg in logs[n] for s in lg if s[4] > 0]
+        stay = [s[2] for lg in logs[n] for s in lg if s[4] == 0]
+        rows.append({"setting": n, "tokens_per_s": statistics.median(tps), "rounds": tps,
+                     "bookkeeping_ms_when_a_row_left": statistics.median(left) if left else None,
+                     "bookkeeping_ms_otherwise": statistics.median(stay) if stay else None,
+                     "steps_with_a_row_leaving": len(left) // args.rounds,
+                     "greedy_equal": all(t == ref for t in tokens[n])})
+    by = {x["setting"]: x for x in rows}
+    ratios = {}
+    for k in ks:
+        new, old = by[f"K={k} prefix"]["rounds"], by[f"K={k} full copy"]["rounds"]
+        ratios[f"K={k}"] = statistics.median(a / b for a, b in zip(new, old))  # paired by round (lockstep)
+    run_id = new_run_id(None)
+    doc = {"format": "treeopt-bench-continuous-batching/1", "run_id": run_id, "date": now_iso(),
+           "stream": {"requests": args.requests, "tokens_per_request": args.tokens, "peak": args.peak,
+                      "prompts": "sequoia_opt/data/prompts/eval.jsonl (last 96 tokens)"},
+           "rounds": args.rounds, "threads": 1, "rows": rows,
+           "prefix_over_full_copy_tokens_per_s": ratios, "wall_s": time.time() - t0,
+           "command": "flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py " + " ".join(sys.argv[1:])}
+    (path,) = create_files({args.out / f"{run_id}.json": json.dumps(doc, indent=2) + "\n"})
+    print(f"{'setting':<16}{'tok/s':>8}{'bookkeeping ms, a row left':>29}{'otherwise':>11}{'= plain':>9}")
+    for x in rows:
+        bl, bo = x["bookkeeping_ms_when_a_row_left"], x["bookkeeping_ms_otherwise"]
+        print(f"{x['setting']:<16}{x['tokens_per_s']:>8.1f}{(bl or float('nan')):>29.1f}{(bo or float('nan')):>11.1f}"
+              f"{'yes' if x['greedy_equal'] else 'NO':>9}")
+    print("prefix / full copy, tokens/s (median of per-round ratios): "
+          + ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
