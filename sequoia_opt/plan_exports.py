@@ -69,6 +69,8 @@ PLAN_ENGINES = ("vllm", "tensorrt-llm", "sglang", "llama.cpp", "treeopt")
 VLLM_SCHEDULE_RELEASES = ("0.24.0", "0.33.0")
 #: Methods Model Runner V1 keeps a schedule for (``_maybe_disable_dynamic_sd_for_v1``, vLLM 0.33.0).
 VLLM_V1_SCHEDULE_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash")
+#: Every ``method`` vLLM's ``SpeculativeConfig`` names (0.33.0), besides model-specific MTP names (``*_mtp``).
+VLLM_METHODS = VLLM_V1_SCHEDULE_METHODS + ("medusa", "mlp_speculator", "suffix")
 #: The Ks vLLM's ``generate_config.py`` times at each batch size (its per-batch-size rule: the best of them).
 VLLM_GENERATOR_KS = (1, 3, 5)
 
@@ -160,10 +162,17 @@ class EngineSettings:
 
 
 def _version(text: str, engine: str) -> Version:
+    """``text`` as a release of ``engine`` (vLLM, TensorRT-LLM, SGLang; a tune --engine key is also taken).
+
+    Raises:
+        PlanExportError: not a version, in one line with an example of that engine's.
+    """
+    example = {"vllm": VLLM_SCHEDULE_RELEASES[-1], "tensorrt-llm": TRTLLM_UPPER_KEY_RELEASE,
+               "sglang": SGLANG_TIER_RELEASES[-1]}.get(engine.lower(), VLLM_SCHEDULE_RELEASES[-1])
     try:
         return Version(str(text).lstrip("v"))
     except InvalidVersion:
-        raise PlanExportError(f"--release {text!r} is not a {engine} version (e.g. 0.33.0)") from None
+        raise PlanExportError(f"--release {text!r} is not a {engine} version (e.g. {example})") from None
 
 
 def _ranges(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]]) -> list[tuple[int, int, SpecSetting]]:
@@ -258,6 +267,9 @@ def _export_vllm(ranges, release, method, model, lookup):
             warnings.append(f"vLLM {release} is newer than the last release checked ({last}): check its "
                             "vllm/v1/spec_decode/dynamic/utils.py still takes [start, end, K] entries")
     method = method or "draft_model"
+    if method not in VLLM_METHODS and not method.endswith("_mtp"):
+        raise PlanExportError(f"vLLM has no speculative method {method!r}: use one of {', '.join(VLLM_METHODS)} "
+                              "(or a model's *_mtp)")
     if method not in VLLM_V1_SCHEDULE_METHODS:
         warnings.append(f"Model Runner V1 drops the schedule for method {method!r} (it keeps "
                         f"{', '.join(VLLM_V1_SCHEDULE_METHODS)}): run with VLLM_USE_V2_MODEL_RUNNER=1")
@@ -340,10 +352,17 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
                               "TensorRT backend, removed with its choice lists (NVIDIA/TensorRT-LLM#15918), and the "
                               "schedule is read by the PyTorch backend's NGram / Draft_Target / Eagle3 / MTP; "
                               "export for vLLM (method medusa)")
-    decoding = {"draft_model": "Draft_Target", "ngram": "NGram", "eagle3": "Eagle3", "eagle": "Eagle3",
-                "mtp": "MTP"}.get(method or "draft_model", method or "Draft_Target")
-    releases = (f"TensorRT-LLM {TRTLLM_UPPER_KEY_RELEASE} and later (keys end their ranges); "
-                f"{TRTLLM_LOWER_KEY_RELEASE} to 1.2.x with keys starting them")
+    trt_names = {"draft_model": "Draft_Target", "ngram": "NGram", "eagle3": "Eagle3", "eagle": "Eagle3", "mtp": "MTP"}
+    key = method or "draft_model"
+    decoding = trt_names.get(key, key if key in trt_names.values() else None)  # vLLM's name or TensorRT-LLM's own
+    if decoding is None:
+        raise PlanExportError(f"TensorRT-LLM has no draft_len_schedule decoding type for method {method!r}: use one of "
+                              f"{', '.join(trt_names)} (or its own {', '.join(sorted(set(trt_names.values())))})")
+    # the file is written for one key convention: its header names the releases that read it so
+    releases = (f"TensorRT-LLM {TRTLLM_LOWER_KEY_RELEASE} to 1.2.x (keys start their ranges; from "
+                f"{TRTLLM_UPPER_KEY_RELEASE} they end them: export without --release 1.2.x for those)" if lower else
+                f"TensorRT-LLM {TRTLLM_UPPER_KEY_RELEASE} and later (keys end their ranges; 1.2.x reads keys as "
+                "range starts: export with --release 1.2.x for those)")
     checked = ("NVIDIA/TensorRT-LLM source after #10860: llmapi/llm_args.py validate_draft_len_schedule_and_sort, "
                "_torch/speculative/utils.py get_draft_len_for_batch_size; 1.2's #8194 validator")
     envs = [s for *_, s in ranges if s.shape == "envelope"]

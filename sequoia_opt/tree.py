@@ -312,6 +312,8 @@ def _validate(
             raise TreeValidationError(f"node {i} is a second root (parent -1); a tree has exactly one root")
         if p < 0 or r < 0:
             raise TreeValidationError(f"node {i}: negative index (parent {p}, rank {r})")
+        if p >= n:
+            raise TreeValidationError(f"node {i}: parent {p} is out of range (the tree has {n} nodes, 0..{n - 1})")
         if p >= i:
             raise TreeValidationError(f"node {i}: parent {p} does not precede its child (breadth-first order)")
         if (p, r) in seen:

@@ -79,8 +79,8 @@ def test_parse_drafter_spec_paths(tmp_path):
     ("lookup:3-1", "the smallest n-gram size (3) is larger than the largest (1)"),
     ("lookup:1-2-3", "write lookup, lookup:MAX or lookup:MIN-MAX"),
     ("lookup:x", "must be an integer, got 'x'"),
-    ("/no/such/checkpoint", "names nothing known"),
-    ("medusa:4", "names nothing known"),
+    ("/no/such/checkpoint", "nor KIND:PATH for "),
+    ("medusa:4", "'medusa:4': 4 does not exist (the checkpoint folder of medusa:PATH)"),
 ])
 def test_parse_drafter_spec_refuses(text, message):
     with pytest.raises(TreeoptError) as err:

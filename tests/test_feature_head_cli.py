@@ -52,7 +52,8 @@ def test_the_kinds_parse_and_name_their_engine_methods(workdir, tmp_path):
     assert DRAFTERS["medusa"].engine_methods == {"vllm": "medusa", "tensorrt-llm": "Medusa"}
     for text, message in [("eagle:", "names no checkpoint: write eagle:PATH"),
                           ("medusa", "names no checkpoint: write medusa:PATH"),
-                          (f"eagle3:{tmp_path / 'nowhere'}", "names nothing known")]:
+                          (f"eagle3:{tmp_path / 'nowhere'}",
+                           "nowhere does not exist \\(the checkpoint folder of eagle3:PATH\\)")]:
         with pytest.raises(TreeoptError, match=message):
             parse_drafter_spec(text)
 

@@ -109,6 +109,23 @@ def test_trtllm_12_reads_keys_as_range_starts():
         assert trtllm_draft_len(sched, b, lower_keys=True) == _want(ranges, b)
     with pytest.raises(PlanExportError, match="not known to take draft_len_schedule"):
         export_plan(ranges, "tensorrt-llm", release="1.1.0")
+    # each file's header names the releases that read its keys as written (a 1.2 file is not for 1.3.0rc8+)
+    old, new = export_plan(ranges, "tensorrt-llm", release="1.2.1"), export_plan(ranges, "tensorrt-llm")
+    assert old.text.splitlines()[0].startswith("# for TensorRT-LLM 1.2.0 to 1.2.x (keys start their ranges")
+    assert new.text.splitlines()[0].startswith("# for TensorRT-LLM 1.3.0rc8 and later (keys end their ranges")
+
+
+@pytest.mark.parametrize("engine,method,msg", [
+    ("vllm", "bogus", "vLLM has no speculative method 'bogus'"),
+    ("tensorrt-llm", "bogus", "TensorRT-LLM has no draft_len_schedule decoding type for method 'bogus'"),
+    ("sglang", "bogus", "SGLang has no speculative algorithm for method 'bogus'"),
+])
+def test_an_unknown_method_is_refused(engine, method, msg):
+    with pytest.raises(PlanExportError, match=msg):
+        export_plan(PLANS["falling"], engine, method=method)
+    assert export_plan(PLANS["falling"], "vllm", method="qwen3_next_mtp").data["method"] == "qwen3_next_mtp"
+    assert export_plan(PLANS["falling"], "tensorrt-llm", method="Eagle3").data["speculative_config"][
+        "decoding_type"] == "Eagle3"
 
 
 @pytest.mark.parametrize("sched,mdl,msg", [

@@ -52,6 +52,7 @@ def example() -> Tree:
         ([-1, -1], [0, 0], {}, "second root"),
         ([-1, 2, 0], [0, 0, 0], {}, "does not precede"),
         ([-1, 1], [0, 0], {}, "does not precede"),  # a node as its own parent
+        ([-1, 0, 7], [0, 0, 1], {}, "node 2: parent 7 is out of range (the tree has 3 nodes, 0..2)"),
         ([-1, 0, 0], [0, 0, 0], {}, "duplicate (parent 0, rank 0)"),
         ([-1, 0, 0], [0, 0, 2], {}, "rank gap under node 0: rank 2 without rank 1"),
         ([-1, 0], [0, 1], {}, "rank gap under node 0: rank 1 without rank 0"),

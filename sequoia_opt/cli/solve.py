@@ -33,7 +33,8 @@ def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], Any]:
     try:
         key = exports.normalise_format(fmt)
     except exports.ExportError:
-        raise TreeoptError(f"unknown --format {fmt!r}; choose one of {', '.join(exports.EXPORT_FORMATS)}") from None
+        raise TreeoptError(f"unknown --format {fmt!r}; choose one of {', '.join(exports.EXPORT_FORMATS)}, "
+                           "llama.cpp") from None
 
     def run(tree: Tree, meta: TreeMetadata, p: Any, drafter: str | None = None) -> Any:
         from ..drafting.registry import head_engine_methods

@@ -570,9 +570,13 @@ def parse_drafter_spec(spec: str | Path | DrafterSpec | None) -> DrafterSpec:
     if kind is not None and (sep and not rest.strip() or not sep and kind.name != "model"):
         raise TreeoptError(f"--draft {text!r} names no checkpoint: write {key}:PATH")
     path = Path(rest if kind is not None and sep else text).expanduser()
+    if not path.exists() and kind is not None:  # a known kind: only its checkpoint is missing
+        raise TreeoptError(f"--draft {text!r}: {path} does not exist (the checkpoint folder of {key}:PATH)")
     if not path.exists():
+        with_path = [k for k in DRAFTERS if DRAFTERS[k].loads_model and k != "model"]
         raise TreeoptError(f"--draft {text!r} names nothing known: not an existing checkpoint (HF folder or "
-                           f".gguf), nor one of {', '.join(k for k in DRAFTERS if not DRAFTERS[k].loads_model)}")
+                           f".gguf), nor one of {', '.join(k for k in DRAFTERS if not DRAFTERS[k].loads_model)}, "
+                           f"nor KIND:PATH for {', '.join(with_path)}")
     return DrafterSpec(key if kind is not None else "model", path=path)
 
 
