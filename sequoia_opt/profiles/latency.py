@@ -46,9 +46,6 @@ def _parse_table(raw: Any, value_key: str, where: str) -> _Table:
         check_integer(t, f"{where}.tokens[{i}]", low=1, high=MAX_TOKENS)
         if i and t <= tokens[i - 1]:
             raise ProfileError(f"{where}.tokens must be strictly increasing ({tokens[i - 1]} then {t})")
-    if value_key == "target_forward_ms" and tokens[0] != 1:  # every speedup is against T(1), never extrapolated
-        raise ProfileError(f"{where}.tokens starts at {tokens[0]}: a target curve starts at 1 token (plain "
-                           "decoding's step, what every speedup is measured against)")
     ms = np.array([_number(v, f"{where}.{value_key}[{i}]", high=MAX_MS) for i, v in enumerate(values)])
     if value_key == "target_forward_ms" and np.any(ms == 0):  # a draft may be 0 ms (none profiled), not T(n)
         raise ProfileError(f"{where}.{value_key}[{int(np.argmax(ms == 0))}] = 0 must be positive (a target "
