@@ -36,36 +36,37 @@ from schedules import WORKLOADS, Engine, Served, lockstep  # noqa: E402
 
 from sequoia_opt._io import create_files, new_run_id  # noqa: E402
 from sequoia_opt.decoding.rows import RowCache  # noqa: E402
+from sequoia_opt.model import ModelKVCache  # noqa: E402
 from sequoia_opt.prompts import encode_prompts, load_prompts  # noqa: E402
 from sequoia_opt.tree import now_iso  # noqa: E402
 
-_keep = RowCache.keep
+_keep_rows, _keep = ModelKVCache.keep_rows, RowCache.keep
+_FULL_COPY: set[int] = set()  # the first layer's key buffer address of every cache that copies the old way
 
 
-def _keep_either(self: RowCache, keep) -> None:
-    """RowCache.keep, or the copy before a6bb34d on the caches marked ``_full_copy`` (every kept row, every slot);
-    counts its calls (``_keeps``)."""
-    self._keeps = getattr(self, "_keeps", 0) + 1
-    if getattr(self, "_full_copy", False):
-        idx = torch.tensor(list(keep), dtype=torch.int64, device=self.device)
-        for layer in self.view.layers:
+def _keep_rows_either(self: ModelKVCache, keep: torch.Tensor, slots: int | None = None) -> None:
+    """ModelKVCache.keep_rows, or on the caches in ``_FULL_COPY`` the copy before a6bb34d (every kept row, every
+    slot). A live-rows view shares its cache's buffers from row 0, so it is known by its first key buffer."""
+    if self.layers and self.layers[0].k.data_ptr() in _FULL_COPY:
+        for layer in self.layers:
             for buf in (layer.k, layer.v):
-                buf[: len(idx)] = buf.index_select(0, idx)
-        self.view = self.base.rows(0, len(idx))
-        self.valid = self.valid.index_select(0, idx)
-        counts = self.valid[:, : self.frontier].sum(1)
-        self.holes = bool((counts != self.frontier).any()) if len(idx) else False
-        if self.holes and len(idx) == 1:
-            self.repack()
+                buf[: keep.numel()] = buf.index_select(0, keep)
         return
+    _keep_rows(self, keep, slots)
+
+
+def _counted_keep(self: RowCache, keep) -> None:
+    """RowCache.keep, counting its calls (``_keeps``: the steps where a row left)."""
+    self._keeps = getattr(self, "_keeps", 0) + 1
     _keep(self, keep)
 
 
 def _mark_full_copy(dec) -> None:
-    dec.face.rows._full_copy = True
+    caches = [dec.face.rows.base]
     drafter = getattr(dec.policy, "drafter", None)
     if getattr(drafter, "rows", None) is not None:
-        drafter.rows._full_copy = True
+        caches.append(drafter.rows.base)
+    _FULL_COPY.update(c.layers[0].k.data_ptr() for c in caches)
 
 
 class Logged(Served):
@@ -100,7 +101,7 @@ def main() -> None:
     if min(args.requests, args.tokens, args.peak, args.rounds) < 1:
         ap.error("--requests, --tokens, --peak and --rounds must be at least 1")
     torch.set_num_threads(1)
-    RowCache.keep = _keep_either
+    ModelKVCache.keep_rows, RowCache.keep = _keep_rows_either, _counted_keep
     t0 = time.time()
     eng = Engine("treeopt", None, 1, 512)
     ids = [p[-96:] for p in encode_prompts(load_prompts(WORKLOADS["eval"][0]), eng.tokenizer)]
@@ -111,6 +112,7 @@ def main() -> None:
     tokens: dict[str, list] = {n: [] for n in names}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
+        _FULL_COPY.clear()  # a freed cache's address may come back for another decoder this round
         served = {}
         for i, n in enumerate(order):
             k = int(n.split()[0][2:])

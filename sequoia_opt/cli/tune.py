@@ -82,7 +82,8 @@ def tune(
     from ..solver.schedule import save_schedule
 
     opts = check_options(TuneOptions(
-        engine=engine, target=target, draft=draft, batches=None if batches is None else parse_batches(batches, "--batches"), latency=latency,
+        engine=engine, target=target, draft=draft,
+        batches=None if batches is None else parse_batches(batches, "--batches"), latency=latency,
         acceptance=acceptance, calibration=calibration, shape=shape, max_draft=max_draft, context=context,
         release=release, method=method, model=model, max_batch=max_batch, prompts=prompts, num_prompts=num_prompts,
         max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,

@@ -366,9 +366,10 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     check_warnings: list[str] = []
     if s.check_rounds:  # each drafter's chosen step timed again: its prediction no longer rides the choice's noise
         for plan, make in zip(plans, drafts):
-            if check_prediction(plan, pair.target, make, ctx, backend=backend, steps=s.check_steps,
-                                rounds=s.check_rounds, prompts=prof_ids[: s.check_prompts] or None) is not None:
-                check_warnings += [w for w in [check_warning(plan)] if w]
+            check_prediction(plan, pair.target, make, ctx, backend=backend, steps=s.check_steps,
+                             rounds=s.check_rounds, prompts=prof_ids[: s.check_prompts] or None)
+            if warning := check_warning(plan):  # None unless the check turned a predicted gain into a loss
+                check_warnings.append(warning)
     # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
     from ..solver.depth import ValueModel, solve_profile
     from ..solver.hardware import step_cost
