@@ -241,6 +241,111 @@ def run_stream(eng: Engine, prompts: list[list[int]], new: int, peak: int, setti
     return {n: x.result() for n, x in served.items()}
 
 
+def request_ids(eng: Engine, workload: str, max_prompt_tokens: int, need: int) -> list[list[int]]:
+    """The workload's eval prompts encoded by the target's tokenizer (llama.cpp's GGUF tokenizer is the same
+    vocabulary), the code prompts cut to their last ``max_prompt_tokens``, repeated in order up to ``need``."""
+    ids = encode_prompts(load_prompts(WORKLOADS[workload][0]), eng.tokenizer)
+    if workload == "eval":
+        ids = [p[-max_prompt_tokens:] for p in ids]
+    return [ids[i % len(ids)] for i in range(need)]
+
+
+def reanalyze(path: Path, threads: int) -> None:
+    """:func:`served_acceptance` for a finished run of treeopt's decoder: written beside its profiles
+    (``<run>/served-acceptance.json``) and printed. Runs from before ``max_prompt_tokens`` was recorded used 96."""
+    doc = json.loads(path.read_text())
+    if doc["engine"] != "treeopt":
+        raise SystemExit(f"{path}: only runs of treeopt's decoder are decomposed (this one ran {doc['engine']})")
+    run_dir = path.with_suffix("")
+    eng = Engine("treeopt", doc["drafter"], threads, 512)
+    ids = request_ids(eng, doc["workload"], doc.get("max_prompt_tokens", 96), max(r["prompts"] for r in doc["rows"]))
+    sa = served_acceptance(doc, run_dir, eng, ids)
+    sa["source"] = rel(path.resolve())
+    atomic_write_text(run_dir / "served-acceptance.json", json.dumps(sa, indent=1) + "\n")
+    print(f"{rel(path.resolve())}: plan {doc['plan']['ranges']}")
+    print_served(sa)
+    print(f"wrote {rel((run_dir / 'served-acceptance.json').resolve())}")
+
+
+def served_acceptance(doc: dict, run_dir: Path, eng: Engine, ids: list[list[int]]) -> dict:
+    """Where the plan's error comes from: the acceptance of the profile prompts against the served requests'
+    own, and the cost model with the served acceptance (treeopt's decoder only).
+
+    The served requests are teacher-forced once (:func:`~sequoia_opt.profiling.acceptance.chain_traces`, their
+    greedy answers of ``new_tokens``; the decoder replays them step for step). Per batch size b, on the requests
+    served there and the run's own latency profile: G(K) of the profile prompts (what the plan was solved from)
+    and of the served requests; the plan re-solved from the served requests' traces (the *oracle* plan: the same
+    solver and cost model, told the acceptance it would meet), its K, regret against the measured best and its
+    predicted tokens/s against the measured. What is left in the oracle's regret and error is the cost model's
+    and the machine's; the rest of the plan's is the acceptance of one prompt set read as another's. Runs of
+    llama.cpp are not decomposed (its quantized target's greedy answers are not treeopt's float32 ones).
+    """
+    import glob
+
+    from sequoia_opt.jobs.tune import acceptance_from_traces
+    from sequoia_opt.profiles import load_acceptance
+    from sequoia_opt.profiles.batch import load_batch_latency
+    from sequoia_opt.profiling.acceptance import chain_traces
+    from sequoia_opt.solver.schedule import ChainValue, SpecSetting, predict_ranges, solve_plan
+
+    pair = eng.pair
+    ks = doc["ks"]
+    K = max(ks)
+    need = max(r["prompts"] for r in doc["rows"])
+    uniq = {tuple(p) for p in ids[:need]}
+    traces = chain_traces(pair.target, pair.new_drafter, [list(p) for p in uniq], max_new_tokens=doc["new_tokens"],
+                          eos_ids=sorted(pair.tokenizer.eos_ids))
+    flags_of = {p: "".join("1" if x[2] else "0" for x in t) for p, t in zip(uniq, traces)}
+    profile = load_batch_latency(glob.glob(str(run_dir / "profiles" / "*" / "*latency-batch.yaml"))[0])
+    acc = load_acceptance(glob.glob(str(run_dir / "profiles" / "*" / "acceptance*.yaml"))[0])
+    ctx, out = doc["context_tokens"], doc["output_tokens"]
+    setting = lambda k: SpecSetting.chain(k) if k else SpecSetting.none()  # noqa: E731
+    prof_value = ChainValue(acc, K)
+    rows = []
+    for r in doc["rows"]:
+        b = r["batch"]
+        flags = [flags_of[tuple(p)] for p in ids[: r["prompts"]]]
+        served = acceptance_from_traces([[(0, 1.0, c == "1") for c in f] for f in flags], profile_id="served",
+                                        target_name=pair.target_name, draft_name=pair.draft_name, max_depth=K,
+                                        source="the served requests", max_new_tokens=doc["new_tokens"])
+        value = ChainValue(served, K)
+        oracle = solve_plan(value, profile, [b], context=ctx, output_tokens=out).rows[0].best
+        ko = oracle.setting.draft_tokens
+        meas = {int(k): v for k, v in r["by_k"].items()}
+        best = max(v["tokens_per_s_total"] for v in meas.values())
+        g = {}
+        for k in ks:
+            pp, ps = (predict_ranges([(1, b, setting(k))], v, profile, [b], context=ctx, output_tokens=out)[0]
+                      for v in (prof_value, value))
+            g[str(k)] = {"profile": pp.cost.expected_tokens * pp.length_factor,
+                    "served": ps.cost.expected_tokens * ps.length_factor,
+                    "measured": meas[k]["tokens_per_step"] / b,
+                    "predicted_step_ms": pp.cost.cost_ms,
+                    "measured_step_ms": 1000.0 * meas[k]["tokens_per_step"] / meas[k]["tokens_per_s_total"]}
+        pk, gp = r["plan_k"], g[str(r["plan_k"])]
+        rows.append({"batch": b, "requests": r["prompts"], "tokens_per_step_per_row": g,
+                     "plan_k": pk, "plan_tokens_per_step_error": gp["profile"] / gp["measured"] - 1,
+                     "plan_step_ms_error": gp["predicted_step_ms"] / gp["measured_step_ms"] - 1,
+                     "oracle_k": ko, "oracle_regret": (best - meas[ko]["tokens_per_s_total"]) / best,
+                     "oracle_predicted_tokens_per_s_total": oracle.tokens_per_s_total,
+                     "oracle_prediction_error": oracle.tokens_per_s_total / meas[ko]["tokens_per_s_total"] - 1})
+    return {"method": "the served requests teacher-forced (greedy, chain_traces); the plan re-solved from them with "
+                      "the run's latency profile", "rows": rows,
+            "max_oracle_regret": max(x["oracle_regret"] for x in rows),
+            "max_oracle_prediction_error": max(abs(x["oracle_prediction_error"]) for x in rows)}
+
+
+def print_served(sa: dict) -> None:
+    print("batch | plan K: tokens/step/row profile / served / measured, step ms predicted / measured | oracle K, "
+          "regret, prediction error")
+    for x in sa["rows"]:
+        g = x["tokens_per_step_per_row"][str(x["plan_k"])]
+        print(f"{x['batch']} | K={x['plan_k']}: {g['profile']:.3f} / {g['served']:.3f} / {g['measured']:.3f} "
+              f"({100 * x['plan_tokens_per_step_error']:+.1f} %), {g['predicted_step_ms']:.1f} / "
+              f"{g['measured_step_ms']:.1f} ms ({100 * x['plan_step_ms_error']:+.1f} %) | K={x['oracle_k']}, "
+              f"{100 * x['oracle_regret']:.1f} %, {100 * x['oracle_prediction_error']:+.1f} %")
+
+
 def rel(path: Path) -> str:
     try:
         return str(path.relative_to(ROOT))
@@ -285,7 +390,14 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results/schedules")
     ap.add_argument("--markdown", type=Path, nargs="+", default=None,
                     help="print the markdown tables of these results files (no run)")
+    ap.add_argument("--reanalyze", type=Path, nargs="+", default=None,
+                    help="decompose these finished runs' errors (served_acceptance; treeopt's decoder only; no run)")
     args = ap.parse_args()
+    if args.reanalyze:
+        torch.set_num_threads(args.threads)
+        for path in args.reanalyze:
+            reanalyze(path, args.threads)
+        return
     if args.markdown:
         for path in args.markdown:
             print(markdown(json.loads(path.read_text()), rel(path.resolve())))
@@ -311,13 +423,9 @@ def main() -> None:
     # the prompts, encoded by the target's tokenizer (llama.cpp's GGUF tokenizer is the same vocabulary)
     max_len = 512
     eng = Engine(args.engine, draft, args.threads, max_len)
-    texts = load_prompts(eval_file)
-    ids = encode_prompts(texts, eng.tokenizer)
-    if args.workload == "eval":
-        ids = [p[-args.max_prompt_tokens:] for p in ids]
     requests_at = lambda b: max(args.min_prompts, args.turnovers * b)  # noqa: E731
     need = max(max(requests_at(b) for b in batches), args.stream_requests if not args.no_stream else 0)
-    ids = [ids[i % len(ids)] for i in range(need)]
+    ids = request_ids(eng, args.workload, args.max_prompt_tokens, need)
     context = int(statistics.median(len(p) for p in ids))
 
     # 1. profile -> solve, in this machine state (what treeopt tune does)
@@ -438,7 +546,14 @@ def main() -> None:
                            "batch1-best": st[f"K={batch1_best}"]["tokens_per_s_total"],
                            "vllm-generator": st["vllm-generator"]["tokens_per_s_total"]}
 
-    # 4. the goals
+    # 4. where the plan's error comes from (treeopt's decoder): the served requests' own acceptance
+    served = None
+    if args.engine == "treeopt":
+        log("the served requests teacher-forced: their own acceptance, the oracle plan")
+        served = served_acceptance({"ks": ks, "rows": rows, "new_tokens": args.new, "context_tokens": context,
+                                    "output_tokens": args.output_tokens or args.new}, run_dir, eng, ids)
+
+    # 5. the goals
     regrets = [r["regret"] for r in rows if r["regret"] is not None]
     errors = [abs(r["prediction_error"]) for r in rows if r["prediction_error"] is not None]
     sp_errors = [abs(r["speedup_prediction_error"]) for r in rows if r["speedup_prediction_error"] is not None]
@@ -450,6 +565,9 @@ def main() -> None:
              "greedy_equal_everywhere": all(v["greedy_equal_plain"] for r in rows for v in r["by_k"].values())
              and (stream is None or all(v["greedy_equal_plain"] for v in stream["settings"].values())),
              "speculation_stops_paying_above": plan.stops_paying_above}
+    if served is not None:
+        goals.update(oracle_max_regret=served["max_oracle_regret"],
+                     oracle_max_prediction_error=served["max_oracle_prediction_error"])
     if stream is not None:
         st = stream["settings"]
         p = st["plan"]["tokens_per_s_total"]
@@ -470,11 +588,14 @@ def main() -> None:
            "profiles": res.profiles, "plan": {"ranges": [list(x) for x in ranges],
                                               "stops_paying_above": plan.stops_paying_above,
                                               "file": rel(run_dir / "plan.yaml")},
-           "rows": rows, "stream": stream, "goals": goals, "load_average_at_end": list(os.getloadavg()),
+           "max_prompt_tokens": args.max_prompt_tokens, "rows": rows, "stream": stream,
+           "served_acceptance": served, "goals": goals, "load_average_at_end": list(os.getloadavg()),
            "command": "flock /tmp/treeopt-bench.lock python " + " ".join(sys.argv), "wall_s": time.time() - t_start}
     out = args.out_dir / f"{stamp}-{args.engine}-{args.workload}.json"
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     print_tables(doc)
+    if served is not None:
+        print_served(served)
     print(f"wrote {out}")
 
 
