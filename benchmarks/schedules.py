@@ -10,6 +10,10 @@ workload with its drafter:
 * ``edit`` — editing requests whose answers copy long runs of the prompt (``benchmarks/data/edit-eval.jsonl``,
   ``benchmarks/make_edit_prompts.py``), drafted by n-grams (prompt lookup).
 
+Or your own traffic: ``--requests FILE`` (the requests served; a sample the profile did not see) and
+``--profile-file FILE`` (what ``tune`` profiled on), with ``--plan`` the plan ``treeopt tune`` wrote (the check
+command it prints).
+
 Steps, in one machine state: ``treeopt tune`` measures T(b, n), c(b, w), the overhead per batch size and the
 drafter's acceptance (on ``--profile-prompts`` of the workload's *profile* prompts, never the eval ones, each
 answered to ``--profile-new-tokens``: by default the requests' own length, as a user profiles on the traffic they
@@ -43,6 +47,10 @@ loop's step at every batch size with the draft GGUF; batch 16 alone 17); ``--eng
 --turnovers 2 --stream-requests 20 --stream-tokens 8`` took 41 min (``tune`` 22, its loop timed to 2 %). The editing answers copy the function after a short
 preamble, so 16 tokens understate what n-grams accept (``--new 48`` matches the profile's 48, at 3x the time).
 
+Where the plan's error comes from (treeopt's decoder): the served requests are teacher-forced and the plan re-solved
+from their own acceptance with the run's latency profile (:func:`served_acceptance`); ``--reanalyze RUN.json``
+does it for a finished run.
+
 Writes ``results/schedules/<date>-<engine>-<workload>.json`` (and the run's profiles and plan beside it) and
 prints the tables.
 """
@@ -74,6 +82,7 @@ from sequoia_opt.tree import Tree, now_iso
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = {"eval": (ROOT / "sequoia_opt/data/prompts/eval.jsonl", ROOT / "sequoia_opt/data/prompts/profile.jsonl", None),
              "edit": (ROOT / "benchmarks/data/edit-eval.jsonl", ROOT / "benchmarks/data/edit-profile.jsonl", "lookup")}
+DEMO_PROFILE_PROMPTS = ROOT / "sequoia_opt/data/prompts/profile.jsonl"
 
 
 # ---------------------------------------------------------------------------------------------- engines
@@ -241,24 +250,25 @@ def run_stream(eng: Engine, prompts: list[list[int]], new: int, peak: int, setti
     return {n: x.result() for n, x in served.items()}
 
 
-def request_ids(eng: Engine, workload: str, max_prompt_tokens: int, need: int) -> list[list[int]]:
-    """The workload's eval prompts encoded by the target's tokenizer (llama.cpp's GGUF tokenizer is the same
-    vocabulary), the code prompts cut to their last ``max_prompt_tokens``, repeated in order up to ``need``."""
-    ids = encode_prompts(load_prompts(WORKLOADS[workload][0]), eng.tokenizer)
-    if workload == "eval":
+def request_ids(eng: Engine, requests: Path, max_prompt_tokens: int | None, need: int) -> list[list[int]]:
+    """The requests' prompts encoded by the target's tokenizer (llama.cpp's GGUF tokenizer is the same
+    vocabulary), cut to their last ``max_prompt_tokens`` (None: whole), repeated in order up to ``need``."""
+    ids = encode_prompts(load_prompts(requests), eng.tokenizer)
+    if max_prompt_tokens:
         ids = [p[-max_prompt_tokens:] for p in ids]
     return [ids[i % len(ids)] for i in range(need)]
 
 
 def reanalyze(path: Path, threads: int) -> None:
     """:func:`served_acceptance` for a finished run of treeopt's decoder: written beside its profiles
-    (``<run>/served-acceptance.json``) and printed. Runs from before ``max_prompt_tokens`` was recorded used 96."""
+    (``<run>/served-acceptance.json``) and printed. Runs from before ``max_prompt_tokens`` was recorded cut the eval prompts to 96."""
     doc = json.loads(path.read_text())
     if doc["engine"] != "treeopt":
         raise SystemExit(f"{path}: only runs of treeopt's decoder are decomposed (this one ran {doc['engine']})")
     run_dir = path.with_suffix("")
     eng = Engine("treeopt", doc["drafter"], threads, 512)
-    ids = request_ids(eng, doc["workload"], doc.get("max_prompt_tokens", 96), max(r["prompts"] for r in doc["rows"]))
+    cut = doc.get("max_prompt_tokens", 96 if doc["workload"] == "eval" else None)
+    ids = request_ids(eng, ROOT / doc["prompts"], cut, max(r["prompts"] for r in doc["rows"]))
     sa = served_acceptance(doc, run_dir, eng, ids)
     sa["source"] = rel(path.resolve())
     atomic_write_text(run_dir / "served-acceptance.json", json.dumps(sa, indent=1) + "\n")
@@ -358,10 +368,19 @@ def med(xs: list[float]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- main
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (one line and exit 2 on a bad one: a missing file, a count below 1, neither
+    ``--workload`` nor ``--requests``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("treeopt", "llama.cpp"))
-    ap.add_argument("--workload", choices=tuple(WORKLOADS))
+    ap.add_argument("--workload", choices=tuple(WORKLOADS),
+                    help="eval or edit; or give --requests (and --profile-file) for your own traffic")
+    ap.add_argument("--requests", type=Path, default=None,
+                    help="the requests to serve, a prompts file (default: the workload's eval prompts); a sample of "
+                         "your traffic the profile did not see")
+    ap.add_argument("--profile-file", type=Path, default=None,
+                    help="the prompts tune measures acceptance on (default: the workload's profile prompts; without "
+                         "a workload, the demo's)")
     ap.add_argument("--draft", default=None, help="the drafter (default: the workload's: draft model / lookup)")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
@@ -372,7 +391,8 @@ def main() -> None:
                     help="requests per batch size: at least this many (the same first ones at every batch size)")
     ap.add_argument("--turnovers", type=int, default=2,
                     help="requests per batch size: at least b x this (each row slot serves this many requests)")
-    ap.add_argument("--max-prompt-tokens", type=int, default=96, help="eval prompts are cut to their last N tokens")
+    ap.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="requests are cut to their last N tokens (default: 96 for the eval workload, else whole)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--block-steps", type=int, default=4,
                     help="the settings compared run in lockstep, this many steps each in turn")
@@ -392,7 +412,25 @@ def main() -> None:
                     help="print the markdown tables of these results files (no run)")
     ap.add_argument("--reanalyze", type=Path, nargs="+", default=None,
                     help="decompose these finished runs' errors (served_acceptance; treeopt's decoder only; no run)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.reanalyze or args.markdown:
+        return args
+    if args.engine is None or (args.workload is None and args.requests is None):
+        ap.error("--engine and --workload (or --requests FILE) are required (or --markdown / --reanalyze FILE...)")
+    for name in ("requests", "profile_file", "plan"):
+        path = getattr(args, name)
+        if path is not None and not path.is_file():
+            ap.error(f"--{name.replace('_', '-')} {path}: no such file")
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        ap.error("--max-prompt-tokens must be at least 1")
+    for name in ("new", "turnovers", "rounds", "min_prompts", "block_steps", "profile_prompts", "profile_new_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.reanalyze:
         torch.set_num_threads(args.threads)
         for path in args.reanalyze:
@@ -402,19 +440,17 @@ def main() -> None:
         for path in args.markdown:
             print(markdown(json.loads(path.read_text()), rel(path.resolve())))
         return
-    if args.engine is None or args.workload is None:
-        ap.error("--engine and --workload are required (or --markdown FILE...)")
-    for name in ("new", "turnovers", "rounds", "min_prompts", "block_steps", "profile_prompts", "profile_new_tokens"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1")
     torch.set_num_threads(args.threads)
     t_start = time.time()
     batches = parse_batches(args.batches)
     ks = [int(x) for x in args.ks.split(",")]
-    eval_file, profile_file, default_draft = WORKLOADS[args.workload]
+    workload = args.workload or "custom"
+    eval_file, profile_file, default_draft = WORKLOADS.get(workload, (None, DEMO_PROFILE_PROMPTS, None))
+    eval_file, profile_file = args.requests or eval_file, args.profile_file or profile_file
     draft = args.draft or default_draft
+    cut = args.max_prompt_tokens or (96 if workload == "eval" and args.requests is None else None)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    run_dir = args.out_dir / f"{stamp}-{args.engine}-{args.workload}"
+    run_dir = args.out_dir / f"{stamp}-{args.engine}-{workload}"
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def log(msg: str) -> None:
@@ -425,7 +461,7 @@ def main() -> None:
     eng = Engine(args.engine, draft, args.threads, max_len)
     requests_at = lambda b: max(args.min_prompts, args.turnovers * b)  # noqa: E731
     need = max(max(requests_at(b) for b in batches), args.stream_requests if not args.no_stream else 0)
-    ids = request_ids(eng, args.workload, args.max_prompt_tokens, need)
+    ids = request_ids(eng, eval_file, cut, need)
     context = int(statistics.median(len(p) for p in ids))
 
     # 1. profile -> solve, in this machine state (what treeopt tune does)
@@ -577,7 +613,7 @@ def main() -> None:
                      stream_plan_ge_every_fixed=all(p >= v for v in fixed.values()),
                      stream_plan_ge_every_peer=all(p >= v for v in stream["peers"].values()))
     doc = {"benchmark": "benchmarks/schedules.py", "date": now_iso(), "engine": args.engine,
-           "workload": args.workload, "drafter": draft, "prompts": rel(eval_file),
+           "workload": workload, "drafter": draft, "prompts": rel(eval_file),
            "profile_prompts": rel(profile_file), "threads": args.threads,
            "rounds": args.rounds, "new_tokens": args.new, "output_tokens": args.output_tokens or args.new,
            "turnovers": args.turnovers, "profile_num_prompts": args.profile_prompts,
@@ -588,10 +624,10 @@ def main() -> None:
            "profiles": res.profiles, "plan": {"ranges": [list(x) for x in ranges],
                                               "stops_paying_above": plan.stops_paying_above,
                                               "file": rel(run_dir / "plan.yaml")},
-           "max_prompt_tokens": args.max_prompt_tokens, "rows": rows, "stream": stream,
+           "max_prompt_tokens": cut, "rows": rows, "stream": stream,
            "served_acceptance": served, "goals": goals, "load_average_at_end": list(os.getloadavg()),
            "command": "flock /tmp/treeopt-bench.lock python " + " ".join(sys.argv), "wall_s": time.time() - t_start}
-    out = args.out_dir / f"{stamp}-{args.engine}-{args.workload}.json"
+    out = args.out_dir / f"{stamp}-{args.engine}-{workload}.json"
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     print_tables(doc)
     if served is not None:

@@ -802,3 +802,50 @@ def test_profile_acceptance_chains_writes_a_replayable_profile(tmp_path):
                        (["--calibration"], "--chains measures greedy chains")):
         res = runner.invoke(app, ["profile", "acceptance", "--target", str(tdir), "--chains", *extra])
         assert res.exit_code == 2 and msg in res.output
+
+
+def _schedules_benchmark():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "schedules.py"
+    spec = importlib.util.spec_from_file_location("schedules_benchmark", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("own_prompts", [False, True])
+def test_the_check_command_tune_prints_is_one_the_benchmark_takes(tmp_path, own_prompts):
+    """The check line runs as printed (its placeholders filled): a workload, or the user's profile prompts and a
+    held-out sample of their traffic."""
+    import shlex
+
+    from sequoia_opt.jobs.tune import TuneOptions, _check_command
+
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    opts = TuneOptions(engine="treeopt", draft="lookup", batches=[1, 4], prompts=prompts if own_prompts else None)
+    line = _check_command(opts)
+    plan, held_out = tmp_path / "plan.yaml", tmp_path / "held-out.jsonl"
+    plan.write_text("format: treeopt-schedule/1\n")
+    held_out.write_text('{"prompt": "def g(y):"}\n')
+    words = shlex.split(line.replace("PLAN.yaml", str(plan)).replace("HELD_OUT_REQUESTS.jsonl", str(held_out)))
+    assert words[:2] == ["python", "benchmarks/schedules.py"]
+    args = _schedules_benchmark().parse_args(words[2:])
+    assert (args.engine, args.draft, args.batches, args.plan) == ("treeopt", "lookup", "1,4", plan)
+    if own_prompts:
+        assert (args.workload, args.profile_file, args.requests) == (None, prompts, held_out)
+    else:
+        assert (args.workload, args.profile_file, args.requests) == ("eval", None, None)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--engine", "treeopt"], "--workload (or --requests FILE) are required"),
+    (["--engine", "treeopt", "--requests", "/no/such.jsonl"], "--requests /no/such.jsonl: no such file"),
+    (["--engine", "treeopt", "--workload", "eval", "--max-prompt-tokens", "0"], "--max-prompt-tokens must be"),
+])
+def test_the_schedules_benchmark_refuses_a_bad_command_line_in_one_line(argv, msg, capsys):
+    with pytest.raises(SystemExit) as err:
+        _schedules_benchmark().parse_args(argv)
+    assert err.value.code == 2
+    assert msg in capsys.readouterr().err.strip().splitlines()[-1]
