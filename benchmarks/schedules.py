@@ -261,7 +261,8 @@ def request_ids(eng: Engine, requests: Path, max_prompt_tokens: int | None, need
 
 def reanalyze(path: Path, threads: int) -> None:
     """:func:`served_acceptance` for a finished run of treeopt's decoder: written beside its profiles
-    (``<run>/served-acceptance.json``) and printed. Runs from before ``max_prompt_tokens`` was recorded cut the eval prompts to 96."""
+    (``<run>/served-acceptance.json``) and printed. Runs from before ``max_prompt_tokens`` was recorded cut the
+    eval prompts to 96."""
     doc = json.loads(path.read_text())
     if doc["engine"] != "treeopt":
         raise SystemExit(f"{path}: only runs of treeopt's decoder are decomposed (this one ran {doc['engine']})")

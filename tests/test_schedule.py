@@ -80,6 +80,28 @@ def test_interval_function_replaces_the_default():
 
 
 # ---------------------------------------------------------------------------------------------- solving
+def test_close_calls_are_the_runner_ups_inside_the_best_interval():
+    """A runner-up inside the best setting's interval is a close call (in the row, the notes and the file); with a
+    point interval there is none."""
+    for width in (0.001, 0.1):
+        plan = solve_plan(ChainValue(_acc(), 6), PROFILE,
+                          interval=lambda s, b, c, w=width: (c.tokens_per_s * (1 - w), c.tokens_per_s * (1 + w)))
+        doc = plan_document(plan, engine="vllm")
+        for r, d in zip(plan.rows, doc["by_batch"], strict=True):
+            alt = next(c for c in r.candidates if c.setting != r.best.setting)
+            close = alt.tokens_per_s_per_request >= (1 - width) * r.best.tokens_per_s_per_request
+            assert (r.close_call is alt) if close else (r.close_call is None)
+            assert d.get("close_call") == (alt.setting.label if close else None)
+        assert sum(r.close_call is not None for r in plan.rows) == (2 if width == 0.1 else 0)
+    # width 0.1: batch 1 and 8 (1.2 % and 0.3 % apart), not 64 (plain decoding 19 % ahead)
+    gaps = [100 * (1 - r.close_call.tokens_per_s_total / r.best.tokens_per_s_total) for r in plan.rows[:2]]
+    assert f"close calls at batch 1, 8: the runner-up is predicted {min(gaps):.1f}-{max(gaps):.1f} % below" \
+        in plan.notes[-1]
+    point = solve_plan(ChainValue(_acc(counts=False), 6), PROFILE)
+    assert point.interval_method == "none" and all(r.close_call is None for r in point.rows)
+    assert not any(n.startswith("close calls") for n in point.notes)
+
+
 def test_plan_is_the_best_fixed_k_at_every_batch_and_stops_paying():
     v = ChainValue(_acc(), 8)
     plan = solve_plan(v, PROFILE)
