@@ -1,18 +1,26 @@
-"""Continuous batching on treeopt's decoder: what a request that finishes costs the step, before and after
-``ModelKVCache.keep_rows`` copied only what moves (commit a6bb34d).
+"""Continuous batching on treeopt's decoder: what a request that finishes costs the step, in three ways of
+dropping it from the KV caches.
 
 A server's rows finish one by one; each time, the decoder drops the finished row from the target's and the
-draft model's KV caches (:meth:`~sequoia_opt.decoding.rows.RowCache.keep`). It used to copy every kept row's
-whole cache (all ``max_len`` slots); it now moves only the rows after the first that leaves, and only their
-committed prefix ``[0, frontier)``. The baseline in the same run is the old copy, put back on the caches of
-half of the decoders (``--settings`` each run with both, in lockstep, so the VM's drift hits both alike).
+draft model's KV caches (:meth:`~sequoia_opt.decoding.rows.RowCache.keep`). Three ways, each the baseline of the
+next, all in the same run:
+
+* ``full copy`` (before commit a6bb34d): the live rows shifted up in order, every kept row's whole cache copied
+  (all ``max_len`` slots);
+* ``shift`` (a6bb34d): the live rows shifted up in order, only the rows after the first that leaves copied, and
+  only their committed prefix ``[0, frontier)``;
+* ``fill`` (now, :func:`~sequoia_opt.decoding.loop.keep_order`): a finished row's place takes the last live row,
+  as a server's slot table refills a freed slot; only the rows that fill holes are copied (their prefix).
+
+The older ways are put back on some of the decoders (``--settings`` each run all three ways, in lockstep, so the
+VM's drift hits them alike).
 
 The stream is ``benchmarks/schedules.py``'s: the eval prompts (their last 96 tokens), one request joining per
 step up to ``--peak`` live rows, ``--tokens`` new tokens each, the demo pair, greedy, one thread. Per setting and
-keep: decode tokens/s (step time only, prefill and joins excluded), and the median bookkeeping ms of the steps
+way: decode tokens/s (step time only, prefill and joins excluded), and the median bookkeeping ms of the steps
 where a row left and of those where none did. Greedy output is checked equal across every decoder.
 
-    flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py     # about 5 min on 2 cores
+    flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py     # about 7 min on 2 cores
 
 Writes ``results/continuous_batching/<run-id>.json``.
 """
@@ -40,14 +48,23 @@ from sequoia_opt.model import ModelKVCache  # noqa: E402
 from sequoia_opt.prompts import encode_prompts, load_prompts  # noqa: E402
 from sequoia_opt.tree import now_iso  # noqa: E402
 
-_keep_rows, _keep = ModelKVCache.keep_rows, RowCache.keep
-_FULL_COPY: set[int] = set()  # the first layer's key buffer address of every cache that copies the old way
+import sequoia_opt.decoding.loop as loop_module  # noqa: E402
+
+WAYS = ("full copy", "shift", "fill")
+_keep_rows, _keep, _keep_order = ModelKVCache.keep_rows, RowCache.keep, loop_module.keep_order
+_WAY = {"now": "fill"}  # the way of the decoder stepping now (set by Logged around its step)
+
+
+def _keep_order_either(finished) -> list[int]:
+    """The loop's keep_order, or for the older ways the live rows in order (they shifted up)."""
+    if _WAY["now"] == "fill":
+        return _keep_order(finished)
+    return [b for b, f in enumerate(finished) if not f]
 
 
 def _keep_rows_either(self: ModelKVCache, keep: torch.Tensor, slots: int | None = None) -> None:
-    """ModelKVCache.keep_rows, or on the caches in ``_FULL_COPY`` the copy before a6bb34d (every kept row, every
-    slot). A live-rows view shares its cache's buffers from row 0, so it is known by its first key buffer."""
-    if self.layers and self.layers[0].k.data_ptr() in _FULL_COPY:
+    """ModelKVCache.keep_rows, or for ``full copy`` the copy before a6bb34d (every kept row, every slot)."""
+    if _WAY["now"] == "full copy":
         for layer in self.layers:
             for buf in (layer.k, layer.v):
                 buf[: keep.numel()] = buf.index_select(0, keep)
@@ -61,19 +78,12 @@ def _counted_keep(self: RowCache, keep) -> None:
     _keep(self, keep)
 
 
-def _mark_full_copy(dec) -> None:
-    caches = [dec.face.rows.base]
-    drafter = getattr(dec.policy, "drafter", None)
-    if getattr(drafter, "rows", None) is not None:
-        caches.append(drafter.rows.base)
-    _FULL_COPY.update(c.layers[0].k.data_ptr() for c in caches)
-
-
 class Logged(Served):
     """:class:`Served` that keeps each step's (live rows, step ms, bookkeeping ms, tokens, rows that left)."""
 
-    def __init__(self, *a, **kw) -> None:
+    def __init__(self, *a, way: str, **kw) -> None:
         super().__init__(*a, **kw)
+        self.way = way
         self.log: list[tuple[int, float, float, int, int]] = []
 
     def advance(self, steps: int) -> None:
@@ -82,6 +92,7 @@ class Logged(Served):
                 return
             steps = len(self.state.steps) if self.state is not None else 0
             keeps = getattr(self.dec.face.rows, "_keeps", 0)
+            _WAY["now"] = self.way
             super().advance(1)
             if self.state is not None and len(self.state.steps) > steps:
                 st = self.state.steps[-1]
@@ -102,24 +113,22 @@ def main() -> None:
         ap.error("--requests, --tokens, --peak and --rounds must be at least 1")
     torch.set_num_threads(1)
     ModelKVCache.keep_rows, RowCache.keep = _keep_rows_either, _counted_keep
+    loop_module.keep_order = _keep_order_either
     t0 = time.time()
     eng = Engine("treeopt", None, 1, 512)
     ids = [p[-96:] for p in encode_prompts(load_prompts(WORKLOADS["eval"][0]), eng.tokenizer)]
     ids = [ids[i % len(ids)] for i in range(args.requests)]
     ks = [int(x) for x in args.settings.split(",")]
-    names = [f"K={k} {how}" for k in ks for how in ("full copy", "prefix")]
+    names = [f"K={k} {how}" for k in ks for how in WAYS]
     logs: dict[str, list] = {n: [] for n in names}
     tokens: dict[str, list] = {n: [] for n in names}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
-        _FULL_COPY.clear()  # a freed cache's address may come back for another decoder this round
         served = {}
         for i, n in enumerate(order):
-            k = int(n.split()[0][2:])
+            k, way = int(n.split()[0][2:]), n.split(" ", 1)[1]
             dec = eng.decoder(args.peak, k=k, slot=i)
-            if n.endswith("full copy"):
-                _mark_full_copy(dec)
-            served[n] = Logged(dec, ids, args.tokens, lambda s: min(args.peak, s + 1), None)
+            served[n] = Logged(dec, ids, args.tokens, lambda s: min(args.peak, s + 1), None, way=way)
         lockstep(list(served.values()), 4)
         for n, x in served.items():
             logs[n].append(x.log)
@@ -137,16 +146,17 @@ def main() -> None:
                      "steps_with_a_row_leaving": len(left) // args.rounds,
                      "greedy_equal": all(t == ref for t in tokens[n])})
     by = {x["setting"]: x for x in rows}
-    ratios = {}
+    ratios: dict[str, dict[str, float]] = {"shift_over_full_copy": {}, "fill_over_shift": {}}
     for k in ks:
-        new, old = by[f"K={k} prefix"]["rounds"], by[f"K={k} full copy"]["rounds"]
-        ratios[f"K={k}"] = statistics.median(a / b for a, b in zip(new, old))  # paired by round (lockstep)
+        for key, (a, b) in (("shift_over_full_copy", ("shift", "full copy")), ("fill_over_shift", ("fill", "shift"))):
+            new, old = by[f"K={k} {a}"]["rounds"], by[f"K={k} {b}"]["rounds"]
+            ratios[key][f"K={k}"] = statistics.median(x / y for x, y in zip(new, old, strict=True))  # paired rounds
     run_id = new_run_id(None)
     doc = {"format": "treeopt-bench-continuous-batching/1", "run_id": run_id, "date": now_iso(),
            "stream": {"requests": args.requests, "tokens_per_request": args.tokens, "peak": args.peak,
                       "prompts": "sequoia_opt/data/prompts/eval.jsonl (last 96 tokens)"},
            "rounds": args.rounds, "threads": 1, "rows": rows,
-           "prefix_over_full_copy_tokens_per_s": ratios, "wall_s": time.time() - t0,
+           "tokens_per_s_ratios": ratios, "wall_s": time.time() - t0,
            "command": "flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py " + " ".join(sys.argv[1:])}
     (path,) = create_files({args.out / f"{run_id}.json": json.dumps(doc, indent=2) + "\n"})
     print(f"{'setting':<16}{'tok/s':>8}{'bookkeeping ms, a row left':>29}{'otherwise':>11}{'= plain':>9}")
@@ -154,8 +164,9 @@ def main() -> None:
         bl, bo = x["bookkeeping_ms_when_a_row_left"], x["bookkeeping_ms_otherwise"]
         print(f"{x['setting']:<16}{x['tokens_per_s']:>8.1f}{(bl or float('nan')):>29.1f}{(bo or float('nan')):>11.1f}"
               f"{'yes' if x['greedy_equal'] else 'NO':>9}")
-    print("prefix / full copy, tokens/s (median of per-round ratios): "
-          + ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+    for key, by_k in ratios.items():
+        print(f"{key.replace('_over_', ' / ').replace('_', ' ')}, tokens/s (median of per-round ratios): "
+              + ", ".join(f"{k} {v:.3f}x" for k, v in by_k.items()))
     print(f"wrote {path}")
 
 

@@ -207,6 +207,24 @@ def test_row_removal_copies_the_committed_prefix_of_the_rows_that_move():
         cache.rows(0, 4).keep_rows(torch.tensor([1, 2]), slots=11)
 
 
+def test_the_loops_keep_order_fills_holes_from_the_tail_and_only_those_rows_move():
+    """keep_order: live rows keep their places, holes among the first K take the last live rows; keep_rows with
+    that order writes the filled holes' committed prefix and nothing else."""
+    from sequoia_opt.decoding.loop import keep_order
+
+    assert keep_order([False, True, False, False, True, False]) == [0, 5, 2, 3]
+    assert keep_order([True, True, False, False, False, False]) == [5, 4, 2, 3]
+    assert keep_order([False, False, True]) == [0, 1]  # the last row left: nothing moves
+    assert keep_order([True, True]) == []
+    cache = ModelKVCache(1, 6, 1, 8, 2, dtype=torch.float32, device="cpu")
+    k = cache.layers[0].k
+    k.copy_(torch.arange(6 * 8, dtype=torch.float32).view(6, 1, 8, 1).expand(6, 1, 8, 2))
+    old = k.clone()
+    cache.rows(0, 6).keep_rows(torch.tensor(keep_order([False, True, False, False, True, False])), slots=5)
+    assert torch.equal(k[[0, 2, 3, 4, 5]], old[[0, 2, 3, 4, 5]])  # only row 1 was written
+    assert torch.equal(k[1, :, :5], old[5, :, :5]) and torch.equal(k[1, :, 5:], old[1, :, 5:])
+
+
 @pytest.mark.slow
 def test_demo_pair_batch_equals_each_alone():
     """The demo pair (SmolLM2-135M GGUF target, bundled draft): a mixed-length batch of 4, each row equal to

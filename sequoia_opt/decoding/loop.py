@@ -46,9 +46,28 @@ from .stats import BatchResult, BatchStep, Clock, GenerationResult, StepStats
 from .step_tree import StepTree, TreeBuffers, _ROOT_ONLY
 from .target import TargetFace, TransformerTarget
 
-__all__ = ["Decoder", "DEFAULT_MAX_LEN", "plain_decoder", "AutoregressiveDecoder", "autoregressive_generate"]
+__all__ = ["Decoder", "DEFAULT_MAX_LEN", "plain_decoder", "AutoregressiveDecoder", "autoregressive_generate",
+           "keep_order"]
 
 DEFAULT_MAX_LEN = 4096  # default cache slots (plus the largest tree) when a decoder is given no max_len
+
+
+def keep_order(finished: Sequence[bool]) -> list[int]:
+    """The batch's rows after finished ones leave: the new order as old row indices (row i of the new batch was
+    row ``keep[i]``). A live row keeps its place; a finished row's place among the first K (K live rows) takes
+    the last live row past K, as a server's slot table refills a freed slot, so only as many rows move as
+    finished ones left holes (at most), not every row after the first that left.
+
+    Why not keep them in order: every KV cache moves each row that changes place (its committed prefix, every
+    layer), and in a stream of staggered requests a row leaves almost every step. Demo target at 16 rows of
+    ~110 committed tokens on this 2-core CPU: 25-35 ms of bookkeeping in a step of ~180 ms when the rows after the
+    leaver shifted up, about half the batch each time.
+
+    Example: ``[False, True, False, False, True, False]`` -> ``[0, 5, 2, 3]``.
+    """
+    K = sum(1 for f in finished if not f)
+    tail = [b for b in range(K, len(finished)) if not finished[b]]
+    return [b if not finished[b] else tail.pop() for b in range(K)]
 
 
 class Decoder:
@@ -335,7 +354,7 @@ class Decoder:
         if self.policy is not None:
             self.policy.observe(state, StepView(trees, logits, accs, emitted))
         if any(r.finished for r in rows):
-            keep = [b for b, r in enumerate(rows) if not r.finished]
+            keep = keep_order([r.finished for r in rows])
             if keep:
                 self.face.keep(keep)
                 if self.policy is not None:

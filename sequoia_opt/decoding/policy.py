@@ -116,7 +116,7 @@ class DraftingPolicy(ABC):
         """What the step did (a policy that adapts re-solves here; its time is the step's bookkeeping)."""
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Only rows ``rows`` (ascending) stay in the batch."""
+        """Only rows ``rows`` stay in the batch, in that order (new row i is old row ``rows[i]``)."""
         for d in self.drafters:
             d.keep(rows)
 

@@ -164,7 +164,7 @@ class RowCache:
         self.holes = bool((counts != C).any())
 
     def keep(self, keep: Sequence[int]) -> None:
-        """Keep rows ``keep`` (ascending), moved to rows ``[0, K)``."""
+        """Keep rows ``keep`` (distinct, any order): new row i is old row ``keep[i]``."""
         idx = torch.tensor(list(keep), dtype=torch.int64, device=self.device)
         self.view.keep_rows(idx, self.frontier)  # slots past the frontier hold nothing committed
         self.view = self.base.rows(0, len(keep))

@@ -67,7 +67,8 @@ class TargetFace(ABC):
         the rows has not moved yet); every other tree slot is free again."""
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Only rows ``rows`` (ascending) stay in the batch (the others finished)."""
+        """Only rows ``rows`` stay in the batch (the others finished), in that order: new row i is old row
+        ``rows[i]`` (:func:`~sequoia_opt.decoding.loop.keep_order`)."""
 
     # ------------------------------------------------------------------ hidden states (feature heads)
     def request_hidden(self, layers: Sequence[int]) -> None:

@@ -92,32 +92,32 @@ class ModelKVCache:
         return view
 
     def keep_rows(self, keep: torch.Tensor, slots: int | None = None) -> None:
-        """Move batch rows ``keep`` (K,) int64 (ascending) to rows ``[0, K)``, in every layer (a finished
-        sequence leaves the batch; rows past K are then stale).
+        """Batch rows ``keep`` (K,) int64 (distinct, any order) become rows ``[0, K)``: new row i is old row
+        ``keep[i]``, in every layer (a finished sequence leaves the batch; rows past K are then stale).
 
-        Only what changes is copied: the rows from the first one that moves (the rows before it stay where they
-        are), and of each only slots ``[0, slots)`` when ``slots`` is given (the caller's committed prefix; the
-        slots past it are scratch that the next forward writes before it reads). Continuous batching calls this
-        whenever a request finishes; copying every row's whole cache cost 50 ms of a 190 ms step at 16 rows of
-        the demo target (512 slots per row) on a 2-core CPU.
+        Only what changes is copied: the rows whose place changes (``keep[i] != i``; the loop's
+        :func:`~sequoia_opt.decoding.loop.keep_order` moves only rows into holes), and of each only slots
+        ``[0, slots)`` when ``slots`` is given (the caller's committed prefix; the slots past it are scratch that the
+        next forward writes before it reads). Continuous batching calls this whenever a request finishes; copying
+        every row's whole cache cost 50 ms of a 190 ms step at 16 rows of the demo target (512 slots per row) on a
+        2-core CPU.
 
         Raises:
             DecodingError: ``slots`` outside ``[0, max_len]``.
         """
         K = int(keep.numel())
-        moved = (keep != torch.arange(K, device=keep.device)).nonzero()
-        if moved.numel() == 0:
+        dst = (keep != torch.arange(K, device=keep.device)).nonzero().flatten()
+        if dst.numel() == 0:
             return
-        first = int(moved[0, 0])
         S = self.max_len if slots is None else int(slots)
         if not 0 <= S <= self.max_len:
             raise DecodingError(f"keep_rows over {S} slots of a cache of {self.max_len}")
         if S == 0:
             return
-        src = keep[first:]
+        src = keep.index_select(0, dst)
         for layer in self.layers:
             for buf in (layer.k, layer.v):  # (B, Hkv, max_len, D)
-                buf[first:K, :, :S] = buf[:, :, :S].index_select(0, src)  # index_select copies first: overlap-safe
+                buf[dst, :, :S] = buf[:, :, :S].index_select(0, src)  # index_select copies first: overlap-safe
 
     def compact_rows(self, src_slots: torch.Tensor, dst_start: int) -> None:
         """Per-row compaction: row b's slots ``src_slots[b]`` ((B, A) int64, any order) move to consecutive

@@ -117,7 +117,7 @@ class Drafter(ABC):
         not asked this step). The rows' ``cached`` is the step's L."""
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Only rows ``rows`` (ascending) stay in the batch."""
+        """Only rows ``rows`` stay in the batch, in that order (new row i is old row ``rows[i]``)."""
 
     def join(self, state: DecodeState, rows: Sequence[int]) -> None:
         """Rows ``rows`` of ``state.rows`` (the last ones, ascending) joined a running batch: take in their
