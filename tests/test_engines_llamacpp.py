@@ -650,3 +650,18 @@ def test_llamacpp_batch_profile_times_the_loops_chain_step_with_ngrams(tmp_path)
     without = profile_latency_batch(path, None, [2], contexts=[16], token_counts=[1, 2], draft_token_counts=[1],
                                     n_threads=1, rounds=1, max_repeats=3, max_seconds=0.5)
     assert not without.curve(2).has_loop(16)  # no drafter named: T(b, n) and the overhead only
+
+
+def test_extra_buffer_types_are_off_on_an_amx_cpu_unless_the_environment_says(monkeypatch):
+    """use_extra_bufts: llama.cpp's default (on) except where the CPU advertises AMX (its AMX buffer crashed the
+    first decode on such a VM); TREEOPT_LLAMACPP_EXTRA_BUFTS=1 / 0 decides either way."""
+    from sequoia_opt.engines.llamacpp import binding
+
+    monkeypatch.delenv(binding.EXTRA_BUFTS_ENV, raising=False)
+    for amx in (True, False):
+        monkeypatch.setattr(binding, "_cpu_has_amx", lambda amx=amx: amx)
+        assert binding.use_extra_bufts() is (not amx)
+        for env, want in (("1", True), ("0", False), ("", not amx), ("yes", not amx)):
+            monkeypatch.setenv(binding.EXTRA_BUFTS_ENV, env)
+            assert binding.use_extra_bufts() is want
+        monkeypatch.delenv(binding.EXTRA_BUFTS_ENV)

@@ -24,9 +24,13 @@ import numpy as np
 from ...errors import EngineError
 from .. import require_engine
 
-__all__ = ["LlamaCppModel", "engine_info", "check_gguf", "DRAFT_TOP_K", "top1"]
+__all__ = ["LlamaCppModel", "engine_info", "check_gguf", "DRAFT_TOP_K", "top1", "use_extra_bufts", "EXTRA_BUFTS_ENV"]
 
 DRAFT_TOP_K = 10
+
+#: ``TREEOPT_LLAMACPP_EXTRA_BUFTS``: ``1`` / ``0`` force llama.cpp's extra weight buffer types (repacked weights:
+#: AMX, CPU_REPACK) on or off; unset, they are on except on a CPU that advertises AMX (:func:`use_extra_bufts`).
+EXTRA_BUFTS_ENV = "TREEOPT_LLAMACPP_EXTRA_BUFTS"
 
 _LOG: list[str] = []  # llama.cpp's error lines of the current load (the callback below appends them)
 _CALLBACK = None
@@ -46,11 +50,39 @@ def _install_log(llama_cpp: Any) -> None:
     _CALLBACK = _cb
     llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
 
+def _cpu_has_amx() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    return " amx_int8" in flags or " amx_tile" in flags
+
+
+def use_extra_bufts() -> bool:
+    """Whether models load with llama.cpp's extra weight buffer types (``llama_model_params.use_extra_bufts``:
+    weights repacked for AMX or the CPU's SIMD kernels; llama.cpp's default is on).
+
+    Off on a CPU that advertises AMX unless ``TREEOPT_LLAMACPP_EXTRA_BUFTS=1``: on a 2-core Xeon VM with AMX
+    (llama-cpp-python 0.3.36 built here, GGML native), the AMX buffer took the demo target's Q4_1 weights and the
+    first ``llama_decode`` died of a segmentation fault, killing the process; with the plain CPU buffers it decodes
+    (the same output; repacking is a speed choice, not a numerical one). ``TREEOPT_LLAMACPP_EXTRA_BUFTS=0`` turns
+    them off anywhere.
+    """
+    import os
+
+    env = os.environ.get(EXTRA_BUFTS_ENV, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    return not _cpu_has_amx()
+
+
 def engine_info() -> dict[str, str]:
-    """``{"name": "llama.cpp", "version": <llama-cpp-python version>, "system": <llama.cpp's CPU features>}``
-    for a profile's ``engine`` key. Raises EngineError when llama-cpp-python is not installed."""
+    """``{"name": "llama.cpp", "version": <llama-cpp-python version>, "extra_bufts": "on" | "off"
+    (:func:`use_extra_bufts`), "system": <llama.cpp's CPU features>}`` for a profile's ``engine`` key. Raises
+    EngineError when llama-cpp-python is not installed."""
     llama_cpp = require_engine("llama.cpp")
-    info = {"name": "llama.cpp", "version": f"llama-cpp-python {llama_cpp.__version__}"}
+    info = {"name": "llama.cpp", "version": f"llama-cpp-python {llama_cpp.__version__}",
+            "extra_bufts": "on" if use_extra_bufts() else "off"}
     try:
         info["system"] = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
     except Exception:  # noqa: BLE001 - informational only
@@ -69,6 +101,7 @@ class LlamaCppModel:
         kv_unified: one KV cache shared by all sequences (a cell may then belong to several: what a tree's
             paths need); default: unified when ``n_seq_max > 1``.
         kv_type: the KV cache's element type, ``"f16"`` (llama.cpp's default, what a server runs) or ``"f32"``.
+            The weights load with llama.cpp's extra buffer types as :func:`use_extra_bufts` says.
         flash_attn: llama.cpp's flash attention; ``None`` lets llama.cpp choose (its default, "auto"). Its CPU
             kernel rounds queries to f16, so with ``kv_type="f32"`` and ``flash_attn=False`` the logits of an F32
             GGUF match a float32 reference to ~1e-5; with the defaults, to ~3e-3.
@@ -90,6 +123,7 @@ class LlamaCppModel:
             raise EngineError(f"GGUF file not found: {self.path}")
         _LOG.clear()
         mparams = lib.llama_model_default_params()
+        mparams.use_extra_bufts = use_extra_bufts()
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise EngineError(f"llama.cpp refuses {self.path}: {_why()}")
@@ -249,6 +283,7 @@ def check_gguf(path: str | Path) -> None:
         raise EngineError(f"GGUF file not found: {path}")
     _LOG.clear()
     params = lib.llama_model_default_params()
+    params.use_extra_bufts = use_extra_bufts()
     model = lib.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         raise EngineError(f"llama.cpp refuses {path}: {_why()}")
