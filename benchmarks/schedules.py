@@ -415,6 +415,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="decompose these finished runs' errors (served_acceptance; treeopt's decoder only; no run)")
     args = ap.parse_args(argv)
     if args.reanalyze or args.markdown:
+        for path in (args.reanalyze or []) + (args.markdown or []):
+            if not path.is_file():
+                ap.error(f"{path}: no such results file")
         return args
     if args.engine is None or (args.workload is None and args.requests is None):
         ap.error("--engine and --workload (or --requests FILE) are required (or --markdown / --reanalyze FILE...)")

@@ -865,6 +865,7 @@ def test_the_check_command_tune_prints_is_one_the_benchmark_takes(tmp_path, own_
     (["--engine", "treeopt"], "--workload (or --requests FILE) are required"),
     (["--engine", "treeopt", "--requests", "/no/such.jsonl"], "--requests /no/such.jsonl: no such file"),
     (["--engine", "treeopt", "--workload", "eval", "--max-prompt-tokens", "0"], "--max-prompt-tokens must be"),
+    (["--reanalyze", "/no/such.json"], "/no/such.json: no such results file"),
 ])
 def test_the_schedules_benchmark_refuses_a_bad_command_line_in_one_line(argv, msg, capsys):
     with pytest.raises(SystemExit) as err:
