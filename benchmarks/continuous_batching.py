@@ -40,12 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from schedules import WORKLOADS, Engine, Served, lockstep  # noqa: E402
+from schedules import WORKLOADS, Engine, Served, lockstep, request_ids  # noqa: E402
 
 from sequoia_opt._io import create_files, new_run_id  # noqa: E402
 from sequoia_opt.decoding.rows import RowCache  # noqa: E402
 from sequoia_opt.model import ModelKVCache  # noqa: E402
-from sequoia_opt.prompts import encode_prompts, load_prompts  # noqa: E402
 from sequoia_opt.tree import now_iso  # noqa: E402
 
 import sequoia_opt.decoding.loop as loop_module  # noqa: E402
@@ -116,8 +115,7 @@ def main() -> None:
     loop_module.keep_order = _keep_order_either
     t0 = time.time()
     eng = Engine("treeopt", None, 1, 512)
-    ids = [p[-96:] for p in encode_prompts(load_prompts(WORKLOADS["eval"][0]), eng.tokenizer)]
-    ids = [ids[i % len(ids)] for i in range(args.requests)]
+    ids = request_ids(eng, WORKLOADS["eval"][0], 96, args.requests)
     ks = [int(x) for x in args.settings.split(",")]
     names = [f"K={k} {how}" for k in ks for how in WAYS]
     logs: dict[str, list] = {n: [] for n in names}

@@ -75,14 +75,13 @@ from sequoia_opt.drafting.policies import SchedulePolicy, StaticTreePolicy
 from sequoia_opt.jobs.tune import TuneOptions, tune
 from sequoia_opt.plan_exports import LLAMACPP_DEFAULT_DRAFT, SGLANG_DEFAULT_ENVELOPE, VLLM_GENERATOR_KS
 from sequoia_opt.profiles.batch import parse_batches
-from sequoia_opt.prompts import encode_prompts, load_prompts
+from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
 from sequoia_opt.solver.schedule import save_schedule
 from sequoia_opt.tree import Tree, now_iso
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = {"eval": (ROOT / "sequoia_opt/data/prompts/eval.jsonl", ROOT / "sequoia_opt/data/prompts/profile.jsonl", None),
              "edit": (ROOT / "benchmarks/data/edit-eval.jsonl", ROOT / "benchmarks/data/edit-profile.jsonl", "lookup")}
-DEMO_PROFILE_PROMPTS = ROOT / "sequoia_opt/data/prompts/profile.jsonl"
 
 
 # ---------------------------------------------------------------------------------------------- engines
@@ -306,7 +305,7 @@ def served_acceptance(doc: dict, run_dir: Path, eng: Engine, ids: list[list[int]
     uniq = {tuple(p) for p in ids[:need]}
     traces = chain_traces(pair.target, pair.new_drafter, [list(p) for p in uniq], max_new_tokens=doc["new_tokens"],
                           eos_ids=sorted(pair.tokenizer.eos_ids))
-    flags_of = {p: "".join("1" if x[2] else "0" for x in t) for p, t in zip(uniq, traces)}
+    trace_of = dict(zip(uniq, traces, strict=True))
     profile = load_batch_latency(glob.glob(str(run_dir / "profiles" / "*" / "*latency-batch.yaml"))[0])
     acc = load_acceptance(glob.glob(str(run_dir / "profiles" / "*" / "acceptance*.yaml"))[0])
     ctx, out = doc["context_tokens"], doc["output_tokens"]
@@ -315,8 +314,7 @@ def served_acceptance(doc: dict, run_dir: Path, eng: Engine, ids: list[list[int]
     rows = []
     for r in doc["rows"]:
         b = r["batch"]
-        flags = [flags_of[tuple(p)] for p in ids[: r["prompts"]]]
-        served = acceptance_from_traces([[(0, 1.0, c == "1") for c in f] for f in flags], profile_id="served",
+        served = acceptance_from_traces([trace_of[tuple(p)] for p in ids[: r["prompts"]]], profile_id="served",
                                         target_name=pair.target_name, draft_name=pair.draft_name, max_depth=K,
                                         source="the served requests", max_new_tokens=doc["new_tokens"])
         value = ChainValue(served, K)
@@ -449,7 +447,7 @@ def main() -> None:
     batches = parse_batches(args.batches)
     ks = [int(x) for x in args.ks.split(",")]
     workload = args.workload or "custom"
-    eval_file, profile_file, default_draft = WORKLOADS.get(workload, (None, DEMO_PROFILE_PROMPTS, None))
+    eval_file, profile_file, default_draft = WORKLOADS.get(workload, (None, demo_prompts_path("profile"), None))
     eval_file, profile_file = args.requests or eval_file, args.profile_file or profile_file
     draft = args.draft or default_draft
     cut = args.max_prompt_tokens or (96 if workload == "eval" and args.requests is None else None)
