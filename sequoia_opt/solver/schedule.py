@@ -739,7 +739,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
                      f"({ranges[-1].setting.label}): nothing past batch {batches[-1]} was measured, so nothing there "
                      "is predicted (measure larger batch sizes to solve them)")
     notes += _length_notes(value, output_tokens)
-    close = [(r, r.close_call) for r in rows if r.close_call is not None]
+    close = [(r, c) for r in rows if (c := r.close_call) is not None]
     if close:
         gaps = [100 * (1 - c.tokens_per_s_total / r.best.tokens_per_s_total) for r, c in close]
         what = (f"{close[0][1].setting.label} {gaps[0]:.1f} % below {close[0][0].best.setting.label}" if len(close) == 1
@@ -907,7 +907,7 @@ def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dic
                             "predicted": r.predicted.to_dict() if r.predicted is not None else None}
                            for r in plan.ranges],
                 "by_batch": [{"batch": r.batch, "best": r.best.to_dict(), "plain": r.plain.to_dict(),
-                              **({"close_call": r.close_call.setting.label} if r.close_call is not None else {}),
+                              **({"close_call": cc.setting.label} if (cc := r.close_call) is not None else {}),
                               "candidates": [c.to_dict() for c in r.candidates]} for r in plan.rows]})
     rules = guard_rules(plan)
     if rules:

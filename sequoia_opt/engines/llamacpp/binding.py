@@ -16,6 +16,7 @@ ngram-simple --spec-ngram-simple-size-n N --spec-ngram-simple-size-m M``.
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,6 +51,7 @@ def _install_log(llama_cpp: Any) -> None:
     _CALLBACK = _cb
     llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
 
+@functools.cache
 def _cpu_has_amx() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -74,6 +76,13 @@ def use_extra_bufts() -> bool:
     if env in ("0", "1"):
         return env == "1"
     return not _cpu_has_amx()
+
+
+def _model_params(lib: Any) -> Any:
+    """llama.cpp's default model parameters, with the extra buffer types as :func:`use_extra_bufts` says."""
+    params = lib.llama_model_default_params()
+    params.use_extra_bufts = use_extra_bufts()
+    return params
 
 
 def engine_info() -> dict[str, str]:
@@ -122,9 +131,7 @@ class LlamaCppModel:
         if not self.path.is_file():
             raise EngineError(f"GGUF file not found: {self.path}")
         _LOG.clear()
-        mparams = lib.llama_model_default_params()
-        mparams.use_extra_bufts = use_extra_bufts()
-        self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
+        self._model = lib.llama_model_load_from_file(str(self.path).encode(), _model_params(lib))
         if not self._model:
             raise EngineError(f"llama.cpp refuses {self.path}: {_why()}")
         self.n_batch = int(n_batch or min(n_ctx, 512))
@@ -282,9 +289,7 @@ def check_gguf(path: str | Path) -> None:
     if not path.is_file():
         raise EngineError(f"GGUF file not found: {path}")
     _LOG.clear()
-    params = lib.llama_model_default_params()
-    params.use_extra_bufts = use_extra_bufts()
-    model = lib.llama_model_load_from_file(str(path).encode(), params)
+    model = lib.llama_model_load_from_file(str(path).encode(), _model_params(lib))
     if not model:
         raise EngineError(f"llama.cpp refuses {path}: {_why()}")
     lib.llama_model_free(model)
