@@ -22,8 +22,8 @@ from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.drafting.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.jobs.run import TreeEntry, run_trees  # noqa: E402
-from sequoia_opt.jobs.compare import (check_drafter_profiles, check_warning, compare_drafters, drafter_rows,  # noqa: E402
-                                      plan_drafter)
+from sequoia_opt.jobs.compare import (check_drafter_profiles, check_plan, check_warning, compare_drafters,  # noqa: E402
+                                      drafter_rows, plan_drafter)
 from sequoia_opt.jobs.load import DrafterSpec, default_acceptance_path, default_latency_path, parse_drafter_spec  # noqa: E402
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_acceptance, load_latency  # noqa: E402
 from sequoia_opt.device import device_slug  # noqa: E402
@@ -149,6 +149,63 @@ def test_a_check_that_turns_a_gain_into_a_loss_is_one_warning():
     assert "\n" not in w
     plan.metadata.extra["solver_predicted_speedup"] = 0.98  # a loss before the check too: the solver said so already
     assert check_warning(plan) is None
+
+
+def _fake_check(monkeypatch, ratio_of):
+    """check_chosen_step replaced by a step whose cost is ``ratio_of(tree size)`` plain steps of 10 ms; records the
+    sizes it was asked to time."""
+    import sequoia_opt.profiling.steps as steps_mod
+    from sequoia_opt.profiling.steps import StepCheck
+
+    asked: list[int] = []
+
+    def fake(target, make_drafter, tree, context, **kw):
+        asked.append(tree.size)
+        return StepCheck(tree.size, 10.0, 10.0 * ratio_of(tree.size), 24, on="prompts")
+
+    monkeypatch.setattr(steps_mod, "check_chosen_step", fake)
+    return asked
+
+
+def test_check_plan_keeps_the_solvers_tree_when_its_check_holds(monkeypatch):
+    plan = plan_drafter("self:3", "per-level", _acc("self:3", "per-level"), _curve("self:3", "per-level"),
+                        max_depth=5, max_branching=3)
+    n, g, solver = plan.tree.size, plan.metadata.expected_tokens_per_step, plan.metadata.predicted_speedup
+    assert n > 2 and plan.choice.smaller  # a ladder to fall back on
+    hold = g / (0.95 * solver)  # the checked speedup 5 % under the solver's: within CHECK_MISS
+    asked = _fake_check(monkeypatch, lambda size: hold if size == n else 1.0)
+    kept = check_plan(plan, None, None, 32, prompts=[[1, 2, 3]])
+    assert kept is plan and asked == [n]  # no ladder timed
+    assert kept.metadata.predicted_speedup == pytest.approx(0.95 * solver)
+    assert kept.metadata.extra["solver_predicted_speedup"] == pytest.approx(solver)
+    assert kept.metadata.extra["step_check"]["ratio"] == pytest.approx(hold, rel=1e-5)
+    assert [r["nodes"] for r in kept.metadata.extra["checked_trees"]] == [n]
+    assert "rechosen_from" not in kept.metadata.extra and check_warning(kept) is None
+
+
+def test_check_plan_falls_back_to_the_smaller_tree_that_checks_fastest(monkeypatch):
+    plan = plan_drafter("self:3", "per-level", _acc("self:3", "per-level"), _curve("self:3", "per-level"),
+                        max_depth=5, max_branching=3)
+    n, solver = plan.tree.size, plan.metadata.predicted_speedup
+    ladder = [c.size for c in plan.choice.smaller]
+    assert ladder == sorted(ladder, reverse=True) and ladder[-1] == 2 and max(ladder) < n
+    # the chosen tree's step costs 3 plain steps (a predicted loss), the chain of one 1.1, the rest 2.0
+    asked = _fake_check(monkeypatch, lambda size: {n: 3.0, 2: 1.1}.get(size, 2.0))
+    kept = check_plan(plan, None, None, 32, prompts=[[1, 2, 3]])
+    assert asked == [n, *ladder]
+    assert kept is not plan and kept.tree.size == 2 and list(kept.tree.level_widths) == [1, 1]
+    chain = next(c for c in plan.choice.smaller if c.size == 2)
+    meta = kept.metadata
+    assert meta.expected_tokens_per_step == pytest.approx(chain.cost.expected_tokens)
+    assert meta.predicted_speedup == pytest.approx(chain.cost.expected_tokens / 1.1)
+    assert meta.extra["solver_predicted_speedup"] == pytest.approx(chain.cost.speedup)
+    was = meta.extra["rechosen_from"]
+    assert was["nodes"] == n and was["solver_speedup"] == pytest.approx(solver, rel=1e-5)
+    assert was["checked_speedup"] == pytest.approx(plan.choice.expected_tokens / 3.0, rel=1e-5)
+    assert [r["nodes"] for r in meta.extra["checked_trees"]] == [n, *ladder]
+    assert meta.budget == chain.budget and meta.extra["drafter"] == "self:3"
+    w = check_warning(kept)
+    assert w.startswith(f"self:3: the solver's {n}-node tree") and "kept the 2-node tree" in w and "\n" not in w
 
 
 @pytest.mark.parametrize("acc, curve, message", [

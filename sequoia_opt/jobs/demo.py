@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 
 from .run import RunReport, TreeEntry
-from .compare import (DrafterComparison, DrafterRow, check_prediction, check_warning, compare_drafters, drafter_table,
+from .compare import (DrafterComparison, DrafterRow, check_plan, check_warning, compare_drafters, drafter_table,
                       plan_drafter)
 from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
 from ..report import Report
@@ -364,12 +364,14 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                                   context=ctx))
         drafts.append(self_pair.new_drafter)
     check_warnings: list[str] = []
-    if s.check_rounds:  # each drafter's chosen step timed again: its prediction no longer rides the choice's noise
-        for plan, make in zip(plans, drafts):
-            check_prediction(plan, pair.target, make, ctx, backend=backend, steps=s.check_steps,
-                             rounds=s.check_rounds, prompts=prof_ids[: s.check_prompts] or None)
-            if warning := check_warning(plan):  # None unless the check turned a predicted gain into a loss
+    if s.check_rounds:  # each drafter's chosen step timed again (and smaller trees where it misses): the tree kept
+        for i, make in enumerate(drafts):  # and its prediction no longer ride the choice's noise
+            plans[i] = check_plan(plans[i], pair.target, make, ctx, backend=backend, steps=s.check_steps,
+                                  rounds=s.check_rounds, prompts=prof_ids[: s.check_prompts] or None)
+            if warning := check_warning(plans[i]):  # None unless the check kept another tree or predicts a loss
                 check_warnings.append(warning)
+        model_plan = plans[0]
+        choice = model_plan.choice
     # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
     from ..solver.depth import ValueModel, solve_profile
     from ..solver.hardware import step_cost

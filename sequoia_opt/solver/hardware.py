@@ -41,7 +41,7 @@ measured range is skipped, a budget past the largest measured target count is re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -188,6 +188,9 @@ class Choice:
         plain_ms_per_token: T(1) + step_overhead_ms, the plain-decoding baseline.
         context: context length (tokens) the curve was read at, None = smallest measured.
         alternatives: the best distinct candidates, best first (the choice itself is ``alternatives[0]``).
+        smaller: a ladder of smaller trees, largest first: for each cap 2, 4, 8, ... below the chosen tree's size,
+            the best candidate of at most that many nodes (distinct ones only). What to fall back to when the
+            chosen tree's step, timed again, misses its prediction (:func:`~sequoia_opt.jobs.compare.check_plan`).
         considered / skipped: how many (budget, depth) pairs were scored / skipped for lack of draft data.
         solution: the DP tables (for further queries).
     """
@@ -205,6 +208,15 @@ class Choice:
     considered: int
     skipped: int
     solution: DPSolution = field(repr=False)
+    smaller: list[Candidate] = field(default_factory=list)
+
+    def with_candidate(self, candidate: Candidate) -> "Choice":
+        """This choice with ``candidate`` (one of :attr:`alternatives` or :attr:`smaller`) chosen instead: its tree
+        rebuilt from the same DP tables, its predicted figures the candidate's."""
+        c = candidate.cost
+        return replace(self, tree=self.solution.tree(candidate.budget, candidate.depth), budget=candidate.budget,
+                       depth=candidate.depth, expected_tokens=c.expected_tokens, cost_ms=c.cost_ms,
+                       tokens_per_s=c.tokens_per_s, speedup=c.speedup)
 
 
 def budget_grid(budget: int, measured: Sequence[int]) -> list[int]:
@@ -338,6 +350,14 @@ def choose(
             break
     best = distinct[0]
     tree = solution.tree(best.budget, best.depth)
+    smaller: list[Candidate] = []
+    cap = 2
+    while cap < best.size:  # scored is best first: the first that fits is the cap's best
+        fit = next((c for c in scored if c.size <= cap), None)
+        if fit is not None and all(fit.level_widths != s.level_widths for s in smaller):
+            smaller.append(fit)
+        cap *= 2
+    smaller.reverse()
     return Choice(
         tree=tree,
         budget=best.budget,
@@ -352,6 +372,7 @@ def choose(
         considered=len(scored),
         skipped=skipped,
         solution=solution,
+        smaller=smaller,
     )
 
 
