@@ -174,6 +174,7 @@ class Served:
         self.s = self.steps = self.emitted = 0
         self.ms = self.wall_ms = 0.0
         self.live: list[int] = []
+        self.step_log: list[tuple[int, float, int]] = []  # per step: live rows, ms, tokens emitted
 
     @property
     def done(self) -> bool:
@@ -199,6 +200,7 @@ class Served:
             if not self.state.finished:
                 st = self.dec.step(self.state)
                 self.live.append(st.batch)
+                self.step_log.append((st.batch, st.total_ms, sum(st.emitted)))
                 if self.timed_rows is None or st.batch == self.timed_rows:
                     self.ms += st.total_ms
                     self.steps += 1
@@ -212,7 +214,23 @@ class Served:
         return {"tokens": [r.tokens for r in self.state.results], "ms": ms, "steps": self.steps,
                 "emitted": self.emitted if self.timed_rows is not None else
                 sum(len(r.tokens) for r in self.state.results),
-                "wall_ms": self.wall_ms, "live": self.live}
+                "wall_ms": self.wall_ms, "live": self.live, "step_log": self.step_log}
+
+
+def by_range(runs: list[dict], ranges: list[tuple[int, int, int]]) -> dict[str, dict]:
+    """A setting's stream steps split by the plan's ranges of live rows: per range ``"lo-hi"`` the median over
+    rounds of its steps' tokens/s (tokens over the steps' own ms, joins excluded), and of its steps and tokens. Where a
+    plan wins or loses the stream against a fixed K (the stream is short and most of it ramps, so one range's loss
+    shows in the total)."""
+    out = {}
+    for lo, hi, _ in ranges:
+        parts = [[(ms, tok) for b, ms, tok in r.get("step_log", []) if lo <= b <= hi] for r in runs]
+        ms = [sum(m for m, _ in p) for p in parts]
+        tok = [sum(t for _, t in p) for p in parts]
+        tps = [1000.0 * t / m for t, m in zip(tok, ms) if m > 0]
+        out[f"{lo}-{hi}"] = {"tokens_per_s": med(tps) if tps else None, "steps": med([float(len(p)) for p in parts]),
+                             "tokens": med([float(t) for t in tok])}
+    return out
 
 
 def lockstep(served: list[Served], block: int) -> None:
@@ -577,6 +595,7 @@ def main() -> None:
                                      **({"same_decoder_as": same_as[n]} if same_as[n] != n else {}),
                                      "tokens_per_s_total_with_prefill": med(wall),
                                      "greedy_equal_plain": ref is None or all(x["tokens"] == ref for x in sruns[n]),
+                                     "by_plan_range": by_range(sruns[n], plan_ranges),
                                      **({"ranges": settings[n]["ranges"]} if "ranges" in settings[n] else {})}
         st = stream["settings"]
         stream["peers"] = {"sglang-default": st[f"K={measured_k(SGLANG_DEFAULT_ENVELOPE[0])}"]["tokens_per_s_total"],
@@ -651,6 +670,10 @@ def print_tables(doc: dict) -> None:
     if doc["stream"]:
         st = doc["stream"]["settings"]
         print("stream total tok/s: " + ", ".join(f"{n} {v['tokens_per_s_total']:.1f}" for n, v in st.items()))
+        if "by_plan_range" in st["plan"]:
+            for rng in st["plan"]["by_plan_range"]:
+                print(f"stream, live rows {rng}, tok/s of those steps: " + ", ".join(
+                    f"{n} {v['by_plan_range'][rng]['tokens_per_s'] or 0:.1f}" for n, v in st.items()))
     print("goals: " + json.dumps(doc["goals"]))
 
 
@@ -694,6 +717,12 @@ def markdown(doc: dict, source: str) -> str:
                 f"tokens), total tok/s: plan {st['settings']['plan']['tokens_per_s_total']:.1f}; best fixed "
                 f"{best} {fixed[best]:.1f}; K=0 {fixed.get('K=0', 0):.1f}; "
                 + "; ".join(f"{n} {v:.1f}" for n, v in st["peers"].items())]
+        if "by_plan_range" in st["settings"]["plan"]:
+            plan_by = st["settings"]["plan"]["by_plan_range"]
+            out += ["", "Stream steps by the plan's ranges of live rows (tok/s of those steps, joins excluded): "
+                    + "; ".join(f"{rng}: plan {v['tokens_per_s'] or 0:.1f}, {best} "
+                                f"{st['settings'][best]['by_plan_range'][rng]['tokens_per_s'] or 0:.1f}"
+                                for rng, v in plan_by.items())]
     out += ["", "Goals: max regret {:.1f} % (<= 3 %: {}); max prediction error {:.1f} % (<= 10 %: {}); greedy "
             "equal everywhere: {}{}".format(
                 100 * (g["max_regret"] or 0), g["regret_le_3pct_everywhere"], 100 * (g["max_prediction_error"] or 0),

@@ -872,3 +872,16 @@ def test_the_schedules_benchmark_refuses_a_bad_command_line_in_one_line(argv, ms
         _schedules_benchmark().parse_args(argv)
     assert err.value.code == 2
     assert msg in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_schedules_benchmark_splits_a_stream_by_the_plans_ranges():
+    mod = _schedules_benchmark()
+    rounds = [{"step_log": [(1, 100.0, 3), (2, 50.0, 4), (16, 200.0, 16), (16, 200.0, 16)]},
+              {"step_log": [(1, 50.0, 3), (3, 100.0, 5), (16, 100.0, 16)]},
+              {"step_log": [(1, 100.0, 2), (2, 100.0, 2)]}]  # a round that never reached 16 live rows
+    out = mod.by_range(rounds, [(1, 1, 3), (2, 15, 1), (16, 16, 0)])
+    assert list(out) == ["1-1", "2-15", "16-16"]
+    assert out["1-1"]["tokens_per_s"] == pytest.approx(30.0)  # median of 30, 60, 20 tok/s
+    assert out["2-15"]["tokens_per_s"] == pytest.approx(50.0) and out["2-15"]["tokens"] == 4  # 80, 50, 20
+    assert out["16-16"]["tokens_per_s"] == pytest.approx(120.0)  # 80 and 160; the third round has no such step
+    assert out["16-16"]["steps"] == 1.0
