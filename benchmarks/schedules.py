@@ -173,7 +173,6 @@ class Served:
         self.waiting = list(range(len(prompts)))
         self.s = self.steps = self.emitted = 0
         self.ms = self.wall_ms = 0.0
-        self.live: list[int] = []
         self.step_log: list[tuple[int, float, int]] = []  # per step: live rows, ms, tokens emitted
 
     @property
@@ -199,7 +198,6 @@ class Served:
                 self.dec.join(self.state, self._next(room), self.new)
             if not self.state.finished:
                 st = self.dec.step(self.state)
-                self.live.append(st.batch)
                 self.step_log.append((st.batch, st.total_ms, sum(st.emitted)))
                 if self.timed_rows is None or st.batch == self.timed_rows:
                     self.ms += st.total_ms
@@ -214,7 +212,8 @@ class Served:
         return {"tokens": [r.tokens for r in self.state.results], "ms": ms, "steps": self.steps,
                 "emitted": self.emitted if self.timed_rows is not None else
                 sum(len(r.tokens) for r in self.state.results),
-                "wall_ms": self.wall_ms, "live": self.live, "step_log": self.step_log}
+                "wall_ms": self.wall_ms, "live": [b for b, _, _ in self.step_log],
+                "step_log": self.step_log}
 
 
 def by_range(runs: list[dict], ranges: list[tuple[int, int, int]]) -> dict[str, dict]:

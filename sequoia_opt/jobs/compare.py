@@ -14,8 +14,8 @@ from ..solver.hardware import Choice
 from ..tree import Tree, TreeMetadata, now_iso
 from .run import RunReport, TreeEntry, run_trees
 
-__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "check_plan", "CHECK_MISS", "check_warning", "DrafterRow",
-           "drafter_rows", "drafter_table", "DrafterComparison", "compare_drafters"]
+__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "check_plan", "CHECK_MISS", "check_warning",
+           "DrafterRow", "drafter_rows", "drafter_table", "DrafterComparison", "compare_drafters"]
 
 
 @dataclass
