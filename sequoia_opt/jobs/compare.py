@@ -167,8 +167,10 @@ def check_plan(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int
         return check_chosen_step(target, make_drafter, choice.tree, context, backend=backend, steps=steps,
                                  rounds=rounds, prompts=prompts)
 
+    if plan.metadata.expected_tokens_per_step is None:  # nothing to predict a speedup from: nothing timed
+        return plan
     first = check(plan.choice)
-    if first is None or plan.metadata.expected_tokens_per_step is None:
+    if first is None:
         return plan
     checked = [(plan.choice, first, first.speedup(plan.choice.expected_tokens))]
     if checked[0][2] < (1.0 - miss) * plan.choice.speedup:
