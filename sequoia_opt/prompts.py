@@ -155,6 +155,25 @@ def encode_prompts(prompts: Sequence[Prompt], tokenizer, *, model: str = "the ta
     return out
 
 
+def recorded_prompts_path(recorded: str | Path | None) -> Path | None:
+    """The prompt file a profile records (an acceptance profile's ``measured.prompts``) as a file on this machine:
+    the recorded path where it exists, else the shipped demo set of the same name (a profile measured in another
+    checkout, e.g. ``sequoia_opt/data/prompts/profile.jsonl``), else None (the user's file is not here).
+
+    Never raises: a profile's prompts are looked for, not required.
+    """
+    if not recorded:
+        return None
+    path = Path(str(recorded))
+    if path.is_file():
+        return path
+    if path.parent.name == "prompts" and path.parent.parent.name == "data" and path.suffix == ".jsonl" \
+            and path.stem in DEMO_SPLITS:
+        shipped = demo_prompts_path(path.stem)
+        return shipped if shipped.is_file() else None
+    return None
+
+
 def demo_prompts_path(split: str) -> Path:
     """Path of a shipped demo prompt set: ``split`` is one of :data:`DEMO_SPLITS` (``"profile"``, ``"eval"``:
     Python source; ``"chat"``: chat prompts about code).

@@ -22,10 +22,11 @@ from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.drafting.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.jobs.run import TreeEntry, run_trees  # noqa: E402
-from sequoia_opt.jobs.compare import (check_drafter_profiles, check_plan, check_warning, compare_drafters,  # noqa: E402
+from sequoia_opt.jobs.compare import (check_drafter_profiles, check_plan, check_plans, check_warning, compare_drafters,  # noqa: E402
                                       drafter_rows, plan_drafter)
 from sequoia_opt.jobs.load import DrafterSpec, default_acceptance_path, default_latency_path, parse_drafter_spec  # noqa: E402
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_acceptance, load_latency  # noqa: E402
+from sequoia_opt.prompts import load_prompts  # noqa: E402
 from sequoia_opt.device import device_slug  # noqa: E402
 from sequoia_opt.solver import choose  # noqa: E402
 from sequoia_opt.tree import Tree, save_tree  # noqa: E402
@@ -208,6 +209,47 @@ def test_check_plan_falls_back_to_the_smaller_tree_that_checks_fastest(monkeypat
     assert w.startswith(f"self:3: the solver's {n}-node tree") and "kept the 2-node tree" in w and "\n" not in w
 
 
+def test_check_plans_checks_each_plan_on_its_own_prompts_and_collects_the_warnings(monkeypatch):
+    import sequoia_opt.profiling.steps as steps_mod
+    from sequoia_opt.profiling.steps import StepCheck
+
+    plans = [plan_drafter("self:3", "per-level", _acc("self:3", "per-level"), _curve("self:3", "per-level"),
+                          max_depth=5, max_branching=3, name=name) for name in ("first", "second")]
+    n = plans[0].tree.size
+    seen: list[tuple[int, object]] = []
+
+    def fake(target, make_drafter, tree, context, *, prompts=None, **kw):
+        seen.append((tree.size, prompts))
+        # the first plan's chosen step costs 3 plain steps (its ladder's chain 1.1), the second's holds
+        ratio = {n: 3.0, 2: 1.1}.get(tree.size, 2.0) if prompts == [[1, 2]] else 1.0
+        return StepCheck(tree.size, 10.0, 10.0 * ratio, 24, on="prompts")
+
+    monkeypatch.setattr(steps_mod, "check_chosen_step", fake)
+    first, second = plans
+    warnings = check_plans(plans, None, [None, None], [[[1, 2]], None])
+    assert plans[0] is not first and plans[0].tree.size == 2  # replaced in place by the ladder's chain
+    assert plans[1] is second and plans[1].tree.size == n
+    assert seen[0] == (n, [[1, 2]]) and seen[-1] == (n, None)  # each plan on its own prompts
+    assert len(warnings) == 1 and warnings[0].startswith("self:3: the solver's")
+    with pytest.raises(ValueError, match="2 plans, 2 drafters and 1 prompt sets"):
+        check_plans(plans, None, [None, None], [None])
+
+
+def test_recorded_prompts_path_finds_the_shipped_set_from_another_checkout(tmp_path, monkeypatch):
+    from sequoia_opt.prompts import demo_prompts_path, recorded_prompts_path
+
+    own = tmp_path / "mine.jsonl"
+    own.write_text('{"prompt": "x"}\n')
+    monkeypatch.chdir(tmp_path)
+    assert recorded_prompts_path(str(own)) == own
+    assert recorded_prompts_path("mine.jsonl") == Path("mine.jsonl")
+    # a profile written in another checkout records its path there: the shipped set of that name is used
+    assert recorded_prompts_path("/elsewhere/sequoia_opt/data/prompts/profile.jsonl") == demo_prompts_path("profile")
+    assert recorded_prompts_path("sequoia_opt/data/prompts/chat.jsonl") == demo_prompts_path("chat")
+    assert recorded_prompts_path("/elsewhere/data/prompts/traffic.jsonl") is None  # the user's file is not here
+    assert recorded_prompts_path(None) is None and recorded_prompts_path("") is None
+
+
 @pytest.mark.parametrize("acc, curve, message", [
     (("lookup:1-3", "one-pass"), ("self:3", "per-level"), "acceptance profile 'acc-lookup:1-3' measured drafter "
      "'lookup:1-3', not 'self:3'"),
@@ -298,10 +340,10 @@ def test_compare_drafters_end_to_end_with_the_profiles_the_cli_wrote(in_root):
     res = root / "res"
     r = invoke("run", "--compare-drafters", "--target", target, "--draft", draft, "--draft", "lookup", "--draft",
                "self:1", "--prompts", prompts, "--num-prompts", "3", "--max-new-tokens", "12", "--max-depth", "4",
-               "--max-branching", "3", "--results-dir", res, "--json")
+               "--max-branching", "3", "--results-dir", res, "--json", "--no-check-step")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["greedy_ok"] is True
+    assert doc["greedy_ok"] is True and doc["settings"]["step_checks"] == {}  # the solver's trees, unchecked
     rows = doc["drafters"]
     assert [row["drafter"] for row in rows] == ["draft", "lookup:1-3", "self:1"]
     assert [row["cost_model"] for row in rows] == ["per-level", "one-pass", "per-level"]
@@ -341,6 +383,59 @@ def test_compare_drafters_end_to_end_with_the_profiles_the_cli_wrote(in_root):
     lines = [ln for ln in table.splitlines() if "lookup:1-3" in ln or "self:1" in ln]
     assert len(lines) == 2 and all(ln.rstrip().endswith("yes │") for ln in lines)
     assert "one-pass" in lines[0] and "per-level" in lines[1]
+
+
+def test_compare_drafters_checks_each_chosen_step_on_its_profiles_prompts(in_root):
+    from sequoia_opt.profiles import save_acceptance, save_latency
+
+    root, target, draft, prompts = in_root
+    # profiles under which lookup's best tree is more than its root (the measured ones of the tiny pair may say
+    # plain decoding), recording the prompt file they were measured on, as profile acceptance does
+    acc = _acc("lookup:1-3", "one-pass", counts=(80, 10, 5, 5))
+    acc.measured["prompts"] = str(prompts)
+    curve = _curve("lookup:1-3", "one-pass", c=0.2)
+    a, lat = save_acceptance(root / "syn" / "acc.yaml", acc), save_latency(root / "syn" / "lat.yaml", curve)
+    want = choose(acc.acceptance, curve, curve.max_target_tokens(), 4, 3)
+    assert want.tree.size > 2
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", "lookup", "-a", a, "-l", lat,
+               "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--max-depth", "4",
+               "--max-branching", "3", "--results-dir", root / "res-checked", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    (row,) = doc["drafters"]
+    c = doc["settings"]["step_checks"][row["tree"]]
+    assert c["step_check"]["on"] == "prompts" and c["step_check"]["ratio"] > 0
+    assert c["solver_predicted_speedup"] == pytest.approx(want.speedup)
+    assert c["checked_trees"][0]["nodes"] == want.tree.size
+    kept = max(c["checked_trees"], key=lambda t: (round(t["checked_speedup"], 6), -t["nodes"]))
+    assert row["nodes"] == kept["nodes"] and row["predicted_speedup"] <= kept["checked_speedup"] + 1e-9
+    # the solver's tree runs unless a smaller one checked faster, and then the results say which it replaced
+    assert (doc["settings"]["trees"][row["tree"]] == want.tree.choices()) == ("rechosen_from" not in c)
+    n_prompts = len(load_prompts(prompts, limit=4))  # the first CHECK_PROMPTS of the profile's own prompt file
+    assert f"lookup:1-3: the chosen tree's step was timed again on {n_prompts} prompts of {prompts}" in doc["notes"]
+
+    # a profile whose prompt file is not on this machine: checked on a random context, and the note says so
+    acc.measured["prompts"] = "/elsewhere/traffic.jsonl"
+    a2 = save_acceptance(root / "syn" / "acc-elsewhere.yaml", acc)
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", "lookup", "-a", a2, "-l", lat,
+               "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--max-depth", "4",
+               "--max-branching", "3", "--results-dir", root / "res-checked", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["settings"]["step_checks"][doc["drafters"][0]["tree"]]["step_check"]["on"] != "prompts"
+    assert any("timed again on a random context" in n and "/elsewhere/traffic.jsonl" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("flag", ["--check-step", "--no-check-step"])
+def test_check_step_without_compare_drafters_is_refused(in_root, flag):
+    root, target, draft, prompts = in_root
+    tree = root / "t.yaml"
+    save_tree(tree, Tree.chain(2))
+    r = invoke("run", "--target", target, "--draft", "lookup", "--tree", tree, "--prompts", prompts, flag,
+               "--results-dir", root / "bad-check")
+    assert r.exit_code == 2, r.output
+    assert "--check-step/--no-check-step checks the trees --compare-drafters solves" in r.output
+    assert len(error_lines(r.output)) == 1 and not (root / "bad-check").exists()
 
 
 def test_compare_drafters_explicit_profiles_pair_in_order(in_root):

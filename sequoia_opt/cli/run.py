@@ -83,6 +83,11 @@ def run_cmd(
     compare_drafters: Annotated[bool, typer.Option(
         "--compare-drafters", help="Run each --draft's own best tree (solved here from its -a / -l profiles, "
         "hardware-aware) and plain decoding once, on the same prompts, and compare them side by side.")] = False,
+    check_step: Annotated[Optional[bool], typer.Option(
+        "--check-step/--no-check-step", help="With --compare-drafters (default on): time each drafter's chosen "
+        "tree's step again after the choice, on four of its acceptance profile's prompts, and where it misses the "
+        "solver's speedup by more than 10 %, time the best smaller trees too and keep the one that checks fastest "
+        "(as the demo does; seconds per drafter).")] = None,
     acceptance: ProfilesOpt = None,
     latency: LatenciesOpt = None,
     merge: Annotated[bool, typer.Option(
@@ -150,8 +155,8 @@ def run_cmd(
                      num_prompts=num_prompts, acceptance=acceptance, latency=latency, threads=threads,
                      results_dir=results_dir, as_json=as_json,
                      other={"--temperature": temperature != 0.0, "--top-p": top_p != 1.0, "--compare": compare,
-                            "--compare-drafters": compare_drafters, "--merge": merge, "--scheduler": scheduler,
-                            "--adapt": adapt, "--dynamic": dynamic, "--calibration": calibration,
+                            "--compare-drafters": compare_drafters, "--check-step": check_step is not None,
+                            "--merge": merge, "--scheduler": scheduler, "--adapt": adapt, "--dynamic": dynamic, "--calibration": calibration,
                             "--device": device != "cpu", "--dtype": dtype != "float32",
                             "--backend": backend != "auto", "--weights": weights != "float32",
                             "--cuda-graphs": cuda_graphs})
@@ -184,12 +189,17 @@ def run_cmd(
     if compare_drafters and (merge or scheduler is not None):
         raise TreeoptError("--compare-drafters runs each drafter's own best tree alone: drop --merge / --scheduler (or "
                            "--compare-drafters)")
+    if check_step is not None and not compare_drafters:
+        raise TreeoptError("--check-step/--no-check-step checks the trees --compare-drafters solves here; a --tree "
+                           "file was chosen elsewhere (treeopt run reports its measured speedup against the "
+                           "prediction)")
     if compare_drafters:
         _compare_drafters_cmd(
             tree=tree, target=target, drafts=draft, prompts=prompts, max_new_tokens=max_new_tokens,
             num_prompts=num_prompts, temperature=temperature, top_p=top_p, seed=seed, compare=compare,
             acceptance=acceptance, latency=latency, budget=budget, max_depth=max_depth, max_branching=max_branching,
-            device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json, weights=weights)
+            device=device, dtype=dtype, backend=backend, results_dir=results_dir, as_json=as_json, weights=weights,
+            check_step=check_step is not False)
         return
     dyn_notes: list[str] = []
     dyn = dynamic_settings(dynamic, calibration, latency, multi=merge or scheduler is not None or len(draft or []) > 1,
@@ -331,16 +341,18 @@ def run_cmd(
 
 def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_prompts, temperature, top_p, seed,
                           compare, acceptance, latency, budget, max_depth, max_branching, device, dtype, backend,
-                          results_dir, as_json, weights="float32") -> None:
+                          results_dir, as_json, weights="float32", check_step: bool = True) -> None:
     """``treeopt run --compare-drafters``: every check and every drafter's solve first, then the weights load
-    (the target once), then one run: plain decoding and each drafter's best tree on the same prompts."""
-    from ..jobs.compare import compare_drafters, drafter_table
+    (the target once), each chosen tree's step timed again (``check_step``,
+    :func:`~sequoia_opt.jobs.compare.check_plans`), then one run: plain decoding and each drafter's best tree on
+    the same prompts."""
+    from ..jobs.compare import CHECK_KEYS, CHECK_PROMPTS, check_plans, compare_drafters, drafter_table
     from ..model.loaders import load_model_config
     from ..jobs.load import (check_drafter, default_target_path, load_drafters, parse_device, parse_drafter_spec,
                             parse_dtype)
     from ..profiles import warn_on_mismatch
     from ..device import device_name
-    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
+    from ..prompts import demo_prompts_path, encode_prompts, load_prompts, recorded_prompts_path
 
     if tree:
         raise TreeoptError("--compare-drafters runs each drafter's own best tree, solved from its profiles: drop "
@@ -390,6 +402,20 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
         if measured_mode is not None and measured_mode != mode:
             warnings.append(f"acceptance profile {plan.acceptance.id!r} was measured in {measured_mode} mode, this "
                             f"run is {mode}: {plan.label}'s predicted tokens per step describe the other mode")
+    check_notes: list[str] = []
+    if check_step:  # the choice rode the latency curve's noise: each chosen step timed again, on profile prompts
+        check_ids, where = [], []
+        for plan in plans:
+            recorded = plan.acceptance.measured.get("prompts")
+            ppath = recorded_prompts_path(recorded)
+            ids_ = None if ppath is None else encode_prompts(load_prompts(ppath, limit=CHECK_PROMPTS), pair.tokenizer,
+                                                             model=pair.target_name) or None
+            check_ids.append(ids_)
+            where.append(f"{len(ids_)} prompts of {ppath}" if ids_ else "a random context (its drafts mostly rejected"
+                         + (f"; its profile's prompts {recorded} are not on this machine)" if recorded else ")"))
+        warnings.extend(check_plans(plans, pair.target, [p.new_drafter for p in pairs], check_ids, backend=backend))
+        check_notes = [f"{p.label}: the chosen tree's step was timed again on {w}" for p, w in zip(plans, where)
+                       if "step_check" in p.metadata.extra]  # a root alone has no step to check
     with progress_bar() as progress:
         cmp = compare_drafters(
             pair.target, plans, [p.new_drafter for p in pairs], ids, max_new_tokens=max_new_tokens,
@@ -398,7 +424,10 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
             settings={"target": pair.target_name, "compare_drafters": True,
                       "prompts": str(prompts or "demo eval prompts"),
                       "profiles": {p.label: {"acceptance": str(a), "latency": str(lat)}
-                                   for p, (a, lat) in zip(plans, paths)}})
+                                   for p, (a, lat) in zip(plans, paths)},
+                      # each tree's step timed again after the choice (jobs.compare.check_plan), when it was
+                      "step_checks": {p.name: {k: p.metadata.extra[k] for k in CHECK_KEYS if k in p.metadata.extra}
+                                      for p in plans if "step_check" in p.metadata.extra}})
     run = cmp.run
     jpath, cpath = run.save(results_dir)
     report = Report(title="treeopt run --compare-drafters")
@@ -414,7 +443,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
         if plan.tree.size == 1:
             report.notes.append(f"{plan.label}: no tree beats plain decoding under its profiles; its best tree is the "
                                 "root alone (plain decoding through the speculative decoder)")
-    report.notes.extend(notes)
+    report.notes.extend(notes + check_notes)
     report.warnings = warnings
     for m in run.mismatch_details:
         report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "

@@ -14,8 +14,9 @@ from ..solver.hardware import Choice
 from ..tree import Tree, TreeMetadata, now_iso
 from .run import RunReport, TreeEntry, run_trees
 
-__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "check_plan", "CHECK_MISS", "check_warning",
-           "DrafterRow", "drafter_rows", "drafter_table", "DrafterComparison", "compare_drafters"]
+__all__ = ["DrafterPlan", "check_drafter_profiles", "plan_drafter", "check_plan", "check_plans", "CHECK_MISS",
+           "CHECK_KEYS", "CHECK_PROMPTS", "check_warning", "DrafterRow", "drafter_rows", "drafter_table",
+           "DrafterComparison", "compare_drafters"]
 
 
 @dataclass
@@ -132,6 +133,12 @@ def check_drafter_profiles(label: str, cost_model: str, acceptance: AcceptancePr
 #: ladder of smaller trees (:attr:`~sequoia_opt.solver.hardware.Choice.smaller`)
 CHECK_MISS = 0.10
 
+#: what :func:`check_plan` adds to a tree's ``metadata.extra``
+CHECK_KEYS = ("solver_predicted_speedup", "step_check", "checked_trees", "rechosen_from")
+
+#: profile prompts a chosen step is checked on (:func:`check_plans`; the demo's and ``run --compare-drafters``')
+CHECK_PROMPTS = 4
+
 
 def check_plan(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int, *, backend: str = "auto",
                steps: int = 12, rounds: int = 2, prompts: Sequence[Sequence[int]] | None = None,
@@ -198,6 +205,33 @@ def check_plan(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int
             meta.extra["speedup_spread"] = ps.scaled(new / old).to_dict(spread.get("new_prompts"))
     meta.predicted_speedup = new
     return plan
+
+
+def check_plans(plans: list["DrafterPlan"], target: Any, make_drafters: Sequence[Any],
+                prompts: Sequence[Sequence[Sequence[int]] | None], *, backend: str = "auto", steps: int = 12,
+                rounds: int = 2) -> list[str]:
+    """:func:`check_plan` for every drafter's plan (``plans[i]`` drafted by ``make_drafters[i]``, a factory of a
+    fresh drafter, checked on ``prompts[i]``: token ids of a few of its profile's prompts, None for a random
+    context), each at its own context; ``plans`` is updated in place (a plan whose smaller tree checked faster is
+    replaced). What the demo and ``treeopt run --compare-drafters`` run before their runs.
+
+    Returns:
+        :func:`check_warning`'s lines, one per plan that has one, in order.
+
+    Raises:
+        ValueError: ``plans``, ``make_drafters`` and ``prompts`` differ in length.
+        DecodingError: as the decoder.
+    """
+    if not len(plans) == len(make_drafters) == len(prompts):
+        raise ValueError(f"{len(plans)} plans, {len(make_drafters)} drafters and {len(prompts)} prompt sets: one "
+                         "each per plan")
+    warnings: list[str] = []
+    for i, make in enumerate(make_drafters):
+        plans[i] = check_plan(plans[i], target, make, plans[i].context, backend=backend, steps=steps, rounds=rounds,
+                              prompts=prompts[i])
+        if (line := check_warning(plans[i])) is not None:
+            warnings.append(line)
+    return warnings
 
 
 def check_warning(plan: "DrafterPlan") -> str | None:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 
 from .run import RunReport, TreeEntry
-from .compare import (DrafterComparison, DrafterRow, check_plan, check_warning, compare_drafters, drafter_table,
+from .compare import (CHECK_PROMPTS, DrafterComparison, DrafterRow, check_plans, compare_drafters, drafter_table,
                       plan_drafter)
 from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
 from ..report import Report
@@ -124,7 +124,7 @@ class DemoSettings:
     # first check_prompts profile prompts (drafts accepted as they will be; 0: a random context)
     check_rounds: int = 2
     check_steps: int = 12
-    check_prompts: int = 4
+    check_prompts: int = CHECK_PROMPTS
 
     @classmethod
     def quick(cls) -> "DemoSettings":
@@ -365,11 +365,9 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         drafts.append(self_pair.new_drafter)
     check_warnings: list[str] = []
     if s.check_rounds:  # each drafter's chosen step timed again (and smaller trees where it misses): the tree kept
-        for i, make in enumerate(drafts):  # and its prediction no longer ride the choice's noise
-            plans[i] = check_plan(plans[i], pair.target, make, ctx, backend=backend, steps=s.check_steps,
-                                  rounds=s.check_rounds, prompts=prof_ids[: s.check_prompts] or None)
-            if warning := check_warning(plans[i]):  # None unless the check kept another tree or predicts a loss
-                check_warnings.append(warning)
+        # and its prediction no longer ride the choice's noise
+        check_warnings = check_plans(plans, pair.target, drafts, [prof_ids[: s.check_prompts] or None] * len(plans),
+                                     backend=backend, steps=s.check_steps, rounds=s.check_rounds)
         model_plan = plans[0]
         choice = model_plan.choice
     # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
