@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from sequoia_opt.cli import app
 from sequoia_opt.errors import DecodingError, ProfileError, SolverError, TreeoptError
+from sequoia_opt.jobs.tune import TuneOptions
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
 from sequoia_opt.profiles.batch import BatchLatencyProfile, load_batch_table
 from sequoia_opt.solver.chains import ChainSetting, predict_chain, replay_counts
@@ -359,6 +360,24 @@ def test_tune_gpu_engine_from_a_table(tmp_path):
     assert set(doc["peers"]) == {"vllm-generator", "sglang-default", "llama.cpp-default", "batch1-best"}
     for b, plan_tps in ((r["batch"], r["best"]["tokens_per_s_total"]) for r in doc["schedule"]["by_batch"]):
         assert all(plan_tps >= v[str(b)] - 1e-6 for v in doc["peers"].values())  # the plan is never predicted worse
+
+
+@pytest.mark.parametrize("batches", [None, [1, 8]])
+def test_tune_reads_a_given_latency_file_once(tmp_path, monkeypatch, batches):
+    import sequoia_opt.jobs.tune as tune_mod
+
+    table, acc = _files(tmp_path)
+    reads: list[Path] = []
+    load = tune_mod.load_given_latency
+
+    def counted(path, context=None):
+        reads.append(path)
+        return load(path, context)
+
+    monkeypatch.setattr(tune_mod, "load_given_latency", counted)
+    res = tune_mod.tune(TuneOptions(engine="vllm", latency=table, acceptance=acc, batches=batches, max_batch=256))
+    assert reads == [table]
+    assert [r.batch for r in res.plan.rows] == (batches or [1, 8, 64])
 
 
 def test_tune_solves_every_batch_size_the_table_has_and_says_what_max_batch_carries(tmp_path):

@@ -101,6 +101,8 @@ class TuneOptions:
     output_tokens: int | None = None
     profiles_dir: Path = Path("profiles")
     plan: Path | None = None
+    #: the given ``latency`` file as read by :func:`check_options` (read once; not an option)
+    given_latency: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -142,7 +144,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             unknown engine or shape; a GPU engine without a latency profile or table or without an acceptance
             (calibration) profile; an envelope without a calibration profile; a batch size < 1; ``max_draft`` < 1;
             ``max_batch`` below the largest batch size; ``context`` < 0 or ``num_prompts`` / ``max_new_tokens`` /
-            ``threads`` / ``rounds`` < 1; a missing file; a ``plan`` file with overlapping or missing ranges; a
+            ``threads`` / ``rounds`` < 1; a missing file, or a ``latency`` file no loader takes (read once, kept as
+            ``given_latency``); a ``plan`` file with overlapping or missing ranges; a
             release the engine's export refuses on its face (not a version); ``min_gain`` outside [0, 10);
             ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; a bad or
             unsupported ``draft``.
@@ -164,9 +167,10 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                        ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
             raise TreeoptError(f"{name} {path}: no such file")
+    if opts.latency is not None:  # read once, here: a file none of the loaders takes is one line before any work
+        opts.given_latency = load_given_latency(Path(opts.latency), opts.context)
     if opts.batches is None:  # a given T(b, n): every batch size it measured; measured here: the default grid
-        opts.batches = (list(load_given_latency(Path(opts.latency), opts.context).batches)
-                        if opts.latency is not None else list(DEFAULT_BATCHES))
+        opts.batches = list(opts.given_latency.batches) if opts.given_latency is not None else list(DEFAULT_BATCHES)
     if any(int(b) < 1 for b in opts.batches) or not opts.batches:
         raise TreeoptError("--batches takes batch sizes >= 1, e.g. 1,2,4,8,16")
     opts.batches = sorted({int(b) for b in opts.batches})
@@ -393,7 +397,7 @@ def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: Progr
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
     if opts.latency is not None:
         p = Path(opts.latency)
-        prof = load_given_latency(p, opts.context)
+        prof = opts.given_latency if opts.given_latency is not None else load_given_latency(p, opts.context)
         missing = [b for b in opts.batches if b not in prof.batches]
         if missing:  # a batch size the profile or table lacks: one line, exit 2
             raise ProfileError(f"{p} has no T(b, n) at batch size {missing[0]} (it has {','.join(map(str, prof.batches))}): "
