@@ -10,8 +10,8 @@ import pytest
 
 from sequoia_opt.errors import ProfileError, SolverError
 from sequoia_opt.profiles import AcceptanceProfile, load_acceptance, save_acceptance
-from sequoia_opt.solver.intervals import (PromptSpread, acceptance_spreads, prediction_interval, spread_metadata,
-                                          t975, tree_spread, tree_values)
+from sequoia_opt.solver.intervals import (PromptSpread, acceptance_spreads, bootstrap_se, prediction_interval,
+                                          ratio_spread, spread_metadata, t975, tree_spread, tree_values)
 from sequoia_opt.tree import Tree
 
 
@@ -101,6 +101,21 @@ def test_bootstrap_se_matches_the_spread_between_prompt_sets():
         other = _profile(_counts(rng, 30))
         sims.append(tree.expected_tokens(other.acceptance))
     assert se == pytest.approx(float(np.std(sims)), rel=0.3)
+
+
+@pytest.mark.parametrize("P", [3, 5, 20])
+def test_bootstrap_se_of_a_mean_is_the_textbook_standard_error(P):
+    """For a plain mean over prompts (every denominator 1) the corrected bootstrap se equals s / sqrt(P) with the
+    unbiased s; the plug-in replicates alone are sqrt((P - 1) / P) of it (18 % narrow at 3 prompts)."""
+    rng = np.random.default_rng(P)
+    y = rng.normal(2.0, 0.4, size=P)
+    sp = ratio_spread(y, np.ones(P), replicates=40000, seed=1)
+    textbook = float(np.std(y, ddof=1)) / math.sqrt(P)
+    assert sp.point == pytest.approx(y.mean())
+    assert sp.se == pytest.approx(textbook, rel=0.02)
+    assert bootstrap_se(np.array([1.0, 3.0]), 2) == pytest.approx(2.0)  # sd sqrt(2), times sqrt(2 / 1)
+    with pytest.raises(SolverError, match="at least 2 prompts"):
+        bootstrap_se(np.array([1.0, 2.0]), 1)
 
 
 def test_prediction_interval_covers_new_prompt_sets_and_the_token_interval_does_not():

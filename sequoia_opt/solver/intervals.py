@@ -11,9 +11,11 @@ Method (a cluster bootstrap over prompts; Davison & Hinkley 1997, section 3.8, r
 acceptance profile keeps its trials' outcomes per prompt (``counts_by_prompt``, (P, D, K + 1)). A replicate
 draws P prompts with replacement (multinomial weights), sums their counts, and computes the figure from the
 resampled vectors exactly as the solver computes it from the profile (the pooled positional vector, or the
-per-depth rows of the ``by-depth`` model). The replicates' standard deviation is the standard error ``se`` of
-the figure estimated from P prompts; ``sd = se * sqrt(P)`` is the spread of the figure between single
-prompts. Then, with Student's t at P - 1 degrees of freedom (95 %)::
+per-depth rows of the ``by-depth`` model). The replicates' standard deviation, times ``sqrt(P / (P - 1))``, is
+the standard error ``se`` of the figure estimated from P prompts; ``sd = se * sqrt(P)`` is the spread of the
+figure between single prompts. (The factor: the bootstrap draws from the P prompts as they are, so its variance
+of a mean is the plug-in ``(P - 1) / P`` of the unbiased one; 2.6 % narrower at P = 20, 11 % at P = 5. Davison
+& Hinkley 1997, section 2.3.) Then, with Student's t at P - 1 degrees of freedom (95 %)::
 
     interval of the mean                      point +- t * se
     prediction interval, a new set of m prompts  point +- t * sd * sqrt(1/P + 1/m)
@@ -49,7 +51,7 @@ import numpy as np
 from ..errors import SolverError
 from ..tree import Tree
 
-__all__ = ["PromptSpread", "t975", "resample_prompt_counts", "bootstrap_rows", "tree_values", "value_spread",
+__all__ = ["PromptSpread", "t975", "bootstrap_se", "resample_prompt_counts", "bootstrap_rows", "tree_values", "value_spread",
            "tree_spread", "tree_spreads", "speedup_spread", "acceptance_spreads", "prediction_interval",
            "spread_metadata", "ratio_spread", "DEFAULT_REPLICATES"]
 
@@ -183,6 +185,20 @@ def resample_prompt_counts(prompt_counts: np.ndarray, replicates: int = DEFAULT_
     return np.tensordot(w, c, axes=(1, 0)).astype(np.int64)  # (B, ...)
 
 
+def bootstrap_se(values: np.ndarray, prompts: int, axis: int | None = None) -> np.ndarray | float:
+    """The standard error of a figure from its cluster-bootstrap replicates over ``prompts`` prompts: the
+    replicates' standard deviation times ``sqrt(P / (P - 1))`` (module docstring: the plug-in bootstrap's variance
+    of a mean is ``(P - 1) / P`` of the unbiased estimate). ``values`` (B,) or (B, ...) along ``axis``.
+
+    Raises:
+        SolverError: fewer than 2 prompts.
+    """
+    if prompts < 2:
+        raise SolverError(f"an interval between prompts needs at least 2 prompts, got {prompts}")
+    sd = np.std(np.asarray(values, dtype=np.float64), axis=axis, ddof=1) * math.sqrt(prompts / (prompts - 1))
+    return float(sd) if axis is None else sd
+
+
 def _rows_of(counts: np.ndarray, depths: Sequence[int] | None) -> np.ndarray:
     """(B, R, K) acceptance rows from (B, D, K + 1) counts: the pooled vector (R = 1) when ``depths`` is None,
     else :meth:`~sequoia_opt.profiles.AcceptanceProfile.depth_rows`' rows over the stored depths (a depth not
@@ -273,7 +289,8 @@ def value_spread(profile, value: Callable[[np.ndarray], np.ndarray], *, model: s
     rows, boot = got
     point = float(np.asarray(value(rows[None]))[0])
     vals = np.asarray(value(boot), dtype=np.float64)
-    return PromptSpread(point, float(np.std(vals, ddof=1)), int(profile.prompt_counts.shape[0]), int(replicates), clip)
+    P = int(profile.prompt_counts.shape[0])
+    return PromptSpread(point, bootstrap_se(vals, P), P, int(replicates), clip)
 
 
 def tree_spread(tree: Tree, profile, *, model: str = "auto", replicates: int = DEFAULT_REPLICATES,
@@ -293,7 +310,7 @@ def tree_spreads(trees: Sequence[Tree], profile, *, model: str = "auto", replica
         return None
     rows, boot = got
     P = int(profile.prompt_counts.shape[0])
-    return [PromptSpread(float(tree_values(t, rows[None])[0]), float(np.std(tree_values(t, boot), ddof=1)), P,
+    return [PromptSpread(float(tree_values(t, rows[None])[0]), bootstrap_se(tree_values(t, boot), P), P,
                          int(replicates), (1.0, None)) for t in trees]
 
 
@@ -314,8 +331,8 @@ def acceptance_spreads(profile, replicates: int = DEFAULT_REPLICATES, seed: int 
     rows, boot = got
     point = np.concatenate([rows[0], [rows[0].sum()]])
     vals = np.concatenate([boot[:, 0, :], boot[:, 0, :].sum(axis=1, keepdims=True)], axis=1)  # (B, K + 1)
-    se = np.std(vals, axis=0, ddof=1)
     P = int(profile.prompt_counts.shape[0])
+    se = bootstrap_se(vals, P, axis=0)
     return [PromptSpread(float(p), float(s), P, int(replicates), (0.0, 1.0)) for p, s in zip(point, se)]
 
 
@@ -348,4 +365,4 @@ def ratio_spread(numerators: Sequence[float], denominators: Sequence[float], *, 
     draws = rng.multinomial(y.size, np.full(y.size, 1.0 / y.size), size=replicates)  # (B, P)
     den = draws @ x
     vals = np.divide(draws @ y, den, out=np.full(replicates, y.sum() / x.sum()), where=den > 0)
-    return PromptSpread(float(y.sum() / x.sum()), float(np.std(vals, ddof=1)), int(y.size), int(replicates), clip)
+    return PromptSpread(float(y.sum() / x.sum()), bootstrap_se(vals, int(y.size)), int(y.size), int(replicates), clip)
