@@ -167,8 +167,8 @@ def recorded_prompts_path(recorded: str | Path | None) -> Path | None:
     path = Path(str(recorded))
     if path.is_file():
         return path
-    if path.parent.name == "prompts" and path.parent.parent.name == "data" and path.suffix == ".jsonl" \
-            and path.stem in DEMO_SPLITS:
+    if path.suffix == ".jsonl" and path.stem in DEMO_SPLITS and path.parent.parts[-3:] == ("sequoia_opt", "data",
+                                                                                         "prompts"):
         shipped = demo_prompts_path(path.stem)
         return shipped if shipped.is_file() else None
     return None

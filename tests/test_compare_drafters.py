@@ -22,8 +22,8 @@ from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.drafting.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.jobs.run import TreeEntry, run_trees  # noqa: E402
-from sequoia_opt.jobs.compare import (check_drafter_profiles, check_plan, check_plans, check_warning, compare_drafters,  # noqa: E402
-                                      drafter_rows, plan_drafter)
+from sequoia_opt.jobs.compare import (check_drafter_profiles, check_plan, check_plans, check_warning,  # noqa: E402
+                                      compare_drafters, drafter_rows, plan_drafter)
 from sequoia_opt.jobs.load import DrafterSpec, default_acceptance_path, default_latency_path, parse_drafter_spec  # noqa: E402
 from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, load_acceptance, load_latency  # noqa: E402
 from sequoia_opt.prompts import load_prompts  # noqa: E402
@@ -247,6 +247,8 @@ def test_recorded_prompts_path_finds_the_shipped_set_from_another_checkout(tmp_p
     assert recorded_prompts_path("/elsewhere/sequoia_opt/data/prompts/profile.jsonl") == demo_prompts_path("profile")
     assert recorded_prompts_path("sequoia_opt/data/prompts/chat.jsonl") == demo_prompts_path("chat")
     assert recorded_prompts_path("/elsewhere/data/prompts/traffic.jsonl") is None  # the user's file is not here
+    # a user's own file that shares a shipped set's name is theirs, not the shipped set
+    assert recorded_prompts_path("/home/me/project/data/prompts/eval.jsonl") is None
     assert recorded_prompts_path(None) is None and recorded_prompts_path("") is None
 
 
@@ -425,6 +427,18 @@ def test_compare_drafters_checks_each_chosen_step_on_its_profiles_prompts(in_roo
     assert doc["settings"]["step_checks"][doc["drafters"][0]["tree"]]["step_check"]["on"] != "prompts"
     assert any("timed again on a random context" in n and "/elsewhere/traffic.jsonl" in n for n in doc["notes"])
 
+    # a recorded prompt file that is here but does not load: the same, with the reason, and the run goes on
+    bad = root / "syn" / "broken.jsonl"
+    bad.write_text("{not json\n")
+    acc.measured["prompts"] = str(bad)
+    a3 = save_acceptance(root / "syn" / "acc-broken.yaml", acc)
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", "lookup", "-a", a3, "-l", lat,
+               "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--max-depth", "4",
+               "--max-branching", "3", "--results-dir", root / "res-checked", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert any("timed again on a random context" in n and f"{bad} do not load here" in n for n in doc["notes"])
+
 
 @pytest.mark.parametrize("flag", ["--check-step", "--no-check-step"])
 def test_check_step_without_compare_drafters_is_refused(in_root, flag):
@@ -434,7 +448,7 @@ def test_check_step_without_compare_drafters_is_refused(in_root, flag):
     r = invoke("run", "--target", target, "--draft", "lookup", "--tree", tree, "--prompts", prompts, flag,
                "--results-dir", root / "bad-check")
     assert r.exit_code == 2, r.output
-    assert "--check-step/--no-check-step checks the trees --compare-drafters solves" in r.output
+    assert "--check-step/--no-check-step applies only with --compare-drafters" in r.output
     assert len(error_lines(r.output)) == 1 and not (root / "bad-check").exists()
 
 

@@ -114,6 +114,8 @@ def test_bootstrap_se_of_a_mean_is_the_textbook_standard_error(P):
     assert sp.point == pytest.approx(y.mean())
     assert sp.se == pytest.approx(textbook, rel=0.02)
     assert bootstrap_se(np.array([1.0, 3.0]), 2) == pytest.approx(2.0)  # sd sqrt(2), times sqrt(2 / 1)
+    both = bootstrap_se(np.array([[1.0, 0.0], [3.0, 0.0]]), 2)  # (B, F): one se per figure
+    assert isinstance(both, np.ndarray) and both.tolist() == pytest.approx([2.0, 0.0])
     with pytest.raises(SolverError, match="at least 2 prompts"):
         bootstrap_se(np.array([1.0, 2.0]), 1)
 

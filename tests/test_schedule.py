@@ -363,7 +363,8 @@ def test_tune_gpu_engine_from_a_table(tmp_path):
 
 
 @pytest.mark.parametrize("batches", [None, [1, 8]])
-def test_tune_reads_a_given_latency_file_once(tmp_path, monkeypatch, batches):
+@pytest.mark.parametrize("cli", [False, True])
+def test_tune_reads_a_given_latency_file_once(tmp_path, monkeypatch, batches, cli):
     import sequoia_opt.jobs.tune as tune_mod
 
     table, acc = _files(tmp_path)
@@ -371,13 +372,20 @@ def test_tune_reads_a_given_latency_file_once(tmp_path, monkeypatch, batches):
     load = tune_mod.load_given_latency
 
     def counted(path, context=None):
-        reads.append(path)
+        reads.append(Path(path))
         return load(path, context)
 
     monkeypatch.setattr(tune_mod, "load_given_latency", counted)
-    res = tune_mod.tune(TuneOptions(engine="vllm", latency=table, acceptance=acc, batches=batches, max_batch=256))
+    if cli:  # the CLI checks the options, then tune() checks them again
+        args = ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--max-batch", "256", "--json"]
+        res = runner.invoke(app, args + (["--batches", ",".join(map(str, batches))] if batches else []))
+        assert res.exit_code == 0, res.output
+        got = [r["batch"] for r in json.loads(res.output)["schedule"]["by_batch"]]
+    else:
+        res = tune_mod.tune(TuneOptions(engine="vllm", latency=table, acceptance=acc, batches=batches, max_batch=256))
+        got = [r.batch for r in res.plan.rows]
     assert reads == [table]
-    assert [r.batch for r in res.plan.rows] == (batches or [1, 8, 64])
+    assert got == (batches or [1, 8, 64])
 
 
 def test_tune_solves_every_batch_size_the_table_has_and_says_what_max_batch_carries(tmp_path):

@@ -156,7 +156,8 @@ def run_cmd(
                      results_dir=results_dir, as_json=as_json,
                      other={"--temperature": temperature != 0.0, "--top-p": top_p != 1.0, "--compare": compare,
                             "--compare-drafters": compare_drafters, "--check-step": check_step is not None,
-                            "--merge": merge, "--scheduler": scheduler, "--adapt": adapt, "--dynamic": dynamic, "--calibration": calibration,
+                            "--merge": merge, "--scheduler": scheduler, "--adapt": adapt, "--dynamic": dynamic,
+                            "--calibration": calibration,
                             "--device": device != "cpu", "--dtype": dtype != "float32",
                             "--backend": backend != "auto", "--weights": weights != "float32",
                             "--cuda-graphs": cuda_graphs})
@@ -190,9 +191,8 @@ def run_cmd(
         raise TreeoptError("--compare-drafters runs each drafter's own best tree alone: drop --merge / --scheduler (or "
                            "--compare-drafters)")
     if check_step is not None and not compare_drafters:
-        raise TreeoptError("--check-step/--no-check-step checks the trees --compare-drafters solves here; a --tree "
-                           "file was chosen elsewhere (treeopt run reports its measured speedup against the "
-                           "prediction)")
+        raise TreeoptError("--check-step/--no-check-step applies only with --compare-drafters (it checks the trees "
+                           "solved there; a --tree file's prediction is checked by the run itself)")
     if compare_drafters:
         _compare_drafters_cmd(
             tree=tree, target=target, drafts=draft, prompts=prompts, max_new_tokens=max_new_tokens,
@@ -352,7 +352,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
                             parse_dtype)
     from ..profiles import warn_on_mismatch
     from ..device import device_name
-    from ..prompts import demo_prompts_path, encode_prompts, load_prompts, recorded_prompts_path
+    from ..prompts import PromptFileError, demo_prompts_path, encode_prompts, load_prompts, recorded_prompts_path
 
     if tree:
         raise TreeoptError("--compare-drafters runs each drafter's own best tree, solved from its profiles: drop "
@@ -403,22 +403,30 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
             warnings.append(f"acceptance profile {plan.acceptance.id!r} was measured in {measured_mode} mode, this "
                             f"run is {mode}: {plan.label}'s predicted tokens per step describe the other mode")
     check_notes: list[str] = []
+    makers = [p.new_drafter for p in pairs]
     if check_step:  # the choice rode the latency curve's noise: each chosen step timed again, on profile prompts
         check_ids, where = [], []
         for plan in plans:
             recorded = plan.acceptance.measured.get("prompts")
-            ppath = recorded_prompts_path(recorded)
-            ids_ = None if ppath is None else encode_prompts(load_prompts(ppath, limit=CHECK_PROMPTS), pair.tokenizer,
-                                                             model=pair.target_name) or None
+            ppath, ids_, why = recorded_prompts_path(recorded), None, ""
+            if ppath is not None:
+                try:
+                    ids_ = encode_prompts(load_prompts(ppath, limit=CHECK_PROMPTS), pair.tokenizer,
+                                          model=pair.target_name) or None
+                except PromptFileError as err:  # looked for, not required: the check runs on a random context
+                    why = f"; its profile's prompts {ppath} do not load here: {err}"
+            elif recorded:
+                why = f"; its profile's prompts {recorded} are not on this machine"
             check_ids.append(ids_)
-            where.append(f"{len(ids_)} prompts of {ppath}" if ids_ else "a random context (its drafts mostly rejected"
-                         + (f"; its profile's prompts {recorded} are not on this machine)" if recorded else ")"))
-        warnings.extend(check_plans(plans, pair.target, [p.new_drafter for p in pairs], check_ids, backend=backend))
+            where.append(f"{len(ids_)} prompts of {ppath}" if ids_
+                         else f"a random context (its drafts mostly rejected{why})")
+        with progress_bar() as progress:
+            warnings.extend(check_plans(plans, pair.target, makers, check_ids, backend=backend, progress=progress))
         check_notes = [f"{p.label}: the chosen tree's step was timed again on {w}" for p, w in zip(plans, where)
                        if "step_check" in p.metadata.extra]  # a root alone has no step to check
     with progress_bar() as progress:
         cmp = compare_drafters(
-            pair.target, plans, [p.new_drafter for p in pairs], ids, max_new_tokens=max_new_tokens,
+            pair.target, plans, makers, ids, max_new_tokens=max_new_tokens,
             temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
             backend=backend, progress=progress,
             settings={"target": pair.target_name, "compare_drafters": True,

@@ -209,11 +209,13 @@ def check_plan(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int
 
 def check_plans(plans: list["DrafterPlan"], target: Any, make_drafters: Sequence[Any],
                 prompts: Sequence[Sequence[Sequence[int]] | None], *, backend: str = "auto", steps: int = 12,
-                rounds: int = 2) -> list[str]:
-    """:func:`check_plan` for every drafter's plan (``plans[i]`` drafted by ``make_drafters[i]``, a factory of a
-    fresh drafter, checked on ``prompts[i]``: token ids of a few of its profile's prompts, None for a random
-    context), each at its own context; ``plans`` is updated in place (a plan whose smaller tree checked faster is
-    replaced). What the demo and ``treeopt run --compare-drafters`` run before their runs.
+                rounds: int = 2, progress: Callable[[str, int, int], None] | None = None) -> list[str]:
+    """:func:`check_plan` for every drafter's plan (``plans[i]`` drafted by ``make_drafters[i]``: a draft model,
+    or a factory of a fresh drafter, as :func:`~sequoia_opt.profiling.steps.check_chosen_step` takes; checked on
+    ``prompts[i]``: token ids of a few of its profile's prompts, None for a random context), each at its own
+    context; ``progress(what, done, total)`` is told as each plan's check ends; ``plans`` is updated in place (a
+    plan whose smaller tree checked faster is replaced). What the demo and ``treeopt run --compare-drafters`` run
+    before their runs.
 
     Returns:
         :func:`check_warning`'s lines, one per plan that has one, in order.
@@ -229,6 +231,8 @@ def check_plans(plans: list["DrafterPlan"], target: Any, make_drafters: Sequence
     for i, make in enumerate(make_drafters):
         plans[i] = check_plan(plans[i], target, make, plans[i].context, backend=backend, steps=steps, rounds=rounds,
                               prompts=prompts[i])
+        if progress is not None:
+            progress(f"{plans[i].label}: chosen step checked", i + 1, len(plans))
         if (line := check_warning(plans[i])) is not None:
             warnings.append(line)
     return warnings

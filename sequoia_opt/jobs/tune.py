@@ -167,7 +167,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                        ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
             raise TreeoptError(f"{name} {path}: no such file")
-    if opts.latency is not None:  # read once, here: a file none of the loaders takes is one line before any work
+    if opts.latency is not None and opts.given_latency is None:  # read once (the CLI checks, then tune checks
+        # again): a file none of the loaders takes is one line before any work
         opts.given_latency = load_given_latency(Path(opts.latency), opts.context)
     if opts.batches is None:  # a given T(b, n): every batch size it measured; measured here: the default grid
         opts.batches = list(opts.given_latency.batches) if opts.given_latency is not None else list(DEFAULT_BATCHES)
