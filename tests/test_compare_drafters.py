@@ -394,16 +394,22 @@ def test_compare_drafters_checks_each_chosen_step_on_its_profiles_prompts(in_roo
     # profiles under which lookup's best tree is more than its root (the measured ones of the tiny pair may say
     # plain decoding), recording the prompt file they were measured on, as profile acceptance does
     acc = _acc("lookup:1-3", "one-pass", counts=(80, 10, 5, 5))
-    acc.measured["prompts"] = str(prompts)
     curve = _curve("lookup:1-3", "one-pass", c=0.2)
-    a, lat = save_acceptance(root / "syn" / "acc.yaml", acc), save_latency(root / "syn" / "lat.yaml", curve)
+    lat = save_latency(root / "syn" / "lat.yaml", curve)
     want = choose(acc.acceptance, curve, curve.max_target_tokens(), 4, 3)
     assert want.tree.size > 2
-    r = invoke("run", "--compare-drafters", "--target", target, "--draft", "lookup", "-a", a, "-l", lat,
-               "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--max-depth", "4",
-               "--max-branching", "3", "--results-dir", root / "res-checked", "--json")
-    assert r.exit_code == 0, r.output
-    doc = json.loads(r.stdout)
+
+    def run_recording(recorded: str, new_tokens: int) -> dict:
+        """run --compare-drafters with the acceptance profile recording ``recorded`` as its prompts."""
+        acc.measured["prompts"] = recorded
+        a = save_acceptance(root / "syn" / f"acc-{len(list((root / 'syn').glob('acc-*')))}.yaml", acc)
+        r = invoke("run", "--compare-drafters", "--target", target, "--draft", "lookup", "-a", a, "-l", lat,
+                   "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", new_tokens, "--max-depth", "4",
+                   "--max-branching", "3", "--results-dir", root / "res-checked", "--json")
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    doc = run_recording(str(prompts), 8)
     (row,) = doc["drafters"]
     c = doc["settings"]["step_checks"][row["tree"]]
     assert c["step_check"]["on"] == "prompts" and c["step_check"]["ratio"] > 0
@@ -417,26 +423,14 @@ def test_compare_drafters_checks_each_chosen_step_on_its_profiles_prompts(in_roo
     assert f"lookup:1-3: the chosen tree's step was timed again on {n_prompts} prompts of {prompts}" in doc["notes"]
 
     # a profile whose prompt file is not on this machine: checked on a random context, and the note says so
-    acc.measured["prompts"] = "/elsewhere/traffic.jsonl"
-    a2 = save_acceptance(root / "syn" / "acc-elsewhere.yaml", acc)
-    r = invoke("run", "--compare-drafters", "--target", target, "--draft", "lookup", "-a", a2, "-l", lat,
-               "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--max-depth", "4",
-               "--max-branching", "3", "--results-dir", root / "res-checked", "--json")
-    assert r.exit_code == 0, r.output
-    doc = json.loads(r.stdout)
+    doc = run_recording("/elsewhere/traffic.jsonl", 4)
     assert doc["settings"]["step_checks"][doc["drafters"][0]["tree"]]["step_check"]["on"] != "prompts"
     assert any("timed again on a random context" in n and "/elsewhere/traffic.jsonl" in n for n in doc["notes"])
 
     # a recorded prompt file that is here but does not load: the same, with the reason, and the run goes on
     bad = root / "syn" / "broken.jsonl"
     bad.write_text("{not json\n")
-    acc.measured["prompts"] = str(bad)
-    a3 = save_acceptance(root / "syn" / "acc-broken.yaml", acc)
-    r = invoke("run", "--compare-drafters", "--target", target, "--draft", "lookup", "-a", a3, "-l", lat,
-               "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--max-depth", "4",
-               "--max-branching", "3", "--results-dir", root / "res-checked", "--json")
-    assert r.exit_code == 0, r.output
-    doc = json.loads(r.stdout)
+    doc = run_recording(str(bad), 4)
     assert any("timed again on a random context" in n and f"{bad} do not load here" in n for n in doc["notes"])
 
 
