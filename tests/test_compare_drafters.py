@@ -235,6 +235,21 @@ def test_check_plans_checks_each_plan_on_its_own_prompts_and_collects_the_warnin
         check_plans(plans, None, [None, None], [None])
 
 
+def test_the_demo_says_which_predictions_were_checked(monkeypatch):
+    from sequoia_opt.jobs.demo import checked_note
+
+    plans = [plan_drafter("self:3", "per-level", _acc("self:3", "per-level"), _curve("self:3", "per-level"),
+                          max_depth=5, max_branching=3, name=name) for name in ("a", "b")]
+    assert checked_note(plans) is None  # nothing checked yet
+    solver = plans[0].metadata.predicted_speedup
+    _fake_check(monkeypatch, lambda size: 1.2)
+    check_plans(plans[:1], None, [None], [None])
+    note = checked_note(plans)
+    assert note == ("pred. speedup of each drafter's tree is its step timed again after the choice (self:3 "
+                    f"{plans[0].metadata.predicted_speedup:.2f}x, the solver said {solver:.2f}x); the baselines' and "
+                    "the GPU-like tree's are read off the latency curve, unchecked")
+
+
 def test_recorded_prompts_path_finds_the_shipped_set_from_another_checkout(tmp_path, monkeypatch):
     from sequoia_opt.prompts import demo_prompts_path, recorded_prompts_path
 

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .run import RunReport, TreeEntry
-from .compare import (CHECK_PROMPTS, DrafterComparison, DrafterRow, check_plans, compare_drafters, drafter_table,
-                      plan_drafter)
+from .compare import (CHECK_PROMPTS, DrafterComparison, DrafterPlan, DrafterRow, check_plans, compare_drafters,
+                      drafter_table, plan_drafter)
 from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
 from ..report import Report
 from ..profiles import LatencyCurve, save_acceptance, save_latency
@@ -210,6 +210,20 @@ def _eagle3_side(pair: ModelPair, s: DemoSettings, target_tables, dgrid, prof_id
                                 progress=tagged("eagle3 acceptance"))
     return hp, acceptance_profile(counts, hp.draft_name, hp.cost_model, s.acc_depth, len(ids),
                                   s.eagle3_new_tokens), curve
+
+
+def checked_note(plans: Sequence[DrafterPlan]) -> str | None:
+    """The demo's note saying which predicted speedups were checked: each drafter's tree's figure is its step timed
+    again after the choice (:func:`~sequoia_opt.jobs.compare.check_plans`), the baselines' and the GPU-like tree's
+    are the latency curve's, so a baseline may read higher than the checked tree beside it. None when no plan was
+    checked."""
+    checked = [f"{pl.label} {pl.metadata.predicted_speedup:.2f}x, the solver said "
+               f"{pl.metadata.extra['solver_predicted_speedup']:.2f}x" for pl in plans
+               if "step_check" in pl.metadata.extra and pl.metadata.extra.get("solver_predicted_speedup")]
+    if not checked:
+        return None
+    return ("pred. speedup of each drafter's tree is its step timed again after the choice (" + "; ".join(checked)
+            + "); the baselines' and the GPU-like tree's are read off the latency curve, unchecked")
 
 
 def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int | None = None,
@@ -499,6 +513,8 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         from ..omp import policy_note
 
         report.notes.append(policy_note())
+    if (line := checked_note(plans)) is not None:  # the tables mix checked and unchecked predictions
+        report.notes.append(line)
     for pl in plans:
         if pl.tree.size == 1:
             report.notes.append(f"{pl.label}: no tree beats plain decoding under its profiles on this device; its best "
