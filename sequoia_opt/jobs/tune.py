@@ -145,8 +145,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             (calibration) profile; an envelope without a calibration profile; a batch size < 1; ``max_draft`` < 1;
             ``max_batch`` below the largest batch size; ``context`` < 0 or ``num_prompts`` / ``max_new_tokens`` /
             ``threads`` / ``rounds`` < 1; a missing file, or a ``latency`` file no loader takes (read once, kept as
-            ``given_latency``); a ``plan`` file with overlapping or missing ranges; a
-            release the engine's export refuses on its face (not a version); ``min_gain`` outside [0, 10);
+            ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
+            refuses on its face (not a version); ``min_gain`` outside [0, 10);
             ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; a bad or
             unsupported ``draft``.
     """
@@ -398,7 +398,7 @@ def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: Progr
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
     if opts.latency is not None:
         p = Path(opts.latency)
-        prof = opts.given_latency if opts.given_latency is not None else load_given_latency(p, opts.context)
+        prof = opts.given_latency  # read by check_options, which tune runs first
         missing = [b for b in opts.batches if b not in prof.batches]
         if missing:  # a batch size the profile or table lacks: one line, exit 2
             raise ProfileError(f"{p} has no T(b, n) at batch size {missing[0]} (it has {','.join(map(str, prof.batches))}): "
