@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from feature_heads import eagle3_config, eagle3_tensors, random_target, write_head  # noqa: E402
 
 from sequoia_opt.distill.eagle3 import (TeacherFeatures, check_disjoint, choose_draft_vocab, init_head,  # noqa: E402
-                                        train_head, ttt_forward, ttt_losses)
+                                        teacher_features, train_head, ttt_forward, ttt_losses)
 from sequoia_opt.model.config import ModelConfig  # noqa: E402
 from sequoia_opt.model.head_checkpoints import load_eagle_head  # noqa: E402
 from sequoia_opt.model.heads import EagleConfig  # noqa: E402
@@ -71,7 +71,8 @@ def test_disjointness_is_checked(tmp_path):
         check_disjoint(["# a file\ndef spam(eggs):\n    return eggs\n\n"], [f])
 
 
-def test_a_tiny_head_learns_the_targets_next_tokens():
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_tiny_head_learns_the_targets_next_tokens(bf16):
     target = random_target()
     g = torch.Generator().manual_seed(1)
     chunks = torch.randint(0, 40, (6, 32), generator=g)  # a small alphabet: learnable in a few hundred steps
@@ -88,8 +89,26 @@ def test_a_tiny_head_learns_the_targets_next_tokens():
     with torch.no_grad():
         before, _, _ = ttt_losses(head, data.feats.float(), chunks, data.ids, data.logp, index, steps=2)
     tr = train_head(head, data, index, steps=150, batch=3, window=32, lr=3e-3, warmup=10, ttt_steps=2,
-                    step_decay=0.8, feature_weight=0.1, seed=0, log=lambda m: None, log_every=50)
+                    step_decay=0.8, feature_weight=0.1, seed=0, log=lambda m: None, log_every=50, bf16=bf16)
     with torch.no_grad():
         after, agree, _ = ttt_losses(head, data.feats.float(), chunks, data.ids, data.logp, index, steps=2)
     assert all(a < 0.6 * b for a, b in zip(after, before)), (before, after)
     assert agree[0] > 0.5 and tr.tokens_seen == 150 * 3 * 32
+
+
+def test_teacher_features_in_bf16_are_close_and_the_cache_resumes(tmp_path):
+    """The bfloat16 teacher's features and top-k are the float32 teacher's within bf16 rounding; the cache written
+    on the way (every max(save_every, n // 8) chunks, and at the end) gives the same rows to a rerun."""
+    target = random_target()
+    chunks = torch.randint(0, 257, (16, 24), generator=torch.Generator().manual_seed(2))
+    full = teacher_features(target, chunks, hidden_layers=(1, 2, 3), k=4, log=lambda m: None)
+    half = teacher_features(target, chunks, hidden_layers=(1, 2, 3), k=4, log=lambda m: None, bf16=True,
+                            cache_path=tmp_path / "c.pt", save_every=1)
+    rel = (half.feats.float() - full.feats.float()).norm(dim=-1) / full.feats.float().norm(dim=-1)
+    assert 0 < float(rel.mean()) < 0.03 and float(rel.max()) < 0.2
+    assert float((half.ids[..., 0] == full.ids[..., 0]).float().mean()) > 0.9
+    saves = []
+    again = teacher_features(target, chunks, hidden_layers=(1, 2, 3), k=4, log=saves.append, bf16=True,
+                             cache_path=tmp_path / "c.pt")
+    assert torch.equal(again.feats, half.feats) and torch.equal(again.ids, half.ids)
+    assert saves == [f"teacher feature cache {tmp_path / 'c.pt'}: 16/16 chunks already done"]

@@ -86,11 +86,17 @@ class TeacherFeatures:
 
 def teacher_features(target, chunks: torch.Tensor, *, hidden_layers: Sequence[int], k: int,
                      cache_path: Path | None = None, log: Callable[[str], None] = print,
-                     save_every: int = 32) -> TeacherFeatures:
+                     save_every: int = 32, bf16: bool = False) -> TeacherFeatures:
     """One target forward per chunk (:meth:`~sequoia_opt.model.Transformer.forward` with ``hidden_layers``),
     keeping the features and the top-k; resumable from ``cache_path`` (a larger run reuses a smaller one's
-    chunks, which are a prefix of its own)."""
+    chunks, which are a prefix of its own).
+
+    ``bf16``: the forward under CPU bfloat16 autocast (2.8x the float32 rate on an AMX Xeon; on the demo target
+    the top-1 agrees with float32 at 97.5 % of positions, the fused features within 0.4-0.7 % relative: the
+    near-ties, where the top-16 target barely moves). The cache is re-saved every ``max(save_every, n // 8)``
+    chunks, so a long pass writes a few times its final size, not n / save_every times."""
     n, T = chunks.shape
+    save_every = max(save_every, n // 8)
     H = target.config.dim
     feats = torch.zeros(n, T, len(hidden_layers), H, dtype=torch.float16)
     ids = torch.zeros(n, T, k, dtype=torch.int32)
@@ -103,7 +109,7 @@ def teacher_features(target, chunks: torch.Tensor, *, hidden_layers: Sequence[in
         done, prior_s = 0, 0.0
     t0 = time.perf_counter()
     start = done
-    with torch.inference_mode():
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         while done < n:
             logits, h = target(chunks[done: done + 1], hidden_layers=tuple(hidden_layers))  # (1,T,V), (1,T,k,H)
             ids[done], logp[done] = _top_k(logits[0], k)
@@ -309,11 +315,12 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
                window: int, lr: float, warmup: int, ttt_steps: int, step_decay: float, feature_weight: float,
                seed: int, weight_decay: float = 0.0, clip: float = 1.0, log_every: int = 20, eval_every: int = 200,
                val: TeacherFeatures | None = None, log: Callable[[str], None] = print,
-               max_seconds: float | None = None) -> HeadTraining:
+               max_seconds: float | None = None, bf16: bool = False) -> HeadTraining:
     """AdamW on ``sum_k step_decay**k * CE_k + feature_weight * feature term`` (:func:`ttt_losses`) over
     random ``window``-token windows of random chunks (``batch`` per step); the learning rate warms up, then
-    decays by cosine over ``steps`` or, with ``max_seconds``, over whichever runs out first. Returns the logged
-    rows, the wall time and the tokens seen."""
+    decays by cosine over ``steps`` or, with ``max_seconds``, over whichever runs out first. ``bf16``: the
+    forward and backward under CPU bfloat16 autocast (float32 weights, optimizer state and losses). Returns the
+    logged rows, the wall time and the tokens seen."""
     g = torch.Generator().manual_seed(seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
@@ -329,10 +336,11 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
         idx = torch.randint(0, n, (batch,), generator=g)
         off = int(torch.randint(0, T - W + 1, (1,), generator=g))
         sl = slice(off, off + W)
-        losses, agree, feat = ttt_losses(head, data.feats[idx, sl], data.chunks[idx, sl], data.ids[idx, sl],
-                                         data.logp[idx, sl], draft_index, steps=ttt_steps,
-                                         feature_weight=feature_weight)
-        loss = sum(step_decay ** k * lk for k, lk in enumerate(losses)) + feature_weight * feat
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            losses, agree, feat = ttt_losses(head, data.feats[idx, sl], data.chunks[idx, sl], data.ids[idx, sl],
+                                             data.logp[idx, sl], draft_index, steps=ttt_steps,
+                                             feature_weight=feature_weight)
+        loss = sum(step_decay ** k * lk.float() for k, lk in enumerate(losses)) + feature_weight * feat.float()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, clip)
@@ -380,6 +388,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=512, help="teacher chunk (context) length")
     p.add_argument("--max-per-file", type=int, default=2048)
     p.add_argument("--top", type=int, default=16, help="teacher top-k kept per position")
+    p.add_argument("--teacher-bf16", action="store_true",
+                   help="label the training text under bfloat16 autocast (the held-out text stays float32)")
     p.add_argument("--draft-vocab", type=int, default=3072)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
@@ -395,6 +405,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--feature-weight", type=float, default=0.1, help="weight of the smooth-L1 feature term")
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--max-train-minutes", type=float, default=None)
+    p.add_argument("--train-bf16", action="store_true", help="train under bfloat16 autocast (float32 weights)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
     p.add_argument("--n-prompts", type=int, default=32, help="as the draft's distillation (the split's sizes)")
     p.add_argument("--labels-only", action="store_true", help="stop after caching the teacher features")
@@ -454,8 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     key = f"{tpath.name}-{tpath.stat().st_size}-{args.chunk}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}"
     val = teacher_features(target, val_chunks, hidden_layers=layers, k=args.top, log=log,
                            cache_path=args.cache_dir / f"eagle3_val_{key}-{args.val_tokens}.pt")
-    data = teacher_features(target, chunks, hidden_layers=layers, k=args.top, log=log,
-                            cache_path=args.cache_dir / f"eagle3_teacher_{key}.pt")
+    data = teacher_features(target, chunks, hidden_layers=layers, k=args.top, log=log, bf16=args.teacher_bf16,
+                            cache_path=args.cache_dir / f"eagle3_teacher_{key}{'-bf16' if args.teacher_bf16 else ''}.pt")
     if args.labels_only:
         log(f"teacher features cached under {args.cache_dir}; stopping (--labels-only)")
         return 0
@@ -499,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     tr = train_head(head, data, draft_index, steps=args.steps, batch=args.batch, window=args.window, lr=args.lr,
                     warmup=args.warmup, ttt_steps=args.ttt_steps, step_decay=args.step_decay,
                     feature_weight=args.feature_weight, seed=args.seed, eval_every=args.eval_every, val=val,
-                    log=log, max_seconds=None if args.max_train_minutes is None else 60 * args.max_train_minutes)
+                    log=log, max_seconds=None if args.max_train_minutes is None else 60 * args.max_train_minutes,
+                    bf16=args.train_bf16)
     vfinal = evaluate_head(head, val, draft_index, steps=args.ttt_steps, window=args.window)
     out = args.out
     save_eagle_head(head, out, draft_ids=draft_ids, dtype=torch.float16,
