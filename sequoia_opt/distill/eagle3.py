@@ -91,7 +91,8 @@ def teacher_features(target, chunks: torch.Tensor, *, hidden_layers: Sequence[in
     keeping the features and the top-k; resumable from ``cache_path`` (a larger run reuses a smaller one's
     chunks, which are a prefix of its own).
 
-    ``bf16``: the forward under CPU bfloat16 autocast (2.8x the float32 rate on an AMX Xeon; on the demo target
+    ``bf16``: the forward under CPU bfloat16 autocast (on a 2-core AMX Xeon, one idle 512-token chunk of the demo
+    target: 950 tokens/s against float32's 340; a whole 1M-token pass, cache saves included, 600; on that target
     the top-1 agrees with float32 at 97.5 % of positions, the fused features within 0.4-0.7 % relative: the
     near-ties, where the top-16 target barely moves). The cache is re-saved every ``max(save_every, n // 8)``
     chunks, so a long pass writes a few times its final size, not n / save_every times."""
@@ -465,8 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     key = f"{tpath.name}-{tpath.stat().st_size}-{args.chunk}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}"
     val = teacher_features(target, val_chunks, hidden_layers=layers, k=args.top, log=log,
                            cache_path=args.cache_dir / f"eagle3_val_{key}-{args.val_tokens}.pt")
+    dtype_tag = "-bf16" if args.teacher_bf16 else ""  # bf16 labels never resume a float32 cache, nor the reverse
     data = teacher_features(target, chunks, hidden_layers=layers, k=args.top, log=log, bf16=args.teacher_bf16,
-                            cache_path=args.cache_dir / f"eagle3_teacher_{key}{'-bf16' if args.teacher_bf16 else ''}.pt")
+                            cache_path=args.cache_dir / f"eagle3_teacher_{key}{dtype_tag}.pt")
     if args.labels_only:
         log(f"teacher features cached under {args.cache_dir}; stopping (--labels-only)")
         return 0
