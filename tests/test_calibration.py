@@ -121,6 +121,13 @@ def test_by_rank_keeps_a_rank_that_has_a_gap_before_it():
     assert [(r["rank"], r["count"], r["mean_draft_prob"]) for r in prof.by_rank()] == [(0, 1, 0.6), (2, 1, 0.1)]
 
 
+def test_by_rank_of_a_rank_near_the_file_limit_is_two_rows_at_once():
+    # a file may hold any rank up to 2**31 - 1 (MAX_TOKENS): the table has a row per rank present, not per rank
+    # below the largest (the fuzz test found a loader that looped 2**31 times over empty ranks)
+    prof = _profile([step([-1, 0, 0], [1, 0.6, 0.1], [0, 0, 2**31 - 1], [1, 1, 0])])
+    assert [(r["rank"], r["count"]) for r in prof.by_rank()] == [(0, 1), (2**31 - 1, 1)]
+
+
 # ---------------------------------------------------------------------------------------------- the file
 def test_save_load_round_trip_keeps_tables_and_steps(tmp_path):
     # a probability a hair under a bin edge rounds to the edge once stored: the tables must not change

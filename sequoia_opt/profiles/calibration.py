@@ -192,13 +192,14 @@ def _table(key: np.ndarray, prob: np.ndarray, acc: np.ndarray, weight: np.ndarra
     candidates whose parent is on the target's own path); ``accepted``, ``mean_draft_prob`` and
     ``acceptance`` are reach-weighted, so ``acceptance`` is P(accepted | parent reached)."""
     rows = []
-    for i, lab in enumerate(labels):
+    # only the keys present, for all but bins: a file's rank may be any int up to 2**31 - 1, and a loop over
+    # range(max rank + 1) would run for hours on one such entry before leaving the empty ranks out anyway
+    for i in range(len(labels)) if name == "bin" else np.unique(key).tolist():
+        lab = labels[i]
         m = key == i
         n = int(m.sum())
-        if name == "bin" and n == 0:
+        if n == 0:  # an empty bin
             rows.append({name: lab, "count": 0, "reached": 0.0, "accepted": 0.0})
-            continue
-        if n == 0:
             continue
         w = float(weight[m].sum())
         a = float((weight[m] * acc[m]).sum())
