@@ -64,7 +64,9 @@ TREEOPT_CURVE = ROOT / "profiles/cpu-amd-epyc/SmolLM2-135M-Instruct.Q4_1-latency
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--context", type=int, default=None,
+                    help="context (tokens) the curve is measured and read at (default: the eval run's mean context, "
+                         "its prompts' tokens plus half the new tokens)")
     ap.add_argument("--max-tokens", type=int, default=32, help="largest target token count profiled")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--acc-prompts", type=int, default=24)
@@ -86,7 +88,12 @@ def main() -> None:
     draft = write_gguf(tmp / "treeopt-smollm2-draft.gguf", model, tok, outtype="f16", name="treeopt-smollm2-draft")
     del model
 
-    # 2. the llama.cpp curve
+    # 2. the llama.cpp curve, at the context the eval run decodes at: on this CPU a verify of n tokens costs
+    # more with more tokens in the KV cache (T(9) 195 ms at 128 tokens, 239 ms at 256, one thread), so a curve
+    # measured at 256 over-charged the eval run's deep chains (mean context ~190) by 10-16 %
+    ev = [tok.encode(p.text) for p in load_prompts(demo_prompts_path("eval"), limit=args.eval_prompts)]
+    if args.context is None:
+        args.context = int(round(statistics.fmean(len(x) for x in ev) + args.new_tokens / 2))
     t0 = time.perf_counter()
     if args.latency is not None:
         curve = load_latency(args.latency)
@@ -130,7 +137,8 @@ def main() -> None:
         treeopt_curve = load_latency(TREEOPT_CURVE)
         lengths = [int(x) for x in args.lengths.split(",")]
         ch = solve_chain(acc, curve, max_draft=max(lengths), context=ctx)
-        ch_treeopt = solve_chain(acc, treeopt_curve, max_draft=max(lengths), context=ctx)
+        tctx = min(c['context_tokens'] for c in treeopt_curve.to_dict()['curves'])  # its own (256): not measured lower
+        ch_treeopt = solve_chain(acc, treeopt_curve, max_draft=max(lengths), context=tctx)
         grid = [ChainSetting(n, 0, p) for n in lengths for p in (0.0, 0.3, 0.5, 0.7, 0.9)]
         replay_best = max(grid, key=lambda s: predict_replay(traces, s, curve, ctx).tokens_per_s)
         print(f"solved on llama.cpp's curve: draft-max {ch.setting.n_max} ({ch.speedup:.3f}x predicted); on treeopt's "
@@ -139,7 +147,6 @@ def main() -> None:
 
         # 5. measured on the eval prompts
         t0 = time.perf_counter()
-        ev = [tok.encode(p.text) for p in load_prompts(demo_prompts_path("eval"), limit=args.eval_prompts)]
         settings = [(f"draft-max {n}", ChainSetting(n)) for n in lengths]
         if replay_best.p_min > 0:
             settings.append((f"draft-max {replay_best.n_max} p-min {replay_best.p_min:g}", replay_best))
@@ -187,8 +194,8 @@ def main() -> None:
                   "target_forward_ms": [curve.target_ms(n, ctx) for n in curve.target_tokens(ctx)],
                   "draft_forward_ms_1": curve.draft_ms(1, ctx), "step_overhead_ms": curve.step_overhead_ms,
                   "loop": curve.to_dict()["curves"][0].get("loop")},
-        "treeopt_curve": {"id": treeopt_curve.id, "tokens": treeopt_curve.target_tokens(ctx).tolist(),
-                          "target_forward_ms": [treeopt_curve.target_ms(n, ctx) for n in treeopt_curve.target_tokens(ctx)]},
+        "treeopt_curve": {"id": treeopt_curve.id, "context_tokens": tctx, "tokens": treeopt_curve.target_tokens(tctx).tolist(),
+                          "target_forward_ms": [treeopt_curve.target_ms(n, tctx) for n in treeopt_curve.target_tokens(tctx)]},
         "acceptance": {"p": acc.acceptance.tolist(), "counts": counts.tolist(),
                        "eval_counts": ev_counts.tolist()},
         "solved_llamacpp": {"draft_max": ch.setting.n_max, "flags": chain_flags(ch.setting),
@@ -213,6 +220,9 @@ def main() -> None:
                   "chains_within_10pct_without_loop": sum(abs(x["prediction_error_without_loop"]) <= 0.10
                                                           for x in rows[1:]
                                                           if x["prediction_error_without_loop"] is not None),
+                  # the replay of the profile prompts' traces: the value model treeopt tune uses for chains
+                  "chains_within_10pct_replay": sum(abs(x["prediction_error_replay"]) <= 0.10 for x in rows[1:]
+                                                    if x["prediction_error"] is not None),
                   "chains": sum(x["prediction_error"] is not None for x in rows[1:]),
                   "median_abs_error": statistics.median(abs(x["prediction_error"]) for x in rows[1:]
                                                         if x["prediction_error"] is not None),
