@@ -47,6 +47,12 @@ loop's step at every batch size with the draft GGUF; batch 16 alone 17); ``--eng
 --turnovers 2 --stream-requests 20 --stream-tokens 8`` took 41 min (``tune`` 22, its loop timed to 2 %). The editing answers copy the function after a short
 preamble, so 16 tokens understate what n-grams accept (``--new 48`` matches the profile's 48, at 3x the time).
 
+The plan re-ranked during the run (``plan-live``, :class:`~sequoia_opt.drafting.policies.AdaptiveSchedulePolicy`):
+beside the fixed K, every batch size and the stream also run the plan whose ranges are re-ranked every
+``--live-every`` steps from the acceptance the served requests show (each round starts it afresh from the plan
+and the profile's prior, so its learning is paid inside the timed steps); its regret and stream figures are
+reported beside the static plan's (``--no-live`` skips it).
+
 Where the plan's error comes from (treeopt's decoder): the served requests are teacher-forced and the plan re-solved
 from their own acceptance with the run's latency profile (:func:`served_acceptance`); ``--reanalyze RUN.json``
 does it for a finished run.
@@ -71,7 +77,8 @@ import torch
 from sequoia_opt._io import atomic_write_text
 from sequoia_opt.decoding import Decoder
 from sequoia_opt.drafting.drafters.lookup import PromptLookupDrafter
-from sequoia_opt.drafting.policies import SchedulePolicy, StaticTreePolicy
+from sequoia_opt.drafting.policies import AdaptiveSchedulePolicy, PlanAdapter, SchedulePolicy, StaticTreePolicy
+from sequoia_opt.drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_WINDOW
 from sequoia_opt.jobs.tune import TuneOptions, tune
 from sequoia_opt.plan_exports import LLAMACPP_DEFAULT_DRAFT, SGLANG_DEFAULT_ENVELOPE, VLLM_GENERATOR_KS
 from sequoia_opt.profiles.batch import parse_batches
@@ -80,6 +87,7 @@ from sequoia_opt.solver.schedule import save_schedule
 from sequoia_opt.tree import Tree, now_iso
 
 ROOT = Path(__file__).resolve().parents[1]
+LIVE = "plan-live"  # the plan re-ranked during the run from the live acceptance (AdaptiveSchedulePolicy)
 WORKLOADS = {"eval": (ROOT / "sequoia_opt/data/prompts/eval.jsonl", ROOT / "sequoia_opt/data/prompts/profile.jsonl", None),
              "edit": (ROOT / "benchmarks/data/edit-eval.jsonl", ROOT / "benchmarks/data/edit-profile.jsonl", "lookup")}
 
@@ -137,10 +145,13 @@ class Engine:
         return LlamaCppDrafter(self._contexts(rows, slot)[1])
 
     def decoder(self, rows: int, k: int | None = None, ranges: list[tuple[int, int, int]] | None = None,
-                slot: int = 0) -> Decoder:
-        """A decoder of up to ``rows`` rows drafting a fixed chain of ``k`` (0: plain decoding) or the plan's
-        ``ranges`` (live rows lo..hi -> K); ``slot`` keeps the decoders of one lockstep comparison apart."""
-        if ranges is not None:
+                slot: int = 0, live: Any = None) -> Decoder:
+        """A decoder of up to ``rows`` rows drafting a fixed chain of ``k`` (0: plain decoding), the plan's
+        ``ranges`` (live rows lo..hi -> K), or the plan re-ranked from the live acceptance (``live``: a function
+        returning a fresh :class:`PlanAdapter`); ``slot`` keeps the decoders of one lockstep comparison apart."""
+        if live is not None:
+            policy = AdaptiveSchedulePolicy(self.drafter(rows, slot), live())
+        elif ranges is not None:
             policy = SchedulePolicy(self.drafter(rows, slot), [(lo, hi, Tree.chain(kk + 1)) for lo, hi, kk in ranges])
             if all(kk == 0 for *_, kk in ranges):
                 policy = None
@@ -213,7 +224,9 @@ class Served:
                 "emitted": self.emitted if self.timed_rows is not None else
                 sum(len(r.tokens) for r in self.state.results),
                 "wall_ms": self.wall_ms, "live": [b for b, _, _ in self.step_log],
-                "step_log": self.step_log}
+                "step_log": self.step_log,
+                **({"adaptation": self.dec.policy.adapter.report()}
+                   if isinstance(self.dec.policy, AdaptiveSchedulePolicy) else {})}
 
 
 def by_range(runs: list[dict], ranges: list[tuple[int, int, int]]) -> dict[str, dict]:
@@ -246,11 +259,15 @@ def lockstep(served: list[Served], block: int) -> None:
             x.advance(block)
 
 
-def run_batch(eng: Engine, b: int, ks: list[int], prompts: list[list[int]], new: int, block: int) -> dict[int, dict]:
-    """The requests served at a steady concurrency of b with every fixed K in ``ks``, in lockstep (in that order);
-    per K: tokens per request, decode ms of the steps with b live rows (prefill and joins excluded), their steps
-    and tokens."""
-    served = {k: Served(eng.decoder(b, k, slot=i), prompts, new, lambda s: b, b) for i, k in enumerate(ks)}
+def run_batch(eng: Engine, b: int, ks: list[Any], prompts: list[list[int]], new: int, block: int,
+              extra: dict[str, dict] | None = None) -> dict[Any, dict]:
+    """The requests served at a steady concurrency of b with every fixed K in ``ks`` (and each named setting of
+    ``extra``: decoder keywords), in lockstep (in that order, a name of ``extra`` in ``ks`` taking its place);
+    per setting: tokens per request, decode ms of the steps with b live rows (prefill and joins excluded), their
+    steps and tokens."""
+    extra = extra or {}
+    served = {k: Served(eng.decoder(b, **(extra[k] if k in extra else {"k": k}), slot=i), prompts, new,
+                        lambda s: b, b) for i, k in enumerate(ks)}
     lockstep(list(served.values()), block)
     return {k: x.result() for k, x in served.items()}
 
@@ -416,12 +433,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stream-tokens", type=int, default=12)
     ap.add_argument("--stream-peak", type=int, default=16)
     ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--no-live", action="store_true",
+                    help="skip the plan re-ranked from the live acceptance (treeopt's decoder: plan-live)")
+    ap.add_argument("--live-every", type=int, default=DEFAULT_EVERY, help="plan-live: steps between re-rankings")
+    ap.add_argument("--live-window", type=int, default=DEFAULT_WINDOW,
+                    help="plan-live: steps its acceptance estimate remembers")
     ap.add_argument("--profile-rounds", type=int, default=2)
     ap.add_argument("--profile-prompts", type=int, default=32,
                     help="profile prompts tune measures acceptance on (the workload's profile file has 32 / 24)")
     ap.add_argument("--profile-new-tokens", type=int, default=None,
                     help="answer tokens per profile prompt (default: --new, the length the requests are served to)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profiles-from", type=Path, default=None,
+                    help="an earlier run's profiles/ folder, copied into this run's and reused by tune where they cover "
+                         "it (same machine: the plan is that run's; the rounds and the stream are measured anew)")
     ap.add_argument("--plan", type=Path, default=None, help="a treeopt-schedule/1 plan (default: tune solves one)")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results/schedules")
     ap.add_argument("--markdown", type=Path, nargs="+", default=None,
@@ -483,7 +508,13 @@ def main() -> None:
     ids = request_ids(eng, eval_file, cut, need)
     context = int(statistics.median(len(p) for p in ids))
 
-    # 1. profile -> solve, in this machine state (what treeopt tune does)
+    # 1. profile -> solve, in this machine state (what treeopt tune does; --profiles-from: an earlier run's profiles)
+    if args.profiles_from is not None:
+        import shutil
+
+        if not args.profiles_from.is_dir():
+            sys.exit(f"--profiles-from {args.profiles_from}: not a folder")
+        shutil.copytree(args.profiles_from, run_dir / "profiles", dirs_exist_ok=True)
     log(f"tune: profile T(b, n) at batch sizes {batches} (context {context}), acceptance on {profile_file.name}")
     res = tune(TuneOptions(engine=args.engine, draft=draft, batches=batches, context=context, max_draft=max(ks),
                            prompts=profile_file, num_prompts=args.profile_prompts,
@@ -497,16 +528,22 @@ def main() -> None:
     ranges = [(r.lo, r.hi, r.setting.draft_tokens) for r in plan.ranges]
     predicted = {r.batch: {c.setting.draft_tokens: c.tokens_per_s_total for c in r.candidates} for r in plan.rows}
     log(f"plan: {', '.join(f'{lo}-{hi}: K={k}' for lo, hi, k in ranges)}; {res.profiles}")
+    live = None  # a fresh adapter per decoder: each round's plan-live starts from the plan and the profile's prior
+    if not args.no_live and plan.shape == "chain":
+        live = lambda: PlanAdapter.of_plan(plan, every=args.live_every, window=args.live_window)  # noqa: E731
 
     # 2. every fixed K at every batch size, interleaved rounds
     rows = []
     for b in batches:
         prompts = ids[: requests_at(b)]
         runs: dict[int, list[dict]] = {k: [] for k in ks}
+        live_runs: list[dict] = []  # the plan re-ranked from the live acceptance (AdaptiveSchedulePolicy)
+        names = ks + ([LIVE] if live else [])
         for r in range(args.rounds):
-            order = ks[r % len(ks):] + ks[: r % len(ks)]
-            for k, res_k in run_batch(eng, b, order, prompts, args.new, args.block_steps).items():
-                runs[k].append(res_k)
+            order = names[r % len(names):] + names[: r % len(names)]
+            for k, res_k in run_batch(eng, b, order, prompts, args.new, args.block_steps,
+                                      extra={LIVE: {"live": live}} if live else None).items():
+                (live_runs if k == LIVE else runs[k]).append(res_k)
             log(f"batch {b} round {r + 1}/{args.rounds}")
         eng.release()
         plain = runs[0][0]["tokens"] if 0 in runs else None
@@ -528,7 +565,16 @@ def main() -> None:
         pred0, meas0 = predicted.get(b, {}).get(0), per_k.get(0, {}).get("tokens_per_s_total")
         sp_pred = None if pred is None or not pred0 else pred / pred0
         sp_meas = None if chosen is None or not meas0 else chosen / meas0
+        live_row = None
+        if live_runs:
+            tps = [1000.0 * x["emitted"] / x["ms"] for x in live_runs]
+            live_row = {"tokens_per_s_total": med(tps), "tokens_per_s_total_rounds": tps,
+                        "regret": (best - med(tps)) / best,
+                        "greedy_equal_plain": plain is None or all(x["tokens"] == plain for x in live_runs),
+                        "final_ranges": [x["adaptation"]["final_ranges"] for x in live_runs],
+                        "resolves": [sum(e["changed"] for e in x["adaptation"]["resolves"]) for x in live_runs]}
         rows.append({"batch": b, "prompts": len(prompts), "by_k": per_k, "best_measured_k": best_k,
+                     "plan_live": live_row,
                      "plan_k": pk, "plan_tokens_per_s_total": chosen,
                      "regret": None if chosen is None else (best - chosen) / best,
                      "plan_predicted_tokens_per_s_total": pred,
@@ -566,13 +612,16 @@ def main() -> None:
                        for i, (lo, hi, k) in enumerate(ranges)]
         settings: dict[str, dict] = {f"K={k}": {"k": k} for k in ks}
         settings["plan"] = {"ranges": plan_ranges}
+        if live:
+            settings[LIVE] = {"live": live}
         settings["vllm-generator"] = {"ranges": vr}
         sruns: dict[str, list[dict]] = {n: [] for n in settings}
         names = list(settings)
         # a rule that drafts the same K as an earlier setting at every live-row count is the same decoder: it is run
         # once and shares those runs (two runs of one decoder differ by this VM's noise alone, up to 9 %)
-        k_by_rows = {n: tuple(st["k"] if "k" in st else next(k for lo, hi, k in st["ranges"] if lo <= b <= hi)
-                              for b in range(1, args.stream_peak + 1)) for n, st in settings.items()}
+        k_by_rows = {n: (n,) if "live" in st else
+                     tuple(st["k"] if "k" in st else next(k for lo, hi, k in st["ranges"] if lo <= b <= hi)
+                           for b in range(1, args.stream_peak + 1)) for n, st in settings.items()}
         same_as = {n: next(m for m in names if k_by_rows[m] == k_by_rows[n]) for n in names}
         runs_of = [n for n in names if same_as[n] == n]
         for r in range(args.rounds):
@@ -595,6 +644,7 @@ def main() -> None:
                                      "tokens_per_s_total_with_prefill": med(wall),
                                      "greedy_equal_plain": ref is None or all(x["tokens"] == ref for x in sruns[n]),
                                      "by_plan_range": by_range(sruns[n], plan_ranges),
+                                     **({"adaptation": [x["adaptation"] for x in sruns[n]]} if n == LIVE else {}),
                                      **({"ranges": settings[n]["ranges"]} if "ranges" in settings[n] else {})}
         st = stream["settings"]
         stream["peers"] = {"sglang-default": st[f"K={measured_k(SGLANG_DEFAULT_ENVELOPE[0])}"]["tokens_per_s_total"],
@@ -624,6 +674,19 @@ def main() -> None:
     if served is not None:
         goals.update(oracle_max_regret=served["max_oracle_regret"],
                      oracle_max_prediction_error=served["max_oracle_prediction_error"])
+    live_rows = [r["plan_live"] for r in rows if r.get("plan_live")]
+    if live_rows:
+        goals.update(live_max_regret=max(x["regret"] for x in live_rows),
+                     live_regret_le_3pct_everywhere=max(x["regret"] for x in live_rows) <= 0.03,
+                     greedy_equal_everywhere=goals["greedy_equal_everywhere"]
+                     and all(x["greedy_equal_plain"] for x in live_rows))
+    if stream is not None and LIVE in stream["settings"]:
+        st = stream["settings"]
+        p = st[LIVE]["tokens_per_s_total"]
+        fixed = {n: v["tokens_per_s_total"] for n, v in st.items() if n.startswith("K=")}
+        goals.update(stream_live_tokens_per_s=p, stream_live_vs_best_fixed=p / max(fixed.values()),
+                     stream_live_ge_every_fixed=all(p >= v for v in fixed.values()),
+                     stream_live_ge_every_peer=all(p >= v for v in stream["peers"].values()))
     if stream is not None:
         st = stream["settings"]
         p = st["plan"]["tokens_per_s_total"]
@@ -641,7 +704,8 @@ def main() -> None:
            "measurement": "steady concurrency (continuous batching, b rows live); settings in lockstep",
            "block_steps": args.block_steps,
            "context_tokens": context, "batches": batches, "ks": ks,
-           "profiles": res.profiles, "plan": {"ranges": [list(x) for x in ranges],
+           "profiles": res.profiles, "profiles_from": None if args.profiles_from is None else rel(args.profiles_from),
+           "plan": {"ranges": [list(x) for x in ranges],
                                               "stops_paying_above": plan.stops_paying_above,
                                               "file": rel(run_dir / "plan.yaml")},
            "max_prompt_tokens": cut, "rows": rows, "stream": stream,
@@ -665,7 +729,7 @@ def print_tables(doc: dict) -> None:
                  for k in ks]
         print(f"{r['batch']} | " + " | ".join(cells) + f" | K={r['best_measured_k']} | {r['plan_k']} | "
               f"{100 * (r['regret'] or 0):.1f}% | {r['plan_predicted_tokens_per_s_total'] or 0:.1f} | "
-              f"{100 * (r['prediction_error'] or 0):+.1f}% | {_speedups(r)}")
+              f"{100 * (r['prediction_error'] or 0):+.1f}% | {_speedups(r)}{_live(r)}")
     if doc["stream"]:
         st = doc["stream"]["settings"]
         print("stream total tok/s: " + ", ".join(f"{n} {v['tokens_per_s_total']:.1f}" for n, v in st.items()))
@@ -674,6 +738,15 @@ def print_tables(doc: dict) -> None:
                 print(f"stream, live rows {rng}, tok/s of those steps: " + ", ".join(
                     f"{n} {v['by_plan_range'][rng]['tokens_per_s'] or 0:.1f}" for n, v in st.items()))
     print("goals: " + json.dumps(doc["goals"]))
+
+
+def _live(r: dict) -> str:
+    """The plan re-ranked during the run: its tok/s, regret and final ranges per round ('' when not run)."""
+    x = r.get("plan_live")
+    if not x:
+        return ""
+    return (f" | live {x['tokens_per_s_total']:.1f} ({100 * x['regret']:.1f} %, ends "
+            + "; ".join(",".join(f"{lo}-{hi}:K={k}" for lo, hi, k in f) for f in x["final_ranges"]) + ")")
 
 
 def _stops(above: int | None) -> str:
@@ -699,21 +772,23 @@ def markdown(doc: dict, source: str) -> str:
            + "; " + _stops(doc["plan"]["stops_paying_above"]) + " "
            f"(`{source}`, {doc['rounds']} rounds, medians)", "",
            "| batch | " + " | ".join(f"K={k}" for k in ks) + " | best K | plan K | regret | predicted | error "
-           "| speedup predicted / measured |",
-           "| --- " * (len(ks) + 7) + "|"]
+           "| speedup predicted / measured | plan-live (regret, final ranges per round) |",
+           "| --- " * (len(ks) + 8) + "|"]
     for r in doc["rows"]:
         by_k = {int(k): v for k, v in r["by_k"].items()}
         cells = [f"**{by_k[k]['tokens_per_s_total']:.1f}**" if k == r["plan_k"] else
                  f"{by_k[k]['tokens_per_s_total']:.1f}" for k in ks]
         out.append(f"| {r['batch']} | " + " | ".join(cells) + f" | {r['best_measured_k']} | {r['plan_k']} | "
                    f"{100 * (r['regret'] or 0):.1f} % | {r['plan_predicted_tokens_per_s_total'] or 0:.1f} | "
-                   f"{100 * (r['prediction_error'] or 0):+.1f} % | {_speedups(r)} |")
+                   f"{100 * (r['prediction_error'] or 0):+.1f} % | {_speedups(r)} | {_live(r)[3:] or '-'} |")
     if doc["stream"]:
         st = doc["stream"]
         fixed = {n: v["tokens_per_s_total"] for n, v in st["settings"].items() if n.startswith("K=")}
         best = max(fixed, key=fixed.get)
         out += ["", f"Stream 1 -> {st['peak']} -> 1 ({st['requests']} requests x {st['tokens_per_request']} "
-                f"tokens), total tok/s: plan {st['settings']['plan']['tokens_per_s_total']:.1f}; best fixed "
+                f"tokens), total tok/s: plan {st['settings']['plan']['tokens_per_s_total']:.1f}; "
+                + (f"plan-live {st['settings'][LIVE]['tokens_per_s_total']:.1f}; " if LIVE in st["settings"] else "")
+                + f"best fixed "
                 f"{best} {fixed[best]:.1f}; K=0 {fixed.get('K=0', 0):.1f}; "
                 + "; ".join(f"{n} {v:.1f}" for n, v in st["peers"].items())]
         if "by_plan_range" in st["settings"]["plan"]:

@@ -23,7 +23,8 @@ from ..errors import TreeoptError
 from ..model.loaders import bundled_draft_path, model_label
 from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
 from .drafters.base import CostModel
-from .policies import ChainPolicy, DynamicPolicy, SchedulePolicy, StaticTreePolicy
+from .policies import (AdaptiveSchedulePolicy, ChainPolicy, DynamicPolicy, PlanAdapter, SchedulePolicy,
+                       StaticTreePolicy)
 
 __all__ = ["DrafterSpec", "DrafterKind", "CostProbe", "PolicyKind", "DRAFTERS", "POLICIES", "register_drafter",
            "register_policy", "policy_kind", "parse_policy", "load_plugins", "drafter_kind",
@@ -439,6 +440,26 @@ register_policy(PolicyKind(
     "schedule", "a speculation plan: the chain (or tree) of the batch range holding the live rows, "
     "schedule:FILE (treeopt tune -o FILE)", _parse_schedule,
     lambda drafter, tree, o: SchedulePolicy(drafter, o["ranges"]), SchedulePolicy))
+
+
+def _parse_adaptive_schedule(arg: str | None) -> dict[str, Any]:
+    """``adaptive-schedule:FILE``: a chain plan (``treeopt tune --schedule FILE``, with its ``by_batch``
+    candidates) re-ranked during the run from the live acceptance."""
+    from ..solver.schedule import load_schedule
+
+    if not arg:
+        raise TreeoptError("--policy adaptive-schedule:FILE needs a treeopt-schedule/1 file with its by_batch "
+                           "candidates (treeopt tune --schedule FILE)")
+    sched = load_schedule(arg)
+    PlanAdapter.of_document(sched.doc, arg)  # refused here, before anything loads
+    return {"doc": sched.doc, "source": arg}
+
+
+register_policy(PolicyKind(
+    "adaptive-schedule", "a chain plan re-ranked during the run from the acceptance the requests show, "
+    "adaptive-schedule:FILE (treeopt tune --schedule FILE)", _parse_adaptive_schedule,
+    lambda drafter, tree, o: AdaptiveSchedulePolicy(drafter, PlanAdapter.of_document(o["doc"], o["source"])),
+    AdaptiveSchedulePolicy))
 
 
 def policy_kind(name: str) -> PolicyKind:

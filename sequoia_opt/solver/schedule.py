@@ -83,7 +83,7 @@ SHAPES = ("none", "chain", "envelope", "tree")
 __all__ = ["SCHEDULE_FORMAT", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
            "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "check_output_tokens",
            "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
-           "max_draft_measured", "plan_from_ranges"]
+           "max_draft_measured", "plan_from_ranges", "merge_ranges"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -715,14 +715,10 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
         rows.append(BatchRow(b, best, plain, tuple(cands)))
         if first_is_longest and cap is None:
             cap = best.setting.draft_tokens
-    ranges: list[Range] = []
-    for i, r in enumerate(rows):
-        if ranges and ranges[-1].setting == r.best.setting:
-            continue
-        ranges.append(Range(r.batch, 0, r.best.setting, r.best))
     last = max_batch if max_batch is not None else batches[-1]
-    ranges = [Range(x.lo, (ranges[i + 1].lo - 1) if i + 1 < len(ranges) else last, x.setting, x.predicted)
-              for i, x in enumerate(ranges)]
+    best_at = {r.batch: r.best for r in rows}
+    ranges = [Range(lo, hi, s, best_at[lo]) for lo, hi, s in merge_ranges([(r.batch, r.best.setting) for r in rows],
+                                                                            last)]
     paying = [r.batch for r in rows if r.best.setting.speculates]
     if not paying:
         stops = 0
@@ -749,6 +745,17 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
                      "way (close_call in the plan file; profile on more of your traffic, or measure both)")
     return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes,
                 getattr(value, "interval_method", "none"), output_tokens)
+
+
+def merge_ranges(best: Sequence[tuple[int, Any]], last: int) -> list[tuple[int, int, Any]]:
+    """Ranges from the best setting of each measured batch size (module docstring): ``best`` is ``(batch,
+    setting)`` ascending; consecutive batch sizes with equal settings merge, a range runs from its first measured
+    batch size to the one before the next range's, and the last ends at ``last``. Returns ``(lo, hi, setting)``."""
+    starts: list[tuple[int, Any]] = []
+    for b, s in best:
+        if not starts or starts[-1][1] != s:
+            starts.append((int(b), s))
+    return [(lo, (starts[i + 1][0] - 1) if i + 1 < len(starts) else int(last), s) for i, (lo, s) in enumerate(starts)]
 
 
 def _length_notes(value: Any, output_tokens: int | None) -> list[str]:

@@ -12,6 +12,8 @@
   of :mod:`sequoia_opt.dynamic` (EAGLE-2, entropy branching, best-first / DDTree).
 * ``schedule.py`` — :class:`SchedulePolicy`: a speculation plan, the static tree (a chain of K) of the batch range
   that holds the live rows, as vLLM, TensorRT-LLM and SGLang pick a draft length per batch size.
+* ``adaptive_schedule.py`` — :class:`AdaptiveSchedulePolicy`: a chain plan whose ranges are re-ranked during the run
+  from the acceptance the served requests show (:class:`PlanAdapter`).
 * ``graft.py`` — :class:`GraftPolicy`: a light and a strong drafter grow one shared tree from a solved plan
   (TreeGraft, 2026); a scheduler decides per step whether the strong drafter is called.
 * ``merge.py`` — :class:`MergePolicy`: each drafter proposes its own tree; the union by shared prefixes is
@@ -32,8 +34,10 @@ from .scheduler import (FEATURE_NAMES, AlwaysGraft, GraftFeatures, GraftSchedule
                         load_scheduler, save_scheduler)
 from .static import StaticTreePolicy, check_tree_width
 from .schedule import SchedulePolicy
+from .adaptive_schedule import AdaptiveSchedulePolicy, PlanAdapter
 
 __all__ = ["DraftingPolicy", "SharedTreePolicy", "commit_drafter", "ChainPolicy", "top1_share", "StaticTreePolicy", "check_tree_width", "SchedulePolicy",
+           "AdaptiveSchedulePolicy", "PlanAdapter",
            "AdaptiveTreePolicy", "TreeAdapter", "OnlineAcceptance", "Resolve", "GraftPolicy", "check_graft_plan",
            "MergePolicy", "DynamicPolicy", "GraftScheduler", "GraftFeatures", "AlwaysGraft", "NeverGraft",
            "LogisticScheduler", "FEATURE_NAMES", "load_scheduler", "save_scheduler"]

@@ -33,6 +33,9 @@ class SchedulePolicy(StaticTreePolicy):
         ranges: ``(lo, hi, tree)`` in order, the first starting at 1, contiguous; a root-only tree is plain
             decoding for that range.
         name: the drafter's label.
+        capacity: the largest tree the policy may ever run (default: the ranges' widest): the drafter's and the
+            decoder's buffers are sized for it once, so that a subclass may later swap in ranges of larger trees
+            (:class:`~sequoia_opt.drafting.policies.adaptive_schedule.AdaptiveSchedulePolicy`).
 
     Attributes:
         switches: how many times the tree changed between steps.  used: per step, the batch size and the tree's
@@ -42,7 +45,8 @@ class SchedulePolicy(StaticTreePolicy):
         DecodingError: ranges that overlap, leave a batch size out, or do not start at 1.
     """
 
-    def __init__(self, drafter: Drafter, ranges: Sequence[tuple[int, int, Tree]], name: str = "draft") -> None:
+    def __init__(self, drafter: Drafter, ranges: Sequence[tuple[int, int, Tree]], name: str = "draft", *,
+                 capacity: Tree | None = None) -> None:
         from ...errors import TreeoptError
         from ...solver.schedule import check_ranges
 
@@ -51,12 +55,13 @@ class SchedulePolicy(StaticTreePolicy):
             check_ranges(ranges, "speculation plan")
         except TreeoptError as err:
             raise DecodingError(str(err)) from None
-        widest = max((t for *_, t in ranges), key=lambda t: (t.tree_depth, t.size))
+        trees = [t for *_, t in ranges] + ([capacity] if capacity is not None else [])
+        widest = max(trees, key=lambda t: (t.tree_depth, t.size))
         super().__init__(drafter, widest, name)
         self.ranges = ranges
-        self.max_size = max(t.size for *_, t in ranges)
-        self.max_depth = max(t.tree_depth for *_, t in ranges)
-        self.max_width = max(t.max_branching_used for *_, t in ranges)
+        self.max_size = max(t.size for t in trees)
+        self.max_depth = max(t.tree_depth for t in trees)
+        self.max_width = max(t.max_branching_used for t in trees)
         self._compiled: dict[int, tuple[TreeBuffers, dict[int, TreeBuffers]]] = {}
         self.switches = 0
         self.used: list[tuple[int, int]] = []

@@ -1,0 +1,411 @@
+"""Adaptive speculation plans: a chain plan re-ranked during the run from the acceptance the served requests show
+(issue 29's plans, issue 31's guard for a workload that moves).
+
+Why. A plan (:func:`~sequoia_opt.solver.schedule.solve_plan`) picks a draft length K per batch size from the
+latency profile and the acceptance of the profile prompts. Where two lengths are predicted a few percent apart
+(a *close call*), the acceptance of the traffic decides between them, and the traffic is not the profile's
+prompts: on the demo pair the served eval requests accepted 7-13 % more tokens per step than the profile prompts,
+which made K = 2 beat the chosen K = 1 by 9 % at batch 2 (``benchmarks/schedules.py``, 2026-12-03); re-solved
+from the served requests' own acceptance, the same cost model chose the measured best at every batch size. So the
+run measures that acceptance itself and re-ranks the plan's candidates with it, as SGLang's adaptive mode follows
+the accepted length, but through the measured cost of every candidate at every batch size rather than a fixed
+step rule.
+
+Three parts, none of which re-measures latency (the plan's step costs are kept as solved):
+
+* :class:`ChainEstimate` — per-depth conditional acceptance of a chain, counted over the last ``window`` steps
+  and shrunk towards the plan's own. A chain's draft at depth d + 1 is *tried* when drafts 1..d were accepted
+  and the chain was at least d + 1 long; it is a hit when accepted: ``h_d = P(draft d + 1 accepted | drafts 1..d
+  accepted)``. G(K), the tokens per step of a chain of K, is ``1 + sum_{j=1..K} prod_{d<j} h_d`` (each
+  accepted draft adds a token to the bonus token). The prior's ``h0_d`` come from the plan's own G(K)
+  (``h0_d = (G(d + 1) - G(d)) / (G(d) - G(d - 1))``, so the prior reproduces the plan's G exactly, replayed or
+  DP-valued). A chain of K never tries depths past K: those keep the prior *scaled by the live-to-prior ratio of
+  the depths tried* (``rho = (hits + w) / (expected hits under the prior + w)``), i.e. the traffic is assumed to
+  shift every depth's acceptance by a common factor where it cannot be seen (on the demo pair's served requests
+  both measured depths moved up, by 23 % and 46 %). Each depth is ``(hits_d + w min(1, rho h0_d)) / (trials_d + w)``.
+* :class:`PlanAdapter` — the controller: the plan's candidates per measured batch size (K, the prior G(K), the
+  step's ms, the length factor), the estimate, and every ``every`` steps a re-ranking: at each measured batch
+  size the K with the most tokens/s, ``G_live(K) x length_factor(K) / step_ms(b, K)`` (ties to the shorter
+  chain), merged into ranges as the plan merges them (:func:`~sequoia_opt.solver.schedule.merge_ranges`). No
+  model, no torch: testable from synthetic trials. Every re-ranking is logged (:class:`PlanResolve`).
+* :class:`AdaptiveSchedulePolicy` — :class:`~sequoia_opt.drafting.policies.schedule.SchedulePolicy` whose
+  :meth:`~AdaptiveSchedulePolicy.observe` feeds every row's trials to the adapter and swaps the ranges between
+  steps. Buffers are sized for the longest candidate once. Greedy output is the target's greedy decoding
+  whatever chain a step uses (switching is exact between steps), so it equals plain decoding.
+
+Limits: chains only (a plan of envelopes or trees is refused); the latency side is the profile's (the guard of
+a machine that slows is not this); rows at different batch sizes share one estimate (greedy acceptance does not
+depend on the batch size).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ...decoding.policy import StepView
+from ...decoding.sampling import NodeVisit
+from ...decoding.state import DecodeState, DraftSettings
+from ...decoding.step_tree import TreeBuffers
+from ...errors import DecodingError, ProfileError
+from ...tree import Tree
+from ..drafters import Drafter
+from .adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW, _positive_int
+from .schedule import SchedulePolicy
+
+__all__ = ["ChainEstimate", "PlanCandidates", "PlanResolve", "PlanAdapter", "AdaptiveSchedulePolicy",
+           "hazards_from_chain_g", "chain_g_from_hazards"]
+
+
+def hazards_from_chain_g(g: Sequence[float]) -> np.ndarray:
+    """Per-depth conditional acceptance of a chain from its tokens per step G(0..K) (G(0) = 1, non-decreasing):
+    ``h_0 = G(1) - 1``, ``h_d = (G(d + 1) - G(d)) / (G(d) - G(d - 1))`` (module docstring). (K,) float64 in
+    [0, 1]; a depth after one whose increment is 0 gets 0.
+
+    Raises:
+        ProfileError: G(0) != 1, fewer than two entries, a non-finite entry.
+    """
+    g = np.asarray(g, dtype=np.float64)
+    if g.ndim != 1 or g.size < 2 or not np.all(np.isfinite(g)) or abs(g[0] - 1.0) > 1e-9:
+        raise ProfileError(f"chain tokens per step G(0..K) must start at G(0) = 1 and hold K >= 1 more, got {g.tolist()}")
+    inc = np.maximum(np.diff(g), 0.0)  # (K,) G(k) - G(k - 1): P(drafts 1..k all accepted)
+    prev = np.concatenate([[1.0], inc[:-1]])
+    h = np.divide(inc, prev, out=np.zeros_like(inc), where=prev > 1e-12)
+    return np.clip(h, 0.0, 1.0)
+
+
+def chain_g_from_hazards(h: Sequence[float]) -> np.ndarray:
+    """G(0..K) of chains under per-depth conditional acceptances ``h`` (K,): ``G(K) = 1 + sum_{j<=K} prod_{d<j}
+    h_d``. (K + 1,) float64."""
+    h = np.clip(np.asarray(h, dtype=np.float64), 0.0, 1.0)
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(h))])
+
+
+class ChainEstimate:
+    """The running per-depth acceptance of a chain (module docstring), over the last ``window`` steps.
+
+    Args:
+        prior_g: (K + 1,) the plan's G(0..K), tokens per step of chains of 0..K drafts.
+        window: steps remembered (>= 1); a step's trials are every row's.
+        prior_weight: pseudo-trials per depth the prior is worth (>= 0).
+
+    Attributes:
+        prior_hazards: (K,) ``h0``.  trials / hits: (K,) int64 counts over the window, per depth of the draft
+            tried (index d: the draft at depth d + 1).  steps: steps added since :meth:`reset`.
+
+    Raises:
+        ProfileError: a bad ``prior_g`` (:func:`hazards_from_chain_g`).  DecodingError: ``window < 1`` or a
+            negative / non-finite weight.
+    """
+
+    def __init__(self, prior_g: Sequence[float], *, window: int = DEFAULT_WINDOW,
+                 prior_weight: float = DEFAULT_PRIOR_WEIGHT) -> None:
+        self.prior_hazards = hazards_from_chain_g(prior_g)
+        self.window = _positive_int("the adaptation window (steps)", window)
+        w = float(prior_weight)
+        if not np.isfinite(w) or w < 0:
+            raise DecodingError(f"the prior weight must be a number of pseudo-trials >= 0, got {prior_weight!r}")
+        self.prior_weight = w
+        self.reset()
+
+    @property
+    def depth(self) -> int:
+        """K, the deepest draft estimated."""
+        return int(self.prior_hazards.size)
+
+    def reset(self) -> None:
+        """Forget every step (the estimate is the prior again)."""
+        self._steps: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.trials = np.zeros(self.depth, dtype=np.int64)
+        self.hits = np.zeros(self.depth, dtype=np.int64)
+        self.steps = 0
+
+    def counts(self, visits: Iterable[NodeVisit]) -> tuple[np.ndarray, np.ndarray]:
+        """(trials, hits), each (K,) int64, of one row's verification trials: a visit at depth d with a candidate
+        tried its draft at depth d + 1 (a hit when rank 0 was accepted); trials deeper than K are not counted."""
+        t = np.zeros(self.depth, dtype=np.int64)
+        h = np.zeros(self.depth, dtype=np.int64)
+        for v in visits:
+            d = int(v.depth)
+            if v.num_children < 1 or d >= self.depth:
+                continue
+            t[d] += 1
+            h[d] += v.accepted_rank == 0
+        return t, h
+
+    def add_step(self, rows_visits: Iterable[Iterable[NodeVisit]]) -> None:
+        """Count one step's trials (every row's; a plain step counts none and still takes its place in the
+        window), dropping the step that leaves the window."""
+        t = np.zeros(self.depth, dtype=np.int64)
+        h = np.zeros(self.depth, dtype=np.int64)
+        for visits in rows_visits:
+            tt, hh = self.counts(visits)
+            t += tt
+            h += hh
+        self._steps.append((t, h))
+        self.trials += t
+        self.hits += h
+        if len(self._steps) > self.window:
+            old_t, old_h = self._steps.popleft()
+            self.trials -= old_t
+            self.hits -= old_h
+        self.steps += 1
+
+    @property
+    def ratio(self) -> float:
+        """``rho``: the window's hits over the hits the prior expects on the same trials, each with ``w``
+        pseudo-hits at the prior's rate (1 with no trials)."""
+        w = self.prior_weight
+        expected = float(self.trials @ self.prior_hazards)
+        return (float(self.hits.sum()) + w) / (expected + w) if expected + w > 0 else 1.0
+
+    @property
+    def hazards(self) -> np.ndarray:
+        """(K,) per-depth conditional acceptance: counts shrunk towards the prior scaled by :attr:`ratio`."""
+        w = self.prior_weight
+        shifted = np.minimum(1.0, self.ratio * self.prior_hazards)
+        den = self.trials + w
+        est = np.divide(self.hits + w * shifted, den, out=shifted.copy(), where=den > 0)
+        return np.clip(est, 0.0, 1.0)
+
+    def g(self) -> np.ndarray:
+        """(K + 1,) G(0..K) under :attr:`hazards`."""
+        return chain_g_from_hazards(self.hazards)
+
+
+@dataclass(frozen=True)
+class PlanCandidates:
+    """One measured batch size of a chain plan: per draft length K its step and length factor.
+
+    Attributes:
+        batch: b.  ks: (m,) draft lengths scored (0: plain decoding).  step_ms: (m,) ms of one step at b.
+        length_factor: (m,) the rates' factor over the plan's answer length (1: steady state).
+    """
+
+    batch: int
+    ks: tuple[int, ...]
+    step_ms: tuple[float, ...]
+    length_factor: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class PlanResolve:
+    """One re-ranking of an adaptive plan.
+
+    Attributes:
+        step: steps decoded since the reset when it ran.  ranges: ``(lo, hi, K)`` chosen.  changed: whether they
+        differ from the ranges they replace.  tokens_per_step: G(0..K) under the estimate.  ratio: the estimate's
+        live-to-prior ratio.  trials: (K,) trials per depth in the window.
+    """
+
+    step: int
+    ranges: tuple[tuple[int, int, int], ...]
+    changed: bool
+    tokens_per_step: tuple[float, ...]
+    ratio: float
+    trials: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "ranges": [list(r) for r in self.ranges], "changed": self.changed,
+                "tokens_per_step": [round(x, 4) for x in self.tokens_per_step], "ratio": round(self.ratio, 4),
+                "trials": list(self.trials)}
+
+
+def _k_of(label: str, where: str) -> int:
+    if label == "none":
+        return 0
+    if isinstance(label, str) and label.startswith("chain:") and label[6:].isdigit():
+        return int(label[6:])
+    raise ProfileError(f"{where}: an adaptive plan re-ranks chains; {label!r} is not one (none or chain:K)")
+
+
+class PlanAdapter:
+    """The adaptive plan's controller (module docstring).
+
+    Args:
+        candidates: per measured batch size, ascending, its :class:`PlanCandidates` (every one scoring the same
+            draft lengths, plain decoding among them).
+        prior_g: (K + 1,) the plan's G(0..K), K the longest candidate.
+        ranges: the plan's own ranges ``(lo, hi, K)`` (the first steps run them).
+        every: steps between re-rankings.  window / prior_weight: the estimate's (:class:`ChainEstimate`).
+
+    Attributes:
+        ranges: the ranges in use.  estimate: the :class:`ChainEstimate`.  log: every :class:`PlanResolve`.
+
+    Raises:
+        ProfileError: no batch size, batch sizes not ascending, candidates of different draft lengths, without
+            plain decoding, or past ``prior_g``; ranges that do not cover 1..their end
+            (:func:`~sequoia_opt.solver.schedule.check_ranges`).  DecodingError: bad ``every`` / ``window`` /
+            ``prior_weight``.
+    """
+
+    def __init__(self, candidates: Sequence[PlanCandidates], prior_g: Sequence[float],
+                 ranges: Sequence[tuple[int, int, int]], *, every: int = DEFAULT_EVERY, window: int = DEFAULT_WINDOW,
+                 prior_weight: float = DEFAULT_PRIOR_WEIGHT) -> None:
+        from ...solver.schedule import check_ranges
+
+        self.candidates = list(candidates)
+        if not self.candidates:
+            raise ProfileError("an adaptive plan needs at least one measured batch size")
+        batches = [c.batch for c in self.candidates]
+        if batches != sorted(set(batches)):
+            raise ProfileError(f"an adaptive plan's batch sizes must be distinct and ascending, got {batches}")
+        ks = self.candidates[0].ks
+        if any(c.ks != ks for c in self.candidates) or 0 not in ks:
+            raise ProfileError("every batch size of an adaptive plan must score the same draft lengths, plain "
+                               "decoding (K = 0) among them")
+        self.ks = tuple(sorted(ks))
+        self.estimate = ChainEstimate(prior_g, window=window, prior_weight=prior_weight)
+        if max(self.ks) > self.estimate.depth:
+            raise ProfileError(f"the plan scores chains up to K = {max(self.ks)} but its G(K) stops at "
+                               f"K = {self.estimate.depth}")
+        self.initial = tuple((int(lo), int(hi), int(k)) for lo, hi, k in ranges)
+        check_ranges(self.initial, "adaptive plan")
+        self.every = _positive_int("the steps between re-rankings", every)
+        self.last = self.initial[-1][1]
+        self.reset()
+
+    @classmethod
+    def of_plan(cls, plan: Any, **kwargs: Any) -> "PlanAdapter":
+        """From a solved :class:`~sequoia_opt.solver.schedule.Plan` of chains (its ranges start at 1)."""
+        rows = []
+        for r in plan.rows:
+            cs = sorted(r.candidates, key=lambda c: c.setting.draft_tokens)
+            if any(c.setting.shape not in ("none", "chain") for c in cs):
+                raise ProfileError("an adaptive plan re-ranks chains; this plan scores other shapes")
+            rows.append(PlanCandidates(r.batch, tuple(c.setting.draft_tokens for c in cs),
+                                       tuple(c.cost.cost_ms for c in cs), tuple(c.length_factor for c in cs)))
+        g = {c.setting.draft_tokens: c.cost.expected_tokens for c in plan.rows[0].candidates}
+        ranges = [(1 if i == 0 else x.lo, x.hi, x.setting.draft_tokens) for i, x in enumerate(plan.ranges)]
+        return cls(rows, [g[k] for k in range(max(g) + 1)], ranges, **kwargs)
+
+    @classmethod
+    def of_document(cls, doc: Mapping[str, Any], where: str = "schedule", **kwargs: Any) -> "PlanAdapter":
+        """From a ``treeopt-schedule/1`` mapping with its ``by_batch`` candidates (``treeopt tune --schedule``).
+
+        Raises:
+            ProfileError: no ``by_batch``, a candidate that is not a chain, a field missing or not a number.
+        """
+        rows_in = doc.get("by_batch")
+        if not isinstance(rows_in, list) or not rows_in:
+            raise ProfileError(f"{where}: no by_batch candidates to re-rank (write the plan with treeopt tune "
+                               "--schedule FILE)")
+        rows, g = [], {}
+        for i, row in enumerate(rows_in):
+            cands = row.get("candidates") if isinstance(row, dict) else None
+            if not isinstance(cands, list) or not cands:
+                raise ProfileError(f"{where}: by_batch[{i}].candidates must be a non-empty list")
+            scored = []
+            for j, c in enumerate(cands):
+                at = f"{where}: by_batch[{i}].candidates[{j}]"
+                if not isinstance(c, dict):
+                    raise ProfileError(f"{at} must be a mapping")
+                k = _k_of(c.get("setting"), at)
+                try:
+                    ms, lf, gk = (float(c[f]) for f in ("step_ms", "length_factor", "expected_tokens_per_step"))
+                except (KeyError, TypeError, ValueError):
+                    raise ProfileError(f"{at}: step_ms, length_factor and expected_tokens_per_step must be "
+                                       "numbers") from None
+                if not (np.isfinite(ms) and ms > 0 and np.isfinite(lf) and lf > 0 and np.isfinite(gk) and gk >= 1):
+                    raise ProfileError(f"{at}: step_ms and length_factor must be > 0 and expected_tokens_per_step "
+                                       ">= 1")
+                scored.append((k, ms, lf))
+                g.setdefault(k, gk)
+            scored.sort()
+            b = row.get("batch")
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise ProfileError(f"{where}: by_batch[{i}].batch must be an integer >= 1")
+            rows.append(PlanCandidates(b, tuple(k for k, _, _ in scored), tuple(ms for _, ms, _ in scored),
+                                       tuple(lf for _, _, lf in scored)))
+        if sorted(g) != list(range(max(g) + 1)):
+            raise ProfileError(f"{where}: the candidates must score every draft length 0..{max(g)}")
+        ranges = []
+        for i, e in enumerate(doc.get("ranges") or []):
+            s = e.get("setting") if isinstance(e, dict) else None
+            label = "none" if isinstance(s, dict) and s.get("shape") == "none" else \
+                f"chain:{s.get('draft_tokens')}" if isinstance(s, dict) and s.get("shape") == "chain" else repr(s)
+            lo, hi = e["batch_range"]
+            ranges.append((1 if i == 0 else lo, hi, _k_of(label, f"{where}: ranges[{i}]")))
+        return cls(rows, [g[k] for k in range(max(g) + 1)], ranges, **kwargs)
+
+    def reset(self) -> None:
+        """Start over: the plan's ranges, the prior, an empty log."""
+        self.estimate.reset()
+        self.ranges = self.initial
+        self.log: list[PlanResolve] = []
+
+    def rank(self, g: Sequence[float]) -> tuple[tuple[int, int, int], ...]:
+        """The ranges ``(lo, hi, K)`` that G(0..K) = ``g`` makes best: per measured batch size the K with the most
+        tokens/s ``g[K] x length_factor / step_ms`` (ties to the shorter chain), merged as a plan merges
+        (:func:`~sequoia_opt.solver.schedule.merge_ranges`); the first range starts at 1, the last ends where the
+        plan's did."""
+        from ...solver.schedule import merge_ranges
+
+        best = []
+        for c in self.candidates:
+            rates = [g[k] * lf / ms for k, ms, lf in zip(c.ks, c.step_ms, c.length_factor)]
+            top = max(rates)
+            best.append((c.batch, min(k for k, r in zip(c.ks, rates) if r >= top * (1 - 1e-12))))
+        merged = merge_ranges(best, self.last)
+        return tuple((1 if i == 0 else lo, hi, k) for i, (lo, hi, k) in enumerate(merged))
+
+    def end_step(self, rows_visits: Iterable[Iterable[NodeVisit]]) -> tuple[tuple[int, int, int], ...] | None:
+        """Count one step (every row's trials); every ``every`` steps re-rank. Returns the new ranges when they
+        changed, else None."""
+        self.estimate.add_step(rows_visits)
+        if self.estimate.steps % self.every:
+            return None
+        g = self.estimate.g()
+        ranges = self.rank(g)
+        changed = ranges != self.ranges
+        self.log.append(PlanResolve(self.estimate.steps, ranges, changed, tuple(float(x) for x in g),
+                                    self.estimate.ratio, tuple(int(t) for t in self.estimate.trials)))
+        self.ranges = ranges
+        return ranges if changed else None
+
+    def report(self) -> dict[str, Any]:
+        """The adaptation as a mapping (for results files)."""
+        return {"initial_ranges": [list(r) for r in self.initial], "final_ranges": [list(r) for r in self.ranges],
+                "prior_tokens_per_step": [round(float(x), 4) for x in chain_g_from_hazards(self.estimate.prior_hazards)],
+                "every": self.every, "window": self.estimate.window, "prior_weight": self.estimate.prior_weight,
+                "steps": self.estimate.steps, "resolves": [r.as_dict() for r in self.log]}
+
+
+class AdaptiveSchedulePolicy(SchedulePolicy):
+    """A chain plan whose ranges are re-ranked during the run by a :class:`PlanAdapter` (module docstring).
+
+    The re-ranking runs in :meth:`observe`, inside the step's timed bookkeeping, so the measured tokens/s pays
+    for it. The estimate runs across generations (the run is the workload); :meth:`restart` starts it over.
+
+    Args:
+        drafter: the drafter every chain drafts with.  adapter: the :class:`PlanAdapter` (reset here).
+        name: the drafter's label.
+    """
+
+    def __init__(self, drafter: Drafter, adapter: PlanAdapter, name: str = "draft") -> None:
+        adapter.reset()
+        self.chains = {k: Tree.chain(k + 1) for k in adapter.ks}
+        super().__init__(drafter, self._trees(adapter.ranges), name, capacity=self.chains[max(adapter.ks)])
+        self.adapter = adapter
+
+    def _trees(self, ranges: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, Tree]]:
+        return [(lo, hi, self.chains[k]) for lo, hi, k in ranges]
+
+    def bind(self, settings: DraftSettings) -> None:
+        super().bind(settings)
+        for t in self.chains.values():
+            self._compiled.setdefault(id(t), (TreeBuffers.build(t, settings.device), {}))
+
+    def restart(self) -> None:
+        """Start the adaptation over (the plan's ranges, the prior)."""
+        self.adapter.reset()
+        self.ranges = self._trees(self.adapter.ranges)
+
+    def observe(self, state: DecodeState, step: StepView) -> None:
+        super().observe(state, step)
+        new = self.adapter.end_step(acc.visits for acc in step.acceptances)
+        if new is not None:
+            self.ranges = self._trees(new)

@@ -1,0 +1,167 @@
+"""Adaptive speculation plans (issues 29 and 31): the per-depth chain estimate and its prior, the re-ranking against
+brute force, the plan file round trip and refusals, and the policy run exactly on tiny models while it switches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from sequoia_opt.decoding.sampling import NodeVisit
+from sequoia_opt.drafting.policies.adaptive_schedule import (AdaptiveSchedulePolicy, ChainEstimate, PlanAdapter,
+                                                             PlanCandidates, chain_g_from_hazards,
+                                                             hazards_from_chain_g)
+from sequoia_opt.errors import DecodingError, ProfileError, TreeoptError
+from sequoia_opt.solver.schedule import ChainValue, merge_ranges, plan_document, save_schedule, solve_plan
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_schedule import PROFILE, _acc  # noqa: E402
+
+
+def _chain_visits(accepted: int, drafted: int) -> list[NodeVisit]:
+    """One row's trials on a chain of ``drafted`` drafts of which the first ``accepted`` were accepted."""
+    return [NodeVisit(d, 1, 0 if d < accepted else None) for d in range(min(accepted + 1, drafted))]
+
+
+def test_hazards_and_tokens_per_step_invert_each_other():
+    g = ChainValue(_acc(), 4).g  # positional p = (0.7, 0.1, 0.05): a chain accepts rank 0 only, 0.7 per depth
+    h = hazards_from_chain_g(g)
+    np.testing.assert_allclose(h, [0.7, 0.7, 0.7, 0.7])
+    np.testing.assert_allclose(chain_g_from_hazards(h), g)
+    np.testing.assert_allclose(chain_g_from_hazards([0.5, 0.0, 0.9]), [1.0, 1.5, 1.5, 1.5])
+    np.testing.assert_allclose(hazards_from_chain_g([1.0, 1.5, 1.5, 1.5]), [0.5, 0.0, 0.0])
+    for bad in ([1.0], [2.0, 2.5], [1.0, float("nan")]):
+        with pytest.raises(ProfileError, match="must start at G"):
+            hazards_from_chain_g(bad)
+
+
+def test_chain_estimate_shrinks_towards_the_prior_scaled_by_the_live_ratio():
+    est = ChainEstimate([1.0, 1.7, 2.19], window=4, prior_weight=8.0)  # h0 = (0.7, 0.7)
+    np.testing.assert_allclose(est.g(), [1.0, 1.7, 2.19])  # no trials: the prior
+    for _ in range(10):  # 10 rows, 9 accept the first draft of a chain of 1: depth 2 is never tried
+        est.add_step([_chain_visits(1, 1)] * 9 + [_chain_visits(0, 1)])
+    # the window keeps the last 4 steps: 40 trials at depth 1, 36 hits
+    assert est.trials.tolist() == [40, 0] and est.hits.tolist() == [36, 0] and est.steps == 10
+    rho = (36 + 8) / (40 * 0.7 + 8)
+    h1 = (36 + 8 * min(1.0, rho * 0.7)) / (40 + 8)
+    np.testing.assert_allclose(est.hazards, [h1, min(1.0, rho * 0.7)])
+    np.testing.assert_allclose(est.g(), [1.0, 1 + h1, 1 + h1 + h1 * rho * 0.7])
+    for _ in range(4):  # plain steps take their places in the window: the prior is back
+        est.add_step([])
+    np.testing.assert_allclose(est.g(), [1.0, 1.7, 2.19])
+    assert est.ratio == 1.0
+    with pytest.raises(DecodingError, match="window"):
+        ChainEstimate([1.0, 1.5], window=0)
+    with pytest.raises(DecodingError, match="prior weight"):
+        ChainEstimate([1.0, 1.5], prior_weight=-1)
+
+
+def test_chain_estimate_counts_only_tried_drafts_within_its_depth():
+    est = ChainEstimate([1.0, 1.5, 1.7])
+    t, h = est.counts(_chain_visits(2, 4))  # drafts 1, 2 accepted, 3 rejected: three trials, one past K = 2
+    assert t.tolist() == [1, 1] and h.tolist() == [1, 1]
+    t, h = est.counts(_chain_visits(0, 3))
+    assert t.tolist() == [1, 0] and h.tolist() == [0, 0]
+
+
+def test_re_ranking_is_the_brute_force_best_and_flips_a_close_call():
+    plan = solve_plan(ChainValue(_acc(), 6), PROFILE)
+    ad = PlanAdapter.of_plan(plan, every=2, window=8)
+    assert ad.ranges == tuple((1 if i == 0 else r.lo, r.hi, r.setting.draft_tokens) for i, r in enumerate(plan.ranges))
+    assert ad.rank(ChainValue(_acc(), 6).g) == ad.ranges  # the prior ranks as the plan solved
+    for g in ([1.0] * 7, list(1 + np.arange(7.0)), [1, 1.95, 2.5, 2.9, 3.1, 3.2, 3.25]):
+        want = []
+        for c in ad.candidates:
+            rates = {k: g[k] * lf / ms for k, ms, lf in zip(c.ks, c.step_ms, c.length_factor)}
+            want.append((c.batch, max(rates, key=lambda k: (rates[k], -k))))
+        got = ad.rank(g)
+        assert got == tuple((1 if i == 0 else lo, hi, k) for i, (lo, hi, k) in enumerate(merge_ranges(want, 64)))
+    assert ad.rank([1.0] * 7) == ((1, 64, 0),)  # nothing accepted: plain decoding everywhere
+    assert ad.rank(list(1 + np.arange(7.0)))[0][2] == 6  # everything accepted: the longest chain at batch 1
+    # every draft of the run rejected: after two steps the plan re-ranks to plain decoding everywhere
+    assert ad.end_step([_chain_visits(0, 6)] * 8) is None
+    assert ad.end_step([_chain_visits(0, 6)] * 8) == ((1, 64, 0),)
+    assert ad.log[-1].changed and ad.log[-1].step == 2 and ad.log[-1].trials[0] == 16
+    assert ad.report()["final_ranges"] == [[1, 64, 0]]
+    ad.reset()
+    assert ad.ranges == ad.initial and ad.log == []
+
+
+def test_plan_file_round_trip_and_refusals(tmp_path):
+    plan = solve_plan(ChainValue(_acc(), 6), PROFILE, output_tokens=16)
+    doc = plan_document(plan, engine="treeopt")
+    path = save_schedule(tmp_path / "p.yaml", doc)
+    loaded = yaml.safe_load(path.read_text())
+    a, b = PlanAdapter.of_plan(plan), PlanAdapter.of_document(loaded, str(path))
+    assert a.ranges == b.ranges and a.ks == b.ks == tuple(range(7))
+    for ca, cb in zip(a.candidates, b.candidates, strict=True):
+        assert ca.batch == cb.batch and ca.ks == cb.ks
+        np.testing.assert_allclose(cb.step_ms, ca.step_ms, rtol=1e-5)
+        np.testing.assert_allclose(cb.length_factor, ca.length_factor, rtol=1e-5)
+    np.testing.assert_allclose(b.estimate.g(), a.estimate.g(), rtol=1e-5)
+    with pytest.raises(ProfileError, match="no by_batch candidates"):
+        PlanAdapter.of_document({k: v for k, v in loaded.items() if k != "by_batch"})
+    bad = yaml.safe_load(path.read_text())
+    bad["by_batch"][0]["candidates"][0]["setting"] = "envelope:3x2x6"
+    with pytest.raises(ProfileError, match="is not one"):
+        PlanAdapter.of_document(bad)
+    bad = yaml.safe_load(path.read_text())
+    bad["by_batch"][1]["candidates"][0]["step_ms"] = -1
+    with pytest.raises(ProfileError, match=r"by_batch\[1\].candidates\[0\]: step_ms"):
+        PlanAdapter.of_document(bad)
+    bad = yaml.safe_load(path.read_text())
+    bad["by_batch"][1]["candidates"] = bad["by_batch"][1]["candidates"][:-1]
+    with pytest.raises(ProfileError, match="the same draft lengths"):
+        PlanAdapter.of_document(bad)
+
+
+def test_adaptive_schedule_from_the_registry(tmp_path):
+    from sequoia_opt.drafting.registry import parse_policy
+
+    plan = solve_plan(ChainValue(_acc(), 6), PROFILE)
+    path = save_schedule(tmp_path / "p.yaml", plan_document(plan, engine="treeopt"))
+    kind, opts = parse_policy(f"adaptive-schedule:{path}")
+    assert kind.name == "adaptive-schedule" and kind.policy is AdaptiveSchedulePolicy
+    with pytest.raises(TreeoptError, match="needs a treeopt-schedule/1 file"):
+        parse_policy("adaptive-schedule")
+    doc = yaml.safe_load(path.read_text())
+    del doc["by_batch"]
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ProfileError, match="no by_batch candidates"):
+        parse_policy(f"adaptive-schedule:{tmp_path / 'q.yaml'}")
+
+
+def test_policy_switches_to_longer_chains_when_drafts_are_accepted_and_stays_exact():
+    """A drafter equal to the target accepts every draft: the plan, solved for weak acceptance (h = 0.5 at every
+    depth: K = 1 at batch 1-3, none at 4), re-ranks after 4 steps of chains of 1 (depth 1 accepted 8 of 8: the
+    untried depths scaled by the live ratio) to K = 4 / K = 2, after 4 more (every depth seen) to K = 4 everywhere,
+    and decodes exactly as plain decoding."""
+    from test_decoding import _model, _perturbed
+
+    from sequoia_opt.decoding import AutoregressiveDecoder, Decoder
+
+    target = _model(0)
+    draft = _perturbed(target, 0.0, seed=1)
+    ks = (0, 1, 2, 3, 4)
+    cands = [PlanCandidates(1, ks, (10.0, 13.0, 16.0, 19.0, 22.0), (1.0,) * 5),
+             PlanCandidates(4, ks, (12.0, 20.0, 28.0, 36.0, 44.0), (1.0,) * 5)]
+    prior = [1.0, 1.5, 1.75, 1.875, 1.9375]
+    ad = PlanAdapter(cands, prior, [(1, 3, 1), (4, 4, 0)], every=4, window=16, prior_weight=2.0)
+    pol = AdaptiveSchedulePolicy(draft, ad)
+    assert pol.max_size == 5 and pol.max_depth == 4  # sized for the longest candidate, not the first ranges
+    prompts = [[5, 17, 3], list(range(40, 52))]
+    dec = Decoder(target, pol, max_len=128, max_batch=4)
+    state = dec.start_batch(prompts, 40)
+    while not state.finished:
+        dec.step(state)
+    for p, r in zip(prompts, state.results):
+        assert r.tokens == AutoregressiveDecoder(target, max_len=128).generate(p, 40).tokens
+    # step 4: rho = (8 + 2) / (8 x 0.5 + 2), G = 1, 1.967, 2.772, 3.444, 4.003: batch 1 K = 4, batch 4 K = 2
+    assert ad.log[0].step == 4 and ad.log[0].ranges == ((1, 3, 4), (4, 4, 2))
+    np.testing.assert_allclose(ad.log[0].tokens_per_step, [1.0, 1.96667, 2.77222, 3.44352, 4.00293], rtol=1e-4)
+    assert ad.log[1].step == 8 and ad.log[1].ranges == ((1, 4, 4),) and ad.ranges == ((1, 4, 4),)
+    assert ad.estimate.hits.tolist() == ad.estimate.trials.tolist() and ad.estimate.trials[3] > 0
+    assert max(size for _, size in pol.used) == 5 and pol.used[0][1] == 2  # a chain of 1 first, then of 4
