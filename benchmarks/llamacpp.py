@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=None,
                     help="context (tokens) the curve is measured and read at (default: the eval run's mean context, "
-                         "its prompts' tokens plus half the new tokens)")
+                         "its prompts' tokens plus half the new tokens; with --latency, that curve's smallest)")
     ap.add_argument("--max-tokens", type=int, default=32, help="largest target token count profiled")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--acc-prompts", type=int, default=24)
@@ -92,6 +92,8 @@ def main() -> None:
     # more with more tokens in the KV cache (T(9) 195 ms at 128 tokens, 239 ms at 256, one thread), so a curve
     # measured at 256 over-charged the eval run's deep chains (mean context ~190) by 10-16 %
     ev = [tok.encode(p.text) for p in load_prompts(demo_prompts_path("eval"), limit=args.eval_prompts)]
+    if args.context is None and args.latency is not None:  # a given curve is read at its own (smallest) context
+        args.context = min(c["context_tokens"] for c in load_latency(args.latency).to_dict()["curves"])
     if args.context is None:
         args.context = int(round(statistics.fmean(len(x) for x in ev) + args.new_tokens / 2))
     t0 = time.perf_counter()
@@ -222,7 +224,8 @@ def main() -> None:
                                                           if x["prediction_error_without_loop"] is not None),
                   # the replay of the profile prompts' traces: the value model treeopt tune uses for chains
                   "chains_within_10pct_replay": sum(abs(x["prediction_error_replay"]) <= 0.10 for x in rows[1:]
-                                                    if x["prediction_error"] is not None),
+                                                    if x["prediction_error"] is not None  # the chains of "chains"
+                                                    and x["prediction_error_replay"] is not None),
                   "chains": sum(x["prediction_error"] is not None for x in rows[1:]),
                   "median_abs_error": statistics.median(abs(x["prediction_error"]) for x in rows[1:]
                                                         if x["prediction_error"] is not None),

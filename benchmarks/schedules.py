@@ -75,6 +75,7 @@ from typing import Any
 import torch
 
 from sequoia_opt._io import atomic_write_text
+from sequoia_opt.errors import ProfileError
 from sequoia_opt.decoding import Decoder
 from sequoia_opt.drafting.drafters.lookup import PromptLookupDrafter
 from sequoia_opt.drafting.policies import AdaptiveSchedulePolicy, PlanAdapter, SchedulePolicy, StaticTreePolicy
@@ -467,7 +468,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} {path}: no such file")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         ap.error("--max-prompt-tokens must be at least 1")
-    for name in ("new", "turnovers", "rounds", "min_prompts", "block_steps", "profile_prompts", "profile_new_tokens"):
+    if args.profiles_from is not None and not args.profiles_from.is_dir():
+        ap.error(f"--profiles-from {args.profiles_from}: not a folder")
+    for name in ("new", "turnovers", "rounds", "min_prompts", "block_steps", "profile_prompts", "profile_new_tokens",
+                 "live_every", "live_window"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -512,8 +516,6 @@ def main() -> None:
     if args.profiles_from is not None:
         import shutil
 
-        if not args.profiles_from.is_dir():
-            sys.exit(f"--profiles-from {args.profiles_from}: not a folder")
         shutil.copytree(args.profiles_from, run_dir / "profiles", dirs_exist_ok=True)
     log(f"tune: profile T(b, n) at batch sizes {batches} (context {context}), acceptance on {profile_file.name}")
     res = tune(TuneOptions(engine=args.engine, draft=draft, batches=batches, context=context, max_draft=max(ks),
@@ -531,6 +533,11 @@ def main() -> None:
     live = None  # a fresh adapter per decoder: each round's plan-live starts from the plan and the profile's prior
     if not args.no_live and plan.shape == "chain":
         live = lambda: PlanAdapter.of_plan(plan, every=args.live_every, window=args.live_window)  # noqa: E731
+        try:
+            live()  # a plan it cannot re-rank (a given --plan scores only its own settings) says so now
+        except ProfileError as err:
+            log(f"plan-live skipped: {err}")
+            live = None
 
     # 2. every fixed K at every batch size, interleaved rounds
     rows = []

@@ -113,8 +113,8 @@ def test_plan_file_round_trip_and_refusals(tmp_path):
     with pytest.raises(ProfileError, match=r"by_batch\[1\].candidates\[0\]: step_ms"):
         PlanAdapter.of_document(bad)
     bad = yaml.safe_load(path.read_text())
-    bad["by_batch"][1]["candidates"] = bad["by_batch"][1]["candidates"][:-1]
-    with pytest.raises(ProfileError, match="the same draft lengths"):
+    bad["by_batch"][1]["candidates"] = [c for c in bad["by_batch"][1]["candidates"] if c["setting"] != "chain:2"]
+    with pytest.raises(ProfileError, match="scores draft lengths .0, 1, 3, 4, 5, 6., not every K from 0 to 6"):
         PlanAdapter.of_document(bad)
 
 
@@ -165,3 +165,59 @@ def test_policy_switches_to_longer_chains_when_drafts_are_accepted_and_stays_exa
     assert ad.log[1].step == 8 and ad.log[1].ranges == ((1, 4, 4),) and ad.ranges == ((1, 4, 4),)
     assert ad.estimate.hits.tolist() == ad.estimate.trials.tolist() and ad.estimate.trials[3] > 0
     assert max(size for _, size in pol.used) == 5 and pol.used[0][1] == 2  # a chain of 1 first, then of 4
+
+
+def test_re_ranking_keeps_the_plans_min_gain_and_first_is_longest_rule(tmp_path):
+    """A plan solved with min_gain or TensorRT-LLM's first-is-longest rule ranks its own prior as the solver did
+    (the adapter applies both), from the plan and from its file."""
+    prior = ChainValue(_acc(), 6)
+    for kw in ({"min_gain": 0.9}, {"min_gain": 1.2}, {"first_is_longest": True}, {}):
+        plan = solve_plan(prior, PROFILE, **kw)
+        want = tuple((1 if i == 0 else r.lo, r.hi, r.setting.draft_tokens) for i, r in enumerate(plan.ranges))
+        doc = yaml.safe_load(save_schedule(tmp_path / "p.yaml", plan_document(plan, engine="treeopt")).read_text())
+        for ad in (PlanAdapter.of_plan(plan), PlanAdapter.of_document(doc)):
+            assert ad.rank(prior.g) == want, kw
+    assert want != PlanAdapter.of_plan(solve_plan(prior, PROFILE, min_gain=1.2)).initial  # the rules matter here
+    assert PlanAdapter.of_plan(solve_plan(prior, PROFILE, min_gain=1.2)).rank(prior.g) == ((1, 64, 0),)
+
+
+def test_a_given_schedule_scoring_only_its_own_settings_is_refused():
+    from sequoia_opt.solver.schedule import SpecSetting, plan_from_ranges
+
+    plan = plan_from_ranges([(1, 7, SpecSetting.chain(3)), (8, 64, SpecSetting.none())], ChainValue(_acc(), 6), PROFILE)
+    with pytest.raises(ProfileError, match="scores draft lengths .0, 3., not every K from 0 to 3: re-ranking needs"):
+        PlanAdapter.of_plan(plan)
+    doc = plan_document(solve_plan(ChainValue(_acc(), 6), PROFILE), engine="treeopt")
+    doc["ranges"][0]["batch_range"] = 3
+    with pytest.raises(ProfileError, match=r"ranges\[0\].batch_range must be \[lo, hi\]"):
+        PlanAdapter.of_document(doc)
+    with pytest.raises(ProfileError, match="needs 7 entries"):
+        PlanAdapter.of_plan(solve_plan(ChainValue(_acc(), 6), PROFILE)).rank([1.0, 1.5])
+
+
+def test_the_registry_policy_runs_through_treeopt_runs_job(tmp_path):
+    """``--policy adaptive-schedule:FILE`` as ``treeopt run`` builds it: exact, and its adaptation in the summary."""
+    from test_decoding import _model, _perturbed
+
+    from sequoia_opt.drafting.registry import parse_policy
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.tree import Tree
+
+    plan = solve_plan(ChainValue(_acc(), 6), PROFILE)
+    path = save_schedule(tmp_path / "p.yaml", plan_document(plan, engine="treeopt"))
+    kind, opts = parse_policy(f"adaptive-schedule:{path}")
+    target = _model(0)
+    draft = _perturbed(target, 0.3, seed=1)
+    entry = TreeEntry("live", Tree.chain(2), policy=lambda d: kind.build(d, None, opts))
+    report = run_trees(target, draft, [entry], [[5, 17, 3], list(range(40, 52))], max_new_tokens=24, warmup=False)
+    assert report.greedy_ok
+    live = next(s for s in report.summaries if s.tree == "live")
+    ad = live.adaptive
+    assert ad["initial_ranges"] == [[1 if i == 0 else r.lo, r.hi, r.setting.draft_tokens]
+                                    for i, r in enumerate(plan.ranges)]
+    assert ad["steps"] >= 8 and len(ad["resolves"]) == ad["steps"] // 16
+    # batch 1 runs the first range's chain until the first re-ranking: its predicted G is the plan's there
+    first_k = plan.ranges[0].setting.draft_tokens
+    if not ad["resolves"]:
+        assert live.predicted_tokens_per_step == pytest.approx(ChainValue(_acc(), 6).g[first_k], rel=1e-5)
+    assert live.predicted_tokens_per_step >= 1.0

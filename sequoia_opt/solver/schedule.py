@@ -292,6 +292,8 @@ class Plan:
             ``between prompts``, ``wilson``, or ``none`` / another word for a model without one).
         output_tokens: the generation length (tokens per request) the rates were scaled to (module docstring);
             None for the steady state of long generations.
+        min_gain: the lead over plain decoding a setting needed to be chosen (:func:`solve_plan`'s; 0: none).
+        first_is_longest: whether no batch size may draft more than the smallest one (TensorRT-LLM's rule).
     """
 
     rows: list[BatchRow]
@@ -303,6 +305,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     interval_method: str = "none"
     output_tokens: int | None = None
+    min_gain: float = 0.0
+    first_is_longest: bool = False
 
     @property
     def pays_nowhere(self) -> bool:
@@ -744,7 +748,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
                      f"{what}, inside the best's prediction interval, so a new sample of prompts could rank them either "
                      "way (close_call in the plan file; profile on more of your traffic, or measure both)")
     return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes,
-                getattr(value, "interval_method", "none"), output_tokens)
+                getattr(value, "interval_method", "none"), output_tokens, float(min_gain), bool(first_is_longest))
 
 
 def merge_ranges(best: Sequence[tuple[int, Any]], last: int) -> list[tuple[int, int, Any]]:
@@ -907,7 +911,9 @@ def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dic
     """The ``treeopt-schedule/1`` mapping of ``plan`` (module docstring)."""
     doc: dict[str, Any] = {"format": SCHEDULE_FORMAT, "engine": engine, "drafter": drafter, "shape": plan.shape}
     doc.update(plan.provenance)
-    doc.update({"context_tokens": plan.context, "output_tokens": plan.output_tokens, "date": now_iso(),
+    doc.update({"context_tokens": plan.context, "output_tokens": plan.output_tokens,
+                **({"min_gain": plan.min_gain} if plan.min_gain else {}),
+                **({"first_is_longest": True} if plan.first_is_longest else {}), "date": now_iso(),
                 "rule": "a server running B requests uses the range that holds B",
                 "stops_paying_above": plan.stops_paying_above,
                 "ranges": [{"batch_range": [r.lo, r.hi], "setting": r.setting.to_dict(),

@@ -18,24 +18,33 @@ Three parts, none of which re-measures latency (the plan's step costs are kept a
   and the chain was at least d + 1 long; it is a hit when accepted: ``h_d = P(draft d + 1 accepted | drafts 1..d
   accepted)``. G(K), the tokens per step of a chain of K, is ``1 + sum_{j=1..K} prod_{d<j} h_d`` (each
   accepted draft adds a token to the bonus token). The prior's ``h0_d`` come from the plan's own G(K)
-  (``h0_d = (G(d + 1) - G(d)) / (G(d) - G(d - 1))``, so the prior reproduces the plan's G exactly, replayed or
-  DP-valued). A chain of K never tries depths past K: those keep the prior *scaled by the live-to-prior ratio of
+  (:func:`hazards_from_chain_g`: ``h0_0 = G(1) - 1``, ``h0_d = (G(d + 1) - G(d)) / (G(d) - G(d - 1))``, so the
+  prior reproduces the plan's G, replayed or DP-valued, up to clipping where an increment would grow). A chain of K never tries depths past K: those keep the prior *scaled by the live-to-prior ratio of
   the depths tried* (``rho = (hits + w) / (expected hits under the prior + w)``), i.e. the traffic is assumed to
   shift every depth's acceptance by a common factor where it cannot be seen (on the demo pair's served requests
   both measured depths moved up, by 23 % and 46 %). Each depth is ``(hits_d + w min(1, rho h0_d)) / (trials_d + w)``.
 * :class:`PlanAdapter` — the controller: the plan's candidates per measured batch size (K, the prior G(K), the
   step's ms, the length factor), the estimate, and every ``every`` steps a re-ranking: at each measured batch
   size the K with the most tokens/s, ``G_live(K) x length_factor(K) / step_ms(b, K)`` (ties to the shorter
-  chain), merged into ranges as the plan merges them (:func:`~sequoia_opt.solver.schedule.merge_ranges`). No
-  model, no torch: testable from synthetic trials. Every re-ranking is logged (:class:`PlanResolve`).
+  chain; the plan's ``min_gain`` and TensorRT-LLM's first-is-longest rule applied as the solver applies them),
+  merged into ranges as the plan merges them (:func:`~sequoia_opt.solver.schedule.merge_ranges`). No model, no
+  torch: testable from synthetic trials. Every re-ranking is logged (:class:`PlanResolve`).
 * :class:`AdaptiveSchedulePolicy` — :class:`~sequoia_opt.drafting.policies.schedule.SchedulePolicy` whose
   :meth:`~AdaptiveSchedulePolicy.observe` feeds every row's trials to the adapter and swaps the ranges between
   steps. Buffers are sized for the longest candidate once. Greedy output is the target's greedy decoding
   whatever chain a step uses (switching is exact between steps), so it equals plain decoding.
 
-Limits: chains only (a plan of envelopes or trees is refused); the latency side is the profile's (the guard of
-a machine that slows is not this); rows at different batch sizes share one estimate (greedy acceptance does not
-depend on the batch size).
+Limits: chains only (a plan of envelopes or trees is refused, and so is a given schedule that scores only its own
+settings: re-ranking needs every K scored); the latency side is the profile's (the guard of a machine that slows
+is not this); the length factor is the plan's (computed from the prior's acceptance: under a higher live
+acceptance the true factor is a little lower, which favours longer chains by that little); rows at different
+batch sizes share one estimate (greedy acceptance does not depend on the batch size). Plain steps take their
+place in the window: where the live ranking turned every range to plain decoding, the trials drain out after
+``window`` steps, the prior comes back and the plan's chains run again for ``every`` steps, a probe once per
+window (at most ``every / (window + every)`` of the steps, 20 % at the defaults, at the chains' speed); the
+re-rankings after it keep or drop them on what the probe measured. The defaults are
+:class:`~sequoia_opt.drafting.policies.adaptive.AdaptiveTreePolicy`'s (16, 64, 8); ``--policy
+adaptive-schedule:FILE`` runs them.
 """
 
 from __future__ import annotations
@@ -214,6 +223,14 @@ class PlanResolve:
                 "trials": list(self.trials)}
 
 
+def _check_ks(batch: int, ks: list[int], where: str = "the plan") -> None:
+    """Raises ProfileError unless ``ks`` (ascending) is every draft length from 0 to its last."""
+    if ks != list(range(ks[-1] + 1)):
+        raise ProfileError(f"{where}: batch {batch} scores draft lengths {ks}, not every K from 0 to {ks[-1]}: "
+                           "re-ranking needs every K scored (a given schedule scores only its own settings; solve "
+                           "the plan with treeopt tune)")
+
+
 def _k_of(label: str, where: str) -> int:
     if label == "none":
         return 0
@@ -226,25 +243,29 @@ class PlanAdapter:
     """The adaptive plan's controller (module docstring).
 
     Args:
-        candidates: per measured batch size, ascending, its :class:`PlanCandidates` (every one scoring the same
-            draft lengths, plain decoding among them).
+        candidates: per measured batch size, ascending, its :class:`PlanCandidates`, each scoring every draft
+            length from 0 (plain decoding) to its longest (a first-is-longest plan scores fewer past its first
+            batch size; a batch size is re-ranked among what it scored).
         prior_g: (K + 1,) the plan's G(0..K), K the longest candidate.
         ranges: the plan's own ranges ``(lo, hi, K)`` (the first steps run them).
         every: steps between re-rankings.  window / prior_weight: the estimate's (:class:`ChainEstimate`).
+        min_gain: the plan's (a speculating K must beat plain decoding's rate by more than this fraction).
+        first_is_longest: the plan's (no batch size drafts more than the smallest one).
 
     Attributes:
         ranges: the ranges in use.  estimate: the :class:`ChainEstimate`.  log: every :class:`PlanResolve`.
 
     Raises:
-        ProfileError: no batch size, batch sizes not ascending, candidates of different draft lengths, without
-            plain decoding, or past ``prior_g``; ranges that do not cover 1..their end
+        ProfileError: no batch size, batch sizes not ascending, a batch size not scoring every K from 0 to its
+            longest, a K past ``prior_g``; ranges that do not cover 1..their end
             (:func:`~sequoia_opt.solver.schedule.check_ranges`).  DecodingError: bad ``every`` / ``window`` /
             ``prior_weight``.
     """
 
     def __init__(self, candidates: Sequence[PlanCandidates], prior_g: Sequence[float],
                  ranges: Sequence[tuple[int, int, int]], *, every: int = DEFAULT_EVERY, window: int = DEFAULT_WINDOW,
-                 prior_weight: float = DEFAULT_PRIOR_WEIGHT) -> None:
+                 prior_weight: float = DEFAULT_PRIOR_WEIGHT, min_gain: float = 0.0,
+                 first_is_longest: bool = False) -> None:
         from ...solver.schedule import check_ranges
 
         self.candidates = list(candidates)
@@ -253,11 +274,9 @@ class PlanAdapter:
         batches = [c.batch for c in self.candidates]
         if batches != sorted(set(batches)):
             raise ProfileError(f"an adaptive plan's batch sizes must be distinct and ascending, got {batches}")
-        ks = self.candidates[0].ks
-        if any(c.ks != ks for c in self.candidates) or 0 not in ks:
-            raise ProfileError("every batch size of an adaptive plan must score the same draft lengths, plain "
-                               "decoding (K = 0) among them")
-        self.ks = tuple(sorted(ks))
+        for c in self.candidates:
+            _check_ks(c.batch, list(c.ks))
+        self.ks = tuple(sorted({k for c in self.candidates for k in c.ks}))
         self.estimate = ChainEstimate(prior_g, window=window, prior_weight=prior_weight)
         if max(self.ks) > self.estimate.depth:
             raise ProfileError(f"the plan scores chains up to K = {max(self.ks)} but its G(K) stops at "
@@ -266,20 +285,30 @@ class PlanAdapter:
         check_ranges(self.initial, "adaptive plan")
         self.every = _positive_int("the steps between re-rankings", every)
         self.last = self.initial[-1][1]
+        self.min_gain, self.first_is_longest = float(min_gain), bool(first_is_longest)
         self.reset()
 
     @classmethod
     def of_plan(cls, plan: Any, **kwargs: Any) -> "PlanAdapter":
-        """From a solved :class:`~sequoia_opt.solver.schedule.Plan` of chains (its ranges start at 1)."""
+        """From a solved :class:`~sequoia_opt.solver.schedule.Plan` of chains (its ranges start at 1).
+
+        Raises:
+            ProfileError: a plan scoring other shapes, or not every K from 0 to its longest (a given schedule
+                predicted by ``plan_from_ranges`` scores only its own settings), or as the constructor.
+        """
         rows = []
         for r in plan.rows:
             cs = sorted(r.candidates, key=lambda c: c.setting.draft_tokens)
             if any(c.setting.shape not in ("none", "chain") for c in cs):
                 raise ProfileError("an adaptive plan re-ranks chains; this plan scores other shapes")
-            rows.append(PlanCandidates(r.batch, tuple(c.setting.draft_tokens for c in cs),
-                                       tuple(c.cost.cost_ms for c in cs), tuple(c.length_factor for c in cs)))
+            ks = [c.setting.draft_tokens for c in cs]
+            _check_ks(r.batch, ks)
+            rows.append(PlanCandidates(r.batch, tuple(ks), tuple(c.cost.cost_ms for c in cs),
+                                       tuple(c.length_factor for c in cs)))
         g = {c.setting.draft_tokens: c.cost.expected_tokens for c in plan.rows[0].candidates}
         ranges = [(1 if i == 0 else x.lo, x.hi, x.setting.draft_tokens) for i, x in enumerate(plan.ranges)]
+        kwargs.setdefault("min_gain", getattr(plan, "min_gain", 0.0))
+        kwargs.setdefault("first_is_longest", getattr(plan, "first_is_longest", False))
         return cls(rows, [g[k] for k in range(max(g) + 1)], ranges, **kwargs)
 
     @classmethod
@@ -318,6 +347,7 @@ class PlanAdapter:
             b = row.get("batch")
             if isinstance(b, bool) or not isinstance(b, int) or b < 1:
                 raise ProfileError(f"{where}: by_batch[{i}].batch must be an integer >= 1")
+            _check_ks(b, [k for k, _, _ in scored], where)
             rows.append(PlanCandidates(b, tuple(k for k, _, _ in scored), tuple(ms for _, ms, _ in scored),
                                        tuple(lf for _, _, lf in scored)))
         if sorted(g) != list(range(max(g) + 1)):
@@ -327,8 +357,13 @@ class PlanAdapter:
             s = e.get("setting") if isinstance(e, dict) else None
             label = "none" if isinstance(s, dict) and s.get("shape") == "none" else \
                 f"chain:{s.get('draft_tokens')}" if isinstance(s, dict) and s.get("shape") == "chain" else repr(s)
-            lo, hi = e["batch_range"]
+            rng = e.get("batch_range") if isinstance(e, dict) else None
+            if not isinstance(rng, list) or len(rng) != 2:
+                raise ProfileError(f"{where}: ranges[{i}].batch_range must be [lo, hi]")
+            lo, hi = rng
             ranges.append((1 if i == 0 else lo, hi, _k_of(label, f"{where}: ranges[{i}]")))
+        kwargs.setdefault("min_gain", float(doc.get("min_gain") or 0.0))
+        kwargs.setdefault("first_is_longest", bool(doc.get("first_is_longest", False)))
         return cls(rows, [g[k] for k in range(max(g) + 1)], ranges, **kwargs)
 
     def reset(self) -> None:
@@ -336,29 +371,55 @@ class PlanAdapter:
         self.estimate.reset()
         self.ranges = self.initial
         self.log: list[PlanResolve] = []
+        self._g = chain_g_from_hazards(self.estimate.prior_hazards)  # the latest ranking's G(0..K)
+        self._predicted: list[float] = []  # per step, G of the chain it ran under the ranking in force
 
     def rank(self, g: Sequence[float]) -> tuple[tuple[int, int, int], ...]:
         """The ranges ``(lo, hi, K)`` that G(0..K) = ``g`` makes best: per measured batch size the K with the most
-        tokens/s ``g[K] x length_factor / step_ms`` (ties to the shorter chain), merged as a plan merges
-        (:func:`~sequoia_opt.solver.schedule.merge_ranges`); the first range starts at 1, the last ends where the
-        plan's did."""
+        tokens/s ``g[K] x length_factor / step_ms`` (ties to the shorter chain; ``min_gain`` and
+        ``first_is_longest`` as :func:`~sequoia_opt.solver.schedule.solve_plan` applies them), merged as a plan
+        merges (:func:`~sequoia_opt.solver.schedule.merge_ranges`); the first range starts at 1, the last ends
+        where the plan's did.
+
+        Raises:
+            ProfileError: ``g`` shorter than the longest candidate + 1.
+        """
         from ...solver.schedule import merge_ranges
 
-        best = []
+        if len(g) < max(self.ks) + 1:
+            raise ProfileError(f"G(0..K) needs {max(self.ks) + 1} entries, got {len(g)}")
+        best: list[tuple[int, int]] = []
+        cap = None
         for c in self.candidates:
-            rates = [g[k] * lf / ms for k, ms, lf in zip(c.ks, c.step_ms, c.length_factor)]
-            top = max(rates)
-            best.append((c.batch, min(k for k, r in zip(c.ks, rates) if r >= top * (1 - 1e-12))))
+            rates = {k: g[k] * lf / ms for k, ms, lf in zip(c.ks, c.step_ms, c.length_factor)
+                     if cap is None or k <= cap}
+            top = max(rates.values())
+            k = min(k for k, r in rates.items() if r >= top * (1 - 1e-12))
+            if self.min_gain > 0 and k and top <= rates[0] * (1.0 + self.min_gain):
+                k = 0
+            best.append((c.batch, k))
+            if self.first_is_longest and cap is None:
+                cap = k
         merged = merge_ranges(best, self.last)
         return tuple((1 if i == 0 else lo, hi, k) for i, (lo, hi, k) in enumerate(merged))
 
-    def end_step(self, rows_visits: Iterable[Iterable[NodeVisit]]) -> tuple[tuple[int, int, int], ...] | None:
-        """Count one step (every row's trials); every ``every`` steps re-rank. Returns the new ranges when they
+    @property
+    def predicted_tokens_per_step(self) -> float | None:
+        """The step-weighted mean over the steps counted of the G (tokens per step per row) of the chain each ran,
+        under the ranking in force at that step (None before a step with its K given)."""
+        return float(np.mean(self._predicted)) if self._predicted else None
+
+    def end_step(self, rows_visits: Iterable[Iterable[NodeVisit]],
+                 k_used: int | None = None) -> tuple[tuple[int, int, int], ...] | None:
+        """Count one step (every row's trials; ``k_used``: the draft length it ran, for
+        :attr:`predicted_tokens_per_step`); every ``every`` steps re-rank. Returns the new ranges when they
         changed, else None."""
         self.estimate.add_step(rows_visits)
+        if k_used is not None:
+            self._predicted.append(float(self._g[min(int(k_used), len(self._g) - 1)]))
         if self.estimate.steps % self.every:
             return None
-        g = self.estimate.g()
+        g = self._g = self.estimate.g()
         ranges = self.rank(g)
         changed = ranges != self.ranges
         self.log.append(PlanResolve(self.estimate.steps, ranges, changed, tuple(float(x) for x in g),
@@ -369,9 +430,13 @@ class PlanAdapter:
     def report(self) -> dict[str, Any]:
         """The adaptation as a mapping (for results files)."""
         return {"initial_ranges": [list(r) for r in self.initial], "final_ranges": [list(r) for r in self.ranges],
+                "min_gain": self.min_gain, "first_is_longest": self.first_is_longest,
+                "predicted_tokens_per_step": self.predicted_tokens_per_step,
                 "prior_tokens_per_step": [round(float(x), 4) for x in chain_g_from_hazards(self.estimate.prior_hazards)],
                 "every": self.every, "window": self.estimate.window, "prior_weight": self.estimate.prior_weight,
                 "steps": self.estimate.steps, "resolves": [r.as_dict() for r in self.log]}
+
+    as_dict = report  # the name ``treeopt run``'s report reads an adapter by (as TreeAdapter's)
 
 
 class AdaptiveSchedulePolicy(SchedulePolicy):
@@ -383,6 +448,9 @@ class AdaptiveSchedulePolicy(SchedulePolicy):
     Args:
         drafter: the drafter every chain drafts with.  adapter: the :class:`PlanAdapter` (reset here).
         name: the drafter's label.
+
+    Raises:
+        DecodingError: (at bind) as :class:`~sequoia_opt.drafting.policies.static.StaticTreePolicy`.
     """
 
     def __init__(self, drafter: Drafter, adapter: PlanAdapter, name: str = "draft") -> None:
@@ -406,6 +474,6 @@ class AdaptiveSchedulePolicy(SchedulePolicy):
 
     def observe(self, state: DecodeState, step: StepView) -> None:
         super().observe(state, step)
-        new = self.adapter.end_step(acc.visits for acc in step.acceptances)
+        new = self.adapter.end_step([acc.visits for acc in step.acceptances], self.tree.size - 1)
         if new is not None:
             self.ranges = self._trees(new)
