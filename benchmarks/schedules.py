@@ -532,7 +532,14 @@ def main() -> None:
     log(f"plan: {', '.join(f'{lo}-{hi}: K={k}' for lo, hi, k in ranges)}; {res.profiles}")
     live = None  # a fresh adapter per decoder: each round's plan-live starts from the plan and the profile's prior
     if not args.no_live and plan.shape == "chain":
-        live = lambda: PlanAdapter.of_plan(plan, every=args.live_every, window=args.live_window)  # noqa: E731
+        kw = {"every": args.live_every, "window": args.live_window}
+        if args.plan is not None:  # a given plan: its file's by_batch holds every K it was solved among
+            from sequoia_opt.solver.schedule import load_schedule
+
+            doc = load_schedule(args.plan).doc
+            live = lambda: PlanAdapter.of_document(doc, str(args.plan), **kw)  # noqa: E731
+        else:
+            live = lambda: PlanAdapter.of_plan(plan, **kw)  # noqa: E731
         try:
             live()  # a plan it cannot re-rank (a given --plan scores only its own settings) says so now
         except ProfileError as err:
