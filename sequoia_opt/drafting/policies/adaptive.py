@@ -72,7 +72,7 @@ from ...tree import Tree
 from ..drafters import Drafter
 from .static import StaticTreePolicy
 
-__all__ = ["OnlineAcceptance", "Resolve", "TreeAdapter", "AdaptiveTreePolicy", "DEFAULT_EVERY", "DEFAULT_WINDOW",
+__all__ = ["WindowedCounts", "OnlineAcceptance", "Resolve", "TreeAdapter", "AdaptiveTreePolicy", "DEFAULT_EVERY", "DEFAULT_WINDOW",
            "DEFAULT_PRIOR_WEIGHT", "MAX_PROBE_BACKOFF"]
 
 #: Steps between re-solves (``treeopt run --adapt-every``).
@@ -134,7 +134,51 @@ def visit_counts(visits: Iterable[NodeVisit], width: int) -> tuple[np.ndarray, n
     return trials, hits
 
 
-class OnlineAcceptance:
+class WindowedCounts:
+    """Trials and hits per index (a rank, a depth), summed exactly over the last ``window`` steps, with the weight
+    of a prior in pseudo-trials: the counting both online estimates share (:class:`OnlineAcceptance` here, the chain
+    estimate of adaptive plans in :mod:`~sequoia_opt.drafting.policies.adaptive_schedule`).
+
+    Args:
+        size: indices counted.  window: steps remembered, W >= 1.  prior_weight: pseudo-trials per index, >= 0.
+
+    Attributes:
+        trials / hits: (size,) int64 counts over the window.  steps: steps added since the last :meth:`reset`
+        (all of them, not only the window's).
+
+    Raises:
+        DecodingError: ``window < 1`` or a negative / non-finite weight.
+    """
+
+    def __init__(self, size: int, window: int, prior_weight: float) -> None:
+        self._size = int(size)
+        self.window = _positive_int("the adaptation window (steps)", window)
+        w = float(prior_weight)
+        if not np.isfinite(w) or w < 0:
+            raise DecodingError(f"the prior weight must be a number of pseudo-trials >= 0, got {prior_weight!r}")
+        self.prior_weight = w
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every step (the estimate is the prior again)."""
+        self._steps: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.trials = np.zeros(self._size, dtype=np.int64)
+        self.hits = np.zeros(self._size, dtype=np.int64)
+        self.steps = 0
+
+    def _add(self, trials: np.ndarray, hits: np.ndarray) -> None:
+        """One step's counts in; the step that leaves the window out."""
+        self._steps.append((trials, hits))
+        self.trials += trials
+        self.hits += hits
+        if len(self._steps) > self.window:
+            old_t, old_h = self._steps.popleft()
+            self.trials -= old_t
+            self.hits -= old_h
+        self.steps += 1
+
+
+class OnlineAcceptance(WindowedCounts):
     """A running positional acceptance estimate over the last ``window`` steps, with a prior (module
     docstring for the estimator).
 
@@ -161,37 +205,17 @@ class OnlineAcceptance:
                  prior_weight: float = DEFAULT_PRIOR_WEIGHT) -> None:
         self.prior = validate_acceptance(prior, what="prior acceptance vector")
         self.prior_hazards = hazards_from_acceptance(self.prior)
-        self.window = _positive_int("the adaptation window (steps)", window)
-        w = float(prior_weight)
-        if not np.isfinite(w) or w < 0:
-            raise DecodingError(f"the prior weight must be a number of pseudo-trials >= 0, got {prior_weight!r}")
-        self.prior_weight = w
-        self.reset()
+        super().__init__(self.prior.size, window, prior_weight)
 
     @property
     def width(self) -> int:
         """K, the ranks estimated."""
         return int(self.prior.size)
 
-    def reset(self) -> None:
-        """Forget every step (the estimate is the prior again)."""
-        self._steps: deque[tuple[np.ndarray, np.ndarray]] = deque()
-        self.trials = np.zeros(self.width, dtype=np.int64)
-        self.hits = np.zeros(self.width, dtype=np.int64)
-        self.steps = 0
-
     def add_step(self, visits: Iterable[NodeVisit]) -> None:
         """Count one decoding step's verification trials (:attr:`StepStats.visits`; none for a root-only
         step, which still takes its place in the window), dropping the step that leaves the window."""
-        t, h = visit_counts(visits, self.width)
-        self._steps.append((t, h))
-        self.trials += t
-        self.hits += h
-        if len(self._steps) > self.window:
-            old_t, old_h = self._steps.popleft()
-            self.trials -= old_t
-            self.hits -= old_h
-        self.steps += 1
+        self._add(*visit_counts(visits, self.width))
 
     @property
     def hazards(self) -> np.ndarray:

@@ -49,7 +49,6 @@ adaptive-schedule:FILE`` runs them.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -59,10 +58,10 @@ from ...decoding.policy import StepView
 from ...decoding.sampling import NodeVisit
 from ...decoding.state import DecodeState, DraftSettings
 from ...decoding.step_tree import TreeBuffers
-from ...errors import DecodingError, ProfileError
+from ...errors import ProfileError
 from ...tree import Tree
 from ..drafters import Drafter
-from .adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW, _positive_int
+from .adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW, WindowedCounts, _positive_int
 from .schedule import SchedulePolicy
 
 __all__ = ["ChainEstimate", "PlanCandidates", "PlanResolve", "PlanAdapter", "AdaptiveSchedulePolicy",
@@ -93,7 +92,7 @@ def chain_g_from_hazards(h: Sequence[float]) -> np.ndarray:
     return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(h))])
 
 
-class ChainEstimate:
+class ChainEstimate(WindowedCounts):
     """The running per-depth acceptance of a chain (module docstring), over the last ``window`` steps.
 
     Args:
@@ -113,24 +112,12 @@ class ChainEstimate:
     def __init__(self, prior_g: Sequence[float], *, window: int = DEFAULT_WINDOW,
                  prior_weight: float = DEFAULT_PRIOR_WEIGHT) -> None:
         self.prior_hazards = hazards_from_chain_g(prior_g)
-        self.window = _positive_int("the adaptation window (steps)", window)
-        w = float(prior_weight)
-        if not np.isfinite(w) or w < 0:
-            raise DecodingError(f"the prior weight must be a number of pseudo-trials >= 0, got {prior_weight!r}")
-        self.prior_weight = w
-        self.reset()
+        super().__init__(self.prior_hazards.size, window, prior_weight)
 
     @property
     def depth(self) -> int:
         """K, the deepest draft estimated."""
         return int(self.prior_hazards.size)
-
-    def reset(self) -> None:
-        """Forget every step (the estimate is the prior again)."""
-        self._steps: deque[tuple[np.ndarray, np.ndarray]] = deque()
-        self.trials = np.zeros(self.depth, dtype=np.int64)
-        self.hits = np.zeros(self.depth, dtype=np.int64)
-        self.steps = 0
 
     def counts(self, visits: Iterable[NodeVisit]) -> tuple[np.ndarray, np.ndarray]:
         """(trials, hits), each (K,) int64, of one row's verification trials: a visit at depth d with a candidate
@@ -154,14 +141,7 @@ class ChainEstimate:
             tt, hh = self.counts(visits)
             t += tt
             h += hh
-        self._steps.append((t, h))
-        self.trials += t
-        self.hits += h
-        if len(self._steps) > self.window:
-            old_t, old_h = self._steps.popleft()
-            self.trials -= old_t
-            self.hits -= old_h
-        self.steps += 1
+        self._add(t, h)
 
     @property
     def ratio(self) -> float:
