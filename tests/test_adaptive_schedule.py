@@ -221,3 +221,9 @@ def test_the_registry_policy_runs_through_treeopt_runs_job(tmp_path):
     if not ad["resolves"]:
         assert live.predicted_tokens_per_step == pytest.approx(ChainValue(_acc(), 6).g[first_k], rel=1e-5)
     assert live.predicted_tokens_per_step >= 1.0
+    from sequoia_opt.cli.run import _resolve_table  # treeopt run's report of adaptive entries reads it
+
+    (_, _, rows), notes = _resolve_table(report)
+    assert rows == [] and len(notes) == 1
+    assert notes[0].startswith(f"live: {len(ad['resolves'])} re-rankings over {ad['steps']} steps")
+    assert notes[0].count("K=") == len(ad["initial_ranges"]) + len(ad["final_ranges"])

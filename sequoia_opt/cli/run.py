@@ -676,7 +676,8 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     report.tables.append(_trees_table(run, temperature, predicted))
     if any(s.adaptive for s in run.summaries):
         table, notes = _resolve_table(run)
-        report.tables.append(table)
+        if table[2]:  # a plan re-ranked live reports in a note only
+            report.tables.append(table)
         report.notes += notes
     for m in run.mismatch_details:
         report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
@@ -716,7 +717,8 @@ RESOLVE_ROWS = 40
 def _resolve_table(run) -> tuple[tuple[str, list[str], list[list]], list[str]]:
     """The re-solve log of every adaptive tree of a run (:attr:`~sequoia_opt.jobs.run.TreeSummary.adaptive`):
     per re-solve the step (since the run began), the prompt, tokens so far, the new tree's size, depth and
-    level widths, its predicted tokens per step and speedup, whether it changed the tree, the solve time.
+    level widths, its predicted tokens per step and speedup, whether it changed the tree, the solve time; a plan
+    re-ranked live (``--policy adaptive-schedule``) gets one note with its ranges before and after instead.
     Returns ``(table, notes)``."""
     rows, notes = [], []
 
@@ -729,6 +731,13 @@ def _resolve_table(run) -> tuple[tuple[str, list[str], list[list]], list[str]]:
 
     for s in run.summaries:
         if not s.adaptive:
+            continue
+        if "final_ranges" in s.adaptive:  # a plan re-ranked live (adaptive-schedule): its ranges, not a tree
+            a = s.adaptive
+            rng = lambda rs: ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in rs)  # noqa: E731
+            notes.append(f"{s.tree}: {len(a['resolves'])} re-rankings over {a['steps']} steps, "
+                         f"{sum(r['changed'] for r in a['resolves'])} changed the plan; ranges {rng(a['initial_ranges'])}"
+                         f" -> {rng(a['final_ranges'])} (live rows -> draft length; each re-ranking is in the JSON)")
             continue
         log = s.adaptive["resolves"]
         shown = log if len(log) <= RESOLVE_ROWS else [r for r in log if r["changed"]]
