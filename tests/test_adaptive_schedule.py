@@ -118,6 +118,13 @@ def test_plan_file_round_trip_and_refusals(tmp_path):
         PlanAdapter.of_document(bad)
 
 
+def _tiny_draft():
+    """A drafter over a tiny model (the policy is built, not run)."""
+    from test_decoding import _model
+
+    return _model(0)
+
+
 def test_adaptive_schedule_from_the_registry(tmp_path):
     from sequoia_opt.drafting.registry import parse_policy
 
@@ -127,6 +134,13 @@ def test_adaptive_schedule_from_the_registry(tmp_path):
     assert kind.name == "adaptive-schedule" and kind.policy is AdaptiveSchedulePolicy
     with pytest.raises(TreeoptError, match="needs a treeopt-schedule/1 file"):
         parse_policy("adaptive-schedule")
+    kind, opts = parse_policy(f"adaptive-schedule:{path},every=4,window=32,prior-weight=0.5")
+    assert opts["live"] == {"every": 4, "window": 32, "prior_weight": 0.5}
+    ad = kind.build(_tiny_draft(), None, opts).adapter
+    assert (ad.every, ad.estimate.window, ad.estimate.prior_weight) == (4, 32, 0.5)
+    for bad in ("every=0", "window=x", "prior-weight=-1", "step=3"):
+        with pytest.raises(TreeoptError, match=f"'{bad}' is not every=N"):
+            parse_policy(f"adaptive-schedule:{path},{bad}")
     doc = yaml.safe_load(path.read_text())
     del doc["by_batch"]
     (tmp_path / "q.yaml").write_text(yaml.safe_dump(doc))

@@ -120,7 +120,8 @@ def run_cmd(
         "--policy", help="The drafting policy each --tree runs with: static (default: the tree every step), "
         "chain[:N[,MIN[,PMIN]]] (a chain grown token by token, llama.cpp's draft-max/-min/-p-min rule), "
         "dynamic:POLICY:steps=S,topk=K,budget=N, schedule:FILE (a treeopt tune plan: the chain of the batch range), "
-        "adaptive-schedule:FILE (that plan re-ranked during the run from the live acceptance), or one a plugin "
+        "adaptive-schedule:FILE[,every=N,window=W,prior-weight=X] (that plan re-ranked during the run from the live "
+        "acceptance), or one a plugin "
         "registered (TREEOPT_PLUGINS).")] = None,
     budget: Annotated[Optional[int], typer.Option("--budget", "-n", help="With --compare-drafters: largest tree considered, nodes incl. the root (default: each latency profile's largest measured token count). With --adapt: largest re-solved tree (default: the tree's budget limit).")] = None,
     max_depth: Annotated[Optional[int], typer.Option("--max-depth", "-d", help="With --compare-drafters: depth limit D (default 10). With --adapt: of the re-solves (default 16, as treeopt solve).")] = None,

@@ -442,23 +442,42 @@ register_policy(PolicyKind(
     lambda drafter, tree, o: SchedulePolicy(drafter, o["ranges"]), SchedulePolicy))
 
 
+_LIVE_KEYS = {"every": "every", "window": "window", "prior-weight": "prior_weight"}
+
+
 def _parse_adaptive_schedule(arg: str | None) -> dict[str, Any]:
-    """``adaptive-schedule:FILE``: a chain plan (``treeopt tune --schedule FILE``, with its ``by_batch``
-    candidates) re-ranked during the run from the live acceptance."""
+    """``adaptive-schedule:FILE[,every=N][,window=W][,prior-weight=X]``: a chain plan (``treeopt tune --schedule
+    FILE``, with its ``by_batch`` candidates) re-ranked during the run from the live acceptance, every N steps (16)
+    from the last W steps' trials (64), the plan's acceptance worth X pseudo-trials per depth (8)."""
     from ..solver.schedule import load_schedule
 
     if not arg:
         raise TreeoptError("--policy adaptive-schedule:FILE needs a treeopt-schedule/1 file with its by_batch "
                            "candidates (treeopt tune --schedule FILE)")
-    sched = load_schedule(arg)
-    PlanAdapter.of_document(sched.doc, arg)  # refused here, before anything loads
-    return {"doc": sched.doc, "source": arg}
+    path, *rest = arg.split(",")
+    kw: dict[str, Any] = {}
+    for item in rest:
+        key, _, value = item.partition("=")
+        name = _LIVE_KEYS.get(key.strip())
+        try:
+            num = float(value) if name == "prior_weight" else int(value)
+        except ValueError:
+            num = None
+        if name is None or num is None or (num < 1 if name != "prior_weight" else not 0 <= num < float("inf")):
+            raise TreeoptError(f"--policy adaptive-schedule:{arg}: {item!r} is not every=N (>= 1), window=W (>= 1) "
+                               "or prior-weight=X (>= 0)")
+        kw[name] = num
+    sched = load_schedule(path)
+    PlanAdapter.of_document(sched.doc, path, **kw)  # refused here, before anything loads
+    return {"doc": sched.doc, "source": path, "live": kw}
 
 
 register_policy(PolicyKind(
     "adaptive-schedule", "a chain plan re-ranked during the run from the acceptance the requests show, "
-    "adaptive-schedule:FILE (treeopt tune --schedule FILE)", _parse_adaptive_schedule,
-    lambda drafter, tree, o: AdaptiveSchedulePolicy(drafter, PlanAdapter.of_document(o["doc"], o["source"])),
+    "adaptive-schedule:FILE[,every=N][,window=W][,prior-weight=X] (treeopt tune --schedule FILE)",
+    _parse_adaptive_schedule,
+    lambda drafter, tree, o: AdaptiveSchedulePolicy(drafter, PlanAdapter.of_document(o["doc"], o["source"],
+                                                                                     **o.get("live", {}))),
     AdaptiveSchedulePolicy))
 
 
