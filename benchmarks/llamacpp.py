@@ -92,13 +92,13 @@ def main() -> None:
     # more with more tokens in the KV cache (T(9) 195 ms at 128 tokens, 239 ms at 256, one thread), so a curve
     # measured at 256 over-charged the eval run's deep chains (mean context ~190) by 10-16 %
     ev = [tok.encode(p.text) for p in load_prompts(demo_prompts_path("eval"), limit=args.eval_prompts)]
-    if args.context is None and args.latency is not None:  # a given curve is read at its own (smallest) context
-        args.context = min(c["context_tokens"] for c in load_latency(args.latency).to_dict()["curves"])
-    if args.context is None:
-        args.context = int(round(statistics.fmean(len(x) for x in ev) + args.new_tokens / 2))
+    given = load_latency(args.latency) if args.latency is not None else None
+    if args.context is None:  # a given curve is read at its own (smallest) context
+        args.context = int(given.contexts[0]) if given is not None else \
+            int(round(statistics.fmean(len(x) for x in ev) + args.new_tokens / 2))
     t0 = time.perf_counter()
-    if args.latency is not None:
-        curve = load_latency(args.latency)
+    if given is not None:
+        curve = given
     else:
         curve = profile_latency(target, draft, contexts=[args.context], token_counts=token_grid(args.max_tokens),
                                 draft_token_counts=token_grid(4), n_threads=args.threads, rounds=args.rounds,
@@ -139,7 +139,7 @@ def main() -> None:
         treeopt_curve = load_latency(TREEOPT_CURVE)
         lengths = [int(x) for x in args.lengths.split(",")]
         ch = solve_chain(acc, curve, max_draft=max(lengths), context=ctx)
-        tctx = min(c['context_tokens'] for c in treeopt_curve.to_dict()['curves'])  # its own (256): not measured lower
+        tctx = int(treeopt_curve.contexts[0])  # its own smallest (256): not measured lower
         ch_treeopt = solve_chain(acc, treeopt_curve, max_draft=max(lengths), context=tctx)
         grid = [ChainSetting(n, 0, p) for n in lengths for p in (0.0, 0.3, 0.5, 0.7, 0.9)]
         replay_best = max(grid, key=lambda s: predict_replay(traces, s, curve, ctx).tokens_per_s)
