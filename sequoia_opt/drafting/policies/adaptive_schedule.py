@@ -332,16 +332,16 @@ class PlanAdapter:
                                        tuple(lf for _, _, lf in scored)))
         if sorted(g) != list(range(max(g) + 1)):
             raise ProfileError(f"{where}: the candidates must score every draft length 0..{max(g)}")
+        from ...solver.schedule import SpecSetting
+
         ranges = []
         for i, e in enumerate(doc.get("ranges") or []):
-            s = e.get("setting") if isinstance(e, dict) else None
-            label = "none" if isinstance(s, dict) and s.get("shape") == "none" else \
-                f"chain:{s.get('draft_tokens')}" if isinstance(s, dict) and s.get("shape") == "chain" else repr(s)
+            at = f"{where}: ranges[{i}]"
             rng = e.get("batch_range") if isinstance(e, dict) else None
             if not isinstance(rng, list) or len(rng) != 2:
-                raise ProfileError(f"{where}: ranges[{i}].batch_range must be [lo, hi]")
+                raise ProfileError(f"{at}.batch_range must be [lo, hi]")
             lo, hi = rng
-            ranges.append((1 if i == 0 else lo, hi, _k_of(label, f"{where}: ranges[{i}]")))
+            ranges.append((1 if i == 0 else lo, hi, _k_of(SpecSetting.from_dict(e.get("setting"), at).label, at)))
         kwargs.setdefault("min_gain", float(doc.get("min_gain") or 0.0))
         kwargs.setdefault("first_is_longest", bool(doc.get("first_is_longest", False)))
         return cls(rows, [g[k] for k in range(max(g) + 1)], ranges, **kwargs)
