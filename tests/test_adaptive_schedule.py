@@ -90,6 +90,44 @@ def test_re_ranking_is_the_brute_force_best_and_flips_a_close_call():
     assert ad.ranges == ad.initial and ad.log == []
 
 
+def test_plain_waits_for_its_probe_and_failed_probes_back_off():
+    # one batch size, K = 0..2 at 10 / 12 / 14 ms; the prior (h = 0.7) ranks K = 2 first
+    ad = PlanAdapter([PlanCandidates(1, (0, 1, 2), (10.0, 12.0, 14.0), (1.0, 1.0, 1.0))], [1.0, 1.7, 2.19],
+                     [(1, 1, 2)], every=2, window=4, prior_weight=1.0)
+    reject, accept, plain = [_chain_visits(0, 2)], [_chain_visits(2, 2)], []
+    assert ad.end_step(reject, 2, 1) is None
+    assert ad.end_step(reject, 2, 1) == ((1, 1, 0),)  # 2 trials, no hit: plain decoding
+    for _ in range(3):  # plain steps 3-5: no re-ranking while the plain batch size waits (nothing new measured)
+        assert ad.end_step(plain, 0, 1) is None
+    assert len(ad.log) == 1
+    assert ad.end_step(plain, 0, 1) == ((1, 1, 2),)  # step 6: 4 plain steps, the window drained: the probe
+    assert (ad.log[-1].reason, ad.log[-1].step, ad.backoff) == ("probe", 6, 1)
+    ad.end_step(reject, 2, 1)
+    assert ad.end_step(reject, 2, 1) == ((1, 1, 0),)  # the probe's drafts rejected: plain again, twice the wait
+    assert (ad.log[-1].reason, ad.backoff) == ("probe verdict", 2)
+    for _ in range(7):  # steps 9-15: 7 plain steps of the 8 the wait now lasts
+        assert ad.end_step(plain, 0, 1) is None
+    assert ad.end_step(plain, 0, 1) == ((1, 1, 2),) and ad.log[-1].reason == "probe"
+    ad.end_step(accept, 2, 1)
+    assert ad.end_step(accept, 2, 1) is None  # the probe's drafts accepted: the chain stays, the wait is reset
+    assert (ad.log[-1].reason, ad.backoff, ad.ranges) == ("probe verdict", 1, ((1, 1, 2),))
+    rep = ad.report()
+    assert rep["probes"] == 2 and rep["backoff"] == 1 and [r["reason"] for r in rep["resolves"]] == [
+        "scheduled", "probe", "probe verdict", "probe", "probe verdict"]
+    # a plain batch size re-ranks on schedule when other rows measured something since the last ranking
+    ad = PlanAdapter([PlanCandidates(1, (0, 1), (10.0, 12.0), (1.0, 1.0)),
+                      PlanCandidates(2, (0, 1), (10.0, 16.0), (1.0, 1.0))], [1.0, 1.7], [(1, 1, 1), (2, 2, 0)],
+                     every=2, window=64, prior_weight=1.0)
+    ad.end_step(accept * 2, 1, 1)
+    ad.end_step(plain, 0, 2)
+    assert ad.log[-1].reason == "scheduled" and ad.ranges == ((1, 2, 1),)  # batch 2 drafts now: 0.85 accepted
+    # without the batch size (the adapter alone), every ``every`` steps as before
+    ad.reset()
+    for _ in range(4):
+        ad.end_step(plain, 0)
+    assert [(r.step, r.reason) for r in ad.log] == [(2, "scheduled"), (4, "scheduled")]
+
+
 def test_plan_file_round_trip_and_refusals(tmp_path):
     plan = solve_plan(ChainValue(_acc(), 6), PROFILE, output_tokens=16)
     doc = plan_document(plan, engine="treeopt")

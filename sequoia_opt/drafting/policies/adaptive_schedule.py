@@ -39,10 +39,14 @@ settings: re-ranking needs every K scored); the latency side is the profile's (t
 is not this); the length factor is the plan's (computed from the prior's acceptance: under a higher live
 acceptance the true factor is a little lower, which favours longer chains by that little); rows at different
 batch sizes share one estimate (greedy acceptance does not depend on the batch size). Plain steps take their
-place in the window: where the live ranking turned every range to plain decoding, the trials drain out after
-``window`` steps, the prior comes back and the plan's chains run again for ``every`` steps, a probe once per
-window (at most ``every / (window + every)`` of the steps, 20 % at the defaults, at the chains' speed); the
-re-rankings after it keep or drop them on what the probe measured. The defaults are
+place in the window. Where the live ranking sent the batch size in use to plain decoding, it stays plain, without
+re-ranking, for ``window`` steps; by then its trials have drained out, the prior comes back and the next
+re-ranking runs the plan's chains again for ``every`` steps: a *probe*, judged by the re-ranking after it. A probe
+that finds the batch size plain again doubles the wait before the next one (``window`` x 1, 2, 4, up to
+:data:`~sequoia_opt.drafting.policies.adaptive.MAX_PROBE_BACKOFF` plain steps: the exponential back-off of
+:class:`~sequoia_opt.drafting.policies.adaptive.TreeAdapter`'s guard), and one that keeps a chain resets it; so
+where speculation does not pay the probes cost ``every / (window + every)`` of the steps at first (20 % at the
+defaults, at the chains' speed) and fall to ``every / (8 window + every)`` (3 %). The defaults are
 :class:`~sequoia_opt.drafting.policies.adaptive.AdaptiveTreePolicy`'s (16, 64, 8); ``--policy
 adaptive-schedule:FILE`` runs them.
 """
@@ -61,7 +65,8 @@ from ...decoding.step_tree import TreeBuffers
 from ...errors import ProfileError
 from ...tree import Tree
 from ..drafters import Drafter
-from .adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW, WindowedCounts, _positive_int
+from .adaptive import (DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW, MAX_PROBE_BACKOFF, WindowedCounts,
+                       _positive_int)
 from .schedule import SchedulePolicy
 
 __all__ = ["ChainEstimate", "PlanCandidates", "PlanResolve", "PlanAdapter", "AdaptiveSchedulePolicy",
@@ -132,9 +137,9 @@ class ChainEstimate(WindowedCounts):
             h[d] += v.accepted_rank == 0
         return t, h
 
-    def add_step(self, rows_visits: Iterable[Iterable[NodeVisit]]) -> None:
+    def add_step(self, rows_visits: Iterable[Iterable[NodeVisit]]) -> int:
         """Count one step's trials (every row's; a plain step counts none and still takes its place in the
-        window), dropping the step that leaves the window."""
+        window), dropping the step that leaves the window. Returns the trials it added."""
         t = np.zeros(self.depth, dtype=np.int64)
         h = np.zeros(self.depth, dtype=np.int64)
         for visits in rows_visits:
@@ -142,6 +147,7 @@ class ChainEstimate(WindowedCounts):
             t += tt
             h += hh
         self._add(t, h)
+        return int(t.sum())
 
     @property
     def ratio(self) -> float:
@@ -187,7 +193,9 @@ class PlanResolve:
     Attributes:
         step: steps decoded since the reset when it ran.  ranges: ``(lo, hi, K)`` chosen.  changed: whether they
         differ from the ranges they replace.  tokens_per_step: G(0..K) under the estimate.  ratio: the estimate's
-        live-to-prior ratio.  trials: (K,) trials per depth in the window.
+        live-to-prior ratio.  trials: (K,) trials per depth in the window.  reason: ``scheduled`` (every
+        ``every`` steps), ``probe`` (after a plain wait: the window drained, the prior's ranking) or ``probe
+        verdict`` (the ranking after a probe's steps).  backoff: the plain wait before the next probe, in windows.
     """
 
     step: int
@@ -196,11 +204,13 @@ class PlanResolve:
     tokens_per_step: tuple[float, ...]
     ratio: float
     trials: tuple[int, ...]
+    reason: str = "scheduled"
+    backoff: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"step": self.step, "ranges": [list(r) for r in self.ranges], "changed": self.changed,
                 "tokens_per_step": [round(x, 4) for x in self.tokens_per_step], "ratio": round(self.ratio, 4),
-                "trials": list(self.trials)}
+                "trials": list(self.trials), "reason": self.reason, "backoff": self.backoff}
 
 
 def _check_ks(batch: int, ks: list[int], where: str = "the plan") -> None:
@@ -234,6 +244,7 @@ class PlanAdapter:
 
     Attributes:
         ranges: the ranges in use.  estimate: the :class:`ChainEstimate`.  log: every :class:`PlanResolve`.
+        backoff: the plain wait before the next probe, in windows (1 .. ``MAX_PROBE_BACKOFF``; module docstring).
 
     Raises:
         ProfileError: no batch size, batch sizes not ascending, a batch size not scoring every K from 0 to its
@@ -353,6 +364,10 @@ class PlanAdapter:
         self.log: list[PlanResolve] = []
         self._g = chain_g_from_hazards(self.estimate.prior_hazards)  # the latest ranking's G(0..K)
         self._predicted: list[float] = []  # per step, G of the chain it ran under the ranking in force
+        self.backoff = 1
+        self._idle = 0  # plain steps in a row at a batch size the ranking sent to plain decoding
+        self._fresh = 0  # trials counted since the last ranking
+        self._probe_batch: int | None = None  # the batch size a probe in progress measures
 
     def rank(self, g: Sequence[float]) -> tuple[tuple[int, int, int], ...]:
         """The ranges ``(lo, hi, K)`` that G(0..K) = ``g`` makes best: per measured batch size the K with the most
@@ -389,21 +404,45 @@ class PlanAdapter:
         under the ranking in force at that step (None before a step with its K given)."""
         return float(np.mean(self._predicted)) if self._predicted else None
 
-    def end_step(self, rows_visits: Iterable[Iterable[NodeVisit]],
-                 k_used: int | None = None) -> tuple[tuple[int, int, int], ...] | None:
+    def k_at(self, batch: int, ranges: Sequence[tuple[int, int, int]] | None = None) -> int:
+        """The draft length ``ranges`` (default: those in use) give ``batch`` live rows (the last range's past
+        the end)."""
+        ranges = self.ranges if ranges is None else ranges
+        return next((k for lo, hi, k in ranges if lo <= batch <= hi), ranges[-1][2])
+
+    def end_step(self, rows_visits: Iterable[Iterable[NodeVisit]], k_used: int | None = None,
+                 batch: int | None = None) -> tuple[tuple[int, int, int], ...] | None:
         """Count one step (every row's trials; ``k_used``: the draft length it ran, for
-        :attr:`predicted_tokens_per_step`); every ``every`` steps re-rank. Returns the new ranges when they
-        changed, else None."""
-        self.estimate.add_step(rows_visits)
+        :attr:`predicted_tokens_per_step`; ``batch``: its live rows, for the probes) and every ``every`` steps
+        re-rank, except while a batch size the ranking sent to plain decoding waits for its probe with nothing
+        measured since the last ranking (module docstring; without ``batch``, every ``every`` steps). Returns the
+        new ranges when they changed, else None."""
+        self._fresh += self.estimate.add_step(rows_visits)
         if k_used is not None:
             self._predicted.append(float(self._g[min(int(k_used), len(self._g) - 1)]))
+        waiting = batch is not None and self._probe_batch is None and self.k_at(batch) == 0
+        self._idle = self._idle + 1 if waiting else 0
         if self.estimate.steps % self.every:
+            return None
+        wait_over = waiting and self._idle >= self.estimate.window * self.backoff
+        if waiting and not wait_over and not self._fresh:
             return None
         g = self._g = self.estimate.g()
         ranges = self.rank(g)
+        reason = "scheduled"
+        if self._probe_batch is not None:
+            reason = "probe verdict"
+            self.backoff = 1 if self.k_at(self._probe_batch, ranges) else min(2 * self.backoff, MAX_PROBE_BACKOFF)
+            self._probe_batch = None
+        elif wait_over:
+            self._idle = 0
+            if self.k_at(batch, ranges):  # the prior's ranking drafts here again: a probe
+                reason, self._probe_batch = "probe", batch
+        self._fresh = 0
         changed = ranges != self.ranges
         self.log.append(PlanResolve(self.estimate.steps, ranges, changed, tuple(float(x) for x in g),
-                                    self.estimate.ratio, tuple(int(t) for t in self.estimate.trials)))
+                                    self.estimate.ratio, tuple(int(t) for t in self.estimate.trials), reason,
+                                    self.backoff))
         self.ranges = ranges
         return ranges if changed else None
 
@@ -414,7 +453,8 @@ class PlanAdapter:
                 "predicted_tokens_per_step": self.predicted_tokens_per_step,
                 "prior_tokens_per_step": [round(float(x), 4) for x in chain_g_from_hazards(self.estimate.prior_hazards)],
                 "every": self.every, "window": self.estimate.window, "prior_weight": self.estimate.prior_weight,
-                "steps": self.estimate.steps, "resolves": [r.as_dict() for r in self.log]}
+                "steps": self.estimate.steps, "backoff": self.backoff,
+                "probes": sum(r.reason == "probe" for r in self.log), "resolves": [r.as_dict() for r in self.log]}
 
     as_dict = report  # the name ``treeopt run``'s report reads an adapter by (as TreeAdapter's)
 
@@ -454,6 +494,7 @@ class AdaptiveSchedulePolicy(SchedulePolicy):
 
     def observe(self, state: DecodeState, step: StepView) -> None:
         super().observe(state, step)
-        new = self.adapter.end_step([acc.visits for acc in step.acceptances], self.tree.size - 1)
+        new = self.adapter.end_step([acc.visits for acc in step.acceptances], self.tree.size - 1,
+                                    len(state.rows))
         if new is not None:
             self.ranges = self._trees(new)
