@@ -279,3 +279,27 @@ def test_the_registry_policy_runs_through_treeopt_runs_job(tmp_path):
     assert rows == [] and len(notes) == 1
     assert notes[0].startswith(f"live: {len(ad['resolves'])} re-rankings over {ad['steps']} steps")
     assert notes[0].count("K=") == len(ad["initial_ranges"]) + len(ad["final_ranges"])
+
+
+@pytest.mark.parametrize("kind", ["schedule", "adaptive-schedule"])
+def test_treeopt_run_takes_a_plan_without_a_tree_file(tmp_path, kind):
+    """``treeopt tune --schedule FILE`` then ``treeopt run --policy KIND:FILE``: the plan brings its own chains, so
+    no --tree is asked for; its row is named after the file and equals plain decoding."""
+    import json
+
+    from tiny_pair import make_pair
+    from typer.testing import CliRunner
+
+    from sequoia_opt.cli import app
+
+    target, draft, prompts = make_pair(tmp_path)
+    plan = save_schedule(tmp_path / "tuned.yaml", plan_document(solve_plan(ChainValue(_acc(), 4), PROFILE),
+                                                               engine="treeopt"))
+    r = CliRunner().invoke(app, ["run", "--target", str(target), "--draft", str(draft), "--policy",
+                                 f"{kind}:{plan}", "--prompts", str(prompts), "--num-prompts", "2",
+                                 "--max-new-tokens", "12", "--results-dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    by = {s["tree"]: s for s in doc["summaries"]}
+    assert set(by) == {"plain", "plan tuned"}
+    assert by["plan tuned"]["mismatches"] == 0 and by["plan tuned"]["new_tokens"] == by["plain"]["new_tokens"] == 24

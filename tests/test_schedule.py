@@ -733,6 +733,13 @@ def test_tune_treeopt_measures_chain_acceptance_teacher_forced(tmp_path):
     again = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
                                 str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["profiles"]["acceptance"].startswith("reused:")
+    # how to serve it with treeopt's decoder, the plan file named as written
+    plan = tmp_path / "plan.yaml"
+    served = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
+                                 str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "-o", str(plan)])
+    assert served.exit_code == 0, served.output
+    assert (f"treeopt run --policy adaptive-schedule:{plan} (re-ranked from the acceptance the requests show), or "
+            f"--policy schedule:{plan} (as solved)") in " ".join(served.output.split())
 
 
 def test_chain_replay_predicts_the_decoders_tokens_per_step_on_its_prompts():

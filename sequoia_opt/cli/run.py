@@ -209,9 +209,10 @@ def run_cmd(
                             adapt=adapt, notes=dyn_notes)
     if dynamic and not dyn and not tree:
         raise TreeoptError("no --dynamic setting is left to run: " + "; ".join(dyn_notes))
-    if not tree and not dyn:
+    own = pkind.own_tree(popts) if pkind.own_tree is not None and not tree else None  # a plan runs alone
+    if not tree and not dyn and own is None:
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
-                           "drafter's own best tree; or --dynamic, a dynamic-tree setting)")
+                           "drafter's own best tree; --dynamic, a dynamic-tree setting; or --policy schedule:FILE)")
     if compare and not tree:
         raise TreeoptError("--compare sizes its baselines by the --tree files: add a --tree (or drop --compare)")
     tree = tree or []
@@ -263,9 +264,13 @@ def run_cmd(
     latency_path = latency[0] if latency else None
     spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails before anything is read
     entries = [_load_tree_entry(p) for p in tree]
+    if own is not None:  # the plan's row: named after its file, its largest tree as the topology in results
+        from ..jobs.run import TreeEntry
+
+        entries = [TreeEntry(own[0], own[1])]
     if pkind.name != "static":  # the tree file's prediction is the static tree's: not this policy's
         for e in entries:
-            e.name = f"{e.name} ({policy})"
+            e.name = f"{e.name} ({policy})" if own is None else e.name
             e.metadata = replace(e.metadata, expected_tokens_per_step=None, predicted_speedup=None)
             e.policy = lambda drafter, t=e.tree: pkind.build(drafter, t, popts)
     seen: dict[str, int] = {}

@@ -135,6 +135,12 @@ def tune(
     if plan_file is None and "PLAN.yaml" in check:
         check += " (write PLAN.yaml with --schedule PLAN.yaml)"
     report.notes.append(f"check it: {check}")
+    if opts.engine == "treeopt":
+        f = plan_file if plan_file is not None else "PLAN.yaml"
+        live = (f"--policy adaptive-schedule:{f} (re-ranked from the acceptance the requests show), or "
+                if plan.shape == "chain" else "")
+        report.notes.append(f"serve it with treeopt's decoder: treeopt run {live}--policy schedule:{f} (as solved)"
+                            + (" (write PLAN.yaml with --schedule PLAN.yaml)" if plan_file is None else ""))
     written = {}
     if output is not None:
         if opts.engine == "treeopt":

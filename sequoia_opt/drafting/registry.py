@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import TreeoptError
 from ..model.loaders import bundled_draft_path, model_label
+from ..tree import Tree
 from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
 from .drafters.base import CostModel
 from .policies import (AdaptiveSchedulePolicy, ChainPolicy, DynamicPolicy, PlanAdapter, SchedulePolicy,
@@ -349,6 +350,9 @@ class PolicyKind:
         parse: ``(argument after "name:" or None) -> options``, before anything loads; raises TreeoptError.
         build: ``(a fresh drafter, the run's tree, options) -> DraftingPolicy``, one per decoder.
         policy: the :class:`~sequoia_opt.decoding.policy.DraftingPolicy` class it builds.
+        own_tree: for a policy that brings its own trees (a plan): ``options -> (name, tree)``, the row's name and
+            the largest tree it runs, so ``treeopt run`` needs no ``--tree`` for it; None: the policy runs the
+            ``--tree`` files.
     """
 
     name: str
@@ -356,6 +360,7 @@ class PolicyKind:
     parse: Callable[[str | None], dict[str, Any]]
     build: Callable[[Drafter, Any, Mapping[str, Any]], Any]
     policy: type
+    own_tree: Callable[[Mapping[str, Any]], tuple[str, Any]] | None = None
 
 
 def _parse_none(name: str) -> Callable[[str | None], dict[str, Any]]:
@@ -433,13 +438,18 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
         if s.shape == "envelope":
             raise TreeoptError(f"--policy schedule:{arg}: batch sizes {lo}-{hi} want an EAGLE envelope ({s.label}); "
                                "run envelopes with --policy dynamic")
-    return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges]}
+    return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges], "source": arg}
+
+
+def _plan_name(source: str) -> str:
+    return f"plan {Path(source).stem}"
 
 
 register_policy(PolicyKind(
     "schedule", "a speculation plan: the chain (or tree) of the batch range holding the live rows, "
     "schedule:FILE (treeopt tune -o FILE)", _parse_schedule,
-    lambda drafter, tree, o: SchedulePolicy(drafter, o["ranges"]), SchedulePolicy))
+    lambda drafter, tree, o: SchedulePolicy(drafter, o["ranges"]), SchedulePolicy,
+    own_tree=lambda o: (_plan_name(o["source"]), max((t for _, _, t in o["ranges"]), key=lambda t: t.size))))
 
 
 _LIVE_KEYS = {"every": "every", "window": "window", "prior-weight": "prior_weight"}
@@ -478,7 +488,9 @@ register_policy(PolicyKind(
     _parse_adaptive_schedule,
     lambda drafter, tree, o: AdaptiveSchedulePolicy(drafter, PlanAdapter.of_document(o["doc"], o["source"],
                                                                                      **o.get("live", {}))),
-    AdaptiveSchedulePolicy))
+    AdaptiveSchedulePolicy,
+    own_tree=lambda o: (_plan_name(o["source"]),
+                        Tree.chain(max(PlanAdapter.of_document(o["doc"], o["source"]).ks) + 1))))
 
 
 def policy_kind(name: str) -> PolicyKind:
