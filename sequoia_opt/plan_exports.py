@@ -360,9 +360,9 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
                               f"{', '.join(trt_names)} (or its own {', '.join(sorted(set(trt_names.values())))})")
     # the file is written for one key convention: its header names the releases that read it so
     releases = (f"TensorRT-LLM {TRTLLM_LOWER_KEY_RELEASE} to 1.2.x (keys start their ranges; from "
-                f"{TRTLLM_UPPER_KEY_RELEASE} they end them: export without --release 1.2.x for those)" if lower else
+                f"{TRTLLM_UPPER_KEY_RELEASE} they end them: export without --release for those)" if lower else
                 f"TensorRT-LLM {TRTLLM_UPPER_KEY_RELEASE} and later (keys end their ranges; 1.2.x reads keys as "
-                "range starts: export with --release 1.2.x for those)")
+                "range starts: export with --release 1.2.0, or the 1.2 release you run, for those)")
     checked = ("NVIDIA/TensorRT-LLM source after #10860: llmapi/llm_args.py validate_draft_len_schedule_and_sort, "
                "_torch/speculative/utils.py get_draft_len_for_batch_size; 1.2's #8194 validator")
     envs = [s for *_, s in ranges if s.shape == "envelope"]

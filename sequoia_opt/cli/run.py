@@ -163,7 +163,7 @@ def run_cmd(
                             "--calibration": calibration,
                             "--device": device != "cpu", "--dtype": dtype != "float32",
                             "--backend": backend != "auto", "--weights": weights != "float32",
-                            "--cuda-graphs": cuda_graphs})
+                            "--cuda-graphs": cuda_graphs, "--policy": policy is not None})
         return
     check_cuda_graphs(cuda_graphs, device)
     if cuda_graphs and (compare_drafters or merge or scheduler is not None or len(draft or []) > 1):
