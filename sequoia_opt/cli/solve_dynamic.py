@@ -21,6 +21,9 @@ from .render import render
 def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: Optional[list[Path]], *,
                   budget: Optional[int], max_depth: Optional[int], policies: Optional[str], context: Optional[int],
                   output: Optional[Path], fmt: Optional[str], as_json: bool) -> None:
+    """``treeopt solve --dynamic CALIBRATION``: every dynamic-tree setting of the grid predicted from the
+    calibration profile (tokens per step) and the latency curve (ms), the best per policy chosen and written as a
+    ``treeopt-dynamic/1`` setting or an engine's flags. Raises TreeoptError / SolverError (one line, exit 2)."""
     from .. import exports
     from ..profiles.calibration import calibration_warnings, load_calibration, same_pair
     from ..dynamic import POLICY_NAMES

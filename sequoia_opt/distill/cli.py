@@ -133,6 +133,8 @@ def _load_target(path: Path | None):
 
 
 def run_evaluate(args) -> dict:
+    """``python -m sequoia_opt.distill --evaluate CKPT``: a draft checkpoint's cost and greedy agreement with the
+    target on held-out text, as the model card reports them. Returns the figures as a mapping."""
     from ..model.loaders import load_checkpoint
 
     log = _log_to(None)
@@ -173,6 +175,7 @@ def run_cli(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sequoia_opt.distill``: train (or evaluate) the demo's draft model. Returns the exit code."""
     args = _parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -53,7 +53,7 @@ from ..model.head_checkpoints import save_eagle_head
 from ..model.heads import EagleConfig, EagleHead
 from ..model.llama import apply_rotary
 from .teacher import _cached_rows, _save_cache, _top_k
-from .train import scheduled_lr
+from .train import TrainResult, scheduled_lr
 
 __all__ = ["TeacherFeatures", "teacher_features", "choose_draft_vocab", "check_disjoint", "init_head",
            "ttt_forward", "ttt_losses", "train_head", "evaluate_head", "default_aux_layers", "main"]
@@ -285,13 +285,6 @@ def ttt_forward(head: EagleHead, fused: torch.Tensor, tokens: torch.Tensor, step
         yield logits, hidden
 
 
-@dataclass
-class HeadTraining:
-    rows: list[dict]
-    wall_s: float
-    tokens_seen: int
-
-
 def evaluate_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor, *, steps: int,
                   window: int, max_chunks: int = 16) -> dict:
     """Held-out teacher-forced figures: per training-time-test step the cross-entropy and the agreement of the
@@ -316,7 +309,7 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
                window: int, lr: float, warmup: int, ttt_steps: int, step_decay: float, feature_weight: float,
                seed: int, weight_decay: float = 0.0, clip: float = 1.0, log_every: int = 20, eval_every: int = 200,
                val: TeacherFeatures | None = None, log: Callable[[str], None] = print,
-               max_seconds: float | None = None, bf16: bool = False) -> HeadTraining:
+               max_seconds: float | None = None, bf16: bool = False) -> TrainResult:
     """AdamW on ``sum_k step_decay**k * CE_k + feature_weight * feature term`` (:func:`ttt_losses`) over
     random ``window``-token windows of random chunks (``batch`` per step); the learning rate warms up, then
     decays by cosine over ``steps`` or, with ``max_seconds``, over whichever runs out first. ``bf16``: the
@@ -371,7 +364,7 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
             log(f"stopping at step {step + 1}: past the {max_seconds:.0f} s time limit")
             break
     head.eval()
-    return HeadTraining(rows, time.perf_counter() - t0, tokens)
+    return TrainResult(rows, time.perf_counter() - t0, tokens)
 
 
 # ------------------------------------------------------------------------------------------------- the command

@@ -130,6 +130,9 @@ def lr_at(step: int, *, steps: int, lr: float, warmup: int, final_frac: float = 
 
 @dataclass
 class TrainResult:
+    """What a training run logged: one row per logging step (step, tokens, learning rate, losses and held-out
+    figures), the wall time in seconds and the tokens seen (draft model distillation and EAGLE-3 heads alike)."""
+
     rows: list[dict]
     wall_s: float
     tokens_seen: int
