@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.profiling.steps import check_chosen_step, static_loop_decoders, time_loop
     from sequoia_opt.profiling.timing import token_grid
     from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
+    from sequoia_opt.solver.depth import ValueModel
     from sequoia_opt.solver.generation import finite_generation_factor
     from sequoia_opt.solver.hardware import score_tree
     from sequoia_opt.solver.intervals import PromptSpread, t975, tree_spread
@@ -166,10 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         s_spread = PromptSpread.from_dict(meta.extra["speedup_spread"], (0.0, None))
         ci = acc.confidence_interval()
         old_speedup = score_tree(plan.tree, acc.acceptance, no_loop, ctx).speedup
+        by_depth_g = (ValueModel.of_profile(acc, "by-depth").expected_tokens(plan.tree) if acc.by_depth else None)
         splits.append({"split": k, "profile_prompts": [chosen[i] for i in prof_idx],
                        "run_prompts": [chosen[i] for i in run_idx], "tree": plan.tree.choices(),
                        "nodes": plan.tree.size, "depth": plan.tree.tree_depth,
                        "predicted_tokens_per_step": meta.expected_tokens_per_step,
+                       "acceptance_model": meta.extra.get("acceptance_model"),
+                       "predicted_tokens_per_step_by_depth": by_depth_g,
                        "prediction_interval": list(g_spread.prediction_interval(m)),
                        "interval_of_the_mean": list(g_spread.mean_interval()),
                        "token_interval_before": [plan.tree.expected_tokens(ci[:, 0]),
@@ -220,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         s.update(measured_tokens_per_step=g, measured_speedup=tps / plain_tps,
                  speedup_error_run=(tps / plain_tps) / s["predicted_speedup_run"] - 1,
                  tokens_per_step_error=g / s["predicted_tokens_per_step"] - 1,
+                 tokens_per_step_error_by_depth=(g / s["predicted_tokens_per_step_by_depth"] - 1
+                                                 if s["predicted_tokens_per_step_by_depth"] else None),
                  speedup_error=(tps / plain_tps) / s["predicted_speedup"] - 1,
                  speedup_error_without_loop=(tps / plain_tps) / s["predicted_speedup_without_loop"] - 1,
                  speedup_error_checked=(tps / plain_tps) / s["predicted_speedup_checked"] - 1,
@@ -256,6 +262,29 @@ def main(argv: list[str] | None = None) -> int:
                           "sd_implied_by_interval": statistics.median(halves) / t975(half - 1),
                           "within_5pct": sum(x <= 0.05 for x in rel) / len(rel),
                           "median_abs_relative_error": statistics.median(rel)}
+    # 6. the value models checked node by node where each tree ran (all prompts): a node's rate of acceptance once
+    # its parent was, against the positional and per-depth rates of the profile of all prompts (measured on the
+    # rank-0 spine), and G of each tree under both against its measured tokens per step
+    whole = split_profile(counts, list(range(P)), depth=4, new_tokens=new_tokens, label="all")
+    models = {m: ValueModel.of_profile(whole, m) for m in ("positional", "by-depth") if m == "positional" or whole.by_depth}
+    nodes = {}
+    for key, name in distinct.items():
+        if len(key) == 0:
+            continue
+        tree = Tree.from_choices([list(c) for c in key])
+        summ = next(x for x in run.summaries if x.tree == name)
+        rates = {m: vm.node_rates(tree) for m, vm in models.items()}
+        rows_n = [{**r, **{f"predicted_{m.replace('-', '_')}": rates[m][i] for m in rates}}
+                  for i, r in enumerate(summ.node_acceptance or [])]
+        nodes[name] = {"tree": [list(c) for c in key], "measured_tokens_per_step": summ.tokens_per_step,
+                       "predicted_tokens_per_step": {m: vm.expected_tokens(tree) for m, vm in models.items()},
+                       "nodes": rows_n}
+        print(f"{name}: tokens/step measured {summ.tokens_per_step:.3f} on all prompts; predicted from them "
+              + ", ".join(f"{m} {vm.expected_tokens(tree):.3f}" for m, vm in models.items()))
+        for r in rows_n:
+            pred = ", ".join(f"{m} {r[f'predicted_{m.replace(chr(45), chr(95))}']:.3f}" for m in models)
+            rate = "-" if r["rate"] is None else f"{r['rate']:.3f}"
+            print(f"  node {r['node']}: accepted {rate} of {r['reached']} (predicted {pred})")
     inside = sum(s["inside_prediction_interval"] for s in splits)
     goals = {
         "tokens_per_step_within_5pct": sum(abs(s["tokens_per_step_error"]) <= 0.05 for s in splits),
@@ -275,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         "median_abs_speedup_error_without_loop": statistics.median(abs(s["speedup_error_without_loop"])
                                                                    for s in splits),
         "greedy_equal": run.greedy_ok,
+        "tokens_per_step_within_5pct_by_depth": sum(abs(s["tokens_per_step_error_by_depth"]) <= 0.05 for s in splits
+                                                    if s["tokens_per_step_error_by_depth"] is not None),
         "coverage_over_many_splits": {n: round(c["coverage"], 3) for n, c in coverage.items()},
     }
     print(f"{'split':>5} {'nodes':>5} {'pred G':>7} {'95% PI':>13} {'meas G':>7} {'in':>3} {'G err':>7} "
@@ -299,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_avg_1min_start": load0,
            "load_avg_1min_end": os.getloadavg()[0], "prompts": n_prompts, "new_tokens": new_tokens,
            "context_tokens": ctx, "latency": curve.to_dict(), "splits": splits, "goals": goals,
-           "coverage": coverage,
+           "coverage": coverage, "node_acceptance": nodes,
            "per_prompt": [dataclasses.asdict(r) for r in run.rows],
            "wall_s": {"latency": t_latency, "acceptance": t_acc, "runs": t_run, "total": time.perf_counter() - t_all}}
     out = args.out / f"{run_id}.json"

@@ -134,6 +134,13 @@ def test_solve_cli_uses_the_per_depth_vectors_when_the_positional_check_failed(t
     tree, meta = load_tree(out)
     assert doc["acceptance_model"] == "by-depth" and meta.extra["acceptance_model"] == "by-depth"
     assert meta.expected_tokens_per_step == pytest.approx(expected_tokens_by_depth(tree, _profile(False).depth_rows()))
+    # each node's rate once its parent is accepted, as treeopt run checks it: the product along a path is G's term
+    rates = meta.extra["node_rates"]
+    assert len(rates) == tree.size - 1
+    reach = [1.0] + [0.0] * (tree.size - 1)
+    for v in range(1, tree.size):
+        reach[v] = reach[int(tree.parent[v])] * rates[v - 1]
+    assert sum(reach) == pytest.approx(meta.expected_tokens_per_step, rel=1e-5)
     r = CliRunner().invoke(app, ["solve", "-a", str(acc), "-l", str(lat), "--budget", "32", "--max-depth", "8",
                                  "-b", "2", "--acceptance-model", "positional", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["acceptance_model"] == "positional"

@@ -685,6 +685,13 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
         if table[2]:  # a plan re-ranked live reports in a note only
             report.tables.append(table)
         report.notes += notes
+    from ..jobs.run import node_misses
+
+    for s in run.summaries:  # the value model checked node by node where the tree ran (the JSON has every node)
+        missed = node_misses(s.node_acceptance or [])
+        if missed:
+            report.notes.append(f"{s.tree}: nodes accepted (once their parent was) outside the 99 % interval of their "
+                                f"prediction: {'; '.join(missed)}")
     for m in run.mismatch_details:
         report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
                                f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .sampling import NodeVisit
 
-__all__ = ["StepStats", "GenerationResult", "NodeVisit", "BatchStep", "BatchResult", "Clock"]
+__all__ = ["StepStats", "GenerationResult", "NodeVisit", "NodeAcceptance", "BatchStep", "BatchResult", "Clock"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,70 @@ class StepStats:
     @property
     def total_ms(self) -> float:
         return self.draft_ms + self.verify_ms + self.bookkeeping_ms
+
+
+class NodeAcceptance:
+    """How often each node of a static tree was accepted once its parent was, counted over the steps of a run: the
+    value model's assumption checked in the context the tree runs in.
+
+    Sequoia's positional model (Chen et al. 2024, section 3.1) values a child of rank k at ``p_k`` whatever its
+    parent, and the per-depth model at ``p_{d,k}``; both are measured on a rank-0 spine (the acceptance profiler's
+    measurement tree), so a child of a rank-1 or rank-2 node, reached only when the drafter's top guess was wrong,
+    is valued with rates measured after it was right. The rates here are measured where each node sits.
+
+    Args:
+        tree: the static tree the steps verified.
+
+    Attributes:
+        reached: (n,) int64, per node the steps whose accepted path held its parent (the root: every step counted).
+        accepted: (n,) int64, per node the steps whose accepted path held it.
+        skipped: steps not counted (a tree clipped near the end of the context, or another tree).
+    """
+
+    def __init__(self, tree) -> None:
+        self.tree = tree
+        n = tree.size
+        self._children: list[dict[int, int]] = [dict() for _ in range(n)]  # node -> {rank: child}
+        for v in range(1, n):
+            self._children[int(tree.parent[v])][int(tree.rank[v])] = v
+        self.reached = np.zeros(n, dtype=np.int64)
+        self.accepted = np.zeros(n, dtype=np.int64)
+        self.skipped = 0
+
+    def add(self, steps) -> "NodeAcceptance":
+        """Count steps (:class:`StepStats`, each with its accepted path's ranks); returns self."""
+        for s in steps:
+            if s.tree_size != self.tree.size:
+                self.skipped += 1
+                continue
+            v = 0
+            self.reached[0] += 1
+            self.accepted[0] += 1
+            ranks = list(s.accepted_ranks)
+            for depth in range(len(ranks) + 1):
+                for child in self._children[v].values():
+                    self.reached[child] += 1
+                if depth == len(ranks):
+                    break
+                v = self._children[v].get(int(ranks[depth]), -1)
+                if v < 0:  # a path the tree does not hold: not this tree's step
+                    break
+                self.accepted[v] += 1
+        return self
+
+    def rows(self) -> list[dict]:
+        """Per non-root node in index order: ``node`` (its ranks from the root), ``depth``, ``rank``, ``reached``,
+        ``accepted`` and ``rate`` (accepted / reached; None when never reached)."""
+        out = []
+        for v in range(1, self.tree.size):
+            path, u = [], v
+            while u > 0:
+                path.append(int(self.tree.rank[u]))
+                u = int(self.tree.parent[u])
+            r, a = int(self.reached[v]), int(self.accepted[v])
+            out.append({"node": path[::-1], "depth": len(path), "rank": int(self.tree.rank[v]), "reached": r,
+                        "accepted": a, "rate": a / r if r else None})
+        return out
 
 
 @dataclass

@@ -120,6 +120,10 @@ class TreeSummary:
             (:mod:`sequoia_opt.solver.intervals`, from the spread the tree file records, ``tokens_per_step_spread`` /
             ``speedup_spread``); None when it records none.
         inside_prediction: whether the measured tokens per step lies inside ``predicted_interval`` (None without).
+        node_acceptance: for a static tree, per non-root node how often it was accepted once its parent was
+            (:meth:`~sequoia_opt.decoding.stats.NodeAcceptance.rows`: ``node``, ``depth``, ``rank``, ``reached``,
+            ``accepted``, ``rate``) and, where the tree file records the value model's rates (``node_rates``,
+            written by ``treeopt solve``), ``predicted``; None for other policies.
     """
 
     tree: str
@@ -144,6 +148,7 @@ class TreeSummary:
     predicted_speedup_interval: tuple[float, float] | None = None
     inside_prediction: bool | None = None
     predicted_speedup_steady: float | None = None
+    node_acceptance: list[dict[str, Any]] | None = None
 
 
 def prediction_intervals(meta: TreeMetadata | None, prompts: int) -> tuple[tuple[float, float] | None,
@@ -315,6 +320,42 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     )
 
 
+def node_acceptance_rows(tree: Tree, results: Sequence[GenerationResult],
+                         meta: TreeMetadata | None = None) -> list[dict[str, Any]]:
+    """Per non-root node of a static ``tree``, its acceptance once its parent was accepted over the steps of
+    ``results`` (:class:`~sequoia_opt.decoding.stats.NodeAcceptance`), with ``predicted`` where ``meta`` records the
+    value model's ``node_rates`` for this tree (one per non-root node)."""
+    from ..decoding.stats import NodeAcceptance
+
+    counts = NodeAcceptance(tree)
+    for r in results:
+        counts.add(r.steps)
+    rows = counts.rows()
+    rates = meta.extra.get("node_rates") if meta is not None else None
+    if isinstance(rates, list) and len(rates) == len(rows):
+        for row, q in zip(rows, rates):
+            row["predicted"] = float(q)
+    return rows
+
+
+def node_misses(rows: Sequence[dict[str, Any]], *, z: float = 2.576, min_reached: int = 30,
+                most: int = 4) -> list[str]:
+    """The nodes of :func:`node_acceptance_rows` whose measured rate leaves the 99 % Wilson interval (``z``) around
+    it by its prediction (at least ``min_reached`` trials), farthest first, at most ``most``, one phrase each:
+    ``"[1, 0] 0.31 of 120 (predicted 0.51)"``: where the value model is wrong in this run's context."""
+    from ..profiles.common import wilson_interval
+
+    out = []
+    for r in rows:
+        q = r.get("predicted")
+        if q is None or r["reached"] < min_reached:
+            continue
+        lo, hi = wilson_interval(r["accepted"], r["reached"], z)
+        if not lo <= q <= hi:
+            out.append((abs(r["rate"] - q), f"{r['node']} {r['rate']:.2f} of {r['reached']} (predicted {q:.2f})"))
+    return [t for _, t in sorted(out, key=lambda x: -x[0])[:most]]
+
+
 def _drafter_stats(results: list[GenerationResult], names: Sequence[str]) -> list[dict[str, Any]]:
     """Per drafter of a multi-drafter entry: calls, call rate, time and accepted nodes over all prompts."""
     k = len(names)
@@ -457,6 +498,8 @@ def run_trees(
             meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None)
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
                                   plain_summary.tokens_per_s, meta, e.drafter, names))
+        if static and e.tree.size > 1:
+            summaries[-1].node_acceptance = node_acceptance_rows(e.tree, res, meta)
         if adapter is not None:
             summaries[-1].adaptive = adapter.as_dict()
     run_settings = {"date": now_iso(), "max_new_tokens": max_new_tokens, "temperature": temperature,

@@ -350,6 +350,14 @@ class ValueModel:
             return path_probabilities_by_depth(tree, self.rows)
         return tree.path_probabilities(self.acceptance)
 
+    def node_rates(self, tree: Tree) -> list[float]:
+        """Per non-root node in index order, the probability this model gives it of being accepted once its parent
+        is (positional: ``p`` of its rank; by depth: the row of its depth), rounded to 6 digits: what ``treeopt
+        run`` compares each node's measured rate with (:class:`~sequoia_opt.decoding.stats.NodeAcceptance`)."""
+        pp = self.path_probabilities(tree)
+        return [round(float(pp[v] / pp[int(tree.parent[v])]), 6) if pp[int(tree.parent[v])] > 0 else 0.0
+                for v in range(1, tree.size)]
+
     def end_overshoot_tokens(self, tree: Tree) -> float:
         """Tokens the last step of a generation emits past its end, on average
         (:func:`~sequoia_opt.solver.generation.end_overshoot_tokens`): what a finite generation costs the tree
