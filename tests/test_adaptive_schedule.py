@@ -104,23 +104,26 @@ def test_plain_waits_for_its_probe_and_failed_probes_back_off():
     assert (ad.log[-1].reason, ad.log[-1].step, ad.backoff) == ("probe", 6, 1)
     ad.end_step(reject, 2, 1)
     assert ad.end_step(reject, 2, 1) == ((1, 1, 0),)  # the probe's drafts rejected: plain again, twice the wait
-    assert (ad.log[-1].reason, ad.backoff) == ("probe verdict", 2)
+    assert (ad.log[-1].reason, ad.backoff) == ("probe failed", 2)
     for _ in range(7):  # steps 9-15: 7 plain steps of the 8 the wait now lasts
         assert ad.end_step(plain, 0, 1) is None
     assert ad.end_step(plain, 0, 1) == ((1, 1, 2),) and ad.log[-1].reason == "probe"
     ad.end_step(accept, 2, 1)
-    assert ad.end_step(accept, 2, 1) is None  # the probe's drafts accepted: the chain stays, the wait is reset
-    assert (ad.log[-1].reason, ad.backoff, ad.ranges) == ("probe verdict", 1, ((1, 1, 2),))
+    assert ad.end_step(accept, 2, 1) is None  # the probe's drafts accepted: the chain stays, on trial
+    assert (ad.log[-1].reason, ad.backoff) == ("probe on trial", 2)
+    ad.end_step(accept, 2, 1)
+    assert ad.end_step(accept, 2, 1) is None  # it held a whole window (4 steps): passed, the wait is reset
+    assert (ad.log[-1].reason, ad.backoff, ad.ranges) == ("probe passed", 1, ((1, 1, 2),))
     rep = ad.report()
     assert rep["probes"] == 2 and rep["backoff"] == 1 and [r["reason"] for r in rep["resolves"]] == [
-        "scheduled", "probe", "probe verdict", "probe", "probe verdict"]
+        "scheduled", "probe", "probe failed", "probe", "probe on trial", "probe passed"]
     # a plain batch size re-ranks on schedule when other rows measured something since the last ranking
     ad = PlanAdapter([PlanCandidates(1, (0, 1), (10.0, 12.0), (1.0, 1.0)),
                       PlanCandidates(2, (0, 1), (10.0, 16.0), (1.0, 1.0))], [1.0, 1.7], [(1, 1, 1), (2, 2, 0)],
                      every=2, window=64, prior_weight=1.0)
     ad.end_step(accept * 2, 1, 1)
     ad.end_step(plain, 0, 2)
-    assert ad.log[-1].reason == "scheduled" and ad.ranges == ((1, 2, 1),)  # batch 2 drafts now: 0.85 accepted
+    assert ad.log[-1].reason == "scheduled" and ad.ranges == ((1, 2, 1),)  # batch 2 drafts now: h ~0.96
     # without the batch size (the adapter alone), every ``every`` steps as before
     ad.reset()
     for _ in range(4):
@@ -301,5 +304,16 @@ def test_treeopt_run_takes_a_plan_without_a_tree_file(tmp_path, kind):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     by = {s["tree"]: s for s in doc["summaries"]}
-    assert set(by) == {"plain", "plan tuned"}
-    assert by["plan tuned"]["mismatches"] == 0 and by["plan tuned"]["new_tokens"] == by["plain"]["new_tokens"] == 24
+    name = f"tuned ({kind})"
+    assert set(by) == {"plain", name}
+    row = by[name]
+    assert row["mismatches"] == 0 and row["new_tokens"] == by["plain"]["new_tokens"] == 24
+    assert row["tokens_per_step"] > 1.0 and row["steps"] < 24  # it speculated: the plan's chains, not plain decoding
+    assert row["node_acceptance"] is None  # the chain changes with the batch: no fixed tree to check node by node
+    if kind == "adaptive-schedule":
+        assert row["adaptive"]["steps"] == row["steps"] and row["adaptive"]["initial_ranges"]
+    else:
+        assert row["adaptive"] is None
+    r = CliRunner().invoke(app, ["run", "--target", str(target), "--draft", str(draft), "--policy", f"{kind}:{plan}",
+                                 "--compare", "-a", str(plan)])
+    assert r.exit_code == 2 and "does not combine with --compare" in r.output

@@ -736,10 +736,13 @@ def test_tune_treeopt_measures_chain_acceptance_teacher_forced(tmp_path):
     # how to serve it with treeopt's decoder, the plan file named as written
     plan = tmp_path / "plan.yaml"
     served = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
-                                 str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "-o", str(plan)])
+                                 str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "-o", str(plan),
+                                 "--json"])
     assert served.exit_code == 0, served.output
-    assert (f"treeopt run --policy adaptive-schedule:{plan} (re-ranked from the acceptance the requests show), or "
-            f"--policy schedule:{plan} (as solved)") in " ".join(served.output.split())
+    pair = f"--target {tdir} --draft {ddir}"
+    assert (f"serve it with treeopt's decoder: treeopt run {pair} --policy adaptive-schedule:{plan} (re-ranked from "
+            f"the acceptance the requests show), or treeopt run {pair} --policy schedule:{plan} (as solved)"
+            ) in json.loads(served.stdout)["notes"]
 
 
 def test_chain_replay_predicts_the_decoders_tokens_per_step_on_its_prompts():

@@ -117,7 +117,7 @@ def run_cmd(
         "--calibration", help="With --dynamic: the calibration profile to predict each setting's tokens per step "
         "from (and -l for its speedup).")] = None,
     policy: Annotated[Optional[str], typer.Option(
-        "--policy", help="The drafting policy each --tree runs with: static (default: the tree every step), "
+        "--policy", help="The drafting policy each --tree runs with (a plan's needs no --tree): static (default: the tree every step), "
         "chain[:N[,MIN[,PMIN]]] (a chain grown token by token, llama.cpp's draft-max/-min/-p-min rule), "
         "dynamic:POLICY:steps=S,topk=K,budget=N, schedule:FILE (a treeopt tune plan: the chain of the batch range), "
         "adaptive-schedule:FILE[,every=N,window=W,prior-weight=X] (that plan re-ranked during the run from the live "
@@ -175,9 +175,9 @@ def run_cmd(
 
     pkind, popts = parse_policy(policy)  # a bad --policy fails here, before anything is read
     if policy is not None and pkind.name != "static" and (compare_drafters or merge or scheduler is not None or adapt
-                                                          or len(draft or []) > 1):
-        raise TreeoptError(f"--policy {policy} runs one drafter's --tree files: it does not combine with "
-                           "--compare-drafters, --merge, --scheduler, --adapt or two --draft")
+                                                          or compare or len(draft or []) > 1):
+        raise TreeoptError(f"--policy {policy} runs one drafter's --tree files (or its own plan): it does not combine "
+                           "with --compare, --compare-drafters, --merge, --scheduler, --adapt or two --draft")
     check_precision(weights)
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
@@ -212,7 +212,8 @@ def run_cmd(
     own = pkind.own_tree(popts) if pkind.own_tree is not None and not tree else None  # a plan runs alone
     if not tree and not dyn and own is None:
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
-                           "drafter's own best tree; --dynamic, a dynamic-tree setting; or --policy schedule:FILE)")
+                           "drafter's own best tree; --dynamic, a dynamic-tree setting; or --policy schedule:FILE / "
+                           "adaptive-schedule:FILE, a plan)")
     if compare and not tree:
         raise TreeoptError("--compare sizes its baselines by the --tree files: add a --tree (or drop --compare)")
     tree = tree or []
@@ -271,7 +272,8 @@ def run_cmd(
     if pkind.name != "static":  # the tree file's prediction is the static tree's: not this policy's
         for e in entries:
             e.name = f"{e.name} ({policy})" if own is None else e.name
-            e.metadata = replace(e.metadata, expected_tokens_per_step=None, predicted_speedup=None)
+            e.metadata = replace(e.metadata, expected_tokens_per_step=None, predicted_speedup=None,
+                                 solver=f"policy:{pkind.name}")
             e.policy = lambda drafter, t=e.tree: pkind.build(drafter, t, popts)
     seen: dict[str, int] = {}
     for e in entries:  # two files called tree.yaml in different folders must not share a results row name
@@ -459,7 +461,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
         if plan.tree.size == 1:
             report.notes.append(f"{plan.label}: no tree beats plain decoding under its profiles; its best tree is the "
                                 "root alone (plain decoding through the speculative decoder)")
-    report.notes.extend(notes + check_notes)
+    report.notes.extend(notes + check_notes + _node_notes(run))
     report.warnings = warnings
     for m in run.mismatch_details:
         report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
@@ -653,9 +655,15 @@ def _prediction_label(entries, value_label: str | None = None) -> tuple[str, lis
             warnings.append("the predicted columns mix value models (" + "; ".join(groups) + "): one tree file's "
                             "figures are not comparable with another's; --compare -a PROFILE scores every tree "
                             "under one")
-    dynamic = [e.policy is not None and str(e.metadata.solver or "").startswith("dynamic") for e in entries]
-    if any(e.policy is not None and not d for e, d in zip(entries, dynamic)):  # run_cmd's other policy: --adapt
+    solver = [str(e.metadata.solver or "") if e.policy is not None else "" for e in entries]
+    dynamic = [x.startswith("dynamic") for x in solver]
+    kinds = sorted({x.removeprefix("policy:") for x in solver if x.startswith("policy:")})
+    if any(e.policy is not None and not d and not x.startswith("policy:")
+           for e, d, x in zip(entries, dynamic, solver)):  # run_cmd's other policy: --adapt
         parts.append("adaptive trees: their re-solves' positional estimate")
+    for k in kinds:  # --policy KIND: no tree file's prediction holds for it
+        parts.append("a plan re-ranked live: the chain estimate of the steps it ran" if k == "adaptive-schedule"
+                     else f"--policy {k}: none (treeopt tune's table predicts a plan)")
     if any(dynamic):
         parts.append("dynamic settings: their calibration profile")
     return "; ".join(parts), warnings
@@ -685,19 +693,27 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
         if table[2]:  # a plan re-ranked live reports in a note only
             report.tables.append(table)
         report.notes += notes
-    from ..jobs.run import node_misses
-
-    for s in run.summaries:  # the value model checked node by node where the tree ran (the JSON has every node)
-        missed = node_misses(s.node_acceptance or [])
-        if missed:
-            report.notes.append(f"{s.tree}: nodes accepted (once their parent was) outside the 99 % interval of their "
-                                f"prediction: {'; '.join(missed)}")
+    report.notes += _node_notes(run)
     for m in run.mismatch_details:
         report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
                                f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
     report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
                    "json": str(jpath), "csv": str(cpath)}
     return report
+
+
+def _node_notes(run) -> list[str]:
+    """One note per fixed tree whose value model misses at some node in this run
+    (:func:`~sequoia_opt.jobs.run.node_misses`; every node's counts are in the JSON)."""
+    from ..jobs.run import node_misses
+
+    out = []
+    for s in run.summaries:
+        missed = node_misses(s.node_acceptance or [])
+        if missed:
+            out.append(f"{s.tree}: the value model misses at some nodes (measured rate once the parent was accepted, "
+                       f"its 99 % interval between prompts excluding the predicted one): {'; '.join(missed)}")
+    return out
 
 
 def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple[str, list[str], list[list]]:

@@ -4,6 +4,7 @@ solves, :mod:`sequoia_opt.plan_exports` writes each engine's settings)."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -137,10 +138,12 @@ def tune(
     report.notes.append(f"check it: {check}")
     if opts.engine == "treeopt":
         f = plan_file if plan_file is not None else "PLAN.yaml"
-        live = (f"--policy adaptive-schedule:{f} (re-ranked from the acceptance the requests show), or "
-                if plan.shape == "chain" else "")
-        report.notes.append(f"serve it with treeopt's decoder: treeopt run {live}--policy schedule:{f} (as solved)"
-                            + (" (write PLAN.yaml with --schedule PLAN.yaml)" if plan_file is None else ""))
+        pair = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),
+                                                                          ("--draft", opts.draft)) if v is not None)
+        live = (f"treeopt run{pair} --policy adaptive-schedule:{f} (re-ranked from the acceptance the requests "
+                "show), or " if plan.shape == "chain" else "")
+        report.notes.append(f"serve it with treeopt's decoder: {live}treeopt run{pair} --policy schedule:{f} (as "
+                            "solved)" + (" (write PLAN.yaml with --schedule PLAN.yaml)" if plan_file is None else ""))
     written = {}
     if output is not None:
         if opts.engine == "treeopt":

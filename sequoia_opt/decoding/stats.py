@@ -73,7 +73,8 @@ class NodeAcceptance:
     Attributes:
         reached: (n,) int64, per node the steps whose accepted path held its parent (the root: every step counted).
         accepted: (n,) int64, per node the steps whose accepted path held it.
-        skipped: steps not counted (a tree clipped near the end of the context, or another tree).
+        skipped: steps not counted (a tree clipped near the end of the context, or a path the tree does not
+            hold: another tree's step).
     """
 
     def __init__(self, tree) -> None:
@@ -85,40 +86,60 @@ class NodeAcceptance:
         self.reached = np.zeros(n, dtype=np.int64)
         self.accepted = np.zeros(n, dtype=np.int64)
         self.skipped = 0
+        self.by_prompt: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def start_prompt(self) -> None:
+        """The steps that follow belong to a new prompt (``by_prompt``: (reached, accepted) per prompt, for an
+        interval between prompts: the steps of one prompt are correlated)."""
+        n = self.tree.size
+        self.by_prompt.append((np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)))
 
     def add(self, steps) -> "NodeAcceptance":
-        """Count steps (:class:`StepStats`, each with its accepted path's ranks); returns self."""
+        """Count steps (:class:`StepStats`, each with its accepted path's ranks), in the current prompt's counts too
+        when one was started; returns self."""
+        tables = [(self.reached, self.accepted), *self.by_prompt[-1:]]
         for s in steps:
             if s.tree_size != self.tree.size:
                 self.skipped += 1
                 continue
-            v = 0
-            self.reached[0] += 1
-            self.accepted[0] += 1
-            ranks = list(s.accepted_ranks)
-            for depth in range(len(ranks) + 1):
-                for child in self._children[v].values():
-                    self.reached[child] += 1
-                if depth == len(ranks):
+            path, v = [0], 0
+            for r in s.accepted_ranks:
+                v = self._children[v].get(int(r), -1)
+                if v < 0:
                     break
-                v = self._children[v].get(int(ranks[depth]), -1)
-                if v < 0:  # a path the tree does not hold: not this tree's step
-                    break
-                self.accepted[v] += 1
+                path.append(v)
+            if v < 0:  # a path the tree does not hold: not this tree's step
+                self.skipped += 1
+                continue
+            for reached, accepted in tables:
+                reached[0] += 1
+                for u in path:
+                    accepted[u] += 1
+                    for child in self._children[u].values():
+                        reached[child] += 1
         return self
 
     def rows(self) -> list[dict]:
         """Per non-root node in index order: ``node`` (its ranks from the root), ``depth``, ``rank``, ``reached``,
-        ``accepted`` and ``rate`` (accepted / reached; None when never reached)."""
+        ``accepted``, ``rate`` (accepted / reached; None when never reached) and ``se``, the rate's standard error
+        between prompts (the ratio estimator's cluster-robust one, ``sqrt(P / (P - 1) sum_i (a_i - rate n_i)^2) /
+        sum_i n_i`` over P prompts; None with fewer than two prompts started)."""
         out = []
+        P = len(self.by_prompt)
+        n_p = np.stack([r for r, _ in self.by_prompt]) if P >= 2 else None
+        a_p = np.stack([a for _, a in self.by_prompt]) if P >= 2 else None
         for v in range(1, self.tree.size):
             path, u = [], v
             while u > 0:
                 path.append(int(self.tree.rank[u]))
                 u = int(self.tree.parent[u])
             r, a = int(self.reached[v]), int(self.accepted[v])
+            se = None
+            if n_p is not None and r:
+                resid = a_p[:, v] - (a / r) * n_p[:, v]
+                se = float(np.sqrt(P / (P - 1) * float(resid @ resid)) / r)
             out.append({"node": path[::-1], "depth": len(path), "rank": int(self.tree.rank[v]), "reached": r,
-                        "accepted": a, "rate": a / r if r else None})
+                        "accepted": a, "rate": a / r if r else None, "se": se})
         return out
 
 

@@ -441,15 +441,16 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
     return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges], "source": arg}
 
 
-def _plan_name(source: str) -> str:
-    return f"plan {Path(source).stem}"
+def _plan_name(source: str, kind: str) -> str:
+    return f"{Path(source).stem} ({kind})"
 
 
 register_policy(PolicyKind(
     "schedule", "a speculation plan: the chain (or tree) of the batch range holding the live rows, "
     "schedule:FILE (treeopt tune -o FILE)", _parse_schedule,
     lambda drafter, tree, o: SchedulePolicy(drafter, o["ranges"]), SchedulePolicy,
-    own_tree=lambda o: (_plan_name(o["source"]), max((t for _, _, t in o["ranges"]), key=lambda t: t.size))))
+    own_tree=lambda o: (_plan_name(o["source"], "schedule"),
+                        max((t for _, _, t in o["ranges"]), key=lambda t: t.size))))
 
 
 _LIVE_KEYS = {"every": "every", "window": "window", "prior-weight": "prior_weight"}
@@ -489,7 +490,7 @@ register_policy(PolicyKind(
     lambda drafter, tree, o: AdaptiveSchedulePolicy(drafter, PlanAdapter.of_document(o["doc"], o["source"],
                                                                                      **o.get("live", {}))),
     AdaptiveSchedulePolicy,
-    own_tree=lambda o: (_plan_name(o["source"]),
+    own_tree=lambda o: (_plan_name(o["source"], "adaptive-schedule"),
                         Tree.chain(max(PlanAdapter.of_document(o["doc"], o["source"]).ks) + 1))))
 
 

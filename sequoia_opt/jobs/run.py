@@ -329,6 +329,7 @@ def node_acceptance_rows(tree: Tree, results: Sequence[GenerationResult],
 
     counts = NodeAcceptance(tree)
     for r in results:
+        counts.start_prompt()
         counts.add(r.steps)
     rows = counts.rows()
     rates = meta.extra.get("node_rates") if meta is not None else None
@@ -338,19 +339,29 @@ def node_acceptance_rows(tree: Tree, results: Sequence[GenerationResult],
     return rows
 
 
-def node_misses(rows: Sequence[dict[str, Any]], *, z: float = 2.576, min_reached: int = 30,
+def node_misses(rows: Sequence[dict[str, Any]], *, alpha: float = 0.01, min_reached: int = 30,
                 most: int = 4) -> list[str]:
-    """The nodes of :func:`node_acceptance_rows` whose measured rate leaves the 99 % Wilson interval (``z``) around
-    it by its prediction (at least ``min_reached`` trials), farthest first, at most ``most``, one phrase each:
-    ``"[1, 0] 0.31 of 120 (predicted 0.51)"``: where the value model is wrong in this run's context."""
+    """The nodes of :func:`node_acceptance_rows` whose predicted rate lies outside the interval of their measured rate
+    (at least ``min_reached`` trials), farthest first, at most ``most``, one phrase each: ``"[1, 0] 0.31 of 120
+    (predicted 0.51)"``: where the value model is wrong in this run's context. The interval is ``rate +- z se``
+    with the standard error between prompts (``se``; the steps of one prompt are correlated), else Wilson's over
+    the steps; ``z`` keeps the chance of naming any node of an exact model below ``alpha`` (Bonferroni over the
+    nodes tested)."""
+    from statistics import NormalDist
+
     from ..profiles.common import wilson_interval
 
+    tested = [r for r in rows if r.get("predicted") is not None and r["reached"] >= min_reached]
+    if not tested:
+        return []
+    z = NormalDist().inv_cdf(1.0 - alpha / (2 * len(tested)))
     out = []
-    for r in rows:
-        q = r.get("predicted")
-        if q is None or r["reached"] < min_reached:
-            continue
-        lo, hi = wilson_interval(r["accepted"], r["reached"], z)
+    for r in tested:
+        q = r["predicted"]
+        if r.get("se") is not None:
+            lo, hi = r["rate"] - z * r["se"], r["rate"] + z * r["se"]
+        else:
+            lo, hi = wilson_interval(r["accepted"], r["reached"], z)
         if not lo <= q <= hi:
             out.append((abs(r["rate"] - q), f"{r['node']} {r['rate']:.2f} of {r['reached']} (predicted {q:.2f})"))
     return [t for _, t in sorted(out, key=lambda x: -x[0])[:most]]
@@ -498,7 +509,7 @@ def run_trees(
             meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None)
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
                                   plain_summary.tokens_per_s, meta, e.drafter, names))
-        if static and e.tree.size > 1:
+        if e.policy is None and e.tree.size > 1:  # a fixed tree (an adaptive or plan policy changes its tree)
             summaries[-1].node_acceptance = node_acceptance_rows(e.tree, res, meta)
         if adapter is not None:
             summaries[-1].adaptive = adapter.as_dict()

@@ -352,11 +352,20 @@ class ValueModel:
 
     def node_rates(self, tree: Tree) -> list[float]:
         """Per non-root node in index order, the probability this model gives it of being accepted once its parent
-        is (positional: ``p`` of its rank; by depth: the row of its depth), rounded to 6 digits: what ``treeopt
-        run`` compares each node's measured rate with (:class:`~sequoia_opt.decoding.stats.NodeAcceptance`)."""
-        pp = self.path_probabilities(tree)
-        return [round(float(pp[v] / pp[int(tree.parent[v])]), 6) if pp[int(tree.parent[v])] > 0 else 0.0
-                for v in range(1, tree.size)]
+        is (positional: ``p`` of its rank; by depth: ``P[min(depth - 1, R - 1), rank]``; 0 past the vector), rounded
+        to 6 digits: what ``treeopt run`` compares each node's measured rate with
+        (:class:`~sequoia_opt.decoding.stats.NodeAcceptance`)."""
+        depths = tree.depth
+        out = []
+        for v in range(1, tree.size):
+            r = int(tree.rank[v])
+            if self.rows is not None:
+                R, K = self.rows.shape
+                q = self.rows[min(int(depths[v]) - 1, R - 1), r] if r < K else 0.0
+            else:
+                q = self.acceptance[r] if r < self.acceptance.shape[0] else 0.0
+            out.append(round(float(q), 6))
+        return out
 
     def end_overshoot_tokens(self, tree: Tree) -> float:
         """Tokens the last step of a generation emits past its end, on average

@@ -41,10 +41,11 @@ acceptance the true factor is a little lower, which favours longer chains by tha
 batch sizes share one estimate (greedy acceptance does not depend on the batch size). Plain steps take their
 place in the window. Where the live ranking sent the batch size in use to plain decoding, it stays plain, without
 re-ranking, for ``window`` steps; by then its trials have drained out, the prior comes back and the next
-re-ranking runs the plan's chains again for ``every`` steps: a *probe*, judged by the re-ranking after it. A probe
-that finds the batch size plain again doubles the wait before the next one (``window`` x 1, 2, 4, up to
-:data:`~sequoia_opt.drafting.policies.adaptive.MAX_PROBE_BACKOFF` plain steps: the exponential back-off of
-:class:`~sequoia_opt.drafting.policies.adaptive.TreeAdapter`'s guard), and one that keeps a chain resets it; so
+re-ranking runs the plan's chains again: a *probe*, on trial for a window. A ranking that sends the batch size back
+to plain decoding during that window fails it and doubles the wait before the next probe (``window`` x 1, 2, 4, up
+to ``window`` x :data:`~sequoia_opt.drafting.policies.adaptive.MAX_PROBE_BACKOFF` plain steps: the exponential
+back-off of :class:`~sequoia_opt.drafting.policies.adaptive.TreeAdapter`'s guard); a chain that holds the window
+passes it and resets the wait (a verdict on the probe's first ``every`` steps alone would pass by luck); so
 where speculation does not pay the probes cost ``every / (window + every)`` of the steps at first (20 % at the
 defaults, at the chains' speed) and fall to ``every / (8 window + every)`` (3 %). The defaults are
 :class:`~sequoia_opt.drafting.policies.adaptive.AdaptiveTreePolicy`'s (16, 64, 8); ``--policy
@@ -194,8 +195,10 @@ class PlanResolve:
         step: steps decoded since the reset when it ran.  ranges: ``(lo, hi, K)`` chosen.  changed: whether they
         differ from the ranges they replace.  tokens_per_step: G(0..K) under the estimate.  ratio: the estimate's
         live-to-prior ratio.  trials: (K,) trials per depth in the window.  reason: ``scheduled`` (every
-        ``every`` steps), ``probe`` (after a plain wait: the window drained, the prior's ranking) or ``probe
-        verdict`` (the ranking after a probe's steps).  backoff: the plain wait before the next probe, in windows.
+        ``every`` steps), ``probe`` (after a plain wait: the window drained, the prior's ranking), ``probe on
+        trial`` (a ranking during the window after a probe that keeps its chain), ``probe failed`` (a ranking that
+        drops it: the next wait doubles) or ``probe passed`` (the chain held a window: the wait is reset).
+        backoff: the plain wait before the next probe, in windows.
     """
 
     step: int
@@ -367,7 +370,8 @@ class PlanAdapter:
         self.backoff = 1
         self._idle = 0  # plain steps in a row at a batch size the ranking sent to plain decoding
         self._fresh = 0  # trials counted since the last ranking
-        self._probe_batch: int | None = None  # the batch size a probe in progress measures
+        self._probe_batch: int | None = None  # the batch size a probe on trial measures
+        self._probe_step = 0  # the step it started at
 
     def rank(self, g: Sequence[float]) -> tuple[tuple[int, int, int], ...]:
         """The ranges ``(lo, hi, K)`` that G(0..K) = ``g`` makes best: per measured batch size the K with the most
@@ -430,14 +434,18 @@ class PlanAdapter:
         g = self._g = self.estimate.g()
         ranges = self.rank(g)
         reason = "scheduled"
-        if self._probe_batch is not None:
-            reason = "probe verdict"
-            self.backoff = 1 if self.k_at(self._probe_batch, ranges) else min(2 * self.backoff, MAX_PROBE_BACKOFF)
-            self._probe_batch = None
+        if self._probe_batch is not None:  # a probe on trial: failed as soon as a ranking drops its chain, passed
+            # once the chain has held a whole window (a first verdict on ``every`` steps would pass by luck alone)
+            if not self.k_at(self._probe_batch, ranges):
+                reason, self.backoff, self._probe_batch = "probe failed", min(2 * self.backoff, MAX_PROBE_BACKOFF), None
+            elif self.estimate.steps - self._probe_step >= self.estimate.window:
+                reason, self.backoff, self._probe_batch = "probe passed", 1, None
+            else:
+                reason = "probe on trial"
         elif wait_over:
             self._idle = 0
             if self.k_at(batch, ranges):  # the prior's ranking drafts here again: a probe
-                reason, self._probe_batch = "probe", batch
+                reason, self._probe_batch, self._probe_step = "probe", batch, self.estimate.steps
         self._fresh = 0
         changed = ranges != self.ranges
         self.log.append(PlanResolve(self.estimate.steps, ranges, changed, tuple(float(x) for x in g),
