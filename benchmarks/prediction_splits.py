@@ -304,8 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         "median_abs_speedup_error_without_loop": statistics.median(abs(s["speedup_error_without_loop"])
                                                                    for s in splits),
         "greedy_equal": run.greedy_ok,
+        # the same splits' trees predicted by their profile's per-depth rows (None where a profile has none)
         "tokens_per_step_within_5pct_by_depth": sum(abs(s["tokens_per_step_error_by_depth"]) <= 0.05 for s in splits
                                                     if s["tokens_per_step_error_by_depth"] is not None),
+        "splits_with_by_depth": sum(s["tokens_per_step_error_by_depth"] is not None for s in splits),
         "coverage_over_many_splits": {n: round(c["coverage"], 3) for n, c in coverage.items()},
     }
     print(f"{'split':>5} {'nodes':>5} {'pred G':>7} {'95% PI':>13} {'meas G':>7} {'in':>3} {'G err':>7} "
