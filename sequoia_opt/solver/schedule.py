@@ -762,6 +762,12 @@ def merge_ranges(best: Sequence[tuple[int, Any]], last: int) -> list[tuple[int, 
     return [(lo, (starts[i + 1][0] - 1) if i + 1 < len(starts) else int(last), s) for i, (lo, s) in enumerate(starts)]
 
 
+def range_value(ranges: Sequence[tuple[int, int, Any]], batch: int) -> Any:
+    """The setting (or tree, or draft length) of the range ``(lo, hi, value)`` holding ``batch`` live rows; past the
+    last range, the last range's: how a server runs a plan at a concurrency it was not solved for."""
+    return next((v for lo, hi, v in ranges if lo <= batch <= hi), ranges[-1][2])
+
+
 def _length_notes(value: Any, output_tokens: int | None) -> list[str]:
     if output_tokens is not None and not hasattr(value, "length_factor"):
         return [f"{value.shape} rates are the steady state: no model of their step lengths scales them to "

@@ -411,8 +411,9 @@ class PlanAdapter:
     def k_at(self, batch: int, ranges: Sequence[tuple[int, int, int]] | None = None) -> int:
         """The draft length ``ranges`` (default: those in use) give ``batch`` live rows (the last range's past
         the end)."""
-        ranges = self.ranges if ranges is None else ranges
-        return next((k for lo, hi, k in ranges if lo <= batch <= hi), ranges[-1][2])
+        from ...solver.schedule import range_value
+
+        return range_value(self.ranges if ranges is None else ranges, batch)
 
     def end_step(self, rows_visits: Iterable[Iterable[NodeVisit]], k_used: int | None = None,
                  batch: int | None = None) -> tuple[tuple[int, int, int], ...] | None:

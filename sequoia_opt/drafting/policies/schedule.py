@@ -73,10 +73,9 @@ class SchedulePolicy(StaticTreePolicy):
 
     def tree_for(self, batch: int) -> Tree:
         """The tree of the range holding ``batch`` (the last range's past the end)."""
-        for lo, hi, t in self.ranges:
-            if lo <= batch <= hi:
-                return t
-        return self.ranges[-1][2]
+        from ...solver.schedule import range_value
+
+        return range_value(self.ranges, batch)
 
     def _use_tree(self, tree: Tree) -> None:
         compiled = self._compiled.get(id(tree))
