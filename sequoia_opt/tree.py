@@ -228,11 +228,20 @@ class Tree:
         Sequoia (Chen et al. 2024), section 3.1: a node is accepted iff every node on its path is accepted,
         and the k-th child is the accepted one with probability p_k independently of depth.
         """
-        p = np.asarray(acceptance, dtype=np.float64)
+        w = self.node_weights(acceptance)
         out = np.ones(self.size, dtype=np.float64)
         for i in range(1, self.size):
-            r = self.rank[i]
-            out[i] = out[self.parent[i]] * (p[r] if r < p.size else 0.0)
+            out[i] = out[self.parent[i]] * w[i]
+        return out
+
+    def node_weights(self, acceptance: Sequence[float]) -> np.ndarray:
+        """(n,) float64: each node's probability of being accepted once its parent is, under the positional vector
+        ``acceptance`` (``p`` of its rank; 0 for a rank >= K; the root 1): the factors of
+        :meth:`path_probabilities`."""
+        p = np.asarray(acceptance, dtype=np.float64)
+        rank = np.asarray(self.rank)
+        out = np.where(rank < p.size, p[np.minimum(rank, p.size - 1)], 0.0) if p.size else np.zeros(self.size)
+        out[0] = 1.0
         return out
 
     def expected_tokens(self, acceptance: Sequence[float]) -> float:

@@ -128,17 +128,13 @@ class NodeAcceptance:
         P = len(self.by_prompt)
         n_p = np.stack([r for r, _ in self.by_prompt]) if P >= 2 else None
         a_p = np.stack([a for _, a in self.by_prompt]) if P >= 2 else None
-        for v in range(1, self.tree.size):
-            path, u = [], v
-            while u > 0:
-                path.append(int(self.tree.rank[u]))
-                u = int(self.tree.parent[u])
+        for v, path in enumerate(self.tree.choices(), start=1):
             r, a = int(self.reached[v]), int(self.accepted[v])
             se = None
             if n_p is not None and r:
                 resid = a_p[:, v] - (a / r) * n_p[:, v]
                 se = float(np.sqrt(P / (P - 1) * float(resid @ resid)) / r)
-            out.append({"node": path[::-1], "depth": len(path), "rank": int(self.tree.rank[v]), "reached": r,
+            out.append({"node": [int(x) for x in path], "depth": len(path), "rank": int(path[-1]), "reached": r,
                         "accepted": a, "rate": a / r if r else None, "se": se})
         return out
 

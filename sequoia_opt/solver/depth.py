@@ -169,16 +169,24 @@ def expected_tokens_by_depth(tree: Tree, acceptance_by_depth) -> float:
 def path_probabilities_by_depth(tree: Tree, acceptance_by_depth) -> np.ndarray:
     """(n,) float64: each node's probability of being accepted under the depth-dependent model of
     :func:`expected_tokens_by_depth` (root 1). Raises SolverError for a bad ``acceptance_by_depth``."""
-    P = validate_acceptance_by_depth(acceptance_by_depth)
-    R, K = P.shape
+    w = node_weights_by_depth(tree, acceptance_by_depth)
     prob = np.zeros(tree.size)
     prob[0] = 1.0
-    depths = tree.depth
     for v in range(1, tree.size):  # breadth-first order: a parent comes before its children
-        r, d = tree.rank[v], depths[v]
-        w = P[min(d - 1, R - 1), r] if r < K else 0.0
-        prob[v] = prob[tree.parent[v]] * w
+        prob[v] = prob[tree.parent[v]] * w[v]
     return prob
+
+
+def node_weights_by_depth(tree: Tree, acceptance_by_depth) -> np.ndarray:
+    """(n,) float64: each node's probability of being accepted once its parent is, under the depth-dependent model
+    of :func:`expected_tokens_by_depth` (``P[min(depth - 1, R - 1), rank]``; 0 for a rank >= K; the root 1): the
+    factors of :func:`path_probabilities_by_depth`. Raises SolverError for a bad ``acceptance_by_depth``."""
+    P = validate_acceptance_by_depth(acceptance_by_depth)
+    R, K = P.shape
+    rank, depth = np.asarray(tree.rank), np.asarray(tree.depth)
+    w = np.where(rank < K, P[np.clip(depth - 1, 0, R - 1), np.minimum(rank, K - 1)], 0.0)
+    w[0] = 1.0
+    return w
 
 
 @dataclass(frozen=True)
@@ -355,17 +363,8 @@ class ValueModel:
         is (positional: ``p`` of its rank; by depth: ``P[min(depth - 1, R - 1), rank]``; 0 past the vector), rounded
         to 6 digits: what ``treeopt run`` compares each node's measured rate with
         (:class:`~sequoia_opt.decoding.stats.NodeAcceptance`)."""
-        depths = tree.depth
-        out = []
-        for v in range(1, tree.size):
-            r = int(tree.rank[v])
-            if self.rows is not None:
-                R, K = self.rows.shape
-                q = self.rows[min(int(depths[v]) - 1, R - 1), r] if r < K else 0.0
-            else:
-                q = self.acceptance[r] if r < self.acceptance.shape[0] else 0.0
-            out.append(round(float(q), 6))
-        return out
+        w = node_weights_by_depth(tree, self.rows) if self.rows is not None else tree.node_weights(self.acceptance)
+        return [round(float(q), 6) for q in w[1:]]
 
     def end_overshoot_tokens(self, tree: Tree) -> float:
         """Tokens the last step of a generation emits past its end, on average
