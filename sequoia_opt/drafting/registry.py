@@ -479,8 +479,8 @@ def _parse_adaptive_schedule(arg: str | None) -> dict[str, Any]:
                                "or prior-weight=X (>= 0)")
         kw[name] = num
     sched = load_schedule(path)
-    PlanAdapter.of_document(sched.doc, path, **kw)  # refused here, before anything loads
-    return {"doc": sched.doc, "source": path, "live": kw}
+    adapter = PlanAdapter.of_document(sched.doc, path, **kw)  # refused here, before anything loads
+    return {"doc": sched.doc, "source": path, "live": kw, "longest": max(adapter.ks)}
 
 
 register_policy(PolicyKind(
@@ -490,8 +490,7 @@ register_policy(PolicyKind(
     lambda drafter, tree, o: AdaptiveSchedulePolicy(drafter, PlanAdapter.of_document(o["doc"], o["source"],
                                                                                      **o.get("live", {}))),
     AdaptiveSchedulePolicy,
-    own_tree=lambda o: (_plan_name(o["source"], "adaptive-schedule"),
-                        Tree.chain(max(PlanAdapter.of_document(o["doc"], o["source"]).ks) + 1))))
+    own_tree=lambda o: (_plan_name(o["source"], "adaptive-schedule"), Tree.chain(o["longest"] + 1))))
 
 
 def policy_kind(name: str) -> PolicyKind:
