@@ -76,8 +76,7 @@ class DrafterPlan:
                      if c.budget == choice.budget and c.depth == choice.depth), None)
         extra.update(spread_metadata(choice.tree, acc, self.acceptance_model, step))
         vm = ValueModel.of_profile(acc, self.acceptance_model)
-        extra["end_overshoot_tokens"] = vm.end_overshoot_tokens(choice.tree)
-        extra["node_rates"] = vm.node_rates(choice.tree)
+        extra.update(vm.run_checks(choice.tree))
         return TreeMetadata(budget=choice.budget, max_depth=choice.depth,
                             expected_tokens_per_step=choice.expected_tokens, predicted_speedup=choice.speedup,
                             acceptance_profile=acc.id, latency_profile=curve.id, solver="sequoia-dp+hardware",

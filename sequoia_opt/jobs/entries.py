@@ -170,8 +170,7 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
                          f"{e.metadata.acceptance_profile!r}): every tree of the table is scored one way")
         extra = {k: v for k, v in e.metadata.extra.items() if k not in ("tokens_per_step_spread", "speedup_spread")}
         extra.update(spreads(e.tree, step))
-        extra["end_overshoot_tokens"] = vm.end_overshoot_tokens(e.tree)  # scored one way, as its G
-        extra["node_rates"] = vm.node_rates(e.tree)
+        extra.update(vm.run_checks(e.tree))  # scored one way, as its G
         out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g,
                                                        predicted_speedup=step.speedup if step else None, extra=extra)))
     budget = max(e.tree.size for e in static)
@@ -197,8 +196,7 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
                                 predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
                                 latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}",
                                 extra={"acceptance_model": vm.name, **spreads(b.tree, b.cost),
-                                       "end_overshoot_tokens": vm.end_overshoot_tokens(b.tree),
-                                       "node_rates": vm.node_rates(b.tree)})
+                                       **vm.run_checks(b.tree)})
             out.append(TreeEntry(name=label, tree=b.tree, metadata=meta))
     return out_entries, out, notes, vm.label
 

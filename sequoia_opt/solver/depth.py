@@ -32,7 +32,7 @@ a tree is reconstructed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from numba import njit
@@ -365,6 +365,11 @@ class ValueModel:
         (:class:`~sequoia_opt.decoding.stats.NodeAcceptance`)."""
         w = node_weights_by_depth(tree, self.rows) if self.rows is not None else tree.node_weights(self.acceptance)
         return [round(float(q), 6) for q in w[1:]]
+
+    def run_checks(self, tree: Tree) -> dict[str, Any]:
+        """What a tree file records for ``treeopt run`` to predict and check the tree with under this model:
+        ``end_overshoot_tokens`` (:meth:`end_overshoot_tokens`) and ``node_rates`` (:meth:`node_rates`)."""
+        return {"end_overshoot_tokens": self.end_overshoot_tokens(tree), "node_rates": self.node_rates(tree)}
 
     def end_overshoot_tokens(self, tree: Tree) -> float:
         """Tokens the last step of a generation emits past its end, on average
