@@ -15,7 +15,8 @@ from sequoia_opt.drafting.policies.adaptive_schedule import (AdaptiveSchedulePol
                                                              PlanCandidates, chain_g_from_hazards,
                                                              hazards_from_chain_g)
 from sequoia_opt.errors import DecodingError, ProfileError, TreeoptError
-from sequoia_opt.solver.schedule import ChainValue, merge_ranges, plan_document, save_schedule, solve_plan
+from sequoia_opt.solver.schedule import (ChainValue, load_schedule, merge_ranges, plan_document, save_schedule,
+                                        solve_plan)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_schedule import PROFILE, _acc  # noqa: E402
@@ -314,6 +315,18 @@ def test_treeopt_run_takes_a_plan_without_a_tree_file(tmp_path, kind):
         assert row["adaptive"]["steps"] == row["steps"] and row["adaptive"]["initial_ranges"]
     else:
         assert row["adaptive"] is None
+    assert not [w for w in doc["warnings"] if "was solved from profiles" in w]
+    # the same plan solved for another pair and engine: each difference named, the run still made
+    other = load_schedule(plan).doc | {"target": "another-model", "drafter": "another-draft", "engine": "vllm"}
+    other_plan = save_schedule(tmp_path / "other.yaml", other)
+    r = CliRunner().invoke(app, ["run", "--target", str(target), "--draft", str(draft), "--policy",
+                                 f"{kind}:{other_plan}", "--prompts", str(prompts), "--num-prompts", "1",
+                                 "--max-new-tokens", "4", "--results-dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    warned = [w for w in json.loads(r.stdout)["warnings"] if "was solved from profiles" in w]
+    assert [w.split(" measured with ")[1].split(",")[0] for w in warned] == [
+        "target 'another-model'", "draft 'another-draft'", "engine 'vllm'"]
+    assert all(w.startswith(f"tree 'other ({kind})'") for w in warned)
     r = CliRunner().invoke(app, ["run", "--target", str(target), "--draft", str(draft), "--policy", f"{kind}:{plan}",
                                  "--compare", "-a", str(plan)])
     assert r.exit_code == 2 and "does not combine with --compare" in r.output

@@ -268,7 +268,8 @@ def run_cmd(
     if own is not None:  # the plan's row: named after its file, its largest tree as the topology in results
         from ..jobs.run import TreeEntry
 
-        entries = [TreeEntry(own[0], own[1])]
+        # the pair and engine the plan was solved for: tree_mismatch_warnings below names another one
+        entries = [TreeEntry(own[0], own[1], TreeMetadata(extra=dict(popts.get("solved_for", {}))))]
     if pkind.name != "static":  # the tree file's prediction is the static tree's: not this policy's
         for e in entries:
             e.name = f"{e.name} ({policy})" if own is None else e.name

@@ -438,11 +438,20 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
         if s.shape == "envelope":
             raise TreeoptError(f"--policy schedule:{arg}: batch sizes {lo}-{hi} want an EAGLE envelope ({s.label}); "
                                "run envelopes with --policy dynamic")
-    return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges], "source": arg}
+    return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges], "source": arg,
+            "solved_for": _solved_for(sched.doc)}
 
 
 def _plan_name(source: str, kind: str) -> str:
     return f"{Path(source).stem} ({kind})"
+
+
+def _solved_for(doc: Mapping[str, Any]) -> dict[str, str]:
+    """What a plan file says it was solved for, as a tree file's ``profiled_*`` metadata (``target``, ``draft``,
+    ``engine``): ``treeopt run`` warns when the loaded pair or its decoder is another
+    (:func:`~sequoia_opt.jobs.entries.tree_mismatch_warnings`)."""
+    keys = (("target", "target"), ("draft", "drafter"), ("engine", "engine"))
+    return {f"profiled_{k}": str(doc[field]) for k, field in keys if doc.get(field) not in (None, "")}
 
 
 register_policy(PolicyKind(
@@ -480,7 +489,8 @@ def _parse_adaptive_schedule(arg: str | None) -> dict[str, Any]:
         kw[name] = num
     sched = load_schedule(path)
     adapter = PlanAdapter.of_document(sched.doc, path, **kw)  # refused here, before anything loads
-    return {"doc": sched.doc, "source": path, "live": kw, "longest": max(adapter.ks)}
+    return {"doc": sched.doc, "source": path, "live": kw, "longest": max(adapter.ks),
+            "solved_for": _solved_for(sched.doc)}
 
 
 register_policy(PolicyKind(
