@@ -286,3 +286,43 @@ def test_config_refuses_architectures_that_only_share_a_prefix(model_type, archs
         ModelConfig.from_hf(cfg)
     cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
     assert ModelConfig.from_hf(cfg).vocab_size == ModelConfig.preset("tiny").vocab_size
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+    (dict(head_dim=15), "head_dim 15 is odd"),
+    (dict(sliding_window=0), "sliding_window = 0 must be a positive integer"),
+])
+def test_hf_settings_treeopt_does_not_run_are_refused_in_one_line(tmp_path, changes, message):
+    """A config key the layers would ignore (another activation), or a shape rotary embeddings cannot take: refused,
+    not decoded as another model."""
+    _, out = saved(tmp_path)
+    _with_config(out, **changes)
+    for load in (load_model_config, load_checkpoint):
+        with pytest.raises(CheckpointError) as err:
+            load(out)
+        assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("changes,context", [
+    (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=8), 8),
+    (dict(model_type="mistral", architectures=["MistralForCausalLM"]), 64),  # 4096 by default: past the context
+    (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None), 64),
+    (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], sliding_window=8), 64),  # off unless asked
+    (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], sliding_window=8, use_sliding_window=True), 8),
+    (dict(sliding_window=16), 16),
+])
+def test_a_sliding_window_caps_the_context(tmp_path, changes, context):
+    """Full causal attention equals sliding-window attention for sequences within the window: the context is capped
+    there, so a longer sequence gets the context error instead of the wrong attention."""
+    _, out = saved(tmp_path, max_position_embeddings=64)
+    _with_config(out, **changes)
+    assert load_model_config(out).max_position_embeddings == context
+
+
+def test_a_config_without_rms_norm_eps_reads_transformers_default_and_is_named_by_its_folder(tmp_path):
+    _, out = saved(tmp_path)
+    _with_config(out, ("rms_norm_eps",), _name_or_path="/old/training/run")
+    cfg = load_model_config(out)
+    assert cfg.norm_eps == 1e-6  # LlamaConfig / MistralConfig / Qwen2Config default
+    assert cfg.name == out.name and load_checkpoint(out)[0].config.name == out.name

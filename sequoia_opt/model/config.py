@@ -121,7 +121,7 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_embeddings: bool = False
     attention_bias: bool = False
-    name: str = "llama"
+    name: str = field(default="llama", compare=False)  # a label: two configs of one shape are one model
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_position_embeddings"):
@@ -132,6 +132,9 @@ class ModelConfig:
             if self.dim % self.n_heads:
                 raise CheckpointError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        if self.head_dim % 2:
+            raise CheckpointError(f"head_dim {self.head_dim} is odd: rotary embeddings rotate pairs of dimensions, so "
+                                  "a Llama-family head_dim is even")
         if self.n_heads % self.n_kv_heads:
             raise CheckpointError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         check_rope_scaling(self.rope_scaling)
@@ -181,6 +184,10 @@ class ModelConfig:
             raise CheckpointError(f"unsupported architecture {mtype or archs!r}; treeopt loads {', '.join(known)} "
                                   f"({', '.join(known_archs)})")
         rope_theta, rope_scaling = _hf_rope(cfg)
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise CheckpointError(f"config.json hidden_act {act!r}: treeopt's Llama-family layers run SwiGLU (silu); "
+                                  "another activation would decode another model")
         try:
             n_heads = int(cfg["num_attention_heads"])
             return cls(
@@ -191,10 +198,10 @@ class ModelConfig:
                 n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
                 intermediate_size=int(cfg["intermediate_size"]),
                 head_dim=int(cfg.get("head_dim") or 0),
-                norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+                norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),  # transformers' default for all three
                 rope_theta=rope_theta,
                 rope_scaling=rope_scaling,
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                max_position_embeddings=_hf_context(cfg),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", mtype == "qwen2")),
                 name=name or cfg.get("_name_or_path") or mtype,
@@ -239,3 +246,24 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-68m": ModelConfig(32000, 768, 2, 12, 12, 3072, max_position_embeddings=2048, name="llama-68m"),
     "tiny": ModelConfig(256, 64, 2, 4, 2, 128, max_position_embeddings=512, name="tiny"),
 }
+
+
+def _hf_context(cfg: dict[str, Any]) -> int:
+    """The context treeopt decodes a Hugging Face config at: ``max_position_embeddings`` (2048 when absent), capped
+    at the sliding attention window when one applies (Mistral's ``sliding_window``; Qwen2's when
+    ``use_sliding_window``). treeopt's attention is full causal; within the window it equals the model's sliding
+    attention exactly, so decoding is refused past the window (a too-long prompt gets the context error) rather
+    than run with the wrong attention. Raises CheckpointError for a window that is not a positive integer."""
+    try:
+        context = int(cfg.get("max_position_embeddings", 2048))
+    except (TypeError, ValueError):
+        raise CheckpointError(f"config.json max_position_embeddings = {cfg.get('max_position_embeddings')!r} must "
+                              "be a positive integer") from None
+    mtype = cfg.get("model_type")
+    window = cfg.get("sliding_window", 4096 if mtype == "mistral" else None)  # transformers' defaults
+    applies = bool(cfg.get("use_sliding_window", False)) if mtype == "qwen2" else True
+    if window is None or not applies:
+        return context
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise CheckpointError(f"config.json sliding_window = {window!r} must be a positive integer or null")
+    return min(context, window)

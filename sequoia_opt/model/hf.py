@@ -50,8 +50,9 @@ def load_hf_config(path: str | os.PathLike) -> ModelConfig:
     """:class:`ModelConfig` from ``path/config.json``, or from ``path`` itself when it is a ``.json`` file.
     Raises :class:`CheckpointError` (missing file or key, unsupported architecture)."""
     path = Path(path)
-    return ModelConfig.from_hf(_read_json(path if path.suffix.lower() == ".json" else path / CONFIG_FILE),
-                               name=None)
+    is_file = path.suffix.lower() == ".json"
+    return ModelConfig.from_hf(_read_json(path if is_file else path / CONFIG_FILE),
+                               name=(path.parent if is_file else path).resolve().name)
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -117,7 +118,7 @@ def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
     """
     path = Path(path)
     hf_config = _read_json(path / CONFIG_FILE)
-    config = ModelConfig.from_hf(hf_config)
+    config = ModelConfig.from_hf(hf_config, name=path.resolve().name)  # the folder: _name_or_path is often stale
     tokenizer = load_hf_tokenizer(path, hf_config)
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the embedding only "
