@@ -181,6 +181,15 @@ def profile_latency(
         if max(contexts) + widest > limit:
             raise TreeoptError(f"--context {max(contexts)} + {widest} tokens exceeds the {what} model's context of "
                                f"{limit} tokens: lower --context, --max-tokens or --max-draft-tokens")
+    if loop and drafter is not None:  # the loop's steps decode past the context: refused now, not after T(n)
+        from ..profiling.steps import loop_positions
+
+        need = loop_positions(max(contexts), max(grid))
+        if need > positions[0][0]:
+            raise TreeoptError(f"timing the decoding loop at --context {max(contexts)} with trees up to {max(grid)} "
+                               f"tokens decodes {need} positions, past the target model's context of "
+                               f"{positions[0][0]} tokens: lower --context to {max(contexts) - (need - positions[0][0])}"
+                               " or --max-tokens (or add --no-loop)")
     if batches is not None or offload:
         from .profile_batch import profile_latency_batch_or_offload
 

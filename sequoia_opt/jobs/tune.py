@@ -615,6 +615,13 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
         if path is None:
             return default
         grid = token_grid(want_k)
+        from ..profiling.steps import loop_positions
+
+        limit, need = pair.target.config.max_position_embeddings, loop_positions(opts.context, max(grid))
+        if need > limit:  # the loop's timed steps would decode past the target's context
+            raise TreeoptError(f"timing the decoding loop at --context {opts.context} with chains up to K = {want_k} "
+                               f"decodes {need} positions, past {pair.target_name}'s context of {limit} tokens: "
+                               f"lower --context to {max(0, opts.context - (need - limit))} (or --max-draft)")
         prof = profile_batches(pair.target, pair.draft, opts.batches, grid, [1, 2], [opts.context],
                                target_name=pair.target_name, draft_name=pair.draft_name,
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,

@@ -134,6 +134,13 @@ def ratio_rel_se(xs: Sequence[float]) -> float:
     return 1.2533 * 1.4826 * mad / (len(xs) ** 0.5) / med
 
 
+def loop_positions(context: int, largest_tree: int, *, steps: int = 8, warmup: int = 2) -> int:
+    """Positions :func:`time_loop` decodes into at ``context`` with trees up to ``largest_tree`` tokens: the prompt
+    (``context + 1`` tokens), ``warmup + steps + 1`` plain steps, and room for the largest tree at the last step.
+    A model whose context is shorter clips the large trees' last steps (and refuses a prompt past it)."""
+    return int(context) + 1 + int(warmup) + int(steps) + 1 + int(largest_tree)
+
+
 def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
               policy: str = "static", steps: int = 8, warmup: int = 2, rounds: int = 2, seed: int = 0,
               progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None,
@@ -214,6 +221,9 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
                     m = warmup + steps + 1
                     if room is not None:
                         m = max(m, min(m * n, int(room) - (context + 1) - n))
+                    positions = getattr(dec, "context", None)  # the model's own context bounds the room too
+                    if positions is not None:
+                        m = max(warmup + steps + 1, min(m, int(positions) - (context + 1)))
                     state = dec.start_batch(prompts, m)
                 for i in range(warmup + steps):
                     if ref_state.finished or (state is not None and state.finished):
@@ -408,7 +418,9 @@ def _check_on_prompts(target, make_drafter, tree: Tree, prompts: list[list[int]]
     tree_ms: list[float] = []
 
     def run_block(dec, prompt: list[int], n: int, skip: int, out: list[float], size: int) -> None:
-        state = dec.start_batch([prompt], (n + skip + 1) * size)
+        m = (n + skip + 1) * size  # room for every step to accept its whole tree, within the model's context
+        state = dec.start_batch([prompt], max(n + skip + 1, min(m, int(getattr(dec, "context", m + len(prompt)))
+                                                              - len(prompt))))
         for i in range(n + skip):
             if state.finished:
                 return
