@@ -454,3 +454,23 @@ def test_run_compare_drops_a_baseline_that_is_the_tree_itself(workdir, tmp_path)
     assert "--compare: the best chain gamma=2 is tree 'c3' itself; it runs once, under that name" in doc["notes"]
     c3 = doc["summaries"][1]
     assert c3["predicted_tokens_per_step"] == pytest.approx(1 + 0.9 + 0.81)
+
+
+def test_render_prints_brackets_as_written(capsys):
+    """Paths and settings may hold [brackets] (``-o 'o/x[/y]z.json'``, ``[start, end, K]``): printed literally; rich
+    read them as markup and crashed on an unmatched closing tag after the file was written, or dropped the text."""
+    from rich.console import Console
+
+    from sequoia_opt.cli.render import render
+    from sequoia_opt.report import Report
+
+    report = Report("plan [bold]x", summary={"output [/y]": "o/x[/y]z.json"},
+                    tables=[("t [red]", ["name", "ranges [lo, hi]"], [["a[/]", "[1, 7]"]])],
+                    notes=["wrote o/[bold]x.json"], warnings=["still takes [start, end, K] entries"])
+    con = Console(width=200, force_terminal=False)
+    render(report, False, console=con)
+    out, err = capsys.readouterr()
+    for text in ("plan [bold]x", "output [/y]", "o/x[/y]z.json", "t [red]", "ranges [lo, hi]", "a[/]", "[1, 7]",
+                 "note: wrote o/[bold]x.json"):
+        assert text in out, text
+    assert "warning: still takes [start, end, K] entries" in err

@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree as RichTree
 
@@ -22,7 +23,7 @@ def _fmt(v: Any) -> str:
         return "-" if not math.isfinite(v) else f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
     if v is None:
         return "-"
-    return str(v)
+    return escape(str(v))  # a path or a setting may hold [brackets]: printed as written, not read as markup
 
 
 def draw_tree(tree: Tree, acceptance: Any = None, *, max_nodes: int = 40, max_children: int = 6, max_depth: int = 6) -> RichTree:
@@ -71,22 +72,23 @@ def render(report: Report, json_mode: bool, console: Console | None = None) -> N
         return
     # a pipe or file gets wide tables (rich would cut every column to fit 80 characters)
     con = console or (Console() if sys.stdout.isatty() else Console(width=200))
-    summary = Table(title=report.title, show_header=False, title_justify="left")
+    summary = Table(title=escape(report.title) if report.title else report.title, show_header=False,
+                    title_justify="left")
     summary.add_column(style="bold")
     summary.add_column()
     for k, v in report.summary.items():
-        summary.add_row(k, _fmt(v))
+        summary.add_row(escape(str(k)), _fmt(v))
     con.print(summary)
     for title, cols, rows in report.tables:
-        t = Table(title=title, title_justify="left")
+        t = Table(title=escape(title) if title else title, title_justify="left")
         for c in cols:
-            t.add_column(c, justify="right" if c not in ("name", "params", "level widths") else "left")
+            t.add_column(escape(c), justify="right" if c not in ("name", "params", "level widths") else "left")
         for row in rows:
             t.add_row(*[_fmt(x) for x in row])
         con.print(t)
     if report.tree is not None:
         con.print(draw_tree(report.tree, report.acceptance))
     for n in report.notes:
-        con.print(f"[cyan]note:[/] {n}", soft_wrap=True)
+        con.print(f"[cyan]note:[/] {escape(str(n))}", soft_wrap=True)
     for w in report.warnings:
-        _err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+        _err.print(f"[yellow]warning:[/] {escape(str(w))}", soft_wrap=True)
