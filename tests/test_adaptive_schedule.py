@@ -330,3 +330,24 @@ def test_treeopt_run_takes_a_plan_without_a_tree_file(tmp_path, kind):
     r = CliRunner().invoke(app, ["run", "--target", str(target), "--draft", str(draft), "--policy", f"{kind}:{plan}",
                                  "--compare", "-a", str(plan)])
     assert r.exit_code == 2 and "does not combine with --compare" in r.output
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["ranges"][0]["setting"].update(draft_tokens=20), "the range 1-"),
+    (lambda d: d.update(min_gain="abc"), "min_gain must be a number >= 0, got 'abc'"),
+    (lambda d: d.update(min_gain=-0.5), "min_gain must be a number >= 0, got -0.5"),
+    (lambda d: d.update(first_is_longest="no"), "first_is_longest must be true or false, got 'no'"),
+    (lambda d: d["by_batch"].reverse(), "batch sizes must be distinct and ascending"),
+])
+def test_an_adaptive_plan_file_with_bad_fields_is_refused_naming_the_file(tmp_path, change, message):
+    """Fields the ranking reads are checked when the policy is parsed (before any model loads): a range's K past
+    the candidates was a KeyError mid-run, a text min_gain a ValueError; each error names the file."""
+    from sequoia_opt.drafting.registry import parse_policy
+
+    doc = plan_document(solve_plan(ChainValue(_acc(), 6), PROFILE), engine="treeopt")
+    change(doc)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(TreeoptError) as err:
+        parse_policy(f"adaptive-schedule:{path}")
+    assert message in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)

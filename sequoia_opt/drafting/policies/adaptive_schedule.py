@@ -251,7 +251,7 @@ class PlanAdapter:
 
     Raises:
         ProfileError: no batch size, batch sizes not ascending, a batch size not scoring every K from 0 to its
-            longest, a K past ``prior_g``; ranges that do not cover 1..their end
+            longest, a K past ``prior_g``; a range whose K no candidate scores; ranges that do not cover 1..their end
             (:func:`~sequoia_opt.solver.schedule.check_ranges`).  DecodingError: bad ``every`` / ``window`` /
             ``prior_weight``.
     """
@@ -277,6 +277,10 @@ class PlanAdapter:
                                f"K = {self.estimate.depth}")
         self.initial = tuple((int(lo), int(hi), int(k)) for lo, hi, k in ranges)
         check_ranges(self.initial, "adaptive plan")
+        for lo, hi, k in self.initial:  # a range's K must be one the live ranking can price and return to
+            if k not in self.ks:
+                raise ProfileError(f"the range {lo}-{hi} runs K = {k}, which no batch size's candidates score "
+                                   f"(K in {list(self.ks)})")
         self.every = _positive_int("the steps between re-rankings", every)
         self.last = self.initial[-1][1]
         self.min_gain, self.first_is_longest = float(min_gain), bool(first_is_longest)
@@ -356,9 +360,19 @@ class PlanAdapter:
                 raise ProfileError(f"{at}.batch_range must be [lo, hi]")
             lo, hi = rng
             ranges.append((1 if i == 0 else lo, hi, _k_of(SpecSetting.from_dict(e.get("setting"), at).label, at)))
-        kwargs.setdefault("min_gain", float(doc.get("min_gain") or 0.0))
-        kwargs.setdefault("first_is_longest", bool(doc.get("first_is_longest", False)))
-        return cls(rows, [g[k] for k in range(max(g) + 1)], ranges, **kwargs)
+        min_gain = doc.get("min_gain")
+        min_gain = 0.0 if min_gain is None else min_gain
+        if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= min_gain < float("inf"):
+            raise ProfileError(f"{where}: min_gain must be a number >= 0, got {min_gain!r}")
+        first_is_longest = doc.get("first_is_longest", False)
+        if not isinstance(first_is_longest, bool):
+            raise ProfileError(f"{where}: first_is_longest must be true or false, got {first_is_longest!r}")
+        kwargs.setdefault("min_gain", float(min_gain))
+        kwargs.setdefault("first_is_longest", first_is_longest)
+        try:
+            return cls(rows, [g[k] for k in range(max(g) + 1)], ranges, **kwargs)
+        except ProfileError as err:  # named by the file it came from
+            raise ProfileError(str(err) if str(err).startswith(where) else f"{where}: {err}") from None
 
     def reset(self) -> None:
         """Start over: the plan's ranges, the prior, an empty log."""
