@@ -216,7 +216,11 @@ def set_torch_threads(threads: Optional[int]) -> None:
 
 def note(msg: str) -> None:
     """One informational line on stderr (``note: ...``), e.g. the first-load linear tuning."""
+    from rich.markup import escape
+
     _err.print(f"[dim]note:[/] {escape(msg)}", markup=True, soft_wrap=True, highlight=False)
+
+
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="Attention backend: auto | torch | cuda")]
 PromptsOpt = Annotated[
