@@ -114,6 +114,28 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
+    """Write several files (UTF-8) as one unit, replacing what is there: every temporary file is made and written
+    in its destination folder before the first is renamed over its path, so a folder that refuses a file, or a
+    failing write, leaves every path as it was. Returns the paths in the order given.
+
+    Raises:
+        OutputError: two entries for one path, or as :func:`atomic_write_bytes` (one line naming the path).
+    """
+    paths = [_target(p) for p in files]
+    if len({p.resolve() for p in paths}) < len(paths):
+        raise OutputError(f"cannot write {', '.join(map(str, files))}: one path is named twice (each output needs "
+                          "its own file)")
+    with contextlib.ExitStack() as stack:
+        tmps = [stack.enter_context(atomic_output_path(p)) for p in paths]  # all made before any is renamed
+        for p, tmp, text in zip(paths, tmps, files.values()):
+            try:
+                tmp.write_bytes(text.encode("utf-8"))
+            except OSError as err:
+                raise OutputError(f"cannot write {p}: {err.strerror or err}") from None
+    return paths
+
+
 @contextlib.contextmanager
 def atomic_output_path(path: str | os.PathLike):
     """For writers that open the file themselves (``gguf.GGUFWriter``): yield a temporary path in the

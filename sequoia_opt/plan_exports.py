@@ -147,6 +147,8 @@ class EngineSettings:
         notes / warnings: one line each.
         extra_files: file name -> content, files the settings refer to, written beside them (SGLang's
             ``adaptive.json``).
+        nothing_to_set: speculation pays at no batch size and the engine runs without a speculative setting:
+            ``text`` is a comment saying so, not a file the engine reads.
     """
 
     engine: str
@@ -159,6 +161,7 @@ class EngineSettings:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     extra_files: dict[str, str] = field(default_factory=dict)
+    nothing_to_set: bool = False
 
 
 def _version(text: str, engine: str) -> Version:
@@ -279,7 +282,8 @@ def _export_vllm(ranges, release, method, model, lookup):
     if kmax == 0:
         return dict(text="# speculation pays at no batch size: run vLLM without --speculative-config\n", data={},
                     releases=releases, checked=checked, command="vllm serve MODEL",
-                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings))
+                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
+                    nothing_to_set=True)
     sched = [[lo, hi, s.draft_tokens] for lo, hi, s in ranges]
     check_vllm_schedule(sched)
     doc: dict[str, Any] = {"method": method}
@@ -373,7 +377,8 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
     if max(ks) == 0:
         return dict(text="# speculation pays at no batch size: leave speculative_config out\n", data={},
                     releases=releases, checked=checked, command="trtllm-serve MODEL",
-                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings))
+                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
+                    nothing_to_set=True)
     if ks[0] != max(ks):
         raise PlanExportError(f"TensorRT-LLM needs the smallest batch size to draft the most (draft_len_schedule's "
                               f"smallest key carries max_draft_len), but this plan drafts {ks[0]} at batch 1 and "
@@ -516,7 +521,8 @@ def _export_sglang(ranges, release, method):
         if max(ks) == 0:
             return dict(text="# speculation pays at no batch size: run SGLang without --speculative-algorithm\n",
                         data={}, releases=releases, checked=checked, command="python -m sglang.launch_server",
-                        notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings))
+                        notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
+                    nothing_to_set=True)
         doc = {"adaptive_config": cfg, "cli_flags": flags}
         notes = ("one candidate step per tier pins the tier's steps (the EMA has nowhere to move)",
                  "SGLang pads the batch size to its CUDA-graph batch sizes before routing to a tier")

@@ -922,3 +922,43 @@ def test_the_schedules_benchmark_splits_a_stream_by_the_plans_ranges():
     assert out["2-15"]["tokens_per_s"] == pytest.approx(50.0) and out["2-15"]["tokens"] == 4  # 80, 50, 20
     assert out["16-16"]["tokens_per_s"] == pytest.approx(120.0)  # 80 and 160; the third round has no such step
     assert out["16-16"]["steps"] == 1.0
+
+
+def test_tune_outputs_are_one_unit_and_two_files(tmp_path):
+    """-o and --schedule naming one file is refused before anything (the plan silently replaced the vLLM config);
+    the two are written together (atomic_write_texts), so a second that cannot be written leaves the first as it
+    was."""
+    from sequoia_opt._io import atomic_write_texts
+    from sequoia_opt.errors import OutputError
+
+    table, acc = _files(tmp_path)
+    same = tmp_path / "same.json"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "-o", str(same), "--schedule", str(same)])
+    assert res.exit_code == 2 and "-o and --schedule both name" in res.output and not same.exists()
+    first = tmp_path / "first.json"
+    first.write_text("old\n")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(OutputError, match="afile"):
+        atomic_write_texts({first: "new\n", tmp_path / "afile" / "plan.yaml": "x\n"})
+    assert first.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert [p.read_text() for p in atomic_write_texts({first: "new\n", tmp_path / "d" / "p.yaml": "p\n"})] == [
+        "new\n", "p\n"]
+
+
+def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
+    """vLLM takes its settings as JSON: a plan of 'none' everywhere has no speculative config, and a comment in
+    the -o file would break ``--speculative-config "$(cat OUT)"``; the warning says so and the plan is still
+    written."""
+    acc = _acc()
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(acc.to_dict()))
+    (tmp_path / "t.csv").write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
+        f"{b},{n},{10.0 * n},50.0,0.5\n" for b in (1, 8) for n in range(1, 10)))  # each drafted token costs a step
+    out, sched = tmp_path / "v.json", tmp_path / "s.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
+                              "--batches", "1,8", "-o", str(out), "--schedule", str(sched), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert not out.exists() and load_schedule(sched).ranges[0][2].draft_tokens == 0
+    assert "output_file" not in doc and doc["schedule_file"] == str(sched)
+    assert any(w.startswith(f"nothing written to {out}: speculation pays at no batch size") for w in doc["warnings"])

@@ -456,12 +456,17 @@ def _write_all(writes: list[tuple[Path, Callable[[Path], Any]]]) -> None:
 
 def _check_writable(path: Path) -> None:
     """Refuse, before any measuring, an output path that cannot become a file: a directory (or device) at
-    the path, or a file where one of its folders should be (OutputError, one line)."""
+    the path, a file where one of its folders should be, or a folder this user cannot write into (OutputError,
+    one line)."""
     from ..errors import OutputError
+
+    import os
 
     if path.exists() and not path.is_file():
         raise OutputError(f"cannot write {path}: it exists and is not a regular file")
-    _existing_folder_above(path, f"cannot write {path}")
+    folder = _existing_folder_above(path, f"cannot write {path}")
+    if folder is not None and not os.access(folder, os.W_OK | os.X_OK):  # a read-only folder or file system
+        raise OutputError(f"cannot write {path}: this user cannot write into {folder}")
 
 
 def _existing_folder_above(path: Path, what: str) -> Optional[Path]:

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-from .._io import atomic_write_text
+from .._io import atomic_write_texts
 from ..report import Report
 from .common import DraftOpt, JsonOpt, TargetOpt, _check_writable, app, handle_errors, progress_bar
 from .render import render
@@ -80,7 +80,8 @@ def tune(
     from ..jobs.tune import TuneOptions, check_options
     from ..jobs.tune import tune as run_tune
     from ..profiles.batch import parse_batches
-    from ..solver.schedule import save_schedule
+    from ..errors import OutputError
+    from ..solver.schedule import schedule_text
 
     opts = check_options(TuneOptions(
         engine=engine, target=target, draft=draft,
@@ -93,6 +94,8 @@ def tune(
     for path in (output, schedule):
         if path is not None:
             _check_writable(path)
+    if output is not None and schedule is not None and Path(output).resolve() == Path(schedule).resolve():
+        raise OutputError(f"-o and --schedule both name {output}: the engine's settings and the plan are two files")
     with progress_bar() as progress:
         res = run_tune(opts, progress)
     plan, settings = res.plan, res.settings
@@ -144,19 +147,24 @@ def tune(
                 "show), or " if plan.shape == "chain" else "")
         report.notes.append(f"serve it with treeopt's decoder: {live}treeopt run{pair} --policy schedule:{f} (as "
                             "solved)" + (" (write PLAN.yaml with --schedule PLAN.yaml)" if plan_file is None else ""))
+    files: dict[Path, str] = {}  # every output's text first: then written as one unit (both or neither)
     written = {}
     if output is not None:
         if opts.engine == "treeopt":
-            save_schedule(output, res.schedule)
+            files[output] = schedule_text(output, res.schedule)
         elif opts.engine == "sglang" and "adaptive.json" in settings.extra_files:
-            atomic_write_text(output, settings.extra_files["adaptive.json"])
+            files[output] = settings.extra_files["adaptive.json"]
             report.notes.append(f"pass it as --speculative-adaptive-config {output}")
+        elif settings.nothing_to_set:  # a comment in a file the engine parses as JSON / YAML would break it
+            report.warnings.append(f"nothing written to {output}: {settings.text.strip().lstrip('# ')}")
         else:
-            atomic_write_text(output, settings.text)
-        written["output_file"] = str(output)
+            files[output] = settings.text
+        if output in files:
+            written["output_file"] = str(output)
     if schedule is not None:
-        save_schedule(schedule, res.schedule)
+        files[schedule] = schedule_text(schedule, res.schedule)
         written["schedule_file"] = str(schedule)
+    atomic_write_texts(files)
     for k, v in written.items():
         report.notes.append(f"wrote {v}")
     report.data = {"schedule": res.schedule, "profiles": res.profiles, "peers": res.peers, "check": check,

@@ -942,10 +942,15 @@ def save_schedule(path: str | Path, doc: Mapping[str, Any]) -> Path:
     Raises:
         ProfileError: a document that is not a valid ``treeopt-schedule/1`` (nothing is written).
     """
+    return atomic_write_text(path, schedule_text(path, doc))
+
+
+def schedule_text(path: str | Path, doc: Mapping[str, Any]) -> str:
+    """A schedule document as :func:`save_schedule` writes it to ``path`` (JSON for ``.json``, else YAML), validated
+    first. Raises ProfileError: a document that is not a valid ``treeopt-schedule/1``."""
     _validate(doc, str(path))
-    text = (json.dumps(doc, indent=2) + "\n" if str(path).endswith(".json")
+    return (json.dumps(doc, indent=2) + "\n" if str(path).endswith(".json")
             else yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=None))
-    return atomic_write_text(path, text)
 
 
 @dataclass(frozen=True)
