@@ -287,10 +287,26 @@ def test_batch_table_loads_and_refuses(tmp_path):
                       (good + "8,4,15,0.6,0.3\n", "batch 8, tokens 4 is given twice"),
                       (good.replace("target_ms", "t_ms"), "the header must start batch,tokens,target_ms"),
                       (good.replace("8,4,14,0.6,0.3", "8,4,14,0.6,0.4"), "batch 8 gives two overheads"),
-                      (good.replace("1,4,9", "1,4,-9"), "target_ms > 0")]:
+                      (good.replace("1,4,9", "1,4,-9"), "target_ms > 0"),
+                      (good.replace("overhead_ms", "draft_ms"), "the header names draft_ms twice")]:
         (tmp_path / "b.csv").write_text(text)
         with pytest.raises(ProfileError, match=msg):
             load_batch_table(tmp_path / "b.csv")
+    (tmp_path / "bom.csv").write_text("\ufeff" + good, encoding="utf-8")  # as a spreadsheet saves it
+    assert load_batch_table(tmp_path / "bom.csv").curve(8).target_ms(4) == 14
+
+
+def test_tune_names_the_bad_field_of_a_batch_latency_profile(tmp_path):
+    """A treeopt-latency-batch/1 file with a bad value gets that value's line, not 'format is ... expected
+    treeopt-latency/1' from the batch-1 loader tried after it."""
+    from sequoia_opt.profiles.batch import save_batch_latency
+
+    table, acc = _files(tmp_path)
+    doc = yaml.safe_load(save_batch_latency(tmp_path / "lb.yaml", load_batch_table(table)).read_text())
+    doc["batches"][0]["curves"][0]["target"]["target_forward_ms"][2] = -5.0
+    (tmp_path / "lb.yaml").write_text(yaml.safe_dump(doc))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "lb.yaml"), "-a", str(acc)])
+    assert res.exit_code == 2 and "target_forward_ms[2] = -5.0 must be non-negative" in res.output, res.output
 
 
 # ---------------------------------------------------------------------------------------------- the policy

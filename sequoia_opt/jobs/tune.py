@@ -381,14 +381,27 @@ def load_given_latency(path: Path, context: int | None = None) -> Any:
         ProfileError: a file none of these loaders takes (the last one's line).
     """
     from ..profiles import load_latency
-    from ..profiles.batch import BatchLatencyProfile, load_batch_latency, load_batch_table
+    from ..profiles.batch import BATCH_LATENCY_FORMAT, BatchLatencyProfile, load_batch_latency, load_batch_table
 
     if path.suffix.lower() == ".csv":
         return load_batch_table(path, context=context)
     try:
         return load_batch_latency(path)
     except ProfileError:
+        if _format_of(path) == BATCH_LATENCY_FORMAT:  # a batch profile with a bad field: that field's line
+            raise
         return BatchLatencyProfile.from_latency(load_latency(path))
+
+
+def _format_of(path: Path) -> Any:
+    """The ``format`` a YAML / JSON document declares (None when it cannot be read as a mapping)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return doc.get("format") if isinstance(doc, dict) else None
 
 
 def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, measure: Callable):

@@ -183,15 +183,15 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
     same token counts, and the overhead must be one number per batch size.
 
     Raises:
-        ProfileError: a missing file, an unknown or missing column, a value that is not a positive number, a
-            (batch, tokens) pair twice, a batch size missing token counts another has (one line each).
+        ProfileError: a missing file, an unknown, missing or repeated column, a value that is not a positive
+            number, a (batch, tokens) pair twice, a batch size missing token counts another has (one line each).
     """
     import csv
 
     from .._io import read_text_file
 
     p = Path(path)
-    text = read_text_file(p, error=ProfileError, what="T(b, n) table")
+    text = read_text_file(p, error=ProfileError, what="T(b, n) table").removeprefix("\ufeff")  # a spreadsheet's BOM
     rows = [r for r in csv.reader(line for line in text.splitlines() if line.strip() and not line.startswith("#"))]
     if not rows:
         raise ProfileError(f"{p}: empty T(b, n) table (header batch,tokens,target_ms[,draft_ms][,overhead_ms])")
@@ -200,6 +200,10 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
     if unknown or head[:3] != list(TABLE_COLUMNS[:3]):
         raise ProfileError(f"{p}: the header must start batch,tokens,target_ms (then draft_ms, overhead_ms), got "
                            f"{','.join(head)}")
+    twice = sorted({h for h in head if head.count(h) > 1})
+    if twice:
+        raise ProfileError(f"{p}: the header names {twice[0]} twice (one column each: "
+                           f"{', '.join(TABLE_COLUMNS)})")
     table: dict[int, dict[int, tuple[float, float]]] = {}
     overhead: dict[int, float] = {}
     for i, r in enumerate(rows[1:], start=2):
