@@ -978,3 +978,43 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
     assert not out.exists() and load_schedule(sched).ranges[0][2].draft_tokens == 0
     assert "output_file" not in doc and doc["schedule_file"] == str(sched)
     assert any(w.startswith(f"nothing written to {out}: speculation pays at no batch size") for w in doc["warnings"])
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--batches", "8,64"], "--batches 8,64 lacks batch size 1"),
+    ([], "(batch sizes 8,64) lacks batch size 1"),
+])
+def test_tune_refuses_a_plan_without_batch_size_1(tmp_path, args, msg):
+    """A plan's first range starts at one live request: a grid without 1 was refused as 'the first range must start
+    at batch size 1 (range 0 is [8, ...])', naming neither the option nor the table."""
+    table, acc = _files(tmp_path)
+    if not args:
+        table.write_text("\n".join(ln for ln in table.read_text().splitlines() if not ln.startswith("1,")) + "\n")
+    out = tmp_path / "o.json"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "-o", str(out), *args])
+    assert res.exit_code == 2 and msg in res.output and not out.exists(), res.output
+    res = runner.invoke(app, ["solve", "-a", str(acc), "-l", str(table), "--batch", "8,64"])
+    assert res.exit_code == 2 and "--batch 8,64 lacks batch size 1" in res.output, res.output
+
+
+def test_tune_predicts_a_given_plan_that_ends_below_the_table_and_records_the_profiled_pair(tmp_path):
+    """--plan ranges ending at 32 against a table measured to batch 64: predicted at the batch sizes it reaches
+    (the peers' ranges ended before they started: 'range 2 [64, 32] ends before it starts'); the plan file records the pair the acceptance
+    profile measured, for treeopt run's mismatch warning."""
+    table, acc = _files(tmp_path)
+    adoc = yaml.safe_load(acc.read_text())
+    adoc["measured"] = {**(adoc.get("measured") or {}), "target": "Llama-2-7b", "draft": "llama-68m"}
+    acc.write_text(yaml.safe_dump(adoc))
+    given = tmp_path / "short.yaml"
+    given.write_text(yaml.safe_dump({"format": "treeopt-schedule/1", "ranges": [
+        {"batch_range": [1, 7], "setting": {"shape": "chain", "draft_tokens": 2}},
+        {"batch_range": [8, 32], "setting": {"shape": "chain", "draft_tokens": 1}}]}))
+    sched = tmp_path / "s.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--plan", str(given),
+                              "--schedule", str(sched), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [r["batch"] for r in doc["schedule"]["by_batch"]] == [1, 8]  # predicted where the plan reaches
+    assert set(doc["peers"]["batch1-best"]) == {"1", "8", "64"} and doc["peers"]["batch1-best"]["64"] > 0
+    written = load_schedule(sched).doc
+    assert written["drafter"] == "llama-68m" and written["target"] == "Llama-2-7b"

@@ -27,6 +27,9 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     from ..solver.depth import solve_profile
 
     batches = parse_batches(batch)
+    if batches[0] != 1:  # the plan's first range starts at one live request (tree_for_batch(1) must answer)
+        raise SolverError(f"--batch {batch} lacks batch size 1: a plan's first range starts at one live request, so "
+                          "its tree must be solved there (include 1)")
     if latency is None:
         raise SolverError("--batch chooses a tree per batch size from T(b, n): pass --latency PROFILE "
                           "(treeopt profile latency --batch 1,2,4,...)")

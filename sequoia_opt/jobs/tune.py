@@ -170,11 +170,17 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     if opts.latency is not None and opts.given_latency is None:  # read once (the CLI checks, then tune checks
         # again): a file none of the loaders takes is one line before any work
         opts.given_latency = load_given_latency(Path(opts.latency), opts.context)
+    batches_given = opts.batches is not None
     if opts.batches is None:  # a given T(b, n): every batch size it measured; measured here: the default grid
         opts.batches = list(opts.given_latency.batches) if opts.given_latency is not None else list(DEFAULT_BATCHES)
     if any(int(b) < 1 for b in opts.batches) or not opts.batches:
         raise TreeoptError("--batches takes batch sizes >= 1, e.g. 1,2,4,8,16")
     opts.batches = sorted({int(b) for b in opts.batches})
+    if opts.plan is None and opts.batches[0] != 1:  # a plan's first range starts at one live request
+        where = (f"--batches {','.join(map(str, opts.batches))}" if opts.given_latency is None or batches_given
+                 else f"the latency table {opts.latency} (batch sizes {','.join(map(str, opts.batches))})")
+        raise TreeoptError(f"{where} lacks batch size 1: a plan's first range starts at one live request, so its "
+                           "setting must be solved there (measure T(1, n) and include 1)")
     if opts.max_draft is not None and opts.max_draft < 1:
         raise TreeoptError(f"--max-draft must be at least 1, got {opts.max_draft}")
     if opts.max_batch is not None and opts.max_batch < max(opts.batches):
@@ -340,8 +346,8 @@ def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *, 
 
     top = value.max_draft
     clip = lambda k: SpecSetting.chain(min(int(k), top))  # noqa: E731
-    last = plan.ranges[-1].hi
     bs = sorted(batches)
+    last = max(plan.ranges[-1].hi, bs[-1])  # a given plan may end below the batch sizes it is predicted at
 
     def over(settings: dict[int, Any]) -> list[tuple[int, int, Any]]:
         out = []
@@ -474,6 +480,10 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         acc, labels = None, {"target": None, "drafter": spec.label}
         if opts.acceptance is not None:
             acc = _acceptance(opts, Path(opts.acceptance), done, lambda: None)
+            # the pair the profile measured (a GPU engine's drafter is not loaded here: --draft is only its kind)
+            measured = getattr(acc, "measured", None) or {}
+            labels = {"target": measured.get("target"),
+                      "drafter": measured.get("draft") if opts.draft is None else spec.label}
     ctx = None if opts.engine in GPU_ENGINES else opts.context
     if opts.shape == "envelope":
         from ..profiles.calibration import load_calibration
