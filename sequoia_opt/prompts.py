@@ -105,6 +105,8 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
                     raise PromptFileError(f"{where}: a line holds a 'prompt' or 'messages', not both")
                 prompts.append(Prompt("", meta, _parse_messages(obj["messages"], where), where))
                 continue
+            if "prompt" in obj and "text" in obj:  # 'text' is another name for 'prompt': which one is meant?
+                raise PromptFileError(f"{where}: a line holds a 'prompt' or a 'text' (the same field), not both")
             body = obj.get("prompt", obj.get("text"))
             if not isinstance(body, str) or not body.strip():
                 raise PromptFileError(f"{where}: needs a non-empty 'prompt' string (or 'messages')")

@@ -67,6 +67,7 @@ def test_prompt_files_take_chat_lines_beside_raw_ones(tmp_path):
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
      ":1: message 0 (user) needs a 'content' string (got list; text only)"),
     ({"messages": USER, "prompt": "x"}, ":1: a line holds a 'prompt' or 'messages', not both"),
+    ({"prompt": "abc", "text": "def"}, ":1: a line holds a 'prompt' or a 'text' (the same field), not both"),
 ])
 def test_malformed_chat_lines_are_refused_by_line(tmp_path, line, message):
     f = tmp_path / "bad.jsonl"

@@ -103,11 +103,13 @@ def test_check_drafter_against_the_target_config(workdir, tmp_path):
     check_drafter(parse_drafter_spec("self:1"), cfg)  # 1 .. n_layers - 1
     with pytest.raises(TreeoptError, match=r"L must be in 1\.\.1 \(the target has 2 layers"):
         check_drafter(parse_drafter_spec("self:2"), cfg)
+    with pytest.raises(TreeoptError, match=r"the target has 1 layer, .* it needs a target of at least 2"):
+        check_drafter(parse_drafter_spec("self:1"), cfg.with_(n_layers=1))  # 'L must be in 1..0' before
     check_drafter(parse_drafter_spec(str(draft)), cfg)
     other = tmp_path / "other"
     save_hf_checkpoint(random_model(3, vocab=300), byte_tokenizer(), other)
-    with pytest.raises(TreeoptError, match="mismatched tokenizers: --draft other has a vocabulary of 300 tokens, "
-                                           "the target 257"):
+    with pytest.raises(TreeoptError, match="mismatched vocabularies: --draft other has vocab_size 300 .its "
+                                           "embedding rows., the target 257"):
         check_drafter(parse_drafter_spec(str(other)), cfg)
     check_drafter(parse_drafter_spec("lookup"), cfg)  # nothing to check against a config
 

@@ -183,7 +183,7 @@ def test_profile_graft_bad_drafters_exit_2_before_weights_load(env, tmp_path, no
                     "strong one (got 1)")
     _one_line_error(invoke(*base, "--draft", "lookup", "--draft", "lookup:1-3"), 2, "is given twice")
     _one_line_error(invoke(*base, "--draft", env["draft"], "--draft", other), 2,
-                    "mismatched tokenizers: --draft other has a vocabulary of 300 tokens, the target 257")
+                    "mismatched vocabularies: --draft other has vocab_size 300 (its embedding rows), the target 257")
     assert not (tmp_path / "p").exists()
 
 
@@ -390,7 +390,7 @@ def _bad_trees(env, tmp_path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("args, message", [
     (["--draft", "DRAFT", "--draft", "OTHER_CKPT", "--tree", "VOCAB"],
-     "mismatched tokenizers: --draft other has a vocabulary of 300 tokens, the target 257"),
+     "mismatched vocabularies: --draft other has vocab_size 300 (its embedding rows), the target 257"),
     (["--draft", "lookup", "--draft", "DRAFT", "--tree", "PLAN", "--scheduler", "SCHED"],
      "was trained for strong 'smollm2-360m', not 'draft'"),
     (["--draft", "lookup", "--draft", "DRAFT", "--tree", "OTHER_NAMES"],

@@ -183,6 +183,9 @@ def _parse_self(arg: str | None, text: str) -> dict[str, Any]:
 
 def _check_self(spec: DrafterSpec, config: Any) -> None:
     n = config.n_layers
+    if n < 2:
+        raise TreeoptError(f"--draft self:{spec.num_layers}: the target has 1 layer, and a layer-skip drafter runs "
+                           "fewer layers than the target: it needs a target of at least 2")
     if not 1 <= int(spec.num_layers) <= n - 1:
         raise TreeoptError(f"--draft self:{spec.num_layers}: L must be in 1..{n - 1} (the target has {n} "
                            "layers; L = n_layers would be the target itself)")
@@ -214,8 +217,9 @@ def _check_model(spec: DrafterSpec, config: Any) -> None:
         raise TreeoptError(f"the bundled draft model is missing from {path} (pass --draft PATH)")
     dcfg = load_model_config(path)
     if dcfg.vocab_size != config.vocab_size:
-        raise TreeoptError(f"mismatched tokenizers: --draft {spec.label} has a vocabulary of {dcfg.vocab_size} "
-                           f"tokens, the target {config.vocab_size}; a drafter must share the target's tokenizer")
+        raise TreeoptError(f"mismatched vocabularies: --draft {spec.label} has vocab_size {dcfg.vocab_size} (its "
+                           f"embedding rows), the target {config.vocab_size}; a drafter must share the target's "
+                           "tokenizer and vocabulary size (an embedding padded to another size is not supported)")
 
 
 def _lookup(spec: DrafterSpec, target: Any) -> PromptLookupDrafter:
