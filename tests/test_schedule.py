@@ -1018,3 +1018,66 @@ def test_tune_predicts_a_given_plan_that_ends_below_the_table_and_records_the_pr
     assert set(doc["peers"]["batch1-best"]) == {"1", "8", "64"} and doc["peers"]["batch1-best"]["64"] > 0
     written = load_schedule(sched).doc
     assert written["drafter"] == "llama-68m" and written["target"] == "Llama-2-7b"
+
+
+def test_tune_envelopes_are_scored_within_the_measured_curve(tmp_path):
+    """--shape envelope on a T(b, n) table measured to n = 4: the envelopes verifying more tokens are left out and
+    said so (every envelope was scored and the first past the table stopped tune: 'would extrapolate past the
+    largest measured count'); a table that prices no envelope is one line."""
+    from test_dynamic_cli import _calibration
+
+    cal = _calibration(tmp_path / "cal.yaml")
+    table = tmp_path / "t.csv"
+    table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
+        f"{b},{n},{10.0 + b + 0.5 * n},1.0,0.5\n" for b in (1, 8) for n in range(1, 5)))
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "--shape", "envelope", "--calibration",
+                              str(cal), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert any(n.startswith("EAGLE envelopes up to 4 draft tokens (root included)") for n in doc["notes"])
+    envs = [r["setting"] for r in doc["schedule"]["ranges"] if r["setting"]["shape"] == "envelope"]
+    assert all(e["draft_tokens"] <= 4 for e in envs)
+    table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n1,1,10,1,0.5\n8,1,12,1,0.5\n")
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "--shape", "envelope", "--calibration",
+                              str(cal)])
+    assert res.exit_code == 2 and "the smallest EAGLE envelope verifies" in res.output, res.output
+
+
+def test_tune_tensorrt_llm_envelope_solves_one_tree_per_server_and_exports_it(tmp_path):
+    """TensorRT-LLM runs one EAGLE-3 dynamic tree per server, off above max_concurrency: the plan is one envelope
+    that its rule takes (steps <= draft tokens <= topK * steps), not a per-batch choice its export then refused."""
+    from test_dynamic_cli import _calibration
+
+    from sequoia_opt.solver.schedule import EnvelopeValue, solve_one_setting_plan
+    from sequoia_opt.profiles.calibration import load_calibration
+
+    cal = _calibration(tmp_path / "cal.yaml")
+    table = tmp_path / "t.csv"  # T grows with b x n: speculation pays at batch 1, not at 64
+    table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
+        f"{b},{n},{10.0 + 0.05 * b * n * (1 + (b > 8) * 20)},0.5,0.2\n" for b in (1, 8, 64) for n in range(1, 9)))
+    res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "--shape", "envelope",
+                              "--calibration", str(cal), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    ranges = doc["schedule"]["ranges"]
+    envs = {json.dumps(r["setting"]) for r in ranges if r["setting"]["shape"] == "envelope"}
+    assert len(envs) == 1 and ranges[0]["setting"]["shape"] == "envelope"
+    cfg = doc["settings"]["data"]["speculative_config"]
+    assert cfg["max_draft_len"] <= cfg["max_total_draft_tokens"] <= cfg["dynamic_tree_max_topK"] * cfg["max_draft_len"]
+    assert any(n.startswith("one setting per server (") for n in doc["notes"])
+    # the choice is the best one-setting plan by mean share of each batch size's best
+    profile = load_batch_table(table)
+    value = EnvelopeValue(load_calibration(cal))
+    plan = solve_one_setting_plan(value, profile)
+    share = {}
+    for st in value.settings():
+        for cut in range(3):
+            rows = [(st if i <= cut else SpecSetting.none()) for i in range(3)]
+            tps = [b * value.predict(s, b, profile.curve(b), None)[0].tokens_per_s for s, b in zip(rows, (1, 8, 64))]
+            best = [max(b * value.predict(s, b, profile.curve(b), None)[0].tokens_per_s for s in value.settings())
+                    for b in (1, 8, 64)]
+            share[(st, cut)] = sum(x / m for x, m in zip(tps, best)) / 3
+    top = max(share.values())
+    chosen = plan.ranges[0].setting
+    cut = 2 if len(plan.ranges) == 1 else {1: 0, 8: 1}[max(b for b in (1, 8, 64) if b <= plan.ranges[0].hi)]
+    assert share[(chosen, cut)] == pytest.approx(top)

@@ -465,7 +465,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import export_plan, guard_notes
     from ..solver.schedule import (ChainValue, EnvelopeValue, load_schedule, max_draft_measured, plan_document,
-                                   plan_from_ranges, predict_ranges, solve_plan)
+                                   plan_from_ranges, predict_ranges, solve_one_setting_plan, solve_plan)
 
     opts = check_options(opts)
     spec = parse_drafter_spec(opts.draft)
@@ -488,7 +488,22 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     if opts.shape == "envelope":
         from ..profiles.calibration import load_calibration
 
-        value = EnvelopeValue(load_calibration(opts.calibration))
+        from ..solver.dynamic import setting_grid
+
+        cal = load_calibration(opts.calibration)
+        grid = setting_grid(cal, policies=("eagle",))
+        top = max_draft_measured(profile, opts.batches, ctx) + 1  # the most tokens every batch's curve prices
+        fits = [s for s in grid if s.budget <= top]
+        if opts.engine == "tensorrt-llm":  # its rule: max_draft_len <= max_total_draft_tokens <= topK * max_draft_len
+            fits = [s for s in fits if s.steps <= s.budget - 1 <= s.topk * s.steps]
+        if not fits:
+            raise TreeoptError(f"the latency profile measured T(b, n) up to n = {top} tokens at every batch size, "
+                               f"and the smallest EAGLE envelope verifies {min(s.budget for s in grid)}: measure "
+                               "larger n (or tune chains: --shape chain)")
+        if len(fits) < len(grid):
+            notes.append(f"EAGLE envelopes up to {top} draft tokens (root included): the latency profile measured "
+                         f"T(b, n) up to n = {top}; {len(grid) - len(fits)} larger envelopes were not scored")
+        value = EnvelopeValue(cal, fits)
         done["calibration"] = f"given: {opts.calibration}"
     else:
         top = max_draft_measured(profile, opts.batches, ctx)
@@ -508,6 +523,9 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         plan = plan_from_ranges(sched.ranges, value, profile, opts.batches, context=ctx,
                                 output_tokens=opts.output_tokens, provenance={**prov, "given_plan": str(opts.plan)})
         done["plan"] = f"given: {opts.plan}"
+    elif opts.engine == "tensorrt-llm" and opts.shape == "envelope":  # one dynamic tree per server
+        plan = solve_one_setting_plan(value, profile, opts.batches, context=ctx, max_batch=opts.max_batch,
+                                      output_tokens=opts.output_tokens, provenance=prov)
     else:
         plan = solve_plan(value, profile, opts.batches, context=ctx, first_is_longest=opts.engine == "tensorrt-llm",
                           min_gain=opts.min_gain, output_tokens=opts.output_tokens,

@@ -83,7 +83,7 @@ SHAPES = ("none", "chain", "envelope", "tree")
 __all__ = ["SCHEDULE_FORMAT", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
            "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "check_output_tokens",
            "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
-           "max_draft_measured", "plan_from_ranges", "merge_ranges"]
+           "max_draft_measured", "plan_from_ranges", "solve_one_setting_plan", "merge_ranges"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -823,6 +823,55 @@ def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, p
                                f"(T(b, n) up to n = {top + 1})")
         out.append(_predict(value, setting, b, curve, context, interval, output_tokens))
     return out
+
+
+def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] | None = None, *,
+                           context: int | None = None, max_batch: int | None = None,
+                           output_tokens: int | None = None, provenance: Mapping[str, Any] | None = None) -> Plan:
+    """The plan of an engine that runs one speculative setting per server and can only turn it off above a
+    concurrency (TensorRT-LLM's EAGLE-3 dynamic tree with ``max_concurrency``): ranges ``(1, c, s)`` then
+    ``(c + 1, last, none)``, or plain decoding everywhere. Every candidate setting ``s`` of ``value`` and every cut
+    ``c`` at a measured batch size is scored by the mean, over the batch sizes, of its predicted total tokens/s as
+    a share of the best any setting reaches there (so that large batch sizes do not outweigh small ones); the best
+    scoring pair is the plan (:func:`plan_from_ranges`), with a note of its share.
+
+    Raises:
+        ProfileError: as :func:`solve_plan`.
+    """
+    bs = sorted(batches if batches is not None else profile.batches)
+    if not bs:
+        raise ProfileError("no batch size to solve")
+    last = int(max_batch) if max_batch is not None else bs[-1]
+    if last < bs[-1]:
+        raise ProfileError(f"max_batch {last} is below the largest batch size solved ({bs[-1]})")
+    none = SpecSetting.none()
+    table: dict[SpecSetting, list[float]] = {}
+    for st in value.settings():
+        row = []
+        for b in bs:
+            curve = profile.curve(b)
+            row.append(b * _predict(value, st, b, curve, context, None, output_tokens).tokens_per_s_per_request)
+        table[st] = row
+    best = [max(col) for col in zip(*table.values())]
+    share = lambda row: sum(x / m for x, m in zip(row, best)) / len(bs)  # noqa: E731
+    plain = table[none]
+    choice, score = [(1, last, none)], share(plain)
+    for st, row in table.items():
+        if not st.speculates:
+            continue
+        for c in range(len(bs)):  # speculate at bs[0..c], plain above
+            mixed = row[: c + 1] + plain[c + 1:]
+            if share(mixed) > score + 1e-12:
+                hi = last if c + 1 == len(bs) else bs[c + 1] - 1
+                choice = [(1, hi, st)] + ([(hi + 1, last, none)] if hi < last else [])
+                score = share(mixed)
+    plan = plan_from_ranges(choice, value, profile, bs, context=context, output_tokens=output_tokens,
+                            provenance=provenance)
+    plan.notes.insert(0, f"one setting per server ({choice[0][2].label}"
+                      + (f", none above batch {choice[0][1]}" if len(choice) > 1 else "")
+                      + f"): its predicted tokens/s are {100 * score:.1f} % of the best setting's at each batch size, "
+                      "on average")
+    return plan
 
 
 def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, profile: BatchLatencyProfile,
