@@ -288,7 +288,8 @@ def test_batch_table_loads_and_refuses(tmp_path):
                       (good.replace("target_ms", "t_ms"), "the header must start batch,tokens,target_ms"),
                       (good.replace("8,4,14,0.6,0.3", "8,4,14,0.6,0.4"), "batch 8 gives two overheads"),
                       (good.replace("1,4,9", "1,4,-9"), "target_ms > 0"),
-                      (good.replace("overhead_ms", "draft_ms"), "the header names draft_ms twice")]:
+                      (good.replace("overhead_ms", "draft_ms"), "the header names draft_ms twice"),
+                      (good.replace("1,1,8", "1,2,8").replace("8,1,9", "8,2,9"), "the table has no tokens = 1 rows")]:
         (tmp_path / "b.csv").write_text(text)
         with pytest.raises(ProfileError, match=msg):
             load_batch_table(tmp_path / "b.csv")
@@ -425,6 +426,7 @@ def test_tune_solves_every_batch_size_the_table_has_and_says_what_max_batch_carr
     (["--release", "0.23.0"], "vLLM 0.23.0 has no num_speculative_tokens_per_batch_size"),
     (["--release", "banana"], "is not a vllm version"),
     (["--shape", "envelope"], "values EAGLE envelopes by a calibration profile"),
+    (["--calibration", "."], "--calibration .: a folder, not a file"),
 ])
 def test_tune_refusals_write_nothing(tmp_path, args, msg):
     table, acc = _files(tmp_path)
@@ -498,16 +500,21 @@ def test_acceptance_from_traces_reads_runs_by_depth(tmp_path):
     ([[1, 8, 2], [6, 64, 0]], "overlaps the previous one"),
     ([[1, 4, 2], [9, 64, 0]], "batch sizes 5..8 are in no range"),
     ([[1, 8, 12], [9, 64, 0]], "chain:12 at batch 1 is past what latency profile"),
+    ([[1, 8, 3], [9, 64, 0]], "batch sizes 1-8 run K = 3, past the chains valued here (K <= 2: raise --max-draft"),
+    ([[1, 8, "envelope"], [9, 64, 0]], "batch sizes 1-8 run eagle:s2-k2-n5, an envelope, but tune values chains here "
+                                       "(--shape envelope --calibration FILE values envelopes)"),
 ])
 def test_tune_refuses_bad_plans_in_one_line_writing_nothing(tmp_path, ranges, msg):
     table, acc = _files(tmp_path)
+    env = {"shape": "envelope", "steps": 2, "topk": 2, "draft_tokens": 5}
     doc = {"format": "treeopt-schedule/1", "ranges": [
-        {"batch_range": [lo, hi], "setting": {"shape": "chain", "draft_tokens": k} if k else {"shape": "none"}}
-        for lo, hi, k in ranges]}
+        {"batch_range": [lo, hi], "setting": env if k == "envelope" else {"shape": "chain", "draft_tokens": k} if k
+         else {"shape": "none"}} for lo, hi, k in ranges]}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
     out, sched = tmp_path / "out.json", tmp_path / "s.yaml"
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
-                              "--plan", str(tmp_path / "p.yaml"), "-o", str(out), "--schedule", str(sched)])
+                              "--plan", str(tmp_path / "p.yaml"), "-o", str(out), "--schedule", str(sched),
+                              "--max-draft", "2"])
     assert res.exit_code == 2 and msg in res.output, res.output
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
     assert not out.exists() and not sched.exists()

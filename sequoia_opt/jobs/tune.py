@@ -166,7 +166,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     for name, path in (("--latency", opts.latency), ("--acceptance", opts.acceptance),
                        ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
-            raise TreeoptError(f"{name} {path}: no such file")
+            raise TreeoptError(f"{name} {path}: " + ("a folder, not a file" if Path(path).is_dir() else "no such file"))
     if opts.latency is not None and opts.given_latency is None:  # read once (the CLI checks, then tune checks
         # again): a file none of the loaders takes is one line before any work
         opts.given_latency = load_given_latency(Path(opts.latency), opts.context)
@@ -485,6 +485,11 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             labels = {"target": measured.get("target"),
                       "drafter": measured.get("draft") if opts.draft is None else spec.label}
     ctx = None if opts.engine in GPU_ENGINES else opts.context
+    if ctx is not None:  # a profile measured at shorter contexts than --context: say which option and value fit
+        largest = min(max(profile.curve(b).contexts) for b in opts.batches)
+        if ctx > largest:
+            raise TreeoptError(f"--context {ctx}: the latency profile {profile.id!r} measured contexts up to {largest} "
+                               f"tokens; pass --context {largest} (or measure it at {ctx})")
     if opts.shape == "envelope":
         from ..profiles.calibration import load_calibration
 
@@ -520,6 +525,17 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     prov = {k: v for k, v in prov.items() if v is not None}
     if opts.plan is not None:
         sched = load_schedule(opts.plan, profile=profile, context=ctx)  # K past the profile: one line
+        for lo, hi, st in sched.ranges:  # a setting this value model cannot price: named by file, range, option
+            if st.speculates and st.shape != value.shape:
+                hint = (" (--shape envelope --calibration FILE values envelopes)" if st.shape == "envelope"
+                        else " (--shape chain values chains)" if st.shape == "chain" else "")
+                article = "an" if st.shape[0] in "aeiou" else "a"
+                raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run {st.label}, {article} {st.shape}, but "
+                                   f"tune values {value.shape}s here{hint}")
+            if st.shape == "chain" and st.draft_tokens > value.max_draft:
+                raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run K = {st.draft_tokens}, past the chains "
+                                   f"valued here (K <= {value.max_draft}: raise --max-draft, or measure longer "
+                                   "chains)")
         plan = plan_from_ranges(sched.ranges, value, profile, opts.batches, context=ctx,
                                 output_tokens=opts.output_tokens, provenance={**prov, "given_plan": str(opts.plan)})
         done["plan"] = f"given: {opts.plan}"

@@ -228,6 +228,9 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
         raise ProfileError(f"{p}: the T(b, n) table has a header and no rows")
     first = min(table)
     grid = sorted(table[first])
+    if grid[0] != 1:
+        raise ProfileError(f"{p}: the table has no tokens = 1 rows: plain decoding's step is T(b, 1), which every "
+                           "prediction is compared with (add a row per batch size with tokens 1)")
     for b in sorted(table):
         missing = sorted(set(table[first]) - set(table[b]))
         extra = sorted(set(table[b]) - set(table[first]))
