@@ -173,7 +173,7 @@ def profile_gpu(name: str, model: str, *, contexts: Sequence[int], token_counts:
                         paired=paired)
     if device_name is None:
         device_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    config = model_config or ModelConfig(vocab_size=1, dim=1, n_layers=1, n_heads=1, n_kv_heads=1,
+    config = model_config or ModelConfig(vocab_size=1, dim=2, n_layers=1, n_heads=1, n_kv_heads=1,
                                          intermediate_size=1, name=Path(model).name)
     slug = "cuda-" + "".join(ch if ch.isalnum() else "-" for ch in device_name.lower()).strip("-")[:40]
     return build_latency_profile(
