@@ -115,9 +115,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
-    """Write several files (UTF-8) as one unit, replacing what is there: every temporary file is made and written
-    in its destination folder before the first is renamed over its path, so a folder that refuses a file, or a
-    failing write, leaves every path as it was. Returns the paths in the order given.
+    """Write several files (UTF-8), replacing what is there: every temporary file is made and written in its
+    destination folder before the first is renamed over its path, so a folder that refuses a file, or a failing
+    write, leaves every path as it was (a failure in the renames themselves, after every write succeeded, can
+    leave some replaced). Returns the paths in the order given.
 
     Raises:
         OutputError: two entries for one path, or as :func:`atomic_write_bytes` (one line naming the path).

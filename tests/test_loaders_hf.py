@@ -241,7 +241,8 @@ def test_hf_rope_parameters_llama3_equals_legacy_rope_scaling(tmp_path):
     # another model
     (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
     (dict(head_dim=15), "head_dim 15 is odd"),
-    (dict(sliding_window=0), "sliding_window = 0 must be a positive integer"),
+    (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=0),
+     "sliding_window = 0 must be a positive integer"),
 ])
 def test_hf_unsupported_setting_refused_in_one_line(tmp_path, changes, message):
     _, out = saved(tmp_path)
@@ -299,7 +300,9 @@ def test_config_refuses_architectures_that_only_share_a_prefix(model_type, archs
     (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None), 64),
     (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], sliding_window=8), 64),  # off unless asked
     (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], sliding_window=8, use_sliding_window=True), 8),
-    (dict(sliding_window=16), 16),
+    (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], sliding_window=8, use_sliding_window=True,
+          max_window_layers=99), 64),  # no layer at or above max_window_layers slides
+    (dict(sliding_window=16), 64),  # transformers' Llama ignores the key
 ])
 def test_a_sliding_window_caps_the_context(tmp_path, changes, context):
     """Full causal attention equals sliding-window attention for sequences within the window: the context is capped
@@ -315,3 +318,6 @@ def test_a_config_without_rms_norm_eps_reads_transformers_default_and_is_named_b
     cfg = load_model_config(out)
     assert cfg.norm_eps == 1e-6  # LlamaConfig / MistralConfig / Qwen2Config default
     assert cfg.name == out.name and load_checkpoint(out)[0].config.name == out.name
+    assert load_model_config(out / "config.json").name == out.name  # its folder's
+    (tmp_path / "smollm2-135m.json").write_text((out / "config.json").read_text())
+    assert load_model_config(tmp_path / "smollm2-135m.json").name == "smollm2-135m"  # saved under its own name

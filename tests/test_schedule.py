@@ -1041,9 +1041,9 @@ def test_tune_envelopes_are_scored_within_the_measured_curve(tmp_path):
                               str(cal), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert any(n.startswith("EAGLE envelopes up to 4 draft tokens (root included)") for n in doc["notes"])
-    envs = [r["setting"] for r in doc["schedule"]["ranges"] if r["setting"]["shape"] == "envelope"]
-    assert all(e["draft_tokens"] <= 4 for e in envs)
+    assert any(n.startswith("EAGLE envelopes verifying up to 4 tokens (root included)") for n in doc["notes"])
+    scored = {c["setting"] for r in doc["schedule"]["by_batch"] for c in r["candidates"]} - {"none"}
+    assert scored and all(int(label.rsplit("-n", 1)[1]) <= 4 for label in scored), scored  # n: tokens verified
     table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n1,1,10,1,0.5\n8,1,12,1,0.5\n")
     res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "--shape", "envelope", "--calibration",
                               str(cal)])
@@ -1088,3 +1088,6 @@ def test_tune_tensorrt_llm_envelope_solves_one_tree_per_server_and_exports_it(tm
     chosen = plan.ranges[0].setting
     cut = 2 if len(plan.ranges) == 1 else {1: 0, 8: 1}[max(b for b in (1, 8, 64) if b <= plan.ranges[0].hi)]
     assert share[(chosen, cut)] == pytest.approx(top)
+    # a bar no envelope clears: plain decoding everywhere (min_gain was ignored on this path)
+    plan = solve_one_setting_plan(value, profile, min_gain=9.0)
+    assert [(r.lo, r.hi, r.setting.label) for r in plan.ranges] == [(1, 64, "none")]

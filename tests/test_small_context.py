@@ -48,7 +48,7 @@ def test_a_loop_past_the_context_is_refused_before_measuring(tmp_path):
     r = _latency(target, draft, out, 48)  # 48 + 1 + 2 + 8 + 1 + 16 = 76 > 64
     assert r.exit_code == 2
     line = r.output.strip().splitlines()[-1]
-    assert ("decodes 76 positions, past the target model's context of 64 tokens: lower --context to 36" in line
+    assert ("decodes 76 positions, past the target model's context of 64 tokens: lower --context to 36 or --max-tokens" in line
             and "--no-loop" in line), r.output
     assert not out.exists()
     r = CliRunner().invoke(app, ["profile", "latency", "-t", str(target), "--draft", str(draft), "--context", "48",

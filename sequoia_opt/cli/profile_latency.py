@@ -181,15 +181,11 @@ def profile_latency(
         if max(contexts) + widest > limit:
             raise TreeoptError(f"--context {max(contexts)} + {widest} tokens exceeds the {what} model's context of "
                                f"{limit} tokens: lower --context, --max-tokens or --max-draft-tokens")
-    if loop and drafter is not None:  # the loop's steps decode past the context: refused now, not after T(n)
-        from ..profiling.steps import loop_positions
+    if loop and drafter is not None and not offload:  # the loop would decode past the context: refused now
+        from ..profiling.steps import check_loop_fits
 
-        need = loop_positions(max(contexts), max(grid))
-        if need > positions[0][0]:
-            raise TreeoptError(f"timing the decoding loop at --context {max(contexts)} with trees up to {max(grid)} "
-                               f"tokens decodes {need} positions, past the target model's context of "
-                               f"{positions[0][0]} tokens: lower --context to {max(contexts) - (need - positions[0][0])}"
-                               " or --max-tokens (or add --no-loop)")
+        check_loop_fits(max(contexts), max(grid), positions[0][0], model="the target model",
+                        fixes="--max-tokens (or add --no-loop)")
     if batches is not None or offload:
         from .profile_batch import profile_latency_batch_or_offload
 

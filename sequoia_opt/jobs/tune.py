@@ -499,15 +499,23 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         grid = setting_grid(cal, policies=("eagle",))
         top = max_draft_measured(profile, opts.batches, ctx) + 1  # the most tokens every batch's curve prices
         fits = [s for s in grid if s.budget <= top]
-        if opts.engine == "tensorrt-llm":  # its rule: max_draft_len <= max_total_draft_tokens <= topK * max_draft_len
-            fits = [s for s in fits if s.steps <= s.budget - 1 <= s.topk * s.steps]
         if not fits:
             raise TreeoptError(f"the latency profile measured T(b, n) up to n = {top} tokens at every batch size, "
                                f"and the smallest EAGLE envelope verifies {min(s.budget for s in grid)}: measure "
                                "larger n (or tune chains: --shape chain)")
         if len(fits) < len(grid):
-            notes.append(f"EAGLE envelopes up to {top} draft tokens (root included): the latency profile measured "
-                         f"T(b, n) up to n = {top}; {len(grid) - len(fits)} larger envelopes were not scored")
+            notes.append(f"EAGLE envelopes verifying up to {top} tokens (root included), as far as the latency "
+                         f"profile measured T(b, n): {len(grid) - len(fits)} larger ones were not scored")
+        if opts.engine == "tensorrt-llm":  # its rule: max_draft_len <= max_total_draft_tokens <= topK * max_draft_len
+            kept = [s for s in fits if s.steps <= s.budget - 1 <= s.topk * s.steps]
+            if not kept:
+                raise TreeoptError("no EAGLE envelope of the calibration profile within the measured T(b, n) meets "
+                                   "TensorRT-LLM's rule (max_draft_len <= max_total_draft_tokens <= "
+                                   "dynamic_tree_max_topK * max_draft_len)")
+            if len(kept) < len(fits):
+                notes.append(f"{len(fits) - len(kept)} envelopes left out: TensorRT-LLM's rule refuses them "
+                             "(max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len)")
+            fits = kept
         value = EnvelopeValue(cal, fits)
         done["calibration"] = f"given: {opts.calibration}"
     else:
@@ -541,7 +549,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         done["plan"] = f"given: {opts.plan}"
     elif opts.engine == "tensorrt-llm" and opts.shape == "envelope":  # one dynamic tree per server
         plan = solve_one_setting_plan(value, profile, opts.batches, context=ctx, max_batch=opts.max_batch,
-                                      output_tokens=opts.output_tokens, provenance=prov)
+                                      min_gain=opts.min_gain, output_tokens=opts.output_tokens, provenance=prov)
     else:
         plan = solve_plan(value, profile, opts.batches, context=ctx, first_is_longest=opts.engine == "tensorrt-llm",
                           min_gain=opts.min_gain, output_tokens=opts.output_tokens,
@@ -672,13 +680,10 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
         if path is None:
             return default
         grid = token_grid(want_k)
-        from ..profiling.steps import loop_positions
+        from ..profiling.steps import check_loop_fits
 
-        limit, need = pair.target.config.max_position_embeddings, loop_positions(opts.context, max(grid))
-        if need > limit:  # the loop's timed steps would decode past the target's context
-            raise TreeoptError(f"timing the decoding loop at --context {opts.context} with chains up to K = {want_k} "
-                               f"decodes {need} positions, past {pair.target_name}'s context of {limit} tokens: "
-                               f"lower --context to {max(0, opts.context - (need - limit))} (or --max-draft)")
+        check_loop_fits(opts.context, max(grid), pair.target.config.max_position_embeddings, model=pair.target_name,
+                        fixes=f"--max-draft (chains up to K = {want_k} here)")
         prof = profile_batches(pair.target, pair.draft, opts.batches, grid, [1, 2], [opts.context],
                                target_name=pair.target_name, draft_name=pair.draft_name,
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,

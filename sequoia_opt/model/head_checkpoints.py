@@ -197,7 +197,7 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
             vocab_size=Vd, dim=H, n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=_int(cfg, "num_key_value_heads", path, n_heads),
             intermediate_size=_int(cfg, "intermediate_size", path), head_dim=int(cfg.get("head_dim") or 0),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), rope_theta=theta, rope_scaling=scaling,
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
             max_position_embeddings=_int(cfg, "max_position_embeddings", path, 2048),
             attention_bias=bool(cfg.get("attention_bias", False)), name=str(cfg.get("_name_or_path") or kind))
     except CheckpointError as err:

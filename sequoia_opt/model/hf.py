@@ -51,8 +51,9 @@ def load_hf_config(path: str | os.PathLike) -> ModelConfig:
     Raises :class:`CheckpointError` (missing file or key, unsupported architecture)."""
     path = Path(path)
     is_file = path.suffix.lower() == ".json"
-    return ModelConfig.from_hf(_read_json(path if is_file else path / CONFIG_FILE),
-                               name=(path.parent if is_file else path).resolve().name)
+    # a folder's (or its config.json's) name is the folder's; a config saved under its own name, that name
+    name = (path.stem if path.name != CONFIG_FILE else path.resolve().parent.name) if is_file else path.resolve().name
+    return ModelConfig.from_hf(_read_json(path if is_file else path / CONFIG_FILE), name=name)
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:

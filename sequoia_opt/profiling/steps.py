@@ -141,6 +141,21 @@ def loop_positions(context: int, largest_tree: int, *, steps: int = 8, warmup: i
     return int(context) + 1 + int(warmup) + int(steps) + 1 + int(largest_tree)
 
 
+def check_loop_fits(context: int, largest_tree: int, model_context: int, *, model: str, fixes: str) -> None:
+    """Refuse (ProfileError, one line) timing the loop at ``context`` with trees up to ``largest_tree`` tokens on a
+    model whose context is ``model_context`` tokens, when :func:`loop_positions` passes it; the line names the
+    ``--context`` that fits and ``fixes`` (the caller's other options)."""
+    from ..errors import ProfileError
+
+    need = loop_positions(context, largest_tree)
+    if need > model_context:
+        fit = context - (need - model_context)
+        lower = f"lower --context to {fit}" if fit >= 0 else "lower --context"
+        raise ProfileError(f"timing the decoding loop at --context {context} with trees up to {largest_tree} tokens "
+                           f"decodes {need} positions, past {model}'s context of {model_context} tokens: {lower} "
+                           f"or {fixes}")
+
+
 def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
               policy: str = "static", steps: int = 8, warmup: int = 2, rounds: int = 2, seed: int = 0,
               progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None,

@@ -826,18 +826,22 @@ def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, p
 
 
 def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] | None = None, *,
-                           context: int | None = None, max_batch: int | None = None,
+                           context: int | None = None, max_batch: int | None = None, min_gain: float = 0.0,
                            output_tokens: int | None = None, provenance: Mapping[str, Any] | None = None) -> Plan:
     """The plan of an engine that runs one speculative setting per server and can only turn it off above a
     concurrency (TensorRT-LLM's EAGLE-3 dynamic tree with ``max_concurrency``): ranges ``(1, c, s)`` then
     ``(c + 1, last, none)``, or plain decoding everywhere. Every candidate setting ``s`` of ``value`` and every cut
     ``c`` at a measured batch size is scored by the mean, over the batch sizes, of its predicted total tokens/s as
-    a share of the best any setting reaches there (so that large batch sizes do not outweigh small ones); the best
-    scoring pair is the plan (:func:`plan_from_ranges`), with a note of its share.
+    a share of the best any setting reaches there (so that large batch sizes do not outweigh small ones); a pair is
+    a candidate only where ``s`` beats plain decoding by more than ``min_gain`` (:func:`solve_plan`'s) at every
+    batch size it covers. The best scoring pair is the plan (:func:`plan_from_ranges`), with a note of its share.
+    An engine's own rule on which settings it takes is the caller's to apply to ``value``'s settings.
 
     Raises:
         ProfileError: as :func:`solve_plan`.
     """
+    check_min_gain(min_gain)
+    min_gain = float(min_gain)
     bs = sorted(batches if batches is not None else profile.batches)
     if not bs:
         raise ProfileError("no batch size to solve")
@@ -846,7 +850,7 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
         raise ProfileError(f"max_batch {last} is below the largest batch size solved ({bs[-1]})")
     none = SpecSetting.none()
     table: dict[SpecSetting, list[float]] = {}
-    for st in value.settings():
+    for st in dict.fromkeys([none, *value.settings()]):  # plain decoding scored even where value leaves it out
         row = []
         for b in bs:
             curve = profile.curve(b)
@@ -860,6 +864,8 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
         if not st.speculates:
             continue
         for c in range(len(bs)):  # speculate at bs[0..c], plain above
+            if row[c] <= plain[c] * (1.0 + min_gain):  # past here it does not clear the bar
+                break
             mixed = row[: c + 1] + plain[c + 1:]
             if share(mixed) > score + 1e-12:
                 hi = last if c + 1 == len(bs) else bs[c + 1] - 1
