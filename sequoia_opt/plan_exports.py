@@ -413,6 +413,12 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
                 warnings=tuple(warnings))
 
 
+def trtllm_takes_envelope(steps: int, topk: int, draft_tokens: int) -> bool:
+    """TensorRT-LLM's rule for an EAGLE-3 dynamic tree: ``max_draft_len`` (steps) <= ``max_total_draft_tokens``
+    (``draft_tokens``, the root excluded) <= ``dynamic_tree_max_topK`` x ``max_draft_len``."""
+    return steps <= draft_tokens <= topk * steps
+
+
 def _export_trtllm_envelope(ranges, releases, checked, warnings):
     spec = [(lo, hi, s) for lo, hi, s in ranges if s.speculates]
     for lo, hi, s in ranges:
@@ -425,7 +431,7 @@ def _export_trtllm_envelope(ranges, releases, checked, warnings):
                               f"{lo}-{hi} and {', '.join(sorted(others))} elsewhere: solve one envelope for every "
                               "batch size, or export per-range configs to run separate servers")
     total = s.draft_tokens
-    if not (s.steps <= total <= s.topk * s.steps):
+    if not trtllm_takes_envelope(s.steps, s.topk, total):
         raise PlanExportError(f"max_total_draft_tokens {total} must lie in [max_draft_len {s.steps}, "
                               f"dynamic_tree_max_topK * max_draft_len {s.topk * s.steps}]")
     cfg = {"decoding_type": "Eagle3", "max_draft_len": s.steps, "speculative_model": "<your EAGLE-3 checkpoint>",

@@ -22,14 +22,12 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     """Every check first (one line, exit 2), then one :func:`choose` per batch size, the table and the plan."""
     from .. import exports
     from ..profiles import load_acceptance, warn_on_mismatch
-    from ..profiles.batch import load_batch_latency, parse_batches
+    from ..profiles.batch import check_starts_at_one, load_batch_latency, parse_batches
     from ..solver.batch import choose_per_batch, plan_document, save_plan
     from ..solver.depth import solve_profile
 
     batches = parse_batches(batch)
-    if batches[0] != 1:  # the plan's first range starts at one live request (tree_for_batch(1) must answer)
-        raise SolverError(f"--batch {batch} lacks batch size 1: a plan's first range starts at one live request, so "
-                          "its tree must be solved there (include 1)")
+    check_starts_at_one(batches, f"--batch {batch}")  # tree_for_batch(1) must answer
     if latency is None:
         raise SolverError("--batch chooses a tree per batch size from T(b, n): pass --latency PROFILE "
                           "(treeopt profile latency --batch 1,2,4,...)")

@@ -176,11 +176,12 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     if any(int(b) < 1 for b in opts.batches) or not opts.batches:
         raise TreeoptError("--batches takes batch sizes >= 1, e.g. 1,2,4,8,16")
     opts.batches = sorted({int(b) for b in opts.batches})
-    if opts.plan is None and opts.batches[0] != 1:  # a plan's first range starts at one live request
-        where = (f"--batches {','.join(map(str, opts.batches))}" if opts.given_latency is None or batches_given
-                 else f"the latency table {opts.latency} (batch sizes {','.join(map(str, opts.batches))})")
-        raise TreeoptError(f"{where} lacks batch size 1: a plan's first range starts at one live request, so its "
-                           "setting must be solved there (measure T(1, n) and include 1)")
+    if opts.plan is None:  # a given plan brings its own ranges from 1
+        from ..profiles.batch import check_starts_at_one
+
+        bs = ",".join(map(str, opts.batches))
+        check_starts_at_one(opts.batches, f"--batches {bs}" if opts.given_latency is None or batches_given
+                            else f"the latency table {opts.latency} (batch sizes {bs})")
     if opts.max_draft is not None and opts.max_draft < 1:
         raise TreeoptError(f"--max-draft must be at least 1, got {opts.max_draft}")
     if opts.max_batch is not None and opts.max_batch < max(opts.batches):
@@ -507,7 +508,9 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             notes.append(f"EAGLE envelopes verifying up to {top} tokens (root included), as far as the latency "
                          f"profile measured T(b, n): {len(grid) - len(fits)} larger ones were not scored")
         if opts.engine == "tensorrt-llm":  # its rule: max_draft_len <= max_total_draft_tokens <= topK * max_draft_len
-            kept = [s for s in fits if s.steps <= s.budget - 1 <= s.topk * s.steps]
+            from ..plan_exports import trtllm_takes_envelope
+
+            kept = [s for s in fits if trtllm_takes_envelope(s.steps, s.topk, s.budget - 1)]
             if not kept:
                 raise TreeoptError("no EAGLE envelope of the calibration profile within the measured T(b, n) meets "
                                    "TensorRT-LLM's rule (max_draft_len <= max_total_draft_tokens <= "

@@ -251,9 +251,10 @@ PRESETS: dict[str, ModelConfig] = {
 def _hf_context(cfg: dict[str, Any]) -> int:
     """The context treeopt decodes a Hugging Face config at: ``max_position_embeddings`` (2048 when absent), capped
     at the sliding attention window when one applies (Mistral's ``sliding_window``; Qwen2's when
-    ``use_sliding_window`` and some layer is at or above ``max_window_layers``; Llama ignores the key). treeopt's attention is full causal; within the window it equals the model's sliding
-    attention exactly, so decoding is refused past the window (a too-long prompt gets the context error) rather
-    than run with the wrong attention. Raises CheckpointError for a window that is not a positive integer."""
+    ``use_sliding_window`` and some layer is at or above ``max_window_layers``; Llama ignores the key). treeopt's
+    attention is full causal; within the window it equals the model's sliding attention exactly, so decoding is
+    refused past the window (a too-long prompt gets the context error) rather than run with the wrong attention.
+    Raises CheckpointError for a window that is not a positive integer."""
     try:
         context = int(cfg.get("max_position_embeddings", 2048))
     except (TypeError, ValueError):
@@ -265,8 +266,8 @@ def _hf_context(cfg: dict[str, Any]) -> int:
     window = cfg.get("sliding_window", 4096 if mistral else None)  # transformers' defaults
     n_layers, from_layer = cfg.get("num_hidden_layers"), cfg.get("max_window_layers")
     # transformers' Llama ignores the key; Qwen2 slides only with use_sliding_window, from layer max_window_layers
-    applies = mistral or (qwen2 and bool(cfg.get("use_sliding_window", False))
-                          and not (isinstance(from_layer, int) and isinstance(n_layers, int) and from_layer >= n_layers))
+    no_layer_slides = isinstance(from_layer, int) and isinstance(n_layers, int) and from_layer >= n_layers
+    applies = mistral or (qwen2 and bool(cfg.get("use_sliding_window", False)) and not no_layer_slides)
     if window is None or not applies:
         return context
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:

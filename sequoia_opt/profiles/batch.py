@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -45,7 +45,7 @@ from .latency import LatencyCurve
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
 
 __all__ = ["BATCH_LATENCY_FORMAT", "BatchLatencyProfile", "load_batch_latency", "save_batch_latency",
-           "parse_batches", "load_batch_table"]
+           "parse_batches", "check_starts_at_one", "load_batch_table"]
 
 
 def parse_batches(text: str, option: str = "--batch") -> list[int]:
@@ -66,6 +66,15 @@ def parse_batches(text: str, option: str = "--batch") -> list[int]:
     if not out:
         raise ProfileError(f"{option} needs at least one batch size, e.g. 1,2,4,8")
     return sorted(set(out))
+
+
+def check_starts_at_one(batches: Sequence[int], where: str) -> None:
+    """Raise ProfileError (one line naming ``where``: the option or table the batch sizes came from) unless the
+    ascending ``batches`` start at 1: a plan's first range starts at one live request, so its setting is solved
+    there."""
+    if batches[0] != 1:
+        raise ProfileError(f"{where} lacks batch size 1: a plan's first range starts at one live request, so its "
+                           "setting must be solved there (measure T(1, n) and include 1)")
 
 
 @dataclass(frozen=True)

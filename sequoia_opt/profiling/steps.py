@@ -101,6 +101,8 @@ DEFAULT_REL_SE = 0.02
 #: the most rounds a latency profile times the loop's step in at one batch size (``max_rounds`` of the batch
 #: profilers, treeopt's and llama.cpp's): a size gets more rounds until its step ratio is known to 2 %
 LOOP_MAX_ROUNDS = 6
+#: :func:`time_loop`'s timed and untimed step pairs per size and round (what :func:`loop_positions` counts)
+LOOP_STEPS, LOOP_WARMUP = 8, 2
 
 
 def round_rel_se(round_medians: Sequence[float]) -> float:
@@ -134,7 +136,7 @@ def ratio_rel_se(xs: Sequence[float]) -> float:
     return 1.2533 * 1.4826 * mad / (len(xs) ** 0.5) / med
 
 
-def loop_positions(context: int, largest_tree: int, *, steps: int = 8, warmup: int = 2) -> int:
+def loop_positions(context: int, largest_tree: int, *, steps: int = LOOP_STEPS, warmup: int = LOOP_WARMUP) -> int:
     """Positions :func:`time_loop` decodes into at ``context`` with trees up to ``largest_tree`` tokens: the prompt
     (``context + 1`` tokens), ``warmup + steps + 1`` plain steps, and room for the largest tree at the last step.
     A model whose context is shorter clips the large trees' last steps (and refuses a prompt past it)."""
@@ -157,8 +159,8 @@ def check_loop_fits(context: int, largest_tree: int, model_context: int, *, mode
 
 
 def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
-              policy: str = "static", steps: int = 8, warmup: int = 2, rounds: int = 2, seed: int = 0,
-              progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None,
+              policy: str = "static", steps: int = LOOP_STEPS, warmup: int = LOOP_WARMUP, rounds: int = 2,
+              seed: int = 0, progress: ProgressFn | None = None, make_plain: Callable[[], Decoder] | None = None,
               rows: int = 1, prompts: Sequence[Sequence[int]] | None = None, max_rounds: int | None = None,
               rel_se: float = DEFAULT_REL_SE) -> LoopTable:
     """Time the loop's steps at every tree size (module docstring), each alternated step by step with a plain

@@ -701,8 +701,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
             raise ProfileError(f"draft length {value.max_draft} is past what latency profile {profile.id!r} measured "
                                f"at batch {b} (T(b, n) up to n = {top + 1}, so K <= {top}); lower --max-draft or "
                                "profile more tokens")
-    if max_batch is not None and max_batch < batches[-1]:
-        raise ProfileError(f"--max-batch {max_batch} is below the largest batch size solved ({batches[-1]})")
+    last = _last_batch(batches, max_batch)
     check_min_gain(min_gain)
     check_output_tokens(output_tokens)
     rows: list[BatchRow] = []
@@ -719,7 +718,6 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
         rows.append(BatchRow(b, best, plain, tuple(cands)))
         if first_is_longest and cap is None:
             cap = best.setting.draft_tokens
-    last = max_batch if max_batch is not None else batches[-1]
     best_at = {r.batch: r.best for r in rows}
     ranges = [Range(lo, hi, s, best_at[lo]) for lo, hi, s in merge_ranges([(r.batch, r.best.setting) for r in rows],
                                                                             last)]
@@ -760,6 +758,14 @@ def merge_ranges(best: Sequence[tuple[int, Any]], last: int) -> list[tuple[int, 
         if not starts or starts[-1][1] != s:
             starts.append((int(b), s))
     return [(lo, (starts[i + 1][0] - 1) if i + 1 < len(starts) else int(last), s) for i, (lo, s) in enumerate(starts)]
+
+
+def _last_batch(batches: Sequence[int], max_batch: int | None) -> int:
+    """Where a plan's last range ends: ``max_batch``, else the largest batch size solved (``batches`` ascending).
+    Raises ProfileError for a ``max_batch`` below that."""
+    if max_batch is not None and max_batch < batches[-1]:
+        raise ProfileError(f"--max-batch {max_batch} is below the largest batch size solved ({batches[-1]})")
+    return int(max_batch) if max_batch is not None else int(batches[-1])
 
 
 def range_value(ranges: Sequence[tuple[int, int, Any]], batch: int) -> Any:
@@ -845,9 +851,7 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
     bs = sorted(batches if batches is not None else profile.batches)
     if not bs:
         raise ProfileError("no batch size to solve")
-    last = int(max_batch) if max_batch is not None else bs[-1]
-    if last < bs[-1]:
-        raise ProfileError(f"max_batch {last} is below the largest batch size solved ({bs[-1]})")
+    last = _last_batch(bs, max_batch)
     none = SpecSetting.none()
     table: dict[SpecSetting, list[float]] = {}
     for st in dict.fromkeys([none, *value.settings()]):  # plain decoding scored even where value leaves it out
