@@ -169,7 +169,7 @@ def test_run_refuses_mismatched_tokenizers(workdir, tmp_path):
     save_tree(tree, Tree.chain(2))
     r = invoke("run", "--tree", tree, "--target", target, "--draft", other, "--prompts", prompts,
                "--results-dir", tmp_path / "res")
-    assert r.exit_code == 2 and "mismatched vocabularies" in r.output
+    assert r.exit_code == 2 and "mismatched tokenizers: target target (257 tokens" in r.output
 
 
 def test_run_refuses_a_missing_tree_file(workdir, tmp_path):

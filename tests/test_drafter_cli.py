@@ -16,7 +16,7 @@ from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
 
 import sequoia_opt.jobs.load as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
-from sequoia_opt.errors import TreeoptError  # noqa: E402
+from sequoia_opt.errors import CheckpointError, TreeoptError  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
 from sequoia_opt.jobs.load import DrafterSpec, check_drafter, drafter_slug, parse_drafter_spec  # noqa: E402
 from sequoia_opt.profiles import load_acceptance, load_latency  # noqa: E402
@@ -106,11 +106,15 @@ def test_check_drafter_against_the_target_config(workdir, tmp_path):
     with pytest.raises(TreeoptError, match=r"the target has 1 layer, .* it needs a target of at least 2"):
         check_drafter(parse_drafter_spec("self:1"), cfg.with_(n_layers=1))  # 'L must be in 1..0' before
     check_drafter(parse_drafter_spec(str(draft)), cfg)
+    padded = tmp_path / "padded"  # the target's tokenizer, an embedding padded to 300 rows: fitted at load
+    save_hf_checkpoint(random_model(3, vocab=300), byte_tokenizer(), padded)
+    check_drafter(parse_drafter_spec(str(padded)), cfg, target)
     other = tmp_path / "other"
-    save_hf_checkpoint(random_model(3, vocab=300), byte_tokenizer(), other)
-    with pytest.raises(TreeoptError, match="mismatched vocabularies: --draft other has vocab_size 300 .its "
-                                           "embedding rows., the target 257"):
-        check_drafter(parse_drafter_spec(str(other)), cfg)
+    save_hf_checkpoint(random_model(3, vocab=258), byte_tokenizer(extra=("<|im_end|>",)), other)
+    check_drafter(parse_drafter_spec(str(other)), cfg)  # the config alone cannot tell
+    with pytest.raises(CheckpointError, match=r"mismatched tokenizers: target target \(257 tokens, [0-9a-f]{16}\) "
+                                              r"and draft other \(258 tokens"):
+        check_drafter(parse_drafter_spec(str(other)), cfg, target)
     check_drafter(parse_drafter_spec("lookup"), cfg)  # nothing to check against a config
 
 

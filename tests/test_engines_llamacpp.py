@@ -254,6 +254,22 @@ def test_tiny_gguf_round_trip_llamacpp(tmp_path):
 
 
 @needs_llamacpp
+def test_llamacpp_pair_refuses_a_draft_padded_to_another_vocab_size(tmp_path):
+    from sequoia_opt.engines.llamacpp.models import resolve_pair
+    from sequoia_opt.model.gguf_writer import write_gguf
+    from sequoia_opt.model.hf import save_hf_checkpoint
+
+    tok = merged_tokenizer()
+    target = write_gguf(tmp_path / "t.gguf", random_model(3, std=0.1, vocab=258), tok, outtype="f32")
+    padded = tmp_path / "padded"  # the same tokenizer; treeopt's torch decoder fits it (test_padded_vocab.py)
+    save_hf_checkpoint(random_model(4, std=0.1, vocab=300), tok, padded)
+    with pytest.raises(EngineError, match=r"--draft padded has vocab_size 300 \(its embedding rows\), the target "
+                                          r"258: llama.cpp's draft here needs the target's size"):
+        resolve_pair(target, str(padded), tmp_path)
+    assert not list(tmp_path.glob("padded*.gguf"))  # refused before the draft is converted
+
+
+@needs_llamacpp
 def test_llamacpp_refuses_a_gguf_in_one_line(tmp_path, draft_gguf):
     from sequoia_opt.engines.llamacpp import LlamaCppModel, check_gguf
 

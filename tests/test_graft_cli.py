@@ -176,14 +176,14 @@ def test_profile_graft_writes_nothing_when_a_write_or_a_measurement_fails(env, t
 
 
 def test_profile_graft_bad_drafters_exit_2_before_weights_load(env, tmp_path, no_weights):
-    other = tmp_path / "other"
-    save_hf_checkpoint(random_model(3, vocab=300), byte_tokenizer(), other)
+    other = tmp_path / "other"  # another tokenizer (a padded embedding alone is fitted: test_padded_vocab.py)
+    save_hf_checkpoint(random_model(3, vocab=258), byte_tokenizer(extra=("<|im_end|>",)), other)
     base = ["profile", "graft", "--target", env["target"], "--prompts", env["prompts"], "--out-dir", tmp_path / "p"]
     _one_line_error(invoke(*base, "--draft", "lookup"), 2, "takes exactly two --draft, the light drafter then the "
                     "strong one (got 1)")
     _one_line_error(invoke(*base, "--draft", "lookup", "--draft", "lookup:1-3"), 2, "is given twice")
     _one_line_error(invoke(*base, "--draft", env["draft"], "--draft", other), 2,
-                    "mismatched vocabularies: --draft other has vocab_size 300 (its embedding rows), the target 257")
+                    "mismatched tokenizers: target target (257 tokens")
     assert not (tmp_path / "p").exists()
 
 
@@ -383,14 +383,14 @@ def _bad_trees(env, tmp_path) -> dict[str, Path]:
                                                                "strong": "smollm2-360m"})
     out["sched"] = save_scheduler(tmp_path / "sched.yaml", sched)
     other = tmp_path / "other"
-    save_hf_checkpoint(random_model(3, vocab=300), byte_tokenizer(), other)
+    save_hf_checkpoint(random_model(3, vocab=258), byte_tokenizer(extra=("<|im_end|>",)), other)
     out["other_ckpt"] = other
     return out
 
 
 @pytest.mark.parametrize("args, message", [
     (["--draft", "DRAFT", "--draft", "OTHER_CKPT", "--tree", "VOCAB"],
-     "mismatched vocabularies: --draft other has vocab_size 300 (its embedding rows), the target 257"),
+     "mismatched tokenizers: target target (257 tokens"),
     (["--draft", "lookup", "--draft", "DRAFT", "--tree", "PLAN", "--scheduler", "SCHED"],
      "was trained for strong 'smollm2-360m', not 'draft'"),
     (["--draft", "lookup", "--draft", "DRAFT", "--tree", "OTHER_NAMES"],

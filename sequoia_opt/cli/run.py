@@ -386,9 +386,10 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
         seen[key] = spec.spec
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
-    tconfig = load_model_config(Path(target) if target else default_target_path())
-    for spec in specs:  # L in range, vocabularies: from the configs, before the profiles are looked for
-        check_drafter(spec, tconfig)
+    tpath = Path(target) if target else default_target_path()
+    tconfig = load_model_config(tpath)
+    for spec in specs:  # L in range, tokenizers: before the profiles are looked for
+        check_drafter(spec, tconfig, tpath)
     plans, paths = plan_drafters(specs, acceptance, latency, target=target, device=dev, temperature=temperature,
                                   top_p=top_p, budget=budget, max_depth=max_depth, max_branching=max_branching,
                                   defaults=not drafts)

@@ -210,16 +210,16 @@ def _parse_lookup(arg: str | None, text: str) -> dict[str, Any]:
 
 
 def _check_model(spec: DrafterSpec, config: Any) -> None:
+    """A draft model's config against the target's: its folder holds one (or the bundled draft is
+    installed). Vocabulary sizes may differ (an embedding padded to another size: Qwen2.5 0.5B-3B against
+    7B-72B); the loader compares the tokenizers and fits the draft's vocabulary to the target's
+    (:func:`~sequoia_opt.jobs.load.load_drafters`, :meth:`~sequoia_opt.model.llama.Transformer.fit_vocab`)."""
     from ..model.loaders import load_model_config
 
     path = spec.path if spec.path is not None else bundled_draft_path()
     if spec.path is None and not (path / "config.json").is_file():
         raise TreeoptError(f"the bundled draft model is missing from {path} (pass --draft PATH)")
-    dcfg = load_model_config(path)
-    if dcfg.vocab_size != config.vocab_size:
-        raise TreeoptError(f"mismatched vocabularies: --draft {spec.label} has vocab_size {dcfg.vocab_size} (its "
-                           f"embedding rows), the target {config.vocab_size}; a drafter must share the target's "
-                           "tokenizer and vocabulary size (an embedding padded to another size is not supported)")
+    load_model_config(path)
 
 
 def _lookup(spec: DrafterSpec, target: Any) -> PromptLookupDrafter:
@@ -646,12 +646,19 @@ def parse_drafter_spec(spec: str | Path | DrafterSpec | None) -> DrafterSpec:
     return DrafterSpec(key if kind is not None else "model", path=path)
 
 
-def check_drafter(spec: DrafterSpec, target_config: Any) -> None:
-    """Check a drafter against the target's :class:`~sequoia_opt.model.ModelConfig` before any weights load
-    (the kind's own check: L of ``self:L`` in 1..n_layers - 1; a draft checkpoint's vocabulary size, its config
-    only, equal to the target's).
+def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path | None = None) -> None:
+    """Check a drafter against the target before any weights load: the kind's own check on the target's
+    :class:`~sequoia_opt.model.ModelConfig` (L of ``self:L`` in 1..n_layers - 1; a draft checkpoint's config
+    readable), and, with ``target_path``, a draft model's tokenizer against the target's
+    (:func:`~sequoia_opt.model.loaders.check_draft_checkpoint`: one tokenizer; embeddings may be padded to
+    different sizes).
 
     Raises:
-        TreeoptError: naming the problem (CheckpointError when the draft's config cannot be read).
+        TreeoptError: naming the problem (CheckpointError when a config or tokenizer cannot be read, or the
+            tokenizers differ).
     """
     spec.entry.check(spec, target_config)
+    if target_path is not None and spec.entry.loads_model and spec.entry.load is None:
+        from ..model.loaders import check_draft_checkpoint
+
+        check_draft_checkpoint(target_path, spec.path if spec.path is not None else bundled_draft_path())

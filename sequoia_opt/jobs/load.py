@@ -159,11 +159,11 @@ def load_pair(target_path: Path | None, draft: str | Path | DrafterSpec | None, 
 
     ``draft`` is a :class:`DrafterSpec` or a ``--draft`` text (:func:`parse_drafter_spec`: a checkpoint
     path, ``self:L`` or ``lookup[:MIN-MAX]``). Every check that needs no weights runs first: the spec, then
-    the target's and the draft's configs (:func:`check_drafter`); only then are weights loaded.
+    the target's and the draft's configs and tokenizers (:func:`check_drafter`); only then are weights loaded.
 
     Raises:
-        TreeoptError: a bad spec, L out of range, different vocabulary sizes; CheckpointError: a checkpoint
-            cannot be loaded, or the tokenizers differ (vocabulary fingerprints), before any forward pass.
+        TreeoptError: a bad spec, L out of range; CheckpointError: a checkpoint cannot be loaded, or the
+            tokenizers differ (vocabulary fingerprints), before any weights load.
     """
     return load_drafters(target_path, [draft], device=device, dtype=dtype, weights=weights, log=log)[0]
 
@@ -176,15 +176,15 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
     often it is named). Each pair's ``new_drafter`` is that drafter's factory, ``draft_name`` its label,
     ``cost_model`` its cost model.
 
-    Every check that needs no weights runs first, for every drafter: the specs
-    (:func:`parse_drafter_spec`), then the target's and the drafts' configs (:func:`check_drafter`); only
-    then are weights loaded (the target first). On a CPU in float32 the target's and each draft model's
-    linears are tuned for this machine (:func:`load_target`); ``weights`` applies to the target (a draft
-    model keeps float32).
+    Every check that needs no weights runs first, for every drafter: the specs (:func:`parse_drafter_spec`),
+    then the target's and the drafts' configs and a draft model's tokenizer (:func:`check_drafter`); only then are weights loaded (the target first; a draft model whose
+    embedding is padded to another size is fitted to the target's). On a CPU in float32 the target's and each
+    draft model's linears are tuned for this machine (:func:`load_target`); ``weights`` applies to the target
+    (a draft model keeps float32).
 
     Raises:
-        TreeoptError: no drafter, a bad spec, L out of range, different vocabulary sizes; CheckpointError: a
-            checkpoint cannot be loaded, or a draft's tokenizer differs from the target's, before any forward.
+        TreeoptError: no drafter, a bad spec, L out of range; CheckpointError: a checkpoint cannot be loaded,
+            or a draft's tokenizer differs from the target's, before any weights load.
     """
     from ..model.loaders import load_model_config, tune_loaded_model
     from ..model.tuned_linear import check_precision
@@ -196,7 +196,7 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
     tp = Path(target_path) if target_path else default_target_path()
     tconfig = load_model_config(tp)
     for spec in specs:
-        check_drafter(spec, tconfig)
+        check_drafter(spec, tconfig, tp)
     target, ttok, tname = load_target(tp, device=device, dtype=dtype, weights=weights, log=log)
     models: dict[Any, Any] = {}
     pairs = []
@@ -213,13 +213,9 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
         dp = spec.path if spec.path is not None else default_draft_path()
         key = Path(dp).resolve()
         if key not in models:
-            draft_model, dtok = load_checkpoint(dp, device=device, dtype=dtype)
+            draft_model, _ = load_checkpoint(dp, device=device, dtype=dtype)
+            draft_model.fit_vocab(target.config.vocab_size)  # tokenizers compared by check_drafter
             tune_loaded_model(draft_model, dp, log=log)
-            if ttok.fingerprint() != dtok.fingerprint() or target.config.vocab_size != draft_model.config.vocab_size:
-                raise CheckpointError(
-                    f"mismatched tokenizers: target {tp.name} ({target.config.vocab_size} tokens, "
-                    f"{ttok.fingerprint()}) and draft {dp.name} ({draft_model.config.vocab_size} tokens, "
-                    f"{dtok.fingerprint()}); speculative decoding needs a draft that shares the target's tokenizer")
             models[key] = draft_model
         pairs.append(ModelPair(target, models[key], ttok, tname, spec.label, spec))
     return pairs

@@ -174,6 +174,7 @@ class GraphedTransformer(Transformer):
         self.layers = model.layers
         self.norm = model.norm
         self.lm_head = model.lm_head
+        self.padded_logits = model.padded_logits
         self.register_buffer("inv_freq", model.inv_freq, persistent=False)
         self.train(model.training)
         self.max_tokens, self.max_graphs, self.capture_after = max_tokens, max_graphs, capture_after

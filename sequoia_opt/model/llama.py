@@ -186,6 +186,51 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
 
+    #: logit columns appended as -inf after the LM head (see :meth:`fit_vocab`); 0 for a checkpoint as loaded
+    padded_logits = 0
+
+    def fit_vocab(self, vocab_size: int) -> None:
+        """Give the model another vocabulary size, ``vocab_size`` V, in place: for a draft whose embedding is
+        padded to another size than its target's while both share one tokenizer (Qwen2.5 0.5B-3B have 151936
+        rows, 7B-72B 152064; the ids past the tokenizer's are padding, never real tokens).
+
+        V below the checkpoint's Vc: the embedding and the LM head keep their first V rows (the model can no
+        longer propose an id the target does not have). V above it: the embedding gains V - Vc zero rows (an
+        id the target emits past Vc is looked up, not out of range) and the LM head's logits gain V - Vc
+        columns of -inf, so the model never proposes them and its softmax gives them probability 0. Either
+        way ``config.vocab_size`` becomes V, forward returns (B, T, V) logits, and embeddings are untied.
+        Call it before :func:`~sequoia_opt.model.tuned_linear.tune_linears` (the LM head's shape changes).
+
+        Raises:
+            ValueError: ``vocab_size`` not a positive int; called twice.
+        """
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        if self.padded_logits or self.config.vocab_size == vocab_size:
+            if self.padded_logits:
+                raise ValueError("fit_vocab was already called on this model")
+            return
+        old = self.config.vocab_size
+        kw = dict(device=self.device, dtype=self.dtype)
+        with torch.no_grad():
+            emb = torch.zeros(vocab_size, self.config.dim, **kw)
+            keep = min(old, vocab_size)
+            emb[:keep] = self.embed_tokens.weight[:keep]
+            head = self.lm_head.weight[:keep].clone()
+        self.embed_tokens = nn.Embedding(vocab_size, self.config.dim, _weight=emb, **kw)
+        self.lm_head = Linear(self.config.dim, keep, bias=False, **kw)
+        self.lm_head.weight = nn.Parameter(head)
+        self.padded_logits = vocab_size - keep
+        self.config = self.config.with_(vocab_size=vocab_size, tie_embeddings=False)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head over the final norm's output h (B, T, dim): (B, T, V) logits, -inf in the columns
+        :meth:`fit_vocab` appended."""
+        logits = self.lm_head(h)
+        if self.padded_logits:
+            logits = F.pad(logits, (0, self.padded_logits), value=float("-inf"))
+        return logits
+
     @property
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
@@ -271,7 +316,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], cache_slots, prefix_len, tree_mask,
                       backend)
-        return self.lm_head(self.norm(x))  # (B, T, vocab)
+        return self._logits(self.norm(x))  # (B, T, vocab)
 
     def _forward_keeping(self, x, layers, hidden_layers, cos, sin, cache, cache_slots, prefix_len, tree_mask,
                          backend) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,4 +335,4 @@ class Transformer(nn.Module):
                       backend)
         h = self.norm(x)  # (B, T, dim)
         kept[n] = h
-        return self.lm_head(h), torch.stack([kept[i] for i in want], dim=2)  # (B, T, V), (B, T, k, dim)
+        return self._logits(h), torch.stack([kept[i] for i in want], dim=2)  # (B, T, V), (B, T, k, dim)

@@ -105,6 +105,61 @@ def load_model_config(path: str | os.PathLike) -> ModelConfig:
     return load_gguf_config(path)
 
 
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer of a checkpoint without its weights: ``tokenizer.json`` of a Hugging Face directory
+    (BOS/EOS from its configs), or the ``tokenizer.ggml.*`` metadata of a GGUF file.
+
+    Raises:
+        CheckpointError: path missing, unknown format, no or an unsupported tokenizer.
+    """
+    from .gguf_loader import open_gguf, tokenizer_from_gguf
+    from .hf import load_hf_tokenizer
+
+    path = Path(path)
+    if _kind(path) == "hf":
+        return load_hf_tokenizer(path)
+    return tokenizer_from_gguf(open_gguf(path))
+
+
+def check_draft_vocabulary(tconfig: ModelConfig, ttok: Tokenizer, dconfig: ModelConfig, dtok: Tokenizer, *,
+                           target_name: str, draft_name: str) -> None:
+    """A draft model must share the target's tokenizer; its embedding may be padded to another size.
+
+    The tokenizers must map every id to the same token (:meth:`~sequoia_opt.model.tokenizer.Tokenizer.
+    fingerprint`) and both embeddings must cover every id; past that the sizes may differ (Qwen2.5 0.5B-3B
+    have 151936 rows, 7B-72B 152064), and the loaded draft is fitted to the target's size
+    (:meth:`~sequoia_opt.model.llama.Transformer.fit_vocab`: its padding rows are never proposed).
+
+    Args:
+        tconfig, dconfig: the target's and the draft's configs; ttok, dtok: their tokenizers.
+        target_name, draft_name: how the message names them.
+
+    Raises:
+        CheckpointError: different tokenizers, or a tokenizer with ids past either embedding.
+    """
+    V, Vd, n = tconfig.vocab_size, dconfig.vocab_size, ttok.vocab_size
+    if ttok.fingerprint() != dtok.fingerprint():
+        raise CheckpointError(
+            f"mismatched tokenizers: target {target_name} ({n} tokens, {ttok.fingerprint()}) and draft "
+            f"{draft_name} ({dtok.vocab_size} tokens, {dtok.fingerprint()}); speculative decoding needs a draft "
+            "that shares the target's tokenizer")
+    if n > min(V, Vd):
+        raise CheckpointError(
+            f"mismatched vocabularies: the tokenizer of target {target_name} and draft {draft_name} has {n} "
+            f"tokens, but the target's embedding has {V} rows and the draft's {Vd}: each must cover every token")
+
+
+def check_draft_checkpoint(target_path: str | os.PathLike, draft_path: str | os.PathLike) -> None:
+    """:func:`check_draft_vocabulary` on two checkpoints' configs and tokenizers, without their weights.
+
+    Raises:
+        CheckpointError: as :func:`check_draft_vocabulary`, or a checkpoint's config or tokenizer unreadable.
+    """
+    tp, dp = Path(target_path), Path(draft_path)
+    check_draft_vocabulary(load_model_config(tp), load_tokenizer(tp), load_model_config(dp), load_tokenizer(dp),
+                           target_name=tp.name, draft_name=dp.name)
+
+
 def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32) -> tuple[Transformer, Tokenizer]:
     """Load a model and its tokenizer from a Hugging Face model directory or a ``.gguf`` file.

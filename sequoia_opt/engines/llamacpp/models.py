@@ -58,6 +58,11 @@ def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_
     check_drafter(spec, tcfg)
     dsrc = spec.path if spec.path is not None else default_draft_path()
     label = model_label(dsrc)
+    dvocab = load_model_config(dsrc).vocab_size
+    if dvocab != tcfg.vocab_size:
+        raise EngineError(f"--draft {spec.label} has vocab_size {dvocab} (its embedding rows), the target "
+                          f"{tcfg.vocab_size}: llama.cpp's draft here needs the target's size (treeopt's torch "
+                          "decoder fits an embedding padded to another size)")
     if Path(dsrc).suffix.lower() == ".gguf":
         check_gguf(dsrc)
         out.draft, out.draft_label = Path(dsrc), label
