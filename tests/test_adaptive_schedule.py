@@ -183,6 +183,10 @@ def test_adaptive_schedule_from_the_registry(tmp_path):
     for bad in ("every=0", "window=x", "prior-weight=-1", "step=3"):
         with pytest.raises(TreeoptError, match=f"'{bad}' is not every=N"):
             parse_policy(f"adaptive-schedule:{path},{bad}")
+    comma = save_schedule(tmp_path / "plan,v2.yaml", plan_document(plan, engine="treeopt"))  # a comma in the path
+    assert parse_policy(f"adaptive-schedule:{comma}")[1]["source"] == str(comma)
+    kind, opts = parse_policy(f"adaptive-schedule:{comma},window=16")
+    assert opts["source"] == str(comma) and opts["live"] == {"window": 16}
     doc = yaml.safe_load(path.read_text())
     del doc["by_batch"]
     (tmp_path / "q.yaml").write_text(yaml.safe_dump(doc))

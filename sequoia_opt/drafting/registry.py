@@ -478,7 +478,14 @@ def _parse_adaptive_schedule(arg: str | None) -> dict[str, Any]:
     if not arg:
         raise TreeoptError("--policy adaptive-schedule:FILE needs a treeopt-schedule/1 file with its by_batch "
                            "candidates (treeopt tune --schedule FILE)")
-    path, *rest = arg.split(",")
+    parts = arg.split(",")
+    cut = len(parts)  # options are the trailing KEY=VALUE parts; the path may hold commas itself
+    while cut > 1 and parts[cut - 1].partition("=")[0].strip() in _LIVE_KEYS:
+        cut -= 1
+    path, rest = ",".join(parts[:cut]), parts[cut:]
+    if cut > 1 and "=" in parts[cut - 1] and not Path(path).exists():
+        raise TreeoptError(f"--policy adaptive-schedule:{arg}: {parts[cut - 1]!r} is not every=N (>= 1), window=W "
+                           "(>= 1) or prior-weight=X (>= 0)")
     kw: dict[str, Any] = {}
     for item in rest:
         key, _, value = item.partition("=")
