@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
+from tiny_pair import byte_tokenizer, make_pair, other_tokenizer, random_model  # noqa: E402
 
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402
@@ -164,7 +164,7 @@ def test_run_clips_a_tree_deeper_than_the_context(workdir, tmp_path):
 def test_run_refuses_mismatched_tokenizers(workdir, tmp_path):
     root, target, _, prompts = workdir
     other = tmp_path / "other"
-    save_hf_checkpoint(random_model(3, vocab=258), byte_tokenizer(extra=("<|im_end|>",)), other)
+    save_hf_checkpoint(random_model(3), other_tokenizer(), other)
     tree = tmp_path / "t.yaml"
     save_tree(tree, Tree.chain(2))
     r = invoke("run", "--tree", tree, "--target", target, "--draft", other, "--prompts", prompts,

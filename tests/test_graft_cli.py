@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_pair import byte_tokenizer, make_pair, random_model  # noqa: E402
+from tiny_pair import byte_tokenizer, make_pair, other_tokenizer, random_model  # noqa: E402
 
 import sequoia_opt.jobs.load as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
@@ -177,7 +177,7 @@ def test_profile_graft_writes_nothing_when_a_write_or_a_measurement_fails(env, t
 
 def test_profile_graft_bad_drafters_exit_2_before_weights_load(env, tmp_path, no_weights):
     other = tmp_path / "other"  # another tokenizer (a padded embedding alone is fitted: test_padded_vocab.py)
-    save_hf_checkpoint(random_model(3, vocab=258), byte_tokenizer(extra=("<|im_end|>",)), other)
+    save_hf_checkpoint(random_model(3), other_tokenizer(), other)
     base = ["profile", "graft", "--target", env["target"], "--prompts", env["prompts"], "--out-dir", tmp_path / "p"]
     _one_line_error(invoke(*base, "--draft", "lookup"), 2, "takes exactly two --draft, the light drafter then the "
                     "strong one (got 1)")
@@ -383,7 +383,7 @@ def _bad_trees(env, tmp_path) -> dict[str, Path]:
                                                                "strong": "smollm2-360m"})
     out["sched"] = save_scheduler(tmp_path / "sched.yaml", sched)
     other = tmp_path / "other"
-    save_hf_checkpoint(random_model(3, vocab=258), byte_tokenizer(extra=("<|im_end|>",)), other)
+    save_hf_checkpoint(random_model(3), other_tokenizer(), other)
     out["other_ckpt"] = other
     return out
 

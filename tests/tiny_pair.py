@@ -24,6 +24,14 @@ def byte_tokenizer(extra: tuple[str, ...] = ()):
     return bpe_tokenizer_from_vocab(tokens, [], token_types=types, pre="default", eos_id=len(alphabet))
 
 
+def other_tokenizer():
+    """:func:`byte_tokenizer`'s tokens in reverse byte order: as many tokens, every id another byte (a draft with
+    it is refused against a target with :func:`byte_tokenizer`)."""
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet(), reverse=True)
+    return bpe_tokenizer_from_vocab(alphabet + [EOS], [], token_types=[6] * len(alphabet) + [3], pre="default",
+                                    eos_id=len(alphabet))
+
+
 def tiny_config(vocab: int = 257) -> ModelConfig:
     return ModelConfig.preset("tiny").with_(vocab_size=vocab, name="tiny")
 

@@ -121,43 +121,39 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return tokenizer_from_gguf(open_gguf(path))
 
 
-def check_draft_vocabulary(tconfig: ModelConfig, ttok: Tokenizer, dconfig: ModelConfig, dtok: Tokenizer, *,
-                           target_name: str, draft_name: str) -> None:
-    """A draft model must share the target's tokenizer; its embedding may be padded to another size.
+def check_draft_vocabulary(ttok: Tokenizer, dtok: Tokenizer, *, target_name: str, draft_name: str) -> None:
+    """A draft model must share the target's tokenizer; their vocabularies may be padded or extended apart.
 
-    The tokenizers must map every id to the same token (:meth:`~sequoia_opt.model.tokenizer.Tokenizer.
-    fingerprint`) and both embeddings must cover every id; past that the sizes may differ (Qwen2.5 0.5B-3B
-    have 151936 rows, 7B-72B 152064), and the loaded draft is fitted to the target's size
-    (:meth:`~sequoia_opt.model.llama.Transformer.fit_vocab`: its padding rows are never proposed).
+    The tokenizers must map every id below both sizes to the same token (:meth:`~sequoia_opt.model.tokenizer.
+    Tokenizer.first_difference`, the range llama.cpp compares too). Past that the sizes may differ (Qwen2.5
+    0.5B-3B have 151936 embedding rows, 7B-72B 152064; their GGUF token lists are padded to those sizes), and
+    the loaded draft is fitted to the target's size
+    (:meth:`~sequoia_opt.model.llama.Transformer.fit_vocab`: it never proposes an id past the target's, and an id
+    past its own reads a zero embedding). Exactness does not rest on this check (every token is the target's
+    choice); acceptance does.
 
     Args:
-        tconfig, dconfig: the target's and the draft's configs; ttok, dtok: their tokenizers.
-        target_name, draft_name: how the message names them.
+        ttok, dtok: the target's and the draft's tokenizers; target_name, draft_name: how the message names them.
 
     Raises:
-        CheckpointError: different tokenizers, or a tokenizer with ids past either embedding.
+        CheckpointError: the tokenizers differ at an id both have.
     """
-    V, Vd, n = tconfig.vocab_size, dconfig.vocab_size, ttok.vocab_size
-    if ttok.fingerprint() != dtok.fingerprint():
+    i = ttok.first_difference(dtok)
+    if i is not None:
         raise CheckpointError(
-            f"mismatched tokenizers: target {target_name} ({n} tokens, {ttok.fingerprint()}) and draft "
-            f"{draft_name} ({dtok.vocab_size} tokens, {dtok.fingerprint()}); speculative decoding needs a draft "
-            "that shares the target's tokenizer")
-    if n > min(V, Vd):
-        raise CheckpointError(
-            f"mismatched vocabularies: the tokenizer of target {target_name} and draft {draft_name} has {n} "
-            f"tokens, but the target's embedding has {V} rows and the draft's {Vd}: each must cover every token")
+            f"mismatched tokenizers: target {target_name} ({ttok.vocab_size} tokens) and draft {draft_name} "
+            f"({dtok.vocab_size} tokens) differ at id {i} ({ttok.id_to_token(i)!r} against "
+            f"{dtok.id_to_token(i)!r}); speculative decoding needs a draft that shares the target's tokenizer")
 
 
 def check_draft_checkpoint(target_path: str | os.PathLike, draft_path: str | os.PathLike) -> None:
-    """:func:`check_draft_vocabulary` on two checkpoints' configs and tokenizers, without their weights.
+    """:func:`check_draft_vocabulary` on two checkpoints' tokenizers, without their weights.
 
     Raises:
         CheckpointError: as :func:`check_draft_vocabulary`, or a checkpoint's config or tokenizer unreadable.
     """
     tp, dp = Path(target_path), Path(draft_path)
-    check_draft_vocabulary(load_model_config(tp), load_tokenizer(tp), load_model_config(dp), load_tokenizer(dp),
-                           target_name=tp.name, draft_name=dp.name)
+    check_draft_vocabulary(load_tokenizer(tp), load_tokenizer(dp), target_name=tp.name, draft_name=dp.name)
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cpu",

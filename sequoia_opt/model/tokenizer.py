@@ -161,6 +161,22 @@ class Tokenizer:
         h = hashlib.sha256(json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
         return h.hexdigest()[:16]
 
+    def first_difference(self, other: "Tokenizer") -> int | None:
+        """The first id below both vocabulary sizes that the two tokenizers map to different token strings, or
+        None when they agree on every such id (what a draft must share with its target: a padded or extended
+        vocabulary differs only past the shorter one; llama.cpp's ``common_speculative_are_compatible`` compares
+        the same range)."""
+        mine, theirs = self._tok.get_vocab(with_added_tokens=True), other._tok.get_vocab(with_added_tokens=True)
+        n = min(self.vocab_size, other.vocab_size)
+        a, b = [None] * n, [None] * n
+        for t, i in mine.items():
+            if i < n:
+                a[i] = t
+        for t, i in theirs.items():
+            if i < n:
+                b[i] = t
+        return next((i for i in range(n) if a[i] != b[i]), None)
+
     # -- files --------------------------------------------------------------------------------------------
     @classmethod
     def from_file(cls, path: str | os.PathLike, *, bos_id: int | None = None,
