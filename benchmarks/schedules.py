@@ -97,12 +97,12 @@ WORKLOADS = {"eval": (ROOT / "sequoia_opt/data/prompts/eval.jsonl", ROOT / "sequ
 class Engine:
     """Makes a decoder for b rows with a fixed chain, a plan, or none; one per (engine, drafter)."""
 
-    def __init__(self, name: str, draft: str | None, threads: int, max_len: int) -> None:
+    def __init__(self, name: str, draft: str | None, threads: int, max_len: int, target: str | None = None) -> None:
         self.name, self.lookup, self.max_len = name, draft == "lookup", max_len
         if name == "treeopt":
             from sequoia_opt.jobs.load import load_pair
 
-            self.pair = load_pair(None, draft, device=torch.device("cpu"), dtype=torch.float32)
+            self.pair = load_pair(target, draft, device=torch.device("cpu"), dtype=torch.float32)
             self.tokenizer = self.pair.tokenizer
             self.vocab = self.pair.vocab_size
         else:
@@ -111,7 +111,7 @@ class Engine:
             from sequoia_opt.engines.llamacpp import resolve_pair
 
             work = Path(tempfile.mkdtemp(prefix="treeopt-sched-"))
-            self.gguf = resolve_pair(None, None if self.lookup else draft, work, need_draft=not self.lookup)
+            self.gguf = resolve_pair(target, None if self.lookup else draft, work, need_draft=not self.lookup)
             from sequoia_opt.model.gguf_loader import open_gguf, tokenizer_from_gguf
 
             self.tokenizer = tokenizer_from_gguf(open_gguf(self.gguf.target))  # the GGUF's own, no weights
@@ -301,7 +301,7 @@ def reanalyze(path: Path, threads: int) -> None:
     if doc["engine"] != "treeopt":
         raise SystemExit(f"{path}: only runs of treeopt's decoder are decomposed (this one ran {doc['engine']})")
     run_dir = path.with_suffix("")
-    eng = Engine("treeopt", doc["drafter"], threads, 512)
+    eng = Engine("treeopt", doc["drafter"], threads, 512, doc.get("target"))
     cut = doc.get("max_prompt_tokens", 96 if doc["workload"] == "eval" else None)
     ids = request_ids(eng, ROOT / doc["prompts"], cut, max(r["prompts"] for r in doc["rows"]))
     sa = served_acceptance(doc, run_dir, eng, ids)
@@ -415,6 +415,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile-file", type=Path, default=None,
                     help="the prompts tune measures acceptance on (default: the workload's profile prompts; without "
                          "a workload, the demo's)")
+    ap.add_argument("--target", default=None, help="the target checkpoint (default: the demo target)")
     ap.add_argument("--draft", default=None, help="the drafter (default: the workload's: draft model / lookup)")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--ks", default="0,1,2,3,4,5,6,7,8")
@@ -506,7 +507,7 @@ def main() -> None:
 
     # the prompts, encoded by the target's tokenizer (llama.cpp's GGUF tokenizer is the same vocabulary)
     max_len = 512
-    eng = Engine(args.engine, draft, args.threads, max_len)
+    eng = Engine(args.engine, draft, args.threads, max_len, args.target)
     requests_at = lambda b: max(args.min_prompts, args.turnovers * b)  # noqa: E731
     need = max(max(requests_at(b) for b in batches), args.stream_requests if not args.no_stream else 0)
     ids = request_ids(eng, eval_file, cut, need)
@@ -518,7 +519,8 @@ def main() -> None:
 
         shutil.copytree(args.profiles_from, run_dir / "profiles", dirs_exist_ok=True)
     log(f"tune: profile T(b, n) at batch sizes {batches} (context {context}), acceptance on {profile_file.name}")
-    res = tune(TuneOptions(engine=args.engine, draft=draft, batches=batches, context=context, max_draft=max(ks),
+    res = tune(TuneOptions(engine=args.engine, target=args.target, draft=draft, batches=batches, context=context,
+                           max_draft=max(ks),
                            prompts=profile_file, num_prompts=args.profile_prompts,
                            max_new_tokens=args.profile_new_tokens or args.new, threads=args.threads,
                            rounds=args.profile_rounds, profiles_dir=run_dir / "profiles", plan=args.plan,
@@ -710,7 +712,7 @@ def main() -> None:
                      stream_plan_ge_every_fixed=all(p >= v for v in fixed.values()),
                      stream_plan_ge_every_peer=all(p >= v for v in stream["peers"].values()))
     doc = {"benchmark": "benchmarks/schedules.py", "date": now_iso(), "engine": args.engine,
-           "workload": workload, "drafter": draft, "prompts": rel(eval_file),
+           "workload": workload, "target": args.target, "drafter": draft, "prompts": rel(eval_file),
            "profile_prompts": rel(profile_file), "threads": args.threads,
            "rounds": args.rounds, "new_tokens": args.new, "output_tokens": args.output_tokens or args.new,
            "turnovers": args.turnovers, "profile_num_prompts": args.profile_prompts,

@@ -116,8 +116,8 @@ def test_unknown_engine_and_foreign_options_refused():
     assert res.exit_code == 2 and "drop --temperature" in res.output
     res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--policy", "chain:4", "--tree", str(SHIPPED_ACC)])
     assert res.exit_code == 2 and "drop --policy" in res.output  # not silently dropped
-    res = runner.invoke(app, ["run", "--threads", "2", "--tree", str(SHIPPED_ACC)])
-    assert res.exit_code == 2 and "--threads sets llama.cpp's threads" in res.output
+    res = runner.invoke(app, ["run", "--threads", "0", "--tree", str(SHIPPED_ACC)])
+    assert res.exit_code == 2 and "--threads must be at least 1, got 0" in res.output
 
 
 # ---------------------------------------------------------------------------------------------- GGUF writer

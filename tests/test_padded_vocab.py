@@ -167,3 +167,28 @@ def test_run_refuses_a_draft_with_another_tokenizer_before_weights_load(pair, tm
                                               "--prompts", pair["prompts"], "--results-dir", tmp_path / "res")])
     assert r.exit_code == 2 and "mismatched tokenizers: target target (257 tokens" in r.output
     assert "Traceback" not in r.output and not (tmp_path / "res").exists()
+
+
+def test_run_threads_sets_the_forwards_threads(pair, tmp_path):
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(2))
+    before = torch.get_num_threads()
+    try:
+        doc = _run(pair["target"], pair["padded"], pair["prompts"], tree, tmp_path / "r", "--threads", "1")
+        assert doc["settings"]["threads"] == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_draft_tokenizer_past_its_embedding_is_refused_before_weights_load(pair, tmp_path, monkeypatch):
+    small = tmp_path / "small"
+    save_hf_checkpoint(random_model(3), byte_tokenizer(), small)
+    byte_tokenizer(extra=("<|a|>", "<|b|>")).save(small / "tokenizer.json")  # 259 tokens, 257 rows
+    import sequoia_opt.jobs.load as load
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights loaded")
+
+    monkeypatch.setattr(load, "load_checkpoint", no_weights)
+    with pytest.raises(CheckpointError, match=r"small: tokenizer has 259 tokens but the embedding only 257"):
+        load_pair(pair["target"], str(small), device=torch.device("cpu"), dtype=torch.float32)

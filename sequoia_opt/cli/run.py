@@ -134,8 +134,9 @@ def run_cmd(
     engine: Annotated[str, typer.Option(
         "--engine", help="treeopt (the bundled decoder) | llama.cpp: plain and chain speculative decoding on "
         "llama.cpp, --tree being llama.cpp flags (solve --format llama.cpp -o) or a chain tree.")] = "treeopt",
-    threads: Annotated[Optional[int], typer.Option("--threads", help="With --engine llama.cpp: its threads "
-                                                   "(default: the CPU count).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads: llama.cpp's with --engine "
+                                                   "llama.cpp, torch's otherwise (default: the CPU count); run with "
+                                                   "the threads the latency profile was measured with.")] = None,
     cuda_graphs: CudaGraphsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -170,7 +171,11 @@ def run_cmd(
         raise TreeoptError("--cuda-graphs runs one drafter's --tree files (and --compare, --adapt, --dynamic): drop "
                            "--compare-drafters / --merge / a second --draft (or --cuda-graphs)")
     if threads is not None:
-        raise TreeoptError("--threads sets llama.cpp's threads: add --engine llama.cpp (or drop it)")
+        if threads < 1:
+            raise TreeoptError(f"--threads must be at least 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)  # the forwards' intra-op threads, as tune / profile measured them
     from ..drafting.registry import parse_policy
 
     pkind, popts = parse_policy(policy)  # a bad --policy fails here, before anything is read

@@ -23,6 +23,7 @@ anything is measured or written.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -583,12 +584,15 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
 def _check_command(opts: TuneOptions) -> str:
     bs = ",".join(map(str, opts.batches))
     if opts.engine in ("llama.cpp", "treeopt"):
-        draft = f" --draft {opts.draft}" if opts.draft else ""
+        draft = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),
+                                                                           ("--draft", opts.draft)) if v)
         # the demo's profile prompts: the benchmark's eval workload (its requests are held out from them); a user's:
         # a sample of their traffic the profile did not see
         served = (" --workload eval" if opts.prompts is None
                   else f" --profile-file {opts.prompts} --requests HELD_OUT_REQUESTS.jsonl")
-        return f"python benchmarks/schedules.py --engine {opts.engine}{draft} --plan PLAN.yaml --batches {bs}{served}"
+        # a checkout's script (benchmarks/ is not installed with the package)
+        return (f"python benchmarks/schedules.py --engine {opts.engine}{draft} --plan PLAN.yaml --batches {bs}{served}"
+                f" --threads {opts.threads} (in a checkout of treeopt)")
     return {"vllm": "on the GPU, per range: vllm bench throughput --model MODEL --speculative-config \"$(cat OUT)\" "
                     "--max-num-seqs B (and each fixed K beside it)",
             "sglang": "on the GPU: python -m sglang.bench_offline_throughput --model-path MODEL <cli_flags> at each "

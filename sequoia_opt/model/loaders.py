@@ -150,10 +150,16 @@ def check_draft_checkpoint(target_path: str | os.PathLike, draft_path: str | os.
     """:func:`check_draft_vocabulary` on two checkpoints' tokenizers, without their weights.
 
     Raises:
-        CheckpointError: as :func:`check_draft_vocabulary`, or a checkpoint's config or tokenizer unreadable.
+        CheckpointError: as :func:`check_draft_vocabulary`; a checkpoint's config or tokenizer unreadable, or a
+            tokenizer with more tokens than its embedding has rows.
     """
     tp, dp = Path(target_path), Path(draft_path)
-    check_draft_vocabulary(load_tokenizer(tp), load_tokenizer(dp), target_name=tp.name, draft_name=dp.name)
+    toks = {p: load_tokenizer(p) for p in (tp, dp)}
+    for p, tok in toks.items():  # the loader's own refusal (load_hf), here before the target's weights load
+        rows = load_model_config(p).vocab_size
+        if tok.vocab_size > rows:
+            raise CheckpointError(f"{p}: tokenizer has {tok.vocab_size} tokens but the embedding only {rows}")
+    check_draft_vocabulary(toks[tp], toks[dp], target_name=tp.name, draft_name=dp.name)
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cpu",
