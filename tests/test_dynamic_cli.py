@@ -194,6 +194,21 @@ def test_solve_dynamic_warns_when_the_calibration_is_too_small(files, tmp_path):
                for w in json.loads(r.stdout)["warnings"])
 
 
+def test_solve_dynamic_warns_when_no_setting_beats_plain_decoding(files, tmp_path):
+    cal, _ = files
+    slow = LatencyCurve.synthetic({1: 10.0, 2: 10.5, 4: 11.0, 8: 13.0}, {1: 20.0, 2: 24.0, 4: 30.0},
+                                  step_overhead_ms=0.5, id="slow_draft")
+    lat = save_latency(tmp_path / "slow.yaml", replace(slow, model={"target": "target", "draft": "draft"}))
+    r = invoke("solve", "--dynamic", cal, "-l", lat, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["chosen"]["speedup"] < 1.0
+    assert any(w.startswith("no dynamic setting beats plain decoding on this latency curve (the best, ")
+               and "serve without speculation" in w for w in data["warnings"])
+    fast = invoke("solve", "--dynamic", cal, "-l", files[1], "--json")  # a cheap draft: speculation pays, no warning
+    assert not any("beats plain decoding" in w for w in json.loads(fast.stdout)["warnings"])
+
+
 def test_run_dynamic_on_the_tiny_pair(workdir, files, tmp_path):
     root, target, draft, prompts = workdir
     cal, lat = files

@@ -113,6 +113,14 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     if static is not None:
         report.summary["static DP tree speedup"] = static.speedup
         report.summary["static DP acceptance model"] = static_model
+    if best.speedup < 1.0:
+        report.warnings.append(f"no dynamic setting beats plain decoding on this latency curve (the best, "
+                               f"{best.label}, predicts {best.speedup:.2f}x): serve without speculation"
+                               + (f", or the static DP tree ({static.speedup:.2f}x)" if static is not None
+                                  and static.speedup > 1.0 else "") + "; the file is written for comparison")
+    elif static is not None and static.speedup > best.speedup:
+        report.warnings.append(f"the static DP tree ({static.speedup:.2f}x predicted) beats the best dynamic "
+                               f"setting ({best.label}, {best.speedup:.2f}x)")
     data: dict[str, Any] = {"chosen": best.to_dict(), "rows": [r.to_dict() for r in ch.rows], "notes": ch.notes}
     if static is not None:
         data["static"] = {"choices": static.tree.choices(), "acceptance_model": static_model,
