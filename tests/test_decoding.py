@@ -684,20 +684,20 @@ def test_overflow_messages_name_the_limit_and_only_existing_remedies(target, dra
     small = _model(0, CFG.with_(max_position_embeddings=32, name="small32"))
     long_draft = _model(1, CFG.with_(max_position_embeddings=512, name="draft512", n_layers=1))
     dec = SpeculativeDecoder(small, long_draft, Tree.chain(4))
+    why = r"has a context of 32 tokens \(max_position_embeddings, or the sliding attention window where smaller\); "
     with pytest.raises(DecodingError, match=r"= 35 tokens exceed the model context: the target model 'small32' "
-                                            r"has max_position_embeddings = 32; shorten the prompt to at most "
-                                            r"27 tokens or ask for at most 2 new tokens$") as err:
+                                            + why + r"shorten the prompt to at most 27 tokens or ask for at most 2 new "
+                                            r"tokens$") as err:
         dec.check(list(range(30)), 5)
     assert "max_len" not in str(err.value)  # max_len was not the limit: not suggested
     with pytest.raises(DecodingError, match=r"= 41 tokens exceed the model context: the target model 'small32' "
-                                            r"has max_position_embeddings = 32; shorten the prompt to at most 31 "
-                                            r"tokens$"):
+                                            + why + r"shorten the prompt to at most 31 tokens$"):
         dec.check(list(range(40)), 1)  # the prompt alone does not fit: no number of new tokens would
     with pytest.raises(DecodingError, match=r"shorten the prompt to at most 24 tokens$"):
         dec.check(list(range(32)), 8)  # 31 prompt tokens would still overflow with 8 new ones
     with pytest.raises(DecodingError, match=r"shorten the prompt and ask for fewer than 32 new tokens$"):
         dec.check(list(range(33)), 40)
-    with pytest.raises(DecodingError, match=r"the target model 'small32' has max_position_embeddings = 32") as err:
+    with pytest.raises(DecodingError, match=r"the target model 'small32' has a context of 32 tokens") as err:
         AutoregressiveDecoder(small).check(list(range(30)), 5)
     assert "max_len" not in str(err.value)
     # a shorter draft context limits nothing (its trees are clipped): the target's 512 positions count

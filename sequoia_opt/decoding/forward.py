@@ -74,7 +74,7 @@ def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, cont
 
     Raises:
         DecodingError: naming the numbers that do not fit and the thing that limits: the model and its
-            ``max_position_embeddings``, or the cache and its ``max_len``. Only a cache overflow suggests a
+            context (``max_position_embeddings``, or a smaller sliding window), or the cache and its ``max_len``. Only a cache overflow suggests a
             larger ``max_len`` (the decoders' argument); a context overflow suggests a shorter prompt or a
             smaller ``max_new_tokens``.
     """
@@ -87,7 +87,8 @@ def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, cont
             fixes.append(f"ask for at most {context - P} new tokens")
         raise DecodingError(
             f"prompt ({P} tokens) + max_new_tokens ({M}) = {P + M} tokens exceed the model context: {model} "
-            f"has max_position_embeddings = {context}; "
+            f"has a context of {context} tokens (max_position_embeddings, or the sliding attention window where "
+            "smaller); "
             + (" or ".join(fixes) if fixes else f"shorten the prompt and ask for fewer than {context} new tokens"))
     need = P + M - 1
     if need > cache_len:
