@@ -241,6 +241,7 @@ def test_hf_rope_parameters_llama3_equals_legacy_rope_scaling(tmp_path):
     # another model
     (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
     (dict(head_dim=15), "head_dim 15 is odd"),
+    (dict(attention_bias=True), "attention_bias = true: Llama's and Mistral's put a bias on q, k, v and o_proj"),
     (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=0),
      "sliding_window = 0 must be a positive integer"),
 ])
@@ -251,6 +252,7 @@ def test_hf_unsupported_setting_refused_in_one_line(tmp_path, changes, message):
         with pytest.raises(CheckpointError) as err:
             load(out)
         assert message in str(err.value) and "\n" not in str(err.value)
+        assert str(err.value).startswith(f"{out / 'config.json'}: ")  # which checkpoint: a target's or a draft's
 
 
 def test_gguf_freq_factors_have_no_config_json_and_nothing_is_written(tmp_path):

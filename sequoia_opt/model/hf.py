@@ -53,7 +53,17 @@ def load_hf_config(path: str | os.PathLike) -> ModelConfig:
     is_file = path.suffix.lower() == ".json"
     # a folder's (or its config.json's) name is the folder's; a config saved under its own name, that name
     name = (path.stem if path.name != CONFIG_FILE else path.resolve().parent.name) if is_file else path.resolve().name
-    return ModelConfig.from_hf(_read_json(path if is_file else path / CONFIG_FILE), name=name)
+    return _config_of(path if is_file else path / CONFIG_FILE, name)
+
+
+def _config_of(file: Path, name: str) -> ModelConfig:
+    """:meth:`ModelConfig.from_hf` of one config file, its refusals naming the file (a target's or a draft's)."""
+    try:
+        return ModelConfig.from_hf(_read_json(file), name=name)
+    except CheckpointError as err:
+        if str(file) in str(err):
+            raise
+        raise CheckpointError(f"{file}: {err}") from None
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -119,7 +129,7 @@ def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
     """
     path = Path(path)
     hf_config = _read_json(path / CONFIG_FILE)
-    config = ModelConfig.from_hf(hf_config, name=path.resolve().name)  # the folder: _name_or_path is often stale
+    config = _config_of(path / CONFIG_FILE, path.resolve().name)  # the folder: _name_or_path is often stale
     tokenizer = load_hf_tokenizer(path, hf_config)
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the embedding only "
