@@ -83,6 +83,10 @@ def test_fit_vocab_truncates_and_pads_the_logits():
     beyond = small(torch.tensor([[3, 299]]))  # an id past the checkpoint's rows is looked up, not out of range
     assert beyond.shape == (1, 2, 300) and torch.isfinite(beyond[..., :257]).all()
 
+    tied = Transformer(small.config.with_(vocab_size=257, tie_embeddings=True))
+    tied.fit_vocab(300)  # a tied head keeps reading the embedding's storage: no second (V, dim) copy
+    assert tied.lm_head.weight.data_ptr() == tied.embed_tokens.weight.data_ptr()
+    assert tied.lm_head.weight.shape == (257, m.config.dim) and tied.embed_tokens.weight.shape == (300, m.config.dim)
     with pytest.raises(ValueError, match="already called"):
         small.fit_vocab(257)
     with pytest.raises(ValueError, match="positive integer"):

@@ -198,7 +198,8 @@ class Transformer(nn.Module):
         longer propose an id the target does not have). V above it: the embedding gains V - Vc zero rows (an
         id the target emits past Vc is looked up, not out of range) and the LM head's logits gain V - Vc
         columns of -inf, so the model never proposes them and its softmax gives them probability 0. Either
-        way ``config.vocab_size`` becomes V, forward returns (B, T, V) logits, and embeddings are untied.
+        way ``config.vocab_size`` becomes V and forward returns (B, T, V) logits; tied embeddings stay one
+        storage (the head's weight is a view of the embedding's first rows), though no longer one parameter.
         Call it before :func:`~sequoia_opt.model.tuned_linear.tune_linears` (the LM head's shape changes).
 
         Raises:
@@ -212,14 +213,16 @@ class Transformer(nn.Module):
             return
         old = self.config.vocab_size
         kw = dict(device=self.device, dtype=self.dtype)
+        tied = self.lm_head.weight is self.embed_tokens.weight
         with torch.no_grad():
             emb = torch.zeros(vocab_size, self.config.dim, **kw)
             keep = min(old, vocab_size)
             emb[:keep] = self.embed_tokens.weight[:keep]
-            head = self.lm_head.weight[:keep].clone()
+            # tied: the head reads the embedding's first rows in place (no second (V, dim) copy)
+            head = emb[:keep] if tied else self.lm_head.weight[:keep].clone()
         self.embed_tokens = nn.Embedding(vocab_size, self.config.dim, _weight=emb, **kw)
         self.lm_head = Linear(self.config.dim, keep, bias=False, **kw)
-        self.lm_head.weight = nn.Parameter(head)
+        self.lm_head.weight = nn.Parameter(head, requires_grad=self.embed_tokens.weight.requires_grad)
         self.padded_logits = vocab_size - keep
         self.config = self.config.with_(vocab_size=vocab_size, tie_embeddings=False)
 
