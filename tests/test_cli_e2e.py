@@ -92,6 +92,12 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     inside = lo <= doc["summaries"][1]["tokens_per_step"] <= hi
     assert doc["summaries"][1]["inside_prediction"] is inside
     assert doc["summaries"][2]["predicted_interval"] is None  # the chain's file records no prediction
+    assert meta.extra["profiled_temperature"] == 0.0 and not any("temperature" in w for w in doc["warnings"])
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--max-new-tokens", "8", "--num-prompts", "2", "--temperature", "1.0", "--results-dir", res, "--json")
+    assert r.exit_code == 0, r.output  # sampling with a tree solved from greedy acceptance: said, not refused
+    assert ("tree 'tree' was solved from profiles measured with temperature 0.0, but this run uses 1.0: its "
+            "predicted figures describe that setting") in json.loads(r.stdout)["warnings"]
 
     r = invoke("plot", "--latency", lat, "--acceptance", acc, "--run", doc["json"], "--tree", tree,
                "-o", plots, "--json")

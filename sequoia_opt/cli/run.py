@@ -331,7 +331,7 @@ def run_cmd(
     warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
-        omp_wait_policy=run_policy(dev.type))]
+        omp_wait_policy=run_policy(dev.type), temperature=temperature)]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
@@ -561,7 +561,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
             warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
                                                target=p.target_name, draft=p.draft_name,
                                                draft_cost_model=p.cost_model, device_type=dev.type,
-                                               omp_wait_policy=run_policy(dev.type))
+                                               omp_wait_policy=run_policy(dev.type), temperature=temperature)
         notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
                      "solve --pair-acceptance estimates the merge)")
     else:
@@ -583,7 +583,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                              "predicted figures are the static tree's (the strong drafter called every step)")
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
                                                target=pair.target_name, draft=None, device_type=dev.type,
-                                               omp_wait_policy=run_policy(dev.type))
+                                               omp_wait_policy=run_policy(dev.type), temperature=temperature)
 
             def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)

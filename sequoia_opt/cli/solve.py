@@ -54,7 +54,8 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
                        ("draft_cost_model", curve.cost_model if curve else acc.measured.get("draft_cost_model")),
                        ("device", curve.device.get("name") if curve else None),
                        ("dtype", (curve.device.get("dtype") if curve else None) or acc.measured.get("dtype")),
-                       ("omp_wait_policy", curve.device.get("omp_wait_policy") if curve else None)):
+                       ("omp_wait_policy", curve.device.get("omp_wait_policy") if curve else None),
+                       ("temperature", acc.measured.get("temperature"))):
         if value is not None:
             out[f"profiled_{key}"] = value
     return out

@@ -69,7 +69,8 @@ class DrafterPlan:
         for key, value in (("target", acc.measured.get("target")), ("draft", self.label),
                            ("draft_cost_model", self.cost_model), ("device", curve.device.get("name")),
                            ("dtype", curve.device.get("dtype") or acc.measured.get("dtype")),
-                           ("omp_wait_policy", curve.device.get("omp_wait_policy"))):
+                           ("omp_wait_policy", curve.device.get("omp_wait_policy")),
+                           ("temperature", acc.measured.get("temperature"))):
             if value is not None:
                 extra[f"profiled_{key}"] = value
         step = next((c.cost for c in [*choice.alternatives, *choice.smaller]
