@@ -138,7 +138,9 @@ def tune(
     check = res.check.replace("PLAN.yaml", str(plan_file)) if plan_file is not None else res.check
     if plan_file is None and "PLAN.yaml" in check:
         check += " (write PLAN.yaml with --schedule PLAN.yaml)"
-    report.notes.append(f"check it: {check}")
+    where = " (in a checkout of treeopt: benchmarks/ is not installed with the package)" if check.startswith(
+        "python benchmarks/") else ""
+    report.notes.append(f"check it{where}: {check}")
     if opts.engine == "treeopt":
         f = plan_file if plan_file is not None else "PLAN.yaml"
         pair = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),

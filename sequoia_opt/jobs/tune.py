@@ -590,9 +590,8 @@ def _check_command(opts: TuneOptions) -> str:
         # a sample of their traffic the profile did not see
         served = (" --workload eval" if opts.prompts is None
                   else f" --profile-file {opts.prompts} --requests HELD_OUT_REQUESTS.jsonl")
-        # a checkout's script (benchmarks/ is not installed with the package)
         return (f"python benchmarks/schedules.py --engine {opts.engine}{draft} --plan PLAN.yaml --batches {bs}{served}"
-                f" --threads {opts.threads} (in a checkout of treeopt)")
+                f" --threads {opts.threads}")
     return {"vllm": "on the GPU, per range: vllm bench throughput --model MODEL --speculative-config \"$(cat OUT)\" "
                     "--max-num-seqs B (and each fixed K beside it)",
             "sglang": "on the GPU: python -m sglang.bench_offline_throughput --model-path MODEL <cli_flags> at each "
