@@ -98,6 +98,20 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     assert r.exit_code == 0, r.output  # sampling with a tree solved from greedy acceptance: said, not refused
     assert ("tree 'tree' was solved from profiles measured with temperature 0.0, but this run uses 1.0: its "
             "predicted figures describe that setting") in json.loads(r.stdout)["warnings"]
+    import torch
+
+    timed = meta.extra["profiled_threads"]
+    assert timed == curve.device["threads"]
+    other = 1 if timed != 1 else 2
+    try:  # a run on other CPU threads than the curve was timed with is told so
+        r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts,
+                   "--max-new-tokens", "4", "--num-prompts", "1", "--threads", str(other), "--results-dir", res,
+                   "--json")
+    finally:
+        torch.set_num_threads(timed)
+    assert r.exit_code == 0, r.output
+    assert (f"tree 'tree' was solved from profiles measured with threads {timed!r}, but this run uses {other!r}: "
+            "its predicted figures describe that setting") in json.loads(r.stdout)["warnings"]
 
     r = invoke("plot", "--latency", lat, "--acceptance", acc, "--run", doc["json"], "--tree", tree,
                "-o", plots, "--json")

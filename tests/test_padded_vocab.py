@@ -111,6 +111,10 @@ def test_check_draft_vocabulary(pair):
     with pytest.raises(CheckpointError, match=r"mismatched tokenizers: target t \(257 tokens\) and draft d \(257 "
                                               r"tokens\) differ at id 0 \('!' against 'Ń'\)"):
         check_draft_vocabulary(tok, other, target_name="t", draft_name="d")
+    with pytest.raises(CheckpointError, match=r"the tokenizer of target t has 257 tokens but draft d's embedding only "
+                                              r"200 rows: the draft could not read the target's tokens past id 199"):
+        check_draft_vocabulary(tok, tok, target_name="t", draft_name="d", draft_rows=200)
+    check_draft_vocabulary(tok, tok, target_name="t", draft_name="d", draft_rows=257)
     swapped = byte_tokenizer(extra=("<|a|>", "<|b|>"))
     later = byte_tokenizer(extra=("<|a|>", "<|c|>"))
     assert swapped.first_difference(later) == 258
@@ -147,7 +151,8 @@ def test_a_padded_draft_decodes_exactly_with_its_own_proposals(pair, tmp_path):
 
 
 def test_a_target_padded_past_its_draft_samples(pair, tmp_path):
-    # the draft's q is (n, 300) with 0 past its 257 rows: a NaN or a padding proposal would fail the run
+    # the draft's q is (n, 300) with 0 past its 257 rows (test_fit_vocab_truncates_and_pads_the_logits): a NaN
+    # in it would fail the run
     tree = tmp_path / "t.yaml"
     save_tree(tree, Tree.chain(3))
     doc = _run(pair["wide_target"], pair["draft"], pair["prompts"], tree, tmp_path / "s", "--temperature", "1.0",

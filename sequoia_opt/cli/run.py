@@ -331,7 +331,8 @@ def run_cmd(
     warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
-        omp_wait_policy=run_policy(dev.type), temperature=temperature)]
+        omp_wait_policy=run_policy(dev.type), temperature=temperature,
+        threads=_cpu_threads(dev))]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
@@ -561,7 +562,8 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
             warnings += tree_mismatch_warnings(e.name, e.metadata, device=device_name(dev), dtype=dtype_name,
                                                target=p.target_name, draft=p.draft_name,
                                                draft_cost_model=p.cost_model, device_type=dev.type,
-                                               omp_wait_policy=run_policy(dev.type), temperature=temperature)
+                                               omp_wait_policy=run_policy(dev.type), temperature=temperature,
+                                               threads=_cpu_threads(dev))
         notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
                      "solve --pair-acceptance estimates the merge)")
     else:
@@ -583,7 +585,8 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                              "predicted figures are the static tree's (the strong drafter called every step)")
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
                                                target=pair.target_name, draft=None, device_type=dev.type,
-                                               omp_wait_policy=run_policy(dev.type), temperature=temperature)
+                                               omp_wait_policy=run_policy(dev.type), temperature=temperature,
+                                               threads=_cpu_threads(dev))
 
             def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)
@@ -637,6 +640,13 @@ def _drafters_table(run) -> tuple[str, list[str], list[list]]:
             for s in run.summaries[1:] for d in s.drafters]
     return ("drafters of each tree", ["name", "drafter", "calls", "call rate", "ms", "ms per call", "accepted nodes"],
             rows)
+
+
+def _cpu_threads(dev) -> int | None:
+    """A CPU run's torch threads (what a tree's latency profile was timed with is compared to it), else None."""
+    import torch
+
+    return torch.get_num_threads() if dev.type == "cpu" else None
 
 
 def _prediction_label(entries, value_label: str | None = None) -> tuple[str, list[str]]:

@@ -117,7 +117,7 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         report.warnings.append(f"no dynamic setting beats plain decoding on this latency curve (the best, "
                                f"{best.label}, predicts {best.speedup:.2f}x): serve without speculation"
                                + (f", or the static DP tree ({static.speedup:.2f}x)" if static is not None
-                                  and static.speedup > 1.0 else "") + "; the file is written for comparison")
+                                  and static.speedup > 1.0 else "") + "; its setting is still exported")
     elif static is not None and static.speedup > best.speedup:
         report.warnings.append(f"the static DP tree ({static.speedup:.2f}x predicted) beats the best dynamic "
                                f"setting ({best.label}, {best.speedup:.2f}x)")

@@ -70,7 +70,8 @@ class DrafterPlan:
                            ("draft_cost_model", self.cost_model), ("device", curve.device.get("name")),
                            ("dtype", curve.device.get("dtype") or acc.measured.get("dtype")),
                            ("omp_wait_policy", curve.device.get("omp_wait_policy")),
-                           ("temperature", acc.measured.get("temperature"))):
+                           ("temperature", acc.measured.get("temperature")),
+                           ("threads", curve.device.get("threads") if curve.device.get("type") == "cpu" else None)):
             if value is not None:
                 extra[f"profiled_{key}"] = value
         step = next((c.cost for c in [*choice.alternatives, *choice.smaller]

@@ -23,23 +23,25 @@ __all__ = ["tree_mismatch_warnings", "DEFAULT_COMPARED_DRAFTERS", "plan_drafters
 
 def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
                            draft: str, draft_cost_model: str | None = None, device_type: str | None = None,
-                           omp_wait_policy: str | None = None, temperature: float | None = None) -> list[str]:
+                           omp_wait_policy: str | None = None, temperature: float | None = None,
+                           threads: int | None = None) -> list[str]:
     """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
     one it is about to run on (its prediction then describes other hardware). ``device``: the device's name,
     ``device_type`` its torch type (:func:`~sequoia_opt.profiles.same_device`); ``omp_wait_policy``: the CPU
     run's OpenMP wait policy (:mod:`sequoia_opt.omp`: spinning and sleeping threads price a tree step 1.1x and
     1.6x a plain step on the 2-core VM, so a profile timed under the other policy mispredicts); ``temperature``:
-    the run's (a tree solved from a greedy profile predicts greedy acceptance, not sampled)."""
+    the run's (a tree solved from a greedy profile predicts greedy acceptance, not sampled); ``threads``: a CPU
+    run's torch threads (a curve timed on 1 thread priced a step 1.7x dearer than 2 threads ran it)."""
     from ..profiles import same_device
 
     out = []
     for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
                       ("draft_cost_model", draft_cost_model), ("engine", "treeopt"),
-                      ("omp_wait_policy", omp_wait_policy), ("temperature", temperature)):
+                      ("omp_wait_policy", omp_wait_policy), ("temperature", temperature), ("threads", threads)):
         want = meta.extra.get(f"profiled_{key}")
         if have is None or want is None:
             continue
-        if key == "temperature":
+        if key in ("temperature", "threads"):
             try:
                 same = float(want) == float(have)
             except (TypeError, ValueError):

@@ -163,7 +163,7 @@ def load_pair(target_path: Path | None, draft: str | Path | DrafterSpec | None, 
 
     Raises:
         TreeoptError: a bad spec, L out of range; CheckpointError: a checkpoint cannot be loaded, or the
-            tokenizers differ (vocabulary fingerprints), before any weights load.
+            tokenizers differ (:func:`~sequoia_opt.model.loaders.check_draft_vocabulary`), before any weights load.
     """
     return load_drafters(target_path, [draft], device=device, dtype=dtype, weights=weights, log=log)[0]
 

@@ -188,7 +188,8 @@ class ModelConfig:
         if act not in ("silu", "swish"):
             raise CheckpointError(f"config.json hidden_act {act!r}: treeopt's Llama-family layers run SwiGLU (silu); "
                                   "another activation would decode another model")
-        if mtype != "qwen2" and cfg.get("attention_bias"):
+        qwen2 = mtype == "qwen2" or (not mtype and "Qwen2ForCausalLM" in archs)
+        if not qwen2 and cfg.get("attention_bias"):
             raise CheckpointError("config.json attention_bias = true: Llama's and Mistral's put a bias on q, k, v and "
                                   "o_proj; treeopt's decoder carries the q/k/v biases only (Qwen2's)")
         try:
@@ -206,7 +207,7 @@ class ModelConfig:
                 rope_scaling=rope_scaling,
                 max_position_embeddings=_hf_context(cfg),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=mtype == "qwen2" or (not mtype and "Qwen2ForCausalLM" in archs),
+                attention_bias=qwen2,
                 name=name or cfg.get("_name_or_path") or mtype,
             )
         except KeyError as err:

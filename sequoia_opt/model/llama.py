@@ -199,11 +199,12 @@ class Transformer(nn.Module):
         id the target emits past Vc is looked up, not out of range) and the LM head's logits gain V - Vc
         columns of -inf, so the model never proposes them and its softmax gives them probability 0. Either
         way ``config.vocab_size`` becomes V and forward returns (B, T, V) logits; tied embeddings stay one
-        storage (the head's weight is a view of the embedding's first rows), though no longer one parameter.
+        storage (the head's weight is a view of the embedding's first rows), though no longer one parameter (a
+        later ``Module.to`` copies them apart).
         Call it before :func:`~sequoia_opt.model.tuned_linear.tune_linears` (the LM head's shape changes).
 
         Raises:
-            ValueError: ``vocab_size`` not a positive int; called twice.
+            ValueError: ``vocab_size`` not a positive int; called again after a call that padded the logits.
         """
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
@@ -221,7 +222,7 @@ class Transformer(nn.Module):
             # tied: the head reads the embedding's first rows in place (no second (V, dim) copy)
             head = emb[:keep] if tied else self.lm_head.weight[:keep].clone()
         self.embed_tokens = nn.Embedding(vocab_size, self.config.dim, _weight=emb, **kw)
-        self.lm_head = Linear(self.config.dim, keep, bias=False, **kw)
+        self.lm_head = Linear(self.config.dim, keep, bias=False, device="meta", dtype=self.dtype)  # no throwaway init
         self.lm_head.weight = nn.Parameter(head, requires_grad=self.embed_tokens.weight.requires_grad)
         self.padded_logits = vocab_size - keep
         self.config = self.config.with_(vocab_size=vocab_size, tie_embeddings=False)

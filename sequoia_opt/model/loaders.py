@@ -121,11 +121,14 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return tokenizer_from_gguf(open_gguf(path))
 
 
-def check_draft_vocabulary(ttok: Tokenizer, dtok: Tokenizer, *, target_name: str, draft_name: str) -> None:
+def check_draft_vocabulary(ttok: Tokenizer, dtok: Tokenizer, *, target_name: str, draft_name: str,
+                           draft_rows: int | None = None) -> None:
     """A draft model must share the target's tokenizer; their vocabularies may be padded or extended apart.
 
     The tokenizers must map every id below both sizes to the same token (:meth:`~sequoia_opt.model.tokenizer.
-    Tokenizer.first_difference`, the range llama.cpp compares too). Past that the sizes may differ (Qwen2.5
+    Tokenizer.first_difference`; llama.cpp compares the same ids), and the draft's embedding (``draft_rows``
+    rows) must hold every token of the target's tokenizer (else it reads a zero embedding for a real target
+    token, EOS or a chat marker, and never proposes it). Past that the sizes may differ (Qwen2.5
     0.5B-3B have 151936 embedding rows, 7B-72B 152064; their GGUF token lists are padded to those sizes), and
     the loaded draft is fitted to the target's size
     (:meth:`~sequoia_opt.model.llama.Transformer.fit_vocab`: it never proposes an id past the target's, and an id
@@ -136,7 +139,8 @@ def check_draft_vocabulary(ttok: Tokenizer, dtok: Tokenizer, *, target_name: str
         ttok, dtok: the target's and the draft's tokenizers; target_name, draft_name: how the message names them.
 
     Raises:
-        CheckpointError: the tokenizers differ at an id both have.
+        CheckpointError: the tokenizers differ at an id both have, or the target's tokenizer has tokens past the
+            draft's embedding.
     """
     i = ttok.first_difference(dtok)
     if i is not None:
@@ -144,6 +148,11 @@ def check_draft_vocabulary(ttok: Tokenizer, dtok: Tokenizer, *, target_name: str
             f"mismatched tokenizers: target {target_name} ({ttok.vocab_size} tokens) and draft {draft_name} "
             f"({dtok.vocab_size} tokens) differ at id {i} ({ttok.id_to_token(i)!r} against "
             f"{dtok.id_to_token(i)!r}); speculative decoding needs a draft that shares the target's tokenizer")
+    if draft_rows is not None and ttok.vocab_size > draft_rows:
+        raise CheckpointError(
+            f"mismatched vocabularies: the tokenizer of target {target_name} has {ttok.vocab_size} tokens but draft "
+            f"{draft_name}'s embedding only {draft_rows} rows: the draft could not read the target's tokens past "
+            f"id {draft_rows - 1} ({ttok.id_to_token(draft_rows)!r} ...) nor propose them")
 
 
 def check_draft_checkpoint(target_path: str | os.PathLike, draft_path: str | os.PathLike) -> None:
@@ -159,7 +168,8 @@ def check_draft_checkpoint(target_path: str | os.PathLike, draft_path: str | os.
         rows = load_model_config(p).vocab_size
         if tok.vocab_size > rows:
             raise CheckpointError(f"{p}: tokenizer has {tok.vocab_size} tokens but the embedding only {rows}")
-    check_draft_vocabulary(toks[tp], toks[dp], target_name=tp.name, draft_name=dp.name)
+    check_draft_vocabulary(toks[tp], toks[dp], target_name=tp.name, draft_name=dp.name,
+                           draft_rows=load_model_config(dp).vocab_size)
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cpu",

@@ -2,8 +2,9 @@
 
 It adds what decoding needs and ``tokenizer.json`` does not carry: the BOS id, the set of ids that end
 generation (EOS plus end-of-turn tokens such as ``<|im_end|>``), the model's chat template (rendered by
-:mod:`.chat_template`), and a cheap :meth:`Tokenizer.fingerprint` so a draft and a target with different
-vocabularies are refused before any forward pass.
+:mod:`.chat_template`), a cheap :meth:`Tokenizer.fingerprint` (a label of the vocabulary), and
+:meth:`Tokenizer.first_difference`, by which a draft whose tokenizer is not the target's is refused before any
+weights load.
 
 Sources: Hugging Face ``tokenizers`` (BPE model, ByteLevel pre-tokenizer/decoder); the HF
 ``tokenizer_config.json`` convention for ``bos_token`` / ``eos_token``.
@@ -153,8 +154,9 @@ class Tokenizer:
     def fingerprint(self) -> str:
         """16 hex digits of SHA-256 over the vocabulary (every ``(id, token)`` pair, in id order).
 
-        Two tokenizers with the same fingerprint map every id to the same token string, which is what a
-        draft/target pair must share; pre-tokenization and special-token ids are not part of it.
+        Two tokenizers with the same fingerprint map every id to the same token string (a pair is compared by
+        :meth:`first_difference`, which lets one vocabulary extend the other); pre-tokenization and special-token
+        ids are not part of it.
         """
         vocab = self._tok.get_vocab(with_added_tokens=True)
         items = sorted((i, t) for t, i in vocab.items())

@@ -55,7 +55,7 @@ def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_
     if not spec.entry.loads_model:
         raise EngineError(f"--draft {spec.label}: llama.cpp's speculative decoding here runs a draft model (for "
                           "prompt lookup, solve --format llama.cpp on a lookup profile gives its ngram-simple flags)")
-    check_drafter(spec, tcfg)
+    check_drafter(spec, tcfg, tpath)
     dsrc = spec.path if spec.path is not None else default_draft_path()
     label = model_label(dsrc)
     dvocab = load_model_config(dsrc).vocab_size
