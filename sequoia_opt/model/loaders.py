@@ -131,12 +131,13 @@ def check_draft_vocabulary(ttok: Tokenizer, dtok: Tokenizer, *, target_name: str
     token, EOS or a chat marker, and never proposes it). Past that the sizes may differ (Qwen2.5
     0.5B-3B have 151936 embedding rows, 7B-72B 152064; their GGUF token lists are padded to those sizes), and
     the loaded draft is fitted to the target's size
-    (:meth:`~sequoia_opt.model.llama.Transformer.fit_vocab`: it never proposes an id past the target's, and an id
-    past its own reads a zero embedding). Exactness does not rest on this check (every token is the target's
+    (:meth:`~sequoia_opt.model.llama.Transformer.fit_vocab`: it never proposes an id past the target's; a padding
+    id of the target past its own rows reads a zero embedding). Exactness does not rest on this check (every token is the target's
     choice); acceptance does.
 
     Args:
         ttok, dtok: the target's and the draft's tokenizers; target_name, draft_name: how the message names them.
+        draft_rows: the draft's embedding rows (its config's ``vocab_size``), or None not to check them.
 
     Raises:
         CheckpointError: the tokenizers differ at an id both have, or the target's tokenizer has tokens past the
