@@ -201,3 +201,13 @@ def test_a_draft_tokenizer_past_its_embedding_is_refused_before_weights_load(pai
     monkeypatch.setattr(load, "load_checkpoint", no_weights)
     with pytest.raises(CheckpointError, match=r"small: tokenizer has 259 tokens but the embedding only 257"):
         load_pair(pair["target"], str(small), device=torch.device("cpu"), dtype=torch.float32)
+
+
+def test_load_tokenizer_is_kept_per_file_version(tmp_path):
+    ckpt = tmp_path / "m"
+    save_hf_checkpoint(random_model(3), byte_tokenizer(), ckpt)
+    first = load_tokenizer(ckpt)
+    assert load_tokenizer(ckpt) is first  # a pair checked before each weights load reads the file once
+    byte_tokenizer(extra=("<|a|>",)).save(ckpt / "tokenizer.json")  # a new file version is read again
+    again = load_tokenizer(ckpt)
+    assert again is not first and again.vocab_size == 258 and first.vocab_size == 257

@@ -56,7 +56,8 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
                        ("dtype", (curve.device.get("dtype") if curve else None) or acc.measured.get("dtype")),
                        ("omp_wait_policy", curve.device.get("omp_wait_policy") if curve else None),
                        ("temperature", acc.measured.get("temperature")),
-                       ("threads", curve.device.get("threads") if curve and curve.device.get("type") == "cpu" else None)):
+                       ("threads", curve.device.get("threads")
+                        if curve and curve.device.get("type") == "cpu" else None)):
         if value is not None:
             out[f"profiled_{key}"] = value
     return out

@@ -74,9 +74,9 @@ def check_capacity(prompt_len: int, max_new_tokens: int, *, cache_len: int, cont
 
     Raises:
         DecodingError: naming the numbers that do not fit and the thing that limits: the model and its
-            context (``max_position_embeddings``, or a smaller sliding window), or the cache and its ``max_len``. Only a cache overflow suggests a
-            larger ``max_len`` (the decoders' argument); a context overflow suggests a shorter prompt or a
-            smaller ``max_new_tokens``.
+            context (``max_position_embeddings``, or a smaller sliding window), or the cache and its
+            ``max_len``. Only a cache overflow suggests a larger ``max_len`` (the decoders' argument); a context
+            overflow suggests a shorter prompt or a smaller ``max_new_tokens``.
     """
     if max_new_tokens == 0:
         return

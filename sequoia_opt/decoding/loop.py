@@ -152,8 +152,9 @@ class Decoder:
             V = getattr(d, "vocab_size", self.vocab_size)
             if V != self.vocab_size:
                 raise DecodingError(f"drafter {name!r} has a vocabulary of {V} tokens but the target "
-                                    f"{self.vocab_size}; every drafter must share the target's tokenizer (a draft model "
-                                    "padded to another size: draft.fit_vocab(target.config.vocab_size) first)")
+                                    f"{self.vocab_size}; every drafter must share the target's tokenizer (a draft "
+                                    "model padded to another size: draft.fit_vocab(target.config.vocab_size) "
+                                    "first)")
             dev = getattr(d, "device", self.device)
             if torch.device(dev) != self.device:
                 raise DecodingError(f"drafter {name!r} is on {dev} but the target on {self.device}")

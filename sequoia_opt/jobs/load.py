@@ -177,8 +177,9 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
     ``cost_model`` its cost model.
 
     Every check that needs no weights runs first, for every drafter: the specs (:func:`parse_drafter_spec`),
-    then the target's and the drafts' configs and a draft model's tokenizer (:func:`check_drafter`); only then are weights loaded (the target first; a draft model whose
-    embedding is padded to another size is fitted to the target's). On a CPU in float32 the target's and each
+    then the target's and the drafts' configs and a draft model's tokenizer (:func:`check_drafter`); only then
+    are weights loaded (the target first; a draft model whose embedding is padded to another size is fitted to
+    the target's). On a CPU in float32 the target's and each
     draft model's linears are tuned for this machine (:func:`load_target`); ``weights`` applies to the target
     (a draft model keeps float32).
 

@@ -175,21 +175,13 @@ class ModelConfig:
         Qwen2ForCausalLM; rotary settings as transformers 4 or 5 writes them, see :func:`check_rope_scaling`).
         Raises :class:`CheckpointError` for a missing key, an unknown architecture or an unsupported rotary
         setting."""
-        archs = cfg.get("architectures") or []
-        mtype = cfg.get("model_type", "")
-        known = ("llama", "mistral", "qwen2")
-        known_archs = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-        # exact names: a prefix test let qwen2_moe / Qwen2-VL in, which are other architectures
-        if not (mtype in known if mtype else any(a in known_archs for a in archs)):
-            raise CheckpointError(f"unsupported architecture {mtype or archs!r}; treeopt loads {', '.join(known)} "
-                                  f"({', '.join(known_archs)})")
+        family = _hf_family(cfg)
         rope_theta, rope_scaling = _hf_rope(cfg)
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise CheckpointError(f"config.json hidden_act {act!r}: treeopt's Llama-family layers run SwiGLU (silu); "
                                   "another activation would decode another model")
-        qwen2 = mtype == "qwen2" or (not mtype and "Qwen2ForCausalLM" in archs)
-        if not qwen2 and cfg.get("attention_bias"):
+        if family != "qwen2" and cfg.get("attention_bias"):
             raise CheckpointError("config.json attention_bias = true: Llama's and Mistral's put a bias on q, k, v and "
                                   "o_proj; treeopt's decoder carries the q/k/v biases only (Qwen2's)")
         try:
@@ -205,10 +197,10 @@ class ModelConfig:
                 norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),  # transformers' default for all three
                 rope_theta=rope_theta,
                 rope_scaling=rope_scaling,
-                max_position_embeddings=_hf_context(cfg),
+                max_position_embeddings=_hf_context(cfg, family),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=qwen2,
-                name=name or cfg.get("_name_or_path") or mtype,
+                attention_bias=family == "qwen2",
+                name=name or cfg.get("_name_or_path") or cfg.get("model_type", ""),
             )
         except KeyError as err:
             raise CheckpointError(f"config.json lacks {err.args[0]!r}") from None
@@ -252,7 +244,27 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def _hf_context(cfg: dict[str, Any]) -> int:
+#: The Hugging Face families :meth:`ModelConfig.from_hf` loads: ``model_type`` -> architecture name.
+HF_FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def _hf_family(cfg: dict[str, Any]) -> str:
+    """A config's family (a key of :data:`HF_FAMILIES`): its ``model_type``, else the first known name in
+    ``architectures``. Exact names: a prefix test let qwen2_moe / Qwen2-VL in, which are other architectures.
+    Raises CheckpointError for any other."""
+    mtype = cfg.get("model_type") or ""
+    archs = cfg.get("architectures") or []
+    if mtype:
+        family = mtype if mtype in HF_FAMILIES else None
+    else:
+        family = next((f for f, a in HF_FAMILIES.items() if a in archs), None)
+    if family is None:
+        raise CheckpointError(f"unsupported architecture {mtype or archs!r}; treeopt loads {', '.join(HF_FAMILIES)} "
+                              f"({', '.join(HF_FAMILIES.values())})")
+    return family
+
+
+def _hf_context(cfg: dict[str, Any], family: str) -> int:
     """The context treeopt decodes a Hugging Face config at: ``max_position_embeddings`` (2048 when absent), capped
     at the sliding attention window when one applies (Mistral's ``sliding_window``; Qwen2's when
     ``use_sliding_window`` and some layer is at or above ``max_window_layers``; Llama ignores the key). treeopt's
@@ -264,14 +276,12 @@ def _hf_context(cfg: dict[str, Any]) -> int:
     except (TypeError, ValueError):
         raise CheckpointError(f"config.json max_position_embeddings = {cfg.get('max_position_embeddings')!r} must "
                               "be a positive integer") from None
-    mtype = cfg.get("model_type") or ""
-    mistral = mtype == "mistral" or (not mtype and "MistralForCausalLM" in (cfg.get("architectures") or []))
-    qwen2 = mtype == "qwen2" or (not mtype and "Qwen2ForCausalLM" in (cfg.get("architectures") or []))
-    window = cfg.get("sliding_window", 4096 if mistral else None)  # transformers' defaults
+    window = cfg.get("sliding_window", 4096 if family == "mistral" else None)  # transformers' defaults
     n_layers, from_layer = cfg.get("num_hidden_layers"), cfg.get("max_window_layers")
     # transformers' Llama ignores the key; Qwen2 slides only with use_sliding_window, from layer max_window_layers
     no_layer_slides = isinstance(from_layer, int) and isinstance(n_layers, int) and from_layer >= n_layers
-    applies = mistral or (qwen2 and bool(cfg.get("use_sliding_window", False)) and not no_layer_slides)
+    applies = family == "mistral" or (family == "qwen2" and bool(cfg.get("use_sliding_window", False))
+                                      and not no_layer_slides)
     if window is None or not applies:
         return context
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:

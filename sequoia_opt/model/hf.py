@@ -93,6 +93,13 @@ def _hf_name(name: str) -> str:
     return name[len(_PREFIX):] if name.startswith(_PREFIX) else name
 
 
+def check_tokenizer_fits(tokenizer: Tokenizer, rows: int, path: str | os.PathLike) -> None:
+    """Raise CheckpointError naming ``path`` when the tokenizer has more tokens than the embedding's ``rows``
+    (an id it encodes would index past the embedding)."""
+    if tokenizer.vocab_size > rows:
+        raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the embedding only {rows}")
+
+
 def load_hf_tokenizer(path: str | os.PathLike, hf_config: dict[str, Any] | None = None) -> Tokenizer:
     """``path/tokenizer.json`` with BOS/EOS from ``tokenizer_config.json``, ``config.json`` and
     ``generation_config.json`` (``eos_token_id`` may be an int or a list; all of them end generation), and the
@@ -131,9 +138,7 @@ def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
     hf_config = _read_json(path / CONFIG_FILE)
     config = _config_of(path / CONFIG_FILE, path.resolve().name)  # the folder: _name_or_path is often stale
     tokenizer = load_hf_tokenizer(path, hf_config)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the embedding only "
-                              f"{config.vocab_size}")
+    check_tokenizer_fits(tokenizer, config.vocab_size, path)
     files, weight_map = _weight_files(path)
     with ExitStack() as stack:
         where: dict[str, tuple[Any, str]] = {}  # model name -> (open file, checkpoint name)

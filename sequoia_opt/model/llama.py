@@ -208,9 +208,9 @@ class Transformer(nn.Module):
         """
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
-        if self.padded_logits or self.config.vocab_size == vocab_size:
-            if self.padded_logits:
-                raise ValueError("fit_vocab was already called on this model")
+        if self.padded_logits:
+            raise ValueError("fit_vocab was already called on this model")
+        if self.config.vocab_size == vocab_size:
             return
         old = self.config.vocab_size
         kw = dict(device=self.device, dtype=self.dtype)

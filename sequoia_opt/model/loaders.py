@@ -10,6 +10,7 @@ use ``tokenizer``).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from importlib import resources
@@ -20,7 +21,7 @@ import torch
 from ..errors import CheckpointError, TreeoptError
 from .config import ModelConfig
 from .gguf_loader import load_gguf, load_gguf_config
-from .hf import load_hf, load_hf_config
+from .hf import TOKENIZER_FILE, check_tokenizer_fits, load_hf, load_hf_config
 from .llama import Transformer
 from .tokenizer import Tokenizer
 
@@ -107,18 +108,31 @@ def load_model_config(path: str | os.PathLike) -> ModelConfig:
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """The tokenizer of a checkpoint without its weights: ``tokenizer.json`` of a Hugging Face directory
-    (BOS/EOS from its configs), or the ``tokenizer.ggml.*`` metadata of a GGUF file.
+    (BOS/EOS from its configs), or the ``tokenizer.ggml.*`` metadata of a GGUF file. Kept per file version
+    (path, size, modification time): a command checks a pair before each weights load, and rebuilding a GGUF's
+    49k-token BPE took 1.2 s each time; the object returned is shared, not to be changed.
 
     Raises:
         CheckpointError: path missing, unknown format, no or an unsupported tokenizer.
     """
+    path = Path(path)
+    kind = _kind(path)
+    source = path / TOKENIZER_FILE if kind == "hf" else path
+    try:
+        st = source.stat()
+        version = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        version = None  # the loader names what is missing
+    return _tokenizer_of(str(path.resolve()), kind, version)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_of(path: str, kind: str, version: tuple[int, int] | None) -> Tokenizer:
+    """:func:`load_tokenizer`'s load, cached by its arguments (``version`` keys a changed file apart)."""
     from .gguf_loader import open_gguf, tokenizer_from_gguf
     from .hf import load_hf_tokenizer
 
-    path = Path(path)
-    if _kind(path) == "hf":
-        return load_hf_tokenizer(path)
-    return tokenizer_from_gguf(open_gguf(path))
+    return load_hf_tokenizer(path) if kind == "hf" else tokenizer_from_gguf(open_gguf(path))
 
 
 def check_draft_vocabulary(ttok: Tokenizer, dtok: Tokenizer, *, target_name: str, draft_name: str,
@@ -132,8 +146,8 @@ def check_draft_vocabulary(ttok: Tokenizer, dtok: Tokenizer, *, target_name: str
     0.5B-3B have 151936 embedding rows, 7B-72B 152064; their GGUF token lists are padded to those sizes), and
     the loaded draft is fitted to the target's size
     (:meth:`~sequoia_opt.model.llama.Transformer.fit_vocab`: it never proposes an id past the target's; a padding
-    id of the target past its own rows reads a zero embedding). Exactness does not rest on this check (every token is the target's
-    choice); acceptance does.
+    id of the target past its own rows reads a zero embedding). Exactness does not rest on this check (every
+    token is the target's choice); acceptance does.
 
     Args:
         ttok, dtok: the target's and the draft's tokenizers; target_name, draft_name: how the message names them.
@@ -164,13 +178,11 @@ def check_draft_checkpoint(target_path: str | os.PathLike, draft_path: str | os.
             tokenizer with more tokens than its embedding has rows.
     """
     tp, dp = Path(target_path), Path(draft_path)
-    toks = {p: load_tokenizer(p) for p in (tp, dp)}
-    for p, tok in toks.items():  # the loader's own refusal (load_hf), here before the target's weights load
-        rows = load_model_config(p).vocab_size
-        if tok.vocab_size > rows:
-            raise CheckpointError(f"{p}: tokenizer has {tok.vocab_size} tokens but the embedding only {rows}")
-    check_draft_vocabulary(toks[tp], toks[dp], target_name=tp.name, draft_name=dp.name,
-                           draft_rows=load_model_config(dp).vocab_size)
+    toks, rows = {}, {}
+    for p in (tp, dp):  # the loader's own refusal (load_hf's), here before the target's weights load
+        toks[p], rows[p] = load_tokenizer(p), load_model_config(p).vocab_size
+        check_tokenizer_fits(toks[p], rows[p], p)
+    check_draft_vocabulary(toks[tp], toks[dp], target_name=tp.name, draft_name=dp.name, draft_rows=rows[dp])
 
 
 def load_checkpoint(path: str | os.PathLike, *, device: torch.device | str = "cpu",
