@@ -143,7 +143,8 @@ class Engine:
             return self.pair.new_drafter()
         from sequoia_opt.engines.llamacpp import LlamaCppDrafter
 
-        return LlamaCppDrafter(self._contexts(rows, slot)[1])
+        tm, dm = self._contexts(rows, slot)
+        return LlamaCppDrafter(dm, tm.n_vocab)
 
     def decoder(self, rows: int, k: int | None = None, ranges: list[tuple[int, int, int]] | None = None,
                 slot: int = 0, live: Any = None) -> Decoder:

@@ -253,20 +253,74 @@ def test_tiny_gguf_round_trip_llamacpp(tmp_path):
     np.testing.assert_allclose(got, _logits(m, ids), atol=1e-4, rtol=1e-4)
 
 
+def _padded(model, vocab: int, hot: bool):
+    """``model`` with ``vocab`` embedding / LM-head rows, its own first; with ``hot`` the added LM-head rows are
+    its first rows times 50, so at almost every position one of them beats every real id's logit (a draft that
+    proposed past the target's vocabulary would show it)."""
+    from sequoia_opt.model.llama import Transformer
+
+    out = Transformer(model.config.with_(vocab_size=vocab, tie_embeddings=False))
+    sd, own = model.state_dict(), model.config.vocab_size
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            src = sd.get(name, sd["embed_tokens.weight"] if name == "lm_head.weight" else None)
+            if name in ("embed_tokens.weight", "lm_head.weight"):
+                p.zero_()
+                p[:min(own, vocab)] = src[:min(own, vocab)]
+                if hot and name == "lm_head.weight":
+                    p[own:] = 50 * src[:vocab - own]
+            else:
+                p.copy_(src)
+    return out.eval()
+
+
 @needs_llamacpp
-def test_llamacpp_pair_refuses_a_draft_padded_to_another_vocab_size(tmp_path):
-    from sequoia_opt.engines.llamacpp.models import resolve_pair
+def test_llamacpp_pair_takes_a_draft_padded_within_llamas_limit(tmp_path):
+    """A draft whose embedding is padded to another size (the Qwen2.5 pairs) with the target's tokenizer: taken
+    up to llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE rows apart, refused past it before the draft is converted;
+    the chain it drafts, static and grown by ChainPolicy, is plain decoding, and its padded rows (made to win
+    the draft's argmax) are never proposed."""
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.policies import StaticTreePolicy
+    from sequoia_opt.engines.llamacpp import (ChainSetting, LlamaCppDrafter, LlamaCppModel, LlamaCppTarget,
+                                              generate)
+    from sequoia_opt.engines.llamacpp.models import SPEC_VOCAB_MAX_SIZE_DIFFERENCE, resolve_pair
     from sequoia_opt.model.gguf_writer import write_gguf
     from sequoia_opt.model.hf import save_hf_checkpoint
+    from sequoia_opt.tree import Tree
 
     tok = merged_tokenizer()
-    target = write_gguf(tmp_path / "t.gguf", random_model(3, std=0.1, vocab=258), tok, outtype="f32")
-    padded = tmp_path / "padded"  # the same tokenizer; treeopt's torch decoder fits it (test_padded_vocab.py)
-    save_hf_checkpoint(random_model(4, std=0.1, vocab=300), tok, padded)
-    with pytest.raises(EngineError, match=r"--draft padded has vocab_size 300 \(its embedding rows\), the target "
-                                          r"258: llama.cpp's draft here needs the target's size"):
-        resolve_pair(target, str(padded), tmp_path)
-    assert not list(tmp_path.glob("padded*.gguf"))  # refused before the draft is converted
+    tmodel = random_model(3, std=0.1, vocab=258)
+    target = write_gguf(tmp_path / "t.gguf", tmodel, tok, outtype="f32")
+    far = tmp_path / "far"
+    save_hf_checkpoint(_padded(tmodel, 258 + SPEC_VOCAB_MAX_SIZE_DIFFERENCE + 1, hot=False), tok, far)
+    with pytest.raises(EngineError, match=r"--draft far has vocab_size 387 \(its embedding rows\), the target 258: "
+                                          r"llama.cpp's draft-simple takes sizes at most 128 apart"):
+        resolve_pair(target, str(far), tmp_path)
+    assert not list(tmp_path.glob("far*.gguf"))  # refused before the draft is converted
+
+    padded = tmp_path / "padded"  # the target's own weights, so the draft agrees wherever its argmax is real
+    save_hf_checkpoint(_padded(tmodel, 300, hot=True), tok, padded)
+    pair = resolve_pair(target, str(padded), tmp_path)
+    assert pair.draft is not None and pair.draft.is_file()
+    assert any("300 embedding rows, the target 258" in n for n in pair.notes)
+
+    ids = tok.encode("abc, def 42 ab ab")
+    cfg = dict(n_ctx=128, n_threads=1, kv_type="f32", flash_attn=False)
+    with LlamaCppModel(target, **cfg) as tm, LlamaCppModel(pair.draft, **cfg) as dm:
+        assert (tm.n_vocab, dm.n_vocab) == (258, 300)
+        plain = generate(tm, ids, 24).tokens
+        grown = generate(tm, ids, 24, draft=dm, setting=ChainSetting(3, 0, 0.0))
+        dec = Decoder(LlamaCppTarget(tm), StaticTreePolicy(LlamaCppDrafter(dm, tm.n_vocab), Tree.chain(4)))
+        static = dec.generate(ids, 24)
+        assert grown.tokens == plain and static.tokens == plain and max(plain) < 258
+        # the draft is the target below id 258: every drafted token is accepted but where a padded row would win
+        for steps in (grown.steps, [(s.tree_size - 1, s.accepted_len - 1) for s in static.steps]):
+            drafted = sum(s.drafted if hasattr(s, "drafted") else s[0] for s in steps)
+            accepted = sum(s.accepted if hasattr(s, "accepted") else s[1] for s in steps)
+            assert drafted > 0 and accepted == drafted
+        with pytest.raises(DecodingError, match="vocabulary of 300 tokens but the target 258"):
+            Decoder(LlamaCppTarget(tm), StaticTreePolicy(LlamaCppDrafter(dm), Tree.chain(4)))
 
 
 @needs_llamacpp

@@ -68,7 +68,7 @@ def generate(target: LlamaCppModel, prompt: Sequence[int], max_new_tokens: int, 
     setting = setting or ChainSetting(0)
     policy = None
     if draft is not None and setting.n_max > 0:
-        policy = ChainPolicy(LlamaCppDrafter(draft), setting.n_max, setting.n_min, setting.p_min)
+        policy = ChainPolicy(LlamaCppDrafter(draft, target.n_vocab), setting.n_max, setting.n_min, setting.p_min)
     dec = Decoder(LlamaCppTarget(target), policy, eos_ids=eos_ids)
     t0 = time.perf_counter()
     res = dec.generate(prompt, max_new_tokens)

@@ -9,7 +9,11 @@ from pathlib import Path
 from ...errors import EngineError
 from .binding import check_gguf
 
-__all__ = ["GgufPair", "resolve_pair"]
+__all__ = ["GgufPair", "resolve_pair", "SPEC_VOCAB_MAX_SIZE_DIFFERENCE"]
+
+#: the most embedding rows a draft and its target may differ by (llama.cpp's ``common/speculative.cpp``, the same
+#: name there): a draft padded to another size, with tokenizers that agree on every id both have
+SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
 
 
 @dataclass
@@ -27,7 +31,9 @@ def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_
     """The GGUF files for ``--target`` / ``--draft`` (defaults: the demo target; the bundled draft). A draft
     that is a Hugging Face folder (the bundled one included) is written as an F16 GGUF into ``workdir`` first
     (:func:`~sequoia_opt.model.gguf_writer.write_gguf`, named by its label so profiles still match). Both
-    configs are checked (vocabulary sizes equal) before any weights load.
+    configs are checked before any weights load: tokenizers that agree on every id both have, and embedding
+    sizes at most :data:`SPEC_VOCAB_MAX_SIZE_DIFFERENCE` apart (the decoders then pass the target's size to
+    :class:`~sequoia_opt.engines.llamacpp.target.LlamaCppDrafter`).
 
     Raises:
         EngineError / TreeoptError: a target that is not a GGUF, a drafter llama.cpp does not run here
@@ -59,10 +65,13 @@ def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_
     dsrc = spec.path if spec.path is not None else default_draft_path()
     label = model_label(dsrc)
     dvocab = load_model_config(dsrc).vocab_size
-    if dvocab != tcfg.vocab_size:
+    if abs(dvocab - tcfg.vocab_size) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
         raise EngineError(f"--draft {spec.label} has vocab_size {dvocab} (its embedding rows), the target "
-                          f"{tcfg.vocab_size}: llama.cpp's draft here needs the target's size (treeopt's torch "
-                          "decoder fits an embedding padded to another size)")
+                          f"{tcfg.vocab_size}: llama.cpp's draft-simple takes sizes at most "
+                          f"{SPEC_VOCAB_MAX_SIZE_DIFFERENCE} apart (treeopt's torch decoder fits any padding)")
+    if dvocab != tcfg.vocab_size:
+        out.notes.append(f"draft {spec.label} has {dvocab} embedding rows, the target {tcfg.vocab_size}: the "
+                         "tokenizers agree, so the draft proposes among the ids both have")
     if Path(dsrc).suffix.lower() == ".gguf":
         check_gguf(dsrc)
         out.draft, out.draft_label = Path(dsrc), label

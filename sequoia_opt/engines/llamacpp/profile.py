@@ -105,7 +105,7 @@ def measure_batch_overhead(target: LlamaCppModel, draft: LlamaCppModel | None, b
 
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(0, target.n_vocab, prompt_len).tolist() for _ in range(batch)]
-    policy = StaticTreePolicy(LlamaCppDrafter(draft), Tree.chain(n_max + 1)) if draft is not None else None
+    policy = StaticTreePolicy(LlamaCppDrafter(draft, target.n_vocab), Tree.chain(n_max + 1)) if draft is not None else None
     res = Decoder(LlamaCppTarget(target, max_batch=batch), policy, max_batch=batch).generate_batch(prompts, steps)
     return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0
 
@@ -145,7 +145,7 @@ def loop_decoders(target: LlamaCppModel, draft: LlamaCppModel, reference: LlamaC
     from .target import LlamaCppDrafter, LlamaCppTarget
 
     def make_decoder(n: int) -> Decoder:
-        policy = None if n == 1 else ChainPolicy(LlamaCppDrafter(draft), n - 1)
+        policy = None if n == 1 else ChainPolicy(LlamaCppDrafter(draft, target.n_vocab), n - 1)
         return Decoder(LlamaCppTarget(target), policy)
 
     return make_decoder, lambda: Decoder(LlamaCppTarget(reference), None)
@@ -328,7 +328,7 @@ def _batch_loop_tables(target_path: Path, draft_path: Path | None, lookup: tuple
         ref = stack.enter_context(LlamaCppModel(target_path, **cfg))
         if draft_path is not None:
             dm = stack.enter_context(LlamaCppModel(draft_path, **cfg))
-            make_drafter = lambda: LlamaCppDrafter(dm)  # noqa: E731
+            make_drafter = lambda: LlamaCppDrafter(dm, tm.n_vocab)  # noqa: E731
         else:
             lo, hi = lookup
             make_drafter = lambda: PromptLookupDrafter(tm.n_vocab, prompt_lookup_min=lo,  # noqa: E731

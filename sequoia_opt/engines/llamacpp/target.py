@@ -188,6 +188,12 @@ class LlamaCppDrafter(Drafter):
         model: the draft GGUF's :class:`~sequoia_opt.engines.llamacpp.binding.LlamaCppModel`. One row: any
             context. More rows: ``n_seq_max`` >= the rows it serves and a KV cache per sequence
             (``kv_unified=False``); with a unified cache it serves one row (:attr:`max_rows`).
+        vocab_size: the target's V, where the draft's embedding is padded to another size (the Qwen2.5 pairs:
+            151936 rows against 152064; llama.cpp's draft-simple takes sizes up to
+            :data:`~sequoia_opt.engines.llamacpp.models.SPEC_VOCAB_MAX_SIZE_DIFFERENCE` apart): it proposes the
+            argmax among ids below ``min(V, n_vocab)``, and :meth:`score_nodes` returns (1, V) logits (columns
+            past the draft's rows -inf, as :meth:`~sequoia_opt.model.llama.Transformer.fit_vocab` pads a torch
+            draft). Default: the draft's own ``n_vocab``.
 
     Raises:
         DecodingError: :meth:`bind` with sampling (it proposes greedily); :meth:`propose` a tree wider than a chain
@@ -201,9 +207,10 @@ class LlamaCppDrafter(Drafter):
     cost_model = "per-level"
     has_probs = False
 
-    def __init__(self, model: LlamaCppModel) -> None:
+    def __init__(self, model: LlamaCppModel, vocab_size: int | None = None) -> None:
         self.model = model
-        self.vocab_size = model.n_vocab
+        self.vocab_size = model.n_vocab if vocab_size is None else int(vocab_size)
+        self._cols = min(self.vocab_size, model.n_vocab)  # the logit columns both vocabularies have
         self.device = torch.device("cpu")
         self.context = model.seq_cells if model.n_seq_max > 1 and not model.kv_unified else model.n_ctx
         self.max_rows = max(1, model.n_seq_max) if not model.kv_unified else 1
@@ -270,7 +277,7 @@ class LlamaCppDrafter(Drafter):
         self._decode_chunks(toks, seqs, pos, want)
         rows = self._last
         for d in range(1, D + 1):
-            out[:, d] = torch.from_numpy(rows.argmax(-1))
+            out[:, d] = torch.from_numpy(rows[:, :self._cols].argmax(-1))
             if d == D:
                 break
             m.decode(out[:, d].tolist(), 0, logits=True, seq_ids=[[s] for s in self._seq],
@@ -300,7 +307,9 @@ class LlamaCppDrafter(Drafter):
         else:
             (node,) = nodes
             m.decode([int(tokens[node])], L + int(depth[node]), logits=True)
-        return torch.from_numpy(np.array(m.logits(1)))
+        row = np.full((1, self.vocab_size), -np.inf, dtype=np.float32)
+        row[:, :self._cols] = m.logits(1)[:, :self._cols]
+        return torch.from_numpy(row)
 
     def commit(self, state: DecodeState, paths: Sequence[Sequence[int]], step_depth: int) -> None:
         """Each row keeps its root and the accepted nodes it ran over (at most ``step_depth``: the chain's last
