@@ -985,6 +985,14 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
     assert not out.exists() and load_schedule(sched).ranges[0][2].draft_tokens == 0
     assert "output_file" not in doc and doc["schedule_file"] == str(sched)
     assert any(w.startswith(f"nothing written to {out}: speculation pays at no batch size") for w in doc["warnings"])
+    # an earlier plan's settings at -o would keep a deployment that reads them speculating: removed, and said
+    out.write_text('{"method": "draft_model", "num_speculative_tokens": 4}\n')
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
+                              "--batches", "1,8", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert not out.exists() and doc["removed_file"] == str(out) and "output_file" not in doc
+    assert any(w.startswith(f"removed {out} (an earlier setting): speculation pays") for w in doc["warnings"])
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -65,7 +65,8 @@ def tune(
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
         "the extra_llm_api_options YAML; SGLang: the adaptive config JSON; llama.cpp: the flags per -np; treeopt: "
-        "the treeopt-schedule/1 plan).")] = None,
+        "the treeopt-schedule/1 plan). Where speculation pays at no batch size the GPU engines run without a "
+        "speculative setting: nothing is written, and a file already there is removed.")] = None,
     schedule: Annotated[Optional[Path], typer.Option(
         "--schedule", help="Also write the treeopt-schedule/1 plan (every batch size's prediction) here.")] = None,
     plan: Annotated[Optional[Path], typer.Option(
@@ -153,6 +154,7 @@ def tune(
                             "solved)" + (" (write PLAN.yaml with --schedule PLAN.yaml)" if plan_file is None else ""))
     files: dict[Path, str] = {}  # every output's text first: then written as one unit (both or neither)
     written = {}
+    stale: Path | None = None
     if output is not None:
         if opts.engine == "treeopt":
             files[output] = schedule_text(output, res.schedule)
@@ -160,7 +162,12 @@ def tune(
             files[output] = settings.extra_files["adaptive.json"]
             report.notes.append(f"pass it as --speculative-adaptive-config {output}")
         elif settings.nothing_to_set:  # a comment in a file the engine parses as JSON / YAML would break it
-            report.warnings.append(f"nothing written to {output}: {settings.text.strip().lstrip('# ')}")
+            why = settings.text.strip().lstrip('# ')
+            if output.is_file():  # an earlier plan's settings there would keep the engine speculating: removed
+                stale = output
+                report.warnings.append(f"removed {output} (an earlier setting): {why}")
+            else:
+                report.warnings.append(f"nothing written to {output}: {why}")
         else:
             files[output] = settings.text
         if output in files:
@@ -171,6 +178,9 @@ def tune(
     atomic_write_texts(files)
     for k, v in written.items():
         report.notes.append(f"wrote {v}")
+    if stale is not None:  # after the writes: a failing write leaves it as it was, like every other output
+        stale.unlink()
+        written["removed_file"] = str(stale)
     report.data = {"schedule": res.schedule, "profiles": res.profiles, "peers": res.peers, "check": check,
                    "settings": None if settings is None else {"text": settings.text, "data": settings.data,
                                                               "releases": settings.releases,
