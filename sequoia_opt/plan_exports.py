@@ -493,7 +493,7 @@ SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STAND
 
 
 def _export_sglang(ranges, release, method):
-    key = (method or "eagle3").lower()
+    key = (method or "draft_model").lower()  # as vLLM's and TensorRT-LLM's exports: a draft model is STANDALONE
     algos = set(SGLANG_ALGORITHMS.values())
     algo = SGLANG_ALGORITHMS.get(key, key.upper() if key.upper() in algos else None)  # vLLM's name or SGLang's own
     if algo is None:

@@ -1099,3 +1099,53 @@ def test_tune_tensorrt_llm_envelope_solves_one_tree_per_server_and_exports_it(tm
     # a bar no envelope clears: plain decoding everywhere (min_gain was ignored on this path)
     plan = solve_one_setting_plan(value, profile, min_gain=9.0)
     assert [(r.lo, r.hi, r.setting.label) for r in plan.ranges] == [(1, 64, "none")]
+
+
+def _labelled(tmp_path, drafter: str):
+    """The table of :func:`_files` and an acceptance profile whose ``measured`` names ``drafter``."""
+    table, path = _files(tmp_path)
+    acc = _acc()
+    acc.measured = {"draft": drafter, "target": "Llama-2-7b"}
+    path.write_text(yaml.safe_dump(acc.to_dict()))
+    return table, path
+
+
+def test_tune_sglang_serves_a_draft_model_as_standalone_and_warns_on_a_head_method(tmp_path):
+    """A draft model's acceptance runs as SGLang's STANDALONE (its draft-model algorithm), as vLLM's draft_model and
+    TensorRT-LLM's Draft_Target: the export defaulted to EAGLE3, a feature head the profile never measured. A
+    --method of a head on a draft model's profile is taken, with a warning that the plan is priced on another
+    drafter's acceptance."""
+    table, acc = _labelled(tmp_path, "llama-68m")
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    flags = [r["cli_flags"] for r in doc["settings"]["data"]["per_range"]]
+    assert flags[0].startswith("--speculative-algorithm STANDALONE --speculative-num-steps"), flags
+    assert flags[-1] == "(no --speculative-algorithm)" and not any("--method" in w for w in doc["warnings"])
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--method", "eagle3", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["settings"]["data"]["adaptive_config"]["1"]["candidate_steps"][0] > 0  # EAGLE3: the adaptive tiers
+    assert ("--method eagle3, but the plan is priced on the acceptance of llama-68m (draft_model on vLLM): the "
+            "drafter the engine serves accepts differently; measure that drafter's acceptance, or pass --method "
+            "draft_model") in doc["warnings"]
+
+
+def test_tune_takes_the_method_of_the_drafter_the_acceptance_profile_measured(tmp_path):
+    """A GPU engine given only an acceptance profile (no --draft) serves the drafter that profile measured: its
+    n-gram sizes for lookup, the engine's own method for a feature head (both were dropped for vLLM's
+    draft_model with a placeholder model)."""
+    table, acc = _labelled(tmp_path, "lookup:2-4")
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads(res.stdout)["settings"]["data"]
+    assert (cfg["method"], cfg["prompt_lookup_min"], cfg["prompt_lookup_max"]) == ("ngram", 2, 4) and "model" not in cfg
+    table, acc = _labelled(tmp_path, "eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
+    res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "-a", str(acc), "--batches",
+                              "1,8,64", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["settings"]["data"]["speculative_config"]["decoding_type"] == "Eagle3" and doc["warnings"] == []

@@ -43,7 +43,8 @@ def tune(
     release: Annotated[Optional[str], typer.Option(
         "--release", help="The engine release to export for (refused when it does not take the setting).")] = None,
     method: Annotated[Optional[str], typer.Option(
-        "--method", help="The engine's drafting method in vLLM's names: draft_model | ngram | eagle | eagle3 | mtp.")] = None,
+        "--method", help="The engine's drafting method in vLLM's names: draft_model | ngram | eagle | eagle3 | mtp "
+        "(default: the drafter measured: --draft, else the one the acceptance profile names).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="The draft checkpoint to name in the export.")] = None,
     max_batch: Annotated[Optional[int], typer.Option(
         "--max-batch", help="The engine's largest batch: the last range ends there.")] = None,
@@ -135,6 +136,7 @@ def tune(
         report.notes.extend(settings.notes)
         report.warnings.extend(settings.warnings)
     report.notes.extend(res.notes)
+    report.warnings.extend(res.warnings)
     plan_file = output if opts.engine == "treeopt" and output is not None else schedule
     check = res.check.replace("PLAN.yaml", str(plan_file)) if plan_file is not None else res.check
     if plan_file is None and "PLAN.yaml" in check:

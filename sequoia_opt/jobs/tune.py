@@ -116,7 +116,8 @@ class TuneResult:
         profiles: per input (latency, acceptance, calibration), what was done: given, reused or measured, and
             its path.  peers: per peer rule, its predicted total tokens/s per batch size.
         check: the command that checks the plan.  notes: one line each (the engine's own warnings are in
-            ``settings.warnings``).
+            ``settings.warnings``).  warnings: what may make the settings wrong for what is served (a
+            ``--method`` of another drafter kind than the one measured).
     """
 
     plan: Any
@@ -126,6 +127,7 @@ class TuneResult:
     peers: dict[str, dict[int, float]]
     check: str
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _engine(name: str) -> str:
@@ -521,6 +523,8 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
                              "(max_draft_len <= max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len)")
             fits = kept
         value = EnvelopeValue(cal, fits)
+        if opts.draft is None and labels.get("drafter") is None:  # the drafter the envelopes were calibrated on
+            labels["drafter"] = (getattr(cal, "measured", None) or {}).get("draft")
         done["calibration"] = f"given: {opts.calibration}"
     else:
         top = max_draft_measured(profile, opts.batches, ctx)
@@ -561,11 +565,9 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     notes.extend(plan.notes)
     notes.extend(guard_notes(plan, opts.engine))
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
-    # vLLM's names; each export maps them. Lookup and a feature head are the engine's own methods (ngram, eagle3,
-    # eagle, medusa: the kind's engine_methods); a draft model's stays the user's (or the export's default)
-    method = opts.method or (spec.entry.engine_methods.get("vllm")
-                             if spec.kind == "lookup" or spec.entry.reads_features else None)
-    lookup = (spec.lookup_min, spec.lookup_max) if spec.kind == "lookup" else None
+    served = served_drafter(opts, spec, labels.get("drafter"))
+    method, warnings = engine_method(opts.method, served, labels.get("drafter"))
+    lookup = (served.lookup_min, served.lookup_max) if served.kind == "lookup" else None
     settings = None
     if opts.engine != "treeopt":
         settings = export_plan(plan, opts.engine, release=opts.release, method=method,
@@ -578,7 +580,45 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             peers[name] = {p.batch: p.tokens_per_s_total
                            for p in predict_ranges(ranges, value, profile, opts.batches, context=ctx,
                                                    output_tokens=opts.output_tokens)}
-    return TuneResult(plan, doc, settings, done, peers, _check_command(opts), notes)
+    return TuneResult(plan, doc, settings, done, peers, _check_command(opts), notes, warnings)
+
+
+def served_drafter(opts: TuneOptions, spec: Any, measured: str | None) -> Any:
+    """The drafter the engine will serve, as a :class:`~sequoia_opt.drafting.registry.DrafterSpec`: ``--draft``'s,
+    or, for a GPU engine given only an acceptance profile (``--draft`` unset), the drafter that profile measured
+    (its label: ``lookup:1-3``, ``eagle3:NAME``, ``self:6``; a path is a draft model). Nothing is loaded."""
+    from ..drafting.registry import DRAFTERS, DrafterSpec, parse_drafter_spec
+
+    if opts.draft is not None or not measured:
+        return spec
+    head, _, arg = str(measured).partition(":")
+    if head == "lookup":
+        return parse_drafter_spec(measured)
+    if head in DRAFTERS and head != "model":
+        return DrafterSpec(head)  # its kind is all the export needs (a head's checkpoint is the engine's)
+    return DrafterSpec("model", Path(arg if head == "model" else measured))
+
+
+def engine_method(method: str | None, served: Any, measured: str | None) -> tuple[str | None, list[str]]:
+    """vLLM's ``method`` name for the export (each export maps it to its engine's own) and a warning where
+    ``--method`` names another kind of drafter than the one whose acceptance the plan is priced on.
+
+    A draft model is ``draft_model`` (SGLang ``STANDALONE``, TensorRT-LLM ``Draft_Target``), lookup ``ngram``, a
+    feature head its engines' own method (``eagle3``, ``eagle``, ``medusa``): the kind's ``engine_methods``.
+    A kind no engine serves (``self:L``) leaves the choice to ``--method`` (None: the export's default).
+    """
+    own = served.entry.engine_methods.get("vllm")
+    if method is None:
+        return own, []
+    heads = ("eagle", "eagle3", "mtp", "medusa")
+    given = method.lower()
+    head_given = given in heads or given.endswith("_mtp")
+    if own is not None and (head_given != served.entry.reads_features or (not head_given and given != own)):
+        who = measured or served.label
+        return method, [f"--method {method}, but the plan is priced on the acceptance of {who} ({own} on vLLM): "
+                        f"the drafter the engine serves accepts differently; measure that drafter's acceptance, or "
+                        f"pass --method {own}"]
+    return method, []
 
 
 def _check_command(opts: TuneOptions) -> str:
