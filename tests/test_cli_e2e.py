@@ -494,3 +494,50 @@ def test_render_prints_brackets_as_written(capsys):
                  "note: wrote o/[bold]x.json"):
         assert text in out, text
     assert "warning: still takes [start, end, K] entries" in err
+
+
+def _short_context_draft(draft: Path, out: Path, context: int) -> Path:
+    """A copy of ``draft`` whose config says its context is ``context`` tokens (weights unchanged)."""
+    import shutil
+
+    shutil.copytree(draft, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["max_position_embeddings"] = context
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_a_draft_with_a_shorter_context_than_the_requests_is_refused_or_named(workdir, tmp_path):
+    """A draft whose context ends before the prompts do drafts nothing there: profile acceptance wrote a profile
+    of one trial (exit 0) and run showed 1.00 tokens/step without a word. Now: a draft that reads no prompt is
+    refused before decoding (nothing written); one that covers part of the requests is profiled with a warning
+    giving the share of steps that drafted nothing (kept in the profile), and run names the share of positions
+    past the draft's context."""
+    root, target, draft, prompts = workdir
+    shortest = min(len(json.loads(ln)["prompt"]) for ln in Path(prompts).read_text().splitlines() if ln.strip())
+    short = _short_context_draft(draft, tmp_path / "short", shortest - 8)
+    out = tmp_path / "acc.yaml"
+    r = invoke("profile", "acceptance", "--target", target, "--draft", short, "--prompts", prompts, "--width", "3",
+               "--depth", "3", "--max-new-tokens", "40", "-o", out)
+    assert r.exit_code == 2 and not out.exists(), r.output
+    assert (f"no acceptance trial: the measurement tree (depth 3) fits at no position (the drafter's context is "
+            f"{shortest - 8} tokens; the shortest prompt is ") in r.output
+    mid = _short_context_draft(draft, tmp_path / "mid", 60)
+    r = invoke("profile", "acceptance", "--target", target, "--draft", mid, "--prompts", prompts, "--width", "3",
+               "--depth", "3", "--max-new-tokens", "40", "-o", out, "--json")
+    assert r.exit_code == 0, r.output
+    prof = load_acceptance(out)
+    undrafted, steps = prof.measured["undrafted_steps"], prof.measured["steps"]
+    assert 0.05 * steps <= undrafted < steps
+    assert (f"{undrafted} of {steps} steps ({undrafted / steps:.0%}) drafted nothing: the measurement tree did not "
+            "fit (the drafter's context is 60 tokens)") in " ".join(json.loads(r.stdout)["warnings"])
+    tree = tmp_path / "chain.yaml"
+    save_tree(tree, Tree.chain(3))
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", mid, "--prompts", prompts, "--max-new-tokens", "40",
+               "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    assert any(w.startswith("the draft's context is 60 tokens (max_position_embeddings), shorter than these requests")
+               for w in json.loads(r.stdout)["warnings"])
+    r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts, "--max-new-tokens", "8",
+               "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0 and not any("draft's context" in w for w in json.loads(r.stdout)["warnings"]), r.output

@@ -138,6 +138,8 @@ def profile_acceptance(
     report = Report(title="treeopt profile acceptance")
     report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                       prompts_found=len(texts), prompts_file=pfile))
+    if (uncovered := counts.coverage_warning()) is not None:
+        report.warnings.append(uncovered)
     report.summary = {"target": pair.target_name, "draft": pair.draft_name, "draft cost model": pair.cost_model,
                       "mode": mode, "trials": counts.trials,
                       "sum p_k": float(prof.acceptance.sum()), "all rejected": 1 - float(prof.acceptance.sum()),

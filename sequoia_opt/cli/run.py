@@ -704,6 +704,9 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
                       "max new tokens": max_new_tokens, "mode": "greedy" if temperature == 0 else "sampling",
                       "plain decoding (tokens/s)": plain.tokens_per_s, "results": f"{jpath}, {cpath}"}
     report.warnings = label_warnings
+    past = draft_context_warning(pair, ids, max_new_tokens)
+    if past is not None:
+        report.warnings.append(past)
     report.tables.append(_trees_table(run, temperature, predicted))
     if any(s.adaptive for s in run.summaries):
         table, notes = _resolve_table(run)
@@ -717,6 +720,25 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
                    "json": str(jpath), "csv": str(cpath)}
     return report
+
+
+def draft_context_warning(pair, ids, max_new_tokens: int) -> str | None:
+    """One line when a draft model's context (``max_position_embeddings``) is shorter than the requests: the
+    positions past it are decoded plainly (the trees clip to the root there), which holds a run's tokens per step
+    down where the profile measured none of it; None when every position fits, or the drafter is not a draft
+    model. ``ids``: the prompts' token ids; ``max_new_tokens``: tokens generated per prompt."""
+    config = getattr(getattr(pair, "draft", None), "config", None)
+    ctx = getattr(config, "max_position_embeddings", None)
+    if not isinstance(ctx, int) or not ids or ctx >= pair.target.config.max_position_embeddings:
+        return None
+    # a step at position L drafts while L < ctx (its first level's inputs fit): past that, plain steps
+    past = sum(min(max_new_tokens, max(0, len(p) + max_new_tokens - ctx)) for p in ids)
+    if past == 0:
+        return None
+    share = past / (len(ids) * max_new_tokens)
+    return (f"the draft's context is {ctx} tokens (max_position_embeddings), shorter than these requests: "
+            f"{share:.0%} of the positions generated lie past it and decode plainly (the tree clips to the root "
+            "there); use shorter prompts or --max-new-tokens, or a draft with a longer context")
 
 
 def _node_notes(run) -> list[str]:

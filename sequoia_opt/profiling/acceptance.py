@@ -58,6 +58,10 @@ class AcceptanceCounts:
             same trials split by prompt, what an interval between prompts needs (tokens of one prompt are
             correlated; :mod:`sequoia_opt.solver.intervals`). Empty when no prompt was started.
         steps: decoding steps run; tokens: tokens emitted (for tokens per step).
+        undrafted_steps: steps whose tree was clipped to the root alone (no trial: the drafter was not asked),
+            near the end of the target's context or of the drafter's, whichever is shorter.
+        drafter_context: the drafter's context in tokens (its ``max_position_embeddings``; None when it has no
+            limit, n-gram lookup).
     """
 
     width: int
@@ -66,6 +70,8 @@ class AcceptanceCounts:
     steps: int = 0
     tokens: int = 0
     by_prompt: list[dict[int, np.ndarray]] = field(default_factory=list)
+    undrafted_steps: int = 0
+    drafter_context: int | None = None
 
     @classmethod
     def empty(cls, width: int) -> "AcceptanceCounts":
@@ -99,6 +105,19 @@ class AcceptanceCounts:
     @property
     def trials(self) -> int:
         return int(self.counts.sum())
+
+    def coverage_warning(self, threshold: float = 0.05) -> str | None:
+        """One line when at least ``threshold`` of the steps drafted nothing (:attr:`undrafted_steps`): the
+        profile then holds the acceptance of the positions the drafter reached only, and serving the pair would
+        decode the others plainly; None otherwise."""
+        if self.steps == 0 or self.undrafted_steps < threshold * self.steps:
+            return None
+        ctx = (f"the drafter's context is {self.drafter_context} tokens" if self.drafter_context is not None
+               else "the target's context")
+        return (f"{self.undrafted_steps} of {self.steps} steps ({self.undrafted_steps / self.steps:.0%}) drafted "
+                f"nothing: the measurement tree did not fit ({ctx}); these positions are not in the profile, and a "
+                "pair served on such requests decodes them plainly (use prompts + --max-new-tokens within the "
+                "drafter's context, or a drafter with a longer one)")
 
     def vector(self) -> np.ndarray:
         """(K,) float64 p_k = counts[k] / trials. Raises ValueError with no trials."""
@@ -166,27 +185,45 @@ def measure_acceptance(
 
     Raises:
         DecodingError: as :class:`~sequoia_opt.decoding.loop.Decoder` (vocabulary mismatch, overflow, ...),
-            before decoding.
+            before decoding; no trial at all (the measurement tree fit at no position: a drafter whose context
+            is shorter than the prompts), after it.
     """
     tree = measurement_tree(width, depth)
     gen = torch.Generator(device=target.device)
     gen.manual_seed(seed)
-    decoder = Decoder(target, StaticTreePolicy(drafter_factory(draft)(), tree), temperature=temperature, top_p=top_p,
+    drafter = drafter_factory(draft)()
+    decoder = Decoder(target, StaticTreePolicy(drafter, tree), temperature=temperature, top_p=top_p,
                       generator=gen, eos_ids=eos_ids, backend=backend)
     for p in prompts:  # validate every request before the first forward pass
         decoder.check(p, max_new_tokens)
+    context = getattr(drafter, "context", None)
     counts = AcceptanceCounts.empty(width)
+    counts.drafter_context = context if isinstance(context, int) and context < 2 ** 31 else None
+    shortest = min((len(p) for p in prompts), default=0)
+
+    def no_trial(steps: str) -> DecodingError:
+        ctx = (f"the drafter's context is {counts.drafter_context} tokens" if counts.drafter_context is not None
+               else "the context left no room")
+        return DecodingError(f"no acceptance trial{steps}: the measurement tree (depth {depth}) fits at no position "
+                             f"({ctx}; the shortest prompt is {shortest} tokens): use shorter prompts, or a drafter "
+                             "with a longer context")
+
+    if counts.drafter_context is not None and prompts and shortest >= counts.drafter_context:
+        raise no_trial("")  # the drafter cannot read any prompt: known before the first forward
     for i, p in enumerate(prompts):
         counts.start_prompt()
         result = decoder.generate(p, max_new_tokens)
         for step in result.steps:
             counts.steps += 1
             counts.tokens += step.accepted_len
+            counts.undrafted_steps += step.tree_size == 1
             for visit in step.visits:
                 if visit.num_children == width:
                     counts.add_visit(visit.depth, visit.accepted_rank)
         if progress:
             progress(f"acceptance, prompt {i + 1}/{len(prompts)}", i + 1, len(prompts))
+    if counts.trials == 0 and counts.steps > 0:
+        raise no_trial(f" in {counts.steps} steps")
     return counts
 
 
@@ -306,6 +343,7 @@ def build_acceptance_profile(
             "prompts": prompts_file, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
             "seed": seed, "steps": counts.steps,
             "tokens_per_step": round(counts.tokens / counts.steps, 4) if counts.steps else None,
+            **({"undrafted_steps": counts.undrafted_steps} if counts.undrafted_steps else {}),
             **_positional_flag(counts),
         },
         "acceptance": [float(x) for x in counts.vector()],
