@@ -68,12 +68,13 @@ def _target(path: str | os.PathLike) -> Path:
 
 
 def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str) -> str:
-    """Read a UTF-8 text input file, turning failures into ``error`` with one line:
+    """Read a UTF-8 text input file (a byte-order mark at its start skipped), turning failures into ``error``
+    with one line:
     ``cannot read <what> <path>: <reason>`` (missing, a directory, no permission) or
     ``<path>: not a UTF-8 text file (expected a <what>)`` (binary data)."""
     path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
     except UnicodeDecodeError:

@@ -6,7 +6,10 @@ Two formats:
   chat prompt, ``{"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}``, rendered
   with the target's own chat template (:mod:`sequoia_opt.model.chat_template`) and ending where the
   assistant's reply starts. Other keys are kept as metadata (e.g. ``"source"``). Blank lines are ignored.
+* ``.json``: one JSON array whose items are prompt strings or objects as on a ``.jsonl`` line.
 * anything else: plain text, prompts separated by one or more blank lines.
+
+A UTF-8 byte-order mark at the start of a file is skipped (editors on Windows write one).
 
 :func:`encode_prompts` turns prompts into token ids for a target (raw text encoded as is, chat prompts
 rendered first); every command that reads a prompt file goes through it.
@@ -75,13 +78,35 @@ def _parse_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
     return tuple(out)
 
 
+def _prompt(obj: Any, where: str) -> Prompt:
+    """One prompt object of a ``.jsonl`` line or a ``.json`` array item (module docstring); ``where`` names it.
+
+    Raises:
+        PromptFileError: not an object, both 'prompt' (or 'text') and 'messages', both 'prompt' and 'text', no
+            non-empty prompt string, malformed messages.
+    """
+    if not isinstance(obj, dict):
+        raise PromptFileError(f"{where}: expected a JSON object with a 'prompt' string or 'messages'")
+    meta = {k: v for k, v in obj.items() if k not in ("prompt", "text", "messages")}
+    if "messages" in obj:
+        if "prompt" in obj or "text" in obj:
+            raise PromptFileError(f"{where}: a line holds a 'prompt' or 'messages', not both")
+        return Prompt("", meta, _parse_messages(obj["messages"], where), where)
+    if "prompt" in obj and "text" in obj:  # 'text' is another name for 'prompt': which one is meant?
+        raise PromptFileError(f"{where}: a line holds a 'prompt' or a 'text' (the same field), not both")
+    body = obj.get("prompt", obj.get("text"))
+    if not isinstance(body, str) or not body.strip():
+        raise PromptFileError(f"{where}: needs a non-empty 'prompt' string (or 'messages')")
+    return Prompt(body, meta, origin=where)
+
+
 def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
     """Read a prompt file (see module docstring). Returns at most ``limit`` prompts (all when None).
 
     Raises:
-        PromptFileError: missing/unreadable file, invalid JSON on a line (with its line number), a line
-            without a non-empty ``prompt`` string or a well-formed ``messages`` list, a line with both, or no
-            prompts at all.
+        PromptFileError: missing/unreadable file, invalid JSON on a line (with its line number), a line (or a
+            ``.json`` array item) without a non-empty ``prompt`` string or a well-formed ``messages`` list, a line
+            with both, a ``.json`` file that is not an array, or no prompts at all.
     """
     if limit is not None and limit < 1:
         raise PromptFileError(f"the number of prompts must be at least 1, got {limit}")
@@ -96,21 +121,17 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
                 raise PromptFileError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-            where = f"{path}:{lineno}"
-            if not isinstance(obj, dict):
-                raise PromptFileError(f"{where}: expected a JSON object with a 'prompt' string or 'messages'")
-            meta = {k: v for k, v in obj.items() if k not in ("prompt", "text", "messages")}
-            if "messages" in obj:
-                if "prompt" in obj or "text" in obj:
-                    raise PromptFileError(f"{where}: a line holds a 'prompt' or 'messages', not both")
-                prompts.append(Prompt("", meta, _parse_messages(obj["messages"], where), where))
-                continue
-            if "prompt" in obj and "text" in obj:  # 'text' is another name for 'prompt': which one is meant?
-                raise PromptFileError(f"{where}: a line holds a 'prompt' or a 'text' (the same field), not both")
-            body = obj.get("prompt", obj.get("text"))
-            if not isinstance(body, str) or not body.strip():
-                raise PromptFileError(f"{where}: needs a non-empty 'prompt' string (or 'messages')")
-            prompts.append(Prompt(body, meta, origin=where))
+            prompts.append(_prompt(obj, f"{path}:{lineno}"))
+    elif path.suffix == ".json":  # one JSON array: each item a string or an object as a .jsonl line
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PromptFileError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(doc, list):
+            raise PromptFileError(f"{path}: expected a JSON array of prompts (strings, or objects with a 'prompt' "
+                                  "string or 'messages'); one object per line is a .jsonl file")
+        prompts = [_prompt({"prompt": obj} if isinstance(obj, str) else obj, f"{path}[{i}]")
+                   for i, obj in enumerate(doc)]
     else:
         for block in text.replace("\r\n", "\n").split("\n\n"):
             if block.strip():

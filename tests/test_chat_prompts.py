@@ -5,6 +5,7 @@ a model without a template given chat prompts is refused in one line (exit 2).""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -57,6 +58,25 @@ def test_prompt_files_take_chat_lines_beside_raw_ones(tmp_path):
     assert (raw.text, raw.messages, raw.is_chat, raw.meta) == ("def f():", None, False, {"source": "a"})
     assert chat.is_chat and chat.text == "" and chat.meta == {"source": "b"} and chat.origin == f"{f}:3"
     assert chat.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list"})
+
+
+def test_a_json_array_and_a_byte_order_mark_are_prompt_files(tmp_path):
+    """A .json array (strings, or objects as .jsonl lines) was read as one plain-text prompt, brackets and all;
+    a .jsonl written with a UTF-8 byte-order mark was refused as invalid JSON on line 1."""
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(["def f(x):\n", {"text": "import os", "source": "b"}, {"messages": USER}]))
+    raw, text, chat = load_prompts(f)
+    assert (raw.text, raw.origin, text.text, text.meta, chat.messages) == (
+        "def f(x):\n", f"{f}[0]", "import os", {"source": "b"}, tuple(USER))
+    for doc, message in (({"prompt": "x"}, "expected a JSON array of prompts"), ([1], f"{f}[0]: expected a JSON "
+                                                                                       "object with a 'prompt'"),
+                         ([], "holds no prompts")):
+        f.write_text(json.dumps(doc))
+        with pytest.raises(PromptFileError, match=re.escape(message)):
+            load_prompts(f)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes("\ufeff".encode() + json.dumps({"prompt": "def g():"}).encode() + b"\n")
+    assert [p.text for p in load_prompts(bom)] == ["def g():"]
 
 
 @pytest.mark.parametrize("line, message", [
