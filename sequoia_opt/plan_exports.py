@@ -363,10 +363,12 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
         raise PlanExportError(f"TensorRT-LLM has no draft_len_schedule decoding type for method {method!r}: use one of "
                               f"{', '.join(trt_names)} (or its own {', '.join(sorted(set(trt_names.values())))})")
     # the file is written for one key convention: its header names the releases that read it so
-    releases = (f"TensorRT-LLM {TRTLLM_LOWER_KEY_RELEASE} to 1.2.x (keys start their ranges; from "
-                f"{TRTLLM_UPPER_KEY_RELEASE} they end them: export without --release for those)" if lower else
-                f"TensorRT-LLM {TRTLLM_UPPER_KEY_RELEASE} and later (keys end their ranges; 1.2.x reads keys as "
-                "range starts: export with --release 1.2.0, or the 1.2 release you run, for those)")
+    releases = (f"TensorRT-LLM {TRTLLM_LOWER_KEY_RELEASE} and later, before {TRTLLM_UPPER_KEY_RELEASE} (keys start "
+                f"their ranges; from {TRTLLM_UPPER_KEY_RELEASE} they end them: export without --release for those)"
+                if lower else
+                f"TensorRT-LLM {TRTLLM_UPPER_KEY_RELEASE} and later (keys end their ranges; releases before it, 1.2.x "
+                "and the first 1.3.0 candidates, read keys as range starts: export with --release and the release "
+                "you run for those)")
     checked = ("NVIDIA/TensorRT-LLM source after #10860: llmapi/llm_args.py validate_draft_len_schedule_and_sort, "
                "_torch/speculative/utils.py get_draft_len_for_batch_size; 1.2's #8194 validator")
     envs = [s for *_, s in ranges if s.shape == "envelope"]

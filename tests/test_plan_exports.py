@@ -111,8 +111,11 @@ def test_trtllm_12_reads_keys_as_range_starts():
         export_plan(ranges, "tensorrt-llm", release="1.1.0")
     # each file's header names the releases that read its keys as written (a 1.2 file is not for 1.3.0rc8+)
     old, new = export_plan(ranges, "tensorrt-llm", release="1.2.1"), export_plan(ranges, "tensorrt-llm")
-    assert old.text.splitlines()[0].startswith("# for TensorRT-LLM 1.2.0 to 1.2.x (keys start their ranges")
+    assert old.text.splitlines()[0].startswith("# for TensorRT-LLM 1.2.0 and later, before 1.3.0rc8 (keys start their "
+                                               "ranges")
     assert new.text.splitlines()[0].startswith("# for TensorRT-LLM 1.3.0rc8 and later (keys end their ranges")
+    rc7 = export_plan(ranges, "tensorrt-llm", release="1.3.0rc7")  # a 1.3.0 candidate before the change: 1.2's keys
+    assert rc7.text.splitlines()[0] == old.text.splitlines()[0] and rc7.data == old.data
 
 
 @pytest.mark.parametrize("engine,method,msg", [
