@@ -489,6 +489,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             labels = {"target": measured.get("target"),
                       "drafter": measured.get("draft") if opts.draft is None else spec.label}
     ctx = None if opts.engine in GPU_ENGINES else opts.context
+    warnings = falling_cost_warnings(profile, opts.batches, ctx)
     if ctx is not None:  # a profile measured at shorter contexts than --context: say which option and value fit
         largest = min(max(profile.curve(b).contexts) for b in opts.batches)
         if ctx > largest:
@@ -566,7 +567,8 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     notes.extend(guard_notes(plan, opts.engine))
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
     served = served_drafter(opts, spec, labels.get("drafter"))
-    method, warnings = engine_method(opts.method, served, labels.get("drafter"))
+    method, method_warnings = engine_method(opts.method, served, labels.get("drafter"))
+    warnings.extend(method_warnings)
     lookup = (served.lookup_min, served.lookup_max) if served.kind == "lookup" else None
     settings = None
     if opts.engine != "treeopt":
@@ -581,6 +583,25 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
                            for p in predict_ranges(ranges, value, profile, opts.batches, context=ctx,
                                                    output_tokens=opts.output_tokens)}
     return TuneResult(plan, doc, settings, done, peers, _check_command(opts), notes, warnings)
+
+
+def falling_cost_warnings(profile: Any, batches: Sequence[int], context: int | None, drop: float = 0.1) -> list[str]:
+    """One line per batch size whose verify cost T(b, n) falls more than ``drop`` below T(b, 1) at some n > 1: a
+    forward over more tokens costs at least as much as over one, so such a table is mis-measured (timer noise, a
+    warm-up in the first row) or mis-typed (swapped columns), and the plan would draft as far as the table lets it
+    for free. ``profile``: a batch latency profile; ``context``: tokens of context (None: the largest measured)."""
+    out = []
+    for b in batches:
+        curve = profile.curve(b)
+        ctx = context if context is not None else max(curve.contexts)
+        t1 = curve.target_ms(1, ctx)
+        low = min(((float(curve.target_ms(n, ctx)), int(n)) for n in curve.target_tokens(ctx) if n > 1),
+                  default=None)
+        if low is not None and low[0] < (1 - drop) * t1:
+            out.append(f"latency profile {profile.id!r}, batch {b}: T(b, n = {low[1]}) = {low[0]:.3g} ms is below "
+                       f"T(b, 1) = {t1:.3g} ms; a forward over more tokens does not cost less, so check the "
+                       "measurement (the plan trusts it)")
+    return out
 
 
 def served_drafter(opts: TuneOptions, spec: Any, measured: str | None) -> Any:
