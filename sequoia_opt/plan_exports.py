@@ -291,7 +291,7 @@ def _export_vllm(ranges, release, method, model, lookup):
         lo_n, hi_n = lookup or (1, 3)
         doc.update(prompt_lookup_min=int(lo_n), prompt_lookup_max=int(hi_n))
     else:
-        doc["model"] = model or "<your draft model>"
+        doc["model"] = model or _placeholder("<your draft model>", "vLLM", warnings)
     doc.update(num_speculative_tokens=kmax, num_speculative_tokens_per_batch_size=sched)
     notes = [f"past batch {ranges[-1][1]} vLLM keeps K = {ranges[-1][2].draft_tokens} (the last range's)"]
     text = _json_rows(doc)
@@ -342,6 +342,14 @@ def trtllm_draft_len(schedule: dict[int, int], batch: int, *, lower_keys: bool =
     return 0
 
 
+def _placeholder(text: str, engine: str, warnings: list[str]) -> str:
+    """``text``, a stand-in for the drafter's checkpoint the engine would try to load, with a warning saying what
+    to pass (``warnings`` is appended to)."""
+    warnings.append(f"the config names the drafter {text}: pass --model with the checkpoint {engine} loads (a Hugging "
+                    "Face id or a path), or edit the file")
+    return text
+
+
 def _export_trtllm(ranges, release, method, model, lookup, max_batch):
     lower = False
     warnings: list[str] = []
@@ -373,7 +381,7 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
                "_torch/speculative/utils.py get_draft_len_for_batch_size; 1.2's #8194 validator")
     envs = [s for *_, s in ranges if s.shape == "envelope"]
     if envs:
-        return _export_trtllm_envelope(ranges, releases, checked, warnings)
+        return _export_trtllm_envelope(ranges, releases, checked, warnings, model)
     _chains_only(ranges, "TensorRT-LLM", "draft_len_schedule")
     ks = [s.draft_tokens for *_, s in ranges]
     if max(ks) == 0:
@@ -406,7 +414,7 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
     if decoding == "NGram":
         cfg["max_matching_ngram_size"] = int((lookup or (1, 3))[1])
     elif decoding != "MTP":
-        cfg["speculative_model"] = model or "<your draft checkpoint>"
+        cfg["speculative_model"] = model or _placeholder("<your draft checkpoint>", "TensorRT-LLM", warnings)
     cfg["draft_len_schedule"] = sched
     check_trtllm_schedule(sched, ks[0], lower_keys=lower)
     doc = {"speculative_config": cfg}
@@ -421,7 +429,7 @@ def trtllm_takes_envelope(steps: int, topk: int, draft_tokens: int) -> bool:
     return steps <= draft_tokens <= topk * steps
 
 
-def _export_trtllm_envelope(ranges, releases, checked, warnings):
+def _export_trtllm_envelope(ranges, releases, checked, warnings, model=None):
     spec = [(lo, hi, s) for lo, hi, s in ranges if s.speculates]
     for lo, hi, s in ranges:
         if s.shape not in ("none", "envelope"):
@@ -436,7 +444,8 @@ def _export_trtllm_envelope(ranges, releases, checked, warnings):
     if not trtllm_takes_envelope(s.steps, s.topk, total):
         raise PlanExportError(f"max_total_draft_tokens {total} must lie in [max_draft_len {s.steps}, "
                               f"dynamic_tree_max_topK * max_draft_len {s.topk * s.steps}]")
-    cfg = {"decoding_type": "Eagle3", "max_draft_len": s.steps, "speculative_model": "<your EAGLE-3 checkpoint>",
+    cfg = {"decoding_type": "Eagle3", "max_draft_len": s.steps,
+           "speculative_model": model or _placeholder("<your EAGLE-3 checkpoint>", "TensorRT-LLM", warnings),
            "use_dynamic_tree": True, "dynamic_tree_max_topK": s.topk, "max_total_draft_tokens": total}
     notes = ["max_total_draft_tokens excludes the root (the envelope's draft tokens - 1)"]
     last_spec = spec[-1][1]

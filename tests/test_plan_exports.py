@@ -72,7 +72,10 @@ def test_vllm_validator_rules(sched, msg):
 def test_vllm_releases_methods_shapes_and_ngram():
     with pytest.raises(PlanExportError, match="vLLM 0.23.0 has no num_speculative_tokens_per_batch_size"):
         export_plan(PLANS["falling"], "vllm", release="0.23.0")
-    assert export_plan(PLANS["falling"], "vllm", release="0.24.0").warnings == ()
+    assert export_plan(PLANS["falling"], "vllm", release="0.24.0", model="JackFram/llama-68m").warnings == ()
+    assert export_plan(PLANS["falling"], "vllm", release="0.24.0").warnings == (  # vLLM would load the placeholder
+        "the config names the drafter <your draft model>: pass --model with the checkpoint vLLM loads (a Hugging "
+        "Face id or a path), or edit the file",)
     assert "newer than the last release checked" in export_plan(PLANS["falling"], "vllm", release="0.40.1").warnings[0]
     assert "VLLM_USE_V2_MODEL_RUNNER=1" in export_plan(PLANS["falling"], "vllm", method="suffix").warnings[0]
     ng = json.loads(export_plan(PLANS["one"], "vllm", method="ngram", lookup=(2, 4)).text)

@@ -1145,7 +1145,7 @@ def test_tune_takes_the_method_of_the_drafter_the_acceptance_profile_measured(tm
     assert (cfg["method"], cfg["prompt_lookup_min"], cfg["prompt_lookup_max"]) == ("ngram", 2, 4) and "model" not in cfg
     table, acc = _labelled(tmp_path, "eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
     res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "-a", str(acc), "--batches",
-                              "1,8,64", "--json"])
+                              "1,8,64", "--model", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["settings"]["data"]["speculative_config"]["decoding_type"] == "Eagle3" and doc["warnings"] == []
