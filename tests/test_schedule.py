@@ -1165,3 +1165,19 @@ def test_tune_warns_on_a_table_whose_verify_cost_falls_with_tokens(tmp_path):
     table, acc = _files(tmp_path)
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--json"])
     assert not any(w.startswith("latency profile") for w in json.loads(res.stdout)["warnings"])
+
+
+def test_tune_plan_keeps_the_method_it_was_exported_with(tmp_path):
+    """A plan written by tune records the method it was exported with; tune --plan of that file exports with it
+    again (it fell back to the drafter's default: an eagle3 plan came back as draft_model)."""
+    table, acc = _labelled(tmp_path, "eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
+    sched = tmp_path / "plan.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--method", "eagle", "--schedule", str(sched)])
+    assert res.exit_code == 0, res.output
+    assert yaml.safe_load(sched.read_text())["method"] == "eagle"
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--plan", str(sched),
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["settings"]["data"]["cli_flags"].startswith("--speculative-algorithm EAGLE ") and doc["warnings"] == []

@@ -567,8 +567,12 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     notes.extend(guard_notes(plan, opts.engine))
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
     served = served_drafter(opts, spec, labels.get("drafter"))
-    method, method_warnings = engine_method(opts.method, served, labels.get("drafter"))
+    given = sched.doc.get("method") if opts.plan is not None and opts.method is None else None
+    method, method_warnings = engine_method(opts.method or given, served, labels.get("drafter"),
+                                            origin="--method" if given is None else f"{opts.plan}'s method")
     warnings.extend(method_warnings)
+    if method is not None:
+        doc["method"] = method  # vLLM's name; a --plan of this file exports with it again
     lookup = (served.lookup_min, served.lookup_max) if served.kind == "lookup" else None
     settings = None
     if opts.engine != "treeopt":
@@ -620,13 +624,15 @@ def served_drafter(opts: TuneOptions, spec: Any, measured: str | None) -> Any:
     return DrafterSpec("model", Path(arg if head == "model" else measured))
 
 
-def engine_method(method: str | None, served: Any, measured: str | None) -> tuple[str | None, list[str]]:
+def engine_method(method: str | None, served: Any, measured: str | None,
+                  origin: str = "--method") -> tuple[str | None, list[str]]:
     """vLLM's ``method`` name for the export (each export maps it to its engine's own) and a warning where
     ``--method`` names another kind of drafter than the one whose acceptance the plan is priced on.
 
     A draft model is ``draft_model`` (SGLang ``STANDALONE``, TensorRT-LLM ``Draft_Target``), lookup ``ngram``, a
     feature head its engines' own method (``eagle3``, ``eagle``, ``medusa``): the kind's ``engine_methods``.
     A kind no engine serves (``self:L``) leaves the choice to ``--method`` (None: the export's default).
+    ``origin`` names where ``method`` came from, for the warning (``--method``, or a given plan file).
     """
     own = served.entry.engine_methods.get("vllm")
     if method is None:
@@ -636,7 +642,7 @@ def engine_method(method: str | None, served: Any, measured: str | None) -> tupl
     head_given = given in heads or given.endswith("_mtp")
     if own is not None and (head_given != served.entry.reads_features or (not head_given and given != own)):
         who = measured or served.label
-        return method, [f"--method {method}, but the plan is priced on the acceptance of {who} ({own} on vLLM): "
+        return method, [f"{origin} {method}, but the plan is priced on the acceptance of {who} ({own} on vLLM): "
                         f"the drafter the engine serves accepts differently; measure that drafter's acceptance, or "
                         f"pass --method {own}"]
     return method, []
