@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -171,7 +172,8 @@ def test_unknown_architecture_refused(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     cfg.update(model_type="gpt2", architectures=["GPT2LMHeadModel"])
     (out / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match="unsupported architecture"):
+    with pytest.raises(CheckpointError, match=re.escape(f"{out / 'config.json'}: names model_type 'gpt2': treeopt "
+                                                        "loads llama, mistral, qwen2")):
         load_checkpoint(out)
 
 
@@ -242,6 +244,8 @@ def test_hf_rope_parameters_llama3_equals_legacy_rope_scaling(tmp_path):
     (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
     (dict(head_dim=15), "head_dim 15 is odd"),
     (dict(attention_bias=True), "attention_bias = true: Llama's and Mistral's put a bias on q, k, v and o_proj"),
+    (dict(mlp_bias=True), "mlp_bias = true: its gate, up and down projections carry biases"),
+    (dict(model_type=None, architectures=None), "names no model_type or architectures: treeopt loads llama"),
     (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=0),
      "sliding_window = 0 must be a positive integer"),
 ])
@@ -253,6 +257,7 @@ def test_hf_unsupported_setting_refused_in_one_line(tmp_path, changes, message):
             load(out)
         assert message in str(err.value) and "\n" not in str(err.value)
         assert str(err.value).startswith(f"{out / 'config.json'}: ")  # which checkpoint: a target's or a draft's
+        assert "config.json" not in str(err.value).split(": ", 1)[1]  # the file named once
 
 
 def test_gguf_freq_factors_have_no_config_json_and_nothing_is_written(tmp_path):
@@ -290,7 +295,8 @@ def test_config_refuses_architectures_that_only_share_a_prefix(model_type, archs
     from sequoia_opt.model.hf import hf_config_dict
 
     cfg = {**hf_config_dict(ModelConfig.preset("tiny")), "model_type": model_type, "architectures": archs}
-    with pytest.raises(CheckpointError, match="unsupported architecture"):
+    named = f"model_type {model_type!r}" if model_type else f"architectures {archs!r}"
+    with pytest.raises(CheckpointError, match=re.escape(f"config.json names {named}: treeopt loads")):
         ModelConfig.from_hf(cfg)
     cfg.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
     assert ModelConfig.from_hf(cfg).vocab_size == ModelConfig.preset("tiny").vocab_size

@@ -181,6 +181,9 @@ class ModelConfig:
         if act not in ("silu", "swish"):
             raise CheckpointError(f"config.json hidden_act {act!r}: treeopt's Llama-family layers run SwiGLU (silu); "
                                   "another activation would decode another model")
+        if cfg.get("mlp_bias"):
+            raise CheckpointError("config.json mlp_bias = true: its gate, up and down projections carry biases, which "
+                                  "treeopt's Llama-family layers do not add (another model would be decoded)")
         if family != "qwen2" and cfg.get("attention_bias"):
             raise CheckpointError("config.json attention_bias = true: Llama's and Mistral's put a bias on q, k, v and "
                                   "o_proj; treeopt's decoder carries the q/k/v biases only (Qwen2's)")
@@ -259,7 +262,9 @@ def _hf_family(cfg: dict[str, Any]) -> str:
     else:
         family = next((f for f, a in HF_FAMILIES.items() if a in archs), None)
     if family is None:
-        raise CheckpointError(f"unsupported architecture {mtype or archs!r}; treeopt loads {', '.join(HF_FAMILIES)} "
+        named = (f"model_type {mtype!r}" if mtype else f"architectures {archs!r}" if archs
+                 else "no model_type or architectures")
+        raise CheckpointError(f"config.json names {named}: treeopt loads {', '.join(HF_FAMILIES)} "
                               f"({', '.join(HF_FAMILIES.values())})")
     return family
 

@@ -63,7 +63,7 @@ def _config_of(file: Path, name: str) -> ModelConfig:
     except CheckpointError as err:
         if str(file) in str(err):
             raise
-        raise CheckpointError(f"{file}: {err}") from None
+        raise CheckpointError(f"{file}: {str(err).removeprefix('config.json ')}") from None  # the file named once
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
