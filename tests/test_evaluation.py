@@ -88,9 +88,13 @@ def test_run_trees_names_the_prompt_that_overflows_the_context():
     torch.manual_seed(0)
     target = Transformer(cfg).eval()
     prompts = [list(range(3, 13)), list(range(3, 63))]  # 10 and 60 tokens; 60 + 8 > 64
-    with pytest.raises(DecodingError, match=r"^prompt 1 \(60 tokens\): prompt \(60 tokens\) \+ max_new_tokens \(8\) "
+    with pytest.raises(DecodingError, match=r"^prompt 2 of 2 \(60 tokens\): prompt \(60 tokens\) \+ max_new_tokens \(8\) "
                                             r"= 68 tokens exceed the model context: the target model 'tiny64' has "
                                             r"a context of 64 tokens \(max_position_embeddings, or the sliding "
                                             r"attention window where smaller\); shorten the prompt to at most 56 tokens "
                                             r"or ask for at most 4 new tokens$"):
         run_trees(target, target, [TreeEntry("chain", Tree.chain(3))], prompts, max_new_tokens=8, warmup=False)
+    from sequoia_opt.profiling.acceptance import measure_acceptance
+
+    with pytest.raises(DecodingError, match=r"^prompt 2 of 2 \(60 tokens\): prompt \(60 tokens\) \+ max_new_tokens"):
+        measure_acceptance(target, target, prompts, width=2, depth=2, max_new_tokens=8)  # named as run names it

@@ -461,7 +461,7 @@ def run_trees(
                 d.check(p, max_new_tokens)
             plain.check(p, max_new_tokens)
         except DecodingError as err:
-            raise DecodingError(f"prompt {i} ({len(p)} tokens): {err}") from None
+            raise DecodingError(f"prompt {i + 1} of {len(prompts)} ({len(p)} tokens): {err}") from None
     if warmup:
         plain.generate(prompts[0], min(8, max_new_tokens))
         for d in decoders:

@@ -194,8 +194,11 @@ def measure_acceptance(
     drafter = drafter_factory(draft)()
     decoder = Decoder(target, StaticTreePolicy(drafter, tree), temperature=temperature, top_p=top_p,
                       generator=gen, eos_ids=eos_ids, backend=backend)
-    for p in prompts:  # validate every request before the first forward pass
-        decoder.check(p, max_new_tokens)
+    for i, p in enumerate(prompts):  # validate every request before the first forward pass
+        try:
+            decoder.check(p, max_new_tokens)
+        except DecodingError as err:  # which one: as run names it
+            raise DecodingError(f"prompt {i + 1} of {len(prompts)} ({len(p)} tokens): {err}") from None
     context = getattr(drafter, "context", None)
     counts = AcceptanceCounts.empty(width)
     counts.drafter_context = context if isinstance(context, int) and context < 2 ** 31 else None
