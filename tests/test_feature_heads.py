@@ -4,6 +4,7 @@ step by step, and exact decoding with every policy."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -235,6 +236,11 @@ def test_eagle_and_medusa_loaders_are_strict(tmp_path):
     (tmp_path / "m4" / "config.json").write_text('{"medusa_num_heads": 3, "medusa_num_layers": 1}')
     with pytest.raises(CheckpointError, match="missing tensor medusa_head.2.0.linear.bias"):
         read_medusa_config(tmp_path / "m4", TARGET4)
+    pt = write_medusa(tmp_path / "m5") / "medusa_lm_head.pt"  # cut short: torch's own line spoke of mmap
+    pt.write_bytes(pt.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match=re.escape(f"{pt}: not a PyTorch checkpoint (a zip archive, torch.save's "
+                                                        "format since 1.6): truncated, corrupt or another format")):
+        read_medusa_config(tmp_path / "m5", TARGET4)
 
 
 # ---------------------------------------------------------------------------------------------- cached drafting

@@ -92,10 +92,16 @@ class _Weights:
             self.shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
             self.fetch: Callable[[str], torch.Tensor] = handle.get_tensor
         else:
+            import zipfile
+
+            if not zipfile.is_zipfile(path):  # torch's own message would be about mmap and _use_new_zipfile_...
+                raise CheckpointError(f"{path}: not a PyTorch checkpoint (a zip archive, torch.save's format since "
+                                      "1.6): truncated, corrupt or another format")
             try:
                 sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as err:  # a pickle torch refuses, a truncated file
-                raise CheckpointError(f"{path}: cannot be read as a PyTorch state dict ({err})") from None
+            except Exception as err:  # a pickle torch refuses (weights_only), a damaged member
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise CheckpointError(f"{path}: cannot be read as a PyTorch state dict ({first[:200]})") from None
             if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
                 raise CheckpointError(f"{path}: not a state dict of tensors")
             self.shapes = {k: tuple(v.shape) for k, v in sd.items()}
