@@ -1181,3 +1181,14 @@ def test_tune_plan_keeps_the_method_it_was_exported_with(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["settings"]["data"]["cli_flags"].startswith("--speculative-algorithm EAGLE ") and doc["warnings"] == []
+
+
+def test_tune_says_a_gpu_engines_table_is_read_without_context(tmp_path):
+    """--context shapes the latency llama.cpp and treeopt measure here; a GPU engine's T(b, n) is read as given, so
+    a --context there was taken silently and did nothing. It is said; without it, nothing is."""
+    table, acc = _files(tmp_path)
+    args = ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--model", "m", "--json"]
+    doc = json.loads(runner.invoke(app, args + ["--context", "4096"]).stdout)
+    assert doc["warnings"] == ["--context 4096 is not used for vllm: its T(b, n) is read as given (a table has no "
+                               "context column; measure it at the context you serve)"]
+    assert json.loads(runner.invoke(app, args).stdout)["warnings"] == []

@@ -39,7 +39,9 @@ def tune(
                                         "steps / topk / draft tokens: SGLang, TensorRT-LLM)")] = "chain",
     max_draft: Annotated[Optional[int], typer.Option(
         "--max-draft", help="The longest chain considered (default: what the profile measured, at most 8).")] = None,
-    context: Annotated[int, typer.Option("--context", help="Context length (tokens) latency is measured at.")] = 128,
+    context: Annotated[Optional[int], typer.Option(
+        "--context", help="Context length (tokens) latency is measured and read at, for llama.cpp and treeopt "
+        "(default 128; a GPU engine's T(b, n) is read as given).")] = None,
     release: Annotated[Optional[str], typer.Option(
         "--release", help="The engine release to export for (refused when it does not take the setting).")] = None,
     method: Annotated[Optional[str], typer.Option(
@@ -79,7 +81,7 @@ def tune(
     """Choose how far to speculate at each batch size from measured curves, and print it in the engine's settings:
     runs what is missing of profile -> solve, then prints the settings, the predicted table per batch size and the
     command that checks it."""
-    from ..jobs.tune import TuneOptions, check_options
+    from ..jobs.tune import GPU_ENGINES, TuneOptions, check_options
     from ..jobs.tune import tune as run_tune
     from ..profiles.batch import parse_batches
     from ..errors import OutputError
@@ -88,7 +90,8 @@ def tune(
     opts = check_options(TuneOptions(
         engine=engine, target=target, draft=draft,
         batches=None if batches is None else parse_batches(batches, "--batches"), latency=latency,
-        acceptance=acceptance, calibration=calibration, shape=shape, max_draft=max_draft, context=context,
+        acceptance=acceptance, calibration=calibration, shape=shape, max_draft=max_draft,
+        context=128 if context is None else context,
         release=release, method=method, model=model, max_batch=max_batch, prompts=prompts, num_prompts=num_prompts,
         max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,
         min_gain=min_gain, output_tokens=output_tokens,
@@ -102,6 +105,9 @@ def tune(
         res = run_tune(opts, progress)
     plan, settings = res.plan, res.settings
     report = Report(title=f"treeopt tune --engine {opts.engine}")
+    if context is not None and opts.engine in GPU_ENGINES:
+        report.warnings.append(f"--context {context} is not used for {opts.engine}: its T(b, n) is read as given "
+                               "(a table has no context column; measure it at the context you serve)")
     stops = plan.stops_paying_above
     report.summary = {
         "engine": opts.engine, "drafter": res.schedule.get("drafter"), **{k: v for k, v in res.profiles.items()},
