@@ -546,6 +546,12 @@ def _export_sglang(ranges, release, method):
         return dict(text=json.dumps(doc, indent=2) + "\n", data=doc, releases=releases, checked=checked,
                     command=f"python -m sglang.launch_server --model-path MODEL {flags}", notes=notes,
                     warnings=tuple(warnings), extra_files={"adaptive.json": json.dumps(cfg, indent=2) + "\n"})
+    if not any(s.speculates for *_, s in ranges):
+        return dict(text="# speculation pays at no batch size: run SGLang without --speculative-algorithm\n",
+                    data={}, releases=f"SGLang up to {last}", checked=checked,
+                    command="python -m sglang.launch_server --model-path MODEL",
+                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
+                    nothing_to_set=True)
     why = (f"SGLang {release} has no per-batch-size tiers (from {first})" if v < Version(first)
            else f"SGLang's adaptive mode runs EAGLE/EAGLE3 chains (topk 1); {algo} with this plan runs one setting")
     lines = []

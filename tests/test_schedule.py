@@ -993,6 +993,27 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
     doc = json.loads(res.stdout)
     assert not out.exists() and doc["removed_file"] == str(out) and "output_file" not in doc
     assert any(w.startswith(f"removed {out} (an earlier setting): speculation pays") for w in doc["warnings"])
+    # SGLang's per-range flags (a draft model runs as STANDALONE) and TensorRT-LLM's YAML (whose reason sits below
+    # a release header): removed too, the reason quoted
+    for engine, old, reason in (("sglang", '{"per_range": []}\n', "run SGLang without --speculative-algorithm"),
+                                ("tensorrt-llm", "speculative_config: {max_draft_len: 4}\n",
+                                 "leave speculative_config out")):
+        out.write_text(old)
+        res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(tmp_path / "t.csv"), "-a",
+                                  str(tmp_path / "a.yaml"), "--batches", "1,8", "-o", str(out), "--json"])
+        doc = json.loads(res.stdout)
+        assert not out.exists() and doc["removed_file"] == str(out), res.output
+        assert f"removed {out} (an earlier setting): speculation pays at no batch size: {reason}" in doc["warnings"]
+    # a file that holds no engine settings (a typo's victim) is kept, and an input is never an output
+    out.write_text("format: treeopt-acceptance/1\n")
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
+                              "--batches", "1,8", "-o", str(out), "--json"])
+    assert out.read_text() == "format: treeopt-acceptance/1\n" and "removed_file" not in json.loads(res.stdout)
+    before = (tmp_path / "a.yaml").read_text()
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
+                              "--batches", "1,8", "-o", str(tmp_path / "a.yaml")])
+    assert res.exit_code == 2 and f"-o {tmp_path / 'a.yaml'} is the --acceptance input" in res.output
+    assert (tmp_path / "a.yaml").read_text() == before
 
 
 @pytest.mark.parametrize("args,msg", [

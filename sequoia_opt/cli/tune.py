@@ -96,9 +96,15 @@ def tune(
         max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,
         min_gain=min_gain, output_tokens=output_tokens,
         profiles_dir=profiles_dir, plan=plan))
-    for path in (output, schedule):
-        if path is not None:
-            _check_writable(path)
+    inputs = {"--latency": latency, "--acceptance": acceptance, "--calibration": calibration, "--plan": plan,
+              "--prompts": prompts}
+    for flag, path in (("-o", output), ("--schedule", schedule)):
+        if path is None:
+            continue
+        _check_writable(path)
+        for name, given in inputs.items():  # an output over an input would destroy it
+            if given is not None and Path(given).exists() and Path(path).resolve() == Path(given).resolve():
+                raise OutputError(f"{flag} {path} is the {name} input: write the output to another path")
     if output is not None and schedule is not None and Path(output).resolve() == Path(schedule).resolve():
         raise OutputError(f"-o and --schedule both name {output}: the engine's settings and the plan are two files")
     with progress_bar() as progress:
@@ -170,12 +176,15 @@ def tune(
             files[output] = settings.extra_files["adaptive.json"]
             report.notes.append(f"pass it as --speculative-adaptive-config {output}")
         elif settings.nothing_to_set:  # a comment in a file the engine parses as JSON / YAML would break it
-            why = settings.text.strip().lstrip('# ')
-            if output.is_file():  # an earlier plan's settings there would keep the engine speculating: removed
-                stale = output
+            why = settings.text.strip().splitlines()[-1].lstrip("# ")  # the reason, below a release header
+            if not output.is_file():
+                report.warnings.append(f"nothing written to {output}: {why}")
+            elif looks_like_engine_settings(output):  # an earlier plan's: it would keep the engine speculating
+                stale = output.resolve()  # through a link: the file the engine reads
                 report.warnings.append(f"removed {output} (an earlier setting): {why}")
             else:
-                report.warnings.append(f"nothing written to {output}: {why}")
+                report.warnings.append(f"nothing written to {output}, and the file there was kept: it holds no "
+                                       f"engine settings treeopt writes (remove it if it was one): {why}")
         else:
             files[output] = settings.text
         if output in files:
@@ -183,14 +192,40 @@ def tune(
     if schedule is not None:
         files[schedule] = schedule_text(schedule, res.schedule)
         written["schedule_file"] = str(schedule)
+    if stale is not None:  # first: a file that cannot be removed stops the run before anything is written
+        try:
+            stale.unlink()
+        except OSError as err:
+            raise OutputError(f"cannot remove {output}: {err.strerror or err}") from None
+        written["removed_file"] = str(output)
     atomic_write_texts(files)
     for k, v in written.items():
-        report.notes.append(f"wrote {v}")
-    if stale is not None:  # after the writes: a failing write leaves it as it was, like every other output
-        stale.unlink()
-        written["removed_file"] = str(stale)
+        if k != "removed_file":
+            report.notes.append(f"wrote {v}")
     report.data = {"schedule": res.schedule, "profiles": res.profiles, "peers": res.peers, "check": check,
                    "settings": None if settings is None else {"text": settings.text, "data": settings.data,
                                                               "releases": settings.releases,
                                                               "command": settings.command}, **written}
     render(report, as_json)
+
+
+#: Keys of the engine settings ``tune -o`` writes (vLLM's speculative config, TensorRT-LLM's extra options,
+#: SGLang's per-range flags; an SGLang adaptive config is a mapping of tiers to ``candidate_steps``).
+SETTINGS_KEYS = frozenset({"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+                           "speculative_config", "per_range", "adaptive_config", "cli_flags"})
+
+
+def looks_like_engine_settings(path: Path) -> bool:
+    """Whether ``path`` holds engine settings of the kind ``tune -o`` writes (a JSON / YAML mapping with one of
+    :data:`SETTINGS_KEYS`, or SGLang's tiers), so that a plan without speculation may remove it; any other file
+    (a profile, a plan, a typo's victim) is kept."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # YAML reads JSON too
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    if not isinstance(doc, dict) or "format" in doc:  # treeopt's own files name their format
+        return False
+    return bool(SETTINGS_KEYS & set(doc)) or (bool(doc) and all(
+        isinstance(v, dict) and "candidate_steps" in v for v in doc.values()))
