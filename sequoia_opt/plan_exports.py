@@ -503,7 +503,15 @@ SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STAND
                      "mtp": "EAGLE", "nextn": "EAGLE"}
 
 
-def _export_sglang(ranges, release, method):
+def _sglang_draft(algo: str, model: str | None, warnings: list[str]) -> str:
+    """`` --speculative-draft-model-path MODEL`` for the algorithms that load a drafter (all but NGRAM); a
+    placeholder, with a warning, when ``model`` is None."""
+    if algo == "NGRAM":
+        return ""
+    return f" --speculative-draft-model-path {model or _placeholder('<your draft model>', 'SGLang', warnings)}"
+
+
+def _export_sglang(ranges, release, method, model=None):
     key = (method or "draft_model").lower()  # as vLLM's and TensorRT-LLM's exports: a draft model is STANDALONE
     algos = set(SGLANG_ALGORITHMS.values())
     algo = SGLANG_ALGORITHMS.get(key, key.upper() if key.upper() in algos else None)  # vLLM's name or SGLang's own
@@ -532,14 +540,14 @@ def _export_sglang(ranges, release, method):
         cfg = {str(lo): {"candidate_steps": [k]} for (lo, _, _), k in zip(ranges, ks)}
         check_sglang_tiers(cfg, allow_zero=zero_ok)
         start = ks[0] if ks[0] > 0 else max(ks)
-        flags = (f"--speculative-algorithm {algo} --speculative-eagle-topk 1 --speculative-num-steps {start} "
-                 f"--speculative-num-draft-tokens {start + 1} --speculative-adaptive "
-                 "--speculative-adaptive-config adaptive.json")
         if max(ks) == 0:
             return dict(text="# speculation pays at no batch size: run SGLang without --speculative-algorithm\n",
                         data={}, releases=releases, checked=checked, command="python -m sglang.launch_server",
                         notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
                     nothing_to_set=True)
+        flags = (f"--speculative-algorithm {algo}{_sglang_draft(algo, model, warnings)} --speculative-eagle-topk 1 "
+                 f"--speculative-num-steps {start} --speculative-num-draft-tokens {start + 1} --speculative-adaptive "
+                 "--speculative-adaptive-config adaptive.json")
         doc = {"adaptive_config": cfg, "cli_flags": flags}
         notes = ("one candidate step per tier pins the tier's steps (the EMA has nowhere to move)",
                  "SGLang pads the batch size to its CUDA-graph batch sizes before routing to a tier")
@@ -555,14 +563,15 @@ def _export_sglang(ranges, release, method):
     why = (f"SGLang {release} has no per-batch-size tiers (from {first})" if v < Version(first)
            else f"SGLang's adaptive mode runs EAGLE/EAGLE3 chains (topk 1); {algo} with this plan runs one setting")
     lines = []
+    draft = _sglang_draft(algo, model, warnings)
     for lo, hi, s in ranges:
         if not s.speculates:
             flag = "(no --speculative-algorithm)"
         elif s.shape == "envelope":
-            flag = (f"--speculative-algorithm {algo} --speculative-num-steps {s.steps} --speculative-eagle-topk "
+            flag = (f"--speculative-algorithm {algo}{draft} --speculative-num-steps {s.steps} --speculative-eagle-topk "
                     f"{s.topk} --speculative-num-draft-tokens {s.draft_tokens + 1}")
         elif s.shape == "chain":
-            flag = (f"--speculative-algorithm {algo} --speculative-num-steps {s.steps} --speculative-eagle-topk 1 "
+            flag = (f"--speculative-algorithm {algo}{draft} --speculative-num-steps {s.steps} --speculative-eagle-topk 1 "
                     f"--speculative-num-draft-tokens {s.steps + 1}")
         else:
             raise PlanExportError(f"SGLang takes no static tree; batch sizes {lo}-{hi} want {s.label}")
@@ -646,7 +655,7 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
     elif key == "tensorrt-llm":
         out = _export_trtllm(ranges, release, method, model, lookup, max_batch)
     elif key == "sglang":
-        out = _export_sglang(ranges, release, method)
+        out = _export_sglang(ranges, release, method, model)
     else:
         out = _export_llamacpp(ranges, release, method, lookup)
     if key in ("tensorrt-llm", "llama.cpp"):  # formats with comments carry their releases (JSON ones cannot)

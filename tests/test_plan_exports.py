@@ -188,9 +188,16 @@ def test_sglang_releases_and_static_fallbacks():
     standalone = export_plan(PLANS["falling"], "sglang", method="draft_model")
     assert standalone.data["per_range"][0]["cli_flags"].startswith("--speculative-algorithm STANDALONE")
     env = SpecSetting.envelope(DynamicSetting("eagle", 5, 4, 8))
-    e = export_plan([(1, 8, env), (9, 64, N)], "sglang", method="eagle")
-    assert e.data["per_range"][0]["cli_flags"] == ("--speculative-algorithm EAGLE --speculative-num-steps 5 "
-                                                    "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8")
+    e = export_plan([(1, 8, env), (9, 64, N)], "sglang", method="eagle", model="yuhuili/EAGLE-LLaMA3-Instruct-8B")
+    assert e.data["per_range"][0]["cli_flags"] == (
+        "--speculative-algorithm EAGLE --speculative-draft-model-path yuhuili/EAGLE-LLaMA3-Instruct-8B "
+        "--speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8") and e.warnings == ()
+    # SGLang loads the drafter from --speculative-draft-model-path: without --model a placeholder, and a warning
+    assert "--speculative-draft-model-path <your draft model> " in standalone.data["per_range"][0]["cli_flags"]
+    assert standalone.warnings == ("the config names the drafter <your draft model>: pass --model with the checkpoint "
+                                   "SGLang loads (a Hugging Face id or a path), or edit the file",)
+    ngram = export_plan(PLANS["falling"], "sglang", method="ngram")
+    assert "draft-model-path" not in ngram.data["per_range"][0]["cli_flags"] and ngram.warnings == ()
     for bad in ({"1": {"candidate_steps": []}}, {"1": {"candidate_steps": [-1]}}, {"x": {}}):
         with pytest.raises(PlanExportError):
             check_sglang_tiers(bad)

@@ -1142,7 +1142,8 @@ def test_tune_sglang_serves_a_draft_model_as_standalone_and_warns_on_a_head_meth
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     flags = [r["cli_flags"] for r in doc["settings"]["data"]["per_range"]]
-    assert flags[0].startswith("--speculative-algorithm STANDALONE --speculative-num-steps"), flags
+    assert flags[0].startswith("--speculative-algorithm STANDALONE --speculative-draft-model-path <your draft model> "
+                               "--speculative-num-steps"), flags
     assert flags[-1] == "(no --speculative-algorithm)" and not any("--method" in w for w in doc["warnings"])
     res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--method", "eagle3", "--json"])
@@ -1189,8 +1190,9 @@ def test_tune_warns_on_a_table_whose_verify_cost_falls_with_tokens(tmp_path):
 
 
 def test_tune_plan_keeps_the_method_it_was_exported_with(tmp_path):
-    """A plan written by tune records the method it was exported with; tune --plan of that file exports with it
-    again (it fell back to the drafter's default: an eagle3 plan came back as draft_model)."""
+    """A plan written by tune records the method it was exported with, its drafter checkpoint (--model) and n-gram
+    sizes; tune --plan of that file exports with them again (it fell back to the drafter's default: an eagle3 plan
+    came back as draft_model, a lookup:2-4 plan as n-grams 1-3, a --model as the placeholder)."""
     table, acc = _labelled(tmp_path, "eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
     sched = tmp_path / "plan.yaml"
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
@@ -1201,7 +1203,24 @@ def test_tune_plan_keeps_the_method_it_was_exported_with(tmp_path):
                               "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["settings"]["data"]["cli_flags"].startswith("--speculative-algorithm EAGLE ") and doc["warnings"] == []
+    assert doc["settings"]["data"]["cli_flags"].startswith("--speculative-algorithm EAGLE --speculative-draft-model")
+    # its drafter checkpoint and n-gram sizes too
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--method", "eagle", "--model", "yuhuili/EAGLE-LLaMA3-Instruct-8B", "--schedule",
+                              str(sched)])
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--plan", str(sched),
+                              "--json"])
+    doc = json.loads(res.stdout)
+    assert "--speculative-draft-model-path yuhuili/EAGLE-LLaMA3-Instruct-8B " in doc["settings"]["data"]["cli_flags"]
+    assert doc["warnings"] == []
+    (tmp_path / "l").mkdir()
+    table, lookup_acc = _labelled(tmp_path / "l", "lookup:2-4")
+    runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(lookup_acc), "--batches", "1,8,64",
+                        "--schedule", str(sched)])
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--plan", str(sched),
+                              "--json"])
+    cfg = json.loads(res.stdout)["settings"]["data"]
+    assert (cfg["method"], cfg["prompt_lookup_min"], cfg["prompt_lookup_max"]) == ("ngram", 2, 4)
 
 
 def test_tune_says_a_gpu_engines_table_is_read_without_context(tmp_path):

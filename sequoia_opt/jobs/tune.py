@@ -573,11 +573,20 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     warnings.extend(method_warnings)
     if method is not None:
         doc["method"] = method  # vLLM's name; a --plan of this file exports with it again
+    given_doc = sched.doc if opts.plan is not None else {}  # a given plan's drafter settings, unless overridden
     lookup = (served.lookup_min, served.lookup_max) if served.kind == "lookup" else None
+    if lookup is None and method == "ngram" and isinstance(given_doc.get("lookup"), list) and \
+            len(given_doc["lookup"]) == 2:
+        lookup = tuple(int(n) for n in given_doc["lookup"])
+    model = opts.model or (str(given_doc["draft_model"]) if given_doc.get("draft_model") else None)
+    if lookup is not None:
+        doc["lookup"] = list(lookup)  # n-gram sizes
+    if model is not None:
+        doc["draft_model"] = model  # the drafter checkpoint the engine loads (--model)
     settings = None
     if opts.engine != "treeopt":
         settings = export_plan(plan, opts.engine, release=opts.release, method=method,
-                               model=opts.model, lookup=lookup, max_batch=opts.max_batch)
+                               model=model, lookup=lookup, max_batch=opts.max_batch)
         doc["engine_settings"] = settings.data
         doc["engine_releases"] = settings.releases
     peers = {}
