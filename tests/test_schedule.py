@@ -1232,3 +1232,17 @@ def test_tune_says_a_gpu_engines_table_is_read_without_context(tmp_path):
     assert doc["warnings"] == ["--context 4096 is not used for vllm: its T(b, n) is read as given (a table has no "
                                "context column; measure it at the context you serve)"]
     assert json.loads(runner.invoke(app, args).stdout)["warnings"] == []
+
+
+def test_tune_warns_when_draft_is_not_the_drafter_the_profile_measured(tmp_path):
+    """--draft lookup:2-4 on a draft model's acceptance profile was exported as n-grams priced on the draft model's
+    acceptance, without a word (a --method of another kind already warned)."""
+    table, acc = _labelled(tmp_path, "llama-68m")
+    args = ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64", "--json"]
+    doc = json.loads(runner.invoke(app, args + ["--draft", "lookup:2-4"]).stdout)
+    assert doc["settings"]["data"]["method"] == "ngram"
+    assert ("--draft lookup:2-4, but the acceptance profile measured llama-68m: the plan is priced on that drafter's "
+            "acceptance; measure the drafter you serve") in doc["warnings"]
+    table, acc = _labelled(tmp_path, "lookup:2-4")
+    doc = json.loads(runner.invoke(app, args + ["--draft", "lookup:2-4"]).stdout)
+    assert not any(w.startswith("--draft") for w in doc["warnings"])

@@ -566,6 +566,12 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     notes.extend(plan.notes)
     notes.extend(guard_notes(plan, opts.engine))
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
+    measured_label = (getattr(acc, "measured", None) or {}).get("draft") if acc is not None else None
+    if opts.engine in GPU_ENGINES and opts.draft is not None and measured_label:
+        other = measured_drafter(measured_label)
+        if other.kind != spec.kind or (spec.kind == "lookup" and other.label != spec.label):
+            warnings.append(f"--draft {spec.label}, but the acceptance profile measured {measured_label}: the plan "
+                            "is priced on that drafter's acceptance; measure the drafter you serve")
     served = served_drafter(opts, spec, labels.get("drafter"))
     given = sched.doc.get("method") if opts.plan is not None and opts.method is None else None
     method, method_warnings = engine_method(opts.method or given, served, labels.get("drafter"),
@@ -621,10 +627,19 @@ def served_drafter(opts: TuneOptions, spec: Any, measured: str | None) -> Any:
     """The drafter the engine will serve, as a :class:`~sequoia_opt.drafting.registry.DrafterSpec`: ``--draft``'s,
     or, for a GPU engine given only an acceptance profile (``--draft`` unset), the drafter that profile measured
     (its label: ``lookup:1-3``, ``eagle3:NAME``, ``self:6``; a path is a draft model). Nothing is loaded."""
-    from ..drafting.registry import DRAFTERS, DrafterSpec, parse_drafter_spec
-
     if opts.draft is not None or not measured:
         return spec
+    return measured_drafter(measured)
+
+
+def measured_drafter(measured: str) -> Any:
+    """The :class:`~sequoia_opt.drafting.registry.DrafterSpec` of a profile's drafter label (``lookup:1-3``,
+    ``eagle3:NAME``, ``self:6``; a path is a draft model). Nothing is loaded.
+
+    Raises:
+        TreeoptError: a lookup label out of range (as ``--draft`` would be)."""
+    from ..drafting.registry import DRAFTERS, DrafterSpec, parse_drafter_spec
+
     head, _, arg = str(measured).partition(":")
     if head == "lookup":
         return parse_drafter_spec(measured)
