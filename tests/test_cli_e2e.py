@@ -522,7 +522,15 @@ def test_a_draft_with_a_shorter_context_than_the_requests_is_refused_or_named(wo
     assert r.exit_code == 2 and not out.exists(), r.output
     assert (f"no acceptance trial: the measurement tree (depth 3) fits at no position (the drafter's context is "
             f"{shortest - 8} tokens; the shortest prompt is ") in r.output
+    r = invoke("profile", "acceptance", "--target", target, "--draft", short, "--prompts", prompts, "--chains",
+               "--max-new-tokens", "20", "-o", out)  # teacher-forced chains: the same refusal
+    assert r.exit_code == 2 and not out.exists() and f"--chains: the draft's context is {shortest - 8} tokens" in r.output
     mid = _short_context_draft(draft, tmp_path / "mid", 60)
+    r = invoke("profile", "acceptance", "--target", target, "--draft", mid, "--prompts", prompts, "--chains",
+               "--max-new-tokens", "20", "-o", tmp_path / "chains.yaml", "--json")
+    assert r.exit_code == 0, r.output
+    assert any(re.match(r"\d+ of \d+ positions \(\d+%\) lie past the draft's context \(60 tokens\)", w)
+               for w in json.loads(r.stdout)["warnings"]), r.stdout
     r = invoke("profile", "acceptance", "--target", target, "--draft", mid, "--prompts", prompts, "--width", "3",
                "--depth", "3", "--max-new-tokens", "40", "-o", out, "--json")
     assert r.exit_code == 0, r.output

@@ -197,6 +197,12 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
     from ..solver.schedule import ChainValue, SpecSetting
 
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
+    config = getattr(getattr(pair, "draft", None), "config", None)
+    ctx = getattr(config, "max_position_embeddings", None)  # a draft model's context (None: the target's)
+    if isinstance(ctx, int) and ids and min(map(len, ids)) >= ctx:
+        raise TreeoptError(f"--chains: the draft's context is {ctx} tokens and the shortest prompt is "
+                           f"{min(map(len, ids))}: it can guess at no position; use shorter prompts, or a draft "
+                           "with a longer context")
     with progress_bar() as progress:
         prof = measure_chain_acceptance(pair, ids, prompts_file=str(pfile), max_new_tokens=max_new_tokens,
                                         max_depth=DEFAULT_MAX_DRAFT, command="treeopt profile acceptance --chains",
@@ -211,6 +217,14 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
                                       prompts_file=pfile))
     if value.whole_answer_ks:
         report.notes.append(short_traces_note(value))
+    if isinstance(ctx, int) and prof.chain_traces:  # teacher-forced guesses past the draft's context: misses
+        total = sum(len(t) for t in prof.chain_traces)
+        past = sum(max(0, len(t) - max(0, ctx - len(p) + 1)) for t, p in zip(prof.chain_traces, ids))
+        if total and past >= 0.05 * total:
+            report.warnings.append(f"{past} of {total} positions ({past / total:.0%}) lie past the draft's context "
+                                   f"({ctx} tokens): it guesses nothing there and they count as misses, as served "
+                                   "(plain steps); use prompts + --max-new-tokens within the draft's context to "
+                                   "measure its acceptance")
     report.summary = {"target": pair.target_name, "draft": pair.draft_name, "prompts": prof.measured["num_prompts"],
                       "tokens": int(prof.counts.sum()), "p_1 (every position)": float(prof.acceptance[0]),
                       "written": str(out)}
