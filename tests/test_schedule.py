@@ -1178,11 +1178,11 @@ def test_tune_warns_on_a_table_whose_verify_cost_falls_with_tokens(tmp_path):
     drafts as far as the table lets it for free. The batch and the n are named; a rising table says nothing."""
     table, acc = _files(tmp_path)
     rows = table.read_text().splitlines()
-    table.write_text("\n".join([rows[0]] + [r.replace("1,1,10.0,", "1,1,30.0,") for r in rows[1:]]) + "\n")
+    table.write_text("\n".join([rows[0]] + [r.replace("1,1,10.0,", "1,1,12.5,") for r in rows[1:]]) + "\n")
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--json"])
     assert res.exit_code == 0, res.output
     warned = [w for w in json.loads(res.stdout)["warnings"] if w.startswith("latency profile")]
-    assert warned == ["latency profile 't', batch 1: T(b, n = 2) = 10.1 ms is below T(b, 1) = 30 ms; a forward over "
+    assert warned == ["latency profile 't', batch 1: T(b, n = 2) = 10.1 ms is below T(b, 1) = 12.5 ms; a forward over "
                       "more tokens does not cost less, so check the measurement (the plan trusts it)"]
     table, acc = _files(tmp_path)
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--json"])

@@ -608,7 +608,11 @@ def falling_cost_warnings(profile: Any, batches: Sequence[int], context: int | N
     """One line per batch size whose verify cost T(b, n) falls more than ``drop`` below T(b, 1) at some n > 1: a
     forward over more tokens costs at least as much as over one, so such a table is mis-measured (timer noise, a
     warm-up in the first row) or mis-typed (swapped columns), and the plan would draft as far as the table lets it
-    for free. ``profile``: a batch latency profile; ``context``: tokens of context (None: the largest measured)."""
+    for free. A fall below ``IMPLAUSIBLE_FRACTION`` x T(b, 1) is left to the profile loader's own warning
+    (:meth:`~sequoia_opt.profiles.latency.LatencyCurve.implausible_points`). ``profile``: a batch latency profile;
+    ``context``: tokens of context (None: the largest measured)."""
+    from ..profiles import IMPLAUSIBLE_FRACTION
+
     out = []
     for b in batches:
         curve = profile.curve(b)
@@ -616,7 +620,7 @@ def falling_cost_warnings(profile: Any, batches: Sequence[int], context: int | N
         t1 = curve.target_ms(1, ctx)
         low = min(((float(curve.target_ms(n, ctx)), int(n)) for n in curve.target_tokens(ctx) if n > 1),
                   default=None)
-        if low is not None and low[0] < (1 - drop) * t1:
+        if low is not None and IMPLAUSIBLE_FRACTION * t1 <= low[0] < (1 - drop) * t1:  # below: the loader warns
             out.append(f"latency profile {profile.id!r}, batch {b}: T(b, n = {low[1]}) = {low[0]:.3g} ms is below "
                        f"T(b, 1) = {t1:.3g} ms; a forward over more tokens does not cost less, so check the "
                        "measurement (the plan trusts it)")
