@@ -113,7 +113,8 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
     path = Path(path)
     text = read_text_file(path, error=PromptFileError, what="prompt file")
     prompts: list[Prompt] = []
-    if path.suffix == ".jsonl":
+    suffix = path.suffix.lower()  # prompts.JSONL as prompts.jsonl
+    if suffix == ".jsonl":
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
@@ -122,7 +123,7 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
             except json.JSONDecodeError as err:
                 raise PromptFileError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
             prompts.append(_prompt(obj, f"{path}:{lineno}"))
-    elif path.suffix == ".json":  # one JSON array: each item a string or an object as a .jsonl line
+    elif suffix == ".json":  # one JSON array: each item a string or an object as a .jsonl line
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:

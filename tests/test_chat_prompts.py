@@ -74,6 +74,9 @@ def test_a_json_array_and_a_byte_order_mark_are_prompt_files(tmp_path):
         f.write_text(json.dumps(doc))
         with pytest.raises(PromptFileError, match=re.escape(message)):
             load_prompts(f)
+    upper = tmp_path / "P.JSONL"  # an upper-case extension is the same format
+    upper.write_text(json.dumps({"prompt": "abc"}) + "\n")
+    assert [p.text for p in load_prompts(upper)] == ["abc"]
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes("\ufeff".encode() + json.dumps({"prompt": "def g():"}).encode() + b"\n")
     assert [p.text for p in load_prompts(bom)] == ["def g():"]

@@ -244,7 +244,8 @@ def test_hf_rope_parameters_llama3_equals_legacy_rope_scaling(tmp_path):
     (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
     (dict(head_dim=15), "head_dim 15 is odd"),
     (dict(attention_bias=True), "attention_bias = true: Llama's and Mistral's put a bias on q, k, v and o_proj"),
-    (dict(mlp_bias=True), "mlp_bias = true: its gate, up and down projections carry biases"),
+    (dict(mlp_bias=True), "mlp_bias = true: its gate, up and down projections would carry biases"),
+    (dict(mlp_bias="false"), 'mlp_bias = "false": its gate'),  # a string is not false: quoted as written
     (dict(model_type=None, architectures=None), "names no model_type or architectures: treeopt loads llama"),
     (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=0),
      "sliding_window = 0 must be a positive integer"),

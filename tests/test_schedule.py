@@ -1246,3 +1246,12 @@ def test_tune_warns_when_draft_is_not_the_drafter_the_profile_measured(tmp_path)
     table, acc = _labelled(tmp_path, "lookup:2-4")
     doc = json.loads(runner.invoke(app, args + ["--draft", "lookup:2-4"]).stdout)
     assert not any(w.startswith("--draft") for w in doc["warnings"])
+
+
+def test_tune_says_a_gpu_engine_serves_no_layer_skip_drafter(tmp_path):
+    """A self:L (layer skip) profile was exported as vLLM's draft_model without a word: no engine serves it."""
+    table, acc = _labelled(tmp_path, "self:6")
+    doc = json.loads(runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--model", "m",
+                                         "--json"]).stdout)
+    assert doc["warnings"] == ["vllm serves no self drafter (self:6): the export runs --method draft_model priced on "
+                               "self:6's acceptance; measure the drafter the engine serves"]

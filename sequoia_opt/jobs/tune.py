@@ -573,6 +573,11 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             warnings.append(f"--draft {spec.label}, but the acceptance profile measured {measured_label}: the plan "
                             "is priced on that drafter's acceptance; measure the drafter you serve")
     served = served_drafter(opts, spec, labels.get("drafter"))
+    if opts.engine in GPU_ENGINES and not served.entry.engine_methods:  # layer skip: no engine serves it
+        who = spec.label if opts.draft is not None else labels.get("drafter")
+        warnings.append(f"{opts.engine} serves no {served.kind} drafter ({who}): the export runs --method "
+                        f"{opts.method or 'draft_model'} priced on {who}'s acceptance; measure the drafter the engine "
+                        "serves")
     given = sched.doc.get("method") if opts.plan is not None and opts.method is None else None
     method, method_warnings = engine_method(opts.method or given, served, labels.get("drafter"),
                                             origin="--method" if given is None else f"{opts.plan}'s method")

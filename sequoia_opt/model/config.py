@@ -3,6 +3,7 @@ a dataclass with named presets and derived fields."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -181,9 +182,10 @@ class ModelConfig:
         if act not in ("silu", "swish"):
             raise CheckpointError(f"config.json hidden_act {act!r}: treeopt's Llama-family layers run SwiGLU (silu); "
                                   "another activation would decode another model")
-        if cfg.get("mlp_bias"):
-            raise CheckpointError("config.json mlp_bias = true: its gate, up and down projections carry biases, which "
-                                  "treeopt's Llama-family layers do not add (another model would be decoded)")
+        if cfg.get("mlp_bias") not in (None, False):
+            raise CheckpointError(f"config.json mlp_bias = {json.dumps(cfg['mlp_bias'])}: its gate, up and down "
+                                  "projections would carry biases, which treeopt's Llama-family layers do not add "
+                                  "(another model would be decoded)")
         if family != "qwen2" and cfg.get("attention_bias"):
             raise CheckpointError("config.json attention_bias = true: Llama's and Mistral's put a bias on q, k, v and "
                                   "o_proj; treeopt's decoder carries the q/k/v biases only (Qwen2's)")
