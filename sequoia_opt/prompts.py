@@ -78,7 +78,7 @@ def _parse_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
     return tuple(out)
 
 
-def _prompt(obj: Any, where: str) -> Prompt:
+def _prompt(obj: Any, where: str, *, in_array: bool = False) -> Prompt:
     """One prompt object of a ``.jsonl`` line or a ``.json`` array item (module docstring); ``where`` names it.
 
     Raises:
@@ -86,7 +86,10 @@ def _prompt(obj: Any, where: str) -> Prompt:
             non-empty prompt string, malformed messages.
     """
     if not isinstance(obj, dict):
-        raise PromptFileError(f"{where}: expected a JSON object with a 'prompt' string or 'messages'")
+        hint = ("a prompt string or " if in_array else "") + "a JSON object with a 'prompt' string or 'messages'"
+        if isinstance(obj, list) and not in_array:
+            hint += " (a JSON array of prompts is a .json file)"
+        raise PromptFileError(f"{where}: expected {hint}")
     meta = {k: v for k, v in obj.items() if k not in ("prompt", "text", "messages")}
     if "messages" in obj:
         if "prompt" in obj or "text" in obj:
@@ -127,11 +130,12 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            raise PromptFileError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+            hint = " (one JSON object per line is a .jsonl file)" if err.msg == "Extra data" else ""
+            raise PromptFileError(f"{path}:{err.lineno}: not valid JSON ({err.msg}){hint}") from None
         if not isinstance(doc, list):
             raise PromptFileError(f"{path}: expected a JSON array of prompts (strings, or objects with a 'prompt' "
                                   "string or 'messages'); one object per line is a .jsonl file")
-        prompts = [_prompt({"prompt": obj} if isinstance(obj, str) else obj, f"{path}[{i}]")
+        prompts = [_prompt({"prompt": obj} if isinstance(obj, str) else obj, f"{path}[{i}]", in_array=True)
                    for i, obj in enumerate(doc)]
     else:
         for block in text.replace("\r\n", "\n").split("\n\n"):

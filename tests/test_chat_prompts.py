@@ -68,12 +68,20 @@ def test_a_json_array_and_a_byte_order_mark_are_prompt_files(tmp_path):
     raw, text, chat = load_prompts(f)
     assert (raw.text, raw.origin, text.text, text.meta, chat.messages) == (
         "def f(x):\n", f"{f}[0]", "import os", {"source": "b"}, tuple(USER))
-    for doc, message in (({"prompt": "x"}, "expected a JSON array of prompts"), ([1], f"{f}[0]: expected a JSON "
-                                                                                       "object with a 'prompt'"),
+    for doc, message in (({"prompt": "x"}, "expected a JSON array of prompts"),
+                         ([1], f"{f}[0]: expected a prompt string or a JSON object with a 'prompt'"),
                          ([], "holds no prompts")):
         f.write_text(json.dumps(doc))
         with pytest.raises(PromptFileError, match=re.escape(message)):
             load_prompts(f)
+    f.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')  # JSON lines in a .json file: the other extension named
+    with pytest.raises(PromptFileError, match=re.escape(f"{f}:2: not valid JSON (Extra data) (one JSON object per line "
+                                                        "is a .jsonl file)")):
+        load_prompts(f)
+    lines = tmp_path / "array.jsonl"
+    lines.write_text('["a", "b"]\n')
+    with pytest.raises(PromptFileError, match=re.escape("(a JSON array of prompts is a .json file)")):
+        load_prompts(lines)
     upper = tmp_path / "P.JSONL"  # an upper-case extension is the same format
     upper.write_text(json.dumps({"prompt": "abc"}) + "\n")
     assert [p.text for p in load_prompts(upper)] == ["abc"]

@@ -330,3 +330,12 @@ def test_a_config_without_rms_norm_eps_reads_transformers_default_and_is_named_b
     assert load_model_config(out / "config.json").name == out.name  # its folder's
     (tmp_path / "smollm2-135m.json").write_text((out / "config.json").read_text())
     assert load_model_config(tmp_path / "smollm2-135m.json").name == "smollm2-135m"  # saved under its own name
+
+
+def test_a_config_with_a_byte_order_mark_loads(tmp_path):
+    """An editor on Windows writes config.json with a UTF-8 BOM: json refused it ('Unexpected UTF-8 BOM')."""
+    _, out = saved(tmp_path)
+    cfg = out / "config.json"
+    want = load_model_config(out)
+    cfg.write_bytes("\ufeff".encode() + cfg.read_bytes())
+    assert load_model_config(out) == want

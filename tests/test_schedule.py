@@ -1150,7 +1150,7 @@ def test_tune_sglang_serves_a_draft_model_as_standalone_and_warns_on_a_head_meth
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["settings"]["data"]["adaptive_config"]["1"]["candidate_steps"][0] > 0  # EAGLE3: the adaptive tiers
-    assert ("--method eagle3, but the plan is priced on the acceptance of llama-68m (draft_model on vLLM): the "
+    assert ("--method eagle3, but the plan is priced on the acceptance of llama-68m (served as draft_model): the "
             "drafter the engine serves accepts differently; measure that drafter's acceptance, or pass --method "
             "draft_model") in doc["warnings"]
 

@@ -675,7 +675,7 @@ def engine_method(method: str | None, served: Any, measured: str | None,
     head_given = given in heads or given.endswith("_mtp")
     if own is not None and (head_given != served.entry.reads_features or (not head_given and given != own)):
         who = measured or served.label
-        return method, [f"{origin} {method}, but the plan is priced on the acceptance of {who} ({own} on vLLM): "
+        return method, [f"{origin} {method}, but the plan is priced on the acceptance of {who} (served as {own}): "
                         f"the drafter the engine serves accepts differently; measure that drafter's acceptance, or "
                         f"pass --method {own}"]
     return method, []

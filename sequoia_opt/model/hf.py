@@ -39,7 +39,7 @@ _DERIVED_SUFFIXES = (".rotary_emb.inv_freq",)  # old Llama checkpoints store thi
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark skipped
     except FileNotFoundError:
         raise CheckpointError(f"{path.name} not found in {path.parent}") from None
     except ValueError as err:
