@@ -992,6 +992,8 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert not out.exists() and doc["removed_file"] == str(out) and "output_file" not in doc
+    assert ("nothing to start with speculation on vllm: it runs without it (plain decoding), which the plan predicts "
+            "fastest at every batch size measured") in doc["notes"] and not any("$(cat OUT)" in n for n in doc["notes"])
     assert any(w.startswith(f"removed {out} (an earlier setting): speculation pays") for w in doc["warnings"])
     # SGLang's per-range flags (a draft model runs as STANDALONE) and TensorRT-LLM's YAML (whose reason sits below
     # a release header): removed too, the reason quoted

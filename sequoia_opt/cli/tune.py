@@ -155,7 +155,11 @@ def tune(
         check += " (write PLAN.yaml with --schedule PLAN.yaml)"
     where = " (in a checkout of treeopt: benchmarks/ is not installed with the package)" if check.startswith(
         "python benchmarks/") else ""
-    report.notes.append(f"check it{where}: {check}")
+    if settings is not None and settings.nothing_to_set:  # no settings file to check: the engine runs plainly
+        report.notes.append(f"nothing to start with speculation on {opts.engine}: it runs without it (plain "
+                            "decoding), which the plan predicts fastest at every batch size measured")
+    else:
+        report.notes.append(f"check it{where}: {check}")
     if opts.engine == "treeopt":
         f = plan_file if plan_file is not None else "PLAN.yaml"
         pair = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),
