@@ -1167,6 +1167,10 @@ def test_tune_takes_the_method_of_the_drafter_the_acceptance_profile_measured(tm
     assert res.exit_code == 0, res.output
     cfg = json.loads(res.stdout)["settings"]["data"]
     assert (cfg["method"], cfg["prompt_lookup_min"], cfg["prompt_lookup_max"]) == ("ngram", 2, 4) and "model" not in cfg
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--model", "JackFram/llama-68m", "--json"])  # a checkpoint n-grams do not load: said
+    assert json.loads(res.stdout)["warnings"] == ["--model JackFram/llama-68m is not used: n-gram drafting (ngram) "
+                                                  "loads no drafter checkpoint"]
     table, acc = _labelled(tmp_path, "eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
     res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "-a", str(acc), "--batches",
                               "1,8,64", "--model", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "--json"])

@@ -590,6 +590,8 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             len(given_doc["lookup"]) == 2:
         lookup = tuple(int(n) for n in given_doc["lookup"])
     model = opts.model or (str(given_doc["draft_model"]) if given_doc.get("draft_model") else None)
+    if opts.model is not None and method == "ngram" and opts.engine in GPU_ENGINES:
+        warnings.append(f"--model {opts.model} is not used: n-gram drafting ({method}) loads no drafter checkpoint")
     if lookup is not None:
         doc["lookup"] = list(lookup)  # n-gram sizes
     if model is not None:
