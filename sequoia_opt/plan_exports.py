@@ -503,15 +503,17 @@ SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STAND
                      "mtp": "EAGLE", "nextn": "EAGLE"}
 
 
-def _sglang_draft(algo: str, model: str | None, warnings: list[str]) -> str:
-    """`` --speculative-draft-model-path MODEL`` for the algorithms that load a drafter (all but NGRAM); a
-    placeholder, with a warning, when ``model`` is None."""
+def _sglang_draft(algo: str, model: str | None, warnings: list[str], lookup: tuple[int, int] | None = None) -> str:
+    """`` --speculative-draft-model-path MODEL`` for the algorithms that load a drafter (a placeholder, with a
+    warning, when ``model`` is None); for NGRAM the n-gram sizes measured (``lookup``: its match window, SGLang's
+    ``speculative_ngram_{min,max}_match_window_size``), nothing when unknown."""
     if algo == "NGRAM":
-        return ""
+        return ("" if lookup is None else f" --speculative-ngram-min-match-window-size {int(lookup[0])} "
+                f"--speculative-ngram-max-match-window-size {int(lookup[1])}")
     return f" --speculative-draft-model-path {model or _placeholder('<your draft model>', 'SGLang', warnings)}"
 
 
-def _export_sglang(ranges, release, method, model=None):
+def _export_sglang(ranges, release, method, model=None, lookup=None):
     key = (method or "draft_model").lower()  # as vLLM's and TensorRT-LLM's exports: a draft model is STANDALONE
     algos = set(SGLANG_ALGORITHMS.values())
     algo = SGLANG_ALGORITHMS.get(key, key.upper() if key.upper() in algos else None)  # vLLM's name or SGLang's own
@@ -563,7 +565,7 @@ def _export_sglang(ranges, release, method, model=None):
     why = (f"SGLang {release} has no per-batch-size tiers (from {first})" if v < Version(first)
            else f"SGLang's adaptive mode runs EAGLE/EAGLE3 chains (topk 1); {algo} with this plan runs one setting")
     lines = []
-    draft = _sglang_draft(algo, model, warnings)
+    draft = _sglang_draft(algo, model, warnings, lookup)
     for lo, hi, s in ranges:
         if not s.speculates:
             flag = "(no --speculative-algorithm)"
@@ -655,7 +657,7 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
     elif key == "tensorrt-llm":
         out = _export_trtllm(ranges, release, method, model, lookup, max_batch)
     elif key == "sglang":
-        out = _export_sglang(ranges, release, method, model)
+        out = _export_sglang(ranges, release, method, model, lookup)
     else:
         out = _export_llamacpp(ranges, release, method, lookup)
     if key in ("tensorrt-llm", "llama.cpp"):  # formats with comments carry their releases (JSON ones cannot)

@@ -196,8 +196,10 @@ def test_sglang_releases_and_static_fallbacks():
     assert "--speculative-draft-model-path <your draft model> " in standalone.data["per_range"][0]["cli_flags"]
     assert standalone.warnings == ("the config names the drafter <your draft model>: pass --model with the checkpoint "
                                    "SGLang loads (a Hugging Face id or a path), or edit the file",)
-    ngram = export_plan(PLANS["falling"], "sglang", method="ngram")
-    assert "draft-model-path" not in ngram.data["per_range"][0]["cli_flags"] and ngram.warnings == ()
+    ngram = export_plan(PLANS["falling"], "sglang", method="ngram", lookup=(2, 4))  # its match window: the sizes
+    assert ngram.data["per_range"][0]["cli_flags"].startswith(
+        "--speculative-algorithm NGRAM --speculative-ngram-min-match-window-size 2 "
+        "--speculative-ngram-max-match-window-size 4 --speculative-num-steps") and ngram.warnings == ()
     for bad in ({"1": {"candidate_steps": []}}, {"1": {"candidate_steps": [-1]}}, {"x": {}}):
         with pytest.raises(PlanExportError):
             check_sglang_tiers(bad)
