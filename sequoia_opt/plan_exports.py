@@ -573,8 +573,8 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
             flag = (f"--speculative-algorithm {algo}{draft} --speculative-num-steps {s.steps} --speculative-eagle-topk "
                     f"{s.topk} --speculative-num-draft-tokens {s.draft_tokens + 1}")
         elif s.shape == "chain":
-            flag = (f"--speculative-algorithm {algo}{draft} --speculative-num-steps {s.steps} --speculative-eagle-topk 1 "
-                    f"--speculative-num-draft-tokens {s.steps + 1}")
+            flag = (f"--speculative-algorithm {algo}{draft} --speculative-num-steps {s.steps} "
+                    f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {s.steps + 1}")
         else:
             raise PlanExportError(f"SGLang takes no static tree; batch sizes {lo}-{hi} want {s.label}")
         lines.append({"batch_range": [lo, hi], "cli_flags": flag})

@@ -105,7 +105,8 @@ def measure_batch_overhead(target: LlamaCppModel, draft: LlamaCppModel | None, b
 
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(0, target.n_vocab, prompt_len).tolist() for _ in range(batch)]
-    policy = StaticTreePolicy(LlamaCppDrafter(draft, target.n_vocab), Tree.chain(n_max + 1)) if draft is not None else None
+    policy = (StaticTreePolicy(LlamaCppDrafter(draft, target.n_vocab), Tree.chain(n_max + 1)) if draft is not None
+              else None)
     res = Decoder(LlamaCppTarget(target, max_batch=batch), policy, max_batch=batch).generate_batch(prompts, steps)
     return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0
 
