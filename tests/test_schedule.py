@@ -1147,6 +1147,8 @@ def test_tune_sglang_serves_a_draft_model_as_standalone_and_warns_on_a_head_meth
     assert flags[0].startswith("--speculative-algorithm STANDALONE --speculative-draft-model-path <your draft model> "
                                "--speculative-num-steps"), flags
     assert flags[-1] == "(no --speculative-algorithm)" and not any("--method" in w for w in doc["warnings"])
+    assert ("the acceptance profile measured llama-68m: --model llama-68m if that is the checkpoint's Hugging Face id "
+            "or path") in doc["notes"]  # the placeholder's likely value, from the profile
     res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--method", "eagle3", "--json"])
     assert res.exit_code == 0, res.output

@@ -601,6 +601,11 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         settings = export_plan(plan, opts.engine, release=opts.release, method=method,
                                model=model, lookup=lookup, max_batch=opts.max_batch)
         doc["engine_settings"] = settings.data
+        name = str(labels.get("drafter") or "").partition(":")[2] if served.entry.reads_features else \
+            str(labels.get("drafter") or "") if served.kind == "model" else ""
+        if model is None and name and any("<your" in w for w in settings.warnings):  # the name the profile gives
+            notes.append(f"the acceptance profile measured {labels.get('drafter')}: --model {shlex.quote(name)} if "
+                         "that is the checkpoint's Hugging Face id or path")
         doc["engine_releases"] = settings.releases
     peers = {}
     if opts.shape == "chain":
