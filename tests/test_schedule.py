@@ -1263,3 +1263,11 @@ def test_tune_says_a_gpu_engine_serves_no_layer_skip_drafter(tmp_path):
                                          "--json"]).stdout)
     assert doc["warnings"] == ["vllm serves no self drafter (self:6): the export runs --method draft_model priced on "
                                "self:6's acceptance; measure the drafter the engine serves"]
+
+
+def test_tune_names_a_profiles_bad_drafter_label_as_the_profiles(tmp_path):
+    """A lookup label out of range in the acceptance profile was blamed on '--draft', which was not passed."""
+    table, acc = _labelled(tmp_path, "lookup:4-2")
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc)])
+    assert res.exit_code == 2 and "the acceptance profile's measured.draft 'lookup:4-2': the smallest n-gram size (4) " \
+        "is larger than the largest (2)" in res.output and "--draft" not in res.output

@@ -653,12 +653,16 @@ def measured_drafter(measured: str) -> Any:
     ``eagle3:NAME``, ``self:6``; a path is a draft model). Nothing is loaded.
 
     Raises:
-        TreeoptError: a lookup label out of range (as ``--draft`` would be)."""
+        TreeoptError: a lookup label out of range (as ``--draft`` would be), naming the profile's field."""
     from ..drafting.registry import DRAFTERS, DrafterSpec, parse_drafter_spec
 
     head, _, arg = str(measured).partition(":")
     if head == "lookup":
-        return parse_drafter_spec(measured)
+        try:
+            return parse_drafter_spec(measured)
+        except TreeoptError as err:  # the profile's label, not a --draft the user typed
+            why = str(err).split(": ", 1)[-1]
+            raise TreeoptError(f"the acceptance profile's measured.draft {measured!r}: {why}") from None
     if head in DRAFTERS and head != "model":
         return DrafterSpec(head)  # its kind is all the export needs (a head's checkpoint is the engine's)
     return DrafterSpec("model", Path(arg if head == "model" else measured))
