@@ -290,7 +290,7 @@ def _export_vllm(ranges, release, method, model, lookup):
     if method == "ngram":
         lo_n, hi_n = lookup or (1, 3)
         doc.update(prompt_lookup_min=int(lo_n), prompt_lookup_max=int(hi_n))
-    else:
+    elif model is not None or not (method == "mtp" or method.endswith("_mtp")):  # MTP runs the target's own layers
         doc["model"] = model or _placeholder("<your draft model>", "vLLM", warnings)
     doc.update(num_speculative_tokens=kmax, num_speculative_tokens_per_batch_size=sched)
     notes = [f"past batch {ranges[-1][1]} vLLM keeps K = {ranges[-1][2].draft_tokens} (the last range's)"]
@@ -503,10 +503,14 @@ SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STAND
                      "mtp": "EAGLE", "nextn": "EAGLE"}
 
 
-def _sglang_draft(algo: str, model: str | None, warnings: list[str], lookup: tuple[int, int] | None = None) -> str:
+def _sglang_draft(algo: str, model: str | None, warnings: list[str], lookup: tuple[int, int] | None = None, *,
+                  mtp: bool = False) -> str:
     """`` --speculative-draft-model-path MODEL`` for the algorithms that load a drafter (a placeholder, with a
-    warning, when ``model`` is None); for NGRAM the n-gram sizes measured (``lookup``: its match window, SGLang's
-    ``speculative_ngram_{min,max}_match_window_size``), nothing when unknown."""
+    warning, when ``model`` is None; for MTP layers only when given: SGLang finds the target's own); for NGRAM the
+    n-gram sizes measured (``lookup``: its match window, SGLang's ``speculative_ngram_{min,max}_match_window_size``),
+    nothing when unknown."""
+    if mtp and model is None:
+        return ""
     if algo == "NGRAM":
         return ("" if lookup is None else f" --speculative-ngram-min-match-window-size {int(lookup[0])} "
                 f"--speculative-ngram-max-match-window-size {int(lookup[1])}")
@@ -515,6 +519,7 @@ def _sglang_draft(algo: str, model: str | None, warnings: list[str], lookup: tup
 
 def _export_sglang(ranges, release, method, model=None, lookup=None):
     key = (method or "draft_model").lower()  # as vLLM's and TensorRT-LLM's exports: a draft model is STANDALONE
+    mtp = key in ("mtp", "nextn") or key.endswith("_mtp")  # the target's own MTP layers: no drafter checkpoint
     algos = set(SGLANG_ALGORITHMS.values())
     algo = SGLANG_ALGORITHMS.get(key, key.upper() if key.upper() in algos else None)  # vLLM's name or SGLang's own
     if algo is None:
@@ -547,7 +552,8 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
                         data={}, releases=releases, checked=checked, command="python -m sglang.launch_server",
                         notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
                     nothing_to_set=True)
-        flags = (f"--speculative-algorithm {algo}{_sglang_draft(algo, model, warnings)} --speculative-eagle-topk 1 "
+        flags = (f"--speculative-algorithm {algo}{_sglang_draft(algo, model, warnings, mtp=mtp)} "
+                 "--speculative-eagle-topk 1 "
                  f"--speculative-num-steps {start} --speculative-num-draft-tokens {start + 1} --speculative-adaptive "
                  "--speculative-adaptive-config adaptive.json")
         doc = {"adaptive_config": cfg, "cli_flags": flags}
@@ -565,7 +571,7 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
     why = (f"SGLang {release} has no per-batch-size tiers (from {first})" if v < Version(first)
            else f"SGLang's adaptive mode runs EAGLE/EAGLE3 chains (topk 1); {algo} with this plan runs one setting")
     lines = []
-    draft = _sglang_draft(algo, model, warnings, lookup)
+    draft = _sglang_draft(algo, model, warnings, lookup, mtp=mtp)
     for lo, hi, s in ranges:
         if not s.speculates:
             flag = "(no --speculative-algorithm)"

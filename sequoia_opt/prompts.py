@@ -91,12 +91,13 @@ def _prompt(obj: Any, where: str, *, in_array: bool = False) -> Prompt:
             hint += " (a JSON array of prompts is a .json file)"
         raise PromptFileError(f"{where}: expected {hint}")
     meta = {k: v for k, v in obj.items() if k not in ("prompt", "text", "messages")}
+    unit = "an item" if in_array else "a line"
     if "messages" in obj:
         if "prompt" in obj or "text" in obj:
-            raise PromptFileError(f"{where}: a line holds a 'prompt' or 'messages', not both")
+            raise PromptFileError(f"{where}: {unit} holds a 'prompt' or 'messages', not both")
         return Prompt("", meta, _parse_messages(obj["messages"], where), where)
     if "prompt" in obj and "text" in obj:  # 'text' is another name for 'prompt': which one is meant?
-        raise PromptFileError(f"{where}: a line holds a 'prompt' or a 'text' (the same field), not both")
+        raise PromptFileError(f"{where}: {unit} holds a 'prompt' or a 'text' (the same field), not both")
     body = obj.get("prompt", obj.get("text"))
     if not isinstance(body, str) or not body.strip():
         raise PromptFileError(f"{where}: needs a non-empty 'prompt' string (or 'messages')")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -238,9 +239,13 @@ def test_eagle_and_medusa_loaders_are_strict(tmp_path):
         read_medusa_config(tmp_path / "m4", TARGET4)
     pt = write_medusa(tmp_path / "m5") / "medusa_lm_head.pt"  # cut short: torch's own line spoke of mmap
     pt.write_bytes(pt.read_bytes()[:200])
-    with pytest.raises(CheckpointError, match=re.escape(f"{pt}: not a PyTorch checkpoint (a zip archive, torch.save's "
-                                                        "format since 1.6): truncated, corrupt or another format")):
+    with pytest.raises(CheckpointError, match=re.escape(f"{pt}: not a PyTorch checkpoint torch.load reads (a zip "
+                                                        "archive, or the format before 1.6): truncated, corrupt")):
         read_medusa_config(tmp_path / "m5", TARGET4)
+    legacy = write_medusa(tmp_path / "m6") / "medusa_lm_head.pt"  # torch.save's format before 1.6 still loads
+    torch.save(torch.load(legacy), legacy, _use_new_zipfile_serialization=False)
+    old, new = read_medusa_config(tmp_path / "m6", TARGET4), read_medusa_config(write_medusa(tmp_path / "m7"), TARGET4)
+    assert replace(old, name=new.name) == new
 
 
 # ---------------------------------------------------------------------------------------------- cached drafting

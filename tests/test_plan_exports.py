@@ -196,6 +196,9 @@ def test_sglang_releases_and_static_fallbacks():
     assert "--speculative-draft-model-path <your draft model> " in standalone.data["per_range"][0]["cli_flags"]
     assert standalone.warnings == ("the config names the drafter <your draft model>: pass --model with the checkpoint "
                                    "SGLang loads (a Hugging Face id or a path), or edit the file",)
+    for engine in ("sglang", "vllm"):  # MTP runs the target's own layers: no checkpoint to name, no placeholder
+        mtp = export_plan(PLANS["falling"], engine, method="mtp")
+        assert "<your" not in mtp.text and mtp.warnings == (), (engine, mtp.text, mtp.warnings)
     ngram = export_plan(PLANS["falling"], "sglang", method="ngram", lookup=(2, 4))  # its match window: the sizes
     assert ngram.data["per_range"][0]["cli_flags"].startswith(
         "--speculative-algorithm NGRAM --speculative-ngram-min-match-window-size 2 "

@@ -1010,7 +1010,10 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
     out.write_text("format: treeopt-acceptance/1\n")
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
                               "--batches", "1,8", "-o", str(out), "--json"])
-    assert out.read_text() == "format: treeopt-acceptance/1\n" and "removed_file" not in json.loads(res.stdout)
+    assert res.exit_code == 0 and out.read_text() == "format: treeopt-acceptance/1\n", res.output
+    kept = json.loads(res.stdout)
+    assert "removed_file" not in kept and any(w.startswith(f"nothing written to {out}, and the file there was kept")
+                                              for w in kept["warnings"])
     before = (tmp_path / "a.yaml").read_text()
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
                               "--batches", "1,8", "-o", str(tmp_path / "a.yaml")])
@@ -1147,8 +1150,8 @@ def test_tune_sglang_serves_a_draft_model_as_standalone_and_warns_on_a_head_meth
     assert flags[0].startswith("--speculative-algorithm STANDALONE --speculative-draft-model-path <your draft model> "
                                "--speculative-num-steps"), flags
     assert flags[-1] == "(no --speculative-algorithm)" and not any("--method" in w for w in doc["warnings"])
-    assert ("the acceptance profile measured llama-68m: --model llama-68m if that is the checkpoint's Hugging Face id "
-            "or path") in doc["notes"]  # the placeholder's likely value, from the profile
+    assert ("the profile measured llama-68m: --model llama-68m if that is the checkpoint's Hugging Face id or "
+            "path") in doc["notes"]  # the placeholder's likely value, from the profile
     res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--method", "eagle3", "--json"])
     assert res.exit_code == 0, res.output
@@ -1216,6 +1219,7 @@ def test_tune_plan_keeps_the_method_it_was_exported_with(tmp_path):
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--method", "eagle", "--model", "yuhuili/EAGLE-LLaMA3-Instruct-8B", "--schedule",
                               str(sched)])
+    assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--plan", str(sched),
                               "--json"])
     doc = json.loads(res.stdout)
@@ -1223,8 +1227,9 @@ def test_tune_plan_keeps_the_method_it_was_exported_with(tmp_path):
     assert doc["warnings"] == []
     (tmp_path / "l").mkdir()
     table, lookup_acc = _labelled(tmp_path / "l", "lookup:2-4")
-    runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(lookup_acc), "--batches", "1,8,64",
-                        "--schedule", str(sched)])
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(lookup_acc), "--batches",
+                              "1,8,64", "--schedule", str(sched)])
+    assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--plan", str(sched),
                               "--json"])
     cfg = json.loads(res.stdout)["settings"]["data"]
@@ -1271,3 +1276,21 @@ def test_tune_names_a_profiles_bad_drafter_label_as_the_profiles(tmp_path):
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc)])
     assert res.exit_code == 2 and "the acceptance profile's measured.draft 'lookup:4-2': the smallest n-gram size (4) " \
         "is larger than the largest (2)" in res.output and "--draft" not in res.output
+
+
+def test_tune_envelopes_take_the_drafter_their_calibration_measured(tmp_path):
+    """An envelope plan from an EAGLE-3 calibration profile alone (no -a, no --draft) is served as EAGLE-3: the
+    bundled draft model's label stood in for it, and SGLang got STANDALONE with a placeholder checkpoint."""
+    from test_dynamic_cli import _calibration
+
+    cal = _calibration(tmp_path / "cal.yaml", draft="eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
+    table = tmp_path / "t.csv"
+    table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
+        f"{b},{n},{10.0 + b + 0.05 * n},0.2,0.1\n" for b in (1, 8) for n in range(1, 9)))
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "--shape", "envelope", "--calibration",
+                              str(cal), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    flags = doc["settings"]["data"].get("cli_flags") or doc["settings"]["data"]["per_range"][0]["cli_flags"]
+    assert flags.startswith("--speculative-algorithm EAGLE3 "), flags
+    assert doc["schedule"]["drafter"] == "eagle3:EAGLE3-LLaMA3.1-Instruct-8B" and doc["schedule"]["method"] == "eagle3"

@@ -481,7 +481,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         profile, acc, labels = _treeopt_inputs(opts, spec, done, progress)
     else:
         profile = _latency(opts, spec, done, progress, lambda path: None)
-        acc, labels = None, {"target": None, "drafter": spec.label}
+        acc, labels = None, {"target": None, "drafter": spec.label if opts.draft is not None else None}
         if opts.acceptance is not None:
             acc = _acceptance(opts, Path(opts.acceptance), done, lambda: None)
             # the pair the profile measured (a GPU engine's drafter is not loaded here: --draft is only its kind)
@@ -489,12 +489,12 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             labels = {"target": measured.get("target"),
                       "drafter": measured.get("draft") if opts.draft is None else spec.label}
     ctx = None if opts.engine in GPU_ENGINES else opts.context
-    warnings = falling_cost_warnings(profile, opts.batches, ctx)
     if ctx is not None:  # a profile measured at shorter contexts than --context: say which option and value fit
         largest = min(max(profile.curve(b).contexts) for b in opts.batches)
         if ctx > largest:
             raise TreeoptError(f"--context {ctx}: the latency profile {profile.id!r} measured contexts up to {largest} "
                                f"tokens; pass --context {largest} (or measure it at {ctx})")
+    warnings = falling_cost_warnings(profile, opts.batches, ctx)
     if opts.shape == "envelope":
         from ..profiles.calibration import load_calibration
 
@@ -578,19 +578,21 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         warnings.append(f"{opts.engine} serves no {served.kind} drafter ({who}): the export runs --method "
                         f"{opts.method or 'draft_model'} priced on {who}'s acceptance; measure the drafter the engine "
                         "serves")
-    given = sched.doc.get("method") if opts.plan is not None and opts.method is None else None
+    # a given plan's method, unless --method or --draft says which drafter is served now
+    given = sched.doc.get("method") if opts.plan is not None and opts.method is None and opts.draft is None else None
     method, method_warnings = engine_method(opts.method or given, served, labels.get("drafter"),
                                             origin="--method" if given is None else f"{opts.plan}'s method")
     warnings.extend(method_warnings)
     if method is not None:
         doc["method"] = method  # vLLM's name; a --plan of this file exports with it again
-    given_doc = sched.doc if opts.plan is not None else {}  # a given plan's drafter settings, unless overridden
+    given_doc = sched.doc if given is not None else {}  # that plan's drafter settings go with its method
+    key = method_key(method)
     lookup = (served.lookup_min, served.lookup_max) if served.kind == "lookup" else None
-    if lookup is None and method == "ngram" and isinstance(given_doc.get("lookup"), list) and \
+    if lookup is None and key == "ngram" and isinstance(given_doc.get("lookup"), list) and \
             len(given_doc["lookup"]) == 2:
         lookup = tuple(int(n) for n in given_doc["lookup"])
     model = opts.model or (str(given_doc["draft_model"]) if given_doc.get("draft_model") else None)
-    if opts.model is not None and method == "ngram" and opts.engine in GPU_ENGINES:
+    if opts.model is not None and key == "ngram" and opts.engine in GPU_ENGINES:
         warnings.append(f"--model {opts.model} is not used: n-gram drafting ({method}) loads no drafter checkpoint")
     if lookup is not None:
         doc["lookup"] = list(lookup)  # n-gram sizes
@@ -604,8 +606,8 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         name = str(labels.get("drafter") or "").partition(":")[2] if served.entry.reads_features else \
             str(labels.get("drafter") or "") if served.kind == "model" else ""
         if model is None and name and any("<your" in w for w in settings.warnings):  # the name the profile gives
-            notes.append(f"the acceptance profile measured {labels.get('drafter')}: --model {shlex.quote(name)} if "
-                         "that is the checkpoint's Hugging Face id or path")
+            notes.append(f"the profile measured {labels.get('drafter')}: --model {shlex.quote(name)} if that is the "
+                         "checkpoint's Hugging Face id or path")
         doc["engine_releases"] = settings.releases
     peers = {}
     if opts.shape == "chain":
@@ -622,15 +624,15 @@ def falling_cost_warnings(profile: Any, batches: Sequence[int], context: int | N
     warm-up in the first row) or mis-typed (swapped columns), and the plan would draft as far as the table lets it
     for free. A fall below ``IMPLAUSIBLE_FRACTION`` x T(b, 1) is left to the profile loader's own warning
     (:meth:`~sequoia_opt.profiles.latency.LatencyCurve.implausible_points`). ``profile``: a batch latency profile;
-    ``context``: tokens of context (None: the largest measured)."""
+    ``context``: tokens of context, as the plan reads the curves (None: the smallest measured); ``drop``: a
+    fraction of T(b, 1)."""
     from ..profiles import IMPLAUSIBLE_FRACTION
 
     out = []
     for b in batches:
         curve = profile.curve(b)
-        ctx = context if context is not None else max(curve.contexts)
-        t1 = curve.target_ms(1, ctx)
-        low = min(((float(curve.target_ms(n, ctx)), int(n)) for n in curve.target_tokens(ctx) if n > 1),
+        t1 = curve.target_ms(1, context)  # the table the plan reads (context None: the smallest measured)
+        low = min(((float(curve.target_ms(n, context)), int(n)) for n in curve.target_tokens(context) if n > 1),
                   default=None)
         if low is not None and IMPLAUSIBLE_FRACTION * t1 <= low[0] < (1 - drop) * t1:  # below: the loader warns
             out.append(f"latency profile {profile.id!r}, batch {b}: T(b, n = {low[1]}) = {low[0]:.3g} ms is below "
@@ -668,6 +670,20 @@ def measured_drafter(measured: str) -> Any:
     return DrafterSpec("model", Path(arg if head == "model" else measured))
 
 
+#: The engines' own method names (SGLang's algorithms, TensorRT-LLM's decoding types) as vLLM's, which tune
+#: compares drafters by.
+_ENGINE_NAMES = {"standalone": "draft_model", "draft_target": "draft_model", "nextn": "mtp"}
+
+
+def method_key(method: str | None) -> str | None:
+    """A method name as vLLM's (lower case; ``STANDALONE`` / ``Draft_Target`` -> ``draft_model``, ``NEXTN`` and
+    ``*_mtp`` -> ``mtp``, ``NGRAM`` / ``NGram`` -> ``ngram``, ``Eagle3`` -> ``eagle3``); None stays None."""
+    if method is None:
+        return None
+    key = str(method).lower()
+    return "mtp" if key.endswith("_mtp") else _ENGINE_NAMES.get(key, key)
+
+
 def engine_method(method: str | None, served: Any, measured: str | None,
                   origin: str = "--method") -> tuple[str | None, list[str]]:
     """vLLM's ``method`` name for the export (each export maps it to its engine's own) and a warning where
@@ -682,8 +698,8 @@ def engine_method(method: str | None, served: Any, measured: str | None,
     if method is None:
         return own, []
     heads = ("eagle", "eagle3", "mtp", "medusa")
-    given = method.lower()
-    head_given = given in heads or given.endswith("_mtp")
+    given = method_key(method)
+    head_given = given in heads
     if own is not None and (head_given != served.entry.reads_features or (not head_given and given != own)):
         who = measured or served.label
         return method, [f"{origin} {method}, but the plan is priced on the acceptance of {who} (served as {own}): "

@@ -94,12 +94,13 @@ class _Weights:
         else:
             import zipfile
 
-            if not zipfile.is_zipfile(path):  # torch's own message would be about mmap and _use_new_zipfile_...
-                raise CheckpointError(f"{path}: not a PyTorch checkpoint (a zip archive, torch.save's format since "
-                                      "1.6): truncated, corrupt or another format")
+            legacy = not zipfile.is_zipfile(path)  # torch.save's format before 1.6, or a damaged file: no mmap
             try:
-                sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as err:  # a pickle torch refuses (weights_only), a damaged member
+                sd = torch.load(path, map_location="cpu", weights_only=True, mmap=not legacy)
+            except Exception as err:  # a pickle torch refuses (weights_only), a damaged member, a truncated file
+                if legacy:  # torch's own line would be about mmap and _use_new_zipfile_serialization
+                    raise CheckpointError(f"{path}: not a PyTorch checkpoint torch.load reads (a zip archive, or "
+                                          "the format before 1.6): truncated, corrupt or another format") from None
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise CheckpointError(f"{path}: cannot be read as a PyTorch state dict ({first[:200]})") from None
             if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
