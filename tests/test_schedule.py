@@ -1294,3 +1294,17 @@ def test_tune_envelopes_take_the_drafter_their_calibration_measured(tmp_path):
     flags = doc["settings"]["data"].get("cli_flags") or doc["settings"]["data"]["per_range"][0]["cli_flags"]
     assert flags.startswith("--speculative-algorithm EAGLE3 "), flags
     assert doc["schedule"]["drafter"] == "eagle3:EAGLE3-LLaMA3.1-Instruct-8B" and doc["schedule"]["method"] == "eagle3"
+
+
+def test_tune_names_an_acceptance_profile_that_drafted_nothing_at_many_steps(tmp_path):
+    """A profile measured with a draft whose context ended before its requests holds the positions the draft reached
+    only (measured.undrafted_steps): tune, which may reuse or measure it, says so."""
+    table, path = _files(tmp_path)
+    acc = _acc()
+    acc.measured = {"draft": "llama-68m", "steps": 100, "undrafted_steps": 40}
+    path.write_text(yaml.safe_dump(acc.to_dict()))
+    doc = json.loads(runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(path), "--model", "m",
+                                         "--json"]).stdout)
+    assert doc["warnings"] == ["the acceptance profile 'acc': 40 of 100 steps (40%) drafted nothing (the draft's "
+                               "context ended before its requests): it holds the acceptance of the positions the "
+                               "draft reached only"]

@@ -495,6 +495,12 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             raise TreeoptError(f"--context {ctx}: the latency profile {profile.id!r} measured contexts up to {largest} "
                                f"tokens; pass --context {largest} (or measure it at {ctx})")
     warnings = falling_cost_warnings(profile, opts.batches, ctx)
+    measured = getattr(acc, "measured", None) or {}
+    undrafted, steps = measured.get("undrafted_steps") or 0, measured.get("steps") or 0
+    if steps and undrafted >= 0.05 * steps:  # measured here or given: its positions past the draft's context
+        warnings.append(f"the acceptance profile {acc.id!r}: {undrafted} of {steps} steps ({undrafted / steps:.0%}) "
+                        "drafted nothing (the draft's context ended before its requests): it holds the acceptance "
+                        "of the positions the draft reached only")
     if opts.shape == "envelope":
         from ..profiles.calibration import load_calibration
 
