@@ -280,17 +280,15 @@ def _export_vllm(ranges, release, method, model, lookup):
     releases = f"vLLM {first} to {last} (checked in both wheels)"
     checked = "vllm/v1/spec_decode/dynamic/utils.py and vllm/config/speculative.py of the 0.24.0 and 0.33.0 wheels"
     if kmax == 0:
-        return dict(text="# speculation pays at no batch size: run vLLM without --speculative-config\n", data={},
-                    releases=releases, checked=checked, command="vllm serve MODEL",
-                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
-                    nothing_to_set=True)
+        return _nothing_to_set("run vLLM without --speculative-config", releases, checked, "vllm serve MODEL",
+                               warnings)
     sched = [[lo, hi, s.draft_tokens] for lo, hi, s in ranges]
     check_vllm_schedule(sched)
     doc: dict[str, Any] = {"method": method}
     if method == "ngram":
         lo_n, hi_n = lookup or (1, 3)
         doc.update(prompt_lookup_min=int(lo_n), prompt_lookup_max=int(hi_n))
-    elif model is not None or not (method == "mtp" or method.endswith("_mtp")):  # MTP runs the target's own layers
+    elif model is not None or method_key(method) != "mtp":  # MTP runs the target's own layers
         doc["model"] = model or _placeholder("<your draft model>", "vLLM", warnings)
     doc.update(num_speculative_tokens=kmax, num_speculative_tokens_per_batch_size=sched)
     notes = [f"past batch {ranges[-1][1]} vLLM keeps K = {ranges[-1][2].draft_tokens} (the last range's)"]
@@ -342,6 +340,27 @@ def trtllm_draft_len(schedule: dict[int, int], batch: int, *, lower_keys: bool =
     return 0
 
 
+def _nothing_to_set(what: str, releases: str, checked: str, command: str, warnings: list[str]) -> dict[str, Any]:
+    """An export's fields where speculation pays at no batch size: a one-line comment saying ``what`` to do (the
+    engine runs without a speculative setting), nothing to write (:attr:`EngineSettings.nothing_to_set`)."""
+    return dict(text=f"# speculation pays at no batch size: {what}\n", data={}, releases=releases, checked=checked,
+                command=command, notes=("speculation pays at no batch size the profile measured",),
+                warnings=tuple(warnings), nothing_to_set=True)
+
+
+#: The engines' own method names (SGLang's algorithms, TensorRT-LLM's decoding types) as vLLM's.
+_ENGINE_NAMES = {"standalone": "draft_model", "draft_target": "draft_model", "nextn": "mtp"}
+
+
+def method_key(method: str | None) -> str | None:
+    """A method name as vLLM's (lower case; ``STANDALONE`` / ``Draft_Target`` -> ``draft_model``, ``NEXTN`` and
+    ``*_mtp`` -> ``mtp``, ``NGRAM`` / ``NGram`` -> ``ngram``, ``Eagle3`` -> ``eagle3``); None stays None."""
+    if method is None:
+        return None
+    key = str(method).lower()
+    return "mtp" if key.endswith("_mtp") else _ENGINE_NAMES.get(key, key)
+
+
 def _placeholder(text: str, engine: str, warnings: list[str]) -> str:
     """``text``, a stand-in for the drafter's checkpoint the engine would try to load, with a warning saying what
     to pass (``warnings`` is appended to)."""
@@ -385,10 +404,7 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
     _chains_only(ranges, "TensorRT-LLM", "draft_len_schedule")
     ks = [s.draft_tokens for *_, s in ranges]
     if max(ks) == 0:
-        return dict(text="# speculation pays at no batch size: leave speculative_config out\n", data={},
-                    releases=releases, checked=checked, command="trtllm-serve MODEL",
-                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
-                    nothing_to_set=True)
+        return _nothing_to_set("leave speculative_config out", releases, checked, "trtllm-serve MODEL", warnings)
     if ks[0] != max(ks):
         raise PlanExportError(f"TensorRT-LLM needs the smallest batch size to draft the most (draft_len_schedule's "
                               f"smallest key carries max_draft_len), but this plan drafts {ks[0]} at batch 1 and "
@@ -519,7 +535,7 @@ def _sglang_draft(algo: str, model: str | None, warnings: list[str], lookup: tup
 
 def _export_sglang(ranges, release, method, model=None, lookup=None):
     key = (method or "draft_model").lower()  # as vLLM's and TensorRT-LLM's exports: a draft model is STANDALONE
-    mtp = key in ("mtp", "nextn") or key.endswith("_mtp")  # the target's own MTP layers: no drafter checkpoint
+    mtp = method_key(key) == "mtp"  # the target's own MTP layers: no drafter checkpoint
     algos = set(SGLANG_ALGORITHMS.values())
     algo = SGLANG_ALGORITHMS.get(key, key.upper() if key.upper() in algos else None)  # vLLM's name or SGLang's own
     if algo is None:
@@ -548,10 +564,8 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
         check_sglang_tiers(cfg, allow_zero=zero_ok)
         start = ks[0] if ks[0] > 0 else max(ks)
         if max(ks) == 0:
-            return dict(text="# speculation pays at no batch size: run SGLang without --speculative-algorithm\n",
-                        data={}, releases=releases, checked=checked, command="python -m sglang.launch_server",
-                        notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
-                    nothing_to_set=True)
+            return _nothing_to_set("run SGLang without --speculative-algorithm", releases, checked,
+                                   "python -m sglang.launch_server", warnings)
         flags = (f"--speculative-algorithm {algo}{_sglang_draft(algo, model, warnings, mtp=mtp)} "
                  "--speculative-eagle-topk 1 "
                  f"--speculative-num-steps {start} --speculative-num-draft-tokens {start + 1} --speculative-adaptive "
@@ -563,11 +577,8 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
                     command=f"python -m sglang.launch_server --model-path MODEL {flags}", notes=notes,
                     warnings=tuple(warnings), extra_files={"adaptive.json": json.dumps(cfg, indent=2) + "\n"})
     if not any(s.speculates for *_, s in ranges):
-        return dict(text="# speculation pays at no batch size: run SGLang without --speculative-algorithm\n",
-                    data={}, releases=f"SGLang up to {last}", checked=checked,
-                    command="python -m sglang.launch_server --model-path MODEL",
-                    notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
-                    nothing_to_set=True)
+        return _nothing_to_set("run SGLang without --speculative-algorithm", f"SGLang up to {last}", checked,
+                               "python -m sglang.launch_server --model-path MODEL", warnings)
     why = (f"SGLang {release} has no per-batch-size tiers (from {first})" if v < Version(first)
            else f"SGLang's adaptive mode runs EAGLE/EAGLE3 chains (topk 1); {algo} with this plan runs one setting")
     lines = []

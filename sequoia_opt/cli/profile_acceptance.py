@@ -197,9 +197,8 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
     from ..solver.schedule import ChainValue, SpecSetting
 
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
-    config = getattr(getattr(pair, "draft", None), "config", None)
-    ctx = getattr(config, "max_position_embeddings", None)  # a draft model's context (None: the target's)
-    if isinstance(ctx, int) and ids and min(map(len, ids)) >= ctx:
+    ctx = pair.draft_context  # a draft model's (None: the target's, which every prompt was checked against)
+    if ctx is not None and ids and min(map(len, ids)) >= ctx:
         raise TreeoptError(f"--chains: the draft's context is {ctx} tokens and the shortest prompt is "
                            f"{min(map(len, ids))}: it can guess at no position; use shorter prompts, or a draft "
                            "with a longer context")
@@ -217,7 +216,7 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
                                       prompts_file=pfile))
     if value.whole_answer_ks:
         report.notes.append(short_traces_note(value))
-    if isinstance(ctx, int) and prof.chain_traces:  # teacher-forced guesses past the draft's context: misses
+    if ctx is not None and prof.chain_traces:  # teacher-forced guesses past the draft's context: misses
         total = sum(len(t) for t in prof.chain_traces)
         past = sum(max(0, len(t) - max(0, ctx - len(p) + 1)) for t, p in zip(prof.chain_traces, ids))
         if total and past >= 0.05 * total:

@@ -727,9 +727,8 @@ def draft_context_warning(pair, ids, max_new_tokens: int) -> str | None:
     positions past it are decoded plainly (the trees clip to the root there), which holds a run's tokens per step
     down where the profile measured none of it; None when every position fits, or the drafter is not a draft
     model. ``ids``: the prompts' token ids; ``max_new_tokens``: tokens generated per prompt."""
-    config = getattr(getattr(pair, "draft", None), "config", None)
-    ctx = getattr(config, "max_position_embeddings", None)
-    if not isinstance(ctx, int) or not ids or ctx >= pair.target.config.max_position_embeddings:
+    ctx = pair.draft_context
+    if ctx is None or not ids or ctx >= pair.target.config.max_position_embeddings:
         return None
     # a step at position L drafts while L < ctx (its first level's inputs fit): past that, plain steps
     past = sum(min(max_new_tokens, max(0, len(p) + max_new_tokens - ctx)) for p in ids)

@@ -113,6 +113,13 @@ class ModelPair:
         return self.spec.cost_model
 
     @property
+    def draft_context(self) -> int | None:
+        """A draft model's context in tokens (its config's ``max_position_embeddings``); None where the loaded
+        drafter has no such config (self:L and lookup load none)."""
+        ctx = getattr(getattr(self.draft, "config", None), "max_position_embeddings", None)
+        return ctx if isinstance(ctx, int) else None
+
+    @property
     def vocab_size(self) -> int:
         return self.target.config.vocab_size
 

@@ -467,7 +467,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             plan; EngineError: llama.cpp missing or refusing a GGUF; DecodingError: as the decoder, while measuring.
     """
     from ..jobs.load import parse_drafter_spec
-    from ..plan_exports import export_plan, guard_notes
+    from ..plan_exports import export_plan, guard_notes, method_key
     from ..solver.schedule import (ChainValue, EnvelopeValue, load_schedule, max_draft_measured, plan_document,
                                    plan_from_ranges, predict_ranges, solve_one_setting_plan, solve_plan)
 
@@ -572,7 +572,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     notes.extend(plan.notes)
     notes.extend(guard_notes(plan, opts.engine))
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
-    measured_label = (getattr(acc, "measured", None) or {}).get("draft") if acc is not None else None
+    measured_label = measured.get("draft")  # the acceptance profile's drafter (read above)
     if opts.engine in GPU_ENGINES and opts.draft is not None and measured_label:
         other = measured_drafter(measured_label)
         if other.kind != spec.kind or (spec.kind == "lookup" and other.label != spec.label):
@@ -676,20 +676,6 @@ def measured_drafter(measured: str) -> Any:
     return DrafterSpec("model", Path(arg if head == "model" else measured))
 
 
-#: The engines' own method names (SGLang's algorithms, TensorRT-LLM's decoding types) as vLLM's, which tune
-#: compares drafters by.
-_ENGINE_NAMES = {"standalone": "draft_model", "draft_target": "draft_model", "nextn": "mtp"}
-
-
-def method_key(method: str | None) -> str | None:
-    """A method name as vLLM's (lower case; ``STANDALONE`` / ``Draft_Target`` -> ``draft_model``, ``NEXTN`` and
-    ``*_mtp`` -> ``mtp``, ``NGRAM`` / ``NGram`` -> ``ngram``, ``Eagle3`` -> ``eagle3``); None stays None."""
-    if method is None:
-        return None
-    key = str(method).lower()
-    return "mtp" if key.endswith("_mtp") else _ENGINE_NAMES.get(key, key)
-
-
 def engine_method(method: str | None, served: Any, measured: str | None,
                   origin: str = "--method") -> tuple[str | None, list[str]]:
     """vLLM's ``method`` name for the export (each export maps it to its engine's own) and a warning where
@@ -700,6 +686,8 @@ def engine_method(method: str | None, served: Any, measured: str | None,
     A kind no engine serves (``self:L``) leaves the choice to ``--method`` (None: the export's default).
     ``origin`` names where ``method`` came from, for the warning (``--method``, or a given plan file).
     """
+    from ..plan_exports import method_key
+
     own = served.entry.engine_methods.get("vllm")
     if method is None:
         return own, []
