@@ -56,3 +56,27 @@ def test_a_loop_past_the_context_is_refused_before_measuring(tmp_path):
                                  "--no-loop", "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "loop" not in __import__("yaml").safe_load(out.read_text())["curves"][0]
+
+
+def test_runs_past_the_draft_context_are_counted_as_the_teacher_forced_guesses_are():
+    """run's warning and profile acceptance --chains count the positions past a draft's context the same way:
+    the token at position x is guessable while x <= context (a step rooted at L < context drafts), which is where
+    teacher forcing gives a guess; run used to count one position more per prompt."""
+    from types import SimpleNamespace
+
+    from tiny_pair import random_model
+
+    from sequoia_opt.cli.run import draft_context_warning
+    from sequoia_opt.drafting.drafters.model import teacher_forced_top1
+
+    draft = random_model(1)
+    draft.config = draft.config.with_(max_position_embeddings=40)
+    pair = SimpleNamespace(draft=draft, draft_context=40,
+                           target=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=4096)))
+    ids = [[5] * 30, [6] * 36, [7] * 12]  # past the context by 30 + 16 - 1 - 40 = 5, 11, and 0 of 16 positions
+    M = 16
+    unguessed = sum(g == (-1, 0.0) for p in ids for g in teacher_forced_top1(draft, p, [9] * M))
+    assert unguessed == 5 + 11
+    line = draft_context_warning(pair, ids, M)
+    assert line is not None and f"{unguessed / (len(ids) * M):.0%} of the positions generated lie past it" in line
+    assert draft_context_warning(pair, [[5] * 25], M) is None  # 25 + 16 - 1 = 40: every guess fits
