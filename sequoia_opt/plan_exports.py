@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
@@ -57,7 +58,7 @@ from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_ru
 
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
            "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "trtllm_draft_len",
-           "vllm_draft_len", "sglang_steps",
+           "vllm_draft_len", "sglang_steps", "SETTINGS_KEYS", "looks_like_engine_settings",
            "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "SGLANG_TIER_RELEASES",
            "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "LLAMACPP_COMMIT", "SGLANG_DEFAULT_ENVELOPE",
            "LLAMACPP_DEFAULT_DRAFT", "VLLM_GENERATOR_KS", "guard_notes", "ACCEPTANCE_LENGTH_SOURCE"]
@@ -643,6 +644,27 @@ def _export_llamacpp(ranges, release, method, lookup):
                 command="llama-server -m TARGET.gguf [-md DRAFT.gguf] <flags of your -np>",
                 notes=("llama-server runs one setting for all its slots: use the line of the -np you serve with",),
                 warnings=())
+
+
+# ------------------------------------------------------------------------------ settings files tune -o wrote
+#: Keys of the engine settings ``tune -o`` writes (vLLM's speculative config, TensorRT-LLM's extra options,
+#: SGLang's per-range flags; an SGLang adaptive config is a mapping of tiers to ``candidate_steps``).
+SETTINGS_KEYS = frozenset({"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+                           "speculative_config", "per_range", "adaptive_config", "cli_flags"})
+
+
+def looks_like_engine_settings(path: Path) -> bool:
+    """Whether ``path`` holds engine settings of the kind ``tune -o`` writes (a JSON / YAML mapping with one of
+    :data:`SETTINGS_KEYS`, or SGLang's tiers), so that a plan without speculation may remove it; any other file
+    (a profile, a plan, a typo's victim) is kept."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # YAML reads JSON too
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    if not isinstance(doc, dict) or "format" in doc:  # treeopt's own files name their format
+        return False
+    return bool(SETTINGS_KEYS & set(doc)) or (bool(doc) and all(
+        isinstance(v, dict) and "candidate_steps" in v for v in doc.values()))
 
 
 # ---------------------------------------------------------------------------------------------- entry point

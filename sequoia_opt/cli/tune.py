@@ -86,6 +86,7 @@ def tune(
     from ..profiles.batch import parse_batches
     from ..errors import OutputError
     from ..solver.schedule import schedule_text
+    from ..plan_exports import looks_like_engine_settings
 
     opts = check_options(TuneOptions(
         engine=engine, target=target, draft=draft,
@@ -211,25 +212,3 @@ def tune(
                                                               "releases": settings.releases,
                                                               "command": settings.command}, **written}
     render(report, as_json)
-
-
-#: Keys of the engine settings ``tune -o`` writes (vLLM's speculative config, TensorRT-LLM's extra options,
-#: SGLang's per-range flags; an SGLang adaptive config is a mapping of tiers to ``candidate_steps``).
-SETTINGS_KEYS = frozenset({"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
-                           "speculative_config", "per_range", "adaptive_config", "cli_flags"})
-
-
-def looks_like_engine_settings(path: Path) -> bool:
-    """Whether ``path`` holds engine settings of the kind ``tune -o`` writes (a JSON / YAML mapping with one of
-    :data:`SETTINGS_KEYS`, or SGLang's tiers), so that a plan without speculation may remove it; any other file
-    (a profile, a plan, a typo's victim) is kept."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # YAML reads JSON too
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    if not isinstance(doc, dict) or "format" in doc:  # treeopt's own files name their format
-        return False
-    return bool(SETTINGS_KEYS & set(doc)) or (bool(doc) and all(
-        isinstance(v, dict) and "candidate_steps" in v for v in doc.values()))
