@@ -354,9 +354,16 @@ def test_schedule_policy_from_the_registry(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- the CLI
+def _table(path, batches, tokens, target_ms, draft_ms=1.0, overhead_ms=0.5):
+    """Write a T(b, n) CSV as a user gives tune: ``target_ms(b, n)`` (ms) at every batch size and token count, a
+    constant draft cost and per-step overhead (ms); returns ``path``."""
+    path.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
+        f"{b},{n},{target_ms(b, n)},{draft_ms},{overhead_ms}\n" for b in batches for n in tokens))
+    return path
+
+
 def _files(tmp_path):
-    (tmp_path / "t.csv").write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
-        f"{b},{n},{PROFILE.curve(b).target_ms(n)},1.0,0.5\n" for b in (1, 8, 64) for n in range(1, 10)))
+    _table(tmp_path / "t.csv", (1, 8, 64), range(1, 10), lambda b, n: PROFILE.curve(b).target_ms(n))
     acc = _acc()
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(acc.to_dict()))
     return tmp_path / "t.csv", tmp_path / "a.yaml"
@@ -975,8 +982,7 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
     written."""
     acc = _acc()
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(acc.to_dict()))
-    (tmp_path / "t.csv").write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
-        f"{b},{n},{10.0 * n},50.0,0.5\n" for b in (1, 8) for n in range(1, 10)))  # each drafted token costs a step
+    _table(tmp_path / "t.csv", (1, 8), range(1, 10), lambda b, n: 10.0 * n, 50.0)  # each drafted token costs a step
     out, sched = tmp_path / "v.json", tmp_path / "s.yaml"
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
                               "--batches", "1,8", "-o", str(out), "--schedule", str(sched), "--json"])
@@ -1068,9 +1074,7 @@ def test_tune_envelopes_are_scored_within_the_measured_curve(tmp_path):
     from test_dynamic_cli import _calibration
 
     cal = _calibration(tmp_path / "cal.yaml")
-    table = tmp_path / "t.csv"
-    table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
-        f"{b},{n},{10.0 + b + 0.5 * n},1.0,0.5\n" for b in (1, 8) for n in range(1, 5)))
+    table = _table(tmp_path / "t.csv", (1, 8), range(1, 5), lambda b, n: 10.0 + b + 0.5 * n)
     res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "--shape", "envelope", "--calibration",
                               str(cal), "--json"])
     assert res.exit_code == 0, res.output
@@ -1093,9 +1097,9 @@ def test_tune_tensorrt_llm_envelope_solves_one_tree_per_server_and_exports_it(tm
     from sequoia_opt.profiles.calibration import load_calibration
 
     cal = _calibration(tmp_path / "cal.yaml")
-    table = tmp_path / "t.csv"  # T grows with b x n: speculation pays at batch 1, not at 64
-    table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
-        f"{b},{n},{10.0 + 0.05 * b * n * (1 + (b > 8) * 20)},0.5,0.2\n" for b in (1, 8, 64) for n in range(1, 9)))
+    # T grows with b x n: speculation pays at batch 1, not at 64
+    table = _table(tmp_path / "t.csv", (1, 8, 64), range(1, 9), lambda b, n: 10.0 + 0.05 * b * n * (1 + (b > 8) * 20),
+                   0.5, 0.2)
     res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "--shape", "envelope",
                               "--calibration", str(cal), "--json"])
     assert res.exit_code == 0, res.output
@@ -1284,9 +1288,7 @@ def test_tune_envelopes_take_the_drafter_their_calibration_measured(tmp_path):
     from test_dynamic_cli import _calibration
 
     cal = _calibration(tmp_path / "cal.yaml", draft="eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
-    table = tmp_path / "t.csv"
-    table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
-        f"{b},{n},{10.0 + b + 0.05 * n},0.2,0.1\n" for b in (1, 8) for n in range(1, 9)))
+    table = _table(tmp_path / "t.csv", (1, 8), range(1, 9), lambda b, n: 10.0 + b + 0.05 * n, 0.2, 0.1)
     res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "--shape", "envelope", "--calibration",
                               str(cal), "--json"])
     assert res.exit_code == 0, res.output
