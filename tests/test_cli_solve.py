@@ -71,6 +71,22 @@ def test_other_formats(tmp_path, fmt):
     assert out.read_text().strip()
 
 
+def test_a_json_output_file_gets_the_json_export(tmp_path):
+    """-o tree.json without --format wrote YAML into a file named .json; now its suffix chooses the JSON export
+    (the same text --format json writes), and the YAML-only outputs (a batch plan) are refused before solving."""
+    by_name, by_format = tmp_path / "tree.json", tmp_path / "explicit.json"
+    args = ["solve", "-a", ACC, "--budget", "16", "--max-depth", "4", "-o"]
+    assert runner.invoke(app, args + [str(by_name)]).exit_code == 0
+    assert runner.invoke(app, args + [str(by_format), "--format", "json"]).exit_code == 0
+    doc, explicit = json.loads(by_name.read_text()), json.loads(by_format.read_text())
+    assert doc["format"] == "treeopt-tree/1" and len(doc["nodes"]) == 16 and doc["nodes"] == explicit["nodes"]
+    assert load_tree(by_name)[0].size == 16  # and it loads back (tree, metadata)
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(EXAMPLES / "tbn-roofline.csv"), "--batch", "1,4", "-o",
+                            str(tmp_path / "plan.JSON")])
+    assert r.exit_code == 2 and not (tmp_path / "plan.JSON").exists(), r.output
+    assert f"-o {tmp_path / 'plan.JSON'}: a batch plan (treeopt-batch-trees/1) is written as YAML only" in r.output
+
+
 @pytest.mark.parametrize(
     "vec, args, match",
     [

@@ -100,7 +100,7 @@ ProfileOutputOpt = Annotated[
 ]
 FormatOpt = Annotated[Optional[str], typer.Option(
     "--format", "-f", help="Export format: " + "|".join(FORMATS) + "|llama.cpp (llama.cpp's speculative flags: "
-    "the best chain on the curve) (default with -o: yaml). Without -o the "
+    "the best chain on the curve) (default with -o: json for a .json file, else yaml). Without -o the "
     "export is printed to stdout and the report goes to stderr.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 

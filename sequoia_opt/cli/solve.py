@@ -131,6 +131,9 @@ def solve(
     if run_prompts is not None and (batch is not None or dynamic is not None or pair_acceptance is not None):
         raise SolverError("--run-prompts sizes the prediction interval of one drafter's static tree: drop it with "
                           "--batch, --dynamic or --pair-acceptance")
+    if output is not None and output.suffix.lower() == ".json" and (batch is not None or pair_acceptance is not None):
+        what = "a batch plan (treeopt-batch-trees/1)" if batch is not None else "a grafted tree (treeopt-tree/2)"
+        raise SolverError(f"-o {output}: {what} is written as YAML only; name the file .yaml")
     if batch is not None:
         if dynamic is not None or pair_acceptance is not None or compare:
             raise SolverError("--batch solves one drafter's static tree per batch size: drop --dynamic, "
@@ -156,6 +159,8 @@ def solve(
                               "--max-branching": max_branching, "--compare": compare, "--width": width,
                               "--policy": policy, "--plan": plan != "auto"})
         return
+    if fmt is None and output is not None and output.suffix.lower() == ".json" and pair_acceptance is None:
+        fmt = "json"  # -o tree.json: the JSON export its name says (batch plans and grafted trees: refused above)
     if dynamic is not None:
         if pair_acceptance is not None:
             raise SolverError("--dynamic and --pair-acceptance solve different things: give one")
