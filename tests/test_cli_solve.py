@@ -87,6 +87,17 @@ def test_a_json_output_file_gets_the_json_export(tmp_path):
     assert f"-o {tmp_path / 'plan.JSON'}: a batch plan (treeopt-batch-trees/1) is written as YAML only" in r.output
 
 
+def test_output_dash_prints_the_tree_and_writes_no_file(tmp_path, monkeypatch):
+    """-o - wrote a file named '-'; it is standard output, as --format without -o (a batch plan: refused)."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "8", "--max-depth", "4", "-o", "-"])
+    assert r.exit_code == 0 and not (tmp_path / "-").exists(), r.output
+    assert yaml.safe_load(r.stdout)["format"] == "treeopt-tree/1" and len(yaml.safe_load(r.stdout)["nodes"]) == 8
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(EXAMPLES / "tbn-roofline.csv"), "--batch", "1,4", "-o", "-"])
+    assert r.exit_code == 2 and "-o -: a batch plan or a grafted tree is written to a file only" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "vec, args, match",
     [

@@ -369,6 +369,15 @@ def _files(tmp_path):
     return tmp_path / "t.csv", tmp_path / "a.yaml"
 
 
+def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):
+    """tune -o - wrote a file named '-': the settings are printed on standard output already."""
+    table, acc = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "-o", "-"])
+    assert res.exit_code == 2 and "cannot write '-': give a file name" in res.output, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "t.csv"]
+
+
 def test_tune_gpu_engine_from_a_table(tmp_path):
     table, acc = _files(tmp_path)
     out, sched = tmp_path / "v.json", tmp_path / "s.yaml"

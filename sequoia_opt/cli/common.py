@@ -94,7 +94,7 @@ MaxBranchingOpt = Annotated[int, typer.Option("--max-branching", "-b", help="Mos
 ContextOpt = Annotated[
     Optional[int], typer.Option("--context", help="Context length (tokens) to read latency at; default: smallest measured.")
 ]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the tree here (atomically).")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the tree here (atomically; - prints it).")]
 ProfileOutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write the profile here (atomically); default under profiles/.")
 ]
@@ -462,6 +462,9 @@ def _check_writable(path: Path) -> None:
 
     import os
 
+    if str(path) == "-":  # not standard output: the report is printed there already
+        raise OutputError("cannot write '-': give a file name (the report is printed on standard output; --json "
+                          "prints it as one JSON document)")
     if path.exists() and not path.is_file():
         raise OutputError(f"cannot write {path}: it exists and is not a regular file")
     folder = _existing_folder_above(path, f"cannot write {path}")

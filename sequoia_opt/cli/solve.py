@@ -131,6 +131,10 @@ def solve(
     if run_prompts is not None and (batch is not None or dynamic is not None or pair_acceptance is not None):
         raise SolverError("--run-prompts sizes the prediction interval of one drafter's static tree: drop it with "
                           "--batch, --dynamic or --pair-acceptance")
+    if output is not None and str(output) == "-":  # the Unix spelling of standard output: --format without -o
+        if batch is not None or pair_acceptance is not None:
+            raise SolverError("-o -: a batch plan or a grafted tree is written to a file only; give a file name")
+        output, fmt = None, fmt or "yaml"
     if output is not None and output.suffix.lower() == ".json" and (batch is not None or pair_acceptance is not None):
         what = "a batch plan (treeopt-batch-trees/1)" if batch is not None else "a grafted tree (treeopt-tree/2)"
         raise SolverError(f"-o {output}: {what} is written as YAML only; name the file .yaml")
