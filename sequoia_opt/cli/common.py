@@ -94,7 +94,8 @@ MaxBranchingOpt = Annotated[int, typer.Option("--max-branching", "-b", help="Mos
 ContextOpt = Annotated[
     Optional[int], typer.Option("--context", help="Context length (tokens) to read latency at; default: smallest measured.")
 ]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the tree here (atomically; - prints it).")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o",
+                                                 help="Write the tree here (atomically; - prints it).")]
 ProfileOutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write the profile here (atomically); default under profiles/.")
 ]
