@@ -549,3 +549,19 @@ def test_a_draft_with_a_shorter_context_than_the_requests_is_refused_or_named(wo
     r = invoke("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts, "--max-new-tokens", "8",
                "--results-dir", tmp_path / "res", "--json")
     assert r.exit_code == 0 and not any("draft's context" in w for w in json.loads(r.stdout)["warnings"]), r.output
+
+
+def test_profiles_refuse_an_output_they_cannot_write_before_measuring(workdir, tmp_path, monkeypatch):
+    """profile latency / acceptance -o onto a folder, '-' or under a file measured for minutes and then failed to
+    save; now refused first, in one line, exit 2, nothing written."""
+    root, target, draft, prompts = workdir
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    for out, why in ((tmp_path, "it exists and is not a regular file"), ("-", "give a file name"),
+                     (tmp_path / "afile" / "p.yaml", f"{tmp_path / 'afile'} is not a folder")):
+        for cmd in (["latency", "--context", "16", "--max-tokens", "4"],
+                    ["acceptance", "--prompts", prompts, "--width", "2", "--depth", "2", "--max-new-tokens", "4"]):
+            r = invoke("profile", *cmd, "--target", target, "--draft", draft, "-o", out)
+            assert r.exit_code == 2 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output
+            assert "Traceback" not in r.output and "%" not in r.output  # no progress bar: nothing measured
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

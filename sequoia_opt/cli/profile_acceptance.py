@@ -12,8 +12,8 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
-                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _interruptible, handle_errors, profile_app,
-                     progress_bar, setting_notes)
+                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _check_writable, _interruptible,
+                     handle_errors, profile_app, progress_bar, setting_notes)
 from .render import render
 
 
@@ -74,6 +74,8 @@ def profile_acceptance(
         raise TreeoptError("--max-new-tokens must be at least 1")
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
+    if output is not None:
+        _check_writable(output)  # before the minutes of decoding, not at the end
     from ..jobs.load import parse_drafter_spec
 
     spec = parse_drafter_spec(draft)  # a bad --draft fails here, before prompts or models are read
