@@ -565,3 +565,9 @@ def test_profiles_refuse_an_output_they_cannot_write_before_measuring(workdir, t
             assert r.exit_code == 2 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output
             assert "Traceback" not in r.output and "%" not in r.output  # no progress bar: nothing measured
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    mine = tmp_path / "mine.jsonl"  # -o onto the --prompts file replaced the user's prompts with the profile
+    mine.write_text('{"prompt": "def add(a, b):"}\n')
+    r = invoke("profile", "acceptance", "--target", target, "--draft", draft, "--prompts", mine, "--max-new-tokens",
+               "1", "-o", mine)
+    assert r.exit_code == 2 and f"-o {mine} is the --prompts input" in r.output
+    assert mine.read_text() == '{"prompt": "def add(a, b):"}\n'

@@ -98,6 +98,23 @@ def test_output_dash_prints_the_tree_and_writes_no_file(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_output_over_an_input_is_refused_and_the_input_kept(tmp_path):
+    """solve -o onto its own -a or -l profile replaced the profile with the tree (exit 0); export-draft --gguf
+    onto its --draft replaced the weights with a requantised copy. Now one line, exit 2, the input unchanged."""
+    acc, lat = tmp_path / "acc.yaml", tmp_path / "lat.yaml"
+    acc.write_text(Path(ACC).read_text())
+    lat.write_text(Path(LAT).read_text())
+    for out, flag in ((acc, "--acceptance"), (lat, "--latency"), (tmp_path / "sub" / ".." / "lat.yaml", "--latency")):
+        r = runner.invoke(app, ["solve", "-a", str(acc), "-l", str(lat), "-n", "8", "-o", str(out)])
+        assert r.exit_code == 2 and f"-o {out} is the {flag} input: write the output to another path" in r.output
+    assert acc.read_text() == Path(ACC).read_text() and lat.read_text() == Path(LAT).read_text()
+    gguf = tmp_path / "d.gguf"
+    gguf.write_bytes(b"GGUF-not-read")
+    r = runner.invoke(app, ["export-draft", "--draft", str(gguf), "--gguf", str(gguf), "--no-check"])
+    assert r.exit_code == 2 and f"--gguf {gguf} is the --draft input" in r.output
+    assert gguf.read_bytes() == b"GGUF-not-read"
+
+
 @pytest.mark.parametrize(
     "vec, args, match",
     [

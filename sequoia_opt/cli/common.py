@@ -473,6 +473,23 @@ def _check_writable(path: Path) -> None:
         raise OutputError(f"cannot write {path}: this user cannot write into {folder}")
 
 
+def check_output(path: Optional[Path], inputs: dict[str, Any], flag: str = "-o") -> None:
+    """:func:`_check_writable`, and refuse (OutputError, one line) an output ``path`` that is one of the
+    command's ``inputs`` (option name -> the path given, None where not given; a file reached through a link or
+    ``..`` too): written over, the input would be lost. None: nothing to check."""
+    from ..errors import OutputError
+
+    if path is None:
+        return
+    _check_writable(path)
+    for name, given in inputs.items():
+        if given is None or str(given) == "-":
+            continue
+        for one in (given if isinstance(given, (list, tuple)) else [given]):
+            if Path(one).exists() and Path(path).resolve() == Path(one).resolve():
+                raise OutputError(f"{flag} {path} is the {name} input: write the output to another path")
+
+
 def _existing_folder_above(path: Path, what: str) -> Optional[Path]:
     """The nearest folder above ``path`` that exists (None when none does); OutputError ``"<what>: <it> is not
     a folder"`` when that nearest existing path is a file."""

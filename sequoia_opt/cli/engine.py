@@ -13,7 +13,7 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from .common import JsonOpt, _check_writable, app, handle_errors, progress_bar
+from .common import JsonOpt, _check_writable, app, check_output, handle_errors, progress_bar
 from .render import render
 
 LLAMACPP_FORMATS = ("llama.cpp", "llamacpp", "llama-cpp")
@@ -45,7 +45,7 @@ def export_draft(
         raise TreeoptError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
     if gguf.suffix.lower() != ".gguf":
         raise TreeoptError(f"--gguf {gguf}: the file name must end in .gguf")
-    _check_writable(gguf)
+    check_output(gguf, {"--draft": draft}, "--gguf")  # over its own source it would replace the weights
     src = draft if draft is not None else default_draft_path()
     model, tok = load_checkpoint(src)
     label = model_label(src)
@@ -105,8 +105,7 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
     from ..device import device_slug
     from ..profiling.timing import token_grid
 
-    if output is not None:
-        _check_writable(output)
+    check_output(output, {"--target": target, "--draft": draft})
     n_threads = threads or os.cpu_count() or 1
     grid, dgrid = token_grid(max_tokens), token_grid(max_draft_tokens)
     with tempfile.TemporaryDirectory(prefix="treeopt-gguf-") as tmp:

@@ -12,7 +12,7 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
-                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _check_writable, _interruptible,
+                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, check_output, _interruptible,
                      handle_errors, profile_app, progress_bar, setting_notes)
 from .render import render
 
@@ -74,8 +74,7 @@ def profile_acceptance(
         raise TreeoptError("--max-new-tokens must be at least 1")
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev, temperature, top_p)
-    if output is not None:
-        _check_writable(output)  # before the minutes of decoding, not at the end
+    check_output(output, {"--prompts": prompts, "--target": target, "--draft": draft})  # before the decoding
     from ..jobs.load import parse_drafter_spec
 
     spec = parse_drafter_spec(draft)  # a bad --draft fails here, before prompts or models are read

@@ -15,7 +15,8 @@ from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt, TopPOpt,
                      TwoDraftsOpt, _check_run_options, _check_writable, _interruptible, _load_graft_tree, _print_error,
-                     _two_drafters, _write_all, handle_errors, mode_slug, profile_app, progress_bar, setting_notes)
+                     _two_drafters, _write_all, check_output, handle_errors, mode_slug, profile_app, progress_bar,
+                     setting_notes)
 from .render import render
 
 
@@ -262,7 +263,7 @@ def profile_scheduler(
     tlabel = model_label(tp)
     mode = mode_slug(temperature, top_p)
     out = output or default_pair_acceptance_path(tlabel, light, strong, mode).parent / f"scheduler-{mode}.yaml"
-    _check_writable(out)
+    check_output(out, {"--tree": tree, "--latency": latency, "--prompts": prompts})
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     lpair, spair = load_drafters(tp, [light, strong], device=dev, dtype=dt)

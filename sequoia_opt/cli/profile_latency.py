@@ -14,7 +14,7 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, TargetOpt,
-                     WeightsOpt, _check_run_options, _check_writable, _csv_ints, _interruptible, check_cuda_graphs,
+                     WeightsOpt, _check_run_options, check_output, _csv_ints, _interruptible, check_cuda_graphs,
                      graphed, handle_errors, note, profile_app, progress_bar, set_torch_threads)
 from .render import render
 
@@ -97,8 +97,7 @@ def profile_latency(
         raise TreeoptError("--cuda-graphs times the batch-1 resident forwards: drop --batch / --offload (or it)")
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev)
-    if output is not None:
-        _check_writable(output)  # before the minutes of timing, not at the end
+    check_output(output, {"--target": target, "--draft": draft})  # before the minutes of timing
     check_precision(weights)
     contexts = _csv_ints(context, "--context")
     from .profile_batch import check_batch_options

@@ -22,7 +22,7 @@ from ..errors import TreeoptError
 from ..report import Report
 from ..solver.hardware import SINGLE_DEFAULTS
 from ..tree import Tree, TreeMetadata, now_iso
-from .common import ContextOpt, FormatOpt, JsonOpt, OutputOpt, app, handle_errors
+from .common import ContextOpt, FormatOpt, JsonOpt, OutputOpt, app, check_output, handle_errors
 from .render import render
 
 def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], Any]:
@@ -135,6 +135,8 @@ def solve(
         if batch is not None or pair_acceptance is not None:
             raise SolverError("-o -: a batch plan or a grafted tree is written to a file only; give a file name")
         output, fmt = None, fmt or "yaml"
+    check_output(output, {"--acceptance": acceptance, "--latency": latency, "--dynamic": dynamic,
+                          "--pair-acceptance": pair_acceptance})
     if output is not None and output.suffix.lower() == ".json" and (batch is not None or pair_acceptance is not None):
         what = "a batch plan (treeopt-batch-trees/1)" if batch is not None else "a grafted tree (treeopt-tree/2)"
         raise SolverError(f"-o {output}: {what} is written as YAML only; name the file .yaml")

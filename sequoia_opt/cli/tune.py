@@ -13,7 +13,7 @@ from typing_extensions import Annotated
 
 from .._io import atomic_write_texts
 from ..report import Report
-from .common import DraftOpt, JsonOpt, TargetOpt, _check_writable, app, handle_errors, progress_bar
+from .common import DraftOpt, JsonOpt, TargetOpt, app, check_output, handle_errors, progress_bar
 from .render import render
 
 
@@ -100,12 +100,7 @@ def tune(
     inputs = {"--latency": latency, "--acceptance": acceptance, "--calibration": calibration, "--plan": plan,
               "--prompts": prompts}
     for flag, path in (("-o", output), ("--schedule", schedule)):
-        if path is None:
-            continue
-        _check_writable(path)
-        for name, given in inputs.items():  # an output over an input would destroy it
-            if given is not None and Path(given).exists() and Path(path).resolve() == Path(given).resolve():
-                raise OutputError(f"{flag} {path} is the {name} input: write the output to another path")
+        check_output(path, inputs, flag)
     if output is not None and schedule is not None and Path(output).resolve() == Path(schedule).resolve():
         raise OutputError(f"-o and --schedule both name {output}: the engine's settings and the plan are two files")
     with progress_bar() as progress:
