@@ -22,7 +22,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from .errors import OutputError
 
@@ -91,19 +91,37 @@ def check_numbers(doc, source: str, error: type[Exception]) -> None:
     value fails as one line naming the file and the key, never as an OverflowError deep in numpy; each
     format then checks its own fields' ranges.
 
+    YAML aliases are walked once each: a node shared by several keys (an anchor, as ``yaml.safe_dump`` writes
+    an object held twice) is checked at its first key, so a file of nested aliases (``a: &a [x, x]``, ``b: &b
+    [*a, *a]``, ...) costs its size in the file, not its size expanded; an alias inside its own anchor (``a: &a
+    [*a]``) is refused, where walking it would never end.
+
     Raises:
-        error: ``"<source>: <key path> is inf (a file holds finite numbers)"`` or ``"... does not fit a 64-bit
-            integer"``.
+        error: ``"<source>: <key path> is inf (a file holds finite numbers)"``, ``"... does not fit a 64-bit
+            integer"`` or ``"... refers to itself ..."``.
     """
     import math
 
-    stack = [(doc, "")]
+    stack: list[tuple[Any, str, bool]] = [(doc, "", False)]
+    open_ids: set[int] = set()  # the containers on the path walked now: reaching one again is a loop
+    checked: set[int] = set()
     while stack:
-        x, where = stack.pop()
+        x, where, leaving = stack.pop()
+        if leaving:
+            open_ids.discard(id(x))
+            checked.add(id(x))
+            continue
+        if isinstance(x, (dict, list)):
+            if id(x) in open_ids:
+                raise error(f"{source}: {where or 'the value'} refers to itself (a YAML alias inside its own anchor)")
+            if id(x) in checked:
+                continue
+            open_ids.add(id(x))
+            stack.append((x, where, True))
         if isinstance(x, dict):
-            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in x.items())
+            stack.extend((v, f"{where}.{k}" if where else str(k), False) for k, v in x.items())
         elif isinstance(x, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(x))
+            stack.extend((v, f"{where}[{i}]", False) for i, v in enumerate(x))
         elif isinstance(x, float) and not math.isfinite(x):
             raise error(f"{source}: {where or 'the value'} is {x} (a file holds finite numbers)")
         elif isinstance(x, int) and not isinstance(x, bool) and not -_INT64_MAX - 1 <= x <= _INT64_MAX:

@@ -295,3 +295,23 @@ def test_an_implausible_latency_curve_loads_with_a_warning_naming_its_points(tmp
     r = runner.invoke(app, ["solve", "-a", str(tmp_path / "acc.yaml"), "-l", str(f), "--budget", "16"])
     assert r.exit_code == 0, r.output
     assert r.stderr.count("warning: ") == 1 and "T(9..16) = 10..11 ms" in r.stderr
+
+
+def test_yaml_aliases_are_walked_once_and_a_self_reference_is_refused(tmp_path):
+    """An alias inside its own anchor (``a: &a [*a]``) hung every loader for good (the number check walked the
+    loop); nine levels of nested aliases (10^9 leaves expanded) ran for minutes. Now the loop is one line, exit 2,
+    and the nested aliases are walked once each (a file that is otherwise an acceptance profile solves)."""
+    from sequoia_opt._io import check_numbers
+
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("format: treeopt-acceptance/1\nacceptance: [0.5]\na: &a [1, *a]\n")
+    r = runner.invoke(app, ["solve", "-a", str(loop), "-n", "8"])
+    assert r.exit_code == 2 and f"{loop}: a[1] refers to itself (a YAML alias inside its own anchor)" in r.output
+    lines = ["format: treeopt-acceptance/1", "acceptance: [0.5, 0.2]", "a: &a [" + ", ".join(["1"] * 10) + "]"]
+    lines += [f"{c}: &{c} [" + ", ".join([f"*{p}"] * 10) + "]" for p, c in zip("abcdefgh", "bcdefghi")]
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text("\n".join(lines) + "\n")
+    assert list(load_acceptance(laughs).acceptance) == [0.5, 0.2]
+    shared = [1.0, math.inf]  # a list held by two keys is still checked (at the first key walked)
+    with pytest.raises(TreeoptError, match=r"doc: (x|y)\[1\] is inf"):
+        check_numbers({"x": shared, "y": shared}, "doc", TreeoptError)
