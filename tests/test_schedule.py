@@ -289,7 +289,12 @@ def test_batch_table_loads_and_refuses(tmp_path):
                       (good.replace("8,4,14,0.6,0.3", "8,4,14,0.6,0.4"), "batch 8 gives two overheads"),
                       (good.replace("1,4,9", "1,4,-9"), "target_ms > 0"),
                       (good.replace("overhead_ms", "draft_ms"), "the header names draft_ms twice"),
-                      (good.replace("1,1,8", "1,2,8").replace("8,1,9", "8,2,9"), "the table has no tokens = 1 rows")]:
+                      (good.replace("1,1,8", "1,2,8").replace("8,1,9", "8,2,9"), "the table has no tokens = 1 rows"),
+                      # line numbers are the file's, past comments (indented too) and blank lines
+                      ("# mine\n\n" + good.replace("8,1,9,", "  # x\n8,1,nine,"), "line 7: batch and tokens must"),
+                      (good.replace("1,4,9,", "1,4,9_0,"), "line 3: batch and tokens must be integers"),  # not 90
+                      (good.replace("8,1,9,", "８,1,9,"), "line 4: batch and tokens must be integers"),  # full width
+                      (good + "8,8," + "7" * 200_000 + "\n", r"line 6 is not a CSV row \(field larger than")]:
         (tmp_path / "b.csv").write_text(text)
         with pytest.raises(ProfileError, match=msg):
             load_batch_table(tmp_path / "b.csv")
@@ -367,6 +372,19 @@ def _files(tmp_path):
     acc = _acc()
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(acc.to_dict()))
     return tmp_path / "t.csv", tmp_path / "a.yaml"
+
+
+def test_tune_refuses_a_table_that_prices_no_chain_and_keeps_the_settings(tmp_path):
+    """A table of n = 1 only said "speculation pays at no batch size" and removed a working -o file: a verdict on
+    nothing. Now one line, exit 2, the file kept."""
+    _, acc = _files(tmp_path)
+    table = _table(tmp_path / "one.csv", (1, 8), (1,), lambda b, n: 10.0 + b)
+    out = tmp_path / "spec.json"
+    out.write_text('{"method": "draft_model", "num_speculative_tokens": 3}\n')
+    for engine in ("vllm", "tensorrt-llm", "sglang", "treeopt"):
+        res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "-o", str(out)])
+        assert res.exit_code == 2 and "measured T(b, n) at n = 1 only" in res.output, res.output
+        assert out.read_text() == '{"method": "draft_model", "num_speculative_tokens": 3}\n'
 
 
 def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):

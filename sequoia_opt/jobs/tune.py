@@ -535,6 +535,10 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         done["calibration"] = f"given: {opts.calibration}"
     else:
         top = max_draft_measured(profile, opts.batches, ctx)
+        if top < 1:  # "speculation pays nowhere" would be a verdict on nothing (and remove a working setting)
+            raise TreeoptError("the latency profile measured T(b, n) at n = 1 only (at some batch size): a chain of "
+                               "K drafts is verified in T(b, K + 1), so no chain can be priced; measure n = 1 up to "
+                               f"the longest draft + 1 (1..{DEFAULT_MAX_DRAFT + 1}) at every batch size")
         k = opts.max_draft if opts.max_draft is not None else top if opts.plan is not None else \
             min(DEFAULT_MAX_DRAFT, top)
         if opts.max_draft is None and opts.plan is None and top < DEFAULT_MAX_DRAFT:

@@ -201,7 +201,15 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
 
     p = Path(path)
     text = read_text_file(p, error=ProfileError, what="T(b, n) table").removeprefix("\ufeff")  # a spreadsheet's BOM
-    rows = [r for r in csv.reader(line for line in text.splitlines() if line.strip() and not line.startswith("#"))]
+    rows, line_of = [], []  # one row per line (a numeric table has no quoted line breaks): errors name file lines
+    for i, ln in enumerate(text.splitlines(), start=1):
+        if not ln.strip() or ln.lstrip().startswith("#"):
+            continue
+        try:
+            rows.append(next(csv.reader([ln]), []))
+        except csv.Error as err:  # a field past the csv module's limit, a stray quote
+            raise ProfileError(f"{p}: line {i} is not a CSV row ({err})") from None
+        line_of.append(i)
     if not rows:
         raise ProfileError(f"{p}: empty T(b, n) table (header batch,tokens,target_ms[,draft_ms][,overhead_ms])")
     head = [h.strip() for h in rows[0]]
@@ -215,11 +223,13 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
                            f"{', '.join(TABLE_COLUMNS)})")
     table: dict[int, dict[int, tuple[float, float]]] = {}
     overhead: dict[int, float] = {}
-    for i, r in enumerate(rows[1:], start=2):
+    for i, r in zip(line_of[1:], rows[1:]):
         if len(r) != len(head):
             raise ProfileError(f"{p}: line {i} has {len(r)} values, the header {len(head)}")
         rec = dict(zip(head, (x.split("#")[0].strip() for x in r)))
         try:
+            if not all(v.isascii() and "_" not in v for v in rec.values()):  # int() reads 7_5 as 75, and "１"
+                raise ValueError
             b, n = int(rec["batch"]), int(rec["tokens"])
             t = float(rec["target_ms"])
             d = float(rec.get("draft_ms") or 0.0)
