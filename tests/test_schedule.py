@@ -387,6 +387,16 @@ def test_tune_refuses_a_table_that_prices_no_chain_and_keeps_the_settings(tmp_pa
         assert out.read_text() == '{"method": "draft_model", "num_speculative_tokens": 3}\n'
 
 
+def test_tune_reads_the_prompts_before_measuring(tmp_path):
+    """tune --engine treeopt timed T(b, n) for over a minute before it found the --prompts file empty."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--profiles-dir", str(tmp_path / "profiles"),
+                              "--prompts", str(empty), "--batches", "1,2", "--max-draft", "2"])
+    assert res.exit_code == 2 and f"prompt file {empty} holds no prompts" in res.output, res.output
+    assert not (tmp_path / "profiles").exists() and "forward" not in res.output  # nothing timed, nothing written
+
+
 def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):
     """tune -o - wrote a file named '-': the settings are printed on standard output already."""
     table, acc = _files(tmp_path)

@@ -195,6 +195,10 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         from ..solver.schedule import load_schedule
 
         load_schedule(opts.plan)  # overlapping or missing ranges: one line, before anything is measured
+    if opts.prompts is not None:
+        from ..prompts import load_prompts
+
+        load_prompts(opts.prompts, limit=opts.num_prompts)  # an empty or malformed file: before the timing
     if opts.target is not None and not Path(opts.target).exists():  # a GGUF file or a checkpoint folder
         raise TreeoptError(f"--target {opts.target}: no such file or folder")
     if opts.engine in GPU_ENGINES:
