@@ -26,6 +26,7 @@ from sequoia_opt.tree import Tree
 
 sys.path.insert(0, str(Path(__file__).parent))
 runner = CliRunner()
+EXAMPLE_ACC = Path(__file__).resolve().parents[1] / "profiles" / "example" / "acceptance.yaml"
 
 
 def _acc(p=(0.7, 0.1, 0.05), counts=True, by_depth=None):
@@ -395,6 +396,18 @@ def test_tune_reads_the_prompts_before_measuring(tmp_path):
                               "--prompts", str(empty), "--batches", "1,2", "--max-draft", "2"])
     assert res.exit_code == 2 and f"prompt file {empty} holds no prompts" in res.output, res.output
     assert not (tmp_path / "profiles").exists() and "forward" not in res.output  # nothing timed, nothing written
+
+
+def test_tune_treeopt_names_an_acceptance_profile_of_another_pair(tmp_path):
+    """tune --engine treeopt -a PROFILE labelled the plan with the pair it loads (the demo's) and said nothing when
+    the profile measured another pair: the plan ran priced on a stranger's acceptance."""
+    table = _table(tmp_path / "t.csv", (1, 8), range(1, 10), lambda b, n: 10.0 + b + 0.2 * n)
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "-l", str(table), "-a", str(EXAMPLE_ACC), "--json"])
+    assert res.exit_code == 0, res.output
+    warnings = json.loads(res.stdout)["warnings"]
+    assert any(w.startswith("profile 'example-llama2-7b_jf68m_greedy' was measured with draft 'JackFram/llama-68m', "
+                            "but this run uses 'treeopt-smollm2-draft'") for w in warnings), warnings
+    assert any(w.startswith("the plan is for the pair loaded here") for w in warnings)
 
 
 def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):

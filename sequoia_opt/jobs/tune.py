@@ -505,6 +505,14 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         warnings.append(f"the acceptance profile {acc.id!r}: {undrafted} of {steps} steps ({undrafted / steps:.0%}) "
                         "drafted nothing (the draft's context ended before its requests): it holds the acceptance "
                         "of the positions the draft reached only")
+    if opts.engine == "treeopt" and opts.acceptance is not None:  # a given profile, the pair loaded here: the same?
+        from ..profiles import warn_on_mismatch
+
+        found = warn_on_mismatch(acceptance=acc, target=labels.get("target"), draft=labels.get("drafter"))
+        warnings += found
+        if any(" was measured with " in w for w in found):
+            warnings.append("the plan is for the pair loaded here (--target / --draft) but priced on the acceptance "
+                            "of the pair the profile measured: drop -a to measure this pair's")
     if opts.shape == "envelope":
         from ..profiles.calibration import load_calibration
 
