@@ -295,7 +295,10 @@ def test_batch_table_loads_and_refuses(tmp_path):
                       ("# mine\n\n" + good.replace("8,1,9,", "  # x\n8,1,nine,"), "line 7: batch and tokens must"),
                       (good.replace("1,4,9,", "1,4,9_0,"), "line 3: batch and tokens must be integers"),  # not 90
                       (good.replace("8,1,9,", "８,1,9,"), "line 4: batch and tokens must be integers"),  # full width
-                      (good + "8,8," + "7" * 200_000 + "\n", r"line 6 is not a CSV row \(field larger than")]:
+                      (good + "8,8," + "7" * 200_000 + "\n", r"line 6 is not a CSV row \(field larger than"),
+                      # out of range: the line and column, not the profile's field path the table becomes
+                      (good.replace("8,4,14,", "3000000000,4,14,"), r"line 5: batch 3000000000 is out of range"),
+                      (good.replace("1,4,9,0.5", "1,4,9,1e308"), r"line 3: draft_ms 1e308 is out of range \(at most")]:
         (tmp_path / "b.csv").write_text(text)
         with pytest.raises(ProfileError, match=msg):
             load_batch_table(tmp_path / "b.csv")

@@ -170,6 +170,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                        ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
             raise TreeoptError(f"{name} {path}: " + ("a folder, not a file" if Path(path).is_dir() else "no such file"))
+    if opts.context < 0 or opts.num_prompts < 1 or opts.max_new_tokens < 1 or opts.threads < 1 or opts.rounds < 1:
+        raise TreeoptError("--context >= 0; --num-prompts, --max-new-tokens, --threads and --rounds >= 1")
     if opts.latency is not None and opts.given_latency is None:  # read once (the CLI checks, then tune checks
         # again): a file none of the loaders takes is one line before any work
         opts.given_latency = load_given_latency(Path(opts.latency), opts.context)
@@ -189,8 +191,6 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         raise TreeoptError(f"--max-draft must be at least 1, got {opts.max_draft}")
     if opts.max_batch is not None and opts.max_batch < max(opts.batches):
         raise TreeoptError(f"--max-batch {opts.max_batch} is below the largest batch size asked ({max(opts.batches)})")
-    if opts.context < 0 or opts.num_prompts < 1 or opts.max_new_tokens < 1 or opts.threads < 1 or opts.rounds < 1:
-        raise TreeoptError("--context >= 0; --num-prompts, --max-new-tokens, --threads and --rounds >= 1")
     if opts.plan is not None:
         from ..solver.schedule import load_schedule
 

@@ -39,7 +39,7 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import LATENCY_FORMAT, MAX_TOKENS, _check_format, _load_yaml, check_integer
+from .common import LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer
 from .latency import LatencyCurve
 
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
@@ -238,6 +238,11 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
             raise ProfileError(f"{p}: line {i}: batch and tokens must be integers, the ms numbers") from None
         if b < 1 or n < 1 or not t > 0 or d < 0 or o < 0 or not all(map(math.isfinite, (t, d, o))):
             raise ProfileError(f"{p}: line {i}: batch and tokens >= 1, target_ms > 0, draft_ms and overhead_ms >= 0")
+        if max(b, n) > MAX_TOKENS or max(t, d, o) > MAX_MS:  # named by line and column, as a table is read
+            col = "batch" if b > MAX_TOKENS else "tokens" if n > MAX_TOKENS else \
+                next(c for c, v in zip(TABLE_COLUMNS[2:], (t, d, o)) if v > MAX_MS)
+            limit = MAX_TOKENS if col in ("batch", "tokens") else f"{MAX_MS:g} ms"
+            raise ProfileError(f"{p}: line {i}: {col} {rec[col]} is out of range (at most {limit})")
         if n in table.setdefault(b, {}):
             raise ProfileError(f"{p}: batch {b}, tokens {n} is given twice")
         if b in overhead and overhead[b] != o:
