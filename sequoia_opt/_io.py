@@ -67,14 +67,24 @@ def _target(path: str | os.PathLike) -> Path:
     return path
 
 
+#: The largest text input read, in bytes (1 GiB): every treeopt input (prompts, profiles, tables, trees) is far
+#: smaller; past it the file is a device or a mistake (``--prompts /dev/zero`` read until memory ran out).
+MAX_TEXT_BYTES = 1 << 30
+
+
 def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str) -> str:
     """Read a UTF-8 text input file (a byte-order mark at its start skipped), turning failures into ``error``
     with one line:
-    ``cannot read <what> <path>: <reason>`` (missing, a directory, no permission) or
-    ``<path>: not a UTF-8 text file (expected a <what>)`` (binary data)."""
+    ``cannot read <what> <path>: <reason>`` (missing, a directory, no permission),
+    ``<path>: not a UTF-8 text file (expected a <what>)`` (binary data) or ``<path>: larger than ... bytes``
+    (:data:`MAX_TEXT_BYTES`; a pipe or ``/dev/stdin`` is read as a file is)."""
     path = Path(path)
     try:
-        return path.read_text(encoding="utf-8-sig")
+        with open(path, "rb") as f:
+            data = f.read(MAX_TEXT_BYTES + 1)
+        if len(data) > MAX_TEXT_BYTES:
+            raise error(f"{path}: larger than {MAX_TEXT_BYTES:,} bytes, past any {what}")
+        return data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
     except UnicodeDecodeError:

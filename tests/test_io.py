@@ -170,3 +170,19 @@ def test_two_processes_saving_runs_into_one_folder_at_once_keep_both(tmp_path):
     assert all(p.returncode == 0 for p in procs)
     assert len(list(out.glob("*.json"))) == 2 and len(list(out.glob("*.csv"))) == 2
     assert sorted(json.loads(open(o).read())["settings"]["who"] for o in outs) == ["first", "second"]
+
+
+def test_read_text_file_keeps_its_contract_and_stops_at_the_size_cap(tmp_path, monkeypatch):
+    """A byte-order mark skipped and Windows / old Mac line ends read as newlines (as Path.read_text did); a file
+    past MAX_TEXT_BYTES is one line (--prompts /dev/zero read until memory ran out), read no further than the cap."""
+    from sequoia_opt import _io
+    from sequoia_opt.errors import TreeoptError
+
+    f = tmp_path / "p.txt"
+    f.write_bytes(b"\xef\xbb\xbfa\r\nb\rc\n")
+    assert _io.read_text_file(f, error=TreeoptError, what="prompt file") == "a\nb\nc\n"
+    monkeypatch.setattr(_io, "MAX_TEXT_BYTES", 4)
+    with pytest.raises(TreeoptError, match=r"p.txt: larger than 4 bytes, past any prompt file"):
+        _io.read_text_file(f, error=TreeoptError, what="prompt file")
+    f.write_bytes(b"abcd")  # at the cap: read whole
+    assert _io.read_text_file(f, error=TreeoptError, what="prompt file") == "abcd"
