@@ -121,6 +121,8 @@ def test_an_output_over_an_input_is_refused_and_the_input_kept(tmp_path):
         ([0.5, float("nan")], [], "acceptance[1] is nan (a file holds finite numbers)"),
         ([0.5, -0.1], [], "negative"),
         ([0.7, 0.6], [], "sums to"),
+        ([True, 0.1], [], "holds true / false where probabilities belong"),  # it said 'sums to 1.1'
+        ([True, False], [], "holds true / false where probabilities belong"),  # it solved [1.0, 0.0]
         ([], [], "empty"),
         ([0.5], ["--budget", "0"], "--budget"),
         ([0.5], ["--max-depth", "0"], "--max-depth"),

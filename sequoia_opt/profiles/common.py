@@ -63,6 +63,8 @@ def validate_acceptance(acceptance: Any, *, error: type[Exception] = SolverError
     """
     if isinstance(acceptance, (str, bytes)) or isinstance(acceptance, Mapping):
         raise error(f"{what} must be a list of probabilities, got {type(acceptance).__name__}")
+    if isinstance(acceptance, (list, tuple)) and any(isinstance(x, bool) for x in acceptance):  # numpy reads 1, 0
+        raise error(f"{what} holds true / false where probabilities belong")
     try:
         p = np.asarray(acceptance, dtype=np.float64)
     except (TypeError, ValueError):
