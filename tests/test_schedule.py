@@ -420,6 +420,9 @@ def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "-o", "-"])
     assert res.exit_code == 2 and "cannot write '-': give a file name" in res.output, res.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "t.csv"]
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--model", "  ", "-o",
+                              "spec.json"])  # written into the config as "model": "  " before
+    assert res.exit_code == 2 and "--model is blank" in res.output and not (tmp_path / "spec.json").exists()
 
 
 def test_tune_gpu_engine_from_a_table(tmp_path):

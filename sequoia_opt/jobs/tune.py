@@ -214,6 +214,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         check_llamacpp_release(opts.release)  # before minutes of measuring
     elif opts.release is not None and opts.engine == "treeopt":
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
+    if opts.model is not None and not str(opts.model).strip():  # it was written into the engine's config as is
+        raise TreeoptError("--model is blank: name the drafter checkpoint the engine loads (a path or a hub id), "
+                           "or drop --model")
     check_min_gain(opts.min_gain)
     check_output_tokens(opts.output_tokens)
     check_chain_acceptance_model(opts.acceptance_model)
