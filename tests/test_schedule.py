@@ -413,6 +413,27 @@ def test_tune_treeopt_names_an_acceptance_profile_of_another_pair(tmp_path):
     assert any(w.startswith("the plan is for the pair loaded here") for w in warnings)
 
 
+def test_a_table_is_read_by_its_header_and_solve_batch_reads_it_too(tmp_path):
+    """A T(b, n) table saved as .txt was refused as 'a latency profile must be a YAML mapping'; solve --batch
+    refused every table although the docs say it takes one. Both read it now, to the same numbers."""
+    table = _table(tmp_path / "mine.csv", (1, 8), range(1, 10), lambda b, n: 10.0 + b + 0.2 * n)
+    txt = tmp_path / "mine.txt"
+    txt.write_text("# measured elsewhere\n" + table.read_text())
+    _, acc = _files(tmp_path)
+    docs = []
+    for f in (table, txt):
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(f), "-a", str(acc), "--json"])
+        assert res.exit_code == 0, res.output
+        docs.append(json.loads(res.stdout)["schedule"]["ranges"])
+    assert docs[0] == docs[1] and len(docs[0]) >= 1
+    res = runner.invoke(app, ["solve", "--batch", "1,8", "-a", str(acc), "-l", str(txt), "-n", "9", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["batch"]: r for r in json.loads(res.stdout)["entries"]}
+    one = rows[1]  # the table's numbers: T(1, n) = 11 + 0.2 n, 1 ms a draft level, 0.5 ms a step
+    assert sorted(rows) == [1, 8] and one["plain_tokens_per_s_per_sequence"] == pytest.approx(1000 / 11.7)
+    assert one["step_cost_ms"] == pytest.approx(11 + 0.2 * one["nodes"] + 1.0 * one["depth"] + 0.5)
+
+
 def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):
     """tune -o - wrote a file named '-': the settings are printed on standard output already."""
     table, acc = _files(tmp_path)

@@ -22,7 +22,8 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     """Every check first (one line, exit 2), then one :func:`choose` per batch size, the table and the plan."""
     from .. import exports
     from ..profiles import load_acceptance, warn_on_mismatch
-    from ..profiles.batch import check_starts_at_one, load_batch_latency, parse_batches
+    from ..jobs.tune import load_given_latency
+    from ..profiles.batch import check_starts_at_one, parse_batches
     from ..solver.batch import choose_per_batch, plan_document, save_plan
     from ..solver.depth import solve_profile
 
@@ -43,7 +44,7 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     for name, value in (("--budget", budget), ("--max-depth", max_depth), ("--max-branching", max_branching)):
         if value < 1:
             raise SolverError(f"{name} must be at least 1, got {value}")
-    prof = load_batch_latency(latency)
+    prof = load_given_latency(Path(latency), context or 0)  # a batch profile, a T(b, n) table or a batch-1 curve
     for b in batches:
         prof.curve(b)  # refuses a batch size the profile did not measure, before solving
     acc = load_acceptance(acceptance)

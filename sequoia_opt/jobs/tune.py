@@ -400,7 +400,7 @@ def load_given_latency(path: Path, context: int | None = None) -> Any:
     from ..profiles import load_latency
     from ..profiles.batch import BATCH_LATENCY_FORMAT, BatchLatencyProfile, load_batch_latency, load_batch_table
 
-    if path.suffix.lower() == ".csv":
+    if path.suffix.lower() == ".csv" or _looks_like_table(path):  # a table saved as .txt is still a table
         return load_batch_table(path, context=context)
     try:
         return load_batch_latency(path)
@@ -408,6 +408,19 @@ def load_given_latency(path: Path, context: int | None = None) -> Any:
         if _format_of(path) == BATCH_LATENCY_FORMAT:  # a batch profile with a bad field: that field's line
             raise
         return BatchLatencyProfile.from_latency(load_latency(path))
+
+
+def _looks_like_table(path: Path) -> bool:
+    """Whether ``path``'s first line past comments and blank lines starts a T(b, n) table's header
+    (``batch,tokens,``), whatever the file's name."""
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
+            for _, line in zip(range(1000), f):
+                if line.strip() and not line.lstrip().startswith("#"):
+                    return line.replace(" ", "").startswith("batch,tokens,")
+    except OSError:
+        return False
+    return False
 
 
 def _format_of(path: Path) -> Any:
