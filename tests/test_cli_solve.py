@@ -73,7 +73,7 @@ def test_other_formats(tmp_path, fmt):
 
 def test_a_json_output_file_gets_the_json_export(tmp_path):
     """-o tree.json without --format wrote YAML into a file named .json; now its suffix chooses the JSON export
-    (the same text --format json writes), and the YAML-only outputs (a batch plan) are refused before solving."""
+    (the same text --format json writes), and a grafted tree (YAML only) is refused before solving."""
     by_name, by_format = tmp_path / "tree.json", tmp_path / "explicit.json"
     args = ["solve", "-a", ACC, "--budget", "16", "--max-depth", "4", "-o"]
     assert runner.invoke(app, args + [str(by_name)]).exit_code == 0
@@ -81,10 +81,10 @@ def test_a_json_output_file_gets_the_json_export(tmp_path):
     doc, explicit = json.loads(by_name.read_text()), json.loads(by_format.read_text())
     assert doc["format"] == "treeopt-tree/1" and len(doc["nodes"]) == 16 and doc["nodes"] == explicit["nodes"]
     assert load_tree(by_name)[0].size == 16  # and it loads back (tree, metadata)
-    r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(EXAMPLES / "tbn-roofline.csv"), "--batch", "1,4", "-o",
-                            str(tmp_path / "plan.JSON")])
-    assert r.exit_code == 2 and not (tmp_path / "plan.JSON").exists(), r.output
-    assert f"-o {tmp_path / 'plan.JSON'}: a batch plan (treeopt-batch-trees/1) is written as YAML only" in r.output
+    r = runner.invoke(app, ["solve", "-a", ACC, "-a", ACC, "-l", LAT, "-l", LAT, "--pair-acceptance", ACC, "-o",
+                            str(tmp_path / "graft.JSON")])
+    assert r.exit_code == 2 and not (tmp_path / "graft.JSON").exists(), r.output
+    assert f"-o {tmp_path / 'graft.JSON'}: a grafted tree (treeopt-tree/2) is written as YAML only" in r.output
 
 
 def test_output_dash_prints_the_tree_and_writes_no_file(tmp_path, monkeypatch):

@@ -137,9 +137,8 @@ def solve(
         output, fmt = None, fmt or "yaml"
     check_output(output, {"--acceptance": acceptance, "--latency": latency, "--dynamic": dynamic,
                           "--pair-acceptance": pair_acceptance})
-    if output is not None and output.suffix.lower() == ".json" and (batch is not None or pair_acceptance is not None):
-        what = "a batch plan (treeopt-batch-trees/1)" if batch is not None else "a grafted tree (treeopt-tree/2)"
-        raise SolverError(f"-o {output}: {what} is written as YAML only; name the file .yaml")
+    if output is not None and output.suffix.lower() == ".json" and pair_acceptance is not None:
+        raise SolverError(f"-o {output}: a grafted tree (treeopt-tree/2) is written as YAML only; name the file .yaml")
     if batch is not None:
         if dynamic is not None or pair_acceptance is not None or compare:
             raise SolverError("--batch solves one drafter's static tree per batch size: drop --dynamic, "
@@ -166,7 +165,7 @@ def solve(
                               "--policy": policy, "--plan": plan != "auto"})
         return
     if fmt is None and output is not None and output.suffix.lower() == ".json" and pair_acceptance is None:
-        fmt = "json"  # -o tree.json: the JSON export its name says (batch plans and grafted trees: refused above)
+        fmt = "json"  # -o tree.json: the JSON export its name says (a grafted tree: refused above)
     if dynamic is not None:
         if pair_acceptance is not None:
             raise SolverError("--dynamic and --pair-acceptance solve different things: give one")
