@@ -1,5 +1,5 @@
 """``python -m sequoia_opt`` is the ``treeopt`` command."""
 
-from .cli import app
+from ._entry import main
 
-app(prog_name="treeopt")
+main()

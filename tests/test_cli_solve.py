@@ -290,3 +290,36 @@ def test_solve_default_budget_fits_the_latency_profile(tmp_path):
             "is never extrapolated (--budget sets it)") in doc["notes"]
     r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(lat), "--budget", "128"])
     assert r.exit_code == 2 and "budget 128 exceeds the largest target token count 64" in r.output
+
+
+def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkeypatch, capsys):
+    """Ctrl-C while torch imported printed a 58-line traceback, and in tune (no _interruptible) a cut-off report."""
+    import builtins
+
+    import typer
+
+    from sequoia_opt._entry import main
+    from sequoia_opt.cli.common import handle_errors
+
+    real_import = builtins.__import__
+
+    def interrupted_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 1 and name == "cli":
+            raise KeyboardInterrupt
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 130 and capsys.readouterr().err == "interrupted: no output file was written\n"
+    monkeypatch.setattr(builtins, "__import__", real_import)
+
+    mini = typer.Typer()
+
+    @mini.command()
+    @handle_errors
+    def slow() -> None:
+        raise KeyboardInterrupt
+
+    r = runner.invoke(mini, [])
+    assert r.exit_code == 130 and r.output.strip() == "interrupted: no output file was written"

@@ -109,7 +109,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def handle_errors(fn: F) -> F:
-    """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback); print each distinct
+    """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback), Ctrl-C into one line and
+    exit 130 (outputs are written atomically, last: nothing half-written stays); print each distinct
     :class:`~sequoia_opt.errors.ProfileWarning` raised on the way as one ``warning:`` line on stderr."""
 
     @functools.wraps(fn)
@@ -127,6 +128,9 @@ def handle_errors(fn: F) -> F:
             except TreeoptError as err:
                 _print_error(str(err) or err.__class__.__name__)
                 raise typer.Exit(2) from None
+            except KeyboardInterrupt:  # every command, as _interruptible did for the long ones
+                _err.print("[yellow]interrupted:[/] no output file was written")
+                raise typer.Exit(130) from None
             finally:
                 shown: set[str] = set()
                 for w in caught:
