@@ -434,6 +434,17 @@ def test_a_table_is_read_by_its_header_and_solve_batch_reads_it_too(tmp_path):
     assert one["step_cost_ms"] == pytest.approx(11 + 0.2 * one["nodes"] + 1.0 * one["depth"] + 0.5)
 
 
+def test_tune_llamacpp_from_given_profiles_needs_no_llamacpp(tmp_path, monkeypatch):
+    """With -l and -a both given nothing is measured, yet tune --engine llama.cpp loaded llama-cpp-python (to
+    resolve GGUFs it never read) and failed where it is not installed."""
+    table, acc = _files(tmp_path)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as where it is not installed: import raises
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-l", str(table), "-a", str(acc), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert "--spec-draft-n-max" in doc["settings"]["text"] and doc["schedule"]["ranges"][0]["batch_range"][0] == 1
+
+
 def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):
     """tune -o - wrote a file named '-': the settings are printed on standard output already."""
     table, acc = _files(tmp_path)

@@ -500,14 +500,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     elif opts.engine == "treeopt":
         profile, acc, labels = _treeopt_inputs(opts, spec, done, progress)
     else:
-        profile = _latency(opts, spec, done, progress, lambda path: None)
-        acc, labels = None, {"target": None, "drafter": spec.label if opts.draft is not None else None}
-        if opts.acceptance is not None:
-            acc = _acceptance(opts, Path(opts.acceptance), done, lambda: None)
-            # the pair the profile measured (a GPU engine's drafter is not loaded here: --draft is only its kind)
-            measured = getattr(acc, "measured", None) or {}
-            labels = {"target": measured.get("target"),
-                      "drafter": measured.get("draft") if opts.draft is None else spec.label}
+        profile, acc, labels = _given_inputs(opts, spec, done, progress)
     ctx = None if opts.engine in GPU_ENGINES else opts.context
     if ctx is not None:  # a profile measured at shorter contexts than --context: say which option and value fit
         largest = min(max(profile.curve(b).contexts) for b in opts.batches)
@@ -753,6 +746,20 @@ def _check_command(opts: TuneOptions) -> str:
                             "--concurrency B (and each fixed max_draft_len beside it)"}[opts.engine]
 
 
+def _given_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None):
+    """The T(b, n) and acceptance the user gave (a GPU engine's, or llama.cpp's with both given: nothing is
+    measured, no model is loaded), labelled with the pair the acceptance profile measured (``--draft`` names the
+    drafter's kind where given)."""
+    profile = _latency(opts, spec, done, progress, lambda path: None)
+    acc, labels = None, {"target": None, "drafter": spec.label if opts.draft is not None else None}
+    if opts.acceptance is not None:
+        acc = _acceptance(opts, Path(opts.acceptance), done, lambda: None)
+        measured = getattr(acc, "measured", None) or {}
+        labels = {"target": measured.get("target"),
+                  "drafter": measured.get("draft") if opts.draft is None else spec.label}
+    return profile, acc, labels
+
+
 def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None):
     """llama.cpp's T(b, n) and acceptance, measured here when missing."""
     import tempfile
@@ -761,6 +768,8 @@ def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progres
 
     from ..engines.llamacpp import resolve_pair
 
+    if opts.latency is not None and opts.acceptance is not None:  # nothing to measure: llama.cpp need not load
+        return _given_inputs(opts, spec, done, progress)
     torch.set_num_threads(1)  # torch only picks argmaxes here; llama.cpp runs the forwards on its own threads
     lookup = spec.kind == "lookup"
     with tempfile.TemporaryDirectory(prefix="treeopt-tune-") as work:  # a draft model written as a GGUF
