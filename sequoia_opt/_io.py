@@ -76,7 +76,7 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
     """Read a UTF-8 text input file (a byte-order mark at its start skipped), turning failures into ``error``
     with one line:
     ``cannot read <what> <path>: <reason>`` (missing, a directory, no permission),
-    ``<path>: not a UTF-8 text file (expected a <what>)`` (binary data) or ``<path>: larger than ... bytes``
+    ``<path>: not a UTF-8 text file (expected a <what>)`` (binary data, a NUL byte among it) or ``<path>: larger than ... bytes``
     (:data:`MAX_TEXT_BYTES`; a pipe or ``/dev/stdin`` is read as a file is)."""
     path = Path(path)
     try:
@@ -84,6 +84,8 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
             data = f.read(MAX_TEXT_BYTES + 1)
         if len(data) > MAX_TEXT_BYTES:
             raise error(f"{path}: larger than {MAX_TEXT_BYTES:,} bytes, past any {what}")
+        if b"\x00" in data:  # valid UTF-8, but no text file holds a NUL byte: binary data (UTF-16 text too)
+            raise UnicodeDecodeError("utf-8", data, data.index(b"\x00"), data.index(b"\x00") + 1, "NUL byte")
         return data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}") from None

@@ -184,5 +184,8 @@ def test_read_text_file_keeps_its_contract_and_stops_at_the_size_cap(tmp_path, m
     monkeypatch.setattr(_io, "MAX_TEXT_BYTES", 4)
     with pytest.raises(TreeoptError, match=r"p.txt: larger than 4 bytes, past any prompt file"):
         _io.read_text_file(f, error=TreeoptError, what="prompt file")
+    f.write_bytes(b"\x00\x00\x00")  # valid UTF-8, but binary: it was read and decoded as a prompt
+    with pytest.raises(TreeoptError, match=r"p.txt: not a UTF-8 text file \(expected a prompt file\)"):
+        _io.read_text_file(f, error=TreeoptError, what="prompt file")
     f.write_bytes(b"abcd")  # at the cap: read whole
     assert _io.read_text_file(f, error=TreeoptError, what="prompt file") == "abcd"
