@@ -303,3 +303,49 @@ def _link_new(tmp: str, path: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
         raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+
+
+_STRICT_LOADER: Any = None
+
+
+def safe_load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` (PyYAML's C parser where it is built) that refuses a key given twice in one mapping:
+    PyYAML keeps the last one, so a hand-edited file's first value was dropped without a word.
+
+    Raises:
+        yaml.YAMLError: the text is not YAML; for a repeated key a ``yaml.constructor.ConstructorError`` whose
+            problem reads ``key 'acceptance' is given twice (line 4)``.
+    """
+    global _STRICT_LOADER
+    import yaml
+
+    if _STRICT_LOADER is None:
+        base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+        class StrictLoader(base):  # type: ignore[misc, valid-type]
+            def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+                seen: set = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":  # '<<' merges may repeat by design
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        again = key in seen
+                    except TypeError:  # an unhashable key: the base constructor names it
+                        continue
+                    if again:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} is given twice (line {key_node.start_mark.line + 1})",
+                            key_node.start_mark)
+                    seen.add(key)
+                return super().construct_mapping(node, deep=deep)
+
+        _STRICT_LOADER = StrictLoader
+    return yaml.load(text, Loader=_STRICT_LOADER)
+
+
+def yaml_error_text(err: Exception) -> str:
+    """What a one-line message says of a YAML error: a repeated key's problem as :func:`safe_load_yaml` words it
+    (``key 'acceptance' is given twice (line 3)``), else the error's class (PyYAML's own text spans lines)."""
+    problem = getattr(err, "problem", None) or ""
+    return problem if " is given twice " in problem else err.__class__.__name__

@@ -68,7 +68,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 import yaml
 
-from ._io import check_numbers, read_text_file
+from ._io import check_numbers, read_text_file, safe_load_yaml, yaml_error_text
 from .errors import EngineError, TreeoptError, TreeValidationError
 from .solver.chains import ChainSetting
 from .tree import TREE_FORMAT, Tree, TreeMetadata, tree_from_yaml, tree_to_yaml
@@ -467,7 +467,7 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
                 if isinstance(err, TreeValidationError):
                     raise
                 try:  # a YAML flow mapping is not JSON but is still a treeopt document
-                    doc = yaml.safe_load(text)
+                    doc = safe_load_yaml(text)
                 except yaml.YAMLError:
                     doc = None
                 if not isinstance(doc, dict):
@@ -840,9 +840,9 @@ def load_dynamic_setting(path: str | Path) -> tuple[Any, dict[str, Any]]:
 
     text = read_text_file(Path(path), error=ExportError, what="dynamic setting")
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load_yaml(text)
     except yaml.YAMLError as err:
-        raise ExportError(f"{path}: not valid YAML or JSON ({err.__class__.__name__})") from None
+        raise ExportError(f"{path}: not valid YAML or JSON ({yaml_error_text(err)})") from None
     if doc is None:
         raise ExportError(f"{path}: the file is empty (expected a {DYNAMIC_FORMAT} setting, treeopt solve --dynamic -o)")
     if not isinstance(doc, dict) or doc.get("format") != DYNAMIC_FORMAT:

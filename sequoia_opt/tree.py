@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import yaml
 
-from ._io import atomic_write_text, check_numbers, read_text_file
+from ._io import atomic_write_text, check_numbers, read_text_file, safe_load_yaml, yaml_error_text
 from .errors import TreeValidationError
 
 TREE_FORMAT = "treeopt-tree/1"
@@ -667,9 +667,9 @@ def _parse_tree_document(text: str, source: str):
     """Parse ``treeopt-tree/1`` or ``/2`` text into ``(format, Tree, drafter labels, names or None, metadata)``;
     ``names`` is None for /1 (it has none). Raises TreeValidationError with one line, prefixed by ``source``."""
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load_yaml(text)
     except yaml.YAMLError as err:
-        raise TreeValidationError(f"{source}: not valid YAML ({err.__class__.__name__})") from err
+        raise TreeValidationError(f"{source}: not valid YAML ({yaml_error_text(err)})") from err
     if not isinstance(doc, dict):
         raise TreeValidationError(f"{source}: expected a mapping with 'format' and 'nodes'")
     check_numbers(doc, source, TreeValidationError)

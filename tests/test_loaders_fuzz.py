@@ -315,3 +315,19 @@ def test_yaml_aliases_are_walked_once_and_a_self_reference_is_refused(tmp_path):
     shared = [1.0, math.inf]  # a list held by two keys is still checked (at the first key walked)
     with pytest.raises(TreeoptError, match=r"doc: (x|y)\[1\] is inf"):
         check_numbers({"x": shared, "y": shared}, "doc", TreeoptError)
+
+
+def test_a_key_given_twice_is_refused_by_line(tmp_path):
+    """PyYAML keeps a repeated key's last value: a hand-edited profile's first 'acceptance' was dropped in
+    silence. The loaders now refuse it, naming the key and its line; YAML merges ('<<') still read."""
+    from sequoia_opt._io import safe_load_yaml
+
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nacceptance: [0.5]\nacceptance: [0.9]\n")
+    with pytest.raises(TreeoptError, match=r"acc.yaml: not valid YAML \(key 'acceptance' is given twice \(line 3\)\)"):
+        load_acceptance(acc)
+    tree = tmp_path / "tree.yaml"
+    tree.write_text("format: treeopt-tree/1\nnodes:\n- {parent: -1, rank: 0, parent: 0}\n")
+    with pytest.raises(TreeoptError, match=r"key 'parent' is given twice \(line 3\)"):
+        load_any_tree(tree)
+    assert safe_load_yaml("b: &b {x: 1}\nd: {<<: *b, y: 2}\n") == {"b": {"x": 1}, "d": {"x": 1, "y": 2}}

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from .._io import check_numbers, read_text_file
+from .._io import check_numbers, read_text_file, safe_load_yaml, yaml_error_text
 from ..errors import ProfileError, SolverError
 
 ACCEPTANCE_FORMAT = "treeopt-acceptance/1"
@@ -100,9 +100,9 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     path = Path(path)
     text = read_text_file(path, error=ProfileError, what=f"{kind} profile")
     try:
-        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        doc = safe_load_yaml(text)
     except yaml.YAMLError as err:
-        raise ProfileError(f"{path}: not valid YAML ({err.__class__.__name__})") from None
+        raise ProfileError(f"{path}: not valid YAML ({yaml_error_text(err)})") from None
     article = "an" if kind[:1] in "aeiou" else "a"
     if doc is None:
         raise ProfileError(f"{path}: the file is empty (expected {article} {kind} profile)")

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from ..._io import atomic_write_text, check_numbers, read_text_file
+from ..._io import atomic_write_text, check_numbers, read_text_file, safe_load_yaml, yaml_error_text
 from ...errors import ProfileError
 
 __all__ = ["GraftFeatures", "GraftScheduler", "AlwaysGraft", "NeverGraft", "LogisticScheduler", "SCHEDULER_FORMAT",
@@ -135,9 +135,9 @@ def load_scheduler(path: str | Path, *, pair: dict[str, str] | None = None) -> L
     """
     text = read_text_file(path, error=ProfileError, what="scheduler file")
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load_yaml(text)
     except yaml.YAMLError as err:
-        raise ProfileError(f"{path}: not valid YAML ({err.__class__.__name__})") from None
+        raise ProfileError(f"{path}: not valid YAML ({yaml_error_text(err)})") from None
     if not isinstance(doc, dict) or doc.get("format") != SCHEDULER_FORMAT:
         raise ProfileError(f"{path}: not a {SCHEDULER_FORMAT} file (format: "
                            f"{doc.get('format') if isinstance(doc, dict) else None!r})")
