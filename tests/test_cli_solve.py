@@ -293,7 +293,7 @@ def test_solve_default_budget_fits_the_latency_profile(tmp_path):
 
 
 def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkeypatch, capsys):
-    """Ctrl-C while torch imported printed a 58-line traceback, and in tune (no _interruptible) a cut-off report."""
+    """Ctrl-C while torch imported printed a 58-line traceback, and in tune (not guarded) a cut-off report."""
     import builtins
 
     import typer
@@ -322,4 +322,15 @@ def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkey
         raise KeyboardInterrupt
 
     r = runner.invoke(mini, [])
-    assert r.exit_code == 130 and r.output.strip() == "interrupted: no output file was written"
+    assert r.exit_code == 130
+    assert r.output.strip() == "interrupted: each output file is whole or absent (written atomically, last)"
+
+
+def test_a_path_is_shown_as_typed_not_as_rich_emoji(tmp_path):
+    """rich replaced ':smile:' in a user's path or flag with an emoji (a😄b.yaml), so the message named a file
+    that does not exist; the consoles now print text as typed."""
+    missing = tmp_path / "a:smile:b.yaml"
+    r = runner.invoke(app, ["solve", "-a", str(missing), "-n", "4"])
+    assert r.exit_code == 2 and f"cannot read acceptance profile {missing}" in r.output, r.output
+    r = runner.invoke(app, ["solve", "-a", ACC, "-n", "4", "-o", str(tmp_path / ":dog:.yaml")])
+    assert r.exit_code == 0 and f"wrote yaml to {tmp_path / ':dog:.yaml'}" in r.output.replace("\n", ""), r.output

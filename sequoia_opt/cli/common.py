@@ -30,7 +30,7 @@ from .. import __version__
 from ..errors import TreeoptError
 from ..exports import EXPORT_FORMATS
 from ..tree import TreeMetadata
-_err = Console(stderr=True, highlight=False)
+_err = Console(stderr=True, highlight=False, emoji=False)  # a path or flag is shown as typed (a:smile:b)
 # the click typer runs on: its vendored copy since typer 0.2x, the click package before
 _click = getattr(typer.core, "_click", None) or importlib.import_module("click")
 
@@ -110,7 +110,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def handle_errors(fn: F) -> F:
     """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback), Ctrl-C into one line and
-    exit 130 (outputs are written atomically, last: nothing half-written stays); print each distinct
+    exit 130 (outputs are written atomically, last: nothing half-written stays, though a Ctrl-C that lands after
+    the write leaves the file, whole); print each distinct
     :class:`~sequoia_opt.errors.ProfileWarning` raised on the way as one ``warning:`` line on stderr."""
 
     @functools.wraps(fn)
@@ -128,8 +129,8 @@ def handle_errors(fn: F) -> F:
             except TreeoptError as err:
                 _print_error(str(err) or err.__class__.__name__)
                 raise typer.Exit(2) from None
-            except KeyboardInterrupt:  # every command, as _interruptible did for the long ones
-                _err.print("[yellow]interrupted:[/] no output file was written")
+            except KeyboardInterrupt:  # every command; Ctrl-C may land after a file is in place: no claim either way
+                _err.print("[yellow]interrupted:[/] each output file is whole or absent (written atomically, last)")
                 raise typer.Exit(130) from None
             finally:
                 shown: set[str] = set()
@@ -279,20 +280,6 @@ def progress_bar():
             prog.update(tasks[key], completed=done, total=total, description=what)
 
         yield update
-
-
-def _interruptible(fn: F) -> F:
-    """Ctrl-C: say that nothing was written (outputs are written atomically, last) and exit 130."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except KeyboardInterrupt:
-            _err.print("[yellow]interrupted:[/] no output file was written")
-            raise typer.Exit(130) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _check_run_options(backend: str, device: Any, temperature: float = 0.0, top_p: float = 1.0) -> None:

@@ -11,12 +11,11 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, WeightsOpt, _check_results_dir, _check_run_options,
-                     _interruptible, app, handle_errors, note, progress_bar)
+                     app, handle_errors, note, progress_bar)
 from .render import render
 
 @app.command("demo")
 @handle_errors
-@_interruptible
 def demo_cmd(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",

@@ -68,7 +68,7 @@ def export_draft(
             report.notes.append(f"not checked in llama.cpp: {err}")
     if gguf.stem != label:
         report.notes.append(f"profiles name this draft {label!r} (general.name); the file stem is {gguf.stem!r}, "
-                            "which is what --draft FILE reports: name the file {label}.gguf to keep them equal")
+                            f"which is what --draft FILE reports: name the file {label}.gguf to keep them equal")
     report.data = {"source": str(src), "output": str(gguf), **info, "outtype": outtype}
     render(report, as_json)
 
@@ -231,7 +231,7 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
         data["output"] = str(output)
     report.data = data
     if output is None and not as_json:
-        render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
+        render(report, False, console=Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200))
         typer.echo(text)
     else:
         render(report, as_json)

@@ -12,14 +12,13 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
-                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, check_output, _interruptible,
+                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, check_output,
                      handle_errors, profile_app, progress_bar, setting_notes)
 from .render import render
 
 
 @profile_app.command("acceptance")
 @handle_errors
-@_interruptible
 def profile_acceptance(
     target: TargetOpt = None,
     draft: DraftOpt = None,

@@ -14,7 +14,7 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt, TopPOpt,
-                     TwoDraftsOpt, _check_run_options, _check_writable, _interruptible, _load_graft_tree, _print_error,
+                     TwoDraftsOpt, _check_run_options, _check_writable, _load_graft_tree, _print_error,
                      _two_drafters, _write_all, check_output, handle_errors, mode_slug, profile_app, progress_bar,
                      setting_notes)
 from .render import render
@@ -52,7 +52,6 @@ def _conditional_table(pair) -> tuple[str, list[str], list[list]]:
 
 @profile_app.command("graft")
 @handle_errors
-@_interruptible
 def profile_graft_cmd(
     target: TargetOpt = None,
     draft: TwoDraftsOpt = None,
@@ -198,7 +197,6 @@ def profile_graft_cmd(
 
 @profile_app.command("scheduler")
 @handle_errors
-@_interruptible
 def profile_scheduler(
     tree: Annotated[Path, typer.Option("--tree", help="The grafted tree (treeopt-tree/2 naming the two drafters, "
                                        "light first; treeopt solve --pair-acceptance writes it).")],

@@ -14,14 +14,13 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, TargetOpt,
-                     WeightsOpt, _check_run_options, check_output, _csv_ints, _interruptible, check_cuda_graphs,
+                     WeightsOpt, _check_run_options, check_output, _csv_ints, check_cuda_graphs,
                      graphed, handle_errors, note, profile_app, progress_bar, set_torch_threads)
 from .render import render
 
 
 @profile_app.command("latency")
 @handle_errors
-@_interruptible
 def profile_latency(
     target: TargetOpt = None,
     draft: DraftOpt = None,
@@ -269,7 +268,6 @@ def profile_latency(
 
 @profile_app.command("linear")
 @handle_errors
-@_interruptible
 def profile_linear_cmd(
     target: TargetOpt = None,
     weights: WeightsOpt = "float32",

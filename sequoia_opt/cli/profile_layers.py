@@ -13,7 +13,7 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, MaxBranchingOpt, MaxDepthOpt, PromptsOpt, SeedOpt,
-                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _check_writable, _interruptible,
+                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _check_writable,
                      handle_errors, profile_app, progress_bar, setting_notes)
 from .render import render
 
@@ -30,7 +30,6 @@ def _powers_of_two_to(top: int) -> list[int]:
 
 @profile_app.command("layers")
 @handle_errors
-@_interruptible
 def profile_layers(
     target: TargetOpt = None,
     layers: Annotated[Optional[str], typer.Option(

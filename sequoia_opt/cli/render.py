@@ -71,7 +71,7 @@ def render(report: Report, json_mode: bool, console: Console | None = None) -> N
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
     # a pipe or file gets wide tables (rich would cut every column to fit 80 characters)
-    con = console or (Console() if sys.stdout.isatty() else Console(width=200))
+    con = console or (Console(emoji=False) if sys.stdout.isatty() else Console(emoji=False, width=200))
     summary = Table(title=escape(report.title) if report.title else report.title, show_header=False,
                     title_justify="left")
     summary.add_column(style="bold")

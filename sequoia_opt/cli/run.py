@@ -36,7 +36,7 @@ from ..report import Report
 from ..tree import TreeMetadata
 from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt,
                      TemperatureOpt, TopPOpt, WeightsOpt, _check_results_dir, _check_run_options, _check_tree_readable,
-                     _graft_tree_names, _interruptible, _load_graft_tree, _load_tree_entry, _print_error, app,
+                     _graft_tree_names, _load_graft_tree, _load_tree_entry, _print_error, app,
                      check_cuda_graphs, graphed, handle_errors, note, progress_bar, setting_notes)
 from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
@@ -68,7 +68,6 @@ LatenciesOpt = Annotated[
 
 @app.command("run")
 @handle_errors
-@_interruptible
 def run_cmd(
     tree: Annotated[Optional[list[Path]], typer.Option("--tree", help="Tree file(s) to run (treeopt YAML, JSON or a Medusa choice list); repeatable. Required unless --compare-drafters.")] = None,
     target: TargetOpt = None,

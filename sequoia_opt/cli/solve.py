@@ -354,7 +354,7 @@ def solve(
     if out is not None and output is None and not as_json:
         # --format without -o: stdout carries the export alone (pipe it into a file or an engine's config);
         # the report goes to stderr
-        render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
+        render(report, False, console=Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200))
         typer.echo(out.text, nl=False)
     else:
         render(report, as_json)
@@ -569,7 +569,7 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     report.tree = dtree.tree
     report.data = data
     if fmt is not None and output is None and not as_json:  # as one drafter's --format without -o: stdout = the tree
-        render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
+        render(report, False, console=Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200))
         typer.echo(text, nl=False)
     else:
         render(report, as_json)

@@ -150,7 +150,7 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         data["output"] = str(output)
     report.data = data
     if fmt is not None and output is None and not as_json:  # stdout carries the export alone, the report stderr
-        render(report, False, console=Console(stderr=True, width=None if sys.stderr.isatty() else 200))
+        render(report, False, console=Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200))
         typer.echo(exp.text, nl=False)
     else:
         render(report, as_json)

@@ -521,7 +521,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         warnings += found
         if any(" was measured with " in w for w in found):
             warnings.append("the plan is for the pair loaded here (--target / --draft) but priced on the acceptance "
-                            "of the pair the profile measured: drop -a to measure this pair's")
+                            "of the pair the profile measured: drop -a to measure this pair's acceptance")
     if opts.shape == "envelope":
         from ..profiles.calibration import load_calibration
 
