@@ -334,3 +334,10 @@ def test_a_path_is_shown_as_typed_not_as_rich_emoji(tmp_path):
     assert r.exit_code == 2 and f"cannot read acceptance profile {missing}" in r.output, r.output
     r = runner.invoke(app, ["solve", "-a", ACC, "-n", "4", "-o", str(tmp_path / ":dog:.yaml")])
     assert r.exit_code == 0 and f"wrote yaml to {tmp_path / ':dog:.yaml'}" in r.output.replace("\n", ""), r.output
+
+
+def test_a_table_where_a_profile_belongs_says_which_commands_read_tables():
+    """solve -l TABLE.csv (no --batch) said 'a latency profile must be a YAML mapping with a format key'."""
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(EXAMPLES / "tbn-roofline.csv"), "-n", "8"])
+    assert r.exit_code == 2 and ("tbn-roofline.csv: a T(b, n) table, not a latency profile: treeopt tune and solve "
+                                 "--batch read tables") in r.output.replace("\n", ""), r.output

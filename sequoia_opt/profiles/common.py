@@ -107,6 +107,10 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     if doc is None:
         raise ProfileError(f"{path}: the file is empty (expected {article} {kind} profile)")
     if not isinstance(doc, dict):
+        first = next((ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+        if first.replace(" ", "").startswith("batch,tokens,"):  # a user's T(b, n) table where a profile belongs
+            raise ProfileError(f"{path}: a T(b, n) table, not {article} {kind} profile: treeopt tune and solve "
+                               "--batch read tables; here give a profile (treeopt profile latency writes one)")
         raise ProfileError(f"{path}: {article} {kind} profile must be a YAML mapping with a 'format' key")
     check_numbers(doc, str(path), ProfileError)
     return doc, path
