@@ -1398,3 +1398,16 @@ def test_tune_names_an_acceptance_profile_that_drafted_nothing_at_many_steps(tmp
     assert doc["warnings"] == ["the acceptance profile 'acc': 40 of 100 steps (40%) drafted nothing (the draft's "
                                "context ended before its requests): it holds the acceptance of the positions the "
                                "draft reached only"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "--policy is empty: name one of .*static"),  # it ran the static tree without a word
+    ("chain:3,5", "--policy chain:3,5: draft-min 5 above draft-max 3: no step would draft"),  # ran plain silently
+    ("chain:0", "draft-max >= 1"),
+])
+def test_a_policy_that_cannot_mean_anything_is_refused(text, message):
+    from sequoia_opt.drafting.registry import parse_policy
+
+    with pytest.raises(TreeoptError, match=message):
+        parse_policy(text)
+    assert parse_policy("chain:3,2")[1] == {"n_max": 3, "n_min": 2}

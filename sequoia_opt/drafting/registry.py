@@ -393,6 +393,9 @@ def _parse_chain(arg: str | None) -> dict[str, Any]:
             from None
     if out["n_max"] < 1 or out.get("n_min", 0) < 0 or not 0.0 <= out.get("p_min", 0.0) <= 1.0:
         raise TreeoptError(f"--policy chain:{arg}: draft-max >= 1, draft-min >= 0, draft-p-min in [0, 1]")
+    if out.get("n_min", 0) > out["n_max"]:  # every step would draft fewer than draft-min: plain decoding
+        raise TreeoptError(f"--policy chain:{arg}: draft-min {out['n_min']} above draft-max {out['n_max']}: no step "
+                           "would draft")
     return out
 
 
@@ -528,6 +531,8 @@ def parse_policy(text: str | None) -> tuple[PolicyKind, dict[str, Any]]:
     Raises:
         TreeoptError: an unknown name, or the kind's own argument errors.
     """
+    if text is not None and not text.strip():  # --policy '' ran the static tree without a word
+        raise TreeoptError(f"--policy is empty: name one of {', '.join(sorted(POLICIES))} (default: static)")
     head, sep, rest = (text or "static").partition(":")
     kind = policy_kind(head.strip().lower())
     return kind, kind.parse(rest.strip() if sep else None)
