@@ -341,3 +341,17 @@ def test_a_table_where_a_profile_belongs_says_which_commands_read_tables():
     r = runner.invoke(app, ["solve", "-a", ACC, "-l", str(EXAMPLES / "tbn-roofline.csv"), "-n", "8"])
     assert r.exit_code == 2 and ("tbn-roofline.csv: a T(b, n) table, not a latency profile: treeopt tune and solve "
                                  "--batch read tables") in r.output.replace("\n", ""), r.output
+
+
+def test_plot_names_a_wrong_run_file_and_a_file_as_out_dir(tmp_path):
+    """plot --run TREE.json said 'run report has no summaries list' without the file; -o onto a file drew the
+    PNGs first and then failed with 'File exists'."""
+    tree = tmp_path / "t.json"
+    assert runner.invoke(app, ["solve", "-a", ACC, "-n", "4", "-o", str(tree)]).exit_code == 0
+    r = runner.invoke(app, ["plot", "--run", str(tree), "-o", str(tmp_path / "plots")])
+    assert r.exit_code == 2 and f"{tree}: not a run results file (no 'summaries' list" in r.output.replace("\n", "")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = runner.invoke(app, ["plot", "-a", ACC, "-o", str(afile)])
+    assert r.exit_code == 2 and f"--out-dir {afile}: it exists and is not a folder" in r.output.replace("\n", "")
+    assert afile.read_text() == "x" and not (tmp_path / "plots").exists()

@@ -13,7 +13,7 @@ from typing_extensions import Annotated
 from .._io import read_text_file
 from ..errors import TreeoptError
 from ..report import Report
-from .common import JsonOpt, _load_tree_entry, app, handle_errors
+from .common import JsonOpt, _check_results_dir, _load_tree_entry, app, handle_errors
 from .render import render
 
 @app.command("plot")
@@ -34,6 +34,7 @@ def plot_cmd(
 
     if not any((latency, acceptance, run, tree)):
         raise TreeoptError("nothing to plot: pass --latency, --acceptance, --run and/or --tree")
+    _check_results_dir(out_dir, "--out-dir")  # a file there: one line before drawing, not 'File exists' after
     curve = load_latency(latency) if latency else None
     acc = load_acceptance(acceptance) if acceptance else None
     run_doc = None
@@ -43,6 +44,9 @@ def plot_cmd(
             run_doc = json.loads(text)
         except json.JSONDecodeError as err:
             raise TreeoptError(f"cannot read run results file {run}: {str(err).splitlines()[0]}") from None
+        if not isinstance(run_doc, dict) or not isinstance(run_doc.get("summaries"), list):  # a tree, a profile
+            raise TreeoptError(f"{run}: not a run results file (no 'summaries' list; treeopt run writes one as "
+                               "results/.../*.json)")
     t = _load_tree_entry(tree).tree if tree else None
     predicted = None
     if curve is not None and acc is not None:
