@@ -331,3 +331,6 @@ def test_a_key_given_twice_is_refused_by_line(tmp_path):
     with pytest.raises(TreeoptError, match=r"key 'parent' is given twice \(line 3\)"):
         load_any_tree(tree)
     assert safe_load_yaml("b: &b {x: 1}\nd: {<<: *b, y: 2}\n") == {"b": {"x": 1}, "d": {"x": 1, "y": 2}}
+    acc.write_text("acceptance: [0.5]\n")  # said: format is None, expected 'treeopt-acceptance/1'
+    with pytest.raises(TreeoptError, match=r"acc.yaml: no 'format' key \(expected format: treeopt-acceptance/1\)"):
+        load_acceptance(acc)

@@ -123,6 +123,8 @@ def _check_format(doc: Mapping[str, Any], expected: str, src: str) -> None:
     family = expected.split("/")[0]
     if isinstance(fmt, str) and fmt.startswith(family + "/"):
         raise ProfileError(f"{src}: format version {fmt!r} is not supported; this version reads {expected!r}")
+    if fmt is None:
+        raise ProfileError(f"{src}: no 'format' key (expected format: {expected})")
     raise ProfileError(f"{src}: format is {fmt!r}, expected {expected!r}")
 
 
