@@ -302,6 +302,8 @@ def test_batch_table_loads_and_refuses(tmp_path):
         (tmp_path / "b.csv").write_text(text)
         with pytest.raises(ProfileError, match=msg):
             load_batch_table(tmp_path / "b.csv")
+    with pytest.raises(ProfileError, match=r"measured at batch sizes 1,8, not 4; add its rows to the table$"):
+        prof.curve(4)  # it said: profile it with treeopt profile latency --batch 1,4,8
     (tmp_path / "bom.csv").write_text("\ufeff" + good, encoding="utf-8")  # as a spreadsheet saves it
     assert load_batch_table(tmp_path / "bom.csv").curve(8).target_ms(4) == 14
 

@@ -105,9 +105,11 @@ class BatchLatencyProfile:
         if isinstance(batch, bool) or int(batch) != batch or batch < 1:
             raise ProfileError(f"batch size must be an integer >= 1, got {batch!r}")
         if batch not in self.curves:
+            fix = ("add its rows to the table" if str(self.source or "").startswith("a T(b, n) table")
+                   else f"profile it: treeopt profile latency --batch "
+                        f"{','.join(map(str, sorted({*self.batches, int(batch)})))}")
             raise ProfileError(f"latency profile {self.id!r} was measured at batch sizes "
-                               f"{','.join(map(str, self.batches))}, not {batch}; profile it: treeopt profile "
-                               f"latency --batch {','.join(map(str, sorted({*self.batches, int(batch)})))}")
+                               f"{','.join(map(str, self.batches))}, not {batch}; {fix}")
         return self.curves[batch]
 
     @classmethod
