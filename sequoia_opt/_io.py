@@ -76,8 +76,8 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
     """Read a UTF-8 text input file (a byte-order mark at its start skipped), turning failures into ``error``
     with one line:
     ``cannot read <what> <path>: <reason>`` (missing, a directory, no permission),
-    ``<path>: not a UTF-8 text file (expected a <what>)`` (binary data, a NUL byte among it) or ``<path>: larger than ... bytes``
-    (:data:`MAX_TEXT_BYTES`; a pipe or ``/dev/stdin`` is read as a file is)."""
+    ``<path>: not a UTF-8 text file (expected a <what>)`` (binary data, a NUL byte among it) or
+    ``<path>: larger than ... bytes`` (:data:`MAX_TEXT_BYTES`; a pipe or ``/dev/stdin`` is read as a file is)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:

@@ -237,7 +237,8 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
             d = float(rec.get("draft_ms") or 0.0)
             o = float(rec.get("overhead_ms") or 0.0)
         except ValueError:
-            raise ProfileError(f"{p}: line {i}: batch and tokens must be integers and the ms columns numbers (plain digits)") from None
+            raise ProfileError(f"{p}: line {i}: batch and tokens must be integers and the ms columns numbers "
+                               "(plain digits)") from None
         if b < 1 or n < 1 or not t > 0 or d < 0 or o < 0 or not all(map(math.isfinite, (t, d, o))):
             raise ProfileError(f"{p}: line {i}: batch and tokens >= 1, target_ms > 0, draft_ms and overhead_ms >= 0")
         if max(b, n) > MAX_TOKENS or max(t, d, o) > MAX_MS:  # named by line and column, as a table is read
