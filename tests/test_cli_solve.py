@@ -355,3 +355,12 @@ def test_plot_names_a_wrong_run_file_and_a_file_as_out_dir(tmp_path):
     r = runner.invoke(app, ["plot", "-a", ACC, "-o", str(afile)])
     assert r.exit_code == 2 and f"--out-dir {afile}: it exists and is not a folder" in r.output.replace("\n", "")
     assert afile.read_text() == "x" and not (tmp_path / "plots").exists()
+
+
+@pytest.mark.parametrize("seed, bound", [("18446744073709551616", "less than or equal to 18446744073709551615"),
+                                         ("-9223372036854775809", "greater than or equal to -9223372036854775808")])
+def test_a_seed_past_the_generators_range_is_one_line_before_loading(seed, bound):
+    """--seed 2**64 crashed with 'Overflow when unpacking long long' after the models loaded (exit 1)."""
+    r = runner.invoke(app, ["run", "--tree", "t.yaml", "--seed", seed])
+    assert r.exit_code == 2 and f"Invalid value for '--seed': Input should be {bound}" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1

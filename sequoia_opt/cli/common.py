@@ -234,7 +234,8 @@ PromptsOpt = Annotated[
 ]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 = sampling.")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass in (0, 1], applied to target and draft.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sampling generator.")]
+SeedOpt = Annotated[int, typer.Option(  # torch.Generator.manual_seed's range: past it, a traceback after loading
+    "--seed", min=-(2**63), max=2**64 - 1, help="Seed of the sampling generator.")]
 TwoDraftsOpt = Annotated[
     Optional[list[str]], typer.Option(
         "--draft", help="The two drafters, given twice: the light (cheap) one first, then the strong one. Each a "
