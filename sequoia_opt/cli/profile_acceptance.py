@@ -194,6 +194,7 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
     from ..profiles import save_acceptance
     from ..prompts import encode_prompts
     from ..solver.intervals import acceptance_spreads
+    from ..drafting.drafters.model import guessable_tokens
     from ..solver.schedule import ChainValue, SpecSetting
 
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
@@ -218,7 +219,7 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
         report.notes.append(short_traces_note(value))
     if ctx is not None and prof.chain_traces:  # teacher-forced guesses past the draft's context: misses
         total = sum(len(t) for t in prof.chain_traces)
-        past = sum(max(0, len(t) - max(0, ctx - len(p) + 1)) for t, p in zip(prof.chain_traces, ids))
+        past = sum(len(t) - min(len(t), guessable_tokens(ctx, len(p))) for t, p in zip(prof.chain_traces, ids))
         if total and past >= 0.05 * total:
             report.warnings.append(f"{past} of {total} positions ({past / total:.0%}) lie past the draft's context "
                                    f"({ctx} tokens): it guesses nothing there and they count as misses, as served "

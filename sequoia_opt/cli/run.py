@@ -729,10 +729,10 @@ def draft_context_warning(pair, ids, max_new_tokens: int) -> str | None:
     ctx = pair.draft_context
     if ctx is None or not ids or ctx >= pair.target.config.max_position_embeddings:
         return None
-    # a step whose root is at position L drafts while L < ctx (its first level's input fits), so the token at
-    # position x can be guessed while x <= ctx: of the positions len(p) .. len(p) + M - 1, those past ctx decode
-    # plainly (the count profile acceptance --chains and the teacher-forced guesses use)
-    past = sum(min(max_new_tokens, max(0, len(p) + max_new_tokens - 1 - ctx)) for p in ids)
+    from ..drafting.drafters.model import guessable_tokens
+
+    # of the max_new_tokens positions after each prompt, those past what the draft can guess decode plainly
+    past = sum(max_new_tokens - min(max_new_tokens, guessable_tokens(ctx, len(p))) for p in ids)
     if past == 0:
         return None
     share = past / (len(ids) * max_new_tokens)

@@ -30,7 +30,16 @@ from ...errors import DecodingError
 from ...model import Transformer
 from .base import Drafter
 
-__all__ = ["ModelDrafter", "propose_by_levels", "score_shared_nodes"]
+__all__ = ["ModelDrafter", "propose_by_levels", "score_shared_nodes", "guessable_tokens"]
+
+
+def guessable_tokens(context: int, prompt_len: int) -> int:
+    """How many tokens after a prompt of ``prompt_len`` tokens a model of ``context`` positions
+    (``max_position_embeddings``) can guess: the guess of the token at position x reads the input at x - 1, which
+    fits while x <= context, so the tokens at positions ``prompt_len .. context``: ``max(0, context - prompt_len
+    + 1)``. Teacher forcing (:func:`teacher_forced_top1`), ``run``'s warning and ``profile acceptance --chains``
+    count by it; the decoder's drafts stop at the same position (:meth:`ModelDrafter.limit`)."""
+    return max(0, int(context) - int(prompt_len) + 1)
 
 
 def teacher_forced_top1(model: Transformer, prompt: Sequence[int], continuation: Sequence[int], *,
@@ -53,7 +62,7 @@ def teacher_forced_top1(model: Transformer, prompt: Sequence[int], continuation:
     P, G = len(prompt), len(continuation)
     if P < 1:
         raise DecodingError("teacher forcing needs a prompt of at least one token")
-    room = max(0, min(G, model.config.max_position_embeddings - P + 1))  # guesses whose inputs fit the context
+    room = min(G, guessable_tokens(model.config.max_position_embeddings, P))  # guesses whose inputs fit
     out = [(-1, 0.0)] * (G - room)
     if room == 0:
         return out
