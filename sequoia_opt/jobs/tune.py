@@ -413,14 +413,15 @@ def load_given_latency(path: Path, context: int | None = None) -> Any:
 def _looks_like_table(path: Path) -> bool:
     """Whether ``path``'s first line past comments and blank lines starts a T(b, n) table's header
     (``batch,tokens,``), whatever the file's name."""
+    from itertools import islice
+
+    from ..profiles.common import starts_like_table
+
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as f:
-            for _, line in zip(range(1000), f):
-                if line.strip() and not line.lstrip().startswith("#"):
-                    return line.replace(" ", "").startswith("batch,tokens,")
+            return starts_like_table(islice(f, 1000))  # the header is near the top; a long file need not be read
     except OSError:
         return False
-    return False
 
 
 def _format_of(path: Path) -> Any:

@@ -39,7 +39,7 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer
+from .common import LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer, table_lines
 from .latency import LatencyCurve
 
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
@@ -204,9 +204,7 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
     p = Path(path)
     text = read_text_file(p, error=ProfileError, what="T(b, n) table").removeprefix("\ufeff")  # a spreadsheet's BOM
     rows, line_of = [], []  # one row per line (a numeric table has no quoted line breaks): errors name file lines
-    for i, ln in enumerate(text.splitlines(), start=1):
-        if not ln.strip() or ln.lstrip().startswith("#"):
-            continue
+    for i, ln in table_lines(text.splitlines()):
         try:
             rows.append(next(csv.reader([ln]), []))
         except csv.Error as err:  # a field past the csv module's limit, a stray quote

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import yaml
@@ -96,6 +96,22 @@ def wilson_interval(k: float, n: float, z: float = 1.959963984540054) -> tuple[f
     return max(centre - half, 0.0), min(centre + half, 1.0)
 
 
+def table_lines(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """The lines of a T(b, n) table that hold its header and rows, with their 1-based line numbers in the file:
+    blank lines and ``#`` comments (indented ones too) are skipped
+    (:func:`~sequoia_opt.profiles.batch.load_batch_table`)."""
+    for i, line in enumerate(lines, start=1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            yield i, line
+
+
+def starts_like_table(lines: Iterable[str]) -> bool:
+    """Whether the first of :func:`table_lines` begins a T(b, n) table's header (``batch,tokens,``): a table is
+    told by its header, whatever the file's name."""
+    first = next(table_lines(lines), (0, ""))[1]
+    return first.replace(" ", "").startswith("batch,tokens,")
+
+
 def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     path = Path(path)
     text = read_text_file(path, error=ProfileError, what=f"{kind} profile")
@@ -107,8 +123,7 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     if doc is None:
         raise ProfileError(f"{path}: the file is empty (expected {article} {kind} profile)")
     if not isinstance(doc, dict):
-        first = next((ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
-        if first.replace(" ", "").startswith("batch,tokens,"):  # a user's T(b, n) table where a profile belongs
+        if starts_like_table(text.splitlines()):  # a user's T(b, n) table where a profile belongs
             raise ProfileError(f"{path}: a T(b, n) table, not {article} {kind} profile: treeopt tune and solve "
                                "--batch read tables; here give a profile (treeopt profile latency writes one)")
         raise ProfileError(f"{path}: {article} {kind} profile must be a YAML mapping with a 'format' key")
