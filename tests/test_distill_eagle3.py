@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from feature_heads import eagle3_config, eagle3_tensors, random_target, write_head  # noqa: E402
 
 from sequoia_opt.distill.eagle3 import (TeacherFeatures, check_disjoint, choose_draft_vocab, init_head,  # noqa: E402
-                                        teacher_features, train_head, ttt_forward, ttt_losses)
+                                        teacher_continuation_features, teacher_features, train_head, ttt_forward,
+                                        ttt_losses)
 from sequoia_opt.model.config import ModelConfig  # noqa: E402
 from sequoia_opt.model.head_checkpoints import load_eagle_head  # noqa: E402
 from sequoia_opt.model.heads import EagleConfig  # noqa: E402
@@ -112,3 +113,49 @@ def test_teacher_features_in_bf16_are_close_and_the_cache_resumes(tmp_path):
                              cache_path=tmp_path / "c.pt")
     assert torch.equal(again.feats, half.feats) and torch.equal(again.ids, half.ids)
     assert saves == [f"teacher feature cache {tmp_path / 'c.pt'}: 16/16 chunks already done"]
+
+
+def test_continuation_features_are_the_targets_greedy_text_with_its_one_pass_features(tmp_path):
+    """The continuation is the target's plain greedy decoding (each token the argmax of a full uncached forward
+    over the sequence so far), and the features and top-k kept while generating equal one uncached forward over
+    the finished sequence (as :func:`teacher_features` labels text); a rerun resumes from the cache."""
+    target = random_target()
+    prompts = torch.randint(0, 257, (5, 7), generator=torch.Generator().manual_seed(3))
+    got = teacher_continuation_features(target, prompts, gen_tokens=6, hidden_layers=(1, 2, 3), k=4, batch=2,
+                                        log=lambda m: None, cache_path=tmp_path / "c.pt")
+    assert got.chunks.shape == (5, 13) and torch.equal(got.chunks[:, :7], prompts)
+    with torch.no_grad():
+        seq = prompts.clone()
+        for _ in range(6):
+            seq = torch.cat([seq, target(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert torch.equal(got.chunks, seq)
+        want = teacher_features(target, seq, hidden_layers=(1, 2, 3), k=4, log=lambda m: None)
+    assert torch.allclose(got.feats.float(), want.feats.float(), rtol=2e-3, atol=2e-2)  # float16 storage
+    assert float((got.ids == want.ids).float().mean()) > 0.99
+    assert torch.allclose(got.logp.float(), want.logp.float(), atol=2e-2)
+    said = []
+    again = teacher_continuation_features(target, prompts, gen_tokens=6, hidden_layers=(1, 2, 3), k=4, batch=2,
+                                          log=said.append, cache_path=tmp_path / "c.pt")
+    assert torch.equal(again.chunks, got.chunks) and torch.equal(again.feats, got.feats)
+    assert said == [f"continuation feature cache {tmp_path / 'c.pt'}: 5/5 prompts already continued"]
+    with pytest.raises(ValueError, match="gen_tokens and batch must be >= 1"):
+        teacher_continuation_features(target, prompts, gen_tokens=0, hidden_layers=(1, 2, 3), k=4, batch=2)
+
+
+def test_score_from_counts_only_the_items_that_predict_generated_tokens(head):
+    """``score_from`` = P scores step k's item t only where it predicts token t + 1 + k >= P: the agreement is
+    the mean over exactly those items (checked against the unscored logits' argmax), the loss their mean CE."""
+    g = torch.Generator().manual_seed(4)
+    T, P = 10, 6
+    feats = torch.randn(1, T, 3, 64, generator=g)
+    tokens = torch.randint(0, 257, (1, T), generator=g)
+    t_ids = torch.randint(0, 257, (1, T, 3), generator=g).int()
+    t_logp = torch.log_softmax(torch.randn(1, T, 3, generator=g), -1).half()
+    index = torch.arange(257)  # every target id in the draft vocabulary (the fixture's head: 257 ids)
+    with torch.no_grad():
+        logits = [lg for lg, _ in ttt_forward(head, head.fuse(feats), tokens, 2)]
+        _, agree, _ = ttt_losses(head, feats, tokens, t_ids, t_logp, index, steps=2, score_from=P)
+    for k in (0, 1):
+        items = [t for t in range(T) if P <= t + 1 + k <= T - 1]  # k=0: 5..8; k=1: 4..7
+        want = sum(int(logits[k][0, t].argmax()) == int(t_ids[0, t + 1 + k, 0]) for t in items) / len(items)
+        assert agree[k] == pytest.approx(want)

