@@ -200,6 +200,16 @@ def test_warn_on_mismatch():
     assert any("draft 'other' differs" in x for x in w)
 
 
+def test_measured_differs_is_the_rule_the_warnings_follow():
+    from sequoia_opt.profiles import measured_differs
+
+    assert measured_differs("draft", " SmolLM ", "smollm") is False  # no case, no surrounding blanks
+    assert measured_differs("draft", "a", "b") is True
+    assert measured_differs("target", None, "b") is False and measured_differs("target", "a", None) is False
+    assert measured_differs("device", "cpu", "AMD EPYC 7B13", "cpu") is False  # same_device's rule
+    assert measured_differs("device", "cuda:0", "AMD EPYC 7B13", "cpu") is True
+
+
 @pytest.mark.parametrize("recorded, name, kind, same", [
     ("cpu", "AMD EPYC 7B13", "cpu", True),          # a type recorded by an older acceptance profile
     ("cuda:0", "AMD EPYC 7B13", "cpu", False),

@@ -516,11 +516,11 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
                         "drafted nothing (the draft's context ended before its requests): it holds the acceptance "
                         "of the positions the draft reached only")
     if opts.engine == "treeopt" and opts.acceptance is not None:  # a given profile, the pair loaded here: the same?
-        from ..profiles import warn_on_mismatch
+        from ..profiles import measured_differs, warn_on_mismatch
 
-        found = warn_on_mismatch(acceptance=acc, target=labels.get("target"), draft=labels.get("drafter"))
-        warnings += found
-        if any(" was measured with " in w for w in found):
+        warnings += warn_on_mismatch(acceptance=acc, target=labels.get("target"), draft=labels.get("drafter"))
+        if any(measured_differs(key, measured.get(key), labels.get(label))
+               for key, label in (("target", "target"), ("draft", "drafter"))):
             warnings.append("the plan is for the pair loaded here (--target / --draft) but priced on the acceptance "
                             "of the pair the profile measured: drop -a to measure this pair's acceptance")
     if opts.shape == "envelope":

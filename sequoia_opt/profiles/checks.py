@@ -31,6 +31,18 @@ def same_device(recorded: Any, name: Any, device_type: str | None = None) -> boo
     return r == n
 
 
+def measured_differs(label: str, have: Any, want: Any, device_type: str | None = None) -> bool:
+    """Whether a profile's recorded ``label`` value ``have`` (``device``, ``dtype``, ``target``, ``draft``)
+    differs from ``want``, the value in use: ``False`` when either is unknown (None); devices compare by
+    :func:`same_device`, the rest as text without case or surrounding blanks. The one rule
+    :func:`warn_on_mismatch` warns by."""
+    if have is None or want is None:
+        return False
+    if label == "device":
+        return not same_device(have, want, device_type)
+    return str(have).strip().lower() != str(want).strip().lower()
+
+
 def warn_on_mismatch(
     *,
     acceptance: AcceptanceProfile | None = None,
@@ -50,13 +62,7 @@ def warn_on_mismatch(
     out: list[str] = []
 
     def cmp(label: str, have: Any, want: Any, pid: str) -> None:
-        if have is None or want is None:
-            return
-        if label == "device":
-            differs = not same_device(have, want, device_type)
-        else:
-            differs = str(have).strip().lower() != str(want).strip().lower()
-        if differs:
+        if measured_differs(label, have, want, device_type):
             out.append(f"profile {pid!r} was measured with {label} {have!r}, but this run uses {want!r}")
 
     if acceptance is not None:
