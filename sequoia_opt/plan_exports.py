@@ -150,6 +150,8 @@ class EngineSettings:
             ``adaptive.json``).
         nothing_to_set: speculation pays at no batch size and the engine runs without a speculative setting:
             ``text`` is a comment saying so, not a file the engine reads.
+        nothing_to_set_reason: with ``nothing_to_set``, that comment's line without its ``# `` (what to do
+            instead), for a message; empty otherwise.
     """
 
     engine: str
@@ -163,6 +165,7 @@ class EngineSettings:
     warnings: tuple[str, ...] = ()
     extra_files: dict[str, str] = field(default_factory=dict)
     nothing_to_set: bool = False
+    nothing_to_set_reason: str = ""
 
 
 def _version(text: str, engine: str) -> Version:
@@ -344,9 +347,10 @@ def trtllm_draft_len(schedule: dict[int, int], batch: int, *, lower_keys: bool =
 def _nothing_to_set(what: str, releases: str, checked: str, command: str, warnings: list[str]) -> dict[str, Any]:
     """An export's fields where speculation pays at no batch size: a one-line comment saying ``what`` to do (the
     engine runs without a speculative setting), nothing to write (:attr:`EngineSettings.nothing_to_set`)."""
-    return dict(text=f"# speculation pays at no batch size: {what}\n", data={}, releases=releases, checked=checked,
-                command=command, notes=("speculation pays at no batch size the profile measured",),
-                warnings=tuple(warnings), nothing_to_set=True)
+    reason = f"speculation pays at no batch size: {what}"
+    return dict(text=f"# {reason}\n", data={}, releases=releases, checked=checked, command=command,
+                notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
+                nothing_to_set=True, nothing_to_set_reason=reason)
 
 
 #: The engines' own method names (SGLang's algorithms, TensorRT-LLM's decoding types) as vLLM's.

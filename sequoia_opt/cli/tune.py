@@ -176,7 +176,7 @@ def tune(
             files[output] = settings.extra_files["adaptive.json"]
             report.notes.append(f"pass it as --speculative-adaptive-config {output}")
         elif settings.nothing_to_set:  # a comment in a file the engine parses as JSON / YAML would break it
-            why = settings.text.strip().splitlines()[-1].lstrip("# ")  # the reason, below a release header
+            why = settings.nothing_to_set_reason
             if not output.is_file():
                 report.warnings.append(f"nothing written to {output}: {why}")
             elif looks_like_engine_settings(output):  # an earlier plan's: it would keep the engine speculating
