@@ -159,3 +159,16 @@ def test_score_from_counts_only_the_items_that_predict_generated_tokens(head):
         items = [t for t in range(T) if P <= t + 1 + k <= T - 1]  # k=0: 5..8; k=1: 4..7
         want = sum(int(logits[k][0, t].argmax()) == int(t_ids[0, t + 1 + k, 0]) for t in items) / len(items)
         assert agree[k] == pytest.approx(want)
+
+
+def test_bfloat16_units_are_read_from_the_cpu_flags(tmp_path):
+    from sequoia_opt.distill.eagle3 import cpu_has_bf16_units
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
+    assert cpu_has_bf16_units(info) is False  # AVX-512 alone: bfloat16 is emulated
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n")
+    assert cpu_has_bf16_units(info) is True
+    info.write_text("flags : fpu amx_bf16 amx_tile\n")
+    assert cpu_has_bf16_units(info) is True
+    assert cpu_has_bf16_units(tmp_path / "absent") is None  # not Linux: unknown, no warning

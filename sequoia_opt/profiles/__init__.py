@@ -105,5 +105,5 @@ from .pair import PAIR_MIN_TRIALS, PairAcceptanceProfile, load_pair_acceptance, 
 __all__ = ["AcceptanceProfile", "load_acceptance", "save_acceptance", "PairAcceptanceProfile", "load_pair_acceptance",
            "save_pair_acceptance", "PAIR_MIN_TRIALS", "LatencyCurve", "load_latency", "save_latency",
            "check_cost_model", "warn_on_mismatch", "measured_differs", "same_device", "validate_acceptance",
-           "wilson_interval", "check_integer", "ACCEPTANCE_FORMAT", "LATENCY_FORMAT", "PAIR_ACCEPTANCE_FORMAT", "SUM_TOLERANCE",
-           "DRAFT_COST_MODELS", "MAX_COUNT", "MAX_TOKENS", "MAX_MS", "IMPLAUSIBLE_FRACTION"]
+           "wilson_interval", "check_integer", "ACCEPTANCE_FORMAT", "LATENCY_FORMAT", "PAIR_ACCEPTANCE_FORMAT",
+           "SUM_TOLERANCE", "DRAFT_COST_MODELS", "MAX_COUNT", "MAX_TOKENS", "MAX_MS", "IMPLAUSIBLE_FRACTION"]
