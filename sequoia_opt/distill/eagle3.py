@@ -137,7 +137,8 @@ def teacher_continuation_features(target, prompts: torch.Tensor, *, gen_tokens: 
     """The target's own greedy continuation of each prompt, with the fused features and the top-k at every position
     of prompt and continuation, kept as it generates (one prefill and G single-token cached forwards per batch of
     ``batch`` prompts; no second pass): sequence-level distillation data for the head (Kim & Rush 2016; DistillSpec,
-    Zhou et al. 2024, section 3; EAGLE, Li et al. 2024, section 4, trains on the target's regenerated responses).
+    Zhou et al. 2024, section 3; Medusa, Cai et al. 2024, section 2.3.2: self-distillation, heads trained on the
+    target's own generations).
     Drafting runs on the target's own greedy text, which repeats its prompt's patterns far more than
     human-written code does; teacher-forced labels on that code alone miss it.
 
