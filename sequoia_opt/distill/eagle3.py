@@ -55,7 +55,7 @@ from ..model.config import ModelConfig
 from ..model.head_checkpoints import save_eagle_head
 from ..model.heads import EagleConfig, EagleHead
 from ..model.llama import apply_rotary
-from .teacher import _cached_rows, _save_cache, _top_k
+from .teacher import _cached_rows, _save_cache, _top_k, greedy_continue
 from .train import TrainResult, scheduled_lr
 
 __all__ = ["TeacherFeatures", "teacher_features", "teacher_continuation_features", "choose_draft_vocab",
@@ -156,8 +156,6 @@ def teacher_continuation_features(target, prompts: torch.Tensor, *, gen_tokens: 
     Raises:
         ValueError: ``gen_tokens`` < 1 or ``batch`` < 1.
     """
-    from ..attention import causal_tree_mask
-
     if gen_tokens < 1 or batch < 1:
         raise ValueError(f"gen_tokens and batch must be >= 1, got {gen_tokens} and {batch}")
     N, P = prompts.shape
@@ -182,20 +180,11 @@ def teacher_continuation_features(target, prompts: torch.Tensor, *, gen_tokens: 
         ids[rows, cols], logp[rows, cols] = _top_k(logits, k)  # (b, t, k) each
         feats[rows, cols] = h.to(torch.float16)  # (b, t, len(layers), H)
 
-    one = causal_tree_mask(1)
     with torch.inference_mode():
         while done < N:
             rows = slice(done, min(N, done + batch))
-            cache = target.new_cache(T, batch=rows.stop - rows.start)
-            logits, h = target(prompts[rows], torch.arange(P), cache=cache, cache_slots=torch.arange(P), prefix_len=0,
-                               tree_mask=causal_tree_mask(P), hidden_layers=layers)  # (b, P, V), (b, P, k, H)
-            keep(rows, slice(0, P), logits, h)
-            for i in range(gen_tokens):
-                seqs[rows, P + i] = logits[:, -1].argmax(-1)
-                pos = torch.tensor([P + i])
-                logits, h = target(seqs[rows, P + i: P + i + 1], pos, cache=cache, cache_slots=pos, prefix_len=P + i,
-                                   tree_mask=one, hidden_layers=layers)  # (b, 1, V), (b, 1, k, H)
-                keep(rows, slice(P + i, P + i + 1), logits, h)
+            for cols, logits, h in greedy_continue(target, seqs[rows], P, hidden_layers=layers):  # fills seqs[rows]
+                keep(rows, cols, logits, h)  # (b, t, V), (b, t, len(layers), H)
             done = rows.stop
             el = time.perf_counter() - t0
             if cache_path is not None:

@@ -93,6 +93,44 @@ def label_with_teacher(teacher: Callable[[torch.Tensor], torch.Tensor], chunks: 
     return TeacherLabels(ids=ids, logp=logp, seconds=time.perf_counter() - t0 + prior_s)
 
 
+def greedy_continue(target: Transformer, seqs: torch.Tensor, prompt_len: int, *,
+                    hidden_layers: tuple[int, ...] | None = None):
+    """The target's plain greedy continuation of a batch of prompts on its static KV cache, one forward at a time:
+    the prompt ``seqs[:, :P]`` in one prefill, then one token per forward, each the argmax of the logits before it,
+    written into ``seqs[:, P:]`` in place (G = ``seqs.shape[1] - P`` tokens).
+
+    Args:
+        seqs: (b, P + G) int64, the prompts in the first ``prompt_len`` = P columns (a view is filled in place).
+        hidden_layers: as :meth:`~sequoia_opt.model.Transformer.forward` takes them (None: logits only).
+
+    Yields:
+        per forward ``(cols, logits, hidden)``: the slice of positions it covered (``0:P``, then ``P + i``),
+        logits (b, t, V) (position j predicts token j + 1) and hidden (b, t, len(hidden_layers), H) or None. The
+        last forward reads token P + G - 1, so every position of ``seqs`` gets its logits.
+
+    Call it under ``torch.inference_mode``.
+    """
+    b, T = seqs.shape
+    P = prompt_len
+    cache = target.new_cache(T, batch=b)
+
+    def forward(cols: slice, mask):
+        pos = torch.arange(cols.start, cols.stop)
+        out = target(seqs[:, cols], pos, cache=cache, cache_slots=pos, prefix_len=cols.start, tree_mask=mask,
+                     hidden_layers=hidden_layers)
+        return out if hidden_layers is not None else (out, None)
+
+    cols = slice(0, P)
+    logits, hidden = forward(cols, causal_tree_mask(P))  # (b, P, V)
+    yield cols, logits, hidden
+    one = causal_tree_mask(1)
+    for i in range(P, T):
+        seqs[:, i] = logits[:, -1].argmax(-1)
+        cols = slice(i, i + 1)
+        logits, hidden = forward(cols, one)  # (b, 1, V)
+        yield cols, logits, hidden
+
+
 def teacher_continuations(teacher: Transformer, prompts: torch.Tensor, *, gen_tokens: int, k: int, batch: int,
                           cache_path: Path | None = None, log: Callable[[str], None] = print
                           ) -> tuple[torch.Tensor, TeacherLabels]:
@@ -134,18 +172,8 @@ def teacher_continuations(teacher: Transformer, prompts: torch.Tensor, *, gen_to
     with torch.inference_mode():
         while done < N:
             rows = slice(done, min(N, done + batch))
-            b = rows.stop - rows.start
-            cache = teacher.new_cache(T, batch=b)
-            logits = teacher(prompts[rows], torch.arange(P), cache=cache, cache_slots=torch.arange(P),
-                             prefix_len=0, tree_mask=causal_tree_mask(P))  # (b, P, V)
-            keep(rows, slice(0, P), logits)
-            one = causal_tree_mask(1)
-            for i in range(gen_tokens):
-                seqs[rows, P + i] = logits[:, -1].argmax(-1)
-                pos = torch.tensor([P + i])
-                logits = teacher(seqs[rows, P + i: P + i + 1], pos, cache=cache, cache_slots=pos,
-                                 prefix_len=P + i, tree_mask=one)  # (b, 1, V)
-                keep(rows, slice(P + i, P + i + 1), logits)
+            for cols, logits, _ in greedy_continue(teacher, seqs[rows], P):  # fills seqs[rows, P:]
+                keep(rows, cols, logits)
             done = rows.stop
             el = time.perf_counter() - t0
             if cache_path is not None:
