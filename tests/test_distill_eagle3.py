@@ -172,3 +172,20 @@ def test_bfloat16_units_are_read_from_the_cpu_flags(tmp_path):
     info.write_text("flags : fpu amx_bf16 amx_tile\n")
     assert cpu_has_bf16_units(info) is True
     assert cpu_has_bf16_units(tmp_path / "absent") is None  # not Linux: unknown, no warning
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cont-prompts", "4", "--cont-prompt-tokens", "2000"], "error: --cont-prompt-tokens 2000: at most 1024"),
+    (["--cont-prompts", "4", "--cont-tokens", "0"], "error: --cont-prompts and --val-cont-prompts must be >= 0; "
+                                                    "--cont-prompt-tokens, --cont-tokens and --gen-batch >= 1"),
+    (["--val-cont-prompts", "-1"], "error: --cont-prompts and --val-cont-prompts must be >= 0"),
+])
+def test_continuation_settings_are_refused_before_the_target_loads(args, message, tmp_path, capsys, monkeypatch):
+    import sequoia_opt.model.loaders as loaders
+    from sequoia_opt.distill.eagle3 import main
+
+    monkeypatch.setattr(loaders, "load_checkpoint", lambda *a, **k: pytest.fail("the target was loaded"))
+    assert main(args + ["--out", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+    assert not (tmp_path / "h").exists()

@@ -493,7 +493,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cont-prompts", type=int, default=0,
                    help="train on the target's own greedy continuations of this many training-split prompts "
                         "instead of the labelled text (0: the text)")
-    p.add_argument("--cont-prompt-tokens", type=int, default=64, help="tokens per continuation prompt")
+    p.add_argument("--cont-prompt-tokens", type=int, default=64, help="tokens per continuation prompt (at most 1024)")
     p.add_argument("--cont-tokens", type=int, default=64, help="greedy tokens the target generates per prompt")
     p.add_argument("--gen-batch", type=int, default=128, help="prompts the target continues at once")
     p.add_argument("--val-cont-prompts", type=int, default=0,
@@ -512,6 +512,11 @@ def cpu_has_bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
     except OSError:
         return None
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+#: The longest continuation prompt ``main`` makes: :func:`.data.make_prompt` re-encodes a growing window line by
+#: line, and past this few standard-library files hold a window of whole lines that long.
+MAX_CONT_PROMPT_TOKENS = 1024
 
 
 def _stdlib_split(root: Path, seed: int, n_prompts: int) -> dict[str, list[str]]:
@@ -539,6 +544,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --cont-prompts and --val-cont-prompts must be >= 0; --cont-prompt-tokens, --cont-tokens and "
               "--gen-batch >= 1", file=sys.stderr)
         return 2
+    if args.cont_prompt_tokens > MAX_CONT_PROMPT_TOKENS:  # whole lines from a file's first half: few files hold more
+        print(f"error: --cont-prompt-tokens {args.cont_prompt_tokens}: at most {MAX_CONT_PROMPT_TOKENS} (prompts are "
+              "whole lines of a file's first half)", file=sys.stderr)
+        return 2
     log = lambda m: print(f"[{_dt.datetime.now().strftime('%H:%M:%S')}] {m}", flush=True)  # noqa: E731
     command = "python -m sequoia_opt.distill.eagle3 " + " ".join(argv if argv is not None else sys.argv[1:])
     t_start = time.perf_counter()
@@ -553,6 +562,11 @@ def main(argv: list[str] | None = None) -> int:
     target, tok = load_checkpoint(tpath, device="cpu", dtype=torch.float32)
     target.eval()
     tc = target.config
+    if (args.cont_prompts or args.val_cont_prompts) and args.cont_prompt_tokens + args.cont_tokens > \
+            tc.max_position_embeddings:
+        print(f"error: --cont-prompt-tokens {args.cont_prompt_tokens} + --cont-tokens {args.cont_tokens} exceed the "
+              f"target's context of {tc.max_position_embeddings} tokens", file=sys.stderr)
+        return 2
     root = args.stdlib or default_stdlib_root()
     split = _stdlib_split(root, args.seed, args.n_prompts)
     sep = tok.token_to_id("<|endoftext|>")
@@ -576,21 +590,25 @@ def main(argv: list[str] | None = None) -> int:
     aux = default_aux_layers(tc.n_layers)
     layers = tuple(i + 1 for i in aux)
     key = f"{tpath.name}-{tpath.stat().st_size}-{args.chunk}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}"
-    val = teacher_features(target, val_chunks, hidden_layers=layers, k=args.top, log=log,
-                           cache_path=args.cache_dir / f"eagle3_val_{key}-{args.val_tokens}.pt")
     P, G = args.cont_prompt_tokens, args.cont_tokens
     ckey = f"{tpath.name}-{tpath.stat().st_size}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}-{P}-{G}"
-    val_cont = None
-    if args.val_cont_prompts:
+    try:  # before any teacher forward: a prompt length no file yields is refused at once
+        cprompts = continuation_prompts(root, split["train"], tok.encode, n=args.cont_prompts, prompt_tokens=P,
+                                        seed=args.seed) if cont else None
         vprompts = continuation_prompts(root, split["eval"], tok.encode, n=args.val_cont_prompts, prompt_tokens=P,
-                                        seed=args.seed + 1)
+                                        seed=args.seed + 1) if args.val_cont_prompts else None
+    except ValueError as e:
+        print(f"error: --cont-prompt-tokens {P}: {e}", file=sys.stderr)
+        return 2
+    val = teacher_features(target, val_chunks, hidden_layers=layers, k=args.top, log=log,
+                           cache_path=args.cache_dir / f"eagle3_val_{key}-{args.val_tokens}.pt")
+    val_cont = None
+    if vprompts is not None:
         val_cont = teacher_continuation_features(target, vprompts, gen_tokens=G, hidden_layers=layers, k=args.top,
                                                  batch=args.gen_batch, log=log,
                                                  cache_path=args.cache_dir / f"eagle3_val_cont_{ckey}.pt")
     cont_s = 0.0
     if cont:
-        cprompts = continuation_prompts(root, split["train"], tok.encode, n=args.cont_prompts, prompt_tokens=P,
-                                        seed=args.seed)
         data = teacher_continuation_features(target, cprompts, gen_tokens=G, hidden_layers=layers, k=args.top,
                                              batch=args.gen_batch, log=log,
                                              cache_path=args.cache_dir / f"eagle3_cont_{ckey}.pt")
