@@ -12,6 +12,19 @@ import torch
 from .omp import run_policy
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
+    """The CPU's instruction-set flags: the words of the first ``flags`` (x86) or ``Features`` (Arm) line of
+    ``cpuinfo`` (Linux's /proc/cpuinfo); empty when it has no such line, None where it cannot be read (another
+    OS). What llama.cpp's AMX check, the tuned kernels' cache key and the bfloat16 warning of the head's
+    distillation read."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return frozenset(line.split(":", 1)[-1].split())
+
+
 def cpu_name() -> str:
     """The CPU model name from /proc/cpuinfo (Linux), else ``platform.processor()``, else ``"cpu"``."""
     try:

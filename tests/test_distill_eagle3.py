@@ -189,3 +189,16 @@ def test_continuation_settings_are_refused_before_the_target_loads(args, message
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
     assert not (tmp_path / "h").exists()
+
+
+def test_cpu_flags_are_the_first_flags_line(tmp_path):
+    from sequoia_opt.device import cpu_flags
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
+    assert cpu_flags(info) == {"fpu", "avx2"}
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")  # Arm
+    assert cpu_flags(info) == {"fp", "asimd", "bf16"}
+    info.write_text("processor\t: 0\n")
+    assert cpu_flags(info) == frozenset()
+    assert cpu_flags(tmp_path / "absent") is None

@@ -507,11 +507,10 @@ def cpu_has_bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
     ``cpuinfo`` cannot be read (another OS). Without them CPU bfloat16 autocast is emulated: one training step of
     the demo head (8 x 160 tokens, 4 test steps, one thread) took 37 s against float32's 2.0 s on an AMD EPYC
     (AVX2), while on a 2-core AMX Xeon bfloat16 was the faster."""
-    try:
-        flags = cpuinfo.read_text(encoding="utf-8", errors="replace").split()
-    except OSError:
-        return None
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    from ..device import cpu_flags
+
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else ("amx_bf16" in flags or "avx512_bf16" in flags)
 
 
 #: The longest continuation prompt ``main`` makes: :func:`.data.make_prompt` re-encodes a growing window line by

@@ -339,12 +339,12 @@ def _machine_key(precision: str) -> dict[str, Any]:
 def _isa_digest() -> str:
     """A short digest of the CPU's instruction-set flags (/proc/cpuinfo), so two machines sold under one
     model name (a VM's generic "AMD EPYC") with different vector units do not share a plan."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    from ..device import cpu_flags
+
+    flags = cpu_flags()
+    if flags is None:
         return ""
-    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
-    return hashlib.sha1(" ".join(sorted(line.split(":", 1)[-1].split())).encode()).hexdigest()[:12]
+    return hashlib.sha1(" ".join(sorted(flags)).encode()).hexdigest()[:12]
 
 
 def _cache_file(key: Mapping[str, Any]) -> Path:

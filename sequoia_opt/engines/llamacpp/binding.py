@@ -53,11 +53,10 @@ def _install_log(llama_cpp: Any) -> None:
 
 @functools.cache
 def _cpu_has_amx() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return False
-    return " amx_int8" in flags or " amx_tile" in flags
+    from ...device import cpu_flags
+
+    flags = cpu_flags() or frozenset()
+    return "amx_int8" in flags or "amx_tile" in flags
 
 
 def use_extra_bufts() -> bool:
