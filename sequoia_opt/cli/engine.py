@@ -14,7 +14,7 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import JsonOpt, _check_writable, app, check_output, handle_errors, progress_bar
-from .render import render
+from .render import render, report_console
 
 LLAMACPP_FORMATS = ("llama.cpp", "llamacpp", "llama-cpp")
 
@@ -146,10 +146,6 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
                    other: dict[str, Any]) -> None:
     """``treeopt solve --format llama.cpp``: the hardware-aware chain (a tree of width 1) on the latency curve,
     as llama.cpp's speculative flags, with the predicted speedup and every draft length scored."""
-    import sys
-
-    from rich.console import Console
-
     from .._io import atomic_write_text
     from ..engines import engine_mismatch
     from ..engines.llamacpp import chain_flags, lookup_flags, solve_chain
@@ -231,7 +227,7 @@ def solve_llamacpp(*, acceptance: Optional[list[Path]], latency: Optional[list[P
         data["output"] = str(output)
     report.data = data
     if output is None and not as_json:
-        render(report, False, console=Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200))
+        render(report, False, console=report_console(stderr=True))
         typer.echo(text)
     else:
         render(report, as_json)

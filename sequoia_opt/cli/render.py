@@ -59,9 +59,18 @@ def draw_tree(tree: Tree, acceptance: Any = None, *, max_nodes: int = 40, max_ch
     return root
 
 
+def report_console(*, stderr: bool = False) -> Console:
+    """The console a report is drawn on: stdout, or stderr where stdout carries an export alone (``solve --format``
+    without ``-o``). A pipe or file gets wide tables (rich would cut every column to fit 80 characters); text is
+    shown as typed (no ``:emoji:`` codes in paths)."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, emoji=False, width=None if stream.isatty() else 200)
+
+
 def render(report: Report, json_mode: bool, console: Console | None = None) -> None:
     """Print a report: rich (summary table, tables, tree, notes, warnings) or ``--json`` (``report.data``,
-    falling back to the summary/tables/notes/warnings content)."""
+    falling back to the summary/tables/notes/warnings content), on ``console`` (default
+    :func:`report_console`)."""
     if json_mode:
         doc = report.data or {
             "summary": report.summary,
@@ -70,8 +79,7 @@ def render(report: Report, json_mode: bool, console: Console | None = None) -> N
         doc = {**doc, "notes": report.notes, "warnings": report.warnings}
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
-    # a pipe or file gets wide tables (rich would cut every column to fit 80 characters)
-    con = console or (Console(emoji=False) if sys.stdout.isatty() else Console(emoji=False, width=200))
+    con = console or report_console()
     summary = Table(title=escape(report.title) if report.title else report.title, show_header=False,
                     title_justify="left")
     summary.add_column(style="bold")

@@ -9,12 +9,10 @@ cost model: each drafter alone and SpecInfer's merge of their own trees."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
-from rich.console import Console
 from typing_extensions import Annotated
 
 from .._io import atomic_write_text
@@ -23,7 +21,7 @@ from ..report import Report
 from ..solver.hardware import SINGLE_DEFAULTS
 from ..tree import Tree, TreeMetadata, now_iso
 from .common import ContextOpt, FormatOpt, JsonOpt, OutputOpt, app, check_output, handle_errors
-from .render import render
+from .render import render, report_console
 
 def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], Any]:
     """Resolve the output format before any work is done (so a bad format writes nothing); returns a
@@ -354,7 +352,7 @@ def solve(
     if out is not None and output is None and not as_json:
         # --format without -o: stdout carries the export alone (pipe it into a file or an engine's config);
         # the report goes to stderr
-        render(report, False, console=Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200))
+        render(report, False, console=report_console(stderr=True))
         typer.echo(out.text, nl=False)
     else:
         render(report, as_json)
@@ -569,7 +567,7 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     report.tree = dtree.tree
     report.data = data
     if fmt is not None and output is None and not as_json:  # as one drafter's --format without -o: stdout = the tree
-        render(report, False, console=Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200))
+        render(report, False, console=report_console(stderr=True))
         typer.echo(text, nl=False)
     else:
         render(report, as_json)

@@ -5,17 +5,15 @@ best-first) from a calibration profile, choose the hardware-aware best, print th
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
 from .._io import atomic_write_text
 from ..errors import SolverError
 from ..report import Report
-from .render import render
+from .render import render, report_console
 
 
 def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: Optional[list[Path]], *,
@@ -150,7 +148,7 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         data["output"] = str(output)
     report.data = data
     if fmt is not None and output is None and not as_json:  # stdout carries the export alone, the report stderr
-        render(report, False, console=Console(stderr=True, emoji=False, width=None if sys.stderr.isatty() else 200))
+        render(report, False, console=report_console(stderr=True))
         typer.echo(exp.text, nl=False)
     else:
         render(report, as_json)
