@@ -148,10 +148,9 @@ class EngineSettings:
         notes / warnings: one line each.
         extra_files: file name -> content, files the settings refer to, written beside them (SGLang's
             ``adaptive.json``).
-        nothing_to_set: speculation pays at no batch size and the engine runs without a speculative setting:
-            ``text`` is a comment saying so, not a file the engine reads.
-        nothing_to_set_reason: with ``nothing_to_set``, that comment's line without its ``# `` (what to do
-            instead), for a message; empty otherwise.
+        nothing_to_set_reason: where speculation pays at no batch size and the engine runs without a speculative
+            setting, why and what to do instead (``text`` is then this line as a comment, not a file the engine
+            reads); empty otherwise. :attr:`nothing_to_set` says which.
     """
 
     engine: str
@@ -164,8 +163,12 @@ class EngineSettings:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     extra_files: dict[str, str] = field(default_factory=dict)
-    nothing_to_set: bool = False
     nothing_to_set_reason: str = ""
+
+    @property
+    def nothing_to_set(self) -> bool:
+        """Speculation pays at no batch size: the engine runs without a speculative setting, nothing to write."""
+        return bool(self.nothing_to_set_reason)
 
 
 def _version(text: str, engine: str) -> Version:
@@ -350,7 +353,7 @@ def _nothing_to_set(what: str, releases: str, checked: str, command: str, warnin
     reason = f"speculation pays at no batch size: {what}"
     return dict(text=f"# {reason}\n", data={}, releases=releases, checked=checked, command=command,
                 notes=("speculation pays at no batch size the profile measured",), warnings=tuple(warnings),
-                nothing_to_set=True, nothing_to_set_reason=reason)
+                nothing_to_set_reason=reason)
 
 
 #: The engines' own method names (SGLang's algorithms, TensorRT-LLM's decoding types) as vLLM's.
