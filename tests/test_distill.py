@@ -344,8 +344,11 @@ def test_training_with_continuations_and_a_probe_logs_both(tmp_path: Path):
     (["--cont-batch", "4", "--cont-prompts", "8", "--cont-tokens", "0"], "--cont-batch needs"),
     (["--cont-prompts", "-1"], "must be >= 0"),
     (["--gen-batch", "0"], "--gen-batch >= 1"),
+    (["--cont-prompts", "8", "--cont-prompt-tokens", "5000"], "--cont-prompt-tokens 5000: at most 1024"),
+    (["--seed", "-1"], r"--seed -1: must be in 0 \.\. 4294967295"),
+    (["--seed", str(2**64)], "--seed 18446744073709551616: must be in 0"),
 ])
-def test_continuation_options_are_checked_before_any_model_loads(tmp_path: Path, argv, message):
+def test_bad_options_are_checked_before_any_model_loads(tmp_path: Path, argv, message):
     with pytest.raises(SystemExit, match=message):
         main(argv + ["--out", str(tmp_path / "d"), "--target", str(tmp_path / "missing.gguf")])
     assert not (tmp_path / "d").exists()

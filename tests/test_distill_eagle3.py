@@ -179,8 +179,9 @@ def test_bfloat16_units_are_read_from_the_cpu_flags(tmp_path):
     (["--cont-prompts", "4", "--cont-tokens", "0"], "error: --cont-prompts and --val-cont-prompts must be >= 0; "
                                                     "--cont-prompt-tokens, --cont-tokens and --gen-batch >= 1"),
     (["--val-cont-prompts", "-1"], "error: --cont-prompts and --val-cont-prompts must be >= 0"),
+    (["--seed", "-3"], "error: --seed -3: must be in 0 .. 4294967295"),
 ])
-def test_continuation_settings_are_refused_before_the_target_loads(args, message, tmp_path, capsys, monkeypatch):
+def test_bad_settings_are_refused_before_the_target_loads(args, message, tmp_path, capsys, monkeypatch):
     import sequoia_opt.model.loaders as loaders
     from sequoia_opt.distill.eagle3 import main
 

@@ -74,6 +74,15 @@ def split_files(files: Sequence[str], *, seed: int, n_profile: int, n_eval: int,
     return {"train": sorted(train), "profile": sorted(pr), "eval": sorted(ev)}
 
 
+#: The longest continuation prompt the distillation commands make: :func:`make_prompt` re-encodes a growing window
+#: line by line (quadratic in the window), and past this few standard-library files hold a window of whole lines
+#: that long in their first half.
+MAX_CONT_PROMPT_TOKENS = 1024
+#: The largest ``--seed`` the distillation commands take: a non-negative 32-bit integer, so that every generator
+#: seeded from it (``random.Random(seed + k)``, ``torch.manual_seed``) takes it and the cache names stay short.
+MAX_SEED = 2**32 - 1
+
+
 def make_prompt(text: str, encode: Callable[[str], list[int]], rng: random.Random, *, min_tokens: int = 64,
                 max_tokens: int = 200, tries: int = 20) -> str | None:
     """A code prefix of ``min_tokens``..``max_tokens`` tokens from ``text``: whole lines from a random

@@ -520,11 +520,6 @@ def cpu_has_bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
     return None if flags is None else ("amx_bf16" in flags or "avx512_bf16" in flags)
 
 
-#: The longest continuation prompt ``main`` makes: :func:`.data.make_prompt` re-encodes a growing window line by
-#: line, and past this few standard-library files hold a window of whole lines that long.
-MAX_CONT_PROMPT_TOKENS = 1024
-
-
 def _stdlib_split(root: Path, seed: int, n_prompts: int) -> dict[str, list[str]]:
     from .data import collect_sources, split_files
 
@@ -537,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command (module docstring). Returns 0; bad settings exit 2 with one line."""
     from ..model.loaders import find_demo_target, load_checkpoint
     from .cli import DEFAULT_PACKAGE_DATA, _cpu_name
-    from .data import continuation_prompts, default_stdlib_root, token_chunks
+    from .data import MAX_CONT_PROMPT_TOKENS, MAX_SEED, continuation_prompts, default_stdlib_root, token_chunks
 
     args = _parser().parse_args(argv)
     if args.threads:
@@ -549,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                  args.gen_batch) < 1:
         print("error: --cont-prompts and --val-cont-prompts must be >= 0; --cont-prompt-tokens, --cont-tokens and "
               "--gen-batch >= 1", file=sys.stderr)
+        return 2
+    if not 0 <= args.seed <= MAX_SEED:
+        print(f"error: --seed {args.seed}: must be in 0 .. {MAX_SEED}", file=sys.stderr)
         return 2
     if args.cont_prompt_tokens > MAX_CONT_PROMPT_TOKENS:  # whole lines from a file's first half: few files hold more
         print(f"error: --cont-prompt-tokens {args.cont_prompt_tokens}: at most {MAX_CONT_PROMPT_TOKENS} (prompts are "
