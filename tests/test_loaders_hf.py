@@ -339,3 +339,13 @@ def test_a_config_with_a_byte_order_mark_loads(tmp_path):
     want = load_model_config(out)
     cfg.write_bytes("\ufeff".encode() + cfg.read_bytes())
     assert load_model_config(out) == want
+
+
+@pytest.mark.parametrize("text, kind", [("[1, 2]", "list"), ('"llama"', "str"), ("null", "NoneType")])
+def test_a_config_that_is_not_a_json_object_is_refused_by_name(tmp_path, text, kind):
+    """A config.json holding a list or a string crashed with AttributeError ('list' object has no attribute 'get')."""
+    _, out = saved(tmp_path)
+    (out / "config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=re.escape(f"{out / 'config.json'}: a JSON object was expected, "
+                                                        f"not {kind}")):
+        load_model_config(out)

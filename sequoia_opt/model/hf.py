@@ -38,12 +38,16 @@ _DERIVED_SUFFIXES = (".rotary_emb.inv_freq",)  # old Llama checkpoints store thi
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``. Raises :class:`CheckpointError`: missing, unparsable, or not an object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark skipped
+        doc = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark skipped
     except FileNotFoundError:
         raise CheckpointError(f"{path.name} not found in {path.parent}") from None
     except ValueError as err:
         raise CheckpointError(f"cannot parse {path}: {err}") from None
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"{path}: a JSON object was expected, not {type(doc).__name__} {str(doc)[:40]}")
+    return doc
 
 
 def load_hf_config(path: str | os.PathLike) -> ModelConfig:
