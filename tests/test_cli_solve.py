@@ -292,6 +292,16 @@ def test_solve_default_budget_fits_the_latency_profile(tmp_path):
     assert r.exit_code == 2 and "budget 128 exceeds the largest target token count 64" in r.output
 
 
+def test_a_budget_past_the_latency_profile_is_refused_before_the_dp(tmp_path, monkeypatch):
+    """--budget 50000 against a profile measured to 1024 tokens ran the DP for minutes before it was refused."""
+    import sequoia_opt.solver.depth as depth
+
+    monkeypatch.setattr(depth, "solve_profile", lambda *a, **k: pytest.fail("the DP ran"))
+    r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "--budget", "50000", "-o", str(tmp_path / "t.yaml")])
+    assert r.exit_code == 2 and "budget 50000 exceeds the largest target token count 1024" in r.output
+    assert not (tmp_path / "t.yaml").exists()
+
+
 def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkeypatch, capsys):
     """Ctrl-C while torch imported printed a 58-line traceback, and in tune (not guarded) a cut-off report."""
     import builtins

@@ -18,7 +18,7 @@ from typing_extensions import Annotated
 from .._io import atomic_write_text
 from ..errors import TreeoptError
 from ..report import Report
-from ..solver.hardware import SINGLE_DEFAULTS
+from ..solver.hardware import SINGLE_DEFAULTS, check_budget_measured
 from ..tree import Tree, TreeMetadata, now_iso
 from .common import ContextOpt, FormatOpt, JsonOpt, OutputOpt, app, check_output, handle_errors
 from .render import render, report_console
@@ -215,6 +215,8 @@ def solve(
         report.notes.append(f"budget {measured} (the default is {budget}): latency profile {curve.id!r} was measured "
                             f"up to {measured} target tokens, and T(n) is never extrapolated (--budget sets it)")
         budget = measured
+    if curve is not None:  # refuse a budget T(n) was not measured for before the DP (minutes at 50,000 nodes)
+        check_budget_measured(budget, curve, context)
     report.warnings = warn_on_mismatch(acceptance=acc, latency=curve)
     if curve is not None:  # a tree is only as good as the curve of the engine that serves it (issue 20)
         from .. import exports

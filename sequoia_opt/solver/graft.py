@@ -131,7 +131,7 @@ from .graft_dp import (GraftDPSolution, _allow, _check_bool, _check_limits, _dra
                        _graft_tables, _normalize_graft_depths, _pack, _Packed, _reconstruct_tree, optimal_graft_tree,
                        solve_graft_dp)
 from .graft_value import DEFAULT_NAMES, GraftAcceptance, graft_expected_tokens
-from .hardware import StepCost, _check_budget_measured, budget_grid, choose, cost_of_step, plain_ms_per_token
+from .hardware import StepCost, check_budget_measured, budget_grid, choose, cost_of_step, plain_ms_per_token
 
 __all__ = ["GraftAcceptance", "GraftChoice", "GraftDPSolution", "drafter_costs_ms", "drafter_forwards",
            "graft_baselines", "graft_depth_family", "graft_expected_tokens", "graft_step_cost", "merge_trees",
@@ -312,7 +312,7 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
     """
     n, D, B = _check_limits(acc, budget, max_depth, max_branching)
     curves = _check_curves(draft_curves, 2)
-    _check_budget_measured(n, target_curve, context)
+    check_budget_measured(n, target_curve, context)
     family = (graft_depth_family(D) if graft_depths_family is None
               else [_normalize_graft_depths(s, D) for s in graft_depths_family])
     if not family:

@@ -234,7 +234,7 @@ def budget_grid(budget: int, measured: Sequence[int]) -> list[int]:
     return sorted(grid)
 
 
-def _check_budget_measured(budget: int, curve: LatencyCurve, context: int | None) -> None:
+def check_budget_measured(budget: int, curve: LatencyCurve, context: int | None) -> None:
     """Refuse a budget past the largest target token count measured in ``curve`` (no extrapolation).
 
     Raises:
@@ -309,7 +309,7 @@ def choose(
     """
     p = validate_acceptance(acceptance)
     if isinstance(budget, int):
-        _check_budget_measured(budget, curve, context)
+        check_budget_measured(budget, curve, context)
     if solution is None or solution.max_nodes < budget or solution.max_depth < max_depth:
         solution = solve_dp(p, budget, max_depth, max_branching)
     ms, ds = [], []
@@ -443,7 +443,7 @@ def compare_baselines(
         raise SolverError(f"best-first budget must be in 1..{budget} (the baselines' budget), got "
                           f"{best_first_budget!r}")
     if curve is not None:
-        _check_budget_measured(budget, curve, context)
+        check_budget_measured(budget, curve, context)
         max_draft = curve.max_draft_tokens(context)
     rows = None
     if by_depth is not None:
