@@ -252,6 +252,12 @@ def test_schedule_file_round_trip_and_refusals(tmp_path):
         load_schedule(tmp_path / "long.yaml", profile=PROFILE)
     with pytest.raises(ProfileError, match="shape one of none, chain, envelope, tree"):
         SpecSetting.from_dict({"shape": "wide"})
+    # a file cut short: valid YAML, fewer ranges than the batch sizes it says it was solved for
+    cut = dict(doc, ranges=[dict(doc["ranges"][0], batch_range=[1, 4])])
+    (tmp_path / "cut.yaml").write_text(yaml.safe_dump(cut))
+    with pytest.raises(ProfileError, match=r"cut.yaml: its ranges end at batch size 4, but it was solved for batch "
+                                           r"sizes up to 64 \('batches' / 'by_batch'\): a file cut short"):
+        load_schedule(tmp_path / "cut.yaml")
 
 
 def test_predict_ranges_and_plan_from_ranges():
@@ -262,6 +268,11 @@ def test_predict_ranges_and_plan_from_ranges():
     plan = plan_from_ranges(ranges, v, PROFILE)
     assert [r.best.setting.draft_tokens for r in plan.rows] == [3, 1, 1]
     assert plan.rows[2].plain.setting.label == "none" and plan.stops_paying_above is None
+    assert not any("the schedule's last range" in n for n in plan.notes)
+    short = plan_from_ranges([(1, 4, SpecSetting.chain(3)), (5, 10, SpecSetting.chain(1))], v, PROFILE)
+    assert [r.batch for r in short.rows] == [1, 8]
+    assert ("batch size 64 was measured but past the schedule's last range (it ends at 10): not predicted; an "
+            "engine given this schedule runs its last setting there") in short.notes
 
 
 def test_settings_labels_and_trees():

@@ -898,6 +898,13 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
                            output_tokens=output_tokens)
     if not preds:
         raise ProfileError("the schedule covers none of the measured batch sizes")
+    end = max(hi for _, hi, _ in ranges)
+    past = [int(b) for b in sorted(batches if batches is not None else profile.batches) if b > end]
+    notes = _length_notes(value, output_tokens)
+    if past:
+        what = f"batch size {past[0]} was" if len(past) == 1 else f"batch sizes {', '.join(map(str, past))} were"
+        notes.append(f"{what} measured but past the schedule's last range (it ends at {end}): not predicted; an "
+                     "engine given this schedule runs its last setting there")
     none = SpecSetting.none()
     plains = predict_ranges([(1, max(hi for _, hi, _ in ranges), none)], value, profile, [p.batch for p in preds],
                             context=context, interval=interval)
@@ -907,7 +914,7 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
     paying = [r.batch for r in rows if r.best.setting.speculates]
     stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
     shape = next((st.shape for *_, st in ranges if st.speculates), "none")
-    return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}), _length_notes(value, output_tokens),
+    return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}), notes,
                 interval_method=getattr(value, "interval_method", "none"), output_tokens=output_tokens)
 
 
@@ -1041,6 +1048,15 @@ def _validate(doc: Any, src: str) -> Schedule:
         hi = check_integer(rng[1], f"{src}: ranges[{i}].batch_range[1]", low=1, high=MAX_TOKENS)
         ranges.append((lo, hi, SpecSetting.from_dict(e.get("setting"), f"{src}: ranges[{i}].setting")))
     check_ranges(ranges, src)
+    # the batch sizes the file says it was solved for must lie in its ranges: a file cut short keeps valid YAML
+    # with fewer ranges, and an engine would run the last one's setting at every larger batch size
+    listed = doc.get("batches") if isinstance(doc.get("batches"), list) else []
+    rows = doc.get("by_batch") if isinstance(doc.get("by_batch"), list) else []
+    solved = [b for b in listed if isinstance(b, int)] + [e["batch"] for e in rows
+                                                          if isinstance(e, dict) and isinstance(e.get("batch"), int)]
+    if solved and max(solved) > ranges[-1][1]:
+        raise ProfileError(f"{src}: its ranges end at batch size {ranges[-1][1]}, but it was solved for batch sizes up "
+                           f"to {max(solved)} ('batches' / 'by_batch'): a file cut short or edited by hand?")
     s = doc.get("stops_paying_above")
     if s is not None:
         check_integer(s, f"{src}: stops_paying_above", high=MAX_TOKENS)
