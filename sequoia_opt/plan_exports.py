@@ -625,8 +625,20 @@ def check_llamacpp_release(release: str | None) -> None:
             f"{LLAMACPP_SPELLING_PRS[1]}: --spec-type draft-simple): omit --release, or pass {LLAMACPP_COMMIT}")
 
 
+#: ``--method`` (vLLM's names) -> llama.cpp's ``--spec-type`` for a drafter that drafts chains
+#: (``common_speculative_type_from_name_map`` in ``common/speculative.cpp``; draft-eagle3 and draft-mtp came with
+#: draft-simple in ggml-org/llama.cpp#22964). Methods llama.cpp has no type for (medusa, eagle-1/2) are refused.
+LLAMACPP_SPEC_TYPES = {"draft_model": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp",
+                       "ngram": "ngram-simple"}
+
+
 def _export_llamacpp(ranges, release, method, lookup):
     check_llamacpp_release(release)
+    method = method_key(method) or "draft_model"
+    spec_type = LLAMACPP_SPEC_TYPES.get(method)
+    if spec_type is None:
+        raise PlanExportError(f"llama.cpp has no speculative type for method {method!r}: "
+                              + ", ".join(f"{m} (--spec-type {t})" for m, t in LLAMACPP_SPEC_TYPES.items()))
     lines = []
     for lo, hi, s in ranges:
         if s.shape not in ("none", "chain"):
@@ -639,16 +651,18 @@ def _export_llamacpp(ranges, release, method, lookup):
                 raise PlanExportError("llama.cpp's n-gram sizes must lie in 1..1024")
             flags = f"--spec-type ngram-simple --spec-ngram-simple-size-n {n} --spec-ngram-simple-size-m {s.draft_tokens}"
         else:
-            flags = (f"--spec-type draft-simple --spec-draft-n-max {s.draft_tokens} --spec-draft-n-min 0 "
+            flags = (f"--spec-type {spec_type} --spec-draft-n-max {s.draft_tokens} --spec-draft-n-min 0 "
                      "--spec-draft-p-min 0")
         lines.append({"batch_range": [lo, hi], "np": hi, "flags": f"-np {hi} {flags}"})
     doc = {"per_range": lines}
-    text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m TARGET.gguf"
-                     + (" -md DRAFT.gguf" if method != "ngram" else "") + f" {x['flags']}" for x in lines) + "\n"
+    sidecar = {"draft-simple": " -md DRAFT.gguf", "draft-eagle3": " -md EAGLE3_HEAD.gguf",
+               "draft-mtp": " -md MTP_HEAD.gguf"}.get(spec_type, "")
+    text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m TARGET.gguf{sidecar}"
+                     f" {x['flags']}" for x in lines) + "\n"
     return dict(text=text, data=doc, releases=(f"{LLAMACPP_RELEASE} and builds since {LLAMACPP_SPELLING_PRS[1]} "
                                                f"(2026-05-12); earlier builds spell --draft-max / --draft-min"),
                 checked="common/arg.cpp, common/common.h and common/speculative.cpp of llama.cpp 0c1e570",
-                command="llama-server -m TARGET.gguf [-md DRAFT.gguf] <flags of your -np>",
+                command=f"llama-server -m TARGET.gguf{sidecar} <flags of your -np>",
                 notes=("llama-server runs one setting for all its slots: use the line of the -np you serve with",),
                 warnings=())
 

@@ -239,6 +239,25 @@ def test_llamacpp_one_line_per_range():
     assert "0c1e570" in e.releases and "-md DRAFT.gguf" in e.text and "-md" not in ng.text
 
 
+@pytest.mark.parametrize("method, spec_type, sidecar", [("eagle3", "draft-eagle3", "-md EAGLE3_HEAD.gguf"),
+                                                        ("mtp", "draft-mtp", "-md MTP_HEAD.gguf"),
+                                                        ("draft_model", "draft-simple", "-md DRAFT.gguf")])
+def test_llamacpp_names_the_spec_type_of_the_method(method, spec_type, sidecar):
+    """--method eagle3 exported draft-simple flags with -md DRAFT.gguf: llama.cpp would have run the head as a
+    plain draft model."""
+    e = export_plan(PLANS["falling"], "llama.cpp", method=method)
+    assert e.data["per_range"][0]["flags"] == (f"-np 3 --spec-type {spec_type} --spec-draft-n-max 4 "
+                                               "--spec-draft-n-min 0 --spec-draft-p-min 0")
+    assert f"llama-server -m TARGET.gguf {sidecar} -np 3 " in e.text and sidecar in e.command
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_llamacpp_refuses_methods_it_has_no_spec_type_for(method):
+    with pytest.raises(PlanExportError, match=f"llama.cpp has no speculative type for method '{method}': "
+                                              "draft_model \\(--spec-type draft-simple\\), eagle3"):
+        export_plan(PLANS["falling"], "llama.cpp", method=method)
+
+
 def test_unknown_engine_and_bad_ranges():
     with pytest.raises(PlanExportError, match="no engine export for 'mlc'"):
         export_plan(PLANS["one"], "mlc")
