@@ -1166,6 +1166,9 @@ def test_tune_predicts_a_given_plan_that_ends_below_the_table_and_records_the_pr
     assert set(doc["peers"]["batch1-best"]) == {"1", "8", "64"} and doc["peers"]["batch1-best"]["64"] > 0
     written = load_schedule(sched).doc
     assert written["drafter"] == "llama-68m" and written["target"] == "Llama-2-7b"
+    assert written["batches"] == [1, 8]  # the batch sizes it was predicted at, which its ranges hold
+    assert ("batch size 64 was measured but past the schedule's last range (it ends at 32): not predicted; an engine "
+            "given this schedule runs its last setting there") in doc["notes"]
 
 
 def test_tune_envelopes_are_scored_within_the_measured_curve(tmp_path):

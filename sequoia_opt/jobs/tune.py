@@ -585,6 +585,8 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
                 raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run K = {st.draft_tokens}, past the chains "
                                    f"valued here (K <= {value.max_draft}: raise --max-draft, or measure longer "
                                    "chains)")
+        reach = sched.ranges[-1][1]  # the batch sizes past the given plan are not predicted (a note says which)
+        prov["batches"] = [b for b in prov["batches"] if b <= reach]
         plan = plan_from_ranges(sched.ranges, value, profile, opts.batches, context=ctx,
                                 output_tokens=opts.output_tokens, provenance={**prov, "given_plan": str(opts.plan)})
         done["plan"] = f"given: {opts.plan}"
