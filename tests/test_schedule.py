@@ -531,6 +531,10 @@ def test_tune_solves_every_batch_size_the_table_has_and_says_what_max_batch_carr
 @pytest.mark.parametrize("args,msg", [
     (["--batches", "1,2"], "has no T(b, n) at batch size 2"),
     (["--max-draft", "9"], "draft length 9 is past what latency profile"),
+    # refused before the chains' DP is sized (it said "needs 800,080,002 table entries ... lower --budget")
+    (["--max-draft", "20000"], "draft length 20000 is past what latency profile 't' measured at batch 1 (T(b, n) "
+                               "up to n = 9, so K <= 8); lower --max-draft"),
+    (["--max-batch", "100000000000"], "--max-batch 100000000000: at most 2,147,483,647"),
     (["--release", "0.23.0"], "vLLM 0.23.0 has no num_speculative_tokens_per_batch_size"),
     (["--release", "banana"], "is not a vllm version"),
     (["--shape", "envelope"], "values EAGLE envelopes by a calibration profile"),
@@ -1427,3 +1431,33 @@ def test_a_policy_that_cannot_mean_anything_is_refused(text, message):
     with pytest.raises(TreeoptError, match=message):
         parse_policy(text)
     assert parse_policy("chain:3,2")[1] == {"n_max": 3, "n_min": 2}
+
+
+def test_tune_table_shows_no_interval_where_none_was_measured_and_one_notation(tmp_path):
+    """An acceptance profile without counts gives point intervals: the table printed '213-213' as if measured,
+    and mixed notations in one cell ('9439-1.035e+04')."""
+    from sequoia_opt.cli.tune import _span
+
+    assert _span(212.98, 212.98) == "-"
+    assert _span(9439.2, 10350.0) == "9,439-10,350"
+    assert _span(1.5, 2.25) == "1.5-2.25"
+    table, acc = _files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc)])
+    assert res.exit_code == 0, res.output
+    rows = [ln for ln in res.output.splitlines() if ln.lstrip("│ ").split(" ")[0] in ("1", "8", "64")]
+    assert rows and not any(("e+0" in ln) for ln in rows), rows
+
+
+def test_tune_sglang_start_command_names_the_file_it_wrote(tmp_path):
+    """-o sg.json wrote the tiers there but the start command said --speculative-adaptive-config adaptive.json."""
+    table, acc = _files(tmp_path)
+    out = tmp_path / "sg.json"
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "-o", str(out),
+                              "--method", "eagle3"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert out.is_file() and f"--speculative-adaptive-config {out}" in text and "adaptive.json" not in text
+    vllm = tmp_path / "v.json"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "-o", str(vllm)])
+    assert res.exit_code == 0 and f'"$(cat {vllm})"' in " ".join(res.output.split()), res.output
+

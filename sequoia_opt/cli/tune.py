@@ -4,6 +4,7 @@ solves, :mod:`sequoia_opt.plan_exports` writes each engine's settings)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Optional
@@ -125,7 +126,7 @@ def tune(
         b = r.best
         lo, hi = b.interval
         rows.append([r.batch, b.setting.label, b.cost.expected_tokens, b.cost.cost_ms, b.tokens_per_s_per_request,
-                     f"{lo:.4g}-{hi:.4g}", b.tokens_per_s_total, f"{r.batch * lo:.4g}-{r.batch * hi:.4g}",
+                     _span(lo, hi), b.tokens_per_s_total, _span(r.batch * lo, r.batch * hi),
                      r.plain.tokens_per_s_total, b.speedup])
     over = (f"over {plan.output_tokens}-token answers" if plan.output_tokens is not None
             else "steady state of long answers")
@@ -139,14 +140,20 @@ def tune(
                               [[r.batch, r.best.tokens_per_s_total, *[res.peers[n].get(r.batch) for n in names]]
                                for r in plan.rows]))
     if settings is not None:
-        report.notes.append(f"{opts.engine} settings:\n{settings.text.rstrip()}")
-        report.notes.append(f"start it with: {settings.command}")
+        text, command = settings.text.rstrip(), settings.command
+        if output is not None and "adaptive.json" in settings.extra_files:  # -o is where that file goes
+            text = text.replace("adaptive.json", str(output))
+            command = command.replace("adaptive.json", shlex.quote(str(output)))
+        report.notes.append(f"{opts.engine} settings:\n{text}")
+        report.notes.append(f"start it with: {command}")
         report.notes.extend(settings.notes)
         report.warnings.extend(settings.warnings)
     report.notes.extend(res.notes)
     report.warnings.extend(res.warnings)
     plan_file = output if opts.engine == "treeopt" and output is not None else schedule
     check = res.check.replace("PLAN.yaml", str(plan_file)) if plan_file is not None else res.check
+    if output is not None:  # the GPU engines' check reads the settings file: the one -o wrote
+        check = re.sub(r"\bOUT\b", lambda _: shlex.quote(str(output)), check)
     if plan_file is None and "PLAN.yaml" in check:
         check += " (write PLAN.yaml with --schedule PLAN.yaml)"
     where = " (in a checkout of treeopt: benchmarks/ is not installed with the package)" if check.startswith(
@@ -207,3 +214,13 @@ def tune(
                                                               "releases": settings.releases,
                                                               "command": settings.command}, **written}
     render(report, as_json)
+
+
+def _span(lo: float, hi: float) -> str:
+    """An interval (tokens/s) as the table shows it: one notation for both ends (thousands as integers with
+    separators), and "-" where the interval is a point (no spread was measured behind it)."""
+    if hi <= lo:
+        return "-"
+    if hi >= 1000:
+        return f"{lo:,.0f}-{hi:,.0f}"
+    return f"{lo:.4g}-{hi:.4g}"

@@ -189,6 +189,10 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                             else f"the latency table {opts.latency} (batch sizes {bs})")
     if opts.max_draft is not None and opts.max_draft < 1:
         raise TreeoptError(f"--max-draft must be at least 1, got {opts.max_draft}")
+    from ..profiles.common import MAX_TOKENS
+
+    if opts.max_batch is not None and opts.max_batch > MAX_TOKENS:
+        raise TreeoptError(f"--max-batch {opts.max_batch}: at most {MAX_TOKENS:,}")
     if opts.max_batch is not None and opts.max_batch < max(opts.batches):
         raise TreeoptError(f"--max-batch {opts.max_batch} is below the largest batch size asked ({max(opts.batches)})")
     if opts.plan is not None:
@@ -489,7 +493,8 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     """
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import export_plan, guard_notes, method_key
-    from ..solver.schedule import (ChainValue, EnvelopeValue, load_schedule, max_draft_measured, plan_document,
+    from ..solver.schedule import (ChainValue, EnvelopeValue, check_draft_measured, load_schedule, max_draft_measured,
+                                   plan_document,
                                    plan_from_ranges, predict_ranges, solve_one_setting_plan, solve_plan)
 
     opts = check_options(opts)
@@ -561,6 +566,8 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             raise TreeoptError("the latency profile measured T(b, n) at n = 1 only (at some batch size): a chain of "
                                "K drafts is verified in T(b, K + 1), so no chain can be priced; measure n = 1 up to "
                                f"the longest draft + 1 (1..{DEFAULT_MAX_DRAFT + 1}) at every batch size")
+        if opts.max_draft is not None:  # before the DP is sized for it (--max-draft 20000: 800M table entries)
+            check_draft_measured(opts.max_draft, profile, opts.batches, ctx)
         k = opts.max_draft if opts.max_draft is not None else top if opts.plan is not None else \
             min(DEFAULT_MAX_DRAFT, top)
         if opts.max_draft is None and opts.plan is None and top < DEFAULT_MAX_DRAFT:

@@ -332,6 +332,22 @@ class Plan:
 
 
 # ---------------------------------------------------------------------------------------------- value models
+def check_draft_measured(max_draft: int, profile: BatchLatencyProfile, batches: Sequence[int],
+                         context: int | None = None) -> None:
+    """Refuse chains of up to ``max_draft`` drafted tokens where some batch size's curve did not measure
+    ``T(b, max_draft + 1)`` (no extrapolation).
+
+    Raises:
+        ProfileError: naming the batch size, what it measured and ``--max-draft``.
+    """
+    for b in sorted(batches):
+        top = profile.curve(b).max_target_tokens(context) - 1
+        if max_draft > top:
+            raise ProfileError(f"draft length {max_draft} is past what latency profile {profile.id!r} measured "
+                               f"at batch {b} (T(b, n) up to n = {top + 1}, so K <= {top}); lower --max-draft or "
+                               "profile more tokens")
+
+
 def max_draft_measured(profile: BatchLatencyProfile, batches: Sequence[int], context: int | None = None) -> int:
     """The longest chain every batch size's curve prices without extrapolating: min over b of the largest
     measured T(b, n), less the root."""
@@ -695,12 +711,8 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     if not batches:
         raise ProfileError("no batch size to solve")
     curves = [(b, profile.curve(b)) for b in batches]  # every batch size checked before any solve
-    for b, curve in curves:
-        top = curve.max_target_tokens(context) - 1
-        if getattr(value, "shape", "") == "chain" and value.max_draft > top:
-            raise ProfileError(f"draft length {value.max_draft} is past what latency profile {profile.id!r} measured "
-                               f"at batch {b} (T(b, n) up to n = {top + 1}, so K <= {top}); lower --max-draft or "
-                               "profile more tokens")
+    if getattr(value, "shape", "") == "chain":
+        check_draft_measured(value.max_draft, profile, batches, context)
     last = _last_batch(batches, max_batch)
     check_min_gain(min_gain)
     check_output_tokens(output_tokens)
