@@ -69,6 +69,20 @@ class _OneLineErrors(typer.core.TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+def _help_width() -> None:
+    """Draw --help 100 columns wide where no terminal says otherwise (a pipe, a file, CI: rich falls back to 80,
+    where the option column leaves the help text too narrow for a CSV header or a list of formats, and rich
+    cuts such a word off with an ellipsis). A terminal's own width, or TERMINAL_WIDTH, still wins."""
+    import os
+
+    from typer import rich_utils
+
+    if rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+        rich_utils.MAX_WIDTH = 100
+
+
+_help_width()
+
 app = typer.Typer(
     cls=_OneLineErrors,
     name="treeopt",
@@ -100,7 +114,7 @@ ProfileOutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write the profile here (atomically); default under profiles/.")
 ]
 FormatOpt = Annotated[Optional[str], typer.Option(
-    "--format", "-f", help="Export format: " + "|".join(FORMATS) + "|llama.cpp (llama.cpp's speculative flags: "
+    "--format", "-f", help="Export format: " + ", ".join(FORMATS) + ", llama.cpp (llama.cpp's speculative flags: "
     "the best chain on the curve) (default with -o: json for a .json file, else yaml). Without -o the "
     "export is printed to stdout and the report goes to stderr.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
@@ -463,6 +477,16 @@ def _check_writable(path: Path) -> None:
     folder = _existing_folder_above(path, f"cannot write {path}")
     if folder is not None and not os.access(folder, os.W_OK | os.X_OK):  # a read-only folder or file system
         raise OutputError(f"cannot write {path}: this user cannot write into {folder}")
+    if folder is not None:  # what os.access cannot tell (root on a read-only mount, /proc, /sys): try it
+        import tempfile
+
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".treeopt-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            raise OutputError(f"cannot write {path}: a file cannot be made in {folder} "
+                              f"({err.strerror or err})") from None
 
 
 def check_output(path: Optional[Path], inputs: dict[str, Any], flag: str = "-o") -> None:
