@@ -571,3 +571,23 @@ def test_profiles_refuse_an_output_they_cannot_write_before_measuring(workdir, t
                "1", "-o", mine)
     assert r.exit_code == 2 and f"-o {mine} is the --prompts input" in r.output
     assert mine.read_text() == '{"prompt": "def add(a, b):"}\n'
+
+
+def test_an_output_folder_that_takes_no_file_is_refused_before_measuring(tmp_path, monkeypatch):
+    """Root passes os.access on /proc or a read-only mount: profile acceptance -o /proc/x.yaml measured for 20 s and
+    then failed. The folder is probed by making (and removing) a file in it first."""
+    import tempfile
+
+    from sequoia_opt.cli.common import check_output
+    from sequoia_opt.errors import OutputError
+
+    def refuse(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(OutputError, match=re.escape(f"cannot write {tmp_path / 'p.yaml'}: a file cannot be made in "
+                                                    f"{tmp_path} (Read-only file system)")):
+        check_output(tmp_path / "p.yaml", {})
+    monkeypatch.undo()
+    check_output(tmp_path / "p.yaml", {})  # a folder that takes files: no probe file is left behind
+    assert list(tmp_path.iterdir()) == []
