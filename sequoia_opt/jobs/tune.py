@@ -628,6 +628,10 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         doc["method"] = method  # vLLM's name; a --plan of this file exports with it again
     given_doc = sched.doc if given is not None else {}  # that plan's drafter settings go with its method
     key = method_key(method)
+    if key != "ngram" and served.kind != "lookup" and _drafting_is_free(profile, ctx):
+        warnings.append(f"latency profile {profile.id!r} prices drafting at 0 ms at every batch size (a T(b, n) table "
+                        f"without draft_ms), but {method or served.label} runs a drafter: the plan over-speculates; "
+                        "add the drafter's c(b, w) as draft_ms (0 is right for n-gram drafting only)")
     lookup = (served.lookup_min, served.lookup_max) if served.kind == "lookup" else None
     if lookup is None and key == "ngram" and isinstance(given_doc.get("lookup"), list) and \
             len(given_doc["lookup"]) == 2:
@@ -709,6 +713,17 @@ def measured_drafter(measured: str) -> Any:
     if head in DRAFTERS and head != "model":
         return DrafterSpec(head)  # its kind is all the export needs (a head's checkpoint is the engine's)
     return DrafterSpec("model", Path(arg if head == "model" else measured))
+
+
+def _drafting_is_free(profile: Any, context: int | None) -> bool:
+    """Whether ``profile`` charges nothing for drafting at any batch size it measured (c(b, w) = 0 at the smallest
+    and the largest w: the costs are >= 0 and a table either has the column or not): what a T(b, n) table without
+    a draft_ms column reads as."""
+    try:
+        return all(c.draft_ms(1, context) == 0 and c.draft_ms(c.max_draft_tokens(context), context) == 0
+                   for c in (profile.curve(b) for b in profile.batches))
+    except ProfileError:  # no draft curve at all: not a table that left the column out
+        return False
 
 
 def engine_method(method: str | None, served: Any, measured: str | None,
