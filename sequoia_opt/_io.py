@@ -90,7 +90,8 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
     except UnicodeDecodeError:
-        raise error(f"{path}: not a UTF-8 text file (expected a {what})") from None
+        article = "an" if what[:1].lower() in "aeiou" else "a"
+        raise error(f"{path}: not a UTF-8 text file (expected {article} {what})") from None
 
 
 _INT64_MAX = 2**63 - 1

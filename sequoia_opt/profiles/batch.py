@@ -181,6 +181,18 @@ def save_batch_latency(path: str | Path, profile: BatchLatencyProfile) -> Path:
 TABLE_COLUMNS = ("batch", "tokens", "target_ms", "draft_ms", "overhead_ms")
 
 
+def _plain_number(text: str, *, integer: bool) -> bool:
+    """Whether a table cell reads as :func:`load_batch_table` takes it: ASCII, no ``_``, an int (``integer``) or a
+    float."""
+    if not text.isascii() or "_" in text:
+        return False
+    try:
+        int(text) if integer else float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | None = None) -> BatchLatencyProfile:
     """A user's T(b, n) table (CSV, a header line, one row per measured (batch, tokens) pair) as a
     :class:`BatchLatencyProfile`, for engines treeopt does not profile here (an engine's own benchmark on a GPU)::
@@ -235,8 +247,11 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
             d = float(rec.get("draft_ms") or 0.0)
             o = float(rec.get("overhead_ms") or 0.0)
         except ValueError:
+            bad = next(((c, v) for c, v in rec.items() if not _plain_number(v, integer=c in ("batch", "tokens"))),
+                       None)
+            got = f"; {bad[0]} is {bad[1]!r}" if bad is not None else ""
             raise ProfileError(f"{p}: line {i}: batch and tokens must be integers and the ms columns numbers "
-                               "(plain digits)") from None
+                               f"(plain digits){got}") from None
         if b < 1 or n < 1 or not t > 0 or d < 0 or o < 0 or not all(map(math.isfinite, (t, d, o))):
             raise ProfileError(f"{p}: line {i}: batch and tokens >= 1, target_ms > 0, draft_ms and overhead_ms >= 0")
         if max(b, n) > MAX_TOKENS or max(t, d, o) > MAX_MS:  # named by line and column, as a table is read
