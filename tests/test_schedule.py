@@ -304,7 +304,8 @@ def test_batch_table_loads_and_refuses(tmp_path):
                       (good.replace("1,1,8", "1,2,8").replace("8,1,9", "8,2,9"), "the table has no tokens = 1 rows"),
                       # line numbers are the file's, past comments (indented too) and blank lines
                       ("# mine\n\n" + good.replace("8,1,9,", "  # x\n8,1,nine,"), "line 7: batch and tokens must.* target_ms is 'nine'"),
-                      (good.replace("1,4,9,", "1,4,9_0,"), "line 3: batch and tokens must be integers.*; target_ms is '9_0'"), # not 90
+                      (good.replace("1,4,9,", "1,4,9_0,"),  # not 90
+                       "line 3: batch and tokens must be integers.*; target_ms is '9_0'"),
                       (good.replace("8,1,9,", "８,1,9,"), "line 4: batch and tokens must be integers"),  # full width
                       (good + "8,8," + "7" * 200_000 + "\n", r"line 6 is not a CSV row \(field larger than"),
                       # out of range: the line and column, not the profile's field path the table becomes
