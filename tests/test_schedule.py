@@ -538,7 +538,7 @@ def test_tune_solves_every_batch_size_the_table_has_and_says_what_max_batch_carr
     (["--max-batch", "100000000000"], "--max-batch 100000000000: at most 2,147,483,647"),
     (["--release", "0.23.0"], "vLLM 0.23.0 has no num_speculative_tokens_per_batch_size"),
     (["--release", "banana"], "is not a vllm version"),
-    (["--shape", "envelope"], "values EAGLE envelopes by a calibration profile"),
+    (["--shape", "envelope"], "vllm takes a draft length per batch size, not an EAGLE envelope: --shape chain"),
     (["--calibration", "."], "--calibration .: a folder, not a file"),
 ])
 def test_tune_refusals_write_nothing(tmp_path, args, msg):
@@ -1476,3 +1476,13 @@ def test_tune_warns_when_a_table_prices_a_drafter_at_0_ms(tmp_path):
     for path, extra in ((free, ["--method", "ngram"]), (table, ["--method", "draft_model"])):
         res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(path), "-a", str(acc), *extra])
         assert res.exit_code == 0 and warning not in " ".join(res.output.split()), res.output
+
+
+def test_tune_envelope_needs_an_engine_that_takes_one_then_a_calibration(tmp_path):
+    """vLLM with --shape envelope asked for --calibration, which would not have helped: vLLM takes no envelope."""
+    table, acc = _files(tmp_path)
+    for engine, msg in (("vllm", "vllm takes a draft length per batch size, not an EAGLE envelope"),
+                        ("sglang", "--shape envelope values EAGLE envelopes by a calibration profile: pass "
+                                   "--calibration")):
+        res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "--shape", "envelope"])
+        assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output

@@ -161,11 +161,11 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     if opts.shape not in ("chain", "envelope"):
         raise TreeoptError(f"--shape {opts.shape!r}: choose chain (a draft length per batch size) or envelope "
                            "(EAGLE steps / topk / draft tokens, valued by a calibration profile)")
+    if opts.shape == "envelope" and opts.engine in ("vllm", "llama.cpp", "treeopt"):  # first: no file fixes it
+        raise TreeoptError(f"{opts.engine} takes a draft length per batch size, not an EAGLE envelope: --shape chain")
     if opts.shape == "envelope" and opts.calibration is None:
         raise TreeoptError("--shape envelope values EAGLE envelopes by a calibration profile: pass --calibration "
                            "(treeopt profile acceptance --calibration)")
-    if opts.shape == "envelope" and opts.engine in ("vllm", "llama.cpp", "treeopt"):
-        raise TreeoptError(f"{opts.engine} takes a draft length per batch size, not an EAGLE envelope: --shape chain")
     for name, path in (("--latency", opts.latency), ("--acceptance", opts.acceptance),
                        ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
