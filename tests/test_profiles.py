@@ -188,6 +188,14 @@ def test_missing_and_broken_files(tmp_path):
     bad.write_text("format: [unclosed")
     with pytest.raises(ProfileError, match="not valid YAML"):
         load_acceptance(bad)
+    cut = tmp_path / "cut.json"  # a JSON profile cut short is named as JSON (YAML reads it)
+    cut.write_text('{"format": "treeopt-acceptance/1", "acceptance": [0.5')
+    with pytest.raises(ProfileError, match="cut.json: not valid JSON"):
+        load_acceptance(cut)
+    for text, what in (("", "the file is empty"), ("# only a comment\n\n", "the file holds only comments")):
+        bad.write_text(text)
+        with pytest.raises(ProfileError, match=f"bad.yaml: {what} \\(expected an acceptance profile\\)"):
+            load_acceptance(bad)
 
 
 def test_warn_on_mismatch():

@@ -117,11 +117,13 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     text = read_text_file(path, error=ProfileError, what=f"{kind} profile")
     try:
         doc = safe_load_yaml(text)
-    except yaml.YAMLError as err:
-        raise ProfileError(f"{path}: not valid YAML ({yaml_error_text(err)})") from None
+    except yaml.YAMLError as err:  # YAML reads JSON too: a .json file is named as what it is meant to be
+        lang = "JSON" if path.suffix.lower() == ".json" else "YAML"
+        raise ProfileError(f"{path}: not valid {lang} ({yaml_error_text(err)})") from None
     article = "an" if kind[:1] in "aeiou" else "a"
     if doc is None:
-        raise ProfileError(f"{path}: the file is empty (expected {article} {kind} profile)")
+        what = "the file is empty" if not text.strip() else "the file holds only comments"
+        raise ProfileError(f"{path}: {what} (expected {article} {kind} profile)")
     if not isinstance(doc, dict):
         if starts_like_table(text.splitlines()):  # a user's T(b, n) table where a profile belongs
             raise ProfileError(f"{path}: a T(b, n) table, not {article} {kind} profile: treeopt tune and solve "
