@@ -244,7 +244,8 @@ def note(msg: str) -> None:
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="Attention backend: auto | torch | cuda")]
 PromptsOpt = Annotated[
-    Optional[Path], typer.Option("--prompts", help="Prompt file (.jsonl with 'prompt', or blank-line separated text).")
+    Optional[Path], typer.Option("--prompts", help="Prompt file: .jsonl, one object a line with 'prompt' (or 'text') "
+                               "or chat 'messages'; a .json array of them; or blank-line separated text.")
 ]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 = sampling.")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass in (0, 1], applied to target and draft.")]
