@@ -625,9 +625,10 @@ def check_llamacpp_release(release: str | None) -> None:
             f"{LLAMACPP_SPELLING_PRS[1]}: --spec-type draft-simple): omit --release, or pass {LLAMACPP_COMMIT}")
 
 
-#: ``--method`` (vLLM's names) -> llama.cpp's ``--spec-type`` for a drafter that drafts chains
-#: (``common_speculative_type_from_name_map`` in ``common/speculative.cpp``; draft-eagle3 and draft-mtp came with
-#: draft-simple in ggml-org/llama.cpp#22964). Methods llama.cpp has no type for (medusa, eagle-1/2) are refused.
+#: ``--method`` (vLLM's names) -> llama.cpp's ``--spec-type`` for a drafter that drafts chains, as
+#: ``common_speculative_type_from_name_map`` in ``common/speculative.cpp`` names them (read in the public source at
+#: commit 001d906; draft-eagle3 and draft-mtp are named beside draft-simple, which #22964 introduced). Methods
+#: llama.cpp has no type for (medusa, eagle-1/2) are refused.
 LLAMACPP_SPEC_TYPES = {"draft_model": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp",
                        "ngram": "ngram-simple"}
 

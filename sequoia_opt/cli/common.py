@@ -77,7 +77,7 @@ def _help_width() -> None:
 
     from typer import rich_utils
 
-    if rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+    if rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not (sys.stdout and sys.stdout.isatty()):
         rich_utils.MAX_WIDTH = 100
 
 

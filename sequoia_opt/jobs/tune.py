@@ -494,8 +494,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import export_plan, guard_notes, method_key
     from ..solver.schedule import (ChainValue, EnvelopeValue, check_draft_measured, load_schedule, max_draft_measured,
-                                   plan_document,
-                                   plan_from_ranges, predict_ranges, solve_one_setting_plan, solve_plan)
+                                   plan_document, plan_from_ranges, predict_ranges, solve_one_setting_plan, solve_plan)
 
     opts = check_options(opts)
     spec = parse_drafter_spec(opts.draft)

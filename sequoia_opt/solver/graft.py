@@ -131,7 +131,7 @@ from .graft_dp import (GraftDPSolution, _allow, _check_bool, _check_limits, _dra
                        _graft_tables, _normalize_graft_depths, _pack, _Packed, _reconstruct_tree, optimal_graft_tree,
                        solve_graft_dp)
 from .graft_value import DEFAULT_NAMES, GraftAcceptance, graft_expected_tokens
-from .hardware import StepCost, check_budget_measured, budget_grid, choose, cost_of_step, plain_ms_per_token
+from .hardware import StepCost, budget_grid, check_budget_measured, choose, cost_of_step, plain_ms_per_token
 
 __all__ = ["GraftAcceptance", "GraftChoice", "GraftDPSolution", "drafter_costs_ms", "drafter_forwards",
            "graft_baselines", "graft_depth_family", "graft_expected_tokens", "graft_step_cost", "merge_trees",
