@@ -401,7 +401,7 @@ def test_tune_refuses_a_table_that_prices_no_chain_and_keeps_the_settings(tmp_pa
     out.write_text('{"method": "draft_model", "num_speculative_tokens": 3}\n')
     for engine in ("vllm", "tensorrt-llm", "sglang", "treeopt"):
         res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "-o", str(out)])
-        assert res.exit_code == 2 and "measured T(b, n) at n = 1 only" in res.output, res.output
+        assert res.exit_code == 2 and "latency profile 'one' measured T(b, n) at n = 1 only" in res.output, res.output
         assert out.read_text() == '{"method": "draft_model", "num_speculative_tokens": 3}\n'
 
 

@@ -562,9 +562,9 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     else:
         top = max_draft_measured(profile, opts.batches, ctx)
         if top < 1:  # "speculation pays nowhere" would be a verdict on nothing (and remove a working setting)
-            raise TreeoptError("the latency profile measured T(b, n) at n = 1 only (at some batch size): a chain of "
-                               "K drafts is verified in T(b, K + 1), so no chain can be priced; measure n = 1 up to "
-                               f"the longest draft + 1 (1..{DEFAULT_MAX_DRAFT + 1}) at every batch size")
+            raise TreeoptError(f"latency profile {profile.id!r} measured T(b, n) at n = 1 only (at some batch size): "
+                               "a chain of K drafts is verified in T(b, K + 1), so no chain can be priced; measure n = 1 "
+                               f"up to the longest draft + 1 (1..{DEFAULT_MAX_DRAFT + 1}) at every batch size")
         if opts.max_draft is not None:  # before the DP is sized for it (--max-draft 20000: 800M table entries)
             check_draft_measured(opts.max_draft, profile, opts.batches, ctx)
         k = opts.max_draft if opts.max_draft is not None else top if opts.plan is not None else \
