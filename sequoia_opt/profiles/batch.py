@@ -181,9 +181,13 @@ def save_batch_latency(path: str | Path, profile: BatchLatencyProfile) -> Path:
 TABLE_COLUMNS = ("batch", "tokens", "target_ms", "draft_ms", "overhead_ms")
 
 
+_INT_COLUMNS = ("batch", "tokens")
+_OPTIONAL_COLUMNS = ("draft_ms", "overhead_ms")
+
+
 def _plain_number(text: str, *, integer: bool) -> bool:
-    """Whether a table cell reads as :func:`load_batch_table` takes it: ASCII, no ``_``, an int (``integer``) or a
-    float."""
+    """Whether a table cell reads as :func:`load_batch_table` takes it: ASCII, no ``_`` (``int`` reads 7_5 as 75,
+    and full-width digits as digits), an int (``integer``) or a float."""
     if not text.isascii() or "_" in text:
         return False
     try:
@@ -239,19 +243,16 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
         if len(r) != len(head):
             raise ProfileError(f"{p}: line {i} has {len(r)} values, the header {len(head)}")
         rec = dict(zip(head, (x.split("#")[0].strip() for x in r)))
-        try:
-            if not all(v.isascii() and "_" not in v for v in rec.values()):  # int() reads 7_5 as 75, and "１"
-                raise ValueError
-            b, n = int(rec["batch"]), int(rec["tokens"])
-            t = float(rec["target_ms"])
-            d = float(rec.get("draft_ms") or 0.0)
-            o = float(rec.get("overhead_ms") or 0.0)
-        except ValueError:
-            bad = next(((c, v) for c, v in rec.items() if not _plain_number(v, integer=c in ("batch", "tokens"))),
-                       None)
-            got = f"; {bad[0]} is {bad[1]!r}" if bad is not None else ""
+        bad = next(((c, v) for c, v in rec.items()  # an optional ms column may be left empty (0)
+                    if not (v == "" and c in _OPTIONAL_COLUMNS) and not _plain_number(v, integer=c in _INT_COLUMNS)),
+                   None)
+        if bad is not None:
             raise ProfileError(f"{p}: line {i}: batch and tokens must be integers and the ms columns numbers "
-                               f"(plain digits){got}") from None
+                               f"(plain digits); {bad[0]} is {bad[1]!r}")
+        b, n = int(rec["batch"]), int(rec["tokens"])
+        t = float(rec["target_ms"])
+        d = float(rec.get("draft_ms") or 0.0)
+        o = float(rec.get("overhead_ms") or 0.0)
         if b < 1 or n < 1 or not t > 0 or d < 0 or o < 0 or not all(map(math.isfinite, (t, d, o))):
             raise ProfileError(f"{p}: line {i}: batch and tokens >= 1, target_ms > 0, draft_ms and overhead_ms >= 0")
         if max(b, n) > MAX_TOKENS or max(t, d, o) > MAX_MS:  # named by line and column, as a table is read
