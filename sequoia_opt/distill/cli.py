@@ -28,8 +28,8 @@ from ..model.llama import Transformer
 from ..prompts import load_prompts
 from .card import bars, stage_summary, write_card
 from .curve import continue_curve, read_curve, write_curve
-from .data import (DATA_LICENCE, MAX_CONT_PROMPT_TOKENS, MAX_SEED, build_prompts, collect_sources,
-                   continuation_prompts, default_stdlib_root, split_files, token_chunks, training_streams, write_jsonl)
+from .data import (DATA_LICENCE, build_prompts, collect_sources, continuation_prompts, default_stdlib_root,
+                   setting_refusal, split_files, token_chunks, training_streams, write_jsonl)
 from .evaluate import evaluate_pair, greedy_agreement, greedy_generate
 from .teacher import label_with_teacher, teacher_continuations
 from .train import evaluate_labels, init_student, pca_embedding, student_config, train_student
@@ -192,11 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             or args.gen_batch < 1:
         raise SystemExit("--cont-prompts, --cont-batch and --cont-tokens must be >= 0, --cont-prompt-tokens and "
                          "--gen-batch >= 1")
-    if args.cont_prompt_tokens > MAX_CONT_PROMPT_TOKENS:  # whole lines from a file's first half: few files hold more
-        raise SystemExit(f"--cont-prompt-tokens {args.cont_prompt_tokens}: at most {MAX_CONT_PROMPT_TOKENS} (prompts "
-                         "are whole lines of a file's first half)")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise SystemExit(f"--seed {args.seed}: must be in 0 .. {MAX_SEED}")
+    refusal = setting_refusal(seed=args.seed, cont_prompt_tokens=args.cont_prompt_tokens)
+    if refusal is not None:
+        raise SystemExit(refusal)
     if args.cont_batch > 0 and (args.cont_prompts == 0 or args.cont_tokens == 0):
         raise SystemExit("--cont-batch needs teacher continuations: give --cont-prompts and --cont-tokens > 0")
     t_start = time.perf_counter()

@@ -83,6 +83,18 @@ MAX_CONT_PROMPT_TOKENS = 1024
 MAX_SEED = 2**32 - 1
 
 
+def setting_refusal(*, seed: int, cont_prompt_tokens: int) -> str | None:
+    """The one-line refusal both distillation commands give a ``--seed`` outside 0 .. :data:`MAX_SEED` or a
+    ``--cont-prompt-tokens`` past :data:`MAX_CONT_PROMPT_TOKENS` (checked before the target loads); None: both
+    are fine."""
+    if not 0 <= seed <= MAX_SEED:
+        return f"--seed {seed}: must be in 0 .. {MAX_SEED}"
+    if cont_prompt_tokens > MAX_CONT_PROMPT_TOKENS:  # whole lines from a file's first half: few files hold more
+        return (f"--cont-prompt-tokens {cont_prompt_tokens}: at most {MAX_CONT_PROMPT_TOKENS} (prompts are whole "
+                "lines of a file's first half)")
+    return None
+
+
 def make_prompt(text: str, encode: Callable[[str], list[int]], rng: random.Random, *, min_tokens: int = 64,
                 max_tokens: int = 200, tries: int = 20) -> str | None:
     """A code prefix of ``min_tokens``..``max_tokens`` tokens from ``text``: whole lines from a random

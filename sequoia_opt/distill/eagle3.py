@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command (module docstring). Returns 0; bad settings exit 2 with one line."""
     from ..model.loaders import find_demo_target, load_checkpoint
     from .cli import DEFAULT_PACKAGE_DATA, _cpu_name
-    from .data import MAX_CONT_PROMPT_TOKENS, MAX_SEED, continuation_prompts, default_stdlib_root, token_chunks
+    from .data import continuation_prompts, default_stdlib_root, setting_refusal, token_chunks
 
     args = _parser().parse_args(argv)
     if args.threads:
@@ -545,12 +545,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --cont-prompts and --val-cont-prompts must be >= 0; --cont-prompt-tokens, --cont-tokens and "
               "--gen-batch >= 1", file=sys.stderr)
         return 2
-    if not 0 <= args.seed <= MAX_SEED:
-        print(f"error: --seed {args.seed}: must be in 0 .. {MAX_SEED}", file=sys.stderr)
-        return 2
-    if args.cont_prompt_tokens > MAX_CONT_PROMPT_TOKENS:  # whole lines from a file's first half: few files hold more
-        print(f"error: --cont-prompt-tokens {args.cont_prompt_tokens}: at most {MAX_CONT_PROMPT_TOKENS} (prompts are "
-              "whole lines of a file's first half)", file=sys.stderr)
+    refusal = setting_refusal(seed=args.seed, cont_prompt_tokens=args.cont_prompt_tokens)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
         return 2
     log = lambda m: print(f"[{_dt.datetime.now().strftime('%H:%M:%S')}] {m}", flush=True)  # noqa: E731
     command = "python -m sequoia_opt.distill.eagle3 " + " ".join(argv if argv is not None else sys.argv[1:])
