@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--prompts", type=int, default=None, help="code prompts used (default 40; quick 8)")
+    ap.add_argument("--extra-prompts", type=Path, action="append", default=[],
+                    help="a prompt file added to the pool after the shipped profile and eval sets (repeatable), "
+                         "e.g. benchmarks/data/code-heldout.jsonl (benchmarks/make_code_prompts.py) for larger splits")
     ap.add_argument("--new-tokens", type=int, default=None, help="tokens per prompt (default 40; quick 12)")
     ap.add_argument("--splits", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=16, help="largest tree (latency grid)")
@@ -117,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     load0 = os.getloadavg()[0]
     pair = load_pair(None, None, device=parse_device("cpu"), dtype=parse_dtype("float32"))
-    texts = load_prompts(demo_prompts_path("profile")) + load_prompts(demo_prompts_path("eval"))
+    pool_files = [demo_prompts_path("profile"), demo_prompts_path("eval"), *args.extra_prompts]
+    texts = [t for f in pool_files for t in load_prompts(f)]
     rng = np.random.default_rng(args.seed)
     chosen = sorted(rng.choice(len(texts), size=min(n_prompts, len(texts)), replace=False).tolist())
     ids = encode_prompts([texts[i] for i in chosen], pair.tokenizer, model=pair.target_name)
@@ -327,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['sd_implied_by_interval']:.3f} implied by the interval; within 5 % in {c['within_5pct']:.0%}")
     run_id = new_run_id(None)
     doc = {"format": "treeopt-bench-predictions/1", "run_id": run_id, "date": now_iso(),
-           "command": "flock /tmp/treeopt-bench.lock python benchmarks/prediction_splits.py"
-           + (" --quick" if args.quick else ""), "threads": torch.get_num_threads(),
+           "command": " ".join(["flock /tmp/treeopt-bench.lock python benchmarks/prediction_splits.py",
+                                 *(argv if argv is not None else sys.argv[1:])]),
+           "prompt_files": [os.path.relpath(f, ROOT) for f in pool_files], "pool_size": len(texts),
+           "threads": torch.get_num_threads(),
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_avg_1min_start": load0,
            "load_avg_1min_end": os.getloadavg()[0], "prompts": n_prompts, "new_tokens": new_tokens,
            "context_tokens": ctx, "latency": curve.to_dict(), "splits": splits, "goals": goals,
