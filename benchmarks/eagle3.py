@@ -22,7 +22,13 @@ range the solver's trees use on this CPU, where T(n) grows steeply past ~8 token
 profile prompts x 32 tokens (K = 4, depth 4; ~450 trials, p_1 to about +-0.045); the head's calibration on 12 x 32
 (6 levels, top-4); the run on 8 held-out eval prompts x 64 tokens, one plain baseline, the two static trees and
 the three best predicted dynamic settings. Chosen so that the whole run fits in ~15 min of a shared 2-core
-machine: the run (6 entries x 512 tokens) is half of it.
+machine: the run (6 entries x 512 tokens) is half of it. p_1 is printed with its 95 % interval between the
+profile's prompts; ``--profile-prompts`` with ``--extra-profile-prompts benchmarks/data/code-heldout.jsonl``
+measures the acceptance on more prompts of the same kind (the prediction then carries less of the profile
+prompts' own spread), ``--num-prompts`` (at most the 32 of eval.jsonl) runs more::
+
+    flock /tmp/treeopt-bench.lock python benchmarks/eagle3.py --profile-prompts 64 \
+        --extra-profile-prompts benchmarks/data/code-heldout.jsonl --num-prompts 24
 """
 
 from __future__ import annotations
@@ -36,12 +42,27 @@ from pathlib import Path
 import torch
 
 
+def _relative(path) -> str:
+    """``path`` relative to the working folder where it lies under it (the results name files portably)."""
+    p = Path(path).resolve()
+    try:
+        return p.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--head", default="eagle3", help="the --draft text of the head (default: the shipped one)")
     ap.add_argument("--num-prompts", type=int, default=None, help="eval prompts (default 8; quick 2)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per eval prompt (default 64)")
+    ap.add_argument("--profile-prompts", type=int, default=None,
+                    help="prompts the acceptance is measured on (default 16; quick 2): the shipped profile set first, "
+                         "then --extra-profile-prompts")
+    ap.add_argument("--extra-profile-prompts", type=Path, action="append", default=[],
+                    help="a prompt file added to the profile pool after the shipped profile set (repeatable), e.g. "
+                         "benchmarks/data/code-heldout.jsonl (code of the same kind that no training read)")
     ap.add_argument("--out", type=Path, default=Path("results/eagle3"))
     args = ap.parse_args(argv)
 
@@ -60,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.profiling.timing import token_grid
     from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
     from sequoia_opt.solver.dynamic import predict_setting, setting_grid
+    from sequoia_opt.solver.intervals import acceptance_spreads
     from sequoia_opt.tree import Tree, TreeMetadata, now_iso, save_tree
 
     q = args.quick
     sizes = dict(ctx=256, max_tokens=16 if q else 32, rounds=1 if q else 3, repeats=3 if q else 5,
-                 acc_prompts=2 if q else 16, acc_tokens=16 if q else 32, width=4, depth=4,
+                 acc_prompts=args.profile_prompts or (2 if q else 16), acc_tokens=16 if q else 32, width=4, depth=4,
                  cal_prompts=2 if q else 12, cal_tokens=16 if q else 32, cal_steps=4 if q else 6, cal_topk=4,
                  num_prompts=args.num_prompts or (2 if q else 8), new_tokens=args.max_new_tokens or (16 if q else 64),
                  max_depth=6 if q else 8)
@@ -79,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     progress = (lambda what, done, total: print(f"  {what} ({done}/{total})", file=sys.stderr, flush=True))
     print("timing T(n) of the target", file=sys.stderr)
     tt = profile_model(target, grid, [ctx], what="target", progress=progress, **timing)
-    prof_ids = encode_prompts(load_prompts(demo_prompts_path("profile"), limit=max(sizes["acc_prompts"],
-                                                                                   sizes["cal_prompts"])), tok,
-                              model=tname)
+    pool_files = [demo_prompts_path("profile"), *args.extra_profile_prompts]
+    pool = [t for f in pool_files for t in load_prompts(f)]
+    prof_ids = encode_prompts(pool[: max(sizes["acc_prompts"], sizes["cal_prompts"])], tok, model=tname)
+    pool_text = " + ".join(_relative(f) for f in pool_files)
     eval_ids = encode_prompts(load_prompts(demo_prompts_path("eval"), limit=sizes["num_prompts"]), tok, model=tname)
     sides = []
     for pair in (draft_pair, head_pair):
@@ -101,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         acc = build_acceptance_profile(
             counts, profile_id=f"{tname}__{drafter_slug(pair.draft_name)}_greedy", target_name=tname,
             draft_name=pair.draft_name, temperature=0.0, top_p=1.0, depth=sizes["depth"], device=device_name(dev),
-            dtype="float32", prompts_file="sequoia_opt/data/prompts/profile.jsonl", num_prompts=len(ids),
+            dtype="float32", prompts_file=pool_text, num_prompts=len(ids),
             max_new_tokens=sizes["acc_tokens"], seed=0, draft_cost_model=pair.cost_model,
             command="benchmarks/eagle3.py")
         plan = plan_drafter(pair.draft_name, pair.cost_model, acc, curve, budget=sizes["max_tokens"],
@@ -144,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     dyns = [by[e.name] for e in dyn]
     best_dyn = max(dyns, key=lambda x: x.tokens_per_step) if dyns else None
     p1 = float(hacc.acceptance[0])
+    spreads = acceptance_spreads(hacc)  # p_1's interval between the profile's prompts (issue 31)
+    p1_interval = list(spreads[0].mean_interval()) if spreads else None
     c1 = hcurve.draft_ms(1, ctx) / hcurve.target_ms(1, ctx)
     err = (hsum.predicted_tokens_per_step - hsum.tokens_per_step) / hsum.tokens_per_step \
         if hsum.predicted_tokens_per_step else None
@@ -167,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in run.summaries:
         print(f"| {s.tree} | {s.size} | {s.predicted_tokens_per_step or ''} | {s.tokens_per_step:.3f} | "
               f"{s.tokens_per_s:.2f} | {s.speedup:.3f} |")
-    print(f"\nhead acceptance p_1..p_4: {[round(float(x), 3) for x in hacc.acceptance[:4]]}; draft's: "
-          f"{[round(float(x), 3) for x in dacc.acceptance[:4]]}")
+    print(f"\nhead acceptance p_1..p_4: {[round(float(x), 3) for x in hacc.acceptance[:4]]}"
+          + (f" (p_1's 95 % interval between {hacc.num_prompts} prompts {p1_interval[0]:.3f}-{p1_interval[1]:.3f})"
+             if p1_interval else "")
+          + f"; draft's: {[round(float(x), 3) for x in dacc.acceptance[:4]]}")
     print("\n| goal | value | met |\n|---|---|---|")
     for name, value, ok in goals:
         print(f"| {name} | {'' if value is None else f'{value:.3f}'} | {'yes' if ok else 'NO'} |")
@@ -176,9 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     rid = new_run_id(None)
     folder = args.out / rid
     doc = {"format": "treeopt-bench-eagle3/1", "date": now_iso(), "settings": sizes, "target": tname,
+           "command": " ".join(["flock /tmp/treeopt-bench.lock python benchmarks/eagle3.py",
+                                *(argv if argv is not None else sys.argv[1:])]),
+           "profile_prompt_files": pool_text,
            "drafters": {"draft": draft_pair.draft_name, "head": head_pair.draft_name},
            "threads": torch.get_num_threads(), "greedy_ok": run.greedy_ok,
-           "head": {"acceptance": [float(x) for x in hacc.acceptance], "c1_over_T1": c1,
+           "head": {"acceptance": [float(x) for x in hacc.acceptance], "p1_interval_between_prompts": p1_interval,
+                    "c1_over_T1": c1,
                     "T1_ms": hcurve.target_ms(1, ctx), "c1_ms": hcurve.draft_ms(1, ctx),
                     "tree": hplan.tree.choices(), "calibration_steps": len(cal.steps)},
            "draft": {"acceptance": [float(x) for x in dacc.acceptance],
