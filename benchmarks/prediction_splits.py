@@ -31,6 +31,12 @@ Prints a table and writes ``results/predictions/<run-id>.json``::
 
     flock /tmp/treeopt-bench.lock python benchmarks/prediction_splits.py            # ~11 min on 2 cores
     flock /tmp/treeopt-bench.lock python benchmarks/prediction_splits.py --quick    # smoke test
+
+20 prompts a side are as spread as the 5 % goal (a half lands within 5 % of the other in 52-64 % of halves,
+whatever the model); the held-out code set (``benchmarks/make_code_prompts.py``) makes 78 a side (~24 min)::
+
+    flock /tmp/treeopt-bench.lock python benchmarks/prediction_splits.py \
+        --extra-prompts benchmarks/data/code-heldout.jsonl --prompts 156
 """
 
 from __future__ import annotations
