@@ -591,3 +591,28 @@ def test_an_output_folder_that_takes_no_file_is_refused_before_measuring(tmp_pat
     monkeypatch.undo()
     check_output(tmp_path / "p.yaml", {})  # a folder that takes files: no probe file is left behind
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_results_folder_that_takes_no_file_is_refused_before_the_run(tmp_path, monkeypatch):
+    """run --results-dir /proc/nope ran the whole generation, then failed writing its CSV (the measurements lost):
+    the folder, or the one it would be made in, is probed first."""
+    import tempfile
+
+    from sequoia_opt.cli.common import _check_results_dir
+    from sequoia_opt.errors import OutputError
+
+    def refuse(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    (tmp_path / "old").mkdir()
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(OutputError, match=re.escape(f"--results-dir {tmp_path / 'new' / 'run'}: cannot create it: a "
+                                                    f"file cannot be made in {tmp_path} (Read-only file system)")):
+        _check_results_dir(tmp_path / "new" / "run")
+    with pytest.raises(OutputError, match=re.escape(f"--out-dir {tmp_path / 'old'}: a file cannot be made in "
+                                                    f"{tmp_path / 'old'} (Read-only file system)")):
+        _check_results_dir(tmp_path / "old", "--out-dir")
+    monkeypatch.undo()
+    _check_results_dir(tmp_path / "new" / "run")  # nothing made: the run makes its folder when it writes
+    _check_results_dir(tmp_path / "old")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"] and list((tmp_path / "old").iterdir()) == []

@@ -478,16 +478,24 @@ def _check_writable(path: Path) -> None:
     folder = _existing_folder_above(path, f"cannot write {path}")
     if folder is not None and not os.access(folder, os.W_OK | os.X_OK):  # a read-only folder or file system
         raise OutputError(f"cannot write {path}: this user cannot write into {folder}")
-    if folder is not None:  # what os.access cannot tell (root on a read-only mount, /proc, /sys): try it
-        import tempfile
+    if folder is not None:
+        _probe_folder(folder, f"cannot write {path}")
 
-        try:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=".treeopt-probe-")
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as err:
-            raise OutputError(f"cannot write {path}: a file cannot be made in {folder} "
-                              f"({err.strerror or err})") from None
+
+def _probe_folder(folder: Path, what: str) -> None:
+    """Make and remove a file in ``folder``: what ``os.access`` cannot tell (root on a read-only mount, /proc,
+    /sys). Raises OutputError ``"{what}: a file cannot be made in {folder} (reason)"``."""
+    import os
+    import tempfile
+
+    from ..errors import OutputError
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".treeopt-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise OutputError(f"{what}: a file cannot be made in {folder} ({err.strerror or err})") from None
 
 
 def check_output(path: Optional[Path], inputs: dict[str, Any], flag: str = "-o") -> None:
@@ -534,10 +542,13 @@ def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
             raise OutputError(f"{option} {path}: it exists and is not a folder (results are written into a folder)")
         if not os.access(path, os.W_OK | os.X_OK):
             raise OutputError(f"{option} {path}: this user cannot write into that folder")
+        _probe_folder(path, f"{option} {path}")
         return
     parent = _existing_folder_above(path, f"{option} {path}")
     if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{option} {path}: cannot create it, this user cannot write into {parent}")
+    if parent is not None:
+        _probe_folder(parent, f"{option} {path}: cannot create it")
 
 
 #: ``treeopt profile ...``: its commands live in one module each (cli/profile_*.py).
