@@ -400,6 +400,9 @@ def test_compare_drafters_end_to_end_with_the_profiles_the_cli_wrote(in_root):
     lines = [ln for ln in table.splitlines() if "lookup:1-3" in ln or "self:1" in ln]
     assert len(lines) == 2 and all(ln.rstrip().endswith("yes │") for ln in lines)
     assert "one-pass" in lines[0] and "per-level" in lines[1]
+    # one prompt: its interval is over the steps, and the title says so (it said "over prompts")
+    flat = " ".join(r.stdout.replace("│", " ").split())
+    assert "95% CI: the measured mean's, over the steps of the one prompt" in flat and "over prompts" not in flat
 
 
 def test_compare_drafters_checks_each_chosen_step_on_its_profiles_prompts(in_root):
@@ -499,6 +502,10 @@ def test_compare_drafters_explicit_profiles_pair_in_order(in_root):
      "profiles: drop --tree"),
     (["--draft", "lookup", "--compare"], "--compare and --compare-drafters are separate modes"),
     (["--draft", "lookup", "--max-depth", "0"], "--max-depth must be at least 1, got 0"),
+    # dynamic settings were dropped without a word (exit 0, no dynamic row)
+    (["--draft", "lookup", "--dynamic", "eagle:steps=2,topk=2,budget=4"], "--compare-drafters runs each drafter's own "
+     "static tree: --dynamic / --calibration run one drafter's settings with its --tree files"),
+    (["--draft", "lookup", "--calibration", "TREE"], "--compare-drafters runs each drafter's own static tree"),
 ])
 def test_compare_drafters_bad_inputs_exit_2_before_weights_load(in_root, monkeypatch, args, message):
     root, target, draft, prompts = in_root

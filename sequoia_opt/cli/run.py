@@ -197,6 +197,9 @@ def run_cmd(
     if compare_drafters and (merge or scheduler is not None):
         raise TreeoptError("--compare-drafters runs each drafter's own best tree alone: drop --merge / --scheduler (or "
                            "--compare-drafters)")
+    if compare_drafters and (dynamic or calibration is not None):
+        raise TreeoptError("--compare-drafters runs each drafter's own static tree: --dynamic / --calibration run one "
+                           "drafter's settings with its --tree files (drop them, or --compare-drafters)")
     if check_step is not None and not compare_drafters:
         raise TreeoptError("--check-step/--no-check-step applies only with --compare-drafters (it checks the trees "
                            "solved there; a --tree file's prediction is checked by the run itself)")
@@ -771,7 +774,10 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
                      s.draft_ms, s.verify_ms, s.bookkeeping_ms,
                      "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
     return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else "")
-            + "; 95% CI: the measured mean's, over prompts; 95% PI: the prediction's for this many new prompts; "
+            + ("; 95% CI: the measured mean's, over prompts" if len({r.prompt_index for r in run.rows}) > 1 else
+               "; 95% CI: the measured mean's, over the steps of the one prompt (too narrow for new prompts: give "
+               "more prompts)")
+            + "; 95% PI: the prediction's for this many new prompts; "
             "pred. speedup: for generations of this run's lengths where the tree file records its "
             "end_overshoot_tokens (the last step of a generation emits only what is left), else the steady state",
             ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "95% PI", "tokens/s", "speedup",
