@@ -61,6 +61,7 @@ import datetime as _dt
 import json
 import math
 import numbers
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -477,8 +478,14 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
             return _imported(import_choices(text), "import:medusa")
         try:
             doc = yaml.safe_load(text)
-        except yaml.YAMLError:
+        except yaml.YAMLError as err:
             doc = None
+            first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")),
+                         "")
+            if re.match(r"[A-Za-z_][\w-]*\s*:", first):  # 'format: ...': a YAML document, broken
+                mark = getattr(err, "problem_mark", None)
+                at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                raise TreeValidationError(f"not valid YAML{at}: {getattr(err, 'problem', None) or err}") from None
         if isinstance(doc, dict):
             return _tree_from_mapping(doc, text, source)
         try:
