@@ -100,7 +100,7 @@ def _prompt(obj: Any, where: str, *, in_array: bool = False) -> Prompt:
         raise PromptFileError(f"{where}: {unit} holds a 'prompt' or a 'text' (the same field), not both")
     body = obj.get("prompt", obj.get("text"))
     if not isinstance(body, str) or not body.strip():
-        raise PromptFileError(f"{where}: needs a non-empty 'prompt' string (or 'messages')")
+        raise PromptFileError(f"{where}: needs a non-empty 'prompt' (or 'text') string, or 'messages'")
     return Prompt(body, meta, origin=where)
 
 
