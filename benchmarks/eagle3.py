@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.profiling.latency import (build_latency_profile, measure_step_overhead, method_text,
                                                profile_drafter, profile_model)
     from sequoia_opt.profiling.timing import token_grid
-    from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
+    from sequoia_opt.prompts import PromptFileError, demo_prompts_path, encode_prompts, load_prompts
     from sequoia_opt.solver.dynamic import predict_setting, setting_grid
     from sequoia_opt.solver.intervals import acceptance_spreads
     from sequoia_opt.tree import Tree, TreeMetadata, now_iso, save_tree
@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
                  num_prompts=args.num_prompts or (2 if q else 8), new_tokens=args.max_new_tokens or (16 if q else 64),
                  max_depth=6 if q else 8)
     dev = torch.device("cpu")
+    pool_files = [demo_prompts_path("profile"), *args.extra_profile_prompts]
+    try:  # a bad --extra-profile-prompts: one line, before the models load
+        pool = [t for f in pool_files for t in load_prompts(f)]
+    except PromptFileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     draft_pair, head_pair = load_drafters(None, [None, args.head], device=dev, dtype=torch.float32)
     target, tok = draft_pair.target, draft_pair.tokenizer
     eos = sorted(tok.eos_ids)
@@ -101,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     progress = (lambda what, done, total: print(f"  {what} ({done}/{total})", file=sys.stderr, flush=True))
     print("timing T(n) of the target", file=sys.stderr)
     tt = profile_model(target, grid, [ctx], what="target", progress=progress, **timing)
-    pool_files = [demo_prompts_path("profile"), *args.extra_profile_prompts]
-    pool = [t for f in pool_files for t in load_prompts(f)]
     prof_ids = encode_prompts(pool[: max(sizes["acc_prompts"], sizes["cal_prompts"])], tok, model=tname)
     pool_text = " + ".join(_relative(f) for f in pool_files)
     eval_ids = encode_prompts(load_prompts(demo_prompts_path("eval"), limit=sizes["num_prompts"]), tok, model=tname)

@@ -10,6 +10,9 @@ makes one prompt per file of theirs (at least 2,000 bytes, no test folder or tes
 same seed as the shipped sets. The prompts are disjoint from the shipped sets and from every training file.
 
     python benchmarks/make_code_prompts.py     # -> benchmarks/data/code-heldout.jsonl (Python 3.11's Lib: 99 prompts)
+
+The shipped file was made with Python 3.11.7 (3.13 has no ``lib2to3``: another Python makes another set, so
+give it ``--out``).
 """
 
 from __future__ import annotations
@@ -38,19 +41,31 @@ def held_out_files(stdlib: Path, *, min_bytes: int = 2000) -> list[str]:
     return sorted(out)
 
 
-def main() -> None:
-    from sequoia_opt.distill.data import EXCLUDED_DIRS, build_prompts, default_stdlib_root, write_jsonl
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=OUT, help=f"the JSONL written (default {OUT.relative_to(ROOT)}; "
+                    "another Python's library makes another set: write it elsewhere)")
+    ap.add_argument("--stdlib", type=Path, default=None, help="the standard library folder (default this Python's)")
+    args = ap.parse_args(argv)
+
     from sequoia_opt.distill.cli import _load_target
+    from sequoia_opt.distill.data import EXCLUDED_DIRS, build_prompts, default_stdlib_root, write_jsonl
 
     assert set(HELD_OUT_DIRS) <= EXCLUDED_DIRS, "a held-out folder must be one that training skips"
-    stdlib = default_stdlib_root()
+    stdlib = args.stdlib or default_stdlib_root()
     files = held_out_files(stdlib)
+    if not files:
+        print(f"error: no file of {', '.join(HELD_OUT_DIRS)} under {stdlib}", file=sys.stderr)
+        return 2
     _, _, tok = _load_target(None)
     prefix = f"python{sys.version_info.major}.{sys.version_info.minor}"
     rows = build_prompts(stdlib, files, tok.encode, seed=0, n=len(files), source_prefix=prefix)
-    write_jsonl(OUT, rows)
-    print(f"wrote {len(rows)} prompts from {len(files)} files to {OUT}")
+    write_jsonl(args.out, rows)
+    print(f"wrote {len(rows)} prompts from {len(files)} files to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

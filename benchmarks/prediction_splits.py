@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.profiling.latency import build_latency_profile, measure_step_overhead, profile_model
     from sequoia_opt.profiling.steps import check_chosen_step, static_loop_decoders, time_loop
     from sequoia_opt.profiling.timing import token_grid
-    from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
+    from sequoia_opt.prompts import PromptFileError, demo_prompts_path, encode_prompts, load_prompts
     from sequoia_opt.solver.depth import ValueModel
     from sequoia_opt.solver.generation import finite_generation_factor
     from sequoia_opt.solver.hardware import score_tree
@@ -125,9 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     new_tokens = args.new_tokens or (12 if args.quick else 40)
     t_all = time.perf_counter()
     load0 = os.getloadavg()[0]
-    pair = load_pair(None, None, device=parse_device("cpu"), dtype=parse_dtype("float32"))
     pool_files = [demo_prompts_path("profile"), demo_prompts_path("eval"), *args.extra_prompts]
-    texts = [t for f in pool_files for t in load_prompts(f)]
+    try:  # a bad --extra-prompts: one line, before the models load
+        texts = [t for f in pool_files for t in load_prompts(f)]
+    except PromptFileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    pair = load_pair(None, None, device=parse_device("cpu"), dtype=parse_dtype("float32"))
     rng = np.random.default_rng(args.seed)
     chosen = sorted(rng.choice(len(texts), size=min(n_prompts, len(texts)), replace=False).tolist())
     ids = encode_prompts([texts[i] for i in chosen], pair.tokenizer, model=pair.target_name)
