@@ -918,7 +918,7 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
         notes.append(f"{what} measured but past the schedule's last range (it ends at {end}): not predicted; an "
                      "engine given this schedule runs its last setting there")
     none = SpecSetting.none()
-    plains = predict_ranges([(1, max(hi for _, hi, _ in ranges), none)], value, profile, [p.batch for p in preds],
+    plains = predict_ranges([(1, end, none)], value, profile, [p.batch for p in preds],
                             context=context, interval=interval)
     rows = [BatchRow(p.batch, p, q, (p, q) if p.setting.speculates else (p,)) for p, q in zip(preds, plains)]
     out_ranges = [Range(int(lo), int(hi), st, next((p for p in preds if lo <= p.batch <= hi), None))
