@@ -90,8 +90,12 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
     except UnicodeDecodeError:
-        article = "an" if what[:1].lower() in "aeiou" else "a"
-        raise error(f"{path}: not a UTF-8 text file (expected {article} {what})") from None
+        raise error(f"{path}: not a UTF-8 text file (expected {with_article(what)})") from None
+
+
+def with_article(noun: str) -> str:
+    """``noun`` after "a" or "an" as its first letter asks (a vowel: "an acceptance profile"), for messages."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 _INT64_MAX = 2**63 - 1

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._io import with_article
 from ..errors import ProfileError, TreeoptError
 
 __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult", "check_options", "tune",
@@ -584,8 +585,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             if st.speculates and st.shape != value.shape:
                 hint = (" (--shape envelope --calibration FILE values envelopes)" if st.shape == "envelope"
                         else " (--shape chain values chains)" if st.shape == "chain" else "")
-                article = "an" if st.shape[0] in "aeiou" else "a"
-                raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run {st.label}, {article} {st.shape}, but "
+                raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run {st.label}, {with_article(st.shape)}, but "
                                    f"tune values {value.shape}s here{hint}")
             if st.shape == "chain" and st.draft_tokens > value.max_draft:
                 raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run K = {st.draft_tokens}, past the chains "

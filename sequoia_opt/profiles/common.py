@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 import yaml
 
-from .._io import check_numbers, read_text_file, safe_load_yaml, yaml_error_text
+from .._io import check_numbers, read_text_file, safe_load_yaml, with_article, yaml_error_text
 from ..errors import ProfileError, SolverError
 
 ACCEPTANCE_FORMAT = "treeopt-acceptance/1"
@@ -120,15 +120,15 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     except yaml.YAMLError as err:  # YAML reads JSON too: a .json file is named as what it is meant to be
         lang = "JSON" if path.suffix.lower() == ".json" else "YAML"
         raise ProfileError(f"{path}: not valid {lang} ({yaml_error_text(err)})") from None
-    article = "an" if kind[:1] in "aeiou" else "a"
+    a_profile = with_article(f"{kind} profile")  # "an acceptance profile"
     if doc is None:
         what = "the file is empty" if not text.strip() else "the file holds only comments"
-        raise ProfileError(f"{path}: {what} (expected {article} {kind} profile)")
+        raise ProfileError(f"{path}: {what} (expected {a_profile})")
     if not isinstance(doc, dict):
         if starts_like_table(text.splitlines()):  # a user's T(b, n) table where a profile belongs
-            raise ProfileError(f"{path}: a T(b, n) table, not {article} {kind} profile: treeopt tune and solve "
+            raise ProfileError(f"{path}: a T(b, n) table, not {a_profile}: treeopt tune and solve "
                                "--batch read tables; here give a profile (treeopt profile latency writes one)")
-        raise ProfileError(f"{path}: {article} {kind} profile must be a YAML mapping with a 'format' key")
+        raise ProfileError(f"{path}: {a_profile} must be a YAML mapping with a 'format' key")
     check_numbers(doc, str(path), ProfileError)
     return doc, path
 
