@@ -17,7 +17,10 @@ command it prints).
 Steps, in one machine state: ``treeopt tune`` measures T(b, n), c(b, w), the overhead per batch size and the
 drafter's acceptance (on ``--profile-prompts`` of the workload's *profile* prompts, never the eval ones, each
 answered to ``--profile-new-tokens``: by default the requests' own length, as a user profiles on the traffic they
-serve; the first tokens of an answer accept differently from later ones) and solves the plan; then for each
+serve; the first tokens of an answer accept differently from later ones; ``--extra-profile-prompts
+benchmarks/data/code-heldout.jsonl`` pools 99 more code prompts of the same kind after them, so that
+``--profile-prompts 131`` reads the acceptance on four times the prompts: at 32 the profile's own error between
+prompt sets is as large as the 10 % the prediction is judged by) and solves the plan; then for each
 batch size b, ``--rounds`` rounds serve max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
 server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
@@ -83,7 +86,7 @@ from sequoia_opt.drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_WINDOW
 from sequoia_opt.jobs.tune import TuneOptions, tune
 from sequoia_opt.plan_exports import LLAMACPP_DEFAULT_DRAFT, SGLANG_DEFAULT_ENVELOPE, VLLM_GENERATOR_KS
 from sequoia_opt.profiles.batch import parse_batches
-from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
+from sequoia_opt.prompts import PromptFileError, demo_prompts_path, encode_prompts, load_prompts
 from sequoia_opt.solver.schedule import save_schedule
 from sequoia_opt.tree import Tree, now_iso
 
@@ -444,6 +447,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile-rounds", type=int, default=2)
     ap.add_argument("--profile-prompts", type=int, default=32,
                     help="profile prompts tune measures acceptance on (the workload's profile file has 32 / 24)")
+    ap.add_argument("--extra-profile-prompts", type=Path, action="append", default=[],
+                    help="more prompts of the served kind, pooled after the profile file (repeatable); tune measures "
+                         "the first --profile-prompts of the pool (a larger pool narrows the profile's own error)")
     ap.add_argument("--profile-new-tokens", type=int, default=None,
                     help="answer tokens per profile prompt (default: --new, the length the requests are served to)")
     ap.add_argument("--threads", type=int, default=1)
@@ -468,6 +474,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         path = getattr(args, name)
         if path is not None and not path.is_file():
             ap.error(f"--{name.replace('_', '-')} {path}: no such file")
+    for path in args.extra_profile_prompts:  # a bad pool file: one line, before the models load
+        try:
+            load_prompts(path)
+        except PromptFileError as err:
+            ap.error(f"--extra-profile-prompts: {err}")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         ap.error("--max-prompt-tokens must be at least 1")
     if args.profiles_from is not None and not args.profiles_from.is_dir():
@@ -513,6 +524,13 @@ def main() -> None:
     need = max(max(requests_at(b) for b in batches), args.stream_requests if not args.no_stream else 0)
     ids = request_ids(eng, eval_file, cut, need)
     context = int(statistics.median(len(p) for p in ids))
+
+    profile_files = [profile_file, *args.extra_profile_prompts]
+    if args.extra_profile_prompts:  # tune reads one file: the pool, in order, written into the run's folder
+        pool = [p for f in profile_files for p in load_prompts(f)]
+        profile_file = run_dir / "profile-prompts.jsonl"
+        atomic_write_text(profile_file, "".join(json.dumps({"messages": list(p.messages)} if p.is_chat
+                                                           else {"prompt": p.text}) + "\n" for p in pool))
 
     # 1. profile -> solve, in this machine state (what treeopt tune does; --profiles-from: an earlier run's profiles)
     if args.profiles_from is not None:
@@ -714,7 +732,8 @@ def main() -> None:
                      stream_plan_ge_every_peer=all(p >= v for v in stream["peers"].values()))
     doc = {"benchmark": "benchmarks/schedules.py", "date": now_iso(), "engine": args.engine,
            "workload": workload, "target": args.target, "drafter": draft, "prompts": rel(eval_file),
-           "profile_prompts": rel(profile_file), "threads": args.threads,
+           "profile_prompts": rel(profile_file), "profile_pool": [rel(Path(f).resolve()) for f in profile_files],
+           "threads": args.threads,
            "rounds": args.rounds, "new_tokens": args.new, "output_tokens": args.output_tokens or args.new,
            "turnovers": args.turnovers, "profile_num_prompts": args.profile_prompts,
            "profile_new_tokens": args.profile_new_tokens or args.new,
