@@ -351,6 +351,12 @@ def safe_load_yaml(text: str) -> Any:
 
 def yaml_error_text(err: Exception) -> str:
     """What a one-line message says of a YAML error: a repeated key's problem as :func:`safe_load_yaml` words it
-    (``key 'acceptance' is given twice (line 3)``), else the error's class (PyYAML's own text spans lines)."""
-    problem = getattr(err, "problem", None) or ""
-    return problem if " is given twice " in problem else err.__class__.__name__
+    (``key 'acceptance' is given twice (line 3)``); else where and what PyYAML found (``line 3, column 1: expected
+    the node content, but found '<stream end>'``; its own text spans lines and quotes the document), or the error's
+    class when it names neither."""
+    problem = " ".join(str(getattr(err, "problem", None) or "").split())
+    if " is given twice " in problem:
+        return problem
+    mark = getattr(err, "problem_mark", None)
+    at = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return ": ".join(x for x in (at, problem) if x) or err.__class__.__name__

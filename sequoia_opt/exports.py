@@ -483,9 +483,7 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
             first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")),
                          "")
             if re.match(r"[A-Za-z_][\w-]*\s*:", first):  # 'format: ...': a YAML document, broken
-                mark = getattr(err, "problem_mark", None)
-                at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-                raise TreeValidationError(f"not valid YAML{at}: {getattr(err, 'problem', None) or err}") from None
+                raise TreeValidationError(f"not valid YAML ({yaml_error_text(err)})") from None
         if isinstance(doc, dict):
             return _tree_from_mapping(doc, text, source)
         try:

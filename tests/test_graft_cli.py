@@ -423,7 +423,7 @@ def test_run_bad_multi_drafter_input_exits_2_before_weights_load(env, tmp_path, 
 @pytest.mark.parametrize("content, message", [
     (None, "cannot read tree file"),
     ("", "the file is empty"),
-    ("format: treeopt-tree/2\ndrafters: [a\n", "not valid YAML (ParserError)"),
+    ("format: treeopt-tree/2\ndrafters: [a\n", "not valid YAML (line 3, column 1: "),
     ("format: treeopt-tree/2\ndrafters: [lookup:1-3, draft]\nnodes:\n  - {parent: -1, rank: 0}\n"
      "  - {parent: 0, rank: 0, drafter: 7}\n", "node 1: drafter index 7 is out of range"),
 ])
