@@ -866,14 +866,23 @@ def test_tune_treeopt_measures_chain_acceptance_teacher_forced(tmp_path):
     assert acc.counts.sum() == acc.measured["num_samples"] and 0 < acc.counts.sum() <= 36
     assert acc.prompt_counts.sum() == acc.counts.sum()
     assert json.loads(res.stdout)["profiles"]["acceptance"].startswith("measured:")
+    same = ["--prompts", str(prompts), "--num-prompts", "3", "--max-new-tokens", "12"]
     again = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
-                                str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "--json"])
+                                str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "--json", *same])
     assert again.exit_code == 0 and json.loads(again.stdout)["profiles"]["acceptance"].startswith("reused:")
+    # other prompts (here: a longer answer) are measured anew, and the report says why the saved one was not used
+    other = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
+                                str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "--json",
+                                *same[:-1], "16"])
+    assert other.exit_code == 0, other.output
+    assert json.loads(other.stdout)["profiles"]["acceptance"] == (f"measured: {files[0]} (the one saved there "
+                                                                 "measured max_new_tokens 12)")
+    assert load_acceptance(files[0]).measured["tune_request"]["max_new_tokens"] == 16
     # how to serve it with treeopt's decoder, the plan file named as written
     plan = tmp_path / "plan.yaml"
     served = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
                                  str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "-o", str(plan),
-                                 "--json"])
+                                 "--json", *same[:-1], "16"])
     assert served.exit_code == 0, served.output
     pair = f"--target {tdir} --draft {ddir}"
     assert (f"serve it with treeopt's decoder: treeopt run {pair} --policy adaptive-schedule:{plan} (re-ranked from "
@@ -1486,3 +1495,24 @@ def test_tune_envelope_needs_an_engine_that_takes_one_then_a_calibration(tmp_pat
                                    "--calibration")):
         res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "--shape", "envelope"])
         assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
+
+
+def test_tune_reuses_a_saved_latency_profile_only_where_it_was_timed_as_asked(tmp_path):
+    """A saved batch profile was reused whatever --context or --threads asked (it failed later on the context, or
+    priced another thread count without a word). Now each mismatch says why the profile is timed again."""
+    from sequoia_opt.jobs.tune import TuneOptions, _latency_misfit, load_given_latency
+
+    table, _ = _files(tmp_path)
+    prof = load_given_latency(table, 128)
+    ctx = int(prof.curve(1).contexts[0])
+    opts = TuneOptions(engine="treeopt", batches=[1, 8], context=ctx, threads=2)
+    assert _latency_misfit(prof, opts, 8) == ""
+    assert _latency_misfit(prof, opts, 9) == "stops short of K = 9"  # the table has n = 1..9: K up to 8
+    assert _latency_misfit(prof, TuneOptions(engine="treeopt", batches=[1, 16], context=ctx, threads=2), 4) == (
+        "has no batch size 16")
+    assert _latency_misfit(prof, TuneOptions(engine="treeopt", batches=[1], context=ctx + 1, threads=2), 4) == (
+        f"was timed at context {ctx}, not {ctx + 1}")
+    import dataclasses
+
+    prof = dataclasses.replace(prof, device={"threads": 4})
+    assert _latency_misfit(prof, opts, 4) == "was timed with 4 threads, not 2"

@@ -4,12 +4,13 @@ For the engine and drafter asked, :func:`tune` runs what is missing of profile -
 reused, measured or was given:
 
 1. the latency per batch size, T(b, n), c(b, w) and the overhead (``treeopt-latency-batch/1``): llama.cpp and
-   treeopt's own decoder are measured on this machine when no profile covers the batch sizes and draft lengths
-   asked (:func:`~sequoia_opt.engines.llamacpp.profile_latency_batch`,
+   treeopt's own decoder are measured on this machine when no saved profile was timed at the batch sizes, context,
+   draft lengths and thread count asked (:func:`~sequoia_opt.engines.llamacpp.profile_latency_batch`,
    :func:`~sequoia_opt.profiling.batch.profile_batches`); a GPU engine takes its profile (``treeopt profile latency
    --engine sglang|vllm``, batch 1 only) or a user's T(b, n) table (CSV,
    :func:`~sequoia_opt.profiles.batch.load_batch_table`);
-2. the drafter's acceptance: a profile given or found at the default path, else measured along the target's
+2. the drafter's acceptance: a profile given, or one tune saved at the default path for the same prompts (file,
+   count, answer length, depth), else measured along the target's
    greedy output, the drafter teacher-forced (treeopt: :func:`~sequoia_opt.profiling.acceptance.chain_traces`;
    llama.cpp: its logits), per-depth acceptance from the runs of agreement (:func:`acceptance_from_traces`); a
    drafter that cannot be teacher-forced (a feature head) is measured by the decoder's own verifier
@@ -455,29 +456,61 @@ def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: Progr
         done["latency"] = f"given: {p}"
         return prof
     path = measure(None)
+    why = ""
     if path.is_file():
         prof = load_batch_latency(path)
-        if _covers(prof, opts.batches, want_k, None):
+        why = _latency_misfit(prof, opts, want_k)
+        if not why:
             done["latency"] = f"reused: {path}"
             return prof
     prof = measure(path)
-    done["latency"] = f"measured: {path}"
+    done["latency"] = f"measured: {path}" + (f" (the one saved there {why})" if why else "")
     return prof
 
 
+def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int) -> str:
+    """Why a saved batch profile cannot stand for the one ``opts`` would measure ('' when it can): it must have
+    timed every batch size at ``opts.context`` itself (tune times that one context; another is a different curve,
+    read by interpolation nowhere), up to K = ``want_k``, with ``opts.threads`` threads."""
+    threads = (prof.device or {}).get("threads")
+    if threads is not None and int(threads) != opts.threads:
+        return f"was timed with {threads} threads, not {opts.threads}"
+    for b in opts.batches:
+        if b not in prof.curves:
+            return f"has no batch size {b}"
+        if opts.context not in prof.curve(b).contexts:
+            return f"was timed at context {','.join(map(str, prof.curve(b).contexts))}, not {opts.context}"
+    if not _covers(prof, opts.batches, want_k, opts.context):
+        return f"stops short of K = {want_k}"
+    return ""
+
+
 def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any]) -> Any:
-    """The acceptance profile: given, reused from ``path``, or measured by ``measure()`` and saved there."""
+    """The acceptance profile: given, reused from ``path`` when tune measured it there for the same prompts (file,
+    count, answer length, depth: ``measured.tune_request``), or measured by ``measure()`` and saved there."""
     from ..profiles import load_acceptance, save_acceptance
+    from ..prompts import demo_prompts_path
 
     if opts.acceptance is not None:
         done["acceptance"] = f"given: {opts.acceptance}"
         return load_acceptance(opts.acceptance)
+    request = {"prompts": str(Path(opts.prompts or demo_prompts_path("profile")).resolve()),
+               "num_prompts": opts.num_prompts, "max_new_tokens": opts.max_new_tokens,
+               "max_depth": opts.max_draft or DEFAULT_MAX_DRAFT}
+    why = ""
     if path.is_file():
-        done["acceptance"] = f"reused: {path}"
-        return load_acceptance(path)
+        acc = load_acceptance(path)
+        saved = acc.measured.get("tune_request")
+        if saved == request:
+            done["acceptance"] = f"reused: {path}"
+            return acc
+        why = (" (the one saved there was not measured by tune)" if not isinstance(saved, dict) else
+               " (the one saved there measured " + ", ".join(f"{k} {saved.get(k)}" for k in request
+                                                            if saved.get(k) != request[k]) + ")")
     acc = measure()
+    acc.measured["tune_request"] = request
     save_acceptance(path, acc)
-    done["acceptance"] = f"measured: {path}"
+    done["acceptance"] = f"measured: {path}{why}"
     return acc
 
 
