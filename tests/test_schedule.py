@@ -875,9 +875,23 @@ def test_tune_treeopt_measures_chain_acceptance_teacher_forced(tmp_path):
                                 str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "--json",
                                 *same[:-1], "16"])
     assert other.exit_code == 0, other.output
-    assert json.loads(other.stdout)["profiles"]["acceptance"] == (f"measured: {files[0]} (the one saved there "
-                                                                 "measured max_new_tokens 12)")
+    assert json.loads(other.stdout)["profiles"]["acceptance"] == (f"measured: {files[0]} (the one saved at "
+                                                                 f"{files[0]} measured max_new_tokens 12)")
     assert load_acceptance(files[0]).measured["tune_request"]["max_new_tokens"] == 16
+    # a profile tune did not write (treeopt profile acceptance --chains: no tune_request) is never replaced: tune
+    # measures beside it, and reuses its own file the next time
+    doc = yaml.safe_load(files[0].read_text())
+    del doc["measured"]["tune_request"]
+    doc["measured"]["max_new_tokens"] = 99
+    files[0].write_text(yaml.safe_dump(doc))
+    users = files[0].read_text()
+    own = files[0].with_suffix(".tune.yaml")
+    for verdict in (f"measured: {own} (the one saved at {files[0]} measured max_new_tokens 99)", f"reused: {own}"):
+        res = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",
+                                  str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "--json", *same])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["profiles"]["acceptance"] == verdict
+        assert files[0].read_text() == users
     # how to serve it with treeopt's decoder, the plan file named as written
     plan = tmp_path / "plan.yaml"
     served = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-l",

@@ -9,8 +9,8 @@ reused, measured or was given:
    :func:`~sequoia_opt.profiling.batch.profile_batches`); a GPU engine takes its profile (``treeopt profile latency
    --engine sglang|vllm``, batch 1 only) or a user's T(b, n) table (CSV,
    :func:`~sequoia_opt.profiles.batch.load_batch_table`);
-2. the drafter's acceptance: a profile given, or one tune saved at the default path for the same prompts (file,
-   count, answer length, depth), else measured along the target's
+2. the drafter's acceptance: a profile given, or a saved one that measured the prompts asked (:func:`_acceptance`;
+   a user's profile is never replaced), else measured along the target's
    greedy output, the drafter teacher-forced (treeopt: :func:`~sequoia_opt.profiling.acceptance.chain_traces`;
    llama.cpp: its logits), per-depth acceptance from the runs of agreement (:func:`acceptance_from_traces`); a
    drafter that cannot be teacher-forced (a feature head) is measured by the decoder's own verifier
@@ -486,8 +486,10 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int) -> str:
 
 
 def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any]) -> Any:
-    """The acceptance profile: given, reused from ``path`` when tune measured it there for the same prompts (file,
-    count, answer length, depth: ``measured.tune_request``), or measured by ``measure()`` and saved there."""
+    """The acceptance profile: given; or reused from ``path`` (where ``treeopt profile acceptance`` writes it too) or
+    from tune's own file beside it (``<name>.tune.yaml``) when it measured the prompts asked (:func:`_same_prompts`);
+    else measured by ``measure()`` and saved at ``path``, or beside it when ``path`` holds a profile tune did not
+    write (a user's measurement is never replaced)."""
     from ..profiles import load_acceptance, save_acceptance
     from ..prompts import demo_prompts_path
 
@@ -497,21 +499,39 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
     request = {"prompts": str(Path(opts.prompts or demo_prompts_path("profile")).resolve()),
                "num_prompts": opts.num_prompts, "max_new_tokens": opts.max_new_tokens,
                "max_depth": opts.max_draft or DEFAULT_MAX_DRAFT}
-    why = ""
-    if path.is_file():
-        acc = load_acceptance(path)
-        saved = acc.measured.get("tune_request")
-        if saved == request:
-            done["acceptance"] = f"reused: {path}"
-            return acc
-        why = (" (the one saved there was not measured by tune)" if not isinstance(saved, dict) else
-               " (the one saved there measured " + ", ".join(f"{k} {saved.get(k)}" for k in request
-                                                            if saved.get(k) != request[k]) + ")")
+    own = path.with_suffix(".tune.yaml")
+    why, keep = "", False
+    for candidate in (path, own):
+        if candidate.is_file():
+            acc = load_acceptance(candidate)
+            misfit = _same_prompts(acc.measured, request)
+            if not misfit:
+                done["acceptance"] = f"reused: {candidate}"
+                return acc
+            why = why or f" (the one saved at {candidate} {misfit})"
+            keep = keep or (candidate == path and "tune_request" not in acc.measured)
     acc = measure()
     acc.measured["tune_request"] = request
-    save_acceptance(path, acc)
-    done["acceptance"] = f"measured: {path}{why}"
+    out = own if keep else path
+    save_acceptance(out, acc)
+    done["acceptance"] = f"measured: {out}{why}"
     return acc
+
+
+def _same_prompts(measured: dict[str, Any], request: dict[str, Any]) -> str:
+    """Why a saved acceptance profile does not hold the prompts tune is asked to measure ('' when it does): one tune
+    wrote must have the same ``tune_request`` (prompts file, count, answer length, depth); one ``treeopt profile
+    acceptance`` wrote, the same prompts file and answer length (its count and depth are the user's choice)."""
+    saved = measured.get("tune_request")
+    if isinstance(saved, dict):
+        diff = [f"{k} {saved.get(k)}" for k in request if saved.get(k) != request[k]]
+        return f"measured {', '.join(diff)}" if diff else ""
+    prompts, tokens = measured.get("prompts"), measured.get("max_new_tokens")
+    if prompts is None or str(Path(str(prompts)).resolve()) != request["prompts"]:
+        return f"measured the prompts of {prompts}"
+    if tokens != request["max_new_tokens"]:
+        return f"measured max_new_tokens {tokens}"
+    return ""
 
 
 def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
