@@ -473,10 +473,11 @@ def _export_trtllm_envelope(ranges, releases, checked, warnings, model=None):
            "use_dynamic_tree": True, "dynamic_tree_max_topK": s.topk, "max_total_draft_tokens": total}
     notes = ["max_total_draft_tokens excludes the root (the envelope's draft tokens - 1)"]
     last_spec = spec[-1][1]
-    if last_spec < ranges[-1][1] or (ranges[0][2].speculates is False):
-        if not ranges[0][2].speculates:
-            raise PlanExportError("the plan does not speculate at batch 1 but does later: TensorRT-LLM's "
-                                  "max_concurrency only turns speculation off above a batch size")
+    gap = next(((lo, hi) for lo, hi, x in ranges if not x.speculates and lo < last_spec), None)
+    if gap is not None:  # max_concurrency turns speculation off above one batch size, never below or between
+        raise PlanExportError(f"the plan does not speculate at batch sizes {gap[0]}-{gap[1]} but does at {last_spec}: "
+                              "TensorRT-LLM's max_concurrency only turns speculation off above a batch size")
+    if last_spec < ranges[-1][1]:
         cfg["max_concurrency"] = last_spec
         notes.append(f"speculation off above batch {last_spec} (max_concurrency)")
     doc = {"speculative_config": cfg}

@@ -160,6 +160,13 @@ def test_trtllm_refuses_a_rising_plan_and_exports_envelopes():
     other = SpecSetting.envelope(DynamicSetting("eagle", 2, 2, 4))
     with pytest.raises(PlanExportError, match="one EAGLE-3 dynamic tree per server"):
         export_plan([(1, 8, env), (9, 64, other)], "tensorrt-llm")
+    # speculation off in a middle range was exported as speculating there (max_concurrency only cuts the top)
+    for ranges, gap in (([(1, 3, env), (4, 7, N), (8, 16, env)], "4-7 but does at 16"),
+                        ([(1, 1, N), (2, 8, env)], "1-1 but does at 8")):
+        with pytest.raises(PlanExportError, match=f"does not speculate at batch sizes {gap}"):
+            export_plan(ranges, "tensorrt-llm")
+    whole = yaml.safe_load(export_plan([(1, 64, env)], "tensorrt-llm").text)["speculative_config"]
+    assert "max_concurrency" not in whole
     too_many = SpecSetting("envelope", 20, 4, 2)  # 21 draft tokens > topK * steps = 8
     with pytest.raises(PlanExportError, match=r"must lie in \[max_draft_len 4, dynamic_tree_max_topK"):
         export_plan([(1, 8, too_many)], "tensorrt-llm")
