@@ -58,7 +58,7 @@ from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_ru
 
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
            "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "trtllm_draft_len",
-           "vllm_draft_len", "sglang_steps", "SETTINGS_KEYS", "looks_like_engine_settings",
+           "vllm_draft_len", "sglang_steps", "looks_like_engine_settings",
            "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "SGLANG_TIER_RELEASES",
            "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "LLAMACPP_COMMIT", "SGLANG_DEFAULT_ENVELOPE",
            "LLAMACPP_DEFAULT_DRAFT", "VLLM_GENERATOR_KS", "guard_notes", "ACCEPTANCE_LENGTH_SOURCE"]
@@ -670,24 +670,34 @@ def _export_llamacpp(ranges, release, method, lookup):
 
 
 # ------------------------------------------------------------------------------ settings files tune -o wrote
-#: Keys of the engine settings ``tune -o`` writes (vLLM's speculative config, TensorRT-LLM's extra options,
-#: SGLang's per-range flags; an SGLang adaptive config is a mapping of tiers to ``candidate_steps``).
-SETTINGS_KEYS = frozenset({"method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
-                           "speculative_config", "per_range", "adaptive_config", "cli_flags"})
+#: Every top-level key of a vLLM speculative config ``tune -o`` writes.
+_VLLM_KEYS = frozenset({"method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+                        "prompt_lookup_min", "prompt_lookup_max"})
 
 
 def looks_like_engine_settings(path: Path) -> bool:
-    """Whether ``path`` holds engine settings of the kind ``tune -o`` writes (a JSON / YAML mapping with one of
-    :data:`SETTINGS_KEYS`, or SGLang's tiers), so that a plan without speculation may remove it; any other file
-    (a profile, a plan, a typo's victim) is kept."""
+    """Whether ``path`` holds engine settings in a shape ``tune -o`` writes, so that a plan without speculation may
+    remove it: a vLLM speculative config (``num_speculative_tokens`` and only the keys the export writes), TensorRT-LLM
+    extra options (``speculative_config`` alone, with a ``decoding_type``), SGLang's per-range flags or adaptive tiers.
+    Any other file (a profile, a plan, another program's config that shares a key name, a typo's victim) is kept."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # YAML reads JSON too
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
-    if not isinstance(doc, dict) or "format" in doc:  # treeopt's own files name their format
+    if not isinstance(doc, dict) or not doc:
         return False
-    return bool(SETTINGS_KEYS & set(doc)) or (bool(doc) and all(
-        isinstance(v, dict) and "candidate_steps" in v for v in doc.values()))
+    keys = set(doc)
+    if keys <= _VLLM_KEYS:
+        return "num_speculative_tokens" in keys
+    if keys == {"speculative_config"}:
+        return isinstance(doc["speculative_config"], dict) and "decoding_type" in doc["speculative_config"]
+    if keys <= {"per_range", "note"}:
+        rows = doc.get("per_range")
+        return isinstance(rows, list) and bool(rows) and all(
+            isinstance(r, dict) and {"batch_range", "cli_flags"} <= set(r) for r in rows)
+    if keys == {"adaptive_config", "cli_flags"}:
+        return True
+    return all(isinstance(v, dict) and "candidate_steps" in v for v in doc.values())
 
 
 # ---------------------------------------------------------------------------------------------- entry point

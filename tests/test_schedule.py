@@ -1132,8 +1132,10 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
     assert any(w.startswith(f"removed {out} (an earlier setting): speculation pays") for w in doc["warnings"])
     # SGLang's per-range flags (a draft model runs as STANDALONE) and TensorRT-LLM's YAML (whose reason sits below
     # a release header): removed too, the reason quoted
-    for engine, old, reason in (("sglang", '{"per_range": []}\n', "run SGLang without --speculative-algorithm"),
-                                ("tensorrt-llm", "speculative_config: {max_draft_len: 4}\n",
+    for engine, old, reason in (("sglang", '{"per_range": [{"batch_range": [1, 8], "cli_flags": '
+                                            '"--speculative-algorithm STANDALONE"}]}\n',
+                                 "run SGLang without --speculative-algorithm"),
+                                ("tensorrt-llm", "speculative_config: {decoding_type: Draft_Target, max_draft_len: 4}\n",
                                  "leave speculative_config out")):
         out.write_text(old)
         res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(tmp_path / "t.csv"), "-a",
@@ -1141,14 +1143,17 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
         doc = json.loads(res.stdout)
         assert not out.exists() and doc["removed_file"] == str(out), res.output
         assert f"removed {out} (an earlier setting): speculation pays at no batch size: {reason}" in doc["warnings"]
-    # a file that holds no engine settings (a typo's victim) is kept, and an input is never an output
-    out.write_text("format: treeopt-acceptance/1\n")
-    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
-                              "--batches", "1,8", "-o", str(out), "--json"])
-    assert res.exit_code == 0 and out.read_text() == "format: treeopt-acceptance/1\n", res.output
-    kept = json.loads(res.stdout)
-    assert "removed_file" not in kept and any(w.startswith(f"nothing written to {out}, and the file there was kept")
-                                              for w in kept["warnings"])
+    # a file that holds no engine settings (a typo's victim; another program's config sharing a key name such as
+    # 'method', which used to be removed) is kept, and an input is never an output
+    for text in ("format: treeopt-acceptance/1\n", '{"method": "POST", "url": "http://x"}\n', "method: sgd\nlr: 0.1\n",
+                 "speculative_config: {max_draft_len: 4}\nmodel: m\n", '{"per_range": [1, 2]}\n'):
+        out.write_text(text)
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a",
+                                  str(tmp_path / "a.yaml"), "--batches", "1,8", "-o", str(out), "--json"])
+        assert res.exit_code == 0 and out.read_text() == text, res.output
+        kept = json.loads(res.stdout)
+        assert "removed_file" not in kept and any(w.startswith(f"nothing written to {out}, and the file there was kept")
+                                                  for w in kept["warnings"])
     before = (tmp_path / "a.yaml").read_text()
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
                               "--batches", "1,8", "-o", str(tmp_path / "a.yaml")])
