@@ -252,6 +252,15 @@ def test_schedule_file_round_trip_and_refusals(tmp_path):
         load_schedule(tmp_path / "long.yaml", profile=PROFILE)
     with pytest.raises(ProfileError, match="shape one of none, chain, envelope, tree"):
         SpecSetting.from_dict({"shape": "wide"})
+    # a setting whose keys its shape does not take, or a tree without choices, was read as plain decoding
+    for setting, msg in (({"shape": "tree"}, "shape tree needs its choices"),
+                         ({"shape": "tree", "choices": []}, "shape tree needs its choices"),
+                         ({"shape": "tree", "nodes": [[0], [0, 0]]}, "shape tree takes choices, not nodes"),
+                         ({"shape": "none", "draft_tokens": 3}, "shape none takes nothing else, not draft_tokens"),
+                         ({"shape": "chain", "draft_tokens": 3, "topk": 2}, "shape chain takes draft_tokens, not topk")):
+        with pytest.raises(ProfileError, match=f"r0: {msg}"):
+            SpecSetting.from_dict(setting, "r0")
+    assert SpecSetting.from_dict({"shape": "tree", "choices": [[0], [0, 0]]}).label == "tree:n3-d2"
     # a file cut short: valid YAML, fewer ranges than the batch sizes it says it was solved for
     cut = dict(doc, ranges=[dict(doc["ranges"][0], batch_range=[1, 4])])
     (tmp_path / "cut.yaml").write_text(yaml.safe_dump(cut))

@@ -170,10 +170,23 @@ class SpecSetting:
     @classmethod
     def from_dict(cls, d: Any, where: str = "setting") -> "SpecSetting":
         """Read :meth:`to_dict`'s mapping (an envelope's ``draft_tokens`` counts the root, as SGLang's
-        ``--speculative-num-draft-tokens``). Raises ProfileError with one line."""
+        ``--speculative-num-draft-tokens``).
+
+        Raises:
+            ProfileError (one line): no known ``shape``; a key that shape does not take (``{shape: none,
+                draft_tokens: 3}`` or a tree's ``nodes`` was read as plain decoding without a word); a tree without
+                its ``choices``; a number out of range.
+        """
         if not isinstance(d, Mapping) or d.get("shape") not in SHAPES:
             raise ProfileError(f"{where} must be a mapping with shape one of {', '.join(SHAPES)}, got {d!r}")
         shape = d["shape"]
+        extra = sorted(set(map(str, d)) - _SETTING_KEYS[shape])
+        if extra:
+            takes = ", ".join(sorted(_SETTING_KEYS[shape] - {"shape"})) or "nothing else"
+            raise ProfileError(f"{where}: shape {shape} takes {takes}, not {', '.join(extra)}")
+        if shape == "tree" and not d.get("choices"):
+            raise ProfileError(f"{where}: shape tree needs its choices, a non-empty list of rank paths such as "
+                               "[[0], [1], [0, 0]]")
         if shape == "none":
             return cls.none()
         if shape == "chain":
@@ -187,6 +200,11 @@ class SpecSetting:
             return cls.static_tree(Tree.from_choices(d.get("choices") or []))
         except (TypeError, ValueError) as err:
             raise ProfileError(f"{where}.choices: {err}") from None
+
+
+#: The keys each shape's mapping takes (:meth:`SpecSetting.to_dict`).
+_SETTING_KEYS = {"none": {"shape"}, "chain": {"shape", "draft_tokens"},
+                 "envelope": {"shape", "steps", "topk", "draft_tokens"}, "tree": {"shape", "choices"}}
 
 
 # ---------------------------------------------------------------------------------------------- predictions
