@@ -276,8 +276,15 @@ def test_predict_ranges_and_plan_from_ranges():
     assert [(p.batch, p.setting.draft_tokens) for p in preds] == [(1, 3), (8, 1), (64, 1)]
     plan = plan_from_ranges(ranges, v, PROFILE)
     assert [r.best.setting.draft_tokens for r in plan.rows] == [3, 1, 1]
-    assert plan.rows[2].plain.setting.label == "none" and plan.stops_paying_above is None
-    assert not any("the schedule's last range" in n for n in plan.notes)
+    assert plan.rows[2].plain.setting.label == "none" and not any("the schedule's last range" in n for n in plan.notes)
+    # at 64 the schedule's chain:1 is predicted slower than plain: speculation stops paying above 8 (it read
+    # 'pays up to the largest batch' because the schedule speculated there), and a note names the batch size
+    r64 = plan.rows[2]
+    assert r64.best.tokens_per_s_total < r64.plain.tokens_per_s_total and plan.stops_paying_above == 8
+    assert [c.setting.label for c in r64.candidates] == ["none", "chain:1"] and r64.close_call is None
+    assert (f"the schedule speculates where plain decoding is predicted faster: batch 64 (chain:1 "
+            f"{r64.best.tokens_per_s_total:.4g} against plain {r64.plain.tokens_per_s_total:.4g} tok/s total)"
+            in plan.notes)
     short = plan_from_ranges([(1, 4, SpecSetting.chain(3)), (5, 10, SpecSetting.chain(1))], v, PROFILE)
     assert [r.batch for r in short.rows] == [1, 8]
     assert ("batch size 64 was measured but past the schedule's last range (it ends at 10): not predicted; an "

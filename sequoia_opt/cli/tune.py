@@ -160,7 +160,8 @@ def tune(
         "python benchmarks/") else ""
     if settings is not None and settings.nothing_to_set:  # no settings file to check: the engine runs plainly
         report.notes.append(f"nothing to start with speculation on {opts.engine}: it runs without it (plain "
-                            "decoding), which the plan predicts fastest at every batch size measured")
+                            "decoding), " + ("as the plan given does at every batch size" if opts.plan is not None
+                                            else "which the plan predicts fastest at every batch size measured"))
     else:
         report.notes.append(f"check it{where}: {check}")
     if opts.engine == "treeopt":

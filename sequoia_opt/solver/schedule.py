@@ -277,7 +277,8 @@ class BatchRow:
         batch size (``benchmarks/schedules.py``, served_acceptance).
         """
         lo = self.best.interval[0]
-        alt = next((c for c in self.candidates if c.setting != self.best.setting), None)
+        alt = next((c for c in self.candidates if c.setting != self.best.setting
+                    and c.tokens_per_s_per_request <= self.best.tokens_per_s_per_request), None)
         if alt is None or lo >= self.best.tokens_per_s_per_request:
             return None
         return alt if alt.tokens_per_s_per_request >= lo else None
@@ -938,10 +939,18 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
     none = SpecSetting.none()
     plains = predict_ranges([(1, end, none)], value, profile, [p.batch for p in preds],
                             context=context, interval=interval)
-    rows = [BatchRow(p.batch, p, q, (p, q) if p.setting.speculates else (p,)) for p, q in zip(preds, plains)]
+    rate = lambda c: c.tokens_per_s_per_request  # noqa: E731
+    rows = [BatchRow(p.batch, p, q, tuple(sorted((p, q), key=rate, reverse=True)) if p.setting.speculates else (p,))
+            for p, q in zip(preds, plains)]
     out_ranges = [Range(int(lo), int(hi), st, next((p for p in preds if lo <= p.batch <= hi), None))
                   for lo, hi, st in ranges]
-    paying = [r.batch for r in rows if r.best.setting.speculates]
+    # the schedule's row is its own setting whatever it predicts: speculation pays where it beats plain decoding
+    paying = [r.batch for r in rows if r.best.setting.speculates and rate(r.best) > rate(r.plain)]
+    slower = [r for r in rows if r.best.setting.speculates and rate(r.best) <= rate(r.plain)]
+    if slower:
+        notes.append("the schedule speculates where plain decoding is predicted faster: " + ", ".join(
+            f"batch {r.batch} ({r.best.setting.label} {r.best.tokens_per_s_total:.4g} against plain "
+            f"{r.plain.tokens_per_s_total:.4g} tok/s total)" for r in slower))
     stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
     shape = next((st.shape for *_, st in ranges if st.speculates), "none")
     return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}), notes,
