@@ -564,6 +564,9 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
                                                        for *_, s in ranges)
     if adaptive_ok and v >= Version(first):
         ks = [s.steps if s.speculates else 0 for *_, s in ranges]
+        if max(ks) == 0:  # before the tiers' rules: a plan without speculation sets no tier at all
+            return _nothing_to_set("run SGLang without --speculative-algorithm", releases, checked,
+                                   "python -m sglang.launch_server --model-path MODEL", warnings)
         zero_ok = v >= Version(SGLANG_ZERO_STEP_RELEASE)
         if 0 in ks and not zero_ok:
             raise PlanExportError(f"SGLang {release} takes positive candidate steps only (a tier of 0, no "
@@ -572,9 +575,6 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
         cfg = {str(lo): {"candidate_steps": [k]} for (lo, _, _), k in zip(ranges, ks)}
         check_sglang_tiers(cfg, allow_zero=zero_ok)
         start = ks[0] if ks[0] > 0 else max(ks)
-        if max(ks) == 0:
-            return _nothing_to_set("run SGLang without --speculative-algorithm", releases, checked,
-                                   "python -m sglang.launch_server", warnings)
         flags = (f"--speculative-algorithm {algo}{_sglang_draft(algo, model, warnings, mtp=mtp)} "
                  "--speculative-eagle-topk 1 "
                  f"--speculative-num-steps {start} --speculative-num-draft-tokens {start + 1} --speculative-adaptive "

@@ -190,6 +190,9 @@ def test_sglang_releases_and_static_fallbacks():
     with pytest.raises(PlanExportError, match="a tier of 0, no speculation, arrived in 0.5.14"):
         export_plan(PLANS["falling"], "sglang", method="eagle3", release="0.5.13")
     assert "adaptive_config" in export_plan(PLANS["all-speculate"], "sglang", method="eagle3", release="0.5.13").data
+    # a plan that never speculates has nothing for 0.5.13 to refuse: it runs without speculation (it was refused)
+    plain = export_plan([(1, 64, N)], "sglang", method="eagle3", release="0.5.13")
+    assert plain.nothing_to_set and plain.command == "python -m sglang.launch_server --model-path MODEL"
     old = export_plan(PLANS["falling"], "sglang", method="eagle3", release="0.5.12")
     assert "no per-batch-size tiers" in old.notes[0] and len(old.data["per_range"]) == 3
     standalone = export_plan(PLANS["falling"], "sglang", method="draft_model")
