@@ -276,7 +276,8 @@ def _export_vllm(ranges, release, method, model, lookup):
         if v > Version(last):
             warnings.append(f"vLLM {release} is newer than the last release checked ({last}): check its "
                             "vllm/v1/spec_decode/dynamic/utils.py still takes [start, end, K] entries")
-    method = method or "draft_model"
+    method = method or "draft_model"  # vLLM's own spelling: 'EAGLE3' / 'NGram' / 'STANDALONE' as its names
+    method = method.lower() if method.lower().endswith("_mtp") else method_key(method)
     if method not in VLLM_METHODS and not method.endswith("_mtp"):
         raise PlanExportError(f"vLLM has no speculative method {method!r}: use one of {', '.join(VLLM_METHODS)} "
                               "(or a model's *_mtp)")
@@ -393,7 +394,11 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
                               "export for vLLM (method medusa)")
     trt_names = {"draft_model": "Draft_Target", "ngram": "NGram", "eagle3": "Eagle3", "eagle": "Eagle3", "mtp": "MTP"}
     key = method or "draft_model"
-    decoding = trt_names.get(key, key if key in trt_names.values() else None)  # vLLM's name or TensorRT-LLM's own
+    decoding = trt_names.get(method_key(key))  # vLLM's name or TensorRT-LLM's own, any case
+    if method_key(key) == "eagle":
+        warnings.append("method eagle is written as decoding_type Eagle3, the EAGLE head TensorRT-LLM's PyTorch "
+                        "backend runs: an EAGLE-1/2 checkpoint does not load as one (export for vLLM or SGLang, "
+                        "which run EAGLE-1/2 heads)")
     if decoding is None:
         raise PlanExportError(f"TensorRT-LLM has no draft_len_schedule decoding type for method {method!r}: use one of "
                               f"{', '.join(trt_names)} (or its own {', '.join(sorted(set(trt_names.values())))})")
@@ -546,7 +551,7 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
     key = (method or "draft_model").lower()  # as vLLM's and TensorRT-LLM's exports: a draft model is STANDALONE
     mtp = method_key(key) == "mtp"  # the target's own MTP layers: no drafter checkpoint
     algos = set(SGLANG_ALGORITHMS.values())
-    algo = SGLANG_ALGORITHMS.get(key, key.upper() if key.upper() in algos else None)  # vLLM's name or SGLang's own
+    algo = SGLANG_ALGORITHMS.get(method_key(key), key.upper() if key.upper() in algos else None)  # vLLM's or SGLang's
     if algo is None:
         raise PlanExportError(f"SGLang has no speculative algorithm for method {method!r} (it runs "
                               f"{', '.join(sorted(algos))}); export for vLLM"

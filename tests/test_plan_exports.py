@@ -300,3 +300,27 @@ def test_exports_with_comments_name_their_releases_in_the_file(engine, release):
     assert first == f"# for {e.releases}" and release in first
     if engine == "tensorrt-llm":
         assert yaml.safe_load(e.text) == e.data  # still the YAML the engine reads
+
+
+@pytest.mark.parametrize("method,vllm,sglang,trtllm", [
+    ("deepseek_mtp", "deepseek_mtp", "EAGLE", "MTP"),
+    ("EAGLE3", "eagle3", "EAGLE3", "Eagle3"),
+    ("NGram", "ngram", "NGRAM", "NGram"),
+    ("STANDALONE", "draft_model", "STANDALONE", "Draft_Target"),
+])
+def test_one_method_name_reads_the_same_for_every_engine(method, vllm, sglang, trtllm):
+    """A model's MTP name or an engine's own spelling worked for one export and was refused by the next (SGLang and
+    TensorRT-LLM refused deepseek_mtp; vLLM and TensorRT-LLM refused EAGLE3): each engine now writes its own name."""
+    ranges = [(1, 8, C(3)), (9, 64, N)]
+    assert export_plan(ranges, "vllm", method=method, model="m").data["method"] == vllm
+    assert f"--speculative-algorithm {sglang}" in export_plan(ranges, "sglang", method=method, model="m").text
+    trt = export_plan(ranges, "tensorrt-llm", method=method, model="m")
+    assert trt.data["speculative_config"]["decoding_type"] == trtllm and not trt.warnings
+
+
+def test_trtllm_says_an_eagle_head_is_written_as_eagle3():
+    e = export_plan([(1, 8, C(3)), (9, 64, N)], "tensorrt-llm", method="eagle", model="m")
+    assert e.data["speculative_config"]["decoding_type"] == "Eagle3"
+    assert e.warnings == ("method eagle is written as decoding_type Eagle3, the EAGLE head TensorRT-LLM's PyTorch "
+                          "backend runs: an EAGLE-1/2 checkpoint does not load as one (export for vLLM or SGLang, "
+                          "which run EAGLE-1/2 heads)",)
