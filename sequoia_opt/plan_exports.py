@@ -427,6 +427,10 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
         sched = {lo: s.draft_tokens for lo, _, s in ranges}
         notes.append(f"TensorRT-LLM {release} reads keys as range starts and applies the schedule to NGram and "
                      "two-model draft/target only")
+        if decoding not in ("NGram", "Draft_Target"):
+            warnings.append(f"TensorRT-LLM {release} ignores draft_len_schedule for {decoding}: it drafts "
+                            f"max_draft_len = {ks[0]} at every batch size, not the plan (from "
+                            f"{TRTLLM_UPPER_KEY_RELEASE} the schedule applies to {decoding} too)")
     else:
         keep = list(ranges)
         while keep and keep[-1][2].draft_tokens == 0:
@@ -437,8 +441,9 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
             if max_batch is not None and max_batch > last:
                 sched[max_batch] = sched.pop(last)
                 last = max_batch
-            notes.append(f"past batch {last} TensorRT-LLM drafts nothing (its implicit 0): pass --max-batch with "
-                         "your max_batch_size to extend the last range")
+            notes.append(f"past batch {last} TensorRT-LLM drafts nothing (its implicit 0)" + (
+                "" if max_batch is not None else ": pass --max-batch with your max_batch_size to extend the last "
+                                                 "range"))
     cfg: dict[str, Any] = {"decoding_type": decoding, "max_draft_len": ks[0]}
     if decoding == "NGram":
         cfg["max_matching_ngram_size"] = int((lookup or (1, 3))[1])

@@ -101,6 +101,8 @@ def test_trtllm_runs_the_plan_at_every_batch_size(name):
             want = ranges[-1][2].draft_tokens  # --max-batch extended the last range
         assert trtllm_draft_len(sched, b) == want, b
     assert cfg["decoding_type"] == "Draft_Target" and cfg["max_draft_len"] == ranges[0][2].draft_tokens
+    if ranges[-1][2].draft_tokens:  # --max-batch given: the note does not ask for it again
+        assert "past batch 512 TensorRT-LLM drafts nothing (its implicit 0)" in e.notes
 
 
 def test_trtllm_12_reads_keys_as_range_starts():
@@ -112,6 +114,13 @@ def test_trtllm_12_reads_keys_as_range_starts():
         assert trtllm_draft_len(sched, b, lower_keys=True) == _want(ranges, b)
     with pytest.raises(PlanExportError, match="not known to take draft_len_schedule"):
         export_plan(ranges, "tensorrt-llm", release="1.1.0")
+    # 1.2 applies the schedule to NGram and Draft_Target only: an Eagle3 / MTP file is written, with a warning
+    assert not export_plan(ranges, "tensorrt-llm", release="1.2.1", method="ngram").warnings
+    for method, name in (("eagle3", "Eagle3"), ("mtp", "MTP")):
+        e = export_plan(ranges, "tensorrt-llm", release="1.2.1", method=method, model="m")
+        assert e.warnings == (f"TensorRT-LLM 1.2.1 ignores draft_len_schedule for {name}: it drafts max_draft_len = "
+                              f"4 at every batch size, not the plan (from 1.3.0rc8 the schedule applies to {name} "
+                              "too)",)
     # each file's header names the releases that read its keys as written (a 1.2 file is not for 1.3.0rc8+)
     old, new = export_plan(ranges, "tensorrt-llm", release="1.2.1"), export_plan(ranges, "tensorrt-llm")
     assert old.text.splitlines()[0].startswith("# for TensorRT-LLM 1.2.0 and later, before 1.3.0rc8 (keys start their "
