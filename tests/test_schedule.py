@@ -1551,3 +1551,19 @@ def test_tune_reuses_a_saved_latency_profile_only_where_it_was_timed_as_asked(tm
 
     prof = dataclasses.replace(prof, device={"threads": 4})
     assert _latency_misfit(prof, opts, 4) == "was timed with 4 threads, not 2"
+
+
+def test_the_vllm_generator_peer_prices_every_k_over_the_plans_answer_length():
+    """For a given plan the vLLM-generator peer scored the plan's own K over the answer length and the other Ks at
+    their steady state, so it could pick a K that the same answers make slower. Every K is now priced alike: the
+    peer's K at each batch size is the best of {1, 3, 5} among solve_plan's own length-scaled candidates."""
+    from sequoia_opt.jobs.tune import peer_ranges
+
+    v = ChainValue(_acc(), 6)
+    given = plan_from_ranges([(1, 100, SpecSetting.chain(3))], v, PROFILE, output_tokens=8)
+    solved = solve_plan(v, PROFILE, output_tokens=8)
+    peer = dict((lo, s) for lo, _, s in peer_ranges(given, v, PROFILE, PROFILE.batches)["vllm-generator"])
+    for row in solved.rows:
+        rate = {c.setting.draft_tokens: c.tokens_per_s_per_request for c in row.candidates}
+        want = max((1, 3, 5), key=lambda k: (rate[k], -k))
+        assert peer[1 if row.batch == PROFILE.batches[0] else row.batch].draft_tokens == want, row.batch

@@ -352,14 +352,14 @@ def short_traces_note(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- peers
-def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *, context: int | None = None,
-                batch1_k: int | None = None) -> dict[str, list[tuple[int, int, Any]]]:
+def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *,
+                context: int | None = None) -> dict[str, list[tuple[int, int, Any]]]:
     """The peers' rules as schedules over ``batches`` (every K clipped to what the value model prices):
-    vLLM's ``generate_config.py`` (at each batch size the best of K in {1, 3, 5}, here by prediction), SGLang's
-    default EAGLE envelope (5, 4, 8) as a chain of its 5 steps, llama.cpp's default draft length (3), and the
-    batch-1 best K everywhere."""
+    vLLM's ``generate_config.py`` (at each batch size the best of K in {1, 3, 5}, here by prediction over the
+    plan's answer length, ``plan.output_tokens``), SGLang's default EAGLE envelope (5, 4, 8) as a chain of its 5
+    steps, llama.cpp's default draft length (3), and the plan's batch-1 K everywhere."""
     from ..plan_exports import LLAMACPP_DEFAULT_DRAFT, SGLANG_DEFAULT_ENVELOPE, VLLM_GENERATOR_KS
-    from ..solver.schedule import SpecSetting
+    from ..solver.schedule import SpecSetting, predict_ranges
 
     top = value.max_draft
     clip = lambda k: SpecSetting.chain(min(int(k), top))  # noqa: E731
@@ -374,14 +374,12 @@ def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *, 
         return out
 
     vllm = {}
-    for b in bs:
-        # the plan's own scores where it has them (over its answer length); else the value model's steady state
-        scores = {c.setting: c.tokens_per_s_per_request for r in plan.rows if r.batch == b for c in r.candidates}
-        curve = profile.curve(b)
-        scored = [(scores[s] if s in scores else value.predict(s, b, curve, context)[0].tokens_per_s, -k, s)
+    for b in bs:  # every K priced alike: over the plan's answer length (a given plan's rows score only its own)
+        scored = [(predict_ranges([(1, b, s)], value, profile, [b], context=context,
+                                  output_tokens=plan.output_tokens)[0].tokens_per_s_per_request, -k, s)
                   for k, s in ((k, clip(k)) for k in VLLM_GENERATOR_KS)]
         vllm[b] = max(scored, key=lambda x: (x[0], x[1]))[2]
-    k1 = batch1_k if batch1_k is not None else plan.rows[0].best.setting.draft_tokens
+    k1 = plan.rows[0].best.setting.draft_tokens
     return {"vllm-generator": over(vllm),
             "sglang-default": [(1, last, clip(SGLANG_DEFAULT_ENVELOPE[0]))],
             "llama.cpp-default": [(1, last, clip(LLAMACPP_DEFAULT_DRAFT))],
