@@ -46,6 +46,7 @@ constants below say where); the tests encode them (``tests/test_plan_exports.py`
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -644,7 +645,7 @@ LLAMACPP_SPEC_TYPES = {"draft_model": "draft-simple", "eagle3": "draft-eagle3", 
                        "ngram": "ngram-simple"}
 
 
-def _export_llamacpp(ranges, release, method, lookup):
+def _export_llamacpp(ranges, release, method, lookup, model=None):
     check_llamacpp_release(release)
     method = method_key(method) or "draft_model"
     spec_type = LLAMACPP_SPEC_TYPES.get(method)
@@ -652,30 +653,35 @@ def _export_llamacpp(ranges, release, method, lookup):
         raise PlanExportError(f"llama.cpp has no speculative type for method {method!r}: "
                               + ", ".join(f"{m} (--spec-type {t})" for m, t in LLAMACPP_SPEC_TYPES.items()))
     lines = []
+    notes = ["llama-server runs one setting for all its slots: use the line of the -np you serve with"]
     for lo, hi, s in ranges:
         if s.shape not in ("none", "chain"):
             raise PlanExportError(f"llama.cpp verifies chains; batch sizes {lo}-{hi} want {s.label}")
         if not s.speculates:
             flags = "--spec-type none"
-        elif method == "ngram":
-            n = int((lookup or (1, 3))[0])
+        elif method == "ngram":  # as solve --format llama.cpp: one size, the longest the profiled lookup tried first
+            n = int((lookup or (1, 3))[1])
             if not 1 <= n <= 1024 or not 1 <= s.draft_tokens <= 1024:
                 raise PlanExportError("llama.cpp's n-gram sizes must lie in 1..1024")
             flags = f"--spec-type ngram-simple --spec-ngram-simple-size-n {n} --spec-ngram-simple-size-m {s.draft_tokens}"
+            if lookup is not None and lookup[0] != lookup[1] and not any("ngram-simple" in x for x in notes):
+                notes.append(f"llama.cpp's ngram-simple matches one n-gram size: size-n {n}, the longest of the "
+                             f"profiled lookup {lookup[0]}-{lookup[1]} (which falls back to shorter ones)")
         else:
             flags = (f"--spec-type {spec_type} --spec-draft-n-max {s.draft_tokens} --spec-draft-n-min 0 "
                      "--spec-draft-p-min 0")
         lines.append({"batch_range": [lo, hi], "np": hi, "flags": f"-np {hi} {flags}"})
     doc = {"per_range": lines}
-    sidecar = {"draft-simple": " -md DRAFT.gguf", "draft-eagle3": " -md EAGLE3_HEAD.gguf",
-               "draft-mtp": " -md MTP_HEAD.gguf"}.get(spec_type, "")
-    text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m TARGET.gguf{sidecar}"
-                     f" {x['flags']}" for x in lines) + "\n"
+    sidecar = {"draft-simple": "DRAFT.gguf", "draft-eagle3": "EAGLE3_HEAD.gguf", "draft-mtp": "MTP_HEAD.gguf"}.get(
+        spec_type)
+    sidecar = f" -md {shlex.quote(model) if model else sidecar}" if sidecar else ""
+    # a line that does not speculate loads no drafter
+    text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m TARGET.gguf"
+                     f"{'' if x['flags'].endswith('--spec-type none') else sidecar} {x['flags']}" for x in lines) + "\n"
     return dict(text=text, data=doc, releases=(f"{LLAMACPP_RELEASE} and builds since {LLAMACPP_SPELLING_PRS[1]} "
                                                f"(2026-05-12); earlier builds spell --draft-max / --draft-min"),
                 checked="common/arg.cpp, common/common.h and common/speculative.cpp of llama.cpp 0c1e570",
-                command=f"llama-server -m TARGET.gguf{sidecar} <flags of your -np>",
-                notes=("llama-server runs one setting for all its slots: use the line of the -np you serve with",),
+                command=f"llama-server -m TARGET.gguf{sidecar} <flags of your -np>", notes=tuple(notes),
                 warnings=())
 
 
@@ -741,7 +747,7 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
     elif key == "sglang":
         out = _export_sglang(ranges, release, method, model, lookup)
     else:
-        out = _export_llamacpp(ranges, release, method, lookup)
+        out = _export_llamacpp(ranges, release, method, lookup, model)
     if key in ("tensorrt-llm", "llama.cpp"):  # formats with comments carry their releases (JSON ones cannot)
         out["text"] = f"# for {out['releases']}\n" + out["text"]
     return EngineSettings(engine=key, release=release, **out)

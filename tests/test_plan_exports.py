@@ -252,10 +252,21 @@ def test_llamacpp_one_line_per_range():
         "-np 3 --spec-type draft-simple --spec-draft-n-max 4 --spec-draft-n-min 0 --spec-draft-p-min 0",
         "-np 15 --spec-type draft-simple --spec-draft-n-max 2 --spec-draft-n-min 0 --spec-draft-p-min 0",
         "-np 64 --spec-type none"]
+    # one n-gram size: the longest of the profiled lookup, as solve --format llama.cpp writes it (tune wrote the
+    # shortest)
     ng = export_plan(PLANS["one"], "llama.cpp", method="ngram", lookup=(3, 5))
-    assert ng.data["per_range"][0]["flags"] == "-np 32 --spec-type ngram-simple --spec-ngram-simple-size-n 3 " \
+    assert ng.data["per_range"][0]["flags"] == "-np 32 --spec-type ngram-simple --spec-ngram-simple-size-n 5 " \
                                                "--spec-ngram-simple-size-m 3"
-    assert "0c1e570" in e.releases and "-md DRAFT.gguf" in e.text and "-md" not in ng.text
+    assert any("size-n 5, the longest of the profiled lookup 3-5" in n for n in ng.notes)
+    assert "0c1e570" in e.releases and "-md" not in ng.text
+    # the drafter named where one is loaded: --model, and no drafter on a line that does not speculate
+    lines = e.text.splitlines()
+    assert lines[2] == ("llama-server -m TARGET.gguf -md DRAFT.gguf -np 3 --spec-type draft-simple --spec-draft-n-max 4 "
+                        "--spec-draft-n-min 0 --spec-draft-p-min 0")
+    assert lines[-1] == "llama-server -m TARGET.gguf -np 64 --spec-type none"
+    mine = export_plan(PLANS["falling"], "llama.cpp", model="/m/my draft.gguf")
+    assert "-md '/m/my draft.gguf' -np 3" in mine.text and mine.command.startswith(
+        "llama-server -m TARGET.gguf -md '/m/my draft.gguf'")
 
 
 @pytest.mark.parametrize("method, spec_type, sidecar", [("eagle3", "draft-eagle3", "-md EAGLE3_HEAD.gguf"),
