@@ -1567,3 +1567,29 @@ def test_the_vllm_generator_peer_prices_every_k_over_the_plans_answer_length():
         rate = {c.setting.draft_tokens: c.tokens_per_s_per_request for c in row.candidates}
         want = max((1, 3, 5), key=lambda k: (rate[k], -k))
         assert peer[1 if row.batch == PROFILE.batches[0] else row.batch].draft_tokens == want, row.batch
+
+
+def test_tune_for_a_gpu_engine_warns_of_a_profile_measured_on_another_engine(tmp_path):
+    """A CPU profile of treeopt's decoder given to tune --engine vllm priced vLLM's plan without a word (solve
+    --format vllm warned); a T(b, n) table names no engine and is taken as the user's measurement. The TensorRT-LLM
+    start line names the file -o wrote."""
+    import dataclasses
+
+    from sequoia_opt.jobs.tune import load_given_latency
+    from sequoia_opt.profiles.batch import save_batch_latency
+
+    table, acc = _files(tmp_path)
+    prof = dataclasses.replace(load_given_latency(table, 128), source="measured by treeopt profile latency --batch")
+    save_batch_latency(tmp_path / "cpu.yaml", prof)
+    for latency, warned in ((tmp_path / "cpu.yaml", True), (table, False)):
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(latency), "-a", str(acc), "--json"])
+        assert res.exit_code == 0, res.output
+        hits = [w for w in json.loads(res.stdout)["warnings"] if "was measured on engine 'treeopt'" in w]
+        assert hits == ([f"latency profile '{prof.curve(1).id}' was measured on engine 'treeopt', but --engine vllm "
+                         "solves for engine 'vllm': T(n) has another shape there; measure it: treeopt profile "
+                         "latency --engine vllm"] if warned else [])
+    out = tmp_path / "my trt.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "-a", str(acc), "-o", str(out),
+                              "--json"])
+    assert res.exit_code == 0 and out.is_file(), res.output
+    assert f"start it with: trtllm-serve MODEL --extra_llm_api_options '{out}'" in json.loads(res.stdout)["notes"]

@@ -144,6 +144,8 @@ def tune(
         if output is not None and "adaptive.json" in settings.extra_files:  # -o is where that file goes
             text = text.replace("adaptive.json", str(output))
             command = command.replace("adaptive.json", shlex.quote(str(output)))
+        elif output is not None:  # TensorRT-LLM's extra options: the file -o writes
+            command = command.replace("THIS.yaml", shlex.quote(str(output)))
         report.notes.append(f"{opts.engine} settings:\n{text}")
         report.notes.append(f"start it with: {command}")
         report.notes.extend(settings.notes)
@@ -151,7 +153,7 @@ def tune(
     report.notes.extend(res.notes)
     report.warnings.extend(res.warnings)
     plan_file = output if opts.engine == "treeopt" and output is not None else schedule
-    check = res.check.replace("PLAN.yaml", str(plan_file)) if plan_file is not None else res.check
+    check = res.check.replace("PLAN.yaml", shlex.quote(str(plan_file))) if plan_file is not None else res.check
     if output is not None:  # the GPU engines' check reads the settings file: the one -o wrote
         check = re.sub(r"\bOUT\b", lambda _: shlex.quote(str(output)), check)
     if plan_file is None and "PLAN.yaml" in check:
@@ -165,7 +167,7 @@ def tune(
     else:
         report.notes.append(f"check it{where}: {check}")
     if opts.engine == "treeopt":
-        f = plan_file if plan_file is not None else "PLAN.yaml"
+        f = shlex.quote(str(plan_file)) if plan_file is not None else "PLAN.yaml"
         pair = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),
                                                                           ("--draft", opts.draft)) if v is not None)
         if res.profiles.get("latency", "").startswith("measured:"):

@@ -565,6 +565,12 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             raise TreeoptError(f"--context {ctx}: the latency profile {profile.id!r} measured contexts up to {largest} "
                                f"tokens; pass --context {largest} (or measure it at {ctx})")
     warnings = falling_cost_warnings(profile, opts.batches, ctx)
+    if opts.engine in GPU_ENGINES and not str(profile.source or "").startswith("a T(b, n) table"):
+        from ..engines import engine_mismatch  # a table names no engine: it is the user's own measurement
+
+        w = engine_mismatch(profile.curve(opts.batches[0]), opts.engine, what=f"--engine {opts.engine}")
+        if w:
+            warnings.append(w)
     measured = getattr(acc, "measured", None) or {}
     undrafted, steps = measured.get("undrafted_steps") or 0, measured.get("steps") or 0
     if steps and undrafted >= 0.05 * steps:  # measured here or given: its positions past the draft's context
