@@ -265,8 +265,8 @@ def vllm_draft_len(schedule: Sequence[Sequence[int]], num_speculative_tokens: in
 
 
 def _export_vllm(ranges, release, method, model, lookup):
-    _chains_only(ranges, "vLLM", "vLLM verifies chains since 0.21.0, with num_speculative_tokens_per_batch_size "
-                 "from 0.24.0")
+    _chains_only(ranges, "vLLM", "vLLM verifies chains only (no trees) since 0.21.0, with "
+                 "num_speculative_tokens_per_batch_size from 0.24.0")
     first, last = VLLM_SCHEDULE_RELEASES
     warnings = []
     if release is not None:
@@ -736,7 +736,8 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
             run (a tree for vLLM, a rising draft length for TensorRT-LLM), malformed ranges.
     """
     key = str(engine).strip().lower()
-    key = {"trtllm": "tensorrt-llm", "tensorrt_llm": "tensorrt-llm", "llamacpp": "llama.cpp"}.get(key, key)
+    key = {"trtllm": "tensorrt-llm", "tensorrt_llm": "tensorrt-llm", "llamacpp": "llama.cpp",
+           "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp"}.get(key, key)
     if key not in PLAN_ENGINES or key == "treeopt":
         raise PlanExportError(f"no engine export for {engine!r}; choose one of vllm, tensorrt-llm, sglang, llama.cpp")
     ranges = _ranges(plan)

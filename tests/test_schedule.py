@@ -1282,6 +1282,14 @@ def test_tune_tensorrt_llm_envelope_solves_one_tree_per_server_and_exports_it(tm
     # a bar no envelope clears: plain decoding everywhere (min_gain was ignored on this path)
     plan = solve_one_setting_plan(value, profile, min_gain=9.0)
     assert [(r.lo, r.hi, r.setting.label) for r in plan.ranges] == [(1, 64, "none")]
+    assert plan.min_gain == 9.0  # the bar is written into the schedule file, as solve_plan's is
+    # bad input checked before any scoring, one line each; a repeated batch size counts once
+    for kw, msg in (({"output_tokens": 0}, "--output-tokens"), ({"batches": [8, 64]}, "lacks batch size 1")):
+        with pytest.raises(ProfileError, match=msg):
+            solve_one_setting_plan(value, profile, **kw)
+    with pytest.raises(ProfileError, match=r"the batch sizes solved \(8,64\) lacks batch size 1"):
+        solve_plan(value, profile, [8, 64])
+    assert solve_one_setting_plan(value, profile, [1, 1, 8, 64]).ranges == solve_one_setting_plan(value, profile).ranges
 
 
 def _labelled(tmp_path, drafter: str):

@@ -70,7 +70,7 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError, SolverError
-from ..profiles.batch import BatchLatencyProfile
+from ..profiles.batch import BatchLatencyProfile, check_starts_at_one
 from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integer
 from ..profiles.latency import LatencyCurve
 from ..tree import Tree, now_iso
@@ -344,10 +344,6 @@ class Plan:
             if r.batch == batch:
                 return r
         raise ProfileError(f"batch size {batch} was not solved (solved: {', '.join(str(r.batch) for r in self.rows)})")
-
-    @property
-    def max_draft_tokens(self) -> int:
-        return max(r.setting.draft_tokens for r in self.ranges)
 
 
 # ---------------------------------------------------------------------------------------------- value models
@@ -721,7 +717,8 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
         provenance: written into the schedule file.
 
     Raises:
-        ProfileError: no batch size; a batch size the profile did not measure; a chain longer than some batch's
+        ProfileError: no batch size, or none of 1 (a plan's first range starts at one live request); a batch
+            size the profile did not measure; a chain longer than some batch's
             curve measured (``T(b, K + 1)``: K past the profile); ``max_batch`` below the largest batch size solved;
             ``min_gain`` outside [0, 10); ``output_tokens`` not a positive integer.
         SolverError / ProfileError: as the value model's ``predict``.
@@ -729,6 +726,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     batches = sorted({int(b) for b in (batches if batches is not None else profile.batches)})
     if not batches:
         raise ProfileError("no batch size to solve")
+    check_starts_at_one(batches, f"the batch sizes solved ({','.join(map(str, batches))})")
     curves = [(b, profile.curve(b)) for b in batches]  # every batch size checked before any solve
     if getattr(value, "shape", "") == "chain":
         check_draft_measured(value.max_draft, profile, batches, context)
@@ -753,12 +751,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     ranges = [Range(lo, hi, s, best_at[lo]) for lo, hi, s in merge_ranges([(r.batch, r.best.setting) for r in rows],
                                                                             last)]
     paying = [r.batch for r in rows if r.best.setting.speculates]
-    if not paying:
-        stops = 0
-    elif paying[-1] == rows[-1].batch:
-        stops = None
-    else:
-        stops = paying[-1] if all(not r.best.setting.speculates for r in rows if r.batch > paying[-1]) else None
+    stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
     notes = []
     if capped:
         notes.append("no batch size drafts more than the smallest one (the engine's rule), though a longer draft "
@@ -878,10 +871,12 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
         ProfileError: as :func:`solve_plan`.
     """
     check_min_gain(min_gain)
+    check_output_tokens(output_tokens)
     min_gain = float(min_gain)
-    bs = sorted(batches if batches is not None else profile.batches)
+    bs = sorted({int(b) for b in (batches if batches is not None else profile.batches)})
     if not bs:
         raise ProfileError("no batch size to solve")
+    check_starts_at_one(bs, f"the batch sizes solved ({','.join(map(str, bs))})")
     last = _last_batch(bs, max_batch)
     none = SpecSetting.none()
     table: dict[SpecSetting, list[float]] = {}
@@ -889,7 +884,7 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
         row = []
         for b in bs:
             curve = profile.curve(b)
-            row.append(b * _predict(value, st, b, curve, context, None, output_tokens).tokens_per_s_per_request)
+            row.append(_predict(value, st, b, curve, context, None, output_tokens).tokens_per_s_per_request)
         table[st] = row
     best = [max(col) for col in zip(*table.values())]
     share = lambda row: sum(x / m for x, m in zip(row, best)) / len(bs)  # noqa: E731
@@ -908,6 +903,7 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
                 score = share(mixed)
     plan = plan_from_ranges(choice, value, profile, bs, context=context, output_tokens=output_tokens,
                             provenance=provenance)
+    plan.min_gain = min_gain
     plan.notes.insert(0, f"one setting per server ({choice[0][2].label}"
                       + (f", none above batch {choice[0][1]}" if len(choice) > 1 else "")
                       + f"): its predicted tokens/s are {100 * score:.1f} % of the best setting's at each batch size, "
