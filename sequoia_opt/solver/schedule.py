@@ -363,6 +363,20 @@ def check_draft_measured(max_draft: int, profile: BatchLatencyProfile, batches: 
                                "profile more tokens")
 
 
+def check_setting_measured(setting: SpecSetting, batch: int, profile: BatchLatencyProfile,
+                           context: int | None = None, where: str = "") -> None:
+    """Refuse ``setting`` at ``batch`` where its K + 1 verified tokens lie past the largest n the profile's T(b, n)
+    measured there (no extrapolation).
+
+    Raises:
+        ProfileError: naming ``where`` (a file, or nothing), the setting, the batch size and what was measured.
+    """
+    top = profile.curve(batch).max_target_tokens(context) - 1
+    if setting.draft_tokens > top:
+        raise ProfileError(f"{where}{': ' if where else ''}{setting.label} at batch {batch} is past what latency "
+                           f"profile {profile.id!r} measured (T(b, n) up to n = {top + 1})")
+
+
 def max_draft_measured(profile: BatchLatencyProfile, batches: Sequence[int], context: int | None = None) -> int:
     """The longest chain every batch size's curve prices without extrapolating: min over b of the largest
     measured T(b, n), less the root."""
@@ -847,10 +861,7 @@ def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, p
         if setting is None:
             continue
         curve = profile.curve(b)
-        top = curve.max_target_tokens(context) - 1
-        if setting.draft_tokens > top:
-            raise ProfileError(f"{setting.label} at batch {b} is past what latency profile {profile.id!r} measured "
-                               f"(T(b, n) up to n = {top + 1})")
+        check_setting_measured(setting, b, profile, context)
         out.append(_predict(value, setting, b, curve, context, interval, output_tokens))
     return out
 
@@ -1111,7 +1122,6 @@ def load_schedule(path: str | Path, *, profile: BatchLatencyProfile | None = Non
     if profile is not None:
         for lo, hi, s in sched.ranges:
             for b in profile.batches:
-                if lo <= b <= hi and s.draft_tokens + 1 > profile.curve(b).max_target_tokens(context):
-                    raise ProfileError(f"{p}: {s.label} at batch {b} is past what latency profile {profile.id!r} "
-                                       f"measured (T(b, n) up to n = {profile.curve(b).max_target_tokens(context)})")
+                if lo <= b <= hi:
+                    check_setting_measured(s, b, profile, context, str(p))
     return sched
