@@ -224,7 +224,7 @@ def test_plan_refusals():
 # ---------------------------------------------------------------------------------------------- schedules
 @pytest.mark.parametrize("ranges,msg", [
     ([(2, 4, None)], "the first range must start at batch size 1"),
-    ([(1, 4, None), (4, 8, None)], r"range 1 \[4, 8\] overlaps the previous one"),
+    ([(1, 4, None), (4, 8, None)], r"range 2 \[4, 8\] overlaps the previous one"),  # counted from 1
     ([(1, 4, None), (6, 8, None)], "batch sizes 5..5 are in no range"),
     ([(1, 4, None), (5, 3, None)], "ends before it starts"),
     ([], "no batch ranges"),

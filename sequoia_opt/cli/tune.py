@@ -116,7 +116,7 @@ def tune(
         "engine": opts.engine, "drafter": res.schedule.get("drafter"), **{k: v for k, v in res.profiles.items()},
         "speculation": ("pays at no batch size measured: none" if stops == 0 else
                         f"stops paying above batch {stops}" if stops is not None else
-                        f"pays up to the largest batch measured ({plan.rows[-1].batch})"),
+                        f"pays up to the largest batch predicted ({plan.rows[-1].batch})"),
         "ranges": "; ".join(f"{r.lo}-{r.hi}: {r.setting.label}" for r in plan.ranges)}
     if settings is not None:
         report.summary["releases"] = settings.releases

@@ -829,7 +829,7 @@ def check_ranges(ranges: Sequence[tuple[int, int, Any]], where: str = "schedule"
     if not ranges:
         raise ProfileError(f"{where}: no batch ranges")
     prev = 0
-    for i, (lo, hi, _) in enumerate(ranges):
+    for i, (lo, hi, _) in enumerate(ranges, 1):  # counted as a reader counts the file's ranges: from 1
         for name, v in (("start", lo), ("end", hi)):
             check_integer(v, f"{where}: range {i} {name}", low=1, high=MAX_TOKENS)
         if hi < lo:
@@ -837,7 +837,7 @@ def check_ranges(ranges: Sequence[tuple[int, int, Any]], where: str = "schedule"
         if lo <= prev:
             raise ProfileError(f"{where}: range {i} [{lo}, {hi}] overlaps the previous one (which ends at {prev})")
         if lo != prev + 1:
-            what = "the first range must start at batch size 1" if i == 0 else \
+            what = "the first range must start at batch size 1" if i == 1 else \
                 f"batch sizes {prev + 1}..{lo - 1} are in no range"
             raise ProfileError(f"{where}: {what} (range {i} is [{lo}, {hi}])")
         prev = hi
