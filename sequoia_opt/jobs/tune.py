@@ -485,7 +485,7 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int) -> str:
 
 def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any]) -> Any:
     """The acceptance profile: given; or reused from ``path`` (where ``treeopt profile acceptance`` writes it too) or
-    from tune's own file beside it (``<name>.tune.yaml``) when it measured the prompts asked (:func:`_same_prompts`);
+    from tune's own file beside it (``<name>.tune.yaml``) when it measured the prompts asked (:func:`_prompts_misfit`);
     else measured by ``measure()`` and saved at ``path``, or beside it when ``path`` holds a profile tune did not
     write (a user's measurement is never replaced)."""
     from ..profiles import load_acceptance, save_acceptance
@@ -502,7 +502,7 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
     for candidate in (path, own):
         if candidate.is_file():
             acc = load_acceptance(candidate)
-            misfit = _same_prompts(acc.measured, request)
+            misfit = _prompts_misfit(acc.measured, request)
             if not misfit:
                 done["acceptance"] = f"reused: {candidate}"
                 return acc
@@ -516,7 +516,7 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
     return acc
 
 
-def _same_prompts(measured: dict[str, Any], request: dict[str, Any]) -> str:
+def _prompts_misfit(measured: dict[str, Any], request: dict[str, Any]) -> str:
     """Why a saved acceptance profile does not hold the prompts tune is asked to measure ('' when it does): one tune
     wrote must have the same ``tune_request`` (prompts file, count, answer length, depth); one ``treeopt profile
     acceptance`` wrote, the same prompts file and answer length (its count and depth are the user's choice)."""
