@@ -69,7 +69,7 @@ LatenciesOpt = Annotated[
 @app.command("run")
 @handle_errors
 def run_cmd(
-    tree: Annotated[Optional[list[Path]], typer.Option("--tree", help="Tree file(s) to run (treeopt YAML, JSON or a Medusa choice list); repeatable. Required unless --compare-drafters.")] = None,
+    tree: Annotated[Optional[list[Path]], typer.Option("--tree", help="Tree file(s) to run (treeopt YAML, JSON or a Medusa choice list); repeatable. Required unless --compare-drafters, --dynamic or a plan --policy (schedule: / adaptive-schedule:).")] = None,
     target: TargetOpt = None,
     draft: DraftsOpt = None,
     prompts: PromptsOpt = None,
