@@ -664,13 +664,13 @@ def _export_llamacpp(ranges, release, method, lookup, model=None):
             if not 1 <= n <= 1024 or not 1 <= s.draft_tokens <= 1024:
                 raise PlanExportError("llama.cpp's n-gram sizes must lie in 1..1024")
             flags = f"--spec-type ngram-simple --spec-ngram-simple-size-n {n} --spec-ngram-simple-size-m {s.draft_tokens}"
-            if lookup is not None and lookup[0] != lookup[1] and not any("ngram-simple" in x for x in notes):
-                notes.append(f"llama.cpp's ngram-simple matches one n-gram size: size-n {n}, the longest of the "
-                             f"profiled lookup {lookup[0]}-{lookup[1]} (which falls back to shorter ones)")
         else:
             flags = (f"--spec-type {spec_type} --spec-draft-n-max {s.draft_tokens} --spec-draft-n-min 0 "
                      "--spec-draft-p-min 0")
         lines.append({"batch_range": [lo, hi], "np": hi, "flags": f"-np {hi} {flags}"})
+    if method == "ngram" and lookup is not None and lookup[0] != lookup[1]:
+        notes.append(f"llama.cpp's ngram-simple matches one n-gram size: size-n {int(lookup[1])}, the longest of the "
+                     f"profiled lookup {lookup[0]}-{lookup[1]} (which falls back to shorter ones)")
     doc = {"per_range": lines}
     sidecar = {"draft-simple": "DRAFT.gguf", "draft-eagle3": "EAGLE3_HEAD.gguf", "draft-mtp": "MTP_HEAD.gguf"}.get(
         spec_type)

@@ -83,7 +83,8 @@ SHAPES = ("none", "chain", "envelope", "tree")
 __all__ = ["SCHEDULE_FORMAT", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
            "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "check_output_tokens",
            "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
-           "max_draft_measured", "plan_from_ranges", "solve_one_setting_plan", "merge_ranges"]
+           "max_draft_measured", "check_draft_measured", "check_setting_measured", "plan_from_ranges",
+           "solve_one_setting_plan", "merge_ranges"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
