@@ -474,11 +474,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         path = getattr(args, name)
         if path is not None and not path.is_file():
             ap.error(f"--{name.replace('_', '-')} {path}: no such file")
-    for path in args.extra_profile_prompts:  # a bad pool file: one line, before the models load
-        try:
-            load_prompts(path)
-        except PromptFileError as err:
-            ap.error(f"--extra-profile-prompts: {err}")
+    try:  # a bad pool file: one line, before the models load; main pools what is read here
+        args.extra_pool = [p for path in args.extra_profile_prompts for p in load_prompts(path)]
+    except PromptFileError as err:
+        ap.error(f"--extra-profile-prompts: {err}")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         ap.error("--max-prompt-tokens must be at least 1")
     if args.profiles_from is not None and not args.profiles_from.is_dir():
@@ -527,7 +526,7 @@ def main() -> None:
 
     profile_files = [profile_file, *args.extra_profile_prompts]
     if args.extra_profile_prompts:  # tune reads one file: the pool, in order, written into the run's folder
-        pool = [p for f in profile_files for p in load_prompts(f)]
+        pool = load_prompts(profile_file) + args.extra_pool
         profile_file = run_dir / "profile-prompts.jsonl"
         atomic_write_text(profile_file, "".join(json.dumps({"messages": list(p.messages)} if p.is_chat
                                                            else {"prompt": p.text}) + "\n" for p in pool))

@@ -112,11 +112,10 @@ def starts_like_table(lines: Iterable[str]) -> bool:
     return first.replace(" ", "").startswith("batch,tokens,")
 
 
-#: Which command writes each kind of file :func:`_load_yaml` reads (named where a table was given instead).
-_WRITTEN_BY = {"latency": " (treeopt profile latency writes one)", "acceptance": " (treeopt profile acceptance "
-               "writes one)", "calibration": " (treeopt profile acceptance --calibration writes one)",
-               "acceptance pair": " (treeopt profile graft writes one)", "schedule": " (treeopt tune --schedule "
-               "writes one)"}
+#: The command that writes each kind of file :func:`_load_yaml` reads (named where a table was given instead).
+_WRITTEN_BY = {"latency": "treeopt profile latency", "acceptance": "treeopt profile acceptance",
+               "calibration": "treeopt profile acceptance --calibration", "acceptance pair": "treeopt profile graft",
+               "schedule": "treeopt tune --schedule"}
 
 
 def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
@@ -134,7 +133,8 @@ def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     if not isinstance(doc, dict):
         if starts_like_table(text.splitlines()):  # a user's T(b, n) table where a profile belongs
             raise ProfileError(f"{path}: a T(b, n) table, not {a_profile}: treeopt tune and solve "
-                               f"--batch read tables; here give {a_profile}{_WRITTEN_BY.get(kind, '')}")
+                               f"--batch read tables; here give {a_profile}"
+                               + (f" ({_WRITTEN_BY[kind]} writes one)" if kind in _WRITTEN_BY else ""))
         raise ProfileError(f"{path}: {a_profile} must be a YAML mapping with a 'format' key")
     check_numbers(doc, str(path), ProfileError)
     return doc, path
