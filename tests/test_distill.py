@@ -244,6 +244,11 @@ def test_card_of_a_continued_run_lists_every_stage_in_order(tmp_path: Path):
     table = [ln for ln in card.splitlines() if ln.startswith("| 1 |") or ln.startswith("| 2 |")]
     assert len(table) == 2 and f"{tlog['train']['tokens_seen']:,}" in table[0] and "| 1,000 |" in table[1]
     assert f"{tlog['train']['tokens_seen'] + 1000:,} tokens seen" in card
+    assert "Commands without `--out` ran when it defaulted" in card  # the shipped log's commands predate it
+    third = dict(second, command=second["command"] + " --out /tmp/d", stages=[dict(s, command=s["command"] + " --out x")
+                                                                              for s in second["stages"]])
+    write_card(tmp_path, third)
+    assert "Commands without" not in (tmp_path / "MODEL_CARD.md").read_text(encoding="utf-8")
 
 
 def test_card_says_which_bars_are_missed_and_keeps_the_hand_written_notes(tmp_path: Path):
@@ -363,6 +368,9 @@ def test_distill_command_line_bad_input_is_one_line_and_exit_2(tmp_path, capsys)
         assert run_cli(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert run_cli(["--steps", "10"]) == 2  # no --out: nothing may land in the installed package
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out is required") and err.count("\n") == 1, err
     with pytest.raises(SystemExit) as exc:
         run_cli(["--steps", "abc"])
     assert exc.value.code == 2

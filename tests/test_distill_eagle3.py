@@ -192,6 +192,17 @@ def test_bad_settings_are_refused_before_the_target_loads(args, message, tmp_pat
     assert not (tmp_path / "h").exists()
 
 
+def test_out_is_required(capsys):
+    """No default folder: a training run must not replace the shipped head by accident."""
+    from sequoia_opt.distill.eagle3 import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--steps", "10"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the following arguments are required: --out") and err.count("\n") == 1, err
+
+
 def test_cpu_flags_are_the_first_flags_line(tmp_path):
     from sequoia_opt.device import cpu_flags
 

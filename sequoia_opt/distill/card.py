@@ -31,6 +31,16 @@ def _remeasured(ev: dict) -> str:
     return f"Figures re-measured after training ({', '.join(sorted({w for r in rows for w in r['what']}))}) by:\n\n```\n{cmds}\n```\n"
 
 
+def _old_defaults_note(commands: list[str]) -> str:
+    """A line for recorded commands that ran before ``--out`` was required (2026-12-05): they wrote to the
+    package's folders, which a rerun must now name."""
+    if all("--out" in c.split() or "--evaluate" in c.split() for c in commands):
+        return ""
+    return ("\nCommands without `--out` ran when it defaulted to the package's folders; to rerun them add `--out "
+            "sequoia_opt/data/draft --prompts-out sequoia_opt/data/prompts` (which replace the shipped draft and "
+            "prompt sets).\n")
+
+
 #: The issue's bars for the demo draft: draft forward / target forward, greedy agreement, weights size.
 COST_RATIO_BAR = 0.15
 AGREEMENT_BAR = 0.5
@@ -208,7 +218,7 @@ Reproduce (same seed, same data, same machine class{', the commands in this orde
 ```
 {chr(10).join([st['command'] for st in tlog.get('stages', [])] + [tlog['command']])}
 ```
-
+{_old_defaults_note([st['command'] for st in tlog.get('stages', [])] + [tlog['command']])}
 ## Measured against the bars
 
 | bar | measured | met |

@@ -34,7 +34,8 @@ from .evaluate import evaluate_pair, greedy_agreement, greedy_generate
 from .teacher import label_with_teacher, teacher_continuations
 from .train import evaluate_labels, init_student, pca_embedding, student_config, train_student
 
-#: The package's data folder: where ``--out`` (``draft``) and ``--prompts-out`` (``prompts``) default to.
+#: The package's data folder: the shipped draft (``draft``), head (``eagle3``) and prompt sets (``prompts``). No
+#: command writes there unless told to: ``--out`` has no default, and ``--prompts-out`` defaults to ``OUT/prompts``.
 DEFAULT_PACKAGE_DATA = Path(__file__).resolve().parent.parent / "data"
 
 
@@ -69,9 +70,12 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="python -m sequoia_opt.distill", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_PACKAGE_DATA / "draft", help="checkpoint folder")
+    p.add_argument("--out", type=Path, default=None,
+                   help="checkpoint folder (required when training; sequoia_opt/data/draft replaces the shipped draft)")
     p.add_argument("--evaluate", type=Path, default=None, help="only re-measure cost/agreement of this draft")
-    p.add_argument("--prompts-out", type=Path, default=DEFAULT_PACKAGE_DATA / "prompts")
+    p.add_argument("--prompts-out", type=Path, default=None,
+                   help="where the profile / eval prompt sets are written (default OUT/prompts); with --evaluate, "
+                        "where eval.jsonl is read (default: the shipped set)")
     p.add_argument("--target", type=Path, default=None, help="target checkpoint (default: the demo GGUF)")
     p.add_argument("--stdlib", type=Path, default=None, help="standard-library folder (default: this Python's)")
     p.add_argument("--cache-dir", type=Path, default=Path("/tmp/treeopt_distill"))
@@ -140,7 +144,7 @@ def run_evaluate(args) -> dict:
     log = _log_to(None)
     draft, _ = load_checkpoint(args.evaluate, device="cpu", dtype=torch.float32)  # a bad path fails before
     _, target, tok = _load_target(args.target)                                     # the target is loaded
-    prompts = [p.text for p in load_prompts(args.prompts_out / "eval.jsonl")]
+    prompts = [p.text for p in load_prompts((args.prompts_out or DEFAULT_PACKAGE_DATA / "prompts") / "eval.jsonl")]
     res = evaluate_pair(draft.eval(), target, tok, prompts, gen_tokens=args.gen_tokens, log=log)
     print(json.dumps(res, indent=2))
     log_path = args.evaluate / "training_log.json"
@@ -185,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     from ..model.hf import save_hf_checkpoint
     from ..model.loaders import load_checkpoint
 
+    if args.out is None:  # an hour of training must not land in the installed package by default
+        raise SystemExit("--out is required: the folder the trained draft goes to (sequoia_opt/data/draft "
+                         "replaces the shipped draft)")
+    if args.prompts_out is None:
+        args.prompts_out = args.out / "prompts"
     if args.init_from is not None and not (args.init_from / "config.json").is_file():
         # fail before the target is loaded and labelling starts, not an hour later
         raise SystemExit(f"--init-from {args.init_from}: not a saved draft (no config.json there)")

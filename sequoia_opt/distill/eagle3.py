@@ -458,10 +458,11 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
 
 # ------------------------------------------------------------------------------------------------- the command
 def _parser() -> argparse.ArgumentParser:
-    from .cli import DEFAULT_PACKAGE_DATA, _OneLineParser
+    from .cli import _OneLineParser
 
     p = _OneLineParser(prog="python -m sequoia_opt.distill.eagle3", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_PACKAGE_DATA / "eagle3", help="head folder")
+    p.add_argument("--out", type=Path, required=True,
+                   help="head folder (sequoia_opt/data/eagle3 replaces the shipped head)")
     p.add_argument("--target", type=Path, default=None, help="target checkpoint (default: the demo GGUF)")
     p.add_argument("--stdlib", type=Path, default=None, help="standard-library folder (default: this Python's)")
     p.add_argument("--cache-dir", type=Path, default=Path("/tmp/treeopt_distill"))
