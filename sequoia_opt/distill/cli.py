@@ -302,8 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         eval_conts = [greedy_generate(target, e, args.gen_tokens, tok.eos_ids) for e in eval_enc]
         log(f"target continuations of the eval prompts: {time.perf_counter() - t0:.0f} s")
 
-        def probe(m: Transformer) -> float:
+        def agreement(m: Transformer) -> float:
             return greedy_agreement(m, eval_enc, eval_conts)["agreement"]
+
+        probe = agreement
 
         log(f"greedy agreement before training: {probe(student):.4f}")
     tr = train_student(student, chunks, labels, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
