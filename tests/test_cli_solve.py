@@ -374,3 +374,27 @@ def test_a_seed_past_the_generators_range_is_one_line_before_loading(seed, bound
     r = runner.invoke(app, ["run", "--tree", "t.yaml", "--seed", seed])
     assert r.exit_code == 2 and f"Invalid value for '--seed': Input should be {bound}" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_export_draft_keeps_the_users_gguf_when_llama_cpp_refuses_the_new_one(tmp_path, monkeypatch):
+    """export-draft wrote over --gguf, then deleted it when llama.cpp refused the new file: the user's old, good
+    GGUF was gone. Now the new file is checked before it replaces anything: exit 2, the old bytes kept, no temp
+    file left beside it."""
+    import sequoia_opt.engines.llamacpp as llamacpp
+    from sequoia_opt.engines import EngineError
+
+    def refuse(path):
+        raise EngineError(f"llama.cpp refuses {path}: tensor data ends early")
+
+    monkeypatch.setattr(llamacpp, "check_gguf", refuse)
+    gguf = tmp_path / "user.gguf"
+    gguf.write_bytes(b"the user's good GGUF")
+    r = runner.invoke(app, ["export-draft", "--gguf", str(gguf)])
+    assert r.exit_code == 2, r.output
+    assert f"llama.cpp refuses {gguf}: tensor data ends early" in r.output and ".tmp" not in r.output
+    assert gguf.read_bytes() == b"the user's good GGUF"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user.gguf"]
+    monkeypatch.setattr(llamacpp, "check_gguf", lambda path: None)  # accepted: it replaces the old file
+    r = runner.invoke(app, ["export-draft", "--gguf", str(gguf)])
+    assert r.exit_code == 0 and "llama.cpp loads it" in r.output, r.output
+    assert gguf.read_bytes()[:4] == b"GGUF" and sorted(p.name for p in tmp_path.iterdir()) == ["user.gguf"]

@@ -37,6 +37,7 @@ def export_draft(
 ) -> None:
     """Write a draft model (or any Llama-family checkpoint treeopt loads) as a GGUF llama.cpp loads, with its
     tokenizer: what llama.cpp's speculative decoding takes as --model-draft."""
+    from .._io import atomic_output_path
     from ..model.gguf_writer import OUTTYPES, describe, write_gguf
     from ..model.loaders import load_checkpoint
     from ..jobs.load import default_draft_path, model_label
@@ -49,28 +50,38 @@ def export_draft(
     src = draft if draft is not None else default_draft_path()
     model, tok = load_checkpoint(src)
     label = model_label(src)
-    write_gguf(gguf, model, tok, outtype=outtype, name=label)
     report = Report(title="treeopt export-draft")
-    info = describe(gguf)
+    # written beside --gguf and checked there: a file llama.cpp refuses never replaces the one the user had
+    with atomic_output_path(gguf) as tmp:
+        write_gguf(tmp, model, tok, outtype=outtype, name=label)
+        info = describe(tmp)
+        loads = _llamacpp_loads(tmp, gguf) if check else None
     report.summary = {"source": str(src), "name": label, "written": str(gguf), **info, "outtype": outtype,
                       "parameters": model.config.num_parameters(), "vocabulary": tok.vocab_size}
-    if check:
-        from ..engines import EngineError
-        from ..engines.llamacpp import check_gguf
-
-        try:
-            check_gguf(gguf)
-            report.summary["llama.cpp loads it"] = True
-        except EngineError as err:
-            if "not installed" not in str(err):
-                gguf.unlink(missing_ok=True)
-                raise
-            report.notes.append(f"not checked in llama.cpp: {err}")
+    if loads is True:
+        report.summary["llama.cpp loads it"] = True
+    elif loads is not None:
+        report.notes.append(f"not checked in llama.cpp: {loads}")
     if gguf.stem != label:
         report.notes.append(f"profiles name this draft {label!r} (general.name); the file stem is {gguf.stem!r}, "
                             f"which is what --draft FILE reports: name the file {label}.gguf to keep them equal")
     report.data = {"source": str(src), "output": str(gguf), **info, "outtype": outtype}
     render(report, as_json)
+
+
+def _llamacpp_loads(tmp: Path, gguf: Path) -> bool | str:
+    """Load the written ``tmp`` in llama.cpp: True when it loads, the reason when llama-cpp-python is not
+    installed (nothing to check with). Raises EngineError, naming ``gguf``, when llama.cpp refuses the file."""
+    from ..engines import EngineError
+    from ..engines.llamacpp import check_gguf
+
+    try:
+        check_gguf(tmp)
+        return True
+    except EngineError as err:
+        if "not installed" in str(err):
+            return str(err)
+        raise EngineError(str(err).replace(str(tmp), str(gguf))) from None
 
 
 # ---------------------------------------------------------------------------------------------- profile latency
