@@ -1601,3 +1601,44 @@ def test_tune_for_a_gpu_engine_warns_of_a_profile_measured_on_another_engine(tmp
                               "--json"])
     assert res.exit_code == 0 and out.is_file(), res.output
     assert f"start it with: trtllm-serve MODEL --extra_llm_api_options '{out}'" in json.loads(res.stdout)["notes"]
+
+
+def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
+    """tune measured T(b, n) over the file ``treeopt profile latency --batch`` writes by default whenever that one
+    did not fit (other threads, context or batch sizes): the user's measurement was replaced. Now tune measures
+    beside it (``<name>.tune.yaml``) and reuses its own file the next time; its own file at the default path is
+    still re-measured in place."""
+    from sequoia_opt.jobs.tune import TuneOptions, _latency
+    from sequoia_opt.profiles.batch import load_batch_latency, save_batch_latency
+
+    path = tmp_path / "cpu" / "pair-latency-batch.yaml"
+    users = BatchLatencyProfile(id="users", curves={1: _curve(0.1, 10.0), 8: _curve(0.6, 11.0)},
+                                source="measured by treeopt profile latency --batch 1,8")
+    save_batch_latency(path, users)
+    before = path.read_text()
+    calls = []
+
+    def measure(out):
+        if out is None:
+            return path
+        calls.append(out)
+        prof = BatchLatencyProfile(id="tuned", curves=dict(PROFILE.curves), source="measured by treeopt tune --engine "
+                                   "treeopt (1 round)", device={"threads": 1})
+        save_batch_latency(out, prof)
+        return prof
+
+    opts = TuneOptions(engine="treeopt", batches=[1, 8, 64], context=0, threads=1, max_draft=8)
+    own = path.with_suffix(".tune.yaml")
+    for verdict in (f"measured: {own} (the one saved at {path} has no batch size 64)", f"reused: {own}"):
+        done = {}
+        prof = _latency(opts, None, done, None, measure)
+        assert done["latency"] == verdict and prof.id == "tuned" and path.read_text() == before
+    assert calls == [own]
+    # tune's own file at the default path that no longer fits is measured anew, in place
+    own.unlink()
+    save_batch_latency(path, BatchLatencyProfile(id="old-tune", curves={1: _curve(0.1, 10.0)},
+                                                 source="measured by treeopt tune --engine treeopt (1 round)"))
+    done = {}
+    _latency(opts, None, done, None, measure)
+    assert done["latency"] == f"measured: {path} (the one saved at {path} has no batch size 8)"
+    assert calls == [own, path] and load_batch_latency(path).id == "tuned" and not own.exists()

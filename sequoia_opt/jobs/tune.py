@@ -440,7 +440,10 @@ def _format_of(path: Path) -> Any:
 
 
 def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, measure: Callable):
-    """The batch latency profile: given, reused from the default path, or measured by ``measure(path)``."""
+    """The batch latency profile: given; or reused from the default path (where ``treeopt profile latency --batch``
+    writes too) or from tune's own file beside it (``<name>.tune.yaml``) when it fits (:func:`_latency_misfit`); else
+    measured by ``measure(path)`` and saved at the default path, or beside it when that holds a profile tune did not
+    write (its source names ``treeopt tune``): a user's measurement is never replaced."""
     from ..profiles.batch import load_batch_latency
 
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
@@ -454,15 +457,20 @@ def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: Progr
         done["latency"] = f"given: {p}"
         return prof
     path = measure(None)
-    why = ""
-    if path.is_file():
-        prof = load_batch_latency(path)
-        why = _latency_misfit(prof, opts, want_k)
-        if not why:
-            done["latency"] = f"reused: {path}"
-            return prof
-    prof = measure(path)
-    done["latency"] = f"measured: {path}" + (f" (the one saved there {why})" if why else "")
+    own = path.with_suffix(".tune.yaml")
+    why, keep = "", False
+    for candidate in (path, own):
+        if candidate.is_file():
+            prof = load_batch_latency(candidate)
+            misfit = _latency_misfit(prof, opts, want_k)
+            if not misfit:
+                done["latency"] = f"reused: {candidate}"
+                return prof
+            why = why or f" (the one saved at {candidate} {misfit})"
+            keep = keep or (candidate == path and "treeopt tune" not in str(prof.source or ""))
+    out = own if keep else path
+    prof = measure(out)
+    done["latency"] = f"measured: {out}{why}"
     return prof
 
 

@@ -306,7 +306,7 @@ def profile_latency_batch(target_path: Path, draft_path: Path | None, batches: S
                            loop_tables=loops)
     first = curves[min(curves)]
     return BatchLatencyProfile(id=f"{meta['pid']}_batch", curves=curves, device=dict(first.device),
-                               model=dict(first.model), source=f"measured on llama.cpp, batch sizes "
+                               model=dict(first.model), source=f"measured by treeopt tune on llama.cpp, batch sizes "
                                f"{','.join(map(str, sorted(curves)))} (b sequences of n tokens per forward)",
                                date=now_iso())
 
