@@ -595,16 +595,17 @@ def plot_all(
     """
     out = Path(out_dir)
     written: list[Path] = []
-    if latency is not None:
-        written.append(plot_latency(latency, out / LATENCY_PNG))
-    if acceptance is not None:
-        written.append(plot_acceptance(acceptance, out / ACCEPTANCE_PNG))
+    pts = None  # read before anything is drawn: a bad run file must not leave the other PNGs replaced
     if run is not None or predicted:
         pts = speedup_points_from_run(_as_run_dict(run)) if run is not None else SpeedupPoints()
         if predicted:
             pts.predicted = [(int(b), float(s)) for b, s in predicted]
-        if pts.predicted or pts.trees:
-            written.append(plot_speedup_vs_budget(pts, out / SPEEDUP_PNG))
+    if latency is not None:
+        written.append(plot_latency(latency, out / LATENCY_PNG))
+    if acceptance is not None:
+        written.append(plot_acceptance(acceptance, out / ACCEPTANCE_PNG))
+    if pts is not None and (pts.predicted or pts.trees):
+        written.append(plot_speedup_vs_budget(pts, out / SPEEDUP_PNG))
     if tree is not None:
         written.append(plot_tree(tree, out / TREE_PNG, acceptance))
     return written

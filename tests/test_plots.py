@@ -217,6 +217,19 @@ def test_plot_all_with_everything(tmp_path: Path) -> None:
     assert plot_all(tmp_path / "empty") == []
 
 
+def test_a_bad_run_file_leaves_every_png_as_it_was(tmp_path: Path) -> None:
+    """plot_all drew latency.png and acceptance.png, then refused the run file (exit 2) with both already
+    replaced. Now the run is read first: nothing is written."""
+    out = tmp_path / "figs"
+    out.mkdir()
+    (out / "latency.png").write_bytes(b"an earlier figure")
+    bad = dict(run_report(), summaries=[{"tree": "t", "size": 0}])
+    with pytest.raises(TreeoptError, match=r"summaries\[0\] \(t\): 'size' must be a node count >= 1, got 0"):
+        plot_all(out, latency=latency_two_contexts(), acceptance=acceptance_with_counts(), run=bad)
+    assert sorted(x.name for x in out.iterdir()) == ["latency.png"]
+    assert (out / "latency.png").read_bytes() == b"an earlier figure"
+
+
 def test_plots_with_missing_optional_data(tmp_path: Path) -> None:
     # one context, no spreads, smallest count 2; no counts (no intervals), no per-depth vectors
     assert_png(plot_latency(latency_one_context(), tmp_path / "lat.png"))
