@@ -154,7 +154,8 @@ def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
     """Write several files (UTF-8), replacing what is there: every temporary file is made and written in its
     destination folder before the first is renamed over its path, so a folder that refuses a file, or a failing
     write, leaves every path as it was (a failure in the renames themselves, after every write succeeded, can
-    leave some replaced). Returns the paths in the order given.
+    leave some replaced; Ctrl-C / SIGTERM are held until the last rename is done). Returns the paths in the order
+    given.
 
     Raises:
         OutputError: two entries for one path, or as :func:`atomic_write_bytes` (one line naming the path).
@@ -164,6 +165,7 @@ def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
         raise OutputError(f"cannot write {', '.join(map(str, files))}: one path is named twice (each output needs "
                           "its own file)")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_signals_deferred())  # exits last: no Ctrl-C between two renames
         tmps = [stack.enter_context(atomic_output_path(p)) for p in paths]  # all made before any is renamed
         for p, tmp, text in zip(paths, tmps, files.values()):
             try:

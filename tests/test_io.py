@@ -140,6 +140,33 @@ def test_an_interrupt_during_the_commit_waits_until_both_files_exist(tmp_path, m
     assert (tmp_path / "a.csv").read_text() == "1" and (tmp_path / "b.json").read_text() == "2"
 
 
+def test_an_interrupt_between_two_replacements_waits_until_both_are_replaced(tmp_path, monkeypatch):
+    """atomic_write_texts renamed its files one by one with Ctrl-C live: an interrupt after the first rename left
+    one file new and the other old (tune's settings and its plan from two different solves)."""
+    import signal
+
+    import sequoia_opt._io as io
+
+    for name in ("a.json", "b.yaml"):
+        (tmp_path / name).write_text("old")
+    real = os.replace
+
+    def interrupted(src, dst):
+        real(src, dst)
+        if os.path.basename(dst) == "b.yaml":  # the stack renames the last file first
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C between the two renames
+
+    monkeypatch.setattr(io.os, "replace", interrupted)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            io.atomic_write_texts({tmp_path / "a.json": "new a", tmp_path / "b.yaml": "new b"})
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (tmp_path / "a.json").read_text() == "new a" and (tmp_path / "b.yaml").read_text() == "new b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.yaml"]
+
+
 def test_two_processes_saving_runs_into_one_folder_at_once_keep_both(tmp_path):
     """Two processes import, say they are ready, and save a run report into one folder the moment the test
     says go (well within one clock second of each other): two JSON and two CSV files, each JSON its own run."""

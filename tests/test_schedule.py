@@ -1642,3 +1642,26 @@ def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
     _latency(opts, None, done, None, measure)
     assert done["latency"] == f"measured: {path} (the one saved at {path} has no batch size 8)"
     assert calls == [own, path] and load_batch_latency(path).id == "tuned" and not own.exists()
+
+
+def test_tune_removes_a_stale_setting_only_after_its_other_outputs_are_written(tmp_path, monkeypatch):
+    """tune removed the earlier settings at -o first and then wrote --schedule: when that write failed, -o was gone
+    and nothing stood in its place. Now the removal comes after the writes."""
+    import sequoia_opt.cli.tune as tune_cli
+    from sequoia_opt._io import OutputError
+
+    acc = _acc()
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(acc.to_dict()))
+    _table(tmp_path / "t.csv", (1, 8), range(1, 10), lambda b, n: 10.0 * n, 50.0)  # speculation pays nowhere
+    out, sched = tmp_path / "v.json", tmp_path / "s.yaml"
+    old = '{"method": "draft_model", "num_speculative_tokens": 4}\n'
+    out.write_text(old)
+
+    def disk_full(files):
+        raise OutputError(f"cannot write {next(iter(files))}: No space left on device")
+
+    monkeypatch.setattr(tune_cli, "atomic_write_texts", disk_full)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(tmp_path / "t.csv"), "-a", str(tmp_path / "a.yaml"),
+                              "--batches", "1,8", "-o", str(out), "--schedule", str(sched)])
+    assert res.exit_code == 2 and f"cannot write {sched}: No space left on device" in res.output, res.output
+    assert out.read_text() == old and not sched.exists()

@@ -4,6 +4,7 @@ solves, :mod:`sequoia_opt.plan_exports` writes each engine's settings)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -202,13 +203,16 @@ def tune(
     if schedule is not None:
         files[schedule] = schedule_text(schedule, res.schedule)
         written["schedule_file"] = str(schedule)
-    if stale is not None:  # first: a file that cannot be removed stops the run before anything is written
+    if stale is not None and not os.access(stale.parent, os.W_OK | os.X_OK):
+        # before anything is written: a file that cannot be removed stops the run with every path as it was
+        raise OutputError(f"cannot remove {output}: its folder is not writable")
+    atomic_write_texts(files)
+    if stale is not None:  # after the writes: a failed write leaves the old settings file in place
         try:
             stale.unlink()
         except OSError as err:
             raise OutputError(f"cannot remove {output}: {err.strerror or err}") from None
         written["removed_file"] = str(output)
-    atomic_write_texts(files)
     for k, v in written.items():
         if k != "removed_file":
             report.notes.append(f"wrote {v}")
