@@ -133,3 +133,25 @@ def test_profile_latency_batch_on_the_tiny_pair(tmp_path):
                       (["--offload"], "not CUDA"), (["--batch", "2", "--offload"], "give one")):
         r = invoke("profile", "latency", "--target", target, *args)
         assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+def test_a_default_profile_path_that_cannot_be_written_is_refused_before_any_timing(tmp_path, monkeypatch):
+    """Without -o, profile latency (batch 1 and --batch) and profile acceptance found out that profiles/ could not
+    hold their file only after minutes of measuring. Now one line, exit 2, before any forward."""
+    import sequoia_opt.profiling.acceptance as acceptance
+    import sequoia_opt.profiling.batch as batch
+    import sequoia_opt.profiling.latency as latency
+
+    target, draft, prompts = make_pair(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "profiles").write_text("a file where the profiles folder should be")
+    for mod, name in ((latency, "profile_model"), (batch, "profile_model"), (acceptance, "measure_acceptance")):
+        monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail("measured before the output was checked"))
+    for args in (["latency", "--context", "8", "--max-tokens", "3", "--max-draft-tokens", "2"],
+                 ["latency", "--context", "8", "--max-tokens", "3", "--max-draft-tokens", "2", "--batch", "1,2"],
+                 ["acceptance", "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4"]):
+        r = invoke("profile", *args, "--target", target, "--draft", draft)
+        assert r.exit_code == 2, (args, r.output)
+        errors = [ln for ln in r.output.splitlines() if ln.startswith("error:")]  # (a kernel-tuning note may precede)
+        assert len(errors) == 1 and errors[0].startswith("error: cannot write profiles/") and \
+            errors[0].endswith("profiles is not a folder"), (args, r.output)

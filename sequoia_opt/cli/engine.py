@@ -381,6 +381,8 @@ def profile_gpu_cli(name: str, *, target: Optional[Path], contexts: list[int], m
         raise EngineError(f"--engine {name} needs --target: a Hugging Face model folder (or hub name the engine "
                           "resolves locally)")
     _check_contexts(contexts)
+    # -o before the engine loads the model (the default path names the GPU, known only once the engine ran)
+    check_output(output, {"--target": target})
     grid = token_grid(max_tokens)
     curve = profile_gpu(name, str(target), contexts=contexts, token_counts=grid, max_repeats=repeats)
     out = output or Path("profiles") / curve.id.split("_")[0] / f"{Path(str(target)).name}-{name}-latency.yaml"

@@ -12,7 +12,7 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
-                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, check_output,
+                     TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _check_writable, check_output,
                      handle_errors, profile_app, progress_bar, setting_notes)
 from .render import render
 
@@ -118,18 +118,19 @@ def profile_acceptance(
                            f"{'draft' if pair.draft is not None else 'target'}'s vocabulary has "
                            f"tokens ({pair.vocab_size})")
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
+    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+    out = output or default_acceptance_path(pair.target_name, spec, mode)  # where run --compare-drafters looks
+    _check_writable(out)  # the default path too, before the decoding
     with progress_bar() as progress:
         counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=width, depth=depth,
                                     temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
                                     eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
-    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
     pair_slug = pair.slug
     prof = build_acceptance_profile(
         counts, profile_id=f"{pair_slug}_{mode}", target_name=pair.target_name, draft_name=pair.draft_name,
         temperature=temperature, top_p=top_p, depth=depth, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model=pair.cost_model)
-    out = output or default_acceptance_path(pair.target_name, spec, mode)  # where run --compare-drafters looks
     save_acceptance(out, prof)
     ci = prof.confidence_interval()
     from ..solver.intervals import acceptance_spreads
@@ -203,13 +204,14 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
         raise TreeoptError(f"--chains: the draft's context is {ctx} tokens and the shortest prompt is "
                            f"{min(map(len, ids))}: it can guess at no position; use shorter prompts, or a draft "
                            "with a longer context")
+    out = output or default_chain_acceptance_path(pair.target_name, spec)  # where treeopt tune --engine treeopt looks
+    _check_writable(out)  # the default path too, before the decoding
     with progress_bar() as progress:
         prof = measure_chain_acceptance(pair, ids, prompts_file=str(pfile), max_new_tokens=max_new_tokens,
                                         max_depth=DEFAULT_MAX_DRAFT, command="treeopt profile acceptance --chains",
                                         backend=backend, progress=progress)
     if prof is None:
         raise TreeoptError(f"--chains: {pair.draft_name} cannot be teacher-forced; profile it without --chains")
-    out = output or default_chain_acceptance_path(pair.target_name, spec)  # where treeopt tune --engine treeopt looks
     save_acceptance(out, prof)
     value = ChainValue(prof, DEFAULT_MAX_DRAFT)
     report = Report(title="treeopt profile acceptance --chains")
@@ -256,19 +258,20 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
     if topk > pair.vocab_size:
         raise TreeoptError(f"--calibration-topk {topk} is more than the vocabulary's {pair.vocab_size} tokens")
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
+    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+    out = output or default_acceptance_path(pair.target_name, spec, mode).with_name(f"calibration-{mode}.yaml")
+    _check_writable(out)  # the default path too, before the decoding
     with progress_bar() as progress:
         steps_rec = measure_calibration(pair.target, pair.new_drafter, ids, steps=steps, topk=topk,
                                         temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
                                         eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
     if not steps_rec:
         raise TreeoptError("no step drafted (every prompt is at the end of the context): nothing to calibrate")
-    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
     prof = build_calibration_profile(
         steps_rec, profile_id=f"{pair.slug}_calibration_{mode}", target_name=pair.target_name,
         draft_name=pair.draft_name, temperature=temperature, top_p=top_p, recording_steps=steps, recording_topk=topk,
         device=device_name(dev), dtype=str(dt).removeprefix("torch."), prompts_file=str(pfile), num_prompts=len(ids),
         max_new_tokens=max_new_tokens, seed=seed)
-    out = output or default_acceptance_path(pair.target_name, spec, mode).with_name(f"calibration-{mode}.yaml")
     save_calibration(out, prof)
     report = Report(title="treeopt profile acceptance --calibration")
     report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,

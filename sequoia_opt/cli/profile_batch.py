@@ -53,6 +53,10 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
     draft_model = draft if isinstance(draft, torch.nn.Module) else None
     timing = dict(min_repeats=min(5, repeats), max_repeats=repeats)
     report = Report(title="treeopt profile latency " + ("--offload" if offload else "--batch"))
+    from .common import _check_writable
+
+    out = output or Path("profiles") / slug / f"{base}{dpart}-{'offload-latency' if offload else 'latency-batch'}.yaml"
+    _check_writable(out)  # the default path too, before the minutes of timing
     if offload:
         from ..profiles import save_latency
         from ..profiling.offload import profile_offload
@@ -63,7 +67,6 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
             curve, info = profile_offload(tmodel, draft_model, grid, dgrid, contexts[0], device=dev, target_name=tname,
                                           draft_name=dname, profile_id=f"{pid}_offload", dtype=dt, progress=progress,
                                           rounds=rounds, **timing)
-        out = output or Path("profiles") / slug / f"{base}{dpart}-offload-latency.yaml"
         save_latency(out, curve)
         report.summary = {"device": curve.device.get("name"), "host->device (GB/s)": info["h2d_gbps"],
                           "layer bytes": info["layer_bytes"], "layers streamed": info["n_layers"],
@@ -83,7 +86,6 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
                                random_weights=random_weights, method=method_text(rounds, paired, grid),
                                progress=progress, rounds=rounds, paired=paired,
                                loop="static" if loop and draft_model is not None else None, **timing)
-    out = output or Path("profiles") / slug / f"{base}{dpart}-latency-batch.yaml"
     save_batch_latency(out, prof)
     ctx = contexts[0]
     rows = []

@@ -14,7 +14,7 @@ from typing_extensions import Annotated
 from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, TargetOpt,
-                     WeightsOpt, _check_run_options, check_output, _csv_ints, check_cuda_graphs,
+                     WeightsOpt, _check_run_options, _check_writable, check_output, _csv_ints, check_cuda_graphs,
                      graphed, handle_errors, note, profile_app, progress_bar, set_torch_threads)
 from .render import render
 
@@ -197,6 +197,16 @@ def profile_latency(
         return
     from ..attention import record_backends
 
+    slug = device_slug(dev)
+    base = tcfg.name if random_weights else tname
+    dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
+    gpart = "_cuda-graphs" if cuda_graphs else ""
+    if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks by default
+        from ..jobs.load import default_latency_path
+
+        output = default_latency_path(tname, spec, slug)
+    out = output or Path("profiles") / slug / f"{base}{dpart}{gpart.replace('_', '-')}-latency.yaml"
+    _check_writable(out)  # the default path too, before the minutes of timing
     with progress_bar() as progress:
         with record_backends() as t_att:
             ttables = profile_model(tmodel, grid, contexts, what="target", backend=backend, progress=progress,
@@ -216,10 +226,6 @@ def profile_latency(
                                             + 16)
             loops = [time_loop(make_dec, grid, c, tmodel.config.vocab_size, rounds=min(rounds, 2), progress=progress)
                      for c in contexts]
-    slug = device_slug(dev)
-    base = tcfg.name if random_weights else tname
-    dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
-    gpart = "_cuda-graphs" if cuda_graphs else ""
     pid = f"{slug}_{base}{dpart}_{dt}{gpart}".replace("torch.", "")
     graphs = ({"target": tmodel.stats.as_dict(),
                "draft": drafter.stats.as_dict() if hasattr(drafter, "stats") else None} if cuda_graphs else None)
@@ -233,11 +239,6 @@ def profile_latency(
         attention={"requested": backend, "target": t_att.as_dict(),
                    "draft": d_att.as_dict() if dtables is not None else None},
         cuda_graphs=graphs, loop_tables=loops)
-    if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks by default
-        from ..jobs.load import default_latency_path
-
-        output = default_latency_path(tname, spec, slug)
-    out = output or Path("profiles") / slug / f"{base}{dpart}{gpart.replace('_', '-')}-latency.yaml"
     save_latency(out, curve)
     rows = [[n, curve.target_ms(n, c), curve.target_ms(n, c) / curve.target_ms(1, c), c] for c in contexts for n in grid]
     report = Report(title="treeopt profile latency")
