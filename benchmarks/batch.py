@@ -69,7 +69,8 @@ def main() -> None:
                            dtype=torch.float32, method=method_text(args.rounds, True, grid), rounds=args.rounds,
                            paired=True, min_repeats=min(3, args.repeats), max_repeats=args.repeats,
                            command="benchmarks/batch.py")
-    prof_path = save_batch_latency(args.out.with_name("demo-cpu-latency-batch.yaml"), prof)
+    # named after --out (the default: results/batch/demo-cpu-latency-batch.yaml beside demo-cpu.json)
+    prof_path = save_batch_latency(args.out.with_name(f"{args.out.stem}-latency-batch.yaml"), prof)
     chs = choose_per_batch(p, prof, batches, max(grid), args.max_depth)
     tree1 = chs[0].tree if chs[0].batch == 1 else choose_per_batch(p, prof, [1], max(grid), args.max_depth)[0].tree
     print(f"profiled in {time.time() - t_start:.0f} s; trees: "

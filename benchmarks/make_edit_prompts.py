@@ -13,7 +13,11 @@ them), so no function is in both.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sequoia_opt._io import atomic_write_text  # noqa: E402
 
 FUNCTIONS = [
     ("running_mean", "average", '''def running_mean(values, window):
@@ -259,7 +263,7 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     for split, funcs in (("profile", FUNCTIONS[:4] + PROFILE_ONLY), ("eval", FUNCTIONS[4:])):
         rows = [p for f in funcs for p in prompts_for(*f)]
-        (out / f"edit-{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        atomic_write_text(out / f"edit-{split}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
         print(f"{out / f'edit-{split}.jsonl'}: {len(rows)} prompts")
 
 

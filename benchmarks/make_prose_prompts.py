@@ -15,6 +15,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sequoia_opt._io import atomic_write_text  # noqa: E402
+
 OUT = Path(__file__).parent / "data" / "prose-moby-dick.jsonl"
 
 
@@ -37,9 +40,8 @@ def main(data_dir: str) -> None:
         if p:
             prompts.append(p)
     prompts = prompts[:24]
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text("".join(json.dumps({"prompt": p, "source": "Moby-Dick (public domain)"}) + "\n" for p in prompts),
-                   encoding="utf-8")
+    atomic_write_text(OUT, "".join(json.dumps({"prompt": p, "source": "Moby-Dick (public domain)"}) + "\n"
+                                   for p in prompts))
     print(f"wrote {len(prompts)} prompts to {OUT}")
 
 
