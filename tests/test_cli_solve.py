@@ -336,6 +336,33 @@ def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkey
     assert r.output.strip() == "interrupted: each output file is whole or absent (written atomically, last)"
 
 
+def test_a_python_warning_in_a_command_is_shown_once_and_the_command_ends(recwarn):
+    """Any warning but treeopt's own (a torch or numpy UserWarning, a DeprecationWarning) made every command loop
+    until the machine ran out of memory: handle_errors showed it while still recording, and each warning shown
+    was recorded again into the list being shown. Now each is shown once, after the command, and it exits."""
+    import warnings
+
+    import typer
+
+    from sequoia_opt.cli.common import handle_errors
+    from sequoia_opt.errors import ProfileWarning
+
+    mini = typer.Typer()
+
+    @mini.command()
+    @handle_errors
+    def warns() -> None:
+        warnings.warn("a library's warning", UserWarning)
+        for _ in range(2):
+            warnings.warn("the profile is old", ProfileWarning)
+        typer.echo("done")
+
+    r = runner.invoke(mini, [])
+    assert r.exit_code == 0 and r.output.count("the profile is old") == 1 and "done" in r.output, r.output
+    shown = [str(w.message) for w in recwarn.list]  # the library's warning reaches Python's own display
+    assert shown == ["a library's warning"]
+
+
 def test_a_path_is_shown_as_typed_not_as_rich_emoji(tmp_path):
     """rich replaced ':smile:' in a user's path or flag with an emoji (a😄b.yaml), so the message named a file
     that does not exist; the consoles now print text as typed."""

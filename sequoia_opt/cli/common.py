@@ -136,25 +136,27 @@ def handle_errors(fn: F) -> F:
 
         from ..errors import ProfileWarning
 
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ProfileWarning)
-            try:
-                return fn(*args, **kwargs)
-            except TreeoptError as err:
-                _print_error(str(err) or err.__class__.__name__)
-                raise typer.Exit(2) from None
-            except KeyboardInterrupt:  # every command; Ctrl-C may land after a file is in place: no claim either way
-                _err.print("[yellow]interrupted:[/] each output file is whole or absent (written atomically, last)")
-                raise typer.Exit(130) from None
-            finally:
-                shown: set[str] = set()
-                for w in caught:
-                    if not issubclass(w.category, ProfileWarning):
-                        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-                    elif str(w.message) not in shown:
-                        shown.add(str(w.message))
-                        _err.print(f"[yellow]warning:[/] {escape(str(w.message))}", markup=True, soft_wrap=True,
-                                   highlight=False)
+        caught: list = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ProfileWarning)
+                try:
+                    return fn(*args, **kwargs)
+                except TreeoptError as err:
+                    _print_error(str(err) or err.__class__.__name__)
+                    raise typer.Exit(2) from None
+                except KeyboardInterrupt:  # every command; Ctrl-C may land after a file is in place: no claim
+                    _err.print("[yellow]interrupted:[/] each output file is whole or absent (written atomically, last)")
+                    raise typer.Exit(130) from None
+        finally:  # shown once the recorder is gone: inside it, showwarning records again, and the loop never ends
+            shown: set[str] = set()
+            for w in caught:
+                if not issubclass(w.category, ProfileWarning):
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                elif str(w.message) not in shown:
+                    shown.add(str(w.message))
+                    _err.print(f"[yellow]warning:[/] {escape(str(w.message))}", markup=True, soft_wrap=True,
+                               highlight=False)
 
     return wrapper  # type: ignore[return-value]
 
