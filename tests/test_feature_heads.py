@@ -209,6 +209,22 @@ def _e3(tmp_path, drop=None, add=None, **over):
     (lambda p: _e3(p, add={"t2d": torch.ones(257, dtype=torch.bool)}), "t2d[0] disagrees with d2t"),
     (lambda p: _e3(p, drop="d2t"), "missing tensor d2t"),
     (lambda p: _e3(p, num_hidden_layers=2), "config.json: num_hidden_layers = 2; an EAGLE-3 head has one"),
+    # a break-it pass: values a float() / bool() / int() took (or raised a traceback on)
+    (lambda p: _e3(p, rms_norm_eps="abc"), "config.json: rms_norm_eps = 'abc' must be a positive number"),
+    (lambda p: _e3(p, rms_norm_eps=[1]), "config.json: rms_norm_eps = [1] must be a positive number"),
+    (lambda p: _e3(p, rms_norm_eps=0), "config.json: rms_norm_eps = 0 must be a positive number"),
+    (lambda p: _e3(p, rms_norm_eps=float("nan")), "config.json: rms_norm_eps = nan must be a positive number"),
+    (lambda p: _e3(p, head_dim=-64), "config.json: head_dim = -64 must be an integer >= 0"),
+    (lambda p: _e3(p, head_dim="16"), "config.json: head_dim = '16' must be an integer >= 0"),
+    (lambda p: _e3(p, norm_before_residual="no"), "config.json: norm_before_residual = 'no' must be true or false"),
+    (lambda p: _e3(p, bias="false"), "config.json: bias = 'false' must be true or false"),
+    (lambda p: _e3(p, rope_theta="x"), "config.json: rope_theta = 'x' is not a positive number"),
+    (lambda p: _e3(p, max_position_embeddings=0), "config.json: max_position_embeddings = 0 must be a positive"),
+    (lambda p: _e3(p, add={"fc.weight": torch.ones(64, 192, dtype=torch.bool)}),
+     "model.safetensors: tensor fc.weight is BOOL; the layout stores it as F16 or BF16 or F32 or F64"),
+    (lambda p: _e3(p, add={"fc.weight": torch.ones(64, 192, dtype=torch.complex64)}), "tensor fc.weight is C64"),
+    (lambda p: _e3(p, add={"d2t": torch.zeros(len(DRAFT_IDS), dtype=torch.float32)}),
+     "tensor d2t is F32; the layout stores it as I64 or I32"),
 ])
 def test_eagle3_loader_is_strict(tmp_path, make, message):
     folder = make(tmp_path)
@@ -235,8 +251,17 @@ def test_eagle_and_medusa_loaders_are_strict(tmp_path):
         read_medusa_config(tmp_path / "m3", TARGET4)
     write_medusa(tmp_path / "m4", heads=2)  # two heads' tensors, a config naming three
     (tmp_path / "m4" / "config.json").write_text('{"medusa_num_heads": 3, "medusa_num_layers": 1}')
-    with pytest.raises(CheckpointError, match="missing tensor medusa_head.2.0.linear.bias"):
+    with pytest.raises(CheckpointError, match=r"m4/config.json: medusa_num_heads = 3 but the weight file holds 2 "
+                                              r"heads \(indices 0..1\)"):
         read_medusa_config(tmp_path / "m4", TARGET4)
+    # a count of 10**9 built 10**9 placeholder modules (minutes, gigabytes) before any name was compared
+    (tmp_path / "m4" / "config.json").write_text('{"medusa_num_heads": 1000000000, "medusa_num_layers": 1}')
+    with pytest.raises(CheckpointError, match="medusa_num_heads = 1000000000 but the weight file holds 2 heads"):
+        read_medusa_config(tmp_path / "m4", TARGET4)
+    write_head(tmp_path / "e2", dict(eagle_config(), num_hidden_layers=100000), eagle_tensors(), "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"e2/config.json: num_hidden_layers = 100000 but the weight file "
+                                              r"holds 2 decoder layers \(indices 0..1\)"):
+        check_eagle_head(tmp_path / "e2", "eagle", TARGET4)
     pt = write_medusa(tmp_path / "m5") / "medusa_lm_head.pt"  # cut short: torch's own line spoke of mmap
     pt.write_bytes(pt.read_bytes()[:200])
     with pytest.raises(CheckpointError, match=re.escape(f"{pt}: not a PyTorch checkpoint torch.load reads (a zip "

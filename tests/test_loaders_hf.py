@@ -349,3 +349,29 @@ def test_a_config_that_is_not_a_json_object_is_refused_by_name(tmp_path, text, k
     with pytest.raises(CheckpointError, match=re.escape(f"{out / 'config.json'}: a JSON object was expected, "
                                                         f"not {kind}")):
         load_model_config(out)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("rms_norm_eps", "abc", "config.json: rms_norm_eps = 'abc' must be a positive number"),  # was a ValueError
+    ("rms_norm_eps", -1e-5, "config.json: rms_norm_eps = -1e-05 must be a positive number"),  # was taken
+    ("head_dim", -64, "config.json: head_dim = -64 must be an integer >= 0"),  # was a RuntimeError in torch
+    ("hidden_size", "576", "config.json: hidden_size = '576' must be an integer >= 1"),
+    ("intermediate_size", 0, "config.json: intermediate_size = 0 must be an integer >= 1"),
+    ("tie_word_embeddings", "false", "config.json: tie_word_embeddings = 'false' must be true or false"),  # read True
+    ("vocab_size", None, "config.json lacks 'vocab_size'"),
+])
+def test_config_fields_of_the_wrong_kind_are_one_line_naming_the_field(key, value, message):
+    from sequoia_opt.model.hf import hf_config_dict
+
+    cfg = hf_config_dict(ModelConfig.preset("tiny"))
+    if value is None:
+        del cfg[key]
+    else:
+        cfg[key] = value
+    with pytest.raises(CheckpointError) as err:
+        ModelConfig.from_hf(cfg)
+    assert str(err.value) == message
+    cfg = hf_config_dict(ModelConfig.preset("tiny"))
+    cfg.update(num_key_value_heads=None, head_dim=None, rms_norm_eps=None)  # null: the transformers defaults
+    c = ModelConfig.from_hf(cfg)
+    assert (c.n_kv_heads, c.head_dim, c.norm_eps) == (c.n_heads, c.dim // c.n_heads, 1e-6)

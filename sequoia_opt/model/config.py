@@ -19,6 +19,53 @@ def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+_MISSING = object()
+
+
+def config_int(cfg: dict[str, Any], key: str, where: Any = "config.json", default: Any = _MISSING, *,
+               minimum: int = 1) -> int:
+    """An integer field of a ``config.json`` (a JSON integer, not a string, float or bool), at least ``minimum``.
+
+    Raises:
+        CheckpointError: ``"<where> lacks '<key>'"`` (absent, no default) or ``"<where>: <key> = <value> must be an
+            integer >= <minimum>"``.
+    """
+    v = cfg.get(key, default)
+    if v is _MISSING:
+        raise CheckpointError(f"{where} lacks {key!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise CheckpointError(f"{where}: {key} = {v!r} must be an integer >= {minimum}")
+    return int(v)
+
+
+def config_float(cfg: dict[str, Any], key: str, where: Any = "config.json", default: Any = _MISSING) -> float:
+    """A positive finite number field of a ``config.json`` (``rms_norm_eps``).
+
+    Raises:
+        CheckpointError: ``"<where>: <key> = <value> must be a positive number"`` (a string, a list, NaN, 0, < 0).
+    """
+    v = cfg.get(key, default)
+    if v is _MISSING:
+        raise CheckpointError(f"{where} lacks {key!r}")
+    if not _positive(v):
+        raise CheckpointError(f"{where}: {key} = {v!r} must be a positive number")
+    return float(v)
+
+
+def config_bool(cfg: dict[str, Any], key: str, where: Any = "config.json", default: bool = False) -> bool:
+    """A ``true`` / ``false`` field of a ``config.json`` (``"no"`` or ``"false"`` as strings would read as True).
+
+    Raises:
+        CheckpointError: ``"<where>: <key> = <value> must be true or false"``.
+    """
+    v = cfg.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise CheckpointError(f"{where}: {key} = {v!r} must be true or false")
+    return v
+
+
 def check_rope_scaling(rs: Any) -> None:
     """Refuse a ``rope_scaling`` dict that :func:`~sequoia_opt.model.llama.rope_inv_freq` would not compute as
     ``transformers`` does (``modeling_rope_utils``: ``_compute_default_rope_parameters``,
@@ -125,10 +172,15 @@ class ModelConfig:
     name: str = field(default="llama", compare=False)  # a label: two configs of one shape are one model
 
     def __post_init__(self) -> None:
-        for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_position_embeddings"):
+        for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size",
+                    "max_position_embeddings"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise CheckpointError(f"model config {key} = {v!r} must be a positive integer")
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 0:
+            raise CheckpointError(f"model config head_dim = {self.head_dim!r} must be an integer >= 0 (0: dim / n_heads)")
+        if not _positive(self.norm_eps):
+            raise CheckpointError(f"model config norm_eps = {self.norm_eps!r} must be a positive number")
         if self.head_dim == 0:
             if self.dim % self.n_heads:
                 raise CheckpointError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
@@ -189,26 +241,24 @@ class ModelConfig:
         if family != "qwen2" and cfg.get("attention_bias"):
             raise CheckpointError("config.json attention_bias = true: Llama's and Mistral's put a bias on q, k, v and "
                                   "o_proj; treeopt's decoder carries the q/k/v biases only (Qwen2's)")
-        try:
-            n_heads = int(cfg["num_attention_heads"])
-            return cls(
-                vocab_size=int(cfg["vocab_size"]),
-                dim=int(cfg["hidden_size"]),
-                n_layers=int(cfg["num_hidden_layers"]),
-                n_heads=n_heads,
-                n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-                intermediate_size=int(cfg["intermediate_size"]),
-                head_dim=int(cfg.get("head_dim") or 0),
-                norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),  # transformers' default for all three
-                rope_theta=rope_theta,
-                rope_scaling=rope_scaling,
-                max_position_embeddings=_hf_context(cfg, family),
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=family == "qwen2",
-                name=name or cfg.get("_name_or_path") or cfg.get("model_type", ""),
-            )
-        except KeyError as err:
-            raise CheckpointError(f"config.json lacks {err.args[0]!r}") from None
+        n_heads = config_int(cfg, "num_attention_heads")
+        return cls(
+            vocab_size=config_int(cfg, "vocab_size"),
+            dim=config_int(cfg, "hidden_size"),
+            n_layers=config_int(cfg, "num_hidden_layers"),
+            n_heads=n_heads,
+            n_kv_heads=n_heads if cfg.get("num_key_value_heads") is None else config_int(cfg, "num_key_value_heads"),
+            intermediate_size=config_int(cfg, "intermediate_size"),
+            head_dim=0 if cfg.get("head_dim") is None else config_int(cfg, "head_dim", minimum=0),
+            # absent: transformers' default for all three families
+            norm_eps=1e-6 if cfg.get("rms_norm_eps") is None else config_float(cfg, "rms_norm_eps"),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=_hf_context(cfg, family),
+            tie_embeddings=config_bool(cfg, "tie_word_embeddings"),
+            attention_bias=family == "qwen2",
+            name=name or cfg.get("_name_or_path") or cfg.get("model_type", ""),
+        )
 
     @classmethod
     def preset(cls, name: str) -> "ModelConfig":

@@ -42,7 +42,7 @@ from safetensors.torch import save as safetensors_save
 
 from .._io import atomic_write_bytes, atomic_write_text
 from ..errors import CheckpointError
-from .config import ModelConfig, _hf_rope
+from .config import ModelConfig, _hf_rope, config_bool, config_float, config_int
 from .heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 
 __all__ = ["EAGLE3_ARCHITECTURES", "EAGLE_ARCHITECTURES", "read_eagle_config", "check_eagle_head", "load_eagle_head",
@@ -79,6 +79,15 @@ def _int(cfg: Mapping[str, Any], key: str, where: Path, default: Any = None) -> 
 
 
 # ------------------------------------------------------------------------------------------------- weight files
+#: safetensors' dtype names of the weights a head may store (floating point; loaded as the decoder's dtype).
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+#: EAGLE-3's vocabulary maps: d2t holds id offsets, t2d marks the draft ids (SGLang writes bool, some int64).
+_EAGLE3_MAPS = {"d2t": ("I64", "I32"), "t2d": ("BOOL", "I64", "I32", "U8")}
+_TORCH_DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
+                      torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                      torch.uint8: "U8", torch.bool: "BOOL", torch.complex64: "C64", torch.complex128: "C128"}
+
+
 class _Weights:
     """The tensors of one weight file: names, shapes (from headers only) and a ``fetch(name)``."""
 
@@ -90,6 +99,7 @@ class _Weights:
             except Exception as err:  # safetensors raises its own error types
                 raise CheckpointError(f"{path}: cannot be read as safetensors ({err})") from None
             self.shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
+            self.dtypes = {k: str(handle.get_slice(k).get_dtype()) for k in handle.keys()}  # "F16", "I64", "BOOL"
             self.fetch: Callable[[str], torch.Tensor] = handle.get_tensor
         else:
             import zipfile
@@ -106,7 +116,18 @@ class _Weights:
             if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
                 raise CheckpointError(f"{path}: not a state dict of tensors")
             self.shapes = {k: tuple(v.shape) for k, v in sd.items()}
+            self.dtypes = {k: _TORCH_DTYPE_NAMES.get(v.dtype, str(v.dtype)) for k, v in sd.items()}
             self.fetch = sd.__getitem__
+
+    def check_dtypes(self, integer: Mapping[str, tuple[str, ...]] = {}) -> None:
+        """Weights are floating point (F16, BF16, F32, F64); the index maps named in ``integer`` have one of the
+        dtypes given there. Raises CheckpointError naming the file and the tensor: a bool, integer or complex
+        weight would be cast on load and decode silently wrong."""
+        for name, dt in self.dtypes.items():
+            allowed = integer.get(name, _FLOAT_DTYPES)
+            if dt not in allowed:
+                raise CheckpointError(f"{self.path}: tensor {name} is {dt}; the layout stores it as "
+                                      f"{' or '.join(allowed)}")
 
 
 def _weight_file(folder: Path, names: tuple[str, ...]) -> Path:
@@ -197,22 +218,26 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
             raise CheckpointError(f"{path}: eagle_aux_hidden_state_layer_ids = {ids!r} must be 3 layer indices in "
                                   f"0..{last} (the target has {target.n_layers} layers; id i is layer i's output)")
         aux = tuple(int(i) for i in ids)
-    theta, scaling = _hf_rope(cfg)
     n_heads = _int(cfg, "num_attention_heads", path)
     try:
+        theta, scaling = _hf_rope(cfg)
         layer = ModelConfig(
             vocab_size=Vd, dim=H, n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=_int(cfg, "num_key_value_heads", path, n_heads),
-            intermediate_size=_int(cfg, "intermediate_size", path), head_dim=int(cfg.get("head_dim") or 0),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
+            intermediate_size=_int(cfg, "intermediate_size", path),
+            head_dim=0 if cfg.get("head_dim") is None else config_int(cfg, "head_dim", path, minimum=0),
+            norm_eps=1e-6 if cfg.get("rms_norm_eps") is None else config_float(cfg, "rms_norm_eps", path),
+            rope_theta=theta, rope_scaling=scaling,
             max_position_embeddings=_int(cfg, "max_position_embeddings", path, 2048),
-            attention_bias=bool(cfg.get("attention_bias", False)), name=str(cfg.get("_name_or_path") or kind))
-    except CheckpointError as err:
-        raise CheckpointError(f"{path}: {err}") from None
+            attention_bias=config_bool(cfg, "attention_bias", path), name=str(cfg.get("_name_or_path") or kind))
+    except CheckpointError as err:  # each message names this file once: the field readers name it already,
+        msg = str(err)              # the rope reader says 'config.json', ModelConfig's own checks nothing
+        if not msg.startswith(str(path)):
+            msg = f"{path}:{msg[len(CONFIG_FILE):]}" if msg.startswith(CONFIG_FILE) else f"{path}: {msg}"
+        raise CheckpointError(msg) from None
     return EagleConfig(kind=kind, layer=layer, vocab_size=V, target_hidden_size=Ht, aux_layers=aux,
-                       fc_bias=bool(cfg.get("bias", False)), norm_before_residual=bool(cfg.get("norm_before_residual",
-                                                                                               False)),
-                       name=layer.name)
+                       fc_bias=config_bool(cfg, "bias", path),
+                       norm_before_residual=config_bool(cfg, "norm_before_residual", path), name=layer.name)
 
 
 def _eagle_expected(config: EagleConfig) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
@@ -278,8 +303,12 @@ def _check_eagle_weights(config: EagleConfig, w: _Weights) -> tuple[EagleConfig,
     ``d2t``, else None)."""
     if config.kind == "eagle" and "fc.bias" in w.shapes and not config.fc_bias:
         config = dataclasses.replace(config, fc_bias=True)
+    if config.kind == "eagle":  # (EAGLE-3's one layer is checked with its config)
+        _check_count(w.path.with_name(CONFIG_FILE), "num_hidden_layers", config.layer.n_layers,
+                     _indices_under(w.shapes, "layers."), "decoder layers")
     expected, optional = _eagle_expected(config)
     _check_names(w.path, w.shapes, expected, optional)
+    w.check_dtypes(_EAGLE3_MAPS if config.kind == "eagle3" else {})
     if config.kind == "eagle3" and "d2t" in w.shapes:
         return config, reduced_vocab_maps(w.fetch("d2t"), w.fetch("t2d") if "t2d" in w.shapes else None,
                                           config.vocab_size, str(w.path))
@@ -410,8 +439,29 @@ def _medusa_names(w: _Weights) -> tuple[dict[str, tuple[int, ...]], Callable[[st
     return {_MEDUSA_PREFIX + k: v for k, v in w.shapes.items()}, lambda n: n[len(_MEDUSA_PREFIX):]
 
 
+def _indices_under(names, prefix: str) -> set[int]:
+    """The integer i of every name ``<prefix><i>.…`` (``medusa_head.3.0.linear.weight`` -> 3)."""
+    out = set()
+    for n in names:
+        if n.startswith(prefix):
+            head = n[len(prefix):].split(".", 1)[0]
+            if head.isdigit():
+                out.add(int(head))
+    return out
+
+
+def _check_count(path: Path, key: str, claimed: int, found: set[int], what: str) -> None:
+    """A config's count against the file's: refused before a module of ``claimed`` parts is built (a count of
+    10**9 would build 10**9 modules before any name was compared)."""
+    if claimed != len(found):
+        raise CheckpointError(f"{path}: {key} = {claimed} but the weight file holds {len(found)} {what}"
+                              + (f" (indices {min(found)}..{max(found)})" if found else ""))
+
+
 def _check_medusa_weights(config: MedusaConfig, w: _Weights) -> None:
     shapes, _ = _medusa_names(w)
+    _check_count(w.path.with_name(CONFIG_FILE), "medusa_num_heads", config.num_heads,
+                 _indices_under(shapes, _MEDUSA_PREFIX), "heads")
     head0 = f"{_MEDUSA_PREFIX}0.{config.num_layers}.weight"
     want = (config.vocab_size, config.hidden_size)
     if head0 in shapes and tuple(shapes[head0]) != want:
@@ -419,6 +469,7 @@ def _check_medusa_weights(config: MedusaConfig, w: _Weights) -> None:
                               f"hidden size is {want} (heads for another target)")
     meta = MedusaHeads(config, device="meta")
     _check_names(w.path, shapes, {k: tuple(v.shape) for k, v in meta.state_dict().items()})
+    w.check_dtypes()
 
 
 def load_medusa_heads(folder: str | Path, target: Any, *, device: torch.device | str | None = None,
