@@ -130,6 +130,7 @@ def test_profile_latency_batch_on_the_tiny_pair(tmp_path):
     assert att["target"]["backend"] == att["draft"]["backend"] == "torch" and att["target"]["refused"] == {}
     assert att["target"]["calls"]["torch"] > 0 and att["draft"]["calls"]["torch"] > 0
     for args, msg in ((["--batch", "0"], "below 1"), (["--batch", "2", "--draft", "lookup"], "draft model"),
+                      (["--batch", "2", "--draft", "eagle3"], "--draft eagle3 is not one"),  # wrote c(b, w) = 0 ms
                       (["--offload"], "not CUDA"), (["--batch", "2", "--offload"], "give one")):
         r = invoke("profile", "latency", "--target", target, *args)
         assert r.exit_code == 2 and msg in r.output, (args, r.output)

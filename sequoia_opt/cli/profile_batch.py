@@ -32,7 +32,8 @@ def check_batch_options(batch: Optional[str], offload: bool, device: torch.devic
     from ..profiles.batch import parse_batches
 
     batches = parse_batches(batch)
-    if draft is not None and not parse_drafter_spec(draft).entry.loads_model:
+    entry = parse_drafter_spec(draft).entry if draft is not None else None
+    if entry is not None and (not entry.loads_model or entry.reads_features):  # a head's c(b, w) would read 0 ms
         raise TreeoptError(f"--batch profiles the batched decoder, which drafts with a draft model; --draft {draft} "
                            "is not one (pass a draft checkpoint, or none for the bundled draft)")
     return batches
