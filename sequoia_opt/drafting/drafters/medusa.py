@@ -119,7 +119,8 @@ class MedusaDrafter(Drafter):
         K = self.heads.config.num_heads
         if int(d.max()) >= K:
             raise DecodingError(f"{self.name} propose depths 1..{K}; a tree of more levels asks for depth "
-                                f"{int(d.max()) + 1}")
+                                f"{int(d.max()) + 1}: keep the depth at {K} or less (a dynamic setting's steps=, "
+                                "--calibration-steps, profile graft's --max-depth)")
         return self._logits[1][d]
 
     def commit(self, state: DecodeState, paths: Sequence[Sequence[int]], step_depth: int) -> None:
