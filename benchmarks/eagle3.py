@@ -221,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
            "dynamic_settings": [e.name for e in dyn],
            "goals": [{"goal": n, "value": v, "met": ok} for n, v, ok in goals],
            "drafter_rows": [asdict(r) for r in cmp.rows], "run": run.to_dict()}
-    files = {args.out / f"{rid}.json": json.dumps(doc, indent=1) + "\n"}
-    create_files(files)
-    save_latency(folder / "latency-draft.yaml", dcurve)
+    save_latency(folder / "latency-draft.yaml", dcurve)  # the record a reader looks for comes last
     save_latency(folder / "latency-eagle3.yaml", hcurve)
     save_acceptance(folder / "acceptance-draft.yaml", dacc)
     save_acceptance(folder / "acceptance-eagle3.yaml", hacc)
@@ -231,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     save_tree(folder / "tree-draft.yaml", dplan.tree, dplan.metadata)
     save_tree(folder / "tree-eagle3.yaml", hplan.tree, hplan.metadata)
     run.save(folder)
+    create_files({args.out / f"{rid}.json": json.dumps(doc, indent=1) + "\n"})
     print(f"wrote {args.out / f'{rid}.json'} and {folder}/")
     return 0 if run.greedy_ok else 1
 

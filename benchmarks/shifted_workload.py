@@ -161,11 +161,11 @@ def main(argv: list[str] | None = None) -> int:
            "rows": rows, "goals": goals,
            "wall_s": {"acceptance": t_acc, "runs": t_run, "total": time.perf_counter() - t_all}}
     out = args.out / f"{run_id}.json"
-    create_files({out: json.dumps(doc, indent=1, default=float) + "\n"})
-    save_acceptance(args.out / run_id / "acceptance-code.yaml", code_acc)
+    save_acceptance(args.out / run_id / "acceptance-code.yaml", code_acc)  # the record comes last
     save_acceptance(args.out / run_id / "acceptance-prose.yaml", prose_acc)
     if args.latency is None:
         save_latency(args.out / run_id / "latency.yaml", curve)
+    create_files({out: json.dumps(doc, indent=1, default=float) + "\n"})
     print(f"wrote {out}")
     return 0
 
