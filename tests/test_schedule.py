@@ -248,6 +248,16 @@ def test_schedule_file_round_trip_and_refusals(tmp_path):
     assert not (tmp_path / "bad.yaml").exists()
     long = dict(doc, ranges=[{"batch_range": [1, 64], "setting": {"shape": "chain", "draft_tokens": 12}}])
     (tmp_path / "long.yaml").write_text(yaml.safe_dump(long))
+    # a K the plan's own candidates never scored (run --policy schedule: ran a 601-token chain at 0.004x, no word)
+    with pytest.raises(ProfileError, match=r"long.yaml: ranges\[0\] \(batch sizes 1-64\) runs chain:12, which no batch "
+                                           r"size's candidates in 'by_batch' scored \(it was solved over none, chain:1, "
+                                           r"chain:2, .*chain:6\): edited by hand\?"):
+        load_schedule(tmp_path / "long.yaml")
+    from sequoia_opt.drafting.registry import parse_policy
+
+    with pytest.raises(ProfileError, match="runs chain:12, which no batch size's candidates"):
+        parse_policy(f"schedule:{tmp_path / 'long.yaml'}")  # what run --policy schedule:PLAN reads
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump({k: v for k, v in long.items() if k != "by_batch"}))
     with pytest.raises(ProfileError, match="chain:12 at batch 1 is past what latency profile 'prof' measured"):
         load_schedule(tmp_path / "long.yaml", profile=PROFILE)
     with pytest.raises(ProfileError, match="shape one of none, chain, envelope, tree"):

@@ -1104,10 +1104,31 @@ def _validate(doc: Any, src: str) -> Schedule:
     if solved and max(solved) > ranges[-1][1]:
         raise ProfileError(f"{src}: its ranges end at batch size {ranges[-1][1]}, but it was solved for batch sizes up "
                            f"to {max(solved)} ('batches' / 'by_batch'): a file cut short or edited by hand?")
+    # a setting no batch size's candidates scored was never priced: an edited range (K = 600 ran a 601-token chain
+    # at 0.004x with no word); tune, the engines and the decoder read plans through here
+    scored = {c.get("setting") for e in rows if isinstance(e, dict) and isinstance(e.get("candidates"), list)
+              for c in e["candidates"] if isinstance(c, dict)}
+    if scored:
+        for i, (lo, hi, setting) in enumerate(ranges):
+            if setting.label not in scored:
+                raise ProfileError(f"{src}: ranges[{i}] (batch sizes {lo}-{hi}) runs {setting.label}, which no batch "
+                                   f"size's candidates in 'by_batch' scored (it was solved over "
+                                   f"{', '.join(sorted(scored, key=_label_order))}): edited by hand? re-solve it with "
+                                   "treeopt tune")
     s = doc.get("stops_paying_above")
     if s is not None:
         check_integer(s, f"{src}: stops_paying_above", high=MAX_TOKENS)
     return Schedule(tuple(ranges), dict(doc))
+
+
+def _label_order(label: Any) -> tuple:
+    """Settings' labels in a readable order: none, then chains by K, then the rest by name."""
+    text = str(label)
+    if text == "none":
+        return (0, 0, "")
+    if text.startswith("chain:") and text[6:].isdigit():
+        return (1, int(text[6:]), "")
+    return (2, 0, text)
 
 
 def load_schedule(path: str | Path, *, profile: BatchLatencyProfile | None = None,
