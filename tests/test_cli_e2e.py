@@ -177,6 +177,8 @@ def test_run_clips_a_tree_deeper_than_the_context(workdir, tmp_path):
     assert r.exit_code == 0, r.output  # was refused ("depth 599"), though plain decoding serves the request
     doc = json.loads(r.stdout)
     assert doc["greedy_ok"] is True
+    assert ("tree 'deep' has 600 nodes and the target's context holds 512 tokens: every step clips it to the levels "
+            "that fit, it is never verified whole, and its prediction does not hold") in " ".join(doc["warnings"])
     deep = next(s for s in doc["summaries"] if s["tree"] == "deep")
     assert deep["size"] == 600 and deep["mismatches"] == 0
 

@@ -252,6 +252,20 @@ def test_run_dynamic_refuses_a_calibration_of_another_pair(workdir, files, tmp_p
     assert not (tmp_path / "res").exists()
 
 
+def test_run_dynamic_refuses_a_setting_that_could_never_draft_in_the_context(workdir, tmp_path):
+    """steps=600 on a 512-token target held every step to its root (tokens/step 1.000, no word): the candidate
+    tree can never fit. Now one error line (once the target's context is known), before any decoding."""
+    root, target, draft, prompts = workdir
+    for setting, grows in (("eagle:steps=600,topk=1,budget=8", "601 nodes over 600 levels"),
+                           ("best-first:steps=600,topk=2,budget=8", "over 600 levels")):
+        r = invoke("run", "--dynamic", setting, "--target", target, "--draft", draft, "--prompts", prompts,
+                   "--results-dir", tmp_path / "res")
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]  # (a kernel-tuning note may precede)
+        assert r.exit_code == 2 and len(errors) == 1 and grows in errors[0], r.output
+        assert "the target's context holds 512 tokens: it could draft at no step" in errors[0]
+    assert not (tmp_path / "res").exists()
+
+
 # ---------------------------------------------------------------------------------------------- profile --calibration
 def test_profile_acceptance_calibration_writes_a_loadable_profile(workdir, files, tmp_path):
     root, target, draft, prompts = workdir
