@@ -264,6 +264,10 @@ def test_run_dynamic_refuses_a_setting_that_could_never_draft_in_the_context(wor
         assert r.exit_code == 2 and len(errors) == 1 and grows in errors[0], r.output
         assert "the target's context holds 512 tokens: it could draft at no step" in errors[0]
     assert not (tmp_path / "res").exists()
+    r = invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--dynamic", "eagle:budget=4,topk=2,steps=2",
+               "--target", target, "--draft", draft, "--prompts", prompts, "--results-dir", tmp_path / "res")
+    _one_line_error(r, "--dynamic eagle:s2-k2-n4 is given twice")  # two result rows of one name
+    assert not (tmp_path / "res").exists()
 
 
 # ---------------------------------------------------------------------------------------------- profile --calibration

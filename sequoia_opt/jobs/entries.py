@@ -246,6 +246,10 @@ def dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], la
             out.append((parse_setting(spec), {}, {}))
         except ValueError as err:
             raise TreeoptError(str(err)) from None
+    labels = [s.label for s, _, _ in out]
+    twice = next((x for i, x in enumerate(labels) if x in labels[:i]), None)
+    if twice is not None:  # two rows of one name in the results could not be told apart
+        raise TreeoptError(f"--dynamic {twice} is given twice: each setting runs once")
     if calibration is not None and (not latency or len(latency) != 1):
         raise TreeoptError("--calibration predicts a setting's tokens/s with one --latency profile: add -l")
     if calibration is not None:
