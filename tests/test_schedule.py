@@ -1675,3 +1675,31 @@ def test_tune_removes_a_stale_setting_only_after_its_other_outputs_are_written(t
                               "--batches", "1,8", "-o", str(out), "--schedule", str(sched)])
     assert res.exit_code == 2 and f"cannot write {sched}: No space left on device" in res.output, res.output
     assert out.read_text() == old and not sched.exists()
+
+
+def test_tune_names_the_threads_a_reused_latency_profile_was_timed_with(tmp_path):
+    """tune's 'serve it' line carried --threads after measuring T(b, n) but dropped it when it reused the saved
+    profile, so the suggested run timed under another thread count than the plan was priced at."""
+    import dataclasses
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    from sequoia_opt.device import device_slug
+    from sequoia_opt.jobs.tune import load_given_latency
+    from sequoia_opt.profiles.batch import save_batch_latency
+
+    tdir, ddir, _ = make_pair(tmp_path)
+    table, acc = _files(tmp_path)
+    prof = load_given_latency(table, 128)
+    ctx = int(prof.curve(1).contexts[0])
+    prof = dataclasses.replace(prof, source="measured by treeopt tune --engine treeopt", device={"threads": 1})
+    saved = save_batch_latency(tmp_path / "profiles" / device_slug("cpu") / "target__draft-latency-batch.yaml", prof)
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-a",
+                              str(acc), "--batches", "1,8", "--context", str(ctx), "--profiles-dir",
+                              str(tmp_path / "profiles"), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["profiles"]["latency"] == f"reused: {saved}"
+    serve = next(n for n in doc["notes"] if n.startswith("serve it with treeopt's decoder"))
+    assert serve.count(f"--draft {ddir} --threads 1 --policy") == 2, serve

@@ -171,8 +171,8 @@ def tune(
         f = shlex.quote(str(plan_file)) if plan_file is not None else "PLAN.yaml"
         pair = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),
                                                                           ("--draft", opts.draft)) if v is not None)
-        if res.profiles.get("latency", "").startswith("measured:"):
-            pair += f" --threads {opts.threads}"  # the threads T(b, n) was measured with here
+        if res.profiles.get("latency", "").startswith(("measured:", "reused:")):
+            pair += f" --threads {opts.threads}"  # the threads T(b, n) was timed with (a reused one: the same)
         live = (f"treeopt run{pair} --policy adaptive-schedule:{f} (re-ranked from the acceptance the requests "
                 "show), or " if plan.shape == "chain" else "")
         report.notes.append(f"serve it with treeopt's decoder: {live}treeopt run{pair} --policy schedule:{f} (as "
