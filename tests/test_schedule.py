@@ -1703,3 +1703,31 @@ def test_tune_names_the_threads_a_reused_latency_profile_was_timed_with(tmp_path
     assert doc["profiles"]["latency"] == f"reused: {saved}"
     serve = next(n for n in doc["notes"] if n.startswith("serve it with treeopt's decoder"))
     assert serve.count(f"--draft {ddir} --threads 1 --policy") == 2, serve
+
+
+def test_tune_refuses_a_batch_size_whose_forwards_cannot_fit_before_timing(tmp_path, monkeypatch):
+    """--batches 1,100000 timed for minutes, growing, with no word. Now the largest batch size's KV cache and logits
+    are estimated against the free memory first: one line, exit 2, nothing written."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    import sequoia_opt.device as device
+    import sequoia_opt.profiling.batch as batch
+    from sequoia_opt.jobs.tune import check_batch_memory
+    from sequoia_opt.model.config import ModelConfig
+
+    monkeypatch.setattr(device, "free_memory_bytes", lambda d: 24 * 2**30)
+    demo = ModelConfig(49152, 576, 30, 9, 3, 1536, name="the demo target's shape")
+    check_batch_memory(demo, 16, 137, 9, "cpu")  # what the benchmarks time: fits
+    with pytest.raises(TreeoptError, match=r"--batches: timing batch size 100000 needs about 1082\.3 GiB \(a KV "
+                                           r"cache of 137 tokens and the logits of 9 tokens per row\), and cpu has "
+                                           r"24\.0 GiB free"):
+        check_batch_memory(demo, 100000, 137, 9, "cpu")
+    tdir, ddir, prompts = make_pair(tmp_path)
+    monkeypatch.setattr(device, "free_memory_bytes", lambda d: 2**20)  # 1 MiB free
+    monkeypatch.setattr(batch, "profile_model", lambda *a, **k: pytest.fail("timed before the memory check"))
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "--prompts",
+                              str(prompts), "--batches", "1,64", "--context", "16", "--profiles-dir",
+                              str(tmp_path / "profiles")])
+    assert res.exit_code == 2 and "timing batch size 64 needs about" in res.output, res.output
+    assert not (tmp_path / "profiles").exists()

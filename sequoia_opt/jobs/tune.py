@@ -914,6 +914,26 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
     return profile, acc, {"target": pair.target_label, "drafter": dlabel}
 
 
+def check_batch_memory(config: Any, batch: int, positions: int, tokens: int, device: Any) -> None:
+    """Refuse, before timing, a batch size whose forwards cannot fit in memory: ``batch`` rows of a KV cache of
+    ``positions`` tokens (float32 keys and values of every layer) and the logits of ``tokens`` tokens per row
+    (float32 over the vocabulary; the verifier keeps about three such arrays: logits, probabilities, a copy).
+    ``--batches 1,100000`` timed for minutes, growing, before anything said so.
+
+    Raises:
+        TreeoptError: one line with the estimate and the free memory (:func:`~sequoia_opt.device.free_memory_bytes`).
+    """
+    from ..device import free_memory_bytes
+
+    kv = 2 * config.n_layers * config.n_kv_heads * config.head_dim * 4 * positions
+    need = batch * (kv + 3 * tokens * config.vocab_size * 4)
+    free = free_memory_bytes(device)
+    if free is not None and need > free:
+        raise TreeoptError(f"--batches: timing batch size {batch} needs about {need / 2**30:.1f} GiB (a KV cache of "
+                           f"{positions} tokens and the logits of {tokens} tokens per row), and {device} has "
+                           f"{free / 2**30:.1f} GiB free: lower the largest batch size (or --context, --max-draft)")
+
+
 def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None):
     """treeopt's T(b, n) (the batched decoder) and acceptance (its verifier), measured here when missing."""
     import torch
@@ -941,6 +961,7 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
 
         check_loop_fits(opts.context, max(grid), pair.target.config.max_position_embeddings, model=pair.target_name,
                         fixes=f"--max-draft (chains up to K = {want_k} here)")
+        check_batch_memory(pair.target.config, max(opts.batches), opts.context + max(grid), max(grid), dev)
         prof = profile_batches(pair.target, pair.draft, opts.batches, grid, [1, 2], [opts.context],
                                target_name=pair.target_name, draft_name=pair.draft_name,
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,
