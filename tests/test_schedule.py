@@ -395,6 +395,11 @@ def test_schedule_policy_from_the_registry(tmp_path):
     kind, opts = parse_policy(f"schedule:{path}")
     assert kind.name == "schedule" and [t.size for *_, t in opts["ranges"]] == [r.setting.draft_tokens + 1
                                                                                  for r in plan.ranges]
+    # run serves one request at a time: the plan's batch-1 prediction is shown (it printed '-'), steady state
+    first = plan.ranges[0].predicted
+    assert first.batch == 1 and opts["batch1"] == {
+        "expected_tokens_per_step": pytest.approx(first.cost.expected_tokens, rel=1e-5),
+        "predicted_speedup": pytest.approx(first.cost.speedup, rel=1e-5)}
     env = {"format": "treeopt-schedule/1", "ranges": [{"batch_range": [1, 4], "setting": {
         "shape": "envelope", "steps": 3, "topk": 2, "draft_tokens": 6}}]}
     (tmp_path / "e.yaml").write_text(yaml.safe_dump(env))

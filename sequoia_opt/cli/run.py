@@ -278,10 +278,11 @@ def run_cmd(
         # the pair and engine the plan was solved for: tree_mismatch_warnings below names another one
         entries = [TreeEntry(own[0], own[1], TreeMetadata(extra=dict(popts.get("solved_for", {}))))]
     if pkind.name != "static":  # the tree file's prediction is the static tree's: not this policy's
+        batch1 = popts.get("batch1") or {}  # a plan's own, at the one request at a time run serves
         for e in entries:
             e.name = f"{e.name} ({policy})" if own is None else e.name
-            e.metadata = replace(e.metadata, expected_tokens_per_step=None, predicted_speedup=None,
-                                 solver=f"policy:{pkind.name}")
+            e.metadata = replace(e.metadata, expected_tokens_per_step=batch1.get("expected_tokens_per_step"),
+                                 predicted_speedup=batch1.get("predicted_speedup"), solver=f"policy:{pkind.name}")
             e.policy = lambda drafter, t=e.tree: pkind.build(drafter, t, popts)
     seen: dict[str, int] = {}
     for e in entries:  # two files called tree.yaml in different folders must not share a results row name
@@ -680,9 +681,16 @@ def _prediction_label(entries, value_label: str | None = None) -> tuple[str, lis
     if any(e.policy is not None and not d and not x.startswith("policy:")
            for e, d, x in zip(entries, dynamic, solver)):  # run_cmd's other policy: --adapt
         parts.append("adaptive trees: their re-solves' positional estimate")
+    planned = any(x == "policy:schedule" and e.metadata.expected_tokens_per_step is not None
+                  for e, x in zip(entries, solver))
     for k in kinds:  # --policy KIND: no tree file's prediction holds for it
-        parts.append("a plan re-ranked live: the chain estimate of the steps it ran" if k == "adaptive-schedule"
-                     else f"--policy {k}: none (treeopt tune's table predicts a plan)")
+        if k == "adaptive-schedule":
+            parts.append("a plan re-ranked live: the chain estimate of the steps it ran")
+        elif k == "schedule" and planned:
+            parts.append("--policy schedule: the plan's own prediction for its batch-1 range (one request at a time, "
+                         "as run serves them)")
+        else:
+            parts.append(f"--policy {k}: none (treeopt tune's table predicts a plan)")
     if any(dynamic):
         parts.append("dynamic settings: their calibration profile")
     return "; ".join(parts), warnings

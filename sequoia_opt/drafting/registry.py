@@ -446,7 +446,21 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
             raise TreeoptError(f"--policy schedule:{arg}: batch sizes {lo}-{hi} want an EAGLE envelope ({s.label}); "
                                "run envelopes with --policy dynamic")
     return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges], "source": arg,
-            "solved_for": _solved_for(sched.doc)}
+            "solved_for": _solved_for(sched.doc), "batch1": _batch1_prediction(sched.doc)}
+
+
+def _batch1_prediction(doc: Mapping[str, Any]) -> dict[str, float]:
+    """The first range's prediction at batch 1 (what ``treeopt run`` serves: one request at a time), as a tree
+    file's steady-state figures: ``expected_tokens_per_step`` and ``predicted_speedup`` (the plan's speedup over
+    its answer length, divided by its ``length_factor``); empty when the plan predicts no batch 1."""
+    ranges = doc.get("ranges") if isinstance(doc.get("ranges"), list) else []
+    pred = ranges[0].get("predicted") if ranges and isinstance(ranges[0], Mapping) else None
+    if not isinstance(pred, Mapping) or pred.get("batch") != 1:
+        return {}
+    g, speedup, lf = pred.get("expected_tokens_per_step"), pred.get("speedup"), pred.get("length_factor", 1.0)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (g, speedup, lf)):
+        return {}
+    return {"expected_tokens_per_step": float(g), "predicted_speedup": float(speedup) / float(lf)}
 
 
 def _plan_name(source: str, kind: str) -> str:
