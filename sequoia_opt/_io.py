@@ -89,8 +89,10 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
         return data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")  # as read_text's newlines
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise error(f"{path}: not a UTF-8 text file (expected {with_article(what)})") from None
+    except UnicodeDecodeError as err:
+        why = (f"a NUL byte at byte {err.start}: binary data or UTF-16, not text" if err.reason == "NUL byte"
+               else f"not valid UTF-8 at byte {err.start}")
+        raise error(f"{path}: not a UTF-8 text file ({why}; expected {with_article(what)})") from None
 
 
 def with_article(noun: str) -> str:

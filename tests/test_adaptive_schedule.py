@@ -183,6 +183,8 @@ def test_adaptive_schedule_from_the_registry(tmp_path):
     for bad in ("every=0", "window=x", "prior-weight=-1", "step=3"):
         with pytest.raises(TreeoptError, match=f"'{bad}' is not every=N"):
             parse_policy(f"adaptive-schedule:{path},{bad}")
+    with pytest.raises(TreeoptError, match="gives every twice"):  # it kept the last one without a word
+        parse_policy(f"adaptive-schedule:{path},every=1,every=2")
     comma = save_schedule(tmp_path / "plan,v2.yaml", plan_document(plan, engine="treeopt"))  # a comma in the path
     assert parse_policy(f"adaptive-schedule:{comma}")[1]["source"] == str(comma)
     kind, opts = parse_policy(f"adaptive-schedule:{comma},window=16")

@@ -212,9 +212,12 @@ def test_read_text_file_keeps_its_contract_and_stops_at_the_size_cap(tmp_path, m
     with pytest.raises(TreeoptError, match=r"p.txt: larger than 4 bytes, past any prompt file"):
         _io.read_text_file(f, error=TreeoptError, what="prompt file")
     f.write_bytes(b"\x00\x00\x00")  # valid UTF-8, but binary: it was read and decoded as a prompt
-    with pytest.raises(TreeoptError, match=r"p.txt: not a UTF-8 text file \(expected a prompt file\)"):
+    with pytest.raises(TreeoptError, match=r"p.txt: not a UTF-8 text file \(a NUL byte at byte 0: binary data or "
+                                           r"UTF-16, not text; expected a prompt file\)"):
         _io.read_text_file(f, error=TreeoptError, what="prompt file")
-    with pytest.raises(TreeoptError, match=r"p.txt: not a UTF-8 text file \(expected an acceptance profile\)"):
+    f.write_bytes(b"ab\xff")  # a byte no UTF-8 text holds: said where
+    with pytest.raises(TreeoptError, match=r"p.txt: not a UTF-8 text file \(not valid UTF-8 at byte 2; expected an "
+                                           r"acceptance profile\)"):
         _io.read_text_file(f, error=TreeoptError, what="acceptance profile")
     f.write_bytes(b"abcd")  # at the cap: read whole
     assert _io.read_text_file(f, error=TreeoptError, what="prompt file") == "abcd"

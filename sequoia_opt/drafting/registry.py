@@ -514,6 +514,8 @@ def _parse_adaptive_schedule(arg: str | None) -> dict[str, Any]:
         if name is None or num is None or (num < 1 if name != "prior_weight" else not 0 <= num < float("inf")):
             raise TreeoptError(f"--policy adaptive-schedule:{arg}: {item!r} is not every=N (>= 1), window=W (>= 1) "
                                "or prior-weight=X (>= 0)")
+        if name in kw:  # as --dynamic refuses a key given twice: which one would hold?
+            raise TreeoptError(f"--policy adaptive-schedule:{arg}: gives {key.strip()} twice")
         kw[name] = num
     sched = load_schedule(path)
     adapter = PlanAdapter.of_document(sched.doc, path, **kw)  # refused here, before anything loads
