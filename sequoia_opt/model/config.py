@@ -178,7 +178,8 @@ class ModelConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise CheckpointError(f"model config {key} = {v!r} must be a positive integer")
         if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 0:
-            raise CheckpointError(f"model config head_dim = {self.head_dim!r} must be an integer >= 0 (0: dim / n_heads)")
+            raise CheckpointError(f"model config head_dim = {self.head_dim!r} must be an integer >= 0 "
+                                  "(0: dim / n_heads)")
         if not _positive(self.norm_eps):
             raise CheckpointError(f"model config norm_eps = {self.norm_eps!r} must be a positive number")
         if self.head_dim == 0:
