@@ -339,7 +339,7 @@ def test_treeopt_run_takes_a_plan_without_a_tree_file(tmp_path, kind):
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda d: d["ranges"][0]["setting"].update(draft_tokens=20), "runs chain:20, which no batch size's candidates"),
+    (lambda d: d["ranges"][0]["setting"].update(draft_tokens=20), "runs chain:20 at batch size 1, where 'by_batch' scored only"),
     (lambda d: d.update(min_gain="abc"), "min_gain must be a number >= 0, got 'abc'"),
     (lambda d: d.update(min_gain=-0.5), "min_gain must be a number >= 0, got -0.5"),
     (lambda d: d.update(first_is_longest="no"), "first_is_longest must be true or false, got 'no'"),

@@ -249,13 +249,13 @@ def test_schedule_file_round_trip_and_refusals(tmp_path):
     long = dict(doc, ranges=[{"batch_range": [1, 64], "setting": {"shape": "chain", "draft_tokens": 12}}])
     (tmp_path / "long.yaml").write_text(yaml.safe_dump(long))
     # a K the plan's own candidates never scored (run --policy schedule: ran a 601-token chain at 0.004x, no word)
-    with pytest.raises(ProfileError, match=r"long.yaml: ranges\[0\] \(batch sizes 1-64\) runs chain:12, which no batch "
-                                           r"size's candidates in 'by_batch' scored \(it was solved over none, chain:1, "
-                                           r"chain:2, .*chain:6\): edited by hand\?"):
+    with pytest.raises(ProfileError, match=r"long.yaml: ranges\[0\] \(batch sizes 1-64\) runs chain:12 at batch size "
+                                           r"1, where 'by_batch' scored only none, chain:1, chain:2, .*chain:6: edited "
+                                           r"by hand\?"):
         load_schedule(tmp_path / "long.yaml")
     from sequoia_opt.drafting.registry import parse_policy
 
-    with pytest.raises(ProfileError, match="runs chain:12, which no batch size's candidates"):
+    with pytest.raises(ProfileError, match="runs chain:12 at batch size 1, where 'by_batch' scored only"):
         parse_policy(f"schedule:{tmp_path / 'long.yaml'}")  # what run --policy schedule:PLAN reads
     (tmp_path / "long.yaml").write_text(yaml.safe_dump({k: v for k, v in long.items() if k != "by_batch"}))
     with pytest.raises(ProfileError, match="chain:12 at batch 1 is past what latency profile 'prof' measured"):
@@ -1736,3 +1736,19 @@ def test_tune_refuses_a_batch_size_whose_forwards_cannot_fit_before_timing(tmp_p
                               str(tmp_path / "profiles")])
     assert res.exit_code == 2 and "timing batch size 64 needs about" in res.output, res.output
     assert not (tmp_path / "profiles").exists()
+
+
+def test_a_given_plan_with_ranges_between_measured_batch_sizes_reads_back(tmp_path):
+    """The check that a range runs a setting its by_batch candidates scored refused tune's own file for a given
+    plan: a range holding no measured batch size (2-4 here) has no candidates, and was called 'edited by hand'.
+    Only ranges that hold a measured batch size are checked."""
+    given = plan_from_ranges([(1, 1, SpecSetting.chain(3)), (2, 4, SpecSetting.chain(2)), (5, 64, SpecSetting.chain(1))],
+                             ChainValue(_acc(), 6), PROFILE)
+    path = save_schedule(tmp_path / "given.yaml", plan_document(given, engine="vllm"))
+    assert [s.label for *_, s in load_schedule(path).ranges] == ["chain:3", "chain:2", "chain:1"]
+    doc = yaml.safe_load(path.read_text())
+    i = next(j for j, c in enumerate(doc["by_batch"][0]["candidates"]) if c["setting"] == "chain:3")
+    doc["by_batch"][0]["candidates"][i]["setting"] = {"shape": "chain", "draft_tokens": 3}  # a mapping, not a label
+    (tmp_path / "odd.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ProfileError, match="runs chain:3 at batch size 1, where 'by_batch' scored only"):
+        load_schedule(tmp_path / "odd.yaml")  # one line (it was a TypeError: unhashable type 'dict')

@@ -1106,15 +1106,17 @@ def _validate(doc: Any, src: str) -> Schedule:
                            f"to {max(solved)} ('batches' / 'by_batch'): a file cut short or edited by hand?")
     # a setting no batch size's candidates scored was never priced: an edited range (K = 600 ran a 601-token chain
     # at 0.004x with no word); tune, the engines and the decoder read plans through here
-    scored = {c.get("setting") for e in rows if isinstance(e, dict) and isinstance(e.get("candidates"), list)
-              for c in e["candidates"] if isinstance(c, dict)}
-    if scored:
-        for i, (lo, hi, setting) in enumerate(ranges):
-            if setting.label not in scored:
-                raise ProfileError(f"{src}: ranges[{i}] (batch sizes {lo}-{hi}) runs {setting.label}, which no batch "
-                                   f"size's candidates in 'by_batch' scored (it was solved over "
-                                   f"{', '.join(sorted(scored, key=_label_order))}): edited by hand? re-solve it with "
-                                   "treeopt tune")
+    # (only a range holding a measured batch size is checked: a given plan's other ranges hold none)
+    for e in rows:
+        if not (isinstance(e, dict) and isinstance(e.get("batch"), int) and isinstance(e.get("candidates"), list)):
+            continue
+        scored = {str(c.get("setting")) for c in e["candidates"] if isinstance(c, dict)}
+        hit = next(((i, lo, hi, st) for i, (lo, hi, st) in enumerate(ranges) if lo <= e["batch"] <= hi), None)
+        if scored and hit is not None and hit[3].label not in scored:
+            i, lo, hi, setting = hit
+            raise ProfileError(f"{src}: ranges[{i}] (batch sizes {lo}-{hi}) runs {setting.label} at batch size "
+                               f"{e['batch']}, where 'by_batch' scored only {', '.join(sorted(scored, key=_label_order))}"
+                               ": edited by hand? re-solve it with treeopt tune")
     s = doc.get("stops_paying_above")
     if s is not None:
         check_integer(s, f"{src}: stops_paying_above", high=MAX_TOKENS)
