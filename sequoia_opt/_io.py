@@ -90,8 +90,10 @@ def read_text_file(path: str | os.PathLike, *, error: type[Exception], what: str
     except OSError as err:
         raise error(f"cannot read {what} {path}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
-        why = (f"a NUL byte at byte {err.start}: binary data or UTF-16, not text" if err.reason == "NUL byte"
-               else f"not valid UTF-8 at byte {err.start}")
+        # the byte's place in the file: utf-8-sig counts from after a byte-order mark
+        at = err.start + (3 if err.reason != "NUL byte" and data.startswith(b"\xef\xbb\xbf") else 0)
+        why = (f"a NUL byte at byte {at}: binary data or UTF-16, not text" if err.reason == "NUL byte"
+               else f"not valid UTF-8 at byte {at}")
         raise error(f"{path}: not a UTF-8 text file ({why}; expected {with_article(what)})") from None
 
 

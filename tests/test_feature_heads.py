@@ -258,6 +258,10 @@ def test_eagle_and_medusa_loaders_are_strict(tmp_path):
     (tmp_path / "m4" / "config.json").write_text('{"medusa_num_heads": 1000000000, "medusa_num_layers": 1}')
     with pytest.raises(CheckpointError, match="medusa_num_heads = 1000000000 but the weight file holds 2 heads"):
         read_medusa_config(tmp_path / "m4", TARGET4)
+    (tmp_path / "m4" / "config.json").write_text('{"medusa_num_heads": 2, "medusa_num_layers": 3000000}')
+    with pytest.raises(CheckpointError, match="medusa_num_layers = 3000000 but the weight file's head 0 holds 1 "
+                                              "residual blocks before its LM head"):
+        read_medusa_config(tmp_path / "m4", TARGET4)
     write_head(tmp_path / "e2", dict(eagle_config(), num_hidden_layers=100000), eagle_tensors(), "pytorch_model.bin")
     with pytest.raises(CheckpointError, match=r"e2/config.json: num_hidden_layers = 100000 but the weight file "
                                               r"holds 2 decoder layers \(indices 0..1\)"):

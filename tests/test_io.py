@@ -219,5 +219,8 @@ def test_read_text_file_keeps_its_contract_and_stops_at_the_size_cap(tmp_path, m
     with pytest.raises(TreeoptError, match=r"p.txt: not a UTF-8 text file \(not valid UTF-8 at byte 2; expected an "
                                            r"acceptance profile\)"):
         _io.read_text_file(f, error=TreeoptError, what="acceptance profile")
+    f.write_bytes(b"\xef\xbb\xbf\xff")  # after a byte-order mark: still the byte's place in the file
+    with pytest.raises(TreeoptError, match=r"not valid UTF-8 at byte 3;"):
+        _io.read_text_file(f, error=TreeoptError, what="prompt file")
     f.write_bytes(b"abcd")  # at the cap: read whole
     assert _io.read_text_file(f, error=TreeoptError, what="prompt file") == "abcd"

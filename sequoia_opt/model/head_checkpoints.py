@@ -462,6 +462,10 @@ def _check_medusa_weights(config: MedusaConfig, w: _Weights) -> None:
     shapes, _ = _medusa_names(w)
     _check_count(w.path.with_name(CONFIG_FILE), "medusa_num_heads", config.num_heads,
                  _indices_under(shapes, _MEDUSA_PREFIX), "heads")
+    blocks = _indices_under(shapes, f"{_MEDUSA_PREFIX}0.")  # head 0: its residual blocks 0..L-1 and LM head L
+    if blocks and len(blocks) != config.num_layers + 1:
+        raise CheckpointError(f"{w.path.with_name(CONFIG_FILE)}: medusa_num_layers = {config.num_layers} but the weight "
+                              f"file's head 0 holds {len(blocks) - 1} residual blocks before its LM head")
     head0 = f"{_MEDUSA_PREFIX}0.{config.num_layers}.weight"
     want = (config.vocab_size, config.hidden_size)
     if head0 in shapes and tuple(shapes[head0]) != want:
