@@ -219,7 +219,7 @@ def _e3(tmp_path, drop=None, add=None, **over):
     (lambda p: _e3(p, norm_before_residual="no"), "config.json: norm_before_residual = 'no' must be true or false"),
     (lambda p: _e3(p, bias="false"), "config.json: bias = 'false' must be true or false"),
     (lambda p: _e3(p, rope_theta="x"), "config.json: rope_theta = 'x' is not a positive number"),
-    (lambda p: _e3(p, max_position_embeddings=0), "config.json: max_position_embeddings = 0 must be a positive"),
+    (lambda p: _e3(p, max_position_embeddings=0), "config.json: max_position_embeddings = 0 must be an integer >= 1"),
     (lambda p: _e3(p, add={"fc.weight": torch.ones(64, 192, dtype=torch.bool)}),
      "model.safetensors: tensor fc.weight is BOOL; the layout stores it as F16 or BF16 or F32 or F64"),
     (lambda p: _e3(p, add={"fc.weight": torch.ones(64, 192, dtype=torch.complex64)}), "tensor fc.weight is C64"),

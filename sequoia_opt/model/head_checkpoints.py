@@ -71,13 +71,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _int(cfg: Mapping[str, Any], key: str, where: Path, default: Any = None) -> int:
-    v = cfg.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise CheckpointError(f"{where}: {key} = {v!r} must be a positive integer")
-    return int(v)
-
-
 # ------------------------------------------------------------------------------------------------- weight files
 #: safetensors' dtype names of the weights a head may store (floating point; loaded as the decoder's dtype).
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
@@ -184,24 +177,24 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise CheckpointError(f"{path}: hidden_act = {act!r}; the heads run SwiGLU (silu)")
-    V = _int(cfg, "vocab_size", path)
+    V = config_int(cfg, "vocab_size", path)
     if V != target.vocab_size:
         raise CheckpointError(f"{path}: vocab_size = {V} but the target's vocabulary has {target.vocab_size} tokens "
                               "(a head for another target)")
-    H = _int(cfg, "hidden_size", path)
-    Ht = _int(cfg, "target_hidden_size", path, H) if cfg.get("target_hidden_size") is not None else H
+    H = config_int(cfg, "hidden_size", path)
+    Ht = config_int(cfg, "target_hidden_size", path, H) if cfg.get("target_hidden_size") is not None else H
     if Ht != target.dim:
         key = "target_hidden_size" if cfg.get("target_hidden_size") is not None else "hidden_size"
         raise CheckpointError(f"{path}: {key} = {Ht} but the target's hidden size is {target.dim} (a head for "
                               "another target)")
-    n_layers = _int(cfg, "num_hidden_layers", path)
+    n_layers = config_int(cfg, "num_hidden_layers", path)
     Vd = V
     aux: tuple[int, ...] = ()
     if kind == "eagle3":
         if n_layers != 1:
             raise CheckpointError(f"{path}: num_hidden_layers = {n_layers}; an EAGLE-3 head has one decoder layer "
                                   "(SGLang and vLLM stack further layers differently)")
-        Vd = _int(cfg, "draft_vocab_size", path, V) if cfg.get("draft_vocab_size") is not None else V
+        Vd = config_int(cfg, "draft_vocab_size", path, V) if cfg.get("draft_vocab_size") is not None else V
         if Vd > V:
             raise CheckpointError(f"{path}: draft_vocab_size = {Vd} exceeds the target's vocabulary ({V})")
         ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
@@ -218,17 +211,17 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
             raise CheckpointError(f"{path}: eagle_aux_hidden_state_layer_ids = {ids!r} must be 3 layer indices in "
                                   f"0..{last} (the target has {target.n_layers} layers; id i is layer i's output)")
         aux = tuple(int(i) for i in ids)
-    n_heads = _int(cfg, "num_attention_heads", path)
+    n_heads = config_int(cfg, "num_attention_heads", path)
     try:
         theta, scaling = _hf_rope(cfg)
         layer = ModelConfig(
             vocab_size=Vd, dim=H, n_layers=n_layers, n_heads=n_heads,
-            n_kv_heads=_int(cfg, "num_key_value_heads", path, n_heads),
-            intermediate_size=_int(cfg, "intermediate_size", path),
+            n_kv_heads=config_int(cfg, "num_key_value_heads", path, n_heads),
+            intermediate_size=config_int(cfg, "intermediate_size", path),
             head_dim=0 if cfg.get("head_dim") is None else config_int(cfg, "head_dim", path, minimum=0),
             norm_eps=1e-6 if cfg.get("rms_norm_eps") is None else config_float(cfg, "rms_norm_eps", path),
             rope_theta=theta, rope_scaling=scaling,
-            max_position_embeddings=_int(cfg, "max_position_embeddings", path, 2048),
+            max_position_embeddings=config_int(cfg, "max_position_embeddings", path, 2048),
             attention_bias=config_bool(cfg, "attention_bias", path), name=str(cfg.get("_name_or_path") or kind))
     except CheckpointError as err:  # each message names this file once: the field readers name it already,
         msg = str(err)              # the rope reader says 'config.json', ModelConfig's own checks nothing
@@ -419,11 +412,9 @@ def read_medusa_config(folder: str | Path, target: ModelConfig) -> MedusaConfig:
     for key in ("medusa_num_heads", "medusa_num_layers"):
         if key not in cfg:
             raise CheckpointError(f"{path}: {key} is missing (Medusa's config names its heads and their layers)")
-    K = _int(cfg, "medusa_num_heads", path)
-    L = cfg["medusa_num_layers"]
-    if isinstance(L, bool) or not isinstance(L, int) or L < 0:
-        raise CheckpointError(f"{path}: medusa_num_layers = {L!r} must be an integer >= 0")
-    config = MedusaConfig(num_heads=K, num_layers=int(L), hidden_size=target.dim, vocab_size=target.vocab_size,
+    K = config_int(cfg, "medusa_num_heads", path)
+    L = config_int(cfg, "medusa_num_layers", path, minimum=0)
+    config = MedusaConfig(num_heads=K, num_layers=L, hidden_size=target.dim, vocab_size=target.vocab_size,
                           name=folder.name, base_model=cfg.get("base_model_name_or_path"))
     with ExitStack() as stack:
         w = _Weights(_weight_file(folder, MEDUSA_WEIGHT_FILES), stack)
