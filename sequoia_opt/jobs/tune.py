@@ -456,22 +456,34 @@ def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: Progr
                                "measure it, or pass --batches among those (the default: all of them)")
         done["latency"] = f"given: {p}"
         return prof
-    path = measure(None)
+    prof, out, why = _saved_profile(measure(None), load_batch_latency, lambda x: _latency_misfit(x, opts, want_k),
+                                    lambda x: "treeopt tune" in str(x.source or ""))
+    if prof is not None:
+        done["latency"] = f"reused: {out}"
+        return prof
+    prof = measure(out)
+    done["latency"] = f"measured: {out}{why}"
+    return prof
+
+
+def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[Any], str],
+                   tune_wrote: Callable[[Any], bool]) -> tuple[Any, Path, str]:
+    """tune's rule for a saved profile (latency or acceptance): the one at ``path`` (where ``treeopt profile``
+    writes it too), else tune's own beside it (``<name>.tune.yaml``), whichever ``misfit`` passes ('' = fits).
+    Returns ``(profile, its path, '')`` for one that fits; else ``(None, where to write the new one, why the saved
+    ones did not fit)``, the new one going beside ``path`` when ``path`` holds a profile tune did not write: a
+    user's measurement is never replaced."""
     own = path.with_suffix(".tune.yaml")
     why, keep = "", False
     for candidate in (path, own):
         if candidate.is_file():
-            prof = load_batch_latency(candidate)
-            misfit = _latency_misfit(prof, opts, want_k)
-            if not misfit:
-                done["latency"] = f"reused: {candidate}"
-                return prof
-            why = why or f" (the one saved at {candidate} {misfit})"
-            keep = keep or (candidate == path and "treeopt tune" not in str(prof.source or ""))
-    out = own if keep else path
-    prof = measure(out)
-    done["latency"] = f"measured: {out}{why}"
-    return prof
+            prof = load(candidate)
+            miss = misfit(prof)
+            if not miss:
+                return prof, candidate, ""
+            why = why or f" (the one saved at {candidate} {miss})"
+            keep = keep or (candidate == path and not tune_wrote(prof))
+    return None, own if keep else path, why
 
 
 def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int) -> str:
@@ -505,20 +517,13 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
     request = {"prompts": str(Path(opts.prompts or demo_prompts_path("profile")).resolve()),
                "num_prompts": opts.num_prompts, "max_new_tokens": opts.max_new_tokens,
                "max_depth": opts.max_draft or DEFAULT_MAX_DRAFT}
-    own = path.with_suffix(".tune.yaml")
-    why, keep = "", False
-    for candidate in (path, own):
-        if candidate.is_file():
-            acc = load_acceptance(candidate)
-            misfit = _prompts_misfit(acc.measured, request)
-            if not misfit:
-                done["acceptance"] = f"reused: {candidate}"
-                return acc
-            why = why or f" (the one saved at {candidate} {misfit})"
-            keep = keep or (candidate == path and "tune_request" not in acc.measured)
+    acc, out, why = _saved_profile(path, load_acceptance, lambda x: _prompts_misfit(x.measured, request),
+                                   lambda x: "tune_request" in x.measured)
+    if acc is not None:
+        done["acceptance"] = f"reused: {out}"
+        return acc
     acc = measure()
     acc.measured["tune_request"] = request
-    out = own if keep else path
     save_acceptance(out, acc)
     done["acceptance"] = f"measured: {out}{why}"
     return acc
