@@ -11,7 +11,7 @@ import torch
 
 from ..errors import TreeoptError
 from ..report import Report
-from .common import progress_bar
+from .common import _check_writable, progress_bar
 from .render import render
 
 
@@ -54,8 +54,6 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
     draft_model = draft if isinstance(draft, torch.nn.Module) else None
     timing = dict(min_repeats=min(5, repeats), max_repeats=repeats)
     report = Report(title="treeopt profile latency " + ("--offload" if offload else "--batch"))
-    from .common import _check_writable
-
     out = output or Path("profiles") / slug / f"{base}{dpart}-{'offload-latency' if offload else 'latency-batch'}.yaml"
     _check_writable(out)  # the default path too, before the minutes of timing
     if offload:

@@ -1104,9 +1104,9 @@ def _validate(doc: Any, src: str) -> Schedule:
     if solved and max(solved) > ranges[-1][1]:
         raise ProfileError(f"{src}: its ranges end at batch size {ranges[-1][1]}, but it was solved for batch sizes up "
                            f"to {max(solved)} ('batches' / 'by_batch'): a file cut short or edited by hand?")
-    # a setting no batch size's candidates scored was never priced: an edited range (K = 600 ran a 601-token chain
-    # at 0.004x with no word); tune, the engines and the decoder read plans through here
-    # (only a range holding a measured batch size is checked: a given plan's other ranges hold none)
+    # a range's setting at a measured batch size must be one that batch size's candidates scored (an edited range,
+    # K = 600, ran a 601-token chain at 0.004x with no word); a range holding no measured batch size (a given
+    # plan's) has none to compare. tune, the engines and the decoder read plans through here
     for e in rows:
         if not (isinstance(e, dict) and isinstance(e.get("batch"), int) and isinstance(e.get("candidates"), list)):
             continue
