@@ -158,6 +158,7 @@ def write_card(out: Path, tlog: dict) -> None:
     bars = tlog["bars"]
     d = tlog["data"]
     tt = tlog["timing"]
+    commands = [st["command"] for st in tlog.get("stages", [])] + [tlog["command"]]  # every stage's, in order
     text = f"""# treeopt demo draft for SmolLM2-135M-Instruct
 
 A {c['n_layers']}-layer Llama-architecture draft model that shares SmolLM2's tokenizer (vocabulary
@@ -216,9 +217,9 @@ The tied embedding was initialised from the target's embedding matrix ({tlog['pc
 Reproduce (same seed, same data, same machine class{', the commands in this order' if tlog.get('stages') else ''}):
 
 ```
-{chr(10).join([st['command'] for st in tlog.get('stages', [])] + [tlog['command']])}
+{chr(10).join(commands)}
 ```
-{_old_defaults_note([st['command'] for st in tlog.get('stages', [])] + [tlog['command']])}
+{_old_defaults_note(commands)}
 ## Measured against the bars
 
 | bar | measured | met |

@@ -25,7 +25,7 @@ import torch
 from .._io import atomic_write_text
 from ..errors import TreeoptError
 from ..model.llama import Transformer
-from ..prompts import load_prompts
+from ..prompts import demo_prompts_path, load_prompts
 from .card import bars, stage_summary, write_card
 from .curve import continue_curve, read_curve, write_curve
 from .data import (DATA_LICENCE, build_prompts, collect_sources, continuation_prompts, default_stdlib_root,
@@ -144,7 +144,8 @@ def run_evaluate(args) -> dict:
     log = _log_to(None)
     draft, _ = load_checkpoint(args.evaluate, device="cpu", dtype=torch.float32)  # a bad path fails before
     _, target, tok = _load_target(args.target)                                     # the target is loaded
-    prompts = [p.text for p in load_prompts((args.prompts_out or DEFAULT_PACKAGE_DATA / "prompts") / "eval.jsonl")]
+    eval_file = args.prompts_out / "eval.jsonl" if args.prompts_out is not None else demo_prompts_path("eval")
+    prompts = [p.text for p in load_prompts(eval_file)]
     res = evaluate_pair(draft.eval(), target, tok, prompts, gen_tokens=args.gen_tokens, log=log)
     print(json.dumps(res, indent=2))
     log_path = args.evaluate / "training_log.json"
