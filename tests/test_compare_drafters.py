@@ -405,6 +405,40 @@ def test_compare_drafters_end_to_end_with_the_profiles_the_cli_wrote(in_root):
     assert "95% CI: the measured mean's, over the steps of the one prompt" in flat and "over prompts" not in flat
 
 
+def test_a_default_profile_of_another_checkpoint_of_the_same_name_is_neither_used_nor_replaced(in_root, tmp_path):
+    """Profiles are filed by checkpoint name: another run's ``draft`` folder (other weights) finds the first one's
+    profiles at its default paths; they record their weights, so ``run --compare-drafters`` refuses them and
+    ``profile acceptance`` does not write over them (exit 2, one line, the file unchanged); a copy of the same
+    weights elsewhere still uses them."""
+    import shutil
+
+    from sequoia_opt.jobs.entries import plan_drafters
+    from sequoia_opt.model.hf import save_hf_checkpoint
+
+    root, target, draft, prompts = in_root
+    other = tmp_path / "run-b" / Path(draft).name
+    save_hf_checkpoint(noisy_copy(random_model(0), 0.3, 7), byte_tokenizer(), other)
+    a_path, _ = _paths(root, parse_drafter_spec(str(draft)))
+    before = a_path.read_text()
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", other, "--prompts", prompts,
+               "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2
+    flat = " ".join(r.output.split())
+    assert f"the acceptance profile at {a_path.relative_to(root)} is not of drafter draft in use: its draft weights at " \
+           f"{Path(draft).resolve()}" in flat and "-o PATH and pass -a PATH" in flat
+    assert not (tmp_path / "res").exists()
+    r = invoke("profile", "acceptance", "--target", target, "--draft", other, "--prompts", prompts, "-k", "3",
+               "--depth", "3", "--max-new-tokens", "8", "--num-prompts", "1")
+    assert r.exit_code == 2
+    assert f"holds the profile of the draft at {Path(draft).resolve()}" in " ".join(r.output.split())
+    assert a_path.read_text() == before
+    copy = tmp_path / "copy" / Path(draft).name
+    shutil.copytree(draft, copy)
+    plans, paths = plan_drafters([parse_drafter_spec(str(copy))], None, None, target=target, device="cpu",
+                                 temperature=0.0, top_p=1.0, budget=None, max_depth=4, max_branching=3)
+    assert paths[0][0] == Path(a_path.relative_to(root)) and plans[0].label == "draft"
+
+
 def test_compare_drafters_checks_each_chosen_step_on_its_profiles_prompts(in_root):
     from sequoia_opt.profiles import save_acceptance, save_latency
 

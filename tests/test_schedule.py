@@ -935,6 +935,37 @@ def test_tune_treeopt_measures_chain_acceptance_teacher_forced(tmp_path):
             ) in json.loads(served.stdout)["notes"]
 
 
+def test_tune_measures_anew_for_another_checkpoint_of_the_same_name(tmp_path):
+    """Profiles are filed by checkpoint name: a draft of the same folder name with other weights (another run's
+    ``checkpoint-1000``) is not served the first one's acceptance; its own is measured and records its weights."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import byte_tokenizer, make_pair, noisy_copy, random_model
+
+    from sequoia_opt.model.hf import save_hf_checkpoint
+    from sequoia_opt.model.loaders import weights_fingerprint
+    from sequoia_opt.profiles import load_acceptance
+
+    tdir, ddir, prompts = make_pair(tmp_path)
+    other = tmp_path / "run-b" / ddir.name
+    save_hf_checkpoint(noisy_copy(random_model(0), 0.3, 7), byte_tokenizer(), other)
+    table, _ = _files(tmp_path)
+    prof = tmp_path / "profiles"
+    common = ["tune", "--engine", "treeopt", "--target", str(tdir), "-l", str(table), "--batches", "1,8",
+              "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "8", "--profiles-dir", str(prof),
+              "--json"]
+    verdicts = []
+    for draft in (ddir, other, other):
+        res = runner.invoke(app, [*common, "--draft", str(draft)])
+        assert res.exit_code == 0, res.output
+        verdicts.append(json.loads(res.stdout)["profiles"]["acceptance"])
+        [path] = prof.rglob("*.yaml")
+        assert load_acceptance(path).measured["weights"]["draft"] == {"path": str(draft.resolve()),
+                                                                      "fingerprint": weights_fingerprint(draft)}
+    assert verdicts[0] == f"measured: {path}" and verdicts[2] == f"reused: {path}"
+    assert verdicts[1].startswith(f"measured: {path} (the one saved at {path} was measured with other weights: its "
+                                  f"draft weights at {ddir.resolve()}")
+
+
 def test_chain_replay_predicts_the_decoders_tokens_per_step_on_its_prompts():
     """The replay model's rate at the traces' answer length is what the decoder measures on those prompts, for
     every K (the per-depth model over-values long chains on the same traces)."""

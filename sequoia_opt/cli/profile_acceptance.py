@@ -58,7 +58,7 @@ def profile_acceptance(
     sampling), with counts, per-prompt counts, 95 % intervals (of the tokens, and between prompts) and per-depth
     vectors; with --calibration, the calibration profile of draft probability against acceptance that dynamic
     trees are predicted from. Profile a sample of your own traffic: --prompts FILE."""
-    from ..jobs.load import default_acceptance_path, load_pair, parse_device, parse_dtype
+    from ..jobs.load import check_default_profile, default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
     from ..device import device_name
@@ -120,6 +120,9 @@ def profile_acceptance(
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
     out = output or default_acceptance_path(pair.target_name, spec, mode)  # where run --compare-drafters looks
+    weights = pair.weights
+    if output is None:
+        check_default_profile(out, weights)
     _check_writable(out)  # the default path too, before the decoding
     with progress_bar() as progress:
         counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=width, depth=depth,
@@ -131,6 +134,7 @@ def profile_acceptance(
         temperature=temperature, top_p=top_p, depth=depth, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model=pair.cost_model)
+    prof.measured["weights"] = weights
     save_acceptance(out, prof)
     ci = prof.confidence_interval()
     from ..solver.intervals import acceptance_spreads
@@ -190,7 +194,7 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
     """``profile acceptance --chains``: teacher-forced traces (:func:`~sequoia_opt.profiling.acceptance.chain_traces`),
     the chain profile (:func:`~sequoia_opt.jobs.tune.acceptance_from_traces`), written and shown with each K's
     replayed tokens per step (:class:`~sequoia_opt.solver.schedule.ChainValue`)."""
-    from ..jobs.load import default_chain_acceptance_path
+    from ..jobs.load import check_default_profile, default_chain_acceptance_path
     from ..jobs.tune import DEFAULT_MAX_DRAFT, measure_chain_acceptance, short_traces_note
     from ..profiles import save_acceptance
     from ..prompts import encode_prompts
@@ -205,6 +209,9 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
                            f"{min(map(len, ids))}: it can guess at no position; use shorter prompts, or a draft "
                            "with a longer context")
     out = output or default_chain_acceptance_path(pair.target_name, spec)  # where treeopt tune --engine treeopt looks
+    weights = pair.weights
+    if output is None:
+        check_default_profile(out, weights)
     _check_writable(out)  # the default path too, before the decoding
     with progress_bar() as progress:
         prof = measure_chain_acceptance(pair, ids, prompts_file=str(pfile), max_new_tokens=max_new_tokens,
@@ -212,6 +219,7 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
                                         backend=backend, progress=progress)
     if prof is None:
         raise TreeoptError(f"--chains: {pair.draft_name} cannot be teacher-forced; profile it without --chains")
+    prof.measured["weights"] = weights
     save_acceptance(out, prof)
     value = ChainValue(prof, DEFAULT_MAX_DRAFT)
     report = Report(title="treeopt profile acceptance --chains")
@@ -250,7 +258,7 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
                          num_prompts, dev, dt, backend, output, as_json) -> None:
     """``profile acceptance --calibration``: record, build, write and show the calibration profile."""
     from ..profiles.calibration import save_calibration
-    from ..jobs.load import default_acceptance_path
+    from ..jobs.load import check_default_profile, default_acceptance_path
     from ..profiling.calibration import build_calibration_profile, measure_calibration
     from ..device import device_name
     from ..prompts import encode_prompts
@@ -260,6 +268,9 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
     out = output or default_acceptance_path(pair.target_name, spec, mode).with_name(f"calibration-{mode}.yaml")
+    weights = pair.weights
+    if output is None:
+        check_default_profile(out, weights)
     _check_writable(out)  # the default path too, before the decoding
     with progress_bar() as progress:
         steps_rec = measure_calibration(pair.target, pair.new_drafter, ids, steps=steps, topk=topk,
@@ -272,6 +283,7 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
         draft_name=pair.draft_name, temperature=temperature, top_p=top_p, recording_steps=steps, recording_topk=topk,
         device=device_name(dev), dtype=str(dt).removeprefix("torch."), prompts_file=str(pfile), num_prompts=len(ids),
         max_new_tokens=max_new_tokens, seed=seed)
+    prof.measured["weights"] = weights
     save_calibration(out, prof)
     report = Report(title="treeopt profile acceptance --calibration")
     report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,

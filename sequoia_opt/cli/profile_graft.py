@@ -89,7 +89,8 @@ def profile_graft_cmd(
     to the light's candidates). Writes five profiles, all or none, after every measurement succeeded."""
     from ..jobs.graft import GraftProfileSettings, profile_graft
     from ..model.loaders import load_model_config
-    from ..jobs.load import default_draft_path, default_target_path, load_drafters, model_label, parse_device, parse_dtype
+    from ..jobs.load import (check_default_profile, default_draft_path, default_target_path, load_drafters, model_label,
+                             parse_device, parse_dtype, weights_record)
     from ..profiles import save_acceptance, save_latency, save_pair_acceptance
     from ..device import device_slug
     from ..prompts import demo_prompts_path, encode_prompts, load_prompts
@@ -126,6 +127,9 @@ def profile_graft_cmd(
     files = _graft_outputs(out_dir, tlabel, light, strong, slug, mode)
     for path in files.values():  # a path that cannot be written fails now, not after the measurements
         _check_writable(path)
+    if out_dir is None:  # a default path holding another checkpoint's profile of the same name is not replaced
+        for key, spec in (("light_acceptance", light), ("strong_acceptance", strong)):
+            check_default_profile(files[key], weights_record(tp, spec), "--out-dir")
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     settings = GraftProfileSettings(max_tokens=max_tokens, context=context, latency_rounds=rounds,

@@ -140,7 +140,7 @@ def profile_layers(
     tmodel, tname = pair.target, pair.target_name
 
     def pair_for(L: int) -> ModelPair:
-        return ModelPair(tmodel, None, pair.tokenizer, tname, f"self:{L}", parse_drafter_spec(f"self:{L}"))
+        return ModelPair(tmodel, None, pair.tokenizer, tname, f"self:{L}", parse_drafter_spec(f"self:{L}"), tp)
 
     def outputs(L: int) -> tuple[Path, Path]:
         return (output_dir / pair_for(L).slug / f"acceptance-{mode}.yaml",
@@ -174,6 +174,7 @@ def profile_layers(
         temperature=temperature, top_p=top_p, depth=depth, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model="per-level", command="treeopt profile layers")
+    prof.measured["weights"] = pair.weights
 
     def why_none(row) -> str:
         if row.counts.trials == 0:

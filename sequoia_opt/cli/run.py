@@ -330,12 +330,12 @@ def run_cmd(
         adapt_warnings = [f"--adapt: {w}" for w in warn_on_mismatch(
             acceptance=load_acceptance(acceptance_path), latency=load_latency(latency_path),
             device=device_name(dev), device_type=dev.type, dtype=str(dt).removeprefix("torch."),
-            target=pair.target_name, draft=pair.draft_name)]
+            target=pair.target_name, draft=pair.draft_name, weights=pair.weights)]
     warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
         omp_wait_policy=run_policy(dev.type), temperature=temperature,
-        threads=_cpu_threads(dev))]
+        threads=_cpu_threads(dev), weights=pair.weights)]
     report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                              settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
@@ -416,7 +416,8 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     for plan, dpair in zip(plans, pairs):
         on = dict(device=device_name(dev), device_type=dev.type, dtype=dtype_name, target=dpair.target_name,
                   draft=dpair.draft_name)
-        for w in warn_on_mismatch(acceptance=plan.acceptance, **on) + warn_on_mismatch(latency=plan.curve, **on):
+        for w in (warn_on_mismatch(acceptance=plan.acceptance, weights=dpair.weights, **on)
+                  + warn_on_mismatch(latency=plan.curve, **on)):
             if w not in warnings:
                 warnings.append(w)
         measured_mode = plan.acceptance.measured.get("mode")
@@ -566,7 +567,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                                                target=p.target_name, draft=p.draft_name,
                                                draft_cost_model=p.cost_model, device_type=dev.type,
                                                omp_wait_policy=run_policy(dev.type), temperature=temperature,
-                                               threads=_cpu_threads(dev))
+                                               threads=_cpu_threads(dev), weights=p.weights)
         notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
                      "solve --pair-acceptance estimates the merge)")
     else:

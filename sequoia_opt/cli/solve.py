@@ -44,7 +44,7 @@ def _exporter(fmt: str) -> Callable[[Tree, TreeMetadata, Any], Any]:
 
 def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
     """What the profiles behind a tree were measured on (stored in the tree's metadata so ``run`` can warn
-    when it executes the tree on another device, dtype or model pair)."""
+    when it executes the tree on another device, dtype or model pair, or other weights of one name)."""
     out: dict[str, Any] = {}
     if curve is not None and curve.engine != "treeopt":
         out["profiled_engine"] = curve.engine
@@ -58,6 +58,8 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
                         if curve and curve.device.get("type") == "cpu" else None)):
         if value is not None:
             out[f"profiled_{key}"] = value
+    if isinstance(acc.measured.get("weights"), dict):  # which checkpoints: run compares their fingerprints
+        out["profiled_weights"] = acc.measured["weights"]
     return out
 
 

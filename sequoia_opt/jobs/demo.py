@@ -191,7 +191,7 @@ def _eagle3_side(pair: ModelPair, s: DemoSettings, target_tables, dgrid, prof_id
         return None
     spec = parse_drafter_spec("eagle3")
     entry.check(spec, pair.target.config)
-    hp = ModelPair(pair.target, entry.load(spec, pair.target), pair.tokenizer, pair.target_name, spec.label, spec)
+    hp = ModelPair(pair.target, entry.load(spec, pair.target), pair.tokenizer, pair.target_name, spec.label, spec, pair.target_path)
     htab = profile_drafter(pair.target, hp.cost_probe(), dgrid, [s.context], backend=backend,
                            progress=tagged("eagle3 latency"), rounds=s.latency_rounds, paired=s.latency_paired,
                            max_repeats=s.latency_repeats, warmup=s.latency_warmup)
@@ -317,7 +317,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
 
     # 3b. the other shipped drafters, on this device: prompt lookup (one-pass) and self:L (per-level)
     look_spec = parse_drafter_spec("lookup")
-    look = ModelPair(pair.target, None, pair.tokenizer, tname, look_spec.label, look_spec)
+    look = ModelPair(pair.target, None, pair.tokenizer, tname, look_spec.label, look_spec, pair.target_path)
     overhead_nomodel = measure_step_overhead(pair.target, look.new_drafter, backend=backend)  # no draft cache
 
     def tagged(stage: str) -> ProgressFn | None:
@@ -370,7 +370,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     if sweep is not None and sweep.best.counts.trials:
         best = sweep.best
         self_spec = parse_drafter_spec(f"self:{best.num_layers}")
-        self_pair = ModelPair(pair.target, None, pair.tokenizer, tname, self_spec.label, self_spec)
+        self_pair = ModelPair(pair.target, None, pair.tokenizer, tname, self_spec.label, self_spec, pair.target_path)
         self_acc = acceptance_profile(best.counts, self_pair.draft_name, self_pair.cost_model, s.extra_depth,
                                       len(self_ids), s.self_new_tokens)
         plans.append(plan_drafter(self_pair.draft_name, self_pair.cost_model, self_acc, best.curve,

@@ -24,15 +24,17 @@ __all__ = ["tree_mismatch_warnings", "DEFAULT_COMPARED_DRAFTERS", "plan_drafters
 def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
                            draft: str, draft_cost_model: str | None = None, device_type: str | None = None,
                            omp_wait_policy: str | None = None, temperature: float | None = None,
-                           threads: int | None = None) -> list[str]:
+                           threads: int | None = None, weights: dict | None = None) -> list[str]:
     """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
     one it is about to run on (its prediction then describes other hardware). ``device``: the device's name,
     ``device_type`` its torch type (:func:`~sequoia_opt.profiles.same_device`); ``omp_wait_policy``: the CPU
     run's OpenMP wait policy (:mod:`sequoia_opt.omp`: spinning and sleeping threads price a tree step 1.1x and
     1.6x a plain step on the 2-core VM, so a profile timed under the other policy mispredicts); ``temperature``:
     the run's (a tree solved from a greedy profile predicts greedy acceptance, not sampled); ``threads``: a CPU
-    run's torch threads (a curve timed on 1 thread priced a step 1.7x dearer than 2 threads ran it)."""
-    from ..profiles import same_device
+    run's torch threads (a curve timed on 1 thread priced a step 1.7x dearer than 2 threads ran it); ``weights``:
+    the checkpoints' fingerprints in use (:func:`~sequoia_opt.jobs.load.weights_record`), against the acceptance
+    profile's (``profiled_weights``: another checkpoint of the same name accepts otherwise)."""
+    from ..profiles import same_device, weights_mismatch
 
     out = []
     for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
@@ -52,6 +54,9 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
         if not same:
             out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
                        f"uses {have!r}: its predicted figures describe that setting")
+    out += [f"tree {name!r} was solved from an acceptance profile measured with other weights: {w}; its predicted "
+            "figures describe that checkpoint" for w in weights_mismatch({"weights": meta.extra.get("profiled_weights")},
+                                                                        weights)]
     return out
 
 
@@ -72,8 +77,8 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
             that writes it), profiles of another drafter, a budget the profile did not measure.
     """
     from .compare import plan_drafter
-    from .load import default_acceptance_path, default_latency_path, default_target_path, model_label
-    from ..profiles import load_acceptance, load_latency
+    from .load import default_acceptance_path, default_latency_path, default_target_path, model_label, weights_record
+    from ..profiles import load_acceptance, load_latency, weights_mismatch
     from ..device import device_slug
 
     n = len(specs)
@@ -97,6 +102,12 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
                 raise TreeoptError(f"no {kind} profile of drafter {spec.label} at {path}: write it with treeopt profile "
                                    f"{kind}{how}{extra} (or pass {opt} PATH)")
         acc, curve = load_acceptance(a_path), load_latency(l_path)
+        if acceptance is None:  # picked by name: another checkpoint of this name is another drafter
+            other = weights_mismatch(acc.measured, weights_record(target, spec))
+            if other:
+                raise TreeoptError(f"the acceptance profile at {a_path} is not of drafter {spec.label} in use: "
+                                   f"{other[0]}; profile this one with treeopt profile acceptance{how} -o PATH and "
+                                   "pass -a PATH")
         plans.append(plan_drafter(spec.label, spec.cost_model, acc, curve, budget=budget, max_depth=max_depth,
                                   max_branching=max_branching))
         paths.append((Path(a_path), Path(l_path)))

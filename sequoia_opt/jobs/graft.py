@@ -357,6 +357,8 @@ def profile_graft(target, light, strong, prompts: Sequence[Sequence[int]], *, se
             temperature=temperature, top_p=top_p, depth=s.depth, device=device_name(dev), dtype=dtype_name,
             prompts_file=prompts_file, num_prompts=len(ids), max_new_tokens=s.new_tokens, seed=seed,
             draft_cost_model=pair.cost_model, command="treeopt profile graft")
+        if pair.target_path is not None:  # a pair load_drafters made (tests build some by hand)
+            acc.measured["weights"] = pair.weights
         return curve, acc
 
     light_curve, light_acc = side(light)

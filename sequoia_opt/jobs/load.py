@@ -78,6 +78,60 @@ def default_pair_acceptance_path(target_label: str, light: DrafterSpec, strong: 
     return Path("profiles") / folder / f"acceptance-pair-{mode}.yaml"
 
 
+def weights_record(target_path: Path | None, spec: DrafterSpec | None) -> dict[str, dict[str, str]]:
+    """What an acceptance profile records of the weights it was measured with, as ``measured.weights``:
+    ``{"target": {"path", "fingerprint"}, "draft": {...}}`` (:func:`~sequoia_opt.model.loaders.weights_fingerprint`;
+    ``path`` resolved). ``draft`` only for a drafter with a checkpoint of its own (a draft model, a feature head):
+    ``self:L`` runs the target's weights, lookup none. Profiles are filed by checkpoint name
+    (:func:`default_acceptance_path`), so this is what tells two checkpoints of one name apart on read
+    (:func:`~sequoia_opt.profiles.checks.weights_mismatch`). Reads about 1 MiB per weight file; loads nothing.
+
+    Raises:
+        CheckpointError: a checkpoint that does not exist or holds no weight file.
+    """
+    from ..model.loaders import weights_fingerprint
+
+    tp = Path(target_path) if target_path else default_target_path()
+    out = {"target": {"path": str(tp.resolve()), "fingerprint": weights_fingerprint(tp)}}
+    if spec is not None and spec.entry.loads_model:
+        dp = Path(spec.checkpoint)
+        out["draft"] = {"path": str(dp.resolve()), "fingerprint": weights_fingerprint(dp)}
+    return out
+
+
+def check_default_profile(path: Path, weights: dict[str, dict[str, str]], option: str = "-o") -> None:
+    """Refuse to write over the profile at a default path ``path`` (profiles are filed by checkpoint name) when it
+    was measured with another checkpoint of that name: its recorded weights differ from ``weights``
+    (:func:`weights_record`) and were read at another path. Re-profiling one checkpoint (the same path, retrained
+    or not) replaces its profile as before; a file without recorded weights or that does not parse is not
+    compared.
+
+    Raises:
+        TreeoptError: one line naming the file, the checkpoint it holds, and ``option`` to write elsewhere.
+    """
+    import yaml
+
+    from ..profiles.checks import weights_mismatch
+
+    if not Path(path).is_file():
+        return
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    measured = doc.get("measured") if isinstance(doc, dict) else None
+    have = measured.get("weights") if isinstance(measured, dict) else None
+    if not weights_mismatch(measured, weights) or not isinstance(have, dict):
+        return
+    for role in ("draft", "target"):
+        h, w = have.get(role), weights.get(role)
+        if isinstance(h, dict) and isinstance(w, dict) and h.get("fingerprint") != w.get("fingerprint") \
+                and h.get("path") != w.get("path"):
+            raise TreeoptError(f"{path} holds the profile of the {role} at {h.get('path')}, another checkpoint of "
+                               f"the name {Path(str(w.get('path'))).name!r}: not replaced by one of {w.get('path')}; "
+                               f"write this one elsewhere with {option} PATH (or remove that file)")
+
+
 def pair_slug(target_label: str, drafter_label: str) -> str:
     """``<target>__<drafter slug>``: the folder of a pair's acceptance profiles and the stem of its ids."""
     return f"{target_label}__{drafter_slug(drafter_label)}"
@@ -93,7 +147,7 @@ class ModelPair:
             (an EAGLE head and its draft ids, Medusa heads); None for ``self`` and ``lookup``.
         tokenizer: the target's tokenizer.
         target_name, draft_name: labels for profiles and reports (``draft_name`` is :attr:`DrafterSpec.label`).
-        drafter: the :class:`DrafterSpec`.
+        drafter: the :class:`DrafterSpec`.  target_path: the target's checkpoint (None: the demo target).
     """
 
     target: Transformer
@@ -102,6 +156,7 @@ class ModelPair:
     target_name: str
     draft_name: str
     drafter: DrafterSpec | None = None
+    target_path: Path | None = None
 
     @property
     def spec(self) -> DrafterSpec:
@@ -128,6 +183,11 @@ class ModelPair:
         """``<target>__<drafter>`` for default profile folders (``self:6`` -> ``self-L6``, ``lookup:1-3`` ->
         ``lookup-1-3``: no ``:`` in file names)."""
         return pair_slug(self.target_name, self.draft_name)
+
+    @property
+    def weights(self) -> dict[str, dict[str, str]]:
+        """The pair's weights as profiles record them (:func:`weights_record`)."""
+        return weights_record(self.target_path, self.spec)
 
     def new_drafter(self):
         """A fresh :class:`~sequoia_opt.drafting.drafters.Drafter` for one decoder (a drafter serves one), built
@@ -210,13 +270,13 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
     pairs = []
     for spec in specs:
         if not spec.entry.loads_model:
-            pairs.append(ModelPair(target, None, ttok, tname, spec.label, spec))
+            pairs.append(ModelPair(target, None, ttok, tname, spec.label, spec, tp))
             continue
         if spec.entry.load is not None:  # a feature head: the kind loads it against the target (no tokenizer)
             key = (spec.kind, Path(spec.checkpoint).resolve())
             if key not in models:
                 models[key] = spec.entry.load(spec, target)
-            pairs.append(ModelPair(target, models[key], ttok, tname, spec.label, spec))
+            pairs.append(ModelPair(target, models[key], ttok, tname, spec.label, spec, tp))
             continue
         dp = spec.path if spec.path is not None else default_draft_path()
         key = Path(dp).resolve()
@@ -225,5 +285,5 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
             draft_model.fit_vocab(target.config.vocab_size)  # tokenizers compared by check_drafter
             tune_loaded_model(draft_model, dp, log=log)
             models[key] = draft_model
-        pairs.append(ModelPair(target, models[key], ttok, tname, spec.label, spec))
+        pairs.append(ModelPair(target, models[key], ttok, tname, spec.label, spec, tp))
     return pairs

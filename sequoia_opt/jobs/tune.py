@@ -503,12 +503,15 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int) -> str:
     return ""
 
 
-def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any]) -> Any:
+def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any],
+                weights: dict | None = None) -> Any:
     """The acceptance profile: given; or reused from ``path`` (where ``treeopt profile acceptance`` writes it too) or
-    from tune's own file beside it (``<name>.tune.yaml``) when it measured the prompts asked (:func:`_prompts_misfit`);
-    else measured by ``measure()`` and saved at ``path``, or beside it when ``path`` holds a profile tune did not
-    write (a user's measurement is never replaced)."""
-    from ..profiles import load_acceptance, save_acceptance
+    from tune's own file beside it (``<name>.tune.yaml``) when it measured the prompts asked (:func:`_prompts_misfit`)
+    with these ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record`; profiles are filed by checkpoint name, and
+    another checkpoint of the same name is another drafter); else measured by ``measure()`` and saved (its weights
+    recorded) at ``path``, or beside it when ``path`` holds a profile tune did not write (a user's measurement is
+    never replaced)."""
+    from ..profiles import load_acceptance, save_acceptance, weights_mismatch
     from ..prompts import demo_prompts_path
 
     if opts.acceptance is not None:
@@ -517,13 +520,19 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
     request = {"prompts": str(Path(opts.prompts or demo_prompts_path("profile")).resolve()),
                "num_prompts": opts.num_prompts, "max_new_tokens": opts.max_new_tokens,
                "max_depth": opts.max_draft or DEFAULT_MAX_DRAFT}
-    acc, out, why = _saved_profile(path, load_acceptance, lambda x: _prompts_misfit(x.measured, request),
-                                   lambda x: "tune_request" in x.measured)
+
+    def misfit(x: Any) -> str:
+        other = weights_mismatch(x.measured, weights)
+        return f"was measured with other weights: {other[0]}" if other else _prompts_misfit(x.measured, request)
+
+    acc, out, why = _saved_profile(path, load_acceptance, misfit, lambda x: "tune_request" in x.measured)
     if acc is not None:
         done["acceptance"] = f"reused: {out}"
         return acc
     acc = measure()
     acc.measured["tune_request"] = request
+    if weights:
+        acc.measured["weights"] = weights
     save_acceptance(out, acc)
     done["acceptance"] = f"measured: {out}{why}"
     return acc
@@ -875,7 +884,7 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
     """:func:`_llamacpp_inputs` on a resolved pair of GGUFs."""
     from ..device import device_slug
     from ..engines.llamacpp import LlamaCppModel, generate, measure_acceptance, profile_latency_batch
-    from ..jobs.load import pair_slug
+    from ..jobs.load import pair_slug, weights_record
     from ..profiles.batch import save_batch_latency
     from ..prompts import demo_prompts_path, load_prompts
 
@@ -915,7 +924,8 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
                                              "llama.cpp's greedy output)")
 
     profile = _latency(opts, spec, done, progress, measure)
-    acc = _acceptance(opts, opts.profiles_dir / slug / "acceptance-greedy-llama.cpp-chains.yaml", done, measure_acc)
+    acc = _acceptance(opts, opts.profiles_dir / slug / "acceptance-greedy-llama.cpp-chains.yaml", done, measure_acc,
+                      weights_record(opts.target, None if lookup else spec))  # the checkpoints named, not the GGUFs
     return profile, acc, {"target": pair.target_label, "drafter": dlabel}
 
 
@@ -998,5 +1008,5 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
 
     profile = _latency(opts, spec, done, progress, measure)
     default = (default_chain_acceptance_path if chains else default_acceptance_path)(pair.target_name, pair.spec)
-    acc = _acceptance(opts, opts.profiles_dir / default.relative_to("profiles"), done, measure_acc)
+    acc = _acceptance(opts, opts.profiles_dir / default.relative_to("profiles"), done, measure_acc, pair.weights)
     return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}

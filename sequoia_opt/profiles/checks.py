@@ -1,5 +1,6 @@
 """Cross-checks of the profiles a command is given: were they measured on this device, in this precision, for this
-pair (:func:`warn_on_mismatch`)? One warning line each; nothing is refused."""
+pair, these weights (:func:`warn_on_mismatch`, :func:`weights_mismatch`)? One warning line each; nothing is refused
+here (a command that picks a profile by its default path refuses another checkpoint's weights itself)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,28 @@ def measured_differs(label: str, have: Any, want: Any, device_type: str | None =
     return str(have).strip().lower() != str(want).strip().lower()
 
 
+def weights_mismatch(measured: Any, weights: Any) -> list[str]:
+    """Where a profile's recorded weights (``measured.weights``, :func:`~sequoia_opt.jobs.load.weights_record`)
+    are not the weights in use (``weights``, the same layout): one phrase per model (``target``, ``draft``)
+    whose fingerprints both sides know and that differ. A profile that records none (written before
+    profiles recorded their weights), or a model either side does not name, is not compared. Profiles are filed by checkpoint name,
+    so this is how ``run/a/checkpoint-1000``'s profile is told from ``run/b/checkpoint-1000``'s; a checkpoint
+    moved or copied keeps its fingerprint and still matches. Returns ``[]`` when nothing differs."""
+    have = measured.get("weights") if isinstance(measured, dict) else None
+    if not isinstance(have, dict) or not isinstance(weights, dict):
+        return []
+    out = []
+    for role in ("target", "draft"):
+        h, w = have.get(role), weights.get(role)
+        if not (isinstance(h, dict) and isinstance(w, dict)) or not h.get("fingerprint") or not w.get("fingerprint"):
+            continue
+        if str(h["fingerprint"]) != str(w["fingerprint"]):
+            where = "" if h.get("path") == w.get("path") else f" at {h.get('path')}"
+            out.append(f"its {role} weights{where} (fingerprint {h['fingerprint']}) are not the {role} weights in use "
+                       f"at {w.get('path')} ({w['fingerprint']})")
+    return out
+
+
 def warn_on_mismatch(
     *,
     acceptance: AcceptanceProfile | None = None,
@@ -52,12 +75,14 @@ def warn_on_mismatch(
     target: str | None = None,
     draft: str | None = None,
     device_type: str | None = None,
+    weights: dict | None = None,
 ) -> list[str]:
     """Warnings (strings, one per problem) when the profiles were measured on another device / dtype / model
     pair than the one in use, or disagree with each other. Values that are unknown on either side are not
     compared. ``device`` is the device's name (``sequoia_opt.device.device_name``), ``device_type`` its torch
     type (``cpu``, ``cuda``), for profiles that recorded only a type (:func:`same_device`). Returns ``[]``
-    when everything matches.
+    when everything matches. ``weights``: the weights in use (:func:`~sequoia_opt.jobs.load.weights_record`),
+    compared with an acceptance profile's by fingerprint (:func:`weights_mismatch`).
     """
     out: list[str] = []
 
@@ -71,6 +96,8 @@ def warn_on_mismatch(
         cmp("draft", m.get("draft"), draft, acceptance.id)
         cmp("device", m.get("device"), device, acceptance.id)
         cmp("dtype", m.get("dtype"), dtype, acceptance.id)
+        out += [f"profile {acceptance.id!r} was measured with other weights: {w}"
+                for w in weights_mismatch(m, weights)]
         if acceptance.example:
             out.append(f"acceptance profile {acceptance.id!r} is EXAMPLE data, not a measurement")
     if latency is not None:
