@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,15 +97,12 @@ def main() -> None:
                         "tree_over_best_plain": statistics.median(x["tree"]["tokens_per_s"] for x in mine)
                         / best_plain}
     print(json.dumps(summary, indent=1))
-    stamp = time.strftime("%Y-%m-%dT%H%M%SZ", time.gmtime())
-    out = ROOT / "results" / "omp_decode" / f"{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"command": "flock /tmp/treeopt-bench.lock python benchmarks/omp_decode.py "
-                                          + " ".join(sys.argv[1:]), "tree": TREE, "prompts": args.prompts,
-                               "new_tokens": args.new_tokens, "threads": args.threads, "runs": runs,
-                               "summary": summary}, indent=1) + "\n")
-    tmp.replace(out)
+    from sequoia_opt._io import create_files, new_run_id
+
+    (out,) = create_files({ROOT / "results" / "omp_decode" / f"{new_run_id(None)}.json": json.dumps(
+        {"command": "flock /tmp/treeopt-bench.lock python benchmarks/omp_decode.py " + " ".join(sys.argv[1:]),
+         "tree": TREE, "prompts": args.prompts, "new_tokens": args.new_tokens, "threads": args.threads, "runs": runs,
+         "summary": summary}, indent=1) + "\n"})  # unique: two runs in one second never replace each other
     print(f"wrote {out.relative_to(ROOT)}")
 
 

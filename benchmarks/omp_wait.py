@@ -68,8 +68,8 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from sequoia_opt._io import atomic_write_text
-    from sequoia_opt.profiling.device import cpu_name
+    from sequoia_opt._io import create_files, new_run_id
+    from sequoia_opt.device import cpu_name
     from sequoia_opt.tree import now_iso
 
     cmd = [sys.executable, __file__, "--worker", "--arch", args.arch, "--context", str(args.context),
@@ -103,12 +103,12 @@ def main() -> None:
     for row in rows:
         print(f"| {row['tokens']} | " + " | ".join(f"{row['ms'][p]:.1f} ({row['over_first'][p]:.2f})" for p in settings)
               + " |")
-    stamp = now_iso().replace(":", "").replace("+0000", "Z")
     doc = {"benchmark": "omp_wait", "date": now_iso(), "arch": args.arch, "context": args.context,
            "device": cpu_name(), "cpu_count": os.cpu_count(), "rounds": args.rounds, "repeats": args.repeats,
            "settings": settings, "load_avg_1min": {"min": min(loads), "max": max(loads)}, "rows": rows,
            "runs": runs}
-    print(f"wrote {atomic_write_text(args.out / f'{stamp}.json', json.dumps(doc, indent=1) + chr(10))}")
+    (out,) = create_files({args.out / f"{new_run_id(None)}.json": json.dumps(doc, indent=1) + "\n"})  # never replaced
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ from typing import Any
 
 import torch
 
-from sequoia_opt._io import atomic_write_text
+from sequoia_opt._io import atomic_write_text, create_files, new_run_id
 from sequoia_opt.errors import ProfileError
 from sequoia_opt.decoding import Decoder
 from sequoia_opt.drafting.drafters.lookup import PromptLookupDrafter
@@ -509,9 +509,9 @@ def main() -> None:
     eval_file, profile_file = args.requests or eval_file, args.profile_file or profile_file
     draft = args.draft or default_draft
     cut = args.max_prompt_tokens or (96 if workload == "eval" and args.requests is None else None)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    stamp = new_run_id(None)  # unique: two runs started in one second never share a folder or a record
     run_dir = args.out_dir / f"{stamp}-{args.engine}-{workload}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True)
 
     def log(msg: str) -> None:
         print(f"[{time.time() - t_start:7.1f} s] {msg}", file=sys.stderr, flush=True)
@@ -746,8 +746,7 @@ def main() -> None:
            "max_prompt_tokens": cut, "rows": rows, "stream": stream,
            "served_acceptance": served, "goals": goals, "load_average_at_end": list(os.getloadavg()),
            "command": "flock /tmp/treeopt-bench.lock python " + " ".join(sys.argv), "wall_s": time.time() - t_start}
-    out = args.out_dir / f"{stamp}-{args.engine}-{workload}.json"
-    atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    (out,) = create_files({args.out_dir / f"{stamp}-{args.engine}-{workload}.json": json.dumps(doc, indent=1) + "\n"})
     print_tables(doc)
     if served is not None:
         print_served(served)
