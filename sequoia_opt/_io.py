@@ -22,7 +22,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import OutputError
 
@@ -177,6 +177,35 @@ def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
             except OSError as err:
                 raise OutputError(f"cannot write {p}: {err.strerror or err}") from None
     return paths
+
+
+def write_all(writes: Sequence[tuple[Path, Callable[[Path], Any]]]) -> list[Path]:
+    """Write several output files as one unit through their own writers: each ``(path, write)`` in order
+    (``write(path)`` writes ``path`` atomically: a ``save_*`` function); when one fails, the files already written
+    are put back as they were (removed, or their old bytes restored) and the error is raised, so the set on disk
+    is the old one or the new one, never a mix. Ctrl-C / SIGTERM are held until the last file is written (or put
+    back). For texts, :func:`atomic_write_texts` writes every temporary file before the first rename; for new
+    files that must never replace one, :func:`create_files`. Returns the paths in order.
+
+    Raises:
+        whatever a writer raises (OutputError for a refused path), after the put-back.
+    """
+    done: list[tuple[Path, bytes | None]] = []
+    with _signals_deferred():
+        try:
+            for path, write in writes:
+                path = Path(path)
+                previous = path.read_bytes() if path.is_file() else None
+                write(path)
+                done.append((path, previous))
+        except BaseException:
+            for path, previous in reversed(done):
+                if previous is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    atomic_write_bytes(path, previous)
+            raise
+    return [p for p, _ in done]
 
 
 @contextlib.contextmanager

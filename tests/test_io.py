@@ -243,3 +243,21 @@ def test_read_text_file_keeps_its_contract_and_stops_at_the_size_cap(tmp_path, m
         _io.read_text_file(f, error=TreeoptError, what="prompt file")
     f.write_bytes(b"abcd")  # at the cap: read whole
     assert _io.read_text_file(f, error=TreeoptError, what="prompt file") == "abcd"
+
+
+def test_write_all_puts_every_file_back_when_one_writer_fails(tmp_path):
+    from sequoia_opt._io import atomic_write_text, write_all
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text("before")
+
+    def refuse(path):
+        raise OutputError(f"cannot write {path}")
+
+    with pytest.raises(OutputError, match="cannot write"):
+        write_all([(old, lambda p: atomic_write_text(p, "after")), (new, lambda p: atomic_write_text(p, "x")),
+                   (tmp_path / "third.yaml", refuse)])
+    assert old.read_text() == "before" and not new.exists() and sorted(os.listdir(tmp_path)) == ["old.yaml"]
+    assert write_all([(old, lambda p: atomic_write_text(p, "after")),
+                      (new, lambda p: atomic_write_text(p, "x"))]) == [old, new]
+    assert (old.read_text(), new.read_text()) == ("after", "x")

@@ -443,27 +443,6 @@ def _load_graft_tree(path: Path, light, strong):
     return dtree, meta
 
 
-def _write_all(writes: list[tuple[Path, Callable[[Path], Any]]]) -> None:
-    """Write several output files as one: each ``(path, write)`` in order (``write(path)`` writes atomically);
-    when one fails, the files already written are put back as they were (removed, or their old bytes
-    restored) and the error is raised."""
-    from .._io import atomic_write_bytes
-
-    done: list[tuple[Path, Optional[bytes]]] = []
-    try:
-        for path, write in writes:
-            previous = path.read_bytes() if path.is_file() else None
-            write(path)
-            done.append((path, previous))
-    except BaseException:
-        for path, previous in reversed(done):
-            if previous is None:
-                path.unlink(missing_ok=True)
-            else:
-                atomic_write_bytes(path, previous)
-        raise
-
-
 def _check_writable(path: Path) -> None:
     """Refuse, before any measuring, an output path that cannot become a file: a directory (or device) at
     the path, a file where one of its folders should be, or a folder this user cannot write into (OutputError,

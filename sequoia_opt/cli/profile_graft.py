@@ -15,7 +15,7 @@ from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt, TopPOpt,
                      TwoDraftsOpt, _check_run_options, _check_writable, _load_graft_tree, _print_error,
-                     _two_drafters, _write_all, check_output, handle_errors, mode_slug, profile_app, progress_bar,
+                     _two_drafters, check_output, handle_errors, mode_slug, profile_app, progress_bar,
                      setting_notes)
 from .render import render
 
@@ -91,6 +91,7 @@ def profile_graft_cmd(
     from ..model.loaders import load_model_config
     from ..jobs.load import (check_default_profile, default_draft_path, default_target_path, load_drafters, model_label,
                              parse_device, parse_dtype, weights_record)
+    from .._io import write_all
     from ..profiles import save_acceptance, save_latency, save_pair_acceptance
     from ..device import device_slug
     from ..prompts import demo_prompts_path, encode_prompts, load_prompts
@@ -148,7 +149,7 @@ def profile_graft_cmd(
                                "stopped before a step drafted); raise --max-new-tokens or use longer prompts. "
                                "Nothing was written")
     # written last, all five or none (a failed write puts back the files already written)
-    _write_all([(files["light_latency"], lambda p: save_latency(p, prof.light_curve)),
+    write_all([(files["light_latency"], lambda p: save_latency(p, prof.light_curve)),
                 (files["strong_latency"], lambda p: save_latency(p, prof.strong_curve)),
                 (files["light_acceptance"], lambda p: save_acceptance(p, prof.light_acceptance)),
                 (files["strong_acceptance"], lambda p: save_acceptance(p, prof.strong_acceptance)),

@@ -46,6 +46,7 @@ from .run import RunReport, TreeEntry
 from .compare import (CHECK_PROMPTS, DrafterComparison, DrafterPlan, DrafterRow, check_plans, compare_drafters,
                       drafter_table, plan_drafter)
 from .load import ModelPair, drafter_slug, load_pair, parse_device, parse_dtype, parse_drafter_spec
+from .._io import write_all
 from ..report import Report
 from ..profiles import LatencyCurve, save_acceptance, save_latency
 from ..profiling.acceptance import AcceptanceCounts, build_acceptance_profile, measure_acceptance
@@ -429,16 +430,20 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
                                 settings={"target": tname, "draft": pair.draft_name, "demo": True,
                                           "prompts": "sequoia_opt/data/prompts/chat.jsonl", "chat_template": True})
 
-    # outputs, each written atomically, after all measurements succeeded
-    files = {"latency": str(save_latency(out_dir / "latency.yaml", curve)),
-             "acceptance": str(save_acceptance(out_dir / "acceptance.yaml", acc)),
-             "tree": str(save_tree(out_dir / "tree.yaml", choice.tree, model_plan.metadata)),
-             "tree_gpu_like": str(save_tree(out_dir / "tree-gpu-like.yaml", gpu_choice.tree, gpu_entry.metadata))}
+    # outputs, after all measurements succeeded: the profiles and trees as one set (this run's or the last run's,
+    # never a mix), then the runs' records (new files, never replacing one)
+    writes = {"latency": (out_dir / "latency.yaml", lambda q: save_latency(q, curve)),
+              "acceptance": (out_dir / "acceptance.yaml", lambda q: save_acceptance(q, acc)),
+              "tree": (out_dir / "tree.yaml", lambda q: save_tree(q, choice.tree, model_plan.metadata)),
+              "tree_gpu_like": (out_dir / "tree-gpu-like.yaml",
+                                lambda q: save_tree(q, gpu_choice.tree, gpu_entry.metadata))}
     for plan in plans[1:]:
         slug = drafter_slug(plan.label)
-        files[f"latency_{slug}"] = str(save_latency(out_dir / f"latency-{slug}.yaml", plan.curve))
-        files[f"acceptance_{slug}"] = str(save_acceptance(out_dir / f"acceptance-{slug}.yaml", plan.acceptance))
-        files[f"tree_{slug}"] = str(save_tree(out_dir / f"tree-{slug}.yaml", plan.tree, plan.metadata))
+        writes[f"latency_{slug}"] = (out_dir / f"latency-{slug}.yaml", lambda q, x=plan: save_latency(q, x.curve))
+        writes[f"acceptance_{slug}"] = (out_dir / f"acceptance-{slug}.yaml",
+                                        lambda q, x=plan: save_acceptance(q, x.acceptance))
+        writes[f"tree_{slug}"] = (out_dir / f"tree-{slug}.yaml", lambda q, x=plan: save_tree(q, x.tree, x.metadata))
+    files = dict(zip(writes, map(str, write_all(list(writes.values())))))
     jpath, cpath = run.save(out_dir)
     files.update(run_json=str(jpath), run_csv=str(cpath))
     if chat is not None:
