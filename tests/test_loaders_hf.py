@@ -375,3 +375,39 @@ def test_config_fields_of_the_wrong_kind_are_one_line_naming_the_field(key, valu
     cfg.update(num_key_value_heads=None, head_dim=None, rms_norm_eps=None)  # null: the transformers defaults
     c = ModelConfig.from_hf(cfg)
     assert (c.n_kv_heads, c.head_dim, c.norm_eps) == (c.n_heads, c.dim // c.n_heads, 1e-6)
+
+
+def test_a_checkpoint_that_fails_midway_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    """save_hf_checkpoint writes its files as one set: when the last one (config.json) fails, the tokenizer,
+    generation config and weights already written are put back, so the folder holds the old checkpoint whole."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import sequoia_opt.model.hf as hf
+    from sequoia_opt.errors import OutputError
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from tiny_pair import byte_tokenizer, random_model
+
+    out = tmp_path / "ckpt"
+    hf.save_hf_checkpoint(random_model(0), byte_tokenizer(), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                           "tokenizer_config.json"}
+    real = hf.atomic_write_text
+
+    def refuse_config(path, text):
+        if Path(path).name == "config.json":
+            raise OutputError(f"cannot write {path}: disk full")
+        return real(path, text)
+
+    monkeypatch.setattr(hf, "atomic_write_text", refuse_config)
+    other = Transformer(ModelConfig.preset("tiny").with_(vocab_size=300, name="tiny"))
+    with pytest.raises(OutputError, match="disk full"):
+        hf.save_hf_checkpoint(other, byte_tokenizer(), out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    fresh = tmp_path / "fresh"
+    with pytest.raises(OutputError, match="disk full"):
+        hf.save_hf_checkpoint(other, byte_tokenizer(), fresh)
+    assert list(fresh.iterdir()) == []

@@ -40,7 +40,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
-from .._io import atomic_write_bytes, atomic_write_text
+from .._io import atomic_write_bytes, atomic_write_text, write_all
 from ..errors import CheckpointError
 from .config import ModelConfig, _hf_rope, config_bool, config_float, config_int
 from .heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
@@ -364,7 +364,7 @@ def eagle_config_dict(config: EagleConfig, *, dtype: torch.dtype | None = None,
 def save_eagle_head(head: EagleHead, out_dir: str | Path, *, draft_ids: torch.Tensor | None = None,
                     dtype: torch.dtype | None = None, extra: Mapping[str, Any] | None = None) -> Path:
     """Write ``head`` as ``config.json`` + ``model.safetensors`` in the engines' layout (module docstring),
-    each file atomically; ``draft_ids`` (V_d,) the reduced vocabulary's target ids (written as ``d2t`` /
+    the two files as one set; ``draft_ids`` (V_d,) the reduced vocabulary's target ids (written as ``d2t`` /
     ``t2d``); ``dtype`` the stored precision (default the head's). Returns ``out_dir``.
 
     Raises:
@@ -384,9 +384,7 @@ def save_eagle_head(head: EagleHead, out_dir: str | Path, *, draft_ids: torch.Te
         tensors.update({"d2t": (ids - torch.arange(ids.numel())).contiguous(), "t2d": t2d})
     out = Path(out_dir)
     cfg = eagle_config_dict(config, dtype=dtype or head.dtype, extra=extra)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / EAGLE_WEIGHT_FILES[0], safetensors_save(tensors, metadata={"format": "pt"}))
-    atomic_write_text(out / CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
+    _save_pair(out, EAGLE_WEIGHT_FILES[0], safetensors_save(tensors, metadata={"format": "pt"}), cfg)
     return out
 
 
@@ -489,13 +487,19 @@ def load_medusa_heads(folder: str | Path, target: Any, *, device: torch.device |
 def save_medusa_heads(heads: MedusaHeads, out_dir: str | Path, *, base_model: str | None = None) -> Path:
     """Write ``heads`` as Medusa does: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``,
     ``base_model_name_or_path``) and ``medusa_lm_head.safetensors`` holding ``medusa_head``'s state dict
-    (names ``{k}.{j}...``), each file atomically. Returns ``out_dir``."""
+    (names ``{k}.{j}...``), as one set. Returns ``out_dir``."""
     c = heads.config
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in heads.medusa_head.state_dict().items()}
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / MEDUSA_WEIGHT_FILES[0], safetensors_save(tensors, metadata={"format": "pt"}))
-    atomic_write_text(out / CONFIG_FILE, json.dumps({"medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_layers,
-                                                     "base_model_name_or_path": base_model or c.base_model},
-                                                    indent=2) + "\n")
+    _save_pair(out, MEDUSA_WEIGHT_FILES[0], safetensors_save(tensors, metadata={"format": "pt"}),
+               {"medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_layers,
+                "base_model_name_or_path": base_model or c.base_model})
     return out
+
+
+def _save_pair(out: Path, weight_file: str, weights: bytes, config: Mapping[str, Any]) -> None:
+    """A head's weight file then its ``config.json``, as one set (:func:`~sequoia_opt._io.write_all`): a failure
+    puts the first back, so a folder never holds new weights beside an old config."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_all([(out / weight_file, lambda q: atomic_write_bytes(q, weights)),
+               (out / CONFIG_FILE, lambda q: atomic_write_text(q, json.dumps(config, indent=2) + "\n"))])

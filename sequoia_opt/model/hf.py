@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
-from .._io import atomic_write_bytes, atomic_write_text
+from .._io import atomic_write_bytes, atomic_write_text, write_all
 from ..errors import CheckpointError
 from .build import build_model
 from .config import ModelConfig
@@ -232,7 +232,8 @@ def save_hf_checkpoint(model: Transformer, tokenizer: Tokenizer, out_dir: str | 
     """Write ``model`` and ``tokenizer`` as a Hugging Face directory that :func:`load_hf` (and
     ``transformers``) can read: ``config.json``, ``model.safetensors`` (``model.``-prefixed names, tensors in
     the model's dtype, a tied embedding stored once), ``generation_config.json`` (BOS and all EOS ids),
-    ``tokenizer.json`` and ``tokenizer_config.json``. Each file is written atomically. Returns ``out_dir``.
+    ``tokenizer.json`` and ``tokenizer_config.json``, written as one set (:func:`~sequoia_opt._io.write_all`: on a
+    failure every file is put back as it was). Returns ``out_dir``.
 
     Raises:
         CheckpointError: the tokenizer has more tokens than the model's embedding, ``out_dir`` already
@@ -255,9 +256,13 @@ def save_hf_checkpoint(model: Transformer, tokenizer: Tokenizer, out_dir: str | 
         tensors[key] = t.detach().to("cpu").contiguous()
     cfg = hf_config_dict(c, dtype=model.dtype, bos_id=tokenizer.bos_id, eos_ids=eos)  # may refuse: before writing
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / WEIGHTS_FILE, safetensors_save(tensors, metadata={"format": "pt"}))
-    atomic_write_text(out / CONFIG_FILE, json.dumps(cfg, indent=2) + "\n")
+    weights = safetensors_save(tensors, metadata={"format": "pt"})
     gen = {"bos_token_id": tokenizer.bos_id, "eos_token_id": eos, "do_sample": False}
-    atomic_write_text(out / GENERATION_CONFIG_FILE, json.dumps(gen, indent=2) + "\n")
-    tokenizer.save(out / TOKENIZER_FILE)
+    # one set: the tokenizer (its two files), then the weights, config.json last (what a loader reads first); a
+    # failure or Ctrl-C puts back every file already written, so the folder never mixes two checkpoints
+    write_all([(out / "tokenizer_config.json", lambda q: None),  # tokenizer.save writes it next: kept to put back
+               (out / TOKENIZER_FILE, tokenizer.save),
+               (out / GENERATION_CONFIG_FILE, lambda q: atomic_write_text(q, json.dumps(gen, indent=2) + "\n")),
+               (out / WEIGHTS_FILE, lambda q: atomic_write_bytes(q, weights)),
+               (out / CONFIG_FILE, lambda q: atomic_write_text(q, json.dumps(cfg, indent=2) + "\n"))])
     return out
