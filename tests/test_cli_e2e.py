@@ -212,6 +212,21 @@ def test_profile_latency_bad_inputs(workdir, tmp_path):
         assert not out.exists()
 
 
+def test_random_weight_shapes_of_two_vocabularies_are_refused_before_tuning(tmp_path, monkeypatch):
+    """docs/profile.md's example paired llama-2-7b (32000 tokens) with the tiny preset (256): refused after a
+    minute of CPU kernel tuning; now before any model is built."""
+    import sequoia_opt.model.loaders as loaders
+
+    def no_tuning(*a, **k):
+        raise AssertionError("tuned before the shapes were checked")
+
+    monkeypatch.setattr(loaders, "tune_loaded_model", no_tuning)
+    out = tmp_path / "lat.yaml"
+    r = invoke("profile", "latency", "--random-weights", "--arch", "llama-68m", "--draft-arch", "tiny", "-o", out)
+    assert r.exit_code == 2 and not out.exists()
+    assert "--draft-arch tiny has a vocabulary of 256 tokens but --arch llama-68m has 32000" in " ".join(r.output.split())
+
+
 def test_profile_latency_random_weights_preset(tmp_path):
     out = tmp_path / "lat.yaml"
     r = invoke("profile", "latency", "--random-weights", "--arch", "tiny", "--draft-arch", "tiny", "--context", "8",

@@ -35,8 +35,8 @@ def demo_cmd(
 ) -> None:
     """The main job on the bundled demo pair: profile this device and the pair, solve, run on held-out
     prompts, and print predicted against measured figures; every shipped drafter (the draft model, prompt
-    lookup; self:L with its best L with --self-layers) with its own best tree, side by side against one plain
-    baseline, on code and on chat prompts."""
+    lookup, the EAGLE-3 head; self:L with its best L with --self-layers) with its own best tree, side by side
+    against one plain baseline, on code and on chat prompts."""
     from ..jobs.demo import DemoSettings, run_demo
     from ..model.tuned_linear import check_precision
     from ..jobs.load import parse_device

@@ -137,6 +137,10 @@ def profile_latency(
                                "PRESET|config.json (--draft takes self:L or lookup here)")
         if spec is not None:
             check_drafter(spec, tcfg)
+        if dcfg is not None and dcfg.vocab_size != tcfg.vocab_size:  # before a minute of kernel tuning
+            raise TreeoptError(f"--draft-arch {draft_arch} has a vocabulary of {dcfg.vocab_size} tokens but --arch "
+                               f"{arch} has {tcfg.vocab_size}: a draft proposes the target's tokens; give a draft "
+                               "shape of the target's vocabulary")
         tmodel = random_weight_model(tcfg, device=dev, dtype=dt)
         tune_loaded_model(tmodel, None, weights=weights, log=note)
         tname = f"{tcfg.name} (random weights)"
