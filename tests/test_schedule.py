@@ -456,6 +456,10 @@ def test_tune_treeopt_names_an_acceptance_profile_of_another_pair(tmp_path):
     assert any(w.startswith("profile 'example-llama2-7b_jf68m_greedy' was measured with draft 'JackFram/llama-68m', "
                             "but this run uses 'treeopt-smollm2-draft'") for w in warnings), warnings
     assert any(w.startswith("the plan is for the pair loaded here") for w in warnings)
+    example = "acceptance profile 'example-llama2-7b_jf68m_greedy' is EXAMPLE data, not a measurement"
+    assert warnings.count(example) == 1  # once, though two checks see it
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(EXAMPLE_ACC), "--json"])
+    assert res.exit_code == 0 and example in json.loads(res.stdout)["warnings"]  # every engine, as solve says it
 
 
 def test_a_table_is_read_by_its_header_and_solve_batch_reads_it_too(tmp_path):
@@ -1279,6 +1283,9 @@ def test_tune_envelopes_are_scored_within_the_measured_curve(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert any(n.startswith("EAGLE envelopes verifying up to 4 tokens (root included)") for n in doc["notes"])
+    # a calibration of 2 calibrated bins: said as solve --dynamic says it
+    assert ("calibration profile 'tiny_calibration' has only 2 bin(s) with enough reached candidates: its predictions "
+            "are not meaningful (record more prompts or tokens)") in doc["warnings"]
     scored = {c["setting"] for r in doc["schedule"]["by_batch"] for c in r["candidates"]} - {"none"}
     assert scored and all(int(label.rsplit("-n", 1)[1]) <= 4 for label in scored), scored  # n: tokens verified
     table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n1,1,10,1,0.5\n8,1,12,1,0.5\n")

@@ -599,20 +599,23 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         warnings.append(f"the acceptance profile {acc.id!r}: {undrafted} of {steps} steps ({undrafted / steps:.0%}) "
                         "drafted nothing (the draft's context ended before its requests): it holds the acceptance "
                         "of the positions the draft reached only")
+    if getattr(acc, "example", False):  # as solve says it, for every engine
+        warnings.append(f"acceptance profile {acc.id!r} is EXAMPLE data, not a measurement")
     if opts.engine == "treeopt" and opts.acceptance is not None:  # a given profile, the pair loaded here: the same?
         from ..profiles import measured_differs, warn_on_mismatch
 
-        warnings += warn_on_mismatch(acceptance=acc, target=labels.get("target"), draft=labels.get("drafter"))
+        warnings += [w for w in warn_on_mismatch(acceptance=acc, target=labels.get("target"),
+                                                 draft=labels.get("drafter")) if w not in warnings]
         if any(measured_differs(key, measured.get(key), labels.get(label))
                for key, label in (("target", "target"), ("draft", "drafter"))):
             warnings.append("the plan is for the pair loaded here (--target / --draft) but priced on the acceptance "
                             "of the pair the profile measured: drop -a to measure this pair's acceptance")
     if opts.shape == "envelope":
-        from ..profiles.calibration import load_calibration
-
+        from ..profiles.calibration import calibration_warnings, load_calibration
         from ..solver.dynamic import setting_grid
 
         cal = load_calibration(opts.calibration)
+        warnings += calibration_warnings(cal)  # too few calibrated bins: as solve --dynamic says it
         grid = setting_grid(cal, policies=("eagle",))
         top = max_draft_measured(profile, opts.batches, ctx) + 1  # the most tokens every batch's curve prices
         fits = [s for s in grid if s.budget <= top]
