@@ -67,7 +67,8 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     report = Report(title="treeopt solve --batch")
     report.warnings = warn_on_mismatch(acceptance=acc, latency=prof.curve(batches[0]))
     report.summary = {"acceptance profile": acc.id, "latency profile": prof.id, "acceptance model": model_used,
-                      "context (tokens)": ctx, "batch sizes": ",".join(map(str, batches))}
+                      "context (tokens)": ctx or "none recorded (a T(b, n) table)",
+                      "batch sizes": ",".join(map(str, batches))}
     report.tables.append((
         "hardware-aware tree per batch size (rates predicted)",
         ["batch", "range", "nodes", "depth", "G", "step ms", "tok/s per seq", "tok/s total", "plain tok/s total",
