@@ -364,13 +364,70 @@ def _link_new(tmp: str, path: Path) -> None:
 _STRICT_LOADER: Any = None
 
 
+#: the deepest nesting of flow brackets (``[`` / ``{``) a YAML or JSON input may have: PyYAML's C parser overflows
+#: the C stack near 30,000 levels and kills the process (exit 139, no message); ``json`` and PyYAML's Python parser
+#: raise RecursionError near 1,000. No file of treeopt's nests past a few levels.
+MAX_NESTING = 200
+
+_BRACKETS = None
+
+
+def deep_nesting_at(text: str, limit: int = MAX_NESTING) -> int | None:
+    """The offset in ``text`` where its bracket nesting first passes ``limit`` levels, or None. Quotes are not
+    parsed: a bracket inside a string counts too, which can only refuse a file sooner (no file of treeopt's holds
+    hundreds of brackets in one string). Cost: one regular-expression pass, nothing when the text holds fewer
+    brackets than ``limit``."""
+    global _BRACKETS
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    if _BRACKETS is None:
+        import re
+
+        _BRACKETS = re.compile(r"[\[\]{}]")
+    depth = 0
+    for m in _BRACKETS.finditer(text):
+        if m.group() in "[{":
+            depth += 1
+            if depth > limit:
+                return m.start()
+        elif depth:
+            depth -= 1
+    return None
+
+
+def load_json(text: str) -> Any:
+    """``json.loads`` that refuses nesting past :data:`MAX_NESTING` levels as a ``json.JSONDecodeError`` (json
+    itself raises RecursionError there, which no caller's handler of bad JSON catches) and a key given twice in
+    one object (json keeps the last without a word; :func:`safe_load_yaml` refuses it too).
+
+    Raises:
+        ValueError: ``json.JSONDecodeError`` for text that is not JSON, too deep, or repeats a key (its ``msg``
+            says which); a plain ValueError for an integer past Python's 4300 digits."""
+    import json
+
+    at = deep_nesting_at(text)
+    if at is not None:
+        raise json.JSONDecodeError(f"nested deeper than {MAX_NESTING} levels", text, at)
+
+    def pairs(items: list) -> dict:
+        out: dict = {}
+        for k, v in items:
+            if k in out:
+                raise json.JSONDecodeError(f"key {k!r} is given twice", text, 0)
+            out[k] = v
+        return out
+
+    return json.loads(text, object_pairs_hook=pairs)
+
+
 def safe_load_yaml(text: str) -> Any:
     """``yaml.safe_load`` (PyYAML's C parser where it is built) that refuses a key given twice in one mapping:
     PyYAML keeps the last one, so a hand-edited file's first value was dropped without a word.
 
     Raises:
         yaml.YAMLError: the text is not YAML; for a repeated key a ``yaml.constructor.ConstructorError`` whose
-            problem reads ``key 'acceptance' is given twice (line 4)``.
+            problem reads ``key 'acceptance' is given twice (line 4)``; brackets nested past :data:`MAX_NESTING`
+            levels (``nested deeper than 200 levels``, before the parser runs).
     """
     global _STRICT_LOADER
     import yaml
@@ -397,6 +454,11 @@ def safe_load_yaml(text: str) -> Any:
                 return super().construct_mapping(node, deep=deep)
 
         _STRICT_LOADER = StrictLoader
+    at = deep_nesting_at(text)
+    if at is not None:  # before the C parser, which would overflow the stack and kill the process
+        line = text.count("\n", 0, at)
+        mark = yaml.error.Mark("<input>", at, line, at - (text.rfind("\n", 0, at) + 1), None, None)
+        raise yaml.error.MarkedYAMLError(problem=f"nested deeper than {MAX_NESTING} levels", problem_mark=mark)
     return yaml.load(text, Loader=_STRICT_LOADER)
 
 

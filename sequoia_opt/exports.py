@@ -69,7 +69,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 import yaml
 
-from ._io import check_numbers, read_text_file, safe_load_yaml, yaml_error_text
+from ._io import check_numbers, load_json, read_text_file, safe_load_yaml, yaml_error_text
 from .errors import EngineError, TreeoptError, TreeValidationError
 from .solver.chains import ChainSetting
 from .tree import TREE_FORMAT, Tree, TreeMetadata, tree_from_yaml, tree_to_yaml
@@ -463,7 +463,7 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
     try:
         if stripped.startswith("{"):
             try:
-                return _tree_from_mapping(json.loads(text), None, source)
+                return _tree_from_mapping(load_json(text), None, source)
             except ValueError as err:
                 if isinstance(err, TreeValidationError):
                     raise
@@ -477,7 +477,7 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
         if stripped.startswith(("[", "(")):
             return _imported(import_choices(text), "import:medusa")
         try:
-            doc = yaml.safe_load(text)
+            doc = safe_load_yaml(text)
         except yaml.YAMLError as err:
             doc = None
             first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")),

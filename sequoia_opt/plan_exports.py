@@ -54,6 +54,7 @@ from typing import Any, Sequence
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from ._io import safe_load_yaml
 from .errors import TreeoptError
 from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_rules
 
@@ -697,7 +698,7 @@ def looks_like_engine_settings(path: Path) -> bool:
     extra options (``speculative_config`` alone, with a ``decoding_type``), SGLang's per-range flags or adaptive tiers.
     Any other file (a profile, a plan, another program's config that shares a key name, a typo's victim) is kept."""
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # YAML reads JSON too
+        doc = safe_load_yaml(path.read_text(encoding="utf-8-sig"))  # YAML reads JSON too
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     if not isinstance(doc, dict) or not doc:

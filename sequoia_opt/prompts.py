@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from ._io import read_text_file
+from ._io import load_json, read_text_file
 from .errors import TreeoptError
 
 #: The shipped demo prompt sets (:func:`demo_prompts_path`).
@@ -95,13 +95,27 @@ def _prompt(obj: Any, where: str, *, in_array: bool = False) -> Prompt:
     if "messages" in obj:
         if "prompt" in obj or "text" in obj:
             raise PromptFileError(f"{where}: {unit} holds a 'prompt' or 'messages', not both")
-        return Prompt("", meta, _parse_messages(obj["messages"], where), where)
+        messages = _parse_messages(obj["messages"], where)
+        for m in messages:
+            _check_unicode(m["content"], where)
+        return Prompt("", meta, messages, where)
     if "prompt" in obj and "text" in obj:  # 'text' is another name for 'prompt': which one is meant?
         raise PromptFileError(f"{where}: {unit} holds a 'prompt' or a 'text' (the same field), not both")
     body = obj.get("prompt", obj.get("text"))
     if not isinstance(body, str) or not body.strip():
         raise PromptFileError(f"{where}: needs a non-empty 'prompt' (or 'text') string, or 'messages'")
+    _check_unicode(body, where)
     return Prompt(body, meta, origin=where)
+
+
+def _check_unicode(text: str, where: str) -> None:
+    """Refuse a string that is not text (JSON's ``\\ud800``, a lone surrogate, decodes to a str that no tokenizer
+    takes; the tokenizer raised a TypeError after the models had loaded)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise PromptFileError(f"{where}: the prompt holds {text[err.start:err.end]!r} at character {err.start}, a "
+                              "lone UTF-16 surrogate (an escape such as \\ud800 without its pair): not text") from None
 
 
 def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
@@ -123,16 +137,18 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PromptFileError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+                obj = load_json(line)
+            except ValueError as err:  # JSONDecodeError, or an integer past Python's 4300 digits
+                raise PromptFileError(f"{path}:{lineno}: not valid JSON ({getattr(err, 'msg', err)})") from None
             prompts.append(_prompt(obj, f"{path}:{lineno}"))
     elif suffix == ".json":  # one JSON array: each item a string or an object as a .jsonl line
         try:
-            doc = json.loads(text)
+            doc = load_json(text)
         except json.JSONDecodeError as err:
             hint = " (one JSON object per line is a .jsonl file)" if err.msg == "Extra data" else ""
             raise PromptFileError(f"{path}:{err.lineno}: not valid JSON ({err.msg}){hint}") from None
+        except ValueError as err:  # an integer past Python's 4300 digits
+            raise PromptFileError(f"{path}: not valid JSON ({err})") from None
         if not isinstance(doc, list):
             raise PromptFileError(f"{path}: expected a JSON array of prompts (strings, or objects with a 'prompt' "
                                   "string or 'messages'); one object per line is a .jsonl file")

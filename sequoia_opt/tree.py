@@ -723,7 +723,44 @@ def _parse_tree_document(text: str, source: str):
         tree = Tree(parent=parent, rank=rank, max_depth=meta.max_depth)
     except TreeValidationError as err:
         raise TreeValidationError(f"{source}: {err}") from None
+    _check_run_metadata(meta, tree, source)
     return fmt, tree, tuple(drafter), names, meta
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_run_metadata(meta: "TreeMetadata", tree: "Tree", source: str) -> None:
+    """The metadata ``treeopt run`` reads to predict and report, checked when the file is read (a bad value failed
+    after the decoding, and the run's results were lost; an impossible one was shown as a prediction).
+
+    Raises:
+        TreeValidationError: ``expected_tokens_per_step`` above the tree's depth + 1 (no step emits more);
+            ``node_rates`` not one probability per non-root node; ``end_overshoot_tokens`` not a number in 0..depth;
+            ``budget_limit`` / ``max_branching`` not a positive integer; a ``*_spread`` that is not a mapping.
+    """
+    top = tree.tree_depth + 1
+    if meta.expected_tokens_per_step is not None and meta.expected_tokens_per_step > top + 1e-9:
+        raise TreeValidationError(f"{source}: metadata expected_tokens_per_step = {meta.expected_tokens_per_step} but "
+                                  f"a tree of depth {tree.tree_depth} emits at most {top} tokens per step")
+    x = meta.extra
+    rates = x.get("node_rates")
+    if rates is not None and not (isinstance(rates, list) and len(rates) == tree.size - 1
+                                  and all(_real(q) and 0 <= q <= 1 for q in rates)):
+        raise TreeValidationError(f"{source}: metadata node_rates must list one probability in [0, 1] per node but "
+                                  f"the root ({tree.size - 1})")
+    over = x.get("end_overshoot_tokens")
+    if over is not None and not (_real(over) and 0 <= over <= tree.tree_depth):
+        raise TreeValidationError(f"{source}: metadata end_overshoot_tokens = {over!r} must be a number in "
+                                  f"0..{tree.tree_depth} (tokens a step emits past a generation's end)")
+    for key in ("budget_limit", "max_branching"):
+        v = x.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TREE_NODES):
+            raise TreeValidationError(f"{source}: metadata {key} = {v!r} must be an integer in 1..{MAX_TREE_NODES}")
+    for key in ("tokens_per_step_spread", "speedup_spread"):
+        if x.get(key) is not None and not isinstance(x[key], dict):
+            raise TreeValidationError(f"{source}: metadata {key} must be a mapping (point, se, prompts)")
 
 
 def tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Tree, TreeMetadata]:

@@ -578,8 +578,7 @@ def test_load_any_vllm_config(tmp_path):
         ("b.yaml", "format: treeopt-tree/1\nnodes: []\n", "non-empty list"),
         ("b.txt", "hello world", "not a treeopt-tree/1 YAML, a JSON export or a choice list"),
         # a broken YAML document is named as one (it was reported as a choice list that failed to parse)
-        ("b.yaml", "format: treeopt-tree/1\nnodes: [\n", "not valid YAML (line 3, column 1: expected "
-         "the node content"),
+        ("b.yaml", "format: treeopt-tree/1\nnodes: [\n", "not valid YAML (line 3, column 1: "),  # the parser's words vary
         ("b.yaml", "# a tree\nformat: treeopt-tree/1\nnodes:\n  - {parent: -1, rank: 0\n", "not valid YAML (line 5"),
         ("b.txt", "[[0], [0, 0], [0, 0]]", "listed twice"),
     ],

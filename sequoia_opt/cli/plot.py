@@ -3,14 +3,13 @@ and the tree."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 from typing_extensions import Annotated
 
-from .._io import read_text_file
+from .._io import load_json, read_text_file
 from ..errors import TreeoptError
 from ..report import Report
 from .common import JsonOpt, _check_results_dir, _load_tree_entry, app, handle_errors
@@ -41,8 +40,8 @@ def plot_cmd(
     if run is not None:
         text = read_text_file(run, error=TreeoptError, what="run results file")
         try:
-            run_doc = json.loads(text)
-        except json.JSONDecodeError as err:
+            run_doc = load_json(text)
+        except ValueError as err:
             raise TreeoptError(f"cannot read run results file {run}: {str(err).splitlines()[0]}") from None
         if not isinstance(run_doc, dict) or not isinstance(run_doc.get("summaries"), list):  # a tree, a profile
             raise TreeoptError(f"{run}: not a run results file (no 'summaries' list; treeopt run writes one as "

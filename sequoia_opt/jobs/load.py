@@ -111,12 +111,13 @@ def check_default_profile(path: Path, weights: dict[str, dict[str, str]], option
     """
     import yaml
 
+    from .._io import safe_load_yaml
     from ..profiles.checks import weights_mismatch
 
     if not Path(path).is_file():
         return
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        doc = safe_load_yaml(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return
     measured = doc.get("measured") if isinstance(doc, dict) else None

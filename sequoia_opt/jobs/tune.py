@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._io import with_article
+from .._io import safe_load_yaml, with_article
 from ..errors import ProfileError, TreeoptError
 
 __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult", "check_options", "tune",
@@ -433,7 +433,7 @@ def _format_of(path: Path) -> Any:
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = safe_load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     return doc.get("format") if isinstance(doc, dict) else None

@@ -12,7 +12,7 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import (ACCEPTANCE_FORMAT, MAX_COUNT, MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain,
+from .common import (ACCEPTANCE_FORMAT, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain,
                      check_integer, validate_acceptance)
 
 # ---------------------------------------------------------------------------------------------- acceptance
@@ -146,6 +146,9 @@ class AcceptanceProfile:
         if mode is not None and t is not None and (mode == "greedy") != (t == 0):
             raise ProfileError(f"{source}: measured.mode is {mode!r} but measured.temperature is {t}; greedy is "
                                "temperature 0 and sampling a temperature > 0")
+        pc = measured.get("positional_consistent")
+        if pc is not None and not isinstance(pc, (bool, np.bool_)):  # bool("false") is True: the solver's model turned on text
+            raise ProfileError(f"{source}: measured.positional_consistent = {pc!r} must be true or false")
         for key in ("width", "num_samples", "num_prompts", "steps", "max_new_tokens"):
             v = measured.get(key)
             if v is not None:
@@ -184,9 +187,13 @@ class AcceptanceProfile:
         if not isinstance(raw_depth, dict):
             raise ProfileError(f"{source}: 'acceptance_by_depth' must map depth -> vector")
         for k, v in raw_depth.items():
+            if isinstance(k, str) and k.strip().isdigit():  # JSON writes every key as a string
+                k = int(k)
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ProfileError(f"{source}: acceptance_by_depth key {k!r} must be a depth >= 1")
-            check_integer(k, f"{source}: acceptance_by_depth key", low=1, high=MAX_TOKENS)
+            if k in by_depth:
+                raise ProfileError(f"{source}: acceptance_by_depth names depth {k} twice")
+            check_integer(k, f"{source}: acceptance_by_depth key", low=1, high=MAX_PROFILE_DEPTH)
             by_depth[k] = validate_acceptance(v, error=ProfileError, what=f"{source}: acceptance_by_depth[{k}]")
             if by_depth[k].size != p.size:
                 raise ProfileError(f"{source}: acceptance_by_depth[{k}] has {by_depth[k].size} entries but "

@@ -175,6 +175,9 @@ class RecordedStep:
             if bad.any():
                 i = int(np.argmax(bad))
                 raise ProfileError(f"{where}.{k}[{i}] = {lists[k][i]!r} must be a finite number")
+            if k == "entropy" and (arr < 0).any():  # an entropy is never negative
+                i = int(np.argmax(arr < 0))
+                raise ProfileError(f"{where}.entropy[{i}] = {lists[k][i]!r} must be >= 0 (nats)")
             floats[k] = arr
         try:
             return cls(np.asarray(ints["parent"], dtype=np.int64), floats["prob"],
@@ -355,6 +358,12 @@ class CalibrationProfile:
         if not isinstance(measured, dict) or not measured.get("target") or not measured.get("draft"):
             raise ProfileError(f"{source}: 'measured' must be a mapping naming the target and the draft (the pair "
                                "checks read them)")
+        for key in ("temperature", "top_p"):  # read as floats by every mode check
+            v = measured.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0 or (key == "top_p" and not 0 < v <= 1)):
+                raise ProfileError(f"{source}: measured.{key} = {v!r} must be a number "
+                                   + ("in (0, 1]" if key == "top_p" else ">= 0 (0: greedy)"))
         edges = doc.get("edges", DEFAULT_EDGES)
         if not isinstance(edges, (list, tuple)):
             raise ProfileError(f"{source}: 'edges' must be a list of bin edges rising from 0 to 1, got {edges!r}")

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 import yaml
 
-from .._io import check_numbers, read_text_file, safe_load_yaml, with_article, yaml_error_text
+from .._io import check_numbers, load_json, read_text_file, safe_load_yaml, with_article, yaml_error_text
 from ..errors import ProfileError, SolverError
 
 ACCEPTANCE_FORMAT = "treeopt-acceptance/1"
@@ -43,6 +43,10 @@ MAX_COUNT = 2**53
 #: The largest token count, context length, batch size, depth or width a file may hold (2**31 - 1).
 MAX_TOKENS = 2**31 - 1
 
+#: the deepest depth a profile's per-depth rows may name: the solvers build one row per depth up to the deepest,
+#: so a depth of 2**31 - 1 took minutes and gigabytes before any error (no tree treeopt solves is this deep)
+MAX_PROFILE_DEPTH = 4096
+
 
 #: The largest time a file may hold, in ms (1e9 ms, about 11.6 days: past it a figure is not a measurement).
 MAX_MS = 1e9
@@ -65,6 +69,8 @@ def validate_acceptance(acceptance: Any, *, error: type[Exception] = SolverError
         raise error(f"{what} must be a list of probabilities, got {type(acceptance).__name__}")
     if isinstance(acceptance, (list, tuple)) and any(isinstance(x, bool) for x in acceptance):  # numpy reads 1, 0
         raise error(f"{what} holds true / false where probabilities belong")
+    if isinstance(acceptance, (list, tuple)) and any(isinstance(x, (str, bytes)) for x in acceptance):  # numpy reads '0.6'
+        raise error(f"{what} holds text where probabilities belong (write 0.62, not '0.62')")
     try:
         p = np.asarray(acceptance, dtype=np.float64)
     except (TypeError, ValueError):
@@ -118,11 +124,26 @@ _WRITTEN_BY = {"latency": "treeopt profile latency", "acceptance": "treeopt prof
                "schedule": "treeopt tune --schedule"}
 
 
+def _json_document(text: str) -> Any:
+    """A JSON object's document, read by JSON's rules, or None when the text is not one (then it is read as YAML).
+    YAML 1.1, which PyYAML reads, takes JSON's ``3e-05`` (no dot) for a string: a profile written by ``json.dumps``
+    was refused ("must be a number, got '3e-05'")."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        doc = load_json(text)
+    except ValueError:  # not JSON (a YAML flow mapping, or broken): YAML's reading names what is wrong
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _load_yaml(path: str | Path, kind: str) -> tuple[dict[str, Any], Path]:
     path = Path(path)
     text = read_text_file(path, error=ProfileError, what=f"{kind} profile")
     try:
-        doc = safe_load_yaml(text)
+        doc = _json_document(text)
+        if doc is None:
+            doc = safe_load_yaml(text)
     except yaml.YAMLError as err:  # YAML reads JSON too: a .json file is named as what it is meant to be
         lang = "JSON" if path.suffix.lower() == ".json" else "YAML"
         raise ProfileError(f"{path}: not valid {lang} ({yaml_error_text(err)})") from None

@@ -12,7 +12,7 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import (MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, _check_format, _flag, _load_yaml, _number,
+from .common import (MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, _check_format, _flag, _load_yaml, _number,
                      _plain, check_integer)
 from .latency import check_cost_model
 
@@ -94,9 +94,11 @@ class PairAcceptanceProfile:
             raise ProfileError(f"{src}: 'outcome_counts_by_depth' must map depth -> A + B + 1 = {A + B + 1} counts")
         counts: dict[int, np.ndarray] = {}
         for d, raw in self.counts_by_depth.items():
+            if isinstance(d, str) and d.strip().isdigit():  # JSON writes every key as a string
+                d = int(d)
             if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
                 raise ProfileError(f"{src}: outcome_counts_by_depth key {d!r} must be a depth >= 1")
-            check_integer(d, f"{src}: outcome_counts_by_depth key", low=1, high=MAX_TOKENS)
+            check_integer(d, f"{src}: outcome_counts_by_depth key", low=1, high=MAX_PROFILE_DEPTH)
             values = raw.tolist() if isinstance(raw, np.ndarray) else raw
             if not isinstance(values, list) or len(values) != A + B + 1:
                 raise ProfileError(f"{src}: outcome_counts_by_depth[{d}] must list A + B + 1 = {A + B + 1} counts "

@@ -161,11 +161,12 @@ class PromptSpread:
         the caller shows no interval rather than failing)."""
         try:
             point, se, prompts = float(d["point"]), float(d["se"]), int(d["prompts"])
-        except (KeyError, TypeError, ValueError):
+            replicates = int(d.get("replicates") or 0)
+        except (KeyError, TypeError, ValueError, OverflowError):
             return None
         if not (math.isfinite(point) and math.isfinite(se) and se >= 0 and prompts >= 2):
             return None
-        return cls(point, se, prompts, int(d.get("replicates") or 0), clip)
+        return cls(point, se, prompts, replicates, clip)
 
 
 # ---------------------------------------------------------------------------------------------- bootstrap

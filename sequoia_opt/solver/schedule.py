@@ -1120,7 +1120,23 @@ def _validate(doc: Any, src: str) -> Schedule:
     s = doc.get("stops_paying_above")
     if s is not None:
         check_integer(s, f"{src}: stops_paying_above", high=MAX_TOKENS)
+    # the drafter settings tune --plan exports as they are (into vLLM's speculative_config, SGLang's flags)
+    for key in ("method", "draft_model"):
+        v = doc.get(key)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise ProfileError(f"{src}: {key} = {v!r} must be a name (text), as tune writes it")
+    lookup = doc.get("lookup")
+    if lookup is not None:
+        if not (isinstance(lookup, list) and len(lookup) == 2 and all(
+                isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_LOOKUP_NGRAM for n in lookup)
+                and lookup[0] <= lookup[1]):
+            raise ProfileError(f"{src}: lookup = {lookup!r} must be [MIN, MAX] n-gram sizes, integers with "
+                               f"1 <= MIN <= MAX <= {MAX_LOOKUP_NGRAM}")
     return Schedule(tuple(ranges), dict(doc))
+
+
+#: the largest n-gram size a plan's ``lookup`` may name (llama.cpp's own bound, the strictest engine's)
+MAX_LOOKUP_NGRAM = 1024
 
 
 def _label_order(label: Any) -> tuple:
