@@ -737,7 +737,7 @@ def _check_run_metadata(meta: "TreeMetadata", tree: "Tree", source: str) -> None
 
     Raises:
         TreeValidationError: ``expected_tokens_per_step`` above the tree's depth + 1 (no step emits more);
-            ``node_rates`` not one probability per non-root node; ``end_overshoot_tokens`` not a number in 0..depth;
+            ``node_rates`` not a list of probabilities; ``end_overshoot_tokens`` not a number in 0..depth;
             ``budget_limit`` / ``max_branching`` not a positive integer; a ``*_spread`` that is not a mapping.
     """
     top = tree.tree_depth + 1
@@ -746,10 +746,9 @@ def _check_run_metadata(meta: "TreeMetadata", tree: "Tree", source: str) -> None
                                   f"a tree of depth {tree.tree_depth} emits at most {top} tokens per step")
     x = meta.extra
     rates = x.get("node_rates")
-    if rates is not None and not (isinstance(rates, list) and len(rates) == tree.size - 1
-                                  and all(_real(q) and 0 <= q <= 1 for q in rates)):
-        raise TreeValidationError(f"{source}: metadata node_rates must list one probability in [0, 1] per node but "
-                                  f"the root ({tree.size - 1})")
+    if rates is not None and not (isinstance(rates, list) and all(_real(q) and 0 <= q <= 1 for q in rates)):
+        raise TreeValidationError(f"{source}: metadata node_rates must list probabilities in [0, 1] (one per node "
+                                  "but the root)")  # of another tree's length: run compares none (a copied header)
     over = x.get("end_overshoot_tokens")
     if over is not None and not (_real(over) and 0 <= over <= tree.tree_depth):
         raise TreeValidationError(f"{source}: metadata end_overshoot_tokens = {over!r} must be a number in "

@@ -194,9 +194,9 @@ def test_a_plans_drafter_settings_are_checked_before_they_reach_an_engine(plan, 
 
 # ------------------------------------------------------------------------------------------------ tree metadata
 @pytest.mark.parametrize("extra, message", [
-    ({"node_rates": ["abc", 0.5]}, "node_rates must list one probability"),
-    ({"node_rates": [5.0, 0.5]}, "node_rates must list one probability"),
-    ({"node_rates": [0.5]}, "node_rates must list one probability"),
+    ({"node_rates": ["abc", 0.5]}, "node_rates must list probabilities in"),
+    ({"node_rates": [5.0, 0.5]}, "node_rates must list probabilities in"),
+    ({"node_rates": 0.5}, "node_rates must list probabilities in"),
     ({"end_overshoot_tokens": 1e300}, "end_overshoot_tokens = 1e\\+300 must be a number in 0..2"),
     ({"budget_limit": "abc"}, "budget_limit = 'abc' must be an integer"),
     ({"max_branching": 0}, "max_branching = 0 must be an integer"),
