@@ -405,6 +405,28 @@ def test_greedy_output_is_plain_decoding_with_every_policy(heads, target, kind):
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa"])
+def test_a_one_token_prompt_decodes_with_every_shared_tree_policy(heads, target, kind):
+    """A 1-token prompt's first root has no target feature before it: the static policy made that step plain, but
+    the chain, dynamic and graft policies asked the head anyway (EAGLE: 'holds target features for 0 of 0';
+    Medusa: AttributeError). Every policy now makes that step root-only (Drafter.shared_depth), then drafts."""
+    make = _make(kind, heads, target)
+    plain = _greedy(target, [5], 12)
+    policies = {"chain": ChainPolicy(make(), 3),
+                "dynamic": DynamicPolicy(make(), parse_setting("eagle:steps=3,topk=2,budget=6")),
+                "graft (strong)": GraftPolicy(PromptLookupDrafter(257), make(), Tree.from_choices([[0], [1], [1, 0]]),
+                                              [0, 0, 1, 1]),
+                "graft (light)": GraftPolicy(make(), PromptLookupDrafter(257), Tree.from_choices([[0], [1], [0, 0]]),
+                                             [0, 0, 1, 0])}
+    for name, policy in policies.items():
+        out = Decoder(target, policy).generate([5], 12)
+        assert out.tokens == plain, name
+        assert out.steps[0].tree_depth == 0 and max(st.tree_depth for st in out.steps) >= 1, name
+    if kind == "medusa":  # a chain longer than its 3 heads is clipped to 3 (the docs' rule), as a static tree is
+        out = Decoder(target, ChainPolicy(make(), 6)).generate(PROMPT, 12)
+        assert out.tokens == _greedy(target, PROMPT, 12) and max(st.tree_depth for st in out.steps) == 3
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa"])
 def test_rows_joining_a_running_batch_decode_as_alone(heads, target, kind):
     """Continuous batching with a feature head (issue 29's stream): a request joins between steps, the face keeps
     its prompt's hidden states and the head takes them in (EagleDrafter / MedusaDrafter.join); every request's

@@ -111,3 +111,34 @@ def test_join_refusals(target, draft):
     assert state.batch == 1 and len(state.results) == 1  # nothing half-joined
     empty = dec.join(state, [[9, 9]], 0)
     assert state.results[empty[0]].stop_reason == "empty" and state.batch == 1
+
+
+def test_a_state_is_served_only_by_the_decoder_and_prefill_that_made_it():
+    """Stepping a state after its decoder started another read the other one's cache: wrong tokens, no error
+    (plain, lookup, dynamic, self:L) or a bare IndexError (static, chain, graft). Refused now, in one line."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import random_model
+
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.errors import DecodingError
+
+    target = random_model(0)
+    dec, other = Decoder(target, max_len=128), Decoder(target, max_len=128)
+    want = Decoder(target, max_len=128).generate([5, 17, 3], 12).tokens
+    s1 = dec.start([5, 17, 3], 12)
+    dec.step(s1)
+    s2 = dec.start(list(range(40, 60)), 12)
+    for call in (lambda: dec.step(s1), lambda: dec.draft(s1), lambda: dec.join(s1, [[3]], 4)):
+        with pytest.raises(DecodingError, match="started another generation after this one"):
+            call()
+    with pytest.raises(DecodingError, match="started by another decoder"):
+        other.step(s2)
+    while not s2.finished:  # the live one runs on, and a fresh start serves again
+        dec.step(s2)
+    s3 = dec.start([5, 17, 3], 12)
+    while not s3.finished:
+        dec.step(s3)
+    assert s3.results[0].tokens == want

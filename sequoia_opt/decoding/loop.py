@@ -142,6 +142,7 @@ class Decoder:
             self._want = max(1, int(policy.max_size))
         self._root = TreeBuffers.build(_ROOT_ONLY, self.device)
         self._clock = Clock(self.device)
+        self._prefills = 0  # prefills so far: a state is served only by the decoder and prefill that made it
 
     def _check_policy(self, policy: DraftingPolicy) -> None:
         names = policy.names
@@ -273,6 +274,7 @@ class Decoder:
             state.rows = []
             return state
         t0 = self._clock.now()
+        self._claim(state)
         if self.policy is not None:
             self.policy.reset()
         self.face.prefill(prompts)
@@ -296,9 +298,11 @@ class Decoder:
 
         Raises:
             DecodingError: as :meth:`check`; more live rows than ``max_batch``; a face or drafter that cannot take
-                rows into a running batch.
+                rows into a running batch; a live state this decoder's caches no longer hold, or another decoder's.
         """
         new = [self.check(p, max_new_tokens) for p in prompts]
+        if state.rows:
+            self._check_owner(state)
         if state.batch + len(new) > self.max_batch:
             raise DecodingError(f"{state.batch} live rows and {len(new)} joining exceed this decoder's "
                                 f"max_batch={self.max_batch} rows")
@@ -314,6 +318,7 @@ class Decoder:
                 for j, (p, r) in enumerate(zip(new, results))]
         t0 = self._clock.now()
         if not state.rows:  # nothing live: the caches start over with the joiners
+            self._claim(state)
             state.rows = rows
             if self.policy is not None:
                 self.policy.reset()
@@ -339,11 +344,13 @@ class Decoder:
         :class:`~sequoia_opt.decoding.stats.BatchStep` to ``state.steps``.
 
         Raises:
-            DecodingError: a finished generation; a row without room for its root (a state :meth:`check` refuses);
+            DecodingError: a finished generation; a state this decoder's caches no longer hold (it started another
+                since) or another decoder's; a row without room for its root (a state :meth:`check` refuses);
                 unusable model output.
         """
         if state.finished:
             raise DecodingError("this generation has already finished")
+        self._check_owner(state)
         clock = self._clock
         t0 = clock.now()
         trees = self._draft(state)
@@ -393,7 +400,24 @@ class Decoder:
         Raises:
             DecodingError: a row without room for its root (a state :meth:`check` would have refused).
         """
+        self._check_owner(state)
         return self._draft(state)
+
+    def _claim(self, state: DecodeState) -> None:
+        """The caches are about to hold ``state``'s rows: it is this decoder's live generation from now on."""
+        self._prefills += 1
+        state.owner = (self, self._prefills)
+
+    def _check_owner(self, state: DecodeState) -> None:
+        """Refuse a state whose rows are not in this decoder's caches (another decoder's, or one this decoder
+        started before its latest start: its caches now hold that one)."""
+        owner = state.owner
+        if owner is None or owner[0] is not self:
+            raise DecodingError("this state was started by another decoder: step it with the decoder that made it")
+        if owner[1] != self._prefills:
+            raise DecodingError("this decoder started another generation after this one, and its caches now hold "
+                                "that one: a decoder serves one generation at a time (make a decoder per live "
+                                "generation, or join requests into one batch)")
 
     def _draft(self, state: DecodeState) -> list[StepTree]:  # the step's own calls skip the inference-mode guard
         rooms = self.face.room(state, self._want)
@@ -413,6 +437,7 @@ class Decoder:
     @torch.inference_mode()
     def verify(self, state: DecodeState, trees: Sequence[StepTree]) -> list[torch.Tensor]:
         """One target forward over every row's tree; per row (n_b, V) logits."""
+        self._check_owner(state)
         return self.face.verify(state, trees)
 
     @torch.inference_mode()
@@ -486,6 +511,7 @@ class Decoder:
         """Emit each row's accepted tokens and bonus (the stop rules), commit the paths to the target and to the
         policy's drafters, and advance the rows (``cached`` grows by the path's length; the bonus is the next
         root). Returns the tokens each row emitted."""
+        self._check_owner(state)
         return self._commit(state, trees, accs)
 
     def _commit(self, state: DecodeState, trees: Sequence[StepTree], accs: Sequence[Acceptance]) -> list[list[int]]:

@@ -99,6 +99,9 @@ class DecodeState:
     results: list[GenerationResult]
     steps: list[Any] = field(default_factory=list)
     prefill_ms: float = 0.0
+    #: (the decoder, its prefill count) that made this state's caches: a decoder's caches hold one generation, and a
+    #: state stepped after its decoder started another read the other's cache (wrong tokens, no error)
+    owner: tuple[Any, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def finished(self) -> bool:

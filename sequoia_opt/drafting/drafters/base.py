@@ -116,6 +116,13 @@ class Drafter(ABC):
         order, only nodes it proposed or ran over); ``step_depth`` is the depth of what it drafted (0: it was
         not asked this step). The rows' ``cached`` is the step's L."""
 
+    def shared_depth(self, state: DecodeState) -> int:
+        """The deepest level this drafter can score now in a shared tree of a batch of one (:meth:`score_nodes`,
+        the chain, dynamic, graft and merge policies), its context aside (the policies check that); 0: it cannot
+        draft this step (a feature head before the target has given it a feature: a 1-token prompt's first step),
+        which the policies make a root-only step. Default: no limit of its own."""
+        return 1 << 30
+
     def keep(self, rows: Sequence[int]) -> None:
         """Only rows ``rows`` stay in the batch, in that order (new row i is old row ``rows[i]``)."""
 

@@ -243,6 +243,10 @@ class EagleDrafter(Drafter):
             feats.append(self._pending[b])
         return toks, feats
 
+    def shared_depth(self, state: DecodeState) -> int:
+        """0 for a root at position 0 (no target feature before it), else no limit of its own."""
+        return 0 if state.row.cached < 1 else 1 << 30
+
     def limit(self, state: DecodeState, buffers: TreeBuffers, depth: int | None = None) -> int:
         D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
         if self.rows is None or D == 0 or any(r.cached < 1 for r in state.rows):

@@ -84,6 +84,10 @@ class MedusaDrafter(Drafter):
     def keep(self, rows: Sequence[int]) -> None:
         self.last = [self.last[b] for b in rows]
 
+    def shared_depth(self, state: DecodeState) -> int:
+        """K (its heads propose depths 1..K), 0 before the target gave it a hidden state."""
+        return 0 if any(h is None for h in self.last) else self.heads.config.num_heads
+
     def limit(self, state: DecodeState, buffers: TreeBuffers, depth: int | None = None) -> int:
         D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
         if any(h is None for h in self.last):

@@ -47,11 +47,13 @@ class SharedTreePolicy(DraftingPolicy):
     reports_drafters = True
 
     def whole_fits(self, state: DecodeState, room: Room) -> bool:
-        """Does the largest tree fit the row's room and every drafter's context?"""
+        """Does the largest tree fit the row's room and every drafter's context, and can every drafter draft now
+        (:meth:`~sequoia_opt.drafting.drafters.Drafter.shared_depth`: a feature head has no feature before a
+        1-token prompt's first root)?"""
         if not room.fits(self.max_size, self.max_depth):
             return False
         L = state.row.cached
-        return all(L <= d.context - self.max_depth for d in self.drafters)
+        return all(L <= d.context - self.max_depth and d.shared_depth(state) > 0 for d in self.drafters)
 
     def root_only(self, state: DecodeState) -> list[StepTree]:
         """This step's tree is the root alone; no drafter is asked."""

@@ -58,11 +58,15 @@ class DynamicPolicy(SharedTreePolicy):
             forwards); ``last_selected``: the candidate nodes verified, in step-tree order.
 
     Raises:
-        DecodingError: a drafter without draft probabilities (prompt lookup) when it is first asked.
+        DecodingError: a drafter without draft probabilities (prompt lookup), when the policy is made.
     """
 
     def __init__(self, drafter: Drafter, setting: DynamicSetting, name: str = "draft") -> None:
-        self.drafters = (as_drafter(drafter),)
+        drafter = as_drafter(drafter)
+        if not drafter.has_probs:  # refused here, not at the first step after the prefill
+            raise DecodingError(f"drafter {name!r} has no draft probabilities ({type(drafter).__name__}): a dynamic "
+                                "tree is chosen from them; use a draft model, self:L or a feature head")
+        self.drafters = (drafter,)
         self.names = (str(name),)
         self.setting = setting
         self.max_size = max_candidates(setting)  # the drafter's slots; the verified tree has <= budget nodes
