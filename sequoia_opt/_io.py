@@ -190,22 +190,43 @@ def write_all(writes: Sequence[tuple[Path, Callable[[Path], Any]]]) -> list[Path
     Raises:
         whatever a writer raises (OutputError for a refused path), after the put-back.
     """
-    done: list[tuple[Path, bytes | None]] = []
+    done: list[tuple[Path, Path | None]] = []  # (path, a hard link to its old file, or None: it had none)
     with _signals_deferred():
         try:
             for path, write in writes:
                 path = Path(path)
-                previous = path.read_bytes() if path.is_file() else None
+                done.append((path, _keep_old(path)))  # before the write: a writer that fails midway is put back
                 write(path)
-                done.append((path, previous))
         except BaseException:
-            for path, previous in reversed(done):
-                if previous is None:
+            for path, old in reversed(done):
+                if old is None:
                     path.unlink(missing_ok=True)
                 else:
-                    atomic_write_bytes(path, previous)
+                    os.replace(old, path)
             raise
+        finally:
+            for _, old in done:
+                if old is not None and old.exists():
+                    old.unlink()
     return [p for p, _ in done]
+
+
+def _keep_old(path: Path) -> Path | None:
+    """A second name for ``path``'s old file in its folder (a hard link: no copy of a multi-GB checkpoint; a copy
+    where the file system has no hard links), or None when there is none. Atomic writers replace the path by a
+    rename, so the old bytes stay under this name until :func:`write_all` puts them back or removes it."""
+    if not path.is_file():
+        return None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent)
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        os.link(path, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copy2(path, tmp)
+    return Path(tmp)
 
 
 @contextlib.contextmanager
@@ -374,9 +395,10 @@ _BRACKETS = None
 
 def deep_nesting_at(text: str, limit: int = MAX_NESTING) -> int | None:
     """The offset in ``text`` where its bracket nesting first passes ``limit`` levels, or None. Quotes are not
-    parsed: a bracket inside a string counts too, which can only refuse a file sooner (no file of treeopt's holds
-    hundreds of brackets in one string). Cost: one regular-expression pass, nothing when the text holds fewer
-    brackets than ``limit``."""
+    parsed: a bracket inside a string counts too, and unclosed ones add up over the file, which can only refuse a
+    file sooner; :func:`safe_load_yaml` checks treeopt's own YAML files with it (profiles, trees, plans: no prose
+    in them), never prompt text. Cost: one regular-expression pass, nothing when the text holds fewer brackets than
+    ``limit``."""
     global _BRACKETS
     if text.count("[") + text.count("{") <= limit:
         return None
@@ -396,18 +418,14 @@ def deep_nesting_at(text: str, limit: int = MAX_NESTING) -> int | None:
 
 
 def load_json(text: str) -> Any:
-    """``json.loads`` that refuses nesting past :data:`MAX_NESTING` levels as a ``json.JSONDecodeError`` (json
-    itself raises RecursionError there, which no caller's handler of bad JSON catches) and a key given twice in
-    one object (json keeps the last without a word; :func:`safe_load_yaml` refuses it too).
+    """``json.loads`` that turns json's RecursionError on deep nesting into a ``json.JSONDecodeError`` (no caller's
+    handler of bad JSON caught it) and refuses a key given twice in one object (json keeps the last without a word;
+    :func:`safe_load_yaml` refuses it too).
 
     Raises:
         ValueError: ``json.JSONDecodeError`` for text that is not JSON, too deep, or repeats a key (its ``msg``
             says which); a plain ValueError for an integer past Python's 4300 digits."""
     import json
-
-    at = deep_nesting_at(text)
-    if at is not None:
-        raise json.JSONDecodeError(f"nested deeper than {MAX_NESTING} levels", text, at)
 
     def pairs(items: list) -> dict:
         out: dict = {}
@@ -417,7 +435,10 @@ def load_json(text: str) -> Any:
             out[k] = v
         return out
 
-    return json.loads(text, object_pairs_hook=pairs)
+    try:
+        return json.loads(text, object_pairs_hook=pairs)
+    except RecursionError:  # json's C scanner stops cleanly here (no pre-scan: brackets inside strings are text)
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
 
 
 def safe_load_yaml(text: str) -> Any:

@@ -75,7 +75,8 @@ def profile_layers(
     from ..drafting.drafters import LayerSkipDrafter
     from ..errors import SolverError
     from ..model.loaders import load_model_config
-    from ..jobs.load import ModelPair, default_target_path, load_pair, parse_device, parse_drafter_spec, parse_dtype
+    from ..jobs.load import (ModelPair, check_default_profile, default_target_path, load_pair, parse_device,
+                             parse_drafter_spec, parse_dtype)
     from ..profiles import save_acceptance, save_latency
     from ..profiling.acceptance import build_acceptance_profile
     from ..device import device_name, device_slug
@@ -146,9 +147,11 @@ def profile_layers(
         return (output_dir / pair_for(L).slug / f"acceptance-{mode}.yaml",
                 output_dir / slug / f"{tname}__self-L{L}-latency.yaml")
 
+    weights = pair.weights
     for L in grid:  # a path that cannot be written fails now, not after the sweep
         for path in outputs(L):
             _check_writable(path)
+        check_default_profile(outputs(L)[0], weights, "--output-dir")  # another target's of the same name
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     tgrid = token_grid(max_tokens)
     dgrid = _powers_of_two_to(max_draft_tokens)
@@ -174,7 +177,7 @@ def profile_layers(
         temperature=temperature, top_p=top_p, depth=depth, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model="per-level", command="treeopt profile layers")
-    prof.measured["weights"] = pair.weights
+    prof.measured["weights"] = weights
 
     def why_none(row) -> str:
         if row.counts.trials == 0:

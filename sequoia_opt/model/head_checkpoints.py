@@ -64,7 +64,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found (a feature head is a folder with {CONFIG_FILE} and its weights)") \
             from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested past json's depth
         raise CheckpointError(f"{path}: cannot be read as JSON ({err})") from None
     if not isinstance(doc, dict):
         raise CheckpointError(f"{path}: not a JSON object")

@@ -43,7 +43,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         doc = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark skipped
     except FileNotFoundError:
         raise CheckpointError(f"{path.name} not found in {path.parent}") from None
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: nested past json's depth
         raise CheckpointError(f"cannot parse {path}: {err}") from None
     if not isinstance(doc, dict):
         raise CheckpointError(f"{path}: a JSON object was expected, not {type(doc).__name__} {str(doc)[:40]}")

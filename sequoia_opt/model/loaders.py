@@ -72,12 +72,13 @@ def weights_fingerprint(path: str | os.PathLike) -> str:
     and ``run/b/checkpoint-1000``: profiles are filed by name) and to know one copied or moved elsewhere.
 
     sha256 over, per file in name order (a GGUF or weight file itself; in a folder ``config.json`` and every file
-    ending in :data:`WEIGHT_SUFFIXES`, sub-folders included): its path relative to the folder (a file alone: no
-    name, so a renamed copy keeps its fingerprint), its size in
+    ending in :data:`WEIGHT_SUFFIXES`, not in sub-folders: a training run's ``checkpoint-*/`` inside the model's
+    folder is another checkpoint): its name (a file alone: none, so a renamed copy keeps its fingerprint), its size in
     bytes, and :data:`FINGERPRINT_SAMPLES` samples of :data:`FINGERPRINT_SAMPLE_BYTES` bytes spread evenly from
     its first byte to its last (the whole file when smaller). Reading about 1 MiB per file, it costs milliseconds
-    for a checkpoint of any size; two trainings of one architecture differ in every sample. Memoized per path,
-    size and modification time.
+    for a checkpoint of any size. Two trainings of one architecture differ in every sample; a fine-tune that changes
+    only a small part of the weights (frozen layers, a narrow adapter merged in) can keep the fingerprint: it is a
+    sample, not a hash of every byte. Memoized per path, size and modification time.
 
     Returns:
         ``"sha256:<16 hex digits>"``.
@@ -89,7 +90,7 @@ def weights_fingerprint(path: str | os.PathLike) -> str:
     if root.is_file():
         files = [root]
     elif root.is_dir():
-        files = sorted(f for f in root.rglob("*") if f.is_file()
+        files = sorted(f for f in root.iterdir() if f.is_file()  # not sub-folders: a run's checkpoint-*/ inside
                        and (f.name == "config.json" or f.suffix.lower() in WEIGHT_SUFFIXES))
         if not any(f.suffix.lower() in WEIGHT_SUFFIXES for f in files):
             raise CheckpointError(f"{root}: no weight file ({', '.join(WEIGHT_SUFFIXES)}) to fingerprint")

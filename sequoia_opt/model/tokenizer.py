@@ -204,7 +204,7 @@ class Tokenizer:
         if conf_path.is_file():
             try:
                 conf = json.loads(conf_path.read_text(encoding="utf-8"))
-            except ValueError as err:
+            except (ValueError, RecursionError) as err:  # RecursionError: nested past json's depth
                 raise CheckpointError(f"cannot parse {conf_path}: {err}") from None
         eos_id = None
         if bos_id is None:

@@ -187,7 +187,7 @@ class AcceptanceProfile:
         if not isinstance(raw_depth, dict):
             raise ProfileError(f"{source}: 'acceptance_by_depth' must map depth -> vector")
         for k, v in raw_depth.items():
-            if isinstance(k, str) and k.strip().isdigit():  # JSON writes every key as a string
+            if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 9:  # JSON writes keys as strings
                 k = int(k)
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ProfileError(f"{source}: acceptance_by_depth key {k!r} must be a depth >= 1")

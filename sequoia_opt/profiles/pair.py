@@ -94,8 +94,10 @@ class PairAcceptanceProfile:
             raise ProfileError(f"{src}: 'outcome_counts_by_depth' must map depth -> A + B + 1 = {A + B + 1} counts")
         counts: dict[int, np.ndarray] = {}
         for d, raw in self.counts_by_depth.items():
-            if isinstance(d, str) and d.strip().isdigit():  # JSON writes every key as a string
+            if isinstance(d, str) and d.isascii() and d.isdigit() and len(d) <= 9:  # JSON writes keys as strings
                 d = int(d)
+                if d in counts:
+                    raise ProfileError(f"{src}: outcome_counts_by_depth names depth {d} twice")
             if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
                 raise ProfileError(f"{src}: outcome_counts_by_depth key {d!r} must be a depth >= 1")
             check_integer(d, f"{src}: outcome_counts_by_depth key", low=1, high=MAX_PROFILE_DEPTH)

@@ -1135,8 +1135,9 @@ def _validate(doc: Any, src: str) -> Schedule:
     return Schedule(tuple(ranges), dict(doc))
 
 
-#: the largest n-gram size a plan's ``lookup`` may name (llama.cpp's own bound, the strictest engine's)
-MAX_LOOKUP_NGRAM = 1024
+#: the largest n-gram size a plan's ``lookup`` may name (the registry takes any size ``lookup:MIN-MAX``; an engine
+#: with a bound of its own, llama.cpp's 1..1024, refuses past it in its export)
+MAX_LOOKUP_NGRAM = MAX_TOKENS
 
 
 def _label_order(label: Any) -> tuple:
