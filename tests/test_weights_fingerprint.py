@@ -135,3 +135,22 @@ def test_a_tree_solved_for_other_weights_warns_when_run(checkpoints):
                         f"weights at {a.resolve()}") and w.endswith("its predicted figures describe that checkpoint")
     assert tree_mismatch_warnings("t", meta, weights=rc, **kw) == []
     assert tree_mismatch_warnings("t", TreeMetadata(budget=4, max_depth=2), weights=rb, **kw) == []
+
+
+def test_a_calibration_of_other_weights_is_said(tmp_path, checkpoints):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_dynamic_cli import _calibration
+
+    from sequoia_opt.profiles.calibration import calibration_warnings, load_calibration
+
+    target, a, b, copy = checkpoints
+    ra, rb, rc = (weights_record(target, parse_drafter_spec(str(p))) for p in (a, b, copy))
+    f = _calibration(tmp_path / "cal.yaml")
+    doc = yaml.safe_load(f.read_text())
+    doc["measured"]["weights"] = ra
+    f.write_text(yaml.safe_dump(doc))
+    cal = load_calibration(f)
+    other = [w for w in calibration_warnings(cal, weights=rb) if "other weights" in w]
+    assert len(other) == 1 and other[0].startswith("calibration profile 'tiny_calibration' was recorded with other "
+                                                   f"weights: its draft weights at {a.resolve()}")
+    assert not [w for w in calibration_warnings(cal, weights=rc) if "other weights" in w]

@@ -329,7 +329,7 @@ def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: O
 
         cal = load_calibration(calibration)
         same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name))
-        notes.extend(calibration_warnings(cal, temperature=temperature))
+        notes.extend(calibration_warnings(cal, temperature=temperature, weights=pair.weights))
     out = []
     for setting, predicted, provenance in settings:
         solved_for = provenance.get("draft")

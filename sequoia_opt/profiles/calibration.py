@@ -54,6 +54,7 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError, SolverError
+from .checks import weights_mismatch
 from .common import MAX_TOKENS, _check_format, _load_yaml, check_integer, wilson_interval
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
@@ -420,9 +421,11 @@ def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None
                                   f"{b!r}: profiles of another pair predict nothing here")
 
 
-def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any = None) -> list[str]:
-    """What makes a calibration profile's predictions doubtful here: too few calibrated bins, or another
-    decoding mode than the run's (``temperature``) or the static tree's acceptance profile (``acc``)."""
+def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any = None,
+                         weights: dict | None = None) -> list[str]:
+    """What makes a calibration profile's predictions doubtful here: too few calibrated bins, another decoding
+    mode than the run's (``temperature``) or the static tree's acceptance profile (``acc``), or other weights than
+    the run's (``weights``, :func:`~sequoia_opt.jobs.load.weights_record`: another checkpoint of the same name)."""
     out = []
     k = cal.calibrated_bins()
     if k < 3:
@@ -435,4 +438,6 @@ def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any
     if acc is not None and mode(acc.measured.get("temperature")) != mode(cal.temperature):
         out.append(f"the calibration profile is {mode(cal.temperature)}, the acceptance profile "
                    f"{mode(acc.measured.get('temperature'))}: the static row is another decoding mode")
+    out += [f"calibration profile {cal.id!r} was recorded with other weights: {w}"
+            for w in weights_mismatch(cal.measured, weights)]
     return out
