@@ -397,11 +397,12 @@ def test_greedy_output_is_plain_decoding_with_every_policy(heads, target, kind):
     out = Decoder(target, graft).generate(PROMPT, 30)
     calls = [s.drafter_calls[1] for s in out.steps]
     assert out.tokens == plain and 0 < sum(calls) < len(calls)
-    if kind == "medusa":  # depth beyond the heads: the static tree is clipped to 3 levels, a dynamic one refused
+    if kind == "medusa":  # depth beyond the heads: a static tree and a dynamic setting are clipped to 3 levels
         deep = Decoder(target, StaticTreePolicy(make(), Tree.chain(5))).generate(PROMPT, 12)
         assert deep.tokens == plain[:12] and max(s.tree_depth for s in deep.steps) == 3
-        with pytest.raises(DecodingError, match="propose depths 1..3"):
-            Decoder(target, DynamicPolicy(make(), parse_setting("eagle:steps=4,topk=1,budget=5"))).generate(PROMPT, 8)
+        for rule in ("eagle:steps=4,topk=1,budget=5", "best-first:steps=6,topk=2,budget=8"):
+            dyn = Decoder(target, DynamicPolicy(make(), parse_setting(rule))).generate(PROMPT, 12)
+            assert dyn.tokens == plain[:12] and max(s.tree_depth for s in dyn.steps) == 3, rule
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa"])

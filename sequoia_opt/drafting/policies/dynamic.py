@@ -28,6 +28,7 @@ candidate-tree slots); its catch-up chunk feeds the rest next step. A drafter sh
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -86,7 +87,9 @@ class DynamicPolicy(SharedTreePolicy):
         t0 = self.clock.now()
         ex = _DraftExpander(self.drafters[0], self.names[0], state.row, s, self.max_size,
                             sample=not s.greedy and self.setting.policy == "entropy")
-        cand, selected = grow(self.setting, state.root, ex)
+        reach = self.drafters[0].shared_depth(state)  # Medusa's K heads: a deeper setting grows K levels
+        setting = self.setting if reach >= self.setting.steps else replace(self.setting, steps=reach)
+        cand, selected = grow(setting, state.root, ex)
         tree = StepTree(state.root)
         step_of = {0: 0}
         kids: dict[int, list[int]] = {}
