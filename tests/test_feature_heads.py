@@ -376,17 +376,23 @@ class _EveryOther(GraftScheduler):
         return self.n % 2 == 1
 
 
+def _shared_tree_policies(make) -> dict:
+    """The policies that grow one shared tree per step, each with a fresh head from ``make``: a chain, a dynamic
+    rule, and the head as graft's strong and as its light drafter (prompt lookup the other)."""
+    return {"chain": ChainPolicy(make(), 3),
+            "dynamic": DynamicPolicy(make(), parse_setting("eagle:steps=3,topk=2,budget=6")),
+            "graft (strong)": GraftPolicy(PromptLookupDrafter(257), make(), Tree.from_choices([[0], [1], [1, 0]]),
+                                          [0, 0, 1, 1]),
+            "graft (light)": GraftPolicy(make(), PromptLookupDrafter(257), Tree.from_choices([[0], [1], [0, 0]]),
+                                         [0, 0, 1, 0])}
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "eagle3-full", "eagle", "medusa"])
 def test_greedy_output_is_plain_decoding_with_every_policy(heads, target, kind):
     make = _make(kind, heads, target)
     plain = _greedy(target, PROMPT, 30)
     tree = Tree.from_choices([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
-    policies = {"static": StaticTreePolicy(make(), tree), "chain": ChainPolicy(make(), 3),
-                "dynamic": DynamicPolicy(make(), parse_setting("eagle:steps=3,topk=2,budget=6")),
-                "graft (strong)": GraftPolicy(PromptLookupDrafter(257), make(), Tree.from_choices([[0], [1], [1, 0]]),
-                                              [0, 0, 1, 1]),
-                "graft (light)": GraftPolicy(make(), PromptLookupDrafter(257), Tree.from_choices([[0], [1], [0, 0]]),
-                                             [0, 0, 1, 0])}
+    policies = {"static": StaticTreePolicy(make(), tree), **_shared_tree_policies(make)}
     for name, policy in policies.items():
         out = Decoder(target, policy).generate(PROMPT, 30)
         assert out.tokens == plain, name
@@ -412,13 +418,7 @@ def test_a_one_token_prompt_decodes_with_every_shared_tree_policy(heads, target,
     Medusa: AttributeError). Every policy now makes that step root-only (Drafter.shared_depth), then drafts."""
     make = _make(kind, heads, target)
     plain = _greedy(target, [5], 12)
-    policies = {"chain": ChainPolicy(make(), 3),
-                "dynamic": DynamicPolicy(make(), parse_setting("eagle:steps=3,topk=2,budget=6")),
-                "graft (strong)": GraftPolicy(PromptLookupDrafter(257), make(), Tree.from_choices([[0], [1], [1, 0]]),
-                                              [0, 0, 1, 1]),
-                "graft (light)": GraftPolicy(make(), PromptLookupDrafter(257), Tree.from_choices([[0], [1], [0, 0]]),
-                                             [0, 0, 1, 0])}
-    for name, policy in policies.items():
+    for name, policy in _shared_tree_policies(make).items():
         out = Decoder(target, policy).generate([5], 12)
         assert out.tokens == plain, name
         assert out.steps[0].tree_depth == 0 and max(st.tree_depth for st in out.steps) >= 1, name
