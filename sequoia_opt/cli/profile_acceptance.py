@@ -4,6 +4,7 @@ predicted from."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -58,7 +59,7 @@ def profile_acceptance(
     sampling), with counts, per-prompt counts, 95 % intervals (of the tokens, and between prompts) and per-depth
     vectors; with --calibration, the calibration profile of draft probability against acceptance that dynamic
     trees are predicted from. Profile a sample of your own traffic: --prompts FILE."""
-    from ..jobs.load import check_default_profile, default_acceptance_path, load_pair, parse_device, parse_dtype
+    from ..jobs.load import default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
     from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
     from ..device import device_name
@@ -119,11 +120,7 @@ def profile_acceptance(
                            f"tokens ({pair.vocab_size})")
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
-    out = output or default_acceptance_path(pair.target_name, spec, mode)  # where run --compare-drafters looks
-    weights = pair.weights
-    if output is None:
-        check_default_profile(out, weights)
-    _check_writable(out)  # the default path too, before the decoding
+    out, weights = _output(output, default_acceptance_path(pair.target_name, spec, mode), pair)  # run's default
     with progress_bar() as progress:
         counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=width, depth=depth,
                                     temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
@@ -189,12 +186,26 @@ def profile_acceptance(
     render(report, as_json)
 
 
+def _output(output: Path | None, default: Path, pair) -> tuple[Path, dict]:
+    """Where a profile of ``pair`` goes (``-o``, else ``default``, where the other commands look) and the weights
+    it records (:func:`~sequoia_opt.jobs.load.weights_record`), checked before the decoding: the path can become a
+    file, and a default path does not hold another checkpoint's profile of the same name
+    (:func:`~sequoia_opt.jobs.load.check_default_profile`)."""
+    from ..jobs.load import check_default_profile
+
+    out, weights = output or default, pair.weights
+    if output is None:
+        check_default_profile(out, weights)
+    _check_writable(out)  # the default path too, before the decoding
+    return out, weights
+
+
 def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, backend, output, interval_width,
                     as_json) -> None:
     """``profile acceptance --chains``: teacher-forced traces (:func:`~sequoia_opt.profiling.acceptance.chain_traces`),
     the chain profile (:func:`~sequoia_opt.jobs.tune.acceptance_from_traces`), written and shown with each K's
     replayed tokens per step (:class:`~sequoia_opt.solver.schedule.ChainValue`)."""
-    from ..jobs.load import check_default_profile, default_chain_acceptance_path
+    from ..jobs.load import default_chain_acceptance_path
     from ..jobs.tune import DEFAULT_MAX_DRAFT, measure_chain_acceptance, short_traces_note
     from ..profiles import save_acceptance
     from ..prompts import encode_prompts
@@ -208,11 +219,7 @@ def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, ba
         raise TreeoptError(f"--chains: the draft's context is {ctx} tokens and the shortest prompt is "
                            f"{min(map(len, ids))}: it can guess at no position; use shorter prompts, or a draft "
                            "with a longer context")
-    out = output or default_chain_acceptance_path(pair.target_name, spec)  # where treeopt tune --engine treeopt looks
-    weights = pair.weights
-    if output is None:
-        check_default_profile(out, weights)
-    _check_writable(out)  # the default path too, before the decoding
+    out, weights = _output(output, default_chain_acceptance_path(pair.target_name, spec), pair)  # where tune looks
     with progress_bar() as progress:
         prof = measure_chain_acceptance(pair, ids, prompts_file=str(pfile), max_new_tokens=max_new_tokens,
                                         max_depth=DEFAULT_MAX_DRAFT, command="treeopt profile acceptance --chains",
@@ -258,7 +265,7 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
                          num_prompts, dev, dt, backend, output, as_json) -> None:
     """``profile acceptance --calibration``: record, build, write and show the calibration profile."""
     from ..profiles.calibration import save_calibration
-    from ..jobs.load import check_default_profile, default_acceptance_path
+    from ..jobs.load import default_acceptance_path
     from ..profiling.calibration import build_calibration_profile, measure_calibration
     from ..device import device_name
     from ..prompts import encode_prompts
@@ -267,11 +274,8 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
         raise TreeoptError(f"--calibration-topk {topk} is more than the vocabulary's {pair.vocab_size} tokens")
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
-    out = output or default_acceptance_path(pair.target_name, spec, mode).with_name(f"calibration-{mode}.yaml")
-    weights = pair.weights
-    if output is None:
-        check_default_profile(out, weights)
-    _check_writable(out)  # the default path too, before the decoding
+    out, weights = _output(output, default_acceptance_path(pair.target_name, spec, mode).with_name(
+        f"calibration-{mode}.yaml"), pair)
     with progress_bar() as progress:
         steps_rec = measure_calibration(pair.target, pair.new_drafter, ids, steps=steps, topk=topk,
                                         temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,

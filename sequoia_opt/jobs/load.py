@@ -112,7 +112,7 @@ def check_default_profile(path: Path, weights: dict[str, dict[str, str]], option
     import yaml
 
     from .._io import safe_load_yaml
-    from ..profiles.checks import weights_mismatch
+    from ..profiles.checks import differing_weights
 
     if not Path(path).is_file():
         return
@@ -121,11 +121,10 @@ def check_default_profile(path: Path, weights: dict[str, dict[str, str]], option
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return
     measured = doc.get("measured") if isinstance(doc, dict) else None
-    have = measured.get("weights") if isinstance(measured, dict) else None
-    if not weights_mismatch(measured, weights) or not isinstance(have, dict):
+    if not differing_weights(measured, weights):
         return
     for role in ("draft", "target"):
-        h, w = have.get(role), weights.get(role)
+        h, w = measured["weights"].get(role), weights.get(role)
         if isinstance(h, dict) and isinstance(w, dict) and h.get("fingerprint") != w.get("fingerprint") \
                 and h.get("path") != w.get("path"):
             raise TreeoptError(f"{path} holds the profile of the {role} at {h.get('path')}, another checkpoint of "

@@ -12,8 +12,8 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import (ACCEPTANCE_FORMAT, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain,
-                     check_integer, validate_acceptance)
+from .common import (ACCEPTANCE_FORMAT, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format, _depth_key, _flag,
+                     _load_yaml, _number, _plain, check_integer, validate_acceptance)
 
 # ---------------------------------------------------------------------------------------------- acceptance
 @dataclass
@@ -187,8 +187,7 @@ class AcceptanceProfile:
         if not isinstance(raw_depth, dict):
             raise ProfileError(f"{source}: 'acceptance_by_depth' must map depth -> vector")
         for k, v in raw_depth.items():
-            if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 9:  # JSON writes keys as strings
-                k = int(k)
+            k = _depth_key(k)
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ProfileError(f"{source}: acceptance_by_depth key {k!r} must be a depth >= 1")
             if k in by_depth:

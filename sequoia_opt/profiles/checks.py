@@ -44,6 +44,23 @@ def measured_differs(label: str, have: Any, want: Any, device_type: str | None =
     return str(have).strip().lower() != str(want).strip().lower()
 
 
+def differing_weights(measured: Any, weights: Any) -> list[tuple[str, dict, dict]]:
+    """``(role, recorded, in use)`` for each model (``target``, ``draft``) whose fingerprints a profile's
+    ``measured.weights`` and ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record`) both know and that differ;
+    ``[]`` when a side records none. The one comparison :func:`weights_mismatch` words and
+    :func:`~sequoia_opt.jobs.load.check_default_profile` refuses by."""
+    have = measured.get("weights") if isinstance(measured, dict) else None
+    if not isinstance(have, dict) or not isinstance(weights, dict):
+        return []
+    out = []
+    for role in ("target", "draft"):
+        h, w = have.get(role), weights.get(role)
+        if isinstance(h, dict) and isinstance(w, dict) and h.get("fingerprint") and w.get("fingerprint") \
+                and str(h["fingerprint"]) != str(w["fingerprint"]):
+            out.append((role, h, w))
+    return out
+
+
 def weights_mismatch(measured: Any, weights: Any) -> list[str]:
     """Where a profile's recorded weights (``measured.weights``, :func:`~sequoia_opt.jobs.load.weights_record`)
     are not the weights in use (``weights``, the same layout): one phrase per model (``target``, ``draft``)
@@ -51,19 +68,9 @@ def weights_mismatch(measured: Any, weights: Any) -> list[str]:
     profiles recorded their weights), or a model either side does not name, is not compared. Profiles are filed by checkpoint name,
     so this is how ``run/a/checkpoint-1000``'s profile is told from ``run/b/checkpoint-1000``'s; a checkpoint
     moved or copied keeps its fingerprint and still matches. Returns ``[]`` when nothing differs."""
-    have = measured.get("weights") if isinstance(measured, dict) else None
-    if not isinstance(have, dict) or not isinstance(weights, dict):
-        return []
-    out = []
-    for role in ("target", "draft"):
-        h, w = have.get(role), weights.get(role)
-        if not (isinstance(h, dict) and isinstance(w, dict)) or not h.get("fingerprint") or not w.get("fingerprint"):
-            continue
-        if str(h["fingerprint"]) != str(w["fingerprint"]):
-            where = "" if h.get("path") == w.get("path") else f" at {h.get('path')}"
-            out.append(f"its {role} weights{where} (fingerprint {h['fingerprint']}) are not the {role} weights in use "
-                       f"at {w.get('path')} ({w['fingerprint']})")
-    return out
+    return [f"its {role} weights{'' if h.get('path') == w.get('path') else ' at ' + str(h.get('path'))} (fingerprint "
+            f"{h['fingerprint']}) are not the {role} weights in use at {w.get('path')} ({w['fingerprint']})"
+            for role, h, w in differing_weights(measured, weights)]
 
 
 def warn_on_mismatch(

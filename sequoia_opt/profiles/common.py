@@ -124,6 +124,13 @@ _WRITTEN_BY = {"latency": "treeopt profile latency", "acceptance": "treeopt prof
                "schedule": "treeopt tune --schedule"}
 
 
+def _depth_key(key: Any) -> Any:
+    """A per-depth mapping's key as the int depth when JSON wrote it as text (``"2"``: JSON's keys are always
+    strings; ASCII digits only, at most 9 of them, so ``int`` cannot fail); any other key as it is, for the caller's
+    own check to name."""
+    return int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9 else key
+
+
 def _json_document(text: str) -> Any:
     """A JSON object's document, read by JSON's rules, or None when the text is not one (then it is read as YAML).
     YAML 1.1, which PyYAML reads, takes JSON's ``3e-05`` (no dot) for a string: a profile written by ``json.dumps``

@@ -12,8 +12,8 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import (MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, _check_format, _flag, _load_yaml, _number,
-                     _plain, check_integer)
+from .common import (MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, _check_format, _depth_key, _flag,
+                     _load_yaml, _number, _plain, check_integer)
 from .latency import check_cost_model
 
 # ---------------------------------------------------------------------------------------------- drafter pair
@@ -94,8 +94,8 @@ class PairAcceptanceProfile:
             raise ProfileError(f"{src}: 'outcome_counts_by_depth' must map depth -> A + B + 1 = {A + B + 1} counts")
         counts: dict[int, np.ndarray] = {}
         for d, raw in self.counts_by_depth.items():
-            if isinstance(d, str) and d.isascii() and d.isdigit() and len(d) <= 9:  # JSON writes keys as strings
-                d = int(d)
+            if isinstance(d, str):  # JSON writes keys as strings: "1" beside 1 names one depth twice
+                d = _depth_key(d)
                 if d in counts:
                     raise ProfileError(f"{src}: outcome_counts_by_depth names depth {d} twice")
             if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
