@@ -583,7 +583,9 @@ def main(argv: list[str] | None = None) -> int:
         stages = [s for s in stages if s.name in names]
     if args.deadline_s <= 0 or args.deadline_s > DEADLINE_S:
         ap.error(f"--deadline-s must be in (0, {DEADLINE_S:.0f}]")
-    now = datetime.now(timezone.utc)  # to the millisecond, and a random suffix: two runs never share a folder
+    # new_run_id's format (to the millisecond, a random suffix: two runs never share a folder), spelled out: the
+    # runner imports nothing of the package, whose imports its preflight stage is there to check
+    now = datetime.now(timezone.utc)
     stamp = f"{now.strftime('%Y%m%dT%H%M%S')}.{now.microsecond // 1000:03d}Z-{os.urandom(3).hex()}"
     results = args.results_dir or (Path(tempfile.mkdtemp(prefix=f"treeopt-gpu-dry-run-{stamp}-")) if args.dry_run
                                    else REPO / "results" / "gpu" / stamp)

@@ -16,6 +16,7 @@ import contextlib
 import datetime as _dt
 import errno
 import os
+import re
 import secrets
 import signal
 import stat
@@ -390,7 +391,7 @@ _STRICT_LOADER: Any = None
 #: raise RecursionError near 1,000. No file of treeopt's nests past a few levels.
 MAX_NESTING = 200
 
-_BRACKETS = None
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 def deep_nesting_at(text: str, limit: int = MAX_NESTING) -> int | None:
@@ -399,13 +400,8 @@ def deep_nesting_at(text: str, limit: int = MAX_NESTING) -> int | None:
     file sooner; :func:`safe_load_yaml` checks treeopt's own YAML files with it (profiles, trees, plans: no prose
     in them), never prompt text. Cost: one regular-expression pass, nothing when the text holds fewer brackets than
     ``limit``."""
-    global _BRACKETS
     if text.count("[") + text.count("{") <= limit:
         return None
-    if _BRACKETS is None:
-        import re
-
-        _BRACKETS = re.compile(r"[\[\]{}]")
     depth = 0
     for m in _BRACKETS.finditer(text):
         if m.group() in "[{":

@@ -23,12 +23,11 @@ def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
     ``[0, vocab_size)``."""
     try:
         ids = [int(t) for t in prompt_ids]
-        whole = all(not isinstance(t, bool) and t == i for t, i in zip(prompt_ids, ids))  # 3.5 is not the id 3
+        fraction = next((t for t, i in zip(prompt_ids, ids) if isinstance(t, bool) or t != i), None)  # 3.5: not 3
     except (TypeError, ValueError) as err:
         raise DecodingError(f"prompt_ids must be a sequence of integer token ids ({err})") from None
-    if not whole:
-        bad = next(t for t, i in zip(prompt_ids, ids) if isinstance(t, bool) or t != i)
-        raise DecodingError(f"prompt token id {bad!r} is not an integer")
+    if fraction is not None:
+        raise DecodingError(f"prompt token id {fraction!r} is not an integer")
     if not ids:
         raise DecodingError("the prompt is empty: decoding needs at least one token (e.g. a BOS token)")
     bad = [t for t in ids if not 0 <= t < vocab_size]

@@ -317,6 +317,7 @@ def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: O
     (:func:`dynamic_settings`: from --calibration and -l, else from its file when the file was solved for this
     drafter; a note says when it was not). Warnings about the calibration go to ``notes``."""
     from ..drafting.policies import DynamicPolicy
+    from ..dynamic import max_candidates
     from .run import TreeEntry
     from ..tree import Tree
 
@@ -330,6 +331,7 @@ def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: O
         cal = load_calibration(calibration)
         same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name))
         notes.extend(calibration_warnings(cal, temperature=temperature, weights=pair.weights))
+    ctx = pair.target.config.max_position_embeddings
     out = []
     for setting, predicted, provenance in settings:
         solved_for = provenance.get("draft")
@@ -340,9 +342,6 @@ def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: O
             predicted = {}
         if setting.topk > pair.vocab_size:
             raise TreeoptError(f"{setting.label}: topk {setting.topk} is more than the vocabulary's {pair.vocab_size} tokens")
-        from ..dynamic import max_candidates
-
-        ctx = pair.target.config.max_position_embeddings
         if max_candidates(setting) >= ctx or setting.steps >= ctx:  # whole_fits would hold every step to its root
             raise TreeoptError(f"{setting.label}: its candidate tree grows to {max_candidates(setting)} nodes over "
                                f"{setting.steps} levels, and the target's context holds {ctx} tokens: it could draft "

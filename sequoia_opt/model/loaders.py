@@ -96,8 +96,8 @@ def weights_fingerprint(path: str | os.PathLike) -> str:
             raise CheckpointError(f"{root}: no weight file ({', '.join(WEIGHT_SUFFIXES)}) to fingerprint")
     else:
         raise CheckpointError(f"{root}: no such checkpoint")
-    stamp = tuple((str(f), *(lambda s: (s.st_size, s.st_mtime_ns))(f.stat())) for f in files)
-    return _fingerprint(str(root), stamp)
+    stats = [f.stat() for f in files]  # size and time: the memo's key (a file rewritten is read again)
+    return _fingerprint(str(root), tuple((str(f), s.st_size, s.st_mtime_ns) for f, s in zip(files, stats)))
 
 
 @functools.lru_cache(maxsize=64)

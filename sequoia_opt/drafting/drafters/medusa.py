@@ -90,9 +90,7 @@ class MedusaDrafter(Drafter):
 
     def limit(self, state: DecodeState, buffers: TreeBuffers, depth: int | None = None) -> int:
         D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
-        if any(h is None for h in self.last):
-            return 0
-        return min(D, self.heads.config.num_heads)
+        return min(D, self.shared_depth(state))
 
     def propose(self, state: DecodeState, buffers: TreeBuffers,
                 forced_tokens: torch.Tensor | None = None) -> DraftOutput:
