@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from sequoia_opt._io import atomic_write_text, create_files, new_run_id
@@ -127,8 +127,12 @@ def main(argv: list[str] | None = None) -> int:
             extra_card={"mode": mode, "prompts": "sequoia_opt/data/prompts/profile.jsonl"})
         best = scheduled[0] if scheduled else None
         if best is not None:
-            files["scheduled_tree"] = save_drafter_tree(out_dir / mode / "tree-scheduled.yaml", best.dtree,
-                                                        plans.metadata["graft"])
+            # its own budget and depth: the scheduled plan may be another than the graft solver's (merge as graft),
+            # and the graft tree's metadata made a file its loader refuses (depth beyond max_depth)
+            sched_meta = replace(plans.metadata["graft"], budget=best.dtree.size, max_depth=best.dtree.tree.tree_depth,
+                                 expected_tokens_per_step=best.expected_tokens, predicted_speedup=best.speedup,
+                                 solver=f"scheduled {best.name}")
+            files["scheduled_tree"] = save_drafter_tree(out_dir / mode / "tree-scheduled.yaml", best.dtree, sched_meta)
             if hasattr(best.scheduler, "to_dict"):
                 files["scheduler"] = save_scheduler(out_dir / mode / "scheduler.yaml", best.scheduler)
         entries = graft_entries(plans, light.new_drafter, strong.new_drafter, scheduled=best,

@@ -103,6 +103,27 @@ def with_article(noun: str) -> str:
     return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
+def warn_unknown_keys(doc: Mapping[str, Any], known: Sequence[str], source: str) -> None:
+    """One :class:`~sequoia_opt.errors.ProfileWarning` per key of a file's mapping ``doc`` that its format does not
+    read (``known``), naming the closest known key when one is near (``difflib``): a misspelt optional key
+    (``acceptence_by_depth``, ``min_gian``) was ignored without a word, and the file solved as if it were absent.
+
+    Warned, not refused: a file written by a newer treeopt or by another tool may carry keys this version does
+    not read. ``source`` names the file and, for a nested mapping, its place (``"plan.yaml: ranges[2]"``).
+    """
+    import difflib
+    import warnings
+
+    from .errors import ProfileWarning
+
+    for key in doc:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(str(key), [str(k) for k in known], n=1, cutoff=0.75)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        warnings.warn(f"{source}: unknown key {str(key)!r}{hint}: ignored", ProfileWarning, stacklevel=3)
+
+
 _INT64_MAX = 2**63 - 1
 
 

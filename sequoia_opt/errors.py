@@ -34,5 +34,6 @@ class EngineError(TreeoptError):
 
 
 class ProfileWarning(UserWarning):
-    """A profile that loads but whose figures look wrong (e.g. a latency curve far below T(1) for larger n):
-    the CLI prints each as one ``warning:`` line on stderr."""
+    """A file that loads but looks wrong: a profile whose figures are implausible (a latency curve far below T(1)
+    for larger n), or a profile, plan, tree or scheduler holding a key its format does not read (a misspelling,
+    :func:`sequoia_opt._io.warn_unknown_keys`). The CLI prints each as one ``warning:`` line on stderr."""

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import yaml
 
-from ._io import atomic_write_text, check_numbers, read_text_file, safe_load_yaml, yaml_error_text
+from ._io import atomic_write_text, check_numbers, read_text_file, safe_load_yaml, warn_unknown_keys, yaml_error_text
 from .errors import TreeValidationError
 
 TREE_FORMAT = "treeopt-tree/1"
@@ -677,6 +677,8 @@ def _parse_tree_document(text: str, source: str):
     if fmt not in TREE_FORMATS:
         raise TreeValidationError(
             f"{source}: unknown format {fmt!r}; this version reads {' and '.join(map(repr, TREE_FORMATS))}")
+    # ``derived``: the JSON export's figures from the nodes (size, depth, choices), ignored on import
+    warn_unknown_keys(doc, ("format", "metadata", "nodes", "drafters", "derived"), source)
     names = None
     if fmt == TREE_FORMAT_V2:
         raw = doc.get("drafters")
@@ -690,10 +692,15 @@ def _parse_tree_document(text: str, source: str):
     if not isinstance(nodes, list) or not nodes:
         raise TreeValidationError(f"{source}: 'nodes' must be a non-empty list")
     parent, rank, drafter = [], [], []
+    seen: set = set()  # a misspelt node key (``drafer: 1`` read as drafter 0) is named once, at its first node
     for i, node in enumerate(nodes):
         if not isinstance(node, dict) or "parent" not in node or "rank" not in node:
             raise TreeValidationError(f"{source}: node {i} must be a mapping with 'parent' and 'rank'")
         p, r = node["parent"], node["rank"]
+        if len(node) > 2 and not node.keys() <= seen:
+            fresh = {k: v for k, v in node.items() if k not in seen}
+            seen |= node.keys()
+            warn_unknown_keys(fresh, ("parent", "rank", "drafter"), f"{source}: node {i}")
         if isinstance(p, bool) or isinstance(r, bool) or not isinstance(p, int) or not isinstance(r, int):
             raise TreeValidationError(f"{source}: node {i}: parent and rank must be integers")
         j = node.get("drafter", 0)
@@ -800,14 +807,29 @@ def drafter_tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Dra
 
 
 def save_tree(path: str | Path, tree: Tree, metadata: TreeMetadata | None = None) -> Path:
-    """Write a tree as ``treeopt-tree/1`` YAML atomically. Returns the path."""
-    return atomic_write_text(path, tree_to_yaml(tree, metadata))
+    """Write a tree as ``treeopt-tree/1`` YAML atomically, read back first as :func:`load_tree` will. Returns the
+    path.
+
+    Raises:
+        TreeValidationError: metadata the tree contradicts (a ``max_depth`` or ``budget`` it exceeds: the file
+            would be one its own loader refuses); nothing is written.
+    """
+    text = tree_to_yaml(tree, metadata)
+    tree_from_yaml(text, source=str(path))
+    return atomic_write_text(path, text)
 
 
 def save_drafter_tree(path: str | Path, dtree: DrafterTree, metadata: TreeMetadata | None = None) -> Path:
-    """Write a drafter tree as ``treeopt-tree/2`` YAML atomically (:func:`drafter_tree_to_yaml`). Returns
-    the path."""
-    return atomic_write_text(path, drafter_tree_to_yaml(dtree, metadata))
+    """Write a drafter tree as ``treeopt-tree/2`` YAML atomically (:func:`drafter_tree_to_yaml`), read back first
+    as :func:`load_drafter_tree` will. Returns the path.
+
+    Raises:
+        TreeValidationError: metadata the tree contradicts (a ``max_depth`` or ``budget`` it exceeds); nothing is
+            written.
+    """
+    text = drafter_tree_to_yaml(dtree, metadata)
+    drafter_tree_from_yaml(text, source=str(path))
+    return atomic_write_text(path, text)
 
 
 def load_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:

@@ -1790,3 +1790,24 @@ def test_a_given_plan_with_ranges_between_measured_batch_sizes_reads_back(tmp_pa
     (tmp_path / "odd.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(ProfileError, match="runs chain:3 at batch size 1, where 'by_batch' scored only"):
         load_schedule(tmp_path / "odd.yaml")  # one line (it was a TypeError: unhashable type 'dict')
+
+
+def test_tune_plan_solved_under_tensorrt_llms_rule_says_so_elsewhere(tmp_path):
+    """A plan solved for TensorRT-LLM keeps its rule (no batch size drafts more than the smallest) when given to
+    another engine with --plan: valid there, but maybe worse than one solved for it. That is said; a vLLM plan given
+    to SGLang (the same chain settings) and a TensorRT-LLM plan given back to TensorRT-LLM say nothing."""
+    table, acc = _files(tmp_path)
+    trt = tmp_path / "trt-plan.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "-a", str(acc), "--batches",
+                              "1,8,64", "--schedule", str(trt)])
+    assert res.exit_code == 0, res.output
+    assert yaml.safe_load(trt.read_text())["first_is_longest"] is True
+    said = {}
+    for engine in ("vllm", "tensorrt-llm"):
+        res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "--batches",
+                                  "1,8,64", "--plan", str(trt), "--json"])
+        assert res.exit_code == 0, res.output
+        said[engine] = [w for w in json.loads(res.stdout)["warnings"] if "solved for tensorrt-llm" in w]
+    assert said == {"vllm": [f"{trt} was solved for tensorrt-llm under its rule (no batch size drafts more than the "
+                             "smallest), which vllm does not have: re-solve it for vllm (tune --engine vllm without "
+                             "--plan) to choose per batch size from what it runs"], "tensorrt-llm": []}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -663,6 +663,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     prov = {k: v for k, v in prov.items() if v is not None}
     if opts.plan is not None:
         sched = load_schedule(opts.plan, profile=profile, context=ctx)  # K past the profile: one line
+        warnings.extend(given_plan_warnings(sched.doc, opts.engine, str(opts.plan)))
         for lo, hi, st in sched.ranges:  # a setting this value model cannot price: named by file, range, option
             if st.speculates and st.shape != value.shape:
                 hint = (" (--shape envelope --calibration FILE values envelopes)" if st.shape == "envelope"
@@ -742,6 +743,23 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
                            for p in predict_ranges(ranges, value, profile, opts.batches, context=ctx,
                                                    output_tokens=opts.output_tokens)}
     return TuneResult(plan, doc, settings, done, peers, _check_command(opts), notes, warnings)
+
+
+def given_plan_warnings(doc: Mapping[str, Any], engine: str, name: str) -> list[str]:
+    """One line when a given plan (``tune --plan``) was solved under a rule of another engine than ``engine``, which
+    it keeps when exported as it is: TensorRT-LLM's (no batch size drafts more than the smallest, ``first_is_longest``;
+    a dynamic tree, one envelope for every batch size). Such a plan is valid for ``engine`` but may be worse than one
+    solved for it. A plan of another engine without such a rule (a vLLM chain plan given to SGLang) says nothing:
+    its ranges are the same settings there."""
+    solved_for = doc.get("engine")
+    if solved_for == engine or solved_for != "tensorrt-llm":
+        return []
+    rule = ("no batch size drafts more than the smallest" if doc.get("first_is_longest") else
+            "one dynamic tree for every batch size" if doc.get("shape") == "envelope" else None)
+    if rule is None:
+        return []
+    return [f"{name} was solved for tensorrt-llm under its rule ({rule}), which {engine} does not have: re-solve it "
+            f"for {engine} (tune --engine {engine} without --plan) to choose per batch size from what it runs"]
 
 
 def falling_cost_warnings(profile: Any, batches: Sequence[int], context: int | None, drop: float = 0.1) -> list[str]:

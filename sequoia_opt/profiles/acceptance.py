@@ -12,8 +12,9 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import (ACCEPTANCE_FORMAT, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format, _depth_key, _flag,
-                     _load_yaml, _number, _plain, check_integer, validate_acceptance)
+from .._io import warn_unknown_keys
+from .common import (ACCEPTANCE_FORMAT, ACCEPTANCE_KEYS, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format,
+                     _depth_key, _flag, _load_yaml, _number, _plain, check_integer, validate_acceptance)
 
 # ---------------------------------------------------------------------------------------------- acceptance
 @dataclass
@@ -128,6 +129,7 @@ class AcceptanceProfile:
     def from_dict(cls, doc: Mapping[str, Any], *, source: str = "acceptance profile", default_id: str = "acceptance") -> "AcceptanceProfile":
         """Validate a parsed ``treeopt-acceptance/1`` mapping. Raises ProfileError with one line."""
         _check_format(doc, ACCEPTANCE_FORMAT, source)
+        warn_unknown_keys(doc, ACCEPTANCE_KEYS, source)
         if "acceptance" not in doc:
             raise ProfileError(f"{source}: missing key 'acceptance' (the K-entry vector p_1..p_K)")
         p = validate_acceptance(doc["acceptance"], error=ProfileError, what=f"{source}: 'acceptance'")

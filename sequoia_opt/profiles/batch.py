@@ -39,10 +39,15 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer, table_lines
+from .._io import warn_unknown_keys
+from .common import (LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer, table_lines)
 from .latency import LatencyCurve
 
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
+
+#: the top-level keys of a batch latency profile, and of one entry of its ``batches`` (others are warned of)
+BATCH_LATENCY_KEYS = ("format", "id", "source", "date", "device", "model", "batches")
+BATCH_ENTRY_KEYS = ("batch", "step_overhead_ms", "curves")
 
 __all__ = ["BATCH_LATENCY_FORMAT", "BatchLatencyProfile", "load_batch_latency", "save_batch_latency",
            "parse_batches", "check_starts_at_one", "load_batch_table"]
@@ -138,6 +143,7 @@ class BatchLatencyProfile:
         if doc.get("format") == LATENCY_FORMAT:
             return cls.from_latency(LatencyCurve.from_dict(doc, source=source, default_id=default_id))
         _check_format(doc, BATCH_LATENCY_FORMAT, source)
+        warn_unknown_keys(doc, BATCH_LATENCY_KEYS, source)
         pid = doc.get("id", default_id)
         if not isinstance(pid, str) or not pid:
             raise ProfileError(f"{source}: 'id' must be a non-empty string")
@@ -149,6 +155,7 @@ class BatchLatencyProfile:
             where = f"{source}: batches[{i}]"
             if not isinstance(e, dict):
                 raise ProfileError(f"{where} must be a mapping")
+            warn_unknown_keys(e, BATCH_ENTRY_KEYS, where)
             b = e.get("batch")
             b = check_integer(b, f"{where}.batch", low=1, high=MAX_TOKENS)
             if b in curves:

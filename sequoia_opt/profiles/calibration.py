@@ -55,12 +55,16 @@ import yaml
 from .._io import atomic_write_text
 from ..errors import ProfileError, SolverError
 from .checks import weights_mismatch
+from .._io import warn_unknown_keys
 from .common import MAX_TOKENS, _check_format, _load_yaml, check_integer, wilson_interval
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
            "save_calibration"]
 
 CALIBRATION_FORMAT = "treeopt-calibration/1"
+
+#: the top-level keys of a calibration profile (others are warned of: a misspelt key was ignored)
+CALIBRATION_KEYS = ("format", "id", "measured", "ece", "candidates", "edges", "bins", "by_rank", "by_depth", "steps")
 
 #: Bin edges of the reliability table over the draft probability (finer where most candidates are).
 DEFAULT_EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
@@ -350,6 +354,7 @@ class CalibrationProfile:
             ProfileError: another format or version, a bad step, tables that disagree with the steps.
         """
         _check_format(doc, CALIBRATION_FORMAT, source)
+        warn_unknown_keys(doc, CALIBRATION_KEYS, source)
         raw = doc.get("steps")
         if not isinstance(raw, list) or not raw:
             raise ProfileError(f"{source}: 'steps' must be a non-empty list of recorded draft trees")

@@ -24,6 +24,19 @@ LATENCY_FORMAT = "treeopt-latency/1"
 PAIR_ACCEPTANCE_FORMAT = "treeopt-acceptance-pair/1"
 
 
+#: The top-level keys each format reads or writes; any other is warned of by name (:func:`warn_unknown_keys`:
+#: a misspelt optional key was ignored without a word). ``measured``, ``device``, ``model`` and ``engine`` are
+#: provenance, free-form below their first level.
+ACCEPTANCE_KEYS = ("format", "id", "example", "source", "measured", "acceptance", "counts", "acceptance_by_depth",
+                   "counts_by_prompt", "chain_traces")
+LATENCY_KEYS = ("format", "id", "example", "source", "date", "device", "model", "engine", "step_overhead_ms",
+                "curves")
+#: the keys of one entry of a latency profile's ``curves`` (one context length)
+LATENCY_CURVE_KEYS = ("context_tokens", "target", "draft", "loop")
+PAIR_ACCEPTANCE_KEYS = ("format", "id", "example", "source", "drafters", "cost_models", "measured", "light_width",
+                        "strong_width", "outcome_counts_by_depth")
+
+
 #: Slack allowed on ``sum(p) <= 1`` for rounding in profiles written by hand or by other tools.
 SUM_TOLERANCE = 1e-6
 

@@ -13,8 +13,9 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError, ProfileWarning
-from .common import (DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _flag,
-                     _load_yaml, _number, _plain, _reject_wrong_units, check_integer)
+from .._io import warn_unknown_keys
+from .common import (DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, LATENCY_CURVE_KEYS, LATENCY_FORMAT, LATENCY_KEYS, MAX_MS,
+                     MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain, _reject_wrong_units, check_integer)
 
 # ---------------------------------------------------------------------------------------------- latency
 @dataclass(frozen=True)
@@ -330,6 +331,7 @@ class LatencyCurve:
         curve (:meth:`implausible_points`) unless ``check_plausible`` is False."""
         _check_format(doc, LATENCY_FORMAT, source)
         _reject_wrong_units(doc, source)
+        warn_unknown_keys(doc, LATENCY_KEYS, source)
         if "step_overhead_ms" not in doc:
             raise ProfileError(f"{source}: missing key 'step_overhead_ms' (use 0 if not measured)")
         overhead = _number(doc["step_overhead_ms"], f"{source}: step_overhead_ms", high=MAX_MS)
@@ -342,6 +344,7 @@ class LatencyCurve:
             if not isinstance(cur, dict):
                 raise ProfileError(f"{where} must be a mapping")
             _reject_wrong_units(cur, where)
+            warn_unknown_keys(cur, LATENCY_CURVE_KEYS, where)
             c = cur.get("context_tokens")
             if isinstance(c, bool) or not isinstance(c, int) or c < 0:
                 raise ProfileError(f"{where}.context_tokens = {c!r} must be a non-negative integer")

@@ -12,8 +12,9 @@ import yaml
 
 from .._io import atomic_write_text
 from ..errors import ProfileError
-from .common import (MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, _check_format, _depth_key, _flag,
-                     _load_yaml, _number, _plain, check_integer)
+from .._io import warn_unknown_keys
+from .common import (MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, PAIR_ACCEPTANCE_KEYS, _check_format,
+                     _depth_key, _flag, _load_yaml, _number, _plain, check_integer)
 from .latency import check_cost_model
 
 # ---------------------------------------------------------------------------------------------- drafter pair
@@ -207,6 +208,7 @@ class PairAcceptanceProfile:
         """Validate a parsed ``treeopt-acceptance-pair/1`` mapping. Raises ProfileError with one line (a file of
         another format or version included)."""
         _check_format(doc, PAIR_ACCEPTANCE_FORMAT, source)
+        warn_unknown_keys(doc, PAIR_ACCEPTANCE_KEYS, source)
         for key in ("drafters", "cost_models", "light_width", "strong_width", "outcome_counts_by_depth"):
             if key not in doc:
                 raise ProfileError(f"{source}: missing key {key!r}")

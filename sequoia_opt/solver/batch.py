@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError
 from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integer
 from ..profiles.batch import BatchLatencyProfile
@@ -149,12 +149,17 @@ def save_plan(path: str | Path, doc: dict[str, Any]) -> Path:
 
 def _validate(doc: Any, src: str) -> list[tuple[int, int, Tree]]:
     _check_format(doc, BATCH_PLAN_FORMAT, src)
+    warn_unknown_keys(doc, ("format", "acceptance_profile", "latency_profile", "context_tokens", "date", "rule",
+                            "entries"), src)
     entries = doc.get("entries")
     if not isinstance(entries, list) or not entries:
         raise ProfileError(f"{src}: 'entries' must be a non-empty list")
     out = []
     for i, e in enumerate(entries):
         rng = e.get("batch_range") if isinstance(e, dict) else None
+        if isinstance(e, dict):
+            warn_unknown_keys(e, ("batch_range", "choices", "level_widths", "engine") + _PLAN_INTEGERS + _PLAN_NUMBERS,
+                              f"{src}: entries[{i}]")
         if isinstance(rng, list):
             for x in rng:
                 check_integer(x, f"{src}: entries[{i}].batch_range", low=1, high=MAX_TOKENS)

@@ -68,7 +68,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import yaml
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError, SolverError
 from ..profiles.batch import BatchLatencyProfile, check_starts_at_one
 from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integer
@@ -78,9 +78,18 @@ from .depth import ACCEPTANCE_MODELS, check_acceptance_model
 from .hardware import StepCost, cost_of_step
 
 SCHEDULE_FORMAT = "treeopt-schedule/1"
+
+#: the keys a schedule file holds (:func:`plan_document`, the provenance tune records, the engine settings tune
+#: adds); any other is warned of by name, as a misspelling (``stops_paying_abve``) was read as absent
+SCHEDULE_KEYS = ("format", "engine", "drafter", "shape", "latency_profile", "acceptance_profile",
+                 "calibration_profile", "target", "batches", "given_plan", "context_tokens", "output_tokens",
+                 "min_gain", "first_is_longest", "date", "rule", "stops_paying_above", "ranges", "by_batch", "guard",
+                 "notes", "method", "draft_model", "lookup", "engine_settings", "engine_releases")
+#: the keys of one entry of a schedule's ``ranges``
+SCHEDULE_RANGE_KEYS = ("batch_range", "setting", "predicted")
 SHAPES = ("none", "chain", "envelope", "tree")
 
-__all__ = ["SCHEDULE_FORMAT", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
+__all__ = ["SCHEDULE_FORMAT", "SCHEDULE_KEYS", "SHAPES", "SpecSetting", "Predicted", "BatchRow", "Range", "Plan", "IntervalFn",
            "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "check_output_tokens",
            "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
            "max_draft_measured", "check_draft_measured", "check_setting_measured", "plan_from_ranges",
@@ -1083,12 +1092,15 @@ class Schedule:
 
 def _validate(doc: Any, src: str) -> Schedule:
     _check_format(doc, SCHEDULE_FORMAT, src)
+    warn_unknown_keys(doc, SCHEDULE_KEYS, src)
     raw = doc.get("ranges")
     if not isinstance(raw, list) or not raw:
         raise ProfileError(f"{src}: 'ranges' must be a non-empty list of {{batch_range: [lo, hi], setting: ...}}")
     ranges = []
     for i, e in enumerate(raw):
         rng = e.get("batch_range") if isinstance(e, dict) else None
+        if isinstance(e, dict):
+            warn_unknown_keys(e, SCHEDULE_RANGE_KEYS, f"{src}: ranges[{i}]")
         if not isinstance(rng, list) or len(rng) != 2:
             raise ProfileError(f"{src}: ranges[{i}].batch_range must be [lo, hi]")
         lo = check_integer(rng[0], f"{src}: ranges[{i}].batch_range[0]", low=1, high=MAX_TOKENS)

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from ..._io import atomic_write_text, check_numbers, read_text_file, safe_load_yaml, yaml_error_text
+from ..._io import atomic_write_text, check_numbers, read_text_file, safe_load_yaml, warn_unknown_keys, yaml_error_text
 from ...errors import ProfileError
 
 __all__ = ["GraftFeatures", "GraftScheduler", "AlwaysGraft", "NeverGraft", "LogisticScheduler", "SCHEDULER_FORMAT",
@@ -142,6 +142,7 @@ def load_scheduler(path: str | Path, *, pair: dict[str, str] | None = None) -> L
         raise ProfileError(f"{path}: not a {SCHEDULER_FORMAT} file (format: "
                            f"{doc.get('format') if isinstance(doc, dict) else None!r})")
     check_numbers(doc, str(path), ProfileError)
+    warn_unknown_keys(doc, ("format", "kind", "pair", "features", "weights", "bias", "threshold", "card"), str(path))
     if doc.get("kind", "logistic") != "logistic":  # the only kind this version reads: never run another as one
         raise ProfileError(f"{path}: scheduler kind {doc.get('kind')!r} is not one this version runs ('logistic')")
     if list(doc.get("features", [])) != list(FEATURE_NAMES):
