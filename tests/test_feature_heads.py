@@ -411,6 +411,32 @@ def test_greedy_output_is_plain_decoding_with_every_policy(heads, target, kind):
             assert dyn.tokens == plain[:12] and max(s.tree_depth for s in dyn.steps) == 3, rule
 
 
+def test_medusa_deeper_than_its_heads_is_refused_where_a_policy_places_its_nodes(heads, target):
+    """Medusa's K = 3 heads propose depths 1..3. A merge whose Medusa tree was 4 deep made every step the root alone
+    (plain decoding, no word); a grafted tree whose Medusa part reached depth 4 failed at its first step. Both are
+    refused when the policy is built, naming the drafter, its K and the option; at depth 3 both speculate."""
+    from sequoia_opt.drafting.policies import MergePolicy
+
+    make = _make("medusa", heads, target)
+    deep, fits = Tree.chain(5), Tree.chain(4)  # n nodes: depths 4 and 3
+    with pytest.raises(DecodingError, match=r"the Medusa heads 'md' can propose depths 1\.\.3 only, but its tree in "
+                                            r"the merge \(m\) "
+                                            r"gives it nodes at depth 4: solve that tree with --max-depth 3"):
+        MergePolicy([PromptLookupDrafter(257), make()], [Tree.chain(2), deep], ["l", "m"])
+    # the strong part of a grafted tree at depth 4 (lookup's spine 0-1-2, Medusa's node under depth 3)
+    plan, lab = Tree.from_choices([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), [0, 0, 0, 0, 1]
+    with pytest.raises(DecodingError, match=r"can propose depths 1\.\.3 only, but the grafted tree's strong part gives it "
+                                            r"nodes at depth 4"):
+        GraftPolicy(PromptLookupDrafter(257), make(), plan, lab)
+    plain = _greedy(target, PROMPT, 16)
+    for policy in (MergePolicy([PromptLookupDrafter(257), make()], [Tree.chain(2), fits], ["l", "m"]),
+                   GraftPolicy(PromptLookupDrafter(257), make(), Tree.from_choices([[0], [0, 0], [0, 0, 0]]),
+                               [0, 0, 1, 1])):
+        out = Decoder(target, policy).generate(PROMPT, 16)
+        assert out.tokens == plain and sum(s.drafter_calls[1] for s in out.steps) > 0
+        assert max(s.tree_depth for s in out.steps) == 3
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa"])
 def test_a_one_token_prompt_decodes_with_every_shared_tree_policy(heads, target, kind):
     """A 1-token prompt's first root has no target feature before it: the static policy made that step plain, but

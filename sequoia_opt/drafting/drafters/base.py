@@ -116,6 +116,14 @@ class Drafter(ABC):
         order, only nodes it proposed or ran over); ``step_depth`` is the depth of what it drafted (0: it was
         not asked this step). The rows' ``cached`` is the step's L."""
 
+    @property
+    def depth_limit(self) -> int | None:
+        """The deepest level this drafter can ever propose, in any tree (Medusa: its K heads propose depths 1..K);
+        None: no limit of its own. The graft and merge policies refuse, at construction, a tree that gives it
+        deeper nodes (:func:`~sequoia_opt.drafting.policies.base.check_depth_limit`): a merge made every step the
+        root alone, without a word, and a graft failed at its first step."""
+        return None
+
     def shared_depth(self, state: DecodeState) -> int:
         """The deepest level this drafter can score now in a shared tree of a batch of one (:meth:`score_nodes`,
         the chain, dynamic, graft and merge policies), its context aside (the policies check that); 0: it cannot

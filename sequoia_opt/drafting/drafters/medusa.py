@@ -84,9 +84,15 @@ class MedusaDrafter(Drafter):
     def keep(self, rows: Sequence[int]) -> None:
         self.last = [self.last[b] for b in rows]
 
+    @property
+    def depth_limit(self) -> int:
+        """K: its heads propose depths 1..K (Cai et al. 2024, section 2.1.1: head k predicts the token k positions
+        past the one the target's own LM head predicts)."""
+        return self.heads.config.num_heads
+
     def shared_depth(self, state: DecodeState) -> int:
         """K (its heads propose depths 1..K), 0 before the target gave it a hidden state."""
-        return 0 if any(h is None for h in self.last) else self.heads.config.num_heads
+        return 0 if any(h is None for h in self.last) else self.depth_limit
 
     def limit(self, state: DecodeState, buffers: TreeBuffers, depth: int | None = None) -> int:
         D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
@@ -118,7 +124,7 @@ class MedusaDrafter(Drafter):
         if first or self._logits is None or self._logits[0] != row.cached:
             self._logits = (row.cached, self.heads(self.last[0]))  # (K, V)
         d = depth[torch.as_tensor(list(nodes), dtype=torch.int64, device=depth.device)]
-        K = self.heads.config.num_heads
+        K = self.depth_limit
         if int(d.max()) >= K:
             raise DecodingError(f"{self.name} propose depths 1..{K}; a tree of more levels asks for depth "
                                 f"{int(d.max()) + 1}: keep the depth at {K} or less (a dynamic setting's steps=, "

@@ -42,7 +42,7 @@ from ...decoding.step_tree import Room, StepTree, TreeBuffers, ancestor_matrix
 from ...errors import DecodingError
 from ...tree import Tree
 from ..drafters import Drafter, as_drafter
-from .base import SharedTreePolicy, commit_drafter
+from .base import SharedTreePolicy, check_depth_limit, commit_drafter
 from .scheduler import AlwaysGraft, GraftScheduler, spine_features
 
 __all__ = ["GraftPolicy", "check_graft_plan"]
@@ -109,6 +109,9 @@ class GraftPolicy(SharedTreePolicy):
         lab = self.plan_drafter
         light_nodes = [i for i in range(plan.size) if i == 0 or lab[i] == 0]
         strong_nodes = [i for i in range(1, plan.size) if lab[i] == 1]
+        for k, (drafter, nodes) in enumerate(((light, light_nodes[1:]), (strong, strong_nodes))):
+            check_depth_limit(drafter, max((int(plan.depth[i]) for i in nodes), default=0),
+                              f"the grafted tree's {self.names[k]} part")
         # plan node -> step node: the light's nodes first (their subtree's BFS order), the strong's after
         self._step_of = {p: j for j, p in enumerate(light_nodes)}
         for j, p in enumerate(strong_nodes):

@@ -20,7 +20,7 @@ from ...decoding.step_tree import Room, StepTree, TreeBuffers
 from ...errors import DecodingError
 from ...tree import Tree
 from ..drafters import Drafter, as_drafter
-from .base import SharedTreePolicy, commit_drafter
+from .base import SharedTreePolicy, check_depth_limit, commit_drafter
 
 __all__ = ["MergePolicy"]
 
@@ -47,6 +47,8 @@ class MergePolicy(SharedTreePolicy):
         if len(self.names) != len(self.drafters):
             raise DecodingError(f"a merge needs one name per drafter: got {len(self.names)} names for "
                                 f"{len(self.drafters)} drafters")
+        for d, t, name in zip(self.drafters, self.trees, self.names):  # else every step was the root alone
+            check_depth_limit(d, t.tree_depth, f"its tree in the merge ({name})")
         self.max_depth = max(t.tree_depth for t in trees)
         self.max_size = sum(t.size for t in trees) - (len(trees) - 1)  # every non-root node distinct at most
         k = len(drafters)
