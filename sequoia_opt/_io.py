@@ -434,6 +434,25 @@ def deep_nesting_at(text: str, limit: int = MAX_NESTING) -> int | None:
     return None
 
 
+def read_json_object(path: Path, *, error: type[Exception], missing: str | None = None) -> dict[str, Any]:
+    """The JSON object in the file ``path`` (a byte-order mark skipped; :func:`load_json`'s rules: too deep or a
+    repeated key is bad JSON): a checkpoint's ``config.json``, a head's, a safetensors index. ``missing``: the message
+    for a file that does not exist (default ``"<path>: not found"``).
+
+    Raises:
+        error: one line: missing, unreadable (a folder, no permission), not JSON, or not an object.
+    """
+    try:
+        doc = load_json(path.read_text(encoding="utf-8-sig"))
+    except FileNotFoundError:
+        raise error(missing or f"{path}: not found") from None
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+        raise error(f"{path}: cannot be read as JSON ({err})") from None
+    if not isinstance(doc, dict):
+        raise error(f"{path}: a JSON object was expected, not {type(doc).__name__} {str(doc)[:40]}")
+    return doc
+
+
 def load_json(text: str) -> Any:
     """``json.loads`` that turns json's RecursionError on deep nesting into a ``json.JSONDecodeError`` (no caller's
     handler of bad JSON caught it) and refuses a key given twice in one object (json keeps the last without a word;

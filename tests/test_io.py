@@ -1,6 +1,7 @@
 """Atomic output: modes, symlinks, refusals, no temp files left behind."""
 
 import os
+import re
 import stat
 
 import pytest
@@ -261,3 +262,26 @@ def test_write_all_puts_every_file_back_when_one_writer_fails(tmp_path):
     assert write_all([(old, lambda p: atomic_write_text(p, "after")),
                       (new, lambda p: atomic_write_text(p, "x"))]) == [old, new]
     assert (old.read_text(), new.read_text()) == ("after", "x")
+
+
+def test_read_json_object_one_line_for_every_bad_file(tmp_path):
+    """One reader for a checkpoint's config.json, a head's and a weight index: a byte-order mark is skipped (a head's
+    config with one was refused while a model's was read), a folder in the way is one line (a traceback for a
+    model's), and a key given twice is bad JSON."""
+    from sequoia_opt._io import read_json_object
+    from sequoia_opt.errors import CheckpointError
+
+    p = tmp_path / "config.json"
+    p.write_bytes(b"\xef\xbb\xbf" + b'{"hidden_size": 64}')
+    assert read_json_object(p, error=CheckpointError) == {"hidden_size": 64}
+    for text, says in (('{"a": 1, "a": 2}', "cannot be read as JSON"), ("[1, 2]", "a JSON object was expected, not list"),
+                       ("{", "cannot be read as JSON"), ("[" * 100_000, "cannot be read as JSON")):
+        p.write_text(text)
+        with pytest.raises(CheckpointError, match=re.escape(f"{p}: {says}")):
+            read_json_object(p, error=CheckpointError)
+    p.unlink()
+    p.mkdir()
+    with pytest.raises(CheckpointError, match=re.escape(f"{p}: cannot be read as JSON")):
+        read_json_object(p, error=CheckpointError)
+    with pytest.raises(CheckpointError, match="^no config here$"):
+        read_json_object(tmp_path / "absent.json", error=CheckpointError, missing="no config here")

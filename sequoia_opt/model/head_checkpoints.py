@@ -40,7 +40,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
-from .._io import atomic_write_bytes, atomic_write_text, write_all
+from .._io import atomic_write_bytes, atomic_write_text, read_json_object, write_all
 from ..errors import CheckpointError
 from .config import ModelConfig, _hf_rope, config_bool, config_float, config_int
 from .heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
@@ -59,16 +59,9 @@ MEDUSA_ARCHITECTURES = ("MedusaModel",)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found (a feature head is a folder with {CONFIG_FILE} and its weights)") \
-            from None
-    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested past json's depth
-        raise CheckpointError(f"{path}: cannot be read as JSON ({err})") from None
-    if not isinstance(doc, dict):
-        raise CheckpointError(f"{path}: not a JSON object")
-    return doc
+    """A head's ``config.json`` (:func:`~sequoia_opt._io.read_json_object`). Raises :class:`CheckpointError`."""
+    return read_json_object(path, error=CheckpointError,
+                            missing=f"{path}: not found (a feature head is a folder with {CONFIG_FILE} and its weights)")
 
 
 # ------------------------------------------------------------------------------------------------- weight files

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_save
 
-from .._io import atomic_write_bytes, atomic_write_text, write_all
+from .._io import atomic_write_bytes, atomic_write_text, read_json_object, write_all
 from ..errors import CheckpointError
 from .build import build_model
 from .config import ModelConfig
@@ -38,16 +38,9 @@ _DERIVED_SUFFIXES = (".rotary_emb.inv_freq",)  # old Llama checkpoints store thi
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``. Raises :class:`CheckpointError`: missing, unparsable, or not an object."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark skipped
-    except FileNotFoundError:
-        raise CheckpointError(f"{path.name} not found in {path.parent}") from None
-    except (ValueError, RecursionError) as err:  # RecursionError: nested past json's depth
-        raise CheckpointError(f"cannot parse {path}: {err}") from None
-    if not isinstance(doc, dict):
-        raise CheckpointError(f"{path}: a JSON object was expected, not {type(doc).__name__} {str(doc)[:40]}")
-    return doc
+    """The JSON object in ``path`` (:func:`~sequoia_opt._io.read_json_object`). Raises :class:`CheckpointError`:
+    missing, unreadable, unparsable, or not an object."""
+    return read_json_object(path, error=CheckpointError, missing=f"{path.name} not found in {path.parent}")
 
 
 def load_hf_config(path: str | os.PathLike) -> ModelConfig:
