@@ -108,3 +108,37 @@ def test_scheduled_prediction_keeps_the_share_of_the_strong_drafters_value_its_c
     assert rate == pytest.approx(1 / 3) and g == pytest.approx(2.0 + (2 / 3) * 1.0)
     with pytest.raises(ValueError):
         scheduled_prediction(3.0, 2.0, [], NeverGraft())
+
+
+def test_a_grafted_tree_records_its_profiles_weights_and_run_compares_them():
+    """A grafted tree carried no fingerprint of the checkpoints its profiles measured, so run said nothing when a
+    retrained light or strong drafter of the same name ran it. plan_graft records them (profiled_weights: target,
+    light, strong) and run names each that differs."""
+    from types import SimpleNamespace
+
+    from sequoia_opt.jobs.graft import graft_weights, graft_weights_warnings
+    from sequoia_opt.tree import TreeMetadata
+
+    T, L, S = ({"path": f"/m/{n}", "fingerprint": f"fp-{n}"} for n in ("target", "light", "strong"))
+    light_acc = SimpleNamespace(measured={"weights": {"target": T, "draft": L}})
+    strong_acc = SimpleNamespace(measured={"weights": {"target": T, "draft": S}})
+    rec = graft_weights(SimpleNamespace(light_acceptance=light_acc, strong_acceptance=strong_acc))
+    assert rec == {"profiled_weights": {"target": T, "light": L, "strong": S}}
+    # lookup (light) records no draft weights: only the target and the strong drafter are kept
+    lookup = SimpleNamespace(measured={"weights": {"target": T}})
+    assert graft_weights(SimpleNamespace(light_acceptance=lookup, strong_acceptance=strong_acc)) == {
+        "profiled_weights": {"target": T, "strong": S}}
+    assert graft_weights(SimpleNamespace(light_acceptance=SimpleNamespace(measured={}),
+                                         strong_acceptance=SimpleNamespace(measured={}))) == {}
+    meta = TreeMetadata(extra=rec)
+    same = graft_weights_warnings("g", meta, {"target": T, "draft": L}, {"target": T, "draft": S})
+    assert same == []
+    retrained = dict(S, fingerprint="fp-strong-2")
+    got = graft_weights_warnings("g", meta, {"target": T, "draft": L}, {"target": T, "draft": retrained})
+    assert got == ["tree 'g' was solved from profiles measured with other weights: its strong drafter weights "
+                   "(fingerprint fp-strong) are not the strong drafter weights in use at /m/strong (fp-strong-2); its "
+                   "predicted figures describe that checkpoint"]
+    other_target = dict(T, path="/n/target", fingerprint="fp-t2")
+    got = graft_weights_warnings("g", meta, {"target": other_target, "draft": L}, {"target": other_target, "draft": S})
+    assert len(got) == 1 and "its target weights at /m/target (fingerprint fp-target)" in got[0]
+    assert graft_weights_warnings("g", TreeMetadata(), {"target": other_target}, None) == []

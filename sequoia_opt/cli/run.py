@@ -500,6 +500,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
     from dataclasses import replace
 
     from ..drafting.policies import GraftPolicy, MergePolicy, load_scheduler
+    from ..jobs.graft import graft_weights_warnings
     from ..jobs.run import TreeEntry, run_trees
     from ..jobs.load import default_target_path, load_drafters, model_label, parse_device, parse_drafter_spec, \
         parse_dtype
@@ -591,6 +592,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                                                target=pair.target_name, draft=None, device_type=dev.type,
                                                omp_wait_policy=run_policy(dev.type), temperature=temperature,
                                                threads=_cpu_threads(dev))
+            warnings += graft_weights_warnings(name, meta, pairs[0].weights, pairs[1].weights)
 
             def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)

@@ -38,7 +38,7 @@ from ..tree import DrafterTree, TreeMetadata, now_iso
 
 __all__ = ["GraftProfiles", "GraftPlans", "graft_acceptance", "pair_graft_acceptance", "plan_graft", "graft_entries", "scheduled_prediction",
            "GraftProfileSettings", "profile_graft", "ScheduledPlan", "scheduled_candidates", "choose_scheduled_plan",
-           "in_context_prediction"]
+           "in_context_prediction", "graft_weights", "graft_weights_warnings"]
 
 
 @dataclass
@@ -125,6 +125,39 @@ class GraftPlans:
     extrapolated: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
+def graft_weights(p: GraftProfiles) -> dict[str, Any]:
+    """``{"profiled_weights": {"target", "light", "strong"}}`` for a grafted tree's metadata: the fingerprints the
+    light and strong acceptance profiles recorded (``measured.weights``, :func:`~sequoia_opt.jobs.load.weights_record`;
+    a drafter without a checkpoint of its own, lookup or self:L, records none), which ``run`` compares with the
+    checkpoints it loads (:func:`graft_weights_warnings`). ``{}`` when neither profile recorded any."""
+    light, strong = (a.measured.get("weights") for a in (p.light_acceptance, p.strong_acceptance))
+    light, strong = (w if isinstance(w, dict) else {} for w in (light, strong))
+    out = {k: v for k, v in (("target", light.get("target") or strong.get("target")), ("light", light.get("draft")),
+                             ("strong", strong.get("draft"))) if isinstance(v, dict)}
+    return {"profiled_weights": out} if out else {}
+
+
+def graft_weights_warnings(name: str, meta: TreeMetadata, light: dict | None, strong: dict | None) -> list[str]:
+    """One line per model (target, light, strong drafter) whose weights in use (``light`` / ``strong``: the light and
+    strong pairs' :func:`~sequoia_opt.jobs.load.weights_record`) are not the ones the grafted tree ``name`` was
+    profiled with (its ``profiled_weights``, :func:`graft_weights`): another checkpoint of one name accepts
+    otherwise, so the tree's predicted figures describe that checkpoint."""
+    from ..profiles import weights_mismatch
+
+    pw = meta.extra.get("profiled_weights")
+    if not isinstance(pw, dict):
+        return []
+    out = []
+    for role, used in (("light", light), ("strong", strong)):
+        used = used if isinstance(used, dict) else {}
+        recorded = {"draft": pw.get(role), **({"target": pw.get("target")} if role == "light" else {})}
+        have = {"draft": used.get("draft"), **({"target": used.get("target")} if role == "light" else {})}
+        out += [f"tree {name!r} was solved from profiles measured with other weights: "
+                f"{w.replace('draft weights', f'{role} drafter weights')}; its predicted figures describe that checkpoint"
+                for w in weights_mismatch({"weights": recorded}, have)]
+    return out
+
+
 def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: int = 8,
                context: int | None = None) -> GraftPlans:
     """Solve every plan of the pair from its profiles (module docstring).
@@ -145,7 +178,7 @@ def plan_graft(p: GraftProfiles, *, budget: int, max_depth: int, max_branching: 
     baselines = graft_baselines(acc, p.light_curve, curves, budget=budget, max_depth=max_depth, context=context,
                                 max_branching=max_branching)
     merge = merge_trees(light_plan.tree, strong_plan.tree, (p.light, p.strong))
-    extra = {"drafters": [p.light, p.strong], "pair_acceptance_profile": p.pair.id,
+    extra = {"drafters": [p.light, p.strong], **graft_weights(p), "pair_acceptance_profile": p.pair.id,
              "strong_acceptance_profile": p.strong_acceptance.id, "light_acceptance_profile": p.light_acceptance.id,
              "strong_latency_profile": p.strong_curve.id, "graft_plan": choice.plan,
              "graft_depths": list(choice.graft_depths),
