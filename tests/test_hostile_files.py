@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -149,12 +150,15 @@ def test_a_calibration_temperature_must_be_a_number(tmp_path):
     from sequoia_opt.profiles.calibration import load_calibration
 
     f = _calibration(tmp_path / "cal.yaml")
-    for value, message in (("hot", "must be a number >= 0"), (-0.5, "must be a number >= 0")):
+    # the acceptance profile's words (one check, profiles.common._number)
+    for key, value, message in (("temperature", "hot", "temperature must be a number, got 'hot'"),
+                                ("temperature", -0.5, "temperature = -0.5 must be non-negative"),
+                                ("top_p", 1.5, "top_p = 1.5 must be in (0, 1]")):
         doc = yaml.safe_load(f.read_text())
-        doc["measured"]["temperature"] = value
+        doc["measured"][key] = value
         bad = tmp_path / "bad.yaml"
         bad.write_text(yaml.safe_dump(doc))
-        with pytest.raises(ProfileError, match=f"measured.temperature = .* {message}"):
+        with pytest.raises(ProfileError, match=re.escape(f"{bad}: measured.{message}")):
             load_calibration(bad)
     doc = yaml.safe_load(f.read_text())
     doc["steps"][0]["entropy"] = [-1.0 if x is not None else None for x in doc["steps"][0]["entropy"]]

@@ -56,7 +56,7 @@ from .._io import atomic_write_text
 from ..errors import ProfileError, SolverError
 from .checks import weights_mismatch
 from .._io import warn_unknown_keys
-from .common import MAX_TOKENS, _check_format, _load_yaml, check_integer, wilson_interval
+from .common import MAX_TOKENS, _check_format, _load_yaml, _number, check_integer, wilson_interval
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
            "save_calibration"]
@@ -364,12 +364,12 @@ class CalibrationProfile:
         if not isinstance(measured, dict) or not measured.get("target") or not measured.get("draft"):
             raise ProfileError(f"{source}: 'measured' must be a mapping naming the target and the draft (the pair "
                                "checks read them)")
-        for key in ("temperature", "top_p"):  # read as floats by every mode check
-            v = measured.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                                  or v < 0 or (key == "top_p" and not 0 < v <= 1)):
-                raise ProfileError(f"{source}: measured.{key} = {v!r} must be a number "
-                                   + ("in (0, 1]" if key == "top_p" else ">= 0 (0: greedy)"))
+        for key in ("temperature", "top_p"):  # read as floats by every mode check, as the acceptance profile's
+            if measured.get(key) is not None:
+                _number(measured[key], f"{source}: measured.{key}")
+        top_p = measured.get("top_p")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ProfileError(f"{source}: measured.top_p = {top_p} must be in (0, 1]")
         edges = doc.get("edges", DEFAULT_EDGES)
         if not isinstance(edges, (list, tuple)):
             raise ProfileError(f"{source}: 'edges' must be a list of bin edges rising from 0 to 1, got {edges!r}")
