@@ -61,7 +61,7 @@ from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_ru
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
            "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "trtllm_draft_len",
            "vllm_draft_len", "sglang_steps", "looks_like_engine_settings",
-           "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "SGLANG_TIER_RELEASES",
+           "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "TRTLLM_DYNAMIC_TREE_LINES", "SGLANG_TIER_RELEASES",
            "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "LLAMACPP_COMMIT", "SGLANG_DEFAULT_ENVELOPE",
            "LLAMACPP_DEFAULT_DRAFT", "VLLM_GENERATOR_KS", "guard_notes", "ACCEPTANCE_LENGTH_SOURCE"]
 
@@ -81,6 +81,9 @@ VLLM_GENERATOR_KS = (1, 3, 5)
 TRTLLM_UPPER_KEY_RELEASE = "1.3.0rc8"
 #: The first release line whose ``draft_len_schedule`` reads keys as range starts (#8194).
 TRTLLM_LOWER_KEY_RELEASE = "1.2.0"
+#: The release lines whose EAGLE-3 dynamic tree (``use_dynamic_tree``) was checked (their API references), the
+#: first of them the earliest an envelope export names; a release past the last is exported with a warning.
+TRTLLM_DYNAMIC_TREE_LINES = ("1.3", "1.4")
 
 #: SGLang: per-batch-size adaptive tiers from 0.5.13, checked to 0.5.23; a tier of step 0 from 0.5.14.
 SGLANG_TIER_RELEASES = ("0.5.13", "0.5.23")
@@ -383,8 +386,18 @@ def _placeholder(text: str, engine: str, warnings: list[str]) -> str:
 def _export_trtllm(ranges, release, method, model, lookup, max_batch):
     lower = False
     warnings: list[str] = []
+    envelope = any(s.shape == "envelope" for *_, s in ranges)
     if release is not None:
         v = _version(release, "TensorRT-LLM")
+        first, last = TRTLLM_DYNAMIC_TREE_LINES
+        if envelope and v < Version(f"{first}.0rc0"):
+            raise PlanExportError(f"TensorRT-LLM {release} is not known to take an EAGLE-3 dynamic tree "
+                                  f"(use_dynamic_tree: checked in the {first} and {last} API references): upgrade, or "
+                                  "export a chain plan (--shape chain)")
+        major, minor = Version(last).release[:2]
+        if v >= Version(f"{major}.{minor + 1}.0rc0"):  # the next line's first candidate
+            warnings.append(f"TensorRT-LLM {release} is newer than the last release line checked ({last}): check its "
+                            "speculative_config fields")
         if v < Version(TRTLLM_LOWER_KEY_RELEASE):
             raise PlanExportError(f"TensorRT-LLM {release} is not known to take draft_len_schedule (it arrived with "
                                   f"#8194 in the {TRTLLM_LOWER_KEY_RELEASE} line): run one max_draft_len, or upgrade")
@@ -413,9 +426,10 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
                 "you run for those)")
     checked = ("NVIDIA/TensorRT-LLM source after #10860: llmapi/llm_args.py validate_draft_len_schedule_and_sort, "
                "_torch/speculative/utils.py get_draft_len_for_batch_size; 1.2's #8194 validator")
-    envs = [s for *_, s in ranges if s.shape == "envelope"]
-    if envs:
-        return _export_trtllm_envelope(ranges, releases, checked, warnings, model)
+    if envelope:  # no draft_len_schedule keys: the releases are the dynamic tree's
+        first, last = TRTLLM_DYNAMIC_TREE_LINES
+        return _export_trtllm_envelope(ranges, f"TensorRT-LLM {first} and {last} (the EAGLE-3 dynamic tree, as their "
+                                       "API references give it)", checked, warnings, model)
     _chains_only(ranges, "TensorRT-LLM", "draft_len_schedule")
     ks = [s.draft_tokens for *_, s in ranges]
     if max(ks) == 0:
@@ -429,10 +443,11 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
         sched = {lo: s.draft_tokens for lo, _, s in ranges}
         notes.append(f"TensorRT-LLM {release} reads keys as range starts and applies the schedule to NGram and "
                      "two-model draft/target only")
-        if decoding not in ("NGram", "Draft_Target"):
-            warnings.append(f"TensorRT-LLM {release} ignores draft_len_schedule for {decoding}: it drafts "
-                            f"max_draft_len = {ks[0]} at every batch size, not the plan (from "
-                            f"{TRTLLM_UPPER_KEY_RELEASE} the schedule applies to {decoding} too)")
+        if decoding not in ("NGram", "Draft_Target") and len(set(ks)) > 1:  # a file it would run as another plan
+            raise PlanExportError(f"TensorRT-LLM {release} ignores draft_len_schedule for {decoding}: it would draft "
+                                  f"max_draft_len = {ks[0]} at every batch size, not this plan ({len(set(ks))} draft "
+                                  f"lengths); the schedule applies to {decoding} from {TRTLLM_UPPER_KEY_RELEASE}: "
+                                  f"export for that release (drop --release), or solve one K for every batch size")
     else:
         keep = list(ranges)
         while keep and keep[-1][2].draft_tokens == 0:
@@ -493,8 +508,8 @@ def _export_trtllm_envelope(ranges, releases, checked, warnings, model=None):
         cfg["max_concurrency"] = last_spec
         notes.append(f"speculation off above batch {last_spec} (max_concurrency)")
     doc = {"speculative_config": cfg}
-    return dict(text=yaml.safe_dump(doc, sort_keys=False), data=doc, releases=releases + "; EAGLE-3 dynamic tree: "
-                "1.3 and 1.4 API references", checked=checked + "; EagleDecodingConfig.validate_eagle_config",
+    return dict(text=yaml.safe_dump(doc, sort_keys=False), data=doc, releases=releases,
+                checked=checked + "; EagleDecodingConfig.validate_eagle_config",
                 command="trtllm-serve MODEL --extra_llm_api_options THIS.yaml", notes=tuple(notes),
                 warnings=tuple(warnings))
 
@@ -586,6 +601,8 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
                                   "speculating in some ranges")
         cfg = {str(lo): {"candidate_steps": [k]} for (lo, _, _), k in zip(ranges, ks)}
         check_sglang_tiers(cfg, allow_zero=zero_ok)
+        if 0 in ks:  # the releases that take this file: 0.5.13 refuses its tier of 0 steps
+            releases = f"SGLang {SGLANG_ZERO_STEP_RELEASE} to {last} (tiers, one of 0 steps: no speculation there)"
         start = ks[0] if ks[0] > 0 else max(ks)
         flags = (f"--speculative-algorithm {algo}{_sglang_draft(algo, model, warnings, mtp=mtp)} "
                  "--speculative-eagle-topk 1 "

@@ -289,8 +289,8 @@ def test_an_implausible_latency_curve_loads_with_a_warning_naming_its_points(tmp
         curve = load_latency(f)
     assert curve.target_ms(12) == 10.5  # loaded, as measured
     assert [str(w.message) for w in rec] == [
-        f"{f}: T(9..16) = 10..11 ms at context 16 is below 0.5 x T(1) (T(1) = 30 ms): an implausible target curve "
-        "(noise or other load while profiling?); re-measure before trusting trees solved from it"]
+        f"{f}: T(9..16) = 10..11 ms is below 0.5 x T(1) (T(1) = 30 ms): an implausible target curve "
+        "(noise or other load while profiling?); re-measure before trusting what is solved from it"]
     _write(tmp_path / "acc.yaml", SAMPLES["acceptance"][2])
     r = runner.invoke(app, ["solve", "-a", str(tmp_path / "acc.yaml"), "-l", str(f), "--budget", "16"])
     assert r.exit_code == 0, r.output

@@ -6,6 +6,7 @@ the setting is refused in one line. The static-tree exports say which releases s
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -114,13 +115,16 @@ def test_trtllm_12_reads_keys_as_range_starts():
         assert trtllm_draft_len(sched, b, lower_keys=True) == _want(ranges, b)
     with pytest.raises(PlanExportError, match="not known to take draft_len_schedule"):
         export_plan(ranges, "tensorrt-llm", release="1.1.0")
-    # 1.2 applies the schedule to NGram and Draft_Target only: an Eagle3 / MTP file is written, with a warning
+    # 1.2 applies the schedule to NGram and Draft_Target only: an Eagle3 / MTP plan of several Ks is refused (the
+    # file ran max_draft_len at every batch size; it was written with a warning, exit 0); one K everywhere is written
     assert not export_plan(ranges, "tensorrt-llm", release="1.2.1", method="ngram").warnings
     for method, name in (("eagle3", "Eagle3"), ("mtp", "MTP")):
-        e = export_plan(ranges, "tensorrt-llm", release="1.2.1", method=method, model="m")
-        assert e.warnings == (f"TensorRT-LLM 1.2.1 ignores draft_len_schedule for {name}: it drafts max_draft_len = "
-                              f"4 at every batch size, not the plan (from 1.3.0rc8 the schedule applies to {name} "
-                              "too)",)
+        with pytest.raises(PlanExportError, match=re.escape(
+                f"TensorRT-LLM 1.2.1 ignores draft_len_schedule for {name}: it would draft max_draft_len = 4 at every "
+                f"batch size, not this plan (3 draft lengths); the schedule applies to {name} from 1.3.0rc8")):
+            export_plan(ranges, "tensorrt-llm", release="1.2.1", method=method, model="m")
+        one = export_plan([(1, 64, SpecSetting.chain(3))], "tensorrt-llm", release="1.2.1", method=method, model="m")
+        assert one.data["speculative_config"]["max_draft_len"] == 3 and not one.warnings
     # each file's header names the releases that read its keys as written (a 1.2 file is not for 1.3.0rc8+)
     old, new = export_plan(ranges, "tensorrt-llm", release="1.2.1"), export_plan(ranges, "tensorrt-llm")
     assert old.text.splitlines()[0].startswith("# for TensorRT-LLM 1.2.0 and later, before 1.3.0rc8 (keys start their "
@@ -344,3 +348,39 @@ def test_trtllm_says_an_eagle_head_is_written_as_eagle3():
     assert e.warnings == ("method eagle is written as decoding_type Eagle3, the EAGLE head TensorRT-LLM's PyTorch "
                           "backend runs: an EAGLE-1/2 checkpoint does not load as one (export for vLLM or SGLang, "
                           "which run EAGLE-1/2 heads)",)
+
+
+def test_trtllm_releases_an_envelope_names_and_the_ones_past_those_checked():
+    """An envelope export named 'TensorRT-LLM 1.2.0 and later, before 1.3.0rc8 (keys start their ranges ...)' for a
+    file with no draft_len_schedule keys, and took --release 1.2.0, before any dynamic tree was checked. It names the
+    dynamic tree's release lines and refuses an earlier one; a release past the last line checked is exported with
+    a warning, as the vLLM and SGLang exports do."""
+    env = SpecSetting.envelope(DynamicSetting("eagle", 4, 4, 16))
+    e = export_plan([(1, 8, env), (9, 64, N)], "tensorrt-llm", model="m")
+    assert e.releases == "TensorRT-LLM 1.3 and 1.4 (the EAGLE-3 dynamic tree, as their API references give it)"
+    assert e.text.splitlines()[0].startswith("# for TensorRT-LLM 1.3 and 1.4 (the EAGLE-3 dynamic tree")
+    for release in ("1.2.0", "1.2.1"):
+        with pytest.raises(PlanExportError, match=re.escape(f"TensorRT-LLM {release} is not known to take an EAGLE-3 "
+                                                            "dynamic tree (use_dynamic_tree: checked in the 1.3 and "
+                                                            "1.4 API references)")):
+            export_plan([(1, 8, env), (9, 64, N)], "tensorrt-llm", model="m", release=release)
+    assert not export_plan([(1, 8, env), (9, 64, N)], "tensorrt-llm", model="m", release="1.3.0rc2").warnings
+    for ranges in ([(1, 8, env), (9, 64, N)], PLANS["falling"]):
+        assert export_plan(ranges, "tensorrt-llm", model="m", release="1.5.0").warnings == (
+            "TensorRT-LLM 1.5.0 is newer than the last release line checked (1.4): check its speculative_config "
+            "fields",)
+        assert not export_plan(ranges, "tensorrt-llm", model="m", release="1.4.2").warnings
+
+
+def test_sglang_adaptive_export_names_the_releases_that_take_its_tiers():
+    """A plan that stops speculating writes a tier of 0 steps, which 0.5.13 refuses; the export named 'SGLang 0.5.13
+    to 0.5.23' for it all the same."""
+    stops = export_plan(PLANS["falling"], "sglang", method="eagle3", model="m")
+    assert stops.data["adaptive_config"]["16"] == {"candidate_steps": [0]}
+    assert stops.releases == "SGLang 0.5.14 to 0.5.23 (tiers, one of 0 steps: no speculation there)"
+    with pytest.raises(PlanExportError, match="SGLang 0.5.13 takes positive candidate steps only"):
+        export_plan(PLANS["falling"], "sglang", method="eagle3", model="m", release="0.5.13")
+    keeps = export_plan([(1, 3, C(4)), (4, 64, C(2))], "sglang", method="eagle3", model="m")
+    assert keeps.releases == "SGLang 0.5.13 to 0.5.23 (tiers; a tier of 0 steps from 0.5.14)"
+    assert export_plan([(1, 3, C(4)), (4, 64, C(2))], "sglang", method="eagle3", model="m", release="0.5.13").data == \
+        keeps.data

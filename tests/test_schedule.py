@@ -1811,3 +1811,80 @@ def test_tune_plan_solved_under_tensorrt_llms_rule_says_so_elsewhere(tmp_path):
     assert said == {"vllm": [f"{trt} was solved for tensorrt-llm under its rule (no batch size drafts more than the "
                              "smallest), which vllm does not have: re-solve it for vllm (tune --engine vllm without "
                              "--plan) to choose per batch size from what it runs"], "tensorrt-llm": []}
+
+
+def test_tune_plan_says_its_ranges_past_the_measured_batch_sizes_are_not_predicted(tmp_path):
+    """A plan up to batch 256 given with a table of batch 1 only was exported whole with no word, while the summary
+    said it pays up to batch 1: the ranges past the table are now named as exported unpriced."""
+    table, acc = _files(tmp_path)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"format": "treeopt-schedule/1", "ranges": [
+        {"batch_range": [1, 8], "setting": {"shape": "chain", "draft_tokens": 3}},
+        {"batch_range": [9, 256], "setting": {"shape": "chain", "draft_tokens": 1}}]}))
+    one = _table(tmp_path / "one.csv", (1,), range(1, 10), lambda b, n: PROFILE.curve(1).target_ms(n))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(one), "-a", str(acc), "--batches", "1", "--plan",
+                              str(plan), "--json"])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(res.stdout)["notes"]
+    assert ("the schedule's ranges past batch 1, the largest measured here (2-8: chain:3, 9-256: chain:1), are "
+            "exported as it gives them: nothing there is predicted (measure larger batch sizes to check them)"
+            in notes), notes
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--plan", str(plan), "--json"])
+    assert [n for n in json.loads(res.stdout)["notes"] if "ranges past batch" in n] == [
+        "the schedule's ranges past batch 64, the largest measured here (65-256: chain:1), are exported as it gives "
+        "them: nothing there is predicted (measure larger batch sizes to check them)"]
+    doc = yaml.safe_load(plan.read_text())
+    doc["ranges"][1]["batch_range"] = [9, 64]  # a plan that ends where the table does: nothing to say
+    plan.write_text(yaml.safe_dump(doc))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--plan", str(plan), "--json"])
+    assert res.exit_code == 0 and not [n for n in json.loads(res.stdout)["notes"] if "ranges past batch" in n]
+
+
+def test_tune_names_its_acceptance_model_and_per_depth_vectors_it_leaves_unused(tmp_path):
+    """Under --acceptance-model auto a profile's per-depth vectors are used when its positional check failed; a
+    hand-written profile that records no check had them ignored without a word (chain:3 at 207 tok/s, where they
+    price chain:2 at 272). The model used is a note; vectors left unused are a warning naming the option."""
+    table, _ = _files(tmp_path)
+    acc = _acc(p=(0.6, 0.1), by_depth={1: [0.9, 0.05], 2: [0.8, 0.1], 3: [0.3, 0.1]})
+    doc = acc.to_dict()
+    doc["measured"].pop("positional_consistent", None)
+    (tmp_path / "bd.yaml").write_text(yaml.safe_dump(doc))
+    out = {}
+    for model in ("auto", "by-depth"):
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(tmp_path / "bd.yaml"),
+                                  "--batches", "1,8,64", "--acceptance-model", model, "--json"])
+        assert res.exit_code == 0, res.output
+        out[model] = json.loads(res.stdout)
+    used = {m: [n for n in d["notes"] if n.startswith("chains valued with")] for m, d in out.items()}
+    assert used == {"auto": ["chains valued with the positional acceptance model (--acceptance-model auto)"],
+                    "by-depth": ["chains valued with the by-depth acceptance model (--acceptance-model by-depth)"]}
+    unused = [w for w in out["auto"]["warnings"] if "per-depth vectors" in w]
+    assert unused == [f"acceptance profile {acc.id!r} has per-depth vectors but does not record whether they agree "
+                      "(measured.positional_consistent): they are not used; pass --acceptance-model by-depth to value "
+                      "chains with them"]
+    assert not [w for w in out["by-depth"]["warnings"] if "per-depth vectors" in w]
+
+
+def test_an_implausible_table_is_named_by_its_batch_size_and_reaches_the_json(tmp_path):
+    """A T(b, n) table with T(1, 4) = 1 ms was warned of as 'batches[0]: T(4) = 1 ms at context 128': an entry of a
+    list the user never wrote, and a context a table does not have; and --json did not carry it."""
+    _, acc = _files(tmp_path)
+    table = _table(tmp_path / "t.csv", (1, 8), range(1, 10),
+                   lambda b, n: 1.0 if (b, n) == (1, 4) else PROFILE.curve(b).target_ms(n))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    said = [w for w in json.loads(res.stdout)["warnings"] if "implausible" in w]
+    assert said == [f"{table}: batch 1: T(4) = 1 ms is below 0.5 x T(1) (T(1) = {PROFILE.curve(1).target_ms(1):.4g} "
+                    "ms): an implausible target curve (noise or other load while profiling?); re-measure before "
+                    "trusting what is solved from it"], said
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_tune_refuses_a_max_batch_below_one_as_such(tmp_path, value):
+    table, acc = _files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--max-batch", value])
+    assert res.exit_code == 2
+    assert f"--max-batch must be at least 1 (the engine's largest batch size), got {value}" in " ".join(res.output.split())

@@ -147,3 +147,15 @@ def test_a_json_tree_export_reads_back_without_a_warning(tmp_path):
     assert "derived" in json.loads(path.read_text())
     assert _unknown(load_any_tree, path) == []
     assert load_any_tree(path)[0] == tree
+
+
+def test_a_json_document_carries_the_files_warnings(tmp_path):
+    """--json printed the command's own warnings; a file's (an unknown key, an implausible curve) went to stderr
+    only, so a program reading the JSON never saw them. They are in its 'warnings' list now, once each."""
+    acc = _edited(EXAMPLE / "acceptance.yaml", tmp_path / "a.yaml", lambda d: d.__setitem__("exampel", True))
+    res = runner.invoke(app, ["solve", "--acceptance", str(acc), "--latency", str(EXAMPLE / "latency.yaml"),
+                              "--budget", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    said = f"{acc}: unknown key 'exampel' (did you mean 'example'?): ignored"
+    assert doc["warnings"].count(said) == 1, doc["warnings"]

@@ -121,6 +121,22 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document i
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: the warnings each running command's :func:`handle_errors` records, innermost last
+_RECORDING: list[list] = []
+
+
+def recorded_warnings() -> list[str]:
+    """The distinct :class:`~sequoia_opt.errors.ProfileWarning` lines the running command raised so far (a file's
+    unknown key, an implausible curve), for its ``--json`` document (:func:`~sequoia_opt.cli.render.render`): they
+    went to stderr only, and a program reading the JSON never saw them."""
+    from ..errors import ProfileWarning
+
+    out: list[str] = []
+    for w in _RECORDING[-1] if _RECORDING else []:
+        if issubclass(w.category, ProfileWarning) and str(w.message) not in out:
+            out.append(str(w.message))
+    return out
+
 
 def handle_errors(fn: F) -> F:
     """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback), Ctrl-C into one line and
@@ -140,6 +156,7 @@ def handle_errors(fn: F) -> F:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ProfileWarning)
+                _RECORDING.append(caught)
                 try:
                     return fn(*args, **kwargs)
                 except TreeoptError as err:
@@ -149,6 +166,8 @@ def handle_errors(fn: F) -> F:
                     _err.print("[yellow]interrupted:[/] each output file is whole or absent (written atomically, last)")
                     raise typer.Exit(130) from None
         finally:  # shown once the recorder is gone: inside it, showwarning records again, and the loop never ends
+            if _RECORDING and _RECORDING[-1] is caught:
+                _RECORDING.pop()
             shown: set[str] = set()
             for w in caught:
                 if not issubclass(w.category, ProfileWarning):

@@ -16,7 +16,7 @@ from rich.tree import Tree as RichTree
 
 from ..report import Report
 from ..tree import Tree
-from .common import _err
+from .common import _err, recorded_warnings
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
@@ -76,7 +76,9 @@ def render(report: Report, json_mode: bool, console: Console | None = None) -> N
             "summary": report.summary,
             "tables": {t: [dict(zip(cols, row)) for row in rows] for t, cols, rows in report.tables},
         }
-        doc = {**doc, "notes": report.notes, "warnings": report.warnings}
+        # the files' warnings too (an unknown key, an implausible curve): stderr alone never reached a JSON reader
+        doc = {**doc, "notes": report.notes,
+               "warnings": report.warnings + [w for w in recorded_warnings() if w not in report.warnings]}
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
     con = console or report_console()

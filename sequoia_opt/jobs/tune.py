@@ -193,6 +193,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         raise TreeoptError(f"--max-draft must be at least 1, got {opts.max_draft}")
     from ..profiles.common import MAX_TOKENS
 
+    if opts.max_batch is not None and opts.max_batch < 1:  # said "is below the largest batch size asked (256)"
+        raise TreeoptError(f"--max-batch must be at least 1 (the engine's largest batch size), got {opts.max_batch}")
     if opts.max_batch is not None and opts.max_batch > MAX_TOKENS:
         raise TreeoptError(f"--max-batch {opts.max_batch}: at most {MAX_TOKENS:,}")
     if opts.max_batch is not None and opts.max_batch < max(opts.batches):
@@ -655,6 +657,13 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         if opts.max_draft is None and opts.plan is None and top < DEFAULT_MAX_DRAFT:
             notes.append(f"chains up to K = {k}: the latency profile measured T(b, n) up to n = {top + 1}")
         value = ChainValue(acc, k, acceptance_model=opts.acceptance_model)
+        notes.append(f"chains valued with the {value.model_used} acceptance model (--acceptance-model "
+                     f"{opts.acceptance_model})")
+        if value.model_used == "positional" and opts.acceptance_model == "auto" and \
+                len(getattr(acc, "by_depth", {})) >= 2 and getattr(acc, "positional_consistent", False) is None:  # a hand-written profile: the depths' agreement was never tested
+            warnings.append(f"acceptance profile {acc.id!r} has per-depth vectors but does not record whether they "
+                            "agree (measured.positional_consistent): they are not used; pass --acceptance-model "
+                            "by-depth to value chains with them")
         if value.whole_answer_ks:
             notes.append(short_traces_note(value))
     prov = {"latency_profile": profile.id, "acceptance_profile": getattr(acc, "id", None),

@@ -137,9 +137,10 @@ class BatchLatencyProfile:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], *, source: str = "batch latency profile",
-                  default_id: str = "latency-batch") -> "BatchLatencyProfile":
+                  default_id: str = "latency-batch", table: bool = False) -> "BatchLatencyProfile":
         """Validate a parsed ``treeopt-latency-batch/1`` mapping (or a ``treeopt-latency/1`` one: batch 1).
-        Raises ProfileError with one line."""
+        ``table``: the mapping was built from a user's T(b, n) table (:func:`load_batch_table`), whose messages
+        name a batch size, not an entry of a list the user never wrote. Raises ProfileError with one line."""
         if doc.get("format") == LATENCY_FORMAT:
             return cls.from_latency(LatencyCurve.from_dict(doc, source=source, default_id=default_id))
         _check_format(doc, BATCH_LATENCY_FORMAT, source)
@@ -158,6 +159,8 @@ class BatchLatencyProfile:
             warn_unknown_keys(e, BATCH_ENTRY_KEYS, where)
             b = e.get("batch")
             b = check_integer(b, f"{where}.batch", low=1, high=MAX_TOKENS)
+            if table:
+                where = f"{source}: batch {b}"
             if b in curves:
                 raise ProfileError(f"{where}: batch {b} is given twice")
             body = {"format": LATENCY_FORMAT, "id": f"{pid}@batch{b}", "device": doc.get("device") or {},
@@ -295,4 +298,4 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
             "context_tokens": int(context),
             "target": {"tokens": grid, "target_forward_ms": [table[b][n][0] for n in grid]},
             "draft": {"tokens": grid, "draft_forward_ms": [table[b][n][1] for n in grid]}}]})
-    return BatchLatencyProfile.from_dict(doc, source=str(p), default_id=pid)
+    return BatchLatencyProfile.from_dict(doc, source=str(p), default_id=pid, table=True)
