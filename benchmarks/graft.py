@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.jobs.load import ModelPair, load_pair, parse_device, parse_drafter_spec, parse_dtype
     from sequoia_opt.profiles import save_acceptance, save_latency, save_pair_acceptance
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
+    from sequoia_opt.solver.graft import graft_expected_tokens, graft_step_cost
     from sequoia_opt.tree import now_iso, save_drafter_tree
 
     s = GraftProfileSettings.quick() if args.quick else GraftProfileSettings()
@@ -127,11 +128,19 @@ def main(argv: list[str] | None = None) -> int:
             extra_card={"mode": mode, "prompts": "sequoia_opt/data/prompts/profile.jsonl"})
         best = scheduled[0] if scheduled else None
         if best is not None:
-            # its own budget and depth: the scheduled plan may be another than the graft solver's (merge as graft),
-            # and the graft tree's metadata made a file its loader refuses (depth beyond max_depth)
-            sched_meta = replace(plans.metadata["graft"], budget=best.dtree.size, max_depth=best.dtree.tree.tree_depth,
-                                 expected_tokens_per_step=best.expected_tokens, predicted_speedup=best.speedup,
-                                 solver=f"scheduled {best.name}")
+            # its own figures, as solve --plan writes them: the scheduled plan may be another than the graft solver's
+            # (merge as graft; the graft tree's metadata made a file its loader refuses: depth beyond max_depth). The
+            # figures are the tree's called every step, as run and profile scheduler read a grafted tree's; the
+            # scheduled ones are the scheduler's card's
+            g = graft_expected_tokens(best.dtree, plans.acceptance)
+            cost = graft_step_cost(best.dtree, prof.light_curve, [prof.light_curve, prof.strong_curve],
+                                   plans.light_plan.context, expected_tokens=g)
+            base_meta = plans.metadata["graft"]
+            extra = {k: v for k, v in base_meta.extra.items() if k != "graft_depths"}  # the solver's plan's
+            extra.update({"graft_plan": best.name, "light_part_expected_tokens_per_step": graft_expected_tokens(
+                best.dtree.light_only()[0], plans.acceptance)})
+            sched_meta = replace(base_meta, budget=best.dtree.size, max_depth=best.dtree.tree.tree_depth,
+                                 expected_tokens_per_step=g, predicted_speedup=cost.speedup, extra=extra)
             files["scheduled_tree"] = save_drafter_tree(out_dir / mode / "tree-scheduled.yaml", best.dtree, sched_meta)
             if hasattr(best.scheduler, "to_dict"):
                 files["scheduler"] = save_scheduler(out_dir / mode / "scheduler.yaml", best.scheduler)

@@ -61,7 +61,8 @@ from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_ru
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
            "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "trtllm_draft_len",
            "vllm_draft_len", "sglang_steps", "looks_like_engine_settings",
-           "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "TRTLLM_DYNAMIC_TREE_LINES", "SGLANG_TIER_RELEASES",
+           "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "TRTLLM_DYNAMIC_TREE_LINES",
+           "TRTLLM_LAST_CHECKED_LINE", "SGLANG_TIER_RELEASES",
            "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "LLAMACPP_COMMIT", "SGLANG_DEFAULT_ENVELOPE",
            "LLAMACPP_DEFAULT_DRAFT", "VLLM_GENERATOR_KS", "guard_notes", "ACCEPTANCE_LENGTH_SOURCE"]
 
@@ -82,8 +83,11 @@ TRTLLM_UPPER_KEY_RELEASE = "1.3.0rc8"
 #: The first release line whose ``draft_len_schedule`` reads keys as range starts (#8194).
 TRTLLM_LOWER_KEY_RELEASE = "1.2.0"
 #: The release lines whose EAGLE-3 dynamic tree (``use_dynamic_tree``) was checked (their API references), the
-#: first of them the earliest an envelope export names; a release past the last is exported with a warning.
+#: first of them the earliest an envelope export names.
 TRTLLM_DYNAMIC_TREE_LINES = ("1.3", "1.4")
+#: The last release line checked for every TensorRT-LLM export (its API reference; #10860's draft_len_schedule is in
+#: it): a release past it is exported with a warning, as vLLM's and SGLang's are.
+TRTLLM_LAST_CHECKED_LINE = "1.4"
 
 #: SGLang: per-batch-size adaptive tiers from 0.5.13, checked to 0.5.23; a tier of step 0 from 0.5.14.
 SGLANG_TIER_RELEASES = ("0.5.13", "0.5.23")
@@ -394,10 +398,10 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
             raise PlanExportError(f"TensorRT-LLM {release} is not known to take an EAGLE-3 dynamic tree "
                                   f"(use_dynamic_tree: checked in the {first} and {last} API references): upgrade, or "
                                   "export a chain plan (--shape chain)")
-        major, minor = Version(last).release[:2]
+        major, minor = Version(TRTLLM_LAST_CHECKED_LINE).release[:2]
         if v >= Version(f"{major}.{minor + 1}.0rc0"):  # the next line's first candidate
-            warnings.append(f"TensorRT-LLM {release} is newer than the last release line checked ({last}): check its "
-                            "speculative_config fields")
+            warnings.append(f"TensorRT-LLM {release} is newer than the last release line checked "
+                            f"({TRTLLM_LAST_CHECKED_LINE}): check its speculative_config fields")
         if v < Version(TRTLLM_LOWER_KEY_RELEASE):
             raise PlanExportError(f"TensorRT-LLM {release} is not known to take draft_len_schedule (it arrived with "
                                   f"#8194 in the {TRTLLM_LOWER_KEY_RELEASE} line): run one max_draft_len, or upgrade")

@@ -811,8 +811,8 @@ def save_tree(path: str | Path, tree: Tree, metadata: TreeMetadata | None = None
     path.
 
     Raises:
-        TreeValidationError: metadata the tree contradicts (a ``max_depth`` or ``budget`` it exceeds: the file
-            would be one its own loader refuses); nothing is written.
+        TreeValidationError: metadata the loader refuses (a ``max_depth`` the tree exceeds, a figure out of range,
+            run metadata of the wrong type): the file would be one its own loader refuses; nothing is written.
     """
     text = tree_to_yaml(tree, metadata)
     tree_from_yaml(text, source=str(path))
@@ -824,8 +824,8 @@ def save_drafter_tree(path: str | Path, dtree: DrafterTree, metadata: TreeMetada
     as :func:`load_drafter_tree` will. Returns the path.
 
     Raises:
-        TreeValidationError: metadata the tree contradicts (a ``max_depth`` or ``budget`` it exceeds); nothing is
-            written.
+        TreeValidationError: metadata the loader refuses (a ``max_depth`` the tree exceeds, a figure out of range);
+            nothing is written.
     """
     text = drafter_tree_to_yaml(dtree, metadata)
     drafter_tree_from_yaml(text, source=str(path))

@@ -421,12 +421,14 @@ def test_medusa_deeper_than_its_heads_is_refused_where_a_policy_places_its_nodes
     deep, fits = Tree.chain(5), Tree.chain(4)  # n nodes: depths 4 and 3
     with pytest.raises(DecodingError, match=r"the Medusa heads 'md' can propose depths 1\.\.3 only, but its tree in "
                                             r"the merge \(m\) "
-                                            r"gives it nodes at depth 4: solve that tree with --max-depth 3"):
+                                            r"gives it nodes at depth 4: solve that tree with depth 3 or less "
+                                            r"\(solve's --max-depth\)"):
         MergePolicy([PromptLookupDrafter(257), make()], [Tree.chain(2), deep], ["l", "m"])
     # the strong part of a grafted tree at depth 4 (lookup's spine 0-1-2, Medusa's node under depth 3)
     plan, lab = Tree.from_choices([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), [0, 0, 0, 0, 1]
     with pytest.raises(DecodingError, match=r"can propose depths 1\.\.3 only, but the grafted tree's strong part gives it "
-                                            r"nodes at depth 4"):
+                                            r"nodes at depth 4: solve that tree with depth 3 or less \(profile graft's and "
+                                            r"solve's --max-depth for a grafted tree\)"):
         GraftPolicy(PromptLookupDrafter(257), make(), plan, lab)
     plain = _greedy(target, PROMPT, 16)
     for policy in (MergePolicy([PromptLookupDrafter(257), make()], [Tree.chain(2), fits], ["l", "m"]),

@@ -205,6 +205,21 @@ def test_solve_writes_a_grafted_tree_with_the_baselines(env, tmp_path, monkeypat
     assert meta.predicted_speedup == pytest.approx(doc["choice"]["speedup"])
     assert doc["choice"]["plan"] in ("graft", "light only", "strong only") and dtree.size <= 16
     assert [b["name"] for b in doc["baselines"]] == ["light alone", "strong alone", "specinfer merge"]
+    # the weights its profiles measured (lookup has none): run compares them with the checkpoints it loads
+    from sequoia_opt.jobs.load import weights_record, parse_drafter_spec
+
+    pw = meta.extra["profiled_weights"]
+    assert set(pw) == {"target", "strong"}
+    assert pw == {"target": weights_record(Path(env["target"]), None)["target"],
+                  "strong": weights_record(Path(env["target"]), parse_drafter_spec(env["draft"]))["draft"]}
+    meta.extra["profiled_weights"]["strong"]["fingerprint"] = "another-checkpoint"
+    save_drafter_tree(tmp_path / "other.yaml", dtree, meta)
+    r = invoke("run", "--target", env["target"], "--draft", "lookup", "--draft", env["draft"], "--tree",
+               tmp_path / "other.yaml", "--prompts", env["prompts"], "--num-prompts", "1", "--max-new-tokens", "4",
+               "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    said = [w for w in json.loads(r.stdout)["warnings"] if "other weights" in w]
+    assert len(said) == 1 and "its strong drafter weights (fingerprint another-checkpoint)" in said[0], said
     assert any(n.startswith(("grafting pays here", "grafting does not pay")) for n in doc["notes"])
     # the table: the chosen tree and the three baselines
     r = invoke("solve", "--pair-acceptance", f["pair_acceptance"], "-a", f["light_acceptance"], "-a",

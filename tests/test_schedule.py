@@ -1826,14 +1826,14 @@ def test_tune_plan_says_its_ranges_past_the_measured_batch_sizes_are_not_predict
                               str(plan), "--json"])
     assert res.exit_code == 0, res.output
     notes = json.loads(res.stdout)["notes"]
-    assert ("the schedule's ranges past batch 1, the largest measured here (2-8: chain:3, 9-256: chain:1), are "
-            "exported as it gives them: nothing there is predicted (measure larger batch sizes to check them)"
-            in notes), notes
+    assert ("the schedule's ranges past batch 1, the largest predicted here (2-8: chain:3, 9-256: chain:1), are "
+            "exported as it gives them: nothing there is predicted (add larger --batches, or measure larger batch "
+            "sizes, to check them)" in notes), notes
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--plan", str(plan), "--json"])
     assert [n for n in json.loads(res.stdout)["notes"] if "ranges past batch" in n] == [
-        "the schedule's ranges past batch 64, the largest measured here (65-256: chain:1), are exported as it gives "
-        "them: nothing there is predicted (measure larger batch sizes to check them)"]
+        "the schedule's ranges past batch 64, the largest predicted here (65-256: chain:1), are exported as it gives "
+        "them: nothing there is predicted (add larger --batches, or measure larger batch sizes, to check them)"]
     doc = yaml.safe_load(plan.read_text())
     doc["ranges"][1]["batch_range"] = [9, 64]  # a plan that ends where the table does: nothing to say
     plan.write_text(yaml.safe_dump(doc))

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from sequoia_opt._io import safe_load_yaml
 from sequoia_opt.cli import app
+from sequoia_opt.drafting.policies import load_scheduler
 from sequoia_opt.errors import ProfileWarning, TreeValidationError
 from sequoia_opt.profiles import load_acceptance, load_latency
 from sequoia_opt.profiles.batch import load_batch_latency
@@ -92,7 +93,8 @@ def test_the_cli_prints_the_warning_and_goes_on(tmp_path):
 _LOADERS = {"treeopt-acceptance/1": load_acceptance, "treeopt-latency/1": load_latency,
             "treeopt-latency-batch/1": load_batch_latency, "treeopt-calibration/1": load_calibration,
             "treeopt-acceptance-pair/1": load_pair_acceptance, "treeopt-schedule/1": load_schedule,
-            "treeopt-tree/1": load_drafter_tree, "treeopt-tree/2": load_drafter_tree}
+            "treeopt-tree/1": load_drafter_tree, "treeopt-tree/2": load_drafter_tree,
+            "treeopt-scheduler/1": load_scheduler}
 
 
 def test_the_files_treeopt_ships_and_writes_hold_no_unknown_key():
@@ -121,6 +123,17 @@ def test_the_files_treeopt_ships_and_writes_hold_no_unknown_key():
         assert unknown == [], unknown
         seen[fmt] = seen.get(fmt, 0) + 1
     assert set(seen) == set(_LOADERS) and sum(seen.values()) > 200, seen
+
+
+def test_a_batch_plan_solve_writes_reads_back_without_a_warning(tmp_path):
+    """No batch plan (treeopt-batch-trees/1) is shipped: one written by solve --batch is read back instead."""
+    from sequoia_opt.solver.batch import load_plan
+
+    out = tmp_path / "plan.yaml"
+    res = runner.invoke(app, ["solve", "--acceptance", str(EXAMPLE / "acceptance.yaml"), "--latency",
+                              str(EXAMPLE / "tbn-roofline.csv"), "--batch", "1,8", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert _unknown(load_plan, out) == [] and [lo for lo, _, _ in load_plan(out)] == [1, 8]
 
 
 def test_a_tree_is_not_saved_with_metadata_it_contradicts(tmp_path):

@@ -573,6 +573,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                      "solve --pair-acceptance estimates the merge)")
     else:
         seen_names: dict[str, int] = {}
+        used_weights = (pairs[0].weights, pairs[1].weights)  # fingerprints read once (about 1 MiB per weight file)
         for path, dtree, meta in grafts:
             name = path.stem + (" (scheduled)" if sched is not None else "")
             seen_names[name] = seen_names.get(name, 0) + 1
@@ -592,7 +593,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                                                target=pair.target_name, draft=None, device_type=dev.type,
                                                omp_wait_policy=run_policy(dev.type), temperature=temperature,
                                                threads=_cpu_threads(dev))
-            warnings += graft_weights_warnings(name, meta, pairs[0].weights, pairs[1].weights)
+            warnings += graft_weights_warnings(name, meta, *used_weights)
 
             def policy(_, dtree=dtree):
                 return GraftPolicy.from_drafter_tree(makers[0](), makers[1](), dtree, sched)

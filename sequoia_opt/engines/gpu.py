@@ -53,9 +53,9 @@ def tokenizer_vocab_size(model: str, tokenizer: Any = None) -> int:
 
         return int(Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size(with_added_tokens=False))
     if (folder / "config.json").is_file():
-        import json
+        from .._io import read_json_object
 
-        size = json.loads((folder / "config.json").read_text()).get("vocab_size")
+        size = read_json_object(folder / "config.json", error=EngineError).get("vocab_size")
         if isinstance(size, int) and size > 0:
             return size
     raise EngineError(f"cannot tell the vocabulary size of {model}: the engine gave no tokenizer and the folder has "

@@ -20,7 +20,7 @@ from typing import Iterable
 
 import tokenizers
 
-from .._io import atomic_write_text, read_text_file
+from .._io import atomic_write_text, read_json_object, read_text_file
 from ..errors import CheckpointError
 
 #: Token strings that end a turn or a document in common Llama-family vocabularies; any present in a
@@ -201,11 +201,8 @@ class Tokenizer:
             raise CheckpointError(f"cannot read tokenizer {path}: {err}") from None
         conf: dict = {}
         conf_path = path.with_name(_CONFIG_NAME)
-        if conf_path.is_file():
-            try:
-                conf = json.loads(conf_path.read_text(encoding="utf-8"))
-            except (ValueError, RecursionError) as err:  # RecursionError: nested past json's depth
-                raise CheckpointError(f"cannot parse {conf_path}: {err}") from None
+        if conf_path.is_file():  # a byte-order mark skipped, a list refused (conf.get below)
+            conf = read_json_object(conf_path, error=CheckpointError)
         eos_id = None
         if bos_id is None:
             if "bos_token" in conf:  # named, or explicitly null (no BOS)

@@ -10,11 +10,10 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError
-from .._io import warn_unknown_keys
 from .common import (ACCEPTANCE_FORMAT, ACCEPTANCE_KEYS, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format,
-                     _depth_key, _flag, _load_yaml, _number, _plain, check_integer, validate_acceptance)
+                     _check_sampling, _depth_key, _flag, _load_yaml, _plain, check_integer, validate_acceptance)
 
 # ---------------------------------------------------------------------------------------------- acceptance
 @dataclass
@@ -139,12 +138,8 @@ class AcceptanceProfile:
         mode = measured.get("mode")
         if mode is not None and mode not in ("greedy", "sampling"):
             raise ProfileError(f"{source}: measured.mode is {mode!r}, expected 'greedy' or 'sampling'")
-        for key in ("temperature", "top_p", "tokens_per_step"):
-            if measured.get(key) is not None:
-                _number(measured[key], f"{source}: measured.{key}")
-        t, top_p = measured.get("temperature"), measured.get("top_p")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ProfileError(f"{source}: measured.top_p = {top_p} must be in (0, 1]")
+        _check_sampling(measured, source, extra=("tokens_per_step",))
+        t = measured.get("temperature")
         if mode is not None and t is not None and (mode == "greedy") != (t == 0):
             raise ProfileError(f"{source}: measured.mode is {mode!r} but measured.temperature is {t}; greedy is "
                                "temperature 0 and sampling a temperature > 0")

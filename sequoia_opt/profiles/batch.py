@@ -37,9 +37,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError
-from .._io import warn_unknown_keys
 from .common import (LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer, table_lines)
 from .latency import LatencyCurve
 

@@ -52,11 +52,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError, SolverError
 from .checks import weights_mismatch
-from .._io import warn_unknown_keys
-from .common import MAX_TOKENS, _check_format, _load_yaml, _number, check_integer, wilson_interval
+from .common import MAX_TOKENS, _check_format, _check_sampling, _load_yaml, check_integer, wilson_interval
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
            "save_calibration"]
@@ -364,12 +363,7 @@ class CalibrationProfile:
         if not isinstance(measured, dict) or not measured.get("target") or not measured.get("draft"):
             raise ProfileError(f"{source}: 'measured' must be a mapping naming the target and the draft (the pair "
                                "checks read them)")
-        for key in ("temperature", "top_p"):  # read as floats by every mode check, as the acceptance profile's
-            if measured.get(key) is not None:
-                _number(measured[key], f"{source}: measured.{key}")
-        top_p = measured.get("top_p")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ProfileError(f"{source}: measured.top_p = {top_p} must be in (0, 1]")
+        _check_sampling(measured, source)  # read as floats by every mode check
         edges = doc.get("edges", DEFAULT_EDGES)
         if not isinstance(edges, (list, tuple)):
             raise ProfileError(f"{source}: 'edges' must be a list of bin edges rising from 0 to 1, got {edges!r}")

@@ -210,6 +210,17 @@ def _number(value: Any, where: str, *, positive: bool = False, high: float | Non
     return v
 
 
+def _check_sampling(measured: Mapping[str, Any], source: str, extra: tuple[str, ...] = ()) -> None:
+    """``measured.temperature`` and ``measured.top_p`` (and the ``extra`` keys) as :func:`_number` reads a profile's
+    numbers; top_p in (0, 1]. The acceptance and calibration profiles' one check. Raises ProfileError."""
+    for key in ("temperature", "top_p", *extra):
+        if measured.get(key) is not None:
+            _number(measured[key], f"{source}: measured.{key}")
+    top_p = measured.get("top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ProfileError(f"{source}: measured.top_p = {top_p} must be in (0, 1]")
+
+
 def check_integer(value: Any, where: str, *, low: int = 0, high: int = MAX_COUNT,
                   error: type[Exception] = ProfileError) -> int:
     """An integer in ``[low, high]`` from a file (bools, floats, inf and NaN refused: a count is written as an

@@ -11,9 +11,8 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError, ProfileWarning
-from .._io import warn_unknown_keys
 from .common import (DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, LATENCY_CURVE_KEYS, LATENCY_FORMAT, LATENCY_KEYS, MAX_MS,
                      MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain, _reject_wrong_units, check_integer)
 

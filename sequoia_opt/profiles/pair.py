@@ -10,9 +10,8 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError
-from .._io import warn_unknown_keys
 from .common import (MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, PAIR_ACCEPTANCE_KEYS, _check_format,
                      _depth_key, _flag, _load_yaml, _number, _plain, check_integer)
 from .latency import check_cost_model

@@ -956,10 +956,10 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
     top = max(p.batch for p in preds)
     if end > top:  # the ranges above the largest measured batch size are exported as given, priced nowhere
         beyond = [(lo, hi, st) for lo, hi, st in ranges if hi > top]
-        notes.append(f"the schedule's ranges past batch {top}, the largest measured here ("
+        notes.append(f"the schedule's ranges past batch {top}, the largest predicted here ("
                      + ", ".join(f"{max(lo, top + 1)}-{hi}: {st.label}" for lo, hi, st in beyond)
-                     + "), are exported as it gives them: nothing there is predicted (measure larger batch sizes "
-                       "to check them)")
+                     + "), are exported as it gives them: nothing there is predicted (add larger --batches, or "
+                       "measure larger batch sizes, to check them)")
     none = SpecSetting.none()
     plains = predict_ranges([(1, end, none)], value, profile, [p.batch for p in preds],
                             context=context, interval=interval)

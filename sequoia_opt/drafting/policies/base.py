@@ -17,11 +17,12 @@ from ..drafters import Drafter
 __all__ = ["DraftingPolicy", "SharedTreePolicy", "commit_drafter", "check_depth_limit"]
 
 
-def check_depth_limit(drafter: Drafter, deepest: int, what: str) -> None:
+def check_depth_limit(drafter: Drafter, deepest: int, what: str, *, hint: str) -> None:
     """Refuse a tree that gives ``drafter`` nodes deeper than it can ever propose (:attr:`Drafter.depth_limit`,
     Medusa's K heads): ``deepest`` is the deepest node it would propose (tokens below the root), ``what`` names the
-    tree. The static, chain and dynamic policies clip such a tree to the limit instead (one grown level at a time);
-    the graft and merge policies place each drafter's nodes, so they cannot.
+    tree, ``hint`` the option that solves one that fits. The static, chain and dynamic policies clip such a tree to
+    the limit instead (one grown level at a time); the graft and merge policies place each drafter's nodes, so they
+    cannot.
 
     Raises:
         DecodingError: one line naming the drafter, its limit and the tree's depth.
@@ -31,8 +32,7 @@ def check_depth_limit(drafter: Drafter, deepest: int, what: str) -> None:
     limit = drafter.depth_limit
     if limit is not None and deepest > limit:
         raise DecodingError(f"{drafter.name} can propose depths 1..{limit} only, but {what} gives it nodes at depth "
-                            f"{deepest}: solve that tree with --max-depth {limit} (profile graft's --max-depth for a "
-                            "grafted tree)")
+                            f"{deepest}: solve that tree with depth {limit} or less ({hint})")
 
 
 def commit_drafter(drafter: Drafter, state: DecodeState, path: Sequence[int], own: Callable[[int], int | None],

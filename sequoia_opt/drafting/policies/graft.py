@@ -111,7 +111,8 @@ class GraftPolicy(SharedTreePolicy):
         strong_nodes = [i for i in range(1, plan.size) if lab[i] == 1]
         for k, (drafter, nodes) in enumerate(((light, light_nodes[1:]), (strong, strong_nodes))):
             check_depth_limit(drafter, max((int(plan.depth[i]) for i in nodes), default=0),
-                              f"the grafted tree's {self.names[k]} part")
+                              f"the grafted tree's {('light', 'strong')[k]} part",
+                              hint="profile graft's and solve's --max-depth for a grafted tree")
         # plan node -> step node: the light's nodes first (their subtree's BFS order), the strong's after
         self._step_of = {p: j for j, p in enumerate(light_nodes)}
         for j, p in enumerate(strong_nodes):

@@ -48,7 +48,7 @@ class MergePolicy(SharedTreePolicy):
             raise DecodingError(f"a merge needs one name per drafter: got {len(self.names)} names for "
                                 f"{len(self.drafters)} drafters")
         for d, t, name in zip(self.drafters, self.trees, self.names):  # else every step was the root alone
-            check_depth_limit(d, t.tree_depth, f"its tree in the merge ({name})")
+            check_depth_limit(d, t.tree_depth, f"its tree in the merge ({name})", hint="solve's --max-depth")
         self.max_depth = max(t.tree_depth for t in trees)
         self.max_size = sum(t.size for t in trees) - (len(trees) - 1)  # every non-root node distinct at most
         k = len(drafters)
