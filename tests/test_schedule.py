@@ -1888,3 +1888,18 @@ def test_tune_refuses_a_max_batch_below_one_as_such(tmp_path, value):
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--max-batch", value])
     assert res.exit_code == 2
     assert f"--max-batch must be at least 1 (the engine's largest batch size), got {value}" in " ".join(res.output.split())
+
+
+def test_tune_summary_names_batch_sizes_where_speculation_does_not_pay_below_the_last_that_does(tmp_path):
+    """'pays up to the largest batch predicted (64)' hid plain decoding at batch 8, where the table makes every chain
+    dearer than it gains (the break-it pass's table: no speculation at 32-64, speculation again at 128)."""
+    _, acc = _files(tmp_path)
+    table = _table(tmp_path / "hole.csv", (1, 8, 64), range(1, 10),
+                   lambda b, n: 10.0 + (30.0 * (n - 1) if b == 8 else 0.01 * n))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    rows = {r["batch"]: r["best"]["setting"] for r in doc["schedule"]["by_batch"]}
+    assert rows[8] == "none" and rows[1] != "none" and rows[64] != "none", rows
+    assert doc["summary"]["speculation"] == "pays up to the largest batch predicted (64) (but not at batch 8)"

@@ -113,11 +113,15 @@ def tune(
         report.warnings.append(f"--context {context} is not used for {opts.engine}: its T(b, n) is read as given "
                                "(a table has no context column; measure it at the context you serve)")
     stops = plan.stops_paying_above
+    # measured batch sizes below the last that pays where it does not: "pays up to 128" hid plain decoding at 32-64
+    paying = [r.batch for r in plan.rows if r.best.setting.speculates]
+    holes = [r.batch for r in plan.rows if paying and r.batch < paying[-1] and not r.best.setting.speculates]
+    hole_text = f" (but not at batch {', '.join(map(str, holes))})" if holes else ""
     report.summary = {
         "engine": opts.engine, "drafter": res.schedule.get("drafter"), **{k: v for k, v in res.profiles.items()},
         "speculation": ("pays at no batch size measured: none" if stops == 0 else
-                        f"stops paying above batch {stops}" if stops is not None else
-                        f"pays up to the largest batch predicted ({plan.rows[-1].batch})"),
+                        f"stops paying above batch {stops}{hole_text}" if stops is not None else
+                        f"pays up to the largest batch predicted ({plan.rows[-1].batch}){hole_text}"),
         "ranges": "; ".join(f"{r.lo}-{r.hi}: {r.setting.label}" for r in plan.ranges)}
     if settings is not None:
         report.summary["releases"] = settings.releases
@@ -216,7 +220,8 @@ def tune(
     for k, v in written.items():
         if k != "removed_file":
             report.notes.append(f"wrote {v}")
-    report.data = {"schedule": res.schedule, "profiles": res.profiles, "peers": res.peers, "check": check,
+    report.data = {"summary": report.summary, "schedule": res.schedule, "profiles": res.profiles, "peers": res.peers,
+                   "check": check,
                    "settings": None if settings is None else {"text": settings.text, "data": settings.data,
                                                               "releases": settings.releases,
                                                               "command": settings.command}, **written}
