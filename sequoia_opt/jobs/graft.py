@@ -152,9 +152,9 @@ def graft_weights_warnings(name: str, meta: TreeMetadata, light: dict | None, st
         used = used if isinstance(used, dict) else {}
         recorded = {"draft": pw.get(role), **({"target": pw.get("target")} if role == "light" else {})}
         have = {"draft": used.get("draft"), **({"target": used.get("target")} if role == "light" else {})}
-        out += [f"tree {name!r} was solved from profiles measured with other weights: "
-                f"{w.replace('draft weights', f'{role} drafter weights')}; its predicted figures describe that checkpoint"
-                for w in weights_mismatch({"weights": recorded}, have)]
+        out += [f"tree {name!r} was solved from profiles measured with other weights: {w}; its predicted figures "
+                "describe that checkpoint"
+                for w in weights_mismatch({"weights": recorded}, have, names={"draft": f"{role} drafter"})]
     return out
 
 

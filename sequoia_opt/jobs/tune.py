@@ -659,8 +659,9 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         value = ChainValue(acc, k, acceptance_model=opts.acceptance_model)
         notes.append(f"chains valued with the {value.model_used} acceptance model (--acceptance-model "
                      f"{opts.acceptance_model})")
+        # a hand-written profile: the agreement of its depths was never tested, so auto keeps the positional model
         if value.model_used == "positional" and opts.acceptance_model == "auto" and \
-                len(getattr(acc, "by_depth", {})) >= 2 and getattr(acc, "positional_consistent", False) is None:  # a hand-written profile: the depths' agreement was never tested
+                len(getattr(acc, "by_depth", {})) >= 2 and getattr(acc, "positional_consistent", False) is None:
             warnings.append(f"acceptance profile {acc.id!r} has per-depth vectors but does not record whether they "
                             "agree (measured.positional_consistent): they are not used; pass --acceptance-model "
                             "by-depth to value chains with them")

@@ -5,7 +5,7 @@ here (a command that picks a profile by its default path refuses another checkpo
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from .acceptance import AcceptanceProfile
 from .latency import LatencyCurve
@@ -61,16 +61,18 @@ def differing_weights(measured: Any, weights: Any) -> list[tuple[str, dict, dict
     return out
 
 
-def weights_mismatch(measured: Any, weights: Any) -> list[str]:
+def weights_mismatch(measured: Any, weights: Any, names: Mapping[str, str] | None = None) -> list[str]:
     """Where a profile's recorded weights (``measured.weights``, :func:`~sequoia_opt.jobs.load.weights_record`)
     are not the weights in use (``weights``, the same layout): one phrase per model (``target``, ``draft``)
     whose fingerprints both sides know and that differ. A profile that records none (written before
     profiles recorded their weights), or a model either side does not name, is not compared. Profiles are filed by checkpoint name,
     so this is how ``run/a/checkpoint-1000``'s profile is told from ``run/b/checkpoint-1000``'s; a checkpoint
-    moved or copied keeps its fingerprint and still matches. Returns ``[]`` when nothing differs."""
-    return [f"its {role} weights{'' if h.get('path') == w.get('path') else ' at ' + str(h.get('path'))} (fingerprint "
-            f"{h['fingerprint']}) are not the {role} weights in use at {w.get('path')} ({w['fingerprint']})"
-            for role, h, w in differing_weights(measured, weights)]
+    moved or copied keeps its fingerprint and still matches. ``names``: a role's word in the phrase where it is not
+    the role itself (a grafted tree's ``{"draft": "strong drafter"}``). Returns ``[]`` when nothing differs."""
+    word = {**{"target": "target", "draft": "draft"}, **(names or {})}
+    return [f"its {word[role]} weights{'' if h.get('path') == w.get('path') else ' at ' + str(h.get('path'))} "
+            f"(fingerprint {h['fingerprint']}) are not the {word[role]} weights in use at {w.get('path')} "
+            f"({w['fingerprint']})" for role, h, w in differing_weights(measured, weights)]
 
 
 def warn_on_mismatch(

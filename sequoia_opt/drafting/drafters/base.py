@@ -128,8 +128,8 @@ class Drafter(ABC):
         """The deepest level this drafter can score now in a shared tree of a batch of one (:meth:`score_nodes`,
         the chain, dynamic, graft and merge policies), its context aside (the policies check that); 0: it cannot
         draft this step (a feature head before the target has given it a feature: a 1-token prompt's first step),
-        which the policies make a root-only step. Default: no limit of its own."""
-        return 1 << 30
+        which the policies make a root-only step. Default: :attr:`depth_limit` (none: no limit of its own)."""
+        return self.depth_limit if self.depth_limit is not None else 1 << 30
 
     def keep(self, rows: Sequence[int]) -> None:
         """Only rows ``rows`` stay in the batch, in that order (new row i is old row ``rows[i]``)."""

@@ -245,7 +245,7 @@ class EagleDrafter(Drafter):
 
     def shared_depth(self, state: DecodeState) -> int:
         """0 for a root at position 0 (no target feature before it), else no limit of its own."""
-        return 0 if state.row.cached < 1 else 1 << 30
+        return 0 if state.row.cached < 1 else super().shared_depth(state)
 
     def limit(self, state: DecodeState, buffers: TreeBuffers, depth: int | None = None) -> int:
         D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)

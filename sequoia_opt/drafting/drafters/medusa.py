@@ -92,7 +92,7 @@ class MedusaDrafter(Drafter):
 
     def shared_depth(self, state: DecodeState) -> int:
         """K (its heads propose depths 1..K), 0 before the target gave it a hidden state."""
-        return 0 if any(h is None for h in self.last) else self.depth_limit
+        return 0 if any(h is None for h in self.last) else super().shared_depth(state)
 
     def limit(self, state: DecodeState, buffers: TreeBuffers, depth: int | None = None) -> int:
         D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
