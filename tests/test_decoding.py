@@ -302,6 +302,48 @@ def test_max_new_tokens_cut_like_plain_decoding(target, drafts):
     assert empty.tokens == [] and empty.steps == [] and empty.stop_reason == "empty"
 
 
+def test_draft_stops_at_the_tokens_a_row_can_still_emit(target, drafts):
+    """A row with r tokens left drafts no deeper than r - 1 (llama-server's n_remaining - 1): with a draft that is
+    always accepted, a chain of 8 and m new tokens takes ceil(m / 9) steps, the last one as deep as it can use,
+    with one draft forward per level drafted; the tokens are plain decoding's."""
+    prompt = PROMPTS[2]
+    ref = _plain(target, prompt, 20)
+    draft = copy.deepcopy(target)  # the target's weights in a module of its own: its forwards are counted alone
+    dec = SpeculativeDecoder(target, draft, Tree.chain(9), max_len=128)  # room for every step's whole tree
+    for m in (1, 2, 5, 9, 10, 13, 20):
+        calls, handles = _count_forwards(draft)
+        try:
+            res = dec.generate(prompt, m)
+        finally:
+            for h in handles:
+                h.remove()
+        assert res.tokens == ref[:m], m
+        left, depths = m, []
+        for s in res.steps:
+            depths.append(s.tree_depth)
+            left -= s.accepted_len
+        assert depths == [min(8, r - 1) for r in range(m, 0, -9)], m  # r: the tokens left before each step
+        assert left == 0 and [s.accepted_len for s in res.steps] == [min(9, r) for r in range(m, 0, -9)]
+        # the draft: its prefill, then one forward per level of each speculative step (the catch-up rides on the
+        # first level's); a step of depth 0 (one token left) runs none
+        assert len(calls) == 1 + sum(depths), m
+
+
+def test_a_row_near_its_end_does_not_make_the_batch_draft_shallower(target, drafts):
+    """The depth cap is the largest over the rows: a row that joins with 3 tokens to go is clipped by the stop
+    rule, not the other row's drafts; both rows' tokens are plain decoding's."""
+    long_p, short_p = PROMPTS[2], PROMPTS[3]
+    dec = SpeculativeDecoder(target, drafts["same"], Tree.chain(9), max_batch=2, max_len=128)
+    state = dec.start(long_p, 20)
+    dec.step(state)  # everything accepted: 9 tokens, 11 to go
+    dec.join(state, [short_p], 3)
+    step = dec.step(state)
+    assert step.tree_depth == 8 and step.emitted == (9, 3)
+    while not state.finished:
+        dec.step(state)
+    assert [r.tokens for r in state.results] == [_plain(target, long_p, 20), _plain(target, short_p, 3)]
+
+
 # ---------------------------------------------------------------------------------------------- sampling
 
 
@@ -466,8 +508,14 @@ def test_last_position_of_the_context_is_served_like_plain_decoding(ctx64):
     dec = SpeculativeDecoder(tgt, drf, Tree.chain(3))
     res = dec.generate(prompt, 1)
     assert res.tokens == plain
-    # the root (last prompt token) sits at position 62: of the chain only depth 1 (position 63) fits
-    assert [(s.tree_size, s.tree_depth) for s in res.steps] == [(2, 1)]
+    # the root (last prompt token) sits at position 62: of the chain only depth 1 (position 63) would fit, and with
+    # one token to go not even that is drafted (a row with r tokens left drafts r - 1 levels at most)
+    assert [(s.tree_size, s.tree_depth) for s in res.steps] == [(1, 0)]
+    # the positions alone: two tokens asked of a context that holds one more are refused, as plain decoding does
+    with pytest.raises(DecodingError):
+        dec.generate(prompt, 2)
+    with pytest.raises(DecodingError):
+        AutoregressiveDecoder(tgt).generate(prompt, 2)
 
 
 @pytest.mark.parametrize("tree_name", ["sequoia", "wide", "chain12"])

@@ -139,6 +139,28 @@ def test_greedy_output_equals_plain_decoding(target, draft, setting, kind):
     assert len(pol.last_tree.forward_widths) <= setting.steps
 
 
+@pytest.mark.parametrize("setting", SETTINGS[1:4], ids=lambda s: s.label)
+def test_a_grown_tree_is_no_deeper_than_the_row_can_still_emit(target, setting):
+    """r tokens left: the tree grows at most r - 1 levels (one token left: the root alone, no draft forward), and
+    the tokens are plain decoding's. The draft is the target itself: its trees go deeper than 1 where allowed."""
+    pol = DynamicPolicy(ModelDrafter(target), setting)
+    dec = MultiDraftDecoder(target, pol, max_len=160)
+    prompt = PROMPTS[2]
+    assert max(s.tree_depth for s in dec.generate(prompt, 24).steps) >= 2
+    for m in (1, 2, 3, 7):
+        res = dec.generate(prompt, m)
+        assert res.tokens == _plain(target, prompt, 24)[:m], m
+        left = m
+        for s in res.steps:
+            assert s.tree_depth <= min(setting.steps, left - 1), (m, left)
+            left -= s.accepted_len
+        assert left == 0
+        if m == 2:
+            assert res.steps[0].tree_depth == 1  # two tokens left: one level
+    one = dec.generate(prompt, 1).steps
+    assert len(one) == 1 and one[0].tree_size == 1 and pol.drafter_calls == [0]
+
+
 def test_the_verified_tree_is_the_rules_selection(target, draft):
     pol = DynamicPolicy(ModelDrafter(draft), DynamicSetting("eagle", 3, 3, 8))
     dec = MultiDraftDecoder(target, pol, max_len=160)

@@ -348,12 +348,17 @@ def test_cached_drafting_matches_the_reference_step_by_step(heads, target, kind)
 
 def test_batched_proposals_match_each_row_alone(heads, target):
     """Three rows of different lengths in one batched propose per step (padding, holes, repacks) give each row
-    the tree it gets alone."""
+    the tree it gets alone (every step the whole tree: a batch cuts it at its rows' largest tokens left, a row
+    alone at its own, which is not what is compared here)."""
     head, ids = load_eagle_head(heads["eagle3"], "eagle3", target)
     tree = Tree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
     prompts = [PROMPT, [3, 4], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12]]
-    one = [Decoder(target, StaticTreePolicy(EagleDrafter(head, 4, ids), tree)).generate(p, 24) for p in prompts]
-    batch = Decoder(target, StaticTreePolicy(EagleDrafter(head, 4, ids), tree), max_batch=3).generate_batch(prompts, 24)
+
+    def policy():
+        return StaticTreePolicy(EagleDrafter(head, 4, ids), tree, cut_at_answer_end=False)
+
+    one = [Decoder(target, policy()).generate(p, 24) for p in prompts]
+    batch = Decoder(target, policy(), max_batch=3).generate_batch(prompts, 24)
     plain = [_greedy(target, p, 24) for p in prompts]
     assert [r.tokens for r in batch.results] == [r.tokens for r in one] == plain
     assert [[s.tree_size for s in r.steps] for r in batch.results] == [[s.tree_size for s in r.steps] for r in one]

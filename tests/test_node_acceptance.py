@@ -69,7 +69,10 @@ def test_a_runs_node_counts_add_up_to_its_accepted_tokens():
     assert s.mismatches == 0
     rows = s.node_acceptance
     assert [r["node"] for r in rows] == tree.choices() and all(r["predicted"] == 0.5 for r in rows)
-    assert [r["reached"] for r in rows if r["depth"] == 1] == [s.steps] * 3  # no step was clipped here
+    # every step that drafted reached each root child once: all but a prompt's last step when one token was left
+    # (the root alone); a step cut to fewer levels at an answer's end counts the nodes it held
+    reached = [r["reached"] for r in rows if r["depth"] == 1]
+    assert reached == [reached[0]] * 3 and s.steps - len(prompts) <= reached[0] <= s.steps
     accepted_drafts = round((s.tokens_per_step - 1) * s.steps)  # tokens/step counts untruncated steps
     assert sum(r["accepted"] for r in rows) == accepted_drafts > 0
     by_node = {tuple(r["node"]): r for r in rows}

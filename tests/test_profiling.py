@@ -248,7 +248,11 @@ def test_clipped_steps_near_the_context_end_record_only_real_trials(pair, prompt
     short.load_state_dict(target.state_dict())
     short.eval()
     c = measure_acceptance(short, short, prompts, width=3, depth=4, max_new_tokens=6)
-    dec = SpeculativeDecoder(short, short, measurement_tree(3, 4))
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting import StaticTreePolicy
+
+    # the profiler measures the whole tree to the answer's last token: the decoder it is checked against does too
+    dec = Decoder(short, StaticTreePolicy(short, measurement_tree(3, 4), cut_at_answer_end=False))
     steps = [s for p in prompts for s in dec.generate(p, 6).steps]
     assert any(s.tree_depth < 4 for s in steps)  # some steps were clipped
     assert c.steps == len(steps)

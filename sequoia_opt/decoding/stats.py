@@ -73,8 +73,9 @@ class NodeAcceptance:
     Attributes:
         reached: (n,) int64, per node the steps whose accepted path held its parent (the root: every step counted).
         accepted: (n,) int64, per node the steps whose accepted path held it.
-        skipped: steps not counted (a tree clipped near the end of the context, or a path the tree does not
-            hold: another tree's step).
+        skipped: steps not counted (a tree clipped to fewer nodes than its levels near the end of the context, or
+            a path the tree does not hold: another tree's step). A step whose tree was cut to its first d levels (an
+            answer's last tokens, the context's end) counts the nodes it held.
     """
 
     def __init__(self, tree) -> None:
@@ -83,6 +84,8 @@ class NodeAcceptance:
         self._children: list[dict[int, int]] = [dict() for _ in range(n)]  # node -> {rank: child}
         for v in range(1, n):
             self._children[int(tree.parent[v])][int(tree.rank[v])] = v
+        self._depth = [int(d) for d in tree.depth]
+        self._cut_size = np.cumsum(tree.level_widths).tolist()  # nodes of the tree cut to depth 0 .. D
         self.reached = np.zeros(n, dtype=np.int64)
         self.accepted = np.zeros(n, dtype=np.int64)
         self.skipped = 0
@@ -99,7 +102,8 @@ class NodeAcceptance:
         when one was started; returns self."""
         tables = [(self.reached, self.accepted), *self.by_prompt[-1:]]
         for s in steps:
-            if s.tree_size != self.tree.size:
+            d = int(s.tree_depth)
+            if d >= len(self._cut_size) or s.tree_size != self._cut_size[d]:
                 self.skipped += 1
                 continue
             path, v = [0], 0
@@ -116,7 +120,8 @@ class NodeAcceptance:
                 for u in path:
                     accepted[u] += 1
                     for child in self._children[u].values():
-                        reached[child] += 1
+                        if self._depth[child] <= d:
+                            reached[child] += 1
         return self
 
     def rows(self) -> list[dict]:

@@ -192,8 +192,9 @@ def measure_acceptance(
     gen = torch.Generator(device=target.device)
     gen.manual_seed(seed)
     drafter = drafter_factory(draft)()
-    decoder = Decoder(target, StaticTreePolicy(drafter, tree), temperature=temperature, top_p=top_p,
-                      generator=gen, eos_ids=eos_ids, backend=backend)
+    # the measurement tree is measured whole at every step, to the answer's last token
+    decoder = Decoder(target, StaticTreePolicy(drafter, tree, cut_at_answer_end=False), temperature=temperature,
+                      top_p=top_p, generator=gen, eos_ids=eos_ids, backend=backend)
     for i, p in enumerate(prompts):  # validate every request before the first forward pass
         try:
             decoder.check(p, max_new_tokens)

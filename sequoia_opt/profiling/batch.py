@@ -38,7 +38,7 @@ def measure_batch_overhead(target: Transformer, draft: Transformer | None, batch
     tree = Tree.chain(1) if draft is None else tree or OVERHEAD_TREE
     gen = torch.Generator(device="cpu").manual_seed(seed)
     prompts = [torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
-    policy = StaticTreePolicy(draft, tree) if draft is not None else None
+    policy = StaticTreePolicy(draft, tree, cut_at_answer_end=False) if draft is not None else None
     dec = Decoder(target, policy, max_len=prompt_len + steps * tree.size + tree.size + 1, max_batch=batch)
     res = dec.generate_batch(prompts, steps)
     return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0

@@ -79,7 +79,10 @@ def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter],
 
 class _RecordingPolicy(DynamicPolicy):
     """The recording tree's dynamic policy: each step that drafted is recorded when the loop shows it the step
-    (:meth:`observe`: the tree verified and the target's logits over it)."""
+    (:meth:`observe`: the tree verified and the target's logits over it). Every step grows the whole recording
+    tree, to the answer's last token."""
+
+    cut_at_answer_end = False
 
     def __init__(self, drafter: Drafter, setting, temperature: float, top_p: float) -> None:
         super().__init__(drafter, setting)

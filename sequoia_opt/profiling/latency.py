@@ -251,7 +251,7 @@ def time_lookup_propose(make_drafter: Callable[[], object], target: Transformer,
     V = target.config.vocab_size
     pool = torch.randperm(V, generator=gen)[: min(64, V)]
     seq = pool[torch.randint(0, len(pool), (context + 1,), generator=gen)].tolist()
-    policy = StaticTreePolicy(make_drafter(), Tree.chain(w))
+    policy = StaticTreePolicy(make_drafter(), Tree.chain(w), cut_at_answer_end=False)
     Decoder(target, policy, max_len=context + w + 2)
     result = GenerationResult(tokens=[], prompt_len=len(seq))
     state = DecodeState(rows=[RowState(seq=seq, cached=context, max_new_tokens=w + 1, result=result)],
@@ -442,7 +442,7 @@ def measure_step_overhead(target: Transformer, draft: object, *, tree=None, prom
         tree = Tree.from_choices([[0], [1], [2], [3], [0, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]])
     gen = torch.Generator(device="cpu").manual_seed(seed)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
-    dec = Decoder(target, StaticTreePolicy(drafter_factory(draft)(), tree), backend=backend,
+    dec = Decoder(target, StaticTreePolicy(drafter_factory(draft)(), tree, cut_at_answer_end=False), backend=backend,
                   max_len=prompt_len + steps * tree.size + tree.size + 1)
     result = dec.generate(prompt, steps)
     import statistics

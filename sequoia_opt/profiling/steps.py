@@ -304,7 +304,8 @@ def static_loop_decoders(target, make_drafter: Callable[[], object], *, backend:
     make = drafter_factory(make_drafter)
 
     def make_decoder(n: int) -> Decoder:
-        pol = None if n == 1 else StaticTreePolicy(make(), tree if tree is not None else probe_tree(n, policy))
+        pol = None if n == 1 else StaticTreePolicy(make(), tree if tree is not None else probe_tree(n, policy),
+                                                cut_at_answer_end=False)
         return Decoder(target, pol, backend=backend, max_len=max_len, max_batch=max_batch)
 
     return make_decoder

@@ -57,10 +57,14 @@ class DynamicPolicy(SharedTreePolicy):
     Attributes:
         last_tree: the last step's :class:`~sequoia_opt.dynamic.CandidateTree` (what the rule grew, its
             forwards); ``last_selected``: the candidate nodes verified, in step-tree order.
+        cut_at_answer_end: grow no level past what the row can still emit (True; the calibration recorder, which
+            measures whole recording trees, sets it False).
 
     Raises:
         DecodingError: a drafter without draft probabilities (prompt lookup), when the policy is made.
     """
+
+    cut_at_answer_end = True
 
     def __init__(self, drafter: Drafter, setting: DynamicSetting, name: str = "draft") -> None:
         drafter = as_drafter(drafter)
@@ -83,11 +87,17 @@ class DynamicPolicy(SharedTreePolicy):
     def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
         if not self.whole_fits(state, rooms[0]):
             return self.root_only(state)
+        # Medusa's K heads: a deeper setting grows K levels; and no level past what the row can still emit (a row
+        # with r tokens left uses nodes down to depth r - 1: StaticTreePolicy.step_depth_for)
+        reach = self.drafters[0].shared_depth(state)
+        if self.cut_at_answer_end:
+            reach = min(reach, state.row.remaining - 1)
+        if reach <= 0:
+            return self.root_only(state)
         s = self.settings
         t0 = self.clock.now()
         ex = _DraftExpander(self.drafters[0], self.names[0], state.row, s, self.max_size,
                             sample=not s.greedy and self.setting.policy == "entropy")
-        reach = self.drafters[0].shared_depth(state)  # Medusa's K heads: a deeper setting grows K levels
         setting = self.setting if reach >= self.setting.steps else replace(self.setting, steps=reach)
         cand, selected = grow(setting, state.root, ex)
         tree = StepTree(state.root)

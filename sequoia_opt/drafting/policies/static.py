@@ -43,10 +43,13 @@ class StaticTreePolicy(DraftingPolicy):
             :class:`~sequoia_opt.model.Transformer` (wrapped in a ModelDrafter).
         tree: the speculation topology (n nodes, depth D); a root-only tree never asks the drafter.
         name: the drafter's label (for reports).
+        cut_at_answer_end: the attribute below.
 
     Attributes:
         tree, buffers: the tree and its compiled buffers (after :meth:`bind`).  drafter: the drafter.
         step_depth: the depth the last step drafted (0: root-only).
+        cut_at_answer_end: draft no deeper than the rows can still emit (:meth:`step_depth_for`; True). The
+            profilers that measure a tree (its acceptance, its step time) set it False: every step is the whole tree.
 
     Raises:
         DecodingError: (at bind) a node with more children than the vocabulary has tokens.
@@ -54,7 +57,8 @@ class StaticTreePolicy(DraftingPolicy):
 
     reports_drafters = False
 
-    def __init__(self, drafter: Drafter, tree: Tree, name: str = "draft") -> None:
+    def __init__(self, drafter: Drafter, tree: Tree, name: str = "draft", *, cut_at_answer_end: bool = True) -> None:
+        self.cut_at_answer_end = bool(cut_at_answer_end)
         self.drafter = as_drafter(drafter)
         self.drafters, self.names = (self.drafter,), (str(name),)
         self.tree = tree
@@ -101,9 +105,15 @@ class StaticTreePolicy(DraftingPolicy):
 
     def step_depth_for(self, state: DecodeState, rooms: Sequence[Room]) -> int:
         """The depth this step's tree uses for every row: the deepest whose levels fit every row's room and the
-        drafter's limit."""
+        drafter's limit, and no deeper than the rows can still use. A row with r new tokens left emits at most r
+        this step (an accepted path of d nodes and the bonus), so a node deeper than r - 1 is drafted and verified
+        for nothing: the depth stops at the largest r - 1 over the rows (the rule llama-server applies to its
+        draft, ``server_slot::get_n_draft_max``: at most ``n_remaining - 1``). The tokens emitted are the same
+        either way (the stop rule would have cut them); only the step's cost drops."""
         buf = self.buffers
         D = buf.tree_depth
+        if self.cut_at_answer_end:
+            D = min(D, max(0, max(r.remaining for r in state.rows) - 1))
         nodes = min(r.nodes for r in rooms)
         deep = min(r.depth for r in rooms)
         d = D

@@ -105,8 +105,8 @@ def measure_batch_overhead(target: LlamaCppModel, draft: LlamaCppModel | None, b
 
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(0, target.n_vocab, prompt_len).tolist() for _ in range(batch)]
-    policy = (StaticTreePolicy(LlamaCppDrafter(draft, target.n_vocab), Tree.chain(n_max + 1)) if draft is not None
-              else None)
+    policy = (StaticTreePolicy(LlamaCppDrafter(draft, target.n_vocab), Tree.chain(n_max + 1), cut_at_answer_end=False)
+              if draft is not None else None)
     res = Decoder(LlamaCppTarget(target, max_batch=batch), policy, max_batch=batch).generate_batch(prompts, steps)
     return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0
 
@@ -166,7 +166,7 @@ def batch_loop_decoders(target: LlamaCppModel, make_drafter: Callable[[], object
     from .target import LlamaCppTarget
 
     def make_decoder(n: int) -> Decoder:
-        policy = None if n == 1 else StaticTreePolicy(make_drafter(), probe_tree(n, "chain"))
+        policy = None if n == 1 else StaticTreePolicy(make_drafter(), probe_tree(n, "chain"), cut_at_answer_end=False)
         return Decoder(LlamaCppTarget(target, max_batch=batch), policy, max_batch=batch)
 
     return make_decoder, lambda: Decoder(LlamaCppTarget(reference, max_batch=batch), None, max_batch=batch)
