@@ -350,6 +350,10 @@ def served_acceptance(doc: dict, run_dir: Path, eng: Engine, ids: list[list[int]
     ctx, out = doc["context_tokens"], doc["output_tokens"]
     setting = lambda k: SpecSetting.chain(k) if k else SpecSetting.none()  # noqa: E731
     prof_value = ChainValue(acc, K)
+
+    def per_step(v: ChainValue, k: int) -> float:  # tokens per step and row over the answers (no step costs in it)
+        return v.g[k] * (v.length_factor(setting(k), out) if k and out else 1.0)
+
     rows = []
     for r in doc["rows"]:
         b = r["batch"]
@@ -357,18 +361,20 @@ def served_acceptance(doc: dict, run_dir: Path, eng: Engine, ids: list[list[int]
                                         target_name=pair.target_name, draft_name=pair.draft_name, max_depth=K,
                                         source="the served requests", max_new_tokens=doc["new_tokens"])
         value = ChainValue(served, K)
-        oracle = solve_plan(value, profile, [b], context=ctx, output_tokens=out).rows[0].best
+        # solved at 1 and b (a plan starts at one live request); the oracle is its choice at b
+        oracle = next(x for x in solve_plan(value, profile, sorted({1, b}), context=ctx, output_tokens=out).rows
+                      if x.batch == b).best
         ko = oracle.setting.draft_tokens
         meas = {int(k): v for k, v in r["by_k"].items()}
         best = max(v["tokens_per_s_total"] for v in meas.values())
         g = {}
         for k in ks:
-            pp, ps = (predict_ranges([(1, b, setting(k))], v, profile, [b], context=ctx, output_tokens=out)[0]
-                      for v in (prof_value, value))
-            g[str(k)] = {"profile": pp.cost.expected_tokens * pp.length_factor,
-                    "served": ps.cost.expected_tokens * ps.length_factor,
+            pp = predict_ranges([(1, b, setting(k))], prof_value, profile, [b], context=ctx, output_tokens=out)[0]
+            g[str(k)] = {"profile": per_step(prof_value, k), "served": per_step(value, k),
                     "measured": meas[k]["tokens_per_step"] / b,
-                    "predicted_step_ms": pp.cost.cost_ms,
+                    # the mean step over the answers: at batch 1 their last steps draft less (cut_step_costs)
+                    "predicted_step_ms": pp.cost.cost_ms * per_step(prof_value, k) / (pp.cost.expected_tokens
+                                                                                      * pp.length_factor),
                     "measured_step_ms": 1000.0 * meas[k]["tokens_per_step"] / meas[k]["tokens_per_s_total"]}
         pk, gp = r["plan_k"], g[str(r["plan_k"])]
         rows.append({"batch": b, "requests": r["prompts"], "tokens_per_step_per_row": g,
@@ -686,14 +692,7 @@ def main() -> None:
                            "batch1-best": st[f"K={batch1_best}"]["tokens_per_s_total"],
                            "vllm-generator": st["vllm-generator"]["tokens_per_s_total"]}
 
-    # 4. where the plan's error comes from (treeopt's decoder): the served requests' own acceptance
-    served = None
-    if args.engine == "treeopt":
-        log("the served requests teacher-forced: their own acceptance, the oracle plan")
-        served = served_acceptance({"ks": ks, "rows": rows, "new_tokens": args.new, "context_tokens": context,
-                                    "output_tokens": args.output_tokens or args.new}, run_dir, eng, ids)
-
-    # 5. the goals
+    # 4. the goals
     regrets = [r["regret"] for r in rows if r["regret"] is not None]
     errors = [abs(r["prediction_error"]) for r in rows if r["prediction_error"] is not None]
     sp_errors = [abs(r["speedup_prediction_error"]) for r in rows if r["speedup_prediction_error"] is not None]
@@ -705,9 +704,6 @@ def main() -> None:
              "greedy_equal_everywhere": all(v["greedy_equal_plain"] for r in rows for v in r["by_k"].values())
              and (stream is None or all(v["greedy_equal_plain"] for v in stream["settings"].values())),
              "speculation_stops_paying_above": plan.stops_paying_above}
-    if served is not None:
-        goals.update(oracle_max_regret=served["max_oracle_regret"],
-                     oracle_max_prediction_error=served["max_oracle_prediction_error"])
     live_rows = [r["plan_live"] for r in rows if r.get("plan_live")]
     if live_rows:
         goals.update(live_max_regret=max(x["regret"] for x in live_rows),
@@ -744,12 +740,26 @@ def main() -> None:
                                               "stops_paying_above": plan.stops_paying_above,
                                               "file": rel(run_dir / "plan.yaml")},
            "max_prompt_tokens": cut, "rows": rows, "stream": stream,
-           "served_acceptance": served, "goals": goals, "load_average_at_end": list(os.getloadavg()),
+           "served_acceptance": None, "goals": goals, "load_average_at_end": list(os.getloadavg()),
            "command": "flock /tmp/treeopt-bench.lock python " + " ".join(sys.argv), "wall_s": time.time() - t_start}
+    # the measurements are written before the analysis below: an analysis that fails loses nothing measured
     (out,) = create_files({args.out_dir / f"{stamp}-{args.engine}-{workload}.json": json.dumps(doc, indent=1) + "\n"})
     print_tables(doc)
-    if served is not None:
-        print_served(served)
+
+    # 5. where the plan's error comes from (treeopt's decoder): the served requests' own acceptance
+    if args.engine == "treeopt":
+        log("the served requests teacher-forced: their own acceptance, the oracle plan")
+        try:
+            served = served_acceptance(doc, run_dir, eng, ids)
+        except Exception as err:  # noqa: BLE001 (the run's measurements are written: say so and keep them)
+            log(f"the served-acceptance analysis failed ({type(err).__name__}: {err}); the measurements are in "
+                f"{rel(out)}: rerun it with --reanalyze {rel(out)}")
+        else:
+            doc["served_acceptance"] = served
+            goals.update(oracle_max_regret=served["max_oracle_regret"],
+                         oracle_max_prediction_error=served["max_oracle_prediction_error"])
+            atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+            print_served(served)
     print(f"wrote {out}")
 
 

@@ -153,10 +153,12 @@ def test_time_loop_through_the_decoder_on_a_tiny_pair():
                                   dtype=target.dtype, target_name="t", target_config=target.config, draft_name="d",
                                   draft_config=draft.config, random_weights=True, profile_id="x", loop_tables=[table])
     assert curve.has_loop(24) and curve.loop_policy == "static"
-    assert curve.step_target_ms(4, 24) == pytest.approx(table.verify_ms[2], rel=1e-3)
-    assert curve.step_overhead(2, 24) == pytest.approx(table.bookkeeping_ms[1], rel=1e-3)
+    # the profile keeps 4 decimals of a ms: a bookkeeping step of 0.03 ms is 0.0284 for 0.02844
+    assert curve.step_target_ms(4, 24) == pytest.approx(table.verify_ms[2], rel=1e-3, abs=5e-5)
+    assert curve.step_overhead(2, 24) == pytest.approx(table.bookkeeping_ms[1], rel=1e-3, abs=5e-5)
     assert curve.draft_extra_ms(24) >= 0.0
-    assert plain_ms_per_token(curve, 24) == pytest.approx(table.verify_ms[0] + table.bookkeeping_ms[0], rel=1e-3)
+    assert plain_ms_per_token(curve, 24) == pytest.approx(table.verify_ms[0] + table.bookkeeping_ms[0], rel=1e-3,
+                                                          abs=1e-4)
 
 
 def test_time_loop_runs_every_step_at_the_batch_size():

@@ -727,7 +727,21 @@ def _steps_to(n: int, pmf: dict[int, float], memo: dict[int, float]) -> float:
     return memo[n]
 
 
+def _cost_to(n: int, pmf: dict[int, float], cost: list[float], memo: dict[int, float]) -> float:
+    """Expected cost of emitting n tokens when a step with n left costs cost[min(K, n - 1)] (plain recursion)."""
+    if n <= 0:
+        return 0.0
+    if n not in memo:
+        memo[n] = cost[min(len(cost) - 1, n - 1)] + sum(q * _cost_to(n - j, pmf, cost, memo) for j, q in pmf.items())
+    return memo[n]
+
+
 def test_output_tokens_scale_each_chain_by_its_expected_steps():
+    """Answers of 12 tokens: a chain's rate over them is 12 over the expected cost of its steps. At batch 1 the
+    last steps draft no deeper than the row can emit and cost what the shorter chain costs; at 8 and 64 every
+    step costs the whole chain's (a step drafts as deep as its deepest row can use)."""
+    from sequoia_opt.solver.schedule import cut_step_costs
+
     acc = _acc()  # p_1 = 0.7: a chain of K emits j tokens with P = 0.7^(j-1) 0.3 (j <= K), 0.7^K (j = K + 1)
     v = ChainValue(acc, 6)
     steady = solve_plan(v, PROFILE)
@@ -740,15 +754,20 @@ def test_output_tokens_scale_each_chain_by_its_expected_steps():
             pmf = {j: 0.7 ** (j - 1) * 0.3 for j in range(1, k + 1)} | {k + 1: 0.7 ** k}
             g = sum(j * q for j, q in pmf.items())
             f = 12 / (g * _steps_to(12, pmf, {}))
+            if r1.batch == 1 and k:
+                cost = [v.predict(SpecSetting.chain(d), 1, PROFILE.curve(1), None)[0].cost_ms for d in range(k + 1)]
+                assert cut_step_costs(c.setting, PROFILE.curve(1), None) == pytest.approx(cost)
+                f = 12 * cost[k] / (g * _cost_to(12, pmf, cost, {}))
+                assert f > 12 / (g * _steps_to(12, pmf, {}))  # the cut last steps are cheaper
             assert c.length_factor == pytest.approx(f, rel=1e-9) and c.cost.expected_tokens == pytest.approx(g)
             assert c.tokens_per_s_total == pytest.approx(by_k[k].tokens_per_s_total * f)
             assert c.interval[0] == pytest.approx(by_k[k].interval[0] * f)
             assert c.speedup == pytest.approx(by_k[k].cost.speedup * f)
             assert c.cost == by_k[k].cost  # the step itself (G, ms) stays the steady state's
         assert r1.plain.length_factor == 1.0  # plain never overshoots
-    # K = 1 at 12 tokens, by hand: m(n) = 1 + 0.3 m(n - 1) + 0.7 m(n - 2)
-    k1 = next(c for c in short.rows[0].candidates if c.setting.draft_tokens == 1)
-    assert k1.length_factor == pytest.approx(12 / (1.7 * 7.297686), rel=1e-6)  # m(12) = 7.297686
+    # K = 1 at 12 tokens and batch 8, by hand: m(n) = 1 + 0.3 m(n - 1) + 0.7 m(n - 2)
+    k1 = next(c for c in short.rows[1].candidates if c.setting.draft_tokens == 1)
+    assert short.rows[1].batch == 8 and k1.length_factor == pytest.approx(12 / (1.7 * 7.297686), rel=1e-6)
     # a longer chain wastes more at the end, so a short answer never favours a longer chain
     assert all(r1.best.setting.draft_tokens <= r0.best.setting.draft_tokens
                for r0, r1 in zip(steady.rows, short.rows))
@@ -790,6 +809,48 @@ def test_answer_length_factor_exact_and_its_limit():
     with pytest.raises(ValueError, match="starts at P"):
         expected_steps([0.9, 0.5], 3)
 
+
+def test_answer_length_factor_prices_the_cut_last_steps():
+    """A step with n tokens left verifies the tree cut to depth n - 1 and costs what that tree costs."""
+    from sequoia_opt.solver.generation import answer_length_factor, expected_cost, expected_steps
+
+    t = Tree.chain(3)
+    reach = t.path_probabilities(np.array([0.7]))  # X in {1, 2, 3}: P = 0.3, 0.21, 0.49
+    tail = [1.0, 0.7, 0.49]
+    costs = [10.0, 13.0, 15.0]  # plain, a chain of 1, of 2 (ms)
+    # by hand: c(1) = 10 (one token left: plain); c(2) = 13 + 0.3 c(1); c(3) = 15 + 0.3 c(2) + 0.21 c(1)
+    c1, c2 = 10.0, 13.0 + 0.3 * 10.0
+    c3 = 15.0 + 0.3 * c2 + 0.21 * c1
+    assert [expected_cost(tail, n, costs) for n in (1, 2, 3)] == pytest.approx([c1, c2, c3])
+    assert answer_length_factor(t.depth, reach, 3, costs) == pytest.approx(3 * 15.0 / (2.19 * c3))
+    # one token: one plain step, whatever the tree
+    assert answer_length_factor(t.depth, reach, 1, costs) == pytest.approx(15.0 / (2.19 * 10.0))
+    # equal costs: the step count alone
+    for n in (1, 2, 7, 40):
+        assert expected_cost(tail, n, [4.0] * 3) == pytest.approx(4.0 * expected_steps(tail, n))
+        assert answer_length_factor(t.depth, reach, n, [4.0] * 3) == pytest.approx(answer_length_factor(t.depth,
+                                                                                                      reach, n))
+    for bad in ([10.0, 13.0], [10.0, 0.0, 15.0], [10.0, float("nan"), 15.0]):
+        with pytest.raises(ValueError, match="depth_costs needs 3 positive costs"):
+            expected_cost(tail, 3, bad)
+
+
+def test_chain_replay_prices_each_step_at_the_drafts_it_verifies():
+    """An answer cut at the length drafts min(K, n - 1) at its last steps; one that ended before (an EOS the
+    decoder did not see coming) drafts K at every step."""
+    from sequoia_opt.solver.chains import replay_step_costs
+
+    costs = [1.0, 10.0, 100.0]
+    # "1111" cut at 4: one step of 2 drafts (3 tokens), then one token left: a plain step
+    assert replay_step_costs(["1111"], 2, 4, costs) == ([4], [101.0])
+    # "10111" cut at 4 ("1011"): 2 drafts (2 tokens: 1 then a miss), 1 draft for the last 2 (both emitted)
+    assert replay_step_costs(["10111"], 2, 4, costs) == ([4], [110.0])
+    # "11" ended at 2 of 4: its one step drafted 2 for the decoder, which could not know
+    assert replay_step_costs(["11"], 2, 4, costs) == ([2], [100.0])
+    tok, steps = replay_counts(["1111", "10111", "11"], 2, 4)
+    assert tok == [4, 4, 2] and steps == [2, 2, 1]  # the same steps, counted
+    with pytest.raises(ValueError, match="a chain of 2 needs 3 step costs"):
+        replay_step_costs(["1"], 2, 4, [1.0, 2.0])
 
 def test_tune_writes_the_answer_length_into_the_plan(tmp_path):
     table, acc = _files(tmp_path)
@@ -989,9 +1050,15 @@ def test_chain_replay_predicts_the_decoders_tokens_per_step_on_its_prompts():
     assert value.model_used == "replay" and value.interval_method == "between prompts"
     for k in range(1, 7):
         dec = Decoder(target, StaticTreePolicy(ModelDrafter(draft), Tree.chain(k + 1)))
-        measured = 20 * len(prompts) / sum(len(dec.generate(p, 20).steps) for p in prompts)
+        runs = [dec.generate(p, 20) for p in prompts]
+        measured = 20 * len(prompts) / sum(len(r.steps) for r in runs)
         assert value.g[k] * value.length_factor(SpecSetting.chain(k), 20) == pytest.approx(measured)
         assert value.g_lo[k] <= value.g[k] <= value.g_hi[k] and value.g_hi[k] > value.g_lo[k]
+        # priced per step (batch 1): the replay drafts at each step what the decoder drafted there
+        costs = [1.0 + 3.0 ** d for d in range(k + 1)]  # distinct, so a step at another depth shows
+        spent = sum(costs[s.tree_depth] for r in runs for s in r.steps)
+        assert value.g[k] * value.length_factor(SpecSetting.chain(k), 20, costs) == pytest.approx(
+            20 * len(prompts) * costs[k] / spent)
 
 
 def test_chain_replay_past_the_traced_length_keeps_answers_that_ended():
@@ -1903,3 +1970,43 @@ def test_tune_summary_names_batch_sizes_where_speculation_does_not_pay_below_the
     rows = {r["batch"]: r["best"]["setting"] for r in doc["schedule"]["by_batch"]}
     assert rows[8] == "none" and rows[1] != "none" and rows[64] != "none", rows
     assert doc["summary"]["speculation"] == "pays up to the largest batch predicted (64) (but not at batch 8)"
+
+
+def test_the_schedules_benchmark_decomposes_the_error_at_every_batch_size(tmp_path):
+    """The served-acceptance analysis (run after the measurements, and by --reanalyze) re-solves the plan from the
+    served requests' own traces at every batch size of the run, 2 included (a plan starts at one live request: it
+    is solved at 1 and b, and read at b), and reports their tokens per step as the replay gives them."""
+    from types import SimpleNamespace
+
+    from sequoia_opt.drafting.drafters import ModelDrafter
+    from sequoia_opt.jobs.tune import acceptance_from_traces
+    from sequoia_opt.profiles.acceptance import save_acceptance
+    from sequoia_opt.profiles.batch import save_batch_latency
+    from sequoia_opt.profiling.acceptance import chain_traces
+
+    mod = _schedules_benchmark()
+    target, draft = _tiny_chain_pair()
+    pair = SimpleNamespace(target=target, new_drafter=lambda: ModelDrafter(draft), target_name="t",
+                           draft_name="d", tokenizer=SimpleNamespace(eos_ids=()))
+    served_ids = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [100, 101, 102, 103, 100, 101], [3, 4, 5], [9, 9, 9, 9, 9, 9]]
+    profile_ids = [[40, 41, 42], [7, 1, 7, 1, 7], [60, 61, 62, 63]]
+    folder = tmp_path / "profiles" / "pair"
+    folder.mkdir(parents=True)
+    acc = acceptance_from_traces(chain_traces(target, pair.new_drafter, profile_ids, max_new_tokens=12),
+                                 profile_id="p", target_name="t", draft_name="d", max_depth=2, source="test",
+                                 max_new_tokens=12)
+    save_acceptance(folder / "acceptance-greedy-chains.yaml", acc)
+    save_batch_latency(folder / "pair-latency-batch.yaml", _profile({1: _curve(0.1, 10.0), 2: _curve(0.3, 11.0)}))
+    by_k = {str(k): {"tokens_per_s_total": 100.0 + k, "tokens_per_step": 1.5 + k / 10} for k in range(3)}
+    doc = {"ks": [0, 1, 2], "new_tokens": 12, "context_tokens": None, "output_tokens": 12,
+           "rows": [{"batch": b, "prompts": 4, "by_k": by_k, "plan_k": 1} for b in (1, 2)]}
+    out = mod.served_acceptance(doc, tmp_path, SimpleNamespace(pair=pair), served_ids)
+    assert [r["batch"] for r in out["rows"]] == [1, 2]
+    traces = chain_traces(target, pair.new_drafter, served_ids, max_new_tokens=12)
+    flags = ["".join("1" if x[2] else "0" for x in t) for t in traces]
+    for r in out["rows"]:
+        assert r["oracle_k"] in (0, 1, 2)
+        for k in (1, 2):
+            tok, steps = replay_counts(flags, k, 12)
+            assert r["tokens_per_step_per_row"][str(k)]["served"] == pytest.approx(sum(tok) / sum(steps))
+            assert r["tokens_per_step_per_row"][str(k)]["measured"] == pytest.approx((1.5 + k / 10) / r["batch"])

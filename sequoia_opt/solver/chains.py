@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["ChainSetting", "replay_chain", "replay_counts", "predict_replay", "ChainChoice", "chain_cost", "solve_chain",
-           "predict_chain"]
+__all__ = ["ChainSetting", "replay_chain", "replay_counts", "replay_step_costs", "predict_replay", "ChainChoice",
+           "chain_cost", "solve_chain", "predict_chain"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,38 @@ def replay_counts(flags: Sequence[str], k: int, length: int | None = None) -> tu
         tokens.append(t)
         steps.append(n)
     return tokens, steps
+
+
+def replay_step_costs(flags: Sequence[str], k: int, length: int,
+                      step_costs: Sequence[float]) -> tuple[list[int], list[float]]:
+    """:func:`replay_counts` over answers of at most ``length`` tokens with each step weighed by its cost: per
+    prompt, the tokens emitted and the summed ``step_costs[d]`` of its steps, d the drafts the step verifies.
+
+    An answer cut at ``length`` (its string at least that long) ends as the decoder ends it: a step with n tokens
+    left drafts min(k, n - 1) (:meth:`~sequoia_opt.drafting.policies.StaticTreePolicy.step_depth_for`). An answer
+    that ended before (an EOS the decoder could not see coming) drafts k at every step.
+
+    Args:
+        flags: per prompt, a string of ``0`` / ``1``.  k: drafts per step.  length: the answer length (tokens).
+        step_costs: (k + 1,) a step's cost drafting 0 .. k tokens (any unit).
+
+    Raises:
+        ValueError: ``step_costs`` without k + 1 entries.
+    """
+    if len(step_costs) != k + 1:
+        raise ValueError(f"a chain of {k} needs {k + 1} step costs (0 .. {k} drafts), got {len(step_costs)}")
+    tokens, costs = [], []
+    full = ChainSetting(k)
+    for f in flags:
+        cut = len(f) >= length
+        trace = [(0, 1.0, c == "1") for c in f[:length]]
+        t, c = 0, 0.0
+        for drafted, j, _ in _replay_steps([trace], full):
+            t += j + 1
+            c += float(step_costs[drafted if cut else k])
+        tokens.append(t)
+        costs.append(c)
+    return tokens, costs
 
 
 def predict_replay(traces: Sequence[Sequence[tuple[int, float, bool]]], setting: ChainSetting, curve: Any,

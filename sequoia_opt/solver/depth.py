@@ -379,13 +379,14 @@ class ValueModel:
 
         return end_overshoot_tokens(tree.depth, self.path_probabilities(tree))
 
-    def answer_length_factor(self, tree: Tree, new_tokens: int) -> float:
+    def answer_length_factor(self, tree: Tree, new_tokens: int, depth_costs: Sequence[float] | None = None) -> float:
         """The factor on the tree's steady-state rate over answers of ``new_tokens`` tokens under this model
         (:func:`~sequoia_opt.solver.generation.answer_length_factor`: the exact expected steps, the last one
-        truncated). Raises ValueError for ``new_tokens`` < 1."""
+        truncated; with ``depth_costs``, (D + 1,) a step's cost with the tree cut to each depth, each step at its
+        cost). Raises ValueError for ``new_tokens`` < 1 or bad ``depth_costs``."""
         from .generation import answer_length_factor
 
-        return answer_length_factor(tree.depth, self.path_probabilities(tree), new_tokens)
+        return answer_length_factor(tree.depth, self.path_probabilities(tree), new_tokens, depth_costs)
 
     @property
     def label(self) -> str:

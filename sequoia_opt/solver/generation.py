@@ -17,6 +17,12 @@ tau = min{n : X_1 + ... + X_n >= N}; by Wald's identity ``E[tau] = (N + E[O]) / 
 
 X's law comes from the tree: P(X >= k + 1) is the probability that some node at depth k is accepted, the sum of
 the reach probabilities of the depth-k nodes (at most one node per depth lies on the accepted path).
+
+The decoder also drafts no deeper than a row can still emit (n tokens left: the tree cut to depth n - 1, as
+llama-server cuts its drafts at ``n_remaining - 1``), so a batch of one's last steps are cheaper than a whole
+step. :func:`expected_cost` weighs each step of the recursion by the cost of the tree it verifies; at larger
+batch sizes the depth is the deepest any row can use, which under continuous batching is almost always the whole
+tree, and the step count alone is the model.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["step_length_tail", "end_overshoot_tokens", "finite_generation_factor", "expected_steps",
-           "answer_length_factor", "EXACT_STEPS_UP_TO"]
+           "expected_cost", "answer_length_factor", "EXACT_STEPS_UP_TO"]
 
 #: :func:`answer_length_factor` runs the exact recursion up to this many tokens, the renewal limit past it (where
 #: the two agree to well under 0.1 %).
@@ -103,13 +109,50 @@ def expected_steps(tail: Sequence[float], new_tokens: int) -> float:
     return float(m[int(new_tokens)])
 
 
-def answer_length_factor(depths: Sequence[int], reach: Sequence[float], new_tokens: int) -> float:
+def expected_cost(tail: Sequence[float], new_tokens: int, depth_costs: Sequence[float]) -> float:
+    """E[C], the expected cost (the unit of ``depth_costs``, e.g. ms) of emitting ``new_tokens`` tokens when a step
+    with n tokens left verifies the tree cut to depth ``min(D, n - 1)`` (the decoder drafts no deeper than a row
+    can emit: :meth:`~sequoia_opt.drafting.policies.StaticTreePolicy.step_depth_for`) and costs
+    ``depth_costs[min(D, n - 1)]``. The recursion of :func:`expected_steps` with each step weighted by its cost,
+    ``c(n) = depth_costs[min(D, n - 1)] + sum_j P(X = j) c(n - j)``, ``c(n <= 0) = 0``: cutting the tree at depth
+    n - 1 changes no step's emitted tokens (the stop rule would have cut the rest), only its cost. With every
+    entry equal to one step's cost it is that cost times :func:`expected_steps`.
+
+    Args:
+        tail: (D + 1,) as :func:`expected_steps`.  depth_costs: (D + 1,) one step's cost with the tree cut to
+            depth 0 .. D (entry 0: plain decoding's step; entry D: the whole tree's).
+
+    Raises:
+        ValueError: as :func:`expected_steps`; ``depth_costs`` of another length than ``tail`` or not positive.
+    """
+    t = np.asarray(tail, dtype=np.float64)
+    c = np.asarray(depth_costs, dtype=np.float64)
+    if c.shape != t.shape or not np.all(np.isfinite(c)) or np.any(c <= 0):
+        raise ValueError(f"depth_costs needs {t.size} positive costs (depth 0 .. {t.size - 1}), got {list(c)}")
+    expected_steps(t, 0)  # the tail's checks
+    pmf = t - np.append(t[1:], 0.0)  # pmf[j - 1] = P(X = j), j = 1 .. D + 1
+    D1 = pmf.size
+    m = np.zeros(int(new_tokens) + 1)
+    for n in range(1, int(new_tokens) + 1):
+        lo = max(0, n - D1)
+        prev = m[lo:n][::-1]  # c(n - 1), c(n - 2), ... c(lo)
+        m[n] = c[min(D1 - 1, n - 1)] + float(np.dot(pmf[: prev.size], prev))
+    return float(m[int(new_tokens)])
+
+
+def answer_length_factor(depths: Sequence[int], reach: Sequence[float], new_tokens: int,
+                         depth_costs: Sequence[float] | None = None) -> float:
     """The factor on a tree's steady-state rate (tokens/s, speedup) over answers of ``new_tokens`` tokens:
     ``N / (E[X] x E[tau])`` (:func:`expected_steps`: exact up to :data:`EXACT_STEPS_UP_TO` tokens, the renewal
     limit ``N / (N + E[O])`` past it). 1 for the root alone; at N = 1, ``1 / E[X]``: one step, one token.
 
+    With ``depth_costs`` ((D + 1,) one step's cost with the tree cut to each depth, :func:`expected_cost`), the
+    last steps cost what the cut tree costs: ``N x depth_costs[D] / (E[X] x E[C])``; at N = 1 the one step is plain
+    decoding's, so the factor is ``depth_costs[D] / (E[X] x depth_costs[0])``. Past :data:`EXACT_STEPS_UP_TO`
+    tokens the renewal limit is kept (the cut steps' saving is under 0.1 % there).
+
     Raises:
-        ValueError: as :func:`step_length_tail`; ``new_tokens`` < 1.
+        ValueError: as :func:`step_length_tail` and :func:`expected_cost`; ``new_tokens`` < 1.
     """
     if new_tokens < 1:
         raise ValueError(f"an answer has at least 1 token, got {new_tokens}")
@@ -119,4 +162,6 @@ def answer_length_factor(depths: Sequence[int], reach: Sequence[float], new_toke
         return 1.0
     if new_tokens > EXACT_STEPS_UP_TO:
         return finite_generation_factor(end_overshoot_tokens(depths, reach), new_tokens)
+    if depth_costs is not None:
+        return float(new_tokens) * float(depth_costs[-1]) / (mu * expected_cost(tail, new_tokens, depth_costs))
     return float(new_tokens) / (mu * expected_steps(tail, new_tokens))

@@ -28,9 +28,12 @@ Generation length: by default every rate is the steady state of long generations
 requests' typical answer length), a speculating setting's rates are scaled by its ``length_factor``,
 N / (G E[tau]) with E[tau] the expected steps to emit N tokens, the last step truncated
 (:func:`~sequoia_opt.solver.generation.answer_length_factor`; about N / (N + E[O]) for long answers, E[O] the
-renewal overshoot; 1 / G at N = 1, where no draft can pay). Short answers favour shorter drafts. Tokens per step
-(G), the step's ms and the guard stay the steady state's. Envelopes carry no model of their step lengths and stay
-at the steady state (the plan says so in its notes).
+renewal overshoot; 1 / G at N = 1, where no draft can pay). At batch 1 each step is priced at its own depth: the
+decoder drafts no deeper than the row can still emit, so an answer's last steps cost less than a whole step
+(:func:`cut_step_costs`; at larger batch sizes a step is as deep as its deepest row can use, under continuous
+batching the whole tree). Short answers favour shorter drafts. Tokens per step (G), the step's ms and the guard
+stay the steady state's. Envelopes carry no model of their step lengths and stay at the steady state (the plan
+says so in its notes).
 
 Intervals: every predicted rate carries a (low, high) interval, from the value model itself: for chains, the
 95 % prediction interval between prompts when the profile keeps per-prompt counts or traces
@@ -93,7 +96,7 @@ __all__ = ["SCHEDULE_FORMAT", "SCHEDULE_KEYS", "SHAPES", "SpecSetting", "Predict
            "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "check_output_tokens",
            "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
            "max_draft_measured", "check_draft_measured", "check_setting_measured", "plan_from_ranges",
-           "solve_one_setting_plan", "merge_ranges"]
+           "solve_one_setting_plan", "merge_ranges", "cut_step_costs"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -451,7 +454,7 @@ class ChainValue:
             raise SolverError(f"the longest chain must be an integer >= 0, got {max_draft!r}")
         self.acceptance, self.max_draft = acceptance, int(max_draft)
         K = max(1, self.max_draft)
-        self._factors: dict[tuple[int, int], float] = {}
+        self._factors: dict[tuple[int, int, tuple[float, ...] | None], float] = {}
         self.whole_answer_ks: list[int] = []  # replay: K whose steady state the traces are too short to show
         traces = getattr(acceptance, "chain_traces", None)
         check_chain_acceptance_model(acceptance_model)
@@ -509,15 +512,21 @@ class ChainValue:
             self.g_lo.append(min(lo, g))
             self.g_hi.append(max(hi, g))
 
-    def _replay_factor(self, k: int, output_tokens: int) -> float:
+    def _replay_factor(self, k: int, output_tokens: int, depth_costs: Sequence[float] | None = None) -> float:
         """Answers of at most N = ``output_tokens`` tokens: the traces replayed, each cut at N. Past the traced
         length, an answer that ended there (an EOS) stays as it was, and one that ran to the traced length goes on
         at the steady rate G for its N - traced more tokens (its end-of-answer steps kept: with every answer
-        traced to its end this is rate = 1 / (1 / G + c / N), c the extra steps per answer)."""
-        from .chains import replay_counts
+        traced to its end this is rate = 1 / (1 / G + c / N), c the extra steps per answer). With ``depth_costs``
+        (N within the traces) each step counts its cost over the whole chain's
+        (:func:`~sequoia_opt.solver.chains.replay_step_costs`: the last steps of an answer cut at N draft less)."""
+        from .chains import replay_counts, replay_step_costs
 
         g, traced = self.g[k], self._traced_tokens
-        tok, steps = replay_counts(self._traces, k, min(int(output_tokens), traced))
+        n = min(int(output_tokens), traced)
+        if depth_costs is not None and int(output_tokens) <= traced:
+            tok, steps = replay_step_costs(self._traces, k, n, [c / depth_costs[k] for c in depth_costs])
+        else:
+            tok, steps = replay_counts(self._traces, k, n)
         more = max(0, int(output_tokens) - traced) * sum(len(t) >= traced for t in self._traces)
         return (sum(tok) + more) / (sum(steps) + more / g) / g
 
@@ -543,19 +552,22 @@ class ChainValue:
     def settings(self) -> list[SpecSetting]:
         return [SpecSetting.chain(k) for k in range(0, self.max_draft + 1)]
 
-    def length_factor(self, setting: SpecSetting, output_tokens: int) -> float:
+    def length_factor(self, setting: SpecSetting, output_tokens: int,
+                      depth_costs: Sequence[float] | None = None) -> float:
         """The rate's factor for a chain of ``setting.draft_tokens`` over answers of ``output_tokens`` tokens, under
         the value model G is read from (:meth:`~sequoia_opt.solver.depth.ValueModel.answer_length_factor`); 1 for
-        plain decoding."""
+        plain decoding. ``depth_costs``: (K + 1,) ms of a step drafting 0 .. K tokens (:func:`cut_step_costs`), for
+        the cheaper last steps of an answer (a batch of one); None: every step costs the chain's."""
         from ..tree import Tree
         from .depth import ValueModel
 
-        key = (setting.draft_tokens, int(output_tokens))
+        k, n = setting.draft_tokens, int(output_tokens)
+        key = (k, n, None if depth_costs is None else tuple(float(c) for c in depth_costs))
         if key not in self._factors and self.model_used == "replay":
-            self._factors[key] = self._replay_factor(*key) if key[0] else 1.0
+            self._factors[key] = self._replay_factor(k, n, depth_costs) if k else 1.0
         if key not in self._factors:
             vm = ValueModel.of_profile(self.acceptance, self.model_used)
-            self._factors[key] = vm.answer_length_factor(Tree.chain(key[0] + 1), key[1])
+            self._factors[key] = vm.answer_length_factor(Tree.chain(k + 1), n, depth_costs)
         return self._factors[key]
 
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
@@ -665,28 +677,57 @@ class TreeValue:
         hi = ci[:, 1] / max(1.0, float(ci[:, 1].sum()))  # a vector's mass is at most 1
         return cost, _tps_interval(tree.expected_tokens(ci[:, 0]), max(g, tree.expected_tokens(hi)), cost)
 
-    def length_factor(self, setting: SpecSetting, output_tokens: int) -> float:
+    def length_factor(self, setting: SpecSetting, output_tokens: int,
+                      depth_costs: Sequence[float] | None = None) -> float:
         """The rate's factor for the setting's tree over answers of ``output_tokens`` tokens, under the positional
-        vector it is valued by; 1 without a tree."""
+        vector it is valued by (``depth_costs``: as :meth:`ChainValue.length_factor`, the tree cut to each depth);
+        1 without a tree."""
         from .generation import answer_length_factor
 
         if setting.shape != "tree":
             return 1.0
         tree = setting.tree()
-        return answer_length_factor(tree.depth, tree.path_probabilities(self.acceptance.acceptance), output_tokens)
+        return answer_length_factor(tree.depth, tree.path_probabilities(self.acceptance.acceptance), output_tokens,
+                                    depth_costs)
 
 
 # ---------------------------------------------------------------------------------------------- solving
+def cut_step_costs(setting: SpecSetting, curve: LatencyCurve, context: int | None) -> list[float] | None:
+    """(D + 1,) ms of one step of the setting's tree cut to depth 0 .. D (a chain of K: drafting 0 .. K tokens;
+    entry 0 is plain decoding's step) on ``curve``, the costs a batch of one's last steps pay: the decoder drafts
+    no deeper than a row can still emit (:meth:`~sequoia_opt.drafting.policies.StaticTreePolicy.step_depth_for`).
+    None for plain decoding and envelopes (their depth is the rule's, not cut here).
+
+    Raises:
+        ProfileError: a width or size outside the curve's measured range (as :func:`step_cost`).
+    """
+    from .hardware import step_cost
+
+    if setting.shape == "chain":
+        widths = [1] * (setting.draft_tokens + 1)
+    elif setting.shape == "tree":
+        widths = list(setting.tree().level_widths)
+    else:
+        return None
+    if len(widths) < 2:
+        return None
+    return [step_cost(widths[: d + 1], 1.0, curve, context).cost_ms for d in range(len(widths))]
+
+
 def _predict(value: Any, setting: SpecSetting, batch: int, curve: LatencyCurve, context: int | None,
              interval: IntervalFn | None, output_tokens: int | None) -> Predicted:
     """One setting's prediction under ``value`` (its interval replaced by ``interval``'s when given), its rates
-    scaled to ``output_tokens``-token generations when given (module docstring)."""
+    scaled to ``output_tokens``-token generations when given (module docstring). At batch 1 the factor prices
+    an answer's cheaper last steps (:func:`cut_step_costs`); at larger batch sizes a step drafts as deep as its
+    deepest row can use, which under continuous batching is the whole tree."""
     cost, iv = value.predict(setting, batch, curve, context)
     if interval is not None:
         iv = tuple(float(x) for x in interval(setting, batch, cost))
     f = 1.0
     if output_tokens is not None and setting.speculates and hasattr(value, "length_factor"):
-        f = value.length_factor(setting, output_tokens)
+        costs = cut_step_costs(setting, curve, context) if batch == 1 else None
+        f = value.length_factor(setting, output_tokens, costs) if costs is not None else \
+            value.length_factor(setting, output_tokens)
         iv = (iv[0] * f, iv[1] * f)
     return Predicted(setting, batch, cost, iv, f)
 
@@ -724,7 +765,8 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
             with the same face: ``shape``, ``max_draft``, ``settings()`` or ``settings_at(batch, curve, context)``
             (the candidate :class:`SpecSetting` s, plain decoding among them), ``predict(setting, batch, curve,
             context)`` -> ``(StepCost, (low, high) tokens/s per request)``, and optionally
-            ``length_factor(setting, output_tokens)`` and ``interval_method``).
+            ``length_factor(setting, output_tokens, depth_costs=None)`` and ``interval_method``; ``depth_costs``,
+            passed at batch 1 only, is :func:`cut_step_costs`).
         profile: T(b, n), c(b, w) and the overhead per batch size.
         batches: the batch sizes to solve (default: every one the profile measured); each must be measured.
         context: context length (tokens) the curves are read at (None: each curve's smallest).
