@@ -362,14 +362,16 @@ def served_acceptance(doc: dict, run_dir: Path, eng: Engine, ids: list[list[int]
                                         source="the served requests", max_new_tokens=doc["new_tokens"])
         value = ChainValue(served, K)
         # solved at 1 and b (a plan starts at one live request); the oracle is its choice at b
-        oracle = next(x for x in solve_plan(value, profile, sorted({1, b}), context=ctx, output_tokens=out).rows
+        oracle = next(x for x in solve_plan(value, profile, sorted({1, b}), context=ctx, output_tokens=out,
+                                            answer_end_cut=True).rows
                       if x.batch == b).best
         ko = oracle.setting.draft_tokens
         meas = {int(k): v for k, v in r["by_k"].items()}
         best = max(v["tokens_per_s_total"] for v in meas.values())
         g = {}
         for k in ks:
-            pp = predict_ranges([(1, b, setting(k))], prof_value, profile, [b], context=ctx, output_tokens=out)[0]
+            pp = predict_ranges([(1, b, setting(k))], prof_value, profile, [b], context=ctx, output_tokens=out,
+                                answer_end_cut=True)[0]  # treeopt's decoder cuts an answer's last steps
             g[str(k)] = {"profile": per_step(prof_value, k), "served": per_step(value, k),
                     "measured": meas[k]["tokens_per_step"] / b,
                     # the mean step over the answers: at batch 1 their last steps draft less (cut_step_costs)

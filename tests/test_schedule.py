@@ -737,16 +737,24 @@ def _cost_to(n: int, pmf: dict[int, float], cost: list[float], memo: dict[int, f
 
 
 def test_output_tokens_scale_each_chain_by_its_expected_steps():
-    """Answers of 12 tokens: a chain's rate over them is 12 over the expected cost of its steps. At batch 1 the
-    last steps draft no deeper than the row can emit and cost what the shorter chain costs; at 8 and 64 every
-    step costs the whole chain's (a step drafts as deep as its deepest row can use)."""
+    """Answers of 12 tokens: a chain's rate over them is 12 over the expected cost of its steps. For an engine that
+    cuts (answer_end_cut) the last steps at batch 1 draft no deeper than the row can emit and cost what the
+    shorter chain costs; at 8 and 64 every step costs the whole chain's (a step drafts as deep as its deepest row
+    can use). An engine that does not cut pays whole steps at batch 1 too."""
     from sequoia_opt.solver.schedule import cut_step_costs
 
     acc = _acc()  # p_1 = 0.7: a chain of K emits j tokens with P = 0.7^(j-1) 0.3 (j <= K), 0.7^K (j = K + 1)
     v = ChainValue(acc, 6)
     steady = solve_plan(v, PROFILE)
-    short = solve_plan(v, PROFILE, output_tokens=12)
+    short = solve_plan(v, PROFILE, output_tokens=12, answer_end_cut=True)
+    whole = solve_plan(v, PROFILE, output_tokens=12)
     assert short.output_tokens == 12 and steady.output_tokens is None
+    assert (short.answer_end_cut, whole.answer_end_cut) == (True, False)
+    for c in whole.rows[0].candidates:  # whole steps everywhere: the step count alone
+        k = c.setting.draft_tokens
+        pmf = {j: 0.7 ** (j - 1) * 0.3 for j in range(1, k + 1)} | {k + 1: 0.7 ** k}
+        g = sum(j * q for j, q in pmf.items())
+        assert c.length_factor == pytest.approx(12 / (g * _steps_to(12, pmf, {})) if k else 1.0, rel=1e-9)
     for r0, r1 in zip(steady.rows, short.rows):
         by_k = {c.setting.draft_tokens: c for c in r0.candidates}
         for c in r1.candidates:
@@ -782,7 +790,7 @@ def test_output_tokens_scale_each_chain_by_its_expected_steps():
                                                                                  b.interval_low))
     doc = plan_document(short, engine="vllm")
     assert doc["output_tokens"] == 12 and doc["by_batch"][0]["best"]["length_factor"] < 1
-    preds = predict_ranges([(1, 64, SpecSetting.chain(3))], v, PROFILE, output_tokens=12)
+    preds = predict_ranges([(1, 64, SpecSetting.chain(3))], v, PROFILE, output_tokens=12, answer_end_cut=True)
     assert [p.tokens_per_s_total for p in preds] == pytest.approx(
         [c.tokens_per_s_total for r in short.rows for c in r.candidates if c.setting.draft_tokens == 3])
     with pytest.raises(ProfileError, match="--output-tokens = 0 must be an integer >= 1"):
@@ -2010,3 +2018,23 @@ def test_the_schedules_benchmark_decomposes_the_error_at_every_batch_size(tmp_pa
             tok, steps = replay_counts(flags, k, 12)
             assert r["tokens_per_step_per_row"][str(k)]["served"] == pytest.approx(sum(tok) / sum(steps))
             assert r["tokens_per_step_per_row"][str(k)]["measured"] == pytest.approx((1.5 + k / 10) / r["batch"])
+
+
+def test_tune_prices_cut_last_steps_only_for_engines_that_cut(tmp_path):
+    """With --output-tokens, treeopt's decoder and llama-server draft no deeper than a request can still emit, so
+    their plans price a batch of one's cheaper last steps; vLLM's, SGLang's and TensorRT-LLM's are priced at whole
+    steps (the same plan solved both ways: the cut one's batch-1 factor is the larger)."""
+    from sequoia_opt.jobs import tune as tune_mod
+
+    assert tune_mod.ANSWER_END_CUT_ENGINES == ("treeopt", "llama.cpp")
+    table, acc = _files(tmp_path)
+    res = tune_mod.tune(TuneOptions(engine="vllm", latency=table, acceptance=acc, output_tokens=12))
+    assert res.plan.answer_end_cut is False
+    value, profile = ChainValue(_acc(), 6), load_batch_table(table)
+    whole = solve_plan(value, profile, output_tokens=12)
+    cut = solve_plan(value, profile, output_tokens=12, answer_end_cut=True)
+    k = {c.setting.draft_tokens: c.length_factor for c in whole.rows[0].candidates}
+    for c in cut.rows[0].candidates:
+        if c.setting.draft_tokens:
+            assert c.length_factor > k[c.setting.draft_tokens]
+    assert [c.length_factor for c in cut.rows[-1].candidates] == [c.length_factor for c in whole.rows[-1].candidates]

@@ -34,12 +34,16 @@ import numpy as np
 from .._io import safe_load_yaml, with_article
 from ..errors import ProfileError, TreeoptError
 
-__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult", "check_options", "tune",
-           "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance", "peer_ranges", "short_traces_note",
-           "token_grid"]
+__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult",
+           "check_options", "tune", "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance", "peer_ranges",
+           "short_traces_note", "token_grid"]
 
 TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
 GPU_ENGINES = ("vllm", "sglang", "tensorrt-llm")
+#: engines that draft no deeper than a request can still emit (treeopt's decoder: StaticTreePolicy.step_depth_for;
+#: llama-server: server_slot::get_n_draft_max, n_remaining - 1): with --output-tokens their plans price a batch of
+#: one's cheaper last steps (solve_plan's answer_end_cut); the others' are priced at whole steps
+ANSWER_END_CUT_ENGINES = ("treeopt", "llama.cpp")
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 #: The longest chain a plan considers when neither the user nor the profile says less.
 DEFAULT_MAX_DRAFT = 8
@@ -377,8 +381,8 @@ def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *,
 
     vllm = {}
     for b in bs:  # every K priced alike: over the plan's answer length (a given plan's rows score only its own)
-        scored = [(predict_ranges([(1, b, s)], value, profile, [b], context=context,
-                                  output_tokens=plan.output_tokens)[0].tokens_per_s_per_request, -k, s)
+        scored = [(predict_ranges([(1, b, s)], value, profile, [b], context=context, output_tokens=plan.output_tokens,
+                                  answer_end_cut=plan.answer_end_cut)[0].tokens_per_s_per_request, -k, s)
                   for k, s in ((k, clip(k)) for k in VLLM_GENERATOR_KS)]
         vllm[b] = max(scored, key=lambda x: (x[0], x[1]))[2]
     k1 = plan.rows[0].best.setting.draft_tokens
@@ -671,6 +675,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             "calibration_profile": str(opts.calibration) if opts.calibration else None,
             "target": labels.get("target"), "batches": list(opts.batches)}
     prov = {k: v for k, v in prov.items() if v is not None}
+    cut = opts.engine in ANSWER_END_CUT_ENGINES
     if opts.plan is not None:
         sched = load_schedule(opts.plan, profile=profile, context=ctx)  # K past the profile: one line
         warnings.extend(given_plan_warnings(sched.doc, opts.engine, str(opts.plan)))
@@ -687,14 +692,16 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         reach = sched.ranges[-1][1]  # the batch sizes past the given plan are not predicted (a note says which)
         prov["batches"] = [b for b in prov["batches"] if b <= reach]
         plan = plan_from_ranges(sched.ranges, value, profile, opts.batches, context=ctx,
-                                output_tokens=opts.output_tokens, provenance={**prov, "given_plan": str(opts.plan)})
+                                output_tokens=opts.output_tokens, answer_end_cut=cut,
+                                provenance={**prov, "given_plan": str(opts.plan)})
         done["plan"] = f"given: {opts.plan}"
     elif opts.engine == "tensorrt-llm" and opts.shape == "envelope":  # one dynamic tree per server
         plan = solve_one_setting_plan(value, profile, opts.batches, context=ctx, max_batch=opts.max_batch,
-                                      min_gain=opts.min_gain, output_tokens=opts.output_tokens, provenance=prov)
+                                      min_gain=opts.min_gain, output_tokens=opts.output_tokens, answer_end_cut=cut,
+                                      provenance=prov)
     else:
         plan = solve_plan(value, profile, opts.batches, context=ctx, first_is_longest=opts.engine == "tensorrt-llm",
-                          min_gain=opts.min_gain, output_tokens=opts.output_tokens,
+                          min_gain=opts.min_gain, output_tokens=opts.output_tokens, answer_end_cut=cut,
                           max_batch=opts.max_batch, provenance=prov)
     notes.extend(plan.notes)
     notes.extend(guard_notes(plan, opts.engine))
@@ -751,7 +758,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         for name, ranges in peer_ranges(plan, value, profile, opts.batches, context=ctx).items():
             peers[name] = {p.batch: p.tokens_per_s_total
                            for p in predict_ranges(ranges, value, profile, opts.batches, context=ctx,
-                                                   output_tokens=opts.output_tokens)}
+                                                   output_tokens=opts.output_tokens, answer_end_cut=cut)}
     return TuneResult(plan, doc, settings, done, peers, _check_command(opts), notes, warnings)
 
 

@@ -28,12 +28,12 @@ Generation length: by default every rate is the steady state of long generations
 requests' typical answer length), a speculating setting's rates are scaled by its ``length_factor``,
 N / (G E[tau]) with E[tau] the expected steps to emit N tokens, the last step truncated
 (:func:`~sequoia_opt.solver.generation.answer_length_factor`; about N / (N + E[O]) for long answers, E[O] the
-renewal overshoot; 1 / G at N = 1, where no draft can pay). At batch 1 each step is priced at its own depth: the
-decoder drafts no deeper than the row can still emit, so an answer's last steps cost less than a whole step
-(:func:`cut_step_costs`; at larger batch sizes a step is as deep as its deepest row can use, under continuous
-batching the whole tree). Short answers favour shorter drafts. Tokens per step (G), the step's ms and the guard
-stay the steady state's. Envelopes carry no model of their step lengths and stay at the steady state (the plan
-says so in its notes).
+renewal overshoot; 1 / G at N = 1, where no draft can pay). For an engine that drafts no deeper than a request
+can still emit (``answer_end_cut``: treeopt's decoder, llama-server) each step at batch 1 is priced at its own
+depth, so an answer's last steps cost less than a whole step (:func:`cut_step_costs`; at larger batch sizes a step
+is as deep as its deepest row can use, under continuous batching the whole tree). Short answers favour shorter
+drafts. Tokens per step (G), the step's ms and the guard stay the steady state's. Envelopes carry no model of
+their step lengths and stay at the steady state (the plan says so in its notes).
 
 Intervals: every predicted rate carries a (low, high) interval, from the value model itself: for chains, the
 95 % prediction interval between prompts when the profile keeps per-prompt counts or traces
@@ -326,6 +326,7 @@ class Plan:
             None for the steady state of long generations.
         min_gain: the lead over plain decoding a setting needed to be chosen (:func:`solve_plan`'s; 0: none).
         first_is_longest: whether no batch size may draft more than the smallest one (TensorRT-LLM's rule).
+        answer_end_cut: whether batch 1 priced an answer's cut last steps (:func:`solve_plan`'s).
     """
 
     rows: list[BatchRow]
@@ -339,6 +340,7 @@ class Plan:
     output_tokens: int | None = None
     min_gain: float = 0.0
     first_is_longest: bool = False
+    answer_end_cut: bool = False
 
     @property
     def pays_nowhere(self) -> bool:
@@ -715,17 +717,18 @@ def cut_step_costs(setting: SpecSetting, curve: LatencyCurve, context: int | Non
 
 
 def _predict(value: Any, setting: SpecSetting, batch: int, curve: LatencyCurve, context: int | None,
-             interval: IntervalFn | None, output_tokens: int | None) -> Predicted:
+             interval: IntervalFn | None, output_tokens: int | None, answer_end_cut: bool = False) -> Predicted:
     """One setting's prediction under ``value`` (its interval replaced by ``interval``'s when given), its rates
-    scaled to ``output_tokens``-token generations when given (module docstring). At batch 1 the factor prices
-    an answer's cheaper last steps (:func:`cut_step_costs`); at larger batch sizes a step drafts as deep as its
-    deepest row can use, which under continuous batching is the whole tree."""
+    scaled to ``output_tokens``-token generations when given (module docstring). With ``answer_end_cut`` (an
+    engine that drafts no deeper than a request can still emit) the factor at batch 1 prices an answer's cheaper
+    last steps (:func:`cut_step_costs`); at larger batch sizes a step drafts as deep as its deepest row can use,
+    which under continuous batching is the whole tree."""
     cost, iv = value.predict(setting, batch, curve, context)
     if interval is not None:
         iv = tuple(float(x) for x in interval(setting, batch, cost))
     f = 1.0
     if output_tokens is not None and setting.speculates and hasattr(value, "length_factor"):
-        costs = cut_step_costs(setting, curve, context) if batch == 1 else None
+        costs = cut_step_costs(setting, curve, context) if answer_end_cut and batch == 1 else None
         f = value.length_factor(setting, output_tokens, costs) if costs is not None else \
             value.length_factor(setting, output_tokens)
         iv = (iv[0] * f, iv[1] * f)
@@ -739,9 +742,10 @@ def check_output_tokens(output_tokens: int | None) -> None:
 
 
 def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None,
-                interval: IntervalFn | None, output_tokens: int | None = None) -> list[Predicted]:
+                interval: IntervalFn | None, output_tokens: int | None = None,
+                answer_end_cut: bool = False) -> list[Predicted]:
     settings = value.settings_at(batch, curve, context) if hasattr(value, "settings_at") else value.settings()
-    out = [_predict(value, s, batch, curve, context, interval, output_tokens) for s in settings]
+    out = [_predict(value, s, batch, curve, context, interval, output_tokens, answer_end_cut) for s in settings]
     # best first; ties (equal rate) go to the setting that drafts less
     out.sort(key=lambda p: (-round(p.tokens_per_s_per_request, 9), p.setting.draft_tokens, p.setting.label))
     return out
@@ -756,7 +760,7 @@ def check_min_gain(min_gain: float) -> None:
 def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] | None = None, *,
                context: int | None = None, interval: IntervalFn | None = None, first_is_longest: bool = False,
                max_batch: int | None = None, min_gain: float = 0.0, output_tokens: int | None = None,
-               provenance: Mapping[str, Any] | None = None) -> Plan:
+               answer_end_cut: bool = False, provenance: Mapping[str, Any] | None = None) -> Plan:
     """The speculation plan: the best setting of ``value`` at every batch size, merged into ranges (module
     docstring).
 
@@ -780,6 +784,8 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
             there (the step cost the profile does not time and timing noise can erase it).
         output_tokens: the requests' typical answer length (tokens): rates over generations that long (module
             docstring); None: the steady state.
+        answer_end_cut: the engine drafts no deeper than a request can still emit (treeopt's decoder;
+            llama-server, ``n_remaining - 1``): with ``output_tokens``, batch 1 prices the cheaper last steps.
         provenance: written into the schedule file.
 
     Raises:
@@ -802,7 +808,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     rows: list[BatchRow] = []
     cap, capped = None, False
     for b, curve in curves:
-        every = _candidates(value, b, curve, context, interval, output_tokens)
+        every = _candidates(value, b, curve, context, interval, output_tokens, answer_end_cut)
         cands = [p for p in every if cap is None or p.setting.draft_tokens <= cap]
         capped = capped or cands[0] is not every[0]
         plain = next(p for p in cands if not p.setting.speculates)
@@ -836,7 +842,8 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
                      f"{what}, inside the best's prediction interval, so a new sample of prompts could rank them either "
                      "way (close_call in the plan file; profile on more of your traffic, or measure both)")
     return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes,
-                getattr(value, "interval_method", "none"), output_tokens, float(min_gain), bool(first_is_longest))
+                getattr(value, "interval_method", "none"), output_tokens, float(min_gain), bool(first_is_longest),
+                bool(answer_end_cut))
 
 
 def merge_ranges(best: Sequence[tuple[int, Any]], last: int) -> list[tuple[int, int, Any]]:
@@ -897,9 +904,10 @@ def check_ranges(ranges: Sequence[tuple[int, int, Any]], where: str = "schedule"
 
 def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, profile: BatchLatencyProfile,
                    batches: Sequence[int] | None = None, *, context: int | None = None,
-                   interval: IntervalFn | None = None, output_tokens: int | None = None) -> list[Predicted]:
+                   interval: IntervalFn | None = None, output_tokens: int | None = None,
+                   answer_end_cut: bool = False) -> list[Predicted]:
     """Predict a given schedule (a user's, or a peer's rule) at every measured batch size it covers
-    (``output_tokens`` as :func:`solve_plan`).
+    (``output_tokens`` and ``answer_end_cut`` as :func:`solve_plan`).
 
     Raises:
         ProfileError: bad ranges (:func:`check_ranges`); a setting past what the profile measured (K + 1 past
@@ -914,13 +922,14 @@ def predict_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, p
             continue
         curve = profile.curve(b)
         check_setting_measured(setting, b, profile, context)
-        out.append(_predict(value, setting, b, curve, context, interval, output_tokens))
+        out.append(_predict(value, setting, b, curve, context, interval, output_tokens, answer_end_cut))
     return out
 
 
 def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] | None = None, *,
                            context: int | None = None, max_batch: int | None = None, min_gain: float = 0.0,
-                           output_tokens: int | None = None, provenance: Mapping[str, Any] | None = None) -> Plan:
+                           output_tokens: int | None = None, answer_end_cut: bool = False,
+                           provenance: Mapping[str, Any] | None = None) -> Plan:
     """The plan of an engine that runs one speculative setting per server and can only turn it off above a
     concurrency (TensorRT-LLM's EAGLE-3 dynamic tree with ``max_concurrency``): ranges ``(1, c, s)`` then
     ``(c + 1, last, none)``, or plain decoding everywhere. Every candidate setting ``s`` of ``value`` and every cut
@@ -947,7 +956,8 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
         row = []
         for b in bs:
             curve = profile.curve(b)
-            row.append(_predict(value, st, b, curve, context, None, output_tokens).tokens_per_s_per_request)
+            row.append(_predict(value, st, b, curve, context, None, output_tokens,
+                                answer_end_cut).tokens_per_s_per_request)
         table[st] = row
     best = [max(col) for col in zip(*table.values())]
     share = lambda row: sum(x / m for x, m in zip(row, best)) / len(bs)  # noqa: E731
@@ -965,7 +975,7 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
                 choice = [(1, hi, st)] + ([(hi + 1, last, none)] if hi < last else [])
                 score = share(mixed)
     plan = plan_from_ranges(choice, value, profile, bs, context=context, output_tokens=output_tokens,
-                            provenance=provenance)
+                            answer_end_cut=answer_end_cut, provenance=provenance)
     plan.min_gain = min_gain
     plan.notes.insert(0, f"one setting per server ({choice[0][2].label}"
                       + (f", none above batch {choice[0][1]}" if len(choice) > 1 else "")
@@ -977,15 +987,16 @@ def solve_one_setting_plan(value: Any, profile: BatchLatencyProfile, batches: Se
 def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any, profile: BatchLatencyProfile,
                      batches: Sequence[int] | None = None, *, context: int | None = None,
                      interval: IntervalFn | None = None, output_tokens: int | None = None,
-                     provenance: Mapping[str, Any] | None = None) -> Plan:
+                     answer_end_cut: bool = False, provenance: Mapping[str, Any] | None = None) -> Plan:
     """A given schedule as a :class:`Plan`: every measured batch size it covers predicted under ``value`` (its
-    setting, and plain decoding beside it), its own ranges kept (``output_tokens`` as :func:`solve_plan`).
+    setting, and plain decoding beside it), its own ranges kept (``output_tokens`` and ``answer_end_cut`` as
+    :func:`solve_plan`).
 
     Raises:
         ProfileError: as :func:`predict_ranges`.
     """
     preds = predict_ranges(ranges, value, profile, batches, context=context, interval=interval,
-                           output_tokens=output_tokens)
+                           output_tokens=output_tokens, answer_end_cut=answer_end_cut)
     if not preds:
         raise ProfileError("the schedule covers none of the measured batch sizes")
     end = max(hi for _, hi, _ in ranges)
@@ -1020,7 +1031,8 @@ def plan_from_ranges(ranges: Sequence[tuple[int, int, SpecSetting]], value: Any,
     stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
     shape = next((st.shape for *_, st in ranges if st.speculates), "none")
     return Plan(rows, out_ranges, stops, shape, context, dict(provenance or {}), notes,
-                interval_method=getattr(value, "interval_method", "none"), output_tokens=output_tokens)
+                interval_method=getattr(value, "interval_method", "none"), output_tokens=output_tokens,
+                answer_end_cut=answer_end_cut)
 
 
 # ---------------------------------------------------------------------------------------------- the guard
