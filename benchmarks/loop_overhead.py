@@ -29,9 +29,14 @@ def _decoders(target, draft, tree, lookup):
         from sequoia_opt.decoding import Decoder
         from sequoia_opt.drafting import ModelDrafter, StaticTreePolicy
 
+        def whole(drafter):  # every step the whole tree, as the earlier checkouts ran it (an attribute they ignore)
+            policy = StaticTreePolicy(drafter, tree)
+            policy.cut_at_answer_end = False
+            return policy
+
         return {"plain": Decoder(target, max_len=512),
-                "tree (draft model)": Decoder(target, StaticTreePolicy(ModelDrafter(draft), tree), max_len=512),
-                "tree (lookup)": Decoder(target, StaticTreePolicy(lookup(), tree), max_len=512)}
+                "tree (draft model)": Decoder(target, whole(ModelDrafter(draft)), max_len=512),
+                "tree (lookup)": Decoder(target, whole(lookup()), max_len=512)}
     except ImportError:
         from sequoia_opt.decoding import AutoregressiveDecoder, SpeculativeDecoder
 

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     make = drafter_factory(pair.new_drafter)
 
     def decoder(n: int) -> Decoder:
-        return Decoder(pair.target, None if n == 1 else StaticTreePolicy(make(), tree), eos_ids=eos, max_len=max_len)
+        return Decoder(pair.target, None if n == 1 else StaticTreePolicy(make(), tree, cut_at_answer_end=False),
+                       eos_ids=eos, max_len=max_len)
 
     probe = time_loop(decoder, [1, tree.size], args.context, pair.target.config.vocab_size, steps=args.steps,
                       rounds=args.rounds)

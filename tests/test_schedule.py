@@ -2022,9 +2022,11 @@ def test_the_schedules_benchmark_decomposes_the_error_at_every_batch_size(tmp_pa
 
 def test_tune_prices_cut_last_steps_only_for_engines_that_cut(tmp_path):
     """With --output-tokens, treeopt's decoder and llama-server draft no deeper than a request can still emit, so
-    their plans price a batch of one's cheaper last steps; vLLM's, SGLang's and TensorRT-LLM's are priced at whole
+    their plans price a batch of one's cheaper last steps (with chains replayed on traces, which know the answers
+    that ran to the cap from those that ended at an EOS); vLLM's, SGLang's and TensorRT-LLM's are priced at whole
     steps (the same plan solved both ways: the cut one's batch-1 factor is the larger)."""
     from sequoia_opt.jobs import tune as tune_mod
+    from sequoia_opt.solver.schedule import SCHEDULE_KEYS
 
     assert tune_mod.ANSWER_END_CUT_ENGINES == ("treeopt", "llama.cpp")
     table, acc = _files(tmp_path)
@@ -2038,3 +2040,7 @@ def test_tune_prices_cut_last_steps_only_for_engines_that_cut(tmp_path):
         if c.setting.draft_tokens:
             assert c.length_factor > k[c.setting.draft_tokens]
     assert [c.length_factor for c in cut.rows[-1].candidates] == [c.length_factor for c in whole.rows[-1].candidates]
+    # the plan file says how batch 1 was priced (and reads back without an unknown-key warning)
+    assert plan_document(cut, engine="treeopt")["answer_end_cut"] is True
+    assert "answer_end_cut" not in plan_document(whole, engine="vllm")
+    assert "answer_end_cut" in SCHEDULE_KEYS

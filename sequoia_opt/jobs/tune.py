@@ -41,8 +41,9 @@ __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BAT
 TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
 GPU_ENGINES = ("vllm", "sglang", "tensorrt-llm")
 #: engines that draft no deeper than a request can still emit (treeopt's decoder: StaticTreePolicy.step_depth_for;
-#: llama-server: server_slot::get_n_draft_max, n_remaining - 1): with --output-tokens their plans price a batch of
-#: one's cheaper last steps (solve_plan's answer_end_cut); the others' are priced at whole steps
+#: llama-server: server_slot::get_n_draft_max, n_remaining - 1): with --output-tokens and chains replayed on
+#: traces their plans price a batch of one's cheaper last steps (solve_plan's answer_end_cut); the others' are
+#: priced at whole steps
 ANSWER_END_CUT_ENGINES = ("treeopt", "llama.cpp")
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 #: The longest chain a plan considers when neither the user nor the profile says less.
@@ -675,7 +676,9 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             "calibration_profile": str(opts.calibration) if opts.calibration else None,
             "target": labels.get("target"), "batches": list(opts.batches)}
     prov = {k: v for k, v in prov.items() if v is not None}
-    cut = opts.engine in ANSWER_END_CUT_ENGINES
+    # priced cut only where the traces say which answers ran to the cap: one that ends at an EOS the engine could
+    # not see coming pays whole steps (the replay knows which; a positional or per-depth profile does not)
+    cut = opts.engine in ANSWER_END_CUT_ENGINES and getattr(value, "model_used", None) == "replay"
     if opts.plan is not None:
         sched = load_schedule(opts.plan, profile=profile, context=ctx)  # K past the profile: one line
         warnings.extend(given_plan_warnings(sched.doc, opts.engine, str(opts.plan)))

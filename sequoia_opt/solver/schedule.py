@@ -86,8 +86,8 @@ SCHEDULE_FORMAT = "treeopt-schedule/1"
 #: adds); any other is warned of by name, as a misspelling (``stops_paying_abve``) was read as absent
 SCHEDULE_KEYS = ("format", "engine", "drafter", "shape", "latency_profile", "acceptance_profile",
                  "calibration_profile", "target", "batches", "given_plan", "context_tokens", "output_tokens",
-                 "min_gain", "first_is_longest", "date", "rule", "stops_paying_above", "ranges", "by_batch", "guard",
-                 "notes", "method", "draft_model", "lookup", "engine_settings", "engine_releases")
+                 "min_gain", "first_is_longest", "answer_end_cut", "date", "rule", "stops_paying_above", "ranges",
+                 "by_batch", "guard", "notes", "method", "draft_model", "lookup", "engine_settings", "engine_releases")
 #: the keys of one entry of a schedule's ``ranges``
 SCHEDULE_RANGE_KEYS = ("batch_range", "setting", "predicted")
 SHAPES = ("none", "chain", "envelope", "tree")
@@ -1102,7 +1102,8 @@ def plan_document(plan: Plan, *, engine: str, drafter: str | None = None) -> dic
     doc.update(plan.provenance)
     doc.update({"context_tokens": plan.context, "output_tokens": plan.output_tokens,
                 **({"min_gain": plan.min_gain} if plan.min_gain else {}),
-                **({"first_is_longest": True} if plan.first_is_longest else {}), "date": now_iso(),
+                **({"first_is_longest": True} if plan.first_is_longest else {}),
+                **({"answer_end_cut": True} if plan.answer_end_cut else {}), "date": now_iso(),
                 "rule": "a server running B requests uses the range that holds B",
                 "stops_paying_above": plan.stops_paying_above,
                 "ranges": [{"batch_range": [r.lo, r.hi], "setting": r.setting.to_dict(),

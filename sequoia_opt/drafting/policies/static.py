@@ -108,8 +108,9 @@ class StaticTreePolicy(DraftingPolicy):
         drafter's limit, and no deeper than the rows can still use. A row with r new tokens left emits at most r
         this step (an accepted path of d nodes and the bonus), so a node deeper than r - 1 is drafted and verified
         for nothing: the depth stops at the largest r - 1 over the rows (the rule llama-server applies to its
-        draft, ``server_slot::get_n_draft_max``: at most ``n_remaining - 1``). The tokens emitted are the same
-        either way (the stop rule would have cut them); only the step's cost drops."""
+        draft, ``server_slot::get_n_draft_max``: at most ``n_remaining - 1``). Greedy: the tokens emitted are the
+        same either way (the stop rule would have cut them); only the step's cost drops. Sampling: the same
+        distribution, but a cut step draws fewer samples from the generator, so one seed's later tokens differ."""
         buf = self.buffers
         D = buf.tree_depth
         if self.cut_at_answer_end:
