@@ -71,6 +71,13 @@ class RowState:
         """New tokens the row may still emit."""
         return self.max_new_tokens - len(self.result.tokens)
 
+    @property
+    def useful_depth(self) -> int:
+        """The deepest draft this row can still use (>= 0): ``remaining - 1``. A step emits its accepted path and
+        the bonus token, at most ``remaining``, so a node deeper than this is drafted and verified for nothing (the
+        cut llama-server applies to its draft, ``server_slot::get_n_draft_max``: ``n_remaining - 1``)."""
+        return max(0, self.remaining - 1)
+
     def emit(self, tokens: Sequence[int], eos_ids: frozenset[int]) -> list[int]:
         """Emit a step's tokens (accepted nodes, then the bonus) after the stop rules (:func:`truncate`: the
         first EOS, ``max_new_tokens``) into ``result.tokens`` and ``seq``; on a stop set ``finished`` and the

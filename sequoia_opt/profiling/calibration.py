@@ -82,10 +82,8 @@ class _RecordingPolicy(DynamicPolicy):
     (:meth:`observe`: the tree verified and the target's logits over it). Every step grows the whole recording
     tree, to the answer's last token."""
 
-    cut_at_answer_end = False
-
     def __init__(self, drafter: Drafter, setting, temperature: float, top_p: float) -> None:
-        super().__init__(drafter, setting)
+        super().__init__(drafter, setting, cut_at_answer_end=False)
         self.temperature, self.top_p = temperature, top_p
         self.recorded: list[RecordedStep] = []
 

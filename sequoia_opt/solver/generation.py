@@ -89,24 +89,13 @@ def expected_steps(tail: Sequence[float], new_tokens: int) -> float:
     P(X >= k + 1) = ``tail[k]`` (:func:`step_length_tail`), the last step truncated: the exact recursion
     ``m(n) = 1 + sum_j P(X = j) m(n - j)``, ``m(n <= 0) = 0`` (O(N x D)). Exact for every N, where Wald's
     ``(N + E[O]) / E[X]`` with the limiting E[O] holds for N large against X only; at N = 1 it is 1 step,
-    whatever the tree.
+    whatever the tree. (:func:`expected_cost` with every step costing 1.)
 
     Raises:
         ValueError: ``new_tokens`` < 0, or a tail that does not start at 1 or is not non-increasing in [0, 1].
     """
     t = np.asarray(tail, dtype=np.float64)
-    if new_tokens < 0:
-        raise ValueError(f"new tokens must be >= 0, got {new_tokens}")
-    if t.size == 0 or abs(t[0] - 1.0) > 1e-9 or np.any(np.diff(t) > 1e-12) or np.any(t < -1e-12):
-        raise ValueError("a step-length tail starts at P(X >= 1) = 1 and does not increase")
-    pmf = t - np.append(t[1:], 0.0)  # pmf[j - 1] = P(X = j), j = 1 .. D + 1
-    D1 = pmf.size
-    m = np.zeros(int(new_tokens) + 1)
-    for n in range(1, int(new_tokens) + 1):
-        lo = max(0, n - D1)  # m(n - j) for j = 1 .. D + 1, zero where n - j <= 0
-        prev = m[lo:n][::-1]  # m(n - 1), m(n - 2), ... m(lo)
-        m[n] = 1.0 + float(np.dot(pmf[: prev.size], prev))
-    return float(m[int(new_tokens)])
+    return _cost_recursion(t, new_tokens, np.ones(t.size))
 
 
 def expected_cost(tail: Sequence[float], new_tokens: int, depth_costs: Sequence[float]) -> float:
@@ -129,13 +118,22 @@ def expected_cost(tail: Sequence[float], new_tokens: int, depth_costs: Sequence[
     c = np.asarray(depth_costs, dtype=np.float64)
     if c.shape != t.shape or not np.all(np.isfinite(c)) or np.any(c <= 0):
         raise ValueError(f"depth_costs needs {t.size} positive costs (depth 0 .. {t.size - 1}), got {list(c)}")
-    expected_steps(t, 0)  # the tail's checks
+    return _cost_recursion(t, new_tokens, c)
+
+
+def _cost_recursion(t: np.ndarray, new_tokens: int, c: np.ndarray) -> float:
+    """``c(n) = c[min(D, n - 1)] + sum_j P(X = j) c(n - j)``, ``c(n <= 0) = 0``, at n = ``new_tokens``; ``t`` the
+    (D + 1,) tail, ``c`` (D + 1,) the step costs by depth. Checks the tail and the count (ValueError)."""
+    if new_tokens < 0:
+        raise ValueError(f"new tokens must be >= 0, got {new_tokens}")
+    if t.size == 0 or abs(t[0] - 1.0) > 1e-9 or np.any(np.diff(t) > 1e-12) or np.any(t < -1e-12):
+        raise ValueError("a step-length tail starts at P(X >= 1) = 1 and does not increase")
     pmf = t - np.append(t[1:], 0.0)  # pmf[j - 1] = P(X = j), j = 1 .. D + 1
     D1 = pmf.size
     m = np.zeros(int(new_tokens) + 1)
     for n in range(1, int(new_tokens) + 1):
-        lo = max(0, n - D1)
-        prev = m[lo:n][::-1]  # c(n - 1), c(n - 2), ... c(lo)
+        lo = max(0, n - D1)  # m(n - j) for j = 1 .. D + 1, zero where n - j <= 0
+        prev = m[lo:n][::-1]  # m(n - 1), m(n - 2), ... m(lo)
         m[n] = c[min(D1 - 1, n - 1)] + float(np.dot(pmf[: prev.size], prev))
     return float(m[int(new_tokens)])
 

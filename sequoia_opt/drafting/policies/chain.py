@@ -66,7 +66,7 @@ class ChainPolicy(SharedTreePolicy):
     def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
         row, room = state.row, rooms[0]
         L = row.cached
-        n = min(self.n_max, row.remaining - 1, room.nodes - 1, room.depth, self.drafter.context - L,
+        n = min(self.n_max, row.useful_depth, room.nodes - 1, room.depth, self.drafter.context - L,
                 self.drafter.shared_depth(state))  # Medusa's K heads: a longer chain is clipped to K
         if n <= 0:
             return self.root_only(state)

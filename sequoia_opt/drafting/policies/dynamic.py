@@ -57,16 +57,16 @@ class DynamicPolicy(SharedTreePolicy):
     Attributes:
         last_tree: the last step's :class:`~sequoia_opt.dynamic.CandidateTree` (what the rule grew, its
             forwards); ``last_selected``: the candidate nodes verified, in step-tree order.
-        cut_at_answer_end: grow no level past what the row can still emit (True; the calibration recorder, which
-            measures whole recording trees, sets it False).
+        cut_at_answer_end: grow no level past what the row can still use (:attr:`RowState.useful_depth`; True).
+            The calibration recorder, which measures whole recording trees, passes False.
 
     Raises:
         DecodingError: a drafter without draft probabilities (prompt lookup), when the policy is made.
     """
 
-    cut_at_answer_end = True
-
-    def __init__(self, drafter: Drafter, setting: DynamicSetting, name: str = "draft") -> None:
+    def __init__(self, drafter: Drafter, setting: DynamicSetting, name: str = "draft", *,
+                 cut_at_answer_end: bool = True) -> None:
+        self.cut_at_answer_end = bool(cut_at_answer_end)
         drafter = as_drafter(drafter)
         if not drafter.has_probs:  # refused here, not at the first step after the prefill
             raise DecodingError(f"drafter {name!r} has no draft probabilities ({type(drafter).__name__}): a dynamic "
@@ -87,11 +87,9 @@ class DynamicPolicy(SharedTreePolicy):
     def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
         if not self.whole_fits(state, rooms[0]):
             return self.root_only(state)
-        # Medusa's K heads: a deeper setting grows K levels; and no level past what the row can still emit (a row
-        # with r tokens left uses nodes down to depth r - 1: StaticTreePolicy.step_depth_for)
-        reach = self.drafters[0].shared_depth(state)
-        if self.cut_at_answer_end:
-            reach = min(reach, state.row.remaining - 1)
+        reach = self.drafters[0].shared_depth(state)  # Medusa's K heads: a deeper setting grows K levels
+        if self.cut_at_answer_end:  # and no level past what the row can still emit
+            reach = min(reach, state.row.useful_depth)
         if reach <= 0:
             return self.root_only(state)
         s = self.settings

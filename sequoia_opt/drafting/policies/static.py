@@ -105,16 +105,15 @@ class StaticTreePolicy(DraftingPolicy):
 
     def step_depth_for(self, state: DecodeState, rooms: Sequence[Room]) -> int:
         """The depth this step's tree uses for every row: the deepest whose levels fit every row's room and the
-        drafter's limit, and no deeper than the rows can still use. A row with r new tokens left emits at most r
-        this step (an accepted path of d nodes and the bonus), so a node deeper than r - 1 is drafted and verified
-        for nothing: the depth stops at the largest r - 1 over the rows (the rule llama-server applies to its
-        draft, ``server_slot::get_n_draft_max``: at most ``n_remaining - 1``). Greedy: the tokens emitted are the
-        same either way (the stop rule would have cut them); only the step's cost drops. Sampling: the same
-        distribution, but a cut step draws fewer samples from the generator, so one seed's later tokens differ."""
+        drafter's limit, and no deeper than the rows can still use: the largest
+        :attr:`~sequoia_opt.decoding.state.RowState.useful_depth` over the rows (r - 1 for r tokens left; a row
+        near its end does not make the others shallower). Greedy: the tokens emitted are the same either way (the
+        stop rule would have cut them); only the step's cost drops. Sampling: the same distribution, but a cut
+        step draws fewer samples from the generator, so one seed's later tokens differ."""
         buf = self.buffers
         D = buf.tree_depth
         if self.cut_at_answer_end:
-            D = min(D, max(0, max(r.remaining for r in state.rows) - 1))
+            D = min(D, max(r.useful_depth for r in state.rows))
         nodes = min(r.nodes for r in rooms)
         deep = min(r.depth for r in rooms)
         d = D
