@@ -1,5 +1,5 @@
 """Continuous batching on treeopt's decoder: what a request that finishes costs the step, in three ways of
-dropping it from the KV caches.
+dropping it from the KV caches, and what the frontier that joins and leaves push ahead of the rows costs.
 
 A server's rows finish one by one; each time, the decoder drops the finished row from the target's and the
 draft model's KV caches (:meth:`~sequoia_opt.decoding.rows.RowCache.keep`). Three ways, each the baseline of the
@@ -9,18 +9,23 @@ next, all in the same run:
   (all ``max_len`` slots);
 * ``shift`` (a6bb34d): the live rows shifted up in order, only the rows after the first that leaves copied, and
   only their committed prefix ``[0, frontier)``;
-* ``fill`` (now, :func:`~sequoia_opt.decoding.loop.keep_order`): a finished row's place takes the last live row,
-  as a server's slot table refills a freed slot; only the rows that fill holes are copied (their prefix).
+* ``fill`` (:func:`~sequoia_opt.decoding.loop.keep_order`): a finished row's place takes the last live row,
+  as a server's slot table refills a freed slot; only the rows that fill holes are copied (their prefix);
+* ``fill+repack`` (now): ``fill``, and a cache whose frontier has run more than a quarter of itself past its
+  longest row is repacked before the step (:data:`~sequoia_opt.decoding.rows.REPACK_WASTE`): every step reads
+  ``[0, frontier)`` of every row, and under continuous batching the frontier only grows (joiners' prompts sit far
+  behind it). Without it a cache is repacked only when the next tree does not fit.
 
-The older ways are put back on some of the decoders (``--settings`` each run all three ways, in lockstep, so the
-VM's drift hits them alike).
+The older ways are put back on some of the decoders (``--settings`` each run every way of ``--ways``, in lockstep,
+so the VM's drift hits them alike).
 
 The stream is ``benchmarks/schedules.py``'s: the eval prompts (their last 96 tokens), one request joining per
 step up to ``--peak`` live rows, ``--tokens`` new tokens each, the demo pair, greedy, one thread. Per setting and
 way: decode tokens/s (step time only, prefill and joins excluded), and the median bookkeeping ms of the steps
 where a row left and of those where none did. Greedy output is checked equal across every decoder.
 
-    flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py     # about 7 min on 2 cores
+    flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py     # about 10 min on 2 cores
+    flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py --ways fill,fill+repack --requests 256
 
 Writes ``results/continuous_batching/<run-id>.json``.
 """
@@ -49,14 +54,14 @@ from sequoia_opt.tree import now_iso  # noqa: E402
 
 import sequoia_opt.decoding.loop as loop_module  # noqa: E402
 
-WAYS = ("full copy", "shift", "fill")
+WAYS = ("full copy", "shift", "fill", "fill+repack")
 _keep_rows, _keep, _keep_order = ModelKVCache.keep_rows, RowCache.keep, loop_module.keep_order
 _WAY = {"now": "fill"}  # the way of the decoder stepping now (set by Logged around its step)
 
 
 def _keep_order_either(finished) -> list[int]:
     """The loop's keep_order, or for the older ways the live rows in order (they shifted up)."""
-    if _WAY["now"] == "fill":
+    if _WAY["now"].startswith("fill"):
         return _keep_order(finished)
     return [b for b, f in enumerate(finished) if not f]
 
@@ -106,10 +111,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=12)
     ap.add_argument("--peak", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ways", default=",".join(WAYS), help=f"the ways to run, of {', '.join(WAYS)}")
     ap.add_argument("--out", type=Path, default=ROOT / "results/continuous_batching")
     args = ap.parse_args()
     if min(args.requests, args.tokens, args.peak, args.rounds) < 1:
         ap.error("--requests, --tokens, --peak and --rounds must be at least 1")
+    ways = [w.strip() for w in args.ways.split(",")]
+    if not ways or any(w not in WAYS for w in ways):
+        ap.error(f"--ways: each of {', '.join(WAYS)}")
     torch.set_num_threads(1)
     ModelKVCache.keep_rows, RowCache.keep = _keep_rows_either, _counted_keep
     loop_module.keep_order = _keep_order_either
@@ -117,20 +126,26 @@ def main() -> None:
     eng = Engine("treeopt", None, 1, 512)
     ids = request_ids(eng, WORKLOADS["eval"][0], 96, args.requests)
     ks = [int(x) for x in args.settings.split(",")]
-    names = [f"K={k} {how}" for k in ks for how in WAYS]
+    names = [f"K={k} {how}" for k in ks for how in ways]
     logs: dict[str, list] = {n: [] for n in names}
     tokens: dict[str, list] = {n: [] for n in names}
+    repacks: dict[str, list] = {n: [] for n in names}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         served = {}
         for i, n in enumerate(order):
             k, way = int(n.split()[0][2:]), n.split(" ", 1)[1]
             dec = eng.decoder(args.peak, k=k, slot=i)
+            if way != "fill+repack":  # the older ways repack only when the next tree does not fit
+                for rows in (dec.face.rows, getattr(getattr(dec.policy, "drafter", None), "rows", None)):
+                    if rows is not None:
+                        rows.repack_waste = None
             served[n] = Logged(dec, ids, args.tokens, lambda s: min(args.peak, s + 1), None, way=way)
         lockstep(list(served.values()), 4)
         for n, x in served.items():
             logs[n].append(x.log)
             tokens[n].append([res.tokens for res in x.state.results])
+            repacks[n].append(x.dec.face.rows.repacks)
         print(f"[{time.time() - t0:6.0f} s] round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
     ref = tokens[names[0]][0]
     rows = []
@@ -142,25 +157,28 @@ def main() -> None:
                      "bookkeeping_ms_when_a_row_left": statistics.median(left) if left else None,
                      "bookkeeping_ms_otherwise": statistics.median(stay) if stay else None,
                      "steps_with_a_row_leaving": len(left) // args.rounds,
+                     "target_repacks_per_round": repacks[n],
                      "greedy_equal": all(t == ref for t in tokens[n])})
     by = {x["setting"]: x for x in rows}
-    ratios: dict[str, dict[str, float]] = {"shift_over_full_copy": {}, "fill_over_shift": {}}
+    pairs = [(f"{a}_over_{b}".replace(" ", "_").replace("+", "_"), a, b) for a, b in zip(WAYS[1:], WAYS)
+             if a in ways and b in ways]
+    ratios: dict[str, dict[str, float]] = {key: {} for key, *_ in pairs}
     for k in ks:
-        for key, (a, b) in (("shift_over_full_copy", ("shift", "full copy")), ("fill_over_shift", ("fill", "shift"))):
+        for key, a, b in pairs:
             new, old = by[f"K={k} {a}"]["rounds"], by[f"K={k} {b}"]["rounds"]
             ratios[key][f"K={k}"] = statistics.median(x / y for x, y in zip(new, old, strict=True))  # paired rounds
     run_id = new_run_id(None)
     doc = {"format": "treeopt-bench-continuous-batching/1", "run_id": run_id, "date": now_iso(),
            "stream": {"requests": args.requests, "tokens_per_request": args.tokens, "peak": args.peak,
                       "prompts": "sequoia_opt/data/prompts/eval.jsonl (last 96 tokens)"},
-           "rounds": args.rounds, "threads": 1, "rows": rows,
+           "rounds": args.rounds, "threads": 1, "ways": ways, "rows": rows,
            "tokens_per_s_ratios": ratios, "wall_s": time.time() - t0,
            "command": "flock /tmp/treeopt-bench.lock python benchmarks/continuous_batching.py " + " ".join(sys.argv[1:])}
     (path,) = create_files({args.out / f"{run_id}.json": json.dumps(doc, indent=2) + "\n"})
-    print(f"{'setting':<16}{'tok/s':>8}{'bookkeeping ms, a row left':>29}{'otherwise':>11}{'= plain':>9}")
+    print(f"{'setting':<20}{'tok/s':>8}{'bookkeeping ms, a row left':>29}{'otherwise':>11}{'= plain':>9}")
     for x in rows:
         bl, bo = x["bookkeeping_ms_when_a_row_left"], x["bookkeeping_ms_otherwise"]
-        print(f"{x['setting']:<16}{x['tokens_per_s']:>8.1f}{(bl or float('nan')):>29.1f}{(bo or float('nan')):>11.1f}"
+        print(f"{x['setting']:<20}{x['tokens_per_s']:>8.1f}{(bl or float('nan')):>29.1f}{(bo or float('nan')):>11.1f}"
               f"{'yes' if x['greedy_equal'] else 'NO':>9}")
     for key, by_k in ratios.items():
         print(f"{key.replace('_over_', ' / ').replace('_', ' ')}, tokens/s (median of per-round ratios): "

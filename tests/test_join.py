@@ -142,3 +142,55 @@ def test_a_state_is_served_only_by_the_decoder_and_prefill_that_made_it():
     while not s3.finished:
         dec.step(s3)
     assert s3.results[0].tokens == want
+
+
+def test_wasteful_counts_only_the_slots_a_repack_removes(target):
+    """RowCache.wasteful: the frontier's run past the longest row against REPACK_WASTE of the frontier; holes of
+    rows shorter than the longest (no repack removes them) do not count."""
+    from sequoia_opt.decoding.rows import REPACK_WASTE, RowCache
+
+    rows = RowCache(target.new_cache(64, batch=3), target.device)
+    rows.reset(3)
+    rows.prefilled([20, 5, 6])
+    assert rows.holes and not rows.wasteful()  # F = 20 is the longest row: nothing to gain
+    rows.keep([1, 2])  # the long row left: F stays 20, the longest is 6
+    assert (rows.frontier, REPACK_WASTE) == (20, 0.25) and rows.wasteful()  # 14 > 0.25 x 20
+    rows.repack_waste = 0.75
+    assert not rows.wasteful()  # 14 <= 15
+    rows.repack_waste = None
+    assert not rows.wasteful()
+    rows.repack_waste = REPACK_WASTE
+    rows.repack()
+    assert rows.frontier == 6 and rows.holes and not rows.wasteful()  # the 5-slot row's hole stays
+
+
+def test_a_frontier_run_past_the_rows_is_repacked_and_decodes_exactly(target, draft):
+    """Under continuous batching the frontier only grows (a joiner's prompt sits far behind it); the decoder
+    repacks the target's and the draft's caches once it has run a quarter of itself past the longest row, and
+    every request still decodes as it would alone. Without the rule (``repack_waste=None``) the same stream lets
+    the frontier run past that share."""
+    prompts = [list(range(60, 100)), [5, 17, 3]] + [[(7 * i + j) % 200 + 1 for j in range(3 + i % 4)]
+                                                    for i in range(10)]
+    lens = [6] + [14] * 11  # the long prompt leaves early; the short ones keep joining behind its frontier
+    runs = {}
+    for waste in (None, 0.25):
+        dec = Decoder(target, StaticTreePolicy(draft, Tree.chain(3)), max_len=256, max_batch=3)
+        for rc in (dec.face.rows, dec.policy.drafter.rows):
+            rc.repack_waste = waste
+        seen = []
+        real_room = dec.face.room
+
+        def room(state, want, _real=real_room, _seen=seen, _rc=dec.face.rows):
+            out = _real(state, want)  # the target's rule runs here, before the step's forwards
+            if _rc.batch > 1:
+                _seen.append((_rc.frontier, int(_rc.valid[:, : _rc.frontier].sum(1).max())))
+            return out
+
+        dec.face.room = room
+        state, _ = _stream(dec, prompts, 14, arrive_every=1, lens=lens)
+        assert [r.tokens for r in state.results] == [_alone(target, p, n) for p, n in zip(prompts, lens)]
+        runs[waste] = (seen, dec.face.rows.repacks, dec.policy.drafter.rows.repacks)
+    (never, r0, d0), (rule, r1, d1) = runs[None], runs[0.25]
+    assert max((f - c) / f for f, c in never) > 0.4  # the stream does push the frontier ahead
+    assert all(f - c <= 0.25 * f for f, c in rule)  # every forward ran within the rule
+    assert r1 > r0 and d1 > d0

@@ -182,8 +182,8 @@ class TransformerTarget(TargetFace):
 
     def room(self, state: DecodeState, want: int) -> list[Room]:
         rows = self.rows
-        if rows.frontier + want > rows.max_len and (rows.holes or rows.batch > 1):
-            rows.repack()  # holes first: a repack restores every row's own slot count
+        if (rows.frontier + want > rows.max_len and (rows.holes or rows.batch > 1)) or rows.wasteful():
+            rows.repack()  # a repack restores every row's own slot count (and what a step reads)
         nodes = rows.max_len - rows.frontier
         return [Room(nodes, self.context - 1 - r.cached) for r in state.rows]
 

@@ -251,6 +251,8 @@ class EagleDrafter(Drafter):
         D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
         if self.rows is None or D == 0 or any(r.cached < 1 for r in state.rows):
             return 0  # a root at position 0 has no target feature before it
+        if self.rows.wasteful():
+            self.rows.repack()  # holes would be read by every level's forward (RowCache)
         max_L = max(r.cached for r in state.rows)
         chunk = max(r.cached - c for r, c in zip(state.rows, self.row_cached))
         starts = buffers.level_slices

@@ -256,6 +256,8 @@ class ModelDrafter(Drafter):
         D = buffers.tree_depth if depth is None else min(depth, buffers.tree_depth)
         if self.rows is None or D == 0:
             return 0
+        if self.rows.wasteful():
+            self.rows.repack()  # holes would be read by every level's forward (RowCache)
         Ls = [r.cached for r in state.rows]
         max_L = max(Ls)
         chunk = max(L + 1 - c for L, c in zip(Ls, self.row_cached))
