@@ -140,7 +140,7 @@ def main() -> None:
                 for rows in (dec.face.rows, getattr(getattr(dec.policy, "drafter", None), "rows", None)):
                     if rows is not None:
                         rows.repack_waste = None
-            served[n] = Logged(dec, ids, args.tokens, lambda s: min(args.peak, s + 1), None, way=way)
+            served[n] = Logged(dec, ids, args.tokens, lambda s, a: min(args.peak, s + 1), None, way=way)
         lockstep(list(served.values()), 4)
         for n, x in served.items():
             logs[n].append(x.log)

@@ -24,8 +24,11 @@ prompt sets is as large as the 10 % the prediction is judged by) and solves the 
 batch size b, ``--rounds`` rounds serve max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
 server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
-after step s the batch is refilled up to min(16, s + 1) live rows while requests remain) with every fixed K, the
-plan and vLLM's rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in
+``--stream-shape``: ``ramp``, after step s the batch is refilled up to min(16, s + 1) live rows while requests
+remain, so most of its tokens are served at 16 rows; ``triangle``, the i-th request of N joins once fewer than
+``1 + round(15 (1 - |2 i / (N - 1) - 1|))`` rows are live, so the concurrency climbs 1 -> 16 over the first half
+of the requests and falls back over the second and every level serves about the same number of tokens
+(:func:`stream_concurrency`)) with every fixed K, the plan and vLLM's rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in
 turn (the order rotates each round), so every setting is timed in the same seconds of this VM's drifting speed. Greedy
 output is checked token for token: every run against plain decoding of the same requests. Decode time excludes
 prefill (the first rows' and the joiners'); the stream's wall time includes the joiners'.
@@ -174,7 +177,8 @@ class Served:
     """One setting serving its requests by continuous batching, advanced a block of steps at a time so that the
     settings of one comparison run in lockstep (:func:`lockstep`).
 
-    After step s the batch is refilled up to ``concurrency(s)`` live rows while requests wait (a finished row's
+    After step s the batch is refilled up to ``concurrency(s, a)`` live rows while requests wait, ``a`` the requests
+    admitted so far (a finished row's
     slot takes the next request between two steps, :meth:`Decoder.join`, as vLLM, SGLang and llama-server run
     requests). ``timed_rows``: only the steps with that many live rows are timed and counted (a steady
     concurrency; the ramp-down after the last join, the slowest requests' tail, is what a server at that
@@ -206,7 +210,7 @@ class Served:
             if self.done:
                 return
             t0 = time.perf_counter()
-            want = self.concurrency(self.s)
+            want = self.concurrency(self.s, len(self.prompts) - len(self.waiting))
             if self.state is None:
                 self.state = self.dec.start_batch(self._next(want), self.new)
             room = want - self.state.batch
@@ -272,17 +276,41 @@ def run_batch(eng: Engine, b: int, ks: list[Any], prompts: list[list[int]], new:
     steps and tokens."""
     extra = extra or {}
     served = {k: Served(eng.decoder(b, **(extra[k] if k in extra else {"k": k}), slot=i), prompts, new,
-                        lambda s: b, b) for i, k in enumerate(ks)}
+                        lambda s, a: b, b) for i, k in enumerate(ks)}
     lockstep(list(served.values()), block)
     return {k: x.result() for k, x in served.items()}
 
 
+STREAM_SHAPES = ("ramp", "triangle")
+
+
+def stream_concurrency(shape: str, peak: int, requests: int):
+    """The stream's target of live rows, a function of the step s and the requests admitted so far a (what
+    :class:`Served` takes): ``ramp``, ``min(peak, s + 1)`` (one more row each step, then the peak until the
+    requests run out); ``triangle``, ``1 + round((peak - 1) (1 - |2 a / (N - 1) - 1|))`` for N requests (the
+    concurrency climbs to the peak over the first half of the requests and falls back over the second, so each
+    level serves about the same number of them, and every setting meets the same levels with the same requests).
+
+    Raises:
+        ValueError: an unknown shape, a peak or a request count under 1.
+    """
+    if shape not in STREAM_SHAPES:
+        raise ValueError(f"stream shape {shape!r}: one of {', '.join(STREAM_SHAPES)}")
+    if peak < 1 or requests < 1:
+        raise ValueError("a stream needs a peak and a request count of at least 1")
+    if shape == "ramp":
+        return lambda s, a: min(peak, s + 1)
+    last = max(1, requests - 1)
+    return lambda s, a: 1 + round((peak - 1) * (1.0 - abs(2.0 * min(a, last) / last - 1.0)))
+
+
 def run_stream(eng: Engine, prompts: list[list[int]], new: int, peak: int, settings: dict[str, dict],
-               block: int) -> dict[str, dict]:
-    """The stream (module docstring) served with every setting (``{"k": K}`` or ``{"ranges": [...]}``) in
-    lockstep: per setting its own wall ms (steps and joins, prefill excluded), tokens per request, the live rows
-    per step."""
-    served = {n: Served(eng.decoder(peak, slot=i, **st), prompts, new, lambda s: min(peak, s + 1), None)
+               block: int, shape: str = "ramp") -> dict[str, dict]:
+    """The stream (module docstring; ``shape``, :func:`stream_concurrency`) served with every setting
+    (``{"k": K}`` or ``{"ranges": [...]}``) in lockstep: per setting its own wall ms (steps and joins, prefill
+    excluded), tokens per request, the live rows per step."""
+    served = {n: Served(eng.decoder(peak, slot=i, **st), prompts, new, stream_concurrency(shape, peak, len(prompts)),
+                        None)
               for i, (n, st) in enumerate(settings.items())}
     lockstep(list(served.values()), block)
     return {n: x.result() for n, x in served.items()}
@@ -446,6 +474,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stream-requests", type=int, default=40)
     ap.add_argument("--stream-tokens", type=int, default=12)
     ap.add_argument("--stream-peak", type=int, default=16)
+    ap.add_argument("--stream-shape", choices=STREAM_SHAPES, default="ramp",
+                    help="ramp: one more row each step up to the peak, held while requests remain; triangle: the "
+                         "concurrency climbs to the peak over the first half of the requests and falls back")
     ap.add_argument("--no-stream", action="store_true")
     ap.add_argument("--no-live", action="store_true",
                     help="skip the plan re-ranked from the live acceptance (treeopt's decoder: plan-live)")
@@ -669,7 +700,7 @@ def main() -> None:
         for r in range(args.rounds):
             order = runs_of[r % len(runs_of):] + runs_of[: r % len(runs_of)]
             for n, res_n in run_stream(eng, sp, args.stream_tokens, args.stream_peak, {n: settings[n] for n in order},
-                                       args.block_steps).items():
+                                       args.block_steps, args.stream_shape).items():
                 sruns[n].append(res_n)
             log(f"stream round {r + 1}/{args.rounds}")
         eng.release()
@@ -677,6 +708,7 @@ def main() -> None:
             sruns[n] = sruns[same_as[n]]
         ref = sruns["K=0"][0]["tokens"] if "K=0" in sruns else None
         stream = {"requests": len(sp), "tokens_per_request": args.stream_tokens, "peak": args.stream_peak,
+                  "shape": args.stream_shape,
                   "live_rows_plan": sruns["plan"][0]["live"], "settings": {}}
         for n in names:
             tps = [1000.0 * x["emitted"] / x["ms"] for x in sruns[n]]
@@ -831,8 +863,8 @@ def markdown(doc: dict, source: str) -> str:
         st = doc["stream"]
         fixed = {n: v["tokens_per_s_total"] for n, v in st["settings"].items() if n.startswith("K=")}
         best = max(fixed, key=fixed.get)
-        out += ["", f"Stream 1 -> {st['peak']} -> 1 ({st['requests']} requests x {st['tokens_per_request']} "
-                f"tokens), total tok/s: plan {st['settings']['plan']['tokens_per_s_total']:.1f}; "
+        out += ["", f"Stream 1 -> {st['peak']} -> 1 ({st.get('shape', 'ramp')}, {st['requests']} requests x "
+                f"{st['tokens_per_request']} tokens), total tok/s: plan {st['settings']['plan']['tokens_per_s_total']:.1f}; "
                 + (f"plan-live {st['settings'][LIVE]['tokens_per_s_total']:.1f}; " if LIVE in st["settings"] else "")
                 + f"best fixed "
                 f"{best} {fixed[best]:.1f}; K=0 {fixed.get('K=0', 0):.1f}; "

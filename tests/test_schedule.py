@@ -2044,3 +2044,42 @@ def test_tune_prices_cut_last_steps_only_for_engines_that_cut(tmp_path):
     assert plan_document(cut, engine="treeopt")["answer_end_cut"] is True
     assert "answer_end_cut" not in plan_document(whole, engine="vllm")
     assert "answer_end_cut" in SCHEDULE_KEYS
+
+
+def test_stream_shapes_climb_to_the_peak_and_back_with_the_same_requests():
+    """The schedules benchmark's streams: ``ramp`` adds a row a step up to the peak; ``triangle`` sets the live-row
+    target by the requests admitted so far, climbing 1 -> peak over the first half and back over the second, each
+    level admitting about as many requests. Served by a decoder, the triangle's live rows rise to the peak and fall
+    back to one, and every request's tokens equal plain decoding's."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import random_model
+
+    from sequoia_opt.decoding import Decoder
+
+    bench = _schedules_benchmark()
+    ramp = bench.stream_concurrency("ramp", 16, 64)
+    assert [ramp(s, 0) for s in (0, 1, 14, 15, 40)] == [1, 2, 15, 16, 16]
+    tri = bench.stream_concurrency("triangle", 16, 64)
+    levels = [tri(0, a) for a in range(64)]
+    assert levels[0] == levels[-1] == 1 and max(levels) == 16 and levels == levels[::-1]
+    assert all(levels[a] <= levels[a + 1] for a in range(31))  # climbs, then (mirrored) falls
+    assert all(2 <= levels.count(c) <= 6 for c in range(1, 17))  # every level admits a few requests
+    assert tri(0, 500) == 1  # past the last request: the floor
+    for bad in (("zigzag", 16, 64), ("ramp", 0, 64), ("triangle", 16, 0)):
+        with pytest.raises(ValueError):
+            bench.stream_concurrency(*bad)
+
+    target = random_model(0)
+    prompts = [[3 + i, 17, 5 + 2 * i] for i in range(12)]
+    served = bench.Served(Decoder(target, max_batch=4, max_len=64), prompts, 6,
+                          bench.stream_concurrency("triangle", 4, len(prompts)), None)
+    while not served.done:
+        served.advance(3)
+    live = served.result()["live"]
+    top = live.index(4)
+    assert live[0] == 1 and live[-1] == 1 and max(live) == 4 and all(x <= 4 for x in live)
+    assert min(live[top:]) == 1  # after the peak the concurrency falls back
+    plain = [Decoder(target, max_len=64).generate(p, 6).tokens for p in prompts]
+    assert [r.tokens for r in served.state.results] == plain
