@@ -116,7 +116,7 @@ def main() -> None:
     args = ap.parse_args()
     if min(args.requests, args.tokens, args.peak, args.rounds) < 1:
         ap.error("--requests, --tokens, --peak and --rounds must be at least 1")
-    ways = [w.strip() for w in args.ways.split(",")]
+    ways = list(dict.fromkeys(w.strip() for w in args.ways.split(",")))  # each once, in the order given
     if not ways or any(w not in WAYS for w in ways):
         ap.error(f"--ways: each of {', '.join(WAYS)}")
     torch.set_num_threads(1)

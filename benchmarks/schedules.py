@@ -24,11 +24,11 @@ prompt sets is as large as the 10 % the prediction is judged by) and solves the 
 batch size b, ``--rounds`` rounds serve max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
 server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
-``--stream-shape``: ``ramp``, after step s the batch is refilled up to min(16, s + 1) live rows while requests
-remain, so most of its tokens are served at 16 rows; ``triangle``, the i-th request of N joins once fewer than
-``1 + round(15 (1 - |2 i / (N - 1) - 1|))`` rows are live, so the concurrency climbs 1 -> 16 over the first half
-of the requests and falls back over the second and every level serves about the same number of tokens
-(:func:`stream_concurrency`)) with every fixed K, the plan and vLLM's rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in
+``--stream-shape``: ``ramp``, after step s the batch is refilled up to min(P, s + 1) live rows while requests
+remain, P the ``--stream-peak`` (16), so most of its tokens are served at P rows; ``triangle``, the i-th request of
+N (0-based) joins once fewer than ``1 + round((P - 1) (1 - |2 i / (N - 1) - 1|))`` rows are live, so the
+concurrency climbs 1 -> P over the first half of the requests and falls back over the second, and every level
+admits about the same number of requests (:func:`stream_concurrency`)) with every fixed K, the plan and vLLM's rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in
 turn (the order rotates each round), so every setting is timed in the same seconds of this VM's drifting speed. Greedy
 output is checked token for token: every run against plain decoding of the same requests. Decode time excludes
 prefill (the first rows' and the joiners'); the stream's wall time includes the joiners'.
@@ -177,8 +177,8 @@ class Served:
     """One setting serving its requests by continuous batching, advanced a block of steps at a time so that the
     settings of one comparison run in lockstep (:func:`lockstep`).
 
-    After step s the batch is refilled up to ``concurrency(s, a)`` live rows while requests wait, ``a`` the requests
-    admitted so far (a finished row's
+    After step s the batch is refilled while requests wait: the next request joins while fewer than
+    ``concurrency(s, a)`` rows are live, ``a`` the requests admitted before it (a finished row's
     slot takes the next request between two steps, :meth:`Decoder.join`, as vLLM, SGLang and llama-server run
     requests). ``timed_rows``: only the steps with that many live rows are timed and counted (a steady
     concurrency; the ramp-down after the last join, the slowest requests' tail, is what a server at that
@@ -210,11 +210,13 @@ class Served:
             if self.done:
                 return
             t0 = time.perf_counter()
-            want = self.concurrency(self.s, len(self.prompts) - len(self.waiting))
             if self.state is None:
-                self.state = self.dec.start_batch(self._next(want), self.new)
-            room = want - self.state.batch
-            if self.waiting and room > 0:
+                self.state = self.dec.start_batch(self._next(self.concurrency(self.s, 0)), self.new)
+            admitted = len(self.prompts) - len(self.waiting)
+            room = 0  # the next requests that find fewer live rows than their own target, joining together
+            while room < len(self.waiting) and self.state.batch + room < self.concurrency(self.s, admitted + room):
+                room += 1
+            if room > 0:
                 self.dec.join(self.state, self._next(room), self.new)
             if not self.state.finished:
                 st = self.dec.step(self.state)
@@ -289,7 +291,8 @@ def stream_concurrency(shape: str, peak: int, requests: int):
     :class:`Served` takes): ``ramp``, ``min(peak, s + 1)`` (one more row each step, then the peak until the
     requests run out); ``triangle``, ``1 + round((peak - 1) (1 - |2 a / (N - 1) - 1|))`` for N requests (the
     concurrency climbs to the peak over the first half of the requests and falls back over the second, so each
-    level serves about the same number of them, and every setting meets the same levels with the same requests).
+    level admits about the same number of them (the peak, one point of the triangle, about half as many), and
+    every setting meets the same levels with the same requests; N >= 3 to rise at all).
 
     Raises:
         ValueError: an unknown shape, a peak or a request count under 1.

@@ -177,20 +177,31 @@ def test_a_frontier_run_past_the_rows_is_repacked_and_decodes_exactly(target, dr
         dec = Decoder(target, StaticTreePolicy(draft, Tree.chain(3)), max_len=256, max_batch=3)
         for rc in (dec.face.rows, dec.policy.drafter.rows):
             rc.repack_waste = waste
-        seen = []
-        real_room = dec.face.room
+        seen, seen_draft = [], []
+        real_room, real_limit = dec.face.room, dec.policy.drafter.limit
+
+        def longest(rc):
+            return rc.frontier, int(rc.valid[:, : rc.frontier].sum(1).max())
 
         def room(state, want, _real=real_room, _seen=seen, _rc=dec.face.rows):
             out = _real(state, want)  # the target's rule runs here, before the step's forwards
             if _rc.batch > 1:
-                _seen.append((_rc.frontier, int(_rc.valid[:, : _rc.frontier].sum(1).max())))
+                _seen.append(longest(_rc))
             return out
 
-        dec.face.room = room
+        def limit(state, buffers, depth=None, _real=real_limit, _seen=seen_draft, _rc=dec.policy.drafter.rows):
+            out = _real(state, buffers, depth)  # the draft model's rule, before its level forwards
+            if _rc.batch > 1 and out > 0:
+                _seen.append(longest(_rc))
+            return out
+
+        dec.face.room, dec.policy.drafter.limit = room, limit
         state, _ = _stream(dec, prompts, 14, arrive_every=1, lens=lens)
         assert [r.tokens for r in state.results] == [_alone(target, p, n) for p, n in zip(prompts, lens)]
-        runs[waste] = (seen, dec.face.rows.repacks, dec.policy.drafter.rows.repacks)
-    (never, r0, d0), (rule, r1, d1) = runs[None], runs[0.25]
-    assert max((f - c) / f for f, c in never) > 0.4  # the stream does push the frontier ahead
-    assert all(f - c <= 0.25 * f for f, c in rule)  # every forward ran within the rule
+        runs[waste] = (seen, seen_draft, dec.face.rows.repacks, dec.policy.drafter.rows.repacks)
+    (never, never_d, r0, d0), (rule, rule_d, r1, d1) = runs[None], runs[0.25]
+    assert max((f - c) / f for f, c in never) > 0.4  # the stream does push the frontier ahead, in both caches
+    assert max((f - c) / f for f, c in never_d) > 0.4
+    assert all(f - c <= 0.25 * f for f, c in rule)  # every target forward ran within the rule
+    assert all(f - c <= 0.25 * f for f, c in rule_d) and len(rule_d) > 10  # and every draft proposal
     assert r1 > r0 and d1 > d0

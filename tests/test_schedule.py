@@ -2079,7 +2079,12 @@ def test_stream_shapes_climb_to_the_peak_and_back_with_the_same_requests():
         served.advance(3)
     live = served.result()["live"]
     top = live.index(4)
-    assert live[0] == 1 and live[-1] == 1 and max(live) == 4 and all(x <= 4 for x in live)
+    assert live[-1] == 1 and max(live) == 4 and all(x <= 4 for x in live)
     assert min(live[top:]) == 1  # after the peak the concurrency falls back
+    # targets by request 1, 2, 2, 3, 3, 4, 4: requests 0 and 1 start together and request 2 waits for a row to
+    # finish (6 steps of plain decoding; both finish then), when requests 2-5 find room under their targets; a ramp
+    # would run 1, 2, 3, 4
+    assert [bench.stream_concurrency("triangle", 4, 12)(0, a) for a in range(7)] == [1, 2, 2, 3, 3, 4, 4]
+    assert live[:6] == [2] * 6 and live[6] == 4
     plain = [Decoder(target, max_len=64).generate(p, 6).tokens for p in prompts]
     assert [r.tokens for r in served.state.results] == plain
