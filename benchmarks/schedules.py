@@ -28,8 +28,9 @@ server at concurrency b runs them); then the stream (``--stream-requests`` reque
 remain, P the ``--stream-peak`` (16), so most of its tokens are served at P rows; ``triangle``, the i-th request of
 N (0-based) joins once fewer than ``1 + round((P - 1) (1 - |2 i / (N - 1) - 1|))`` rows are live, so the
 concurrency climbs 1 -> P over the first half of the requests and falls back over the second, and every level
-admits about the same number of requests (:func:`stream_concurrency`)) with every fixed K, the plan and vLLM's rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in
-turn (the order rotates each round), so every setting is timed in the same seconds of this VM's drifting speed. Greedy
+admits about the same number of requests (:func:`stream_concurrency`)) with every fixed K, the plan and vLLM's
+rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in turn (the order
+rotates each round), so every setting is timed in the same seconds of this VM's drifting speed. Greedy
 output is checked token for token: every run against plain decoding of the same requests. Decode time excludes
 prefill (the first rows' and the joiners'); the stream's wall time includes the joiners'.
 
@@ -867,7 +868,8 @@ def markdown(doc: dict, source: str) -> str:
         fixed = {n: v["tokens_per_s_total"] for n, v in st["settings"].items() if n.startswith("K=")}
         best = max(fixed, key=fixed.get)
         out += ["", f"Stream 1 -> {st['peak']} -> 1 ({st.get('shape', 'ramp')}, {st['requests']} requests x "
-                f"{st['tokens_per_request']} tokens), total tok/s: plan {st['settings']['plan']['tokens_per_s_total']:.1f}; "
+                f"{st['tokens_per_request']} tokens), total tok/s: "
+                f"plan {st['settings']['plan']['tokens_per_s_total']:.1f}; "
                 + (f"plan-live {st['settings'][LIVE]['tokens_per_s_total']:.1f}; " if LIVE in st["settings"] else "")
                 + f"best fixed "
                 f"{best} {fixed[best]:.1f}; K=0 {fixed.get('K=0', 0):.1f}; "

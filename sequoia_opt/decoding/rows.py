@@ -19,6 +19,9 @@ for a batch of one) the prefix is the plain int F, which every attention backend
 * Repack: when the next tree would not fit behind F, or when F has run more than :data:`REPACK_WASTE` of itself
   past the longest row (:meth:`RowCache.wasteful`), every row's valid slots are gathered to ``[0, L_i)`` and F
   becomes max_i L_i: a row never needs more slots than it would alone.
+* Keep: a finished row leaves the batch (its cache row is dropped, the rows after it move up).
+* Add: rows join a running batch (continuous batching): prompt j of the joiners is prefilled at slots
+  ``[0, P_j - 1)`` of row ``B + j``; F becomes the largest of F and every ``P_j - 1``, the gaps are holes.
 
 Why the second trigger. Every forward attends over the shared prefix ``[0, F)`` of every row, so a step reads
 B x F cached keys and values, however few each row holds. Under continuous batching F only grows: it moves by
@@ -46,10 +49,10 @@ REPACK_WASTE = 0.25
 """A batch of several rows repacks when its frontier F runs more than this share of F past its longest row C
 (``F - C > REPACK_WASTE * F``, i.e. more than x = C w / (1 - w) slots past it: C / 3 at w = 0.25). A repack
 saves B x (F - C) slots of every later step's reads and costs a gather of B x C slots (and a sort of the B x
-``max_len`` validity mask, small beside it). F runs ahead of C by g slots a step on average (rows
-accepting less than the step's longest path, the longest row leaving; 1-2 here), so a repack comes every x / g steps and the waste
-read between two averages x / 2 a row: the sum r C g / x + x / 2, r a gathered slot's cost over a read one (2-3
-on a CPU), is least at x = sqrt(2 r g C), 27 slots for C = 100 (w = 0.21) and 55 for C = 400 (w = 0.12) at
+``max_len`` validity mask, small beside it). F runs ahead of C by g slots a step on average (rows accepting less
+than the step's longest path, the longest row leaving; 1-2 here), so a repack comes every x / g steps and the
+waste read between two averages x / 2 a row: the sum r C g / x + x / 2, r a gathered slot's cost over a read one
+(2-3 on a CPU), is least at x = sqrt(2 r g C), 27 slots for C = 100 (w = 0.21) and 55 for C = 400 (w = 0.12) at
 g = 1.5, r = 2.5. The sum is flat near its least, so 0.25 serves the demo's 100-slot rows and repacks somewhat
 late for long ones. In ``benchmarks/continuous_batching.py``'s stream of 256 requests at 16 rows (the demo pair, 1
 thread) the target's cache repacked 5 times per round with plain decoding and 7 with K = 1; plain decoding ran
@@ -63,7 +66,7 @@ class RowCache:
         base: the whole cache.  view: the live rows' cache (``base.rows(0, B)``).
         valid: (B, S) bool, row b's committed slots.  frontier: F.  holes: whether some row has a hole in
             ``[0, F)`` (then attention needs the per-row mask).  repacks: repacks so far (tests read it).
-        repack_waste: the share of the prefix slots that holes may fill before :meth:`wasteful` asks for a
+        repack_waste: the share of F that F may run past the longest row before :meth:`wasteful` asks for a
             repack (default :data:`REPACK_WASTE`; None: never, the repack waits for the cache's end).
     """
 
