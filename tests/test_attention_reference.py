@@ -162,6 +162,33 @@ def test_reference_random_mask_with_empty_rows_is_zero_without_prefix():
     assert rel_err(out, ref) < 1e-5
 
 
+def test_one_mask_object_across_calls_is_right_at_every_prefix_length_and_grouping():
+    """The reference keeps its full mask on the TreeMask / RowPrefix between calls (one forward's layers build it
+    once): a TreeMask reused at other prefix lengths and head groupings, and a RowPrefix reused with another
+    tree mask (a drafter's levels), must each get the mask of that call, not the one kept."""
+    from sequoia_opt.attention import RowPrefix
+
+    gen = torch.Generator().manual_seed(11)
+    dense = tree_rows(3, 3, gen)
+    tree = TreeMask.from_dense(dense)
+    for L, (Hq, Hkv) in [(5, (4, 2)), (5, (4, 2)), (9, (4, 2)), (9, (4, 4)), (5, (6, 2)), (0, (4, 2))]:
+        q, k, v = make_case(2, Hq, Hkv, 3, L, 3, 8, gen)
+        out = tree_attention(q, k, v, L, tree, backend="torch")
+        assert rel_err(out, naive_attention_f64(q, k, v, L, dense, 8**-0.5)) < 1e-5, (L, Hq, Hkv)
+    assert len(tree._reference) == 1  # one entry: the last call's
+    F = 6
+    valid = torch.ones(2, F, dtype=torch.bool)
+    valid[1, [1, 4]] = False  # row 1 has two holes
+    rows = RowPrefix(F, valid)
+    q, k, v = make_case(2, 4, 2, 3, F, 3, 8, gen)
+    for level in (tree, TreeMask.from_dense(tree_rows(3, 3, gen)), tree):  # another tree mask between, then back
+        out = tree_attention(q, k, v, rows, level, backend="torch")
+        keep = torch.cat([valid[1].nonzero().flatten(), torch.arange(F, F + 3)])
+        alone = naive_attention_f64(q[1:], k[1:, :, keep], v[1:, :, keep], int(valid[1].sum()), level.dense, 8**-0.5)
+        assert rel_err(out[1:], alone) < 1e-5
+        assert rel_err(out[:1], naive_attention_f64(q[:1], k[:1], v[:1], F, level.dense, 8**-0.5)) < 1e-5
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float16, 5e-3)])
 def test_reference_low_precision_within_tolerance_used_by_gpu_check(dtype, tol):
     """The GPU check's tolerances must admit torch's own low-precision attention on the same inputs."""

@@ -82,6 +82,9 @@ class TreeMask:
 
     dense: torch.Tensor
     bits: torch.Tensor
+    #: the torch reference's last full mask, built by the first layer of a forward and read by the others
+    #: (:func:`_memo_mask`); one entry, since the prefix length moves every step
+    _reference: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_dense(cls, dense: torch.Tensor) -> "TreeMask":
@@ -130,6 +133,9 @@ class RowPrefix:
     length: int
     valid: torch.Tensor
     tree: torch.Tensor | None = None
+    #: the torch reference's full mask per (tree mask, query heads per KV head), built by the first layer of a
+    #: forward and read by the others (:func:`_memo_mask`; a RowPrefix lives for one forward)
+    _reference: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.valid, torch.Tensor) or self.valid.dim() != 2 or self.valid.dtype != torch.bool:
@@ -291,7 +297,7 @@ def tree_attention(
             rec.note("torch", None if backend == "torch" or q.device.type != "cuda" else
                      "a per-row prefix (batch rows of different lengths) runs the torch reference")
         return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, rows.valid,
-                                        rows.tree)
+                                        rows.tree, memo=rows._reference)
     ran, refused = choose_backend(backend, q, k_cache, v_cache)
     if rec is not None:
         rec.note(ran, refused)
@@ -299,7 +305,7 @@ def tree_attention(
         from . import cuda as _cuda
 
         return _cuda.tree_attention_cuda(q, k_cache, v_cache, prefix_len, tree_mask, scale)
-    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale)
+    return tree_attention_reference(q, k_cache, v_cache, prefix_len, tree_mask.dense, scale, memo=tree_mask._reference)
 
 
 def choose_backend(backend: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[str, str | None]:
@@ -339,6 +345,7 @@ def tree_attention_reference(
     scale: float,
     row_valid: torch.Tensor | None = None,
     row_tree: torch.Tensor | None = None,
+    memo: dict | None = None,
 ) -> torch.Tensor:
     """The torch reference: scaled dot product attention with an explicit boolean mask.
 
@@ -346,7 +353,9 @@ def tree_attention_reference(
     (T, L + m): ones over the prefix columns, then the tree mask. With ``row_valid`` ((B, K) bool,
     :attr:`RowPrefix.valid`) it is (B, 1, T, L + m): that mask and, per row, its valid slots (slots past K
     valid; a query row left with no slot sees every slot, see :class:`RowPrefix`); ``row_tree`` ((B, T, m)
-    bool, :attr:`RowPrefix.tree`) replaces the tree columns row by row.
+    bool, :attr:`RowPrefix.tree`) replaces the tree columns row by row. ``memo``: a dict the full mask is kept
+    in for the next call with the same inputs (:func:`_memo_mask`; :func:`tree_attention` passes the
+    :class:`TreeMask`'s or the :class:`RowPrefix`'s, so a forward builds it once rather than once per layer).
 
     Raises:
         TypeError: ``tree_dense`` is not a tensor (a :class:`TreeMask`: pass its ``.dense``).
@@ -358,11 +367,49 @@ def tree_attention_reference(
     m = tree_dense.shape[1]
     k = k_cache[:, :, : prefix_len + m]  # (B, Hkv, L + m, D)
     v = v_cache[:, :, : prefix_len + m]
+    G = Hq // Hkv
+    build = lambda: _reference_mask(tree_dense, prefix_len, G, B, T, row_valid, row_tree, q.device)  # noqa: E731
+    mask = build() if memo is None else _memo_mask(memo, (prefix_len, G, q.device, id(tree_dense)), tree_dense,
+                                                   build)
+    if G == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    # grouped-query attention without copying the cache G times: query head h = kv * G + g reads KV head kv,
+    # so the G query heads of a KV head become G * T query rows of that head (rows are independent)
+    qg = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D), rows ordered (g, t)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # (B, Hkv, G*T, D)
+    return out.reshape(B, Hq, T, D)
+
+
+def _memo_mask(memo: dict, key: tuple, held: torch.Tensor, build) -> torch.Tensor:
+    """The full mask kept in ``memo`` under ``key`` (prefix length, grouping, device and the identity of the tree
+    mask's dense tensor, ``held`` so that no other tensor takes its id while the entry lives), else ``build()``,
+    kept as the memo's one entry. Sound because what the key leaves out does not change while the memo lives: a
+    :class:`TreeMask` is immutable (its bits were packed from ``dense`` when it was built), and a
+    :class:`RowPrefix` describes the rows of the forward it was built for (the drafters' level forwards share
+    one; nothing commits between them). Not while a CUDA graph is being captured: every captured layer then
+    builds its own, so a replay never reads a mask an eager call left behind."""
+    if key[2].type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return build()
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[0]
+    mask = build()
+    memo.clear()
+    memo[key] = (mask, held)
+    return mask
+
+
+def _reference_mask(tree_dense: torch.Tensor, prefix_len: int, G: int, B: int, T: int,
+                    row_valid: torch.Tensor | None, row_tree: torch.Tensor | None,
+                    device: torch.device) -> torch.Tensor:
+    """The bool mask :func:`tree_attention_reference` hands SDPA: (G*T, L + m) shared by the rows, or
+    (B, 1, G*T, L + m) with ``row_valid`` / ``row_tree``; rows ordered (g, t) as the grouped queries."""
+    m = tree_dense.shape[1]
     # (T, L + m): every query sees the whole prefix, and among tree slots only its allowed ones
     if row_tree is not None:  # (B, T, L + m): the prefix, then each row's own tree mask
-        mask = torch.cat([torch.ones(B, T, prefix_len, dtype=torch.bool, device=q.device), row_tree], dim=2)
+        mask = torch.cat([torch.ones(B, T, prefix_len, dtype=torch.bool, device=device), row_tree], dim=2)
     else:
-        mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=q.device), tree_dense], dim=1)
+        mask = torch.cat([torch.ones(T, prefix_len, dtype=torch.bool, device=device), tree_dense], dim=1)
     if row_valid is not None:
         S_used = prefix_len + m
         valid = row_valid[:, :S_used]
@@ -370,12 +417,6 @@ def tree_attention_reference(
             valid = torch.cat([valid, valid.new_ones(valid.shape[0], S_used - valid.shape[1])], dim=1)
         mask = (mask if mask.dim() == 3 else mask.unsqueeze(0)) & valid.unsqueeze(1)  # (B, T, L + m)
         mask = (mask | ~mask.any(-1, keepdim=True)).unsqueeze(1)  # (B, 1, T, L + m)
-    G = Hq // Hkv
     if G == 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    # grouped-query attention without copying the cache G times: query head h = kv * G + g reads KV head kv,
-    # so the G query heads of a KV head become G * T query rows of that head (rows are independent)
-    qg = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D), rows ordered (g, t)
-    mask = mask.repeat(G, 1) if mask.dim() == 2 else mask.repeat(1, 1, G, 1)  # (G*T, L+m) | (B, 1, G*T, L+m)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # (B, Hkv, G*T, D)
-    return out.reshape(B, Hq, T, D)
+        return mask
+    return mask.repeat(G, 1) if mask.dim() == 2 else mask.repeat(1, 1, G, 1)  # (G*T, L+m) | (B, 1, G*T, L+m)
