@@ -42,8 +42,9 @@ def tune(
     max_draft: Annotated[Optional[int], typer.Option(
         "--max-draft", help="The longest chain considered (default: what the profile measured, at most 8).")] = None,
     context: Annotated[Optional[int], typer.Option(
-        "--context", help="Context length (tokens) latency is measured and read at, for llama.cpp and treeopt "
-        "(default 128; a GPU engine's T(b, n) is read as given).")] = None,
+        "--context", help="Context length (tokens) latency is measured and read at, for llama.cpp and treeopt: "
+        "the mean context of a served step, your prompts' tokens plus half the answer (default 128; a GPU engine's "
+        "T(b, n) is read as given).")] = None,
     release: Annotated[Optional[str], typer.Option(
         "--release", help="The engine release to export for (refused when it does not take the setting).")] = None,
     method: Annotated[Optional[str], typer.Option(
