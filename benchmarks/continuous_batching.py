@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from schedules import WORKLOADS, Engine, Served, lockstep, request_ids  # noqa: E402
+from schedules import WORKLOADS, Engine, Served, lockstep, request_ids, round_order  # noqa: E402
 
 from sequoia_opt._io import create_files, new_run_id  # noqa: E402
 from sequoia_opt.decoding.rows import RowCache  # noqa: E402
@@ -131,7 +131,7 @@ def main() -> None:
     tokens: dict[str, list] = {n: [] for n in names}
     repacks: dict[str, list] = {n: [] for n in names}
     for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = round_order(names, r)
         served = {}
         for i, n in enumerate(order):
             k, way = int(n.split()[0][2:]), n.split(" ", 1)[1]

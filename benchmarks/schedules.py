@@ -29,8 +29,9 @@ remain, P the ``--stream-peak`` (16), so most of its tokens are served at P rows
 N (0-based) joins once fewer than ``1 + round((P - 1) (1 - |2 i / (N - 1) - 1|))`` rows are live, so the
 concurrency climbs 1 -> P over the first half of the requests and falls back over the second, and every level
 admits about the same number of requests (:func:`stream_concurrency`)) with every fixed K, the plan and vLLM's
-rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in turn (the order
-rotates each round), so every setting is timed in the same seconds of this VM's drifting speed. Greedy
+rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in turn (in the given
+order in the first round, then shuffled per round: :func:`round_order`), so every setting is timed in the same
+seconds of this VM's drifting speed. Greedy
 output is checked token for token: every run against plain decoding of the same requests. Decode time excludes
 prefill (the first rows' and the joiners'); the stream's wall time includes the joiners'.
 
@@ -73,6 +74,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -254,6 +256,19 @@ def by_range(runs: list[dict], ranges: list[tuple[int, int, int]]) -> dict[str, 
         tps = [1000.0 * t / m for t, m in zip(tok, ms) if m > 0]
         out[f"{lo}-{hi}"] = {"tokens_per_s": med(tps) if tps else None, "steps": med([float(len(p)) for p in parts]),
                              "tokens": med([float(t) for t in tok])}
+    return out
+
+
+def round_order(names: list, r: int) -> list:
+    """The order the settings of lockstep round ``r`` step in: the given order in round 0, then a shuffle seeded
+    by the round (the same in every run). Runs before 2026-12-05 17:05 rotated the order, which keeps every setting
+    behind the same neighbour in every round; the first step of a block runs after the neighbour's block has taken
+    the caches (that step ran about 2 ms slower than the block's others at 16 rows on this VM), so whatever a
+    setting's first steps pay for its neighbour, it paid in every round."""
+    if r == 0:
+        return list(names)
+    out = list(names)
+    random.Random(r).shuffle(out)
     return out
 
 
@@ -622,7 +637,7 @@ def main() -> None:
         live_runs: list[dict] = []  # the plan re-ranked from the live acceptance (AdaptiveSchedulePolicy)
         names = ks + ([LIVE] if live else [])
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[: r % len(names)]
+            order = round_order(names, r)
             for k, res_k in run_batch(eng, b, order, prompts, args.new, args.block_steps,
                                       extra={LIVE: {"live": live}} if live else None).items():
                 (live_runs if k == LIVE else runs[k]).append(res_k)
@@ -707,7 +722,7 @@ def main() -> None:
         same_as = {n: next(m for m in names if k_by_rows[m] == k_by_rows[n]) for n in names}
         runs_of = [n for n in names if same_as[n] == n]
         for r in range(args.rounds):
-            order = runs_of[r % len(runs_of):] + runs_of[: r % len(runs_of)]
+            order = round_order(runs_of, r)
             for n, res_n in run_stream(eng, sp, args.stream_tokens, args.stream_peak, {n: settings[n] for n in order},
                                        args.block_steps, args.stream_shape).items():
                 sruns[n].append(res_n)

@@ -1211,6 +1211,18 @@ def test_the_schedules_benchmark_refuses_a_bad_command_line_in_one_line(argv, ms
     assert msg in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_the_schedules_benchmark_changes_each_settings_neighbour_between_rounds():
+    """Round 0 steps the settings in the given order; later rounds in seeded shuffles (the same every run), which
+    put a setting behind other neighbours than a rotation would (a rotation keeps the cyclic order)."""
+    order = _schedules_benchmark().round_order
+    names = [f"K={k}" for k in range(9)] + ["plan", "plan-live", "vllm-generator"]
+    assert order(names, 0) == names
+    rounds = [order(names, r) for r in range(1, 4)]
+    assert all(sorted(x) == sorted(names) for x in rounds) and rounds == [order(names, r) for r in range(1, 4)]
+    behind = {tuple(x)[x.index("plan") - 1] for x in [names, *rounds]}  # who steps just before the plan (cyclic)
+    assert len(behind) >= 3
+
+
 def test_the_schedules_benchmark_splits_a_stream_by_the_plans_ranges():
     mod = _schedules_benchmark()
     rounds = [{"step_log": [(1, 100.0, 3), (2, 50.0, 4), (16, 200.0, 16), (16, 200.0, 16)]},
