@@ -14,7 +14,7 @@ from tiny_pair import noisy_copy, random_model  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
 from sequoia_opt.profiles import LatencyCurve, load_latency, save_latency  # noqa: E402
 from sequoia_opt.profiling.latency import build_latency_profile, profile_model  # noqa: E402
-from sequoia_opt.profiling.steps import (LoopTable, draft_extra_ms, probe_tree, ratio_rel_se, round_rel_se,  # noqa: E402
+from sequoia_opt.profiling.steps import (LoopTable, draft_extras, probe_tree, ratio_rel_se, round_rel_se,  # noqa: E402
                                          static_loop_decoders, time_loop)
 from sequoia_opt.solver.hardware import choose, plain_ms_per_token, step_cost  # noqa: E402
 from sequoia_opt.tree import Tree  # noqa: E402
@@ -51,7 +51,7 @@ def test_with_a_loop_the_step_is_the_loops(tmp_path):
     assert plain_ms_per_token(c) == pytest.approx(10.8)  # the loop's plain step
     assert s.speedup == pytest.approx(1000 * 2.0 / s.cost_ms * 10.8 / 1000)
     back = load_latency(save_latency(tmp_path / "l.yaml", c))
-    assert back.to_dict()["curves"][0]["loop"] == LOOP
+    assert back.to_dict()["curves"][0]["loop"] == dict(LOOP, draft_step_extra_ms=0.0)
 
 
 def test_the_loop_caps_the_largest_tree_scored():
@@ -72,19 +72,48 @@ def test_the_loop_caps_the_largest_tree_scored():
     (dict(verify_ms=[0.0, 11.0, 12.0, 13.0]), "must be positive"),
     (dict(bookkeeping_ms=[0.1, -0.1, 0.1, 0.1]), "non-negative"),
     (dict(draft_extra_s=0.1), "unsupported unit"),
+    (dict(draft_step_extra_ms=-0.1), "non-negative"),
+    (dict(draft_first_ms=0.1), "unknown key 'draft_first_ms'"),
 ])
 def test_bad_loop_tables_are_one_line_errors(edit, match):
     with pytest.raises(ProfileError, match=match):
         LatencyCurve.from_dict(_doc(dict(LOOP, **edit)))
 
 
-def test_draft_extra_is_the_loops_draft_beyond_c():
-    t = LoopTable(context=0, policy="chain", tokens=[1, 2, 3, 4], draft_ms=[0.0, 3.0, 6.0, 9.0],
-                  level_widths=[(1,), (1, 1), (1, 1, 1), (1, 1, 1, 1)], verify_ms=[1.0] * 4, bookkeeping_ms=[0.1] * 4)
-    # c(1) = 1 ms; the loop's draft is 3 ms per forward: 2 ms more
-    assert draft_extra_ms(t, lambda w: 1.0) == pytest.approx(2.0)
-    assert draft_extra_ms(t, lambda w: 5.0) == 0.0  # never negative
-    assert draft_extra_ms(t, lambda w: 1.0, max_width=0) == 0.0  # nothing within the measured c
+def test_draft_extras_split_the_loops_draft_beyond_c_into_a_per_step_and_a_per_forward_part():
+    widths = [(1,), (1, 1), (1, 1, 1), (1, 1, 1, 1), (1,) * 6]
+    # a chain's loop draft of f forwards: 0.7 ms once (the first forward reloads the draft) + 1.5 ms per forward;
+    # c(1) = 1 ms, so 0.7 per step and 0.5 per forward beyond it
+    t = LoopTable(context=0, policy="chain", tokens=[1, 2, 3, 4, 6], level_widths=widths,
+                  draft_ms=[0.0] + [0.7 + 1.5 * f for f in (1, 2, 3, 5)], verify_ms=[1.0] * 5, bookkeeping_ms=[0.1] * 5)
+    assert draft_extras(t, lambda w: 1.0) == pytest.approx((0.7, 0.5))
+    # one noisy size does not move a Theil-Sen fit
+    noisy = LoopTable(**{**t.__dict__, "draft_ms": [0.0, 2.2, 3.7, 9.9, 8.2]})
+    assert draft_extras(noisy, lambda w: 1.0) == pytest.approx((0.7, 0.5))
+    # the old model's figure (one extra per forward: the median of the sizes') is what a flat per-forward fit gives
+    flat = LoopTable(**{**t.__dict__, "draft_ms": [0.0, 3.0, 6.0, 9.0, 15.0]})
+    assert draft_extras(flat, lambda w: 1.0) == pytest.approx((0.0, 2.0))
+    assert draft_extras(t, lambda w: 5.0) == (0.0, 0.0)  # never negative
+    assert draft_extras(t, lambda w: 1.0, max_width=0) == (0.0, 0.0)  # nothing within the measured c
+    # one forward count (a one-pass drafter: c(3) = 1.15, c(7) = 1.35, 0.5 beyond each): the two parts cannot be
+    # told apart
+    one = LoopTable(context=0, policy="static", tokens=[1, 4, 8], level_widths=[(1,), (1, 3), (1, 7)],
+                    draft_ms=[0.0, 1.65, 1.85], verify_ms=[1.0] * 3, bookkeeping_ms=[0.1] * 3)
+    assert draft_extras(one, lambda w: 1.0 + 0.05 * w, "one-pass") == pytest.approx((0.0, 0.5))
+
+
+def test_a_step_that_drafts_pays_the_per_step_extra_once(tmp_path):
+    c = LatencyCurve.from_dict(_doc(dict(LOOP, draft_extra_ms=0.1, draft_step_extra_ms=0.7)))
+    assert c.draft_step_extra_ms() == 0.7 and c.step_draft_ms([]) == 0.0
+    assert c.step_draft_ms([1, 1]) == pytest.approx(2 * 1.1 + 0.7)
+    s1, s2 = step_cost([1, 1], 1.5, c), step_cost([1, 1, 1], 2.0, c)  # chains of 1 and 2 drafts
+    assert s1.draft_ms == pytest.approx(1.1 + 0.7) and s2.draft_ms == pytest.approx(2.2 + 0.7)
+    assert step_cost([1], 1.0, c).draft_ms == 0.0  # plain decoding drafts nothing
+    back = load_latency(save_latency(tmp_path / "l.yaml", c))
+    assert back.draft_step_extra_ms() == 0.7 and back.draft_extra_ms() == pytest.approx(0.1)
+    # a loop written before the per-step part was measured reads as 0: every forward charged alike
+    old = LatencyCurve.from_dict(_doc(LOOP))
+    assert old.draft_step_extra_ms() == 0.0 and step_cost([1, 1, 1], 2.0, old).draft_ms == pytest.approx(2 * 1.8)
 
 
 def test_probe_trees():

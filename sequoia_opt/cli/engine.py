@@ -146,6 +146,7 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
                               [[n, curve.step_target_ms(n, c), curve.target_ms(n, c), curve.step_overhead(n, c), c]
                                for c in contexts for n in grid]))
         report.summary["draft extra per forward (ms)"] = curve.draft_extra_ms(c0)
+        report.summary["draft extra per step (ms)"] = curve.draft_step_extra_ms(c0)
     report.notes.extend(pair.notes)
     report.data = {"profile": curve.to_dict(), "output": str(out)}
     render(report, as_json)

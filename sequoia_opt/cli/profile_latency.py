@@ -259,6 +259,7 @@ def profile_latency(
                               [[n, curve.step_target_ms(n, c), curve.target_ms(n, c), curve.step_overhead(n, c), c]
                                for c in contexts for n in grid]))
         report.summary["draft extra per forward (ms)"] = curve.draft_extra_ms(contexts[0])
+        report.summary["draft extra per step (ms)"] = curve.draft_step_extra_ms(contexts[0])
     if dtables is not None:
         unit = "nodes proposed" if one_pass else "tokens"
         report.tables.append((f"draft cost c(w) ({cost_model})", [unit, "ms", "context"],

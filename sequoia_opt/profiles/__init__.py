@@ -67,11 +67,13 @@ Latency profile, ``format: treeopt-latency/1``::
           tokens: [1, 2, 4, 8, ...]   # tree sizes n, from 1 (plain decoding)
           verify_ms: [21.0, ...]      # the loop's verify part (target forward + logits to acceptance)
           bookkeeping_ms: [0.3, ...]  # accept + emit + commit + observe
-          draft_extra_ms: 0.8         # per draft forward, the loop's draft time beyond c(w)
+          draft_extra_ms: 0.1         # per draft forward, the loop's draft time beyond c(w)
+          draft_step_extra_ms: 0.7    # optional (default 0): once per step that drafts, its first forward's
+                                      # reload of the draft's weights after the target ran
 
 With a ``loop`` (:mod:`sequoia_opt.profiling.steps`, issue 31) the solver charges a step verify_ms(n) +
-bookkeeping_ms(n) + sum of (c(w) + draft_extra_ms) over its draft forwards, and plain decoding verify_ms(1) +
-bookkeeping_ms(1); without one (every profile written before it existed), T(n) + sum c(w) + step_overhead_ms.
+bookkeeping_ms(n) + sum of (c(w) + draft_extra_ms) over its draft forwards + draft_step_extra_ms (when it drafts),
+and plain decoding verify_ms(1) + bookkeeping_ms(1); without one (every profile written before it existed), T(n) + sum c(w) + step_overhead_ms.
 
 The draft table's ``cost_model`` is how the solver charges the drafter per step (the drafter's own
 :attr:`~sequoia_opt.drafting.drafters.Drafter.cost_model`; DESIGN.md, "Drafters and drafting policies"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import yaml
@@ -71,7 +71,8 @@ class _Loop:
     tokens: np.ndarray  # (k,) int64 tree sizes, strictly increasing, the first 1 (plain decoding)
     verify_ms: np.ndarray  # (k,) float64
     bookkeeping_ms: np.ndarray  # (k,) float64
-    draft_extra_ms: float
+    draft_extra_ms: float  # per draft forward
+    draft_step_extra_ms: float = 0.0  # once per step that drafts (0 in profiles written before it was measured)
 
 
 def _parse_loop(raw: Any, where: str) -> _Loop:
@@ -79,9 +80,11 @@ def _parse_loop(raw: Any, where: str) -> _Loop:
         raise ProfileError(f"{where} must be a mapping with policy, tokens, verify_ms, bookkeeping_ms, draft_extra_ms")
     _reject_wrong_units(raw, where)
     keys = {"policy", "tokens", "verify_ms", "bookkeeping_ms", "draft_extra_ms"}
-    unknown = set(map(str, raw)) - keys
+    optional = {"draft_step_extra_ms"}
+    unknown = set(map(str, raw)) - keys - optional
     if unknown:
-        raise ProfileError(f"{where}: unknown key {sorted(unknown)[0]!r} (expected {', '.join(sorted(keys))})")
+        raise ProfileError(f"{where}: unknown key {sorted(unknown)[0]!r} "
+                           f"(expected {', '.join(sorted(keys | optional))})")
     missing = keys - set(map(str, raw))
     if missing:
         raise ProfileError(f"{where}: missing key {sorted(missing)[0]!r}")
@@ -102,7 +105,9 @@ def _parse_loop(raw: Any, where: str) -> _Loop:
         cols[key] = np.array([_number(x, f"{where}.{key}[{i}]", positive=key == "verify_ms", high=MAX_MS)
                               for i, x in enumerate(v)])
     extra = _number(raw["draft_extra_ms"], f"{where}.draft_extra_ms", high=MAX_MS)
-    return _Loop(raw["policy"], np.asarray(tokens, dtype=np.int64), cols["verify_ms"], cols["bookkeeping_ms"], extra)
+    step_extra = _number(raw.get("draft_step_extra_ms", 0.0), f"{where}.draft_step_extra_ms", high=MAX_MS)
+    return _Loop(raw["policy"], np.asarray(tokens, dtype=np.int64), cols["verify_ms"], cols["bookkeeping_ms"], extra,
+                 step_extra)
 
 
 def _ranges(rows: list[int], tokens) -> str:
@@ -208,6 +213,24 @@ class LatencyCurve:
             return 0.0
         tabs, ws = self._bracket(self._loop, context)
         return sum(w * t.draft_extra_ms for t, w in zip(tabs, ws))
+
+    def draft_step_extra_ms(self, context: int | None = None) -> float:
+        """Once per step that drafts, what the loop adds to its first draft forward beyond ``draft_extra_ms`` (ms;
+        the draft's weights reloaded after the target's forward: :func:`~sequoia_opt.profiling.steps.draft_extras`;
+        0 without a timed loop or in a profile written before it was measured)."""
+        if not self.has_loop(context):
+            return 0.0
+        tabs, ws = self._bracket(self._loop, context)
+        return sum(w * t.draft_step_extra_ms for t, w in zip(tabs, ws))
+
+    def step_draft_ms(self, forwards: Sequence[float], context: int | None = None) -> float:
+        """A step's draft time (ms) for its draft forwards' token counts ``forwards`` (in order; empty: the step
+        does not draft): ``sum of c(w)``, plus with a timed loop ``draft_extra_ms`` per forward and
+        ``draft_step_extra_ms`` once. Raises ProfileError for a width outside the measured c (no extrapolation)."""
+        if not len(forwards):
+            return 0.0
+        return (sum(self.draft_ms(w, context) for w in forwards) + len(forwards) * self.draft_extra_ms(context)
+                + self.draft_step_extra_ms(context))
 
     @property
     def engine(self) -> str:
@@ -319,7 +342,8 @@ class LatencyCurve:
             if lp is not None:
                 curves[-1]["loop"] = {"policy": lp.policy, "tokens": lp.tokens.tolist(),
                                       "verify_ms": lp.verify_ms.tolist(), "bookkeeping_ms": lp.bookkeeping_ms.tolist(),
-                                      "draft_extra_ms": float(lp.draft_extra_ms)}
+                                      "draft_extra_ms": float(lp.draft_extra_ms),
+                                      "draft_step_extra_ms": float(lp.draft_step_extra_ms)}
         d["curves"] = curves
         return d
 

@@ -364,11 +364,12 @@ def build_latency_profile(
 
     ``loop_tables`` (one :class:`~sequoia_opt.profiling.steps.LoopTable` per context, in order, or None) are the
     decoding loop's own steps (issue 31), stored as each curve's ``loop``: verify and bookkeeping per tree size and
-    the extra per draft forward over this profile's c(w) (:func:`~sequoia_opt.profiling.steps.draft_extra_ms`).
+    the draft time beyond this profile's c(w), per draft forward and once per step that drafts
+    (:func:`~sequoia_opt.profiling.steps.draft_extras`).
     """
     import numpy as np
 
-    from .steps import draft_extra_ms
+    from .steps import draft_extras
 
     curves = []
     for i, tt in enumerate(target_tables):
@@ -386,12 +387,13 @@ def build_latency_profile(
         lp = loop_tables[i] if loop_tables is not None else None
         if lp is not None and lp.tokens:
             dt_tok, dt_ms = draft["tokens"], draft["draft_forward_ms"]
-            extra = draft_extra_ms(lp, lambda w: float(np.interp(w, dt_tok, dt_ms)), draft_cost_model,
-                                   max_width=dt_tok[-1]) if draft_tables is not None else 0.0
+            per_step, per_forward = draft_extras(lp, lambda w: float(np.interp(w, dt_tok, dt_ms)), draft_cost_model,
+                                                 max_width=dt_tok[-1]) if draft_tables is not None else (0.0, 0.0)
             curves[-1]["loop"] = {"policy": lp.policy, "tokens": list(lp.tokens),
                                   "verify_ms": [round(x, 4) for x in lp.verify_ms],
                                   "bookkeeping_ms": [round(x, 4) for x in lp.bookkeeping_ms],
-                                  "draft_extra_ms": round(extra, 4)}
+                                  "draft_extra_ms": round(per_forward, 4),
+                                  "draft_step_extra_ms": round(per_step, 4)}
 
     def shape(c: ModelConfig) -> dict[str, int]:
         return {"n_layers": c.n_layers, "d_model": c.dim, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,

@@ -12,8 +12,9 @@ predicted. So the latency profile also records, per tree size n on the target's 
   acceptance), what the cost model charges in place of T(n);
 * ``bookkeeping_ms(n)`` — accept, emit, the target's and the drafters' commit, the policy's observe: in place
   of the fixed ``step_overhead_ms``;
-* ``draft_extra_ms`` — per draft forward, the loop's draft time beyond the profile's c(w) (its logits read,
-  the model's weights reloaded after the target ran): added to every forward the cost model charges;
+* ``draft_step_extra_ms`` and ``draft_extra_ms`` — the loop's draft time beyond the profile's c(w) (its logits
+  read, the model's weights reloaded after the target ran, the catch-up over the committed path): once per step
+  that drafts, and per draft forward (:func:`draft_extras`);
 * n = 1 is plain decoding (no policy): the baseline every speedup divides by.
 
 The probe steps run on a prompt of ``context`` random tokens (the context the curve was measured at), so
@@ -36,7 +37,7 @@ from ..tree import Tree
 
 __all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "ratio_rel_se", "round_rel_se",
            "DEFAULT_REL_SE",
-           "LOOP_MAX_ROUNDS", "static_loop_decoders", "draft_extra_ms",
+           "LOOP_MAX_ROUNDS", "static_loop_decoders", "draft_extras",
            "StepCheck", "check_chosen_step"]
 
 ProgressFn = Callable[[str, int, int], None]
@@ -311,21 +312,42 @@ def static_loop_decoders(target, make_drafter: Callable[[], object], *, backend:
     return make_decoder
 
 
-def draft_extra_ms(table: LoopTable, draft_ms: Callable[[int], float], cost_model: str = "per-level",
-                   max_width: int | None = None) -> float:
-    """Per draft forward, the loop's draft time beyond the profile's c(w): the median over the timed sizes of
-    ``(draft_ms(n) - sum of c over the step's draft forwards) / forwards``, at least 0 (``draft_ms(w)``: the
-    curve's c(w) at the table's context; the forwards as :func:`~sequoia_opt.solver.hardware.draft_forwards`
-    charges them; a size with a forward wider than ``max_width``, past the measured c, is left out). 0 when no
-    timed step drafted."""
+def draft_extras(table: LoopTable, draft_ms: Callable[[int], float], cost_model: str = "per-level",
+                 max_width: int | None = None) -> tuple[float, float]:
+    """The loop's draft time beyond the profile's c(w), as ``(per_step, per_forward)`` ms: a step of f > 0 draft
+    forwards is charged ``sum of c(w) + per_step + f x per_forward``.
+
+    Why two parts. The first draft forward of a step runs just after the target's forward has evicted the draft's
+    weights from the CPU's caches (and, with accepted drafts, catches the drafter up over the committed path); the
+    forwards after it find the weights warm. Timed through the loop on the demo pair (2026-12-05, 1 thread, chains
+    of 1..8 drafts at 101 tokens of context), the draft part of a step was 0.70 + 1.47 x forwards ms at batch 1
+    (c(1) alone: about 1.35). One extra per forward, the median of the sizes' (what a profile without
+    ``draft_step_extra_ms`` holds), charged a one-draft chain 0.4 ms too little and an eight-draft chain 1 ms too
+    much: at batch 2 the served steps of K = 1 and 2 ran 12 % over their prediction and K = 8 4 % under
+    (``benchmarks/schedules.py``, three runs).
+
+    The fit: per timed size, ``r = draft_ms(n) - sum of c over the step's draft forwards`` against its forward
+    count f (the forwards as :func:`~sequoia_opt.solver.hardware.draft_forwards` charges them; a size with a forward
+    wider than ``max_width``, past the measured c, is left out); ``per_forward`` is the Theil-Sen slope (the median
+    of the slopes between every two sizes with different counts: robust to one noisy size, as the loop's medians
+    are), at least 0, and ``per_step`` the median of ``r - per_forward x f``, at least 0. With one forward count
+    among the sizes (a one-pass drafter always runs one forward) the two cannot be told apart: ``per_step`` is 0
+    and ``per_forward`` the median of ``r / f``, at least 0. ``(0, 0)`` when no timed step drafted.
+    """
     from ..solver.hardware import draft_forwards
 
-    extras = []
+    pts = []  # (forwards, draft ms beyond c) per timed size
     for d_ms, widths in zip(table.draft_ms, table.level_widths):
         fw = draft_forwards(widths, cost_model)
         if fw and (max_width is None or max(fw) <= max_width):
-            extras.append((d_ms - sum(draft_ms(w) for w in fw)) / len(fw))
-    return max(0.0, statistics.median(extras)) if extras else 0.0
+            pts.append((len(fw), d_ms - sum(draft_ms(w) for w in fw)))
+    if not pts:
+        return 0.0, 0.0
+    slopes = [(r2 - r1) / (f2 - f1) for i, (f1, r1) in enumerate(pts) for f2, r2 in pts[i + 1:] if f2 != f1]
+    if not slopes:
+        return 0.0, max(0.0, statistics.median(r / f for f, r in pts))
+    per_forward = max(0.0, statistics.median(slopes))
+    return max(0.0, statistics.median(r - per_forward * f for f, r in pts)), per_forward
 
 
 @dataclass(frozen=True)

@@ -132,16 +132,18 @@ def predict_replay(traces: Sequence[Sequence[tuple[int, float, bool]]], setting:
     and T(drafted + 1) on ``curve``; the mean step goes through the cost model's
     :func:`~sequoia_opt.solver.hardware.cost_of_step`. The acceptance is the traces' own (runs of agreement
     included), not a positional vector's. With the decoding loop timed in ``curve``, a step costs the loop's
-    verify and bookkeeping at its size and c(1) + the loop's extra per draft forward."""
+    verify and bookkeeping at its size and c(1) + the loop's extra per draft forward, and its extra once per step
+    that drafts."""
     from .hardware import cost_of_step
 
     n = tok = 0
     draft = target = over = 0.0
     c1 = curve.draft_ms(1, context) + curve.draft_extra_ms(context)
+    first = curve.draft_step_extra_ms(context)  # once per step that drafts
     for k, j, f in _replay_steps(traces, setting):
         n += 1
         tok += j + 1
-        draft += f * c1
+        draft += f * c1 + (first if f else 0.0)
         target += curve.step_target_ms(k + 1, context)
         over += curve.step_overhead(k + 1, context)
     n = max(1, n)

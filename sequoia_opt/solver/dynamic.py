@@ -156,8 +156,7 @@ def predict_setting(profile: CalibrationProfile, setting: DynamicSetting, curve:
         r += _tree_value(tree, sel, np.where(np.arange(tree.n) == 0, 1.0, step.accept[rec]))
         size += len(sel)
         fw += len(tree.forward_widths)
-        dms += sum(curve.draft_ms(w, context) for w in tree.forward_widths)
-        dms += len(tree.forward_widths) * curve.draft_extra_ms(context)
+        dms += curve.step_draft_ms(tree.forward_widths, context)
         tms += curve.step_target_ms(len(sel), context)
         over += curve.step_overhead(len(sel), context)
         covered += ex.uncovered == 0

@@ -168,7 +168,7 @@ def drafter_costs_ms(dtree: DrafterTree, draft_curves: Sequence[LatencyCurve],
     out = []
     for k, c in enumerate(curves):
         fw = drafter_forwards(dtree, k, c.cost_model)
-        out.append(sum(c.draft_ms(w, context) for w in fw) + len(fw) * c.draft_extra_ms(context))
+        out.append(c.step_draft_ms(fw, context))
     return tuple(out)
 
 
@@ -216,10 +216,11 @@ def pair_curve(target_curve: LatencyCurve, draft_curve: LatencyCurve) -> Latency
         raise ProfileError(f"latency profiles {target_curve.id!r} and {draft_curve.id!r} were measured at different "
                            f"contexts ({target_curve.contexts.tolist()} vs {draft_curve.contexts.tolist()}); "
                            "profile both at the same context lengths")
-    # the loop's verify and bookkeeping are the target's; its extra per draft forward is the drafter's own
-    loops = tuple(None if t is None else dataclasses.replace(t, draft_extra_ms=d.draft_extra_ms if d is not None
-                                                              else 0.0)
-                  for t, d in zip(target_curve._loop, draft_curve._loop))
+    # the loop's verify and bookkeeping are the target's; its extras per draft forward and per step are the drafter's own
+    loops = tuple(None if t is None else dataclasses.replace(
+        t, draft_extra_ms=d.draft_extra_ms if d is not None else 0.0,
+        draft_step_extra_ms=d.draft_step_extra_ms if d is not None else 0.0)
+        for t, d in zip(target_curve._loop, draft_curve._loop))
     return dataclasses.replace(target_curve, id=f"{target_curve.id}+{draft_curve.id}", _draft=draft_curve._draft,
                                cost_model=draft_curve.cost_model, _loop=loops)
 
@@ -359,7 +360,7 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
                 if any(max(f, default=1) > max_draft[k] for k, f in enumerate(forwards)):
                     skipped += 1
                     continue
-                per = tuple(sum(c.draft_ms(w, context) for w in f) for c, f in zip(curves, forwards))
+                per = tuple(c.step_draft_ms(f, context) for c, f in zip(curves, forwards))
                 cost = _step_cost(g, sum(per), cnt, target_curve, context)
                 lw = np.bincount(depth, minlength=levels)
                 plan = "graft" if counts[0] and counts[1] else ("strong only" if counts[1] else "light only")

@@ -29,8 +29,9 @@ The step as the runner runs it (issue 31). When the latency profile timed the de
 (:meth:`~sequoia_opt.profiles.LatencyCurve.has_loop`, :mod:`sequoia_opt.profiling.steps`), the parts above are
 the loop's: ``target_ms = verify_ms(n)`` (the target forward and the logits handed to acceptance),
 ``overhead_ms = bookkeeping_ms(n)`` (accept, commit, observe), every draft forward costs ``c(w) +
-draft_extra_ms`` (its logits read, its weights reloaded after the target ran), and plain decoding
-``verify_ms(1) + bookkeeping_ms(1)``: what a model's forward timed alone leaves out.
+draft_extra_ms`` (its logits read) and a step that drafts ``draft_step_extra_ms`` once more (its first forward
+reloads the draft's weights after the target ran: :func:`~sequoia_opt.profiling.steps.draft_extras`), and plain
+decoding ``verify_ms(1) + bookkeeping_ms(1)``: what a model's forward timed alone leaves out.
 
 Maximising G / cost over all trees is hard (cost depends on the level widths), so :func:`choose` scores the
 DP-optimal tree for every (budget m, depth d) with m on a grid (the measured token counts, quarter-octave
@@ -114,7 +115,7 @@ def step_cost(
     """
     widths = [int(w) for w in level_widths]
     forwards = draft_forwards(widths, curve.cost_model if cost_model is None else cost_model)
-    draft = sum(curve.draft_ms(w, context) for w in forwards) + len(forwards) * curve.draft_extra_ms(context)
+    draft = curve.step_draft_ms(forwards, context)
     n = sum(widths)
     return cost_of_step(expected_tokens, draft, curve.step_target_ms(n, context), curve, context,
                         curve.step_overhead(n, context))
@@ -281,6 +282,15 @@ class _MemoCurve:
         if key not in self._t:
             self._t[key] = self._curve.step_overhead(n, context)
         return self._t[key]
+
+    def step_draft_ms(self, forwards: Sequence[float], context: int | None = None) -> float:
+        if not len(forwards):
+            return 0.0
+        key = ("extras", context)
+        if key not in self._t:
+            self._t[key] = (self._curve.draft_extra_ms(context), self._curve.draft_step_extra_ms(context))
+        per_forward, per_step = self._t[key]
+        return sum(self.draft_ms(w, context) for w in forwards) + len(forwards) * per_forward + per_step
 
 
 def choose(
