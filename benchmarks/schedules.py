@@ -29,7 +29,11 @@ remain, P the ``--stream-peak`` (16), so most of its tokens are served at P rows
 N (0-based) joins once fewer than ``1 + round((P - 1) (1 - |2 i / (N - 1) - 1|))`` rows are live, so the
 concurrency climbs 1 -> P over the first half of the requests and falls back over the second, and every level
 admits about the same number of requests (:func:`stream_concurrency`)) with every fixed K, the plan and vLLM's
-rule, in rounds. Within a round the settings run in lockstep, ``--block-steps`` steps each in turn (in the given
+rule, in ``--stream-rounds`` rounds (default ``--rounds``), each serving the requests in its own order (the
+given order in the first round, then shuffled per round, the same for every setting of the round: the few requests
+that arrive first and leave last run alone or nearly, a sixth of the stream's time on a triangle of 64 requests,
+and in one fixed order those four or five requests' own acceptance decided a comparison of two settings that
+differ only there; the tokens are compared in request order). Within a round the settings run in lockstep, ``--block-steps`` steps each in turn (in the given
 order in the first round, then shuffled per round: :func:`round_order`), so every setting is timed in the same
 seconds of this VM's drifting speed. Greedy
 output is checked token for token: every run against plain decoding of the same requests. Decode time excludes
@@ -324,15 +328,23 @@ def stream_concurrency(shape: str, peak: int, requests: int):
 
 
 def run_stream(eng: Engine, prompts: list[list[int]], new: int, peak: int, settings: dict[str, dict],
-               block: int, shape: str = "ramp") -> dict[str, dict]:
+               block: int, shape: str = "ramp", arrival: list[int] | None = None) -> dict[str, dict]:
     """The stream (module docstring; ``shape``, :func:`stream_concurrency`) served with every setting
     (``{"k": K}`` or ``{"ranges": [...]}``) in lockstep: per setting its own wall ms (steps and joins, prefill
-    excluded), tokens per request, the live rows per step."""
-    served = {n: Served(eng.decoder(peak, slot=i, **st), prompts, new, stream_concurrency(shape, peak, len(prompts)),
+    excluded), tokens per request (in the order of ``prompts``), the live rows per step. ``arrival``: the order the
+    requests arrive in, a permutation of their indices (default: as given), the same for every setting."""
+    arrival = list(range(len(prompts))) if arrival is None else list(arrival)
+    if sorted(arrival) != list(range(len(prompts))):
+        raise ValueError(f"arrival must order the {len(prompts)} requests, each once")
+    queue = [prompts[i] for i in arrival]
+    served = {n: Served(eng.decoder(peak, slot=i, **st), queue, new, stream_concurrency(shape, peak, len(prompts)),
                         None)
               for i, (n, st) in enumerate(settings.items())}
     lockstep(list(served.values()), block)
-    return {n: x.result() for n, x in served.items()}
+    out = {n: x.result() for n, x in served.items()}
+    for res in out.values():  # back to the requests' own order
+        res["tokens"] = [t for _, t in sorted(zip(arrival, res["tokens"]), key=lambda x: x[0])]
+    return out
 
 
 def request_ids(eng: Engine, requests: Path, max_prompt_tokens: int | None, need: int) -> list[list[int]]:
@@ -490,6 +502,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--block-steps", type=int, default=4,
                     help="the settings compared run in lockstep, this many steps each in turn")
+    ap.add_argument("--stream-rounds", type=int, default=None,
+                    help="rounds of the stream (default --rounds); each serves the requests in its own order")
     ap.add_argument("--stream-requests", type=int, default=40)
     ap.add_argument("--stream-tokens", type=int, default=12)
     ap.add_argument("--stream-peak", type=int, default=16)
@@ -540,8 +554,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--max-prompt-tokens must be at least 1")
     if args.profiles_from is not None and not args.profiles_from.is_dir():
         ap.error(f"--profiles-from {args.profiles_from}: not a folder")
-    for name in ("new", "turnovers", "rounds", "min_prompts", "block_steps", "profile_prompts", "profile_new_tokens",
-                 "live_every", "live_window"):
+    for name in ("new", "turnovers", "rounds", "stream_rounds", "min_prompts", "block_steps", "profile_prompts",
+                 "profile_new_tokens", "live_every", "live_window"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -721,18 +735,22 @@ def main() -> None:
                            for b in range(1, args.stream_peak + 1)) for n, st in settings.items()}
         same_as = {n: next(m for m in names if k_by_rows[m] == k_by_rows[n]) for n in names}
         runs_of = [n for n in names if same_as[n] == n]
-        for r in range(args.rounds):
+        stream_rounds = args.stream_rounds or args.rounds
+        orders = []
+        for r in range(stream_rounds):
             order = round_order(runs_of, r)
+            arrival = round_order(list(range(len(sp))), r)  # the requests' order: the same for every setting
+            orders.append(arrival)
             for n, res_n in run_stream(eng, sp, args.stream_tokens, args.stream_peak, {n: settings[n] for n in order},
-                                       args.block_steps, args.stream_shape).items():
+                                       args.block_steps, args.stream_shape, arrival).items():
                 sruns[n].append(res_n)
-            log(f"stream round {r + 1}/{args.rounds}")
+            log(f"stream round {r + 1}/{stream_rounds}")
         eng.release()
         for n in names:
             sruns[n] = sruns[same_as[n]]
         ref = sruns["K=0"][0]["tokens"] if "K=0" in sruns else None
         stream = {"requests": len(sp), "tokens_per_request": args.stream_tokens, "peak": args.stream_peak,
-                  "shape": args.stream_shape,
+                  "shape": args.stream_shape, "rounds": stream_rounds, "arrival_orders": orders,
                   "live_rows_plan": sruns["plan"][0]["live"], "settings": {}}
         for n in names:
             tps = [1000.0 * x["emitted"] / x["ms"] for x in sruns[n]]

@@ -2100,3 +2100,46 @@ def test_stream_shapes_climb_to_the_peak_and_back_with_the_same_requests():
     assert live[:6] == [2] * 6 and live[6] == 4
     plain = [Decoder(target, max_len=64).generate(p, 6).tokens for p in prompts]
     assert [r.tokens for r in served.state.results] == plain
+
+
+def test_a_stream_served_in_another_arrival_order_returns_each_requests_tokens_in_request_order():
+    """The schedules benchmark shuffles the stream's arrival order per round (the requests served alone at its ends
+    change): every setting of a round meets the same order, and each request's tokens come back under its own
+    index, equal to plain decoding's, whatever the order and the setting."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import random_model
+
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.policies import StaticTreePolicy
+    from sequoia_opt.tree import Tree
+
+    bench = _schedules_benchmark()
+    target, draft = random_model(0), random_model(1)
+
+    first: list[list[int]] = []  # the request each decoder starts with
+
+    class _Decoder(Decoder):
+        def start_batch(self, prompts, *args, **kw):
+            first.append(list(prompts[0]))
+            return super().start_batch(prompts, *args, **kw)
+
+    class _Engine:  # what run_stream asks of an engine: a decoder per setting
+        def decoder(self, rows, k=0, slot=0):
+            pol = StaticTreePolicy(draft, Tree.chain(k + 1)) if k else None
+            return _Decoder(target, pol, max_batch=rows, max_len=64)
+
+    prompts = [[3 + i, 17, 5 + 2 * i] for i in range(9)]
+    plain = [Decoder(target, max_len=64).generate(p, 5).tokens for p in prompts]
+    arrival = bench.round_order(list(range(len(prompts))), 2)
+    assert arrival != sorted(arrival)
+    out = bench.run_stream(_Engine(), prompts, 5, 3, {"K=0": {"k": 0}, "K=2": {"k": 2}}, 2, "triangle", arrival)
+    assert out["K=0"]["tokens"] == out["K=2"]["tokens"] == plain
+    assert first == [prompts[arrival[0]]] * 2  # both settings start with the first to arrive, alone
+    # served in that order: the same steps as the requests listed in it, the tokens put back under their indices
+    listed = bench.run_stream(_Engine(), [prompts[i] for i in arrival], 5, 3, {"K=2": {"k": 2}}, 2, "triangle")
+    assert listed["K=2"]["live"] == out["K=2"]["live"]
+    assert listed["K=2"]["tokens"] == [plain[i] for i in arrival]
+    with pytest.raises(ValueError, match="each once"):
+        bench.run_stream(_Engine(), prompts, 5, 3, {"K=0": {"k": 0}}, 2, "triangle", [0, 0, 1, 2, 3, 4, 5, 6, 7])
