@@ -93,6 +93,9 @@ def test_draft_extras_split_the_loops_draft_beyond_c_into_a_per_step_and_a_per_f
     # the old model's figure (one extra per forward: the median of the sizes') is what a flat per-forward fit gives
     flat = LoopTable(**{**t.__dict__, "draft_ms": [0.0, 3.0, 6.0, 9.0, 15.0]})
     assert draft_extras(flat, lambda w: 1.0) == pytest.approx((0.0, 2.0))
+    # sizes below a line through 0 (r = -0.6 + 0.5 f): no negative part per step; one extra per forward instead
+    below = LoopTable(**{**t.__dict__, "draft_ms": [0.0, 0.9, 2.4, 3.9, 6.9]})
+    assert draft_extras(below, lambda w: 1.0) == pytest.approx((0.0, 0.25))  # median of -0.1, 0.2, 0.3, 0.38
     assert draft_extras(t, lambda w: 5.0) == (0.0, 0.0)  # never negative
     assert draft_extras(t, lambda w: 1.0, max_width=0) == (0.0, 0.0)  # nothing within the measured c
     # one forward count (a one-pass drafter: c(3) = 1.15, c(7) = 1.35, 0.5 beyond each): the two parts cannot be

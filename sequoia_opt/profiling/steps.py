@@ -330,9 +330,9 @@ def draft_extras(table: LoopTable, draft_ms: Callable[[int], float], cost_model:
     count f (the forwards as :func:`~sequoia_opt.solver.hardware.draft_forwards` charges them; a size with a forward
     wider than ``max_width``, past the measured c, is left out); ``per_forward`` is the Theil-Sen slope (the median
     of the slopes between every two sizes with different counts: robust to one noisy size, as the loop's medians
-    are), at least 0, and ``per_step`` the median of ``r - per_forward x f``, at least 0. With one forward count
-    among the sizes (a one-pass drafter always runs one forward) the two cannot be told apart: ``per_step`` is 0
-    and ``per_forward`` the median of ``r / f``, at least 0. ``(0, 0)`` when no timed step drafted.
+    are), at least 0, and ``per_step`` the median of ``r - per_forward x f``. With one forward count among the
+    sizes (a one-pass drafter always runs one forward) the two cannot be told apart, and a negative ``per_step``
+    would undercharge every step: then ``per_step`` is 0 and ``per_forward`` the median of ``r / f``, at least 0. ``(0, 0)`` when no timed step drafted.
     """
     from ..solver.hardware import draft_forwards
 
@@ -347,7 +347,10 @@ def draft_extras(table: LoopTable, draft_ms: Callable[[int], float], cost_model:
     if not slopes:
         return 0.0, max(0.0, statistics.median(r / f for f, r in pts))
     per_forward = max(0.0, statistics.median(slopes))
-    return max(0.0, statistics.median(r - per_forward * f for f, r in pts)), per_forward
+    per_step = statistics.median(r - per_forward * f for f, r in pts)
+    if per_step < 0:  # the sizes fall below a line through 0: one extra per forward, as with one forward count
+        return 0.0, max(0.0, statistics.median(r / f for f, r in pts))
+    return per_step, per_forward
 
 
 @dataclass(frozen=True)

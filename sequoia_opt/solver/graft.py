@@ -47,6 +47,8 @@ Cost model (Sequoia section 4.2's split into draft and verification time, one co
         W_k(j) = nodes at depth j that drafter k runs a forward over: the ancestors-or-self of the nodes
                  it expands (DrafterTree.processed_level_widths(k)); level 0 is the root, c_k(1)
     one-pass drafter k:  draft_k = c_k(N_k), N_k = non-root nodes labelled k (none when N_k = 0)
+    with drafter k's loop timed: + draft_extra_ms per forward and draft_step_extra_ms once when it drafts
+        (LatencyCurve.step_draft_ms)
     cost_ms = draft_ms + target_ms + overhead_ms;  tokens_per_s = 1000 * G / cost_ms
     speedup = tokens_per_s over plain decoding's 1000 / (T(1) + step_overhead_ms)
 
@@ -208,8 +210,9 @@ def graft_step_cost(dtree: DrafterTree, target_curve: LatencyCurve, draft_curves
 
 def pair_curve(target_curve: LatencyCurve, draft_curve: LatencyCurve) -> LatencyCurve:
     """One :class:`~sequoia_opt.profiles.LatencyCurve` with ``target_curve``'s T(n) and step overhead and
-    ``draft_curve``'s c(w) and cost model (what :func:`~sequoia_opt.solver.hardware.choose` takes for one
-    drafter). Raises ProfileError when the two were measured at different context lengths."""
+    ``draft_curve``'s c(w), cost model and loop extras (per draft forward and per step; the target's loop
+    verify and bookkeeping stay), what :func:`~sequoia_opt.solver.hardware.choose` takes for one drafter. Raises
+    ProfileError when the two were measured at different context lengths."""
     if draft_curve is target_curve:
         return target_curve
     if not np.array_equal(target_curve.contexts, draft_curve.contexts):

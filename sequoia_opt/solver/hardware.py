@@ -108,7 +108,8 @@ def step_cost(
     """Cost of one step for a tree given by its level widths (``[1, w_1, .., w_L]``) and its G.
 
     The drafter is charged by ``cost_model`` (default: the curve's, :attr:`LatencyCurve.cost_model`):
-    ``"per-level"`` sum of c(w_l) over every level but the last, ``"one-pass"`` c(n - 1) (module docstring).
+    ``"per-level"`` sum of c(w_l) over every level but the last, ``"one-pass"`` c(n - 1) (module docstring); with
+    the loop timed, plus its extras per forward and once per step (:meth:`LatencyCurve.step_draft_ms`).
 
     Raises ProfileError when a width or the size is outside the measured range of the curve, or for an
     unknown cost model.
@@ -283,14 +284,19 @@ class _MemoCurve:
             self._t[key] = self._curve.step_overhead(n, context)
         return self._t[key]
 
-    def step_draft_ms(self, forwards: Sequence[float], context: int | None = None) -> float:
-        if not len(forwards):
-            return 0.0
-        key = ("extras", context)
+    def draft_extra_ms(self, context: int | None = None) -> float:
+        key = ("extra", context)
         if key not in self._t:
-            self._t[key] = (self._curve.draft_extra_ms(context), self._curve.draft_step_extra_ms(context))
-        per_forward, per_step = self._t[key]
-        return sum(self.draft_ms(w, context) for w in forwards) + len(forwards) * per_forward + per_step
+            self._t[key] = self._curve.draft_extra_ms(context)
+        return self._t[key]
+
+    def draft_step_extra_ms(self, context: int | None = None) -> float:
+        key = ("step extra", context)
+        if key not in self._t:
+            self._t[key] = self._curve.draft_step_extra_ms(context)
+        return self._t[key]
+
+    step_draft_ms = LatencyCurve.step_draft_ms  # the curve's formula over the memos above
 
 
 def choose(

@@ -627,7 +627,9 @@ class EnvelopeValue:
         from .dynamic import predict_setting
 
         if setting.shape == "none":
-            cost = cost_of_step(1.0, 0.0, curve.target_ms(1, context), curve, context)
+            # plain decoding as every value model prices it: the loop's plain step when the profile timed one
+            cost = cost_of_step(1.0, 0.0, curve.step_target_ms(1, context), curve, context,
+                                curve.step_overhead(1, context))
             return cost, (cost.tokens_per_s, cost.tokens_per_s)
         pred = predict_setting(self.calibration, setting.dynamic(), curve, context, max_steps=self.max_steps)
         g, r = pred.tokens_per_step, pred.replay
