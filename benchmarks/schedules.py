@@ -263,6 +263,32 @@ def by_range(runs: list[dict], ranges: list[tuple[int, int, int]]) -> dict[str, 
     return out
 
 
+def pooled_and_paired(rounds: dict[str, list[tuple[float, float]]], of: str = "plan") -> dict[str, dict]:
+    """Per setting, its stream rounds pooled (every token over every ms: ``1000 x sum tokens / sum ms``, tok/s) and
+    the median over rounds of ``of``'s rate over the setting's in the same round (a ratio). ``rounds``: per setting
+    the (tokens, ms) of each round, rounds in the same order for every setting.
+
+    Why. Each stream round serves the requests in its own order (:func:`run_stream`'s ``arrival``), and the orders
+    move every setting's rate together by 10 % (2026-12-05 19:37: 164-180 tok/s); a median of each setting's own
+    rates compares figures from different rounds, so different orders. Pooled, every setting has served the same
+    requests in the same orders; paired, each ratio is taken within one order.
+
+    Raises:
+        ValueError: ``of`` missing, or settings with different numbers of rounds.
+    """
+    if of not in rounds:
+        raise ValueError(f"no setting {of!r} among {sorted(rounds)}")
+    n = {len(v) for v in rounds.values()}
+    if len(n) != 1:
+        raise ValueError(f"every setting needs the same rounds; got {sorted(n)}")
+    rate = lambda t, m: 1000.0 * t / m  # noqa: E731
+    out = {}
+    for name, rs in rounds.items():
+        out[name] = {"tokens_per_s_pooled": rate(sum(t for t, _ in rs), sum(m for _, m in rs)),
+                     f"{of}_over_this_paired": med([rate(*a) / rate(*b) for a, b in zip(rounds[of], rs)])}
+    return out
+
+
 def round_order(names: list, r: int) -> list:
     """The order the settings of lockstep round ``r`` step in: the given order in round 0, then a shuffle seeded
     by the round (the same in every run). Runs before 2026-12-05 17:05 rotated the order, which keeps every setting
@@ -762,11 +788,15 @@ def main() -> None:
                                      "by_plan_range": by_range(sruns[n], plan_ranges),
                                      **({"adaptation": [x["adaptation"] for x in sruns[n]]} if n == LIVE else {}),
                                      **({"ranges": settings[n]["ranges"]} if "ranges" in settings[n] else {})}
+        for n, v in pooled_and_paired({n: [(x["emitted"], x["ms"]) for x in sruns[n]] for n in names}).items():
+            stream["settings"][n].update(v)
         st = stream["settings"]
-        stream["peers"] = {"sglang-default": st[f"K={measured_k(SGLANG_DEFAULT_ENVELOPE[0])}"]["tokens_per_s_total"],
-                           "llama.cpp-default": st[f"K={measured_k(LLAMACPP_DEFAULT_DRAFT)}"]["tokens_per_s_total"],
-                           "batch1-best": st[f"K={batch1_best}"]["tokens_per_s_total"],
-                           "vllm-generator": st["vllm-generator"]["tokens_per_s_total"]}
+        peer_of = {"sglang-default": f"K={measured_k(SGLANG_DEFAULT_ENVELOPE[0])}",
+                   "llama.cpp-default": f"K={measured_k(LLAMACPP_DEFAULT_DRAFT)}", "batch1-best": f"K={batch1_best}",
+                   "vllm-generator": "vllm-generator"}
+        stream["peers"] = {peer: st[n]["tokens_per_s_total"] for peer, n in peer_of.items()}
+        stream["peers_pooled"] = {peer: st[n]["tokens_per_s_pooled"] for peer, n in peer_of.items()}
+        stream["plan_over_peers_paired"] = {peer: st[n]["plan_over_this_paired"] for peer, n in peer_of.items()}
 
     # 4. the goals
     regrets = [r["regret"] for r in rows if r["regret"] is not None]
@@ -801,6 +831,15 @@ def main() -> None:
                      stream_plan_vs_best_fixed=p / max(fixed.values()),
                      stream_plan_ge_every_fixed=all(p >= v for v in fixed.values()),
                      stream_plan_ge_every_peer=all(p >= v for v in stream["peers"].values()))
+        # the same comparisons over the rounds pooled and paired by round (pooled_and_paired says why)
+        pp = st["plan"]["tokens_per_s_pooled"]
+        fixed_pp = {n: v["tokens_per_s_pooled"] for n, v in st.items() if n.startswith("K=")}
+        paired = {n: v["plan_over_this_paired"] for n, v in st.items() if n.startswith("K=")}
+        goals.update(stream_plan_vs_best_fixed_pooled=pp / max(fixed_pp.values()),
+                     stream_plan_ge_every_fixed_pooled=all(pp >= v for v in fixed_pp.values()),
+                     stream_plan_ge_every_peer_pooled=all(pp >= v for v in stream["peers_pooled"].values()),
+                     stream_plan_over_fixed_paired_min=min(paired.values()),
+                     stream_plan_over_peers_paired=stream["plan_over_peers_paired"])
     doc = {"benchmark": "benchmarks/schedules.py", "date": now_iso(), "engine": args.engine,
            "workload": workload, "target": args.target, "drafter": draft, "prompts": rel(eval_file),
            "profile_prompts": rel(profile_file), "profile_pool": [rel(Path(f).resolve()) for f in profile_files],
@@ -912,6 +951,15 @@ def markdown(doc: dict, source: str) -> str:
                 + f"best fixed "
                 f"{best} {fixed[best]:.1f}; K=0 {fixed.get('K=0', 0):.1f}; "
                 + "; ".join(f"{n} {v:.1f}" for n, v in st["peers"].items())]
+        if "peers_pooled" in st:
+            fp = {n: v["tokens_per_s_pooled"] for n, v in st["settings"].items() if n.startswith("K=")}
+            bp = max(fp, key=fp.get)
+            out += ["", f"The stream's {st.get('rounds', '?')} rounds pooled (every token over every ms), tok/s: plan "
+                    f"{st['settings']['plan']['tokens_per_s_pooled']:.1f}; best fixed {bp} {fp[bp]:.1f}; "
+                    + "; ".join(f"{n} {v:.1f}" for n, v in st["peers_pooled"].items())
+                    + ". The plan over each, paired by round (median of the per-round ratios): "
+                    + "; ".join(f"{n} {v['plan_over_this_paired']:.3f}" for n, v in st["settings"].items()
+                                if n != "plan")]
         if "by_plan_range" in st["settings"]["plan"]:
             plan_by = st["settings"]["plan"]["by_plan_range"]
             out += ["", "Stream steps by the plan's ranges of live rows (tok/s of those steps, joins excluded): "

@@ -2143,3 +2143,27 @@ def test_a_stream_served_in_another_arrival_order_returns_each_requests_tokens_i
     assert listed["K=2"]["tokens"] == [plain[i] for i in arrival]
     with pytest.raises(ValueError, match="each once"):
         bench.run_stream(_Engine(), prompts, 5, 3, {"K=0": {"k": 0}}, 2, "triangle", [0, 0, 1, 2, 3, 4, 5, 6, 7])
+
+
+def test_the_stream_rounds_pooled_and_paired_by_round():
+    """Rounds served in different arrival orders: the pooled rate is every token over every ms, the paired figure
+    the median of the per-round ratios (a setting ahead in most rounds is ahead paired, though its median rate can
+    sit under another's when the orders move both)."""
+    bench = _schedules_benchmark()
+    rounds = {"plan": [(100, 1000.0), (100, 800.0), (100, 500.0)],  # 100, 125, 200 tok/s
+              "K=1": [(100, 1050.0), (100, 850.0), (100, 520.0)]}  # 95.2, 117.6, 192.3 tok/s
+    out = bench.pooled_and_paired(rounds)
+    assert out["plan"]["tokens_per_s_pooled"] == pytest.approx(1000 * 300 / 2300)
+    assert out["K=1"]["tokens_per_s_pooled"] == pytest.approx(1000 * 300 / 2420)
+    assert out["K=1"]["plan_over_this_paired"] == pytest.approx(1050 / 1000)  # ratios 1.05, 1.0625, 1.04
+    assert out["plan"]["plan_over_this_paired"] == 1.0
+    # ahead in two rounds of three, under by its median rate: plan 100, 125, 200 against 95.2, 135.1, 192.3
+    mixed = {"plan": rounds["plan"], "K=1": [(100, 1050.0), (100, 740.0), (100, 520.0)]}
+    m = bench.pooled_and_paired(mixed)
+    assert 125.0 < 1000 * 100 / 740  # the medians: the plan under
+    assert m["K=1"]["plan_over_this_paired"] == pytest.approx(520 / 500)  # ratios 1.05, 0.925, 1.04
+    assert m["plan"]["tokens_per_s_pooled"] > m["K=1"]["tokens_per_s_pooled"]  # 300 / 2300 ms against 300 / 2310
+    for bad, msg in (({"K=1": [(1, 1.0)]}, "no setting 'plan'"),
+                     ({"plan": [(1, 1.0)], "K=1": [(1, 1.0), (1, 1.0)]}, "the same rounds")):
+        with pytest.raises(ValueError, match=msg):
+            bench.pooled_and_paired(bad)
