@@ -33,10 +33,10 @@ rule, in ``--stream-rounds`` rounds (default ``--rounds``), each serving the req
 given order in the first round, then shuffled per round, the same for every setting of the round: the few requests
 that arrive first and leave last run alone or nearly, a sixth of the stream's time on a triangle of 64 requests,
 and in one fixed order those four or five requests' own acceptance decided a comparison of two settings that
-differ only there; the tokens are compared in request order). Within a round the settings run in lockstep, ``--block-steps`` steps each in turn (in the given
-order in the first round, then shuffled per round: :func:`round_order`), so every setting is timed in the same
-seconds of this VM's drifting speed. Greedy
-output is checked token for token: every run against plain decoding of the same requests. Decode time excludes
+differ only there; the tokens are compared in request order). Within a round the settings run in lockstep,
+``--block-steps`` steps each in turn (in the given order in the first round, then shuffled per round:
+:func:`round_order`), so every setting is timed in the same seconds of this VM's drifting speed. Greedy output is
+checked token for token: every run against plain decoding of the same requests. Decode time excludes
 prefill (the first rows' and the joiners'); the stream's wall time includes the joiners'.
 
 Peers, on the same measurements: vLLM's ``generate_config.py`` rule (at each batch size the best *measured* of K in

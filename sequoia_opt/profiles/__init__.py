@@ -73,7 +73,8 @@ Latency profile, ``format: treeopt-latency/1``::
 
 With a ``loop`` (:mod:`sequoia_opt.profiling.steps`, issue 31) the solver charges a step verify_ms(n) +
 bookkeeping_ms(n) + sum of (c(w) + draft_extra_ms) over its draft forwards + draft_step_extra_ms (when it drafts),
-and plain decoding verify_ms(1) + bookkeeping_ms(1); without one (every profile written before it existed), T(n) + sum c(w) + step_overhead_ms.
+and plain decoding verify_ms(1) + bookkeeping_ms(1); without one (every profile written before it existed),
+T(n) + sum c(w) + step_overhead_ms.
 
 The draft table's ``cost_model`` is how the solver charges the drafter per step (the drafter's own
 :attr:`~sequoia_opt.drafting.drafters.Drafter.cost_model`; DESIGN.md, "Drafters and drafting policies"):

@@ -207,21 +207,22 @@ class LatencyCurve:
         """A step's bookkeeping (ms): the loop's timed bookkeeping at n tree tokens, else ``step_overhead_ms``."""
         return self._loop_at("bookkeeping_ms", n, context) if self.has_loop(context) else self.step_overhead_ms
 
-    def draft_extra_ms(self, context: int | None = None) -> float:
-        """Per draft forward, what the loop adds to c(w) (ms; 0 without a timed loop)."""
+    def _loop_extra(self, key: str, context: int | None) -> float:
+        """A loop's draft extra (``key``, a :class:`_Loop` field) at ``context``, 0 without a timed loop."""
         if not self.has_loop(context):
             return 0.0
         tabs, ws = self._bracket(self._loop, context)
-        return sum(w * t.draft_extra_ms for t, w in zip(tabs, ws))
+        return sum(w * getattr(t, key) for t, w in zip(tabs, ws))
+
+    def draft_extra_ms(self, context: int | None = None) -> float:
+        """Per draft forward, what the loop adds to c(w) (ms; 0 without a timed loop)."""
+        return self._loop_extra("draft_extra_ms", context)
 
     def draft_step_extra_ms(self, context: int | None = None) -> float:
         """Once per step that drafts, what the loop adds to its first draft forward beyond ``draft_extra_ms`` (ms;
         the draft's weights reloaded after the target's forward: :func:`~sequoia_opt.profiling.steps.draft_extras`;
         0 without a timed loop or in a profile written before it was measured)."""
-        if not self.has_loop(context):
-            return 0.0
-        tabs, ws = self._bracket(self._loop, context)
-        return sum(w * t.draft_step_extra_ms for t, w in zip(tabs, ws))
+        return self._loop_extra("draft_step_extra_ms", context)
 
     def step_draft_ms(self, forwards: Sequence[float], context: int | None = None) -> float:
         """A step's draft time (ms) for its draft forwards' token counts ``forwards`` (in order; empty: the step

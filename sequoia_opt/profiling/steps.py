@@ -332,7 +332,8 @@ def draft_extras(table: LoopTable, draft_ms: Callable[[int], float], cost_model:
     of the slopes between every two sizes with different counts: robust to one noisy size, as the loop's medians
     are), at least 0, and ``per_step`` the median of ``r - per_forward x f``. With one forward count among the
     sizes (a one-pass drafter always runs one forward) the two cannot be told apart, and a negative ``per_step``
-    would undercharge every step: then ``per_step`` is 0 and ``per_forward`` the median of ``r / f``, at least 0. ``(0, 0)`` when no timed step drafted.
+    would undercharge every step: then ``per_step`` is 0 and ``per_forward`` the median of ``r / f``, at least 0.
+    ``(0, 0)`` when no timed step drafted.
     """
     from ..solver.hardware import draft_forwards
 
@@ -344,13 +345,13 @@ def draft_extras(table: LoopTable, draft_ms: Callable[[int], float], cost_model:
     if not pts:
         return 0.0, 0.0
     slopes = [(r2 - r1) / (f2 - f1) for i, (f1, r1) in enumerate(pts) for f2, r2 in pts[i + 1:] if f2 != f1]
-    if not slopes:
-        return 0.0, max(0.0, statistics.median(r / f for f, r in pts))
-    per_forward = max(0.0, statistics.median(slopes))
-    per_step = statistics.median(r - per_forward * f for f, r in pts)
-    if per_step < 0:  # the sizes fall below a line through 0: one extra per forward, as with one forward count
-        return 0.0, max(0.0, statistics.median(r / f for f, r in pts))
-    return per_step, per_forward
+    if slopes:
+        per_forward = max(0.0, statistics.median(slopes))
+        per_step = statistics.median(r - per_forward * f for f, r in pts)
+        if per_step >= 0:
+            return per_step, per_forward
+    # one forward count, or sizes below a line through 0: one extra per forward
+    return 0.0, max(0.0, statistics.median(r / f for f, r in pts))
 
 
 @dataclass(frozen=True)

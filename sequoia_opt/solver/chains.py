@@ -138,12 +138,13 @@ def predict_replay(traces: Sequence[Sequence[tuple[int, float, bool]]], setting:
 
     n = tok = 0
     draft = target = over = 0.0
-    c1 = curve.draft_ms(1, context) + curve.draft_extra_ms(context)
-    first = curve.draft_step_extra_ms(context)  # once per step that drafts
+    draft_of: dict[int, float] = {}  # a step of f draft forwards of one token: the curve's charge, once per f
     for k, j, f in _replay_steps(traces, setting):
         n += 1
         tok += j + 1
-        draft += f * c1 + (first if f else 0.0)
+        if f not in draft_of:
+            draft_of[f] = curve.step_draft_ms([1] * f, context)
+        draft += draft_of[f]
         target += curve.step_target_ms(k + 1, context)
         over += curve.step_overhead(k + 1, context)
     n = max(1, n)

@@ -219,7 +219,7 @@ def pair_curve(target_curve: LatencyCurve, draft_curve: LatencyCurve) -> Latency
         raise ProfileError(f"latency profiles {target_curve.id!r} and {draft_curve.id!r} were measured at different "
                            f"contexts ({target_curve.contexts.tolist()} vs {draft_curve.contexts.tolist()}); "
                            "profile both at the same context lengths")
-    # the loop's verify and bookkeeping are the target's; its extras per draft forward and per step are the drafter's own
+    # the loop's verify and bookkeeping are the target's; its draft extras (per forward, per step) the drafter's own
     loops = tuple(None if t is None else dataclasses.replace(
         t, draft_extra_ms=d.draft_extra_ms if d is not None else 0.0,
         draft_step_extra_ms=d.draft_step_extra_ms if d is not None else 0.0)
