@@ -2160,7 +2160,8 @@ def test_the_stream_rounds_pooled_and_paired_by_round():
     # ahead in two rounds of three, under by its median rate: plan 100, 125, 200 against 95.2, 135.1, 192.3
     mixed = {"plan": rounds["plan"], "K=1": [(100, 1050.0), (100, 740.0), (100, 520.0)]}
     m = bench.pooled_and_paired(mixed)
-    assert 125.0 < 1000 * 100 / 740  # the medians: the plan under
+    medians = {n: bench.med([1000 * t / ms for t, ms in rs]) for n, rs in mixed.items()}
+    assert medians["plan"] == pytest.approx(125.0) and medians["K=1"] == pytest.approx(1000 * 100 / 740)  # under
     assert m["K=1"]["plan_over_this_paired"] == pytest.approx(520 / 500)  # ratios 1.05, 0.925, 1.04
     assert m["plan"]["tokens_per_s_pooled"] > m["K=1"]["tokens_per_s_pooled"]  # 300 / 2300 ms against 300 / 2310
     for bad, msg in (({"K=1": [(1, 1.0)]}, "no setting 'plan'"),

@@ -78,7 +78,7 @@ from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integ
 from ..profiles.latency import LatencyCurve
 from ..tree import Tree, now_iso
 from .depth import ACCEPTANCE_MODELS, check_acceptance_model
-from .hardware import StepCost, cost_of_step
+from .hardware import StepCost, step_cost
 
 SCHEDULE_FORMAT = "treeopt-schedule/1"
 
@@ -627,9 +627,7 @@ class EnvelopeValue:
         from .dynamic import predict_setting
 
         if setting.shape == "none":
-            # plain decoding as every value model prices it: the loop's plain step when the profile timed one
-            cost = cost_of_step(1.0, 0.0, curve.step_target_ms(1, context), curve, context,
-                                curve.step_overhead(1, context))
+            cost = step_cost([1], 1.0, curve, context)  # a root-only tree, as the chain and tree models price K = 0
             return cost, (cost.tokens_per_s, cost.tokens_per_s)
         pred = predict_setting(self.calibration, setting.dynamic(), curve, context, max_steps=self.max_steps)
         g, r = pred.tokens_per_step, pred.replay
@@ -669,8 +667,6 @@ class TreeValue:
                 context: int | None) -> tuple[StepCost, tuple[float, float]]:
         """The step of ``setting`` (plain or a static tree) at ``batch`` rows on ``curve``, and its tokens/s per
         request interval (low, high) under the Wilson bounds of every p_k."""
-        from .hardware import step_cost
-
         tree = setting.tree()
         p = self.acceptance.acceptance
         g = tree.expected_tokens(p)
@@ -705,8 +701,6 @@ def cut_step_costs(setting: SpecSetting, curve: LatencyCurve, context: int | Non
     Raises:
         ProfileError: a width or size outside the curve's measured range (as :func:`step_cost`).
     """
-    from .hardware import step_cost
-
     if setting.shape == "chain":
         widths = [1] * (setting.draft_tokens + 1)
     elif setting.shape == "tree":
