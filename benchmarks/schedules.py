@@ -20,8 +20,10 @@ answered to ``--profile-new-tokens``: by default the requests' own length, as a 
 serve; the first tokens of an answer accept differently from later ones; ``--extra-profile-prompts
 benchmarks/data/code-heldout.jsonl`` pools 99 more code prompts of the same kind after them, so that
 ``--profile-prompts 131`` reads the acceptance on four times the prompts: at 32 the profile's own error between
-prompt sets is as large as the 10 % the prediction is judged by) and solves the plan; then for each
-batch size b, ``--rounds`` rounds serve max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
+prompt sets is as large as the 10 % the prediction is judged by) and solves the plan, timing T(b, n) at the
+midpoint where two neighbouring ``--batches`` choose different K (``--refine``, tune's default 1 round: on 1, 2, 4,
+8, 16 that is 3 and 12 for the demo pair; those batch sizes are measured below like the others, the peers' rules
+still choosing over ``--batches`` as their sweeps do); then for each batch size b, ``--rounds`` rounds serve max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
 server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
 ``--stream-shape``: ``ramp``, after step s the batch is refilled up to min(P, s + 1) live rows while requests
@@ -555,6 +557,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="an earlier run's profiles/ folder, copied into this run's and reused by tune where they cover "
                          "it (same machine: the plan is that run's; the rounds and the stream are measured anew)")
     ap.add_argument("--plan", type=Path, default=None, help="a treeopt-schedule/1 plan (default: tune solves one)")
+    ap.add_argument("--refine", type=int, default=None,
+                    help="tune's --refine (default: tune's): the batch sizes it times between --batches, where the "
+                         "plan switches, are measured here too (every K), the peers' rules still reading --batches")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results/schedules")
     ap.add_argument("--markdown", type=Path, nargs="+", default=None,
                     help="print the markdown tables of these results files (no run)")
@@ -645,14 +650,20 @@ def main() -> None:
                            prompts=profile_file, num_prompts=args.profile_prompts,
                            max_new_tokens=args.profile_new_tokens or args.new, threads=args.threads,
                            rounds=args.profile_rounds, profiles_dir=run_dir / "profiles", plan=args.plan,
-                           output_tokens=args.output_tokens or args.new),
+                           output_tokens=args.output_tokens or args.new,
+                           **({} if args.refine is None else {"refine": args.refine})),
                progress=lambda what, done, total: None)
     plan = res.plan
     save_schedule(run_dir / "plan.yaml", res.schedule)
     plan_k = {r.batch: r.best.setting.draft_tokens for r in plan.rows}
     ranges = [(r.lo, r.hi, r.setting.draft_tokens) for r in plan.ranges]
     predicted = {r.batch: {c.setting.draft_tokens: c.tokens_per_s_total for c in r.candidates} for r in plan.rows}
-    log(f"plan: {', '.join(f'{lo}-{hi}: K={k}' for lo, hi, k in ranges)}; {res.profiles}")
+    # the batch sizes tune --refine timed where the plan switches: measured like the others; the peers' rules
+    # choose over --batches only, as their sweeps would (a batch size between two takes the lower one's K)
+    refined = sorted(set(plan_k) - set(batches))
+    measured_batches = sorted({*batches, *refined})
+    log(f"plan: {', '.join(f'{lo}-{hi}: K={k}' for lo, hi, k in ranges)}"
+        + (f" (batch sizes {refined} timed by --refine)" if refined else "") + f"; {res.profiles}")
     live = None  # a fresh adapter per decoder: each round's plan-live starts from the plan and the profile's prior
     if not args.no_live and plan.shape == "chain":
         kw = {"every": args.live_every, "window": args.live_window}
@@ -671,7 +682,7 @@ def main() -> None:
 
     # 2. every fixed K at every batch size, interleaved rounds
     rows = []
-    for b in batches:
+    for b in measured_batches:
         prompts = ids[: requests_at(b)]
         runs: dict[int, list[dict]] = {k: [] for k in ks}
         live_runs: list[dict] = []  # the plan re-ranked from the live acceptance (AdaptiveSchedulePolicy)
@@ -710,7 +721,7 @@ def main() -> None:
                         "greedy_equal_plain": plain is None or all(x["tokens"] == plain for x in live_runs),
                         "final_ranges": [x["adaptation"]["final_ranges"] for x in live_runs],
                         "resolves": [sum(e["changed"] for e in x["adaptation"]["resolves"]) for x in live_runs]}
-        rows.append({"batch": b, "prompts": len(prompts), "by_k": per_k, "best_measured_k": best_k,
+        rows.append({"batch": b, "refined": b in refined, "prompts": len(prompts), "by_k": per_k, "best_measured_k": best_k,
                      "plan_live": live_row,
                      "plan_k": pk, "plan_tokens_per_s_total": chosen,
                      "regret": None if chosen is None else (best - chosen) / best,
@@ -733,9 +744,11 @@ def main() -> None:
                    "sglang-default": {b: measured_k(SGLANG_DEFAULT_ENVELOPE[0]) for b in batches},
                    "llama.cpp-default": {b: measured_k(LLAMACPP_DEFAULT_DRAFT) for b in batches},
                    "batch1-best": {b: batch1_best for b in batches}}
+    grid_of = lambda b: max(g for g in batches if g <= b)  # noqa: E731 (the measured --batches size a rule reads)
     for r in rows:
         b = r["batch"]
-        r["peers"] = {name: {"k": rule[b], "tokens_per_s_total": meas(b, rule[b])} for name, rule in peers_fixed.items()}
+        r["peers"] = {name: {"k": rule[grid_of(b)], "tokens_per_s_total": meas(b, rule[grid_of(b)])}
+                      for name, rule in peers_fixed.items()}
 
     # 3. the stream: every fixed K, the plan, vLLM's rule (as ranges over the measured batch sizes)
     stream = None
@@ -849,7 +862,8 @@ def main() -> None:
            "profile_new_tokens": args.profile_new_tokens or args.new,
            "measurement": "steady concurrency (continuous batching, b rows live); settings in lockstep",
            "block_steps": args.block_steps,
-           "context_tokens": context, "prompt_tokens_mean": round(prompt_tokens, 1), "batches": batches, "ks": ks,
+           "context_tokens": context, "prompt_tokens_mean": round(prompt_tokens, 1), "batches": batches,
+           "refined_batches": refined, "ks": ks,
            "profiles": res.profiles, "profiles_from": None if args.profiles_from is None else rel(args.profiles_from),
            "plan": {"ranges": [list(x) for x in ranges],
                                               "stops_paying_above": plan.stops_paying_above,
@@ -937,7 +951,7 @@ def markdown(doc: dict, source: str) -> str:
         by_k = {int(k): v for k, v in r["by_k"].items()}
         cells = [f"**{by_k[k]['tokens_per_s_total']:.1f}**" if k == r["plan_k"] else
                  f"{by_k[k]['tokens_per_s_total']:.1f}" for k in ks]
-        out.append(f"| {r['batch']} | " + " | ".join(cells) + f" | {r['best_measured_k']} | {r['plan_k']} | "
+        out.append(f"| {r['batch']}{' (refine)' if r.get('refined') else ''} | " + " | ".join(cells) + f" | {r['best_measured_k']} | {r['plan_k']} | "
                    f"{100 * (r['regret'] or 0):.1f} % | {r['plan_predicted_tokens_per_s_total'] or 0:.1f} | "
                    f"{100 * (r['prediction_error'] or 0):+.1f} % | {_speedups(r)} | {_live(r)[3:] or '-'} |")
     if doc["stream"]:

@@ -21,7 +21,8 @@ from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
 from sequoia_opt.profiles.batch import BatchLatencyProfile, load_batch_table
 from sequoia_opt.solver.chains import ChainSetting, predict_chain, replay_counts
 from sequoia_opt.solver.schedule import (ChainValue, SpecSetting, check_ranges, load_schedule, plan_document,
-                                         plan_from_ranges, predict_ranges, save_schedule, solve_plan)
+                                         plan_from_ranges, predict_ranges, save_schedule, solve_plan,
+                                         switch_midpoints)
 from sequoia_opt.tree import Tree
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -416,6 +417,71 @@ def _table(path, batches, tokens, target_ms, draft_ms=1.0, overhead_ms=0.5):
     return path
 
 
+# ---------------------------------------------------------------------------------------------- refine (bisection)
+def _steepening(batches):
+    """T(b, n) = 10 + 0.1 b + 0.15 b (n - 1) ms: each row's extra token costs more as b grows, so the best K falls
+    with b: K = 6 at 1, 5 at 2-5, 4 at 6-11, 3 at 12-16 (under _acc((0.8, 0.1, 0.05)), solved at every b)."""
+    return _profile({b: _curve(0.15 * b, 10.0 + 0.1 * b) for b in batches})
+
+
+def test_switch_midpoints_bisect_every_switch_nobody_timed():
+    value = ChainValue(_acc((0.8, 0.1, 0.05)), 6)
+    every = solve_plan(value, _steepening(range(1, 17)))
+    assert [r.best.setting.draft_tokens for r in every.rows] == [6, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 3, 3, 3, 3, 3]
+    assert switch_midpoints(every) == []  # every switch lies between consecutive batch sizes
+    grid = solve_plan(value, _steepening((1, 2, 4, 8, 16)))
+    assert [r.best.setting.draft_tokens for r in grid.rows] == [6, 5, 5, 4, 3]
+    assert switch_midpoints(grid) == [6, 12]  # 1-2 are neighbours; 2 and 4 agree
+    assert switch_midpoints(solve_plan(value, _steepening((1, 16)))) == [8]
+
+
+def test_refine_plan_places_every_switch_where_solving_every_batch_size_would():
+    """From the grid 1, 2, 4, 8, 16 the plan runs batch 4's K = 5 at 6-7 rows and batch 8's K = 4 at 12-15, where
+    solving every batch size chooses K = 4 and K = 3. One round of bisection times 6 and 12 and runs, at every batch
+    size 1..16, what solving all 16 would; rounds go on until every switch lies between neighbours (5 batch sizes
+    timed of the 11 missing), and stop there whatever the rounds asked."""
+    from sequoia_opt.jobs.tune import refine_plan
+
+    value = ChainValue(_acc((0.8, 0.1, 0.05)), 6)
+    every = {r.batch: r.best.setting for r in solve_plan(value, _steepening(range(1, 17))).rows}
+
+    def runs(plan):
+        return {b: next(r.setting for r in plan.ranges if r.lo <= b <= r.hi) for b in range(1, 17)}
+
+    grid = [1, 2, 4, 8, 16]
+    start = _steepening(grid)
+    first = solve_plan(value, start, grid)
+    assert [b for b, s in runs(first).items() if s != every[b]] == [6, 7, 12, 13, 14, 15]
+    for rounds, want in ((1, [[6, 12]]), (2, [[6, 12], [5, 10]]), (3, [[6, 12], [5, 10], [11]]),
+                         (8, [[6, 12], [5, 10], [11]])):
+        asked, seen = [], set(grid)
+
+        def more(batches):
+            asked.append(list(batches))
+            seen.update(batches)
+            return _steepening(sorted(seen))
+
+        plan, prof, timed = refine_plan(first, start, lambda p, bs: solve_plan(value, p, bs), more, rounds)
+        assert asked == want and timed == sorted(b for bs in want for b in bs)
+        assert [r.batch for r in plan.rows] == prof.batches == sorted({*grid, *timed})
+        assert runs(plan) == every
+        assert (switch_midpoints(plan) == []) is (rounds >= 3)
+
+
+def test_tune_on_a_given_table_names_the_batch_sizes_that_would_place_its_switches(tmp_path):
+    """A GPU engine's T(b, n) is the user's: tune cannot time more of it, so --refine does nothing there and a note
+    names the batch sizes to add (the midpoints of the switches the table leaves open)."""
+    table, acc = _files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--refine", "3",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["schedule"]["batches"] == [1, 8, 64] and "refined_batches" not in doc["schedule"]
+    assert ("switches not placed: batch sizes 2-7 run batch 1's chain:4, 8 runs chain:3; 9-63 run batch 8's chain:3, "
+            "64 runs none; the best setting changes somewhere between, and T(b, n) there was not timed (add batch "
+            "sizes 4,36 to the latency profile or table)") in doc["notes"]
+
+
 def _files(tmp_path):
     _table(tmp_path / "t.csv", (1, 8, 64), range(1, 10), lambda b, n: PROFILE.curve(b).target_ms(n))
     acc = _acc()
@@ -704,6 +770,9 @@ def test_tune_llamacpp_end_to_end_measures_solves_and_leaves_no_temporary_files(
 
 @pytest.mark.parametrize("args,msg", [(["--min-gain", "-0.5"], "--min-gain -0.5 must lie in [0, 10)"),
                                       (["--output-tokens", "0"], "--output-tokens = 0 must be an integer >= 1"),
+                                      (["--refine", "-1"], "--refine -1: rounds of bisection between batch sizes, "
+                                       "0..8"),
+                                      (["--refine", "9"], "--refine 9: rounds of bisection"),
                                       (["--acceptance-model", "replays"],
                                        "unknown --acceptance-model 'replays'; use auto | replay | positional"),
                                       (["--acceptance-model", "replay"], "has no chain_traces (treeopt profile "
@@ -1184,14 +1253,14 @@ def test_the_check_command_tune_prints_is_one_the_benchmark_takes(tmp_path, own_
     prompts = tmp_path / "mine.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n')
     opts = TuneOptions(engine="treeopt", draft="lookup", batches=[1, 4], prompts=prompts if own_prompts else None)
-    line = _check_command(opts)
+    line = _check_command(opts, [1, 2, 4])  # the batch sizes solved: --batches and those --refine timed
     plan, held_out = tmp_path / "plan.yaml", tmp_path / "held-out.jsonl"
     plan.write_text("format: treeopt-schedule/1\n")
     held_out.write_text('{"prompt": "def g(y):"}\n')
     words = shlex.split(line.replace("PLAN.yaml", str(plan)).replace("HELD_OUT_REQUESTS.jsonl", str(held_out)))
     assert words[:2] == ["python", "benchmarks/schedules.py"]
     args = _schedules_benchmark().parse_args(words[2:])
-    assert (args.engine, args.draft, args.batches, args.plan) == ("treeopt", "lookup", "1,4", plan)
+    assert (args.engine, args.draft, args.batches, args.plan) == ("treeopt", "lookup", "1,2,4", plan)
     if own_prompts:
         assert (args.workload, args.profile_file, args.requests) == (None, prompts, held_out)
     else:
@@ -1747,7 +1816,7 @@ def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
     """tune measured T(b, n) over the file ``treeopt profile latency --batch`` writes by default whenever that one
     did not fit (other threads, context or batch sizes): the user's measurement was replaced. Now tune measures
     beside it (``<name>.tune.yaml``) and reuses its own file the next time; its own file at the default path is
-    still re-measured in place."""
+    still re-measured in place. The batch sizes ``--refine`` times later go to tune's own file too."""
     from sequoia_opt.jobs.tune import TuneOptions, _latency
     from sequoia_opt.profiles.batch import load_batch_latency, save_batch_latency
 
@@ -1758,30 +1827,36 @@ def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
     before = path.read_text()
     calls = []
 
-    def measure(out):
-        if out is None:
-            return path
-        calls.append(out)
-        prof = BatchLatencyProfile(id="tuned", curves=dict(PROFILE.curves), source="measured by treeopt tune --engine "
-                                   "treeopt (1 round)", device={"threads": 1})
-        save_batch_latency(out, prof)
-        return prof
+    def measure(batches):
+        calls.append(list(batches))
+        curves = {b: PROFILE.curves[b] if b in PROFILE.curves else _curve(0.3, 10.5) for b in batches}
+        return BatchLatencyProfile(id="tuned", curves=curves, source="measured by treeopt tune --engine treeopt "
+                                   "(1 round)", device={"threads": 1})
 
     opts = TuneOptions(engine="treeopt", batches=[1, 8, 64], context=0, threads=1, max_draft=8)
     own = path.with_suffix(".tune.yaml")
     for verdict in (f"measured: {own} (the one saved at {path} has no batch size 64)", f"reused: {own}"):
         done = {}
-        prof = _latency(opts, None, done, None, measure)
+        prof, more = _latency(opts, done, path, measure)
         assert done["latency"] == verdict and prof.id == "tuned" and path.read_text() == before
-    assert calls == [own]
+        assert load_batch_latency(own).batches == [1, 8, 64]
+    assert calls == [[1, 8, 64]]
+    # --refine: only the batch sizes the profile lacks are timed, added to tune's own file, never the user's
+    assert more([4, 8]).batches == [1, 4, 8, 64] and calls[-1] == [4]
+    assert load_batch_latency(own).batches == [1, 4, 8, 64] and path.read_text() == before
+    assert done["latency"] == f"reused: {own}; batch sizes 4 timed where the plan switches (--refine), saved: {own}"
+    assert more([4]).batches == [1, 4, 8, 64] and calls[-1] == [4] and len(calls) == 2  # timed once
     # tune's own file at the default path that no longer fits is measured anew, in place
     own.unlink()
     save_batch_latency(path, BatchLatencyProfile(id="old-tune", curves={1: _curve(0.1, 10.0)},
                                                  source="measured by treeopt tune --engine treeopt (1 round)"))
     done = {}
-    _latency(opts, None, done, None, measure)
+    _latency(opts, done, path, measure)
     assert done["latency"] == f"measured: {path} (the one saved at {path} has no batch size 8)"
-    assert calls == [own, path] and load_batch_latency(path).id == "tuned" and not own.exists()
+    assert calls[-1] == [1, 8, 64] and load_batch_latency(path).id == "tuned" and not own.exists()
+    # a given profile cannot be extended here: no `more`
+    given = TuneOptions(engine="treeopt", batches=[1, 8], context=0, latency=path, given_latency=load_batch_latency(path))
+    assert _latency(given, {}, None, None)[1] is None
 
 
 def test_tune_removes_a_stale_setting_only_after_its_other_outputs_are_written(tmp_path, monkeypatch):
@@ -1827,12 +1902,62 @@ def test_tune_names_the_threads_a_reused_latency_profile_was_timed_with(tmp_path
     saved = save_batch_latency(tmp_path / "profiles" / device_slug("cpu") / "target__draft-latency-batch.yaml", prof)
     res = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-a",
                               str(acc), "--batches", "1,8", "--context", str(ctx), "--profiles-dir",
-                              str(tmp_path / "profiles"), "--json"])
+                              str(tmp_path / "profiles"), "--refine", "0", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["profiles"]["latency"] == f"reused: {saved}"
     serve = next(n for n in doc["notes"] if n.startswith("serve it with treeopt's decoder"))
     assert serve.count(f"--draft {ddir} --threads 1 --policy") == 2, serve
+
+
+def test_tune_refine_times_the_batch_size_between_a_switch_and_solves_it(tmp_path):
+    """tune --engine treeopt on a saved T(b, n) at batch 1 and 8, which choose K = 4 and K = 3: --refine 1 times
+    batch 4 on the pair (the profiler, 1 round), saves it with the others in tune's own file, and solves all three;
+    the next run reuses the file and times nothing. --refine 0 leaves the switch unplaced and says so. (Batch 4 is
+    the tiny pair's own forward, far below the table's: what it chooses there is not asserted.)"""
+    import dataclasses
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    from sequoia_opt.device import device_slug
+    from sequoia_opt.jobs.tune import load_given_latency
+    from sequoia_opt.profiles.batch import load_batch_latency, save_batch_latency
+
+    tdir, ddir, _ = make_pair(tmp_path)
+    table, acc = _files(tmp_path)
+    prof = load_given_latency(table, 128)
+    ctx = int(prof.curve(1).contexts[0])
+    prof = dataclasses.replace(prof, curves={b: prof.curves[b] for b in (1, 8)},
+                               source="measured by treeopt tune --engine treeopt", device={"threads": 1})
+    saved = save_batch_latency(tmp_path / "profiles" / device_slug("cpu") / "target__draft-latency-batch.yaml", prof)
+    common = ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-a", str(acc),
+              "--batches", "1,8", "--context", str(ctx), "--rounds", "1", "--max-draft", "8",
+              "--profiles-dir", str(tmp_path / "profiles"), "--json"]
+    off = runner.invoke(app, [*common, "--refine", "0"])
+    assert off.exit_code == 0, off.output
+    doc = json.loads(off.stdout)
+    assert [r["batch_range"] for r in doc["schedule"]["ranges"]] == [[1, 7], [8, 8]]
+    assert ("switches not placed: batch sizes 2-7 run batch 1's chain:4, 8 runs chain:3; the best setting changes "
+            "somewhere between, and T(b, n) there was not timed (--refine with more rounds, or add 4 to --batches)"
+            ) in doc["notes"]
+    res = runner.invoke(app, [*common, "--refine", "1"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["profiles"]["latency"] == (f"reused: {saved}; batch sizes 4 timed where the plan switches (--refine), "
+                                          f"saved: {saved}")
+    after = load_batch_latency(saved)
+    assert after.batches == [1, 4, 8] and after.curve(8).target_ms(3) == prof.curve(8).target_ms(3)
+    t4 = [after.curve(4).target_ms(n) for n in (1, 5, 9)]
+    assert 0 < t4[0] < t4[2] and "treeopt tune --refine" in after.source  # timed on the pair, not copied
+    assert doc["schedule"]["batches"] == [1, 4, 8] and doc["schedule"]["refined_batches"] == [4]
+    assert [r["batch"] for r in doc["schedule"]["by_batch"]] == [1, 4, 8]
+    assert "batch sizes 4 timed besides --batches, where neighbouring batch sizes chose different settings " \
+           "(--refine 1)" in doc["notes"]
+    assert "--batches 1,4,8 " in doc["check"]
+    again = runner.invoke(app, [*common, "--refine", "1"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["profiles"]["latency"] == f"reused: {saved}"
+    assert load_batch_latency(saved).to_dict() == after.to_dict()
 
 
 def test_tune_refuses_a_batch_size_whose_forwards_cannot_fit_before_timing(tmp_path, monkeypatch):

@@ -68,6 +68,10 @@ def tune(
     output_tokens: Annotated[Optional[int], typer.Option(
         "--output-tokens", help="The requests' typical answer length (tokens): rates over answers that long, whose "
         "last step's drafted tokens past the end are wasted (default: the steady state of long answers).")] = None,
+    refine: Annotated[int, typer.Option(
+        "--refine", help="Rounds of bisection on the batch size: where two neighbouring batch sizes choose different "
+        "settings, time T(b, n) at their midpoint and solve again (llama.cpp and treeopt, measured here; a given "
+        "profile gets a note naming the batch sizes to add). 0: off.")] = 1,
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
         "the extra_llm_api_options YAML; SGLang: the adaptive config JSON; llama.cpp: the flags per -np; treeopt: "
@@ -99,7 +103,7 @@ def tune(
         release=release, method=method, model=model, max_batch=max_batch, prompts=prompts, num_prompts=num_prompts,
         max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,
         min_gain=min_gain, output_tokens=output_tokens,
-        profiles_dir=profiles_dir, plan=plan))
+        profiles_dir=profiles_dir, plan=plan, refine=refine))
     inputs = {"--latency": latency, "--acceptance": acceptance, "--calibration": calibration, "--plan": plan,
               "--prompts": prompts}
     for flag, path in (("-o", output), ("--schedule", schedule)):

@@ -25,6 +25,7 @@ anything is measured or written.
 from __future__ import annotations
 
 import shlex
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -34,8 +35,8 @@ import numpy as np
 from .._io import safe_load_yaml, with_article
 from ..errors import ProfileError, TreeoptError
 
-__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "TuneOptions", "TuneResult",
-           "check_options", "tune", "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance", "peer_ranges",
+__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "MAX_REFINE", "TuneOptions", "TuneResult",
+           "check_options", "tune", "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance", "peer_ranges", "refine_plan",
            "short_traces_note", "token_grid"]
 
 TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
@@ -48,6 +49,8 @@ ANSWER_END_CUT_ENGINES = ("treeopt", "llama.cpp")
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 #: The longest chain a plan considers when neither the user nor the profile says less.
 DEFAULT_MAX_DRAFT = 8
+#: The most rounds of ``--refine``: 8 places a switch between batch sizes 256 apart to within one.
+MAX_REFINE = 8
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -83,6 +86,10 @@ class TuneOptions:
             (:func:`~sequoia_opt.solver.schedule.solve_plan`); None: the steady state of long answers.
         profiles_dir: where measured profiles are written and looked for.
         plan: a ``treeopt-schedule/1`` file to predict and export instead of solving one.
+        refine: rounds of bisection on the batch size (:func:`~sequoia_opt.solver.schedule.switch_midpoints`):
+            where two neighbouring batch sizes solved choose different settings, T(b, n) is timed at their
+            midpoint and the plan solved again, each round halving the spans nobody timed (llama.cpp and treeopt,
+            whose latency tune measures; a given profile gets a note naming the batch sizes to time). 0: off.
     """
 
     engine: str
@@ -109,6 +116,7 @@ class TuneOptions:
     output_tokens: int | None = None
     profiles_dir: Path = Path("profiles")
     plan: Path | None = None
+    refine: int = 1
     #: the given ``latency`` file as read by :func:`check_options` (read once; not an option)
     given_latency: Any = field(default=None, repr=False, compare=False)
 
@@ -154,7 +162,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             unknown engine or shape; a GPU engine without a latency profile or table or without an acceptance
             (calibration) profile; an envelope without a calibration profile; a batch size < 1; ``max_draft`` < 1;
             ``max_batch`` below the largest batch size; ``context`` < 0 or ``num_prompts`` / ``max_new_tokens`` /
-            ``threads`` / ``rounds`` < 1; a missing file, or a ``latency`` file no loader takes (read once, kept as
+            ``threads`` / ``rounds`` < 1; ``refine`` outside 0..:data:`MAX_REFINE`; a missing file, or a ``latency`` file no loader takes (read once, kept as
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
             refuses on its face (not a version); ``min_gain`` outside [0, 10);
             ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; a bad or
@@ -179,6 +187,10 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             raise TreeoptError(f"{name} {path}: " + ("a folder, not a file" if Path(path).is_dir() else "no such file"))
     if opts.context < 0 or opts.num_prompts < 1 or opts.max_new_tokens < 1 or opts.threads < 1 or opts.rounds < 1:
         raise TreeoptError("--context >= 0; --num-prompts, --max-new-tokens, --threads and --rounds >= 1")
+    if isinstance(opts.refine, bool) or not isinstance(opts.refine, int) or not 0 <= opts.refine <= MAX_REFINE:
+        raise TreeoptError(f"--refine {opts.refine}: rounds of bisection between batch sizes, 0..{MAX_REFINE} "
+                           f"(each halves the span a switch may lie in; {MAX_REFINE} places it within 1 of "
+                           f"{2 ** MAX_REFINE} batch sizes)")
     if opts.latency is not None and opts.given_latency is None:  # read once (the CLI checks, then tune checks
         # again): a file none of the loaders takes is one line before any work
         opts.given_latency = load_given_latency(Path(opts.latency), opts.context)
@@ -446,12 +458,20 @@ def _format_of(path: Path) -> Any:
     return doc.get("format") if isinstance(doc, dict) else None
 
 
-def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, measure: Callable):
-    """The batch latency profile: given; or reused from the default path (where ``treeopt profile latency --batch``
+def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
+             measure: Callable[[Sequence[int]], Any] | None) -> tuple[Any, Callable[[Sequence[int]], Any] | None]:
+    """The batch latency profile: given; or reused from ``default`` (where ``treeopt profile latency --batch``
     writes too) or from tune's own file beside it (``<name>.tune.yaml``) when it fits (:func:`_latency_misfit`); else
-    measured by ``measure(path)`` and saved at the default path, or beside it when that holds a profile tune did not
-    write (its source names ``treeopt tune``): a user's measurement is never replaced."""
-    from ..profiles.batch import load_batch_latency
+    timed by ``measure(batches)`` and saved at ``default``, or beside it when that holds a profile tune did not write
+    (its source names ``treeopt tune``): a user's measurement is never replaced.
+
+    Returns ``(profile, more)``: ``more(batches)`` times the batch sizes the profile lacks at ``opts.context`` (for
+    ``--refine``), saves the profile with them (tune's own file: a reused user's profile is never rewritten) and
+    returns it; None for a given profile, which nothing here can extend.
+    """
+    from dataclasses import replace
+
+    from ..profiles.batch import load_batch_latency, save_batch_latency
 
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
     if opts.latency is not None:
@@ -462,15 +482,36 @@ def _latency(opts: TuneOptions, spec: Any, done: dict[str, str], progress: Progr
             raise ProfileError(f"{p} has no T(b, n) at batch size {missing[0]} (it has {','.join(map(str, prof.batches))}): "
                                "measure it, or pass --batches among those (the default: all of them)")
         done["latency"] = f"given: {p}"
-        return prof
-    prof, out, why = _saved_profile(measure(None), load_batch_latency, lambda x: _latency_misfit(x, opts, want_k),
-                                    lambda x: "treeopt tune" in str(x.source or ""))
+        return prof, None
+    assert default is not None and measure is not None
+    tune_wrote = lambda x: "treeopt tune" in str(x.source or "")  # noqa: E731
+    prof, out, why = _saved_profile(default, load_batch_latency, lambda x: _latency_misfit(x, opts, want_k),
+                                    tune_wrote)
     if prof is not None:
         done["latency"] = f"reused: {out}"
-        return prof
-    prof = measure(out)
-    done["latency"] = f"measured: {out}{why}"
-    return prof
+        if not tune_wrote(prof):
+            out = out.with_suffix(".tune.yaml")
+    else:
+        prof = measure(opts.batches)
+        save_batch_latency(out, prof)
+        done["latency"] = f"measured: {out}{why}"
+    held = [prof]
+
+    def more(batches: Sequence[int]) -> Any:
+        have = held[0]
+        need = sorted({int(b) for b in batches if b not in have.curves or opts.context not in have.curve(b).contexts})
+        if need:
+            extra = measure(need)
+            bs = ",".join(map(str, need))
+            have = replace(have, curves={**have.curves, **extra.curves},
+                           source=f"{have.source or ''}; batch sizes {bs} timed after, where the plan switches "
+                                  "(treeopt tune --refine)")
+            save_batch_latency(out, have)
+            done["latency"] += f"; batch sizes {bs} timed where the plan switches (--refine), saved: {out}"
+            held[0] = have
+        return have
+
+    return prof, more
 
 
 def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[Any], str],
@@ -572,21 +613,28 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
             ``by-depth`` without per-depth vectors); PlanExportError: an engine release that does not take the
             plan; EngineError: llama.cpp missing or refusing a GGUF; DecodingError: as the decoder, while measuring.
     """
+    with ExitStack() as stack:  # what lives while tune measures (llama.cpp's draft GGUF), gone when it returns
+        return _tune(opts, progress, stack)
+
+
+def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> TuneResult:
+    """:func:`tune`'s body; ``stack`` holds what must live until it returns."""
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import export_plan, guard_notes, method_key
     from ..solver.schedule import (ChainValue, EnvelopeValue, check_draft_measured, load_schedule, max_draft_measured,
-                                   plan_document, plan_from_ranges, predict_ranges, solve_one_setting_plan, solve_plan)
+                                   plan_document, plan_from_ranges, predict_ranges, solve_one_setting_plan, solve_plan,
+                                   switch_midpoints)
 
     opts = check_options(opts)
     spec = parse_drafter_spec(opts.draft)
     done: dict[str, str] = {}
     notes: list[str] = []
     if opts.engine == "llama.cpp":
-        profile, acc, labels = _llamacpp_inputs(opts, spec, done, progress)
+        profile, acc, labels, more = _llamacpp_inputs(opts, spec, done, progress, stack)
     elif opts.engine == "treeopt":
-        profile, acc, labels = _treeopt_inputs(opts, spec, done, progress)
+        profile, acc, labels, more = _treeopt_inputs(opts, spec, done, progress)
     else:
-        profile, acc, labels = _given_inputs(opts, spec, done, progress)
+        profile, acc, labels, more = _given_inputs(opts, spec, done, progress)
     ctx = None if opts.engine in GPU_ENGINES else opts.context
     if ctx is not None:  # a profile measured at shorter contexts than --context: say which option and value fit
         largest = min(max(profile.curve(b).contexts) for b in opts.batches)
@@ -679,6 +727,7 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
     # priced cut only where the traces say which answers ran to the cap: one that ends at an EOS the engine could
     # not see coming pays whole steps (the replay knows which; a positional or per-depth profile does not)
     cut = opts.engine in ANSWER_END_CUT_ENGINES and getattr(value, "model_used", None) == "replay"
+    timed: list[int] = []  # batch sizes --refine timed besides opts.batches
     if opts.plan is not None:
         sched = load_schedule(opts.plan, profile=profile, context=ctx)  # K past the profile: one line
         warnings.extend(given_plan_warnings(sched.doc, opts.engine, str(opts.plan)))
@@ -703,9 +752,22 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
                                       min_gain=opts.min_gain, output_tokens=opts.output_tokens, answer_end_cut=cut,
                                       provenance=prov)
     else:
-        plan = solve_plan(value, profile, opts.batches, context=ctx, first_is_longest=opts.engine == "tensorrt-llm",
-                          min_gain=opts.min_gain, output_tokens=opts.output_tokens, answer_end_cut=cut,
-                          max_batch=opts.max_batch, provenance=prov)
+        def solve(prof: Any, batches: Sequence[int]) -> Any:
+            return solve_plan(value, prof, batches, context=ctx, first_is_longest=opts.engine == "tensorrt-llm",
+                              min_gain=opts.min_gain, output_tokens=opts.output_tokens, answer_end_cut=cut,
+                              max_batch=opts.max_batch, provenance={**prov, "batches": list(batches)})
+
+        plan = solve(profile, opts.batches)
+        if more is not None and opts.refine:
+            plan, profile, timed = refine_plan(plan, profile, solve, more, opts.refine)
+        if timed:
+            plan.provenance["refined_batches"] = timed
+            notes.append(f"batch sizes {', '.join(map(str, sorted(timed)))} timed besides --batches, where "
+                         f"neighbouring batch sizes chose different settings (--refine {opts.refine})")
+            warnings += [w for w in falling_cost_warnings(profile, timed, ctx) if w not in warnings]
+        left = switch_midpoints(plan)
+        if left:
+            notes.append(_unplaced_switches(plan, left, measured_here=more is not None))
     notes.extend(plan.notes)
     notes.extend(guard_notes(plan, opts.engine))
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
@@ -758,11 +820,53 @@ def tune(opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
         doc["engine_releases"] = settings.releases
     peers = {}
     if opts.shape == "chain":
+        # the peers' rules pick over the batch sizes asked (as their sweeps do), predicted wherever the plan is
         for name, ranges in peer_ranges(plan, value, profile, opts.batches, context=ctx).items():
             peers[name] = {p.batch: p.tokens_per_s_total
-                           for p in predict_ranges(ranges, value, profile, opts.batches, context=ctx,
+                           for p in predict_ranges(ranges, value, profile, sorted({*opts.batches, *timed}), context=ctx,
                                                    output_tokens=opts.output_tokens, answer_end_cut=cut)}
-    return TuneResult(plan, doc, settings, done, peers, _check_command(opts), notes, warnings)
+    return TuneResult(plan, doc, settings, done, peers, _check_command(opts, [r.batch for r in plan.rows]), notes, warnings)
+
+
+def refine_plan(plan: Any, profile: Any, solve: Callable[[Any, Sequence[int]], Any],
+                more: Callable[[Sequence[int]], Any], rounds: int) -> tuple[Any, Any, list[int]]:
+    """Bisect the plan's switches on the batch size (``tune --refine``): up to ``rounds`` times, time T(b, n) at
+    :func:`~sequoia_opt.solver.schedule.switch_midpoints` (``more(batches)`` -> the profile with them) and solve
+    again over every batch size timed (``solve(profile, batches)`` -> a plan). Stops early when every switch lies
+    between consecutive batch sizes. A switch between a and b with b - a = 2^r is placed exactly in r rounds when
+    the best setting changes once between them.
+
+    Returns ``(plan, profile, the batch sizes timed here, ascending)``. Raises what ``more`` and ``solve`` raise
+    (the profiler's and :func:`~sequoia_opt.solver.schedule.solve_plan`'s errors).
+    """
+    from ..solver.schedule import switch_midpoints
+
+    timed: list[int] = []
+    for _ in range(rounds):
+        mids = switch_midpoints(plan)
+        if not mids:
+            break
+        profile = more(mids)
+        timed += mids
+        plan = solve(profile, sorted({*(r.batch for r in plan.rows), *mids}))
+    return plan, profile, sorted(timed)
+
+
+def _unplaced_switches(plan: Any, mids: Sequence[int], *, measured_here: bool) -> str:
+    """One note naming the switches of ``plan`` no batch size between them placed (``mids``, from
+    :func:`~sequoia_opt.solver.schedule.switch_midpoints`) and how to place them."""
+    spans = []
+    for lo, hi in zip(plan.rows, plan.rows[1:]):
+        if hi.batch - lo.batch >= 2 and lo.best.setting != hi.best.setting:
+            between = (f"{lo.batch + 1} runs" if hi.batch - lo.batch == 2
+                       else f"{lo.batch + 1}-{hi.batch - 1} run")
+            spans.append(f"{between} batch {lo.batch}'s {lo.best.setting.label}, {hi.batch} runs "
+                         f"{hi.best.setting.label}")
+    at = ",".join(map(str, mids))
+    how = (f"--refine with more rounds, or add {at} to --batches" if measured_here
+           else f"add batch size{'s' if len(mids) > 1 else ''} {at} to the latency profile or table")
+    return (f"switches not placed: batch sizes {'; '.join(spans)}; the best setting changes somewhere between, and "
+            f"T(b, n) there was not timed ({how})")
 
 
 def given_plan_warnings(doc: Mapping[str, Any], engine: str, name: str) -> list[str]:
@@ -871,8 +975,8 @@ def engine_method(method: str | None, served: Any, measured: str | None,
     return method, []
 
 
-def _check_command(opts: TuneOptions) -> str:
-    bs = ",".join(map(str, opts.batches))
+def _check_command(opts: TuneOptions, batches: Sequence[int]) -> str:
+    bs = ",".join(map(str, batches))
     if opts.engine in ("llama.cpp", "treeopt"):
         draft = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),
                                                                            ("--draft", opts.draft)) if v)
@@ -894,18 +998,20 @@ def _given_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress: 
     """The T(b, n) and acceptance the user gave (a GPU engine's, or llama.cpp's with both given: nothing is
     measured, no model is loaded), labelled with the pair the acceptance profile measured (``--draft`` names the
     drafter's kind where given)."""
-    profile = _latency(opts, spec, done, progress, lambda path: None)
+    profile, _ = _latency(opts, done, None, None)
     acc, labels = None, {"target": None, "drafter": spec.label if opts.draft is not None else None}
     if opts.acceptance is not None:
         acc = _acceptance(opts, Path(opts.acceptance), done, lambda: None)
         measured = getattr(acc, "measured", None) or {}
         labels = {"target": measured.get("target"),
                   "drafter": measured.get("draft") if opts.draft is None else spec.label}
-    return profile, acc, labels
+    return profile, acc, labels, None
 
 
-def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None):
-    """llama.cpp's T(b, n) and acceptance, measured here when missing."""
+def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None,
+                     stack: ExitStack):
+    """llama.cpp's T(b, n) and acceptance, measured here when missing; a draft model converted to a GGUF lives in a
+    temporary folder ``stack`` removes (when tune returns: ``--refine`` times more batch sizes after the solve)."""
     import tempfile
 
     import torch
@@ -916,9 +1022,9 @@ def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progres
         return _given_inputs(opts, spec, done, progress)
     torch.set_num_threads(1)  # torch only picks argmaxes here; llama.cpp runs the forwards on its own threads
     lookup = spec.kind == "lookup"
-    with tempfile.TemporaryDirectory(prefix="treeopt-tune-") as work:  # a draft model written as a GGUF
-        return _llamacpp_measured(opts, spec, done, progress, resolve_pair(
-            opts.target, None if lookup else opts.draft, Path(work), need_draft=not lookup))
+    work = stack.enter_context(tempfile.TemporaryDirectory(prefix="treeopt-tune-"))  # a draft model as a GGUF
+    return _llamacpp_measured(opts, spec, done, progress, resolve_pair(
+        opts.target, None if lookup else opts.draft, Path(work), need_draft=not lookup))
 
 
 def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, pair: Any):
@@ -926,7 +1032,6 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
     from ..device import device_slug
     from ..engines.llamacpp import LlamaCppModel, generate, measure_acceptance, profile_latency_batch
     from ..jobs.load import pair_slug, weights_record
-    from ..profiles.batch import save_batch_latency
     from ..prompts import demo_prompts_path, load_prompts
 
     lookup = spec.kind == "lookup"
@@ -934,18 +1039,13 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
     slug = pair_slug(pair.target_label, dlabel)
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
 
-    def measure(path: Path | None) -> Any:
-        default = opts.profiles_dir / device_slug("cpu") / f"{slug}-llama.cpp-latency-batch.yaml"
-        if path is None:
-            return default
-        prof = profile_latency_batch(pair.target, None if lookup else pair.draft, opts.batches,
+    def measure(batches: Sequence[int]) -> Any:
+        return profile_latency_batch(pair.target, None if lookup else pair.draft, batches,
                                      contexts=[opts.context], token_counts=token_grid(want_k),
                                      draft_token_counts=[1, 2], n_threads=opts.threads, rounds=opts.rounds,
                                      paired=True, max_repeats=10, max_seconds=3.0, progress=progress,
                                      target_name=pair.target_label, draft_name=dlabel,
                                      lookup=(spec.lookup_min, spec.lookup_max) if lookup else None)
-        save_batch_latency(path, prof)
-        return prof
 
     def measure_acc() -> Any:
         pfile = opts.prompts or demo_prompts_path("profile")
@@ -964,10 +1064,11 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
                                       source="measured by treeopt tune --engine llama.cpp (teacher-forced on "
                                              "llama.cpp's greedy output)")
 
-    profile = _latency(opts, spec, done, progress, measure)
+    default = opts.profiles_dir / device_slug("cpu") / f"{slug}-llama.cpp-latency-batch.yaml"
+    profile, more = _latency(opts, done, default, measure)
     acc = _acceptance(opts, opts.profiles_dir / slug / "acceptance-greedy-llama.cpp-chains.yaml", done, measure_acc,
                       weights_record(opts.target, None if lookup else spec))  # the checkpoints named, not the GGUFs
-    return profile, acc, {"target": pair.target_label, "drafter": dlabel}
+    return profile, acc, {"target": pair.target_label, "drafter": dlabel}, more
 
 
 def check_batch_memory(config: Any, batch: int, positions: int, tokens: int, device: Any) -> None:
@@ -996,7 +1097,6 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
 
     from ..device import device_slug
     from ..jobs.load import default_acceptance_path, default_chain_acceptance_path, load_pair
-    from ..profiles.batch import save_batch_latency
     from ..profiling.acceptance import build_acceptance_profile, can_teacher_force, measure_acceptance
     from ..profiling.batch import profile_batches
     from ..profiling.latency import method_text
@@ -1008,25 +1108,20 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     slug = pair.slug
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
 
-    def measure(path: Path | None) -> Any:
-        default = opts.profiles_dir / device_slug(dev) / f"{slug}-latency-batch.yaml"
-        if path is None:
-            return default
+    def measure(batches: Sequence[int]) -> Any:
         grid = token_grid(want_k)
         from ..profiling.steps import check_loop_fits
 
         check_loop_fits(opts.context, max(grid), pair.target.config.max_position_embeddings, model=pair.target_name,
                         fixes=f"--max-draft (chains up to K = {want_k} here)")
-        check_batch_memory(pair.target.config, max(opts.batches), opts.context + max(grid), max(grid), dev)
-        prof = profile_batches(pair.target, pair.draft, opts.batches, grid, [1, 2], [opts.context],
+        check_batch_memory(pair.target.config, max(batches), opts.context + max(grid), max(grid), dev)
+        return profile_batches(pair.target, pair.draft, batches, grid, [1, 2], [opts.context],
                                target_name=pair.target_name, draft_name=pair.draft_name,
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,
                                method=method_text(opts.rounds, True, grid), progress=progress, rounds=opts.rounds,
                                paired=True, command="treeopt tune --engine treeopt", min_repeats=3, max_repeats=10,
                                max_seconds=3.0, loop="chain" if opts.shape == "chain" else "static",
                                loop_drafter=pair.new_drafter)
-        save_batch_latency(path, prof)
-        return prof
 
     chains = opts.shape == "chain" and can_teacher_force(pair.new_drafter())
 
@@ -1047,7 +1142,7 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
             num_prompts=len(ids), max_new_tokens=opts.max_new_tokens, seed=0, draft_cost_model=pair.cost_model,
             command="treeopt tune --engine treeopt")
 
-    profile = _latency(opts, spec, done, progress, measure)
+    profile, more = _latency(opts, done, opts.profiles_dir / device_slug(dev) / f"{slug}-latency-batch.yaml", measure)
     default = (default_chain_acceptance_path if chains else default_acceptance_path)(pair.target_name, pair.spec)
     acc = _acceptance(opts, opts.profiles_dir / default.relative_to("profiles"), done, measure_acc, pair.weights)
-    return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}
+    return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}, more

@@ -85,7 +85,7 @@ SCHEDULE_FORMAT = "treeopt-schedule/1"
 #: the keys a schedule file holds (:func:`plan_document`, the provenance tune records, the engine settings tune
 #: adds); any other is warned of by name, as a misspelling (``stops_paying_abve``) was read as absent
 SCHEDULE_KEYS = ("format", "engine", "drafter", "shape", "latency_profile", "acceptance_profile",
-                 "calibration_profile", "target", "batches", "given_plan", "context_tokens", "output_tokens",
+                 "calibration_profile", "target", "batches", "refined_batches", "given_plan", "context_tokens", "output_tokens",
                  "min_gain", "first_is_longest", "answer_end_cut", "date", "rule", "stops_paying_above", "ranges",
                  "by_batch", "guard", "notes", "method", "draft_model", "lookup", "engine_settings", "engine_releases")
 #: the keys of one entry of a schedule's ``ranges``
@@ -96,7 +96,7 @@ __all__ = ["SCHEDULE_FORMAT", "SCHEDULE_KEYS", "SHAPES", "SpecSetting", "Predict
            "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "check_output_tokens",
            "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
            "max_draft_measured", "check_draft_measured", "check_setting_measured", "plan_from_ranges",
-           "solve_one_setting_plan", "merge_ranges", "cut_step_costs"]
+           "solve_one_setting_plan", "merge_ranges", "switch_midpoints", "cut_step_costs"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -840,6 +840,22 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes,
                 getattr(value, "interval_method", "none"), output_tokens, float(min_gain), bool(first_is_longest),
                 bool(answer_end_cut))
+
+
+def switch_midpoints(plan: Plan) -> list[int]:
+    """The batch sizes that bisect the plan's unmeasured switches: for every two neighbouring solved batch sizes
+    ``a < b`` with ``b - a >= 2`` whose best settings differ, ``(a + b) // 2``. Ascending; empty when every switch
+    lies between consecutive integers (or the plan never switches).
+
+    Why: a range takes the setting of the measured batch size it starts at (:func:`merge_ranges`), so on the grid
+    1, 2, 4, 8, 16 three live rows run batch 2's K whatever T(3, n) is. On the demo pair (CPU, greedy, eval
+    requests) K = 2 ran 2-4 % ahead of K = 1 at two rows and 0-2 % behind at three (``benchmarks/schedules.py``,
+    2026-12-05): the plan lost its lead over vLLM's rule in the 2-3 range. Timing T(b, n) where a switch is and
+    solving again is bisection on the batch size; ``treeopt tune --refine N`` runs N rounds of it.
+    """
+    rows = plan.rows
+    return [(a.batch + b.batch) // 2 for a, b in zip(rows, rows[1:])
+            if b.batch - a.batch >= 2 and a.best.setting != b.best.setting]
 
 
 def merge_ranges(best: Sequence[tuple[int, Any]], last: int) -> list[tuple[int, int, Any]]:
