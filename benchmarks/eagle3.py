@@ -1,7 +1,9 @@
 """The shipped EAGLE-3 head on the demo pair against the issue's goals (issue 30), on this CPU, in one run: the head
 and the bundled draft model each profiled (T(n) shared, c(w) in each drafter's cost model, greedy acceptance on
 the *profile* prompts), each solved for its hardware-aware static tree, the head's calibration recorded and its
-dynamic settings predicted at the static tree's budget; then one ``run_trees`` call on the held-out *eval*
+dynamic settings predicted at the static tree's budget; each chosen tree's own step then timed through the decoder
+on profile prompts (``check_plans``, as the demo and ``run --compare-drafters`` do: ``--check-rounds``), whose
+speedup is the prediction, the cost model's kept beside it; then one ``run_trees`` call on the held-out *eval*
 prompts with one plain baseline: the draft's tree, the head's tree, the head's best predicted dynamic settings.
 
 Goals (medians of one run; speeds are ratios against the plain baseline of the same run):
@@ -63,12 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-profile-prompts", type=Path, action="append", default=[],
                     help="a prompt file added to the profile pool after the shipped profile set (repeatable), e.g. "
                          "benchmarks/data/code-heldout.jsonl (code of the same kind that no training read)")
+    ap.add_argument("--check-rounds", type=int, default=2,
+                    help="rounds of timing each chosen tree's own step through the decoder on profile prompts, as "
+                         "the demo and run --compare-drafters do (check_plans; its speedup becomes the prediction, "
+                         "the cost model's is kept beside it); 0: not checked")
     ap.add_argument("--out", type=Path, default=Path("results/eagle3"))
     args = ap.parse_args(argv)
 
     from sequoia_opt._io import create_files, new_run_id
     from sequoia_opt.device import device_name, device_slug
-    from sequoia_opt.jobs.compare import drafter_table, plan_drafter, compare_drafters
+    from sequoia_opt.jobs.compare import CHECK_PROMPTS, check_plans, drafter_table, plan_drafter, compare_drafters
     from sequoia_opt.jobs.load import drafter_slug, load_drafters
     from sequoia_opt.jobs.run import TreeEntry
     from sequoia_opt.drafting.policies import DynamicPolicy
@@ -135,6 +141,16 @@ def main(argv: list[str] | None = None) -> int:
                             max_depth=sizes["max_depth"], max_branching=sizes["width"], context=ctx)
         sides.append((pair, curve, acc, plan))
     (_, dcurve, dacc, dplan), (_, hcurve, hacc, hplan) = sides
+    # each chosen tree's own step through the decoder (what T(n) + c(w) + the overhead leaves out: the loop's
+    # bookkeeping, a head's feature reads and its own KV cache): the cost model's speedup against the step's
+    solver_speedups = [dplan.metadata.predicted_speedup, hplan.metadata.predicted_speedup]
+    check_warnings = []
+    if args.check_rounds > 0:
+        print("timing each chosen tree's own step", file=sys.stderr)
+        plans = [dplan, hplan]
+        check_warnings = check_plans(plans, target, [draft_pair.draft, head_pair.new_drafter],
+                                     [prof_ids[:CHECK_PROMPTS]] * 2, rounds=args.check_rounds, progress=progress)
+        dplan, hplan = plans
 
     print("recording the head's calibration", file=sys.stderr)
     steps = measure_calibration(target, head_pair.new_drafter, prof_ids[: sizes["cal_prompts"]],
@@ -200,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
           + (f" (p_1's 95 % interval between {hacc.num_prompts} prompts {p1_interval[0]:.3f}-{p1_interval[1]:.3f})"
              if p1_interval else "")
           + f"; draft's: {[round(float(x), 3) for x in dacc.acceptance[:4]]}")
+    if args.check_rounds > 0:
+        for name, sp, pl, sm in (("draft", solver_speedups[0], dplan, dsum), ("head", solver_speedups[1], hplan, hsum)):
+            print(f"{name}: speedup predicted {sp:.3f} by T(n) + c(w) + overhead, {pl.metadata.predicted_speedup:.3f} "
+                  f"by its step timed through the decoder; ran {sm.speedup:.3f}")
+        for line in check_warnings:
+            print(f"warning: {line}")
     print("\n| goal | value | met |\n|---|---|---|")
     for name, value, ok in goals:
         print(f"| {name} | {'' if value is None else f'{value:.3f}'} | {'yes' if ok else 'NO'} |")
@@ -219,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
            "draft": {"acceptance": [float(x) for x in dacc.acceptance],
                      "c1_over_T1": dcurve.draft_ms(1, ctx) / dcurve.target_ms(1, ctx), "tree": dplan.tree.choices()},
            "dynamic_settings": [e.name for e in dyn],
+           "step_check": {name: {"cost_model_speedup": sp, "checked_speedup": pl.metadata.predicted_speedup,
+                                 "check": pl.metadata.extra.get("step_check"),
+                                 "rechosen_from": pl.metadata.extra.get("rechosen_from")}
+                          for name, sp, pl in (("draft", solver_speedups[0], dplan), ("head", solver_speedups[1], hplan))}
+           if args.check_rounds > 0 else None, "check_warnings": check_warnings,
            "goals": [{"goal": n, "value": v, "met": ok} for n, v, ok in goals],
            "drafter_rows": [asdict(r) for r in cmp.rows], "run": run.to_dict()}
     save_latency(folder / "latency-draft.yaml", dcurve)  # the record a reader looks for comes last
