@@ -35,8 +35,9 @@ import numpy as np
 from .._io import safe_load_yaml, with_article
 from ..errors import ProfileError, TreeoptError
 
-__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "MAX_REFINE", "TuneOptions", "TuneResult",
-           "check_options", "tune", "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance", "peer_ranges", "refine_plan",
+__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "MAX_REFINE", "TuneOptions",
+           "TuneResult", "check_options", "tune", "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance",
+           "peer_ranges", "refine_plan",
            "short_traces_note", "token_grid"]
 
 TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
@@ -162,7 +163,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             unknown engine or shape; a GPU engine without a latency profile or table or without an acceptance
             (calibration) profile; an envelope without a calibration profile; a batch size < 1; ``max_draft`` < 1;
             ``max_batch`` below the largest batch size; ``context`` < 0 or ``num_prompts`` / ``max_new_tokens`` /
-            ``threads`` / ``rounds`` < 1; ``refine`` outside 0..:data:`MAX_REFINE`; a missing file, or a ``latency`` file no loader takes (read once, kept as
+            ``threads`` / ``rounds`` < 1; ``refine`` outside 0..:data:`MAX_REFINE`; a missing file, or a ``latency``
+            file no loader takes (read once, kept as
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
             refuses on its face (not a version); ``min_gain`` outside [0, 10);
             ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; a bad or
@@ -825,7 +827,8 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             peers[name] = {p.batch: p.tokens_per_s_total
                            for p in predict_ranges(ranges, value, profile, sorted({*opts.batches, *timed}), context=ctx,
                                                    output_tokens=opts.output_tokens, answer_end_cut=cut)}
-    return TuneResult(plan, doc, settings, done, peers, _check_command(opts, [r.batch for r in plan.rows]), notes, warnings)
+    return TuneResult(plan, doc, settings, done, peers, _check_command(opts, [r.batch for r in plan.rows]), notes,
+                      warnings)
 
 
 def refine_plan(plan: Any, profile: Any, solve: Callable[[Any, Sequence[int]], Any],

@@ -85,9 +85,10 @@ SCHEDULE_FORMAT = "treeopt-schedule/1"
 #: the keys a schedule file holds (:func:`plan_document`, the provenance tune records, the engine settings tune
 #: adds); any other is warned of by name, as a misspelling (``stops_paying_abve``) was read as absent
 SCHEDULE_KEYS = ("format", "engine", "drafter", "shape", "latency_profile", "acceptance_profile",
-                 "calibration_profile", "target", "batches", "refined_batches", "given_plan", "context_tokens", "output_tokens",
-                 "min_gain", "first_is_longest", "answer_end_cut", "date", "rule", "stops_paying_above", "ranges",
-                 "by_batch", "guard", "notes", "method", "draft_model", "lookup", "engine_settings", "engine_releases")
+                 "calibration_profile", "target", "batches", "refined_batches", "given_plan", "context_tokens",
+                 "output_tokens", "min_gain", "first_is_longest", "answer_end_cut", "date", "rule", "stops_paying_above",
+                 "ranges", "by_batch", "guard", "notes", "method", "draft_model", "lookup", "engine_settings",
+                 "engine_releases")
 #: the keys of one entry of a schedule's ``ranges``
 SCHEDULE_RANGE_KEYS = ("batch_range", "setting", "predicted")
 SHAPES = ("none", "chain", "envelope", "tree")
