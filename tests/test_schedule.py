@@ -477,9 +477,17 @@ def test_tune_on_a_given_table_names_the_batch_sizes_that_would_place_its_switch
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["schedule"]["batches"] == [1, 8, 64] and "refined_batches" not in doc["schedule"]
-    assert ("switches not placed: batch sizes 2-7 run batch 1's chain:4, 8 runs chain:3; 9-63 run batch 8's chain:3, "
-            "64 runs none; the best setting changes somewhere between, and T(b, n) there was not timed (add batch "
-            "sizes 4,36 to the latency profile or table)") in doc["notes"]
+    assert ("switches not placed: batch sizes 2-7 run batch 1's chain:4, 8 runs chain:3; batch sizes 9-63 run batch "
+            "8's chain:3, 64 runs none; the best setting changes somewhere between, and T(b, n) there was not solved "
+            "(add batch sizes 4, 36 to the latency profile or table)") in doc["notes"]
+    # --batches a subset of the table: the size the table has between two is named for --batches (a user found
+    # "add 64 to the table" said of a table that had it)
+    sub = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,64",
+                              "--json"])
+    assert sub.exit_code == 0, sub.output
+    assert ("switches not placed: batch sizes 2-63 run batch 1's chain:4, 64 runs none; the best setting changes "
+            "somewhere between, and T(b, n) there was not solved (add 8 to --batches: the latency profile has it)"
+            ) in json.loads(sub.stdout)["notes"]
 
 
 def _files(tmp_path):
@@ -1844,7 +1852,7 @@ def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
     # --refine: only the batch sizes the profile lacks are timed, added to tune's own file, never the user's
     assert more([4, 8]).batches == [1, 4, 8, 64] and calls[-1] == [4]
     assert load_batch_latency(own).batches == [1, 4, 8, 64] and path.read_text() == before
-    assert done["latency"] == f"reused: {own}; batch sizes 4 timed where the plan switches (--refine), saved: {own}"
+    assert done["latency"] == f"reused: {own}; batch size 4 timed where the plan switches (--refine), saved: {own}"
     assert more([4]).batches == [1, 4, 8, 64] and calls[-1] == [4] and len(calls) == 2  # timed once
     # tune's own file at the default path that no longer fits is measured anew, in place
     own.unlink()
@@ -1880,6 +1888,45 @@ def test_tune_removes_a_stale_setting_only_after_its_other_outputs_are_written(t
                               "--batches", "1,8", "-o", str(out), "--schedule", str(sched)])
     assert res.exit_code == 2 and f"cannot write {sched}: No space left on device" in res.output, res.output
     assert out.read_text() == old and not sched.exists()
+
+
+def test_refine_reads_the_batch_sizes_it_timed_beside_a_users_profile_instead_of_timing_them_again(tmp_path):
+    """A user's profile that fits --batches is reused, and --refine saves the sizes it times to tune's own file
+    beside it (the user's is never rewritten). That file was never read again, so every run timed them anew (a
+    user found batch 3 timed on each call). Now the next run reads them from it."""
+    from sequoia_opt.jobs.tune import TuneOptions, _latency
+    from sequoia_opt.profiles.batch import load_batch_latency, save_batch_latency
+
+    path = tmp_path / "cpu" / "pair-latency-batch.yaml"
+    save_batch_latency(path, BatchLatencyProfile(id="users", curves={1: _curve(0.1, 10.0), 8: _curve(0.6, 11.0)},
+                                                 source="measured by treeopt profile latency --batch 1,8"))
+    before = path.read_text()
+    calls = []
+
+    def measure(batches):
+        calls.append(list(batches))
+        return BatchLatencyProfile(id="tuned", curves={b: _curve(0.3, 10.5) for b in batches},
+                                   source="measured by treeopt tune --engine treeopt (1 round)")
+
+    opts = TuneOptions(engine="treeopt", batches=[1, 8], context=0, threads=1, max_draft=8)
+    own = path.with_suffix(".tune.yaml")
+    verdicts = []
+    for _ in range(2):
+        done = {}
+        prof, more = _latency(opts, done, path, measure)
+        assert prof.id == "users" and more([4]).batches == [1, 4, 8]
+        verdicts.append(done["latency"])
+    assert calls == [[4]] and path.read_text() == before  # timed once; the user's file untouched
+    assert load_batch_latency(own).batches == [1, 4, 8]
+    assert verdicts == [f"reused: {path}; batch size 4 timed where the plan switches (--refine), saved: {own}",
+                        f"reused: {path}; batch size 4 read from {own}"]
+    # tune's file timed with other threads is not read: timed again, and its file rewritten
+    opts2 = TuneOptions(engine="treeopt", batches=[1, 8], context=0, threads=1, max_draft=8)
+    doc = yaml.safe_load(own.read_text())
+    doc["device"] = {**(doc.get("device") or {}), "threads": 2}
+    own.write_text(yaml.safe_dump(doc))
+    _, more = _latency(opts2, {}, path, measure)
+    assert more([4]).batches == [1, 4, 8] and calls == [[4], [4]]
 
 
 def test_tune_names_the_threads_a_reused_latency_profile_was_timed_with(tmp_path):
@@ -1939,12 +1986,12 @@ def test_tune_refine_times_the_batch_size_between_a_switch_and_solves_it(tmp_pat
     doc = json.loads(off.stdout)
     assert [r["batch_range"] for r in doc["schedule"]["ranges"]] == [[1, 7], [8, 8]]
     assert ("switches not placed: batch sizes 2-7 run batch 1's chain:4, 8 runs chain:3; the best setting changes "
-            "somewhere between, and T(b, n) there was not timed (--refine with more rounds, or add 4 to --batches)"
+            "somewhere between, and T(b, n) there was not solved (--refine with more rounds, or add 4 to --batches)"
             ) in doc["notes"]
     res = runner.invoke(app, [*common, "--refine", "1"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["profiles"]["latency"] == (f"reused: {saved}; batch sizes 4 timed where the plan switches (--refine), "
+    assert doc["profiles"]["latency"] == (f"reused: {saved}; batch size 4 timed where the plan switches (--refine), "
                                           f"saved: {saved}")
     after = load_batch_latency(saved)
     assert after.batches == [1, 4, 8] and after.curve(8).target_ms(3) == prof.curve(8).target_ms(3)
@@ -1952,8 +1999,8 @@ def test_tune_refine_times_the_batch_size_between_a_switch_and_solves_it(tmp_pat
     assert 0 < t4[0] < t4[2] and "treeopt tune --refine" in after.source  # timed on the pair, not copied
     assert doc["schedule"]["batches"] == [1, 4, 8] and doc["schedule"]["refined_batches"] == [4]
     assert [r["batch"] for r in doc["schedule"]["by_batch"]] == [1, 4, 8]
-    assert "batch sizes 4 timed besides --batches, where neighbouring batch sizes chose different settings " \
-           "(--refine 1)" in doc["notes"]
+    assert "batch size 4 solved besides --batches, where neighbouring batch sizes chose different settings " \
+           "(--refine 1; timed now or read from an earlier run's: see the latency profile's line)" in doc["notes"]
     assert "--batches 1,4,8 " in doc["check"]
     again = runner.invoke(app, [*common, "--refine", "1"])
     assert again.exit_code == 0 and json.loads(again.stdout)["profiles"]["latency"] == f"reused: {saved}"

@@ -71,7 +71,7 @@ def tune(
     refine: Annotated[int, typer.Option(
         "--refine", help="Rounds of bisection on the batch size: where two neighbouring batch sizes choose different "
         "settings, time T(b, n) at their midpoint and solve again (llama.cpp and treeopt, measured here; a given "
-        "profile gets a note naming the batch sizes to add). 0: off.")] = 1,
+        "profile gets a note naming the batch sizes to add). 0: off; at most 8.")] = 1,
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
         "the extra_llm_api_options YAML; SGLang: the adaptive config JSON; llama.cpp: the flags per -np; treeopt: "

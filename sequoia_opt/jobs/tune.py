@@ -489,9 +489,10 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     tune_wrote = lambda x: "treeopt tune" in str(x.source or "")  # noqa: E731
     prof, out, why = _saved_profile(default, load_batch_latency, lambda x: _latency_misfit(x, opts, want_k),
                                     tune_wrote)
+    users = prof is not None and not tune_wrote(prof)  # a user's profile reused: `more` saves beside it
     if prof is not None:
         done["latency"] = f"reused: {out}"
-        if not tune_wrote(prof):
+        if users:
             out = out.with_suffix(".tune.yaml")
     else:
         prof = measure(opts.batches)
@@ -499,17 +500,36 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
         done["latency"] = f"measured: {out}{why}"
     held = [prof]
 
+    def lacks(p: Any, b: int) -> bool:
+        return b not in p.curves or opts.context not in p.curve(b).contexts
+
     def more(batches: Sequence[int]) -> Any:
         have = held[0]
-        need = sorted({int(b) for b in batches if b not in have.curves or opts.context not in have.curve(b).contexts})
+        need = sorted({int(b) for b in batches if lacks(have, b)})
+        kept = []
+        if need and users and out.is_file():  # tune's own file beside the user's holds the batch sizes an earlier
+            # --refine timed (timed again on every run otherwise)
+            try:
+                own = load_batch_latency(out)
+            except ProfileError:  # unreadable: timed anew and rewritten below
+                own = None
+            kept = [b for b in need if own is not None and not lacks(own, b)]
+            if kept and _latency_misfit(own, opts, want_k, kept):
+                kept = []
+            if kept:
+                have = replace(have, curves={**have.curves, **{b: own.curves[b] for b in kept}})
+                done["latency"] += f"; {_sizes(kept)} read from {out}"
+                need = [b for b in need if b not in kept]
         if need:
             extra = measure(need)
             bs = ",".join(map(str, need))
             have = replace(have, curves={**have.curves, **extra.curves},
                            source=f"{have.source or ''}; batch sizes {bs} timed after, where the plan switches "
                                   "(treeopt tune --refine)")
-            save_batch_latency(out, have)
-            done["latency"] += f"; batch sizes {bs} timed where the plan switches (--refine), saved: {out}"
+            done["latency"] += f"; {_sizes(need)} timed where the plan switches (--refine), saved: {out}"
+        if need or kept:
+            if need:
+                save_batch_latency(out, have)
             held[0] = have
         return have
 
@@ -536,19 +556,21 @@ def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[An
     return None, own if keep else path, why
 
 
-def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int) -> str:
+def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence[int] | None = None) -> str:
     """Why a saved batch profile cannot stand for the one ``opts`` would measure ('' when it can): it must have
-    timed every batch size at ``opts.context`` itself (tune times that one context; another is a different curve,
-    read by interpolation nowhere), up to K = ``want_k``, with ``opts.threads`` threads."""
+    timed every batch size (``batches``, default ``opts.batches``) at ``opts.context`` itself (tune times that one
+    context; another is a different curve, read by interpolation nowhere), up to K = ``want_k``, with
+    ``opts.threads`` threads."""
+    batches = opts.batches if batches is None else batches
     threads = (prof.device or {}).get("threads")
     if threads is not None and int(threads) != opts.threads:
         return f"was timed with {threads} threads, not {opts.threads}"
-    for b in opts.batches:
+    for b in batches:
         if b not in prof.curves:
             return f"has no batch size {b}"
         if opts.context not in prof.curve(b).contexts:
             return f"was timed at context {','.join(map(str, prof.curve(b).contexts))}, not {opts.context}"
-    if not _covers(prof, opts.batches, want_k, opts.context):
+    if not _covers(prof, batches, want_k, opts.context):
         return f"stops short of K = {want_k}"
     return ""
 
@@ -764,12 +786,13 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             plan, profile, timed = refine_plan(plan, profile, solve, more, opts.refine)
         if timed:
             plan.provenance["refined_batches"] = timed
-            notes.append(f"batch sizes {', '.join(map(str, sorted(timed)))} timed besides --batches, where "
-                         f"neighbouring batch sizes chose different settings (--refine {opts.refine})")
+            notes.append(f"{_sizes(timed)} solved besides --batches, where neighbouring batch sizes chose different "
+                         f"settings (--refine {opts.refine}; timed now or read from an earlier run's: see the latency "
+                         "profile's line)")
             warnings += [w for w in falling_cost_warnings(profile, timed, ctx) if w not in warnings]
         left = switch_midpoints(plan)
         if left:
-            notes.append(_unplaced_switches(plan, left, measured_here=more is not None))
+            notes.append(_unplaced_switches(plan, profile, measured_here=more is not None))
     notes.extend(plan.notes)
     notes.extend(guard_notes(plan, opts.engine))
     doc = plan_document(plan, engine=opts.engine, drafter=labels.get("drafter"))
@@ -855,21 +878,38 @@ def refine_plan(plan: Any, profile: Any, solve: Callable[[Any, Sequence[int]], A
     return plan, profile, sorted(timed)
 
 
-def _unplaced_switches(plan: Any, mids: Sequence[int], *, measured_here: bool) -> str:
-    """One note naming the switches of ``plan`` no batch size between them placed (``mids``, from
-    :func:`~sequoia_opt.solver.schedule.switch_midpoints`) and how to place them."""
-    spans = []
+def _sizes(bs: Sequence[int]) -> str:
+    """``batch size 3`` / ``batch sizes 3, 12``."""
+    return f"batch size{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}"
+
+
+def _unplaced_switches(plan: Any, profile: Any, *, measured_here: bool) -> str:
+    """One note naming the switches of ``plan`` that no solved batch size between them placed
+    (:func:`~sequoia_opt.solver.schedule.switch_midpoints`) and how to place them: ``--refine`` (tune times them), a
+    batch size the profile already has between the two (add it to ``--batches``), else the midpoint to add to a
+    given profile or table."""
+    spans, in_profile, to_time = [], [], []
     for lo, hi in zip(plan.rows, plan.rows[1:]):
         if hi.batch - lo.batch >= 2 and lo.best.setting != hi.best.setting:
-            between = (f"{lo.batch + 1} runs" if hi.batch - lo.batch == 2
-                       else f"{lo.batch + 1}-{hi.batch - 1} run")
+            between = (f"batch size {lo.batch + 1} runs" if hi.batch - lo.batch == 2
+                       else f"batch sizes {lo.batch + 1}-{hi.batch - 1} run")
             spans.append(f"{between} batch {lo.batch}'s {lo.best.setting.label}, {hi.batch} runs "
                          f"{hi.best.setting.label}")
-    at = ",".join(map(str, mids))
-    how = (f"--refine with more rounds, or add {at} to --batches" if measured_here
-           else f"add batch size{'s' if len(mids) > 1 else ''} {at} to the latency profile or table")
-    return (f"switches not placed: batch sizes {'; '.join(spans)}; the best setting changes somewhere between, and "
-            f"T(b, n) there was not timed ({how})")
+            mid = (lo.batch + hi.batch) // 2
+            have = [b for b in profile.batches if lo.batch < b < hi.batch]
+            if have:  # the profile measured one between: the nearest the midpoint
+                in_profile.append(min(have, key=lambda b: (abs(b - mid), b)))
+            else:
+                to_time.append(mid)
+    how = []
+    if in_profile:
+        how.append(f"add {','.join(map(str, in_profile))} to --batches: the latency profile has "
+                   f"{'them' if len(in_profile) > 1 else 'it'}")
+    if to_time:
+        how.append(f"--refine with more rounds, or add {','.join(map(str, to_time))} to --batches" if measured_here
+                   else f"add {_sizes(to_time)} to the latency profile or table")
+    return (f"switches not placed: {'; '.join(spans)}; the best setting changes somewhere between, and T(b, n) "
+            f"there was not solved ({'; '.join(how)})")
 
 
 def given_plan_warnings(doc: Mapping[str, Any], engine: str, name: str) -> list[str]:
