@@ -230,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
           + (f" (p_1's 95 % interval between {hacc.num_prompts} prompts {p1_interval[0]:.3f}-{p1_interval[1]:.3f})"
              if p1_interval else "")
           + f"; draft's: {[round(float(x), 3) for x in dacc.acceptance[:4]]}")
+    checked = (("draft", solver_speedups[0], dplan, dsum), ("head", solver_speedups[1], hplan, hsum))
     if args.check_rounds > 0:
-        for name, sp, pl, sm in (("draft", solver_speedups[0], dplan, dsum), ("head", solver_speedups[1], hplan, hsum)):
+        for name, sp, pl, sm in checked:
             how = "the loop's timed step" if args.loop_rounds > 0 else "T(n) + c(w) + overhead"
             print(f"{name}: speedup predicted {sp:.3f} by {how}, {pl.metadata.predicted_speedup:.3f} "
                   f"by its step timed through the decoder; ran {sm.speedup:.3f}")
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
            "step_check": {name: {"cost_model_speedup": sp, "checked_speedup": pl.metadata.predicted_speedup,
                                  "check": pl.metadata.extra.get("step_check"),
                                  "rechosen_from": pl.metadata.extra.get("rechosen_from")}
-                          for name, sp, pl in (("draft", solver_speedups[0], dplan), ("head", solver_speedups[1], hplan))}
+                          for name, sp, pl, _ in checked}
            if args.check_rounds > 0 else None, "check_warnings": check_warnings,
            "goals": [{"goal": n, "value": v, "met": ok} for n, v, ok in goals],
            "drafter_rows": [asdict(r) for r in cmp.rows], "run": run.to_dict()}

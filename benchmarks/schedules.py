@@ -23,7 +23,8 @@ benchmarks/data/code-heldout.jsonl`` pools 99 more code prompts of the same kind
 prompt sets is as large as the 10 % the prediction is judged by) and solves the plan, timing T(b, n) at the
 midpoint where two neighbouring ``--batches`` choose different K (``--refine``, tune's default 1 round: on 1, 2, 4,
 8, 16 that is 3 and 12 for the demo pair; those batch sizes are measured below like the others, the peers' rules
-still choosing over ``--batches`` as their sweeps do); then for each batch size b, ``--rounds`` rounds serve max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
+still choosing over ``--batches`` as their sweeps do); then for each batch size b, ``--rounds`` rounds serve
+max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
 server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
 ``--stream-shape``: ``ramp``, after step s the batch is refilled up to min(P, s + 1) live rows while requests
@@ -661,7 +662,7 @@ def main() -> None:
     # the batch sizes tune --refine timed where the plan switches: measured like the others; the peers' rules
     # choose over --batches only, as their sweeps would (a batch size between two takes the lower one's K)
     refined = sorted(set(plan_k) - set(batches))
-    measured_batches = sorted({*batches, *refined})
+    measured_batches = sorted(set(plan_k) | set(batches))
     log(f"plan: {', '.join(f'{lo}-{hi}: K={k}' for lo, hi, k in ranges)}"
         + (f" (batch sizes {refined} timed by --refine)" if refined else "") + f"; {res.profiles}")
     live = None  # a fresh adapter per decoder: each round's plan-live starts from the plan and the profile's prior
@@ -721,7 +722,8 @@ def main() -> None:
                         "greedy_equal_plain": plain is None or all(x["tokens"] == plain for x in live_runs),
                         "final_ranges": [x["adaptation"]["final_ranges"] for x in live_runs],
                         "resolves": [sum(e["changed"] for e in x["adaptation"]["resolves"]) for x in live_runs]}
-        rows.append({"batch": b, "refined": b in refined, "prompts": len(prompts), "by_k": per_k, "best_measured_k": best_k,
+        rows.append({"batch": b, "refined": b in refined, "prompts": len(prompts), "by_k": per_k,
+                     "best_measured_k": best_k,
                      "plan_live": live_row,
                      "plan_k": pk, "plan_tokens_per_s_total": chosen,
                      "regret": None if chosen is None else (best - chosen) / best,

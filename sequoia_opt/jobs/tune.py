@@ -527,10 +527,8 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
                            source=f"{have.source or ''}; batch sizes {bs} timed after, where the plan switches "
                                   "(treeopt tune --refine)")
             done["latency"] += f"; {_sizes(need)} timed where the plan switches (--refine), saved: {out}"
-        if need or kept:
-            if need:
-                save_batch_latency(out, have)
-            held[0] = have
+            save_batch_latency(out, have)
+        held[0] = have
         return have
 
     return prof, more
@@ -790,8 +788,7 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
                          f"settings (--refine {opts.refine}; timed now or read from an earlier run's: see the latency "
                          "profile's line)")
             warnings += [w for w in falling_cost_warnings(profile, timed, ctx) if w not in warnings]
-        left = switch_midpoints(plan)
-        if left:
+        if switch_midpoints(plan):
             notes.append(_unplaced_switches(plan, profile, measured_here=more is not None))
     notes.extend(plan.notes)
     notes.extend(guard_notes(plan, opts.engine))
@@ -885,22 +882,22 @@ def _sizes(bs: Sequence[int]) -> str:
 
 def _unplaced_switches(plan: Any, profile: Any, *, measured_here: bool) -> str:
     """One note naming the switches of ``plan`` that no solved batch size between them placed
-    (:func:`~sequoia_opt.solver.schedule.switch_midpoints`) and how to place them: ``--refine`` (tune times them), a
-    batch size the profile already has between the two (add it to ``--batches``), else the midpoint to add to a
+    (:func:`~sequoia_opt.solver.schedule.unplaced_switches`) and how to place them: ``--refine`` (tune times them),
+    a batch size the profile already has between the two (add it to ``--batches``), else the midpoint to add to a
     given profile or table."""
+    from ..solver.schedule import unplaced_switches
+
     spans, in_profile, to_time = [], [], []
-    for lo, hi in zip(plan.rows, plan.rows[1:]):
-        if hi.batch - lo.batch >= 2 and lo.best.setting != hi.best.setting:
-            between = (f"batch size {lo.batch + 1} runs" if hi.batch - lo.batch == 2
-                       else f"batch sizes {lo.batch + 1}-{hi.batch - 1} run")
-            spans.append(f"{between} batch {lo.batch}'s {lo.best.setting.label}, {hi.batch} runs "
-                         f"{hi.best.setting.label}")
-            mid = (lo.batch + hi.batch) // 2
-            have = [b for b in profile.batches if lo.batch < b < hi.batch]
-            if have:  # the profile measured one between: the nearest the midpoint
-                in_profile.append(min(have, key=lambda b: (abs(b - mid), b)))
-            else:
-                to_time.append(mid)
+    for lo, hi in unplaced_switches(plan):
+        between = (f"batch size {lo.batch + 1} runs" if hi.batch - lo.batch == 2
+                   else f"batch sizes {lo.batch + 1}-{hi.batch - 1} run")
+        spans.append(f"{between} batch {lo.batch}'s {lo.best.setting.label}, {hi.batch} runs {hi.best.setting.label}")
+        mid = (lo.batch + hi.batch) // 2
+        have = [b for b in profile.batches if lo.batch < b < hi.batch]
+        if have:  # the profile measured one between: the nearest the midpoint
+            in_profile.append(min(have, key=lambda b: (abs(b - mid), b)))
+        else:
+            to_time.append(mid)
     how = []
     if in_profile:
         how.append(f"add {','.join(map(str, in_profile))} to --batches: the latency profile has "

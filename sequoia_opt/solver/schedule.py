@@ -97,7 +97,8 @@ __all__ = ["SCHEDULE_FORMAT", "SCHEDULE_KEYS", "SHAPES", "SpecSetting", "Predict
            "ChainValue", "EnvelopeValue", "TreeValue", "solve_plan", "check_min_gain", "check_output_tokens",
            "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
            "max_draft_measured", "check_draft_measured", "check_setting_measured", "plan_from_ranges",
-           "solve_one_setting_plan", "merge_ranges", "switch_midpoints", "cut_step_costs"]
+           "solve_one_setting_plan", "merge_ranges", "switch_midpoints", "unplaced_switches",
+           "cut_step_costs"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -854,9 +855,14 @@ def switch_midpoints(plan: Plan) -> list[int]:
     2026-12-05): the plan lost its lead over vLLM's rule in the 2-3 range. Timing T(b, n) where a switch is and
     solving again is bisection on the batch size; ``treeopt tune --refine N`` runs N rounds of it.
     """
-    rows = plan.rows
-    return [(a.batch + b.batch) // 2 for a, b in zip(rows, rows[1:])
-            if b.batch - a.batch >= 2 and a.best.setting != b.best.setting]
+    return [(lo.batch + hi.batch) // 2 for lo, hi in unplaced_switches(plan)]
+
+
+def unplaced_switches(plan: Plan) -> list[tuple[BatchRow, BatchRow]]:
+    """The neighbouring solved rows ``(lo, hi)`` whose best settings differ with a batch size nobody solved between
+    them (``hi.batch - lo.batch >= 2``): where the plan switches somewhere unmeasured (:func:`switch_midpoints`)."""
+    return [(lo, hi) for lo, hi in zip(plan.rows, plan.rows[1:])
+            if hi.batch - lo.batch >= 2 and lo.best.setting != hi.best.setting]
 
 
 def merge_ranges(best: Sequence[tuple[int, Any]], last: int) -> list[tuple[int, int, Any]]:
