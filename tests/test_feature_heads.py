@@ -162,6 +162,34 @@ def test_medusa_forward_matches_the_reference(tmp_path, target, weights, prefix)
     assert torch.allclose(heads(h), want, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa"])
+def test_a_head_loaded_as_a_drafter_runs_tuned_linears_with_the_same_output(heads, target, kind):
+    """The drafter kind's loader tunes the head's linears for this CPU (as a draft model's): every linear gets
+    a dispatch plan, and the tuned forward over 1 and 3 rows gives the untuned one's logits."""
+    from sequoia_opt.drafting.registry import DRAFTERS, parse_drafter_spec
+    from sequoia_opt.model.llama import Linear
+
+    spec = parse_drafter_spec(f"{kind}:{heads[kind]}")
+    tuned = DRAFTERS[kind].load(spec, target)
+    plain = load_medusa_heads(heads[kind], target) if kind == "medusa" else load_eagle_head(heads[kind], kind, target)
+    mods = [tuned, plain] if kind == "medusa" else [tuned[0], plain[0]]
+    linears = [m for m in mods[0].modules() if isinstance(m, Linear)]
+    assert linears and all(m.dispatch is not None for m in linears)
+    assert all(m.dispatch is None for m in mods[1].modules() if isinstance(m, Linear))
+    g = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        for rows in (1, 3):
+            if kind == "medusa":
+                h = torch.randn(rows, 64, generator=g)
+                a, b = mods[0](h), mods[1](h)
+            else:
+                feats = torch.randn(1, rows, 3 if kind == "eagle3" else 1, 64, generator=g)
+                toks = torch.randint(0, 257, (1, rows), generator=g)
+                a = mods[0](toks, mods[0].fuse(feats), torch.arange(rows))[0]
+                b = mods[1](toks, mods[1].fuse(feats), torch.arange(rows))[0]
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4)
+
+
 def test_saved_heads_load_back_equal(tmp_path, heads, target):
     head, ids = load_eagle_head(heads["eagle3"], "eagle3", target)
     save_eagle_head(head, tmp_path / "again", draft_ids=ids)

@@ -281,11 +281,16 @@ def _check_head(kind: str) -> Callable[[DrafterSpec, Any], None]:
 
 def _load_head(kind: str) -> Callable[[DrafterSpec, Any], Any]:
     def load(spec: DrafterSpec, target: Any) -> Any:
+        """The head's weights against ``target``, its linears tuned for this CPU as a draft model's are
+        (:func:`~sequoia_opt.model.tuned_linear.tune_linears`: a head's forward runs over 1..w rows, where
+        the default GEMM of a 2-row input took 2-4x its 1-row GEMV on the 2-core EPYC, 2026-12-06)."""
         from ..model.head_checkpoints import load_eagle_head, load_medusa_heads
+        from ..model.tuned_linear import tune_linears
 
-        if kind == "medusa":
-            return load_medusa_heads(spec.checkpoint, target)
-        return load_eagle_head(spec.checkpoint, kind, target)
+        loaded = (load_medusa_heads(spec.checkpoint, target) if kind == "medusa"
+                  else load_eagle_head(spec.checkpoint, kind, target))
+        tune_linears(loaded if kind == "medusa" else loaded[0])  # None off a CPU float32 head: nothing done
+        return loaded
     return load
 
 
