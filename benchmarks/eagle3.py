@@ -15,7 +15,8 @@ Goals (medians of one run; speeds are ratios against the plain baseline of the s
 
 Each drafter's cost model charges the decoding loop's own step per tree size (``--loop-rounds``, ``time_loop``, as
 the demo does for the draft model): a head's step also reads the target's features and catches its own KV cache
-up over the accepted path, which its c(w) probe does not time (12 % of the head's step on 2026-12-06 00:45).
+up over the accepted path, which its c(w) probe does not time (12 % of the head's step on 2026-12-06 00:45,
+most of it the head's then untuned 2-row linears).
 
 Prints the table and the goals met / missed; writes ``results/eagle3/<run id>.json`` (and the profiles, trees and
 run under ``results/eagle3/<run id>/``) atomically::
