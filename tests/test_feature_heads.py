@@ -165,7 +165,8 @@ def test_medusa_forward_matches_the_reference(tmp_path, target, weights, prefix)
 @pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa"])
 def test_a_head_loaded_as_a_drafter_runs_tuned_linears_with_the_same_output(heads, target, kind):
     """The drafter kind's loader tunes the head's linears for this CPU (as a draft model's): every linear gets
-    a dispatch plan, and the tuned forward over 1 and 3 rows gives the untuned one's logits."""
+    a dispatch plan, and the tuned forward over 1 and 3 rows gives the untuned one's logits; an EAGLE-1/2 head
+    runs the target's own LM head module (tuned with the target)."""
     from sequoia_opt.drafting.registry import DRAFTERS, parse_drafter_spec
     from sequoia_opt.model.llama import Linear
 
@@ -176,6 +177,9 @@ def test_a_head_loaded_as_a_drafter_runs_tuned_linears_with_the_same_output(head
     linears = [m for m in mods[0].modules() if isinstance(m, Linear)]
     assert linears and all(m.dispatch is not None for m in linears)
     assert all(m.dispatch is None for m in mods[1].modules() if isinstance(m, Linear))
+    if kind == "eagle":  # EAGLE reads its features with the target's own LM head module, never a saved copy
+        assert mods[0]._target_lm == (target.lm_head,)
+        assert not [k for k in mods[0].state_dict() if "lm_head" in k]
     g = torch.Generator().manual_seed(3)
     with torch.inference_mode():
         for rows in (1, 3):

@@ -323,7 +323,7 @@ def load_eagle_head(folder: str | Path, kind: str, target: Any, *, device: torch
         emb = target.embed_tokens.weight
         if "embed_tokens.weight" in w.shapes:
             emb = w.fetch("embed_tokens.weight").to(device=dev, dtype=dtype)
-        head = EagleHead(config, emb, target.lm_head.weight if kind == "eagle" else None, device=dev, dtype=dtype)
+        head = EagleHead(config, emb, target.lm_head if kind == "eagle" else None, device=dev, dtype=dtype)
         _fill(head, w.fetch, lambda n: n, w.path)
     return head.eval(), (None if ids is None else ids.to(dev))
 

@@ -101,7 +101,9 @@ class EagleHead(nn.Module):
         config: the head's :class:`EagleConfig`.
         embedding: (V, H) the token embedding it reads (the target's, or the checkpoint's ``embed_tokens``);
             kept as a reference, not a parameter of the head (not trained, not saved).
-        lm_head: EAGLE only: (V, H) the target's LM head weight the head's features are read with.
+        lm_head: EAGLE only: the target's LM head the head's features are read with: its (V, H) weight, or the
+            target's ``lm_head`` module itself, whose CPU-tuned kernels then run it (kept outside the head's
+            parameters: not trained, not saved).
         device, dtype: of the head's own parameters.
 
     Parameter names follow the public layouts: EAGLE-3 ``fc.*``, ``midlayer.*``, ``norm.weight``,
@@ -117,7 +119,10 @@ class EagleHead(nn.Module):
         kw = dict(device=device, dtype=dtype)
         # shared references, never parameters of the head (a Parameter assigned here would be registered)
         self.embedding = embedding.detach()  # (V, H)
-        self.target_lm_head = None if lm_head is None else lm_head.detach()  # (V, H), EAGLE
+        # EAGLE: the target's LM head; a module is held in a tuple so that it is not registered as the head's
+        self._target_lm: tuple[nn.Module, ...] = (lm_head,) if isinstance(lm_head, nn.Module) else ()
+        w = lm_head.weight if isinstance(lm_head, nn.Module) else lm_head
+        self.target_lm_head = None if w is None else w.detach()  # (V, H)
         if config.kind == "eagle3":
             self.fc = Linear(3 * config.target_hidden_size, H, bias=config.fc_bias, **kw)
             self.midlayer = nn.Module()
@@ -223,6 +228,8 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([emb, hidden.to(self.dtype)], dim=-1))  # (B, T, 2H) -> (B, T, H)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], cache_slots, prefix_len, tree_mask, backend)
+        if self._target_lm and self._target_lm[0].weight.dtype == x.dtype:
+            return self._target_lm[0](x), x  # the target's own (tuned) LM head
         return F.linear(x, self.target_lm_head.to(x.dtype)), x
 
 
