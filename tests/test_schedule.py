@@ -1824,7 +1824,9 @@ def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
     """tune measured T(b, n) over the file ``treeopt profile latency --batch`` writes by default whenever that one
     did not fit (other threads, context or batch sizes): the user's measurement was replaced. Now tune measures
     beside it (``<name>.tune.yaml``) and reuses its own file the next time; its own file at the default path is
-    still re-measured in place. The batch sizes ``--refine`` times later go to tune's own file too."""
+    still re-measured in place. The batch sizes ``--refine`` times later go to tune's own file too. Another
+    ``--batches`` re-timed every batch size (and dropped the refined ones); now the sizes a saved profile has are
+    reused and only the others timed."""
     from sequoia_opt.jobs.tune import TuneOptions, _latency
     from sequoia_opt.profiles.batch import load_batch_latency, save_batch_latency
 
@@ -1843,24 +1845,34 @@ def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
 
     opts = TuneOptions(engine="treeopt", batches=[1, 8, 64], context=0, threads=1, max_draft=8)
     own = path.with_suffix(".tune.yaml")
-    for verdict in (f"measured: {own} (the one saved at {path} has no batch size 64)", f"reused: {own}"):
+    # another --batches: the user's 1 and 8 are reused, only 64 is timed, and the union goes to tune's own file
+    for verdict in (f"reused: {path}; batch size 64 timed (not in it), saved: {own}", f"reused: {own}"):
         done = {}
         prof, more = _latency(opts, done, path, measure)
-        assert done["latency"] == verdict and prof.id == "tuned" and path.read_text() == before
+        assert done["latency"] == verdict and path.read_text() == before
+        assert [prof.curve(b).target_ms(4) for b in (1, 8, 64)] == [10.3, 12.8, 59.0]  # the user's 1, 8; 64 timed
         assert load_batch_latency(own).batches == [1, 8, 64]
-    assert calls == [[1, 8, 64]]
+    assert calls == [[64]]
     # --refine: only the batch sizes the profile lacks are timed, added to tune's own file, never the user's
     assert more([4, 8]).batches == [1, 4, 8, 64] and calls[-1] == [4]
     assert load_batch_latency(own).batches == [1, 4, 8, 64] and path.read_text() == before
     assert done["latency"] == f"reused: {own}; batch size 4 timed where the plan switches (--refine), saved: {own}"
     assert more([4]).batches == [1, 4, 8, 64] and calls[-1] == [4] and len(calls) == 2  # timed once
-    # tune's own file at the default path that no longer fits is measured anew, in place
+    # tune's own file at the default path that lacks batch sizes: they are timed and added to it, in place
     own.unlink()
     save_batch_latency(path, BatchLatencyProfile(id="old-tune", curves={1: _curve(0.1, 10.0)},
                                                  source="measured by treeopt tune --engine treeopt (1 round)"))
     done = {}
     _latency(opts, done, path, measure)
-    assert done["latency"] == f"measured: {path} (the one saved at {path} has no batch size 8)"
+    assert done["latency"] == f"reused: {path}; batch sizes 8, 64 timed (not in it), saved: {path}"
+    assert calls[-1] == [8, 64] and load_batch_latency(path).batches == [1, 8, 64] and not own.exists()
+    # one timed with other threads fits nowhere: measured anew, in place
+    doc = yaml.safe_load(path.read_text())
+    doc["device"] = {**(doc.get("device") or {}), "threads": 2}
+    path.write_text(yaml.safe_dump(doc))
+    done = {}
+    _latency(opts, done, path, measure)
+    assert done["latency"] == f"measured: {path} (the one saved at {path} was timed with 2 threads, not 1)"
     assert calls[-1] == [1, 8, 64] and load_batch_latency(path).id == "tuned" and not own.exists()
     # a given profile cannot be extended here: no `more`
     given = TuneOptions(engine="treeopt", batches=[1, 8], context=0, latency=path, given_latency=load_batch_latency(path))
@@ -1996,7 +2008,8 @@ def test_tune_refine_times_the_batch_size_between_a_switch_and_solves_it(tmp_pat
     after = load_batch_latency(saved)
     assert after.batches == [1, 4, 8] and after.curve(8).target_ms(3) == prof.curve(8).target_ms(3)
     t4 = [after.curve(4).target_ms(n) for n in (1, 5, 9)]
-    assert 0 < t4[0] < t4[2] and "treeopt tune --refine" in after.source  # timed on the pair, not copied
+    assert 0 < t4[0] < t4[2]  # timed on the pair, not copied
+    assert "timed after by treeopt tune, where the plan switches (--refine)" in after.source
     assert doc["schedule"]["batches"] == [1, 4, 8] and doc["schedule"]["refined_batches"] == [4]
     assert [r["batch"] for r in doc["schedule"]["by_batch"]] == [1, 4, 8]
     assert "batch size 4 solved besides --batches, where neighbouring batch sizes chose different settings " \

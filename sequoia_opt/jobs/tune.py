@@ -463,9 +463,12 @@ def _format_of(path: Path) -> Any:
 def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
              measure: Callable[[Sequence[int]], Any] | None) -> tuple[Any, Callable[[Sequence[int]], Any] | None]:
     """The batch latency profile: given; or reused from ``default`` (where ``treeopt profile latency --batch``
-    writes too) or from tune's own file beside it (``<name>.tune.yaml``) when it fits (:func:`_latency_misfit`); else
-    timed by ``measure(batches)`` and saved at ``default``, or beside it when that holds a profile tune did not write
-    (its source names ``treeopt tune``): a user's measurement is never replaced.
+    writes too) or from tune's own file beside it (``<name>.tune.yaml``) when it fits (:func:`_latency_misfit`); or,
+    when one of them fits at some of ``opts.batches`` and lacks only the others (another ``--batches``), reused
+    there and only the missing batch sizes timed (each batch size's settings are chosen from its own T(b, n), so
+    sizes timed at different times do not bias each other's choice); else timed by ``measure(batches)`` and saved
+    at ``default``, or beside it when that holds a profile tune did not write (its source names ``treeopt tune``):
+    a user's measurement is never replaced.
 
     Returns ``(profile, more)``: ``more(batches)`` times the batch sizes the profile lacks at ``opts.context`` (for
     ``--refine``), saves the profile with them (tune's own file: a reused user's profile is never rewritten) and
@@ -489,6 +492,12 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     tune_wrote = lambda x: "treeopt tune" in str(x.source or "")  # noqa: E731
     prof, out, why = _saved_profile(default, load_batch_latency, lambda x: _latency_misfit(x, opts, want_k),
                                     tune_wrote)
+    lacking: list[int] = []
+    if prof is None:  # one that fits at some of --batches: reused there, the others timed by `more` below
+        part = _partial_latency(default, opts, want_k)
+        if part is not None:
+            prof, out, have = part
+            lacking = [b for b in opts.batches if b not in have]
     users = prof is not None and not tune_wrote(prof)  # a user's profile reused: `more` saves beside it
     if prof is not None:
         done["latency"] = f"reused: {out}"
@@ -503,7 +512,7 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     def lacks(p: Any, b: int) -> bool:
         return b not in p.curves or opts.context not in p.curve(b).contexts
 
-    def more(batches: Sequence[int]) -> Any:
+    def more(batches: Sequence[int], why: str = "where the plan switches (--refine)") -> Any:
         have = held[0]
         need = sorted({int(b) for b in batches if lacks(have, b)})
         kept = []
@@ -524,14 +533,32 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
             extra = measure(need)
             bs = ",".join(map(str, need))
             have = replace(have, curves={**have.curves, **extra.curves},
-                           source=f"{have.source or ''}; batch sizes {bs} timed after, where the plan switches "
-                                  "(treeopt tune --refine)")
-            done["latency"] += f"; {_sizes(need)} timed where the plan switches (--refine), saved: {out}"
+                           source=f"{have.source or ''}; batch sizes {bs} timed after by treeopt tune, {why}")
+            done["latency"] += f"; {_sizes(need)} timed {why}, saved: {out}"
             save_batch_latency(out, have)
         held[0] = have
         return have
 
+    if lacking:
+        prof = more(lacking, "(not in it)")
     return prof, more
+
+
+def _partial_latency(path: Path, opts: TuneOptions, want_k: int) -> tuple[Any, Path, list[int]] | None:
+    """The saved batch profile at ``path`` or tune's own beside it (``<name>.tune.yaml``) that fits
+    (:func:`_latency_misfit`) at the most of ``opts.batches`` it has: ``(profile, its path, those batch sizes)``,
+    or None when neither fits at any."""
+    from ..profiles.batch import load_batch_latency
+
+    best = None
+    for candidate in (path, path.with_suffix(".tune.yaml")):
+        if not candidate.is_file():
+            continue
+        prof = load_batch_latency(candidate)
+        have = [b for b in opts.batches if b in prof.curves]
+        if have and not _latency_misfit(prof, opts, want_k, have) and (best is None or len(have) > len(best[2])):
+            best = (prof, candidate, have)
+    return best
 
 
 def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[Any], str],
