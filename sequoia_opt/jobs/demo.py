@@ -21,8 +21,9 @@ drafter's best tree runs in the same call (one plain baseline, the same prompts)
 * prompt lookup (``lookup:1-3``, one-pass): its c(w) per proposal (``profiling.latency.profile_drafter``) and
   its greedy acceptance vector (``profiling.acceptance.measure_acceptance``);
 * the EAGLE-3 head shipped for the demo pair (``eagle3``, ``sequoia_opt/data/eagle3``, per-level), when it is
-  there (``DemoSettings.eagle3``): its c(w) per level (its cost probe), its greedy acceptance on the profile
-  prompts with the draft model's measurement tree;
+  there (``DemoSettings.eagle3``): its c(w) per level (its cost probe) and the loop's timed step per tree size
+  (as every drafter's, ``DemoSettings.loop_rounds``), its greedy acceptance on the profile prompts with the draft
+  model's measurement tree;
 * self layer-skip (``self:L``, the target's first L layers), opt-in (``DemoSettings.self_layers``, ``treeopt
   demo --self-layers``): a small sweep over L (acceptance and c(w) per L, the target's T(n) shared) keeps the
   L whose hardware-aware tree predicts the highest speedup. It is off by default: on the demo pair no L pays
@@ -182,9 +183,11 @@ def gpu_like_curve(curve: LatencyCurve, context: int | None, flat_up_to: int = 6
 
 
 def _eagle3_side(pair: ModelPair, s: DemoSettings, target_tables, dgrid, prof_ids, backend, tagged,
-                 acceptance_profile, dev, dt, eos) -> tuple[ModelPair, Any, LatencyCurve] | None:
+                 acceptance_profile, dev, dt, eos, loops) -> tuple[ModelPair, Any, LatencyCurve] | None:
     """The shipped EAGLE-3 head's pair, greedy acceptance profile and latency curve (its c(w) per level beside the
-    target's T(n)); None when ``sequoia_opt/data/eagle3`` is not there."""
+    target's T(n), and ``loops(make_drafter)``'s timed steps of the decoding loop, as the other drafters': a
+    head's step also reads the target's features and catches its KV cache up); None when
+    ``sequoia_opt/data/eagle3`` is not there."""
     from ..drafting.registry import DRAFTERS
 
     entry = DRAFTERS["eagle3"]
@@ -204,7 +207,7 @@ def _eagle3_side(pair: ModelPair, s: DemoSettings, target_tables, dgrid, prof_id
         random_weights=False,
         profile_id=f"{device_slug(dev)}_{pair.target_name}__{drafter_slug(hp.draft_name)}_{dtype_name}",
         method=method_text(s.latency_rounds, s.latency_paired, dgrid), draft_cost_model=hp.cost_model,
-        linear=linear_record(pair.target))
+        linear=linear_record(pair.target), loop_tables=loops(hp.new_drafter))
     ids = prof_ids[: s.eagle3_prompts]
     counts = measure_acceptance(pair.target, hp.new_drafter, ids, width=s.width, depth=s.acc_depth,
                                 max_new_tokens=s.eagle3_new_tokens, eos_ids=eos, backend=backend,
@@ -340,7 +343,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
     look_acc = acceptance_profile(look_counts, look.draft_name, look.cost_model, s.lookup_depth, len(look_ids),
                                   s.lookup_new_tokens)
     # the shipped head reads the demo target's features: another target (tests, --target) does not compare it
-    head = _eagle3_side(pair, s, tt, dgrid, prof_ids, backend, tagged, acceptance_profile, dev, dt, eos) \
+    head = _eagle3_side(pair, s, tt, dgrid, prof_ids, backend, tagged, acceptance_profile, dev, dt, eos, loops) \
         if s.eagle3 and target is None else None
     self_ids = prof_ids[: s.self_prompts]
     self_tokens = sorted({w for w in (1, 2, 4, 8, 16, 32, 64) if w <= s.max_draft_tokens} | {s.max_draft_tokens})
