@@ -228,8 +228,8 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([emb, hidden.to(self.dtype)], dim=-1))  # (B, T, 2H) -> (B, T, H)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], cache_slots, prefix_len, tree_mask, backend)
-        if self._target_lm and self._target_lm[0].weight.dtype == x.dtype:
-            return self._target_lm[0](x), x  # the target's own (tuned) LM head
+        if self._target_lm and self._target_lm[0].weight.dtype == x.dtype and not torch.is_grad_enabled():
+            return self._target_lm[0](x), x  # the target's own (tuned) LM head; training differentiates F.linear
         return F.linear(x, self.target_lm_head.to(x.dtype)), x
 
 
