@@ -139,6 +139,32 @@ def test_profile_solve_run_with_a_feature_head(workdir, tmp_path, kind, cost_mod
     assert all(s["new_tokens"] == 3 * 12 for s in doc["summaries"])
 
 
+@pytest.mark.parametrize("kind,cost_model", [("eagle3", "per-level"), ("medusa", "one-pass"), ("self", "per-level")])
+def test_tune_measures_a_drafter_without_a_draft_model_end_to_end(workdir, tmp_path, kind, cost_model):
+    """tune --engine treeopt timed T(b, n) with the drafter's loaded checkpoint as if it were a draft model: a
+    feature head crashed (its loaded weights are no model), self layer-skip was priced at 0 ms (then warned
+    about the file it had just written). c(b, w) is now timed on the drafter's cost probe at every batch size."""
+    from sequoia_opt.profiles.batch import load_batch_latency
+
+    root, target, draft, prompts, heads = workdir
+    spec = "self:1" if kind == "self" else f"{kind}:{heads[kind]}"
+    prof_dir = tmp_path / "profiles"
+    r = invoke("tune", "--engine", "treeopt", "--target", target, "--draft", spec, "--prompts", prompts,
+               "--batches", "1,2", "--rounds", "1", "--num-prompts", "2", "--max-new-tokens", "8", "--max-draft", "3",
+               "--context", "16", "--refine", "0", "--profiles-dir", prof_dir, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert not [w for w in doc["warnings"] if "0 ms" in w], doc["warnings"]
+    saved = doc["profiles"]["latency"].removeprefix("measured: ").split(" (")[0]
+    prof = load_batch_latency(saved)
+    assert prof.batches == [1, 2]
+    for b in (1, 2):
+        curve = prof.curve(b)
+        assert curve.cost_model == cost_model and curve.model["draft"] == parse_drafter_spec(spec).label
+        assert all(curve.draft_ms(w, 16) > 0 for w in (1, 2))
+    assert [int(r["batch_range"][0]) for r in doc["schedule"]["ranges"]][0] == 1
+
+
 def test_calibration_dynamic_run_and_compare_drafters_with_an_eagle3_head(workdir, tmp_path):
     root, target, draft, prompts, heads = workdir
     spec = f"eagle3:{heads['eagle3']}"

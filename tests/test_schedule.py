@@ -1846,7 +1846,8 @@ def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
     opts = TuneOptions(engine="treeopt", batches=[1, 8, 64], context=0, threads=1, max_draft=8)
     own = path.with_suffix(".tune.yaml")
     # another --batches: the user's 1 and 8 are reused, only 64 is timed, and the union goes to tune's own file
-    for verdict in (f"reused: {path}; batch size 64 timed (not in it), saved: {own}", f"reused: {own}"):
+    asked = "as --batches asks (not in the saved profile)"
+    for verdict in (f"reused: {path}; batch size 64 timed {asked}, saved: {own}", f"reused: {own}"):
         done = {}
         prof, more = _latency(opts, done, path, measure)
         assert done["latency"] == verdict and path.read_text() == before
@@ -1858,13 +1859,24 @@ def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
     assert load_batch_latency(own).batches == [1, 4, 8, 64] and path.read_text() == before
     assert done["latency"] == f"reused: {own}; batch size 4 timed where the plan switches (--refine), saved: {own}"
     assert more([4]).batches == [1, 4, 8, 64] and calls[-1] == [4] and len(calls) == 2  # timed once
+    # --batches 1,8,16: the user's file and tune's both have 1 and 8; 16 is timed, and tune's file keeps 4 and 64
+    done = {}
+    prof, _ = _latency(TuneOptions(engine="treeopt", batches=[1, 8, 16], context=0, threads=1, max_draft=8), done,
+                       path, measure)
+    assert calls[-1] == [16] and load_batch_latency(own).batches == [1, 4, 8, 16, 64] and path.read_text() == before
+    # tune's own file unreadable (a disk filled mid-copy): it is tune's cache, so it is measured anew, not refused
+    own.write_text(own.read_text()[:200])
+    done = {}
+    _latency(opts, done, path, measure)
+    assert done["latency"].startswith(f"reused: {path}; batch size 64 timed {asked}, saved: {own}")
+    assert load_batch_latency(own).batches == [1, 8, 64] and path.read_text() == before
     # tune's own file at the default path that lacks batch sizes: they are timed and added to it, in place
     own.unlink()
     save_batch_latency(path, BatchLatencyProfile(id="old-tune", curves={1: _curve(0.1, 10.0)},
                                                  source="measured by treeopt tune --engine treeopt (1 round)"))
     done = {}
     _latency(opts, done, path, measure)
-    assert done["latency"] == f"reused: {path}; batch sizes 8, 64 timed (not in it), saved: {path}"
+    assert done["latency"] == f"reused: {path}; batch sizes 8, 64 timed {asked}, saved: {path}"
     assert calls[-1] == [8, 64] and load_batch_latency(path).batches == [1, 8, 64] and not own.exists()
     # one timed with other threads fits nowhere: measured anew, in place
     doc = yaml.safe_load(path.read_text())

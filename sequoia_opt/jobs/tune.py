@@ -535,12 +535,23 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
             have = replace(have, curves={**have.curves, **extra.curves},
                            source=f"{have.source or ''}; batch sizes {bs} timed after by treeopt tune, {why}")
             done["latency"] += f"; {_sizes(need)} timed {why}, saved: {out}"
-            save_batch_latency(out, have)
+            save_batch_latency(out, _with_own_sizes(have, out) if users else have)
         held[0] = have
         return have
 
+    def _with_own_sizes(have: Any, path: Path) -> Any:
+        """``have`` plus the batch sizes tune's own file at ``path`` holds beside a reused user's profile and that
+        still fit (earlier --batches or --refine), so that saving over it drops none of them."""
+        try:
+            own = load_batch_latency(path) if path.is_file() else None
+        except ProfileError:
+            return have
+        keep = {b: c for b, c in (own.curves.items() if own is not None else ())
+                if b not in have.curves and not _latency_misfit(own, opts, want_k, [b])}
+        return replace(have, curves={**have.curves, **keep}) if keep else have
+
     if lacking:
-        prof = more(lacking, "(not in it)")
+        prof = more(lacking, "as --batches asks (not in the saved profile)")
     return prof, more
 
 
@@ -554,7 +565,10 @@ def _partial_latency(path: Path, opts: TuneOptions, want_k: int) -> tuple[Any, P
     for candidate in (path, path.with_suffix(".tune.yaml")):
         if not candidate.is_file():
             continue
-        prof = load_batch_latency(candidate)
+        try:
+            prof = load_batch_latency(candidate)
+        except ProfileError:  # only tune's own file gets here unreadable (_saved_profile raised for the other)
+            continue
         have = [b for b in opts.batches if b in prof.curves]
         if have and not _latency_misfit(prof, opts, want_k, have) and (best is None or len(have) > len(best[2])):
             best = (prof, candidate, have)
@@ -572,7 +586,13 @@ def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[An
     why, keep = "", False
     for candidate in (path, own):
         if candidate.is_file():
-            prof = load(candidate)
+            try:
+                prof = load(candidate)
+            except ProfileError as err:  # tune's own file is its cache: unreadable, it is measured anew
+                if candidate != own:
+                    raise
+                why = why or f" (the one saved at {candidate} is unreadable: {err})"
+                continue
             miss = misfit(prof)
             if not miss:
                 return prof, candidate, ""
@@ -1182,13 +1202,16 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
         check_loop_fits(opts.context, max(grid), pair.target.config.max_position_embeddings, model=pair.target_name,
                         fixes=f"--max-draft (chains up to K = {want_k} here)")
         check_batch_memory(pair.target.config, max(batches), opts.context + max(grid), max(grid), dev)
-        return profile_batches(pair.target, pair.draft, batches, grid, [1, 2], [opts.context],
+        model = pair.spec.kind == "model"  # else c(b, w) on the drafter's cost probe (a head, self layer-skip)
+        widths = grid if pair.cost_model == "one-pass" else [1, 2]  # a chain's pass drafts all K; a level, one
+        return profile_batches(pair.target, pair.draft if model else None, batches, grid, widths, [opts.context],
                                target_name=pair.target_name, draft_name=pair.draft_name,
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,
                                method=method_text(opts.rounds, True, grid), progress=progress, rounds=opts.rounds,
                                paired=True, command="treeopt tune --engine treeopt", min_repeats=3, max_repeats=10,
                                max_seconds=3.0, loop="chain" if opts.shape == "chain" else "static",
-                               loop_drafter=pair.new_drafter)
+                               loop_drafter=pair.new_drafter, draft_probe=None if model else pair.cost_probe(),
+                               draft_cost_model=pair.cost_model)
 
     chains = opts.shape == "chain" and can_teacher_force(pair.new_drafter())
 

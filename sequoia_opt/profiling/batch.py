@@ -11,7 +11,7 @@ larger b is; the tree that is best at batch 1 is too big at batch 32.
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -50,9 +50,15 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
                     dtype: torch.dtype, random_weights: bool = False, method: str | None = None,
                     progress: ProgressFn | None = None, rounds: int = 1, paired: bool = False,
                     command: str = "treeopt profile latency --batch", loop: str | None = None,
-                    loop_drafter: Callable[[], object] | None = None, **timing_kw) -> BatchLatencyProfile:
+                    loop_drafter: Callable[[], object] | None = None, draft_probe: Any = None,
+                    draft_cost_model: str = "per-level", **timing_kw) -> BatchLatencyProfile:
     """Measure T(b, n) at every batch b, n in ``token_counts`` (tokens per row), c(b, w) of the draft model
     (w in ``draft_counts``) and the step overhead at b. Returns a :class:`BatchLatencyProfile`.
+
+    A drafter without a draft model (``draft`` None) whose cost is a model forward (a feature head's level or
+    pass, self layer-skip's first L layers: its :class:`~sequoia_opt.drafting.registry.CostProbe` with a model,
+    ``draft_probe``) has c(b, w) timed on that probe at b rows, in its ``draft_cost_model``; without one (n-grams)
+    drafting is priced by the loop's timed step alone.
 
     With ``loop`` (``"chain"`` or ``"static"``, the probe's shape) and a drafter, every batch size's curve also
     records the decoding loop's own step at b rows (:func:`~sequoia_opt.profiling.steps.time_loop` with ``rows=b``:
@@ -78,6 +84,10 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
             if draft is not None:
                 dt = profile_model(draft, draft_counts, contexts, what=f"draft (batch {b})", progress=progress,
                                    rounds=rounds, paired=paired, rows=int(b), **timing_kw)
+            elif draft_probe is not None and draft_probe.model is not None:
+                dt = profile_model(draft_probe.model, draft_counts, contexts, what=f"{draft_probe.label} (batch {b})",
+                                   progress=progress, rounds=rounds, paired=paired, rows=int(b),
+                                   num_layers=draft_probe.num_layers, **timing_kw)
         for role, rec in (("target", t_att), ("draft", d_att)):
             seen[role].ran.update(rec.ran)
             seen[role].refused.update(rec.refused)
@@ -104,7 +114,8 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
             draft_config=draft.config if draft is not None else None, random_weights=random_weights,
             profile_id=f"{profile_id}@batch{b}", method=method, command=command,
             attention={"requested": "auto", "target": t_att.as_dict(),
-                       "draft": d_att.as_dict() if dt is not None else None}, loop_tables=loops)
+                       "draft": d_att.as_dict() if dt is not None else None}, loop_tables=loops,
+            draft_cost_model=draft_cost_model)
     first = curves[min(curves)]
     dev = {**first.device, "attention": {"requested": "auto", "target": seen["target"].as_dict(),
                                          "draft": seen["draft"].as_dict() if draft is not None else None}}

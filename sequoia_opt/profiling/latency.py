@@ -77,7 +77,7 @@ def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cac
         from ..attention import RowPrefix
 
         prefix = RowPrefix(context, torch.ones(rows, context, dtype=torch.bool, device=device))
-        cache = cache.rows(0, rows)
+        cache = None if cache is None else cache.rows(0, rows)  # a probe without a KV cache (Medusa's heads)
 
     @torch.inference_mode()
     def call() -> None:
