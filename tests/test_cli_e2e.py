@@ -57,8 +57,14 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     # the trials are kept per prompt (6 prompts, depths 1..3) and add up to the pooled counts
     assert prof.prompt_counts.shape == (6, 3, 5)
     assert list(prof.prompt_counts.sum(axis=(0, 1))) == list(prof.counts)
-    need = json.loads(r.stdout)["prompts_needed"]
+    out = json.loads(r.stdout)
+    need = out["prompts_needed"]
     assert need["interval_width"] == 0.05 and need["p_1"] >= 2
+    # the note says which p_1 interval is the narrower as its own figures have it (it said the token one, always)
+    note = next(n for n in out["notes"] if n.startswith("p_1 between prompts"))
+    blo, bhi, tlo, thi = map(float, re.match(r"p_1 between prompts: ([\d.]+) to ([\d.]+) over 6 prompts \(the token "
+                                             r"interval ([\d.]+) to ([\d.]+) is ", note).groups())
+    assert ("is narrower" in note) == (thi - tlo < bhi - blo) and ("is wider here" in note) == (thi - tlo >= bhi - blo)
 
     r = invoke("solve", "-a", acc, "-l", lat, "--budget", "12", "--max-depth", "5", "--run-prompts", "3", "-o", tree,
                "--json")

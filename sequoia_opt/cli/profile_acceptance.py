@@ -164,8 +164,13 @@ def profile_acceptance(
         report.summary[f"prompts for a {interval_width:g}-wide interval of the mean"] = \
             f"p_1: {need['p_1']}, sum p_k: {need['sum p_k']} (this profile: {len(ids)})"
         lo, hi = spreads[0].mean_interval()
-        report.notes.append(f"p_1 between prompts: {lo:.3f} to {hi:.3f} over {len(ids)} prompts (tokens of one prompt "
-                            f"are correlated: the token interval {ci[0, 0]:.3f} to {ci[0, 1]:.3f} is the narrower); "
+        tlo, thi = float(ci[0, 0]), float(ci[0, 1])
+        # tokens of one prompt are correlated, so the token interval is usually the narrower; with few prompts the
+        # bootstrap's can be narrower still (it then understates the spread): say which it was
+        which = ("the token interval {:.3f} to {:.3f} is narrower, as it treats correlated tokens as independent"
+                 if thi - tlo < hi - lo else "the token interval {:.3f} to {:.3f} is wider here: few prompts "
+                 "understate the spread between them").format(tlo, thi)
+        report.notes.append(f"p_1 between prompts: {lo:.3f} to {hi:.3f} over {len(ids)} prompts ({which}); "
                             f"{need['p_1']} prompts of this kind give an interval {interval_width:g} wide")
     else:
         need = None
