@@ -56,6 +56,10 @@ def test_the_kinds_parse_and_name_their_engine_methods(workdir, tmp_path):
                            "nowhere does not exist \\(the checkpoint folder of eagle3:PATH\\)")]:
         with pytest.raises(TreeoptError, match=message):
             parse_drafter_spec(text)
+    (tmp_path / "tree.yaml").write_text("format: treeopt-tree/1\n")  # a file where the head's folder goes
+    for kind in ("eagle3", "eagle", "medusa"):
+        with pytest.raises(TreeoptError, match=f"tree.yaml is a file; {kind}:PATH takes the head's checkpoint folder"):
+            parse_drafter_spec(f"{kind}:{tmp_path / 'tree.yaml'}")
 
 
 def _bad_heads(root: Path) -> list[tuple[str, str]]:

@@ -671,6 +671,9 @@ def parse_drafter_spec(spec: str | Path | DrafterSpec | None) -> DrafterSpec:
     path = Path(rest if kind is not None and sep else text).expanduser()
     if not path.exists() and kind is not None:  # a known kind: only its checkpoint is missing
         raise TreeoptError(f"--draft {text!r}: {path} does not exist (the checkpoint folder of {key}:PATH)")
+    if kind is not None and kind.reads_features and not path.is_dir():  # a head is a folder: config + weights
+        raise TreeoptError(f"--draft {text!r}: {path} is a file; {key}:PATH takes the head's checkpoint folder "
+                           "(config.json and its weights)")
     if not path.exists():
         with_path = [k for k in DRAFTERS if DRAFTERS[k].loads_model and k != "model"]
         raise TreeoptError(f"--draft {text!r} names nothing known: not an existing checkpoint (HF folder or "
