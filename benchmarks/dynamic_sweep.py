@@ -9,7 +9,7 @@ measured and predicted. It reads the profiles a ``benchmarks/eagle3.py`` run sav
 with ``calibration-eagle3.yaml``, ``latency-eagle3.yaml`` and ``tree-eagle3.yaml``). Tokens/step only (no timing),
 so it may share the machine. Prints the table and writes ``results/dynamic_sweep/<run id>.json``::
 
-    python benchmarks/dynamic_sweep.py --from results/eagle3/20261206T020329.256Z-b4305d   # ~6 min on 2 cores
+    python benchmarks/dynamic_sweep.py --from results/eagle3/20261206T020329.256Z-b4305d   # 21 min on 2 shared cores
 """
 
 from __future__ import annotations
