@@ -129,11 +129,16 @@ def guard_notes(plan: Plan, engine: str) -> list[str]:
     src = ACCEPTANCE_LENGTH_SOURCE.get(engine, "the engine's mean acceptance length")
     out = [f"guard (watch {src}, over as many requests as the acceptance profile measured):"]
     for g in rules:
-        shift = (f"below {g.interval_low:.2f} the traffic is not what was profiled (re-run treeopt tune on a "
-                 f"sample of it); " if g.reads_interval else "")
+        shift = tail = ""
+        if g.reads_interval and g.interval_low > g.break_even:  # the traffic shifts before the setting loses
+            shift = (f"below {g.interval_low:.2f} the traffic is not what was profiled (re-run treeopt tune on a "
+                     f"sample of it); ")
+        elif g.reads_interval:  # the profile's own spread reaches under break-even: a close call, not a shift
+            tail = (f"; the profile's interval between prompts reaches down to {g.interval_low:.2f}, under it: a "
+                    f"close call (profile more prompts of the traffic)")
         out.append(f"  batch {g.lo}-{g.hi} ({g.setting}): predicted {g.expected_tokens_per_step:.2f} tokens/step; "
                    f"{shift}below {g.break_even:.2f} this setting is slower than plain decoding (stop speculating "
-                   f"in this range)")
+                   f"in this range){tail}")
     if not any(g.reads_interval for g in rules):
         out.append(f"  (no interval between prompts behind this plan ({rules[0].interval_method}): profile "
                    "acceptance with per-prompt counts for the re-profile line)")

@@ -152,7 +152,26 @@ def test_guard_rules_per_speculating_range():
     between = solve_plan(ChainValue(acc, 8), PROFILE)
     r0 = guard_rules(between)[0]
     assert between.interval_method == "between prompts" and r0.reads_interval
-    assert f"below {r0.interval_low:.2f} the traffic is not what was profiled" in guard_notes(between, "sglang")[1]
+    # five prompts: the interval between them reaches under break-even, a close call (it read "below 1.31 the traffic
+    # is not what was profiled; below 1.42 ... slower than plain", the order backwards)
+    assert r0.interval_low < r0.break_even
+    line = guard_notes(between, "sglang")[1]
+    assert "not what was profiled" not in line and line.endswith(
+        f"(stop speculating in this range); the profile's interval between prompts reaches down to "
+        f"{r0.interval_low:.2f}, under it: a close call (profile more prompts of the traffic)")
+    # an interval above break-even: a shift of the traffic shows before the setting loses
+    import dataclasses
+
+    import sequoia_opt.plan_exports as pe
+
+    high = dataclasses.replace(r0, interval_low=r0.break_even + 0.1)
+    orig = pe.guard_rules
+    try:
+        pe.guard_rules = lambda plan: [high]
+        line = guard_notes(between, "sglang")[1]
+    finally:
+        pe.guard_rules = orig
+    assert f"below {high.interval_low:.2f} the traffic is not what was profiled" in line and "close call" not in line
     # plain everywhere: nothing to guard
     steep = _profile({1: _curve(9.0, 10.0), 4: _curve(30.0, 30.0)})
     none = solve_plan(ChainValue(_acc(), 5), steep)
