@@ -512,43 +512,35 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     def lacks(p: Any, b: int) -> bool:
         return b not in p.curves or opts.context not in p.curve(b).contexts
 
+    def own_sizes() -> dict[int, Any]:
+        """The curves of tune's own file beside a reused user's profile that still fit, each batch size on its own
+        (earlier --batches or --refine); {} when there is none or it is unreadable (timed anew and rewritten)."""
+        if not (users and out.is_file()):
+            return {}
+        try:
+            own = load_batch_latency(out)
+        except ProfileError:
+            return {}
+        return {b: c for b, c in own.curves.items() if not _latency_misfit(own, opts, want_k, [b])}
+
     def more(batches: Sequence[int], why: str = "where the plan switches (--refine)") -> Any:
         have = held[0]
         need = sorted({int(b) for b in batches if lacks(have, b)})
-        kept = []
-        if need and users and out.is_file():  # tune's own file beside the user's holds the batch sizes an earlier
-            # --refine timed (timed again on every run otherwise)
-            try:
-                own = load_batch_latency(out)
-            except ProfileError:  # unreadable: timed anew and rewritten below
-                own = None
-            kept = [b for b in need if own is not None and not lacks(own, b)]
-            if kept and _latency_misfit(own, opts, want_k, kept):
-                kept = []
-            if kept:
-                have = replace(have, curves={**have.curves, **{b: own.curves[b] for b in kept}})
-                done["latency"] += f"; {_sizes(kept)} read from {out}"
-                need = [b for b in need if b not in kept]
+        own = own_sizes() if need else {}  # read once: the sizes to reuse, and the ones a save must keep
+        kept = [b for b in need if b in own]
+        if kept:
+            have = replace(have, curves={**have.curves, **{b: own[b] for b in kept}})
+            done["latency"] += f"; {_sizes(kept)} read from {out}"
+            need = [b for b in need if b not in kept]
         if need:
             extra = measure(need)
             bs = ",".join(map(str, need))
             have = replace(have, curves={**have.curves, **extra.curves},
                            source=f"{have.source or ''}; batch sizes {bs} timed after by treeopt tune, {why}")
             done["latency"] += f"; {_sizes(need)} timed {why}, saved: {out}"
-            save_batch_latency(out, _with_own_sizes(have, out) if users else have)
+            save_batch_latency(out, replace(have, curves={**own, **have.curves}) if own else have)
         held[0] = have
         return have
-
-    def _with_own_sizes(have: Any, path: Path) -> Any:
-        """``have`` plus the batch sizes tune's own file at ``path`` holds beside a reused user's profile and that
-        still fit (earlier --batches or --refine), so that saving over it drops none of them."""
-        try:
-            own = load_batch_latency(path) if path.is_file() else None
-        except ProfileError:
-            return have
-        keep = {b: c for b, c in (own.curves.items() if own is not None else ())
-                if b not in have.curves and not _latency_misfit(own, opts, want_k, [b])}
-        return replace(have, curves={**have.curves, **keep}) if keep else have
 
     if lacking:
         prof = more(lacking, "as --batches asks (not in the saved profile)")
