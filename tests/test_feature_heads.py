@@ -135,6 +135,10 @@ def test_eagle3_forward_matches_the_reference(heads, target):
         lg, r2, kv = ref.item(int(toks[t]), ref.fuse(feats[t]), t, seen)
         seen.append(kv)
         assert torch.allclose(logits[0, t], lg, atol=1e-4) and torch.allclose(out[0, t], r2, atol=1e-4)
+    # a catch-up chunk reads only its last item: the MLP and LM head run on it alone, with the same values
+    last_logits, last_out = head(toks[None], head.fuse(feats[None]), torch.arange(6), last_only=True)
+    assert last_logits.shape == (1, 1, len(DRAFT_IDS)) and last_out.shape == (1, 1, 64)
+    assert torch.allclose(last_logits[0, 0], lg, atol=1e-4) and torch.allclose(last_out[0, 0], r2, atol=1e-4)
 
 
 def test_eagle_forward_matches_the_reference(heads, target):
@@ -150,6 +154,9 @@ def test_eagle_forward_matches_the_reference(heads, target):
         lg, x, kvs = ref.item(int(toks[t]), ref.fuse(feats[t]), t, seen)
         seen.append(kvs)
         assert torch.allclose(logits[0, t], lg, atol=1e-4) and torch.allclose(out[0, t], x, atol=1e-4)
+    last_logits, last_out = head(toks[None], head.fuse(feats[None]), torch.arange(5), last_only=True)
+    assert last_logits.shape == (1, 1, 257) and last_out.shape == (1, 1, 64)
+    assert torch.allclose(last_logits[0, 0], lg, atol=1e-4) and torch.allclose(last_out[0, 0], x, atol=1e-4)
 
 
 @pytest.mark.parametrize("weights, prefix", [("medusa_lm_head.pt", ""),

@@ -195,7 +195,8 @@ class EagleHead(nn.Module):
 
     def after_attention(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """EAGLE-3's midlayer after attention: ``(logits (B, T, V_d), r2 (B, T, H))`` from the attention
-        output (B, T, H) (after ``o_proj``) and the residual."""
+        output (B, T, H) (after ``o_proj``) and the residual (T may be 1 of the forward's items: the MLP and the
+        LM head are per item)."""
         m = self.midlayer
         r1 = residual + attn
         r2 = r1 + m.mlp(m.post_attention_layernorm(r1))
@@ -204,7 +205,7 @@ class EagleHead(nn.Module):
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, *,
                 cache: ModelKVCache | None = None, cache_slots: torch.Tensor | None = None,
                 prefix_len: Any = 0, tree_mask: TreeMask | None = None,
-                backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                backend: str = "auto", last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One head forward over T items (a token and its input hidden state each).
 
         Args:
@@ -213,21 +214,28 @@ class EagleHead(nn.Module):
             positions: (T,) or (B, T) int64 rotary positions.
             cache, cache_slots, prefix_len, tree_mask, backend: as :meth:`~sequoia_opt.model.Transformer.forward`
                 (None cache: plain causal attention over the T items, training).
+            last_only: only the last item's logits and output (T' = 1 below): every item still goes through
+                attention (its keys and values into the cache), but the MLP after it (EAGLE-3) and the LM head
+                run on the last item alone. A catch-up chunk reads only its last item's (the root's).
 
         Returns:
-            ``(logits, out)``: logits (B, T, V_d) over the draft vocabulary (EAGLE-3) or the target's (EAGLE);
-            out (B, T, H), the hidden state the next draft step takes in.
+            ``(logits, out)``: logits (B, T', V_d) over the draft vocabulary (EAGLE-3) or the target's (EAGLE);
+            out (B, T', H), the hidden state the next draft step takes in; T' = T, or 1 with ``last_only``.
         """
         cos, sin = self.rotary(positions)
         if self.config.kind == "eagle3":
             x, residual = self.attention_input(tokens, hidden)
             attn = self.midlayer.self_attn(x, cos, sin, None if cache is None else cache[0], cache_slots,
                                            prefix_len, tree_mask, backend)  # (B, T, H)
+            if last_only:
+                attn, residual = attn[:, -1:], residual[:, -1:]
             return self.after_attention(attn, residual)
         emb = F.embedding(tokens, self.embedding).to(self.dtype)  # (B, T, H)
         x = self.fc(torch.cat([emb, hidden.to(self.dtype)], dim=-1))  # (B, T, 2H) -> (B, T, H)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if cache is None else cache[i], cache_slots, prefix_len, tree_mask, backend)
+        if last_only:
+            x = x[:, -1:]
         if self._target_lm and self._target_lm[0].weight.dtype == x.dtype and not torch.is_grad_enabled():
             return self._target_lm[0](x), x  # the target's own (tuned) LM head; training differentiates F.linear
         return F.linear(x, self.target_lm_head.to(x.dtype)), x

@@ -208,8 +208,9 @@ class EagleDrafter(Drafter):
     def _chunk_forward(self, cache, tokens: Sequence[Sequence[int]], feats: Sequence[torch.Tensor], start: int,
                        starts_pos: Sequence[int], prefix=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Items of B rows' chunks (right-aligned to c) at slots ``[start, start + c)``: tokens (per row, c_b),
-        target features (c_b, k, H_t), first positions ``starts_pos``. Returns (B, c, V_d) logits and (B, c, H)
-        outputs."""
+        target features (c_b, k, H_t), first positions ``starts_pos``. Every item's keys and values go into
+        ``cache``; returns the last item's (every row's root's) (B, 1, V_d) logits and (B, 1, H) output (the
+        head's MLP and LM head run on that item alone: ``last_only``)."""
         dev = self.device
         B = len(tokens)
         c = max(len(t) for t in tokens)
@@ -225,7 +226,7 @@ class EagleDrafter(Drafter):
         slots = torch.arange(start, start + c, dtype=torch.int64, device=dev)
         return self.head(tok, hidden, pos if B > 1 else pos[0], cache=cache, cache_slots=slots,
                          prefix_len=start if prefix is None else prefix, tree_mask=causal_mask(c, dev, self._masks),
-                         backend=self.settings.backend)
+                         backend=self.settings.backend, last_only=True)
 
     def _chunks(self, rows: Sequence[RowState]) -> tuple[list[list[int]], list[torch.Tensor]]:
         """Per row the catch-up chunk: tokens x_{row_cached + 1} .. x_L and features f_{row_cached} .. f_{L - 1}.
@@ -284,11 +285,10 @@ class EagleDrafter(Drafter):
         padded = B > 1 and any(k != c for k in lens)
         chunk_valid = (torch.arange(c, device=dev).unsqueeze(0)
                        >= torch.tensor([c - k for k in lens], device=dev).unsqueeze(1)) if padded else None
-        logits, out_h = self._chunk_forward(rows.view, toks, feats, F,
-                                            [r.cached - k for r, k in zip(state.rows, lens)],
-                                            prefix=rows.prefix(chunk_valid))
+        logits, root_h = self._chunk_forward(rows.view, toks, feats, F,  # (B, 1, V_d), (B, 1, H): the roots'
+                                             [r.cached - k for r, k in zip(state.rows, lens)],
+                                             prefix=rows.prefix(chunk_valid))
         self._chunk = (c, lens)
-        logits, root_h = logits[:, -1:], out_h[:, -1:]  # (B, 1, V_d), (B, 1, H): the roots'
         prefix = rows.prefix(chunk_valid[:, : c - 1] if padded else None, F + c - 1)
         R = F + c - 1  # every row's root slot
         Lt = torch.tensor([r.cached - 1 for r in state.rows], dtype=torch.int64, device=dev).unsqueeze(1)  # (B, 1)
