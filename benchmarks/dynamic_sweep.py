@@ -10,6 +10,11 @@ with ``calibration-eagle3.yaml``, ``latency-eagle3.yaml`` and ``tree-eagle3.yaml
 so it may share the machine. Prints the table and writes ``results/dynamic_sweep/<run id>.json``::
 
     python benchmarks/dynamic_sweep.py --from results/eagle3/20261206T020329.256Z-b4305d   # 21 min on 2 shared cores
+
+``--budget N`` asks the same at another budget than the hardware-aware tree's (a dynamic tree has more room to
+adapt in a larger one): the static tree there is the exact DP optimum at N nodes under the run's acceptance profile
+(``acceptance-eagle3.yaml``) and acceptance model, with the hardware-aware tree's branching limit (Sequoia, section
+3.1; no cost model: the budget is fixed).
 """
 
 from __future__ import annotations
@@ -32,9 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head", default="eagle3", help="the --draft text of the head (default: the shipped one)")
     ap.add_argument("--num-prompts", type=int, default=12, help="profile prompts")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--budget", type=int, default=None,
+                    help="nodes per step (default: the hardware-aware tree's); the static tree is the DP optimum there")
     ap.add_argument("--out", type=Path, default=ROOT / "results/dynamic_sweep")
     args = ap.parse_args(argv)
-    files = {k: args.run / f"{k}-eagle3.yaml" for k in ("calibration", "latency", "tree")}
+    if args.budget is not None and not 2 <= args.budget <= 64:
+        print(f"error: --budget {args.budget}: a dynamic tree's budget is 2 to 64 nodes", file=sys.stderr)
+        return 2
+    files = {k: args.run / f"{k}-eagle3.yaml" for k in ("calibration", "latency", "tree", "acceptance")}
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         print(f"error: --from {args.run}: no {', '.join(missing)} (a benchmarks/eagle3.py run folder has them)",
@@ -47,14 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.decoding import Decoder
     from sequoia_opt.drafting.policies import DynamicPolicy, StaticTreePolicy
     from sequoia_opt.jobs.load import load_drafters
-    from sequoia_opt.profiles import load_latency
+    from sequoia_opt.profiles import load_acceptance, load_latency
     from sequoia_opt.profiles.calibration import load_calibration
     from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
+    from sequoia_opt.solver.depth import solve_profile
     from sequoia_opt.solver.dynamic import predict_setting, setting_grid
     from sequoia_opt.tree import load_tree, now_iso
 
     cal, curve = load_calibration(files["calibration"]), load_latency(files["latency"])
-    tree = load_tree(files["tree"])[0]
+    tree, meta = load_tree(files["tree"])
+    source = "the hardware-aware tree"
+    if args.budget is not None and args.budget != tree.size:
+        acc = load_acceptance(files["acceptance"])
+        sol, model = solve_profile(acc, args.budget, args.budget - 1, int(meta.extra.get("max_branching", 32)),
+                                   str(meta.extra.get("acceptance_model", "auto")))
+        tree, source = sol.tree(args.budget), f"the DP optimum at {args.budget} nodes ({model} acceptance)"
     budget = tree.size
     pair, = load_drafters(None, [args.head], device=torch.device("cpu"), dtype=torch.float32)
     ids = encode_prompts(load_prompts(demo_prompts_path("profile"), limit=args.num_prompts), pair.tokenizer,
@@ -72,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return tokens / steps
 
     static = tokens_per_step(StaticTreePolicy(pair.new_drafter(), tree, cut_at_answer_end=False))
-    print(f"static DP tree ({budget} nodes): {static:.3f} tokens/step", flush=True)
+    print(f"static DP tree ({budget} nodes, {source}): {static:.3f} tokens/step", flush=True)
     rows = []
     for s in setting_grid(cal, budgets=(budget,)):
         if s.budget != budget:
@@ -88,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{top['setting']} {top['over_static']:.3f}x")
     doc = {"format": "treeopt-bench-dynamic-sweep/1", "date": now_iso(), "from": str(args.run), "head": args.head,
            "prompts": "sequoia_opt/data/prompts/profile.jsonl", "num_prompts": len(ids), "new_tokens": args.new_tokens,
-           "budget": budget, "static_tree": tree.choices(), "static_tokens_per_step": static, "settings": rows,
+           "budget": budget, "static_tree": tree.choices(), "static_tree_source": source, "static_tokens_per_step": static, "settings": rows,
            "best_measured": best, "best_predicted": top,
            "command": " ".join(["python benchmarks/dynamic_sweep.py", *(argv if argv is not None else sys.argv[1:])])}
     out = args.out / f"{new_run_id(None)}.json"
