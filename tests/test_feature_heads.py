@@ -282,6 +282,13 @@ def test_eagle_and_medusa_loaders_are_strict(tmp_path):
     with pytest.raises(CheckpointError, match=r"medusa_lm_head.pt: medusa_head.0.1.weight has shape \(32000, 64\) "
                                               r"but the target's vocabulary x hidden size is \(257, 64\)"):
         read_medusa_config(tmp_path / "m", TARGET4)
+    write_medusa(tmp_path / "mh", hidden_size=4096)  # a config that names the hidden size: the field, first
+    with pytest.raises(CheckpointError, match=r"mh/config.json: hidden_size = 4096 but the target's is 64"):
+        read_medusa_config(tmp_path / "mh", TARGET4)
+    write_medusa(tmp_path / "mv", vocab_size=32000)
+    with pytest.raises(CheckpointError, match=r"mv/config.json: vocab_size = 32000 but the target's is 257"):
+        read_medusa_config(tmp_path / "mv", TARGET4)
+    assert read_medusa_config(write_medusa(tmp_path / "mok", hidden_size=64, vocab_size=257), TARGET4).num_heads == 3
     write_medusa(tmp_path / "m2", architectures=["LlamaForCausalLM"])
     with pytest.raises(CheckpointError, match="config.json: architectures .* are not Medusa heads"):
         read_medusa_config(tmp_path / "m2", TARGET4)

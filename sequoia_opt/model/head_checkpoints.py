@@ -387,7 +387,8 @@ _MEDUSA_PREFIX = "medusa_head."
 
 def read_medusa_config(folder: str | Path, target: ModelConfig) -> MedusaConfig:
     """Medusa heads' :class:`MedusaConfig` from ``config.json`` and the weight file's headers, checked
-    against the target (H and V come from the weights: Medusa's config does not store them).
+    against the target (H and V come from the weights: Medusa's config does not store them; where a config does
+    name ``hidden_size`` or ``vocab_size``, they are checked too).
 
     Raises:
         CheckpointError: naming the file and the field: another architecture, a missing head or layer count,
@@ -405,6 +406,10 @@ def read_medusa_config(folder: str | Path, target: ModelConfig) -> MedusaConfig:
             raise CheckpointError(f"{path}: {key} is missing (Medusa's config names its heads and their layers)")
     K = config_int(cfg, "medusa_num_heads", path)
     L = config_int(cfg, "medusa_num_layers", path, minimum=0)
+    for key, theirs in (("hidden_size", target.dim), ("vocab_size", target.vocab_size)):
+        if cfg.get(key) is not None and config_int(cfg, key, path) != theirs:  # a config that names them (Medusa-2's)
+            raise CheckpointError(f"{path}: {key} = {cfg[key]} but the target's is {theirs} (heads for another "
+                                  "target)")
     config = MedusaConfig(num_heads=K, num_layers=L, hidden_size=target.dim, vocab_size=target.vocab_size,
                           name=folder.name, base_model=cfg.get("base_model_name_or_path"))
     with ExitStack() as stack:
