@@ -1839,6 +1839,51 @@ def test_tune_for_a_gpu_engine_warns_of_a_profile_measured_on_another_engine(tmp
     assert f"start it with: trtllm-serve MODEL --extra_llm_api_options '{out}'" in json.loads(res.stdout)["notes"]
 
 
+def test_tune_keeps_another_contexts_curves_in_its_own_file(tmp_path):
+    """tune times one context (--context); timing another rewrote its file with that context alone, so going back
+    to the first re-timed it. Now the file keeps every context and batch size it timed, and each is reused."""
+    from sequoia_opt.jobs.tune import TuneOptions, _latency
+    from sequoia_opt.profiles.batch import load_batch_latency
+
+    path = tmp_path / "cpu" / "pair-latency-batch.yaml"
+    calls = []
+
+    def measure_at(ctx):
+        def measure(batches):
+            calls.append((ctx, list(batches)))
+            base = 10.0 if ctx == 0 else 20.0  # a longer context: a slower step
+            curves = {b: LatencyCurve.synthetic({n: base + b + 0.1 * b * (n - 1) for n in range(1, 10)},
+                                                {1: 1.0, 2: 1.2}, step_overhead_ms=0.5, context=ctx)
+                      for b in batches}
+            return BatchLatencyProfile(id="tuned", curves=curves, device={"threads": 1},
+                                       source="measured by treeopt tune --engine treeopt (1 round)")
+        return measure
+
+    def tune_at(ctx, batches):
+        done = {}
+        prof, _ = _latency(TuneOptions(engine="treeopt", batches=batches, context=ctx, threads=1, max_draft=8), done,
+                           path, measure_at(ctx))
+        return prof, done["latency"]
+
+    prof, said = tune_at(0, [1, 8])
+    assert said == f"measured: {path}" and calls == [(0, [1, 8])]
+    prof, said = tune_at(512, [1, 8])  # another context: timed, and the file keeps context 0 beside it
+    assert said.startswith(f"measured: {path} (the one saved at {path} was timed at context 0, not 512")
+    assert calls[-1] == (512, [1, 8]) and prof.curve(1).target_ms(1, 512) == 21.0
+    saved = load_batch_latency(path)
+    assert saved.batches == [1, 8] and saved.curve(8).contexts.tolist() == [0, 512]
+    assert (saved.curve(8).target_ms(1, 0), saved.curve(8).target_ms(1, 512)) == (18.0, 28.0)
+    for ctx, t1 in ((0, 11.0), (512, 21.0)):  # both reused, nothing timed again
+        prof, said = tune_at(ctx, [1, 8])
+        assert said == f"reused: {path}" and len(calls) == 2 and prof.curve(1).target_ms(1, ctx) == t1
+    prof, said = tune_at(0, [1, 4])  # a batch size at context 0 only: timed, the rest kept
+    assert calls[-1] == (0, [4]) and said == (f"reused: {path}; batch size 4 timed as --batches asks (not in the "
+                                               f"saved profile), saved: {path}")
+    saved = load_batch_latency(path)
+    assert saved.batches == [1, 4, 8] and saved.curve(4).contexts.tolist() == [0]
+    assert saved.curve(1).contexts.tolist() == saved.curve(8).contexts.tolist() == [0, 512]
+
+
 def test_tune_never_replaces_a_latency_profile_it_did_not_write(tmp_path):
     """tune measured T(b, n) over the file ``treeopt profile latency --batch`` writes by default whenever that one
     did not fit (other threads, context or batch sizes): the user's measurement was replaced. Now tune measures

@@ -503,9 +503,20 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
         done["latency"] = f"reused: {out}"
         if users:
             out = out.with_suffix(".tune.yaml")
-    else:
+
+    def save(p: Any) -> None:
+        """``p`` into ``out`` (tune's own: never a user's file), keeping what the file there holds that ``p`` does
+        not replace (:meth:`~sequoia_opt.profiles.batch.BatchLatencyProfile.keeping`): another --context's
+        curves and other batch sizes stay cached; an unreadable file is replaced."""
+        try:
+            old = load_batch_latency(out) if out.is_file() else None
+        except ProfileError:
+            old = None
+        save_batch_latency(out, p if old is None else p.keeping(old))
+
+    if prof is None:
         prof = measure(opts.batches)
-        save_batch_latency(out, prof)
+        save(prof)
         done["latency"] = f"measured: {out}{why}"
     held = [prof]
 
@@ -538,7 +549,7 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
             have = replace(have, curves={**have.curves, **extra.curves},
                            source=f"{have.source or ''}; batch sizes {bs} timed after by treeopt tune, {why}")
             done["latency"] += f"; {_sizes(need)} timed {why}, saved: {out}"
-            save_batch_latency(out, replace(have, curves={**own, **have.curves}) if own else have)
+            save(have)
         held[0] = have
         return have
 

@@ -122,6 +122,35 @@ class BatchLatencyProfile:
         return cls(id=curve.id, curves={1: curve}, device=dict(curve.device), model=dict(curve.model),
                    source=curve.source)
 
+    def keeping(self, older: "BatchLatencyProfile") -> "BatchLatencyProfile":
+        """This profile with what ``older`` (a saved one of the same pair) measured that this one did not: its
+        curves at the batch sizes this one lacks, and at each batch size both have, its curves at the contexts
+        this one lacks (another ``--context``). Where both timed a context, this one's tables stand; a merged
+        batch size takes this one's ``step_overhead_ms``. ``older`` is ignored when it was timed with other threads
+        (``device.threads``) and a batch size's curves are not merged across draft cost models.
+
+        Raises:
+            ProfileError: the merged document does not validate (not expected from two valid profiles).
+        """
+        mine, theirs = (self.device or {}).get("threads"), (older.device or {}).get("threads")
+        if mine is not None and theirs is not None and int(mine) != int(theirs):
+            return self
+        curves = dict(older.curves)
+        for b, new in self.curves.items():
+            old = older.curves.get(b)
+            if old is None or old.cost_model != new.cost_model:
+                curves[b] = new
+                continue
+            doc = new.to_dict()
+            have = {int(e["context_tokens"]) for e in doc["curves"]}
+            doc["curves"] = sorted(doc["curves"] + [e for e in old.to_dict()["curves"]
+                                                    if int(e["context_tokens"]) not in have],
+                                   key=lambda e: int(e["context_tokens"]))
+            curves[b] = LatencyCurve.from_dict(doc, source=f"{self.id}@batch{b}", default_id=new.id,
+                                               check_plausible=False)
+        return BatchLatencyProfile(id=self.id, curves=curves, device=dict(self.device), model=dict(self.model),
+                                   source=self.source, date=self.date)
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"format": BATCH_LATENCY_FORMAT, "id": self.id}
         if self.source:
