@@ -220,14 +220,48 @@ def test_min_gain_keeps_plain_decoding_where_the_predicted_lead_is_small():
         solve_plan(v, PROFILE, min_gain=-0.1)
 
 
-def test_first_is_longest_caps_later_batches():
-    # speculation pays more at batch 8 than at batch 1 (a CPU-like batch-1 curve): TensorRT-LLM's rule caps it
+def test_first_is_longest_chooses_batch_ones_draft_length_for_every_batch_size():
+    """TensorRT-LLM's rule: no batch size drafts more than batch 1. Capping every batch size at batch 1's own best
+    lost the most where speculation pays more at larger batch sizes (a CPU-like batch-1 curve), and turned the whole
+    plan to plain decoding where batch 1 should not speculate. Batch 1's draft length is now the one whose capped
+    plan leaves its worst batch size closest to that batch size's own best (max-min)."""
     odd = _profile({1: _curve(5.0, 10.0), 8: _curve(0.2, 12.0)})
     free = solve_plan(ChainValue(_acc(), 6), odd)
     capped = solve_plan(ChainValue(_acc(), 6), odd, first_is_longest=True)
     k1, k8 = (r.best.setting.draft_tokens for r in free.rows)
-    assert k8 > k1
-    assert capped.rows[1].best.setting.draft_tokens == k1 and capped.notes
+    assert (k1, k8) == (1, 4)
+    rate = [{c.setting.draft_tokens: c.tokens_per_s_per_request for c in r.candidates} for r in free.rows]
+
+    def worst_relative(cap):  # batch 1 runs K = cap, batch 8 its best K <= cap
+        return min(rate[0][cap] / rate[0][k1], max(v for k, v in rate[1].items() if k <= cap) / rate[1][k8])
+
+    scores = {cap: worst_relative(cap) for cap in range(7)}
+    assert max(scores, key=scores.get) == 2 and scores[2] == pytest.approx(0.917, abs=1e-3)
+    assert [r.best.setting.draft_tokens for r in capped.rows] == [2, 2]
+    assert capped.notes[0] == ("the engine's rule (no batch size drafts more than batch 1): batch 1 runs chain:2, "
+                               "5.5 % below its own best (chain:1), so that larger batch sizes may draft longer; "
+                               "capped at chain:1 instead, the worst batch size solved would run 77.4 % of its best "
+                               "tokens/s, not 91.7 %")
+    # batch 1 should not speculate (its draft costs 0.8x its step) but batches 2-8 gain ~2.8x: the plan was "none"
+    # everywhere (speculation "pays nowhere"); now batch 1 drafts 2 so that the others may
+    def dear(draft_ms):
+        return _profile({1: _curve(0.1, 10.0, draft_ms=draft_ms), **{b: _curve(0.1, 10.0) for b in (2, 4, 8)}})
+
+    free = solve_plan(ChainValue(_acc(), 6), dear(8.0))
+    capped = solve_plan(ChainValue(_acc(), 6), dear(8.0), first_is_longest=True)
+    assert [r.best.setting.draft_tokens for r in free.rows] == [0, 4, 4, 4]
+    assert [r.best.setting.draft_tokens for r in capped.rows] == [2, 2, 2, 2] and not capped.pays_nowhere
+    assert "batch 1 runs chain:2, 13.9 % below its own best (none)" in capped.notes[0]
+    # a draft dearer still at batch 1 (3x its step): any draft there costs batch 1 more than plain decoding costs
+    # the others, so the rule's plan stays plain, and says what that leaves
+    capped = solve_plan(ChainValue(_acc(), 6), dear(30.0), first_is_longest=True)
+    assert capped.pays_nowhere and capped.notes[0].startswith(
+        "no batch size drafts more than batch 1 (the engine's rule), though a longer draft would pay at some: the "
+        "worst batch size solved runs 51.2 % of its best tokens/s")
+    # the usual GPU shape (batch 1 drafts the longest anyway): the rule changes nothing and says nothing
+    gpu = solve_plan(ChainValue(_acc(), 6), PROFILE, first_is_longest=True)
+    assert [r.best for r in gpu.rows] == [r.best for r in solve_plan(ChainValue(_acc(), 6), PROFILE).rows]
+    assert not any("engine's rule" in n for n in gpu.notes)
 
 
 def test_plan_refusals():
@@ -1352,6 +1386,44 @@ def test_tune_outputs_are_one_unit_and_two_files(tmp_path):
     assert first.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     assert [p.read_text() for p in atomic_write_texts({first: "new\n", tmp_path / "d" / "p.yaml": "p\n"})] == [
         "new\n", "p\n"]
+
+
+def test_tune_for_tensorrt_llm_says_when_its_rule_not_the_curve_keeps_speculation_off(tmp_path):
+    """A draft dear at batch 1 only (3x... 10x the step) and cheap at 2-8: vLLM's plan speculates at 2-8; under
+    TensorRT-LLM's rule (batch 1 drafts the longest) plain decoding everywhere was reported as "speculation pays at no
+    batch size measured". It now says the rule is why, and where it would pay without it; with a draft at batch 1
+    dear but not ruinous, batch 1 drafts so that 2-8 may (the plan file's rows and the peers' batch-1 best say
+    which is batch 1's own)."""
+    acc = _acc()
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(acc.to_dict()))
+
+    def table(b1_draft_ms):
+        path = tmp_path / f"t{b1_draft_ms}.csv"
+        path.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
+            f"{b},{n},10.0,{b1_draft_ms if b == 1 else 0.5},0.2\n" for b in (1, 2, 4, 8) for n in range(1, 6)))
+        return str(path)
+
+    out = tmp_path / "trt.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", table(100.0), "-a", str(tmp_path / "a.yaml"),
+                              "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["summary"]["speculation"] == ("pays at no batch size under the engine's rule (no batch size drafts more "
+                                             "than batch 1; without it, it would at batch sizes 2, 4, 8): none")
+    assert not out.exists() and any(w.endswith("(under the engine's rule; without it, batch sizes 2, 4, 8 would "
+                                               "speculate)") for w in doc["warnings"])
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", table(100.0), "-a", str(tmp_path / "a.yaml"), "--json"])
+    assert json.loads(res.stdout)["summary"]["ranges"] == "1-1: none; 2-8: chain:4"
+    res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", table(8.0), "-a", str(tmp_path / "a.yaml"),
+                              "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["summary"]["ranges"] == "1-8: chain:2" and out.is_file()
+    assert any(n.startswith("the engine's rule (no batch size drafts more than batch 1): batch 1 runs chain:2") and
+               "below its own best (none)" in n for n in doc["notes"])
+    # "the batch-1 best K everywhere" is batch 1's own best (plain decoding here), not the K the rule moved it to
+    assert doc["peers"]["batch1-best"]["1"] == pytest.approx(1000 / 10.2)
+    assert doc["peers"]["batch1-best"]["8"] == pytest.approx(8 * 1000 / 10.2)
 
 
 def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):

@@ -88,7 +88,7 @@ def tune(
     """Choose how far to speculate at each batch size from measured curves, and print it in the engine's settings:
     runs what is missing of profile -> solve, then prints the settings, the predicted table per batch size and the
     command that checks it."""
-    from ..jobs.tune import GPU_ENGINES, TuneOptions, check_options
+    from ..jobs.tune import GPU_ENGINES, TuneOptions, _sizes, check_options
     from ..jobs.tune import tune as run_tune
     from ..profiles.batch import parse_batches
     from ..errors import OutputError
@@ -122,9 +122,13 @@ def tune(
     paying = [r.batch for r in plan.rows if r.best.setting.speculates]
     holes = [r.batch for r in plan.rows if paying and r.batch < paying[-1] and not r.best.setting.speculates]
     hole_text = f" (but not at batch {', '.join(map(str, holes))})" if holes else ""
+    own_paying = [r.batch for r, own in zip(plan.rows, plan.own_best) if own.setting.speculates]
     report.summary = {
         "engine": opts.engine, "drafter": res.schedule.get("drafter"), **{k: v for k, v in res.profiles.items()},
-        "speculation": ("pays at no batch size measured: none" if stops == 0 else
+        "speculation": (f"pays at no batch size under the engine's rule (no batch size drafts more than batch 1; "
+                        f"without it, it would at {_sizes(own_paying)}): none"
+                        if stops == 0 and own_paying else
+                        "pays at no batch size measured: none" if stops == 0 else
                         f"stops paying above batch {stops}{hole_text}" if stops is not None else
                         f"pays up to the largest batch predicted ({plan.rows[-1].batch}){hole_text}"),
         "ranges": "; ".join(f"{r.lo}-{r.hi}: {r.setting.label}" for r in plan.ranges)}
@@ -173,7 +177,9 @@ def tune(
     if settings is not None and settings.nothing_to_set:  # no settings file to check: the engine runs plainly
         report.notes.append(f"nothing to start with speculation on {opts.engine}: it runs without it (plain "
                             "decoding), " + ("as the plan given does at every batch size" if opts.plan is not None
-                                            else "which the plan predicts fastest at every batch size measured"))
+                                            else "which the plan predicts fastest at every batch size measured"
+                                            + (" under the engine's rule (no batch size drafts more than batch 1)"
+                                               if own_paying else "")))
     else:
         report.notes.append(f"check it{where}: {check}")
     if opts.engine == "treeopt":
@@ -196,7 +202,8 @@ def tune(
             files[output] = settings.extra_files["adaptive.json"]
             report.notes.append(f"pass it as --speculative-adaptive-config {output}")
         elif settings.nothing_to_set:  # a comment in a file the engine parses as JSON / YAML would break it
-            why = settings.nothing_to_set_reason
+            why = settings.nothing_to_set_reason + (f" (under the engine's rule; without it, {_sizes(own_paying)} "
+                                                    "would speculate)" if own_paying else "")
             if not output.is_file():
                 report.warnings.append(f"nothing written to {output}: {why}")
             elif looks_like_engine_settings(output):  # an earlier plan's: it would keep the engine speculating

@@ -400,7 +400,7 @@ def peer_ranges(plan: Any, value: Any, profile: Any, batches: Sequence[int], *,
                                   answer_end_cut=plan.answer_end_cut)[0].tokens_per_s_per_request, -k, s)
                   for k, s in ((k, clip(k)) for k in VLLM_GENERATOR_KS)]
         vllm[b] = max(scored, key=lambda x: (x[0], x[1]))[2]
-    k1 = plan.rows[0].best.setting.draft_tokens
+    k1 = plan.own_best_first.setting.draft_tokens  # batch 1's own, not the one TensorRT-LLM's rule may move it to
     return {"vllm-generator": over(vllm),
             "sglang-default": [(1, last, clip(SGLANG_DEFAULT_ENVELOPE[0]))],
             "llama.cpp-default": [(1, last, clip(LLAMACPP_DEFAULT_DRAFT))],

@@ -329,6 +329,8 @@ class Plan:
         min_gain: the lead over plain decoding a setting needed to be chosen (:func:`solve_plan`'s; 0: none).
         first_is_longest: whether no batch size may draft more than the smallest one (TensorRT-LLM's rule).
         answer_end_cut: whether batch 1 priced an answer's cut last steps (:func:`solve_plan`'s).
+        own_best: with ``first_is_longest``, each row's own choice without the rule (what the rule's plan gave up
+            where it differs); empty without the rule.
     """
 
     rows: list[BatchRow]
@@ -343,6 +345,12 @@ class Plan:
     min_gain: float = 0.0
     first_is_longest: bool = False
     answer_end_cut: bool = False
+    own_best: tuple[Predicted, ...] = ()
+
+    @property
+    def own_best_first(self) -> Predicted:
+        """Batch 1's own choice (the rule's plan may run another there so that larger batch sizes draft longer)."""
+        return self.own_best[0] if self.own_best else self.rows[0].best
 
     @property
     def pays_nowhere(self) -> bool:
@@ -749,6 +757,50 @@ def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None
     return out
 
 
+def first_is_longest_choice(per_batch: Sequence[Sequence[tuple[int, float]]],
+                            choose: Callable[[int, int | None], int]) -> tuple[list[int], float, float]:
+    """TensorRT-LLM's ``draft_len_schedule`` rule (its smallest batch size carries ``max_draft_len``: no batch size
+    drafts more than batch 1) applied to a plan's free choices, with batch 1's draft length chosen for every batch
+    size solved, not for batch 1 alone.
+
+    Capping every batch size at batch 1's own best loses the most where speculation pays *more* at larger batch
+    sizes than at batch 1 (a draft dear at one row: a CPU, a large drafter); where batch 1 should not speculate at
+    all, it turned the whole plan to plain decoding. So each draft length batch 1 can run is tried as the cap (its
+    best candidate of that length at batch 1, every other batch size its own choice within the cap), and the cap
+    kept is the one whose worst batch size runs closest to its own best tokens/s (max-min: without the traffic's
+    mix of batch sizes, no batch size is left further below its best than the rule forces); ties go to the higher
+    mean over the batch sizes, then to batch 1's own choice.
+
+    Args:
+        per_batch: per batch size, ascending from batch 1, its candidates' ``(draft tokens, tokens/s)`` (any rate
+            proportional to tokens/s at that batch size).
+        choose: ``choose(i, cap)`` -> the index of batch size i's own choice among its candidates with at most
+            ``cap`` draft tokens (None: all); it applies the plan's other rules (``min_gain``, ties).
+
+    Returns:
+        ``(indices, kept, own)``: each batch size's chosen candidate index; the worst batch size's tokens/s relative
+        to its own best under that choice, and under the cap at batch 1's own choice (equal when it was kept).
+    """
+    n = len(per_batch)
+    top = [max(r for _, r in c) for c in per_batch]
+
+    def under(i0: int) -> tuple[list[int], tuple[float, float]]:
+        idx = [i0] + [choose(b, per_batch[0][i0][0]) for b in range(1, n)]
+        rel = [per_batch[b][i][1] / top[b] for b, i in enumerate(idx)]
+        return idx, (min(rel), sum(rel) / n)
+
+    own = choose(0, None)
+    best, best_score = under(own)
+    own_score = best_score
+    for k in sorted({k for k, _ in per_batch[0]} - {per_batch[0][own][0]}):  # batch 1's best of each other length
+        i0 = max((i for i, (kk, _) in enumerate(per_batch[0]) if kk == k), key=lambda i: per_batch[0][i][1])
+        idx, score = under(i0)
+        if score[0] > best_score[0] + 1e-12 or (abs(score[0] - best_score[0]) <= 1e-12
+                                                and score[1] > best_score[1] + 1e-12):
+            best, best_score = idx, score
+    return best, best_score[0], own_score[0]
+
+
 def check_min_gain(min_gain: float) -> None:
     """Raises ProfileError unless ``min_gain`` (a fraction of plain decoding's tokens/s) lies in [0, 10)."""
     if not 0.0 <= float(min_gain) < 10.0:
@@ -803,29 +855,47 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     last = _last_batch(batches, max_batch)
     check_min_gain(min_gain)
     check_output_tokens(output_tokens)
+    every_at = [_candidates(value, b, curve, context, interval, output_tokens, answer_end_cut) for b, curve in curves]
+
+    def choose(i: int, cap: int | None) -> int:
+        """Batch size i's choice within ``cap`` draft tokens: its best, or plain decoding under ``min_gain``."""
+        every = every_at[i]
+        j = next(j for j, p in enumerate(every) if cap is None or p.setting.draft_tokens <= cap)
+        plain = next(j for j, p in enumerate(every) if not p.setting.speculates)
+        if min_gain > 0 and every[j].setting.speculates and \
+                every[j].tokens_per_s_per_request <= every[plain].tokens_per_s_per_request * (1.0 + min_gain):
+            return plain
+        return j
+
+    notes = []
+    free = [choose(i, None) for i in range(len(every_at))]
+    if first_is_longest:
+        chosen, kept, own = first_is_longest_choice(
+            [[(p.setting.draft_tokens, p.tokens_per_s_per_request) for p in e] for e in every_at], choose)
+        if chosen != free:
+            b1, b1_own = every_at[0][chosen[0]], every_at[0][free[0]]
+            if chosen[0] == free[0]:
+                notes.append(f"no batch size drafts more than batch 1 (the engine's rule), though a longer draft would "
+                             f"pay at some: the worst batch size solved runs {100 * kept:.1f} % of its best tokens/s, "
+                             "and a longer draft at batch 1 would leave batch 1 further below its own")
+            else:
+                loss = 100 * (1 - b1.tokens_per_s_per_request / b1_own.tokens_per_s_per_request)
+                notes.append(f"the engine's rule (no batch size drafts more than batch 1): batch 1 runs "
+                             f"{b1.setting.label}, {loss:.1f} % below its own best ({b1_own.setting.label}), so that "
+                             f"larger batch sizes may draft longer; capped at {b1_own.setting.label} instead, the worst batch "
+                             f"size solved would run {100 * own:.1f} % of its best tokens/s, not {100 * kept:.1f} %")
+    else:
+        chosen = free
     rows: list[BatchRow] = []
-    cap, capped = None, False
-    for b, curve in curves:
-        every = _candidates(value, b, curve, context, interval, output_tokens, answer_end_cut)
-        cands = [p for p in every if cap is None or p.setting.draft_tokens <= cap]
-        capped = capped or cands[0] is not every[0]
-        plain = next(p for p in cands if not p.setting.speculates)
-        best = cands[0]
-        if min_gain > 0 and best.setting.speculates and \
-                best.tokens_per_s_per_request <= plain.tokens_per_s_per_request * (1.0 + min_gain):
-            best = plain
-        rows.append(BatchRow(b, best, plain, tuple(cands)))
-        if first_is_longest and cap is None:
-            cap = best.setting.draft_tokens
+    for i, (b, _) in enumerate(curves):
+        cap = every_at[0][chosen[0]].setting.draft_tokens if first_is_longest and i > 0 else None
+        cands = tuple(p for p in every_at[i] if cap is None or p.setting.draft_tokens <= cap)
+        rows.append(BatchRow(b, every_at[i][chosen[i]], next(p for p in cands if not p.setting.speculates), cands))
     best_at = {r.batch: r.best for r in rows}
     ranges = [Range(lo, hi, s, best_at[lo]) for lo, hi, s in merge_ranges([(r.batch, r.best.setting) for r in rows],
                                                                             last)]
     paying = [r.batch for r in rows if r.best.setting.speculates]
     stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
-    notes = []
-    if capped:
-        notes.append("no batch size drafts more than the smallest one (the engine's rule), though a longer draft "
-                     "would pay at some")
     if last > batches[-1]:
         notes.append(f"batch sizes {batches[-1] + 1}..{last} take batch {batches[-1]}'s setting "
                      f"({ranges[-1].setting.label}): nothing past batch {batches[-1]} was measured, so nothing there "
@@ -841,7 +911,7 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
                      "way (close_call in the plan file; profile on more of your traffic, or measure both)")
     return Plan(rows, ranges, stops, value.shape, context, dict(provenance or {}), notes,
                 getattr(value, "interval_method", "none"), output_tokens, float(min_gain), bool(first_is_longest),
-                bool(answer_end_cut))
+                bool(answer_end_cut), tuple(e[i] for i, e in zip(free, every_at)) if first_is_longest else ())
 
 
 def switch_midpoints(plan: Plan) -> list[int]:

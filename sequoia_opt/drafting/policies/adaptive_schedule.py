@@ -397,22 +397,24 @@ class PlanAdapter:
         Raises:
             ProfileError: ``g`` shorter than the longest candidate + 1.
         """
-        from ...solver.schedule import merge_ranges
+        from ...solver.schedule import first_is_longest_choice, merge_ranges
 
         if len(g) < max(self.ks) + 1:
             raise ProfileError(f"G(0..K) needs {max(self.ks) + 1} entries, got {len(g)}")
-        best: list[tuple[int, int]] = []
-        cap = None
-        for c in self.candidates:
-            rates = {k: g[k] * lf / ms for k, ms, lf in zip(c.ks, c.step_ms, c.length_factor)
-                     if cap is None or k <= cap}
+        per_batch = [[(k, g[k] * lf / ms) for k, ms, lf in zip(c.ks, c.step_ms, c.length_factor)]
+                     for c in self.candidates]
+
+        def choose(i: int, cap: int | None) -> int:
+            rates = {k: r for k, r in per_batch[i] if cap is None or k <= cap}
             top = max(rates.values())
             k = min(k for k, r in rates.items() if r >= top * (1 - 1e-12))
             if self.min_gain > 0 and k and top <= rates[0] * (1.0 + self.min_gain):
                 k = 0
-            best.append((c.batch, k))
-            if self.first_is_longest and cap is None:
-                cap = k
+            return self.candidates[i].ks.index(k)
+
+        idx = (first_is_longest_choice(per_batch, choose)[0] if self.first_is_longest
+               else [choose(i, None) for i in range(len(per_batch))])
+        best = [(c.batch, c.ks[i]) for c, i in zip(self.candidates, idx)]
         merged = merge_ranges(best, self.last)
         return tuple((1 if i == 0 else lo, hi, k) for i, (lo, hi, k) in enumerate(merged))
 
