@@ -2302,6 +2302,34 @@ def test_an_implausible_table_is_named_by_its_batch_size_and_reaches_the_json(tm
                     "trusting what is solved from it"], said
 
 
+def test_a_table_point_typed_ten_times_off_or_a_batch_size_faster_than_a_smaller_one_is_warned_of(tmp_path):
+    """A tryout's typo (T(8, 1) = 1.0008 for 10.008) made a hole in the plan (1-7: chain, 8-15: none, 16-: chain)
+    with no warning: the check only caught points below half of T(1). A forward's cost grows at most about in
+    proportion to its tokens, and more rows never take less than half the time: both are said, naming the points;
+    the plausible tables tune reads say nothing."""
+    _, acc = _files(tmp_path)
+
+    def warned(target_ms):
+        table = _table(tmp_path / "t.csv", (1, 2, 4, 8), range(1, 6), target_ms)
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--json"])
+        assert res.exit_code == 0, res.output
+        return [w.replace(f"{table}: ", "") for w in json.loads(res.stdout)["warnings"] if "implausible" in w]
+
+    assert warned(lambda b, n: 10.0 + 0.01 * b * n) == []
+    assert warned(lambda b, n: 10.0 + 0.4 * b * n) == []  # a steep curve: T(2, ..) twice as dear per token is fine
+    assert warned(lambda b, n: 1.0008 if (b, n) == (8, 1) else 10.0 + 0.01 * b * n) == [
+        "batch 8: T(2) = 10.16 ms is 10.2 x T(1) = 1.001 ms, far more than 2 x the tokens explain: one of the two is "
+        "implausible (a typo, noise or other load while profiling?); correct or re-measure it before trusting what is "
+        "solved from it",
+        "batch 8: T(1) = 1.001 ms is below 0.5 x batch 4's (10.04 ms): more rows in less than half the time is "
+        "implausible (a typo, swapped rows, other load while profiling?); correct or re-measure it before trusting "
+        "what is solved from it"]
+    assert warned(lambda b, n: 4.0 if b == 4 else 10.0 + 0.01 * b * n) == [
+        "batch 4: T(1) = 4 ms is below 0.5 x batch 2's (10.02 ms) and at 4 more token counts: more rows in less than "
+        "half the time is implausible (a typo, swapped rows, other load while profiling?); correct or re-measure it "
+        "before trusting what is solved from it"]
+
+
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_tune_refuses_a_max_batch_below_one_as_such(tmp_path, value):
     table, acc = _files(tmp_path)

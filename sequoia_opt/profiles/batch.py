@@ -31,6 +31,7 @@ measured are refused (no interpolation or extrapolation across b).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -38,8 +39,9 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from .._io import atomic_write_text, warn_unknown_keys
-from ..errors import ProfileError
-from .common import (LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer, table_lines)
+from ..errors import ProfileError, ProfileWarning
+from .common import (IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer,
+                     table_lines)
 from .latency import LatencyCurve
 
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
@@ -197,8 +199,35 @@ class BatchLatencyProfile:
             if "step_overhead_ms" not in e:
                 raise ProfileError(f"{where}: missing key 'step_overhead_ms'")
             curves[b] = LatencyCurve.from_dict(body, source=where, default_id=body["id"])
+        for msg in implausible_batches(curves):
+            warnings.warn(f"{source}: {msg}", ProfileWarning, stacklevel=2)
         return cls(id=pid, curves=curves, device=dict(doc.get("device") or {}), model=dict(doc.get("model") or {}),
                    source=doc.get("source"), date=doc.get("date"))
+
+
+def implausible_batches(curves: Mapping[int, LatencyCurve]) -> list[str]:
+    """One line per pair of neighbouring batch sizes where the larger one's target forward over n tokens takes less
+    than :data:`~sequoia_opt.profiles.common.IMPLAUSIBLE_FRACTION` of the smaller one's at the same n and context
+    (more rows in less than half the time: a typo, swapped rows, other load while profiling), naming the first such
+    n. Empty for a plausible profile."""
+    out = []
+    bs = sorted(curves)
+    for b1, b2 in zip(bs, bs[1:]):
+        c1, c2 = curves[b1], curves[b2]
+        for ctx in sorted(set(c1.contexts.tolist()) & set(c2.contexts.tolist())):
+            (n1, t1), (n2, t2) = c1.target_points(int(ctx)), c2.target_points(int(ctx))
+            ms1 = dict(zip(n1.tolist(), t1.tolist()))
+            low = [(n, m, ms1[n]) for n, m in zip(n2.tolist(), t2.tolist())
+                   if n in ms1 and m < IMPLAUSIBLE_FRACTION * ms1[n]]
+            if low:
+                n, m, m1 = low[0]
+                at = f" at context {int(ctx)}" if len(c2.contexts) > 1 else ""
+                out.append(f"batch {b2}: T({int(n)}) = {m:.4g} ms{at} is below {IMPLAUSIBLE_FRACTION:g} x batch {b1}'s "
+                           f"({m1:.4g} ms){' and at ' + str(len(low) - 1) + ' more token counts' if len(low) > 1 else ''}: "
+                           "more rows in less than half the time is implausible (a typo, swapped rows, other load while "
+                           "profiling?); correct or re-measure it before trusting what is solved from it")
+                break
+    return out
 
 
 def load_batch_latency(path: str | Path) -> BatchLatencyProfile:

@@ -69,6 +69,11 @@ MAX_MS = 1e9
 #: work in less than half the time: noise, a machine under other load, a cache effect): loading warns.
 IMPLAUSIBLE_FRACTION = 0.5
 
+#: A target forward over n tokens measured above this factor times n / m x the one over the m < n tokens measured
+#: before it is implausible: a forward's work grows at most about in proportion to its tokens (a point typed 10x
+#: off, or one timed under other load): loading warns.
+IMPLAUSIBLE_GROWTH = 2.0
+
 
 # ---------------------------------------------------------------------------------------------- helpers
 def validate_acceptance(acceptance: Any, *, error: type[Exception] = SolverError, what: str = "acceptance vector") -> np.ndarray:

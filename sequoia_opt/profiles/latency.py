@@ -13,8 +13,9 @@ import yaml
 
 from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError, ProfileWarning
-from .common import (DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, LATENCY_CURVE_KEYS, LATENCY_FORMAT, LATENCY_KEYS, MAX_MS,
-                     MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain, _reject_wrong_units, check_integer)
+from .common import (DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, IMPLAUSIBLE_GROWTH, LATENCY_CURVE_KEYS, LATENCY_FORMAT,
+                     LATENCY_KEYS, MAX_MS, MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain,
+                     _reject_wrong_units, check_integer)
 
 # ---------------------------------------------------------------------------------------------- latency
 @dataclass(frozen=True)
@@ -241,23 +242,35 @@ class LatencyCurve:
     def implausible_points(self) -> list[str]:
         """One line per table (target or draft, per context) whose forwards over n > 1 tokens take less than
         :data:`IMPLAUSIBLE_FRACTION` of the one-token forward, naming the points: such a curve makes large trees
-        look nearly free. Empty for a plausible curve (or a table that did not measure n = 1)."""
+        look nearly free; and one per target table where a forward takes more than
+        :data:`IMPLAUSIBLE_GROWTH` x what its extra tokens explain over the one measured before it (a forward over
+        n tokens costs at most about n / m x the one over m < n: a point typed 10x too low or too high makes a
+        hole in a plan). Empty for a plausible curve."""
         out = []
         for c, tables in zip(self.contexts, zip(self._target, self._draft)):
+            at = f" at context {int(c)}" if len(self.contexts) > 1 else ""  # one table: no context to name
             for what, table in zip(("T", "c"), tables):
                 tok, ms = table.tokens, table.ms
-                if tok[0] != 1 or ms[0] <= 0:
+                low = [i for i in range(1, len(tok)) if ms[i] < IMPLAUSIBLE_FRACTION * ms[0]] \
+                    if tok[0] == 1 and ms[0] > 0 else []
+                if low:
+                    vals = [float(ms[i]) for i in low]
+                    span = f"{min(vals):.4g}" if min(vals) == max(vals) else f"{min(vals):.4g}..{max(vals):.4g}"
+                    out.append(f"{what}({_ranges(low, tok)}) = {span} ms{at} is below "
+                               f"{IMPLAUSIBLE_FRACTION:g} x {what}(1) ({what}(1) = {float(ms[0]):.4g} ms): an implausible "
+                               f"{'target' if what == 'T' else 'draft'} curve (noise or other load while profiling?); "
+                               "re-measure before trusting what is solved from it")
                     continue
-                low = [i for i in range(1, len(tok)) if ms[i] < IMPLAUSIBLE_FRACTION * ms[0]]
-                if not low:
+                if what == "c":  # a draft's c(w) may be ~0 (n-grams): its ratios say nothing
                     continue
-                vals = [float(ms[i]) for i in low]
-                span = f"{min(vals):.4g}" if min(vals) == max(vals) else f"{min(vals):.4g}..{max(vals):.4g}"
-                at = f" at context {int(c)}" if len(self.contexts) > 1 else ""  # one table: no context to name
-                out.append(f"{what}({_ranges(low, tok)}) = {span} ms{at} is below "
-                           f"{IMPLAUSIBLE_FRACTION:g} x {what}(1) ({what}(1) = {float(ms[0]):.4g} ms): an implausible "
-                           f"{'target' if what == 'T' else 'draft'} curve (noise or other load while profiling?); "
-                           "re-measure before trusting what is solved from it")
+                for i in range(1, len(tok)):
+                    grow = float(tok[i] / tok[i - 1])
+                    if ms[i - 1] > 0 and ms[i] > IMPLAUSIBLE_GROWTH * grow * ms[i - 1]:
+                        out.append(f"T({int(tok[i])}) = {float(ms[i]):.4g} ms{at} is {float(ms[i] / ms[i - 1]):.1f} x "
+                                   f"T({int(tok[i - 1])}) = {float(ms[i - 1]):.4g} ms, far more than {grow:g} x the "
+                                   "tokens explain: one of the two is implausible (a typo, noise or other load while "
+                                   "profiling?); correct or re-measure it before trusting what is solved from it")
+                        break
         return out
 
     # -------------------------------------------------------------- queries
@@ -268,6 +281,18 @@ class LatencyCurve:
         if self.has_loop(context):
             top = min(top, int(min(t.tokens[-1] for t in self._bracket(self._loop, context)[0])))
         return top
+
+    def target_points(self, context: int) -> tuple[np.ndarray, np.ndarray]:
+        """The target table measured at exactly ``context``: tokens (N,) int64 and T (N,) ms.
+
+        Raises:
+            ProfileError: ``context`` is not one of :attr:`contexts`.
+        """
+        hit = np.flatnonzero(self.contexts == int(context))
+        if not hit.size:
+            raise ProfileError(f"latency profile {self.id!r} measured contexts {self.contexts.tolist()}, not {context}")
+        t = self._target[int(hit[0])]
+        return t.tokens, t.ms
 
     def max_draft_tokens(self, context: int | None = None) -> int:
         """Largest draft token count measured (no extrapolation past it)."""
