@@ -68,6 +68,33 @@ def test_parse_drafter_spec_paths(tmp_path):
     assert parse_drafter_spec(f"model:{tmp_path / 'lookup'}").kind == "model"
 
 
+def test_the_bundled_checkpoints_keep_their_names_read_from_a_clone_or_a_copy(tmp_path):
+    """The bundled draft was named treeopt-smollm2-draft only at the installed path: read from a clone's
+    sequoia_opt/data/draft (the README's --draft example) it was 'draft', and the profiles shipped for it were
+    refused as another drafter's. A folder of the same name with the same weights is the bundled one; other
+    weights, or another name, are not."""
+    from sequoia_opt.drafting.registry import _bundled_eagle3
+    from sequoia_opt.model.loaders import bundled_draft_path
+
+    def linked(src, dst):  # the same files, at another path (a clone's copy)
+        dst.mkdir(parents=True)
+        for f in src.iterdir():
+            (dst / f.name).symlink_to(f)
+        return dst
+
+    clone = tmp_path / "clone" / "sequoia_opt" / "data"
+    draft, head = linked(bundled_draft_path(), clone / "draft"), linked(_bundled_eagle3(), clone / "eagle3")
+    assert parse_drafter_spec(str(draft)).label == "treeopt-smollm2-draft"
+    assert parse_drafter_spec(f"eagle3:{head}").label == "eagle3:treeopt-smollm2-eagle3"
+    renamed = linked(bundled_draft_path(), tmp_path / "mine")
+    assert parse_drafter_spec(str(renamed)).label == "mine"
+    other = tmp_path / "other" / "draft"  # the same name, other weights
+    other.mkdir(parents=True)
+    (other / "config.json").write_text((bundled_draft_path() / "config.json").read_text())
+    (other / "model.safetensors").write_bytes(b"\0" * 64)
+    assert parse_drafter_spec(str(other)).label == "draft"
+
+
 @pytest.mark.parametrize("text, message", [
     ("self", "needs L"),
     ("self:", "needs L"),
@@ -258,3 +285,23 @@ def test_run_warns_when_a_tree_was_solved_for_another_cost_model(workdir, tmp_pa
     warnings = json.loads(r.stdout)["warnings"]
     assert any("draft_cost_model 'per-level', but this run uses 'one-pass'" in w for w in warnings)
     assert not any("with draft 'lookup:1-3'" in w for w in warnings)
+
+
+def test_a_tree_solved_for_a_copy_of_the_same_weights_is_not_flagged_as_another_drafter():
+    """A copy of a checkpoint under another folder name (``cp -r draft dcopy``) has the same weights: a tree solved
+    from the original's profiles warned 'measured with draft 'draft', but this run uses 'dcopy''. Equal
+    fingerprints are the same drafter; other weights, or a record without fingerprints, still warn."""
+    from sequoia_opt.jobs.entries import tree_mismatch_warnings
+    from sequoia_opt.tree import TreeMetadata
+
+    rec = {"target": {"path": "/m/t", "fingerprint": "aa"}, "draft": {"path": "/m/draft", "fingerprint": "bb"}}
+    meta = TreeMetadata(extra={"profiled_draft": "draft", "profiled_weights": rec})
+    kw = dict(device="cpu x", dtype="float32", target="t", draft="dcopy")
+    copy = {"target": rec["target"], "draft": {"path": "/m/dcopy", "fingerprint": "bb"}}
+    assert tree_mismatch_warnings("tree", meta, weights=copy, **kw) == []
+    other = {"target": rec["target"], "draft": {"path": "/m/dcopy", "fingerprint": "cc"}}
+    said = tree_mismatch_warnings("tree", meta, weights=other, **kw)
+    assert said[0] == ("tree 'tree' was solved from profiles measured with draft 'draft', but this run uses 'dcopy': "
+                       "its predicted figures describe that setting") and "other weights" in said[1]
+    assert tree_mismatch_warnings("tree", meta, weights=None, **kw)[0].startswith("tree 'tree' was solved from "
+                                                                                   "profiles measured with draft")

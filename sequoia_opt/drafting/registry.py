@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import TreeoptError
-from ..model.loaders import bundled_draft_path, model_label
+from ..model.loaders import bundled_draft_path, is_bundled_copy, model_label
 from ..tree import Tree
 from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter
 from .drafters.base import CostModel
@@ -325,7 +325,7 @@ def _probe_head(kind: str) -> Callable[[DrafterSpec, Any, Any, Callable[[], Draf
 def _head_label(kind: str) -> Callable[[DrafterSpec], str]:
     def label(spec: DrafterSpec) -> str:
         path = Path(spec.checkpoint).resolve()
-        bundled = kind == "eagle3" and path == _bundled_eagle3().resolve()
+        bundled = kind == "eagle3" and is_bundled_copy(path, _bundled_eagle3())
         return f"{kind}:{'treeopt-smollm2-eagle3' if bundled else path.name}"
     return label
 

@@ -51,6 +51,8 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
         else:
             same = (same_device(want, have, device_type) if key == "device"
                     else str(want).strip().lower() == str(have).strip().lower())
+        if not same and key in ("target", "draft"):  # another name for the same weights (a copy): not another model
+            same = _same_fingerprint(meta.extra.get("profiled_weights"), weights, key)
         if not same:
             out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
                        f"uses {have!r}: its predicted figures describe that setting")
@@ -58,6 +60,16 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
             "figures describe that checkpoint" for w in weights_mismatch({"weights": meta.extra.get("profiled_weights")},
                                                                         weights)]
     return out
+
+
+def _same_fingerprint(profiled: Any, weights: Any, role: str) -> bool:
+    """Whether both weight records (:func:`~sequoia_opt.jobs.load.weights_record`) give ``role`` a fingerprint and
+    it is the same one."""
+    a = (profiled or {}).get(role) if isinstance(profiled, dict) else None
+    b = (weights or {}).get(role) if isinstance(weights, dict) else None
+    fa = a.get("fingerprint") if isinstance(a, dict) else None
+    fb = b.get("fingerprint") if isinstance(b, dict) else None
+    return fa is not None and fa == fb
 
 
 #: The drafters ``run --compare-drafters`` compares when no --draft is given (self:L needs its L: name it).

@@ -51,12 +51,27 @@ def default_draft_path() -> Path:
 
 
 def model_label(path: Path) -> str:
-    """A short name for a checkpoint: the GGUF file stem, or the HF folder name (the bundled draft folder is
-    ``treeopt-smollm2-draft``)."""
+    """A short name for a checkpoint: the GGUF file stem, or the HF folder name. The bundled draft is
+    ``treeopt-smollm2-draft`` wherever it is read from: the installed folder, or a folder holding the same weights
+    (:func:`weights_fingerprint`: a clone's ``sequoia_opt/data/draft``, a copy), so the profiles shipped for it and
+    filed by that name serve it."""
     path = Path(path).resolve()  # "." and "draft/" are named by the folder, never ""
-    if path == bundled_draft_path().resolve():
+    if is_bundled_copy(path, bundled_draft_path()):
         return "treeopt-smollm2-draft"
     return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def is_bundled_copy(path: Path, bundled: Path) -> bool:
+    """Whether checkpoint folder ``path`` is the bundled checkpoint folder ``bundled``: the same folder, or one of
+    the same name holding the same weights (:func:`weights_fingerprint`), as a clone's or a copied package's is."""
+    path, bundled = Path(path).resolve(), Path(bundled).resolve()
+    if path == bundled:
+        return True
+    try:
+        return (path.is_dir() and path.name == bundled.name and (path / "config.json").is_file()
+                and weights_fingerprint(path) == weights_fingerprint(bundled))
+    except OSError:  # an unreadable folder is not the bundled one; its own checks say why it cannot be read
+        return False
 
 
 #: the files of a checkpoint folder whose bytes :func:`weights_fingerprint` reads (its config and weights)
