@@ -272,3 +272,21 @@ def test_profile_graft_solve_and_run_with_an_eagle3_head(workdir, tmp_path, monk
     assert doc["greedy_ok"] is True and all(s["mismatches"] == 0 for s in doc["summaries"])
     labels = [parse_drafter_spec(x).label for x in (light, strong)]
     assert [row["drafter"] for row in doc["per_drafter"]] == labels
+
+
+def test_a_medusa_calibration_records_no_deeper_than_its_heads_and_solves(workdir, tmp_path):
+    """Recorded with the default --calibration-steps 5, 3 Medusa heads' calibration said 'recording: 5 levels' over
+    trees 3 levels deep, and solve --dynamic refused the file it had just written. It records the heads' 3 levels,
+    says so, and the profile is read back."""
+    root, target, draft, prompts, heads = workdir
+    spec, cal = f"medusa:{heads['medusa']}", tmp_path / "cal.yaml"
+    r = invoke("profile", "acceptance", "--target", target, "--draft", spec, "--prompts", prompts, "--calibration",
+               "--calibration-topk", "2", "--max-new-tokens", "8", "-o", cal, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["measured"]["recording"] == {"steps": 3, "topk": 2}
+    assert (f"recorded 3 levels, not the 5 of --calibration-steps: medusa:md proposes no deeper than depth 3, so the "
+            "dynamic settings it can run stop there") in doc["notes"]
+    from sequoia_opt.profiles.calibration import load_calibration
+
+    assert load_calibration(cal).recording == {"steps": 3, "topk": 2}

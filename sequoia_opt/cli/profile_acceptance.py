@@ -277,6 +277,10 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
 
     if topk > pair.vocab_size:
         raise TreeoptError(f"--calibration-topk {topk} is more than the vocabulary's {pair.vocab_size} tokens")
+    limit = pair.new_drafter().depth_limit  # Medusa's K heads propose depths 1..K: a deeper recording holds K
+    asked = steps
+    if limit is not None and steps > limit:
+        steps = limit
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
     out, weights = _output(output, default_acceptance_path(pair.target_name, spec, mode).with_name(
@@ -295,6 +299,9 @@ def _profile_calibration(pair, spec, texts, pfile, *, steps, topk, temperature, 
     prof.measured["weights"] = weights
     save_calibration(out, prof)
     report = Report(title="treeopt profile acceptance --calibration")
+    if steps != asked:
+        report.notes.append(f"recorded {steps} levels, not the {asked} of --calibration-steps: {pair.draft_name} "
+                            f"proposes no deeper than depth {steps}, so the dynamic settings it can run stop there")
     report.notes.extend(setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                       prompts_found=len(texts), prompts_file=pfile))
     bins = prof.bins()
