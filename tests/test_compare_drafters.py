@@ -209,6 +209,29 @@ def test_check_plan_falls_back_to_the_smaller_tree_that_checks_fastest(monkeypat
     assert w.startswith(f"self:3: the solver's {n}-node tree") and "kept the 2-node tree" in w and "\n" not in w
 
 
+def test_check_plan_falls_back_to_the_root_alone_when_every_tree_checks_below_one(monkeypatch):
+    """A tryout's draft priced at 0.01 ms: every tree of the ladder checked below 1x, and the run kept the 4-node
+    tree that 'checked best' (0.38x) and ran it at 0.37x. Plain decoding is 1x exactly: it is kept, and said."""
+    plan = plan_drafter("self:3", "per-level", _acc("self:3", "per-level"), _curve("self:3", "per-level"),
+                        max_depth=5, max_branching=3)
+    n, solver = plan.tree.size, plan.metadata.predicted_speedup
+    ladder = [c.size for c in plan.choice.smaller]
+    asked = _fake_check(monkeypatch, lambda size: 5.0)  # every step 5 plain steps: each tree below 1x
+    kept = check_plan(plan, None, None, 32, prompts=[[1, 2, 3]])
+    assert asked == [n, *ladder]
+    assert kept.tree.size == 1 and kept.metadata.predicted_speedup == 1.0
+    assert kept.metadata.expected_tokens_per_step == 1.0 and kept.metadata.extra["step_check"] is None
+    assert kept.metadata.extra["solver_predicted_speedup"] == 1.0  # the kept tree's own: the root's
+    assert kept.metadata.extra["rechosen_from"]["solver_speedup"] == pytest.approx(solver, rel=1e-5)
+    assert [r["nodes"] for r in kept.metadata.extra["checked_trees"]] == [n, *ladder]
+    assert "speedup_spread" not in kept.metadata.extra
+    assert check_warning(kept) == (
+        f"self:3: the solver's {n}-node tree ({solver:.2f}x) timed again after the choice predicted "
+        f"{plan.choice.expected_tokens / 5.0:.2f}x, and every smaller tree checked "
+        f"({', '.join(map(str, ladder))} nodes) below 1x too: it runs the root alone (plain decoding, 1x): the choice "
+        "rode noise in the latency curve")
+
+
 def test_check_plans_checks_each_plan_on_its_own_prompts_and_collects_the_warnings(monkeypatch):
     import sequoia_opt.profiling.steps as steps_mod
     from sequoia_opt.profiling.steps import StepCheck

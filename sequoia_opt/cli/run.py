@@ -470,7 +470,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     for plan, (a, lat) in zip(plans, paths):
         report.notes.append(f"{plan.label}: tree solved from {a} and {lat} (budget {plan.budget}, max depth "
                             f"{plan.max_depth}, max branching {plan.max_branching}, context {plan.context})")
-        if plan.tree.size == 1:
+        if plan.tree.size == 1 and "rechosen_from" not in plan.metadata.extra:  # else the check's warning says why
             report.notes.append(f"{plan.label}: no tree beats plain decoding under its profiles; its best tree is the "
                                 "root alone (plain decoding through the speculative decoder)")
     report.notes.extend(notes + check_notes + _node_notes(run))

@@ -164,7 +164,8 @@ def check_plan(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int
 
     Returns:
         ``plan`` updated in place, or a new :class:`DrafterPlan` (same profiles and limits, another tree) when a
-        smaller tree checked faster. A root-only tree, or one no step of which ran, is returned unchanged.
+        smaller tree checked faster, or the root alone (plain decoding, 1x) when every tree checked ran below 1x.
+        A root-only tree, or one no step of which ran, is returned unchanged.
 
     Raises:
         DecodingError: as the decoder.
@@ -191,6 +192,8 @@ def check_plan(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int
     kept_choice, kept_check, new = max(checked, key=lambda x: (round(x[2], 6), -x[0].tree.size))
     rows = [{"nodes": c.tree.size, "level_widths": list(c.tree.level_widths), "solver_speedup": round(c.speedup, 6),
              "checked_speedup": round(v, 6)} for c, _, v in checked]
+    if new < 1.0:  # every tree checked slower than plain decoding: the root alone is plain decoding (1x exactly)
+        kept_choice, kept_check, new = _root_alone(plan.choice), None, 1.0
     if kept_choice is not plan.choice:
         solver_row = rows[0]
         plan = replace(plan, choice=kept_choice, metadata=plan.metadata_for(kept_choice))
@@ -198,15 +201,28 @@ def check_plan(plan: "DrafterPlan", target: Any, make_drafter: Any, context: int
     meta = plan.metadata
     old = meta.predicted_speedup
     meta.extra["solver_predicted_speedup"] = old
-    meta.extra["step_check"] = kept_check.as_dict()
+    meta.extra["step_check"] = kept_check.as_dict() if kept_check is not None else None
     meta.extra["checked_trees"] = rows
     spread = meta.extra.get("speedup_spread")
-    if isinstance(spread, dict) and old:
+    if plan.tree.size == 1:  # plain decoding: no acceptance to spread between prompts
+        meta.extra.pop("speedup_spread", None)
+    elif isinstance(spread, dict) and old:
         ps = PromptSpread.from_dict(spread, (0.0, None))
         if ps is not None:
             meta.extra["speedup_spread"] = ps.scaled(new / old).to_dict(spread.get("new_prompts"))
     meta.predicted_speedup = new
     return plan
+
+
+def _root_alone(choice: Choice) -> Choice:
+    """``choice`` with the root alone chosen: plain decoding, one token a step at the plain step's cost (speedup
+    1 exactly, :mod:`~sequoia_opt.solver.hardware`)."""
+    from ..solver.hardware import Candidate, StepCost
+
+    plain = choice.plain_ms_per_token
+    cost = StepCost(expected_tokens=1.0, draft_ms=0.0, target_ms=plain, overhead_ms=0.0, cost_ms=plain,
+                    tokens_per_s=1000.0 / plain, speedup=1.0)
+    return choice.with_candidate(Candidate(budget=1, depth=0, size=1, tree_depth=0, level_widths=(1,), cost=cost))
 
 
 def check_plans(plans: list["DrafterPlan"], target: Any, make_drafters: Sequence[Any],
@@ -248,6 +264,12 @@ def check_warning(plan: "DrafterPlan") -> str | None:
     old, new = meta.extra.get("solver_predicted_speedup"), meta.predicted_speedup
     was = meta.extra.get("rechosen_from")
     if isinstance(was, dict):
+        if plan.tree.size == 1:
+            tried = meta.extra.get("checked_trees") or [was]
+            return (f"{plan.label}: the solver's {was['nodes']}-node tree ({was['solver_speedup']:.2f}x) timed again "
+                    f"after the choice predicted {was['checked_speedup']:.2f}x, and every smaller tree checked "
+                    f"({', '.join(str(r['nodes']) for r in tried[1:]) or 'none'} nodes) below 1x too: it runs the root "
+                    "alone (plain decoding, 1x): the choice rode noise in the latency curve")
         return (f"{plan.label}: the solver's {was['nodes']}-node tree ({was['solver_speedup']:.2f}x) timed again "
                 f"after the choice predicted {was['checked_speedup']:.2f}x; kept the {plan.tree.size}-node tree "
                 f"that checked best ({new:.2f}x; the solver said {old:.2f}x): the choice rode noise in the latency "
