@@ -305,3 +305,36 @@ def test_a_tree_solved_for_a_copy_of_the_same_weights_is_not_flagged_as_another_
                        "its predicted figures describe that setting") and "other weights" in said[1]
     assert tree_mismatch_warnings("tree", meta, weights=None, **kw)[0].startswith("tree 'tree' was solved from "
                                                                                    "profiles measured with draft")
+
+
+def test_an_output_over_a_file_of_an_input_checkpoint_is_refused(workdir, tmp_path):
+    """-o into the target's or the draft's own folder replaced its weights or config with a YAML profile, exit 0
+    (a tryout); -o equal to an input file was already refused. A file that exists inside an input checkpoint folder
+    is refused, before any model loads, and left as it was; a drafter given as kind:PATH is its PATH."""
+    import shutil
+
+    from feature_heads import write_medusa
+
+    root, target, draft, prompts = workdir
+    tgt = Path(shutil.copytree(target, tmp_path / "target"))
+    weights = next(tgt.glob("*.safetensors"))
+    before = weights.read_bytes()
+    r = invoke("profile", "acceptance", "-t", tgt, "--draft", draft, "--prompts", prompts, "--max-new-tokens", "4",
+               "-o", weights)
+    assert r.exit_code == 2 and weights.read_bytes() == before
+    assert f"-o {weights} is a file of the --target input ({tgt}): written over, the checkpoint would be lost" in \
+        " ".join(r.output.split())
+    conf = Path(draft) / "config.json"
+    text = conf.read_text()
+    r = invoke("profile", "latency", "-t", target, "--draft", draft, "--max-tokens", "4", "--context", "16",
+               "--rounds", "1", "-o", conf)
+    assert r.exit_code == 2 and "is a file of the --draft input" in " ".join(r.output.split())
+    assert conf.read_text() == text
+    md = write_medusa(tmp_path / "md")
+    r = invoke("profile", "acceptance", "-t", target, "--draft", f"medusa:{md}", "--prompts", prompts,
+               "--max-new-tokens", "4", "-o", md / "config.json")
+    assert r.exit_code == 2 and "is a file of the --draft input (medusa:" in " ".join(r.output.split())
+    # a new file beside the checkpoint's own is not one of them: written
+    r = invoke("profile", "acceptance", "-t", target, "--draft", draft, "--prompts", prompts, "--max-new-tokens", "4",
+               "--num-prompts", "1", "-o", tgt / "acceptance.yaml")
+    assert r.exit_code == 0, r.output

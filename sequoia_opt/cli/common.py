@@ -501,18 +501,29 @@ def _probe_folder(folder: Path, what: str) -> None:
 def check_output(path: Optional[Path], inputs: dict[str, Any], flag: str = "-o") -> None:
     """:func:`_check_writable`, and refuse (OutputError, one line) an output ``path`` that is one of the
     command's ``inputs`` (option name -> the path given, None where not given; a file reached through a link or
-    ``..`` too): written over, the input would be lost. None: nothing to check."""
+    ``..`` too), or a file already inside an input folder (a checkpoint's ``config.json`` or weights; a drafter
+    given as ``kind:PATH`` is its PATH): written over, the input would be lost. None: nothing to check."""
     from ..errors import OutputError
 
     if path is None:
         return
     _check_writable(path)
+    out = Path(path).resolve()
     for name, given in inputs.items():
         if given is None or str(given) == "-":
             continue
         for one in (given if isinstance(given, (list, tuple)) else [given]):
-            if Path(one).exists() and Path(path).resolve() == Path(one).resolve():
+            src = Path(one)
+            if not src.exists() and isinstance(one, str) and ":" in one:  # a drafter spec: eagle3:PATH, model:PATH
+                src = Path(one.split(":", 1)[1])
+            if not src.exists():
+                continue
+            src = src.resolve()
+            if out == src:
                 raise OutputError(f"{flag} {path} is the {name} input: write the output to another path")
+            if src.is_dir() and out.exists() and out.is_relative_to(src):
+                raise OutputError(f"{flag} {path} is a file of the {name} input ({one}): written over, the checkpoint "
+                                  "would be lost; write the output to another path")
 
 
 def _existing_folder_above(path: Path, what: str) -> Optional[Path]:
