@@ -98,3 +98,12 @@ def test_run_trees_names_the_prompt_that_overflows_the_context():
 
     with pytest.raises(DecodingError, match=r"^prompt 2 of 2 \(60 tokens\): prompt \(60 tokens\) \+ max_new_tokens"):
         measure_acceptance(target, target, prompts, width=2, depth=2, max_new_tokens=8)  # named as run names it
+
+
+def test_the_interval_stops_at_the_most_a_step_can_emit():
+    """Two prompts of a depth-5 tree read '1.000 to 11.332' tokens per step: a step emits at most depth + 1 = 6."""
+    per_prompt = [[6.0, 6.0, 6.0], [1.0]]
+    lo, hi = tokens_per_step_ci95(per_prompt)
+    assert hi > 6.0  # the cluster-robust interval itself runs past it
+    assert tokens_per_step_ci95(per_prompt, most=6) == (lo, 6.0)
+    assert tokens_per_step_ci95([[2.0, 3.0]], most=10) == tokens_per_step_ci95([[2.0, 3.0]])

@@ -245,7 +245,7 @@ def _row(name: str, i: int, res: GenerationResult, plain: GenerationResult | Non
                      first_mismatch=first)
 
 
-def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, float]:
+def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]], most: float | None = None) -> tuple[float, float]:
     """95 % interval of the mean tokens per step ``sum(tokens) / sum(steps)`` over all prompts' steps.
 
     Steps of one prompt are not independent: an easy prompt (one that repeats its own lines) accepts long
@@ -258,11 +258,17 @@ def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, 
     Args:
         per_prompt: per prompt, the untruncated tokens of each step (accepted nodes + 1); prompts without
             steps are ignored.
+        most: the most tokens a step can emit (a tree of depth D: D + 1); None: no bound.
 
     Returns:
-        ``(low, high)`` tokens per step, the low end clipped at 1 (every step emits a token); ``(nan, nan)``
-        without any step.
+        ``(low, high)`` tokens per step, the low end clipped at 1 (every step emits a token) and the high end at
+        ``most``; ``(nan, nan)`` without any step.
     """
+    lo, hi = _tokens_per_step_ci95(per_prompt)
+    return lo, (min(hi, float(most)) if most is not None and not math.isnan(hi) else hi)
+
+
+def _tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float, float]:
     groups = [list(map(float, g)) for g in per_prompt if len(g) > 0]
     if not groups:
         return (math.nan, math.nan)
@@ -308,7 +314,7 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     return TreeSummary(
         tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
         tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
-        tokens_per_step=mean_tps, tps_ci95=tokens_per_step_ci95(per_prompt),
+        tokens_per_step=mean_tps, tps_ci95=tokens_per_step_ci95(per_prompt, depth + 1),
         predicted_tokens_per_step=meta.expected_tokens_per_step if meta else 1.0,
         predicted_speedup=predicted, predicted_speedup_steady=steady,
         draft_ms=sum(r.draft_ms for r in results), verify_ms=sum(r.verify_ms for r in results),
