@@ -114,7 +114,7 @@ def run_cmd(
         "each step from the draft's scores; with or without --tree.")] = None,
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="With --dynamic: the calibration profile to predict each setting's tokens per step "
-        "from (and -l for its speedup).")] = None,
+        "from; needs -l (the latency profile its speedup is predicted from).")] = None,
     policy: Annotated[Optional[str], typer.Option(
         "--policy", help="The drafting policy each --tree runs with (a plan's needs no --tree): static (default: the tree every step), "
         "chain[:N[,MIN[,PMIN]]] (a chain grown token by token, llama.cpp's draft-max/-min/-p-min rule), "
