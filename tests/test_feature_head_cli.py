@@ -290,3 +290,26 @@ def test_a_medusa_calibration_records_no_deeper_than_its_heads_and_solves(workdi
     from sequoia_opt.profiles.calibration import load_calibration
 
     assert load_calibration(cal).recording == {"steps": 3, "topk": 2}
+
+
+def test_a_tree_deeper_than_the_medusa_heads_is_said_not_cut_silently(workdir, tmp_path):
+    """A depth-7 chain with 3 Medusa heads ran cut to depth 3 every step while its table showed depth 7 and the
+    whole tree's prediction; a dynamic setting of 6 steps likewise. Both are warned of."""
+    from sequoia_opt.tree import Tree, TreeMetadata, save_tree
+
+    root, target, draft, prompts, heads = workdir
+    chain = save_tree(tmp_path / "chain8.yaml", Tree.chain(8), TreeMetadata())
+    r = invoke("run", "--target", target, "--draft", f"medusa:{heads['medusa']}", "--tree", chain, "--prompts",
+               prompts, "--num-prompts", "1", "--max-new-tokens", "6", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert ("tree 'chain8' is 7 levels deep and medusa:md proposes no deeper than depth 3: every step is cut to 3 "
+            "levels, and the prediction made for the whole tree does not hold (solve it with --max-depth 3)"
+            ) in doc["warnings"]
+    assert doc["greedy_ok"] is True
+    r = invoke("run", "--target", target, "--draft", f"medusa:{heads['medusa']}", "--dynamic",
+               "eagle:steps=6,topk=2,budget=8", "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "6",
+               "--results-dir", tmp_path / "res2", "--json")
+    assert r.exit_code == 0, r.output
+    assert any(w.startswith("tree 'eagle:s6-k2-n8' is 6 levels deep and medusa:md proposes no deeper than depth 3")
+               for w in json.loads(r.stdout)["warnings"])

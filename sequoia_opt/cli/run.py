@@ -42,7 +42,8 @@ from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DE
 from .render import render
 from ..jobs.entries import (DEFAULT_COMPARED_DRAFTERS, adaptive_entries, baseline_entries, check_adapt_options,
                             check_dynamic_memory, check_trees_fit, dynamic_entries, dynamic_settings, merged_topology,
-                            oversized_tree_warnings, plan_drafters, tree_mismatch_warnings)
+                            oversized_tree_warnings, plan_drafters, too_deep_warnings,
+                            tree_mismatch_warnings)
 
 
 DraftsOpt = Annotated[
@@ -721,7 +722,7 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
     past = draft_context_warning(pair, ids, max_new_tokens)
     if past is not None:
         report.warnings.append(past)
-    report.warnings += oversized_tree_warnings(entries, pair)
+    report.warnings += oversized_tree_warnings(entries, pair) + too_deep_warnings(entries, pair)
     report.tables.append(_trees_table(run, temperature, predicted))
     if any(s.adaptive for s in run.summaries):
         table, notes = _resolve_table(run)

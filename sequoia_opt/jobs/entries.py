@@ -392,6 +392,26 @@ def oversized_tree_warnings(entries, pair) -> list[str]:
             "a budget below the context)" for e in entries if e.policy is None and e.tree.size >= ctx]
 
 
+def too_deep_warnings(entries, pair) -> list[str]:
+    """One line per tree (static, or a dynamic setting's steps) deeper than the drafter can propose
+    (:attr:`~sequoia_opt.drafting.drafters.Drafter.depth_limit`: Medusa's K heads, depths 1..K): every step is cut
+    to that depth, so the tree's prediction (made for the whole tree) does not hold; said instead of cut silently."""
+    limit = pair.new_drafter().depth_limit
+    if limit is None:
+        return []
+    out = []
+    for e in entries:
+        steps = (e.metadata.extra.get("dynamic") or {}).get("steps") if e.metadata is not None else None
+        depth = int(steps) if e.policy is not None and steps is not None else e.tree.tree_depth
+        if e.policy is not None and steps is None:
+            continue  # a policy of its own (a chain schedule, a graft): it checks its depth itself
+        if depth > limit:
+            out.append(f"tree {e.name!r} is {depth} levels deep and {pair.draft_name} proposes no deeper than depth "
+                       f"{limit}: every step is cut to {limit} levels, and the prediction made for the whole tree does "
+                       f"not hold (solve it with --max-depth {limit})")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- --adapt
 def check_adapt_options(adapt: bool, every: Optional[int], window: Optional[int], prior_weight: Optional[float], *,
                          acceptance: Optional[list[Path]], latency: Optional[list[Path]],
