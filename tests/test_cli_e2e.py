@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -144,6 +145,17 @@ def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
     # the best k-ary tree within 4 nodes, depth 2, is t itself: it runs once, as t
     assert not any(n.startswith("k-ary") for n in names)
     assert "--compare: the best k-ary k=2 depth=2 is tree 't' itself; it runs once, under that name" in doc["notes"]
+    assert not any(w.startswith("--compare:") for w in doc["warnings"])
+    # a profile of another drafter scored the baselines without a word (only --adapt checked its profiles)
+    other = tmp_path / "other.yaml"
+    d = yaml.safe_load(acc.read_text())
+    d["measured"]["draft"] = "another-draft"
+    other.write_text(yaml.safe_dump(d))
+    r = invoke("run", "--tree", tree, "--compare", "-a", other, "--target", target, "--draft", draft, "--prompts",
+               prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--results-dir", tmp_path, "--json", "--no-adapt")
+    assert r.exit_code == 0, r.output
+    assert any(w.startswith("--compare: profile") and "was measured with draft 'another-draft', but this run uses"
+               in w for w in json.loads(r.stdout)["warnings"])
 
 
 @pytest.mark.parametrize("content, message", [

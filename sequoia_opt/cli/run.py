@@ -325,11 +325,12 @@ def run_cmd(
     from ..device import device_name
 
     adapt_warnings: list[str] = []
-    if adapt:  # the prior and the curve every re-solve reads: of this pair, this device?
+    if adapt or compare:  # the prior and curve every re-solve reads, the baselines' scores: of this pair, this device?
         from ..profiles import load_acceptance, load_latency, warn_on_mismatch
 
-        adapt_warnings = [f"--adapt: {w}" for w in warn_on_mismatch(
-            acceptance=load_acceptance(acceptance_path), latency=load_latency(latency_path),
+        who = " and ".join(w for w, on in (("--adapt", adapt), ("--compare", compare)) if on)
+        adapt_warnings = [f"{who}: {w}" for w in warn_on_mismatch(
+            acceptance=load_acceptance(acceptance_path), latency=load_latency(latency_path) if latency_path else None,
             device=device_name(dev), device_type=dev.type, dtype=str(dt).removeprefix("torch."),
             target=pair.target_name, draft=pair.draft_name, weights=pair.weights)]
     warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
