@@ -651,3 +651,15 @@ def test_a_results_folder_that_takes_no_file_is_refused_before_the_run(tmp_path,
     _check_results_dir(tmp_path / "new" / "run")  # nothing made: the run makes its folder when it writes
     _check_results_dir(tmp_path / "old")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"] and list((tmp_path / "old").iterdir()) == []
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_naming_its_file(workdir, tmp_path):
+    """'prompt 1 of 1 (600 tokens): ...' did not say which file the prompt was in."""
+    root, target, draft, prompts = workdir
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "x" * 700}) + "\n")  # the tiny pair's byte tokenizer: 700 tokens, context 512
+    tree = save_tree(tmp_path / "t.yaml", Tree.from_choices([[0], [1]]))
+    r = invoke("run", "--target", target, "--draft", draft, "--tree", tree, "--prompts", long, "--max-new-tokens",
+               "8", "--results-dir", tmp_path / "res")
+    assert r.exit_code == 2
+    assert f"{long}: prompt 1 of 1 (" in " ".join(r.output.split())

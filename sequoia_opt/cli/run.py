@@ -706,13 +706,20 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
                     as_json, settings, value_label: str | None = None) -> Report:
     from ..jobs.run import run_trees
 
+    from ..errors import DecodingError
+
     predicted, label_warnings = _prediction_label(entries, value_label)
-    with progress_bar() as progress:
-        run = run_trees(pair.target, pair.new_drafter, entries, ids, max_new_tokens=max_new_tokens,
-                        temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
-                        backend=backend, progress=progress,
-                        settings={"target": pair.target_name, "draft": pair.draft_name,
-                                  "draft_cost_model": pair.cost_model, "predicted_by": predicted, **settings})
+    try:
+        with progress_bar() as progress:
+            run = run_trees(pair.target, pair.new_drafter, entries, ids, max_new_tokens=max_new_tokens,
+                            temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
+                            backend=backend, progress=progress,
+                            settings={"target": pair.target_name, "draft": pair.draft_name,
+                                      "draft_cost_model": pair.cost_model, "predicted_by": predicted, **settings})
+    except DecodingError as err:  # "prompt 3 of 8 (600 tokens): ...": the file it is in, too
+        if str(err).startswith("prompt ") and settings.get("prompts"):
+            raise DecodingError(f"{settings['prompts']}: {err}") from None
+        raise
     jpath, cpath = run.save(results_dir)
     report = Report(title="treeopt run")
     plain = run.summaries[0]
