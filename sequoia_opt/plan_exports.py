@@ -277,7 +277,30 @@ def vllm_draft_len(schedule: Sequence[Sequence[int]], num_speculative_tokens: in
     return min(int(num_speculative_tokens), int(k))
 
 
-def _export_vllm(ranges, release, method, model, lookup):
+def best_single_draft_length(plan: Plan) -> tuple[int, float] | None:
+    """For an engine release that takes one draft length for every batch size: the K among every batch size's
+    candidates whose worst batch size runs closest to its own best tokens/s (max-min, as TensorRT-LLM's rule is
+    chosen: :func:`~sequoia_opt.solver.schedule.first_is_longest_choice`), and that worst fraction. None for a plan
+    without scored chain candidates (a given schedule's ranges)."""
+    rows = getattr(plan, "rows", None)
+    if not rows:
+        return None
+    rates = []
+    for r in rows:
+        by_k = {c.setting.draft_tokens: c.tokens_per_s_per_request for c in r.candidates
+                if c.setting.shape in ("none", "chain")}
+        if not by_k:
+            return None
+        rates.append(by_k)
+    common = set.intersection(*(set(x) for x in rates))
+    if not common:
+        return None
+    scored = [(min(x[k] / max(x.values()) for x in rates), -k, k) for k in sorted(common)]
+    worst, _, k = max(scored)
+    return k, worst
+
+
+def _export_vllm(ranges, release, method, model, lookup, single=None):
     _chains_only(ranges, "vLLM", "vLLM verifies chains only (no trees) since 0.21.0, with "
                  "num_speculative_tokens_per_batch_size from 0.24.0")
     first, last = VLLM_SCHEDULE_RELEASES
@@ -285,8 +308,12 @@ def _export_vllm(ranges, release, method, model, lookup):
     if release is not None:
         v = _version(release, "vLLM")
         if v < Version(first):
+            one = (f"run one K for every batch size: {single[0]} (of the plan's candidates the one whose worst batch "
+                   f"size runs closest to its best: {100 * single[1]:.0f} % of it)" if single is not None else
+                   "run one K for every batch size (the plan's own per batch size are "
+                   f"{', '.join(str(x.draft_tokens) for *_, x in ranges)})")
             raise PlanExportError(f"vLLM {release} has no num_speculative_tokens_per_batch_size (added in {first}; "
-                                  f"0.23.0's wheel has none): upgrade, or run one K: {max(s.draft_tokens for *_, s in ranges)}")
+                                  f"0.23.0's wheel has none): upgrade, or {one}")
         if v > Version(last):
             warnings.append(f"vLLM {release} is newer than the last release checked ({last}): check its "
                             "vllm/v1/spec_decode/dynamic/utils.py still takes [start, end, K] entries")
@@ -769,7 +796,7 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
         raise PlanExportError(f"no engine export for {engine!r}; choose one of vllm, tensorrt-llm, sglang, llama.cpp")
     ranges = _ranges(plan)
     if key == "vllm":
-        out = _export_vllm(ranges, release, method, model, lookup)
+        out = _export_vllm(ranges, release, method, model, lookup, best_single_draft_length(plan))
     elif key == "tensorrt-llm":
         out = _export_trtllm(ranges, release, method, model, lookup, max_batch)
     elif key == "sglang":

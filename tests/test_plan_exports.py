@@ -71,7 +71,9 @@ def test_vllm_validator_rules(sched, msg):
 
 
 def test_vllm_releases_methods_shapes_and_ngram():
-    with pytest.raises(PlanExportError, match="vLLM 0.23.0 has no num_speculative_tokens_per_batch_size"):
+    with pytest.raises(PlanExportError, match=r"vLLM 0.23.0 has no num_speculative_tokens_per_batch_size .*: upgrade, "
+                                              r"or run one K for every batch size \(the plan's own per batch size are "
+                                              r"4, 2, 0\)"):
         export_plan(PLANS["falling"], "vllm", release="0.23.0")
     assert export_plan(PLANS["falling"], "vllm", release="0.24.0", model="JackFram/llama-68m").warnings == ()
     assert export_plan(PLANS["falling"], "vllm", release="0.24.0").warnings == (  # vLLM would load the placeholder
@@ -384,3 +386,33 @@ def test_sglang_adaptive_export_names_the_releases_that_take_its_tiers():
     assert keeps.releases == "SGLang 0.5.13 to 0.5.23 (tiers; a tier of 0 steps from 0.5.14)"
     assert export_plan([(1, 3, C(4)), (4, 64, C(2))], "sglang", method="eagle3", model="m", release="0.5.13").data == \
         keeps.data
+
+
+def test_an_old_vllm_release_is_told_the_single_draft_length_that_loses_least_not_the_longest():
+    """Before per-batch-size draft lengths vLLM runs one K: the advice was the plan's longest K, which at the batch
+    sizes where the plan stops speculating ran far below plain decoding (a tryout: 22418 against 47180 tok/s at
+    batch 1024). It is now the K whose worst batch size runs closest to its own best, from the plan's candidates."""
+    import numpy as np
+
+    from sequoia_opt.plan_exports import best_single_draft_length
+    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
+    from sequoia_opt.profiles.batch import BatchLatencyProfile
+    from sequoia_opt.solver.schedule import ChainValue, solve_plan
+
+    def curve(per_token_ms, base_ms):  # flat at batch 1 (memory-bound), steep at 64 (compute-bound)
+        return LatencyCurve.synthetic({n: base_ms + per_token_ms * (n - 1) for n in range(1, 10)}, {1: 1.0, 2: 1.2},
+                                      step_overhead_ms=0.5)
+
+    acc = AcceptanceProfile(id="acc", acceptance=np.array([0.7, 0.1, 0.05]), counts=np.array([700, 100, 50, 150]))
+    plan = solve_plan(ChainValue(acc, 6), BatchLatencyProfile(id="p", curves={1: curve(0.1, 10.0), 8: curve(0.6, 11.0),
+                                                                             64: curve(15.0, 14.0)}))
+    rate = [{c.setting.draft_tokens: c.tokens_per_s_per_request for c in r.candidates} for r in plan.rows]
+    worst = {k: min(x[k] / max(x.values()) for x in rate) for k in range(7)}
+    k = max(worst, key=worst.get)
+    assert max(r.best.setting.draft_tokens for r in plan.rows) > k  # not the longest
+    assert best_single_draft_length(plan) == (k, pytest.approx(worst[k]))
+    with pytest.raises(PlanExportError, match=rf"upgrade, or run one K for every batch size: {k} \(of the plan's "
+                                              rf"candidates the one whose worst batch size runs closest to its best: "
+                                              rf"{100 * worst[k]:.0f} % of it\)"):
+        export_plan(plan, "vllm", release="0.23.0")
+    assert best_single_draft_length(PLANS["falling"]) is None  # ranges alone: nothing scored
