@@ -1818,6 +1818,9 @@ def test_tune_sglang_start_command_names_the_file_it_wrote(tmp_path):
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert out.is_file() and f"--speculative-adaptive-config {out}" in text and "adaptive.json" not in text
+    # the settings printed are the file's content (its tiers), not a wrapper a user would copy into the file
+    printed = res.output.split("the --speculative-adaptive-config file", 1)[1].split(":", 1)[1]
+    assert json.loads(printed.split("note: start it with")[0]) == json.loads(out.read_text())
     vllm = tmp_path / "v.json"
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "-o", str(vllm)])
     assert res.exit_code == 0 and f'"$(cat {vllm})"' in " ".join(res.output.split()), res.output

@@ -154,13 +154,16 @@ def tune(
                               [[r.batch, r.best.tokens_per_s_total, *[res.peers[n].get(r.batch) for n in names]]
                                for r in plan.rows]))
     if settings is not None:
-        text, command = settings.text.rstrip(), settings.command
-        if output is not None and "adaptive.json" in settings.extra_files:  # -o is where that file goes
-            text = text.replace("adaptive.json", str(output))
-            command = command.replace("adaptive.json", shlex.quote(str(output)))
+        text, command, what = settings.text.rstrip(), settings.command, f"{opts.engine} settings"
+        if "adaptive.json" in settings.extra_files:  # SGLang's tiers: printed as the file holds them, flags apart
+            text = settings.extra_files["adaptive.json"].rstrip()
+            what = (f"{opts.engine} settings: the --speculative-adaptive-config file "
+                    f"({output if output is not None else 'adaptive.json'}), with the flags below")
+            if output is not None:  # -o is where that file goes
+                command = command.replace("adaptive.json", shlex.quote(str(output)))
         elif output is not None:  # TensorRT-LLM's extra options: the file -o writes
             command = command.replace("THIS.yaml", shlex.quote(str(output)))
-        report.notes.append(f"{opts.engine} settings:\n{text}")
+        report.notes.append(f"{what}:\n{text}")
         report.notes.append(f"start it with: {command}")
         report.notes.extend(settings.notes)
         report.warnings.extend(settings.warnings)
