@@ -379,7 +379,13 @@ def test_batch_table_loads_and_refuses(tmp_path):
                       (good + "8,4,15,0.6,0.3\n", "batch 8, tokens 4 is given twice"),
                       (good.replace("target_ms", "t_ms"), "the header must start batch,tokens,target_ms"),
                       (good.replace("8,4,14,0.6,0.3", "8,4,14,0.6,0.4"), "batch 8 gives two overheads"),
-                      (good.replace("1,4,9", "1,4,-9"), "target_ms > 0"),
+                      (good.replace("1,4,9", "1,4,-9"), r"line 3: target_ms is '-9' \(must be a number > 0\)"),
+                      (good.replace("1,4,9", "1,4,nan"), r"line 3: target_ms is 'nan' \(must be a number > 0\)"),
+                      (good.replace("1,4,9,0.5", "1,4,9,inf"), r"line 3: draft_ms is 'inf' \(must be a number >= 0\)"),
+                      (good.replace("8,1,9", "0,1,9"), r"line 4: batch is '0' \(must be an integer >= 1\)"),
+                      (good.replace("target_ms", "taget_ms"),
+                       r"got batch,tokens,taget_ms,draft_ms,overhead_ms \(unknown column 'taget_ms': did you mean "
+                       r"'target_ms'\?\)"),
                       (good.replace("overhead_ms", "draft_ms"), "the header names draft_ms twice"),
                       (good.replace("1,1,8", "1,2,8").replace("8,1,9", "8,2,9"), "the table has no tokens = 1 rows"),
                       # line numbers are the file's, past comments (indented too) and blank lines
@@ -2331,6 +2337,15 @@ def test_a_table_point_typed_ten_times_off_or_a_batch_size_faster_than_a_smaller
         "batch 4: T(1) = 4 ms is below 0.5 x batch 2's (10.02 ms) and at 4 more token counts: more rows in less than "
         "half the time is implausible (a typo, swapped rows, other load while profiling?); correct or re-measure it "
         "before trusting what is solved from it"]
+
+
+def test_tune_names_every_kind_of_file_l_takes_when_given_another(tmp_path):
+    """An acceptance profile as -l said "expected 'treeopt-latency/1'", one of the three things -l takes."""
+    _, acc = _files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(acc), "-a", str(acc)])
+    assert res.exit_code == 2
+    assert (f"{acc} is a treeopt-acceptance/1 file: -l takes a T(b, n) CSV table, a treeopt-latency-batch/1 or a "
+            "treeopt-latency/1 profile") in " ".join(res.output.split())
 
 
 @pytest.mark.parametrize("value", ["0", "-1"])

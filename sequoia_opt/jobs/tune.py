@@ -423,6 +423,7 @@ def load_given_latency(path: Path, context: int | None = None) -> Any:
         ProfileError: a file none of these loaders takes (the last one's line).
     """
     from ..profiles import load_latency
+    from ..profiles import LATENCY_FORMAT
     from ..profiles.batch import BATCH_LATENCY_FORMAT, BatchLatencyProfile, load_batch_latency, load_batch_table
 
     if path.suffix.lower() == ".csv" or _looks_like_table(path):  # a table saved as .txt is still a table
@@ -430,8 +431,12 @@ def load_given_latency(path: Path, context: int | None = None) -> Any:
     try:
         return load_batch_latency(path)
     except ProfileError:
-        if _format_of(path) == BATCH_LATENCY_FORMAT:  # a batch profile with a bad field: that field's line
+        fmt = _format_of(path)
+        if fmt == BATCH_LATENCY_FORMAT:  # a batch profile with a bad field: that field's line
             raise
+        if isinstance(fmt, str) and fmt.startswith("treeopt-") and fmt != LATENCY_FORMAT:  # another kind of file
+            raise ProfileError(f"{path} is a {fmt} file: -l takes a T(b, n) CSV table, a {BATCH_LATENCY_FORMAT} "
+                               f"or a {LATENCY_FORMAT} profile") from None
         return BatchLatencyProfile.from_latency(load_latency(path))
 
 

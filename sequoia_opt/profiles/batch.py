@@ -298,8 +298,14 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
     head = [h.strip() for h in rows[0]]
     unknown = [h for h in head if h not in TABLE_COLUMNS]
     if unknown or head[:3] != list(TABLE_COLUMNS[:3]):
+        import difflib
+
+        hint = ""
+        if unknown:
+            near = difflib.get_close_matches(unknown[0].lower(), TABLE_COLUMNS, n=1, cutoff=0.6)
+            hint = f" (unknown column {unknown[0]!r}" + (f": did you mean {near[0]!r}?)" if near else ")")
         raise ProfileError(f"{p}: the header must start batch,tokens,target_ms (then draft_ms, overhead_ms), got "
-                           f"{','.join(head)}")
+                           f"{','.join(head)}{hint}")
     twice = sorted({h for h in head if head.count(h) > 1})
     if twice:
         raise ProfileError(f"{p}: the header names {twice[0]} twice (one column each: "
@@ -321,7 +327,12 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
         d = float(rec.get("draft_ms") or 0.0)
         o = float(rec.get("overhead_ms") or 0.0)
         if b < 1 or n < 1 or not t > 0 or d < 0 or o < 0 or not all(map(math.isfinite, (t, d, o))):
-            raise ProfileError(f"{p}: line {i}: batch and tokens >= 1, target_ms > 0, draft_ms and overhead_ms >= 0")
+            col, rule = next((c, r) for c, ok, r in (
+                ("batch", b >= 1, "an integer >= 1"), ("tokens", n >= 1, "an integer >= 1"),
+                ("target_ms", t > 0 and math.isfinite(t), "a number > 0"),
+                ("draft_ms", d >= 0 and math.isfinite(d), "a number >= 0"),
+                ("overhead_ms", o >= 0 and math.isfinite(o), "a number >= 0")) if not ok)
+            raise ProfileError(f"{p}: line {i}: {col} is {rec[col]!r} (must be {rule})")
         if max(b, n) > MAX_TOKENS or max(t, d, o) > MAX_MS:  # named by line and column, as a table is read
             col = "batch" if b > MAX_TOKENS else "tokens" if n > MAX_TOKENS else \
                 next(c for c, v in zip(TABLE_COLUMNS[2:], (t, d, o)) if v > MAX_MS)
