@@ -484,11 +484,11 @@ def test_run_compare_scores_every_tree_of_its_table_with_one_value_model(workdir
     assert any(n.startswith("chain") for n in names) and len(names) >= 3
     for s in doc["summaries"][1:]:
         want = expected_tokens_by_depth(Tree.from_choices(trees[s["tree"]]), rows)
-        assert s["predicted_tokens_per_step"] == pytest.approx(want, rel=1e-12), s["tree"]
+        assert s["predicted_tokens_per_step_steady"] == pytest.approx(want, rel=1e-12), s["tree"]
     chain = next(s for s in doc["summaries"] if s["tree"].startswith("chain"))
     gamma = len(trees[chain["tree"]])
     p1 = [0.2, 0.8] + [0.9] * gamma  # p_1 per depth; depths past 3 use the last row
-    assert chain["predicted_tokens_per_step"] == pytest.approx(sum(np.prod(p1[:j]) for j in range(gamma + 1)))
+    assert chain["predicted_tokens_per_step_steady"] == pytest.approx(sum(np.prod(p1[:j]) for j in range(gamma + 1)))
     g_other = expected_tokens_by_depth(Tree.from_choices([[0], [1]]), rows)
     assert any(n.startswith(f"tree 'other': predicted {g_other:.3f} tokens/step under by-depth") for n in doc["notes"])
 
@@ -508,7 +508,7 @@ def test_run_compare_drops_a_baseline_that_is_the_tree_itself(workdir, tmp_path)
     assert not any(n.startswith("chain") for n in names) and names[:2] == ["plain", "c3"]
     assert "--compare: the best chain gamma=2 is tree 'c3' itself; it runs once, under that name" in doc["notes"]
     c3 = doc["summaries"][1]
-    assert c3["predicted_tokens_per_step"] == pytest.approx(1 + 0.9 + 0.81)
+    assert c3["predicted_tokens_per_step_steady"] == pytest.approx(1 + 0.9 + 0.81)
 
 
 def test_render_prints_brackets_as_written(capsys):

@@ -328,10 +328,13 @@ def test_compare_drafters_one_plain_baseline_and_a_row_per_drafter(models):
         assert row.tokens_per_step == s.tokens_per_step and row.speedup == s.speedup
         # the solver's steady state over the run's generations of 12 tokens (solver.generation): a tree that can
         # emit several tokens a step overshoots the end of each
+        # (exact from the file's node rates: the renewal limit N / (N + P E[O]) is close at 12 tokens, not equal)
         over = plan.metadata.extra["end_overshoot_tokens"]
         assert over > 0 and s.predicted_speedup_steady == pytest.approx(plan.choice.speedup)
-        assert row.predicted_speedup == s.predicted_speedup == pytest.approx(
-            plan.choice.speedup * s.new_tokens / (s.new_tokens + len(prompts) * over))
+        factor = s.predicted_speedup / s.predicted_speedup_steady
+        assert row.predicted_speedup == s.predicted_speedup
+        assert factor == pytest.approx(s.new_tokens / (s.new_tokens + len(prompts) * over), rel=0.03) and factor < 1
+        assert s.predicted_tokens_per_step == pytest.approx(s.predicted_tokens_per_step_steady * factor)
     assert run.to_dict()["drafters"][1]["drafter"] == "lookup:1-3"
     assert drafter_rows(plans, run) == cmp.rows
     with pytest.raises(ValueError, match="2 drafter plans but 1 drafts"):

@@ -117,3 +117,31 @@ def test_a_run_predicts_the_speedup_for_its_generation_lengths():
     f = 24 / (24 + 2 * 0.6)
     assert s["t"].predicted_speedup_interval == pytest.approx((lo * f, hi * f))
     assert s["t"].predicted_speedup_interval[0] < s["t"].predicted_speedup < s["t"].predicted_speedup_interval[1]
+
+
+def test_a_runs_predicted_tokens_per_step_is_for_its_own_generation_lengths():
+    """treeopt run compared its measured tokens/step (total tokens over steps: the last step of each generation
+    emits only what is left) with the tree's steady-state G: at --max-new-tokens 1 it read 1 measured against 2.5
+    predicted, '(OUT)'. The prediction is now for the run's lengths: exact from the file's node rates (one step, one
+    token at N = 1), the renewal limit from its end_overshoot_tokens otherwise, the steady G without either."""
+    from sequoia_opt.jobs.run import answer_factor
+    from sequoia_opt.solver.depth import ValueModel
+    from sequoia_opt.profiles import AcceptanceProfile
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 0, 0]])
+    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
+    g = vm.expected_tokens(tree)
+    meta = TreeMetadata(expected_tokens_per_step=g, extra=vm.run_checks(tree))
+    assert g * answer_factor(tree, meta, [1]) == pytest.approx(1.0)  # one step, one token
+    assert g * answer_factor(tree, meta, [1, 1, 1]) == pytest.approx(1.0)
+    two = g * answer_factor(tree, meta, [2])  # a step emits 1 (then one more step) or >= 2 tokens (done)
+    p_more = vm.path_probabilities(tree)[tree.depth == 1].sum()  # P(X >= 2)
+    assert two == pytest.approx(2 / (1 + (1 - p_more)))
+    renewal = finite_generation_factor(meta.extra["end_overshoot_tokens"], 3 * 512, 3)
+    assert answer_factor(tree, meta, [512] * 3) == pytest.approx(renewal, rel=2e-3)
+    # without node rates: the renewal limit; without either: no factor (the steady G is shown)
+    only = TreeMetadata(expected_tokens_per_step=g, extra={"end_overshoot_tokens": meta.extra["end_overshoot_tokens"]})
+    assert answer_factor(tree, only, [512] * 3) == renewal
+    assert answer_factor(tree, TreeMetadata(expected_tokens_per_step=g), [8]) is None
+    assert answer_factor(tree, meta, []) is None

@@ -800,8 +800,9 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
                "; 95% CI: the measured mean's, over the steps of the one prompt (too narrow for new prompts: give "
                "more prompts)")
             + "; 95% PI: the prediction's for this many new prompts; "
-            "pred. speedup: for generations of this run's lengths where the tree file records its "
-            "end_overshoot_tokens (the last step of a generation emits only what is left), else the steady state",
+            "predicted and pred. speedup: for generations of this run's lengths where the tree file records its "
+            "node_rates or end_overshoot_tokens (the last step of a generation emits only what is left), else the "
+            "steady state",
             ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "95% PI", "tokens/s", "speedup",
              "pred. speedup", "speedup 95% PI", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
 

@@ -98,12 +98,16 @@ class TreeSummary:
         speedup: ``tokens_per_s`` / plain decoding's ``tokens_per_s`` (same prompts).
         tokens_per_step / tps_ci95: mean untruncated tokens per step and its 95 % interval over prompts
             (:func:`tokens_per_step_ci95`).
-        predicted_tokens_per_step: from the tree YAML metadata (None if absent).
+        predicted_tokens_per_step: the tree file's tokens per step for generations of this run's lengths: its
+            steady-state G (``predicted_tokens_per_step_steady``) x :func:`answer_factor` (a generation ends inside a
+            step, which emits only what is left: :mod:`sequoia_opt.solver.generation`; exact from the file's
+            ``node_rates``, else the renewal limit from its ``end_overshoot_tokens``), what the measured
+            ``tokens_per_step`` is compared with; the steady G where the file records neither (None if absent).
         predicted_speedup: the tree file's speedup for generations of this run's lengths: its steady-state figure
-            (``predicted_speedup_steady``) x ``N / (N + P x end_overshoot_tokens)`` (N new tokens over P
-            generations) when the file records ``end_overshoot_tokens``: a generation ends inside a step, which
-            emits only what is left (:mod:`sequoia_opt.solver.generation`); the steady-state figure otherwise.
-        predicted_speedup_steady: the file's figure as written (None if absent).
+            (``predicted_speedup_steady``) x the same factor (step for step; the cheaper steps the decoder cuts at
+            an answer's end are not priced); the steady-state figure where the file records neither.
+        predicted_tokens_per_step_steady / predicted_speedup_steady: the file's figures as written (None if
+            absent).
         draft_ms / verify_ms / bookkeeping_ms: totals (ms).
         mismatches: prompts whose greedy output differed from plain decoding (greedy mode only).
         drafter: the label of the drafter that ran this tree when its entry named one (None otherwise).
@@ -149,6 +153,7 @@ class TreeSummary:
     inside_prediction: bool | None = None
     predicted_speedup_steady: float | None = None
     node_acceptance: list[dict[str, Any]] | None = None
+    predicted_tokens_per_step_steady: float | None = None
 
 
 def prediction_intervals(meta: TreeMetadata | None, prompts: int) -> tuple[tuple[float, float] | None,
@@ -289,9 +294,36 @@ def _tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float,
     return (max(g_mean - half, 1.0), g_mean + half)  # a step emits at least its bonus token
 
 
+def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequence[int]) -> float | None:
+    """The factor on a tree's steady-state tokens/step (and speedup, step for step) over generations of ``lengths``
+    tokens: ``sum N_i / (G x sum E[tau_i])``, E[tau_i] the expected steps to emit N_i tokens (the last step emits only
+    what is left: :mod:`~sequoia_opt.solver.generation`). Exact (:func:`~sequoia_opt.solver.generation.
+    expected_steps`, every length) where the tree file records the value model's ``node_rates`` for ``tree``; else
+    the renewal limit from its ``end_overshoot_tokens`` (``sum N / (sum N + generations x E[O])``, right for
+    long generations only); None when the file records neither. The steps the decoder cuts at an answer's end
+    (it drafts no deeper than a row can still emit) cost less than whole ones: not priced here."""
+    from ..solver.generation import expected_steps, finite_generation_factor, step_length_tail
+
+    lengths = [int(n) for n in lengths if n > 0]
+    if meta is None or not lengths:
+        return None
+    rates = meta.extra.get("node_rates")
+    if tree is not None and tree.size > 1 and isinstance(rates, list) and len(rates) == tree.size - 1:
+        reach = [1.0] * tree.size
+        for v in range(1, tree.size):
+            reach[v] = reach[tree.parent[v]] * float(rates[v - 1])
+        tail = step_length_tail(tree.depth, reach)
+        mu = float(tail.sum())
+        return sum(lengths) / (mu * sum(expected_steps(tail, n) for n in lengths))
+    overshoot = meta.extra.get("end_overshoot_tokens")
+    if isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0:
+        return finite_generation_factor(float(overshoot), sum(lengths), len(lengths))
+    return None
+
+
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
              plain_tps: float | None, meta: TreeMetadata | None, drafter: str | None = None,
-             names: Sequence[str] = ()) -> TreeSummary:
+             names: Sequence[str] = (), tree: Tree | None = None) -> TreeSummary:
     per_prompt = [[float(s.accepted_nodes + 1) for s in r.steps] for r in results]
     per_step = [v for steps in per_prompt for v in steps]
     new = sum(len(r.tokens) for r in results)
@@ -302,21 +334,25 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     mean_tps = statistics.fmean(per_step) if per_step else 0.0
     steady = meta.predicted_speedup if meta else 1.0
     predicted = steady
-    overshoot = meta.extra.get("end_overshoot_tokens") if meta else None
-    if predicted is not None and isinstance(overshoot, (int, float)) and overshoot >= 0:
-        # the run's generations end inside a step (solver.generation): the steady state over these lengths
-        from ..solver.generation import finite_generation_factor
-
-        f = finite_generation_factor(float(overshoot), new, generations)
-        predicted = predicted * f
+    predicted_g = meta.expected_tokens_per_step if meta else 1.0
+    # the run's generations end inside a step (solver.generation): the steady state over these lengths
+    f = answer_factor(tree, meta, [len(r.tokens) for r in results if r.steps])
+    if f is not None:
+        if predicted is not None:
+            predicted = predicted * f
         if s_int is not None:
             s_int = (s_int[0] * f, s_int[1] * f)
+        if predicted_g is not None:
+            predicted_g = predicted_g * f
+        if g_int is not None:
+            g_int = (max(1.0, g_int[0] * f), g_int[1] * f)
     return TreeSummary(
         tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
         tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
         tokens_per_step=mean_tps, tps_ci95=tokens_per_step_ci95(per_prompt, depth + 1),
-        predicted_tokens_per_step=meta.expected_tokens_per_step if meta else 1.0,
+        predicted_tokens_per_step=predicted_g,
         predicted_speedup=predicted, predicted_speedup_steady=steady,
+        predicted_tokens_per_step_steady=meta.expected_tokens_per_step if meta else 1.0,
         draft_ms=sum(r.draft_ms for r in results), verify_ms=sum(r.verify_ms for r in results),
         bookkeeping_ms=sum(r.bookkeeping_ms for r in results),
         mismatches=sum(1 for r in rows if r.matches_plain is False), drafter=drafter,
@@ -514,7 +550,8 @@ def run_trees(
             size, depth = pol.tree.size, pol.tree.tree_depth
             meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None)
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
-                                  plain_summary.tokens_per_s, meta, e.drafter, names))
+                                  plain_summary.tokens_per_s, meta, e.drafter, names,
+                                  tree=e.tree if static and adapter is None else None))
         if e.policy is None and e.tree.size > 1:  # a fixed tree (an adaptive or plan policy changes its tree)
             summaries[-1].node_acceptance = node_acceptance_rows(e.tree, res, meta)
         if adapter is not None:
