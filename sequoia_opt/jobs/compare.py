@@ -338,8 +338,8 @@ class DrafterRow:
         tree: the tree's name in the run's summaries and rows.
         c1_over_t1: c(1) / T(1) from its latency profile (ratio).
         nodes, depth, level_widths: the tree (nodes incl. the root; widths from the root level down).
-        predicted_tokens_per_step / predicted_speedup: from its profiles (:func:`plan_drafter`); the speedup for
-            the run's generation lengths (:attr:`TreeSummary.predicted_speedup`).
+        predicted_tokens_per_step / predicted_speedup: from its profiles (:func:`plan_drafter`), for the run's
+            generation lengths (:attr:`TreeSummary.predicted_tokens_per_step`, :attr:`TreeSummary.predicted_speedup`).
         tokens_per_step / tps_ci95: measured, untruncated (:class:`TreeSummary`).
         speedup: measured tokens/s over the run's one plain baseline.  tokens_per_s: measured.
         equals_plain: greedy output equal to plain decoding on every prompt (None when sampling).
@@ -382,7 +382,9 @@ def drafter_rows(plans: Sequence[DrafterPlan], run: RunReport) -> list[DrafterRo
         out.append(DrafterRow(
             drafter=p.label, cost_model=p.cost_model, tree=p.name, c1_over_t1=p.c1_over_t1, nodes=p.tree.size,
             depth=p.tree.tree_depth, level_widths=[int(w) for w in p.tree.level_widths],
-            predicted_tokens_per_step=p.choice.expected_tokens, tokens_per_step=s.tokens_per_step,
+            # for the run's generation lengths, as the speedup below (TreeSummary.predicted_tokens_per_step)
+            predicted_tokens_per_step=(s.predicted_tokens_per_step if s.predicted_tokens_per_step is not None
+                                       else p.choice.expected_tokens), tokens_per_step=s.tokens_per_step,
             tps_ci95=s.tps_ci95, speedup=s.speedup,
             # the run's: the metadata's (a step check after the choice may have replaced the solver's) over the
             # run's generation lengths (TreeSummary.predicted_speedup)
