@@ -229,6 +229,14 @@ def test_run_dynamic_on_the_tiny_pair(workdir, files, tmp_path):
     assert row["predicted_tokens_per_step"] == pytest.approx(pred.tokens_per_step)
     saved = json.loads(Path(doc["json"]).read_text())
     assert any(s["tree"] == "eagle:s2-k2-n4" and s["mismatches"] == 0 for s in saved["summaries"])
+    # a calibration of another decoding mode is a warning, as a tree's profiles of another mode are (was a note)
+    r = invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--calibration", cal, "-l", lat,
+               "--target", target, "--draft", draft, "--prompts", prompts, "--num-prompts", "1",
+               "--max-new-tokens", "4", "--temperature", "0.8", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    said = "was recorded in greedy mode, this run decodes in sampling at temperature 0.8 mode"
+    assert any(said in w for w in doc["warnings"]) and not any(said in n for n in doc["notes"])
 
     # a treeopt-dynamic/1 file runs with the prediction it carries
     setting_file = tmp_path / "best.yaml"

@@ -319,7 +319,8 @@ def run_cmd(
         import dataclasses
 
         pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
-    entries += dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes)
+    dyn_warnings: list[str] = []
+    entries += dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes, dyn_warnings)
     check_trees_fit(entries, pair)
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     from ..device import device_name
@@ -333,7 +334,7 @@ def run_cmd(
             acceptance=load_acceptance(acceptance_path), latency=load_latency(latency_path) if latency_path else None,
             device=device_name(dev), device_type=dev.type, dtype=str(dt).removeprefix("torch."),
             target=pair.target_name, draft=pair.draft_name, weights=pair.weights)]
-    warnings = adapt_warnings + [w for e in entries for w in tree_mismatch_warnings(
+    warnings = adapt_warnings + dyn_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
         omp_wait_policy=run_policy(dev.type), temperature=temperature,

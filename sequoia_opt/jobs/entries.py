@@ -324,10 +324,12 @@ def check_dynamic_memory(settings: list[tuple[Any, dict, dict]], target: Optiona
 
 
 def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: Optional[Path],
-                     latency: Optional[Path], temperature: float, notes: list[str]) -> list:
+                     latency: Optional[Path], temperature: float, notes: list[str],
+                     warnings: Optional[list[str]] = None) -> list:
     """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction
     (:func:`dynamic_settings`: from --calibration and -l, else from its file when the file was solved for this
-    drafter; a note says when it was not). Warnings about the calibration go to ``notes``."""
+    drafter; a note says when it was not). Warnings about the calibration (other weights, another decoding mode,
+    too few bins) go to ``warnings``, as a tree's do (to ``notes`` when None)."""
     from ..drafting.policies import DynamicPolicy
     from ..dynamic import max_candidates
     from .run import TreeEntry
@@ -342,7 +344,8 @@ def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: O
 
         cal = load_calibration(calibration)
         same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name))
-        notes.extend(calibration_warnings(cal, temperature=temperature, weights=pair.weights))
+        (notes if warnings is None else warnings).extend(calibration_warnings(cal, temperature=temperature,
+                                                                              weights=pair.weights))
     ctx = pair.target.config.max_position_embeddings
     out = []
     for setting, predicted, provenance in settings:
