@@ -16,7 +16,7 @@ import typer
 from typing_extensions import Annotated
 
 from .._io import atomic_write_text
-from ..errors import TreeoptError
+from ..errors import ProfileError, TreeoptError
 from ..report import Report
 from ..solver.hardware import SINGLE_DEFAULTS, check_budget_measured
 from ..tree import Tree, TreeMetadata, now_iso
@@ -218,7 +218,10 @@ def solve(
                             f"up to {measured} target tokens, and T(n) is never extrapolated (--budget sets it)")
         budget = measured
     if curve is not None:  # refuse a budget T(n) was not measured for before the DP (minutes at 50,000 nodes)
-        check_budget_measured(budget, curve, context)
+        try:
+            check_budget_measured(budget, curve, context)
+        except ProfileError as err:  # the file the user gave, not only the id inside it
+            raise ProfileError(f"{latency}: {err}") from None
     report.warnings = warn_on_mismatch(acceptance=acc, latency=curve)
     if curve is not None:  # a tree is only as good as the curve of the engine that serves it (issue 20)
         from .. import exports
