@@ -19,7 +19,7 @@ from sequoia_opt.solver.schedule import (ChainValue, load_schedule, merge_ranges
                                         solve_plan)
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_schedule import PROFILE, _acc  # noqa: E402
+from test_schedule import PROFILE, _acc, _curve, _profile  # noqa: E402
 
 
 def _chain_visits(accepted: int, drafted: int) -> list[NodeVisit]:
@@ -240,6 +240,16 @@ def test_re_ranking_keeps_the_plans_min_gain_and_first_is_longest_rule(tmp_path)
         for ad in (PlanAdapter.of_plan(plan), PlanAdapter.of_document(doc)):
             assert ad.rank(prior.g) == want, kw
     assert want != PlanAdapter.of_plan(solve_plan(prior, PROFILE, min_gain=1.2)).initial  # the rules matter here
+    # where TensorRT-LLM's rule binds (batch 1 drafts past its own best so that larger batch sizes may): the re-rank
+    # chose the cap again from candidates the plan had already capped, and threw the plan away at its first re-rank
+    for draft_ms in (5.0, 8.0):
+        dear = _profile({1: _curve(0.1, 10.0, draft_ms=draft_ms), **{b: _curve(0.1, 10.0) for b in (2, 4, 8)}})
+        plan = solve_plan(prior, dear, first_is_longest=True)
+        assert any("engine's rule" in n for n in plan.notes) and plan.rows[0].best.setting.speculates
+        want = tuple((1 if i == 0 else r.lo, r.hi, r.setting.draft_tokens) for i, r in enumerate(plan.ranges))
+        doc = yaml.safe_load(save_schedule(tmp_path / "p.yaml", plan_document(plan, engine="tensorrt-llm")).read_text())
+        for ad in (PlanAdapter.of_plan(plan), PlanAdapter.of_document(doc)):
+            assert ad.rank(prior.g) == want, draft_ms
     assert PlanAdapter.of_plan(solve_plan(prior, PROFILE, min_gain=1.2)).rank(prior.g) == ((1, 64, 0),)
 
 

@@ -273,12 +273,16 @@ class Predicted:
 
 @dataclass(frozen=True)
 class BatchRow:
-    """One measured batch size: the best setting, plain decoding, and every candidate scored (best first)."""
+    """One measured batch size: the best setting, plain decoding, and every candidate scored (best first), those an
+    engine's rule rules out too; ``cap``: the most draft tokens the rule leaves this batch size (TensorRT-LLM's: no
+    more than batch 1), None without one. Re-ranking (:class:`~sequoia_opt.drafting.policies.adaptive_schedule.
+    PlanAdapter`) needs every candidate: the rule's cap is chosen again from all of them."""
 
     batch: int
     best: Predicted
     plain: Predicted
     candidates: tuple[Predicted, ...]
+    cap: int | None = None
 
     @property
     def close_call(self) -> Predicted | None:
@@ -293,6 +297,7 @@ class BatchRow:
         """
         lo = self.best.interval[0]
         alt = next((c for c in self.candidates if c.setting != self.best.setting
+                    and (self.cap is None or c.setting.draft_tokens <= self.cap)
                     and c.tokens_per_s_per_request <= self.best.tokens_per_s_per_request), None)
         if alt is None or lo >= self.best.tokens_per_s_per_request:
             return None
@@ -882,15 +887,16 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
                 loss = 100 * (1 - b1.tokens_per_s_per_request / b1_own.tokens_per_s_per_request)
                 notes.append(f"the engine's rule (no batch size drafts more than batch 1): batch 1 runs "
                              f"{b1.setting.label}, {loss:.1f} % below its own best ({b1_own.setting.label}), so that "
-                             f"larger batch sizes may draft longer; capped at {b1_own.setting.label} instead, the worst batch "
-                             f"size solved would run {100 * own:.1f} % of its best tokens/s, not {100 * kept:.1f} %")
+                             f"larger batch sizes may draft longer; capped at {b1_own.setting.label} instead, the "
+                             f"worst batch size solved would run {100 * own:.1f} % of its best tokens/s, not "
+                             f"{100 * kept:.1f} %")
     else:
         chosen = free
     rows: list[BatchRow] = []
     for i, (b, _) in enumerate(curves):
         cap = every_at[0][chosen[0]].setting.draft_tokens if first_is_longest and i > 0 else None
-        cands = tuple(p for p in every_at[i] if cap is None or p.setting.draft_tokens <= cap)
-        rows.append(BatchRow(b, every_at[i][chosen[i]], next(p for p in cands if not p.setting.speculates), cands))
+        rows.append(BatchRow(b, every_at[i][chosen[i]], next(p for p in every_at[i] if not p.setting.speculates),
+                             tuple(every_at[i]), cap))
     best_at = {r.batch: r.best for r in rows}
     ranges = [Range(lo, hi, s, best_at[lo]) for lo, hi, s in merge_ranges([(r.batch, r.best.setting) for r in rows],
                                                                             last)]
