@@ -508,3 +508,24 @@ def test_a_workload_that_moved_is_solved_from_the_live_lower_bounds():
     # solved from the Wilson lower bounds of 32 hits in 32 trials (rank 0: ~0.89), not from the profile
     assert r.acceptance[0] == pytest.approx(0.8928, abs=2e-3)
     assert r.size > 3  # a deeper chain than the profile's tree
+
+
+def test_a_run_of_an_adaptive_tree_predicts_no_less_than_a_token_a_step_and_caps_nothing_at_its_final_tree(target,
+                                                                                                           drafts):
+    """A tryout: an adaptive run whose final tree was the root alone showed its tokens/step interval as [1, 1] (capped
+    at the final tree's depth + 1 while earlier steps ran a deeper tree) and a predicted 0.98 tokens/step (the tree
+    file's end-of-answer figures applied to the adapter's mean over other trees)."""
+    from sequoia_opt.drafting.policies import AdaptiveTreePolicy
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.tree import TreeMetadata
+
+    tree = Tree.chain(4)
+    meta = TreeMetadata(expected_tokens_per_step=1.02, extra={"end_overshoot_tokens": 2.0, "node_rates": [0.01] * 3})
+    adapter = TreeAdapter(tree, [0.01, 0.01], CURVE, budget=8, max_depth=4, every=2, window=4, prior_weight=1)
+    entry = TreeEntry("t (adaptive)", tree, meta, policy=lambda d, a=adapter: AdaptiveTreePolicy(d, a))
+    run = run_trees(target, drafts["same"], [entry], [[5, 17, 3], [200, 3, 3, 9]], max_new_tokens=12,
+                    backend="torch", warmup=False)
+    s = run.summaries[1]
+    assert s.adaptive is not None and s.predicted_tokens_per_step is not None and s.predicted_tokens_per_step >= 1.0
+    assert s.predicted_tokens_per_step == pytest.approx(adapter.predicted_tokens_per_step)  # no file factor applied
+    assert s.tps_ci95[1] >= s.tokens_per_step > 1.0  # the 'same' draft is accepted: deeper trees ran

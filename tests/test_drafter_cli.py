@@ -334,6 +334,18 @@ def test_an_output_over_a_file_of_an_input_checkpoint_is_refused(workdir, tmp_pa
     r = invoke("profile", "acceptance", "-t", target, "--draft", f"medusa:{md}", "--prompts", prompts,
                "--max-new-tokens", "4", "-o", md / "config.json")
     assert r.exit_code == 2 and "is a file of the --draft input (medusa:" in " ".join(r.output.split())
+    # tune names --target and --draft too (its -o wrote a vLLM config over the target's config.json, exit 0)
+    table = tmp_path / "t.csv"
+    table.write_text("batch,tokens,target_ms,draft_ms\n" + "".join(f"1,{n},{10 + 0.1 * n},0.5\n" for n in range(1, 6)))
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nid: a\nmeasured: {mode: greedy, temperature: 0.0}\n"
+                   "acceptance: [0.6, 0.1]\ncounts: [600, 100, 300]\n")
+    conf = tgt / "config.json"
+    text = conf.read_text()
+    for flag in ("-o", "--schedule"):
+        r = invoke("tune", "--engine", "vllm", "-l", table, "-a", acc, "--target", tgt, "--draft", draft, flag, conf)
+        assert r.exit_code == 2 and f"{flag} {conf} is a file of the --target input" in " ".join(r.output.split())
+    assert conf.read_text() == text
     # a new file beside the checkpoint's own is not one of them: written
     r = invoke("profile", "acceptance", "-t", target, "--draft", draft, "--prompts", prompts, "--max-new-tokens", "4",
                "--num-prompts", "1", "-o", tgt / "acceptance.yaml")

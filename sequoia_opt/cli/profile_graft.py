@@ -266,7 +266,8 @@ def profile_scheduler(
     tlabel = model_label(tp)
     mode = mode_slug(temperature, top_p)
     out = output or default_pair_acceptance_path(tlabel, light, strong, mode).parent / f"scheduler-{mode}.yaml"
-    check_output(out, {"--tree": tree, "--latency": latency, "--prompts": prompts})
+    check_output(out, {"--tree": tree, "--latency": latency, "--prompts": prompts, "--target": target,
+                       "--draft": [str(d) for d in draft or []]})
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     lpair, spair = load_drafters(tp, [light, strong], device=dev, dtype=dt)

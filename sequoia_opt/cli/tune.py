@@ -105,7 +105,7 @@ def tune(
         min_gain=min_gain, output_tokens=output_tokens,
         profiles_dir=profiles_dir, plan=plan, refine=refine))
     inputs = {"--latency": latency, "--acceptance": acceptance, "--calibration": calibration, "--plan": plan,
-              "--prompts": prompts}
+              "--prompts": prompts, "--target": target, "--draft": None if draft is None else str(draft)}
     for flag, path in (("-o", output), ("--schedule", schedule)):
         check_output(path, inputs, flag)
     if output is not None and schedule is not None and Path(output).resolve() == Path(schedule).resolve():

@@ -323,7 +323,7 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
 
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
              plain_tps: float | None, meta: TreeMetadata | None, drafter: str | None = None,
-             names: Sequence[str] = (), tree: Tree | None = None) -> TreeSummary:
+             names: Sequence[str] = (), tree: Tree | None = None, most: int | None = None) -> TreeSummary:
     per_prompt = [[float(s.accepted_nodes + 1) for s in r.steps] for r in results]
     per_step = [v for steps in per_prompt for v in steps]
     new = sum(len(r.tokens) for r in results)
@@ -343,13 +343,13 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
         if s_int is not None:
             s_int = (s_int[0] * f, s_int[1] * f)
         if predicted_g is not None:
-            predicted_g = predicted_g * f
+            predicted_g = max(1.0, predicted_g * f)  # a step emits at least one token
         if g_int is not None:
             g_int = (max(1.0, g_int[0] * f), g_int[1] * f)
     return TreeSummary(
         tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
         tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
-        tokens_per_step=mean_tps, tps_ci95=tokens_per_step_ci95(per_prompt, depth + 1),
+        tokens_per_step=mean_tps, tps_ci95=tokens_per_step_ci95(per_prompt, most),
         predicted_tokens_per_step=predicted_g,
         predicted_speedup=predicted, predicted_speedup_steady=steady,
         predicted_tokens_per_step_steady=meta.expected_tokens_per_step if meta else 1.0,
@@ -538,7 +538,7 @@ def run_trees(
             if progress:
                 progress(f"prompt {i + 1}/{len(prompts)}: {e.name}", done, total)
     plain_rows = [r for r in rows if r.tree == "plain"]
-    plain_summary = _summary("plain", 1, 0, plain_results, plain_rows, None, None)
+    plain_summary = _summary("plain", 1, 0, plain_results, plain_rows, None, None, most=1)
     summaries = [plain_summary]
     for e, pol, res in zip(entries, policies, results):
         names = pol.names if pol.reports_drafters else ()
@@ -546,12 +546,16 @@ def run_trees(
         size, depth = (e.tree.size, e.tree.tree_depth) if static else (pol.max_verified, pol.max_depth)
         meta = e.metadata
         adapter = getattr(pol, "adapter", None)
+        most = depth + 1  # a step emits at most this many tokens (the tokens/step interval stops there)
         if adapter is not None:  # the final tree; predicted: the step-weighted mean over the trees it used
             size, depth = pol.tree.size, pol.tree.tree_depth
-            meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None)
+            most = None  # earlier steps ran other (deeper) trees
+            extra = {k: v for k, v in meta.extra.items() if k not in ("end_overshoot_tokens", "node_rates")}
+            meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None,
+                           extra=extra)  # the file's tree's length figures are not the trees it ran
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
                                   plain_summary.tokens_per_s, meta, e.drafter, names,
-                                  tree=e.tree if static and adapter is None else None))
+                                  tree=e.tree if static and adapter is None else None, most=most))
         if e.policy is None and e.tree.size > 1:  # a fixed tree (an adaptive or plan policy changes its tree)
             summaries[-1].node_acceptance = node_acceptance_rows(e.tree, res, meta)
         if adapter is not None:
