@@ -308,7 +308,9 @@ def _export_vllm(ranges, release, method, model, lookup, single=None):
     if release is not None:
         v = _version(release, "vLLM")
         if v < Version(first):
-            one = (f"run one K for every batch size: {single[0]} (of the plan's candidates the one whose worst batch "
+            one = ("run without speculation (of one K for every batch size, K = 0 runs closest to each batch size's "
+                   f"best: {100 * single[1]:.0f} % of it at worst)" if single is not None and single[0] == 0 else
+                   f"run one K for every batch size: {single[0]} (of the plan's candidates the one whose worst batch "
                    f"size runs closest to its best: {100 * single[1]:.0f} % of it)" if single is not None else
                    "run one K for every batch size (the plan's own per batch size are "
                    f"{', '.join(str(x.draft_tokens) for *_, x in ranges)})")

@@ -416,3 +416,11 @@ def test_an_old_vllm_release_is_told_the_single_draft_length_that_loses_least_no
                                               rf"{100 * worst[k]:.0f} % of it\)"):
         export_plan(plan, "vllm", release="0.23.0")
     assert best_single_draft_length(PLANS["falling"]) is None  # ranges alone: nothing scored
+    # where one K for all would lose most at some batch size, K = 0 is said as what it is
+    dear = solve_plan(ChainValue(acc, 6), BatchLatencyProfile(id="p", curves={1: curve(0.1, 10.0),
+                                                                             64: curve(60.0, 14.0)}))
+    k, worst = best_single_draft_length(dear)
+    assert k == 0
+    with pytest.raises(PlanExportError, match=rf"upgrade, or run without speculation \(of one K for every batch size, "
+                                              rf"K = 0 runs closest to each batch size's best: {100 * worst:.0f} % "):
+        export_plan(dear, "vllm", release="0.23.0")

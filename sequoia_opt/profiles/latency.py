@@ -265,7 +265,10 @@ class LatencyCurve:
                     continue
                 for i in range(1, len(tok)):
                     grow = float(tok[i] / tok[i - 1])
-                    if ms[i - 1] > 0 and ms[i] > IMPLAUSIBLE_GROWTH * grow * ms[i - 1]:
+                    # a jump, at one point only: the low side a single point (the first, or a dip) or the high side
+                    # (a spike). A level shift (CUDA graphs up to 256 tokens, eager past them) is not one
+                    lone = (i == 1 or ms[i - 2] > 2.0 * ms[i - 1]) or (i + 1 < len(tok) and ms[i + 1] < 0.5 * ms[i])
+                    if ms[i - 1] > 0 and ms[i] > IMPLAUSIBLE_GROWTH * grow * ms[i - 1] and lone:
                         out.append(f"T({int(tok[i])}) = {float(ms[i]):.4g} ms{at} is {float(ms[i] / ms[i - 1]):.1f} x "
                                    f"T({int(tok[i - 1])}) = {float(ms[i - 1]):.4g} ms, far more than {grow:g} x the "
                                    "tokens explain: one of the two is implausible (a typo, noise or other load while "
