@@ -1425,6 +1425,10 @@ def test_tune_for_tensorrt_llm_says_when_its_rule_not_the_curve_keeps_speculatio
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["summary"]["ranges"] == "1-8: chain:2" and out.is_file()
+    # batch 1 runs below plain by the rule: the summary says so, and no guard line pretends it could pay there
+    assert doc["summary"]["speculation"].endswith("batch 1 speculates below plain decoding under the engine's rule "
+                                                  "(no batch size drafts more than batch 1)")
+    assert not any(n.strip().startswith("batch 1-1 (chain:2): predicted") for n in doc["notes"])
     assert any(n.startswith("the engine's rule (no batch size drafts more than batch 1): batch 1 runs chain:2") and
                "below its own best (none)" in n for n in doc["notes"])
     # "the batch-1 best K everywhere" is batch 1's own best (plain decoding here), not the K the rule moved it to

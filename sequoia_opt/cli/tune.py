@@ -122,6 +122,10 @@ def tune(
     paying = [r.batch for r in plan.rows if r.best.setting.speculates]
     holes = [r.batch for r in plan.rows if paying and r.batch < paying[-1] and not r.best.setting.speculates]
     hole_text = f" (but not at batch {', '.join(map(str, holes))})" if holes else ""
+    slower = [r.batch for r in plan.rows if r.best.setting.speculates and r.best.speedup < 1.0]
+    if slower:  # TensorRT-LLM's rule can run batch 1 below plain so that larger batch sizes may draft
+        hole_text += (f"; batch {', '.join(map(str, slower))} speculates below plain decoding under the engine's "
+                      "rule (no batch size drafts more than batch 1)")
     own_paying = [r.batch for r, own in zip(plan.rows, plan.own_best) if own.setting.speculates]
     report.summary = {
         "engine": opts.engine, "drafter": res.schedule.get("drafter"), **{k: v for k, v in res.profiles.items()},

@@ -1171,7 +1171,8 @@ class GuardRule:
 
 def guard_rules(plan: Plan) -> list[GuardRule]:
     """One :class:`GuardRule` per speculating range of ``plan`` with a prediction (a range between measured batch
-    sizes has none). ``break_even = step_ms / plain step_ms`` at the range's batch size (plain emits one token a
+    sizes has none) that is predicted faster than plain decoding (TensorRT-LLM's rule can run batch 1 slower, so
+    that larger batch sizes may draft: nothing to guard there). ``break_even = step_ms / plain step_ms`` at the range's batch size (plain emits one token a
     step); ``interval_low`` is the tokens-per-step low end of the prediction's interval, never above the point:
     its tokens/s low end (per request) / ``length_factor`` x the step's ms / 1000 (the steady state's, as
     ``expected_tokens``)."""
@@ -1185,6 +1186,8 @@ def guard_rules(plan: Plan) -> list[GuardRule]:
         except ProfileError:
             continue
         g = p.cost.expected_tokens
+        if g <= p.cost.cost_ms / plain_ms:  # predicted slower than plain already (an engine's rule runs it): no guard
+            continue
         low = min(g, p.interval[0] / p.length_factor * p.cost.cost_ms / 1000.0)  # the steady state's, as g
         rules.append(GuardRule(r.lo, r.hi, r.setting.label, g, low, p.cost.cost_ms / plain_ms, plan.interval_method))
     return rules
