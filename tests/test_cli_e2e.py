@@ -150,6 +150,7 @@ def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
     other = tmp_path / "other.yaml"
     d = yaml.safe_load(acc.read_text())
     d["measured"]["draft"] = "another-draft"
+    d["measured"].pop("weights", None)  # with the same weights' fingerprint it would be the same drafter, renamed
     other.write_text(yaml.safe_dump(d))
     r = invoke("run", "--tree", tree, "--compare", "-a", other, "--target", target, "--draft", draft, "--prompts",
                prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--results-dir", tmp_path, "--json", "--no-adapt")

@@ -350,3 +350,34 @@ def test_an_output_over_a_file_of_an_input_checkpoint_is_refused(workdir, tmp_pa
     r = invoke("profile", "acceptance", "-t", target, "--draft", draft, "--prompts", prompts, "--max-new-tokens", "4",
                "--num-prompts", "1", "-o", tgt / "acceptance.yaml")
     assert r.exit_code == 0, r.output
+
+
+def test_profiles_of_a_copy_of_the_same_weights_are_the_same_drafters():
+    """A tryout: a copy of the draft under another folder name (same fingerprint) still drew 'measured with draft
+    'draft', but this run uses 'draftcopy'' from --compare (twice: acceptance and latency), and run --dynamic refused
+    the calibration as 'another pair'. Equal fingerprints settle it; other weights still warn and refuse."""
+    import numpy as np
+
+    from sequoia_opt.errors import SolverError
+    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve, warn_on_mismatch
+    from sequoia_opt.profiles.calibration import same_pair
+
+    rec = {"target": {"path": "/m/target", "fingerprint": "aa"}, "draft": {"path": "/m/draft", "fingerprint": "bb"}}
+    acc = AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.1]),
+                            measured={"target": "target", "draft": "draft", "weights": rec})
+    lat = LatencyCurve.synthetic({1: 10.0, 2: 10.5}, {1: 1.0})
+    lat = LatencyCurve.from_dict({**{k: v for k, v in lat.to_dict().items() if k != "example"},
+                                  "model": {"target": "target", "draft": "draft"}})
+    copy = {"target": rec["target"], "draft": {"path": "/m/draftcopy", "fingerprint": "bb"}}
+    other = {"target": rec["target"], "draft": {"path": "/m/draftcopy", "fingerprint": "cc"}}
+    kw = dict(acceptance=acc, latency=lat, target="target", draft="draftcopy")
+    assert warn_on_mismatch(weights=copy, **kw) == []
+    said = warn_on_mismatch(weights=other, **kw)
+    assert sum("was measured with draft 'draft', but this run uses 'draftcopy'" in w for w in said) == 2
+    assert any("other weights" in w for w in said)
+    from types import SimpleNamespace  # same_pair reads a calibration's id and measured record only
+
+    cal = SimpleNamespace(id="c", measured={"target": "target", "draft": "draft", "temperature": 0.0, "weights": rec})
+    same_pair(cal, lat, run=("target", "draftcopy"), weights=copy)  # no error: the same weights
+    with pytest.raises(SolverError, match="profiles of another pair predict nothing here"):
+        same_pair(cal, lat, run=("target", "draftcopy"), weights=other)

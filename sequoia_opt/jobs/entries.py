@@ -343,7 +343,7 @@ def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: O
         from ..profiles.calibration import calibration_warnings, same_pair
 
         cal = load_calibration(calibration)
-        same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name))
+        same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name), weights=pair.weights)
         (notes if warnings is None else warnings).extend(calibration_warnings(cal, temperature=temperature,
                                                                               weights=pair.weights))
     ctx = pair.target.config.max_position_embeddings

@@ -404,9 +404,14 @@ def save_calibration(path: str | Path, profile: CalibrationProfile) -> Path:
     return atomic_write_text(path, yaml.dump(d, Dumper=Dumper, sort_keys=False, default_flow_style=None))
 
 
-def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None = None) -> None:
+def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None = None,
+              weights: dict | None = None) -> None:
     """Refuse a calibration profile of another model pair than the latency profile's, the acceptance
-    profile's (``acc``) or the run's (``run``: its target and draft names): one line, exit 2."""
+    profile's (``acc``) or the run's (``run``: its target and draft names): one line, exit 2. A model the
+    calibration recorded with the fingerprint of the run's ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record`)
+    is the run's under another folder name (a copy), not another model."""
+    from .checks import same_weights
+
     others = [("the latency profile's", {"target": curve.model.get("target"), "draft": curve.model.get("draft")})]
     if acc is not None:
         others.append(("the acceptance profile's", acc.measured))
@@ -414,6 +419,8 @@ def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None
         others.append(("this run's", {"target": run[0], "draft": run[1]}))
     for label, other in others:
         for key in ("target", "draft"):
+            if label == "this run's" and same_weights(cal.measured, weights, key):
+                continue
             a, b = cal.measured.get(key), other.get(key)
             if a is not None and b is not None and str(a).lower() != str(b).lower():
                 raise SolverError(f"the calibration profile {cal.id!r} is of {key} {a!r} but {label} {key} is "

@@ -44,6 +44,17 @@ def measured_differs(label: str, have: Any, want: Any, device_type: str | None =
     return str(have).strip().lower() != str(want).strip().lower()
 
 
+def same_weights(measured: Any, weights: Any, role: str) -> bool:
+    """Whether a profile's ``measured.weights`` and ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record`)
+    both give model ``role`` a fingerprint and it is the same one: the same checkpoint, whatever its folder is
+    called (a copy, a clone's)."""
+    have = measured.get("weights") if isinstance(measured, dict) else None
+    h = have.get(role) if isinstance(have, dict) else None
+    w = weights.get(role) if isinstance(weights, dict) else None
+    return (isinstance(h, dict) and isinstance(w, dict) and bool(h.get("fingerprint"))
+            and str(h.get("fingerprint")) == str(w.get("fingerprint")))
+
+
 def differing_weights(measured: Any, weights: Any) -> list[tuple[str, dict, dict]]:
     """``(role, recorded, in use)`` for each model (``target``, ``draft``) whose fingerprints a profile's
     ``measured.weights`` and ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record`) both know and that differ;
@@ -99,10 +110,14 @@ def warn_on_mismatch(
         if measured_differs(label, have, want, device_type):
             out.append(f"profile {pid!r} was measured with {label} {have!r}, but this run uses {want!r}")
 
+    copy = {role: acceptance is not None and same_weights(acceptance.measured, weights, role)
+            for role in ("target", "draft")}  # the same weights under another folder name: not another model
     if acceptance is not None:
         m = acceptance.measured
-        cmp("target", m.get("target"), target, acceptance.id)
-        cmp("draft", m.get("draft"), draft, acceptance.id)
+        if not copy["target"]:
+            cmp("target", m.get("target"), target, acceptance.id)
+        if not copy["draft"]:
+            cmp("draft", m.get("draft"), draft, acceptance.id)
         cmp("device", m.get("device"), device, acceptance.id)
         cmp("dtype", m.get("dtype"), dtype, acceptance.id)
         out += [f"profile {acceptance.id!r} was measured with other weights: {w}"
@@ -112,8 +127,11 @@ def warn_on_mismatch(
     if latency is not None:
         cmp("device", latency.device.get("name"), device, latency.id)
         cmp("dtype", latency.device.get("dtype"), dtype, latency.id)
-        cmp("target", latency.model.get("target"), target, latency.id)
-        cmp("draft", latency.model.get("draft"), draft, latency.id)
+        for role, want in (("target", target), ("draft", draft)):  # the acceptance profile's copy, timed under its name
+            named = latency.model.get(role)
+            if not (copy[role] and named is not None and acceptance is not None
+                    and not measured_differs(role, named, acceptance.measured.get(role))):
+                cmp(role, named, want, latency.id)
         if latency.example:
             out.append(f"latency profile {latency.id!r} is EXAMPLE data, not a measurement")
     if acceptance is not None and latency is not None:
