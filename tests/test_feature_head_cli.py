@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 from typer.testing import CliRunner
 
@@ -313,3 +314,29 @@ def test_a_tree_deeper_than_the_medusa_heads_is_said_not_cut_silently(workdir, t
     assert r.exit_code == 0, r.output
     assert any(w.startswith("tree 'eagle:s6-k2-n8' is 6 levels deep and medusa:md proposes no deeper than depth 3")
                for w in json.loads(r.stdout)["warnings"])
+
+
+def test_compare_drafters_warns_of_a_tree_deeper_than_the_medusa_heads(workdir, tmp_path):
+    """run --compare-drafters solved a depth-10 tree for 3 Medusa heads from a profile that made depth pay, ran it
+    cut to 3 every step, and said nothing (a tryout); --tree and --dynamic already warned."""
+    root, target, draft, prompts, heads = workdir
+    spec, lat, acc = f"medusa:{heads['medusa']}", tmp_path / "lat.yaml", tmp_path / "acc.yaml"
+    r = invoke("profile", "latency", "--target", target, "--draft", spec, "--context", "16", "--max-tokens", "12",
+               "--max-repeats", "3", "--rounds", "1", "-o", lat)
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(lat.read_text())
+    for c in doc["curves"]:  # a free draft and a flat T(n): the deepest chain pays
+        c["draft"]["draft_forward_ms"] = [0.001] * len(c["draft"]["draft_forward_ms"])
+        c["target"]["target_forward_ms"] = [10.0 + 0.001 * i for i in range(len(c["target"]["target_forward_ms"]))]
+        c.pop("loop", None)
+    lat.write_text(yaml.safe_dump(doc))
+    acc.write_text(yaml.safe_dump({"format": "treeopt-acceptance/1", "id": "md", "measured": {
+        "target": "target", "draft": "medusa:md", "mode": "greedy", "temperature": 0.0, "width": 2},
+        "acceptance": [0.9, 0.05], "counts": [900, 50, 50]}))
+    r = invoke("run", "--compare-drafters", "--target", target, "--draft", spec, "-a", acc, "-l", lat, "--prompts",
+               prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--max-depth", "8", "--no-check-step",
+               "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert any("proposes no deeper than depth 3: every step is cut to 3 levels" in w for w in out["warnings"]), \
+        out["warnings"]

@@ -419,10 +419,14 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     for plan, dpair in zip(plans, pairs):
         on = dict(device=device_name(dev), device_type=dev.type, dtype=dtype_name, target=dpair.target_name,
                   draft=dpair.draft_name)
-        for w in (warn_on_mismatch(acceptance=plan.acceptance, weights=dpair.weights, **on)
-                  + warn_on_mismatch(latency=plan.curve, **on)):
+        for w in warn_on_mismatch(acceptance=plan.acceptance, latency=plan.curve, weights=dpair.weights, **on):
             if w not in warnings:
                 warnings.append(w)
+        limit = dpair.new_drafter().depth_limit  # Medusa's heads: a deeper tree is cut every step
+        if limit is not None and plan.tree.tree_depth > limit:
+            warnings.append(f"{plan.label}: its tree is {plan.tree.tree_depth} levels deep and {dpair.draft_name} "
+                            f"proposes no deeper than depth {limit}: every step is cut to {limit} levels, and the "
+                            f"prediction made for the whole tree does not hold (--max-depth {limit})")
         measured_mode = plan.acceptance.measured.get("mode")
         if measured_mode is not None and measured_mode != mode:
             warnings.append(f"acceptance profile {plan.acceptance.id!r} was measured in {measured_mode} mode, this "
