@@ -627,3 +627,28 @@ def test_load_drafters_loads_the_target_and_a_checkpoint_once(in_root, monkeypat
     assert isinstance(pairs[1].new_drafter(), PromptLookupDrafter)
     assert isinstance(pairs[2].new_drafter(), LayerSkipDrafter) and pairs[2].new_drafter() is not pairs[2].new_drafter()
     assert np.isclose(pairs[0].vocab_size, 257)
+
+
+def test_a_prompt_the_context_cannot_hold_is_refused_naming_its_file_before_any_step_check(tmp_path, monkeypatch):
+    """run --compare-drafters said 'prompt 2 of 2 ...' without the file, after the step check had timed trees."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    import sequoia_opt.profiling.steps as steps_mod
+
+    target, draft, prompts = make_pair(tmp_path)
+    lat, acc = tmp_path / "lat.yaml", tmp_path / "acc.yaml"
+    for args in (["profile", "latency", "--target", target, "--draft", draft, "--context", "16", "--max-tokens", "6",
+                  "--max-repeats", "3", "--rounds", "1", "-o", lat],
+                 ["profile", "acceptance", "--target", target, "--draft", draft, "--prompts", prompts,
+                  "--max-new-tokens", "6", "--num-prompts", "2", "-o", acc]):
+        assert runner.invoke(app, [str(a) for a in args]).exit_code == 0
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "ab"}) + "\n" + json.dumps({"prompt": "x" * 700}) + "\n")
+    monkeypatch.setattr(steps_mod, "check_chosen_step", lambda *a, **k: pytest.fail("a step check ran"))
+    r = runner.invoke(app, [str(a) for a in ["run", "--compare-drafters", "--target", target, "--draft", draft, "-a",
+                                             acc, "-l", lat, "--prompts", long, "--max-new-tokens", "8",
+                                             "--results-dir", tmp_path / "res"]])
+    assert r.exit_code == 2 and f"{long}: prompt 2 of 2 (" in " ".join(r.output.split())
