@@ -594,7 +594,7 @@ def test_profiles_refuse_an_output_they_cannot_write_before_measuring(workdir, t
     (tmp_path / "afile").write_text("x")
     monkeypatch.chdir(tmp_path)
     for out, why in ((tmp_path, "it is a folder (give a file name in it)"), ("-", "give a file name"),
-                     ("", "an output path is empty: give a file name"),
+                     ("", "an output path is empty or '.' (the current folder): give a file name"),
                      (tmp_path / "afile" / "p.yaml", f"{tmp_path / 'afile'} is not a folder")):
         for cmd in (["latency", "--context", "16", "--max-tokens", "4"],
                     ["acceptance", "--prompts", prompts, "--width", "2", "--depth", "2", "--max-new-tokens", "4"]):

@@ -474,7 +474,7 @@ def _check_writable(path: Path) -> None:
         raise OutputError("cannot write '-': give a file name (the report is printed on standard output; --json "
                           "prints it as one JSON document)")
     if str(path) in ("", "."):  # typer reads -o '' as the current folder
-        raise OutputError("an output path is empty: give a file name")
+        raise OutputError("an output path is empty or '.' (the current folder): give a file name")
     if path.is_dir():
         raise OutputError(f"cannot write {path}: it is a folder (give a file name in it)")
     if path.exists() and not path.is_file():

@@ -622,7 +622,7 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
         if b not in prof.curves:
             return f"has no batch size {b}"
         if opts.context not in prof.curve(b).contexts:
-            return f"was timed at context {','.join(map(str, prof.curve(b).contexts))}, not {opts.context}"
+            return f"was timed at context {', '.join(map(str, prof.curve(b).contexts))}, not {opts.context}"
     if not _covers(prof, batches, want_k, opts.context):
         return f"stops short of K = {want_k}"
     return ""
