@@ -153,7 +153,8 @@ def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
     d["measured"].pop("weights", None)  # with the same weights' fingerprint it would be the same drafter, renamed
     other.write_text(yaml.safe_dump(d))
     r = invoke("run", "--tree", tree, "--compare", "-a", other, "--target", target, "--draft", draft, "--prompts",
-               prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--results-dir", tmp_path, "--json", "--no-adapt")
+               prompts, "--num-prompts", "1", "--max-new-tokens", "8", "--results-dir", tmp_path, "--json",
+               "--no-adapt")
     assert r.exit_code == 0, r.output
     assert any(w.startswith("--compare: profile") and "was measured with draft 'another-draft', but this run uses"
                in w for w in json.loads(r.stdout)["warnings"])

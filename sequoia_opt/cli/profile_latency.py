@@ -96,7 +96,8 @@ def profile_latency(
         raise TreeoptError("--cuda-graphs times the batch-1 resident forwards: drop --batch / --offload (or it)")
     dev, dt = parse_device(device), parse_dtype(dtype)
     _check_run_options(backend, dev)
-    check_output(output, {"--target": target, "--draft": draft, "--arch": arch, "--draft-arch": draft_arch})  # before timing
+    check_output(output, {"--target": target, "--draft": draft, "--arch": arch,  # before the minutes of timing
+                          "--draft-arch": draft_arch})
     check_precision(weights)
     contexts = _csv_ints(context, "--context")
     from .profile_batch import check_batch_options

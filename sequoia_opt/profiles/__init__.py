@@ -100,8 +100,8 @@ a strong drafter measured together for grafted trees (issue 16), per depth one c
 from .acceptance import AcceptanceProfile, load_acceptance, save_acceptance
 from .checks import measured_differs, same_device, warn_on_mismatch, weights_mismatch
 from .common import (ACCEPTANCE_FORMAT, DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, IMPLAUSIBLE_GROWTH, LATENCY_FORMAT,
-                     MAX_COUNT, MAX_MS, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, SUM_TOLERANCE, check_integer, validate_acceptance,
-                     wilson_interval)
+                     MAX_COUNT, MAX_MS, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, SUM_TOLERANCE, check_integer,
+                     validate_acceptance, wilson_interval)
 from .latency import LatencyCurve, check_cost_model, load_latency, save_latency
 from .pair import PAIR_MIN_TRIALS, PairAcceptanceProfile, load_pair_acceptance, save_pair_acceptance
 
@@ -109,4 +109,5 @@ __all__ = ["AcceptanceProfile", "load_acceptance", "save_acceptance", "PairAccep
            "save_pair_acceptance", "PAIR_MIN_TRIALS", "LatencyCurve", "load_latency", "save_latency",
            "check_cost_model", "warn_on_mismatch", "weights_mismatch", "measured_differs", "same_device", "validate_acceptance",
            "wilson_interval", "check_integer", "ACCEPTANCE_FORMAT", "LATENCY_FORMAT", "PAIR_ACCEPTANCE_FORMAT",
-           "SUM_TOLERANCE", "DRAFT_COST_MODELS", "MAX_COUNT", "MAX_TOKENS", "MAX_MS", "IMPLAUSIBLE_FRACTION", "IMPLAUSIBLE_GROWTH"]
+           "SUM_TOLERANCE", "DRAFT_COST_MODELS", "MAX_COUNT", "MAX_TOKENS", "MAX_MS", "IMPLAUSIBLE_FRACTION",
+           "IMPLAUSIBLE_GROWTH"]

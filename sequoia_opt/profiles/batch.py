@@ -222,10 +222,11 @@ def implausible_batches(curves: Mapping[int, LatencyCurve]) -> list[str]:
             if low:
                 n, m, m1 = low[0]
                 at = f" at context {int(ctx)}" if len(c2.contexts) > 1 else ""
-                out.append(f"batch {b2}: T({int(n)}) = {m:.4g} ms{at} is below {IMPLAUSIBLE_FRACTION:g} x batch {b1}'s "
-                           f"({m1:.4g} ms){' and at ' + str(len(low) - 1) + ' more token counts' if len(low) > 1 else ''}: "
-                           "more rows in less than half the time is implausible (a typo, swapped rows, other load while "
-                           "profiling?); correct or re-measure it before trusting what is solved from it")
+                more = f" and at {len(low) - 1} more token counts" if len(low) > 1 else ""
+                out.append(f"batch {b2}: T({int(n)}) = {m:.4g} ms{at} is below {IMPLAUSIBLE_FRACTION:g} x batch "
+                           f"{b1}'s ({m1:.4g} ms){more}: more rows in less than half the time is implausible (a typo, "
+                           "swapped rows, other load while profiling?); correct or re-measure it before trusting what "
+                           "is solved from it")
                 break
     return out
 

@@ -256,8 +256,8 @@ class LatencyCurve:
                 if low:
                     vals = [float(ms[i]) for i in low]
                     span = f"{min(vals):.4g}" if min(vals) == max(vals) else f"{min(vals):.4g}..{max(vals):.4g}"
-                    out.append(f"{what}({_ranges(low, tok)}) = {span} ms{at} is below "
-                               f"{IMPLAUSIBLE_FRACTION:g} x {what}(1) ({what}(1) = {float(ms[0]):.4g} ms): an implausible "
+                    out.append(f"{what}({_ranges(low, tok)}) = {span} ms{at} is below {IMPLAUSIBLE_FRACTION:g} x "
+                               f"{what}(1) ({what}(1) = {float(ms[0]):.4g} ms): an implausible "
                                f"{'target' if what == 'T' else 'draft'} curve (noise or other load while profiling?); "
                                "re-measure before trusting what is solved from it")
                     continue

@@ -1172,10 +1172,10 @@ class GuardRule:
 def guard_rules(plan: Plan) -> list[GuardRule]:
     """One :class:`GuardRule` per speculating range of ``plan`` with a prediction (a range between measured batch
     sizes has none) that is predicted faster than plain decoding (TensorRT-LLM's rule can run batch 1 slower, so
-    that larger batch sizes may draft: nothing to guard there). ``break_even = step_ms / plain step_ms`` at the range's batch size (plain emits one token a
-    step); ``interval_low`` is the tokens-per-step low end of the prediction's interval, never above the point:
-    its tokens/s low end (per request) / ``length_factor`` x the step's ms / 1000 (the steady state's, as
-    ``expected_tokens``)."""
+    that larger batch sizes may draft: nothing to guard there). ``break_even = step_ms / plain step_ms`` at the
+    range's batch size (plain emits one token a step); ``interval_low`` is the tokens-per-step low end of the
+    prediction's interval, never above the point: its tokens/s low end (per request) / ``length_factor`` x the step's
+    ms / 1000 (the steady state's, as ``expected_tokens``)."""
     rules = []
     for r in plan.ranges:
         p = r.predicted
