@@ -42,7 +42,7 @@ from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DE
 from .render import render
 from ..jobs.entries import (DEFAULT_COMPARED_DRAFTERS, adaptive_entries, baseline_entries, check_adapt_options,
                             check_dynamic_memory, check_trees_fit, dynamic_entries, dynamic_settings, merged_topology,
-                            oversized_tree_warnings, plan_drafters, too_deep_warnings,
+                            oversized_tree_warnings, plan_drafters, too_deep_warning, too_deep_warnings,
                             tree_mismatch_warnings)
 
 
@@ -424,9 +424,8 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
                 warnings.append(w)
         limit = dpair.new_drafter().depth_limit  # Medusa's heads: a deeper tree is cut every step
         if limit is not None and plan.tree.tree_depth > limit:
-            warnings.append(f"{plan.label}: its tree is {plan.tree.tree_depth} levels deep and {dpair.draft_name} "
-                            f"proposes no deeper than depth {limit}: every step is cut to {limit} levels, and the "
-                            f"prediction made for the whole tree does not hold (--max-depth {limit})")
+            warnings.append(too_deep_warning(f"{plan.label}: its tree is", plan.tree.tree_depth, dpair.draft_name,
+                                             limit))
         measured_mode = plan.acceptance.measured.get("mode")
         if measured_mode is not None and measured_mode != mode:
             warnings.append(f"acceptance profile {plan.acceptance.id!r} was measured in {measured_mode} mode, this "

@@ -35,6 +35,7 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
     the checkpoints' fingerprints in use (:func:`~sequoia_opt.jobs.load.weights_record`), against the acceptance
     profile's (``profiled_weights``: another checkpoint of the same name accepts otherwise)."""
     from ..profiles import same_device, weights_mismatch
+    from ..profiles.checks import same_weights
 
     out = []
     for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
@@ -52,7 +53,7 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
             same = (same_device(want, have, device_type) if key == "device"
                     else str(want).strip().lower() == str(have).strip().lower())
         if not same and key in ("target", "draft"):  # another name for the same weights (a copy): not another model
-            same = _same_fingerprint(meta.extra.get("profiled_weights"), weights, key)
+            same = same_weights({"weights": meta.extra.get("profiled_weights")}, weights, key)
         if not same:
             out.append(f"tree {name!r} was solved from profiles measured with {key} {want!r}, but this run "
                        f"uses {have!r}: its predicted figures describe that setting")
@@ -60,16 +61,6 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
             "figures describe that checkpoint" for w in weights_mismatch({"weights": meta.extra.get("profiled_weights")},
                                                                         weights)]
     return out
-
-
-def _same_fingerprint(profiled: Any, weights: Any, role: str) -> bool:
-    """Whether both weight records (:func:`~sequoia_opt.jobs.load.weights_record`) give ``role`` a fingerprint and
-    it is the same one."""
-    a = (profiled or {}).get(role) if isinstance(profiled, dict) else None
-    b = (weights or {}).get(role) if isinstance(weights, dict) else None
-    fa = a.get("fingerprint") if isinstance(a, dict) else None
-    fb = b.get("fingerprint") if isinstance(b, dict) else None
-    return fa is not None and fa == fb
 
 
 #: The drafters ``run --compare-drafters`` compares when no --draft is given (self:L needs its L: name it).
@@ -409,10 +400,16 @@ def too_deep_warnings(entries, pair) -> list[str]:
         if e.policy is not None and steps is None:
             continue  # a policy of its own (a chain schedule, a graft): it checks its depth itself
         if depth > limit:
-            out.append(f"tree {e.name!r} is {depth} levels deep and {pair.draft_name} proposes no deeper than depth "
-                       f"{limit}: every step is cut to {limit} levels, and the prediction made for the whole tree does "
-                       f"not hold (solve it with --max-depth {limit})")
+            out.append(too_deep_warning(f"tree {e.name!r} is", depth, pair.draft_name, limit))
     return out
+
+
+def too_deep_warning(what: str, depth: int, drafter: str, limit: int) -> str:
+    """The line for a tree ``depth`` levels deep run by a drafter that proposes no deeper than ``limit``
+    (:attr:`~sequoia_opt.drafting.drafters.Drafter.depth_limit`); ``what``: its subject (``"tree 't' is"``)."""
+    return (f"{what} {depth} levels deep and {drafter} proposes no deeper than depth {limit}: every step is cut to "
+            f"{limit} levels, and the prediction made for the whole tree does not hold (solve it with --max-depth "
+            f"{limit})")
 
 
 # ---------------------------------------------------------------------------------------------- --adapt

@@ -509,40 +509,37 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
         if users:
             out = out.with_suffix(".tune.yaml")
 
-    def save(p: Any) -> None:
-        """``p`` into ``out`` (tune's own: never a user's file), keeping what the file there holds that ``p`` does
-        not replace (:meth:`~sequoia_opt.profiles.batch.BatchLatencyProfile.keeping`): another --context's
-        curves and other batch sizes stay cached; an unreadable file is replaced."""
+    def saved() -> Any:
+        """What the file at ``out`` holds (tune's own: never a user's file); None when there is none or it is
+        unreadable (timed anew and rewritten)."""
         try:
-            old = load_batch_latency(out) if out.is_file() else None
+            return load_batch_latency(out) if out.is_file() else None
         except ProfileError:
-            old = None
+            return None
+
+    def save(p: Any, old: Any) -> None:
+        """``p`` into ``out``, keeping what ``old`` (:func:`saved`, read once by the caller) holds that ``p`` does not
+        replace (:meth:`~sequoia_opt.profiles.batch.BatchLatencyProfile.keeping`): another --context's curves and
+        other batch sizes stay cached."""
         save_batch_latency(out, p if old is None else p.keeping(old))
 
     if prof is None:
         prof = measure(opts.batches)
-        save(prof)
+        save(prof, saved())
         done["latency"] = f"measured: {out}{why}"
     held = [prof]
 
     def lacks(p: Any, b: int) -> bool:
         return b not in p.curves or opts.context not in p.curve(b).contexts
 
-    def own_sizes() -> dict[int, Any]:
-        """The curves of tune's own file beside a reused user's profile that still fit, each batch size on its own
-        (earlier --batches or --refine); {} when there is none or it is unreadable (timed anew and rewritten)."""
-        if not (users and out.is_file()):
-            return {}
-        try:
-            own = load_batch_latency(out)
-        except ProfileError:
-            return {}
-        return {b: c for b, c in own.curves.items() if not _latency_misfit(own, opts, want_k, [b])}
-
     def more(batches: Sequence[int], why: str = "where the plan switches (--refine)") -> Any:
         have = held[0]
         need = sorted({int(b) for b in batches if lacks(have, b)})
-        own = own_sizes() if need else {}  # read once: the sizes to reuse, and the ones a save must keep
+        file = saved() if need else None  # read once: the sizes to reuse, and what the save must keep
+        # tune's own file beside a reused user's profile: its curves that still fit, each batch size on its own
+        # (earlier --batches or --refine)
+        own = {b: c for b, c in file.curves.items() if not _latency_misfit(file, opts, want_k, [b])} \
+            if users and file is not None else {}
         kept = [b for b in need if b in own]
         if kept:
             have = replace(have, curves={**have.curves, **{b: own[b] for b in kept}})
@@ -554,7 +551,7 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
             have = replace(have, curves={**have.curves, **extra.curves},
                            source=f"{have.source or ''}; batch sizes {bs} timed after by treeopt tune, {why}")
             done["latency"] += f"; {_sizes(need)} timed {why}, saved: {out}"
-            save(have)
+            save(have, file)
         held[0] = have
         return have
 
