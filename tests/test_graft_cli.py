@@ -334,7 +334,8 @@ def test_profile_scheduler_trains_and_run_uses_it(env, tmp_path, monkeypatch):
     assert [d["name"] for d in s["drafters"]] == [LIGHT, STRONG]
     assert [row["drafter"] for row in doc["per_drafter"]] == [LIGHT, STRONG]
     light, strong = doc["per_drafter"]
-    assert light["calls"] == s["steps"] and light["call rate"] == 1.0  # the light drafter runs every step
+    # the light drafter runs every step but a root-only one (the last of an answer with one token left)
+    assert s["steps"] - 2 <= light["calls"] <= s["steps"] and light["call rate"] == 1.0
     assert 0 <= strong["calls"] <= s["steps"] and strong["accepted nodes"] >= 0
     assert doc["settings"]["multi_drafter"]["scheduler"] == str(out)
     assert json.loads(Path(doc["json"]).read_text())["summaries"][1]["drafters"] == s["drafters"]

@@ -4,6 +4,8 @@ branch; sampling with candidates of several drafters is exact (TV against the ta
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from test_decoding import PROMPTS, _micro_pair, _model, _perturbed, _plain
@@ -66,12 +68,36 @@ def test_greedy_output_equals_plain_decoding_with_mixed_provenance(target, draft
 
 def test_scheduler_that_never_calls_the_strong_drafter_runs_the_light_tree_alone(target, drafts):
     pol = GraftPolicy(ModelDrafter(drafts["weak"]), ModelDrafter(drafts["strong"]), PLAN, LABELS,
-                      scheduler=NeverGraft())
+                      scheduler=NeverGraft(), cut_at_answer_end=False)
     res = MultiDraftDecoder(target, pol, max_len=128).generate(PROMPTS[2], 20)
     assert res.tokens == _plain(target, PROMPTS[2])
     assert {s.tree_size for s in res.steps} == {pol.n_light} == {5}
     ms, calls, accepted = res.drafter_totals()
     assert calls == [res.num_steps, 0] and ms[1] == 0.0 and accepted[1] == 0
+
+
+@pytest.mark.parametrize("kind", ["graft", "merge"])
+def test_graft_and_merge_draft_no_deeper_than_the_row_can_still_emit(target, kind):
+    """With drafters that are always accepted (copies of the target), a row with r tokens left drafts the plan cut
+    to depth r - 1 (the root alone at r = 1), the whole plan before; the tokens are plain decoding's, and with the
+    cut off every step drafts the whole plan."""
+    prompt = PROMPTS[2]
+    ref = _plain(target, prompt, 12)
+
+    def policy(cut):
+        same = [ModelDrafter(copy.deepcopy(target)) for _ in range(2)]
+        if kind == "graft":
+            return GraftPolicy(*same, PLAN, LABELS, cut_at_answer_end=cut)
+        return MergePolicy(same, [PLAN, Tree.chain(2)], cut_at_answer_end=cut)
+
+    D = PLAN.tree_depth  # 3: the light spine [0] [0, 0] [0, 0, 0] (graft), the deepest of the two trees (merge)
+    for m in (1, 2, 5, 7, 12):
+        res = MultiDraftDecoder(target, policy(True), max_len=128).generate(prompt, m)
+        assert res.tokens == ref[:m], (kind, m)
+        assert [s.tree_depth for s in res.steps] == [min(D, r - 1) for r in range(m, 0, -(D + 1))], (kind, m)
+        assert res.steps[-1].drafter_calls == ((0, 0) if m % (D + 1) == 1 else (1, 1))  # the root alone asks none
+        whole = MultiDraftDecoder(target, policy(False), max_len=128).generate(prompt, m)
+        assert whole.tokens == ref[:m] and {s.tree_depth for s in whole.steps} == {D}, (kind, m)
 
 
 def test_grafting_never_removes_a_branch_and_never_repeats_a_light_sibling(target, drafts):

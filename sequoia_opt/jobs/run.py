@@ -112,7 +112,8 @@ class TreeSummary:
         mismatches: prompts whose greedy output differed from plain decoding (greedy mode only).
         drafter: the label of the drafter that ran this tree when its entry named one (None otherwise).
         drafters: for a multi-drafter entry, per drafter (light first): ``name``, ``calls`` (steps it was
-            asked in), ``call_rate`` (calls / steps), ``ms`` (its total wall time), ``ms_per_call`` and
+            asked in), ``call_rate`` (calls / the steps that asked any drafter: a step near the end of the
+            context or of an answer may be the root alone, which asks none), ``ms`` (its total wall time), ``ms_per_call`` and
             ``accepted_nodes`` (accepted nodes it proposed); empty otherwise.
         adaptive: for an adaptive entry (its policy has an ``adapter``), :meth:`TreeAdapter.as_dict`: its settings
             and limits, the initial and final trees, and ``resolves``, the log of re-solves (step, generation,
@@ -413,7 +414,7 @@ def _drafter_stats(results: list[GenerationResult], names: Sequence[str]) -> lis
     """Per drafter of a multi-drafter entry: calls, call rate, time and accepted nodes over all prompts."""
     k = len(names)
     ms, calls, accepted = [0.0] * k, [0] * k, [0] * k
-    steps = sum(r.num_steps for r in results)
+    steps = sum(any(s.drafter_calls) for r in results for s in r.steps)  # a root-only step asks no drafter
     for r in results:
         m, c, a = r.drafter_totals()
         for i in range(min(k, len(m))):

@@ -127,7 +127,7 @@ def measure_pair_acceptance(
     tree, labels = pair_measurement_plan(light_width, strong_width, depth)
     gen = torch.Generator(device=target.device)
     gen.manual_seed(seed)
-    policy = GraftPolicy(light(), strong(), tree, labels, scheduler=AlwaysGraft())
+    policy = GraftPolicy(light(), strong(), tree, labels, scheduler=AlwaysGraft(), cut_at_answer_end=False)
     dec = Decoder(target, policy, temperature=temperature, top_p=top_p, generator=gen, eos_ids=eos_ids,
                   backend=backend)
     for p in prompts:
@@ -186,7 +186,7 @@ def collect_scheduler_samples(
     """
     gen = torch.Generator(device=target.device)
     gen.manual_seed(seed)
-    policy = GraftPolicy(light(), strong(), plan, plan_drafter, scheduler=AlwaysGraft())
+    policy = GraftPolicy(light(), strong(), plan, plan_drafter, scheduler=AlwaysGraft(), cut_at_answer_end=False)
     dec = Decoder(target, policy, temperature=temperature, top_p=top_p, generator=gen, eos_ids=eos_ids,
                   backend=backend)
     for p in prompts:

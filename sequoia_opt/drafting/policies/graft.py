@@ -21,7 +21,9 @@ One step:
    nodes are appended after the light's (their slots never move a light node), nothing the light proposed is
    removed, and the strong's candidates never repeat a light sibling. A prompt-lookup strong drafter grafts
    its ranked candidates as point masses.
-4. Commit: the light drafter commits the accepted path while it stays on its nodes; the strong drafter, when
+4. Near the answer's end the step drafts the plan cut to what the row can still emit (its first d + 1 levels,
+   d = :attr:`~sequoia_opt.decoding.state.RowState.useful_depth`; :class:`GraftLayout`), the root alone at d = 0.
+5. Commit: the light drafter commits the accepted path while it stays on its nodes; the strong drafter, when
    it was called, the path while it stays on nodes it ran over (its catch-up chunk feeds the rest next
    time it is called); a drafter sharing the target's cache commits the whole path.
 
@@ -45,7 +47,7 @@ from ..drafters import Drafter, as_drafter
 from .base import SharedTreePolicy, check_depth_limit, commit_drafter
 from .scheduler import AlwaysGraft, GraftScheduler, spine_features
 
-__all__ = ["GraftPolicy", "check_graft_plan"]
+__all__ = ["GraftPolicy", "GraftLayout", "check_graft_plan"]
 
 
 def check_graft_plan(tree: Tree, drafter: Sequence[int]) -> None:
@@ -71,6 +73,91 @@ def check_graft_plan(tree: Tree, drafter: Sequence[int]) -> None:
             raise DecodingError("a plan node has a light child after a strong one (siblings are light first)")
 
 
+class GraftLayout:
+    """A graft plan laid out as one step's nodes: the light drafter's part first (its subtree's breadth-first
+    order), the strong drafter's after, with the graft sites and the levels the strong drafter runs over.
+    :class:`GraftPolicy` keeps one per depth it drafts at: the whole plan's, and near the answer's end the plan
+    cut to its first d + 1 levels (levels are contiguous in the plan's breadth-first order, so the cut plan is a
+    prefix of it and a graft plan itself).
+
+    Attributes:
+        plan, labels: the plan and its per-node drafters (0 light, 1 strong; the root's entry is ignored).
+        depth: the plan's depth (tokens below the root).
+        light_tree: the light drafter's part as a tree of its own: the step's first ``n_light`` nodes.
+        n_light: step nodes the light drafter proposes (the root included).
+        step_parent, step_depth: per step node (n = ``plan.size`` when the strong drafter is called), its parent
+            and depth.
+        graft_sites: step node -> how many strong children it gets (in the plan's rank order).
+        graft_kids: step node -> its planned strong children's step nodes, in rank order.
+        strong_levels: per depth, the step nodes the strong drafter runs over (every ancestor-or-self of a graft
+            site).
+        reselect_levels: parent depth -> grafts re-selected there (:class:`GraftPolicy` ``reselect``): the grafts
+            under light parents at that depth, where every one is a leaf.
+        light_spine: the light tree's rank-0 spine nodes that have children (root first).
+        buffers, step_depth_t (n,) int64, step_anc_t (n, n) bool: compiled on the decoder's device by
+            :meth:`bind`.
+    """
+
+    def __init__(self, plan: Tree, labels: Sequence[int]) -> None:
+        self.plan, self.labels = plan, tuple(int(k) for k in labels)
+        self.depth = plan.tree_depth
+        lab, depth = self.labels, plan.depth
+        light_nodes = [i for i in range(plan.size) if i == 0 or lab[i] == 0]
+        strong_nodes = [i for i in range(1, plan.size) if lab[i] == 1]
+        step_of = {p: j for j, p in enumerate(light_nodes)}  # plan node -> step node
+        for j, p in enumerate(strong_nodes):
+            step_of[p] = len(light_nodes) + j
+        self.light_tree = Tree(parent=[-1] + [step_of[plan.parent[i]] for i in light_nodes[1:]],
+                               rank=[plan.rank[i] for i in light_nodes])
+        self.n_light = len(light_nodes)
+        self.step_parent, self.step_depth = [-1] * plan.size, [0] * plan.size
+        for p, j in step_of.items():
+            self.step_depth[j] = int(depth[p])
+            if p:
+                self.step_parent[j] = step_of[plan.parent[p]]
+        sites: dict[int, int] = {}
+        self.graft_kids: dict[int, list[int]] = {}
+        for p in strong_nodes:
+            at = step_of[plan.parent[p]]
+            sites[at] = sites.get(at, 0) + 1
+            self.graft_kids.setdefault(at, []).append(step_of[p])
+        self.graft_sites = dict(sorted(sites.items()))
+        anc = self.step_anc = ancestor_matrix(self.step_parent)  # (n, n) bool
+        need = sorted({j for at in sites for j in range(plan.size) if anc[at, j]})
+        self.strong_levels: list[list[int]] = []
+        for d in range(self.depth + 1):
+            level = [j for j in need if self.step_depth[j] == d]
+            if level:
+                self.strong_levels.append(level)
+        self.reselect_levels: dict[int, int] = {}
+        blocked: set[int] = set()  # a depth where a graft has children keeps the plan's positions
+        for p in strong_nodes:
+            if plan.parent[p] == 0 or lab[plan.parent[p]] == 0:
+                j = int(depth[plan.parent[p]])
+                if plan.children[p]:
+                    blocked.add(j)
+                self.reselect_levels[j] = self.reselect_levels.get(j, 0) + 1
+        for j in blocked:
+            self.reselect_levels.pop(j, None)
+        self.light_spine, node = [], 0
+        while self.light_tree.children[node]:
+            self.light_spine.append(node)
+            node = self.light_tree.children[node][0]
+        self.buffers: TreeBuffers | None = None
+
+    def cut(self, depth: int) -> "GraftLayout":
+        """The plan cut to its levels ``0..depth`` (``0 <= depth <= self.depth``), laid out afresh (not compiled)."""
+        keep = self.plan.level_slices[depth].stop
+        return GraftLayout(Tree(parent=self.plan.parent[:keep], rank=self.plan.rank[:keep]), self.labels[:keep])
+
+    def bind(self, device: torch.device | str) -> None:
+        """Compile the light tree, and the step tree's depths and ancestor matrix for the strong drafter's
+        forwards, on ``device``."""
+        self.buffers = TreeBuffers.build(self.light_tree, device)
+        self.step_depth_t = torch.tensor(self.step_depth, dtype=torch.int64, device=device)
+        self.step_anc_t = torch.from_numpy(self.step_anc).to(device)
+
+
 class GraftPolicy(SharedTreePolicy):
     """A light and a strong drafter grow one tree from a solved plan; a scheduler decides when the strong
     drafter is called (module docstring).
@@ -86,6 +173,10 @@ class GraftPolicy(SharedTreePolicy):
             re-scoring; :meth:`_reselect`): at every depth where the plan grafts leaves only, its number of
             grafts goes to the light nodes whose root path and next token the strong drafter rates highest,
             among the nodes it runs over anyway (the same cost). Default False: the plan's positions.
+        cut_at_answer_end: draft no deeper than the row can still emit (:attr:`RowState.useful_depth
+            <sequoia_opt.decoding.state.RowState.useful_depth>`; True): the plan cut to its first d + 1 levels
+            (:class:`GraftLayout`), the root alone at d = 0. Greedy output is the same either way; only the step's
+            cost drops. The graft profiler sets it False: every step is the whole plan.
 
     Raises:
         DecodingError: a plan :func:`check_graft_plan` refuses, ``names`` not two names; a strong drafter that
@@ -96,7 +187,7 @@ class GraftPolicy(SharedTreePolicy):
 
     def __init__(self, light: Drafter, strong: Drafter, plan: Tree, plan_drafter: Sequence[int],
                  names: Sequence[str] = ("light", "strong"), scheduler: GraftScheduler | None = None,
-                 reselect: bool = False) -> None:
+                 reselect: bool = False, *, cut_at_answer_end: bool = True) -> None:
         check_graft_plan(plan, plan_drafter)
         light, strong = as_drafter(light), as_drafter(strong)
         self.drafters = (light, strong)
@@ -107,73 +198,27 @@ class GraftPolicy(SharedTreePolicy):
         self.plan, self.plan_drafter = plan, tuple(int(k) for k in plan_drafter)
         self.max_size, self.max_depth = plan.size, plan.tree_depth
         lab = self.plan_drafter
-        light_nodes = [i for i in range(plan.size) if i == 0 or lab[i] == 0]
-        strong_nodes = [i for i in range(1, plan.size) if lab[i] == 1]
-        for k, (drafter, nodes) in enumerate(((light, light_nodes[1:]), (strong, strong_nodes))):
-            check_depth_limit(drafter, max((int(plan.depth[i]) for i in nodes), default=0),
-                              f"the grafted tree's {('light', 'strong')[k]} part",
+        layout = GraftLayout(plan, lab)
+        strong_deepest = max((int(plan.depth[i]) for i in range(1, plan.size) if lab[i] == 1), default=0)
+        for k, (drafter, deepest) in enumerate(((light, layout.light_tree.tree_depth), (strong, strong_deepest))):
+            check_depth_limit(drafter, deepest, f"the grafted tree's {('light', 'strong')[k]} part",
                               hint="profile graft's and solve's --max-depth for a grafted tree")
-        # plan node -> step node: the light's nodes first (their subtree's BFS order), the strong's after
-        self._step_of = {p: j for j, p in enumerate(light_nodes)}
-        for j, p in enumerate(strong_nodes):
-            self._step_of[p] = len(light_nodes) + j
-        self.light_tree = Tree(parent=[-1] + [self._step_of[plan.parent[i]] for i in light_nodes[1:]],
-                               rank=[plan.rank[i] for i in light_nodes])
-        self.n_light = len(light_nodes)
-        self.step_parent = [-1] * plan.size  # the full step tree's parents (when the strong drafter is called)
-        for p, j in self._step_of.items():
-            if p:
-                self.step_parent[j] = self._step_of[plan.parent[p]]
-        depth = plan.depth
-        self.step_depth = [0] * plan.size
-        for p, j in self._step_of.items():
-            self.step_depth[j] = int(depth[p])
-        # graft sites: step node -> how many strong children (in the plan's rank order)
-        sites: dict[int, int] = {}
-        for p in strong_nodes:
-            s = self._step_of[plan.parent[p]]
-            sites[s] = sites.get(s, 0) + 1
-        self.graft_sites = dict(sorted(sites.items()))
-        # per graft site, its planned strong children's step nodes in rank order
-        self._graft_kids: dict[int, list[int]] = {}
-        for p in strong_nodes:
-            self._graft_kids.setdefault(self._step_of[plan.parent[p]], []).append(self._step_of[p])
-        # the strong drafter runs over every ancestor-or-self of a graft site, level by level
-        anc = self._step_anc = ancestor_matrix(self.step_parent)  # (n, n) bool, the full step tree's
-        need = sorted({j for s in sites for j in range(plan.size) if anc[s, j]})
-        self.strong_levels: list[list[int]] = []
-        for d in range(self.max_depth + 1):
-            lvl = [j for j in need if self.step_depth[j] == d]
-            if lvl:
-                self.strong_levels.append(lvl)
-        # re-selection: per parent depth j, the grafts under light parents there, where every one is a leaf
-        # (the plan's grafted subtrees keep their positions)
         self.reselect = bool(reselect)
-        self.reselect_levels: dict[int, int] = {}
-        blocked: set[int] = set()
-        for p in strong_nodes:
-            if plan.parent[p] == 0 or lab[plan.parent[p]] == 0:
-                j = int(depth[plan.parent[p]])
-                if plan.children[p]:
-                    blocked.add(j)
-                self.reselect_levels[j] = self.reselect_levels.get(j, 0) + 1
-        for j in blocked:
-            self.reselect_levels.pop(j, None)
-        self.light_spine = self._light_spine()
+        self.cut_at_answer_end = bool(cut_at_answer_end)
+        self.layout = layout  # this step's: the whole plan, or the plan cut at the answer's end
+        self._layouts = {plan.tree_depth: layout}
         self.recent_accepted = 0.0
         self.drafter_ms, self.drafter_calls = [0.0, 0.0], [0, 0]
         self._called = False
         self._ran: dict[int, int] = {}  # this step: step node -> the planned node it is, for those the strong ran over
         self.last_features = None
-        self._buffers: TreeBuffers | None = None
 
-    def _light_spine(self) -> list[int]:
-        """The light tree's rank-0 spine nodes that have children (root first)."""
-        t, out, node = self.light_tree, [], 0
-        while t.children[node]:
-            out.append(node)
-            node = t.children[node][0]
-        return out
+    # this step's layout (the whole plan's unless cut at the answer's end)
+    n_light = property(lambda self: self.layout.n_light, doc="Step nodes the light drafter proposes this step.")
+    light_tree = property(lambda self: self.layout.light_tree, doc="The light drafter's part of this step's plan.")
+    graft_sites = property(lambda self: self.layout.graft_sites, doc="Step node -> strong children grafted there.")
+    reselect_levels = property(lambda self: self.layout.reselect_levels,
+                               doc="Parent depth -> grafts re-selected there (``reselect``).")
 
     @classmethod
     def from_drafter_tree(cls, light: Drafter, strong: Drafter, dtree, scheduler: GraftScheduler | None = None,
@@ -185,10 +230,17 @@ class GraftPolicy(SharedTreePolicy):
 
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
-        self._buffers = TreeBuffers.build(self.light_tree, settings.device)
-        # the full step tree's depths and ancestor matrix, for the strong drafter's forwards (fixed by the plan)
-        self._step_depth_t = torch.tensor(self.step_depth, dtype=torch.int64, device=settings.device)  # (n,)
-        self._step_anc_t = torch.from_numpy(self._step_anc).to(settings.device)  # (n, n)
+        for layout in self._layouts.values():
+            layout.bind(settings.device)
+
+    def layout_at(self, depth: int) -> GraftLayout:
+        """The plan cut to ``depth`` (``1 <= depth <= max_depth``; the whole plan at max_depth), laid out and
+        compiled once and kept."""
+        layout = self._layouts.get(depth)
+        if layout is None:
+            layout = self._layouts[depth] = self._layouts[self.max_depth].cut(depth)
+            layout.bind(self.settings.device)
+        return layout
 
     def reset(self) -> None:
         super().reset()
@@ -201,10 +253,14 @@ class GraftPolicy(SharedTreePolicy):
     def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
         if not self.whole_fits(state, rooms[0]):
             return self.root_only(state)
+        depth = min(self.max_depth, state.row.useful_depth) if self.cut_at_answer_end else self.max_depth
+        if depth == 0:
+            return self.root_only(state)
+        self.layout = self.layout_at(depth)
         return [self._draft(state)]
 
     def _draft(self, state: DecodeState) -> StepTree:
-        s, buf = self.settings, self._buffers
+        s, buf = self.settings, self.layout.buffers
         light, strong = self.drafters
         tree = StepTree(state.root)
         t0 = self.clock.now()
@@ -221,7 +277,8 @@ class GraftPolicy(SharedTreePolicy):
         self._ran = {}
         if not self.graft_sites:
             return tree
-        feats = spine_features(conf if conf is not None else [0.0] * tree.n, self.light_spine, self.recent_accepted)
+        feats = spine_features(conf if conf is not None else [0.0] * tree.n, self.layout.light_spine,
+                               self.recent_accepted)
         self.last_features = feats
         if not self.scheduler.decide(feats):
             return tree
@@ -238,25 +295,26 @@ class GraftPolicy(SharedTreePolicy):
         drafter's mass, top-p nucleus or finite logits all lie on the light's children there) gets fewer
         grafted children or none, and the planned nodes below a missing one are not drafted."""
         device = s.device
-        n = self.plan.size
+        lay = self.layout
+        n = lay.plan.size
         tokens = torch.zeros(n, dtype=torch.int64, device=device)  # (n,) planned step nodes' tokens
         tokens[: tree.n] = torch.tensor(tree.token_list, dtype=torch.int64, device=device)
-        depth, anc = self._step_depth_t, self._step_anc_t
-        real = list(range(self.n_light)) + [-1] * (n - self.n_light)
+        depth, anc = lay.step_depth_t, lay.step_anc_t
+        real = list(range(lay.n_light)) + [-1] * (n - lay.n_light)
         path_p = {0: 1.0}  # re-selection: the strong drafter's probability of each light node's root path
-        for li, level in enumerate(self.strong_levels):
+        for li, level in enumerate(lay.strong_levels):
             nodes = [j for j in level if real[j] >= 0]
             if not nodes:
                 continue
             logits = strong.score_nodes(state.row, tokens, depth, anc, nodes, li == 0)
             self._ran.update((real[j], j) for j in nodes)
-            d = self.step_depth[nodes[0]]
-            reselected = self.reselect and logits is not None and d in self.reselect_levels
+            d = lay.step_depth[nodes[0]]
+            reselected = self.reselect and logits is not None and d in lay.reselect_levels
             if reselected:
-                self._reselect(tree, nodes, logits, self.reselect_levels[d], path_p, s)
+                self._reselect(tree, nodes, logits, lay.reselect_levels[d], path_p, s)
             for row, node in enumerate(nodes):
-                b = self.graft_sites.get(node)
-                if not b or (reselected and node < self.n_light):  # re-selected: the light parents' grafts
+                b = lay.graft_sites.get(node)
+                if not b or (reselected and node < lay.n_light):  # re-selected: the light parents' grafts
                     continue
                 at = real[node]
                 exclude = [tree.token_list[c] for c in tree.children[at]]
@@ -275,13 +333,13 @@ class GraftPolicy(SharedTreePolicy):
                         q = process_logits(logits[row], s.temperature, s.top_p)
                     except ValueError as err:
                         raise DecodingError(f"the strong drafter {self.names[1]!r} at step node {at} (depth "
-                                            f"{self.step_depth[node]}): {err}") from None
+                                            f"{lay.step_depth[node]}): {err}") from None
                     cand, q_cond = sample_excluding(q, b, exclude, s.generator)
                     group = CandidateGroup(q_cond, cand[q_cond[cand] > 0], 1)  # no zero-mass padding
                 if not group.tokens.numel():
                     continue  # nothing left to graft here
                 kids = tree.add_group(at, group, merge=False)
-                for j, c in zip(self._graft_kids[node], kids):
+                for j, c in zip(lay.graft_kids[node], kids):
                     real[j] = c
                     tokens[j] = tree.token_list[c]
 
@@ -320,13 +378,14 @@ class GraftPolicy(SharedTreePolicy):
         if self.commit_root_only(state):
             return
         light, strong = self.drafters
-        n_light, ran = self.n_light, self._ran
+        lay, ran = self.layout, self._ran
+        n_light = lay.n_light
         # the light tree's nodes are the step tree's first n_l (its own numbering); the strong drafter ran over
         # step nodes at their own slots
-        commit_drafter(light, state, paths[0], lambda j: j if j < n_light else None, self._buffers.tree_depth)
+        commit_drafter(light, state, paths[0], lambda j: j if j < n_light else None, lay.buffers.tree_depth)
         if strong.shares_target_cache:
-            commit_drafter(strong, state, paths[0], int, self.max_depth)
+            commit_drafter(strong, state, paths[0], int, lay.depth)
         elif self._called:  # its cache holds the nodes it ran over at their planned slots
-            commit_drafter(strong, state, paths[0], ran.get, self.max_depth + 1)
+            commit_drafter(strong, state, paths[0], ran.get, lay.depth + 1)
         else:  # not asked this step: told so (step depth 0), as every drafter is after every step
             strong.commit(state, [[0]], 0)

@@ -8,7 +8,9 @@ its (mapped) parent is merged into that child (which keeps both provenances), an
 node, each drafter's children form one candidate group with that drafter's distribution, tried in drafter
 order (:func:`~sequoia_opt.decoding.sampling.verify_groups_node`: exact for candidates of different
 drafters, SpecInfer's multi-step speculative sampling). Each drafter commits the accepted path while it stays
-on nodes of its own tree, in its own tree's numbering (its cache holds its tree at those slots).
+on nodes of its own tree, in its own tree's numbering (its cache holds its tree at those slots). Near the
+answer's end each drafter's tree is cut to what the row can still emit (its first d + 1 levels, d =
+:attr:`~sequoia_opt.decoding.state.RowState.useful_depth`), the root alone at d = 0.
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ class MergePolicy(SharedTreePolicy):
         drafters: the drafters (each bound to this policy's decoder only), in verification order.
         trees: one tree per drafter (its own solved tree).
         names: their labels.
+        cut_at_answer_end: draft no deeper than the row can still emit (module docstring; True). Greedy output
+            is the same either way; only the step's cost drops.
 
     Raises:
         DecodingError: not one tree per drafter, fewer than two drafters, or not one name per drafter.
     """
 
-    def __init__(self, drafters: Sequence[Drafter], trees: Sequence[Tree], names: Sequence[str] | None = None) -> None:
+    def __init__(self, drafters: Sequence[Drafter], trees: Sequence[Tree], names: Sequence[str] | None = None, *,
+                 cut_at_answer_end: bool = True) -> None:
         if len(drafters) < 2 or len(drafters) != len(trees):
             raise DecodingError(f"a merge needs one tree per drafter and at least two drafters, got {len(drafters)} "
                                 f"drafters and {len(trees)} trees")
@@ -51,14 +56,27 @@ class MergePolicy(SharedTreePolicy):
             check_depth_limit(d, t.tree_depth, f"its tree in the merge ({name})", hint="solve's --max-depth")
         self.max_depth = max(t.tree_depth for t in trees)
         self.max_size = sum(t.size for t in trees) - (len(trees) - 1)  # every non-root node distinct at most
+        self.cut_at_answer_end = bool(cut_at_answer_end)
         k = len(drafters)
         self.drafter_ms, self.drafter_calls = [0.0] * k, [0] * k
-        self._buffers: list[TreeBuffers] = []
+        self._buffers: list[TreeBuffers] = []  # each drafter's whole tree
+        self._step_buffers: list[TreeBuffers] = []  # this step's: each cut at the answer's end
         self._own: list[dict[int, int]] = []  # per drafter: step node -> its own node
 
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
         self._buffers = [TreeBuffers.build(t, settings.device) for t in self.trees]
+        self._clipped: dict[tuple[int, int], TreeBuffers] = {}
+
+    def _cut(self, k: int, depth: int) -> TreeBuffers:
+        """Drafter k's tree cut to ``depth`` (itself when no deeper), compiled once and kept."""
+        buf = self._buffers[k]
+        if buf.tree_depth <= depth:
+            return buf
+        cut = self._clipped.get((k, depth))
+        if cut is None:
+            cut = self._clipped[(k, depth)] = buf.clipped(depth)
+        return cut
 
     def whole_fits(self, state: DecodeState, room: Room) -> bool:
         return super().whole_fits(state, room) and all(
@@ -67,9 +85,13 @@ class MergePolicy(SharedTreePolicy):
     def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
         if not self.whole_fits(state, rooms[0]):
             return self.root_only(state)
+        depth = min(self.max_depth, state.row.useful_depth) if self.cut_at_answer_end else self.max_depth
+        if depth == 0:
+            return self.root_only(state)
+        self._step_buffers = [self._cut(k, depth) for k in range(len(self._buffers))]
         tree = StepTree(state.root)
         self._own = []
-        for k, (d, buf) in enumerate(zip(self.drafters, self._buffers)):
+        for k, (d, buf) in enumerate(zip(self.drafters, self._step_buffers)):
             t0 = self.clock.now()
             own: dict[int, int] = {0: 0}  # step node -> own node
             if buf.tree_depth > 0:
@@ -85,5 +107,5 @@ class MergePolicy(SharedTreePolicy):
     def commit(self, state: DecodeState, trees: Sequence[StepTree], paths: Sequence[Sequence[int]]) -> None:
         if self.commit_root_only(state):
             return
-        for k, (d, buf) in enumerate(zip(self.drafters, self._buffers)):
+        for k, (d, buf) in enumerate(zip(self.drafters, self._step_buffers)):
             commit_drafter(d, state, paths[0], self._own[k].get, buf.tree_depth)
