@@ -21,7 +21,7 @@ import sequoia_opt.jobs.load as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.drafting.drafters import LayerSkipDrafter, PromptLookupDrafter  # noqa: E402
 from sequoia_opt.errors import ProfileError  # noqa: E402
-from sequoia_opt.jobs.run import TreeEntry, run_trees  # noqa: E402
+from sequoia_opt.jobs.run import TreeEntry, answer_factor, run_trees  # noqa: E402
 from sequoia_opt.jobs.compare import (check_drafter_profiles, check_plan, check_plans, check_warning,  # noqa: E402
                                       compare_drafters, drafter_rows, plan_drafter)
 from sequoia_opt.jobs.load import DrafterSpec, default_acceptance_path, default_latency_path, parse_drafter_spec  # noqa: E402
@@ -331,10 +331,15 @@ def test_compare_drafters_one_plain_baseline_and_a_row_per_drafter(models):
         # (exact from the file's node rates: the renewal limit N / (N + P E[O]) is close at 12 tokens, not equal)
         over = plan.metadata.extra["end_overshoot_tokens"]
         assert over > 0 and s.predicted_speedup_steady == pytest.approx(plan.choice.speedup)
-        factor = s.predicted_speedup / s.predicted_speedup_steady
+        factor = s.predicted_tokens_per_step / s.predicted_tokens_per_step_steady
         assert row.predicted_speedup == s.predicted_speedup
         assert factor == pytest.approx(s.new_tokens / (s.new_tokens + len(prompts) * over), rel=0.03) and factor < 1
-        assert s.predicted_tokens_per_step == pytest.approx(s.predicted_tokens_per_step_steady * factor)
+        # the speedup prices the steps cut at each answer's end at the cut tree's cost (depth_step_ms): cheaper
+        # than whole steps, so its factor lies between the tokens/step one and 1
+        assert len(plan.metadata.extra["depth_step_ms"]) == plan.tree.tree_depth + 1
+        priced = answer_factor(plan.tree, plan.metadata, [12] * len(prompts), priced=True)
+        assert s.predicted_speedup == pytest.approx(s.predicted_speedup_steady * priced)
+        assert factor < priced < 1
     assert run.to_dict()["drafters"][1]["drafter"] == "lookup:1-3"
     assert drafter_rows(plans, run) == cmp.rows
     with pytest.raises(ValueError, match="2 drafter plans but 1 drafts"):

@@ -145,3 +145,43 @@ def test_a_runs_predicted_tokens_per_step_is_for_its_own_generation_lengths():
     assert answer_factor(tree, only, [512] * 3) == renewal
     assert answer_factor(tree, TreeMetadata(expected_tokens_per_step=g), [8]) is None
     assert answer_factor(tree, meta, []) is None
+
+
+def test_a_runs_predicted_speedup_prices_the_steps_cut_at_an_answers_end():
+    """The decoder drafts no deeper than a row can still emit, so an answer's last steps verify a cut tree and cost
+    what it costs; a tree file with a latency curve records each cut's step cost (depth_step_ms) and treeopt run's
+    speedup prediction prices them: at N = 1 the one step is plain decoding's (speedup exactly 1), where pricing
+    every step as a whole one predicted the whole tree's cost for one token (below 1)."""
+    from sequoia_opt.jobs.run import answer_factor
+    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
+    from sequoia_opt.solver.depth import ValueModel
+    from sequoia_opt.solver.generation import expected_cost, step_length_tail
+    from sequoia_opt.solver.hardware import plain_ms_per_token, score_tree
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 0, 0]])  # widths 1 2 1 1
+    curve = LatencyCurve.synthetic({1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 14.0}, {1: 1.0, 2: 1.5})
+    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
+    meta = TreeMetadata(expected_tokens_per_step=vm.expected_tokens(tree),
+                        predicted_speedup=score_tree(tree, vm.acceptance, curve).speedup,
+                        extra=vm.run_checks(tree, curve))
+    costs = meta.extra["depth_step_ms"]
+    # depth 0: plain decoding's step, T(1); depth d: c(w) for each level but the last (per-level) and T(nodes):
+    # [1, 2] -> c(1) + T(3); [1, 2, 1] -> c(1) + c(2) + T(4); the whole tree c(1) + c(2) + c(1) + T(5)
+    assert costs == pytest.approx([10.0, 1.0 + 12.0, 1.0 + 1.5 + 13.0, 1.0 + 1.5 + 1.0 + 14.0])
+    assert costs[0] == pytest.approx(plain_ms_per_token(curve)) and costs[-1] == pytest.approx(
+        score_tree(tree, vm.acceptance, curve).cost_ms)
+    assert costs == sorted(costs) and len(costs) == tree.tree_depth + 1
+    one = meta.predicted_speedup * answer_factor(tree, meta, [1], priced=True)
+    assert one == pytest.approx(1.0)  # one token, one plain step
+    assert meta.predicted_speedup * answer_factor(tree, meta, [1]) < 1.0  # the whole tree's cost for one token
+    reach = vm.path_probabilities(tree)
+    tail = step_length_tail(tree.depth, reach)
+    for n in (2, 3, 7):
+        exact = n / expected_cost(tail, n, costs) * plain_ms_per_token(curve)  # tokens per plain step's time
+        assert meta.predicted_speedup * answer_factor(tree, meta, [n], priced=True) == pytest.approx(exact)
+        assert answer_factor(tree, meta, [n], priced=True) > answer_factor(tree, meta, [n])
+    # without the costs (an older file, or no curve): every step priced as a whole one
+    bare = TreeMetadata(expected_tokens_per_step=meta.expected_tokens_per_step, extra=vm.run_checks(tree))
+    assert "depth_step_ms" not in bare.extra
+    assert answer_factor(tree, bare, [3], priced=True) == answer_factor(tree, bare, [3])

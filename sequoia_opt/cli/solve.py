@@ -340,7 +340,7 @@ def solve(
         solver="sequoia-dp" + ("+hardware" if curve else ""),
         date=now_iso(),
         extra={"max_branching": max_branching, "budget_limit": budget, "acceptance_model": model_used,
-               **vm.run_checks(tree), **_measured_on(acc, curve), **spreads},
+               **vm.run_checks(tree, curve, context), **_measured_on(acc, curve), **spreads},
     )
     data["tree"] = {"choices": tree.choices(), "metadata": meta.to_dict()}
     out = None

@@ -78,7 +78,7 @@ class DrafterPlan:
                      if c.budget == choice.budget and c.depth == choice.depth), None)
         extra.update(spread_metadata(choice.tree, acc, self.acceptance_model, step))
         vm = ValueModel.of_profile(acc, self.acceptance_model)
-        extra.update(vm.run_checks(choice.tree))
+        extra.update(vm.run_checks(choice.tree, curve, self.context, self.cost_model))
         return TreeMetadata(budget=choice.budget, max_depth=choice.depth,
                             expected_tokens_per_step=choice.expected_tokens, predicted_speedup=choice.speedup,
                             acceptance_profile=acc.id, latency_profile=curve.id, solver="sequoia-dp+hardware",

@@ -402,7 +402,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         return TreeMetadata(budget=budget, max_depth=depth, expected_tokens_per_step=c.expected_tokens,
                             predicted_speedup=c.speedup, acceptance_profile=acc.id, latency_profile=curve.id,
                             solver=solver, date=now_iso(),
-                            extra={"acceptance_model": vm.name, **vm.run_checks(tree)})
+                            extra={"acceptance_model": vm.name, **vm.run_checks(tree, curve, ctx)})
 
     baselines: list[TreeEntry] = []
     baseline_notes: list[str] = []

@@ -104,8 +104,9 @@ class TreeSummary:
             ``node_rates``, else the renewal limit from its ``end_overshoot_tokens``), what the measured
             ``tokens_per_step`` is compared with; the steady G where the file records neither (None if absent).
         predicted_speedup: the tree file's speedup for generations of this run's lengths: its steady-state figure
-            (``predicted_speedup_steady``) x the same factor (step for step; the cheaper steps the decoder cuts at
-            an answer's end are not priced); the steady-state figure where the file records neither.
+            (``predicted_speedup_steady``) x :func:`answer_factor` priced (the steps the decoder cuts at an
+            answer's end at their own cost where the file records ``depth_step_ms``, else step for step); the
+            steady-state figure where the file records neither.
         predicted_tokens_per_step_steady / predicted_speedup_steady: the file's figures as written (None if
             absent).
         draft_ms / verify_ms / bookkeeping_ms: totals (ms).
@@ -295,15 +296,23 @@ def _tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float,
     return (max(g_mean - half, 1.0), g_mean + half)  # a step emits at least its bonus token
 
 
-def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequence[int]) -> float | None:
-    """The factor on a tree's steady-state tokens/step (and speedup, step for step) over generations of ``lengths``
-    tokens: ``sum N_i / (G x sum E[tau_i])``, E[tau_i] the expected steps to emit N_i tokens (the last step emits only
-    what is left: :mod:`~sequoia_opt.solver.generation`). Exact (:func:`~sequoia_opt.solver.generation.
+def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequence[int], *,
+                  priced: bool = False) -> float | None:
+    """The factor on a tree's steady-state tokens/step (``priced`` False) or speedup (``priced`` True) over
+    generations of ``lengths`` tokens.
+
+    Tokens/step: ``sum N_i / (G x sum E[tau_i])``, E[tau_i] the expected steps to emit N_i tokens (the last step
+    emits only what is left: :mod:`~sequoia_opt.solver.generation`). Exact (:func:`~sequoia_opt.solver.generation.
     expected_steps`, every length) where the tree file records the value model's ``node_rates`` for ``tree``; else
-    the renewal limit from its ``end_overshoot_tokens`` (``sum N / (sum N + generations x E[O])``, right for
-    long generations only); None when the file records neither. The steps the decoder cuts at an answer's end
-    (it drafts no deeper than a row can still emit) cost less than whole ones: not priced here."""
-    from ..solver.generation import expected_steps, finite_generation_factor, step_length_tail
+    the renewal limit from its ``end_overshoot_tokens`` (``sum N / (sum N + generations x E[O])``, right for long
+    generations only); None when the file records neither.
+
+    Speedup: the same, with each step priced at its cost where the file also records ``depth_step_ms`` (a step's
+    cost with the tree cut to each depth, :func:`~sequoia_opt.solver.hardware.depth_step_ms`): the decoder drafts
+    no deeper than a row can still emit, so a generation's last steps cost less than a whole tree's;
+    ``sum N_i x c_D / (G x sum E[C_i])`` (:func:`~sequoia_opt.solver.generation.expected_cost`). Without it, the
+    tokens/step factor (every step priced as a whole one)."""
+    from ..solver.generation import expected_cost, expected_steps, finite_generation_factor, step_length_tail
 
     lengths = [int(n) for n in lengths if n > 0]
     if meta is None or not lengths:
@@ -315,6 +324,12 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
             reach[v] = reach[tree.parent[v]] * float(rates[v - 1])
         tail = step_length_tail(tree.depth, reach)
         mu = float(tail.sum())
+        costs = meta.extra.get("depth_step_ms")
+        if priced and isinstance(costs, list) and len(costs) == tail.size:
+            try:
+                return sum(lengths) * float(costs[-1]) / (mu * sum(expected_cost(tail, n, costs) for n in lengths))
+            except (TypeError, ValueError):  # a hand-edited file's costs: priced as whole steps below
+                pass
         return sum(lengths) / (mu * sum(expected_steps(tail, n) for n in lengths))
     overshoot = meta.extra.get("end_overshoot_tokens")
     if isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0:
@@ -337,12 +352,14 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     predicted = steady
     predicted_g = meta.expected_tokens_per_step if meta else 1.0
     # the run's generations end inside a step (solver.generation): the steady state over these lengths
-    f = answer_factor(tree, meta, [len(r.tokens) for r in results if r.steps])
+    lengths = [len(r.tokens) for r in results if r.steps]
+    f = answer_factor(tree, meta, lengths)
     if f is not None:
+        fs = answer_factor(tree, meta, lengths, priced=True)  # the cut last steps cost less
         if predicted is not None:
-            predicted = predicted * f
+            predicted = predicted * fs
         if s_int is not None:
-            s_int = (s_int[0] * f, s_int[1] * f)
+            s_int = (s_int[0] * fs, s_int[1] * fs)
         if predicted_g is not None:
             predicted_g = max(1.0, predicted_g * f)  # a step emits at least one token
         if g_int is not None:

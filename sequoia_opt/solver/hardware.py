@@ -141,6 +141,25 @@ def cost_of_step(expected_tokens: float, draft_ms: float, target_ms: float, curv
                     speedup=tps * plain_ms_per_token(curve, context) / 1000.0)
 
 
+def depth_step_ms(tree: Tree, curve: LatencyCurve, context: int | None = None,
+                  cost_model: str | None = None) -> list[float] | None:
+    """(D + 1,) one step's cost (ms) with ``tree`` cut to depth 0 .. D: entry 0 plain decoding's step (a root-only
+    step asks no drafter, :func:`plain_ms_per_token`), entry d the tree's first d + 1 levels (:func:`step_cost`),
+    entry D the whole tree's. The decoder cuts a row's last steps to what it can still emit
+    (:meth:`~sequoia_opt.drafting.policies.StaticTreePolicy.step_depth_for`); a tree file records these costs
+    (``depth_step_ms``) so that ``treeopt run`` prices those steps
+    (:func:`~sequoia_opt.solver.generation.expected_cost`). None where a cut falls outside what the curve
+    measured (ProfileError from :func:`step_cost`)."""
+    widths = list(tree.level_widths)
+    out = [plain_ms_per_token(curve, context)]
+    try:
+        for d in range(1, len(widths)):
+            out.append(step_cost(widths[: d + 1], 1.0, curve, context, cost_model).cost_ms)
+    except ProfileError:
+        return None
+    return [round(c, 6) for c in out]
+
+
 def score_tree(tree: Tree, acceptance: Sequence[float], curve: LatencyCurve, context: int | None = None,
                cost_model: str | None = None) -> StepCost:
     """:func:`step_cost` of a concrete tree under the acceptance vector (any tree: baselines, imports)."""
