@@ -88,7 +88,7 @@ def tune(
     """Choose how far to speculate at each batch size from measured curves, and print it in the engine's settings:
     runs what is missing of profile -> solve, then prints the settings, the predicted table per batch size and the
     command that checks it."""
-    from ..jobs.tune import GPU_ENGINES, TuneOptions, _sizes, check_options
+    from ..jobs.tune import GPU_ENGINES, TuneOptions, batch_sizes_text, check_options
     from ..jobs.tune import tune as run_tune
     from ..profiles.batch import parse_batches
     from ..errors import OutputError
@@ -130,7 +130,7 @@ def tune(
     report.summary = {
         "engine": opts.engine, "drafter": res.schedule.get("drafter"), **{k: v for k, v in res.profiles.items()},
         "speculation": (f"pays at no batch size under the engine's rule (no batch size drafts more than batch 1; "
-                        f"without it, it would at {_sizes(own_paying)}): none"
+                        f"without it, it would at {batch_sizes_text(own_paying)}): none"
                         if stops == 0 and own_paying else
                         "pays at no batch size measured: none" if stops == 0 else
                         f"stops paying above batch {stops}{hole_text}" if stops is not None else
@@ -209,8 +209,9 @@ def tune(
             files[output] = settings.extra_files["adaptive.json"]
             report.notes.append(f"pass it as --speculative-adaptive-config {output}")
         elif settings.nothing_to_set:  # a comment in a file the engine parses as JSON / YAML would break it
-            why = settings.nothing_to_set_reason + (f" (under the engine's rule; without it, {_sizes(own_paying)} "
-                                                    "would speculate)" if own_paying else "")
+            why = settings.nothing_to_set_reason + (
+                f" (under the engine's rule; without it, {batch_sizes_text(own_paying)} would speculate)"
+                if own_paying else "")
             if not output.is_file():
                 report.warnings.append(f"nothing written to {output}: {why}")
             elif looks_like_engine_settings(output):  # an earlier plan's: it would keep the engine speculating

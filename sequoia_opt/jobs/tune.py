@@ -543,14 +543,14 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
         kept = [b for b in need if b in own]
         if kept:
             have = replace(have, curves={**have.curves, **{b: own[b] for b in kept}})
-            done["latency"] += f"; {_sizes(kept)} read from {out}"
+            done["latency"] += f"; {batch_sizes_text(kept)} read from {out}"
             need = [b for b in need if b not in kept]
         if need:
             extra = measure(need)
             bs = ",".join(map(str, need))
             have = replace(have, curves={**have.curves, **extra.curves},
                            source=f"{have.source or ''}; batch sizes {bs} timed after by treeopt tune, {why}")
-            done["latency"] += f"; {_sizes(need)} timed {why}, saved: {out}"
+            done["latency"] += f"; {batch_sizes_text(need)} timed {why}, saved: {out}"
             save(have, file)
         held[0] = have
         return have
@@ -836,8 +836,8 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             plan, profile, timed = refine_plan(plan, profile, solve, more, opts.refine)
         if timed:
             plan.provenance["refined_batches"] = timed
-            notes.append(f"{_sizes(timed)} solved besides --batches, where neighbouring batch sizes chose different "
-                         f"settings (--refine {opts.refine}; timed now or read from an earlier run's: see the latency "
+            notes.append(f"{batch_sizes_text(timed)} solved besides --batches, where neighbouring batch sizes chose "
+                         f"different settings (--refine {opts.refine}; timed now or read from an earlier run's: see the latency "
                          "profile's line)")
             warnings += [w for w in falling_cost_warnings(profile, timed, ctx) if w not in warnings]
         if switch_midpoints(plan):
@@ -927,7 +927,7 @@ def refine_plan(plan: Any, profile: Any, solve: Callable[[Any, Sequence[int]], A
     return plan, profile, sorted(timed)
 
 
-def _sizes(bs: Sequence[int]) -> str:
+def batch_sizes_text(bs: Sequence[int]) -> str:
     """``batch size 3`` / ``batch sizes 3, 12``."""
     return f"batch size{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}"
 
@@ -956,7 +956,7 @@ def _unplaced_switches(plan: Any, profile: Any, *, measured_here: bool) -> str:
                    f"{'them' if len(in_profile) > 1 else 'it'}")
     if to_time:
         how.append(f"--refine with more rounds, or add {','.join(map(str, to_time))} to --batches" if measured_here
-                   else f"add {_sizes(to_time)} to the latency profile or table")
+                   else f"add {batch_sizes_text(to_time)} to the latency profile or table")
     return (f"switches not placed: {'; '.join(spans)}; the best setting changes somewhere between, and T(b, n) "
             f"there was not solved ({'; '.join(how)})")
 
