@@ -230,6 +230,10 @@ def test_check_plan_falls_back_to_the_root_alone_when_every_tree_checks_below_on
         f"{plan.choice.expected_tokens / 5.0:.2f}x, and every smaller tree checked "
         f"({', '.join(map(str, ladder))} nodes) below 1x too: it runs the root alone (plain decoding, 1x): the choice "
         "rode noise in the latency curve")
+    # a solver's tree with no smaller tree on its ladder (a tryout read "(none nodes)")
+    kept.metadata.extra["checked_trees"] = kept.metadata.extra["checked_trees"][:1]
+    w = check_warning(kept)
+    assert ", and no smaller tree was left to check: it runs the root alone" in w and "none" not in w
 
 
 def test_check_plans_checks_each_plan_on_its_own_prompts_and_collects_the_warnings(monkeypatch):

@@ -107,3 +107,26 @@ def test_the_interval_stops_at_the_most_a_step_can_emit():
     assert hi > 6.0  # the cluster-robust interval itself runs past it
     assert tokens_per_step_ci95(per_prompt, most=6) == (lo, 6.0)
     assert tokens_per_step_ci95([[2.0, 3.0]], most=10) == tokens_per_step_ci95([[2.0, 3.0]])
+
+
+def test_the_interval_stops_at_what_the_generation_lets_a_step_emit():
+    """A tryout's run at --max-new-tokens 2 read a 95 % CI of '1.0 to 3.0' tokens per step: a row with 2 tokens to
+    go drafts at most 1 level, so no step emits more than 2 (the CI and the prediction interval stop at
+    min(D + 1, max_new_tokens))."""
+    import torch
+
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.model import ModelConfig, Transformer
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    cfg = ModelConfig.preset("tiny").with_(max_position_embeddings=64)
+    torch.manual_seed(0)
+    target = Transformer(cfg).eval()
+    spread = {"point": 3.0, "se": 0.5, "prompts": 4, "replicates": 100, "mean_interval": [2.0, 4.0]}
+    meta = TreeMetadata(expected_tokens_per_step=3.0, extra={"tokens_per_step_spread": spread})
+    prompts = [list(range(3, 13)), list(range(20, 31)), list(range(40, 49))]
+    report = run_trees(target, target, [TreeEntry("chain", Tree.chain(5), meta)], prompts, max_new_tokens=2,
+                       warmup=False)  # the target drafts for itself: every node accepted
+    s = report.summaries[1]
+    assert report.greedy_ok and s.tokens_per_step == 2.0 and s.tps_ci95 == (2.0, 2.0)
+    assert s.predicted_interval is not None and s.predicted_interval[1] == 2.0  # not 3 + t x se x ...

@@ -179,3 +179,15 @@ def test_by_depth_spread_resamples_the_depth_rows():
     assert g.point != pytest.approx(tree.expected_tokens(prof.acceptance))
     assert tree_spread(tree, prof, model="positional").point == pytest.approx(tree.expected_tokens(counts[:-1]
                                                                                                   / counts.sum()))
+
+
+def test_a_trees_tokens_per_step_interval_stays_within_what_a_step_can_emit():
+    """A tryout read 'predicted 2.211, 95% PI 1.000 to 3.475' for a depth-2 tree: a step emits at most 3 tokens.
+    The spread of a tree's G is clipped to [1, D + 1], for any number of new prompts."""
+    prof = _profile(_counts(np.random.default_rng(1), 3, trials=4, spread=1.0, mean_p1=0.9))  # 3 prompts: wide
+    tree = Tree.chain(2)  # depth 1: at most 2 tokens a step
+    g = tree_spread(tree, prof)
+    assert g.clip == (1.0, 2.0)
+    raw = prediction_interval(g.point, g.se, g.prompts, 1)  # the unclipped interval runs past both ends
+    assert raw[0] < 1.0 and raw[1] > 2.0
+    assert g.prediction_interval(1) == (1.0, 2.0)

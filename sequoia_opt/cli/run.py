@@ -810,8 +810,11 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
                      s.speedup, s.predicted_speedup, span(s.predicted_speedup_interval),
                      s.draft_ms, s.verify_ms, s.bookkeeping_ms,
                      "-" if temperature else ("yes" if s.mismatches == 0 else f"NO ({s.mismatches})")])
+    n_prompts = len({r.prompt_index for r in run.rows})
     return ("trees against plain decoding" + (f" (predicted: {predicted})" if predicted else "")
-            + ("; 95% CI: the measured mean's, over prompts" if len({r.prompt_index for r in run.rows}) > 1 else
+            + ("; 95% CI: the measured mean's, over prompts" + (" (2 prompts: one degree of freedom, an unstable "
+                                                                "interval; give 3 or more)" if n_prompts == 2 else "")
+               if n_prompts > 1 else
                "; 95% CI: the measured mean's, over the steps of the one prompt (too narrow for new prompts: give "
                "more prompts)")
             + "; 95% PI: the prediction's for this many new prompts; "

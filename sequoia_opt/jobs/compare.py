@@ -265,11 +265,12 @@ def check_warning(plan: "DrafterPlan") -> str | None:
     was = meta.extra.get("rechosen_from")
     if isinstance(was, dict):
         if plan.tree.size == 1:
-            tried = meta.extra.get("checked_trees") or [was]
+            smaller = [str(r["nodes"]) for r in (meta.extra.get("checked_trees") or [was])[1:]]
+            also = (f", and every smaller tree checked ({', '.join(smaller)} nodes) below 1x too" if smaller
+                    else ", and no smaller tree was left to check")
             return (f"{plan.label}: the solver's {was['nodes']}-node tree ({was['solver_speedup']:.2f}x) timed again "
-                    f"after the choice predicted {was['checked_speedup']:.2f}x, and every smaller tree checked "
-                    f"({', '.join(str(r['nodes']) for r in tried[1:]) or 'none'} nodes) below 1x too: it runs the root "
-                    "alone (plain decoding, 1x): the choice rode noise in the latency curve")
+                    f"after the choice predicted {was['checked_speedup']:.2f}x{also}: it runs the root alone (plain "
+                    "decoding, 1x): the choice rode noise in the latency curve")
         return (f"{plan.label}: the solver's {was['nodes']}-node tree ({was['solver_speedup']:.2f}x) timed again "
                 f"after the choice predicted {was['checked_speedup']:.2f}x; kept the {plan.tree.size}-node tree "
                 f"that checked best ({new:.2f}x; the solver said {old:.2f}x): the choice rode noise in the latency "

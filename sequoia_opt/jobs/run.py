@@ -364,6 +364,8 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
             predicted_g = max(1.0, predicted_g * f)  # a step emits at least one token
         if g_int is not None:
             g_int = (max(1.0, g_int[0] * f), g_int[1] * f)
+    if g_int is not None and most is not None:  # a file's spread may not know the bound (or the run's lengths)
+        g_int = (min(g_int[0], float(most)), min(g_int[1], float(most)))
     return TreeSummary(
         tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
         tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
@@ -564,10 +566,12 @@ def run_trees(
         size, depth = (e.tree.size, e.tree.tree_depth) if static else (pol.max_verified, pol.max_depth)
         meta = e.metadata
         adapter = getattr(pol, "adapter", None)
-        most = depth + 1  # a step emits at most this many tokens (the tokens/step interval stops there)
+        # a step emits at most this many tokens (the intervals stop there): the tree's depth + 1, and no more than
+        # the generation asks (the decoder drafts no deeper than a row can still emit)
+        most = min(depth + 1, max_new_tokens)
         if adapter is not None:  # the final tree; predicted: the step-weighted mean over the trees it used
             size, depth = pol.tree.size, pol.tree.tree_depth
-            most = None  # earlier steps ran other (deeper) trees
+            most = max_new_tokens  # earlier steps ran other (deeper) trees
             extra = {k: v for k, v in meta.extra.items() if k not in ("end_overshoot_tokens", "node_rates")}
             meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None,
                            extra=extra)  # the file's tree's length figures are not the trees it ran

@@ -299,7 +299,8 @@ def value_spread(profile, value: Callable[[np.ndarray], np.ndarray], *, model: s
 def tree_spread(tree: Tree, profile, *, model: str = "auto", replicates: int = DEFAULT_REPLICATES,
                 seed: int = 0) -> PromptSpread | None:
     """The spread between prompts of a tree's expected tokens per step G (a chain is a tree of width 1) under
-    the profile's value model; None for a profile without per-prompt counts. Clipped at 1 token per step."""
+    the profile's value model; None for a profile without per-prompt counts. Clipped to [1, D + 1] tokens per step
+    (a step emits at least the bonus token and at most the deepest path's D tokens and the bonus)."""
     spreads = tree_spreads([tree], profile, model=model, replicates=replicates, seed=seed)
     return None if spreads is None else spreads[0]
 
@@ -314,7 +315,7 @@ def tree_spreads(trees: Sequence[Tree], profile, *, model: str = "auto", replica
     rows, boot = got
     P = int(profile.prompt_counts.shape[0])
     return [PromptSpread(float(tree_values(t, rows[None])[0]), bootstrap_se(tree_values(t, boot), P), P,
-                         int(replicates), (1.0, None)) for t in trees]
+                         int(replicates), (1.0, float(t.tree_depth + 1))) for t in trees]
 
 
 def speedup_spread(tokens: PromptSpread, step) -> PromptSpread:

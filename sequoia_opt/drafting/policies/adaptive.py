@@ -427,7 +427,8 @@ class TreeAdapter:
             return None
         live = float(self.tree.expected_tokens(self.estimate.live_acceptance()))
         m = max(1, int(round(sum(self._window_tokens) / self._prompt_tokens)))
-        return live, self._spread(self.tree).prediction_interval(m)
+        lo, hi = self._spread(self.tree).prediction_interval(m)
+        return live, (lo, min(hi, float(self.tree.tree_depth + 1)))  # a step emits at most D + 1 tokens
 
     def _probe(self) -> Tree | None:
         """After ``window`` root-only steps of a fallback: one block of one-draft chains to measure again."""
