@@ -7,6 +7,8 @@ Two formats:
   with the target's own chat template (:mod:`sequoia_opt.model.chat_template`) and ending where the
   assistant's reply starts. Other keys are kept as metadata (e.g. ``"source"``). Blank lines are ignored.
 * ``.json``: one JSON array whose items are prompt strings or objects as on a ``.jsonl`` line.
+* ``.csv`` / ``.tsv``: a header row naming a ``prompt`` (or ``text``) column, one raw-text prompt per row (a
+  quoted field may span lines); the other columns are kept as metadata.
 * anything else: plain text, prompts separated by one or more blank lines.
 
 A UTF-8 byte-order mark at the start of a file is skipped (editors on Windows write one).
@@ -154,6 +156,8 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
                                   "string or 'messages'); one object per line is a .jsonl file")
         prompts = [_prompt({"prompt": obj} if isinstance(obj, str) else obj, f"{path}[{i}]", in_array=True)
                    for i, obj in enumerate(doc)]
+    elif suffix in (".csv", ".tsv"):  # a spreadsheet's export: read by its header, not as one text prompt
+        prompts = _table_prompts(text, path, "\t" if suffix == ".tsv" else ",")
     else:
         for block in text.replace("\r\n", "\n").split("\n\n"):
             if block.strip():
@@ -161,6 +165,53 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
     if not prompts:
         raise PromptFileError(f"prompt file {path} holds no prompts")
     return prompts[:limit] if limit is not None else prompts
+
+
+def _table_prompts(text: str, path: Path, delimiter: str) -> list[Prompt]:
+    """The prompts of a ``.csv`` / ``.tsv`` file (module docstring): each row's ``prompt`` (or ``text``) field, a
+    row named ``path:<line>`` by the line it starts on.
+
+    Raises:
+        PromptFileError: a header without a ``prompt`` or ``text`` column (or with both), a malformed row (a stray
+            quote, a field past the csv module's limit), a row with another number of fields than the header, an
+            empty prompt field.
+    """
+    import csv
+    import io
+
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    rows: list[tuple[int, list[str]]] = []  # (the line a row starts on, its fields), blank rows skipped
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as err:  # a stray or unclosed quote, a field past the csv module's limit
+            raise PromptFileError(f"{path}:{start}: not a {path.suffix[1:].upper()} row ({err})") from None
+        if any(f.strip() for f in row):
+            rows.append((start, row))
+    if not rows:
+        return []
+    head = [h.strip().lower() for h in rows[0][1]]
+    cols = [c for c in ("prompt", "text") if c in head]
+    if len(cols) != 1:
+        got = ", ".join(repr(h) for h in head)
+        raise PromptFileError(f"{path}:{rows[0][0]}: the header needs one 'prompt' (or 'text') column, got {got}"
+                              + (" (both: which one is the prompt?)" if len(cols) == 2 else ""))
+    at = head.index(cols[0])
+    prompts = []
+    for line, row in rows[1:]:
+        where = f"{path}:{line}"
+        if len(row) != len(head):
+            raise PromptFileError(f"{where}: {len(row)} fields, the header has {len(head)}")
+        body = row[at]
+        if not body.strip():
+            raise PromptFileError(f"{where}: the {cols[0]!r} field is empty")
+        _check_unicode(body, where)
+        meta = {h: v for h, v in zip(head, row) if h != cols[0] and h}
+        prompts.append(Prompt(body, meta, origin=where))
+    return prompts
 
 
 def encode_prompts(prompts: Sequence[Prompt], tokenizer, *, model: str = "the target") -> list[list[int]]:

@@ -90,6 +90,33 @@ def test_a_json_array_and_a_byte_order_mark_are_prompt_files(tmp_path):
     assert [p.text for p in load_prompts(bom)] == ["def g():"]
 
 
+def test_csv_and_tsv_prompt_files_are_read_by_their_header(tmp_path):
+    """A tryout's prompts.csv (header 'prompt,source') was read as one plain-text prompt, header and quotes
+    included. A .csv / .tsv is read by its header's 'prompt' (or 'text') column, one prompt per row; a quoted
+    field may span lines; each prompt is named by the line its row starts on."""
+    f = tmp_path / "p.csv"
+    f.write_text('prompt,source\n"def f(x):\n    return x",me\n\nhello, world,you\n'.replace("hello, world",
+                                                                                          '"hello, world"'))
+    code, hello = load_prompts(f)
+    assert (code.text, code.meta, code.origin) == ("def f(x):\n    return x", {"source": "me"}, f"{f}:2")
+    assert (hello.text, hello.origin) == ("hello, world", f"{f}:5")
+    t = tmp_path / "p.TSV"
+    t.write_text("\ufeffSource\tText\na\timport os\n")  # a byte-order mark, a capitalised header, 'text'
+    (only,) = load_prompts(t)
+    assert (only.text, only.meta, only.origin) == ("import os", {"source": "a"}, f"{t}:2")
+    for text, message in (("src,body\na,b\n", f"{f}:1: the header needs one 'prompt' (or 'text') column, got "
+                                                "'src', 'body'"),
+                          ("prompt,text\na,b\n", "(both: which one is the prompt?)"),
+                          ('prompt,s\n"abc,x\n', f"{f}:2: not a CSV row (unexpected end of data)"),
+                          ('prompt,s\nok,1\n"ab"c,x\n', f"{f}:3: not a CSV row"),
+                          ("prompt,s\nok,1,2\n", f"{f}:2: 3 fields, the header has 2"),
+                          ("s,prompt\nx, \n", f"{f}:2: the 'prompt' field is empty"),
+                          ("prompt,s\n", "holds no prompts")):
+        f.write_text(text)
+        with pytest.raises(PromptFileError, match=re.escape(message)):
+            load_prompts(f)
+
+
 @pytest.mark.parametrize("line, message", [
     ({"messages": []}, ":1: 'messages' must be a non-empty list of {'role', 'content'} objects"),
     ({"messages": "hi"}, ":1: 'messages' must be a non-empty list of {'role', 'content'} objects"),

@@ -376,9 +376,9 @@ def test_batch_table_loads_and_refuses(tmp_path):
     assert prof.batches == [1, 8] and prof.curve(8).target_ms(4) == 14 and prof.curve(8).step_overhead_ms == 0.3
     assert prof.curve(1).target_ms(2) == pytest.approx(8 + 1 / 3)
     for text, msg in [(good.replace("8,4,14,0.6,0.3\n", ""), "batch 8 lacks tokens 4, which batch 1 has"),
-                      (good + "8,4,15,0.6,0.3\n", "batch 8, tokens 4 is given twice"),
+                      (good + "8,4,15,0.6,0.3\n", r"line 6: batch 8, tokens 4 is given twice \(first at line 5\)"),
                       (good.replace("target_ms", "t_ms"), "the header must start batch,tokens,target_ms"),
-                      (good.replace("8,4,14,0.6,0.3", "8,4,14,0.6,0.4"), "batch 8 gives two overheads"),
+                      (good.replace("8,4,14,0.6,0.3", "8,4,14,0.6,0.4"), "line 5: batch 8 gives two overheads"),
                       (good.replace("1,4,9", "1,4,-9"), r"line 3: target_ms is '-9' \(must be a number > 0\)"),
                       (good.replace("1,4,9", "1,4,nan"), r"line 3: target_ms is 'nan' \(must be a number > 0\)"),
                       (good.replace("1,4,9,0.5", "1,4,9,inf"), r"line 3: draft_ms is 'inf' \(must be a number >= 0\)"),

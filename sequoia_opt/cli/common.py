@@ -337,8 +337,9 @@ def setting_notes(*, temperature: float, top_p: float, num_prompts: int | None, 
     JSON): fewer prompts than ``--num-prompts`` asked for, a ``--top-p`` that greedy decoding ignores."""
     notes = []
     if num_prompts is not None and prompts_found < num_prompts:
-        notes.append(f"--num-prompts {num_prompts}: {prompts_file} holds {prompts_found} prompts; all of them "
-                     "were used")
+        notes.append(f"--num-prompts {num_prompts}: {prompts_file} holds "
+                     + (f"{prompts_found} prompts; all of them were used" if prompts_found > 1 else
+                        "1 prompt; it was used"))
     if temperature == 0 and top_p != 1.0:
         notes.append(f"--top-p {top_p:g} applies to sampling only: greedy decoding (--temperature 0) ignores it")
     return notes

@@ -313,6 +313,7 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
                            f"{', '.join(TABLE_COLUMNS)})")
     table: dict[int, dict[int, tuple[float, float]]] = {}
     overhead: dict[int, float] = {}
+    first_line: dict[tuple[int, int], int] = {}  # (batch, tokens) -> the line that gave it
     for i, r in zip(line_of[1:], rows[1:]):
         if len(r) != len(head):
             raise ProfileError(f"{p}: line {i} has {len(r)} values, the header {len(head)}")
@@ -340,10 +341,12 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
             limit = MAX_TOKENS if col in ("batch", "tokens") else f"{MAX_MS:g} ms"
             raise ProfileError(f"{p}: line {i}: {col} {rec[col]} is out of range (at most {limit})")
         if n in table.setdefault(b, {}):
-            raise ProfileError(f"{p}: batch {b}, tokens {n} is given twice")
+            raise ProfileError(f"{p}: line {i}: batch {b}, tokens {n} is given twice (first at line "
+                               f"{first_line[b, n]})")
         if b in overhead and overhead[b] != o:
-            raise ProfileError(f"{p}: batch {b} gives two overheads ({overhead[b]} and {o} ms): one per batch size")
-        table[b][n], overhead[b] = (t, d), o
+            raise ProfileError(f"{p}: line {i}: batch {b} gives two overheads ({overhead[b]} and {o} ms): one per "
+                               "batch size")
+        table[b][n], overhead[b], first_line[b, n] = (t, d), o, i
     if not table:
         raise ProfileError(f"{p}: the T(b, n) table has a header and no rows")
     first = min(table)
