@@ -130,15 +130,21 @@ def guard_notes(plan: Plan, engine: str) -> list[str]:
     out = [f"guard (watch {src}, over as many requests as the acceptance profile measured):"]
     for g in rules:
         shift = tail = ""
-        if g.reads_interval and g.interval_low > g.break_even:  # the traffic shifts before the setting loses
+        # a step emits at least one token: a floor at 1.00 (as printed) or under is never crossed, so no rule
+        floor = round(g.interval_low, 2)
+        if g.reads_interval and floor > max(g.break_even, 1.0):  # the traffic shifts before the setting loses
             shift = (f"below {g.interval_low:.2f} the traffic is not what was profiled (re-run treeopt tune on a "
                      f"sample of it); ")
-        elif g.reads_interval:  # the profile's own spread reaches under break-even: a close call, not a shift
+        elif g.reads_interval and floor > 1.0:  # the profile's spread reaches under break-even: a close call
             tail = (f"; the profile's interval between prompts reaches down to {g.interval_low:.2f}, under it: a "
                     f"close call (profile more prompts of the traffic)")
+        loses = (f"below {g.break_even:.2f} this setting is slower than plain decoding (stop speculating in this "
+                 f"range)" if g.break_even > 1.0 else
+                 f"its step is predicted cheaper than a plain one ({g.break_even:.2f} tokens/step would break even), "
+                 "so it beats plain decoding at any acceptance: check the latency profile, a forward over more "
+                 "tokens rarely costs less than one over a single token")
         out.append(f"  batch {g.lo}-{g.hi} ({g.setting}): predicted {g.expected_tokens_per_step:.2f} tokens/step; "
-                   f"{shift}below {g.break_even:.2f} this setting is slower than plain decoding (stop speculating "
-                   f"in this range){tail}")
+                   f"{shift}{loses}{tail}")
     if not any(g.reads_interval for g in rules):
         out.append(f"  (no interval between prompts behind this plan ({rules[0].interval_method}): profile "
                    "acceptance with per-prompt counts for the re-profile line)")

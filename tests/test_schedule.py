@@ -172,6 +172,16 @@ def test_guard_rules_per_speculating_range():
     finally:
         pe.guard_rules = orig
     assert f"below {high.interval_low:.2f} the traffic is not what was profiled" in line and "close call" not in line
+    # a step priced cheaper than a plain one (a T(b, n) table falling as n grows, a tryout's): break-even under 1
+    # token a step and an interval floor of 1.00 are never crossed; said as what they mean instead of 'below 0.47'
+    cheap = dataclasses.replace(r0, break_even=0.47, interval_low=1.001)
+    try:
+        pe.guard_rules = lambda plan: [cheap]
+        line = guard_notes(between, "sglang")[1]
+    finally:
+        pe.guard_rules = orig
+    assert "below" not in line and "close call" not in line
+    assert "its step is predicted cheaper than a plain one (0.47 tokens/step would break even)" in line
     # plain everywhere: nothing to guard
     steep = _profile({1: _curve(9.0, 10.0), 4: _curve(30.0, 30.0)})
     none = solve_plan(ChainValue(_acc(), 5), steep)
