@@ -130,3 +130,35 @@ def test_the_interval_stops_at_what_the_generation_lets_a_step_emit():
     s = report.summaries[1]
     assert report.greedy_ok and s.tokens_per_step == 2.0 and s.tps_ci95 == (2.0, 2.0)
     assert s.predicted_interval is not None and s.predicted_interval[1] == 2.0  # not 3 + t x se x ...
+
+
+def test_run_predicts_plain_steps_past_the_drafts_context():
+    """A prompt longer than the draft's context: every step is the root alone, and run predicts it so (1 token per
+    step) instead of the tree's steady state; a prompt the draft sees whole keeps the tree's prediction. (Without
+    the file's depth_step_ms each plain step is priced as a whole tree's: the speedup falls by 1 / G.)"""
+    import numpy as np
+    import torch
+
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.model import ModelConfig, Transformer
+    from sequoia_opt.profiles import AcceptanceProfile
+    from sequoia_opt.solver.depth import ValueModel
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    cfg = ModelConfig.preset("tiny").with_(max_position_embeddings=64)
+    torch.manual_seed(0)
+    target = Transformer(cfg).eval()
+    draft = Transformer(cfg.with_(max_position_embeddings=40)).eval()
+    draft.load_state_dict(target.state_dict())
+    tree = Tree.chain(3)
+    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.9])), "positional")
+    meta = TreeMetadata(expected_tokens_per_step=vm.expected_tokens(tree), predicted_speedup=2.0,
+                        extra=vm.run_checks(tree))
+    long = run_trees(target, draft, [TreeEntry("chain", tree, meta)], [list(range(3, 48))], max_new_tokens=8,
+                     warmup=False)  # 45 prompt tokens, the draft sees 40
+    s = long.summaries[1]
+    assert long.greedy_ok and s.tokens_per_step == 1.0
+    assert s.predicted_tokens_per_step == pytest.approx(1.0) and s.predicted_speedup == pytest.approx(2.0 / 2.71)
+    short = run_trees(target, draft, [TreeEntry("chain", tree, meta)], [list(range(3, 13))], max_new_tokens=8,
+                      warmup=False)
+    assert short.summaries[1].predicted_tokens_per_step > 2.0

@@ -142,7 +142,7 @@ def test_a_runs_predicted_tokens_per_step_is_for_its_own_generation_lengths():
     assert answer_factor(tree, meta, [512] * 3) == pytest.approx(renewal, rel=2e-3)
     # without node rates: the renewal limit; without either: no factor (the steady G is shown)
     only = TreeMetadata(expected_tokens_per_step=g, extra={"end_overshoot_tokens": meta.extra["end_overshoot_tokens"]})
-    assert answer_factor(tree, only, [512] * 3) == renewal
+    assert answer_factor(tree, only, [512] * 3) == pytest.approx(renewal, rel=1e-12)
     assert answer_factor(tree, TreeMetadata(expected_tokens_per_step=g), [8]) is None
     assert answer_factor(tree, meta, []) is None
 
@@ -185,3 +185,38 @@ def test_a_runs_predicted_speedup_prices_the_steps_cut_at_an_answers_end():
     bare = TreeMetadata(expected_tokens_per_step=meta.expected_tokens_per_step, extra=vm.run_checks(tree))
     assert "depth_step_ms" not in bare.extra
     assert answer_factor(tree, bare, [3], priced=True) == answer_factor(tree, bare, [3])
+
+
+def test_the_tokens_past_the_drafters_context_are_predicted_as_plain_steps():
+    """A tryout's 2,162-token prompt against the draft's 2,048 positions: run warned that every position generated
+    lies past the draft's context and decodes plainly, then predicted the tree's 2.067 tokens/step and 1.39x and
+    marked the measured 1.0 '(OUT)'. The tokens a drafter cannot guess are plain steps, one token at plain
+    decoding's cost: with none guessable the prediction is 1 token/step and 1x; with some, in between."""
+    from sequoia_opt.jobs.run import answer_factor
+    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
+    from sequoia_opt.solver.depth import ValueModel
+    from sequoia_opt.solver.generation import expected_cost, expected_steps, step_length_tail
+    from sequoia_opt.solver.hardware import score_tree
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    tree = Tree.from_choices([[0], [1], [0, 0]])
+    curve = LatencyCurve.synthetic({1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0}, {1: 1.0, 2: 1.5})
+    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
+    g = vm.expected_tokens(tree)
+    meta = TreeMetadata(expected_tokens_per_step=g, predicted_speedup=score_tree(tree, vm.acceptance, curve).speedup,
+                        extra=vm.run_checks(tree, curve))
+    assert g * answer_factor(tree, meta, [24, 24], speculable=[0, 0]) == pytest.approx(1.0)
+    assert meta.predicted_speedup * answer_factor(tree, meta, [24], priced=True, speculable=[0]) == pytest.approx(1.0)
+    assert answer_factor(tree, meta, [24], speculable=[24]) == answer_factor(tree, meta, [24])  # all guessable
+    assert answer_factor(tree, meta, [24], speculable=[99]) == answer_factor(tree, meta, [24])  # capped at N
+    tail = step_length_tail(tree.depth, vm.path_probabilities(tree))
+    half = g * answer_factor(tree, meta, [24], speculable=[10])  # 10 speculative tokens, then 14 plain steps
+    assert half == pytest.approx(24 / (expected_steps(tail, 10) + 14))
+    costs = meta.extra["depth_step_ms"]
+    priced = meta.predicted_speedup * answer_factor(tree, meta, [24], priced=True, speculable=[10])
+    assert priced == pytest.approx(24 * costs[0] / (expected_cost(tail, 10, costs) + 14 * costs[0]))
+    assert 1.0 < half < g and 1.0 < priced < meta.predicted_speedup
+    # the renewal fallback (no node rates): the plain steps weigh G each against the speculative ones' (k + E[O])
+    only = TreeMetadata(expected_tokens_per_step=g, extra={"end_overshoot_tokens": 0.5})
+    assert g * answer_factor(tree, only, [24], speculable=[0]) == pytest.approx(1.0)
+    assert answer_factor(tree, only, [24], speculable=[10]) == pytest.approx(24 / (10 + 0.5 + g * 14))

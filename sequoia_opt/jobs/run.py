@@ -32,6 +32,7 @@ from .._io import create_files, new_run_id
 from ..errors import DecodingError
 from ..decoding import Decoder, DraftingPolicy, GenerationResult
 from ..drafting.drafters import Drafter, drafter_factory
+from ..drafting.drafters.model import guessable_tokens
 from ..drafting.policies import StaticTreePolicy
 from ..model import Transformer
 from ..omp import run_policy
@@ -297,7 +298,7 @@ def _tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float,
 
 
 def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequence[int], *,
-                  priced: bool = False) -> float | None:
+                  priced: bool = False, speculable: Sequence[int] | None = None) -> float | None:
     """The factor on a tree's steady-state tokens/step (``priced`` False) or speedup (``priced`` True) over
     generations of ``lengths`` tokens.
 
@@ -311,12 +312,18 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
     cost with the tree cut to each depth, :func:`~sequoia_opt.solver.hardware.depth_step_ms`): the decoder drafts
     no deeper than a row can still emit, so a generation's last steps cost less than a whole tree's;
     ``sum N_i x c_D / (G x sum E[C_i])`` (:func:`~sequoia_opt.solver.generation.expected_cost`). Without it, the
-    tokens/step factor (every step priced as a whole one)."""
-    from ..solver.generation import expected_cost, expected_steps, finite_generation_factor, step_length_tail
+    tokens/step factor (every step priced as a whole one).
 
-    lengths = [int(n) for n in lengths if n > 0]
-    if meta is None or not lengths:
+    ``speculable`` (one per generation, <= its length): the tokens a drafter can guess before its own context ends
+    (:func:`~sequoia_opt.drafting.drafters.model.guessable_tokens`); the rest are plain steps, one token each at
+    plain decoding's cost (``depth_step_ms[0]``). None: every token."""
+    from ..solver.generation import expected_cost, expected_steps, step_length_tail
+
+    pairs = [(int(n), int(n) if speculable is None else max(0, min(int(n), int(k))))
+             for n, k in zip(lengths, lengths if speculable is None else speculable) if n > 0]
+    if meta is None or not pairs:
         return None
+    total = sum(n for n, _ in pairs)
     rates = meta.extra.get("node_rates")
     if tree is not None and tree.size > 1 and isinstance(rates, list) and len(rates) == tree.size - 1:
         reach = [1.0] * tree.size
@@ -327,19 +334,25 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
         costs = meta.extra.get("depth_step_ms")
         if priced and isinstance(costs, list) and len(costs) == tail.size:
             try:
-                return sum(lengths) * float(costs[-1]) / (mu * sum(expected_cost(tail, n, costs) for n in lengths))
+                spent = sum(expected_cost(tail, k, costs) + (n - k) * float(costs[0]) for n, k in pairs)
+                return total * float(costs[-1]) / (mu * spent)
             except (TypeError, ValueError):  # a hand-edited file's costs: priced as whole steps below
                 pass
-        return sum(lengths) / (mu * sum(expected_steps(tail, n) for n in lengths))
+        return total / (mu * sum(expected_steps(tail, k) + (n - k) for n, k in pairs))
     overshoot = meta.extra.get("end_overshoot_tokens")
-    if isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0:
-        return finite_generation_factor(float(overshoot), sum(lengths), len(lengths))
-    return None
+    if not (isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0):
+        return None
+    G = meta.expected_tokens_per_step  # renewal: (k + E[O]) / G steps for the k guessable tokens, n - k plain ones
+    G = float(G) if isinstance(G, (int, float)) and not isinstance(G, bool) and G >= 1 else None
+    if G is None:  # the plain steps cannot be weighed against the speculative ones: all guessable
+        pairs = [(n, n) for n, _ in pairs]
+    return total / sum(k + float(overshoot) * (k > 0) + (G or 1.0) * (n - k) for n, k in pairs)
 
 
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
              plain_tps: float | None, meta: TreeMetadata | None, drafter: str | None = None,
-             names: Sequence[str] = (), tree: Tree | None = None, most: int | None = None) -> TreeSummary:
+             names: Sequence[str] = (), tree: Tree | None = None, most: int | None = None,
+             draft_context: int | None = None) -> TreeSummary:
     per_prompt = [[float(s.accepted_nodes + 1) for s in r.steps] for r in results]
     per_step = [v for steps in per_prompt for v in steps]
     new = sum(len(r.tokens) for r in results)
@@ -352,10 +365,13 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     predicted = steady
     predicted_g = meta.expected_tokens_per_step if meta else 1.0
     # the run's generations end inside a step (solver.generation): the steady state over these lengths
-    lengths = [len(r.tokens) for r in results if r.steps]
-    f = answer_factor(tree, meta, lengths)
+    done = [r for r in results if r.steps]
+    lengths = [len(r.tokens) for r in done]
+    # the tokens past the drafters' context are plain steps (the trees clip to the root there)
+    spec = None if draft_context is None else [guessable_tokens(draft_context, r.prompt_len) for r in done]
+    f = answer_factor(tree, meta, lengths, speculable=spec)
     if f is not None:
-        fs = answer_factor(tree, meta, lengths, priced=True)  # the cut last steps cost less
+        fs = answer_factor(tree, meta, lengths, priced=True, speculable=spec)  # the cut last steps cost less
         if predicted is not None:
             predicted = predicted * fs
         if s_int is not None:
@@ -575,9 +591,11 @@ def run_trees(
             extra = {k: v for k, v in meta.extra.items() if k not in ("end_overshoot_tokens", "node_rates")}
             meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None,
                            extra=extra)  # the file's tree's length figures are not the trees it ran
+        contexts = [d.context for d in pol.drafters if d.context < target.config.max_position_embeddings]
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
                                   plain_summary.tokens_per_s, meta, e.drafter, names,
-                                  tree=e.tree if static and adapter is None else None, most=most))
+                                  tree=e.tree if static and adapter is None else None, most=most,
+                                  draft_context=min(contexts) if contexts else None))
         if e.policy is None and e.tree.size > 1:  # a fixed tree (an adaptive or plan policy changes its tree)
             summaries[-1].node_acceptance = node_acceptance_rows(e.tree, res, meta)
         if adapter is not None:
