@@ -467,9 +467,33 @@ def test_schedule_policy_from_the_registry(tmp_path):
                                                                                  for r in plan.ranges]
     # run serves one request at a time: the plan's batch-1 prediction is shown (it printed '-'), steady state
     first = plan.ranges[0].predicted
-    assert first.batch == 1 and opts["batch1"] == {
+    b1 = opts["batch1"]
+    assert first.batch == 1 and {k: b1[k] for k in ("expected_tokens_per_step", "predicted_speedup")} == {
         "expected_tokens_per_step": pytest.approx(first.cost.expected_tokens, rel=1e-5),
         "predicted_speedup": pytest.approx(first.cost.speedup, rel=1e-5)}
+    # and what run predicts its own answer lengths with (a tryout's plan run showed the steady state): the chain's
+    # per-position rates, from the plan's shorter chains at batch 1, and each chain:k's step
+    K = first.setting.draft_tokens
+    rows = {c.setting.label: c for c in plan.row(1).candidates}
+    rates, ms = b1["extra"]["node_rates"], b1["extra"]["depth_step_ms"]
+    assert len(rates) == K and ms == pytest.approx([plan.row(1).plain.cost.cost_ms]
+                                                   + [rows[f"chain:{k}"].cost.cost_ms for k in range(1, K + 1)],
+                                                   rel=1e-5)
+    assert 1 + np.cumprod(rates).sum() == pytest.approx(first.cost.expected_tokens, rel=1e-4)  # G(K) again
+    assert rates == pytest.approx(list(_acc().acceptance[:1]) * K, rel=1e-4)  # a positional profile's p_1
+    # chains measured each on its own (tune's traces): G(5) < G(4) makes no chain's rates; one rate a with
+    # 1 + a + .. + a^K = G(K) stands for them
+    from sequoia_opt.drafting.registry import _chain_run_checks
+
+    cands = [{"setting": f"chain:{k}", "expected_tokens_per_step": g, "step_ms": 20.0 + k}
+             for k, g in enumerate([1.67, 2.15, 2.6, 2.8, 2.75, 3.29], start=1)]
+    doc = {"by_batch": [{"batch": 1, "plain": {"setting": "none", "expected_tokens_per_step": 1.0, "step_ms": 19.0},
+                         "candidates": cands}]}
+    got = _chain_run_checks(doc, {"setting": "chain:6"})
+    a1 = got["node_rates"][0]
+    assert got["node_rates"] == [a1] * 6 and sum(a1 ** k for k in range(7)) == pytest.approx(3.29, rel=1e-5)
+    assert got["depth_step_ms"] == [19.0, 21.0, 22.0, 23.0, 24.0, 25.0, 26.0]
+    assert _chain_run_checks(doc, {"setting": "chain:7"}) == {}  # chain:7 was not priced
     env = {"format": "treeopt-schedule/1", "ranges": [{"batch_range": [1, 4], "setting": {
         "shape": "envelope", "steps": 3, "topk": 2, "draft_tokens": 6}}]}
     (tmp_path / "e.yaml").write_text(yaml.safe_dump(env))

@@ -283,7 +283,8 @@ def run_cmd(
         for e in entries:
             e.name = f"{e.name} ({policy})" if own is None else e.name
             e.metadata = replace(e.metadata, expected_tokens_per_step=batch1.get("expected_tokens_per_step"),
-                                 predicted_speedup=batch1.get("predicted_speedup"), solver=f"policy:{pkind.name}")
+                                 predicted_speedup=batch1.get("predicted_speedup"), solver=f"policy:{pkind.name}",
+                                 extra={**e.metadata.extra, **batch1.get("extra", {})})
             e.policy = lambda drafter, t=e.tree: pkind.build(drafter, t, popts)
     seen: dict[str, int] = {}
     for e in entries:  # two files called tree.yaml in different folders must not share a results row name

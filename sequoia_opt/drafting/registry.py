@@ -454,10 +454,15 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
             "solved_for": _solved_for(sched.doc), "batch1": _batch1_prediction(sched.doc)}
 
 
-def _batch1_prediction(doc: Mapping[str, Any]) -> dict[str, float]:
+def _batch1_prediction(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The first range's prediction at batch 1 (what ``treeopt run`` serves: one request at a time), as a tree
     file's steady-state figures: ``expected_tokens_per_step`` and ``predicted_speedup`` (the plan's speedup over
-    its answer length, divided by its ``length_factor``); empty when the plan predicts no batch 1."""
+    its answer length, divided by its ``length_factor``); empty when the plan predicts no batch 1. For a chain of
+    K whose shorter chains the plan also priced at batch 1 (``by_batch`` candidates), ``extra`` holds what a tree
+    file records for ``run`` to predict its own answer lengths: ``node_rates`` (position k's rate, G(k) - G(k - 1)
+    over G(k - 1) - G(k - 2); where the chains were measured each on its own and those do not make one chain's
+    rates, the one rate whose chain of K has the plan's G(K)) and ``depth_step_ms`` (chain:k's step for k = 0 ..
+    K; :func:`~sequoia_opt.jobs.run.answer_factor`)."""
     ranges = doc.get("ranges") if isinstance(doc.get("ranges"), list) else []
     pred = ranges[0].get("predicted") if ranges and isinstance(ranges[0], Mapping) else None
     if not isinstance(pred, Mapping) or pred.get("batch") != 1:
@@ -465,7 +470,45 @@ def _batch1_prediction(doc: Mapping[str, Any]) -> dict[str, float]:
     g, speedup, lf = pred.get("expected_tokens_per_step"), pred.get("speedup"), pred.get("length_factor", 1.0)
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (g, speedup, lf)):
         return {}
-    return {"expected_tokens_per_step": float(g), "predicted_speedup": float(speedup) / float(lf)}
+    out: dict[str, Any] = {"expected_tokens_per_step": float(g), "predicted_speedup": float(speedup) / float(lf)}
+    extra = _chain_run_checks(doc, pred)
+    if extra:
+        out["extra"] = extra
+    return out
+
+
+def _chain_run_checks(doc: Mapping[str, Any], pred: Mapping[str, Any]) -> dict[str, Any]:
+    """``node_rates`` and ``depth_step_ms`` of the batch-1 chain ``pred`` from the plan's batch-1 candidates (every
+    chain:k, k <= K, and none); empty where one is missing or the figures do not make a chain's."""
+    setting = str(pred.get("setting", ""))
+    if not setting.startswith("chain:"):
+        return {}
+    try:
+        K = int(setting.split(":", 1)[1])
+    except ValueError:
+        return {}
+    row = next((r for r in doc.get("by_batch") or [] if isinstance(r, Mapping) and r.get("batch") == 1), None)
+    cands = {str(c.get("setting")): c for c in (row or {}).get("candidates") or [] if isinstance(c, Mapping)}
+    if isinstance((row or {}).get("plain"), Mapping):
+        cands.setdefault("none", row["plain"])
+    names = ["none"] + [f"chain:{k}" for k in range(1, K + 1)]
+    try:
+        g = [float(cands[n]["expected_tokens_per_step"]) for n in names]
+        ms = [float(cands[n]["step_ms"]) for n in names]
+    except (KeyError, TypeError, ValueError):
+        return {}
+    if K < 1 or not all(m > 0 for m in ms) or not 1.0 <= g[-1] <= K + 1:
+        return {}
+    reach = [b - a for a, b in zip(g, g[1:])]  # P(position k accepted), k = 1 .. K
+    if all(0 <= r <= q <= 1 for r, q in zip(reach, [1.0] + reach)):
+        rates = [r / q if q > 0 else 0.0 for r, q in zip(reach, [1.0] + reach)]
+    else:  # each chain measured on its own (a plan from traces): one rate a with 1 + a + .. + a^K = G(K)
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            a = (lo + hi) / 2
+            lo, hi = (a, hi) if sum(a ** k for k in range(K + 1)) < g[-1] else (lo, a)
+        rates = [(lo + hi) / 2] * K
+    return {"node_rates": [round(r, 6) for r in rates], "depth_step_ms": ms}
 
 
 def _plan_name(source: str, kind: str) -> str:

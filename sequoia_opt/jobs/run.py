@@ -33,7 +33,7 @@ from ..errors import DecodingError
 from ..decoding import Decoder, DraftingPolicy, GenerationResult
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.drafters.model import guessable_tokens
-from ..drafting.policies import StaticTreePolicy
+from ..drafting.policies import SchedulePolicy, StaticTreePolicy
 from ..model import Transformer
 from ..omp import run_policy
 from ..solver.intervals import t975
@@ -594,7 +594,8 @@ def run_trees(
         contexts = [d.context for d in pol.drafters if d.context < target.config.max_position_embeddings]
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
                                   plain_summary.tokens_per_s, meta, e.drafter, names,
-                                  tree=e.tree if static and adapter is None else None, most=most,
+                                  tree=(pol.tree_for(1) if isinstance(pol, SchedulePolicy) else e.tree)
+                                  if static and adapter is None else None, most=most,
                                   draft_context=min(contexts) if contexts else None))
         if e.policy is None and e.tree.size > 1:  # a fixed tree (an adaptive or plan policy changes its tree)
             summaries[-1].node_acceptance = node_acceptance_rows(e.tree, res, meta)
