@@ -162,3 +162,34 @@ def test_run_predicts_plain_steps_past_the_drafts_context():
     short = run_trees(target, draft, [TreeEntry("chain", tree, meta)], [list(range(3, 13))], max_new_tokens=8,
                       warmup=False)
     assert short.summaries[1].predicted_tokens_per_step > 2.0
+
+
+def test_an_answer_ending_on_eos_is_measured_as_emitted_as_it_is_predicted():
+    """A tryout's answers ended on EOS at the first token: run measured 4.0 tokens/step (accepted nodes + 1, past
+    the EOS) against the 1.0 predicted for a 1-token answer, and marked it '(OUT)'. Tokens per step is what the steps
+    emitted, as the prediction for the run's lengths is; the untruncated count is kept beside it."""
+    import numpy as np
+    import torch
+
+    from sequoia_opt.decoding import autoregressive_generate
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.model import ModelConfig, Transformer
+    from sequoia_opt.profiles import AcceptanceProfile
+    from sequoia_opt.solver.depth import ValueModel
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    cfg = ModelConfig.preset("tiny").with_(max_position_embeddings=64)
+    torch.manual_seed(0)
+    target = Transformer(cfg).eval()
+    prompt = list(range(3, 13))
+    first = autoregressive_generate(target, prompt, 1).tokens[0]
+    tree = Tree.chain(4)
+    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.9])), "positional")
+    meta = TreeMetadata(expected_tokens_per_step=vm.expected_tokens(tree), extra=vm.run_checks(tree))
+    run = run_trees(target, target, [TreeEntry("chain", tree, meta)], [prompt], max_new_tokens=8, eos_ids=[first],
+                    warmup=False)  # the target drafts for itself: all 3 nodes accepted, the EOS the first of them
+    s, row = run.summaries[1], run.rows[1]
+    assert run.greedy_ok and (s.new_tokens, s.steps) == (1, 1)
+    assert s.tokens_per_step == row.tokens_per_step == 1.0 and s.tokens_per_step_untruncated == 4.0
+    assert row.tokens_per_step_untruncated == 4.0
+    assert s.predicted_tokens_per_step == pytest.approx(1.0) and s.inside_prediction is not False

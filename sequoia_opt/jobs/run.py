@@ -11,8 +11,11 @@ Every decoder is the one loop, :class:`~sequoia_opt.decoding.loop.Decoder`, with
 own (:attr:`TreeEntry.policy`: adaptive, dynamic, graft, merge), or the static tree with its drafter. An
 adaptive policy's summary carries its re-solve log (:attr:`TreeSummary.adaptive`).
 
-Tokens per step is counted before truncation (accepted nodes + 1 per step), so the final step of a prompt,
-cut by ``max_new_tokens`` or EOS, does not bias it; this is the quantity G that Sequoia's eq. 1 predicts.
+Tokens per step is what the steps emitted: new tokens over steps (a generation's last step emits only what is
+left before ``max_new_tokens`` or EOS), the figure the prediction for this run's answer lengths is
+(:func:`answer_factor`). The untruncated count (accepted nodes + 1 per step; past an EOS the accepted path runs
+on) is kept as ``tokens_per_step_untruncated``: it equals the emitted one where answers end at
+``max_new_tokens`` (the decoder drafts no deeper than a row can still emit) and exceeds it where they end on EOS.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class PromptRow:
     bookkeeping_ms: float
     matches_plain: bool | None
     first_mismatch: int | None
+    tokens_per_step_untruncated: float = 0.0
 
 
 @dataclass
@@ -97,8 +101,9 @@ class TreeSummary:
     Attributes:
         tokens_per_s: total new tokens / total decode time (prefill excluded), tokens/s.
         speedup: ``tokens_per_s`` / plain decoding's ``tokens_per_s`` (same prompts).
-        tokens_per_step / tps_ci95: mean untruncated tokens per step and its 95 % interval over prompts
-            (:func:`tokens_per_step_ci95`).
+        tokens_per_step / tps_ci95: tokens per step as emitted (new tokens over steps: the last step of a
+            generation emits only what is left) and its 95 % interval over prompts (:func:`tokens_per_step_ci95`).
+        tokens_per_step_untruncated: accepted nodes + 1 per step, past an EOS too (the module docstring).
         predicted_tokens_per_step: the tree file's tokens per step for generations of this run's lengths: its
             steady-state G (``predicted_tokens_per_step_steady``) x :func:`answer_factor` (a generation ends inside a
             step, which emits only what is left: :mod:`sequoia_opt.solver.generation`; exact from the file's
@@ -157,6 +162,7 @@ class TreeSummary:
     predicted_speedup_steady: float | None = None
     node_acceptance: list[dict[str, Any]] | None = None
     predicted_tokens_per_step_steady: float | None = None
+    tokens_per_step_untruncated: float = 0.0
 
 
 def prediction_intervals(meta: TreeMetadata | None, prompts: int) -> tuple[tuple[float, float] | None,
@@ -247,10 +253,11 @@ def _row(name: str, i: int, res: GenerationResult, plain: GenerationResult | Non
                          min(len(res.tokens), len(plain.tokens)))
     untruncated = [s.accepted_nodes + 1 for s in res.steps]
     return PromptRow(tree=name, prompt_index=i, prompt_tokens=res.prompt_len, new_tokens=len(res.tokens),
-                     steps=res.num_steps, tokens_per_step=statistics.fmean(untruncated) if untruncated else 0.0,
+                     steps=res.num_steps, tokens_per_step=len(res.tokens) / res.num_steps if res.steps else 0.0,
                      decode_ms=res.decode_ms, tokens_per_s=res.tokens_per_second, draft_ms=res.draft_ms,
                      verify_ms=res.verify_ms, bookkeeping_ms=res.bookkeeping_ms, matches_plain=match,
-                     first_mismatch=first)
+                     first_mismatch=first,
+                     tokens_per_step_untruncated=statistics.fmean(untruncated) if untruncated else 0.0)
 
 
 def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]], most: float | None = None) -> tuple[float, float]:
@@ -264,8 +271,7 @@ def tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]], most: float | No
     prompt the steps are the only replication and the normal interval over steps is returned.
 
     Args:
-        per_prompt: per prompt, the untruncated tokens of each step (accepted nodes + 1); prompts without
-            steps are ignored.
+        per_prompt: per prompt, the tokens each step emitted; prompts without steps are ignored.
         most: the most tokens a step can emit (a tree of depth D: D + 1); None: no bound.
 
     Returns:
@@ -353,8 +359,9 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
              plain_tps: float | None, meta: TreeMetadata | None, drafter: str | None = None,
              names: Sequence[str] = (), tree: Tree | None = None, most: int | None = None,
              draft_context: int | None = None) -> TreeSummary:
-    per_prompt = [[float(s.accepted_nodes + 1) for s in r.steps] for r in results]
+    per_prompt = [[float(s.accepted_len) for s in r.steps] for r in results]  # emitted: what the prediction is
     per_step = [v for steps in per_prompt for v in steps]
+    untruncated = [float(s.accepted_nodes + 1) for r in results for s in r.steps]
     new = sum(len(r.tokens) for r in results)
     ms = sum(r.decode_ms for r in results)
     tps = 1000.0 * new / ms if ms > 0 else 0.0
@@ -395,6 +402,7 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
         drafters=_drafter_stats(results, names) if names else [], predicted_interval=g_int,
         predicted_speedup_interval=s_int,
         inside_prediction=None if g_int is None else bool(g_int[0] <= mean_tps <= g_int[1]),
+        tokens_per_step_untruncated=statistics.fmean(untruncated) if untruncated else 0.0,
     )
 
 
