@@ -105,7 +105,10 @@ def _prompt(obj: Any, where: str, *, in_array: bool = False) -> Prompt:
         raise PromptFileError(f"{where}: {unit} holds a 'prompt' or a 'text' (the same field), not both")
     body = obj.get("prompt", obj.get("text"))
     if not isinstance(body, str) or not body.strip():
-        raise PromptFileError(f"{where}: needs a non-empty 'prompt' (or 'text') string, or 'messages'")
+        got = "" if body is None else f" (got {body!r}: " + (
+            "whitespace only)" if isinstance(body, str) and body else "empty)" if body == "" else "not a string)")
+        raise PromptFileError(f"{where}: needs a 'prompt' (or 'text') string with something besides whitespace, "
+                              f"or 'messages'{got}")
     _check_unicode(body, where)
     return Prompt(body, meta, origin=where)
 

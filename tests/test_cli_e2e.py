@@ -163,7 +163,9 @@ def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("", "holds no prompts"),
     ('{"prompt": "ok"}\n{not json}\n', ":2: not valid JSON"),
-    ('{"text_missing": 1}\n', "needs a non-empty 'prompt'"),
+    ('{"text_missing": 1}\n', "needs a 'prompt' (or 'text') string with something besides whitespace, or "
+                               "'messages'"),
+    ('{"prompt": "   "}\n', "with something besides whitespace, or 'messages' (got '   ': whitespace only)"),
 ])
 def test_run_refuses_bad_prompt_files(workdir, tmp_path, content, message):
     root, target, draft, _ = workdir

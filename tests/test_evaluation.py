@@ -193,3 +193,19 @@ def test_an_answer_ending_on_eos_is_measured_as_emitted_as_it_is_predicted():
     assert s.tokens_per_step == row.tokens_per_step == 1.0 and s.tokens_per_step_untruncated == 4.0
     assert row.tokens_per_step_untruncated == 4.0
     assert s.predicted_tokens_per_step == pytest.approx(1.0) and s.inside_prediction is not False
+
+
+def test_a_greedy_mismatch_in_low_precision_says_what_it_usually_means():
+    """A tryout's bfloat16 run differed from plain decoding at two near-ties (top-2 logit gaps 0.04 and 0.017): the
+    tree's wider forward rounds differently. The mismatch lines stay; in bfloat16 / float16 one more line says so
+    and how to check the decoder (float32 decodes equal)."""
+    from types import SimpleNamespace
+
+    from sequoia_opt.cli.run import mismatch_warnings
+
+    details = [{"tree": "tree", "prompt_index": 3, "first_mismatch": 19, "plain": [1, 2], "tree_output": [3, 4]}]
+    bf16 = mismatch_warnings(SimpleNamespace(mismatch_details=details, settings={"dtype": "bfloat16"}))
+    assert bf16[0] == "tree 'tree' differs from plain decoding on prompt 3 at position 19: plain [1, 2] vs tree [3, 4]"
+    assert len(bf16) == 2 and bf16[1].startswith("in bfloat16 a tree's forward") and "--dtype float32" in bf16[1]
+    assert mismatch_warnings(SimpleNamespace(mismatch_details=details, settings={"dtype": "float32"})) == bf16[:1]
+    assert mismatch_warnings(SimpleNamespace(mismatch_details=[], settings={"dtype": "bfloat16"})) == []

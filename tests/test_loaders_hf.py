@@ -249,6 +249,8 @@ def test_hf_rope_parameters_llama3_equals_legacy_rope_scaling(tmp_path):
     (dict(model_type=None, architectures=None), "names no model_type or architectures: treeopt loads llama"),
     (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=0),
      "sliding_window = 0 must be a positive integer"),
+    # an integer field's refusal (config_int writes "config.json: ..."): a tryout read the file named twice
+    (dict(num_hidden_layers=0), "num_hidden_layers = 0 must be an integer >= 1"),
 ])
 def test_hf_unsupported_setting_refused_in_one_line(tmp_path, changes, message):
     _, out = saved(tmp_path)
@@ -311,7 +313,8 @@ def test_config_refuses_architectures_that_only_share_a_prefix(model_type, archs
     (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], sliding_window=8, use_sliding_window=True), 8),
     (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], sliding_window=8, use_sliding_window=True,
           max_window_layers=99), 64),  # no layer at or above max_window_layers slides
-    (dict(sliding_window=16), 64),  # transformers' Llama ignores the key
+    (dict(sliding_window=16), 16),  # transformers 5 masks a Llama window (4 ignored it): within it both agree
+    (dict(sliding_window=None), 64),
 ])
 def test_a_sliding_window_caps_the_context(tmp_path, changes, context):
     """Full causal attention equals sliding-window attention for sequences within the window: the context is capped

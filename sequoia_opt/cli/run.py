@@ -493,9 +493,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
                                 "root alone (plain decoding through the speculative decoder)")
     report.notes.extend(notes + check_notes + _node_notes(run))
     report.warnings = warnings
-    for m in run.mismatch_details:
-        report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
-                               f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
+    report.warnings += mismatch_warnings(run)
     report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
                    "json": str(jpath), "csv": str(cpath)}
     render(report, as_json)
@@ -644,9 +642,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
     report.tables.append(_trees_table(run, temperature, None if merge else "the grafted trees' files (pair profile)"))
     title, cols, rows = _drafters_table(run)
     report.tables.append((title, cols, rows))
-    for m in run.mismatch_details:
-        warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
-                        f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
+    warnings += mismatch_warnings(run)
     report.warnings = warnings
     report.notes = notes + setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                          prompts_found=len(texts), prompts_file=pfile)
@@ -754,12 +750,30 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
             report.tables.append(table)
         report.notes += notes
     report.notes += _node_notes(run)
-    for m in run.mismatch_details:
-        report.warnings.append(f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at "
-                               f"position {m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}")
+    report.warnings += mismatch_warnings(run)
     report.data = {**run.to_dict(), "greedy_ok": run.greedy_ok if temperature == 0 else None,
                    "json": str(jpath), "csv": str(cpath)}
     return report
+
+
+#: Precisions whose rounding a tree's wider forward can change at a near-tie of the top two logits.
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def mismatch_warnings(run) -> list[str]:
+    """One line per (tree, prompt) whose greedy output differed from plain decoding, with its first differing
+    position; in bfloat16 / float16 one more saying what that usually means: a tree's forward over n tokens rounds
+    its matrix products differently from plain decoding's one-token forward, and where the top two logits nearly
+    tie the argmax can flip (both outputs are the target's greedy decoding under its own rounding; float32 decodes
+    equal). Empty when every output matched."""
+    out = [f"tree {m['tree']!r} differs from plain decoding on prompt {m['prompt_index']} at position "
+           f"{m['first_mismatch']}: plain {m['plain']} vs tree {m['tree_output']}" for m in run.mismatch_details]
+    dtype = run.settings.get("dtype")
+    if out and dtype in LOW_PRECISION:
+        out.append(f"in {dtype} a tree's forward over several tokens rounds differently from plain decoding's "
+                   "one-token forward, and where the top two logits nearly tie the greedy token can flip: output "
+                   "equality is guaranteed in float32 (rerun with --dtype float32 to check the decoder)")
+    return out
 
 
 def draft_context_warning(pair, ids, max_new_tokens: int) -> str | None:

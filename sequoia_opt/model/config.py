@@ -325,7 +325,8 @@ def _hf_family(cfg: dict[str, Any]) -> str:
 def _hf_context(cfg: dict[str, Any], family: str) -> int:
     """The context treeopt decodes a Hugging Face config at: ``max_position_embeddings`` (2048 when absent), capped
     at the sliding attention window when one applies (Mistral's ``sliding_window``; Qwen2's when
-    ``use_sliding_window`` and some layer is at or above ``max_window_layers``; Llama ignores the key). treeopt's
+    ``use_sliding_window`` and some layer is at or above ``max_window_layers``; a Llama config's ``sliding_window``
+    when set: transformers 4 ignored it, transformers 5's mask applies it, and within the window both agree). treeopt's
     attention is full causal; within the window it equals the model's sliding attention exactly, so decoding is
     refused past the window (a too-long prompt gets the context error) rather than run with the wrong attention.
     Raises CheckpointError for a window that is not a positive integer."""
@@ -336,10 +337,11 @@ def _hf_context(cfg: dict[str, Any], family: str) -> int:
                               "be a positive integer") from None
     window = cfg.get("sliding_window", 4096 if family == "mistral" else None)  # transformers' defaults
     n_layers, from_layer = cfg.get("num_hidden_layers"), cfg.get("max_window_layers")
-    # transformers' Llama ignores the key; Qwen2 slides only with use_sliding_window, from layer max_window_layers
+    # Qwen2 slides only with use_sliding_window, from layer max_window_layers; a Llama window set by the config is
+    # read by transformers 5's masks (not by 4's): capped, the context decodes the same under either
     no_layer_slides = isinstance(from_layer, int) and isinstance(n_layers, int) and from_layer >= n_layers
-    applies = family == "mistral" or (family == "qwen2" and bool(cfg.get("use_sliding_window", False))
-                                      and not no_layer_slides)
+    applies = family in ("mistral", "llama") or (family == "qwen2" and bool(cfg.get("use_sliding_window", False))
+                                                 and not no_layer_slides)
     if window is None or not applies:
         return context
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:

@@ -60,7 +60,8 @@ def _config_of(file: Path, name: str) -> ModelConfig:
     except CheckpointError as err:
         if str(file) in str(err):
             raise
-        raise CheckpointError(f"{file}: {str(err).removeprefix('config.json ')}") from None  # the file named once
+        msg = str(err).removeprefix("config.json: ").removeprefix("config.json ")  # the file named once
+        raise CheckpointError(f"{file}: {msg}") from None
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
