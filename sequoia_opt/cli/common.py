@@ -331,11 +331,24 @@ def _check_run_options(backend: str, device: Any, temperature: float = 0.0, top_
         raise TreeoptError(str(err)) from None
 
 
+#: A sampling temperature below this is greedy decoding in all but name (:func:`setting_notes`).
+NEAR_GREEDY = 0.01
+
+
 def setting_notes(*, temperature: float, top_p: float, num_prompts: int | None, prompts_found: int,
                   prompts_file: Any) -> list[str]:
     """What a command did with a setting other than what was asked, one line each for the report (and its
-    JSON): fewer prompts than ``--num-prompts`` asked for, a ``--top-p`` that greedy decoding ignores."""
+    JSON): fewer prompts than ``--num-prompts`` asked for, a ``--top-p`` that greedy decoding ignores, a
+    temperature so low that sampling is greedy decoding in all but name (below :data:`NEAR_GREEDY`: softmax(z / T)
+    underflows to 0 in float32 for every logit more than ~87 T below the top one, so the draft's distribution is
+    one-hot at almost every node and a node's candidates after the first carry no mass and are never accepted,
+    where greedy verification accepts any sibling that is the target's argmax)."""
     notes = []
+    if 0 < temperature < NEAR_GREEDY:
+        notes.append(f"--temperature {temperature:g} is near greedy: the draft's probabilities underflow to one-hot "
+                     f"(every logit more than {87 * temperature:.2g} below its top one is 0), so a node's candidates "
+                     "after the first carry no mass and are never accepted; --temperature 0 decodes greedily with "
+                     "the whole tree")
     if num_prompts is not None and prompts_found < num_prompts:
         notes.append(f"--num-prompts {num_prompts}: {prompts_file} holds "
                      + (f"{prompts_found} prompts; all of them were used" if prompts_found > 1 else
