@@ -680,3 +680,22 @@ def test_a_near_greedy_temperature_is_said_to_waste_the_trees_width():
     assert note.startswith("--temperature 1e-09 is near greedy") and "--temperature 0 decodes greedily" in note
     assert setting_notes(temperature=NEAR_GREEDY, **kw) == setting_notes(temperature=0.7, **kw) == []
     assert setting_notes(temperature=0.0, **kw) == []
+
+
+def test_an_unwritable_output_folder_says_whether_its_file_system_is_read_only(tmp_path, monkeypatch):
+    """A tryout's read-only mount was blamed on permissions ('this user cannot write into ...')."""
+    import os
+    from types import SimpleNamespace
+
+    from sequoia_opt.cli.common import check_output
+    from sequoia_opt.errors import OutputError
+
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_flag=os.ST_RDONLY))
+    with pytest.raises(OutputError, match=f"^cannot write {tmp_path / 'x.yaml'}: {tmp_path} is on a read-only file "
+                                          "system$"):
+        check_output(tmp_path / "x.yaml", {})
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_flag=0))
+    with pytest.raises(OutputError, match=f"^cannot write {tmp_path / 'x.yaml'}: this user cannot write into "
+                                          f"{tmp_path}$"):
+        check_output(tmp_path / "x.yaml", {})

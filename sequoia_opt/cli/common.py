@@ -495,7 +495,7 @@ def _check_writable(path: Path) -> None:
         raise OutputError(f"cannot write {path}: it exists and is not a regular file")
     folder = _existing_folder_above(path, f"cannot write {path}")
     if folder is not None and not os.access(folder, os.W_OK | os.X_OK):  # a read-only folder or file system
-        raise OutputError(f"cannot write {path}: this user cannot write into {folder}")
+        raise OutputError(f"cannot write {path}: {_unwritable(folder)}")
     if folder is not None:
         _probe_folder(folder, f"cannot write {path}")
 
@@ -544,6 +544,19 @@ def check_output(path: Optional[Path], inputs: dict[str, Any], flag: str = "-o")
                                   "would be lost; write the output to another path")
 
 
+def _unwritable(folder: Path) -> str:
+    """Why ``folder`` takes no files: on a read-only file system (``statvfs``'s ``ST_RDONLY``), or this user may
+    not write into it."""
+    import os
+
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"{folder} is on a read-only file system"
+    except (OSError, AttributeError):  # no statvfs (Windows): say the common case
+        pass
+    return f"this user cannot write into {folder}"
+
+
 def _existing_folder_above(path: Path, what: str) -> Optional[Path]:
     """The nearest folder above ``path`` that exists (None when none does); OutputError ``"<what>: <it> is not
     a folder"`` when that nearest existing path is a file."""
@@ -570,12 +583,12 @@ def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
         if not path.is_dir():
             raise OutputError(f"{option} {path}: it exists and is not a folder (results are written into a folder)")
         if not os.access(path, os.W_OK | os.X_OK):
-            raise OutputError(f"{option} {path}: this user cannot write into that folder")
+            raise OutputError(f"{option} {path}: {_unwritable(path)}")
         _probe_folder(path, f"{option} {path}")
         return
     parent = _existing_folder_above(path, f"{option} {path}")
     if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{option} {path}: cannot create it, this user cannot write into {parent}")
+        raise OutputError(f"{option} {path}: cannot create it, {_unwritable(parent)}")
     if parent is not None:
         _probe_folder(parent, f"{option} {path}: cannot create it")
 
