@@ -82,7 +82,7 @@ def pooled(rows, idx):
     new tokens over decode time."""
     sel = [r for r in rows if r.prompt_index in idx]
     steps = sum(r.steps for r in sel)
-    tps = sum(r.tokens_per_step * r.steps for r in sel) / steps
+    tps = sum(r.tokens_per_step_untruncated * r.steps for r in sel) / steps
     return tps, 1000.0 * sum(r.new_tokens for r in sel) / sum(r.decode_ms for r in sel)
 
 

@@ -341,7 +341,7 @@ class DrafterRow:
         nodes, depth, level_widths: the tree (nodes incl. the root; widths from the root level down).
         predicted_tokens_per_step / predicted_speedup: from its profiles (:func:`plan_drafter`), for the run's
             generation lengths (:attr:`TreeSummary.predicted_tokens_per_step`, :attr:`TreeSummary.predicted_speedup`).
-        tokens_per_step / tps_ci95: measured, untruncated (:class:`TreeSummary`).
+        tokens_per_step / tps_ci95: measured, as the steps emitted (:class:`TreeSummary`).
         speedup: measured tokens/s over the run's one plain baseline.  tokens_per_s: measured.
         equals_plain: greedy output equal to plain decoding on every prompt (None when sampling).
         mismatches: prompts whose greedy output differed.
