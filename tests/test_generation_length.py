@@ -109,7 +109,12 @@ def test_a_run_predicts_the_speedup_for_its_generation_lengths():
     assert s["t"].new_tokens == 24
     assert s["t"].predicted_speedup_steady == 1.5
     assert s["t"].predicted_speedup == pytest.approx(1.5 * 24 / (24 + 2 * 0.6))
-    assert s["bare"].predicted_speedup == 1.5  # no overshoot recorded: the file's figure as written
+    # nothing recorded but G and the speedup: a chain of the tree's depth with G's one rate stands for the step's
+    # tokens, each step priced on a line from a plain step's cost to the whole tree's (G / S plain steps)
+    from sequoia_opt.jobs.run import answer_factor
+
+    approx = answer_factor(tree, bare, [12, 12], priced=True)
+    assert s["bare"].predicted_speedup == pytest.approx(1.5 * approx) and 0.9 < approx < 1.0
     # the speedup's prediction interval is scaled as its point
     from sequoia_opt.solver.intervals import PromptSpread
 
@@ -143,7 +148,18 @@ def test_a_runs_predicted_tokens_per_step_is_for_its_own_generation_lengths():
     # without node rates: the renewal limit; without either: no factor (the steady G is shown)
     only = TreeMetadata(expected_tokens_per_step=g, extra={"end_overshoot_tokens": meta.extra["end_overshoot_tokens"]})
     assert answer_factor(tree, only, [512] * 3) == pytest.approx(renewal, rel=1e-12)
-    assert answer_factor(tree, TreeMetadata(expected_tokens_per_step=g), [8]) is None
+    # with G alone (a graft or dynamic policy, an older file): a chain of the tree's depth with G's one rate
+    a = np.roots([1, 1, 1, 1 - g])  # 1 + a + a^2 + a^3 = G
+    a = float(next(x.real for x in a if abs(x.imag) < 1e-9 and 0 < x.real < 1))
+    chain_tail = [1.0, a, a * a, a ** 3]
+    from sequoia_opt.solver.generation import expected_steps
+
+    assert answer_factor(tree, TreeMetadata(expected_tokens_per_step=g), [8]) == pytest.approx(
+        8 / (g * expected_steps(chain_tail, 8)), rel=1e-6)
+    assert answer_factor(None, TreeMetadata(expected_tokens_per_step=g), [8], depth=3) == pytest.approx(
+        answer_factor(tree, TreeMetadata(expected_tokens_per_step=g), [8]))
+    assert answer_factor(None, TreeMetadata(expected_tokens_per_step=g), [8]) is None  # no depth: no chain
+    assert answer_factor(tree, TreeMetadata(), [8]) is None  # no G
     assert answer_factor(tree, meta, []) is None
 
 
@@ -220,3 +236,33 @@ def test_the_tokens_past_the_drafters_context_are_predicted_as_plain_steps():
     only = TreeMetadata(expected_tokens_per_step=g, extra={"end_overshoot_tokens": 0.5})
     assert g * answer_factor(tree, only, [24], speculable=[0]) == pytest.approx(1.0)
     assert answer_factor(tree, only, [24], speculable=[10]) == pytest.approx(24 / (10 + 0.5 + g * 14))
+
+
+@pytest.mark.parametrize("costs", [None, [10.0, 13.0, 15.5, 17.5], [10.0, 13.0, 6524.7, 17.5], [17.5, 15.5, 13.0, 10.0],
+                                   ["10", 13.0, 15.5, 17.5], [10.0, -1.0, 15.5, 17.5], [10.0, 13.0], 5.0])
+def test_the_priced_factor_agrees_with_the_files_own_speedup_whatever_its_costs_say(costs):
+    """A review found the speedup of a re-timed step (the step check replaces the speedup, not depth_step_ms)
+    predicted at 0.934x for one token, and hand-edited costs at 100x (one typo) or 0.6x (reversed). The whole tree's
+    step is G / S plain steps, as the file's own speedup was priced; depth_step_ms only shapes the cut steps between,
+    and one that falls or is no list of D + 1 positive numbers is not read (a straight line in the depth instead).
+    One token is one plain step: 1x, whatever the file."""
+    from sequoia_opt.jobs.run import answer_factor, relative_depth_costs
+    from sequoia_opt.profiles import AcceptanceProfile
+    from sequoia_opt.solver.depth import ValueModel
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 0, 0]])  # depth 3
+    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
+    g = vm.expected_tokens(tree)
+    extra = {**vm.run_checks(tree), **({} if costs is None else {"depth_step_ms": costs})}
+    for speedup in (1.3, 0.9):  # the solver's figure, and a step check's that re-timed the tree slower
+        meta = TreeMetadata(expected_tokens_per_step=g, predicted_speedup=speedup, extra=extra)
+        rel = relative_depth_costs(meta, 3)
+        assert rel[0] == 1.0 and rel[-1] == pytest.approx(g / speedup) and len(rel) == 4
+        assert speedup * answer_factor(tree, meta, [1], priced=True) == pytest.approx(1.0)
+        ten = speedup * answer_factor(tree, meta, [10], priced=True)
+        assert min(1.0, speedup) - 1e-9 <= ten <= max(1.0, speedup) + 1e-9  # between plain and the steady state
+    if costs == [10.0, 13.0, 15.5, 17.5]:  # read: its shape kept, its scale the file's speedup's
+        assert rel == pytest.approx([1.0 + (c / 10.0 - 1.0) * (g / 0.9 - 1.0) / 0.75 for c in costs])
+    else:  # not read (or absent): a straight line in the depth
+        assert rel == pytest.approx([1.0 + (g / 0.9 - 1.0) * d / 3 for d in range(4)])

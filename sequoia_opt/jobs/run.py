@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from .._io import create_files, new_run_id
@@ -303,26 +304,58 @@ def _tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float,
     return (max(g_mean - half, 1.0), g_mean + half)  # a step emits at least its bonus token
 
 
+def _positive(x: Any) -> float | None:
+    """``x`` as a float when it is a finite number > 0 (not a bool or a string), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+        return None
+    return float(x)
+
+
+def relative_depth_costs(meta: TreeMetadata, depth: int) -> list[float] | None:
+    """(D + 1,) a step's cost with the tree cut to depth 0 .. D in plain steps (entry 0: 1, the root alone), made to
+    agree with the file's own prediction: entry D is ``G / S`` (its tokens per step over its speedup: the whole
+    tree's step over a plain one's, as the figure ``run`` scales was priced, a re-timed step check's too). The
+    shape between comes from the file's ``depth_step_ms`` where it holds D + 1 positive numbers that do not fall
+    (within 5 %), else a straight line in the depth. None without both G and S.
+
+    Raises nothing: a hand-edited ``depth_step_ms`` that breaks these rules is not read."""
+    G, S = _positive(meta.expected_tokens_per_step), _positive(meta.predicted_speedup)
+    if G is None or S is None or depth < 1:
+        return None
+    r = G / S
+    raw = meta.extra.get("depth_step_ms")
+    c = [_positive(x) for x in raw] if isinstance(raw, list) and len(raw) == depth + 1 else None
+    if c is not None and all(x is not None for x in c) and all(b >= 0.95 * a for a, b in zip(c, c[1:])) \
+            and c[-1] > c[0]:
+        u = [x / c[0] for x in c]
+        out = [1.0 + (x - 1.0) * (r - 1.0) / (u[-1] - 1.0) for x in u]
+    else:
+        out = [1.0 + (r - 1.0) * d / depth for d in range(depth + 1)]
+    return out if all(x > 0 for x in out) else None
+
+
 def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequence[int], *,
-                  priced: bool = False, speculable: Sequence[int] | None = None) -> float | None:
+                  priced: bool = False, speculable: Sequence[int] | None = None,
+                  depth: int | None = None) -> float | None:
     """The factor on a tree's steady-state tokens/step (``priced`` False) or speedup (``priced`` True) over
     generations of ``lengths`` tokens.
 
     Tokens/step: ``sum N_i / (G x sum E[tau_i])``, E[tau_i] the expected steps to emit N_i tokens (the last step
-    emits only what is left: :mod:`~sequoia_opt.solver.generation`). Exact (:func:`~sequoia_opt.solver.generation.
-    expected_steps`, every length) where the tree file records the value model's ``node_rates`` for ``tree``; else
-    the renewal limit from its ``end_overshoot_tokens`` (``sum N / (sum N + generations x E[O])``, right for long
-    generations only); None when the file records neither.
+    emits only what is left: :mod:`~sequoia_opt.solver.generation`), exact for every length from the distribution
+    of a step's tokens: the tree's, where the file records the value model's ``node_rates`` for ``tree``; else,
+    where it records ``end_overshoot_tokens``, the renewal limit ``sum N / (sum N + generations x E[O])`` (right for
+    long generations only); else (a graft or dynamic policy, an adaptive tree, an older file) a chain of the
+    policy's ``depth`` (``tree``'s when given) whose one rate gives the file's G: an approximation. None without
+    G or depth.
 
-    Speedup: the same, with each step priced at its cost where the file also records ``depth_step_ms`` (a step's
-    cost with the tree cut to each depth, :func:`~sequoia_opt.solver.hardware.depth_step_ms`): the decoder drafts
-    no deeper than a row can still emit, so a generation's last steps cost less than a whole tree's;
-    ``sum N_i x c_D / (G x sum E[C_i])`` (:func:`~sequoia_opt.solver.generation.expected_cost`). Without it, the
-    tokens/step factor (every step priced as a whole one).
+    Speedup: the same, with each step priced at its cost (:func:`relative_depth_costs`: a step of the tree cut to
+    depth d, in plain steps): the decoder drafts no deeper than a row can still emit, so a generation's last steps
+    cost less than a whole tree's; ``sum N_i x c_D / (G x sum E[C_i])``
+    (:func:`~sequoia_opt.solver.generation.expected_cost`). Without the file's speedup, the tokens/step factor.
 
-    ``speculable`` (one per generation, <= its length): the tokens a drafter can guess before its own context ends
-    (:func:`~sequoia_opt.drafting.drafters.model.guessable_tokens`); the rest are plain steps, one token each at
-    plain decoding's cost (``depth_step_ms[0]``). None: every token."""
+    ``speculable`` (one per generation): the tokens a drafter's steps can emit before its own context ends
+    (:func:`~sequoia_opt.drafting.drafters.model.guessable_tokens` and the bonus token of the last one); the rest
+    are plain steps, one token each at plain decoding's cost. None: every token."""
     from ..solver.generation import expected_cost, expected_steps, step_length_tail
 
     pairs = [(int(n), int(n) if speculable is None else max(0, min(int(n), int(k))))
@@ -330,29 +363,36 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
     if meta is None or not pairs:
         return None
     total = sum(n for n, _ in pairs)
+    G = _positive(meta.expected_tokens_per_step)
+    G = G if G is not None and G >= 1.0 else None
     rates = meta.extra.get("node_rates")
-    if tree is not None and tree.size > 1 and isinstance(rates, list) and len(rates) == tree.size - 1:
+    if tree is not None and tree.size > 1 and isinstance(rates, list) and len(rates) == tree.size - 1 \
+            and all(_positive(x) is not None or x == 0 for x in rates):
         reach = [1.0] * tree.size
         for v in range(1, tree.size):
-            reach[v] = reach[tree.parent[v]] * float(rates[v - 1])
+            reach[v] = reach[tree.parent[v]] * min(1.0, float(rates[v - 1]))
         tail = step_length_tail(tree.depth, reach)
-        mu = float(tail.sum())
-        costs = meta.extra.get("depth_step_ms")
-        if priced and isinstance(costs, list) and len(costs) == tail.size:
-            try:
-                spent = sum(expected_cost(tail, k, costs) + (n - k) * float(costs[0]) for n, k in pairs)
-                return total * float(costs[-1]) / (mu * spent)
-            except (TypeError, ValueError):  # a hand-edited file's costs: priced as whole steps below
-                pass
-        return total / (mu * sum(expected_steps(tail, k) + (n - k) for n, k in pairs))
-    overshoot = meta.extra.get("end_overshoot_tokens")
-    if not (isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0):
-        return None
-    G = meta.expected_tokens_per_step  # renewal: (k + E[O]) / G steps for the k guessable tokens, n - k plain ones
-    G = float(G) if isinstance(G, (int, float)) and not isinstance(G, bool) and G >= 1 else None
-    if G is None:  # the plain steps cannot be weighed against the speculative ones: all guessable
-        pairs = [(n, n) for n, _ in pairs]
-    return total / sum(k + float(overshoot) * (k > 0) + (G or 1.0) * (n - k) for n, k in pairs)
+    else:
+        overshoot = meta.extra.get("end_overshoot_tokens")
+        if isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0:
+            if G is None:  # the plain steps cannot be weighed against the speculative ones: all speculable
+                pairs = [(n, n) for n, _ in pairs]
+            return total / sum(k + float(overshoot) * (k > 0) + (G or 1.0) * (n - k) for n, k in pairs)
+        D = tree.tree_depth if tree is not None else depth
+        if G is None or not D or D < 1 or G > D + 1:
+            return None
+        lo, hi = 0.0, 1.0  # the one rate a with 1 + a + .. + a^D = G
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if sum(mid ** k for k in range(D + 1)) < G else (lo, mid)
+        a = (lo + hi) / 2
+        tail = np.array([a ** k for k in range(D + 1)])
+    mu = float(tail.sum())
+    costs = relative_depth_costs(meta, tail.size - 1) if priced else None
+    if costs is not None:
+        spent = sum(expected_cost(tail, k, costs) + (n - k) * costs[0] for n, k in pairs)
+        return total * costs[-1] / (mu * spent)
+    return total / (mu * sum(expected_steps(tail, k) + (n - k) for n, k in pairs))
 
 
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
@@ -374,11 +414,12 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     # the run's generations end inside a step (solver.generation): the steady state over these lengths
     done = [r for r in results if r.steps]
     lengths = [len(r.tokens) for r in done]
-    # the tokens past the drafters' context are plain steps (the trees clip to the root there)
-    spec = None if draft_context is None else [guessable_tokens(draft_context, r.prompt_len) for r in done]
-    f = answer_factor(tree, meta, lengths, speculable=spec)
+    # the tokens past the drafters' context are plain steps (the trees clip to the root there); the last step
+    # that drafts emits its bonus token too
+    spec = None if draft_context is None else [guessable_tokens(draft_context, r.prompt_len) + 1 for r in done]
+    f = answer_factor(tree, meta, lengths, speculable=spec, depth=depth)
     if f is not None:
-        fs = answer_factor(tree, meta, lengths, priced=True, speculable=spec)  # the cut last steps cost less
+        fs = answer_factor(tree, meta, lengths, priced=True, speculable=spec, depth=depth)  # cut steps cost less
         if predicted is not None:
             predicted = predicted * fs
         if s_int is not None:
@@ -387,8 +428,11 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
             predicted_g = max(1.0, predicted_g * f)  # a step emits at least one token
         if g_int is not None:
             g_int = (max(1.0, g_int[0] * f), g_int[1] * f)
-    if g_int is not None and most is not None:  # a file's spread may not know the bound (or the run's lengths)
-        g_int = (min(g_int[0], float(most)), min(g_int[1], float(most)))
+    if most is not None:  # a file's figures may not know the bound (or the run's lengths)
+        if g_int is not None:
+            g_int = (min(g_int[0], float(most)), min(g_int[1], float(most)))
+        if predicted_g is not None:
+            predicted_g = min(predicted_g, float(most))
     return TreeSummary(
         tree=name, size=size, depth=depth, new_tokens=new, steps=sum(r.num_steps for r in results),
         tokens_per_s=tps, speedup=(tps / plain_tps) if plain_tps else 1.0,
@@ -596,7 +640,8 @@ def run_trees(
         if adapter is not None:  # the final tree; predicted: the step-weighted mean over the trees it used
             size, depth = pol.tree.size, pol.tree.tree_depth
             most = max_new_tokens  # earlier steps ran other (deeper) trees
-            extra = {k: v for k, v in meta.extra.items() if k not in ("end_overshoot_tokens", "node_rates")}
+            extra = {k: v for k, v in meta.extra.items()
+                     if k not in ("end_overshoot_tokens", "node_rates", "depth_step_ms")}
             meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None,
                            extra=extra)  # the file's tree's length figures are not the trees it ran
         contexts = [d.context for d in pol.drafters if d.context < target.config.max_position_embeddings]
