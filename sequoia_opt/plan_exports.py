@@ -113,7 +113,8 @@ ACCEPTANCE_LENGTH_SOURCE = {
     "sglang": "the accept length of its decode log lines",
     "tensorrt-llm": "its accepted draft tokens per iteration + 1",
     "llama.cpp": "1 + accepted draft tokens per speculative step of a slot",
-    "treeopt": "tokens per step (treeopt run's report; run --adapt guards it itself)",
+    "treeopt": "tokens_per_step_untruncated (accepted nodes + 1 per step, in treeopt run's JSON; run --adapt "
+               "guards it itself)",
 }
 
 
@@ -139,10 +140,10 @@ def guard_notes(plan: Plan, engine: str) -> list[str]:
             tail = (f"; the profile's interval between prompts reaches down to {g.interval_low:.2f}, under it: a "
                     f"close call (profile more prompts of the traffic)")
         loses = (f"below {g.break_even:.2f} this setting is slower than plain decoding (stop speculating in this "
-                 f"range)" if g.break_even > 1.0 else
-                 f"its step is predicted cheaper than a plain one ({g.break_even:.2f} tokens/step would break even), "
-                 "so it beats plain decoding at any acceptance: check the latency profile, a forward over more "
-                 "tokens rarely costs less than one over a single token")
+                 f"range)" if round(g.break_even, 2) > 1.0 else
+                 f"its step is predicted to cost no more than a plain one ({g.break_even:.2f} tokens/step would break "
+                 "even), so it beats plain decoding at any acceptance: check the latency profile, a forward over "
+                 "more tokens rarely costs less than one over a single token")
         out.append(f"  batch {g.lo}-{g.hi} ({g.setting}): predicted {g.expected_tokens_per_step:.2f} tokens/step; "
                    f"{shift}{loses}{tail}")
     if not any(g.reads_interval for g in rules):

@@ -182,6 +182,7 @@ def _table_prompts(text: str, path: Path, delimiter: str) -> list[Prompt]:
     import csv
     import io
 
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long prompt is one field (.jsonl takes it)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     rows: list[tuple[int, list[str]]] = []  # (the line a row starts on, its fields), blank rows skipped
     while True:
@@ -192,16 +193,22 @@ def _table_prompts(text: str, path: Path, delimiter: str) -> list[Prompt]:
             break
         except csv.Error as err:  # a stray or unclosed quote, a field past the csv module's limit
             raise PromptFileError(f"{path}:{start}: not a {path.suffix[1:].upper()} row ({err})") from None
-        if any(f.strip() for f in row):
+        if any(row):  # an empty line; a row of whitespace is a row (its empty prompt is refused below)
             rows.append((start, row))
     if not rows:
         return []
     head = [h.strip().lower() for h in rows[0][1]]
     cols = [c for c in ("prompt", "text") if c in head]
-    if len(cols) != 1:
+    twice = sorted({h for h in head if h and head.count(h) > 1})
+    if len(cols) != 1 or twice:
         got = ", ".join(repr(h) for h in head)
+        other = {",": ";", "\t": ","}.get(delimiter)
+        hint = (" (both: which one is the prompt?)" if len(cols) == 2 else
+                f" (column {twice[0]!r} twice: which one is meant?)" if twice else
+                f" (is it {other!r}-separated? {path.suffix} files are {delimiter!r}-separated)"
+                if len(head) == 1 and other and other in head[0] else "")
         raise PromptFileError(f"{path}:{rows[0][0]}: the header needs one 'prompt' (or 'text') column, got {got}"
-                              + (" (both: which one is the prompt?)" if len(cols) == 2 else ""))
+                              + hint)
     at = head.index(cols[0])
     prompts = []
     for line, row in rows[1:]:
@@ -210,7 +217,7 @@ def _table_prompts(text: str, path: Path, delimiter: str) -> list[Prompt]:
             raise PromptFileError(f"{where}: {len(row)} fields, the header has {len(head)}")
         body = row[at]
         if not body.strip():
-            raise PromptFileError(f"{where}: the {cols[0]!r} field is empty")
+            raise PromptFileError(f"{where}: the {cols[0]!r} field is empty or whitespace only")
         _check_unicode(body, where)
         meta = {h: v for h, v in zip(head, row) if h != cols[0] and h}
         prompts.append(Prompt(body, meta, origin=where))

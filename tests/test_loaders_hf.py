@@ -315,6 +315,8 @@ def test_config_refuses_architectures_that_only_share_a_prefix(model_type, archs
           max_window_layers=99), 64),  # no layer at or above max_window_layers slides
     (dict(sliding_window=16), 16),  # transformers 5 masks a Llama window (4 ignored it): within it both agree
     (dict(sliding_window=None), 64),
+    (dict(sliding_window=0), 64), (dict(sliding_window=False), 64),  # what transformers 4 ignored: still loads
+    (dict(sliding_window=4096.0), 64),
 ])
 def test_a_sliding_window_caps_the_context(tmp_path, changes, context):
     """Full causal attention equals sliding-window attention for sequences within the window: the context is capped

@@ -73,7 +73,7 @@ def test_a_runs_node_counts_add_up_to_its_accepted_tokens():
     # (the root alone); a step cut to fewer levels at an answer's end counts the nodes it held
     reached = [r["reached"] for r in rows if r["depth"] == 1]
     assert reached == [reached[0]] * 3 and s.steps - len(prompts) <= reached[0] <= s.steps
-    accepted_drafts = round((s.tokens_per_step - 1) * s.steps)  # tokens/step counts untruncated steps
+    accepted_drafts = round((s.tokens_per_step_untruncated - 1) * s.steps)  # accepted nodes + 1 per step
     assert sum(r["accepted"] for r in rows) == accepted_drafts > 0
     by_node = {tuple(r["node"]): r for r in rows}
     assert by_node[(0, 0)]["reached"] == by_node[(0,)]["accepted"]  # a child is tried whenever its parent is accepted

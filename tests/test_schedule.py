@@ -181,7 +181,14 @@ def test_guard_rules_per_speculating_range():
     finally:
         pe.guard_rules = orig
     assert "below" not in line and "close call" not in line
-    assert "its step is predicted cheaper than a plain one (0.47 tokens/step would break even)" in line
+    assert "its step is predicted to cost no more than a plain one (0.47 tokens/step would break even)" in line
+    for be in (1.0, 1.004):  # a break-even that prints as 1.00 is no floor either
+        try:
+            pe.guard_rules = lambda plan: [dataclasses.replace(r0, break_even=be, interval_low=1.001)]
+            line = guard_notes(between, "sglang")[1]
+        finally:
+            pe.guard_rules = orig
+        assert "below" not in line and "to cost no more than a plain one (1.00 tokens/step" in line
     # plain everywhere: nothing to guard
     steep = _profile({1: _curve(9.0, 10.0), 4: _curve(30.0, 30.0)})
     none = solve_plan(ChainValue(_acc(), 5), steep)
@@ -487,13 +494,30 @@ def test_schedule_policy_from_the_registry(tmp_path):
 
     cands = [{"setting": f"chain:{k}", "expected_tokens_per_step": g, "step_ms": 20.0 + k}
              for k, g in enumerate([1.67, 2.15, 2.6, 2.8, 2.75, 3.29], start=1)]
-    doc = {"by_batch": [{"batch": 1, "plain": {"setting": "none", "expected_tokens_per_step": 1.0, "step_ms": 19.0},
+    doc = {"ranges": [{"batch_range": [1, 4], "setting": {"shape": "chain", "draft_tokens": 6}}],
+           "by_batch": [{"batch": 1, "plain": {"setting": "none", "expected_tokens_per_step": 1.0, "step_ms": 19.0},
                          "candidates": cands}]}
-    got = _chain_run_checks(doc, {"setting": "chain:6"})
+    pred = {"setting": "chain:6", "expected_tokens_per_step": 3.29}
+    got = _chain_run_checks(doc, pred)
     a1 = got["node_rates"][0]
     assert got["node_rates"] == [a1] * 6 and sum(a1 ** k for k in range(7)) == pytest.approx(3.29, rel=1e-5)
     assert got["depth_step_ms"] == [19.0, 21.0, 22.0, 23.0, 24.0, 25.0, 26.0]
-    assert _chain_run_checks(doc, {"setting": "chain:7"}) == {}  # chain:7 was not priced
+    # a hand-edited plan is not read (its steady figures are shown): a K nothing priced (a review's chain:50000000
+    # took 4 GB), a first range of another setting, candidates whose G(K) is not the prediction's, a string figure
+    import copy
+
+    assert _chain_run_checks(doc, {**pred, "setting": "chain:7"}) == {}
+    assert _chain_run_checks(doc, {**pred, "setting": "chain:50000000"}) == {}
+    other = copy.deepcopy(doc)
+    other["ranges"][0]["setting"]["draft_tokens"] = 5
+    assert _chain_run_checks(other, pred) == {}
+    assert _chain_run_checks(doc, {**pred, "expected_tokens_per_step": 2.0}) == {}
+    typed = copy.deepcopy(doc)
+    typed["by_batch"][0]["candidates"][2]["expected_tokens_per_step"] = "2.6"
+    assert _chain_run_checks(typed, pred) == {}
+    typed["by_batch"][0]["candidates"][2]["expected_tokens_per_step"] = 2.6
+    typed["by_batch"][0]["candidates"][0]["step_ms"] = True
+    assert _chain_run_checks(typed, pred) == {}
     env = {"format": "treeopt-schedule/1", "ranges": [{"batch_range": [1, 4], "setting": {
         "shape": "envelope", "steps": 3, "topk": 2, "draft_tokens": 6}}]}
     (tmp_path / "e.yaml").write_text(yaml.safe_dump(env))

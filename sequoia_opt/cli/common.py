@@ -266,7 +266,8 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | flo
 BackendOpt = Annotated[str, typer.Option("--backend", help="Attention backend: auto | torch | cuda")]
 PromptsOpt = Annotated[
     Optional[Path], typer.Option("--prompts", help="Prompt file: .jsonl, one object a line with 'prompt' (or 'text') "
-                               "or chat 'messages'; a .json array of them; or blank-line separated text.")
+                               "or chat 'messages'; a .json array of them; a .csv / .tsv with a 'prompt' (or 'text') column; or "
+                               "blank-line separated text.")
 ]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 = sampling.")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass in (0, 1], applied to target and draft.")]
@@ -549,6 +550,7 @@ def _unwritable(folder: Path) -> str:
     not write into it."""
     import os
 
+    folder = Path(os.path.abspath(folder))  # '.' names no folder a user can find in the message
     try:
         if os.statvfs(folder).f_flag & os.ST_RDONLY:
             return f"{folder} is on a read-only file system"

@@ -655,8 +655,8 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
 
 def _drafters_table(run) -> tuple[str, list[str], list[list]]:
     """Per drafter of every multi-drafter tree of a run (:attr:`~sequoia_opt.jobs.run.TreeSummary.drafters`):
-    calls (steps it was asked in), call rate (calls / steps), its total time (ms), ms per call, and the
-    accepted nodes it proposed."""
+    calls (steps it was asked in), call rate (calls over the steps that asked any drafter), its total time (ms),
+    ms per call, and the accepted nodes it proposed."""
     rows = [[s.tree, d["name"], d["calls"], d["call_rate"], d["ms"], d["ms_per_call"], d["accepted_nodes"]]
             for s in run.summaries[1:] for d in s.drafters]
     return ("drafters of each tree", ["name", "drafter", "calls", "call rate", "ms", "ms per call", "accepted nodes"],
@@ -833,9 +833,9 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
                "; 95% CI: the measured mean's, over the steps of the one prompt (too narrow for new prompts: give "
                "more prompts)")
             + "; 95% PI: the prediction's for this many new prompts; "
-            "predicted and pred. speedup: for generations of this run's lengths where the tree file records its "
-            "node_rates or end_overshoot_tokens (the last step of a generation emits only what is left), else the "
-            "steady state",
+            "tokens/step: as the steps emitted (the last step of a generation emits only what is left); predicted and "
+            "pred. speedup: for generations of this run's lengths (exact from the tree file's node_rates, else "
+            "approximated; the steps cut at an answer's end priced at their own cost), at most what a step can emit",
             ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "95% PI", "tokens/s", "speedup",
              "pred. speedup", "speedup 95% PI", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
 

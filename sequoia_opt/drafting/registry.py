@@ -15,6 +15,8 @@ separated; a ``.py`` path or an importable name) or an entry point of the group 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -479,7 +481,9 @@ def _batch1_prediction(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 def _chain_run_checks(doc: Mapping[str, Any], pred: Mapping[str, Any]) -> dict[str, Any]:
     """``node_rates`` and ``depth_step_ms`` of the batch-1 chain ``pred`` from the plan's batch-1 candidates (every
-    chain:k, k <= K, and none); empty where one is missing or the figures do not make a chain's."""
+    chain:k, k <= K, and none); empty where one is missing, the first range's setting is not ``pred``'s chain, a
+    figure is not a number, or the candidates' G(K) is not the prediction's (a hand-edited plan: its own steady
+    figures are shown then)."""
     setting = str(pred.get("setting", ""))
     if not setting.startswith("chain:"):
         return {}
@@ -487,17 +491,25 @@ def _chain_run_checks(doc: Mapping[str, Any], pred: Mapping[str, Any]) -> dict[s
         K = int(setting.split(":", 1)[1])
     except ValueError:
         return {}
+    first = (doc.get("ranges") or [{}])[0]
+    shape = first.get("setting") if isinstance(first, Mapping) else None
+    if not isinstance(shape, Mapping) or shape.get("shape") != "chain" or shape.get("draft_tokens") != K:
+        return {}
     row = next((r for r in doc.get("by_batch") or [] if isinstance(r, Mapping) and r.get("batch") == 1), None)
     cands = {str(c.get("setting")): c for c in (row or {}).get("candidates") or [] if isinstance(c, Mapping)}
     if isinstance((row or {}).get("plain"), Mapping):
         cands.setdefault("none", row["plain"])
-    names = ["none"] + [f"chain:{k}" for k in range(1, K + 1)]
-    try:
-        g = [float(cands[n]["expected_tokens_per_step"]) for n in names]
-        ms = [float(cands[n]["step_ms"]) for n in names]
-    except (KeyError, TypeError, ValueError):
+    if not 1 <= K < len(cands):  # every chain:k and none priced, K + 1 of them (no loop over a typed K)
         return {}
-    if K < 1 or not all(m > 0 for m in ms) or not 1.0 <= g[-1] <= K + 1:
+
+    def number(x: Any) -> float | None:
+        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+    names = ["none"] + [f"chain:{k}" for k in range(1, K + 1)]
+    g = [number(cands[n].get("expected_tokens_per_step")) if n in cands else None for n in names]
+    ms = [number(cands[n].get("step_ms")) if n in cands else None for n in names]
+    if any(x is None for x in g + ms) or not all(m > 0 for m in ms) or not 1.0 <= g[-1] <= K + 1 \
+            or abs(g[-1] - float(pred.get("expected_tokens_per_step") or 0)) > 1e-3 * g[-1]:
         return {}
     reach = [b - a for a, b in zip(g, g[1:])]  # P(position k accepted), k = 1 .. K
     if all(0 <= r <= q <= 1 for r, q in zip(reach, [1.0] + reach)):

@@ -344,6 +344,8 @@ def _hf_context(cfg: dict[str, Any], family: str) -> int:
                                                  and not no_layer_slides)
     if window is None or not applies:
         return context
+    if family == "llama" and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        return context  # configs that loaded before Llama's window was read (0, false, 4096.0): ignored as then
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise CheckpointError(f"config.json sliding_window = {window!r} must be a positive integer or null")
     return min(context, window)
