@@ -182,19 +182,22 @@ def _table_prompts(text: str, path: Path, delimiter: str) -> list[Prompt]:
     import csv
     import io
 
-    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a long prompt is one field (.jsonl takes it)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     rows: list[tuple[int, list[str]]] = []  # (the line a row starts on, its fields), blank rows skipped
-    while True:
-        start = reader.line_num + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as err:  # a stray or unclosed quote, a field past the csv module's limit
-            raise PromptFileError(f"{path}:{start}: not a {path.suffix[1:].upper()} row ({err})") from None
-        if any(row):  # an empty line; a row of whitespace is a row (its empty prompt is refused below)
-            rows.append((start, row))
+    limit = csv.field_size_limit(max(csv.field_size_limit(), len(text)))  # a long prompt is one field, as in .jsonl
+    try:
+        while True:
+            start = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as err:  # a stray or unclosed quote
+                raise PromptFileError(f"{path}:{start}: not a {path.suffix[1:].upper()} row ({err})") from None
+            if any(row):  # an empty line; a row of whitespace is a row (its empty prompt is refused below)
+                rows.append((start, row))
+    finally:
+        csv.field_size_limit(limit)  # the module-wide limit as it was (T(b, n) tables keep theirs)
     if not rows:
         return []
     head = [h.strip().lower() for h in rows[0][1]]

@@ -75,7 +75,8 @@ def test_every_configuration_runs_and_greedy_output_equals_plain(profiled):
     # the scheduler that never calls: the strong drafter is never asked; the static tree asks it every step
     assert by["graft (scheduled)"].drafters[1]["calls"] == 0
     assert by["graft (static)"].drafters[1]["call_rate"] == 1.0
-    assert by["graft (scheduled)"].predicted_tokens_per_step == 1.5
+    assert by["graft (scheduled)"].predicted_tokens_per_step_steady == 1.5  # the plan's; less for 12-token answers
+    assert 1.0 < by["graft (scheduled)"].predicted_tokens_per_step < 1.5
     # the hand-made plan puts a strong child next to 2 light ones, a width the pair profile did not measure
     assert by["graft (static)"].predicted_tokens_per_step is None
     with pytest.raises(SolverError, match="next to 2 light siblings"):

@@ -398,7 +398,7 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
              plain_tps: float | None, meta: TreeMetadata | None, drafter: str | None = None,
              names: Sequence[str] = (), tree: Tree | None = None, most: int | None = None,
-             draft_context: int | None = None) -> TreeSummary:
+             draft_context: int | None = None, factor_depth: int | None = None) -> TreeSummary:
     per_prompt = [[float(s.accepted_len) for s in r.steps] for r in results]  # emitted: what the prediction is
     per_step = [v for steps in per_prompt for v in steps]
     untruncated = [float(s.accepted_nodes + 1) for r in results for s in r.steps]
@@ -417,9 +417,9 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     # the tokens past the drafters' context are plain steps (the trees clip to the root there); the last step
     # that drafts emits its bonus token too
     spec = None if draft_context is None else [guessable_tokens(draft_context, r.prompt_len) + 1 for r in done]
-    f = answer_factor(tree, meta, lengths, speculable=spec, depth=depth)
+    f = answer_factor(tree, meta, lengths, speculable=spec, depth=factor_depth)
     if f is not None:
-        fs = answer_factor(tree, meta, lengths, priced=True, speculable=spec, depth=depth)  # cut steps cost less
+        fs = answer_factor(tree, meta, lengths, priced=True, speculable=spec, depth=factor_depth)  # cut steps cheaper
         if predicted is not None:
             predicted = predicted * fs
         if s_int is not None:
@@ -649,7 +649,8 @@ def run_trees(
                                   plain_summary.tokens_per_s, meta, e.drafter, names,
                                   tree=(pol.tree_for(1) if isinstance(pol, SchedulePolicy) else e.tree)
                                   if static and adapter is None else None, most=most,
-                                  draft_context=min(contexts) if contexts else None))
+                                  draft_context=min(contexts) if contexts else None,
+                                  factor_depth=None if adapter is not None else depth))  # trees it swapped: none
         if e.policy is None and e.tree.size > 1:  # a fixed tree (an adaptive or plan policy changes its tree)
             summaries[-1].node_acceptance = node_acceptance_rows(e.tree, res, meta)
         if adapter is not None:
