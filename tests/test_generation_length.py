@@ -172,7 +172,7 @@ def test_a_runs_predicted_speedup_prices_the_steps_cut_at_an_answers_end():
     from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
     from sequoia_opt.solver.depth import ValueModel
     from sequoia_opt.solver.generation import expected_cost, step_length_tail
-    from sequoia_opt.solver.hardware import plain_ms_per_token, score_tree
+    from sequoia_opt.solver.hardware import plain_ms_per_token, run_costs, score_tree
     from sequoia_opt.tree import Tree, TreeMetadata
 
     tree = Tree.from_choices([[0], [1], [0, 0], [0, 0, 0]])  # widths 1 2 1 1
@@ -180,7 +180,7 @@ def test_a_runs_predicted_speedup_prices_the_steps_cut_at_an_answers_end():
     vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
     meta = TreeMetadata(expected_tokens_per_step=vm.expected_tokens(tree),
                         predicted_speedup=score_tree(tree, vm.acceptance, curve).speedup,
-                        extra=vm.run_checks(tree, curve))
+                        extra={**vm.run_checks(tree), **run_costs(tree, curve)})
     costs = meta.extra["depth_step_ms"]
     # depth 0: plain decoding's step, T(1); depth d: c(w) for each level but the last (per-level) and T(nodes):
     # [1, 2] -> c(1) + T(3); [1, 2, 1] -> c(1) + c(2) + T(4); the whole tree c(1) + c(2) + c(1) + T(5)
@@ -212,7 +212,7 @@ def test_the_tokens_past_the_drafters_context_are_predicted_as_plain_steps():
     from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
     from sequoia_opt.solver.depth import ValueModel
     from sequoia_opt.solver.generation import expected_cost, expected_steps, step_length_tail
-    from sequoia_opt.solver.hardware import score_tree
+    from sequoia_opt.solver.hardware import run_costs, score_tree
     from sequoia_opt.tree import Tree, TreeMetadata
 
     tree = Tree.from_choices([[0], [1], [0, 0]])
@@ -220,7 +220,7 @@ def test_the_tokens_past_the_drafters_context_are_predicted_as_plain_steps():
     vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
     g = vm.expected_tokens(tree)
     meta = TreeMetadata(expected_tokens_per_step=g, predicted_speedup=score_tree(tree, vm.acceptance, curve).speedup,
-                        extra=vm.run_checks(tree, curve))
+                        extra={**vm.run_checks(tree), **run_costs(tree, curve)})
     assert g * answer_factor(tree, meta, [24, 24], speculable=[0, 0]) == pytest.approx(1.0)
     assert meta.predicted_speedup * answer_factor(tree, meta, [24], priced=True, speculable=[0]) == pytest.approx(1.0)
     assert answer_factor(tree, meta, [24], speculable=[24]) == answer_factor(tree, meta, [24])  # all guessable

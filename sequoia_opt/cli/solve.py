@@ -18,7 +18,7 @@ from typing_extensions import Annotated
 from .._io import atomic_write_text
 from ..errors import ProfileError, TreeoptError
 from ..report import Report
-from ..solver.hardware import SINGLE_DEFAULTS, check_budget_measured
+from ..solver.hardware import SINGLE_DEFAULTS, check_budget_measured, run_costs
 from ..tree import Tree, TreeMetadata, now_iso
 from .common import ContextOpt, FormatOpt, JsonOpt, OutputOpt, app, check_output, handle_errors
 from .render import render, report_console
@@ -340,7 +340,7 @@ def solve(
         solver="sequoia-dp" + ("+hardware" if curve else ""),
         date=now_iso(),
         extra={"max_branching": max_branching, "budget_limit": budget, "acceptance_model": model_used,
-               **vm.run_checks(tree, curve, context), **_measured_on(acc, curve), **spreads},
+               **vm.run_checks(tree), **run_costs(tree, curve, context), **_measured_on(acc, curve), **spreads},
     )
     data["tree"] = {"choices": tree.choices(), "metadata": meta.to_dict()}
     out = None

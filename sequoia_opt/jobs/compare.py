@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 from ..drafting.drafters import Drafter
 from ..model import Transformer
 from ..profiles import AcceptanceProfile, LatencyCurve
-from ..solver.hardware import Choice
+from ..solver.hardware import Choice, run_costs
 from ..tree import Tree, TreeMetadata, now_iso
 from .run import RunReport, TreeEntry, run_trees
 
@@ -78,7 +78,8 @@ class DrafterPlan:
                      if c.budget == choice.budget and c.depth == choice.depth), None)
         extra.update(spread_metadata(choice.tree, acc, self.acceptance_model, step))
         vm = ValueModel.of_profile(acc, self.acceptance_model)
-        extra.update(vm.run_checks(choice.tree, curve, self.context, self.cost_model))
+        extra.update(vm.run_checks(choice.tree))
+        extra.update(run_costs(choice.tree, curve, self.context, self.cost_model))
         return TreeMetadata(budget=choice.budget, max_depth=choice.depth,
                             expected_tokens_per_step=choice.expected_tokens, predicted_speedup=choice.speedup,
                             acceptance_profile=acc.id, latency_profile=curve.id, solver="sequoia-dp+hardware",

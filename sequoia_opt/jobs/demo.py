@@ -390,7 +390,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         choice = model_plan.choice
     # the baselines and the GPU-like tree are scored with the solved tree's value model: one score per tree
     from ..solver.depth import ValueModel, solve_profile
-    from ..solver.hardware import step_cost
+    from ..solver.hardware import run_costs, step_cost
 
     vm = ValueModel.of_profile(acc, model_plan.metadata.extra.get("acceptance_model", "auto"))
     gpu_curve = gpu_like_curve(curve, ctx)
@@ -402,7 +402,7 @@ def run_demo(*, device: str = "cpu", dtype: str = "float32", max_new_tokens: int
         return TreeMetadata(budget=budget, max_depth=depth, expected_tokens_per_step=c.expected_tokens,
                             predicted_speedup=c.speedup, acceptance_profile=acc.id, latency_profile=curve.id,
                             solver=solver, date=now_iso(),
-                            extra={"acceptance_model": vm.name, **vm.run_checks(tree, curve, ctx)})
+                            extra={"acceptance_model": vm.name, **vm.run_checks(tree), **run_costs(tree, curve, ctx)})
 
     baselines: list[TreeEntry] = []
     baseline_notes: list[str] = []

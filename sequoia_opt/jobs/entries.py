@@ -150,6 +150,7 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
     from .run import TreeEntry
     from ..profiles import load_acceptance, load_latency
     from ..solver import compare_baselines, step_cost
+    from ..solver.hardware import run_costs
     from ..solver.depth import ValueModel
 
     if acceptance is None:
@@ -193,7 +194,8 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
                          f"{e.metadata.acceptance_profile!r}): every tree of the table is scored one way")
         extra = {k: v for k, v in e.metadata.extra.items() if k not in ("tokens_per_step_spread", "speedup_spread")}
         extra.update(spreads(e.tree, step))
-        extra.update(vm.run_checks(e.tree, curve))  # scored one way, as its G
+        extra.update(vm.run_checks(e.tree))  # scored one way, as its G
+        extra.update(run_costs(e.tree, curve))
         out_entries.append(replace(e, metadata=replace(e.metadata, expected_tokens_per_step=g,
                                                        predicted_speedup=step.speedup if step else None, extra=extra)))
     budget = max(e.tree.size for e in static)
@@ -219,7 +221,7 @@ def baseline_entries(entries, acceptance: Optional[Path], latency: Optional[Path
                                 predicted_speedup=b.cost.speedup if b.cost else None, acceptance_profile=acc.id,
                                 latency_profile=curve.id if curve else None, solver=f"baseline:{b.name}",
                                 extra={"acceptance_model": vm.name, **spreads(b.tree, b.cost),
-                                       **vm.run_checks(b.tree, curve)})
+                                       **vm.run_checks(b.tree), **run_costs(b.tree, curve)})
             out.append(TreeEntry(name=label, tree=b.tree, metadata=meta))
     return out_entries, out, notes, vm.label
 

@@ -366,21 +366,11 @@ class ValueModel:
         w = node_weights_by_depth(tree, self.rows) if self.rows is not None else tree.node_weights(self.acceptance)
         return [round(float(q), 6) for q in w[1:]]
 
-    def run_checks(self, tree: Tree, curve=None, context: int | None = None,
-                   cost_model: str | None = None) -> dict[str, Any]:
+    def run_checks(self, tree: Tree) -> dict[str, Any]:
         """What a tree file records for ``treeopt run`` to predict and check the tree with under this model:
-        ``end_overshoot_tokens`` (:meth:`end_overshoot_tokens`) and ``node_rates`` (:meth:`node_rates`); with a
-        latency ``curve``, ``depth_step_ms`` too (:func:`~sequoia_opt.solver.hardware.depth_step_ms`: a step's
-        cost with the tree cut to each depth, to price the steps the decoder cuts at an answer's end; omitted
-        where a cut is off the curve)."""
-        out = {"end_overshoot_tokens": self.end_overshoot_tokens(tree), "node_rates": self.node_rates(tree)}
-        if curve is not None:
-            from .hardware import depth_step_ms
-
-            costs = depth_step_ms(tree, curve, context, cost_model)
-            if costs is not None:
-                out["depth_step_ms"] = costs
-        return out
+        ``end_overshoot_tokens`` (:meth:`end_overshoot_tokens`) and ``node_rates`` (:meth:`node_rates`); the cost
+        side (``depth_step_ms``) is :func:`~sequoia_opt.solver.hardware.run_costs`'."""
+        return {"end_overshoot_tokens": self.end_overshoot_tokens(tree), "node_rates": self.node_rates(tree)}
 
     def end_overshoot_tokens(self, tree: Tree) -> float:
         """Tokens the last step of a generation emits past its end, on average

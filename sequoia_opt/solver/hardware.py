@@ -160,6 +160,15 @@ def depth_step_ms(tree: Tree, curve: LatencyCurve, context: int | None = None,
     return [round(c, 6) for c in out]
 
 
+def run_costs(tree: Tree, curve: LatencyCurve | None, context: int | None = None,
+              cost_model: str | None = None) -> dict[str, Any]:
+    """What a tree file records of the cost side for ``treeopt run``: ``{"depth_step_ms": ...}``
+    (:func:`depth_step_ms`), or nothing without a curve or where a cut is off it. With
+    :meth:`~sequoia_opt.solver.depth.ValueModel.run_checks` (the value side), the tree file's run figures."""
+    costs = depth_step_ms(tree, curve, context, cost_model) if curve is not None else None
+    return {} if costs is None else {"depth_step_ms": costs}
+
+
 def score_tree(tree: Tree, acceptance: Sequence[float], curve: LatencyCurve, context: int | None = None,
                cost_model: str | None = None) -> StepCost:
     """:func:`step_cost` of a concrete tree under the acceptance vector (any tree: baselines, imports)."""
