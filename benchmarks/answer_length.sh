@@ -2,9 +2,10 @@
 # Prediction fidelity for short answers: treeopt run's predicted speedup (each step priced at its cut tree's cost,
 # the whole tree's as G / S plain steps) and the step-for-step figure it replaced (steady state x the tokens/step
 # factor), against the measured speedup, at --max-new-tokens 1, 2, 4, 8 and 32 on 8 eval prompts of the demo pair.
-# The tree is solved from the shipped profiles of this CPU (solve writes depth_step_ms).
+# The tree is solved from the shipped profiles of the 2-core AMD EPYC VM (profiles/cpu-amd-epyc/; solve writes
+# depth_step_ms): on another machine the predictions carry that profile's error.
 #
-#   flock /tmp/treeopt-bench.lock bash benchmarks/answer_length.sh        # about 3 min on 2 cores
+#   flock /tmp/treeopt-bench.lock bash benchmarks/answer_length.sh        # about 70 s on 2 cores
 #
 # Writes results/answer_length/<UTC time>/ (tree.yaml, one run JSON per length, summary.json) and prints the table.
 set -euo pipefail
@@ -34,6 +35,11 @@ for r in rows:
     print(f"{r['max_new_tokens']:>4} {r['measured_speedup']:>9.3f} {r['predicted_speedup']:>8.3f} "
           f"{r['predicted_step_for_step']:>14.3f} {r['steady']:>7.3f} {r['tokens_per_step']:>9.3f} "
           f"{r['predicted_tokens_per_step']:>6.3f}")
-(out / "summary.json").write_text(json.dumps({"rows": rows, "command": "bash benchmarks/answer_length.sh"}, indent=1) + "\n")
+import platform, subprocess, datetime
+commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+doc = {"rows": rows, "command": "bash benchmarks/answer_length.sh", "commit": commit or None,
+       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+       "machine": platform.processor() or platform.machine()}
+(out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
 print(f"wrote {out}/summary.json")
 PY

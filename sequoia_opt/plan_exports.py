@@ -45,6 +45,8 @@ constants below say where); the tests encode them (``tests/test_plan_exports.py`
 
 from __future__ import annotations
 
+import math
+
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -131,16 +133,21 @@ def guard_notes(plan: Plan, engine: str) -> list[str]:
     out = [f"guard (watch {src}, over as many requests as the acceptance profile measured):"]
     for g in rules:
         shift = tail = ""
-        # a step emits at least one token: a floor at 1.00 (as printed) or under is never crossed, so no rule
-        floor = round(g.interval_low, 2)
-        if g.reads_interval and floor > max(g.break_even, 1.0):  # the traffic shifts before the setting loses
+        # a step emits at least one token: a floor at 1.00 (as printed) or under is never crossed, so no rule; both
+        # figures compared as printed (a near-tie must not print "1.24 ... below 1.24" in the wrong order)
+        floor, even = round(g.interval_low, 2), round(g.break_even, 2)
+        if not math.isfinite(g.break_even):
+            out.append(f"  batch {g.lo}-{g.hi} ({g.setting}): predicted {g.expected_tokens_per_step:.2f} tokens/step; "
+                       "no break-even (the plan's plain step has no finite cost)")
+            continue
+        if g.reads_interval and floor > max(even, 1.0):  # the traffic shifts before the setting loses
             shift = (f"below {g.interval_low:.2f} the traffic is not what was profiled (re-run treeopt tune on a "
                      f"sample of it); ")
         elif g.reads_interval and floor > 1.0:  # the profile's spread reaches under break-even: a close call
             tail = (f"; the profile's interval between prompts reaches down to {g.interval_low:.2f}, under it: a "
                     f"close call (profile more prompts of the traffic)")
         loses = (f"below {g.break_even:.2f} this setting is slower than plain decoding (stop speculating in this "
-                 f"range)" if round(g.break_even, 2) > 1.0 else
+                 f"range)" if even > 1.0 else
                  f"its step is predicted to cost no more than a plain one ({g.break_even:.2f} tokens/step would break "
                  "even), so it beats plain decoding at any acceptance: check the latency profile, a forward over "
                  "more tokens rarely costs less than one over a single token")

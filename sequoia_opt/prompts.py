@@ -194,7 +194,7 @@ def _table_prompts(text: str, path: Path, delimiter: str) -> list[Prompt]:
                 break
             except csv.Error as err:  # a stray or unclosed quote
                 raise PromptFileError(f"{path}:{start}: not a {path.suffix[1:].upper()} row ({err})") from None
-            if any(row):  # an empty line; a row of whitespace is a row (its empty prompt is refused below)
+            if any(f.strip() for f in row):  # an empty or blank-looking line is no row
                 rows.append((start, row))
     finally:
         csv.field_size_limit(limit)  # the module-wide limit as it was (T(b, n) tables keep theirs)
@@ -217,7 +217,8 @@ def _table_prompts(text: str, path: Path, delimiter: str) -> list[Prompt]:
     for line, row in rows[1:]:
         where = f"{path}:{line}"
         if len(row) != len(head):
-            raise PromptFileError(f"{where}: {len(row)} fields, the header has {len(head)}")
+            raise PromptFileError(f"{where}: {len(row)} field{'s' if len(row) != 1 else ''}, the header has "
+                                  f"{len(head)}")
         body = row[at]
         if not body.strip():
             raise PromptFileError(f"{where}: the {cols[0]!r} field is empty or whitespace only")

@@ -155,6 +155,11 @@ def test_plan_file_round_trip_and_refusals(tmp_path):
     with pytest.raises(ProfileError, match=r"by_batch\[1\].candidates\[0\]: step_ms"):
         PlanAdapter.of_document(bad)
     bad = yaml.safe_load(path.read_text())
+    del bad["by_batch"][0]["candidates"][0]["length_factor"]  # a plan from before tune priced answer lengths
+    with pytest.raises(ProfileError, match=r"by_batch\[0\].candidates\[0\] lacks length_factor: a plan written "
+                                           r"before .* re-run treeopt tune --schedule FILE"):
+        PlanAdapter.of_document(bad)
+    bad = yaml.safe_load(path.read_text())
     bad["by_batch"][1]["candidates"] = [c for c in bad["by_batch"][1]["candidates"] if c["setting"] != "chain:2"]
     with pytest.raises(ProfileError, match="scores draft lengths .0, 1, 3, 4, 5, 6., not every K from 0 to 6"):
         PlanAdapter.of_document(bad)

@@ -111,7 +111,8 @@ def test_csv_and_tsv_prompt_files_are_read_by_their_header(tmp_path):
                           ('prompt,s\nok,1\n"ab"c,x\n', f"{f}:3: not a CSV row"),
                           ("prompt,s\nok,1,2\n", f"{f}:2: 3 fields, the header has 2"),
                           ("s,prompt\nx, \n", f"{f}:2: the 'prompt' field is empty or whitespace only"),
-                          ('prompt\nok\n"   "\n', f"{f}:3: the 'prompt' field is empty or whitespace only"),
+                          ('s,prompt\nx,ok\ny,"   "\n', f"{f}:3: the 'prompt' field is empty or whitespace only"),
+                          ("prompt,s\nok\n", f"{f}:2: 1 field, the header has 2"),
                           ("prompt,prompt\na,b\n", "(column 'prompt' twice: which one is meant?)"),
                           ("id,id,prompt\n1,2,x\n", "(column 'id' twice: which one is meant?)"),
                           ("prompt;src\nx;y\n", "got 'prompt;src' (is it ';'-separated? .csv files are "
@@ -120,6 +121,8 @@ def test_csv_and_tsv_prompt_files_are_read_by_their_header(tmp_path):
         f.write_text(text)
         with pytest.raises(PromptFileError, match=re.escape(message)):
             load_prompts(f)
+    f.write_text("prompt,s\nok,1\n \n\t\n")  # blank-looking lines end many exported files: no rows
+    assert [p.text for p in load_prompts(f)] == ["ok"]
     f.write_text('prompt\n"' + "x" * 200_000 + '"\n')  # one long prompt: a field past the csv module's default
     assert len(load_prompts(f)[0].text) == 200_000
 

@@ -209,3 +209,32 @@ def test_a_greedy_mismatch_in_low_precision_says_what_it_usually_means():
     assert len(bf16) == 2 and bf16[1].startswith("in bfloat16 a tree's forward") and "--dtype float32" in bf16[1]
     assert mismatch_warnings(SimpleNamespace(mismatch_details=details, settings={"dtype": "float32"})) == bf16[:1]
     assert mismatch_warnings(SimpleNamespace(mismatch_details=[], settings={"dtype": "bfloat16"})) == []
+
+
+@pytest.mark.parametrize("extra", [
+    {"end_overshoot_tokens": 0.6},  # an older file: no node rates (it predicted 0.80x for one token)
+    {"end_overshoot_tokens": 0.6, "node_rates": [0.9, 0.9, 0.9]},  # rates of another tree: G 3.44, the file's 2.0
+    {"depth_step_ms": [50.0, 49.0, 1e6, 1e6]},  # a dip within 5 % and a typo: shapes only, the point is clamped
+])
+def test_a_runs_speedup_prediction_lies_between_plain_and_the_steady_state(extra):
+    """A review: older files predicted 0.80x for a one-token answer (plain decoding: 1x), rates copied from another
+    tree 1.17x, hand-edited costs above the steady state. One token is 1x with no spread; longer answers lie between
+    1x and the file's steady speedup."""
+    import torch
+
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+    from sequoia_opt.model import ModelConfig, Transformer
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    cfg = ModelConfig.preset("tiny").with_(max_position_embeddings=64)
+    torch.manual_seed(0)
+    target = Transformer(cfg).eval()
+    spread = {"point": 1.5, "se": 0.1, "prompts": 10}
+    meta = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5, extra={**extra, "speedup_spread": spread})
+    for n, lo, hi in ((1, 1.0, 1.0), (3, 1.0, 1.5), (12, 1.0, 1.5)):
+        run = run_trees(target, target, [TreeEntry("chain", Tree.chain(4), meta)], [list(range(3, 13))],
+                        max_new_tokens=n, warmup=False)
+        s = run.summaries[1]
+        assert lo <= s.predicted_speedup <= hi, (n, s.predicted_speedup)
+        if n == 1:
+            assert s.predicted_speedup == pytest.approx(1.0) and s.predicted_speedup_interval == pytest.approx((1, 1))

@@ -342,11 +342,11 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
 
     Tokens/step: ``sum N_i / (G x sum E[tau_i])``, E[tau_i] the expected steps to emit N_i tokens (the last step
     emits only what is left: :mod:`~sequoia_opt.solver.generation`), exact for every length from the distribution
-    of a step's tokens: the tree's, where the file records the value model's ``node_rates`` for ``tree``; else,
-    where it records ``end_overshoot_tokens``, the renewal limit ``sum N / (sum N + generations x E[O])`` (right for
-    long generations only); else (a graft or dynamic policy, an adaptive tree, an older file) a chain of the
-    policy's ``depth`` (``tree``'s when given) whose one rate gives the file's G: an approximation. None without
-    G or depth.
+    of a step's tokens: the tree's, where the file records the value model's ``node_rates`` for ``tree`` (and they
+    give its G within 2 %); else (a graft or dynamic policy, an older file) a chain of the policy's ``depth``
+    (``tree``'s when given) whose one rate gives the file's G, an approximation; without a depth, the renewal limit
+    ``sum N / (sum N + generations x E[O])`` from the file's ``end_overshoot_tokens`` (long generations only, not
+    priced). None without G and either.
 
     Speedup: the same, with each step priced at its cost (:func:`relative_depth_costs`: a step of the tree cut to
     depth d, in plain steps): the decoder drafts no deeper than a row can still emit, so a generation's last steps
@@ -366,27 +366,30 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
     G = _positive(meta.expected_tokens_per_step)
     G = G if G is not None and G >= 1.0 else None
     rates = meta.extra.get("node_rates")
+    tail = None
     if tree is not None and tree.size > 1 and isinstance(rates, list) and len(rates) == tree.size - 1 \
-            and all(_positive(x) is not None or x == 0 for x in rates):
+            and all((_positive(x) is not None and x <= 1) or x == 0 for x in rates):
         reach = [1.0] * tree.size
         for v in range(1, tree.size):
-            reach[v] = reach[tree.parent[v]] * min(1.0, float(rates[v - 1]))
+            reach[v] = reach[tree.parent[v]] * float(rates[v - 1])
         tail = step_length_tail(tree.depth, reach)
-    else:
-        overshoot = meta.extra.get("end_overshoot_tokens")
-        if isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0:
-            if G is None:  # the plain steps cannot be weighed against the speculative ones: all speculable
-                pairs = [(n, n) for n, _ in pairs]
-            return total / sum(k + float(overshoot) * (k > 0) + (G or 1.0) * (n - k) for n, k in pairs)
-        D = tree.tree_depth if tree is not None else depth
-        if G is None or not D or D < 1 or G > D + 1:
-            return None
-        lo, hi = 0.0, 1.0  # the one rate a with 1 + a + .. + a^D = G
+        if G is not None and abs(float(tail.sum()) - G) > 0.02 * G:  # rates of another tree or model: not read
+            tail = None
+    D = tree.tree_depth if tree is not None else depth
+    if tail is None and G is not None and D and 1 <= D and G <= D + 1:
+        lo, hi = 0.0, 1.0  # the one rate a with 1 + a + .. + a^D = G: a chain stands for the step's tokens
         for _ in range(60):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if sum(mid ** k for k in range(D + 1)) < G else (lo, mid)
         a = (lo + hi) / 2
         tail = np.array([a ** k for k in range(D + 1)])
+    if tail is None:  # no depth: the renewal limit from the file's overshoot, tokens/step only
+        overshoot = meta.extra.get("end_overshoot_tokens")
+        if not (isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0):
+            return None
+        if G is None:  # the plain steps cannot be weighed against the speculative ones: all speculable
+            pairs = [(n, n) for n, _ in pairs]
+        return total / sum(k + float(overshoot) * (k > 0) + (G or 1.0) * (n - k) for n, k in pairs)
     mu = float(tail.sum())
     costs = relative_depth_costs(meta, tail.size - 1) if priced else None
     if costs is not None:
@@ -420,10 +423,15 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     f = answer_factor(tree, meta, lengths, speculable=spec, depth=factor_depth)
     if f is not None:
         fs = answer_factor(tree, meta, lengths, priced=True, speculable=spec, depth=factor_depth)  # cut steps cheaper
-        if predicted is not None:
-            predicted = predicted * fs
-        if s_int is not None:
-            s_int = (s_int[0] * fs, s_int[1] * fs)
+        if predicted is not None and predicted > 0:
+            # between plain decoding (1x: a one-token answer is one plain step) and the steady state: a run's
+            # answers neither gain on the tree's steady state nor fall below what its steps can do at 1 token each
+            steady_s = predicted
+            predicted = min(max(steady_s * fs, min(1.0, steady_s)), max(1.0, steady_s))
+            if s_int is not None:  # the spread shrinks toward 1x as the point does (none at one token a step)
+                k = (predicted - 1.0) / (steady_s - 1.0) if abs(steady_s - 1.0) > 1e-9 else 1.0
+                ends = sorted(1.0 + (x - 1.0) * k for x in s_int)
+                s_int = (ends[0], ends[1])
         if predicted_g is not None:
             predicted_g = max(1.0, predicted_g * f)  # a step emits at least one token
         if g_int is not None:

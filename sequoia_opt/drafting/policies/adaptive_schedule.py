@@ -331,6 +331,10 @@ class PlanAdapter:
                 if not isinstance(c, dict):
                     raise ProfileError(f"{at} must be a mapping")
                 k = _k_of(c.get("setting"), at)
+                lacks = [f for f in ("step_ms", "length_factor", "expected_tokens_per_step") if f not in c]
+                if lacks:  # plans from before tune priced answer lengths have no length_factor
+                    raise ProfileError(f"{at} lacks {', '.join(lacks)}: a plan written before treeopt tune recorded "
+                                       "them; re-run treeopt tune --schedule FILE (schedule:FILE runs it as it is)")
                 try:
                     ms, lf, gk = (float(c[f]) for f in ("step_ms", "length_factor", "expected_tokens_per_step"))
                 except (KeyError, TypeError, ValueError):
