@@ -266,8 +266,8 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | flo
 BackendOpt = Annotated[str, typer.Option("--backend", help="Attention backend: auto | torch | cuda")]
 PromptsOpt = Annotated[
     Optional[Path], typer.Option("--prompts", help="Prompt file: .jsonl, one object a line with 'prompt' (or 'text') "
-                               "or chat 'messages'; a .json array of them; a .csv / .tsv with a 'prompt' (or 'text') column; or "
-                               "blank-line separated text.")
+                               "or chat 'messages'; a .json array of them; a .csv / .tsv with a 'prompt' (or "
+                               "'text') column; or blank-line separated text.")
 ]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 = sampling.")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass in (0, 1], applied to target and draft.")]

@@ -108,12 +108,12 @@ class TreeSummary:
         predicted_tokens_per_step: the tree file's tokens per step for generations of this run's lengths: its
             steady-state G (``predicted_tokens_per_step_steady``) x :func:`answer_factor` (a generation ends inside a
             step, which emits only what is left: :mod:`sequoia_opt.solver.generation`; exact from the file's
-            ``node_rates``, else the renewal limit from its ``end_overshoot_tokens``), what the measured
-            ``tokens_per_step`` is compared with; the steady G where the file records neither (None if absent).
+            ``node_rates``, else approximated), at most min(D + 1, max_new_tokens); what the measured
+            ``tokens_per_step`` is compared with. An adaptive tree's: its steady mean (None if absent).
         predicted_speedup: the tree file's speedup for generations of this run's lengths: its steady-state figure
             (``predicted_speedup_steady``) x :func:`answer_factor` priced (the steps the decoder cuts at an
-            answer's end at their own cost where the file records ``depth_step_ms``, else step for step); the
-            steady-state figure where the file records neither.
+            answer's end at their own cost), held between 1x and the steady figure; the steady figure where no
+            factor applies.
         predicted_tokens_per_step_steady / predicted_speedup_steady: the file's figures as written (None if
             absent).
         draft_ms / verify_ms / bookkeeping_ms: totals (ms).
@@ -121,8 +121,8 @@ class TreeSummary:
         drafter: the label of the drafter that ran this tree when its entry named one (None otherwise).
         drafters: for a multi-drafter entry, per drafter (light first): ``name``, ``calls`` (steps it was
             asked in), ``call_rate`` (calls / the steps that asked any drafter: a step near the end of the
-            context or of an answer may be the root alone, which asks none), ``ms`` (its total wall time), ``ms_per_call`` and
-            ``accepted_nodes`` (accepted nodes it proposed); empty otherwise.
+            context or of an answer may be the root alone, which asks none), ``ms`` (its total wall time),
+            ``ms_per_call`` and ``accepted_nodes`` (accepted nodes it proposed); empty otherwise.
         adaptive: for an adaptive entry (its policy has an ``adapter``), :meth:`TreeAdapter.as_dict`: its settings
             and limits, the initial and final trees, and ``resolves``, the log of re-solves (step, generation,
             tokens so far, new tree's size / depth / level widths, predicted tokens per step and speedup,

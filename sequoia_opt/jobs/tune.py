@@ -837,8 +837,8 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
         if timed:
             plan.provenance["refined_batches"] = timed
             notes.append(f"{batch_sizes_text(timed)} solved besides --batches, where neighbouring batch sizes chose "
-                         f"different settings (--refine {opts.refine}; timed now or read from an earlier run's: see the latency "
-                         "profile's line)")
+                         f"different settings (--refine {opts.refine}; timed now or read from an earlier run's: see "
+                         "the latency profile's line)")
             warnings += [w for w in falling_cost_warnings(profile, timed, ctx) if w not in warnings]
         if switch_midpoints(plan):
             notes.append(_unplaced_switches(plan, profile, measured_here=more is not None))
