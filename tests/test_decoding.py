@@ -660,12 +660,15 @@ def test_clipped_buffers_are_a_prefix_and_memoised(ctx64):
     assert full.clipped(SEQUOIA_LIKE.tree_depth) is full
     with pytest.raises(ValueError, match="depth 7"):
         full.clipped(7)
+    kept = dict(full.cuts)  # every cut the loop above asked for, kept with the buffers
+    assert set(kept) == set(range(SEQUOIA_LIKE.tree_depth))
+    assert all(full.clipped(d) is b for d, b in kept.items())
     prompt = list(range(60))
-    dec.generate(prompt, 4)
-    kept = dict(dec.policy._clipped)
-    assert set(kept) > {SEQUOIA_LIKE.tree_depth} and kept[SEQUOIA_LIKE.tree_depth] is full
-    dec.generate(prompt, 4)
-    assert all(dec.policy._clipped[d] is b for d, b in kept.items())  # compiled once per depth
+    for _ in range(2):  # steps near the context's end cut the tree: the policy reads the same cuts
+        dec.generate(prompt, 4)
+        assert all(dec.policy.buffers_at(d) is b for d, b in kept.items())
+        assert dec.policy.buffers_at(SEQUOIA_LIKE.tree_depth) is full
+        assert full.cuts == kept and all(full.cuts[d] is b for d, b in kept.items())  # compiled once per depth
 
 
 # ---------------------------------------------------------------------------------------------- bad input

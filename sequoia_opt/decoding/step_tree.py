@@ -12,7 +12,7 @@ after the first drafter's and no node's slot moves once a drafter has written it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -107,6 +107,7 @@ class TreeBuffers:
             candidate table the draft proposed for level d - 1.
         children: per node, its children's indices in rank order (Python, for the accept walk).
         num_drafted: nodes the draft processes in a step (all levels but the last; 1 for a root-only tree).
+        cuts: the :meth:`clipped` buffers compiled so far, by depth (each compiled once, whatever holds these).
     """
 
     tree: Tree
@@ -121,6 +122,7 @@ class TreeBuffers:
     child_rank: tuple[torch.Tensor | None, ...]
     children: tuple[tuple[int, ...], ...]
     num_drafted: int
+    cuts: dict[int, "TreeBuffers"] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def tree_depth(self) -> int:
@@ -168,8 +170,9 @@ class TreeBuffers:
 
         Levels are contiguous in breadth-first order, so the cut tree is the first
         ``level_slices[depth].stop`` nodes: every kept node keeps its index, slot and position offset, the
-        nodes of level ``depth`` become leaves, and the nodes above keep all their children. The static policy
-        uses it near the end of the context or the cache (:meth:`StepTree.within`).
+        nodes of level ``depth`` become leaves, and the nodes above keep all their children. The policies use it
+        near the end of the context, the cache or an answer (:meth:`StepTree.within`); each depth is compiled once
+        and kept (:attr:`cuts`).
 
         Raises:
             ValueError: ``depth`` outside ``[0, tree_depth]``.
@@ -178,9 +181,12 @@ class TreeBuffers:
             raise ValueError(f"cannot clip a tree of depth {self.tree_depth} to depth {depth}")
         if depth == self.tree_depth:
             return self
-        keep = self.level_slices[depth].stop
-        tree = Tree(parent=self.tree.parent[:keep], rank=self.tree.rank[:keep])
-        return TreeBuffers.build(tree, self.depth.device)
+        cut = self.cuts.get(depth)
+        if cut is None:
+            keep = self.level_slices[depth].stop
+            tree = Tree(parent=self.tree.parent[:keep], rank=self.tree.rank[:keep])
+            cut = self.cuts[depth] = TreeBuffers.build(tree, self.depth.device)
+        return cut
 
 
 _ROOT_ONLY = Tree(parent=(-1,), rank=(0,))

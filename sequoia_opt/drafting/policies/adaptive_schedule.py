@@ -514,7 +514,7 @@ class AdaptiveSchedulePolicy(SchedulePolicy):
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
         for t in self.chains.values():
-            self._compiled.setdefault(id(t), (TreeBuffers.build(t, settings.device), {}))
+            self._compiled.setdefault(id(t), TreeBuffers.build(t, settings.device))
 
     def restart(self) -> None:
         """Start the adaptation over (the plan's ranges, the prior)."""

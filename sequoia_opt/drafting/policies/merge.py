@@ -66,17 +66,6 @@ class MergePolicy(SharedTreePolicy):
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
         self._buffers = [TreeBuffers.build(t, settings.device) for t in self.trees]
-        self._clipped: dict[tuple[int, int], TreeBuffers] = {}
-
-    def _cut(self, k: int, depth: int) -> TreeBuffers:
-        """Drafter k's tree cut to ``depth`` (itself when no deeper), compiled once and kept."""
-        buf = self._buffers[k]
-        if buf.tree_depth <= depth:
-            return buf
-        cut = self._clipped.get((k, depth))
-        if cut is None:
-            cut = self._clipped[(k, depth)] = buf.clipped(depth)
-        return cut
 
     def whole_fits(self, state: DecodeState, room: Room) -> bool:
         return super().whole_fits(state, room) and all(
@@ -88,7 +77,7 @@ class MergePolicy(SharedTreePolicy):
         depth = min(self.max_depth, state.row.useful_depth) if self.cut_at_answer_end else self.max_depth
         if depth == 0:
             return self.root_only(state)
-        self._step_buffers = [self._cut(k, depth) for k in range(len(self._buffers))]
+        self._step_buffers = [b.clipped(min(depth, b.tree_depth)) for b in self._buffers]  # compiled once each
         tree = StepTree(state.root)
         self._own = []
         for k, (d, buf) in enumerate(zip(self.drafters, self._step_buffers)):

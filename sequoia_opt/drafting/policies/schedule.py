@@ -62,14 +62,14 @@ class SchedulePolicy(StaticTreePolicy):
         self.max_size = max(t.size for t in trees)
         self.max_depth = max(t.tree_depth for t in trees)
         self.max_width = max(t.max_branching_used for t in trees)
-        self._compiled: dict[int, tuple[TreeBuffers, dict[int, TreeBuffers]]] = {}
+        self._compiled: dict[int, TreeBuffers] = {}  # id(tree) -> its buffers (their cuts kept with them)
         self.switches = 0
         self.used: list[tuple[int, int]] = []
 
     def bind(self, settings: DraftSettings) -> None:
         super().bind(settings)
         for *_, t in self.ranges:
-            self._compiled.setdefault(id(t), (TreeBuffers.build(t, settings.device), {}))
+            self._compiled.setdefault(id(t), TreeBuffers.build(t, settings.device))
 
     def tree_for(self, batch: int) -> Tree:
         """The tree of the range holding ``batch`` (the last range's past the end)."""
@@ -82,9 +82,7 @@ class SchedulePolicy(StaticTreePolicy):
         if compiled is None:
             super()._use_tree(tree)
             return
-        self.tree, self.buffers = tree, compiled[0]
-        self._clipped = compiled[1]
-        self._clipped.setdefault(tree.tree_depth, self.buffers)
+        self.tree, self.buffers = tree, compiled
 
     def draft(self, state: DecodeState, rooms: Sequence[Room],
               forced_tokens: torch.Tensor | Sequence[Sequence[int]] | None = None) -> list[StepTree]:

@@ -67,7 +67,6 @@ class StaticTreePolicy(DraftingPolicy):
         self.max_rows = self.drafter.max_rows
         self.buffers: TreeBuffers | None = None
         self.step_depth = 0
-        self._clipped: dict[int, TreeBuffers] = {}
 
     def bind(self, settings: DraftSettings) -> None:
         check_tree_width(self.tree, settings.target.vocab_size if settings.target is not None else 1 << 62)
@@ -77,7 +76,6 @@ class StaticTreePolicy(DraftingPolicy):
     def _use_tree(self, tree: Tree) -> None:
         self.tree = tree
         self.buffers = TreeBuffers.build(tree, self.settings.device)
-        self._clipped = {tree.tree_depth: self.buffers}
         self.max_width = tree.max_branching_used
 
     def set_tree(self, tree: Tree) -> None:
@@ -97,11 +95,8 @@ class StaticTreePolicy(DraftingPolicy):
         self._use_tree(tree)
 
     def buffers_at(self, depth: int) -> TreeBuffers:
-        """The tree cut to ``depth`` (itself at depth D), compiled once and kept."""
-        buf = self._clipped.get(depth)
-        if buf is None:
-            buf = self._clipped[depth] = self.buffers.clipped(depth)
-        return buf
+        """The tree cut to ``depth`` (itself at depth D), compiled once and kept (:meth:`TreeBuffers.clipped`)."""
+        return self.buffers.clipped(depth)
 
     def step_depth_for(self, state: DecodeState, rooms: Sequence[Room]) -> int:
         """The depth this step's tree uses for every row: the deepest whose levels fit every row's room and the
