@@ -270,3 +270,14 @@ def test_the_priced_factor_agrees_with_the_files_own_speedup_whatever_its_costs_
         assert rel == pytest.approx([1.0 + (c / 10.0 - 1.0) * (g / 0.9 - 1.0) / 0.75 for c in costs])
     else:  # not read (or absent): a straight line in the depth
         assert rel == pytest.approx([1.0 + (g / 0.9 - 1.0) * d / 3 for d in range(4)])
+
+
+def test_chain_rate_gives_the_chain_its_tokens_per_step():
+    from sequoia_opt.solver.generation import chain_rate
+
+    for g, d in ((1.0, 1), (1.5, 1), (2.0, 3), (3.29, 6), (4.0, 3)):
+        a = chain_rate(g, d)
+        assert 0.0 <= a <= 1.0 and sum(a ** k for k in range(d + 1)) == pytest.approx(g, abs=1e-12)
+    for g, d in ((0.9, 2), (3.5, 2), (2.0, 0)):
+        with pytest.raises(ValueError, match="tokens per step"):
+            chain_rate(g, d)

@@ -515,11 +515,9 @@ def _chain_run_checks(doc: Mapping[str, Any], pred: Mapping[str, Any]) -> dict[s
     if all(0 <= r <= q <= 1 for r, q in zip(reach, [1.0] + reach)):
         rates = [r / q if q > 0 else 0.0 for r, q in zip(reach, [1.0] + reach)]
     else:  # each chain measured on its own (a plan from traces): one rate a with 1 + a + .. + a^K = G(K)
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            a = (lo + hi) / 2
-            lo, hi = (a, hi) if sum(a ** k for k in range(K + 1)) < g[-1] else (lo, a)
-        rates = [(lo + hi) / 2] * K
+        from ..solver.generation import chain_rate
+
+        rates = [chain_rate(g[-1], K)] * K
     return {"node_rates": [round(r, 6) for r in rates], "depth_step_ms": ms}
 
 

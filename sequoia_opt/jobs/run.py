@@ -356,7 +356,7 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
     ``speculable`` (one per generation): the tokens a drafter's steps can emit before its own context ends
     (:func:`~sequoia_opt.drafting.drafters.model.guessable_tokens` and the bonus token of the last one); the rest
     are plain steps, one token each at plain decoding's cost. None: every token."""
-    from ..solver.generation import expected_cost, expected_steps, step_length_tail
+    from ..solver.generation import chain_rate, expected_cost, expected_steps, step_length_tail
 
     pairs = [(int(n), int(n) if speculable is None else max(0, min(int(n), int(k))))
              for n, k in zip(lengths, lengths if speculable is None else speculable) if n > 0]
@@ -377,11 +377,7 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
             tail = None
     D = tree.tree_depth if tree is not None else depth
     if tail is None and G is not None and D and 1 <= D and G <= D + 1:
-        lo, hi = 0.0, 1.0  # the one rate a with 1 + a + .. + a^D = G: a chain stands for the step's tokens
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if sum(mid ** k for k in range(D + 1)) < G else (lo, mid)
-        a = (lo + hi) / 2
+        a = chain_rate(G, D)  # a chain whose one rate gives G stands for the step's tokens
         tail = np.array([a ** k for k in range(D + 1)])
     if tail is None:  # no depth: the renewal limit from the file's overshoot, tokens/step only
         overshoot = meta.extra.get("end_overshoot_tokens")

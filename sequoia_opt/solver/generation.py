@@ -39,6 +39,25 @@ __all__ = ["step_length_tail", "end_overshoot_tokens", "finite_generation_factor
 EXACT_STEPS_UP_TO = 4096
 
 
+def chain_rate(expected_tokens: float, depth: int) -> float:
+    """The one acceptance rate ``a`` of a chain of ``depth`` drafted tokens whose expected tokens per step
+    ``1 + a + .. + a^depth`` is ``expected_tokens`` (bisection to double precision): what stands for a step's
+    length distribution where only G and the depth are known (:func:`step_length_tail` of that chain:
+    ``a^k``, k = 0 .. depth).
+
+    Raises:
+        ValueError: ``depth`` < 1, or ``expected_tokens`` outside [1, depth + 1].
+    """
+    if depth < 1 or not 1.0 <= expected_tokens <= depth + 1:
+        raise ValueError(f"a chain of {depth} drafted tokens has 1 to {depth + 1} tokens per step, not "
+                         f"{expected_tokens}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** k for k in range(depth + 1)) < expected_tokens else (lo, mid)
+    return (lo + hi) / 2
+
+
 def step_length_tail(depths: Sequence[int], reach: Sequence[float]) -> np.ndarray:
     """``(D + 1,)`` float64: entry k is P(X >= k + 1), the probability a step emits more than k tokens.
 
