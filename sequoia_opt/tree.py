@@ -184,6 +184,21 @@ class Tree:
             start += w
         return tuple(out)
 
+    def cut(self, depth: int) -> "Tree":
+        """This tree cut to its levels ``0..depth``: levels are contiguous in the canonical breadth-first order, so
+        the cut tree is the first ``level_slices[depth].stop`` nodes, each keeping its index (and slot); the nodes
+        of level ``depth`` become leaves. Itself at its own depth.
+
+        Raises:
+            ValueError: ``depth`` outside ``[0, tree_depth]``.
+        """
+        if not 0 <= depth <= self.tree_depth:
+            raise ValueError(f"cannot clip a tree of depth {self.tree_depth} to depth {depth}")
+        if depth == self.tree_depth:
+            return self
+        keep = self.level_slices[depth].stop
+        return Tree(parent=self.parent[:keep], rank=self.rank[:keep])
+
     @cached_property
     def max_branching_used(self) -> int:
         """Largest number of children of any node (0 for a root-only tree)."""

@@ -470,3 +470,13 @@ def test_yaml_is_deterministic():
     # The same tree, however it was built, gives the same text.
     t = Tree.from_choices([[0], [1], [0, 0]])
     assert tree_to_yaml(t) == tree_to_yaml(Tree.from_choices([[1], [0, 0], [0]]))
+
+
+def test_a_tree_cut_to_a_depth_is_its_breadth_first_prefix():
+    t = Tree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    assert t.cut(t.tree_depth) is t
+    one = t.cut(1)
+    assert (one.parent, one.rank, one.tree_depth) == (t.parent[:3], t.rank[:3], 1)
+    assert t.cut(2).choices() == [[0], [1], [0, 0], [0, 1], [1, 0]]
+    with pytest.raises(ValueError, match="cannot clip a tree of depth 3 to depth 4"):
+        t.cut(4)

@@ -177,15 +177,11 @@ class TreeBuffers:
         Raises:
             ValueError: ``depth`` outside ``[0, tree_depth]``.
         """
-        if not 0 <= depth <= self.tree_depth:
-            raise ValueError(f"cannot clip a tree of depth {self.tree_depth} to depth {depth}")
         if depth == self.tree_depth:
             return self
         cut = self.cuts.get(depth)
         if cut is None:
-            keep = self.level_slices[depth].stop
-            tree = Tree(parent=self.tree.parent[:keep], rank=self.tree.rank[:keep])
-            cut = self.cuts[depth] = TreeBuffers.build(tree, self.depth.device)
+            cut = self.cuts[depth] = TreeBuffers.build(self.tree.cut(depth), self.depth.device)  # ValueError there
         return cut
 
 

@@ -147,8 +147,8 @@ class GraftLayout:
 
     def cut(self, depth: int) -> "GraftLayout":
         """The plan cut to its levels ``0..depth`` (``0 <= depth <= self.depth``), laid out afresh (not compiled)."""
-        keep = self.plan.level_slices[depth].stop
-        return GraftLayout(Tree(parent=self.plan.parent[:keep], rank=self.plan.rank[:keep]), self.labels[:keep])
+        plan = self.plan.cut(depth)
+        return GraftLayout(plan, self.labels[: plan.size])
 
     def bind(self, device: torch.device | str) -> None:
         """Compile the light tree, and the step tree's depths and ancestor matrix for the strong drafter's
