@@ -45,9 +45,8 @@ constants below say where); the tests encode them (``tests/test_plan_exports.py`
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -16,7 +16,6 @@ separated; a ``.py`` path or an importable name) or an entry point of the group 
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
