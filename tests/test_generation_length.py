@@ -207,6 +207,49 @@ def test_a_runs_predicted_speedup_prices_the_steps_cut_at_an_answers_end():
     assert answer_factor(tree, bare, [3], priced=True) == answer_factor(tree, bare, [3])
 
 
+def test_an_answer_ended_on_eos_is_priced_with_the_steps_drafted_for_the_rows_room():
+    """An answer that stops on EOS before max_new_tokens was drafted for the tokens its row had left (nobody knew
+    the end): its steps verify whole trees until the room, not the answer, runs short. The priced prediction cut
+    its last steps as if the end were known, a little high for short EOS-ended answers."""
+    from sequoia_opt.jobs.run import answer_factor
+    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
+    from sequoia_opt.solver.depth import ValueModel
+    from sequoia_opt.solver.generation import expected_cost, expected_steps, step_length_tail
+    from sequoia_opt.solver.hardware import run_costs, score_tree
+    from sequoia_opt.tree import Tree, TreeMetadata
+
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 0, 0]])  # depth 3
+    curve = LatencyCurve.synthetic({1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 14.0}, {1: 1.0, 2: 1.5})
+    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
+    meta = TreeMetadata(expected_tokens_per_step=vm.expected_tokens(tree),
+                        predicted_speedup=score_tree(tree, vm.acceptance, curve).speedup,
+                        extra={**vm.run_checks(tree), **run_costs(tree, curve)})
+    costs = meta.extra["depth_step_ms"]
+    tail = step_length_tail(tree.depth, vm.path_probabilities(tree))
+    # room >= answer + D: every step a whole tree's, E[tau] x c_D
+    assert expected_cost(tail, 5, costs, room=8) == pytest.approx(expected_steps(tail, 5) * costs[-1])
+    assert expected_cost(tail, 5, costs, room=5) == expected_cost(tail, 5, costs)  # the stop rule's own end
+    # one token of slack: a one-token answer's step is cut to depth 1 (room 2 -> depth min(3, 1 + 1 - 1))
+    assert expected_cost(tail, 1, costs, room=2) == pytest.approx(costs[1])
+    assert expected_cost(tail, 1, costs) < expected_cost(tail, 1, costs, room=2) < expected_cost(tail, 1, costs,
+                                                                                                room=9)
+    with pytest.raises(ValueError, match="room"):
+        expected_cost(tail, 5, costs, room=4)
+    f_known = answer_factor(tree, meta, [1, 5], priced=True)
+    f_eos = answer_factor(tree, meta, [1, 5], priced=True, rooms=[32, 32])
+    exact = 6 * costs[-1] / (float(tail.sum()) * (expected_steps(tail, 1) + expected_steps(tail, 5)) * costs[-1])
+    assert f_eos == pytest.approx(exact) and f_eos < f_known
+    assert answer_factor(tree, meta, [1, 5], priced=True, rooms=[1, 5]) == f_known  # each ran to its stop rule
+    # tokens/step does not depend on who cut the steps
+    assert answer_factor(tree, meta, [1, 5], rooms=[32, 32]) == answer_factor(tree, meta, [1, 5])
+    # an answer cut by its drafter's context (speculable < tokens) is cut there, whatever room the row had
+    assert answer_factor(tree, meta, [24], priced=True, speculable=[10], rooms=[64]) == answer_factor(
+        tree, meta, [24], priced=True, speculable=[10])
+    # room past the drafter's context: the cut comes at the context's end (speculable 7 for a 5-token answer)
+    assert answer_factor(tree, meta, [5], priced=True, speculable=[7], rooms=[64]) == pytest.approx(
+        5 * costs[-1] / (float(tail.sum()) * expected_cost(tail, 5, costs, room=7)))
+
+
 def test_the_tokens_past_the_drafters_context_are_predicted_as_plain_steps():
     """A tryout's 2,162-token prompt against the draft's 2,048 positions: run warned that every position generated
     lies past the draft's context and decodes plainly, then predicted the tree's 2.067 tokens/step and 1.39x and

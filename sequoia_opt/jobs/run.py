@@ -336,7 +336,7 @@ def relative_depth_costs(meta: TreeMetadata, depth: int) -> list[float] | None:
 
 def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequence[int], *,
                   priced: bool = False, speculable: Sequence[int] | None = None,
-                  depth: int | None = None) -> float | None:
+                  depth: int | None = None, rooms: Sequence[int] | None = None) -> float | None:
     """The factor on a tree's steady-state tokens/step (``priced`` False) or speedup (``priced`` True) over
     generations of ``lengths`` tokens.
 
@@ -355,14 +355,23 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
 
     ``speculable`` (one per generation): the tokens a drafter's steps can emit before its own context ends
     (:func:`~sequoia_opt.drafting.drafters.model.guessable_tokens` and the bonus token of the last one); the rest
-    are plain steps, one token each at plain decoding's cost. None: every token."""
+    are plain steps, one token each at plain decoding's cost. None: every token.
+
+    ``rooms`` (one per generation, priced only): the tokens the decoder could emit when it started (its
+    ``max_new_tokens``), where an answer ended before them on an EOS token: its steps were drafted for the room,
+    not for the end nobody knew, so fewer of them were cut (``expected_cost``'s ``room``). None: each answer ran
+    to the stop rule."""
     from ..solver.generation import chain_rate, expected_cost, expected_steps, step_length_tail
 
-    pairs = [(int(n), int(n) if speculable is None else max(0, min(int(n), int(k))))
-             for n, k in zip(lengths, lengths if speculable is None else speculable) if n > 0]
+    room_of = lengths if rooms is None else rooms
+    # (tokens, speculable tokens, the stop rule's room past the speculable ones: an answer cut by its drafter's
+    # context is cut there, whatever room the row had)
+    pairs = [(int(n), k, max(k, int(r) if s is None else min(int(r), int(s))) if k == n else k)
+             for n, s, r in zip(lengths, [None] * len(lengths) if speculable is None else speculable, room_of)
+             if n > 0 for k in [int(n) if s is None else max(0, min(int(n), int(s)))]]
     if meta is None or not pairs:
         return None
-    total = sum(n for n, _ in pairs)
+    total = sum(n for n, _, _ in pairs)
     G = _positive(meta.expected_tokens_per_step)
     G = G if G is not None and G >= 1.0 else None
     rates = meta.extra.get("node_rates")
@@ -384,20 +393,21 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
         if not (isinstance(overshoot, (int, float)) and not isinstance(overshoot, bool) and overshoot >= 0):
             return None
         if G is None:  # the plain steps cannot be weighed against the speculative ones: all speculable
-            pairs = [(n, n) for n, _ in pairs]
-        return total / sum(k + float(overshoot) * (k > 0) + (G or 1.0) * (n - k) for n, k in pairs)
+            pairs = [(n, n, r) for n, _, r in pairs]
+        return total / sum(k + float(overshoot) * (k > 0) + (G or 1.0) * (n - k) for n, k, _ in pairs)
     mu = float(tail.sum())
     costs = relative_depth_costs(meta, tail.size - 1) if priced else None
     if costs is not None:
-        spent = sum(expected_cost(tail, k, costs) + (n - k) * costs[0] for n, k in pairs)
+        spent = sum(expected_cost(tail, k, costs, room=r) + (n - k) * costs[0] for n, k, r in pairs)
         return total * costs[-1] / (mu * spent)
-    return total / (mu * sum(expected_steps(tail, k) + (n - k) for n, k in pairs))
+    return total / (mu * sum(expected_steps(tail, k) + (n - k) for n, k, _ in pairs))
 
 
 def _summary(name: str, size: int, depth: int, results: list[GenerationResult], rows: list[PromptRow],
              plain_tps: float | None, meta: TreeMetadata | None, drafter: str | None = None,
              names: Sequence[str] = (), tree: Tree | None = None, most: int | None = None,
-             draft_context: int | None = None, factor_depth: int | None = None) -> TreeSummary:
+             draft_context: int | None = None, factor_depth: int | None = None,
+             max_new_tokens: int | None = None) -> TreeSummary:
     per_prompt = [[float(s.accepted_len) for s in r.steps] for r in results]  # emitted: what the prediction is
     per_step = [v for steps in per_prompt for v in steps]
     untruncated = [float(s.accepted_nodes + 1) for r in results for s in r.steps]
@@ -418,7 +428,10 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     spec = None if draft_context is None else [guessable_tokens(draft_context, r.prompt_len) + 1 for r in done]
     f = answer_factor(tree, meta, lengths, speculable=spec, depth=factor_depth)
     if f is not None:
-        fs = answer_factor(tree, meta, lengths, priced=True, speculable=spec, depth=factor_depth)  # cut steps cheaper
+        # an answer ended on EOS was drafted for the tokens the row had left, not cut at its end
+        rooms = [max_new_tokens if max_new_tokens and r.stop_reason == "eos" else len(r.tokens) for r in done]
+        fs = answer_factor(tree, meta, lengths, priced=True, speculable=spec, depth=factor_depth,
+                           rooms=rooms)  # cut steps cheaper
         if predicted is not None and predicted > 0:
             # between plain decoding (1x: a one-token answer is one plain step) and the steady state: a run's
             # answers neither gain on the tree's steady state nor fall below what its steps can do at 1 token each
@@ -654,7 +667,8 @@ def run_trees(
                                   tree=(pol.tree_for(1) if isinstance(pol, SchedulePolicy) else e.tree)
                                   if static and adapter is None else None, most=most,
                                   draft_context=min(contexts) if contexts else None,
-                                  factor_depth=None if adapter is not None else depth))  # trees it swapped: none
+                                  factor_depth=None if adapter is not None else depth,  # trees it swapped: none
+                                  max_new_tokens=max_new_tokens))
         if e.policy is None and e.tree.size > 1:  # a fixed tree (an adaptive or plan policy changes its tree)
             summaries[-1].node_acceptance = node_acceptance_rows(e.tree, res, meta)
         if adapter is not None:

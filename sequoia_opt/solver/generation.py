@@ -117,7 +117,8 @@ def expected_steps(tail: Sequence[float], new_tokens: int) -> float:
     return _cost_recursion(t, new_tokens, np.ones(t.size))
 
 
-def expected_cost(tail: Sequence[float], new_tokens: int, depth_costs: Sequence[float]) -> float:
+def expected_cost(tail: Sequence[float], new_tokens: int, depth_costs: Sequence[float], *,
+                  room: int | None = None) -> float:
     """E[C], the expected cost (the unit of ``depth_costs``, e.g. ms) of emitting ``new_tokens`` tokens when a step
     with n tokens left verifies the tree cut to depth ``min(D, n - 1)`` (the decoder drafts no deeper than a row
     can emit: :meth:`~sequoia_opt.drafting.policies.StaticTreePolicy.step_depth_for`) and costs
@@ -126,23 +127,33 @@ def expected_cost(tail: Sequence[float], new_tokens: int, depth_costs: Sequence[
     n - 1 changes no step's emitted tokens (the stop rule would have cut the rest), only its cost. With every
     entry equal to one step's cost it is that cost times :func:`expected_steps`.
 
+    An answer that ends before the decoder's stop rule (on an EOS token, ``room`` > ``new_tokens``) was drafted
+    for the ``room`` tokens the row could still emit, not for its unknown end: its step with n tokens left verifies
+    the tree cut to depth ``min(D, n + room - new_tokens - 1)``, the whole tree while ``room - new_tokens >= D``.
+
     Args:
         tail: (D + 1,) as :func:`expected_steps`.  depth_costs: (D + 1,) one step's cost with the tree cut to
             depth 0 .. D (entry 0: plain decoding's step; entry D: the whole tree's).
+        room: the tokens the decoder could emit when the answer started (its ``max_new_tokens``); None:
+            ``new_tokens`` (the answer ran to the stop rule).
 
     Raises:
-        ValueError: as :func:`expected_steps`; ``depth_costs`` of another length than ``tail`` or not positive.
+        ValueError: as :func:`expected_steps`; ``depth_costs`` of another length than ``tail`` or not positive;
+            ``room`` < ``new_tokens``.
     """
     t = np.asarray(tail, dtype=np.float64)
     c = np.asarray(depth_costs, dtype=np.float64)
     if c.shape != t.shape or not np.all(np.isfinite(c)) or np.any(c <= 0):
         raise ValueError(f"depth_costs needs {t.size} positive costs (depth 0 .. {t.size - 1}), got {list(c)}")
-    return _cost_recursion(t, new_tokens, c)
+    if room is not None and room < new_tokens:
+        raise ValueError(f"room ({room} tokens) is below the answer's {new_tokens}")
+    return _cost_recursion(t, new_tokens, c, 0 if room is None else int(room) - int(new_tokens))
 
 
-def _cost_recursion(t: np.ndarray, new_tokens: int, c: np.ndarray) -> float:
-    """``c(n) = c[min(D, n - 1)] + sum_j P(X = j) c(n - j)``, ``c(n <= 0) = 0``, at n = ``new_tokens``; ``t`` the
-    (D + 1,) tail, ``c`` (D + 1,) the step costs by depth. Checks the tail and the count (ValueError)."""
+def _cost_recursion(t: np.ndarray, new_tokens: int, c: np.ndarray, slack: int = 0) -> float:
+    """``c(n) = c[min(D, n + slack - 1)] + sum_j P(X = j) c(n - j)``, ``c(n <= 0) = 0``, at n = ``new_tokens``;
+    ``t`` the (D + 1,) tail, ``c`` (D + 1,) the step costs by depth, ``slack`` the tokens the stop rule allowed
+    past the answer's end. Checks the tail and the count (ValueError)."""
     if new_tokens < 0:
         raise ValueError(f"new tokens must be >= 0, got {new_tokens}")
     if t.size == 0 or abs(t[0] - 1.0) > 1e-9 or np.any(np.diff(t) > 1e-12) or np.any(t < -1e-12):
@@ -153,7 +164,7 @@ def _cost_recursion(t: np.ndarray, new_tokens: int, c: np.ndarray) -> float:
     for n in range(1, int(new_tokens) + 1):
         lo = max(0, n - D1)  # m(n - j) for j = 1 .. D + 1, zero where n - j <= 0
         prev = m[lo:n][::-1]  # m(n - 1), m(n - 2), ... m(lo)
-        m[n] = c[min(D1 - 1, n - 1)] + float(np.dot(pmf[: prev.size], prev))
+        m[n] = c[min(D1 - 1, n + slack - 1)] + float(np.dot(pmf[: prev.size], prev))
     return float(m[int(new_tokens)])
 
 
