@@ -92,7 +92,7 @@ def tune(
     from ..jobs.tune import tune as run_tune
     from ..profiles.batch import parse_batches
     from ..errors import OutputError
-    from ..solver.schedule import schedule_text
+    from ..solver.schedule import FIRST_IS_LONGEST_RULE, schedule_text
     from ..plan_exports import looks_like_engine_settings
 
     opts = check_options(TuneOptions(
@@ -125,11 +125,11 @@ def tune(
     slower = [r.batch for r in plan.rows if r.best.setting.speculates and r.best.speedup < 1.0]
     if slower:  # TensorRT-LLM's rule can run batch 1 below plain so that larger batch sizes may draft
         hole_text += (f"; batch {', '.join(map(str, slower))} speculates below plain decoding under the engine's "
-                      "rule (no batch size drafts more than batch 1)")
+                      f"rule ({FIRST_IS_LONGEST_RULE})")
     own_paying = [r.batch for r, own in zip(plan.rows, plan.own_best) if own.setting.speculates]
     report.summary = {
         "engine": opts.engine, "drafter": res.schedule.get("drafter"), **{k: v for k, v in res.profiles.items()},
-        "speculation": (f"pays at no batch size under the engine's rule (no batch size drafts more than batch 1; "
+        "speculation": (f"pays at no batch size under the engine's rule ({FIRST_IS_LONGEST_RULE}; "
                         f"without it, it would at {batch_sizes_text(own_paying)}): none"
                         if stops == 0 and own_paying else
                         "pays at no batch size measured: none" if stops == 0 else
@@ -185,7 +185,7 @@ def tune(
         report.notes.append(f"nothing to start with speculation on {opts.engine}: it runs without it (plain "
                             "decoding), " + ("as the plan given does at every batch size" if opts.plan is not None
                                             else "which the plan predicts fastest at every batch size measured"
-                                            + (" under the engine's rule (no batch size drafts more than batch 1)"
+                                            + (" under the engine's rule (see speculation above)"
                                                if own_paying else "")))
     else:
         report.notes.append(f"check it{where}: {check}")

@@ -762,6 +762,10 @@ def _candidates(value: Any, batch: int, curve: LatencyCurve, context: int | None
     return out
 
 
+FIRST_IS_LONGEST_RULE = "no batch size drafts more than batch 1"
+"""TensorRT-LLM's rule on a draft-length schedule, as the notes and ``treeopt tune`` name it."""
+
+
 def first_is_longest_choice(per_batch: Sequence[Sequence[tuple[int, float]]],
                             choose: Callable[[int, int | None], int]) -> tuple[list[int], float, float]:
     """TensorRT-LLM's ``draft_len_schedule`` rule (its smallest batch size carries ``max_draft_len``: no batch size
@@ -880,12 +884,12 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
         if chosen != free:
             b1, b1_own = every_at[0][chosen[0]], every_at[0][free[0]]
             if chosen[0] == free[0]:
-                notes.append(f"no batch size drafts more than batch 1 (the engine's rule), though a longer draft would "
+                notes.append(f"{FIRST_IS_LONGEST_RULE} (the engine's rule), though a longer draft would "
                              f"pay at some: the worst batch size solved runs {100 * kept:.1f} % of its best tokens/s, "
                              "and a longer draft at batch 1 would leave batch 1 further below its own")
             else:
                 loss = 100 * (1 - b1.tokens_per_s_per_request / b1_own.tokens_per_s_per_request)
-                notes.append(f"the engine's rule (no batch size drafts more than batch 1): batch 1 runs "
+                notes.append(f"the engine's rule ({FIRST_IS_LONGEST_RULE}): batch 1 runs "
                              f"{b1.setting.label}, {loss:.1f} % below its own best ({b1_own.setting.label}), so that "
                              f"larger batch sizes may draft longer; capped at {b1_own.setting.label} instead, the "
                              f"worst batch size solved would run {100 * own:.1f} % of its best tokens/s, not "
