@@ -103,10 +103,16 @@ def test_a_run_predicts_the_speedup_for_its_generation_lengths():
     meta = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5,
                         extra={"end_overshoot_tokens": 0.6, "speedup_spread": spread})
     bare = TreeMetadata(expected_tokens_per_step=2.0, predicted_speedup=1.5)
-    report = run_trees(target, target, [TreeEntry("t", tree, meta), TreeEntry("bare", tree, bare)],
+    root = Tree.from_choices([])  # the root alone, its (hand-edited) file claiming what the tree's does
+    report = run_trees(target, target, [TreeEntry("t", tree, meta), TreeEntry("bare", tree, bare),
+                                        TreeEntry("root", root, meta)],
                        [list(range(3, 20)), list(range(30, 41))], max_new_tokens=12, warmup=False)
     s = {x.tree: x for x in report.summaries}
     assert s["t"].new_tokens == 24
+    # the root alone is plain decoding: one token a step, no faster than plain, whatever the file says
+    assert root.size == 1 and s["root"].tokens_per_step == 1.0
+    assert s["root"].predicted_tokens_per_step == 1.0 and s["root"].predicted_interval == (1.0, 1.0)
+    assert s["root"].predicted_speedup == 1.0 and max(s["root"].predicted_speedup_interval) <= 1.0
     assert s["t"].predicted_speedup_steady == 1.5
     # no node rates: a chain of the tree's depth 2 whose one rate gives G = 2 (its overshoot is for long answers)
     from sequoia_opt.jobs.run import answer_factor as af
