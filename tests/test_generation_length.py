@@ -173,24 +173,31 @@ def test_a_runs_predicted_tokens_per_step_is_for_its_own_generation_lengths():
     assert answer_factor(tree, meta, []) is None
 
 
+def _priced_tree_file():
+    """A depth-3 tree (widths 1 2 1 1) solved on a synthetic curve, its file as solve writes it (node rates, cut
+    step costs): (tree, curve, value model, metadata)."""
+    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
+    from sequoia_opt.solver.hardware import run_costs, score_tree
+
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 0, 0]])
+    curve = LatencyCurve.synthetic({1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 14.0}, {1: 1.0, 2: 1.5})
+    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
+    meta = TreeMetadata(expected_tokens_per_step=vm.expected_tokens(tree),
+                        predicted_speedup=score_tree(tree, vm.acceptance, curve).speedup,
+                        extra={**vm.run_checks(tree), **run_costs(tree, curve)})
+    return tree, curve, vm, meta
+
+
 def test_a_runs_predicted_speedup_prices_the_steps_cut_at_an_answers_end():
     """The decoder drafts no deeper than a row can still emit, so an answer's last steps verify a cut tree and cost
     what it costs; a tree file with a latency curve records each cut's step cost (depth_step_ms) and treeopt run's
     speedup prediction prices them: at N = 1 the one step is plain decoding's (speedup exactly 1), where pricing
     every step as a whole one predicted the whole tree's cost for one token (below 1)."""
     from sequoia_opt.jobs.run import answer_factor
-    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
-    from sequoia_opt.solver.depth import ValueModel
-    from sequoia_opt.solver.generation import expected_cost, step_length_tail
-    from sequoia_opt.solver.hardware import plain_ms_per_token, run_costs, score_tree
-    from sequoia_opt.tree import Tree, TreeMetadata
+    from sequoia_opt.solver.generation import expected_cost
+    from sequoia_opt.solver.hardware import plain_ms_per_token, score_tree
 
-    tree = Tree.from_choices([[0], [1], [0, 0], [0, 0, 0]])  # widths 1 2 1 1
-    curve = LatencyCurve.synthetic({1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 14.0}, {1: 1.0, 2: 1.5})
-    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
-    meta = TreeMetadata(expected_tokens_per_step=vm.expected_tokens(tree),
-                        predicted_speedup=score_tree(tree, vm.acceptance, curve).speedup,
-                        extra={**vm.run_checks(tree), **run_costs(tree, curve)})
+    tree, curve, vm, meta = _priced_tree_file()  # widths 1 2 1 1
     costs = meta.extra["depth_step_ms"]
     # depth 0: plain decoding's step, T(1); depth d: c(w) for each level but the last (per-level) and T(nodes):
     # [1, 2] -> c(1) + T(3); [1, 2, 1] -> c(1) + c(2) + T(4); the whole tree c(1) + c(2) + c(1) + T(5)
@@ -218,18 +225,9 @@ def test_an_answer_ended_on_eos_is_priced_with_the_steps_drafted_for_the_rows_ro
     the end): its steps verify whole trees until the room, not the answer, runs short. The priced prediction cut
     its last steps as if the end were known, a little high for short EOS-ended answers."""
     from sequoia_opt.jobs.run import answer_factor
-    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
-    from sequoia_opt.solver.depth import ValueModel
-    from sequoia_opt.solver.generation import expected_cost, expected_steps, step_length_tail
-    from sequoia_opt.solver.hardware import run_costs, score_tree
-    from sequoia_opt.tree import Tree, TreeMetadata
+    from sequoia_opt.solver.generation import expected_cost, expected_steps
 
-    tree = Tree.from_choices([[0], [1], [0, 0], [0, 0, 0]])  # depth 3
-    curve = LatencyCurve.synthetic({1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 14.0}, {1: 1.0, 2: 1.5})
-    vm = ValueModel.of_profile(AcceptanceProfile(id="a", acceptance=np.array([0.6, 0.2])), "positional")
-    meta = TreeMetadata(expected_tokens_per_step=vm.expected_tokens(tree),
-                        predicted_speedup=score_tree(tree, vm.acceptance, curve).speedup,
-                        extra={**vm.run_checks(tree), **run_costs(tree, curve)})
+    tree, _, vm, meta = _priced_tree_file()  # depth 3
     costs = meta.extra["depth_step_ms"]
     tail = step_length_tail(tree.depth, vm.path_probabilities(tree))
     # room >= answer + D: every step a whole tree's, E[tau] x c_D
