@@ -279,9 +279,9 @@ def test_eagle_and_medusa_loaders_are_strict(tmp_path):
     with pytest.raises(CheckpointError, match="pytorch_model.bin: unexpected tensor layers.0.input_layernorm"):
         check_eagle_head(tmp_path / "e", "eagle", TARGET4)
     write_medusa(tmp_path / "m", V=32000)
-    with pytest.raises(CheckpointError, match=r"medusa_lm_head.pt: medusa_head.0.1.weight has shape \(32000, 64\) "
+    with pytest.raises(CheckpointError, match=r"medusa_lm_head.pt: 0.1.weight has shape \(32000, 64\) "
                                               r"but the target's vocabulary x hidden size is \(257, 64\)"):
-        read_medusa_config(tmp_path / "m", TARGET4)
+        read_medusa_config(tmp_path / "m", TARGET4)  # the file's own name (Medusa's files carry no prefix)
     write_medusa(tmp_path / "mh", hidden_size=4096)  # a config that names the hidden size: the field, first
     with pytest.raises(CheckpointError, match=r"mh/config.json: hidden_size = 4096 but the target's is 64"):
         read_medusa_config(tmp_path / "mh", TARGET4)
@@ -321,6 +321,39 @@ def test_eagle_and_medusa_loaders_are_strict(tmp_path):
     torch.save(torch.load(legacy), legacy, _use_new_zipfile_serialization=False)
     old, new = read_medusa_config(tmp_path / "m6", TARGET4), read_medusa_config(write_medusa(tmp_path / "m7"), TARGET4)
     assert replace(old, name=new.name) == new
+
+
+def test_loader_messages_name_the_files_own_tensors_and_refuse_nan_anywhere(tmp_path, target):
+    """A tryout's break-it pass: an unprefixed Medusa file (Medusa's own medusa_lm_head layout) was refused with
+    names it does not hold (``medusa_head.foo`` for its ``foo``); a file mixing prefixed and bare names read as a
+    wrong head count; an EAGLE-3 head's own NaN ``embed_tokens.weight`` loaded silently and drafted garbage."""
+    cases = {"shape": lambda t: t.update({"1.0.linear.weight": torch.zeros(64, 32)}),
+             "extra": lambda t: t.update({"foo": torch.zeros(2)}),
+             "missing": lambda t: t.pop("1.0.linear.bias")}
+    for name, edit in cases.items():
+        t = medusa_tensors()
+        edit(t)
+        write_head(tmp_path / name, {"medusa_num_heads": 3, "medusa_num_layers": 1}, t, "medusa_lm_head.safetensors")
+    want = {"shape": "tensor 1.0.linear.weight has shape (64, 32), the layout needs (64, 64)",
+            "extra": "unexpected tensor foo", "missing": "missing tensor 1.0.linear.bias"}
+    for name, message in want.items():
+        with pytest.raises(CheckpointError) as err:
+            read_medusa_config(tmp_path / name, TARGET4)
+        assert str(err.value) == f"{tmp_path / name / 'medusa_lm_head.safetensors'}: {message}"
+    t = medusa_tensors()
+    t = {("medusa_head." + k if k.startswith("0.") else k): v for k, v in t.items()}  # head 0 prefixed, 1-2 bare
+    write_head(tmp_path / "mixed", {"medusa_num_heads": 3, "medusa_num_layers": 1}, t, "medusa_lm_head.safetensors")
+    with pytest.raises(CheckpointError, match=r"mixed/medusa_lm_head.safetensors: tensor names mix the "
+                                              r"'medusa_head.' prefix and bare head indices \(1.0.linear.bias\)"):
+        read_medusa_config(tmp_path / "mixed", TARGET4)
+    # NaN in the head's own embedding (optional in the layout) is refused as NaN in any other tensor
+    t = eagle3_tensors(draft_ids=DRAFT_IDS)
+    for key, where in (("embed_tokens.weight", "embed_tokens.weight"), ("fc.weight", "fc.weight")):
+        bad = dict(t, **{"embed_tokens.weight": torch.zeros(257, 64)})
+        bad[key] = torch.full_like(bad[key], float("nan"))
+        folder = write_head(tmp_path / f"nan-{where}", eagle3_config(Vd=len(DRAFT_IDS)), bad)
+        with pytest.raises(CheckpointError, match=re.escape(f"model.safetensors: tensor {where} holds NaN")):
+            load_eagle_head(folder, "eagle3", target)
 
 
 # ---------------------------------------------------------------------------------------------- cached drafting

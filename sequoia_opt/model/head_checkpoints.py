@@ -140,14 +140,19 @@ def _check_names(where: Path, provided: Mapping[str, tuple[int, ...]], expected:
                                   f"{tuple(shape)}")
 
 
+def _finite(t: torch.Tensor, name: str, where: Path) -> torch.Tensor:
+    """``t`` itself; CheckpointError naming ``where`` and the tensor when it holds NaN or infinite values."""
+    if not torch.isfinite(t.float()).all():
+        raise CheckpointError(f"{where}: tensor {name} holds NaN or infinite values")
+    return t
+
+
 def _fill(module: torch.nn.Module, fetch: Callable[[str], torch.Tensor], name_of: Callable[[str], str],
           where: Path) -> None:
     """Copy every parameter of ``module`` from ``fetch(name_of(param name))`` (shapes already checked)."""
     with torch.no_grad():
         for name, p in module.state_dict(keep_vars=True).items():
-            t = fetch(name_of(name))
-            if not torch.isfinite(t.float()).all():
-                raise CheckpointError(f"{where}: tensor {name_of(name)} holds NaN or infinite values")
+            t = _finite(fetch(name_of(name)), name_of(name), where)
             p.copy_(t.to(dtype=p.dtype, device=p.device))
 
 
@@ -322,7 +327,7 @@ def load_eagle_head(folder: str | Path, kind: str, target: Any, *, device: torch
         config, ids = _check_eagle_weights(config, w)
         emb = target.embed_tokens.weight
         if "embed_tokens.weight" in w.shapes:
-            emb = w.fetch("embed_tokens.weight").to(device=dev, dtype=dtype)
+            emb = _finite(w.fetch("embed_tokens.weight"), "embed_tokens.weight", w.path).to(device=dev, dtype=dtype)
         head = EagleHead(config, emb, target.lm_head if kind == "eagle" else None, device=dev, dtype=dtype)
         _fill(head, w.fetch, lambda n: n, w.path)
     return head.eval(), (None if ids is None else ids.to(dev))
@@ -419,10 +424,19 @@ def read_medusa_config(folder: str | Path, target: ModelConfig) -> MedusaConfig:
 
 
 def _medusa_names(w: _Weights) -> tuple[dict[str, tuple[int, ...]], Callable[[str], str]]:
-    """The weight file's tensors under :class:`MedusaHeads` names, and module name -> file name."""
-    prefixed = all(k.startswith(_MEDUSA_PREFIX) for k in w.shapes)
-    if prefixed:
+    """The weight file's tensors under :class:`MedusaHeads` names (``medusa_head.{k}.{j}...``), and module name ->
+    the file's name: the same where the file's names carry the ``medusa_head.`` prefix (a whole model's state
+    dict), without it where none does (Medusa's own ``medusa_lm_head`` files).
+
+    Raises:
+        CheckpointError: a file whose names mix the two."""
+    prefixed = [k.startswith(_MEDUSA_PREFIX) for k in w.shapes]
+    if all(prefixed):
         return dict(w.shapes), lambda n: n
+    if any(prefixed):
+        bare = next(k for k, p in zip(w.shapes, prefixed) if not p)
+        raise CheckpointError(f"{w.path}: tensor names mix the {_MEDUSA_PREFIX!r} prefix and bare head indices "
+                              f"({bare}): one layout per file")
     return {_MEDUSA_PREFIX + k: v for k, v in w.shapes.items()}, lambda n: n[len(_MEDUSA_PREFIX):]
 
 
@@ -446,7 +460,9 @@ def _check_count(path: Path, key: str, claimed: int, found: set[int], what: str)
 
 
 def _check_medusa_weights(config: MedusaConfig, w: _Weights) -> None:
-    shapes, _ = _medusa_names(w)
+    """Medusa's weight file against ``config``: head and block counts, head 0's LM head, then strictly every
+    tensor's name, shape and dtype; messages name the file's own tensors (CheckpointError)."""
+    shapes, file_name = _medusa_names(w)
     _check_count(w.path.with_name(CONFIG_FILE), "medusa_num_heads", config.num_heads,
                  _indices_under(shapes, _MEDUSA_PREFIX), "heads")
     blocks = _indices_under(shapes, f"{_MEDUSA_PREFIX}0.")  # head 0: its residual blocks 0..L-1 and LM head L
@@ -456,10 +472,10 @@ def _check_medusa_weights(config: MedusaConfig, w: _Weights) -> None:
     head0 = f"{_MEDUSA_PREFIX}0.{config.num_layers}.weight"
     want = (config.vocab_size, config.hidden_size)
     if head0 in shapes and tuple(shapes[head0]) != want:
-        raise CheckpointError(f"{w.path}: {head0} has shape {tuple(shapes[head0])} but the target's vocabulary x "
-                              f"hidden size is {want} (heads for another target)")
+        raise CheckpointError(f"{w.path}: {file_name(head0)} has shape {tuple(shapes[head0])} but the target's "
+                              f"vocabulary x hidden size is {want} (heads for another target)")
     meta = MedusaHeads(config, device="meta")
-    _check_names(w.path, shapes, {k: tuple(v.shape) for k, v in meta.state_dict().items()})
+    _check_names(w.path, w.shapes, {file_name(k): tuple(v.shape) for k, v in meta.state_dict().items()})
     w.check_dtypes()
 
 
@@ -476,9 +492,8 @@ def load_medusa_heads(folder: str | Path, target: Any, *, device: torch.device |
     dev = target.device if device is None else torch.device(device)
     with ExitStack() as stack:
         w = _Weights(_weight_file(folder, MEDUSA_WEIGHT_FILES), stack)
-        _, file_name = _medusa_names(w)
         heads = MedusaHeads(config, device=dev, dtype=dtype)
-        _fill(heads, w.fetch, file_name, w.path)
+        _fill(heads, w.fetch, _medusa_names(w)[1], w.path)
     return heads.eval()
 
 
