@@ -576,7 +576,9 @@ def _json_text(tree: Tree, metadata: TreeMetadata | None, p: np.ndarray | None) 
 
 def _medusa_notes(tree: Tree) -> tuple[str, ...]:
     depth, top_rank = tree.tree_depth, max(tree.rank)
-    notes = [f"{tree.size - 1} choices, depth {depth}: needs at least {depth} Medusa heads"]
+    notes = [f"{tree.size - 1} choices, depth {depth}: needs at least {depth} Medusa heads",
+             "for Medusa's own code (FasterDecoding/Medusa: medusa_choices, as medusa/model/medusa_choices.py "
+             "holds them); TensorRT-LLM took this list only " + TRTLLM_TREE_RELEASES + " (--format tensorrt-llm)"]
     if top_rank >= MEDUSA_TOPK:
         notes.append(
             f"rank {top_rank} >= {MEDUSA_TOPK}: Medusa's reference code takes the top {MEDUSA_TOPK} tokens per "

@@ -112,6 +112,31 @@ def test_solve_batch_cli_table_and_plan(tmp_path, profile):
     assert r.exit_code == 2 and "engine format" in r.output
 
 
+def test_solve_batch_with_an_engine_format_warns_as_one_tree_does_and_prints_the_settings(tmp_path, profile):
+    """A tryout: ``solve --batch --format vllm`` wrote speculative_token_tree per batch size with no word that only
+    vLLM 0.10.1-0.20.2 take it (one tree's export says so), and without -o printed no setting at all (--format's
+    help: the export goes to stdout). Each warning is said once, the settings per batch range go to stdout."""
+    lat = save_batch_latency(tmp_path / "b.yaml", profile)
+    acc = tmp_path / "acc.yaml"
+    acc.write_text(yaml.safe_dump(AcceptanceProfile(id="acc", acceptance=P).to_dict()))
+    r = invoke("solve", "-a", acc, "-l", lat, "--batch", "1,4,16", "--budget", "16", "--format", "vllm")
+    assert r.exit_code == 0, r.output
+    settings = yaml.safe_load(r.stdout)
+    from sequoia_opt.solver.hardware import SINGLE_DEFAULTS
+
+    chs = choose_per_batch(P, profile, [1, 4, 16], 16, SINGLE_DEFAULTS["max_depth"],
+                           SINGLE_DEFAULTS["max_branching"])
+    assert [x["batch_range"] for x in settings] == [[1, 3], [4, 15], [16, 16]]
+    for x, c in zip(settings, chs):
+        assert x["vllm"]["num_speculative_tokens"] == c.tree.size - 1
+    assert "only vLLM 0.10.1 to 0.20.2 accept speculative_token_tree" not in r.stdout
+    assert r.stderr.count("only vLLM 0.10.1 to 0.20.2 accept speculative_token_tree") == 1
+    r = invoke("solve", "-a", acc, "-l", lat, "--batch", "1,4", "--format", "tensorrt-llm", "-o", tmp_path / "p.yaml",
+               "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and sum("1.4.0rc1 and later have no eagle_choices" in w for w in doc["warnings"]) == 1
+
+
 def test_profile_latency_batch_on_the_tiny_pair(tmp_path):
     target, draft, _ = make_pair(tmp_path)
     out = tmp_path / "lb.yaml"

@@ -187,6 +187,16 @@ def test_choice_list_notes():
     wide = Tree.from_choices([[r] for r in range(12)])
     assert any("rank 11 >= 10" in n for n in export(wide, "medusa").notes)
     assert e.lost_tokens is None and not e.projected
+    # Medusa's list names what reads it (Medusa's own code; TensorRT-LLM only before 1.4), as the others name
+    # their releases; a latency mismatch names Medusa's decoder, not an "engine 'medusa'"
+    m = export(SMALL, "medusa")
+    assert any(n.startswith("for Medusa's own code (FasterDecoding/Medusa") and "up to the 1.3 release candidates"
+               in n for n in m.notes)
+    from sequoia_opt.engines import engine_mismatch
+    from sequoia_opt.profiles import LatencyCurve
+
+    w = engine_mismatch(LatencyCurve.synthetic({1: 10.0, 2: 11.0}, {1: 1.0}), "medusa", what="--format medusa")
+    assert "--format medusa solves for Medusa's own decoder (FasterDecoding/Medusa" in w and "engine 'medusa'" not in w
 
 
 def test_vllm_export_level_uniform_hand_checked():

@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+import typer
+import yaml
+
 from ..errors import SolverError
 from ..report import Report
-from .render import render
+from .render import render, report_console
 
 #: --format values that give an engine setting per batch range (the yaml / json tree formats do not apply).
 ENGINE_FORMATS = ("sglang", "vllm", "tensorrt-llm", "medusa")
@@ -53,6 +56,7 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     chs = choose_per_batch(p, prof, batches, budget, max_depth, max_branching, context=context, solution=sol)
     engine: dict[int, dict[str, Any]] = {}
     notes: list[str] = []
+    warnings: dict[str, None] = {}  # the export's own (a release that no longer takes trees), once each
     if key is not None:
         for c in chs:
             if c.tree.size < 2:
@@ -60,12 +64,15 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
                 notes.append(f"batch {c.batch}: the best tree is root-only, run the engine without speculation")
                 continue
             ex = exports.export(c.tree, key, acceptance=p)
+            warnings.update(dict.fromkeys(ex.warnings))
+            notes.extend(f"batch {c.batch}: {n}" for n in ex.notes if n.startswith("projected"))
+            notes.extend(n for n in ex.notes if not n.startswith("projected") and n not in notes)
             text = ex.text.strip()
             engine[c.batch] = {key: json.loads(text) if text.startswith("{") else text}
     ctx = context if context is not None else int(prof.curve(batches[0]).contexts[0])
     doc = plan_document(chs, acceptance_profile=acc.id, latency_profile=prof.id, context=ctx, engine=engine)
     report = Report(title="treeopt solve --batch")
-    report.warnings = warn_on_mismatch(acceptance=acc, latency=prof.curve(batches[0]))
+    report.warnings = warn_on_mismatch(acceptance=acc, latency=prof.curve(batches[0])) + list(warnings)
     report.summary = {"acceptance profile": acc.id, "latency profile": prof.id, "acceptance model": model_used,
                       "context (tokens)": ctx or "none recorded (a T(b, n) table)",
                       "batch sizes": ",".join(map(str, batches))}
@@ -85,4 +92,11 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
         save_plan(output, doc)
         report.notes.append(f"wrote the batch plan (treeopt-batch-trees/1) to {output}")
     report.data = doc | ({"output": str(output)} if output is not None else {})
-    render(report, as_json)
+    if key is not None and output is None and not as_json:
+        # --format without -o: stdout carries the settings per batch range alone (as one tree's export does);
+        # the report goes to stderr
+        render(report, False, console=report_console(stderr=True))
+        settings = [{"batch_range": e["batch_range"], key: e["engine"][key]} for e in doc["entries"]]
+        typer.echo(yaml.safe_dump(settings, sort_keys=False, default_flow_style=None), nl=False)
+    else:
+        render(report, as_json)

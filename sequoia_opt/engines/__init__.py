@@ -118,5 +118,10 @@ def engine_mismatch(curve: Any, engine: str, *, what: str) -> str | None:
     hint = (f"; measure it: treeopt profile latency --engine {engine}" if ENGINES.get(engine) is not None
             and ENGINES[engine].profiler is not None else
             "; treeopt has no profiler for it, so the prediction is of the profiled engine")
-    return (f"latency profile {curve.id!r} was measured on engine {have!r}, but {what} solves for engine "
-            f"{engine!r}: T(n) has another shape there{hint}")
+    served = _SERVED_BY.get(engine, f"engine {engine!r}")
+    return (f"latency profile {curve.id!r} was measured on engine {have!r}, but {what} solves for {served}: T(n) "
+            f"has another shape there{hint}")
+
+
+#: What serves a format that is no engine of :data:`ENGINES`, as warnings name it.
+_SERVED_BY = {"medusa": "Medusa's own decoder (FasterDecoding/Medusa, medusa_choices)"}
