@@ -2618,3 +2618,24 @@ def test_the_stream_rounds_pooled_and_paired_by_round():
                      ({"plan": [(1, 1.0)], "K=1": [(1, 1.0), (1, 1.0)]}, "the same rounds")):
         with pytest.raises(ValueError, match=msg):
             bench.pooled_and_paired(bad)
+
+
+def test_a_profile_measured_further_at_some_batch_sizes_says_which_limit_the_chains(tmp_path):
+    """A tryout's batch profile measured T(1, n) to n = 16 and T(8, n) to n = 4: every batch size was solved over
+    K <= 3 with the note "the latency profile measured T(b, n) up to n = 4", false for batch 1. The note now names
+    the batch size that limits K and the one measured further."""
+    from sequoia_opt.profiles.batch import BatchLatencyProfile, save_batch_latency
+
+    def curve(b, ns):
+        return LatencyCurve.synthetic({n: 10.0 + 0.01 * b * n for n in ns}, {n: 1.0 + 0.001 * b * n for n in ns},
+                                      step_overhead_ms=0.3)
+
+    prof = BatchLatencyProfile(id="ragged", curves={1: curve(1, (1, 2, 4, 8, 16)), 8: curve(8, (1, 2, 4))})
+    lat = save_batch_latency(tmp_path / "lb.yaml", prof)
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(_acc().to_dict()))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(lat), "-a", str(tmp_path / "a.yaml"), "--model",
+                              "m", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert ("chains up to K = 3: the latency profile measured T(b, n) up to n = 4 at batch size 8, and every batch "
+            "size is solved over the same K (measured further at batch size 1: up to n = 16;") in " ".join(doc["notes"])
