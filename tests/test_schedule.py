@@ -2639,3 +2639,20 @@ def test_a_profile_measured_further_at_some_batch_sizes_says_which_limit_the_cha
     doc = json.loads(res.stdout)
     assert ("chains up to K = 3: the latency profile measured T(b, n) up to n = 4 at batch size 8, and every batch "
             "size is solved over the same K (measured further at batch size 1: up to n = 16;") in " ".join(doc["notes"])
+
+
+def test_the_headline_says_where_the_exported_ranges_stop_speculating(tmp_path):
+    """A tryout: "stops paying above batch 256" while the exported ranges ran chain:1 on 256-511 (a range runs its
+    measured size's setting up to the next size solved). The headline now says both."""
+    table = tmp_path / "t.csv"
+    table.write_text("batch,tokens,target_ms,draft_ms,overhead_ms\n" + "".join(
+        f"{b},{n},{10.0 * (1 + b * n / 16)},0.5,0.2\n" for b in (1, 8, 64) for n in range(1, 6)))
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(_acc().to_dict()))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(tmp_path / "a.yaml"),
+                              "--model", "m", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["summary"]["ranges"].endswith("; 64-64: none") and "8-63: chain:" in doc["summary"]["ranges"]
+    assert doc["summary"]["speculation"] == ("stops paying above batch 8 (measured; the settings speculate up to "
+                                             "batch 63: batch 64, the next size solved, runs none; solve sizes "
+                                             "between to place the switch)")

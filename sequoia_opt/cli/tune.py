@@ -133,7 +133,8 @@ def tune(
                         f"without it, it would at {batch_sizes_text(own_paying)}): none"
                         if stops == 0 and own_paying else
                         "pays at no batch size measured: none" if stops == 0 else
-                        f"stops paying above batch {stops}{hole_text}" if stops is not None else
+                        f"stops paying above batch {stops}{hole_text}{_ranges_past(plan, stops)}"
+                        if stops is not None else
                         f"pays up to the largest batch predicted ({plan.rows[-1].batch}){hole_text}"),
         "ranges": "; ".join(f"{r.lo}-{r.hi}: {r.setting.label}" for r in plan.ranges)}
     if settings is not None:
@@ -246,6 +247,16 @@ def tune(
                                                               "releases": settings.releases,
                                                               "command": settings.command}, **written}
     render(report, as_json)
+
+
+def _ranges_past(plan, stops: int) -> str:
+    """Where the settings speculate past ``stops`` (the last measured batch size that pays): a range runs its
+    measured size's setting up to the next measured size, so the headline says so, not only the measurement."""
+    hi = max((r.hi for r in plan.ranges if r.setting.speculates), default=None)
+    if hi is None or hi <= stops:
+        return ""
+    return (f" (measured; the settings speculate up to batch {hi}: batch {hi + 1}, the next size solved, runs "
+            "none; solve sizes between to place the switch)")
 
 
 def _span(lo: float, hi: float) -> str:
