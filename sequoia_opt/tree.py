@@ -746,7 +746,7 @@ def _parse_tree_document(text: str, source: str):
     except TreeValidationError as err:
         raise TreeValidationError(f"{source}: {err}") from None
     _check_run_metadata(meta, tree, source)
-    return fmt, tree, tuple(drafter), names, meta
+    return fmt, tree, tuple(drafter), names, _fresh_run_metadata(meta, tree, source)
 
 
 def _real(v: Any) -> bool:
@@ -770,7 +770,7 @@ def _check_run_metadata(meta: "TreeMetadata", tree: "Tree", source: str) -> None
     rates = x.get("node_rates")
     if rates is not None and not (isinstance(rates, list) and all(_real(q) and 0 <= q <= 1 for q in rates)):
         raise TreeValidationError(f"{source}: metadata node_rates must list probabilities in [0, 1] (one per node "
-                                  "but the root)")  # of another tree's length: run compares none (a copied header)
+                                  "but the root)")  # of another tree's length: dropped (_fresh_run_metadata)
     over = x.get("end_overshoot_tokens")
     if over is not None and not (_real(over) and 0 <= over <= tree.tree_depth):
         raise TreeValidationError(f"{source}: metadata end_overshoot_tokens = {over!r} must be a number in "
@@ -782,6 +782,35 @@ def _check_run_metadata(meta: "TreeMetadata", tree: "Tree", source: str) -> None
     for key in ("tokens_per_step_spread", "speedup_spread"):
         if x.get(key) is not None and not isinstance(x[key], dict):
             raise TreeValidationError(f"{source}: metadata {key} must be a mapping (point, se, prompts)")
+
+
+#: the metadata that predicts one tree's run: of another tree (a header copied onto edited nodes) it is dropped
+_PREDICTION_KEYS = ("node_rates", "depth_step_ms", "end_overshoot_tokens", "tokens_per_step_spread", "speedup_spread",
+                    "step_check", "checked_trees", "solver_predicted_speedup")
+
+
+def _fresh_run_metadata(meta: "TreeMetadata", tree: "Tree", source: str) -> "TreeMetadata":
+    """``meta``, less its predictions where they are another tree's: ``node_rates`` (one per node but the root) or
+    ``depth_step_ms`` (one per depth 0..D) of another length than this tree's, as when nodes were edited under a
+    solved file's header (the run showed the solved tree's G for the edited one, above what the edit can emit).
+    Warns (:class:`~sequoia_opt.errors.ProfileWarning`) once, naming what the figures were for."""
+    import warnings
+    from dataclasses import replace
+
+    from .errors import ProfileWarning
+
+    x = meta.extra
+    rates, costs = x.get("node_rates"), x.get("depth_step_ms")
+    of_nodes = len(rates) + 1 if isinstance(rates, list) and len(rates) != tree.size - 1 else None
+    of_depth = len(costs) - 1 if isinstance(costs, list) and len(costs) != tree.tree_depth + 1 else None
+    if of_nodes is None and of_depth is None:
+        return meta
+    other = f"a {of_nodes}-node tree" if of_nodes is not None else f"a tree of depth {of_depth}"
+    warnings.warn(f"{source}: its metadata predicts {other} but the file holds {tree.size} nodes (depth "
+                  f"{tree.tree_depth}), edited after it was solved: no prediction for it (solve it again for one)",
+                  ProfileWarning, stacklevel=3)
+    return replace(meta, expected_tokens_per_step=None, predicted_speedup=None,
+                   extra={k: v for k, v in x.items() if k not in _PREDICTION_KEYS})
 
 
 def tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Tree, TreeMetadata]:

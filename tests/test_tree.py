@@ -299,6 +299,29 @@ def test_yaml_round_trip_exact_with_metadata(example):
     assert tree_to_yaml(tree, meta) == text
 
 
+def test_a_solved_header_over_edited_nodes_predicts_nothing(tmp_path):
+    """A tryout removed a node of a solved 4-node tree under its header: the run predicted the 4-node tree's
+    1.78 tokens/step for the 3-node edit, above what the edit can emit. Figures of another tree (node_rates or
+    depth_step_ms of another length) are dropped with one warning; the provenance stays."""
+    from sequoia_opt.errors import ProfileWarning
+
+    solved = Tree.from_choices([[0], [1], [0, 0]])
+    meta = TreeMetadata(expected_tokens_per_step=1.83, predicted_speedup=1.4, acceptance_profile="acc",
+                        extra={"node_rates": [0.485, 0.11, 0.485], "depth_step_ms": [10.0, 12.0, 13.0],
+                               "end_overshoot_tokens": 0.3, "max_branching": 2})
+    assert tree_from_yaml(tree_to_yaml(solved, meta))[1] == meta  # its own tree: every figure kept
+    edited = tree_to_yaml(Tree.from_choices([[0], [0, 0]]), meta)
+    with pytest.warns(ProfileWarning, match=r"edited: its metadata predicts a 4-node tree but the file holds 3 "
+                                            r"nodes \(depth 2\), edited after it was solved: no prediction"):
+        _, got = tree_from_yaml(edited, source="edited")
+    assert got.expected_tokens_per_step is None and got.predicted_speedup is None
+    assert got.acceptance_profile == "acc" and got.extra == {"max_branching": 2}
+    cut = tree_to_yaml(Tree.from_choices([[0], [1]]), TreeMetadata(expected_tokens_per_step=1.5,
+                                                                   extra={"depth_step_ms": [10.0, 12.0, 13.0]}))
+    with pytest.warns(ProfileWarning, match="predicts a tree of depth 2 but the file holds 3 nodes \\(depth 1\\)"):
+        assert tree_from_yaml(cut)[1].expected_tokens_per_step is None
+
+
 def test_yaml_nan_metadata_becomes_null(example):
     text = tree_to_yaml(example, TreeMetadata(expected_tokens_per_step=float("nan")))
     _, meta = tree_from_yaml(text)
