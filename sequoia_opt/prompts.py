@@ -76,8 +76,19 @@ def _parse_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
         if not isinstance(content, str):
             raise PromptFileError(f"{where}: message {i} ({role}) needs a 'content' string "
                                   f"(got {type(content).__name__}; text only)")
+        if role not in CHAT_ROLES:  # a template renders what it is given: a typo ("usr") would be rendered so
+            import warnings
+
+            from .errors import ProfileWarning
+
+            warnings.warn(f"{where}: message {i}'s role {role!r} is none of the roles chat templates know "
+                          f"({', '.join(CHAT_ROLES)}): rendered as given", ProfileWarning, stacklevel=2)
         out.append({**m, "role": role, "content": content})
     return tuple(out)
+
+
+#: The roles chat templates render (OpenAI's chat format and the tool roles of Llama 3 / Qwen templates).
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython", "function")
 
 
 def _prompt(obj: Any, where: str, *, in_array: bool = False) -> Prompt:

@@ -145,6 +145,26 @@ def test_malformed_chat_lines_are_refused_by_line(tmp_path, line, message):
     assert str(err.value) == f"{f}{message}"
 
 
+def test_a_role_no_template_knows_is_warned_not_refused(tmp_path):
+    """A tryout's {"role": "wizard"} went into the chat template without a word (a typo, "usr", would too); roles
+    templates do know (tool, developer) pass silently."""
+    from sequoia_opt.errors import ProfileWarning
+
+    f = tmp_path / "roles.jsonl"
+    f.write_text(json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}) + "\n")
+    with pytest.warns(ProfileWarning, match=re.escape(f"{f}:1: message 0's role 'wizard' is none of the roles chat "
+                                                      "templates know (system, user, assistant, tool")):
+        assert load_prompts(f)[0].messages[0]["role"] == "wizard"
+    f.write_text(json.dumps({"messages": [{"role": "developer", "content": "be brief"},
+                                          {"role": "user", "content": "hi"}, {"role": "tool", "content": "{}"}]})
+                 + "\n")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileWarning)
+        assert [m["role"] for m in load_prompts(f)[0].messages] == ["developer", "user", "tool"]
+
+
 def test_the_shipped_chat_set_is_disjoint_from_the_code_sets():
     chat = load_prompts(demo_prompts_path("chat"))
     assert len(chat) >= 8 and all(p.is_chat and p.messages[-1]["role"] == "user" for p in chat)
