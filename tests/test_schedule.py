@@ -666,13 +666,15 @@ def test_a_table_is_read_by_its_header_and_solve_batch_reads_it_too(tmp_path):
     table = _table(tmp_path / "mine.csv", (1, 8), range(1, 10), lambda b, n: 10.0 + b + 0.2 * n)
     txt = tmp_path / "mine.txt"
     txt.write_text("# measured elsewhere\n" + table.read_text())
+    tsv = tmp_path / "mine.tsv"  # a spreadsheet's tab-separated export (was refused as 'a YAML mapping')
+    tsv.write_text(table.read_text().replace(",", "\t"))
     _, acc = _files(tmp_path)
     docs = []
-    for f in (table, txt):
+    for f in (table, txt, tsv):
         res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(f), "-a", str(acc), "--json"])
         assert res.exit_code == 0, res.output
         docs.append(json.loads(res.stdout)["schedule"]["ranges"])
-    assert docs[0] == docs[1] and len(docs[0]) >= 1
+    assert docs[0] == docs[1] == docs[2] and len(docs[0]) >= 1
     res = runner.invoke(app, ["solve", "--batch", "1,8", "-a", str(acc), "-l", str(txt), "-n", "9", "--json"])
     assert res.exit_code == 0, res.output
     rows = {r["batch"]: r for r in json.loads(res.stdout)["entries"]}

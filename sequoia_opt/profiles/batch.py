@@ -266,7 +266,7 @@ def _plain_number(text: str, *, integer: bool) -> bool:
 
 
 def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | None = None) -> BatchLatencyProfile:
-    """A user's T(b, n) table (CSV, a header line, one row per measured (batch, tokens) pair) as a
+    """A user's T(b, n) table (CSV, or tab-separated, a header line, one row per measured (batch, tokens) pair) as a
     :class:`BatchLatencyProfile`, for engines treeopt does not profile here (an engine's own benchmark on a GPU)::
 
         batch,tokens,target_ms,draft_ms,overhead_ms
@@ -288,9 +288,12 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
     p = Path(path)
     text = read_text_file(p, error=ProfileError, what="T(b, n) table").removeprefix("\ufeff")  # a spreadsheet's BOM
     rows, line_of = [], []  # one row per line (a numeric table has no quoted line breaks): errors name file lines
-    for i, ln in table_lines(text.splitlines()):
+    lines = list(table_lines(text.splitlines()))
+    # tab-separated (a spreadsheet's other export) where the header holds tabs and no comma
+    sep = "\t" if lines and "\t" in lines[0][1] and "," not in lines[0][1] else ","
+    for i, ln in lines:
         try:
-            rows.append(next(csv.reader([ln]), []))
+            rows.append(next(csv.reader([ln], delimiter=sep), []))
         except csv.Error as err:  # a field past the csv module's limit, a stray quote
             raise ProfileError(f"{p}: line {i} is not a CSV row ({err})") from None
         line_of.append(i)
@@ -323,7 +326,7 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
                    None)
         if bad is not None:
             raise ProfileError(f"{p}: line {i}: batch and tokens must be integers and the ms columns numbers "
-                               f"(plain digits); {bad[0]} is {bad[1]!r}")
+                               f"(ASCII: 12, 10.5, 1e1); {bad[0]} is {bad[1]!r}")
         b, n = int(rec["batch"]), int(rec["tokens"])
         t = float(rec["target_ms"])
         d = float(rec.get("draft_ms") or 0.0)

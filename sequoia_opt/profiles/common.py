@@ -133,7 +133,7 @@ def starts_like_table(lines: Iterable[str]) -> bool:
     """Whether the first of :func:`table_lines` begins a T(b, n) table's header (``batch,tokens,``): a table is
     told by its header, whatever the file's name."""
     first = next(table_lines(lines), (0, ""))[1]
-    return first.replace(" ", "").startswith("batch,tokens,")
+    return first.replace(" ", "").replace("\t", ",").startswith("batch,tokens,")  # comma- or tab-separated
 
 
 #: The command that writes each kind of file :func:`_load_yaml` reads (named where a table was given instead).
