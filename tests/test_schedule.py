@@ -1916,6 +1916,12 @@ def test_tune_warns_when_a_table_prices_a_drafter_at_0_ms(tmp_path):
     for path, extra in ((free, ["--method", "ngram"]), (table, ["--method", "draft_model"])):
         res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(path), "-a", str(acc), *extra])
         assert res.exit_code == 0 and warning not in " ".join(res.output.split()), res.output
+    # the other way round: n-gram drafting priced with the table's draft_ms (a draft model's, most likely)
+    charged = "charges a drafter's c(b, w) (draft_ms), but n-gram drafting runs no model on vllm"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--method", "ngram"])
+    assert res.exit_code == 0 and charged in " ".join(res.output.split()), res.output
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(free), "-a", str(acc), "--method", "ngram"])
+    assert res.exit_code == 0 and charged not in " ".join(res.output.split()), res.output
 
 
 def test_tune_envelope_needs_an_engine_that_takes_one_then_a_calibration(tmp_path):

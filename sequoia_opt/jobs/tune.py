@@ -877,6 +877,11 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
         warnings.append(f"latency profile {profile.id!r} prices drafting at 0 ms at every batch size (a T(b, n) table "
                         f"without draft_ms), but {method or served.label} runs a drafter: the plan over-speculates; "
                         "add the drafter's c(b, w) as draft_ms (0 is right for n-gram drafting only)")
+    elif (key == "ngram" or served.kind == "lookup") and opts.engine in GPU_ENGINES and \
+            not _drafting_is_free(profile, ctx):
+        warnings.append(f"latency profile {profile.id!r} charges a drafter's c(b, w) (draft_ms), but n-gram drafting "
+                        f"runs no model on {opts.engine}: the plan under-speculates if that is a draft model's cost; "
+                        "give a table without draft_ms (0) or with the n-gram matcher's own cost")
     lookup = (served.lookup_min, served.lookup_max) if served.kind == "lookup" else None
     if lookup is None and key == "ngram" and isinstance(given_doc.get("lookup"), list) and \
             len(given_doc["lookup"]) == 2:
