@@ -743,6 +743,11 @@ def _export_llamacpp(ranges, release, method, lookup, model=None):
     doc = {"per_range": lines}
     sidecar = {"draft-simple": "DRAFT.gguf", "draft-eagle3": "EAGLE3_HEAD.gguf", "draft-mtp": "MTP_HEAD.gguf"}.get(
         spec_type)
+    warnings: tuple[str, ...] = ()
+    if sidecar and model and not model.lower().endswith(".gguf"):  # -md reads a file, not a hub id
+        warnings = (f"llama.cpp's -md takes a GGUF file, and --model {model} names none (a Hugging Face id or a "
+                    "checkpoint folder?): convert it (treeopt export-draft, or llama.cpp's convert_hf_to_gguf.py) "
+                    "and pass the .gguf",)
     sidecar = f" -md {shlex.quote(model) if model else sidecar}" if sidecar else ""
     # a line that does not speculate loads no drafter
     text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m TARGET.gguf"
@@ -751,7 +756,7 @@ def _export_llamacpp(ranges, release, method, lookup, model=None):
                                                f"(2026-05-12); earlier builds spell --draft-max / --draft-min"),
                 checked="common/arg.cpp, common/common.h and common/speculative.cpp of llama.cpp 0c1e570",
                 command=f"llama-server -m TARGET.gguf{sidecar} <flags of your -np>", notes=tuple(notes),
-                warnings=())
+                warnings=warnings)
 
 
 # ------------------------------------------------------------------------------ settings files tune -o wrote

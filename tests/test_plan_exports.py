@@ -273,6 +273,12 @@ def test_llamacpp_one_line_per_range():
     mine = export_plan(PLANS["falling"], "llama.cpp", model="/m/my draft.gguf")
     assert "-md '/m/my draft.gguf' -np 3" in mine.text and mine.command.startswith(
         "llama-server -m TARGET.gguf -md '/m/my draft.gguf'")
+    assert mine.warnings == () and e.warnings == ()
+    # a hub id, as vLLM's export takes it, is no file -md reads: said, and written as given
+    hub = export_plan(PLANS["falling"], "llama.cpp", model="org/draft")
+    assert "-md org/draft -np 3" in hub.text and len(hub.warnings) == 1
+    assert hub.warnings[0].startswith("llama.cpp's -md takes a GGUF file, and --model org/draft names none")
+    assert export_plan(PLANS["one"], "llama.cpp", method="ngram", model="org/draft").warnings == ()  # no -md
 
 
 @pytest.mark.parametrize("method, spec_type, sidecar", [("eagle3", "draft-eagle3", "-md EAGLE3_HEAD.gguf"),
