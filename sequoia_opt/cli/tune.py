@@ -260,10 +260,10 @@ def _ranges_past(plan, stops: int) -> str:
 
 
 def _span(lo: float, hi: float) -> str:
-    """An interval (tokens/s) as the table shows it: one notation for both ends (thousands as integers with
-    separators), and "-" where the interval is a point (no spread was measured behind it)."""
+    """An interval (tokens/s) as the table shows it: one notation for both ends (thousands as integers, as the
+    table's point figures print), and "-" where the interval is a point (no spread was measured behind it)."""
     if hi <= lo:
         return "-"
     if hi >= 1000:
-        return f"{lo:,.0f}-{hi:,.0f}"
+        return f"{lo:.0f}-{hi:.0f}"
     return f"{lo:.4g}-{hi:.4g}"
