@@ -745,8 +745,9 @@ def _parse_tree_document(text: str, source: str):
         tree = Tree(parent=parent, rank=rank, max_depth=meta.max_depth)
     except TreeValidationError as err:
         raise TreeValidationError(f"{source}: {err}") from None
+    meta = _fresh_run_metadata(meta, tree, source)  # another tree's figures first: dropped, not refused
     _check_run_metadata(meta, tree, source)
-    return fmt, tree, tuple(drafter), names, _fresh_run_metadata(meta, tree, source)
+    return fmt, tree, tuple(drafter), names, meta
 
 
 def _real(v: Any) -> bool:

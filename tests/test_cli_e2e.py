@@ -476,7 +476,9 @@ def test_run_compare_scores_every_tree_of_its_table_with_one_value_model(workdir
     r = invoke("solve", "-a", acc, "--budget", "6", "--max-depth", "4", "-o", solved, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["acceptance_model"] == "by-depth"
-    save_tree(other, Tree.from_choices([[0], [1]]), load_tree(solved)[1])  # a tree file whose G is not its own
+    # a tree file scored under another model (the positional one): its G is not what by-depth gives
+    r = invoke("solve", "-a", acc, "--budget", "3", "--max-depth", "2", "--acceptance-model", "positional", "-o", other)
+    assert r.exit_code == 0, r.output
     r = invoke("run", "--tree", solved, "--tree", other, "--compare", "-a", acc, "--target", target, "--draft",
                draft, "--prompts", prompts, "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir",
                tmp_path / "res", "--json")
@@ -493,8 +495,12 @@ def test_run_compare_scores_every_tree_of_its_table_with_one_value_model(workdir
     gamma = len(trees[chain["tree"]])
     p1 = [0.2, 0.8] + [0.9] * gamma  # p_1 per depth; depths past 3 use the last row
     assert chain["predicted_tokens_per_step_steady"] == pytest.approx(sum(np.prod(p1[:j]) for j in range(gamma + 1)))
-    g_other = expected_tokens_by_depth(Tree.from_choices([[0], [1]]), rows)
-    assert any(n.startswith(f"tree 'other': predicted {g_other:.3f} tokens/step under by-depth") for n in doc["notes"])
+    other_tree, other_meta = load_tree(other)
+    g_other = expected_tokens_by_depth(other_tree, rows)
+    assert abs(other_meta.expected_tokens_per_step - g_other) > 5e-4
+    assert any(n.startswith(f"tree 'other': predicted {g_other:.3f} tokens/step under by-depth acceptance of "
+                            f"profile 'runs' (its file: {other_meta.expected_tokens_per_step:.3f}, positional")
+               for n in doc["notes"])
 
 
 def test_run_compare_drops_a_baseline_that_is_the_tree_itself(workdir, tmp_path):

@@ -1724,8 +1724,9 @@ def test_tune_takes_the_method_of_the_drafter_the_acceptance_profile_measured(tm
     assert (cfg["method"], cfg["prompt_lookup_min"], cfg["prompt_lookup_max"]) == ("ngram", 2, 4) and "model" not in cfg
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--model", "JackFram/llama-68m", "--json"])  # a checkpoint n-grams do not load: said
-    assert json.loads(res.stdout)["warnings"] == ["--model JackFram/llama-68m is not used: n-gram drafting (ngram) "
-                                                  "loads no drafter checkpoint"]
+    warnings = json.loads(res.stdout)["warnings"]  # and the table's draft_ms charged to n-grams (a model's cost)
+    assert warnings[1:] == ["--model JackFram/llama-68m is not used: n-gram drafting (ngram) loads no drafter "
+                            "checkpoint"] and "charges a drafter's c(b, w) (draft_ms)" in warnings[0]
     table, acc = _labelled(tmp_path, "eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
     res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "-a", str(acc), "--batches",
                               "1,8,64", "--model", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "--json"])
@@ -2646,7 +2647,17 @@ def test_a_profile_measured_further_at_some_batch_sizes_says_which_limit_the_cha
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert ("chains up to K = 3: the latency profile measured T(b, n) up to n = 4 at batch size 8, and every batch "
-            "size is solved over the same K (measured further at batch size 1: up to n = 16;") in " ".join(doc["notes"])
+            "size is solved over the same K (measured further at batch size 1: up to n = 16; to score longer chains "
+            "there, drop the short sizes from --batches, or measure them further)") in " ".join(doc["notes"])
+    # batch 1 the short one: a plan starts at batch 1, so it cannot be dropped
+    prof = BatchLatencyProfile(id="ragged1", curves={1: curve(1, (1, 2, 4)), 8: curve(8, (1, 2, 4, 8, 16))})
+    lat = save_batch_latency(tmp_path / "lb1.yaml", prof)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(lat), "-a", str(tmp_path / "a.yaml"), "--model",
+                              "m", "--json"])
+    assert res.exit_code == 0, res.output
+    assert ("at batch size 1, and every batch size is solved over the same K (measured further at batch size 8: up "
+            "to n = 16; to score longer chains there, measure T(b, n) further there)") in " ".join(
+                json.loads(res.stdout)["notes"])
 
 
 def test_the_headline_says_where_the_exported_ranges_stop_speculating(tmp_path):

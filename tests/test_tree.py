@@ -316,6 +316,13 @@ def test_a_solved_header_over_edited_nodes_predicts_nothing(tmp_path):
         _, got = tree_from_yaml(edited, source="edited")
     assert got.expected_tokens_per_step is None and got.predicted_speedup is None
     assert got.acceptance_profile == "acc" and got.extra == {"max_branching": 2}
+    # an edit that also cut the depth: the header's G (2.6, past the 2 a depth-1 tree emits) and overshoot are
+    # another tree's, dropped before they are checked against this one (they were refused as impossible)
+    deep = TreeMetadata(expected_tokens_per_step=2.6, extra={"node_rates": [0.9, 0.8, 0.7],
+                                                             "end_overshoot_tokens": 1.5})
+    with pytest.warns(ProfileWarning, match="predicts a 4-node tree but the file holds 2 nodes"):
+        _, got = tree_from_yaml(tree_to_yaml(Tree.from_choices([[0]]), deep))
+    assert got.expected_tokens_per_step is None and got.extra == {}
     cut = tree_to_yaml(Tree.from_choices([[0], [1]]), TreeMetadata(expected_tokens_per_step=1.5,
                                                                    extra={"depth_step_ms": [10.0, 12.0, 13.0]}))
     with pytest.warns(ProfileWarning, match="predicts a tree of depth 2 but the file holds 3 nodes \\(depth 1\\)"):

@@ -133,7 +133,7 @@ def tune(
                         f"without it, it would at {batch_sizes_text(own_paying)}): none"
                         if stops == 0 and own_paying else
                         "pays at no batch size measured: none" if stops == 0 else
-                        f"stops paying above batch {stops}{hole_text}{_ranges_past(plan, stops)}"
+                        f"stops paying above batch {stops}{_ranges_past(plan, stops)}{hole_text}"
                         if stops is not None else
                         f"pays up to the largest batch predicted ({plan.rows[-1].batch}){hole_text}"),
         "ranges": "; ".join(f"{r.lo}-{r.hi}: {r.setting.label}" for r in plan.ranges)}

@@ -785,11 +785,13 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             tops = {b: profile.curve(b).max_target_tokens(ctx) for b in opts.batches}
             short = [b for b, t in tops.items() if t == top + 1]
             further = {b: t for b, t in tops.items() if t > top + 1}
+            # batch 1 cannot be left out (a plan starts there): then only measuring it further helps
+            fix = ("measure T(b, n) further there" if 1 in short else
+                   "drop the short sizes from --batches, or measure them further")
             notes.append(f"chains up to K = {k}: the latency profile measured T(b, n) up to n = {top + 1}"
                          + (f" at {batch_sizes_text(short)}, and every batch size is solved over the same K "
                             f"(measured further at {batch_sizes_text(sorted(further))}: up to n = "
-                            f"{max(further.values())}; drop the short sizes from --batches to score longer "
-                            "chains there)" if further else ""))
+                            f"{max(further.values())}; to score longer chains there, {fix})" if further else ""))
         value = ChainValue(acc, k, acceptance_model=opts.acceptance_model)
         notes.append(f"chains valued with the {value.model_used} acceptance model (--acceptance-model "
                      f"{opts.acceptance_model})")
