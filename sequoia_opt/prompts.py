@@ -76,13 +76,6 @@ def _parse_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
         if not isinstance(content, str):
             raise PromptFileError(f"{where}: message {i} ({role}) needs a 'content' string "
                                   f"(got {type(content).__name__}; text only)")
-        if role not in CHAT_ROLES:  # a template renders what it is given: a typo ("usr") would be rendered so
-            import warnings
-
-            from .errors import ProfileWarning
-
-            warnings.warn(f"{where}: message {i}'s role {role!r} is none of the roles chat templates know "
-                          f"({', '.join(CHAT_ROLES)}): rendered as given", ProfileWarning, stacklevel=2)
         out.append({**m, "role": role, "content": content})
     return tuple(out)
 
@@ -178,7 +171,28 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
                 prompts.append(Prompt(block.strip("\n")))
     if not prompts:
         raise PromptFileError(f"prompt file {path} holds no prompts")
-    return prompts[:limit] if limit is not None else prompts
+    prompts = prompts[:limit] if limit is not None else prompts
+    _warn_unknown_roles(prompts, path)
+    return prompts
+
+
+def _warn_unknown_roles(prompts: Sequence[Prompt], path: Path) -> None:
+    """One :class:`~sequoia_opt.errors.ProfileWarning` per role of the chat prompts that no chat template knows
+    (:data:`CHAT_ROLES`): a template renders what it is given, a typo ("usr") included, and some refuse a role
+    they do not know; refused here it would break templates with roles of their own."""
+    import warnings
+
+    from .errors import ProfileWarning
+
+    unknown: dict[str, int] = {}
+    for p in prompts:
+        for m in p.messages or ():
+            if m["role"] not in CHAT_ROLES:
+                unknown[m["role"]] = unknown.get(m["role"], 0) + 1
+    for role, n in unknown.items():
+        warnings.warn(f"{path}: {n} message{'s' if n > 1 else ''} with the role {role!r}, none of the roles chat "
+                      f"templates know ({', '.join(CHAT_ROLES)}): passed to the template as given (a template may "
+                      "refuse it)", ProfileWarning, stacklevel=3)
 
 
 def _table_prompts(text: str, path: Path, delimiter: str) -> list[Prompt]:

@@ -151,10 +151,16 @@ def test_a_role_no_template_knows_is_warned_not_refused(tmp_path):
     from sequoia_opt.errors import ProfileWarning
 
     f = tmp_path / "roles.jsonl"
-    f.write_text(json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}) + "\n")
-    with pytest.warns(ProfileWarning, match=re.escape(f"{f}:1: message 0's role 'wizard' is none of the roles chat "
-                                                      "templates know (system, user, assistant, tool")):
-        assert load_prompts(f)[0].messages[0]["role"] == "wizard"
+    f.write_text(json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}) + "\n" + "\n".join(
+        json.dumps({"messages": [{"role": "human", "content": f"q{i}"}]}) for i in range(300)) + "\n")
+    with pytest.warns(ProfileWarning) as got:  # once per role, not once per line (a 300-line file: 300 lines)
+        prompts = load_prompts(f)
+    assert prompts[0].messages[0]["role"] == "wizard" and len(prompts) == 301
+    assert [str(w.message) for w in got] == [
+        f"{f}: 1 message with the role 'wizard', none of the roles chat templates know (system, user, assistant, "
+        "tool, developer, ipython, function): passed to the template as given (a template may refuse it)",
+        f"{f}: 300 messages with the role 'human', none of the roles chat templates know (system, user, assistant, "
+        "tool, developer, ipython, function): passed to the template as given (a template may refuse it)"]
     f.write_text(json.dumps({"messages": [{"role": "developer", "content": "be brief"},
                                           {"role": "user", "content": "hi"}, {"role": "tool", "content": "{}"}]})
                  + "\n")
