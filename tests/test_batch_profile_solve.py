@@ -135,6 +135,17 @@ def test_solve_batch_with_an_engine_format_warns_as_one_tree_does_and_prints_the
                "--json")
     doc = json.loads(r.stdout)
     assert r.exit_code == 0 and sum("1.4.0rc1 and later have no eagle_choices" in w for w in doc["warnings"]) == 1
+    # a tree's own line (its head count) says which batch sizes it is about, where the trees differ
+    heads = {}
+    for e in doc["entries"]:
+        if e["nodes"] > 1:
+            heads.setdefault(f"{e['nodes'] - 1} choices, depth {e['depth']}: needs at least {e['depth']} Medusa heads",
+                             []).append(e["batch"])
+    said = [n for n in doc["notes"] if "Medusa heads" in n]
+    assert len(heads) == 2  # batch 1 and 4 choose different trees here
+    assert len(said) == len(heads) and all(
+        (f"batch {', '.join(map(str, bs))}: {line}" if len(heads) > 1 else line) in " ".join(said)
+        for line, bs in heads.items())
 
 
 def test_profile_latency_batch_on_the_tiny_pair(tmp_path):

@@ -56,7 +56,9 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     chs = choose_per_batch(p, prof, batches, budget, max_depth, max_branching, context=context, solution=sol)
     engine: dict[int, dict[str, Any]] = {}
     notes: list[str] = []
-    warnings: dict[str, None] = {}  # the export's own (a release that no longer takes trees), once each
+    # the exports' own lines (a release that no longer takes trees, a tree's head count), each once with the
+    # batch sizes it is about
+    said: dict[tuple[str, str], list[int]] = {}
     if key is not None:
         for c in chs:
             if c.tree.size < 2:
@@ -64,15 +66,20 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
                 notes.append(f"batch {c.batch}: the best tree is root-only, run the engine without speculation")
                 continue
             ex = exports.export(c.tree, key, acceptance=p)
-            warnings.update(dict.fromkeys(ex.warnings))
-            notes.extend(f"batch {c.batch}: {n}" for n in ex.notes if n.startswith("projected"))
-            notes.extend(n for n in ex.notes if not n.startswith("projected") and n not in notes)
+            for kind, lines in (("warning", ex.warnings), ("note", ex.notes)):
+                for line in lines:
+                    said.setdefault((kind, line), []).append(c.batch)
             text = ex.text.strip()
             engine[c.batch] = {key: json.loads(text) if text.startswith("{") else text}
+    speculating = [c.batch for c in chs if c.tree.size > 1]
+    labelled = {(k, line): line if bs == speculating else f"batch {', '.join(map(str, bs))}: {line}"
+                for (k, line), bs in said.items()}  # a line every speculating batch size shares needs no label
+    notes.extend(t for (k, _), t in labelled.items() if k == "note")
     ctx = context if context is not None else int(prof.curve(batches[0]).contexts[0])
     doc = plan_document(chs, acceptance_profile=acc.id, latency_profile=prof.id, context=ctx, engine=engine)
     report = Report(title="treeopt solve --batch")
-    report.warnings = warn_on_mismatch(acceptance=acc, latency=prof.curve(batches[0])) + list(warnings)
+    report.warnings = warn_on_mismatch(acceptance=acc, latency=prof.curve(batches[0])) + [
+        t for (k, _), t in labelled.items() if k == "warning"]
     report.summary = {"acceptance profile": acc.id, "latency profile": prof.id, "acceptance model": model_used,
                       "context (tokens)": ctx or "none recorded (a T(b, n) table)",
                       "batch sizes": ",".join(map(str, batches))}

@@ -446,9 +446,7 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
         if g_int is not None:
             g_int = (max(1.0, g_int[0] * f), g_int[1] * f)
     if tree is not None and tree.size == 1:  # the root alone is plain decoding, whatever a (hand-made) file claims
-        predicted_g, g_int = 1.0, (1.0, 1.0)
-        predicted = None if predicted is None else min(predicted, 1.0)
-        s_int = None if s_int is None else (min(s_int[0], 1.0), min(s_int[1], 1.0))
+        predicted_g, g_int, predicted, s_int = 1.0, (1.0, 1.0), 1.0, None
     if most is not None:  # a file's figures may not know the bound (or the run's lengths)
         if g_int is not None:
             g_int = (min(g_int[0], float(most)), min(g_int[1], float(most)))

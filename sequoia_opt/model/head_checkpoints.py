@@ -435,8 +435,9 @@ def _medusa_names(w: _Weights) -> tuple[dict[str, tuple[int, ...]], Callable[[st
         return dict(w.shapes), lambda n: n
     if any(prefixed):
         bare = next(k for k, p in zip(w.shapes, prefixed) if not p)
-        raise CheckpointError(f"{w.path}: tensor names mix the {_MEDUSA_PREFIX!r} prefix and bare head indices "
-                              f"({bare}): one layout per file")
+        raise CheckpointError(f"{w.path}: tensor {bare} has no {_MEDUSA_PREFIX!r} prefix where others have it: "
+                              "Medusa heads are stored with it on every tensor (a model's state dict) or on none "
+                              "(Medusa's medusa_lm_head files), and nothing else")
     return {_MEDUSA_PREFIX + k: v for k, v in w.shapes.items()}, lambda n: n[len(_MEDUSA_PREFIX):]
 
 
