@@ -254,6 +254,34 @@ def test_an_answer_ended_on_eos_is_priced_with_the_steps_drafted_for_the_rows_ro
         5 * costs[-1] / (float(tail.sum()) * expected_cost(tail, 5, costs, room=7)))
 
 
+def test_a_runs_summary_prices_answers_ended_on_eos_for_the_room_they_were_drafted_for():
+    """The run's own summary passes each answer's room: one that stopped on EOS was drafted for max_new_tokens,
+    one that ran to max_new_tokens for its length (the factor alone is tested above; this is its wiring)."""
+    from sequoia_opt.decoding.stats import GenerationResult, StepStats
+    from sequoia_opt.jobs.run import _summary, answer_factor
+
+    tree, _, _, meta = _priced_tree_file()
+
+    def result(n, stop):  # n tokens in steps of at most 2
+        steps = [StepStats(tokens=(1,) * k, accepted_len=k, accepted_nodes=k - 1, accepted_ranks=(0,) * (k - 1),
+                           visits=(), draft_ms=1.0, verify_ms=10.0, bookkeeping_ms=0.1, tree_size=tree.size,
+                           tree_depth=tree.tree_depth) for k in [2] * (n // 2) + [1] * (n % 2)]
+        return GenerationResult(tokens=[1] * n, prompt_len=8, steps=steps, stop_reason=stop)
+
+    def predicted(stops):
+        res = [result(3, stops[0]), result(12, stops[1])]
+        return _summary("t", tree.size, tree.tree_depth, res, [], 100.0, meta, tree=tree, most=4,
+                        factor_depth=tree.tree_depth, max_new_tokens=12).predicted_speedup
+
+    steady = meta.predicted_speedup
+    assert predicted(["max_new_tokens", "max_new_tokens"]) == pytest.approx(
+        steady * answer_factor(tree, meta, [3, 12], priced=True))
+    # the 3-token answer stopped on EOS: drafted for 12 tokens, its steps whole trees (dearer: a lower figure)
+    eos = predicted(["eos", "max_new_tokens"])
+    assert eos == pytest.approx(steady * answer_factor(tree, meta, [3, 12], priced=True, rooms=[12, 12]))
+    assert eos < predicted(["max_new_tokens", "max_new_tokens"])
+
+
 def test_the_tokens_past_the_drafters_context_are_predicted_as_plain_steps():
     """A tryout's 2,162-token prompt against the draft's 2,048 positions: run warned that every position generated
     lies past the draft's context and decodes plainly, then predicted the tree's 2.067 tokens/step and 1.39x and
