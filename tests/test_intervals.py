@@ -146,9 +146,17 @@ def test_acceptance_spreads_and_prompts_needed():
     assert len(sp) == 4  # p_1..p_3 and the mass
     assert sp[0].point == pytest.approx(prof.acceptance[0]) and sp[-1].point == pytest.approx(prof.acceptance.sum())
     need = sp[0].prompts_needed(0.05)
-    # the interval of the mean with that many prompts is at most 0.05 wide (same sd, same t)
-    assert 2 * t975(sp[0].prompts - 1) * sp[0].sd / math.sqrt(need) <= 0.05 + 1e-12
-    assert 2 * t975(sp[0].prompts - 1) * sp[0].sd / math.sqrt(need - 1) > 0.05
+    # the interval of the mean those prompts will report is at most 0.05 wide (the same sd, their own t), and
+    # one prompt fewer would not do
+    assert 2 * t975(need - 1) * sp[0].sd / math.sqrt(need) <= 0.05 + 1e-12
+    assert 2 * t975(need - 2) * sp[0].sd / math.sqrt(need - 1) > 0.05
+    # a tryout's 4-prompt profile: sd 0.099 between prompts asked 158 prompts (t(3) = 3.18, this profile's) where
+    # 61 give the 0.05 interval (t(60) ~ 1.96)
+    from sequoia_opt.solver.intervals import PromptSpread
+
+    four = PromptSpread(0.5, 0.099 / 2, 4)
+    assert four.prompts_needed(0.05) == 61 and 2 * t975(60) * 0.099 / math.sqrt(61) <= 0.05
+    assert PromptSpread(0.5, 0.0, 4).prompts_needed(0.05) == 2  # no spread: any two
     with pytest.raises(SolverError, match="positive"):
         sp[0].prompts_needed(0)
 

@@ -390,10 +390,11 @@ def _prediction_spreads(tree: Tree, acc: Any, model: str, cost: Any, run_prompts
             lo, hi = d["mean_interval"]
             report.summary[f"{what}, 95 % interval of the mean"] = f"{lo:.3f} to {hi:.3f} ({d['prompts']} profile " \
                                                                    "prompts)"
+    need = (f"; an interval of the mean 0.1 tokens/step wide needs {g.prompts_needed(0.1)} profile prompts of this "
+            "kind") if g.sd > 0 else ""  # a root-only tree's figure does not vary
     report.notes.append(f"intervals between prompts: a cluster bootstrap over the profile's {g.prompts} prompts (their "
                         "tokens are correlated, so prompts are resampled, not tokens); the prediction interval adds a "
-                        f"new set's own variation; an interval of the mean 0.1 tokens/step wide needs "
-                        f"{g.prompts_needed(0.1)} profile prompts of this kind")
+                        f"new set's own variation{need}")
     data["intervals"] = out
     return out
 
