@@ -740,3 +740,19 @@ def test_extra_buffer_types_are_off_on_an_amx_cpu_unless_the_environment_says(mo
             monkeypatch.setenv(binding.EXTRA_BUFTS_ENV, env)
             assert binding.use_extra_bufts() is want
         monkeypatch.delenv(binding.EXTRA_BUFTS_ENV)
+
+
+@pytest.mark.parametrize("flags, dropped", [(["--batch", "1,2"], "--batch"), (["--offload"], "--offload"),
+                                            (["--weights", "int4"], "--weights")])
+def test_profile_latency_on_llamacpp_refuses_the_decoders_own_options(tmp_path, flags, dropped):
+    """A tryout's --batch 1,2 (and --offload) went unread on --engine llama.cpp: a batch-1 profile was written as if
+    T(b, n) had been measured. Each of treeopt's decoder options is refused in one line, nothing written."""
+    from sequoia_opt.cli import app
+
+    out = tmp_path / "lat.yaml"
+    r = CliRunner().invoke(app, ["profile", "latency", "--engine", "llama.cpp", "--context", "64", "--max-tokens", "2",
+                                 "-o", str(out), *flags])
+    assert r.exit_code == 2 and not out.exists() and "Traceback" not in r.output
+    assert f"--engine llama.cpp times its own forward: drop {dropped} (treeopt's decoder options)" in \
+        " ".join(r.output.split())
+    assert ("treeopt tune --engine llama.cpp --batches" in r.output) == (dropped == "--batch")

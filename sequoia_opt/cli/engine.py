@@ -99,7 +99,10 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
     name = engine_name(engine)
     given = [k for k, v in other.items() if v]
     if given:
-        raise TreeoptError(f"--engine {name} times its own forward: drop {', '.join(given)} (treeopt's decoder options)")
+        hint = ("; for T(b, n) through llama.cpp's batch API: treeopt tune --engine llama.cpp --batches 1,2,4"
+                if "--batch" in given and name == "llama.cpp" else "")
+        raise TreeoptError(f"--engine {name} times its own forward: drop {', '.join(given)} (treeopt's decoder "
+                           f"options){hint}")
     contexts = _csv_ints(context, "--context")
     max_draft_tokens = 64 if max_draft_tokens is None else max_draft_tokens
     if max_tokens < 1 or max_draft_tokens < 1 or repeats < 1 or rounds < 1:

@@ -78,7 +78,8 @@ def profile_latency(
                                other={"--random-weights": random_weights, "--arch": arch, "--draft-arch": draft_arch,
                                       "--device": device != "cpu", "--dtype": dtype != "float32",
                                       "--backend": backend != "auto", "--weights": weights != "float32",
-                                      "--cuda-graphs": cuda_graphs})
+                                      "--cuda-graphs": cuda_graphs, "--batch": batch is not None,
+                                      "--offload": offload})
         return
     from ..model import ModelConfig, Transformer
     from ..model.loaders import load_model_config, tune_loaded_model
