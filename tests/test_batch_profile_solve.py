@@ -192,3 +192,20 @@ def test_a_default_profile_path_that_cannot_be_written_is_refused_before_any_tim
         errors = [ln for ln in r.output.splitlines() if ln.startswith("error:")]  # (a kernel-tuning note may precede)
         assert len(errors) == 1 and errors[0].startswith("error: cannot write profiles/") and \
             errors[0].endswith("profiles is not a folder"), (args, r.output)
+
+
+def test_a_latency_profile_at_another_precision_keeps_its_own_id_and_default_file(tmp_path, monkeypatch):
+    """A tryout's --weights int8 profile took the float32 one's id and default file, replacing it without a word
+    (trees record the profile by that id). Another precision is another curve: its own id and file."""
+    target, draft, _ = make_pair(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    common = ["profile", "latency", "-t", target, "--draft", draft, "--context", "8", "--max-tokens", "2",
+              "--max-draft-tokens", "2", "--max-repeats", "2", "--rounds", "1"]
+    ids = {}
+    for weights in ("float32", "int8"):
+        r = invoke(*common, "--weights", weights)
+        assert r.exit_code == 0, r.output
+    for path in sorted((tmp_path / "profiles").rglob("*-latency.yaml")):
+        ids[path.name] = yaml.safe_load(path.read_text())["id"]
+    assert len(ids) == 2 and sorted(ids) == ["target__draft-int8-latency.yaml", "target__draft-latency.yaml"]
+    assert ids["target__draft-int8-latency.yaml"] == ids["target__draft-latency.yaml"] + "_int8"

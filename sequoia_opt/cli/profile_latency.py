@@ -207,11 +207,14 @@ def profile_latency(
     base = tcfg.name if random_weights else tname
     dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
     gpart = "_cuda-graphs" if cuda_graphs else ""
-    if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks by default
+    # another precision is another curve: its own id and default file (it replaced the float32 one, same id)
+    ppart = "".join(f"_{x}" for x in dict.fromkeys(
+        str(v).replace("torch.", "") for v in (dt, weights)) if x != "float32")
+    if output is None and not random_weights and not cuda_graphs and not ppart:  # where run --compare-drafters looks
         from ..jobs.load import default_latency_path
 
         output = default_latency_path(tname, spec, slug)
-    out = output or Path("profiles") / slug / f"{base}{dpart}{gpart.replace('_', '-')}-latency.yaml"
+    out = output or Path("profiles") / slug / f"{base}{dpart}{(gpart + ppart).replace('_', '-')}-latency.yaml"
     _check_writable(out)  # the default path too, before the minutes of timing
     with progress_bar() as progress:
         with record_backends() as t_att:
@@ -233,6 +236,8 @@ def profile_latency(
             loops = [time_loop(make_dec, grid, c, tmodel.config.vocab_size, rounds=min(rounds, 2), progress=progress)
                      for c in contexts]
     pid = f"{slug}_{base}{dpart}_{dt}{gpart}".replace("torch.", "")
+    if str(weights) != "float32":  # the dtype is in the id already; int8 / int4 weights are not
+        pid += f"_{weights}"
     graphs = ({"target": tmodel.stats.as_dict(),
                "draft": drafter.stats.as_dict() if hasattr(drafter, "stats") else None} if cuda_graphs else None)
     curve = build_latency_profile(
