@@ -352,8 +352,12 @@ def test_gguf_strict_missing_and_unexpected(tmp_path):
     with pytest.raises(CheckpointError, match="tokenizer model 'llama'"):
         load_checkpoint(tmp_path / "d.gguf")
     (tmp_path / "e.gguf").write_bytes(b"not a gguf file at all")
-    with pytest.raises(CheckpointError, match="GGUF"):
+    with pytest.raises(CheckpointError, match=r"e.gguf as GGUF: not a GGUF file \(it does not start with GGUF\)"):
         load_checkpoint(tmp_path / "e.gguf")
+    # cut short: gguf's own error is numpy's ("index 0 is out of bounds ..."), said as what it means
+    (tmp_path / "f.gguf").write_bytes((tmp_path / "a.gguf").read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=r"f.gguf as GGUF: truncated or corrupt \(1000 bytes; gguf says"):
+        load_checkpoint(tmp_path / "f.gguf")
 
 
 def test_gguf_rope_scaling_from_metadata_and_rope_freqs(tmp_path):

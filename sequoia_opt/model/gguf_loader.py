@@ -124,7 +124,12 @@ def open_gguf(path: str | os.PathLike) -> "GGUFReader":
     try:
         return _PlainArrayReader(path, "r")
     except Exception as err:  # bad magic, truncated file: ValueError and friends
-        raise CheckpointError(f"cannot read {path} as GGUF: {err}") from None
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        # gguf's own error for a file cut short is numpy's ("index 0 is out of bounds ..."): say what it means
+        what = ("not a GGUF file (it does not start with GGUF)" if magic != b"GGUF" else
+                f"truncated or corrupt ({path.stat().st_size} bytes; gguf says: {err})")
+        raise CheckpointError(f"cannot read {path} as GGUF: {what}") from None
 
 
 _MISSING = object()
