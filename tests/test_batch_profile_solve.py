@@ -165,6 +165,13 @@ def test_profile_latency_batch_on_the_tiny_pair(tmp_path):
     att = prof.device["attention"]  # every batch size's calls, per model (a CPU: the reference, nothing refused)
     assert att["target"]["backend"] == att["draft"]["backend"] == "torch" and att["target"]["refused"] == {}
     assert att["target"]["calls"]["torch"] > 0 and att["draft"]["calls"]["torch"] > 0
+    # a profile without batch 1 is written (it was measured) and said to be one solve --batch and tune refuse
+    r = invoke("profile", "latency", "--target", target, "--draft", draft, "--context", "8", "--max-tokens", "2",
+               "--max-draft-tokens", "2", "--max-repeats", "2", "--rounds", "1", "--batch", "2", "-o",
+               tmp_path / "b2.yaml", "--json")
+    assert r.exit_code == 0 and load_batch_latency(tmp_path / "b2.yaml").batches == [2], r.output
+    assert any(w.startswith("batch size 1 is not in --batch 2: a plan starts at batch 1")
+               for w in json.loads(r.stdout)["warnings"])
     for args, msg in ((["--batch", "0"], "below 1"), (["--batch", "2", "--draft", "lookup"], "draft model"),
                       (["--batch", "2", "--draft", "eagle3"], "--draft eagle3 is not one"),  # wrote c(b, w) = 0 ms
                       (["--offload"], "not CUDA"), (["--batch", "2", "--offload"], "give one")):

@@ -102,5 +102,8 @@ def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, 
                           ["batch", "tokens/seq", "tokens fed", "target ms", "T(b,n)/T(b,1)", "draft ms c(b, n)"], rows))
     if draft_model is None:
         report.warnings.append("no draft profiled: draft cost recorded as 0 ms")
+    if 1 not in prof.batches:  # measured, then refused where it is read: said while the timing is fresh
+        report.warnings.append(f"batch size 1 is not in --batch {','.join(map(str, prof.batches))}: a plan starts "
+                               "at batch 1, so solve --batch and tune refuse this profile; add 1 to --batch")
     report.data = {"profile": prof.to_dict(), "output": str(out)}
     render(report, as_json)
