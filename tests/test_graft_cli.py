@@ -113,6 +113,8 @@ def test_profile_graft_writes_five_profiles_where_the_other_commands_read_them(e
     files = _files(env)
     assert files["pair_acceptance"] == Path("profiles/target__lookup-1-3+draft/acceptance-pair-greedy.yaml")
     assert doc["files"] == {k: str(v) for k, v in files.items()}
+    # the scheduler's next command trains on the prompts just profiled (it named none: the demo's)
+    assert f"--prompts {env['prompts']} --num-prompts 3" in doc["next"][1]
     root = env["root"]
     for role, label, cost_model in (("light", LIGHT, "one-pass"), ("strong", STRONG, "per-level")):
         curve = load_latency(root / files[f"{role}_latency"])
@@ -220,7 +222,10 @@ def test_solve_writes_a_grafted_tree_with_the_baselines(env, tmp_path, monkeypat
     assert r.exit_code == 0, r.output
     said = [w for w in json.loads(r.stdout)["warnings"] if "other weights" in w]
     assert len(said) == 1 and "its strong drafter weights (fingerprint another-checkpoint)" in said[0], said
-    assert any(n.startswith(("grafting pays here", "grafting does not pay")) for n in doc["notes"])
+    note = next(n for n in doc["notes"] if n.startswith(("grafting pays here", "grafting does not pay")))
+    # what the tree written holds, as it is (a root-only tree was called "that drafter's nodes alone")
+    assert note.startswith("grafting pays here") == (doc["choice"]["plan"] == "graft")
+    assert ("the root alone: plain decoding" in note) == (dtree.size == 1 and doc["choice"]["plan"] != "graft")
     # the table: the chosen tree and the three baselines
     r = invoke("solve", "--pair-acceptance", f["pair_acceptance"], "-a", f["light_acceptance"], "-a",
                f["strong_acceptance"], "-l", f["light_latency"], "-l", f["strong_latency"], "--max-depth", "3")

@@ -4,6 +4,7 @@ that decides when a grafted tree calls the strong drafter, :func:`~sequoia_opt.p
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -166,11 +167,13 @@ def profile_graft_cmd(
     extra = "" if (dev.type == "cpu" and dt == torch.float32) else f" --device {device} --dtype {dtype}"
     sampling = "" if temperature == 0 else f" --temperature {temperature:g} --top-p {top_p:g}"
     target_arg = f" --target {tp}" if target else ""
+    # the scheduler trains on the prompts just profiled (else it would on the demo's)
+    prompts_arg = f" --prompts {shlex.quote(str(prompts))} --num-prompts {num_prompts}" if prompts else ""
     next_cmds = [f"treeopt solve --pair-acceptance {files['pair_acceptance']} -a {files['light_acceptance']} -a "
                  f"{files['strong_acceptance']} -l {files['light_latency']} -l {files['strong_latency']} "
                  "-o graft-tree.yaml",
                  f"treeopt profile scheduler{target_arg} --tree graft-tree.yaml --draft {light.spec} --draft "
-                 f"{strong.spec} -l {files['light_latency']}{sampling}{extra}",
+                 f"{strong.spec} -l {files['light_latency']}{prompts_arg}{sampling}{extra}",
                  f"treeopt run{target_arg} --draft {light.spec} --draft {strong.spec} --tree graft-tree.yaml "
                  f"[--scheduler FILE]{sampling}{extra}"]
     report = Report(title="treeopt profile graft")

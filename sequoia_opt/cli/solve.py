@@ -553,8 +553,10 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
         report.notes.append(f"grafting pays here: predicted {ch.tokens_per_s:.4g} tokens/s against {best['name']}'s "
                             f"{best['tokens_per_s']:.4g} ({ch.tokens_per_s / best['tokens_per_s'] - 1:+.1%})")
     elif ch.plan != "graft":
+        holds = ("the root alone: plain decoding, which no speculation beats here" if ch.dtree.tree.size < 2 else
+                 "that drafter's nodes alone")
         report.notes.append(f"grafting does not pay on this hardware under these profiles: the best plan is {ch.plan} "
-                            "(the tree written holds that drafter's nodes alone)")
+                            f"(the tree written holds {holds})")
     data: dict[str, Any] = {
         "pair_acceptance_profile": pair.id, "drafters": list(names), "cost_models": list(models),
         "acceptance_profiles": [a.id for a in accs], "latency_profiles": [c.id for c in curves],
