@@ -426,3 +426,17 @@ def test_export_draft_keeps_the_users_gguf_when_llama_cpp_refuses_the_new_one(tm
     r = runner.invoke(app, ["export-draft", "--gguf", str(gguf)])
     assert r.exit_code == 0 and "llama.cpp loads it" in r.output, r.output
     assert gguf.read_bytes()[:4] == b"GGUF" and sorted(p.name for p in tmp_path.iterdir()) == ["user.gguf"]
+
+
+def test_plot_draws_a_grafted_trees_shape(tmp_path):
+    """A tryout: plot --tree on the grafted tree solve --pair-acceptance writes was refused with the reader's
+    internal hint ('use the multi-drafter path (load_drafter_tree)'); plot draws its shape."""
+    from sequoia_opt.tree import DrafterTree, Tree, TreeMetadata, save_drafter_tree
+
+    shape = Tree.from_choices([[0], [1], [0, 0]])
+    path = save_drafter_tree(tmp_path / "graft.yaml", DrafterTree(shape, (0, 0, 1, 0), ("lookup:1-3", "draft")),
+                             TreeMetadata())
+    r = runner.invoke(app, ["plot", "--tree", str(path), "-o", str(tmp_path / "plots"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["written"] == [str(tmp_path / "plots" / "tree.png")]
+    assert (tmp_path / "plots" / "tree.png").stat().st_size > 1000

@@ -46,7 +46,7 @@ def plot_cmd(
         if not isinstance(run_doc, dict) or not isinstance(run_doc.get("summaries"), list):  # a tree, a profile
             raise TreeoptError(f"{run}: not a run results file (no 'summaries' list; treeopt run writes one as "
                                "results/.../*.json)")
-    t = _load_tree_entry(tree).tree if tree else None
+    t = _plot_tree(tree) if tree else None
     predicted = None
     if curve is not None and acc is not None:
         predicted = predicted_speedup_curve(acc.acceptance, curve, curve.max_target_tokens(), max_depth,
@@ -55,3 +55,17 @@ def plot_cmd(
     report = Report(title="treeopt plot", summary={"written": ", ".join(str(p) for p in paths)})
     report.data = {"written": [str(p) for p in paths]}
     render(report, as_json)
+
+
+def _plot_tree(path: Path):
+    """The tree a file holds, as plot draws it: a grafted (multi-drafter, ``treeopt-tree/2``) tree's shape too,
+    which the single-drafter reader refuses; every other format as ``run --tree`` reads it."""
+    from ..errors import TreeValidationError
+    from ..tree import load_drafter_tree
+
+    try:
+        return _load_tree_entry(path).tree
+    except TreeValidationError as err:
+        if "multi-drafter tree" not in str(err):
+            raise
+        return load_drafter_tree(path)[0].tree
