@@ -440,3 +440,17 @@ def test_plot_draws_a_grafted_trees_shape(tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["written"] == [str(tmp_path / "plots" / "tree.png")]
     assert (tmp_path / "plots" / "tree.png").stat().st_size > 1000
+
+
+def test_plot_says_when_its_profiles_are_of_another_pair_than_the_run(tmp_path):
+    """A tryout drew a demo-pair run against a tiny pair's predicted curve without a word (solve warns)."""
+    from sequoia_opt.profiles import load_acceptance
+
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"summaries": [], "settings": {"target": "another-target", "draft": "another-draft"}}))
+    r = runner.invoke(app, ["plot", "--run", str(run), "-a", ACC, "-o", str(tmp_path / "plots"), "--json"])
+    assert r.exit_code == 0, r.output
+    measured = load_acceptance(ACC).measured
+    warnings = json.loads(r.stdout)["warnings"]
+    assert any(f"was measured with target {measured['target']!r}, but this run uses 'another-target'" in w
+               for w in warnings), warnings

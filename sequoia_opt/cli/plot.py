@@ -29,7 +29,7 @@ def plot_cmd(
     """Draw PNGs: latency curve, acceptance vector with intervals, predicted vs measured speedup against
     budget, and the tree."""
     from ..plots import plot_all, predicted_speedup_curve
-    from ..profiles import load_acceptance, load_latency
+    from ..profiles import load_acceptance, load_latency, warn_on_mismatch
 
     if not any((latency, acceptance, run, tree)):
         raise TreeoptError("nothing to plot: pass --latency, --acceptance, --run and/or --tree")
@@ -53,7 +53,12 @@ def plot_cmd(
                                             max(acc.width, 1))
     paths = plot_all(out_dir, latency=curve, acceptance=acc, run=run_doc, tree=t, predicted=predicted)
     report = Report(title="treeopt plot", summary={"written": ", ".join(str(p) for p in paths)})
-    report.data = {"written": [str(p) for p in paths]}
+    # profiles of another pair than the run's (or than each other) draw a prediction of something else: said,
+    # as solve says it
+    settings = (run_doc or {}).get("settings") or {}
+    report.warnings = warn_on_mismatch(acceptance=acc, latency=curve, target=settings.get("target"),
+                                       draft=settings.get("draft"))
+    report.data = {"written": [str(p) for p in paths], "warnings": report.warnings}
     render(report, as_json)
 
 
