@@ -219,7 +219,9 @@ def plot_acceptance(profile: AcceptanceProfile, path: str | Path, *, title: str 
     head = title or ", ".join(bits)
     if profile.example:
         head += "  EXAMPLE DATA"
-    ax.set_title(head, fontsize=10)
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(head, 78, break_on_hyphens=False)), fontsize=10)  # long ids and pair names were clipped
     return _save(fig, path)
 
 
