@@ -400,9 +400,11 @@ def plot_speedup_vs_budget(
     if any(t.predicted_speedup is not None for t in pts.trees):
         ax.plot([], [], "o", mfc="none", mec="0.3", mew=1.5, label="tree's predicted speedup")
     _log2_x(ax)
+    measured = any(t.speedup is not None for t in pts.trees)
     ax.set(xlabel="budget / tree size (nodes incl. root)", ylabel="speedup over plain decoding (x)",
-           title="speedup: predicted (line, hollow) vs measured (filled)")
-    ax.set_ylim(bottom=0)
+           title="speedup: predicted (line, hollow) vs measured (filled)" if measured else
+           "speedup predicted per budget (no run given: nothing measured)")
+    ax.set_ylim(0, 1.06 * ax.get_ylim()[1])  # headroom: the best-predicted star sat on the top edge, half cut
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7.5, loc="best")
     if have_tps:
