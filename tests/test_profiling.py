@@ -310,3 +310,19 @@ def test_positional_check_flags_a_depth_that_differs():
     rows = positional_check(c)
     assert [r["consistent"] for r in rows] == [False, False]
     assert rows[0]["mass"] == 1.0 and rows[1]["mass"] == 0.0
+
+
+def test_a_curve_timed_beside_other_load_is_named_noisy():
+    """A tryout profiled on a busy 2-core VM: T(5) came out below T(1), p10-p90 74.9 ms around 85.8, and nothing
+    was said. Points whose spread passes half their median are named, with what to do."""
+    from sequoia_opt.profiling.latency import LatencyTable, noisy_points
+    from sequoia_opt.profiling.timing import Timing
+
+    steady = LatencyTable(128, [1, 2, 5], [Timing(92.6, 90.0, 95.0, 5), Timing(93.0, 91.0, 96.0, 5),
+                                          Timing(99.0, 95.0, 104.0, 5)])
+    busy = LatencyTable(128, [1, 2, 5], [Timing(92.6, 90.0, 95.0, 5), Timing(93.0, 91.0, 96.0, 5),
+                                        Timing(85.8, 40.0, 114.9, 5)])
+    assert noisy_points([steady]) == []
+    (line,) = noisy_points([steady, busy])
+    assert line.startswith("T(n) at context 128 spread widely at n = 5 (worst: T(5) 40-114.9 ms around 85.8)")
+    assert noisy_points([busy], "c")[0].startswith("c(n) at context 128")

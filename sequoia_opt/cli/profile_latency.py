@@ -88,7 +88,8 @@ def profile_latency(
                             parse_dtype)
     from ..profiles import save_latency
     from ..device import device_slug
-    from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text, profile_drafter,
+    from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text, noisy_points,
+                                    profile_drafter,
                                     profile_model, random_weight_model)
     from ..profiling.timing import token_grid
 
@@ -275,6 +276,7 @@ def profile_latency(
         report.notes.append("timed with RANDOM weights of the model's shape: latency does not depend on weight values")
     if dtables is None:
         report.warnings.append("no draft profiled: draft cost recorded as 0 ms (pass --draft / --draft-arch)")
+    report.warnings.extend(noisy_points(ttables) + (noisy_points(dtables, "c") if dtables is not None else []))
     report.data = {"profile": curve.to_dict(), "output": str(out)}
     render(report, as_json)
 

@@ -305,6 +305,28 @@ def _spread(t: Timing) -> float:
     return round(t.p90_ms - t.p10_ms, 4)
 
 
+#: (p90 - p10) / median of one timed point past which :func:`noisy_points` names it
+NOISY_SPREAD = 0.5
+
+
+def noisy_points(tables: Sequence[LatencyTable], what: str = "T") -> list[str]:
+    """One line per table whose timed points spread (p10 to p90) more than :data:`NOISY_SPREAD` x their median,
+    naming them: a curve timed beside other load (a tryout's busy 2-core VM timed T(5) below T(1), p10-p90 74.9 ms
+    around 85.8), on which the solver chooses noise. Empty for a steady curve."""
+    out = []
+    for table in tables:
+        bad = [(n, t) for n, t in zip(table.tokens, table.timings)
+               if t.median_ms > 0 and (t.p90_ms - t.p10_ms) > NOISY_SPREAD * t.median_ms]
+        if bad:
+            worst_n, worst = max(bad, key=lambda x: (x[1].p90_ms - x[1].p10_ms) / x[1].median_ms)
+            out.append(f"{what}(n) at context {table.context} spread widely at n = "
+                       f"{', '.join(str(n) for n, _ in bad[:8])}{' ...' if len(bad) > 8 else ''} (worst: {what}"
+                       f"({worst_n}) {worst.p10_ms:.4g}-{worst.p90_ms:.4g} ms around {worst.median_ms:.4g}): other "
+                       "load while timing? re-run with more --rounds, or on a quiet machine, before trusting what is "
+                       "solved from it")
+    return out
+
+
 def method_text(rounds: int, paired: bool, token_counts: Sequence[int]) -> str:
     """How :func:`profile_model` timed a grid, for the profile's ``source`` line:
     ``"3 rounds, each n timed alternately with n = 1"``. A one-entry grid has nothing to pair, and the
