@@ -221,7 +221,8 @@ def plot_acceptance(profile: AcceptanceProfile, path: str | Path, *, title: str 
         head += "  EXAMPLE DATA"
     import textwrap
 
-    ax.set_title("\n".join(textwrap.wrap(head, 78, break_on_hyphens=False)), fontsize=10)  # long ids and pair names were clipped
+    # wrapped: a long profile id and pair names were clipped at both edges
+    ax.set_title("\n".join(textwrap.wrap(head, 78, break_on_hyphens=False)), fontsize=10)
     return _save(fig, path)
 
 
