@@ -1205,7 +1205,7 @@ def test_tune_treeopt_measures_chain_acceptance_teacher_forced(tmp_path):
                                  str(table), "--batches", "1,8,64", "--profiles-dir", str(prof), "-o", str(plan),
                                  "--json", *same[:-1], "16"])
     assert served.exit_code == 0, served.output
-    pair = f"--target {tdir} --draft {ddir}"
+    pair = f"--target {tdir} --draft {ddir} --prompts {prompts}"  # the prompts given (the demo's may not fit)
     assert (f"serve it with treeopt's decoder: treeopt run {pair} --policy adaptive-schedule:{plan} (re-ranked from "
             f"the acceptance the requests show), or treeopt run {pair} --policy schedule:{plan} (as solved)"
             ) in json.loads(served.stdout)["notes"]

@@ -196,6 +196,8 @@ def tune(
                                                                           ("--draft", opts.draft)) if v is not None)
         if res.profiles.get("latency", "").startswith(("measured:", "reused:")):
             pair += f" --threads {opts.threads}"  # the threads T(b, n) was timed with (a reused one: the same)
+        if opts.prompts is not None:  # the user's prompts, not the demo's (which may not fit their model)
+            pair += f" --prompts {shlex.quote(str(opts.prompts))}"
         live = (f"treeopt run{pair} --policy adaptive-schedule:{f} (re-ranked from the acceptance the requests "
                 "show), or " if plan.shape == "chain" else "")
         report.notes.append(f"serve it with treeopt's decoder: {live}treeopt run{pair} --policy schedule:{f} (as "

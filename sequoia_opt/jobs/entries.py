@@ -9,6 +9,7 @@ Errors name the ``treeopt run`` options they come from (these functions exist to
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, Optional
 
@@ -69,11 +70,13 @@ DEFAULT_COMPARED_DRAFTERS = (None, "lookup")
 
 def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[list[Path]], *, target: Optional[Path],
                    device, temperature: float, top_p: float, budget: Optional[int], max_depth: int,
-                   max_branching: int, defaults: bool = False) -> tuple[list, list[tuple[Path, Path]]]:
+                   max_branching: int, defaults: bool = False,
+                   prompts: Optional[Path] = None) -> tuple[list, list[tuple[Path, Path]]]:
     """Each drafter's profiles (given, or at the default paths) and its best tree, before any weights load.
 
     Returns ``(plans, [(acceptance path, latency path)])`` in the order of ``specs``. ``defaults``: the specs
-    are :data:`DEFAULT_COMPARED_DRAFTERS` (no --draft was given; messages say so).
+    are :data:`DEFAULT_COMPARED_DRAFTERS` (no --draft was given; messages say so). ``prompts``: the run's prompt
+    file, named in the command a missing acceptance profile is written with (the demo's may not fit the model).
 
     Raises:
         TreeoptError: count mismatches between --draft and -a / -l, a missing profile (naming the command
@@ -102,6 +105,8 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
         for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
             if not Path(path).is_file():
                 extra = f" --temperature {temperature:g} --top-p {top_p:g}" if kind == "acceptance" and temperature else ""
+                if kind == "acceptance" and prompts is not None:
+                    extra += f" --prompts {shlex.quote(str(prompts))}"
                 raise TreeoptError(f"no {kind} profile of drafter {spec.label} at {path}: write it with treeopt profile "
                                    f"{kind}{how}{extra} (or pass {opt} PATH)")
         acc, curve = load_acceptance(a_path), load_latency(l_path)
