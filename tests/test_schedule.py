@@ -910,7 +910,10 @@ def test_tune_llamacpp_end_to_end_measures_solves_and_leaves_no_temporary_files(
                                       (["--acceptance-model", "replays"],
                                        "unknown --acceptance-model 'replays'; use auto | replay | positional"),
                                       (["--acceptance-model", "replay"], "has no chain_traces (treeopt profile "
-                                       "acceptance --chains measures them)")])
+                                       "acceptance --chains measures them)"),
+                                      # one line listing five options did not say which was wrong
+                                      (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+                                      (["--context", "-1"], "--context must be at least 0, got -1")])
 def test_tune_refuses_a_bad_bar_or_answer_length_before_anything(tmp_path, args, msg):
     table, acc = _files(tmp_path)
     out = tmp_path / "out.json"

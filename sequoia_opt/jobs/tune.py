@@ -187,8 +187,11 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                        ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
             raise TreeoptError(f"{name} {path}: " + ("a folder, not a file" if Path(path).is_dir() else "no such file"))
-    if opts.context < 0 or opts.num_prompts < 1 or opts.max_new_tokens < 1 or opts.threads < 1 or opts.rounds < 1:
-        raise TreeoptError("--context >= 0; --num-prompts, --max-new-tokens, --threads and --rounds >= 1")
+    for name, value, low in (("--context", opts.context, 0), ("--num-prompts", opts.num_prompts, 1),
+                             ("--max-new-tokens", opts.max_new_tokens, 1), ("--threads", opts.threads, 1),
+                             ("--rounds", opts.rounds, 1)):
+        if value < low:  # the option named (one line listing all five did not say which)
+            raise TreeoptError(f"{name} must be at least {low}, got {value}")
     if isinstance(opts.refine, bool) or not isinstance(opts.refine, int) or not 0 <= opts.refine <= MAX_REFINE:
         raise TreeoptError(f"--refine {opts.refine}: rounds of bisection between batch sizes, 0..{MAX_REFINE} "
                            f"(each halves the span a switch may lie in; {MAX_REFINE} places it within 1 of "
