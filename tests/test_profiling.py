@@ -326,3 +326,22 @@ def test_a_curve_timed_beside_other_load_is_named_noisy():
     (line,) = noisy_points([steady, busy])
     assert line.startswith("T(n) at context 128 spread widely at n = 5 (worst: T(5) 40-114.9 ms around 85.8)")
     assert noisy_points([busy], "c")[0].startswith("c(n) at context 128")
+
+
+def test_a_profile_written_to_a_json_path_is_json(tmp_path):
+    """A tryout's `profile latency -o lat.json` wrote YAML into the .json file (json.load refused it). Every profile
+    writer now writes JSON there, read back as the YAML is."""
+    import json
+
+    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
+
+    curve = LatencyCurve.synthetic({1: 10.0, 2: 11.0}, {1: 1.0})
+    for name in ("l.json", "l.yaml"):
+        save_latency(tmp_path / name, curve)
+        assert load_latency(tmp_path / name).target_ms(2) == pytest.approx(11.0)
+    assert json.loads((tmp_path / "l.json").read_text())["format"] == "treeopt-latency/1"
+    assert (tmp_path / "l.yaml").read_text().startswith("format: treeopt-latency/1\n")
+    acc = AcceptanceProfile(id="a", acceptance=np.array([0.5, 0.2]))
+    save_acceptance(tmp_path / "a.JSON", acc)
+    assert json.loads((tmp_path / "a.JSON").read_text())["id"] == "a"
+    assert list(load_acceptance(tmp_path / "a.JSON").acceptance) == [0.5, 0.2]

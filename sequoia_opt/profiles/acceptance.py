@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import yaml
 
 from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError
-from .common import (ACCEPTANCE_FORMAT, ACCEPTANCE_KEYS, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format,
+from .common import (profile_text, ACCEPTANCE_FORMAT, ACCEPTANCE_KEYS, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format,
                      _check_sampling, _depth_key, _flag, _load_yaml, _plain, check_integer, validate_acceptance)
 
 # ---------------------------------------------------------------------------------------------- acceptance
@@ -293,4 +292,4 @@ def save_acceptance(path: str | Path, profile: AcceptanceProfile) -> Path:
     """Validate and write an acceptance profile atomically. Returns the path."""
     d = profile.to_dict()
     AcceptanceProfile.from_dict(d, source=str(path))
-    return atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, default_flow_style=None))
+    return atomic_write_text(path, profile_text(path, d))

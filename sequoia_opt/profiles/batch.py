@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
 
 from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError, ProfileWarning
-from .common import (IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer,
+from .common import (profile_text, IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer,
                      table_lines)
 from .latency import LatencyCurve
 
@@ -242,7 +241,7 @@ def save_batch_latency(path: str | Path, profile: BatchLatencyProfile) -> Path:
     """Write atomically, validated by re-parsing first. Returns the path."""
     d = profile.to_dict()
     BatchLatencyProfile.from_dict(d, source=str(path))
-    return atomic_write_text(path, yaml.safe_dump(d, sort_keys=False, default_flow_style=None))
+    return atomic_write_text(path, profile_text(path, d))
 
 
 #: The columns of a user's T(b, n) table (:func:`load_batch_table`); the last three are optional.

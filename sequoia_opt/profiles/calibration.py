@@ -50,12 +50,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import yaml
 
 from .._io import atomic_write_text, warn_unknown_keys
 from ..errors import ProfileError, SolverError
 from .checks import weights_mismatch
-from .common import MAX_TOKENS, _check_format, _check_sampling, _load_yaml, check_integer, wilson_interval
+from .common import MAX_TOKENS, profile_text, _check_format, _check_sampling, _load_yaml, check_integer, wilson_interval
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
            "save_calibration"]
@@ -399,9 +398,7 @@ def load_calibration(path: str | Path) -> CalibrationProfile:
 
 def save_calibration(path: str | Path, profile: CalibrationProfile) -> Path:
     """Write a calibration profile atomically. Returns the path."""
-    d = profile.to_dict()
-    Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return atomic_write_text(path, yaml.dump(d, Dumper=Dumper, sort_keys=False, default_flow_style=None))
+    return atomic_write_text(path, profile_text(path, profile.to_dict()))
 
 
 def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None = None,
