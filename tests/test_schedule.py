@@ -801,6 +801,16 @@ def test_tune_refuses_a_bad_plan_and_predicts_a_good_one(tmp_path):
                               "--batches", "1,8,64", "--plan", str(tmp_path / "good.yaml"), "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert yaml.safe_load(out.read_text())["speculative_config"]["draft_len_schedule"] == {8: 2}
+    # a plan solved for another drafter than --draft: said, as run says it (a tryout's plan for a draft model went
+    # out as n-gram settings without a word)
+    (tmp_path / "for-draft.yaml").write_text(yaml.safe_dump(dict(good, drafter="llama-68m")))
+    said = (f"{tmp_path / 'for-draft.yaml'} was solved for drafter llama-68m, but --draft is lookup:1-3: its "
+            "settings are that drafter's")
+    for plan, warned in (("for-draft.yaml", True), ("good.yaml", False)):
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                                  "--plan", str(tmp_path / plan), "--draft", "lookup", "--json"])
+        assert res.exit_code == 0, res.output
+        assert any(w.startswith(said) for w in json.loads(res.stdout)["warnings"]) == warned, res.output
 
 
 # ---------------------------------------------------------------------------------------------- chain acceptance

@@ -817,6 +817,11 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     if opts.plan is not None:
         sched = load_schedule(opts.plan, profile=profile, context=ctx)  # K past the profile: one line
         warnings.extend(given_plan_warnings(sched.doc, opts.engine, str(opts.plan)))
+        solved_for = sched.doc.get("drafter")
+        if opts.draft is not None and solved_for and _drafter_label(str(solved_for)) != spec.label:
+            warnings.append(f"{opts.plan} was solved for drafter {solved_for}, but --draft is {spec.label}: its "
+                            "settings are that drafter's (run warns the same); tune without --plan to solve for this "
+                            "one")
         for lo, hi, st in sched.ranges:  # a setting this value model cannot price: named by file, range, option
             if st.speculates and st.shape != value.shape:
                 hint = (" (--shape envelope --calibration FILE values envelopes)" if st.shape == "envelope"
@@ -1025,6 +1030,15 @@ def served_drafter(opts: TuneOptions, spec: Any, measured: str | None) -> Any:
     if opts.draft is not None or not measured:
         return spec
     return measured_drafter(measured)
+
+
+def _drafter_label(label: str) -> str:
+    """A file's drafter label as ``--draft`` would name it (``lookup`` -> ``lookup:1-3``); the label itself where it
+    names no drafter treeopt parses."""
+    try:
+        return measured_drafter(label).label
+    except TreeoptError:
+        return label
 
 
 def measured_drafter(measured: str) -> Any:
