@@ -176,6 +176,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def document_text(path: str | os.PathLike, doc: Mapping[str, Any]) -> str:
+    """A treeopt document's file text (profile, plan, schedule): JSON (indented) where ``path`` ends in ``.json``
+    (any case), else YAML (PyYAML's C dumper where it is built: large profiles); every loader reads both."""
+    if str(path).lower().endswith(".json"):
+        import json
+
+        return json.dumps(doc, indent=2) + "\n"
+    import yaml
+
+    Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(dict(doc), Dumper=Dumper, sort_keys=False, default_flow_style=None)
+
+
 def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
     """Write several files (UTF-8), replacing what is there: every temporary file is made and written in its
     destination folder before the first is renamed over its path, so a folder that refuses a file, or a failing

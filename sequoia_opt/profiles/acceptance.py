@@ -9,9 +9,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .._io import atomic_write_text, warn_unknown_keys
+from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError
-from .common import (profile_text, ACCEPTANCE_FORMAT, ACCEPTANCE_KEYS, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format,
+from .common import (ACCEPTANCE_FORMAT, ACCEPTANCE_KEYS, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format,
                      _check_sampling, _depth_key, _flag, _load_yaml, _plain, check_integer, validate_acceptance)
 
 # ---------------------------------------------------------------------------------------------- acceptance
@@ -292,4 +292,4 @@ def save_acceptance(path: str | Path, profile: AcceptanceProfile) -> Path:
     """Validate and write an acceptance profile atomically. Returns the path."""
     d = profile.to_dict()
     AcceptanceProfile.from_dict(d, source=str(path))
-    return atomic_write_text(path, profile_text(path, d))
+    return atomic_write_text(path, document_text(path, d))

@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-
-from .._io import atomic_write_text, warn_unknown_keys
+from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError, ProfileWarning
-from .common import (profile_text, IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer,
+from .common import (IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer,
                      table_lines)
 from .latency import LatencyCurve
 
@@ -241,7 +240,7 @@ def save_batch_latency(path: str | Path, profile: BatchLatencyProfile) -> Path:
     """Write atomically, validated by re-parsing first. Returns the path."""
     d = profile.to_dict()
     BatchLatencyProfile.from_dict(d, source=str(path))
-    return atomic_write_text(path, profile_text(path, d))
+    return atomic_write_text(path, document_text(path, d))
 
 
 #: The columns of a user's T(b, n) table (:func:`load_batch_table`); the last three are optional.

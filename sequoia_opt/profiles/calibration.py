@@ -51,10 +51,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._io import atomic_write_text, warn_unknown_keys
+from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError, SolverError
 from .checks import weights_mismatch
-from .common import MAX_TOKENS, profile_text, _check_format, _check_sampling, _load_yaml, check_integer, wilson_interval
+from .common import MAX_TOKENS, _check_format, _check_sampling, _load_yaml, check_integer, wilson_interval
 
 __all__ = ["CALIBRATION_FORMAT", "DEFAULT_EDGES", "RecordedStep", "CalibrationProfile", "load_calibration",
            "save_calibration"]
@@ -398,7 +398,7 @@ def load_calibration(path: str | Path) -> CalibrationProfile:
 
 def save_calibration(path: str | Path, profile: CalibrationProfile) -> Path:
     """Write a calibration profile atomically. Returns the path."""
-    return atomic_write_text(path, profile_text(path, profile.to_dict()))
+    return atomic_write_text(path, document_text(path, profile.to_dict()))
 
 
 def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None = None,

@@ -142,17 +142,6 @@ _WRITTEN_BY = {"latency": "treeopt profile latency", "acceptance": "treeopt prof
                "schedule": "treeopt tune --schedule"}
 
 
-def profile_text(path: str | Path, doc: Mapping[str, Any]) -> str:
-    """A profile's file text: JSON (indented) where ``path`` ends in ``.json``, else YAML (the loaders read both);
-    ``-o profile.json`` wrote YAML into a file ``json.load`` refused."""
-    if str(path).lower().endswith(".json"):
-        import json
-
-        return json.dumps(doc, indent=2) + "\n"
-    Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # the C dumper where PyYAML has it: large profiles
-    return yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=None)
-
-
 def _depth_key(key: Any) -> Any:
     """A per-depth mapping's key as the int depth when JSON wrote it as text (``"2"``: JSON's keys are always
     strings; ASCII digits only, at most 9 of them, so ``int`` cannot fail); any other key as it is, for the caller's

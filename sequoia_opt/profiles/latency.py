@@ -10,9 +10,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._io import atomic_write_text, warn_unknown_keys
+from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError, ProfileWarning
-from .common import (profile_text, DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, IMPLAUSIBLE_GROWTH, LATENCY_CURVE_KEYS, LATENCY_FORMAT,
+from .common import (DRAFT_COST_MODELS, IMPLAUSIBLE_FRACTION, IMPLAUSIBLE_GROWTH, LATENCY_CURVE_KEYS, LATENCY_FORMAT,
                      LATENCY_KEYS, MAX_MS, MAX_TOKENS, _check_format, _flag, _load_yaml, _number, _plain,
                      _reject_wrong_units, check_integer)
 
@@ -493,4 +493,4 @@ def save_latency(path: str | Path, curve: LatencyCurve) -> Path:
     """Write a latency profile atomically (validated by re-parsing first). Returns the path."""
     d = curve.to_dict()
     LatencyCurve.from_dict(d, source=str(path))
-    return atomic_write_text(path, profile_text(path, d))
+    return atomic_write_text(path, document_text(path, d))

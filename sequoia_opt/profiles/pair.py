@@ -9,9 +9,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .._io import atomic_write_text, warn_unknown_keys
+from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError
-from .common import (profile_text, MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, PAIR_ACCEPTANCE_KEYS, _check_format,
+from .common import (MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, PAIR_ACCEPTANCE_KEYS, _check_format,
                      _depth_key, _flag, _load_yaml, _number, _plain, check_integer)
 from .latency import check_cost_model
 
@@ -230,4 +230,4 @@ def save_pair_acceptance(path: str | Path, profile: PairAcceptanceProfile) -> Pa
     """Validate (by re-parsing) and write an acceptance pair profile atomically. Returns the path."""
     d = profile.to_dict()
     PairAcceptanceProfile.from_dict(d, source=str(path))
-    return atomic_write_text(path, profile_text(path, d))
+    return atomic_write_text(path, document_text(path, d))

@@ -34,14 +34,11 @@ them).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
-from .._io import atomic_write_text, warn_unknown_keys
+from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError
 from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integer
 from ..profiles.batch import BatchLatencyProfile
@@ -142,9 +139,7 @@ def plan_document(choices: Sequence[BatchChoice], *, acceptance_profile: str, la
 def save_plan(path: str | Path, doc: dict[str, Any]) -> Path:
     """Write the plan atomically: JSON when ``path`` ends in ``.json``, else YAML (validated first)."""
     _validate(doc, str(path))
-    text = (json.dumps(doc, indent=2) + "\n" if str(path).endswith(".json")
-            else yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
-    return atomic_write_text(path, text)
+    return atomic_write_text(path, document_text(path, doc))
 
 
 def _validate(doc: Any, src: str) -> list[tuple[int, int, Tree]]:

@@ -63,15 +63,13 @@ Schedule file (``format: treeopt-schedule/1``, :func:`plan_document`, :func:`loa
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-import yaml
 
-from .._io import atomic_write_text, warn_unknown_keys
+from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError, SolverError
 from ..profiles.batch import BatchLatencyProfile, check_starts_at_one
 from ..profiles.common import MAX_TOKENS, _check_format, _load_yaml, check_integer
@@ -1235,8 +1233,7 @@ def schedule_text(path: str | Path, doc: Mapping[str, Any]) -> str:
     """A schedule document as :func:`save_schedule` writes it to ``path`` (JSON for ``.json``, else YAML), validated
     first. Raises ProfileError: a document that is not a valid ``treeopt-schedule/1``."""
     _validate(doc, str(path))
-    return (json.dumps(doc, indent=2) + "\n" if str(path).endswith(".json")
-            else yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=None))
+    return document_text(path, doc)
 
 
 @dataclass(frozen=True)
