@@ -363,12 +363,17 @@ def answer_factor(tree: Tree | None, meta: TreeMetadata | None, lengths: Sequenc
     to the stop rule."""
     from ..solver.generation import chain_rate, expected_cost, expected_steps, step_length_tail
 
-    room_of = lengths if rooms is None else rooms
-    # (tokens, speculable tokens, the stop rule's room past the speculable ones: an answer cut by its drafter's
-    # context is cut there, whatever room the row had)
-    pairs = [(int(n), k, max(k, int(r) if s is None else min(int(r), int(s))) if k == n else k)
-             for n, s, r in zip(lengths, [None] * len(lengths) if speculable is None else speculable, room_of)
-             if n > 0 for k in [int(n) if s is None else max(0, min(int(n), int(s)))]]
+    # per generation (tokens n, speculable tokens k, the room r its speculative steps were drafted for)
+    pairs = []
+    for i, n in enumerate(int(x) for x in lengths):
+        if n <= 0:
+            continue
+        s = None if speculable is None else int(speculable[i])
+        k = n if s is None else max(0, min(n, s))
+        r = n if rooms is None else int(rooms[i])
+        # cut by its drafter's context: cut there, whatever room the row had; else the context bounds the room too
+        r = k if k < n else max(k, r if s is None else min(r, s))
+        pairs.append((n, k, r))
     if meta is None or not pairs:
         return None
     total = sum(n for n, _, _ in pairs)
