@@ -89,8 +89,7 @@ def profile_latency(
     from ..profiles import save_latency
     from ..device import device_slug
     from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text, noisy_points,
-                                    profile_drafter,
-                                    profile_model, random_weight_model)
+                                    profile_drafter, profile_model, random_weight_model)
     from ..profiling.timing import token_grid
 
     check_cuda_graphs(cuda_graphs, device)
@@ -209,8 +208,8 @@ def profile_latency(
     dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
     gpart = "_cuda-graphs" if cuda_graphs else ""
     # another precision is another curve: its own id and default file (it replaced the float32 one, same id)
-    ppart = "".join(f"_{x}" for x in dict.fromkeys(
-        str(v).replace("torch.", "") for v in (dt, weights)) if x != "float32")
+    precisions = dict.fromkeys(p for p in (str(dt).removeprefix("torch."), str(weights)) if p != "float32")
+    ppart = "".join(f"_{p}" for p in precisions)
     if output is None and not random_weights and not cuda_graphs and not ppart:  # where run --compare-drafters looks
         from ..jobs.load import default_latency_path
 

@@ -59,6 +59,9 @@ __all__ = ["PromptSpread", "t975", "bootstrap_se", "resample_prompt_counts", "bo
 #: Bootstrap replicates (resamples of the profile's prompts) per figure.
 DEFAULT_REPLICATES = 1000
 
+#: the two-sided 95 % quantile of the normal distribution (Student's t past 30 degrees of freedom)
+Z975 = 1.959963984540054
+
 # two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom; the normal quantile past that
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -73,7 +76,7 @@ def t975(df: int) -> float:
     """
     if df < 1:
         raise SolverError(f"Student's t needs at least 1 degree of freedom (2 prompts), got {df}")
-    return _T975[df - 1] if df <= len(_T975) else 1.959963984540054
+    return _T975[df - 1] if df <= len(_T975) else Z975
 
 
 def prediction_interval(point: float, se: float, prompts: int, new_prompts: int,
@@ -142,7 +145,7 @@ class PromptSpread:
             raise SolverError(f"an interval width must be positive, got {width!r}")
         if self.sd == 0:
             return 2
-        n = max(2, math.ceil((2.0 * 1.959963984540054 * self.sd / width) ** 2))  # t >= z: at least this many
+        n = max(2, math.ceil((2.0 * Z975 * self.sd / width) ** 2))  # t >= z: at least this many
         while 2.0 * t975(n - 1) * self.sd / math.sqrt(n) > width:
             n += 1  # t(n - 1) falls to z by n = 31: a few steps at most
         return n
