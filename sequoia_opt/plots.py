@@ -35,6 +35,7 @@ from matplotlib.ticker import FuncFormatter
 from ._io import atomic_write_bytes
 from .errors import TreeoptError
 from .profiles import AcceptanceProfile, LatencyCurve
+from .profiles.common import Z975
 from .tree import Tree
 
 #: File names :func:`plot_all` writes into its output folder.
@@ -47,7 +48,6 @@ TREE_PNG = "tree.png"
 TREE_LABEL_LIMIT = 64
 
 _DPI = 110
-_Z95 = 1.959963984540054
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -71,7 +71,7 @@ def _log2_x(ax: Any) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
 
 
-def _wilson(k: np.ndarray, n: float, z: float = _Z95) -> np.ndarray:
+def _wilson(k: np.ndarray, n: float, z: float = Z975) -> np.ndarray:
     """Wilson score interval for counts ``k`` out of ``n``: ``(len(k), 2)`` (low, high)."""
     k = np.asarray(k, dtype=np.float64)
     phat = k / n

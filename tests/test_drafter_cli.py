@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -254,6 +255,17 @@ def test_two_draft_checkpoints_get_their_own_default_latency_files(workdir):
     b = default_latency_path("t", parse_drafter_spec(str(other)), "cpu")
     assert a == Path("profiles/cpu/t__draft-latency.yaml") and b == Path("profiles/cpu/t__draft-b-latency.yaml")
     assert default_latency_path("t", parse_drafter_spec("self:3"), "cpu").name == "t__self-L3-latency.yaml"
+
+
+def test_another_precision_gets_its_own_default_latency_file():
+    from sequoia_opt.jobs.load import default_latency_path, precision_suffix
+
+    assert precision_suffix() == "" and precision_suffix(torch.float32, "float32") == ""
+    assert precision_suffix(torch.bfloat16) == "-bfloat16" and precision_suffix("float32", "int8") == "-int8"
+    assert precision_suffix("bfloat16", "int8") == "-bfloat16-int8"
+    spec = parse_drafter_spec("lookup")
+    assert default_latency_path("t", spec, "cpu", precision_suffix("float32", "int4")) == \
+        Path("profiles/cpu/t__lookup-1-3-int4-latency.yaml")
 
 
 @pytest.mark.parametrize("args, what", [(["--draft", "self:1", "--context", "480"], "self:1 draft model"),

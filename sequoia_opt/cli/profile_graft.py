@@ -22,13 +22,15 @@ from .render import render
 
 
 # ---------------------------------------------------------------------------------------------- two drafters
-def _graft_outputs(out_dir: Path | None, tlabel: str, light, strong, device_slug: str, mode: str) -> dict[str, Path]:
+def _graft_outputs(out_dir: Path | None, tlabel: str, light, strong, device_slug: str, mode: str,
+                   precision: str = "") -> dict[str, Path]:
     """The five files ``profile graft`` writes: the default paths the other commands read (each drafter's
-    latency and own acceptance profile, the pair profile), or the same layout under ``out_dir``."""
+    latency and own acceptance profile, the pair profile), or the same layout under ``out_dir``; ``precision``
+    (:func:`~sequoia_opt.jobs.load.precision_suffix`) names a curve timed in another dtype than float32."""
     from ..jobs.load import default_acceptance_path, default_latency_path, default_pair_acceptance_path
 
-    paths = {"light_latency": default_latency_path(tlabel, light, device_slug),
-             "strong_latency": default_latency_path(tlabel, strong, device_slug),
+    paths = {"light_latency": default_latency_path(tlabel, light, device_slug, precision),
+             "strong_latency": default_latency_path(tlabel, strong, device_slug, precision),
              "light_acceptance": default_acceptance_path(tlabel, light, mode),
              "strong_acceptance": default_acceptance_path(tlabel, strong, mode),
              "pair_acceptance": default_pair_acceptance_path(tlabel, light, strong, mode)}
@@ -91,7 +93,7 @@ def profile_graft_cmd(
     from ..jobs.graft import GraftProfileSettings, profile_graft
     from ..model.loaders import load_model_config
     from ..jobs.load import (check_default_profile, default_draft_path, default_target_path, load_drafters, model_label,
-                             parse_device, parse_dtype, weights_record)
+                             parse_device, parse_dtype, precision_suffix, weights_record)
     from .._io import write_all
     from ..profiles import save_acceptance, save_latency, save_pair_acceptance
     from ..device import device_slug
@@ -126,7 +128,7 @@ def profile_graft_cmd(
     mode = mode_slug(temperature, top_p)
     slug = device_slug(dev)
     tlabel = model_label(tp)
-    files = _graft_outputs(out_dir, tlabel, light, strong, slug, mode)
+    files = _graft_outputs(out_dir, tlabel, light, strong, slug, mode, precision_suffix(dt))
     for path in files.values():  # a path that cannot be written fails now, not after the measurements
         _check_writable(path)
     if out_dir is None:  # a default path holding another checkpoint's profile of the same name is not replaced

@@ -84,8 +84,8 @@ def profile_latency(
     from ..model import ModelConfig, Transformer
     from ..model.loaders import load_model_config, tune_loaded_model
     from ..model.tuned_linear import check_precision, linear_record
-    from ..jobs.load import (DrafterSpec, check_drafter, drafter_slug, load_pair, parse_device, parse_drafter_spec,
-                            parse_dtype)
+    from ..jobs.load import (DrafterSpec, check_drafter, default_latency_path, drafter_slug, load_pair, parse_device,
+                            parse_drafter_spec, parse_dtype, precision_suffix)
     from ..profiles import save_latency
     from ..device import device_slug
     from ..profiling.latency import (build_latency_profile, measure_step_overhead, method_text, noisy_points,
@@ -208,13 +208,10 @@ def profile_latency(
     dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
     gpart = "_cuda-graphs" if cuda_graphs else ""
     # another precision is another curve: its own id and default file (it replaced the float32 one, same id)
-    precisions = dict.fromkeys(p for p in (str(dt).removeprefix("torch."), str(weights)) if p != "float32")
-    ppart = "".join(f"_{p}" for p in precisions)
-    if output is None and not random_weights and not cuda_graphs and not ppart:  # where run --compare-drafters looks
-        from ..jobs.load import default_latency_path
-
-        output = default_latency_path(tname, spec, slug)
-    out = output or Path("profiles") / slug / f"{base}{dpart}{(gpart + ppart).replace('_', '-')}-latency.yaml"
+    ppart = precision_suffix(dt, weights)
+    if output is None and not random_weights and not cuda_graphs:  # where run --compare-drafters looks
+        output = default_latency_path(tname, spec, slug, ppart)
+    out = output or Path("profiles") / slug / f"{base}{dpart}{gpart.replace('_', '-')}{ppart}-latency.yaml"
     _check_writable(out)  # the default path too, before the minutes of timing
     with progress_bar() as progress:
         with record_backends() as t_att:

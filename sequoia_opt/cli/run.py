@@ -405,7 +405,8 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
         check_drafter(spec, tconfig, tpath)
     plans, paths = plan_drafters(specs, acceptance, latency, target=target, device=dev, temperature=temperature,
                                   top_p=top_p, budget=budget, max_depth=max_depth, max_branching=max_branching,
-                                  defaults=not drafts, prompts=prompts)
+                                  defaults=not drafts, prompts=prompts, dtype=str(dt).removeprefix("torch."),
+                                  weights=weights)
     pfile = prompts or demo_prompts_path("eval")
     texts = load_prompts(pfile, limit=num_prompts)
     notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts, prompts_found=len(texts),

@@ -71,19 +71,23 @@ DEFAULT_COMPARED_DRAFTERS = (None, "lookup")
 def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[list[Path]], *, target: Optional[Path],
                    device, temperature: float, top_p: float, budget: Optional[int], max_depth: int,
                    max_branching: int, defaults: bool = False,
-                   prompts: Optional[Path] = None) -> tuple[list, list[tuple[Path, Path]]]:
+                   prompts: Optional[Path] = None, dtype: str = "float32",
+                   weights: str = "float32") -> tuple[list, list[tuple[Path, Path]]]:
     """Each drafter's profiles (given, or at the default paths) and its best tree, before any weights load.
 
     Returns ``(plans, [(acceptance path, latency path)])`` in the order of ``specs``. ``defaults``: the specs
     are :data:`DEFAULT_COMPARED_DRAFTERS` (no --draft was given; messages say so). ``prompts``: the run's prompt
     file, named in the command a missing acceptance profile is written with (the demo's may not fit the model).
+    ``dtype`` / ``weights``: the run's precision (``--dtype``, ``--weights``): a run in another precision reads
+    the curve profiled in it (:func:`~sequoia_opt.jobs.load.precision_suffix`), not the float32 one.
 
     Raises:
         TreeoptError: count mismatches between --draft and -a / -l, a missing profile (naming the command
             that writes it), profiles of another drafter, a budget the profile did not measure.
     """
     from .compare import plan_drafter
-    from .load import default_acceptance_path, default_latency_path, default_target_path, model_label, weights_record
+    from .load import (default_acceptance_path, default_latency_path, default_target_path, model_label,
+                       precision_suffix, weights_record)
     from ..profiles import load_acceptance, load_latency, weights_mismatch
     from ..device import device_slug
 
@@ -96,10 +100,12 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
     tlabel = model_label(Path(target) if target else default_target_path())
     mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
     slug = device_slug(device)
+    precision = precision_suffix(dtype, weights)
+    precision_flags = "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights)) if v != "float32")
     plans, paths = [], []
     for i, spec in enumerate(specs):
         a_path = acceptance[i] if acceptance is not None else default_acceptance_path(tlabel, spec, mode)
-        l_path = latency[i] if latency is not None else default_latency_path(tlabel, spec, slug)
+        l_path = latency[i] if latency is not None else default_latency_path(tlabel, spec, slug, precision)
         how = (f"{' --target ' + str(target) if target else ''}"
                f"{'' if spec.entry.loads_model and spec.path is None else ' --draft ' + spec.spec}")
         for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
@@ -107,6 +113,8 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
                 extra = f" --temperature {temperature:g} --top-p {top_p:g}" if kind == "acceptance" and temperature else ""
                 if kind == "acceptance" and prompts is not None:
                     extra += f" --prompts {shlex.quote(str(prompts))}"
+                if kind == "latency":
+                    extra += precision_flags
                 raise TreeoptError(f"no {kind} profile of drafter {spec.label} at {path}: write it with treeopt profile "
                                    f"{kind}{how}{extra} (or pass {opt} PATH)")
         acc, curve = load_acceptance(a_path), load_latency(l_path)

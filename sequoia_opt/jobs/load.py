@@ -60,12 +60,21 @@ def default_chain_acceptance_path(target_label: str, drafter: DrafterSpec) -> Pa
     return default_acceptance_path(target_label, drafter).with_name("acceptance-greedy-chains.yaml")
 
 
-def default_latency_path(target_label: str, drafter: DrafterSpec, device_slug: str) -> Path:
+def precision_suffix(dtype: Any = "float32", weights: str = "float32") -> str:
+    """The part of a latency profile's default file name that says its precision: ``""`` for float32 compute
+    and weights, else ``-<dtype>`` and / or ``-<weights>`` (``-bfloat16``, ``-int8``, ``-bfloat16-int8``).
+    Another precision is another curve, so it gets its own file (:func:`default_latency_path`)."""
+    names = (str(dtype).removeprefix("torch."), str(weights))
+    return "".join(f"-{p}" for p in dict.fromkeys(names) if p != "float32")
+
+
+def default_latency_path(target_label: str, drafter: DrafterSpec, device_slug: str, precision: str = "") -> Path:
     """Where ``treeopt profile latency`` writes a drafter's latency profile without ``-o``:
-    ``profiles/<device slug>/<target>__<drafter slug>-latency.yaml`` (the draft checkpoint's name, ``self-L6``,
-    ``lookup-1-3``), so two drafters never share a file."""
+    ``profiles/<device slug>/<target>__<drafter slug><precision>-latency.yaml`` (the draft checkpoint's name,
+    ``self-L6``, ``lookup-1-3``; ``precision`` from :func:`precision_suffix`, empty for float32), so two drafters,
+    or two precisions of one, never share a file."""
     dpart = f"__{drafter_slug(drafter.label)}"
-    return Path("profiles") / device_slug / f"{target_label}{dpart}-latency.yaml"
+    return Path("profiles") / device_slug / f"{target_label}{dpart}{precision}-latency.yaml"
 
 
 def default_pair_acceptance_path(target_label: str, light: DrafterSpec, strong: DrafterSpec,

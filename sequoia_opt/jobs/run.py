@@ -40,7 +40,7 @@ from ..drafting.drafters.model import guessable_tokens
 from ..drafting.policies import SchedulePolicy, StaticTreePolicy
 from ..model import Transformer
 from ..omp import run_policy
-from ..solver.intervals import t975
+from ..solver.intervals import Z975, t975
 from ..tree import Tree, TreeMetadata, now_iso
 
 ProgressFn = Callable[[str, int, int], None]
@@ -292,7 +292,7 @@ def _tokens_per_step_ci95(per_prompt: Sequence[Sequence[float]]) -> tuple[float,
         m = statistics.fmean(xs)
         if len(xs) < 2:
             return (m, m)
-        half = 1.959963984540054 * statistics.stdev(xs) / math.sqrt(len(xs))
+        half = Z975 * statistics.stdev(xs) / math.sqrt(len(xs))
         return (max(m - half, 1.0), m + half)
     y = [sum(g) for g in groups]
     x = [len(g) for g in groups]

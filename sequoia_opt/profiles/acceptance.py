@@ -12,7 +12,7 @@ import numpy as np
 from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError
 from .common import (ACCEPTANCE_FORMAT, ACCEPTANCE_KEYS, MAX_COUNT, MAX_PROFILE_DEPTH, MAX_TOKENS, _check_format,
-                     _check_sampling, _depth_key, _flag, _load_yaml, _plain, check_integer, validate_acceptance)
+                     Z975, _check_sampling, _depth_key, _flag, _load_yaml, _plain, check_integer, validate_acceptance)
 
 # ---------------------------------------------------------------------------------------------- acceptance
 @dataclass
@@ -67,7 +67,7 @@ class AcceptanceProfile:
         n = self.measured.get("num_samples")
         return int(n) if isinstance(n, int) and not isinstance(n, bool) else None
 
-    def confidence_interval(self, z: float = 1.959963984540054) -> np.ndarray:
+    def confidence_interval(self, z: float = Z975) -> np.ndarray:
         """Wilson score interval for every ``p_k``: ``(K, 2)`` array of (low, high), default 95 %. It counts
         every trial as independent: the interval of these tokens, too narrow for a new set of prompts (their
         tokens are correlated within a prompt); :func:`~sequoia_opt.solver.intervals.acceptance_spreads` gives

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -109,7 +110,11 @@ def validate_acceptance(acceptance: Any, *, error: type[Exception] = SolverError
     return p
 
 
-def wilson_interval(k: float, n: float, z: float = 1.959963984540054) -> tuple[float, float]:
+#: the two-sided 95 % quantile of the normal distribution (Student's t past 30 degrees of freedom)
+Z975 = NormalDist().inv_cdf(0.975)
+
+
+def wilson_interval(k: float, n: float, z: float = Z975) -> tuple[float, float]:
     """Wilson score interval (low, high) for a proportion of ``k`` successes in ``n`` trials, default 95 %
     (``k`` may be an expected count); (0, 1) when ``n`` is 0."""
     if n <= 0:

@@ -12,7 +12,7 @@ import numpy as np
 from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError
 from .common import (MAX_PROFILE_DEPTH, MAX_TOKENS, PAIR_ACCEPTANCE_FORMAT, PAIR_ACCEPTANCE_KEYS, _check_format,
-                     _depth_key, _flag, _load_yaml, _number, _plain, check_integer)
+                     Z975, _depth_key, _flag, _load_yaml, _number, _plain, check_integer)
 from .latency import check_cost_model
 
 # ---------------------------------------------------------------------------------------------- drafter pair
@@ -174,7 +174,7 @@ class PairAcceptanceProfile:
         A = self.light_width
         return self._probabilities(min_trials)[:, A: A + self.strong_width]
 
-    def confidence_interval(self, z: float = 1.959963984540054, min_trials: int = PAIR_MIN_TRIALS) -> np.ndarray:
+    def confidence_interval(self, z: float = Z975, min_trials: int = PAIR_MIN_TRIALS) -> np.ndarray:
         """Wilson score intervals (default 95 %) of every accept outcome per row: (R, A + B, 2) array of
         (low, high), columns light ranks then strong ranks (:meth:`AcceptanceProfile.confidence_interval`)."""
         c = self.depth_counts(min_trials).astype(np.float64)

@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import SolverError
+from ..profiles.common import Z975
 from ..tree import Tree
 
 __all__ = ["PromptSpread", "t975", "bootstrap_se", "resample_prompt_counts", "bootstrap_rows", "tree_values",
@@ -58,9 +59,6 @@ __all__ = ["PromptSpread", "t975", "bootstrap_se", "resample_prompt_counts", "bo
 
 #: Bootstrap replicates (resamples of the profile's prompts) per figure.
 DEFAULT_REPLICATES = 1000
-
-#: the two-sided 95 % quantile of the normal distribution (Student's t past 30 degrees of freedom)
-Z975 = 1.959963984540054
 
 # two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom; the normal quantile past that
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
