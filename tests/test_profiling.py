@@ -345,3 +345,23 @@ def test_a_profile_written_to_a_json_path_is_json(tmp_path):
     save_acceptance(tmp_path / "a.JSON", acc)
     assert json.loads((tmp_path / "a.JSON").read_text())["id"] == "a"
     assert list(load_acceptance(tmp_path / "a.JSON").acceptance) == [0.5, 0.2]
+
+
+@pytest.mark.parametrize("w", [1, 3])
+def test_a_one_pass_drafters_cost_is_timed_over_w_drafted_nodes(w):
+    """c(w) of a drafter without a model is one proposal of w drafted nodes, what the solver charges a tree of
+    w + 1 nodes: it timed a chain of w nodes, w - 1 drafted (c(1) timed a proposal of the root alone)."""
+    from sequoia_opt.drafting.drafters import PromptLookupDrafter
+    from sequoia_opt.profiling.latency import time_lookup_propose
+
+    sizes = []
+
+    class Counting(PromptLookupDrafter):
+        def propose(self, state, buffers, forced_tokens=None):
+            sizes.append(buffers.n)
+            return super().propose(state, buffers, forced_tokens)
+
+    target = random_model(0)
+    timing = time_lookup_propose(lambda: Counting(target.config.vocab_size), target, w, 32, min_repeats=2,
+                                 max_repeats=2)
+    assert timing.repeats >= 2 and sizes and set(sizes) == {w + 1}

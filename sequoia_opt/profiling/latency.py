@@ -251,7 +251,7 @@ def time_lookup_propose(make_drafter: Callable[[], object], target: Transformer,
     V = target.config.vocab_size
     pool = torch.randperm(V, generator=gen)[: min(64, V)]
     seq = pool[torch.randint(0, len(pool), (context + 1,), generator=gen)].tolist()
-    policy = StaticTreePolicy(make_drafter(), Tree.chain(w), cut_at_answer_end=False)
+    policy = StaticTreePolicy(make_drafter(), Tree.chain(w + 1), cut_at_answer_end=False)  # root + w drafted
     Decoder(target, policy, max_len=context + w + 2)
     result = GenerationResult(tokens=[], prompt_len=len(seq))
     state = DecodeState(rows=[RowState(seq=seq, cached=context, max_new_tokens=w + 1, result=result)],
