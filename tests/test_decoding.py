@@ -781,3 +781,20 @@ def test_tree_buffers_layout():
             assert buf.child_rank[d].tolist() == list(tree.rank[sl])
             assert buf.level_branching[d - 1] == max(len(tree.children[i]) for i in range(prev.start, prev.stop))
     assert buf.level_branching[-1] == 0
+
+
+def test_a_policy_that_lists_no_drafters_is_refused(target):
+    """A policy that kept its drafter in an attribute of its own but left ``drafters`` empty was accepted: no
+    drafter was bound or prefilled, and the first draft failed deep inside it (an extension tryout)."""
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.decoding.policy import DraftingPolicy
+
+    class Forgetful(DraftingPolicy):
+        def draft(self, state, rooms):
+            raise AssertionError("never reached")
+
+        def commit(self, state, trees, paths):
+            pass
+
+    with pytest.raises(DecodingError, match="the Forgetful lists no drafters: set its drafters"):
+        Decoder(target, Forgetful())

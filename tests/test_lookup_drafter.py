@@ -267,3 +267,20 @@ def test_sampling_generation_runs_and_is_reproducible(target):
 
     a = run(1)
     assert a == run(1) and len(a) == 25 and all(0 <= t < CFG.vocab_size for t in a)
+
+
+def test_a_chain_grown_token_by_token_from_lookups_is_plain_decoding(target):
+    """``--policy chain`` with prompt lookup (llama.cpp's n-gram chains): the drafter has no logits, so the chain
+    takes its ranked top candidate and reads draft-p-min from its match confidence (it raised a TypeError)."""
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.policies import ChainPolicy
+
+    prompt = [5, 17, 3]
+    loop = autoregressive_generate(target, prompt, 40).tokens
+    dec = Decoder(target, ChainPolicy(PromptLookupDrafter(CFG.vocab_size), 4, name="lookup"), backend="torch")
+    res = dec.generate(prompt + loop, 21)
+    assert res.tokens == AutoregressiveDecoder(target).generate(prompt + loop, 21).tokens
+    assert res.tokens_per_step > 3.5  # the loop is in the prompt: whole chains accepted
+    strict = Decoder(target, ChainPolicy(PromptLookupDrafter(CFG.vocab_size), 4, p_min=1.0, name="lookup"),
+                     backend="torch")
+    assert strict.generate(prompt, 12).tokens == AutoregressiveDecoder(target).generate(prompt, 12).tokens

@@ -164,3 +164,24 @@ def test_a_plugin_that_fails_to_import_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TREEOPT_PLUGINS", str(tmp_path / "missing.py"))
     r = CliRunner().invoke(app, ["run", "--tree", "x.yaml"])
     assert r.exit_code == 2 and "could not be loaded" in r.output and "Traceback" not in r.output
+
+
+def test_a_kind_registered_with_another_cost_model_than_its_drafter_is_refused(plugins):
+    """``has_probs`` and ``cost_model`` are said twice, by the registry kind and by the drafter class; the solver
+    prices and the dynamic policies trust the kind's word, so a kind whose drafter says otherwise is refused."""
+    from dataclasses import replace
+
+    from sequoia_opt.jobs.load import ModelPair
+
+    registry.load_plugins()
+    target = random_model(0)
+    good = registry.DRAFTERS["repeat"]
+    spec = registry.parse_drafter_spec("repeat")
+    assert ModelPair(target, None, None, "t", "repeat", spec).new_drafter().cost_model == "one-pass"
+    registry.DRAFTERS["repeat"] = replace(good, has_probs=True)
+    with pytest.raises(TreeoptError, match="'repeat' is registered with has_probs=True but builds a RepeatDrafter "
+                                           "with has_probs=False"):
+        ModelPair(target, None, None, "t", "repeat", spec).new_drafter()
+    registry.DRAFTERS["repeat"] = replace(good, cost_model="per-level")
+    with pytest.raises(TreeoptError, match="cost_model='per-level' but builds a RepeatDrafter"):
+        ModelPair(target, None, None, "t", "repeat", spec).new_drafter()

@@ -146,6 +146,9 @@ class Decoder:
 
     def _check_policy(self, policy: DraftingPolicy) -> None:
         names = policy.names
+        if not policy.drafters:  # nothing would be bound or prefilled: every drafter call fails or drafts nothing
+            raise DecodingError(f"the {type(policy).__name__} lists no drafters: set its drafters (and names) in its "
+                                "constructor; plain decoding is Decoder(target) with no policy")
         if len(names) != len(policy.drafters):  # zip below would skip the unnamed drafters' checks
             raise DecodingError(f"the policy names {len(names)} drafter(s) ({', '.join(map(str, names))}) but has "
                                 f"{len(policy.drafters)}: one name per drafter")

@@ -52,8 +52,9 @@ class DraftingPolicy(ABC):
     :meth:`prefill` after the target's prefill; per step :meth:`draft`, then (after the target committed)
     :meth:`commit` with every row's path, then :meth:`observe`, then :meth:`keep` when rows finished.
 
-    Attributes:
-        drafters: the drafters, lightest first.  names: their labels (for reports).
+    Attributes (a subclass sets ``drafters``, ``names``, ``max_size`` and ``max_depth`` in its constructor: the
+    decoder binds only the drafters listed, and sizes the caches and the drafters' depth from the two limits):
+        drafters: the drafters, lightest first (at least one).  names: their labels (for reports), one each.
         max_size: the most nodes a step's tree can have (root included): the cache slots a step may need.
         max_depth: the deepest a step's tree can be.
         max_rows: the most rows one step serves (the decoder's ``max_batch`` may not exceed it).
@@ -104,13 +105,17 @@ class DraftingPolicy(ABC):
     @abstractmethod
     def draft(self, state: DecodeState, rooms: Sequence[Room]) -> list[StepTree]:
         """One tree per live row. ``rooms[b]`` is what the target can take from row b this step; a tree past it
-        is clipped by the loop (:meth:`~sequoia_opt.decoding.step_tree.StepTree.within`), so a policy may use it
-        only to avoid drafting what would be cut. Must not change ``state``."""
+        is clipped by the loop (:meth:`~sequoia_opt.decoding.step_tree.StepTree.within`) before verification,
+        but a drafter with a cache of its own writes a slot per node it drafts: the policy must ask a drafter for
+        no more than the room, the row's ``useful_depth`` and the drafter's own
+        :meth:`~sequoia_opt.drafting.drafters.Drafter.limit` allow (``StaticTreePolicy.step_depth_for`` cuts a
+        static tree so). Must not change ``state``."""
 
     @abstractmethod
     def commit(self, state: DecodeState, trees: Sequence[StepTree], paths: Sequence[Sequence[int]]) -> None:
         """Commit each row's accepted path (node indices of its tree, from the root) to every drafter; the rows'
-        ``cached`` has not moved yet (L of the step)."""
+        ``cached`` has not moved yet (L of the step), while ``seq`` already ends with the step's emitted tokens
+        (the loop emits, then commits: ``row.root`` is the next step's root)."""
 
     def observe(self, state: DecodeState, step: StepView) -> None:
         """What the step did (a policy that adapts re-solves here; its time is the step's bookkeeping)."""

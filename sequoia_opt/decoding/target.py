@@ -64,7 +64,8 @@ class TargetFace(ABC):
     @abstractmethod
     def commit(self, state: DecodeState, paths: Sequence[Sequence[int]]) -> None:
         """Row b's accepted path (node indices from the root) becomes committed after its prefix (``cached`` of
-        the rows has not moved yet); every other tree slot is free again."""
+        the rows has not moved yet; ``seq`` already ends with the step's emitted tokens); every other tree slot is
+        free again."""
 
     def keep(self, rows: Sequence[int]) -> None:
         """Only rows ``rows`` stay in the batch (the others finished), in that order: new row i is old row

@@ -201,8 +201,20 @@ class ModelPair:
     def new_drafter(self):
         """A fresh :class:`~sequoia_opt.drafting.drafters.Drafter` for one decoder (a drafter serves one), built
         by its registry kind (:mod:`sequoia_opt.drafting.registry`). Pass the method itself where a factory is
-        taken (``run_trees``, ``measure_acceptance``)."""
-        return self.spec.entry.build(self.spec, self.target, self.draft)
+        taken (``run_trees``, ``measure_acceptance``).
+
+        Raises:
+            TreeoptError: the drafter built says another cost model or ``has_probs`` than its registry kind (the
+                solver would price it, and the dynamic policies trust it, by the kind's word).
+        """
+        kind = self.spec.entry
+        drafter = kind.build(self.spec, self.target, self.draft)
+        for what, said, built in (("cost_model", kind.cost_model, getattr(drafter, "cost_model", None)),
+                                  ("has_probs", kind.has_probs, getattr(drafter, "has_probs", None))):
+            if said != built:
+                raise TreeoptError(f"drafter kind {kind.name!r} is registered with {what}={said!r} but builds a "
+                                   f"{type(drafter).__name__} with {what}={built!r}: make them agree")
+        return drafter
 
     def cost_probe(self) -> CostProbe:
         """What one unit of this drafter's cost is, for the latency profiler (its registry kind says)."""

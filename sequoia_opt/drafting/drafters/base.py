@@ -12,6 +12,7 @@ does (:class:`~sequoia_opt.decoding.rows.RowCache`: a batch of one writes node i
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, Literal, Sequence
 
@@ -34,8 +35,10 @@ class Drafter(ABC):
 
     The policy calls, in order: :meth:`bind` once (from the decoder's constructor); per generation
     :meth:`reset`, then :meth:`prefill`; per step :meth:`limit` and :meth:`propose` (a static tree for every
-    live row) or :meth:`score_nodes` (a shared tree a policy grows, batch of one), then :meth:`commit`; and
-    :meth:`keep` when rows finish.
+    live row) or :meth:`score_nodes` (a shared tree a policy grows, batch of one; :meth:`ranked` for a drafter
+    without a model), then :meth:`commit`; :meth:`keep` when rows finish and :meth:`join` when rows join a
+    running batch (continuous batching; the default refuses). A subclass must implement the abstract methods and
+    set ``vocab_size`` and ``device``; the rest has defaults that fit a drafter without a model or a cache.
 
     Class attributes:
         cost_model: ``"per-level"``: one forward per tree level over that level's w nodes, cost c(w) ms (a
@@ -48,7 +51,8 @@ class Drafter(ABC):
 
     Attributes (set by the subclass):
         vocab_size: V (the target's). device: where its tensors live (the target's). context: positions it can
-            see. cached: committed tokens of row 0 in its cache (0 without one).
+            see (default: no limit of its own; a model's context sets it). cached: committed tokens of row 0 in its
+            cache (0 without one).
     """
 
     cost_model: ClassVar[CostModel]
@@ -57,7 +61,7 @@ class Drafter(ABC):
     max_rows: ClassVar[int] = 1
     vocab_size: int
     device: torch.device
-    context: int
+    context: int = sys.maxsize
     cached: int = 0
     settings: DraftSettings | None = None
 
@@ -114,7 +118,8 @@ class Drafter(ABC):
     def commit(self, state: DecodeState, paths: Sequence[Sequence[int]], step_depth: int) -> None:
         """Each row's accepted path in this drafter's own tree of the step (node indices from the root, in depth
         order, only nodes it proposed or ran over); ``step_depth`` is the depth of what it drafted (0: it was
-        not asked this step). The rows' ``cached`` is the step's L."""
+        not asked this step). The rows' ``cached`` is the step's L; their ``seq`` already ends with the step's
+        emitted tokens (the accepted path's and the bonus token: ``len(seq) > cached + 1``)."""
 
     @property
     def depth_limit(self) -> int | None:
@@ -171,9 +176,20 @@ class Drafter(ABC):
 
         Returns:
             (len(nodes), V) logits, or None for a drafter without a model (prompt lookup: the policy asks its
-            ``ranked`` candidates instead).
+            :meth:`ranked` candidates instead).
 
         Raises:
             DecodingError: a drafter that cannot join a shared tree (the default).
         """
         raise DecodingError(f"{type(self).__name__} cannot run over a shared multi-drafter tree")
+
+    def ranked(self, seq: Sequence[int], path: Sequence[int], k: int) -> tuple[list[int], float]:
+        """A drafter without a model (:meth:`score_nodes` returns None): its ``k`` best candidates after the
+        context ``seq + path`` (committed tokens, then the node's root path below the root), distinct ids by
+        rank, and its confidence in the first, in [0, 1] (prompt lookup: the top follower's share). A batch of
+        one, as :meth:`score_nodes`.
+
+        Raises:
+            DecodingError: a drafter that has no ranked candidates of its own (the default: it returns logits).
+        """
+        raise DecodingError(f"{type(self).__name__} returns no ranked candidates of its own (it scores nodes)")

@@ -31,7 +31,8 @@ def check_depth_limit(drafter: Drafter, deepest: int, what: str, *, hint: str) -
 
     limit = drafter.depth_limit
     if limit is not None and deepest > limit:
-        raise DecodingError(f"{drafter.name} can propose depths 1..{limit} only, but {what} gives it nodes at depth "
+        name = getattr(drafter, "name", type(drafter).__name__)  # `name` is not part of the Drafter protocol
+        raise DecodingError(f"{name} can propose depths 1..{limit} only, but {what} gives it nodes at depth "
                             f"{deepest}: solve that tree with depth {limit} or less ({hint})")
 
 

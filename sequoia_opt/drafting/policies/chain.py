@@ -40,7 +40,10 @@ class ChainPolicy(SharedTreePolicy):
 
     Args:
         drafter: any drafter that can run over a shared tree one node at a time
-            (:meth:`~sequoia_opt.drafting.drafters.Drafter.score_nodes`: a draft model, self:L, llama.cpp's draft).
+            (:meth:`~sequoia_opt.drafting.drafters.Drafter.score_nodes`: a draft model, self:L, llama.cpp's draft,
+            a feature head), or one without a model that ranks candidates itself (prompt lookup: its
+            :meth:`~sequoia_opt.drafting.drafters.Drafter.ranked` top candidate, p-min read from its match
+            confidence, as llama.cpp's n-gram drafting chains).
         n_max: the most drafts per step (>= 1).  n_min: fewer drafts are dropped (>= 0).
         p_min: stop at a top-1 probability below this, in [0, 1].  top_k: the logits p-min is read among.
         name: the drafter's label.
@@ -81,7 +84,11 @@ class ChainPolicy(SharedTreePolicy):
             node = len(drafts)
             logits = self.drafter.score_nodes(row, tokens, depth, anc, [node], node == 0)
             ran.append(node)
-            tok, prob = top1_share(logits[-1], self.top_k)
+            if logits is None:  # a drafter without a model (prompt lookup): its top candidate and its confidence
+                cands, prob = self.drafter.ranked(row.seq, drafts, 1)
+                tok = cands[0]
+            else:
+                tok, prob = top1_share(logits[-1], self.top_k)
             if prob < self.p_min:
                 break
             drafts.append(tok)
