@@ -27,7 +27,7 @@ TOY_DRAFTER = textwrap.dedent('''
     import torch
     from sequoia_opt.decoding.step_tree import DraftOutput, root_tree
     from sequoia_opt.drafting.drafters.base import Drafter
-    from sequoia_opt.drafting.registry import CostProbe, DrafterKind, register_drafter
+    from sequoia_opt.drafting.registry import CostProbe, DrafterKind, no_argument, register_drafter
 
     class RepeatDrafter(Drafter):
         cost_model = "one-pass"
@@ -58,7 +58,7 @@ TOY_DRAFTER = textwrap.dedent('''
             pass
 
     register_drafter(DrafterKind(
-        "repeat", "repeat the last token", "one-pass", parse=lambda arg, text: {}, label=lambda s: "repeat",
+        "repeat", "repeat the last token", "one-pass", parse=no_argument("repeat"), label=lambda s: "repeat",
         build=lambda spec, target, draft: RepeatDrafter(target.config.vocab_size, target.device),
         probe=lambda spec, target, draft, make: CostProbe("repeat", make=make), has_probs=False))
 ''')
@@ -133,6 +133,10 @@ def test_a_toy_drafter_and_policy_run_through_treeopt_run_unchanged(tmp_path, pl
     rows = [x for x in doc["rows"] if x["tree"] == "t (alternating)"]
     assert all(x["matches_plain"] for x in rows)
     assert "repeat" in registry.DRAFTERS and "alternating" in registry.POLICIES
+    r = CliRunner().invoke(app, ["run", "--tree", str(tree), "--target", str(target), "--draft", "repeat:3",
+                                 "--prompts", str(prompts), "--results-dir", str(tmp_path / "bad")])
+    assert r.exit_code == 2 and "--draft repeat:3: drafter 'repeat' takes no argument" in r.output
+    assert not (tmp_path / "bad").exists()
 
 
 def test_per_row_trees_of_different_sizes_in_one_batch_equal_plain(plugins):

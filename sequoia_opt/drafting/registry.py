@@ -29,8 +29,8 @@ from .policies import (AdaptiveSchedulePolicy, ChainPolicy, DynamicPolicy, PlanA
                        StaticTreePolicy)
 
 __all__ = ["DrafterSpec", "DrafterKind", "CostProbe", "PolicyKind", "DRAFTERS", "POLICIES", "register_drafter",
-           "register_policy", "policy_kind", "parse_policy", "load_plugins", "drafter_kind",
-                  "parse_drafter_spec", "check_drafter", "drafter_slug", "LOOKUP_DEFAULT", "DRAFTER_KEYWORDS"]
+           "register_policy", "policy_kind", "parse_policy", "load_plugins", "drafter_kind", "no_argument",
+           "parse_drafter_spec", "check_drafter", "drafter_slug", "LOOKUP_DEFAULT", "DRAFTER_KEYWORDS"]
 
 #: The lookup drafter's n-gram sizes when ``--draft lookup`` gives none (vLLM's ``ngram`` method takes both
 #: ``prompt_lookup_min`` and ``prompt_lookup_max``; 1..3 matches prompt lookup decoding's usual setting).
@@ -230,6 +230,16 @@ def _lookup(spec: DrafterSpec, target: Any) -> PromptLookupDrafter:
 
 #: Registry: drafter kind name -> :class:`DrafterKind`.
 DRAFTERS: dict[str, DrafterKind] = {}
+
+
+def no_argument(name: str) -> Callable[[str | None, str], dict[str, Any]]:
+    """The ``parse`` of a drafter kind that takes no argument: ``--draft NAME`` gives no options, and
+    ``--draft NAME:ARG`` is refused (TreeoptError, one line) instead of running as plain ``NAME``."""
+    def parse(arg: str | None, text: str) -> dict[str, Any]:
+        if arg:
+            raise TreeoptError(f"--draft {text}: drafter {name!r} takes no argument (write --draft {name})")
+        return {}
+    return parse
 
 
 def register_drafter(kind: DrafterKind) -> DrafterKind:
