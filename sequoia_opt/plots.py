@@ -155,12 +155,40 @@ def plot_latency(curve: LatencyCurve, path: str | Path, *, title: str | None = N
 
 
 # ---------------------------------------------------------------------------------------------- acceptance
+def acceptance_intervals(profile: AcceptanceProfile) -> tuple[np.ndarray, tuple[float, float], str] | None:
+    """The acceptance figure's 95 % error bars: ``(ci, rest_ci, label)``, ``ci`` (K, 2) (low, high) of each p_k,
+    ``rest_ci`` of 1 - sum p_k, and the legend's name for them; None for a profile without counts.
+
+    Between prompts where the profile keeps counts per prompt from at least 2 prompts (the interval of the mean
+    over prompts of this kind, :meth:`~sequoia_opt.solver.intervals.PromptSpread.mean_interval` of
+    :func:`~sequoia_opt.solver.intervals.acceptance_spreads`, which the solver's predictions carry: a prompt's
+    trials are correlated, so an interval over pooled tokens is far too narrow for new prompts); else the Wilson
+    score interval of the pooled counts, labelled so.
+    """
+    K = len(profile.acceptance)
+    pc = profile.prompt_counts
+    if pc is not None and np.asarray(pc).shape[0] >= 2:
+        from .solver.intervals import acceptance_spreads
+
+        spreads = acceptance_spreads(profile)  # K + 1: each p_k, then sum p_k
+        ci = np.array([sp.mean_interval() for sp in spreads[:K]])
+        lo, hi = spreads[K].mean_interval()
+        return ci, (max(0.0, 1.0 - hi), min(1.0, 1.0 - lo)), f"95% interval between prompts ({spreads[0].prompts})"
+    if profile.counts is None:
+        return None
+    rci = _wilson(np.array([profile.counts[-1]]), float(profile.counts.sum()))[0]
+    return profile.confidence_interval(), (float(rci[0]), float(rci[1])), "95% Wilson interval (pooled tokens)"
+
+
 def plot_acceptance(profile: AcceptanceProfile, path: str | Path, *, title: str | None = None) -> Path:
     """Draw a positional acceptance vector (Sequoia, section 3.1).
 
     Bars: p_k, the probability that the k-th candidate (k = 1..K, rank k-1) is the accepted one, with 95 %
-    Wilson score intervals as error bars when the profile carries counts. A hatched grey bar after them is
-    the remainder 1 - sum p_k (every candidate rejected; its interval from the last count). When the profile
+    intervals as error bars: between prompts when the profile keeps its counts per prompt (the interval of the
+    mean over prompts of this kind, :func:`~sequoia_opt.solver.intervals.acceptance_spreads`: what the solver's
+    predictions carry; a prompt's trials are correlated, so a token-count interval is far too narrow for new
+    prompts), else Wilson score intervals of the pooled counts, labelled so. A hatched grey bar after them is
+    the remainder 1 - sum p_k (every candidate rejected; its interval from the sum's). When the profile
     has per-depth vectors they are drawn over the bars as lines with markers, one per depth (depth 1 =
     children of the root). The title names the profile, the pair, the mode and the number of samples.
     Returns ``path``.
@@ -174,12 +202,11 @@ def plot_acceptance(profile: AcceptanceProfile, path: str | Path, *, title: str 
     ax.bar(k, p, color="C0", alpha=0.85, label="p_k (all depths)" if profile.by_depth else "p_k")
     ax.bar([K + 1], [rest], color="0.75", hatch="//", edgecolor="0.45", label="all rejected  1 - sum p_k")
     tops = np.append(p, rest)  # where the value labels go: above the bar or its interval
-    if profile.counts is not None:
-        ci = profile.confidence_interval()
+    bars = acceptance_intervals(profile)
+    if bars is not None:
+        ci, rci, label = bars
         err = np.clip(np.stack([p - ci[:, 0], ci[:, 1] - p]), 0, None)
-        ax.errorbar(k, p, yerr=err, fmt="none", ecolor="black", capsize=3, lw=1, label="95% Wilson interval")
-        n = float(profile.counts.sum())
-        rci = _wilson(np.array([profile.counts[-1]]), n)[0]
+        ax.errorbar(k, p, yerr=err, fmt="none", ecolor="black", capsize=3, lw=1, label=label)
         ax.errorbar([K + 1], [rest], yerr=[[max(rest - rci[0], 0)], [max(rci[1] - rest, 0)]], fmt="none",
                     ecolor="black", capsize=3, lw=1)
         tops = np.maximum(tops, np.append(ci[:, 1], rci[1]))

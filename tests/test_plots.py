@@ -19,6 +19,7 @@ from sequoia_opt.errors import TreeoptError
 from sequoia_opt.plots import (
     SpeedupPoints,
     TreePoint,
+    acceptance_intervals,
     plot_acceptance,
     plot_all,
     plot_latency,
@@ -258,3 +259,25 @@ def test_speedup_measured_only_and_errors(tmp_path: Path) -> None:
 def test_module_avoids_pyplot() -> None:
     src = Path(plots.__file__).read_text()
     assert "import pyplot" not in src and "matplotlib.pyplot" not in src  # no global figure state
+
+
+def test_the_acceptance_bars_are_between_prompts_where_the_profile_keeps_them() -> None:
+    """Five prompts accepting 0.5..0.9 at rank 1: the interval between prompts (what the solver's predictions
+    carry) is several times the Wilson interval of the 1000 pooled tokens, which the figure drew before."""
+    from sequoia_opt.solver.intervals import acceptance_spreads
+
+    rates = [0.5, 0.6, 0.7, 0.8, 0.9]
+    pc = np.array([[[int(200 * r), 0, 0, 200 - int(200 * r)]] for r in rates], dtype=np.int64)
+    counts = pc.sum(axis=(0, 1))
+    prof = AcceptanceProfile(id="acc", acceptance=counts[:-1] / counts.sum(), counts=counts, prompt_counts=pc)
+    ci, rest, label = acceptance_intervals(prof)
+    assert label == "95% interval between prompts (5)" and ci.shape == (3, 2)
+    sp = acceptance_spreads(prof)
+    assert tuple(ci[0]) == pytest.approx(sp[0].mean_interval())
+    lo, hi = sp[3].mean_interval()  # sum p_k's interval, mirrored for the all-rejected bar
+    assert rest == pytest.approx((max(0.0, 1 - hi), min(1.0, 1 - lo)))
+    wilson = AcceptanceProfile(id="acc", acceptance=prof.acceptance, counts=counts)
+    wci, _, wlabel = acceptance_intervals(wilson)
+    assert wlabel.startswith("95% Wilson") and tuple(wci[0]) == pytest.approx(wilson.confidence_interval()[0])
+    assert (ci[0, 1] - ci[0, 0]) > 4 * (wci[0, 1] - wci[0, 0])
+    assert acceptance_intervals(acceptance_no_counts()) is None
