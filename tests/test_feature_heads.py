@@ -248,6 +248,11 @@ def _e3(tmp_path, drop=None, add=None, **over):
     (lambda p: _e3(p, add={"t2d": torch.ones(257, dtype=torch.bool)}), "t2d[0] disagrees with d2t"),
     (lambda p: _e3(p, drop="d2t"), "missing tensor d2t"),
     (lambda p: _e3(p, num_hidden_layers=2), "config.json: num_hidden_layers = 2; an EAGLE-3 head has one"),
+    # treeopt's trainer records its target's layer count: a head trained on a 6-layer target loaded on this one
+    (lambda p: _e3(p, treeopt={"target_num_hidden_layers": 6}), "config.json: treeopt.target_num_hidden_layers = 6 "
+                                                               "but the target has 4 layers (a head for another target)"),
+    (lambda p: _e3(p, treeopt={"target_num_hidden_layers": "4"}), "config.json: treeopt.target_num_hidden_layers = '4' must be "
+                                                                 "an integer >= 1"),
     # a break-it pass: values a float() / bool() / int() took (or raised a traceback on)
     (lambda p: _e3(p, rms_norm_eps="abc"), "config.json: rms_norm_eps = 'abc' must be a positive number"),
     (lambda p: _e3(p, rms_norm_eps=[1]), "config.json: rms_norm_eps = [1] must be a positive number"),

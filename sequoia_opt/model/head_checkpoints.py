@@ -162,7 +162,8 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
 
     Raises:
         CheckpointError: naming ``config.json`` and the field: an architecture that is not an ``kind`` head,
-            a vocabulary or hidden size other than the target's, an EAGLE-3 head without its fused layer ids
+            a vocabulary or hidden size other than the target's (or a layer count, where treeopt's trainer
+            recorded it as ``treeopt.target_num_hidden_layers``), an EAGLE-3 head without its fused layer ids
             (or ids outside the target's layers), more than one decoder layer for EAGLE-3, a bad Llama field.
     """
     path = Path(folder) / CONFIG_FILE
@@ -185,6 +186,14 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
         key = "target_hidden_size" if cfg.get("target_hidden_size") is not None else "hidden_size"
         raise CheckpointError(f"{path}: {key} = {Ht} but the target's hidden size is {target.dim} (a head for "
                               "another target)")
+    own = cfg.get("treeopt") if isinstance(cfg.get("treeopt"), dict) else {}
+    if own.get("target_num_hidden_layers") is not None:  # what treeopt's trainer records of its target
+        Lt = own["target_num_hidden_layers"]
+        if isinstance(Lt, bool) or not isinstance(Lt, int) or Lt < 1:
+            raise CheckpointError(f"{path}: treeopt.target_num_hidden_layers = {Lt!r} must be an integer >= 1")
+        if Lt != target.n_layers:
+            raise CheckpointError(f"{path}: treeopt.target_num_hidden_layers = {Lt} but the target has "
+                                  f"{target.n_layers} layers (a head for another target)")
     n_layers = config_int(cfg, "num_hidden_layers", path)
     Vd = V
     aux: tuple[int, ...] = ()
