@@ -1969,6 +1969,40 @@ def test_tune_reuses_a_saved_latency_profile_only_where_it_was_timed_as_asked(tm
     assert _latency_misfit(prof, opts, 4) == "was timed with 4 threads, not 2"
 
 
+def test_tune_times_again_for_another_draft_of_the_same_file_name(tmp_path):
+    """tune's saved T(b, n) is filed by the checkpoints' names: a tryout's second draft GGUF copied to the first's
+    file name was priced with the first draft's c(b, w) ("reused"), while the acceptance beside it was measured
+    anew for the other weights. The weights timed are recorded, and other weights time the curve again."""
+    import dataclasses
+
+    from sequoia_opt.jobs.tune import TuneOptions, _latency, load_given_latency
+    from sequoia_opt.profiles.batch import load_batch_latency
+
+    table, _ = _files(tmp_path)
+    base = dataclasses.replace(load_given_latency(table, 128), source="timed by treeopt tune")
+    opts = TuneOptions(engine="llama.cpp", batches=[1, 8], context=int(base.curve(1).contexts[0]), max_draft=4)
+    calls = []
+
+    def measure(batches):
+        calls.append(list(batches))
+        return base
+
+    draft = lambda fp: {"target": {"path": "/m/t.gguf", "fingerprint": "t0"},  # noqa: E731
+                        "draft": {"path": "/m/d.gguf", "fingerprint": fp}}
+    default = tmp_path / "profiles" / "cpu" / "t__d-llama.cpp-latency-batch.yaml"
+    verdicts = []
+    for fp in ("d1", "d1", "d2"):
+        done = {}
+        _latency(opts, done, default, measure, draft(fp))
+        verdicts.append(done["latency"])
+        saved = load_batch_latency(default)
+        assert saved.model["weights"] == draft(fp) and saved.curve(8).model["weights"] == draft(fp)
+    assert calls == [[1, 8], [1, 8]]  # timed, reused, timed again
+    assert verdicts[1] == f"reused: {default}"
+    assert verdicts[2] == (f"measured: {default} (the one saved at {default} was timed with other weights: its draft "
+                           "weights (fingerprint d1) are not the draft weights in use at /m/d.gguf (d2))")
+
+
 def test_the_vllm_generator_peer_prices_every_k_over_the_plans_answer_length():
     """For a given plan the vLLM-generator peer scored the plan's own K over the answer length and the other Ks at
     their steady state, so it could pick a K that the same answers make slower. Every K is now priced alike: the

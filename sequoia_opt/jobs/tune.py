@@ -34,6 +34,7 @@ import numpy as np
 
 from .._io import safe_load_yaml, with_article
 from ..errors import ProfileError, TreeoptError
+from ..profiles.checks import differing_weights, weights_mismatch
 
 __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "MAX_REFINE", "TuneOptions",
            "TuneResult", "check_options", "tune", "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance",
@@ -469,7 +470,8 @@ def _format_of(path: Path) -> Any:
 
 
 def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
-             measure: Callable[[Sequence[int]], Any] | None) -> tuple[Any, Callable[[Sequence[int]], Any] | None]:
+             measure: Callable[[Sequence[int]], Any] | None,
+             weights: dict | None = None) -> tuple[Any, Callable[[Sequence[int]], Any] | None]:
     """The batch latency profile: given; or reused from ``default`` (where ``treeopt profile latency --batch``
     writes too) or from tune's own file beside it (``<name>.tune.yaml``) when it fits (:func:`_latency_misfit`); or,
     when one of them fits at some of ``opts.batches`` and lacks only the others (another ``--batches``), reused
@@ -477,6 +479,10 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     sizes timed at different times do not bias each other's choice); else timed by ``measure(batches)`` and saved
     at ``default``, or beside it when that holds a profile tune did not write (its source names ``treeopt tune``):
     a user's measurement is never replaced.
+
+    ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record` of the pair in use): recorded in what is timed
+    (``model.weights``), and a saved profile that recorded other weights does not fit (profiles are filed by the
+    checkpoints' names; another draft of the same file name is another curve).
 
     Returns ``(profile, more)``: ``more(batches)`` times the batch sizes the profile lacks at ``opts.context`` (for
     ``--refine``), saves the profile with them (tune's own file: a reused user's profile is never rewritten) and
@@ -487,6 +493,13 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     from ..profiles.batch import load_batch_latency, save_batch_latency
 
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
+    if weights and measure is not None:
+        timed = measure
+
+        def measure(batches: Sequence[int]) -> Any:  # the weights timed, recorded with every curve
+            prof = timed(batches)
+            curves = {b: replace(c, model={**c.model, "weights": weights}) for b, c in prof.curves.items()}
+            return replace(prof, curves=curves, model={**prof.model, "weights": weights})
     if opts.latency is not None:
         p = Path(opts.latency)
         prof = opts.given_latency  # read by check_options, which tune runs first
@@ -498,11 +511,11 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
         return prof, None
     assert default is not None and measure is not None
     tune_wrote = lambda x: "treeopt tune" in str(x.source or "")  # noqa: E731
-    prof, out, why = _saved_profile(default, load_batch_latency, lambda x: _latency_misfit(x, opts, want_k),
-                                    tune_wrote)
+    prof, out, why = _saved_profile(default, load_batch_latency,
+                                    lambda x: _latency_misfit(x, opts, want_k, weights=weights), tune_wrote)
     lacking: list[int] = []
     if prof is None:  # one that fits at some of --batches: reused there, the others timed by `more` below
-        part = _partial_latency(default, opts, want_k)
+        part = _partial_latency(default, opts, want_k, weights)
         if part is not None:
             prof, out, have = part
             lacking = [b for b in opts.batches if b not in have]
@@ -524,7 +537,8 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
         """``p`` into ``out``, keeping what ``old`` (:func:`saved`, read once by the caller) holds that ``p`` does not
         replace (:meth:`~sequoia_opt.profiles.batch.BatchLatencyProfile.keeping`): another --context's curves and
         other batch sizes stay cached."""
-        save_batch_latency(out, p if old is None else p.keeping(old))
+        other = old is not None and differing_weights(old.model, weights)  # another draft's curves are not kept
+        save_batch_latency(out, p if old is None or other else p.keeping(old))
 
     if prof is None:
         prof = measure(opts.batches)
@@ -541,7 +555,7 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
         file = saved() if need else None  # read once: the sizes to reuse, and what the save must keep
         # tune's own file beside a reused user's profile: its curves that still fit, each batch size on its own
         # (earlier --batches or --refine)
-        own = {b: c for b, c in file.curves.items() if not _latency_misfit(file, opts, want_k, [b])} \
+        own = {b: c for b, c in file.curves.items() if not _latency_misfit(file, opts, want_k, [b], weights)} \
             if users and file is not None else {}
         kept = [b for b in need if b in own]
         if kept:
@@ -563,7 +577,8 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     return prof, more
 
 
-def _partial_latency(path: Path, opts: TuneOptions, want_k: int) -> tuple[Any, Path, list[int]] | None:
+def _partial_latency(path: Path, opts: TuneOptions, want_k: int,
+                     weights: dict | None = None) -> tuple[Any, Path, list[int]] | None:
     """The saved batch profile at ``path`` or tune's own beside it (``<name>.tune.yaml``) that fits
     (:func:`_latency_misfit`) at the most of ``opts.batches`` it has: ``(profile, its path, those batch sizes)``,
     or None when neither fits at any."""
@@ -578,7 +593,7 @@ def _partial_latency(path: Path, opts: TuneOptions, want_k: int) -> tuple[Any, P
         except ProfileError:  # only tune's own file gets here unreadable (_saved_profile raised for the other)
             continue
         have = [b for b in opts.batches if b in prof.curves]
-        if have and not _latency_misfit(prof, opts, want_k, have) and (best is None or len(have) > len(best[2])):
+        if have and not _latency_misfit(prof, opts, want_k, have, weights) and (best is None or len(have) > len(best[2])):
             best = (prof, candidate, have)
     return best
 
@@ -609,12 +624,16 @@ def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[An
     return None, own if keep else path, why
 
 
-def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence[int] | None = None) -> str:
+def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence[int] | None = None,
+                    weights: dict | None = None) -> str:
     """Why a saved batch profile cannot stand for the one ``opts`` would measure ('' when it can): it must have
     timed every batch size (``batches``, default ``opts.batches``) at ``opts.context`` itself (tune times that one
     context; another is a different curve, read by interpolation nowhere), up to K = ``want_k``, with
-    ``opts.threads`` threads."""
+    ``opts.threads`` threads, and the ``weights`` in use where it recorded its own."""
     batches = opts.batches if batches is None else batches
+    other = weights_mismatch(prof.model, weights)
+    if other:
+        return f"was timed with other weights: {other[0]}"
     threads = (prof.device or {}).get("threads")
     if threads is not None and int(threads) != opts.threads:
         return f"was timed with {threads} threads, not {opts.threads}"
@@ -1188,9 +1207,10 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
                                              "llama.cpp's greedy output)")
 
     default = opts.profiles_dir / device_slug("cpu") / f"{slug}-llama.cpp-latency-batch.yaml"
-    profile, more = _latency(opts, done, default, measure)
+    weights = weights_record(opts.target, None if lookup else spec)  # the checkpoints named, not the GGUFs
+    profile, more = _latency(opts, done, default, measure, weights)
     acc = _acceptance(opts, opts.profiles_dir / slug / "acceptance-greedy-llama.cpp-chains.yaml", done, measure_acc,
-                      weights_record(opts.target, None if lookup else spec))  # the checkpoints named, not the GGUFs
+                      weights)
     return profile, acc, {"target": pair.target_label, "drafter": dlabel}, more
 
 
@@ -1268,7 +1288,8 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
             num_prompts=len(ids), max_new_tokens=opts.max_new_tokens, seed=0, draft_cost_model=pair.cost_model,
             command="treeopt tune --engine treeopt")
 
-    profile, more = _latency(opts, done, opts.profiles_dir / device_slug(dev) / f"{slug}-latency-batch.yaml", measure)
+    profile, more = _latency(opts, done, opts.profiles_dir / device_slug(dev) / f"{slug}-latency-batch.yaml", measure,
+                             pair.weights)
     default = (default_chain_acceptance_path if chains else default_acceptance_path)(pair.target_name, pair.spec)
     acc = _acceptance(opts, opts.profiles_dir / default.relative_to("profiles"), done, measure_acc, pair.weights)
     return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}, more
