@@ -23,7 +23,7 @@ from sequoia_opt.solver.chains import ChainSetting, predict_chain, replay_counts
 from sequoia_opt.solver.schedule import (ChainValue, SpecSetting, check_ranges, load_schedule, plan_document,
                                          plan_from_ranges, predict_ranges, save_schedule, solve_plan,
                                          switch_midpoints)
-from sequoia_opt.tree import Tree
+from sequoia_opt.tree import Tree, save_tree
 
 sys.path.insert(0, str(Path(__file__).parent))
 runner = CliRunner()
@@ -530,6 +530,28 @@ def test_schedule_policy_from_the_registry(tmp_path):
     (tmp_path / "e.yaml").write_text(yaml.safe_dump(env))
     with pytest.raises(TreeoptError, match="run envelopes with --policy dynamic"):
         parse_policy(f"schedule:{tmp_path / 'e.yaml'}")
+    # run's row is the tree run serves one request at a time: batch 1's range (it showed the plan's widest, a
+    # tryout's row said 5 nodes while the batch-1 chain of 2 ran)
+    wide_later = {**opts, "ranges": [(1, 1, Tree.chain(3)), (2, 4, Tree.chain(6)), (5, 8, Tree.chain(1))]}
+    assert kind.own_tree(wide_later)[1].size == 3
+
+
+def test_run_refuses_what_a_plan_would_ignore(tmp_path):
+    """--policy schedule:PLAN with --tree ran the plan under the tree file's name and size (a tryout); -a / -l with a
+    policy other than static advised --compare or --adapt, which such a policy refuses in turn."""
+    plan = save_schedule(tmp_path / "p.yaml", plan_document(solve_plan(ChainValue(_acc(), 6), PROFILE), engine="treeopt"))
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.chain(3))
+    for args, message in ((["--policy", f"schedule:{plan}", "--tree", str(tree)],
+                           f"--policy schedule:{plan} runs the plan's own trees (one per batch range): drop --tree"),
+                          (["--policy", f"schedule:{plan}", "-a", str(tree)],
+                           f"--policy schedule:{plan} reads neither: drop them"),
+                          (["--policy", "chain:2", "--tree", str(tree), "-l", str(tree)],
+                           "--policy chain:2 reads neither: drop them")):
+        res = runner.invoke(app, ["run", "--target", str(tmp_path / "no-target"), *args,
+                                  "--results-dir", str(tmp_path / "res")])
+        assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+        assert not (tmp_path / "res").exists()
 
 
 # ---------------------------------------------------------------------------------------------- the CLI

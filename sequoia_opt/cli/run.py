@@ -217,7 +217,10 @@ def run_cmd(
                             adapt=adapt, notes=dyn_notes)
     if dynamic and not dyn and not tree:
         raise TreeoptError("no --dynamic setting is left to run: " + "; ".join(dyn_notes))
-    own = pkind.own_tree(popts) if pkind.own_tree is not None and not tree else None  # a plan runs alone
+    if pkind.own_tree is not None and tree:  # the plan's trees would run under the --tree file's name
+        raise TreeoptError(f"--policy {policy} runs the plan's own trees (one per batch range): drop --tree "
+                           f"{tree[0]} (or run it in a run of its own)")
+    own = pkind.own_tree(popts) if pkind.own_tree is not None else None  # a plan runs alone
     if not tree and not dyn and own is None:
         raise TreeoptError("--tree is required: the tree file(s) to run (or --compare-drafters, to run each "
                            "drafter's own best tree; --dynamic, a dynamic-tree setting; or --policy schedule:FILE / "
@@ -273,7 +276,7 @@ def run_cmd(
     latency_path = latency[0] if latency else None
     spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails before anything is read
     entries = [_load_tree_entry(p) for p in tree]
-    if own is not None:  # the plan's row: named after its file, its largest tree as the topology in results
+    if own is not None:  # the plan's row: named after its file, the tree it serves at batch 1 as its topology
         from ..jobs.run import TreeEntry
 
         # the pair and engine the plan was solved for: tree_mismatch_warnings below names another one
@@ -292,6 +295,9 @@ def run_cmd(
         if seen[e.name] > 1:
             e.name = f"{e.name}#{seen[e.name]}"
     if not compare and not adapt and (acceptance_path is not None or latency_path is not None and calibration is None):
+        if pkind.name != "static":  # --compare and --adapt run static trees only: the advice below is a dead end
+            raise TreeoptError(f"--acceptance / --latency choose the --compare baselines or --adapt's re-solves, "
+                               f"which run static trees; --policy {policy} reads neither: drop them")
         raise TreeoptError("--acceptance / --latency choose the --compare baselines (or --adapt's prior and "
                            "re-solves); add --compare or --adapt (or drop them)")
     adapt_notes: list[str] = []

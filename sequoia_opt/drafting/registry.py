@@ -371,7 +371,8 @@ class PolicyKind:
         build: ``(a fresh drafter, the run's tree, options) -> DraftingPolicy``, one per decoder.
         policy: the :class:`~sequoia_opt.decoding.policy.DraftingPolicy` class it builds.
         own_tree: for a policy that brings its own trees (a plan): ``options -> (name, tree)``, the row's name and
-            the largest tree it runs, so ``treeopt run`` needs no ``--tree`` for it; None: the policy runs the
+            the largest tree it runs one request at a time (``treeopt run`` serves batch 1: a plan's batch-1
+            range), so ``treeopt run`` needs no ``--tree`` for it, and refuses one; None: the policy runs the
             ``--tree`` files.
     """
 
@@ -546,8 +547,7 @@ register_policy(PolicyKind(
     "schedule", "a speculation plan: the chain (or tree) of the batch range holding the live rows, "
     "schedule:FILE (treeopt tune -o FILE)", _parse_schedule,
     lambda drafter, tree, o: SchedulePolicy(drafter, o["ranges"]), SchedulePolicy,
-    own_tree=lambda o: (_plan_name(o["source"], "schedule"),
-                        max((t for _, _, t in o["ranges"]), key=lambda t: t.size))))
+    own_tree=lambda o: (_plan_name(o["source"], "schedule"), o["ranges"][0][2])))  # batch 1's: what run serves
 
 
 _LIVE_KEYS = {"every": "every", "window": "window", "prior-weight": "prior_weight"}
