@@ -100,6 +100,8 @@ class TreeSummary:
     """Aggregates over all prompts for one tree (or for plain decoding, ``tree == "plain"``).
 
     Attributes:
+        size / depth: the tree's nodes (root included) and depth; for a policy that changes its tree as it runs
+            (``--adapt``, ``adaptive-schedule``), the largest it verified.
         tokens_per_s: total new tokens / total decode time (prefill excluded), tokens/s.
         speedup: ``tokens_per_s`` / plain decoding's ``tokens_per_s`` (same prompts).
         tokens_per_step / tps_ci95: tokens per step as emitted (new tokens over steps: the last step of a
@@ -127,7 +129,8 @@ class TreeSummary:
             and limits, the initial and final trees, and ``resolves``, the log of re-solves (step, generation,
             tokens so far, new tree's size / depth / level widths, predicted tokens per step and speedup,
             whether the tree changed, solve ms, the estimate, why it ran); None otherwise. ``size`` / ``depth`` are
-            then the final tree's, and ``predicted_tokens_per_step`` the step-weighted mean of the trees' predictions.
+            then the largest tree's it verified, and ``predicted_tokens_per_step`` the step-weighted mean of the
+            trees' predictions.
         predicted_interval / predicted_speedup_interval: the 95 % prediction intervals of tokens per step and of
             the speedup (scaled as ``predicted_speedup``) for a new set of this run's prompts
             (:mod:`sequoia_opt.solver.intervals`, from the spread the tree file records, ``tokens_per_step_spread`` /
@@ -661,8 +664,10 @@ def run_trees(
         # a step emits at most this many tokens (the intervals stop there): the tree's depth + 1, and no more than
         # the generation asks (the decoder drafts no deeper than a row can still emit)
         most = min(depth + 1, max_new_tokens)
-        if adapter is not None:  # the final tree; predicted: the step-weighted mean over the trees it used
-            size, depth = pol.tree.size, pol.tree.tree_depth
+        if adapter is not None:  # its trees change: the largest it verified (the final one read 1 node beside
+            served = [st for r in res for st in r.steps]  # tokens/step from the earlier, deeper trees);
+            size = max((st.tree_size for st in served), default=1)  # predicted: the step-weighted mean over them
+            depth = max((st.tree_depth for st in served), default=0)
             most = max_new_tokens  # earlier steps ran other (deeper) trees
             extra = {k: v for k, v in meta.extra.items()
                      if k not in ("end_overshoot_tokens", "node_rates", "depth_step_ms")}
