@@ -86,7 +86,7 @@ def test_solve_dynamic_prints_the_table_and_writes_the_chosen_setting(files, tmp
     setting, doc = load_dynamic_setting(out)
     assert doc["format"] == DYNAMIC_FORMAT
     assert doc["provenance"] == {"calibration_profile": "tiny_calibration", "latency_profile": "tiny_latency",
-                                 "target": "target", "draft": "draft"}
+                                 "target": "target", "draft": "draft", "temperature": 0.0}
     assert setting.steps <= 2 and setting.topk <= 2 and setting.budget <= 8
     # the file's prediction is the predictor's for that setting
     from sequoia_opt.profiles.calibration import load_calibration
@@ -256,6 +256,15 @@ def test_run_dynamic_on_the_tiny_pair(workdir, files, tmp_path):
     assert row["mismatches"] == 0
     assert row["predicted_tokens_per_step_steady"] == pytest.approx(sdoc["predicted"]["tokens_per_step"])
     assert row["predicted_tokens_per_step"] < row["predicted_tokens_per_step_steady"]  # for 6-token answers
+    # the file's prediction is greedy's (its calibration's mode, recorded since): a sampled run is warned, as
+    # with --calibration (a tryout's sampled run showed the greedy prediction without a word)
+    assert sdoc["provenance"]["temperature"] == 0.0
+    r = invoke("run", "--dynamic", setting_file, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--num-prompts", "1", "--max-new-tokens", "4", "--temperature", "0.9", "--results-dir",
+               tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    assert any(f"{setting.label}: its file was solved from a calibration recorded in greedy mode, this run decodes in "
+               "sampling at temperature 0.9 mode" in w for w in json.loads(r.stdout)["warnings"])
 
 
 def test_run_dynamic_refuses_a_calibration_of_another_pair(workdir, files, tmp_path):
@@ -373,6 +382,26 @@ def test_run_dynamic_drops_a_setting_past_the_latency_profile_with_a_note(workdi
                "--target", tmp_path / "no-model", "--results-dir", tmp_path / "res2")
     _one_line_error(r, "no --dynamic setting is left to run: best-first:s2-k2-n12 not run: its budget 12")
     assert not (tmp_path / "res2").exists()
+
+
+def test_run_dynamic_says_when_a_setting_reaches_past_the_calibration_recording(workdir, files, tmp_path):
+    """The recording is steps 2, topk 2: a setting of 4 steps and topk 3 is predicted with the nodes past it counted
+    as leaves (a tryout's prediction fell outside the measured interval without a word; solve --dynamic shows the
+    coverage): a note says so, and the JSON keeps the coverage."""
+    root, target, draft, prompts = workdir
+    cal, lat = files
+    r = invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--dynamic", "eagle:steps=4,topk=3,budget=8",
+               "--calibration", cal, "-l", lat, "--target", target, "--draft", draft, "--prompts", prompts,
+               "--num-prompts", "1", "--max-new-tokens", "4", "--results-dir", tmp_path / "res", "--json")
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.stdout)["notes"]
+    past = [n for n in notes if "expands nodes the calibration recording did not" in n]
+    assert len(past) == 1 and past[0].startswith("eagle:s4-k3-n8 expands nodes the calibration recording did not in ")
+    from sequoia_opt.profiles import load_latency
+    from sequoia_opt.profiles.calibration import load_calibration
+
+    inside = predict_setting(load_calibration(cal), DynamicSetting("eagle", 2, 2, 4), load_latency(lat), max_steps=200)
+    assert inside.coverage == 1.0
 
 
 def test_step_memory_of_a_dynamic_setting():

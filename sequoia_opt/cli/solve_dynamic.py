@@ -124,7 +124,8 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         data["static"] = {"choices": static.tree.choices(), "acceptance_model": static_model,
                           "expected_tokens_per_step": static.expected_tokens, "speedup": static.speedup}
     provenance = {"calibration_profile": cal.id, "latency_profile": curve.id,
-                  "target": cal.measured.get("target"), "draft": cal.measured.get("draft")}
+                  "target": cal.measured.get("target"), "draft": cal.measured.get("draft"),
+                  "temperature": cal.temperature}  # run warns when it decodes otherwise
     methods = head_engine_methods(cal.measured.get("draft"))  # a feature head: the engines' own method for it
     if best_eagle is not None:
         for engine in ("sglang", "tensorrt-llm"):

@@ -300,8 +300,13 @@ def dynamic_settings(specs: Optional[list[str]], calibration: Optional[Path], la
                     notes.append(f"{setting.label} not run: {err} (T(n) and c(w) are never extrapolated: profile more "
                                  "tokens, or lower its budget / topk)")
                 continue
+            if pred.coverage < 1.0 and notes is not None:  # past the recording: those nodes are priced as leaves
+                notes.append(f"{setting.label} expands nodes the calibration recording did not in "
+                             f"{100 * (1 - pred.coverage):.0f} % of its steps (deeper or wider than it recorded): "
+                             "its prediction counts them as leaves and reads low; record the calibration with at "
+                             "least its steps and topk")
             kept.append((setting, {"tokens_per_step": pred.tokens_per_step, "speedup": pred.speedup,
-                                   "from": "calibration"}, provenance))
+                                   "coverage": pred.coverage, "from": "calibration"}, provenance))
         out = kept
     return out
 
@@ -361,6 +366,13 @@ def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: O
             notes.append(f"{setting.label}: its file was solved for drafter {solved_for!r}, this run drafts with "
                          f"{pair.draft_name!r}: its prediction is not shown")
             predicted = {}
+        solved_t = provenance.get("temperature")
+        if predicted.get("from") != "calibration" and predicted and isinstance(solved_t, (int, float)) \
+                and (float(solved_t) == 0) != (float(temperature) == 0):  # greedy against sampled acceptance
+            mode = lambda t: "greedy" if float(t) == 0 else f"sampling at temperature {float(t):g}"  # noqa: E731
+            (notes if warnings is None else warnings).append(
+                f"{setting.label}: its file was solved from a calibration recorded in {mode(solved_t)} mode, this "
+                f"run decodes in {mode(temperature)} mode: its predicted figures describe that mode")
         if setting.topk > pair.vocab_size:
             raise TreeoptError(f"{setting.label}: topk {setting.topk} is more than the vocabulary's {pair.vocab_size} tokens")
         if max_candidates(setting) >= ctx or setting.steps >= ctx:  # whole_fits would hold every step to its root

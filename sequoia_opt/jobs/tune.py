@@ -828,6 +828,8 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     prov = {"latency_profile": profile.id, "acceptance_profile": getattr(acc, "id", None),
             "calibration_profile": str(opts.calibration) if opts.calibration else None,
             "target": labels.get("target"), "batches": list(opts.batches)}
+    measured = getattr(acc, "measured", None) or {}  # what run compares with its own (tree_mismatch_warnings)
+    prov.update({"temperature": measured.get("temperature"), "weights": measured.get("weights") or None})
     prov = {k: v for k, v in prov.items() if v is not None}
     # priced cut only where the traces say which answers ran to the cap: one that ends at an EOS the engine could
     # not see coming pays whole steps (the replay knows which; a positional or per-depth profile does not)
