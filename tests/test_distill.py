@@ -364,7 +364,15 @@ def test_distill_command_line_bad_input_is_one_line_and_exit_2(tmp_path, capsys)
 
     for argv, message in ((["--evaluate", str(tmp_path / "nope")], "checkpoint not found"),
                           (["--init-from", str(tmp_path / "nope"), "--out", str(tmp_path / "o")], "not a saved draft"),
-                          (["--cont-prompts", "-1", "--out", str(tmp_path / "o")], "must be >= 0")):
+                          (["--cont-prompts", "-1", "--out", str(tmp_path / "o")], "must be >= 0"),
+                          # a tryout's: an untrained draft saved, a card on 0 prompts, a reshape traceback after
+                          # labelling, a traceback on threads
+                          (["--steps", "0", "--out", str(tmp_path / "o")], "--steps must be >= 1, got 0"),
+                          (["--n-prompts", "0", "--out", str(tmp_path / "o")], "--n-prompts must be >= 1, got 0"),
+                          (["--batch", "0", "--out", str(tmp_path / "o")], "--batch must be >= 1, got 0"),
+                          (["--threads", "-2", "--out", str(tmp_path / "o")], "--threads must be >= 0, got -2"),
+                          (["--dim", "30", "--heads", "4", "--kv-heads", "2", "--out", str(tmp_path / "o")],
+                           "--dim 30 is not a multiple of --heads 4")):
         assert run_cli(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err

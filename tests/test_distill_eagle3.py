@@ -180,6 +180,18 @@ def test_bfloat16_units_are_read_from_the_cpu_flags(tmp_path):
                                                     "--cont-prompt-tokens, --cont-tokens and --gen-batch >= 1"),
     (["--val-cont-prompts", "-1"], "error: --cont-prompts and --val-cont-prompts must be >= 0"),
     (["--seed", "-3"], "error: --seed -3: must be in 0 .. 4294967295"),
+    # a tryout's sizes that raised a traceback (or divided by zero, or trained a head of another shape) after the
+    # teacher pass
+    (["--top", "0"], "error: --top must be >= 1, got 0"),
+    (["--chunk", "0"], "error: --chunk must be >= 1, got 0"),
+    (["--eval-every", "0"], "error: --eval-every must be >= 1, got 0"),
+    (["--tokens", "0"], "error: --tokens must be >= 1, got 0"),
+    (["--head-dim", "0"], "error: --head-dim must be >= 1, got 0"),
+    (["--threads", "-1"], "error: --threads must be >= 0, got -1"),
+    (["--heads", "3", "--kv-heads", "2"], "error: --heads 3 is not a multiple of --kv-heads 2"),
+    (["--lr", "0"], "error: --lr must be a number > 0, got 0.0"),
+    (["--max-train-minutes", "nan"], "error: --max-train-minutes must be a number > 0, got nan"),
+    (["--init-from", "/nonexistent/head"], "error: --init-from /nonexistent/head: not a saved folder"),
 ])
 def test_bad_settings_are_refused_before_the_target_loads(args, message, tmp_path, capsys, monkeypatch):
     import sequoia_opt.model.loaders as loaders
@@ -190,6 +202,43 @@ def test_bad_settings_are_refused_before_the_target_loads(args, message, tmp_pat
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
     assert not (tmp_path / "h").exists()
+
+
+def test_a_file_at_out_a_small_target_and_a_foreign_init_from_are_refused_before_the_weights(tmp_path, capsys,
+                                                                                                   monkeypatch):
+    """An --out that is a file failed at its mkdir after the training; a 2-layer target had no three distinct layers
+    to fuse and failed after the data; an --init-from that is not an EAGLE-3 head failed after the teacher pass."""
+    import sequoia_opt.model.loaders as loaders
+    from sequoia_opt.distill.eagle3 import run_cli
+    from tiny_pair import make_pair
+
+    monkeypatch.setattr(loaders, "load_checkpoint", lambda *a, **k: pytest.fail("the target was loaded"))
+    target, draft, _ = make_pair(tmp_path)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for args, message in ((["--out", str(afile)], f"error: --out {afile} is a file"),
+                          (["--out", str(tmp_path / "h"), "--target", str(target)],
+                           f"error: --target {target} has 2 layers: an EAGLE-3 head fuses three distinct layers"),
+                          (["--out", str(tmp_path / "h"), "--init-from", str(draft)],
+                           "config.json: architectures = ['LlamaForCausalLM'] is not an EAGLE-3 head")):
+        assert run_cli(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "h").exists() and afile.read_text() == "x"
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    import sequoia_opt.distill.cli as dcli
+    import sequoia_opt.distill.eagle3 as e3
+
+    def interrupted(argv=None):
+        raise KeyboardInterrupt
+
+    for module in (e3, dcli):
+        monkeypatch.setattr(module, "main", interrupted)
+        assert module.run_cli([]) == 130
+        err = capsys.readouterr().err
+        assert err.startswith("interrupted: no ") and err.count("\n") == 1, err
 
 
 def test_out_is_required(capsys):

@@ -13,12 +13,13 @@ import argparse
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
 import platform
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -66,6 +67,36 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D102
         self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
+
+
+def settings_refusal(args: argparse.Namespace, *, positive: Sequence[str], nonnegative: Sequence[str] = (),
+                     positive_floats: Sequence[str] = (), nonnegative_floats: Sequence[str] = ()) -> str | None:
+    """The first setting of ``args`` out of range, as a one-line refusal (``--name must be >= 1, got 0``), or None.
+    Checked before anything loads: sizes that divided by zero, indexed past an empty tensor or reshaped into
+    nothing an hour into a run, and counts of 0 that trained or wrote nothing and said so only in a model card.
+    Also: a ``--threads`` below 0, heads that ``--kv-heads`` does not divide, an ``--out`` that is a file (its
+    mkdir failed after the training), an ``--init-from`` that is not a saved folder (no ``config.json``)."""
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    for names, low, what in ((positive, 1, ">= 1"), (nonnegative, 0, ">= 0")):
+        for name in names:
+            v = getattr(args, name)
+            if v is not None and v < low:
+                return f"{flag(name)} must be {what}, got {v}"
+    for names, ok, what in ((positive_floats, lambda v: v > 0, "> 0"), (nonnegative_floats, lambda v: v >= 0, ">= 0")):
+        for name in names:
+            v = getattr(args, name)
+            if v is not None and not (math.isfinite(v) and ok(v)):
+                return f"{flag(name)} must be a number {what}, got {v}"
+    heads, kv = getattr(args, "heads", None), getattr(args, "kv_heads", None)
+    if heads and kv and heads % kv:
+        return f"--heads {heads} is not a multiple of --kv-heads {kv} (grouped-query attention shares each KV head)"
+    out = getattr(args, "out", None)
+    if out is not None and out.exists() and not out.is_dir():
+        return f"--out {out} is a file: the trained model goes to a folder"
+    init = getattr(args, "init_from", None)
+    if init is not None and not (init / "config.json").is_file():
+        return f"--init-from {init}: not a saved folder (no config.json there)"
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -169,6 +200,10 @@ def run_cli(argv: list[str] | None = None) -> int:
     broken checkpoint) printed as one line on stderr and exit code 2 instead of a traceback."""
     try:
         return main(argv)
+    except KeyboardInterrupt:  # the teacher's labels are cached as they go; the training is not kept
+        print("interrupted: no draft was written (the teacher labels cached so far resume on the next run)",
+              file=sys.stderr)
+        return 130
     except SystemExit as err:
         if isinstance(err.code, str):  # main's refusals: SystemExit("message")
             print(f"error: {err.code}", file=sys.stderr)
@@ -182,6 +217,8 @@ def run_cli(argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m sequoia_opt.distill``: train (or evaluate) the demo's draft model. Returns the exit code."""
     args = _parser().parse_args(argv)
+    if args.threads < 0:
+        raise SystemExit(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.evaluate is not None:
@@ -198,6 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.init_from is not None and not (args.init_from / "config.json").is_file():
         # fail before the target is loaded and labelling starts, not an hour later
         raise SystemExit(f"--init-from {args.init_from}: not a saved draft (no config.json there)")
+    refusal = settings_refusal(
+        args, positive=("tokens", "val_tokens", "chunk", "max_per_file", "k", "steps", "batch", "eval_every", "dim",
+                        "layers", "heads", "kv_heads", "n_prompts"),
+        nonnegative=("ce_tokens", "ce_batch", "warmup", "n_random", "intermediate", "gen_tokens", "threads"),
+        positive_floats=("lr", "emb_rms", "max_train_minutes"), nonnegative_floats=("weight_decay", "ce_weight"))
+    if refusal is None and args.dim % args.heads:
+        refusal = f"--dim {args.dim} is not a multiple of --heads {args.heads}"
+    if refusal is not None:
+        raise SystemExit(refusal)
     if min(args.cont_prompts, args.cont_batch, args.cont_tokens) < 0 or args.cont_prompt_tokens < 1 \
             or args.gen_batch < 1:
         raise SystemExit("--cont-prompts, --cont-batch and --cont-tokens must be >= 0, --cont-prompt-tokens and "

