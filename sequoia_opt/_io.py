@@ -268,30 +268,40 @@ def _keep_old(path: Path) -> Path | None:
 def atomic_output_path(path: str | os.PathLike):
     """For writers that open the file themselves (``gguf.GGUFWriter``): yield a temporary path in the
     destination folder; when the block finishes, rename it over ``path`` (atomically, with
-    :func:`atomic_write_bytes`'s mode rules); when it raises, remove it and leave ``path`` as it was.
+    :func:`atomic_write_bytes`'s mode rules); when it raises, remove it and leave ``path`` as it was, and the
+    folders it made for it too (a refused export left ``newdir/sub/`` behind).
 
     Raises:
         OutputError: as :func:`atomic_write_bytes` (a directory in the way, the OS refusing the write).
     """
     path = _target(path)
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _default_mode()
+    made = [d for d in (path.parent, *path.parent.parents) if not d.exists()]  # deepest first
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as err:
         raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+    done = False
     try:
         yield Path(tmp)
         os.chmod(tmp, mode)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        done = True
     except OSError as err:
         raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if not done:
+            for d in made:  # only the folders made here, and only while empty
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
 
 
 #: The millisecond of the last id this process made, and the suffixes it gave in it (:func:`new_run_id`).

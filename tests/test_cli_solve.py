@@ -426,6 +426,26 @@ def test_export_draft_keeps_the_users_gguf_when_llama_cpp_refuses_the_new_one(tm
     r = runner.invoke(app, ["export-draft", "--gguf", str(gguf)])
     assert r.exit_code == 0 and "llama.cpp loads it" in r.output, r.output
     assert gguf.read_bytes()[:4] == b"GGUF" and sorted(p.name for p in tmp_path.iterdir()) == ["user.gguf"]
+    # --json carries what the table shows (a script could not tell a checked file from --no-check)
+    r = runner.invoke(app, ["export-draft", "--gguf", str(gguf), "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["llama_cpp_loads"] is True and doc["name"] == "treeopt-smollm2-draft" and doc["parameters"] > 0
+    assert doc["vocabulary"] == 49152
+    doc = json.loads(runner.invoke(app, ["export-draft", "--gguf", str(gguf), "--json", "--no-check"]).stdout)
+    assert doc["llama_cpp_loads"] is None
+    # a re-export keeps the source GGUF's general.name (it took the file's stem)
+    from gguf import GGUFReader
+
+    again = tmp_path / "again.gguf"
+    r = runner.invoke(app, ["export-draft", "--draft", str(gguf), "--gguf", str(again), "--no-check"])
+    assert r.exit_code == 0, r.output
+    field = GGUFReader(str(again)).fields["general.name"]
+    assert bytes(field.parts[field.data[0]]).decode() == "treeopt-smollm2-draft"
+    again.unlink()
+    # refused in folders it made for the file: none of them is left behind
+    monkeypatch.setattr(llamacpp, "check_gguf", refuse)
+    r = runner.invoke(app, ["export-draft", "--gguf", str(tmp_path / "new" / "sub" / "x.gguf")])
+    assert r.exit_code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["user.gguf"], r.output
 
 
 def test_plot_draws_a_grafted_trees_shape(tmp_path):

@@ -50,6 +50,10 @@ def export_draft(
     src = draft if draft is not None else default_draft_path()
     model, tok = load_checkpoint(src)
     label = model_label(src)
+    if Path(src).suffix.lower() == ".gguf":  # a re-export keeps the source's general.name (loaded, the stem names it)
+        from ..model.gguf_loader import load_gguf_config
+
+        label = load_gguf_config(src).name or label
     report = Report(title="treeopt export-draft")
     # written beside --gguf and checked there: a file llama.cpp refuses never replaces the one the user had
     with atomic_output_path(gguf) as tmp:
@@ -65,7 +69,10 @@ def export_draft(
     if gguf.stem != label:
         report.notes.append(f"profiles name this draft {label!r} (general.name); the file stem is {gguf.stem!r}, "
                             f"which is what --draft FILE reports: name the file {label}.gguf to keep them equal")
-    report.data = {"source": str(src), "output": str(gguf), **info, "outtype": outtype}
+    report.data = {"source": str(src), "output": str(gguf), "name": label, **info, "outtype": outtype,
+                   "parameters": model.config.num_parameters(), "vocabulary": tok.vocab_size,
+                   "llama_cpp_loads": True if loads is True else None,  # None: not checked (--no-check, or why)
+                   **({"not_checked": loads} if isinstance(loads, str) else {})}
     render(report, as_json)
 
 
