@@ -714,6 +714,14 @@ def test_tune_llamacpp_from_given_profiles_needs_no_llamacpp(tmp_path, monkeypat
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert "--spec-draft-n-max" in doc["settings"]["text"] and doc["schedule"]["ranges"][0]["batch_range"][0] == 1
+    assert " -md DRAFT.gguf " in doc["settings"]["text"]  # no draft named: a placeholder
+    # the draft GGUF named with --draft is the one -md loads (it printed the placeholder, a tryout)
+    gguf = tmp_path / "my-draft.gguf"
+    gguf.write_bytes(b"GGUF")
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-l", str(table), "-a", str(acc), "--draft", str(gguf),
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    assert f" -md {gguf} " in json.loads(res.stdout)["settings"]["text"]
 
 
 def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):

@@ -918,6 +918,8 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             len(given_doc["lookup"]) == 2:
         lookup = tuple(int(n) for n in given_doc["lookup"])
     model = opts.model or (str(given_doc["draft_model"]) if given_doc.get("draft_model") else None)
+    if model is None and opts.engine == "llama.cpp" and str(opts.draft or "").lower().endswith(".gguf"):
+        model = str(opts.draft)  # the draft GGUF tune measured is the one llama-server's -md loads
     if opts.model is not None and key == "ngram" and opts.engine in GPU_ENGINES:
         warnings.append(f"--model {opts.model} is not used: n-gram drafting ({method}) loads no drafter checkpoint")
     if lookup is not None:

@@ -352,8 +352,8 @@ def choose(
             target token count, or no candidate could be scored without extrapolating the draft curve.
     """
     p = validate_acceptance(acceptance)
-    if isinstance(budget, int):
-        check_budget_measured(budget, curve, context)
+    if isinstance(budget, (int, np.integer)) and not isinstance(budget, bool):  # numpy ints too (a review)
+        check_budget_measured(int(budget), curve, context)
     if solution is None or solution.max_nodes < budget or solution.max_depth < max_depth:
         solution = solve_dp(p, budget, max_depth, max_branching)
     ms, ds = [], []
