@@ -216,3 +216,26 @@ def test_a_latency_profile_at_another_precision_keeps_its_own_id_and_default_fil
         ids[path.name] = yaml.safe_load(path.read_text())["id"]
     assert len(ids) == 2 and sorted(ids) == ["target__draft-int8-latency.yaml", "target__draft-latency.yaml"]
     assert ids["target__draft-int8-latency.yaml"] == ids["target__draft-latency.yaml"] + "_int8"
+
+
+def test_a_batch_profile_at_another_precision_is_not_where_tune_reads_float32(tmp_path, monkeypatch):
+    """profile latency --batch --dtype bfloat16 (or --weights int8) wrote target__draft-latency-batch.yaml, the
+    file tune --engine treeopt reads and reused as its float32 T(b, n) (a review): its own file and id now, and
+    tune refuses a batch profile of another precision at its default path."""
+    from sequoia_opt.jobs.tune import TuneOptions, _latency_misfit
+    from sequoia_opt.profiles.batch import load_batch_latency
+
+    target, draft, _ = make_pair(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    r = invoke("profile", "latency", "-t", target, "--draft", draft, "--context", "8", "--max-tokens", "2",
+               "--max-draft-tokens", "2", "--max-repeats", "2", "--rounds", "1", "--batch", "1,2", "--weights", "int8")
+    assert r.exit_code == 0, r.output
+    [path] = (tmp_path / "profiles").rglob("*latency-batch.yaml")
+    assert path.name == "target__draft-int8-latency-batch.yaml"
+    prof = load_batch_latency(path)
+    assert prof.id.endswith("_target__draft_float32_int8_batch"), prof.id
+    opts = TuneOptions(engine="treeopt", batches=[1, 2], context=8, max_draft=1)
+    import dataclasses
+
+    bf16 = dataclasses.replace(prof, device={**prof.device, "dtype": "bfloat16"})
+    assert _latency_misfit(bf16, opts, 1) == "was timed in bfloat16, not float32"

@@ -192,6 +192,18 @@ def _cli(target: Path, prompts: Path, out: Path, *extra: str):
     return runner.invoke(app, [str(a) for a in args])
 
 
+def test_a_bfloat16_sweep_writes_its_own_latency_file(checkpoint, tmp_path):
+    """The bfloat16 curve went to the float32 default path (replacing that curve) while run --compare-drafters
+    --dtype bfloat16 looked for target__self-L1-bfloat16-latency.yaml (a review)."""
+    target, prompts = checkpoint
+    out = tmp_path / "profiles"
+    r = _cli(target, prompts, out, "--layers", "1", "--dtype", "bfloat16", "--json")
+    assert r.exit_code == 0, r.output
+    lat_path = Path(json.loads(r.stdout)["latency_profile"])
+    assert lat_path.name == "target__self-L1-bfloat16-latency.yaml" and lat_path.parent.parent == out
+    assert load_latency(lat_path).device["dtype"] == "bfloat16"
+
+
 def test_cli_sweeps_and_writes_the_best_profiles(checkpoint, tmp_path):
     target, prompts = checkpoint
     out = tmp_path / "profiles"

@@ -536,6 +536,28 @@ def test_schedule_policy_from_the_registry(tmp_path):
     assert kind.own_tree(wide_later)[1].size == 3
 
 
+def test_run_warns_when_a_plan_was_solved_for_another_mode_or_other_weights(tmp_path):
+    """Trees warned when run decodes in another mode or with other weights than their profiles; plans did not (a
+    tryout's sampled run showed a greedy plan's prediction without a word). tune records both in the plan."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+
+    target, draft, prompts = make_pair(tmp_path)
+    doc = plan_document(solve_plan(ChainValue(_acc(), 2), PROFILE), engine="treeopt", drafter="draft")
+    doc.update(target="target", temperature=0.0,
+               weights={"draft": {"path": "/elsewhere/draft", "fingerprint": "sha256:0000"}})
+    plan = save_schedule(tmp_path / "p.yaml", doc)
+    res = runner.invoke(app, ["run", "--target", str(target), "--draft", str(draft), "--policy", f"schedule:{plan}",
+                              "--temperature", "0.9", "--prompts", str(prompts), "--num-prompts", "1",
+                              "--max-new-tokens", "4", "--results-dir", str(tmp_path / "res"), "--json"])
+    assert res.exit_code == 0, res.output
+    warnings = json.loads(res.stdout)["warnings"]
+    assert any("tree 'p (schedule)' was solved from profiles measured with temperature 0.0, but this run uses 0.9"
+               in w for w in warnings), warnings
+    assert any("tree 'p (schedule)' was solved from an acceptance profile measured with other weights: its draft "
+               "weights at /elsewhere/draft (fingerprint sha256:0000)" in w for w in warnings), warnings
+
+
 def test_run_refuses_what_a_plan_would_ignore(tmp_path):
     """--policy schedule:PLAN with --tree ran the plan under the tree file's name and size (a tryout); -a / -l with a
     policy other than static advised --compare or --adapt, which such a policy refuses in turn."""
@@ -720,6 +742,10 @@ def test_tune_llamacpp_from_given_profiles_needs_no_llamacpp(tmp_path, monkeypat
     gguf.write_bytes(b"GGUF")
     res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-l", str(table), "-a", str(acc), "--draft", str(gguf),
                               "--json"])
+    assert res.exit_code == 0, res.output
+    assert f" -md {gguf} " in json.loads(res.stdout)["settings"]["text"]
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-l", str(table), "-a", str(acc), "--draft",
+                              f"model:{gguf}", "--json"])  # the kind spelled out: the path, not the spec (a review)
     assert res.exit_code == 0, res.output
     assert f" -md {gguf} " in json.loads(res.stdout)["settings"]["text"]
 

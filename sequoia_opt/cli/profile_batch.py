@@ -41,20 +41,24 @@ def check_batch_options(batch: Optional[str], offload: bool, device: torch.devic
 
 def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, dname, dev, dt, grid, dgrid, contexts,
                                      rounds, paired, repeats, random_weights, base, output: Optional[Path],
-                                     as_json: bool, loop: bool = False) -> None:
+                                     as_json: bool, loop: bool = False, precision: str = "") -> None:
     """Time and write the batch or the offload profile, then print its report (``loop``: with a draft model, each
-    batch size's curve also times the decoding loop's own step at b rows)."""
+    batch size's curve also times the decoding loop's own step at b rows; ``precision``:
+    :func:`~sequoia_opt.jobs.load.precision_suffix`, in the default file name and the id, so that a bfloat16 or
+    int8 curve never lands where tune reads its float32 one)."""
     from ..jobs.load import drafter_slug
     from ..device import device_slug
     from ..profiling.latency import method_text
 
     slug = device_slug(dev)
     dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
-    pid = f"{slug}_{base}{dpart}_{dt}".replace("torch.", "")
+    pid = f"{slug}_{base}{dpart}_{dt}".replace("torch.", "") + "".join(
+        f"_{p}" for p in precision.split("-")[1:] if p != str(dt).removeprefix("torch."))  # int8 / int4 weights
     draft_model = draft if isinstance(draft, torch.nn.Module) else None
     timing = dict(min_repeats=min(5, repeats), max_repeats=repeats)
     report = Report(title="treeopt profile latency " + ("--offload" if offload else "--batch"))
-    out = output or Path("profiles") / slug / f"{base}{dpart}-{'offload-latency' if offload else 'latency-batch'}.yaml"
+    out = output or Path("profiles") / slug / (f"{base}{dpart}{precision}-"
+                                               f"{'offload-latency' if offload else 'latency-batch'}.yaml")
     _check_writable(out)  # the default path too, before the minutes of timing
     if offload:
         from ..profiles import save_latency

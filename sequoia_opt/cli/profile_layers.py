@@ -65,7 +65,7 @@ def profile_layers(
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
     output_dir: Annotated[Path, typer.Option(
         "--output-dir", help="Where the best L's profiles go: <dir>/<target>__self-L<L>/acceptance-<mode>.yaml "
-        "and <dir>/<device>/<target>__self-L<L>-latency.yaml.")] = Path("profiles"),
+        "and <dir>/<device>/<target>__self-L<L>[-<dtype>]-latency.yaml (the dtype when not float32).")] = Path("profiles"),
     as_json: JsonOpt = False,
 ) -> None:
     """Find the best L for the self layer-skip drafter (--draft self:L) on this device: per L, measure the
@@ -75,8 +75,8 @@ def profile_layers(
     from ..drafting.drafters import LayerSkipDrafter
     from ..errors import SolverError
     from ..model.loaders import load_model_config
-    from ..jobs.load import (ModelPair, check_default_profile, default_target_path, load_pair, parse_device,
-                             parse_drafter_spec, parse_dtype)
+    from ..jobs.load import (ModelPair, check_default_profile, default_latency_path, default_target_path, load_pair,
+                             parse_device, parse_drafter_spec, parse_dtype, precision_suffix)
     from ..profiles import save_acceptance, save_latency
     from ..profiling.acceptance import build_acceptance_profile
     from ..device import device_name, device_slug
@@ -143,9 +143,10 @@ def profile_layers(
     def pair_for(L: int) -> ModelPair:
         return ModelPair(tmodel, None, pair.tokenizer, tname, f"self:{L}", parse_drafter_spec(f"self:{L}"), tp)
 
-    def outputs(L: int) -> tuple[Path, Path]:
+    def outputs(L: int) -> tuple[Path, Path]:  # the latency where profile latency writes it (another dtype: its own)
         return (output_dir / pair_for(L).slug / f"acceptance-{mode}.yaml",
-                output_dir / slug / f"{tname}__self-L{L}-latency.yaml")
+                output_dir / default_latency_path(tname, parse_drafter_spec(f"self:{L}"), slug,
+                                                  precision_suffix(dt)).relative_to("profiles"))
 
     weights = pair.weights
     for L in grid:  # a path that cannot be written fails now, not after the sweep

@@ -634,6 +634,12 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
     other = weights_mismatch(prof.model, weights)
     if other:
         return f"was timed with other weights: {other[0]}"
+    if opts.engine == "treeopt":  # tune times float32 on treeopt's decoder: another precision is another curve
+        dev = prof.device or {}
+        precision = dev.get("dtype"), (dev.get("linear") or {}).get("precision")
+        other_p = next((str(p) for p in precision if p not in (None, "float32")), None)
+        if other_p is not None:
+            return f"was timed in {other_p}, not float32"
     threads = (prof.device or {}).get("threads")
     if threads is not None and int(threads) != opts.threads:
         return f"was timed with {threads} threads, not {opts.threads}"
@@ -918,8 +924,9 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             len(given_doc["lookup"]) == 2:
         lookup = tuple(int(n) for n in given_doc["lookup"])
     model = opts.model or (str(given_doc["draft_model"]) if given_doc.get("draft_model") else None)
-    if model is None and opts.engine == "llama.cpp" and str(opts.draft or "").lower().endswith(".gguf"):
-        model = str(opts.draft)  # the draft GGUF tune measured is the one llama-server's -md loads
+    gguf = served.path if served.kind == "model" and served.path is not None else None
+    if model is None and opts.engine == "llama.cpp" and gguf is not None and str(gguf).lower().endswith(".gguf"):
+        model = str(gguf)  # the draft GGUF tune measured is the one llama-server's -md loads (model:X.gguf too)
     if opts.model is not None and key == "ngram" and opts.engine in GPU_ENGINES:
         warnings.append(f"--model {opts.model} is not used: n-gram drafting ({method}) loads no drafter checkpoint")
     if lookup is not None:
