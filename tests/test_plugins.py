@@ -1,12 +1,13 @@
 """The one-loop promise: a new drafter is one file and a registry line, a new policy is one file and a registry
 line, and both run through ``treeopt run`` unchanged. The two files here are written outside the package (as a
-user's plugins, named in TREEOPT_PLUGINS); the loop, the CLI and the jobs know nothing of them."""
+user's plugins, named in TREEOPT_PLUGINS), taken verbatim from docs/drafters.md's example; the loop, the CLI and
+the jobs know nothing of them."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,85 +22,22 @@ from sequoia_opt.drafting import registry  # noqa: E402
 from sequoia_opt.errors import TreeoptError  # noqa: E402
 from sequoia_opt.tree import Tree, save_tree  # noqa: E402
 
-# A drafter of one's own: proposes, at every node, the node's own token and the ids after it (a drafter that
-# is right whenever the text repeats a token: cheap, no model, no cache, no probabilities).
-TOY_DRAFTER = textwrap.dedent('''
-    import torch
-    from sequoia_opt.decoding.step_tree import DraftOutput, root_tree
-    from sequoia_opt.drafting.drafters.base import Drafter
-    from sequoia_opt.drafting.registry import CostProbe, DrafterKind, no_argument, register_drafter
+def _docs_block(first_line: str) -> str:
+    """The ```python block of docs/drafters.md that begins with ``first_line``: the plugins below are the docs'
+    own example, as written there (a tryout found the example's placeholder body crashed when copied)."""
+    text = (Path(__file__).parents[1] / "docs" / "drafters.md").read_text(encoding="utf-8")
+    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+        if block.startswith(first_line):
+            return block
+    raise AssertionError(f"docs/drafters.md has no python block beginning {first_line!r}")
 
-    class RepeatDrafter(Drafter):
-        cost_model = "one-pass"
-        has_probs = False
-        max_rows = 64
 
-        def __init__(self, vocab_size, device):
-            self.vocab_size, self.device, self.context = vocab_size, torch.device(device), 1 << 40
-            self.proposals = 0
-
-        def bind(self, settings):
-            self._bind_once(settings)
-
-        def prefill(self, state):
-            pass
-
-        def propose(self, state, buffers, forced_tokens=None):
-            self.proposals += 1
-            out = root_tree([r.root for r in state.rows], buffers.n, self.device)
-            for b in range(len(state.rows)):
-                for d in range(1, buffers.tree_depth + 1):
-                    sl, parent = buffers.level_slices[d], buffers.child_parent_local[d]
-                    prev = out[b, buffers.level_slices[d - 1]]
-                    out[b, sl] = (prev[parent] + buffers.child_rank[d]) % self.vocab_size
-            return DraftOutput(out if forced_tokens is None else forced_tokens, None, buffers.tree_depth)
-
-        def commit(self, state, paths, step_depth):
-            pass
-
-    register_drafter(DrafterKind(
-        "repeat", "repeat the last token", "one-pass", parse=no_argument("repeat"), label=lambda s: "repeat",
-        build=lambda spec, target, draft: RepeatDrafter(target.config.vocab_size, target.device),
-        probe=lambda spec, target, draft, make: CostProbe("repeat", make=make), has_probs=False))
-''')
-
-# A policy of one's own: each row's tree is the --tree cut to depth 1 or 2 by the parity of the row's length (so
-# rows of one batch verify trees of different sizes in one forward).
-TOY_POLICY = textwrap.dedent('''
-    from sequoia_opt.decoding.policy import DraftingPolicy
-    from sequoia_opt.decoding.step_tree import StepTree, TreeBuffers
-    from sequoia_opt.drafting.drafters import as_drafter
-    from sequoia_opt.drafting.registry import PolicyKind, register_policy
-
-    class AlternatingPolicy(DraftingPolicy):
-        reports_drafters = False
-
-        def __init__(self, drafter, tree):
-            self.drafter = as_drafter(drafter)
-            self.drafters, self.names = (self.drafter,), ("draft",)
-            self.tree, self.max_size, self.max_depth = tree, tree.size, tree.tree_depth
-            self.max_rows = self.drafter.max_rows
-
-        def bind(self, settings):
-            super().bind(settings)
-            full = TreeBuffers.build(self.tree, settings.device)
-            self.cuts = [full.clipped(min(d, full.tree_depth)) for d in (1, 2)]
-
-        def draft(self, state, rooms):
-            trees = []
-            for row in state.rows:  # each row its own tree: one drafter call per row
-                buf = self.cuts[len(row.seq) % 2]
-                sub = type(state)(rows=[row], results=[row.result])
-                out = self.drafter.propose(sub, buf)
-                trees.append(StepTree.static(buf, out.tokens[0]))
-            return trees
-
-        def commit(self, state, trees, paths):
-            pass
-
-    register_policy(PolicyKind("alternating", "depth 1 or 2 by the row's length", lambda arg: {},
-                               lambda drafter, tree, opts: AlternatingPolicy(drafter, tree), AlternatingPolicy))
-''')
+# A drafter of one's own (proposes, at every node, the node's own token and the ids after it: right whenever the
+# text repeats a token; no model, no cache, no probabilities) and a policy of one's own (each row's tree is the
+# --tree cut to depth 1 or 2 by the parity of the row's length, so rows of one batch verify trees of different
+# sizes in one forward): the docs' example files.
+TOY_DRAFTER = _docs_block("# my_drafter.py")
+TOY_POLICY = _docs_block("# my_policy.py")
 
 
 @pytest.fixture()
