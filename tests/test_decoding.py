@@ -798,3 +798,30 @@ def test_a_policy_that_lists_no_drafters_is_refused(target):
 
     with pytest.raises(DecodingError, match="the Forgetful lists no drafters: set its drafters"):
         Decoder(target, Forgetful())
+
+
+def test_the_decoders_arguments_are_checked_at_its_boundary(target):
+    """A library tryout: an int seed as the generator failed inside the first sampled step (greedy never noticed),
+    a tokenizer's np.int64 eos id raised a TypeError, an unknown backend a ValueError from the attention code."""
+    import numpy as np
+
+    from sequoia_opt.decoding import Decoder
+
+    with pytest.raises(DecodingError, match="generator must be a torch.Generator .* got int"):
+        Decoder(target, temperature=1.0, generator=123)
+    dec = Decoder(target)
+    with pytest.raises(DecodingError, match="generator must be a torch.Generator"):
+        dec.generator = 7
+    for eos, want in ((np.int64(3), {3}), (torch.tensor(3), {3}), (torch.tensor([3, 5]), {3, 5}), ([np.int32(2)], {2}),
+                      ((), set())):
+        assert Decoder(target, eos_ids=eos).eos_ids == frozenset(want)
+    for bad in (None, 1.5, "ab", [-1], [True]):
+        with pytest.raises(DecodingError, match="eos_ids must be"):
+            Decoder(target, eos_ids=bad)
+    with pytest.raises(DecodingError, match="backend"):
+        Decoder(target, backend="nope")
+    # an eos id that is a numpy int stops the row as an int one does
+    prompt = [5, 17, 3]
+    plain = autoregressive_generate(target, prompt, 8).tokens
+    stop = Decoder(target, eos_ids=np.int64(plain[2])).generate(prompt, 8)
+    assert stop.tokens == plain[:3] and stop.stop_reason == "eos"

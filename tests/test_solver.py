@@ -343,3 +343,39 @@ def test_one_pass_never_scores_a_tree_past_the_measured_draft_forward():
     for b in compare_baselines(P, 32, 8, 8, one_pass):
         assert (b.cost is None) == (b.tree.size - 1 > 8)
         assert b.cost is not None or "draft forward over" in b.note
+
+
+def test_choose_solves_anew_for_tables_of_another_vector_or_branching():
+    """A library user's choose(p2, ..., solution=solve_dp(p1, ...)) returned the tree best under p1 with its
+    figures (G 5.17 where the tree gives 1.19 under p2): positional tables of another vector or branching limit
+    are not reused."""
+    from sequoia_opt.profiles import load_latency
+    from sequoia_opt.solver import choose, solve_dp
+
+    from pathlib import Path
+
+    curve = load_latency(Path(__file__).parents[1] / "profiles" / "example" / "latency.yaml")
+    p1, p2 = [0.8, 0.1, 0.05], [0.1, 0.05, 0.01]
+    own = choose(p2, curve, 32, 6)
+    reused = choose(p2, curve, 32, 6, solution=solve_dp(p1, 64, 8))
+    assert reused.tree.choices() == own.tree.choices()
+    assert reused.expected_tokens == pytest.approx(own.tree.expected_tokens(p2))
+    wide = choose(p1, curve, 32, 6, max_branching=4)
+    narrow_tables = choose(p1, curve, 32, 6, max_branching=4, solution=solve_dp(p1, 64, 8, max_branching=1))
+    assert narrow_tables.expected_tokens == pytest.approx(wide.expected_tokens) and max(wide.tree.level_widths) > 1
+    same = solve_dp(p1, 64, 8, max_branching=4)  # tables of this vector and B are reused as they are
+    assert choose(p1, curve, 32, 6, max_branching=4, solution=same).solution is same
+
+
+def test_the_baselines_take_numpy_integers_as_the_solver_does():
+    import numpy as np
+
+    from sequoia_opt.solver.baselines import best_first, chain, kary_tree, specinfer
+
+    assert chain(np.int64(3)).choices() == chain(3).choices()
+    assert kary_tree(np.int32(2), np.int64(2), budget=np.int64(5)).choices() == kary_tree(2, 2, budget=5).choices()
+    assert specinfer(np.int64(2), np.int64(3)).choices() == specinfer(2, 3).choices()
+    p = [0.5, 0.2, 0.1]
+    assert best_first(p, np.int64(6)).choices() == best_first(p, 6).choices()
+    with pytest.raises(SolverError, match="gamma must be an integer >= 0"):
+        chain(np.float64(3.0))

@@ -31,7 +31,7 @@ output is distributed as the target's temperature / top-p sampling.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -70,6 +70,16 @@ def keep_order(finished: Sequence[bool]) -> list[int]:
     return [b if not finished[b] else tail.pop() for b in range(K)]
 
 
+def _check_generator(generator: Any, device: torch.device) -> None:
+    """Raise DecodingError unless ``generator`` is a torch.Generator on ``device``'s type (an int seed passed as
+    the generator failed inside the first sampled step, and greedy decoding never noticed)."""
+    if not isinstance(generator, torch.Generator):
+        raise DecodingError(f"generator must be a torch.Generator (seed one with .manual_seed), got "
+                            f"{type(generator).__name__}")
+    if generator.device.type != torch.device(device).type:
+        raise DecodingError(f"the generator is on {generator.device}, the target on {device}: make it there")
+
+
 class Decoder:
     """The one decoding loop (module docstring).
 
@@ -97,7 +107,9 @@ class Decoder:
     Raises:
         DecodingError: a drafter with another vocabulary or device than the target, a bad temperature / top_p,
             ``max_len`` or ``max_batch`` below 1, a batch larger than the policy or the target face serves, a
-            policy node wider than the face verifies, a drafter already bound to another decoder.
+            policy node wider than the face verifies, a drafter already bound to another decoder, a generator
+            that is not a torch.Generator on the target's device, ``eos_ids`` that are not token ids, an attention
+            backend that is unknown or absent here.
     """
 
     def __init__(self, target: Transformer | TargetFace, policy: DraftingPolicy | None = None, *,
@@ -114,7 +126,10 @@ class Decoder:
             if max_len is None:
                 context = target.config.max_position_embeddings
                 max_len = min(context, DEFAULT_MAX_LEN) + (policy.max_size if policy is not None else 0)
-            face: TargetFace = TransformerTarget(target, max_len=max_len, max_batch=max_batch, backend=backend)
+            try:
+                face: TargetFace = TransformerTarget(target, max_len=max_len, max_batch=max_batch, backend=backend)
+            except (ValueError, RuntimeError) as err:  # an unknown backend, or cuda where there is none
+                raise DecodingError(str(err)) from None
         elif isinstance(target, TargetFace):
             face = target
         else:
@@ -131,6 +146,7 @@ class Decoder:
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(0)
+        _check_generator(generator, self.device)
         self._settings = DraftSettings(device=self.device, max_len=self.max_len, max_batch=self.max_batch,
                                        backend=getattr(face, "backend", "torch"), temperature=self.temperature,
                                        top_p=self.top_p, generator=generator,
@@ -179,6 +195,7 @@ class Decoder:
 
     @generator.setter
     def generator(self, generator: torch.Generator) -> None:
+        _check_generator(generator, self.device)
         self._settings.generator = generator
 
     @property

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
 
+from ..errors import DecodingError
 from .stats import GenerationResult
 
 __all__ = ["RowState", "DecodeState", "DraftSettings", "truncate", "eos_set"]
@@ -38,8 +40,18 @@ def truncate(emitted: Sequence[int], remaining: int, eos_ids: Iterable[int]) -> 
 
 
 def eos_set(eos_ids: int | Iterable[int]) -> frozenset[int]:
-    """The EOS ids as a frozenset (one id or several)."""
-    return frozenset([int(eos_ids)] if isinstance(eos_ids, int) else (int(t) for t in eos_ids))
+    """The EOS ids as a frozenset: one id or several, Python, numpy or 0-d / 1-d tensor integers (a tokenizer's
+    ``np.int64`` eos id raised a TypeError). Raises DecodingError for anything else, or a negative id."""
+    if isinstance(eos_ids, torch.Tensor):
+        eos_ids = eos_ids.reshape(-1).tolist()
+    items = [eos_ids] if isinstance(eos_ids, (int, np.integer)) else eos_ids
+    try:
+        ids = list(items)
+    except TypeError:
+        raise DecodingError(f"eos_ids must be a token id or ids, got {eos_ids!r}") from None
+    if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0 for t in ids):
+        raise DecodingError(f"eos_ids must be token ids (integers >= 0), got {eos_ids!r}")
+    return frozenset(int(t) for t in ids)
 
 
 @dataclass

@@ -13,14 +13,17 @@ from typing import Any
 
 from ..decoding.loop import Decoder
 from ..tree import Tree
-from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, PromptLookupDrafter, as_drafter, drafter_factory
-from .policies import (AdaptiveTreePolicy, DynamicPolicy, GraftPolicy, MergePolicy, OnlineAcceptance, Resolve,
-                       StaticTreePolicy, TreeAdapter)
+from .drafters import (Drafter, EagleDrafter, LayerSkipDrafter, MedusaDrafter, ModelDrafter, PromptLookupDrafter,
+                       as_drafter, drafter_factory)
+from .policies import (AdaptiveSchedulePolicy, AdaptiveTreePolicy, ChainPolicy, DynamicPolicy, GraftPolicy, MergePolicy,
+                       OnlineAcceptance, Resolve, SchedulePolicy, StaticTreePolicy, TreeAdapter)
 from .registry import (DRAFTERS, POLICIES, DrafterKind, DrafterSpec, PolicyKind, load_plugins, parse_drafter_spec,
                        parse_policy, register_drafter, register_policy)
 
-__all__ = ["Drafter", "ModelDrafter", "PromptLookupDrafter", "LayerSkipDrafter", "as_drafter", "drafter_factory",
-           "StaticTreePolicy", "AdaptiveTreePolicy", "DynamicPolicy", "GraftPolicy", "MergePolicy", "TreeAdapter",
+__all__ = ["Drafter", "ModelDrafter", "PromptLookupDrafter", "LayerSkipDrafter", "EagleDrafter", "MedusaDrafter",
+           "as_drafter", "drafter_factory",
+           "StaticTreePolicy", "ChainPolicy", "SchedulePolicy", "AdaptiveSchedulePolicy", "AdaptiveTreePolicy",
+           "DynamicPolicy", "GraftPolicy", "MergePolicy", "TreeAdapter",
            "OnlineAcceptance", "Resolve",
            "DRAFTERS", "POLICIES", "DrafterKind", "DrafterSpec", "PolicyKind", "parse_drafter_spec", "parse_policy",
            "register_drafter", "register_policy", "load_plugins",

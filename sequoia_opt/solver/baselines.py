@@ -18,30 +18,34 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
+import numpy as np
+
 from ..errors import SolverError
 from ..profiles import validate_acceptance
 from ..tree import Tree
 
 
 def _positive(name: str, value: int, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    """``value`` as an int (numpy integers too, as solve_dp and choose take them). Raises SolverError when it is
+    not an integer >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise SolverError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
+    return int(value)
 
 
 def chain(gamma: int) -> Tree:
     """A chain of ``gamma`` speculated tokens below the root (gamma + 1 nodes, depth gamma, all rank 0)."""
-    _positive("gamma", gamma, 0)
+    gamma = _positive("gamma", gamma, 0)
     return Tree.chain(gamma + 1)
 
 
 def kary_tree(k: int, depth: int, budget: int | None = None) -> Tree:
     """The full k-ary tree of the given depth: ``1 + k + .. + k^depth`` nodes, or its first ``budget`` nodes
     in breadth-first order (a valid tree: a prefix of canonical order never leaves a rank gap)."""
-    _positive("k", k)
-    _positive("depth", depth, 0)
+    k = _positive("k", k)
+    depth = _positive("depth", depth, 0)
     if budget is not None:
-        _positive("budget", budget)
+        budget = _positive("budget", budget)
     parent, rank = [-1], [0]
     level = [0]
     for _ in range(depth):
@@ -64,8 +68,8 @@ def specinfer(k: int, length: int) -> Tree:
 
     Root children take ranks 0..k-1; below each, a rank-0 chain of ``length - 1`` nodes. Size ``1 + k*length``.
     """
-    _positive("k", k)
-    _positive("length", length)
+    k = _positive("k", k)
+    length = _positive("length", length)
     parent, rank = [-1], [0]
     for r in range(k):
         parent.append(0)
@@ -99,11 +103,11 @@ def best_first(
 
         rows = validate_acceptance_by_depth(by_depth)
         p = rows[0]
-    _positive("budget", budget)
+    budget = _positive("budget", budget)
     if max_depth is not None:
-        _positive("max depth", max_depth)
+        max_depth = _positive("max depth", max_depth)
     if max_branching is not None:
-        _positive("max branching", max_branching)
+        max_branching = _positive("max branching", max_branching)
     K = p.size if max_branching is None else min(p.size, max_branching)
     parent, rank, prob, depth = [-1], [0], [1.0], [0]
     heap: list[tuple[float, int, int, int]] = []  # (-probability, tie-break, parent node, rank)

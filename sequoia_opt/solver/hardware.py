@@ -345,7 +345,9 @@ def choose(
     Args:
         acceptance: p_1..p_K.  budget: largest n considered (nodes incl. root).  max_depth: D.
         max_branching: B.  context: context length in tokens (None = smallest measured).
-        top: how many distinct alternatives to keep.  solution: reuse DP tables solved for >= these limits.
+        top: how many distinct alternatives to keep.  solution: reuse DP tables solved for >= these limits
+        (a :class:`~sequoia_opt.solver.depth.DepthDPSolution` carries the per-depth value model; positional
+        tables of another vector or B are solved anew: a reused one returned a wrong tree, wrong figures).
 
     Raises:
         SolverError: bad acceptance / budget / depth.  ProfileError: budget beyond the largest measured
@@ -354,6 +356,11 @@ def choose(
     p = validate_acceptance(acceptance)
     if isinstance(budget, (int, np.integer)) and not isinstance(budget, bool):  # numpy ints too (a review)
         check_budget_measured(int(budget), curve, context)
+    if isinstance(solution, DPSolution) and (solution.max_branching != max_branching
+                                             or solution.acceptance.shape != p.shape
+                                             or not np.array_equal(solution.acceptance, p)):
+        solution = None  # positional tables of another vector or branching limit hold other trees (a by-depth
+        # solution carries its own value model, with this vector as its pooled summary: kept)
     if solution is None or solution.max_nodes < budget or solution.max_depth < max_depth:
         solution = solve_dp(p, budget, max_depth, max_branching)
     ms, ds = [], []

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Drafter", "CostModel"]
 
+#: How the solver charges a drafter (:attr:`Drafter.cost_model`): ``"per-level"``, one forward per tree level
+#: over that level's w nodes at c(w) ms; ``"one-pass"``, one forward (or lookup) proposes every level, c(n - 1).
 CostModel = Literal["per-level", "one-pass"]
 
 
