@@ -812,10 +812,12 @@ def test_the_decoders_arguments_are_checked_at_its_boundary(target):
     dec = Decoder(target)
     with pytest.raises(DecodingError, match="generator must be a torch.Generator"):
         dec.generator = 7
+    cpu = torch.Generator().manual_seed(1)  # any device's generator: sampling draws on it and moves the numbers
+    assert Decoder(target, temperature=1.0, generator=cpu).generator is cpu
     for eos, want in ((np.int64(3), {3}), (torch.tensor(3), {3}), (torch.tensor([3, 5]), {3, 5}), ([np.int32(2)], {2}),
                       ((), set())):
         assert Decoder(target, eos_ids=eos).eos_ids == frozenset(want)
-    for bad in (None, 1.5, "ab", [-1], [True]):
+    for bad in (None, 1.5, "ab", "", b"ab", [-1], [True]):
         with pytest.raises(DecodingError, match="eos_ids must be"):
             Decoder(target, eos_ids=bad)
     with pytest.raises(DecodingError, match="backend"):

@@ -365,6 +365,14 @@ def test_choose_solves_anew_for_tables_of_another_vector_or_branching():
     assert narrow_tables.expected_tokens == pytest.approx(wide.expected_tokens) and max(wide.tree.level_widths) > 1
     same = solve_dp(p1, 64, 8, max_branching=4)  # tables of this vector and B are reused as they are
     assert choose(p1, curve, 32, 6, max_branching=4, solution=same).solution is same
+    # by-depth tables solved at another B too (a review): a chain's figures were returned for B = 4
+    from sequoia_opt.solver.depth import solve_dp_by_depth
+
+    rows = np.array([p1, [0.7, 0.15, 0.05]])
+    by_depth = choose(p1, curve, 32, 6, max_branching=4, solution=solve_dp_by_depth(rows, 64, 8, 4))
+    assert by_depth.solution.max_branching == 4 and max(by_depth.tree.level_widths) > 1
+    with pytest.raises(SolverError, match="DepthDPSolution given was solved with max_branching 1, not 4"):
+        choose(p1, curve, 32, 6, max_branching=4, solution=solve_dp_by_depth(rows, 64, 8, 1))
 
 
 def test_the_baselines_take_numpy_integers_as_the_solver_does():

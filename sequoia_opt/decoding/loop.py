@@ -35,6 +35,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from ..attention import resolve_backend
 from ..errors import DecodingError
 from ..model import Transformer
 from .forward import check_capacity, check_max_new_tokens, check_prompt
@@ -70,14 +71,13 @@ def keep_order(finished: Sequence[bool]) -> list[int]:
     return [b if not finished[b] else tail.pop() for b in range(K)]
 
 
-def _check_generator(generator: Any, device: torch.device) -> None:
-    """Raise DecodingError unless ``generator`` is a torch.Generator on ``device``'s type (an int seed passed as
-    the generator failed inside the first sampled step, and greedy decoding never noticed)."""
+def _check_generator(generator: Any) -> None:
+    """Raise DecodingError unless ``generator`` is a torch.Generator (an int seed passed as the generator failed
+    inside the first sampled step, and greedy decoding never noticed). Any device: the sampling rules draw on the
+    generator's device and move the numbers to the data's (:mod:`~sequoia_opt.decoding.sampling`)."""
     if not isinstance(generator, torch.Generator):
         raise DecodingError(f"generator must be a torch.Generator (seed one with .manual_seed), got "
                             f"{type(generator).__name__}")
-    if generator.device.type != torch.device(device).type:
-        raise DecodingError(f"the generator is on {generator.device}, the target on {device}: make it there")
 
 
 class Decoder:
@@ -108,8 +108,8 @@ class Decoder:
         DecodingError: a drafter with another vocabulary or device than the target, a bad temperature / top_p,
             ``max_len`` or ``max_batch`` below 1, a batch larger than the policy or the target face serves, a
             policy node wider than the face verifies, a drafter already bound to another decoder, a generator
-            that is not a torch.Generator on the target's device, ``eos_ids`` that are not token ids, an attention
-            backend that is unknown or absent here.
+            that is not a torch.Generator, ``eos_ids`` that are not token ids, an attention backend that is
+            unknown or absent here.
     """
 
     def __init__(self, target: Transformer | TargetFace, policy: DraftingPolicy | None = None, *,
@@ -126,10 +126,12 @@ class Decoder:
             if max_len is None:
                 context = target.config.max_position_embeddings
                 max_len = min(context, DEFAULT_MAX_LEN) + (policy.max_size if policy is not None else 0)
-            try:
-                face: TargetFace = TransformerTarget(target, max_len=max_len, max_batch=max_batch, backend=backend)
-            except (ValueError, RuntimeError) as err:  # an unknown backend, or cuda where there is none
-                raise DecodingError(str(err)) from None
+            if backend != "auto":  # an unknown backend, or cuda where there is none: the caller's error, named
+                try:
+                    resolve_backend(backend, target.device)
+                except (ValueError, RuntimeError) as err:
+                    raise DecodingError(str(err)) from None
+            face: TargetFace = TransformerTarget(target, max_len=max_len, max_batch=max_batch, backend=backend)
         elif isinstance(target, TargetFace):
             face = target
         else:
@@ -146,7 +148,7 @@ class Decoder:
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(0)
-        _check_generator(generator, self.device)
+        _check_generator(generator)
         self._settings = DraftSettings(device=self.device, max_len=self.max_len, max_batch=self.max_batch,
                                        backend=getattr(face, "backend", "torch"), temperature=self.temperature,
                                        top_p=self.top_p, generator=generator,
@@ -195,7 +197,7 @@ class Decoder:
 
     @generator.setter
     def generator(self, generator: torch.Generator) -> None:
-        _check_generator(generator, self.device)
+        _check_generator(generator)
         self._settings.generator = generator
 
     @property

@@ -45,6 +45,8 @@ def eos_set(eos_ids: int | Iterable[int]) -> frozenset[int]:
     if isinstance(eos_ids, torch.Tensor):
         eos_ids = eos_ids.reshape(-1).tolist()
     items = [eos_ids] if isinstance(eos_ids, (int, np.integer)) else eos_ids
+    if isinstance(items, (str, bytes)):  # iterable, but characters or bytes are not token ids
+        raise DecodingError(f"eos_ids must be token ids (integers >= 0), got {eos_ids!r}")
     try:
         ids = list(items)
     except TypeError:

@@ -924,7 +924,7 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             len(given_doc["lookup"]) == 2:
         lookup = tuple(int(n) for n in given_doc["lookup"])
     model = opts.model or (str(given_doc["draft_model"]) if given_doc.get("draft_model") else None)
-    gguf = served.path if served.kind == "model" and served.path is not None else None
+    gguf = served.path if opts.draft is not None and served.kind == "model" else None  # a profile's label: no file
     if model is None and opts.engine == "llama.cpp" and gguf is not None and str(gguf).lower().endswith(".gguf"):
         model = str(gguf)  # the draft GGUF tune measured is the one llama-server's -md loads (model:X.gguf too)
     if opts.model is not None and key == "ngram" and opts.engine in GPU_ENGINES:

@@ -346,11 +346,13 @@ def choose(
         acceptance: p_1..p_K.  budget: largest n considered (nodes incl. root).  max_depth: D.
         max_branching: B.  context: context length in tokens (None = smallest measured).
         top: how many distinct alternatives to keep.  solution: reuse DP tables solved for >= these limits
-        (a :class:`~sequoia_opt.solver.depth.DepthDPSolution` carries the per-depth value model; positional
-        tables of another vector or B are solved anew: a reused one returned a wrong tree, wrong figures).
+        (a :class:`~sequoia_opt.solver.depth.DepthDPSolution` carries the per-depth value model, and must have
+        this ``max_branching``; positional tables of another vector or B are solved anew: a reused one returned
+        a wrong tree with wrong figures).
 
     Raises:
-        SolverError: bad acceptance / budget / depth.  ProfileError: budget beyond the largest measured
+        SolverError: bad acceptance / budget / depth, a by-depth ``solution`` of another branching limit.
+        ProfileError: budget beyond the largest measured
             target token count, or no candidate could be scored without extrapolating the draft curve.
     """
     p = validate_acceptance(acceptance)
@@ -359,8 +361,10 @@ def choose(
     if isinstance(solution, DPSolution) and (solution.max_branching != max_branching
                                              or solution.acceptance.shape != p.shape
                                              or not np.array_equal(solution.acceptance, p)):
-        solution = None  # positional tables of another vector or branching limit hold other trees (a by-depth
-        # solution carries its own value model, with this vector as its pooled summary: kept)
+        solution = None  # positional tables of another vector or branching limit hold other trees: solved anew
+    elif solution is not None and getattr(solution, "max_branching", max_branching) != max_branching:
+        raise SolverError(f"the {type(solution).__name__} given was solved with max_branching "
+                          f"{solution.max_branching}, not {max_branching}: solve it with this limit")  # its model
     if solution is None or solution.max_nodes < budget or solution.max_depth < max_depth:
         solution = solve_dp(p, budget, max_depth, max_branching)
     ms, ds = [], []
