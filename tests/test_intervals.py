@@ -11,7 +11,8 @@ import pytest
 from sequoia_opt.errors import ProfileError, SolverError
 from sequoia_opt.profiles import AcceptanceProfile, load_acceptance, save_acceptance
 from sequoia_opt.solver.intervals import (PromptSpread, acceptance_spreads, bootstrap_se, prediction_interval,
-                                          ratio_spread, spread_metadata, t975, tree_spread, tree_values)
+                                          ratio_spread, spread_metadata, step_variance, t975, tree_spread,
+                                          tree_values)
 from sequoia_opt.tree import Tree
 
 
@@ -199,3 +200,38 @@ def test_a_trees_tokens_per_step_interval_stays_within_what_a_step_can_emit():
     raw = prediction_interval(g.point, g.se, g.prompts, 1)  # the unclipped interval runs past both ends
     assert raw[0] < 1.0 and raw[1] > 2.0
     assert g.prediction_interval(1) == (1.0, 2.0)
+
+
+def test_the_step_variance_of_a_tree_is_its_tokens_per_step_variance():
+    p = 0.6
+    assert step_variance(Tree.chain(2), np.array([[p, 0.2]])) == pytest.approx(p * (1 - p))  # X in {1, 2}
+    # a chain of 2 drafts: X = 1, 2, 3 with 1 - p, p (1 - p), p^2; exact against the distribution
+    x = np.array([1.0, 2.0, 3.0])
+    w = np.array([1 - p, p * (1 - p), p * p])
+    assert step_variance(Tree.chain(3), np.array([[p]])) == pytest.approx((w * x * x).sum() - (w * x).sum() ** 2)
+    assert step_variance(Tree.chain(1), np.array([[p]])) == 0.0  # the root alone emits 1 token every step
+
+
+def test_the_prediction_interval_widens_for_prompts_of_fewer_steps_than_the_profiles():
+    """A fidelity tryout: the spread between prompts a profile measures holds step noise averaged over its own
+    ~38 steps per prompt; a run of 12-token answers (about 8 steps each) had 2.3-3.2 times that spread and fell
+    outside the interval in up to half of its prompt sets. The interval now rescales the step noise to the run's
+    steps per prompt, and never narrows below the profile's."""
+    rng = np.random.default_rng(3)
+    prof = _profile(_counts(rng, 12, trials=40))
+    sp = tree_spread(Tree.chain(3), prof)
+    assert sp.steps_per_prompt == pytest.approx(40.0)
+    assert sp.step_variance == pytest.approx(step_variance(Tree.chain(3), np.array([prof.acceptance])))
+    base = sp.prediction_interval(24)
+    assert sp.prediction_interval(24, steps_per_prompt=80.0) == base  # more steps than the profile: as before
+    lo, hi = sp.prediction_interval(24, steps_per_prompt=8.0)
+    t = t975(sp.prompts - 1)
+    want = t * math.sqrt(sp.se ** 2 + (sp.sd ** 2 + sp.step_variance * (1 / 8 - 1 / 40)) / 24)
+    assert (hi - lo) / 2 == pytest.approx(want) and hi - lo > base[1] - base[0]
+    back = PromptSpread.from_dict(sp.to_dict(24), sp.clip)  # the tree file carries both
+    assert (back.step_variance, back.steps_per_prompt) == (pytest.approx(sp.step_variance), pytest.approx(40.0))
+    assert back.prediction_interval(24, 8.0) == pytest.approx((lo, hi))
+    old = {k: v for k, v in sp.to_dict(24).items() if k not in ("step_variance", "steps_per_prompt")}
+    assert PromptSpread.from_dict(old, sp.clip).prediction_interval(24, 8.0) == pytest.approx(base)  # older file
+    speed = sp.scaled(1.5)
+    assert speed.prediction_interval(24, 8.0)[1] - speed.prediction_interval(24, 8.0)[0] == pytest.approx(1.5 * (hi - lo))

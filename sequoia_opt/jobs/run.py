@@ -169,12 +169,13 @@ class TreeSummary:
     tokens_per_step_untruncated: float = 0.0
 
 
-def prediction_intervals(meta: TreeMetadata | None, prompts: int) -> tuple[tuple[float, float] | None,
-                                                                          tuple[float, float] | None]:
+def prediction_intervals(meta: TreeMetadata | None, prompts: int, steps_per_prompt: float | None = None
+                         ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
     """The 95 % prediction intervals (tokens per step, speedup) for a new set of ``prompts`` prompts from the spreads
     a tree file records (``tokens_per_step_spread`` / ``speedup_spread``, written by ``treeopt solve``; rescaled to
-    this number of prompts, :meth:`~sequoia_opt.solver.intervals.PromptSpread.prediction_interval`). An interval is
-    None when the file records none, or records one for another figure than its prediction (a re-scored tree)."""
+    this number of prompts and, where the file records the step noise, to the run's ``steps_per_prompt``,
+    :meth:`~sequoia_opt.solver.intervals.PromptSpread.prediction_interval`). An interval is None when the file
+    records none, or records one for another figure than its prediction (a re-scored tree)."""
     from ..solver.intervals import PromptSpread
 
     if meta is None or prompts < 1:
@@ -185,7 +186,7 @@ def prediction_intervals(meta: TreeMetadata | None, prompts: int) -> tuple[tuple
         raw = meta.extra.get(key)
         sp = PromptSpread.from_dict(raw, clip) if isinstance(raw, dict) else None
         ok = sp is not None and point is not None and abs(sp.point - point) <= 1e-6 * max(1.0, abs(point))
-        out.append(sp.prediction_interval(prompts) if ok else None)
+        out.append(sp.prediction_interval(prompts, steps_per_prompt) if ok else None)
     return out[0], out[1]
 
 
@@ -423,7 +424,8 @@ def _summary(name: str, size: int, depth: int, results: list[GenerationResult], 
     ms = sum(r.decode_ms for r in results)
     tps = 1000.0 * new / ms if ms > 0 else 0.0
     generations = sum(1 for g in per_prompt if g)
-    g_int, s_int = prediction_intervals(meta, generations)
+    steps_each = len(per_step) / generations if generations else None  # the step noise each prompt averages
+    g_int, s_int = prediction_intervals(meta, generations, steps_each)
     mean_tps = statistics.fmean(per_step) if per_step else 0.0
     steady = meta.predicted_speedup if meta else 1.0
     predicted = steady

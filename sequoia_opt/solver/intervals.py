@@ -55,7 +55,7 @@ from ..tree import Tree
 
 __all__ = ["PromptSpread", "t975", "bootstrap_se", "resample_prompt_counts", "bootstrap_rows", "tree_values",
            "value_spread", "tree_spread", "tree_spreads", "speedup_spread", "acceptance_spreads", "prediction_interval",
-           "spread_metadata", "ratio_spread", "DEFAULT_REPLICATES"]
+           "spread_metadata", "ratio_spread", "step_variance", "DEFAULT_REPLICATES"]
 
 #: Bootstrap replicates (resamples of the profile's prompts) per figure.
 DEFAULT_REPLICATES = 1000
@@ -108,6 +108,10 @@ class PromptSpread:
         prompts: P, the prompts the estimate comes from (>= 2).
         replicates: bootstrap replicates behind ``se`` (0: derived, e.g. scaled from another spread).
         clip: (low, high) bounds of the figure's range (tokens per step >= 1, a probability in [0, 1]).
+        step_variance / steps_per_prompt: for tokens per step, the variance of one step's tokens under the
+            prediction's own model (:func:`step_variance`) and the steps each profile prompt contributed (its
+            trials at depth 1). A new set's prompts that run fewer steps each average less of that step noise
+            than the profile's did: :meth:`prediction_interval` widens for them (None: not recorded).
     """
 
     point: float
@@ -115,6 +119,8 @@ class PromptSpread:
     prompts: int
     replicates: int = 0
     clip: tuple[float | None, float | None] = (None, None)
+    step_variance: float | None = None
+    steps_per_prompt: float | None = None
 
     @property
     def sd(self) -> float:
@@ -126,9 +132,24 @@ class PromptSpread:
         half = t975(self.prompts - 1) * self.se
         return _clip(self.point - half, self.point + half, self.clip)
 
-    def prediction_interval(self, new_prompts: int) -> tuple[float, float]:
-        """95 % interval of the figure measured on ``new_prompts`` new prompts (:func:`prediction_interval`)."""
-        return prediction_interval(self.point, self.se, self.prompts, new_prompts, self.clip)
+    def prediction_interval(self, new_prompts: int, steps_per_prompt: float | None = None) -> tuple[float, float]:
+        """95 % interval of the figure measured on ``new_prompts`` new prompts (:func:`prediction_interval`).
+
+        ``steps_per_prompt``: the new prompts' mean steps each (a run knows its own). The spread between single
+        prompts this profile measured holds step noise averaged over its own ``steps_per_prompt``; prompts of
+        fewer steps average less of it, so their spread is ``sd^2 + step_variance (1/n_new - 1/n_profile)``
+        (never narrowed below the profile's). A fidelity tryout's 12-token answers had 2.3-3.2 times the
+        profile's spread between prompts, and 48-88 % of its sets fell inside the interval that ignored it.
+        """
+        extra = 0.0
+        if steps_per_prompt is not None and self.step_variance and self.steps_per_prompt and steps_per_prompt > 0:
+            extra = max(0.0, self.step_variance * (1.0 / steps_per_prompt - 1.0 / self.steps_per_prompt))
+        if extra == 0.0:
+            return prediction_interval(self.point, self.se, self.prompts, new_prompts, self.clip)
+        if self.prompts < 2 or new_prompts < 1:  # the same refusals as the plain interval
+            return prediction_interval(self.point, self.se, self.prompts, new_prompts, self.clip)
+        half = t975(self.prompts - 1) * math.sqrt(self.se ** 2 + (self.sd ** 2 + extra) / new_prompts)
+        return _clip(self.point - half, self.point + half, self.clip)
 
     def prompts_needed(self, width: float) -> int:
         """Prompts whose interval of the mean is at most ``width`` wide (full width, the figure's unit): the
@@ -150,13 +171,17 @@ class PromptSpread:
 
     def scaled(self, factor: float, clip: tuple[float | None, float | None] = (0.0, None)) -> "PromptSpread":
         """The spread of ``factor`` x the figure (a speedup from tokens per step at a fixed step cost)."""
-        return PromptSpread(self.point * factor, self.se * abs(factor), self.prompts, self.replicates, clip)
+        var = None if self.step_variance is None else self.step_variance * factor * factor
+        return PromptSpread(self.point * factor, self.se * abs(factor), self.prompts, self.replicates, clip, var,
+                            self.steps_per_prompt)
 
     def to_dict(self, new_prompts: int | None = None) -> dict[str, Any]:
         """``{point, se, prompts, mean_interval, [new_prompts, prediction_interval]}`` for files and JSON."""
         d: dict[str, Any] = {"point": float(self.point), "se": float(self.se), "prompts": int(self.prompts),
                              "replicates": int(self.replicates),
                              "mean_interval": [float(x) for x in self.mean_interval()]}
+        if self.step_variance is not None and self.steps_per_prompt is not None:
+            d["step_variance"], d["steps_per_prompt"] = float(self.step_variance), float(self.steps_per_prompt)
         if new_prompts is not None:
             d["new_prompts"] = int(new_prompts)
             d["prediction_interval"] = [float(x) for x in self.prediction_interval(new_prompts)]
@@ -174,7 +199,13 @@ class PromptSpread:
             return None
         if not (math.isfinite(point) and math.isfinite(se) and se >= 0 and prompts >= 2):
             return None
-        return cls(point, se, prompts, replicates, clip)
+        try:
+            var, steps = float(d["step_variance"]), float(d["steps_per_prompt"])
+        except (KeyError, TypeError, ValueError, OverflowError):
+            var = steps = None  # an older file: the interval as it was
+        if var is not None and not (math.isfinite(var) and var >= 0 and math.isfinite(steps) and steps > 0):
+            var = steps = None
+        return cls(point, se, prompts, replicates, clip, var, steps)
 
 
 # ---------------------------------------------------------------------------------------------- bootstrap
@@ -321,9 +352,25 @@ def tree_spreads(trees: Sequence[Tree], profile, *, model: str = "auto", replica
     if got is None:
         return None
     rows, boot = got
-    P = int(profile.prompt_counts.shape[0])
+    pc = np.asarray(profile.prompt_counts)
+    P = int(pc.shape[0])
+    steps = float(pc[:, 0, :].sum(axis=1).mean())  # each profile prompt's trials at depth 1: its steps
     return [PromptSpread(float(tree_values(t, rows[None])[0]), bootstrap_se(tree_values(t, boot), P), P,
-                         int(replicates), (1.0, float(t.tree_depth + 1))) for t in trees]
+                         int(replicates), (1.0, float(t.tree_depth + 1)), step_variance(t, rows),
+                         steps if steps > 0 else None) for t in trees]
+
+
+def step_variance(tree: Tree, rows: np.ndarray) -> float:
+    """The variance of one step's emitted tokens X under acceptance rows (R, K) (:func:`tree_values`' model):
+    with r_d the probability the accepted path reaches depth d (the sum of depth d's path probabilities),
+    ``E[X - 1] = sum r_d`` and ``E[(X - 1)^2] = sum (2d - 1) r_d``."""
+    from .depth import path_probabilities_by_depth
+
+    prob = path_probabilities_by_depth(tree, np.asarray(rows, dtype=np.float64))
+    depth = np.asarray(tree.depth)
+    r = np.bincount(depth, weights=prob)[1:]  # r_1 .. r_D
+    d = np.arange(1, len(r) + 1)
+    return float(max(0.0, ((2 * d - 1) * r).sum() - r.sum() ** 2))
 
 
 def speedup_spread(tokens: PromptSpread, step) -> PromptSpread:
