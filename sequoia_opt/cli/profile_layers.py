@@ -65,7 +65,8 @@ def profile_layers(
     threads: Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads (default: torch's).")] = None,
     output_dir: Annotated[Path, typer.Option(
         "--output-dir", help="Where the best L's profiles go: <dir>/<target>__self-L<L>/acceptance-<mode>.yaml "
-        "and <dir>/<device>/<target>__self-L<L>[-<dtype>]-latency.yaml (the dtype when not float32).")] = Path("profiles"),
+        "and <dir>/<device>/<target>__self-L<L>[-<dtype>]-latency.yaml (the dtype when not float32).")
+    ] = Path("profiles"),
     as_json: JsonOpt = False,
 ) -> None:
     """Find the best L for the self layer-skip drafter (--draft self:L) on this device: per L, measure the

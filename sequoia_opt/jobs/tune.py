@@ -593,7 +593,8 @@ def _partial_latency(path: Path, opts: TuneOptions, want_k: int,
         except ProfileError:  # only tune's own file gets here unreadable (_saved_profile raised for the other)
             continue
         have = [b for b in opts.batches if b in prof.curves]
-        if have and not _latency_misfit(prof, opts, want_k, have, weights) and (best is None or len(have) > len(best[2])):
+        fits = have and not _latency_misfit(prof, opts, want_k, have, weights)
+        if fits and (best is None or len(have) > len(best[2])):
             best = (prof, candidate, have)
     return best
 
