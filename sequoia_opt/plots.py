@@ -35,7 +35,7 @@ from matplotlib.ticker import FuncFormatter
 from ._io import atomic_write_bytes
 from .errors import TreeoptError
 from .profiles import AcceptanceProfile, LatencyCurve
-from .profiles.common import Z975
+from .profiles.common import wilson_interval
 from .tree import Tree
 
 #: File names :func:`plot_all` writes into its output folder.
@@ -69,16 +69,6 @@ def _log2_x(ax: Any) -> None:
     """Log-2 x axis labelled with plain numbers (1, 2, 4, ...)."""
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-
-
-def _wilson(k: np.ndarray, n: float, z: float = Z975) -> np.ndarray:
-    """Wilson score interval for counts ``k`` out of ``n``: ``(len(k), 2)`` (low, high)."""
-    k = np.asarray(k, dtype=np.float64)
-    phat = k / n
-    z2 = z * z
-    centre = (phat + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * np.sqrt(phat * (1 - phat) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return np.stack([np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)], axis=-1)
 
 
 def _finite(x: Any) -> float | None:
@@ -176,8 +166,8 @@ def acceptance_intervals(profile: AcceptanceProfile) -> tuple[np.ndarray, tuple[
         return ci, (max(0.0, 1.0 - hi), min(1.0, 1.0 - lo)), f"95% interval between prompts ({spreads[0].prompts})"
     if profile.counts is None:
         return None
-    rci = _wilson(np.array([profile.counts[-1]]), float(profile.counts.sum()))[0]
-    return profile.confidence_interval(), (float(rci[0]), float(rci[1])), "95% Wilson interval (pooled tokens)"
+    rci = wilson_interval(float(profile.counts[-1]), float(profile.counts.sum()))
+    return profile.confidence_interval(), rci, "95% Wilson interval (pooled tokens)"
 
 
 def plot_acceptance(profile: AcceptanceProfile, path: str | Path, *, title: str | None = None) -> Path:

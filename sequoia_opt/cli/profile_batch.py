@@ -41,19 +41,22 @@ def check_batch_options(batch: Optional[str], offload: bool, device: torch.devic
 
 def profile_latency_batch_or_offload(batches, offload, *, tmodel, draft, tname, dname, dev, dt, grid, dgrid, contexts,
                                      rounds, paired, repeats, random_weights, base, output: Optional[Path],
-                                     as_json: bool, loop: bool = False, precision: str = "") -> None:
+                                     as_json: bool, loop: bool = False, weights: str = "float32") -> None:
     """Time and write the batch or the offload profile, then print its report (``loop``: with a draft model, each
-    batch size's curve also times the decoding loop's own step at b rows; ``precision``:
-    :func:`~sequoia_opt.jobs.load.precision_suffix`, in the default file name and the id, so that a bfloat16 or
-    int8 curve never lands where tune reads its float32 one)."""
-    from ..jobs.load import drafter_slug
+    batch size's curve also times the decoding loop's own step at b rows; ``weights``: the weight precision,
+    named with the dtype in the default file name (:func:`~sequoia_opt.jobs.load.precision_suffix`) and the id,
+    as ``profile latency`` names its curve, so that a bfloat16 or int8 curve never lands where tune reads its
+    float32 one)."""
+    from ..jobs.load import drafter_slug, precision_suffix
     from ..device import device_slug
     from ..profiling.latency import method_text
 
     slug = device_slug(dev)
     dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
-    pid = f"{slug}_{base}{dpart}_{dt}".replace("torch.", "") + "".join(
-        f"_{p}" for p in precision.split("-")[1:] if p != str(dt).removeprefix("torch."))  # int8 / int4 weights
+    precision = precision_suffix(dt, weights)
+    pid = f"{slug}_{base}{dpart}_{dt}".replace("torch.", "")
+    if str(weights) != "float32":  # the dtype is in the id already; int8 / int4 weights are not
+        pid += f"_{weights}"
     draft_model = draft if isinstance(draft, torch.nn.Module) else None
     timing = dict(min_repeats=min(5, repeats), max_repeats=repeats)
     report = Report(title="treeopt profile latency " + ("--offload" if offload else "--batch"))

@@ -199,7 +199,7 @@ def profile_latency(
             batches, offload, tmodel=tmodel, draft=drafter, tname=tname, dname=dname, dev=dev, dt=dt, grid=grid,
             dgrid=dgrid, contexts=contexts, rounds=rounds, paired=paired, repeats=repeats,
             random_weights=random_weights, base=tcfg.name if random_weights else tname, output=output,
-            as_json=as_json, loop=loop, precision=precision_suffix(dt, weights))
+            as_json=as_json, loop=loop, weights=weights)
         return
     from ..attention import record_backends
 

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     refusal = settings_refusal(
         args, positive=("tokens", "val_tokens", "chunk", "max_per_file", "k", "steps", "batch", "eval_every", "dim",
                         "layers", "heads", "kv_heads", "n_prompts"),
-        nonnegative=("ce_tokens", "ce_batch", "warmup", "n_random", "intermediate", "gen_tokens", "threads"),
+        nonnegative=("ce_tokens", "ce_batch", "warmup", "n_random", "intermediate", "gen_tokens"),  # threads: above
         positive_floats=("lr", "emb_rms", "max_train_minutes"), nonnegative_floats=("weight_decay", "ce_weight"))
     if refusal is None and args.dim % args.heads:
         refusal = f"--dim {args.dim} is not a multiple of --heads {args.heads}"

