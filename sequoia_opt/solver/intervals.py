@@ -78,9 +78,12 @@ def t975(df: int) -> float:
 
 
 def prediction_interval(point: float, se: float, prompts: int, new_prompts: int,
-                        clip: tuple[float | None, float | None] = (None, None)) -> tuple[float, float]:
+                        clip: tuple[float | None, float | None] = (None, None),
+                        extra_variance: float = 0.0) -> tuple[float, float]:
     """The 95 % prediction interval of a figure measured on ``new_prompts`` prompts the estimate never saw:
-    ``point +- t(P - 1) * se * sqrt(P) * sqrt(1/P + 1/m)`` (module docstring), clipped to ``clip``.
+    ``point +- t(P - 1) * se * sqrt(P) * sqrt(1/P + 1/m)`` (module docstring), clipped to ``clip``;
+    ``extra_variance``: what a new prompt's figure varies beyond the profile's single prompts (added to their
+    variance ``se^2 P``: :meth:`PromptSpread.prediction_interval`).
 
     Raises:
         SolverError: ``prompts`` below 2 or ``new_prompts`` below 1.
@@ -90,6 +93,8 @@ def prediction_interval(point: float, se: float, prompts: int, new_prompts: int,
     if new_prompts < 1:
         raise SolverError(f"a new prompt set has at least 1 prompt, got {new_prompts}")
     half = t975(prompts - 1) * se * math.sqrt(prompts) * math.sqrt(1.0 / prompts + 1.0 / new_prompts)
+    if extra_variance > 0:
+        half = math.hypot(half, t975(prompts - 1) * math.sqrt(extra_variance / new_prompts))
     return _clip(point - half, point + half, clip)
 
 
@@ -144,12 +149,7 @@ class PromptSpread:
         extra = 0.0
         if steps_per_prompt is not None and self.step_variance and self.steps_per_prompt and steps_per_prompt > 0:
             extra = max(0.0, self.step_variance * (1.0 / steps_per_prompt - 1.0 / self.steps_per_prompt))
-        if extra == 0.0:
-            return prediction_interval(self.point, self.se, self.prompts, new_prompts, self.clip)
-        if self.prompts < 2 or new_prompts < 1:  # the same refusals as the plain interval
-            return prediction_interval(self.point, self.se, self.prompts, new_prompts, self.clip)
-        half = t975(self.prompts - 1) * math.sqrt(self.se ** 2 + (self.sd ** 2 + extra) / new_prompts)
-        return _clip(self.point - half, self.point + half, self.clip)
+        return prediction_interval(self.point, self.se, self.prompts, new_prompts, self.clip, extra)
 
     def prompts_needed(self, width: float) -> int:
         """Prompts whose interval of the mean is at most ``width`` wide (full width, the figure's unit): the
