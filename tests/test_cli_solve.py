@@ -179,6 +179,35 @@ def test_help_and_bare_command_still_show_help():
     assert r.exit_code == 0 and "--budget" in r.output
 
 
+def test_unwrap_help_joins_a_paragraphs_lines_and_keeps_what_is_laid_out():
+    from sequoia_opt.cli.common import unwrap_help
+
+    assert unwrap_help("Find the tree\n    with the most tokens.\n\n    Second\n    paragraph.") == \
+        "Find the tree with the most tokens.\n\nSecond paragraph."
+    assert unwrap_help("Steps:\n- one\n- two") == "Steps:\n- one\n- two"  # a list stays a list
+    assert unwrap_help("\bkeep\nas is") == "\bkeep\nas is"  # click's no-rewrap marker
+    assert unwrap_help(None) is None
+
+
+@pytest.mark.parametrize("group", [[], ["profile"]])
+def test_the_command_lists_flow_to_the_width_of_their_column(group):
+    """Each command's description wraps where the column is full, not at the docstring's source line breaks
+    (rich kept those: half-empty lines at 100 columns)."""
+    r = runner.invoke(app, group + ["--help"])
+    assert r.exit_code == 0
+    panel = r.output.split("Commands")[1].splitlines()[1:]
+    rows = [ln[1:-1] for ln in panel if ln.startswith("\u2502")]  # inside the box's side bars
+    assert len(rows) >= 5
+    name, first = rows[0].split()[:2]
+    start = rows[0].index(first, rows[0].index(name) + len(name))  # where the description column begins
+    width = len(rows[0]) - start
+    for cur, nxt in zip(rows, rows[1:]):
+        if nxt[:start].strip():  # the next line starts another command
+            continue
+        text, first_word = cur[start:].rstrip(), nxt[start:].split()[0]
+        assert len(text) + 1 + len(first_word) > width - 1, (cur, nxt)  # wrapped because the next word did not fit
+
+
 # ---------------------------------------------------------------------------------------------- --format
 @pytest.mark.parametrize("fmt", ["medusa", "tensorrt-llm", "trtllm", "vllm", "sglang"])
 def test_format_without_output_prints_the_export_to_stdout(tmp_path, fmt):

@@ -43,7 +43,37 @@ def _print_error(msg: str) -> None:
     _err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True, highlight=False)
 
 
-class _OneLineErrors(typer.core.TyperGroup):
+def unwrap_help(text: str | None) -> str | None:
+    """A command's docstring as its help should flow: the line breaks inside a paragraph (the source's wrapping
+    at 120 columns) joined with spaces, so the terminal wraps it at its own width. typer's rich mode keeps
+    them, which drew every command of ``treeopt --help`` as ragged half-lines at 100 columns. Paragraphs stay
+    apart; one that starts with click's ``\\b`` marker, or holds an indented or bulleted line, is kept as
+    written (a table, a command, a list)."""
+    if not text:
+        return text
+    import inspect
+
+    out = []
+    for par in inspect.cleandoc(text).split("\n\n"):
+        lines = par.split("\n")
+        keep = par.startswith("\b") or any(ln.startswith((" ", "- ", "* ")) for ln in lines[1:])
+        out.append(par if keep else " ".join(ln.strip() for ln in lines))
+    return "\n\n".join(out)
+
+
+class _FlowingHelp(typer.core.TyperGroup):
+    """A command group whose commands' help flows to the terminal's width (:func:`unwrap_help`), in the
+    group's list of commands and on each command's own ``--help``."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:  # noqa: D102
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None and not getattr(cmd, "_treeopt_unwrapped", False):
+            cmd.help = unwrap_help(cmd.help)
+            cmd._treeopt_unwrapped = True
+        return cmd
+
+
+class _OneLineErrors(_FlowingHelp):
     """The root command group: typer's own usage errors (a malformed value such as ``--budget abc``, an
     unknown option, a missing required option) print one line and exit 2, like :func:`handle_errors` does
     for the library's errors, instead of the multi-line box typer draws. ``treeopt`` with no arguments and
@@ -596,7 +626,7 @@ def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
 
 
 #: ``treeopt profile ...``: its commands live in one module each (cli/profile_*.py).
-profile_app = typer.Typer(help="Measure the device (latency curve) and the model pair (acceptance vector); "
+profile_app = typer.Typer(cls=_FlowingHelp, help="Measure the device (latency curve) and the model pair (acceptance vector); "
                           "find the best L of the self layer-skip drafter.",
                           no_args_is_help=True)
 app.add_typer(profile_app, name="profile")
