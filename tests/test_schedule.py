@@ -536,6 +536,29 @@ def test_schedule_policy_from_the_registry(tmp_path):
     assert kind.own_tree(wide_later)[1].size == 3
 
 
+def test_a_hand_edited_first_range_is_predicted_by_its_own_setting(tmp_path):
+    """A plan whose first range a user edited (chain:K -> chain:J) kept the solved block: run compared the edited
+    chain's tokens/step with chain:K's prediction. It now reads chain:J's own batch-1 candidate, or none."""
+    from sequoia_opt.drafting.registry import parse_policy
+
+    plan = solve_plan(ChainValue(_acc(), 6), PROFILE)
+    doc = plan_document(plan, engine="treeopt")
+    K = doc["ranges"][0]["setting"]["draft_tokens"]
+    J = 1 if K != 1 else 2
+    doc["ranges"][0]["setting"]["draft_tokens"] = J  # the user's edit; "predicted" still says chain:K
+    assert doc["ranges"][0]["predicted"]["setting"] == f"chain:{K}"
+    _, opts = parse_policy(f"schedule:{save_schedule(tmp_path / 'edited.yaml', doc)}")
+    cand = {c.setting.label: c for c in plan.row(1).candidates}[f"chain:{J}"]
+    b1 = opts["batch1"]
+    assert b1["expected_tokens_per_step"] == pytest.approx(cand.cost.expected_tokens, rel=1e-5)
+    assert b1["predicted_speedup"] == pytest.approx(cand.cost.speedup, rel=1e-5)
+    assert len(b1["extra"]["node_rates"]) == J  # chain:J's own rates, not chain:K's
+    # a setting the plan never priced at batch 1 is refused when the plan loads (before any prediction is read)
+    doc["by_batch"][0]["candidates"] = [c for c in doc["by_batch"][0]["candidates"] if c["setting"] != f"chain:{J}"]
+    with pytest.raises(ProfileError, match="edited by hand"):
+        parse_policy(f"schedule:{save_schedule(tmp_path / 'unpriced.yaml', doc)}")
+
+
 def test_run_warns_when_a_plan_was_solved_for_another_mode_or_other_weights(tmp_path):
     """Trees warned when run decodes in another mode or with other weights than their profiles; plans did not (a
     tryout's sampled run showed a greedy plan's prediction without a word). tune records both in the plan."""

@@ -463,13 +463,17 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
             raise TreeoptError(f"--policy schedule:{arg}: batch sizes {lo}-{hi} want an EAGLE envelope ({s.label}); "
                                "run envelopes with --policy dynamic")
     return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges], "source": arg,
-            "solved_for": _solved_for(sched.doc), "batch1": _batch1_prediction(sched.doc)}
+            "solved_for": _solved_for(sched.doc),
+            "batch1": _batch1_prediction(sched.doc, sched.ranges[0][2].label if sched.ranges else None)}
 
 
-def _batch1_prediction(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _batch1_prediction(doc: Mapping[str, Any], served: str | None = None) -> dict[str, Any]:
     """The first range's prediction at batch 1 (what ``treeopt run`` serves: one request at a time), as a tree
     file's steady-state figures: ``expected_tokens_per_step`` and ``predicted_speedup`` (the plan's speedup over
-    its answer length, divided by its ``length_factor``); empty when the plan predicts no batch 1. For a chain of
+    its answer length, divided by its ``length_factor``); empty when the plan predicts no batch 1. ``served``: the
+    label of the setting the first range runs (``chain:3``); where its ``predicted`` block names another (a range's
+    setting edited by hand, the block left as solved), the figures are that setting's among the plan's batch-1
+    candidates, and empty where it has none: a run is never held to another setting's prediction. For a chain of
     K whose shorter chains the plan also priced at batch 1 (``by_batch`` candidates), ``extra`` holds what a tree
     file records for ``run`` to predict its own answer lengths: ``node_rates`` (position k's rate, G(k) - G(k - 1)
     over G(k - 1) - G(k - 2); where the chains were measured each on its own and those do not make one chain's
@@ -479,6 +483,13 @@ def _batch1_prediction(doc: Mapping[str, Any]) -> dict[str, Any]:
     pred = ranges[0].get("predicted") if ranges and isinstance(ranges[0], Mapping) else None
     if not isinstance(pred, Mapping) or pred.get("batch") != 1:
         return {}
+    if served is not None and str(pred.get("setting")) != served:
+        row = next((r for r in doc.get("by_batch") or [] if isinstance(r, Mapping) and r.get("batch") == 1), {})
+        found = [c for c in [row.get("plain"), *(row.get("candidates") or [])]
+                 if isinstance(c, Mapping) and str(c.get("setting")) == served]
+        if not found:
+            return {}
+        pred = found[0]
     g, speedup, lf = pred.get("expected_tokens_per_step"), pred.get("speedup"), pred.get("length_factor", 1.0)
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (g, speedup, lf)):
         return {}
