@@ -611,13 +611,21 @@ def _sglang_draft(algo: str, model: str | None, warnings: list[str], lookup: tup
     """`` --speculative-draft-model-path MODEL`` for the algorithms that load a drafter (a placeholder, with a
     warning, when ``model`` is None; for MTP layers only when given: SGLang finds the target's own); for NGRAM the
     n-gram sizes measured (``lookup``: its match window, SGLang's ``speculative_ngram_{min,max}_match_window_size``),
-    nothing when unknown."""
+    nothing when unknown. (NGRAM's topk is set apart, :func:`_sglang_topk`.)"""
     if mtp and model is None:
         return ""
     if algo == "NGRAM":
         return ("" if lookup is None else f" --speculative-ngram-min-match-window-size {int(lookup[0])} "
                 f"--speculative-ngram-max-match-window-size {int(lookup[1])}")
     return f" --speculative-draft-model-path {model or _placeholder('<your draft model>', 'SGLang', warnings)}"
+
+
+def _sglang_topk(algo: str, topk: int) -> str:
+    """The flags that make SGLang draft ``topk`` candidates a step: ``--speculative-eagle-topk``, and for NGRAM
+    ``--speculative-ngram-max-bfs-breadth`` too, which SGLang copies over ``speculative_eagle_topk`` (``ServerArgs``
+    post-init; default 10: without it a chain of K would run as a BFS tree of the same K + 1 tokens)."""
+    return (f"--speculative-ngram-max-bfs-breadth {int(topk)} " if algo == "NGRAM" else "") + \
+        f"--speculative-eagle-topk {int(topk)}"
 
 
 def _export_sglang(ranges, release, method, model=None, lookup=None):
@@ -676,11 +684,11 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
         if not s.speculates:
             flag = "(no --speculative-algorithm)"
         elif s.shape == "envelope":
-            flag = (f"--speculative-algorithm {algo}{draft} --speculative-num-steps {s.steps} --speculative-eagle-topk "
-                    f"{s.topk} --speculative-num-draft-tokens {s.draft_tokens + 1}")
+            flag = (f"--speculative-algorithm {algo}{draft} --speculative-num-steps {s.steps} "
+                    f"{_sglang_topk(algo, s.topk)} --speculative-num-draft-tokens {s.draft_tokens + 1}")
         elif s.shape == "chain":
             flag = (f"--speculative-algorithm {algo}{draft} --speculative-num-steps {s.steps} "
-                    f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {s.steps + 1}")
+                    f"{_sglang_topk(algo, 1)} --speculative-num-draft-tokens {s.steps + 1}")
         else:
             raise PlanExportError(f"SGLang takes no static tree; batch sizes {lo}-{hi} want {s.label}")
         lines.append({"batch_range": [lo, hi], "cli_flags": flag})

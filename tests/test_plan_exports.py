@@ -430,3 +430,17 @@ def test_an_old_vllm_release_is_told_the_single_draft_length_that_loses_least_no
     with pytest.raises(PlanExportError, match=rf"upgrade, or run without speculation \(of one K for every batch size, "
                                               rf"K = 0 runs closest to each batch size's best: {100 * worst:.0f} % "):
         export_plan(dear, "vllm", release="0.23.0")
+
+
+def test_sglang_ngram_lines_pin_the_bfs_breadth_to_the_chain():
+    """SGLang's NGRAM copies --speculative-ngram-max-bfs-breadth (default 10) over --speculative-eagle-topk in its
+    ServerArgs post-init, so a chain of K needs that breadth at 1 too, or it runs as a BFS tree of K + 1 tokens."""
+    ngram = export_plan(PLANS["falling"], "sglang", method="ngram")
+    flags = [r["cli_flags"] for r in ngram.data["per_range"]]
+    assert flags[0] == ("--speculative-algorithm NGRAM --speculative-num-steps 4 --speculative-ngram-max-bfs-breadth 1 "
+                        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 5")
+    assert flags[1].endswith("--speculative-ngram-max-bfs-breadth 1 --speculative-eagle-topk 1 "
+                             "--speculative-num-draft-tokens 3")
+    # the other algorithms have no such flag
+    sa = export_plan(PLANS["falling"], "sglang", method="draft_model", model="m")
+    assert "bfs" not in sa.text
