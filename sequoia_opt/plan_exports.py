@@ -691,9 +691,11 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
                     f"{_sglang_topk(algo, 1)} --speculative-num-draft-tokens {s.steps + 1}")
         else:
             raise PlanExportError(f"SGLang takes no static tree; batch sizes {lo}-{hi} want {s.label}")
+        if s.speculates:  # the line's own cap, as llama.cpp's -np: NGRAM's ServerArgs caps an unset one at 48
+            flag += f" --max-running-requests {hi}"
         lines.append({"batch_range": [lo, hi], "cli_flags": flag})
     doc = {"per_range": lines, "note": why + ": start the server with the line of the batch size it serves "
-           "(--max-running-requests)"}
+           "(each speculating line caps its requests at the range's end, --max-running-requests)"}
     return dict(text=json.dumps(doc, indent=2) + "\n", data=doc, releases=f"SGLang up to {last} (one static setting)",
                 checked=checked, command="python -m sglang.launch_server --model-path MODEL <cli_flags>",
                 notes=(why,), warnings=tuple(warnings))

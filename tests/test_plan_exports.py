@@ -216,7 +216,8 @@ def test_sglang_releases_and_static_fallbacks():
     e = export_plan([(1, 8, env), (9, 64, N)], "sglang", method="eagle", model="yuhuili/EAGLE-LLaMA3-Instruct-8B")
     assert e.data["per_range"][0]["cli_flags"] == (
         "--speculative-algorithm EAGLE --speculative-draft-model-path yuhuili/EAGLE-LLaMA3-Instruct-8B "
-        "--speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8") and e.warnings == ()
+        "--speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8 "
+        "--max-running-requests 8") and e.warnings == ()
     # SGLang loads the drafter from --speculative-draft-model-path: without --model a placeholder, and a warning
     assert "--speculative-draft-model-path <your draft model> " in standalone.data["per_range"][0]["cli_flags"]
     assert standalone.warnings == ("the config names the drafter <your draft model>: pass --model with the checkpoint "
@@ -437,10 +438,14 @@ def test_sglang_ngram_lines_pin_the_bfs_breadth_to_the_chain():
     ServerArgs post-init, so a chain of K needs that breadth at 1 too, or it runs as a BFS tree of K + 1 tokens."""
     ngram = export_plan(PLANS["falling"], "sglang", method="ngram")
     flags = [r["cli_flags"] for r in ngram.data["per_range"]]
+    (lo0, hi0), (lo1, hi1) = (r["batch_range"] for r in ngram.data["per_range"][:2])
     assert flags[0] == ("--speculative-algorithm NGRAM --speculative-num-steps 4 --speculative-ngram-max-bfs-breadth 1 "
-                        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 5")
+                        f"--speculative-eagle-topk 1 --speculative-num-draft-tokens 5 --max-running-requests {hi0}")
     assert flags[1].endswith("--speculative-ngram-max-bfs-breadth 1 --speculative-eagle-topk 1 "
-                             "--speculative-num-draft-tokens 3")
+                             f"--speculative-num-draft-tokens 3 --max-running-requests {hi1}")
+    # and each line caps its own requests: NGRAM's ServerArgs caps an unset --max-running-requests at 48, which a
+    # range past 48 would silently run under
+    assert hi0 < hi1
     # the other algorithms have no such flag
     sa = export_plan(PLANS["falling"], "sglang", method="draft_model", model="m")
     assert "bfs" not in sa.text
