@@ -416,3 +416,17 @@ def test_a_checkpoint_that_fails_midway_leaves_the_folder_as_it_was(tmp_path, mo
     with pytest.raises(OutputError, match="disk full"):
         hf.save_hf_checkpoint(other, byte_tokenizer(), fresh)
     assert list(fresh.iterdir()) == []
+
+
+@pytest.mark.parametrize("changes, context", [
+    (dict(), 2048),  # LlamaConfig's default
+    (dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"]), 32768),  # Qwen2Config's (it read 2048)
+    (dict(model_type="mistral", architectures=["MistralForCausalLM"]), 4096),  # 4096 * 32, capped at the window
+    (dict(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None), 4096 * 32),
+])
+def test_a_config_without_max_position_embeddings_reads_its_familys_transformers_default(tmp_path, changes, context):
+    """transformers builds a config lacking ``max_position_embeddings`` with its class's default, which differs by
+    family; 2048 for all refused Qwen2 and Mistral prompts transformers serves."""
+    _, out = saved(tmp_path)
+    _with_config(out, drop=("max_position_embeddings",), **changes)
+    assert load_model_config(out).max_position_embeddings == context

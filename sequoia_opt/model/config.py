@@ -322,16 +322,22 @@ def _hf_family(cfg: dict[str, Any]) -> str:
     return family
 
 
+#: ``max_position_embeddings`` when a config.json lacks it: transformers' defaults (``LlamaConfig`` 2048,
+#: ``MistralConfig`` 4096 * 32, ``Qwen2Config`` 32768); a Mistral config is then capped at its 4096 window
+_HF_DEFAULT_CONTEXT = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
+
+
 def _hf_context(cfg: dict[str, Any], family: str) -> int:
-    """The context treeopt decodes a Hugging Face config at: ``max_position_embeddings`` (2048 when absent), capped
-    at the sliding attention window when one applies (Mistral's ``sliding_window``; Qwen2's when
+    """The context treeopt decodes a Hugging Face config at: ``max_position_embeddings`` (when absent, the
+    family's transformers default, :data:`_HF_DEFAULT_CONTEXT`), capped at the sliding attention window when one
+    applies (Mistral's ``sliding_window``; Qwen2's when
     ``use_sliding_window`` and some layer is at or above ``max_window_layers``; a Llama config's ``sliding_window``
     when set: transformers 4 ignored it, transformers 5's mask applies it, and within the window both agree). treeopt's
     attention is full causal; within the window it equals the model's sliding attention exactly, so decoding is
     refused past the window (a too-long prompt gets the context error) rather than run with the wrong attention.
     Raises CheckpointError for a window that is not a positive integer."""
     try:
-        context = int(cfg.get("max_position_embeddings", 2048))
+        context = int(cfg.get("max_position_embeddings", _HF_DEFAULT_CONTEXT[family]))
     except (TypeError, ValueError):
         raise CheckpointError(f"config.json max_position_embeddings = {cfg.get('max_position_embeddings')!r} must "
                               "be a positive integer") from None
