@@ -410,7 +410,11 @@ GOAL_ROW = (64, 4096)  # (n, L): the row the speedup goals are judged on, and th
 FLEX_COMPILE_S = 60.0  # what FlexAttention's compile may take; skipped with a note when less is left
 
 
-def step_bench(args, device: torch.device, budget_s: float, copy_bw: dict[str, Any] | None) -> dict[str, Any]:
+def step_bench(args, device: torch.device, budget_s: float, copy_bw: dict[str, Any] | None,
+               on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Time the grid's rows (module docstring, step 3) within ``budget_s`` seconds. After every row ``on_row``
+    (when given) gets the result so far, ``complete`` False: a stage stopped at its cap keeps the rows it timed.
+    Returns ``{"rows", "rows_planned", "complete", "flex_note", "seconds"}``."""
     t_start = time.time()
     if args.dry_run:
         B, Hq, Hkv, D, dtype = 1, 4, 2, 64, torch.float32
@@ -538,7 +542,11 @@ def step_bench(args, device: torch.device, budget_s: float, copy_bw: dict[str, A
         )
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return {"rows": rows, "flex_note": flex_reason, "seconds": round(time.time() - t_start, 1)}
+        if on_row is not None:
+            on_row({"rows": rows, "rows_planned": len(grid), "complete": False, "flex_note": flex_reason,
+                    "seconds": round(time.time() - t_start, 1)})
+    return {"rows": rows, "rows_planned": len(grid), "complete": len(rows) == len(grid), "flex_note": flex_reason,
+            "seconds": round(time.time() - t_start, 1)}
 
 
 def goals(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -725,12 +733,22 @@ def main(argv: list[str] | None = None) -> int:
         summary["correctness"] = corr
         write_json(out_dir / "summary.json", summary)
 
+    def bench_so_far(partial: dict[str, Any]) -> None:
+        # the rows timed so far, in bench.json and summary.json (which gpu_check.sh reads for its figures and the
+        # kernel verdict): the stage's cap may stop the bench at any row
+        write_json(out_dir / "bench.json", partial)
+        summary["bench"], summary["goals"] = partial, goals(partial)
+        if "correctness" in args.steps:
+            summary["kernel_ok"], summary["kernel_why"] = kernel_verdict(corr, partial)
+        write_json(out_dir / "summary.json", summary)
+
     bench = None
     if "bench" in args.steps:
         try:
             if not kernel_up:
                 raise RuntimeError(f"kernel unavailable: {summary['kernel_load']['reason']}")
-            bench = step_bench(args, device, budget_s=max(20.0, left() - 5.0), copy_bw=summary.get("copy_bandwidth"))
+            bench = step_bench(args, device, budget_s=max(20.0, left() - 5.0), copy_bw=summary.get("copy_bandwidth"),
+                               on_row=bench_so_far)
             write_json(out_dir / "bench.json", bench)
         except Exception as err:  # noqa: BLE001
             summary["bench_error"] = traceback.format_exc()[-3000:]

@@ -170,3 +170,35 @@ def test_flex_attention_is_timed_on_the_goal_row_only(gc, tmp_path, monkeypatch)
     assert other and all("compiled for the goal row" in r["flex"]["error"] for r in other)
     short = gc.step_bench(args, torch.device("cpu"), budget_s=gc.FLEX_COMPILE_S - 1, copy_bw=None)
     assert "its compile may take" in short["rows"][0]["flex"]["error"]
+
+
+def test_bench_rows_survive_a_kill_mid_bench(gc, tmp_path):
+    """gpu_check.sh stops the kernel stage at its cap (SIGTERM): the rows timed before that must already be in
+    bench.json and in summary.json (the runner's headline figures and its kernel verdict read summary.json)."""
+
+    class Killed(BaseException):  # not an Exception: nothing in the bench catches it, as with a signal
+        pass
+
+    calls = []
+
+    class KilledTimer(gc.Timer):
+        def __call__(self, fns, use_graph=True):
+            calls.append(len(fns))
+            if len(calls) > 3:  # the dry run times 3 things per row (no FlexAttention on a CPU): row 2 is killed
+                raise Killed
+            return super().__call__(fns, use_graph)
+
+    orig = gc.Timer
+    gc.Timer = KilledTimer
+    try:
+        with pytest.raises(Killed):
+            gc.main(["--dry-run", "--out", str(tmp_path), "--reps", "3", "--budget-s", "120"])
+    finally:
+        gc.Timer = orig
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert [(r["n"], r["L"]) for r in bench["rows"]] == [(4, 64)] and not bench["complete"]
+    assert bench["rows"][0]["ours"]["ms"] > 0 and bench["rows"][0]["ours_ok"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["n"], r["L"]) for r in summary["bench"]["rows"]] == [(4, 64)]
+    assert summary["kernel_ok"] is True and "1 benchmark rows within tolerance" in summary["kernel_why"]
+    assert summary["correctness"]["status"] == "PASS"
