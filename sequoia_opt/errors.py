@@ -37,3 +37,25 @@ class ProfileWarning(UserWarning):
     """A file that loads but looks wrong: a profile whose figures are implausible (a latency curve far below T(1)
     for larger n), or a profile, plan, tree or scheduler holding a key its format does not read (a misspelling,
     :func:`sequoia_opt._io.warn_unknown_keys`). The CLI prints each as one ``warning:`` line on stderr."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a job scheduler's stop, ``timeout``) raised as an exception in the main thread, as Ctrl-C
+    raises KeyboardInterrupt: the same unwinding (temporary files removed, held renames finished), then one line
+    and exit ``128 + signum`` (143). The ``treeopt`` entry point installs the handler
+    (:func:`sequoia_opt._entry.main`); a library caller keeps the default (the process ends at once)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_exit_code(err: BaseException) -> int:
+    """The exit status of a command stopped by ``err``: ``128 + signum`` for :class:`Terminated` (143 for SIGTERM),
+    130 (128 + SIGINT) for Ctrl-C, as a shell reports a process a signal ended."""
+    return 128 + err.signum if isinstance(err, Terminated) else 130
+
+
+def stop_word(err: BaseException) -> str:
+    """``"terminated"`` (SIGTERM) or ``"interrupted"`` (Ctrl-C): the first word of the line a stopped command prints."""
+    return "terminated" if isinstance(err, Terminated) else "interrupted"

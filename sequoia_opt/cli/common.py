@@ -79,24 +79,98 @@ class _OneLineErrors(_FlowingHelp):
     for the library's errors, instead of the multi-line box typer draws. ``treeopt`` with no arguments and
     ``--help`` still print the help."""
 
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 (parses the options, prints --help)
+        with _stops_are_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:  # noqa: D102 (a subcommand's options and --help, the command itself)
+        with _stops_are_one_line():
+            return super().invoke(ctx)
+
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:  # noqa: D102
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
-        try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
-        except _click.exceptions.ClickException as err:
-            if type(err).__name__ == "NoArgsIsHelpError":  # bare `treeopt` / `treeopt profile`: the help
-                err.show()
+        with _stops_are_one_line(exit_now=True):  # a closed pipe or a stop anywhere below: its error lines too
+            try:
+                rv = super().main(*args, standalone_mode=False, **kwargs)
+            except _click.exceptions.ClickException as err:
+                if type(err).__name__ == "NoArgsIsHelpError":  # bare `treeopt` / `treeopt profile`: the help
+                    err.show()
+                    sys.exit(err.exit_code)
+                ctx = getattr(err, "ctx", None)
+                hint = f" (see '{ctx.command_path if ctx is not None else 'treeopt'} --help')"
+                _print_error(err.format_message() + hint)
                 sys.exit(err.exit_code)
-            ctx = getattr(err, "ctx", None)
-            hint = f" (see '{ctx.command_path if ctx is not None else 'treeopt'} --help')"
-            _print_error(err.format_message() + hint)
-            sys.exit(err.exit_code)
-        except typer.Abort:  # typer's public name for click's Abort (vendored or not)
-            _err.print("aborted")
-            sys.exit(1)
-        # without standalone mode typer returns typer.Exit's code (an int) or the command's return value
-        sys.exit(rv if isinstance(rv, int) else 0)
+            except typer.Abort:  # typer's public name for click's Abort (vendored or not)
+                _err.print("aborted")
+                sys.exit(1)
+            # without standalone mode typer returns typer.Exit's code (an int) or the command's return value
+            sys.exit(rv if isinstance(rv, int) else 0)
+
+
+#: The exit status when standard output (or error) is a pipe its reader closed (``treeopt ... | head -1``): 128 +
+#: SIGPIPE, what a shell reports for ``yes | head -1``'s writer, which the signal ends.
+EXIT_PIPE_CLOSED = 141
+
+
+def _silence_closed_streams() -> None:
+    """Point standard output and error, where a write or flush fails (a pipe whose reader is gone), at
+    ``/dev/null``: what is left in their buffers, and Python's own flush at exit, then go nowhere instead of a
+    second BrokenPipeError ("Exception ignored ...", exit 120)."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            try:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, stream.fileno())
+                os.close(null)
+            except (OSError, ValueError, AttributeError):  # no file descriptor (a test's captured stream)
+                pass
+
+
+@contextlib.contextmanager
+def _stops_are_one_line(exit_now: bool = False):
+    """Around the root group's parsing and its subcommand: a closed output pipe ends the command quietly with
+    :data:`EXIT_PIPE_CLOSED` (typer ended it with 1, the status of a failure, where ``grep -q`` or ``head`` had
+    simply read enough), and Ctrl-C / SIGTERM landing outside :func:`handle_errors` (while options are parsed)
+    prints its one line (typer exited 130 without a word). ``exit_now``: ``sys.exit`` rather than
+    ``typer.Exit`` (outside typer's own handler)."""
+    import errno
+
+    from ..errors import stop_exit_code, stop_word
+
+    try:
+        yield
+    except OSError as err:
+        if err.errno != errno.EPIPE:
+            raise
+        _silence_closed_streams()
+        if exit_now:
+            sys.exit(EXIT_PIPE_CLOSED)
+        raise typer.Exit(EXIT_PIPE_CLOSED) from None
+    except KeyboardInterrupt as err:
+        with contextlib.suppress(OSError):
+            _err.print(f"[yellow]{stop_word(err)}:[/] no output file was written")
+        if exit_now:
+            sys.exit(stop_exit_code(err))
+        raise typer.Exit(stop_exit_code(err)) from None
+
+
+def _console_pipe_closed(self: Console) -> None:
+    """rich's ``Console.on_broken_pipe`` for the CLI's consoles (the reports', stderr's, typer's --help): raise the
+    BrokenPipeError for :func:`_stops_are_one_line` to end the command with :data:`EXIT_PIPE_CLOSED`, as every
+    other write does. rich's own exits 1, the status of a failure, and points standard output at /dev/null even
+    where standard error was the closed pipe."""
+    import errno
+
+    self.quiet = True
+    raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+Console.on_broken_pipe = _console_pipe_closed  # type: ignore[method-assign]
 
 
 def _help_width() -> None:
@@ -170,7 +244,7 @@ def recorded_warnings() -> list[str]:
 
 def handle_errors(fn: F) -> F:
     """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback), Ctrl-C into one line and
-    exit 130 (outputs are written atomically, last: nothing half-written stays, though a Ctrl-C that lands after
+    exit 130, SIGTERM (:class:`~sequoia_opt.errors.Terminated`) into one line and exit 143 (outputs are written atomically, last: nothing half-written stays, though a Ctrl-C that lands after
     the write leaves the file, whole); print each distinct
     :class:`~sequoia_opt.errors.ProfileWarning` raised on the way as one ``warning:`` line on stderr."""
 
@@ -180,7 +254,7 @@ def handle_errors(fn: F) -> F:
 
         from rich.markup import escape
 
-        from ..errors import ProfileWarning
+        from ..errors import ProfileWarning, stop_exit_code, stop_word
 
         caught: list = []
         try:
@@ -192,9 +266,10 @@ def handle_errors(fn: F) -> F:
                 except TreeoptError as err:
                     _print_error(str(err) or err.__class__.__name__)
                     raise typer.Exit(2) from None
-                except KeyboardInterrupt:  # every command; Ctrl-C may land after a file is in place: no claim
-                    _err.print("[yellow]interrupted:[/] each output file is whole or absent (written atomically, last)")
-                    raise typer.Exit(130) from None
+                except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM; may land after a file is in place: no claim
+                    _err.print(f"[yellow]{stop_word(err)}:[/] each output file is whole or absent (written "
+                               "atomically, last)")
+                    raise typer.Exit(stop_exit_code(err)) from None
         finally:  # shown once the recorder is gone: inside it, showwarning records again, and the loop never ends
             if _RECORDING and _RECORDING[-1] is caught:
                 _RECORDING.pop()
