@@ -244,8 +244,9 @@ def recorded_warnings() -> list[str]:
 
 def handle_errors(fn: F) -> F:
     """Turn TreeoptError into one red line on stderr and exit code 2 (no traceback), Ctrl-C into one line and
-    exit 130, SIGTERM (:class:`~sequoia_opt.errors.Terminated`) into one line and exit 143 (outputs are written atomically, last: nothing half-written stays, though a Ctrl-C that lands after
-    the write leaves the file, whole); print each distinct
+    exit 130, SIGTERM (:class:`~sequoia_opt.errors.Terminated`) into one line and exit 143 (outputs are written
+    atomically, last: nothing half-written stays, though a stop that lands after the write leaves the file,
+    whole); print each distinct
     :class:`~sequoia_opt.errors.ProfileWarning` raised on the way as one ``warning:`` line on stderr."""
 
     @functools.wraps(fn)
@@ -701,7 +702,6 @@ def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
 
 
 #: ``treeopt profile ...``: its commands live in one module each (cli/profile_*.py).
-profile_app = typer.Typer(cls=_FlowingHelp, help="Measure the device (latency curve) and the model pair (acceptance vector); "
-                          "find the best L of the self layer-skip drafter.",
-                          no_args_is_help=True)
+profile_app = typer.Typer(cls=_FlowingHelp, help="Measure the device (latency curve) and the model pair (acceptance "
+                          "vector); find the best L of the self layer-skip drafter.", no_args_is_help=True)
 app.add_typer(profile_app, name="profile")
