@@ -187,6 +187,41 @@ def test_short_training_on_tiny_teacher_reduces_loss(tmp_path: Path, n_random):
     assert kls[-1] < kls[0]
 
 
+def test_a_first_ctrl_c_stops_the_training_after_its_step_and_keeps_the_weights(tmp_path: Path):
+    """A 40-minute training lost everything on Ctrl-C; the first now stops it as the time limit does (the step in
+    flight finishes, the model trained so far is returned and evaluated), the second would interrupt at once."""
+    import os
+    import signal
+
+    torch.manual_seed(0)
+    vocab = 64
+    teacher = Transformer(ModelConfig.preset("tiny").with_(vocab_size=vocab), device="cpu").eval()
+    chunks = torch.randint(0, vocab, (6, 24), generator=torch.Generator().manual_seed(1))
+    labels = label_with_teacher(teacher, chunks, k=8, cache_path=tmp_path / "t.pt", log=lambda s: None)
+    cfg = student_config(vocab_size=vocab, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=64,
+                         rope_theta=10000.0)
+    student = init_student(cfg, seed=0, embedding=pca_embedding(teacher.embed_tokens.weight.detach(), 32)[0])
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    lines: list[str] = []
+
+    def log(msg: str) -> None:  # the user presses Ctrl-C while step 3 is logged
+        lines.append(msg)
+        if msg.startswith("step=3 "):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    handler = signal.getsignal(signal.SIGINT)
+    res = train_student(student, chunks, labels, steps=50, batch=2, lr=1e-2, seed=0, warmup=1, log_every=1,
+                        eval_every=10, val=(chunks[:2], TeacherLabels(labels.ids[:2], labels.logp[:2])), log=log)
+    assert res.stopped_by == "Ctrl-C" and [r["step"] for r in res.rows] == [1, 2, 3, 4]  # step 4 was in flight
+    assert res.rows[-1]["val_kl"] != ""  # the last row is evaluated, as at the time limit
+    assert any(ln.startswith("Ctrl-C: stopping after this step") for ln in lines)
+    assert lines[-1] == "stopping at step 4: Ctrl-C"
+    assert signal.getsignal(signal.SIGINT) is handler  # a second Ctrl-C interrupts as before
+    assert any(not torch.equal(v, student.state_dict()[k]) for k, v in before.items())  # 4 steps' weights kept
+    done = train_student(student, chunks, labels, steps=2, batch=2, lr=1e-2, seed=0, warmup=1, log=lambda s: None)
+    assert done.stopped_by == "" and len(done.rows) == 1
+
+
 def test_greedy_agreement_of_a_model_with_itself_is_one():
     m = Transformer(ModelConfig.preset("tiny"), device="cpu").eval()
     prompts = [[1, 2, 3, 4], [5, 6, 7]]

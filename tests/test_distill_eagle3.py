@@ -97,6 +97,35 @@ def test_a_tiny_head_learns_the_targets_next_tokens(bf16):
     assert agree[0] > 0.5 and tr.tokens_seen == 150 * 3 * 32
 
 
+def test_a_first_ctrl_c_stops_the_head_training_and_keeps_the_head():
+    """As the draft's trainer: the first Ctrl-C ends the training after the step in flight, the head trained so
+    far is returned (and main evaluates and writes it, its log saying stopped_by: Ctrl-C)."""
+    import os
+    import signal
+
+    target = random_target()
+    chunks = torch.randint(0, 40, (4, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, h = target(chunks, hidden_layers=(1, 2, 3))
+    top = torch.log_softmax(logits, -1).topk(4, -1)
+    data = TeacherFeatures(chunks, h.half(), top.indices.int(), top.values.half())
+    ids = choose_draft_vocab(top.indices[..., 0], chunks, 60, 257)
+    index = torch.full((257,), -1, dtype=torch.int64)
+    index[ids] = torch.arange(len(ids))
+    layer = ModelConfig(vocab_size=len(ids), dim=64, n_layers=1, n_heads=4, n_kv_heads=2, intermediate_size=96,
+                        max_position_embeddings=512)
+    head = init_head(EagleConfig("eagle3", layer, 257, 64, (0, 1, 2)), target, ids, seed=0)
+
+    def log(msg: str) -> None:
+        if msg.startswith("step=2 "):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    tr = train_head(head, data, index, steps=100, batch=2, window=16, lr=3e-3, warmup=1, ttt_steps=2,
+                    step_decay=0.8, feature_weight=0.1, seed=0, log=log, log_every=1)
+    assert tr.stopped_by == "Ctrl-C" and [r["step"] for r in tr.rows] == [1, 2, 3]
+    assert tr.tokens_seen == 3 * 2 * 16 and not head.training
+
+
 def test_teacher_features_in_bf16_are_close_and_the_cache_resumes(tmp_path):
     """The bfloat16 teacher's features and top-k are the float32 teacher's within bf16 rounding; the cache written
     on the way (every max(save_every, n // 8) chunks, and at the end) gives the same rows to a rerun."""

@@ -137,7 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cont-batch", type=int, default=0, help="continuation sequences per step")
     p.add_argument("--gen-batch", type=int, default=32, help="prompts the teacher continues at once")
     p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--max-train-minutes", type=float, default=None)
+    p.add_argument("--max-train-minutes", type=float, default=None,
+                   help="stop the training after this many minutes (the cosine schedule decays over them) and keep "
+                        "what it learned; a first Ctrl-C while it trains does the same at once")
     p.add_argument("--dim", type=int, default=160)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
@@ -197,7 +199,10 @@ def run_evaluate(args) -> dict:
 
 def run_cli(argv: list[str] | None = None) -> int:
     """``python -m sequoia_opt.distill``: :func:`main`, with bad input (a refused setting, a missing or
-    broken checkpoint) printed as one line on stderr and exit code 2 instead of a traceback."""
+    broken checkpoint) printed as one line on stderr and exit code 2 instead of a traceback. A first Ctrl-C while
+    the draft trains only stops the training (:func:`~sequoia_opt.distill.train.stop_on_ctrl_c`): the draft trained
+    so far is evaluated and written, its log saying ``stopped_by: Ctrl-C``; Ctrl-C anywhere else (or twice) exits
+    130 with nothing written."""
     try:
         return main(argv)
     except KeyboardInterrupt:  # the teacher's labels are cached as they go; the training is not kept
@@ -396,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                      "generated_tokens": int(cont[0].shape[0]) * args.cont_tokens,
                      "seconds": round(cont[1].seconds, 1)}},
         "train": {"steps_done": tr.rows[-1]["step"] if tr.rows else 0, "tokens_seen": tr.tokens_seen,
+                  "stopped_by": tr.stopped_by or None,
                   "initial_val": v0, "final_val_agreement": vfinal["agreement"], "final_val_kl": vfinal["kl"]},
         "init_from": None if args.init_from is None else str(args.init_from),
         "stages": earlier_stages,

@@ -57,7 +57,7 @@ from ..model.head_checkpoints import save_eagle_head
 from ..model.heads import EagleConfig, EagleHead
 from ..model.llama import apply_rotary
 from .teacher import _cached_rows, _save_cache, _top_k, greedy_continue
-from .train import TrainResult, scheduled_lr
+from .train import TrainResult, scheduled_lr, stop_on_ctrl_c
 
 __all__ = ["TeacherFeatures", "teacher_features", "teacher_continuation_features", "choose_draft_vocab",
            "check_disjoint", "init_head", "cpu_has_bf16_units", "ttt_forward", "ttt_losses", "train_head",
@@ -412,49 +412,54 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
     acc = {"loss": 0.0, "feat": 0.0, "agree": [0.0] * ttt_steps, "k": 0}
     t0 = time.perf_counter()
     tokens = 0
-    for step in range(steps):
-        cur = scheduled_lr(opt, step, steps=steps, lr=lr, warmup=warmup, t0=t0, max_seconds=max_seconds)
-        idx = torch.randint(0, n, (batch,), generator=g)
-        off = int(torch.randint(0, T - W + 1, (1,), generator=g))
-        sl = slice(off, off + W)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            losses, agree, feat = ttt_losses(head, data.feats[idx, sl], data.chunks[idx, sl], data.ids[idx, sl],
-                                             data.logp[idx, sl], draft_index, steps=ttt_steps,
-                                             feature_weight=feature_weight)
-        loss = sum(step_decay ** k * lk.float() for k, lk in enumerate(losses)) + feature_weight * feat.float()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, clip)
-        opt.step()
-        tokens += batch * W
-        acc["loss"] += float(loss.detach())
-        acc["feat"] += float(feat.detach())
-        acc["agree"] = [a + b for a, b in zip(acc["agree"], agree)]
-        acc["k"] += 1
-        last = step == steps - 1
-        over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
-        if (step + 1) % log_every == 0 or last or over:
-            kk = acc["k"]
-            row = {"step": step + 1, "tokens": tokens, "lr": cur, "train_loss": acc["loss"] / kk,
-                   "train_feature_loss": acc["feat"] / kk,
-                   **{f"train_agreement_{j}": a / kk for j, a in enumerate(acc["agree"])},
-                   "elapsed_s": round(time.perf_counter() - t0, 1)}
-            acc = {"loss": 0.0, "feat": 0.0, "agree": [0.0] * ttt_steps, "k": 0}
-            if val is not None and ((step + 1) % eval_every == 0 or last or over):
-                ev = evaluate_head(head, val, draft_index, steps=ttt_steps, window=W)
-                row.update({f"val_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
-                row.update({f"val_ce_{j}": c for j, c in enumerate(ev["ce"])})
-                if val_continuations is not None:
-                    ev = evaluate_continuations(head, *val_continuations, draft_index, steps=ttt_steps)
-                    row.update({f"val_cont_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
-                head.train()
-            rows.append(row)
-            log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-        if over:
-            log(f"stopping at step {step + 1}: past the {max_seconds:.0f} s time limit")
-            break
+    stopped_by = ""
+    with stop_on_ctrl_c(log) as stop:
+        for step in range(steps):
+            cur = scheduled_lr(opt, step, steps=steps, lr=lr, warmup=warmup, t0=t0, max_seconds=max_seconds)
+            idx = torch.randint(0, n, (batch,), generator=g)
+            off = int(torch.randint(0, T - W + 1, (1,), generator=g))
+            sl = slice(off, off + W)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                losses, agree, feat = ttt_losses(head, data.feats[idx, sl], data.chunks[idx, sl], data.ids[idx, sl],
+                                                 data.logp[idx, sl], draft_index, steps=ttt_steps,
+                                                 feature_weight=feature_weight)
+            loss = sum(step_decay ** k * lk.float() for k, lk in enumerate(losses)) + feature_weight * feat.float()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, clip)
+            opt.step()
+            tokens += batch * W
+            acc["loss"] += float(loss.detach())
+            acc["feat"] += float(feat.detach())
+            acc["agree"] = [a + b for a, b in zip(acc["agree"], agree)]
+            acc["k"] += 1
+            last = step == steps - 1
+            over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
+            over = over or stop["requested"]
+            if (step + 1) % log_every == 0 or last or over:
+                kk = acc["k"]
+                row = {"step": step + 1, "tokens": tokens, "lr": cur, "train_loss": acc["loss"] / kk,
+                       "train_feature_loss": acc["feat"] / kk,
+                       **{f"train_agreement_{j}": a / kk for j, a in enumerate(acc["agree"])},
+                       "elapsed_s": round(time.perf_counter() - t0, 1)}
+                acc = {"loss": 0.0, "feat": 0.0, "agree": [0.0] * ttt_steps, "k": 0}
+                if val is not None and ((step + 1) % eval_every == 0 or last or over):
+                    ev = evaluate_head(head, val, draft_index, steps=ttt_steps, window=W)
+                    row.update({f"val_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
+                    row.update({f"val_ce_{j}": c for j, c in enumerate(ev["ce"])})
+                    if val_continuations is not None:
+                        ev = evaluate_continuations(head, *val_continuations, draft_index, steps=ttt_steps)
+                        row.update({f"val_cont_agreement_{j}": a for j, a in enumerate(ev["agreement"])})
+                    head.train()
+                rows.append(row)
+                log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+            if over:
+                stopped_by = "Ctrl-C" if stop["requested"] else "time limit"
+                log(f"stopping at step {step + 1}: " + ("Ctrl-C" if stop["requested"] else
+                                                         f"past the {max_seconds:.0f} s time limit"))
+                break
     head.eval()
-    return TrainResult(rows, time.perf_counter() - t0, tokens)
+    return TrainResult(rows, time.perf_counter() - t0, tokens, stopped_by=stopped_by)
 
 
 # ------------------------------------------------------------------------------------------------- the command
@@ -490,7 +495,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step-decay", type=float, default=0.8, help="weight of step k's loss: decay ** k")
     p.add_argument("--feature-weight", type=float, default=0.1, help="weight of the smooth-L1 feature term")
     p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--max-train-minutes", type=float, default=None)
+    p.add_argument("--max-train-minutes", type=float, default=None,
+                   help="stop the training after this many minutes (the cosine schedule decays over them) and keep "
+                        "what it learned; a first Ctrl-C while it trains does the same at once")
     p.add_argument("--train-bf16", action="store_true",
                    help="train under bfloat16 autocast (float32 weights); faster only on CPUs with bfloat16 units "
                         "(AMX, AVX512-BF16)")
@@ -709,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
                      "prompts": args.cont_prompts, "prompt_tokens": P, "generated_tokens_per_prompt": G,
                      "generated_tokens": args.cont_prompts * G, "seconds": round(cont_s, 1),
                      "heldout_prompts": args.val_cont_prompts}},
-        "train": {"rows": tr.rows, "tokens_seen": tr.tokens_seen, "initial_val": v0, "final_val": vfinal,
+        "train": {"rows": tr.rows, "tokens_seen": tr.tokens_seen, "stopped_by": tr.stopped_by or None,
+                  "initial_val": v0, "final_val": vfinal,
                   "final_val_continuations": vcont},
         "init_from": None if args.init_from is None else str(args.init_from), "stages": earlier,
         "timing": {"teacher_s": round(data.seconds + val.seconds + (val_cont.seconds if val_cont else 0.0), 1),
@@ -727,7 +735,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_cli(argv: list[str] | None = None) -> int:
     """``python -m sequoia_opt.distill.eagle3``: :func:`main`, with a checkpoint or setting it refuses (an
     ``--init-from`` that is no EAGLE-3 head, a target it cannot read) printed as one line and exit 2, and Ctrl-C as
-    one line and exit 130 (the teacher cache resumes; nothing is written to ``--out``), not a traceback."""
+    one line and exit 130 (the teacher cache resumes; nothing is written to ``--out``), not a traceback. A first
+    Ctrl-C while the head trains only stops the training (:func:`~sequoia_opt.distill.train.stop_on_ctrl_c`): the
+    head trained so far is evaluated and written, its log saying ``stopped_by: Ctrl-C``."""
     try:
         return main(argv)
     except KeyboardInterrupt:

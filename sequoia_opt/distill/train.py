@@ -5,10 +5,13 @@ AdamW loop (:func:`train_student`) with teacher-forced held-out KL / agreement (
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -136,6 +139,33 @@ class TrainResult:
     rows: list[dict]
     wall_s: float
     tokens_seen: int
+    stopped_by: str = ""  # "" (every step asked ran), "time limit" or "Ctrl-C" (the weights trained so far are kept)
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c(log: Callable[[str], None] = print) -> Iterator[dict]:
+    """Within a training loop, the first Ctrl-C asks it to stop after the step it is in, as the time limit does, so
+    the weights trained so far are evaluated and saved (``stop["requested"]`` turns True; a training run is minutes
+    to an hour on a CPU, and a KeyboardInterrupt in the optimizer's step would leave some tensors updated and
+    others not); a second Ctrl-C interrupts at once (nothing saved). Off the main thread signals cannot be caught:
+    only the flag is given."""
+    stop = {"requested": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def ask(signum: int, frame: object) -> None:
+        stop["requested"] = True
+        signal.signal(signal.SIGINT, previous)  # the next Ctrl-C interrupts at once
+        log("Ctrl-C: stopping after this step; the weights trained so far will be evaluated and saved "
+            "(Ctrl-C again to abandon them)")
+
+    signal.signal(signal.SIGINT, ask)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def evaluate_labels(model: Transformer, chunks: torch.Tensor, labels: TeacherLabels) -> dict[str, float]:
@@ -210,7 +240,8 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
     passes the greedy agreement on the eval prompts' target continuations, the draft's bar).
 
     Returns the logged rows (step, tokens, lr, train KL/CE/agreement, validation KL/agreement when ``val``),
-    the wall time and the tokens seen. Stops early (and says so in the log) past ``max_seconds``.
+    the wall time and the tokens seen. Stops early (and says so in the log) past ``max_seconds``, or on Ctrl-C
+    (:func:`stop_on_ctrl_c`: after the step it is in, the model trained so far returned).
     """
     g = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -224,58 +255,63 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
     acc = {"kl": 0.0, "ce": 0.0, "agree": 0.0, "ckl": 0.0, "cagree": 0.0, "k": 0}
     t0 = time.perf_counter()
     tokens = 0
-    for step in range(steps):
-        cur = scheduled_lr(opt, step, steps=steps, lr=lr, warmup=warmup, t0=t0, max_seconds=max_seconds)
-        idx = torch.randint(0, n, (batch,), generator=g)
-        x = chunks[idx]  # (B, T) labelled
-        if extra is not None and extra_batch > 0:
-            x = torch.cat([x, extra[torch.randint(0, extra.shape[0], (extra_batch,), generator=g)]])  # (B+E, T)
-        kl, ce, agree = _batch_loss(model, x, labels.ids[idx].view(-1, labels.ids.shape[-1]).long(),
-                                    labels.logp[idx].view(-1, labels.logp.shape[-1]), n_random=n_random,
-                                    generator=g)
-        loss = kl + ce_weight * ce
-        tokens += x.numel()
-        if use_cont:
-            cseq, clab = cont
-            cidx = torch.randint(0, cseq.shape[0], (cont_batch,), generator=g)
-            cx = cseq[cidx]  # (C, T2)
-            ckl, cce, cagree = _batch_loss(model, cx, clab.ids[cidx].view(-1, clab.ids.shape[-1]).long(),
-                                           clab.logp[cidx].view(-1, clab.logp.shape[-1]), n_random=n_random,
-                                           generator=g)
-            loss = loss + ckl + ce_weight * cce
-            tokens += cx.numel()
-            acc["ckl"] += float(ckl.detach())
-            acc["cagree"] += cagree
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        acc["agree"] += agree
-        acc["kl"] += float(kl.detach())
-        acc["ce"] += float(ce.detach())
-        acc["k"] += 1
-        last = step == steps - 1
-        over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
-        if (step + 1) % log_every == 0 or last or over:
-            row = {"step": step + 1, "tokens": tokens, "lr": cur, "train_kl": acc["kl"] / acc["k"],
-                   "train_ce": acc["ce"] / acc["k"], "train_agreement": acc["agree"] / acc["k"],
-                   "cont_kl": acc["ckl"] / acc["k"] if use_cont else "",
-                   "cont_agreement": acc["cagree"] / acc["k"] if use_cont else "",
-                   "val_kl": "", "val_agreement": "", "val_greedy_agreement": "",
-                   "elapsed_s": round(time.perf_counter() - t0, 2)}
-            acc = {"kl": 0.0, "ce": 0.0, "agree": 0.0, "ckl": 0.0, "cagree": 0.0, "k": 0}
-            if (step + 1) % eval_every == 0 or last or over:
-                if val is not None:
-                    v = evaluate_labels(model, *val)
-                    row["val_kl"], row["val_agreement"] = v["kl"], v["agreement"]
-                if probe is not None:
-                    row["val_greedy_agreement"] = probe(model)
-                    model.train()
-            rows.append(row)
-            log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-                         if v != ""))
-        if over:
-            log(f"stopping at step {step + 1}: past the {max_seconds:.0f} s time limit")
-            break
+    stopped_by = ""
+    with stop_on_ctrl_c(log) as stop:
+        for step in range(steps):
+            cur = scheduled_lr(opt, step, steps=steps, lr=lr, warmup=warmup, t0=t0, max_seconds=max_seconds)
+            idx = torch.randint(0, n, (batch,), generator=g)
+            x = chunks[idx]  # (B, T) labelled
+            if extra is not None and extra_batch > 0:
+                x = torch.cat([x, extra[torch.randint(0, extra.shape[0], (extra_batch,), generator=g)]])  # (B+E, T)
+            kl, ce, agree = _batch_loss(model, x, labels.ids[idx].view(-1, labels.ids.shape[-1]).long(),
+                                        labels.logp[idx].view(-1, labels.logp.shape[-1]), n_random=n_random,
+                                        generator=g)
+            loss = kl + ce_weight * ce
+            tokens += x.numel()
+            if use_cont:
+                cseq, clab = cont
+                cidx = torch.randint(0, cseq.shape[0], (cont_batch,), generator=g)
+                cx = cseq[cidx]  # (C, T2)
+                ckl, cce, cagree = _batch_loss(model, cx, clab.ids[cidx].view(-1, clab.ids.shape[-1]).long(),
+                                               clab.logp[cidx].view(-1, clab.logp.shape[-1]), n_random=n_random,
+                                               generator=g)
+                loss = loss + ckl + ce_weight * cce
+                tokens += cx.numel()
+                acc["ckl"] += float(ckl.detach())
+                acc["cagree"] += cagree
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            acc["agree"] += agree
+            acc["kl"] += float(kl.detach())
+            acc["ce"] += float(ce.detach())
+            acc["k"] += 1
+            last = step == steps - 1
+            over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
+            over = over or stop["requested"]
+            if (step + 1) % log_every == 0 or last or over:
+                row = {"step": step + 1, "tokens": tokens, "lr": cur, "train_kl": acc["kl"] / acc["k"],
+                       "train_ce": acc["ce"] / acc["k"], "train_agreement": acc["agree"] / acc["k"],
+                       "cont_kl": acc["ckl"] / acc["k"] if use_cont else "",
+                       "cont_agreement": acc["cagree"] / acc["k"] if use_cont else "",
+                       "val_kl": "", "val_agreement": "", "val_greedy_agreement": "",
+                       "elapsed_s": round(time.perf_counter() - t0, 2)}
+                acc = {"kl": 0.0, "ce": 0.0, "agree": 0.0, "ckl": 0.0, "cagree": 0.0, "k": 0}
+                if (step + 1) % eval_every == 0 or last or over:
+                    if val is not None:
+                        v = evaluate_labels(model, *val)
+                        row["val_kl"], row["val_agreement"] = v["kl"], v["agreement"]
+                    if probe is not None:
+                        row["val_greedy_agreement"] = probe(model)
+                        model.train()
+                rows.append(row)
+                log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
+                             if v != ""))
+            if over:
+                stopped_by = "Ctrl-C" if stop["requested"] else "time limit"
+                log(f"stopping at step {step + 1}: " + ("Ctrl-C" if stop["requested"] else
+                                                         f"past the {max_seconds:.0f} s time limit"))
+                break
     model.eval()
-    return TrainResult(rows=rows, wall_s=time.perf_counter() - t0, tokens_seen=tokens)
+    return TrainResult(rows=rows, wall_s=time.perf_counter() - t0, tokens_seen=tokens, stopped_by=stopped_by)
