@@ -127,3 +127,22 @@ def test_a_kind_registered_with_another_cost_model_than_its_drafter_is_refused(p
     registry.DRAFTERS["repeat"] = replace(good, cost_model="per-level")
     with pytest.raises(TreeoptError, match="cost_model='per-level' but builds a RepeatDrafter"):
         ModelPair(target, None, None, "t", "repeat", spec).new_drafter()
+
+
+def test_the_kinds_plugins_register_are_in_the_commands_help(plugins):
+    """--draft and --policy help named the bundled kinds only; a plugin's kind now appears there with its
+    summary (plugins load before click builds the subcommand's help)."""
+    def flowing(args: list[str]) -> str:  # the help's description column as one line (its wrapping undone)
+        out = CliRunner().invoke(app, args).output
+        return " ".join(" ".join(ln.strip(" \u2502") for ln in out.splitlines()).split())
+
+    run_help = flowing(["run", "--help"])
+    assert "Registered by plugins: repeat (repeat the last token)." in run_help
+    assert "Registered by plugins: alternating (depth 1 or 2 by the row's length)." in run_help
+    assert "Registered by plugins: repeat (repeat the last token)." in flowing(["profile", "acceptance", "--help"])
+    assert [k.name for k in registry.plugin_kinds()[0]] == ["repeat"]
+
+
+def test_without_plugins_the_help_lists_none():
+    assert registry.plugin_kinds() == ([], [])
+    assert "Registered by plugins" not in CliRunner().invoke(app, ["run", "--help"]).output

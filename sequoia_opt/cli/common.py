@@ -61,14 +61,33 @@ def unwrap_help(text: str | None) -> str | None:
     return "\n\n".join(out)
 
 
+def _plugin_help(cmd: Any) -> None:
+    """Add the drafter and policy kinds plugins registered to a command's ``--draft`` / ``--policy`` help, each
+    with its summary (the options' text names the bundled kinds only; a kind of one's own was in no help).
+    Plugins load here, before the root callback would load them, because click resolves the subcommand first; one
+    that fails to import is left for the callback to report."""
+    from ..drafting.registry import load_plugins, plugin_kinds
+
+    with contextlib.suppress(TreeoptError):
+        load_plugins()
+    drafters, policies = plugin_kinds()
+    for param in cmd.params:
+        kinds = drafters if "--draft" in param.opts else policies if "--policy" in param.opts else []
+        if kinds and param.help:
+            listed = "; ".join(f"{k.name} ({k.summary.rstrip('.')})" for k in kinds)
+            param.help = f"{param.help.rstrip()} Registered by plugins: {listed}."
+
+
 class _FlowingHelp(typer.core.TyperGroup):
     """A command group whose commands' help flows to the terminal's width (:func:`unwrap_help`), in the
-    group's list of commands and on each command's own ``--help``."""
+    group's list of commands and on each command's own ``--help``, which also lists the kinds plugins
+    registered (:func:`_plugin_help`)."""
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:  # noqa: D102
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None and not getattr(cmd, "_treeopt_unwrapped", False):
             cmd.help = unwrap_help(cmd.help)
+            _plugin_help(cmd)
             cmd._treeopt_unwrapped = True
         return cmd
 

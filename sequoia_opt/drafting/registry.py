@@ -30,7 +30,8 @@ from .policies import (AdaptiveSchedulePolicy, ChainPolicy, DynamicPolicy, PlanA
 
 __all__ = ["DrafterSpec", "DrafterKind", "CostProbe", "PolicyKind", "DRAFTERS", "POLICIES", "register_drafter",
            "register_policy", "policy_kind", "parse_policy", "load_plugins", "drafter_kind", "no_argument",
-           "parse_drafter_spec", "check_drafter", "drafter_slug", "LOOKUP_DEFAULT", "DRAFTER_KEYWORDS"]
+           "parse_drafter_spec", "check_drafter", "drafter_slug", "LOOKUP_DEFAULT", "DRAFTER_KEYWORDS",
+           "plugin_kinds"]
 
 #: The lookup drafter's n-gram sizes when ``--draft lookup`` gives none (vLLM's ``ngram`` method takes both
 #: ``prompt_lookup_min`` and ``prompt_lookup_max``; 1..3 matches prompt lookup decoding's usual setting).
@@ -777,3 +778,15 @@ def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path
         from ..model.loaders import check_draft_checkpoint
 
         check_draft_checkpoint(target_path, spec.path if spec.path is not None else bundled_draft_path())
+
+
+#: The kinds this package registers itself (the CLI's ``--draft`` / ``--policy`` help describes them in its own
+#: words); any other was registered by a plugin (:func:`plugin_kinds`).
+_BUNDLED = (frozenset(DRAFTERS), frozenset(POLICIES))
+
+
+def plugin_kinds() -> tuple[list[DrafterKind], list[PolicyKind]]:
+    """The drafter and policy kinds registered by plugins (:func:`load_plugins`), in registration order: what the
+    CLI's ``--draft`` and ``--policy`` help lists beside the bundled kinds, each with its ``summary``."""
+    return ([k for n, k in DRAFTERS.items() if n not in _BUNDLED[0]],
+            [k for n, k in POLICIES.items() if n not in _BUNDLED[1]])
