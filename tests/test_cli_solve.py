@@ -433,6 +433,15 @@ def test_a_seed_past_the_generators_range_is_one_line_before_loading(seed, bound
     assert len(r.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", [["run"], ["profile", "acceptance"], ["demo"]])
+def test_the_seeds_range_is_not_drawn_in_the_help_type_column(command):
+    """typer drew --seed's min / max as a 40-character '[-9223372036854775808<=x<=...]' type, which squeezed every
+    description of run --help into 26 columns; the range is checked by a callback and said in the help."""
+    r = runner.invoke(app, [*command, "--help"])
+    out = r.output
+    assert r.exit_code == 0 and "<=x<=" not in out and "-2^63 .. 2^64 - 1" in " ".join(out.replace("\u2502", " ").split())
+
+
 def test_export_draft_keeps_the_users_gguf_when_llama_cpp_refuses_the_new_one(tmp_path, monkeypatch):
     """export-draft wrote over --gguf, then deleted it when llama.cpp refused the new file: the user's old, good
     GGUF was gone. Now the new file is checked before it replaces anything: exit 2, the old bytes kept, no temp

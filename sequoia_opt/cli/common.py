@@ -396,8 +396,20 @@ PromptsOpt = Annotated[
 ]
 TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 = sampling.")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus mass in (0, 1], applied to target and draft.")]
-SeedOpt = Annotated[int, typer.Option(  # torch.Generator.manual_seed's range: past it, a traceback after loading
-    "--seed", min=-(2**63), max=2**64 - 1, help="Seed of the sampling generator.")]
+
+
+def _seed_in_range(value: int | None) -> int | None:
+    """``--seed`` within torch.Generator.manual_seed's range (past it, a traceback after the models loaded), checked
+    here rather than by typer's ``min`` / ``max``, whose 40-character range in the help's type column squeezed
+    every option's description of ``treeopt run --help`` to 26 columns."""
+    if value is not None and not -(2**63) <= value <= 2**64 - 1:
+        bound = (f"less than or equal to {2**64 - 1}" if value > 0 else f"greater than or equal to {-(2**63)}")
+        raise typer.BadParameter(f"Input should be {bound}")
+    return value
+
+
+SeedOpt = Annotated[int, typer.Option(
+    "--seed", callback=_seed_in_range, help="Seed of the sampling generator (-2^63 .. 2^64 - 1).")]
 TwoDraftsOpt = Annotated[
     Optional[list[str]], typer.Option(
         "--draft", help="The two drafters, given twice: the light (cheap) one first, then the strong one. Each a "
