@@ -433,7 +433,7 @@ def test_a_seed_past_the_generators_range_is_one_line_before_loading(seed, bound
     assert len(r.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", [["run"], ["profile", "acceptance"], ["demo"]])
+@pytest.mark.parametrize("command", [["run"], ["profile", "acceptance"], ["profile", "graft"]])
 def test_the_seeds_range_is_not_drawn_in_the_help_type_column(command):
     """typer drew --seed's min / max as a 40-character '[-9223372036854775808<=x<=...]' type, which squeezed every
     description of run --help into 26 columns; the range is checked by a callback and said in the help."""
