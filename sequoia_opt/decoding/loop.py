@@ -107,9 +107,9 @@ class Decoder:
     Raises:
         DecodingError: a drafter with another vocabulary or device than the target, a bad temperature / top_p,
             ``max_len`` or ``max_batch`` below 1, a batch larger than the policy or the target face serves, a
-            policy node wider than the face verifies, a drafter already bound to another decoder, a generator
-            that is not a torch.Generator, ``eos_ids`` that are not token ids, an attention backend that is
-            unknown or absent here.
+            policy node wider than the face verifies, a face serving a batch without ``keep``, a drafter
+            already bound to another decoder, a generator that is not a torch.Generator, ``eos_ids`` that are not
+            token ids, an attention backend that is unknown or absent here.
     """
 
     def __init__(self, target: Transformer | TargetFace, policy: DraftingPolicy | None = None, *,
@@ -138,6 +138,9 @@ class Decoder:
             raise DecodingError(f"target must be a Transformer or a TargetFace, got {type(target).__name__}")
         if max_batch > face.max_batch:
             raise DecodingError(f"{face.name} serves at most {face.max_batch} rows per step, not {max_batch}")
+        if max_batch > 1 and type(face).keep is TargetFace.keep:  # a finished row would leave its cache row behind
+            raise DecodingError(f"{face.name} does not implement keep(rows), which a batch needs (rows finish at "
+                                f"different steps): implement it, or decode with max_batch=1, not {max_batch}")
         self.face, self.policy = face, policy
         self.max_batch = int(max_batch)
         self.vocab_size, self.device = face.vocab_size, face.device

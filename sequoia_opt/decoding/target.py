@@ -36,6 +36,9 @@ class TargetFace(ABC):
         (``max_position_embeddings`` / llama.cpp's ``n_ctx``).  max_len: cache slots per row.
         max_batch: the most rows one step serves.  max_width: the most children a node may have (a face that
         verifies chains only says 1).  name: how messages name it.
+
+    A face that serves more than one row (``max_batch > 1``) implements :meth:`keep`: rows finish at different
+    steps, and the decoder refuses such a face without it (rows would be verified against another row's cache).
     """
 
     vocab_size: int
@@ -69,7 +72,9 @@ class TargetFace(ABC):
 
     def keep(self, rows: Sequence[int]) -> None:
         """Only rows ``rows`` stay in the batch (the others finished), in that order: new row i is old row
-        ``rows[i]`` (:func:`~sequoia_opt.decoding.loop.keep_order`)."""
+        ``rows[i]`` (:func:`~sequoia_opt.decoding.loop.keep_order`). Called only with a live row left, so never
+        for a batch of one. Raises DecodingError for a face that cannot (the default)."""
+        raise DecodingError(f"{self.name} cannot drop finished rows from a batch (it does not implement keep)")
 
     # ------------------------------------------------------------------ hidden states (feature heads)
     def request_hidden(self, layers: Sequence[int]) -> None:
