@@ -187,3 +187,23 @@ def test_a_face_without_keep_is_refused_for_a_batch(pair):
     with pytest.raises(DecodingError, match="cannot drop finished rows"):
         NoKeep(lm).keep([0])
 
+
+def test_the_backend_argument_with_a_face(pair):
+    """A face has no attention backend of the decoder's to take: the argument is still checked, and it is the one the
+    policy's model drafters run with (they ran with 'torch' whatever was asked)."""
+    _, draft, lm = pair
+    with pytest.raises(DecodingError, match="unknown attention backend 'flash'"):
+        Decoder(ForeignTarget(lm), StaticTreePolicy(draft, TREE), backend="flash")
+    with pytest.raises(DecodingError, match="needs CUDA tensors"):
+        Decoder(ForeignTarget(lm), StaticTreePolicy(draft, TREE), backend="cuda")
+    drafter = ModelDrafter(draft)
+    Decoder(ForeignTarget(lm), StaticTreePolicy(drafter, TREE), backend="torch")
+    assert drafter.settings.backend == "torch"
+
+    class WithBackend(ForeignTarget):
+        backend = "cuda"  # the face's own wins (a face on a GPU that built the kernel)
+
+    drafter = ModelDrafter(draft)
+    Decoder(WithBackend(lm), StaticTreePolicy(drafter, TREE))
+    assert drafter.settings.backend == "cuda"
+

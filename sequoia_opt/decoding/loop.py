@@ -95,7 +95,8 @@ class Decoder:
         generator: random source for sampling (drafting and verification); None = a generator on the target's
             device seeded with 0. The attribute ``generator`` may be replaced between generations.
         eos_ids: ids (or one id) that stop a row (its first EOS is emitted, nothing after it).
-        backend: attention backend ``"auto" | "torch" | "cuda"`` of a Transformer target.
+        backend: attention backend ``"auto" | "torch" | "cuda"`` of a Transformer target; with a face without
+            a ``backend`` attribute, that of the policy's model drafters.
         max_len: KV cache slots per row of a Transformer target (and of model drafters); default
             ``min(context, 4096) + policy.max_size`` (``min(context, 4096)`` for plain decoding). Any
             ``max_len >= 1`` is accepted: trees are clipped where they do not fit.
@@ -122,15 +123,15 @@ class Decoder:
             raise DecodingError(str(err)) from None
         if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
             raise DecodingError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if backend != "auto" and isinstance(target, (Transformer, TargetFace)):  # an unknown backend, or cuda
+            try:                                                                   # where there is none, named
+                resolve_backend(backend, target.device)
+            except (ValueError, RuntimeError) as err:
+                raise DecodingError(str(err)) from None
         if isinstance(target, Transformer):
             if max_len is None:
                 context = target.config.max_position_embeddings
                 max_len = min(context, DEFAULT_MAX_LEN) + (policy.max_size if policy is not None else 0)
-            if backend != "auto":  # an unknown backend, or cuda where there is none: the caller's error, named
-                try:
-                    resolve_backend(backend, target.device)
-                except (ValueError, RuntimeError) as err:
-                    raise DecodingError(str(err)) from None
             face: TargetFace = TransformerTarget(target, max_len=max_len, max_batch=max_batch, backend=backend)
         elif isinstance(target, TargetFace):
             face = target
@@ -153,7 +154,7 @@ class Decoder:
             generator.manual_seed(0)
         _check_generator(generator)
         self._settings = DraftSettings(device=self.device, max_len=self.max_len, max_batch=self.max_batch,
-                                       backend=getattr(face, "backend", "torch"), temperature=self.temperature,
+                                       backend=getattr(face, "backend", None) or resolve_backend(backend, self.device), temperature=self.temperature,
                                        top_p=self.top_p, generator=generator,
                                        tree_depth=policy.max_depth if policy is not None else 0, target=face)
         self._want = 1

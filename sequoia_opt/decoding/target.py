@@ -35,7 +35,9 @@ class TargetFace(ABC):
         vocab_size: V.  device: where logits and drafters' tensors live.  context: the positions it can see
         (``max_position_embeddings`` / llama.cpp's ``n_ctx``).  max_len: cache slots per row.
         max_batch: the most rows one step serves.  max_width: the most children a node may have (a face that
-        verifies chains only says 1).  name: how messages name it.
+        verifies chains only says 1).  name: how messages name it.  backend (optional): the attention backend
+        ``"torch" | "cuda"`` the policy's model drafters run with; a face without one gives them the decoder's
+        ``backend`` argument, resolved for ``device``.
 
     A face that serves more than one row (``max_batch > 1``) implements :meth:`keep`: rows finish at different
     steps, and the decoder refuses such a face without it (rows would be verified against another row's cache).
