@@ -207,3 +207,12 @@ def test_the_backend_argument_with_a_face(pair):
     Decoder(WithBackend(lm), StaticTreePolicy(drafter, TREE))
     assert drafter.settings.backend == "cuda"
 
+
+def test_max_len_is_the_faces_own(pair):
+    """``max_len`` sizes a Transformer target's cache; with a face it was ignored (the face's own was used, for model
+    drafters too), so a caller asking for fewer slots got more. Another value is refused, the face's own accepted."""
+    _, draft, lm = pair
+    with pytest.raises(DecodingError, match=r"max_len=5 sizes the cache of a Transformer target; the foreign target "
+                                            r"has its own: max_len=512"):
+        Decoder(ForeignTarget(lm), StaticTreePolicy(draft, TREE), max_len=5)
+    assert Decoder(ForeignTarget(lm), max_len=512).max_len == 512

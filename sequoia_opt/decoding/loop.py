@@ -99,7 +99,8 @@ class Decoder:
             a ``backend`` attribute, that of the policy's model drafters.
         max_len: KV cache slots per row of a Transformer target (and of model drafters); default
             ``min(context, 4096) + policy.max_size`` (``min(context, 4096)`` for plain decoding). Any
-            ``max_len >= 1`` is accepted: trees are clipped where they do not fit.
+            ``max_len >= 1`` is accepted: trees are clipped where they do not fit. A :class:`TargetFace` has its
+            own ``max_len``, which model drafters take too: leave it out (another value is refused).
         max_batch: the most prompts one generation decodes together (rows allocated).
 
     Requests: exactly those plain decoding with the same ``max_len`` serves (:meth:`check`); never refused
@@ -108,9 +109,10 @@ class Decoder:
     Raises:
         DecodingError: a drafter with another vocabulary or device than the target, a bad temperature / top_p,
             ``max_len`` or ``max_batch`` below 1, a batch larger than the policy or the target face serves, a
-            policy node wider than the face verifies, a face serving a batch without ``keep``, a drafter
-            already bound to another decoder, a generator that is not a torch.Generator, ``eos_ids`` that are not
-            token ids, an attention backend that is unknown or absent here.
+            policy node wider than the face verifies, a face serving a batch without ``keep``, a ``max_len``
+            other than a face's own, a drafter already bound to another decoder, a generator that is not a
+            torch.Generator, ``eos_ids`` that are not token ids, an attention backend that is unknown or absent
+            here.
     """
 
     def __init__(self, target: Transformer | TargetFace, policy: DraftingPolicy | None = None, *,
@@ -134,6 +136,9 @@ class Decoder:
                 max_len = min(context, DEFAULT_MAX_LEN) + (policy.max_size if policy is not None else 0)
             face: TargetFace = TransformerTarget(target, max_len=max_len, max_batch=max_batch, backend=backend)
         elif isinstance(target, TargetFace):
+            if max_len is not None and max_len != target.max_len:  # it sizes a Transformer target's cache only
+                raise DecodingError(f"max_len={max_len!r} sizes the cache of a Transformer target; {target.name} "
+                                    f"has its own: max_len={target.max_len} (leave max_len out)")
             face = target
         else:
             raise DecodingError(f"target must be a Transformer or a TargetFace, got {type(target).__name__}")
