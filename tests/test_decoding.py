@@ -822,6 +822,12 @@ def test_the_decoders_arguments_are_checked_at_its_boundary(target):
             Decoder(target, eos_ids=bad)
     with pytest.raises(DecodingError, match="backend"):
         Decoder(target, backend="nope")
+    # an id the target cannot emit never stopped a row: every one ran to max_new_tokens, silently
+    for bad in (256, [3, 256], 10**9):
+        with pytest.raises(DecodingError, match=r"eos_ids \[(256|1000000000)\] are outside the target model "
+                                                r".*vocabulary \[0, 256\)"):
+            Decoder(target, eos_ids=bad)
+    assert Decoder(target, eos_ids=255).eos_ids == {255}
     # an eos id that is a numpy int stops the row as an int one does
     prompt = [5, 17, 3]
     plain = autoregressive_generate(target, prompt, 8).tokens

@@ -111,8 +111,8 @@ class Decoder:
             ``max_len`` or ``max_batch`` below 1, a batch larger than the policy or the target face serves, a
             policy node wider than the face verifies, a face serving a batch without ``keep``, a ``max_len``
             other than a face's own, a drafter already bound to another decoder, a generator that is not a
-            torch.Generator, ``eos_ids`` that are not token ids, an attention backend that is unknown or absent
-            here.
+            torch.Generator, ``eos_ids`` that are not token ids or lie outside the target's vocabulary, an
+            attention backend that is unknown or absent here.
     """
 
     def __init__(self, target: Transformer | TargetFace, policy: DraftingPolicy | None = None, *,
@@ -154,6 +154,10 @@ class Decoder:
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.greedy = self.temperature == 0
         self.eos_ids = eos_set(eos_ids)
+        outside = sorted(t for t in self.eos_ids if t >= self.vocab_size)
+        if outside:  # never emitted, so never a stop: every row ran to max_new_tokens, silently
+            raise DecodingError(f"eos_ids {outside} are outside {face.name}'s vocabulary [0, {self.vocab_size}): it can "
+                                "never emit them, so no row would stop on them (a tokenizer of another model?)")
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(0)
