@@ -828,6 +828,15 @@ def test_the_decoders_arguments_are_checked_at_its_boundary(target):
                                                 r".*vocabulary \[0, 256\)"):
             Decoder(target, eos_ids=bad)
     assert Decoder(target, eos_ids=255).eos_ids == {255}
+    # a string, None or a bool failed inside the range checks with a TypeError (True decoded at temperature 1)
+    for name, bad in (("temperature", "0.7"), ("temperature", None), ("temperature", True), ("top_p", "a"),
+                      ("top_p", None), ("top_p", [0.9])):
+        with pytest.raises(DecodingError, match=f"{name} must be a number, got "):
+            Decoder(target, **{name: bad})
+    assert Decoder(target, temperature=np.float32(0.5), top_p=torch.tensor(0.9)).top_p == pytest.approx(0.9)
+    for bad in (None, [3], "x"):
+        with pytest.raises(DecodingError, match="max_new_tokens must be an integer >= 0"):
+            dec.generate([1, 2], bad)
     # an eos id that is a numpy int stops the row as an int one does
     prompt = [5, 17, 3]
     plain = autoregressive_generate(target, prompt, 8).tokens

@@ -38,7 +38,11 @@ def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
 
 def check_max_new_tokens(max_new_tokens: int) -> int:
     """``max_new_tokens`` as an int >= 0, else :class:`DecodingError`."""
-    if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+    try:  # None or a list reached int() and failed there with a TypeError
+        ok = not isinstance(max_new_tokens, bool) and int(max_new_tokens) == max_new_tokens and max_new_tokens >= 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
         raise DecodingError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return int(max_new_tokens)
 

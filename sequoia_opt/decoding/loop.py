@@ -80,6 +80,17 @@ def _check_generator(generator: Any) -> None:
                             f"{type(generator).__name__}")
 
 
+def _check_number(name: str, value: Any) -> float:
+    """``value`` as a float, or DecodingError naming ``name`` (a string, None or a bool reached the range checks'
+    comparisons and failed there with a TypeError, or, for True, decoded at temperature 1)."""
+    if isinstance(value, (bool, str, bytes)):
+        raise DecodingError(f"{name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DecodingError(f"{name} must be a number, got {value!r}") from None
+
+
 class Decoder:
     """The one decoding loop (module docstring).
 
@@ -119,6 +130,7 @@ class Decoder:
                  temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
                  eos_ids: int | Iterable[int] = (), backend: str = "auto", max_len: int | None = None,
                  max_batch: int = 1) -> None:
+        temperature, top_p = _check_number("temperature", temperature), _check_number("top_p", top_p)
         try:
             process_logits(torch.zeros(1), temperature, top_p)  # validates temperature and top_p
         except ValueError as err:
