@@ -689,6 +689,8 @@ def test_refuses_tree_wider_than_vocabulary():
 
 
 def test_refuses_overflow_before_any_forward(target, drafts):
+    from sequoia_opt.decoding import Decoder, TransformerTarget
+
     small = _model(0, CFG.with_(max_position_embeddings=32))
     draft = drafts["random"]
     dec = SpeculativeDecoder(small, small, Tree.chain(11))  # depth 10
@@ -725,6 +727,12 @@ def test_refuses_overflow_before_any_forward(target, drafts):
     assert deep.generate(list(range(5)), 27).tokens == _plain(small, list(range(5)), 27)
     with pytest.raises(DecodingError, match="max_len must be >= 1"):
         SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=0)
+    for bad in (16.5, True, "32", None):  # 16.5 was 16 slots and True one, silently
+        with pytest.raises(DecodingError, match=r"max_len must be an integer >= 1 \(cache slots per row\), got "):
+            TransformerTarget(target, max_len=bad)
+    with pytest.raises(DecodingError, match="max_len must be an integer"):
+        SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=16.5)
+    assert Decoder(target, max_len=np.int64(16)).max_len == 16
     with pytest.raises(DecodingError, match="temperature"):
         SpeculativeDecoder(target, draft, SEQUOIA_LIKE, temperature=-1.0)
     with pytest.raises(DecodingError, match="top_p"):

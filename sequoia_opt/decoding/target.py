@@ -123,11 +123,17 @@ class TransformerTarget(TargetFace):
         backend: attention backend ``"auto" | "torch" | "cuda"``, resolved once here.
 
     Raises:
-        DecodingError: ``max_len`` or ``max_batch`` below 1.
+        DecodingError: ``max_len`` or ``max_batch`` not an integer, or below 1.
     """
 
     def __init__(self, model: Transformer, *, max_len: int, max_batch: int = 1, backend: str = "auto") -> None:
-        if int(max_len) < 1:
+        try:  # 16.5 slots was 16 and True one, silently; None or a string a TypeError from int()
+            ok = not isinstance(max_len, (bool, str, bytes)) and int(max_len) == max_len
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise DecodingError(f"max_len must be an integer >= 1 (cache slots per row), got {max_len!r}")
+        if max_len < 1:
             raise DecodingError(f"max_len must be >= 1 (one slot for a root-only step), got {max_len}")
         if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
             raise DecodingError(f"max_batch must be an integer >= 1, got {max_batch!r}")
