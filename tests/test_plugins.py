@@ -146,3 +146,22 @@ def test_the_kinds_plugins_register_are_in_the_commands_help(plugins):
 def test_without_plugins_the_help_lists_none():
     assert registry.plugin_kinds() == ([], [])
     assert "Registered by plugins" not in CliRunner().invoke(app, ["run", "--help"]).output
+
+
+def test_a_plugin_that_fails_after_registering_is_reported_by_its_own_cause(tmp_path, monkeypatch):
+    """The CLI loads the plugins twice (for a command's help, then in the root callback); a plugin that registered
+    a kind and then failed was run again, and the error named its second run's "already registered" instead of
+    the real cause. A failed plugin now leaves no kind registered."""
+    bad = tmp_path / "half_plugin.py"
+    bad.write_text("from dataclasses import replace\n"
+                   "from sequoia_opt.drafting.registry import DRAFTERS, register_drafter\n"
+                   "register_drafter(replace(DRAFTERS['lookup'], name='half', summary='half a plugin'))\n"
+                   "import no_such_module_of_a_plugin\n")
+    monkeypatch.setenv("TREEOPT_PLUGINS", str(bad))
+    before = dict(registry.DRAFTERS)
+    r = CliRunner().invoke(app, ["run", "--help"])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [
+        f"error: plugin '{bad}' (TREEOPT_PLUGINS) could not be loaded: ModuleNotFoundError: No module named "
+        "'no_such_module_of_a_plugin'"]
+    assert registry.DRAFTERS == before

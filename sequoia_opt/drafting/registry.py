@@ -642,10 +642,20 @@ def parse_policy(text: str | None) -> tuple[PolicyKind, dict[str, Any]]:
 _PLUGINS_LOADED: set[str] = set()
 
 
+def _forget_kinds_since(drafters: dict[str, DrafterKind], policies: dict[str, PolicyKind]) -> None:
+    """Put the registries back as they were (a failed plugin's kinds removed, in place: callers hold them)."""
+    for now, before in ((DRAFTERS, drafters), (POLICIES, policies)):
+        now.clear()
+        now.update(before)
+
+
 def load_plugins(names: str | None = None) -> list[str]:
     """Import the plugins (module docstring): the modules in ``names`` (default: the ``TREEOPT_PLUGINS``
     environment variable, comma separated; ``.py`` paths or importable names) and the entry points of the group
     ``treeopt.plugins``. Each one registers its drafters and policies when imported; a plugin is imported once.
+    A plugin that fails leaves no kind registered: loading it again (the CLI loads the plugins for a command's help,
+    then in its root callback) fails with the same cause, not with "already registered" for the kinds its first
+    run added before the failure.
 
     Returns:
         The plugins imported by this call.
@@ -665,6 +675,7 @@ def load_plugins(names: str | None = None) -> list[str]:
     for name in wanted:
         if name in _PLUGINS_LOADED:
             continue
+        kinds = dict(DRAFTERS), dict(POLICIES)
         try:
             if name.endswith(".py"):
                 path = Path(name).expanduser()
@@ -677,6 +688,7 @@ def load_plugins(names: str | None = None) -> list[str]:
             else:
                 importlib.import_module(name)
         except Exception as err:  # a plugin's own failure, whatever it is, is reported as the plugin's
+            _forget_kinds_since(*kinds)
             raise TreeoptError(f"plugin {name!r} (TREEOPT_PLUGINS) could not be loaded: "
                                f"{type(err).__name__}: {err}") from None
         _PLUGINS_LOADED.add(name)
@@ -684,9 +696,11 @@ def load_plugins(names: str | None = None) -> list[str]:
     for ep in entry_points(group="treeopt.plugins"):
         if ep.name in _PLUGINS_LOADED:
             continue
+        kinds = dict(DRAFTERS), dict(POLICIES)
         try:
             ep.load()
         except Exception as err:
+            _forget_kinds_since(*kinds)
             raise TreeoptError(f"plugin {ep.name!r} (entry point {ep.value}) could not be loaded: "
                                f"{type(err).__name__}: {err}") from None
         _PLUGINS_LOADED.add(ep.name)
