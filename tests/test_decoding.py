@@ -727,7 +727,7 @@ def test_refuses_overflow_before_any_forward(target, drafts):
     assert deep.generate(list(range(5)), 27).tokens == _plain(small, list(range(5)), 27)
     with pytest.raises(DecodingError, match="max_len must be >= 1"):
         SpeculativeDecoder(target, draft, SEQUOIA_LIKE, max_len=0)
-    for bad in (16.5, True, "32", None):  # 16.5 was 16 slots and True one, silently
+    for bad in (16.5, True, "32", None, float("inf")):  # 16.5 was 16 slots and True one, silently; inf overflowed
         with pytest.raises(DecodingError, match=r"max_len must be an integer >= 1 \(cache slots per row\), got "):
             TransformerTarget(target, max_len=bad)
     with pytest.raises(DecodingError, match="max_len must be an integer"):
@@ -838,11 +838,12 @@ def test_the_decoders_arguments_are_checked_at_its_boundary(target):
     assert Decoder(target, eos_ids=255).eos_ids == {255}
     # a string, None or a bool failed inside the range checks with a TypeError (True decoded at temperature 1)
     for name, bad in (("temperature", "0.7"), ("temperature", None), ("temperature", True), ("top_p", "a"),
-                      ("top_p", None), ("top_p", [0.9])):
+                      ("top_p", None), ("top_p", [0.9]), ("temperature", 10**400), ("top_p", -10**400)):
+        # (an int past float64 raised an OverflowError from float())
         with pytest.raises(DecodingError, match=f"{name} must be a number, got "):
             Decoder(target, **{name: bad})
     assert Decoder(target, temperature=np.float32(0.5), top_p=torch.tensor(0.9)).top_p == pytest.approx(0.9)
-    for bad in (None, [3], "x"):
+    for bad in (None, [3], "x", float("inf")):  # inf: an OverflowError from int()
         with pytest.raises(DecodingError, match="max_new_tokens must be an integer >= 0"):
             dec.generate([1, 2], bad)
     # an eos id that is a numpy int stops the row as an int one does

@@ -40,7 +40,7 @@ def check_max_new_tokens(max_new_tokens: int) -> int:
     """``max_new_tokens`` as an int >= 0, else :class:`DecodingError`."""
     try:  # None or a list reached int() and failed there with a TypeError
         ok = not isinstance(max_new_tokens, bool) and int(max_new_tokens) == max_new_tokens and max_new_tokens >= 0
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         ok = False
     if not ok:
         raise DecodingError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")

@@ -87,7 +87,7 @@ def _check_number(name: str, value: Any) -> float:
         raise DecodingError(f"{name} must be a number, got {value!r}")
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float64
         raise DecodingError(f"{name} must be a number, got {value!r}") from None
 
 

@@ -129,7 +129,7 @@ class TransformerTarget(TargetFace):
     def __init__(self, model: Transformer, *, max_len: int, max_batch: int = 1, backend: str = "auto") -> None:
         try:  # 16.5 slots was 16 and True one, silently; None or a string a TypeError from int()
             ok = not isinstance(max_len, (bool, str, bytes)) and int(max_len) == max_len
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
             ok = False
         if not ok:
             raise DecodingError(f"max_len must be an integer >= 1 (cache slots per row), got {max_len!r}")
