@@ -439,7 +439,8 @@ def test_the_seeds_range_is_not_drawn_in_the_help_type_column(command):
     description of run --help into 26 columns; the range is checked by a callback and said in the help."""
     r = runner.invoke(app, [*command, "--help"])
     out = r.output
-    assert r.exit_code == 0 and "<=x<=" not in out and "-2^63 .. 2^64 - 1" in " ".join(out.replace("\u2502", " ").split())
+    flowing = " ".join(out.replace("\u2502", " ").split())
+    assert r.exit_code == 0 and "<=x<=" not in out and "-2^63 .. 2^64 - 1" in flowing
 
 
 def test_export_draft_keeps_the_users_gguf_when_llama_cpp_refuses_the_new_one(tmp_path, monkeypatch):

@@ -168,14 +168,15 @@ class Decoder:
         self.eos_ids = eos_set(eos_ids)
         outside = sorted(t for t in self.eos_ids if t >= self.vocab_size)
         if outside:  # never emitted, so never a stop: every row ran to max_new_tokens, silently
-            raise DecodingError(f"eos_ids {outside} are outside {face.name}'s vocabulary [0, {self.vocab_size}): it can "
-                                "never emit them, so no row would stop on them (a tokenizer of another model?)")
+            raise DecodingError(f"eos_ids {outside} are outside {face.name}'s vocabulary [0, {self.vocab_size}): it "
+                                "can never emit them, so no row would stop on them (a tokenizer of another model?)")
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(0)
         _check_generator(generator)
+        drafters_backend = getattr(face, "backend", None) or resolve_backend(backend, self.device)
         self._settings = DraftSettings(device=self.device, max_len=self.max_len, max_batch=self.max_batch,
-                                       backend=getattr(face, "backend", None) or resolve_backend(backend, self.device), temperature=self.temperature,
+                                       backend=drafters_backend, temperature=self.temperature,
                                        top_p=self.top_p, generator=generator,
                                        tree_depth=policy.max_depth if policy is not None else 0, target=face)
         self._want = 1
