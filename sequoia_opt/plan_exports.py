@@ -33,8 +33,9 @@ constants below say where); the tests encode them (``tests/test_plan_exports.py`
     0.5.14; checked to 0.5.23. Adaptive runs EAGLE / EAGLE3 with ``--speculative-eagle-topk 1`` only
     (``adaptive_unsupported_reason``), ``--speculative-num-steps`` must be one of the candidate steps and
     ``--speculative-num-draft-tokens`` becomes steps + 1 (``_init_adaptive_speculative_params`` in
-    ``arg_groups/speculative_hook.py``). Anything else (a draft model, n-grams, an envelope with topk > 1) runs
-    one static setting per server: the export lists the flags per batch range.
+    ``arg_groups/speculative_hook.py``); ``--max-running-requests`` names the plan's last batch size (unset, a
+    speculating server caps it at 48, past which no tier is reached). Anything else (a draft model, n-grams, an
+    envelope with topk > 1) runs one static setting per server: the export lists the flags per batch range.
 ``llama.cpp`` — ``llama-server -np B`` (B slots: the batch) with ``--spec-type draft-simple --spec-draft-n-max K
     --spec-draft-n-min 0 --spec-draft-p-min 0``, or ``--spec-type ngram-simple --spec-ngram-simple-size-n N
     --spec-ngram-simple-size-m K`` for n-grams; one setting per server, so one line per batch range (flags of
@@ -663,9 +664,12 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
         if 0 in ks:  # the releases that take this file: 0.5.13 refuses its tier of 0 steps
             releases = f"SGLang {SGLANG_ZERO_STEP_RELEASE} to {last} (tiers, one of 0 steps: no speculation there)"
         start = ks[0] if ks[0] > 0 else max(ks)
+        # the server's cap at the plan's last batch size, as each static line's: EAGLE's ServerArgs caps an unset
+        # one at 48, so the tiers past 48 would never be reached
         flags = (f"--speculative-algorithm {algo}{_sglang_draft(algo, model, warnings, mtp=mtp)} "
                  "--speculative-eagle-topk 1 "
-                 f"--speculative-num-steps {start} --speculative-num-draft-tokens {start + 1} --speculative-adaptive "
+                 f"--speculative-num-steps {start} --speculative-num-draft-tokens {start + 1} "
+                 f"--max-running-requests {ranges[-1][1]} --speculative-adaptive "
                  "--speculative-adaptive-config adaptive.json")
         doc = {"adaptive_config": cfg, "cli_flags": flags}
         notes = ("one candidate step per tier pins the tier's steps (the EMA has nowhere to move)",
@@ -691,7 +695,7 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
                     f"{_sglang_topk(algo, 1)} --speculative-num-draft-tokens {s.steps + 1}")
         else:
             raise PlanExportError(f"SGLang takes no static tree; batch sizes {lo}-{hi} want {s.label}")
-        if s.speculates:  # the line's own cap, as llama.cpp's -np: NGRAM's ServerArgs caps an unset one at 48
+        if s.speculates:  # the line's own cap, as llama.cpp's -np: SGLang's ServerArgs caps an unset one at 48
             flag += f" --max-running-requests {hi}"
         lines.append({"batch_range": [lo, hi], "cli_flags": flag})
     doc = {"per_range": lines, "note": why + ": start the server with the line of the batch size it serves "

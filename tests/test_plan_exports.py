@@ -449,3 +449,15 @@ def test_sglang_ngram_lines_pin_the_bfs_breadth_to_the_chain():
     # the other algorithms have no such flag
     sa = export_plan(PLANS["falling"], "sglang", method="draft_model", model="m")
     assert "bfs" not in sa.text
+
+
+def test_sglang_adaptive_line_caps_its_requests_at_the_plans_last_batch_size():
+    """SGLang's EAGLE / EAGLE3 ServerArgs caps an unset --max-running-requests at 48: the adaptive line of a plan up
+    to batch 128 ran at most 48 requests, so its tiers past 48 were never reached (the static lines name their cap)."""
+    e = export_plan(PLANS["all-speculate"], "sglang", method="eagle3", model="m")
+    assert e.data["adaptive_config"]["9"] == {"candidate_steps": [1]}  # the tier of batch sizes 9-128
+    assert e.data["cli_flags"] == ("--speculative-algorithm EAGLE3 --speculative-draft-model-path m "
+                                   "--speculative-eagle-topk 1 --speculative-num-steps 5 "
+                                   "--speculative-num-draft-tokens 6 --max-running-requests 128 --speculative-adaptive "
+                                   "--speculative-adaptive-config adaptive.json")
+    assert e.command.endswith(e.data["cli_flags"])
