@@ -335,10 +335,12 @@ def test_a_budget_past_the_latency_profile_is_refused_before_the_dp(tmp_path, mo
 def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkeypatch, capsys):
     """Ctrl-C while torch imported printed a 58-line traceback, and in tune (not guarded) a cut-off report."""
     import builtins
+    import signal
 
     import typer
 
     from sequoia_opt._entry import main
+    from sequoia_opt.errors import Terminated
     from sequoia_opt.cli.common import handle_errors
 
     real_import = builtins.__import__
@@ -349,10 +351,17 @@ def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkey
         return real_import(name, globals, locals, fromlist, level)
 
     monkeypatch.setattr(builtins, "__import__", interrupted_import)
-    with pytest.raises(SystemExit) as exc:
-        main()
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main()
+        installed = signal.getsignal(signal.SIGTERM)
+    finally:  # main installs its SIGTERM handler for the process: not this test session's (pytest's own stays)
+        signal.signal(signal.SIGTERM, sigterm)
     assert exc.value.code == 130 and capsys.readouterr().err == "interrupted: no output file was written\n"
     monkeypatch.setattr(builtins, "__import__", real_import)
+    with pytest.raises(Terminated):
+        installed(signal.SIGTERM, None)
 
     mini = typer.Typer()
 
