@@ -222,6 +222,24 @@ def test_a_first_ctrl_c_stops_the_training_after_its_step_and_keeps_the_weights(
     assert done.stopped_by == "" and len(done.rows) == 1
 
 
+def test_an_ignored_sigint_stays_ignored_while_training():
+    """A job a shell script starts with '&' runs with SIGINT ignored (the script's Ctrl-C is not its own): the
+    trainer's Ctrl-C handler replaced that, so such a Ctrl-C stopped its training. It is now left ignored."""
+    import os
+    import signal
+
+    from sequoia_opt.distill.train import stop_on_ctrl_c
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop_on_ctrl_c(lambda s: None) as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+        assert stop == {"requested": False} and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_greedy_agreement_of_a_model_with_itself_is_one():
     m = Transformer(ModelConfig.preset("tiny"), device="cpu").eval()
     prompts = [[1, 2, 3, 4], [5, 6, 7]]

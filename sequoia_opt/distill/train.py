@@ -147,13 +147,14 @@ def stop_on_ctrl_c(log: Callable[[str], None] = print) -> Iterator[dict]:
     """Within a training loop, the first Ctrl-C asks it to stop after the step it is in, as the time limit does, so
     the weights trained so far are evaluated and saved (``stop["requested"]`` turns True; a training run is minutes
     to an hour on a CPU, and a KeyboardInterrupt in the optimizer's step would leave some tensors updated and
-    others not); a second Ctrl-C interrupts at once (nothing saved). Off the main thread signals cannot be caught:
-    only the flag is given."""
+    others not); a second Ctrl-C interrupts at once (nothing saved). Off the main thread signals cannot be caught,
+    and where SIGINT is ignored (a job a shell script starts with ``&``) or handled outside Python, it is left so: only
+    the flag is given."""
     stop = {"requested": False}
-    if threading.current_thread() is not threading.main_thread():
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None or previous is signal.SIG_IGN:
         yield stop
         return
-    previous = signal.getsignal(signal.SIGINT)
 
     def ask(signum: int, frame: object) -> None:
         stop["requested"] = True
