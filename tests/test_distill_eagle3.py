@@ -292,3 +292,22 @@ def test_cpu_flags_are_the_first_flags_line(tmp_path):
     info.write_text("processor\t: 0\n")
     assert cpu_flags(info) == frozenset()
     assert cpu_flags(tmp_path / "absent") is None
+
+
+def test_sigterm_is_one_terminated_line_and_exit_143(monkeypatch, capsys):
+    """The trainers' entry points turn SIGTERM into Terminated (a KeyboardInterrupt), as treeopt's does: they said
+    'interrupted' and exited 130 for it, or died silently where no handler was installed."""
+    import signal
+
+    import sequoia_opt.distill.cli as dcli
+    import sequoia_opt.distill.eagle3 as e3
+    from sequoia_opt.errors import Terminated
+
+    def terminated(argv=None):
+        raise Terminated(signal.SIGTERM)
+
+    for module in (e3, dcli):
+        monkeypatch.setattr(module, "main", terminated)
+        assert module.run_cli([]) == 143
+        err = capsys.readouterr().err
+        assert err.startswith("terminated: no ") and err.count("\n") == 1, err

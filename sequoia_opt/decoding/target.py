@@ -40,7 +40,8 @@ class TargetFace(ABC):
         ``backend`` argument, resolved for ``device``.
 
     A face that serves more than one row (``max_batch > 1``) implements :meth:`keep`: rows finish at different
-    steps, and the decoder refuses such a face without it (rows would be verified against another row's cache).
+    steps, and a decoder of more than one row refuses a face without it (rows would be verified against another
+    row's cache); a decoder of one row never calls it.
     """
 
     vocab_size: int

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 
 from .._io import atomic_write_text
-from ..errors import TreeoptError
+from ..errors import TreeoptError, stop_exit_code, stop_word
 from ..model.llama import Transformer
 from ..prompts import demo_prompts_path, load_prompts
 from .card import bars, stage_summary, write_card
@@ -205,10 +205,10 @@ def run_cli(argv: list[str] | None = None) -> int:
     130 with nothing written."""
     try:
         return main(argv)
-    except KeyboardInterrupt:  # the teacher's labels are cached as they go; the training is not kept
-        print("interrupted: no draft was written (the teacher labels cached so far resume on the next run)",
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM; the teacher's labels are cached as they go
+        print(f"{stop_word(err)}: no draft was written (the teacher labels cached so far resume on the next run)",
               file=sys.stderr)
-        return 130
+        return stop_exit_code(err)
     except SystemExit as err:
         if isinstance(err.code, str):  # main's refusals: SystemExit("message")
             print(f"error: {err.code}", file=sys.stderr)

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from .._io import atomic_write_text
-from ..errors import TreeoptError
+from ..errors import TreeoptError, stop_exit_code, stop_word
 from ..model.config import ModelConfig
 from ..model.head_checkpoints import save_eagle_head
 from ..model.heads import EagleConfig, EagleHead
@@ -740,14 +740,17 @@ def run_cli(argv: list[str] | None = None) -> int:
     head trained so far is evaluated and written, its log saying ``stopped_by: Ctrl-C``."""
     try:
         return main(argv)
-    except KeyboardInterrupt:
-        print("interrupted: no head was written (the teacher features cached so far resume on the next run)",
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (Terminated)
+        print(f"{stop_word(err)}: no head was written (the teacher features cached so far resume on the next run)",
               file=sys.stderr)
-        return 130
+        return stop_exit_code(err)
     except TreeoptError as err:
         print(f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
+    from .._entry import install_sigterm
+
+    install_sigterm()  # SIGTERM unwinds as Ctrl-C does: one line, exit 143
     raise SystemExit(run_cli())
