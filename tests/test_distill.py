@@ -209,14 +209,20 @@ def test_a_first_ctrl_c_stops_the_training_after_its_step_and_keeps_the_weights(
         if msg.startswith("step=3 "):
             os.kill(os.getpid(), signal.SIGINT)
 
-    handler = signal.getsignal(signal.SIGINT)
-    res = train_student(student, chunks, labels, steps=50, batch=2, lr=1e-2, seed=0, warmup=1, log_every=1,
-                        eval_every=10, val=(chunks[:2], TeacherLabels(labels.ids[:2], labels.logp[:2])), log=log)
+    # Python's own Ctrl-C handler, whatever launched pytest (a background job's shell ignores SIGINT, and an
+    # ignored SIGINT stays ignored while training: test_an_ignored_sigint_stays_ignored_while_training)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        res = train_student(student, chunks, labels, steps=50, batch=2, lr=1e-2, seed=0, warmup=1, log_every=1,
+                            eval_every=10, val=(chunks[:2], TeacherLabels(labels.ids[:2], labels.logp[:2])), log=log)
+        restored = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert res.stopped_by == "Ctrl-C" and [r["step"] for r in res.rows] == [1, 2, 3, 4]  # step 4 was in flight
     assert res.rows[-1]["val_kl"] != ""  # the last row is evaluated, as at the time limit
     assert any(ln.startswith("Ctrl-C: stopping after this step") for ln in lines)
     assert lines[-1] == "stopping at step 4: Ctrl-C"
-    assert signal.getsignal(signal.SIGINT) is handler  # a second Ctrl-C interrupts as before
+    assert restored is signal.default_int_handler  # a second Ctrl-C interrupts as before
     assert any(not torch.equal(v, student.state_dict()[k]) for k, v in before.items())  # 4 steps' weights kept
     done = train_student(student, chunks, labels, steps=2, batch=2, lr=1e-2, seed=0, warmup=1, log=lambda s: None)
     assert done.stopped_by == "" and len(done.rows) == 1

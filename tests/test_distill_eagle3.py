@@ -120,8 +120,12 @@ def test_a_first_ctrl_c_stops_the_head_training_and_keeps_the_head():
         if msg.startswith("step=2 "):
             os.kill(os.getpid(), signal.SIGINT)
 
-    tr = train_head(head, data, index, steps=100, batch=2, window=16, lr=3e-3, warmup=1, ttt_steps=2,
-                    step_decay=0.8, feature_weight=0.1, seed=0, log=log, log_every=1)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever launched pytest (a background
+    try:  # job's SIGINT is ignored, and stays ignored while training)
+        tr = train_head(head, data, index, steps=100, batch=2, window=16, lr=3e-3, warmup=1, ttt_steps=2,
+                        step_decay=0.8, feature_weight=0.1, seed=0, log=log, log_every=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert tr.stopped_by == "Ctrl-C" and [r["step"] for r in tr.rows] == [1, 2, 3]
     assert tr.tokens_seen == 3 * 2 * 16 and not head.training
 
