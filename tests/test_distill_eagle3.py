@@ -72,11 +72,11 @@ def test_disjointness_is_checked(tmp_path):
         check_disjoint(["# a file\ndef spam(eggs):\n    return eggs\n\n"], [f])
 
 
-@pytest.mark.parametrize("bf16", [False, True])
-def test_a_tiny_head_learns_the_targets_next_tokens(bf16):
+def _tiny_head_and_teacher(rows: int):
+    """A random target's teacher features on ``rows`` x 32 tokens of a 40-token alphabet (learnable in a few
+    hundred steps), its draft vocabulary and index, and a fresh EAGLE-3 head on three of its layers."""
     target = random_target()
-    g = torch.Generator().manual_seed(1)
-    chunks = torch.randint(0, 40, (6, 32), generator=g)  # a small alphabet: learnable in a few hundred steps
+    chunks = torch.randint(0, 40, (rows, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits, h = target(chunks, hidden_layers=(1, 2, 3))
     top = torch.log_softmax(logits, -1).topk(4, -1)
@@ -86,7 +86,12 @@ def test_a_tiny_head_learns_the_targets_next_tokens(bf16):
     index[ids] = torch.arange(len(ids))
     layer = ModelConfig(vocab_size=len(ids), dim=64, n_layers=1, n_heads=4, n_kv_heads=2, intermediate_size=96,
                         max_position_embeddings=512)
-    head = init_head(EagleConfig("eagle3", layer, 257, 64, (0, 1, 2)), target, ids, seed=0)
+    return chunks, data, index, init_head(EagleConfig("eagle3", layer, 257, 64, (0, 1, 2)), target, ids, seed=0)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_tiny_head_learns_the_targets_next_tokens(bf16):
+    chunks, data, index, head = _tiny_head_and_teacher(6)
     with torch.no_grad():
         before, _, _ = ttt_losses(head, data.feats.float(), chunks, data.ids, data.logp, index, steps=2)
     tr = train_head(head, data, index, steps=150, batch=3, window=32, lr=3e-3, warmup=10, ttt_steps=2,
@@ -103,18 +108,7 @@ def test_a_first_ctrl_c_stops_the_head_training_and_keeps_the_head():
     import os
     import signal
 
-    target = random_target()
-    chunks = torch.randint(0, 40, (4, 32), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        logits, h = target(chunks, hidden_layers=(1, 2, 3))
-    top = torch.log_softmax(logits, -1).topk(4, -1)
-    data = TeacherFeatures(chunks, h.half(), top.indices.int(), top.values.half())
-    ids = choose_draft_vocab(top.indices[..., 0], chunks, 60, 257)
-    index = torch.full((257,), -1, dtype=torch.int64)
-    index[ids] = torch.arange(len(ids))
-    layer = ModelConfig(vocab_size=len(ids), dim=64, n_layers=1, n_heads=4, n_kv_heads=2, intermediate_size=96,
-                        max_position_embeddings=512)
-    head = init_head(EagleConfig("eagle3", layer, 257, 64, (0, 1, 2)), target, ids, seed=0)
+    chunks, data, index, head = _tiny_head_and_teacher(4)
 
     def log(msg: str) -> None:
         if msg.startswith("step=2 "):
