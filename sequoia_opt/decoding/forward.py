@@ -36,13 +36,21 @@ def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
     return ids
 
 
+def is_whole(value: object) -> bool:
+    """Whether ``value`` is a whole number: a Python or numpy integer, or a float equal to one; not a bool, a
+    string, None, infinity or anything ``int()`` refuses (those reached ``int()`` in the size checks and failed
+    with a TypeError or OverflowError, or passed: True as one slot, 16.5 as 16)."""
+    if isinstance(value, (bool, str, bytes)):
+        return False
+    try:
+        return int(value) == value  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
+        return False
+
+
 def check_max_new_tokens(max_new_tokens: int) -> int:
     """``max_new_tokens`` as an int >= 0, else :class:`DecodingError`."""
-    try:  # None or a list reached int() and failed there with a TypeError
-        ok = not isinstance(max_new_tokens, bool) and int(max_new_tokens) == max_new_tokens and max_new_tokens >= 0
-    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
-        ok = False
-    if not ok:
+    if not is_whole(max_new_tokens) or max_new_tokens < 0:
         raise DecodingError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return int(max_new_tokens)
 

@@ -38,7 +38,7 @@ import torch
 from ..attention import resolve_backend
 from ..errors import DecodingError
 from ..model import Transformer
-from .forward import check_capacity, check_max_new_tokens, check_prompt
+from .forward import check_capacity, check_max_new_tokens, check_prompt, is_whole
 from .policy import DraftingPolicy, StepView
 from .sampling import (Acceptance, NodeVisit, argmax_tokens, process_logits, sample_categorical, verify_greedy,
                        verify_groups_node, verify_point_mass_node, verify_sampling_node)
@@ -135,7 +135,7 @@ class Decoder:
             process_logits(torch.zeros(1), temperature, top_p)  # validates temperature and top_p
         except ValueError as err:
             raise DecodingError(str(err)) from None
-        if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
+        if not is_whole(max_batch) or max_batch < 1:
             raise DecodingError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if backend != "auto" and isinstance(target, (Transformer, TargetFace)):  # an unknown backend, or cuda
             try:                                                                   # where there is none, named

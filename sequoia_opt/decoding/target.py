@@ -18,7 +18,7 @@ import torch
 from ..attention import RowPrefix, TreeMask, resolve_backend
 from ..errors import DecodingError
 from ..model import Transformer
-from .forward import causal_mask, run_causal_chunk
+from .forward import causal_mask, is_whole, run_causal_chunk
 from .rows import RowCache
 from .step_tree import Room, StepTree
 
@@ -128,15 +128,11 @@ class TransformerTarget(TargetFace):
     """
 
     def __init__(self, model: Transformer, *, max_len: int, max_batch: int = 1, backend: str = "auto") -> None:
-        try:  # 16.5 slots was 16 and True one, silently; None or a string a TypeError from int()
-            ok = not isinstance(max_len, (bool, str, bytes)) and int(max_len) == max_len
-        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
-            ok = False
-        if not ok:
+        if not is_whole(max_len):  # 16.5 slots was 16 and True one, silently
             raise DecodingError(f"max_len must be an integer >= 1 (cache slots per row), got {max_len!r}")
         if max_len < 1:
             raise DecodingError(f"max_len must be >= 1 (one slot for a root-only step), got {max_len}")
-        if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
+        if not is_whole(max_batch) or max_batch < 1:
             raise DecodingError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         self.model = model
         self.vocab_size = model.config.vocab_size

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ...decoding.forward import is_whole
 from ...decoding.state import DecodeState, DraftSettings, RowState
 from ...decoding.step_tree import DraftOutput, Room, StepTree, TreeBuffers
 from ...decoding.target import TargetFace
@@ -67,7 +68,7 @@ class LlamaCppTarget(TargetFace):
     """
 
     def __init__(self, model: LlamaCppModel, max_batch: int = 1) -> None:
-        if isinstance(max_batch, bool) or int(max_batch) != max_batch or max_batch < 1:
+        if not is_whole(max_batch) or max_batch < 1:
             raise DecodingError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if max_batch > 1 and model.n_seq_max < max_batch:
             raise DecodingError(f"{max_batch} rows need a llama.cpp context of at least {max_batch} sequences "
