@@ -57,7 +57,7 @@ from ..model.head_checkpoints import save_eagle_head
 from ..model.heads import EagleConfig, EagleHead
 from ..model.llama import apply_rotary
 from .teacher import _cached_rows, _save_cache, _top_k, greedy_continue
-from .train import TrainResult, scheduled_lr, stop_on_ctrl_c
+from .train import TrainResult, scheduled_lr, stop_line, stop_on_ctrl_c, stop_reason
 
 __all__ = ["TeacherFeatures", "teacher_features", "teacher_continuation_features", "choose_draft_vocab",
            "check_disjoint", "init_head", "cpu_has_bf16_units", "ttt_forward", "ttt_losses", "train_head",
@@ -434,8 +434,8 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
             acc["agree"] = [a + b for a, b in zip(acc["agree"], agree)]
             acc["k"] += 1
             last = step == steps - 1
-            over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
-            over = over or stop["requested"]
+            stopped_by = stop_reason(stop, t0, max_seconds)
+            over = bool(stopped_by)
             if (step + 1) % log_every == 0 or last or over:
                 kk = acc["k"]
                 row = {"step": step + 1, "tokens": tokens, "lr": cur, "train_loss": acc["loss"] / kk,
@@ -454,9 +454,7 @@ def train_head(head: EagleHead, data: TeacherFeatures, draft_index: torch.Tensor
                 rows.append(row)
                 log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
             if over:
-                stopped_by = "Ctrl-C" if stop["requested"] else "time limit"
-                log(f"stopping at step {step + 1}: " + ("Ctrl-C" if stop["requested"] else
-                                                         f"past the {max_seconds:.0f} s time limit"))
+                log(stop_line(step + 1, stopped_by, max_seconds))
                 break
     head.eval()
     return TrainResult(rows, time.perf_counter() - t0, tokens, stopped_by=stopped_by)

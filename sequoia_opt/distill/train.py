@@ -169,6 +169,20 @@ def stop_on_ctrl_c(log: Callable[[str], None] = print) -> Iterator[dict]:
         signal.signal(signal.SIGINT, previous)
 
 
+def stop_reason(stop: dict, t0: float, max_seconds: float | None) -> str:
+    """Why a training loop stops after this step: ``"Ctrl-C"`` (:func:`stop_on_ctrl_c`'s flag), ``"time limit"``
+    (``max_seconds`` past ``t0``, a ``time.perf_counter()`` reading), or ``""`` (go on): both trainers' test, one
+    place. :func:`stop_line` is what they log when it is not empty."""
+    if stop["requested"]:
+        return "Ctrl-C"
+    return "time limit" if max_seconds is not None and time.perf_counter() - t0 > max_seconds else ""
+
+
+def stop_line(step: int, reason: str, max_seconds: float | None) -> str:
+    """The log line of a training stopped after ``step`` for ``reason`` (:func:`stop_reason`)."""
+    return f"stopping at step {step}: " + (reason if reason == "Ctrl-C" else f"past the {max_seconds:.0f} s time limit")
+
+
 def evaluate_labels(model: Transformer, chunks: torch.Tensor, labels: TeacherLabels) -> dict[str, float]:
     """Top-k KL and top-1 agreement (student argmax == teacher argmax) of ``model`` on labelled chunks."""
     kl_sum, agree, n = 0.0, 0, 0
@@ -289,8 +303,8 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
             acc["ce"] += float(ce.detach())
             acc["k"] += 1
             last = step == steps - 1
-            over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
-            over = over or stop["requested"]
+            stopped_by = stop_reason(stop, t0, max_seconds)
+            over = bool(stopped_by)
             if (step + 1) % log_every == 0 or last or over:
                 row = {"step": step + 1, "tokens": tokens, "lr": cur, "train_kl": acc["kl"] / acc["k"],
                        "train_ce": acc["ce"] / acc["k"], "train_agreement": acc["agree"] / acc["k"],
@@ -310,9 +324,7 @@ def train_student(model: Transformer, chunks: torch.Tensor, labels: TeacherLabel
                 log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
                              if v != ""))
             if over:
-                stopped_by = "Ctrl-C" if stop["requested"] else "time limit"
-                log(f"stopping at step {step + 1}: " + ("Ctrl-C" if stop["requested"] else
-                                                         f"past the {max_seconds:.0f} s time limit"))
+                log(stop_line(step + 1, stopped_by, max_seconds))
                 break
     model.eval()
     return TrainResult(rows=rows, wall_s=time.perf_counter() - t0, tokens_seen=tokens, stopped_by=stopped_by)
