@@ -486,12 +486,9 @@ def _batch1_prediction(doc: Mapping[str, Any], served: str | None = None) -> dic
     if not isinstance(pred, Mapping) or pred.get("batch") != 1:
         return {}
     if served is not None and str(pred.get("setting")) != served:
-        row = next((r for r in doc.get("by_batch") or [] if isinstance(r, Mapping) and r.get("batch") == 1), {})
-        found = [c for c in [row.get("plain"), *(row.get("candidates") or [])]
-                 if isinstance(c, Mapping) and str(c.get("setting")) == served]
-        if not found:
+        pred = _batch1_candidates(doc).get(served)
+        if pred is None:
             return {}
-        pred = found[0]
     g, speedup, lf = pred.get("expected_tokens_per_step"), pred.get("speedup"), pred.get("length_factor", 1.0)
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (g, speedup, lf)):
         return {}
@@ -500,6 +497,16 @@ def _batch1_prediction(doc: Mapping[str, Any], served: str | None = None) -> dic
     if extra:
         out["extra"] = extra
     return out
+
+
+def _batch1_candidates(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """A plan's batch-1 figures by setting label (``by_batch``'s candidates, and plain decoding as ``none``);
+    empty where the plan has no batch-1 row."""
+    row = next((r for r in doc.get("by_batch") or [] if isinstance(r, Mapping) and r.get("batch") == 1), None) or {}
+    cands = {str(c.get("setting")): c for c in row.get("candidates") or [] if isinstance(c, Mapping)}
+    if isinstance(row.get("plain"), Mapping):
+        cands.setdefault("none", row["plain"])
+    return cands
 
 
 def _chain_run_checks(doc: Mapping[str, Any], pred: Mapping[str, Any]) -> dict[str, Any]:
@@ -518,10 +525,7 @@ def _chain_run_checks(doc: Mapping[str, Any], pred: Mapping[str, Any]) -> dict[s
     shape = first.get("setting") if isinstance(first, Mapping) else None
     if not isinstance(shape, Mapping) or shape.get("shape") != "chain" or shape.get("draft_tokens") != K:
         return {}
-    row = next((r for r in doc.get("by_batch") or [] if isinstance(r, Mapping) and r.get("batch") == 1), None)
-    cands = {str(c.get("setting")): c for c in (row or {}).get("candidates") or [] if isinstance(c, Mapping)}
-    if isinstance((row or {}).get("plain"), Mapping):
-        cands.setdefault("none", row["plain"])
+    cands = _batch1_candidates(doc)
     if not 1 <= K < len(cands):  # every chain:k and none priced, K + 1 of them (no loop over a typed K)
         return {}
 
