@@ -9,6 +9,11 @@ class TreeValidationError(TreeoptError):
     """A tree (from YAML, a choice list or code) violates the topology rules of :mod:`sequoia_opt.tree`."""
 
 
+class MultiDrafterTreeError(TreeValidationError):
+    """A single-drafter reader was given a multi-drafter (grafted, ``treeopt-tree/2``) tree: a valid tree that
+    the multi-drafter path reads (:func:`sequoia_opt.tree.load_drafter_tree`)."""
+
+
 class ProfileError(TreeoptError):
     """A latency or acceptance profile has a wrong schema, wrong units or values out of range."""
 

@@ -452,7 +452,9 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
     ``import:vllm``), with ``budget`` and ``max_depth`` set to the tree's size and depth.
 
     Raises:
-        TreeValidationError: the file cannot be read, is none of these formats, or holds an invalid tree.
+        TreeValidationError: the file cannot be read, is none of these formats, or holds an invalid tree;
+            :class:`~sequoia_opt.errors.MultiDrafterTreeError` for a grafted tree (read by
+            :func:`~sequoia_opt.tree.load_drafter_tree`).
     """
     path = Path(path)
     text = read_text_file(path, error=TreeValidationError, what="tree file")
@@ -492,9 +494,9 @@ def load_any_tree(path: str | Path) -> tuple[Tree, TreeMetadata]:
             raise TreeValidationError(
                 f"not a treeopt-tree/1 YAML, a JSON export or a choice list ({err})"
             ) from None
-    except TreeValidationError as err:
+    except TreeValidationError as err:  # its own type kept (MultiDrafterTreeError: the grafted-tree path reads it)
         msg = str(err)
-        raise TreeValidationError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+        raise type(err)(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
 
 # ---------------------------------------------------------------------------------------------- internals

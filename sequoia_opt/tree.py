@@ -39,7 +39,7 @@ import numpy as np
 import yaml
 
 from ._io import atomic_write_text, check_numbers, read_text_file, safe_load_yaml, warn_unknown_keys, yaml_error_text
-from .errors import TreeValidationError
+from .errors import MultiDrafterTreeError, TreeValidationError
 
 TREE_FORMAT = "treeopt-tree/1"
 #: The multi-drafter tree format: adds top-level ``drafters`` and a node's ``drafter`` (reads /1 too).
@@ -817,12 +817,12 @@ def _fresh_run_metadata(meta: "TreeMetadata", tree: "Tree", source: str) -> "Tre
 def tree_from_yaml(text: str, *, source: str = "tree YAML") -> tuple[Tree, TreeMetadata]:
     """Parse ``treeopt-tree/1`` YAML text, or ``treeopt-tree/2`` text that names a single drafter. Raises
     :class:`TreeValidationError` with one clear line on an unknown format version, a malformed node list, an
-    invalid topology, or a /2 tree that names more than one drafter (read that with
-    :func:`drafter_tree_from_yaml` / :func:`load_drafter_tree`)."""
+    invalid topology, or (:class:`MultiDrafterTreeError`, a subclass) a /2 tree that names more than one drafter
+    (read that with :func:`drafter_tree_from_yaml` / :func:`load_drafter_tree`)."""
     fmt, tree, drafter, names, meta = _parse_tree_document(text, source)
     if names is not None:
         if len(names) > 1:
-            raise TreeValidationError(
+            raise MultiDrafterTreeError(
                 f"{source}: a multi-drafter tree ({len(names)} drafters: {', '.join(names)}); a single-drafter "
                 "reader cannot run it, use the multi-drafter path (load_drafter_tree)")
         try:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from sequoia_opt.errors import TreeValidationError
+from sequoia_opt.errors import MultiDrafterTreeError, TreeValidationError
+from sequoia_opt.exports import load_any_tree
 from sequoia_opt.tree import (
     TREE_FORMAT_V2,
     DrafterTree,
@@ -148,8 +149,10 @@ def test_load_tree_reads_single_drafter_v2_and_refuses_multi(example, tmp_path):
     path = save_drafter_tree(tmp_path / "one.yaml", DrafterTree.single(t, "draft"), META)
     assert load_tree(path) == (t, META)
     multi = save_drafter_tree(tmp_path / "two.yaml", example, META)
-    with pytest.raises(TreeValidationError) as info:
+    with pytest.raises(MultiDrafterTreeError) as info:  # a TreeValidationError the multi-drafter path reads
         load_tree(multi)
+    with pytest.raises(MultiDrafterTreeError):
+        load_any_tree(multi)  # what run --tree and plot read through
     msg = str(info.value)
     assert "multi-drafter tree (2 drafters: lookup, big-draft)" in msg and "load_drafter_tree" in msg
     assert "\n" not in msg

@@ -65,12 +65,10 @@ def plot_cmd(
 def _plot_tree(path: Path):
     """The tree a file holds, as plot draws it: a grafted (multi-drafter, ``treeopt-tree/2``) tree's shape too,
     which the single-drafter reader refuses; every other format as ``run --tree`` reads it."""
-    from ..errors import TreeValidationError
+    from ..errors import MultiDrafterTreeError
     from ..tree import load_drafter_tree
 
     try:
         return _load_tree_entry(path).tree
-    except TreeValidationError as err:
-        if "multi-drafter tree" not in str(err):
-            raise
+    except MultiDrafterTreeError:
         return load_drafter_tree(path)[0].tree
