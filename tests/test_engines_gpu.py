@@ -77,3 +77,38 @@ def test_vllm_and_sglang_prompts_stay_inside_a_small_vocabulary(monkeypatch):
     _run_calls(calls_at)
     assert len(sent) == 4 and all(len(ids) >= 9 for ids in sent)
     assert max(max(ids) for ids in sent) < vocab and min(min(ids) for ids in sent) >= 100
+
+
+def _fake_vllm(monkeypatch, made):
+    class LLM:
+        def __init__(self, **kw):
+            made.append(kw)
+
+        def get_tokenizer(self):
+            return types.SimpleNamespace(vocab_size=500)
+
+        def generate(self, prompts, params, use_tqdm=False):
+            pass
+
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "0.33.0"
+    vllm.LLM = LLM
+    vllm.SamplingParams = lambda **kw: kw
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", None)
+
+
+def test_vllm_max_model_len_fits_the_sweep_and_the_model(monkeypatch, tmp_path):
+    """vLLM refuses a max_model_len past the model's max_position_embeddings at load: a fixed 4096 failed every
+    2048-token model (llama-68m, TinyLlama); a sweep past the model's context is refused before anything loads."""
+    made = []
+    _fake_vllm(monkeypatch, made)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 500, "max_position_embeddings": 2048}))
+    curve = gpu.profile_gpu("vllm", str(tmp_path), contexts=[256], token_counts=[1, 2, 4], rounds=1, max_repeats=1,
+                            device_name="test GPU")
+    assert made[0]["max_model_len"] == 256 + 4 + 1 and curve.engine == "vllm"
+    made.clear()
+    with pytest.raises(EngineError, match="exceeds .* context of 2048 tokens"):
+        gpu.profile_gpu("vllm", str(tmp_path), contexts=[2048], token_counts=[1, 2], rounds=1, max_repeats=1,
+                        device_name="test GPU")
+    assert made == []  # refused before the engine loaded the model

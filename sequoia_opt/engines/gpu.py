@@ -69,9 +69,34 @@ def _check_contexts(contexts: Sequence[int]) -> None:
                           f"multiples of {BLOCK} so the prefix is a cache hit")
 
 
+def needed_length(contexts: Sequence[int], token_counts: Sequence[int]) -> int:
+    """Tokens the longest timed request holds: the largest context, the most new tokens, the one generated token."""
+    return max(contexts) + max(token_counts) + 1
+
+
+def check_model_length(model: str, contexts: Sequence[int], token_counts: Sequence[int]) -> None:
+    """Refuse, before the engine loads, a sweep longer than the model's ``config.json`` ``max_position_embeddings``
+    (vLLM refuses a ``max_model_len`` past it at load, and a prompt past it at request time). Nothing is checked
+    when the folder has no such field (a hub name the engine resolves).
+
+    Raises:
+        EngineError: the context plus the token count exceeds the model's positions (one line, the fix).
+    """
+    from .._io import read_json_object
+
+    config = Path(model) / "config.json"
+    limit = read_json_object(config, error=EngineError).get("max_position_embeddings") if config.is_file() else None
+    need = needed_length(contexts, token_counts)
+    if isinstance(limit, int) and not isinstance(limit, bool) and need > limit:
+        raise EngineError(f"--context {max(contexts)} + {max(token_counts)} tokens + 1 generated exceeds {model}'s "
+                          f"context of {limit} tokens (max_position_embeddings): lower --context or --max-tokens")
+
+
 def vllm_calls(model: str, *, dtype: str = "bfloat16", max_len: int = 4096, seed: int = 0,
                gpu_memory_utilization: float = 0.5) -> tuple[CallsAt, dict[str, str]]:
     """``calls_at`` for vLLM's offline ``LLM`` (prefix caching on, greedy, one generated token) and its engine info.
+    ``max_len`` is vLLM's ``max_model_len``: at most the model's ``max_position_embeddings`` (vLLM refuses more at
+    load) and at least the longest request (:func:`needed_length`; :func:`profile_gpu` passes that).
 
     Raises:
         EngineError: vLLM not installed (the install command).
@@ -156,7 +181,8 @@ def profile_gpu(name: str, model: str, *, contexts: Sequence[int], token_counts:
         the validated :class:`~sequoia_opt.profiles.LatencyCurve`, ``engine`` naming the engine.
 
     Raises:
-        EngineError: the engine not installed, contexts that are not multiples of :data:`BLOCK`.
+        EngineError: the engine not installed, contexts that are not multiples of :data:`BLOCK`, a sweep longer than
+            the model's context (:func:`check_model_length`).
     """
     import torch
 
@@ -165,8 +191,11 @@ def profile_gpu(name: str, model: str, *, contexts: Sequence[int], token_counts:
 
     _check_contexts(contexts)
     if calls_at is None:
-        make = {"vllm": vllm_calls, "sglang": sglang_calls}[name]
-        calls_at, engine = make(model, dtype=dtype)
+        check_model_length(model, contexts, token_counts)
+        if name == "vllm":  # max_model_len as long as the sweep needs: a fixed 4096 is past a 2048-token model's
+            calls_at, engine = vllm_calls(model, dtype=dtype, max_len=needed_length(contexts, token_counts))
+        else:
+            calls_at, engine = sglang_calls(model, dtype=dtype)
     engine = dict(engine or {"name": name})
     tables = sweep_grid(engine_timers(calls_at, "cpu", min_repeats=min(5, max_repeats), max_repeats=max_repeats),
                         token_counts, contexts, what=f"{name} target", progress=progress, rounds=rounds,
