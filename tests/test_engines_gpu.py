@@ -112,3 +112,30 @@ def test_vllm_max_model_len_fits_the_sweep_and_the_model(monkeypatch, tmp_path):
         gpu.profile_gpu("vllm", str(tmp_path), contexts=[2048], token_counts=[1, 2], rounds=1, max_repeats=1,
                         device_name="test GPU")
     assert made == []  # refused before the engine loaded the model
+
+
+def test_gpu_engine_cli_passes_rounds_and_pairing_and_refuses_a_draft(monkeypatch, tmp_path):
+    """--rounds and --unpaired were dropped on the way to the GPU profiler (it always ran 3 paired rounds), and
+    --draft was ignored (the profile recorded no drafter's cost without a word)."""
+    import torch
+    from typer.testing import CliRunner
+
+    from sequoia_opt.cli import app
+
+    _fake_vllm(monkeypatch, [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    seen = {}
+
+    def fake_profile(name, model, **kw):
+        seen.update(kw)
+        raise EngineError("stop here")
+
+    monkeypatch.setattr(gpu, "profile_gpu", fake_profile)
+    res = CliRunner().invoke(app, ["profile", "latency", "--engine", "vllm", "--target", str(tmp_path), "--rounds",
+                                   "1", "--unpaired", "-o", str(tmp_path / "out.yaml")])
+    assert res.exit_code == 2 and seen["rounds"] == 1 and seen["paired"] is False
+    seen.clear()
+    res = CliRunner().invoke(app, ["profile", "latency", "--engine", "vllm", "--target", str(tmp_path), "--draft",
+                                   str(tmp_path), "-o", str(tmp_path / "out.yaml")])
+    assert res.exit_code == 2 and "drop --draft" in res.output and seen == {}
+    assert not (tmp_path / "out.yaml").exists()

@@ -117,8 +117,11 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
     if threads is not None and threads < 1:
         raise TreeoptError("--threads must be at least 1")
     if name in ("sglang", "vllm"):
+        if draft is not None:  # the engines run their drafters inside the step: no c(w) of their own to time
+            raise TreeoptError(f"--engine {name} times the target's forward only: drop --draft (profile a draft "
+                               "model as its own --target to get its c(w))")
         profile_gpu_cli(name, target=target, contexts=contexts, max_tokens=max_tokens, repeats=repeats,
-                        output=output, as_json=as_json)
+                        rounds=rounds, paired=paired, output=output, as_json=as_json)
         return
     require_engine(name)  # one line with the install command when missing, before anything loads
     from ..engines.llamacpp import profile_latency, resolve_pair
@@ -374,9 +377,10 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
 
 # ---------------------------------------------------------------------------------------------- GPU engines
 def profile_gpu_cli(name: str, *, target: Optional[Path], contexts: list[int], max_tokens: int, repeats: int,
-                    output: Optional[Path], as_json: bool) -> None:
+                    output: Optional[Path], as_json: bool, rounds: int = 3, paired: bool = True) -> None:
     """``treeopt profile latency --engine sglang|vllm``: refuse before anything loads (the engine missing: its
-    install command; no CUDA; no --target), then profile and write."""
+    install command; no CUDA; no --target), then profile and write (``--rounds``, ``--paired`` as for treeopt's
+    decoder)."""
     import torch
 
     from ..engines import EngineError, require_engine
@@ -395,7 +399,8 @@ def profile_gpu_cli(name: str, *, target: Optional[Path], contexts: list[int], m
     # -o before the engine loads the model (the default path names the GPU, known only once the engine ran)
     check_output(output, {"--target": target})
     grid = token_grid(max_tokens)
-    curve = profile_gpu(name, str(target), contexts=contexts, token_counts=grid, max_repeats=repeats)
+    curve = profile_gpu(name, str(target), contexts=contexts, token_counts=grid, max_repeats=repeats, rounds=rounds,
+                        paired=paired)
     out = output or Path("profiles") / curve.id.split("_")[0] / f"{Path(str(target)).name}-{name}-latency.yaml"
     save_latency(out, curve)
     report = Report(title=f"treeopt profile latency --engine {name}")
