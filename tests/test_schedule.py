@@ -688,6 +688,32 @@ def _files(tmp_path):
     return tmp_path / "t.csv", tmp_path / "a.yaml"
 
 
+def test_a_table_in_seconds_warns_and_its_plan_is_the_ms_tables(tmp_path):
+    """A T(b, n) table typed in seconds (0.0075 for 7.5 ms) was read as ms without a word: the same plan, every
+    predicted tokens/s 1000x high (256601 tok/s per request). Now a warning names the fastest time; the ms table
+    does not warn."""
+    from sequoia_opt.errors import ProfileWarning
+
+    ms_table, acc = _files(tmp_path)
+    s_table = _table(tmp_path / "s.csv", (1, 8, 64), range(1, 10), lambda b, n: PROFILE.curve(b).target_ms(n) / 1000,
+                     draft_ms=0.001, overhead_ms=0.0005)
+    with pytest.warns(ProfileWarning, match=r"s.csv: the fastest target_ms is .* are the times in seconds\?"):
+        load_batch_table(s_table)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileWarning)
+        load_batch_table(ms_table)
+    plans = []
+    for table in (ms_table, s_table):
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--json"])
+        assert res.exit_code == 0, res.output
+        plans.append(json.loads(res.stdout))
+    assert [r["setting"] for r in plans[0]["schedule"]["ranges"]] == [r["setting"] for r in plans[1]["schedule"]["ranges"]]
+    assert any("in seconds" in w for w in plans[1]["warnings"]) and not any("in seconds" in w
+                                                                             for w in plans[0]["warnings"])
+
+
 def test_tune_refuses_a_table_that_prices_no_chain_and_keeps_the_settings(tmp_path):
     """A table of n = 1 only said "speculation pays at no batch size" and removed a working -o file: a verdict on
     nothing. Now one line, exit 2, the file kept."""

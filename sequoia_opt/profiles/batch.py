@@ -38,8 +38,8 @@ from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError, ProfileWarning
-from .common import (IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, _check_format, _load_yaml, check_integer,
-                     table_lines)
+from .common import (IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, SECONDS_SUSPECT_MS, _check_format,
+                     _load_yaml, check_integer, table_lines)
 from .latency import LatencyCurve
 
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
@@ -273,7 +273,9 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
         8,1,9.1,0.7,0.4          # overhead_ms: the engine's per-step cost at that batch (optional, 0)
 
     Token counts are per request (a forward at batch b over n tokens feeds b x n). Every batch size must list the
-    same token counts, and the overhead must be one number per batch size.
+    same token counts, and the overhead must be one number per batch size. A table whose fastest target forward is
+    below :data:`~sequoia_opt.profiles.common.SECONDS_SUSPECT_MS` warns (:class:`~sequoia_opt.errors.ProfileWarning`):
+    times typed in seconds.
 
     Raises:
         ProfileError: a missing file, an unknown, missing or repeated column, a value that is not a positive
@@ -363,6 +365,11 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
             who = (b, first) if missing else (first, b)
             raise ProfileError(f"{p}: batch {who[0]} lacks tokens {n}, which batch {who[1]} has: every batch size "
                                "must list the same token counts")
+    fastest = min(t for row in table.values() for t, _ in row.values())
+    if fastest < SECONDS_SUSPECT_MS:  # the plan is scale-free; the tokens/s it prints are not
+        warnings.warn(f"{p}: the fastest target_ms is {fastest:.4g} ms, below {SECONDS_SUSPECT_MS:g} ms: are the "
+                      "times in seconds? the ms columns take milliseconds (x 1000), else every predicted tokens/s "
+                      "is 1000x high", ProfileWarning, stacklevel=2)
     pid = profile_id or p.stem
     doc = {"format": BATCH_LATENCY_FORMAT, "id": pid, "source": f"a T(b, n) table: {p.name}",
            "device": {"name": "from the table"}, "model": {}, "batches": []}

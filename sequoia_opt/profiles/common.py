@@ -66,6 +66,11 @@ MAX_PROFILE_DEPTH = 4096
 MAX_MS = 1e9
 
 
+#: A T(b, n) table whose fastest target forward is below this many ms reads as one typed in seconds (no LLM's
+#: forward, graphs and engine scheduling included, runs in 50 microseconds): loading warns (a plan is the same on
+#: a scaled table, its predicted tokens/s are 1000x off).
+SECONDS_SUSPECT_MS = 0.05
+
 #: A forward over n > 1 tokens measured below this fraction of the one-token forward is implausible (more
 #: work in less than half the time: noise, a machine under other load, a cache effect): loading warns.
 IMPLAUSIBLE_FRACTION = 0.5
