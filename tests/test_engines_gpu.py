@@ -139,3 +139,11 @@ def test_gpu_engine_cli_passes_rounds_and_pairing_and_refuses_a_draft(monkeypatc
                                    str(tmp_path), "-o", str(tmp_path / "out.yaml")])
     assert res.exit_code == 2 and "drop --draft" in res.output and seen == {}
     assert not (tmp_path / "out.yaml").exists()
+    # treeopt's own drafter, thread and loop options change nothing in an engine's profile: refused, named
+    for extra, named in ((["--max-draft-tokens", "8"], "drop --max-draft-tokens"),
+                         (["--threads", "2"], "drop --threads"), (["--no-loop"], "drop --no-loop"),
+                         (["--threads", "2", "--no-loop"], "drop --threads, --no-loop")):
+        res = CliRunner().invoke(app, ["profile", "latency", "--engine", "sglang", "--target", str(tmp_path), *extra,
+                                       "-o", str(tmp_path / "out.yaml")])
+        assert res.exit_code == 2 and named in res.output and seen == {}, (extra, res.output)
+        assert not (tmp_path / "out.yaml").exists()

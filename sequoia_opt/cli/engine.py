@@ -111,15 +111,20 @@ def profile_latency_engine(engine: str, *, target: Optional[Path], draft: Option
         raise TreeoptError(f"--engine {name} times its own forward: drop {', '.join(given)} (treeopt's decoder "
                            f"options){hint}")
     contexts = _csv_ints(context, "--context")
+    max_draft_tokens_given = max_draft_tokens is not None
     max_draft_tokens = 64 if max_draft_tokens is None else max_draft_tokens
     if max_tokens < 1 or max_draft_tokens < 1 or repeats < 1 or rounds < 1:
         raise TreeoptError("--max-tokens, --max-draft-tokens, --max-repeats and --rounds must be at least 1")
     if threads is not None and threads < 1:
         raise TreeoptError("--threads must be at least 1")
     if name in ("sglang", "vllm"):
-        if draft is not None:  # the engines run their drafters inside the step: no c(w) of their own to time
-            raise TreeoptError(f"--engine {name} times the target's forward only: drop --draft (profile a draft "
-                               "model as its own --target to get its c(w))")
+        # the engines run their drafters inside the step (no c(w) of their own to time), on their own threads, and
+        # have no decoding loop of treeopt's to time: these options would be accepted and change nothing
+        dropped = [flag for flag, v in (("--draft", draft is not None), ("--max-draft-tokens", max_draft_tokens_given),
+                                        ("--threads", threads is not None), ("--no-loop", not loop)) if v]
+        if dropped:
+            raise TreeoptError(f"--engine {name} times the target's forward only: drop {', '.join(dropped)} (profile "
+                               "a draft model as its own --target to get its c(w))")
         profile_gpu_cli(name, target=target, contexts=contexts, max_tokens=max_tokens, repeats=repeats,
                         rounds=rounds, paired=paired, output=output, as_json=as_json)
         return
