@@ -142,7 +142,9 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
     prompts: list[Prompt] = []
     suffix = path.suffix.lower()  # prompts.JSONL as prompts.jsonl
     if suffix == ".jsonl":
-        for lineno, line in enumerate(text.splitlines(), 1):
+        # lines end at "\n" alone (read_text_file made every line end one): str.splitlines also breaks at
+        # U+2028, U+0085 and other characters a JSON string holds raw (json.dumps(..., ensure_ascii=False))
+        for lineno, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:

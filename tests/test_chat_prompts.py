@@ -90,6 +90,19 @@ def test_a_json_array_and_a_byte_order_mark_are_prompt_files(tmp_path):
     assert [p.text for p in load_prompts(bom)] == ["def g():"]
 
 
+def test_a_jsonl_line_ends_at_a_newline_only(tmp_path):
+    """A prompt holding U+2028, U+2029 or NEL (U+0085) raw, as json.dumps(..., ensure_ascii=False) writes them (web
+    text carries them), was cut there by str.splitlines and refused as invalid JSON, naming the wrong line."""
+    f = tmp_path / "web.jsonl"
+    texts = ["one\u2028two", "three\u2029four", "five\x85six", "seven\x0c\x1ceight"]
+    f.write_text("".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\r\n" for t in texts), encoding="utf-8")
+    prompts = load_prompts(f)
+    assert [(p.text, p.origin) for p in prompts] == [(t, f"{f}:{i}") for i, t in enumerate(texts, 1)]
+    f.write_text(json.dumps({"prompt": "a\u2028b"}, ensure_ascii=False) + "\n{oops\n", encoding="utf-8")
+    with pytest.raises(PromptFileError, match=re.escape(f"{f}:2: not valid JSON")):
+        load_prompts(f)
+
+
 def test_csv_and_tsv_prompt_files_are_read_by_their_header(tmp_path):
     """A tryout's prompts.csv (header 'prompt,source') was read as one plain-text prompt, header and quotes
     included. A .csv / .tsv is read by its header's 'prompt' (or 'text') column, one prompt per row; a quoted
