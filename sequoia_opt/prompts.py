@@ -9,7 +9,7 @@ Two formats:
 * ``.json``: one JSON array whose items are prompt strings or objects as on a ``.jsonl`` line.
 * ``.csv`` / ``.tsv``: a header row naming a ``prompt`` (or ``text``) column, one raw-text prompt per row (a
   quoted field may span lines); the other columns are kept as metadata.
-* anything else: plain text, prompts separated by one or more blank lines.
+* anything else: plain text, prompts separated by one or more blank lines (a line of spaces or tabs is blank).
 
 A UTF-8 byte-order mark at the start of a file is skipped (editors on Windows write one).
 
@@ -25,6 +25,7 @@ is never measured on the prompts the prediction is checked against.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -167,8 +168,8 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
                    for i, obj in enumerate(doc)]
     elif suffix in (".csv", ".tsv"):  # a spreadsheet's export: read by its header, not as one text prompt
         prompts = _table_prompts(text, path, "\t" if suffix == ".tsv" else ",")
-    else:
-        for block in text.replace("\r\n", "\n").split("\n\n"):
+    else:  # a blank line holds nothing but spaces or tabs (an editor's indentation left on it is still blank)
+        for block in re.split(r"\n(?:[ \t]*\n)+", "\n" + text):  # "\n" first: blank lines at its start too
             if block.strip():
                 prompts.append(Prompt(block.strip("\n")))
     if not prompts:

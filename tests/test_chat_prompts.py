@@ -103,6 +103,17 @@ def test_a_jsonl_line_ends_at_a_newline_only(tmp_path):
         load_prompts(f)
 
 
+def test_a_line_of_spaces_separates_plain_text_prompts(tmp_path):
+    """A plain-text file's blank line with an editor's indentation left on it (spaces, a tab) did not separate
+    prompts: two prompts were run as one, silently, and the count was wrong."""
+    f = tmp_path / "prompts.txt"
+    f.write_bytes(b" \r\n\t\r\nfirst prompt\r\n   \r\nsecond\r\nprompt\r\n\r\n\r\n    indented\n \t \nlast\n  \n")
+    assert [p.text for p in load_prompts(f)] == ["first prompt", "second\nprompt", "    indented", "last"]
+    f.write_text(" \n\t\n")
+    with pytest.raises(PromptFileError, match="holds no prompts"):
+        load_prompts(f)
+
+
 def test_csv_and_tsv_prompt_files_are_read_by_their_header(tmp_path):
     """A tryout's prompts.csv (header 'prompt,source') was read as one plain-text prompt, header and quotes
     included. A .csv / .tsv is read by its header's 'prompt' (or 'text') column, one prompt per row; a quoted
