@@ -348,3 +348,20 @@ def test_a_template_refusing_a_prompt_names_the_line(tmp_path):
         encode_prompts(load_prompts(write_chat_file(tmp_path / "c.jsonl", [USER, USER])), tok, model="m")
     assert str(err.value) == f"{tmp_path / 'c.jsonl'}:1: m: the chat template refuses the conversation: " \
                              "roles must alternate"
+
+
+@pytest.mark.parametrize("mode", [[], ["--chains"], ["--calibration"]])
+def test_a_prompt_past_the_context_is_named_by_its_file_and_line(tmp_path, mode):
+    """profile acceptance refused a prompt longer than the target's context as "prompt 2 of 2 (...)" with no file
+    (run names it); --chains and --calibration did not even say which prompt. Each names the file and line."""
+    target, draft, _ = make_pair(tmp_path)
+    f = tmp_path / "mine.jsonl"
+    f.write_text(json.dumps({"prompt": "short"}) + "\n\n" + json.dumps({"prompt": "x = 1\n" * 100}) + "\n")
+    out = tmp_path / "acc.yaml"
+    r = runner.invoke(app, ["profile", "acceptance", "--target", str(target), "--draft", str(draft), "--prompts",
+                            str(f), "--max-new-tokens", "8", "-o", str(out), *mode])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"{f}:3: prompt 2 of 2 (600 tokens): prompt (600 tokens) + max_new_tokens (8)" in \
+        lines[0] and "context of 512 tokens" in lines[0], lines
+    assert not out.exists()

@@ -105,14 +105,18 @@ def profile_acceptance(
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     pair = load_pair(target, spec, device=dev, dtype=dt)
+    naming = _naming_the_prompt(texts, pfile)
     if chains:
-        _profile_chains(pair, spec, texts, pfile, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
-                        backend=backend, output=output, interval_width=interval_width, as_json=as_json)
+        with naming:
+            _profile_chains(pair, spec, texts, pfile, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
+                            backend=backend, output=output, interval_width=interval_width, as_json=as_json)
         return
     if calibration:
-        _profile_calibration(pair, spec, texts, pfile, steps=calibration_steps, topk=calibration_topk,
-                             temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
-                             num_prompts=num_prompts, dev=dev, dt=dt, backend=backend, output=output, as_json=as_json)
+        with naming:
+            _profile_calibration(pair, spec, texts, pfile, steps=calibration_steps, topk=calibration_topk,
+                                 temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                                 num_prompts=num_prompts, dev=dev, dt=dt, backend=backend, output=output,
+                                 as_json=as_json)
         return
     if width > pair.vocab_size:
         raise TreeoptError(f"--width {width} asks for more candidates per node than the "
@@ -121,7 +125,7 @@ def profile_acceptance(
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
     out, weights = _output(output, default_acceptance_path(pair.target_name, spec, mode), pair)  # run's default
-    with progress_bar() as progress:
+    with naming, progress_bar() as progress:
         counts = measure_acceptance(pair.target, pair.new_drafter, ids, width=width, depth=depth,
                                     temperature=temperature, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
                                     eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend, progress=progress)
@@ -203,6 +207,30 @@ def _output(output: Path | None, default: Path, pair) -> tuple[Path, dict]:
         check_default_profile(out, weights)
     _check_writable(out)  # the default path too, before the decoding
     return out, weights
+
+
+def _naming_the_prompt(texts, pfile):
+    """A context that adds the prompt's place to a measurement's "prompt 3 of 8 (600 tokens): ..." refusal (a
+    prompt past the context): its ``path:line`` where the file gives one (.jsonl, .json, .csv), else the file, as
+    ``run`` names it. Other errors pass as they are."""
+    import contextlib
+    import re
+
+    from ..errors import DecodingError
+
+    @contextlib.contextmanager
+    def naming():
+        try:
+            yield
+        except DecodingError as err:
+            m = re.match(r"prompt (\d+) of \d+ ", str(err))
+            if m is None:
+                raise
+            i = int(m.group(1)) - 1
+            where = texts[i].origin if i < len(texts) and texts[i].origin else str(pfile)
+            raise DecodingError(f"{where}: {err}") from None
+
+    return naming()
 
 
 def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, backend, output, interval_width,

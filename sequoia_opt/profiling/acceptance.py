@@ -287,8 +287,11 @@ def chain_traces(target: Transformer, draft: Transformer | Drafter | Callable[[]
     if not can_teacher_force(drafter):
         return None
     plain = plain_decoder(target, eos_ids=eos_ids, backend=backend)
-    for p in prompts:  # validate every request before the first forward pass
-        plain.check(p, max_new_tokens)
+    for i, p in enumerate(prompts):  # validate every request before the first forward pass
+        try:
+            plain.check(p, max_new_tokens)
+        except DecodingError as err:  # which one: as measure_acceptance names it
+            raise DecodingError(f"prompt {i + 1} of {len(prompts)} ({len(p)} tokens): {err}") from None
     out: list[Trace] = []
     for i, p in enumerate(prompts):
         out.append(teacher_forced_trace(drafter, p, plain.generate(p, max_new_tokens).tokens))
