@@ -68,8 +68,21 @@ def test_disjointness_is_checked(tmp_path):
     f.write_text(json.dumps({"prompt": "def spam(eggs):\n    return eggs\n"}) + "\n"
                  + json.dumps({"messages": [{"role": "user", "content": "Explain lists."}]}) + "\n")
     assert check_disjoint(["import os\n", "x = 1\n"], [f]) == {str(f): 2}
-    with pytest.raises(ValueError, match="prompt 0 occurs in the training text"):
+    with pytest.raises(ValueError, match="p.jsonl:1: prompt 0 occurs in the training text"):
         check_disjoint(["# a file\ndef spam(eggs):\n    return eggs\n\n"], [f])
+
+
+def test_disjointness_reads_prompts_as_every_command_does(tmp_path):
+    """check_disjoint split lines at U+2028 (a JSON string holds it raw) and read only 'prompt', so a 'text'
+    prompt was checked as empty and passed whatever the training text held."""
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"text": "def spam(eggs):\n    return eggs\n"}) + "\n"
+                 + json.dumps({"prompt": "a\u2028b"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert check_disjoint(["import os\n"], [f]) == {str(f): 2}
+    with pytest.raises(ValueError, match="p.jsonl:1: prompt 0 occurs"):
+        check_disjoint(["def spam(eggs):\n    return eggs\n"], [f])
+    with pytest.raises(ValueError, match="p.jsonl:2: prompt 1 occurs"):
+        check_disjoint(["xa\u2028by"], [f])
 
 
 def _tiny_head_and_teacher(rows: int):

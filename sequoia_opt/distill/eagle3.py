@@ -214,27 +214,27 @@ def choose_draft_vocab(top1: torch.Tensor, text: torch.Tensor, size: int, vocab_
 
 
 def check_disjoint(texts: Sequence[str], prompt_files: Sequence[Path], *, probe_chars: int = 400) -> dict:
-    """Check that no prompt of ``prompt_files`` (JSONL; ``prompt`` or chat ``messages``) occurs in the training
-    ``texts``: each prompt's text (stripped, its first ``probe_chars`` characters) must not be a substring of
-    the training text. Returns ``{file: prompts checked}``.
+    """Check that no prompt of ``prompt_files`` (any file :func:`~sequoia_opt.prompts.load_prompts` reads: a
+    ``prompt`` or ``text`` string, chat ``messages``, ``.json`` / ``.csv`` / plain text) occurs in the training
+    ``texts``: each prompt's text (its messages' contents joined; stripped, its first ``probe_chars``
+    characters) must not be a substring of the training text. Returns ``{file: prompts checked}``.
 
     Raises:
-        ValueError: naming the file and the prompt that occurs in the training text.
+        ValueError: naming the file, its line and the prompt that occurs in the training text.
+        PromptFileError: a prompt file :func:`~sequoia_opt.prompts.load_prompts` refuses.
     """
+    from ..prompts import load_prompts
+
     corpus = "\n".join(texts)
     out = {}
     for path in prompt_files:
-        n = 0
-        for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            text = row.get("prompt") or " ".join(m.get("content", "") for m in row.get("messages", []))
+        prompts = load_prompts(path)
+        for i, p in enumerate(prompts):
+            text = p.text or " ".join(m["content"] for m in p.messages or ())
             probe = text.strip()[:probe_chars]
             if probe and probe in corpus:
-                raise ValueError(f"{path}: prompt {i} occurs in the training text ({probe!r})")
-            n += 1
-        out[str(path)] = n
+                raise ValueError(f"{p.origin or path}: prompt {i} occurs in the training text ({probe!r})")
+        out[str(path)] = len(prompts)
     return out
 
 
