@@ -176,7 +176,31 @@ def load_prompts(path: str | Path, *, limit: int | None = None) -> list[Prompt]:
         raise PromptFileError(f"prompt file {path} holds no prompts")
     prompts = prompts[:limit] if limit is not None else prompts
     _warn_unknown_roles(prompts, path)
+    _warn_repeats(prompts, path)
     return prompts
+
+
+def _warn_repeats(prompts: Sequence[Prompt], path: Path) -> None:
+    """One :class:`~sequoia_opt.errors.ProfileWarning` when prompts repeat earlier ones: each is decoded as its
+    own request, but the intervals between prompts (acceptance, tokens/step) take them as independent draws, so
+    a file of copies reads as far surer than it is (3 copies: an interval of width 0)."""
+    import warnings
+
+    from .errors import ProfileWarning
+
+    seen: dict[str, int] = {}
+    repeats: list[tuple[int, int]] = []  # (index, index of its first copy)
+    for i, p in enumerate(prompts):
+        key = p.text if p.messages is None else json.dumps(p.messages, sort_keys=True)
+        j = seen.setdefault(key, i)
+        if j != i:
+            repeats.append((i, j))
+    if repeats:
+        where = ", ".join(f"{prompts[i].origin or f'prompt {i + 1}'} (= {prompts[j].origin or f'prompt {j + 1}'})"
+                          for i, j in repeats[:3]) + (", ..." if len(repeats) > 3 else "")
+        warnings.warn(f"{path}: {len(repeats)} of {len(prompts)} prompts repeat earlier ones ({where}): each is "
+                      "decoded again, and the intervals between prompts count the copies as independent prompts",
+                      ProfileWarning, stacklevel=3)
 
 
 def _warn_unknown_roles(prompts: Sequence[Prompt], path: Path) -> None:

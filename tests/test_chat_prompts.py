@@ -114,6 +114,32 @@ def test_a_line_of_spaces_separates_plain_text_prompts(tmp_path):
         load_prompts(f)
 
 
+def test_repeated_prompts_are_run_and_warned_of(tmp_path):
+    """A tryout profiled three copies of one prompt: p_1 'between prompts: 0.400 to 0.400', and solve said two
+    profile prompts were enough. Copies are still decoded (a user may mean them), with one warning naming them."""
+    from sequoia_opt.errors import ProfileWarning
+
+    f = tmp_path / "dup.jsonl"
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    f.write_text("".join(json.dumps(o) + "\n" for o in ({"prompt": "a"}, chat, {"text": "a"}, {"prompt": "b"},
+                                                         chat, {"prompt": "a", "source": "x"})))
+    with pytest.warns(ProfileWarning) as rec:
+        prompts = load_prompts(f)
+    assert [p.text for p in prompts] == ["a", "", "a", "b", "", "a"]
+    msg = str(rec[0].message)
+    assert len(rec) == 1 and msg.startswith(f"{f}: 3 of 6 prompts repeat earlier ones ({f}:3 (= {f}:1), {f}:5 "
+                                            f"(= {f}:2), {f}:6 (= {f}:1))")
+    plain = tmp_path / "p.txt"
+    plain.write_text("x\n\ny\n\nx\n")
+    with pytest.warns(ProfileWarning, match=re.escape("1 of 3 prompts repeat earlier ones (prompt 3 (= prompt 1))")):
+        load_prompts(plain)
+    plain.write_text("x\n\ny\n")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(load_prompts(plain)) == 2  # no copies, no warning
+
+
 def test_csv_and_tsv_prompt_files_are_read_by_their_header(tmp_path):
     """A tryout's prompts.csv (header 'prompt,source') was read as one plain-text prompt, header and quotes
     included. A .csv / .tsv is read by its header's 'prompt' (or 'text') column, one prompt per row; a quoted
