@@ -387,3 +387,27 @@ def test_the_baselines_take_numpy_integers_as_the_solver_does():
     assert best_first(p, np.int64(6)).choices() == best_first(p, 6).choices()
     with pytest.raises(SolverError, match="gamma must be an integer >= 0"):
         chain(np.float64(3.0))
+
+
+def test_a_draft_table_from_a_block_size_skips_the_narrower_trees_instead_of_failing():
+    # a one-pass block drafter timed from 4 drafted tokens: c(1)..c(3) are not measured. The trees of 2..4 nodes
+    # cannot be scored, the larger ones can (was: ProfileError "draft forward at 1 tokens is below the smallest
+    # measured count 4 tokens" from the 2-node candidate, and no choice at all)
+    target = {t: 10.0 + 0.01 * t for t in (1, 2, 4, 8, 16, 32)}
+    curve = LatencyCurve.synthetic(target, {4: 1.0, 8: 1.1, 16: 1.2, 32: 1.3}, cost_model="one-pass")
+    assert curve.min_draft_tokens() == 4 and curve.max_draft_tokens() == 32
+    ch = choose(P, curve, 32, 6)
+    assert ch.skipped > 0 and ch.tree.size - 1 >= 4
+    best = max((score_tree(solve_dp(P, m, d).tree(), P, curve).tokens_per_s, m, d)
+               for m in range(5, 33) for d in range(1, 7))  # every tree of >= 4 drafted tokens the curve prices
+    assert ch.tokens_per_s == pytest.approx(best[0], rel=1e-9)
+    assert all(a.size == 1 or a.size - 1 >= 4 for a in ch.alternatives)
+    # per-level: every tree drafts over the root (c(1)): only plain decoding is priced, and said so by the skips
+    per_level = LatencyCurve.synthetic(target, {4: 1.0, 8: 1.1, 16: 1.2, 32: 1.3})
+    ch = choose(P, per_level, 32, 6)
+    assert ch.tree.size == 1 and ch.speedup == pytest.approx(1.0) and ch.considered == 6  # budget 1, depths 1..6
+    res = {b.name: b for b in compare_baselines(P, 32, 6, 32, per_level)}  # was: ProfileError from the chain
+    assert res["chain"].params == {"gamma": 0} and res["chain"].cost.speedup == pytest.approx(1.0)  # the one priced
+    assert res["best-first"].cost is None
+    assert res["best-first"].note.endswith("needs a draft forward over 1 tokens; latency profile 'synthetic' measured "
+                                      "draft forwards from 4")

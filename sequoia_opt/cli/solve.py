@@ -311,7 +311,7 @@ def solve(
             )
         )
         if ch.skipped:
-            report.notes.append(f"{ch.skipped} candidates skipped: their draft widths exceed the measured draft curve")
+            report.notes.append(f"{ch.skipped} candidates skipped: their draft forwards fall outside the measured draft counts")
     spreads = _prediction_spreads(tree, acc, model_used, ch.alternatives[0].cost if curve is not None else None,
                                   run_prompts, report, data)
 

@@ -300,6 +300,11 @@ class LatencyCurve:
         """Largest draft token count measured (no extrapolation past it)."""
         return int(min(t.tokens[-1] for t in self._bracket(self._draft, context)[0]))
 
+    def min_draft_tokens(self, context: int | None = None) -> int:
+        """Smallest draft token count measured (no extrapolation below it; 1 for a profile ``treeopt profile``
+        wrote, larger for a hand-made or engine table that starts at a block size)."""
+        return int(max(t.tokens[0] for t in self._bracket(self._draft, context)[0]))
+
     def _bracket(self, tables: tuple[_Table, ...], context: int | None) -> tuple[list[_Table], list[float]]:
         """Tables and weights (Python floats) for a context: exact match, or a linear mix of the two measured
         contexts around it. ProfileError outside the measured range (below the smallest as above the

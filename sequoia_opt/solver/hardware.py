@@ -36,8 +36,8 @@ decoding ``verify_ms(1) + bookkeeping_ms(1)``: what a model's forward timed alon
 Maximising G / cost over all trees is hard (cost depends on the level widths), so :func:`choose` scores the
 DP-optimal tree for every (budget m, depth d) with m on a grid (the measured token counts, quarter-octave
 steps and the budget itself) and d = 1..D, and keeps the best. T and c come from a
-:class:`~sequoia_opt.profiles.LatencyCurve` and are never extrapolated: a tree needing a draft width past the
-measured range is skipped, a budget past the largest measured target count is refused (ProfileError).
+:class:`~sequoia_opt.profiles.LatencyCurve` and are never extrapolated: a tree needing a draft forward outside
+the measured draft counts (wider than the largest, or narrower than the smallest) is skipped, a budget past the largest measured target count is refused (ProfileError).
 """
 
 from __future__ import annotations
@@ -99,6 +99,14 @@ def widest_draft_forward(level_widths: Sequence[int], cost_model: str) -> int:
     """The largest draft forward a tree needs under ``cost_model`` (1 when it needs none), to compare with
     :meth:`LatencyCurve.max_draft_tokens` before scoring (no extrapolation)."""
     return max(draft_forwards(level_widths, cost_model), default=1)
+
+
+def draft_outside(level_widths: Sequence[int], cost_model: str, lowest: int, highest: int) -> bool:
+    """Whether a tree's draft forwards (:func:`draft_forwards`) leave the measured draft counts
+    ``lowest..highest`` (tokens): scoring it would extrapolate c(w) on either side. A tree with no draft forward
+    is never outside."""
+    forwards = draft_forwards(level_widths, cost_model)
+    return bool(forwards) and (max(forwards) > highest or min(forwards) < lowest)
 
 
 def step_cost(
@@ -374,6 +382,7 @@ def choose(
             ds.append(d)
     widths_all = solution.level_widths_many(ms, ds)
     max_draft = curve.max_draft_tokens(context)
+    min_draft = curve.min_draft_tokens(context)
     curve = _MemoCurve(curve)  # the candidates share most token counts: read each T(n), c(w) once
     scored: list[Candidate] = []
     skipped = 0
@@ -381,15 +390,15 @@ def choose(
         row = widths_all[j]
         nz = np.nonzero(row)[0]
         widths = tuple(int(x) for x in row[: int(nz[-1]) + 1])
-        if widest_draft_forward(widths, curve.cost_model) > max_draft:
+        if draft_outside(widths, curve.cost_model, min_draft, max_draft):  # a table from w = 4: no c(1) either
             skipped += 1
             continue
         cost = step_cost(widths, float(solution.table[m, d]), curve, context)
         scored.append(Candidate(m, d, sum(widths), len(widths) - 1, widths, cost))
     if not scored:
         raise ProfileError(
-            f"latency profile {curve.id!r}: every candidate tree needs a draft forward wider than the largest "
-            f"measured draft count {max_draft} tokens; profile wider draft forwards"
+            f"latency profile {curve.id!r}: every candidate tree needs a draft forward outside the measured draft "
+            f"counts {min_draft}..{max_draft} tokens; profile the draft forward over those counts"
         )
     # best first; ties (equal rate) go to the smaller, shallower tree
     scored.sort(key=lambda c: (-round(c.cost.tokens_per_s, 9), c.size, c.tree_depth, c.budget, c.depth))
@@ -500,6 +509,7 @@ def compare_baselines(
     if curve is not None:
         check_budget_measured(budget, curve, context)
         max_draft = curve.max_draft_tokens(context)
+        min_draft = curve.min_draft_tokens(context)
     rows = None
     if by_depth is not None:
         from .depth import expected_tokens_by_depth, validate_acceptance_by_depth
@@ -517,7 +527,7 @@ def compare_baselines(
     def key(g: float, widths: Sequence[int]) -> tuple[float, int]:
         if curve is None:
             return (round(g, 12), -sum(widths))
-        if widest_draft_forward(widths, curve.cost_model) > max_draft:
+        if draft_outside(widths, curve.cost_model, min_draft, max_draft):
             return (-1.0, 0)
         return (round(step_cost(widths, g, curve, context).tokens_per_s, 9), -sum(widths))
 
@@ -527,10 +537,12 @@ def compare_baselines(
         g = value(tree)
         cost, note = None, None
         if curve is not None:
-            widest = widest_draft_forward(tree.level_widths, curve.cost_model)
-            if widest > max_draft:  # scoring it would extrapolate the draft curve: say so, do not guess
-                note = (f"{name} not scored: it needs a draft forward over {widest} tokens; latency profile "
-                        f"{curve.id!r} measured draft forwards up to {max_draft}")
+            forwards = draft_forwards(tree.level_widths, curve.cost_model)
+            if draft_outside(tree.level_widths, curve.cost_model, min_draft, max_draft):  # would extrapolate c(w)
+                wide = max(forwards) > max_draft
+                note = (f"{name} not scored: it needs a draft forward over {max(forwards) if wide else min(forwards)} "
+                        f"tokens; latency profile {curve.id!r} measured draft forwards "
+                        + (f"up to {max_draft}" if wide else f"from {min_draft}"))
             else:
                 cost = step_cost(tree.level_widths, g, curve, context)
         out.append(BaselineResult(name, params, tree, g, cost, note))
