@@ -411,3 +411,30 @@ def test_a_draft_table_from_a_block_size_skips_the_narrower_trees_instead_of_fai
     assert res["best-first"].cost is None
     assert res["best-first"].note.endswith("needs a draft forward over 1 tokens; latency profile 'synthetic' measured "
                                       "draft forwards from 4")
+
+
+def _level_widths_of(t: tuple) -> list[int]:
+    out, level = [1], [t]
+    while True:
+        level = [c for x in level for c in x]
+        if not level:
+            return out
+        out.append(len(level))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3), st.integers(1, 7), st.integers(1, 6), st.integers(1, 3),
+       st.sampled_from(["per-level", "one-pass"]), st.lists(st.floats(0.0, 2.0), min_size=8, max_size=8),
+       st.lists(st.floats(0.0, 0.4), min_size=8, max_size=8), st.floats(0.0, 1.0))
+def test_hardware_choice_equals_brute_force_tokens_per_second_up_to_7_nodes(raw, n, D, B, cost_model, dt, dc, over):
+    # the cost-aware objective: every tree of <= n nodes, depth <= D, branching <= B, scored by tokens/s under
+    # non-decreasing T(n) and c(w) (per-level and one-pass); the grid covers every budget <= 8 here
+    p = [x / sum(raw) * 0.95 for x in raw] if sum(raw) > 0.95 else raw
+    curve = LatencyCurve.synthetic(dict(zip(range(1, 9), np.cumsum(dt) + 5.0)), dict(zip(range(1, 9), np.cumsum(dc))),
+                                   step_overhead_ms=over, cost_model=cost_model)
+    best = max(step_cost(_level_widths_of(t), _value(t, p), curve).tokens_per_s
+               for m in range(1, n + 1) for t in _plane_trees(m, D, B))
+    ch = choose(p, curve, n, D, B)
+    assert ch.tokens_per_s == pytest.approx(best, rel=1e-9)
+    assert ch.tree.size <= n and ch.tree.tree_depth <= D and ch.tree.max_branching_used <= B
+    assert score_tree(ch.tree, p, curve).tokens_per_s == pytest.approx(best, rel=1e-9)
