@@ -26,6 +26,7 @@ from sequoia_opt.solver import (
 )
 from sequoia_opt.solver.hardware import draft_forwards
 from sequoia_opt.solver.reference import reference_table
+from sequoia_opt.tree import Tree
 
 
 # ---------------------------------------------------------------------------------------------- brute force
@@ -427,10 +428,14 @@ def _level_widths_of(t: tuple) -> list[int]:
        st.sampled_from(["per-level", "one-pass"]), st.lists(st.floats(0.0, 2.0), min_size=8, max_size=8),
        st.lists(st.floats(0.0, 0.4), min_size=8, max_size=8), st.floats(0.0, 1.0))
 def test_hardware_choice_equals_brute_force_tokens_per_second_up_to_7_nodes(raw, n, D, B, cost_model, dt, dc, over):
-    # the cost-aware objective: every tree of <= n nodes, depth <= D, branching <= B, scored by tokens/s under
-    # non-decreasing T(n) and c(w) (per-level and one-pass); the grid covers every budget <= 8 here
+    """The cost-aware objective: every tree of <= n nodes, depth <= D, branching <= B, scored by tokens/s under a
+    non-decreasing T(n); the grid covers every budget <= 8 here. Exact where the step's cost depends on the tree
+    through its size and depth only (choose's docstring): a one-pass drafter's c(n - 1) with any non-decreasing c,
+    a per-level drafter whose c(w) does not grow with w (d forwards at c each). A per-level c(w) that does grow is
+    test_a_steep_per_level_draft_cost_can_favour_a_narrower_tree_than_choose."""
     p = [x / sum(raw) * 0.95 for x in raw] if sum(raw) > 0.95 else raw
-    curve = LatencyCurve.synthetic(dict(zip(range(1, 9), np.cumsum(dt) + 5.0)), dict(zip(range(1, 9), np.cumsum(dc))),
+    draft = np.cumsum(dc) if cost_model == "one-pass" else np.full(8, dc[0])
+    curve = LatencyCurve.synthetic(dict(zip(range(1, 9), np.cumsum(dt) + 5.0)), dict(zip(range(1, 9), draft)),
                                    step_overhead_ms=over, cost_model=cost_model)
     best = max(step_cost(_level_widths_of(t), _value(t, p), curve).tokens_per_s
                for m in range(1, n + 1) for t in _plane_trees(m, D, B))
@@ -438,3 +443,19 @@ def test_hardware_choice_equals_brute_force_tokens_per_second_up_to_7_nodes(raw,
     assert ch.tokens_per_s == pytest.approx(best, rel=1e-9)
     assert ch.tree.size <= n and ch.tree.tree_depth <= D and ch.tree.max_branching_used <= B
     assert score_tree(ch.tree, p, curve).tokens_per_s == pytest.approx(best, rel=1e-9)
+
+
+def test_a_steep_per_level_draft_cost_can_favour_a_narrower_tree_than_choose():
+    """What choose does not claim (its docstring): for a per-level drafter whose c(w) grows with w, the step's cost
+    depends on the tree's level widths, and a narrower tree of the same size and depth than the DP's (which maximises
+    tokens per step) can be faster. A tryout's case: c(2) = 50 c(1), a flat T."""
+    p = [0.6, 0.3]
+    curve = LatencyCurve.synthetic({t: 10.0 for t in range(1, 9)}, {1: 0.1, 2: 5.0, 3: 5.0, 4: 5.0},
+                                   cost_model="per-level")
+    ch = choose(p, curve, 5, 3, 2)
+    assert ch.tree.level_widths == (1, 1, 1) and ch.tokens_per_s == pytest.approx(192.157, abs=1e-3)
+    chain = Tree.from_choices([[0], [0, 0], [0, 0, 0]])  # 4 nodes, depth 3: its DP tree of (4, 3) is wider
+    narrow = Tree.from_choices([[0], [0, 0], [0, 0, 0], [0, 0, 1]])  # widths 1, 1, 1, 2
+    assert score_tree(chain, p, curve).tokens_per_s == pytest.approx(211.262, abs=1e-3)
+    assert score_tree(narrow, p, curve).tokens_per_s == pytest.approx(221.748, abs=1e-3)
+    assert choose(p, curve, 5, 3, 1).tree.level_widths == (1, 1, 1, 1)  # a chain limit finds the chain

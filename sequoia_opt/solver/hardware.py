@@ -348,7 +348,15 @@ def choose(
 ) -> Choice:
     """Pick the budget and depth whose DP-optimal tree maximises predicted tokens per second, the drafter
     charged by the curve's cost model (:func:`step_cost`; a one-pass drafter's single forward over n - 1
-    tokens must lie in the measured draft range, as every per-level forward must).
+    tokens must lie in the measured draft range, as every per-level forward must). This is Sequoia's
+    hardware-aware selection (Chen et al. 2024, section 4.2): the DP maximises tokens per step for each
+    (budget, depth), the curve picks among those trees.
+
+    Exact over every tree within the limits (at the budgets of :func:`budget_grid`) when a step's cost depends
+    on the tree through its size and depth only: a one-pass drafter, or a per-level drafter whose c(w) does not
+    grow with w (a GPU's flat draft forward). A per-level c(w) that grows steeply with w can make a narrower tree
+    of the same size faster than the DP's (c(2) = 50 c(1): a chain), which this selection does not see; the
+    chain baseline of :func:`compare_baselines` shows such a case, and ``max_branching`` 1 solves it.
 
     Args:
         acceptance: p_1..p_K.  budget: largest n considered (nodes incl. root).  max_depth: D.
