@@ -756,3 +756,27 @@ def test_profile_latency_on_llamacpp_refuses_the_decoders_own_options(tmp_path, 
     assert f"--engine llama.cpp times its own forward: drop {dropped} (treeopt's decoder options)" in \
         " ".join(r.output.split())
     assert ("treeopt tune --engine llama.cpp --batches" in r.output) == (dropped == "--batch")
+
+
+@needs_llamacpp
+def test_llamacpp_chain_drafter_catches_up_a_prompt_longer_than_a_batch(tmp_path):
+    """The grown chain's first draft forward catches the draft up on the whole prompt: past ``n_batch`` tokens it
+    goes in chunks (one llama_decode of the 39-token prompt in a 16-token batch was refused), and the output is
+    plain decoding's."""
+    from tiny_pair import noisy_copy
+
+    from sequoia_opt.engines.llamacpp import ChainSetting, LlamaCppModel, generate
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    m, tok = random_model(3, std=0.1, vocab=258), merged_tokenizer()
+    target = write_gguf(tmp_path / "t.gguf", m, tok, outtype="f32")
+    draft = write_gguf(tmp_path / "d.gguf", noisy_copy(m, 0.2, 1), tok, outtype="f32")
+    cfg = dict(n_ctx=128, n_threads=1, n_batch=16, kv_type="f32", flash_attn=False)
+    with LlamaCppModel(target, **cfg) as tm, LlamaCppModel(draft, **cfg) as dm:
+        ids = tm.tokenize("abc, def 42 abc, def 42 ab xyz xyz xyz xyz")
+        assert len(ids) == 39 > tm.n_batch
+        plain = generate(tm, ids, 8).tokens
+        for setting in (ChainSetting(3), ChainSetting(4, 1, 0.2)):
+            spec = generate(tm, ids, 8, draft=dm, setting=setting)
+            assert spec.tokens == plain and len(spec.tokens) == 8
+        assert generate(tm, ids, 8, draft=dm, setting=ChainSetting(3)).steps[0].drafted == 3  # after the catch-up

@@ -300,11 +300,13 @@ class LlamaCppDrafter(Drafter):
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                     nodes: Sequence[int], first: bool) -> torch.Tensor:
         """A chain's next node (a batch of one): with ``first`` the committed tokens it has not seen, ending at the
-        root; else the one node (its token at position ``L + depth``). Returns (1, V) logits."""
+        root (in ``n_batch`` chunks: a long prompt is one catch-up); else the one node (its token at position ``L + depth``). Returns (1, V) logits."""
         m, L = self.model, row.cached
-        if first:
-            pending = row.seq[self.row_cached[0]: L + 1]
-            m.decode(pending, self.row_cached[0], logits=False)
+        if first:  # in n_batch chunks (a long prompt's catch-up exceeds one batch); logits for the root's row
+            start = self.row_cached[0]
+            pending = row.seq[start: L + 1]
+            for s in range(0, len(pending), m.n_batch):
+                m.decode(pending[s: s + m.n_batch], start + s, logits=False)
         else:
             (node,) = nodes
             m.decode([int(tokens[node])], L + int(depth[node]), logits=True)
