@@ -780,3 +780,29 @@ def test_llamacpp_chain_drafter_catches_up_a_prompt_longer_than_a_batch(tmp_path
             spec = generate(tm, ids, 8, draft=dm, setting=setting)
             assert spec.tokens == plain and len(spec.tokens) == 8
         assert generate(tm, ids, 8, draft=dm, setting=ChainSetting(3)).steps[0].drafted == 3  # after the catch-up
+
+
+@needs_llamacpp
+def test_tune_llamacpp_measures_acceptance_on_prompts_past_1024_tokens(tmp_path):
+    """tune --engine llama.cpp measured acceptance in a context of 1024 tokens whatever the prompts: a prompt of
+    1200 tokens (SmolLM2 reads 8192) was refused as past "the model context", after the latency was timed. The
+    context is now the longest prompt and its answer."""
+    from tiny_pair import noisy_copy
+
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    m, tok = random_model(3, std=0.1, vocab=258), merged_tokenizer()
+    target = write_gguf(tmp_path / "t.gguf", m, tok, outtype="f32")
+    draft = write_gguf(tmp_path / "d.gguf", noisy_copy(m, 0.2, 1), tok, outtype="f32")
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "xyz " * 300}) + "\n")
+    assert len(tok.encode("xyz " * 300)) == 1200
+    table = tmp_path / "t.csv"  # T(b, n) given: only the acceptance is measured
+    table.write_text("batch,tokens,target_ms,draft_ms\n" + "".join(
+        f"{b},{n},{10 + b + 0.5 * n},0.5\n" for b in (1, 2) for n in (1, 2, 3)))
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-t", str(target), "--draft", str(draft), "-l",
+                              str(table), "--prompts", str(prompts), "--num-prompts", "1", "--max-new-tokens", "8",
+                              "--threads", "1", "--profiles-dir", str(tmp_path / "prof"), "--json"])
+    assert res.exit_code == 0, res.output
+    (acc,) = (tmp_path / "prof").rglob("acceptance-greedy-llama.cpp-chains.yaml")
+    assert load_acceptance(acc).measured["max_new_tokens"] == 8

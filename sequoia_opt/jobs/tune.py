@@ -1204,13 +1204,15 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
     def measure_acc() -> Any:
         pfile = opts.prompts or demo_prompts_path("profile")
         texts = [p.text for p in load_prompts(pfile, limit=opts.num_prompts)]
-        with LlamaCppModel(pair.target, n_ctx=1024, n_threads=opts.threads) as tm:
-            ids = [tm.tokenize(t) for t in texts]
+        with LlamaCppModel(pair.target, n_ctx=64, n_threads=1) as tk:  # llama.cpp's tokens, to size the context
+            ids = [tk.tokenize(t) for t in texts]
+        n_ctx = max(len(p) for p in ids) + opts.max_new_tokens + 8  # the longest prompt and its answer
+        with LlamaCppModel(pair.target, n_ctx=n_ctx, n_threads=opts.threads) as tm:
             if lookup:
                 conts = [generate(tm, p, opts.max_new_tokens).tokens for p in ids]
                 traces = lookup_traces(ids, conts, tm.n_vocab, spec.lookup_min, spec.lookup_max)
             else:
-                with LlamaCppModel(pair.draft, n_ctx=1024, n_threads=opts.threads) as dm:
+                with LlamaCppModel(pair.draft, n_ctx=n_ctx, n_threads=opts.threads) as dm:
                     _, traces = measure_acceptance(tm, dm, ids, opts.max_new_tokens, progress=progress)
         return acceptance_from_traces(traces, profile_id=f"{slug}_greedy_llama.cpp", target_name=pair.target_label,
                                       draft_name=dlabel, max_depth=want_k, prompts_file=str(pfile),
