@@ -806,3 +806,26 @@ def test_tune_llamacpp_measures_acceptance_on_prompts_past_1024_tokens(tmp_path)
     assert res.exit_code == 0, res.output
     (acc,) = (tmp_path / "prof").rglob("acceptance-greedy-llama.cpp-chains.yaml")
     assert load_acceptance(acc).measured["max_new_tokens"] == 8
+
+
+def test_a_draft_gguf_without_model_metadata_is_refused_naming_the_file(tmp_path):
+    """A GGUF with an architecture and no hyperparameters as --draft: one line, exit 2, naming that file (it said
+    "GGUF metadata lacks 'llama.vocab_size'", which of target and draft unsaid)."""
+    import gguf
+
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    target = write_gguf(tmp_path / "t.gguf", random_model(3, std=0.1, vocab=258), merged_tokenizer(), outtype="f32")
+    meta = tmp_path / "meta.gguf"
+    w = gguf.GGUFWriter(str(meta), "llama")
+    w.add_name("x")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    (tmp_path / "c.txt").write_text("--spec-draft-n-max 2\n")
+    res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--tree", str(tmp_path / "c.txt"), "-t", str(target),
+                              "--draft", str(meta), "--results-dir", str(tmp_path / "res")])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"{meta}: GGUF metadata lacks 'llama.vocab_size'" in lines[0], res.output

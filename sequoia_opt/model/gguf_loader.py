@@ -312,8 +312,13 @@ def config_from_gguf(reader: "GGUFReader", name: str | None = None) -> ModelConf
 
 
 def load_gguf_config(path: str | os.PathLike) -> ModelConfig:
-    """:func:`config_from_gguf` for a file path (metadata only)."""
-    return config_from_gguf(open_gguf(path), name=None)
+    """:func:`config_from_gguf` for a file path (metadata only). Raises CheckpointError naming ``path`` (a
+    command reads two GGUFs, target and draft: "lacks 'llama.vocab_size'" alone did not say which)."""
+    reader = open_gguf(path)
+    try:
+        return config_from_gguf(reader, name=None)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from None
 
 
 def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
