@@ -61,7 +61,7 @@ from .errors import TreeoptError
 from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_rules
 
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
-           "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "trtllm_draft_len",
+           "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "check_llamacpp_slots", "trtllm_draft_len",
            "vllm_draft_len", "sglang_steps", "looks_like_engine_settings",
            "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "TRTLLM_DYNAMIC_TREE_LINES",
            "TRTLLM_LAST_CHECKED_LINE", "SGLANG_TIER_RELEASES",
@@ -106,6 +106,9 @@ LLAMACPP_RELEASE = "llama.cpp 0c1e570 (vendored by llama-cpp-python 0.3.36)"
 LLAMACPP_COMMIT = "0c1e570"
 LLAMACPP_SPELLING_PRS = ("ggml-org/llama.cpp#22397", "ggml-org/llama.cpp#22964")
 LLAMACPP_DEFAULT_DRAFT = 3
+#: The most sequences a llama.cpp context holds (``LLAMA_MAX_SEQ``, ``src/llama-cparams.h``): ``llama-server -np``
+#: past it does not start (the vendored library refuses such a context: "n_seq_max must be <= 256").
+LLAMACPP_MAX_SEQ = 256
 
 
 #: Where each engine reports the mean acceptance length (tokens per step per request: accepted drafts + 1), what
@@ -706,6 +709,18 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
 
 
 # ---------------------------------------------------------------------------------------------- llama.cpp
+def check_llamacpp_slots(batch: int) -> None:
+    """Refuse a batch size past the slots llama-server can run (``-np`` at most :data:`LLAMACPP_MAX_SEQ`).
+
+    Raises:
+        PlanExportError: ``batch`` > :data:`LLAMACPP_MAX_SEQ`.
+    """
+    if batch > LLAMACPP_MAX_SEQ:
+        raise PlanExportError(f"batch size {batch} would be llama-server -np {batch}: llama.cpp runs at most "
+                              f"{LLAMACPP_MAX_SEQ} sequences (LLAMA_MAX_SEQ) and does not start with more; solve batch "
+                              f"sizes up to {LLAMACPP_MAX_SEQ} (--batches, --max-batch)")
+
+
 def check_llamacpp_release(release: str | None) -> None:
     """Refuse a llama.cpp ``release`` other than the commit the flags were read at (:data:`LLAMACPP_COMMIT`).
 
@@ -738,6 +753,7 @@ def _export_llamacpp(ranges, release, method, lookup, model=None):
     lines = []
     notes = ["llama-server runs one setting for all its slots: use the line of the -np you serve with"]
     for lo, hi, s in ranges:
+        check_llamacpp_slots(hi)
         if s.shape not in ("none", "chain"):
             raise PlanExportError(f"llama.cpp verifies chains; batch sizes {lo}-{hi} want {s.label}")
         if not s.speculates:

@@ -2827,3 +2827,23 @@ def test_the_headline_says_where_the_exported_ranges_stop_speculating(tmp_path):
     assert doc["summary"]["speculation"] == ("stops paying above batch 8 (measured; the settings speculate up to "
                                              "batch 63: batch 64, the next size solved, runs none; solve sizes "
                                              "between to place the switch)")
+
+
+def test_tune_llamacpp_refuses_more_slots_than_llamacpp_runs(tmp_path):
+    """A T(b, n) table up to batch 512 gave "llama-server ... -np 512": llama.cpp holds at most 256 sequences
+    (LLAMA_MAX_SEQ) and that server does not start. Refused in one line before anything is measured or written;
+    up to 256 the line's -np is the range's end."""
+    _, acc = _files(tmp_path)
+    table = _table(tmp_path / "wide.csv", (1, 64, 512), range(1, 6), lambda b, n: 10 + 0.05 * b + 0.5 * n * (1 + b / 64))
+    out = tmp_path / "flags.txt"
+    for extra in ([], ["--batches", "1,64", "--max-batch", "257"]):
+        res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-l", str(table), "-a", str(acc), "-o", str(out),
+                                  *extra])
+        assert res.exit_code == 2, res.output
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "llama.cpp runs at most 256 sequences (LLAMA_MAX_SEQ)" in lines[0], res.output
+        assert not out.exists()
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-l", str(table), "-a", str(acc), "--batches", "1,64",
+                              "--max-batch", "256", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["settings"]["data"]["per_range"][-1]["np"] == 256

@@ -172,7 +172,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             unsupported ``draft``.
     """
     from ..jobs.load import parse_drafter_spec
-    from ..plan_exports import _version, check_llamacpp_release
+    from ..plan_exports import _version, check_llamacpp_release, check_llamacpp_slots
     from ..solver.schedule import check_chain_acceptance_model, check_min_gain, check_output_tokens
 
     opts.engine = _engine(opts.engine)
@@ -243,6 +243,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             _version(opts.release, opts.engine)
     elif opts.engine == "llama.cpp":
         check_llamacpp_release(opts.release)  # before minutes of measuring
+        check_llamacpp_slots(max([*opts.batches, opts.max_batch or 1]))  # the last range's -np
     elif opts.release is not None and opts.engine == "treeopt":
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
     if opts.model is not None and not str(opts.model).strip():  # it was written into the engine's config as is
