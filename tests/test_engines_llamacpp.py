@@ -829,3 +829,29 @@ def test_a_draft_gguf_without_model_metadata_is_refused_naming_the_file(tmp_path
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and f"{meta}: GGUF metadata lacks 'llama.vocab_size'" in lines[0], res.output
+
+
+@needs_llamacpp
+def test_run_llamacpp_refuses_a_setting_the_profiles_cannot_price_before_decoding(tmp_path, monkeypatch):
+    """run --engine llama.cpp with -a / -l priced the settings after decoding every prompt with every setting: a
+    chain longer than the latency profile timed was refused only then, the decoding lost. Now before it."""
+    import sequoia_opt.engines.llamacpp as llamacpp_engine
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    m, tok = random_model(3, std=0.1, vocab=258), merged_tokenizer()
+    target = write_gguf(tmp_path / "t.gguf", m, tok, outtype="f32")
+    lat = save_latency(tmp_path / "lat.yaml", LatencyCurve.from_dict(_curve_doc({"name": "llama.cpp"},
+                                                                              target=(10.0, 14.0, 18.0))))
+    acc = tmp_path / "acc.yaml"
+    acc.write_text(yaml.safe_dump(_acc(0.6, 0.4).to_dict()))
+    (tmp_path / "c5.txt").write_text("--spec-draft-n-max 5\n")
+    calls = []
+    monkeypatch.setattr(llamacpp_engine, "run_settings", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(
+        AssertionError("decoded")))
+    res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--tree", str(tmp_path / "c5.txt"), "-t", str(target),
+                              "--draft", str(target), "-a", str(acc), "-l", str(lat), "--results-dir",
+                              str(tmp_path / "res")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "at 6 tokens would extrapolate past the largest measured count 3" in lines[0], res.output
+    assert calls == [] and not (tmp_path / "res").exists()

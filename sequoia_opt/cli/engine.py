@@ -290,7 +290,7 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
 
     from .._io import create_files, new_run_id
     from ..engines import engine_mismatch, require_engine
-    from ..engines.llamacpp import (LlamaCppModel, parse_setting_file, predict_chain, resolve_pair,
+    from ..engines.llamacpp import (ChainSetting, LlamaCppModel, parse_setting_file, predict_chain, resolve_pair,
                                     run_settings)
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
     from ..prompts import demo_prompts_path, encode_prompts, load_prompts
@@ -313,6 +313,9 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
     settings = [(p.stem, parse_setting_file(p)) for p in tree]
     acc = load_acceptance(acceptance[0]) if acceptance else None
     curve = load_latency(latency[0]) if latency else None
+    # the predictions read only the profiles: a setting they cannot price is refused before any decoding
+    preds = ([predict_chain(st, acc, curve) for st in [ChainSetting(0)] + [st for _, st in settings]]
+             if (acc is not None and curve is not None) else [None] * (1 + len(settings)))
     require_engine("llama.cpp")
     plist = load_prompts(prompts if prompts is not None else demo_prompts_path("eval"), limit=num_prompts)
     n_threads = threads or os.cpu_count() or 1
@@ -337,8 +340,7 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
     from ..solver.intervals import PromptSpread, spread_metadata
     from ..tree import Tree
 
-    for r in [plain] + runs:
-        pred = predict_chain(r.setting, acc, curve) if (acc is not None and curve is not None) else None
+    for r, pred in zip([plain] + runs, preds):
         speedup = r.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None
         spread = spread_metadata(Tree.chain(r.setting.n_max + 1), acc, "auto", pred, len(ids)) if pred else {}
         pi = (PromptSpread.from_dict(spread["speedup_spread"]).prediction_interval(len(ids))
