@@ -881,10 +881,13 @@ def chain_flags(setting: ChainSetting) -> str:
             f"--spec-draft-p-min {setting.p_min:g}")
 
 
-def lookup_flags(min_n: int, n_max: int) -> str:
-    """Prompt lookup (n-gram) as llama.cpp's ``ngram-simple``: match an n-gram of ``min_n`` tokens, draft the
-    ``n_max`` tokens that followed it."""
-    return f"--spec-type ngram-simple --spec-ngram-simple-size-n {min_n} --spec-ngram-simple-size-m {n_max}"
+def lookup_flags(size_n: int, n_max: int) -> str:
+    """Prompt lookup (n-gram) as llama.cpp's ``ngram-simple``: match an n-gram of ``size_n`` tokens, draft the
+    ``n_max`` tokens that followed it. ``--spec-draft-n-max`` is pinned to ``n_max`` too: llama.cpp trims an
+    n-gram draft to the slot's draft n-max (``common_speculative_limit_result`` in ``common/speculative.cpp``),
+    16 unless set, so a size-m past 16 alone drafted 16."""
+    return (f"--spec-type ngram-simple --spec-ngram-simple-size-n {size_n} --spec-ngram-simple-size-m {n_max} "
+            f"--spec-draft-n-max {n_max}")
 
 
 #: The longest draft a llama.cpp setting file may ask for (tokens).

@@ -38,7 +38,8 @@ constants below say where); the tests encode them (``tests/test_plan_exports.py`
     envelope with topk > 1) runs one static setting per server: the export lists the flags per batch range.
 ``llama.cpp`` — ``llama-server -np B`` (B slots: the batch) with ``--spec-type draft-simple --spec-draft-n-max K
     --spec-draft-n-min 0 --spec-draft-p-min 0``, or ``--spec-type ngram-simple --spec-ngram-simple-size-n N
-    --spec-ngram-simple-size-m K`` for n-grams; one setting per server, so one line per batch range (flags of
+    --spec-ngram-simple-size-m K --spec-draft-n-max K`` for n-grams (n-max pinned: llama.cpp trims an n-gram draft
+    to it); one setting per server, so one line per batch range (flags of
     the llama.cpp vendored by llama-cpp-python 0.3.36, commit 0c1e570: ``common/arg.cpp``; ``--spec-draft-n-max``
     must be >= 0, the n-gram sizes in 1..1024, ``-np`` non-zero).
 ``treeopt`` — the ``treeopt-schedule/1`` file itself (``treeopt run --policy schedule:FILE``).
@@ -58,6 +59,7 @@ from packaging.version import InvalidVersion, Version
 
 from ._io import safe_load_yaml
 from .errors import TreeoptError
+from .exports import lookup_flags
 from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_rules
 
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
@@ -762,7 +764,7 @@ def _export_llamacpp(ranges, release, method, lookup, model=None):
             n = int((lookup or (1, 3))[1])
             if not 1 <= n <= 1024 or not 1 <= s.draft_tokens <= 1024:
                 raise PlanExportError("llama.cpp's n-gram sizes must lie in 1..1024")
-            flags = f"--spec-type ngram-simple --spec-ngram-simple-size-n {n} --spec-ngram-simple-size-m {s.draft_tokens}"
+            flags = lookup_flags(n, s.draft_tokens)
         else:
             flags = (f"--spec-type {spec_type} --spec-draft-n-max {s.draft_tokens} --spec-draft-n-min 0 "
                      "--spec-draft-p-min 0")

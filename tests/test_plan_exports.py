@@ -262,8 +262,11 @@ def test_llamacpp_one_line_per_range():
     # one n-gram size: the longest of the profiled lookup, as solve --format llama.cpp writes it (tune wrote the
     # shortest)
     ng = export_plan(PLANS["one"], "llama.cpp", method="ngram", lookup=(3, 5))
+    # --spec-draft-n-max pinned: llama.cpp trims an n-gram draft to it (16 unless set)
     assert ng.data["per_range"][0]["flags"] == "-np 32 --spec-type ngram-simple --spec-ngram-simple-size-n 5 " \
-                                               "--spec-ngram-simple-size-m 3"
+                                               "--spec-ngram-simple-size-m 3 --spec-draft-n-max 3"
+    long = export_plan(PLANS["one"], "llama.cpp", method="ngram", lookup=(1, 3))
+    assert long.data["per_range"][0]["flags"].endswith("--spec-ngram-simple-size-m 3 --spec-draft-n-max 3")
     assert any("size-n 5, the longest of the profiled lookup 3-5" in n for n in ng.notes)
     assert "0c1e570" in e.releases and "-md" not in ng.text
     # the drafter named where one is loaded: --model, and no drafter on a line that does not speculate
