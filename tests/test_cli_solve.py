@@ -522,3 +522,19 @@ def test_plot_says_when_its_profiles_are_of_another_pair_than_the_run(tmp_path):
     warnings = json.loads(r.stdout)["warnings"]
     assert any(f"was measured with target {measured['target']!r}, but this run uses 'another-target'" in w
                for w in warnings), warnings
+
+
+def test_solve_batch_refuses_the_options_it_had_dropped(tmp_path):
+    """solve --batch took --width 3 against a profile of 8 entries, --policy and --plan graft, and printed the very
+    table it prints without them (exit 0): the width check and the two other modes' options were dropped unsaid."""
+    tbn = str(EXAMPLES / "tbn-roofline.csv")
+    base = ["solve", "-a", ACC, "-l", tbn, "--batch", "1,4", "--budget", "8", "--max-depth", "4"]
+    out = tmp_path / "plan.yaml"
+    for args, message in ((["--width", "3"], "has 8 entries but --width 3 was asked for"),
+                          (["--policy", "eagle"], "per batch size: drop --policy"),
+                          (["--plan", "graft"], "per batch size: drop --plan")):
+        r = runner.invoke(app, [*base, "-o", str(out), *args])
+        assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.output, r.output
+        assert len([ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]) == 1 and not out.exists()
+    r = runner.invoke(app, [*base, "--width", "8", "-o", str(out)])  # the profile's own width: solved as before
+    assert r.exit_code == 0 and out.is_file(), r.output

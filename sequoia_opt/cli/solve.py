@@ -143,6 +143,9 @@ def solve(
         if dynamic is not None or pair_acceptance is not None or compare:
             raise SolverError("--batch solves one drafter's static tree per batch size: drop --dynamic, "
                               "--pair-acceptance and --compare")
+        given = [k for k, v in (("--policy", policy is not None), ("--plan", plan != "auto")) if v]
+        if given:  # the dynamic rules and the grafted plan have no batch table: they were dropped without a word
+            raise SolverError(f"--batch solves one drafter's static tree per batch size: drop {', '.join(given)}")
         if not acceptance or len(acceptance) > 1 or (latency and len(latency) > 1):
             raise SolverError("--batch takes one --acceptance and one --latency profile")
         from .solve_batch import solve_batch
@@ -151,7 +154,8 @@ def solve(
                     budget=SINGLE_DEFAULTS["budget"] if budget is None else budget,  # lowered per batch size there
                     max_depth=SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth,
                     max_branching=SINGLE_DEFAULTS["max_branching"] if max_branching is None else max_branching,
-                    context=context, output=output, fmt=fmt, acceptance_model=acceptance_model, as_json=as_json)
+                    context=context, output=output, fmt=fmt, acceptance_model=acceptance_model, width=width,
+                    as_json=as_json)
         return
     from .engine import is_llamacpp_format
 

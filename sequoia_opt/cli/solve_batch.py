@@ -21,8 +21,9 @@ ENGINE_FORMATS = ("sglang", "vllm", "tensorrt-llm", "medusa")
 
 def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget: int, max_depth: int,
                 max_branching: int, context: Optional[int], output: Optional[Path], fmt: Optional[str],
-                acceptance_model: str, as_json: bool) -> None:
-    """Every check first (one line, exit 2), then one :func:`choose` per batch size, the table and the plan."""
+                acceptance_model: str, as_json: bool, width: Optional[int] = None) -> None:
+    """Every check first (one line, exit 2), then one :func:`choose` per batch size, the table and the plan.
+    ``width``: the entries the acceptance profile must have (``--width``), or None."""
     from .. import exports
     from ..profiles import load_acceptance, warn_on_mismatch
     from ..jobs.tune import load_given_latency
@@ -51,6 +52,8 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     for b in batches:
         prof.curve(b)  # refuses a batch size the profile did not measure, before solving
     acc = load_acceptance(acceptance)
+    if width is not None and acc.width != width:
+        raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
     sol, model_used = solve_profile(acc, budget, max_depth, max_branching, acceptance_model)
     p = acc.acceptance
     chs = choose_per_batch(p, prof, batches, budget, max_depth, max_branching, context=context, solution=sol)
