@@ -437,3 +437,36 @@ def test_run_refuses_a_dynamic_setting_past_the_free_memory_before_loading_model
     _one_line_error(r, "eagle:s3-k64-n32: one step needs about 130.2 MiB (8,257 candidate nodes: a 8,257 x 8,257 "
                        "ancestor matrix, and draft distributions over 257 tokens), more than the 64.0 MiB free on cpu")
     assert loads == [] and not (tmp_path / "res").exists()
+
+
+def test_solve_dynamic_static_tree_follows_the_options_of_solve(files, tmp_path):
+    """solve --dynamic -a dropped --acceptance-model, --max-branching and --width (its static row solved by-depth at
+    branching 32 whatever was asked, against a profile of any width), and took --compare and --plan, which it has
+    nothing to do with, printing the same table: each now shapes the static tree as solve's, or is refused."""
+    cal, lat = files
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("format: treeopt-acceptance/1\nid: runs\nmeasured: {mode: greedy, positional_consistent: false}\n"
+                   "acceptance: [0.5, 0.1, 0.05]\nacceptance_by_depth:\n  1: [0.3, 0.1, 0.05]\n"
+                   "  2: [0.8, 0.05, 0.02]\n")
+    for args in (["--acceptance-model", "positional"], ["--max-branching", "1"]):
+        r = invoke("solve", "-a", acc, "-l", lat, "--budget", "8", "--json", *args)
+        assert r.exit_code == 0, r.output
+        solved = json.loads(r.stdout)
+        r = invoke("solve", "--dynamic", cal, "-a", acc, "-l", lat, "--json", *args)
+        assert r.exit_code == 0, r.output
+        static = json.loads(r.stdout)["static"]
+        assert static["acceptance_model"] == solved["acceptance_model"]
+        assert static["choices"] == solved["tree"]["choices"]
+        assert static["speedup"] == pytest.approx(solved["choice"]["speedup"], rel=1e-12)
+    assert static["acceptance_model"] == "by-depth" and len(static["choices"]) > 1
+    assert all(c[-1] == 0 for c in static["choices"])  # --max-branching 1: a chain
+    r = invoke("solve", "--dynamic", cal, "-a", acc, "-l", lat, "--json", "--acceptance-model", "positional")
+    assert json.loads(r.stdout)["static"]["acceptance_model"] == "positional"
+    _one_line_error(invoke("solve", "--dynamic", cal, "-a", acc, "-l", lat, "--width", "8"),
+                    "has 3 entries but --width 8 was asked for")
+    _one_line_error(invoke("solve", "--dynamic", cal, "-a", acc, "-l", lat, "--acceptance-model", "bogus"),
+                    "unknown --acceptance-model 'bogus'")
+    for args in (["--compare"], ["--plan", "graft"]):
+        _one_line_error(invoke("solve", "--dynamic", cal, "-l", lat, *args), f"drop {args[0]}")
+    for args in (["--width", "3"], ["--max-branching", "2"], ["--acceptance-model", "positional"]):
+        _one_line_error(invoke("solve", "--dynamic", cal, "-l", lat, *args), f"{args[0]} shape the static DP tree")

@@ -173,10 +173,19 @@ def solve(
     if dynamic is not None:
         if pair_acceptance is not None:
             raise SolverError("--dynamic and --pair-acceptance solve different things: give one")
+        given = [k for k, v in (("--compare", compare), ("--plan", plan != "auto")) if v]
+        if given:  # no baselines, no grafted plan: they were dropped without a word
+            raise SolverError(f"--dynamic scores dynamic-tree settings: drop {', '.join(given)}")
+        given = [k for k, v in (("--width", width is not None), ("--max-branching", max_branching is not None),
+                                ("--acceptance-model", acceptance_model != "auto")) if v]
+        if given and not acceptance:
+            raise SolverError(f"with --dynamic, {', '.join(given)} shape the static DP tree -a adds: add -a "
+                              "ACCEPTANCE.yaml (or drop them)")
         from .solve_dynamic import solve_dynamic
 
         solve_dynamic(dynamic, latency, acceptance, budget=budget, max_depth=max_depth, policies=policy,
-                      context=context, output=output, fmt=fmt, as_json=as_json)
+                      context=context, output=output, fmt=fmt, as_json=as_json, max_branching=max_branching,
+                      acceptance_model=acceptance_model, width=width)
         return
     if policy is not None:
         raise SolverError("--policy chooses dynamic rules: add --dynamic CALIBRATION.yaml (or drop --policy)")

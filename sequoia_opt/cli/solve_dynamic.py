@@ -18,10 +18,13 @@ from .render import render, report_console
 
 def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: Optional[list[Path]], *,
                   budget: Optional[int], max_depth: Optional[int], policies: Optional[str], context: Optional[int],
-                  output: Optional[Path], fmt: Optional[str], as_json: bool) -> None:
+                  output: Optional[Path], fmt: Optional[str], as_json: bool, max_branching: Optional[int] = None,
+                  acceptance_model: str = "auto", width: Optional[int] = None) -> None:
     """``treeopt solve --dynamic CALIBRATION``: every dynamic-tree setting of the grid predicted from the
     calibration profile (tokens per step) and the latency curve (ms), the best per policy chosen and written as a
-    ``treeopt-dynamic/1`` setting or an engine's flags. Raises TreeoptError / SolverError (one line, exit 2)."""
+    ``treeopt-dynamic/1`` setting or an engine's flags. ``max_branching`` (default 32), ``acceptance_model`` and
+    ``width`` (the entries the -a profile must have) shape the static DP tree ``acceptance`` adds, as
+    ``treeopt solve`` would solve it. Raises TreeoptError / SolverError (one line, exit 2)."""
     from .. import exports
     from ..profiles.calibration import calibration_warnings, load_calibration, same_pair
     from ..dynamic import POLICY_NAMES
@@ -52,9 +55,16 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         raise SolverError(f"--budget counts the root: a dynamic tree needs at least 2 nodes, got {budget}")
     if max_depth is not None and max_depth < 1:
         raise SolverError(f"--max-depth must be at least 1, got {max_depth}")
+    if max_branching is not None and max_branching < 1:
+        raise SolverError(f"--max-branching must be at least 1, got {max_branching}")
+    from ..solver.depth import check_acceptance_model
+
+    check_acceptance_model(acceptance_model)
     cal = load_calibration(calibration)
     curve = load_latency(latency[0])
     acc = load_acceptance(acceptance[0]) if acceptance else None
+    if acc is not None and width is not None and acc.width != width:
+        raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
     same_pair(cal, curve, acc)
     report = Report(title="treeopt solve --dynamic")
     report.warnings.extend(calibration_warnings(cal, acc=acc))
@@ -85,8 +95,9 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
         from ..solver.depth import solve_profile
         from ..solver.hardware import SINGLE_DEFAULTS
 
-        depth, branching = max_depth or SINGLE_DEFAULTS["max_depth"], SINGLE_DEFAULTS["max_branching"]
-        sol, static_model = solve_profile(acc, limit, depth, branching)
+        depth = max_depth or SINGLE_DEFAULTS["max_depth"]
+        branching = max_branching or SINGLE_DEFAULTS["max_branching"]
+        sol, static_model = solve_profile(acc, limit, depth, branching, acceptance_model)
         static = choose(acc.acceptance, curve, limit, depth, branching, context=context, solution=sol)
     for r in sorted(shown.values(), key=lambda r: -r.tokens_per_s):
         s = r.setting
