@@ -470,3 +470,19 @@ def test_solve_dynamic_static_tree_follows_the_options_of_solve(files, tmp_path)
         _one_line_error(invoke("solve", "--dynamic", cal, "-l", lat, *args), f"drop {args[0]}")
     for args in (["--width", "3"], ["--max-branching", "2"], ["--acceptance-model", "positional"]):
         _one_line_error(invoke("solve", "--dynamic", cal, "-l", lat, *args), f"{args[0]} shape the static DP tree")
+
+
+def test_run_refuses_a_dynamic_tree_of_a_drafter_without_probabilities_by_its_name(workdir, tmp_path):
+    """run --draft lookup --policy dynamic:... said "drafter 'draft' has no draft probabilities", naming a drafter
+    the run did not have, after loading the models; --dynamic refused it after loading too. Both now name it, first."""
+    _, _, _, prompts = workdir
+    missing = tmp_path / "no-such-model"  # refused before any model is read
+    for args in (["--policy", "dynamic:eagle:steps=2,topk=2,budget=4", "--tree", tmp_path / "t.yaml"],
+                 ["--dynamic", "eagle:steps=2,topk=2,budget=4"]):
+        if "--tree" in args:
+            (tmp_path / "t.yaml").write_text("[[0], [0, 0]]\n")
+        r = invoke("run", *args, "--draft", "lookup", "--target", missing, "--prompts", prompts,
+                   "--results-dir", tmp_path / "res")
+        _one_line_error(r, "drafter 'lookup:1-3' has no draft probabilities")
+        assert "'draft'" not in r.stderr
+    assert not (tmp_path / "res").exists()

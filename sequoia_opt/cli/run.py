@@ -275,6 +275,10 @@ def run_cmd(
     acceptance_path = acceptance[0] if acceptance else None
     latency_path = latency[0] if latency else None
     spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails before anything is read
+    if (dyn or pkind.name == "dynamic") and spec is not None and not spec.entry.has_probs:
+        # refused here, by its own name (the policy built later named every drafter 'draft'), before models load
+        raise TreeoptError(f"drafter {spec.label!r} has no draft probabilities: a dynamic tree (--dynamic, --policy "
+                           "dynamic) is chosen from them; use a draft model, self:L or a feature head")
     entries = [_load_tree_entry(p) for p in tree]
     if own is not None:  # the plan's row: named after its file, the tree it serves at batch 1 as its topology
         from ..jobs.run import TreeEntry
