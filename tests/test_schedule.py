@@ -2847,3 +2847,34 @@ def test_tune_llamacpp_refuses_more_slots_than_llamacpp_runs(tmp_path):
                               "--max-batch", "256", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["settings"]["data"]["per_range"][-1]["np"] == 256
+
+
+def test_tune_refuses_measuring_options_where_nothing_is_measured(tmp_path):
+    """tune --engine vllm -l T -a A --num-prompts 3 --threads 4 --rounds 5 (and treeopt with both profiles given)
+    printed the very plan it printed without them, exit 0: options that only shape a measurement tune does not
+    make were taken and changed nothing. Now one line names them; at their defaults they pass."""
+    table = tmp_path / "t.csv"
+    table.write_text("batch,tokens,target_ms\n" + "".join(f"{b},{n},{10 * b + n}\n" for b in (1, 2) for n in range(1, 6)))
+    base = ["tune", "-l", str(table), "-a", str(EXAMPLE_ACC), "--refine", "0"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f():"}\n')
+    cases = ((["--engine", "vllm", "--num-prompts", "3", "--threads", "4"], "--num-prompts, --threads shape what tune "
+              "measures, and --engine vllm measures nothing here (it reads the profiles given): drop --num-prompts, "
+              "--threads"),
+             (["--engine", "sglang", "--prompts", str(prompts)], "--prompts shapes what tune measures"),
+             (["--engine", "treeopt", "--max-new-tokens", "9"], "what --acceptance gives is read instead: drop "
+              "--max-new-tokens"),
+             (["--engine", "treeopt", "--rounds", "5", "--num-prompts", "3"], "what --acceptance and --latency give "
+              "is read instead: drop --num-prompts, --rounds"))
+    for args, message in cases:
+        res = runner.invoke(app, [*base, *args])
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert res.exit_code == 2 and len(lines) == 1 and message in lines[0], res.output
+    res = runner.invoke(app, [*base, "--engine", "vllm", "--num-prompts", "8", "--rounds", "2", "--json"])
+    assert res.exit_code == 0, res.output  # the defaults, spelt out: taken
+    from sequoia_opt.jobs.tune import check_options
+
+    # treeopt's --threads and --prompts name how the plan is served (its check command): taken with both profiles
+    opts = check_options(TuneOptions(engine="treeopt", latency=table, acceptance=EXAMPLE_ACC, threads=2,
+                                     prompts=prompts, refine=0))
+    assert (opts.threads, opts.prompts) == (2, prompts)

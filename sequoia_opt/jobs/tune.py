@@ -169,7 +169,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
             refuses on its face (not a version); ``min_gain`` outside [0, 10);
             ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; a bad or
-            unsupported ``draft``.
+            unsupported ``draft``; a measuring option where nothing it shapes is measured (:func:`_check_nothing_measured`).
     """
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import _version, check_llamacpp_release, check_llamacpp_slots
@@ -246,6 +246,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         check_llamacpp_slots(max([*opts.batches, opts.max_batch or 1]))  # the last range's -np
     elif opts.release is not None and opts.engine == "treeopt":
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
+    _check_nothing_measured(opts)
     if opts.model is not None and not str(opts.model).strip():  # it was written into the engine's config as is
         raise TreeoptError("--model is blank: name the drafter checkpoint the engine loads (a path or a hub id), "
                            "or drop --model")
@@ -266,6 +267,30 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             raise TreeoptError(f"--acceptance-model replay: --draft {spec.label} reads the target's features and "
                                "cannot be teacher-forced, so no chain traces can be measured for it")
     return opts
+
+
+def _check_nothing_measured(opts: TuneOptions) -> None:
+    """Refuse the options that only shape a measurement tune will not make (they were taken and changed nothing):
+    ``num_prompts`` / ``max_new_tokens`` where the acceptance is given, ``rounds`` where the latency is, and with a GPU
+    engine (which measures nothing here) those and ``prompts`` / ``threads`` too. An option at its default passes.
+
+    Raises:
+        TreeoptError: one line naming the options and why nothing reads them.
+    """
+    default = TuneOptions(engine=opts.engine)
+    gpu = opts.engine in GPU_ENGINES
+    shaped = (("--num-prompts", "num_prompts", gpu or opts.acceptance is not None),
+              ("--max-new-tokens", "max_new_tokens", gpu or opts.acceptance is not None),
+              ("--rounds", "rounds", gpu or opts.latency is not None),
+              ("--prompts", "prompts", gpu), ("--threads", "threads", gpu))
+    idle = [flag for flag, name, unused in shaped if unused and getattr(opts, name) != getattr(default, name)]
+    if not idle:
+        return
+    given = " and ".join(dict.fromkeys("--latency" if f == "--rounds" else "--acceptance" for f in idle))
+    why = (f"--engine {opts.engine} measures nothing here (it reads the profiles given)" if gpu
+           else f"what {given} give{'s' if ' and ' not in given else ''} is read instead")
+    raise TreeoptError(f"{', '.join(idle)} shape{'s' if len(idle) == 1 else ''} what tune measures, and {why}: "
+                       f"drop {', '.join(idle)}")
 
 
 # ---------------------------------------------------------------------------------------------- acceptance
