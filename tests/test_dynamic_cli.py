@@ -325,6 +325,8 @@ def test_profile_acceptance_calibration_writes_a_loadable_profile(workdir, files
     (["--calibration-steps", "3"], "add --calibration"),
     (["--calibration", "--calibration-steps", "30", "--calibration-topk", "50"], "has 72551 nodes"),
     (["--calibration", "--width", "4"], "the calibration's recording tree is --calibration-topk"),
+    # taken, and the calibration printed no prompts-needed line for it (exit 0)
+    (["--calibration", "--interval-width", "0.1"], "drop --interval-width"),
 ])
 def test_profile_calibration_bad_options(workdir, tmp_path, args, fragment):
     root, target, draft, prompts = workdir

@@ -87,6 +87,9 @@ def profile_acceptance(
         if (width, depth) != (8, 4):
             raise TreeoptError("--width / --depth shape the positional measurement; the calibration's recording tree "
                                "is --calibration-topk / --calibration-steps")
+        if interval_width != 0.05:  # the calibration prints no prompts-needed line: it was dropped unsaid
+            raise TreeoptError("--interval-width sizes the positional measurement's intervals of p_1; the calibration "
+                               "reports its reliability table's own intervals: drop --interval-width")
         from ..profiling.calibration import recording_setting
 
         try:
