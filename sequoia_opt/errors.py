@@ -30,6 +30,27 @@ class DecodingError(TreeoptError):
     """Decoding was asked to do something impossible (tree wider than the vocabulary, cache overflow, ...)."""
 
 
+class PromptError(DecodingError):
+    """One prompt of a list cannot be decoded (past the context with its answer, a token outside the vocabulary),
+    found when every request is checked before the first timed forward. The message reads ``prompt 3 of 8 (600
+    tokens): <why>``; a caller that knows where the prompt came from prefixes its ``path:line``
+    (:meth:`located`).
+
+    Attributes:
+        index: the prompt's 0-based index in the list.  total: the list's length.  tokens: its length (tokens).
+    """
+
+    def __init__(self, index: int, total: int, tokens: int, why: str) -> None:
+        super().__init__(f"prompt {index + 1} of {total} ({tokens} tokens): {why}")
+        self.index, self.total, self.tokens, self.why = int(index), int(total), int(tokens), str(why)
+
+    def located(self, where: str) -> "PromptError":
+        """The same refusal, prefixed by where the prompt came from (``path:line``, or the file)."""
+        err = PromptError(self.index, self.total, self.tokens, self.why)
+        err.args = (f"{where}: {self}",)
+        return err
+
+
 class OutputError(TreeoptError):
     """An output file cannot be written (a directory or device in the way, no permission, a missing disk)."""
 

@@ -376,6 +376,18 @@ def test_a_template_refusing_a_prompt_names_the_line(tmp_path):
                              "roles must alternate"
 
 
+def test_a_prompt_error_keeps_its_index_and_is_located_by_the_caller():
+    """The CLI named a refused prompt's file and line by parsing 'prompt 3 of 8 ...' out of the message; the error
+    carries the index instead, and locating it keeps the type and the figures."""
+    from sequoia_opt.errors import DecodingError, PromptError
+
+    err = PromptError(2, 8, 600, "too long")
+    assert str(err) == "prompt 3 of 8 (600 tokens): too long" and isinstance(err, DecodingError)
+    at = err.located("p.jsonl:5")
+    assert str(at) == "p.jsonl:5: prompt 3 of 8 (600 tokens): too long"
+    assert isinstance(at, PromptError) and (at.index, at.total, at.tokens, at.why) == (2, 8, 600, "too long")
+
+
 @pytest.mark.parametrize("mode", [[], ["--chains"], ["--calibration"]])
 def test_a_prompt_past_the_context_is_named_by_its_file_and_line(tmp_path, mode):
     """profile acceptance refused a prompt longer than the target's context as "prompt 2 of 2 (...)" with no file

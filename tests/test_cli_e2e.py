@@ -665,7 +665,7 @@ def test_a_results_folder_that_takes_no_file_is_refused_before_the_run(tmp_path,
 
 
 def test_a_prompt_too_long_for_the_context_is_refused_naming_its_file(workdir, tmp_path):
-    """'prompt 1 of 1 (600 tokens): ...' did not say which file the prompt was in."""
+    """'prompt 1 of 1 (600 tokens): ...' did not say which file the prompt was in; then not which line."""
     root, target, draft, prompts = workdir
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"prompt": "x" * 700}) + "\n")  # the tiny pair's byte tokenizer: 700 tokens, context 512
@@ -673,7 +673,7 @@ def test_a_prompt_too_long_for_the_context_is_refused_naming_its_file(workdir, t
     r = invoke("run", "--target", target, "--draft", draft, "--tree", tree, "--prompts", long, "--max-new-tokens",
                "8", "--results-dir", tmp_path / "res")
     assert r.exit_code == 2
-    assert f"{long}: prompt 1 of 1 (" in " ".join(r.output.split())
+    assert f"{long}:1: prompt 1 of 1 (" in " ".join(r.output.split())
 
 
 def test_a_near_greedy_temperature_is_said_to_waste_the_trees_width():

@@ -670,4 +670,4 @@ def test_a_prompt_the_context_cannot_hold_is_refused_naming_its_file_before_any_
     r = runner.invoke(app, [str(a) for a in ["run", "--compare-drafters", "--target", target, "--draft", draft, "-a",
                                              acc, "-l", lat, "--prompts", long, "--max-new-tokens", "8",
                                              "--results-dir", tmp_path / "res"]])
-    assert r.exit_code == 2 and f"{long}: prompt 2 of 2 (" in " ".join(r.output.split())
+    assert r.exit_code == 2 and f"{long}:2: prompt 2 of 2 (" in " ".join(r.output.split())  # path:line

@@ -514,6 +514,26 @@ def _load_tree_entry(path: Path):
     return TreeEntry(name=path.stem, tree=tree, metadata=meta or TreeMetadata())
 
 
+@contextlib.contextmanager
+def located_prompts(texts, pfile):
+    """A context that prefixes a :class:`~sequoia_opt.errors.PromptError` (``prompt 3 of 8 (600 tokens): ...``)
+    raised inside it with where that prompt came from: ``texts[i].origin`` (``path:line`` of a .jsonl, .json or
+    .csv), else the file ``pfile``. Other errors pass as they are.
+
+    Args:
+        texts: the :class:`~sequoia_opt.prompts.Prompt` s the measured token lists were encoded from, in order.
+        pfile: their file (None: the demo's, named as such).
+    """
+    from ..errors import PromptError
+
+    try:
+        yield
+    except PromptError as err:
+        i = err.index
+        where = texts[i].origin if i < len(texts) and texts[i].origin else str(pfile or "the demo prompts")
+        raise err.located(where) from None
+
+
 def mode_slug(temperature: float, top_p: float) -> str:
     """The acceptance mode in profile file names: ``greedy`` or ``sampling-t<T>-p<P>`` (what ``treeopt profile
     acceptance`` writes and ``run --compare-drafters`` looks for)."""

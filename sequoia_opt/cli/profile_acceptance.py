@@ -12,7 +12,7 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
+from .common import (BackendOpt, located_prompts, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
                      TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _check_writable, check_output,
                      handle_errors, profile_app, progress_bar, setting_notes)
 from .render import render
@@ -108,7 +108,7 @@ def profile_acceptance(
     pfile = prompts or demo_prompts_path("profile")
     texts = load_prompts(pfile, limit=num_prompts)
     pair = load_pair(target, spec, device=dev, dtype=dt)
-    naming = _naming_the_prompt(texts, pfile)
+    naming = located_prompts(texts, pfile)
     if chains:
         with naming:
             _profile_chains(pair, spec, texts, pfile, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
@@ -210,30 +210,6 @@ def _output(output: Path | None, default: Path, pair) -> tuple[Path, dict]:
         check_default_profile(out, weights)
     _check_writable(out)  # the default path too, before the decoding
     return out, weights
-
-
-def _naming_the_prompt(texts, pfile):
-    """A context that adds the prompt's place to a measurement's "prompt 3 of 8 (600 tokens): ..." refusal (a
-    prompt past the context): its ``path:line`` where the file gives one (.jsonl, .json, .csv), else the file, as
-    ``run`` names it. Other errors pass as they are."""
-    import contextlib
-    import re
-
-    from ..errors import DecodingError
-
-    @contextlib.contextmanager
-    def naming():
-        try:
-            yield
-        except DecodingError as err:
-            m = re.match(r"prompt (\d+) of \d+ ", str(err))
-            if m is None:
-                raise
-            i = int(m.group(1)) - 1
-            where = texts[i].origin if i < len(texts) and texts[i].origin else str(pfile)
-            raise DecodingError(f"{where}: {err}") from None
-
-    return naming()
 
 
 def _profile_chains(pair, spec, texts, pfile, *, max_new_tokens, num_prompts, backend, output, interval_width,

@@ -37,7 +37,7 @@ from ..tree import TreeMetadata
 from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt,
                      TemperatureOpt, TopPOpt, WeightsOpt, _check_results_dir, _check_run_options, _check_tree_readable,
                      _graft_tree_names, _load_graft_tree, _load_tree_entry, _print_error, app,
-                     check_cuda_graphs, graphed, handle_errors, note, progress_bar, setting_notes)
+                     check_cuda_graphs, graphed, handle_errors, located_prompts, note, progress_bar, setting_notes)
 from ..drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_PRIOR_WEIGHT, DEFAULT_WINDOW
 from .render import render
 from ..jobs.entries import (DEFAULT_COMPARED_DRAFTERS, adaptive_entries, baseline_entries, check_adapt_options,
@@ -350,9 +350,10 @@ def run_cmd(
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
         omp_wait_policy=run_policy(dev.type), temperature=temperature,
         threads=_cpu_threads(dev), weights=pair.weights)]
-    report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                             top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
-                             settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
+    with located_prompts(texts, pfile):  # a prompt run refuses: named by path:line
+        report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
+                                 settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
     report.warnings = warnings + report.warnings
     report.notes = adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
     if dev.type == "cpu":
@@ -443,16 +444,16 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
             warnings.append(f"acceptance profile {plan.acceptance.id!r} was measured in {measured_mode} mode, this "
                             f"run is {mode}: {plan.label}'s predicted tokens per step describe the other mode")
     from ..decoding.forward import check_capacity, check_prompt
-    from ..errors import DecodingError
+    from ..errors import DecodingError, PromptError
 
     ctx = pair.target.config.max_position_embeddings
-    for i, p in enumerate(ids):  # every request checked before the step checks time anything
-        try:
-            check_capacity(len(check_prompt(p, pair.vocab_size)), max_new_tokens, cache_len=ctx, context=ctx,
-                           model="the target")
-        except DecodingError as err:
-            raise DecodingError(f"{prompts or 'the demo eval prompts'}: prompt {i + 1} of {len(ids)} ({len(p)} "
-                                f"tokens): {err}") from None
+    with located_prompts(texts, pfile):  # named by path:line
+        for i, p in enumerate(ids):  # every request checked before the step checks time anything
+            try:
+                check_capacity(len(check_prompt(p, pair.vocab_size)), max_new_tokens, cache_len=ctx, context=ctx,
+                               model="the target")
+            except DecodingError as err:
+                raise PromptError(i, len(ids), len(p), str(err)) from None
     check_notes: list[str] = []
     makers = [p.new_drafter for p in pairs]
     if check_step:  # the choice rode the latency curve's noise: each chosen step timed again, on profile prompts
@@ -634,7 +635,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                                   "trees": [str(p) for p in trees],
                                   "scheduler": str(scheduler) if scheduler is not None else None}}
     try:
-        with progress_bar() as progress:
+        with located_prompts(texts, pfile), progress_bar() as progress:  # a prompt refused: named by path:line
             run = run_trees(pair.target, None, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids), backend=backend,
                             progress=progress, settings=settings)
@@ -729,20 +730,13 @@ def _run_and_report(pair, entries, ids, *, max_new_tokens, temperature, top_p, s
                     as_json, settings, value_label: str | None = None) -> Report:
     from ..jobs.run import run_trees
 
-    from ..errors import DecodingError
-
     predicted, label_warnings = _prediction_label(entries, value_label)
-    try:
-        with progress_bar() as progress:
-            run = run_trees(pair.target, pair.new_drafter, entries, ids, max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
-                            backend=backend, progress=progress,
-                            settings={"target": pair.target_name, "draft": pair.draft_name,
-                                      "draft_cost_model": pair.cost_model, "predicted_by": predicted, **settings})
-    except DecodingError as err:  # "prompt 3 of 8 (600 tokens): ...": the file it is in, too
-        if str(err).startswith("prompt ") and settings.get("prompts"):
-            raise DecodingError(f"{settings['prompts']}: {err}") from None
-        raise
+    with progress_bar() as progress:  # a prompt it refuses is a PromptError, which the caller locates
+        run = run_trees(pair.target, pair.new_drafter, entries, ids, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_p=top_p, seed=seed, eos_ids=sorted(pair.tokenizer.eos_ids),
+                        backend=backend, progress=progress,
+                        settings={"target": pair.target_name, "draft": pair.draft_name,
+                                  "draft_cost_model": pair.cost_model, "predicted_by": predicted, **settings})
     jpath, cpath = run.save(results_dir)
     report = Report(title="treeopt run")
     plain = run.summaries[0]

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .._io import create_files, new_run_id
-from ..errors import DecodingError
+from ..errors import DecodingError, PromptError
 from ..decoding import Decoder, DraftingPolicy, GenerationResult
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.drafters.model import guessable_tokens
@@ -620,7 +620,7 @@ def run_trees(
                 d.check(p, max_new_tokens)
             plain.check(p, max_new_tokens)
         except DecodingError as err:
-            raise DecodingError(f"prompt {i + 1} of {len(prompts)} ({len(p)} tokens): {err}") from None
+            raise PromptError(i, len(prompts), len(p), str(err)) from None
     if warmup:
         plain.generate(prompts[0], min(8, max_new_tokens))
         for d in decoders:

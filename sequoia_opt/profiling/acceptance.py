@@ -25,7 +25,7 @@ import torch
 from ..decoding import Decoder
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.policies import StaticTreePolicy
-from ..errors import DecodingError
+from ..errors import DecodingError, PromptError
 from ..model import Transformer
 from ..profiles import ACCEPTANCE_FORMAT, AcceptanceProfile
 from ..tree import Tree, now_iso
@@ -199,7 +199,7 @@ def measure_acceptance(
         try:
             decoder.check(p, max_new_tokens)
         except DecodingError as err:  # which one: as run names it
-            raise DecodingError(f"prompt {i + 1} of {len(prompts)} ({len(p)} tokens): {err}") from None
+            raise PromptError(i, len(prompts), len(p), str(err)) from None
     context = getattr(drafter, "context", None)
     counts = AcceptanceCounts.empty(width)
     counts.drafter_context = context if isinstance(context, int) and context < 2 ** 31 else None
@@ -291,7 +291,7 @@ def chain_traces(target: Transformer, draft: Transformer | Drafter | Callable[[]
         try:
             plain.check(p, max_new_tokens)
         except DecodingError as err:  # which one: as measure_acceptance names it
-            raise DecodingError(f"prompt {i + 1} of {len(prompts)} ({len(p)} tokens): {err}") from None
+            raise PromptError(i, len(prompts), len(p), str(err)) from None
     out: list[Trace] = []
     for i, p in enumerate(prompts):
         out.append(teacher_forced_trace(drafter, p, plain.generate(p, max_new_tokens).tokens))

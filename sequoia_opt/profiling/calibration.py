@@ -14,7 +14,7 @@ from ..decoding import Decoder, StepView
 from ..decoding.sampling import argmax_tokens, process_logits
 from ..drafting.drafters import Drafter
 from ..drafting.policies import DynamicPolicy
-from ..errors import DecodingError
+from ..errors import DecodingError, PromptError
 from ..dynamic import DynamicSetting, max_candidates
 from ..model import Transformer
 from ..tree import now_iso
@@ -72,7 +72,7 @@ def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter],
         try:
             dec.check(p, max_new_tokens)
         except DecodingError as err:  # which one: as measure_acceptance names it
-            raise DecodingError(f"prompt {i + 1} of {len(prompts)} ({len(p)} tokens): {err}") from None
+            raise PromptError(i, len(prompts), len(p), str(err)) from None
     for i, p in enumerate(prompts):
         dec.generator = torch.Generator(device=target.device).manual_seed(seed + i)
         dec.generate(p, max_new_tokens)
