@@ -11,8 +11,9 @@ from sequoia_opt.drafting import ModelDrafter
 from sequoia_opt.drafting.policies import GraftFeatures
 from sequoia_opt.errors import ProfileError
 from sequoia_opt.profiles import LatencyCurve
-from sequoia_opt.profiling.graft import (SchedulerSample, collect_scheduler_samples, measure_pair_acceptance,
-                                         pair_measurement_plan, scheduler_value, train_scheduler)
+from sequoia_opt.profiling.graft import (NothingToLearn, SchedulerSample, collect_scheduler_samples,
+                                         measure_pair_acceptance, pair_measurement_plan, scheduler_value,
+                                         train_scheduler)
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +80,17 @@ def test_training_learns_when_the_strong_drafter_pays():
     assert held["accuracy"] > 0.9 and held["value_kept"] > 0.95
     assert held["value_always"] < held["value_kept"]  # calling every step would waste the confident steps
     assert sched.card["samples"] == 200 and len(sched.card["held_out_prompts"]) == 3
-    with pytest.raises(ProfileError, match="too few"):
+    # nothing to learn is typed (the graft job ships Always/NeverGraft from .always, not from the message's words)
+    with pytest.raises(NothingToLearn, match="too few") as few:
         train_scheduler(samples[:5], _curve(), pair={})
     pays_never = [SchedulerSample(s.features, 1, 1, 2.0, 1.0, 9, 5, s.prompt_index) for s in samples]
-    with pytest.raises(ProfileError, match="'never' scheduler"):
+    with pytest.raises(NothingToLearn, match="'never' scheduler") as never:
         train_scheduler(pays_never, _curve(), pair={})
+    pays_always = [SchedulerSample(s.features, 9, 5, 1.0, 1.0, 1, 1, s.prompt_index) for s in samples]
+    with pytest.raises(NothingToLearn, match="'always' scheduler") as always:
+        train_scheduler(pays_always, _curve(), pair={})
+    assert (few.value.always, never.value.always, always.value.always) == (False, False, True)
+    assert isinstance(few.value, ProfileError)
 
 
 def test_scheduler_samples_record_each_full_step(target):

@@ -545,7 +545,7 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
         DecodingError: as the decoder, before decoding.
     """
     from ..drafting.policies import AlwaysGraft, NeverGraft
-    from ..profiling.graft import collect_scheduler_samples, train_scheduler
+    from ..profiling.graft import NothingToLearn, collect_scheduler_samples, train_scheduler
 
     p = plans.profiles
     ctx = plans.light_plan.context
@@ -560,9 +560,8 @@ def choose_scheduled_plan(plans: GraftPlans, target, light: Callable[[], Any], s
             sched = train_scheduler(samples, p.light_curve, pair=pair or {}, context=ctx,
                                     extra_card={"plan": name, **(extra_card or {})})
             card = sched.card
-        except ProfileError as err:
-            pays = "at every" in str(err)
-            sched = AlwaysGraft() if pays else NeverGraft()
+        except NothingToLearn as err:  # scikit-learn missing is not this: it stops the job, named
+            sched = AlwaysGraft() if err.always else NeverGraft()
             card = {"kind": sched.name, "why": str(err), "plan": name, **(extra_card or {})}
         light_dt, _ = dt.light_only()
         curve = p.light_curve

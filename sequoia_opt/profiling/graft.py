@@ -42,7 +42,7 @@ from ..profiles import LatencyCurve
 from ..tree import Tree
 
 __all__ = ["pair_measurement_plan", "PairCounts", "measure_pair_acceptance", "SchedulerSample",
-           "collect_scheduler_samples", "train_scheduler", "scheduler_value", "require_sklearn"]
+           "collect_scheduler_samples", "train_scheduler", "scheduler_value", "require_sklearn", "NothingToLearn"]
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -250,6 +250,19 @@ def require_sklearn():
     return LogisticRegression
 
 
+class NothingToLearn(ProfileError):
+    """The samples cannot train a scheduler (:func:`train_scheduler`): too few, or one class only.
+
+    Attributes:
+        always: the strong drafter paid at every sample step (ship :class:`~sequoia_opt.drafting.policies.AlwaysGraft`);
+            False: at none, or too few samples to tell (ship ``NeverGraft``: the light tree alone).
+    """
+
+    def __init__(self, message: str, *, always: bool = False) -> None:
+        super().__init__(message)
+        self.always = bool(always)
+
+
 def train_scheduler(samples: Sequence[SchedulerSample], curve: LatencyCurve, *, pair: dict[str, str],
                     context: int | None = None, holdout_fraction: float = 0.3, seed: int = 0,
                     extra_card: dict[str, Any] | None = None) -> LogisticScheduler:
@@ -263,21 +276,22 @@ def train_scheduler(samples: Sequence[SchedulerSample], curve: LatencyCurve, *, 
     (the static grafted tree, for comparison); the same on the training steps.
 
     Raises:
-        ProfileError: fewer than 20 samples, or one class only (the strong drafter always or never pays:
-            then ship :class:`~sequoia_opt.drafting.policies.AlwaysGraft` / ``NeverGraft``, as the card of the
-            error says).
+        NothingToLearn: fewer than 20 samples, or one class only (the strong drafter always or never pays: then
+            ship :class:`~sequoia_opt.drafting.policies.AlwaysGraft` / ``NeverGraft``, as its ``always`` and
+            message say).
         ProfileError: scikit-learn is not installed (:func:`require_sklearn`).
     """
     LogisticRegression = require_sklearn()
     if len(samples) < 20:
-        raise ProfileError(f"{len(samples)} scheduler samples are too few to train on (need >= 20)")
+        raise NothingToLearn(f"{len(samples)} scheduler samples are too few to train on (need >= 20)")
     value, r = scheduler_value(samples, curve, context)
     X = np.array([s.features for s in samples], dtype=np.float64)
     y = (value > 0).astype(int)
     if y.min() == y.max():
         which = "always" if y[0] else "never"
-        raise ProfileError(f"the strong drafter {'pays at every' if y[0] else 'pays at no'} step of the "
-                           f"{len(samples)} samples: ship the '{which}' scheduler instead of a learned one")
+        raise NothingToLearn(f"the strong drafter {'pays at every' if y[0] else 'pays at no'} step of the "
+                             f"{len(samples)} samples: ship the '{which}' scheduler instead of a learned one",
+                             always=bool(y[0]))
     prompts = sorted({s.prompt_index for s in samples})
     rng = np.random.default_rng(seed)
     held = set(rng.choice(prompts, size=max(1, int(round(holdout_fraction * len(prompts)))), replace=False).tolist()) \
