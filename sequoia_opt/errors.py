@@ -59,6 +59,10 @@ class EngineError(TreeoptError):
     """An engine is not installed, refuses a model, or cannot do what was asked (one line for the CLI)."""
 
 
+class EngineNotInstalled(EngineError):
+    """The package that drives an engine is not installed (its message names the install command)."""
+
+
 class ProfileWarning(UserWarning):
     """A file that loads but looks wrong: a profile whose figures are implausible (a latency curve far below T(1)
     for larger n), or a profile, plan, tree or scheduler holding a key its format does not read (a misspelling,

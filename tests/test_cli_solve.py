@@ -481,6 +481,16 @@ def test_export_draft_keeps_the_users_gguf_when_llama_cpp_refuses_the_new_one(tm
     assert doc["vocabulary"] == 49152
     doc = json.loads(runner.invoke(app, ["export-draft", "--gguf", str(gguf), "--json", "--no-check"]).stdout)
     assert doc["llama_cpp_loads"] is None
+    # llama-cpp-python missing: written, said not checked (the typed EngineNotInstalled, not the message's words)
+    from sequoia_opt.errors import EngineNotInstalled
+
+    def missing(path):
+        raise EngineNotInstalled("engine llama.cpp is not installed: pip install llama-cpp-python")
+
+    monkeypatch.setattr(llamacpp, "check_gguf", missing)
+    doc = json.loads(runner.invoke(app, ["export-draft", "--gguf", str(gguf), "--json"]).stdout)
+    assert doc["llama_cpp_loads"] is None and doc["not_checked"].startswith("engine llama.cpp is not installed")
+    monkeypatch.setattr(llamacpp, "check_gguf", lambda path: None)
     # a re-export keeps the source GGUF's general.name (it took the file's stem)
     from gguf import GGUFReader
 

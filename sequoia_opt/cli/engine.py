@@ -81,13 +81,14 @@ def _llamacpp_loads(tmp: Path, gguf: Path) -> bool | str:
     installed (nothing to check with). Raises EngineError, naming ``gguf``, when llama.cpp refuses the file."""
     from ..engines import EngineError
     from ..engines.llamacpp import check_gguf
+    from ..errors import EngineNotInstalled
 
     try:
         check_gguf(tmp)
         return True
+    except EngineNotInstalled as err:
+        return str(err)
     except EngineError as err:
-        if "not installed" in str(err):
-            return str(err)
         raise EngineError(str(err).replace(str(tmp), str(gguf))) from None
 
 

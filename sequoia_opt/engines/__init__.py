@@ -19,7 +19,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import EngineError  # noqa: F401 (re-exported: engines raise it)
+from ..errors import EngineError, EngineNotInstalled  # noqa: F401 (re-exported: engines raise them)
 
 #: What a latency profile without an ``engine`` key was measured on: treeopt's bundled decoder.
 DEFAULT_ENGINE = "treeopt"
@@ -75,7 +75,8 @@ def require_engine(name: str) -> Any:
     """Import and return the Python package that drives engine ``name`` (None for ``treeopt``).
 
     Raises:
-        EngineError: the engine is unknown, or its package is not installed: one line with the install command.
+        EngineError: the engine is unknown; :class:`~sequoia_opt.errors.EngineNotInstalled` (an EngineError): its
+            package is not installed, one line with the install command.
     """
     eng = ENGINES[engine_name(name)]
     if eng.module is None:
@@ -84,7 +85,7 @@ def require_engine(name: str) -> Any:
         return importlib.import_module(eng.module)
     except ImportError as err:
         why = "" if isinstance(err, ModuleNotFoundError) and err.name == eng.module else f" ({err})"
-        raise EngineError(f"engine {eng.name} is not installed{why}: {eng.install}") from None
+        raise EngineNotInstalled(f"engine {eng.name} is not installed{why}: {eng.install}") from None
 
 
 def engine_profiler(name: str) -> Any:
