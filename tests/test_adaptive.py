@@ -258,15 +258,28 @@ def test_adaptation_time_is_charged_to_the_step(target, drafts, monkeypatch):
     now = [0.0]
     monkeypatch.setattr(stats.time, "perf_counter", lambda: now[0])
 
-    def slow(visits, tokens):
+    def slow(*args):
         now[0] += 0.020
-        return real(visits, tokens)
+        return real(*args)
 
     monkeypatch.setattr(adapter, "observe", slow)
     res = dec.generate([3, 4, 5], 6)
     assert len(res.steps) >= 2
     assert [s.bookkeeping_ms for s in res.steps] == pytest.approx([20.0] * len(res.steps))
     assert all(s.draft_ms == 0.0 and s.verify_ms == 0.0 for s in res.steps)
+
+
+def test_the_predicted_tokens_per_step_are_the_trees_the_steps_ran_cut_at_an_answers_end(target, drafts):
+    """A step near an answer's end drafts its tree cut to what the row can still emit; the adapter predicted the
+    whole tree for it (a tryout: an adaptive row that never re-solved predicted more than the same static tree)."""
+    tree = Tree.chain(4)  # depth 3: G = 1 + 0.5 + 0.25 + 0.125 under the prior
+    adapter = TreeAdapter(tree, [0.5], CURVE, budget=8, max_depth=4, every=1000, window=4, prior_weight=1)
+    dec = AdaptiveTreeDecoder(target, drafts["same"], adapter, backend="torch")
+    res = dec.generate([5, 17, 3], 10)
+    # the 'same' draft is always accepted: 4 + 4 tokens, then 2 left, so the third step runs the tree cut to depth 1
+    assert [s.tree_depth for s in res.steps] == [3, 3, 1] and [s.accepted_len for s in res.steps] == [4, 4, 2]
+    assert adapter.resolves == [] and adapter.steps == 3
+    assert adapter.predicted_tokens_per_step == pytest.approx((1.875 + 1.875 + 1.5) / 3, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

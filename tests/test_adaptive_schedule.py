@@ -234,6 +234,26 @@ def test_policy_switches_to_longer_chains_when_drafts_are_accepted_and_stays_exa
     assert max(size for _, size in pol.used) == 5 and pol.used[0][1] == 2  # a chain of 1 first, then of 4
 
 
+def test_the_predicted_tokens_per_step_are_the_chains_the_steps_ran_cut_at_an_answers_end():
+    """A step near an answer's end drafts its chain cut to what the row can still emit: G of that chain is its
+    prediction, not G(K) (a tryout: the same plan predicted 2.77 tokens/step as adaptive-schedule, 2.46 as
+    schedule, with no re-ranking in the run)."""
+    from test_decoding import _model, _perturbed
+
+    from sequoia_opt.decoding import Decoder
+
+    target = _model(0)
+    draft = _perturbed(target, 0.0, seed=1)  # always accepted
+    ks = (0, 1, 2, 3)
+    cands = [PlanCandidates(1, ks, (10.0, 11.0, 12.0, 13.0), (1.0,) * 4)]
+    prior = [1.0, 1.5, 1.75, 1.875]
+    ad = PlanAdapter(cands, prior, [(1, 4, 3)], every=1000, window=16, prior_weight=2.0)
+    pol = AdaptiveSchedulePolicy(draft, ad)
+    res = Decoder(target, pol, max_len=128).generate([5, 17, 3], 10)
+    assert [s.tree_depth for s in res.steps] == [3, 3, 1] and [s.accepted_len for s in res.steps] == [4, 4, 2]
+    assert ad.log == [] and ad.predicted_tokens_per_step == pytest.approx((1.875 + 1.875 + 1.5) / 3, rel=1e-12)
+
+
 def test_re_ranking_keeps_the_plans_min_gain_and_first_is_longest_rule(tmp_path):
     """A plan solved with min_gain or TensorRT-LLM's first-is-longest rule ranks its own prior as the solver did
     (the adapter applies both), from the plan and from its file."""

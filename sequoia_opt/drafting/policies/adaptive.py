@@ -359,6 +359,7 @@ class TreeAdapter:
         self.generation = -1
         # predicted tokens per step of the tree in use: the initial tree's under the prior, then each re-solve's
         self._predicted = self.initial.expected_tokens(self.estimate.prior)
+        self._predicted_p = self.estimate.prior  # the acceptance the tree in use was predicted with
         self._predicted_sum = 0.0
         self._window_tokens: deque[int] = deque()
         self._fallback = False  # root-only since the guard chose it
@@ -381,12 +382,17 @@ class TreeAdapter:
     @property
     def predicted_tokens_per_step(self) -> float | None:
         """The step-weighted mean of the predicted tokens per step of the trees used since the reset (the
-        initial tree's under the prior, each re-solved tree's under the estimate it was solved with); None
-        before the first step."""
+        initial tree's under the prior, each re-solved tree's under the estimate it was solved with; a step cut
+        near an answer's end is its cut tree's); None before the first step."""
         return self._predicted_sum / self.steps if self.steps else None
 
-    def observe(self, visits: Iterable[NodeVisit], tokens: int) -> Tree | None:
+    def observe(self, visits: Iterable[NodeVisit], tokens: int, depth: int | None = None) -> Tree | None:
         """Count one step (its verification trials, its emitted tokens); every ``every`` steps re-solve.
+
+        Args:
+            depth: the depth the step's tree was cut to (near an answer's or the context's end: the tree's first
+                ``depth + 1`` levels, :meth:`~sequoia_opt.tree.Tree.cut`); None: the whole tree. The step's
+                prediction (:attr:`predicted_tokens_per_step`) is the tree it ran, the cut one.
 
         Returns:
             The new tree when a re-solve (or the guard's probe) chose one different from the current tree (the
@@ -395,7 +401,7 @@ class TreeAdapter:
         visits = list(visits)
         self.steps += 1
         self.tokens += int(tokens)
-        self._predicted_sum += self._predicted
+        self._predicted_sum += self._predicted_at(depth)
         if self._fallback and self.tree.size == 1:  # the guard's root-only steps keep the live estimate as it is
             self._idle += 1
             if self._idle >= self.window * self._backoff and self._idle % self.every == 0:
@@ -408,6 +414,13 @@ class TreeAdapter:
         if self.steps % self.every:
             return None
         return self.tree if self.resolve().changed else None
+
+    def _predicted_at(self, depth: int | None) -> float:
+        """The predicted tokens per step of the tree in use cut to ``depth`` (None, or its own depth or more: the
+        whole tree's), under the acceptance its prediction was made with."""
+        if depth is None or depth >= self.tree.tree_depth:
+            return self._predicted
+        return self.tree.cut(max(int(depth), 0)).expected_tokens(self._predicted_p)
 
     def _spread(self, tree: Tree):
         """The tree's tokens-per-step spread between the profile's prompts (positional, as the estimate), cached."""
@@ -442,7 +455,7 @@ class TreeAdapter:
                       depth=probe.tree_depth, level_widths=tuple(int(w) for w in probe.level_widths),
                       expected_tokens=float(cost.expected_tokens), speedup=float(cost.speedup), changed=True,
                       solve_ms=0.0, acceptance=tuple(float(x) for x in p), reason="probe")
-        self.tree, self._predicted = probe, rec.expected_tokens
+        self.tree, self._predicted, self._predicted_p = probe, rec.expected_tokens, p
         self.resolves.append(rec)
         return probe
 
@@ -468,7 +481,7 @@ class TreeAdapter:
                       expected_tokens=float(choice.expected_tokens), speedup=float(choice.speedup), changed=changed,
                       solve_ms=ms, acceptance=tuple(float(x) for x in p), reason=reason, live_tokens_per_step=live,
                       interval=interval)
-        self.tree, self._predicted = tree, rec.expected_tokens
+        self.tree, self._predicted, self._predicted_p = tree, rec.expected_tokens, p
         self._fallback = reason != "scheduled" and tree.size == 1
         if self._probing:  # the probe's verdict: still below (wait longer before the next one), or a tree again
             self._backoff = min(2 * self._backoff, MAX_PROBE_BACKOFF) if tree.size == 1 else 1
@@ -530,6 +543,6 @@ class AdaptiveTreePolicy(StaticTreePolicy):
     def observe(self, state: DecodeState, step: StepView) -> None:
         new = None
         for acc, emitted in zip(step.acceptances, step.emitted):
-            new = self.adapter.observe(acc.visits, len(emitted)) or new
+            new = self.adapter.observe(acc.visits, len(emitted), self.step_depth) or new
         if new is not None and new != self.tree:
             self.set_tree(new)

@@ -437,7 +437,7 @@ class PlanAdapter:
 
     def end_step(self, rows_visits: Iterable[Iterable[NodeVisit]], k_used: int | None = None,
                  batch: int | None = None) -> tuple[tuple[int, int, int], ...] | None:
-        """Count one step (every row's trials; ``k_used``: the draft length it ran, for
+        """Count one step (every row's trials; ``k_used``: the draft length it ran, cut near an answer's end, for
         :attr:`predicted_tokens_per_step`; ``batch``: its live rows, for the probes) and every ``every`` steps
         re-rank, except while a batch size the ranking sent to plain decoding waits for its probe with nothing
         measured since the last ranking (module docstring; without ``batch``, every ``every`` steps). Returns the
@@ -523,7 +523,7 @@ class AdaptiveSchedulePolicy(SchedulePolicy):
 
     def observe(self, state: DecodeState, step: StepView) -> None:
         super().observe(state, step)
-        new = self.adapter.end_step([acc.visits for acc in step.acceptances], self.tree.size - 1,
-                                    len(state.rows))
+        new = self.adapter.end_step([acc.visits for acc in step.acceptances], self.step_depth,  # the chain it ran:
+                                    len(state.rows))  # cut near an answer's end, K there
         if new is not None:
             self.ranges = self._trees(new)
