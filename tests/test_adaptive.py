@@ -282,6 +282,32 @@ def test_the_predicted_tokens_per_step_are_the_trees_the_steps_ran_cut_at_an_ans
     assert adapter.predicted_tokens_per_step == pytest.approx((1.875 + 1.875 + 1.5) / 3, rel=1e-12)
 
 
+def test_a_batchs_step_is_one_step_of_the_adapter(target, drafts):
+    """Rows of a batch are one step: a re-solve every ``every`` decoder steps, not up to B / every of them a step
+    (a tryout: 3 rows, every 2, re-solved 15 times in 17 steps, two solves in one step, the first thrown away)."""
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.policies import AdaptiveTreePolicy
+
+    adapter = TreeAdapter(Tree.from_choices([[0], [1], [0, 0]]), [0.4, 0.2, 0.1], CURVE, budget=12, max_depth=6,
+                          max_branching=4, every=2, window=4, prior_weight=1)
+    dec = Decoder(target, AdaptiveTreePolicy(drafts["noisy"], adapter), max_len=160, max_batch=3, backend="torch")
+    prompts, lens = [[5, 17, 3], list(range(40, 52)), [7, 7]], [8, 16, 24]
+    state = dec.start_batch(prompts, 24)
+    for r, n in zip(state.rows, lens):
+        r.max_new_tokens = n
+    while not state.finished:
+        dec.step(state)
+    plain = AutoregressiveDecoder(target, max_len=160)
+    assert [r.tokens for r in state.results] == [plain.generate(p, n).tokens for p, n in zip(prompts, lens)]
+    steps = len(state.steps)
+    assert adapter.steps == steps and [r.step for r in adapter.resolves] == list(range(2, steps + 1, 2))
+    assert adapter.tokens == sum(lens)
+    # each step ran the tree the resolve before it chose (or the initial tree)
+    ran = [s.tree_size for s in state.steps]
+    for r in adapter.resolves[:-1]:
+        assert ran[r.step] <= r.size  # the step after the re-solve: its tree (cut where the rows end)
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 runner = CliRunner()
 

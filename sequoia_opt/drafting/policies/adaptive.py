@@ -387,7 +387,8 @@ class TreeAdapter:
         return self._predicted_sum / self.steps if self.steps else None
 
     def observe(self, visits: Iterable[NodeVisit], tokens: int, depth: int | None = None) -> Tree | None:
-        """Count one step (its verification trials, its emitted tokens); every ``every`` steps re-solve.
+        """Count one step (its verification trials, its emitted tokens: every row's of a batch's step); every
+        ``every`` steps re-solve.
 
         Args:
             depth: the depth the step's tree was cut to (near an answer's or the context's end: the tree's first
@@ -506,7 +507,8 @@ class AdaptiveTreePolicy(StaticTreePolicy):
 
     After each step (:meth:`observe`, inside the step's timed bookkeeping, so the measured tokens per second
     pays for the adaptation: the counting, the DP, compiling the new tree's buffers) every row's trials go to the
-    adapter; when a re-solve picks another tree it is swapped in before the next step. Its ``max_size`` is the
+    adapter as one step (a batch's step re-solves at most once); when a re-solve picks another tree it is swapped
+    in before the next step. Its ``max_size`` is the
     larger of the initial tree and the adapter's budget, so the decoder's caches hold every tree it may choose.
 
     Args:
@@ -541,8 +543,9 @@ class AdaptiveTreePolicy(StaticTreePolicy):
         self.adapter.start_generation()
 
     def observe(self, state: DecodeState, step: StepView) -> None:
-        new = None
-        for acc, emitted in zip(step.acceptances, step.emitted):
-            new = self.adapter.observe(acc.visits, len(emitted), self.step_depth) or new
+        # one step of the adapter however many rows it served (every row's trials, every row's tokens): a row each
+        # re-solved up to B / every times a step, every solve but the last thrown away, and counted ``every`` in rows
+        visits = [v for acc in step.acceptances for v in acc.visits]
+        new = self.adapter.observe(visits, sum(len(e) for e in step.emitted), self.step_depth)
         if new is not None and new != self.tree:
             self.set_tree(new)
