@@ -444,3 +444,50 @@ def test_distill_command_line_bad_input_is_one_line_and_exit_2(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err == "error: argument --steps: invalid int value: 'abc' (see 'python -m sequoia_opt.distill --help')\n"
     assert not (tmp_path / "o").exists()
+
+
+def _small_run(tmp_path: Path, target: Path, stdlib: Path, *extra: str) -> list[str]:
+    """A distillation command line on a tiny target that trains in seconds."""
+    return ["--out", str(tmp_path / "o"), "--target", str(target), "--stdlib", str(stdlib),
+            "--cache-dir", str(tmp_path / "cache"), "--tokens", "256", "--val-tokens", "128", "--chunk", "64",
+            "--max-per-file", "256", "--steps", "2", "--batch", "2", "--eval-every", "1", "--n-prompts", "1",
+            "--gen-tokens", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+            "--threads", "1", *extra]
+
+
+def test_a_corpus_too_small_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """An empty --stdlib, or one whose files make no prompt or no chunk, ended in a ValueError traceback after
+    the target loaded, with empty prompt sets already written to OUT/prompts; --tokens below one --chunk did the
+    same after the prompts were written."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+    from sequoia_opt.distill.cli import run_cli
+
+    target, _, _ = make_pair(tmp_path)
+    (tmp_path / "empty").mkdir()
+    short = tmp_path / "short"
+    short.mkdir()
+    for i in range(3):  # over the 200-byte floor, under the 2000 bytes a prompt file needs
+        (short / f"m{i}.py").write_text(f"x{i} = 1\n" * 60)
+    prompts_only = tmp_path / "prompts_only"  # 18 files: all go to the profile and eval splits, none to train
+    prompts_only.mkdir()
+    for i in range(18):
+        (prompts_only / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x + {j}\n" for j in range(80)))
+    for stdlib, message in ((tmp_path / "empty", "no .py sources there"),
+                            (tmp_path / "missing", "no .py sources there"),
+                            (short, "no profile-split file yields a prompt"),
+                            (prompts_only, "the train split (0 files): not enough text for one chunk of 64 tokens")):
+        assert run_cli(_small_run(tmp_path, target, stdlib)) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --stdlib {stdlib}: {message}") and err.count("\n") == 1, err
+        assert not (tmp_path / "o").exists()
+    import sequoia_opt.model.loaders as loaders
+
+    monkeypatch.setattr(loaders, "load_checkpoint", lambda *a, **k: pytest.fail("the target was loaded"))
+    for flag in ("--tokens", "--val-tokens"):
+        assert run_cli(_small_run(tmp_path, target, short, flag, "10")) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {flag} 10 is less than one --chunk of 64 tokens\n", err
+        assert not (tmp_path / "o").exists()

@@ -247,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         positive_floats=("lr", "emb_rms", "max_train_minutes"), nonnegative_floats=("weight_decay", "ce_weight"))
     if refusal is None and args.dim % args.heads:
         refusal = f"--dim {args.dim} is not a multiple of --heads {args.heads}"
+    for name in ("tokens", "val_tokens"):  # the text is cut into whole chunks: fewer tokens make none
+        if refusal is None and getattr(args, name) < args.chunk:
+            refusal = (f"--{name.replace('_', '-')} {getattr(args, name)} is less than one --chunk of {args.chunk} "
+                       "tokens")
     if refusal is not None:
         raise SystemExit(refusal)
     if min(args.cont_prompts, args.cont_batch, args.cont_tokens) < 0 or args.cont_prompt_tokens < 1 \
@@ -266,27 +270,39 @@ def main(argv: list[str] | None = None) -> int:
     # 1. data
     root = args.stdlib or default_stdlib_root()
     files = collect_sources(root)
+    if not files:  # an empty or missing folder: the data steps below would fail after the target loads
+        raise SystemExit(f"--stdlib {root}: no .py sources there (files of at least 200 bytes, tests skipped)")
     sizes = {f: (root / f).stat().st_size for f in files}
     split = split_files(files, seed=args.seed, n_profile=args.n_prompts + 8, n_eval=args.n_prompts + 8,
                         sizes=sizes)
     target_path, target, tok = _load_target(args.target)
     log(f"target {target_path} loaded: {target.config.n_layers} layers, dim {target.config.dim}")
     prefix = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    prompts = {}
-    for name in ("profile", "eval"):
-        rows = build_prompts(root, split[name], tok.encode, seed=args.seed, n=args.n_prompts,
-                             source_prefix=prefix)
-        write_jsonl(args.prompts_out / f"{name}.jsonl", rows)
-        prompts[name] = rows
-        log(f"{name} prompts: {len(rows)} -> {args.prompts_out / f'{name}.jsonl'}")
+    # every piece of data is made before anything is written: a corpus too small for one chunk or one prompt is
+    # one line and exit 2, with no prompt set left behind in --prompts-out
+    prompts = {name: build_prompts(root, split[name], tok.encode, seed=args.seed, n=args.n_prompts,
+                                   source_prefix=prefix) for name in ("profile", "eval")}
+    for name, rows in prompts.items():
+        if not rows:
+            raise SystemExit(f"--stdlib {root}: no {name}-split file yields a prompt ({len(split[name])} files of "
+                             f"at least 2000 bytes in that split)")
     sep = tok.token_to_id("<|endoftext|>")
     sep = tok.eos_id if sep is None else sep
-    chunks, extra, used = training_streams(root, split["train"], tok.encode, sep_id=sep, tokens=args.tokens,
-                                           ce_tokens=args.ce_tokens, chunk=args.chunk,
-                                           max_per_file=args.max_per_file, ce_max_per_file=args.ce_max_per_file,
-                                           seed=args.seed)
-    val_chunks, val_used = token_chunks(root, split["eval"], tok.encode, sep_id=sep, n_tokens=args.val_tokens,
-                                        chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
+    try:
+        chunks, extra, used = training_streams(root, split["train"], tok.encode, sep_id=sep, tokens=args.tokens,
+                                               ce_tokens=args.ce_tokens, chunk=args.chunk,
+                                               max_per_file=args.max_per_file,
+                                               ce_max_per_file=args.ce_max_per_file, seed=args.seed)
+    except ValueError as e:  # token_chunks: fewer tokens than one chunk
+        raise SystemExit(f"--stdlib {root}: the train split ({len(split['train'])} files): {e}") from None
+    try:
+        val_chunks, val_used = token_chunks(root, split["eval"], tok.encode, sep_id=sep, n_tokens=args.val_tokens,
+                                            chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"--stdlib {root}: the eval split ({len(split['eval'])} files): {e}") from None
+    for name, rows in prompts.items():
+        write_jsonl(args.prompts_out / f"{name}.jsonl", rows)
+        log(f"{name} prompts: {len(rows)} -> {args.prompts_out / f'{name}.jsonl'}")
     log(f"train: {chunks.numel()} labelled + {0 if extra is None else extra.numel()} CE-only tokens from "
         f"{len(used)} files; held-out: {val_chunks.numel()} tokens")
 
