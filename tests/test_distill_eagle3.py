@@ -322,3 +322,52 @@ def test_sigterm_is_one_terminated_line_and_exit_143(monkeypatch, capsys):
         assert module.run_cli([]) == 143
         err = capsys.readouterr().err
         assert err.startswith("terminated: no ") and err.count("\n") == 1, err
+
+
+def _target8(folder: Path) -> Path:
+    """A tiny 8-layer HF target (byte tokenizer): an EAGLE-3 head fuses three distinct layers of it."""
+    from tiny_pair import byte_tokenizer
+    from sequoia_opt.model.hf import save_hf_checkpoint
+
+    cfg = ModelConfig(vocab_size=257, dim=32, n_layers=8, n_heads=2, n_kv_heads=1, intermediate_size=64,
+                      max_position_embeddings=512, name="tiny8")
+    save_hf_checkpoint(random_target(cfg), byte_tokenizer(), folder)
+    return folder
+
+
+def test_a_small_corpus_or_training_text_holding_an_eval_prompt_is_one_line_and_exit_2(tmp_path, capsys):
+    """A training file holding a prompt the project evaluates on raised check_disjoint's ValueError as a traceback;
+    an empty --stdlib or one without a chunk of held-out text did the same (the empty one after the target
+    loaded). Nothing may be written to --out."""
+    from sequoia_opt.distill.cli import DEFAULT_PACKAGE_DATA
+    from sequoia_opt.distill.eagle3 import run_cli
+    from sequoia_opt.prompts import load_prompts
+
+    target = _target8(tmp_path / "t8")
+    big = lambda i: "".join(f"def f{i}_{j}(x):\n    return x + {j}\n" for j in range(80))  # noqa: E731
+    clean, leaky, short = tmp_path / "clean", tmp_path / "leaky", tmp_path / "short"
+    for folder in (clean, leaky, short):
+        folder.mkdir()
+    for i in range(18):  # --n-prompts 1: 9 eval and 9 profile files of >= 2000 bytes
+        (clean / f"m{i}.py").write_text(big(i))
+        (leaky / f"m{i}.py").write_text(big(i))
+    for i in range(4):  # training files (under 2000 bytes)
+        (clean / f"t{i}.py").write_text(f"y{i} = 2\n" * 150)
+        (leaky / f"t{i}.py").write_text(f"y{i} = 2\n" * 150)
+    prompt = load_prompts(DEFAULT_PACKAGE_DATA / "prompts" / "eval.jsonl")[0].text
+    for i in range(4):  # whichever training files the chunks take
+        (leaky / f"t{i}.py").write_text(f"# {i}\n" + prompt[:1900])
+    (short / "a.py").write_text("z = 3\n" * 50)
+    common = ["--target", str(target), "--cache-dir", str(tmp_path / "cache"), "--tokens", "128", "--val-tokens",
+              "128", "--chunk", "64", "--max-per-file", "256", "--steps", "1", "--n-prompts", "1", "--threads", "1",
+              "--draft-vocab", "64", "--out", str(tmp_path / "h")]
+    for stdlib, message in ((tmp_path / "empty", "no .py sources there"),
+                            (short, "the eval split: not enough text for one chunk of 64 tokens"),
+                            (leaky, "eval.jsonl:1: prompt 0 occurs in the training text")):
+        assert run_cli(common + ["--stdlib", str(stdlib)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --stdlib {stdlib}: ") and message in err and err.count("\n") == 1, err
+        assert not (tmp_path / "h").exists()
+    assert run_cli(common + ["--stdlib", str(clean), "--tokens", "10"]) == 2
+    assert capsys.readouterr().err == "error: --tokens 10 is less than one --chunk of 64 tokens\n"
+    assert not (tmp_path / "h").exists()

@@ -548,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
                         "max_per_file", "top", "heads", "kv_heads", "head_dim", "intermediate", "eval_every",
                         "n_prompts"), nonnegative=("warmup", "threads"),
         positive_floats=("lr", "step_decay", "max_train_minutes"), nonnegative_floats=("feature_weight",))
+    for name in ("val_tokens",) + (() if args.cont_prompts > 0 else ("tokens",)):  # whole chunks: fewer make none
+        if refusal is None and getattr(args, name) < args.chunk:
+            refusal = (f"--{name.replace('_', '-')} {getattr(args, name)} is less than one --chunk of {args.chunk} "
+                       "tokens")
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
@@ -583,6 +587,12 @@ def main(argv: list[str] | None = None) -> int:
         from ..model.head_checkpoints import read_eagle_config
 
         read_eagle_config(args.init_from, "eagle3", tconfig)
+    root = args.stdlib or default_stdlib_root()
+    split = _stdlib_split(root, args.seed, args.n_prompts)
+    if not any(split.values()):  # an empty or missing folder: refused before the target's weights load
+        print(f"error: --stdlib {root}: no .py sources there (files of at least 200 bytes, tests skipped)",
+              file=sys.stderr)
+        return 2
     target, tok = load_checkpoint(tpath, device="cpu", dtype=torch.float32)
     target.eval()
     tc = target.config
@@ -591,23 +601,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --cont-prompt-tokens {args.cont_prompt_tokens} + --cont-tokens {args.cont_tokens} exceed the "
               f"target's context of {tc.max_position_embeddings} tokens", file=sys.stderr)
         return 2
-    root = args.stdlib or default_stdlib_root()
-    split = _stdlib_split(root, args.seed, args.n_prompts)
     sep = tok.token_to_id("<|endoftext|>")
     sep = tok.eos_id if sep is None else sep
     cont = args.cont_prompts > 0
-    if cont:  # the continuations' prompts may come from any training-split file: all of them are checked
-        chunks, used = None, sorted(split["train"])
-    else:
-        chunks, used = token_chunks(root, split["train"], tok.encode, sep_id=sep, n_tokens=args.tokens,
-                                    chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
-    val_chunks, val_used = token_chunks(root, split["eval"], tok.encode, sep_id=sep, n_tokens=args.val_tokens,
+    try:  # a corpus too small for one chunk, or training text holding an evaluation prompt: one line, exit 2
+        what = "the train split"
+        if cont:  # the continuations' prompts may come from any training-split file: all of them are checked
+            chunks, used = None, sorted(split["train"])
+        else:
+            chunks, used = token_chunks(root, split["train"], tok.encode, sep_id=sep, n_tokens=args.tokens,
                                         chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
-    repo = Path(__file__).resolve().parents[2]
-    prompt_files = sorted((DEFAULT_PACKAGE_DATA / "prompts").glob("*.jsonl")) + sorted(
-        (repo / "benchmarks" / "data").glob("*.jsonl"))
-    disjoint = check_disjoint([(root / f).read_text(encoding="utf-8", errors="replace") for f in used],
-                              prompt_files)
+        what = "the eval split"
+        val_chunks, val_used = token_chunks(root, split["eval"], tok.encode, sep_id=sep, n_tokens=args.val_tokens,
+                                            chunk=args.chunk, max_per_file=args.max_per_file, seed=args.seed)
+        what = ""  # check_disjoint's message names the prompt file and the prompt
+        repo = Path(__file__).resolve().parents[2]
+        prompt_files = sorted((DEFAULT_PACKAGE_DATA / "prompts").glob("*.jsonl")) + sorted(
+            (repo / "benchmarks" / "data").glob("*.jsonl"))
+        disjoint = check_disjoint([(root / f).read_text(encoding="utf-8", errors="replace") for f in used],
+                                  prompt_files)
+    except TreeoptError:  # a prompt file check_disjoint cannot read: run_cli's one line
+        raise
+    except ValueError as e:
+        print(f"error: --stdlib {root}: {what + ': ' if what else ''}{str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
     log(f"train: {'continuations of prompts from' if cont else f'{chunks.numel()} tokens from'} {len(used)} "
         f"training-split files; held-out {val_chunks.numel()}; no prompt of {len(prompt_files)} prompt files occurs "
         f"in them")
