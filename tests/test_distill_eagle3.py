@@ -371,3 +371,17 @@ def test_a_small_corpus_or_training_text_holding_an_eval_prompt_is_one_line_and_
     assert run_cli(common + ["--stdlib", str(clean), "--tokens", "10"]) == 2
     assert capsys.readouterr().err == "error: --tokens 10 is less than one --chunk of 64 tokens\n"
     assert not (tmp_path / "h").exists()
+
+
+def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_the_weights(tmp_path, capsys, monkeypatch):
+    """The default --draft-vocab 3072 against a target of 257 tokens ended in choose_draft_vocab's ValueError
+    traceback after the teacher pass."""
+    import sequoia_opt.model.loaders as loaders
+    from sequoia_opt.distill.eagle3 import run_cli
+
+    target = _target8(tmp_path / "t8")
+    monkeypatch.setattr(loaders, "load_checkpoint", lambda *a, **k: pytest.fail("the target was loaded"))
+    assert run_cli(["--target", str(target), "--out", str(tmp_path / "h"), "--stdlib", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ("error: --draft-vocab 3072 is larger than the target's vocabulary of 257 "
+                                       "tokens\n")
+    assert not (tmp_path / "h").exists()

@@ -583,6 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --target {tpath} has {tconfig.n_layers} layers: an EAGLE-3 head fuses three distinct layers "
               f"(the engines' defaults 1, n/2 - 1, n - 4 need n >= 7)", file=sys.stderr)
         return 2
+    if args.init_from is None and args.draft_vocab > tconfig.vocab_size:  # choose_draft_vocab's, after the teacher
+        print(f"error: --draft-vocab {args.draft_vocab} is larger than the target's vocabulary of "
+              f"{tconfig.vocab_size} tokens", file=sys.stderr)
+        return 2
     if args.init_from is not None:  # an EAGLE-3 head for this target (CheckpointError, one line, otherwise)
         from ..model.head_checkpoints import read_eagle_config
 
