@@ -491,3 +491,37 @@ def test_a_corpus_too_small_is_one_line_before_anything_is_written(tmp_path, cap
         err = capsys.readouterr().err
         assert err == f"error: {flag} 10 is less than one --chunk of 64 tokens\n", err
         assert not (tmp_path / "o").exists()
+
+
+def test_a_student_the_target_cannot_make_or_continue_is_refused_before_the_weights(tmp_path, capsys, monkeypatch):
+    """Found after the whole teacher pass, with the prompt sets already written: the default --dim 160 against a
+    narrower target (pca_embedding's ValueError traceback), an --init-from of another architecture (its message
+    did not say what differs), and an --init-from with another tokenizer (accepted: trained on other ids)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import byte_tokenizer, make_pair, other_tokenizer
+    import sequoia_opt.model.loaders as loaders
+    from sequoia_opt.distill.cli import run_cli
+    from sequoia_opt.model.hf import save_hf_checkpoint
+
+    target, _, _ = make_pair(tmp_path)
+    cfg = student_config(vocab_size=257, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=128,
+                         rope_theta=10000.0)
+    save_hf_checkpoint(init_student(cfg, seed=0), byte_tokenizer(), tmp_path / "d32")
+    save_hf_checkpoint(init_student(cfg, seed=0), other_tokenizer(), tmp_path / "other")
+    monkeypatch.setattr(loaders, "load_checkpoint", lambda *a, **k: pytest.fail("a checkpoint's weights loaded"))
+    base = _small_run(tmp_path, target, tmp_path)
+    for extra, message in (
+            (["--dim", "160", "--intermediate", "640"],
+             "--dim 160 is wider than the target's hidden size 64 (the PCA embedding init)"),
+            (["--dim", "48", "--init-from", str(tmp_path / "d32")],
+             f"--init-from {tmp_path / 'd32'} has another architecture than the one asked for: dim 32, not 48; "
+             "intermediate_size 128, not 192"),
+            (["--layers", "2", "--init-from", str(tmp_path / "d32")], "n_layers 1, not 2"),
+            (["--intermediate", "128", "--init-from", str(tmp_path / "other")],
+             f"--init-from {tmp_path / 'other'} has another tokenizer than the target {target} (token id 0 differs)")):
+        assert run_cli(base + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+        assert not (tmp_path / "o").exists()

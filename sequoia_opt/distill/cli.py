@@ -159,6 +159,40 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def target_refusal(args: argparse.Namespace) -> str | None:
+    """What a distillation run cannot do with its target, read from the checkpoints' configs and tokenizers (no
+    weights), as a one-line refusal; None: nothing. Checked before the target loads and its labelling starts,
+    where these failed after the teacher pass: a ``--dim`` wider than the target's hidden size (the PCA embedding
+    cannot project on more directions than it has), and an ``--init-from`` draft of another architecture than the
+    one asked for (layers, sizes, vocabulary) or another tokenizer (weights trained on other token ids).
+
+    Raises:
+        CheckpointError: a checkpoint or tokenizer the loaders refuse (``run_cli``'s one line).
+    """
+    from ..model.loaders import find_demo_target, load_model_config, load_tokenizer
+
+    tpath = args.target or find_demo_target()
+    if tpath is None:
+        return None  # _load_target names the package to install
+    tc = load_model_config(tpath)
+    if args.dim > tc.dim:
+        return f"--dim {args.dim} is wider than the target's hidden size {tc.dim} (the PCA embedding init)"
+    if args.init_from is None:
+        return None
+    prev = load_model_config(args.init_from)
+    want = {"vocab_size": tc.vocab_size, "dim": args.dim, "n_layers": args.layers, "n_heads": args.heads,
+            "n_kv_heads": args.kv_heads, "intermediate_size": args.intermediate or 4 * args.dim,
+            "tie_embeddings": True}
+    diffs = [f"{k} {getattr(prev, k)}, not {v}" for k, v in want.items() if getattr(prev, k) != v]
+    if diffs:
+        return f"--init-from {args.init_from} has another architecture than the one asked for: {'; '.join(diffs)}"
+    i = load_tokenizer(tpath).first_difference(load_tokenizer(args.init_from))
+    if i is not None:
+        return (f"--init-from {args.init_from} has another tokenizer than the target {tpath} (token id {i} "
+                "differs): its weights were trained on other token ids")
+    return None
+
+
 def _load_target(path: Path | None):
     from ..model.loaders import find_demo_target, load_checkpoint
 
@@ -262,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(refusal)
     if args.cont_batch > 0 and (args.cont_prompts == 0 or args.cont_tokens == 0):
         raise SystemExit("--cont-batch needs teacher continuations: give --cont-prompts and --cont-tokens > 0")
+    refusal = target_refusal(args)
+    if refusal is not None:
+        raise SystemExit(refusal)
     t_start = time.perf_counter()
     log = _log_to(None)
     torch.manual_seed(args.seed)
