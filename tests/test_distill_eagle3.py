@@ -329,7 +329,7 @@ def _target8(folder: Path) -> Path:
     from tiny_pair import byte_tokenizer
     from sequoia_opt.model.hf import save_hf_checkpoint
 
-    cfg = ModelConfig(vocab_size=257, dim=32, n_layers=8, n_heads=2, n_kv_heads=1, intermediate_size=64,
+    cfg = ModelConfig(vocab_size=257, dim=64, n_layers=8, n_heads=4, n_kv_heads=2, intermediate_size=128,
                       max_position_embeddings=512, name="tiny8")
     save_hf_checkpoint(random_target(cfg), byte_tokenizer(), folder)
     return folder
@@ -384,4 +384,20 @@ def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_the_weight
     assert run_cli(["--target", str(target), "--out", str(tmp_path / "h"), "--stdlib", str(tmp_path)]) == 2
     assert capsys.readouterr().err == ("error: --draft-vocab 3072 is larger than the target's vocabulary of 257 "
                                        "tokens\n")
+    assert not (tmp_path / "h").exists()
+
+
+def test_an_init_from_head_fusing_other_layers_is_refused_before_the_weights(tmp_path, capsys, monkeypatch):
+    """A head for this target's sizes that fuses other layers than the engines' defaults was refused only after
+    the whole teacher pass."""
+    import sequoia_opt.model.loaders as loaders
+    from feature_heads import write_eagle3
+    from sequoia_opt.distill.eagle3 import run_cli
+
+    target = _target8(tmp_path / "t8")
+    head = write_eagle3(tmp_path / "head", ids=(0, 2, 5))
+    monkeypatch.setattr(loaders, "load_checkpoint", lambda *a, **k: pytest.fail("the target was loaded"))
+    assert run_cli(["--target", str(target), "--out", str(tmp_path / "h"), "--stdlib", str(tmp_path),
+                    "--init-from", str(head)]) == 2
+    assert capsys.readouterr().err == f"error: --init-from {head} fuses layers [0, 2, 5], not [1, 3, 4]\n"
     assert not (tmp_path / "h").exists()

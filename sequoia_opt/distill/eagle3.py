@@ -590,7 +590,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.init_from is not None:  # an EAGLE-3 head for this target (CheckpointError, one line, otherwise)
         from ..model.head_checkpoints import read_eagle_config
 
-        read_eagle_config(args.init_from, "eagle3", tconfig)
+        prev = read_eagle_config(args.init_from, "eagle3", tconfig)
+        if tuple(prev.aux_layers) != tuple(aux):  # checked here, not after the teacher pass
+            print(f"error: --init-from {args.init_from} fuses layers {list(prev.aux_layers)}, not {list(aux)}",
+                  file=sys.stderr)
+            return 2
     root = args.stdlib or default_stdlib_root()
     split = _stdlib_split(root, args.seed, args.n_prompts)
     if not any(split.values()):  # an empty or missing folder: refused before the target's weights load
