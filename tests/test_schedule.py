@@ -120,6 +120,21 @@ def test_plan_is_the_best_fixed_k_at_every_batch_and_stops_paying():
     assert plan.setting_at(5) == plan.rows[0].best.setting and plan.setting_at(64).draft_tokens == 0
 
 
+def test_schedules_doc_guard_example_is_what_tune_prints():
+    """docs/schedules.md quotes the guard printed for this file's GPU-like profile and five prompts of p_1 0.5..0.9;
+    it had gone stale (batch 1-7 read 'below 1.46 the traffic is not what was profiled', a floor above the
+    break-even that the code no longer prints for an interval reaching under it)."""
+    from sequoia_opt.plan_exports import guard_notes
+
+    rates = [0.5, 0.6, 0.7, 0.8, 0.9]
+    pc = np.array([[[int(200 * r), 0, 0, 200 - int(200 * r)]] for r in rates], dtype=np.int64)
+    counts = pc.sum(axis=(0, 1))
+    acc = AcceptanceProfile(id="acc", acceptance=counts[:-1] / counts.sum(), counts=counts, prompt_counts=pc)
+    lines = guard_notes(solve_plan(ChainValue(acc, 8), PROFILE), "vllm")
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "schedules.md").read_text()
+    quoted = doc.split("the printed rule reads:\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [q[4:] for q in quoted] == lines
+
 def test_guard_rules_per_speculating_range():
     from sequoia_opt.plan_exports import guard_notes
     from sequoia_opt.solver.schedule import guard_rules
