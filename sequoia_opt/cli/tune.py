@@ -74,9 +74,10 @@ def tune(
         "profile gets a note naming the batch sizes to add). 0: off; at most 8.")] = 1,
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
-        "the extra_llm_api_options YAML; SGLang: the adaptive config JSON; llama.cpp: the flags per -np; treeopt: "
-        "the treeopt-schedule/1 plan). Where speculation pays at no batch size the GPU engines run without a "
-        "speculative setting: nothing is written, and a file already there is removed.")] = None,
+        "the extra_llm_api_options YAML; SGLang: the adaptive config JSON for EAGLE chains, else the flags per range; "
+        "llama.cpp: the flags per -np; treeopt: the treeopt-schedule/1 plan). Where speculation pays at no batch "
+        "size the GPU engines run without a speculative setting: nothing is written, and engine settings already "
+        "there (an earlier plan's) are removed; any other file there is kept.")] = None,
     schedule: Annotated[Optional[Path], typer.Option(
         "--schedule", help="Also write the treeopt-schedule/1 plan (every batch size's prediction) here.")] = None,
     plan: Annotated[Optional[Path], typer.Option(
