@@ -371,6 +371,17 @@ def test_a_small_corpus_or_training_text_holding_an_eval_prompt_is_one_line_and_
     assert run_cli(common + ["--stdlib", str(clean), "--tokens", "10"]) == 2
     assert capsys.readouterr().err == "error: --tokens 10 is less than one --chunk of 64 tokens\n"
     assert not (tmp_path / "h").exists()
+    # the user's own eval prompts (--eval-prompts) are checked as the package's are: text every training file holds
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"prompt": "nothing like it"}) + "\n" + json.dumps({"text": "= 2\ny"}) + "\n")
+    assert run_cli(common + ["--stdlib", str(clean), "--eval-prompts", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert f"{mine}:2: prompt 1 occurs in the training text" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "h").exists()
+    missing = tmp_path / "nope.jsonl"  # unreadable: one line before the target's weights load
+    assert run_cli(common + ["--stdlib", str(clean), "--eval-prompts", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and err.count("\n") == 1 and not (tmp_path / "h").exists(), err
 
 
 def test_a_draft_vocabulary_larger_than_the_targets_is_refused_before_the_weights(tmp_path, capsys, monkeypatch):

@@ -56,6 +56,7 @@ from ..model.config import ModelConfig
 from ..model.head_checkpoints import save_eagle_head
 from ..model.heads import EagleConfig, EagleHead
 from ..model.llama import apply_rotary
+from ..prompts import load_prompts
 from .teacher import _cached_rows, _save_cache, _top_k, greedy_continue
 from .train import TrainResult, scheduled_lr, stop_line, stop_on_ctrl_c, stop_reason
 
@@ -223,8 +224,6 @@ def check_disjoint(texts: Sequence[str], prompt_files: Sequence[Path], *, probe_
         ValueError: naming the file, its line and the prompt that occurs in the training text.
         PromptFileError: a prompt file :func:`~sequoia_opt.prompts.load_prompts` refuses.
     """
-    from ..prompts import load_prompts
-
     corpus = "\n".join(texts)
     out = {}
     for path in prompt_files:
@@ -502,6 +501,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
     p.add_argument("--n-prompts", type=int, default=32, help="as the draft's distillation (the split's sizes)")
     p.add_argument("--labels-only", action="store_true", help="stop after caching the teacher features")
+    p.add_argument("--eval-prompts", type=Path, action="append", default=[],
+                   help="a prompt file you will evaluate the head on (repeatable): refused when the training text "
+                        "holds one of its prompts, as the package's own prompt sets always are")
     p.add_argument("--init-from", type=Path, default=None,
                    help="continue training this saved head (its architecture and draft vocabulary) as a new stage")
     p.add_argument("--cont-prompts", type=int, default=0,
@@ -595,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --init-from {args.init_from} fuses layers {list(prev.aux_layers)}, not {list(aux)}",
                   file=sys.stderr)
             return 2
+    for f in args.eval_prompts:  # readable prompt files, before the weights (PromptFileError: run_cli's one line)
+        load_prompts(f)
     root = args.stdlib or default_stdlib_root()
     split = _stdlib_split(root, args.seed, args.n_prompts)
     if not any(split.values()):  # an empty or missing folder: refused before the target's weights load
@@ -625,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         what = ""  # check_disjoint's message names the prompt file and the prompt
         repo = Path(__file__).resolve().parents[2]
         prompt_files = sorted((DEFAULT_PACKAGE_DATA / "prompts").glob("*.jsonl")) + sorted(
-            (repo / "benchmarks" / "data").glob("*.jsonl"))
+            (repo / "benchmarks" / "data").glob("*.jsonl")) + list(args.eval_prompts)
         disjoint = check_disjoint([(root / f).read_text(encoding="utf-8", errors="replace") for f in used],
                                   prompt_files)
     except TreeoptError:  # a prompt file check_disjoint cannot read: run_cli's one line
