@@ -787,7 +787,10 @@ def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None =
         The LLM API's ``speculative_config`` for EAGLE-3 with a dynamic tree (``extra_llm_api_options`` YAML
         of ``trtllm-serve``; ``EagleDecodingConfig`` fields): ``decoding_type: Eagle3``, ``max_draft_len: S``,
         ``use_dynamic_tree: true``, ``dynamic_tree_max_topK: K``, ``max_total_draft_tokens: N - 1`` (TensorRT-LLM
-        counts draft tokens without the root), and ``speculative_model_dir`` left for the user.
+        counts draft tokens without the root), and ``speculative_model`` left for the user. No
+        ``eagle3_one_model``: the dynamic tree runs in the one-model worker (``Eagle3OneModelDynamicTreeWorker``),
+        the default; the two-model path is deprecated (NVIDIA/TensorRT-LLM#11761) and the field is absent from the
+        1.3.0rc27 and 1.4 API references, whose strict config refuses an unknown key.
 
     Both engines draft by EAGLE-2 re-ranking only: ``entropy`` and ``best-first`` settings have no engine
     setting (ExportError). vLLM has no dynamic tree; releases 0.10.1 to 0.20.2 take a static tree
@@ -830,13 +833,15 @@ def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None =
         if s.topk == 1 and s.budget != s.steps + 1:
             notes += (f"with topk 1 SGLang sets num_draft_tokens to num_steps + 1 = {s.steps + 1}",)
         return Export(key, json.dumps(doc, indent=2) + "\n", stub, notes=notes)
+    # no eagle3_one_model: the dynamic tree runs in the one-model worker (the default), the two-model path is
+    # deprecated and the field is gone from the 1.3.0rc27 and 1.4 API references (a strict model refuses it)
     doc = {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": s.steps,
-                                  "speculative_model_dir": "<your EAGLE-3 draft checkpoint>",
-                                  "eagle3_one_model": False, "use_dynamic_tree": True,
+                                  "speculative_model": "<your EAGLE-3 draft checkpoint>",
+                                  "use_dynamic_tree": True,
                                   "dynamic_tree_max_topK": s.topk, "max_total_draft_tokens": s.budget - 1}}
     return Export(key, yaml.safe_dump(doc, sort_keys=False), stub,
                   notes=("max_total_draft_tokens excludes the root (treeopt's budget - 1); set "
-                         "speculative_model_dir to your EAGLE-3 checkpoint",))
+                         "speculative_model to your EAGLE-3 checkpoint",))
 
 
 def load_dynamic_setting(path: str | Path) -> tuple[Any, dict[str, Any]]:

@@ -389,6 +389,10 @@ def test_export_dynamic_for_engines():
     cfg = yaml.safe_load(export_dynamic(s, "tensorrt-llm").text)["speculative_config"]
     assert cfg["decoding_type"] == "Eagle3" and cfg["use_dynamic_tree"] is True
     assert (cfg["max_draft_len"], cfg["dynamic_tree_max_topK"], cfg["max_total_draft_tokens"]) == (4, 3, 9)
+    # the exact config: no eagle3_one_model (the dynamic tree is the one-model worker's; the 1.3.0rc27 / 1.4 strict
+    # Eagle3DecodingConfig has no such field), the checkpoint under its current name speculative_model
+    assert cfg == {"decoding_type": "Eagle3", "max_draft_len": 4, "speculative_model": "<your EAGLE-3 draft checkpoint>",
+                   "use_dynamic_tree": True, "dynamic_tree_max_topK": 3, "max_total_draft_tokens": 9}
     # topk 1 is a chain: SGLang overrides the draft-token count, and the export says so
     notes = export_dynamic(DynamicSetting("eagle", 3, 1, 6), "sglang").notes
     assert any("num_steps + 1 = 4" in n for n in notes)
