@@ -48,7 +48,9 @@ module turns it into what other engines take, and reads their choice lists back.
     ``docs/advanced_features/speculative_decoding.md`` in sgl-project/sglang). The export maps a tree to
     ``steps = depth``, ``topk = max branching``, ``num_draft_tokens = n`` (capped at
     ``1 + topk + (steps - 1) * topk**2``, the number of candidates SGLang's beam produces), as JSON holding
-    the server arguments and the flags string. It is the closest setting, not the same tree.
+    the server arguments and the flags string. It is the closest setting, not the same tree. For a feature
+    head (``methods``) it names the algorithm and ``--speculative-draft-model-path``, a stand-in for the head's
+    checkpoint (SGLang's EAGLE and EAGLE3 load the head from it), with a warning to replace it.
 
 Exports are deterministic: the same tree gives the same text. Use :func:`export` for the text plus notes
 (caveats, projection loss) a CLI can print; :func:`export_tree` for the text alone.
@@ -681,13 +683,14 @@ def _export_sglang(tree: Tree, methods: Mapping[str, str] | None = None) -> Expo
             f"num_draft_tokens capped at {capacity} (SGLang's beam offers 1 + topk + (steps - 1) * topk^2 "
             f"candidates with steps {steps}, topk {topk}; the tree has {tree.size} nodes)"
         )
+    head = _sglang_head_path(algo)
     flags = (
-        (f"--speculative-algorithm {algo} " if algo else "")
+        (f"--speculative-algorithm {algo} --speculative-draft-model-path {head} " if algo else "")
         + f"--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
         f"--speculative-num-draft-tokens {num_draft_tokens}"
     )
     doc = {
-        **({"speculative_algorithm": algo} if algo else {}),
+        **({"speculative_algorithm": algo, "speculative_draft_model_path": head} if algo else {}),
         "speculative_num_steps": steps,
         "speculative_eagle_topk": topk,
         "speculative_num_draft_tokens": num_draft_tokens,
@@ -695,7 +698,19 @@ def _export_sglang(tree: Tree, methods: Mapping[str, str] | None = None) -> Expo
         "note": notes[0],
     }
     return Export("sglang", json.dumps(doc, indent=2) + "\n", tree, notes=tuple(notes),
-                  warnings=_no_method("sglang", methods))
+                  warnings=_no_method("sglang", methods) + ((_sglang_head_warning(head),) if algo else ()))
+
+
+def _sglang_head_path(algo: str | None) -> str:
+    """The stand-in for the head's checkpoint in SGLang's ``--speculative-draft-model-path``, which its EAGLE and
+    EAGLE3 algorithms load the head from (they have no other way to find it)."""
+    return "<your EAGLE-3 head>" if algo == "EAGLE3" else "<your EAGLE head>"
+
+
+def _sglang_head_warning(head: str) -> str:
+    """The warning that goes with :func:`_sglang_head_path`'s stand-in, one line."""
+    return (f"the flags name the head {head}: replace it with the head's checkpoint SGLang loads "
+            "(--speculative-draft-model-path: a Hugging Face id or a path)")
 
 
 def _parse_choice_text(text: str, name: str | None) -> Any:
@@ -780,7 +795,7 @@ def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None =
         --dynamic FILE`` reads it.
     ``sglang``
         The EAGLE server arguments, as JSON with the flags string: ``--speculative-algorithm EAGLE
-        --speculative-num-steps S --speculative-eagle-topk K --speculative-num-draft-tokens N`` (N counts the
+        --speculative-draft-model-path <your EAGLE head> --speculative-num-steps S --speculative-eagle-topk K --speculative-num-draft-tokens N`` (N counts the
         root, as treeopt's budget does). SGLang's worker expands the top-K frontier for S steps and keeps the N
         best by path probability: the ``eagle`` rule.
     ``tensorrt-llm``
@@ -825,14 +840,15 @@ def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None =
                           "(treeopt solve --format) instead")
     if key == "sglang":
         algo = engine_method or "EAGLE"
-        flags = (f"--speculative-algorithm {algo} --speculative-num-steps {s.steps} --speculative-eagle-topk {s.topk} "
-                 f"--speculative-num-draft-tokens {s.budget}")
-        doc = {"speculative_algorithm": algo, "speculative_num_steps": s.steps, "speculative_eagle_topk": s.topk,
-               "speculative_num_draft_tokens": s.budget, "cli_flags": flags}
+        head = _sglang_head_path(algo)
+        flags = (f"--speculative-algorithm {algo} --speculative-draft-model-path {head} --speculative-num-steps "
+                 f"{s.steps} --speculative-eagle-topk {s.topk} --speculative-num-draft-tokens {s.budget}")
+        doc = {"speculative_algorithm": algo, "speculative_draft_model_path": head, "speculative_num_steps": s.steps,
+               "speculative_eagle_topk": s.topk, "speculative_num_draft_tokens": s.budget, "cli_flags": flags}
         notes = ("--speculative-num-draft-tokens counts the root (treeopt's budget)",)
         if s.topk == 1 and s.budget != s.steps + 1:
             notes += (f"with topk 1 SGLang sets num_draft_tokens to num_steps + 1 = {s.steps + 1}",)
-        return Export(key, json.dumps(doc, indent=2) + "\n", stub, notes=notes)
+        return Export(key, json.dumps(doc, indent=2) + "\n", stub, notes=notes, warnings=(_sglang_head_warning(head),))
     # no eagle3_one_model: the dynamic tree runs in the one-model worker (the default), the two-model path is
     # deprecated and the field is gone from the 1.3.0rc27 and 1.4 API references (a strict model refuses it)
     doc = {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": s.steps,

@@ -384,8 +384,11 @@ def test_export_dynamic_for_engines():
     doc = json.loads(export_dynamic(s, "sglang").text)
     assert doc["speculative_num_steps"] == 4 and doc["speculative_eagle_topk"] == 3
     assert doc["speculative_num_draft_tokens"] == 10  # counts the root, as the budget does
-    assert doc["cli_flags"] == ("--speculative-algorithm EAGLE --speculative-num-steps 4 --speculative-eagle-topk 3 "
-                                "--speculative-num-draft-tokens 10")
+    # SGLang's EAGLE loads the head from --speculative-draft-model-path: the flags name a stand-in, and warn
+    assert doc["cli_flags"] == ("--speculative-algorithm EAGLE --speculative-draft-model-path <your EAGLE head> "
+                                "--speculative-num-steps 4 --speculative-eagle-topk 3 --speculative-num-draft-tokens 10")
+    assert doc["speculative_draft_model_path"] == "<your EAGLE head>"
+    assert any("--speculative-draft-model-path" in w for w in export_dynamic(s, "sglang").warnings)
     cfg = yaml.safe_load(export_dynamic(s, "tensorrt-llm").text)["speculative_config"]
     assert cfg["decoding_type"] == "Eagle3" and cfg["use_dynamic_tree"] is True
     assert (cfg["max_draft_len"], cfg["dynamic_tree_max_topK"], cfg["max_total_draft_tokens"]) == (4, 3, 9)

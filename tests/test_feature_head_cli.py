@@ -213,7 +213,8 @@ def test_calibration_dynamic_run_and_compare_drafters_with_an_eagle3_head(workdi
     assert json.loads(r.stdout)["method"] == "eagle3"
     r = invoke("solve", "-a", acc, "--budget", "6", "--max-depth", "3", "--format", "sglang")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["cli_flags"].startswith("--speculative-algorithm EAGLE3 --speculative-num-steps")
+    assert json.loads(r.stdout)["cli_flags"].startswith("--speculative-algorithm EAGLE3 --speculative-draft-model-path "
+                                                        "<your EAGLE-3 head> --speculative-num-steps")
     r = invoke("solve", "--dynamic", cal, "-l", lat, "--format", "sglang")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["speculative_algorithm"] == "EAGLE3"
@@ -237,6 +238,16 @@ def test_engine_exports_name_a_feature_heads_method_and_refuse_what_the_engine_l
     assert not export(tree, "vllm", methods=e3).warnings[1:]
     assert any("proposes a chain" in w for w in export(tree, "vllm", methods=md).warnings)
     assert json.loads(export(tree, "sglang", methods=e1).text)["speculative_algorithm"] == "EAGLE"
+    # SGLang's EAGLE3 / EAGLE load the head from --speculative-draft-model-path: the export names it (a stand-in)
+    doc = json.loads(export(tree, "sglang", methods=e3).text)
+    assert doc["cli_flags"] == ("--speculative-algorithm EAGLE3 --speculative-draft-model-path <your EAGLE-3 head> "
+                                "--speculative-num-steps 2 --speculative-eagle-topk 2 --speculative-num-draft-tokens 4")
+    assert doc["speculative_draft_model_path"] == "<your EAGLE-3 head>"
+    assert any("--speculative-draft-model-path" in w for w in export(tree, "sglang", methods=e3).warnings)
+    assert "speculative_draft_model_path" not in json.loads(export(tree, "sglang").text)  # no head: the user's flags
+    dyn = json.loads(export_dynamic(DynamicSetting("eagle", 3, 2, 6), "sglang", methods=e3).text)
+    assert dyn["cli_flags"] == ("--speculative-algorithm EAGLE3 --speculative-draft-model-path <your EAGLE-3 head> "
+                                "--speculative-num-steps 3 --speculative-eagle-topk 2 --speculative-num-draft-tokens 6")
     assert any("sglang has no speculative method" in w for w in export(tree, "sglang", methods=md).warnings)
     assert "EagleDecodingConfig" in export(tree, "tensorrt-llm", methods=e3).notes[0]
     assert "Medusa heads" in export(tree, "tensorrt-llm", methods=md).notes[0]

@@ -153,7 +153,8 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     exp = exports.export_dynamic(target.setting, key, predicted=target.to_dict(), provenance=provenance,
                                  methods=methods)
     report.notes.extend(exp.notes)
-    data["export"] = {"format": key, "text": exp.text, "notes": list(exp.notes)}
+    report.warnings.extend(exp.warnings)  # a stand-in the engine would try to load (SGLang's head path)
+    data["export"] = {"format": key, "text": exp.text, "notes": list(exp.notes), "warnings": list(exp.warnings)}
     if output is not None:
         atomic_write_text(output, exp.text)
         report.summary["written"] = str(output)
