@@ -68,6 +68,18 @@ def _target(path: str | os.PathLike) -> Path:
     return path
 
 
+#: The most bytes of the final name a temporary file's name carries (``.<name>.<random>.tmp``): a name near the
+#: file system's limit (255 bytes) made a temporary name past it, and a path the OS takes was refused.
+_TMP_NAME_BYTES = 100
+
+
+def _tmp_prefix(name: str) -> str:
+    """``.<name>.`` for a temporary file's name, ``name`` cut to :data:`_TMP_NAME_BYTES` bytes of UTF-8 (on a
+    character boundary) so that the temporary name fits wherever the final one does."""
+    cut = name.encode("utf-8", "surrogateescape")[:_TMP_NAME_BYTES].decode("utf-8", "ignore")
+    return f".{cut}."
+
+
 #: The largest text input read, in bytes (1 GiB): every treeopt input (prompts, profiles, tables, trees) is far
 #: smaller; past it the file is a device or a mistake (``--prompts /dev/zero`` read until memory ran out).
 MAX_TEXT_BYTES = 1 << 30
@@ -252,7 +264,7 @@ def _keep_old(path: Path) -> Path | None:
     rename, so the old bytes stay under this name until :func:`write_all` puts them back or removes it."""
     if not path.is_file():
         return None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path.name), suffix=".old", dir=path.parent)
     os.close(fd)
     os.unlink(tmp)
     try:
@@ -279,7 +291,7 @@ def atomic_output_path(path: str | os.PathLike):
     made = [d for d in (path.parent, *path.parent.parents) if not d.exists()]  # deepest first
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as err:
         raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
@@ -374,7 +386,7 @@ def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
         for p, data in zip(paths, files.values()):
             try:
                 p.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+                fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(p.name), suffix=".tmp", dir=p.parent)
                 tmps.append(tmp)
                 with os.fdopen(fd, "wb") as f:
                     f.write(data.encode("utf-8") if isinstance(data, str) else data)

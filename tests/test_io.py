@@ -285,3 +285,20 @@ def test_read_json_object_one_line_for_every_bad_file(tmp_path):
         read_json_object(p, error=CheckpointError)
     with pytest.raises(CheckpointError, match="^no config here$"):
         read_json_object(tmp_path / "absent.json", error=CheckpointError, missing="no config here")
+
+
+def test_a_name_near_the_file_system_limit_is_written(tmp_path):
+    from sequoia_opt._io import atomic_write_texts, create_files, write_all
+
+    name = "t" * 250 + ".yaml"  # 255 bytes: the OS takes it; the temporary name (.<name>.<random>.tmp) was 269
+    p = atomic_write_text(tmp_path / name, "x: 1\n")
+    assert p.read_text() == "x: 1\n"
+    atomic_write_text(p, "x: 2\n")  # and replaced
+    assert p.read_text() == "x: 2\n"
+    wide = "é" * 127  # 254 bytes of two-byte characters: cut on a character boundary in the temporary name
+    assert atomic_write_texts({tmp_path / wide: "a"})[0].read_text() == "a"
+    (c,) = create_files({tmp_path / ("r" * 250 + ".json"): "{}"})
+    assert c.read_text() == "{}"
+    assert write_all([(p, lambda q: atomic_write_text(q, "x: 3\n"))]) == [p] and p.read_text() == "x: 3\n"
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted([name, wide, "r" * 250 + ".json"])
+
