@@ -58,9 +58,16 @@ def _target(path: str | os.PathLike) -> Path:
     """The file a write to ``path`` replaces: a symlink's target; a directory or device there is refused.
 
     Raises:
-        OutputError: the path exists and is not a regular file.
+        OutputError: the path exists and is not a regular file, or the OS cannot look it up (a name longer than
+            the file system takes, a loop of symbolic links).
     """
     path = Path(path)
+    try:
+        os.stat(path)  # a name past the file system's limit, a symlink loop: one line, not pathlib's traceback
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as err:
+        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
     if path.is_symlink():
         path = path.resolve()
     if path.exists() and not path.is_file():

@@ -548,3 +548,22 @@ def test_solve_batch_refuses_the_options_it_had_dropped(tmp_path):
         assert len([ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]) == 1 and not out.exists()
     r = runner.invoke(app, [*base, "--width", "8", "-o", str(out)])  # the profile's own width: solved as before
     assert r.exit_code == 0 and out.is_file(), r.output
+
+
+@pytest.mark.parametrize("make", ["too_long", "loop", "dangling"])
+def test_an_output_path_the_os_cannot_look_up_is_refused_before_any_work(tmp_path, make):
+    if make == "too_long":  # pathlib raised OSError: a traceback
+        path, why = tmp_path / ("n" * 256), "File name too long"
+    else:
+        path, why = tmp_path / "a", "Too many levels of symbolic links"
+        path.symlink_to(tmp_path / ("nowhere/res" if make == "dangling" else "b"))
+        if make == "loop":  # solve failed with RuntimeError; run measured, then lost its results ("File exists")
+            (tmp_path / "b").symlink_to(path)
+        else:
+            why = f"a symbolic link to {tmp_path / 'nowhere/res'}, which does not exist (make that folder, or give another)"
+    if make != "dangling":  # a dangling -o is written through: its target is made
+        r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "8", "--max-depth", "3", "-o", str(path)])
+        assert r.exit_code == 2 and f"cannot write {path}: {why}" in " ".join(r.output.split()), r.output
+    r = runner.invoke(app, ["run", "--tree", str(tmp_path / "no-tree.yaml"), "--target", str(tmp_path / "t"),
+                            "--draft", str(tmp_path / "d"), "--results-dir", str(path)])
+    assert r.exit_code == 2 and f"--results-dir {path}: {why}" in " ".join(r.output.split()), r.output

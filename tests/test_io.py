@@ -302,3 +302,14 @@ def test_a_name_near_the_file_system_limit_is_written(tmp_path):
     assert write_all([(p, lambda q: atomic_write_text(q, "x: 3\n"))]) == [p] and p.read_text() == "x: 3\n"
     assert sorted(x.name for x in tmp_path.iterdir()) == sorted([name, wide, "r" * 250 + ".json"])
 
+
+@pytest.mark.parametrize("make", ["too_long", "loop"])
+def test_a_path_the_os_cannot_look_up_is_one_line(tmp_path, make):
+    if make == "too_long":
+        path, why = tmp_path / ("n" * 256), "File name too long"  # was pathlib's OSError traceback
+    else:
+        path, why = tmp_path / "a", "Too many levels of symbolic links"  # was RuntimeError: Symlink loop
+        path.symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(path)
+    with pytest.raises(OutputError, match=f"^cannot write {re.escape(str(path))}: {why}$"):
+        atomic_write_text(path, "data")

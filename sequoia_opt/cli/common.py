@@ -647,6 +647,7 @@ def _check_writable(path: Path) -> None:
                           "prints it as one JSON document)")
     if str(path) in ("", "."):  # typer reads -o '' as the current folder
         raise OutputError("an output path is empty or '.' (the current folder): give a file name")
+    _check_lookup(path, f"cannot write {path}")
     if path.is_dir():
         raise OutputError(f"cannot write {path}: it is a folder (give a file name in it)")
     if path.exists() and not path.is_file():
@@ -656,6 +657,22 @@ def _check_writable(path: Path) -> None:
         raise OutputError(f"cannot write {path}: {_unwritable(folder)}")
     if folder is not None:
         _probe_folder(folder, f"cannot write {path}")
+
+
+def _check_lookup(path: Path, what: str) -> None:
+    """Refuse a path the OS cannot look up (OutputError ``"{what}: <reason>"``): a name past the file system's limit
+    (255 bytes), a loop of symbolic links. pathlib raises the first (a traceback) and takes the second for a missing
+    path, which failed only when the output was written, after the measuring. A missing path passes."""
+    import os
+
+    from ..errors import OutputError
+
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as err:
+        raise OutputError(f"{what}: {err.strerror or err}") from None
 
 
 def _probe_folder(folder: Path, what: str) -> None:
@@ -738,6 +755,10 @@ def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
     from ..errors import OutputError
 
     path = Path(path)
+    _check_lookup(path, f"{option} {path}")
+    if path.is_symlink() and not path.exists():  # mkdir cannot make a folder through it: refused after the run
+        raise OutputError(f"{option} {path}: a symbolic link to {os.readlink(path)}, which does not exist (make that "
+                          "folder, or give another)")
     if path.exists():
         if not path.is_dir():
             raise OutputError(f"{option} {path}: it exists and is not a folder (results are written into a folder)")
