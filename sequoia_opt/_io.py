@@ -244,13 +244,15 @@ def write_all(writes: Sequence[tuple[Path, Callable[[Path], Any]]]) -> list[Path
     Raises:
         whatever a writer raises (OutputError for a refused path), after the put-back.
     """
-    done: list[tuple[Path, Path | None]] = []  # (path, a hard link to its old file, or None: it had none)
+    done: list[tuple[Path, Path | None]] = []  # (file, a hard link to its old bytes, or None: it had none)
+    given: list[Path] = []
     with _signals_deferred():
         try:
             for path, write in writes:
-                path = Path(path)
-                done.append((path, _keep_old(path)))  # before the write: a writer that fails midway is put back
-                write(path)
+                given.append(Path(path))
+                file = _target(path)  # through a symlink, the file the writer replaces: the one kept and put back
+                done.append((file, _keep_old(file)))  # before the write: a writer that fails midway is put back
+                write(Path(path))
         except BaseException:
             for path, old in reversed(done):
                 if old is None:
@@ -262,7 +264,7 @@ def write_all(writes: Sequence[tuple[Path, Callable[[Path], Any]]]) -> list[Path
             for _, old in done:
                 if old is not None and old.exists():
                     old.unlink()
-    return [p for p, _ in done]
+    return given
 
 
 def _keep_old(path: Path) -> Path | None:

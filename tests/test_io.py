@@ -313,3 +313,27 @@ def test_a_path_the_os_cannot_look_up_is_one_line(tmp_path, make):
         (tmp_path / "b").symlink_to(path)
     with pytest.raises(OutputError, match=f"^cannot write {re.escape(str(path))}: {why}$"):
         atomic_write_text(path, "data")
+
+
+def test_write_all_puts_a_symlinked_file_back_not_the_link(tmp_path):
+    from sequoia_opt._io import write_all
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "a.yaml").write_text("before")
+    link, dangling = tmp_path / "a.yaml", tmp_path / "n.yaml"
+    link.symlink_to("real/a.yaml")
+    dangling.symlink_to("real/new.yaml")
+
+    def refuse(path):
+        raise OutputError(f"cannot write {path}")
+
+    with pytest.raises(OutputError, match="cannot write"):
+        write_all([(link, lambda p: atomic_write_text(p, "after")), (dangling, lambda p: atomic_write_text(p, "x")),
+                   (tmp_path / "third.yaml", refuse)])
+    # the target's old bytes were kept as a link to the symlink, so "put back" restored the link over new bytes
+    assert link.is_symlink() and (real / "a.yaml").read_text() == "before"
+    assert dangling.is_symlink() and not (real / "new.yaml").exists()  # the file made through it is removed
+    assert sorted(os.listdir(real)) == ["a.yaml"] and sorted(os.listdir(tmp_path)) == ["a.yaml", "n.yaml", "real"]
+    assert write_all([(link, lambda p: atomic_write_text(p, "after"))]) == [link]  # the path given, not its target
+    assert link.is_symlink() and (real / "a.yaml").read_text() == "after"
