@@ -567,3 +567,18 @@ def test_an_output_path_the_os_cannot_look_up_is_refused_before_any_work(tmp_pat
     r = runner.invoke(app, ["run", "--tree", str(tmp_path / "no-tree.yaml"), "--target", str(tmp_path / "t"),
                             "--draft", str(tmp_path / "d"), "--results-dir", str(path)])
     assert r.exit_code == 2 and f"--results-dir {path}: {why}" in " ".join(r.output.split()), r.output
+
+
+def test_an_output_link_is_checked_where_its_file_goes(tmp_path):
+    (tmp_path / "f").write_text("a file, not a folder")
+    link = tmp_path / "tree.yaml"
+    link.symlink_to(tmp_path / "f" / "tree.yaml")  # written through: the file would go under a file
+    r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "8", "--max-depth", "3", "-o", str(link)])
+    # checked up front, as the link's own folder (was: the work done, then "cannot write ...: File exists")
+    assert r.exit_code == 2 and f"{tmp_path / 'f'} is not a folder" in " ".join(r.output.split()), r.output
+    assert link.is_symlink() and (tmp_path / "f").read_text() == "a file, not a folder"
+    real = tmp_path / "real.yaml"
+    link.unlink()
+    link.symlink_to(real)
+    r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "8", "--max-depth", "3", "-o", str(link)])
+    assert r.exit_code == 0 and link.is_symlink() and load_tree(real)[0].size >= 1, r.output

@@ -637,7 +637,7 @@ def _load_graft_tree(path: Path, light, strong):
 def _check_writable(path: Path) -> None:
     """Refuse, before any measuring, an output path that cannot become a file: a directory (or device) at
     the path, a file where one of its folders should be, or a folder this user cannot write into (OutputError,
-    one line)."""
+    one line). A symbolic link is checked as the file it names: the writers write through it."""
     from ..errors import OutputError
 
     import os
@@ -648,6 +648,8 @@ def _check_writable(path: Path) -> None:
     if str(path) in ("", "."):  # typer reads -o '' as the current folder
         raise OutputError("an output path is empty or '.' (the current folder): give a file name")
     _check_lookup(path, f"cannot write {path}")
+    if path.is_symlink():  # written through (the file it names is replaced, the link stays): check that file's folder
+        path = Path(os.path.realpath(path))
     if path.is_dir():
         raise OutputError(f"cannot write {path}: it is a folder (give a file name in it)")
     if path.exists() and not path.is_file():
