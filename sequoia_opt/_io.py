@@ -54,6 +54,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
+def check_lookup(path: str | os.PathLike, what: str) -> None:
+    """Refuse a path the OS cannot look up (OutputError ``"{what}: <reason>"``): a name past the file system's limit
+    (255 bytes), a loop of symbolic links. pathlib raises the first (a traceback) and takes the second for a missing
+    path, which failed only when the output was written, after the measuring. A missing path passes."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as err:
+        raise OutputError(f"{what}: {err.strerror or err}") from None
+
+
 def _target(path: str | os.PathLike) -> Path:
     """The file a write to ``path`` replaces: a symlink's target; a directory or device there is refused.
 
@@ -62,12 +74,7 @@ def _target(path: str | os.PathLike) -> Path:
             the file system takes, a loop of symbolic links).
     """
     path = Path(path)
-    try:
-        os.stat(path)  # a name past the file system's limit, a symlink loop: one line, not pathlib's traceback
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except OSError as err:
-        raise OutputError(f"cannot write {path}: {err.strerror or err}") from None
+    check_lookup(path, f"cannot write {path}")  # one line, not pathlib's traceback
     if path.is_symlink():
         path = path.resolve()
     if path.exists() and not path.is_file():

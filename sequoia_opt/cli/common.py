@@ -27,6 +27,7 @@ from rich.console import Console
 from typing_extensions import Annotated
 
 from .. import __version__
+from .._io import check_lookup
 from ..errors import TreeoptError
 from ..exports import EXPORT_FORMATS
 from ..tree import TreeMetadata
@@ -647,7 +648,7 @@ def _check_writable(path: Path) -> None:
                           "prints it as one JSON document)")
     if str(path) in ("", "."):  # typer reads -o '' as the current folder
         raise OutputError("an output path is empty or '.' (the current folder): give a file name")
-    _check_lookup(path, f"cannot write {path}")
+    check_lookup(path, f"cannot write {path}")
     if path.is_symlink():  # written through (the file it names is replaced, the link stays): check that file's folder
         path = Path(os.path.realpath(path))
     if path.is_dir():
@@ -659,22 +660,6 @@ def _check_writable(path: Path) -> None:
         raise OutputError(f"cannot write {path}: {_unwritable(folder)}")
     if folder is not None:
         _probe_folder(folder, f"cannot write {path}")
-
-
-def _check_lookup(path: Path, what: str) -> None:
-    """Refuse a path the OS cannot look up (OutputError ``"{what}: <reason>"``): a name past the file system's limit
-    (255 bytes), a loop of symbolic links. pathlib raises the first (a traceback) and takes the second for a missing
-    path, which failed only when the output was written, after the measuring. A missing path passes."""
-    import os
-
-    from ..errors import OutputError
-
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except OSError as err:
-        raise OutputError(f"{what}: {err.strerror or err}") from None
 
 
 def _probe_folder(folder: Path, what: str) -> None:
@@ -757,7 +742,7 @@ def _check_results_dir(path: Path, option: str = "--results-dir") -> None:
     from ..errors import OutputError
 
     path = Path(path)
-    _check_lookup(path, f"{option} {path}")
+    check_lookup(path, f"{option} {path}")
     if path.is_symlink() and not path.exists():  # mkdir cannot make a folder through it: refused after the run
         raise OutputError(f"{option} {path}: a symbolic link to {os.readlink(path)}, which does not exist (make that "
                           "folder, or give another)")
