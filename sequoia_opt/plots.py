@@ -336,14 +336,16 @@ def predicted_speedup_curve(
 ) -> list[tuple[int, float]]:
     """The solver's predicted speedup at each budget: for every budget m (nodes incl. root), the best over
     budgets m' <= m and depth limits d = 1..``max_depth`` of the DP-optimal tree's predicted speedup under
-    ``curve`` (the cost model of :mod:`sequoia_opt.solver.hardware`). Trees needing a draft width past the measured range are
-    skipped; budgets with no scorable tree are left out.
+    ``curve`` (the cost model of :mod:`sequoia_opt.solver.hardware`). Trees needing a draft forward outside the
+    measured draft counts are skipped, as :func:`~sequoia_opt.solver.hardware.choose` skips them (narrower than
+    the smallest as wider than the largest: c(w) is never extrapolated); budgets with no scorable tree are left
+    out.
 
     ``budgets`` defaults to :func:`~sequoia_opt.solver.hardware.budget_grid` up to ``max_budget`` (capped at
     the largest measured target count). Returns ``[(budget, speedup), ...]`` sorted by budget.
     """
     from .solver.dp import solve_dp
-    from .solver.hardware import budget_grid, step_cost, widest_draft_forward
+    from .solver.hardware import budget_grid, draft_outside, step_cost
 
     p = acceptance.acceptance if isinstance(acceptance, AcceptanceProfile) else acceptance
     top = min(int(max_budget), curve.max_target_tokens(context))
@@ -355,13 +357,13 @@ def predicted_speedup_curve(
     ms = [m for m in grid for _ in range(max_depth)]
     ds = [d for _ in grid for d in range(1, max_depth + 1)]
     widths_all = sol.level_widths_many(ms, ds)
-    max_draft = curve.max_draft_tokens(context)
+    max_draft, min_draft = curve.max_draft_tokens(context), curve.min_draft_tokens(context)
     best: dict[int, float] = {}
     for j, (m, d) in enumerate(zip(ms, ds)):
         row = widths_all[j]
         nz = np.nonzero(row)[0]
         widths = [int(x) for x in row[: int(nz[-1]) + 1]]
-        if widest_draft_forward(widths, curve.cost_model) > max_draft:
+        if draft_outside(widths, curve.cost_model, min_draft, max_draft):  # c(w) is never extrapolated
             continue
         s = step_cost(widths, float(sol.table[m, d]), curve, context).speedup
         if s > best.get(m, -math.inf):

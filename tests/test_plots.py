@@ -193,6 +193,21 @@ def test_predicted_speedup_curve_matches_hardware_choice() -> None:
     assert max(s for _, s in default) == pytest.approx(best.speedup)
 
 
+def test_predicted_speedup_curve_skips_the_trees_below_a_draft_table_that_starts_at_a_block() -> None:
+    # a one-pass block drafter timed from 4 drafted tokens: choose skips the trees of 1..3 drafted tokens; the plot's
+    # curve raised "draft forward at 1 tokens is below the smallest measured count 4 tokens" (treeopt plot failed
+    # on a profile solve takes)
+    from sequoia_opt.solver.hardware import choose
+
+    target = {t: 10.0 + 0.01 * t for t in (1, 2, 4, 8, 16, 32)}
+    curve = LatencyCurve.synthetic(target, {4: 1.0, 8: 1.1, 16: 1.2, 32: 1.3}, cost_model="one-pass")
+    p = [0.6, 0.15, 0.05, 0.02]
+    pts = predicted_speedup_curve(p, curve, 32, 6)
+    assert pts[0] == (1, pytest.approx(1.0))  # plain decoding: no draft forward
+    assert all(b >= 5 for b, _ in pts[1:]) and len(pts) > 1  # budgets 2..4 hold no tree c(w) prices: left out
+    assert max(s for _, s in pts) == pytest.approx(choose(p, curve, 32, 6).speedup)
+
+
 # ---------------------------------------------------------------------------------------------- figures
 def test_plot_all_with_everything(tmp_path: Path) -> None:
     run_json = tmp_path / "run.json"
