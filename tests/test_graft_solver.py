@@ -442,3 +442,15 @@ def test_bad_trees_and_limits():
         brute_force_graft(acc, None, None, 8, 3)
     with pytest.raises(ProfileError, match="budget 9 exceeds the largest target token count 8"):
         solve_graft(acc, tc, dcs, budget=9, max_depth=3)
+
+
+def test_a_strong_draft_table_from_a_block_size_skips_the_plans_it_cannot_price():
+    # the strong drafter a one-pass block drafter timed from 4 drafted tokens (c(1)..c(3) unmeasured): a plan with
+    # 1..3 strong nodes cannot be priced and is skipped, as choose skips such trees (was: ProfileError "draft
+    # forward at 1 tokens is below the smallest measured count 4 tokens" from the first such candidate, no choice)
+    t = {n: 10.0 + 0.05 * (n - 1) for n in TOKENS}
+    lc = LatencyCurve.synthetic(t, {n: 0.05 for n in TOKENS}, id="light")
+    sc = LatencyCurve.synthetic(t, {n: 0.5 for n in TOKENS if n >= 4}, id="strong", cost_model="one-pass")
+    ch = solve_graft(PAYS, lc, [lc, sc], budget=8, max_depth=4, max_branching=4, top=1000)
+    assert ch.candidates and all(r["nodes_per_drafter"][1] in (0, 4, 5, 6, 7) for r in ch.candidates)
+    assert any(r["nodes_per_drafter"][1] >= 4 for r in ch.candidates)  # the strong's priced plans are kept

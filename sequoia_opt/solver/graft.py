@@ -312,7 +312,8 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
 
     Raises:
         SolverError: bad model / limits / curves count.  ProfileError: budget beyond the largest measured
-            target count, or no candidate scoreable without extrapolating a draft curve.
+            target count, or no candidate scoreable without extrapolating a draft curve (a draft forward wider than
+            the largest or narrower than the smallest measured count: such candidates are skipped).
     """
     n, D, B = _check_limits(acc, budget, max_depth, max_branching)
     curves = _check_curves(draft_curves, 2)
@@ -329,6 +330,7 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
         plans.append(("strong", _pack(alone), frozenset(range(D))))
     grid = budget_grid(n, target_curve.target_tokens(context))
     max_draft = [c.max_draft_tokens(context) for c in curves]
+    min_draft = [c.min_draft_tokens(context) for c in curves]  # a table from a block size: no c(1) either
     scored: list[tuple[tuple, dict[str, Any], _Packed]] = []
     skipped = 0
     seen: set[tuple] = set()
@@ -360,7 +362,7 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
                         forwards.append([int(w) for w in widths[k] if w > 0])
                     else:
                         forwards.append([int(counts[k])] if counts[k] > 0 else [])
-                if any(max(f, default=1) > max_draft[k] for k, f in enumerate(forwards)):
+                if any(f and (max(f) > max_draft[k] or min(f) < min_draft[k]) for k, f in enumerate(forwards)):
                     skipped += 1
                     continue
                 per = tuple(c.step_draft_ms(f, context) for c, f in zip(curves, forwards))
@@ -381,9 +383,9 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
                 order = (-round(cost.tokens_per_s, 9), int(counts[1]), cnt, levels, m, d, len(gd))
                 scored.append((order, row, packed))
     if not scored:
-        raise ProfileError(f"every candidate tree needs a draft forward wider than the measured draft counts "
-                           f"({', '.join(f'{c.id!r}: {w}' for c, w in zip(curves, max_draft))}); profile wider "
-                           "draft forwards")
+        raise ProfileError("every candidate tree needs a draft forward outside the measured draft counts ("
+                           + ", ".join(f"{c.id!r}: {lo}..{hi}" for c, lo, hi in zip(curves, min_draft, max_draft))
+                           + "); profile the draft forwards over those counts")
     scored.sort(key=lambda x: x[0])
     _, best, packed = scored[0]
     dtree = _reconstruct_tree(acc.names, packed, n, best["max_depth"], B, frozenset(best["graft_depths"]),
