@@ -795,9 +795,9 @@ def export_dynamic(setting: Any, fmt: str, *, predicted: dict[str, Any] | None =
         --dynamic FILE`` reads it.
     ``sglang``
         The EAGLE server arguments, as JSON with the flags string: ``--speculative-algorithm EAGLE
-        --speculative-draft-model-path <your EAGLE head> --speculative-num-steps S --speculative-eagle-topk K --speculative-num-draft-tokens N`` (N counts the
-        root, as treeopt's budget does). SGLang's worker expands the top-K frontier for S steps and keeps the N
-        best by path probability: the ``eagle`` rule.
+        --speculative-draft-model-path <your EAGLE head> --speculative-num-steps S --speculative-eagle-topk K
+        --speculative-num-draft-tokens N`` (N counts the root, as treeopt's budget does). SGLang's worker expands
+        the top-K frontier for S steps and keeps the N best by path probability: the ``eagle`` rule.
     ``tensorrt-llm``
         The LLM API's ``speculative_config`` for EAGLE-3 with a dynamic tree (``extra_llm_api_options`` YAML
         of ``trtllm-serve``; ``EagleDecodingConfig`` fields): ``decoding_type: Eagle3``, ``max_draft_len: S``,

@@ -63,8 +63,8 @@ from .exports import lookup_flags
 from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_rules
 
 __all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
-           "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "check_llamacpp_slots", "trtllm_draft_len",
-           "vllm_draft_len", "sglang_steps", "looks_like_engine_settings",
+           "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "check_llamacpp_slots",
+           "trtllm_draft_len", "vllm_draft_len", "sglang_steps", "looks_like_engine_settings",
            "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "TRTLLM_DYNAMIC_TREE_LINES",
            "TRTLLM_LAST_CHECKED_LINE", "SGLANG_TIER_RELEASES",
            "SGLANG_ZERO_STEP_RELEASE", "LLAMACPP_RELEASE", "LLAMACPP_COMMIT", "SGLANG_DEFAULT_ENVELOPE",

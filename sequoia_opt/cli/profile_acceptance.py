@@ -12,9 +12,9 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from .common import (BackendOpt, located_prompts, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
+from .common import (BackendOpt, DeviceOpt, DraftOpt, DtypeOpt, JsonOpt, ProfileOutputOpt, PromptsOpt, SeedOpt,
                      TargetOpt, TemperatureOpt, TopPOpt, _check_run_options, _check_writable, check_output,
-                     handle_errors, profile_app, progress_bar, setting_notes)
+                     handle_errors, located_prompts, profile_app, progress_bar, setting_notes)
 from .render import render
 
 

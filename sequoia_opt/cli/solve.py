@@ -324,7 +324,8 @@ def solve(
             )
         )
         if ch.skipped:
-            report.notes.append(f"{ch.skipped} candidates skipped: their draft forwards fall outside the measured draft counts")
+            report.notes.append(f"{ch.skipped} candidates skipped: their draft forwards fall outside the measured "
+                                "draft counts")
     spreads = _prediction_spreads(tree, acc, model_used, ch.alternatives[0].cost if curve is not None else None,
                                   run_prompts, report, data)
 

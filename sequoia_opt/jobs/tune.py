@@ -169,7 +169,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
             refuses on its face (not a version); ``min_gain`` outside [0, 10);
             ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; a bad or
-            unsupported ``draft``; a measuring option where nothing it shapes is measured (:func:`_check_nothing_measured`).
+            unsupported ``draft``; a measuring option where nothing it shapes is measured
+            (:func:`_check_nothing_measured`).
     """
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import _version, check_llamacpp_release, check_llamacpp_slots

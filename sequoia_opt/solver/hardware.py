@@ -37,7 +37,8 @@ Maximising G / cost over all trees is hard (cost depends on the level widths), s
 DP-optimal tree for every (budget m, depth d) with m on a grid (the measured token counts, quarter-octave
 steps and the budget itself) and d = 1..D, and keeps the best. T and c come from a
 :class:`~sequoia_opt.profiles.LatencyCurve` and are never extrapolated: a tree needing a draft forward outside
-the measured draft counts (wider than the largest, or narrower than the smallest) is skipped, a budget past the largest measured target count is refused (ProfileError).
+the measured draft counts (wider than the largest, or narrower than the smallest) is skipped, a budget past the
+largest measured target count is refused (ProfileError).
 """
 
 from __future__ import annotations

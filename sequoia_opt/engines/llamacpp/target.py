@@ -300,7 +300,8 @@ class LlamaCppDrafter(Drafter):
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,
                     nodes: Sequence[int], first: bool) -> torch.Tensor:
         """A chain's next node (a batch of one): with ``first`` the committed tokens it has not seen, ending at the
-        root (in ``n_batch`` chunks: a long prompt is one catch-up); else the one node (its token at position ``L + depth``). Returns (1, V) logits."""
+        root (in ``n_batch`` chunks: a long prompt is one catch-up); else the one node (its token at position
+        ``L + depth``). Returns (1, V) logits."""
         m, L = self.model, row.cached
         if first:  # in n_batch chunks (a long prompt's catch-up exceeds one batch); logits for the root's row
             start = self.row_cached[0]
