@@ -112,6 +112,12 @@ def test_vllm_max_model_len_fits_the_sweep_and_the_model(monkeypatch, tmp_path):
         gpu.profile_gpu("vllm", str(tmp_path), contexts=[2048], token_counts=[1, 2], rounds=1, max_repeats=1,
                         device_name="test GPU")
     assert made == []  # refused before the engine loaded the model
+    # a scaled rope (YaRN x4 on a 2048-position config): the engine derives a longer context, so it judges the sweep
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 500, "max_position_embeddings": 2048,
+                                                      "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+    gpu.profile_gpu("vllm", str(tmp_path), contexts=[2048], token_counts=[1, 2], rounds=1, max_repeats=1,
+                    device_name="test GPU")
+    assert made[0]["max_model_len"] == 2048 + 2 + 1
 
 
 def test_gpu_engine_cli_passes_rounds_and_pairing_and_refuses_a_draft(monkeypatch, tmp_path):

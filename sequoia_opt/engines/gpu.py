@@ -77,7 +77,9 @@ def needed_length(contexts: Sequence[int], token_counts: Sequence[int]) -> int:
 def check_model_length(model: str, contexts: Sequence[int], token_counts: Sequence[int]) -> None:
     """Refuse, before the engine loads, a sweep longer than the model's ``config.json`` ``max_position_embeddings``
     (vLLM refuses a ``max_model_len`` past it at load, and a prompt past it at request time). Nothing is checked
-    when the folder has no such field (a hub name the engine resolves).
+    when the folder has no such field (a hub name the engine resolves), nor when the config scales its rope
+    (``rope_scaling`` / ``rope_parameters``: the engines derive a longer context from it, each by its own rule, so
+    they are left to judge).
 
     Raises:
         EngineError: the context plus the token count exceeds the model's positions (one line, the fix).
@@ -85,7 +87,10 @@ def check_model_length(model: str, contexts: Sequence[int], token_counts: Sequen
     from .._io import read_json_object
 
     config = Path(model) / "config.json"
-    limit = read_json_object(config, error=EngineError).get("max_position_embeddings") if config.is_file() else None
+    doc = read_json_object(config, error=EngineError) if config.is_file() else {}
+    scaled = any(isinstance(doc.get(k), dict) and doc[k].get("factor") not in (None, 1, 1.0)
+                 for k in ("rope_scaling", "rope_parameters"))
+    limit = None if scaled else doc.get("max_position_embeddings")
     need = needed_length(contexts, token_counts)
     if isinstance(limit, int) and not isinstance(limit, bool) and need > limit:
         raise EngineError(f"--context {max(contexts)} + {max(token_counts)} tokens + 1 generated exceeds {model}'s "
