@@ -300,7 +300,7 @@ def test_choose_dynamic_leaves_out_what_the_curve_did_not_measure(replayed):
     narrow = LatencyCurve.synthetic({1: 10.0, 8: 17.0}, {1: 1.0})
     ch = choose_dynamic(replayed, narrow, settings[:2])
     assert [r.label for r in ch.rows] == ["eagle:s1-k2-n3"]
-    assert ch.notes == ["1 setting(s) need draft forwards wider than the measured 1 tokens: left out"]
+    assert ch.notes == ["1 setting(s) need draft forwards outside the measured 1..1 tokens: left out"]
     with pytest.raises(ProfileError, match="no dynamic setting could be scored"):
         choose_dynamic(replayed, narrow, [settings[1]])
     with pytest.raises(ProfileError, match="target up to 8 tokens"):

@@ -207,13 +207,15 @@ def choose_dynamic(profile: CalibrationProfile, curve: LatencyCurve, settings: S
     """Score every setting (:func:`predict_setting`) and sort by predicted tokens per second.
 
     A setting whose budget is past the curve's largest measured target token count, or whose draft forwards
-    are wider than its measured draft widths, is left out with a note.
+    fall outside its measured draft widths (wider than the widest, or narrower than a table that starts at a
+    block), is left out with a note.
 
     Raises:
         ProfileError: no setting could be scored.
     """
     rows, notes = [], []
-    top_n, top_w = curve.max_target_tokens(context), curve.max_draft_tokens(context)
+    top_n = curve.max_target_tokens(context)
+    low_w, top_w = curve.min_draft_tokens(context), curve.max_draft_tokens(context)
     over_budget = sorted({s.budget for s in settings if s.budget > top_n})
     if over_budget:
         notes.append(f"budgets {over_budget} are past the latency profile's largest measured token count ({top_n}):"
@@ -227,7 +229,7 @@ def choose_dynamic(profile: CalibrationProfile, curve: LatencyCurve, settings: S
         except ProfileError:
             wide += 1
     if wide:
-        notes.append(f"{wide} setting(s) need draft forwards wider than the measured {top_w} tokens: left out")
+        notes.append(f"{wide} setting(s) need draft forwards outside the measured {low_w}..{top_w} tokens: left out")
     if not rows:
         raise ProfileError("no dynamic setting could be scored within the latency profile's measured range "
                            f"(target up to {top_n} tokens, draft up to {top_w})")
