@@ -68,7 +68,7 @@ def test_disjointness_is_checked(tmp_path):
     f.write_text(json.dumps({"prompt": "def spam(eggs):\n    return eggs\n"}) + "\n"
                  + json.dumps({"messages": [{"role": "user", "content": "Explain lists."}]}) + "\n")
     assert check_disjoint(["import os\n", "x = 1\n"], [f]) == {str(f): 2}
-    with pytest.raises(ValueError, match="p.jsonl:1: prompt 0 occurs in the training text"):
+    with pytest.raises(ValueError, match="p.jsonl:1: prompt 1 of 2 occurs in the training text"):
         check_disjoint(["# a file\ndef spam(eggs):\n    return eggs\n\n"], [f])
 
 
@@ -79,9 +79,9 @@ def test_disjointness_reads_prompts_as_every_command_does(tmp_path):
     f.write_text(json.dumps({"text": "def spam(eggs):\n    return eggs\n"}) + "\n"
                  + json.dumps({"prompt": "a\u2028b"}, ensure_ascii=False) + "\n", encoding="utf-8")
     assert check_disjoint(["import os\n"], [f]) == {str(f): 2}
-    with pytest.raises(ValueError, match="p.jsonl:1: prompt 0 occurs"):
+    with pytest.raises(ValueError, match="p.jsonl:1: prompt 1 of 2 occurs"):
         check_disjoint(["def spam(eggs):\n    return eggs\n"], [f])
-    with pytest.raises(ValueError, match="p.jsonl:2: prompt 1 occurs"):
+    with pytest.raises(ValueError, match="p.jsonl:2: prompt 2 of 2 occurs"):
         check_disjoint(["xa\u2028by"], [f])
 
 
@@ -363,7 +363,7 @@ def test_a_small_corpus_or_training_text_holding_an_eval_prompt_is_one_line_and_
               "--draft-vocab", "64", "--out", str(tmp_path / "h")]
     for stdlib, message in ((tmp_path / "empty", "no .py sources there"),
                             (short, "the eval split: not enough text for one chunk of 64 tokens"),
-                            (leaky, "eval.jsonl:1: prompt 0 occurs in the training text")):
+                            (leaky, "eval.jsonl:1: prompt 1 of ")):
         assert run_cli(common + ["--stdlib", str(stdlib)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: --stdlib {stdlib}: ") and message in err and err.count("\n") == 1, err
@@ -376,7 +376,7 @@ def test_a_small_corpus_or_training_text_holding_an_eval_prompt_is_one_line_and_
     mine.write_text(json.dumps({"prompt": "nothing like it"}) + "\n" + json.dumps({"text": "= 2\ny"}) + "\n")
     assert run_cli(common + ["--stdlib", str(clean), "--eval-prompts", str(mine)]) == 2
     err = capsys.readouterr().err
-    assert f"{mine}:2: prompt 1 occurs in the training text" in err and err.count("\n") == 1, err
+    assert f"{mine}:2: prompt 2 of 2 occurs in the training text" in err and err.count("\n") == 1, err
     assert not (tmp_path / "h").exists()
     missing = tmp_path / "nope.jsonl"  # unreadable: one line before the target's weights load
     assert run_cli(common + ["--stdlib", str(clean), "--eval-prompts", str(missing)]) == 2
