@@ -246,18 +246,20 @@ def test_read_text_file_keeps_its_contract_and_stops_at_the_size_cap(tmp_path, m
     assert _io.read_text_file(f, error=TreeoptError, what="prompt file") == "abcd"
 
 
+def _refuse(path):
+    """A writer that fails (write_all's put-back tests)."""
+    raise OutputError(f"cannot write {path}")
+
+
 def test_write_all_puts_every_file_back_when_one_writer_fails(tmp_path):
     from sequoia_opt._io import atomic_write_text, write_all
 
     old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
     old.write_text("before")
 
-    def refuse(path):
-        raise OutputError(f"cannot write {path}")
-
     with pytest.raises(OutputError, match="cannot write"):
         write_all([(old, lambda p: atomic_write_text(p, "after")), (new, lambda p: atomic_write_text(p, "x")),
-                   (tmp_path / "third.yaml", refuse)])
+                   (tmp_path / "third.yaml", _refuse)])
     assert old.read_text() == "before" and not new.exists() and sorted(os.listdir(tmp_path)) == ["old.yaml"]
     assert write_all([(old, lambda p: atomic_write_text(p, "after")),
                       (new, lambda p: atomic_write_text(p, "x"))]) == [old, new]
@@ -325,12 +327,9 @@ def test_write_all_puts_a_symlinked_file_back_not_the_link(tmp_path):
     link.symlink_to("real/a.yaml")
     dangling.symlink_to("real/new.yaml")
 
-    def refuse(path):
-        raise OutputError(f"cannot write {path}")
-
     with pytest.raises(OutputError, match="cannot write"):
         write_all([(link, lambda p: atomic_write_text(p, "after")), (dangling, lambda p: atomic_write_text(p, "x")),
-                   (tmp_path / "third.yaml", refuse)])
+                   (tmp_path / "third.yaml", _refuse)])
     # the target's old bytes were kept as a link to the symlink, so "put back" restored the link over new bytes
     assert link.is_symlink() and (real / "a.yaml").read_text() == "before"
     assert dangling.is_symlink() and not (real / "new.yaml").exists()  # the file made through it is removed
