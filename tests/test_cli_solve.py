@@ -582,3 +582,27 @@ def test_an_output_link_is_checked_where_its_file_goes(tmp_path):
     link.symlink_to(real)
     r = runner.invoke(app, ["solve", "-a", ACC, "--budget", "8", "--max-depth", "3", "-o", str(link)])
     assert r.exit_code == 0 and link.is_symlink() and load_tree(real)[0].size >= 1, r.output
+
+
+def test_a_tree_solved_at_one_top_p_is_flagged_when_run_sampling_at_another(tmp_path):
+    """The nucleus cuts both models' distributions, so a sampled profile's acceptance holds for its top-p only: the
+    tree records the profile's top_p and run's mismatch check compares it where both sample (it was dropped)."""
+    from sequoia_opt.jobs.entries import tree_mismatch_warnings
+
+    p = tmp_path / "acc.yaml"
+    p.write_text(yaml.safe_dump({"format": "treeopt-acceptance/1", "acceptance": [0.6, 0.1, 0.05],
+                                 "measured": {"mode": "sampling", "temperature": 1.0, "top_p": 0.9}}))
+    out = tmp_path / "tree.yaml"
+    r = runner.invoke(app, ["solve", "-a", str(p), "--budget", "8", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    _, meta = load_tree(out)
+    assert meta.extra["profiled_temperature"] == 1.0 and meta.extra["profiled_top_p"] == 0.9
+    kw = dict(device="cpu x", dtype="float32", target="t", draft="d")
+    (w,) = tree_mismatch_warnings("tree", meta, temperature=1.0, top_p=1.0, **kw)
+    assert w == ("tree 'tree' was solved from profiles measured with top_p 0.9, but this run uses 1.0: its "
+                 "predicted figures describe that setting")
+    assert tree_mismatch_warnings("tree", meta, temperature=1.0, top_p=0.9, **kw) == []
+    # greedy reads no nucleus: only the temperature is said
+    (w,) = tree_mismatch_warnings("tree", meta, temperature=0.0, top_p=1.0, **kw)
+    assert "temperature 1.0" in w
+    assert tree_mismatch_warnings("tree", meta, temperature=1.0, top_p=None, **kw) == []

@@ -349,7 +349,7 @@ def run_cmd(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
         omp_wait_policy=run_policy(dev.type), temperature=temperature,
-        threads=_cpu_threads(dev), weights=pair.weights)]
+        threads=_cpu_threads(dev), weights=pair.weights, top_p=top_p)]
     with located_prompts(texts, pfile):  # a prompt run refuses: named by path:line
         report = _run_and_report(pair, entries, ids, max_new_tokens=max_new_tokens, temperature=temperature,
                                  top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
@@ -596,7 +596,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
                                                target=p.target_name, draft=p.draft_name,
                                                draft_cost_model=p.cost_model, device_type=dev.type,
                                                omp_wait_policy=run_policy(dev.type), temperature=temperature,
-                                               threads=_cpu_threads(dev), weights=p.weights)
+                                               top_p=top_p, threads=_cpu_threads(dev), weights=p.weights)
         notes.append("specinfer merge: no predicted tokens per step (each drafter's tree was solved alone; treeopt "
                      "solve --pair-acceptance estimates the merge)")
     else:
@@ -620,7 +620,7 @@ def _multi_drafter_cmd(*, trees, target, drafts, merge, scheduler, prompts, max_
             warnings += tree_mismatch_warnings(name, meta, device=device_name(dev), dtype=dtype_name,
                                                target=pair.target_name, draft=None, device_type=dev.type,
                                                omp_wait_policy=run_policy(dev.type), temperature=temperature,
-                                               threads=_cpu_threads(dev))
+                                               top_p=top_p, threads=_cpu_threads(dev))
             warnings += graft_weights_warnings(name, meta, *used_weights)
 
             def policy(_, dtree=dtree):

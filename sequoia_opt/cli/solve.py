@@ -54,6 +54,7 @@ def _measured_on(acc: Any, curve: Any) -> dict[str, Any]:
                        ("dtype", (curve.device.get("dtype") if curve else None) or acc.measured.get("dtype")),
                        ("omp_wait_policy", curve.device.get("omp_wait_policy") if curve else None),
                        ("temperature", acc.measured.get("temperature")),
+                       ("top_p", acc.measured.get("top_p")),
                        ("threads", curve.device.get("threads")
                         if curve and curve.device.get("type") == "cpu" else None)):
         if value is not None:

@@ -25,27 +25,39 @@ __all__ = ["tree_mismatch_warnings", "DEFAULT_COMPARED_DRAFTERS", "plan_drafters
 def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype: str, target: str,
                            draft: str, draft_cost_model: str | None = None, device_type: str | None = None,
                            omp_wait_policy: str | None = None, temperature: float | None = None,
-                           threads: int | None = None, weights: dict | None = None) -> list[str]:
+                           threads: int | None = None, weights: dict | None = None,
+                           top_p: float | None = None) -> list[str]:
     """Warnings when a tree was solved from profiles measured on another device / dtype / pair than the
     one it is about to run on (its prediction then describes other hardware). ``device``: the device's name,
     ``device_type`` its torch type (:func:`~sequoia_opt.profiles.same_device`); ``omp_wait_policy``: the CPU
     run's OpenMP wait policy (:mod:`sequoia_opt.omp`: spinning and sleeping threads price a tree step 1.1x and
     1.6x a plain step on the 2-core VM, so a profile timed under the other policy mispredicts); ``temperature``:
-    the run's (a tree solved from a greedy profile predicts greedy acceptance, not sampled); ``threads``: a CPU
-    run's torch threads (a curve timed on 1 thread priced a step 1.7x dearer than 2 threads ran it); ``weights``:
-    the checkpoints' fingerprints in use (:func:`~sequoia_opt.jobs.load.weights_record`), against the acceptance
-    profile's (``profiled_weights``: another checkpoint of the same name accepts otherwise)."""
+    the run's (a tree solved from a greedy profile predicts greedy acceptance, not sampled); ``top_p``: the run's
+    nucleus mass, compared where both the run and the profile sample (the nucleus cuts both models' distributions:
+    a tiny pair's best 8-node tree at temperature 1 expects 2.15 tokens/step at top-p 0.5, 2.67 at 1.0);
+    ``threads``: a CPU run's torch threads (a curve timed on 1 thread priced a step 1.7x dearer than 2 threads ran
+    it); ``weights``: the checkpoints' fingerprints in use (:func:`~sequoia_opt.jobs.load.weights_record`),
+    against the acceptance profile's (``profiled_weights``: another checkpoint of the same name accepts otherwise)."""
     from ..profiles import same_device, weights_mismatch
     from ..profiles.checks import same_weights
 
     out = []
+    def sampled(t: Any) -> bool:
+        try:
+            return float(t) > 0
+        except (TypeError, ValueError):
+            return False
+
+    # greedy decoding reads no nucleus; a greedy side is told by the temperature's own line
+    both_sample = sampled(temperature) and sampled(meta.extra.get("profiled_temperature"))
     for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
                       ("draft_cost_model", draft_cost_model), ("engine", "treeopt"),
-                      ("omp_wait_policy", omp_wait_policy), ("temperature", temperature), ("threads", threads)):
+                      ("omp_wait_policy", omp_wait_policy), ("temperature", temperature),
+                      ("top_p", top_p if both_sample else None), ("threads", threads)):
         want = meta.extra.get(f"profiled_{key}")
         if have is None or want is None:
             continue
-        if key in ("temperature", "threads"):
+        if key in ("temperature", "top_p", "threads"):
             try:
                 same = float(want) == float(have)
             except (TypeError, ValueError):
