@@ -488,3 +488,27 @@ def test_run_refuses_a_dynamic_tree_of_a_drafter_without_probabilities_by_its_na
         _one_line_error(r, "drafter 'lookup:1-3' has no draft probabilities")
         assert "'draft'" not in r.stderr
     assert not (tmp_path / "res").exists()
+
+
+def test_run_dynamic_says_when_the_calibration_sampled_at_another_top_p(workdir, files, tmp_path):
+    """The nucleus cuts both models' distributions, so a sampled calibration predicts its own top-p only: run says
+    so where both sample (the recorded top_p was never compared)."""
+    from sequoia_opt.profiles.calibration import calibration_warnings
+
+    root, target, draft, prompts = workdir
+    _, lat = files
+    f = _calibration(tmp_path / "cal.yaml")
+    doc = yaml.safe_load(f.read_text())
+    doc["measured"].update(temperature=1.0, top_p=0.5)
+    f.write_text(yaml.safe_dump(doc))
+    cal = load_calibration(f)
+    said = ("calibration profile 'tiny_calibration' was recorded with top-p 0.5, this run samples with top-p 1")
+    assert said in calibration_warnings(cal, temperature=1.0, top_p=1.0)
+    assert not [w for w in calibration_warnings(cal, temperature=1.0, top_p=0.5) if "top-p" in w]
+    assert not [w for w in calibration_warnings(cal, temperature=0.0, top_p=1.0) if "top-p" in w]  # mode's line
+    r = invoke("run", "--dynamic", "eagle:steps=2,topk=2,budget=4", "--calibration", f, "-l", lat,
+               "--target", target, "--draft", draft, "--prompts", prompts, "--num-prompts", "1",
+               "--max-new-tokens", "4", "--temperature", "1.0", "--top-p", "1.0", "--results-dir", tmp_path / "res",
+               "--json")
+    assert r.exit_code == 0, r.output
+    assert said in json.loads(r.stdout)["warnings"]

@@ -331,7 +331,8 @@ def run_cmd(
 
         pair = dataclasses.replace(pair, target=graphed(pair.target), draft=graphed(pair.draft))
     dyn_warnings: list[str] = []
-    entries += dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes, dyn_warnings)
+    entries += dynamic_entries(dyn, pair, calibration, latency_path, temperature, dyn_notes, dyn_warnings,
+                               top_p=top_p)
     check_trees_fit(entries, pair)
     ids = encode_prompts(texts, pair.tokenizer, model=pair.target_name)
     from ..device import device_name

@@ -348,11 +348,11 @@ def check_dynamic_memory(settings: list[tuple[Any, dict, dict]], target: Optiona
 
 def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: Optional[Path],
                      latency: Optional[Path], temperature: float, notes: list[str],
-                     warnings: Optional[list[str]] = None) -> list:
+                     warnings: Optional[list[str]] = None, top_p: Optional[float] = None) -> list:
     """One TreeEntry per dynamic setting (a fresh DynamicPolicy per decoder), with its prediction
     (:func:`dynamic_settings`: from --calibration and -l, else from its file when the file was solved for this
-    drafter; a note says when it was not). Warnings about the calibration (other weights, another decoding mode,
-    too few bins) go to ``warnings``, as a tree's do (to ``notes`` when None)."""
+    drafter; a note says when it was not). Warnings about the calibration (other weights, another decoding mode or
+    top-p, too few bins) go to ``warnings``, as a tree's do (to ``notes`` when None)."""
     from ..drafting.policies import DynamicPolicy
     from ..dynamic import max_candidates
     from .run import TreeEntry
@@ -368,7 +368,7 @@ def dynamic_entries(settings: list[tuple[Any, dict, dict]], pair, calibration: O
         cal = load_calibration(calibration)
         same_pair(cal, load_latency(latency), run=(pair.target_name, pair.draft_name), weights=pair.weights)
         (notes if warnings is None else warnings).extend(calibration_warnings(cal, temperature=temperature,
-                                                                              weights=pair.weights))
+                                                                              weights=pair.weights, top_p=top_p))
     ctx = pair.target.config.max_position_embeddings
     out = []
     for setting, predicted, provenance in settings:

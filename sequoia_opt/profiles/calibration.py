@@ -425,10 +425,12 @@ def same_pair(cal: Any, curve: Any, acc: Any = None, run: tuple[str, str] | None
 
 
 def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any = None,
-                         weights: dict | None = None) -> list[str]:
+                         weights: dict | None = None, top_p: float | None = None) -> list[str]:
     """What makes a calibration profile's predictions doubtful here: too few calibrated bins, another decoding
-    mode than the run's (``temperature``) or the static tree's acceptance profile (``acc``), or other weights than
-    the run's (``weights``, :func:`~sequoia_opt.jobs.load.weights_record`: another checkpoint of the same name)."""
+    mode than the run's (``temperature``) or the static tree's acceptance profile (``acc``), another nucleus mass
+    than the run's (``top_p``, where both sample: the nucleus cuts both models' distributions), or other weights
+    than the run's (``weights``, :func:`~sequoia_opt.jobs.load.weights_record`: another checkpoint of the same
+    name)."""
     out = []
     k = cal.calibrated_bins()
     if k < 3:
@@ -438,6 +440,11 @@ def calibration_warnings(cal: Any, *, temperature: float | None = None, acc: Any
     if temperature is not None and mode(temperature) != mode(cal.temperature):
         out.append(f"calibration profile {cal.id!r} was recorded in {mode(cal.temperature)} mode, this run decodes in "
                    f"{mode(temperature)} mode")
+    recorded_p = cal.measured.get("top_p")
+    if top_p is not None and recorded_p is not None and float(temperature or 0) > 0 and cal.temperature > 0 \
+            and float(top_p) != float(recorded_p):
+        out.append(f"calibration profile {cal.id!r} was recorded with top-p {float(recorded_p):g}, this run samples "
+                   f"with top-p {float(top_p):g}")
     if acc is not None and mode(acc.measured.get("temperature")) != mode(cal.temperature):
         out.append(f"the calibration profile is {mode(cal.temperature)}, the acceptance profile "
                    f"{mode(acc.measured.get('temperature'))}: the static row is another decoding mode")
