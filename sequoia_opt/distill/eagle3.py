@@ -232,7 +232,8 @@ def check_disjoint(texts: Sequence[str], prompt_files: Sequence[Path], *, probe_
             text = p.text or " ".join(m["content"] for m in p.messages or ())
             probe = text.strip()[:probe_chars]
             if probe and probe in corpus:
-                raise ValueError(f"{p.origin or path}: prompt {i + 1} of {len(prompts)} occurs in the training text ({probe!r})")
+                raise ValueError(f"{p.origin or path}: prompt {i + 1} of {len(prompts)} occurs in the training text "
+                                 f"({probe!r})")
         out[str(path)] = len(prompts)
     return out
 
