@@ -133,7 +133,8 @@ from .graft_dp import (GraftDPSolution, _allow, _check_bool, _check_limits, _dra
                        _graft_tables, _normalize_graft_depths, _pack, _Packed, _reconstruct_tree, optimal_graft_tree,
                        solve_graft_dp)
 from .graft_value import DEFAULT_NAMES, GraftAcceptance, graft_expected_tokens
-from .hardware import StepCost, budget_grid, check_budget_measured, choose, cost_of_step, plain_ms_per_token
+from .hardware import (StepCost, budget_grid, check_budget_measured, choose, cost_of_step, forwards_outside,
+                       plain_ms_per_token)
 
 __all__ = ["GraftAcceptance", "GraftChoice", "GraftDPSolution", "drafter_costs_ms", "drafter_forwards",
            "graft_baselines", "graft_depth_family", "graft_expected_tokens", "graft_step_cost", "merge_trees",
@@ -362,7 +363,7 @@ def solve_graft(acc: GraftAcceptance, target_curve: LatencyCurve, draft_curves: 
                         forwards.append([int(w) for w in widths[k] if w > 0])
                     else:
                         forwards.append([int(counts[k])] if counts[k] > 0 else [])
-                if any(f and (max(f) > max_draft[k] or min(f) < min_draft[k]) for k, f in enumerate(forwards)):
+                if any(forwards_outside(f, min_draft[k], max_draft[k]) for k, f in enumerate(forwards)):
                     skipped += 1
                     continue
                 per = tuple(c.step_draft_ms(f, context) for c, f in zip(curves, forwards))

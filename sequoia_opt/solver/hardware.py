@@ -96,18 +96,16 @@ def draft_forwards(level_widths: Sequence[int], cost_model: str) -> list[int]:
     return [n - 1] if n > 1 else []
 
 
-def widest_draft_forward(level_widths: Sequence[int], cost_model: str) -> int:
-    """The largest draft forward a tree needs under ``cost_model`` (1 when it needs none), to compare with
-    :meth:`LatencyCurve.max_draft_tokens` before scoring (no extrapolation)."""
-    return max(draft_forwards(level_widths, cost_model), default=1)
+def forwards_outside(forwards: Sequence[int], lowest: int, highest: int) -> bool:
+    """Whether draft forwards over ``forwards`` tokens each leave the measured draft counts ``lowest..highest``
+    (:meth:`LatencyCurve.min_draft_tokens` / :meth:`~LatencyCurve.max_draft_tokens`): pricing them would
+    extrapolate c(w) on either side. No forward is never outside."""
+    return bool(forwards) and (max(forwards) > highest or min(forwards) < lowest)
 
 
 def draft_outside(level_widths: Sequence[int], cost_model: str, lowest: int, highest: int) -> bool:
-    """Whether a tree's draft forwards (:func:`draft_forwards`) leave the measured draft counts
-    ``lowest..highest`` (tokens): scoring it would extrapolate c(w) on either side. A tree with no draft forward
-    is never outside."""
-    forwards = draft_forwards(level_widths, cost_model)
-    return bool(forwards) and (max(forwards) > highest or min(forwards) < lowest)
+    """:func:`forwards_outside` of a tree's draft forwards under ``cost_model`` (:func:`draft_forwards`)."""
+    return forwards_outside(draft_forwards(level_widths, cost_model), lowest, highest)
 
 
 def step_cost(
@@ -547,7 +545,7 @@ def compare_baselines(
         cost, note = None, None
         if curve is not None:
             forwards = draft_forwards(tree.level_widths, curve.cost_model)
-            if draft_outside(tree.level_widths, curve.cost_model, min_draft, max_draft):  # would extrapolate c(w)
+            if forwards_outside(forwards, min_draft, max_draft):  # scoring it would extrapolate c(w)
                 wide = max(forwards) > max_draft
                 note = (f"{name} not scored: it needs a draft forward over {max(forwards) if wide else min(forwards)} "
                         f"tokens; latency profile {curve.id!r} measured draft forwards "
