@@ -40,15 +40,13 @@ class PromptError(DecodingError):
         index: the prompt's 0-based index in the list.  total: the list's length.  tokens: its length (tokens).
     """
 
-    def __init__(self, index: int, total: int, tokens: int, why: str) -> None:
-        super().__init__(f"prompt {index + 1} of {total} ({tokens} tokens): {why}")
+    def __init__(self, index: int, total: int, tokens: int, why: str, where: str | None = None) -> None:
+        super().__init__((f"{where}: " if where else "") + f"prompt {index + 1} of {total} ({tokens} tokens): {why}")
         self.index, self.total, self.tokens, self.why = int(index), int(total), int(tokens), str(why)
 
     def located(self, where: str) -> "PromptError":
         """The same refusal, prefixed by where the prompt came from (``path:line``, or the file)."""
-        err = PromptError(self.index, self.total, self.tokens, self.why)
-        err.args = (f"{where}: {self}",)
-        return err
+        return PromptError(self.index, self.total, self.tokens, self.why, where)
 
 
 class OutputError(TreeoptError):

@@ -523,7 +523,7 @@ def located_prompts(texts, pfile):
 
     Args:
         texts: the :class:`~sequoia_opt.prompts.Prompt` s the measured token lists were encoded from, in order.
-        pfile: their file (None: the demo's, named as such).
+        pfile: their file (the demo's when the user named none).
     """
     from ..errors import PromptError
 
@@ -531,8 +531,7 @@ def located_prompts(texts, pfile):
         yield
     except PromptError as err:
         i = err.index
-        where = texts[i].origin if i < len(texts) and texts[i].origin else str(pfile or "the demo prompts")
-        raise err.located(where) from None
+        raise err.located(texts[i].origin if i < len(texts) and texts[i].origin else str(pfile)) from None
 
 
 def mode_slug(temperature: float, top_p: float) -> str:
