@@ -515,6 +515,19 @@ def _load_tree_entry(path: Path):
     return TreeEntry(name=path.stem, tree=tree, metadata=meta or TreeMetadata())
 
 
+def load_acceptance_width(path, width: Optional[int]):
+    """The acceptance profile at ``path`` (:func:`~sequoia_opt.profiles.load_acceptance`), holding ``width``
+    entries per node when ``--width`` gave one (None: any). Raises ProfileError as the loader, SolverError (one
+    line) for another width."""
+    from ..errors import SolverError
+    from ..profiles import load_acceptance
+
+    acc = load_acceptance(path)
+    if width is not None and acc.width != width:
+        raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
+    return acc
+
+
 @contextlib.contextmanager
 def located_prompts(texts, pfile):
     """A context that prefixes a :class:`~sequoia_opt.errors.PromptError` (``prompt 3 of 8 (600 tokens): ...``)

@@ -123,7 +123,8 @@ def solve(
     With --pair-acceptance: the grafted tree of a light and a strong drafter, against each alone and their
     SpecInfer merge."""
     from ..errors import SolverError
-    from ..profiles import load_acceptance, load_latency, warn_on_mismatch
+    from ..profiles import load_latency, warn_on_mismatch
+    from .common import load_acceptance_width
     from ..solver import choose, compare_baselines
     from ..solver.depth import ValueModel, check_acceptance_model, solve_profile
 
@@ -220,9 +221,7 @@ def solve(
     if context is not None and context < 0:
         raise SolverError(f"--context must be a number of tokens >= 0, got {context}")
     check_acceptance_model(acceptance_model)
-    acc = load_acceptance(acceptance)
-    if width is not None and acc.width != width:
-        raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
+    acc = load_acceptance_width(acceptance, width)
     curve = load_latency(latency) if latency is not None else None
     p = acc.acceptance
     report = Report(title="treeopt solve")

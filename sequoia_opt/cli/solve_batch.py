@@ -25,7 +25,8 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     """Every check first (one line, exit 2), then one :func:`choose` per batch size, the table and the plan.
     ``width``: the entries the acceptance profile must have (``--width``), or None."""
     from .. import exports
-    from ..profiles import load_acceptance, warn_on_mismatch
+    from ..profiles import warn_on_mismatch
+    from .common import load_acceptance_width
     from ..jobs.tune import load_given_latency
     from ..profiles.batch import check_starts_at_one, parse_batches
     from ..solver.batch import choose_per_batch, plan_document, save_plan
@@ -51,9 +52,7 @@ def solve_batch(batch: str, acceptance: Path, latency: Optional[Path], *, budget
     prof = load_given_latency(Path(latency), context or 0)  # a batch profile, a T(b, n) table or a batch-1 curve
     for b in batches:
         prof.curve(b)  # refuses a batch size the profile did not measure, before solving
-    acc = load_acceptance(acceptance)
-    if width is not None and acc.width != width:
-        raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
+    acc = load_acceptance_width(acceptance, width)
     sol, model_used = solve_profile(acc, budget, max_depth, max_branching, acceptance_model)
     p = acc.acceptance
     chs = choose_per_batch(p, prof, batches, budget, max_depth, max_branching, context=context, solution=sol)

@@ -29,7 +29,8 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     from ..profiles.calibration import calibration_warnings, load_calibration, same_pair
     from ..dynamic import POLICY_NAMES
     from ..drafting.registry import head_engine_methods
-    from ..profiles import load_acceptance, load_latency
+    from ..profiles import load_latency
+    from .common import load_acceptance_width
     from ..solver import choose
     from ..solver.dynamic import choose_dynamic, setting_grid
 
@@ -62,9 +63,7 @@ def solve_dynamic(calibration: Path, latency: Optional[list[Path]], acceptance: 
     check_acceptance_model(acceptance_model)
     cal = load_calibration(calibration)
     curve = load_latency(latency[0])
-    acc = load_acceptance(acceptance[0]) if acceptance else None
-    if acc is not None and width is not None and acc.width != width:
-        raise SolverError(f"acceptance profile {acc.id!r} has {acc.width} entries but --width {width} was asked for")
+    acc = load_acceptance_width(acceptance[0], width) if acceptance else None
     same_pair(cal, curve, acc)
     report = Report(title="treeopt solve --dynamic")
     report.warnings.extend(calibration_warnings(cal, acc=acc))
