@@ -29,8 +29,8 @@ from ..model.llama import Transformer
 from ..prompts import demo_prompts_path, load_prompts
 from .card import bars, stage_summary, write_card
 from .curve import continue_curve, read_curve, write_curve
-from .data import (DATA_LICENCE, build_prompts, collect_sources, continuation_prompts, default_stdlib_root,
-                   setting_refusal, split_files, token_chunks, training_streams, write_jsonl)
+from .data import (DATA_LICENCE, build_prompts, continuation_prompts, default_stdlib_root, setting_refusal,
+                   stdlib_split, token_chunks, training_streams, write_jsonl)
 from .evaluate import evaluate_pair, greedy_agreement, greedy_generate
 from .teacher import label_with_teacher, teacher_continuations
 from .train import evaluate_labels, init_student, pca_embedding, student_config, train_student
@@ -67,6 +67,15 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D102
         self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
+
+
+def chunk_refusal(args: argparse.Namespace, names: Sequence[str]) -> str | None:
+    """The one-line refusal of a token budget (``args.<name>`` for each of ``names``: ``tokens``, ``val_tokens``)
+    below one ``--chunk``: the text is cut into whole chunks, so fewer tokens make none; None: all hold one."""
+    for name in names:
+        if getattr(args, name) < args.chunk:
+            return f"--{name.replace('_', '-')} {getattr(args, name)} is less than one --chunk of {args.chunk} tokens"
+    return None
 
 
 def settings_refusal(args: argparse.Namespace, *, positive: Sequence[str], nonnegative: Sequence[str] = (),
@@ -281,10 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         positive_floats=("lr", "emb_rms", "max_train_minutes"), nonnegative_floats=("weight_decay", "ce_weight"))
     if refusal is None and args.dim % args.heads:
         refusal = f"--dim {args.dim} is not a multiple of --heads {args.heads}"
-    for name in ("tokens", "val_tokens"):  # the text is cut into whole chunks: fewer tokens make none
-        if refusal is None and getattr(args, name) < args.chunk:
-            refusal = (f"--{name.replace('_', '-')} {getattr(args, name)} is less than one --chunk of {args.chunk} "
-                       "tokens")
+    refusal = refusal or chunk_refusal(args, ("tokens", "val_tokens"))
     if refusal is not None:
         raise SystemExit(refusal)
     if min(args.cont_prompts, args.cont_batch, args.cont_tokens) < 0 or args.cont_prompt_tokens < 1 \
@@ -306,12 +312,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. data
     root = args.stdlib or default_stdlib_root()
-    files = collect_sources(root)
-    if not files:  # an empty or missing folder: the data steps below would fail after the target loads
-        raise SystemExit(f"--stdlib {root}: no .py sources there (files of at least 200 bytes, tests skipped)")
-    sizes = {f: (root / f).stat().st_size for f in files}
-    split = split_files(files, seed=args.seed, n_profile=args.n_prompts + 8, n_eval=args.n_prompts + 8,
-                        sizes=sizes)
+    try:  # an empty or missing folder: the data steps below would fail after the target loads
+        split = stdlib_split(root, seed=args.seed, n_prompts=args.n_prompts)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     target_path, target, tok = _load_target(args.target)
     log(f"target {target_path} loaded: {target.config.n_layers} layers, dim {target.config.dim}")
     prefix = f"python{sys.version_info.major}.{sys.version_info.minor}"

@@ -74,6 +74,22 @@ def split_files(files: Sequence[str], *, seed: int, n_profile: int, n_eval: int,
     return {"train": sorted(train), "profile": sorted(pr), "eval": sorted(ev)}
 
 
+def stdlib_split(root: str | os.PathLike, *, seed: int, n_prompts: int) -> dict[str, list[str]]:
+    """The ``.py`` sources under ``root`` (:func:`collect_sources`) split as both distillation commands split them
+    (:func:`split_files`: ``n_prompts + 8`` eval and profile files of at least 2000 bytes, by size).
+
+    Raises:
+        ValueError: no source there (an empty or missing folder), one line naming ``--stdlib``: checked before the
+            target loads, where the data steps failed after it.
+    """
+    root = Path(root)
+    files = collect_sources(root)
+    if not files:
+        raise ValueError(f"--stdlib {root}: no .py sources there (files of at least 200 bytes, tests skipped)")
+    sizes = {f: (root / f).stat().st_size for f in files}
+    return split_files(files, seed=seed, n_profile=n_prompts + 8, n_eval=n_prompts + 8, sizes=sizes)
+
+
 #: The longest continuation prompt the distillation commands make: :func:`make_prompt` re-encodes a growing window
 #: line by line (quadratic in the window), and past this few standard-library files hold a window of whole lines
 #: that long in their first half.

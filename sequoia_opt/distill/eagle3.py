@@ -530,20 +530,12 @@ def cpu_has_bf16_units(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
     return None if flags is None else ("amx_bf16" in flags or "avx512_bf16" in flags)
 
 
-def _stdlib_split(root: Path, seed: int, n_prompts: int) -> dict[str, list[str]]:
-    from .data import collect_sources, split_files
-
-    files = collect_sources(root)
-    sizes = {f: (root / f).stat().st_size for f in files}
-    return split_files(files, seed=seed, n_profile=n_prompts + 8, n_eval=n_prompts + 8, sizes=sizes)
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command (module docstring). Returns 0; bad settings exit 2 with one line."""
     from ..model.loaders import find_demo_target, load_checkpoint
     from ..model.loaders import load_model_config
-    from .cli import DEFAULT_PACKAGE_DATA, _cpu_name, settings_refusal
-    from .data import continuation_prompts, default_stdlib_root, setting_refusal, token_chunks
+    from .cli import DEFAULT_PACKAGE_DATA, _cpu_name, chunk_refusal, settings_refusal
+    from .data import continuation_prompts, default_stdlib_root, setting_refusal, stdlib_split, token_chunks
 
     args = _parser().parse_args(argv)
     refusal = settings_refusal(
@@ -551,10 +543,8 @@ def main(argv: list[str] | None = None) -> int:
                         "max_per_file", "top", "heads", "kv_heads", "head_dim", "intermediate", "eval_every",
                         "n_prompts"), nonnegative=("warmup", "threads"),
         positive_floats=("lr", "step_decay", "max_train_minutes"), nonnegative_floats=("feature_weight",))
-    for name in ("val_tokens",) + (() if args.cont_prompts > 0 else ("tokens",)):  # whole chunks: fewer make none
-        if refusal is None and getattr(args, name) < args.chunk:
-            refusal = (f"--{name.replace('_', '-')} {getattr(args, name)} is less than one --chunk of {args.chunk} "
-                       "tokens")
+    # continuations replace the chunked training text: then only the held-out text is cut into chunks
+    refusal = refusal or chunk_refusal(args, ("val_tokens",) + (() if args.cont_prompts > 0 else ("tokens",)))
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
@@ -601,10 +591,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in args.eval_prompts:  # readable prompt files, before the weights (PromptFileError: run_cli's one line)
         load_prompts(f)
     root = args.stdlib or default_stdlib_root()
-    split = _stdlib_split(root, args.seed, args.n_prompts)
-    if not any(split.values()):  # an empty or missing folder: refused before the target's weights load
-        print(f"error: --stdlib {root}: no .py sources there (files of at least 200 bytes, tests skipped)",
-              file=sys.stderr)
+    try:  # an empty or missing folder: refused before the target's weights load
+        split = stdlib_split(root, seed=args.seed, n_prompts=args.n_prompts)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     target, tok = load_checkpoint(tpath, device="cpu", dtype=torch.float32)
     target.eval()
