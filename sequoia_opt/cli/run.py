@@ -444,17 +444,12 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
         if measured_mode is not None and measured_mode != mode:
             warnings.append(f"acceptance profile {plan.acceptance.id!r} was measured in {measured_mode} mode, this "
                             f"run is {mode}: {plan.label}'s predicted tokens per step describe the other mode")
-    from ..decoding.forward import check_capacity, check_prompt
-    from ..errors import DecodingError, PromptError
+    from ..decoding.forward import check_capacity, check_each_prompt, check_prompt
 
     ctx = pair.target.config.max_position_embeddings
-    with located_prompts(texts, pfile):  # named by path:line
-        for i, p in enumerate(ids):  # every request checked before the step checks time anything
-            try:
-                check_capacity(len(check_prompt(p, pair.vocab_size)), max_new_tokens, cache_len=ctx, context=ctx,
-                               model="the target")
-            except DecodingError as err:
-                raise PromptError(i, len(ids), len(p), str(err)) from None
+    with located_prompts(texts, pfile):  # every request checked before the step checks time anything
+        check_each_prompt(ids, lambda p: check_capacity(len(check_prompt(p, pair.vocab_size)), max_new_tokens,
+                                                        cache_len=ctx, context=ctx, model="the target"))
     check_notes: list[str] = []
     makers = [p.new_drafter for p in pairs]
     if check_step:  # the choice rode the latency curve's noise: each chosen step timed again, on profile prompts

@@ -7,15 +7,30 @@ speedup measures speculation, not a different code path.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ..attention import TreeMask, causal_tree_mask
-from ..errors import DecodingError
+from ..errors import DecodingError, PromptError
 from ..model import ModelKVCache, Transformer
 
 DEFAULT_MAX_LEN = 4096  # default cache slots (plus the tree size) when a decoder is given no max_len
+
+
+def check_each_prompt(prompts: Sequence[Sequence[int]], check: Callable[[Sequence[int]], object]) -> None:
+    """Run ``check`` on every request before any timed work (a decoder's ``check``, the capacity checks); its
+    DecodingError becomes a :class:`~sequoia_opt.errors.PromptError` naming the prompt ("prompt 3 of 8 (600
+    tokens): ..."), which a caller that knows the prompt file locates (``path:line``).
+
+    Raises:
+        PromptError: the first prompt ``check`` refuses.
+    """
+    for i, p in enumerate(prompts):
+        try:
+            check(p)
+        except DecodingError as err:
+            raise PromptError(i, len(prompts), len(p), str(err)) from None
 
 
 def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from .._io import create_files, new_run_id
-from ..errors import DecodingError, PromptError
 from ..decoding import Decoder, DraftingPolicy, GenerationResult
+from ..decoding.forward import check_each_prompt
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.drafters.model import guessable_tokens
 from ..drafting.policies import SchedulePolicy, StaticTreePolicy
@@ -614,13 +614,12 @@ def run_trees(
     kw = dict(temperature=temperature, top_p=top_p, eos_ids=eos_ids, backend=backend, max_len=max_len)
     plain = Decoder(target, None, generator=gen(seed), **kw)
     decoders = [Decoder(target, pol, generator=gen(seed), **kw) for pol in policies]
-    for i, p in enumerate(prompts):  # every request validated before any timed work
-        try:
-            for d in decoders:  # first: their messages call the target "the target"
-                d.check(p, max_new_tokens)
-            plain.check(p, max_new_tokens)
-        except DecodingError as err:
-            raise PromptError(i, len(prompts), len(p), str(err)) from None
+    def check(p: Sequence[int]) -> None:  # every request validated before any timed work
+        for d in decoders:  # first: their messages call the target "the target"
+            d.check(p, max_new_tokens)
+        plain.check(p, max_new_tokens)
+
+    check_each_prompt(prompts, check)
     if warmup:
         plain.generate(prompts[0], min(8, max_new_tokens))
         for d in decoders:

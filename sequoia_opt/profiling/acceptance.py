@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from ..decoding import Decoder
+from ..decoding.forward import check_each_prompt
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.policies import StaticTreePolicy
-from ..errors import DecodingError, PromptError
+from ..errors import DecodingError
 from ..model import Transformer
 from ..profiles import ACCEPTANCE_FORMAT, AcceptanceProfile
 from ..tree import Tree, now_iso
@@ -195,11 +196,7 @@ def measure_acceptance(
     # the measurement tree is measured whole at every step, to the answer's last token
     decoder = Decoder(target, StaticTreePolicy(drafter, tree, cut_at_answer_end=False), temperature=temperature,
                       top_p=top_p, generator=gen, eos_ids=eos_ids, backend=backend)
-    for i, p in enumerate(prompts):  # validate every request before the first forward pass
-        try:
-            decoder.check(p, max_new_tokens)
-        except DecodingError as err:  # which one: as run names it
-            raise PromptError(i, len(prompts), len(p), str(err)) from None
+    check_each_prompt(prompts, lambda p: decoder.check(p, max_new_tokens))  # before the first forward pass
     context = getattr(drafter, "context", None)
     counts = AcceptanceCounts.empty(width)
     counts.drafter_context = context if isinstance(context, int) and context < 2 ** 31 else None
@@ -287,11 +284,7 @@ def chain_traces(target: Transformer, draft: Transformer | Drafter | Callable[[]
     if not can_teacher_force(drafter):
         return None
     plain = plain_decoder(target, eos_ids=eos_ids, backend=backend)
-    for i, p in enumerate(prompts):  # validate every request before the first forward pass
-        try:
-            plain.check(p, max_new_tokens)
-        except DecodingError as err:  # which one: as measure_acceptance names it
-            raise PromptError(i, len(prompts), len(p), str(err)) from None
+    check_each_prompt(prompts, lambda p: plain.check(p, max_new_tokens))  # before the first forward pass
     out: list[Trace] = []
     for i, p in enumerate(prompts):
         out.append(teacher_forced_trace(drafter, p, plain.generate(p, max_new_tokens).tokens))

@@ -11,10 +11,10 @@ import torch
 
 from ..profiles.calibration import CalibrationProfile, RecordedStep
 from ..decoding import Decoder, StepView
+from ..decoding.forward import check_each_prompt
 from ..decoding.sampling import argmax_tokens, process_logits
 from ..drafting.drafters import Drafter
 from ..drafting.policies import DynamicPolicy
-from ..errors import DecodingError, PromptError
 from ..dynamic import DynamicSetting, max_candidates
 from ..model import Transformer
 from ..tree import now_iso
@@ -68,11 +68,7 @@ def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter],
     longest = max(len(p) for p in prompts)
     dec = Decoder(target, policy, temperature=temperature, top_p=top_p, eos_ids=eos_ids, backend=backend,
                   max_len=min(target.config.max_position_embeddings, longest + max_new_tokens) + policy.max_size)
-    for i, p in enumerate(prompts):
-        try:
-            dec.check(p, max_new_tokens)
-        except DecodingError as err:  # which one: as measure_acceptance names it
-            raise PromptError(i, len(prompts), len(p), str(err)) from None
+    check_each_prompt(prompts, lambda p: dec.check(p, max_new_tokens))  # before the first forward pass
     for i, p in enumerate(prompts):
         dec.generator = torch.Generator(device=target.device).manual_seed(seed + i)
         dec.generate(p, max_new_tokens)
