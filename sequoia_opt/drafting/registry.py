@@ -454,19 +454,21 @@ register_policy(PolicyKind(
 
 
 def _parse_schedule(arg: str | None) -> dict[str, Any]:
-    """``schedule:FILE``: a ``treeopt-schedule/1`` file (``treeopt tune -o``); chains, static trees or none."""
-    from ..solver.schedule import load_schedule
+    """``schedule:FILE``: a ``treeopt-schedule/1`` file (``treeopt tune -o``; chains, static trees or none) or a
+    ``treeopt-batch-trees/1`` file (``treeopt solve --batch -o``; a tree per batch range)."""
+    from ..solver.schedule import load_plan_trees
 
     if not arg:
-        raise TreeoptError("--policy schedule:FILE needs a treeopt-schedule/1 file (treeopt tune -o FILE)")
-    sched = load_schedule(arg)
-    for lo, hi, s in sched.ranges:
-        if s.shape == "envelope":
-            raise TreeoptError(f"--policy schedule:{arg}: batch sizes {lo}-{hi} want an EAGLE envelope ({s.label}); "
-                               "run envelopes with --policy dynamic")
-    return {"ranges": [(lo, hi, s.tree()) for lo, hi, s in sched.ranges], "source": arg,
-            "solved_for": _solved_for(sched.doc),
-            "batch1": _batch1_prediction(sched.doc, sched.ranges[0][2].label if sched.ranges else None)}
+        raise TreeoptError("--policy schedule:FILE needs a treeopt-schedule/1 file (treeopt tune -o FILE) or a "
+                           "treeopt-batch-trees/1 file (treeopt solve --batch -o FILE)")
+    ranges, doc, sched = load_plan_trees(arg)
+    if sched is None:  # solve --batch's plan: its batch-1 entry's figures, where it solved batch 1
+        first = (doc.get("entries") or [{}])[0]
+        batch1 = {"expected_tokens_per_step": float(first["expected_tokens_per_step"]),
+                  "predicted_speedup": float(first["speedup"])} if first.get("batch") == 1 else {}
+        return {"ranges": ranges, "source": arg, "solved_for": {}, "batch1": batch1}
+    return {"ranges": ranges, "source": arg, "solved_for": _solved_for(doc),
+            "batch1": _batch1_prediction(doc, sched.ranges[0][2].label if sched.ranges else None)}
 
 
 def _batch1_prediction(doc: Mapping[str, Any], served: str | None = None) -> dict[str, Any]:

@@ -96,7 +96,7 @@ __all__ = ["SCHEDULE_FORMAT", "SCHEDULE_KEYS", "SHAPES", "SpecSetting", "Predict
            "predict_ranges", "check_ranges", "plan_document", "save_schedule", "load_schedule", "Schedule",
            "max_draft_measured", "check_draft_measured", "check_setting_measured", "plan_from_ranges",
            "solve_one_setting_plan", "merge_ranges", "switch_midpoints", "unplaced_switches",
-           "cut_step_costs"]
+           "cut_step_costs", "load_plan_trees"]
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -1339,3 +1339,26 @@ def load_schedule(path: str | Path, *, profile: BatchLatencyProfile | None = Non
                 if lo <= b <= hi:
                     check_setting_measured(s, b, profile, context, str(p))
     return sched
+
+
+def load_plan_trees(path: str | Path) -> tuple[list[tuple[int, int, Tree]], dict[str, Any], Schedule | None]:
+    """The static tree per batch range of a plan treeopt's decoder serves: a ``treeopt-schedule/1`` file
+    (``treeopt tune -o``: chains, static trees or none) or a ``treeopt-batch-trees/1`` file (``treeopt solve
+    --batch -o``). Returns ``([(lo, hi, tree), ...], the file's mapping, its Schedule)``, the Schedule None for a
+    batch-trees plan (whose figures are its ``entries``).
+
+    Raises:
+        ProfileError: a missing or malformed file, another format, overlapping or missing ranges, a range that
+            wants an EAGLE envelope (no static tree: ``--policy dynamic`` runs envelopes).
+    """
+    from .batch import BATCH_PLAN_FORMAT, load_plan
+
+    doc, p = _load_yaml(path, "schedule")
+    if doc.get("format") == BATCH_PLAN_FORMAT:
+        return load_plan(p), doc, None
+    sched = _validate(doc, str(p))
+    for lo, hi, s in sched.ranges:
+        if s.shape == "envelope":
+            raise ProfileError(f"{p}: batch sizes {lo}-{hi} want an EAGLE envelope ({s.label}), which grows its tree "
+                               "each step: run envelopes with --policy dynamic")
+    return [(lo, hi, s.tree()) for lo, hi, s in sched.ranges], doc, sched
