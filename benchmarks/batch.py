@@ -1,6 +1,8 @@
-"""Trees for a serving load on the demo pair: per batch size b, the measured tokens/s (per sequence and total)
-of plain batched decoding, of the tree ``solve --batch`` chooses for b, and of the batch-1 tree run at b;
-predicted against measured; greedy exactness of every sequence against plain batch-1 decoding of it alone.
+"""Trees for a serving load on the demo pair (or ``--target`` / ``--draft``): per batch size b, the measured
+tokens/s (per sequence and total) of plain batched decoding, of the tree ``solve --batch`` chooses for b (or the
+tree a plan gives b: ``--plan``, from ``treeopt tune --shape tree -o`` or ``solve --batch -o``), and of the
+batch-1 tree run at b; predicted against measured; greedy exactness of every sequence against plain batch-1
+decoding of it alone.
 
 Steps (one run, one machine state): profile T(b, n), c(b, w) and the overhead at every b
 (:func:`~sequoia_opt.profiling.batch.profile_batches`, the ``profile latency --batch`` method), choose the
@@ -30,13 +32,15 @@ from sequoia_opt.profiles import load_acceptance
 from sequoia_opt.profiles.batch import parse_batches, save_batch_latency
 from sequoia_opt.profiling.batch import profile_batches
 from sequoia_opt.profiling.latency import method_text
-from sequoia_opt.prompts import encode_prompts, load_prompts
-from sequoia_opt.solver.batch import choose_per_batch
-from sequoia_opt.solver.hardware import score_tree
+from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
+from sequoia_opt.solver.batch import choose_per_batch, tree_for_batch
+from sequoia_opt.solver.hardware import plain_ms_per_token, score_tree
+from sequoia_opt.solver.schedule import load_plan_trees
 from sequoia_opt.tree import now_iso
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``treeopt tune --shape tree`` prints one that checks its plan)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -50,32 +54,52 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-depth", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--prompts", type=Path, default=Path("sequoia_opt/data/prompts/eval.jsonl"))
+    ap.add_argument("--prompts", type=Path, default=None, help="default: the demo's held-out eval prompts")
     ap.add_argument("--out", type=Path, default=Path("results/batch/demo-cpu.json"))
-    args = ap.parse_args()
+    ap.add_argument("--target", type=Path, default=None, help="target checkpoint (default: the demo target)")
+    ap.add_argument("--draft", default=None, help="drafter, as treeopt run's --draft (default: the bundled draft)")
+    ap.add_argument("--acceptance", type=Path, default=None,
+                    help="the drafter's acceptance profile (default: the pair's saved greedy one under profiles/)")
+    ap.add_argument("--plan", type=Path, default=None,
+                    help="serve this plan's trees (treeopt tune --shape tree -o, or treeopt solve --batch -o) instead "
+                         "of solving them here; they are predicted on this run's T(b, n)")
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     batches = parse_batches(args.batches)
     grid = [int(x) for x in args.tokens.split(",")]
     dgrid = [int(x) for x in args.draft_tokens.split(",")]
     t_start = time.time()
 
-    pair = load_pair(None, None, device=torch.device("cpu"), dtype=torch.float32)
-    target, draft, tok = pair.target, pair.draft, pair.tokenizer
-    acc = load_acceptance(default_acceptance_path(pair.target_name, parse_drafter_spec(None)))
+    plan = load_plan_trees(args.plan)[0] if args.plan is not None else None  # a bad plan: before loading
+    spec = parse_drafter_spec(args.draft)
+    pair = load_pair(args.target, spec, device=torch.device("cpu"), dtype=torch.float32)
+    target, tok = pair.target, pair.tokenizer
+    acc = load_acceptance(args.acceptance or default_acceptance_path(pair.target_name, spec))
     p = acc.acceptance
     print(f"profiling T(b, n) at batch {batches}, n {grid}, context {args.context} ...", flush=True)
-    prof = profile_batches(target, draft, batches, grid, dgrid, [args.context], target_name=pair.target_name,
-                           draft_name=pair.draft_name, profile_id="cpu_demo_batch", device=torch.device("cpu"),
-                           dtype=torch.float32, method=method_text(args.rounds, True, grid), rounds=args.rounds,
-                           paired=True, min_repeats=min(3, args.repeats), max_repeats=args.repeats,
-                           command="benchmarks/batch.py")
+    model = pair.spec.kind == "model"  # else c(b, w) on the drafter's cost probe (a head, self layer-skip)
+    prof = profile_batches(target, pair.draft if model else None, batches, grid, dgrid, [args.context],
+                           target_name=pair.target_name, draft_name=pair.draft_name, profile_id="cpu_demo_batch",
+                           device=torch.device("cpu"), dtype=torch.float32, method=method_text(args.rounds, True, grid),
+                           rounds=args.rounds, paired=True, min_repeats=min(3, args.repeats),
+                           max_repeats=args.repeats, command="benchmarks/batch.py",
+                           draft_probe=None if model else pair.cost_probe(), draft_cost_model=pair.cost_model)
     # named after --out (the default: results/batch/demo-cpu-latency-batch.yaml beside demo-cpu.json)
     prof_path = save_batch_latency(args.out.with_name(f"{args.out.stem}-latency-batch.yaml"), prof)
-    chs = choose_per_batch(p, prof, batches, max(grid), args.max_depth)
-    tree1 = chs[0].tree if chs[0].batch == 1 else choose_per_batch(p, prof, [1], max(grid), args.max_depth)[0].tree
+    if plan is None:
+        trees = {c.batch: c.tree for c in choose_per_batch(p, prof, batches, max(grid), args.max_depth)}
+        tree1 = trees[1] if 1 in trees else choose_per_batch(p, prof, [1], max(grid), args.max_depth)[0].tree
+    else:  # the plan's trees, each predicted on this run's curve of its batch size
+        trees = {b: tree_for_batch(plan, b) for b in batches}
+        tree1 = tree_for_batch(plan, 1)
     print(f"profiled in {time.time() - t_start:.0f} s; trees: "
-          + ", ".join(f"b={c.batch}: {c.tree.size} nodes depth {c.tree.tree_depth}" for c in chs), flush=True)
+          + ", ".join(f"b={b}: {t.size} nodes depth {t.tree_depth}" for b, t in trees.items()), flush=True)
 
+    args.prompts = args.prompts or demo_prompts_path("eval")
     texts = load_prompts(args.prompts, limit=max(batches))
     # mixed lengths: prompt i cut to a length cycling over [P, 0.4 P, 0.75 P, 0.25 P, 0.9 P, 0.6 P, 0.33 P, 0.66 P]
     cuts = [1.0, 0.4, 0.75, 0.25, 0.9, 0.6, 0.33, 0.66]
@@ -109,23 +133,22 @@ def main() -> None:
         return out
 
     rows = []
-    for c in chs:
-        b = c.batch
+    for b, tree in trees.items():
         curve = prof.curve(b)
         entry = {"batch": b, "prompt_tokens": [len(x) for x in prompts[:b]]}
         decs = {"plain": Decoder(target, max_len=max_len, max_batch=b),
-                "chosen": Decoder(target, StaticTreePolicy(draft, c.tree), max_len=max_len, max_batch=b)}
-        if c.tree != tree1:
-            decs["batch1_tree"] = Decoder(target, StaticTreePolicy(draft, tree1), max_len=max_len, max_batch=b)
+                "chosen": Decoder(target, _policy(pair, tree), max_len=max_len, max_batch=b)}
+        if tree != tree1:
+            decs["batch1_tree"] = Decoder(target, _policy(pair, tree1), max_len=max_len, max_batch=b)
         got = measure(decs, b)
+        s = score_tree(tree, p, curve)
         entry["plain"] = got["plain"]
-        entry["plain"]["predicted_tokens_per_s_total"] = b * c.plain_tokens_per_s_per_sequence
+        entry["plain"]["predicted_tokens_per_s_total"] = b * 1000.0 / plain_ms_per_token(curve)
         entry["chosen"] = got["chosen"]
-        entry["chosen"].update(nodes=c.tree.size, depth=c.tree.tree_depth, level_widths=list(c.tree.level_widths),
-                               expected_tokens_per_step=c.choice.expected_tokens,
-                               predicted_tokens_per_s_total=c.tokens_per_s_total,
-                               predicted_step_ms=c.choice.cost_ms)
-        if c.tree == tree1:
+        entry["chosen"].update(nodes=tree.size, depth=tree.tree_depth, level_widths=list(tree.level_widths),
+                               expected_tokens_per_step=s.expected_tokens, predicted_tokens_per_s_total=b * s.tokens_per_s,
+                               predicted_step_ms=s.cost_ms)
+        if tree == tree1:
             entry["batch1_tree"] = dict(entry["chosen"], same_as_chosen=True)
         else:
             s1 = score_tree(tree1, p, curve)
@@ -148,6 +171,7 @@ def main() -> None:
             x["prediction_error"] = x["tokens_per_s_total"] / x["predicted_tokens_per_s_total"] - 1
             x["prediction_error_at_drift"] = x["tokens_per_s_total"] / (x["predicted_tokens_per_s_total"] * e["drift"]) - 1
     doc = {"benchmark": "benchmarks/batch.py", "date": now_iso(), "device": prof.device, "threads": args.threads,
+           "plan": str(args.plan) if args.plan is not None else None,
            "load_average_at_end": list(os.getloadavg()), "decode_rounds": args.decode_rounds,
            "target": pair.target_name, "draft": pair.draft_name, "acceptance_profile": acc.id,
            "latency_profile": str(prof_path), "context_tokens": args.context, "max_new_tokens": M,
@@ -168,6 +192,11 @@ def main() -> None:
               f"{b1['tokens_per_s_total']:>11.1f} | "
               f"{pl['greedy_exact'] and ch['greedy_exact'] and b1['greedy_exact']}")
     print(f"wrote {args.out} ({time.time() - t_start:.0f} s)")
+
+
+def _policy(pair, tree):
+    """Plain decoding for a root-only tree, else the pair's drafter on the static tree."""
+    return StaticTreePolicy(pair.new_drafter(), tree) if tree.size > 1 else None
 
 
 if __name__ == "__main__":

@@ -2893,3 +2893,142 @@ def test_tune_refuses_measuring_options_where_nothing_is_measured(tmp_path):
     opts = check_options(TuneOptions(engine="treeopt", latency=table, acceptance=EXAMPLE_ACC, threads=2,
                                      prompts=prompts, refine=0))
     assert (opts.threads, opts.prompts) == (2, prompts)
+
+
+# ---------------------------------------------------------------------------------------------- --shape tree
+def _tree_files(tmp_path, p=(0.6, 0.2, 0.1, 0.05)):
+    """A table whose batch-1 curve is flat (a tree of several branches pays) and whose batch-64 curve is steep
+    (nothing pays), and an acceptance profile of 4 ranked candidates."""
+    table = _table(tmp_path / "t.csv", (1, 8, 64), range(1, 10), lambda b, n: PROFILE.curve(b).target_ms(n))
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(_acc(p).to_dict()))
+    return table, tmp_path / "a.yaml"
+
+
+def test_tune_tree_shape_solves_the_hardware_aware_tree_per_batch_size(tmp_path):
+    """``--shape tree`` (treeopt's decoder): at each batch size the tree :func:`choose` picks on that batch's
+    curve, written as a treeopt-schedule/1 plan whose trees ``run --policy schedule:`` serves; a tree is never
+    predicted slower than the best chain of the same budget (a chain is a tree of width 1)."""
+    from sequoia_opt.drafting.registry import _parse_schedule
+    from sequoia_opt.jobs.tune import load_given_latency
+    from sequoia_opt.solver.hardware import choose
+
+    table, acc = _tree_files(tmp_path)
+    out = tmp_path / "plan.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--shape", "tree", "-l", str(table), "-a", str(acc),
+                              "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = yaml.safe_load(out.read_text())
+    assert doc["shape"] == "tree"
+    prof = load_given_latency(table, 128)
+    p = _acc((0.6, 0.2, 0.1, 0.05)).acceptance
+    want = choose(p, prof.curve(1), 9, 8, 4).tree  # n = 1..9 measured: 9 nodes at most
+    first = doc["ranges"][0]
+    assert first["batch_range"][0] == 1 and first["setting"]["shape"] == "tree"
+    got = Tree.from_choices(first["setting"]["choices"])
+    assert got.choices() == want.choices() and max(got.level_widths) >= 2  # a real tree, not a chain
+    assert first["predicted"]["expected_tokens_per_step"] == pytest.approx(want.expected_tokens(p), rel=1e-6)
+    # the steep batch-64 curve: plain decoding
+    assert doc["ranges"][-1]["batch_range"][1] == 64 and doc["ranges"][-1]["setting"] == {"shape": "none"}
+    # the best chain of the same budget is never predicted faster than the tree
+    chains = ChainValue(_acc((0.6, 0.2, 0.1, 0.05)), 8)
+    best_chain = max(chains.predict(SpecSetting.chain(k), 1, prof.curve(1), None)[0].tokens_per_s for k in range(9))
+    assert first["predicted"]["tokens_per_s_per_request"] >= best_chain - 1e-6
+    # run --policy schedule:FILE serves these trees
+    ranges = _parse_schedule(str(out))["ranges"]
+    assert ranges[0][2].choices() == want.choices() and ranges[-1][2].size == 1
+    # and tune predicts it again as a given plan, the trees unchanged
+    again = runner.invoke(app, ["tune", "--engine", "treeopt", "--shape", "tree", "-l", str(table), "-a", str(acc),
+                                "--plan", str(out), "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["schedule"]["ranges"] == json.loads(res.stdout)["schedule"]["ranges"]
+
+
+@pytest.mark.parametrize("engine, msg", [
+    ("vllm", "--shape tree: vLLM takes a draft length per batch size"),
+    ("sglang", "--shape tree: SGLang grows its EAGLE tree inside an envelope"),
+    ("tensorrt-llm", "--shape tree: TensorRT-LLM takes a draft_len_schedule or one EAGLE-3 dynamic tree"),
+    ("llama.cpp", "--shape tree: llama.cpp drafts one sequence"),
+])
+def test_tune_tree_shape_is_treeopts_decoders_alone(tmp_path, engine, msg):
+    table, acc = _tree_files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", engine, "--shape", "tree", "-l", str(table), "-a", str(acc),
+                              "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_tune_tree_shape_refuses_a_chain_profile_and_a_chain_only_acceptance_model(tmp_path):
+    """A chain's acceptance profile (one candidate per position) would make every tree a chain without a word;
+    replay and per-depth chain models value chains, not trees."""
+    table, _ = _tree_files(tmp_path)
+    chain_acc = tmp_path / "chain.yaml"
+    chain_acc.write_text(yaml.safe_dump(_acc((0.6,)).to_dict()))
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--shape", "tree", "-l", str(table), "-a",
+                              str(chain_acc)])
+    assert res.exit_code == 2 and "ranked one candidate per position" in " ".join(res.output.split()), res.output
+    _, acc = _tree_files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--shape", "tree", "-l", str(table), "-a", str(acc),
+                              "--acceptance-model", "replay"])
+    assert res.exit_code == 2 and "--shape tree values trees by the positional acceptance" in " ".join(
+        res.output.split()), res.output
+
+
+def test_tune_tree_shape_times_wide_draft_levels(tmp_path):
+    """A saved profile that timed draft levels of 1-2 tokens (a chain's) does not stand for a tree's: the solver
+    prices no width past the widest timed, so every tree would be cut to two branches per level."""
+    from sequoia_opt.jobs.tune import _latency_misfit, load_given_latency, tree_widths
+
+    assert tree_widths(8) == [1, 2, 3, 4, 6, 8] and tree_widths(3) == [1, 2, 3] and tree_widths(20)[-1] == 8
+    table = _table(tmp_path / "t.csv", (1, 8), range(1, 10), lambda b, n: PROFILE.curve(b).target_ms(n))
+    prof = load_given_latency(table, 128)
+    ctx = int(prof.curve(1).contexts[0])
+    wide = TuneOptions(engine="treeopt", batches=[1, 8], context=ctx, shape="tree")
+    assert _latency_misfit(prof, wide, 8) == ""  # the table priced draft forwards of 1..9 tokens
+    # PROFILE's synthetic curves timed draft forwards of 1 and 2 tokens, at context 0
+    tree = TuneOptions(engine="treeopt", batches=[1, 8], context=0, shape="tree")
+    assert _latency_misfit(PROFILE, tree, 8) == "timed draft levels up to 2 tokens, not 8"
+    assert _latency_misfit(PROFILE, TuneOptions(engine="treeopt", batches=[1, 8], context=0), 8) == ""
+
+
+def test_run_schedule_policy_serves_a_solve_batch_plan(tmp_path):
+    """``solve --batch -o`` wrote a plan (a tree per batch range) that ``run --policy schedule:`` refused
+    ("format is 'treeopt-batch-trees/1', expected 'treeopt-schedule/1'"): nothing ran it. Now it serves its
+    trees, held to its batch-1 entry's prediction."""
+    from sequoia_opt.drafting.registry import _parse_schedule
+    from sequoia_opt.solver.batch import load_plan
+
+    table, acc = _tree_files(tmp_path)
+    out = tmp_path / "bplan.yaml"
+    res = runner.invoke(app, ["solve", "--batch", "1,8,64", "-a", str(acc), "-l", str(table), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    parsed = _parse_schedule(str(out))
+    want = load_plan(out)
+    assert [(lo, hi, t.choices()) for lo, hi, t in parsed["ranges"]] == [(lo, hi, t.choices()) for lo, hi, t in want]
+    assert want[0][2].size > 2 and want[-1][2].size == 1  # a tree at batch 1, plain decoding at 64
+    entry = yaml.safe_load(out.read_text())["entries"][0]
+    assert parsed["batch1"] == {"expected_tokens_per_step": entry["expected_tokens_per_step"],
+                                "predicted_speedup": entry["speedup"]}
+
+
+def test_the_check_command_of_a_tree_plan_is_one_the_batch_benchmark_takes(tmp_path):
+    """A tree plan is checked by benchmarks/batch.py (its trees against plain batched decoding at each batch
+    size; benchmarks/schedules.py compares draft lengths), with the pair, the acceptance and the context tune
+    used."""
+    import importlib.util
+    import shlex
+
+    from sequoia_opt.jobs.tune import _check_command
+
+    acc = tmp_path / "a.yaml"
+    opts = TuneOptions(engine="treeopt", shape="tree", draft="d", target=tmp_path, acceptance=acc, context=96,
+                       threads=2, prompts=tmp_path / "mine.jsonl")
+    words = shlex.split(_check_command(opts, [1, 2, 4]).replace("PLAN.yaml", "p.yaml")
+                        .replace("HELD_OUT_REQUESTS.jsonl", "held.jsonl"))
+    assert words[:2] == ["python", "benchmarks/batch.py"]
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "batch.py"
+    spec = importlib.util.spec_from_file_location("batch_benchmark", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = mod.parse_args(words[2:])
+    assert (args.plan, args.batches, args.target, args.draft, args.acceptance, args.context, args.threads,
+            args.prompts) == (Path("p.yaml"), "1,2,4", tmp_path, "d", acc, 96, 2, Path("held.jsonl"))

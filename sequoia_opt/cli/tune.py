@@ -38,9 +38,11 @@ def tune(
     calibration: Annotated[Optional[Path], typer.Option(
         "--calibration", help="A calibration profile: values EAGLE envelopes (--shape envelope).")] = None,
     shape: Annotated[str, typer.Option("--shape", help="chain (a draft length per batch size) | envelope (EAGLE "
-                                        "steps / topk / draft tokens: SGLang, TensorRT-LLM)")] = "chain",
+                                        "steps / topk / draft tokens: SGLang, TensorRT-LLM) | tree (a static tree per "
+                                        "batch size: treeopt's decoder)")] = "chain",
     max_draft: Annotated[Optional[int], typer.Option(
-        "--max-draft", help="The longest chain considered (default: what the profile measured, at most 8).")] = None,
+        "--max-draft", help="The longest chain considered, or a tree's drafted tokens at most (--shape tree; default: "
+        "what the profile measured, at most 8).")] = None,
     context: Annotated[Optional[int], typer.Option(
         "--context", help="Context length (tokens) latency is measured and read at, for llama.cpp and treeopt: "
         "the mean context of a served step, your prompts' tokens plus half the answer (default 128; a GPU engine's "

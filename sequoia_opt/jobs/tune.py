@@ -36,13 +36,30 @@ from .._io import safe_load_yaml, with_article
 from ..errors import ProfileError, TreeoptError
 from ..profiles.checks import differing_weights, weights_mismatch
 
-__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "MAX_REFINE", "TuneOptions",
+__all__ = ["TUNE_ENGINES", "GPU_ENGINES", "TUNE_SHAPES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "MAX_REFINE",
+           "TuneOptions",
            "TuneResult", "check_options", "tune", "acceptance_from_traces", "lookup_traces", "measure_chain_acceptance",
            "peer_ranges", "refine_plan",
            "short_traces_note", "token_grid"]
 
 TUNE_ENGINES = ("vllm", "sglang", "tensorrt-llm", "llama.cpp", "treeopt")
 GPU_ENGINES = ("vllm", "sglang", "tensorrt-llm")
+#: ``--shape``: a draft length per batch size, an EAGLE envelope per batch size, a static tree per batch size
+TUNE_SHAPES = ("chain", "envelope", "tree")
+#: why each engine but treeopt's decoder takes no static tree per batch size (``--shape tree``)
+TREE_REFUSALS = {
+    "vllm": "vLLM takes a draft length per batch size (its static trees were removed in May 2026, PR #42121): "
+            "--shape chain; one static tree for an older release: treeopt solve --format vllm",
+    "tensorrt-llm": "TensorRT-LLM takes a draft_len_schedule or one EAGLE-3 dynamic tree (eagle_choices was removed, "
+                    "PR #18210): --shape chain or envelope; one static tree for an older release: treeopt solve "
+                    "--format tensorrt-llm",
+    "sglang": "SGLang grows its EAGLE tree inside an envelope (steps / topk / draft tokens): --shape envelope, or "
+              "--shape chain",
+    "llama.cpp": "llama.cpp drafts one sequence (--spec-draft-n-max): --shape chain",
+}
+#: c(b, w) widths timed for ``--shape tree`` with a per-level drafter (a level of w nodes is one forward over w
+#: tokens; the solver prices no width past the widest timed, so these bound the trees' level widths)
+TREE_WIDTHS = (1, 2, 3, 4, 6, 8)
 #: engines that draft no deeper than a request can still emit (treeopt's decoder: StaticTreePolicy.step_depth_for;
 #: llama-server: server_slot::get_n_draft_max, n_remaining - 1): with --output-tokens and chains replayed on
 #: traces their plans price a batch of one's cheaper last steps (solve_plan's answer_end_cut); the others' are
@@ -177,11 +194,17 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     from ..solver.schedule import check_chain_acceptance_model, check_min_gain, check_output_tokens
 
     opts.engine = _engine(opts.engine)
-    if opts.shape not in ("chain", "envelope"):
-        raise TreeoptError(f"--shape {opts.shape!r}: choose chain (a draft length per batch size) or envelope "
-                           "(EAGLE steps / topk / draft tokens, valued by a calibration profile)")
+    if opts.shape not in TUNE_SHAPES:
+        raise TreeoptError(f"--shape {opts.shape!r}: choose chain (a draft length per batch size), envelope "
+                           "(EAGLE steps / topk / draft tokens, valued by a calibration profile) or tree (a static "
+                           "tree per batch size: treeopt's decoder)")
     if opts.shape == "envelope" and opts.engine in ("vllm", "llama.cpp", "treeopt"):  # first: no file fixes it
         raise TreeoptError(f"{opts.engine} takes a draft length per batch size, not an EAGLE envelope: --shape chain")
+    if opts.shape == "tree" and opts.engine != "treeopt":
+        raise TreeoptError(f"--shape tree: {TREE_REFUSALS[opts.engine]}")
+    if opts.shape == "tree" and opts.acceptance_model not in ("auto", "positional"):
+        raise TreeoptError(f"--acceptance-model {opts.acceptance_model}: --shape tree values trees by the positional "
+                           "acceptance (p_k of the k-th ranked candidate); drop it or pass positional")
     if opts.shape == "envelope" and opts.calibration is None:
         raise TreeoptError("--shape envelope values EAGLE envelopes by a calibration profile: pass --calibration "
                            "(treeopt profile acceptance --calibration)")
@@ -678,7 +701,19 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
             return f"was timed at context {', '.join(map(str, prof.curve(b).contexts))}, not {opts.context}"
     if not _covers(prof, batches, want_k, opts.context):
         return f"stops short of K = {want_k}"
+    if opts.shape == "tree":  # a chain's profile timed levels of 1-2 tokens: the trees would be cut to width 2
+        wide = tree_widths(want_k)[-1]
+        narrow = [b for b in batches if prof.curve(b).cost_model == "per-level"
+                  and prof.curve(b).max_draft_tokens(opts.context) < wide]
+        if narrow:
+            return f"timed draft levels up to {prof.curve(narrow[0]).max_draft_tokens(opts.context)} tokens, not {wide}"
     return ""
+
+
+def tree_widths(max_draft: int) -> list[int]:
+    """The c(b, w) widths ``--shape tree`` times for trees of up to ``max_draft`` drafted tokens per row: those of
+    :data:`TREE_WIDTHS` that fit, and ``max_draft`` when it is below the widest."""
+    return sorted({w for w in TREE_WIDTHS if w <= max_draft} | {min(max_draft, TREE_WIDTHS[-1])})
 
 
 def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any],
@@ -827,6 +862,8 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
         if opts.draft is None and labels.get("drafter") is None:  # the drafter the envelopes were calibrated on
             labels["drafter"] = (getattr(cal, "measured", None) or {}).get("draft")
         done["calibration"] = f"given: {opts.calibration}"
+    elif opts.shape == "tree":
+        value = _tree_value(opts, profile, acc, ctx, notes)
     else:
         top = max_draft_measured(profile, opts.batches, ctx)
         if top < 1:  # "speculation pays nowhere" would be a verdict on nothing (and remove a working setting)
@@ -880,13 +917,18 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
         for lo, hi, st in sched.ranges:  # a setting this value model cannot price: named by file, range, option
             if st.speculates and st.shape != value.shape:
                 hint = (" (--shape envelope --calibration FILE values envelopes)" if st.shape == "envelope"
-                        else " (--shape chain values chains)" if st.shape == "chain" else "")
+                        else " (--shape chain values chains)" if st.shape == "chain"
+                        else " (--shape tree values static trees: treeopt's decoder)")
                 raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run {st.label}, {with_article(st.shape)}, but "
                                    f"tune values {value.shape}s here{hint}")
             if st.shape == "chain" and st.draft_tokens > value.max_draft:
                 raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run K = {st.draft_tokens}, past the chains "
                                    f"valued here (K <= {value.max_draft}: raise --max-draft, or measure longer "
                                    "chains)")
+            if st.shape == "tree" and st.draft_tokens + 1 > value.budget:
+                raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run {st.label}, {st.draft_tokens + 1} nodes, "
+                                   f"past the trees valued here (at most {value.budget}: raise --max-draft, or "
+                                   "measure T(b, n) further)")
         reach = sched.ranges[-1][1]  # the batch sizes past the given plan are not predicted (a note says which)
         prov["batches"] = [b for b in prov["batches"] if b <= reach]
         plan = plan_from_ranges(sched.ranges, value, profile, opts.batches, context=ctx,
@@ -981,6 +1023,35 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
                                                    output_tokens=opts.output_tokens, answer_end_cut=cut)}
     return TuneResult(plan, doc, settings, done, peers, _check_command(opts, [r.batch for r in plan.rows]), notes,
                       warnings)
+
+
+def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, notes: list[str]) -> Any:
+    """``--shape tree``: the :class:`~sequoia_opt.solver.schedule.TreeValue` of the hardware-aware tree per batch
+    size, its budget the most tokens every batch size's curve measured (at most ``--max-draft`` + 1), its branching
+    the candidates the acceptance profile ranked.
+
+    Raises:
+        TreeoptError: an acceptance profile of one candidate per position (a chain's: every tree would be a chain),
+            a profile that measured T(b, n) at n = 1 only, a ``--max-draft`` past what it measured.
+    """
+    from ..solver.schedule import TreeValue, check_draft_measured, max_draft_measured
+
+    width = acc.width
+    if width < 2:
+        raise TreeoptError(f"--shape tree: acceptance profile {acc.id!r} ranked one candidate per position (a chain's "
+                           "profile): a tree needs the acceptance of its k-th ranked candidates; measure it with "
+                           "treeopt profile acceptance --width 4 (or drop -a: tune measures it)")
+    top = max_draft_measured(profile, opts.batches, ctx)
+    if top < 1:
+        raise TreeoptError(f"latency profile {profile.id!r} measured T(b, n) at n = 1 only (at some batch size): no "
+                           "tree can be priced; measure n = 1 up to the largest tree")
+    if opts.max_draft is not None:
+        check_draft_measured(opts.max_draft, profile, opts.batches, ctx)
+    k = opts.max_draft if opts.max_draft is not None else min(DEFAULT_MAX_DRAFT, top)
+    value = TreeValue(acc, budget=k + 1, max_depth=k, max_branching=min(width, 16))
+    notes.append(f"trees of up to {k + 1} nodes (root included) valued positionally: p_1..p_{width} of the "
+                 f"{width} ranked candidates the acceptance profile measured")
+    return value
 
 
 def refine_plan(plan: Any, profile: Any, solve: Callable[[Any, Sequence[int]], Any],
@@ -1161,6 +1232,11 @@ def _check_command(opts: TuneOptions, batches: Sequence[int]) -> str:
     if opts.engine in ("llama.cpp", "treeopt"):
         draft = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),
                                                                            ("--draft", opts.draft)) if v)
+        if opts.shape == "tree":  # the plan's trees against plain batched decoding, at each batch size
+            given = f" --acceptance {shlex.quote(str(opts.acceptance))}" if opts.acceptance is not None else ""
+            served = "" if opts.prompts is None else " --prompts HELD_OUT_REQUESTS.jsonl"
+            return (f"python benchmarks/batch.py{draft}{given} --plan PLAN.yaml --batches {bs}{served} --threads "
+                    f"{opts.threads} --context {opts.context} --out results/batch/tree-plan.json")
         # the demo's profile prompts: the benchmark's eval workload (its requests are held out from them); a user's:
         # a sample of their traffic the profile did not see
         served = (" --workload eval" if opts.prompts is None
@@ -1300,7 +1376,8 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
                         fixes=f"--max-draft (chains up to K = {want_k} here)")
         check_batch_memory(pair.target.config, max(batches), opts.context + max(grid), max(grid), dev)
         model = pair.spec.kind == "model"  # else c(b, w) on the drafter's cost probe (a head, self layer-skip)
-        widths = grid if pair.cost_model == "one-pass" else [1, 2]  # a chain's pass drafts all K; a level, one
+        # a chain's pass drafts all K; a chain's level, one token; a tree's level, up to TREE_WIDTHS
+        widths = grid if pair.cost_model == "one-pass" else tree_widths(want_k) if opts.shape == "tree" else [1, 2]
         return profile_batches(pair.target, pair.draft if model else None, batches, grid, widths, [opts.context],
                                target_name=pair.target_name, draft_name=pair.draft_name,
                                profile_id=f"{device_slug(dev)}_{slug}_float32_batch", device=dev, dtype=torch.float32,
