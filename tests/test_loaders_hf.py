@@ -326,6 +326,24 @@ def test_a_sliding_window_caps_the_context(tmp_path, changes, context):
     assert load_model_config(out).max_position_embeddings == context
 
 
+@pytest.mark.parametrize("changes,drop,context", [
+    # Qwen2Config defaults sliding_window to 4096, like MistralConfig: transformers slides there (it read 8192)
+    (dict(use_sliding_window=True, max_window_layers=0), ("sliding_window",), 4096),
+    (dict(use_sliding_window=True, max_window_layers=0, sliding_window=None), (), 8192),  # null: no window
+    (dict(max_window_layers=0), ("sliding_window",), 8192),  # off unless asked
+    # transformers 5 reads layer_types instead of max_window_layers: a layer named sliding slides (it read 8192)
+    (dict(use_sliding_window=True, sliding_window=20, max_window_layers=99,
+          layer_types=["full_attention", "sliding_attention"]), (), 20),
+    (dict(use_sliding_window=True, sliding_window=20, max_window_layers=99,
+          layer_types=["full_attention", "full_attention"]), (), 8192),
+])
+def test_a_qwen2_window_reads_transformers_default_and_layer_types(tmp_path, changes, drop, context):
+    _, out = saved(tmp_path)
+    _with_config(out, drop=drop, model_type="qwen2", architectures=["Qwen2ForCausalLM"],
+                 max_position_embeddings=8192, **changes)
+    assert load_model_config(out).max_position_embeddings == context
+
+
 def test_a_config_without_rms_norm_eps_reads_transformers_default_and_is_named_by_its_folder(tmp_path):
     _, out = saved(tmp_path)
     _with_config(out, ("rms_norm_eps",), _name_or_path="/old/training/run")

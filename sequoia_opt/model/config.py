@@ -330,8 +330,9 @@ _HF_DEFAULT_CONTEXT = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768}
 def _hf_context(cfg: dict[str, Any], family: str) -> int:
     """The context treeopt decodes a Hugging Face config at: ``max_position_embeddings`` (when absent, the
     family's transformers default, :data:`_HF_DEFAULT_CONTEXT`), capped at the sliding attention window when one
-    applies (Mistral's ``sliding_window``; Qwen2's when
-    ``use_sliding_window`` and some layer is at or above ``max_window_layers``; a Llama config's ``sliding_window``
+    applies (Mistral's ``sliding_window``; Qwen2's when ``use_sliding_window`` and some layer is at or above
+    ``max_window_layers`` or named ``"sliding_attention"`` in ``layer_types``; both families' window is 4096 when
+    ``sliding_window`` is absent, as transformers' config classes default it; a Llama config's ``sliding_window``
     when set: transformers 4 ignored it, transformers 5's mask applies it, and within the window both agree). treeopt's
     attention is full causal; within the window it equals the model's sliding attention exactly, so decoding is
     refused past the window (a too-long prompt gets the context error) rather than run with the wrong attention.
@@ -341,11 +342,17 @@ def _hf_context(cfg: dict[str, Any], family: str) -> int:
     except (TypeError, ValueError):
         raise CheckpointError(f"config.json max_position_embeddings = {cfg.get('max_position_embeddings')!r} must "
                               "be a positive integer") from None
-    window = cfg.get("sliding_window", 4096 if family == "mistral" else None)  # transformers' defaults
+    # transformers' defaults: MistralConfig and Qwen2Config both default sliding_window to 4096 (a Qwen2 config with
+    # use_sliding_window and no sliding_window slides at 4096); LlamaConfig has none
+    window = cfg.get("sliding_window", 4096 if family in ("mistral", "qwen2") else None)
     n_layers, from_layer = cfg.get("num_hidden_layers"), cfg.get("max_window_layers")
-    # Qwen2 slides only with use_sliding_window, from layer max_window_layers; a Llama window set by the config is
+    # Qwen2 slides only with use_sliding_window, from layer max_window_layers, or on the layers its layer_types
+    # (transformers 5, which then reads it instead) names "sliding_attention"; a Llama window set by the config is
     # read by transformers 5's masks (not by 4's): capped, the context decodes the same under either
-    no_layer_slides = isinstance(from_layer, int) and isinstance(n_layers, int) and from_layer >= n_layers
+    layer_types = cfg.get("layer_types")
+    named_sliding = isinstance(layer_types, list) and "sliding_attention" in layer_types
+    no_layer_slides = (isinstance(from_layer, int) and isinstance(n_layers, int) and from_layer >= n_layers
+                       and not named_sliding)
     applies = family in ("mistral", "llama") or (family == "qwen2" and bool(cfg.get("use_sliding_window", False))
                                                  and not no_layer_slides)
     if window is None or not applies:
