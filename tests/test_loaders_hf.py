@@ -96,6 +96,21 @@ def test_sharded_checkpoint_with_index(tmp_path):
         save_hf_checkpoint(model, tiny_tokenizer(), out)
 
 
+def test_a_folder_with_both_a_single_file_and_an_index_is_refused(tmp_path):
+    """transformers loads model.safetensors, vLLM the index's shards: treeopt read the shards silently."""
+    model, out = saved(tmp_path, seed=2)
+    tensors = load_file(out / "model.safetensors")
+    save_file({k: v * 0.5 for k, v in tensors.items()}, out / "model-00001-of-00001.safetensors")
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: "model-00001-of-00001.safetensors" for k in tensors}}))
+    with pytest.raises(CheckpointError, match=re.escape(f"{out} holds both model.safetensors and "
+                                                        "model.safetensors.index.json")):
+        load_checkpoint(out)
+    (out / "model.safetensors").unlink()  # the stale one removed: the shards load
+    loaded, _ = load_checkpoint(out)
+    assert torch.equal(loaded.embed_tokens.weight, model.embed_tokens.weight * 0.5)
+
+
 def _rewrite(out, edit):
     tensors = load_file(out / "model.safetensors")
     edit(tensors)

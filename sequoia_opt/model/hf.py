@@ -65,8 +65,16 @@ def _config_of(file: Path, name: str) -> ModelConfig:
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
-    """The safetensors files to read, and the index's weight map (None without an index)."""
+    """The safetensors files to read, and the index's weight map (None without an index).
+
+    Raises:
+        CheckpointError: also when ``path`` holds both ``model.safetensors`` and an index: transformers loads the
+            single file, vLLM the index's shards, so which weights the folder means is ambiguous.
+    """
     index = path / INDEX_FILE
+    if index.is_file() and (path / WEIGHTS_FILE).is_file():
+        raise CheckpointError(f"{path} holds both {WEIGHTS_FILE} and {INDEX_FILE} (transformers reads the single "
+                              f"file, vLLM the index's shards); remove the stale one")
     if index.is_file():
         weight_map = _read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
