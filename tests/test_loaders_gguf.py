@@ -508,3 +508,38 @@ def test_gguf_rope_freqs_not_matching_llama3_apply_as_stored(tmp_path):
     model, _ = load_checkpoint(tmp_path / "m.gguf")
     want = expected_inv_freq(500000.0, cfg.head_dim, divisors.astype(np.float32))
     torch.testing.assert_close(model.inv_freq.double(), want, rtol=1e-6, atol=0)
+
+
+def _tokenizer_gguf(path, pre: str, add_bos: bool | None):
+    """A metadata-only GGUF of the tiny vocabulary with ``tokenizer.ggml.pre = pre``; ``add_bos`` None writes no
+    ``tokenizer.ggml.add_bos_token`` (as many converted Llama 3 files)."""
+    tokens, merges, types = tiny_vocab()
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("pre, add_bos, bos_first", [
+    ("llama-bpe", None, True), ("llama3", None, True),  # llama.cpp's LLAMA3 pre-type adds BOS by default
+    ("llama-bpe", False, False), ("smollm", None, False), ("qwen2", None, False), ("smaug-bpe", None, False),
+    ("smollm", True, True)])
+def test_gguf_add_bos_default_follows_llama_cpp(tmp_path, pre, add_bos, bos_first):
+    # checked against llama-cpp-python 0.3.x: Llama(vocab_only=True).tokenize(b"the", add_bos=True)
+    from sequoia_opt.model.gguf_loader import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(open_gguf(_tokenizer_gguf(tmp_path / "t.gguf", pre, add_bos)))
+    ids = tok.encode("the")
+    assert ids[:1] == [1] if bos_first else ids[0] != 1
+    assert ids[1 if bos_first else 0:] == [tok.token_to_id("t"), tok.token_to_id("he")]

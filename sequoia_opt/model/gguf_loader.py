@@ -321,11 +321,18 @@ def load_gguf_config(path: str | os.PathLike) -> ModelConfig:
         raise CheckpointError(f"{path}: {err}") from None
 
 
+#: ``tokenizer.ggml.pre`` names for which llama.cpp adds BOS when ``tokenizer.ggml.add_bos_token`` is absent
+#: (``llama-vocab.cpp``: ``add_bos = true`` with ``LLAMA_VOCAB_PRE_TYPE_LLAMA3``; ``smaug-bpe`` does not set it).
+_ADD_BOS_BY_DEFAULT = ("llama-bpe", "llama3")
+
+
 def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     """Rebuild the tokenizer from ``tokenizer.ggml.*`` metadata: ``model`` must be ``gpt2`` (byte-level BPE:
     ``tokens``, ``merges``, ``token_type``, ``pre``), with ``bos_token_id``, ``eos_token_id``,
     ``eot_token_id``/``eom_token_id`` (end of turn, added to the EOS set) and ``add_bos_token``; the chat
-    template from ``tokenizer.chat_template``.
+    template from ``tokenizer.chat_template``. Without ``add_bos_token`` BOS is added as llama.cpp adds it:
+    for the Llama 3 pre-tokenizers of :data:`_ADD_BOS_BY_DEFAULT` (whose converted files often lack the key,
+    the HF tokenizer adding BOS in its post-processor), not for the others.
 
     Raises:
         CheckpointError: another tokenizer model (SentencePiece ``llama``, ...), an unknown pre-tokenizer, or
@@ -340,16 +347,18 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     eos = _field(reader, "tokenizer.ggml.eos_token_id", None)
     extra = [_field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom")]
     template = _field(reader, "tokenizer.chat_template", None)
+    pre = str(_field(reader, "tokenizer.ggml.pre", "default"))
+    bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
     if template is not None and not isinstance(template, str):
         raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
     return bpe_tokenizer_from_vocab(
         tokens, merges,
         token_types=None if types is None else [int(t) for t in types],
-        pre=str(_field(reader, "tokenizer.ggml.pre", "default")),
-        bos_id=_field(reader, "tokenizer.ggml.bos_token_id", None),
+        pre=pre,
+        bos_id=bos,
         eos_id=eos,
         eos_ids=[int(i) for i in extra + [eos] if i is not None],
-        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", pre in _ADD_BOS_BY_DEFAULT and bos is not None)),
         chat_template=template,
     )
 
