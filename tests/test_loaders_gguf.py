@@ -543,3 +543,31 @@ def test_gguf_add_bos_default_follows_llama_cpp(tmp_path, pre, add_bos, bos_firs
     ids = tok.encode("the")
     assert ids[:1] == [1] if bos_first else ids[0] != 1
     assert ids[1 if bos_first else 0:] == [tok.token_to_id("t"), tok.token_to_id("he")]
+
+
+@pytest.mark.parametrize("pre", ["default", None])
+def test_gguf_default_pre_tokenizer_is_llama_cpp_default_regex(tmp_path, pre):
+    # llama.cpp runs its own default regex sequence (not GPT-2's) for pre "default" and for a file without the
+    # key; its last step cuts digit runs into threes, so "5512" -> "551" "2" and the merge "1 2" cannot apply
+    # (GPT-2's regex keeps "5512" whole: 5, 5, 12). Ids checked against llama-cpp-python 0.3.x.
+    from sequoia_opt.model.gguf_loader import tokenizer_from_gguf
+    from sequoia_opt.model.gguf_writer import gguf_pre_tokenizer
+
+    path = _tokenizer_gguf(tmp_path / "t.gguf", "default", False)
+    if pre is None:  # the same file without tokenizer.ggml.pre
+        r = open_gguf(path)
+        w = gguf.GGUFWriter(str(tmp_path / "n.gguf"), "llama")
+        for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+                    "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+            f = r.fields[key]
+            w.add_key_value(key, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        path = tmp_path / "n.gguf"
+    tok = tokenizer_from_gguf(open_gguf(path))
+    t = tok.token_to_id
+    assert tok.encode("5512") == [t("5"), t("5"), t("1"), t("2")]
+    assert tok.encode("12 the") == [t("12"), t("Ġthe")]
+    assert gguf_pre_tokenizer(tok) == "default"  # written back under the name llama.cpp reads the same way

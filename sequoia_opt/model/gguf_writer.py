@@ -24,7 +24,7 @@ from ..errors import CheckpointError
 from .config import ModelConfig
 from .gguf_loader import _BLOCK_NAMES, _GLOBAL_NAMES, _ROPE_FREQS, permute_qk
 from .llama import Transformer, rope_inv_freq
-from .tokenizer import _LLAMA3_PATTERN, _QWEN2_PATTERN, Tokenizer
+from .tokenizer import _DEFAULT_PATTERNS, _LLAMA3_PATTERN, _QWEN2_PATTERN, Tokenizer
 
 #: ``--outtype`` values: how 2-D weights are stored (1-D tensors are F32 in every case).
 OUTTYPES = ("f32", "f16", "q8_0")
@@ -54,7 +54,7 @@ def gguf_pre_tokenizer(tokenizer: Tokenizer) -> str:
     """The ``tokenizer.ggml.pre`` name llama.cpp runs the same pre-tokenization as, read off the
     ``tokenizers`` pre-tokenizer (the inverse of :data:`~.tokenizer.PRE_TOKENIZERS`): GPT-2 ``ByteLevel`` ->
     ``gpt-2``; ``Digits(individual) + ByteLevel`` (SmolLM, StarCoder) -> ``smollm``; the Llama 3 and Qwen2 split
-    regexes -> ``llama-bpe`` / ``qwen2``.
+    regexes -> ``llama-bpe`` / ``qwen2``; llama.cpp's default regex sequence -> ``default``.
 
     Raises:
         CheckpointError: another pre-tokenizer (llama.cpp would split text differently).
@@ -66,13 +66,16 @@ def gguf_pre_tokenizer(tokenizer: Tokenizer) -> str:
         return "gpt-2"  # llama.cpp's name (llama-vocab.cpp); it refuses "gpt2"
     if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and steps[1].get("use_regex", True):
         return "smollm"
+    if kinds == ["Split"] * len(_DEFAULT_PATTERNS) + ["ByteLevel"] and [
+            (st.get("pattern") or {}).get("Regex") for st in steps[:-1]] == list(_DEFAULT_PATTERNS):
+        return "default"
     if kinds == ["Split", "ByteLevel"]:
         pattern = (steps[0].get("pattern") or {}).get("Regex")
         for name, regex in (("llama-bpe", _LLAMA3_PATTERN), ("qwen2", _QWEN2_PATTERN)):
             if pattern == regex:
                 return name
     raise CheckpointError(f"cannot name this tokenizer's pre-tokenizer ({' + '.join(map(str, kinds)) or 'none'}) "
-                          "for llama.cpp (known: gpt-2, smollm, llama-bpe, qwen2)")
+                          "for llama.cpp (known: default, gpt-2, smollm, llama-bpe, qwen2)")
 
 
 def _merges(tokenizer: Tokenizer) -> list[str]:

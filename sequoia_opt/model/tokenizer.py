@@ -254,9 +254,17 @@ _LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
 _QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+#: llama.cpp's ``LLAMA_VOCAB_PRE_TYPE_DEFAULT`` regexes (``llama-vocab.cpp``), applied one after the other, each
+#: splitting the pieces the previous left: what llama.cpp runs for ``tokenizer.ggml.pre = "default"`` and for a
+#: file without the key. Not GPT-2's: punctuation runs split first, contractions lose their leading space.
+_DEFAULT_PATTERNS = (r"[\p{P}\$\+<=>\^~\|]+",
+                     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+                     r"\p{N}+", r"[0-9][0-9][0-9]")
+
 #: ``tokenizer.ggml.pre`` values understood, grouped as llama.cpp's ``llama-vocab.cpp`` groups their regexes.
 PRE_TOKENIZERS: dict[str, str] = {
-    **{k: "gpt2" for k in ("default", "gpt2", "gpt-2")},
+    "default": "default",
+    **{k: "gpt2" for k in ("gpt2", "gpt-2")},
     # llama.cpp: \p{N} split first, then the GPT-2 regex == HF Digits(individual_digits) + ByteLevel
     **{k: "digits+gpt2" for k in ("smollm", "starcoder", "refact", "codeshell", "command-r")},
     **{k: "llama3" for k in ("llama-bpe", "llama3", "smaug-bpe")},
@@ -268,6 +276,9 @@ def _pre_tokenizer(kind: str):
     pt = tokenizers.pre_tokenizers
     if kind == "gpt2":
         return pt.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if kind == "default":
+        return pt.Sequence([pt.Split(tokenizers.Regex(p), behavior="isolated", invert=False) for p in _DEFAULT_PATTERNS]
+                           + [pt.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
     if kind == "digits+gpt2":  # SmolLM / StarCoder tokenizer.json: Sequence[Digits(individual), ByteLevel]
         return pt.Sequence([pt.Digits(individual_digits=True),
                             pt.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
