@@ -571,3 +571,37 @@ def test_gguf_default_pre_tokenizer_is_llama_cpp_default_regex(tmp_path, pre):
     assert tok.encode("5512") == [t("5"), t("5"), t("1"), t("2")]
     assert tok.encode("12 the") == [t("12"), t("Ġthe")]
     assert gguf_pre_tokenizer(tok) == "default"  # written back under the name llama.cpp reads the same way
+
+
+def test_gguf_refusals_name_the_file_before_any_dequantization(tmp_path, monkeypatch):
+    import sequoia_opt.model.gguf_loader as gl
+
+    src = randomize(Transformer(tiny_config()), 0)
+    write_gguf(tmp_path / "good.gguf", src)
+    r = open_gguf(tmp_path / "good.gguf")
+    w = gguf.GGUFWriter(str(tmp_path / "i32.gguf"), "llama")  # the same file, the last layer's up_proj as I32
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            w.add_key_value(key, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    for t in r.tensors:
+        plain = t.tensor_type in (Q.F32, Q.F16)
+        arr = (np.zeros(tuple(reversed(t.shape.tolist())), np.int32) if t.name == "blk.1.ffn_up.weight"
+               else np.asarray(t.data))
+        w.add_tensor(t.name, arr, raw_dtype=None if plain or arr.dtype == np.int32 else t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    calls = []
+    real = gl.dequantize_tensor
+    monkeypatch.setattr(gl, "dequantize_tensor", lambda t: calls.append(t.name) or real(t))
+    with pytest.raises(CheckpointError, match=r"i32\.gguf: tensor blk\.1\.ffn_up\.weight: quantization I32 is not "
+                                              r"supported$"):
+        load_checkpoint(tmp_path / "i32.gguf")
+    assert calls == []  # refused up front, not after dequantizing the tensors before it
+    write_gguf(tmp_path / "gemma.gguf", src, arch="gemma")
+    with pytest.raises(CheckpointError, match=r"gemma\.gguf: unsupported GGUF architecture 'gemma'"):
+        load_checkpoint(tmp_path / "gemma.gguf")
+    write_gguf(tmp_path / "spm.gguf", src, tokenizer_model="llama")
+    with pytest.raises(CheckpointError, match=r"spm\.gguf: unsupported GGUF tokenizer model 'llama'"):
+        load_checkpoint(tmp_path / "spm.gguf")

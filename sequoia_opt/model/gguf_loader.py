@@ -158,6 +158,19 @@ def _number_field(reader: "GGUFReader", key: str, default: float) -> float:
     return _f32(value)
 
 
+def _can_dequantize(qtype: "GGMLQuantizationType") -> bool:
+    """Whether ``gguf.quants.dequantize`` has a dequantizer for ``qtype`` (tried on one zero block; integer
+    types, F64, Q8_1 and Q8_K have none)."""
+    block_bytes = gguf.GGML_QUANT_SIZES.get(qtype, (1, 0))[1]
+    if block_bytes == 0:
+        return False
+    try:
+        gguf.quants.dequantize(np.zeros((1, block_bytes), dtype=np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
 def dequantize_tensor(t) -> np.ndarray:
     """A GGUF tensor (``gguf.ReaderTensor``) as a float32 numpy array in numpy/PyTorch dimension order (the
     reverse of the GGUF shape), for every type ``gguf.quants.dequantize`` supports.
@@ -366,16 +379,20 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
 def load_gguf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> tuple[Transformer, Tokenizer]:
     """Load a GGUF model strictly: every GGUF tensor must map to a model parameter (``rope_freqs`` is consumed
-    by the config) and every parameter must be present with its shape, else :class:`CheckpointError` naming
-    the tensor, before any data is dequantized. Q/K rows are un-permuted for ``llama``.
+    by the config), be of a type :func:`dequantize_tensor` reads, and every parameter must be present with its
+    shape, else :class:`CheckpointError` naming the file and the tensor (or metadata key), before any data is
+    dequantized. Q/K rows are un-permuted for ``llama``.
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode on ``device`` in ``dtype``.
     """
     path = Path(path)
     reader = open_gguf(path)
-    config = config_from_gguf(reader, name=path.stem)
-    tokenizer = tokenizer_from_gguf(reader)
+    try:  # name the file: a command reads two GGUFs (target and draft)
+        config = config_from_gguf(reader, name=path.stem)
+        tokenizer = tokenizer_from_gguf(reader)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from None
     by_name: dict[str, Any] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for t in reader.tensors:
@@ -384,6 +401,8 @@ def load_gguf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
         name = hf_tensor_name(t.name)
         if name is None:
             raise CheckpointError(f"{path}: unexpected tensor {t.name} (no model parameter maps to it)")
+        if not _can_dequantize(t.tensor_type):  # up front: not after dequantizing every tensor before it
+            raise CheckpointError(f"{path}: tensor {t.name}: quantization {t.tensor_type.name} is not supported")
         by_name[name] = t
         shapes[name] = tuple(int(d) for d in reversed(t.shape.tolist()))
     permuted = ARCHITECTURES[_field(reader, "general.architecture")]
