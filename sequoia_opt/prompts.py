@@ -297,21 +297,49 @@ def encode_prompts(prompts: Sequence[Prompt], tokenizer, *, model: str = "the ta
         PromptFileError: chat prompts for a model without a chat template, or a template that refuses a
             conversation (naming the prompt's file and line).
     """
+    return _per_prompt(prompts, tokenizer, model, tokenizer.encode, tokenizer.encode_chat)
+
+
+def prompt_texts(prompts: Sequence[Prompt], tokenizer, *, model: str = "the target") -> list[str]:
+    """Each prompt's text for ``tokenizer``'s model: raw text as given; a chat prompt rendered with the model's
+    chat template (``tokenizer.render_chat``: the assistant turn opened, BOS and control tokens written as text),
+    for an engine that tokenizes text itself (llama.cpp, special tokens in the text parsed, as llama-server
+    tokenizes a rendered chat).
+
+    Args:
+        prompts: from :func:`load_prompts`.
+        tokenizer: a :class:`~sequoia_opt.model.tokenizer.Tokenizer` with the model's ``chat_template``, read only
+            for chat prompts (None serves raw prompts alone).
+        model: the model's name, for error messages.
+
+    Returns:
+        One string per prompt.
+
+    Raises:
+        PromptFileError: as :func:`encode_prompts`.
+    """
+    return _per_prompt(prompts, tokenizer, model, lambda text: text,
+                       lambda m: tokenizer.render_chat(m))
+
+
+def _per_prompt(prompts: Sequence[Prompt], tokenizer, model: str, raw, chat) -> list:
+    """``raw(text)`` of each raw prompt and ``chat(messages)`` of each chat prompt, in order, after the refusals of
+    :func:`encode_prompts` (a model without a chat template, a template refusing a conversation)."""
     from .model.chat_template import ChatTemplateError
 
-    chat = [p for p in prompts if p.is_chat]
-    if chat and getattr(tokenizer, "chat_template", None) is None:
-        where = (chat[0].origin or "the prompts").rsplit(":", 1)[0]
+    chats = [p for p in prompts if p.is_chat]
+    if chats and getattr(tokenizer, "chat_template", None) is None:
+        where = (chats[0].origin or "the prompts").rsplit(":", 1)[0]
         raise PromptFileError(f"{where} holds chat prompts ('messages') but {model} has no chat template "
                               "(tokenizer.chat_template in a GGUF, chat_template in tokenizer_config.json); give "
                               "raw 'prompt' lines")
     out = []
     for p in prompts:
         if not p.is_chat:
-            out.append(tokenizer.encode(p.text))
+            out.append(raw(p.text))
             continue
         try:
-            out.append(tokenizer.encode_chat(p.messages))
+            out.append(chat(p.messages))
         except ChatTemplateError as err:
             raise PromptFileError(f"{p.origin or 'chat prompt'}: {model}: {err}") from None
     return out

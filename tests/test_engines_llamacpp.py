@@ -808,6 +808,46 @@ def test_tune_llamacpp_measures_acceptance_on_prompts_past_1024_tokens(tmp_path)
     assert load_acceptance(acc).measured["max_new_tokens"] == 8
 
 
+@needs_llamacpp
+def test_tune_llamacpp_renders_chat_prompts_with_the_ggufs_template(tmp_path, monkeypatch):
+    """tune --engine llama.cpp read each prompt's .text, empty for a chat prompt ('messages'): a chat prompt file
+    was refused with "the prompt is empty" (a mixed file decoded its chat lines from nothing). Chat prompts are now
+    rendered with the GGUF's chat template and tokenized by llama.cpp, as the native tune encodes them."""
+    from tiny_pair import noisy_copy
+
+    import sequoia_opt.engines.llamacpp as llamacpp
+    from sequoia_opt.model.gguf_writer import write_gguf
+    from sequoia_opt.model.tokenizer import Tokenizer
+
+    chatml = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    base = merged_tokenizer()
+    tok = Tokenizer(base.backend, eos_ids=base.eos_ids, eos_id=base.eos_id, chat_template=chatml)
+    m = random_model(3, std=0.1, vocab=258)
+    target = write_gguf(tmp_path / "t.gguf", m, tok, outtype="f32")
+    draft = write_gguf(tmp_path / "d.gguf", noisy_copy(m, 0.2, 1), tok, outtype="f32")
+    msgs = [{"role": "user", "content": "Sort a list of numbers"}]
+    prompts = tmp_path / "chat.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n" + json.dumps({"messages": msgs}) + "\n")
+    seen = []
+    measure = llamacpp.measure_acceptance
+
+    def spy(tm, dm, ids, *args, **kw):
+        seen.append([list(p) for p in ids])
+        return measure(tm, dm, ids, *args, **kw)
+
+    monkeypatch.setattr(llamacpp, "measure_acceptance", spy)
+    table = tmp_path / "t.csv"  # T(b, n) given: only the acceptance is measured
+    table.write_text("batch,tokens,target_ms,draft_ms\n" + "".join(
+        f"{b},{n},{10 + b + 0.5 * n},0.5\n" for b in (1, 2) for n in (1, 2, 3)))
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-t", str(target), "--draft", str(draft), "-l",
+                              str(table), "--prompts", str(prompts), "--max-new-tokens", "4", "--threads", "1",
+                              "--profiles-dir", str(tmp_path / "prof"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert seen == [[tok.encode("def f(x):"), tok.encode_chat(msgs)]]
+    assert tok.decode(seen[0][1]) == "<|im_start|>user\nSort a list of numbers<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_a_draft_gguf_without_model_metadata_is_refused_naming_the_file(tmp_path):
     """A GGUF with an architecture and no hyperparameters as --draft: one line, exit 2, naming that file (it said
     "GGUF metadata lacks 'llama.vocab_size'", which of target and draft unsaid)."""

@@ -1289,7 +1289,8 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
     from ..device import device_slug
     from ..engines.llamacpp import LlamaCppModel, generate, measure_acceptance, profile_latency_batch
     from ..jobs.load import pair_slug, weights_record
-    from ..prompts import demo_prompts_path, load_prompts
+    from ..model.gguf_loader import open_gguf, tokenizer_from_gguf
+    from ..prompts import demo_prompts_path, load_prompts, prompt_texts
 
     lookup = spec.kind == "lookup"
     dlabel = spec.label if lookup else pair.draft_label
@@ -1306,7 +1307,11 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
 
     def measure_acc() -> Any:
         pfile = opts.prompts or demo_prompts_path("profile")
-        texts = [p.text for p in load_prompts(pfile, limit=opts.num_prompts)]
+        plist = load_prompts(pfile, limit=opts.num_prompts)
+        # chat prompts rendered with the GGUF's template (a chat prompt's text is empty), tokenized by llama.cpp as
+        # llama-server does; the tokenizer is rebuilt only for them (treeopt rebuilds BPE vocabularies alone)
+        tok = tokenizer_from_gguf(open_gguf(pair.target)) if any(p.is_chat for p in plist) else None
+        texts = prompt_texts(plist, tok, model=pair.target_label)
         with LlamaCppModel(pair.target, n_ctx=64, n_threads=1) as tk:  # llama.cpp's tokens, to size the context
             ids = [tk.tokenize(t) for t in texts]
         n_ctx = max(len(p) for p in ids) + opts.max_new_tokens + 8  # the longest prompt and its answer
