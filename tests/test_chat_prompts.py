@@ -403,3 +403,25 @@ def test_a_prompt_past_the_context_is_named_by_its_file_and_line(tmp_path, mode)
     assert len(lines) == 1 and f"{f}:3: prompt 2 of 2 (600 tokens): prompt (600 tokens) + max_new_tokens (8)" in \
         lines[0] and "context of 512 tokens" in lines[0], lines
     assert not out.exists()
+
+
+def test_a_tokenizer_config_without_bos_keeps_the_config_json_bos_out_of_the_template(tmp_path):
+    """Qwen2.5 writes "bos_token": null in tokenizer_config.json and bos_token_id <|endoftext|> in config.json; the
+    loader took the latter, so a template's {{ bos_token }} rendered '<|endoftext|>' where transformers' tokenizer
+    (bos_token None) renders nothing. A config.json BOS still serves a tokenizer_config.json that names none."""
+    from tiny_pair import byte_tokenizer
+
+    base = byte_tokenizer()
+    tok = Tokenizer(base.backend, eos_ids=base.eos_ids, eos_id=base.eos_id,
+                    chat_template="{{ bos_token }}{{ messages[0]['content'] }}")
+    tok.save(tmp_path / "tokenizer.json")
+    conf_path = tmp_path / "tokenizer_config.json"
+    conf = json.loads(conf_path.read_text())
+    conf["bos_token"] = None
+    conf_path.write_text(json.dumps(conf))
+    qwen = load_hf_tokenizer(tmp_path, {"bos_token_id": 256})
+    assert qwen.bos_id is None and qwen.render_chat(USER) == "Sort a list"
+    del conf["bos_token"]  # no word on BOS in tokenizer_config.json: config.json's is taken
+    conf_path.write_text(json.dumps(conf))
+    older = load_hf_tokenizer(tmp_path, {"bos_token_id": 256})
+    assert older.bos_id == 256 and older.render_chat(USER) == EOS + "Sort a list"

@@ -108,7 +108,8 @@ def check_tokenizer_fits(tokenizer: Tokenizer, rows: int, path: str | os.PathLik
 
 def load_hf_tokenizer(path: str | os.PathLike, hf_config: dict[str, Any] | None = None) -> Tokenizer:
     """``path/tokenizer.json`` with BOS/EOS from ``tokenizer_config.json``, ``config.json`` and
-    ``generation_config.json`` (``eos_token_id`` may be an int or a list; all of them end generation), and the
+    ``generation_config.json`` (``eos_token_id`` may be an int or a list; all of them end generation; a
+    ``bos_token_id`` there is not taken when ``tokenizer_config.json`` says ``"bos_token": null``), and the
     chat template from ``chat_template.jinja`` or ``tokenizer_config.json`` (:meth:`Tokenizer.from_file`).
 
     Raises:
@@ -122,10 +123,15 @@ def load_hf_tokenizer(path: str | os.PathLike, hf_config: dict[str, Any] | None 
         cfgs.append(_read_json(gen))
     eos = set(tok.eos_ids)
     bos = tok.bos_id
+    conf_path = path / "tokenizer_config.json"
+    conf = _read_json(conf_path) if conf_path.is_file() else {}
+    # "bos_token": null there says the tokenizer has no BOS (Qwen2.5, whose config.json still names bos_token_id
+    # <|endoftext|>): transformers then gives a chat template no bos_token, so neither does treeopt
+    no_bos = "bos_token" in conf and conf["bos_token"] is None
     for c in cfgs:
         e = c.get("eos_token_id")
         eos.update(int(i) for i in (e if isinstance(e, list) else [e] if e is not None else []))
-        if bos is None and isinstance(c.get("bos_token_id"), int):
+        if bos is None and not no_bos and isinstance(c.get("bos_token_id"), int):
             bos = int(c["bos_token_id"])
     eos = {i for i in eos if 0 <= i < tok.vocab_size}
     return Tokenizer(tok.backend, bos_id=bos, eos_ids=eos, eos_id=tok.eos_id, chat_template=tok.chat_template)
