@@ -188,6 +188,10 @@ def export(
             head: :func:`~sequoia_opt.drafting.registry.head_engine_methods`): vLLM's ``method`` and SGLang's
             ``--speculative-algorithm`` are written, TensorRT-LLM's note names its decoding config, and an engine
             without that method is warned about. None: the drafter is the user's to name (as before).
+
+    Raises:
+        ExportError: unknown ``fmt``, a root-only tree for an engine format (medusa, tensorrt-llm, vllm, sglang),
+            or a malformed ``acceptance`` (not numbers, empty, NaN or infinity).
     """
     key = normalise_format(fmt)
     p = None if acceptance is None else _check_acceptance(acceptance)
@@ -256,6 +260,7 @@ def level_uniform_tree(branching: Sequence[int]) -> Tree:
     """The full tree where every node at depth ``l - 1`` has ``branching[l - 1]`` children (ranks 0..k-1).
 
     ``level_uniform_tree([2, 1])`` is the root, two children, and one child under each: 5 nodes.
+    ``level_uniform_tree([])`` is the root alone. Raises ExportError for a branching below 1.
     """
     parent, rank = [-1], [0]
     level = [0]

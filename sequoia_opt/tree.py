@@ -78,7 +78,8 @@ class Tree:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def chain(cls, length: int) -> "Tree":
-        """A chain of ``length`` nodes (root + ``length - 1`` speculated tokens, all rank 0)."""
+        """A chain of ``length`` nodes (root + ``length - 1`` speculated tokens, all rank 0).
+        Raises TreeValidationError for ``length < 1``."""
         if length < 1:
             raise TreeValidationError(f"a chain needs at least 1 node (the root), got {length}")
         return cls(parent=[-1] + list(range(length - 1)), rank=[0] * length)

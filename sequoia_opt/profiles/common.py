@@ -239,8 +239,12 @@ def _check_sampling(measured: Mapping[str, Any], source: str, extra: tuple[str, 
 def check_integer(value: Any, where: str, *, low: int = 0, high: int = MAX_COUNT,
                   error: type[Exception] = ProfileError) -> int:
     """An integer in ``[low, high]`` from a file (bools, floats, inf and NaN refused: a count is written as an
-    integer), as a Python int; otherwise ``error`` with one line naming ``where`` and the range. The bounds
-    keep every value inside int64 (:data:`MAX_COUNT`, :data:`MAX_TOKENS`)."""
+    integer), as a Python int. The bounds keep every value inside int64 (:data:`MAX_COUNT`, :data:`MAX_TOKENS`).
+
+    Raises:
+        error (default ProfileError): not an integer, below ``low`` or above ``high``; one line naming ``where``
+            and the range.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise error(f"{where} = {value!r} must be an integer >= {low}")
     if value < low:

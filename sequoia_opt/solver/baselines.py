@@ -34,14 +34,17 @@ def _positive(name: str, value: int, low: int = 1) -> int:
 
 
 def chain(gamma: int) -> Tree:
-    """A chain of ``gamma`` speculated tokens below the root (gamma + 1 nodes, depth gamma, all rank 0)."""
+    """A chain of ``gamma`` speculated tokens below the root (gamma + 1 nodes, depth gamma, all rank 0): the
+    draft of classic speculative decoding (Leviathan et al. 2023; Chen et al. 2023). Raises SolverError for a
+    ``gamma`` that is not an integer >= 0."""
     gamma = _positive("gamma", gamma, 0)
     return Tree.chain(gamma + 1)
 
 
 def kary_tree(k: int, depth: int, budget: int | None = None) -> Tree:
     """The full k-ary tree of the given depth: ``1 + k + .. + k^depth`` nodes, or its first ``budget`` nodes
-    in breadth-first order (a valid tree: a prefix of canonical order never leaves a rank gap)."""
+    in breadth-first order (a valid tree: a prefix of canonical order never leaves a rank gap). Raises
+    SolverError for ``k`` or ``budget`` not an integer >= 1, or ``depth`` not an integer >= 0."""
     k = _positive("k", k)
     depth = _positive("depth", depth, 0)
     if budget is not None:
@@ -64,9 +67,10 @@ def kary_tree(k: int, depth: int, budget: int | None = None) -> Tree:
 
 
 def specinfer(k: int, length: int) -> Tree:
-    """SpecInfer-style: k independent sequences of ``length`` tokens sharing only the root.
+    """SpecInfer-style (Miao et al. 2024): k independent sequences of ``length`` tokens sharing only the root.
 
     Root children take ranks 0..k-1; below each, a rank-0 chain of ``length - 1`` nodes. Size ``1 + k*length``.
+    Raises SolverError for ``k`` or ``length`` not an integer >= 1.
     """
     k = _positive("k", k)
     length = _positive("length", length)
@@ -87,7 +91,7 @@ def best_first(
     max_branching: int | None = None,
     by_depth=None,
 ) -> Tree:
-    """Greedy best-first expansion (Medusa-style): start from the root, repeatedly add the frontier node with
+    """Greedy best-first expansion (Medusa-style, Cai et al. 2024): start from the root, repeatedly add the frontier node with
     the highest path probability until ``budget`` nodes (root included) or no frontier node has a positive
     probability (nodes that add nothing are not added).
 
