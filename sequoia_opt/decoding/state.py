@@ -143,7 +143,8 @@ class DecodeState:
 
     @property
     def result(self) -> GenerationResult:
-        """The result of a generation of one prompt."""
+        """The result of a generation of one prompt. Raises ValueError when the state decodes more than one
+        prompt (read :attr:`results`)."""
         if len(self.results) != 1:
             raise ValueError(f"this state decodes {len(self.results)} prompts; read results")
         return self.results[0]

@@ -76,6 +76,8 @@ def build_model(config: ModelConfig, provided: Mapping[str, tuple[int, ...]],
 
     Raises:
         CheckpointError: see :func:`check_tensors`; also a fetched tensor whose shape differs from its header.
+        RuntimeError: the model has a buffer other than ``inv_freq`` that this loader does not re-derive (a
+            programming error in :mod:`.llama`, never a bad checkpoint).
     """
     meta = Transformer(config, device="meta", dtype=dtype)
     expected = _expected(meta)

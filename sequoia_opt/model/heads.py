@@ -108,6 +108,9 @@ class EagleHead(nn.Module):
 
     Parameter names follow the public layouts: EAGLE-3 ``fc.*``, ``midlayer.*``, ``norm.weight``,
     ``lm_head.weight``; EAGLE ``fc.*``, ``layers.{i}.*`` (no ``layers.0.input_layernorm``).
+
+    Raises:
+        ValueError: ``config.kind`` is not one of :data:`EAGLE_KINDS`.
     """
 
     def __init__(self, config: EagleConfig, embedding: torch.Tensor, lm_head: torch.Tensor | None = None, *,

@@ -107,6 +107,10 @@ class EagleDrafter(Drafter):
         draft_ids: (V_d,) int64 the target ids of a reduced draft vocabulary (EAGLE-3's d2t), or None.
         context: the target's ``max_position_embeddings`` (the head's own limits it further).
 
+    Raises:
+        DecodingError: ``draft_ids`` whose length is not the head's draft vocabulary size; at :meth:`bind`, no
+            target face in the settings, or one that refuses the hidden states (:meth:`TargetFace.request_hidden`).
+
     Attributes:
         layers: the target hidden states it reads (``hidden_layers`` numbering).
         rows: its KV cache in the row layout (allocated by :meth:`bind`; None when the policy never drafts).
@@ -314,7 +318,9 @@ class EagleDrafter(Drafter):
                     nodes: Sequence[int], first: bool) -> torch.Tensor:
         """Logits (len(nodes), V) over target ids (a reduced vocabulary's other ids at -inf); node i's input
         hidden state is its parent's output, so nodes of one call whose parent is in the same call run in a
-        later forward than the parent."""
+        later forward than the parent. Shapes as :meth:`Drafter.score_nodes`: ``tokens`` / ``depth`` (m,) int64,
+        ``ancestors`` (m, m) bool. Raises DecodingError when ``first`` and ``nodes`` does not start with the
+        root (0)."""
         L = row.cached
         dev = self.device
         head = self.head

@@ -160,6 +160,9 @@ def score_shared_nodes(model: Transformer, cache, chunk: Sequence[int], chunk_st
     prefix ``[0, L)`` and its ancestors-or-self among tree slots ``[L, L + max(nodes) + 1)``.
 
     Returns (len(nodes), V) logits in the model's dtype.
+
+    Raises:
+        DecodingError: ``first`` and ``nodes`` does not start with the root (node 0).
     """
     L = row.cached
     out = []

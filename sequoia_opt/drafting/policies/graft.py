@@ -223,7 +223,8 @@ class GraftPolicy(SharedTreePolicy):
     @classmethod
     def from_drafter_tree(cls, light: Drafter, strong: Drafter, dtree, scheduler: GraftScheduler | None = None,
                           reselect: bool = False) -> "GraftPolicy":
-        """From a :class:`~sequoia_opt.tree.DrafterTree` (two drafters, light first)."""
+        """From a :class:`~sequoia_opt.tree.DrafterTree` (two drafters, light first). Raises DecodingError when
+        ``dtree`` names other than two drafters, and as the constructor."""
         if len(dtree.names) != 2:
             raise DecodingError(f"a graft plan names two drafters (light, strong); this one names {list(dtree.names)}")
         return cls(light, strong, dtree.tree, dtree.drafter, dtree.names, scheduler, reselect)
