@@ -258,6 +258,9 @@ class TransformerTarget(TargetFace):
             self._prefill_h, self._tree_h, self._path_h = pick(self._prefill_h), pick(self._tree_h), pick(self._path_h)
 
     def join(self, state: DecodeState, prompts: Sequence[Sequence[int]]) -> None:
+        """Rows join after the live rows: row ``B + j``'s cache takes ``prompts[j][:-1]`` (and its prompt's
+        hidden states, when a feature head asked for them). Raises DecodingError when the live and joining rows
+        exceed ``max_batch``."""
         B = self.rows.batch
         if B + len(prompts) > self.max_batch:
             raise DecodingError(f"{B} live rows and {len(prompts)} joining exceed max_batch={self.max_batch}")

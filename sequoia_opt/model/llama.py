@@ -77,6 +77,7 @@ class Linear(nn.Linear):
     dispatch = None  # LinearDispatch | None, set by tune_linears
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., out_features), in ``x``'s dtype."""
         d = self.dispatch
         if (d is None or x.device.type != "cpu" or x.dtype != torch.float32
                 or (torch.is_grad_enabled() and self.weight.requires_grad)):
@@ -93,6 +94,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., dim) -> (..., dim), normalised over the last axis in float32, returned in ``x``'s dtype."""
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * self.weight.float()).to(x.dtype)
@@ -112,6 +114,9 @@ class Attention(nn.Module):
         self.o_proj = Linear(c.n_heads * c.head_dim, c.dim, bias=False, **kw)
 
     def forward(self, x, cos, sin, layer_cache, cache_slots, prefix_len, tree_mask, backend):
+        """(B, T, dim) -> (B, T, dim). ``cos`` / ``sin``: (B or 1, 1, T, head_dim/2) rotary tables
+        (:func:`apply_rotary`); ``layer_cache``: this layer's cache, None for plain causal attention over the T
+        tokens; ``cache_slots``, ``prefix_len``, ``tree_mask``, ``backend`` as :meth:`Transformer.forward`."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
@@ -141,6 +146,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.dim, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., dim) -> (..., dim) through the (..., intermediate_size) gate and up projections."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -156,6 +162,7 @@ class Block(nn.Module):
         self.mlp = MLP(config, **kw)
 
     def forward(self, x, cos, sin, layer_cache, cache_slots, prefix_len, tree_mask, backend):
+        """(B, T, dim) -> (B, T, dim); arguments as :meth:`Attention.forward`."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache, cache_slots, prefix_len,
                                tree_mask, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
