@@ -895,3 +895,40 @@ def test_run_llamacpp_refuses_a_setting_the_profiles_cannot_price_before_decodin
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "at 6 tokens would extrapolate past the largest measured count 3" in lines[0], res.output
     assert calls == [] and not (tmp_path / "res").exists()
+
+
+def test_tune_llamacpp_ends_each_answer_where_llama_cpp_does(tmp_path, monkeypatch):
+    """tune --engine llama.cpp generated every answer to --max-new-tokens, past an EOS: the acceptance profiled
+    the text after the answer's end (after a chat reply's <|im_end|>), which llama-server never drafts. It now
+    stops at llama.cpp's own end-of-generation ids (LlamaCppModel.eog_ids: the GGUF's EOS among them)."""
+    from tiny_pair import noisy_copy
+
+    import sequoia_opt.engines.llamacpp as llamacpp
+    from sequoia_opt.engines.llamacpp import LlamaCppModel
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    tok = merged_tokenizer()
+    m = random_model(3, std=0.1, vocab=tok.vocab_size)
+    target = write_gguf(tmp_path / "t.gguf", m, tok, outtype="f32")
+    draft = write_gguf(tmp_path / "d.gguf", noisy_copy(m, 0.2, 1), tok, outtype="f32")
+    with LlamaCppModel(target, n_ctx=32, n_threads=1) as tm:
+        eog = tm.eog_ids()
+    assert tok.eos_id in eog and set(eog) <= set(range(tok.vocab_size)) and len(eog) < 5
+    seen = []
+    measure = llamacpp.measure_acceptance
+
+    def spy(tm, dm, ids, *args, **kw):
+        seen.append(list(kw.get("eos_ids", ())))
+        return measure(tm, dm, ids, *args, **kw)
+
+    monkeypatch.setattr(llamacpp, "measure_acceptance", spy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    table = tmp_path / "t.csv"  # T(b, n) given: only the acceptance is measured
+    table.write_text("batch,tokens,target_ms,draft_ms\n" + "".join(
+        f"{b},{n},{10 + b + 0.5 * n},0.5\n" for b in (1, 2) for n in (1, 2, 3)))
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-t", str(target), "--draft", str(draft), "-l",
+                              str(table), "--prompts", str(prompts), "--max-new-tokens", "4", "--threads", "1",
+                              "--profiles-dir", str(tmp_path / "prof"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert seen == [eog]

@@ -1316,12 +1316,14 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
             ids = [tk.tokenize(t) for t in texts]
         n_ctx = max(len(p) for p in ids) + opts.max_new_tokens + 8  # the longest prompt and its answer
         with LlamaCppModel(pair.target, n_ctx=n_ctx, n_threads=opts.threads) as tm:
+            eos = tm.eog_ids()  # answers end where llama-server ends them: no acceptance measured past their end
             if lookup:
-                conts = [generate(tm, p, opts.max_new_tokens).tokens for p in ids]
+                conts = [generate(tm, p, opts.max_new_tokens, eos_ids=eos).tokens for p in ids]
                 traces = lookup_traces(ids, conts, tm.n_vocab, spec.lookup_min, spec.lookup_max)
             else:
                 with LlamaCppModel(pair.draft, n_ctx=n_ctx, n_threads=opts.threads) as dm:
-                    _, traces = measure_acceptance(tm, dm, ids, opts.max_new_tokens, progress=progress)
+                    _, traces = measure_acceptance(tm, dm, ids, opts.max_new_tokens, eos_ids=eos,
+                                                   progress=progress)
         return acceptance_from_traces(traces, profile_id=f"{slug}_greedy_llama.cpp", target_name=pair.target_label,
                                       draft_name=dlabel, max_depth=want_k, prompts_file=str(pfile),
                                       max_new_tokens=opts.max_new_tokens,

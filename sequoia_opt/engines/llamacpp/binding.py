@@ -228,6 +228,13 @@ class LlamaCppModel:
             raise EngineError(f"llama.cpp could not tokenize {len(raw)} bytes (needs {-n} tokens)")
         return [int(buf[i]) for i in range(n)]
 
+    def eog_ids(self) -> list[int]:
+        """The token ids llama.cpp ends a generation at (its end-of-generation set: EOS, EOT, ``<|im_end|>``, ...,
+        what llama-server stops at), ascending."""
+        lib = self._lib
+        vocab = lib.llama_model_get_vocab(self._model)
+        return [t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(vocab, t)]
+
     def clear(self) -> None:
         """Empty the KV cache."""
         self._lib.llama_memory_clear(self._mem, True)
