@@ -79,7 +79,9 @@ class Tree:
     @classmethod
     def chain(cls, length: int) -> "Tree":
         """A chain of ``length`` nodes (root + ``length - 1`` speculated tokens, all rank 0).
-        Raises TreeValidationError for ``length < 1``."""
+        Raises TreeValidationError for a ``length`` that is not an integer >= 1 (``2.5`` and ``True`` included)."""
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)):
+            raise TreeValidationError(f"a chain's length is a whole number of nodes, got {length!r}")
         if length < 1:
             raise TreeValidationError(f"a chain needs at least 1 node (the root), got {length}")
         return cls(parent=[-1] + list(range(length - 1)), rank=[0] * length)

@@ -104,6 +104,11 @@ def test_chain():
     assert t.parent == (-1, 0, 1, 2) and t.rank == (0, 0, 0, 0)
     with pytest.raises(TreeValidationError, match="at least 1 node"):
         Tree.chain(0)
+    assert Tree.chain(np.int64(3)).size == 3
+    # 2.5 raised a TypeError from range(); True made a 1-node chain without a word
+    for bad in (2.5, True, "3"):
+        with pytest.raises(TreeValidationError, match="a chain's length is a whole number of nodes"):
+            Tree.chain(bad)
 
 
 # ------------------------------------------------------------------------------------------- derived quantities
