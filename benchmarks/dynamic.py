@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from sequoia_opt.prompts import demo_prompts_path, load_prompts
     from sequoia_opt.solver import choose
     from sequoia_opt.solver.dynamic import choose_dynamic, predict_setting, setting_grid
-    from sequoia_opt.tree import Tree, TreeMetadata, now_iso
+    from sequoia_opt.tree import Tree, TreeMetadata
 
     quick = args.quick
     n_eval = args.num_prompts or (2 if quick else 8)

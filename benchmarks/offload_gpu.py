@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     save_latency(args.out_dir / "offload-latency.yaml", curve)
     out["offload"] = info
     out["T_ms"] = {n: curve.target_ms(n) for n in grid}
-    print(f"offload T(n): " + ", ".join(f"{n}: {curve.target_ms(n):.1f} ms" for n in grid), flush=True)
+    print("offload T(n): " + ", ".join(f"{n}: {curve.target_ms(n):.1f} ms" for n in grid), flush=True)
 
     p = load_acceptance(args.acceptance).acceptance
     budget = min(args.budget, curve.max_target_tokens())

@@ -49,8 +49,6 @@ def free_memory_bytes(device: torch.device | str) -> int:
     """Memory free for new allocations on ``device`` (bytes): the GPU's free memory for CUDA
     (``torch.cuda.mem_get_info``), else the host's available memory (``MemAvailable`` in /proc/meminfo on
     Linux, else free physical pages)."""
-    import os
-
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])

@@ -21,7 +21,7 @@ from sequoia_opt.tree import Tree
 sys.path.insert(0, str(Path(__file__).parent))
 
 # the tiny models of the batch-1 decoding tests: a random target and a partly agreeing perturbed copy
-from test_decoding import CFG, _model, _perturbed  # noqa: E402
+from test_decoding import _model, _perturbed  # noqa: E402
 
 
 @pytest.fixture(scope="module")

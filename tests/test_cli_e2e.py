@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_pair import byte_tokenizer, make_pair, other_tokenizer, random_model  # noqa: E402
+from tiny_pair import make_pair, other_tokenizer, random_model  # noqa: E402
 
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.model.hf import save_hf_checkpoint  # noqa: E402

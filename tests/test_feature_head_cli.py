@@ -297,7 +297,7 @@ def test_a_medusa_calibration_records_no_deeper_than_its_heads_and_solves(workdi
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["measured"]["recording"] == {"steps": 3, "topk": 2}
-    assert (f"recorded 3 levels, not the 5 of --calibration-steps: medusa:md proposes no deeper than depth 3, so the "
+    assert ("recorded 3 levels, not the 5 of --calibration-steps: medusa:md proposes no deeper than depth 3, so the "
             "dynamic settings it can run stop there") in doc["notes"]
     from sequoia_opt.profiles.calibration import load_calibration
 

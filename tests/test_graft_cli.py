@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_pair import byte_tokenizer, make_pair, other_tokenizer, random_model  # noqa: E402
+from tiny_pair import make_pair, other_tokenizer, random_model  # noqa: E402
 
 import sequoia_opt.jobs.load as pipeline  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402

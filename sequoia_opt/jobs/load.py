@@ -13,7 +13,7 @@ import torch
 
 from ..drafting.registry import (CostProbe, DrafterSpec, check_drafter,  # noqa: F401
                                 drafter_slug, parse_drafter_spec)
-from ..errors import CheckpointError, TreeoptError
+from ..errors import TreeoptError
 from ..model import Transformer
 from ..model.loaders import (bundled_draft_path, default_draft_path, default_target_path, load_checkpoint,  # noqa: F401
                             model_label)

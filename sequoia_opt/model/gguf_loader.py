@@ -32,12 +32,15 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .tuned_linear import Int4Blocks
 from .build import build_model
 from .config import ModelConfig
 from .llama import Transformer, rope_inv_freq
