@@ -81,6 +81,21 @@ def test_latency_round_trip(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_latency_date_survives_a_save_and_a_load(tmp_path):
+    """The date a latency profile was measured (``date``, which ``build_latency_profile`` writes and the format reads)
+    is kept through a save and a load, in YAML and JSON; a hand-written unquoted date (a YAML timestamp) reads as
+    its ISO text."""
+    c = LatencyCurve.from_dict({**LAT, "date": "2026-11-29T19:00:00+00:00"}, default_id="lat")
+    assert c.date == "2026-11-29T19:00:00+00:00"
+    for name in ("lat.yaml", "lat.json"):
+        back = load_latency(save_latency(tmp_path / name, c))
+        assert back.date == "2026-11-29T19:00:00+00:00" and back.to_dict() == c.to_dict()
+    (tmp_path / "hand.yaml").write_text(yaml.safe_dump({**LAT, "date": "x"}).replace("date: x",
+                                                                                      "date: 2026-11-29 19:00:00"))
+    assert load_latency(tmp_path / "hand.yaml").date == "2026-11-29T19:00:00"
+    assert "date" not in LatencyCurve.from_dict(LAT).to_dict()  # an older file without one is written without one
+
+
 def test_acceptance_round_trip_and_wilson_interval(tmp_path):
     prof = AcceptanceProfile(
         id="pair", acceptance=np.array([0.5, 0.25]), counts=np.array([50, 25, 25]), measured={"mode": "greedy"}

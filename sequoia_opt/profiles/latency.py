@@ -3,6 +3,7 @@ drafter's c(w) and cost model, the step overhead, the engine that ran the forwar
 
 from __future__ import annotations
 
+import datetime
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,7 @@ class LatencyCurve:
         cost_model: the drafter's cost model, ``"per-level"`` or ``"one-pass"`` (:data:`DRAFT_COST_MODELS`;
             the draft tables' ``cost_model`` key, default ``"per-level"``); how
             :func:`~sequoia_opt.solver.hardware.step_cost` charges c.
+        date: when it was measured (the ``date`` key, ISO 8601 text; None in a file without one).
 
     Raises:
         ProfileError: (construction) an unknown ``cost_model``.
@@ -169,6 +171,7 @@ class LatencyCurve:
     cost_model: str = DRAFT_COST_MODELS[0]
     engine_info: dict[str, Any] = field(default_factory=dict)
     _loop: tuple[_Loop | None, ...] = field(default=(), repr=False)
+    date: str | None = None
 
     def __post_init__(self) -> None:
         check_cost_model(self.cost_model, f"latency profile {self.id!r}: draft cost_model")
@@ -357,6 +360,8 @@ class LatencyCurve:
             d["example"] = True
         if self.source:
             d["source"] = self.source
+        if self.date:
+            d["date"] = self.date
         d["device"] = _plain(dict(self.device))
         d["model"] = _plain(dict(self.model))
         if self.engine_info:
@@ -448,6 +453,7 @@ class LatencyCurve:
             cost_model=cost_models[0] if cost_models else DRAFT_COST_MODELS[0],
             engine_info=dict(engine),
             _loop=tuple(loops),
+            date=_date_text(doc.get("date"), source),
         )
         if check_plausible:
             import warnings
@@ -486,6 +492,16 @@ class LatencyCurve:
             ],
         }
         return cls.from_dict(doc, source=f"synthetic curve {id!r}", default_id=id, check_plausible=False)
+
+
+def _date_text(value: Any, source: str) -> str | None:
+    """A profile's ``date`` as ISO 8601 text: a string as written, a date YAML read from an unquoted timestamp as its
+    ``isoformat()``; None when absent. Raises ProfileError (one line) for anything else."""
+    if value is None or isinstance(value, str):
+        return value or None
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    raise ProfileError(f"{source}: 'date' must be a date (ISO 8601 text), got {value!r}")
 
 
 def load_latency(path: str | Path) -> LatencyCurve:
