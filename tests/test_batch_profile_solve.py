@@ -4,6 +4,7 @@ without CUDA)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -80,6 +81,26 @@ def test_batch_profile_round_trip_and_old_profile_is_batch_one(tmp_path, profile
         parse_batches("1,0")
     with pytest.raises(ProfileError, match="not an integer"):
         parse_batches("1,x")
+
+
+def test_a_batch_profile_keeps_the_engine_it_was_measured_on(tmp_path, profile):
+    """A batch profile timed on llama.cpp (``treeopt tune --engine llama.cpp``: every curve's ``engine``) still names
+    llama.cpp after a save and a load; it read as treeopt's decoder, so ``tune --engine vllm`` named the wrong
+    engine in its warning and ``keeping`` merged it as treeopt's."""
+    from sequoia_opt.engines import engine_mismatch
+
+    engine = {"name": "llama.cpp", "version": "0.3.36"}
+    curves = {b: dataclasses.replace(c, engine_info=dict(engine)) for b, c in profile.curves.items()}
+    timed = dataclasses.replace(profile, curves=curves)
+    for name in ("b.yaml", "b.json"):
+        path = save_batch_latency(tmp_path / name, timed)
+        assert (yaml.safe_load(path.read_text()) if name.endswith("yaml") else json.loads(path.read_text()))[
+            "engine"] == engine
+        back = load_batch_latency(path)
+        assert [back.curve(b).engine for b in back.batches] == ["llama.cpp"] * 4
+        assert back.curve(4).engine_info == engine
+        assert "'llama.cpp'" in engine_mismatch(back.curve(1), "vllm", what="--engine vllm")
+    assert "engine" not in profile.to_dict()  # treeopt's decoder: no key, as in a latency profile
 
 
 def test_solve_batch_cli_table_and_plan(tmp_path, profile):

@@ -13,6 +13,7 @@ models are the ones batch 1 uses::
     date: ...
     device: {...}                  # as treeopt-latency/1
     model: {...}
+    engine: {name: llama.cpp, ...} # optional, as treeopt-latency/1: what ran the forwards (absent: treeopt's decoder)
     batches:
       - batch: 1
         step_overhead_ms: 0.8      # the batched decoder's accept + commit at this batch
@@ -45,7 +46,7 @@ from .latency import LatencyCurve
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
 
 #: the top-level keys of a batch latency profile, and of one entry of its ``batches`` (others are warned of)
-BATCH_LATENCY_KEYS = ("format", "id", "source", "date", "device", "model", "batches")
+BATCH_LATENCY_KEYS = ("format", "id", "source", "date", "device", "model", "engine", "batches")
 BATCH_ENTRY_KEYS = ("batch", "step_overhead_ms", "curves")
 
 __all__ = ["BATCH_LATENCY_FORMAT", "BatchLatencyProfile", "load_batch_latency", "save_batch_latency",
@@ -159,6 +160,8 @@ class BatchLatencyProfile:
             d["date"] = self.date
         first = self.curves[self.batches[0]].to_dict()
         d["device"], d["model"] = first["device"], first["model"]
+        if "engine" in first:  # the engine that timed every batch size (absent: treeopt's decoder)
+            d["engine"] = first["engine"]
         d["batches"] = [{"batch": b, "step_overhead_ms": float(self.curves[b].step_overhead_ms),
                          "curves": self.curves[b].to_dict()["curves"]} for b in self.batches]
         return d
@@ -192,7 +195,7 @@ class BatchLatencyProfile:
             if b in curves:
                 raise ProfileError(f"{where}: batch {b} is given twice")
             body = {"format": LATENCY_FORMAT, "id": f"{pid}@batch{b}", "device": doc.get("device") or {},
-                    "model": doc.get("model") or {}, "source": doc.get("source"),
+                    "model": doc.get("model") or {}, "source": doc.get("source"), "engine": doc.get("engine"),
                     "step_overhead_ms": e.get("step_overhead_ms"), "curves": e.get("curves")}
             if "step_overhead_ms" not in e:
                 raise ProfileError(f"{where}: missing key 'step_overhead_ms'")
