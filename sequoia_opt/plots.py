@@ -87,8 +87,8 @@ def plot_latency(curve: LatencyCurve, path: str | Path, *, title: str | None = N
     """Draw a latency profile: three panels, all with a log-2 x axis in tokens.
 
     1. Target forward T(n) in ms against n, the tokens fed to one verification forward (n = tree size),
-       one line per measured context length (tokens). Where the profile has spreads (interquartile range,
-       p75 - p25, in ms) they are drawn as a band of median +- spread / 2.
+       one line per measured context length (tokens). Where the profile has spreads (p90 - p10 of the timed
+       repeats, in ms, as the profilers write them) they are drawn as a band of median +- spread / 2.
     2. Draft forward c(w) in ms against w, the tokens in one draft forward, same conventions.
     3. T(n) / T(n_min) (dimensionless; n_min is the smallest measured count, normally 1): how much dearer
        verifying n tokens is than verifying one. Where this stays near 1 a larger tree is almost free; where

@@ -197,6 +197,27 @@ def test_paired_profile_keeps_the_curve_shape_when_the_machine_drifts(pair, monk
     assert (u1, u2, u4) == (pytest.approx(10.0), pytest.approx(24.0), pytest.approx(24.0))
 
 
+def test_the_stored_spread_is_p90_minus_p10_of_the_timed_repeats(pair, monkeypatch):
+    """``target_forward_spread_ms`` is what the schema (profiles/__init__.py, docs/formats.md) says: p90 - p10 of the
+    timed repeats (it said p75 - p25), with rounds the median p90 minus the median p10 over rounds."""
+    import sequoia_opt.profiling.latency as lat
+
+    target, _ = pair
+    rounds = iter([Timing(6.0, 2.0, 10.0, 11), Timing(7.0, 3.0, 30.0, 11), Timing(5.0, 1.0, 12.0, 11)])
+    monkeypatch.setattr(lat, "time_forward", lambda *a, **k: next(rounds))
+    (table,) = lat.profile_model(target, [1], [0], rounds=3)
+    curve = build_latency_profile(target_tables=[table], draft_tables=None, step_overhead_ms=0.0, device="cpu",
+                                  dtype=torch.float32, target_name="t", target_config=target.config,
+                                  draft_name=None, draft_config=None, random_weights=False, profile_id="x")
+    cur = curve.to_dict()["curves"][0]["target"]
+    assert cur["target_forward_ms"] == [6.0]  # median(6, 7, 5)
+    assert cur["target_forward_spread_ms"] == [12.0 - 2.0]  # median(10, 30, 12) - median(2, 3, 1)
+    from sequoia_opt.profiling.timing import _quantile
+
+    xs = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 100.0]  # p10 / p90 of one point's repeats: an outlier
+    assert (_quantile(xs, 0.1), _quantile(xs, 0.9)) == (pytest.approx(2.0), pytest.approx(10.0))  # stays outside
+
+
 def test_profile_model_refuses_past_the_context(pair):
     target, _ = pair
     with pytest.raises(ValueError, match="exceeds"):

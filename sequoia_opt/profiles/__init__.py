@@ -56,7 +56,7 @@ Latency profile, ``format: treeopt-latency/1``::
         target:                       # one target forward over `tokens` new tokens at this context
           tokens: [1, 2, 4, 8, 16, 32, 64, 128]          # strictly increasing, >= 1
           target_forward_ms: [20.1, 20.2, ...]           # median per row
-          target_forward_spread_ms: [0.2, ...]           # optional; interquartile range (p75 - p25)
+          target_forward_spread_ms: [0.2, ...]           # optional; p90 - p10 of the timed repeats
         draft:                        # one draft forward over `tokens` tokens at this context
           cost_model: per-level       # optional, default per-level; the same in every curve (see below)
           tokens: [1, 2, 4, ...]
