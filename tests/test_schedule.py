@@ -3032,3 +3032,27 @@ def test_the_check_command_of_a_tree_plan_is_one_the_batch_benchmark_takes(tmp_p
     args = mod.parse_args(words[2:])
     assert (args.plan, args.batches, args.target, args.draft, args.acceptance, args.context, args.threads,
             args.prompts) == (Path("p.yaml"), "1,2,4", tmp_path, "d", acc, 96, 2, Path("held.jsonl"))
+
+
+def test_falling_cost_warnings_read_a_curve_between_two_contexts_of_different_grids():
+    """A curve read between two measured contexts whose token grids differ (a profile kept from an earlier run
+    with another --max-tokens) raised 'would extrapolate' from the warning pass, failing tune: the lower
+    context's grid went past what the upper one measured."""
+    from sequoia_opt.jobs.tune import falling_cost_warnings
+
+    def table(tokens, ms):
+        return {"tokens": tokens, "target_forward_ms": ms}
+
+    curve = LatencyCurve.from_dict({
+        "format": "treeopt-latency/1", "device": {"name": "dev"}, "model": {"target": "T", "draft": "D"},
+        "step_overhead_ms": 0.5,
+        "curves": [{"context_tokens": 0, "target": table([1, 2, 4, 8], [10.0, 10.5, 11.0, 12.0]),
+                    "draft": {"tokens": [1, 2], "draft_forward_ms": [1.0, 1.2]}},
+                   {"context_tokens": 100, "target": table([1, 2, 4], [12.0, 9.0, 13.0]),
+                    "draft": {"tokens": [1, 2], "draft_forward_ms": [1.0, 1.2]}}]})
+    prof = BatchLatencyProfile(id="p", curves={1: curve})
+    assert curve.max_target_tokens(50) == 4
+    # at context 50: T(2) = (10.5 + 9) / 2 = 9.75 < 0.9 x T(1) = 0.9 x 11 = 9.9, named; n = 8 is not read
+    assert falling_cost_warnings(prof, [1], 50) == [
+        "latency profile 'p', batch 1: T(b, n = 2) = 9.75 ms is below T(b, 1) = 11 ms; a forward over more tokens "
+        "does not cost less, so check the measurement (the plan trusts it)"]

@@ -1143,8 +1143,9 @@ def falling_cost_warnings(profile: Any, batches: Sequence[int], context: int | N
     for b in batches:
         curve = profile.curve(b)
         t1 = curve.target_ms(1, context)  # the table the plan reads (context None: the smallest measured)
-        low = min(((float(curve.target_ms(n, context)), int(n)) for n in curve.target_tokens(context) if n > 1),
-                  default=None)
+        top = curve.max_target_tokens(context)  # two contexts' tables mixed: n up to the shorter grid's end
+        low = min(((float(curve.target_ms(n, context)), int(n)) for n in curve.target_tokens(context)
+                   if 1 < n <= top), default=None)
         if low is not None and IMPLAUSIBLE_FRACTION * t1 <= low[0] < (1 - drop) * t1:  # below: the loader warns
             out.append(f"latency profile {profile.id!r}, batch {b}: T(b, n = {low[1]}) = {low[0]:.3g} ms is below "
                        f"T(b, 1) = {t1:.3g} ms; a forward over more tokens does not cost less, so check the "
