@@ -3056,3 +3056,20 @@ def test_falling_cost_warnings_read_a_curve_between_two_contexts_of_different_gr
     assert falling_cost_warnings(prof, [1], 50) == [
         "latency profile 'p', batch 1: T(b, n = 2) = 9.75 ms is below T(b, 1) = 11 ms; a forward over more tokens "
         "does not cost less, so check the measurement (the plan trusts it)"]
+
+def test_tune_tree_shape_predicts_its_own_larger_plan_again(tmp_path):
+    """A tree plan solved with --max-draft 14 (T(b, n) measured to 17) was refused when given back without it
+    ("15 nodes, past the trees valued here (at most 9)"), where a chain plan is priced as far as the profile
+    measured. Now the trees are predicted again, unchanged, with the same figures."""
+    _, acc = _tree_files(tmp_path)
+    table = _table(tmp_path / "t17.csv", (1, 8, 64), range(1, 18), lambda b, n: 10 + 0.1 * b + 0.02 * b * (n - 1))
+    out = tmp_path / "plan.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--shape", "tree", "-l", str(table), "-a", str(acc),
+                              "--max-draft", "14", "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    first = yaml.safe_load(out.read_text())["ranges"][0]
+    assert len(first["setting"]["choices"]) + 1 > 9  # a tree larger than the default budget
+    again = runner.invoke(app, ["tune", "--engine", "treeopt", "--shape", "tree", "-l", str(table), "-a", str(acc),
+                                "--plan", str(out), "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["schedule"]["ranges"] == json.loads(res.stdout)["schedule"]["ranges"]

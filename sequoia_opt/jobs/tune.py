@@ -1027,8 +1027,8 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
 
 def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, notes: list[str]) -> Any:
     """``--shape tree``: the :class:`~sequoia_opt.solver.schedule.TreeValue` of the hardware-aware tree per batch
-    size, its budget the most tokens every batch size's curve measured (at most ``--max-draft`` + 1), its branching
-    the candidates the acceptance profile ranked.
+    size, its budget the most tokens every batch size's curve measured (at most ``--max-draft`` + 1; without it, 9
+    nodes, or all the curves measured for a ``--plan``), its branching the candidates the acceptance profile ranked.
 
     Raises:
         TreeoptError: an acceptance profile of one candidate per position (a chain's: every tree would be a chain),
@@ -1047,7 +1047,10 @@ def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, note
                            "tree can be priced; measure n = 1 up to the largest tree")
     if opts.max_draft is not None:
         check_draft_measured(opts.max_draft, profile, opts.batches, ctx)
-    k = opts.max_draft if opts.max_draft is not None else min(DEFAULT_MAX_DRAFT, top)
+    # a given plan is priced as far as the profile measured (as chains are): a plan solved with --max-draft 14 is
+    # predicted again without it
+    k = opts.max_draft if opts.max_draft is not None else top if opts.plan is not None else \
+        min(DEFAULT_MAX_DRAFT, top)
     value = TreeValue(acc, budget=k + 1, max_depth=k, max_branching=min(width, 16))
     notes.append(f"trees of up to {k + 1} nodes (root included) valued positionally: p_1..p_{width} of the "
                  f"{width} ranked candidates the acceptance profile measured")
