@@ -3073,3 +3073,18 @@ def test_tune_tree_shape_predicts_its_own_larger_plan_again(tmp_path):
                                 "--plan", str(out), "--json"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["schedule"]["ranges"] == json.loads(res.stdout)["schedule"]["ranges"]
+
+
+def test_run_schedule_policy_serves_a_batch_plan_without_figures(tmp_path):
+    """A treeopt-batch-trees/1 plan's figures are optional (its loader checks them only where present), but
+    ``run --policy schedule:`` read its batch-1 entry's ``expected_tokens_per_step`` and ``speedup`` unchecked: a
+    hand-written plan crashed with KeyError. Now its trees are served, held to no prediction."""
+    from sequoia_opt.drafting.registry import _parse_schedule
+
+    plan = tmp_path / "hand.yaml"
+    plan.write_text(yaml.safe_dump({"format": "treeopt-batch-trees/1", "entries": [
+        {"batch": 1, "batch_range": [1, 4], "choices": [[0], [1], [0, 0]]},
+        {"batch": 5, "batch_range": [5, 8], "choices": [], "expected_tokens_per_step": 1.0, "speedup": 1.0}]}))
+    parsed = _parse_schedule(str(plan))
+    assert [(lo, hi, t.size) for lo, hi, t in parsed["ranges"]] == [(1, 4, 4), (5, 8, 1)]
+    assert parsed["batch1"] == {}

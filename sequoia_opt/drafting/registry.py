@@ -462,10 +462,12 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
         raise TreeoptError("--policy schedule:FILE needs a treeopt-schedule/1 file (treeopt tune -o FILE) or a "
                            "treeopt-batch-trees/1 file (treeopt solve --batch -o FILE)")
     ranges, doc, sched = load_plan_trees(arg)
-    if sched is None:  # solve --batch's plan: its batch-1 entry's figures, where it solved batch 1
-        first = (doc.get("entries") or [{}])[0]
-        batch1 = {"expected_tokens_per_step": float(first["expected_tokens_per_step"]),
-                  "predicted_speedup": float(first["speedup"])} if first.get("batch") == 1 else {}
+    if sched is None:  # solve --batch's plan: its batch-1 entry's figures, where it solved batch 1 and states them
+        first = (doc.get("entries") or [{}])[0]  # (a hand-written entry may leave them out: checked, not required)
+        g, speedup = first.get("expected_tokens_per_step"), first.get("speedup")
+        stated = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (g, speedup))
+        batch1 = {"expected_tokens_per_step": float(g), "predicted_speedup": float(speedup)} \
+            if first.get("batch") == 1 and stated else {}
         return {"ranges": ranges, "source": arg, "solved_for": {}, "batch1": batch1}
     return {"ranges": ranges, "source": arg, "solved_for": _solved_for(doc),
             "batch1": _batch1_prediction(doc, sched.ranges[0][2].label if sched.ranges else None)}
