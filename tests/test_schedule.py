@@ -3088,3 +3088,20 @@ def test_run_schedule_policy_serves_a_batch_plan_without_figures(tmp_path):
     parsed = _parse_schedule(str(plan))
     assert [(lo, hi, t.size) for lo, hi, t in parsed["ranges"]] == [(1, 4, 4), (5, 8, 1)]
     assert parsed["batch1"] == {}
+
+
+def test_load_plan_trees_refuses_a_batch_plan_that_leaves_batch_sizes_out(tmp_path):
+    """load_plan_trees promised to refuse missing ranges, but a treeopt-batch-trees/1 plan was read by its own
+    loader (which checks overlaps only): a plan starting at batch 2, or with a gap, reached the decoder, which
+    refused it after the models loaded, as a 'speculation plan' that named no file. Now the file is named, first."""
+    from sequoia_opt.errors import ProfileError
+    from sequoia_opt.solver.schedule import load_plan_trees
+
+    for ranges, msg in (([[2, 4]], "the first range must start at batch size 1 (range 1 is [2, 4])"),
+                        ([[1, 2], [5, 8]], "batch sizes 3..4 are in no range (range 2 is [5, 8])")):
+        plan = tmp_path / "gap.yaml"
+        plan.write_text(yaml.safe_dump({"format": "treeopt-batch-trees/1", "entries": [
+            {"batch_range": r, "choices": [[0], [1]]} for r in ranges]}))
+        with pytest.raises(ProfileError) as err:
+            load_plan_trees(plan)
+        assert str(err.value) == f"{plan}: {msg}"

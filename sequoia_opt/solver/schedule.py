@@ -1354,8 +1354,10 @@ def load_plan_trees(path: str | Path) -> tuple[list[tuple[int, int, Tree]], dict
     from .batch import BATCH_PLAN_FORMAT, load_plan
 
     doc, p = _load_yaml(path, "schedule")
-    if doc.get("format") == BATCH_PLAN_FORMAT:
-        return load_plan(p), doc, None
+    if doc.get("format") == BATCH_PLAN_FORMAT:  # its loader allows gaps (a tree per range solved): served, none
+        ranges = load_plan(p)
+        check_ranges(ranges, str(p))
+        return ranges, doc, None
     sched = _validate(doc, str(p))
     for lo, hi, s in sched.ranges:
         if s.shape == "envelope":
