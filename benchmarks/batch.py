@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import torch
 
 from sequoia_opt._io import atomic_write_text
 from sequoia_opt.decoding import Decoder
+from sequoia_opt.errors import ProfileError
 from sequoia_opt.drafting.policies import StaticTreePolicy
 from sequoia_opt.jobs.load import default_acceptance_path, load_pair, parse_drafter_spec
 from sequoia_opt.profiles import load_acceptance
@@ -33,9 +35,9 @@ from sequoia_opt.profiles.batch import parse_batches, save_batch_latency
 from sequoia_opt.profiling.batch import profile_batches
 from sequoia_opt.profiling.latency import method_text
 from sequoia_opt.prompts import demo_prompts_path, encode_prompts, load_prompts
-from sequoia_opt.solver.batch import choose_per_batch, tree_for_batch
-from sequoia_opt.solver.hardware import plain_ms_per_token, score_tree
-from sequoia_opt.solver.schedule import load_plan_trees
+from sequoia_opt.solver.batch import choose_per_batch
+from sequoia_opt.solver.hardware import draft_forwards, forwards_outside, plain_ms_per_token, score_tree
+from sequoia_opt.solver.schedule import load_plan_trees, range_value
 from sequoia_opt.tree import now_iso
 
 
@@ -74,9 +76,17 @@ def main() -> None:
     dgrid = [int(x) for x in args.draft_tokens.split(",")]
     t_start = time.time()
 
-    plan = load_plan_trees(args.plan)[0] if args.plan is not None else None  # a bad plan: before loading
+    try:  # a bad plan: one line, before loading
+        plan = load_plan_trees(args.plan)[0] if args.plan is not None else None
+    except ProfileError as err:
+        print(f"error: --plan: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     spec = parse_drafter_spec(args.draft)
     pair = load_pair(args.target, spec, device=torch.device("cpu"), dtype=torch.float32)
+    misfit = plan_misfit(plan, batches, grid, dgrid, pair.cost_model) if plan is not None else ""
+    if misfit:  # before profiling: its trees are priced on this run's T(b, n) and c(b, w), never extrapolated
+        print(f"error: --plan {args.plan}: {misfit}", file=sys.stderr)
+        raise SystemExit(2)
     target, tok = pair.target, pair.tokenizer
     acc = load_acceptance(args.acceptance or default_acceptance_path(pair.target_name, spec))
     p = acc.acceptance
@@ -94,8 +104,8 @@ def main() -> None:
         trees = {c.batch: c.tree for c in choose_per_batch(p, prof, batches, max(grid), args.max_depth)}
         tree1 = trees[1] if 1 in trees else choose_per_batch(p, prof, [1], max(grid), args.max_depth)[0].tree
     else:  # the plan's trees, each predicted on this run's curve of its batch size
-        trees = {b: tree_for_batch(plan, b) for b in batches}
-        tree1 = tree_for_batch(plan, 1)
+        trees = {b: range_value(plan, b) for b in batches}  # past its last range, that range's (as the decoder)
+        tree1 = range_value(plan, 1)
     print(f"profiled in {time.time() - t_start:.0f} s; trees: "
           + ", ".join(f"b={b}: {t.size} nodes depth {t.tree_depth}" for b, t in trees.items()), flush=True)
 
@@ -192,6 +202,27 @@ def main() -> None:
               f"{b1['tokens_per_s_total']:>11.1f} | "
               f"{pl['greedy_exact'] and ch['greedy_exact'] and b1['greedy_exact']}")
     print(f"wrote {args.out} ({time.time() - t_start:.0f} s)")
+
+
+def plan_misfit(plan, batches, grid, dgrid, cost_model: str) -> str:
+    """Why this run cannot price the plan's trees ('' when it can): the tree served at a batch size of ``batches``
+    (or at 1) verifies more tokens than ``grid`` (T(b, n)'s token counts) reaches, or drafts a forward outside
+    ``dgrid`` (c(b, w)'s widths) under the drafter's ``cost_model``: the solver extrapolates neither.
+
+    Args:
+        plan: ``[(lo, hi, tree), ...]`` (:func:`~sequoia_opt.solver.schedule.load_plan_trees`).
+        batches / grid / dgrid: ``--batches``, ``--tokens``, ``--draft-tokens``.  cost_model: per-level | one-pass.
+    """
+    for b in sorted({1, *batches}):
+        tree = range_value(plan, b)
+        if tree.size > max(grid):
+            return (f"batch {b} runs a tree of {tree.size} nodes, past --tokens (up to {max(grid)}): add "
+                    f"{tree.size} to --tokens")
+        forwards = draft_forwards(tree.level_widths, cost_model)
+        if forwards_outside(forwards, min(dgrid), max(dgrid)):
+            return (f"batch {b} runs a tree whose draft forwards cover {min(forwards)}-{max(forwards)} tokens "
+                    f"({cost_model}), outside --draft-tokens ({min(dgrid)}-{max(dgrid)}): widen --draft-tokens")
+    return ""
 
 
 def _policy(pair, tree):

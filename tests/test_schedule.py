@@ -3105,3 +3105,32 @@ def test_load_plan_trees_refuses_a_batch_plan_that_leaves_batch_sizes_out(tmp_pa
         with pytest.raises(ProfileError) as err:
             load_plan_trees(plan)
         assert str(err.value) == f"{plan}: {msg}"
+
+
+def test_the_batch_benchmark_refuses_a_plan_it_cannot_price_before_profiling(tmp_path):
+    """benchmarks/batch.py --plan profiled and decoded, then crashed in score_tree (a tree of 9 nodes on --tokens up
+    to 4, a level of 3 on --draft-tokens 1,2: ProfileError, traceback), or in tree_for_batch at a batch size past
+    the plan's last range (which the decoder serves with that range's tree). Now plan_misfit says which, first, and
+    a batch past the plan is measured with the tree the decoder serves it."""
+    import importlib.util
+
+    from sequoia_opt.solver.schedule import load_plan_trees
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "batch.py"
+    spec = importlib.util.spec_from_file_location("batch_benchmark", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"format": "treeopt-batch-trees/1", "entries": [
+        {"batch_range": [1, 2], "choices": [[0], [1], [2], [0, 0], [1, 0]]},  # widths 1, 3, 2: 6 nodes
+        {"batch_range": [3, 4], "choices": [[0]]}]}))
+    ranges = load_plan_trees(plan)[0]
+    assert mod.plan_misfit(ranges, [1, 8], [1, 2, 4, 6], [1, 2, 3], "per-level") == ""  # 8: the 3-4 range's tree
+    assert mod.plan_misfit(ranges, [8], [1, 2, 4], [1, 2, 3], "per-level") == \
+        "batch 1 runs a tree of 6 nodes, past --tokens (up to 4): add 6 to --tokens"
+    assert mod.plan_misfit(ranges, [2], [1, 6], [1, 2], "per-level") == (
+        "batch 1 runs a tree whose draft forwards cover 1-3 tokens (per-level), outside --draft-tokens (1-2): "
+        "widen --draft-tokens")
+    assert mod.plan_misfit(ranges, [2], [1, 6], [1, 2, 4], "one-pass") == (
+        "batch 1 runs a tree whose draft forwards cover 5-5 tokens (one-pass), outside --draft-tokens (1-4): "
+        "widen --draft-tokens")
