@@ -3134,3 +3134,48 @@ def test_the_batch_benchmark_refuses_a_plan_it_cannot_price_before_profiling(tmp
     assert mod.plan_misfit(ranges, [2], [1, 6], [1, 2, 4], "one-pass") == (
         "batch 1 runs a tree whose draft forwards cover 5-5 tokens (one-pass), outside --draft-tokens (1-4): "
         "widen --draft-tokens")
+
+
+def test_tune_tree_and_chain_shapes_do_not_share_a_profile_timed_for_the_other(tmp_path):
+    """treeopt tune times the loop of the shape it solves (chain probes for chains, wide static probes for trees);
+    a saved profile timed for the other shape priced a tree's step on a chain's loop extras (and back), and a
+    saved acceptance profile of one ranked candidate was reused for trees and then refused, with no way round
+    it but deleting the file."""
+    import dataclasses
+
+    from sequoia_opt.jobs.tune import _acceptance, _latency_misfit
+    from sequoia_opt.profiles import save_acceptance
+    from sequoia_opt.prompts import demo_prompts_path
+
+    def curve(policy):
+        return LatencyCurve.from_dict({
+            "format": "treeopt-latency/1", "id": "t", "step_overhead_ms": 0.5,
+            "curves": [{"context_tokens": 0,
+                        "target": {"tokens": list(range(1, 10)), "target_forward_ms": [10.0 + n for n in range(9)]},
+                        "draft": {"tokens": [1, 2, 3, 4, 6, 8], "draft_forward_ms": [1.0] * 6},
+                        "loop": {"policy": policy, "tokens": list(range(1, 10)),
+                                 "verify_ms": [10.5 + n for n in range(9)], "bookkeeping_ms": [0.3] * 9,
+                                 "draft_extra_ms": 0.8}}]})
+
+    chain_timed = BatchLatencyProfile(id="c", curves={1: curve("chain")})
+    tree_timed = BatchLatencyProfile(id="s", curves={1: curve("static")})
+    tree, chain = (TuneOptions(engine="treeopt", batches=[1], context=0, shape=s) for s in ("tree", "chain"))
+    assert _latency_misfit(chain_timed, tree, 8) == "timed the chain loop, not the static loop --shape tree runs"
+    assert _latency_misfit(tree_timed, chain, 8) == "timed the static loop, not the chain loop --shape chain runs"
+    assert _latency_misfit(tree_timed, tree, 8) == _latency_misfit(chain_timed, chain, 8) == ""
+    # a GPU engine's profile or a table names no treeopt loop: nothing to compare
+    assert _latency_misfit(dataclasses.replace(chain_timed), TuneOptions(engine="vllm", batches=[1], context=0), 8) \
+        == ""
+    # the acceptance: a saved profile of one ranked candidate is measured anew for trees, reused for chains
+    path = tmp_path / "acc.yaml"
+    one = _acc((0.6,))
+    one.measured.update(prompts=str(demo_prompts_path("profile")), max_new_tokens=48)
+    save_acceptance(path, one)
+    done: dict = {}
+    got = _acceptance(tree, path, done, lambda: _acc((0.6, 0.2)))
+    assert got.width == 2 and done["acceptance"] == (
+        f"measured: {path.with_suffix('.tune.yaml')} (the one saved at {path} ranked one candidate per position, "
+        "and a tree needs its k-th ranked candidates)")
+    done = {}
+    assert _acceptance(chain, path, done, lambda: _acc((0.6, 0.2))).width == 1 and done["acceptance"] == \
+        f"reused: {path}"

@@ -701,6 +701,10 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
             return f"was timed at context {', '.join(map(str, prof.curve(b).contexts))}, not {opts.context}"
     if not _covers(prof, batches, want_k, opts.context):
         return f"stops short of K = {want_k}"
+    loops = {prof.curve(b).loop_policy for b in batches} - {None}
+    own = "chain" if opts.shape == "chain" else "static"  # the loop tune times for this shape (_treeopt_inputs)
+    if opts.engine == "treeopt" and loops and loops != {own}:  # a chain's loop extras priced a tree, or back
+        return f"timed the {', '.join(sorted(loops))} loop, not the {own} loop --shape {opts.shape} runs"
     if opts.shape == "tree":  # a chain's profile timed levels of 1-2 tokens: the trees would be cut to width 2
         wide = tree_widths(want_k)[-1]
         narrow = [b for b in batches if prof.curve(b).cost_model == "per-level"
@@ -736,7 +740,11 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
 
     def misfit(x: Any) -> str:
         other = weights_mismatch(x.measured, weights)
-        return f"was measured with other weights: {other[0]}" if other else _prompts_misfit(x.measured, request)
+        if other:
+            return f"was measured with other weights: {other[0]}"
+        if opts.shape == "tree" and x.width < 2:  # a chain's profile: every tree would be a chain
+            return "ranked one candidate per position, and a tree needs its k-th ranked candidates"
+        return _prompts_misfit(x.measured, request)
 
     acc, out, why = _saved_profile(path, load_acceptance, misfit, lambda x: "tune_request" in x.measured)
     if acc is not None:
@@ -1037,7 +1045,7 @@ def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, note
     from ..solver.schedule import TreeValue, check_draft_measured, max_draft_measured
 
     width = acc.width
-    if width < 2:
+    if width < 2:  # only a given one gets here: a saved one of width 1 is measured anew (_acceptance's misfit)
         raise TreeoptError(f"--shape tree: acceptance profile {acc.id!r} ranked one candidate per position (a chain's "
                            "profile): a tree needs the acceptance of its k-th ranked candidates; measure it with "
                            "treeopt profile acceptance --width 4 (or drop -a: tune measures it)")

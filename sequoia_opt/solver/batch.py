@@ -48,8 +48,8 @@ from .hardware import Choice, choose
 
 BATCH_PLAN_FORMAT = "treeopt-batch-trees/1"
 
-__all__ = ["BATCH_PLAN_FORMAT", "BatchChoice", "choose_per_batch", "plan_document", "save_plan", "load_plan",
-           "tree_for_batch"]
+__all__ = ["BATCH_PLAN_FORMAT", "BatchChoice", "choose_per_batch", "choose_at_batch", "larger_solution",
+           "plan_document", "save_plan", "load_plan", "tree_for_batch"]
 
 
 @dataclass(frozen=True)
@@ -102,11 +102,24 @@ def choose_per_batch(acceptance: Sequence[float], profile: BatchLatencyProfile, 
     curves = [(int(b), profile.curve(b)) for b in batches]  # every batch checked before any solve
     out = []
     for b, curve in curves:
-        limit = min(int(budget), curve.max_target_tokens(context))
-        ch = choose(acceptance, curve, limit, max_depth, max_branching, context=context, solution=solution)
-        solution = ch.solution if solution is None or ch.solution.max_nodes >= solution.max_nodes else solution
+        ch, limit = choose_at_batch(acceptance, curve, budget, max_depth, max_branching, context=context,
+                                    solution=solution)
+        solution = larger_solution(solution, ch.solution)
         out.append(BatchChoice(b, ch, limit))
     return out
+
+
+def choose_at_batch(acceptance: Sequence[float], curve: Any, budget: int, max_depth: int, max_branching: int = 32,
+                    *, context: int | None = None, solution: DPSolution | None = None) -> tuple[Choice, int]:
+    """:func:`choose` on one batch size's curve (a :class:`~sequoia_opt.profiles.LatencyCurve`), the budget (nodes)
+    lowered to the largest n that curve measured. Returns ``(choice, the budget used)``; raises as :func:`choose`."""
+    limit = min(int(budget), curve.max_target_tokens(context))
+    return choose(acceptance, curve, limit, max_depth, max_branching, context=context, solution=solution), limit
+
+
+def larger_solution(kept: DPSolution | None, new: DPSolution) -> DPSolution:
+    """The DP tables to reuse for the next batch size: ``new`` unless ``kept`` was solved for more nodes."""
+    return new if kept is None or new.max_nodes >= kept.max_nodes else kept
 
 
 def plan_document(choices: Sequence[BatchChoice], *, acceptance_profile: str, latency_profile: str,

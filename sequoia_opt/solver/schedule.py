@@ -667,13 +667,11 @@ class TreeValue:
 
     def settings_at(self, batch: int, curve: LatencyCurve, context: int | None) -> list[SpecSetting]:
         """The candidates at ``batch``: plain decoding and the hardware-aware tree on that batch's curve."""
-        from .hardware import choose
+        from .batch import choose_at_batch, larger_solution
 
-        limit = min(self.budget, curve.max_target_tokens(context))
-        ch = choose(self.acceptance.acceptance, curve, limit, self.max_depth, self.max_branching, context=context,
-                    solution=self._solution)
-        self._solution = ch.solution if self._solution is None or ch.solution.max_nodes >= self._solution.max_nodes \
-            else self._solution
+        ch, _ = choose_at_batch(self.acceptance.acceptance, curve, self.budget, self.max_depth, self.max_branching,
+                                context=context, solution=self._solution)
+        self._solution = larger_solution(self._solution, ch.solution)
         return [SpecSetting.none(), SpecSetting.static_tree(ch.tree)]
 
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
