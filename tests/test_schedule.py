@@ -3179,3 +3179,33 @@ def test_tune_tree_and_chain_shapes_do_not_share_a_profile_timed_for_the_other(t
     done = {}
     assert _acceptance(chain, path, done, lambda: _acc((0.6, 0.2))).width == 1 and done["acceptance"] == \
         f"reused: {path}"
+
+
+def test_tree_value_intervals_are_between_prompts_where_the_profile_keeps_them():
+    """A tree plan's intervals: the spread between the profile's prompts (as a chain plan's) where it keeps
+    per-prompt counts, else the Wilson bounds; the plan names which (interval_method, read by the guard)."""
+    from sequoia_opt.solver.intervals import tree_spreads
+    from sequoia_opt.solver.schedule import TreeValue
+
+    per_prompt = np.array([[[60, 20, 10, 10]], [[40, 25, 15, 20]], [[70, 10, 5, 15]], [[50, 20, 10, 20]]])
+    counts = per_prompt.sum(axis=(0, 1))
+    p = counts[:-1] / counts.sum()
+    spread_acc = AcceptanceProfile(id="a", acceptance=p, counts=counts, prompt_counts=per_prompt, measured={})
+    tree = Tree.from_choices([[0], [1], [0, 0]])
+    curve = PROFILE.curve(1)
+    v = TreeValue(spread_acc, budget=9, max_depth=8, max_branching=3)
+    assert v.interval_method == "between prompts"
+    cost, (lo, hi) = v.predict(SpecSetting.static_tree(tree), 1, curve, None)
+    [sp] = tree_spreads([tree], spread_acc, model="positional")
+    g_lo, g_hi = sp.prediction_interval(sp.prompts)
+    assert cost.expected_tokens == pytest.approx(tree.expected_tokens(p))
+    assert (lo, hi) == pytest.approx((cost.tokens_per_s * min(g_lo, cost.expected_tokens) / cost.expected_tokens,
+                                      cost.tokens_per_s * max(g_hi, cost.expected_tokens) / cost.expected_tokens))
+    assert lo < cost.tokens_per_s < hi
+    wilson = TreeValue(AcceptanceProfile(id="w", acceptance=p, counts=counts, measured={}), budget=9)
+    assert wilson.interval_method == "wilson"
+    _, (wlo, whi) = wilson.predict(SpecSetting.static_tree(tree), 1, curve, None)
+    assert wlo < cost.tokens_per_s < whi and (wlo, whi) != pytest.approx((lo, hi))
+    bare = TreeValue(AcceptanceProfile(id="b", acceptance=p, measured={}), budget=9)
+    assert bare.interval_method == "none"
+    assert bare.predict(SpecSetting.static_tree(tree), 1, curve, None)[1] == (cost.tokens_per_s, cost.tokens_per_s)

@@ -649,8 +649,10 @@ class EnvelopeValue:
 
 class TreeValue:
     """Static trees: at each batch size the hardware-aware tree of :func:`~sequoia_opt.solver.hardware.choose`
-    (budget lowered to what the batch's curve measured), valued positionally; the interval is the tree's G under
-    the Wilson bounds of every p_k.
+    (budget lowered to what the batch's curve measured), valued positionally. The interval is the tree's G over a
+    new prompt set as large as the profile's (the spread between its prompts, a cluster bootstrap:
+    :func:`~sequoia_opt.solver.intervals.tree_spreads`) where the profile keeps per-prompt counts, else G under the
+    Wilson bounds of every p_k (``interval_method`` says which, as :class:`ChainValue`'s).
 
     Args:
         acceptance: an :class:`~sequoia_opt.profiles.AcceptanceProfile` (its positional vector).
@@ -664,6 +666,10 @@ class TreeValue:
         self.acceptance, self.budget, self.max_depth, self.max_branching = acceptance, budget, max_depth, max_branching
         self.max_draft = budget - 1
         self._solution = None
+        pc = getattr(acceptance, "prompt_counts", None)
+        self.interval_method = ("between prompts" if pc is not None and pc.shape[0] >= 2 else
+                                "wilson" if getattr(acceptance, "counts", None) is not None else "none")
+        self._g_intervals: dict[tuple, tuple[float, float]] = {}
 
     def settings_at(self, batch: int, curve: LatencyCurve, context: int | None) -> list[SpecSetting]:
         """The candidates at ``batch``: plain decoding and the hardware-aware tree on that batch's curve."""
@@ -677,16 +683,31 @@ class TreeValue:
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
                 context: int | None) -> tuple[StepCost, tuple[float, float]]:
         """The step of ``setting`` (plain or a static tree) at ``batch`` rows on ``curve``, and its tokens/s per
-        request interval (low, high) under the Wilson bounds of every p_k."""
+        request interval (low, high) (the class docstring's)."""
         tree = setting.tree()
-        p = self.acceptance.acceptance
-        g = tree.expected_tokens(p)
+        g = tree.expected_tokens(self.acceptance.acceptance)
         cost = step_cost(tree.level_widths, g, curve, context)
-        if getattr(self.acceptance, "counts", None) is None or tree.size < 2:
+        if tree.size < 2 or self.interval_method == "none":
             return cost, (cost.tokens_per_s, cost.tokens_per_s)
-        ci = self.acceptance.confidence_interval()
-        hi = ci[:, 1] / max(1.0, float(ci[:, 1].sum()))  # a vector's mass is at most 1
-        return cost, _tps_interval(tree.expected_tokens(ci[:, 0]), max(g, tree.expected_tokens(hi)), cost)
+        lo, hi = self._g_interval(tree, g)
+        return cost, _tps_interval(lo, hi, cost)
+
+    def _g_interval(self, tree: Tree, g: float) -> tuple[float, float]:
+        """(low, high) tokens per step of ``tree`` (its G ``g`` inside), once per tree."""
+        from .intervals import tree_spreads
+
+        key = tuple(tuple(c) for c in tree.choices())
+        if key not in self._g_intervals:
+            spreads = tree_spreads([tree], self.acceptance, model="positional") \
+                if self.interval_method == "between prompts" else None
+            if spreads is not None:
+                lo, hi = spreads[0].prediction_interval(spreads[0].prompts)
+            else:
+                ci = self.acceptance.confidence_interval()
+                top = ci[:, 1] / max(1.0, float(ci[:, 1].sum()))  # a vector's mass is at most 1
+                lo, hi = tree.expected_tokens(ci[:, 0]), tree.expected_tokens(top)
+            self._g_intervals[key] = (min(lo, g), max(hi, g))
+        return self._g_intervals[key]
 
     def length_factor(self, setting: SpecSetting, output_tokens: int,
                       depth_costs: Sequence[float] | None = None) -> float:
