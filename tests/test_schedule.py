@@ -3209,3 +3209,29 @@ def test_tree_value_intervals_are_between_prompts_where_the_profile_keeps_them()
     bare = TreeValue(AcceptanceProfile(id="b", acceptance=p, measured={}), budget=9)
     assert bare.interval_method == "none"
     assert bare.predict(SpecSetting.static_tree(tree), 1, curve, None)[1] == (cost.tokens_per_s, cost.tokens_per_s)
+
+def test_tune_loop_misfit_reads_the_loop_timed_at_the_context_asked():
+    """tune's own profile keeps the curves of another --context (BatchLatencyProfile.keeping), so one batch size
+    can hold a chain loop at context 0 (tune --shape chain --context 0) and a static loop at 128 (--shape tree
+    --context 128, merged in). The misfit read the first context's loop: the tree tune at 128 re-timed its own
+    profile on every run (and the chain tune at 0 would too, the other way round)."""
+    from sequoia_opt.jobs.tune import _latency_misfit
+
+    def entry(context, policy):
+        return {"context_tokens": context,
+                "target": {"tokens": list(range(1, 10)), "target_forward_ms": [10.0 + n for n in range(9)]},
+                "draft": {"tokens": [1, 2, 3, 4, 6, 8], "draft_forward_ms": [1.0] * 6},
+                "loop": {"policy": policy, "tokens": list(range(1, 10)), "verify_ms": [10.5 + n for n in range(9)],
+                         "bookkeeping_ms": [0.3] * 9, "draft_extra_ms": 0.8}}
+
+    mixed = BatchLatencyProfile(id="m", curves={1: LatencyCurve.from_dict({
+        "format": "treeopt-latency/1", "id": "m", "step_overhead_ms": 0.5,
+        "curves": [entry(0, "chain"), entry(128, "static")]})})
+    tree, chain = (TuneOptions(engine="treeopt", batches=[1], context=c, shape=s)
+                   for s, c in (("tree", 128), ("chain", 0)))
+    assert _latency_misfit(mixed, tree, 8) == ""
+    assert _latency_misfit(mixed, chain, 8) == ""
+    assert _latency_misfit(mixed, TuneOptions(engine="treeopt", batches=[1], context=128, shape="chain"), 8) == \
+        "timed the static loop, not the chain loop --shape chain runs"
+    assert _latency_misfit(mixed, TuneOptions(engine="treeopt", batches=[1], context=0, shape="tree"), 8) == \
+        "timed the chain loop, not the static loop --shape tree runs"

@@ -701,7 +701,7 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
             return f"was timed at context {', '.join(map(str, prof.curve(b).contexts))}, not {opts.context}"
     if not _covers(prof, batches, want_k, opts.context):
         return f"stops short of K = {want_k}"
-    loops = {prof.curve(b).loop_policy for b in batches} - {None}
+    loops = {prof.curve(b).loop_policy_at(opts.context) for b in batches} - {None}  # the context read, not another
     own = "chain" if opts.shape == "chain" else "static"  # the loop tune times for this shape (_treeopt_inputs)
     if opts.engine == "treeopt" and loops and loops != {own}:  # a chain's loop extras priced a tree, or back
         return f"timed the {', '.join(sorted(loops))} loop, not the {own} loop --shape {opts.shape} runs"

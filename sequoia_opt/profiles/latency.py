@@ -190,6 +190,18 @@ class LatencyCurve:
         """The policy whose loop steps were timed (``static`` / ``chain``), None when none were."""
         return next((t.policy for t in self._loop if t is not None), None)
 
+    def loop_policy_at(self, context: int | None) -> str | None:
+        """The policy whose loop steps were timed at ``context`` (the tables it is read from: that context's, or the
+        two measured around it; None: the smallest measured), None when none were there. A batch profile that kept
+        another ``--context``'s curves (:meth:`~sequoia_opt.profiles.batch.BatchLatencyProfile.keeping`) may hold
+        another policy's loop at another context.
+
+        Raises:
+            ProfileError: ``context`` outside the measured contexts (as every read at a context).
+        """
+        tabs, _ = self._bracket(self._loop, context)
+        return next((t.policy for t in tabs if t is not None), None)
+
     def _loop_at(self, key: str, n: float, context: int | None) -> float:
         tabs, ws = self._bracket(self._loop, context)
         out = 0.0
