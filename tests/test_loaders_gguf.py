@@ -605,3 +605,30 @@ def test_gguf_refusals_name_the_file_before_any_dequantization(tmp_path, monkeyp
     write_gguf(tmp_path / "spm.gguf", src, tokenizer_model="llama")
     with pytest.raises(CheckpointError, match=r"spm\.gguf: unsupported GGUF tokenizer model 'llama'"):
         load_checkpoint(tmp_path / "spm.gguf")
+
+
+def test_gguf_chat_renders_a_sentencepiece_ggufs_template_without_rebuilding_its_tokenizer(tmp_path):
+    """tune --engine llama.cpp renders chat prompts with the GGUF's template and lets llama.cpp tokenize them; it
+    rebuilt treeopt's tokenizer to do so, and that refuses a SentencePiece vocabulary ('llama': Llama 2, Mistral,
+    TinyLlama GGUFs), which llama.cpp runs: every chat prompt file was refused for those models. Rendering needs the
+    template and the BOS/EOS token text alone."""
+    from sequoia_opt.model.gguf_loader import gguf_chat, tokenizer_from_gguf
+    from sequoia_opt.prompts import Prompt, prompt_texts
+
+    w = gguf.GGUFWriter(str(tmp_path / "spm.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>", "▁hi"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template("{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader = open_gguf(tmp_path / "spm.gguf")
+    with pytest.raises(CheckpointError, match="unsupported GGUF tokenizer model 'llama'"):
+        tokenizer_from_gguf(reader)  # treeopt's own decoder still cannot run this vocabulary
+    chat = gguf_chat(reader)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert chat.render_chat(msgs) == "<s>[INST] hi [/INST]"
+    assert prompt_texts([Prompt(text="raw"), Prompt(text="", messages=tuple(msgs))], chat) == ["raw", "<s>[INST] hi [/INST]"]

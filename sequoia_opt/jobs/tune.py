@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .._io import safe_load_yaml, with_article
-from ..errors import ProfileError, TreeoptError
+from ..errors import CheckpointError, ProfileError, TreeoptError
 from ..profiles.checks import differing_weights, weights_mismatch
 
 __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "TUNE_SHAPES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "MAX_REFINE",
@@ -1301,7 +1301,7 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
     from ..device import device_slug
     from ..engines.llamacpp import LlamaCppModel, generate, measure_acceptance, profile_latency_batch
     from ..jobs.load import pair_slug, weights_record
-    from ..model.gguf_loader import open_gguf, tokenizer_from_gguf
+    from ..model.gguf_loader import gguf_chat, open_gguf
     from ..prompts import demo_prompts_path, load_prompts, prompt_texts
 
     lookup = spec.kind == "lookup"
@@ -1321,8 +1321,14 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
         pfile = opts.prompts or demo_prompts_path("profile")
         plist = load_prompts(pfile, limit=opts.num_prompts)
         # chat prompts rendered with the GGUF's template (a chat prompt's text is empty), tokenized by llama.cpp as
-        # llama-server does; the tokenizer is rebuilt only for them (treeopt rebuilds BPE vocabularies alone)
-        tok = tokenizer_from_gguf(open_gguf(pair.target)) if any(p.is_chat for p in plist) else None
+        # llama-server does: the template and BOS/EOS text alone, any vocabulary llama.cpp runs (SentencePiece too)
+        tok = None
+        if any(p.is_chat for p in plist):
+            reader = open_gguf(pair.target)
+            try:
+                tok = gguf_chat(reader)
+            except CheckpointError as err:  # name the file: tune reads two GGUFs
+                raise CheckpointError(f"{pair.target}: {err}") from None
         texts = prompt_texts(plist, tok, model=pair.target_label)
         with LlamaCppModel(pair.target, n_ctx=64, n_threads=1) as tk:  # llama.cpp's tokens, to size the context
             ids = [tk.tokenize(t) for t in texts]

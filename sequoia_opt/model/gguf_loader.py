@@ -379,6 +379,51 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     )
 
 
+class GGUFChat:
+    """A GGUF's chat template with its BOS / EOS token text, for an engine that tokenizes rendered text itself
+    (llama.cpp): :func:`~sequoia_opt.prompts.prompt_texts` reads ``chat_template`` and calls :meth:`render_chat`.
+    Needs no tokenizer treeopt can rebuild (a SentencePiece ``llama`` vocabulary renders too)."""
+
+    def __init__(self, chat_template: str | None, bos_token: str | None, eos_token: str | None):
+        self.chat_template, self.bos_token, self.eos_token = chat_template, bos_token, eos_token
+
+    def render_chat(self, messages, *, add_generation_prompt: bool = True) -> str:
+        """As :meth:`~sequoia_opt.model.tokenizer.Tokenizer.render_chat` (BOS / EOS written as their token text).
+
+        Raises:
+            ChatTemplateError: no chat template, or the template does not parse or refuses the conversation.
+        """
+        from .chat_template import ChatTemplateError, render_chat
+
+        if self.chat_template is None:
+            raise ChatTemplateError("the model has no chat template (no tokenizer.chat_template in its GGUF)")
+        return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                           bos_token=self.bos_token, eos_token=self.eos_token)
+
+
+def gguf_chat(reader: "GGUFReader") -> GGUFChat:
+    """The chat template (``tokenizer.chat_template``) and the text of the ``bos_token_id`` / ``eos_token_id``
+    tokens (``tokenizer.ggml.tokens``) of any tokenizer model, BPE or SentencePiece.
+
+    Raises:
+        CheckpointError: a template that is not a string, or a BOS / EOS id outside the token list.
+    """
+    template = _field(reader, "tokenizer.chat_template", None)
+    if template is not None and not isinstance(template, str):
+        raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
+    tokens = _field(reader, "tokenizer.ggml.tokens", None) if template is not None else None
+    text = {}
+    for name in ("bos", "eos"):
+        i = _field(reader, f"tokenizer.ggml.{name}_token_id", None)
+        if i is None or tokens is None:
+            text[name] = None
+            continue
+        if not 0 <= int(i) < len(tokens):
+            raise CheckpointError(f"GGUF tokenizer.ggml.{name}_token_id = {i} is outside the {len(tokens)} tokens")
+        text[name] = str(tokens[int(i)])
+    return GGUFChat(template, text["bos"], text["eos"])
+
+
 def load_gguf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> tuple[Transformer, Tokenizer]:
     """Load a GGUF model strictly: every GGUF tensor must map to a model parameter (``rope_freqs`` is consumed
