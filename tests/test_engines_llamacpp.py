@@ -809,6 +809,17 @@ def test_tune_llamacpp_measures_acceptance_on_prompts_past_1024_tokens(tmp_path)
 
 
 @needs_llamacpp
+def _tune_on_a_table(tmp_path, target, draft, prompts):
+    """``tune --engine llama.cpp`` of two GGUFs on a T(b, n) table (only the acceptance is measured), 4 tokens per
+    prompt, profiles under ``tmp_path / "prof"``: the CLI result."""
+    table = tmp_path / "t.csv"
+    table.write_text("batch,tokens,target_ms,draft_ms\n" + "".join(
+        f"{b},{n},{10 + b + 0.5 * n},0.5\n" for b in (1, 2) for n in (1, 2, 3)))
+    return runner.invoke(app, ["tune", "--engine", "llama.cpp", "-t", str(target), "--draft", str(draft), "-l",
+                               str(table), "--prompts", str(prompts), "--max-new-tokens", "4", "--threads", "1",
+                               "--profiles-dir", str(tmp_path / "prof"), "--json"])
+
+
 def test_tune_llamacpp_renders_chat_prompts_with_the_ggufs_template(tmp_path, monkeypatch):
     """tune --engine llama.cpp read each prompt's .text, empty for a chat prompt ('messages'): a chat prompt file
     was refused with "the prompt is empty" (a mixed file decoded its chat lines from nothing). Chat prompts are now
@@ -837,12 +848,7 @@ def test_tune_llamacpp_renders_chat_prompts_with_the_ggufs_template(tmp_path, mo
         return measure(tm, dm, ids, *args, **kw)
 
     monkeypatch.setattr(llamacpp, "measure_acceptance", spy)
-    table = tmp_path / "t.csv"  # T(b, n) given: only the acceptance is measured
-    table.write_text("batch,tokens,target_ms,draft_ms\n" + "".join(
-        f"{b},{n},{10 + b + 0.5 * n},0.5\n" for b in (1, 2) for n in (1, 2, 3)))
-    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-t", str(target), "--draft", str(draft), "-l",
-                              str(table), "--prompts", str(prompts), "--max-new-tokens", "4", "--threads", "1",
-                              "--profiles-dir", str(tmp_path / "prof"), "--json"])
+    res = _tune_on_a_table(tmp_path, target, draft, prompts)
     assert res.exit_code == 0, res.output
     assert seen == [[tok.encode("def f(x):"), tok.encode_chat(msgs)]]
     assert tok.decode(seen[0][1]) == "<|im_start|>user\nSort a list of numbers<|im_end|>\n<|im_start|>assistant\n"
@@ -924,11 +930,6 @@ def test_tune_llamacpp_ends_each_answer_where_llama_cpp_does(tmp_path, monkeypat
     monkeypatch.setattr(llamacpp, "measure_acceptance", spy)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
-    table = tmp_path / "t.csv"  # T(b, n) given: only the acceptance is measured
-    table.write_text("batch,tokens,target_ms,draft_ms\n" + "".join(
-        f"{b},{n},{10 + b + 0.5 * n},0.5\n" for b in (1, 2) for n in (1, 2, 3)))
-    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-t", str(target), "--draft", str(draft), "-l",
-                              str(table), "--prompts", str(prompts), "--max-new-tokens", "4", "--threads", "1",
-                              "--profiles-dir", str(tmp_path / "prof"), "--json"])
+    res = _tune_on_a_table(tmp_path, target, draft, prompts)
     assert res.exit_code == 0, res.output
     assert seen == [eog]
