@@ -3032,6 +3032,13 @@ def test_the_check_command_of_a_tree_plan_is_one_the_batch_benchmark_takes(tmp_p
     args = mod.parse_args(words[2:])
     assert (args.plan, args.batches, args.target, args.draft, args.acceptance, args.context, args.threads,
             args.prompts) == (Path("p.yaml"), "1,2,4", tmp_path, "d", acc, 96, 2, Path("held.jsonl"))
+    # the acceptance tune measured or reused (its own file under --profiles-dir): the one the check predicts with
+    own = tmp_path / "prof" / "pair" / "acceptance-greedy.tune.yaml"
+    measured = TuneOptions(engine="treeopt", shape="tree")
+    line = _check_command(measured, [1, 2], own).replace("PLAN.yaml", "p.yaml")
+    assert mod.parse_args(shlex.split(line)[2:]).acceptance == own
+    assert mod.parse_args(shlex.split(_check_command(measured, [1, 2]).replace("PLAN.yaml", "p.yaml"))[2:]) \
+        .acceptance is None
 
 
 def test_falling_cost_warnings_read_a_curve_between_two_contexts_of_different_grids():

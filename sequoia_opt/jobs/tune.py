@@ -721,18 +721,21 @@ def tree_widths(max_draft: int) -> list[int]:
 
 
 def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Callable[[], Any],
-                weights: dict | None = None) -> Any:
+                weights: dict | None = None, files: dict[str, Path] | None = None) -> Any:
     """The acceptance profile: given; or reused from ``path`` (where ``treeopt profile acceptance`` writes it too) or
     from tune's own file beside it (``<name>.tune.yaml``) when it measured the prompts asked (:func:`_prompts_misfit`)
     with these ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record`; profiles are filed by checkpoint name, and
     another checkpoint of the same name is another drafter); else measured by ``measure()`` and saved (its weights
     recorded) at ``path``, or beside it when ``path`` holds a profile tune did not write (a user's measurement is
-    never replaced)."""
+    never replaced). ``files``: where the file used is recorded (``files["acceptance"]``), when given."""
     from ..profiles import load_acceptance, save_acceptance, weights_mismatch
+
+    files = {} if files is None else files
     from ..prompts import demo_prompts_path
 
     if opts.acceptance is not None:
         done["acceptance"] = f"given: {opts.acceptance}"
+        files["acceptance"] = Path(opts.acceptance)
         return load_acceptance(opts.acceptance)
     request = {"prompts": str(Path(opts.prompts or demo_prompts_path("profile")).resolve()),
                "num_prompts": opts.num_prompts, "max_new_tokens": opts.max_new_tokens,
@@ -749,6 +752,7 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
     acc, out, why = _saved_profile(path, load_acceptance, misfit, lambda x: "tune_request" in x.measured)
     if acc is not None:
         done["acceptance"] = f"reused: {out}"
+        files["acceptance"] = out
         return acc
     acc = measure()
     acc.measured["tune_request"] = request
@@ -756,6 +760,7 @@ def _acceptance(opts: TuneOptions, path: Path, done: dict[str, str], measure: Ca
         acc.measured["weights"] = weights
     save_acceptance(out, acc)
     done["acceptance"] = f"measured: {out}{why}"
+    files["acceptance"] = out
     return acc
 
 
@@ -1029,7 +1034,8 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             peers[name] = {p.batch: p.tokens_per_s_total
                            for p in predict_ranges(ranges, value, profile, sorted({*opts.batches, *timed}), context=ctx,
                                                    output_tokens=opts.output_tokens, answer_end_cut=cut)}
-    return TuneResult(plan, doc, settings, done, peers, _check_command(opts, [r.batch for r in plan.rows]), notes,
+    return TuneResult(plan, doc, settings, done, peers, _check_command(opts, [r.batch for r in plan.rows],
+                                                                          labels.get("acceptance_file")), notes,
                       warnings)
 
 
@@ -1239,13 +1245,18 @@ def engine_method(method: str | None, served: Any, measured: str | None,
     return method, []
 
 
-def _check_command(opts: TuneOptions, batches: Sequence[int]) -> str:
+def _check_command(opts: TuneOptions, batches: Sequence[int], acceptance_file: Path | None = None) -> str:
+    """The command that checks the plan on this machine (llama.cpp, treeopt: a benchmark of this checkout) or on the
+    GPU (the engine's own benchmark), ``PLAN.yaml`` / ``OUT`` / ``HELD_OUT_REQUESTS.jsonl`` standing for files the
+    CLI names. ``acceptance_file``: the acceptance profile the plan was priced on (a tree plan's check predicts
+    with it; default ``opts.acceptance``)."""
     bs = ",".join(map(str, batches))
     if opts.engine in ("llama.cpp", "treeopt"):
         draft = "".join(f" {flag} {shlex.quote(str(v))}" for flag, v in (("--target", opts.target),
                                                                            ("--draft", opts.draft)) if v)
         if opts.shape == "tree":  # the plan's trees against plain batched decoding, at each batch size
-            given = f" --acceptance {shlex.quote(str(opts.acceptance))}" if opts.acceptance is not None else ""
+            acc = acceptance_file if acceptance_file is not None else opts.acceptance
+            given = f" --acceptance {shlex.quote(str(acc))}" if acc is not None else ""
             served = "" if opts.prompts is None else " --prompts HELD_OUT_REQUESTS.jsonl"
             return (f"python benchmarks/batch.py{draft}{given} --plan PLAN.yaml --batches {bs}{served} --threads "
                     f"{opts.threads} --context {opts.context} --out results/batch/tree-plan.json")
@@ -1434,5 +1445,9 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     profile, more = _latency(opts, done, opts.profiles_dir / device_slug(dev) / f"{slug}-latency-batch.yaml", measure,
                              pair.weights)
     default = (default_chain_acceptance_path if chains else default_acceptance_path)(pair.target_name, pair.spec)
-    acc = _acceptance(opts, opts.profiles_dir / default.relative_to("profiles"), done, measure_acc, pair.weights)
-    return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name}, more
+    files: dict[str, Path] = {}
+    acc = _acceptance(opts, opts.profiles_dir / default.relative_to("profiles"), done, measure_acc, pair.weights,
+                      files)
+    # the file the plan was priced on: the check command reads the same one
+    return profile, acc, {"target": pair.target_name, "drafter": pair.draft_name,
+                          "acceptance_file": files["acceptance"]}, more
