@@ -93,6 +93,23 @@ def qtype_for(name: str) -> Q:
     return Q.F16 if "layers.0." in name else Q.Q8_0
 
 
+def add_tiny_tokenizer(w, pre: str, *, add_bos: bool | None, model: str = "gpt2", pad_id: int | None = None) -> None:
+    """Write :func:`tiny_vocab` as ``w``'s tokenizer metadata (BOS 1, EOS 2); ``add_bos`` / ``pad_id`` None write no
+    ``tokenizer.ggml.add_bos_token`` / pad id."""
+    tokens, merges, types = tiny_vocab()
+    w.add_tokenizer_model(model)
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    if pad_id is not None:
+        w.add_pad_token_id(pad_id)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+
+
 def roundtrip(arr: np.ndarray, q: Q) -> np.ndarray:
     return gguf.quants.dequantize(gguf.quants.quantize(arr, q), q).reshape(arr.shape)
 
@@ -105,7 +122,6 @@ def write_gguf(path, model: Transformer, *, arch: str = "llama", permute: bool =
     loader should reconstruct them (after quantization). ``rope_dim`` overrides ``rope.dimension_count``;
     ``edit(writer)`` adds metadata; ``rope_freqs`` is stored as F32 unless given as float16."""
     c = model.config
-    tokens, merges, types = tiny_vocab()
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-test")
     w.add_block_count(c.n_layers)
@@ -122,15 +138,7 @@ def write_gguf(path, model: Transformer, *, arch: str = "llama", permute: bool =
     if linear_factor is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(linear_factor)
-    w.add_tokenizer_model(tokenizer_model)
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(False)
+    add_tiny_tokenizer(w, pre, add_bos=False, model=tokenizer_model, pad_id=0)
     expected = {}
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and c.tie_embeddings:
@@ -513,17 +521,8 @@ def test_gguf_rope_freqs_not_matching_llama3_apply_as_stored(tmp_path):
 def _tokenizer_gguf(path, pre: str, add_bos: bool | None):
     """A metadata-only GGUF of the tiny vocabulary with ``tokenizer.ggml.pre = pre``; ``add_bos`` None writes no
     ``tokenizer.ggml.add_bos_token`` (as many converted Llama 3 files)."""
-    tokens, merges, types = tiny_vocab()
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    if add_bos is not None:
-        w.add_add_bos_token(add_bos)
+    add_tiny_tokenizer(w, pre, add_bos=add_bos)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -28,6 +28,7 @@ Sources:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -38,9 +39,6 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-
-if TYPE_CHECKING:
-    from .tuned_linear import Int4Blocks
 from .build import build_model
 from .config import ModelConfig
 from .llama import Transformer, rope_inv_freq
@@ -51,6 +49,9 @@ try:  # a declared dependency; without it, loading a GGUF raises a clear Checkpo
     from gguf import GGMLQuantizationType, GGUFReader
 except ImportError:  # pragma: no cover - gguf is a declared dependency
     gguf = None
+
+if TYPE_CHECKING:
+    from .tuned_linear import Int4Blocks
 
 #: Architectures loaded, and whether their Q/K rows were permuted by the llama.cpp converter.
 ARCHITECTURES: dict[str, bool] = {"llama": True, "qwen2": False}
@@ -161,9 +162,10 @@ def _number_field(reader: "GGUFReader", key: str, default: float) -> float:
     return _f32(value)
 
 
+@functools.lru_cache(maxsize=None)
 def _can_dequantize(qtype: "GGMLQuantizationType") -> bool:
-    """Whether ``gguf.quants.dequantize`` has a dequantizer for ``qtype`` (tried on one zero block; integer
-    types, F64, Q8_1 and Q8_K have none)."""
+    """Whether ``gguf.quants.dequantize`` has a dequantizer for ``qtype`` (tried on one zero block, once per type;
+    integer types, F64, Q8_1 and Q8_K have none)."""
     block_bytes = gguf.GGML_QUANT_SIZES.get(qtype, (1, 0))[1]
     if block_bytes == 0:
         return False
