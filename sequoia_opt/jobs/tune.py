@@ -799,7 +799,7 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     """:func:`tune`'s body; ``stack`` holds what must live until it returns."""
     from ..jobs.load import parse_drafter_spec
     from ..plan_exports import export_plan, guard_notes, method_key
-    from ..solver.schedule import (ChainValue, EnvelopeValue, check_draft_measured, load_schedule, max_draft_measured,
+    from ..solver.schedule import (ChainValue, EnvelopeValue, load_schedule, max_draft_measured,
                                    plan_document, plan_from_ranges, predict_ranges, solve_one_setting_plan, solve_plan,
                                    switch_midpoints)
 
@@ -878,15 +878,7 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     elif opts.shape == "tree":
         value = _tree_value(opts, profile, acc, ctx, notes)
     else:
-        top = max_draft_measured(profile, opts.batches, ctx)
-        if top < 1:  # "speculation pays nowhere" would be a verdict on nothing (and remove a working setting)
-            raise TreeoptError(f"latency profile {profile.id!r} measured T(b, n) at n = 1 only (at some batch size): "
-                               "a chain of K drafts is verified in T(b, K + 1), so no chain can be priced; measure n = 1 "
-                               f"up to the longest draft + 1 (1..{DEFAULT_MAX_DRAFT + 1}) at every batch size")
-        if opts.max_draft is not None:  # before the DP is sized for it (--max-draft 20000: 800M table entries)
-            check_draft_measured(opts.max_draft, profile, opts.batches, ctx)
-        k = opts.max_draft if opts.max_draft is not None else top if opts.plan is not None else \
-            min(DEFAULT_MAX_DRAFT, top)
+        top, k = _draft_limit(opts, profile, ctx)
         if opts.max_draft is None and opts.plan is None and top < DEFAULT_MAX_DRAFT:
             tops = {b: profile.curve(b).max_target_tokens(ctx) for b in opts.batches}
             short = [b for b, t in tops.items() if t == top + 1]
@@ -1048,27 +1040,42 @@ def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, note
         TreeoptError: an acceptance profile of one candidate per position (a chain's: every tree would be a chain),
             a profile that measured T(b, n) at n = 1 only, a ``--max-draft`` past what it measured.
     """
-    from ..solver.schedule import TreeValue, check_draft_measured, max_draft_measured
+    from ..solver.schedule import TreeValue
 
     width = acc.width
     if width < 2:  # only a given one gets here: a saved one of width 1 is measured anew (_acceptance's misfit)
         raise TreeoptError(f"--shape tree: acceptance profile {acc.id!r} ranked one candidate per position (a chain's "
                            "profile): a tree needs the acceptance of its k-th ranked candidates; measure it with "
                            "treeopt profile acceptance --width 4 (or drop -a: tune measures it)")
-    top = max_draft_measured(profile, opts.batches, ctx)
-    if top < 1:
-        raise TreeoptError(f"latency profile {profile.id!r} measured T(b, n) at n = 1 only (at some batch size): no "
-                           "tree can be priced; measure n = 1 up to the largest tree")
-    if opts.max_draft is not None:
-        check_draft_measured(opts.max_draft, profile, opts.batches, ctx)
-    # a given plan is priced as far as the profile measured (as chains are): a plan solved with --max-draft 14 is
-    # predicted again without it
-    k = opts.max_draft if opts.max_draft is not None else top if opts.plan is not None else \
-        min(DEFAULT_MAX_DRAFT, top)
+    _, k = _draft_limit(opts, profile, ctx)
     value = TreeValue(acc, budget=k + 1, max_depth=k, max_branching=min(width, 16))
     notes.append(f"trees of up to {k + 1} nodes (root included) valued positionally: p_1..p_{width} of the "
                  f"{width} ranked candidates the acceptance profile measured")
     return value
+
+
+def _draft_limit(opts: TuneOptions, profile: Any, ctx: int | None) -> tuple[int, int]:
+    """``(top, k)`` for chains and trees: ``top`` the most drafted tokens every batch size's T(b, n) prices (its
+    largest n - 1), ``k`` the most a setting drafts here (``--max-draft``; a given plan is priced as far as the
+    profile measured, so a plan solved with ``--max-draft 14`` is predicted again without it; else ``top``, at most
+    :data:`DEFAULT_MAX_DRAFT`).
+
+    Raises:
+        TreeoptError: T(b, n) measured at n = 1 only ("speculation pays nowhere" would be a verdict on nothing, and
+            remove a working setting); ProfileError: a ``--max-draft`` past what the profile measured (checked
+            before the DP is sized for it: --max-draft 20000 would ask 800M table entries).
+    """
+    from ..solver.schedule import check_draft_measured, max_draft_measured
+
+    top = max_draft_measured(profile, opts.batches, ctx)
+    if top < 1:
+        raise TreeoptError(f"latency profile {profile.id!r} measured T(b, n) at n = 1 only (at some batch size): "
+                           f"a {opts.shape} of K drafts is verified in T(b, K + 1), so no {opts.shape} can be priced; "
+                           f"measure n = 1 up to the longest draft + 1 (1..{DEFAULT_MAX_DRAFT + 1}) at every batch size")
+    if opts.max_draft is not None:
+        check_draft_measured(opts.max_draft, profile, opts.batches, ctx)
+    k = opts.max_draft if opts.max_draft is not None else top if opts.plan is not None else min(DEFAULT_MAX_DRAFT, top)
+    return top, k
 
 
 def refine_plan(plan: Any, profile: Any, solve: Callable[[Any, Sequence[int]], Any],
