@@ -465,12 +465,16 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
     if sched is None:  # solve --batch's plan: its batch-1 entry's figures, where it solved batch 1 and states them
         first = (doc.get("entries") or [{}])[0]  # (a hand-written entry may leave them out: checked, not required)
         g, speedup = first.get("expected_tokens_per_step"), first.get("speedup")
-        stated = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (g, speedup))
         batch1 = {"expected_tokens_per_step": float(g), "predicted_speedup": float(speedup)} \
-            if first.get("batch") == 1 and stated else {}
+            if first.get("batch") == 1 and _positive_numbers(g, speedup) else {}
         return {"ranges": ranges, "source": arg, "solved_for": {}, "batch1": batch1}
     return {"ranges": ranges, "source": arg, "solved_for": _solved_for(doc),
             "batch1": _batch1_prediction(doc, sched.ranges[0][2].label if sched.ranges else None)}
+
+
+def _positive_numbers(*xs: Any) -> bool:
+    """Whether every one of ``xs`` is a number (not a bool) above 0: a plan's figure a run may be held to."""
+    return all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in xs)
 
 
 def _batch1_prediction(doc: Mapping[str, Any], served: str | None = None) -> dict[str, Any]:
@@ -494,7 +498,7 @@ def _batch1_prediction(doc: Mapping[str, Any], served: str | None = None) -> dic
         if pred is None:
             return {}
     g, speedup, lf = pred.get("expected_tokens_per_step"), pred.get("speedup"), pred.get("length_factor", 1.0)
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (g, speedup, lf)):
+    if not _positive_numbers(g, speedup, lf):
         return {}
     out: dict[str, Any] = {"expected_tokens_per_step": float(g), "predicted_speedup": float(speedup) / float(lf)}
     extra = _chain_run_checks(doc, pred)
