@@ -3242,3 +3242,46 @@ def test_tune_loop_misfit_reads_the_loop_timed_at_the_context_asked():
         "timed the static loop, not the chain loop --shape chain runs"
     assert _latency_misfit(mixed, TuneOptions(engine="treeopt", batches=[1], context=0, shape="tree"), 8) == \
         "timed the chain loop, not the static loop --shape tree runs"
+
+
+def test_tune_chain_and_tree_shapes_on_one_pair_each_keep_their_own_latency_profile(tmp_path):
+    """``--shape chain`` and ``--shape tree`` time different loop probes, and tune kept one file per pair: run one
+    after the other, each found the other's profile a misfit and re-timed over it (14-16 min each on the demo pair
+    on a 2-core VM). Now trees keep ``<name>.trees.tune.yaml`` and chains the default file: each is timed once."""
+    from sequoia_opt.jobs.tune import _latency
+    from sequoia_opt.profiles.batch import load_batch_latency
+
+    def curve(policy):
+        return LatencyCurve.from_dict({
+            "format": "treeopt-latency/1", "id": policy, "step_overhead_ms": 0.5,
+            "curves": [{"context_tokens": 0,
+                        "target": {"tokens": list(range(1, 10)), "target_forward_ms": [10.0 + n for n in range(9)]},
+                        "draft": {"tokens": [1, 2, 3, 4, 6, 8], "draft_forward_ms": [1.0] * 6},
+                        "loop": {"policy": policy, "tokens": list(range(1, 10)),
+                                 "verify_ms": [10.5 + n for n in range(9)], "bookkeeping_ms": [0.3] * 9,
+                                 "draft_extra_ms": 0.8}}]})
+
+    path = tmp_path / "cpu" / "pair-latency-batch.yaml"
+    trees = path.with_suffix(".trees.tune.yaml")
+    calls = []
+
+    def measurer(shape):
+        def measure(batches):
+            calls.append(shape)
+            policy = "static" if shape == "tree" else "chain"
+            return BatchLatencyProfile(id=shape, curves={b: curve(policy) for b in batches},
+                                       source="measured by treeopt tune --engine treeopt (1 round)",
+                                       device={"threads": 1})
+        return measure
+
+    verdicts = []
+    for shape in ("chain", "tree", "chain", "tree"):
+        opts = TuneOptions(engine="treeopt", batches=[1], context=0, threads=1, max_draft=8, shape=shape)
+        done = {}
+        prof, _ = _latency(opts, done, path, measurer(shape))
+        assert prof.curve(1).loop_policy_at(0) == ("static" if shape == "tree" else "chain")
+        verdicts.append(done["latency"])
+    assert calls == ["chain", "tree"]  # each shape timed once
+    assert verdicts == [f"measured: {path}", f"measured: {trees} (the one saved at {path} timed the chain loop, "
+                        "not the static loop --shape tree runs)", f"reused: {path}", f"reused: {trees}"]
+    assert load_batch_latency(path).id == "chain" and load_batch_latency(trees).id == "tree"

@@ -561,19 +561,23 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
         return prof, None
     assert default is not None and measure is not None
     tune_wrote = lambda x: "treeopt tune" in str(x.source or "")  # noqa: E731
+    own = tune_latency_file(default, opts.shape)
     prof, out, why = _saved_profile(default, load_batch_latency,
-                                    lambda x: _latency_misfit(x, opts, want_k, weights=weights), tune_wrote)
+                                    lambda x: _latency_misfit(x, opts, want_k, weights=weights), tune_wrote,
+                                    own=own, always_own=opts.shape == "tree")
     lacking: list[int] = []
     if prof is None:  # one that fits at some of --batches: reused there, the others timed by `more` below
-        part = _partial_latency(default, opts, want_k, weights)
+        part = _partial_latency(default, opts, want_k, weights, own)
         if part is not None:
             prof, out, have = part
             lacking = [b for b in opts.batches if b not in have]
-    users = prof is not None and not tune_wrote(prof)  # a user's profile reused: `more` saves beside it
+    # a profile at the default path that this shape's tune does not write (a user's; for trees, any): reused, and
+    # what `more` times goes to tune's own file beside it
+    users = prof is not None and out == default and (not tune_wrote(prof) or opts.shape == "tree")
     if prof is not None:
         done["latency"] = f"reused: {out}"
         if users:
-            out = out.with_suffix(".tune.yaml")
+            out = own
 
     def saved() -> Any:
         """What the file at ``out`` holds (tune's own: never a user's file); None when there is none or it is
@@ -627,15 +631,15 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     return prof, more
 
 
-def _partial_latency(path: Path, opts: TuneOptions, want_k: int,
-                     weights: dict | None = None) -> tuple[Any, Path, list[int]] | None:
-    """The saved batch profile at ``path`` or tune's own beside it (``<name>.tune.yaml``) that fits
+def _partial_latency(path: Path, opts: TuneOptions, want_k: int, weights: dict | None = None,
+                     own: Path | None = None) -> tuple[Any, Path, list[int]] | None:
+    """The saved batch profile at ``path`` or tune's own beside it (``own``, default ``<name>.tune.yaml``) that fits
     (:func:`_latency_misfit`) at the most of ``opts.batches`` it has: ``(profile, its path, those batch sizes)``,
     or None when neither fits at any."""
     from ..profiles.batch import load_batch_latency
 
     best = None
-    for candidate in (path, path.with_suffix(".tune.yaml")):
+    for candidate in (path, own or path.with_suffix(".tune.yaml")):
         if not candidate.is_file():
             continue
         try:
@@ -650,14 +654,15 @@ def _partial_latency(path: Path, opts: TuneOptions, want_k: int,
 
 
 def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[Any], str],
-                   tune_wrote: Callable[[Any], bool]) -> tuple[Any, Path, str]:
+                   tune_wrote: Callable[[Any], bool], own: Path | None = None,
+                   always_own: bool = False) -> tuple[Any, Path, str]:
     """tune's rule for a saved profile (latency or acceptance): the one at ``path`` (where ``treeopt profile``
-    writes it too), else tune's own beside it (``<name>.tune.yaml``), whichever ``misfit`` passes ('' = fits).
-    Returns ``(profile, its path, '')`` for one that fits; else ``(None, where to write the new one, why the saved
-    ones did not fit)``, the new one going beside ``path`` when ``path`` holds a profile tune did not write: a
-    user's measurement is never replaced."""
-    own = path.with_suffix(".tune.yaml")
-    why, keep = "", False
+    writes it too), else tune's own beside it (``own``, default ``<name>.tune.yaml``), whichever ``misfit`` passes
+    ('' = fits). Returns ``(profile, its path, '')`` for one that fits; else ``(None, where to write the new one, why
+    the saved ones did not fit)``, the new one going to ``own`` when ``path`` holds a profile tune did not write (a
+    user's measurement is never replaced) or when ``always_own``."""
+    own = path.with_suffix(".tune.yaml") if own is None else own
+    why, keep = "", always_own
     for candidate in (path, own):
         if candidate.is_file():
             try:
@@ -712,6 +717,15 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
         if narrow:
             return f"timed draft levels up to {prof.curve(narrow[0]).max_draft_tokens(opts.context)} tokens, not {wide}"
     return ""
+
+
+def tune_latency_file(default: Path, shape: str) -> Path:
+    """tune's own batch latency file beside ``default`` (where ``treeopt profile latency --batch`` writes) for
+    ``--shape``: ``<name>.tune.yaml`` for chains (written at ``default`` itself when that holds no user's profile),
+    ``<name>.trees.tune.yaml`` for trees, always. Each shape times its own loop probes (:func:`_latency_misfit`), so
+    one file per shape lets ``--shape chain`` and ``--shape tree`` on one pair each reuse its own profile instead of
+    re-timing over the other's."""
+    return default.with_suffix(".trees.tune.yaml" if shape == "tree" else ".tune.yaml")
 
 
 def tree_widths(max_draft: int) -> list[int]:
