@@ -523,12 +523,13 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
              measure: Callable[[Sequence[int]], Any] | None,
              weights: dict | None = None) -> tuple[Any, Callable[[Sequence[int]], Any] | None]:
     """The batch latency profile: given; or reused from ``default`` (where ``treeopt profile latency --batch``
-    writes too) or from tune's own file beside it (``<name>.tune.yaml``) when it fits (:func:`_latency_misfit`); or,
+    writes too) or from tune's own file beside it (:func:`tune_latency_file`: one per ``--shape``) when it fits
+    (:func:`_latency_misfit`); or,
     when one of them fits at some of ``opts.batches`` and lacks only the others (another ``--batches``), reused
     there and only the missing batch sizes timed (each batch size's settings are chosen from its own T(b, n), so
     sizes timed at different times do not bias each other's choice); else timed by ``measure(batches)`` and saved
-    at ``default``, or beside it when that holds a profile tune did not write (its source names ``treeopt tune``):
-    a user's measurement is never replaced.
+    at ``default``, or beside it when that holds a profile tune did not write (its source names ``treeopt tune``;
+    a user's measurement is never replaced) and always for trees.
 
     ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record` of the pair in use): recorded in what is timed
     (``model.weights``), and a saved profile that recorded other weights does not fit (profiles are filed by the
