@@ -3285,3 +3285,26 @@ def test_tune_chain_and_tree_shapes_on_one_pair_each_keep_their_own_latency_prof
     assert verdicts == [f"measured: {path}", f"measured: {trees} (the one saved at {path} timed the chain loop, "
                         "not the static loop --shape tree runs)", f"reused: {path}", f"reused: {trees}"]
     assert load_batch_latency(path).id == "chain" and load_batch_latency(trees).id == "tree"
+
+
+def test_tree_plans_offer_shallower_trees_for_short_answers(tmp_path):
+    """``--output-tokens`` scaled a tree plan's rates but offered one tree per batch size, where chains offer every
+    K: for answers of 2 tokens a deep tree drafts levels nothing can accept, and the plan kept it. Now each
+    batch size also offers the hardware-aware tree of every smaller depth cap, so short answers get a shallower
+    tree (exactly as :func:`choose` solves it under that cap), and the steady state keeps the deep one."""
+    from sequoia_opt.jobs.tune import load_given_latency
+    from sequoia_opt.solver.hardware import choose
+    from sequoia_opt.solver.schedule import TreeValue, solve_plan
+
+    table, _ = _tree_files(tmp_path)
+    prof = load_given_latency(table, 128)
+    acc = _acc((0.6, 0.2, 0.1, 0.05))
+    value = TreeValue(acc, budget=9, max_depth=8, max_branching=4)
+    deep = solve_plan(value, prof, [1]).rows[0].best.setting.tree()
+    assert deep.choices() == choose(acc.acceptance, prof.curve(1), 9, 8, 4).tree.choices() and deep.tree_depth >= 2
+    cands = [p.setting for p in solve_plan(value, prof, [1]).rows[0].candidates if p.setting.shape == "tree"]
+    depths = sorted(s.tree().tree_depth for s in cands)
+    assert depths == list(range(1, deep.tree_depth + 1))  # one per depth cap here: every cap gives its own tree
+    short = solve_plan(value, prof, [1], output_tokens=2, answer_end_cut=True).rows[0].best.setting.tree()
+    assert short.tree_depth < deep.tree_depth
+    assert short.choices() == choose(acc.acceptance, prof.curve(1), 9, short.tree_depth, 4).tree.choices()

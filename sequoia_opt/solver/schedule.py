@@ -672,13 +672,23 @@ class TreeValue:
         self._g_intervals: dict[tuple, tuple[float, float]] = {}
 
     def settings_at(self, batch: int, curve: LatencyCurve, context: int | None) -> list[SpecSetting]:
-        """The candidates at ``batch``: plain decoding and the hardware-aware tree on that batch's curve."""
+        """The candidates at ``batch``: plain decoding, the hardware-aware tree on that batch's curve, and the
+        hardware-aware tree of each smaller depth cap (1 .. its depth - 1). In the steady state the first tree wins
+        by construction; the shallower ones are what short answers (``output_tokens``) may prefer, as every K is a
+        candidate for chains: a tree deeper than the answer's remaining tokens drafts levels nothing can accept."""
         from .batch import choose_at_batch, larger_solution
 
-        ch, _ = choose_at_batch(self.acceptance.acceptance, curve, self.budget, self.max_depth, self.max_branching,
-                                context=context, solution=self._solution)
+        p = self.acceptance.acceptance
+        ch, _ = choose_at_batch(p, curve, self.budget, self.max_depth, self.max_branching, context=context,
+                                solution=self._solution)
         self._solution = larger_solution(self._solution, ch.solution)
-        return [SpecSetting.none(), SpecSetting.static_tree(ch.tree)]
+        trees = [ch.tree]
+        for d in range(ch.tree.tree_depth - 1, 0, -1):
+            t = choose_at_batch(p, curve, self.budget, d, self.max_branching, context=context,
+                                solution=self._solution)[0].tree
+            if all(t.choices() != u.choices() for u in trees):
+                trees.append(t)
+        return [SpecSetting.none()] + [SpecSetting.static_tree(t) for t in trees]
 
     def predict(self, setting: SpecSetting, batch: int, curve: LatencyCurve,
                 context: int | None) -> tuple[StepCost, tuple[float, float]]:
