@@ -99,13 +99,17 @@ class TreeMask:
 
     @property
     def num_queries(self) -> int:
+        """T, the number of tree queries (rows of ``dense``)."""
         return int(self.dense.shape[0])
 
     @property
     def num_tree_keys(self) -> int:
+        """m, the number of tree key slots (columns of ``dense``)."""
         return int(self.dense.shape[1])
 
     def to(self, device: torch.device | str) -> "TreeMask":
+        """A copy with ``dense`` and ``bits`` moved to ``device`` (the torch reference's memoised mask is
+        not carried)."""
         return TreeMask(dense=self.dense.to(device), bits=self.bits.to(device))
 
 
@@ -166,6 +170,8 @@ class BackendRecord:
     refused: Counter = field(default_factory=Counter)
 
     def note(self, ran: str, refused: str | None = None) -> None:
+        """Count one :func:`tree_attention` call: ``ran`` is the backend that ran it (``"cuda"``, ``"torch"``, ...);
+        ``refused``, when the CUDA kernel declined the call, is its reason, counted as ``"cuda: <reason>"``."""
         self.ran[ran] += 1
         if refused is not None:
             self.refused[f"cuda: {refused}"] += 1

@@ -97,10 +97,12 @@ class RowCache:
 
     @property
     def max_len(self) -> int:
+        """The cache's slot capacity per row (the base cache's ``max_len``), tokens."""
         return self.base.max_len
 
     @property
     def batch(self) -> int:
+        """B, the number of rows now in the batch (rows of the ``valid`` mask)."""
         return int(self._valid.shape[0])
 
     def reset(self, batch: int) -> None:

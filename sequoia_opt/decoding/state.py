@@ -78,6 +78,8 @@ class RowState:
 
     @property
     def root(self) -> int:
+        """The last committed token, ``seq[-1]``: the root of the row's next tree (already sampled, not yet
+        in the cache)."""
         return self.seq[-1]
 
     @property
@@ -152,14 +154,19 @@ class DecodeState:
     # a batch of one, read through the state (drafters and tests of batch-1 policies)
     @property
     def seq(self) -> list[int]:
+        """The one row's committed tokens, prompt then emitted (:attr:`RowState.seq`; ValueError unless one
+        row is live)."""
         return self.row.seq
 
     @property
     def cached(self) -> int:
+        """The one row's committed tokens in the target cache, L (:attr:`RowState.cached`; ValueError
+        unless one row is live)."""
         return self.row.cached
 
     @property
     def root(self) -> int:
+        """The one row's next tree root, ``seq[-1]`` (:attr:`RowState.root`; ValueError unless one row is live)."""
         return self.row.root
 
 
@@ -198,4 +205,5 @@ class DraftSettings:
 
     @property
     def greedy(self) -> bool:
+        """True when ``temperature == 0``: the drafters rank tokens by probability instead of sampling them."""
         return self.temperature == 0

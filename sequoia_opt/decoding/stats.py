@@ -55,6 +55,7 @@ class StepStats:
 
     @property
     def total_ms(self) -> float:
+        """Wall time of the step, ms: draft + verify + bookkeeping."""
         return self.draft_ms + self.verify_ms + self.bookkeeping_ms
 
 
@@ -165,6 +166,7 @@ class GenerationResult:
 
     @property
     def num_steps(self) -> int:
+        """Target forwards after the prefill (one per :class:`StepStats`)."""
         return len(self.steps)
 
     @property
@@ -174,14 +176,19 @@ class GenerationResult:
 
     @property
     def draft_ms(self) -> float:
+        """Total drafting wall time over the steps, ms (in a batch, each step's time is the whole batch step's)."""
         return sum(s.draft_ms for s in self.steps)
 
     @property
     def verify_ms(self) -> float:
+        """Total target-forward wall time over the steps, ms (in a batch, each step's time is the whole batch
+        step's)."""
         return sum(s.verify_ms for s in self.steps)
 
     @property
     def bookkeeping_ms(self) -> float:
+        """Total accept + commit wall time over the steps, ms (in a batch, each step's time is the whole batch
+        step's)."""
         return sum(s.bookkeeping_ms for s in self.steps)
 
     def drafter_totals(self) -> tuple[list[float], list[int], list[int]]:
@@ -235,6 +242,7 @@ class BatchStep:
 
     @property
     def total_ms(self) -> float:
+        """Wall time of the batch step, ms: draft + verify + bookkeeping."""
         return self.draft_ms + self.verify_ms + self.bookkeeping_ms
 
 
@@ -260,6 +268,7 @@ class BatchResult:
 
     @property
     def total_tokens(self) -> int:
+        """New tokens emitted over every prompt of the batch (prompts excluded)."""
         return sum(len(r.tokens) for r in self.results)
 
     @property
@@ -282,6 +291,8 @@ class Clock:
         self.device = device
 
     def now(self) -> float:
+        """The current ``time.perf_counter`` in ms, after ``torch.cuda.synchronize`` when the device is a GPU (so a
+        difference of two readings includes the GPU work queued between them)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
         return time.perf_counter() * 1000.0

@@ -264,14 +264,17 @@ class StepTree:
     # ------------------------------------------------------------------ shape
     @property
     def n(self) -> int:
+        """Nodes in the tree, root included."""
         return len(self.parent)
 
     @property
     def tree_depth(self) -> int:
+        """D, the deepest node's depth (0 for a root-only tree)."""
         return self.buffers.tree_depth if self.buffers is not None else max(self.depth)
 
     @property
     def root(self) -> int:
+        """The root's token id (the row's last committed token)."""
         return self.token_list[0]
 
     @property

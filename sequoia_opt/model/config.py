@@ -215,6 +215,8 @@ class ModelConfig:
         return self.n_layers * (attn + mlp + 2 * d) + d + emb
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field by name (``dataclasses.asdict``; the rotary scaling mapping copied): ``ModelConfig(**d)`` gives
+        the config back."""
         return asdict(self)
 
     def with_(self, **changes: Any) -> "ModelConfig":

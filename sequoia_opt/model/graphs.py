@@ -91,6 +91,7 @@ class GraphStats:
     evictions: int = 0
 
     def as_dict(self) -> dict[str, Any]:
+        """The counts as plain types (``eager`` a dict sorted by reason), for a run's results JSON."""
         return {"captures": self.captures, "replays": self.replays, "eager": dict(sorted(self.eager.items())),
                 "evictions": self.evictions}
 

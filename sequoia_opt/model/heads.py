@@ -78,10 +78,13 @@ class EagleConfig:
 
     @property
     def hidden_size(self) -> int:
+        """H, the head's own hidden size (its decoder layer's ``dim``; may differ from the target's H_t)."""
         return self.layer.dim
 
     @property
     def draft_vocab_size(self) -> int:
+        """The draft vocabulary the head's LM head scores (``layer.vocab_size``; EAGLE-3 heads may use fewer ids than
+        the target's V, mapped back to target ids)."""
         return self.layer.vocab_size
 
     def feature_layers(self, target_layers: int) -> tuple[int, ...]:
@@ -149,10 +152,12 @@ class EagleHead(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """The device of the head's weights (``fc``'s)."""
         return self.fc.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the head's weights (``fc``'s); its KV cache (:meth:`new_cache`) uses it."""
         return self.fc.weight.dtype
 
     @property
@@ -290,10 +295,12 @@ class MedusaHeads(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """The device of the heads' weights."""
         return self.medusa_head[0][-1].weight.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the heads' weights; :meth:`forward` casts the hidden states it reads to it."""
         return self.medusa_head[0][-1].weight.dtype
 
     def forward(self, hidden: torch.Tensor, heads: int | None = None) -> torch.Tensor:

@@ -244,10 +244,12 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """The device of the model's weights (the embedding's)."""
         return self.embed_tokens.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the model's weights (the embedding's); its KV caches use it."""
         return self.embed_tokens.weight.dtype
 
     def new_cache(self, max_len: int, batch: int = 1) -> ModelKVCache:

@@ -123,6 +123,7 @@ class OffloadState:
 
     @property
     def cuda(self) -> bool:
+        """True when the compute device is a GPU."""
         return self.device.type == "cuda"
 
     def _params(self, slot: int) -> dict[str, torch.Tensor]:
@@ -178,6 +179,9 @@ class StreamedBlock(nn.Module):
         self._state = [state]  # a list: not registered as a submodule (the slots are not this layer's)
 
     def forward(self, x, cos, sin, layer_cache, cache_slots, prefix_len, tree_mask, backend):
+        """(B, T, dim) -> (B, T, dim), as :meth:`~sequoia_opt.model.llama.Block.forward` with the same arguments, run
+        by the device slot holding this layer's weights (:meth:`OffloadState.acquire`); then the copy of layer
+        ``index + 2`` into that slot is issued (:meth:`OffloadState.release`)."""
         st = self._state[0]
         slot = st.acquire(self.index)
         st.streams.compute(slot, self.index)

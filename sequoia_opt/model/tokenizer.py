@@ -139,6 +139,8 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     def id_to_token(self, i: int) -> str | None:
+        """The token string of id ``i`` (vocabulary form, e.g. ``"Ġthe"``), or None when ``i`` is not in
+        the vocabulary."""
         return self._tok.id_to_token(int(i))
 
     @property
