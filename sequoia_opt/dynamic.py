@@ -89,6 +89,7 @@ class DynamicSetting:
         return f"{self.policy}:s{self.steps}-k{self.topk}-n{self.budget}"
 
     def to_dict(self) -> dict:
+        """The file's ``setting`` mapping, ``{policy, steps, topk, budget}``: what :meth:`from_dict` reads back."""
         return {"policy": self.policy, "steps": self.steps, "topk": self.topk, "budget": self.budget}
 
     @classmethod
@@ -211,7 +212,10 @@ class Expander(Protocol):
     ``[0]``, the root); it returns one :class:`Expansion` per node with up to ``k`` candidates.
     """
 
-    def expand(self, tree: "CandidateTree", nodes: list[int], k: int) -> list[Expansion]: ...
+    def expand(self, tree: "CandidateTree", nodes: list[int], k: int) -> list[Expansion]:
+        """One draft forward over ``nodes`` of ``tree`` (each node's parent already expanded; the first call is
+        ``[0]``, the root): one :class:`Expansion` per node, in the order of ``nodes``, each with at most ``k``
+        candidates."""
 
 
 @dataclass
@@ -238,13 +242,17 @@ class CandidateTree:
 
     @classmethod
     def rooted(cls, root: int) -> "CandidateTree":
+        """A tree of the root alone: token ``root``, parent -1, depth 0, rank 0, prob and path 1."""
         return cls(token=[int(root)], parent=[-1], depth=[0], rank=[0], prob=[1.0], path=[1.0])
 
     @property
     def n(self) -> int:
+        """Nodes grown so far, root included."""
         return len(self.token)
 
     def add(self, parent: int, token: int, prob: float, rank: int) -> int:
+        """Append a child of ``parent`` with ``token`` at ``rank``, its draft probability ``prob`` under the parent
+        (its path is the parent's times ``prob``); returns the new node's index."""
         self.token.append(int(token))
         self.parent.append(int(parent))
         self.depth.append(self.depth[parent] + 1)
@@ -254,6 +262,9 @@ class CandidateTree:
         return self.n - 1
 
     def run(self, expander: Expander, nodes: list[int], k: int) -> list[Expansion]:
+        """One draft forward over ``nodes`` through ``expander`` (:meth:`Expander.expand`), recorded: the nodes join
+        :attr:`expanded`, the forward's width joins :attr:`forward_widths`, each node's entropy (nats) is kept.
+        Returns the expansions, one per node in order; adds no nodes (the rule adds the candidates it keeps)."""
         out = expander.expand(self, nodes, k)
         self.expanded.extend(nodes)
         self.forward_widths.append(len(nodes))

@@ -56,6 +56,7 @@ class DrafterSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def option(self, name: str, default: Any = None) -> Any:
+        """The kind's option ``name`` as its parser stored it in :attr:`options`, ``default`` when absent."""
         return self.options.get(name, default)
 
     @property
@@ -65,14 +66,17 @@ class DrafterSpec:
 
     @property
     def lookup_min(self) -> int:
+        """The shortest suffix a ``lookup`` drafter matches, tokens (:data:`LOOKUP_DEFAULT`'s 1 unless given)."""
         return self.options.get("lookup_min", LOOKUP_DEFAULT[0])
 
     @property
     def lookup_max(self) -> int:
+        """The longest suffix a ``lookup`` drafter matches, tokens (:data:`LOOKUP_DEFAULT`'s 3 unless given)."""
         return self.options.get("lookup_max", LOOKUP_DEFAULT[1])
 
     @property
     def entry(self) -> "DrafterKind":
+        """The registry entry of :attr:`kind` (:func:`drafter_kind`; raises TreeoptError for an unknown kind)."""
         return drafter_kind(self.kind)
 
     @property

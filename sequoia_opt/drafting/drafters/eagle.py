@@ -405,6 +405,7 @@ class EagleLevelProbe:
         self._hidden: torch.Tensor | None = None
 
     def new_cache(self, max_len: int, batch: int = 1):
+        """The head's static KV cache for the timed forwards: per layer (batch, n_kv_heads, max_len, head_dim)."""
         return self.head.new_cache(max_len, batch=batch)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, *, cache, cache_slots, prefix_len, tree_mask,

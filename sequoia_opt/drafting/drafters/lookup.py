@@ -73,6 +73,7 @@ class NgramIndex:
         self._index: dict[tuple[int, ...], dict[int, list[int]]] = {}
 
     def reset(self) -> None:
+        """Forget every indexed token and n-gram (a new generation starts from an empty index)."""
         self._seq = []
         self._index = {}
 
@@ -215,6 +216,7 @@ class PromptLookupDrafter(Drafter):
 
     @property
     def indexed(self) -> int:
+        """Committed tokens the first row's index holds (0 before any proposal): how far its index has caught up."""
         return len(self._rows[0]._seq) if self._rows else 0
 
     # ------------------------------------------------------------------ the protocol

@@ -157,6 +157,7 @@ class MedusaPassProbe:
         self._hidden = torch.randn(1, heads.config.hidden_size, generator=g, device=self.device, dtype=heads.dtype)
 
     def new_cache(self, max_len: int, batch: int = 1) -> None:
+        """None: the heads read one hidden state and keep no KV cache (the profiler's cache argument is ignored)."""
         return None
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, **_: object) -> torch.Tensor:

@@ -282,6 +282,8 @@ class Resolve:
     interval: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as plain types for a run's results JSON (tuples as lists; ``interval`` a ``[lo, hi]``
+        list or None)."""
         d = asdict(self)
         d["level_widths"] = list(self.level_widths)
         d["acceptance"] = list(self.acceptance)
@@ -373,10 +375,12 @@ class TreeAdapter:
 
     @property
     def window(self) -> int:
+        """W, the steps the running estimate remembers (its :class:`OnlineAcceptance`'s window)."""
         return self.estimate.window
 
     @property
     def prior_weight(self) -> float:
+        """The estimate's prior weight, pseudo-trials per rank."""
         return self.estimate.prior_weight
 
     @property

@@ -211,6 +211,8 @@ class PlanResolve:
     backoff: int = 1
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as plain types for a run's results JSON (ranges as ``[lo, hi, K]`` lists; G and the ratio rounded
+        to 4 decimals)."""
         return {"step": self.step, "ranges": [list(r) for r in self.ranges], "changed": self.changed,
                 "tokens_per_step": [round(x, 4) for x in self.tokens_per_step], "ratio": round(self.ratio, 4),
                 "trials": list(self.trials), "reason": self.reason, "backoff": self.backoff}

@@ -116,6 +116,9 @@ class LogisticScheduler(GraftScheduler):
         return self.probability(features) >= self.threshold
 
     def to_dict(self) -> dict[str, Any]:
+        """The scheduler file's mapping (:data:`SCHEDULER_FORMAT`, ``kind: logistic``, the pair, the feature names the
+        weights go with, weights, bias, threshold, card): what :func:`save_scheduler` writes and
+        :func:`load_scheduler` reads back."""
         return {"format": SCHEDULER_FORMAT, "kind": "logistic", "pair": dict(self.pair),
                 "features": list(FEATURE_NAMES), "weights": [float(w) for w in self.weights],
                 "bias": float(self.bias), "threshold": float(self.threshold), "card": self.card}

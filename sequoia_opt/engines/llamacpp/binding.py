@@ -193,6 +193,8 @@ class LlamaCppModel:
         return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
 
     def synchronize(self) -> None:
+        """Wait for the context's queued computation (``llama_synchronize``): call before reading a wall clock, since
+        ``llama_decode`` may return before a GPU backend finishes."""
         self._lib.llama_synchronize(self._ctx)
 
     def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
@@ -253,6 +255,8 @@ class LlamaCppModel:
         return self.n_ctx if self.kv_unified else self.n_ctx // max(1, self.n_seq_max)
 
     def close(self) -> None:
+        """Free the batch, the context and the model (idempotent; also run by ``with`` and on garbage collection).
+        The object is unusable afterwards."""
         lib = self._lib
         if getattr(self, "_ctx", None):
             lib.llama_batch_free(self._batch)

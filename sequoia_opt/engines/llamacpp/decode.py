@@ -49,6 +49,7 @@ class Generation:
 
     @property
     def tokens_per_step(self) -> float:
+        """Mean tokens emitted per target decode: tokens over ``max(1, steps)``."""
         return len(self.tokens) / max(1, len(self.steps))
 
 
@@ -95,13 +96,18 @@ class SettingRun:
 
     @property
     def tokens_per_s(self) -> float:
+        """Tokens over the summed step time (draft + verify + bookkeeping, prefill excluded), tokens/s; 0 before
+        any run."""
         return 1000.0 * self.tokens / self.decode_ms if self.decode_ms else 0.0
 
     @property
     def tokens_per_step(self) -> float:
+        """Mean tokens emitted per target decode over every prompt so far."""
         return self.tokens / max(1, self.steps)
 
     def add(self, gen: Generation) -> None:
+        """Add one prompt's generation to the totals (tokens, steps, ms by part) and its own tokens/step and tokens/s
+        to the per-prompt rows; does not compare it with plain decoding (:attr:`equal` is set by the caller)."""
         ms = sum(s.draft_ms + s.verify_ms + s.bookkeeping_ms for s in gen.steps)
         self.tokens += len(gen.tokens)
         self.steps += len(gen.steps)
