@@ -465,6 +465,7 @@ class DrafterTree:
 
     @property
     def parent(self) -> tuple[int, ...]:
+        """Parent index of each node (-1 for the root), the plain tree's."""
         return self.tree.parent
 
     @property
@@ -475,18 +476,22 @@ class DrafterTree:
 
     @property
     def depth(self) -> np.ndarray:
+        """(n,) int64 depth of each node (0 for the root), the plain tree's."""
         return self.tree.depth
 
     @property
     def tree_depth(self) -> int:
+        """Depth of the deepest node (0 for a root-only tree)."""
         return self.tree.tree_depth
 
     @property
     def level_widths(self) -> tuple[int, ...]:
+        """Nodes at each depth 0..tree_depth, every drafter's together (the root level has width 1)."""
         return self.tree.level_widths
 
     @property
     def children(self) -> tuple[tuple[int, ...], ...]:
+        """For each node, its children's indices by rank (light siblings first)."""
         return self.tree.children
 
     # ------------------------------------------------------------------ derived, per drafter
@@ -632,12 +637,15 @@ class TreeMetadata:
     )
 
     def to_dict(self) -> dict[str, Any]:
+        """The file's ``metadata`` mapping: every field by name (None where unknown), then the :attr:`extra` entries."""
         d = {k: getattr(self, k) for k in self._KEYS}
         d.update(self.extra)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TreeMetadata":
+        """From a file's ``metadata`` mapping: the known keys (None when absent), every other key kept in :attr:`extra`.
+        Checks nothing: the tree loader checks the values it reads and raises TreeValidationError."""
         known = {k: d.get(k) for k in cls._KEYS}
         extra = {k: v for k, v in d.items() if k not in cls._KEYS}
         return cls(**known, extra=extra)

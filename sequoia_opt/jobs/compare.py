@@ -53,6 +53,7 @@ class DrafterPlan:
 
     @property
     def tree(self) -> Tree:
+        """The chosen tree (``choice.tree``)."""
         return self.choice.tree
 
     def metadata_for(self, choice: Choice) -> TreeMetadata:
@@ -422,6 +423,7 @@ class DrafterComparison:
 
     @property
     def greedy_ok(self) -> bool:
+        """True unless some tree's greedy output differed from plain decoding (:attr:`RunReport.greedy_ok`)."""
         return self.run.greedy_ok
 
 

@@ -130,6 +130,8 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> "DemoSettings":
+        """The ``--quick`` sizes: one or two prompts of 16 new tokens per stage, T(n) and c(w) up to 24 tokens in
+        one timing round, trees of depth <= 6 (a smoke test of the pipeline, not a measurement)."""
         return cls(max_tokens=24, max_draft_tokens=24, latency_repeats=5, latency_rounds=1, width=4, acc_depth=3,
                    acc_prompts=2, acc_new_tokens=16, max_depth=6, num_prompts=2, max_new_tokens=16,
                    lookup_prompts=2, lookup_new_tokens=16, lookup_depth=3, self_prompts=1, self_new_tokens=16,

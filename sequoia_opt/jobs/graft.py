@@ -316,6 +316,8 @@ class GraftProfileSettings:
 
     @classmethod
     def quick(cls) -> "GraftProfileSettings":
+        """Smoke-test sizes: T(n) up to 16 tokens, 2 prompts of 16 new tokens, depth 3, the loop's own step not
+        timed."""
         return cls(max_tokens=16, latency_rounds=1, latency_repeats=5, width=3, depth=3, strong_width=2,
                    pair_depth=3, prompts=2, new_tokens=16, loop_rounds=0)
 

@@ -169,6 +169,7 @@ class ModelPair:
 
     @property
     def spec(self) -> DrafterSpec:
+        """The drafter's spec: :attr:`drafter`, or the bundled draft model's (``DrafterSpec("model")``) when None."""
         return self.drafter or DrafterSpec("model")
 
     @property
@@ -185,6 +186,7 @@ class ModelPair:
 
     @property
     def vocab_size(self) -> int:
+        """V, the target's vocabulary size (its config's ``vocab_size``)."""
         return self.target.config.vocab_size
 
     @property

@@ -211,6 +211,9 @@ class RunReport:
         return not self.mismatch_details
 
     def to_dict(self) -> dict[str, Any]:
+        """The results JSON's mapping (``format: treeopt-run/1``): run id, settings, one dict per
+        :class:`TreeSummary` and per :class:`PromptRow`, the greedy mismatches, and ``drafters`` when the run compared
+        drafters."""
         d = {"format": "treeopt-run/1", "run_id": self.run_id, "settings": self.settings,
              "summaries": [asdict(s) for s in self.summaries], "rows": [asdict(r) for r in self.rows],
              "mismatches": self.mismatch_details}
@@ -219,6 +222,8 @@ class RunReport:
         return d
 
     def to_csv(self) -> str:
+        """The results CSV's text: a header, then one line per :class:`PromptRow` (its fields in order), each followed
+        by the run's scalar settings (sorted by name; list and dict settings are left out)."""
         buf = io.StringIO()
         keys = list(asdict(self.rows[0]).keys()) if self.rows else list(PromptRow.__dataclass_fields__)
         settings_keys = sorted(k for k, v in self.settings.items() if not isinstance(v, (list, dict)))

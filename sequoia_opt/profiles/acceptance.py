@@ -106,6 +106,10 @@ class AcceptanceProfile:
         return None if v is None else bool(v)
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``treeopt-acceptance/1`` file mapping (:meth:`from_dict` reads it back): ``id``, ``measured``, the
+        pooled ``acceptance`` vector (K floats) and, when present, ``counts`` (K + 1 ints), ``acceptance_by_depth``
+        (depth -> K floats), ``counts_by_prompt`` ((P, D, K + 1) nested lists), ``chain_traces``, ``example`` and
+        ``source``; plain Python types only."""
         d: dict[str, Any] = {"format": ACCEPTANCE_FORMAT, "id": self.id}
         if self.example:
             d["example"] = True

@@ -103,6 +103,7 @@ class BatchLatencyProfile:
 
     @property
     def batches(self) -> list[int]:
+        """The batch sizes measured, ascending."""
         return sorted(self.curves)
 
     def curve(self, batch: int) -> LatencyCurve:
@@ -153,6 +154,9 @@ class BatchLatencyProfile:
                                    source=self.source, date=self.date)
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``treeopt-latency-batch/1`` file mapping (:meth:`from_dict` reads it back): ``id``, ``source`` and
+        ``date`` when set, the device, model (and engine, when one timed it) of the smallest batch's curve, and per
+        batch size b its ``step_overhead_ms`` (ms) and its curves (T(n) and c(w) tables in ms)."""
         d: dict[str, Any] = {"format": BATCH_LATENCY_FORMAT, "id": self.id}
         if self.source:
             d["source"] = self.source

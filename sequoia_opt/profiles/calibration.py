@@ -109,6 +109,7 @@ class RecordedStep:
 
     @property
     def n(self) -> int:
+        """Nodes in the recorded tree, root included."""
         return len(self.parent)
 
     @property
@@ -134,6 +135,7 @@ class RecordedStep:
 
     @property
     def depth(self) -> np.ndarray:
+        """(n,) int64 each node's depth (0 for the root), computed once from ``parent``."""
         if self._depth is None:
             d = np.zeros(self.n, dtype=np.int64)
             for i in range(1, self.n):
@@ -142,6 +144,8 @@ class RecordedStep:
         return self._depth
 
     def to_dict(self) -> dict[str, Any]:
+        """The file's step mapping (:meth:`from_dict` reads it back): parent and rank as ints, prob and accept rounded
+        to 6 decimals, entropy (nats) to 4, null where the drafter did not run."""
         return {"parent": [int(x) for x in self.parent], "prob": [round(float(x), 6) for x in self.prob],
                 "rank": [int(x) for x in self.rank], "accept": [round(float(x), 6) for x in self.accept],
                 "entropy": [None if math.isnan(x) else round(float(x), 4) for x in self.entropy]}
@@ -264,6 +268,7 @@ class CalibrationProfile:
 
     @property
     def temperature(self) -> float:
+        """The sampling temperature the steps were recorded at (``measured.temperature``; 0 = greedy when absent)."""
         return float(self.measured.get("temperature", 0.0))
 
     @property
@@ -309,10 +314,14 @@ class CalibrationProfile:
         return out
 
     def by_rank(self) -> list[dict[str, Any]]:
+        """The reliability table by candidate rank (0 = the drafter's best): one row per rank some candidate had,
+        with its count, reached and accepted mass, reach-weighted mean draft probability, acceptance
+        P(accepted | parent reached) and 95 % Wilson interval (``ci_low`` / ``ci_high``)."""
         c = self.candidates()
         return _table(c["rank"], c["prob"], c["accept"], c["weight"], range(int(c["rank"].max()) + 1), "rank")
 
     def by_depth(self) -> list[dict[str, Any]]:
+        """The reliability table by candidate depth (1 = the root's children), rows as :meth:`by_rank`'s."""
         c = self.candidates()
         return _table(c["depth"] - 1, c["prob"], c["accept"], c["weight"], range(1, int(c["depth"].max()) + 1),
                       "depth")
@@ -337,6 +346,9 @@ class CalibrationProfile:
 
     # ------------------------------------------------------------------ file
     def to_dict(self) -> dict[str, Any]:
+        """The ``treeopt-calibration/1`` file mapping: ``id``, ``measured``, the ECE, the candidate count, the bin
+        edges, the tables (:meth:`bins`, :meth:`by_rank`, :meth:`by_depth`) and every recorded step;
+        :meth:`from_dict` checks the tables against the steps."""
         c = self.candidates()
         return {"format": CALIBRATION_FORMAT, "id": self.id, "measured": dict(self.measured),
                 "ece": round(self.ece(), 6), "candidates": int(len(c["prob"])), "edges": list(self.edges),

@@ -367,6 +367,10 @@ class LatencyCurve:
 
     # -------------------------------------------------------------- io
     def to_dict(self) -> dict[str, Any]:
+        """The ``treeopt-latency/1`` file mapping (:meth:`from_dict` reads it back): ``id``, ``example`` / ``source``
+        / ``date`` when set, ``device``, ``model``, ``engine`` when set, ``step_overhead_ms`` (ms), and per measured
+        context (``context_tokens``) the target table (token counts n, T(n) in ms, spreads when measured), the draft
+        table (its ``cost_model``, widths w, c(w) in ms) and the loop's timed steps when measured."""
         d: dict[str, Any] = {"format": LATENCY_FORMAT, "id": self.id}
         if self.example:
             d["example"] = True

@@ -187,6 +187,8 @@ class PairAcceptanceProfile:
 
     # -------------------------------------------------------------- io
     def to_dict(self) -> dict[str, Any]:
+        """The ``treeopt-acceptance-pair/1`` file mapping of the class docstring (:meth:`from_dict` reads it back), in
+        plain Python types; ``example`` and ``source`` only when set."""
         d: dict[str, Any] = {"format": PAIR_ACCEPTANCE_FORMAT, "id": self.id}
         if self.example:
             d["example"] = True

@@ -68,10 +68,12 @@ class BatchChoice:
 
     @property
     def tree(self) -> Tree:
+        """The tree chosen at batch b (``choice.tree``)."""
         return self.choice.tree
 
     @property
     def tokens_per_s_per_sequence(self) -> float:
+        """Predicted decoding rate of one of the b sequences, tokens/s (the choice's rate on the batch-b curve)."""
         return self.choice.tokens_per_s
 
     @property

@@ -45,6 +45,9 @@ class ReplayExpander:
         self.uncovered = 0
 
     def expand(self, tree: CandidateTree, nodes: list[int], k: int) -> list[Expansion]:
+        """Each node's first ``k`` recorded children, with their recorded draft probabilities and the recorded node's
+        entropy (nats; 0 where the recording has none). A node the recording never expanded gets no candidates and
+        is counted in :attr:`uncovered`."""
         s, out = self.step, []
         for v in nodes:
             rec = tree.token[v]
@@ -79,6 +82,7 @@ class DynamicPrediction:
 
     @property
     def label(self) -> str:
+        """The setting's label, ``policy:sS-kK-nN`` (:attr:`DynamicSetting.label`)."""
         return self.setting.label
 
     @property
@@ -88,25 +92,32 @@ class DynamicPrediction:
 
     @property
     def draft_ms(self) -> float:
+        """Mean drafting time per step, ms (c(w) summed over each recorded step's draft forwards, averaged)."""
         return self.cost.draft_ms
 
     @property
     def target_ms(self) -> float:
+        """Mean target verification time per step, ms (T(n) at each recorded step's verified nodes, averaged)."""
         return self.cost.target_ms
 
     @property
     def cost_ms(self) -> float:
+        """Mean step time, ms: draft + target + the loop's overhead."""
         return self.cost.cost_ms
 
     @property
     def tokens_per_s(self) -> float:
+        """Predicted decoding rate, tokens/s: 1000 * G / cost_ms."""
         return self.cost.tokens_per_s
 
     @property
     def speedup(self) -> float:
+        """Predicted tokens/s over plain decoding's on the same curve (ratio)."""
         return self.cost.speedup
 
     def to_dict(self) -> dict[str, Any]:
+        """The prediction as plain types: G by the curve and by replay, mean tree size and forwards, the step cost's ms
+        and rates, coverage, label (floats rounded to 6 decimals) and the ``setting`` mapping."""
         d = {"tokens_per_step": self.tokens_per_step, "replay": self.replay, "tree_size": self.tree_size,
              "forwards": self.forwards}
         d.update((k, getattr(self.cost, k)) for k in _COST_FIELDS)
@@ -196,9 +207,12 @@ class DynamicChoice:
 
     @property
     def best(self) -> DynamicPrediction:
+        """The highest predicted tokens/s (``rows[0]``)."""
         return self.rows[0]
 
     def best_of(self, policy: str) -> DynamicPrediction | None:
+        """The best-scored setting of ``policy`` (``"eagle"``, ``"entropy"``, ``"best-first"``), None when none was
+        scored."""
         return next((r for r in self.rows if r.setting and r.setting.policy == policy), None)
 
 

@@ -268,10 +268,12 @@ class GraftChoice:
 
     @property
     def tokens_per_s(self) -> float:
+        """Predicted decoding rate of the grafted tree, tokens/s (1000 * G / the step's cost in ms)."""
         return self.cost.tokens_per_s
 
     @property
     def speedup(self) -> float:
+        """Predicted tokens/s over plain decoding's on the target's curve (ratio)."""
         return self.cost.speedup
 
 

@@ -197,6 +197,9 @@ class Candidate:
     cost: StepCost
 
     def as_dict(self) -> dict[str, Any]:
+        """A row of the solver's report (and a tree file's alternatives): the DP limits (``budget``, ``max_depth``),
+        the tree's ``nodes``, ``depth`` and ``level_widths``, G (``expected_tokens_per_step``), the step's parts and
+        total in ms, tokens/s and speedup over plain decoding."""
         c = self.cost
         return {
             "budget": self.budget,
@@ -464,6 +467,9 @@ class BaselineResult:
     note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """A row of the baselines report: ``name``, ``params``, the tree's ``nodes`` and ``depth``, G
+        (``expected_tokens_per_step``), then ``cost_ms`` (ms), ``tokens_per_s`` and ``speedup`` when scored and
+        ``note`` when set."""
         d: dict[str, Any] = {
             "name": self.name,
             "params": dict(self.params),

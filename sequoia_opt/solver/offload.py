@@ -88,6 +88,9 @@ class OffloadModel:
         return ok[-1] if ok else None
 
     def as_dict(self) -> dict[str, Any]:
+        """The model as plain types for a report: its inputs (layers, bytes per layer, host link in GB/s, per-n layer
+        compute and resident compute in ms, overhead in ms) and the derived copy time per layer
+        (``transfer_ms_per_layer``, ms)."""
         return {"n_layers": self.n_layers, "layer_bytes": float(self.layer_bytes), "h2d_gbps": float(self.h2d_gbps),
                 "transfer_ms_per_layer": self.transfer_ms,
                 "layer_compute_ms": {int(k): float(v) for k, v in sorted(self.layer_compute_ms.items())},

@@ -121,6 +121,7 @@ class SpecSetting:
 
     @classmethod
     def none(cls) -> "SpecSetting":
+        """Plain decoding: no draft, the root alone verified (``draft_tokens`` 0)."""
         return cls("none")
 
     @classmethod
@@ -136,6 +137,8 @@ class SpecSetting:
 
     @classmethod
     def static_tree(cls, tree: Tree) -> "SpecSetting":
+        """The setting of a static tree: ``tree`` with its size - 1 draft tokens, its depth as ``steps``, its widest
+        branching as ``topk`` and its choice list; plain decoding (:meth:`none`) for a root-only tree."""
         if tree.size < 2:
             return cls.none()
         return cls("tree", tree.size - 1, tree.tree_depth, max(1, tree.max_branching_used),
@@ -143,10 +146,13 @@ class SpecSetting:
 
     @property
     def speculates(self) -> bool:
+        """True unless the setting is plain decoding (it verifies at least one draft token per request)."""
         return self.draft_tokens > 0
 
     @property
     def label(self) -> str:
+        """The setting's name in reports: ``none``, ``chain:K``, ``eagle:sS-kK-nN`` (N counts the root, as SGLang's
+        draft tokens) or ``tree:nN-dD`` (N nodes with the root, depth D)."""
         if self.shape == "none":
             return "none"
         if self.shape == "chain":
@@ -171,6 +177,9 @@ class SpecSetting:
         return DynamicSetting("eagle", self.steps, self.topk, self.draft_tokens + 1)
 
     def to_dict(self) -> dict[str, Any]:
+        """The schedule file's setting mapping (:meth:`from_dict` reads it back): ``{shape: none}``, a chain's
+        ``draft_tokens``, an envelope's ``steps``, ``topk`` and ``draft_tokens`` (counting the root), or a tree's
+        ``choices``."""
         if self.shape == "none":
             return {"shape": "none"}
         if self.shape == "chain":
@@ -245,10 +254,13 @@ class Predicted:
 
     @property
     def tokens_per_s_per_request(self) -> float:
+        """Predicted tokens/s of one request at this batch size, over the plan's answer length (the steady-state rate
+        times :attr:`length_factor`)."""
         return self.cost.tokens_per_s * self.length_factor
 
     @property
     def tokens_per_s_total(self) -> float:
+        """Predicted tokens/s of the whole batch: b x the per-request rate."""
         return self.batch * self.tokens_per_s_per_request
 
     @property
@@ -257,6 +269,9 @@ class Predicted:
         return self.cost.speedup * self.length_factor
 
     def to_dict(self) -> dict[str, Any]:
+        """The schedule file's ``predicted`` mapping: batch, setting label, G (``expected_tokens_per_step``), the step's
+        total, draft and target ms, the length factor, tokens/s per request and in total, each with its (low, high)
+        interval, and the speedup; floats rounded (4 decimals for ms and rates, 6 for G, the factor and speedup)."""
         c, (lo, hi) = self.cost, self.interval
         return {"batch": self.batch, "setting": self.setting.label,
                 "expected_tokens_per_step": round(c.expected_tokens, 6), "step_ms": round(c.cost_ms, 4),
@@ -357,6 +372,7 @@ class Plan:
 
     @property
     def pays_nowhere(self) -> bool:
+        """True when speculation beats plain decoding at no measured batch size (``stops_paying_above == 0``)."""
         return self.stops_paying_above == 0
 
     def setting_at(self, batch: int) -> SpecSetting:
@@ -565,6 +581,7 @@ class ChainValue:
         return True
 
     def settings(self) -> list[SpecSetting]:
+        """The candidates at every batch size: chains of K = 0 (plain decoding) to ``max_draft`` drafted tokens."""
         return [SpecSetting.chain(k) for k in range(0, self.max_draft + 1)]
 
     def length_factor(self, setting: SpecSetting, output_tokens: int,
@@ -1194,6 +1211,9 @@ class GuardRule:
         return self.interval_method == "between prompts" and self.interval_low < self.expected_tokens_per_step
 
     def to_dict(self) -> dict[str, Any]:
+        """The rule as plain types for the schedule file: ``batch_range`` ``[lo, hi]``, the setting's label, G, the
+        interval's low end (tokens per step), how the interval was made and the break-even tokens per step; floats
+        rounded to 4 decimals."""
         return {"batch_range": [self.lo, self.hi], "setting": self.setting,
                 "expected_tokens_per_step": round(self.expected_tokens_per_step, 4),
                 "interval_low": round(self.interval_low, 4), "interval_method": self.interval_method,
