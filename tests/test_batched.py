@@ -303,3 +303,40 @@ def test_batched_sampling_emits_each_rows_target_distribution(trials):
         tv2 = 0.5 * (counts[b] / trials - joint[b]).abs().sum().item()
         assert tv1 < tol1 and tv2 < tol2, (b, tv1, tv2)
     assert 0.5 * (p[0] - p[1]).abs().sum() > 0.2  # the rows' laws differ: a mixed-up row would fail
+
+
+def test_sampled_row_decodes_the_same_alone_and_in_a_batch(target, draft):
+    """Each row samples (drafts and verifies) from its own generator, seeded per request: a request's sampled
+    tokens do not depend on which other requests share its batch, nor on when they finish (one generator for
+    every row made row 0's tokens change with the batch around it). Default seeds are drawn from the decoder's
+    generator in prompt order, so the first prompt alone and first in a batch of three decode the same; an explicit
+    seed gives the same tokens at any position, and for a request joining a running batch. Every step's tree is
+    the same alone and batched here (no cut at the answer's end, which takes the deepest row's remaining tokens:
+    a batch-wide step shape, under which a row's sample is another, equally exact one)."""
+    tree, P, new = TREES["sequoia"], [5, 17, 3], 20
+    others = [list(range(40, 52)), [200, 3, 3, 9, 41, 77]]
+
+    def dec():
+        return Decoder(target, StaticTreePolicy(draft, tree, cut_at_answer_end=False), max_len=256, max_batch=3,
+                       temperature=1.0, generator=torch.Generator().manual_seed(7))
+
+    alone = dec().generate(P, new).tokens
+    assert dec().generate_batch([P] + others, new).results[0].tokens == alone
+    # an explicit seed: the same tokens in the middle of a batch whose other rows stop early (max_new_tokens 3)
+    seeded = dec().generate(P, new, seed=11).tokens
+    assert seeded != alone  # the seed is the request's: another seed, another sample
+    mixed = dec()
+    state = mixed.start_batch([others[0], P, others[1]], new, seeds=[1, 11, 2])
+    while not state.finished:
+        mixed.step(state)
+    assert state.results[1].tokens == seeded
+    # joining a running batch with its seed
+    d = dec()
+    state = d.start_batch(others, 3, seeds=[3, 4])
+    d.step(state)
+    (j,) = d.join(state, [P], new, seeds=[11])
+    while not state.finished:
+        d.step(state)
+    assert state.results[j].tokens == seeded
+    with pytest.raises(DecodingError, match="seeds for"):
+        dec().generate_batch([P, P], 2, seeds=[1])

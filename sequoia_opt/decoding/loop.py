@@ -103,8 +103,11 @@ class Decoder:
         temperature: 0 = greedy (output = the target's greedy decoding); > 0 = speculative sampling (output
             distributed as the target's temperature / top-p sampling).
         top_p: nucleus mass in (0, 1], applied to the target and to model drafters alike.
-        generator: random source for sampling (drafting and verification); None = a generator on the target's
-            device seeded with 0. The attribute ``generator`` may be replaced between generations.
+        generator: random source for sampling; None = a generator on the target's device seeded with 0. It seeds
+            every request's own generator (one seed drawn per request, in order, when the request starts or
+            joins, unless the request brings its own ``seeds``), and each row drafts and verifies from its own
+            alone: a row's tokens do not depend on which other requests share its batch (vLLM and SGLang seed per
+            request too). The attribute ``generator`` may be replaced between generations.
         eos_ids: ids (or one id) that stop a row (its first EOS is emitted, nothing after it).
         backend: attention backend ``"auto" | "torch" | "cuda"`` of a Transformer target; with a face without
             a ``backend`` attribute, that of the policy's model drafters.
@@ -273,48 +276,79 @@ class Decoder:
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> GenerationResult:
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, seed: int | None = None) -> GenerationResult:
         """Decode up to ``max_new_tokens`` new tokens after one prompt (a batch of one).
 
+        Args:
+            seed: the request's sampling seed (the same tokens as the request decoded in a batch with the same
+                seed); None: one drawn from :attr:`generator`.
+
         Raises:
-            DecodingError: as :meth:`check`, before any forward; unusable model output (NaN / inf logits),
-                naming the model or the drafter.
+            DecodingError: as :meth:`check`, before any forward; a seed outside -2^63 .. 2^64 - 1; unusable model
+                output (NaN / inf logits), naming the model or the drafter.
         """
-        state = self.start(prompt_ids, max_new_tokens)
+        state = self.start(prompt_ids, max_new_tokens, seed)
         while not state.finished:
             self.step(state)
         return state.result
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> BatchResult:
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                       seeds: Sequence[int] | None = None) -> BatchResult:
         """Decode up to ``max_new_tokens`` new tokens after each prompt, all in one batch; each row stops on its
-        own (EOS, ``max_new_tokens``) and leaves the batch.
+        own (EOS, ``max_new_tokens``) and leaves the batch. ``seeds``: one sampling seed per prompt (each row
+        samples from its own generator: the tokens it would have decoded alone with that seed); None: drawn
+        from :attr:`generator`, one per prompt in order.
 
         Returns:
             :class:`~sequoia_opt.decoding.stats.BatchResult`: per prompt, in order, its result; per step, a
             :class:`~sequoia_opt.decoding.stats.BatchStep`.
         """
-        state = self.start_batch(prompts, max_new_tokens)
+        state = self.start_batch(prompts, max_new_tokens, seeds)
         while not state.finished:
             self.step(state)
         return BatchResult(state.results, state.steps, state.prefill_ms)
 
     @torch.inference_mode()
-    def start(self, prompt_ids: Sequence[int], max_new_tokens: int) -> DecodeState:
-        """Check one request and prefill it (:meth:`start_batch` with a batch of one)."""
-        return self._start([self.check(prompt_ids, max_new_tokens)], int(max_new_tokens))
+    def start(self, prompt_ids: Sequence[int], max_new_tokens: int, seed: int | None = None) -> DecodeState:
+        """Check one request and prefill it (:meth:`start_batch` with a batch of one; ``seed`` as :meth:`generate`)."""
+        prompt = self.check(prompt_ids, max_new_tokens)
+        return self._start([prompt], int(max_new_tokens), self._seeds(1, None if seed is None else [seed]))
 
     @torch.inference_mode()
-    def start_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> DecodeState:
+    def start_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                    seeds: Sequence[int] | None = None) -> DecodeState:
         """Check every request, then prefill: the target takes ``prompt[:-1]`` of each row, the policy the
-        prompts; the last prompt token of each row is its first root. The state is already finished when
-        ``max_new_tokens == 0``."""
-        return self._start(self.check_batch(prompts, max_new_tokens), int(max_new_tokens))
+        prompts; the last prompt token of each row is its first root. ``seeds`` as :meth:`generate_batch`. The
+        state is already finished when ``max_new_tokens == 0``."""
+        checked = self.check_batch(prompts, max_new_tokens)
+        return self._start(checked, int(max_new_tokens), self._seeds(len(checked), seeds))
 
-    def _start(self, prompts: list[list[int]], M: int) -> DecodeState:
+    def _seeds(self, n: int, seeds: Sequence[int] | None) -> list[int]:
+        """The sampling seeds of ``n`` requests: ``seeds`` checked (one per request, each within
+        torch.Generator.manual_seed's range), or n drawn from :attr:`generator`. Raises DecodingError."""
+        if seeds is None:
+            drawn = torch.randint(0, 2**62, (n,), generator=self.generator, device=self.generator.device)
+            return [int(v) for v in drawn.tolist()]
+        seeds = list(seeds)
+        if len(seeds) != n:
+            raise DecodingError(f"{len(seeds)} seeds for {n} prompts: give one per prompt")
+        for v in seeds:
+            if not is_whole(v) or not -(2**63) <= int(v) <= 2**64 - 1:
+                raise DecodingError(f"a seed must be an integer in -2^63 .. 2^64 - 1, got {v!r}")
+        return [int(v) for v in seeds]
+
+    def _row_generator(self, seed: int) -> torch.Generator:
+        """A request's own random source: a generator on the decoder's generator's device seeded with ``seed``."""
+        g = torch.Generator(device=self.generator.device)
+        g.manual_seed(seed)
+        return g
+
+    def _start(self, prompts: list[list[int]], M: int, seeds: list[int]) -> DecodeState:
         results = [GenerationResult(tokens=[], prompt_len=len(p)) for p in prompts]
-        rows = [RowState(seq=list(p), cached=len(p) - 1, max_new_tokens=M, result=r, index=i)
-                for i, (p, r) in enumerate(zip(prompts, results))]
+        rows = [RowState(seq=list(p), cached=len(p) - 1, max_new_tokens=M, result=r, index=i,
+                         generator=self._row_generator(sd))
+                for i, (p, r, sd) in enumerate(zip(prompts, results, seeds))]
         state = DecodeState(rows=rows, results=results)
         if M == 0:
             for r in results:
@@ -334,19 +368,22 @@ class Decoder:
         return state
 
     @torch.inference_mode()
-    def join(self, state: DecodeState, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[int]:
+    def join(self, state: DecodeState, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+             seeds: Sequence[int] | None = None) -> list[int]:
         """Requests join a running generation between two steps (continuous batching, as a server admits
         requests): each is checked as :meth:`check` does, the target face prefills it into a new row after the
         live ones (:meth:`TargetFace.join`), and the policy's drafters take it in
         (:meth:`~sequoia_opt.decoding.policy.DraftingPolicy.join`). A state whose rows all finished starts over
-        with the joiners. Exact as a batch is: each row decodes as it would alone.
+        with the joiners. Exact as a batch is: each row decodes as it would alone (``seeds`` as
+        :meth:`generate_batch`: with the same seed, the tokens it would decode alone).
 
         Returns:
             the indices of the joiners' results in ``state.results``.
 
         Raises:
             DecodingError: as :meth:`check`; more live rows than ``max_batch``; a face or drafter that cannot take
-                rows into a running batch; a live state this decoder's caches no longer hold, or another decoder's.
+                rows into a running batch; a live state this decoder's caches no longer hold, or another decoder's;
+                seeds as :meth:`generate_batch` refuses.
         """
         new = [self.check(p, max_new_tokens) for p in prompts]
         if state.rows:
@@ -355,6 +392,7 @@ class Decoder:
             raise DecodingError(f"{state.batch} live rows and {len(new)} joining exceed this decoder's "
                                 f"max_batch={self.max_batch} rows")
         M = int(max_new_tokens)
+        row_seeds = self._seeds(len(new), seeds)
         first = len(state.results)
         results = [GenerationResult(tokens=[], prompt_len=len(p)) for p in new]
         state.results.extend(results)
@@ -362,8 +400,9 @@ class Decoder:
             for r in results:
                 r.stop_reason = "empty"
             return list(range(first, first + len(new)))
-        rows = [RowState(seq=list(p), cached=len(p) - 1, max_new_tokens=M, result=r, index=first + j)
-                for j, (p, r) in enumerate(zip(new, results))]
+        rows = [RowState(seq=list(p), cached=len(p) - 1, max_new_tokens=M, result=r, index=first + j,
+                         generator=self._row_generator(sd))
+                for j, (p, r, sd) in enumerate(zip(new, results, row_seeds))]
         t0 = self._clock.now()
         if not state.rows:  # nothing live: the caches start over with the joiners
             self._claim(state)
@@ -405,7 +444,7 @@ class Decoder:
         t1 = clock.now()
         logits = self.face.verify(state, trees)
         t2 = clock.now()
-        accs = [self._accept(t, lg) for t, lg in zip(trees, logits)]
+        accs = [self._accept(t, lg, self._settings.generator_of(r)) for r, t, lg in zip(state.rows, trees, logits)]
         rows = state.rows  # the list is replaced, never changed, when rows leave
         emitted = self._commit(state, trees, accs)
         if self.policy is not None:
@@ -489,21 +528,25 @@ class Decoder:
         return self.face.verify(state, trees)
 
     @torch.inference_mode()
-    def accept(self, tree: StepTree, target_logits: torch.Tensor) -> Acceptance:
+    def accept(self, tree: StepTree, target_logits: torch.Tensor,
+               generator: torch.Generator | None = None) -> Acceptance:
         """One row's accepted path and bonus token (module docstring, step 3).
 
         Args:
             tree: the row's verified tree.
             target_logits: (n, V) the target's logits over it.
+            generator: the row's random source (its :attr:`RowState.generator`); None: :attr:`generator`.
 
         Raises:
             DecodingError: target logits with NaN or +inf where they are used (no token is made from them),
                 naming the target; a candidate group's distribution the rule cannot use, naming the drafter,
                 the node and its depth.
         """
-        return self._accept(tree, target_logits)
+        if generator is not None:
+            _check_generator(generator)
+        return self._accept(tree, target_logits, self.generator if generator is None else generator)
 
-    def _accept(self, tree: StepTree, target_logits: torch.Tensor) -> Acceptance:
+    def _accept(self, tree: StepTree, target_logits: torch.Tensor, gen: torch.Generator) -> Acceptance:
         try:
             if self.greedy:
                 top = argmax_tokens(target_logits)
@@ -513,7 +556,6 @@ class Decoder:
         except ValueError as err:
             raise DecodingError(f"{self.face.name} produced unusable output: {err}") from None
         node, depth, path, visits = 0, 0, [0], []
-        gen = self.generator
         while True:
             try:
                 p = process_logits(target_logits[node], self.temperature, self.top_p)  # (V,)

@@ -154,6 +154,24 @@ def _rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.devi
     return torch.rand(shape, generator=generator, device=generator.device).to(device)
 
 
+def _exponentials(shape: tuple[int, ...], generator: torch.Generator | Sequence[torch.Generator],
+                  device: torch.device) -> torch.Tensor:
+    """Exp(1) float32 numbers of ``shape`` (N, ...), on ``device``. One generator draws them all; a sequence of G
+    generators splits the N rows into G equal consecutive blocks, block g drawn from generator g alone (each
+    on its generator's device), so a block's numbers do not depend on the other blocks.
+
+    Raises:
+        ValueError: an empty sequence, or N not a multiple of its length.
+    """
+    if isinstance(generator, torch.Generator):
+        return torch.empty(shape, device=generator.device).exponential_(generator=generator).to(device)
+    gens = list(generator)
+    if not gens or shape[0] % len(gens):
+        raise ValueError(f"{len(gens)} generators cannot split {shape[0]} rows into equal blocks")
+    block = (shape[0] // len(gens),) + tuple(shape[1:])
+    return torch.cat([torch.empty(block, device=g.device).exponential_(generator=g).to(device) for g in gens])
+
+
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One sample per row.
 
@@ -181,7 +199,8 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
     return idx[0] if squeeze else idx
 
 
-def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+def sample_without_replacement(probs: torch.Tensor, k: int,
+                               generator: torch.Generator | Sequence[torch.Generator]) -> torch.Tensor:
     """k ordered samples without replacement per row (the exponential race / Gumbel-top-k trick).
 
     The first column is a sample from ``probs``, the second a sample from ``probs`` with the first removed and
@@ -190,17 +209,18 @@ def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Gen
     Args:
         probs: (N, V) non-negative weights.
         k: samples per row, ``1 <= k <= V``.
-        generator: the random source.
+        generator: the random source; or G generators, one per block of N / G consecutive rows (a batch's
+            rows of nodes, each batch row drawn from its own generator: the same samples alone or batched).
 
     Returns:
         (N, k) int64 distinct token ids per row. When a row has fewer than k tokens of positive probability,
         the trailing columns hold zero-probability tokens (padding); the verifiers never accept those.
 
     Raises:
-        ValueError: a row with NaN, inf, a negative weight, or all zeros.
+        ValueError: a row with NaN, inf, a negative weight, or all zeros; generators that do not split N.
     """
     _check_weights(probs, probs.float().sum(-1, keepdim=True), "sample_without_replacement")
-    e = torch.empty(probs.shape, device=generator.device).exponential_(generator=generator).to(probs.device)
+    e = _exponentials(tuple(probs.shape), generator, probs.device)
     keys = probs.float() / e  # (N, V); a token of weight w wins the race first with probability w / sum
     return keys.topk(k, dim=-1).indices
 
@@ -228,7 +248,7 @@ def sample_excluding(q: torch.Tensor, k: int, exclude: Sequence[int], generator:
     mass = q_cond.sum()
     if float(mass) > 0:
         q_cond = q_cond / mass
-    e = torch.empty(q_cond.shape, device=generator.device).exponential_(generator=generator).to(q.device)
+    e = _exponentials(tuple(q_cond.shape), generator, q.device)
     keys = q_cond / e  # (V,)
     if ex.numel():
         keys[ex] = -1.0  # below every other key (>= 0): never picked

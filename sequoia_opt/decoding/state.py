@@ -67,6 +67,9 @@ class RowState:
         result: the :class:`GenerationResult` being filled (``result.tokens`` are the new tokens so far).
         index: the row's prompt index in the batch given to :meth:`~sequoia_opt.decoding.loop.Decoder.start`.
         finished: True once a stop rule fired.
+        generator: the row's own random source under sampling (drafting and verification of this row draw from
+            it alone, so its tokens do not depend on which other rows share the batch, as vLLM and SGLang seed
+            per request); None: the decoder's (:meth:`DraftSettings.generator_of`).
     """
 
     seq: list[int]
@@ -75,6 +78,7 @@ class RowState:
     result: GenerationResult
     index: int = 0
     finished: bool = False
+    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
 
     @property
     def root(self) -> int:
@@ -182,8 +186,10 @@ class DraftSettings:
         temperature: 0 = greedy (rank k is the drafter's k-th best token); > 0 = sampling (children are
             ordered samples without replacement from the node's q).
         top_p: nucleus mass in (0, 1] the decoder applies to the target; a model drafter applies it to q too.
-        generator: the decoder's random source. The decoder replaces this field when its ``generator``
-            attribute is replaced, so read it at each proposal, never keep a copy.
+        generator: the decoder's random source, which seeds each row's own (:attr:`RowState.generator`); a
+            drafter draws a row's numbers from :meth:`generator_of` that row (:meth:`generators` for a batch),
+            never from this field. The decoder replaces it when its ``generator`` attribute is replaced, so
+            read it at each proposal, never keep a copy.
         tree_depth: the deepest tree the policy drafts (0: no step ever drafts, nothing to allocate).
         target: the decoder's :class:`~sequoia_opt.decoding.target.TargetFace` (a drafter that shares the
             target's weights and cache, self layer-skip, reads its model and cache there; a feature head reads
@@ -207,3 +213,12 @@ class DraftSettings:
     def greedy(self) -> bool:
         """True when ``temperature == 0``: the drafters rank tokens by probability instead of sampling them."""
         return self.temperature == 0
+
+    def generator_of(self, row: RowState) -> torch.Generator:
+        """The random source of ``row``'s draws: its own generator, or the decoder's for a row without one."""
+        return row.generator if row.generator is not None else self.generator
+
+    def generators(self, rows: Sequence[RowState]) -> list[torch.Generator]:
+        """:meth:`generator_of` every row, in order (for
+        :func:`~sequoia_opt.decoding.sampling.sample_without_replacement` over a batch)."""
+        return [self.generator_of(r) for r in rows]

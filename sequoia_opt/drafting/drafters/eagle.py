@@ -48,7 +48,8 @@ __all__ = ["EagleDrafter", "draft_candidates", "draft_level"]
 
 
 def draft_candidates(logits: torch.Tensor, k: int, settings: DraftSettings, draft_ids: torch.Tensor | None,
-                     vocab_size: int, who: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     vocab_size: int, who: str, generators: Sequence[torch.Generator] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Children of w nodes from a head's logits: greedy, the top-k (rank order); sampling, k ordered samples
     without replacement from ``q = process_logits(logits)``.
 
@@ -57,6 +58,8 @@ def draft_candidates(logits: torch.Tensor, k: int, settings: DraftSettings, draf
         k: children per node.
         draft_ids: (V_d,) the target ids of a reduced draft vocabulary, or None (V_d = V).
         vocab_size: V, the target's.
+        generators: when sampling, the B rows' random sources (``settings.generators(state.rows)``: each row
+            draws from its own); None: ``settings.generator`` for every row.
 
     Returns:
         ``(tokens, q)``: tokens (B, w, k) target ids; q (B, w, V) float32 the distribution they were drawn
@@ -76,7 +79,8 @@ def draft_candidates(logits: torch.Tensor, k: int, settings: DraftSettings, draf
         else:
             q = torch.zeros(B, w, vocab_size, dtype=qd.dtype, device=qd.device)
             q[..., draft_ids] = qd  # (B, w, V): the draft distribution on target ids
-        cand = sample_without_replacement(q.reshape(B * w, -1), k, settings.generator).reshape(B, w, k)
+        gen = settings.generator if generators is None else generators
+        cand = sample_without_replacement(q.reshape(B * w, -1), k, gen).reshape(B, w, k)
         return cand, q
     except ValueError as err:
         raise DecodingError(f"{who} produced unusable output: {err}") from None
@@ -84,14 +88,14 @@ def draft_candidates(logits: torch.Tensor, k: int, settings: DraftSettings, draf
 
 def draft_level(buf: TreeBuffers, d: int, logits: torch.Tensor, out: torch.Tensor, probs: torch.Tensor | None,
                 conf: torch.Tensor | None, settings: DraftSettings, draft_ids: torch.Tensor | None, vocab_size: int,
-                who: str, forced: bool) -> None:
+                who: str, forced: bool, generators: Sequence[torch.Generator] | None = None) -> None:
     """Level d of a static tree from a head's (B, w_d, V_d) logits at its nodes: the confidence (top-1
     probability at temperature 1) and q of those nodes, and (unless ``forced``) their children's tokens by rank
-    into ``out`` (B, n) (:func:`draft_candidates`)."""
+    into ``out`` (B, n) (:func:`draft_candidates`, with ``generators``, one per row)."""
     sl = buf.level_slices[d]
     if conf is not None:
         conf[:, sl] = logits.float().softmax(-1).amax(-1)  # (B, w_d)
-    cand, q = draft_candidates(logits, buf.level_branching[d], settings, draft_ids, vocab_size, who)
+    cand, q = draft_candidates(logits, buf.level_branching[d], settings, draft_ids, vocab_size, who, generators)
     if probs is not None:
         probs[:, sl] = q
     if not forced:
@@ -311,7 +315,7 @@ class EagleDrafter(Drafter):
                 if d < D - 1:
                     node_h[:, sl] = h
             draft_level(buf, d, logits, out, probs, conf, s, self.draft_ids, self.vocab_size, self.name,
-                        forced_tokens is not None)
+                        forced_tokens is not None, s.generators(state.rows))
         return DraftOutput(out, probs, D, conf)
 
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,

@@ -111,7 +111,8 @@ class MedusaDrafter(Drafter):
             sl = buf.level_slices[d]
             w = sl.stop - sl.start
             lg = logits[:, d: d + 1].expand(B, w, self.vocab_size)  # (B, w_d, V): every node of level d
-            draft_level(buf, d, lg, out, probs, conf, s, None, self.vocab_size, self.name, forced_tokens is not None)
+            draft_level(buf, d, lg, out, probs, conf, s, None, self.vocab_size, self.name, forced_tokens is not None,
+                        s.generators(state.rows))
         return DraftOutput(out, probs, D, conf)
 
     def score_nodes(self, row: RowState, tokens: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor,

@@ -143,7 +143,7 @@ def propose_by_levels(model: Transformer, rows: RowCache, chunks: Sequence[Seque
                 cand = logits.topk(k, dim=-1).indices  # (B, w_d, k) the draft's top-k, rank order
             else:
                 w = q.shape[1]
-                cand = sample_without_replacement(q.reshape(B * w, -1), k, s.generator).reshape(B, w, k)
+                cand = sample_without_replacement(q.reshape(B * w, -1), k, s.generators(state.rows)).reshape(B, w, k)
         except ValueError as err:
             raise model_output_error(err, model, role) from None
         out[:, buf.level_slices[d + 1]] = cand[:, buf.child_parent_local[d + 1], buf.child_rank[d + 1]]

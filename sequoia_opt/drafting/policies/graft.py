@@ -335,7 +335,7 @@ class GraftPolicy(SharedTreePolicy):
                     except ValueError as err:
                         raise DecodingError(f"the strong drafter {self.names[1]!r} at step node {at} (depth "
                                             f"{lay.step_depth[node]}): {err}") from None
-                    cand, q_cond = sample_excluding(q, b, exclude, s.generator)
+                    cand, q_cond = sample_excluding(q, b, exclude, s.generator_of(state.row))
                     group = CandidateGroup(q_cond, cand[q_cond[cand] > 0], 1)  # no zero-mass padding
                 if not group.tokens.numel():
                     continue  # nothing left to graft here
