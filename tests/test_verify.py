@@ -106,6 +106,18 @@ def test_sample_categorical_distribution():
     assert sample_categorical(p, g).dim() == 0
 
 
+def test_sample_categorical_draw_at_the_total_gives_the_last_token_with_mass(monkeypatch):
+    """A draw that lands on the total (u * total == total: a uniform of 1.0, or a product rounded up to the
+    total) falls past every bin, onto the trailing zero-mass bins: the inverse CDF's value there is the last
+    token with mass (2 and 4), not the argmax (1 and 2)."""
+    import sequoia_opt.decoding.sampling as sampling
+
+    monkeypatch.setattr(sampling, "_rand", lambda shape, gen, dev: torch.ones(shape, device=dev))
+    p = torch.tensor([[0.5, 2.0, 0.5, 0.0, 0.0], [0.0, 0.0, 1.5, 1.0, 0.5]])
+    assert sample_categorical(p, torch.Generator()).tolist() == [2, 4]
+    assert int(sample_categorical(p[0], torch.Generator())) == 2
+
+
 def test_sample_without_replacement_is_ordered_plackett_luce():
     V = 5
     q = _dist(2, V)

@@ -192,10 +192,12 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
     _check_weights(p, cdf[:, -1:], "sample_categorical")
     u = _rand((p.shape[0], 1), generator, p.device) * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).clamp_(max=p.shape[-1] - 1).squeeze(-1)  # (N,)
-    # a zero-probability bin can only be hit through round-off at its left edge: step back to a real token
+    # a zero-probability bin is hit only when round-off puts u * total at or past the total (right=True never
+    # lands inside a run of zero bins): the inverse CDF's value there is the last token with mass, not the argmax
     bad = p.gather(-1, idx.unsqueeze(-1)).squeeze(-1) <= 0
     if bool(bad.any()):
-        idx = torch.where(bad, p.argmax(-1), idx)
+        last = (p > 0).cumsum(-1).argmax(-1)  # (N,) the first index reaching the count of positive bins
+        idx = torch.where(bad, last, idx)
     return idx[0] if squeeze else idx
 
 
