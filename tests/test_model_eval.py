@@ -30,7 +30,20 @@ def test_perplexity_refuses_bad_input():
     with pytest.raises(DecodingError, match="vocabulary|\\[0, 256\\)"):
         perplexity(model, [1, 256])
     with pytest.raises(DecodingError, match="context"):
-        perplexity(model, [1] * 513)
+        perplexity(model, [1] * 514)
+
+
+def test_perplexity_takes_context_plus_one_tokens():
+    """T tokens need T - 1 positions (the last is only predicted): at a context of 16, 17 tokens are scored (they
+    were refused), 18 are not."""
+    model = Transformer(ModelConfig.preset("tiny").with_(max_position_embeddings=16)).eval()
+    ids = [(7 * t + 3) % 256 for t in range(17)]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0].double(), -1)  # (16, V)
+    nll = -sum(float(logp[t, ids[t + 1]]) for t in range(16)) / 16
+    assert perplexity(model, ids) == pytest.approx(math.exp(nll), rel=1e-5)
+    with pytest.raises(DecodingError, match="context of 16"):
+        perplexity(model, ids + [1])
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 64, 65])
