@@ -224,3 +224,33 @@ def test_a_trees_run_metadata_is_checked_when_read(tmp_path, extra, message):
     f.write_text(tree_to_yaml(t, TreeMetadata(budget=3, max_depth=2, expected_tokens_per_step=2.5, extra={
         "node_rates": [0.6, 0.5], "end_overshoot_tokens": 0.4, "budget_limit": 3, "max_branching": 1})))
     assert load_tree(f)[1].extra["node_rates"] == [0.6, 0.5]
+
+
+@pytest.mark.parametrize("args", [
+    ["solve", "-a", str(EXAMPLE_ACC), "-l", str(EXAMPLE_LAT)],
+    ["tune", "--engine", "vllm", "-a", str(EXAMPLE_ACC), "-l", str(TABLE)],
+    ["tune", "--engine", "treeopt", "--schedule"],
+    ["profile", "acceptance"],
+    ["profile", "latency"],
+    ["profile", "scheduler", "--draft", "lookup", "--draft", "self:1", "--tree", "t.yaml"],
+    ["export-draft", "--gguf"],
+])
+@pytest.mark.parametrize("name", ["newf/", "newf//", "newf/.", "sub/newf/.."])
+def test_an_output_file_spelt_as_a_folder_is_refused_and_nothing_is_written(tmp_path, monkeypatch, args, name):
+    """``-o newf/`` for a folder that does not exist wrote a FILE named ``newf`` (pathlib drops the slash): every
+    option naming an output file (-o, tune's --schedule, export-draft --gguf) refuses it before anything runs, as
+    it refuses a folder that exists: one line, exit 2, nothing made."""
+    monkeypatch.chdir(tmp_path)
+    flag = [] if args[-1] in ("--schedule", "--gguf") else ["-o"]
+    r = runner.invoke(app, [*args, *flag, name])
+    assert r.exit_code == 2, r.output
+    assert f"{name} ends in " in r.output and "which names a folder: give a file name" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_file_in_a_new_folder_is_still_written(tmp_path):
+    out = tmp_path / "new" / "tree.yaml"
+    r = runner.invoke(app, ["solve", "-a", str(EXAMPLE_ACC), "-l", str(EXAMPLE_LAT), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert load_tree(out)[0].size > 1

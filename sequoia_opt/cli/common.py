@@ -232,10 +232,28 @@ MaxBranchingOpt = Annotated[int, typer.Option("--max-branching", "-b", help="Mos
 ContextOpt = Annotated[
     Optional[int], typer.Option("--context", help="Context length (tokens) to read latency at; default: smallest measured.")
 ]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o",
+
+
+def output_file(value: str) -> Path:
+    """The ``parser`` of every option that names an output FILE (``-o``, ``--schedule``, ``--gguf``): the path as
+    given, refused (typer.BadParameter: one line, exit 2, before anything runs) when it names a folder by its
+    spelling: a trailing ``/`` or a last part ``.`` / ``..`` (``-o newf/``). pathlib drops a trailing slash and a
+    trailing ``.``, so ``-o newf/`` for a folder that did not exist wrote a FILE named ``newf``; a folder that
+    exists is refused by :func:`check_output` (``it is a folder``), which this matches."""
+    import os
+
+    seps = (os.sep, os.altsep) if os.altsep else (os.sep,)
+    end = "/" if value.endswith(seps) else os.path.basename(value)
+    if value not in ("/", ".", "..") and end in ("/", ".", ".."):  # '.' and '/' alone: check_output's own lines
+        raise typer.BadParameter(f"{value} ends in {end!r}, which names a folder: give a file name")
+    return Path(value)
+
+
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", parser=output_file,
                                                  help="Write the tree here (atomically; - prints it).")]
 ProfileOutputOpt = Annotated[
-    Optional[Path], typer.Option("--output", "-o", help="Write the profile here (atomically); default under profiles/.")
+    Optional[Path], typer.Option("--output", "-o", parser=output_file,
+                                 help="Write the profile here (atomically); default under profiles/.")
 ]
 FormatOpt = Annotated[Optional[str], typer.Option(
     "--format", "-f", help="Export format: " + ", ".join(FORMATS) + ", llama.cpp (llama.cpp's speculative flags: "

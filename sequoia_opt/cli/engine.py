@@ -13,7 +13,7 @@ from typing_extensions import Annotated
 
 from ..errors import TreeoptError
 from ..report import Report
-from .common import JsonOpt, _check_writable, app, check_output, handle_errors, progress_bar
+from .common import JsonOpt, _check_writable, app, check_output, handle_errors, output_file, progress_bar
 from .render import render, report_console
 
 LLAMACPP_FORMATS = ("llama.cpp", "llamacpp", "llama-cpp")
@@ -27,7 +27,7 @@ def is_llamacpp_format(fmt: Optional[str]) -> bool:
 @app.command("export-draft")
 @handle_errors
 def export_draft(
-    gguf: Annotated[Path, typer.Option("--gguf", help="The .gguf file to write (atomically).")],
+    gguf: Annotated[Path, typer.Option("--gguf", parser=output_file, help="The .gguf file to write (atomically).")],
     draft: Annotated[Optional[Path], typer.Option(
         "--draft", help="Checkpoint to write: a Hugging Face folder or a .gguf (default: the bundled demo draft).")] = None,
     outtype: Annotated[str, typer.Option("--outtype", help="2-D weights as f32 | f16 | q8_0 (norms stay F32).")] = "f16",

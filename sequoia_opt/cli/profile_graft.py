@@ -16,7 +16,7 @@ from ..errors import TreeoptError
 from ..report import Report
 from .common import (BackendOpt, DeviceOpt, DtypeOpt, JsonOpt, PromptsOpt, SeedOpt, TargetOpt, TemperatureOpt, TopPOpt,
                      TwoDraftsOpt, _check_run_options, _check_writable, _load_graft_tree, _print_error,
-                     _two_drafters, check_output, handle_errors, mode_slug, profile_app, progress_bar,
+                     _two_drafters, check_output, handle_errors, mode_slug, output_file, profile_app, progress_bar,
                      setting_notes)
 from .render import render
 
@@ -228,7 +228,8 @@ def profile_scheduler(
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "auto",
     output: Annotated[Optional[Path], typer.Option(
-        "--output", "-o", help="Write the scheduler here (atomically); default: scheduler-<mode>.yaml in the pair "
+        "--output", "-o", parser=output_file,
+        help="Write the scheduler here (atomically); default: scheduler-<mode>.yaml in the pair "
         "profile's folder under profiles/.")] = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -15,7 +15,7 @@ from typing_extensions import Annotated
 
 from .._io import atomic_write_texts
 from ..report import Report
-from .common import DraftOpt, JsonOpt, TargetOpt, app, check_output, handle_errors, progress_bar
+from .common import DraftOpt, JsonOpt, TargetOpt, app, check_output, handle_errors, output_file, progress_bar
 from .render import render
 
 
@@ -75,13 +75,15 @@ def tune(
         "settings, time T(b, n) at their midpoint and solve again (llama.cpp and treeopt, measured here; a given "
         "profile gets a note naming the batch sizes to add). 0: off; at most 8.")] = 1,
     output: Annotated[Optional[Path], typer.Option(
-        "--output", "-o", help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
+        "--output", "-o", parser=output_file,
+        help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
         "the extra_llm_api_options YAML; SGLang: the adaptive config JSON for EAGLE chains, else the flags per range; "
         "llama.cpp: the flags per -np; treeopt: the treeopt-schedule/1 plan). Where speculation pays at no batch "
         "size the GPU engines run without a speculative setting: nothing is written, and engine settings already "
         "there (an earlier plan's) are removed; any other file there is kept.")] = None,
     schedule: Annotated[Optional[Path], typer.Option(
-        "--schedule", help="Also write the treeopt-schedule/1 plan (every batch size's prediction) here.")] = None,
+        "--schedule", parser=output_file,
+        help="Also write the treeopt-schedule/1 plan (every batch size's prediction) here.")] = None,
     plan: Annotated[Optional[Path], typer.Option(
         "--plan", help="A treeopt-schedule/1 plan to predict and export instead of solving one.")] = None,
     profiles_dir: Annotated[Path, typer.Option("--profiles-dir", help="Where profiles are looked for and written.")] =
