@@ -231,13 +231,54 @@ def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
                           "its own file)")
     with contextlib.ExitStack() as stack:
         stack.enter_context(_signals_deferred())  # exits last: no Ctrl-C between two renames
+        lock = stack.enter_context(_folders_locked())  # released after the renames, which exit before it
         tmps = [stack.enter_context(atomic_output_path(p)) for p in paths]  # all made before any is renamed
         for p, tmp, text in zip(paths, tmps, files.values()):
             try:
                 tmp.write_bytes(text.encode("utf-8"))
             except OSError as err:
                 raise OutputError(f"cannot write {p}: {err.strerror or err}") from None
+        lock([p.parent for p in paths])  # the folders exist now: atomic_output_path made them
     return paths
+
+
+@contextlib.contextmanager
+def _folders_locked():
+    """Yield ``lock(folders)``, which takes an exclusive advisory lock (``fcntl.flock``) on each folder, in one
+    order (sorted by device and inode: two writers never wait on each other), held until the block ends. A
+    multi-file write renames its files inside it: two writers of the same files (``treeopt tune -o A --schedule
+    B`` twice at once) each rename all of theirs before the other renames any, so the files on disk are all one
+    writer's, never A from one and B from the other. A folder that cannot be locked (no ``fcntl``: Windows; a
+    file system without ``flock``) is written unlocked, as before."""
+    fds: list[int] = []
+
+    def lock(folders: Sequence[Path]) -> None:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks; the files are written as before
+            return
+        keys = {}
+        for d in folders:
+            with contextlib.suppress(OSError):
+                st = os.stat(d)
+                keys[(st.st_dev, st.st_ino)] = d
+        for key in sorted(keys):
+            try:
+                fd = os.open(keys[key], os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a file system without flock (some network mounts): unlocked
+                os.close(fd)
+                continue
+            fds.append(fd)
+
+    try:
+        yield lock
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)  # closing the last descriptor of the open file releases its flock
 
 
 def write_all(writes: Sequence[tuple[Path, Callable[[Path], Any]]]) -> list[Path]:

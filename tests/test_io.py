@@ -336,3 +336,49 @@ def test_write_all_puts_a_symlinked_file_back_not_the_link(tmp_path):
     assert sorted(os.listdir(real)) == ["a.yaml"] and sorted(os.listdir(tmp_path)) == ["a.yaml", "n.yaml", "real"]
     assert write_all([(link, lambda p: atomic_write_text(p, "after"))]) == [link]  # the path given, not its target
     assert link.is_symlink() and (real / "a.yaml").read_text() == "after"
+
+
+def test_two_writers_of_the_same_pair_leave_one_writers_pair(tmp_path, monkeypatch):
+    """Two ``treeopt tune -o A --schedule B`` at once: each renamed its files one by one, so A could be one run's
+    and B the other's (each file whole). Deterministic interleaving: the second writer starts right after the
+    first renamed its first file, and the first goes on once the second has finished or waits on the lock."""
+    import contextlib
+    import threading
+
+    from sequoia_opt import _io
+    from sequoia_opt._io import atomic_write_texts
+
+    a, b = tmp_path / "out" / "a.json", tmp_path / "b.yaml"
+    real_replace, real_lock = os.replace, getattr(_io, "_folders_locked", None)
+    go = threading.Event()  # the second writer has finished, or is about to wait on the first's lock
+    started: list[threading.Thread] = []
+
+    @contextlib.contextmanager
+    def lock_and_tell():
+        with real_lock() as lock:
+            def announced(folders):
+                if threading.current_thread() is not threading.main_thread():
+                    go.set()
+                lock(folders)
+            yield announced
+
+    def second():
+        try:
+            atomic_write_texts({a: "2\n", b: "2\n"})
+        finally:
+            go.set()
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        if threading.current_thread() is threading.main_thread() and not started:
+            started.append(threading.Thread(target=second))
+            started[0].start()
+            assert go.wait(30)
+
+    monkeypatch.setattr(_io, "_folders_locked", lock_and_tell, raising=False)
+    monkeypatch.setattr(_io.os, "replace", replace)
+    atomic_write_texts({a: "1\n", b: "1\n"})
+    started[0].join(30)
+    assert not started[0].is_alive()
+    assert (a.read_text(), b.read_text()) == ("2\n", "2\n")  # the second writer's pair, whole
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.json", "b.yaml", "out"]
