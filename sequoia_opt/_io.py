@@ -245,34 +245,43 @@ def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
 @contextlib.contextmanager
 def _folders_locked():
     """Yield ``lock(folders)``, which takes an exclusive advisory lock (``fcntl.flock``) on each folder, in one
-    order (sorted by device and inode: two writers never wait on each other), held until the block ends. A
+    order (sorted by device and inode: two writers never wait on each other), held until the block ends, and
+    returns whether every folder was locked. A
     multi-file write renames its files inside it: two writers of the same files (``treeopt tune -o A --schedule
     B`` twice at once) each rename all of theirs before the other renames any, so the files on disk are all one
-    writer's, never A from one and B from the other. A folder that cannot be locked (no ``fcntl``: Windows; a
+    writer's, never A from one and B from the other; :func:`create_files` gives a unit its names inside it, so
+    :func:`remove_uncommitted` never takes a unit being named for an orphan. A folder that cannot be locked (no ``fcntl``: Windows; a
     file system without ``flock``) is written unlocked, as before."""
     fds: list[int] = []
 
-    def lock(folders: Sequence[Path]) -> None:
+    def lock(folders: Sequence[Path]) -> bool:
         try:
             import fcntl
         except ImportError:  # Windows: no advisory locks; the files are written as before
-            return
+            return False
+        every = True
         keys = {}
         for d in folders:
-            with contextlib.suppress(OSError):
+            try:
                 st = os.stat(d)
-                keys[(st.st_dev, st.st_ino)] = d
+            except OSError:
+                every = False
+                continue
+            keys[(st.st_dev, st.st_ino)] = d
         for key in sorted(keys):
             try:
                 fd = os.open(keys[key], os.O_RDONLY)
             except OSError:
+                every = False
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except OSError:  # a file system without flock (some network mounts): unlocked
                 os.close(fd)
+                every = False
                 continue
             fds.append(fd)
+        return every
 
     try:
         yield lock
@@ -452,7 +461,8 @@ def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
                 os.chmod(tmp, _default_mode())
             except OSError as err:
                 raise OutputError(f"cannot write {p}: {err.strerror or err}") from None
-        with _signals_deferred():
+        with _signals_deferred(), _folders_locked() as lock:
+            lock([p.parent for p in paths])  # no orphan sweep (remove_uncommitted) sees this unit half-named
             try:
                 for p, tmp in zip(paths, tmps):
                     _link_new(tmp, p)
@@ -467,6 +477,37 @@ def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     return paths
+
+
+#: A name :func:`new_run_id` makes (with or without its prefix): what :func:`remove_uncommitted` may remove.
+RUN_ID_RE = re.compile(r"(?:[A-Za-z0-9_.]+-)?\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}")
+
+
+def remove_uncommitted(folder: str | os.PathLike, part: str, record: str) -> list[Path]:
+    """Remove the orphans a killed :func:`create_files` left in ``folder``: a ``<run-id><part>`` file (e.g. a run's
+    ``.csv``) whose ``<run-id><record>`` (its ``.json``, named last: the unit's commit) does not exist. A SIGKILL
+    between the two names leaves the first alone, and a script reading ``results/*.csv`` took it for a run. Runs
+    under :func:`_folders_locked`, which :func:`create_files` holds while it names a unit, so a run being saved
+    at this moment is never taken for an orphan; where the folder cannot be locked, nothing is removed. Only
+    names :func:`new_run_id` makes (:data:`RUN_ID_RE`) are looked at; a missing folder has none.
+
+    Returns:
+        The files removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    with _folders_locked() as lock:
+        if not lock([folder]):
+            return []
+        for f in folder.iterdir():
+            stem = f.name[:-len(part)] if f.name.endswith(part) else None
+            if stem and RUN_ID_RE.fullmatch(stem) and f.is_file() and not os.path.lexists(folder / (stem + record)):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+                    removed.append(f)
+    return removed
 
 
 def _link_new(tmp: str, path: Path) -> None:

@@ -382,3 +382,58 @@ def test_two_writers_of_the_same_pair_leave_one_writers_pair(tmp_path, monkeypat
     assert not started[0].is_alive()
     assert (a.read_text(), b.read_text()) == ("2\n", "2\n")  # the second writer's pair, whole
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.json", "b.yaml", "out"]
+
+
+def test_a_run_killed_between_its_two_names_leaves_a_csv_the_next_save_removes(tmp_path):
+    """SIGKILL between create_files' two links left ``<run-id>.csv`` without its ``.json`` (the commit) for
+    good: a script reading results/*.csv took it for a run. The next save into the folder removes such an orphan,
+    and only that: a whole run, a run-named JSON alone and a CSV of the user's own are kept."""
+    import subprocess
+    import sys
+
+    from sequoia_opt._io import new_run_id
+    from sequoia_opt.jobs.run import RunReport
+
+    code = ("import os, signal, sys; import sequoia_opt._io as io; real = io._link_new\n"
+            "def link(tmp, p):\n"
+            "    real(tmp, p)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "io._link_new = link\n"
+            "io.create_files({sys.argv[1] + '.csv': 'rows', sys.argv[1] + '.json': '{}'})\n")
+    orphan = new_run_id()
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / orphan)], cwd=os.getcwd())
+    assert r.returncode == -9
+    seen = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))  # not the hidden temporaries
+    assert seen == [f"{orphan}.csv"]
+    whole, lone_json = new_run_id(), new_run_id("llamacpp")
+    for name in (f"{whole}.csv", f"{whole}.json", f"{lone_json}.json", "mine.csv", "table-20260101.csv"):
+        (tmp_path / name).write_text("kept")
+    run = RunReport(run_id=new_run_id(), settings={}, summaries=[], rows=[])
+    j, c = run.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
+        [j.name, c.name, f"{whole}.csv", f"{whole}.json", f"{lone_json}.json", "mine.csv", "table-20260101.csv"])
+
+
+def test_the_orphan_sweep_waits_for_a_unit_being_named(tmp_path, monkeypatch):
+    """A sweep while another run is between its two names must not take that run's CSV for an orphan."""
+    import threading
+
+    import sequoia_opt._io as io
+
+    real = io._link_new
+    sweeps: list[threading.Thread] = []
+
+    def link(tmp, path):
+        real(tmp, path)
+        if path.suffix == ".csv":  # named, its JSON not yet: sweep now, from another thread
+            sweeps.append(threading.Thread(target=io.remove_uncommitted, args=(tmp_path, ".csv", ".json")))
+            sweeps[0].start()
+            sweeps[0].join(1.0)
+            assert sweeps[0].is_alive()  # waiting on the folder's lock
+            assert path.exists()
+
+    monkeypatch.setattr(io, "_link_new", link)
+    rid = io.new_run_id()
+    io.create_files({tmp_path / f"{rid}.csv": "rows", tmp_path / f"{rid}.json": "{}"})
+    sweeps[0].join(30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{rid}.csv", f"{rid}.json"]

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .._io import create_files, new_run_id
+from .._io import create_files, new_run_id, remove_uncommitted
 from ..decoding import Decoder, DraftingPolicy, GenerationResult
 from ..decoding.forward import check_each_prompt
 from ..drafting.drafters import Drafter, drafter_factory
@@ -238,13 +238,15 @@ class RunReport:
         """Create ``<results_dir>/<run_id>.json`` and ``.csv`` as one unit (:func:`~sequoia_opt._io.create_files`:
         both or neither, the CSV first so a JSON always has its CSV). Never replaces a file: when a file of
         this run id exists already (another run's), the run takes a fresh id (:func:`~sequoia_opt._io.new_run_id`)
-        and ``run_id`` changes. Returns ``(json path, csv path)``.
+        and ``run_id`` changes. A run's CSV without its JSON in the folder (a run killed between the two names) is
+        removed first (:func:`~sequoia_opt._io.remove_uncommitted`). Returns ``(json path, csv path)``.
 
         Raises:
             OutputError: the OS refuses the write, or another writer takes the fresh names between the check
                 and the commit (nothing of this run is left then).
         """
         d = Path(results_dir)
+        remove_uncommitted(d, ".csv", ".json")  # a run killed between its two names left its CSV alone
         for _ in range(8):
             if not any((d / f"{self.run_id}{ext}").exists() for ext in (".json", ".csv")):
                 break
