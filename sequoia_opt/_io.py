@@ -479,6 +479,19 @@ def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
     return paths
 
 
+@contextlib.contextmanager
+def folder_locked(folder: str | os.PathLike):
+    """Hold an exclusive advisory lock (``fcntl.flock``) on ``folder``, made where missing, for the block: a
+    read-modify-write of a file in it (a cache two processes extend) runs whole before another's starts. The
+    lock :func:`atomic_write_texts` and :func:`create_files` take too. Where the folder cannot be made or
+    locked (Windows, a file system without ``flock``), the block runs unlocked."""
+    with contextlib.suppress(OSError):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    with _folders_locked() as lock:
+        lock([Path(folder)])
+        yield
+
+
 #: A name :func:`new_run_id` makes (with or without its prefix): what :func:`remove_uncommitted` may remove.
 RUN_ID_RE = re.compile(r"(?:[A-Za-z0-9_.]+-)?\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}")
 

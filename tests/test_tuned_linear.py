@@ -258,3 +258,38 @@ def test_cli_profile_linear_shows_the_plan_and_retunes(tmp_path, monkeypatch):
     assert retuned.exit_code == 0 and set(json.loads(retuned.stdout)["tuned_shapes"]) == shapes
     bad = runner.invoke(app, ["profile", "linear", "--target", str(tdir), "--weights", "int2"])
     assert bad.exit_code == 2 and "weight precision 'int2'" in bad.output
+
+
+def test_two_tunings_at_once_keep_both_plans_and_a_retune_keeps_other_shapes(tmp_path, monkeypatch):
+    """Two processes tuning at once (two models' loads) each wrote back the plan they read before timing: the
+    last write dropped the other's shapes. Deterministic interleaving: model B is tuned and saved while model A
+    is being timed; A's save must merge, not replace. A retune of A (use_cache=False) keeps B's shapes too."""
+    import dataclasses
+
+    import sequoia_opt.model.tuned_linear as tl
+
+    monkeypatch.setenv("TREEOPT_CACHE_DIR", str(tmp_path))
+    a = Transformer(ModelConfig.preset("tiny"), dtype=torch.float32).eval()
+    cfg = ModelConfig.preset("tiny")
+    b = Transformer(dataclasses.replace(cfg, dim=cfg.dim * 2, intermediate_size=cfg.intermediate_size * 3,
+                                        vocab_size=cfg.vocab_size * 2), dtype=torch.float32).eval()
+    shapes = {m: {f"{x.out_features}x{x.in_features}" for x in m.modules() if hasattr(x, "dispatch")}
+              for m in (a, b)}
+    assert shapes[b] - shapes[a]  # shapes only B has: the ones a lost write drops
+    real = tl.time_kernels
+    during: list[bool] = []
+
+    def timing(out_f, in_f, names, **kw):
+        if not during:  # A's first shape: B is tuned and saved meanwhile
+            during.append(True)
+            tune_linears(b, repeats=1)
+        return real(out_f, in_f, names, **kw)
+
+    monkeypatch.setattr(tl, "time_kernels", timing)
+    rep = tune_linears(a, repeats=1)
+    on_disk = set(json.loads(Path(rep.cache).read_text())["choices"])
+    assert shapes[a] | shapes[b] <= on_disk and during
+    monkeypatch.setattr(tl, "time_kernels", real)
+    assert set(tune_linears(a, repeats=1, use_cache=False).tuned_shapes) == shapes[a]
+    assert shapes[a] | shapes[b] <= set(json.loads(Path(rep.cache).read_text())["choices"])
+    assert tune_linears(b, repeats=1).tuned_shapes == []  # B's plan was kept: nothing timed again

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 import torch.nn.functional as F
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, folder_locked
 from ..errors import CheckpointError, TreeoptError
 
 #: Row-count buckets: a forward over r rows (tokens x batch) runs the kernel tuned for the smallest bucket
@@ -370,6 +370,26 @@ def _read_cache(path: Path, key: Mapping[str, Any]) -> tuple[dict[str, list[str]
     return ok, {s: t for s, t in timings.items() if s in ok}
 
 
+def _save_cache(path: Path, key: Mapping[str, Any], choices: Mapping[str, list[str]],
+                timings: Mapping[str, Any]) -> None:
+    """Add the shapes just timed (``choices``: shape -> one kernel per bucket; ``timings``: their ms) to the
+    cached plan at ``path``: read again and merged under the cache folder's lock, then replaced atomically. Two
+    processes tuning at once (two models' loads) each wrote the plan they had read before timing, and the
+    last write dropped the other's shapes, timed again at the next load.
+
+    Raises:
+        OutputError: the cache file cannot be written (one line naming it).
+    """
+    with folder_locked(path.parent):
+        merged, merged_timings = _read_cache(path, key)
+        merged.update(choices)
+        for s in choices:  # a shape timed again: its old timings go with its old choice
+            merged_timings.pop(s, None)
+        merged_timings.update(timings)
+        atomic_write_text(path, json.dumps({"key": dict(key), "choices": merged, "timings_ms": merged_timings},
+                                           indent=1, sort_keys=True))
+
+
 # ------------------------------------------------------------------------------------------------ tuning
 @dataclass
 class TuningReport:
@@ -458,8 +478,7 @@ def tune_linears(model: torch.nn.Module, *, precision: str = "float32",
             cached[s] = [names[0]] * len(ROW_BUCKETS)
             timings.pop(s, None)
     if todo:
-        atomic_write_text(path, json.dumps({"key": key, "choices": cached, "timings_ms": timings}, indent=1,
-                                           sort_keys=True))
+        _save_cache(path, key, {s: cached[s] for s in todo}, {s: timings[s] for s in todo if s in timings})
     extra = 0
     seen: dict[int, LinearDispatch] = {}
     for name, lin in layers:
