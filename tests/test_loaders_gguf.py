@@ -631,3 +631,36 @@ def test_gguf_chat_renders_a_sentencepiece_ggufs_template_without_rebuilding_its
     msgs = [{"role": "user", "content": "hi"}]
     assert chat.render_chat(msgs) == "<s>[INST] hi [/INST]"
     assert prompt_texts([Prompt(text="raw"), Prompt(text="", messages=tuple(msgs))], chat) == ["raw", "<s>[INST] hi [/INST]"]
+
+
+def _edited_tokenizer_gguf(path, src, drop=(), pre: str | None = None):
+    """A copy of the metadata-only GGUF ``src`` without the keys in ``drop`` (and ``tokenizer.ggml.pre = pre``)."""
+    r = open_gguf(src)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
+            continue
+        value = pre if key == "tokenizer.ggml.pre" and pre is not None else f.contents()
+        w.add_key_value(key, value, f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("pre, add_bos", [("llama-bpe", None), ("smollm", True)])
+def test_gguf_without_bos_or_eos_id_takes_llama_cpps_default_id(tmp_path, pre, add_bos):
+    # llama.cpp gives a gpt2 vocabulary BOS = EOS = 11 before reading the keys: a llama-bpe file without
+    # tokenizer.ggml.bos_token_id starts every prompt with 11 (llama-cpp-python 0.3.36: tokenize(b"the",
+    # add_bos=True) == [11, 119, 260], token_bos() == token_eos() == 11); treeopt added no BOS (or refused the
+    # file: "asks for a BOS token but names none") and ended answers at no EOS of llama.cpp's
+    from sequoia_opt.model.gguf_loader import tokenizer_from_gguf
+
+    src = _tokenizer_gguf(tmp_path / "t.gguf", pre, add_bos)
+    path = _edited_tokenizer_gguf(tmp_path / "n.gguf", src, drop=("tokenizer.ggml.bos_token_id",
+                                                                  "tokenizer.ggml.eos_token_id"))
+    tok = tokenizer_from_gguf(open_gguf(path))
+    assert tok.bos_id == 11 and tok.eos_id == 11 and 11 in tok.eos_ids
+    assert tok.encode("the") == [11, tok.token_to_id("t"), tok.token_to_id("he")] == [11, 119, 260]
+

@@ -343,6 +343,11 @@ def load_gguf_config(path: str | os.PathLike) -> ModelConfig:
 #: (``llama-vocab.cpp``: ``add_bos = true`` with ``LLAMA_VOCAB_PRE_TYPE_LLAMA3``; ``smaug-bpe`` does not set it).
 _ADD_BOS_BY_DEFAULT = ("llama-bpe", "llama3")
 
+#: The BOS and EOS id llama.cpp gives a ``gpt2`` (byte-level BPE) vocabulary whose file names none
+#: (``llama-vocab.cpp``: ``special_bos_id = special_eos_id = 11`` before the ``tokenizer.ggml.*_token_id`` keys are
+#: read; checked with llama-cpp-python 0.3.36, ``Llama(vocab_only=True).token_bos()``).
+_BPE_DEFAULT_SPECIAL_ID = 11
+
 
 def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     """Rebuild the tokenizer from ``tokenizer.ggml.*`` metadata: ``model`` must be ``gpt2`` (byte-level BPE:
@@ -350,7 +355,9 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     ``eot_token_id``/``eom_token_id`` (end of turn, added to the EOS set) and ``add_bos_token``; the chat
     template from ``tokenizer.chat_template``. Without ``add_bos_token`` BOS is added as llama.cpp adds it:
     for the Llama 3 pre-tokenizers of :data:`_ADD_BOS_BY_DEFAULT` (whose converted files often lack the key,
-    the HF tokenizer adding BOS in its post-processor), not for the others.
+    the HF tokenizer adding BOS in its post-processor), not for the others. Without ``bos_token_id`` /
+    ``eos_token_id`` the id is llama.cpp's default for this vocabulary type, 11 (:data:`_BPE_DEFAULT_SPECIAL_ID`),
+    so a ``llama-bpe`` file without a BOS id still starts its prompts with token 11, as llama.cpp does.
 
     Raises:
         CheckpointError: another tokenizer model (SentencePiece ``llama``, ...), an unknown pre-tokenizer, or
@@ -366,7 +373,10 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     extra = [_field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom")]
     template = _field(reader, "tokenizer.chat_template", None)
     pre = str(_field(reader, "tokenizer.ggml.pre", "default"))
-    bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
+    default_id = _BPE_DEFAULT_SPECIAL_ID if _BPE_DEFAULT_SPECIAL_ID < len(tokens) else None
+    bos = _field(reader, "tokenizer.ggml.bos_token_id", default_id)
+    if eos is None:
+        eos = default_id
     if template is not None and not isinstance(template, str):
         raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
     return bpe_tokenizer_from_vocab(
