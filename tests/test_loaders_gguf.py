@@ -664,3 +664,20 @@ def test_gguf_without_bos_or_eos_id_takes_llama_cpps_default_id(tmp_path, pre, a
     assert tok.bos_id == 11 and tok.eos_id == 11 and 11 in tok.eos_ids
     assert tok.encode("the") == [11, tok.token_to_id("t"), tok.token_to_id("he")] == [11, 119, 260]
 
+
+def test_gguf_pre_gpt2_refused_as_llama_cpp_refuses_it(tmp_path):
+    # llama.cpp: "error loading model vocabulary: unknown pre-tokenizer type: 'gpt2'" (its GPT-2 name is "gpt-2");
+    # treeopt read the file as GPT-2 and profiled a pair llama-server cannot load
+    src = _tokenizer_gguf(tmp_path / "t.gguf", "gpt-2", None)
+    path = _edited_tokenizer_gguf(tmp_path / "g.gguf", src, pre="gpt2")
+    src_model = randomize(Transformer(tiny_config()), 0)
+    write_gguf(tmp_path / "m.gguf", src_model, pre="gpt2")
+    with pytest.raises(CheckpointError, match=r"^\S*m\.gguf: GGUF tokenizer\.ggml\.pre = 'gpt2' is refused by "
+                                              r"llama\.cpp \(unknown pre-tokenizer type\); its name for this "
+                                              r"pre-tokenizer is 'gpt-2'$"):
+        load_checkpoint(tmp_path / "m.gguf")
+    from sequoia_opt.model.gguf_loader import tokenizer_from_gguf
+
+    with pytest.raises(CheckpointError, match="tokenizer.ggml.pre = 'gpt2'"):
+        tokenizer_from_gguf(open_gguf(path))
+    assert tokenizer_from_gguf(open_gguf(src)).encode("the")  # "gpt-2" still reads

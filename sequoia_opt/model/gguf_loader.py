@@ -348,6 +348,10 @@ _ADD_BOS_BY_DEFAULT = ("llama-bpe", "llama3")
 #: read; checked with llama-cpp-python 0.3.36, ``Llama(vocab_only=True).token_bos()``).
 _BPE_DEFAULT_SPECIAL_ID = 11
 
+#: ``tokenizer.ggml.pre`` values :data:`~sequoia_opt.model.tokenizer.PRE_TOKENIZERS` knows that llama.cpp refuses
+#: (``unknown pre-tokenizer type``), with the name llama.cpp reads for the same pre-tokenizer.
+_PRE_REFUSED_BY_LLAMA_CPP = {"gpt2": "gpt-2"}
+
 
 def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     """Rebuild the tokenizer from ``tokenizer.ggml.*`` metadata: ``model`` must be ``gpt2`` (byte-level BPE:
@@ -360,8 +364,8 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     so a ``llama-bpe`` file without a BOS id still starts its prompts with token 11, as llama.cpp does.
 
     Raises:
-        CheckpointError: another tokenizer model (SentencePiece ``llama``, ...), an unknown pre-tokenizer, or
-            missing token lists.
+        CheckpointError: another tokenizer model (SentencePiece ``llama``, ...), an unknown pre-tokenizer or one
+            llama.cpp refuses (``gpt2``; its name is ``gpt-2``), or missing token lists.
     """
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
@@ -373,6 +377,9 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     extra = [_field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom")]
     template = _field(reader, "tokenizer.chat_template", None)
     pre = str(_field(reader, "tokenizer.ggml.pre", "default"))
+    if pre in _PRE_REFUSED_BY_LLAMA_CPP:  # treeopt would read the file, llama.cpp (what it is run with) not
+        raise CheckpointError(f"GGUF tokenizer.ggml.pre = {pre!r} is refused by llama.cpp (unknown pre-tokenizer "
+                              f"type); its name for this pre-tokenizer is {_PRE_REFUSED_BY_LLAMA_CPP[pre]!r}")
     default_id = _BPE_DEFAULT_SPECIAL_ID if _BPE_DEFAULT_SPECIAL_ID < len(tokens) else None
     bos = _field(reader, "tokenizer.ggml.bos_token_id", default_id)
     if eos is None:
