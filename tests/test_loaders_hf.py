@@ -266,6 +266,14 @@ def test_hf_rope_parameters_llama3_equals_legacy_rope_scaling(tmp_path):
      "sliding_window = 0 must be a positive integer"),
     # an integer field's refusal (config_int writes "config.json: ..."): a tryout read the file named twice
     (dict(num_hidden_layers=0), "num_hidden_layers = 0 must be an integer >= 1"),
+    # a quantized checkpoint, refused by the config and its method before any tensor (GPTQ / AWQ tensors are
+    # qweight, qzeros, scales: the strict check named one of those as unexpected; a bitsandbytes config over float
+    # weights, which transformers quantizes on load, loaded as an unquantized model)
+    (dict(quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128}),
+     "quantization_config (quant_method 'gptq'): a quantized checkpoint"),
+    (dict(quantization_config={"quant_method": "awq", "bits": 4}), "quantization_config (quant_method 'awq')"),
+    (dict(quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True}),
+     "quantization_config (quant_method 'bitsandbytes')"),
 ])
 def test_hf_unsupported_setting_refused_in_one_line(tmp_path, changes, message):
     _, out = saved(tmp_path)

@@ -229,9 +229,15 @@ class ModelConfig:
     def from_hf(cls, cfg: dict[str, Any], name: str | None = None) -> "ModelConfig":
         """Build from a Hugging Face ``config.json`` dict (LlamaForCausalLM, MistralForCausalLM,
         Qwen2ForCausalLM; rotary settings as transformers 4 or 5 writes them, see :func:`check_rope_scaling`).
-        Raises :class:`CheckpointError` for a missing key, an unknown architecture or an unsupported rotary
-        setting."""
+        Raises :class:`CheckpointError` for a missing key, an unknown architecture, an unsupported rotary
+        setting or a ``quantization_config`` (GPTQ, AWQ, bitsandbytes, ...: named by its ``quant_method``)."""
         family = _hf_family(cfg)
+        quant = cfg.get("quantization_config")
+        if quant is not None:  # GPTQ / AWQ / bitsandbytes / FP8: packed tensors, else an on-load quantization
+            method = quant.get("quant_method") if isinstance(quant, dict) else None
+            raise CheckpointError(f"config.json quantization_config (quant_method {method!r}): a quantized checkpoint, "
+                                  "which treeopt does not load (it reads float weights: give the unquantized "
+                                  "checkpoint, or a GGUF)")
         rope_theta, rope_scaling = _hf_rope(cfg)
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
