@@ -471,3 +471,42 @@ def test_a_config_without_max_position_embeddings_reads_its_familys_transformers
     _, out = saved(tmp_path)
     _with_config(out, drop=("max_position_embeddings",), **changes)
     assert load_model_config(out).max_position_embeddings == context
+
+
+@pytest.mark.parametrize("family, arch", [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM"),
+                                          ("mistral", "MistralForCausalLM")])
+def test_a_config_without_num_key_value_heads_reads_its_familys_transformers_default(tmp_path, family, arch):
+    # transformers' defaults differ by family: LlamaConfig num_attention_heads, Qwen2Config 32, MistralConfig 8
+    # (treeopt read num_attention_heads for all three: a Qwen2 / Mistral config decoded as another model)
+    transformers = pytest.importorskip("transformers")
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "mistral": transformers.MistralConfig}[family]
+    _, out = saved(tmp_path)
+    _with_config(out, ("num_key_value_heads", "head_dim"), model_type=family, architectures=[arch],
+                 num_attention_heads=64, hidden_size=128, attention_bias=family == "qwen2")
+    cfg = json.loads((out / "config.json").read_text())
+    want = cls.from_dict(cfg).num_key_value_heads
+    assert want == {"llama": 64, "qwen2": 32, "mistral": 8}[family]
+    assert load_model_config(out).n_kv_heads == want
+
+
+def test_kv_heads_disagreeing_with_k_proj_names_the_tensor_and_the_field(tmp_path):
+    _, out = saved(tmp_path)  # 4 heads, 2 KV heads of head_dim 16: k_proj (32, 64)
+    _with_config(out, ("num_key_value_heads",))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(out)
+    assert str(err.value) == (f"{out}: shape mismatch for model.layers.0.self_attn.k_proj.weight: 32 rows (2 KV "
+                              f"heads), but config.json has no num_key_value_heads (transformers' llama default: "
+                              f"num_attention_heads, 4 KV heads) gives 64 (x head_dim 16)")
+    _with_config(out, num_key_value_heads=1)
+    with pytest.raises(CheckpointError, match=r"k_proj\.weight: 32 rows \(2 KV heads\), but config\.json "
+                                              r"num_key_value_heads = 1 gives 16 \(x head_dim 16\)$"):
+        load_checkpoint(out)
+    _with_config(out, model_type="qwen2", architectures=["Qwen2ForCausalLM"])  # no key: Qwen2Config's 32
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.pop("num_key_value_heads")
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"config\.json: has no num_key_value_heads \(transformers' qwen2 "
+                                              r"default: 32, 32 KV heads\), which does not divide "
+                                              r"num_attention_heads = 4$"):
+        load_model_config(out)

@@ -251,12 +251,16 @@ class ModelConfig:
             raise CheckpointError("config.json attention_bias = true: Llama's and Mistral's put a bias on q, k, v and "
                                   "o_proj; treeopt's decoder carries the q/k/v biases only (Qwen2's)")
         n_heads = config_int(cfg, "num_attention_heads")
+        n_kv = hf_kv_heads(cfg, family, n_heads)
+        if n_heads % n_kv:
+            raise CheckpointError(f"config.json {hf_kv_heads_source(cfg, family, n_kv)}, which does not divide "
+                                  f"num_attention_heads = {n_heads}")
         return cls(
             vocab_size=config_int(cfg, "vocab_size"),
             dim=config_int(cfg, "hidden_size"),
             n_layers=config_int(cfg, "num_hidden_layers"),
             n_heads=n_heads,
-            n_kv_heads=n_heads if cfg.get("num_key_value_heads") is None else config_int(cfg, "num_key_value_heads"),
+            n_kv_heads=n_kv,
             intermediate_size=config_int(cfg, "intermediate_size"),
             head_dim=0 if cfg.get("head_dim") is None else config_int(cfg, "head_dim", minimum=0),
             # absent: transformers' default for all three families
@@ -328,6 +332,33 @@ def _hf_family(cfg: dict[str, Any]) -> str:
         raise CheckpointError(f"config.json names {named}: treeopt loads {', '.join(HF_FAMILIES)} "
                               f"({', '.join(HF_FAMILIES.values())})")
     return family
+
+
+#: ``num_key_value_heads`` when a config.json lacks the key: transformers' config class defaults (``LlamaConfig``
+#: None, i.e. ``num_attention_heads``; ``Qwen2Config`` 32; ``MistralConfig`` 8). An explicit null is
+#: ``num_attention_heads`` in all three (their ``__init__``).
+_HF_DEFAULT_KV_HEADS: dict[str, int | None] = {"llama": None, "qwen2": 32, "mistral": 8}
+
+
+def hf_kv_heads(cfg: dict[str, Any], family: str, n_heads: int) -> int:
+    """The KV head count transformers reads from a ``config.json`` of ``family``: ``num_key_value_heads``; absent,
+    the family's default (:data:`_HF_DEFAULT_KV_HEADS`); null (or a Llama default), ``n_heads``.
+
+    Raises:
+        CheckpointError: a value that is not a positive integer (:func:`config_int`).
+    """
+    if "num_key_value_heads" not in cfg:
+        return _HF_DEFAULT_KV_HEADS[family] or n_heads
+    return n_heads if cfg["num_key_value_heads"] is None else config_int(cfg, "num_key_value_heads")
+
+
+def hf_kv_heads_source(cfg: dict[str, Any], family: str, n_kv: int) -> str:
+    """Where :func:`hf_kv_heads`' value ``n_kv`` came from, for an error message:
+    ``"num_key_value_heads = 4"``, or ``"has no num_key_value_heads (transformers' qwen2 default: 32)"``."""
+    if "num_key_value_heads" in cfg:
+        return f"num_key_value_heads = {json.dumps(cfg['num_key_value_heads'])}"
+    default = "num_attention_heads" if _HF_DEFAULT_KV_HEADS[family] is None else str(n_kv)
+    return f"has no num_key_value_heads (transformers' {family} default: {default}, {n_kv} KV heads)"
 
 
 #: ``max_position_embeddings`` when a config.json lacks it: transformers' defaults (``LlamaConfig`` 2048,

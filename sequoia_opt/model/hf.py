@@ -137,6 +137,26 @@ def load_hf_tokenizer(path: str | os.PathLike, hf_config: dict[str, Any] | None 
     return Tokenizer(tok.backend, bos_id=bos, eos_ids=eos, eos_id=tok.eos_id, chat_template=tok.chat_template)
 
 
+def _check_kv_heads(path: Path, hf_config: dict[str, Any], config: ModelConfig,
+                    shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse, naming the tensor and the config field in one line, a ``k_proj`` whose rows are not the config's
+    KV heads x head_dim (a config without ``num_key_value_heads`` takes transformers' family default, which a
+    GQA checkpoint's weights then contradict; the strict check said only "shape mismatch")."""
+    from .config import _hf_family, hf_kv_heads_source
+
+    for i in range(config.n_layers):
+        shape = shapes.get(f"layers.{i}.self_attn.k_proj.weight")
+        want = config.n_kv_heads * config.head_dim
+        if shape is None or len(shape) != 2 or shape[0] == want:
+            continue
+        heads = (f"{shape[0] // config.head_dim} KV heads" if shape[0] % config.head_dim == 0
+                 else f"not a multiple of head_dim {config.head_dim}")
+        raise CheckpointError(f"{path}: shape mismatch for model.layers.{i}.self_attn.k_proj.weight: {shape[0]} "
+                              f"rows ({heads}), but {CONFIG_FILE} "
+                              f"{hf_kv_heads_source(hf_config, _hf_family(hf_config), config.n_kv_heads)} gives "
+                              f"{want} (x head_dim {config.head_dim})")
+
+
 def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
             dtype: torch.dtype = torch.float32) -> tuple[Transformer, Tokenizer]:
     """Load a Hugging Face model directory strictly (see :mod:`sequoia_opt.model.build`).
@@ -174,6 +194,7 @@ def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
             absent = [k for k in weight_map if _hf_name(k) not in where and not k.endswith(_DERIVED_SUFFIXES)]
             if absent:
                 raise CheckpointError(f"{path}: {INDEX_FILE} lists tensor {absent[0]}, absent from its shard")
+        _check_kv_heads(path, hf_config, config, shapes)
         tied_head = config.tie_embeddings and "lm_head.weight" in shapes
         if tied_head:  # some exports store the tied head anyway; it must then equal the embedding
             shapes.pop("lm_head.weight")
