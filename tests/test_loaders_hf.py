@@ -510,3 +510,22 @@ def test_kv_heads_disagreeing_with_k_proj_names_the_tensor_and_the_field(tmp_pat
                                               r"default: 32, 32 KV heads\), which does not divide "
                                               r"num_attention_heads = 4$"):
         load_model_config(out)
+
+
+@pytest.mark.parametrize("rope_scaling", [None, LLAMA3 | {"original_max_position_embeddings": 8192},
+                                          {"rope_type": "linear", "factor": 4.0}], ids=["default", "llama3", "linear"])
+def test_rotary_frequencies_and_logits_equal_transformers_near_position_2_17(tmp_path, rope_scaling):
+    # transformers computes inv_freq in float32 (modeling_rope_utils; LlamaRotaryEmbedding); treeopt computed it in
+    # float64 and rounded: an ulp apart, which position 131071 turns into ~1e-2 rad (Llama 3.1's context). The
+    # frequencies must be transformers' bit for bit, and so the logits at positions near 2**17.
+    transformers = pytest.importorskip("transformers")
+    _, out = saved(tmp_path, head_dim=64, n_heads=2, n_kv_heads=1, max_position_embeddings=131072,
+                   rope_theta=500000.0, rope_scaling=rope_scaling)
+    ours, _ = load_checkpoint(out)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert torch.equal(ours.inv_freq, ref.model.rotary_emb.inv_freq)
+    pos = torch.arange(131064, 131072)
+    with torch.no_grad():
+        got = ours(TOKENS[:1, :8], pos)
+        want = ref(input_ids=TOKENS[:1, :8], position_ids=pos[None]).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -24,25 +24,31 @@ from .kv_cache import ModelKVCache
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """(head_dim / 2,) float32 inverse frequencies in radians per position, computed in float64: pair i rotates
-    by ``position * inv_freq[i]``.
+    """(head_dim / 2,) float32 inverse frequencies in radians per position, computed in float32 operation for
+    operation as transformers computes them: pair i rotates by ``position * inv_freq[i]``.
 
-    ``inv_freq[i] = rope_theta ** (-2i / head_dim)``, then ``rope_scaling`` as transformers'
+    ``inv_freq[i] = 1 / rope_theta ** (2i / head_dim)``, then ``rope_scaling`` as transformers'
     ``modeling_rope_utils`` applies it: linear divides every frequency by ``factor`` (Chen et al. 2023,
     position interpolation); Llama 3 keeps high frequencies, divides low ones by ``factor`` and interpolates
     in between (Meta's Llama 3.1 reference ``apply_scaling``, transformers ``_compute_llama3_parameters``).
+    Float32, not float64 rounded once: transformers 5.25 (``LlamaRotaryEmbedding.compute_default_rope_parameters``,
+    ``_compute_linear_scaling_rope_parameters``, ``_compute_llama3_parameters``) works on float32 tensors, and
+    its frequencies are those the checkpoints were trained and are served with; the float64 ones differ by an
+    ulp or so, which the product with a position near 2**17 turns into ~1e-2 radians. Equal bit for bit to
+    transformers' ``rotary_emb.inv_freq``.
     Then each frequency is divided by ``rope_freq_factors[i]`` when set: llama.cpp's
     ``theta = p * freq_scale * base^(-2i/n_rot) / freq_factors[i]`` (ggml ``ggml/src/ggml-cpu/ops.cpp``,
     ``ggml_rope_cache_init`` / ``rope_yarn`` without YaRN), with ``freq_scale = 1 / factor`` the linear
     scaling above.
     """
     hd = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    base = float(config.rope_theta)
+    inv_freq = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.int64).to(torch.float32) / hd))  # float32
     rs = config.rope_scaling
     kind = None if rs is None else rs.get("rope_type", rs.get("type"))
     if kind == "linear":
         inv_freq = inv_freq / float(rs["factor"])
-    elif kind == "llama3":
+    elif kind == "llama3":  # transformers' _compute_llama3_parameters, expression for expression
         factor = float(rs["factor"])
         low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
         old_ctx = float(rs["original_max_position_embeddings"])
@@ -50,11 +56,11 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
         smooth = (old_ctx / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+        medium = ~(wavelen < old_ctx / high) * ~(wavelen > old_ctx / low)
         inv_freq = torch.where(medium, smoothed, scaled)
     if config.rope_freq_factors is not None:
-        inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float64)
-    return inv_freq.to(torch.float32)
+        inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+    return inv_freq
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
