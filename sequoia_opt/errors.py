@@ -64,7 +64,8 @@ class EngineNotInstalled(EngineError):
 class ProfileWarning(UserWarning):
     """A file that loads but looks wrong: a profile whose figures are implausible (a latency curve far below T(1)
     for larger n), or a profile, plan, tree or scheduler holding a key its format does not read (a misspelling,
-    :func:`sequoia_opt._io.warn_unknown_keys`). The CLI prints each as one ``warning:`` line on stderr."""
+    :func:`sequoia_opt._io.warn_unknown_keys`); or a leftover a command removed from its output folder (a run's CSV
+    without its JSON). The CLI prints each as one ``warning:`` line on stderr."""
 
 
 class Terminated(KeyboardInterrupt):

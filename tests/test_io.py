@@ -6,6 +6,8 @@ import stat
 
 import pytest
 
+from sequoia_opt.errors import ProfileWarning
+
 from sequoia_opt._io import atomic_write_text
 from sequoia_opt.errors import OutputError
 
@@ -409,7 +411,10 @@ def test_a_run_killed_between_its_two_names_leaves_a_csv_the_next_save_removes(t
     for name in (f"{whole}.csv", f"{whole}.json", f"{lone_json}.json", "mine.csv", "table-20260101.csv"):
         (tmp_path / name).write_text("kept")
     run = RunReport(run_id=new_run_id(), settings={}, summaries=[], rows=[])
-    j, c = run.save(tmp_path)
+    with pytest.warns(ProfileWarning) as said:  # never silently: the CLI prints it as one warning line
+        j, c = run.save(tmp_path)
+    assert [str(w.message) for w in said] == [
+        f"removed {tmp_path / orphan}.csv: a run's CSV without its JSON (a run stopped between writing the two)"]
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
         [j.name, c.name, f"{whole}.csv", f"{whole}.json", f"{lone_json}.json", "mine.csv", "table-20260101.csv"])
 

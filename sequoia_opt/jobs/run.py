@@ -25,6 +25,7 @@ import io
 import json
 import math
 import statistics
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from .._io import create_files, new_run_id, remove_uncommitted
+from ..errors import ProfileWarning
 from ..decoding import Decoder, DraftingPolicy, GenerationResult
 from ..decoding.forward import check_each_prompt
 from ..drafting.drafters import Drafter, drafter_factory
@@ -239,14 +241,17 @@ class RunReport:
         both or neither, the CSV first so a JSON always has its CSV). Never replaces a file: when a file of
         this run id exists already (another run's), the run takes a fresh id (:func:`~sequoia_opt._io.new_run_id`)
         and ``run_id`` changes. A run's CSV without its JSON in the folder (a run killed between the two names) is
-        removed first (:func:`~sequoia_opt._io.remove_uncommitted`). Returns ``(json path, csv path)``.
+        removed first (:func:`~sequoia_opt._io.remove_uncommitted`), each with a :class:`~sequoia_opt.errors.ProfileWarning` naming
+        it. Returns ``(json path, csv path)``.
 
         Raises:
             OutputError: the OS refuses the write, or another writer takes the fresh names between the check
                 and the commit (nothing of this run is left then).
         """
         d = Path(results_dir)
-        remove_uncommitted(d, ".csv", ".json")  # a run killed between its two names left its CSV alone
+        for f in remove_uncommitted(d, ".csv", ".json"):  # a run killed between its two names left its CSV alone
+            warnings.warn(ProfileWarning(f"removed {f}: a run's CSV without its JSON (a run stopped between writing "
+                                         "the two)"))
         for _ in range(8):
             if not any((d / f"{self.run_id}{ext}").exists() for ext in (".json", ".csv")):
                 break
