@@ -270,6 +270,26 @@ def test_profile_latency_random_weights_preset(tmp_path):
     assert "RANDOM" in r.output
 
 
+def test_profile_latency_random_weights_takes_a_quantized_checkpoints_config(tmp_path):
+    """--arch config.json with --random-weights times a shape: an AWQ / GPTQ checkpoint's config.json gives its
+    architecture (no weights are read; --weights int4 times int4 linears), as before the loader refused a
+    quantization_config for the weights it cannot read."""
+    import json
+
+    from sequoia_opt.model.config import ModelConfig
+    from sequoia_opt.model.hf import hf_config_dict
+
+    cfg = hf_config_dict(ModelConfig.preset("tiny"))
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    arch = tmp_path / "config.json"
+    arch.write_text(json.dumps(cfg))
+    out = tmp_path / "lat.yaml"
+    r = invoke("profile", "latency", "--random-weights", "--arch", arch, "--context", "8", "--max-tokens", "2",
+               "--max-repeats", "2", "--rounds", "1", "--unpaired", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert load_latency(out).model["random_weights"] is True
+
+
 EXAMPLE_ACCEPTANCE = Path(__file__).parents[1] / "profiles" / "example" / "acceptance.yaml"
 
 

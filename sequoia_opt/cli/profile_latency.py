@@ -125,7 +125,9 @@ def profile_latency(
     def config_of(spec_text: str) -> ModelConfig:
         path = Path(spec_text)
         if path.suffix == ".json" or path.is_dir() or path.suffix == ".gguf":
-            return load_model_config(path)  # a config .json is read itself, not its folder's config.json
+            # a config .json is read itself, not its folder's config.json; a shape only (random weights): a
+            # quantized checkpoint's config gives its architecture (--weights int4 times its int4 linears)
+            return load_model_config(path, shape_only=True)
         return ModelConfig.preset(spec_text)
 
     cost_model = spec.cost_model if spec is not None else "per-level"

@@ -226,14 +226,17 @@ class ModelConfig:
         return replace(self, **changes)
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any], name: str | None = None) -> "ModelConfig":
+    def from_hf(cls, cfg: dict[str, Any], name: str | None = None, *, shape_only: bool = False) -> "ModelConfig":
         """Build from a Hugging Face ``config.json`` dict (LlamaForCausalLM, MistralForCausalLM,
         Qwen2ForCausalLM; rotary settings as transformers 4 or 5 writes them, see :func:`check_rope_scaling`).
         Raises :class:`CheckpointError` for a missing key, an unknown architecture, an unsupported rotary
-        setting or a ``quantization_config`` (GPTQ, AWQ, bitsandbytes, ...: named by its ``quant_method``)."""
+        setting or a ``quantization_config`` (GPTQ, AWQ, bitsandbytes, ...: named by its ``quant_method``).
+        ``shape_only``: the config describes a shape and no weights are read from it (``treeopt profile latency
+        --random-weights --arch config.json``): a ``quantization_config`` is not refused then, the quantized
+        checkpoint's architecture is the float one's."""
         family = _hf_family(cfg)
         quant = cfg.get("quantization_config")
-        if quant is not None:  # GPTQ / AWQ / bitsandbytes / FP8: packed tensors, else an on-load quantization
+        if quant is not None and not shape_only:  # GPTQ / AWQ / bitsandbytes / FP8: packed tensors, else an on-load quantization
             method = quant.get("quant_method") if isinstance(quant, dict) else None
             raise CheckpointError(f"config.json quantization_config (quant_method {method!r}): a quantized checkpoint, "
                                   "which treeopt does not load (it reads float weights: give the unquantized "

@@ -43,20 +43,21 @@ def _read_json(path: Path) -> dict[str, Any]:
     return read_json_object(path, error=CheckpointError, missing=f"{path.name} not found in {path.parent}")
 
 
-def load_hf_config(path: str | os.PathLike) -> ModelConfig:
-    """:class:`ModelConfig` from ``path/config.json``, or from ``path`` itself when it is a ``.json`` file.
-    Raises :class:`CheckpointError` (missing file or key, unsupported architecture)."""
+def load_hf_config(path: str | os.PathLike, *, shape_only: bool = False) -> ModelConfig:
+    """:class:`ModelConfig` from ``path/config.json``, or from ``path`` itself when it is a ``.json`` file
+    (``shape_only`` as :meth:`ModelConfig.from_hf`). Raises :class:`CheckpointError` (missing file or key,
+    unsupported architecture)."""
     path = Path(path)
     is_file = path.suffix.lower() == ".json"
     # a folder's (or its config.json's) name is the folder's; a config saved under its own name, that name
     name = (path.stem if path.name != CONFIG_FILE else path.resolve().parent.name) if is_file else path.resolve().name
-    return _config_of(path if is_file else path / CONFIG_FILE, name)
+    return _config_of(path if is_file else path / CONFIG_FILE, name, shape_only)
 
 
-def _config_of(file: Path, name: str) -> ModelConfig:
+def _config_of(file: Path, name: str, shape_only: bool = False) -> ModelConfig:
     """:meth:`ModelConfig.from_hf` of one config file, its refusals naming the file (a target's or a draft's)."""
     try:
-        return ModelConfig.from_hf(_read_json(file), name=name)
+        return ModelConfig.from_hf(_read_json(file), name=name, shape_only=shape_only)
     except CheckpointError as err:
         if str(file) in str(err):
             raise

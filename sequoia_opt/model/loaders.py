@@ -164,19 +164,21 @@ def _kind(path: Path) -> str:
     raise CheckpointError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
 
 
-def load_model_config(path: str | os.PathLike) -> ModelConfig:
+def load_model_config(path: str | os.PathLike, *, shape_only: bool = False) -> ModelConfig:
     """The architecture of a checkpoint without reading its weights: ``config.json`` of a Hugging Face
     directory, a Hugging Face-style config ``.json`` file itself (any name), or the metadata of a GGUF file
-    (tensor data is memory-mapped, not read; a Llama 3.1 GGUF's small ``rope_freqs`` tensor is).
+    (tensor data is memory-mapped, not read; a Llama 3.1 GGUF's small ``rope_freqs`` tensor is). ``shape_only``:
+    only the shape is wanted, its weights will never be loaded (a quantized checkpoint's config is then read as
+    its float architecture, :meth:`ModelConfig.from_hf`).
 
     Raises:
         CheckpointError: path missing, unknown format, unsupported architecture or a missing key.
     """
     path = Path(path)
     if path.suffix.lower() == ".json" and path.is_file():
-        return load_hf_config(path)
+        return load_hf_config(path, shape_only=shape_only)
     if _kind(path) == "hf":
-        return load_hf_config(path)
+        return load_hf_config(path, shape_only=shape_only)
     return load_gguf_config(path)
 
 
