@@ -1425,6 +1425,10 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     pair = load_pair(opts.target, spec, device=dev, dtype=torch.float32)
     slug = pair.slug
     want_k = opts.max_draft or DEFAULT_MAX_DRAFT
+    # encoded before any timing: prompts this target cannot read (chat lines without its chat template, a template
+    # refusing a conversation) are one line, exit 2, not an error after minutes of T(b, n)
+    pfile = opts.prompts or demo_prompts_path("profile")
+    ids = encode_prompts(load_prompts(pfile, limit=opts.num_prompts), pair.tokenizer, model=pair.target_name)
 
     def measure(batches: Sequence[int]) -> Any:
         grid = token_grid(want_k)
@@ -1448,8 +1452,6 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     chains = opts.shape == "chain" and can_teacher_force(pair.new_drafter())
 
     def measure_acc() -> Any:
-        pfile = opts.prompts or demo_prompts_path("profile")
-        ids = encode_prompts(load_prompts(pfile, limit=opts.num_prompts), pair.tokenizer, model=pair.target_name)
         if chains:  # along the target's greedy output, every start seen (chain_traces)
             return measure_chain_acceptance(pair, ids, prompts_file=str(pfile), max_new_tokens=opts.max_new_tokens,
                                             max_depth=want_k, command="treeopt tune --engine treeopt",
