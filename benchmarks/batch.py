@@ -138,7 +138,7 @@ def main() -> None:
             out[k] = {"tokens_per_s_total": r.tokens_per_second,
                       "tokens_per_s_per_sequence": r.tokens_per_second_per_sequence,
                       "tokens_per_s_total_runs": [x.tokens_per_second for x in rs],
-                      "steps": steps, "tokens_per_step": r.total_tokens / b / steps if steps else 0.0,
+                      "steps": steps, "tokens_per_step": r.tokens_per_row_step,
                       "step_ms": r.decode_ms / steps if steps else 0.0, "greedy_exact": exact}
         return out
 

@@ -340,3 +340,17 @@ def test_sampled_row_decodes_the_same_alone_and_in_a_batch(target, draft):
     assert state.results[j].tokens == seeded
     with pytest.raises(DecodingError, match="seeds for"):
         dec().generate_batch([P, P], 2, seeds=[1])
+
+
+def test_tokens_per_row_step_counts_only_the_rows_still_live():
+    """benchmarks/batch.py read a batch's tokens per step as total tokens / batch size / steps: once a row had
+    finished, its idle steps diluted the figure (1.00 measured against 1.20 predicted at batch 2 on a tryout's
+    pair). A batch's tokens per step is the tokens its steps emitted over the row-steps they ran."""
+    from sequoia_opt.decoding.stats import BatchResult, BatchStep, GenerationResult
+
+    steps = [BatchStep(2, 4, 2, (3, 1), 1.0, 2.0, 0.1), BatchStep(2, 4, 2, (2, 2), 1.0, 2.0, 0.1),
+             BatchStep(1, 4, 2, (3,), 1.0, 2.0, 0.1)]
+    rows = [GenerationResult(tokens=[7] * 6, prompt_len=3), GenerationResult(tokens=[7] * 10, prompt_len=3)]
+    res = BatchResult(rows, steps)
+    assert res.tokens_per_row_step == pytest.approx(11 / 5)  # 3+1, 2+2, 3 over 2 + 2 + 1 row-steps
+    assert BatchResult(rows, []).tokens_per_row_step == 0.0

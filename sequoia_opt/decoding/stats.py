@@ -282,6 +282,15 @@ class BatchResult:
         """Throughput per sequence: total tokens / s divided by the batch size (tokens / s)."""
         return self.tokens_per_second / max(1, len(self.results))
 
+    @property
+    def tokens_per_row_step(self) -> float:
+        """Tokens a live row emits per step, the figure a plan's expected tokens per step predicts: the tokens
+        the steps emitted over the row-steps they ran (a row that finished takes no more steps, so a batch whose
+        rows end at different steps is not diluted by idle rows; the prefill's first token is not a step's).
+        0 without steps."""
+        row_steps = sum(s.batch for s in self.steps)
+        return sum(sum(s.emitted) for s in self.steps) / row_steps if row_steps else 0.0
+
 
 class Clock:
     """``time.perf_counter`` in ms, synchronising CUDA first when the device is a GPU."""
