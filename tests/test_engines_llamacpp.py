@@ -854,6 +854,85 @@ def test_tune_llamacpp_renders_chat_prompts_with_the_ggufs_template(tmp_path, mo
     assert tok.decode(seen[0][1]) == "<|im_start|>user\nSort a list of numbers<|im_end|>\n<|im_start|>assistant\n"
 
 
+def _bos_pair(tmp_path, template):
+    """A tiny target / draft GGUF pair whose tokenizer adds BOS (``<s>``, id 258: ``add_bos_token`` true) and has
+    the chat ``template``; also the prompt file of one raw and one chat prompt. Returns ``(target, draft, prompts,
+    messages)``."""
+    import tokenizers
+
+    from tiny_pair import noisy_copy
+
+    from sequoia_opt.model.gguf_writer import write_gguf
+    from sequoia_opt.model.tokenizer import bpe_tokenizer_from_vocab
+
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok = bpe_tokenizer_from_vocab(alphabet + ["<|endoftext|>", "ab", "<s>"], ["a b"],
+                                   token_types=[1] * len(alphabet) + [3, 1, 3], pre="gpt2", eos_id=256, bos_id=258,
+                                   add_bos=True, chat_template=template)
+    m = random_model(3, std=0.1, vocab=259)
+    target = write_gguf(tmp_path / "t.gguf", m, tok, outtype="f32")
+    draft = write_gguf(tmp_path / "d.gguf", noisy_copy(m, 0.2, 1), tok, outtype="f32")
+    msgs = [{"role": "user", "content": "ab c"}]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "ab c"}) + "\n" + json.dumps({"messages": msgs}) + "\n")
+    return target, draft, prompts, msgs
+
+
+def _server_ids(path, text):
+    """llama-cpp-python's own tokenization of ``text`` as llama-server tokenizes a prompt (BOS added where the file
+    says so, special tokens parsed)."""
+    import llama_cpp
+
+    lm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    try:
+        return lm.tokenize(text.encode(), add_bos=True, special=True)
+    finally:
+        lm.close()
+
+
+CHATML_NO_BOS = "{% for m in messages %}{{ '<|endoftext|>' + m['content'] }}{% endfor %}"
+CHATML_BOS = "{{ bos_token }}" + CHATML_NO_BOS
+
+
+@needs_llamacpp
+@pytest.mark.parametrize("template", [CHATML_NO_BOS, CHATML_BOS])
+def test_tune_llamacpp_tokenizes_prompts_as_llama_server_does(tmp_path, monkeypatch, template):
+    """tune --engine llama.cpp tokenized every prompt without the BOS llama-server adds where the GGUF's
+    add_bos_token is true: a raw prompt 'ab c' was [257, 220, 66], llama-server's [258, 257, 220, 66]; a chat
+    template that does not write BOS lost it too. Now BOS first, once, whether the template writes it or not."""
+    import sequoia_opt.engines.llamacpp as llamacpp
+
+    target, draft, prompts, msgs = _bos_pair(tmp_path, template)
+    seen = []
+    measure = llamacpp.measure_acceptance
+    monkeypatch.setattr(llamacpp, "measure_acceptance",
+                        lambda tm, dm, ids, *a, **k: seen.append([list(p) for p in ids]) or measure(tm, dm, ids, *a, **k))
+    res = _tune_on_a_table(tmp_path, target, draft, prompts)
+    assert res.exit_code == 0, res.output
+    assert seen == [[_server_ids(target, "ab c"), _server_ids(target, "<|endoftext|>ab c")]]
+    assert seen[0] == [[258, 257, 220, 66], [258, 256, 257, 220, 66]]
+
+
+@needs_llamacpp
+@pytest.mark.parametrize("template", [CHATML_NO_BOS, CHATML_BOS])
+def test_run_llamacpp_tokenizes_prompts_as_llama_server_does(tmp_path, monkeypatch, template):
+    """run --engine llama.cpp encoded a chat prompt without BOS when the template does not write it, where
+    llama-server (add_bos_token true) adds it: [256, 257, 220, 66] for llama-server's [258, 256, 257, 220, 66]."""
+    import sequoia_opt.engines.llamacpp as llamacpp
+
+    target, draft, prompts, _ = _bos_pair(tmp_path, template)
+    (tmp_path / "c.txt").write_text("--spec-draft-n-max 2\n")
+    seen = []
+    monkeypatch.setattr(llamacpp, "run_settings", lambda tm, dm, ids, *a, **k: seen.append(
+        [list(p) for p in ids]) or (_ for _ in ()).throw(EngineError("stop: the prompts are seen")))
+    res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--tree", str(tmp_path / "c.txt"), "-t", str(target),
+                              "--draft", str(draft), "--prompts", str(prompts), "--threads", "1", "--results-dir",
+                              str(tmp_path / "res")])
+    assert res.exit_code == 2 and "stop: the prompts are seen" in res.output, res.output
+    assert seen == [[_server_ids(target, "ab c"), _server_ids(target, "<|endoftext|>ab c")]]
+    assert seen[0] == [[258, 257, 220, 66], [258, 256, 257, 220, 66]]
+
+
 def test_a_draft_gguf_without_model_metadata_is_refused_naming_the_file(tmp_path):
     """A GGUF with an architecture and no hyperparameters as --draft: one line, exit 2, naming that file (it said
     "GGUF metadata lacks 'llama.vocab_size'", which of target and draft unsaid)."""

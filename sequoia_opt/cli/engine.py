@@ -292,9 +292,9 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
     from .._io import create_files, new_run_id
     from ..engines import engine_mismatch, require_engine
     from ..engines.llamacpp import (ChainSetting, LlamaCppModel, parse_setting_file, predict_chain, resolve_pair,
-                                    run_settings)
+                                    run_settings, server_prompt_ids)
     from ..profiles import load_acceptance, load_latency, warn_on_mismatch
-    from ..prompts import demo_prompts_path, encode_prompts, load_prompts
+    from ..prompts import demo_prompts_path, load_prompts
 
     given = [k for k, v in other.items() if v]
     if given:
@@ -332,7 +332,9 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
         from ..model.gguf_loader import open_gguf, tokenizer_from_gguf
 
         tok = tokenizer_from_gguf(open_gguf(pair.target))
-        ids = encode_prompts(plist, tok, model=pair.target_label)
+        # llama.cpp's tokens, as llama-server makes them: BOS where the file adds it, even when a chat template does
+        # not write it (treeopt's encode_chat adds none)
+        ids = server_prompt_ids(pair.target, plist, model=pair.target_label)
         n_ctx = max(len(i) for i in ids) + max_new_tokens + max(s.n_max for _, s in settings) + 8
         with LlamaCppModel(pair.target, n_ctx=n_ctx, n_threads=n_threads) as tm, \
                 LlamaCppModel(pair.draft, n_ctx=n_ctx, n_threads=n_threads) as dm:

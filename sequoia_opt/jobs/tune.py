@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .._io import safe_load_yaml, with_article
-from ..errors import CheckpointError, ProfileError, TreeoptError
+from ..errors import ProfileError, TreeoptError
 from ..profiles.checks import differing_weights, weights_mismatch
 
 __all__ = ["TUNE_ENGINES", "GPU_ENGINES", "TUNE_SHAPES", "ANSWER_END_CUT_ENGINES", "DEFAULT_BATCHES", "MAX_REFINE",
@@ -1332,10 +1332,10 @@ def _llamacpp_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progres
 def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progress: ProgressFn | None, pair: Any):
     """:func:`_llamacpp_inputs` on a resolved pair of GGUFs."""
     from ..device import device_slug
-    from ..engines.llamacpp import LlamaCppModel, generate, measure_acceptance, profile_latency_batch
+    from ..engines.llamacpp import (LlamaCppModel, generate, measure_acceptance, profile_latency_batch,
+                                    server_prompt_ids)
     from ..jobs.load import pair_slug, weights_record
-    from ..model.gguf_loader import gguf_chat, open_gguf
-    from ..prompts import demo_prompts_path, load_prompts, prompt_texts
+    from ..prompts import demo_prompts_path, load_prompts
 
     lookup = spec.kind == "lookup"
     dlabel = spec.label if lookup else pair.draft_label
@@ -1353,18 +1353,9 @@ def _llamacpp_measured(opts: TuneOptions, spec: Any, done: dict[str, str], progr
     def measure_acc() -> Any:
         pfile = opts.prompts or demo_prompts_path("profile")
         plist = load_prompts(pfile, limit=opts.num_prompts)
-        # chat prompts rendered with the GGUF's template (a chat prompt's text is empty), tokenized by llama.cpp as
-        # llama-server does: the template and BOS/EOS text alone, any vocabulary llama.cpp runs (SentencePiece too)
-        tok = None
-        if any(p.is_chat for p in plist):
-            reader = open_gguf(pair.target)
-            try:
-                tok = gguf_chat(reader)
-            except CheckpointError as err:  # name the file: tune reads two GGUFs
-                raise CheckpointError(f"{pair.target}: {err}") from None
-        texts = prompt_texts(plist, tok, model=pair.target_label)
-        with LlamaCppModel(pair.target, n_ctx=64, n_threads=1) as tk:  # llama.cpp's tokens, to size the context
-            ids = [tk.tokenize(t) for t in texts]
+        # raw and chat prompts tokenized by llama.cpp as llama-server does (server_prompt_ids): BOS where the file
+        # adds it, chat prompts rendered with the GGUF's template, any vocabulary llama.cpp runs (SentencePiece too)
+        ids = server_prompt_ids(pair.target, plist, model=pair.target_label)
         n_ctx = max(len(p) for p in ids) + opts.max_new_tokens + 8  # the longest prompt and its answer
         with LlamaCppModel(pair.target, n_ctx=n_ctx, n_threads=opts.threads) as tm:
             eos = tm.eog_ids()  # answers end where llama-server ends them: no acceptance measured past their end

@@ -15,14 +15,14 @@ The chain settings themselves (:class:`~sequoia_opt.solver.chains.ChainSetting`,
 from ...exports import chain_flags, lookup_flags, parse_setting_file
 from ...solver.chains import (ChainChoice, ChainSetting, chain_cost, predict_chain, predict_replay, replay_chain,
                              solve_chain)
-from .binding import DRAFT_TOP_K, LlamaCppModel, check_gguf, engine_info, top1
+from .binding import DRAFT_TOP_K, LlamaCppModel, check_gguf, engine_info, server_prompt_ids, top1
 from .decode import Generation, SettingRun, Step, generate, run_settings
 from .models import GgufPair, resolve_pair
 from .profile import (batch_calls, forward_calls, measure_acceptance, measure_batch_overhead, measure_step_overhead,
                       profile_latency, profile_latency_batch)
 from .target import LlamaCppDrafter, LlamaCppTarget
 
-__all__ = ["LlamaCppModel", "LlamaCppTarget", "LlamaCppDrafter", "check_gguf", "engine_info", "DRAFT_TOP_K", "top1",
+__all__ = ["LlamaCppModel", "LlamaCppTarget", "LlamaCppDrafter", "check_gguf", "engine_info", "server_prompt_ids", "DRAFT_TOP_K", "top1",
            "Step", "Generation", "generate", "SettingRun", "run_settings", "GgufPair", "resolve_pair",
            "forward_calls", "batch_calls", "measure_acceptance", "measure_batch_overhead", "measure_step_overhead",
            "profile_latency", "profile_latency_batch", "ChainSetting",

@@ -25,7 +25,7 @@ import numpy as np
 from ...errors import EngineError
 from .. import require_engine
 
-__all__ = ["LlamaCppModel", "engine_info", "check_gguf", "DRAFT_TOP_K", "top1", "use_extra_bufts", "EXTRA_BUFTS_ENV"]
+__all__ = ["LlamaCppModel", "engine_info", "check_gguf", "server_prompt_ids", "DRAFT_TOP_K", "top1", "use_extra_bufts", "EXTRA_BUFTS_ENV"]
 
 DRAFT_TOP_K = 10
 
@@ -230,6 +230,48 @@ class LlamaCppModel:
             raise EngineError(f"llama.cpp could not tokenize {len(raw)} bytes (needs {-n} tokens)")
         return [int(buf[i]) for i in range(n)]
 
+    def token_text(self, token: int) -> str:
+        """The text llama.cpp writes for ``token`` with special tokens rendered (``token_to_piece(special=True)``:
+        what llama-server puts in a chat template's ``bos_token`` / ``eos_token``); invalid UTF-8 replaced."""
+        lib = self._lib
+        vocab = lib.llama_model_get_vocab(self._model)
+        buf = ctypes.create_string_buffer(64)
+        n = lib.llama_token_to_piece(vocab, int(token), buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lib.llama_token_to_piece(vocab, int(token), buf, len(buf), 0, True)
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def special_texts(self) -> tuple[str, str]:
+        """``(bos, eos)``: the BOS and EOS text llama-server renders a chat template with (:meth:`token_text`; ``""``
+        for a vocabulary without that token, as llama.cpp's ``common_chat_templates_init``)."""
+        lib = self._lib
+        vocab = lib.llama_model_get_vocab(self._model)
+        ids = (int(lib.llama_vocab_bos(vocab)), int(lib.llama_vocab_eos(vocab)))
+        bos, eos = ("" if i < 0 else self.token_text(i) for i in ids)
+        return bos, eos
+
+    def tokenize_prompt(self, text: str, *, chat: bool = False) -> list[int]:
+        """A prompt's token ids as llama-server makes them: the text tokenized with special tokens added and parsed
+        (``add_special = parse_special = true``: BOS first where the GGUF's ``add_bos_token`` says so, EOS last
+        where ``add_eos_token`` does). ``chat``: ``text`` is a chat template's rendering (with the BOS / EOS text
+        of :meth:`special_texts`), whose leading BOS text (trailing EOS text) is first dropped where BOS (EOS) is
+        added, as ``common_chat_template_direct_apply`` does: one BOS either way, whether the template writes it
+        or not.
+
+        Raises:
+            EngineError: llama.cpp's tokenizer fails.
+        """
+        lib = self._lib
+        vocab = lib.llama_model_get_vocab(self._model)
+        if chat:
+            bos, eos = self.special_texts()
+            if lib.llama_vocab_get_add_bos(vocab) and text.startswith(bos):
+                text = text[len(bos):]
+            if lib.llama_vocab_get_add_eos(vocab) and eos and text.endswith(eos):
+                text = text[:len(text) - len(eos)]
+        return self.tokenize(text, add_special=True)
+
     def eog_ids(self) -> list[int]:
         """The token ids llama.cpp ends a generation at (its end-of-generation set: EOS, EOT, ``<|im_end|>``, ...,
         what llama-server stops at), ascending."""
@@ -277,6 +319,38 @@ class LlamaCppModel:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+def server_prompt_ids(path: str | Path, prompts: Sequence[Any], *, model: str) -> list[list[int]]:
+    """Token ids of each prompt as llama-server gives the GGUF ``path`` them: a raw prompt's text, a chat prompt
+    rendered with the file's chat template (``bos_token`` / ``eos_token`` the text llama.cpp writes for its BOS /
+    EOS ids), both through :meth:`LlamaCppModel.tokenize_prompt` (BOS where the file's ``add_bos_token`` says so,
+    whether the template writes it or not). Any vocabulary llama.cpp runs (SentencePiece too).
+
+    Args:
+        path: the target's ``.gguf`` file.
+        prompts: :class:`~sequoia_opt.prompts.Prompt` objects (from :func:`~sequoia_opt.prompts.load_prompts`).
+        model: the model's name, for error messages.
+
+    Raises:
+        CheckpointError: the file's chat template or BOS / EOS ids unreadable (naming ``path``).
+        PromptFileError: as :func:`~sequoia_opt.prompts.prompt_texts`.
+        EngineError: llama.cpp refusing the file or failing to tokenize.
+    """
+    from ...errors import CheckpointError
+    from ...model.gguf_loader import GGUFChat, gguf_chat, open_gguf
+    from ...prompts import prompt_texts
+
+    template = None
+    if any(p.is_chat for p in prompts):
+        try:
+            template = gguf_chat(open_gguf(path)).chat_template
+        except CheckpointError as err:  # name the file: a command reads two GGUFs
+            raise CheckpointError(f"{path}: {err}") from None
+    with LlamaCppModel(path, n_ctx=64, n_threads=1) as tk:
+        chat = GGUFChat(template, *tk.special_texts())
+        texts = prompt_texts(prompts, chat, model=model)
+        return [tk.tokenize_prompt(t, chat=p.is_chat) for p, t in zip(prompts, texts)]
+
 
 def _why() -> str:
     """llama.cpp's reason for the last failure: its first error line, without the function-name prefixes
