@@ -933,6 +933,46 @@ def test_run_llamacpp_tokenizes_prompts_as_llama_server_does(tmp_path, monkeypat
     assert seen[0] == [[258, 257, 220, 66], [258, 256, 257, 220, 66]]
 
 
+def _sentencepiece_copy(path, src):
+    """A copy of the GGUF ``src`` (weights included) whose tokenizer is SentencePiece (``tokenizer.ggml.model =
+    'llama'``, scores, no merges): llama.cpp runs it, treeopt cannot rebuild its tokenizer."""
+    import gguf
+
+    from sequoia_opt.model.gguf_loader import open_gguf
+
+    r = open_gguf(src)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "tokenizer.ggml.merges", "tokenizer.ggml.pre"):
+            continue
+        value = "llama" if key == "tokenizer.ggml.model" else f.contents()
+        w.add_key_value(key, value, f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    w.add_token_scores([0.0] * len(r.fields["tokenizer.ggml.tokens"].data))
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@needs_llamacpp
+def test_run_llamacpp_names_the_gguf_whose_tokenizer_treeopt_cannot_rebuild(tmp_path):
+    """run --engine llama.cpp with a SentencePiece GGUF (one llama.cpp runs) said "unsupported GGUF tokenizer model
+    'llama' ..." without naming the file, where load_gguf and tune name it: one line, exit 2, naming it."""
+    from sequoia_opt.model.gguf_writer import write_gguf
+
+    src = write_gguf(tmp_path / "bpe.gguf", random_model(3, std=0.1, vocab=258), merged_tokenizer(), outtype="f32")
+    spm = _sentencepiece_copy(tmp_path / "spm.gguf", src)
+    (tmp_path / "c.txt").write_text("--spec-draft-n-max 2\n")
+    res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--tree", str(tmp_path / "c.txt"), "-t", str(spm),
+                              "--draft", str(spm), "--results-dir", str(tmp_path / "res")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"{spm}: unsupported GGUF tokenizer model 'llama'" in lines[0], res.output
+
+
 def test_a_draft_gguf_without_model_metadata_is_refused_naming_the_file(tmp_path):
     """A GGUF with an architecture and no hyperparameters as --draft: one line, exit 2, naming that file (it said
     "GGUF metadata lacks 'llama.vocab_size'", which of target and draft unsaid)."""

@@ -199,7 +199,12 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         version = (st.st_size, st.st_mtime_ns)
     except OSError:
         version = None  # the loader names what is missing
-    return _tokenizer_of(str(path.resolve()), kind, version)
+    try:
+        return _tokenizer_of(str(path.resolve()), kind, version)
+    except CheckpointError as err:  # a GGUF's metadata error named no file (a pair check reads two), as load_gguf's
+        if kind == "hf" or str(err).startswith(f"{path}:"):
+            raise
+        raise CheckpointError(f"{path}: {err}") from None
 
 
 @functools.lru_cache(maxsize=8)
