@@ -633,6 +633,34 @@ def test_gguf_chat_renders_a_sentencepiece_ggufs_template_without_rebuilding_its
     assert prompt_texts([Prompt(text="raw"), Prompt(text="", messages=tuple(msgs))], chat) == ["raw", "<s>[INST] hi [/INST]"]
 
 
+@pytest.mark.parametrize("model, tokens, merges, bos, eos", [
+    ("gpt2", [chr(33 + i) for i in range(14)] + ['!"'], ['! "'], ",", ","),  # llama.cpp's BPE default: id 11 for both
+    ("llama", ["<unk>", "<s>", "</s>", "▁hi"], None, "<s>", "</s>"),  # SentencePiece: 1 and 2
+])
+def test_gguf_chat_takes_llama_cpps_default_bos_eos_ids_where_the_file_names_none(tmp_path, model, tokens, merges,
+                                                                                 bos, eos):
+    """gguf_chat read BOS / EOS only from tokenizer.ggml.bos/eos_token_id: a file without them rendered a template's
+    bos_token as '', where llama.cpp (and tokenizer_from_gguf for BPE) uses its default ids (11; 1 and 2)."""
+    from sequoia_opt.model.gguf_loader import gguf_chat, tokenizer_from_gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_tokenizer_model(model)
+    w.add_token_list(tokens)
+    if merges is not None:
+        w.add_tokenizer_pre("default")
+        w.add_token_merges(merges)
+    w.add_chat_template("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader = open_gguf(tmp_path / "t.gguf")
+    msgs = [{"role": "user", "content": "x"}]
+    assert gguf_chat(reader).render_chat(msgs) == f"{bos}x{eos}"
+    if model == "gpt2":  # treeopt's own tokenizer of the file agrees
+        assert tokenizer_from_gguf(reader).render_chat(msgs) == f"{bos}x{eos}"
+
+
 def _edited_tokenizer_gguf(path, src, drop=(), pre: str | None = None):
     """A copy of the metadata-only GGUF ``src`` without the keys in ``drop`` (and ``tokenizer.ggml.pre = pre``)."""
     r = open_gguf(src)

@@ -420,9 +420,16 @@ class GGUFChat:
                            bos_token=self.bos_token, eos_token=self.eos_token)
 
 
+#: The BOS / EOS ids llama.cpp gives a vocabulary whose file names none, by ``tokenizer.ggml.model``
+#: (``llama-vocab.cpp``'s defaults: ``gpt2`` 11 and 11, as :func:`tokenizer_from_gguf`; SentencePiece ``llama`` 1 and 2).
+_DEFAULT_SPECIAL_IDS = {"gpt2": {"bos": _BPE_DEFAULT_SPECIAL_ID, "eos": _BPE_DEFAULT_SPECIAL_ID},
+                        "llama": {"bos": 1, "eos": 2}}
+
+
 def gguf_chat(reader: "GGUFReader") -> GGUFChat:
     """The chat template (``tokenizer.chat_template``) and the text of the ``bos_token_id`` / ``eos_token_id``
-    tokens (``tokenizer.ggml.tokens``) of any tokenizer model, BPE or SentencePiece.
+    tokens (``tokenizer.ggml.tokens``) of any tokenizer model, BPE or SentencePiece; a file without an id has
+    llama.cpp's default for its tokenizer model (:data:`_DEFAULT_SPECIAL_IDS`), as :func:`tokenizer_from_gguf`.
 
     Raises:
         CheckpointError: a template that is not a string, or a BOS / EOS id outside the token list.
@@ -431,9 +438,13 @@ def gguf_chat(reader: "GGUFReader") -> GGUFChat:
     if template is not None and not isinstance(template, str):
         raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
     tokens = _field(reader, "tokenizer.ggml.tokens", None) if template is not None else None
+    model = _field(reader, "tokenizer.ggml.model", None)
     text = {}
     for name in ("bos", "eos"):
-        i = _field(reader, f"tokenizer.ggml.{name}_token_id", None)
+        default = _DEFAULT_SPECIAL_IDS.get(model, {}).get(name)
+        if tokens is None or default is None or default >= len(tokens):
+            default = None
+        i = _field(reader, f"tokenizer.ggml.{name}_token_id", default)
         if i is None or tokens is None:
             text[name] = None
             continue
