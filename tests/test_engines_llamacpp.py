@@ -808,7 +808,6 @@ def test_tune_llamacpp_measures_acceptance_on_prompts_past_1024_tokens(tmp_path)
     assert load_acceptance(acc).measured["max_new_tokens"] == 8
 
 
-@needs_llamacpp
 def _tune_on_a_table(tmp_path, target, draft, prompts):
     """``tune --engine llama.cpp`` of two GGUFs on a T(b, n) table (only the acceptance is measured), 4 tokens per
     prompt, profiles under ``tmp_path / "prof"``: the CLI result."""
@@ -820,6 +819,7 @@ def _tune_on_a_table(tmp_path, target, draft, prompts):
                                "--profiles-dir", str(tmp_path / "prof"), "--json"])
 
 
+@needs_llamacpp
 def test_tune_llamacpp_renders_chat_prompts_with_the_ggufs_template(tmp_path, monkeypatch):
     """tune --engine llama.cpp read each prompt's .text, empty for a chat prompt ('messages'): a chat prompt file
     was refused with "the prompt is empty" (a mixed file decoded its chat lines from nothing). Chat prompts are now
@@ -1022,6 +1022,7 @@ def test_run_llamacpp_refuses_a_setting_the_profiles_cannot_price_before_decodin
     assert calls == [] and not (tmp_path / "res").exists()
 
 
+@needs_llamacpp
 def test_tune_llamacpp_ends_each_answer_where_llama_cpp_does(tmp_path, monkeypatch):
     """tune --engine llama.cpp generated every answer to --max-new-tokens, past an EOS: the acceptance profiled
     the text after the answer's end (after a chat reply's <|im_end|>), which llama-server never drafts. It now
