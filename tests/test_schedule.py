@@ -1835,6 +1835,15 @@ def test_tune_sglang_serves_a_draft_model_as_standalone_and_warns_on_a_head_meth
     assert flags[-1] == "(no --speculative-algorithm)" and not any("--method" in w for w in doc["warnings"])
     assert ("the profile measured llama-68m: --model llama-68m if that is the checkpoint's Hugging Face id or "
             "path") in doc["notes"]  # the placeholder's likely value, from the profile
+    # a profile that recorded the weights it read names their path (a tryout's note named the folder only)
+    doc_acc = yaml.safe_load(acc.read_text())
+    doc_acc["measured"]["weights"] = {"draft": {"path": "/ckpt/llama 68m", "fingerprint": "x"}}
+    acc.write_text(yaml.safe_dump(doc_acc))
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    assert ("the profile measured llama-68m, read from /ckpt/llama 68m: --model '/ckpt/llama 68m' where the engine's "
+            "machine has it there, else its Hugging Face id") in json.loads(res.stdout)["notes"]
     res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--method", "eagle3", "--json"])
     assert res.exit_code == 0, res.output

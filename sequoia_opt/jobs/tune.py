@@ -1031,8 +1031,11 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
         name = str(labels.get("drafter") or "").partition(":")[2] if served.entry.reads_features else \
             str(labels.get("drafter") or "") if served.kind == "model" else ""
         if model is None and name and any("<your" in w for w in settings.warnings):  # the name the profile gives
-            notes.append(f"the profile measured {labels.get('drafter')}: --model {shlex.quote(name)} if that is the "
-                         "checkpoint's Hugging Face id or path")
+            where = ((measured.get("weights") or {}).get("draft") or {}).get("path")  # what it read (weights_record)
+            notes.append(f"the profile measured {labels.get('drafter')}" + (
+                f", read from {where}: --model {shlex.quote(str(where))} where the engine's machine has it there, "
+                "else its Hugging Face id" if where else
+                f": --model {shlex.quote(name)} if that is the checkpoint's Hugging Face id or path"))
         doc["engine_releases"] = settings.releases
     peers = {}
     if opts.shape == "chain":
