@@ -112,6 +112,19 @@ def test_acceptance_round_trip_and_wilson_interval(tmp_path):
         AcceptanceProfile(id="x", acceptance=np.array([0.5])).confidence_interval()
 
 
+def test_all_rejected_is_the_share_of_trials_not_one_minus_a_float_sum():
+    """profile acceptance printed 'all rejected 1.11e-16' for a profile in which every trial accepted: 1 minus a
+    float sum of the p_k. The share comes from the counts (exactly 0 there), and without counts is floored at 0."""
+    p = np.array([0.7, 0.2, 0.1])  # sums to 0.9999999999999999 in floats
+    assert 1 - p.sum() > 0
+    assert AcceptanceProfile(id="a", acceptance=p, counts=np.array([7, 2, 1, 0])).all_rejected == 0.0
+    assert AcceptanceProfile(id="a", acceptance=np.array([0.5, 0.25]),
+                             counts=np.array([50, 25, 25])).all_rejected == 0.25
+    over = np.array([0.7, 0.2, 0.1 + 1e-15])  # no counts, a float sum past 1: not a negative share
+    assert 1 - over.sum() < 0 and AcceptanceProfile(id="a", acceptance=over).all_rejected == 0.0
+    assert AcceptanceProfile(id="a", acceptance=np.array([0.5, 0.2])).all_rejected == pytest.approx(0.3)
+
+
 def test_id_defaults_to_file_stem(tmp_path):
     p = tmp_path / "my-pair.yaml"
     p.write_text(yaml.safe_dump({"format": "treeopt-acceptance/1", "acceptance": [0.4]}))

@@ -151,7 +151,7 @@ def profile_acceptance(
         report.warnings.append(uncovered)
     report.summary = {"target": pair.target_name, "draft": pair.draft_name, "draft cost model": pair.cost_model,
                       "mode": mode, "trials": counts.trials,
-                      "sum p_k": float(prof.acceptance.sum()), "all rejected": 1 - float(prof.acceptance.sum()),
+                      "sum p_k": float(prof.acceptance.sum()), "all rejected": prof.all_rejected,
                       "tokens / step (measurement tree)": counts.tokens / max(counts.steps, 1), "written": str(out)}
     def between(k: int) -> list:  # the interval of the mean between prompts, and for a new set of as many
         if spreads is None:

@@ -67,6 +67,15 @@ class AcceptanceProfile:
         n = self.measured.get("num_samples")
         return int(n) if isinstance(n, int) and not isinstance(n, bool) else None
 
+    @property
+    def all_rejected(self) -> float:
+        """The share of trials in which every candidate was rejected: ``counts[K] / sum(counts)`` where the profile
+        keeps counts (exactly 0 when none was), else ``1 - sum(p)`` floored at 0 (a vector whose float sum rounds
+        past 1 is not a negative share)."""
+        if self.counts is not None and self.counts.sum() > 0:
+            return float(self.counts[-1] / self.counts.sum())
+        return max(0.0, 1.0 - float(self.acceptance.sum()))
+
     def confidence_interval(self, z: float = Z975) -> np.ndarray:
         """Wilson score interval for every ``p_k``: ``(K, 2)`` array of (low, high), default 95 %. It counts
         every trial as independent: the interval of these tokens, too narrow for a new set of prompts (their
