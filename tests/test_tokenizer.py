@@ -144,3 +144,16 @@ def test_smollm2_specials_and_ids(smol):
     assert smol.encode("2024") == [smol.token_to_id(d) for d in "2024"]  # digits split individually
     assert smol.encode(" the") == [smol.token_to_id("Ġthe")]
     assert len(smol.encode(SMOL_TEXTS[0])) < 30  # real merges: about one token per word
+
+
+def test_a_bpe_merge_outside_the_vocabulary_is_one_checkpoint_error():
+    """A GGUF merge whose result is not a token made the tokenizers library panic (a Rust PanicException, a
+    BaseException no handler caught: a traceback), and one whose part is missing raised its own Exception. Both
+    are a malformed file: one CheckpointError naming the merge and the token."""
+    for merges, msg in ((["a b"], "BPE merge 'a b' names 'ab', which is not in the tokenizer vocabulary"),
+                        (["a x"], "BPE merge 'a x' names 'x', which is not in the tokenizer vocabulary")):
+        with pytest.raises(CheckpointError) as err:
+            bpe_tokenizer_from_vocab(["a", "b", "c"], merges)
+        assert str(err.value) == msg
+    tok = bpe_tokenizer_from_vocab(["a", "b", "ab"], ["a b"])  # a well-formed merge still builds
+    assert tok.encode("ab") == [2]

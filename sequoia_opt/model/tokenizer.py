@@ -316,8 +316,8 @@ def bpe_tokenizer_from_vocab(
         chat_template: the model's chat template (GGUF ``tokenizer.chat_template``), or None.
 
     Raises:
-        CheckpointError: unknown ``pre``, duplicate token strings, a malformed merge, or ``add_bos`` without
-            a BOS id.
+        CheckpointError: unknown ``pre``, duplicate token strings, a malformed merge or one whose parts or result
+            are not in the vocabulary, or ``add_bos`` without a BOS id.
     """
     if pre not in PRE_TOKENIZERS:
         raise CheckpointError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); treeopt knows "
@@ -332,6 +332,9 @@ def bpe_tokenizer_from_vocab(
         parts = m.split(" ")
         if len(parts) != 2:
             raise CheckpointError(f"malformed BPE merge {m!r} (expected 'left right')")
+        missing = next((t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab), None)
+        if missing is not None:  # the tokenizers library panics on a merge result outside the vocabulary
+            raise CheckpointError(f"BPE merge {m!r} names {missing!r}, which is not in the tokenizer vocabulary")
         pairs.append((parts[0], parts[1]))
     kind = PRE_TOKENIZERS[pre]
     # Llama 3 takes a pre-token found whole in the vocabulary as is (HF "ignore_merges": true; llama.cpp
