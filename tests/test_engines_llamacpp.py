@@ -933,9 +933,9 @@ def test_run_llamacpp_tokenizes_prompts_as_llama_server_does(tmp_path, monkeypat
     assert seen[0] == [[258, 257, 220, 66], [258, 256, 257, 220, 66]]
 
 
-def _sentencepiece_copy(path, src):
+def _sentencepiece_copy(path, src, model: str = "llama"):
     """A copy of the GGUF ``src`` (weights included) whose tokenizer is SentencePiece (``tokenizer.ggml.model =
-    'llama'``, scores, no merges): llama.cpp runs it, treeopt cannot rebuild its tokenizer."""
+    'llama'``, scores, no merges), or another ``model`` (``bert``: one treeopt cannot rebuild)."""
     import gguf
 
     from sequoia_opt.model.gguf_loader import open_gguf
@@ -945,7 +945,7 @@ def _sentencepiece_copy(path, src):
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key in ("general.architecture", "tokenizer.ggml.merges", "tokenizer.ggml.pre"):
             continue
-        value = "llama" if key == "tokenizer.ggml.model" else f.contents()
+        value = model if key == "tokenizer.ggml.model" else f.contents()
         w.add_key_value(key, value, f.types[0], f.types[-1] if len(f.types) > 1 else None)
     w.add_token_scores([0.0] * len(r.fields["tokenizer.ggml.tokens"].data))
     for t in r.tensors:
@@ -959,18 +959,19 @@ def _sentencepiece_copy(path, src):
 
 @needs_llamacpp
 def test_run_llamacpp_names_the_gguf_whose_tokenizer_treeopt_cannot_rebuild(tmp_path):
-    """run --engine llama.cpp with a SentencePiece GGUF (one llama.cpp runs) said "unsupported GGUF tokenizer model
-    'llama' ..." without naming the file, where load_gguf and tune name it: one line, exit 2, naming it."""
+    """run --engine llama.cpp with a GGUF whose tokenizer treeopt cannot rebuild (SentencePiece 'llama' was one) said
+    "unsupported GGUF tokenizer model ..." without naming the file, where load_gguf and tune name it: one line, exit
+    2, naming it."""
     from sequoia_opt.model.gguf_writer import write_gguf
 
     src = write_gguf(tmp_path / "bpe.gguf", random_model(3, std=0.1, vocab=258), merged_tokenizer(), outtype="f32")
-    spm = _sentencepiece_copy(tmp_path / "spm.gguf", src)
+    spm = _sentencepiece_copy(tmp_path / "wpm.gguf", src, model="bert")
     (tmp_path / "c.txt").write_text("--spec-draft-n-max 2\n")
     res = runner.invoke(app, ["run", "--engine", "llama.cpp", "--tree", str(tmp_path / "c.txt"), "-t", str(spm),
                               "--draft", str(spm), "--results-dir", str(tmp_path / "res")])
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and f"{spm}: unsupported GGUF tokenizer model 'llama'" in lines[0], res.output
+    assert len(lines) == 1 and f"{spm}: unsupported GGUF tokenizer model 'bert'" in lines[0], res.output
 
 
 def test_a_draft_gguf_without_model_metadata_is_refused_naming_the_file(tmp_path):

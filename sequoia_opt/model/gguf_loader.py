@@ -42,7 +42,7 @@ from ..errors import CheckpointError
 from .build import build_model
 from .config import ModelConfig
 from .llama import Transformer, rope_inv_freq
-from .tokenizer import Tokenizer, bpe_tokenizer_from_vocab
+from .tokenizer import Tokenizer, bpe_tokenizer_from_vocab, spm_tokenizer_from_vocab
 
 try:  # a declared dependency; without it, loading a GGUF raises a clear CheckpointError
     import gguf
@@ -363,13 +363,19 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     ``eos_token_id`` the id is llama.cpp's default for this vocabulary type, 11 (:data:`_BPE_DEFAULT_SPECIAL_ID`),
     so a ``llama-bpe`` file without a BOS id still starts its prompts with token 11, as llama.cpp does.
 
+    A SentencePiece vocabulary (``model`` ``llama``: Llama 2, Mistral v0.1, TinyLlama, CodeLlama) is rebuilt by
+    :func:`_spm_tokenizer_from_gguf` instead.
+
     Raises:
-        CheckpointError: another tokenizer model (SentencePiece ``llama``, ...), an unknown pre-tokenizer or one
+        CheckpointError: another tokenizer model (``bert``, ``t5``, ...), an unknown pre-tokenizer or one
             llama.cpp refuses (``gpt2``; its name is ``gpt-2``), or missing token lists.
     """
     model = _field(reader, "tokenizer.ggml.model")
+    if model == "llama":
+        return _spm_tokenizer_from_gguf(reader)
     if model != "gpt2":
-        raise CheckpointError(f"unsupported GGUF tokenizer model {model!r} (treeopt rebuilds 'gpt2' byte-level BPE)")
+        raise CheckpointError(f"unsupported GGUF tokenizer model {model!r} (treeopt rebuilds 'gpt2' byte-level BPE "
+                              "and 'llama' SentencePiece)")
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = _field(reader, "tokenizer.ggml.merges")
     types = _field(reader, "tokenizer.ggml.token_type", None)
@@ -394,6 +400,38 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
         eos_id=eos,
         eos_ids=[int(i) for i in extra + [eos] if i is not None],
         add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", pre in _ADD_BOS_BY_DEFAULT and bos is not None)),
+        chat_template=template,
+    )
+
+
+def _spm_tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
+    """:func:`tokenizer_from_gguf` for a SentencePiece (``tokenizer.ggml.model = "llama"``) vocabulary, with
+    llama.cpp's defaults where the file is silent (``llama-vocab.cpp``): ``scores`` 0, ``token_type`` normal,
+    ``add_space_prefix`` and ``add_bos_token`` true, ``add_eos_token`` false, BOS 1 and EOS 2
+    (:data:`_DEFAULT_SPECIAL_IDS`); ``eot_token_id`` / ``eom_token_id`` join the EOS set. See
+    :func:`~sequoia_opt.model.tokenizer.spm_tokenizer_from_vocab`.
+
+    Raises:
+        CheckpointError: no token list, a score list of another length, a chat template that is not a string.
+    """
+    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]
+    scores = _field(reader, "tokenizer.ggml.scores", None)
+    types = _field(reader, "tokenizer.ggml.token_type", None)
+    template = _field(reader, "tokenizer.chat_template", None)
+    if template is not None and not isinstance(template, str):
+        raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
+    ids = {}
+    for name, default in _DEFAULT_SPECIAL_IDS["llama"].items():
+        ids[name] = _field(reader, f"tokenizer.ggml.{name}_token_id", default if default < len(tokens) else None)
+    extra = [_field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom")]
+    return spm_tokenizer_from_vocab(
+        tokens, [0.0] * len(tokens) if scores is None else [float(s) for s in scores],
+        token_types=None if types is None else [int(t) for t in types],
+        add_space_prefix=bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)),
+        bos_id=ids["bos"], eos_id=ids["eos"],
+        eos_ids=[int(i) for i in extra + [ids["eos"]] if i is not None],
+        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", ids["bos"] is not None)),
+        add_eos=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
         chat_template=template,
     )
 

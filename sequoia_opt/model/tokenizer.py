@@ -13,6 +13,7 @@ Sources: Hugging Face ``tokenizers`` (BPE model, ByteLevel pre-tokenizer/decoder
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import os
 from pathlib import Path
@@ -363,3 +364,188 @@ def bpe_tokenizer_from_vocab(
     ids = set(int(i) for i in (eos_ids or ()))
     ids.update(i for i in (vocab.get(t) for t in END_TOKEN_NAMES) if i is not None)
     return Tokenizer(tok, bos_id=bos_id, eos_ids=ids, eos_id=eos_id, chat_template=chat_template)
+
+
+# -- SentencePiece from a token list (GGUF ``tokenizer.ggml.model == "llama"``) -------------------------------------
+
+def spm_pieces(text: str, scores: dict[str, float]) -> list[str]:
+    """llama.cpp's SentencePiece merge (``llm_tokenizer_spm_session::tokenize``) of one escaped text (spaces
+    already ``"▁"``): start from its characters, repeatedly join the adjacent pair whose concatenation is a
+    token of the highest score (ties: the leftmost pair) until no pair joins.
+
+    Args:
+        text: the text, whitespace escaped (and space-prefixed) as llama.cpp escapes it.
+        scores: token string -> score (GGUF ``tokenizer.ggml.scores``) for every token of the vocabulary, of any
+            type (llama.cpp joins into any token its ``text_to_token`` finds).
+
+    Returns:
+        The pieces, in order, concatenating to ``text``: each a token of ``scores`` or a single character that
+        is none (llama.cpp writes that one as its UTF-8 byte tokens).
+    """
+    n = len(text)
+    start, size = list(range(n)), [1] * n
+    prev, nxt = list(range(-1, n - 1)), list(range(1, n + 1))
+    if n:
+        nxt[-1] = -1
+    heap: list[tuple[float, int, int, int]] = []
+
+    def add(left: int, right: int) -> None:
+        if left < 0 or right < 0:
+            return
+        piece = text[start[left]:start[left] + size[left] + size[right]]
+        score = scores.get(piece)
+        if score is not None:  # llama.cpp's queue: highest score first, then the leftmost pair
+            heapq.heappush(heap, (-score, left, right, len(piece)))
+
+    for i in range(1, n):
+        add(i - 1, i)
+    while heap:
+        _, left, right, length = heapq.heappop(heap)
+        if size[left] == 0 or size[right] == 0 or size[left] + size[right] != length:
+            continue  # one side already joined another symbol (sizes only grow, so this check is exact)
+        size[left] += size[right]
+        size[right] = 0
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prev[nxt[right]] = left
+        add(prev[left], left)
+        add(left, nxt[left])
+    return [text[start[i]:start[i] + size[i]] for i in range(n) if size[i]]
+
+
+class _SpmPieces:
+    """A ``tokenizers`` custom pre-tokenizer cutting each normalized text into :func:`spm_pieces`."""
+
+    def __init__(self, scores: dict[str, float]):
+        self.scores = scores
+
+    def _split(self, _i, normalized):
+        out, at = [], 0
+        for piece in spm_pieces(str(normalized), self.scores):
+            out.append(normalized[at:at + len(piece)])
+            at += len(piece)
+        return out
+
+    def pre_tokenize(self, pretok) -> None:
+        pretok.split(self._split)
+
+
+class SpmTokenizer(Tokenizer):
+    """A :class:`Tokenizer` whose :meth:`encode` / :meth:`encode_chat` run llama.cpp's SentencePiece merge
+    (:func:`spm_pieces`) exactly; :attr:`backend` is the serializable Hugging Face rendition of the same
+    vocabulary (``BPE`` with merges derived from the scores, as transformers converts a Llama GGUF), whose own
+    ``encode`` can differ from llama.cpp where two overlapping pairs tie in score. Built by
+    :func:`spm_tokenizer_from_vocab`."""
+
+    def __init__(self, tok: tokenizers.Tokenizer, encoder: tokenizers.Tokenizer, **kw) -> None:
+        super().__init__(tok, **kw)
+        self._encoder = encoder
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids for ``text`` as llama.cpp's ``llama_tokenize(..., add_special=True, parse_special=True)``:
+        control, unknown and user-defined tokens written in the text map to their single ids, every other run
+        of text is space-prefixed (``add_space_prefix``), escaped and merged; BOS prepended when the file asks."""
+        return list(self._encoder.encode(text, add_special_tokens=True).ids)
+
+    def encode_chat(self, messages, *, add_generation_prompt: bool = True) -> list[int]:
+        """As :meth:`Tokenizer.encode_chat`, merged as :meth:`encode` merges (no BOS / EOS added).
+
+        Raises:
+            ChatTemplateError: as :meth:`Tokenizer.render_chat`.
+        """
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        return list(self._encoder.encode(text, add_special_tokens=False).ids)
+
+
+def spm_tokenizer_from_vocab(
+    tokens: list[str],
+    scores: list[float],
+    *,
+    token_types: list[int] | None = None,
+    add_space_prefix: bool = True,
+    bos_id: int | None = 1,
+    eos_id: int | None = 2,
+    eos_ids: Iterable[int] | None = None,
+    add_bos: bool = True,
+    add_eos: bool = False,
+    chat_template: str | None = None,
+) -> SpmTokenizer:
+    """Rebuild a SentencePiece tokenizer (Llama 2, Mistral v0.1, TinyLlama, CodeLlama) as llama.cpp's SPM
+    tokenizer runs it: text -> a space in front (``add_space_prefix``) -> spaces as ``"▁"`` -> the
+    highest-score merge of :func:`spm_pieces` -> a character that is no token as its byte tokens ``<0xXX>``
+    (``<unk>`` where the vocabulary lacks one) -> BOS in front (``add_bos``), EOS behind (``add_eos``). Decoding
+    writes byte tokens as bytes and ``"▁"`` as a space, and drops the first space of the text where
+    ``add_space_prefix`` put it (after a skipped BOS too, as llama-cpp-python's ``detokenize``).
+
+    Args:
+        tokens: token strings in id order (GGUF ``tokenizer.ggml.tokens``).
+        scores: a score per token (``tokenizer.ggml.scores``); higher merges first.
+        token_types: GGUF token types per id (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,
+            6 byte); control and unknown tokens become special added tokens matched whole in text, user-defined
+            ones plain added tokens (llama.cpp's ``parse_special`` partition; as :func:`bpe_tokenizer_from_vocab`).
+        add_space_prefix: GGUF ``tokenizer.ggml.add_space_prefix`` (llama.cpp's default: true).
+        bos_id, eos_id, eos_ids: special ids (see :class:`Tokenizer`; llama.cpp's SPM defaults 1 and 2); EOS
+            also gains every :data:`END_TOKEN_NAMES` token present.
+        add_bos, add_eos: GGUF ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` (llama.cpp's SPM defaults:
+            true, false).
+        chat_template: the model's chat template (GGUF ``tokenizer.chat_template``), or None.
+
+    Raises:
+        CheckpointError: as many scores as tokens missing, duplicate token strings, or ``add_bos`` / ``add_eos``
+            without its id.
+    """
+    if len(scores) != len(tokens):
+        raise CheckpointError(f"tokenizer has {len(tokens)} tokens but {len(scores)} scores")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        seen: set[str] = set()
+        dup = next(t for t in tokens if t in seen or seen.add(t))
+        raise CheckpointError(f"tokenizer vocabulary repeats the token {dup!r}")
+    score = {t: float(s) for t, s in zip(tokens, scores)}
+    # transformers' GGUF / SentencePiece conversion: every split of a token into two tokens is a merge, ranked by
+    # the joined token's score
+    merges = sorted(((score[t], vocab[t], t[:k], t[k:]) for t in tokens for k in range(1, len(t))
+                     if t[:k] in vocab and t[k:] in vocab), key=lambda m: (-m[0], m[1]))
+    unk = next((tokens[i] for i, t in enumerate(token_types or ()) if t == 2), None)
+
+    def build(encoder: bool) -> tokenizers.Tokenizer:
+        model = tokenizers.models.BPE(vocab=vocab, merges=[] if encoder else [(a, b) for _, _, a, b in merges],
+                                      unk_token=unk, fuse_unk=True, byte_fallback=True, ignore_merges=encoder)
+        tok = tokenizers.Tokenizer(model)
+        norm = [tokenizers.normalizers.Replace(" ", "▁")]
+        if add_space_prefix:
+            norm.insert(0, tokenizers.normalizers.Prepend("▁"))
+        tok.normalizer = tokenizers.normalizers.Sequence(norm)
+        if encoder:  # each piece of spm_pieces is one token (found whole: ignore_merges) or one character
+            tok.pre_tokenizer = tokenizers.pre_tokenizers.PreTokenizer.custom(_SpmPieces(score))
+        dec = [tokenizers.decoders.Replace("▁", " "), tokenizers.decoders.ByteFallback(),
+               tokenizers.decoders.Fuse()]
+        if add_space_prefix:
+            dec.append(tokenizers.decoders.Strip(" ", 1, 0))
+        tok.decoder = tokenizers.decoders.Sequence(dec)
+        if token_types is not None:
+            special = [tokenizers.AddedToken(tokens[i], special=True, normalized=False)
+                       for i, t in enumerate(token_types) if t in (2, 3)]
+            user = [tokenizers.AddedToken(tokens[i], special=False, normalized=False)
+                    for i, t in enumerate(token_types) if t == 4]
+            if special:
+                tok.add_special_tokens(special)
+            if user:
+                tok.add_tokens(user)
+        marks = []
+        for wanted, i, what in ((add_bos, bos_id, "BOS"), (add_eos, eos_id, "EOS")):
+            if wanted:
+                if i is None:
+                    raise CheckpointError(f"the tokenizer asks for a {what} token but names none")
+                marks.append((tokens[i], i))
+        if marks:
+            head = f"{tokens[bos_id]} " if add_bos else ""
+            tail = f" {tokens[eos_id]}" if add_eos else ""
+            tok.post_processor = tokenizers.processors.TemplateProcessing(
+                single=f"{head}$A{tail}", pair=f"{head}$A{tail} {head}$B{tail}", special_tokens=sorted(set(marks)))
+        return tok
+
+    ids = set(int(i) for i in (eos_ids or ()))
+    ids.update(i for i in (vocab.get(t) for t in END_TOKEN_NAMES) if i is not None)
+    return SpmTokenizer(build(False), build(True), bos_id=bos_id, eos_ids=ids, eos_id=eos_id,
+                        chat_template=chat_template)

@@ -1,0 +1,160 @@
+"""SentencePiece GGUF vocabularies (``tokenizer.ggml.model = "llama"``: Llama 2, Mistral v0.1, TinyLlama, CodeLlama)
+rebuilt as llama.cpp tokenizes them, compared token for token with llama-cpp-python 0.3.x."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+
+from sequoia_opt.model.gguf_loader import open_gguf, tokenizer_from_gguf
+from sequoia_opt.model.tokenizer import spm_pieces
+
+#: merged tokens (normal, score -position unless tied) of the tiny vocabulary: "ab", "bc", "ca" tie (-5, leftmost
+#: pair wins), "<s" + ">" joins into the control token "<s>" (as llama.cpp's merge finds any token), "世界" joins two
+#: characters of which "界" is no token
+MERGED = ["▁t", "he", "▁the", "in", "▁a", "er", "▁th", "▁▁", "▁▁▁▁", "ing", "▁in", "12", "123", "ab", "bc", "ca",
+          "▁hello", "ll", "llo", "hel", "lo", "世界", "▁w", "or", "ld", "▁world", "▁▁▁", "<s", "s>", "▁x"]
+TIED = {"ab": -5.0, "bc": -5.0, "ca": -5.0}
+CHARS = "▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;()<>/|_[]é世"
+
+
+def spm_vocab() -> tuple[list[str], list[int], list[float]]:
+    """(tokens, types, scores): <unk> <s> </s>, the 256 byte tokens, two control and one user-defined token, the
+    merged tokens, then single characters (no newline, tab, emoji or "界": those fall back to bytes)."""
+    toks, types, scores = ["<unk>", "<s>", "</s>"], [2, 3, 3], [0.0, 0.0, 0.0]
+    toks += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    scores += [0.0] * 256
+    for t, ty in (("<|im_start|>", 3), ("<|im_end|>", 3), ("[USR]", 4)):
+        toks.append(t)
+        types.append(ty)
+        scores.append(0.0)
+    for i, t in enumerate(MERGED):
+        toks.append(t)
+        types.append(1)
+        scores.append(TIED.get(t, -float(i)))
+    for i, c in enumerate(CHARS):
+        toks.append(c)
+        types.append(1)
+        scores.append(-100.0 - i)
+    return toks, types, scores
+
+
+def write_spm_gguf(path, *, add_space_prefix: bool | None = None, add_bos: bool | None = None,
+                   special_ids: bool = True, template: str | None = None):
+    """A metadata-only llama GGUF (hyperparameters llama.cpp's ``vocab_only`` load reads) with the tiny SentencePiece
+    vocabulary; None writes no key (llama.cpp's default applies), ``special_ids`` False writes no BOS / EOS id."""
+    toks, types, scores = spm_vocab()
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(16)
+    w.add_feed_forward_length(32)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(8)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_scores(scores)
+    if special_ids:
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+    if add_space_prefix is not None:
+        w.add_add_space_prefix(add_space_prefix)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    if template is not None:
+        w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+TEXTS = [
+    "the hello world", "hello", " the", "the ", "  two  spaces ", "   ", " ", "a\nb\tc", "line one\nline two\n",
+    "\n\nthe", "\ttab", "12345 123 12", "0.5, 3.14!", "abc", "cab", "xabcab", "世界 世 界", "😀 é", "émoji 😀😀",
+    "日本語のテキスト", "Hello World", "the  the   the    the", "in ing ring thin", "it's (a) test: yes/no",
+    "a<s", "a<s b", "[USR]the", "x[USR] [USR]", "Привет мир", "mixed 世界😀 and\r\nCRLF", "    indent",
+]
+SPECIAL_TEXTS = ["<|im_start|>hi<|im_end|>x", "<s>the</s>", "</s> a", "<s>the", "</s>", "x<|im_end|>\n<|im_start|>the", "<unk>a"]
+
+
+def _llama(path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    return llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+
+
+def test_spm_pieces_merge_the_best_scored_pair_first_and_leftmost_on_ties():
+    s = {"ab": -5.0, "bc": -5.0, "ca": -5.0, "▁a": -4.0}
+    assert spm_pieces("abc", s) == ["ab", "c"]  # ab and bc tie: the leftmost...
+    assert spm_pieces("cab", s) == ["ca", "b"]  # ...so ca, left of ab, wins though a merge list would rank it last
+    assert spm_pieces("▁abc", s) == ["▁a", "bc"]  # the best score first wherever it is
+    assert spm_pieces("abc", {**s, "abc": -9.0}) == ["abc"]  # a joined pair joins on, whatever its score
+    assert spm_pieces("xyz", {"yz": -1.0, "xyz": -2.0}) == ["xyz"]  # "xy" is no token: x + yz
+    assert spm_pieces("", s) == []
+
+
+def test_spm_gguf_encodes_as_llama_cpp_hard_coded(tmp_path):
+    """The values llama-cpp-python 0.3.36 gives (``tokenize(text.encode(), add_bos=True, special=False)``)."""
+    tok = tokenizer_from_gguf(open_gguf(write_spm_gguf(tmp_path / "v.gguf")))
+    toks = spm_vocab()[0]
+    names = lambda text: [toks[i] for i in tok.encode(text)]  # noqa: E731
+    assert names("the hello world") == ["<s>", "▁the", "▁", "he", "llo", "▁w", "or", "ld"]
+    assert names(" the") == ["<s>", "▁", "▁the"]
+    assert names("") == ["<s>"]
+    assert names("a\nb\tc") == ["<s>", "▁a", "<0x0A>", "b", "<0x09>", "c"]
+    assert names("世界 世 界") == ["<s>", "▁", "世界", "▁", "世", "▁", "<0xE7>", "<0x95>", "<0x8C>"]
+    assert names("<|im_start|>hi<|im_end|>x") == ["<s>", "<|im_start|>", "▁", "h", "i", "<|im_end|>", "▁x"]
+    assert names("[USR]the") == ["<s>", "[USR]", "▁the"]
+    assert tok.bos_id == 1 and tok.eos_id == 2 and tok.eos_ids == {2, toks.index("<|im_end|>")}
+
+
+@pytest.mark.parametrize("space, bos", [(None, None), (False, None), (True, False)])
+def test_spm_gguf_encodes_token_for_token_as_llama_cpp(tmp_path, space, bos):
+    path = write_spm_gguf(tmp_path / "v.gguf", add_space_prefix=space, add_bos=bos)
+    llm = _llama(path)
+    tok = tokenizer_from_gguf(open_gguf(path))
+    for text in TEXTS:  # no control token in these: treeopt's "always parse specials" reads them as llama.cpp's off
+        assert tok.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=False), text
+    for text in SPECIAL_TEXTS:
+        assert tok.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
+def test_spm_gguf_decodes_as_llama_cpp_and_round_trips(tmp_path):
+    import ctypes
+
+    path = write_spm_gguf(tmp_path / "v.gguf")
+    llm = _llama(path)
+    import llama_cpp
+
+    def unparsed(ids):  # llama.cpp's own llama_detokenize, special tokens written (unparse_special)
+        buf = ctypes.create_string_buffer(4096)
+        n = llama_cpp.llama_detokenize(llm._model.vocab, (llama_cpp.llama_token * len(ids))(*ids), len(ids), buf,
+                                       4096, False, True)
+        return buf.raw[:n].decode()
+
+    tok = tokenizer_from_gguf(open_gguf(path))
+    for text in TEXTS + SPECIAL_TEXTS:
+        ids = tok.encode(text)
+        assert tok.decode(ids, skip_special=True) == llm.detokenize(ids).decode(), text  # BOS and its space dropped
+        assert tok.decode(ids) == unparsed(ids), text
+        assert tok.decode(ids[1:]) == unparsed(ids[1:]), text
+        if text in TEXTS and "<s" not in text and "[USR]" not in text:  # as llama.cpp: a merged "<s>" decodes to
+            # nothing, a space follows a user-defined token
+            assert tok.decode(ids, skip_special=True) == text
+
+
+def test_spm_gguf_defaults_where_the_file_is_silent(tmp_path):
+    path = write_spm_gguf(tmp_path / "v.gguf", special_ids=False, template="{{ bos_token }}{{ messages[0]['content'] }}")
+    tok = tokenizer_from_gguf(open_gguf(path))
+    assert (tok.bos_id, tok.eos_id) == (1, 2)  # llama.cpp's SPM defaults
+    assert tok.encode("the") == [1, spm_vocab()[0].index("▁the")]
+    assert tok.encode_chat([{"role": "user", "content": "the"}]) == [1, spm_vocab()[0].index("▁the")]
+    if pytest.importorskip("llama_cpp"):
+        llm = _llama(path)
+        assert (llm.token_bos(), llm.token_eos()) == (1, 2)
