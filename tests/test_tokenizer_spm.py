@@ -3,11 +3,23 @@ rebuilt as llama.cpp tokenizes them, compared token for token with llama-cpp-pyt
 
 from __future__ import annotations
 
-import gguf
-import pytest
+import json
+import sys
+from pathlib import Path
 
-from sequoia_opt.model.gguf_loader import open_gguf, tokenizer_from_gguf
-from sequoia_opt.model.tokenizer import spm_pieces
+import gguf
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_loaders_gguf import gguf_name, randomize, tiny_config  # noqa: E402
+
+from sequoia_opt.cli import app  # noqa: E402
+from sequoia_opt.model import Transformer  # noqa: E402
+from sequoia_opt.model.gguf_loader import open_gguf, permute_qk, tokenizer_from_gguf  # noqa: E402
+from sequoia_opt.model.tokenizer import spm_pieces  # noqa: E402
 
 #: merged tokens (normal, score -position unless tied) of the tiny vocabulary: "ab", "bc", "ca" tie (-5, leftmost
 #: pair wins), "<s" + ">" joins into the control token "<s>" (as llama.cpp's merge finds any token), "世界" joins two
@@ -41,19 +53,32 @@ def spm_vocab() -> tuple[list[str], list[int], list[float]]:
 
 
 def write_spm_gguf(path, *, add_space_prefix: bool | None = None, add_bos: bool | None = None,
-                   special_ids: bool = True, template: str | None = None):
-    """A metadata-only llama GGUF (hyperparameters llama.cpp's ``vocab_only`` load reads) with the tiny SentencePiece
-    vocabulary; None writes no key (llama.cpp's default applies), ``special_ids`` False writes no BOS / EOS id."""
+                   special_ids: bool = True, template: str | None = None, model=None):
+    """A llama GGUF with the tiny SentencePiece vocabulary: metadata only (the hyperparameters llama.cpp's
+    ``vocab_only`` load reads), or ``model``'s weights (F32, Q/K rows permuted as llama.cpp's converter does);
+    None writes no key (llama.cpp's default applies), ``special_ids`` False writes no BOS / EOS id."""
     toks, types, scores = spm_vocab()
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(16)
-    w.add_feed_forward_length(32)
-    w.add_head_count(2)
-    w.add_head_count_kv(2)
+    c = model.config if model is not None else None
+    w.add_block_count(c.n_layers if c else 1)
+    w.add_context_length(c.max_position_embeddings if c else 64)
+    w.add_embedding_length(c.dim if c else 16)
+    w.add_feed_forward_length(c.intermediate_size if c else 32)
+    w.add_head_count(c.n_heads if c else 2)
+    w.add_head_count_kv(c.n_kv_heads if c else 2)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(8)
+    w.add_rope_dimension_count(c.head_dim if c else 8)
+    if c:
+        w.add_rope_freq_base(c.rope_theta)
+        for name, t in model.state_dict().items():
+            if name == "lm_head.weight" and c.tie_embeddings:
+                continue
+            arr = t.detach().float().numpy().copy()
+            if ".q_proj." in name:
+                arr = permute_qk(arr, c.n_heads)
+            elif ".k_proj." in name:
+                arr = permute_qk(arr, c.n_kv_heads)
+            w.add_tensor(gguf_name(name), arr.astype(np.float32))
     w.add_tokenizer_model("llama")
     w.add_token_list(toks)
     w.add_token_types(types)
@@ -158,3 +183,29 @@ def test_spm_gguf_defaults_where_the_file_is_silent(tmp_path):
     if pytest.importorskip("llama_cpp"):
         llm = _llama(path)
         assert (llm.token_bos(), llm.token_eos()) == (1, 2)
+
+
+def test_run_on_a_sentencepiece_gguf_pair_is_greedy_exact(tmp_path):
+    """treeopt run -t spm.gguf --draft spm-draft.gguf: refused before ('unsupported GGUF tokenizer model llama');
+    now the bundled decoder runs it, tree decoding token for token equal to plain, the prompts tokenized as
+    llama.cpp tokenizes them."""
+    n = len(spm_vocab()[0])
+    target = randomize(Transformer(tiny_config(vocab_size=n)), 0)
+    draft = Transformer(tiny_config(vocab_size=n))
+    draft.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for p in draft.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    t_path = write_spm_gguf(tmp_path / "t.gguf", model=target)
+    d_path = write_spm_gguf(tmp_path / "d.gguf", model=draft)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["the hello world", "世界 😀 in ing"]))
+    (tmp_path / "chain.json").write_text(json.dumps([[0], [0, 0], [0, 0, 0]]))
+    r = CliRunner().invoke(app, ["run", "--tree", str(tmp_path / "chain.json"), "-t", str(t_path), "--draft",
+                                 str(d_path), "--prompts", str(prompts), "--max-new-tokens", "12",
+                                 "--results-dir", str(tmp_path / "res"), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["greedy_ok"] is True
+    assert [s["new_tokens"] for s in doc["summaries"]] == [24, 24]

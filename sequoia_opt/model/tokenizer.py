@@ -7,7 +7,8 @@ generation (EOS plus end-of-turn tokens such as ``<|im_end|>``), the model's cha
 weights load.
 
 Sources: Hugging Face ``tokenizers`` (BPE model, ByteLevel pre-tokenizer/decoder); the HF
-``tokenizer_config.json`` convention for ``bos_token`` / ``eos_token``.
+``tokenizer_config.json`` convention for ``bos_token`` / ``eos_token``; llama.cpp's ``llm_tokenizer_spm``
+(``llama-vocab.cpp``) for the SentencePiece merge of :func:`spm_pieces`, checked against llama-cpp-python 0.3.36.
 """
 
 from __future__ import annotations
