@@ -3152,6 +3152,19 @@ def test_the_batch_benchmark_refuses_a_plan_it_cannot_price_before_profiling(tmp
         "widen --draft-tokens")
 
 
+def _loop_curve(policy):
+    """A batch-1 curve timed to n = 9 (draft levels up to 8 tokens) whose loop table names ``policy`` (the loop
+    probes tune times: "chain" for --shape chain, "static" for --shape tree)."""
+    return LatencyCurve.from_dict({
+        "format": "treeopt-latency/1", "id": policy, "step_overhead_ms": 0.5,
+        "curves": [{"context_tokens": 0,
+                    "target": {"tokens": list(range(1, 10)), "target_forward_ms": [10.0 + n for n in range(9)]},
+                    "draft": {"tokens": [1, 2, 3, 4, 6, 8], "draft_forward_ms": [1.0] * 6},
+                    "loop": {"policy": policy, "tokens": list(range(1, 10)),
+                             "verify_ms": [10.5 + n for n in range(9)], "bookkeeping_ms": [0.3] * 9,
+                             "draft_extra_ms": 0.8}}]})
+
+
 def test_tune_tree_and_chain_shapes_do_not_share_a_profile_timed_for_the_other(tmp_path):
     """treeopt tune times the loop of the shape it solves (chain probes for chains, wide static probes for trees);
     a saved profile timed for the other shape priced a tree's step on a chain's loop extras (and back), and a
@@ -3163,18 +3176,8 @@ def test_tune_tree_and_chain_shapes_do_not_share_a_profile_timed_for_the_other(t
     from sequoia_opt.profiles import save_acceptance
     from sequoia_opt.prompts import demo_prompts_path
 
-    def curve(policy):
-        return LatencyCurve.from_dict({
-            "format": "treeopt-latency/1", "id": "t", "step_overhead_ms": 0.5,
-            "curves": [{"context_tokens": 0,
-                        "target": {"tokens": list(range(1, 10)), "target_forward_ms": [10.0 + n for n in range(9)]},
-                        "draft": {"tokens": [1, 2, 3, 4, 6, 8], "draft_forward_ms": [1.0] * 6},
-                        "loop": {"policy": policy, "tokens": list(range(1, 10)),
-                                 "verify_ms": [10.5 + n for n in range(9)], "bookkeeping_ms": [0.3] * 9,
-                                 "draft_extra_ms": 0.8}}]})
-
-    chain_timed = BatchLatencyProfile(id="c", curves={1: curve("chain")})
-    tree_timed = BatchLatencyProfile(id="s", curves={1: curve("static")})
+    chain_timed = BatchLatencyProfile(id="c", curves={1: _loop_curve("chain")})
+    tree_timed = BatchLatencyProfile(id="s", curves={1: _loop_curve("static")})
     tree, chain = (TuneOptions(engine="treeopt", batches=[1], context=0, shape=s) for s in ("tree", "chain"))
     assert _latency_misfit(chain_timed, tree, 8) == "timed the chain loop, not the static loop --shape tree runs"
     assert _latency_misfit(tree_timed, chain, 8) == "timed the static loop, not the chain loop --shape chain runs"
@@ -3260,16 +3263,6 @@ def test_tune_chain_and_tree_shapes_on_one_pair_each_keep_their_own_latency_prof
     from sequoia_opt.jobs.tune import _latency
     from sequoia_opt.profiles.batch import load_batch_latency
 
-    def curve(policy):
-        return LatencyCurve.from_dict({
-            "format": "treeopt-latency/1", "id": policy, "step_overhead_ms": 0.5,
-            "curves": [{"context_tokens": 0,
-                        "target": {"tokens": list(range(1, 10)), "target_forward_ms": [10.0 + n for n in range(9)]},
-                        "draft": {"tokens": [1, 2, 3, 4, 6, 8], "draft_forward_ms": [1.0] * 6},
-                        "loop": {"policy": policy, "tokens": list(range(1, 10)),
-                                 "verify_ms": [10.5 + n for n in range(9)], "bookkeeping_ms": [0.3] * 9,
-                                 "draft_extra_ms": 0.8}}]})
-
     path = tmp_path / "cpu" / "pair-latency-batch.yaml"
     trees = path.with_suffix(".trees.tune.yaml")
     calls = []
@@ -3278,7 +3271,7 @@ def test_tune_chain_and_tree_shapes_on_one_pair_each_keep_their_own_latency_prof
         def measure(batches):
             calls.append(shape)
             policy = "static" if shape == "tree" else "chain"
-            return BatchLatencyProfile(id=shape, curves={b: curve(policy) for b in batches},
+            return BatchLatencyProfile(id=shape, curves={b: _loop_curve(policy) for b in batches},
                                        source="measured by treeopt tune --engine treeopt (1 round)",
                                        device={"threads": 1})
         return measure

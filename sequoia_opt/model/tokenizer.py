@@ -291,6 +291,21 @@ def _pre_tokenizer(kind: str):
                         pt.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
 
 
+def _add_typed_tokens(tok: "tokenizers.Tokenizer", tokens: list[str], token_types: list[int], *,
+                      special_types: tuple[int, ...]) -> None:
+    """Add a GGUF vocabulary's whole-match tokens to ``tok``: those of ``special_types`` (GGUF token types: 2
+    unknown, 3 control) as special tokens (dropped by ``decode(skip_special=True)``), user-defined ones (type 4)
+    as plain added tokens; each matched whole in text, never split by the model."""
+    special = [tokenizers.AddedToken(tokens[i], special=True, normalized=False)
+               for i, t in enumerate(token_types) if t in special_types]
+    user = [tokenizers.AddedToken(tokens[i], special=False, normalized=False)
+            for i, t in enumerate(token_types) if t == 4]
+    if special:
+        tok.add_special_tokens(special)
+    if user:
+        tok.add_tokens(user)
+
+
 def bpe_tokenizer_from_vocab(
     tokens: list[str],
     merges: list[str],
@@ -346,14 +361,7 @@ def bpe_tokenizer_from_vocab(
     tok.pre_tokenizer = _pre_tokenizer(kind)
     tok.decoder = tokenizers.decoders.ByteLevel()
     if token_types is not None:
-        special = [tokenizers.AddedToken(tokens[i], special=True, normalized=False)
-                   for i, t in enumerate(token_types) if t == 3]
-        user = [tokenizers.AddedToken(tokens[i], special=False, normalized=False)
-                for i, t in enumerate(token_types) if t == 4]
-        if special:
-            tok.add_special_tokens(special)
-        if user:
-            tok.add_tokens(user)
+        _add_typed_tokens(tok, tokens, token_types, special_types=(3,))
     if add_bos:
         if bos_id is None:
             raise CheckpointError("the tokenizer asks for a BOS token but names none")
@@ -525,14 +533,7 @@ def spm_tokenizer_from_vocab(
             dec.append(tokenizers.decoders.Strip(" ", 1, 0))
         tok.decoder = tokenizers.decoders.Sequence(dec)
         if token_types is not None:
-            special = [tokenizers.AddedToken(tokens[i], special=True, normalized=False)
-                       for i, t in enumerate(token_types) if t in (2, 3)]
-            user = [tokenizers.AddedToken(tokens[i], special=False, normalized=False)
-                    for i, t in enumerate(token_types) if t == 4]
-            if special:
-                tok.add_special_tokens(special)
-            if user:
-                tok.add_tokens(user)
+            _add_typed_tokens(tok, tokens, token_types, special_types=(2, 3))
         marks = []
         for wanted, i, what in ((add_bos, bos_id, "BOS"), (add_eos, eos_id, "EOS")):
             if wanted:
