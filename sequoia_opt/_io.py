@@ -250,8 +250,8 @@ def _folders_locked():
     multi-file write renames its files inside it: two writers of the same files (``treeopt tune -o A --schedule
     B`` twice at once) each rename all of theirs before the other renames any, so the files on disk are all one
     writer's, never A from one and B from the other; :func:`create_files` gives a unit its names inside it, so
-    :func:`remove_uncommitted` never takes a unit being named for an orphan. A folder that cannot be locked (no ``fcntl``: Windows; a
-    file system without ``flock``) is written unlocked, as before."""
+    :func:`remove_uncommitted` never takes a unit being named for an orphan. A folder that cannot be locked (no
+    ``fcntl``: Windows; a file system without ``flock``) is written unlocked, as before."""
     fds: list[int] = []
 
     def lock(folders: Sequence[Path]) -> bool:

@@ -241,8 +241,8 @@ class RunReport:
         both or neither, the CSV first so a JSON always has its CSV). Never replaces a file: when a file of
         this run id exists already (another run's), the run takes a fresh id (:func:`~sequoia_opt._io.new_run_id`)
         and ``run_id`` changes. A run's CSV without its JSON in the folder (a run killed between the two names) is
-        removed first (:func:`~sequoia_opt._io.remove_uncommitted`), each with a :class:`~sequoia_opt.errors.ProfileWarning` naming
-        it. Returns ``(json path, csv path)``.
+        removed first (:func:`~sequoia_opt._io.remove_uncommitted`), each with a
+        :class:`~sequoia_opt.errors.ProfileWarning` naming it. Returns ``(json path, csv path)``.
 
         Raises:
             OutputError: the OS refuses the write, or another writer takes the fresh names between the check

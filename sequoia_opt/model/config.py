@@ -236,7 +236,8 @@ class ModelConfig:
         checkpoint's architecture is the float one's."""
         family = _hf_family(cfg)
         quant = cfg.get("quantization_config")
-        if quant is not None and not shape_only:  # GPTQ / AWQ / bitsandbytes / FP8: packed tensors, else an on-load quantization
+        # GPTQ / AWQ / bitsandbytes / FP8: packed tensors, else a quantization on load
+        if quant is not None and not shape_only:
             method = quant.get("quant_method") if isinstance(quant, dict) else None
             raise CheckpointError(f"config.json quantization_config (quant_method {method!r}): a quantized checkpoint, "
                                   "which treeopt does not load (it reads float weights: give the unquantized "

@@ -459,7 +459,8 @@ class GGUFChat:
 
 
 #: The BOS / EOS ids llama.cpp gives a vocabulary whose file names none, by ``tokenizer.ggml.model``
-#: (``llama-vocab.cpp``'s defaults: ``gpt2`` 11 and 11, as :func:`tokenizer_from_gguf`; SentencePiece ``llama`` 1 and 2).
+#: (``llama-vocab.cpp``'s defaults: ``gpt2`` 11 and 11, as :func:`tokenizer_from_gguf`; SentencePiece ``llama`` 1
+#: and 2).
 _DEFAULT_SPECIAL_IDS = {"gpt2": {"bos": _BPE_DEFAULT_SPECIAL_ID, "eos": _BPE_DEFAULT_SPECIAL_ID},
                         "llama": {"bos": 1, "eos": 2}}
 

@@ -173,7 +173,8 @@ class _DraftExpander:
             kk = min(k, q.shape[-1])
             if self.sample:
                 nnz = int((q > 0).sum(-1).min())
-                cand = sample_without_replacement(q, min(kk, nnz), s.generator_of(self.state))  # (w, k') ordered samples
+                # (w, k') ordered samples, from this row's own generator
+                cand = sample_without_replacement(q, min(kk, nnz), s.generator_of(self.state))
                 vals = q.gather(1, cand)
             else:
                 vals, cand = q.topk(kk, dim=-1)  # (w, k) rank order

@@ -22,7 +22,8 @@ from .profile import (batch_calls, forward_calls, measure_acceptance, measure_ba
                       profile_latency, profile_latency_batch)
 from .target import LlamaCppDrafter, LlamaCppTarget
 
-__all__ = ["LlamaCppModel", "LlamaCppTarget", "LlamaCppDrafter", "check_gguf", "engine_info", "server_prompt_ids", "DRAFT_TOP_K", "top1",
+__all__ = ["LlamaCppModel", "LlamaCppTarget", "LlamaCppDrafter", "check_gguf", "engine_info", "server_prompt_ids",
+           "DRAFT_TOP_K", "top1",
            "Step", "Generation", "generate", "SettingRun", "run_settings", "GgufPair", "resolve_pair",
            "forward_calls", "batch_calls", "measure_acceptance", "measure_batch_overhead", "measure_step_overhead",
            "profile_latency", "profile_latency_batch", "ChainSetting",

@@ -25,7 +25,8 @@ import numpy as np
 from ...errors import EngineError
 from .. import require_engine
 
-__all__ = ["LlamaCppModel", "engine_info", "check_gguf", "server_prompt_ids", "DRAFT_TOP_K", "top1", "use_extra_bufts", "EXTRA_BUFTS_ENV"]
+__all__ = ["LlamaCppModel", "engine_info", "check_gguf", "server_prompt_ids", "DRAFT_TOP_K", "top1", "use_extra_bufts",
+           "EXTRA_BUFTS_ENV"]
 
 DRAFT_TOP_K = 10
 
@@ -319,6 +320,7 @@ class LlamaCppModel:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
 
 def server_prompt_ids(path: str | Path, prompts: Sequence[Any], *, model: str) -> list[list[int]]:
     """Token ids of each prompt as llama-server gives the GGUF ``path`` them: a raw prompt's text, a chat prompt
