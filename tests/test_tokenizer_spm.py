@@ -19,7 +19,8 @@ from test_loaders_gguf import gguf_name, randomize, tiny_config  # noqa: E402
 from sequoia_opt.cli import app  # noqa: E402
 from sequoia_opt.model import Transformer  # noqa: E402
 from sequoia_opt.model.gguf_loader import open_gguf, permute_qk, tokenizer_from_gguf  # noqa: E402
-from sequoia_opt.model.tokenizer import spm_pieces  # noqa: E402
+from sequoia_opt.errors import CheckpointError  # noqa: E402
+from sequoia_opt.model.tokenizer import spm_pieces, spm_tokenizer_from_vocab  # noqa: E402
 
 #: merged tokens (normal, score -position unless tied) of the tiny vocabulary: "ab", "bc", "ca" tie (-5, leftmost
 #: pair wins), "<s" + ">" joins into the control token "<s>" (as llama.cpp's merge finds any token), "世界" joins two
@@ -209,3 +210,86 @@ def test_run_on_a_sentencepiece_gguf_pair_is_greedy_exact(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["greedy_ok"] is True
     assert [s["new_tokens"] for s in doc["summaries"]] == [24, 24]
+
+
+def write_hostile_spm_gguf(path, *, tokens=None, types="keep", scores="keep", bos=1, extra=()):
+    """The metadata-only tiny SPM GGUF with one key replaced: ``tokens`` / ``types`` / ``scores`` a list (written
+    with the element type numpy gives it) or None (no key; "keep": the tiny vocabulary's), ``bos`` an id written
+    as uint32, ``extra`` (key, value, GGUFValueType) written as given."""
+    toks, ty0, s0 = spm_vocab()
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, v in ((w.add_block_count, 1), (w.add_context_length, 64), (w.add_embedding_length, 16),
+                   (w.add_feed_forward_length, 32), (w.add_head_count, 2), (w.add_head_count_kv, 2),
+                   (w.add_layer_norm_rms_eps, 1e-5), (w.add_rope_dimension_count, 8)):
+        add(v)
+    w.add_tokenizer_model("llama")
+    w.add_array("tokenizer.ggml.tokens", toks if tokens is None else tokens)
+    for key, value, kept in (("token_type", types, ty0), ("scores", scores, s0)):
+        if value is not None:
+            w.add_array(f"tokenizer.ggml.{key}", kept if value == "keep" else value)
+    w.add_uint32("tokenizer.ggml.bos_token_id", bos)
+    for key, value, vtype in extra:
+        w.add_key_value(key, value, vtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+_N = len(spm_vocab()[0])
+_S = spm_vocab()[2]
+_NO_BYTES = [i for i, t in enumerate(spm_vocab()[0]) if not t.startswith("<0x")]
+HOSTILE = {  # case -> (writer arguments, the key named, what the one line says)
+    "int scores": (dict(scores=[int(s) for s in _S]), "tokenizer.ggml.scores", "array of int32"),
+    "string scores": (dict(scores=["a"] * _N), "tokenizer.ggml.scores", "array of string"),
+    "NaN score": (dict(scores=[float("nan")] + _S[1:]), "tokenizer.ggml.scores", "NaN"),
+    "short scores": (dict(scores=_S[:-1]), "tokenizer.ggml.scores", f"{_N - 1} entries for {_N} tokens"),
+    "short token_type": (dict(types=spm_vocab()[1][:-1]), "tokenizer.ggml.token_type", "entries"),
+    "float token_type": (dict(types=[float(t) for t in spm_vocab()[1]]), "tokenizer.ggml.token_type", "float32"),
+    "BOS out of range": (dict(bos=_N + 5), "tokenizer.ggml.bos_token_id", f"= {_N + 5} is outside"),
+    "EOS out of range": (dict(extra=[("tokenizer.ggml.eos_token_id", _N, gguf.GGUFValueType.UINT32)]),
+                         "tokenizer.ggml.eos_token_id", "outside"),
+    "EOT a string": (dict(extra=[("tokenizer.ggml.eot_token_id", "x", gguf.GGUFValueType.STRING)]),
+                     "tokenizer.ggml.eot_token_id", "uint32"),
+    "EOS an int32": (dict(extra=[("tokenizer.ggml.eos_token_id", -1, gguf.GGUFValueType.INT32)]),
+                     "tokenizer.ggml.eos_token_id", "got int32"),
+    "repeated token": (dict(tokens=spm_vocab()[0][:-1] + ["é"]), "tokenizer.ggml.tokens", "repeats the token 'é'"),
+    "no byte tokens": (dict(tokens=[spm_vocab()[0][i] for i in _NO_BYTES], types=[spm_vocab()[1][i] for i in _NO_BYTES],
+                            scores=[_S[i] for i in _NO_BYTES]), "tokenizer.ggml.tokens", "<0x00>"),
+    "int tokens": (dict(tokens=list(range(_N))), "tokenizer.ggml.tokens", "array of strings"),
+    "add_space_prefix a string": (dict(extra=[("tokenizer.ggml.add_space_prefix", "false", gguf.GGUFValueType.STRING)]),
+                                  "tokenizer.ggml.add_space_prefix", "must be a bool"),
+    "add_bos_token a uint32": (dict(extra=[("tokenizer.ggml.add_bos_token", 0, gguf.GGUFValueType.UINT32)]),
+                               "tokenizer.ggml.add_bos_token", "must be a bool"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_spm_gguf_is_one_error_line_naming_the_key(tmp_path, case):
+    """Each was a traceback (IndexError, ValueError, TypeError), a message naming no key, or a silent tokenization
+    llama.cpp does not make: bool("false") is True, int scores (llama.cpp reinterprets their bytes as float32),
+    a short token-type list, a vocabulary without byte tokens encoding "界" as <unk> where llama.cpp aborts."""
+    kwargs, key, says = HOSTILE[case]
+    path = write_hostile_spm_gguf(tmp_path / "bad.gguf", **kwargs)
+    with pytest.raises(CheckpointError) as err:
+        tokenizer_from_gguf(open_gguf(path))
+    assert key in str(err.value) and says in str(err.value), str(err.value)
+
+
+def test_hostile_spm_gguf_run_exits_2_naming_file_and_key(tmp_path):
+    path = write_hostile_spm_gguf(tmp_path / "bad.gguf", bos=_N + 5)
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "the"}) + "\n")
+    (tmp_path / "chain.json").write_text("[[0]]")
+    r = CliRunner().invoke(app, ["run", "-t", str(path), "--tree", str(tmp_path / "chain.json"), "--prompts",
+                                 str(tmp_path / "p.jsonl")])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [f"error: {path}: GGUF tokenizer.ggml.bos_token_id = {_N + 5} is outside "
+                                              f"the {_N} tokens"]
+
+
+def test_spm_tokenizer_from_vocab_refuses_a_special_id_outside_the_tokens():
+    toks, types, scores = spm_vocab()
+    for bos in (len(toks), -1):  # IndexError before; -1 silently made the last token BOS
+        with pytest.raises(CheckpointError, match="BOS id"):
+            spm_tokenizer_from_vocab(toks, scores, token_types=types, bos_id=bos)

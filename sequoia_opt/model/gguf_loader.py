@@ -46,7 +46,7 @@ from .tokenizer import Tokenizer, bpe_tokenizer_from_vocab, spm_tokenizer_from_v
 
 try:  # a declared dependency; without it, loading a GGUF raises a clear CheckpointError
     import gguf
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 except ImportError:  # pragma: no cover - gguf is a declared dependency
     gguf = None
 
@@ -404,6 +404,27 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     )
 
 
+def _typed_field(reader: "GGUFReader", key: str, types: tuple, what: str, *, array: bool = False,
+                 default: Any = _MISSING) -> Any:
+    """:func:`_field`, the value (each element where ``array``) of one of the GGUF value ``types``, as llama.cpp's
+    typed reads take it (``get_key`` refuses another type; ``get_arr_data`` reinterprets the bytes).
+
+    Raises:
+        CheckpointError: another type, naming ``key``, ``what`` it must be and the type found.
+    """
+    f = reader.fields.get(key)
+    if f is not None:
+        is_array = f.types[0] == GGUFValueType.ARRAY
+        got = f.types[1:] if is_array else f.types  # an empty array names no element type
+        if is_array != array or len(got) > 1 or (got and got[0] not in types):
+            found = " of ".join(["array"] * is_array + [t.name.lower() for t in got])
+            raise CheckpointError(f"GGUF {key} must be {what}, got {found}")
+    return _field(reader, key, default)
+
+
+_BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
+
+
 def _spm_tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     """:func:`tokenizer_from_gguf` for a SentencePiece (``tokenizer.ggml.model = "llama"``) vocabulary, with
     llama.cpp's defaults where the file is silent (``llama-vocab.cpp``): ``scores`` 0, ``token_type`` normal,
@@ -411,27 +432,60 @@ def _spm_tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     (:data:`_DEFAULT_SPECIAL_IDS`); ``eot_token_id`` / ``eom_token_id`` join the EOS set. See
     :func:`~sequoia_opt.model.tokenizer.spm_tokenizer_from_vocab`.
 
+    Keys are read with the types llama.cpp reads them with: ``tokens`` strings, ``scores`` float32, ``token_type``
+    int32 (llama.cpp reinterprets another element type's bytes), ``*_token_id`` uint32, ``add_*`` bool (llama.cpp
+    refuses another type).
+
     Raises:
-        CheckpointError: no token list, a score list of another length, a chat template that is not a string.
+        CheckpointError: naming the key: no or an empty token list, a key of another type, a score or token-type
+            list of another length, a NaN score (llama.cpp's merge queue has no order then), a token string
+            repeated (llama.cpp aborts), a byte token ``<0x00>`` .. ``<0xFF>`` missing (llama.cpp aborts on a
+            character it must write as that byte), a special id outside the token list (llama.cpp falls back to
+            its default id with a warning), a chat template that is not a string.
     """
-    tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]
-    scores = _field(reader, "tokenizer.ggml.scores", None)
-    types = _field(reader, "tokenizer.ggml.token_type", None)
+    ints, u32, f32, strs, bool_ = ((GGUFValueType.INT32,), (GGUFValueType.UINT32,), (GGUFValueType.FLOAT32,),
+                                   (GGUFValueType.STRING,), (GGUFValueType.BOOL,))
+    key = "tokenizer.ggml."
+    tokens = [str(t) for t in _typed_field(reader, key + "tokens", strs, "an array of strings", array=True)]
+    if not tokens:
+        raise CheckpointError(f"GGUF {key}tokens is empty")
+    scores = _typed_field(reader, key + "scores", f32, "an array of float32", array=True, default=None)
+    types = _typed_field(reader, key + "token_type", ints, "an array of int32", array=True, default=None)
+    for name, values in (("scores", scores), ("token_type", types)):
+        if values is not None and len(values) != len(tokens):
+            raise CheckpointError(f"GGUF {key}{name} has {len(values)} entries for {len(tokens)} tokens")
+    if scores is not None:
+        scores = [float(s) for s in scores]
+        nan = next((i for i, s in enumerate(scores) if math.isnan(s)), None)
+        if nan is not None:
+            raise CheckpointError(f"GGUF {key}scores holds NaN (token {nan}, {tokens[nan]!r})")
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if seen.setdefault(t, i) != i:
+            raise CheckpointError(f"GGUF {key}tokens repeats the token {t!r} (ids {seen[t]} and {i}); llama.cpp "
+                                  "aborts on it")
+    missing = [b for b in _BYTE_TOKENS if b not in seen]
+    if missing:
+        raise CheckpointError(f"GGUF {key}tokens lacks {len(missing)} of the 256 byte tokens ({missing[0]} first): "
+                              "llama.cpp aborts on a character it must write as a missing byte")
     template = _field(reader, "tokenizer.chat_template", None)
     if template is not None and not isinstance(template, str):
         raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
-    ids = {}
-    for name, default in _DEFAULT_SPECIAL_IDS["llama"].items():
-        ids[name] = _field(reader, f"tokenizer.ggml.{name}_token_id", default if default < len(tokens) else None)
-    extra = [_field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom")]
+    ids: dict[str, int | None] = {}
+    for name, default in (*_DEFAULT_SPECIAL_IDS["llama"].items(), ("eot", None), ("eom", None)):
+        i = _typed_field(reader, f"{key}{name}_token_id", u32, "a uint32", default=None)
+        if i is not None and not 0 <= int(i) < len(tokens):
+            raise CheckpointError(f"GGUF {key}{name}_token_id = {i} is outside the {len(tokens)} tokens")
+        ids[name] = int(i) if i is not None else default if default is not None and default < len(tokens) else None
+    flag = lambda name, default: bool(_typed_field(reader, key + name, bool_, "a bool", default=default))  # noqa: E731
     return spm_tokenizer_from_vocab(
-        tokens, [0.0] * len(tokens) if scores is None else [float(s) for s in scores],
+        tokens, [0.0] * len(tokens) if scores is None else scores,
         token_types=None if types is None else [int(t) for t in types],
-        add_space_prefix=bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)),
+        add_space_prefix=flag("add_space_prefix", True),
         bos_id=ids["bos"], eos_id=ids["eos"],
-        eos_ids=[int(i) for i in extra + [ids["eos"]] if i is not None],
-        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", ids["bos"] is not None)),
-        add_eos=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
+        eos_ids=[i for i in (ids["eot"], ids["eom"], ids["eos"]) if i is not None],
+        add_bos=flag("add_bos_token", ids["bos"] is not None),
+        add_eos=flag("add_eos_token", False),
         chat_template=template,
     )
 

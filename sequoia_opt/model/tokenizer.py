@@ -482,9 +482,10 @@ def spm_tokenizer_from_vocab(
     """Rebuild a SentencePiece tokenizer (Llama 2, Mistral v0.1, TinyLlama, CodeLlama) as llama.cpp's SPM
     tokenizer runs it: text -> a space in front (``add_space_prefix``) -> spaces as ``"▁"`` -> the
     highest-score merge of :func:`spm_pieces` -> a character that is no token as its byte tokens ``<0xXX>``
-    (``<unk>`` where the vocabulary lacks one) -> BOS in front (``add_bos``), EOS behind (``add_eos``). Decoding
-    writes byte tokens as bytes and ``"▁"`` as a space, and drops the first space of the text where
-    ``add_space_prefix`` put it (after a skipped BOS too, as llama-cpp-python's ``detokenize``).
+    (``<unk>`` where the vocabulary lacks one; llama.cpp aborts there, and the GGUF loader refuses such a
+    vocabulary) -> BOS in front (``add_bos``), EOS behind (``add_eos``). Decoding writes byte tokens as bytes
+    and ``"▁"`` as a space, and drops the first space of the text where ``add_space_prefix`` put it (after a
+    skipped BOS too, as llama-cpp-python's ``detokenize``).
 
     Args:
         tokens: token strings in id order (GGUF ``tokenizer.ggml.tokens``).
@@ -500,11 +501,14 @@ def spm_tokenizer_from_vocab(
         chat_template: the model's chat template (GGUF ``tokenizer.chat_template``), or None.
 
     Raises:
-        CheckpointError: as many scores as tokens missing, duplicate token strings, or ``add_bos`` / ``add_eos``
-            without its id.
+        CheckpointError: as many scores as tokens missing, duplicate token strings, a BOS / EOS id outside the
+            tokens, or ``add_bos`` / ``add_eos`` without its id.
     """
     if len(scores) != len(tokens):
         raise CheckpointError(f"tokenizer has {len(tokens)} tokens but {len(scores)} scores")
+    for what, i in (("BOS", bos_id), ("EOS", eos_id)):  # before tokens[i]: an IndexError, or -1 the last token
+        if i is not None and not 0 <= i < len(tokens):
+            raise CheckpointError(f"{what} id {i} is outside the vocabulary of {len(tokens)} tokens")
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         seen: set[str] = set()
