@@ -293,3 +293,17 @@ def test_spm_tokenizer_from_vocab_refuses_a_special_id_outside_the_tokens():
     for bos in (len(toks), -1):  # IndexError before; -1 silently made the last token BOS
         with pytest.raises(CheckpointError, match="BOS id"):
             spm_tokenizer_from_vocab(toks, scores, token_types=types, bos_id=bos)
+
+
+def test_export_draft_of_a_sentencepiece_gguf_is_one_line_naming_sentencepiece(tmp_path):
+    """It said "cannot name this tokenizer's pre-tokenizer (None) for llama.cpp": true of the BPE writer, no word of
+    why. Now one line, exit 2, naming the SentencePiece vocabulary; nothing written."""
+    n = len(spm_vocab()[0])
+    src = write_spm_gguf(tmp_path / "t.gguf", model=randomize(Transformer(tiny_config(vocab_size=n)), 0))
+    out = tmp_path / "out.gguf"
+    r = CliRunner().invoke(app, ["export-draft", "--draft", str(src), "--gguf", str(out), "--no-check"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines() == [
+        "error: the tokenizer is SentencePiece (GGUF tokenizer.ggml.model 'llama'); the GGUF writer writes byte-level "
+        "BPE ('gpt2') vocabularies only: use a SentencePiece .gguf draft as is"]
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["t.gguf"]

@@ -24,7 +24,7 @@ from ..errors import CheckpointError
 from .config import ModelConfig
 from .gguf_loader import _BLOCK_NAMES, _GLOBAL_NAMES, _ROPE_FREQS, permute_qk
 from .llama import Transformer, rope_inv_freq
-from .tokenizer import _DEFAULT_PATTERNS, _LLAMA3_PATTERN, _QWEN2_PATTERN, Tokenizer
+from .tokenizer import _DEFAULT_PATTERNS, _LLAMA3_PATTERN, _QWEN2_PATTERN, SpmTokenizer, Tokenizer
 
 #: ``--outtype`` values: how 2-D weights are stored (1-D tensors are F32 in every case).
 OUTTYPES = ("f32", "f16", "q8_0")
@@ -144,8 +144,9 @@ def write_gguf(path: str | os.PathLike, model: Transformer, tokenizer: Tokenizer
         the path written.
 
     Raises:
-        CheckpointError: an unknown outtype, a tokenizer that is not byte-level BPE or whose pre-tokenizer
-            llama.cpp cannot name, a vocabulary larger than the embedding, rope scaling llama.cpp cannot take.
+        CheckpointError: an unknown outtype, a tokenizer that is not byte-level BPE (SentencePiece) or whose
+            pre-tokenizer llama.cpp cannot name, a vocabulary larger than the embedding, rope scaling llama.cpp
+            cannot take.
         OutputError: the file cannot be written.
     """
     import gguf
@@ -160,6 +161,9 @@ def write_gguf(path: str | os.PathLike, model: Transformer, tokenizer: Tokenizer
     if arch == "qwen2" and (kind == "llama3" or c.rope_freq_factors is not None):
         raise CheckpointError("llama.cpp's qwen2 reads no rope_freqs: a biased model with Llama 3 scaling or freq "
                               "factors cannot be written")
+    if isinstance(tokenizer, SpmTokenizer):  # else "cannot name this tokenizer's pre-tokenizer (None)"
+        raise CheckpointError("the tokenizer is SentencePiece (GGUF tokenizer.ggml.model 'llama'); the GGUF writer "
+                              "writes byte-level BPE ('gpt2') vocabularies only: use a SentencePiece .gguf draft as is")
     pre = gguf_pre_tokenizer(tokenizer)
     merges = _merges(tokenizer)
     tokens, types = _tokens(tokenizer, c.vocab_size)
