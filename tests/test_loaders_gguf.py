@@ -709,3 +709,33 @@ def test_gguf_pre_gpt2_refused_as_llama_cpp_refuses_it(tmp_path):
     with pytest.raises(CheckpointError, match="tokenizer.ggml.pre = 'gpt2'"):
         tokenizer_from_gguf(open_gguf(path))
     assert tokenizer_from_gguf(open_gguf(src)).encode("the")  # "gpt-2" still reads
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (lambda w: w.add_bos_token_id(100_000), "BOS id 100000 is outside the vocabulary of"),
+    (lambda w: w.add_int32("tokenizer.ggml.eos_token_id", 2), "GGUF tokenizer.ggml.eos_token_id must be a uint32 "
+                                                             "token id, got int32"),
+    (lambda w: w.add_string("tokenizer.ggml.add_bos_token", "false"), "GGUF tokenizer.ggml.add_bos_token must be a "
+                                                                      "bool, got string"),
+])
+def test_hostile_bpe_gguf_special_keys_are_one_error_naming_the_key(tmp_path, edit, msg):
+    """The byte-level BPE path read its special ids and add_bos_token untyped, as the SentencePiece path did before
+    it was hardened: a BOS id past the tokens was an IndexError, an int32 id was taken where llama.cpp refuses the
+    file, and add_bos_token = "false" (a string) was read as true. Each is one CheckpointError naming the key."""
+    from sequoia_opt.model.gguf_loader import tokenizer_from_gguf
+
+    tokens, merges, types = tiny_vocab()
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types(types)
+    edit(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError) as err:
+        tokenizer_from_gguf(open_gguf(tmp_path / "t.gguf"))
+    assert str(err.value).startswith(msg), str(err.value)

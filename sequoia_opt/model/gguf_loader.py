@@ -368,7 +368,8 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
 
     Raises:
         CheckpointError: another tokenizer model (``bert``, ``t5``, ...), an unknown pre-tokenizer or one
-            llama.cpp refuses (``gpt2``; its name is ``gpt-2``), or missing token lists.
+            llama.cpp refuses (``gpt2``; its name is ``gpt-2``), missing token lists, a special id that is not a
+            uint32 inside the tokens, an ``add_bos_token`` that is not a bool.
     """
     model = _field(reader, "tokenizer.ggml.model")
     if model == "llama":
@@ -379,15 +380,20 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = _field(reader, "tokenizer.ggml.merges")
     types = _field(reader, "tokenizer.ggml.token_type", None)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id", None)
-    extra = [_field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom")]
+    u32, bool_ = (GGUFValueType.UINT32,), (GGUFValueType.BOOL,)  # llama.cpp's typed reads refuse another type
+
+    def token_id(k: str, default: Any = None) -> Any:
+        return _typed_field(reader, f"tokenizer.ggml.{k}_token_id", u32, "a uint32 token id", default=default)
+
+    eos = token_id("eos")
+    extra = [token_id(k) for k in ("eot", "eom")]
     template = _field(reader, "tokenizer.chat_template", None)
     pre = str(_field(reader, "tokenizer.ggml.pre", "default"))
     if pre in _PRE_REFUSED_BY_LLAMA_CPP:  # treeopt would read the file, llama.cpp (what it is run with) not
         raise CheckpointError(f"GGUF tokenizer.ggml.pre = {pre!r} is refused by llama.cpp (unknown pre-tokenizer "
                               f"type); its name for this pre-tokenizer is {_PRE_REFUSED_BY_LLAMA_CPP[pre]!r}")
     default_id = _BPE_DEFAULT_SPECIAL_ID if _BPE_DEFAULT_SPECIAL_ID < len(tokens) else None
-    bos = _field(reader, "tokenizer.ggml.bos_token_id", default_id)
+    bos = token_id("bos", default_id)
     if eos is None:
         eos = default_id
     if template is not None and not isinstance(template, str):
@@ -399,7 +405,8 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
         bos_id=bos,
         eos_id=eos,
         eos_ids=[int(i) for i in extra + [eos] if i is not None],
-        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", pre in _ADD_BOS_BY_DEFAULT and bos is not None)),
+        add_bos=bool(_typed_field(reader, "tokenizer.ggml.add_bos_token", bool_, "a bool",
+                                  default=pre in _ADD_BOS_BY_DEFAULT and bos is not None)),
         chat_template=template,
     )
 

@@ -291,6 +291,14 @@ def _pre_tokenizer(kind: str):
                         pt.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
 
 
+def _check_special_ids(tokens: list[str], bos_id: int | None, eos_id: int | None) -> None:
+    """Refuse a BOS / EOS id outside ``tokens`` before anything indexes them (an IndexError, or -1 silently the
+    last token). Raises CheckpointError naming the id."""
+    for what, i in (("BOS", bos_id), ("EOS", eos_id)):
+        if i is not None and not 0 <= i < len(tokens):
+            raise CheckpointError(f"{what} id {i} is outside the vocabulary of {len(tokens)} tokens")
+
+
 def _add_typed_tokens(tok: "tokenizers.Tokenizer", tokens: list[str], token_types: list[int], *,
                       special_types: tuple[int, ...]) -> None:
     """Add a GGUF vocabulary's whole-match tokens to ``tok``: those of ``special_types`` (GGUF token types: 2
@@ -334,11 +342,12 @@ def bpe_tokenizer_from_vocab(
 
     Raises:
         CheckpointError: unknown ``pre``, duplicate token strings, a malformed merge or one whose parts or result
-            are not in the vocabulary, or ``add_bos`` without a BOS id.
+            are not in the vocabulary, a BOS / EOS id outside the tokens, or ``add_bos`` without a BOS id.
     """
     if pre not in PRE_TOKENIZERS:
         raise CheckpointError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); treeopt knows "
                               f"{', '.join(sorted(PRE_TOKENIZERS))}")
+    _check_special_ids(tokens, bos_id, eos_id)
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         seen: set[str] = set()
@@ -506,9 +515,7 @@ def spm_tokenizer_from_vocab(
     """
     if len(scores) != len(tokens):
         raise CheckpointError(f"tokenizer has {len(tokens)} tokens but {len(scores)} scores")
-    for what, i in (("BOS", bos_id), ("EOS", eos_id)):  # before tokens[i]: an IndexError, or -1 the last token
-        if i is not None and not 0 <= i < len(tokens):
-            raise CheckpointError(f"{what} id {i} is outside the vocabulary of {len(tokens)} tokens")
+    _check_special_ids(tokens, bos_id, eos_id)
     vocab = {t: i for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):
         seen: set[str] = set()
