@@ -291,12 +291,19 @@ def _pre_tokenizer(kind: str):
                         pt.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
 
 
-def _check_special_ids(tokens: list[str], bos_id: int | None, eos_id: int | None) -> None:
-    """Refuse a BOS / EOS id outside ``tokens`` before anything indexes them (an IndexError, or -1 silently the
-    last token). Raises CheckpointError naming the id."""
+def _checked_vocab(tokens: list[str], bos_id: int | None, eos_id: int | None) -> dict[str, int]:
+    """``{token: id}`` of ``tokens``, after refusing a BOS / EOS id outside them (before anything indexes them: an
+    IndexError, or -1 silently the last token) and a token string that repeats. Raises CheckpointError naming the
+    id or the token."""
     for what, i in (("BOS", bos_id), ("EOS", eos_id)):
         if i is not None and not 0 <= i < len(tokens):
             raise CheckpointError(f"{what} id {i} is outside the vocabulary of {len(tokens)} tokens")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        seen: set[str] = set()
+        dup = next(t for t in tokens if t in seen or seen.add(t))
+        raise CheckpointError(f"tokenizer vocabulary repeats the token {dup!r}")
+    return vocab
 
 
 def _add_typed_tokens(tok: "tokenizers.Tokenizer", tokens: list[str], token_types: list[int], *,
@@ -347,12 +354,7 @@ def bpe_tokenizer_from_vocab(
     if pre not in PRE_TOKENIZERS:
         raise CheckpointError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); treeopt knows "
                               f"{', '.join(sorted(PRE_TOKENIZERS))}")
-    _check_special_ids(tokens, bos_id, eos_id)
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        seen: set[str] = set()
-        dup = next(t for t in tokens if t in seen or seen.add(t))
-        raise CheckpointError(f"tokenizer vocabulary repeats the token {dup!r}")
+    vocab = _checked_vocab(tokens, bos_id, eos_id)
     pairs = []
     for m in merges:
         parts = m.split(" ")
@@ -515,12 +517,7 @@ def spm_tokenizer_from_vocab(
     """
     if len(scores) != len(tokens):
         raise CheckpointError(f"tokenizer has {len(tokens)} tokens but {len(scores)} scores")
-    _check_special_ids(tokens, bos_id, eos_id)
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        seen: set[str] = set()
-        dup = next(t for t in tokens if t in seen or seen.add(t))
-        raise CheckpointError(f"tokenizer vocabulary repeats the token {dup!r}")
+    vocab = _checked_vocab(tokens, bos_id, eos_id)
     score = {t: float(s) for t, s in zip(tokens, scores)}
     # transformers' GGUF / SentencePiece conversion: every split of a token into two tokens is a merge, ranked by
     # the joined token's score
