@@ -348,6 +348,33 @@ _ADD_BOS_BY_DEFAULT = ("llama-bpe", "llama3")
 #: read; checked with llama-cpp-python 0.3.36, ``Llama(vocab_only=True).token_bos()``).
 _BPE_DEFAULT_SPECIAL_ID = 11
 
+#: The BOS / EOS ids llama.cpp gives a vocabulary whose file names none, by ``tokenizer.ggml.model``
+#: (``llama-vocab.cpp``'s defaults: ``gpt2`` 11 and 11; SentencePiece ``llama`` 1 and 2).
+_DEFAULT_SPECIAL_IDS = {"gpt2": {"bos": _BPE_DEFAULT_SPECIAL_ID, "eos": _BPE_DEFAULT_SPECIAL_ID},
+                        "llama": {"bos": 1, "eos": 2}}
+
+
+def _default_special_id(model: str | None, name: str, n_tokens: int) -> int | None:
+    """llama.cpp's id for the ``name`` token (``bos`` / ``eos``) of a ``model`` vocabulary of ``n_tokens`` tokens
+    whose file names none (:data:`_DEFAULT_SPECIAL_IDS`); None where it has none or it lies past the tokens."""
+    i = _DEFAULT_SPECIAL_IDS.get(model or "", {}).get(name)
+    return i if i is not None and i < n_tokens else None
+
+
+def _token_id_field(reader: "GGUFReader", name: str, default: Any = None) -> Any:
+    """``tokenizer.ggml.<name>_token_id`` read as llama.cpp reads it, a uint32 (:func:`_typed_field`)."""
+    return _typed_field(reader, f"tokenizer.ggml.{name}_token_id", (GGUFValueType.UINT32,), "a uint32 token id",
+                        default=default)
+
+
+def _chat_template(reader: "GGUFReader") -> str | None:
+    """``tokenizer.chat_template``, or None. Raises CheckpointError for one that is not a string."""
+    template = _field(reader, "tokenizer.chat_template", None)
+    if template is not None and not isinstance(template, str):
+        raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
+    return template
+
+
 #: ``tokenizer.ggml.pre`` values :data:`~sequoia_opt.model.tokenizer.PRE_TOKENIZERS` knows that llama.cpp refuses
 #: (``unknown pre-tokenizer type``), with the name llama.cpp reads for the same pre-tokenizer.
 _PRE_REFUSED_BY_LLAMA_CPP = {"gpt2": "gpt-2"}
@@ -380,24 +407,13 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = _field(reader, "tokenizer.ggml.merges")
     types = _field(reader, "tokenizer.ggml.token_type", None)
-    u32, bool_ = (GGUFValueType.UINT32,), (GGUFValueType.BOOL,)  # llama.cpp's typed reads refuse another type
-
-    def token_id(k: str, default: Any = None) -> Any:
-        return _typed_field(reader, f"tokenizer.ggml.{k}_token_id", u32, "a uint32 token id", default=default)
-
-    eos = token_id("eos")
-    extra = [token_id(k) for k in ("eot", "eom")]
-    template = _field(reader, "tokenizer.chat_template", None)
+    extra = [_token_id_field(reader, k) for k in ("eot", "eom")]
     pre = str(_field(reader, "tokenizer.ggml.pre", "default"))
     if pre in _PRE_REFUSED_BY_LLAMA_CPP:  # treeopt would read the file, llama.cpp (what it is run with) not
         raise CheckpointError(f"GGUF tokenizer.ggml.pre = {pre!r} is refused by llama.cpp (unknown pre-tokenizer "
                               f"type); its name for this pre-tokenizer is {_PRE_REFUSED_BY_LLAMA_CPP[pre]!r}")
-    default_id = _BPE_DEFAULT_SPECIAL_ID if _BPE_DEFAULT_SPECIAL_ID < len(tokens) else None
-    bos = token_id("bos", default_id)
-    if eos is None:
-        eos = default_id
-    if template is not None and not isinstance(template, str):
-        raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
+    bos, eos = (_token_id_field(reader, k, _default_special_id(model, k, len(tokens))) for k in ("bos", "eos"))
+    template = _chat_template(reader)
     return bpe_tokenizer_from_vocab(
         tokens, merges,
         token_types=None if types is None else [int(t) for t in types],
@@ -405,7 +421,7 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
         bos_id=bos,
         eos_id=eos,
         eos_ids=[int(i) for i in extra + [eos] if i is not None],
-        add_bos=bool(_typed_field(reader, "tokenizer.ggml.add_bos_token", bool_, "a bool",
+        add_bos=bool(_typed_field(reader, "tokenizer.ggml.add_bos_token", (GGUFValueType.BOOL,), "a bool",
                                   default=pre in _ADD_BOS_BY_DEFAULT and bos is not None)),
         chat_template=template,
     )
@@ -450,8 +466,8 @@ def _spm_tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
             character it must write as that byte), a special id outside the token list (llama.cpp falls back to
             its default id with a warning), a chat template that is not a string.
     """
-    ints, u32, f32, strs, bool_ = ((GGUFValueType.INT32,), (GGUFValueType.UINT32,), (GGUFValueType.FLOAT32,),
-                                   (GGUFValueType.STRING,), (GGUFValueType.BOOL,))
+    ints, f32, strs, bool_ = ((GGUFValueType.INT32,), (GGUFValueType.FLOAT32,), (GGUFValueType.STRING,),
+                              (GGUFValueType.BOOL,))
     key = "tokenizer.ggml."
     tokens = [str(t) for t in _typed_field(reader, key + "tokens", strs, "an array of strings", array=True)]
     if not tokens:
@@ -475,15 +491,13 @@ def _spm_tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     if missing:
         raise CheckpointError(f"GGUF {key}tokens lacks {len(missing)} of the 256 byte tokens ({missing[0]} first): "
                               "llama.cpp aborts on a character it must write as a missing byte")
-    template = _field(reader, "tokenizer.chat_template", None)
-    if template is not None and not isinstance(template, str):
-        raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
+    template = _chat_template(reader)
     ids: dict[str, int | None] = {}
-    for name, default in (*_DEFAULT_SPECIAL_IDS["llama"].items(), ("eot", None), ("eom", None)):
-        i = _typed_field(reader, f"{key}{name}_token_id", u32, "a uint32", default=None)
+    for name in ("bos", "eos", "eot", "eom"):
+        i = _token_id_field(reader, name)
         if i is not None and not 0 <= int(i) < len(tokens):
             raise CheckpointError(f"GGUF {key}{name}_token_id = {i} is outside the {len(tokens)} tokens")
-        ids[name] = int(i) if i is not None else default if default is not None and default < len(tokens) else None
+        ids[name] = int(i) if i is not None else _default_special_id("llama", name, len(tokens))
     flag = lambda name, default: bool(_typed_field(reader, key + name, bool_, "a bool", default=default))  # noqa: E731
     return spm_tokenizer_from_vocab(
         tokens, [0.0] * len(tokens) if scores is None else scores,
@@ -519,13 +533,6 @@ class GGUFChat:
                            bos_token=self.bos_token, eos_token=self.eos_token)
 
 
-#: The BOS / EOS ids llama.cpp gives a vocabulary whose file names none, by ``tokenizer.ggml.model``
-#: (``llama-vocab.cpp``'s defaults: ``gpt2`` 11 and 11, as :func:`tokenizer_from_gguf`; SentencePiece ``llama`` 1
-#: and 2).
-_DEFAULT_SPECIAL_IDS = {"gpt2": {"bos": _BPE_DEFAULT_SPECIAL_ID, "eos": _BPE_DEFAULT_SPECIAL_ID},
-                        "llama": {"bos": 1, "eos": 2}}
-
-
 def gguf_chat(reader: "GGUFReader") -> GGUFChat:
     """The chat template (``tokenizer.chat_template``) and the text of the ``bos_token_id`` / ``eos_token_id``
     tokens (``tokenizer.ggml.tokens``) of any tokenizer model, BPE or SentencePiece; a file without an id has
@@ -534,16 +541,12 @@ def gguf_chat(reader: "GGUFReader") -> GGUFChat:
     Raises:
         CheckpointError: a template that is not a string, or a BOS / EOS id outside the token list.
     """
-    template = _field(reader, "tokenizer.chat_template", None)
-    if template is not None and not isinstance(template, str):
-        raise CheckpointError(f"GGUF tokenizer.chat_template must be a string, got {type(template).__name__}")
+    template = _chat_template(reader)
     tokens = _field(reader, "tokenizer.ggml.tokens", None) if template is not None else None
     model = _field(reader, "tokenizer.ggml.model", None)
     text = {}
     for name in ("bos", "eos"):
-        default = _DEFAULT_SPECIAL_IDS.get(model, {}).get(name)
-        if tokens is None or default is None or default >= len(tokens):
-            default = None
+        default = None if tokens is None else _default_special_id(model, name, len(tokens))
         i = _field(reader, f"tokenizer.ggml.{name}_token_id", default)
         if i is None or tokens is None:
             text[name] = None

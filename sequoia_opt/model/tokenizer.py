@@ -306,6 +306,29 @@ def _checked_vocab(tokens: list[str], bos_id: int | None, eos_id: int | None) ->
     return vocab
 
 
+def _eos_set(vocab: dict[str, int], eos_ids: Iterable[int] | None) -> set[int]:
+    """The ids that end a generation: ``eos_ids`` and every :data:`END_TOKEN_NAMES` token of ``vocab``."""
+    ids = set(int(i) for i in (eos_ids or ()))
+    ids.update(i for i in (vocab.get(t) for t in END_TOKEN_NAMES) if i is not None)
+    return ids
+
+
+def _special_template(tokens: list[str], bos_id: int | None, eos_id: int | None, add_bos: bool,
+                      add_eos: bool) -> "tokenizers.processors.TemplateProcessing | None":
+    """The post-processor putting BOS in front (``add_bos``) and EOS behind (``add_eos``) each sequence, or None
+    when neither is asked. Raises CheckpointError for one asked without its id."""
+    for wanted, i, what in ((add_bos, bos_id, "BOS"), (add_eos, eos_id, "EOS")):
+        if wanted and i is None:
+            raise CheckpointError(f"the tokenizer asks for a {what} token but names none")
+    if not (add_bos or add_eos):
+        return None
+    head = f"{tokens[bos_id]} " if add_bos else ""
+    tail = f" {tokens[eos_id]}" if add_eos else ""
+    marks = sorted({(tokens[i], i) for wanted, i in ((add_bos, bos_id), (add_eos, eos_id)) if wanted})
+    return tokenizers.processors.TemplateProcessing(single=f"{head}$A{tail}", pair=f"{head}$A{tail} {head}$B{tail}",
+                                                    special_tokens=marks)
+
+
 def _add_typed_tokens(tok: "tokenizers.Tokenizer", tokens: list[str], token_types: list[int], *,
                       special_types: tuple[int, ...]) -> None:
     """Add a GGUF vocabulary's whole-match tokens to ``tok``: those of ``special_types`` (GGUF token types: 2
@@ -373,16 +396,9 @@ def bpe_tokenizer_from_vocab(
     tok.decoder = tokenizers.decoders.ByteLevel()
     if token_types is not None:
         _add_typed_tokens(tok, tokens, token_types, special_types=(3,))
-    if add_bos:
-        if bos_id is None:
-            raise CheckpointError("the tokenizer asks for a BOS token but names none")
-        bos = tokens[bos_id]
-        tok.post_processor = tokenizers.processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)])
-    else:
-        tok.post_processor = tokenizers.processors.ByteLevel(trim_offsets=False)
-    ids = set(int(i) for i in (eos_ids or ()))
-    ids.update(i for i in (vocab.get(t) for t in END_TOKEN_NAMES) if i is not None)
+    tok.post_processor = _special_template(tokens, bos_id, None, add_bos, False) or \
+        tokenizers.processors.ByteLevel(trim_offsets=False)
+    ids = _eos_set(vocab, eos_ids)
     return Tokenizer(tok, bos_id=bos_id, eos_ids=ids, eos_id=eos_id, chat_template=chat_template)
 
 
@@ -525,6 +541,8 @@ def spm_tokenizer_from_vocab(
                      if t[:k] in vocab and t[k:] in vocab), key=lambda m: (-m[0], m[1]))
     unk = next((tokens[i] for i, t in enumerate(token_types or ()) if t == 2), None)
 
+    template = _special_template(tokens, bos_id, eos_id, add_bos, add_eos)
+
     def build(encoder: bool) -> tokenizers.Tokenizer:
         model = tokenizers.models.BPE(vocab=vocab, merges=[] if encoder else [(a, b) for _, _, a, b in merges],
                                       unk_token=unk, fuse_unk=True, byte_fallback=True, ignore_merges=encoder)
@@ -542,20 +560,10 @@ def spm_tokenizer_from_vocab(
         tok.decoder = tokenizers.decoders.Sequence(dec)
         if token_types is not None:
             _add_typed_tokens(tok, tokens, token_types, special_types=(2, 3))
-        marks = []
-        for wanted, i, what in ((add_bos, bos_id, "BOS"), (add_eos, eos_id, "EOS")):
-            if wanted:
-                if i is None:
-                    raise CheckpointError(f"the tokenizer asks for a {what} token but names none")
-                marks.append((tokens[i], i))
-        if marks:
-            head = f"{tokens[bos_id]} " if add_bos else ""
-            tail = f" {tokens[eos_id]}" if add_eos else ""
-            tok.post_processor = tokenizers.processors.TemplateProcessing(
-                single=f"{head}$A{tail}", pair=f"{head}$A{tail} {head}$B{tail}", special_tokens=sorted(set(marks)))
+        if template is not None:
+            tok.post_processor = template
         return tok
 
-    ids = set(int(i) for i in (eos_ids or ()))
-    ids.update(i for i in (vocab.get(t) for t in END_TOKEN_NAMES) if i is not None)
+    ids = _eos_set(vocab, eos_ids)
     return SpmTokenizer(build(False), build(True), bos_id=bos_id, eos_ids=ids, eos_id=eos_id,
                         chat_template=chat_template)
