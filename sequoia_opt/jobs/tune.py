@@ -632,15 +632,15 @@ def _latency(opts: TuneOptions, done: dict[str, str], default: Path | None,
     return prof, more
 
 
-def _partial_latency(path: Path, opts: TuneOptions, want_k: int, weights: dict | None = None,
-                     own: Path | None = None) -> tuple[Any, Path, list[int]] | None:
-    """The saved batch profile at ``path`` or tune's own beside it (``own``, default ``<name>.tune.yaml``) that fits
+def _partial_latency(path: Path, opts: TuneOptions, want_k: int, weights: dict | None,
+                     own: Path) -> tuple[Any, Path, list[int]] | None:
+    """The saved batch profile at ``path`` or tune's own beside it (``own``: :func:`tune_latency_file`) that fits
     (:func:`_latency_misfit`) at the most of ``opts.batches`` it has: ``(profile, its path, those batch sizes)``,
     or None when neither fits at any."""
     from ..profiles.batch import load_batch_latency
 
     best = None
-    for candidate in (path, own or path.with_suffix(".tune.yaml")):
+    for candidate in (path, own):
         if not candidate.is_file():
             continue
         try:

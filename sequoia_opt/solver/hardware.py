@@ -231,6 +231,8 @@ class Choice:
         smaller: a ladder of smaller trees, largest first: for each cap 2, 4, 8, ... below the chosen tree's size,
             the best candidate of at most that many nodes (distinct ones only). What to fall back to when the
             chosen tree's step, timed again, misses its prediction (:func:`~sequoia_opt.jobs.compare.check_plan`).
+        shallower: for each depth cap 1 .. the chosen tree's depth - 1, the best candidate whose DP depth limit is
+            within it (what :func:`choose` with that ``max_depth`` picks: the same candidates, a subset of these).
         considered / skipped: how many (budget, depth) pairs were scored / skipped for lack of draft data.
         solution: the DP tables (for further queries).
     """
@@ -249,6 +251,7 @@ class Choice:
     skipped: int
     solution: DPSolution = field(repr=False)
     smaller: list[Candidate] = field(default_factory=list)
+    shallower: dict[int, Candidate] = field(default_factory=dict)
 
     def with_candidate(self, candidate: Candidate) -> "Choice":
         """This choice with ``candidate`` (one of :attr:`alternatives` or :attr:`smaller`) chosen instead: its tree
@@ -432,6 +435,8 @@ def choose(
             smaller.append(fit)
         cap *= 2
     smaller.reverse()
+    shallower = {cap: c for cap in range(best.tree_depth - 1, 0, -1)
+                 if (c := next((c for c in scored if c.depth <= cap), None)) is not None}
     return Choice(
         tree=tree,
         budget=best.budget,
@@ -447,6 +452,7 @@ def choose(
         skipped=skipped,
         solution=solution,
         smaller=smaller,
+        shallower=shallower,
     )
 
 

@@ -700,9 +700,8 @@ class TreeValue:
                                 solution=self._solution)
         self._solution = larger_solution(self._solution, ch.solution)
         trees = [ch.tree]
-        for d in range(ch.tree.tree_depth - 1, 0, -1):
-            t = choose_at_batch(p, curve, self.budget, d, self.max_branching, context=context,
-                                solution=self._solution)[0].tree
+        for c in ch.shallower.values():  # the choice under each smaller depth cap, deepest cap first
+            t = ch.solution.tree(c.budget, c.depth)
             if all(t.choices() != u.choices() for u in trees):
                 trees.append(t)
         return [SpecSetting.none()] + [SpecSetting.static_tree(t) for t in trees]
