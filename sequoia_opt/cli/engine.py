@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 from typing_extensions import Annotated
 
-from ..errors import CheckpointError, TreeoptError
+from ..errors import TreeoptError
 from ..report import Report
 from .common import JsonOpt, _check_writable, app, check_output, handle_errors, output_file, progress_bar
 from .render import render, report_console
@@ -329,12 +329,9 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
         pair = resolve_pair(target, draft[0] if draft else None, Path(tmp))
         report.warnings.extend(warn_on_mismatch(acceptance=acc, latency=curve, target=pair.target_label,
                                                 draft=pair.draft_label))
-        from ..model.gguf_loader import open_gguf, tokenizer_from_gguf
+        from ..model.loaders import load_tokenizer
 
-        try:  # name the file: run reads two GGUFs (target and draft)
-            tok = tokenizer_from_gguf(open_gguf(pair.target))
-        except CheckpointError as err:
-            raise CheckpointError(f"{pair.target}: {err}") from None
+        tok = load_tokenizer(pair.target)  # its EOS set; refusals name the file (run reads two GGUFs)
         # llama.cpp's tokens, as llama-server makes them: BOS where the file adds it, even when a chat template does
         # not write it (treeopt's encode_chat adds none)
         ids = server_prompt_ids(pair.target, plist, model=pair.target_label)
