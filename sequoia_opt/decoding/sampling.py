@@ -163,9 +163,7 @@ def _exponentials(shape: tuple[int, ...], generator: torch.Generator | Sequence[
     Raises:
         ValueError: an empty sequence, or N not a multiple of its length.
     """
-    if isinstance(generator, torch.Generator):
-        return torch.empty(shape, device=generator.device).exponential_(generator=generator).to(device)
-    gens = list(generator)
+    gens = [generator] if isinstance(generator, torch.Generator) else list(generator)
     if not gens or shape[0] % len(gens):
         raise ValueError(f"{len(gens)} generators cannot split {shape[0]} rows into equal blocks")
     block = (shape[0] // len(gens),) + tuple(shape[1:])
