@@ -157,19 +157,24 @@ def test_stage_stopped_at_its_cap_next_skipped_three_files_in_out(tmp_path):
     assert "slow started" in (out / "gpu_check.log").read_text()
 
 
+def _read_json(path: Path):
+    """The document at `path`, or None while it is missing or half-written."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def test_kill_mid_stage_keeps_the_archive_of_the_stages_before(tmp_path):
     """The runner is SIGKILLed while a stage runs (the device tool's hard stop): $OUT still holds three files,
     the archive has the finished stage's output, and the running stage's process died with the runner."""
     proc, results, out = _runner(tmp_path, slow_max=60.0)
     deadline = time.time() + 90
-    summary = None
+    summary = pid = None
     while time.time() < deadline:
-        try:
-            summary = json.loads((out / "summary.json").read_text())
-        except (OSError, ValueError):
-            summary = None
-        if summary and any(s["name"] == "slow" and s["status"] == "running" for s in summary["stages"]) \
-                and (results / "b.json").is_file():
+        summary, pid = _read_json(out / "summary.json"), (_read_json(results / "b.json") or {}).get("pid")
+        # b.json exists before the stage has written it: wait for its pid, not for the file
+        if summary and any(s["name"] == "slow" and s["status"] == "running" for s in summary["stages"]) and pid:
             break
         time.sleep(0.1)
     else:
@@ -180,7 +185,6 @@ def test_kill_mid_stage_keeps_the_archive_of_the_stages_before(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "gpu_check.tar.gz", "summary.json"]
     assert "a.json" in _archive_names(out / "gpu_check.tar.gz")
     assert [s["status"] for s in json.loads((out / "summary.json").read_text())["stages"]] == ["ok", "running"]
-    pid = json.loads((results / "b.json").read_text())["pid"]
     for _ in range(50):  # PR_SET_PDEATHSIG: the stage dies with the runner
         try:
             os.kill(pid, 0)
