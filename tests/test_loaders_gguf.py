@@ -518,11 +518,13 @@ def test_gguf_rope_freqs_not_matching_llama3_apply_as_stored(tmp_path):
     torch.testing.assert_close(model.inv_freq.double(), want, rtol=1e-6, atol=0)
 
 
-def _tokenizer_gguf(path, pre: str, add_bos: bool | None):
-    """A metadata-only GGUF of the tiny vocabulary with ``tokenizer.ggml.pre = pre``; ``add_bos`` None writes no
-    ``tokenizer.ggml.add_bos_token`` (as many converted Llama 3 files)."""
+def _tokenizer_gguf(path, pre: str, add_bos: bool | None, add_eos: bool | None = None):
+    """A metadata-only GGUF of the tiny vocabulary with ``tokenizer.ggml.pre = pre``; ``add_bos`` / ``add_eos``
+    None write no ``tokenizer.ggml.add_bos_token`` (as many converted Llama 3 files) / ``add_eos_token``."""
     w = gguf.GGUFWriter(str(path), "llama")
     add_tiny_tokenizer(w, pre, add_bos=add_bos)
+    if add_eos is not None:
+        w.add_add_eos_token(add_eos)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -542,6 +544,19 @@ def test_gguf_add_bos_default_follows_llama_cpp(tmp_path, pre, add_bos, bos_firs
     ids = tok.encode("the")
     assert ids[:1] == [1] if bos_first else ids[0] != 1
     assert ids[1 if bos_first else 0:] == [tok.token_to_id("t"), tok.token_to_id("he")]
+
+
+@pytest.mark.parametrize("add_bos, want", [(True, [1, 119, 260, 2]), (False, [119, 260, 2])])
+def test_gguf_add_eos_token_appends_eos_as_llama_cpp(tmp_path, add_bos, want):
+    # llama-cpp-python 0.3.36, Llama(vocab_only=True).tokenize(b"the", add_bos=True) on this file: [1, 119, 260, 2]
+    # (llama.cpp appends EOS to a BPE vocabulary's prompt where add_eos_token is true); treeopt read the key on the
+    # SentencePiece path only, so its prompts lacked the EOS llama-server's had
+    from sequoia_opt.model.gguf_loader import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(open_gguf(_tokenizer_gguf(tmp_path / "e.gguf", "smollm", add_bos, add_eos=True)))
+    assert tok.encode("the") == want
+    absent = tokenizer_from_gguf(open_gguf(_tokenizer_gguf(tmp_path / "t.gguf", "smollm", add_bos)))
+    assert absent.encode("the") == want[:-1]  # no key: no EOS, llama.cpp's default
 
 
 @pytest.mark.parametrize("pre", ["default", None])
@@ -717,6 +732,8 @@ def test_gguf_pre_gpt2_refused_as_llama_cpp_refuses_it(tmp_path):
                                                              "token id, got int32"),
     (lambda w: w.add_string("tokenizer.ggml.add_bos_token", "false"), "GGUF tokenizer.ggml.add_bos_token must be a "
                                                                       "bool, got string"),
+    (lambda w: w.add_uint8("tokenizer.ggml.add_eos_token", 1), "GGUF tokenizer.ggml.add_eos_token must be a "
+                                                               "bool, got uint8"),
 ])
 def test_hostile_bpe_gguf_special_keys_are_one_error_naming_the_key(tmp_path, edit, msg):
     """The byte-level BPE path read its special ids and add_bos_token untyped, as the SentencePiece path did before

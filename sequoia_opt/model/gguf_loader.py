@@ -383,7 +383,8 @@ _PRE_REFUSED_BY_LLAMA_CPP = {"gpt2": "gpt-2"}
 def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     """Rebuild the tokenizer from ``tokenizer.ggml.*`` metadata: ``model`` must be ``gpt2`` (byte-level BPE:
     ``tokens``, ``merges``, ``token_type``, ``pre``), with ``bos_token_id``, ``eos_token_id``,
-    ``eot_token_id``/``eom_token_id`` (end of turn, added to the EOS set) and ``add_bos_token``; the chat
+    ``eot_token_id``/``eom_token_id`` (end of turn, added to the EOS set), ``add_bos_token`` and
+    ``add_eos_token`` (llama.cpp appends EOS to a prompt where it is true, default false); the chat
     template from ``tokenizer.chat_template``. Without ``add_bos_token`` BOS is added as llama.cpp adds it:
     for the Llama 3 pre-tokenizers of :data:`_ADD_BOS_BY_DEFAULT` (whose converted files often lack the key,
     the HF tokenizer adding BOS in its post-processor), not for the others. Without ``bos_token_id`` /
@@ -396,7 +397,7 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
     Raises:
         CheckpointError: another tokenizer model (``bert``, ``t5``, ...), an unknown pre-tokenizer or one
             llama.cpp refuses (``gpt2``; its name is ``gpt-2``), missing token lists, a special id that is not a
-            uint32 inside the tokens, an ``add_bos_token`` that is not a bool.
+            uint32 inside the tokens, an ``add_bos_token`` / ``add_eos_token`` that is not a bool.
     """
     model = _field(reader, "tokenizer.ggml.model")
     if model == "llama":
@@ -423,6 +424,8 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
         eos_ids=[int(i) for i in extra + [eos] if i is not None],
         add_bos=bool(_typed_field(reader, "tokenizer.ggml.add_bos_token", (GGUFValueType.BOOL,), "a bool",
                                   default=pre in _ADD_BOS_BY_DEFAULT and bos is not None)),
+        add_eos=bool(_typed_field(reader, "tokenizer.ggml.add_eos_token", (GGUFValueType.BOOL,), "a bool",
+                                  default=False)),
         chat_template=template,
     )
 

@@ -354,6 +354,7 @@ def bpe_tokenizer_from_vocab(
     eos_id: int | None = None,
     eos_ids: Iterable[int] | None = None,
     add_bos: bool = False,
+    add_eos: bool = False,
     chat_template: str | None = None,
 ) -> Tokenizer:
     """Rebuild a byte-level BPE tokenizer (GPT-2 family) from a token list and merge rules.
@@ -368,11 +369,14 @@ def bpe_tokenizer_from_vocab(
         bos_id, eos_id, eos_ids: special ids (see :class:`Tokenizer`); EOS also gains every
             :data:`END_TOKEN_NAMES` token present.
         add_bos: prepend BOS on encode (GGUF ``tokenizer.ggml.add_bos_token``).
+        add_eos: append EOS on encode (GGUF ``tokenizer.ggml.add_eos_token``; llama.cpp appends it to a BPE
+            vocabulary's prompts too).
         chat_template: the model's chat template (GGUF ``tokenizer.chat_template``), or None.
 
     Raises:
         CheckpointError: unknown ``pre``, duplicate token strings, a malformed merge or one whose parts or result
-            are not in the vocabulary, a BOS / EOS id outside the tokens, or ``add_bos`` without a BOS id.
+            are not in the vocabulary, a BOS / EOS id outside the tokens, or ``add_bos`` / ``add_eos`` without
+            its id.
     """
     if pre not in PRE_TOKENIZERS:
         raise CheckpointError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); treeopt knows "
@@ -396,7 +400,7 @@ def bpe_tokenizer_from_vocab(
     tok.decoder = tokenizers.decoders.ByteLevel()
     if token_types is not None:
         _add_typed_tokens(tok, tokens, token_types, special_types=(3,))
-    tok.post_processor = _special_template(tokens, bos_id, None, add_bos, False) or \
+    tok.post_processor = _special_template(tokens, bos_id, eos_id, add_bos, add_eos) or \
         tokenizers.processors.ByteLevel(trim_offsets=False)
     ids = _eos_set(vocab, eos_ids)
     return Tokenizer(tok, bos_id=bos_id, eos_ids=ids, eos_id=eos_id, chat_template=chat_template)
