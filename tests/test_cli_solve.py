@@ -252,6 +252,19 @@ def test_unknown_format_names_the_formats(tmp_path):
     assert r.exit_code == 2 and "tensorrt-llm" in r.output and not out.exists()
 
 
+
+def test_an_empty_format_is_refused_not_the_default(tmp_path):
+    """``--format ""`` (``--format "$FMT"`` with FMT unset) solved with the default format, YAML, and wrote it into
+    ``-o tree.json``, a file its name says is JSON, where ``--format " "`` was refused as an unknown format. Now both
+    are refused in one line, nothing written."""
+    out = tmp_path / "tree.json"
+    for fmt in ("", " "):
+        r = runner.invoke(app, ["solve", "-a", ACC, "-l", LAT, "-n", "16", "--format", fmt, "-o", str(out)])
+        assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+        assert r.output.startswith(f"error: unknown --format {fmt!r}; choose one of yaml, json,"), r.output
+        assert not out.exists()
+
+
 # ---------------------------------------------------------------------------------------------- profile sizes
 def test_solve_refuses_a_profile_whose_width_disagrees_with_its_vector(tmp_path):
     p = tmp_path / "acc.yaml"

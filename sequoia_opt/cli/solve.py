@@ -133,6 +133,8 @@ def solve(
     if run_prompts is not None and (batch is not None or dynamic is not None or pair_acceptance is not None):
         raise SolverError("--run-prompts sizes the prediction interval of one drafter's static tree: drop it with "
                           "--batch, --dynamic or --pair-acceptance")
+    if fmt is not None and not fmt:  # --format "$FMT" with FMT unset: `fmt or "yaml"` below read it as no --format,
+        _exporter(fmt)  # and YAML went into -o tree.json; refused as ' ' is: one line naming the formats
     if output is not None and str(output) == "-":  # the Unix spelling of standard output: --format without -o
         if batch is not None or pair_acceptance is not None:
             raise SolverError("-o -: a batch plan or a grafted tree is written to a file only; give a file name")
