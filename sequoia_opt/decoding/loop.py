@@ -106,8 +106,10 @@ class Decoder:
         generator: random source for sampling; None = a generator on the target's device seeded with 0. It seeds
             every request's own generator (one seed drawn per request, in order, when the request starts or
             joins, unless the request brings its own ``seeds``), and each row drafts and verifies from its own
-            alone: a row's tokens do not depend on which other requests share its batch (vLLM and SGLang seed per
-            request too). The attribute ``generator`` may be replaced between generations.
+            alone: a row's tokens do not depend on which other requests share its batch while the steps' trees do
+            not either (a static tree; a schedule or adaptive policy chooses its tree from the batch, so there a row
+            is exact in distribution but draws differently; vLLM and SGLang seed per request too). The attribute
+            ``generator`` may be replaced between generations.
         eos_ids: ids (or one id) that stop a row (its first EOS is emitted, nothing after it).
         backend: attention backend ``"auto" | "torch" | "cuda"`` of a Transformer target; with a face without
             a ``backend`` attribute, that of the policy's model drafters.
@@ -281,7 +283,8 @@ class Decoder:
 
         Args:
             seed: the request's sampling seed (the same tokens as the request decoded in a batch with the same
-                seed); None: one drawn from :attr:`generator`.
+                seed, where the policy's trees do not depend on the batch: the ``generator`` argument above);
+                None: one drawn from :attr:`generator`.
 
         Raises:
             DecodingError: as :meth:`check`, before any forward; a seed outside -2^63 .. 2^64 - 1; unusable model
@@ -297,7 +300,8 @@ class Decoder:
                        seeds: Sequence[int] | None = None) -> BatchResult:
         """Decode up to ``max_new_tokens`` new tokens after each prompt, all in one batch; each row stops on its
         own (EOS, ``max_new_tokens``) and leaves the batch. ``seeds``: one sampling seed per prompt (each row
-        samples from its own generator: the tokens it would have decoded alone with that seed); None: drawn
+        samples from its own generator: the tokens it would have decoded alone with that seed, where the policy's
+        trees do not depend on the batch: the class's ``generator`` argument); None: drawn
         from :attr:`generator`, one per prompt in order.
 
         Returns:
@@ -375,7 +379,8 @@ class Decoder:
         live ones (:meth:`TargetFace.join`), and the policy's drafters take it in
         (:meth:`~sequoia_opt.decoding.policy.DraftingPolicy.join`). A state whose rows all finished starts over
         with the joiners. Exact as a batch is: each row decodes as it would alone (``seeds`` as
-        :meth:`generate_batch`: with the same seed, the tokens it would decode alone).
+        :meth:`generate_batch`: with the same seed, the tokens it would decode alone where the trees do not depend
+        on the batch).
 
         Returns:
             the indices of the joiners' results in ``state.results``.
