@@ -328,6 +328,27 @@ def test_eagle_and_medusa_loaders_are_strict(tmp_path):
     assert replace(old, name=new.name) == new
 
 
+def test_an_eagle3_head_narrower_than_its_target_brings_its_own_embedding(tmp_path, target):
+    """An EAGLE-3 head of hidden size 32 over a target of 64 (``target_hidden_size`` 64: fc reads 3 x 64) cannot
+    read the target's (V, 64) token embedding. Without ``embed_tokens.weight`` it passed every check, loaded, and
+    its first draft failed in RMSNorm (a torch RuntimeError, exit 1, after the target had loaded and run); it is
+    refused by the header check, naming the file and the tensor. With its own (V, 32) embedding it decodes."""
+    t = eagle3_tensors(H=32, Ht=64, hd=8)
+    cfg = eagle3_config(H=32, hd=8, target_hidden_size=64)
+    folder = write_head(tmp_path / "narrow", cfg, t)
+    with pytest.raises(CheckpointError) as err:
+        check_eagle_head(folder, "eagle3", TARGET4)
+    assert str(err.value) == (f"{folder / 'model.safetensors'}: missing tensor embed_tokens.weight: the head's "
+                              "hidden size (32) is not the target's (64), so it cannot read the target's token "
+                              "embedding and must bring its own (257, 32)")
+    emb = torch.randn(257, 32, generator=torch.Generator().manual_seed(0))
+    folder = write_head(tmp_path / "own", cfg, dict(t, **{"embed_tokens.weight": emb}))
+    head, ids = load_eagle_head(folder, "eagle3", target)
+    assert ids is None and torch.equal(head.embedding, emb)
+    out = Decoder(target, StaticTreePolicy(EagleDrafter(head, 4, ids), Tree.chain(3))).generate(PROMPT, 12)
+    assert out.tokens == _greedy(target, PROMPT, 12) and max(s.tree_depth for s in out.steps) >= 1
+
+
 def test_loader_messages_name_the_files_own_tensors_and_refuse_nan_anywhere(tmp_path, target):
     """A tryout's break-it pass: an unprefixed Medusa file (Medusa's own medusa_lm_head layout) was refused with
     names it does not hold (``medusa_head.foo`` for its ``foo``); a file mixing prefixed and bare names read as a

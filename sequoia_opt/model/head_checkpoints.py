@@ -9,7 +9,8 @@
   ``fc.weight``, ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``,
   ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``,
   ``lm_head.weight`` (draft vocabulary rows), ``d2t`` (draft id -> target id - draft id, int64) and ``t2d``
-  (target ids in the draft vocabulary, bool), optionally ``embed_tokens.weight`` (else the target's).
+  (target ids in the draft vocabulary, bool), optionally ``embed_tokens.weight`` (else the target's; required
+  where ``hidden_size`` is not ``target_hidden_size``).
 * EAGLE-1/2 (vLLM ``llama_eagle.py``; EAGLE's ``cnets.py``): ``architectures`` ``EagleLlamaForCausalLM`` or
   ``LlamaForCausalLM`` (EAGLE's own configs); weights ``fc.weight`` (optionally ``fc.bias``),
   ``layers.{i}.*`` as a Llama block without ``layers.0.input_layernorm``, optionally ``embed_tokens.weight``;
@@ -307,6 +308,11 @@ def _check_eagle_weights(config: EagleConfig, w: _Weights) -> tuple[EagleConfig,
         _check_count(w.path.with_name(CONFIG_FILE), "num_hidden_layers", config.layer.n_layers,
                      _indices_under(w.shapes, "layers."), "decoder layers")
     expected, optional = _eagle_expected(config)
+    H, Ht = config.hidden_size, config.target_hidden_size
+    if H != Ht and "embed_tokens.weight" not in w.shapes:  # the target's (V, H_t) embedding does not fit its layer
+        raise CheckpointError(f"{w.path}: missing tensor embed_tokens.weight: the head's hidden size ({H}) is not "
+                              f"the target's ({Ht}), so it cannot read the target's token embedding and must bring "
+                              f"its own {optional['embed_tokens.weight']}")
     _check_names(w.path, w.shapes, expected, optional)
     w.check_dtypes(_EAGLE3_MAPS if config.kind == "eagle3" else {})
     if config.kind == "eagle3" and "d2t" in w.shapes:
