@@ -351,3 +351,27 @@ def test_compare_drafters_warns_of_a_tree_deeper_than_the_medusa_heads(workdir, 
     out = json.loads(r.stdout)
     assert any("proposes no deeper than depth 3: every step is cut to 3 levels" in w for w in out["warnings"]), \
         out["warnings"]
+
+
+def test_a_head_with_no_trial_on_1_token_prompts_is_told_why_not_sent_to_shorter_prompts(workdir, tmp_path):
+    """1-token prompts and --max-new-tokens 1: a feature head has no target hidden state before the prompt's only
+    token, so its one step per prompt is root-only. The refusal said the measurement tree 'fits at no position
+    (the drafter's context is 512 tokens; the shortest prompt is 1 tokens): use shorter prompts' (its context is
+    not the cause, and the prompts cannot be shorter); it now names the cause and the way out."""
+    root, target, draft, prompts, heads = workdir
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    for kind in ("eagle3", "medusa"):
+        spec = f"{kind}:{heads[kind]}"
+        r = invoke("profile", "acceptance", "--target", target, "--draft", spec, "--prompts", one, "-k", "2",
+                   "--depth", "2", "--max-new-tokens", "1", "-o", tmp_path / "acc.yaml")
+        assert r.exit_code == 2 and not (tmp_path / "acc.yaml").exists(), r.output
+        assert r.output.strip().splitlines()[-1] == (
+            "error: no acceptance trial in 2 steps: the feature head drafted nothing at any of them (the shortest "
+            "prompt is 1 tokens, and a feature head drafts from a prompt's second token on: the target has given it "
+            "no hidden state before): use longer prompts or more --max-new-tokens"), r.output
+        r = invoke("profile", "acceptance", "--target", target, "--draft", spec, "--prompts", one, "-k", "2",
+                   "--depth", "2", "--max-new-tokens", "3", "-o", tmp_path / "acc.yaml")
+        assert r.exit_code == 0, r.output
+        assert load_acceptance(tmp_path / "acc.yaml").num_samples > 0
+        (tmp_path / "acc.yaml").unlink()

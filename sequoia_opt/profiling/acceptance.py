@@ -187,7 +187,7 @@ def measure_acceptance(
     Raises:
         DecodingError: as :class:`~sequoia_opt.decoding.loop.Decoder` (vocabulary mismatch, overflow, ...),
             before decoding; no trial at all (the measurement tree fit at no position: a drafter whose context
-            is shorter than the prompts), after it.
+            is shorter than the prompts; a feature head given 1-token prompts and one new token each), after it.
     """
     tree = measurement_tree(width, depth)
     gen = torch.Generator(device=target.device)
@@ -203,6 +203,12 @@ def measure_acceptance(
     shortest = min((len(p) for p in prompts), default=0)
 
     def no_trial(steps: str) -> DecodingError:
+        fits = counts.drafter_context is None or shortest - 1 <= counts.drafter_context - depth
+        if steps and fits and not can_teacher_force(drafter):  # its context is not the cause: its first steps are
+            return DecodingError(f"no acceptance trial{steps}: the feature head drafted nothing at any of them (the "
+                                 f"shortest prompt is {shortest} tokens, and a feature head drafts from a prompt's "
+                                 "second token on: the target has given it no hidden state before): use longer "
+                                 "prompts or more --max-new-tokens")
         ctx = (f"the drafter's context is {counts.drafter_context} tokens" if counts.drafter_context is not None
                else "the context left no room")
         return DecodingError(f"no acceptance trial{steps}: the measurement tree (depth {depth}) fits at no position "
