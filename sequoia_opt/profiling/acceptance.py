@@ -204,7 +204,7 @@ def measure_acceptance(
 
     def no_trial(steps: str) -> DecodingError:
         fits = counts.drafter_context is None or shortest - 1 <= counts.drafter_context - depth
-        if steps and fits and not can_teacher_force(drafter):  # its context is not the cause: its first steps are
+        if steps and fits and getattr(drafter, "reads_target_features", False):  # its context is not the cause: its first steps are
             return DecodingError(f"no acceptance trial{steps}: the feature head drafted nothing at any of them (the "
                                  f"shortest prompt is {shortest} tokens, and a feature head drafts from a prompt's "
                                  "second token on: the target has given it no hidden state before): use longer "

@@ -50,6 +50,8 @@ class Drafter(ABC):
             them proposes point masses, verified as such (exact for any candidates fixed before verification).
         shares_target_cache: it writes the target's own cache (self layer-skip) and commits nothing of its own.
         max_rows: the most rows one :meth:`propose` serves.
+        reads_target_features: it drafts from the target's hidden states (a feature head: EAGLE, Medusa), so it
+            has nothing to draft from before the target has run over a prompt's first token.
 
     Attributes (set by the subclass):
         vocab_size: V (the target's). device: where its tensors live (the target's). context: positions it can
@@ -61,6 +63,7 @@ class Drafter(ABC):
     has_probs: ClassVar[bool]
     shares_target_cache: ClassVar[bool] = False
     max_rows: ClassVar[int] = 1
+    reads_target_features: ClassVar[bool] = False
     vocab_size: int
     device: torch.device
     context: int = sys.maxsize

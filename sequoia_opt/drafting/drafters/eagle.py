@@ -124,6 +124,7 @@ class EagleDrafter(Drafter):
     cost_model = "per-level"
     has_probs = True
     max_rows = 1 << 30
+    reads_target_features = True
 
     def __init__(self, head: EagleHead, target_layers: int, draft_ids: torch.Tensor | None = None, *,
                  context: int | None = None) -> None:

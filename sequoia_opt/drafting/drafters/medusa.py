@@ -44,6 +44,7 @@ class MedusaDrafter(Drafter):
     cost_model = "one-pass"
     has_probs = True
     max_rows = 1 << 30
+    reads_target_features = True
 
     def __init__(self, heads: MedusaHeads, target_layers: int, *, context: int = 1 << 30) -> None:
         self.heads = heads
