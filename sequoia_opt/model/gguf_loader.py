@@ -367,6 +367,12 @@ def _token_id_field(reader: "GGUFReader", name: str, default: Any = None) -> Any
                         default=default)
 
 
+def _flag_field(reader: "GGUFReader", name: str, default: bool) -> bool:
+    """``tokenizer.ggml.<name>`` (``add_bos_token``, ``add_eos_token``, ``add_space_prefix``) read as llama.cpp reads
+    it, a bool (:func:`_typed_field`); ``default`` where the file has none."""
+    return bool(_typed_field(reader, f"tokenizer.ggml.{name}", (GGUFValueType.BOOL,), "a bool", default=default))
+
+
 def _chat_template(reader: "GGUFReader") -> str | None:
     """``tokenizer.chat_template``, or None. Raises CheckpointError for one that is not a string."""
     template = _field(reader, "tokenizer.chat_template", None)
@@ -422,10 +428,8 @@ def tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
         bos_id=bos,
         eos_id=eos,
         eos_ids=[int(i) for i in extra + [eos] if i is not None],
-        add_bos=bool(_typed_field(reader, "tokenizer.ggml.add_bos_token", (GGUFValueType.BOOL,), "a bool",
-                                  default=pre in _ADD_BOS_BY_DEFAULT and bos is not None)),
-        add_eos=bool(_typed_field(reader, "tokenizer.ggml.add_eos_token", (GGUFValueType.BOOL,), "a bool",
-                                  default=False)),
+        add_bos=_flag_field(reader, "add_bos_token", pre in _ADD_BOS_BY_DEFAULT and bos is not None),
+        add_eos=_flag_field(reader, "add_eos_token", False),
         chat_template=template,
     )
 
@@ -469,8 +473,7 @@ def _spm_tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
             character it must write as that byte), a special id outside the token list (llama.cpp falls back to
             its default id with a warning), a chat template that is not a string.
     """
-    ints, f32, strs, bool_ = ((GGUFValueType.INT32,), (GGUFValueType.FLOAT32,), (GGUFValueType.STRING,),
-                              (GGUFValueType.BOOL,))
+    ints, f32, strs = (GGUFValueType.INT32,), (GGUFValueType.FLOAT32,), (GGUFValueType.STRING,)
     key = "tokenizer.ggml."
     tokens = [str(t) for t in _typed_field(reader, key + "tokens", strs, "an array of strings", array=True)]
     if not tokens:
@@ -501,15 +504,14 @@ def _spm_tokenizer_from_gguf(reader: "GGUFReader") -> Tokenizer:
         if i is not None and not 0 <= int(i) < len(tokens):
             raise CheckpointError(f"GGUF {key}{name}_token_id = {i} is outside the {len(tokens)} tokens")
         ids[name] = int(i) if i is not None else _default_special_id("llama", name, len(tokens))
-    flag = lambda name, default: bool(_typed_field(reader, key + name, bool_, "a bool", default=default))  # noqa: E731
     return spm_tokenizer_from_vocab(
         tokens, [0.0] * len(tokens) if scores is None else scores,
         token_types=None if types is None else [int(t) for t in types],
-        add_space_prefix=flag("add_space_prefix", True),
+        add_space_prefix=_flag_field(reader, "add_space_prefix", True),
         bos_id=ids["bos"], eos_id=ids["eos"],
         eos_ids=[i for i in (ids["eot"], ids["eom"], ids["eos"]) if i is not None],
-        add_bos=flag("add_bos_token", ids["bos"] is not None),
-        add_eos=flag("add_eos_token", False),
+        add_bos=_flag_field(reader, "add_bos_token", ids["bos"] is not None),
+        add_eos=_flag_field(reader, "add_eos_token", False),
         chat_template=template,
     )
 
