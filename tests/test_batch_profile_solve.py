@@ -81,6 +81,12 @@ def test_batch_profile_round_trip_and_old_profile_is_batch_one(tmp_path, profile
         parse_batches("1,0")
     with pytest.raises(ProfileError, match="not an integer"):
         parse_batches("1,x")
+    for typo in ("1,,8", "1,2,", ",4"):  # a lost number is one line, not the batch sizes that are left
+        with pytest.raises(ProfileError, match="has an empty item"):
+            parse_batches(typo)
+    with pytest.raises(ProfileError, match="at least one batch size"):
+        parse_batches(" ")
+    assert parse_batches(" 8, 1 ,2,2") == [1, 2, 8]
 
 
 def test_a_batch_profile_keeps_the_engine_it_was_measured_on(tmp_path, profile):

@@ -225,7 +225,8 @@ def test_run_refuses_a_missing_tree_file(workdir, tmp_path):
 def test_profile_latency_bad_inputs(workdir, tmp_path):
     root, target, draft, _ = workdir
     out = tmp_path / "lat.yaml"
-    for args, msg in ((["--context", "a,b"], "comma-separated"), (["--dtype", "int3"], "unknown dtype"),
+    for args, msg in ((["--context", "a,b"], "comma-separated"), (["--context", "8,,16"], "(an empty item)"),
+                      (["--dtype", "int3"], "unknown dtype"),
                       (["--max-tokens", "0"], "at least 1"), (["--random-weights"], "needs --arch"),
                       (["--random-weights", "--arch", "llama-9000"], "unknown model preset")):
         r = invoke("profile", "latency", "--target", target, "--draft", draft, "-o", out, *args)

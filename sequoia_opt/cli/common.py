@@ -516,10 +516,13 @@ def setting_notes(*, temperature: float, top_p: float, num_prompts: int | None, 
 
 
 def _csv_ints(text: str, what: str) -> list[int]:
+    """``"128,512"`` -> ``[128, 512]`` (sorted, unique). Raises TreeoptError (one line naming ``what``) for a
+    non-integer, an empty item (``128,,512``: a number lost in typing) or a negative value."""
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        vals = [int(x) for x in text.split(",")]
     except ValueError:
-        raise TreeoptError(f"{what} must be comma-separated integers, got {text!r}") from None
+        raise TreeoptError(f"{what} must be comma-separated integers, got {text!r}"
+                           + (" (an empty item)" if any(not x.strip() for x in text.split(",")) else "")) from None
     if not vals or any(v < 0 for v in vals):
         raise TreeoptError(f"{what} must list non-negative integers, got {text!r}")
     return sorted(set(vals))

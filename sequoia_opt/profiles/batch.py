@@ -54,13 +54,17 @@ __all__ = ["BATCH_LATENCY_FORMAT", "BatchLatencyProfile", "load_batch_latency", 
 
 
 def parse_batches(text: str, option: str = "--batch") -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]`` (sorted, unique). Raises ProfileError for an empty list, a non-integer or a
-    batch size < 1."""
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (sorted, unique). Raises ProfileError for an empty list, an empty item
+    (``1,,8``: a batch size lost in typing, or an unset shell variable, is not read as "no batch size there"), a
+    non-integer or a batch size < 1."""
+    if not str(text).strip():
+        raise ProfileError(f"{option} needs at least one batch size, e.g. 1,2,4,8")
     out = []
     for part in str(text).split(","):
         part = part.strip()
         if not part:
-            continue
+            raise ProfileError(f"{option} {text!r} has an empty item: give batch sizes like 1,2,4,8, one between "
+                               "each pair of commas")
         try:
             b = int(part)
         except ValueError:
@@ -68,8 +72,6 @@ def parse_batches(text: str, option: str = "--batch") -> list[int]:
         if b < 1:
             raise ProfileError(f"{option}: batch size {b} is below 1 (a batch holds at least one sequence)")
         out.append(b)
-    if not out:
-        raise ProfileError(f"{option} needs at least one batch size, e.g. 1,2,4,8")
     return sorted(set(out))
 
 
