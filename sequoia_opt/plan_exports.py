@@ -62,8 +62,9 @@ from .errors import TreeoptError
 from .exports import lookup_flags
 from .solver.schedule import Plan, Schedule, SpecSetting, check_ranges, guard_rules
 
-__all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_vllm_schedule",
-           "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release", "check_llamacpp_slots",
+__all__ = ["PLAN_ENGINES", "EngineSettings", "PlanExportError", "export_plan", "check_settings_name",
+           "check_vllm_schedule", "check_trtllm_schedule", "check_sglang_tiers", "check_llamacpp_release",
+           "check_llamacpp_slots",
            "trtllm_draft_len", "vllm_draft_len", "sglang_steps", "looks_like_engine_settings",
            "VLLM_SCHEDULE_RELEASES", "TRTLLM_UPPER_KEY_RELEASE", "TRTLLM_LOWER_KEY_RELEASE", "TRTLLM_DYNAMIC_TREE_LINES",
            "TRTLLM_LAST_CHECKED_LINE", "SGLANG_TIER_RELEASES",
@@ -789,6 +790,31 @@ def _export_llamacpp(ranges, release, method, lookup, model=None):
                 checked="common/arg.cpp, common/common.h and common/speculative.cpp of llama.cpp 0c1e570",
                 command=f"llama-server -m TARGET.gguf{sidecar} <flags of your -np>", notes=tuple(notes),
                 warnings=warnings)
+
+
+# ------------------------------------------------------------------------------ the name of tune -o's file
+#: What ``tune -o`` writes for each engine, and the suffix that names it (treeopt's plan is written as -o's suffix
+#: says: JSON for ``.json``, else YAML). SGLang's per-range flags and adaptive tiers are JSON alike.
+SETTINGS_FILES: dict[str, tuple[str, str]] = {"vllm": ("JSON", ".json"), "sglang": ("JSON", ".json"),
+                                              "tensorrt-llm": ("YAML", ".yaml"), "llama.cpp": ("command lines", ".sh")}
+
+
+def check_settings_name(engine: str, path: Path) -> None:
+    """Refuse an output name whose suffix says another format than ``engine``'s settings file holds
+    (:data:`SETTINGS_FILES`): a ``.json`` file holding TensorRT-LLM's YAML (its comment line, then block YAML) or
+    llama.cpp's command lines, a ``.yaml`` / ``.yml`` one holding command lines. JSON is YAML, so vLLM's or
+    SGLang's JSON in a ``.yaml`` file reads as written. Called before anything is measured.
+
+    Raises:
+        PlanExportError: one line naming the file, what the engine's settings are and the suffix to use.
+    """
+    kind, good = SETTINGS_FILES.get(engine, (None, None))
+    suffix = Path(path).suffix.lower()
+    if kind is None or suffix == good:
+        return
+    if (suffix == ".json" and kind != "JSON") or (suffix in (".yaml", ".yml") and kind == "command lines"):
+        raise PlanExportError(f"-o {path}: {engine}'s settings are {kind}, which a {suffix} file does not hold: "
+                              f"name it {Path(path).with_suffix(good).name}")
 
 
 # ------------------------------------------------------------------------------ settings files tune -o wrote

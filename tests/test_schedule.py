@@ -905,6 +905,40 @@ def test_tune_refusals_write_nothing(tmp_path, args, msg):
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()
 
 
+@pytest.mark.parametrize("engine,name,says", [
+    ("tensorrt-llm", "extra.json", "tensorrt-llm's settings are YAML, which a .json file does not hold: name it "
+                                   "extra.yaml"),
+    ("llama.cpp", "flags.json", "llama.cpp's settings are command lines, which a .json file does not hold: name it "
+                                "flags.sh"),
+    ("llama.cpp", "flags.YML", "which a .yml file does not hold: name it flags.sh"),
+])
+def test_tune_refuses_an_output_named_for_another_format_before_anything(tmp_path, engine, name, says):
+    """``tune --engine tensorrt-llm -o x.json`` wrote YAML (a comment line, then block YAML) into a file named JSON,
+    which a JSON reader of the user's cannot parse: refused from the name, one line, nothing written."""
+    table, acc = _files(tmp_path)
+    out = tmp_path / name
+    res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "-o", str(out)])
+    assert res.exit_code == 2 and says in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("engine,name,load", [
+    ("vllm", "spec.yaml", yaml.safe_load), ("sglang", "sg.yml", yaml.safe_load),
+    ("tensorrt-llm", "trt.yml", yaml.safe_load),
+    ("llama.cpp", "flags.txt", lambda t: next(ln for ln in t.splitlines() if not ln.startswith("#")))])
+def test_tune_writes_settings_a_reader_of_its_suffix_parses(tmp_path, engine, name, load):
+    """JSON is YAML: vLLM's and SGLang's JSON settings may be named .yaml; every other name the check lets through
+    holds what a reader of that suffix parses (llama.cpp's: a llama-server command line per range)."""
+    table, acc = _files(tmp_path)
+    out = tmp_path / name
+    res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
+                              "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    got = load(out.read_text())
+    assert got.startswith("llama-server -m TARGET.gguf") if engine == "llama.cpp" else isinstance(got, dict) and got
+
+
 def test_tune_refuses_a_bad_plan_and_predicts_a_good_one(tmp_path):
     table, acc = _files(tmp_path)
     bad = {"format": "treeopt-schedule/1", "ranges": [

@@ -98,7 +98,7 @@ def tune(
     from ..profiles.batch import parse_batches
     from ..errors import OutputError
     from ..solver.schedule import FIRST_IS_LONGEST_RULE, schedule_text
-    from ..plan_exports import looks_like_engine_settings
+    from ..plan_exports import check_settings_name, looks_like_engine_settings
 
     opts = check_options(TuneOptions(
         engine=engine, target=target, draft=draft,
@@ -113,6 +113,8 @@ def tune(
               "--prompts": prompts, "--target": target, "--draft": None if draft is None else str(draft)}
     for flag, path in (("-o", output), ("--schedule", schedule)):
         check_output(path, inputs, flag)
+    if output is not None:
+        check_settings_name(opts.engine, output)
     if output is not None and schedule is not None and Path(output).resolve() == Path(schedule).resolve():
         raise OutputError(f"-o and --schedule both name {output}: the engine's settings and the plan are two files")
     with progress_bar() as progress:
