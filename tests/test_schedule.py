@@ -734,7 +734,7 @@ def test_tune_refuses_a_table_that_prices_no_chain_and_keeps_the_settings(tmp_pa
     nothing. Now one line, exit 2, the file kept."""
     _, acc = _files(tmp_path)
     table = _table(tmp_path / "one.csv", (1, 8), (1,), lambda b, n: 10.0 + b)
-    out = tmp_path / "spec.json"
+    out = tmp_path / "spec.yaml"  # a name every engine's settings may take (JSON is YAML)
     out.write_text('{"method": "draft_model", "num_speculative_tokens": 3}\n')
     for engine in ("vllm", "tensorrt-llm", "sglang", "treeopt"):
         res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "-o", str(out)])
@@ -1702,6 +1702,7 @@ def test_tune_writes_no_engine_file_where_speculation_pays_nowhere(tmp_path):
                                  "run SGLang without --speculative-algorithm"),
                                 ("tensorrt-llm", "speculative_config: {decoding_type: Draft_Target, max_draft_len: 4}\n",
                                  "leave speculative_config out")):
+        out = tmp_path / ("v.yaml" if engine == "tensorrt-llm" else "v.json")  # TensorRT-LLM's are YAML
         out.write_text(old)
         res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(tmp_path / "t.csv"), "-a",
                                   str(tmp_path / "a.yaml"), "--batches", "1,8", "-o", str(out), "--json"])
