@@ -204,7 +204,8 @@ def measure_acceptance(
 
     def no_trial(steps: str) -> DecodingError:
         fits = counts.drafter_context is None or shortest - 1 <= counts.drafter_context - depth
-        if steps and fits and getattr(drafter, "reads_target_features", False):  # its context is not the cause: its first steps are
+        # a feature head whose context fits: not the cause; its first steps are (no hidden state yet)
+        if steps and fits and getattr(drafter, "reads_target_features", False):
             return DecodingError(f"no acceptance trial{steps}: the feature head drafted nothing at any of them (the "
                                  f"shortest prompt is {shortest} tokens, and a feature head drafts from a prompt's "
                                  "second token on: the target has given it no hidden state before): use longer "
