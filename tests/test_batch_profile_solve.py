@@ -215,7 +215,7 @@ def test_a_default_profile_path_that_cannot_be_written_is_refused_before_any_tim
     target, draft, prompts = make_pair(tmp_path)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "profiles").write_text("a file where the profiles folder should be")
-    for mod, name in ((latency, "profile_model"), (batch, "profile_model"), (acceptance, "measure_acceptance")):
+    for mod, name in ((latency, "profile_model"), (batch, "model_sweep"), (acceptance, "measure_acceptance")):
         monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail("measured before the output was checked"))
     for args in (["latency", "--context", "8", "--max-tokens", "3", "--max-draft-tokens", "2"],
                  ["latency", "--context", "8", "--max-tokens", "3", "--max-draft-tokens", "2", "--batch", "1,2"],

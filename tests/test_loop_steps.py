@@ -321,13 +321,13 @@ def test_batch_profiles_time_an_ngram_drafters_loop_on_text_that_repeats(monkeyp
     from sequoia_opt.profiling.batch import profile_batches
 
     seen = []
-    real = steps.time_loop
 
-    def spy(*args, **kw):
-        seen.append(kw.get("prompts"))
-        return real(*args, **kw)
+    class Spy(steps.LoopSweep):  # the batch profile's loop sweeps, one per batch size and context
+        def __init__(self, *args, **kw):
+            seen.append(kw.get("prompts"))
+            super().__init__(*args, **kw)
 
-    monkeypatch.setattr(steps, "time_loop", spy)
+    monkeypatch.setattr(steps, "LoopSweep", Spy)
     target = random_model(0)
     common = dict(target_name="t", profile_id="q", device=target.device, dtype=target.dtype, random_weights=True,
                   loop="chain", min_repeats=2, max_repeats=2)

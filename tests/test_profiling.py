@@ -197,6 +197,84 @@ def test_paired_profile_keeps_the_curve_shape_when_the_machine_drifts(pair, monk
     assert (u1, u2, u4) == (pytest.approx(10.0), pytest.approx(24.0), pytest.approx(24.0))
 
 
+def test_batch_sizes_are_timed_round_by_round_so_a_slow_spell_lands_on_each_alike(pair, monkeypatch):
+    """T(b, n) at every batch size interleaved round by round (profile_batches): the editing workload's profile of
+    2026-12-07, timed batch size after batch size, read T(2, 1) above T(4, 1) through the VM's drift."""
+    import sequoia_opt.profiling.latency as lat
+    from sequoia_opt.profiling.batch import profile_batches
+
+    target, _ = pair
+    true_ms = {(1, 1): 10.0, (1, 2): 12.0, (2, 1): 11.0, (2, 2): 14.0}  # (batch, n) -> ms on a steady machine
+    log: list[int] = []  # the batch size of every timed point, in order
+
+    def factor(rows: int) -> float:  # the first 4 timed points (of 2 batch sizes x 2 rounds x 2 n) run 1.5x slow
+        log.append(rows)
+        return 1.5 if len(log) <= 4 else 1.0
+
+    def timing(ms: float) -> Timing:
+        return Timing(ms, ms, ms, 3)
+
+    def one(model, n, ctx, rows=None, **kw):
+        return timing(true_ms[rows, n] * factor(rows))
+
+    def paired(model, n, ref, ctx, rows=None, **kw):
+        f = factor(rows)
+        return timing(true_ms[rows, n] * f), timing(true_ms[rows, ref] * f)
+
+    monkeypatch.setattr(lat, "time_forward", one)
+    monkeypatch.setattr(lat, "time_forward_paired", paired)
+    seen: list[tuple[str, int, int]] = []
+    prof = profile_batches(target, None, [1, 2], [1, 2], [1], [8], target_name="t", draft_name=None,
+                           profile_id="p", device=target.device, dtype=target.dtype, rounds=2, paired=True,
+                           progress=lambda what, done, total: seen.append((what, done, total)))
+    assert log == [1, 1, 2, 2, 1, 1, 2, 2]  # round 1 of both batch sizes, then round 2 of both
+    t = {b: prof.curve(b).target_ms(1, 8) for b in (1, 2)}
+    assert t[1] == pytest.approx(10.0 * 1.25) and t[2] == pytest.approx(11.0 * 1.25)  # each: one slow, one fast
+    assert prof.curve(2).target_ms(2, 8) / t[2] == pytest.approx(14.0 / 11.0)
+    # one progress line over both sweeps: done counts up to the sum of their points
+    assert [(d, n) for _, d, n in seen] == [(i, 8) for i in range(1, 9)]
+    assert seen[2][0].startswith("target (batch 2)") and "round 1/2" in seen[2][0]
+    # the same drift timed batch size after batch size (profile_model per b): batch 1 slow, batch 2 fast
+    log.clear()
+    seq = {b: lat.profile_model(target, [1, 2], [8], rounds=2, paired=True, rows=b)[0].timings[0].median_ms
+           for b in (1, 2)}
+    assert seq[1] == pytest.approx(15.0) and seq[2] == pytest.approx(11.0)  # T(2, 1) / T(1, 1) 0.73, not 1.1
+
+
+def test_interleaved_loop_sweeps_run_a_round_each_in_turn_and_extra_rounds_too():
+    """LoopSweep (time_loop a round at a time) under interleave_rounds: round r of each before round r + 1 of any;
+    the extra rounds of a size not yet known interleave as well, and a sweep that is done drops out."""
+    from sequoia_opt.profiling.latency import interleave_rounds
+    from sequoia_opt.profiling.steps import LoopSweep
+
+    order: list[str] = []
+
+    class Sweep:
+        def __init__(self, name: str, rounds: int):
+            self.name, self.left = name, rounds
+
+        @property
+        def done(self) -> bool:
+            return self.left == 0
+
+        def run_round(self) -> None:
+            order.append(self.name)
+            self.left -= 1
+
+    interleave_rounds([Sweep("a", 3), Sweep("b", 1), Sweep("c", 2)])
+    assert order == ["a", "b", "c", "a", "c", "a"]
+    # a LoopSweep is done after its rounds when every size is known, else after max_rounds
+    sw = LoopSweep(lambda n: None, [1], 4, 50, rounds=2, max_rounds=5)
+    assert not sw.done and sw.total == 2
+    sw.round = 2
+    assert sw.done  # only plain steps (no size to know): nothing past the base rounds
+    sw = LoopSweep(lambda n: None, [1, 2], 4, 50, rounds=1, max_rounds=3)
+    sw.round = 1
+    assert not sw.done  # size 2 has no timed pair: not known, another round is due
+    sw.round = 3
+    assert sw.done
+
+
 def test_the_stored_spread_is_p90_minus_p10_of_the_timed_repeats(pair, monkeypatch):
     """``target_forward_spread_ms`` is what the schema (profiles/__init__.py, docs/formats.md) says: p90 - p10 of the
     timed repeats (it said p75 - p25), with rounds the median p90 minus the median p10 over rounds."""

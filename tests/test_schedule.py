@@ -2486,7 +2486,7 @@ def test_tune_refuses_a_batch_size_whose_forwards_cannot_fit_before_timing(tmp_p
         check_batch_memory(demo, 100000, 137, 9, "cpu")
     tdir, ddir, prompts = make_pair(tmp_path)
     monkeypatch.setattr(device, "free_memory_bytes", lambda d: 2**20)  # 1 MiB free
-    monkeypatch.setattr(batch, "profile_model", lambda *a, **k: pytest.fail("timed before the memory check"))
+    monkeypatch.setattr(batch, "model_sweep", lambda *a, **k: pytest.fail("timed before the memory check"))
     res = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "--prompts",
                               str(prompts), "--batches", "1,64", "--context", "16", "--profiles-dir",
                               str(tmp_path / "profiles")])

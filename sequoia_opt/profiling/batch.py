@@ -18,7 +18,8 @@ import torch
 from ..model import Transformer
 from ..profiles.batch import BatchLatencyProfile
 from ..tree import Tree, now_iso
-from .latency import ProgressFn, build_latency_profile, profile_model
+from .latency import (GridSweep, ProgressFn, ProgressTally, build_latency_profile, interleave_rounds,
+                      model_sweep)
 
 __all__ = ["measure_batch_overhead", "profile_batches", "OVERHEAD_TREE"]
 
@@ -42,6 +43,27 @@ def measure_batch_overhead(target: Transformer, draft: Transformer | None, batch
     dec = Decoder(target, policy, max_len=prompt_len + steps * tree.size + tree.size + 1, max_batch=batch)
     res = dec.generate_batch(prompts, steps)
     return float(statistics.median(s.bookkeeping_ms for s in res.steps)) if res.steps else 0.0
+
+
+class _Recorded:
+    """A :class:`GridSweep` whose rounds count their attention calls into ``record`` and report to a part of
+    ``tally``: the per-batch-size backend record of :func:`profile_batches`, whose rounds interleave."""
+
+    def __init__(self, sweep: GridSweep, record: Any, tally: ProgressTally):
+        self.sweep, self.record = sweep, record
+        sweep.progress = tally.part(sweep.total)
+
+    @property
+    def done(self) -> bool:
+        return self.sweep.done
+
+    def run_round(self) -> None:
+        from ..attention import record_backends
+
+        with record_backends() as rec:
+            self.sweep.run_round()
+        self.record.ran.update(rec.ran)
+        self.record.refused.update(rec.refused)
 
 
 def profile_batches(target: Transformer, draft: Transformer | None, batches: Sequence[int],
@@ -69,53 +91,74 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
     :func:`~sequoia_opt.profiling.steps.repeating_prompts`, text that copies itself, where the target accepts what
     n-grams draft and each step commits whole chains, as on the requests n-grams pay on.
 
+    The batch sizes are timed in turn, round by round (:func:`~sequoia_opt.profiling.latency.interleave_rounds`):
+    round r of T(b, n), c(b, w) and the loop's step at every b before round r + 1 of any, so a slow spell of a
+    shared machine lands on every batch size alike and the levels of the curves keep their order
+    (:class:`~sequoia_opt.profiling.latency.GridSweep` says what timing them one after the other did). The loop's
+    extra rounds (sizes whose step ratio is not yet known) interleave too. ``progress`` counts every sweep's points
+    together.
+
     Raises ProfileError as :func:`profile_model` (empty grid, context past the model's).
     """
-    from ..attention import BackendRecord, record_backends
+    from ..attention import BackendRecord
+
+    batches = list(dict.fromkeys(int(b) for b in batches))
+    tally = ProgressTally(progress)
+    att = {b: {"target": BackendRecord(), "draft": BackendRecord()} for b in batches}  # per batch size and model
+    grids: dict[int, tuple[GridSweep, GridSweep | None]] = {}
+    sweeps: list = []  # round r of every batch size's target, draft and loop in turn: interleave_rounds
+    for b in batches:
+        tt = model_sweep(target, token_counts, contexts, what=f"target (batch {b})", rounds=rounds, paired=paired,
+                         rows=b, **timing_kw)
+        dt = None
+        if draft is not None:
+            dt = model_sweep(draft, draft_counts, contexts, what=f"draft (batch {b})", rounds=rounds, paired=paired,
+                             rows=b, **timing_kw)
+        elif draft_probe is not None and draft_probe.model is not None:
+            dt = model_sweep(draft_probe.model, draft_counts, contexts, what=f"{draft_probe.label} (batch {b})",
+                             rounds=rounds, paired=paired, rows=b, num_layers=draft_probe.num_layers, **timing_kw)
+        grids[b] = (tt, dt)
+        sweeps += [_Recorded(tt, att[b]["target"], tally)] + ([_Recorded(dt, att[b]["draft"], tally)] if dt else [])
+    loops: dict[int, list] = {}
+    if loop is not None:
+        from .steps import LOOP_MAX_ROUNDS, LoopSweep, repeating_prompts, static_loop_decoders
+
+        V = target.config.vocab_size
+        copies = draft is None  # n-grams (or a head): text that repeats, whose drafts the target accepts
+        # a row may accept a whole chain each step on text that repeats: room for every step's n tokens
+        longest = max(contexts) + (16 * max(token_counts) if copies else 2 * max(token_counts)) + 16
+        for b in batches:
+            drafter = draft if draft is not None else loop_drafter
+            if drafter is None or (draft is None and getattr(drafter(), "max_rows", 1) < b):
+                continue  # a drafter serving fewer rows (self layer-skip: one) has no step at b rows to time
+            make = static_loop_decoders(target, drafter, max_len=longest, max_batch=b, policy=loop)
+            loops[b] = [LoopSweep(make, token_counts, int(c), V, policy=loop, rounds=max(1, min(int(rounds), 2)),
+                                  max_rounds=LOOP_MAX_ROUNDS, rows=b,
+                                  prompts=repeating_prompts(b, int(c), V) if copies else None) for c in contexts]
+            for sw in loops[b]:
+                sw.progress = tally.part(sw.total)
+            sweeps += loops[b]
+    interleave_rounds(sweeps)
 
     curves = {}
-    seen = {"target": BackendRecord(), "draft": BackendRecord()}  # every batch size's calls, per model
     for b in batches:
-        with record_backends() as t_att:
-            tt = profile_model(target, token_counts, contexts, what=f"target (batch {b})", progress=progress,
-                               rounds=rounds, paired=paired, rows=int(b), **timing_kw)
-        dt = None
-        with record_backends() as d_att:
-            if draft is not None:
-                dt = profile_model(draft, draft_counts, contexts, what=f"draft (batch {b})", progress=progress,
-                                   rounds=rounds, paired=paired, rows=int(b), **timing_kw)
-            elif draft_probe is not None and draft_probe.model is not None:
-                dt = profile_model(draft_probe.model, draft_counts, contexts, what=f"{draft_probe.label} (batch {b})",
-                                   progress=progress, rounds=rounds, paired=paired, rows=int(b),
-                                   num_layers=draft_probe.num_layers, **timing_kw)
-        for role, rec in (("target", t_att), ("draft", d_att)):
-            seen[role].ran.update(rec.ran)
-            seen[role].refused.update(rec.refused)
-        overhead = measure_batch_overhead(target, draft, int(b))
-        loops = None
-        drafter = draft if draft is not None else loop_drafter
-        if drafter is not None and draft is None and getattr(drafter(), "max_rows", 1) < int(b):
-            drafter = None  # a drafter serving fewer rows (self layer-skip: one) has no step at b rows to time
-        if loop is not None and drafter is not None:
-            from .steps import LOOP_MAX_ROUNDS, repeating_prompts, static_loop_decoders, time_loop
-
-            V = target.config.vocab_size
-            copies = draft is None  # n-grams (or a head): text that repeats, whose drafts the target accepts
-            # a row may accept a whole chain each step on text that repeats: room for every step's n tokens
-            longest = max(contexts) + (16 * max(token_counts) if copies else 2 * max(token_counts)) + 16
-            make = static_loop_decoders(target, drafter, max_len=longest, max_batch=int(b), policy=loop)
-            loops = [time_loop(make, token_counts, int(c), V, policy=loop, rounds=max(1, min(int(rounds), 2)),
-                               max_rounds=LOOP_MAX_ROUNDS, rows=int(b), progress=progress,
-                               prompts=repeating_prompts(int(b), int(c), V) if copies else None)
-                     for c in contexts]
-        curves[int(b)] = build_latency_profile(
-            target_tables=tt, draft_tables=dt, step_overhead_ms=overhead, device=device, dtype=dtype,
+        tt, dt = grids[b]
+        overhead = measure_batch_overhead(target, draft, b)
+        curves[b] = build_latency_profile(
+            target_tables=tt.tables(), draft_tables=dt.tables() if dt is not None else None,
+            step_overhead_ms=overhead, device=device, dtype=dtype,
             target_name=target_name, target_config=target.config, draft_name=draft_name,
             draft_config=draft.config if draft is not None else None, random_weights=random_weights,
             profile_id=f"{profile_id}@batch{b}", method=method, command=command,
-            attention={"requested": "auto", "target": t_att.as_dict(),
-                       "draft": d_att.as_dict() if dt is not None else None}, loop_tables=loops,
+            attention={"requested": "auto", "target": att[b]["target"].as_dict(),
+                       "draft": att[b]["draft"].as_dict() if dt is not None else None},
+            loop_tables=[sw.table() for sw in loops[b]] if b in loops else None,
             draft_cost_model=draft_cost_model)
+    seen = {"target": BackendRecord(), "draft": BackendRecord()}  # every batch size's calls, per model
+    for role, rec in seen.items():
+        for b in batches:
+            rec.ran.update(att[b][role].ran)
+            rec.refused.update(att[b][role].refused)
     first = curves[min(curves)]
     dev = {**first.device, "attention": {"requested": "auto", "target": seen["target"].as_dict(),
                                          "draft": seen["draft"].as_dict() if draft is not None else None}}

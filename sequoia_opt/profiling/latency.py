@@ -26,6 +26,10 @@ from .timing import Timing, time_alternating, time_call
 ProgressFn = Callable[[str, int, int], None]
 """progress(what, done, total): called after each measured point."""
 
+Timers = tuple[Callable[[int], Timing], Callable[[int, int], tuple[Timing, Timing]]]
+"""``(time(n), time_paired(n, ref))`` at one context: the :class:`Timing` (ms) of a forward over n new tokens, and of
+n and ``ref`` tokens timed alternately (:func:`sweep_grid`)."""
+
 
 @dataclass
 class LatencyTable:
@@ -118,7 +122,8 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
                   what: str = "target", backend: str = "auto", progress: ProgressFn | None = None,
                   rounds: int = 1, paired: bool = False, num_layers: int | None = None,
                   rows: int | None = None, **timing_kw) -> list[LatencyTable]:
-    """Measure ``model`` at every (context, n) pair. Returns one :class:`LatencyTable` per context.
+    """Measure ``model`` at every (context, n) pair. Returns one :class:`LatencyTable` per context
+    (:func:`model_sweep`'s sweep run whole: every round of a context before the next context).
 
     ``rows`` = b times b rows of n tokens per forward through the batched decoder's attention path
     (T(b, n), :mod:`sequoia_opt.profiling.batch`); None is the batch-1 path.
@@ -140,6 +145,18 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
 
     Raises ProfileError for an empty grid or a context + n past the model's ``max_position_embeddings``.
     """
+    return model_sweep(model, token_counts, contexts, what=what, backend=backend, progress=progress, rounds=rounds,
+                       paired=paired, num_layers=num_layers, rows=rows, **timing_kw).run()
+
+
+def model_sweep(model: Transformer, token_counts: Sequence[int], contexts: Sequence[int], *,
+                what: str = "target", backend: str = "auto", progress: ProgressFn | None = None,
+                rounds: int = 1, paired: bool = False, num_layers: int | None = None,
+                rows: int | None = None, **timing_kw) -> GridSweep:
+    """:func:`profile_model`'s measurement as a :class:`GridSweep` not yet run, to run whole (:meth:`GridSweep.run`)
+    or a round at a time beside other sweeps (:func:`interleave_rounds`). Arguments and errors as
+    :func:`profile_model`.
+    """
     from ..errors import ProfileError
 
     if not token_counts or not contexts:
@@ -159,8 +176,7 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
                                                 num_layers=num_layers, rows=rows, **timing_kw)
         return one, pair
 
-    return sweep_grid(timers_at, token_counts, contexts, what=what, progress=progress, rounds=rounds,
-                      paired=paired)
+    return GridSweep(timers_at, token_counts, contexts, what=what, progress=progress, rounds=rounds, paired=paired)
 
 
 def engine_timers(calls_at: Callable[[int], Callable[[int], Callable[[], None]]], device: torch.device | str = "cpu",
@@ -176,57 +192,153 @@ def engine_timers(calls_at: Callable[[int], Callable[[int], Callable[[], None]]]
     return timers_at
 
 
-def sweep_grid(timers_at: Callable[[int], tuple[Callable[[int], Timing], Callable[[int, int], tuple[Timing, Timing]]]],
+class GridSweep:
+    """:func:`sweep_grid` one round at a time: each :meth:`run_round` times every (context, n) pair once (paired
+    as :func:`profile_model` says), :meth:`tables` turns the rounds so far into one :class:`LatencyTable` (ms) per
+    context. Several sweeps run a round each in turn with :func:`interleave_rounds`.
+
+    Why rounds that can be interleaved: a shared VM's speed drifts by tens of percent over minutes. Pairing keeps
+    each curve's shape (T(n) / T(1)) true, but two curves timed one after the other (T(b, n) at batch 2, then at
+    batch 4) land at different speeds, and their levels come out in the wrong order: the editing workload's
+    profile of 2026-12-07 timed T(2, 1) at 89.4 ms, above T(4, 1) at 85.3 ms, and its plan's tokens/s at batch 2
+    was predicted 23 % under what the same batch size served. Interleaved, a slow spell lands on every curve's
+    round alike, and each curve keeps its median over rounds.
+
+    ``timers_at(context)`` is called once per context and round (it sets that context up: a KV cache holding
+    ``context`` tokens), and what it returns is dropped at the round's end, so sweeps waiting their turn hold no
+    cache.
+
+    Raises ProfileError for ``rounds`` below 1.
+    """
+
+    def __init__(self, timers_at: Callable[[int], Timers],
+                 token_counts: Sequence[int], contexts: Sequence[int], *, what: str = "target",
+                 progress: ProgressFn | None = None, rounds: int = 1, paired: bool = False):
+        from ..errors import ProfileError
+
+        if rounds < 1:
+            raise ProfileError(f"rounds must be at least 1, got {rounds}")
+        self.timers_at, self.what, self.progress = timers_at, what, progress
+        self.token_counts, self.contexts = [int(n) for n in token_counts], [int(c) for c in contexts]
+        self.rounds, self.paired, self.round = int(rounds), bool(paired), 0
+        self.total, self.count = len(self.token_counts) * len(self.contexts) * self.rounds, 0
+        # per context: each n's Timing per round; paired: the reference's median timed beside each
+        self.per_n = [[[] for _ in self.token_counts] for _ in self.contexts]
+        self.ref_of = [[[] for _ in self.token_counts] for _ in self.contexts]
+
+    @property
+    def done(self) -> bool:
+        """Every round has run."""
+        return self.round >= self.rounds
+
+    def run_round(self) -> None:
+        """Time every (context, n) pair once more (nothing once :attr:`done`)."""
+        if self.done:
+            return
+        for j, ctx in enumerate(self.contexts):
+            self.time_context(j, self.timers_at(ctx), self.round)
+        self.round += 1
+
+    def time_context(self, j: int, timers: Timers, r: int) -> None:
+        """Round ``r`` of context ``contexts[j]`` with its ``timers`` (what ``timers_at`` returned for it)."""
+        time_one, time_pair = timers
+        ref, ctx = self.token_counts[0], self.contexts[j]
+        for i, n in enumerate(self.token_counts):
+            if self.paired and i > 0:
+                t_n, t_ref = time_pair(n, ref)
+                self.per_n[j][i].append(t_n)
+                self.ref_of[j][i].append(t_ref.median_ms)
+            else:
+                self.per_n[j][i].append(time_one(n))
+            self.count += 1
+            if self.progress:
+                tag = f", round {r + 1}/{self.rounds}" if self.rounds > 1 else ""
+                self.progress(f"{self.what} forward, context {ctx}, {n} tokens{tag}", self.count, self.total)
+
+    def run(self) -> list[LatencyTable]:
+        """Run the rounds left context by context (every round of one context before the next, its set-up made
+        once: an engine's costs a prefill) and return :meth:`tables`."""
+        for j, ctx in enumerate(self.contexts):
+            timers = self.timers_at(ctx)
+            for r in range(self.round, self.rounds):
+                self.time_context(j, timers, r)
+            del timers
+        self.round = self.rounds
+        return self.tables()
+
+    def tables(self) -> list[LatencyTable]:
+        """One table per context from the rounds run so far: each n keeps the median of its per-round medians
+        (paired: ``T(ref) x`` the per-round ratios, T(ref) the median of all the reference's timings)."""
+        tables = []
+        for ctx, per_n, ref_of in zip(self.contexts, self.per_n, self.ref_of):
+            if not per_n[0]:
+                continue
+            t_ref = statistics.median([t.median_ms for t in per_n[0]] + [m for ms in ref_of for m in ms])
+            table = LatencyTable(context=ctx)
+            for i, (n, ts, refs) in enumerate(zip(self.token_counts, per_n, ref_of)):
+                table.tokens.append(n)
+                if refs:  # T(ref) x T(n) / T(ref) of the same pair
+                    scale = [t_ref / m for m in refs]
+                elif self.paired and i == 0:  # the reference itself: the median over all its timings
+                    scale = [t_ref / statistics.median(t.median_ms for t in ts)] * len(ts)
+                else:
+                    scale = [1.0] * len(ts)
+                table.timings.append(Timing(statistics.median(t.median_ms * k for t, k in zip(ts, scale)),
+                                            statistics.median(t.p10_ms * k for t, k in zip(ts, scale)),
+                                            statistics.median(t.p90_ms * k for t, k in zip(ts, scale)),
+                                            sum(t.repeats for t in ts)))
+            tables.append(table)
+        return tables
+
+
+def interleave_rounds(sweeps: Sequence[Any]) -> None:
+    """Run ``sweeps`` (each with ``done`` and ``run_round()``: a :class:`GridSweep`, a
+    :class:`~sequoia_opt.profiling.steps.LoopSweep`) a round each in turn, in the order given, until every one is
+    done: a drift of the machine's speed then lands on every sweep's rounds alike (:class:`GridSweep`)."""
+    while True:
+        todo = [s for s in sweeps if not s.done]
+        if not todo:
+            return
+        for s in todo:
+            s.run_round()
+
+
+class ProgressTally:
+    """One progress line for interleaved sweeps: :meth:`part` gives each sweep a ``progress`` of its own, and the
+    tally reports the sum of every part's done and total points to ``progress`` (a part's total may grow: a
+    :class:`~sequoia_opt.profiling.steps.LoopSweep`'s extra rounds)."""
+
+    def __init__(self, progress: ProgressFn | None):
+        self.progress, self.parts = progress, []
+
+    def part(self, total: int) -> ProgressFn | None:
+        """A ``progress(what, done, total)`` for one sweep of ``total`` points so far (None when the tally reports
+        to nothing)."""
+        if self.progress is None:
+            return None
+        i = len(self.parts)
+        self.parts.append((0, int(total)))
+
+        def report(what: str, done: int, total: int) -> None:
+            self.parts[i] = (done, total)
+            self.progress(what, sum(d for d, _ in self.parts), sum(t for _, t in self.parts))
+
+        return report
+
+
+def sweep_grid(timers_at: Callable[[int], Timers],
                token_counts: Sequence[int], contexts: Sequence[int], *, what: str = "target",
                progress: ProgressFn | None = None, rounds: int = 1, paired: bool = False) -> list[LatencyTable]:
     """Time a forward at every (context, n) pair with :func:`profile_model`'s rounds and pairing, for any
     engine: ``timers_at(context)`` sets that context up and returns ``(time(n), time_paired(n, ref))``, the
     :class:`Timing` of a forward over n new tokens there, and of n and ``ref`` tokens timed alternately
     (:func:`engine_timers` makes them for an engine's forward). Returns one :class:`LatencyTable` (ms) per context.
+    Every round of one context runs before the next context's (:class:`GridSweep` to interleave sweeps).
 
     Raises ProfileError for ``rounds`` below 1.
     """
-    from ..errors import ProfileError
-
-    if rounds < 1:
-        raise ProfileError(f"rounds must be at least 1, got {rounds}")
-    total = len(token_counts) * len(contexts) * rounds
-    done = 0
-    tables = []
-    ref = int(token_counts[0])
-    for ctx in contexts:
-        time_one, time_pair = timers_at(int(ctx))
-        per_n: list[list[Timing]] = [[] for _ in token_counts]
-        ref_of: list[list[float]] = [[] for _ in token_counts]  # paired: the reference median beside each
-        for r in range(rounds):
-            for i, n in enumerate(token_counts):
-                if paired and i > 0:
-                    t_n, t_ref = time_pair(int(n), ref)
-                    per_n[i].append(t_n)
-                    ref_of[i].append(t_ref.median_ms)
-                else:
-                    per_n[i].append(time_one(int(n)))
-                done += 1
-                if progress:
-                    tag = f", round {r + 1}/{rounds}" if rounds > 1 else ""
-                    progress(f"{what} forward, context {ctx}, {n} tokens{tag}", done, total)
-        t_ref = statistics.median([t.median_ms for t in per_n[0]] + [m for ms in ref_of for m in ms])
-        table = LatencyTable(context=int(ctx))
-        for i, (n, ts, refs) in enumerate(zip(token_counts, per_n, ref_of)):
-            table.tokens.append(int(n))
-            if refs:  # T(ref) x T(n) / T(ref) of the same pair
-                scale = [t_ref / m for m in refs]
-            elif paired and i == 0:  # the reference itself: the median over all its timings
-                scale = [t_ref / statistics.median(t.median_ms for t in ts)] * len(ts)
-            else:
-                scale = [1.0] * len(ts)
-            table.timings.append(Timing(statistics.median(t.median_ms * k for t, k in zip(ts, scale)),
-                                        statistics.median(t.p10_ms * k for t, k in zip(ts, scale)),
-                                        statistics.median(t.p90_ms * k for t, k in zip(ts, scale)),
-                                        sum(t.repeats for t in ts)))
-        tables.append(table)
-        del time_one, time_pair
-    return tables
+    return GridSweep(timers_at, token_counts, contexts, what=what, progress=progress, rounds=rounds,
+                     paired=paired).run()
 
 
 def time_lookup_propose(make_drafter: Callable[[], object], target: Transformer, w: int, context: int, *,

@@ -171,7 +171,8 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
     different speeds and the table's shape (what the solver's choice depends on) comes out wrong. Here every timed
     step of size n has a plain step beside it; a size keeps ``median(part / the paired plain step's verify ms)`` x the
     median plain verify ms over all pairs, for its verify, bookkeeping and draft parts alike (n = 1: the plain
-    steps' own verify and bookkeeping medians).
+    steps' own verify and bookkeeping medians). This is :class:`LoopSweep` run whole; a LoopSweep runs a round at a
+    time beside other sweeps (the loop at each batch size, :func:`~sequoia_opt.profiling.batch.profile_batches`).
 
     Args:
         make_decoder: ``make_decoder(n)`` returns a :class:`~sequoia_opt.decoding.loop.Decoder` whose policy drafts
@@ -201,37 +202,73 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
     Raises:
         DecodingError: as the decoder (a context past the target's).
     """
-    if prompts is None:
-        rng = np.random.default_rng(seed)
-        prompts = [rng.integers(0, vocab_size, context + 1).tolist() for _ in range(max(1, int(rows)))]  # last: root
-    prompts = [list(x) for x in prompts]
-    make_plain = make_plain or (lambda: make_decoder(1))
-    plain: list[tuple[float, float]] = []  # (verify, bookkeeping) of every reference step
-    ratios: dict[int, list[tuple[float, float, float]]] = {int(n): [] for n in token_counts if n > 1}
-    round_of: dict[int, list[int]] = {n: [] for n in ratios}  # the round of each pair in ``ratios``
-    sizes = [int(n) for n in token_counts if n > 1]
+    return LoopSweep(make_decoder, token_counts, context, vocab_size, policy=policy, steps=steps, warmup=warmup,
+                     rounds=rounds, seed=seed, progress=progress, make_plain=make_plain, rows=rows, prompts=prompts,
+                     max_rounds=max_rounds, rel_se=rel_se).run()
 
-    def known(n: int) -> bool:
-        steps_ = [sum(x) for x in ratios[n]]
+
+class LoopSweep:
+    """:func:`time_loop` one round at a time (arguments and errors as there): each :meth:`run_round` times every
+    tree size once more (after ``rounds``, only the sizes whose step ratio is not yet known to ``rel_se``),
+    :meth:`table` turns the rounds so far into the :class:`LoopTable`. Several sweeps (the loop at each batch size)
+    run a round each in turn with :func:`~sequoia_opt.profiling.latency.interleave_rounds`, so the machine's drift
+    lands on every batch size's plain step alike (:class:`~sequoia_opt.profiling.latency.GridSweep` says why).
+    """
+
+    def __init__(self, make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int,
+                 vocab_size: int, *, policy: str = "static", steps: int = LOOP_STEPS, warmup: int = LOOP_WARMUP,
+                 rounds: int = 2, seed: int = 0, progress: ProgressFn | None = None,
+                 make_plain: Callable[[], Decoder] | None = None, rows: int = 1,
+                 prompts: Sequence[Sequence[int]] | None = None, max_rounds: int | None = None,
+                 rel_se: float = DEFAULT_REL_SE):
+        if prompts is None:
+            rng = np.random.default_rng(seed)
+            prompts = [rng.integers(0, vocab_size, context + 1).tolist() for _ in range(max(1, int(rows)))]  # +root
+        self.prompts = [list(x) for x in prompts]
+        self.make_decoder, self.make_plain = make_decoder, make_plain or (lambda: make_decoder(1))
+        self.token_counts, self.context, self.policy = list(token_counts), int(context), policy
+        self.steps, self.warmup, self.progress, self.rel_se = int(steps), int(warmup), progress, rel_se
+        self.plain: list[tuple[float, float]] = []  # (verify, bookkeeping) of every reference step
+        self.sizes = [int(n) for n in token_counts if n > 1]
+        self.ratios: dict[int, list[tuple[float, float, float]]] = {n: [] for n in self.sizes}
+        self.round_of: dict[int, list[int]] = {n: [] for n in self.sizes}  # the round of each pair in ``ratios``
+        self.rounds = int(rounds)
+        self.last = max(self.rounds, int(max_rounds or rounds))
+        self.round, self.count, self.total = 0, 0, max(1, len(self.sizes)) * self.rounds
+
+    def known(self, n: int) -> bool:
+        """Size n's step ratio is known to ``rel_se``, between its steps and between its rounds."""
+        steps_ = [sum(x) for x in self.ratios[n]]
         by_round: dict[int, list[float]] = {}
-        for r_, x in zip(round_of[n], steps_):
+        for r_, x in zip(self.round_of[n], steps_):
             by_round.setdefault(r_, []).append(x)
-        return (ratio_rel_se(steps_) <= rel_se
-                and round_rel_se([statistics.median(v) for v in by_round.values()]) <= rel_se)
+        return (ratio_rel_se(steps_) <= self.rel_se
+                and round_rel_se([statistics.median(v) for v in by_round.values()]) <= self.rel_se)
 
-    last = max(int(rounds), int(max_rounds or rounds))
-    total, done = max(1, len(sizes)) * rounds, 0
-    with torch.inference_mode():
-        for r in range(last):
-            todo = sizes if r < rounds else [n for n in sizes if not known(n)]
-            if r >= rounds and not todo:
-                break
-            if r >= rounds:
-                total += len(todo)
+    def _todo(self) -> list[int]:
+        """The sizes the next round times ([] when none is left)."""
+        if self.round >= self.last:
+            return []
+        return self.sizes if self.round < self.rounds else [n for n in self.sizes if not self.known(n)]
+
+    @property
+    def done(self) -> bool:
+        """No round is left: ``rounds`` have run and every size is known, or ``max_rounds`` have run."""
+        return self.round >= self.last or (self.round >= self.rounds and not self._todo())
+
+    def run_round(self) -> None:
+        """Time the sizes of the next round (nothing once :attr:`done`)."""
+        if self.done:
+            return
+        r, todo = self.round, self._todo()
+        if r >= self.rounds:
+            self.total += len(todo)
+        prompts, context, warmup, steps = self.prompts, self.context, self.warmup, self.steps
+        with torch.inference_mode():
             for n in todo or [1]:
-                ref = make_plain()
+                ref = self.make_plain()
                 ref_state = ref.start_batch(prompts, warmup + steps + 1)
-                dec = make_decoder(n) if n > 1 else None
+                dec = self.make_decoder(n) if n > 1 else None
                 state = None
                 if dec is not None:  # room for n tokens a step where the decoder has it: accepted drafts must
                     # not finish a row before the timed steps are done
@@ -249,45 +286,56 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
                     p = ref.step(ref_state)
                     if dec is None:
                         if i >= warmup:
-                            plain.append((p.verify_ms, p.bookkeeping_ms))
+                            self.plain.append((p.verify_ms, p.bookkeeping_ms))
                         continue
                     st = dec.step(state)
                     if i >= warmup:
-                        plain.append((p.verify_ms, p.bookkeeping_ms))
+                        self.plain.append((p.verify_ms, p.bookkeeping_ms))
                         # the step at b rows of n tokens each: not one where a row left (it finished early
                         # on accepted drafts) or had its tree clipped
                         full = st.batch == len(prompts) and all(x.tree_size == n for x in st.rows)
                         if full and p.verify_ms > 0:
-                            ratios[n].append((st.draft_ms / p.verify_ms, st.verify_ms / p.verify_ms,
-                                              st.bookkeeping_ms / p.verify_ms))
-                            round_of[n].append(r)
+                            self.ratios[n].append((st.draft_ms / p.verify_ms, st.verify_ms / p.verify_ms,
+                                                   st.bookkeeping_ms / p.verify_ms))
+                            self.round_of[n].append(r)
                 del ref, dec
-                done += 1
-                if progress:
-                    progress(f"loop step ({policy}), context {context}, {n} tokens, round {r + 1}/"
-                             f"{rounds if r < rounds else last}", done, total)
-    table = LoopTable(context=int(context), policy=policy)
-    if not plain:
+                self.count += 1
+                if self.progress:
+                    self.progress(f"loop step ({self.policy}), context {context}, {n} tokens, round {r + 1}/"
+                                  f"{self.rounds if r < self.rounds else self.last}", self.count, self.total)
+        self.round += 1
+
+    def run(self) -> LoopTable:
+        """Run every round left and return :meth:`table`."""
+        while not self.done:
+            self.run_round()
+        return self.table()
+
+    def table(self) -> LoopTable:
+        """The :class:`LoopTable` of the rounds run so far (no sizes before any plain step was timed)."""
+        table = LoopTable(context=self.context, policy=self.policy)
+        plain = self.plain
+        if not plain:
+            return table
+        v1 = statistics.median(x[0] for x in plain)
+        for n in self.token_counts:
+            if n == 1:
+                table.tokens.append(1)
+                table.draft_ms.append(0.0)
+                table.verify_ms.append(v1)
+                table.bookkeeping_ms.append(statistics.median(x[1] for x in plain))
+                table.timed.append(len(plain))
+            elif self.ratios.get(int(n)):
+                pairs = self.ratios[int(n)]
+                table.tokens.append(int(n))
+                table.draft_ms.append(v1 * statistics.median(x[0] for x in pairs))
+                table.verify_ms.append(v1 * statistics.median(x[1] for x in pairs))
+                table.bookkeeping_ms.append(v1 * statistics.median(x[2] for x in pairs))
+                table.timed.append(len(pairs))
+            else:
+                continue
+            table.level_widths.append(tuple(int(w) for w in probe_tree(int(n), self.policy).level_widths))
         return table
-    v1 = statistics.median(x[0] for x in plain)
-    for n in token_counts:
-        if n == 1:
-            table.tokens.append(1)
-            table.draft_ms.append(0.0)
-            table.verify_ms.append(v1)
-            table.bookkeeping_ms.append(statistics.median(x[1] for x in plain))
-            table.timed.append(len(plain))
-        elif ratios.get(int(n)):
-            pairs = ratios[int(n)]
-            table.tokens.append(int(n))
-            table.draft_ms.append(v1 * statistics.median(x[0] for x in pairs))
-            table.verify_ms.append(v1 * statistics.median(x[1] for x in pairs))
-            table.bookkeeping_ms.append(v1 * statistics.median(x[2] for x in pairs))
-            table.timed.append(len(pairs))
-        else:
-            continue
-        table.level_widths.append(tuple(int(w) for w in probe_tree(int(n), policy).level_widths))
-    return table
 
 
 def static_loop_decoders(target, make_drafter: Callable[[], object], *, backend: str = "auto",
