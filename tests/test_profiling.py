@@ -241,6 +241,27 @@ def test_batch_sizes_are_timed_round_by_round_so_a_slow_spell_lands_on_each_alik
     assert seq[1] == pytest.approx(15.0) and seq[2] == pytest.approx(11.0)  # T(2, 1) / T(1, 1) 0.73, not 1.1
 
 
+def test_the_loop_step_is_timed_in_the_same_rounds_as_the_forwards(pair):
+    """With ``loop``, each batch size's loop step takes its turn right after that batch size's T(b, n) and c(b, w)
+    in every round (a slow spell then lands on the forwards and the steps alike: the 2026-12-07 editing profile,
+    its forwards all timed before its steps, read T(1, 1) 1.46x the loop's plain verify, which is the forward plus
+    its logits)."""
+    from sequoia_opt.profiling.batch import profile_batches
+
+    target, draft = pair
+    seen: list[str] = []
+    prof = profile_batches(target, draft, [1, 2], [1, 2], [1], [8], target_name="t", draft_name="d", profile_id="p",
+                           device=target.device, dtype=target.dtype, rounds=2, paired=True, loop="chain",
+                           min_repeats=2, max_repeats=2, progress=lambda what, done, total: seen.append(what))
+    kinds = [w.split(" forward")[0].split(",")[0] for w in seen]  # "target (batch 1)", "loop step (chain)", ...
+    first_round = ["target (batch 1)"] * 2 + ["draft (batch 1)", "loop step (chain)"] \
+        + ["target (batch 2)"] * 2 + ["draft (batch 2)", "loop step (chain)"]
+    assert kinds[:len(first_round)] == first_round
+    assert kinds[len(first_round):2 * len(first_round)] == first_round  # round 2, in the same order
+    assert all(k == "loop step (chain)" for k in kinds[2 * len(first_round):])  # then only the loop's extra rounds
+    assert prof.curve(1).has_loop(8) and prof.curve(2).has_loop(8)
+
+
 def test_interleaved_loop_sweeps_run_a_round_each_in_turn_and_extra_rounds_too():
     """LoopSweep (time_loop a round at a time) under interleave_rounds: round r of each before round r + 1 of any;
     the extra rounds of a size not yet known interleave as well, and a sweep that is done drops out."""

@@ -93,7 +93,8 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
 
     The batch sizes are timed in turn, round by round (:func:`~sequoia_opt.profiling.latency.interleave_rounds`):
     round r of T(b, n), c(b, w) and the loop's step at every b before round r + 1 of any, so a slow spell of a
-    shared machine lands on every batch size alike and the levels of the curves keep their order
+    shared machine lands on every batch size, and on the forwards and the loop's steps, alike: the levels of the
+    curves keep their order
     (:class:`~sequoia_opt.profiling.latency.GridSweep` says what timing them one after the other did). The loop's
     extra rounds (sizes whose step ratio is not yet known) interleave too. ``progress`` counts every sweep's points
     together.
@@ -106,7 +107,15 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
     tally = ProgressTally(progress)
     att = {b: {"target": BackendRecord(), "draft": BackendRecord()} for b in batches}  # per batch size and model
     grids: dict[int, tuple[GridSweep, GridSweep | None]] = {}
+    loops: dict[int, list] = {}
     sweeps: list = []  # round r of every batch size's target, draft and loop in turn: interleave_rounds
+    if loop is not None:
+        from .steps import LOOP_MAX_ROUNDS, LoopSweep, repeating_prompts, static_loop_decoders
+
+        V = target.config.vocab_size
+        copies = draft is None  # n-grams (or a head): text that repeats, whose drafts the target accepts
+        # a row may accept a whole chain each step on text that repeats: room for every step's n tokens
+        longest = max(contexts) + (16 * max(token_counts) if copies else 2 * max(token_counts)) + 16
     for b in batches:
         tt = model_sweep(target, token_counts, contexts, what=f"target (batch {b})", rounds=rounds, paired=paired,
                          rows=b, **timing_kw)
@@ -119,25 +128,16 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
                              rounds=rounds, paired=paired, rows=b, num_layers=draft_probe.num_layers, **timing_kw)
         grids[b] = (tt, dt)
         sweeps += [_Recorded(tt, att[b]["target"], tally)] + ([_Recorded(dt, att[b]["draft"], tally)] if dt else [])
-    loops: dict[int, list] = {}
-    if loop is not None:
-        from .steps import LOOP_MAX_ROUNDS, LoopSweep, repeating_prompts, static_loop_decoders
-
-        V = target.config.vocab_size
-        copies = draft is None  # n-grams (or a head): text that repeats, whose drafts the target accepts
-        # a row may accept a whole chain each step on text that repeats: room for every step's n tokens
-        longest = max(contexts) + (16 * max(token_counts) if copies else 2 * max(token_counts)) + 16
-        for b in batches:
-            drafter = draft if draft is not None else loop_drafter
-            if drafter is None or (draft is None and getattr(drafter(), "max_rows", 1) < b):
-                continue  # a drafter serving fewer rows (self layer-skip: one) has no step at b rows to time
-            make = static_loop_decoders(target, drafter, max_len=longest, max_batch=b, policy=loop)
-            loops[b] = [LoopSweep(make, token_counts, int(c), V, policy=loop, rounds=max(1, min(int(rounds), 2)),
-                                  max_rounds=LOOP_MAX_ROUNDS, rows=b,
-                                  prompts=repeating_prompts(b, int(c), V) if copies else None) for c in contexts]
-            for sw in loops[b]:
-                sw.progress = tally.part(sw.total)
-            sweeps += loops[b]
+        drafter = draft if draft is not None else loop_drafter
+        if loop is None or drafter is None or (draft is None and getattr(drafter(), "max_rows", 1) < b):
+            continue  # a drafter serving fewer rows (self layer-skip: one) has no step at b rows to time
+        make = static_loop_decoders(target, drafter, max_len=longest, max_batch=b, policy=loop)
+        loops[b] = [LoopSweep(make, token_counts, int(c), V, policy=loop, rounds=max(1, min(int(rounds), 2)),
+                              max_rounds=LOOP_MAX_ROUNDS, rows=b,
+                              prompts=repeating_prompts(b, int(c), V) if copies else None) for c in contexts]
+        for sw in loops[b]:
+            sw.progress = tally.part(sw.total)
+        sweeps += loops[b]
     interleave_rounds(sweeps)
 
     curves = {}
