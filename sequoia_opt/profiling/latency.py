@@ -204,9 +204,11 @@ class GridSweep:
     was predicted 23 % under what the same batch size served. Interleaved, a slow spell lands on every curve's
     round alike, and each curve keeps its median over rounds.
 
-    ``timers_at(context)`` is called once per context and round (it sets that context up: a KV cache holding
-    ``context`` tokens), and what it returns is dropped at the round's end, so sweeps waiting their turn hold no
-    cache.
+    :meth:`run_round` calls ``timers_at(context)`` once per context and round (it sets that context up: a KV cache
+    holding ``context`` tokens) and drops what it returns at the round's end, so sweeps waiting their turn hold no
+    cache; :meth:`run` sets each context up once for all its rounds. The order does not change the times: on the
+    demo target (1 thread, context 125, 2026-12-07) T(b, n) at b = 1, 2, 4, 8 and n = 1..3 timed batch size after
+    batch size and round by round, alternated three times in one process, agreed within 4 % (medians).
 
     Raises ProfileError for ``rounds`` below 1.
     """
