@@ -208,7 +208,8 @@ class GridSweep:
     holding ``context`` tokens) and drops what it returns at the round's end, so sweeps waiting their turn hold no
     cache; :meth:`run` sets each context up once for all its rounds. The order does not change the times: on the
     demo target (1 thread, context 125, 2026-12-07) T(b, n) at b = 1, 2, 4, 8 and n = 1..3 timed batch size after
-    batch size and round by round, alternated three times in one process, agreed within 4 % (medians).
+    batch size and round by round, alternated three times in one process, agreed within 5 % (interleaved /
+    sequential 0.98-1.05, medians; ``benchmarks/profile_order.py``, ``results/profile_order/``).
 
     Raises ProfileError for ``rounds`` below 1.
     """
