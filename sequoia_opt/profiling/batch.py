@@ -94,10 +94,9 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
     The batch sizes are timed in turn, round by round (:func:`~sequoia_opt.profiling.latency.interleave_rounds`):
     round r of T(b, n), c(b, w) and the loop's step at every b before round r + 1 of any, so a slow spell of a
     shared machine lands on every batch size, and on the forwards and the loop's steps, alike: the levels of the
-    curves keep their order
-    (:class:`~sequoia_opt.profiling.latency.GridSweep` says what timing them one after the other did). The loop's
-    extra rounds (sizes whose step ratio is not yet known) interleave too. ``progress`` counts every sweep's points
-    together.
+    curves keep their order (:class:`~sequoia_opt.profiling.latency.GridSweep` says what timing them one after the
+    other did). The loop's extra rounds (sizes whose step ratio is not yet known) interleave too. ``progress`` counts
+    every sweep's points together.
 
     Raises ProfileError as :func:`profile_model` (empty grid, context past the model's).
     """
