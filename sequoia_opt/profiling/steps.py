@@ -254,14 +254,14 @@ class LoopSweep:
     @property
     def done(self) -> bool:
         """No round is left: ``rounds`` have run and every size is known, or ``max_rounds`` have run."""
-        return self.round >= self.last or (self.round >= self.rounds and not self._todo())
+        return self.round >= self.rounds and not self._todo()  # _todo is empty once max_rounds have run
 
     def run_round(self) -> None:
         """Time the sizes of the next round (nothing once :attr:`done`)."""
-        if self.done:
-            return
         r, todo = self.round, self._todo()
-        if r >= self.rounds:
+        if r >= self.rounds:  # an extra round: only the sizes not yet known, none once done
+            if not todo:
+                return
             self.total += len(todo)
         prompts, context, warmup, steps = self.prompts, self.context, self.warmup, self.steps
         with torch.inference_mode():
