@@ -344,3 +344,90 @@ def test_batch_profiles_time_an_ngram_drafters_loop_on_text_that_repeats(monkeyp
     one = profile_batches(target, None, [1, 2], [1, 2], [1], [16], draft_name="self:1",
                           loop_drafter=lambda: LayerSkipDrafter(target, 1), **common)
     assert one.curve(1).has_loop(16) and not one.curve(2).has_loop(16) and len(seen) == 1
+
+
+def test_row_contexts_are_the_expected_order_statistics_shifted_to_the_mean():
+    from sequoia_opt.profiling.batch import request_contexts, row_contexts
+
+    # two equally likely contexts 0 and 4: of two rows the shorter is 0 unless both are 4 (1/4), E = 1, the longer 3
+    assert row_contexts(2, 2, [0, 4]) == [1, 3]
+    assert row_contexts(12, 2, [0, 4]) == [11, 13]  # shifted so the rows' mean is the context
+    # three rows of {0, 6}: E[min] = 6/8, E[median] = 6 * 4/8, E[max] = 6 * 7/8; mean 3 -> 3
+    assert row_contexts(3, 3, [0, 6]) == [round(0.75), 3, round(5.25)]
+    assert row_contexts(50, 1, [0, 100]) == [50]  # one row: its own context, nothing padded
+    assert row_contexts(50, 4, None) == [50] * 4  # no requests given: every row at the context
+    assert row_contexts(7, 5, [9, 9, 9]) == [7] * 5  # requests of one length: no spread
+    rows = row_contexts(100, 16, request_contexts([60, 80, 100, 200], 8))
+    assert rows == sorted(rows) and abs(sum(rows) / 16 - 100) <= 0.5
+    assert rows[-1] > row_contexts(100, 4, request_contexts([60, 80, 100, 200], 8))[-1] > 100  # grows with b
+    assert row_contexts(1, 4, [0, 100])[0] == 1  # never a row below one token
+    assert request_contexts([3, 10], 2) == [3, 4, 10, 11]
+    for bad in (lambda: row_contexts(5, 0, [1]), lambda: row_contexts(-1, 2, [1]), lambda: row_contexts(5, 2, []),
+                lambda: request_contexts([], 4), lambda: request_contexts([5], 0)):
+        with pytest.raises(ValueError):
+            bad()
+
+
+def test_batch_profiles_spread_rows_like_the_requests(monkeypatch):
+    import sequoia_opt.profiling.latency as latency
+    import sequoia_opt.profiling.steps as steps
+    from sequoia_opt.profiles.batch import BatchLatencyProfile
+    from sequoia_opt.profiling.batch import profile_batches, request_contexts, row_contexts
+
+    seen, frontiers = [], []
+
+    class Spy(steps.LoopSweep):
+        def __init__(self, *args, **kw):
+            seen.append(kw.get("prompts"))
+            super().__init__(*args, **kw)
+
+    real = latency._forward_call
+
+    def forward_call(model, n, context, **kw):  # the slots each timed forward attends over
+        if kw.get("rows"):
+            frontiers.append((kw["rows"], context, kw.get("row_lengths")))
+        return real(model, n, context, **kw)
+
+    monkeypatch.setattr(steps, "LoopSweep", Spy)
+    monkeypatch.setattr(latency, "_forward_call", forward_call)
+    target = random_model(0)
+    draft = noisy_copy(target, 0.05, 1)
+    requests = request_contexts([4, 8, 40], 4)
+    prof = profile_batches(target, draft, [1, 4], [1, 2], [1], [16], target_name="t", draft_name="d",
+                           profile_id="p", device=target.device, dtype=target.dtype, random_weights=True,
+                           loop="chain", min_repeats=2, max_repeats=2, requests=requests)
+    want = row_contexts(16, 4, requests)
+    assert want[-1] > 16 > want[0]  # the requests spread: the longest of four rows is past the mean
+    assert prof.curve(4).row_contexts(16) == want and prof.curve(1).row_contexts(16) == [16]  # one row: no spread
+    assert BatchLatencyProfile.from_dict(prof.to_dict()).curve(4).row_contexts(16) == want  # the file keeps them
+    assert {tuple(x[2]) for x in frontiers if x[0] == 4} == {tuple(want)}  # every forward at 4 rows: those rows
+    assert [len(p) - 1 for p in seen[-1]] == want  # the loop's 4 rows: prompts of those contexts (+ the root)
+    assert [len(p) - 1 for p in seen[0]] == [16]
+    plain = profile_batches(target, draft, [4], [1, 2], [1], [16], target_name="t", draft_name="d", profile_id="q",
+                            device=target.device, dtype=target.dtype, random_weights=True, loop="chain",
+                            min_repeats=2, max_repeats=2)
+    assert plain.curve(4).row_contexts(16) is None and [len(p) - 1 for p in seen[-1]] == [16] * 4
+
+
+def test_a_forward_over_rows_of_different_lengths_attends_to_the_longest():
+    from sequoia_opt.profiling.latency import _forward_call
+
+    target = random_model(0)
+    cache = target.new_cache(40 + 2, batch=3)
+    captured = {}
+    real = target.forward
+
+    def spy(tokens, slots, **kw):
+        captured.update(slots=slots.tolist(), prefix=kw["prefix_len"])
+        return real(tokens, slots, **kw)
+
+    target.forward = spy
+    try:
+        _forward_call(target, 2, 20, backend="torch", cache=cache, rows=3, row_lengths=[5, 20, 40])()
+    finally:
+        del target.forward
+    assert captured["slots"] == [40, 41]  # the tree at the shared frontier, the longest row
+    valid = captured["prefix"].valid
+    assert valid.shape == (3, 40) and valid.sum(1).tolist() == [5, 20, 40]  # each row sees its own tokens
+    with pytest.raises(ValueError, match="one length per row"):
+        _forward_call(target, 2, 20, backend="torch", cache=cache, rows=3, row_lengths=[5, 20])

@@ -33,7 +33,7 @@ ACCEPTANCE_KEYS = ("format", "id", "example", "source", "measured", "acceptance"
 LATENCY_KEYS = ("format", "id", "example", "source", "date", "device", "model", "engine", "step_overhead_ms",
                 "curves")
 #: the keys of one entry of a latency profile's ``curves`` (one context length)
-LATENCY_CURVE_KEYS = ("context_tokens", "target", "draft", "loop")
+LATENCY_CURVE_KEYS = ("context_tokens", "target", "draft", "loop", "row_context_tokens")
 PAIR_ACCEPTANCE_KEYS = ("format", "id", "example", "source", "drafters", "cost_models", "measured", "light_width",
                         "strong_width", "outcome_counts_by_depth")
 

@@ -76,6 +76,13 @@ class _Loop:
     draft_step_extra_ms: float = 0.0  # once per step that drafts (0 in profiles written before it was measured)
 
 
+def _parse_rows(raw: Any, where: str) -> tuple[int, ...]:
+    """A curve's ``row_context_tokens``: a non-empty list of token counts, one per row."""
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"{where} must be a non-empty list of token counts, one per row")
+    return tuple(check_integer(x, f"{where}[{i}]", high=MAX_TOKENS) for i, x in enumerate(raw))
+
+
 def _parse_loop(raw: Any, where: str) -> _Loop:
     if not isinstance(raw, dict):
         raise ProfileError(f"{where} must be a mapping with policy, tokens, verify_ms, bookkeeping_ms, draft_extra_ms")
@@ -155,6 +162,9 @@ class LatencyCurve:
             :func:`~sequoia_opt.solver.hardware.step_cost` charges c.
         date: when it was measured (the ``date`` key, ISO 8601 text; None in a file without one).
 
+    A batch profile's curve at b rows may have timed its rows at different contexts (each curve entry's
+    ``row_context_tokens``, :func:`~sequoia_opt.profiling.batch.row_contexts`): :meth:`row_contexts` says which.
+
     Raises:
         ProfileError: (construction) an unknown ``cost_model``.
     """
@@ -172,11 +182,23 @@ class LatencyCurve:
     engine_info: dict[str, Any] = field(default_factory=dict)
     _loop: tuple[_Loop | None, ...] = field(default=(), repr=False)
     date: str | None = None
+    _rows: tuple[tuple[int, ...] | None, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         check_cost_model(self.cost_model, f"latency profile {self.id!r}: draft cost_model")
         if not self._loop:
             object.__setattr__(self, "_loop", (None,) * len(self.contexts))
+        if not self._rows:
+            object.__setattr__(self, "_rows", (None,) * len(self.contexts))
+
+    def row_contexts(self, context: int) -> list[int] | None:
+        """The contexts (tokens) the rows were timed at where the curve at ``context`` spread them
+        (:func:`~sequoia_opt.profiling.batch.row_contexts`), None where every row held ``context`` or ``context`` was
+        not measured."""
+        for c, rows in zip(self.contexts, self._rows):
+            if int(c) == int(context):
+                return None if rows is None else list(rows)
+        return None
 
     # -------------------------------------------------------------- the loop's step (issue 31)
     def has_loop(self, context: int | None = None) -> bool:
@@ -384,7 +406,7 @@ class LatencyCurve:
             d["engine"] = _plain(dict(self.engine_info))
         d["step_overhead_ms"] = float(self.step_overhead_ms)
         curves = []
-        for c, t, dr, lp in zip(self.contexts, self._target, self._draft, self._loop):
+        for c, t, dr, lp, rows in zip(self.contexts, self._target, self._draft, self._loop, self._rows):
             tt: dict[str, Any] = {"tokens": t.tokens.tolist(), "target_forward_ms": t.ms.tolist()}
             if t.spread_ms is not None:
                 tt["target_forward_spread_ms"] = t.spread_ms.tolist()
@@ -393,6 +415,8 @@ class LatencyCurve:
             if dr.spread_ms is not None:
                 dd["draft_forward_spread_ms"] = dr.spread_ms.tolist()
             curves.append({"context_tokens": int(c), "target": tt, "draft": dd})
+            if rows is not None:
+                curves[-1]["row_context_tokens"] = list(rows)
             if lp is not None:
                 curves[-1]["loop"] = {"policy": lp.policy, "tokens": lp.tokens.tolist(),
                                       "verify_ms": lp.verify_ms.tolist(), "bookkeeping_ms": lp.bookkeeping_ms.tolist(),
@@ -416,7 +440,7 @@ class LatencyCurve:
         curves = doc.get("curves")
         if not isinstance(curves, list) or not curves:
             raise ProfileError(f"{source}: 'curves' must be a non-empty list (one entry per context length)")
-        contexts, targets, drafts, cost_models, loops = [], [], [], [], []
+        contexts, targets, drafts, cost_models, loops, spreads = [], [], [], [], [], []
         for i, cur in enumerate(curves):
             where = f"{source}: curves[{i}]"
             if not isinstance(cur, dict):
@@ -444,6 +468,8 @@ class LatencyCurve:
                 draft = {k: v for k, v in draft.items() if k != "cost_model"}
             drafts.append(_parse_table(draft, "draft_forward_ms", f"{where}.draft"))
             loops.append(_parse_loop(cur["loop"], f"{where}.loop") if cur.get("loop") is not None else None)
+            spreads.append(_parse_rows(cur["row_context_tokens"], f"{where}.row_context_tokens")
+                           if cur.get("row_context_tokens") is not None else None)
         device = doc.get("device") or {}
         model = doc.get("model") or {}
         if not isinstance(device, dict) or not isinstance(model, dict):
@@ -470,6 +496,7 @@ class LatencyCurve:
             engine_info=dict(engine),
             _loop=tuple(loops),
             date=_date_text(doc.get("date"), source),
+            _rows=tuple(spreads),
         )
         if check_plausible:
             import warnings

@@ -21,10 +21,76 @@ from ..tree import Tree, now_iso
 from .latency import (GridSweep, ProgressFn, ProgressTally, build_latency_profile, interleave_rounds,
                       model_sweep)
 
-__all__ = ["measure_batch_overhead", "profile_batches", "OVERHEAD_TREE"]
+__all__ = ["measure_batch_overhead", "profile_batches", "OVERHEAD_TREE", "request_contexts", "row_contexts"]
 
 #: The tree the per-step overhead is measured with (the batch-1 default of measure_step_overhead).
 OVERHEAD_TREE = Tree.from_choices([[0], [1], [2], [3], [0, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]])
+
+
+def request_contexts(prompt_lengths: Sequence[int], new_tokens: int) -> list[int]:
+    """The contexts (tokens) the steps of requests read: each prompt of ``prompt_lengths`` at every stage of an
+    answer of ``new_tokens`` tokens (the step of its j-th token reads the prompt and j - 1 answer tokens). Under
+    continuous batching a live row is at any stage of any request, so these are what a row's context is drawn from
+    (:func:`row_contexts`).
+
+    Raises:
+        ValueError: no prompt, a negative length, or ``new_tokens`` < 1.
+    """
+    lengths = [int(x) for x in prompt_lengths]
+    if not lengths or min(lengths) < 0 or int(new_tokens) < 1:
+        raise ValueError(f"need prompt lengths >= 0 and new_tokens >= 1, got {len(lengths)} prompts, "
+                         f"new_tokens {new_tokens}")
+    return [p + j for p in lengths for j in range(int(new_tokens))]
+
+
+def row_contexts(context: int, batch: int, requests: Sequence[int] | None) -> list[int]:
+    """The contexts (tokens, ascending) of the ``batch`` rows T(b, n) is timed on at ``context``: the expected
+    order statistics of ``batch`` rows drawn from ``requests`` (the contexts requests read,
+    :func:`request_contexts`), shifted so that their mean is ``context``; every row at ``context`` when
+    ``requests`` is None or b = 1.
+
+    Why. treeopt's batched decoder keeps rows of different lengths in one padded cache (:mod:`sequoia_opt.decoding.rows`):
+    every forward attends over the shared frontier F, the longest row, so a step at b rows reads b x F slots
+    however short the other rows are. Timed with every row at the requests' mean context, T(b, n) prices a batch
+    whose longest row is the mean; a served batch's longest row grows with b. On the editing workload's requests
+    (prompts of 87-182 tokens, 16-token answers, mean context 128) the served frontier averaged 139, 158 and 188
+    slots at 4, 8 and 16 rows of plain decoding, and the plain step at 16 rows (demo target, 1 thread) took 52.7 ms
+    with a frontier of 199 against 48.4 ms at 143; the schedules benchmark's prediction at 16 rows came out 13-15 %
+    fast in two runs while batch 8 was exact. The expected longest of b rows is E[X_(b:b)], and the expected order
+    statistics sum to b times the mean, so the rows keep the mean at ``context`` (what the cost model's context
+    means) and their longest is the frontier a batch of b meets. A paged KV cache (vLLM, SGLang) reads each row's
+    own length, which the mean already prices; this is the padded layout's cost.
+
+    E[X_(i:b)] = x_0 + sum_k (x_{k+1} - x_k) P(X_(i:b) > x_k), with P(X_(i:b) <= x) = P(Binomial(b, F(x)) >= i) and F
+    the empirical distribution of ``requests`` (David and Nagaraja, Order Statistics, 3rd ed., section 2.1).
+
+    Raises:
+        ValueError: ``batch`` < 1, ``context`` < 0, or an empty ``requests``.
+    """
+    import math
+
+    import numpy as np
+
+    if int(batch) < 1 or int(context) < 0:
+        raise ValueError(f"need batch >= 1 and context >= 0, got batch {batch}, context {context}")
+    b = int(batch)
+    if requests is None or b == 1:
+        return [int(context)] * b
+    xs = np.asarray(sorted(int(x) for x in requests), dtype=np.float64)
+    if xs.size == 0:
+        raise ValueError("row_contexts needs at least one request context")
+    values, counts = np.unique(xs, return_counts=True)
+    cdf = np.cumsum(counts) / xs.size  # F(x_k)
+    j = np.arange(b + 1)
+    log_comb = np.array([math.lgamma(b + 1) - math.lgamma(k + 1) - math.lgamma(b - k + 1) for k in j])
+    expected = np.full(b, values[0])
+    for k in range(values.size - 1):  # P(X_(i:b) > x_k) = P(Binomial(b, F(x_k)) < i), i = 1..b
+        f = min(max(float(cdf[k]), 1e-300), 1.0 - 1e-16)
+        pmf = np.exp(log_comb + j * math.log(f) + (b - j) * math.log1p(-f))
+        below = np.cumsum(pmf)[:b]  # P(Binomial <= i - 1) for i = 1..b
+        expected += (values[k + 1] - values[k]) * below
+    shifted = expected + (int(context) - xs.mean())
+    return [max(1, int(round(x))) for x in shifted]
 
 
 @torch.inference_mode()
@@ -73,7 +139,8 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
                     progress: ProgressFn | None = None, rounds: int = 1, paired: bool = False,
                     command: str = "treeopt profile latency --batch", loop: str | None = None,
                     loop_drafter: Callable[[], object] | None = None, draft_probe: Any = None,
-                    draft_cost_model: str = "per-level", **timing_kw) -> BatchLatencyProfile:
+                    draft_cost_model: str = "per-level", requests: Sequence[int] | None = None,
+                    **timing_kw) -> BatchLatencyProfile:
     """Measure T(b, n) at every batch b, n in ``token_counts`` (tokens per row), c(b, w) of the draft model
     (w in ``draft_counts``) and the step overhead at b. Returns a :class:`BatchLatencyProfile`.
 
@@ -90,6 +157,11 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
     there is none, at the batch sizes it serves (``max_rows``); without a draft model the steps run on
     :func:`~sequoia_opt.profiling.steps.repeating_prompts`, text that copies itself, where the target accepts what
     n-grams draft and each step commits whole chains, as on the requests n-grams pay on.
+
+    ``requests`` (the contexts requests read, :func:`request_contexts`): at batch b the b rows of every forward and
+    loop step hold contexts spread as a batch of those requests' would (:func:`row_contexts`: mean ``context``,
+    the longest the frontier such a batch attends over), recorded as each curve's row contexts; None: every row
+    at ``context``.
 
     The batch sizes are timed in turn, round by round (:func:`~sequoia_opt.profiling.latency.interleave_rounds`):
     round r of T(b, n), c(b, w) and the loop's step at every b before round r + 1 of any, so a slow spell of a
@@ -109,31 +181,35 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
     loops: dict[int, list] = {}
     sweeps: list = []  # round r of every batch size's target, draft and loop in turn: interleave_rounds
     if loop is not None:
-        from .steps import LOOP_MAX_ROUNDS, LoopSweep, repeating_prompts, static_loop_decoders
+        from .steps import LOOP_MAX_ROUNDS, LoopSweep, random_prompts, repeating_prompts, static_loop_decoders
 
         V = target.config.vocab_size
         copies = draft is None  # n-grams (or a head): text that repeats, whose drafts the target accepts
-        # a row may accept a whole chain each step on text that repeats: room for every step's n tokens
-        longest = max(contexts) + (16 * max(token_counts) if copies else 2 * max(token_counts)) + 16
+    spread = {b: {int(c): row_contexts(int(c), b, requests) for c in contexts} for b in batches}  # b -> context -> rows
     for b in batches:
+        at = spread[b].__getitem__
         tt = model_sweep(target, token_counts, contexts, what=f"target (batch {b})", rounds=rounds, paired=paired,
-                         rows=b, **timing_kw)
+                         rows=b, row_contexts=at, **timing_kw)
         dt = None
         if draft is not None:
             dt = model_sweep(draft, draft_counts, contexts, what=f"draft (batch {b})", rounds=rounds, paired=paired,
-                             rows=b, **timing_kw)
+                             rows=b, row_contexts=at, **timing_kw)
         elif draft_probe is not None and draft_probe.model is not None:
             dt = model_sweep(draft_probe.model, draft_counts, contexts, what=f"{draft_probe.label} (batch {b})",
-                             rounds=rounds, paired=paired, rows=b, num_layers=draft_probe.num_layers, **timing_kw)
+                             rounds=rounds, paired=paired, rows=b, num_layers=draft_probe.num_layers, row_contexts=at,
+                             **timing_kw)
         grids[b] = (tt, dt)
         sweeps += [_Recorded(tt, att[b]["target"], tally)] + ([_Recorded(dt, att[b]["draft"], tally)] if dt else [])
         drafter = draft if draft is not None else loop_drafter
         if loop is None or drafter is None or (draft is None and getattr(drafter(), "max_rows", 1) < b):
             continue  # a drafter serving fewer rows (self layer-skip: one) has no step at b rows to time
+        # a row may accept a whole chain each step on text that repeats: room for every step's n tokens
+        longest = max(max(r) for r in spread[b].values()) + (16 if copies else 2) * max(token_counts) + 16
         make = static_loop_decoders(target, drafter, max_len=longest, max_batch=b, policy=loop)
         loops[b] = [LoopSweep(make, token_counts, int(c), V, policy=loop, rounds=max(1, min(int(rounds), 2)),
                               max_rounds=LOOP_MAX_ROUNDS, rows=b,
-                              prompts=repeating_prompts(b, int(c), V) if copies else None) for c in contexts]
+                              prompts=repeating_prompts(b, int(c), V, contexts=spread[b][int(c)]) if copies
+                              else random_prompts(spread[b][int(c)], V)) for c in contexts]
         for sw in loops[b]:
             sw.progress = tally.part(sw.total)
         sweeps += loops[b]
@@ -152,7 +228,8 @@ def profile_batches(target: Transformer, draft: Transformer | None, batches: Seq
             attention={"requested": "auto", "target": att[b]["target"].as_dict(),
                        "draft": att[b]["draft"].as_dict() if dt is not None else None},
             loop_tables=[sw.table() for sw in loops[b]] if b in loops else None,
-            draft_cost_model=draft_cost_model)
+            draft_cost_model=draft_cost_model,
+            row_contexts=[spread[b][int(c)] for c in contexts] if requests is not None else None)
     seen = {"target": BackendRecord(), "draft": BackendRecord()}  # every batch size's calls, per model
     for role, rec in seen.items():
         for b in batches:

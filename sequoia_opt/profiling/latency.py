@@ -67,20 +67,34 @@ def random_weight_model(config: ModelConfig, *, device: torch.device | str, dtyp
 
 
 def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cache,
-                  num_layers: int | None = None, rows: int | None = None) -> Callable[[], None]:
+                  num_layers: int | None = None, rows: int | None = None,
+                  row_lengths: Sequence[int] | None = None) -> Callable[[], None]:
     """A closure running one forward of ``model`` over n random tokens after ``context`` cached tokens (only
     its first ``num_layers`` blocks, then norm and LM head, when given: the self layer-skip draft). With
     ``rows`` = b: b rows of n tokens each, through the batched decoder's path (a per-row
-    :class:`~sequoia_opt.attention.RowPrefix`, every prefix slot valid; ``cache`` has >= b rows)."""
+    :class:`~sequoia_opt.attention.RowPrefix`, every prefix slot valid; ``cache`` has >= b rows).
+
+    ``row_lengths`` (b ints, tokens; with ``rows``): row i holds that many cached tokens instead of ``context``, as
+    the batched decoder lays rows of different lengths out (:mod:`sequoia_opt.decoding.rows`): the tree goes at
+    the shared frontier F = the longest row, and row i sees its first ``row_lengths[i]`` slots (``cache`` holds
+    F + n slots)."""
     device = model.device
     tokens = torch.randint(0, model.config.vocab_size, (1 if rows is None else rows, n), device=device)
+    if row_lengths is not None:
+        if rows is None or len(row_lengths) != rows:
+            raise ValueError(f"row_lengths needs one length per row ({rows} rows), got {len(row_lengths)}")
+        context = max(int(x) for x in row_lengths)
     slots = torch.arange(context, context + n, device=device)
     mask = causal_tree_mask(n, device)
     prefix = context
     if rows is not None:
         from ..attention import RowPrefix
 
-        prefix = RowPrefix(context, torch.ones(rows, context, dtype=torch.bool, device=device))
+        valid = torch.ones(rows, context, dtype=torch.bool, device=device)
+        if row_lengths is not None:  # row i's slots past its own length are holes (padding)
+            lengths = torch.tensor([int(x) for x in row_lengths], device=device)
+            valid = torch.arange(context, device=device)[None, :] < lengths[:, None]
+        prefix = RowPrefix(context, valid)
         cache = None if cache is None else cache.rows(0, rows)  # a probe without a KV cache (Medusa's heads)
 
     @torch.inference_mode()
@@ -92,28 +106,30 @@ def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cac
 
 
 def time_forward(model: Transformer, n: int, context: int, *, backend: str = "auto",
-                 cache=None, num_layers: int | None = None, rows: int | None = None, **timing_kw) -> Timing:
-    """Time one forward of ``model`` over n new tokens after ``context`` cached tokens (batch 1), through its
-    first ``num_layers`` blocks only when given.
+                 cache=None, num_layers: int | None = None, rows: int | None = None,
+                 row_lengths: Sequence[int] | None = None, **timing_kw) -> Timing:
+    """Time one forward of ``model`` over n new tokens after ``context`` cached tokens (batch 1; ``rows`` and
+    ``row_lengths`` as :func:`_forward_call`), through its first ``num_layers`` blocks only when given.
 
     The cache is allocated once per context by the caller (or here); its contents are irrelevant to the
     time. Returns a :class:`Timing` in ms.
     """
     if cache is None:
-        cache = model.new_cache(context + n, batch=rows or 1)
+        cache = model.new_cache(max(context, *(row_lengths or [0])) + n, batch=rows or 1)
     return time_call(_forward_call(model, n, context, backend=backend, cache=cache, num_layers=num_layers,
-                                   rows=rows), model.device, **timing_kw)
+                                   rows=rows, row_lengths=row_lengths), model.device, **timing_kw)
 
 
 def time_forward_paired(model: Transformer, n: int, reference: int, context: int, *, backend: str = "auto",
                         cache=None, num_layers: int | None = None, rows: int | None = None,
-                        **timing_kw) -> tuple[Timing, Timing]:
+                        row_lengths: Sequence[int] | None = None, **timing_kw) -> tuple[Timing, Timing]:
     """Time forwards over n and over ``reference`` tokens alternately, call by call
-    (:func:`~sequoia_opt.profiling.timing.time_alternating`). Returns (Timing of n, Timing of reference), ms."""
+    (:func:`~sequoia_opt.profiling.timing.time_alternating`; ``rows`` and ``row_lengths`` as
+    :func:`_forward_call`). Returns (Timing of n, Timing of reference), ms."""
     if cache is None:
-        cache = model.new_cache(context + max(n, reference), batch=rows or 1)
-    calls = [_forward_call(model, k, context, backend=backend, cache=cache, num_layers=num_layers, rows=rows)
-             for k in (n, reference)]
+        cache = model.new_cache(max(context, *(row_lengths or [0])) + max(n, reference), batch=rows or 1)
+    calls = [_forward_call(model, k, context, backend=backend, cache=cache, num_layers=num_layers, rows=rows,
+                           row_lengths=row_lengths) for k in (n, reference)]
     t_n, t_ref = time_alternating(calls, model.device, **timing_kw)
     return t_n, t_ref
 
@@ -152,29 +168,31 @@ def profile_model(model: Transformer, token_counts: Sequence[int], contexts: Seq
 def model_sweep(model: Transformer, token_counts: Sequence[int], contexts: Sequence[int], *,
                 what: str = "target", backend: str = "auto", progress: ProgressFn | None = None,
                 rounds: int = 1, paired: bool = False, num_layers: int | None = None,
-                rows: int | None = None, **timing_kw) -> GridSweep:
+                rows: int | None = None, row_contexts: Callable[[int], Sequence[int]] | None = None,
+                **timing_kw) -> GridSweep:
     """:func:`profile_model`'s measurement as a :class:`GridSweep` not yet run, to run whole (:meth:`GridSweep.run`)
     or a round at a time beside other sweeps (:func:`interleave_rounds`). Arguments and errors as
-    :func:`profile_model`.
+    :func:`profile_model`; ``row_contexts(context)`` (with ``rows``): the ``rows`` contexts the rows of the table at
+    ``context`` hold (:func:`~sequoia_opt.profiling.batch.row_contexts`; default: every row at ``context``).
     """
     from ..errors import ProfileError
 
     if not token_counts or not contexts:
         raise ProfileError("need at least one token count and one context length")
-    top = max(contexts) + max(token_counts)
-    if top > model.config.max_position_embeddings:
-        raise ProfileError(f"context {max(contexts)} + {max(token_counts)} tokens exceeds the {what} model's "
-                         f"context of {model.config.max_position_embeddings} tokens")
+    held = {int(c): [int(x) for x in row_contexts(int(c))] if row_contexts is not None else None for c in contexts}
+    longest = max(max(v) if v else c for c, v in held.items())
+    if longest + max(token_counts) > model.config.max_position_embeddings:
+        raise ProfileError(f"context {longest} + {max(token_counts)} tokens exceeds the {what} model's "
+                           f"context of {model.config.max_position_embeddings} tokens")
     if rounds < 1:
         raise ProfileError(f"rounds must be at least 1, got {rounds}")
 
     def timers_at(ctx: int):
-        cache = model.new_cache(ctx + max(token_counts), batch=rows or 1)
-        one = lambda n: time_forward(model, n, ctx, backend=backend, cache=cache,  # noqa: E731
-                                     num_layers=num_layers, rows=rows, **timing_kw)
-        pair = lambda n, r: time_forward_paired(model, n, r, ctx, backend=backend, cache=cache,  # noqa: E731
-                                                num_layers=num_layers, rows=rows, **timing_kw)
-        return one, pair
+        lengths = held[int(ctx)]
+        cache = model.new_cache(max(ctx, *(lengths or [0])) + max(token_counts), batch=rows or 1)
+        kw = dict(backend=backend, cache=cache, num_layers=num_layers, rows=rows, row_lengths=lengths, **timing_kw)
+        return (lambda n: time_forward(model, n, ctx, **kw),
+                lambda n, r: time_forward_paired(model, n, r, ctx, **kw))
 
     return GridSweep(timers_at, token_counts, contexts, what=what, progress=progress, rounds=rounds, paired=paired)
 
@@ -474,6 +492,7 @@ def build_latency_profile(
     attention: Mapping[str, Any] | None = None,
     cuda_graphs: Mapping[str, Any] | None = None,
     loop_tables: Sequence[Any] | None = None,
+    row_contexts: Sequence[Sequence[int] | None] | None = None,
 ) -> LatencyCurve:
     """Assemble measured tables into a validated ``treeopt-latency/1`` :class:`LatencyCurve`.
 
@@ -502,7 +521,9 @@ def build_latency_profile(
     ``loop_tables`` (one :class:`~sequoia_opt.profiling.steps.LoopTable` per context, in order, or None) are the
     decoding loop's own steps (issue 31), stored as each curve's ``loop``: verify and bookkeeping per tree size and
     the draft time beyond this profile's c(w), per draft forward and once per step that drafts
-    (:func:`~sequoia_opt.profiling.steps.draft_extras`).
+    (:func:`~sequoia_opt.profiling.steps.draft_extras`). ``row_contexts`` (one per context, in order, or None):
+    the contexts a batch's rows were timed at (:func:`~sequoia_opt.profiling.batch.row_contexts`), stored as each
+    curve's ``row_context_tokens``.
     """
     import numpy as np
 
@@ -521,6 +542,8 @@ def build_latency_profile(
             draft = {"cost_model": draft_cost_model, "tokens": list(tt.tokens),
                      "draft_forward_ms": [0.0] * len(tt.tokens)}
         curves.append({"context_tokens": tt.context, "target": target, "draft": draft})
+        if row_contexts is not None and row_contexts[i] is not None:
+            curves[-1]["row_context_tokens"] = [int(x) for x in row_contexts[i]]
         lp = loop_tables[i] if loop_tables is not None else None
         if lp is not None and lp.tokens:
             dt_tok, dt_ms = draft["tokens"], draft["draft_forward_ms"]

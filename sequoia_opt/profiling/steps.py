@@ -35,9 +35,8 @@ import torch
 from ..decoding import Decoder
 from ..tree import Tree
 
-__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "time_loop", "ratio_rel_se", "round_rel_se",
-           "DEFAULT_REL_SE",
-           "LOOP_MAX_ROUNDS", "static_loop_decoders", "draft_extras",
+__all__ = ["LoopTable", "probe_tree", "repeating_prompts", "random_prompts", "time_loop", "ratio_rel_se",
+           "round_rel_se", "DEFAULT_REL_SE", "LOOP_MAX_ROUNDS", "static_loop_decoders", "draft_extras",
            "StepCheck", "check_chosen_step"]
 
 ProgressFn = Callable[[str, int, int], None]
@@ -78,23 +77,35 @@ def probe_tree(n: int, policy: str = "static") -> Tree:
     return kary_tree(4, n, n)
 
 
-def repeating_prompts(rows: int, context: int, vocab_size: int, *, period: int = 16, seed: int = 0) -> list[list[int]]:
-    """``rows`` prompts of ``context + 1`` tokens, each a random segment of ``period`` ids repeated: text that copies
-    itself, where an n-gram drafter (prompt lookup) proposes the segment's continuation and a target that copies
-    accepts it, so each step commits a whole chain, as on the requests n-grams pay on. On random ids n-grams match
-    nothing and pad their chains with filler that the target rejects: a step that commits one token.
+def repeating_prompts(rows: int, context: int, vocab_size: int, *, period: int = 16, seed: int = 0,
+                      contexts: Sequence[int] | None = None) -> list[list[int]]:
+    """``rows`` prompts of ``context + 1`` tokens (row i: ``contexts[i] + 1`` when given), each a random segment of
+    ``period`` ids repeated: text that copies itself, where an n-gram drafter (prompt lookup) proposes the
+    segment's continuation and a target that copies accepts it, so each step commits a whole chain, as on the
+    requests n-grams pay on. On random ids n-grams match nothing and pad their chains with filler that the target
+    rejects: a step that commits one token.
 
     Raises:
-        ValueError: ``period`` < 2 or ``rows`` < 1.
+        ValueError: ``period`` < 2, ``rows`` < 1, or ``contexts`` not one per row.
     """
     if period < 2 or rows < 1:
         raise ValueError(f"need period >= 2 and rows >= 1, got period {period}, rows {rows}")
+    sizes = [int(context)] * int(rows) if contexts is None else [int(c) for c in contexts]
+    if len(sizes) != int(rows):
+        raise ValueError(f"need one context per row ({rows} rows), got {len(sizes)}")
     rng = np.random.default_rng(seed)
     out = []
-    for _ in range(int(rows)):
+    for c in sizes:
         seg = rng.integers(0, vocab_size, period).tolist()
-        out.append((seg * (context // period + 2))[: context + 1])
+        out.append((seg * (c // period + 2))[: c + 1])
     return out
+
+
+def random_prompts(contexts: Sequence[int], vocab_size: int, *, seed: int = 0) -> list[list[int]]:
+    """One prompt of random ids below ``vocab_size`` per row, row i of ``contexts[i] + 1`` tokens (its context and the
+    root of the first step's tree): the probe steps' prompts, on which almost every draft is rejected."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, int(c) + 1).tolist() for c in contexts]
 
 
 #: the relative standard error a step ratio is measured to when :func:`time_loop` may add rounds (``max_rounds``)
@@ -195,6 +206,8 @@ def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int
             (the decoders must take ``max_batch`` >= b); a step where a row's tree was clipped is not counted.
         prompts: the b prompts of ``context + 1`` tokens to step (default: random ids); e.g.
             :func:`repeating_prompts` for an n-gram drafter, whose drafts are accepted only on text that repeats.
+            Rows may differ in length (:func:`~sequoia_opt.profiling.batch.row_contexts`: the batched decoder's
+            steps then attend over the longest row); ``context`` names the table.
 
     Returns:
         :class:`LoopTable`; a step the decoder clipped (near the end of the context) is not counted.
@@ -222,8 +235,7 @@ class LoopSweep:
                  prompts: Sequence[Sequence[int]] | None = None, max_rounds: int | None = None,
                  rel_se: float = DEFAULT_REL_SE):
         if prompts is None:
-            rng = np.random.default_rng(seed)
-            prompts = [rng.integers(0, vocab_size, context + 1).tolist() for _ in range(max(1, int(rows)))]  # +root
+            prompts = random_prompts([int(context)] * max(1, int(rows)), vocab_size, seed=seed)
         self.prompts = [list(x) for x in prompts]
         self.make_decoder, self.make_plain = make_decoder, make_plain or (lambda: make_decoder(1))
         self.token_counts, self.context, self.policy = list(token_counts), int(context), policy
@@ -264,6 +276,7 @@ class LoopSweep:
                 return
             self.total += len(todo)
         prompts, context, warmup, steps = self.prompts, self.context, self.warmup, self.steps
+        longest = max(len(x) for x in prompts) - 1  # rows of different contexts: room behind the longest
         with torch.inference_mode():
             for n in todo or [1]:
                 ref = self.make_plain()
@@ -275,10 +288,10 @@ class LoopSweep:
                     room = getattr(dec, "max_len", None)
                     m = warmup + steps + 1
                     if room is not None:
-                        m = max(m, min(m * n, int(room) - (context + 1) - n))
+                        m = max(m, min(m * n, int(room) - (longest + 1) - n))
                     positions = getattr(dec, "context", None)  # the model's own context bounds the room too
                     if positions is not None:
-                        m = max(warmup + steps + 1, min(m, int(positions) - (context + 1)))
+                        m = max(warmup + steps + 1, min(m, int(positions) - (longest + 1)))
                     state = dec.start_batch(prompts, m)
                 for i in range(warmup + steps):
                     if ref_state.finished or (state is not None and state.finished):
