@@ -99,6 +99,7 @@ from sequoia_opt.drafting.policies.adaptive import DEFAULT_EVERY, DEFAULT_WINDOW
 from sequoia_opt.jobs.tune import TuneOptions, tune
 from sequoia_opt.plan_exports import LLAMACPP_DEFAULT_DRAFT, SGLANG_DEFAULT_ENVELOPE, VLLM_GENERATOR_KS
 from sequoia_opt.profiles.batch import parse_batches
+from sequoia_opt.profiling.batch import request_contexts, row_contexts
 from sequoia_opt.prompts import PromptFileError, demo_prompts_path, encode_prompts, load_prompts
 from sequoia_opt.solver.schedule import save_schedule
 from sequoia_opt.tree import Tree, now_iso
@@ -204,6 +205,7 @@ class Served:
         self.s = self.steps = self.emitted = 0
         self.ms = self.wall_ms = 0.0
         self.step_log: list[tuple[int, float, int]] = []  # per step: live rows, ms, tokens emitted
+        self.frontiers: list[int] = []  # per timed step on treeopt's decoder: the slots its forwards attend over
 
     @property
     def done(self) -> bool:
@@ -229,9 +231,13 @@ class Served:
             if room > 0:
                 self.dec.join(self.state, self._next(room), self.new)
             if not self.state.finished:
+                rows = getattr(getattr(self.dec, "face", None), "rows", None)  # treeopt's padded row cache
+                frontier = getattr(rows, "frontier", None)
                 st = self.dec.step(self.state)
                 self.step_log.append((st.batch, st.total_ms, sum(st.emitted)))
                 if self.timed_rows is None or st.batch == self.timed_rows:
+                    if frontier is not None:
+                        self.frontiers.append(int(frontier))
                     self.ms += st.total_ms
                     self.steps += 1
                     self.emitted += sum(st.emitted)
@@ -245,6 +251,7 @@ class Served:
                 "emitted": self.emitted if self.timed_rows is not None else
                 sum(len(r.tokens) for r in self.state.results),
                 "wall_ms": self.wall_ms, "live": [b for b, _, _ in self.step_log],
+                "frontier_mean": statistics.fmean(self.frontiers) if self.frontiers else None,
                 "step_log": self.step_log,
                 **({"adaptation": self.dec.policy.adapter.report()}
                    if isinstance(self.dec.policy, AdaptiveSchedulePolicy) else {})}
@@ -633,6 +640,10 @@ def main() -> None:
     prompt_tokens = statistics.fmean(len(p) for p in ids)
     context = int(round(prompt_tokens + args.new / 2))
 
+    # treeopt's decoder: T(b, n) timed on rows spread as a batch of these requests would be (row_contexts)
+    spread = request_contexts([len(p) for p in ids], args.output_tokens or args.new) if args.engine == "treeopt" \
+        else None
+
     profile_files = [profile_file, *args.extra_profile_prompts]
     if args.extra_profile_prompts:  # tune reads one file: the pool, in order, written into the run's folder
         pool = load_prompts(profile_file) + args.extra_pool
@@ -652,6 +663,8 @@ def main() -> None:
                            max_new_tokens=args.profile_new_tokens or args.new, threads=args.threads,
                            rounds=args.profile_rounds, profiles_dir=run_dir / "profiles", plan=args.plan,
                            output_tokens=args.output_tokens or args.new,
+                           # a batch's rows spread as the served prompts' (treeopt's padded cache, TuneOptions.rows)
+                           request_lengths=[len(p) for p in ids] if spread is not None else None,
                            **({} if args.refine is None else {"refine": args.refine})),
                progress=lambda what, done, total: None)
     plan = res.plan
@@ -703,7 +716,9 @@ def main() -> None:
                         "tokens_per_step": runs[k][0]["emitted"] / max(1, runs[k][0]["steps"]),
                         "steps": runs[k][0]["steps"], "emitted": runs[k][0]["emitted"],
                         "greedy_equal_plain": plain is None or all(x["tokens"] == plain for x in runs[k]),
-                        "predicted_tokens_per_s_total": predicted.get(b, {}).get(k)}
+                        "predicted_tokens_per_s_total": predicted.get(b, {}).get(k),
+                        # the slots the served steps attended over (treeopt: the longest row and the holes past it)
+                        "frontier_mean": runs[k][0].get("frontier_mean")}
         best_k = max(ks, key=lambda k: per_k[k]["tokens_per_s_total"])
         best = per_k[best_k]["tokens_per_s_total"]
         pk = plan_k.get(b)
@@ -723,6 +738,8 @@ def main() -> None:
                         "final_ranges": [x["adaptation"]["final_ranges"] for x in live_runs],
                         "resolves": [sum(e["changed"] for e in x["adaptation"]["resolves"]) for x in live_runs]}
         rows.append({"batch": b, "refined": b in refined, "prompts": len(prompts), "by_k": per_k,
+                     # the rows' contexts T(b, n) was timed at (tune's rows="spread"; None: every row at context)
+                     "profile_row_contexts": row_contexts(context, b, spread) if spread is not None else None,
                      "best_measured_k": best_k,
                      "plan_live": live_row,
                      "plan_k": pk, "plan_tokens_per_s_total": chosen,

@@ -2405,14 +2405,23 @@ def test_tune_names_the_threads_a_reused_latency_profile_was_timed_with(tmp_path
     ctx = int(prof.curve(1).contexts[0])
     prof = dataclasses.replace(prof, source="measured by treeopt tune --engine treeopt", device={"threads": 1})
     saved = save_batch_latency(tmp_path / "profiles" / device_slug("cpu") / "target__draft-latency-batch.yaml", prof)
-    res = runner.invoke(app, ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-a",
-                              str(acc), "--batches", "1,8", "--context", str(ctx), "--profiles-dir",
-                              str(tmp_path / "profiles"), "--refine", "0", "--json"])
+    common = ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-a", str(acc), "--batches",
+              "1,8", "--context", str(ctx), "--profiles-dir", str(tmp_path / "profiles"), "--refine", "0", "--json"]
+    res = runner.invoke(app, [*common, "--rows", "uniform"])  # the table timed every row at the context
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["profiles"]["latency"] == f"reused: {saved}"
     serve = next(n for n in doc["notes"] if n.startswith("serve it with treeopt's decoder"))
     assert serve.count(f"--draft {ddir} --threads 1 --policy") == 2, serve
+    # rows spread as the prompts' (the default): that table is another curve, timed anew with the rows recorded
+    res = runner.invoke(app, [*common, "--rounds", "1"])
+    assert res.exit_code == 0, res.output
+    why = json.loads(res.stdout)["profiles"]["latency"]
+    assert why.startswith("measured: ") and f"timed its 8 rows at contexts {ctx}-{ctx}, not " in why
+    from sequoia_opt.profiles.batch import load_batch_latency
+
+    rows = load_batch_latency(saved).curve(8).row_contexts(ctx)
+    assert len(rows) == 8 and rows[-1] > ctx > rows[0]  # the longest of 8 prompts past the mean, the shortest below
 
 
 def test_tune_refine_times_the_batch_size_between_a_switch_and_solves_it(tmp_path):
@@ -2438,7 +2447,7 @@ def test_tune_refine_times_the_batch_size_between_a_switch_and_solves_it(tmp_pat
     saved = save_batch_latency(tmp_path / "profiles" / device_slug("cpu") / "target__draft-latency-batch.yaml", prof)
     common = ["tune", "--engine", "treeopt", "--target", str(tdir), "--draft", str(ddir), "-a", str(acc),
               "--batches", "1,8", "--context", str(ctx), "--rounds", "1", "--max-draft", "8",
-              "--profiles-dir", str(tmp_path / "profiles"), "--json"]
+              "--profiles-dir", str(tmp_path / "profiles"), "--json", "--rows", "uniform"]  # rows as the table's
     off = runner.invoke(app, [*common, "--refine", "0"])
     assert off.exit_code == 0, off.output
     doc = json.loads(off.stdout)
@@ -2924,7 +2933,11 @@ def test_tune_refuses_measuring_options_where_nothing_is_measured(tmp_path):
              (["--engine", "treeopt", "--max-new-tokens", "9"], "what --acceptance gives is read instead: drop "
               "--max-new-tokens"),
              (["--engine", "treeopt", "--rounds", "5", "--num-prompts", "3"], "what --acceptance and --latency give "
-              "is read instead: drop --num-prompts, --rounds"))
+              "is read instead: drop --num-prompts, --rounds"),
+             (["--engine", "treeopt", "--rows", "uniform"], "--rows shapes how treeopt's decoder's T(b, n) is timed, "
+              "and what --latency gives is read instead: drop --rows"),
+             (["--engine", "vllm", "--rows", "uniform"], "--engine vllm does not time it: drop --rows"),
+             (["--engine", "treeopt", "--rows", "wide"], "--rows 'wide': spread (the rows of a batch"))
     for args, message in cases:
         res = runner.invoke(app, [*base, *args])
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]

@@ -74,6 +74,10 @@ def tune(
         "--refine", help="Rounds of bisection on the batch size: where two neighbouring batch sizes choose different "
         "settings, time T(b, n) at their midpoint and solve again (llama.cpp and treeopt, measured here; a given "
         "profile gets a note naming the batch sizes to add). 0: off; at most 8.")] = 1,
+    rows: Annotated[str, typer.Option(
+        "--rows", help="How treeopt's decoder's T(b, n) times the rows of a batch: spread (at contexts spread as a "
+        "batch of the --prompts would be, mean --context: its padded KV cache attends over the longest row) | "
+        "uniform (every row at --context).")] = "spread",
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", parser=output_file,
         help="Write the engine's settings here (vLLM: the --speculative-config JSON; TensorRT-LLM: "
@@ -108,7 +112,7 @@ def tune(
         release=release, method=method, model=model, max_batch=max_batch, prompts=prompts, num_prompts=num_prompts,
         max_new_tokens=max_new_tokens, threads=threads, rounds=rounds, acceptance_model=acceptance_model,
         min_gain=min_gain, output_tokens=output_tokens,
-        profiles_dir=profiles_dir, plan=plan, refine=refine))
+        profiles_dir=profiles_dir, plan=plan, refine=refine, rows=rows))
     inputs = {"--latency": latency, "--acceptance": acceptance, "--calibration": calibration, "--plan": plan,
               "--prompts": prompts, "--target": target, "--draft": None if draft is None else str(draft)}
     for flag, path in (("-o", output), ("--schedule", schedule)):

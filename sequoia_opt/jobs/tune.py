@@ -109,6 +109,11 @@ class TuneOptions:
             where two neighbouring batch sizes solved choose different settings, T(b, n) is timed at their
             midpoint and the plan solved again, each round halving the spans nobody timed (llama.cpp and treeopt,
             whose latency tune measures; a given profile gets a note naming the batch sizes to time). 0: off.
+        rows: how treeopt's decoder's T(b, n) rows are timed (:data:`ROW_LAYOUTS`): ``spread``, at contexts spread as
+            a batch of the requests' would be (:func:`~sequoia_opt.profiling.batch.row_contexts`: mean ``context``;
+            its padded cache attends over the longest row), or ``uniform``, every row at ``context``.
+        request_lengths: the requests' prompt lengths (tokens) ``spread`` draws from, with answers of
+            ``output_tokens`` (else ``max_new_tokens``) tokens; None: the acceptance prompts' (``prompts``).
     """
 
     engine: str
@@ -136,8 +141,13 @@ class TuneOptions:
     profiles_dir: Path = Path("profiles")
     plan: Path | None = None
     refine: int = 1
+    rows: str = "spread"
+    request_lengths: Sequence[int] | None = None
     #: the given ``latency`` file as read by :func:`check_options` (read once; not an option)
     given_latency: Any = field(default=None, repr=False, compare=False)
+    #: the contexts the requests' steps read, which ``rows="spread"`` spreads a batch's rows by (set where
+    #: treeopt's decoder is timed, :func:`_treeopt_inputs`; not an option)
+    requests: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -162,6 +172,10 @@ class TuneResult:
     check: str
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+#: how ``treeopt tune --engine treeopt`` times the rows of a batch (:attr:`TuneOptions.rows`)
+ROW_LAYOUTS = ("spread", "uniform")
 
 
 def _engine(name: str) -> str:
@@ -217,6 +231,11 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                              ("--rounds", opts.rounds, 1)):
         if value < low:  # the option named (one line listing all five did not say which)
             raise TreeoptError(f"{name} must be at least {low}, got {value}")
+    if opts.rows not in ROW_LAYOUTS:
+        raise TreeoptError(f"--rows {opts.rows!r}: spread (the rows of a batch at contexts spread as the prompts' "
+                           "lengths) or uniform (every row at --context)")
+    if opts.request_lengths is not None and (not opts.request_lengths or min(opts.request_lengths) < 0):
+        raise TreeoptError("request lengths must be a non-empty list of token counts >= 0")
     if isinstance(opts.refine, bool) or not isinstance(opts.refine, int) or not 0 <= opts.refine <= MAX_REFINE:
         raise TreeoptError(f"--refine {opts.refine}: rounds of bisection between batch sizes, 0..{MAX_REFINE} "
                            f"(each halves the span a switch may lie in; {MAX_REFINE} places it within 1 of "
@@ -296,7 +315,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
 def _check_nothing_measured(opts: TuneOptions) -> None:
     """Refuse the options that only shape a measurement tune will not make (they were taken and changed nothing):
     ``num_prompts`` / ``max_new_tokens`` where the acceptance is given, ``rounds`` where the latency is, and with a GPU
-    engine (which measures nothing here) those and ``prompts`` / ``threads`` too. An option at its default passes.
+    engine (which measures nothing here) those and ``prompts`` / ``threads`` too; ``rows`` but where treeopt's decoder
+    is timed. An option at its default passes.
 
     Raises:
         TreeoptError: one line naming the options and why nothing reads them.
@@ -307,6 +327,10 @@ def _check_nothing_measured(opts: TuneOptions) -> None:
               ("--max-new-tokens", "max_new_tokens", gpu or opts.acceptance is not None),
               ("--rounds", "rounds", gpu or opts.latency is not None),
               ("--prompts", "prompts", gpu), ("--threads", "threads", gpu))
+    if opts.rows != default.rows and (opts.engine != "treeopt" or opts.latency is not None):
+        raise TreeoptError("--rows shapes how treeopt's decoder's T(b, n) is timed, and "
+                           + (f"--engine {opts.engine} does not time it" if opts.engine != "treeopt"
+                              else "what --latency gives is read instead") + ": drop --rows")
     idle = [flag for flag, name, unused in shaped if unused and getattr(opts, name) != getattr(default, name)]
     if not idle:
         return
@@ -705,6 +729,13 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
             return f"has no batch size {b}"
         if opts.context not in prof.curve(b).contexts:
             return f"was timed at context {', '.join(map(str, prof.curve(b).contexts))}, not {opts.context}"
+        if opts.engine == "treeopt":  # rows spread another way (other prompts, --rows): another curve
+            from ..profiling.batch import row_contexts
+
+            have = prof.curve(b).row_contexts(opts.context) or [opts.context] * b
+            want = row_contexts(opts.context, b, opts.requests)
+            if have != want:
+                return f"timed its {b} rows at contexts {have[0]}-{have[-1]}, not {want[0]}-{want[-1]} (--rows)"
     if not _covers(prof, batches, want_k, opts.context):
         return f"stops short of K = {want_k}"
     loops = {prof.curve(b).loop_policy_at(opts.context) for b in batches} - {None}  # the context read, not another
@@ -1423,6 +1454,11 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     # refusing a conversation) are one line, exit 2, not an error after minutes of T(b, n)
     pfile = opts.prompts or demo_prompts_path("profile")
     ids = encode_prompts(load_prompts(pfile, limit=opts.num_prompts), pair.tokenizer, model=pair.target_name)
+    if opts.rows == "spread":  # a batch's rows spread as the requests' contexts (the served prompts', else these)
+        from ..profiling.batch import request_contexts
+
+        lengths = opts.request_lengths if opts.request_lengths is not None else [len(x) for x in ids]
+        opts.requests = request_contexts(lengths, opts.output_tokens or opts.max_new_tokens)
 
     def measure(batches: Sequence[int]) -> Any:
         grid = token_grid(want_k)
@@ -1430,7 +1466,10 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
 
         check_loop_fits(opts.context, max(grid), pair.target.config.max_position_embeddings, model=pair.target_name,
                         fixes=f"--max-draft (chains up to K = {want_k} here)")
-        check_batch_memory(pair.target.config, max(batches), opts.context + max(grid), max(grid), dev)
+        from ..profiling.batch import row_contexts
+
+        longest = row_contexts(opts.context, max(batches), opts.requests)[-1]  # a spread batch's longest row
+        check_batch_memory(pair.target.config, max(batches), max(opts.context, longest) + max(grid), max(grid), dev)
         model = pair.spec.kind == "model"  # else c(b, w) on the drafter's cost probe (a head, self layer-skip)
         # a chain's pass drafts all K; a chain's level, one token; a tree's level, up to TREE_WIDTHS
         widths = grid if pair.cost_model == "one-pass" else tree_widths(want_k) if opts.shape == "tree" else [1, 2]
@@ -1441,7 +1480,7 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
                                paired=True, command="treeopt tune --engine treeopt", min_repeats=3, max_repeats=10,
                                max_seconds=3.0, loop="chain" if opts.shape == "chain" else "static",
                                loop_drafter=pair.new_drafter, draft_probe=None if model else pair.cost_probe(),
-                               draft_cost_model=pair.cost_model)
+                               draft_cost_model=pair.cost_model, requests=opts.requests)
 
     chains = opts.shape == "chain" and can_teacher_force(pair.new_drafter())
 
