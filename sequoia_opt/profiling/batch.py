@@ -49,17 +49,18 @@ def row_contexts(context: int, batch: int, requests: Sequence[int] | None) -> li
     :func:`request_contexts`), shifted so that their mean is ``context``; every row at ``context`` when
     ``requests`` is None or b = 1.
 
-    Why. treeopt's batched decoder keeps rows of different lengths in one padded cache (:mod:`sequoia_opt.decoding.rows`):
-    every forward attends over the shared frontier F, the longest row, so a step at b rows reads b x F slots
-    however short the other rows are. Timed with every row at the requests' mean context, T(b, n) prices a batch
-    whose longest row is the mean; a served batch's longest row grows with b. On the editing workload's requests
-    (prompts of 87-182 tokens, 16-token answers, mean context 128) the served frontier averaged 139, 158 and 188
-    slots at 4, 8 and 16 rows of plain decoding, and the plain step at 16 rows (demo target, 1 thread) took 52.7 ms
-    with a frontier of 199 against 48.4 ms at 143; the schedules benchmark's prediction at 16 rows came out 13-15 %
-    fast in two runs while batch 8 was exact. The expected longest of b rows is E[X_(b:b)], and the expected order
-    statistics sum to b times the mean, so the rows keep the mean at ``context`` (what the cost model's context
-    means) and their longest is the frontier a batch of b meets. A paged KV cache (vLLM, SGLang) reads each row's
-    own length, which the mean already prices; this is the padded layout's cost.
+    Why. treeopt's batched decoder keeps rows of different lengths in one padded cache
+    (:mod:`sequoia_opt.decoding.rows`): every forward attends over the shared frontier F, the longest row, so a step
+    at b rows reads b x F slots however short the other rows are. Timed with every row at the requests' mean
+    context, T(b, n) prices a batch whose longest row is the mean; a served batch's longest row grows with b. On the
+    editing workload's requests (prompts of 87-182 tokens, 16-token answers, mean context 128) the served frontier
+    averaged 139, 158 and 188 slots at 4, 8 and 16 rows of plain decoding, and the plain step at 16 rows (demo
+    target, 1 thread) took 52.7 ms with a frontier of 199 against 48.4 ms at 143; the schedules benchmark's
+    prediction at 16 rows came out 13-15 % fast in two runs while batch 8 was exact. The expected longest of b rows
+    is E[X_(b:b)], and the expected order statistics sum to b times the mean, so the rows keep the mean at
+    ``context`` (what the cost model's context means) and their longest is the frontier a batch of b meets. A paged
+    KV cache (vLLM, SGLang) reads each row's own length, which the mean already prices; this is the padded layout's
+    cost.
 
     E[X_(i:b)] = x_0 + sum_k (x_{k+1} - x_k) P(X_(i:b) > x_k), with P(X_(i:b) <= x) = P(Binomial(b, F(x)) >= i) and F
     the empirical distribution of ``requests`` (David and Nagaraja, Order Statistics, 3rd ed., section 2.1).
