@@ -232,7 +232,7 @@ class Served:
                 self.dec.join(self.state, self._next(room), self.new)
             if not self.state.finished:
                 rows = getattr(getattr(self.dec, "face", None), "rows", None)  # treeopt's padded row cache
-                frontier = getattr(rows, "frontier", None)
+                frontier = getattr(rows, "frontier", None)  # before the step (a repack inside it would lower it)
                 st = self.dec.step(self.state)
                 self.step_log.append((st.batch, st.total_ms, sum(st.emitted)))
                 if self.timed_rows is None or st.batch == self.timed_rows:

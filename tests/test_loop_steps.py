@@ -352,15 +352,21 @@ def test_row_contexts_are_the_expected_order_statistics_shifted_to_the_mean():
     # two equally likely contexts 0 and 4: of two rows the shorter is 0 unless both are 4 (1/4), E = 1, the longer 3
     assert row_contexts(2, 2, [0, 4]) == [1, 3]
     assert row_contexts(12, 2, [0, 4]) == [11, 13]  # shifted so the rows' mean is the context
-    # three rows of {0, 6}: E[min] = 6/8, E[median] = 6 * 4/8, E[max] = 6 * 7/8; mean 3 -> 3
-    assert row_contexts(3, 3, [0, 6]) == [round(0.75), 3, round(5.25)]
+    # three rows of {0, 6}: E[min] = 6/8, E[median] = 6 * 4/8, E[max] = 6 * 7/8; mean 3 -> 3; rounded to sum 9 (the
+    # largest remainder, 0.75, takes the token left)
+    assert row_contexts(3, 3, [0, 6]) == [1, 3, 5]
     assert row_contexts(50, 1, [0, 100]) == [50]  # one row: its own context, nothing padded
     assert row_contexts(50, 4, None) == [50] * 4  # no requests given: every row at the context
     assert row_contexts(7, 5, [9, 9, 9]) == [7] * 5  # requests of one length: no spread
     rows = row_contexts(100, 16, request_contexts([60, 80, 100, 200], 8))
     assert rows == sorted(rows) and abs(sum(rows) / 16 - 100) <= 0.5
     assert rows[-1] > row_contexts(100, 4, request_contexts([60, 80, 100, 200], 8))[-1] > 100  # grows with b
-    assert row_contexts(1, 4, [0, 100])[0] == 1  # never a row below one token
+    # a context far below the requests': the spread narrowed around it (never a row below one token), mean kept
+    far = row_contexts(128, 16, request_contexts([500, 1000, 2000, 4000], 64))
+    assert far[0] == 1 and sum(far) == 16 * 128 and far == sorted(far) and far[-1] > 300
+    assert row_contexts(1, 4, [0, 100]) == [1] * 4 and row_contexts(0, 2, [5, 9]) == [0, 0]
+    for b in (2, 8, 256):  # the rows' mean is the context exactly, at every batch size
+        assert sum(row_contexts(125, b, request_contexts([87, 102, 130, 182], 16))) == 125 * b
     assert request_contexts([3, 10], 2) == [3, 4, 10, 11]
     for bad in (lambda: row_contexts(5, 0, [1]), lambda: row_contexts(-1, 2, [1]), lambda: row_contexts(5, 2, []),
                 lambda: request_contexts([], 4), lambda: request_contexts([5], 0)):
@@ -399,7 +405,15 @@ def test_batch_profiles_spread_rows_like_the_requests(monkeypatch):
     want = row_contexts(16, 4, requests)
     assert want[-1] > 16 > want[0]  # the requests spread: the longest of four rows is past the mean
     assert prof.curve(4).row_contexts(16) == want and prof.curve(1).row_contexts(16) == [16]  # one row: no spread
-    assert BatchLatencyProfile.from_dict(prof.to_dict()).curve(4).row_contexts(16) == want  # the file keeps them
+    back = BatchLatencyProfile.from_dict(prof.to_dict())
+    assert back.curve(4).row_contexts(16) == want  # the file keeps them, and so does a merge with another profile
+    assert back.keeping(BatchLatencyProfile.from_dict(prof.to_dict())).curve(4).row_contexts(16) == want
+    doc = prof.to_dict()
+    entry = next(e for e in doc["batches"] if e["batch"] == 4)["curves"][0]
+    for bad, says in ((want[:3], "lists 3 rows, not 4"), (want[::-1], "must be ascending")):
+        entry["row_context_tokens"] = bad
+        with pytest.raises(ProfileError, match=says):
+            BatchLatencyProfile.from_dict(doc)
     assert {tuple(x[2]) for x in frontiers if x[0] == 4} == {tuple(want)}  # every forward at 4 rows: those rows
     assert [len(p) - 1 for p in seen[-1]] == want  # the loop's 4 rows: prompts of those contexts (+ the root)
     assert [len(p) - 1 for p in seen[0]] == [16]
@@ -431,3 +445,14 @@ def test_a_forward_over_rows_of_different_lengths_attends_to_the_longest():
     assert valid.shape == (3, 40) and valid.sum(1).tolist() == [5, 20, 40]  # each row sees its own tokens
     with pytest.raises(ValueError, match="one length per row"):
         _forward_call(target, 2, 20, backend="torch", cache=cache, rows=3, row_lengths=[5, 20])
+
+
+def test_the_loop_check_fits_a_spread_batchs_longest_row():
+    from sequoia_opt.profiling.steps import check_loop_fits, loop_positions
+
+    check_loop_fits(100, 9, loop_positions(100, 9), model="m", fixes="x")  # fits exactly
+    with pytest.raises(ProfileError) as err:  # the rows spread past it: the longest row must fit, named
+        check_loop_fits(100, 9, loop_positions(100, 9), model="m", fixes="--rows uniform", longest=130)
+    assert ("timing the decoding loop at --context 100 (its longest row at 130) with trees up to 9 tokens decodes "
+            f"{loop_positions(130, 9)} positions, past m's context of {loop_positions(100, 9)} tokens: lower --context "
+            "to 70 or --rows uniform") == str(err.value)

@@ -147,7 +147,7 @@ class TuneOptions:
     given_latency: Any = field(default=None, repr=False, compare=False)
     #: the contexts the requests' steps read, which ``rows="spread"`` spreads a batch's rows by (set where
     #: treeopt's decoder is timed, :func:`_treeopt_inputs`; not an option)
-    requests: Any = field(default=None, repr=False, compare=False)
+    requests: Any = field(default=None, init=False, repr=False, compare=False)
 
 
 @dataclass
@@ -199,7 +199,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             file no loader takes (read once, kept as
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
             refuses on its face (not a version); ``min_gain`` outside [0, 10);
-            ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; a bad or
+            ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; ``rows`` not
+            one of :data:`ROW_LAYOUTS`, or it (not at its default) where treeopt's decoder is not timed; empty or
+            negative ``request_lengths``; a bad or
             unsupported ``draft``; a measuring option where nothing it shapes is measured
             (:func:`_check_nothing_measured`).
     """
@@ -734,8 +736,10 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
 
             have = prof.curve(b).row_contexts(opts.context) or [opts.context] * b
             want = row_contexts(opts.context, b, opts.requests)
-            if have != want:
-                return f"timed its {b} rows at contexts {have[0]}-{have[-1]}, not {want[0]}-{want[-1]} (--rows)"
+            if have != want:  # the first row that differs (both ascending)
+                i = next((i for i, (x, y) in enumerate(zip(have, want)) if x != y), min(len(have), len(want)) - 1)
+                return (f"timed row {i + 1} of its {b} at context {have[i]}, where these prompts' batch has "
+                        f"{want[i]} (--rows)")
     if not _covers(prof, batches, want_k, opts.context):
         return f"stops short of K = {want_k}"
     loops = {prof.curve(b).loop_policy_at(opts.context) for b in batches} - {None}  # the context read, not another
@@ -1454,22 +1458,22 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     # refusing a conversation) are one line, exit 2, not an error after minutes of T(b, n)
     pfile = opts.prompts or demo_prompts_path("profile")
     ids = encode_prompts(load_prompts(pfile, limit=opts.num_prompts), pair.tokenizer, model=pair.target_name)
-    if opts.rows == "spread":  # a batch's rows spread as the requests' contexts (the served prompts', else these)
-        from ..profiling.batch import request_contexts
+    from ..profiling.batch import request_contexts, row_contexts
 
-        lengths = opts.request_lengths if opts.request_lengths is not None else [len(x) for x in ids]
-        opts.requests = request_contexts(lengths, opts.output_tokens or opts.max_new_tokens)
+    # a batch's rows spread as the requests' contexts (the served prompts' lengths where given, else these prompts')
+    lengths = opts.request_lengths if opts.request_lengths is not None else [len(x) for x in ids]
+    opts.requests = request_contexts(lengths, opts.output_tokens or opts.max_new_tokens) \
+        if opts.rows == "spread" else None
 
     def measure(batches: Sequence[int]) -> Any:
         grid = token_grid(want_k)
         from ..profiling.steps import check_loop_fits
 
-        check_loop_fits(opts.context, max(grid), pair.target.config.max_position_embeddings, model=pair.target_name,
-                        fixes=f"--max-draft (chains up to K = {want_k} here)")
-        from ..profiling.batch import row_contexts
-
         longest = row_contexts(opts.context, max(batches), opts.requests)[-1]  # a spread batch's longest row
-        check_batch_memory(pair.target.config, max(batches), max(opts.context, longest) + max(grid), max(grid), dev)
+        check_loop_fits(opts.context, max(grid), pair.target.config.max_position_embeddings, model=pair.target_name,
+                        fixes=f"--max-draft (chains up to K = {want_k} here)"
+                        + (", or --rows uniform" if longest > opts.context else ""), longest=longest)
+        check_batch_memory(pair.target.config, max(batches), longest + max(grid), max(grid), dev)
         model = pair.spec.kind == "model"  # else c(b, w) on the drafter's cost probe (a head, self layer-skip)
         # a chain's pass drafts all K; a chain's level, one token; a tree's level, up to TREE_WIDTHS
         widths = grid if pair.cost_model == "one-pass" else tree_widths(want_k) if opts.shape == "tree" else [1, 2]

@@ -206,6 +206,11 @@ class BatchLatencyProfile:
             if "step_overhead_ms" not in e:
                 raise ProfileError(f"{where}: missing key 'step_overhead_ms'")
             curves[b] = LatencyCurve.from_dict(body, source=where, default_id=body["id"])
+            for c in curves[b].contexts:  # the rows a spread batch was timed on: one per row
+                rows = curves[b].row_contexts(int(c))
+                if rows is not None and len(rows) != b:
+                    raise ProfileError(f"{where}: row_context_tokens at context {int(c)} lists {len(rows)} rows, "
+                                       f"not {b}")
         for msg in implausible_batches(curves):
             warnings.warn(f"{source}: {msg}", ProfileWarning, stacklevel=2)
         return cls(id=pid, curves=curves, device=dict(doc.get("device") or {}), model=dict(doc.get("model") or {}),

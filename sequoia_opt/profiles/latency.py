@@ -80,7 +80,10 @@ def _parse_rows(raw: Any, where: str) -> tuple[int, ...]:
     """A curve's ``row_context_tokens``: a non-empty list of token counts, one per row."""
     if not isinstance(raw, list) or not raw:
         raise ProfileError(f"{where} must be a non-empty list of token counts, one per row")
-    return tuple(check_integer(x, f"{where}[{i}]", high=MAX_TOKENS) for i, x in enumerate(raw))
+    rows = tuple(check_integer(x, f"{where}[{i}]", high=MAX_TOKENS) for i, x in enumerate(raw))
+    if list(rows) != sorted(rows):
+        raise ProfileError(f"{where} must be ascending (the rows' contexts, shortest first), got {list(rows)}")
+    return rows
 
 
 def _parse_loop(raw: Any, where: str) -> _Loop:
@@ -192,9 +195,10 @@ class LatencyCurve:
             object.__setattr__(self, "_rows", (None,) * len(self.contexts))
 
     def row_contexts(self, context: int) -> list[int] | None:
-        """The contexts (tokens) the rows were timed at where the curve at ``context`` spread them
-        (:func:`~sequoia_opt.profiling.batch.row_contexts`), None where every row held ``context`` or ``context`` was
-        not measured."""
+        """The contexts (tokens, one per row, ascending) the rows of the curve at ``context`` were timed at where the
+        profile recorded them (:func:`~sequoia_opt.profiling.batch.row_contexts`; a batch-1 curve of such a profile
+        records ``[context]``); None where it did not (every row held ``context``) or ``context`` was not
+        measured."""
         for c, rows in zip(self.contexts, self._rows):
             if int(c) == int(context):
                 return None if rows is None else list(rows)

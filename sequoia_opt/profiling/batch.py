@@ -63,7 +63,11 @@ def row_contexts(context: int, batch: int, requests: Sequence[int] | None) -> li
     cost.
 
     E[X_(i:b)] = x_0 + sum_k (x_{k+1} - x_k) P(X_(i:b) > x_k), with P(X_(i:b) <= x) = P(Binomial(b, F(x)) >= i) and F
-    the empirical distribution of ``requests`` (David and Nagaraja, Order Statistics, 3rd ed., section 2.1).
+    the empirical distribution of ``requests`` (David and Nagaraja, Order Statistics, 3rd ed., section 2.1). The rows
+    are rounded to whole tokens summing to b x ``context``; where ``context`` lies so far below the requests' mean that
+    the shortest row would fall under one token, the spread is narrowed around ``context`` instead. The frontier may
+    also run up to :data:`~sequoia_opt.decoding.rows.REPACK_WASTE` past the longest row between repacks (rows
+    accepting different lengths): that slack is not timed.
 
     Raises:
         ValueError: ``batch`` < 1, ``context`` < 0, or an empty ``requests``.
@@ -90,8 +94,28 @@ def row_contexts(context: int, batch: int, requests: Sequence[int] | None) -> li
         pmf = np.exp(log_comb + j * math.log(f) + (b - j) * math.log1p(-f))
         below = np.cumsum(pmf)[:b]  # P(Binomial <= i - 1) for i = 1..b
         expected += (values[k + 1] - values[k]) * below
-    shifted = expected + (int(context) - xs.mean())
-    return [max(1, int(round(x))) for x in shifted]
+    # shifted to mean ``context``; where that would take the shortest row below one token (zero at context 0), the
+    # spread is narrowed around the mean instead of clipped, so the rows' mean stays ``context``
+    floor = min(1, int(context))
+    below = xs.mean() - expected[0]
+    scale = 1.0 if below <= 0 or int(context) - below >= floor else (int(context) - floor) / below
+    rows = int(context) + scale * (expected - xs.mean())
+    return _round_keeping_sum(rows, b * int(context))
+
+
+def _round_keeping_sum(xs: Any, total: int) -> list[int]:
+    """``xs`` (ascending reals whose sum is ``total`` up to float error) rounded to integers summing to ``total``:
+    each floored, then one more token to the largest remainders (Hamilton's method), the order kept."""
+    import numpy as np
+
+    xs = np.asarray(xs, dtype=np.float64)
+    out = np.floor(xs + 1e-9).astype(np.int64)
+    left = int(total) - int(out.sum())
+    if left > 0:  # ties go to the later (longer) rows, so the result stays ascending
+        order = sorted(range(len(xs)), key=lambda i: (xs[i] - out[i], i), reverse=True)
+        for i in order[:left]:
+            out[i] += 1
+    return [int(x) for x in out]
 
 
 @torch.inference_mode()

@@ -155,19 +155,24 @@ def loop_positions(context: int, largest_tree: int, *, steps: int = LOOP_STEPS, 
     return int(context) + 1 + int(warmup) + int(steps) + 1 + int(largest_tree)
 
 
-def check_loop_fits(context: int, largest_tree: int, model_context: int, *, model: str, fixes: str) -> None:
+def check_loop_fits(context: int, largest_tree: int, model_context: int, *, model: str, fixes: str,
+                    longest: int | None = None) -> None:
     """Refuse (ProfileError, one line) timing the loop at ``context`` with trees up to ``largest_tree`` tokens on a
     model whose context is ``model_context`` tokens, when :func:`loop_positions` passes it; the line names the
-    ``--context`` that fits and ``fixes`` (the caller's other options)."""
+    ``--context`` that fits and ``fixes`` (the caller's other options). ``longest``: the longest row's context where
+    a batch's rows are spread around ``context`` (:func:`~sequoia_opt.profiling.batch.row_contexts`), which is what
+    must fit."""
     from ..errors import ProfileError
 
-    need = loop_positions(context, largest_tree)
+    top = max(int(context), int(longest or 0))
+    need = loop_positions(top, largest_tree)
     if need > model_context:
         fit = context - (need - model_context)
         lower = f"lower --context to {fit}" if fit >= 0 else "lower --context"
-        raise ProfileError(f"timing the decoding loop at --context {context} with trees up to {largest_tree} tokens "
-                           f"decodes {need} positions, past {model}'s context of {model_context} tokens: {lower} "
-                           f"or {fixes}")
+        row = f" (its longest row at {top})" if top > context else ""
+        raise ProfileError(f"timing the decoding loop at --context {context}{row} with trees up to {largest_tree} "
+                           f"tokens decodes {need} positions, past {model}'s context of {model_context} tokens: "
+                           f"{lower} or {fixes}")
 
 
 def time_loop(make_decoder: Callable[[int], Decoder], token_counts: Sequence[int], context: int, vocab_size: int, *,
