@@ -2417,12 +2417,15 @@ def test_tune_names_the_threads_a_reused_latency_profile_was_timed_with(tmp_path
     res = runner.invoke(app, [*common, "--rounds", "1"])
     assert res.exit_code == 0, res.output
     why = json.loads(res.stdout)["profiles"]["latency"]
-    assert why.startswith("measured: ") and f"timed row 1 of its 8 at context {ctx}, where these prompts' batch has " \
-        in why
+    assert why.startswith("measured: ") and f"timed every row at {ctx}, not spread as these prompts' batch (" in why
     from sequoia_opt.profiles.batch import load_batch_latency
 
     rows = load_batch_latency(saved).curve(8).row_contexts(ctx)
     assert len(rows) == 8 and rows[-1] > ctx > rows[0]  # the longest of 8 prompts past the mean, the shortest below
+    res = runner.invoke(app, [*common, "--rounds", "1", "--rows", "uniform"])  # and back: timed anew, saying why
+    assert res.exit_code == 0, res.output
+    assert (f"timed its 8 rows spread ({rows[0]}-{rows[-1]}), not every row at {ctx} (--rows)"
+            in json.loads(res.stdout)["profiles"]["latency"])
 
 
 def test_tune_refine_times_the_batch_size_between_a_switch_and_solves_it(tmp_path):

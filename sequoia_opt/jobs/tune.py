@@ -736,7 +736,13 @@ def _latency_misfit(prof: Any, opts: TuneOptions, want_k: int, batches: Sequence
 
             have = prof.curve(b).row_contexts(opts.context) or [opts.context] * b
             want = row_contexts(opts.context, b, opts.requests)
-            if have != want:  # the first row that differs (both ascending)
+            uniform = [opts.context] * b
+            if have != want and want == uniform:
+                return f"timed its {b} rows spread ({have[0]}-{have[-1]}), not every row at {opts.context} (--rows)"
+            if have != want and have == uniform:
+                return f"timed every row at {opts.context}, not spread as these prompts' batch ({want[0]}-{want[-1]}) " \
+                       "(--rows)"
+            if have != want:  # both spread, by other prompts: the first row that differs (both ascending)
                 i = next((i for i, (x, y) in enumerate(zip(have, want)) if x != y), min(len(have), len(want)) - 1)
                 return (f"timed row {i + 1} of its {b} at context {have[i]}, where these prompts' batch has "
                         f"{want[i]} (--rows)")
@@ -1467,12 +1473,14 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
 
     def measure(batches: Sequence[int]) -> Any:
         grid = token_grid(want_k)
-        from ..profiling.steps import check_loop_fits
+        from ..profiling.steps import check_loop_fits, loop_positions
 
         longest = row_contexts(opts.context, max(batches), opts.requests)[-1]  # a spread batch's longest row
-        check_loop_fits(opts.context, max(grid), pair.target.config.max_position_embeddings, model=pair.target_name,
+        positions = pair.target.config.max_position_embeddings
+        uniform_fits = loop_positions(opts.context, max(grid)) <= positions  # --rows uniform alone would do
+        check_loop_fits(opts.context, max(grid), positions, model=pair.target_name,
                         fixes=f"--max-draft (chains up to K = {want_k} here)"
-                        + (", or --rows uniform" if longest > opts.context else ""), longest=longest)
+                        + (", or --rows uniform" if longest > opts.context and uniform_fits else ""), longest=longest)
         check_batch_memory(pair.target.config, max(batches), longest + max(grid), max(grid), dev)
         model = pair.spec.kind == "model"  # else c(b, w) on the drafter's cost probe (a head, self layer-skip)
         # a chain's pass drafts all K; a chain's level, one token; a tree's level, up to TREE_WIDTHS
