@@ -20,7 +20,6 @@ adapt in a larger one): the static tree there is the exact DP optimum at N nodes
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from sequoia_opt._io import create_files, new_run_id
+    from sequoia_opt._io import create_run_record
     from sequoia_opt.decoding import Decoder
     from sequoia_opt.drafting.policies import DynamicPolicy, StaticTreePolicy
     from sequoia_opt.jobs.load import load_drafters
@@ -108,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
            "budget": budget, "static_tree": tree.choices(), "static_tree_source": source, "static_tokens_per_step": static, "settings": rows,
            "best_measured": best, "best_predicted": top,
            "command": " ".join(["python benchmarks/dynamic_sweep.py", *(argv if argv is not None else sys.argv[1:])])}
-    out = args.out / f"{new_run_id(None)}.json"
-    create_files({out: json.dumps(doc, indent=1) + "\n"})
+    out = create_run_record(args.out, doc)
     print(f"wrote {out}")
     return 0
 

@@ -97,12 +97,12 @@ def main() -> None:
                         "tree_over_best_plain": statistics.median(x["tree"]["tokens_per_s"] for x in mine)
                         / best_plain}
     print(json.dumps(summary, indent=1))
-    from sequoia_opt._io import create_files, new_run_id
+    from sequoia_opt._io import create_run_record
 
-    (out,) = create_files({ROOT / "results" / "omp_decode" / f"{new_run_id(None)}.json": json.dumps(
-        {"command": "flock /tmp/treeopt-bench.lock python benchmarks/omp_decode.py " + " ".join(sys.argv[1:]),
-         "tree": TREE, "prompts": args.prompts, "new_tokens": args.new_tokens, "threads": args.threads, "runs": runs,
-         "summary": summary}, indent=1) + "\n"})  # unique: two runs in one second never replace each other
+    out = create_run_record(ROOT / "results" / "omp_decode", {  # unique: two runs never replace each other
+        "command": "flock /tmp/treeopt-bench.lock python benchmarks/omp_decode.py " + " ".join(sys.argv[1:]),
+        "tree": TREE, "prompts": args.prompts, "new_tokens": args.new_tokens, "threads": args.threads, "runs": runs,
+        "summary": summary})
     print(f"wrote {out.relative_to(ROOT)}")
 
 

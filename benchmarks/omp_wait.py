@@ -68,7 +68,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from sequoia_opt._io import create_files, new_run_id
+    from sequoia_opt._io import create_run_record
     from sequoia_opt.device import cpu_name
     from sequoia_opt.tree import now_iso
 
@@ -107,7 +107,7 @@ def main() -> None:
            "device": cpu_name(), "cpu_count": os.cpu_count(), "rounds": args.rounds, "repeats": args.repeats,
            "settings": settings, "load_avg_1min": {"min": min(loads), "max": max(loads)}, "rows": rows,
            "runs": runs}
-    (out,) = create_files({args.out / f"{new_run_id(None)}.json": json.dumps(doc, indent=1) + "\n"})  # never replaced
+    out = create_run_record(args.out, doc)  # never replaced
     print(f"wrote {out}")
 
 

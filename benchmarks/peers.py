@@ -24,7 +24,6 @@ plain, the tree against assisted generation, the prediction against the measurem
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sequoia_opt._io import create_files, new_run_id  # noqa: E402
+from sequoia_opt._io import create_run_record  # noqa: E402
 from sequoia_opt.tree import now_iso  # noqa: E402
 
 DEFAULT_ACCEPTANCE = ROOT / "profiles" / "SmolLM2-135M-Instruct.Q4_1__treeopt-smollm2-draft" / "acceptance-greedy.yaml"
@@ -236,7 +235,7 @@ def main(argv=None) -> int:
         goals["tree_over_llamacpp_plain"] = tree["tokens_per_s"] / tps("llama.cpp", "plain")
     doc["goals"] = goals
     args.out.mkdir(parents=True, exist_ok=True)
-    (path,) = create_files({args.out / f"{new_run_id(None)}.json": json.dumps(doc, indent=1) + "\n"})
+    path = create_run_record(args.out, doc)
 
     print(f"{doc['device']}, {args.threads} threads; {len(ids)} eval prompts x {args.max_new_tokens} tokens, greedy")
     print("T(n) ms (tuned): " + ", ".join(f"T({n}) = {v:.1f}" for n, v in T.items()))

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from sequoia_opt._io import create_files, new_run_id
+    from sequoia_opt._io import create_run_record, new_run_id
     from sequoia_opt.jobs.compare import plan_drafter
     from sequoia_opt.jobs.load import load_pair, parse_device, parse_dtype
     from sequoia_opt.jobs.run import TreeEntry, run_trees
@@ -351,9 +351,8 @@ def main(argv: list[str] | None = None) -> int:
            "coverage": coverage, "node_acceptance": nodes,
            "per_prompt": [dataclasses.asdict(r) for r in run.rows],
            "wall_s": {"latency": t_latency, "acceptance": t_acc, "runs": t_run, "total": time.perf_counter() - t_all}}
-    out = args.out / f"{run_id}.json"
     save_latency(args.out / run_id / "latency.yaml", curve)  # the record a reader looks for comes last
-    create_files({out: json.dumps(doc, indent=1) + "\n"})
+    out = create_run_record(args.out, doc, run_id)
     print(f"wrote {out}")
     return 0
 

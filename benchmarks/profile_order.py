@@ -12,7 +12,6 @@ Prints both tables and their ratio and writes ``results/profile_order/<run-id>.j
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from sequoia_opt._io import create_files, new_run_id
+    from sequoia_opt._io import create_run_record
     from sequoia_opt.jobs.load import load_pair, parse_drafter_spec
     from sequoia_opt.profiling.latency import interleave_rounds, model_sweep, profile_model
 
@@ -71,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"benchmark": "profile_order", "command": f"python benchmarks/profile_order.py {given}".strip(),
            "target": "demo", "context": args.context, "batches": batches, "tokens": grid, "rounds": args.rounds,
            "reps": args.reps, "threads": args.threads, "runs": runs, "medians": med}
-    out = args.out / f"{new_run_id(None)}.json"
-    create_files({out: json.dumps(doc, indent=1) + "\n"})
+    out = create_run_record(args.out, doc)
     print(f"wrote {out}")
     return 0
 

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from sequoia_opt._io import create_files, new_run_id
+    from sequoia_opt._io import create_run_record
     from sequoia_opt.decoding import Decoder
     from sequoia_opt.drafting.drafters import drafter_factory
     from sequoia_opt.drafting.policies import StaticTreePolicy
@@ -111,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in by_accepted:
         print(f"  real steps accepting {r['accepted_drafts']}: {r['steps']} steps, draft {r['draft_ms']:.2f} / verify "
               f"{r['verify_ms']:.2f} / bookkeeping {r['bookkeeping_ms']:.2f} ms")
-    run_id = new_run_id(None)
-    out = args.out / f"{run_id}.json"
-    create_files({out: json.dumps(doc, indent=1) + "\n"})
+    out = create_run_record(args.out, doc)
     print(f"wrote {out}")
     return 0
 

@@ -479,6 +479,21 @@ def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
     return paths
 
 
+def create_run_record(folder: str | os.PathLike, doc: Mapping[str, Any], run_id: str | None = None) -> Path:
+    """A benchmark run's record: ``doc`` as JSON (indent 1, a final newline) in a new file
+    ``<folder>/<run_id>.json`` (default :func:`new_run_id` without a prefix), created by :func:`create_files`, so
+    two runs never share or replace a record. Returns its path.
+
+    Raises:
+        OutputError: as :func:`create_files`.
+    """
+    import json
+
+    path = Path(folder) / f"{new_run_id(None) if run_id is None else run_id}.json"
+    create_files({path: json.dumps(doc, indent=1) + "\n"})
+    return path
+
+
 @contextlib.contextmanager
 def folder_locked(folder: str | os.PathLike):
     """Hold an exclusive advisory lock (``fcntl.flock``) on ``folder``, made where missing, for the block: a

@@ -442,3 +442,20 @@ def test_the_orphan_sweep_waits_for_a_unit_being_named(tmp_path, monkeypatch):
     io.create_files({tmp_path / f"{rid}.csv": "rows", tmp_path / f"{rid}.json": "{}"})
     sweeps[0].join(30)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{rid}.csv", f"{rid}.json"]
+
+
+def test_a_run_record_is_a_new_json_file_never_replaced(tmp_path):
+    import json
+
+    from sequoia_opt._io import create_run_record
+    from sequoia_opt.errors import OutputError
+
+    doc = {"benchmark": "x", "ratio": 1.25, "rows": [1, 2]}
+    a, b = create_run_record(tmp_path / "res", doc), create_run_record(tmp_path / "res", doc)
+    assert a != b and a.parent == b.parent == tmp_path / "res" and a.suffix == ".json"  # two runs, two records
+    assert a.read_text() == json.dumps(doc, indent=1) + "\n" and json.loads(b.read_text()) == doc
+    named = create_run_record(tmp_path, doc, "run-1")
+    assert named == tmp_path / "run-1.json"
+    with pytest.raises(OutputError, match="it exists"):
+        create_run_record(tmp_path, {"other": 1}, "run-1")
+    assert json.loads(named.read_text()) == doc  # the first record stands
