@@ -199,10 +199,13 @@ class LatencyCurve:
         profile recorded them (:func:`~sequoia_opt.profiling.batch.row_contexts`; a batch-1 curve of such a profile
         records ``[context]``); None where it did not (every row held ``context``) or ``context`` was not
         measured."""
-        for c, rows in zip(self.contexts, self._rows):
-            if int(c) == int(context):
-                return None if rows is None else list(rows)
-        return None
+        i = self._context_index(context)
+        return None if i is None or self._rows[i] is None else list(self._rows[i])
+
+    def _context_index(self, context: int) -> int | None:
+        """The index of ``context`` in :attr:`contexts`, None where it was not measured."""
+        hit = np.flatnonzero(self.contexts == int(context))
+        return int(hit[0]) if hit.size else None
 
     # -------------------------------------------------------------- the loop's step (issue 31)
     def has_loop(self, context: int | None = None) -> bool:
@@ -331,10 +334,10 @@ class LatencyCurve:
         Raises:
             ProfileError: ``context`` is not one of :attr:`contexts`.
         """
-        hit = np.flatnonzero(self.contexts == int(context))
-        if not hit.size:
+        i = self._context_index(context)
+        if i is None:
             raise ProfileError(f"latency profile {self.id!r} measured contexts {self.contexts.tolist()}, not {context}")
-        t = self._target[int(hit[0])]
+        t = self._target[i]
         return t.tokens, t.ms
 
     def max_draft_tokens(self, context: int | None = None) -> int:
