@@ -66,6 +66,12 @@ def random_weight_model(config: ModelConfig, *, device: torch.device | str, dtyp
     return model.eval()
 
 
+def _frontier(context: int, row_lengths: Sequence[int] | None) -> int:
+    """The cache slot a timed forward's tokens go at: ``context``, or the longest row where ``row_lengths`` gives
+    each row's own (:func:`_forward_call`)."""
+    return int(context) if row_lengths is None else max(int(x) for x in row_lengths)
+
+
 def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cache,
                   num_layers: int | None = None, rows: int | None = None,
                   row_lengths: Sequence[int] | None = None) -> Callable[[], None]:
@@ -83,7 +89,7 @@ def _forward_call(model: Transformer, n: int, context: int, *, backend: str, cac
     if row_lengths is not None:
         if rows is None or len(row_lengths) != rows:
             raise ValueError(f"row_lengths needs one length per row ({rows} rows), got {len(row_lengths)}")
-        context = max(int(x) for x in row_lengths)
+        context = _frontier(context, row_lengths)
     slots = torch.arange(context, context + n, device=device)
     mask = causal_tree_mask(n, device)
     prefix = context
@@ -115,7 +121,7 @@ def time_forward(model: Transformer, n: int, context: int, *, backend: str = "au
     time. Returns a :class:`Timing` in ms.
     """
     if cache is None:
-        cache = model.new_cache(max(context, *(row_lengths or [0])) + n, batch=rows or 1)
+        cache = model.new_cache(_frontier(context, row_lengths) + n, batch=rows or 1)
     return time_call(_forward_call(model, n, context, backend=backend, cache=cache, num_layers=num_layers,
                                    rows=rows, row_lengths=row_lengths), model.device, **timing_kw)
 
@@ -127,7 +133,7 @@ def time_forward_paired(model: Transformer, n: int, reference: int, context: int
     (:func:`~sequoia_opt.profiling.timing.time_alternating`; ``rows`` and ``row_lengths`` as
     :func:`_forward_call`). Returns (Timing of n, Timing of reference), ms."""
     if cache is None:
-        cache = model.new_cache(max(context, *(row_lengths or [0])) + max(n, reference), batch=rows or 1)
+        cache = model.new_cache(_frontier(context, row_lengths) + max(n, reference), batch=rows or 1)
     calls = [_forward_call(model, k, context, backend=backend, cache=cache, num_layers=num_layers, rows=rows,
                            row_lengths=row_lengths) for k in (n, reference)]
     t_n, t_ref = time_alternating(calls, model.device, **timing_kw)
@@ -180,7 +186,7 @@ def model_sweep(model: Transformer, token_counts: Sequence[int], contexts: Seque
     if not token_counts or not contexts:
         raise ProfileError("need at least one token count and one context length")
     held = {int(c): [int(x) for x in row_contexts(int(c))] if row_contexts is not None else None for c in contexts}
-    longest = max(max(v) if v else c for c, v in held.items())
+    longest = max(_frontier(c, v) for c, v in held.items())
     if longest + max(token_counts) > model.config.max_position_embeddings:
         raise ProfileError(f"context {longest} + {max(token_counts)} tokens exceeds the {what} model's "
                            f"context of {model.config.max_position_embeddings} tokens")
@@ -189,7 +195,7 @@ def model_sweep(model: Transformer, token_counts: Sequence[int], contexts: Seque
 
     def timers_at(ctx: int):
         lengths = held[int(ctx)]
-        cache = model.new_cache(max(ctx, *(lengths or [0])) + max(token_counts), batch=rows or 1)
+        cache = model.new_cache(_frontier(ctx, lengths) + max(token_counts), batch=rows or 1)
         kw = dict(backend=backend, cache=cache, num_layers=num_layers, rows=rows, row_lengths=lengths, **timing_kw)
         return (lambda n: time_forward(model, n, ctx, **kw),
                 lambda n, r: time_forward_paired(model, n, r, ctx, **kw))
