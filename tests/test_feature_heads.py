@@ -243,6 +243,9 @@ def _e3(tmp_path, drop=None, add=None, **over):
      "config.json: eagle_config.eagle_aux_hidden_state_layer_ids is missing"),
     (lambda p: _e3(p, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 16, 29]}),
      "eagle_aux_hidden_state_layer_ids = [1, 16, 29] must be 3 layer indices in 0..2 (the target has 4 layers"),
+    # the engines capture each listed layer once (`if i in layers_to_capture`): fc would get 2 features for 3
+    (lambda p: _e3(p, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 0, 1]}),
+     "eagle_aux_hidden_state_layer_ids = [1, 0, 1] names layer 1 twice"),
     (lambda p: _e3(p, add={"d2t": torch.full((len(DRAFT_IDS),), 300)}),
      "model.safetensors: d2t[0] = 300 maps draft token 0 to target id 300, outside the target vocabulary"),
     (lambda p: _e3(p, add={"t2d": torch.ones(257, dtype=torch.bool)}), "t2d[0] disagrees with d2t"),
@@ -275,6 +278,16 @@ def test_eagle3_loader_is_strict(tmp_path, make, message):
     with pytest.raises(CheckpointError) as err:
         check_eagle_head(folder, "eagle3", TARGET4)
     assert message in str(err.value) and str(folder) in str(err.value)
+
+
+def test_eagle3_fuses_its_layers_in_the_targets_order(tmp_path, target):
+    # SGLang and vLLM append a captured layer's features as their layer loop passes it, so fc reads the layers
+    # ascending whatever the config's order: a head listing [2, 0, 1] is the head listing [0, 1, 2]
+    listed = _e3(tmp_path, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 0, 1]})
+    assert check_eagle_head(listed, "eagle3", TARGET4).aux_layers == (0, 1, 2)
+    head, _ = load_eagle_head(listed, "eagle3", target)
+    assert head.config.aux_layers == (0, 1, 2)
+    assert head.config.feature_layers(4) == (1, 2, 3)  # the residual stream entering blocks 1..3: layers 0..2 out
 
 
 def test_eagle_and_medusa_loaders_are_strict(tmp_path):
@@ -605,8 +618,8 @@ def _micro(tmp_path, kind):
     5 ids, or 2 Medusa heads."""
     from sequoia_opt.model import ModelConfig
 
-    cfg = ModelConfig(vocab_size=5, dim=16, n_layers=3, n_heads=2, n_kv_heads=1, intermediate_size=32,
-                      max_position_embeddings=32, name="micro")
+    cfg = ModelConfig(vocab_size=5, dim=16, n_layers=4, n_heads=2, n_kv_heads=1, intermediate_size=32,
+                      max_position_embeddings=32, name="micro")  # 4 layers: 3 distinct layers for EAGLE-3 to fuse
     tgt = random_target(cfg, seed=7, std=0.3)
     if kind == "medusa":
         write_head(tmp_path / "mm", {"medusa_num_heads": 2, "medusa_num_layers": 1},
@@ -614,7 +627,7 @@ def _micro(tmp_path, kind):
         heads = load_medusa_heads(tmp_path / "mm", tgt)
         return tgt, lambda: MedusaDrafter(heads, 3, context=32)
     t = eagle3_tensors(H=16, Ht=16, V=5, draft_ids=[0, 2, 4], heads=2, kv=1, hd=8, inter=32, seed=6)
-    write_head(tmp_path / "em", eagle3_config(H=16, V=5, Vd=3, heads=2, kv=1, hd=8, inter=32, ids=(0, 1, 0),
+    write_head(tmp_path / "em", eagle3_config(H=16, V=5, Vd=3, heads=2, kv=1, hd=8, inter=32, ids=(0, 1, 2),
                                               max_position_embeddings=32), t)
     head, ids = load_eagle_head(tmp_path / "em", "eagle3", tgt)
     return tgt, lambda: EagleDrafter(head, 3, ids, context=32)

@@ -32,13 +32,14 @@ def other_tokenizer():
                                     eos_id=len(alphabet))
 
 
-def tiny_config(vocab: int = 257) -> ModelConfig:
-    return ModelConfig.preset("tiny").with_(vocab_size=vocab, name="tiny")
+def tiny_config(vocab: int = 257, layers: int | None = None) -> ModelConfig:
+    cfg = ModelConfig.preset("tiny").with_(vocab_size=vocab, name="tiny")
+    return cfg if layers is None else cfg.with_(n_layers=layers)
 
 
-def random_model(seed: int, std: float = 0.3, vocab: int = 257) -> Transformer:
+def random_model(seed: int, std: float = 0.3, vocab: int = 257, layers: int | None = None) -> Transformer:
     torch.manual_seed(seed)
-    m = Transformer(tiny_config(vocab))
+    m = Transformer(tiny_config(vocab, layers))
     with torch.no_grad():
         for name, p in m.named_parameters():
             if "norm" in name:
@@ -70,10 +71,12 @@ PROMPTS = [
 ]
 
 
-def make_pair(root: Path, *, noise: float = 0.05, seed: int = 0) -> tuple[Path, Path, Path]:
-    """Write target/, draft/ HF checkpoints and prompts.jsonl under ``root``; return their paths."""
+def make_pair(root: Path, *, noise: float = 0.05, seed: int = 0, layers: int | None = None
+              ) -> tuple[Path, Path, Path]:
+    """Write target/, draft/ HF checkpoints and prompts.jsonl under ``root``; return their paths. ``layers``: the
+    models' layer count (default the tiny preset's 2)."""
     tok = byte_tokenizer()
-    target = random_model(seed)
+    target = random_model(seed, layers=layers)
     draft = noisy_copy(target, noise, seed + 1)
     tdir, ddir = root / "target", root / "draft"
     save_hf_checkpoint(target, tok, tdir)

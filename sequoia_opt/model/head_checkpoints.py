@@ -26,7 +26,10 @@ everything is checked against the target's config (its hidden size, vocabulary a
 weight is copied, and every refusal is a :class:`~sequoia_opt.errors.CheckpointError` naming the file and the
 field or tensor. Which target layer an ``eagle_aux_hidden_state_layer_ids`` entry names differs between the
 engines: SGLang reads id i as layer i's output (it captures the input of layer i + 1), vLLM as layer i's
-input; treeopt reads SGLang's (the EAGLE-3 authors' and SpecForge's), and says so in every profile.
+input; treeopt reads SGLang's (the EAGLE-3 authors' and SpecForge's), and says so in every profile. Both engines
+capture the listed layers in the target's own order as its forward passes them (``if i in layers_to_capture``
+in the layer loop), so ``fc`` fuses them in ascending order whatever the list's order: treeopt sorts them too,
+and refuses a layer named twice (the engines would capture it once and hand ``fc`` two features for three).
 """
 
 from __future__ import annotations
@@ -218,7 +221,11 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
                 or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= last for i in ids)):
             raise CheckpointError(f"{path}: eagle_aux_hidden_state_layer_ids = {ids!r} must be 3 layer indices in "
                                   f"0..{last} (the target has {target.n_layers} layers; id i is layer i's output)")
-        aux = tuple(int(i) for i in ids)
+        if len(set(ids)) != len(ids):
+            twice = next(i for i in ids if ids.count(i) > 1)
+            raise CheckpointError(f"{path}: eagle_aux_hidden_state_layer_ids = {ids!r} names layer {twice} twice: the "
+                                  "engines capture each layer once, so fc would get fewer than its 3 features")
+        aux = tuple(sorted(int(i) for i in ids))  # fused in the target's layer order, as the engines capture them
     n_heads = config_int(cfg, "num_attention_heads", path)
     try:
         theta, scaling = _hf_rope(cfg)

@@ -60,8 +60,9 @@ class EagleConfig:
             decoder layers: 1 for EAGLE-3).
         vocab_size: V, the target's vocabulary (candidates are target ids).
         target_hidden_size: H_t, the width of each target feature.
-        aux_layers: EAGLE-3: the target layers whose outputs ``fc`` fuses, in order (SGLang's numbering of
-            ``eagle_aux_hidden_state_layer_ids``: layer i's output, i in ``0 .. n_layers - 2``); EAGLE: empty.
+        aux_layers: EAGLE-3: the target layers whose outputs ``fc`` fuses, ascending and distinct, the order the
+            engines capture them in (SGLang's numbering of ``eagle_aux_hidden_state_layer_ids``: layer i's
+            output, i in ``0 .. n_layers - 2``); EAGLE: empty.
         fc_bias: ``fc`` has a bias.
         norm_before_residual: EAGLE-3: the residual is ``hidden_norm(g)`` instead of g (vLLM's option).
         name: a label for reports.
