@@ -250,6 +250,9 @@ def _e3(tmp_path, drop=None, add=None, **over):
      "model.safetensors: d2t[0] = 300 maps draft token 0 to target id 300, outside the target vocabulary"),
     (lambda p: _e3(p, add={"t2d": torch.ones(257, dtype=torch.bool)}), "t2d[0] disagrees with d2t"),
     (lambda p: _e3(p, drop="d2t"), "missing tensor d2t"),
+    # the whole vocabulary without d2t: a t2d that leaves an id out contradicts it
+    (lambda p: write_head(p / "full", eagle3_config(), dict(eagle3_tensors(), t2d=torch.arange(257) != 5)),
+     "model.safetensors: t2d[5] is false, but without d2t the draft vocabulary is the target's whole vocabulary"),
     (lambda p: _e3(p, num_hidden_layers=2), "config.json: num_hidden_layers = 2; an EAGLE-3 head has one"),
     # treeopt's trainer records its target's layer count: a head trained on a 6-layer target loaded on this one
     (lambda p: _e3(p, treeopt={"target_num_hidden_layers": 6}), "config.json: treeopt.target_num_hidden_layers = 6 "

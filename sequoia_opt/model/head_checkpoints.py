@@ -296,7 +296,8 @@ def check_eagle_head(folder: str | Path, kind: str, target: ModelConfig) -> Eagl
 
     Raises:
         CheckpointError: as :func:`read_eagle_config`; a missing, unexpected or mis-shaped tensor, a ``d2t``
-            outside the target vocabulary (:func:`reduced_vocab_maps`), naming the file.
+            outside the target vocabulary (:func:`reduced_vocab_maps`), a ``t2d`` leaving an id out of a
+            whole-vocabulary head (no ``d2t``), naming the file.
     """
     config = read_eagle_config(folder, kind, target)
     with ExitStack() as stack:
@@ -325,6 +326,12 @@ def _check_eagle_weights(config: EagleConfig, w: _Weights) -> tuple[EagleConfig,
     if config.kind == "eagle3" and "d2t" in w.shapes:
         return config, reduced_vocab_maps(w.fetch("d2t"), w.fetch("t2d") if "t2d" in w.shapes else None,
                                           config.vocab_size, str(w.path))
+    if config.kind == "eagle3" and "t2d" in w.shapes:  # no d2t: the draft vocabulary is the target's, in order
+        unmarked = (~w.fetch("t2d").to(torch.bool)).nonzero().flatten()
+        if unmarked.numel():
+            raise CheckpointError(f"{w.path}: t2d[{int(unmarked[0])}] is false, but without d2t the draft vocabulary "
+                                  f"is the target's whole vocabulary (draft_vocab_size = {config.vocab_size}): t2d "
+                                  "must mark every id")
     return config, None
 
 
