@@ -26,7 +26,7 @@ midpoint where two neighbouring ``--batches`` choose different K (``--refine``, 
 still choosing over ``--batches`` as their sweeps do); then for each batch size b, ``--rounds`` rounds serve
 max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
-server at concurrency b runs them); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
+server at concurrency b runs them; the rate is the steady state's, :func:`steady_rate`); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
 ``--stream-shape``: ``ramp``, after step s the batch is refilled up to min(P, s + 1) live rows while requests
 remain, P the ``--stream-peak`` (16), so most of its tokens are served at P rows; ``triangle``, the i-th request of
 N (0-based) joins once fewer than ``1 + round((P - 1) (1 - |2 i / (N - 1) - 1|))`` rows are live, so the
@@ -245,9 +245,11 @@ class Served:
             self.wall_ms += (time.perf_counter() - t0) * 1e3
 
     def result(self) -> dict:
-        """Tokens per request (request order), the timed ms, steps and tokens, the live rows per step."""
+        """Tokens per request (request order), the steps each request was live in (``request_steps``), the timed
+        ms, steps and tokens, the live rows per step."""
         ms = self.ms if self.timed_rows is not None else self.wall_ms - self.state.prefill_ms
         return {"tokens": [r.tokens for r in self.state.results], "ms": ms, "steps": self.steps,
+                "request_steps": [len(r.steps) for r in self.state.results],
                 "emitted": self.emitted if self.timed_rows is not None else
                 sum(len(r.tokens) for r in self.state.results),
                 "wall_ms": self.wall_ms, "live": [b for b, _, _ in self.step_log],
@@ -255,6 +257,37 @@ class Served:
                 "step_log": self.step_log,
                 **({"adaptation": self.dec.policy.adapter.report()}
                    if isinstance(self.dec.policy, AdaptiveSchedulePolicy) else {})}
+
+
+def steady_rate(run: dict, b: int) -> tuple[float, float]:
+    """A setting's total tokens/s and tokens per step (all rows) at a steady concurrency of ``b`` from one
+    :func:`run_batch` run: ``b x (sum of the requests' tokens / sum of their steps)`` tokens per step over the
+    mean ms of the steps with b live rows.
+
+    Why not the timed steps' own tokens over their ms (``window``, what runs before 2026-12-07 12:40 reported).
+    A server at concurrency b serves request after request in every row slot; a slot's rate is then the
+    renewal-reward rate, a request's tokens over its steps taken over many requests (E[tokens] / E[steps]). The
+    timed window of a run is short: it ends when the queue is empty and a row leaves, about two requests per slot
+    at ``--turnovers 2``, so its rows' rates are averaged side by side, and the mean of the requests' rates
+    (tokens_i / steps_i) exceeds E[tokens] / E[steps] (Jensen's inequality; the slow requests' steps are the ones
+    left in the untimed tail). The excess grows with b (fewer requests per slot in the window) and with K (the
+    requests' rates spread more): eval run 2026-12-07 10:35, draft model, per-row tokens per step at K = 2 1.77 at
+    b = 1 (the window is every step there, so both ways agree) and 1.88 at b = 16, at K = 8 2.02 and 2.26, on the
+    same prompts under greedy decoding, whose accepted lengths do not depend on b. A request's steps are counted
+    whole, the untimed tail included (greedy: the same steps at any b, as the request's tokens are); the step's
+    ms is the timed steps' mean (their cost does depend on b).
+
+    Returns:
+        (tokens/s over all rows, tokens per step over all rows).
+    """
+    per_row = sum(len(t) for t in run["tokens"]) / max(1, sum(run["request_steps"]))
+    step_ms = run["ms"] / max(1, run["steps"])
+    return 1000.0 * b * per_row / step_ms, b * per_row
+
+
+def window_rate(run: dict) -> float:
+    """The timed window's own tokens over its ms (tokens/s): :func:`steady_rate` says why it is not the rate."""
+    return 1000.0 * run["emitted"] / run["ms"]
 
 
 def by_range(runs: list[dict], ranges: list[tuple[int, int, int]]) -> dict[str, dict]:
@@ -711,9 +744,13 @@ def main() -> None:
         plain = runs[0][0]["tokens"] if 0 in runs else None
         per_k = {}
         for k in ks:
-            tps = [1000.0 * x["emitted"] / x["ms"] for x in runs[k]]
+            tps = [steady_rate(x, b)[0] for x in runs[k]]
+            window = [window_rate(x) for x in runs[k]]
             per_k[k] = {"tokens_per_s_total": med(tps), "tokens_per_s_total_rounds": tps,
-                        "tokens_per_step": runs[k][0]["emitted"] / max(1, runs[k][0]["steps"]),
+                        "tokens_per_step": steady_rate(runs[k][0], b)[1],
+                        "tokens_per_s_window": med(window), "tokens_per_s_window_rounds": window,
+                        "tokens_per_step_window": runs[k][0]["emitted"] / max(1, runs[k][0]["steps"]),
+                        "request_steps": sum(runs[k][0]["request_steps"]),
                         "steps": runs[k][0]["steps"], "emitted": runs[k][0]["emitted"],
                         "greedy_equal_plain": plain is None or all(x["tokens"] == plain for x in runs[k]),
                         "predicted_tokens_per_s_total": predicted.get(b, {}).get(k),
@@ -731,7 +768,7 @@ def main() -> None:
         sp_meas = None if chosen is None or not meas0 else chosen / meas0
         live_row = None
         if live_runs:
-            tps = [1000.0 * x["emitted"] / x["ms"] for x in live_runs]
+            tps = [steady_rate(x, b)[0] for x in live_runs]
             live_row = {"tokens_per_s_total": med(tps), "tokens_per_s_total_rounds": tps,
                         "regret": (best - med(tps)) / best,
                         "greedy_equal_plain": plain is None or all(x["tokens"] == plain for x in live_runs),
@@ -879,7 +916,9 @@ def main() -> None:
            "rounds": args.rounds, "new_tokens": args.new, "output_tokens": args.output_tokens or args.new,
            "turnovers": args.turnovers, "profile_num_prompts": args.profile_prompts,
            "profile_new_tokens": args.profile_new_tokens or args.new,
-           "measurement": "steady concurrency (continuous batching, b rows live); settings in lockstep",
+           "measurement": "steady concurrency (continuous batching, b rows live); settings in lockstep; "
+                          "rate: b x the requests' tokens over their steps, over the mean ms of a step with b rows "
+                          "(steady_rate; tokens_per_s_window: the timed steps' own)",
            "block_steps": args.block_steps,
            "context_tokens": context, "prompt_tokens_mean": round(prompt_tokens, 1), "batches": batches,
            "refined_batches": refined, "ks": ks,

@@ -3362,3 +3362,41 @@ def test_tree_plans_offer_shallower_trees_for_short_answers(tmp_path):
     short = solve_plan(value, prof, [1], output_tokens=2, answer_end_cut=True).rows[0].best.setting.tree()
     assert short.tree_depth < deep.tree_depth
     assert short.choices() == choose(acc.acceptance, prof.curve(1), 9, short.tree_depth, 4).tree.choices()
+
+
+def test_the_steady_rate_counts_each_request_whole_not_the_timed_windows_rates():
+    """At a steady concurrency b the benchmark's rate is b x (the requests' tokens over their steps) over a timed
+    step's mean ms, the renewal rate of a row slot serving request after request; the timed window's own tokens
+    over its ms averages the rows' rates side by side, which the fast requests lift (Jensen)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_pair import noisy_copy, random_model
+
+    from sequoia_opt.decoding import Decoder
+    from sequoia_opt.drafting.policies import StaticTreePolicy
+    from sequoia_opt.tree import Tree
+
+    bench = _schedules_benchmark()
+    # two requests of 12 tokens in 4 and 12 steps: 24 tokens in 16 steps, 1.5 a row; the steps with 2 rows took
+    # 10 ms each; the window's mean of the two rows' rates would say (3 + 1) / 2 = 2 a row
+    run = {"tokens": [[5] * 12, [7] * 12], "request_steps": [4, 12], "ms": 40.0, "steps": 4, "emitted": 16}
+    assert bench.steady_rate(run, 2) == pytest.approx((300.0, 3.0))
+    assert bench.window_rate(run) == pytest.approx(400.0)
+
+    target = random_model(0)
+    draft = noisy_copy(target, 0.3, 1)  # accepts some, not all: the requests' step counts differ
+    prompts = [[3 + i, 17, 5 + 2 * i] for i in range(6)]
+    alone = [Decoder(target, StaticTreePolicy(draft, Tree.chain(3)), max_len=64).generate(p, 8) for p in prompts]
+    out = bench.run_batch(type("E", (), {"decoder": lambda self, rows, k=0, slot=0: Decoder(
+        target, StaticTreePolicy(draft, Tree.chain(k + 1)) if k else None, max_batch=rows, max_len=64)})(),
+        2, [0, 2], prompts, 8, 2)
+    k2 = out[2]
+    assert k2["tokens"] == [g.tokens for g in alone]
+    # a request's steps at 2 rows are its steps alone (greedy, the draft cut per row), the untimed tail included
+    assert k2["request_steps"] == [len(g.steps) for g in alone]
+    assert len(set(k2["request_steps"])) > 1
+    rate, per_step = bench.steady_rate(k2, 2)
+    assert per_step == pytest.approx(2 * sum(len(g.tokens) for g in alone) / sum(len(g.steps) for g in alone))
+    assert rate == pytest.approx(1000.0 * per_step * k2["steps"] / k2["ms"])
+    assert bench.steady_rate(out[0], 2)[1] == pytest.approx(2.0)  # plain decoding: one token a row a step
