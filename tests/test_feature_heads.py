@@ -291,6 +291,10 @@ def test_eagle3_fuses_its_layers_in_the_targets_order(tmp_path, target):
     head, _ = load_eagle_head(listed, "eagle3", target)
     assert head.config.aux_layers == (0, 1, 2)
     assert head.config.feature_layers(4) == (1, 2, 3)  # the residual stream entering blocks 1..3: layers 0..2 out
+    # a config built by hand (the trainer's) is checked too
+    for bad in ((2, 0, 1), (0, 1, 1)):
+        with pytest.raises(ValueError, match="must be ascending and distinct"):
+            replace(head.config, aux_layers=bad)
 
 
 def test_eagle_and_medusa_loaders_are_strict(tmp_path):

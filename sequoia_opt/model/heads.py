@@ -66,6 +66,9 @@ class EagleConfig:
         fc_bias: ``fc`` has a bias.
         norm_before_residual: EAGLE-3: the residual is ``hidden_norm(g)`` instead of g (vLLM's option).
         name: a label for reports.
+
+    Raises:
+        ValueError: ``aux_layers`` not ascending and distinct.
     """
 
     kind: str
@@ -76,6 +79,12 @@ class EagleConfig:
     fc_bias: bool = False
     norm_before_residual: bool = False
     name: str = "eagle"
+
+    def __post_init__(self) -> None:
+        layers = tuple(self.aux_layers)
+        if list(layers) != sorted(set(layers)):
+            raise ValueError(f"aux_layers {list(layers)} must be ascending and distinct: the engines fuse the target "
+                             "layers in the order its forward passes them, each once")
 
     @property
     def hidden_size(self) -> int:
