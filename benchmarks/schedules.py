@@ -26,7 +26,8 @@ midpoint where two neighbouring ``--batches`` choose different K (``--refine``, 
 still choosing over ``--batches`` as their sweeps do); then for each batch size b, ``--rounds`` rounds serve
 max(16, 2 b) eval requests at a steady concurrency of b with every fixed K
 (continuous batching: a finished row's slot takes the next request; only the steps with b live rows are timed, as a
-server at concurrency b runs them; the rate is the steady state's, :func:`steady_rate`); then the stream (``--stream-requests`` requests of ``--stream-tokens`` tokens;
+server at concurrency b runs them; the rate is the steady state's, :func:`steady_rate`); then the stream
+(``--stream-requests`` requests of ``--stream-tokens`` tokens;
 ``--stream-shape``: ``ramp``, after step s the batch is refilled up to min(P, s + 1) live rows while requests
 remain, P the ``--stream-peak`` (16), so most of its tokens are served at P rows; ``triangle``, the i-th request of
 N (0-based) joins once fewer than ``1 + round((P - 1) (1 - |2 i / (N - 1) - 1|))`` rows are live, so the
