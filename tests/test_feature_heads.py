@@ -297,6 +297,13 @@ def test_eagle3_fuses_its_layers_in_the_targets_order(tmp_path, target):
             replace(head.config, aux_layers=bad)
 
 
+def test_a_whole_vocabulary_eagle3_head_may_bring_a_t2d_marking_every_id(tmp_path, target):
+    every = torch.ones(257, dtype=torch.bool)
+    folder = write_head(tmp_path / "full", eagle3_config(), dict(eagle3_tensors(), t2d=every))
+    assert check_eagle_head(folder, "eagle3", TARGET4).draft_vocab_size == 257
+    assert load_eagle_head(folder, "eagle3", target)[1] is None  # its logits are target ids: no map to apply
+
+
 def test_eagle_and_medusa_loaders_are_strict(tmp_path):
     t = eagle_tensors()
     t["layers.0.input_layernorm.weight"] = torch.ones(64)  # EAGLE's first layer has no input norm

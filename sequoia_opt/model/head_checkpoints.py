@@ -263,14 +263,23 @@ def _eagle_expected(config: EagleConfig) -> tuple[dict[str, tuple[int, ...]], di
     return expected, optional
 
 
-def reduced_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int, where: str) -> torch.Tensor:
+def reduced_vocab_maps(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab_size: int,
+                       where: str) -> torch.Tensor:
     """The draft vocabulary's target ids, (V_d,) int64, from EAGLE-3's ``d2t`` (target id - draft id) and check
-    ``t2d`` against it.
+    ``t2d`` against it. ``d2t`` None: a head without one, whose draft vocabulary is the target's whole vocabulary
+    in order (ids ``0 .. vocab_size - 1``), which a ``t2d`` must then mark entirely.
 
     Raises:
         CheckpointError: naming ``where`` and the entry: a target id outside ``[0, vocab_size)``, two draft ids
             mapped to one target id, a ``t2d`` that does not mark exactly those ids.
     """
+    if d2t is None:
+        if t2d is not None and not bool(t2d.to(torch.bool).all()):
+            first = int((~t2d.to(torch.bool)).nonzero()[0])
+            raise CheckpointError(f"{where}: t2d[{first}] is false, but without d2t the draft vocabulary is the "
+                                  f"target's whole vocabulary (draft_vocab_size = {vocab_size}): t2d must mark "
+                                  "every id")
+        return torch.arange(vocab_size, dtype=torch.int64)
     d2t = d2t.to(torch.int64)
     ids = torch.arange(d2t.numel(), dtype=torch.int64) + d2t  # (V_d,)
     bad = ((ids < 0) | (ids >= vocab_size)).nonzero().flatten()
@@ -323,15 +332,10 @@ def _check_eagle_weights(config: EagleConfig, w: _Weights) -> tuple[EagleConfig,
                               f"its own {optional['embed_tokens.weight']}")
     _check_names(w.path, w.shapes, expected, optional)
     w.check_dtypes(_EAGLE3_MAPS if config.kind == "eagle3" else {})
-    if config.kind == "eagle3" and "d2t" in w.shapes:
-        return config, reduced_vocab_maps(w.fetch("d2t"), w.fetch("t2d") if "t2d" in w.shapes else None,
-                                          config.vocab_size, str(w.path))
-    if config.kind == "eagle3" and "t2d" in w.shapes:  # no d2t: the draft vocabulary is the target's, in order
-        unmarked = (~w.fetch("t2d").to(torch.bool)).nonzero().flatten()
-        if unmarked.numel():
-            raise CheckpointError(f"{w.path}: t2d[{int(unmarked[0])}] is false, but without d2t the draft vocabulary "
-                                  f"is the target's whole vocabulary (draft_vocab_size = {config.vocab_size}): t2d "
-                                  "must mark every id")
+    if config.kind == "eagle3" and ("d2t" in w.shapes or "t2d" in w.shapes):
+        ids = reduced_vocab_maps(w.fetch("d2t") if "d2t" in w.shapes else None,
+                                 w.fetch("t2d") if "t2d" in w.shapes else None, config.vocab_size, str(w.path))
+        return config, ids if "d2t" in w.shapes else None  # without d2t the head's logits are target ids already
     return config, None
 
 
