@@ -308,6 +308,21 @@ def by_range(runs: list[dict], ranges: list[tuple[int, int, int]]) -> dict[str, 
     return out
 
 
+def by_live_rows(runs: list[dict]) -> dict[str, dict]:
+    """A setting's stream steps by the number of live rows b, pooled over its rounds: per b (a string key) the steps
+    per round, tokens per step (all rows), ms per step (joins excluded) and tokens/s. Beside the plan's own
+    per-batch prediction and the steady-concurrency rows, this says at which b a near-tie in the stream was won or
+    lost, and whether a stream step at b costs and yields what a steady batch of b does (the stream's last rows are
+    the requests that took the most steps: a selection that lowers their tokens per step)."""
+    out: dict[str, dict] = {}
+    for b in sorted({b for r in runs for b, _, _ in r.get("step_log", [])}):
+        steps = [(ms, tok) for r in runs for bb, ms, tok in r.get("step_log", []) if bb == b]
+        ms, tok = sum(m for m, _ in steps), sum(t for _, t in steps)
+        out[str(b)] = {"steps_per_round": len(steps) / max(1, len(runs)), "tokens_per_step": tok / len(steps),
+                       "ms_per_step": ms / len(steps), "tokens_per_s": 1000.0 * tok / ms if ms > 0 else None}
+    return out
+
+
 def pooled_and_paired(rounds: dict[str, list[tuple[float, float]]], of: str = "plan") -> dict[str, dict]:
     """Per setting, its stream rounds pooled (every token over every ms: ``1000 x sum tokens / sum ms``, tok/s) and
     the median over rounds of ``of``'s rate over the setting's in the same round (a ratio). ``rounds``: per setting
@@ -861,6 +876,7 @@ def main() -> None:
                                      "tokens_per_s_total_with_prefill": med(wall),
                                      "greedy_equal_plain": ref is None or all(x["tokens"] == ref for x in sruns[n]),
                                      "by_plan_range": by_range(sruns[n], plan_ranges),
+                                     "by_live_rows": by_live_rows(sruns[n]),
                                      **({"adaptation": [x["adaptation"] for x in sruns[n]]} if n == LIVE else {}),
                                      **({"ranges": settings[n]["ranges"]} if "ranges" in settings[n] else {})}
         for n, v in pooled_and_paired({n: [(x["emitted"], x["ms"]) for x in sruns[n]] for n in names}).items():
@@ -1051,6 +1067,16 @@ def markdown(doc: dict, source: str) -> str:
                     + "; ".join(f"{rng}: plan {v['tokens_per_s'] or 0:.1f}, {best} "
                                 f"{st['settings'][best]['by_plan_range'][rng]['tokens_per_s'] or 0:.1f}"
                                 for rng, v in plan_by.items())]
+        if "by_live_rows" in st["settings"]["plan"]:
+            best_k = int(best.split("=")[1])
+            differ = [b for lo, hi, k in doc["plan"]["ranges"] if k != best_k for b in range(lo, hi + 1)]
+            plan_b, best_b = st["settings"]["plan"]["by_live_rows"], st["settings"][best]["by_live_rows"]
+            cells = [f"{b}: plan {plan_b[str(b)]['tokens_per_s']:.1f} ({plan_b[str(b)]['tokens_per_step']:.2f}), "
+                     f"{best} {best_b[str(b)]['tokens_per_s']:.1f} ({best_b[str(b)]['tokens_per_step']:.2f})"
+                     for b in differ if str(b) in plan_b and str(b) in best_b]
+            if cells:
+                out += ["", f"Stream steps at the live rows where the plan's K is not {best}, pooled over rounds "
+                        "(tok/s, tokens per step): " + "; ".join(cells)]
     out += ["", "Goals: max regret {:.1f} % (<= 3 %: {}); max prediction error {:.1f} % (<= 10 %: {}); greedy "
             "equal everywhere: {}{}".format(
                 100 * (g["max_regret"] or 0), g["regret_le_3pct_everywhere"], 100 * (g["max_prediction_error"] or 0),

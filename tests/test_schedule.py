@@ -1606,6 +1606,34 @@ def test_the_schedules_benchmark_splits_a_stream_by_the_plans_ranges():
     assert out["16-16"]["steps"] == 1.0
 
 
+def test_the_schedules_benchmark_pools_a_streams_steps_by_live_rows():
+    mod = _schedules_benchmark()
+    rounds = [{"step_log": [(1, 100.0, 3), (2, 50.0, 4), (16, 200.0, 16)]},
+              {"step_log": [(1, 50.0, 2), (2, 150.0, 6)]}]
+    out = mod.by_live_rows(rounds)
+    assert list(out) == ["1", "2", "16"]
+    assert out["1"]["tokens_per_step"] == pytest.approx(2.5) and out["1"]["ms_per_step"] == pytest.approx(75.0)
+    assert out["2"]["tokens_per_s"] == pytest.approx(50.0)  # 10 tokens over 200 ms, pooled, not the rounds' median
+    assert out["16"]["steps_per_round"] == 0.5 and out["16"]["tokens_per_s"] == pytest.approx(80.0)
+    assert mod.by_live_rows([{"step_log": []}]) == {}
+
+
+def test_the_schedules_markdown_shows_the_stream_where_the_plan_and_the_best_fixed_k_differ():
+    """A committed record (plan 1-2: K = 2, 3-15: K = 1, 16: none; best fixed K = 1) rendered with a per-live-rows
+    breakdown: the line names the live rows where the plan drafted otherwise than K = 1, and only those."""
+    mod = _schedules_benchmark()
+    doc = json.loads((Path(__file__).resolve().parents[1] / "results" / "schedules"
+                      / "20261207T134357.159Z-e197d8-treeopt-eval.json").read_text())
+    steps = {"plan": [(1, 30.0, 2), (2, 40.0, 3), (5, 60.0, 7), (16, 50.0, 16)],
+             "K=1": [(1, 25.0, 1), (2, 35.0, 3), (5, 60.0, 7), (16, 55.0, 16)]}
+    for name, log in steps.items():
+        doc["stream"]["settings"][name]["by_live_rows"] = mod.by_live_rows([{"step_log": log}])
+    text = mod.markdown(doc, "x.json")
+    line = next(x for x in text.splitlines() if x.startswith("Stream steps at the live rows"))
+    assert "1: plan 66.7 (2.00), K=1 40.0 (1.00); 2: plan 75.0 (3.00), K=1 85.7 (3.00)" in line
+    assert "16: plan 320.0 (16.00), K=1 290.9 (16.00)" in line and "5:" not in line
+
+
 def test_tune_outputs_are_one_unit_and_two_files(tmp_path):
     """-o and --schedule naming one file is refused before anything (the plan silently replaced the vLLM config);
     the two are written together (atomic_write_texts), so a second that cannot be written leaves the first as it
