@@ -621,11 +621,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out-dir", type=Path, default=ROOT / "results/schedules")
     ap.add_argument("--markdown", type=Path, nargs="+", default=None,
                     help="print the markdown tables of these results files (no run)")
+    ap.add_argument("--goals", type=Path, nargs="+", default=None,
+                    help="print issue 29's goals of these results files as one markdown table, a run a line (no run)")
     ap.add_argument("--reanalyze", type=Path, nargs="+", default=None,
                     help="decompose these finished runs' errors (served_acceptance; treeopt's decoder only; no run)")
     args = ap.parse_args(argv)
-    if args.reanalyze or args.markdown:
-        for path in (args.reanalyze or []) + (args.markdown or []):
+    if args.reanalyze or args.markdown or args.goals:
+        for path in (args.reanalyze or []) + (args.markdown or []) + (args.goals or []):
             if not path.is_file():
                 ap.error(f"{path}: no such results file")
         return args
@@ -660,6 +662,9 @@ def main() -> None:
     if args.markdown:
         for path in args.markdown:
             print(markdown(json.loads(path.read_text()), rel(path.resolve())))
+        return
+    if args.goals:
+        print(goals_table([(rel(p.resolve()), json.loads(p.read_text())) for p in args.goals]))
         return
     torch.set_num_threads(args.threads)
     t_start = time.time()
@@ -1019,6 +1024,30 @@ def _speedups(r: dict) -> str:
 def _steady(doc: dict) -> bool:
     """Whether a record's rates at a steady concurrency are :func:`steady_rate`'s (runs from 2026-12-07 12:40)."""
     return any("tokens_per_s_window" in v for r in doc["rows"] for v in r["by_k"].values())
+
+
+def goals_table(records: list[tuple[str, dict]]) -> str:
+    """Issue 29's goals for each record (``(source, doc)``), one markdown row per run in the given order: the
+    largest regret against the best fixed K measured at a batch size, the largest tokens/s prediction error, greedy
+    equality, the stream's plan over the best fixed K and whether it is at or above every peer rule (medians of
+    each setting's rounds), the rate each record reads (:func:`steady_rate` or the timed window) and whether every
+    goal is met in that run. A goal a record did not measure (no stream) reads "-" and does not count as met."""
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f} %"
+
+    out = ["| run | engine, workload | max regret (<= 3 %) | max prediction error (<= 10 %) | greedy equal | stream "
+           "plan / best fixed K (>= 1) | stream >= every peer | rate | every goal |", "| --- " * 9 + "|"]
+    for source, doc in records:
+        g = doc.get("goals", {})
+        stream = g.get("stream_plan_vs_best_fixed")
+        met = [g.get("regret_le_3pct_everywhere"), g.get("prediction_within_10pct_everywhere"),
+               g.get("greedy_equal_everywhere"), g.get("stream_plan_ge_every_fixed"), g.get("stream_plan_ge_every_peer")]
+        out.append(f"| `{source}` | {doc.get('engine')}, {doc.get('workload')} | {pct(g.get('max_regret'))} | "
+                   f"{pct(g.get('max_prediction_error'))} | {'yes' if g.get('greedy_equal_everywhere') else 'no'} | "
+                   + ("-" if stream is None else f"{stream:.3f}") + " | "
+                   + {True: "yes", False: "no", None: "-"}[g.get("stream_plan_ge_every_peer")] + " | "
+                   + ("steady" if _steady(doc) else "window") + f" | {'**yes**' if all(m is True for m in met) else 'no'} |")
+    return "\n".join(out)
 
 
 def markdown(doc: dict, source: str) -> str:

@@ -1634,6 +1634,21 @@ def test_the_schedules_markdown_shows_the_stream_where_the_plan_and_the_best_fix
     assert "16: plan 320.0 (16.00), K=1 290.9 (16.00)" in line and "5:" not in line
 
 
+def test_the_schedules_goals_table_reads_each_run_and_counts_a_missing_goal_as_unmet():
+    mod = _schedules_benchmark()
+    folder = Path(__file__).resolve().parents[1] / "results" / "schedules"
+    edit = json.loads((folder / "20261207T130218.184Z-ac4a86-treeopt-edit.json").read_text())
+    eval_ = json.loads((folder / "20261207T134357.159Z-e197d8-treeopt-eval.json").read_text())
+    no_stream = {"engine": "treeopt", "workload": "eval", "rows": [], "goals": {
+        "max_regret": 0.01, "regret_le_3pct_everywhere": True, "max_prediction_error": 0.02,
+        "prediction_within_10pct_everywhere": True, "greedy_equal_everywhere": True}}
+    rows = mod.goals_table([("a.json", edit), ("b.json", eval_), ("c.json", no_stream)]).splitlines()
+    assert len(rows) == 5
+    assert rows[2] == ("| `a.json` | treeopt, edit | 1.4 % | 6.6 % | yes | 1.001 | yes | steady | **yes** |")
+    assert rows[3] == ("| `b.json` | treeopt, eval | 0.2 % | 13.8 % | yes | 0.999 | yes | steady | no |")
+    assert rows[4] == "| `c.json` | treeopt, eval | 1.0 % | 2.0 % | yes | - | - | window | no |"
+
+
 def test_tune_outputs_are_one_unit_and_two_files(tmp_path):
     """-o and --schedule naming one file is refused before anything (the plan silently replaced the vLLM config);
     the two are written together (atomic_write_texts), so a second that cannot be written leaves the first as it
