@@ -1003,8 +1003,10 @@ def _live(r: dict) -> str:
     x = r.get("plan_live")
     if not x:
         return ""
-    return (f" | live {x['tokens_per_s_total']:.1f} ({100 * x['regret']:.1f} %, ends "
-            + "; ".join(",".join(f"{lo}-{hi}:K={k}" for lo, hi, k in f) for f in x["final_ranges"]) + ")")
+    ends = [",".join(f"{lo}-{hi}:K={k}" for lo, hi, k in f) for f in x["final_ranges"]]
+    ends_text = (f"{ends[0]} in every round" if len(ends) > 1 and len(set(ends)) == 1 else
+                 "; ".join(ends) + (" (per round)" if len(ends) > 1 else ""))
+    return f" | live {x['tokens_per_s_total']:.1f} ({100 * x['regret']:.1f} %, ends {ends_text})"
 
 
 def _stops(above: int | None) -> str:

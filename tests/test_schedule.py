@@ -1649,6 +1649,16 @@ def test_the_schedules_goals_table_reads_each_run_and_counts_a_missing_goal_as_u
     assert rows[4] == "| `c.json` | treeopt, eval | 1.0 % | 2.0 % | yes | - | - | window | no |"
 
 
+def test_the_schedules_markdown_names_the_live_plans_final_ranges_once_when_every_round_ends_alike():
+    live = _schedules_benchmark()._live
+    same = {"tokens_per_s_total": 56.1, "regret": 0.008, "final_ranges": [[[1, 1, 3], [2, 16, 1]]] * 2}
+    assert live({"plan_live": same}) == " | live 56.1 (0.8 %, ends 1-1:K=3,2-16:K=1 in every round)"
+    apart = {**same, "final_ranges": [[[1, 16, 1]], [[1, 1, 2], [2, 16, 0]]]}
+    assert live({"plan_live": apart}).endswith("ends 1-16:K=1; 1-1:K=2,2-16:K=0 (per round))")
+    assert live({"plan_live": {**same, "final_ranges": [[[1, 16, 1]]]}}).endswith("ends 1-16:K=1)")
+    assert live({}) == ""
+
+
 def test_tune_outputs_are_one_unit_and_two_files(tmp_path):
     """-o and --schedule naming one file is refused before anything (the plan silently replaced the vLLM config);
     the two are written together (atomic_write_texts), so a second that cannot be written leaves the first as it
