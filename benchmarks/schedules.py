@@ -1028,17 +1028,28 @@ def _steady(doc: dict) -> bool:
     return any("tokens_per_s_window" in v for r in doc["rows"] for v in r["by_k"].values())
 
 
+def _paired_min(g: dict) -> str:
+    """The plan over the weakest fixed K and the weakest peer rule, each the median of the per-round ratios (records
+    from 2026-12-05 19:37 keep them; ``-`` before)."""
+    fixed, peers = g.get("stream_plan_over_fixed_paired_min"), g.get("stream_plan_over_peers_paired")
+    if fixed is None:
+        return "-"
+    return f"{fixed:.3f}, " + (f"{min(peers.values()):.3f}" if peers else "-")
+
+
 def goals_table(records: list[tuple[str, dict]]) -> str:
     """Issue 29's goals for each record (``(source, doc)``), one markdown row per run in the given order: the
     largest regret against the best fixed K measured at a batch size, the largest tokens/s prediction error, greedy
     equality, the stream's plan over the best fixed K and whether it is at or above every peer rule (medians of
-    each setting's rounds), the rate each record reads (:func:`steady_rate` or the timed window) and whether every
+    each setting's rounds), the same paired by round (:func:`pooled_and_paired`; the smallest ratio over the fixed Ks
+    and over the peers), the rate each record reads (:func:`steady_rate` or the timed window) and whether every
     goal is met in that run. A goal a record did not measure (no stream) reads "-" and does not count as met."""
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f} %"
 
     out = ["| run | engine, workload | max regret (<= 3 %) | max prediction error (<= 10 %) | greedy equal | stream "
-           "plan / best fixed K (>= 1) | stream >= every peer | rate | every goal |", "| --- " * 9 + "|"]
+           "plan / best fixed K (>= 1) | stream >= every peer | stream paired by round: plan / every fixed K, / every "
+           "peer (min) | rate | every goal |", "| --- " * 10 + "|"]
     for source, doc in records:
         g = doc.get("goals", {})
         stream = g.get("stream_plan_vs_best_fixed")
@@ -1048,6 +1059,7 @@ def goals_table(records: list[tuple[str, dict]]) -> str:
                    f"{pct(g.get('max_prediction_error'))} | {'yes' if g.get('greedy_equal_everywhere') else 'no'} | "
                    + ("-" if stream is None else f"{stream:.3f}") + " | "
                    + {True: "yes", False: "no", None: "-"}[g.get("stream_plan_ge_every_peer")] + " | "
+                   + _paired_min(g) + " | "
                    + ("steady" if _steady(doc) else "window") + f" | {'**yes**' if all(m is True for m in met) else 'no'} |")
     return "\n".join(out)
 
