@@ -33,9 +33,11 @@ constants below say where); the tests encode them (``tests/test_plan_exports.py`
     0.5.14; checked to 0.5.23. Adaptive runs EAGLE / EAGLE3 with ``--speculative-eagle-topk 1`` only
     (``adaptive_unsupported_reason``), ``--speculative-num-steps`` must be one of the candidate steps and
     ``--speculative-num-draft-tokens`` becomes steps + 1 (``_init_adaptive_speculative_params`` in
-    ``arg_groups/speculative_hook.py``); ``--max-running-requests`` names the plan's last batch size (unset, a
-    speculating server caps it at 48, past which no tier is reached). Anything else (a draft model, n-grams, an
-    envelope with topk > 1) runs one static setting per server: the export lists the flags per batch range.
+    ``arg_groups/speculative_hook.py``); ``--max-running-requests`` names the plan's last batch size where that is
+    past 48 or given by ``--max-batch`` (unset, a speculating server caps it at 48, past which no tier is reached);
+    a plan ending below 48 without ``--max-batch`` leaves the cap to SGLang, with a warning, rather than throttle the
+    server to the largest batch measured. Anything else (a draft model, n-grams, an envelope with topk > 1) runs
+    one static setting per server: the export lists the flags per batch range.
 ``llama.cpp`` — ``llama-server -np B`` (B slots: the batch) with ``--spec-type draft-simple --spec-draft-n-max K
     --spec-draft-n-min 0 --spec-draft-p-min 0``, or ``--spec-type ngram-simple --spec-ngram-simple-size-n N
     --spec-ngram-simple-size-m K --spec-draft-n-max K`` for n-grams (n-max pinned: llama.cpp trims an n-gram draft
@@ -152,7 +154,8 @@ def guard_notes(plan: Plan, engine: str) -> list[str]:
         elif g.reads_interval and floor > 1.0:  # the profile's spread reaches under break-even: a close call
             tail = (f"; the profile's interval between prompts reaches down to {g.interval_low:.2f}, under it: a "
                     f"close call (profile more prompts of the traffic)")
-        loses = (f"below {g.break_even:.2f} this setting is slower than plain decoding (stop speculating in this "
+        at = f" at batch {g.break_even_batch}" if g.break_even_batch not in (None, g.lo) and g.lo != g.hi else ""
+        loses = (f"below {g.break_even:.2f} this setting is slower than plain decoding{at} (stop speculating in this "
                  f"range)" if even > 1.0 else
                  f"its step is predicted to cost no more than a plain one ({g.break_even:.2f} tokens/step would break "
                  "even), so it beats plain decoding at any acceptance: check the latency profile, a forward over "
@@ -456,9 +459,13 @@ def _export_trtllm(ranges, release, method, model, lookup, max_batch):
         if v >= Version(f"{major}.{minor + 1}.0rc0"):  # the next line's first candidate
             warnings.append(f"TensorRT-LLM {release} is newer than the last release line checked "
                             f"({TRTLLM_LAST_CHECKED_LINE}): check its speculative_config fields")
-        if v < Version(TRTLLM_LOWER_KEY_RELEASE):
+        if v < Version(f"{TRTLLM_LOWER_KEY_RELEASE}rc0"):
             raise PlanExportError(f"TensorRT-LLM {release} is not known to take draft_len_schedule (it arrived with "
                                   f"#8194 in the {TRTLLM_LOWER_KEY_RELEASE} line): run one max_draft_len, or upgrade")
+        if v < Version(TRTLLM_LOWER_KEY_RELEASE):  # 1.2.0rcN sorts below 1.2.0: refused as if from 1.1 before
+            warnings.append(f"TensorRT-LLM {release}: draft_len_schedule arrived (#8194) during the "
+                            f"{TRTLLM_LOWER_KEY_RELEASE} release candidates; check that this one's speculative_config "
+                            "has it (the 1.2.0 release does)")
         lower = v < Version(TRTLLM_UPPER_KEY_RELEASE)
     if (method or "").lower() == "medusa":
         raise PlanExportError("TensorRT-LLM takes no draft_len_schedule for Medusa: its Medusa heads ran in the "
@@ -635,7 +642,29 @@ def _sglang_topk(algo: str, topk: int) -> str:
         f"--speculative-eagle-topk {int(topk)}"
 
 
-def _export_sglang(ranges, release, method, model=None, lookup=None):
+SGLANG_SPEC_MAX_RUNNING = 48
+"""SGLang's ``--max-running-requests`` for a speculating server that leaves it unset (``ServerArgs``'s speculative
+handling: "Max running requests is reset to 48 for speculative decoding")."""
+
+
+def _sglang_cap(hi: int, last: bool, max_batch: int | None, warnings: list[str]) -> str:
+    """The ``--max-running-requests`` flag of a speculating line ending at batch ``hi`` ('' for none). A range
+    below the last caps the line at its end (the line of the batch size a server serves, as llama.cpp's ``-np``);
+    the last range caps where the engine's largest batch is known (``--max-batch``) or where SGLang's own cap for
+    speculating servers (:data:`SGLANG_SPEC_MAX_RUNNING`) would stop short of it. Otherwise it is left to SGLang,
+    with a warning that the batch sizes past ``hi`` run the last setting unpredicted: a cap at the largest batch
+    size a T(b, n) table happened to hold throttled the server below SGLang's default."""
+    if not last or max_batch is not None or hi > SGLANG_SPEC_MAX_RUNNING:
+        return f" --max-running-requests {hi}"
+    if hi < SGLANG_SPEC_MAX_RUNNING:
+        warnings.append(f"the plan ends at batch {hi}; SGLang admits up to {SGLANG_SPEC_MAX_RUNNING} requests when "
+                        "speculating (its default --max-running-requests), and batch sizes past the plan run its last "
+                        "setting, not predicted here: measure T(b, n) further, or pass --max-batch with your "
+                        "--max-running-requests")
+    return ""
+
+
+def _export_sglang(ranges, release, method, model=None, lookup=None, max_batch=None):
     key = (method or "draft_model").lower()  # as vLLM's and TensorRT-LLM's exports: a draft model is STANDALONE
     mtp = method_key(key) == "mtp"  # the target's own MTP layers: no drafter checkpoint
     algos = set(SGLANG_ALGORITHMS.values())
@@ -670,12 +699,11 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
         if 0 in ks:  # the releases that take this file: 0.5.13 refuses its tier of 0 steps
             releases = f"SGLang {SGLANG_ZERO_STEP_RELEASE} to {last} (tiers, one of 0 steps: no speculation there)"
         start = ks[0] if ks[0] > 0 else max(ks)
-        # the server's cap at the plan's last batch size, as each static line's: EAGLE's ServerArgs caps an unset
-        # one at 48, so the tiers past 48 would never be reached
+        # the server's cap (_sglang_cap): EAGLE's ServerArgs caps an unset one at 48, past which no tier is reached
         flags = (f"--speculative-algorithm {algo}{_sglang_draft(algo, model, warnings, mtp=mtp)} "
                  "--speculative-eagle-topk 1 "
-                 f"--speculative-num-steps {start} --speculative-num-draft-tokens {start + 1} "
-                 f"--max-running-requests {ranges[-1][1]} --speculative-adaptive "
+                 f"--speculative-num-steps {start} --speculative-num-draft-tokens {start + 1}"
+                 f"{_sglang_cap(ranges[-1][1], True, max_batch, warnings)} --speculative-adaptive "
                  "--speculative-adaptive-config adaptive.json")
         doc = {"adaptive_config": cfg, "cli_flags": flags}
         notes = ("one candidate step per tier pins the tier's steps (the EMA has nowhere to move)",
@@ -690,7 +718,7 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
            else f"SGLang's adaptive mode runs EAGLE/EAGLE3 chains (topk 1); {algo} with this plan runs one setting")
     lines = []
     draft = _sglang_draft(algo, model, warnings, lookup, mtp=mtp)
-    for lo, hi, s in ranges:
+    for i, (lo, hi, s) in enumerate(ranges):
         if not s.speculates:
             flag = "(no --speculative-algorithm)"
         elif s.shape == "envelope":
@@ -701,8 +729,8 @@ def _export_sglang(ranges, release, method, model=None, lookup=None):
                     f"{_sglang_topk(algo, 1)} --speculative-num-draft-tokens {s.steps + 1}")
         else:
             raise PlanExportError(f"SGLang takes no static tree; batch sizes {lo}-{hi} want {s.label}")
-        if s.speculates:  # the line's own cap, as llama.cpp's -np: SGLang's ServerArgs caps an unset one at 48
-            flag += f" --max-running-requests {hi}"
+        if s.speculates:  # the line's own cap, as llama.cpp's -np (_sglang_cap)
+            flag += _sglang_cap(hi, i == len(ranges) - 1, max_batch, warnings)
         lines.append({"batch_range": [lo, hi], "cli_flags": flag})
     doc = {"per_range": lines, "note": why + ": start the server with the line of the batch size it serves "
            "(each speculating line caps its requests at the range's end, --max-running-requests)"}
@@ -861,7 +889,9 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
             setting is refused.
         method: the engine's drafting method (vLLM's ``method``: ``draft_model``, ``ngram``, ``eagle3``, ...).
         model: the draft checkpoint to name in the config.  lookup: (n-gram min, max) for n-gram methods.
-        max_batch: TensorRT-LLM: the last key (its largest batch size), so the last range covers it.
+        max_batch: the engine's largest batch, given by the user (the plan's last range ends there): TensorRT-LLM's
+            last key; SGLang's ``--max-running-requests`` (without it, a plan ending below SGLang's own cap of 48
+            for speculating servers leaves the cap to SGLang, with a warning).
 
     Raises:
         PlanExportError: an unknown engine, a release that does not take the setting, a plan the engine cannot
@@ -878,7 +908,7 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
     elif key == "tensorrt-llm":
         out = _export_trtllm(ranges, release, method, model, lookup, max_batch)
     elif key == "sglang":
-        out = _export_sglang(ranges, release, method, model, lookup)
+        out = _export_sglang(ranges, release, method, model, lookup, max_batch)
     else:
         out = _export_llamacpp(ranges, release, method, lookup, model)
     if key in ("tensorrt-llm", "llama.cpp"):  # formats with comments carry their releases (JSON ones cannot)

@@ -117,6 +117,12 @@ def test_trtllm_12_reads_keys_as_range_starts():
         assert trtllm_draft_len(sched, b, lower_keys=True) == _want(ranges, b)
     with pytest.raises(PlanExportError, match="not known to take draft_len_schedule"):
         export_plan(ranges, "tensorrt-llm", release="1.1.0")
+    # a 1.2.0 release candidate sorts below 1.2.0 and was refused with a message naming its own line: written as
+    # 1.2 reads it, with a warning that the schedule arrived during those candidates
+    rc = export_plan(ranges, "tensorrt-llm", release="1.2.0rc6", method="ngram")
+    assert yaml.safe_load(rc.text)["speculative_config"]["draft_len_schedule"] == {1: 4, 4: 2, 16: 0}
+    assert any("arrived (#8194) during the 1.2.0 release candidates" in w for w in rc.warnings)
+    assert not any("release candidates" in w for w in export_plan(ranges, "tensorrt-llm", release="1.2.0").warnings)
     # 1.2 applies the schedule to NGram and Draft_Target only: an Eagle3 / MTP plan of several Ks is refused (the
     # file ran max_draft_len at every batch size; it was written with a warning, exit 0); one K everywhere is written
     assert not export_plan(ranges, "tensorrt-llm", release="1.2.1", method="ngram").warnings
@@ -452,6 +458,24 @@ def test_sglang_ngram_lines_pin_the_bfs_breadth_to_the_chain():
     # the other algorithms have no such flag
     sa = export_plan(PLANS["falling"], "sglang", method="draft_model", model="m")
     assert "bfs" not in sa.text
+
+
+def test_sglang_leaves_its_own_cap_to_a_plan_that_ends_below_it_unless_max_batch_says_where():
+    """A plan ending at 16 (a T(b, n) table up to 16) capped the server at 16 requests, below SGLang's own 48 for
+    speculating servers: 3x less admission, unsaid. Unset there, with a warning that 17-48 run the last setting
+    unpredicted; --max-batch names the cap; a range below the last still caps its line at its end."""
+    plan = [(1, 4, SpecSetting.chain(3)), (5, 16, SpecSetting.chain(1))]
+    e = export_plan(plan, "sglang", method="eagle3", model="m")
+    assert "--max-running-requests" not in e.data["cli_flags"]
+    assert any(w.startswith("the plan ends at batch 16; SGLang admits up to 48 requests when speculating")
+               for w in e.warnings)
+    given = export_plan(plan, "sglang", method="eagle3", model="m", max_batch=16)
+    assert " --max-running-requests 16 --speculative-adaptive" in given.data["cli_flags"]
+    assert not any("SGLang admits" in w for w in given.warnings)
+    static = export_plan(plan, "sglang", method="draft_model", model="m")
+    flags = [r["cli_flags"] for r in static.data["per_range"]]
+    assert flags[0].endswith("--max-running-requests 4") and "--max-running-requests" not in flags[1]
+    assert any("SGLang admits up to 48" in w for w in static.warnings)
 
 
 def test_sglang_adaptive_line_caps_its_requests_at_the_plans_last_batch_size():

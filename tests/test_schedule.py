@@ -120,6 +120,25 @@ def test_plan_is_the_best_fixed_k_at_every_batch_and_stops_paying():
     assert plan.setting_at(5) == plan.rows[0].best.setting and plan.setting_at(64).draft_tokens == 0
 
 
+def test_a_guard_rules_break_even_is_its_ranges_most_demanding_measured_batch_size():
+    """One range over batch 1, 2 and 4 (the same K chosen at each): the step over plain grows with b, so the rule
+    reads batch 4's break-even, the largest (it read batch 1's: a watchdog kept speculating at 4 rows below what
+    pays there)."""
+    from sequoia_opt.plan_exports import guard_notes
+    from sequoia_opt.solver.schedule import guard_rules
+
+    prof = _profile({1: _curve(0.1, 10.0), 2: _curve(0.3, 10.0), 4: _curve(0.8, 10.0)})
+    plan = solve_plan(ChainValue(_acc((0.5, 0.2, 0.1)), 8), prof)
+    assert [(r.lo, r.hi) for r in plan.ranges] == [(1, 4)]
+    evens = {row.batch: row.best.cost.cost_ms / row.plain.cost.cost_ms for row in plan.rows}
+    assert evens[1] < evens[2] < evens[4]
+    (rule,) = guard_rules(plan)
+    assert rule.break_even == pytest.approx(evens[4]) and rule.break_even_batch == 4
+    assert plan_document(plan, engine="vllm")["guard"][0]["break_even_batch"] == 4
+    assert f"below {evens[4]:.2f} this setting is slower than plain decoding at batch 4 (stop" in \
+        guard_notes(plan, "vllm")[1]
+
+
 def test_schedules_doc_guard_example_is_what_tune_prints():
     """docs/schedules.md quotes the guard printed for this file's GPU-like profile and five prompts of p_1 0.5..0.9;
     it had gone stale (batch 1-7 read 'below 1.46 the traffic is not what was profiled', a floor above the
@@ -965,6 +984,28 @@ def test_tune_refuses_a_bad_plan_and_predicts_a_good_one(tmp_path):
                                   "--plan", str(tmp_path / plan), "--draft", "lookup", "--json"])
         assert res.exit_code == 0, res.output
         assert any(w.startswith(said) for w in json.loads(res.stdout)["warnings"]) == warned, res.output
+
+
+def test_tune_extends_a_given_plans_last_range_to_max_batch_and_refuses_one_past_it(tmp_path):
+    """--max-batch ends a given plan's last range there, as it ends a solved plan's (it was ignored with --plan:
+    the exports stopped at the plan's own last batch size); a plan running past it is refused, nothing written."""
+    table, acc = _files(tmp_path)
+    plan = {"format": "treeopt-schedule/1", "ranges": [
+        {"batch_range": [1, 8], "setting": {"shape": "chain", "draft_tokens": 2}},
+        {"batch_range": [9, 64], "setting": {"shape": "chain", "draft_tokens": 1}}]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
+    out = tmp_path / "llama.txt"
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-l", str(table), "-a", str(acc), "--batches",
+                              "1,8,64", "--plan", str(tmp_path / "p.yaml"), "--max-batch", "96", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "extended to --max-batch 96" in res.output
+    lines = [x for x in out.read_text().splitlines() if x.startswith("llama-server")]
+    assert len(lines) == 2 and "-np 8 " in lines[0] + " " and "-np 96 " in lines[1] + " "
+    res = runner.invoke(app, ["tune", "--engine", "llama.cpp", "-l", str(table), "-a", str(acc), "--batches",
+                              "1,8", "--plan", str(tmp_path / "p.yaml"), "--max-batch", "32", "-o",
+                              str(tmp_path / "no.txt")])
+    assert res.exit_code == 2 and "its last range ends at batch 64, past --max-batch 32" in res.output
+    assert not (tmp_path / "no.txt").exists()
 
 
 # ---------------------------------------------------------------------------------------------- chain acceptance

@@ -54,7 +54,8 @@ def tune(
         "(default: the drafter measured: --draft, else the one the acceptance profile names).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="The draft checkpoint to name in the export.")] = None,
     max_batch: Annotated[Optional[int], typer.Option(
-        "--max-batch", help="The engine's largest batch: the last range ends there.")] = None,
+        "--max-batch", help="The engine's largest batch: the last range ends there (a --plan's too; one ending past "
+        "it is refused); SGLang's --max-running-requests.")] = None,
     prompts: Annotated[Optional[Path], typer.Option(
         "--prompts", help="Prompts the acceptance is measured on (default: the demo's profile prompts).")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", help="Prompts used for acceptance.")] = 8,

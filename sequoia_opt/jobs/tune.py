@@ -187,6 +187,29 @@ def _engine(name: str) -> str:
     return key
 
 
+def given_plan_ranges(ranges: Sequence[tuple[int, int, Any]], max_batch: int | None, name: str,
+                      notes: list[str]) -> list[tuple[int, int, Any]]:
+    """A given plan's ranges ``(lo, hi, setting)`` with its last range ending at ``max_batch`` (the engine's
+    largest batch, as a solved plan's does; a note in ``notes`` says so); unchanged without ``max_batch``.
+
+    Raises:
+        TreeoptError: the plan's last range ends past ``max_batch`` (the engine never runs those batch sizes:
+            the exports' largest key or ``-np`` would name one it cannot run).
+    """
+    out = [tuple(r) for r in ranges]
+    if max_batch is None:
+        return out
+    lo, end, st = out[-1]
+    if end > max_batch:
+        raise TreeoptError(f"{name}: its last range ends at batch {end}, past --max-batch {max_batch} (the engine's "
+                           "largest batch): raise --max-batch or cut the plan's last range")
+    if end < max_batch:
+        out[-1] = (lo, max_batch, st)
+        notes.append(f"{name}'s last range ({lo}-{end}: {st.label}) extended to --max-batch {max_batch}, as a "
+                     "solved plan's is")
+    return out
+
+
 def check_options(opts: TuneOptions) -> TuneOptions:
     """Every check that needs no model (one line each), and the options normalised. Returns them.
 
@@ -990,9 +1013,10 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
                 raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run {st.label}, {st.draft_tokens + 1} nodes, "
                                    f"past the trees valued here (at most {value.budget}: raise --max-draft, or "
                                    "measure T(b, n) further)")
-        reach = sched.ranges[-1][1]  # the batch sizes past the given plan are not predicted (a note says which)
+        ranges = given_plan_ranges(sched.ranges, opts.max_batch, str(opts.plan), notes)
+        reach = ranges[-1][1]  # the batch sizes past the given plan are not predicted (a note says which)
         prov["batches"] = [b for b in prov["batches"] if b <= reach]
-        plan = plan_from_ranges(sched.ranges, value, profile, opts.batches, context=ctx,
+        plan = plan_from_ranges(ranges, value, profile, opts.batches, context=ctx,
                                 output_tokens=opts.output_tokens, answer_end_cut=cut,
                                 provenance={**prov, "given_plan": str(opts.plan)})
         done["plan"] = f"given: {opts.plan}"

@@ -1192,8 +1192,11 @@ class GuardRule:
             traffic is not what was profiled; re-profile on a sample of it (``treeopt tune``).
         interval_method: how that interval was made (:attr:`Plan.interval_method`); only ``between prompts``
             bounds a new set of prompts (issue 31), so only then does the rule read it.
-        break_even: the tokens per step below which the setting is slower than plain decoding at that batch
-            size (its step ms over plain's): below it, stop speculating in this range.
+        break_even: the tokens per step below which the setting is slower than plain decoding (its step ms over
+            plain's), the largest over the range's measured batch sizes (a forward over K + 1 tokens costs more
+            of a plain one's as b grows, so the range's largest batch size is usually the one that needs most):
+            below it, stop speculating in this range.
+        break_even_batch: the measured batch size that break-even is taken at (None: not recorded).
     """
 
     lo: int
@@ -1203,6 +1206,7 @@ class GuardRule:
     interval_low: float
     break_even: float
     interval_method: str = "none"
+    break_even_batch: int | None = None
 
     @property
     def reads_interval(self) -> bool:
@@ -1216,14 +1220,17 @@ class GuardRule:
         return {"batch_range": [self.lo, self.hi], "setting": self.setting,
                 "expected_tokens_per_step": round(self.expected_tokens_per_step, 4),
                 "interval_low": round(self.interval_low, 4), "interval_method": self.interval_method,
-                "break_even": round(self.break_even, 4)}
+                "break_even": round(self.break_even, 4),
+                **({"break_even_batch": self.break_even_batch} if self.break_even_batch is not None else {})}
 
 
 def guard_rules(plan: Plan) -> list[GuardRule]:
     """One :class:`GuardRule` per speculating range of ``plan`` with a prediction (a range between measured batch
-    sizes has none) that is predicted faster than plain decoding (TensorRT-LLM's rule can run batch 1 slower, so
-    that larger batch sizes may draft: nothing to guard there). ``break_even = step_ms / plain step_ms`` at the
-    range's batch size (plain emits one token a step); ``interval_low`` is the tokens-per-step low end of the
+    sizes has none) that is predicted faster than plain decoding at its first measured batch size (TensorRT-LLM's
+    rule can run batch 1 slower, so that larger batch sizes may draft: nothing to guard there). ``break_even =
+    step_ms / plain step_ms`` (plain emits one token a step), the largest over the measured batch sizes the range
+    holds (it was the first one's alone: a range 4-8 said "below 1.36", batch 4's figure, where batch 8 needs
+    more); ``interval_low`` is the tokens-per-step low end of the
     prediction's interval, never above the point: its tokens/s low end (per request) / ``length_factor`` x the step's
     ms / 1000 (the steady state's, as ``expected_tokens``)."""
     rules = []
@@ -1239,7 +1246,13 @@ def guard_rules(plan: Plan) -> list[GuardRule]:
         if g <= p.cost.cost_ms / plain_ms:  # predicted slower than plain already (an engine's rule runs it): no guard
             continue
         low = min(g, p.interval[0] / p.length_factor * p.cost.cost_ms / 1000.0)  # the steady state's, as g
-        rules.append(GuardRule(r.lo, r.hi, r.setting.label, g, low, p.cost.cost_ms / plain_ms, plan.interval_method))
+        evens = [(p.cost.cost_ms / plain_ms, p.batch)]
+        for row in plan.rows:  # the range's other measured batch sizes, priced for the same setting
+            c = next((c for c in row.candidates if c.setting == r.setting), None)
+            if r.lo <= row.batch <= r.hi and row.batch != p.batch and c is not None and row.plain.cost.cost_ms > 0:
+                evens.append((c.cost.cost_ms / row.plain.cost.cost_ms, row.batch))
+        even, at = max(evens)
+        rules.append(GuardRule(r.lo, r.hi, r.setting.label, g, low, even, plan.interval_method, at))
     return rules
 
 
