@@ -707,7 +707,12 @@ def _export_sglang(ranges, release, method, model=None, lookup=None, max_batch=N
                  "--speculative-adaptive-config adaptive.json")
         doc = {"adaptive_config": cfg, "cli_flags": flags}
         notes = ("one candidate step per tier pins the tier's steps (the EMA has nowhere to move)",
-                 "SGLang pads the batch size to its CUDA-graph batch sizes before routing to a tier")
+                 "SGLang pads the batch size to its next CUDA-graph batch size before routing to a tier: a range "
+                 "whose last batch size is not captured runs its top batch sizes with the next tier's steps; "
+                 "capture every range's last batch size ("
+                 + ", ".join(str(hi) for _, hi, _ in ranges[:-1]) + ") among --cuda-graph-bs")
+        if len(ranges) == 1:
+            notes = notes[:1]
         return dict(text=json.dumps(doc, indent=2) + "\n", data=doc, releases=releases, checked=checked,
                     command=f"python -m sglang.launch_server --model-path MODEL {flags}", notes=notes,
                     warnings=tuple(warnings), extra_files={"adaptive.json": json.dumps(cfg, indent=2) + "\n"})

@@ -469,6 +469,8 @@ def test_sglang_leaves_its_own_cap_to_a_plan_that_ends_below_it_unless_max_batch
     assert "--max-running-requests" not in e.data["cli_flags"]
     assert any(w.startswith("the plan ends at batch 16; SGLang admits up to 48 requests when speculating")
                for w in e.warnings)
+    # SGLang pads a batch to its next CUDA-graph size before it picks a tier: the note names the ends to capture
+    assert any(n.endswith("capture every range's last batch size (4) among --cuda-graph-bs") for n in e.notes)
     given = export_plan(plan, "sglang", method="eagle3", model="m", max_batch=16)
     assert " --max-running-requests 16 --speculative-adaptive" in given.data["cli_flags"]
     assert not any("SGLang admits" in w for w in given.warnings)
