@@ -1053,14 +1053,15 @@ def goals_table(records: list[tuple[str, dict]]) -> str:
     for source, doc in records:
         g = doc.get("goals", {})
         stream = g.get("stream_plan_vs_best_fixed")
-        met = [g.get("regret_le_3pct_everywhere"), g.get("prediction_within_10pct_everywhere"),
-               g.get("greedy_equal_everywhere"), g.get("stream_plan_ge_every_fixed"), g.get("stream_plan_ge_every_peer")]
+        met = [g.get(k) for k in ("regret_le_3pct_everywhere", "prediction_within_10pct_everywhere",
+                                  "greedy_equal_everywhere", "stream_plan_ge_every_fixed", "stream_plan_ge_every_peer")]
         out.append(f"| `{source}` | {doc.get('engine')}, {doc.get('workload')} | {pct(g.get('max_regret'))} | "
                    f"{pct(g.get('max_prediction_error'))} | {'yes' if g.get('greedy_equal_everywhere') else 'no'} | "
                    + ("-" if stream is None else f"{stream:.3f}") + " | "
                    + {True: "yes", False: "no", None: "-"}[g.get("stream_plan_ge_every_peer")] + " | "
                    + _paired_min(g) + " | "
-                   + ("steady" if _steady(doc) else "window") + f" | {'**yes**' if all(m is True for m in met) else 'no'} |")
+                   + ("steady" if _steady(doc) else "window")
+                   + f" | {'**yes**' if all(m is True for m in met) else 'no'} |")
     return "\n".join(out)
 
 

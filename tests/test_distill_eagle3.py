@@ -412,3 +412,22 @@ def test_an_init_from_head_fusing_other_layers_is_refused_before_the_weights(tmp
                     "--init-from", str(head)]) == 2
     assert capsys.readouterr().err == f"error: --init-from {head} fuses layers [0, 2, 5], not [1, 3, 4]\n"
     assert not (tmp_path / "h").exists()
+
+
+def test_an_init_from_heads_weights_are_checked_before_the_teacher_pass(tmp_path, capsys, monkeypatch):
+    """--init-from checked config.json only; a head missing a tensor (or with a d2t outside the vocabulary) was
+    refused after the teacher's forwards over the whole training set (hours on a real target)."""
+    import sequoia_opt.model.loaders as loaders
+    from feature_heads import eagle3_config, eagle3_tensors, write_head
+    from sequoia_opt.distill.eagle3 import run_cli
+
+    target = _target8(tmp_path / "t8")
+    tensors = eagle3_tensors()
+    tensors.pop("midlayer.mlp.up_proj.weight")
+    head = write_head(tmp_path / "head", eagle3_config(ids=(1, 3, 4)), tensors)
+    monkeypatch.setattr(loaders, "load_checkpoint", lambda *a, **k: pytest.fail("the target was loaded"))
+    assert run_cli(["--target", str(target), "--out", str(tmp_path / "h"), "--stdlib", str(tmp_path),
+                    "--init-from", str(head)]) == 2
+    weights = head / "model.safetensors"
+    assert capsys.readouterr().err == f"error: {weights}: missing tensor midlayer.mlp.up_proj.weight\n"
+    assert not (tmp_path / "h").exists()

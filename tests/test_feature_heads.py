@@ -275,12 +275,30 @@ def _e3(tmp_path, drop=None, add=None, **over):
     (lambda p: _e3(p, add={"fc.weight": torch.ones(64, 192, dtype=torch.complex64)}), "tensor fc.weight is C64"),
     (lambda p: _e3(p, add={"d2t": torch.zeros(len(DRAFT_IDS), dtype=torch.float32)}),
      "tensor d2t is F32; the layout stores it as I64 or I32"),
+    # a second break-it pass: messages in treeopt's names ("dim 64 is not divisible by n_heads 5"), an eagle_config
+    # that is not an object read as missing, a missing draft_vocab_size blamed on lm_head's rows
+    (lambda p: _e3(p, head_dim=None, num_attention_heads=5),
+     "config.json: hidden_size = 64 is not divisible by num_attention_heads = 5 (and no head_dim is given)"),
+    (lambda p: _e3(p, num_key_value_heads=3),
+     "config.json: num_attention_heads = 4 is not a multiple of num_key_value_heads = 3"),
+    (lambda p: _e3(p, eagle_config="[0, 1, 2]"), "config.json: eagle_config = '[0, 1, 2]' must be an object"),
+    (lambda p: _e3(p, draft_vocab_size=None),
+     f"config.json: draft_vocab_size = 257 (missing: the whole vocabulary) but model.safetensors's d2t maps "
+     f"{len(DRAFT_IDS)} draft ids"),
 ])
 def test_eagle3_loader_is_strict(tmp_path, make, message):
     folder = make(tmp_path)
     with pytest.raises(CheckpointError) as err:
         check_eagle_head(folder, "eagle3", TARGET4)
     assert message in str(err.value) and str(folder) in str(err.value)
+
+
+def test_a_null_in_eagle_config_reads_as_absent_as_in_the_engines(tmp_path):
+    """eagle_config.eagle_aux_hidden_state_layer_ids: null beside a top-level list: the list (the null won, and the
+    head was refused as naming no layers)."""
+    folder = _e3(tmp_path, eagle_config={"eagle_aux_hidden_state_layer_ids": None},
+                 eagle_aux_hidden_state_layer_ids=[0, 1, 2])
+    assert check_eagle_head(folder, "eagle3", TARGET4).aux_layers == (0, 1, 2)
 
 
 def test_eagle3_fuses_its_layers_in_the_targets_order(tmp_path, target):

@@ -1685,7 +1685,8 @@ def test_the_schedules_goals_table_reads_each_run_and_counts_a_missing_goal_as_u
         "prediction_within_10pct_everywhere": True, "greedy_equal_everywhere": True}}
     rows = mod.goals_table([("a.json", edit), ("b.json", eval_), ("c.json", no_stream)]).splitlines()
     assert len(rows) == 5
-    assert rows[2] == "| `a.json` | treeopt, edit | 1.4 % | 6.6 % | yes | 1.001 | yes | 1.002, 1.008 | steady | **yes** |"
+    assert rows[2] == ("| `a.json` | treeopt, edit | 1.4 % | 6.6 % | yes | 1.001 | yes | 1.002, 1.008 | steady "
+                       "| **yes** |")
     assert rows[3] == "| `b.json` | treeopt, eval | 0.2 % | 13.8 % | yes | 0.999 | yes | 0.998, 0.990 | steady | no |"
     assert rows[4] == "| `c.json` | treeopt, eval | 1.0 % | 2.0 % | yes | - | - | - | window | no |"
 

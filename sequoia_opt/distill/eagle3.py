@@ -580,10 +580,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --draft-vocab {args.draft_vocab} is larger than the target's vocabulary of "
               f"{tconfig.vocab_size} tokens", file=sys.stderr)
         return 2
-    if args.init_from is not None:  # an EAGLE-3 head for this target (CheckpointError, one line, otherwise)
-        from ..model.head_checkpoints import read_eagle_config
+    if args.init_from is not None:  # an EAGLE-3 head for this target, its weights too (CheckpointError, one line),
+        from ..model.head_checkpoints import check_eagle_head  # before the teacher's forwards over the data
 
-        prev = read_eagle_config(args.init_from, "eagle3", tconfig)
+        prev = check_eagle_head(args.init_from, "eagle3", tconfig)
         if tuple(prev.aux_layers) != tuple(aux):  # checked here, not after the teacher pass
             print(f"error: --init-from {args.init_from} fuses layers {list(prev.aux_layers)}, not {list(aux)}",
                   file=sys.stderr)

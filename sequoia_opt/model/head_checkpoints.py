@@ -208,11 +208,18 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
         Vd = config_int(cfg, "draft_vocab_size", path, V) if cfg.get("draft_vocab_size") is not None else V
         if Vd > V:
             raise CheckpointError(f"{path}: draft_vocab_size = {Vd} exceeds the target's vocabulary ({V})")
-        ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+        ec = cfg.get("eagle_config", {})
+        if ec is None:
+            ec = {}
+        if not isinstance(ec, dict):
+            raise CheckpointError(f"{path}: eagle_config = {ec!r} must be an object (the engines read "
+                                  "eagle_config.eagle_aux_hidden_state_layer_ids from it)")
         if ec.get("use_aux_hidden_state", True) is False:
             raise CheckpointError(f"{path}: eagle_config.use_aux_hidden_state = false (an EAGLE-3 head reading the "
                                   "last layer only) is not supported; use --draft eagle:PATH for EAGLE-1/2 heads")
-        ids = ec.get("eagle_aux_hidden_state_layer_ids", cfg.get("eagle_aux_hidden_state_layer_ids"))
+        ids = ec.get("eagle_aux_hidden_state_layer_ids")  # null there: absent, as the engines' .get() reads it
+        if ids is None:
+            ids = cfg.get("eagle_aux_hidden_state_layer_ids")
         if ids is None:
             raise CheckpointError(f"{path}: eagle_config.eagle_aux_hidden_state_layer_ids is missing: an EAGLE-3 "
                                   "head must name the target layers it fuses")
@@ -227,11 +234,18 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
                                   "engines capture each layer once, so fc would get fewer than its 3 features")
         aux = tuple(sorted(int(i) for i in ids))  # fused in the target's layer order, as the engines capture them
     n_heads = config_int(cfg, "num_attention_heads", path)
+    n_kv = config_int(cfg, "num_key_value_heads", path, n_heads)
+    if cfg.get("head_dim") is None and H % n_heads:  # named by the file's own keys (ModelConfig says dim / n_heads)
+        raise CheckpointError(f"{path}: hidden_size = {H} is not divisible by num_attention_heads = {n_heads} (and "
+                              "no head_dim is given)")
+    if n_heads % n_kv:
+        raise CheckpointError(f"{path}: num_attention_heads = {n_heads} is not a multiple of num_key_value_heads = "
+                              f"{n_kv}")
     try:
         theta, scaling = _hf_rope(cfg)
         layer = ModelConfig(
             vocab_size=Vd, dim=H, n_layers=n_layers, n_heads=n_heads,
-            n_kv_heads=config_int(cfg, "num_key_value_heads", path, n_heads),
+            n_kv_heads=n_kv,
             intermediate_size=config_int(cfg, "intermediate_size", path),
             head_dim=0 if cfg.get("head_dim") is None else config_int(cfg, "head_dim", path, minimum=0),
             norm_eps=1e-6 if cfg.get("rms_norm_eps") is None else config_float(cfg, "rms_norm_eps", path),
@@ -330,6 +344,12 @@ def _check_eagle_weights(config: EagleConfig, w: _Weights) -> tuple[EagleConfig,
         raise CheckpointError(f"{w.path}: missing tensor embed_tokens.weight: the head's hidden size ({H}) is not "
                               f"the target's ({Ht}), so it cannot read the target's token embedding and must bring "
                               f"its own {optional['embed_tokens.weight']}")
+    d2t = w.shapes.get("d2t")
+    if config.kind == "eagle3" and d2t is not None and len(d2t) == 1 and d2t[0] != config.draft_vocab_size:
+        # the config's field, not lm_head's rows: a missing draft_vocab_size reads as the whole vocabulary
+        whole = " (missing: the whole vocabulary)" if config.draft_vocab_size == config.vocab_size else ""
+        raise CheckpointError(f"{w.path.with_name(CONFIG_FILE)}: draft_vocab_size = {config.draft_vocab_size}{whole} "
+                              f"but {w.path.name}'s d2t maps {d2t[0]} draft ids")
     _check_names(w.path, w.shapes, expected, optional)
     w.check_dtypes(_EAGLE3_MAPS if config.kind == "eagle3" else {})
     if config.kind == "eagle3" and ("d2t" in w.shapes or "t2d" in w.shapes):
