@@ -4,6 +4,7 @@ step by step, and exact decoding with every policy."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import replace
@@ -299,6 +300,20 @@ def test_a_null_in_eagle_config_reads_as_absent_as_in_the_engines(tmp_path):
     folder = _e3(tmp_path, eagle_config={"eagle_aux_hidden_state_layer_ids": None},
                  eagle_aux_hidden_state_layer_ids=[0, 1, 2])
     assert check_eagle_head(folder, "eagle3", TARGET4).aux_layers == (0, 1, 2)
+
+
+def test_a_bin_holding_other_objects_than_tensors_is_named_so_without_torchs_ansi_advice(tmp_path):
+    """torch.load(weights_only=True) refuses a pickled object with a paragraph in ANSI bold advising to unpickle
+    anyway; the loader printed its first 200 characters, escapes included."""
+    folder = tmp_path / "obj"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(eagle3_config()))
+    torch.save({"fc.weight": torch.zeros(2), "note": Path("x")}, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError) as err:
+        check_eagle_head(folder, "eagle3", TARGET4)
+    assert str(err.value) == (f"{folder / 'pytorch_model.bin'}: holds objects other than tensors, which "
+                              "torch.load(weights_only=True) refuses to unpickle: save a state dict of tensors (or "
+                              "model.safetensors)")
 
 
 def test_eagle3_fuses_its_layers_in_the_targets_order(tmp_path, target):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -101,7 +102,12 @@ class _Weights:
                 if legacy:  # torch's own line would be about mmap and _use_new_zipfile_serialization
                     raise CheckpointError(f"{path}: not a PyTorch checkpoint torch.load reads (a zip archive, or "
                                           "the format before 1.6): truncated, corrupt or another format") from None
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()  # torch's message carries ANSI bold
+                if text.startswith("Weights only load failed"):  # its own lines are advice to unpickle anyway
+                    raise CheckpointError(f"{path}: holds objects other than tensors, which torch.load(weights_only="
+                                          "True) refuses to unpickle: save a state dict of tensors (or "
+                                          "model.safetensors)") from None
+                first = text.splitlines()[0] if text else type(err).__name__
                 raise CheckpointError(f"{path}: cannot be read as a PyTorch state dict ({first[:200]})") from None
             if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
                 raise CheckpointError(f"{path}: not a state dict of tensors")
