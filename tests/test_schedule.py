@@ -1108,6 +1108,11 @@ def test_tune_llamacpp_end_to_end_measures_solves_and_leaves_no_temporary_files(
 
 
 @pytest.mark.parametrize("args,msg", [(["--min-gain", "-0.5"], "--min-gain -0.5 must lie in [0, 10)"),
+                                      # 5 meant as 5 %: a 500 % bar kept plain everywhere, and -o removed a plan
+                                      (["--min-gain", "5"], "--min-gain 5.0: a fraction of plain decoding's tokens/s (0.05 is 5 %)"),
+                                      # read by nothing under the default --shape chain, without a word
+                                      (["--calibration", "CAL"], "--calibration values EAGLE envelopes (steps / "
+                                       "topk / draft tokens): add --shape envelope"),
                                       (["--output-tokens", "0"], "--output-tokens = 0 must be an integer >= 1"),
                                       (["--refine", "-1"], "--refine -1: rounds of bisection between batch sizes, "
                                        "0..8"),
@@ -1122,6 +1127,7 @@ def test_tune_llamacpp_end_to_end_measures_solves_and_leaves_no_temporary_files(
 def test_tune_refuses_a_bad_bar_or_answer_length_before_anything(tmp_path, args, msg):
     table, acc = _files(tmp_path)
     out = tmp_path / "out.json"
+    args = [str(acc) if a == "CAL" else a for a in args]
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               *args, "-o", str(out)])
     assert res.exit_code == 2 and msg in res.output, res.output
@@ -1911,6 +1917,13 @@ def test_tune_tensorrt_llm_envelope_solves_one_tree_per_server_and_exports_it(tm
     cfg = doc["settings"]["data"]["speculative_config"]
     assert cfg["max_draft_len"] <= cfg["max_total_draft_tokens"] <= cfg["dynamic_tree_max_topK"] * cfg["max_draft_len"]
     assert any(n.startswith("one setting per server (") for n in doc["notes"])
+    # the dynamic tree is EAGLE-3's: another --method was written as decoding_type Eagle3 beside warnings that
+    # read as if it was honoured
+    for method in ("ngram", "draft_model"):
+        res = runner.invoke(app, ["tune", "--engine", "tensorrt-llm", "-l", str(table), "--shape", "envelope",
+                                  "--calibration", str(cal), "--method", method])
+        assert res.exit_code == 2 and f"--method {method}: TensorRT-LLM's envelope is its EAGLE-3 dynamic tree" in \
+            res.output, res.output
     # the choice is the best one-setting plan by mean share of each batch size's best
     profile = load_batch_table(table)
     value = EnvelopeValue(load_calibration(cal))

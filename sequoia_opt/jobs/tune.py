@@ -221,7 +221,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             ``threads`` / ``rounds`` < 1; ``refine`` outside 0..:data:`MAX_REFINE`; a missing file, or a ``latency``
             file no loader takes (read once, kept as
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
-            refuses on its face (not a version); ``min_gain`` outside [0, 10);
+            refuses on its face (not a version); ``min_gain`` outside [0, 1) (the solver's [0, 10): 5 meant
+            as 5 % is refused here); ``calibration`` without
+            ``--shape envelope``; an envelope for TensorRT-LLM with a ``method`` other than EAGLE-3's;
             ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; ``rows`` not
             one of :data:`ROW_LAYOUTS`, or it (not at its default) where treeopt's decoder is not timed; empty or
             negative ``request_lengths``; a bad or
@@ -244,6 +246,10 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     if opts.shape == "tree" and opts.acceptance_model not in ("auto", "positional"):
         raise TreeoptError(f"--acceptance-model {opts.acceptance_model}: --shape tree values trees by the positional "
                            "acceptance (p_k of the k-th ranked candidate); drop it or pass positional")
+    if opts.shape == "envelope" and opts.engine == "tensorrt-llm" and opts.method is not None and \
+            opts.method.strip().lower() not in ("eagle3", "eagle"):
+        raise TreeoptError(f"--method {opts.method}: TensorRT-LLM's envelope is its EAGLE-3 dynamic tree "
+                           "(decoding_type Eagle3); drop --method, or --shape chain for a draft length per batch size")
     if opts.shape == "envelope" and opts.calibration is None:
         raise TreeoptError("--shape envelope values EAGLE envelopes by a calibration profile: pass --calibration "
                            "(treeopt profile acceptance --calibration)")
@@ -251,6 +257,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                        ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
             raise TreeoptError(f"{name} {path}: " + ("a folder, not a file" if Path(path).is_dir() else "no such file"))
+    if opts.calibration is not None and opts.shape != "envelope":  # it was read by nothing, without a word
+        raise TreeoptError("--calibration values EAGLE envelopes (steps / topk / draft tokens): add --shape envelope, "
+                           "or drop it for a draft length per batch size (--acceptance)")
     for name, value, low in (("--context", opts.context, 0), ("--num-prompts", opts.num_prompts, 1),
                              ("--max-new-tokens", opts.max_new_tokens, 1), ("--threads", opts.threads, 1),
                              ("--rounds", opts.rounds, 1)):
@@ -319,6 +328,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         raise TreeoptError("--model is blank: name the drafter checkpoint the engine loads (a path or a hub id), "
                            "or drop --model")
     check_min_gain(opts.min_gain)
+    if opts.min_gain >= 1.0:  # 5 meant as 5 %: a 500 % bar kept plain everywhere and -o removed the last plan
+        raise TreeoptError(f"--min-gain {opts.min_gain}: a fraction of plain decoding's tokens/s (0.05 is 5 %); a lead "
+                           "of 100 % or more is not a bar a plan takes here")
     check_output_tokens(opts.output_tokens)
     check_chain_acceptance_model(opts.acceptance_model)
     spec = parse_drafter_spec(opts.draft)  # a bad --draft fails here
