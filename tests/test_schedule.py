@@ -1109,7 +1109,8 @@ def test_tune_llamacpp_end_to_end_measures_solves_and_leaves_no_temporary_files(
 
 @pytest.mark.parametrize("args,msg", [(["--min-gain", "-0.5"], "--min-gain -0.5 must lie in [0, 10)"),
                                       # 5 meant as 5 %: a 500 % bar kept plain everywhere, and -o removed a plan
-                                      (["--min-gain", "5"], "--min-gain 5.0: a fraction of plain decoding's tokens/s (0.05 is 5 %)"),
+                                      (["--min-gain", "5"], "--min-gain 5.0: a fraction of plain decoding's "
+                                       "tokens/s (0.05 is 5 %)"),
                                       # read by nothing under the default --shape chain, without a word
                                       (["--calibration", "CAL"], "--calibration values EAGLE envelopes (steps / "
                                        "topk / draft tokens): add --shape envelope"),
