@@ -1248,8 +1248,10 @@ def guard_rules(plan: Plan) -> list[GuardRule]:
         low = min(g, p.interval[0] / p.length_factor * p.cost.cost_ms / 1000.0)  # the steady state's, as g
         evens = [(p.cost.cost_ms / plain_ms, p.batch)]
         for row in plan.rows:  # the range's other measured batch sizes, priced for the same setting
+            if not r.lo <= row.batch <= r.hi or row.batch == p.batch or row.plain.cost.cost_ms <= 0:
+                continue
             c = next((c for c in row.candidates if c.setting == r.setting), None)
-            if r.lo <= row.batch <= r.hi and row.batch != p.batch and c is not None and row.plain.cost.cost_ms > 0:
+            if c is not None:
                 evens.append((c.cost.cost_ms / row.plain.cost.cost_ms, row.batch))
         even, at = max(evens)
         rules.append(GuardRule(r.lo, r.hi, r.setting.label, g, low, even, plan.interval_method, at))
