@@ -368,7 +368,7 @@ def _export_vllm(ranges, release, method, model, lookup, single=None):
     notes = [f"past batch {ranges[-1][1]} vLLM keeps K = {ranges[-1][2].draft_tokens} (the last range's)"]
     text = _json_rows(doc)
     return dict(text=text, data=doc, releases=releases, checked=checked,
-                command=f"vllm serve MODEL --speculative-config '{json.dumps(doc, separators=(',', ':'))}'",
+                command=f"vllm serve MODEL --speculative-config {shlex.quote(json.dumps(doc, separators=(',', ':')))}",
                 notes=tuple(notes), warnings=tuple(warnings))
 
 
@@ -631,7 +631,8 @@ def _sglang_draft(algo: str, model: str | None, warnings: list[str], lookup: tup
     if algo == "NGRAM":
         return ("" if lookup is None else f" --speculative-ngram-min-match-window-size {int(lookup[0])} "
                 f"--speculative-ngram-max-match-window-size {int(lookup[1])}")
-    return f" --speculative-draft-model-path {model or _placeholder('<your draft model>', 'SGLang', warnings)}"
+    path = shlex.quote(model) if model else _placeholder("<your draft model>", "SGLang", warnings)
+    return f" --speculative-draft-model-path {path}"
 
 
 def _sglang_topk(algo: str, topk: int) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import pytest
 import yaml
@@ -478,6 +479,21 @@ def test_sglang_leaves_its_own_cap_to_a_plan_that_ends_below_it_unless_max_batch
     flags = [r["cli_flags"] for r in static.data["per_range"]]
     assert flags[0].endswith("--max-running-requests 4") and "--max-running-requests" not in flags[1]
     assert any("SGLang admits up to 48" in w for w in static.warnings)
+
+
+def test_start_commands_quote_a_draft_path_for_the_shell():
+    """A draft model path with a space or a quote was pasted into vLLM's and SGLang's start commands as is: the shell
+    split the path (SGLang) or ended vLLM's single-quoted JSON at the quote. Split back as the shell does, each
+    command hands the engine the path and the JSON unchanged."""
+    path = "/models/o'brien draft"
+    v = export_plan(PLANS["all-speculate"], "vllm", method="draft_model", model=path)
+    words = shlex.split(v.command)
+    assert words[:4] == ["vllm", "serve", "MODEL", "--speculative-config"] and len(words) == 5
+    assert json.loads(words[4]) == v.data and v.data["model"] == path
+    s = export_plan(PLANS["all-speculate"], "sglang", method="eagle3", model=path)
+    words = shlex.split(s.command)
+    assert words[words.index("--speculative-draft-model-path") + 1] == path
+    assert words[words.index("--speculative-algorithm") + 1] == "EAGLE3"
 
 
 def test_sglang_adaptive_line_caps_its_requests_at_the_plans_last_batch_size():
