@@ -903,6 +903,24 @@ def test_tune_solves_every_batch_size_the_table_has_and_says_what_max_batch_carr
                             "measured") for n in doc["notes"]), doc["notes"]
 
 
+def test_tune_leaves_out_the_tables_batch_sizes_past_max_batch(tmp_path):
+    """--max-batch 16 under a table measured at 1, 8 and 64 was refused as "below the largest batch size asked
+    (64)", though the user asked none: the table's batch sizes past it are left out (a note names them), and the
+    last range ends at --max-batch. A --batches given past it is still refused, naming --batches."""
+    table, acc = _files(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--max-batch", "16",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert [r["batch"] for r in doc["schedule"]["by_batch"]] == [1, 8]
+    assert doc["schedule"]["ranges"][-1]["batch_range"][1] == 16
+    assert "batch size 64 of the latency table left out: past --max-batch 16" in doc["notes"]
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--max-batch", "16",
+                              "--batches", "1,8,64"])
+    assert res.exit_code == 2
+    assert "--max-batch 16 is below the largest of --batches (64): drop the batch sizes past it" in res.output
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--batches", "1,2"], "has no T(b, n) at batch size 2"),
     (["--max-draft", "9"], "draft length 9 is past what latency profile"),

@@ -55,7 +55,8 @@ def tune(
     model: Annotated[Optional[str], typer.Option("--model", help="The draft checkpoint to name in the export.")] = None,
     max_batch: Annotated[Optional[int], typer.Option(
         "--max-batch", help="The engine's largest batch: the last range ends there (a --plan's too; one ending past "
-        "it is refused); SGLang's --max-running-requests.")] = None,
+        "it is refused; without --batches, the table's batch sizes past it are left out); SGLang's "
+        "--max-running-requests.")] = None,
     prompts: Annotated[Optional[Path], typer.Option(
         "--prompts", help="Prompts the acceptance is measured on (default: the demo's profile prompts).")] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", help="Prompts used for acceptance.")] = 8,

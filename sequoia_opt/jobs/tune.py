@@ -148,6 +148,9 @@ class TuneOptions:
     #: the contexts the requests' steps read, which ``rows="spread"`` spreads a batch's rows by (set where
     #: treeopt's decoder is timed, :func:`_treeopt_inputs`; not an option)
     requests: Any = field(default=None, init=False, repr=False, compare=False)
+    #: the batch sizes of the latency table (or the default grid) past ``max_batch``, left out by
+    #: :func:`check_options` when ``batches`` is not given (not an option)
+    left_out_batches: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
 
 @dataclass
@@ -217,7 +220,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         TreeoptError (its subclasses ProfileError, SolverError, PlanExportError among them), one line each: an
             unknown engine or shape; a GPU engine without a latency profile or table or without an acceptance
             (calibration) profile; an envelope without a calibration profile; a batch size < 1; ``max_draft`` < 1;
-            ``max_batch`` below the largest batch size; ``context`` < 0 or ``num_prompts`` / ``max_new_tokens`` /
+            ``max_batch`` < 1, or below the largest of a given ``batches`` (without ``batches`` the latency table's
+            or the default grid's batch sizes past it are left out, kept in ``left_out_batches``); ``context`` < 0 or ``num_prompts`` / ``max_new_tokens`` /
             ``threads`` / ``rounds`` < 1; ``refine`` outside 0..:data:`MAX_REFINE`; a missing file, or a ``latency``
             file no loader takes (read once, kept as
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
@@ -277,9 +281,18 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     if opts.latency is not None and opts.given_latency is None:  # read once (the CLI checks, then tune checks
         # again): a file none of the loaders takes is one line before any work
         opts.given_latency = load_given_latency(Path(opts.latency), opts.context)
+    from ..profiles.common import MAX_TOKENS
+
+    if opts.max_batch is not None and opts.max_batch < 1:  # said "is below the largest batch size asked (256)"
+        raise TreeoptError(f"--max-batch must be at least 1 (the engine's largest batch size), got {opts.max_batch}")
+    if opts.max_batch is not None and opts.max_batch > MAX_TOKENS:
+        raise TreeoptError(f"--max-batch {opts.max_batch}: at most {MAX_TOKENS:,}")
     batches_given = opts.batches is not None
     if opts.batches is None:  # a given T(b, n): every batch size it measured; measured here: the default grid
         opts.batches = list(opts.given_latency.batches) if opts.given_latency is not None else list(DEFAULT_BATCHES)
+        if opts.max_batch is not None:  # the engine never runs the larger ones: neither solved nor measured
+            opts.left_out_batches = tuple(b for b in opts.batches if b > opts.max_batch)
+            opts.batches = [b for b in opts.batches if b <= opts.max_batch]
     if any(int(b) < 1 for b in opts.batches) or not opts.batches:
         raise TreeoptError("--batches takes batch sizes >= 1, e.g. 1,2,4,8,16")
     opts.batches = sorted({int(b) for b in opts.batches})
@@ -291,14 +304,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                             else f"the latency table {opts.latency} (batch sizes {bs})")
     if opts.max_draft is not None and opts.max_draft < 1:
         raise TreeoptError(f"--max-draft must be at least 1, got {opts.max_draft}")
-    from ..profiles.common import MAX_TOKENS
-
-    if opts.max_batch is not None and opts.max_batch < 1:  # said "is below the largest batch size asked (256)"
-        raise TreeoptError(f"--max-batch must be at least 1 (the engine's largest batch size), got {opts.max_batch}")
-    if opts.max_batch is not None and opts.max_batch > MAX_TOKENS:
-        raise TreeoptError(f"--max-batch {opts.max_batch}: at most {MAX_TOKENS:,}")
-    if opts.max_batch is not None and opts.max_batch < max(opts.batches):
-        raise TreeoptError(f"--max-batch {opts.max_batch} is below the largest batch size asked ({max(opts.batches)})")
+    if opts.max_batch is not None and opts.max_batch < max(opts.batches):  # only a given --batches gets here
+        raise TreeoptError(f"--max-batch {opts.max_batch} is below the largest of --batches ({max(opts.batches)}): "
+                           "drop the batch sizes past it, or leave --batches out to solve those up to --max-batch")
     if opts.plan is not None:
         from ..solver.schedule import load_schedule
 
@@ -898,6 +906,10 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     spec = parse_drafter_spec(opts.draft)
     done: dict[str, str] = {}
     notes: list[str] = []
+    if opts.left_out_batches:
+        notes.append(f"{batch_sizes_text(opts.left_out_batches)} of "
+                     + ("the latency table" if opts.given_latency is not None else "the default grid")
+                     + f" left out: past --max-batch {opts.max_batch}")
     if opts.engine == "llama.cpp":
         profile, acc, labels, more = _llamacpp_inputs(opts, spec, done, progress, stack)
     elif opts.engine == "treeopt":
