@@ -932,6 +932,7 @@ def test_tune_leaves_out_the_tables_batch_sizes_past_max_batch(tmp_path):
     (["--release", "banana"], "is not a vllm version"),
     (["--shape", "envelope"], "vllm takes a draft length per batch size, not an EAGLE envelope: --shape chain"),
     (["--calibration", "."], "--calibration .: a folder, not a file"),
+    (["--method", " "], "--method is blank: name the engine's drafting method"),  # was read as not given
 ])
 def test_tune_refusals_write_nothing(tmp_path, args, msg):
     table, acc = _files(tmp_path)
