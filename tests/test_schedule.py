@@ -2238,6 +2238,11 @@ def test_tune_envelope_needs_an_engine_that_takes_one_then_a_calibration(tmp_pat
                                    "--calibration")):
         res = runner.invoke(app, ["tune", "--engine", engine, "-l", str(table), "-a", str(acc), "--shape", "envelope"])
         assert res.exit_code == 2 and msg in " ".join(res.output.split()), res.output
+    # with a calibration, the acceptance profile priced nothing but was named in the plan's provenance
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--shape", "envelope",
+                              "--calibration", str(acc)])
+    assert res.exit_code == 2 and "--shape envelope values EAGLE envelopes by --calibration alone: drop --acceptance" \
+        in " ".join(res.output.split()), res.output
 
 
 def test_tune_reuses_a_saved_latency_profile_only_where_it_was_timed_as_asked(tmp_path):

@@ -227,7 +227,7 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
             refuses on its face (not a version); ``min_gain`` outside [0, 1) (the solver's [0, 10): 5 meant
             as 5 % is refused here); ``calibration`` without
-            ``--shape envelope``; an envelope for TensorRT-LLM with a ``method`` other than EAGLE-3's;
+            ``--shape envelope``, or ``acceptance`` with it; an envelope for TensorRT-LLM with a ``method`` other than EAGLE-3's;
             ``output_tokens`` < 1; an unknown ``acceptance_model``, or ``replay`` with nothing to replay; ``rows`` not
             one of :data:`ROW_LAYOUTS`, or it (not at its default) where treeopt's decoder is not timed; empty or
             negative ``request_lengths``; a bad or
@@ -261,6 +261,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
                        ("--calibration", opts.calibration), ("--prompts", opts.prompts)):
         if path is not None and not Path(path).is_file():
             raise TreeoptError(f"{name} {path}: " + ("a folder, not a file" if Path(path).is_dir() else "no such file"))
+    if opts.shape == "envelope" and opts.acceptance is not None:  # priced nothing, yet named in the plan's provenance
+        raise TreeoptError("--acceptance prices chains; --shape envelope values EAGLE envelopes by --calibration "
+                           "alone: drop --acceptance")
     if opts.calibration is not None and opts.shape != "envelope":  # it was read by nothing, without a word
         raise TreeoptError("--calibration values EAGLE envelopes (steps / topk / draft tokens): add --shape envelope, "
                            "or drop it for a draft length per batch size (--acceptance)")
