@@ -6,6 +6,7 @@ table (exit codes, nothing written on bad input)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -720,6 +721,24 @@ def _files(tmp_path):
     acc = _acc()
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(acc.to_dict()))
     return tmp_path / "t.csv", tmp_path / "a.yaml"
+
+
+def test_a_table_in_microseconds_warns(tmp_path):
+    """A T(b, n) table typed in microseconds (7900 for 7.9 ms) was read as ms without a word: every predicted
+    tokens/s 1000x low. A warning names the fastest time; the same table in ms does not warn."""
+    import warnings
+
+    from sequoia_opt.errors import ProfileWarning
+
+    ms_table, _ = _files(tmp_path)
+    us_table = _table(tmp_path / "us.csv", (1, 8, 64), range(1, 10), lambda b, n: PROFILE.curve(b).target_ms(n) * 1000)
+    fastest = min(PROFILE.curve(b).target_ms(1) for b in (1, 8, 64)) * 1000
+    with pytest.warns(ProfileWarning, match=re.escape(f"us.csv: the fastest target_ms is {fastest:,.0f} ms, above "
+                                                      "2,000 ms: are the times in microseconds?")):
+        load_batch_table(us_table)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileWarning)
+        load_batch_table(ms_table)
 
 
 def test_a_table_in_seconds_warns_and_its_plan_is_the_ms_tables(tmp_path):

@@ -39,8 +39,8 @@ from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write_text, document_text, warn_unknown_keys
 from ..errors import ProfileError, ProfileWarning
-from .common import (IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, SECONDS_SUSPECT_MS, _check_format,
-                     _load_yaml, check_integer, table_lines)
+from .common import (IMPLAUSIBLE_FRACTION, LATENCY_FORMAT, MAX_MS, MAX_TOKENS, MICROSECONDS_SUSPECT_MS,
+                     SECONDS_SUSPECT_MS, _check_format, _load_yaml, check_integer, table_lines)
 from .latency import LatencyCurve
 
 BATCH_LATENCY_FORMAT = "treeopt-latency-batch/1"
@@ -289,7 +289,8 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
     Token counts are per request (a forward at batch b over n tokens feeds b x n). Every batch size must list the
     same token counts, and the overhead must be one number per batch size. A table whose fastest target forward is
     below :data:`~sequoia_opt.profiles.common.SECONDS_SUSPECT_MS` warns (:class:`~sequoia_opt.errors.ProfileWarning`):
-    times typed in seconds.
+    times typed in seconds; one above :data:`~sequoia_opt.profiles.common.MICROSECONDS_SUSPECT_MS` warns too: times
+    typed in microseconds.
 
     Raises:
         ProfileError: a missing file, an unknown, missing or repeated column, a value that is not a positive
@@ -384,6 +385,10 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
         warnings.warn(f"{p}: the fastest target_ms is {fastest:.4g} ms, below {SECONDS_SUSPECT_MS:g} ms: are the "
                       "times in seconds? the ms columns take milliseconds (x 1000), else every predicted tokens/s "
                       "is 1000x high", ProfileWarning, stacklevel=2)
+    if fastest > MICROSECONDS_SUSPECT_MS:
+        warnings.warn(f"{p}: the fastest target_ms is {fastest:,.0f} ms, above {MICROSECONDS_SUSPECT_MS:,.0f} ms: are "
+                      "the times in microseconds? the ms columns take milliseconds (/ 1000), else every predicted "
+                      "tokens/s is 1000x low (ignore this for a large model on a CPU)", ProfileWarning, stacklevel=2)
     pid = profile_id or p.stem
     doc = {"format": BATCH_LATENCY_FORMAT, "id": pid, "source": f"a T(b, n) table: {p.name}",
            "device": {"name": "from the table"}, "model": {}, "batches": []}

@@ -71,6 +71,11 @@ MAX_MS = 1e9
 #: a scaled table, its predicted tokens/s are 1000x off).
 SECONDS_SUSPECT_MS = 0.05
 
+#: A T(b, n) table whose fastest target forward (one token a request, the smallest batch) is above this many ms
+#: reads as one typed in microseconds (a GPU step of 7 ms typed as 7000; only a large model on a CPU is that slow):
+#: loading warns (every predicted tokens/s would be 1000x low).
+MICROSECONDS_SUSPECT_MS = 2000.0
+
 #: A forward over n > 1 tokens measured below this fraction of the one-token forward is implausible (more
 #: work in less than half the time: noise, a machine under other load, a cache effect): loading warns.
 IMPLAUSIBLE_FRACTION = 0.5
