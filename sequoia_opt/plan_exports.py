@@ -323,7 +323,7 @@ def best_single_draft_length(plan: Plan) -> tuple[int, float] | None:
     return k, worst
 
 
-def _export_vllm(ranges, release, method, model, lookup, single=None):
+def _export_vllm(ranges, release, method, model, lookup, single=None, max_batch=None):
     _chains_only(ranges, "vLLM", "vLLM verifies chains only (no trees) since 0.21.0, with "
                  "num_speculative_tokens_per_batch_size from 0.24.0")
     first, last = VLLM_SCHEDULE_RELEASES
@@ -365,7 +365,14 @@ def _export_vllm(ranges, release, method, model, lookup, single=None):
     elif model is not None or method_key(method) != "mtp":  # MTP runs the target's own layers
         doc["model"] = model or _placeholder("<your draft model>", "vLLM", warnings)
     doc.update(num_speculative_tokens=kmax, num_speculative_tokens_per_batch_size=sched)
-    notes = [f"past batch {ranges[-1][1]} vLLM keeps K = {ranges[-1][2].draft_tokens} (the last range's)"]
+    hi, k_last = ranges[-1][1], ranges[-1][2].draft_tokens
+    notes = []
+    if max_batch is None and k_last > 0:  # vLLM's own tuner saw K collapse throughput past a batch size (#49548)
+        warnings.append(f"past batch {hi} vLLM keeps K = {k_last} (the last range's), which nothing measured there "
+                        "predicts: speculation's lead shrinks as the batch grows; measure T(b, n) up to your "
+                        "--max-num-seqs, or pass --max-batch")
+    else:
+        notes.append(f"past batch {hi} vLLM keeps K = {k_last} (the last range's)")
     text = _json_rows(doc)
     return dict(text=text, data=doc, releases=releases, checked=checked,
                 command=f"vllm serve MODEL --speculative-config {shlex.quote(json.dumps(doc, separators=(',', ':')))}",
@@ -897,7 +904,8 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
         model: the draft checkpoint to name in the config.  lookup: (n-gram min, max) for n-gram methods.
         max_batch: the engine's largest batch, given by the user (the plan's last range ends there): TensorRT-LLM's
             last key; SGLang's ``--max-running-requests`` (without it, a plan ending below SGLang's own cap of 48
-            for speculating servers leaves the cap to SGLang, with a warning).
+            for speculating servers leaves the cap to SGLang, with a warning); for vLLM, without it a plan whose last
+            range speculates warns that vLLM keeps that K past the plan, unpredicted.
 
     Raises:
         PlanExportError: an unknown engine, a release that does not take the setting, a plan the engine cannot
@@ -910,7 +918,7 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
         raise PlanExportError(f"no engine export for {engine!r}; choose one of vllm, tensorrt-llm, sglang, llama.cpp")
     ranges = _ranges(plan)
     if key == "vllm":
-        out = _export_vllm(ranges, release, method, model, lookup, best_single_draft_length(plan))
+        out = _export_vllm(ranges, release, method, model, lookup, best_single_draft_length(plan), max_batch)
     elif key == "tensorrt-llm":
         out = _export_trtllm(ranges, release, method, model, lookup, max_batch)
     elif key == "sglang":

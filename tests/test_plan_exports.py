@@ -481,6 +481,22 @@ def test_sglang_leaves_its_own_cap_to_a_plan_that_ends_below_it_unless_max_batch
     assert any("SGLang admits up to 48" in w for w in static.warnings)
 
 
+def test_vllm_warns_where_it_keeps_a_speculating_k_past_the_plan():
+    """vLLM keeps the last range's K at every larger batch; a plan still speculating at its largest measured batch
+    size said so in a note only (a batch-1 table gave K = 5 at every batch size vLLM runs). Without --max-batch it is
+    a warning; with it (the engine's largest batch) a note, as for a plan that ends on plain decoding."""
+    plan = PLANS["all-speculate"]
+    hi, k = plan[-1][1], plan[-1][2].draft_tokens
+    assert (hi, k) == (128, 1)
+    e = export_plan(plan, "vllm", method="eagle3", model="m")
+    assert any(w.startswith(f"past batch {hi} vLLM keeps K = {k} (the last range's), which nothing measured there "
+                            "predicts") for w in e.warnings), e.warnings
+    assert not export_plan(PLANS["falling"], "vllm", method="eagle3", model="m").warnings  # ends on plain decoding
+    given = export_plan(plan, "vllm", method="eagle3", model="m", max_batch=hi)
+    assert f"past batch {hi} vLLM keeps K = {k} (the last range's)" in given.notes
+    assert not any("vLLM keeps K" in w for w in given.warnings)
+
+
 def test_start_commands_quote_a_draft_path_for_the_shell():
     """A draft model path with a space or a quote was pasted into vLLM's and SGLang's start commands as is: the shell
     split the path (SGLang) or ended vLLM's single-quoted JSON at the quote. Split back as the shell does, each
