@@ -222,8 +222,8 @@ def check_options(opts: TuneOptions) -> TuneOptions:
             (calibration) profile; an envelope without a calibration profile; a batch size < 1; ``max_draft`` < 1;
             ``max_batch`` < 1, or below the largest of a given ``batches`` (without ``batches`` the latency table's
             or the default grid's batch sizes past it are left out, kept in ``left_out_batches``); ``context`` < 0
-            or ``num_prompts`` / ``max_new_tokens`` / ``threads`` / ``rounds`` < 1; ``refine`` outside 0..:data:`MAX_REFINE`; a missing file, or a ``latency``
-            file no loader takes (read once, kept as
+            or ``num_prompts`` / ``max_new_tokens`` / ``threads`` / ``rounds`` < 1; ``refine`` outside
+            0..:data:`MAX_REFINE`; a missing file, or a ``latency`` file no loader takes (read once, kept as
             ``given_latency``); a ``plan`` file with overlapping or missing ranges; a release the engine's export
             refuses on its face (not a version); ``min_gain`` outside [0, 1) (the solver's [0, 10): 5 meant
             as 5 % is refused here); ``calibration`` without
