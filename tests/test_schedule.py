@@ -733,7 +733,7 @@ def test_a_table_in_microseconds_warns(tmp_path):
     ms_table, _ = _files(tmp_path)
     us_table = _table(tmp_path / "us.csv", (1, 8, 64), range(1, 10), lambda b, n: PROFILE.curve(b).target_ms(n) * 1000)
     fastest = min(PROFILE.curve(b).target_ms(1) for b in (1, 8, 64)) * 1000
-    with pytest.warns(ProfileWarning, match=re.escape(f"us.csv: the fastest target_ms is {fastest:,.0f} ms, above "
+    with pytest.warns(ProfileWarning, match=re.escape(f"us.csv: the fastest target_ms is {fastest:,.1f} ms, above "
                                                       "2,000 ms: are the times in microseconds?")):
         load_batch_table(us_table)
     with warnings.catch_warnings():
@@ -934,6 +934,12 @@ def test_tune_leaves_out_the_tables_batch_sizes_past_max_batch(tmp_path):
     assert [r["batch"] for r in doc["schedule"]["by_batch"]] == [1, 8]
     assert doc["schedule"]["ranges"][-1]["batch_range"][1] == 16
     assert "batch size 64 of the latency table left out: past --max-batch 16" in doc["notes"]
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--max-batch", "9",
+                              "--method", " eagle3 ", "--json"])  # spaces around the method were refused as a name
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["settings"]["data"]["method"] == "eagle3"
+    assert any(n.startswith("batch size 9 takes batch 8's setting") for n in doc["notes"]), doc["notes"]  # was 9..9
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--max-batch", "16",
                               "--batches", "1,8,64"])
     assert res.exit_code == 2

@@ -386,7 +386,7 @@ def load_batch_table(path: str | Path, *, context: int = 0, profile_id: str | No
                       "times in seconds? the ms columns take milliseconds (x 1000), else every predicted tokens/s "
                       "is 1000x high", ProfileWarning, stacklevel=2)
     if fastest > MICROSECONDS_SUSPECT_MS:
-        warnings.warn(f"{p}: the fastest target_ms is {fastest:,.0f} ms, above {MICROSECONDS_SUSPECT_MS:,.0f} ms: are "
+        warnings.warn(f"{p}: the fastest target_ms is {fastest:,.1f} ms, above {MICROSECONDS_SUSPECT_MS:,.0f} ms: are "
                       "the times in microseconds? the ms columns take milliseconds (/ 1000), else every predicted "
                       "tokens/s is 1000x low (ignore this for a large model on a CPU)", ProfileWarning, stacklevel=2)
     pid = profile_id or p.stem

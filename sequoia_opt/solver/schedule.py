@@ -950,7 +950,9 @@ def solve_plan(value: Any, profile: BatchLatencyProfile, batches: Sequence[int] 
     paying = [r.batch for r in rows if r.best.setting.speculates]
     stops = 0 if not paying else None if paying[-1] == rows[-1].batch else paying[-1]
     if last > batches[-1]:
-        notes.append(f"batch sizes {batches[-1] + 1}..{last} take batch {batches[-1]}'s setting "
+        past = (f"batch size {last} takes" if last == batches[-1] + 1 else
+                f"batch sizes {batches[-1] + 1}..{last} take")
+        notes.append(f"{past} batch {batches[-1]}'s setting "
                      f"({ranges[-1].setting.label}): nothing past batch {batches[-1]} was measured, so nothing there "
                      "is predicted (measure larger batch sizes to solve them)")
     notes += _length_notes(value, output_tokens)
