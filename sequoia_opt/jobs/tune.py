@@ -336,11 +336,11 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     elif opts.release is not None and opts.engine == "treeopt":
         raise TreeoptError("--release names an engine release; treeopt's schedule has none")
     _check_nothing_measured(opts)
-    if opts.method is not None and not opts.method.strip():  # read as "not given": the drafter measured's method
-        raise TreeoptError("--method is blank: name the engine's drafting method (draft_model, ngram, eagle, eagle3, "
-                           "mtp), or drop --method for the drafter measured")
     if opts.method is not None:  # case is the exports' to normalise; spaces around a name are nobody's
         opts.method = opts.method.strip()
+        if not opts.method:  # it was read as "not given": the drafter measured's method
+            raise TreeoptError("--method is blank: name the engine's drafting method (draft_model, ngram, eagle, "
+                               "eagle3, mtp), or drop --method for the drafter measured")
     if opts.model is not None and not str(opts.model).strip():  # it was written into the engine's config as is
         raise TreeoptError("--model is blank: name the drafter checkpoint the engine loads (a path or a hub id), "
                            "or drop --model")

@@ -214,9 +214,7 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
         Vd = config_int(cfg, "draft_vocab_size", path, V) if cfg.get("draft_vocab_size") is not None else V
         if Vd > V:
             raise CheckpointError(f"{path}: draft_vocab_size = {Vd} exceeds the target's vocabulary ({V})")
-        ec = cfg.get("eagle_config", {})
-        if ec is None:
-            ec = {}
+        ec = {} if cfg.get("eagle_config") is None else cfg["eagle_config"]  # null: absent
         if not isinstance(ec, dict):
             raise CheckpointError(f"{path}: eagle_config = {ec!r} must be an object (the engines read "
                                   "eagle_config.eagle_aux_hidden_state_layer_ids from it)")
