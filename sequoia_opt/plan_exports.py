@@ -819,7 +819,7 @@ def _export_llamacpp(ranges, release, method, lookup, model=None):
         spec_type)
     warnings: tuple[str, ...] = ()
     if sidecar and model and not model.lower().endswith(".gguf"):  # -md reads a file, not a hub id
-        warnings = (f"llama.cpp's -md takes a GGUF file, and --model {model} names none (a Hugging Face id or a "
+        warnings = (f"llama.cpp's -md takes a GGUF file, and --model {shlex.quote(model)} names none (a Hugging Face id or a "
                     "checkpoint folder?): convert it (treeopt export-draft, or llama.cpp's convert_hf_to_gguf.py) "
                     "and pass the .gguf",)
     sidecar = f" -md {shlex.quote(model) if model else sidecar}" if sidecar else ""

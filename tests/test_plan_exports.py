@@ -289,6 +289,8 @@ def test_llamacpp_one_line_per_range():
     hub = export_plan(PLANS["falling"], "llama.cpp", model="org/draft")
     assert "-md org/draft -np 3" in hub.text and len(hub.warnings) == 1
     assert hub.warnings[0].startswith("llama.cpp's -md takes a GGUF file, and --model org/draft names none")
+    spaced = export_plan(PLANS["falling"], "llama.cpp", model="/m/my draft")  # the path as the command spells it
+    assert spaced.warnings[0].startswith("llama.cpp's -md takes a GGUF file, and --model '/m/my draft' names none")
     assert export_plan(PLANS["one"], "llama.cpp", method="ngram", model="org/draft").warnings == ()  # no -md
 
 

@@ -862,6 +862,11 @@ def test_tune_output_dash_is_refused_and_writes_nothing(tmp_path, monkeypatch):
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--model", "  ", "-o",
                               "spec.json"])  # written into the config as "model": "  " before
     assert res.exit_code == 2 and "--model is blank" in res.output and not (tmp_path / "spec.json").exists()
+    for model, msg in (("org/draft\nrm -rf x", "holds a control character"), ("-draft", "write a path as ./-draft")):
+        res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--model", model,
+                                  "-o", "spec.json"])  # quoted over two lines; read by SGLang as an option
+        assert res.exit_code == 2 and msg in res.output, res.output
+        assert not (tmp_path / "spec.json").exists()
 
 
 def test_tune_gpu_engine_from_a_table(tmp_path):

@@ -344,6 +344,11 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     if opts.model is not None and not str(opts.model).strip():  # it was written into the engine's config as is
         raise TreeoptError("--model is blank: name the drafter checkpoint the engine loads (a path or a hub id), "
                            "or drop --model")
+    if opts.model is not None and any(not ch.isprintable() for ch in opts.model):  # a newline split the command
+        raise TreeoptError(f"--model {opts.model!r} holds a control character (a newline?): name one path or hub id")
+    if opts.model is not None and opts.model.startswith("-"):  # SGLang and llama.cpp would read it as an option
+        raise TreeoptError(f"--model {opts.model!r} starts with '-', which the engine reads as an option: write a path "
+                           f"as ./{opts.model}")
     check_min_gain(opts.min_gain)
     if opts.min_gain >= 1.0:  # 5 meant as 5 %: a 500 % bar kept plain everywhere and -o removed the last plan
         raise TreeoptError(f"--min-gain {opts.min_gain}: a fraction of plain decoding's tokens/s (0.05 is 5 %); a lead "
