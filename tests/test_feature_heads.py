@@ -281,7 +281,7 @@ def _e3(tmp_path, drop=None, add=None, **over):
     (lambda p: _e3(p, head_dim=None, num_attention_heads=5),
      "config.json: hidden_size = 64 is not divisible by num_attention_heads = 5 (and no head_dim is given)"),
     (lambda p: _e3(p, num_key_value_heads=3),
-     "config.json: num_attention_heads = 4 is not a multiple of num_key_value_heads = 3"),
+     "config.json: num_key_value_heads = 3, which does not divide num_attention_heads = 4"),
     (lambda p: _e3(p, eagle_config="[0, 1, 2]"), "config.json: eagle_config = '[0, 1, 2]' must be an object"),
     (lambda p: _e3(p, draft_vocab_size=None),
      f"config.json: draft_vocab_size = 257 (missing: the whole vocabulary) but model.safetensors's d2t maps "

@@ -529,3 +529,19 @@ def test_rotary_frequencies_and_logits_equal_transformers_near_position_2_17(tmp
         got = ours(TOKENS[:1, :8], pos)
         want = ref(input_ids=TOKENS[:1, :8], position_ids=pos[None]).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_head_counts_are_named_in_the_config_files_keys(tmp_path):
+    """A target's config.json and a feature head's share one check (hf_attention_heads): ModelConfig's own
+    message said "dim 64 is not divisible by n_heads 5", names no file has."""
+    _, out = saved(tmp_path)  # hidden 64, 4 heads
+    _with_config(out, ("head_dim",), num_attention_heads=5, num_key_value_heads=5)
+    with pytest.raises(CheckpointError, match=r"config\.json: hidden_size = 64 is not divisible by "
+                                              r"num_attention_heads = 5 \(and no head_dim is given\)$"):
+        load_model_config(out)
+    _with_config(out, num_attention_heads=4, num_key_value_heads=3)
+    with pytest.raises(CheckpointError, match=r"config\.json: num_key_value_heads = 3, which does not divide "
+                                              r"num_attention_heads = 4$"):
+        load_model_config(out)
+    _with_config(out, num_key_value_heads=None)  # transformers reads an explicit null as num_attention_heads
+    assert load_model_config(out).n_kv_heads == 4

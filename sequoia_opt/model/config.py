@@ -254,11 +254,7 @@ class ModelConfig:
         if family != "qwen2" and cfg.get("attention_bias"):
             raise CheckpointError("config.json attention_bias = true: Llama's and Mistral's put a bias on q, k, v and "
                                   "o_proj; treeopt's decoder carries the q/k/v biases only (Qwen2's)")
-        n_heads = config_int(cfg, "num_attention_heads")
-        n_kv = hf_kv_heads(cfg, family, n_heads)
-        if n_heads % n_kv:
-            raise CheckpointError(f"config.json {hf_kv_heads_source(cfg, family, n_kv)}, which does not divide "
-                                  f"num_attention_heads = {n_heads}")
+        n_heads, n_kv = hf_attention_heads(cfg, family)
         return cls(
             vocab_size=config_int(cfg, "vocab_size"),
             dim=config_int(cfg, "hidden_size"),
@@ -344,7 +340,7 @@ def _hf_family(cfg: dict[str, Any]) -> str:
 _HF_DEFAULT_KV_HEADS: dict[str, int | None] = {"llama": None, "qwen2": 32, "mistral": 8}
 
 
-def hf_kv_heads(cfg: dict[str, Any], family: str, n_heads: int) -> int:
+def hf_kv_heads(cfg: dict[str, Any], family: str, n_heads: int, where: Any = "config.json") -> int:
     """The KV head count transformers reads from a ``config.json`` of ``family``: ``num_key_value_heads``; absent,
     the family's default (:data:`_HF_DEFAULT_KV_HEADS`); null (or a Llama default), ``n_heads``.
 
@@ -353,7 +349,27 @@ def hf_kv_heads(cfg: dict[str, Any], family: str, n_heads: int) -> int:
     """
     if "num_key_value_heads" not in cfg:
         return _HF_DEFAULT_KV_HEADS[family] or n_heads
-    return n_heads if cfg["num_key_value_heads"] is None else config_int(cfg, "num_key_value_heads")
+    return n_heads if cfg["num_key_value_heads"] is None else config_int(cfg, "num_key_value_heads", where)
+
+
+def hf_attention_heads(cfg: dict[str, Any], family: str = "llama", where: Any = "config.json") -> tuple[int, int]:
+    """``(query heads, KV heads)`` of a Hugging Face-style ``config.json`` (a target's, or a feature head's, which
+    the engines read as Llama's), checked in the file's own key names before :class:`ModelConfig` would say
+    ``dim`` / ``n_heads``: ``hidden_size`` divisible by ``num_attention_heads`` (when no ``head_dim`` is given),
+    and the KV heads (:func:`hf_kv_heads`) dividing the query heads.
+
+    Raises:
+        CheckpointError: ``"<where>: <key> = <value> ..."`` for a missing, non-integer or inconsistent count.
+    """
+    n_heads = config_int(cfg, "num_attention_heads", where)
+    n_kv = hf_kv_heads(cfg, family, n_heads, where)
+    if cfg.get("head_dim") is None and (hidden := config_int(cfg, "hidden_size", where)) % n_heads:
+        raise CheckpointError(f"{where}: hidden_size = {hidden} is not divisible by num_attention_heads = {n_heads} "
+                              "(and no head_dim is given)")
+    if n_heads % n_kv:
+        raise CheckpointError(f"{where}: {hf_kv_heads_source(cfg, family, n_kv)}, which does not divide "
+                              f"num_attention_heads = {n_heads}")
+    return n_heads, n_kv
 
 
 def hf_kv_heads_source(cfg: dict[str, Any], family: str, n_kv: int) -> str:

@@ -47,7 +47,7 @@ from safetensors.torch import save as safetensors_save
 
 from .._io import atomic_write_bytes, atomic_write_text, read_json_object, write_all
 from ..errors import CheckpointError
-from .config import ModelConfig, _hf_rope, config_bool, config_float, config_int
+from .config import ModelConfig, _hf_rope, config_bool, config_float, config_int, hf_attention_heads
 from .heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 
 __all__ = ["EAGLE3_ARCHITECTURES", "EAGLE_ARCHITECTURES", "read_eagle_config", "check_eagle_head", "load_eagle_head",
@@ -237,14 +237,7 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
             raise CheckpointError(f"{path}: eagle_aux_hidden_state_layer_ids = {ids!r} names layer {twice} twice: the "
                                   "engines capture each layer once, so fc would get fewer than its 3 features")
         aux = tuple(sorted(int(i) for i in ids))  # fused in the target's layer order, as the engines capture them
-    n_heads = config_int(cfg, "num_attention_heads", path)
-    n_kv = config_int(cfg, "num_key_value_heads", path, n_heads)
-    if cfg.get("head_dim") is None and H % n_heads:  # named by the file's own keys (ModelConfig says dim / n_heads)
-        raise CheckpointError(f"{path}: hidden_size = {H} is not divisible by num_attention_heads = {n_heads} (and "
-                              "no head_dim is given)")
-    if n_heads % n_kv:
-        raise CheckpointError(f"{path}: num_attention_heads = {n_heads} is not a multiple of num_key_value_heads = "
-                              f"{n_kv}")
+    n_heads, n_kv = hf_attention_heads(cfg, where=path)  # in the file's own keys (ModelConfig says dim / n_heads)
     try:
         theta, scaling = _hf_rope(cfg)
         layer = ModelConfig(
