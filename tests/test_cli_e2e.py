@@ -160,6 +160,32 @@ def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
                in w for w in json.loads(r.stdout)["warnings"])
 
 
+def test_run_compare_and_adapt_read_the_default_profiles(workdir, tmp_path, monkeypatch):
+    """-a / -l's help says "default: where treeopt profile writes it"; only --compare-drafters read it, so --compare
+    and --adapt after a plain `treeopt profile acceptance` were refused as if nothing had been measured."""
+    root, target, draft, prompts = workdir
+    monkeypatch.chdir(tmp_path)
+    tree = tmp_path / "t.yaml"
+    save_tree(tree, Tree.from_choices([[0], [1], [0, 0]]))
+    run = ("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts, "--num-prompts", "1",
+           "--max-new-tokens", "8", "--results-dir", tmp_path / "res", "--json")
+    r = invoke(*run, "--compare")  # nothing profiled yet: the default path and the command that writes it
+    assert r.exit_code == 2 and "--compare needs -a, the acceptance profile: none given and none at profiles" in r.output
+    assert "where treeopt profile acceptance --target" in r.output, r.output
+    r = invoke("profile", "acceptance", "--target", target, "--draft", draft, "--prompts", prompts, "--width", "3",
+               "--depth", "2", "--max-new-tokens", "8", "--num-prompts", "2", "--json")
+    assert r.exit_code == 0, r.output
+    written = Path(json.loads(r.stdout)["output"])
+    r = invoke(*run, "--compare")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert f"--compare: -a {written} (where treeopt profile acceptance writes it; pass -a for another)" in doc["notes"]
+    assert any(s["tree"].startswith("chain") for s in doc["summaries"])  # the baselines ran from it
+    assert not any(s["tree"].endswith("(adaptive)") for s in doc["summaries"])  # a default is not -a -l given
+    r = invoke(*run, "--adapt")  # the latency profile is not there: named, with its command
+    assert r.exit_code == 2 and "--adapt needs -l, the latency profile: none given and none at profiles" in r.output
+
+
 @pytest.mark.parametrize("content, message", [
     ("", "holds no prompts"),
     ('{"prompt": "ok"}\n{not json}\n', ":2: not valid JSON"),

@@ -67,6 +67,39 @@ LatenciesOpt = Annotated[
 ]
 
 
+def _default_profiles(target: Optional[Path], draft: Optional[list[str]], acceptance: Optional[list[Path]],
+                      latency: Optional[list[Path]], *, adapt: bool, device: str, temperature: float, top_p: float,
+                      dtype: str, weights: str) -> tuple[Optional[list[Path]], Optional[list[Path]], list[str]]:
+    """``--compare`` / ``--adapt`` with no -a / -l: the pair's profiles where ``treeopt profile`` writes them
+    (:func:`~sequoia_opt.jobs.entries.default_profile_paths`), as the options' help says. Returns ``(acceptance,
+    latency, notes)``: a default is taken only where its file exists (a note names it); --compare's latency is
+    optional.
+
+    Raises:
+        TreeoptError: a profile the option needs is neither given nor at its default path (naming the path and
+            the command that writes it).
+    """
+    from ..jobs.entries import default_profile_paths
+    from ..jobs.load import parse_drafter_spec
+
+    spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails here, before anything is read
+    paths = default_profile_paths(target, spec, device=device, temperature=temperature, top_p=top_p, dtype=dtype,
+                                  weights=weights)
+    what = "--adapt" if adapt else "--compare"
+    how = f"{' --target ' + str(target) if target else ''}{' --draft ' + spec.spec if draft else ''}"
+    out, notes = [acceptance, latency], []
+    for i, (kind, opt) in enumerate((("acceptance", "-a"), ("latency", "-l"))):
+        if out[i] is not None:
+            continue
+        if paths[i].is_file():
+            out[i] = [paths[i]]
+            notes.append(f"{what}: {opt} {paths[i]} (where treeopt profile {kind} writes it; pass {opt} for another)")
+        elif kind == "acceptance" or adapt:
+            raise TreeoptError(f"{what} needs {opt}, the {kind} profile: none given and none at {paths[i]}, where "
+                               f"treeopt profile {kind}{how} writes it")
+    return out[0], out[1], notes
+
+
 @app.command("run")
 @handle_errors
 def run_cmd(
@@ -192,6 +225,11 @@ def run_cmd(
                      and not compare_drafters and not merge and scheduler is None and len(draft or []) <= 1
                      and (policy is None or pkind.name == "static") and not dynamic
                      and not any(_graft_tree_names(t) for t in tree))
+    profile_notes: list[str] = []
+    if (compare or adapt) and not (compare_drafters or merge or scheduler is not None or len(draft or []) > 1):
+        acceptance, latency, profile_notes = _default_profiles(
+            target, draft, acceptance, latency, adapt=bool(adapt), device=device, temperature=temperature,
+            top_p=top_p, dtype=dtype, weights=weights)
     adapt_every, adapt_window, adapt_prior_weight = check_adapt_options(
         adapt, adapt_every, adapt_window, adapt_prior_weight, acceptance=acceptance, latency=latency,
         multi=compare_drafters or merge or scheduler is not None or len(draft or []) > 1)
@@ -356,7 +394,7 @@ def run_cmd(
                                  top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                                  settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
     report.warnings = warnings + report.warnings
-    report.notes = adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
+    report.notes = profile_notes + adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
     if dev.type == "cpu":
         from ..omp import policy_note
 

@@ -80,6 +80,21 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
 DEFAULT_COMPARED_DRAFTERS = (None, "lookup")
 
 
+def default_profile_paths(target: Optional[Path], spec, *, device, temperature: float = 0.0, top_p: float = 1.0,
+                          dtype: str = "float32", weights: str = "float32") -> tuple[Path, Path]:
+    """``(acceptance, latency)``: where ``treeopt profile acceptance`` / ``profile latency`` write the profiles of
+    the pair (``target``, None: the bundled one; ``spec`` a parsed --draft) in this sampling mode, on ``device``
+    in this precision: what ``run --compare-drafters``, ``--compare`` and ``--adapt`` read when -a / -l are not
+    given. Nothing is read; the files may not exist."""
+    from .load import default_acceptance_path, default_latency_path, default_target_path, model_label, precision_suffix
+    from ..device import device_slug
+
+    tlabel = model_label(Path(target) if target else default_target_path())
+    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
+    return (Path(default_acceptance_path(tlabel, spec, mode)),
+            Path(default_latency_path(tlabel, spec, device_slug(device), precision_suffix(dtype, weights))))
+
+
 def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[list[Path]], *, target: Optional[Path],
                    device, temperature: float, top_p: float, budget: Optional[int], max_depth: int,
                    max_branching: int, defaults: bool = False,
@@ -98,10 +113,8 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
             that writes it), profiles of another drafter, a budget the profile did not measure.
     """
     from .compare import plan_drafter
-    from .load import (default_acceptance_path, default_latency_path, default_target_path, model_label,
-                       precision_suffix, weights_record)
+    from .load import weights_record
     from ..profiles import load_acceptance, load_latency, weights_mismatch
-    from ..device import device_slug
 
     n = len(specs)
     what = "default drafters (no --draft: the bundled draft model and lookup)" if defaults else "--draft"
@@ -109,15 +122,13 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
         if given is not None and len(given) != n:
             raise TreeoptError(f"--compare-drafters pairs every --draft with one {opt}, in order: got {n} {what} "
                                f"and {len(given)} {opt}")
-    tlabel = model_label(Path(target) if target else default_target_path())
-    mode = "greedy" if temperature == 0 else f"sampling-t{temperature:g}-p{top_p:g}"
-    slug = device_slug(device)
-    precision = precision_suffix(dtype, weights)
     precision_flags = "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights)) if v != "float32")
     plans, paths = [], []
     for i, spec in enumerate(specs):
-        a_path = acceptance[i] if acceptance is not None else default_acceptance_path(tlabel, spec, mode)
-        l_path = latency[i] if latency is not None else default_latency_path(tlabel, spec, slug, precision)
+        a_default, l_default = default_profile_paths(target, spec, device=device, temperature=temperature,
+                                                     top_p=top_p, dtype=dtype, weights=weights)
+        a_path = acceptance[i] if acceptance is not None else a_default
+        l_path = latency[i] if latency is not None else l_default
         how = (f"{' --target ' + str(target) if target else ''}"
                f"{'' if spec.entry.loads_model and spec.path is None else ' --draft ' + spec.spec}")
         for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
