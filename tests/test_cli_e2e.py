@@ -160,6 +160,35 @@ def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
                in w for w in json.loads(r.stdout)["warnings"])
 
 
+def test_profile_latency_default_context_fits_a_short_context_model(workdir, tmp_path):
+    """A model of 160 positions was refused by the default --context 256, in a line naming a flag never given;
+    the default is now the most the models and the timed loop fit. A --context given is still the user's."""
+    import shutil
+
+    from sequoia_opt.cli.profile_latency import DEFAULT_CONTEXT
+    from sequoia_opt.profiling.steps import loop_positions
+
+    root, target, draft, prompts = workdir
+    short = []
+    for src in (target, draft):
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg["max_position_embeddings"] = 160
+        (dst / "config.json").write_text(json.dumps(cfg))
+        short.append(dst)
+    lat = tmp_path / "lat.yaml"
+    args = ("profile", "latency", "--target", short[0], "--draft", short[1], "--max-tokens", "12",
+            "--max-draft-tokens", "6", "--max-repeats", "3", "--rounds", "1", "-o", lat)
+    r = invoke(*args)
+    assert r.exit_code == 0, r.output
+    fit = min(160 - 12, 160 - loop_positions(0, 12))
+    assert 1 <= fit < DEFAULT_CONTEXT and load_latency(lat).contexts == [fit]
+    assert f"--context {fit}: the default {DEFAULT_CONTEXT} does not fit" in r.output
+    r = invoke(*args, "--context", "256")
+    assert r.exit_code == 2 and "--context 256 + 12 tokens exceeds the target model's context of 160" in r.output
+
+
 def test_run_compare_and_adapt_read_the_default_profiles(workdir, tmp_path, monkeypatch):
     """-a / -l's help says "default: where treeopt profile writes it"; only --compare-drafters read it, so --compare
     and --adapt after a plain `treeopt profile acceptance` were refused as if nothing had been measured."""

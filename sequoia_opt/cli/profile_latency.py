@@ -18,6 +18,9 @@ from .common import (BackendOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DtypeOpt, J
                      graphed, handle_errors, note, profile_app, progress_bar, set_torch_threads)
 from .render import render
 
+#: ``--context`` when none is given (tokens); a model whose context is shorter is timed at the most it fits.
+DEFAULT_CONTEXT = 256
+
 
 @profile_app.command("latency")
 @handle_errors
@@ -29,7 +32,9 @@ def profile_latency(
     draft_arch: Annotated[Optional[str], typer.Option("--draft-arch", help="Draft preset or config.json, with --random-weights.")] = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
-    context: Annotated[str, typer.Option("--context", help="Context lengths (tokens), comma-separated.")] = "256",
+    context: Annotated[Optional[str], typer.Option("--context", help="Context lengths (tokens), comma-separated "
+                                                    f"(default {DEFAULT_CONTEXT}, or the most a short-context model "
+                                                    "fits).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Largest target token count n profiled.")] = 128,
     max_draft_tokens: Annotated[Optional[int], typer.Option(
         "--max-draft-tokens", help="Largest draft width profiled (default: 64 for a per-level drafter; "
@@ -69,6 +74,8 @@ def profile_latency(
     curve on that engine."""
     from ..engines import engine_name
 
+    context_given = context is not None
+    context = str(DEFAULT_CONTEXT) if context is None else context
     if engine_name(engine) != "treeopt":
         from .engine import profile_latency_engine
 
@@ -185,6 +192,16 @@ def profile_latency(
         positions.append((drafter.config.max_position_embeddings, max(dgrid), "draft"))
     elif drafter is not None and drafter.model is not None:
         positions.append((drafter.model.config.max_position_embeddings, max(dgrid), drafter.label))
+    if not context_given:  # the default, not the user's: the most every model (and the timed loop) fits
+        from ..profiling.steps import loop_positions
+
+        fit = min(limit - widest for limit, widest, _ in positions)
+        if loop and drafter is not None and not offload:
+            fit = min(fit, positions[0][0] - loop_positions(0, max(grid)))
+        if 1 <= fit < contexts[0]:
+            note(f"--context {fit}: the default {DEFAULT_CONTEXT} does not fit the models' context with trees up "
+                 f"to {max(grid)} tokens (pass --context to choose)")
+            contexts = [fit]
     for limit, widest, what in positions:
         if max(contexts) + widest > limit:
             raise TreeoptError(f"--context {max(contexts)} + {widest} tokens exceeds the {what} model's context of "
