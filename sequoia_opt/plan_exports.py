@@ -787,7 +787,7 @@ LLAMACPP_SPEC_TYPES = {"draft_model": "draft-simple", "eagle3": "draft-eagle3", 
                        "ngram": "ngram-simple"}
 
 
-def _export_llamacpp(ranges, release, method, lookup, model=None):
+def _export_llamacpp(ranges, release, method, lookup, model=None, target=None):
     check_llamacpp_release(release)
     method = method_key(method) or "draft_model"
     spec_type = LLAMACPP_SPEC_TYPES.get(method)
@@ -819,17 +819,18 @@ def _export_llamacpp(ranges, release, method, lookup, model=None):
         spec_type)
     warnings: tuple[str, ...] = ()
     if sidecar and model and not model.lower().endswith(".gguf"):  # -md reads a file, not a hub id
-        warnings = (f"llama.cpp's -md takes a GGUF file, and --model {shlex.quote(model)} names none (a Hugging Face id or a "
-                    "checkpoint folder?): convert it (treeopt export-draft, or llama.cpp's convert_hf_to_gguf.py) "
-                    "and pass the .gguf",)
+        warnings = (f"llama.cpp's -md takes a GGUF file, and --model {shlex.quote(model)} names none (a Hugging Face "
+                    "id or a checkpoint folder?): convert it (treeopt export-draft, or llama.cpp's "
+                    "convert_hf_to_gguf.py) and pass the .gguf",)
     sidecar = f" -md {shlex.quote(model) if model else sidecar}" if sidecar else ""
+    served = shlex.quote(target) if target else "TARGET.gguf"
     # a line that does not speculate loads no drafter
-    text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m TARGET.gguf"
+    text = "\n".join(f"# batch {x['batch_range'][0]}-{x['batch_range'][1]}\nllama-server -m {served}"
                      f"{'' if x['flags'].endswith('--spec-type none') else sidecar} {x['flags']}" for x in lines) + "\n"
     return dict(text=text, data=doc, releases=(f"{LLAMACPP_RELEASE} and builds since {LLAMACPP_SPELLING_PRS[1]} "
                                                f"(2026-05-12); earlier builds spell --draft-max / --draft-min"),
                 checked="common/arg.cpp, common/common.h and common/speculative.cpp of llama.cpp 0c1e570",
-                command=f"llama-server -m TARGET.gguf{sidecar} <flags of your -np>", notes=tuple(notes),
+                command=f"llama-server -m {served}{sidecar} <flags of your -np>", notes=tuple(notes),
                 warnings=warnings)
 
 
@@ -892,7 +893,8 @@ def looks_like_engine_settings(path: Path) -> bool:
 # ---------------------------------------------------------------------------------------------- entry point
 def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], engine: str, *,
                 release: str | None = None, method: str | None = None, model: str | None = None,
-                lookup: tuple[int, int] | None = None, max_batch: int | None = None) -> EngineSettings:
+                lookup: tuple[int, int] | None = None, max_batch: int | None = None,
+                target: str | None = None) -> EngineSettings:
     """A plan (or a schedule's ranges) as ``engine``'s settings (module docstring).
 
     Args:
@@ -902,6 +904,8 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
             setting is refused.
         method: the engine's drafting method (vLLM's ``method``: ``draft_model``, ``ngram``, ``eagle3``, ...).
         model: the draft checkpoint to name in the config.  lookup: (n-gram min, max) for n-gram methods.
+        target: llama.cpp: the target GGUF llama-server's ``-m`` loads (None: the placeholder ``TARGET.gguf``); the
+            GPU engines' settings name no target (their start command's ``MODEL``).
         max_batch: the engine's largest batch, given by the user (the plan's last range ends there): TensorRT-LLM's
             last key; SGLang's ``--max-running-requests`` (without it, a plan ending below SGLang's own cap of 48
             for speculating servers leaves the cap to SGLang, with a warning); for vLLM, without it a plan whose last
@@ -924,7 +928,7 @@ def export_plan(plan: Plan | Schedule | Sequence[tuple[int, int, SpecSetting]], 
     elif key == "sglang":
         out = _export_sglang(ranges, release, method, model, lookup, max_batch)
     else:
-        out = _export_llamacpp(ranges, release, method, lookup, model)
+        out = _export_llamacpp(ranges, release, method, lookup, model, target)
     if key in ("tensorrt-llm", "llama.cpp"):  # formats with comments carry their releases (JSON ones cannot)
         out["text"] = f"# for {out['releases']}\n" + out["text"]
     return EngineSettings(engine=key, release=release, **out)

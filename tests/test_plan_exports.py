@@ -289,6 +289,10 @@ def test_llamacpp_one_line_per_range():
     hub = export_plan(PLANS["falling"], "llama.cpp", model="org/draft")
     assert "-md org/draft -np 3" in hub.text and len(hub.warnings) == 1
     assert hub.warnings[0].startswith("llama.cpp's -md takes a GGUF file, and --model org/draft names none")
+    served = export_plan(PLANS["falling"], "llama.cpp", model="/m/d.gguf", target="/m/my target.gguf")  # tune's -t
+    assert served.command.startswith("llama-server -m '/m/my target.gguf' -md /m/d.gguf")
+    servers = served.text.splitlines()[2::2]
+    assert len(servers) == 3 and all(x.startswith("llama-server -m '/m/my target.gguf' ") for x in servers)
     spaced = export_plan(PLANS["falling"], "llama.cpp", model="/m/my draft")  # the path as the command spells it
     assert spaced.warnings[0].startswith("llama.cpp's -md takes a GGUF file, and --model '/m/my draft' names none")
     assert export_plan(PLANS["one"], "llama.cpp", method="ngram", model="org/draft").warnings == ()  # no -md

@@ -723,6 +723,33 @@ def _files(tmp_path):
     return tmp_path / "t.csv", tmp_path / "a.yaml"
 
 
+def test_tune_for_a_gpu_engine_names_the_pair_given_and_warns_when_the_profile_measured_another(tmp_path):
+    """With -t / --draft naming a pair and -a a profile of another, a GPU engine's plan was priced on the other pair
+    without a word (treeopt's engine warned), its note read "the profile measured <the --draft given>, read from
+    <the profile's draft>", and the export kept '<your draft model>' though --draft named a checkpoint; llama.cpp's
+    start command kept TARGET.gguf though -t named the GGUF."""
+    table, acc = _files(tmp_path)
+    mine = tmp_path / "my-draft"
+    mine.mkdir()
+    (tmp_path / "my-target").mkdir()
+    doc = yaml.safe_load(acc.read_text())
+    doc["measured"] = {"target": "other-target", "draft": "other-draft"}
+    acc.write_text(yaml.safe_dump(doc))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--draft", str(mine),
+                              "-t", str(tmp_path / "my-target"), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert any("but this run uses 'my-draft'" in w for w in doc["warnings"]), doc["warnings"]
+    assert any("but this run uses 'my-target'" in w for w in doc["warnings"]), doc["warnings"]
+    assert any(w.startswith("the plan is for the pair named here (--target / --draft) but priced on the acceptance "
+                            "of the pair the profile measured: profile this pair's acceptance") for w in doc["warnings"])
+    assert json.loads(doc["settings"]["text"])["model"] == str(mine)
+    assert any(n.startswith(f"the draft checkpoint named is --draft's, {mine}, as this machine has it")
+               for n in doc["notes"])
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--json"])
+    assert res.exit_code == 0 and not any("but this run uses" in w for w in json.loads(res.stdout)["warnings"])
+
+
 def test_a_table_in_microseconds_warns(tmp_path):
     """A T(b, n) table typed in microseconds (7900 for 7.9 ms) was read as ms without a word: every predicted
     tokens/s 1000x low. A warning names the fastest time; the same table in ms does not warn."""

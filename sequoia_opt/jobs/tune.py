@@ -951,15 +951,26 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
                         "of the positions the draft reached only")
     if getattr(acc, "example", False):  # as solve says it, for every engine
         warnings.append(f"acceptance profile {acc.id!r} is EXAMPLE data, not a measurement")
-    if opts.engine == "treeopt" and opts.acceptance is not None:  # a given profile, the pair loaded here: the same?
+    if opts.acceptance is not None and (opts.engine == "treeopt" or opts.target is not None or
+                                        opts.draft is not None and spec.path is not None):
+        # a given profile and the pair named here (loaded, for treeopt): the same?
         from ..profiles import measured_differs, warn_on_mismatch
 
-        warnings += [w for w in warn_on_mismatch(acceptance=acc, target=labels.get("target"),
-                                                 draft=labels.get("drafter")) if w not in warnings]
-        if any(measured_differs(key, measured.get(key), labels.get(label))
+        named = {"target": labels.get("target"), "drafter": labels.get("drafter")}
+        if opts.engine in GPU_ENGINES:  # nothing loaded: the names given (a drafter by its checkpoint's path)
+            from .load import model_label
+
+            named = {"target": model_label(Path(opts.target)) if opts.target is not None else measured.get("target"),
+                     "drafter": labels.get("drafter") if spec.path is not None else measured.get("draft")}
+        warnings += [w for w in warn_on_mismatch(acceptance=acc, target=named["target"],
+                                                 draft=named["drafter"]) if w not in warnings]
+        if any(measured_differs(key, measured.get(key), named[label])
                for key, label in (("target", "target"), ("draft", "drafter"))):
-            warnings.append("the plan is for the pair loaded here (--target / --draft) but priced on the acceptance "
-                            "of the pair the profile measured: drop -a to measure this pair's acceptance")
+            warnings.append(f"the plan is for the pair {'loaded' if opts.engine == 'treeopt' else 'named'} here "
+                            "(--target / --draft) but priced on the acceptance "
+                            "of the pair the profile measured: " + (
+                                "drop -a to measure this pair's acceptance" if opts.engine in ("treeopt", "llama.cpp")
+                                else "profile this pair's acceptance (treeopt profile acceptance) and pass it as -a"))
     if opts.shape == "envelope":
         from ..profiles.calibration import calibration_warnings, load_calibration
         from ..solver.dynamic import setting_grid
@@ -1120,6 +1131,11 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     gguf = served.path if opts.draft is not None and served.kind == "model" else None  # a profile's label: no file
     if model is None and opts.engine == "llama.cpp" and gguf is not None and str(gguf).lower().endswith(".gguf"):
         model = str(gguf)  # the draft GGUF tune measured is the one llama-server's -md loads (model:X.gguf too)
+    if model is None and opts.engine in GPU_ENGINES and opts.draft is not None and served.path is not None \
+            and key != "ngram" and not str(served.path).lower().endswith(".gguf"):  # a folder the engine can load
+        model = str(served.path)
+        notes.append(f"the draft checkpoint named is --draft's, {shlex.quote(model)}, as this machine has it: pass "
+                     "--model with the path (or Hugging Face id) the engine's machine loads")
     if opts.model is not None and key == "ngram" and opts.engine in GPU_ENGINES:
         warnings.append(f"--model {opts.model} is not used: n-gram drafting ({method}) loads no drafter checkpoint")
     if lookup is not None:
@@ -1128,14 +1144,16 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
         doc["draft_model"] = model  # the drafter checkpoint the engine loads (--model)
     settings = None
     if opts.engine != "treeopt":
+        target = str(opts.target) if opts.engine == "llama.cpp" and opts.target is not None and \
+            str(opts.target).lower().endswith(".gguf") else None  # the GGUF tune measured is llama-server's -m
         settings = export_plan(plan, opts.engine, release=opts.release, method=method,
-                               model=model, lookup=lookup, max_batch=opts.max_batch)
+                               model=model, lookup=lookup, max_batch=opts.max_batch, target=target)
         doc["engine_settings"] = settings.data
         name = str(labels.get("drafter") or "").partition(":")[2] if served.entry.reads_features else \
             str(labels.get("drafter") or "") if served.kind == "model" else ""
         if model is None and name and any("<your" in w for w in settings.warnings):  # the name the profile gives
             where = ((measured.get("weights") or {}).get("draft") or {}).get("path")  # what it read (weights_record)
-            notes.append(f"the profile measured {labels.get('drafter')}" + (
+            notes.append(f"the profile measured {measured.get('draft') or labels.get('drafter')}" + (
                 f", read from {where}: --model {shlex.quote(str(where))} where the engine's machine has it there, "
                 "else its Hugging Face id" if where else
                 f": --model {shlex.quote(name)} if that is the checkpoint's Hugging Face id or path"))
