@@ -2113,11 +2113,31 @@ def test_tune_warns_on_a_table_whose_verify_cost_falls_with_tokens(tmp_path):
     assert not any(w.startswith("latency profile") for w in json.loads(res.stdout)["warnings"])
 
 
+def test_tune_warns_for_a_head_exported_as_another_heads_method_and_refuses_an_unknown_method(tmp_path):
+    """An EAGLE-3 head's acceptance exported as --method medusa (or eagle) passed without a word: every head
+    method counted as every other. And --engine treeopt wrote --method bogus into its plan (the GPU engines'
+    exports refuse it)."""
+    table, acc = _labelled(tmp_path, "eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
+    for method in ("medusa", "eagle"):
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8",
+                                  "--method", method, "--json"])
+        assert res.exit_code == 0, res.output
+        assert any(w.startswith(f"--method {method}, but the plan is priced on the acceptance of eagle3:EAGLE3-LLaMA3.1"
+                                "-Instruct-8B (served as eagle3)") for w in json.loads(res.stdout)["warnings"])
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8",
+                              "--method", "Eagle3", "--json"])
+    assert res.exit_code == 0 and not any(w.startswith("--method") for w in json.loads(res.stdout)["warnings"])
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "-l", str(table), "-a", str(acc), "--method", "bogus",
+                              "-o", str(tmp_path / "plan.yaml")])
+    assert res.exit_code == 2 and "--method 'bogus' is no drafting method in vLLM's names: one of" in res.output
+    assert not (tmp_path / "plan.yaml").exists()
+
+
 def test_tune_plan_keeps_the_method_it_was_exported_with(tmp_path):
     """A plan written by tune records the method it was exported with, its drafter checkpoint (--model) and n-gram
     sizes; tune --plan of that file exports with them again (it fell back to the drafter's default: an eagle3 plan
     came back as draft_model, a lookup:2-4 plan as n-grams 1-3, a --model as the placeholder)."""
-    table, acc = _labelled(tmp_path, "eagle3:EAGLE3-LLaMA3.1-Instruct-8B")
+    table, acc = _labelled(tmp_path, "eagle:EAGLE-LLaMA3-Instruct-8B")  # an EAGLE-1 head's (eagle3's would warn)
     sched = tmp_path / "plan.yaml"
     res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8,64",
                               "--method", "eagle", "--schedule", str(sched)])

@@ -341,6 +341,11 @@ def check_options(opts: TuneOptions) -> TuneOptions:
         if not opts.method:  # it was read as "not given": the drafter measured's method
             raise TreeoptError("--method is blank: name the engine's drafting method (draft_model, ngram, eagle, "
                                "eagle3, mtp), or drop --method for the drafter measured")
+        from ..plan_exports import VLLM_METHODS, method_key
+
+        if opts.engine == "treeopt" and method_key(opts.method) not in VLLM_METHODS:  # the engines' exports refuse it
+            raise TreeoptError(f"--method {opts.method!r} is no drafting method in vLLM's names: one of "
+                               f"{', '.join(VLLM_METHODS)}")
     if opts.model is not None and not str(opts.model).strip():  # it was written into the engine's config as is
         raise TreeoptError("--model is blank: name the drafter checkpoint the engine loads (a path or a hub id), "
                            "or drop --model")
@@ -1380,10 +1385,7 @@ def engine_method(method: str | None, served: Any, measured: str | None,
     own = served.entry.engine_methods.get("vllm")
     if method is None:
         return own, []
-    heads = ("eagle", "eagle3", "mtp", "medusa")
-    given = method_key(method)
-    head_given = given in heads
-    if own is not None and (head_given != served.entry.reads_features or (not head_given and given != own)):
+    if own is not None and method_key(method) != own:  # another kind, or another head (an EAGLE-3 head as medusa)
         who = measured or served.label
         return method, [f"{origin} {method}, but the plan is priced on the acceptance of {who} (served as {own}): "
                         f"the drafter the engine serves accepts differently; measure that drafter's acceptance, or "
