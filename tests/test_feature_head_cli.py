@@ -377,3 +377,24 @@ def test_a_head_with_no_trial_on_1_token_prompts_is_told_why_not_sent_to_shorter
         assert r.exit_code == 0, r.output
         assert load_acceptance(tmp_path / "acc.yaml").num_samples > 0
         (tmp_path / "acc.yaml").unlink()
+
+
+def test_a_head_shorter_than_the_target_is_named_when_it_loads(workdir, tmp_path):
+    """A head whose config.json says max_position_embeddings 20 on a target of more drafted nothing past position
+    20: run's tokens/step fell (1.90 -> 1.16 on the demo pair) with no word. Loading it says so, naming the file
+    and the field; a head as long as the target says nothing."""
+    root, target, draft, prompts, heads = workdir
+    short = write_eagle3(tmp_path / "short", draft_ids=sorted(torch.randperm(257, generator=torch.Generator()
+                                                                            .manual_seed(1))[:160].tolist()),
+                         ids=(0, 1, 2), max_position_embeddings=20)
+    said: list[str] = []
+    pipeline.load_pair(target, f"eagle3:{short}", device=torch.device("cpu"), dtype=torch.float32, log=said.append)
+    from sequoia_opt.model.loaders import load_model_config
+
+    ctx = load_model_config(target).max_position_embeddings
+    assert f"{short / 'config.json'}: max_position_embeddings = 20, shorter than the target's {ctx}: the head " \
+           "drafts nothing past position 20 (those steps decode plainly)" in said
+    said.clear()
+    pipeline.load_pair(target, f"eagle3:{heads['eagle3']}", device=torch.device("cpu"), dtype=torch.float32,
+                       log=said.append)
+    assert not any("max_position_embeddings" in s for s in said)

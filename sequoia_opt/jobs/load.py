@@ -299,6 +299,12 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
             key = (spec.kind, Path(spec.checkpoint).resolve())
             if key not in models:
                 models[key] = spec.entry.load(spec, target)
+                own = getattr(getattr(getattr(models[key][0], "config", None), "layer", None),
+                              "max_position_embeddings", None) if isinstance(models[key], tuple) else None
+                if log is not None and own is not None and own < target.config.max_position_embeddings:
+                    log(f"{Path(spec.checkpoint) / 'config.json'}: max_position_embeddings = {own}, shorter than the "
+                        f"target's {target.config.max_position_embeddings}: the head drafts nothing past position "
+                        f"{own} (those steps decode plainly)")
             pairs.append(ModelPair(target, models[key], ttok, tname, spec.label, spec, tp))
             continue
         dp = spec.path if spec.path is not None else default_draft_path()
