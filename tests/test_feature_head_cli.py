@@ -398,3 +398,15 @@ def test_a_head_shorter_than_the_target_is_named_when_it_loads(workdir, tmp_path
     pipeline.load_pair(target, f"eagle3:{heads['eagle3']}", device=torch.device("cpu"), dtype=torch.float32,
                        log=said.append)
     assert not any("max_position_embeddings" in s for s in said)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa"])
+def test_a_head_given_as_a_draft_model_names_its_kind(workdir, tmp_path, kind):
+    """--draft PATH with PATH a feature head failed on a tokenizer.json the head never has (or on layers a draft
+    model has): the line now names the head's kind and the spelling that loads it."""
+    root, target, draft, prompts, heads = workdir
+    r = invoke("profile", "acceptance", "--target", target, "--draft", heads[kind], "--prompts", prompts,
+               "-o", tmp_path / "acc.yaml")
+    assert r.exit_code == 2 and (f"--draft {heads[kind]}: its config.json is a feature head's ({kind}), not a draft "
+                                 f"model's: pass --draft {kind}:{heads[kind]}") in r.output, r.output
+    assert not (tmp_path / "acc.yaml").exists()

@@ -808,11 +808,36 @@ def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path
         TreeoptError: naming the problem (CheckpointError when a config or tokenizer cannot be read, or the
             tokenizers differ).
     """
+    if spec.kind == "model" and spec.path is not None:
+        _refuse_a_head_as_a_draft_model(Path(spec.path))
     spec.entry.check(spec, target_config)
     if target_path is not None and spec.entry.loads_model and spec.entry.load is None:
         from ..model.loaders import check_draft_checkpoint
 
         check_draft_checkpoint(target_path, spec.path if spec.path is not None else bundled_draft_path())
+
+
+def _refuse_a_head_as_a_draft_model(path: Path) -> None:
+    """Raise TreeoptError when the draft-model folder ``path`` holds a feature head's ``config.json`` (EAGLE-3,
+    EAGLE-1/2 or Medusa): read as a draft model it failed later on its tokenizer or its missing layers, in lines
+    that never named the ``--draft KIND:PATH`` spelling. Anything unreadable is left to the loader's checks."""
+    import json
+
+    from ..model.head_checkpoints import EAGLE3_ARCHITECTURES, MEDUSA_ARCHITECTURES
+
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(cfg, dict):
+        return
+    archs = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
+    kind = ("eagle3" if any(a in EAGLE3_ARCHITECTURES for a in archs) else
+            "medusa" if "medusa_num_heads" in cfg or any(a in MEDUSA_ARCHITECTURES for a in archs) else
+            "eagle" if "EagleLlamaForCausalLM" in archs else None)
+    if kind is not None:
+        raise TreeoptError(f"--draft {path}: its config.json is a feature head's ({kind}), not a draft model's: "
+                           f"pass --draft {kind}:{path}")
 
 
 #: The kinds this package registers itself (the CLI's ``--draft`` / ``--policy`` help describes them in its own
