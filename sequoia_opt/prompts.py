@@ -8,7 +8,9 @@ Two formats:
   assistant's reply starts. Other keys are kept as metadata (e.g. ``"source"``). Blank lines are ignored.
 * ``.json``: one JSON array whose items are prompt strings or objects as on a ``.jsonl`` line.
 * ``.csv`` / ``.tsv``: a header row naming a ``prompt`` (or ``text``) column, one raw-text prompt per row (a
-  quoted field may span lines); the other columns are kept as metadata.
+  quoted field may span lines); the other columns are kept as metadata. A row whose every field is blank (an empty
+  line, a spreadsheet's empty row, a lone ``""``) is skipped; a row with its prompt blank and another field filled
+  is refused.
 * anything else: plain text, prompts separated by one or more blank lines (a line of spaces or tabs is blank).
 
 A UTF-8 byte-order mark at the start of a file is skipped (editors on Windows write one).
