@@ -545,3 +545,21 @@ def test_head_counts_are_named_in_the_config_files_keys(tmp_path):
         load_model_config(out)
     _with_config(out, num_key_value_heads=None)  # transformers reads an explicit null as num_attention_heads
     assert load_model_config(out).n_kv_heads == 4
+
+
+def test_an_integer_weight_tensor_is_refused_not_cast(tmp_path):
+    """A draft whose MLP weights were stored as int8 (no quantization_config) loaded and was cast to float without a
+    word: another model. It is refused, naming the file and tensor; float16 weights still load."""
+    from safetensors.torch import load_file, save_file
+
+    _, out = saved(tmp_path)
+    (weights,) = sorted(out.glob("*.safetensors"))
+    tensors = load_file(str(weights))
+    key = next(k for k in tensors if k.endswith("mlp.up_proj.weight"))
+    save_file({**tensors, key: tensors[key].to(torch.int8)}, str(weights))
+    with pytest.raises(CheckpointError, match=re.escape(f"{weights}: tensor {key} is I8; treeopt reads float weights "
+                                                        "(F16, BF16, F32, F64)")):
+        load_checkpoint(out)
+    save_file({k: v.to(torch.float16) for k, v in tensors.items()}, str(weights))
+    model, _ = load_checkpoint(out)
+    assert model.embed_tokens.weight.dtype == torch.float32

@@ -49,6 +49,7 @@ from .._io import atomic_write_bytes, atomic_write_text, read_json_object, write
 from ..errors import CheckpointError
 from .config import ModelConfig, _hf_rope, config_bool, config_float, config_int, hf_attention_heads
 from .heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
+from .hf import FLOAT_DTYPES
 
 __all__ = ["EAGLE3_ARCHITECTURES", "EAGLE_ARCHITECTURES", "read_eagle_config", "check_eagle_head", "load_eagle_head",
            "save_eagle_head", "read_medusa_config", "load_medusa_heads", "save_medusa_heads", "reduced_vocab_maps"]
@@ -71,7 +72,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- weight files
 #: safetensors' dtype names of the weights a head may store (floating point; loaded as the decoder's dtype).
-_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_FLOAT_DTYPES = FLOAT_DTYPES
 #: EAGLE-3's vocabulary maps: d2t holds id offsets, t2d marks the draft ids (SGLang writes bool, some int64).
 _EAGLE3_MAPS = {"d2t": ("I64", "I32"), "t2d": ("BOOL", "I64", "I32", "U8")}
 _TORCH_DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",

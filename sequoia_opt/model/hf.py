@@ -37,6 +37,11 @@ _PREFIX = "model."
 _DERIVED_SUFFIXES = (".rotary_emb.inv_freq",)  # old Llama checkpoints store this derived buffer; ignored
 
 
+#: The safetensors dtypes a checkpoint's weights may have: float ones, cast to the run's dtype on load (an integer
+#: tensor is a quantized checkpoint's packing or scale, which a cast would turn into other weights).
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     """The JSON object in ``path`` (:func:`~sequoia_opt._io.read_json_object`). Raises :class:`CheckpointError`:
     missing, unreadable, unparsable, or not an object."""
@@ -164,8 +169,9 @@ def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
 
     Raises:
         CheckpointError: a missing file, an unsupported architecture, a tensor missing from the checkpoint,
-            an unexpected tensor, a shape mismatch, a tensor in two shards or not where the index says, or a
-            tokenizer larger than the embedding; each names the file or tensor, before any weight is copied.
+            an unexpected tensor, a tensor that is not float (:data:`FLOAT_DTYPES`), a shape mismatch, a tensor in
+            two shards or not where the index says, or a tokenizer larger than the embedding; each names the file
+            or tensor, before any weight is copied.
     """
     path = Path(path)
     hf_config = _read_json(path / CONFIG_FILE)
@@ -190,7 +196,11 @@ def load_hf(path: str | os.PathLike, *, device: torch.device | str = "cpu",
                 if name in where:
                     raise CheckpointError(f"{path}: tensor {key} appears twice ({where[name][1]})")
                 where[name] = (handle, key)
-                shapes[name] = tuple(handle.get_slice(key).get_shape())
+                piece = handle.get_slice(key)
+                shapes[name] = tuple(piece.get_shape())
+                if str(piece.get_dtype()) not in FLOAT_DTYPES:
+                    raise CheckpointError(f"{file}: tensor {key} is {piece.get_dtype()}; treeopt reads float weights "
+                                          f"({', '.join(FLOAT_DTYPES)}): give the unquantized checkpoint, or a GGUF")
         if weight_map is not None:
             absent = [k for k in weight_map if _hf_name(k) not in where and not k.endswith(_DERIVED_SUFFIXES)]
             if absent:
