@@ -410,3 +410,32 @@ def test_a_head_given_as_a_draft_model_names_its_kind(workdir, tmp_path, kind):
     assert r.exit_code == 2 and (f"--draft {heads[kind]}: its config.json is a feature head's ({kind}), not a draft "
                                  f"model's: pass --draft {kind}:{heads[kind]}") in r.output, r.output
     assert not (tmp_path / "acc.yaml").exists()
+
+
+def test_solve_caps_a_medusa_profiles_tree_at_its_heads(workdir, tmp_path):
+    """solve over a 3-head Medusa profile gave a depth-4 tree and exported it to vLLM as num_speculative_tokens 5:
+    depths the heads never propose. The profile records the heads' depth limit; solve caps the tree there, saying
+    so; another drafter's profile is not capped."""
+    from sequoia_opt.tree import load_tree
+
+    root, target, draft, prompts, heads = workdir
+    acc = tmp_path / "acc.yaml"
+    r = invoke("profile", "acceptance", "--target", target, "--draft", f"medusa:{heads['medusa']}", "--prompts",
+               prompts, "-k", "2", "--depth", "3", "--max-new-tokens", "8", "-o", acc)
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(acc.read_text())
+    assert doc["measured"]["draft_depth_limit"] == 3
+    doc["acceptance"] = [0.9, 0.05]  # heads good enough that the unconstrained tree goes deeper than 3
+    doc["measured"].pop("weights", None)
+    for key in ("counts", "counts_by_prompt", "acceptance_by_depth"):
+        doc.pop(key, None)
+    acc.write_text(yaml.safe_dump(doc))
+    tree = tmp_path / "t.yaml"
+    r = invoke("solve", "-a", acc, "--budget", "8", "--max-depth", "6", "-o", tree, "--json")
+    assert r.exit_code == 0, r.output
+    assert load_tree(tree)[0].tree_depth == 3
+    assert any(n.startswith("max depth 3 (asked 6): profile") for n in json.loads(r.stdout)["notes"])
+    doc["measured"].pop("draft_depth_limit")
+    acc.write_text(yaml.safe_dump(doc))
+    r = invoke("solve", "-a", acc, "--budget", "8", "--max-depth", "6", "-o", tree)
+    assert r.exit_code == 0 and load_tree(tree)[0].tree_depth > 3

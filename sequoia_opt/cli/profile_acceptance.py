@@ -139,6 +139,9 @@ def profile_acceptance(
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model=pair.cost_model)
     prof.measured["weights"] = weights
+    limit = pair.new_drafter().depth_limit
+    if limit is not None:  # Medusa's K heads propose depths 1..K: solve caps the tree there
+        prof.measured["draft_depth_limit"] = int(limit)
     save_acceptance(out, prof)
     ci = prof.confidence_interval()
     from ..solver.intervals import acceptance_spreads

@@ -227,6 +227,12 @@ def solve(
     curve = load_latency(latency) if latency is not None else None
     p = acc.acceptance
     report = Report(title="treeopt solve")
+    limit = (acc.measured or {}).get("draft_depth_limit")
+    if isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit < max_depth:
+        report.notes.append(f"max depth {limit} (asked {max_depth}): profile {acc.id!r} measured a drafter that "
+                            f"proposes depths 1..{limit} only (Medusa's {limit} heads); a deeper tree would be cut "
+                            "every step")
+        max_depth = limit
     if curve is not None and not budget_given and curve.max_target_tokens(context) < budget:
         measured = curve.max_target_tokens(context)
         report.notes.append(f"budget {measured} (the default is {budget}): latency profile {curve.id!r} was measured "
