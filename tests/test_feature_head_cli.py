@@ -439,3 +439,12 @@ def test_solve_caps_a_medusa_profiles_tree_at_its_heads(workdir, tmp_path):
     acc.write_text(yaml.safe_dump(doc))
     r = invoke("solve", "-a", acc, "--budget", "8", "--max-depth", "6", "-o", tree)
     assert r.exit_code == 0 and load_tree(tree)[0].tree_depth > 3
+
+
+def test_run_on_llamacpp_refuses_a_head_before_reading_its_tree(workdir, tmp_path):
+    """run --engine llama.cpp --draft eagle3 with a tree that is no chain complained of the tree first: the user
+    fixed the tree, then learned llama.cpp here cannot run a feature head at all."""
+    tree = tmp_path / "t.yaml"
+    tree.write_text("choices: [[0], [1]]\n")
+    r = invoke("run", "--engine", "llama.cpp", "--draft", "eagle3", "--tree", tree)
+    assert r.exit_code == 2 and "a feature head reads the target's hidden states, which llama.cpp's binding" in r.output

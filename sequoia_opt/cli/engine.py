@@ -304,6 +304,11 @@ def run_llamacpp(*, tree: Optional[list[Path]], target: Optional[Path], draft: O
                            "or a chain tree")
     if draft is not None and len(draft) > 1:
         raise TreeoptError("--engine llama.cpp runs one draft model (one --draft)")
+    if draft:  # a feature head is refused before its tree file is read (a tree fixed for nothing)
+        from ..engines.llamacpp import check_llamacpp_drafter
+        from ..jobs.load import parse_drafter_spec
+
+        check_llamacpp_drafter(parse_drafter_spec(draft[0]))
     if max_new_tokens < 1:
         raise TreeoptError("--max-new-tokens must be at least 1")
     if threads is not None and threads < 1:

@@ -17,14 +17,14 @@ from ...solver.chains import (ChainChoice, ChainSetting, chain_cost, predict_cha
                              solve_chain)
 from .binding import DRAFT_TOP_K, LlamaCppModel, check_gguf, engine_info, server_prompt_ids, top1
 from .decode import Generation, SettingRun, Step, generate, run_settings
-from .models import GgufPair, resolve_pair
+from .models import GgufPair, check_llamacpp_drafter, resolve_pair
 from .profile import (batch_calls, forward_calls, measure_acceptance, measure_batch_overhead, measure_step_overhead,
                       profile_latency, profile_latency_batch)
 from .target import LlamaCppDrafter, LlamaCppTarget
 
 __all__ = ["LlamaCppModel", "LlamaCppTarget", "LlamaCppDrafter", "check_gguf", "engine_info", "server_prompt_ids",
            "DRAFT_TOP_K", "top1",
-           "Step", "Generation", "generate", "SettingRun", "run_settings", "GgufPair", "resolve_pair",
+           "Step", "Generation", "generate", "SettingRun", "run_settings", "GgufPair", "resolve_pair", "check_llamacpp_drafter",
            "forward_calls", "batch_calls", "measure_acceptance", "measure_batch_overhead", "measure_step_overhead",
            "profile_latency", "profile_latency_batch", "ChainSetting",
            "ChainChoice", "chain_cost", "predict_chain", "predict_replay", "replay_chain", "solve_chain",

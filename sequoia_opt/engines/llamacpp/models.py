@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ...errors import EngineError
 from .binding import check_gguf
 
-__all__ = ["GgufPair", "resolve_pair", "SPEC_VOCAB_MAX_SIZE_DIFFERENCE"]
+__all__ = ["GgufPair", "resolve_pair", "check_llamacpp_drafter", "SPEC_VOCAB_MAX_SIZE_DIFFERENCE"]
 
 #: the most embedding rows a draft and its target may differ by (llama.cpp's ``common/speculative.cpp``, the same
 #: name there): a draft padded to another size, with tokenizers that agree on every id both have
@@ -25,6 +26,16 @@ class GgufPair:
     draft: Path | None
     draft_label: str | None
     notes: list[str] = field(default_factory=list)
+
+
+def check_llamacpp_drafter(spec: Any) -> None:
+    """Raise EngineError when the drafter ``spec`` (a parsed ``--draft``) is a feature head: it reads the target's
+    hidden states, which llama.cpp's binding here does not return (checked before a tree file or GGUF is read)."""
+    if spec.entry.reads_features:
+        method = spec.entry.engine_methods.get("llama.cpp")
+        raise EngineError(f"--draft {spec.label}: a feature head reads the target's hidden states, which llama.cpp's "
+                          "binding here does not return; run it with treeopt's torch decoder"
+                          + (f" (llama.cpp serves it itself with --spec-type {method})" if method else ""))
 
 
 def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_draft: bool = True) -> GgufPair:
@@ -53,11 +64,7 @@ def resolve_pair(target: Path | None, draft: str | None, workdir: Path, *, need_
     if not need_draft and draft is None:
         return out
     spec = parse_drafter_spec(draft)
-    if spec.entry.reads_features:
-        method = spec.entry.engine_methods.get("llama.cpp")
-        raise EngineError(f"--draft {spec.label}: a feature head reads the target's hidden states, which llama.cpp's "
-                          "binding here does not return; run it with treeopt's torch decoder"
-                          + (f" (llama.cpp serves it itself with --spec-type {method})" if method else ""))
+    check_llamacpp_drafter(spec)
     if not spec.entry.loads_model:
         raise EngineError(f"--draft {spec.label}: llama.cpp's speculative decoding here runs a draft model (for "
                           "prompt lookup, solve --format llama.cpp on a lookup profile gives its ngram-simple flags)")
