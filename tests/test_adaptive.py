@@ -350,10 +350,13 @@ def test_cli_adapt_bad_values_one_line_exit_2(profiles, tmp_path, extra, message
     assert not (tmp_path / "res").exists()
 
 
-@pytest.mark.parametrize("given, missing", [(["-a"], "missing --latency"), (["-l"], "missing --acceptance"),
-                                            ([], "missing --acceptance and --latency")])
-def test_cli_adapt_needs_both_profiles(profiles, tmp_path, given, missing):
+@pytest.mark.parametrize("given, missing", [(["-a"], "--adapt needs -l, the latency profile: none given and none at "),
+                                            (["-l"], "--adapt needs -a, the acceptance profile: none given and none at "),
+                                            ([], "--adapt needs -a, the acceptance profile")])
+def test_cli_adapt_needs_both_profiles(profiles, tmp_path, given, missing, monkeypatch):
+    """Not given and not at the default paths (where treeopt profile writes them): named with that path."""
     root, acc, lat, tree = profiles
+    monkeypatch.chdir(tmp_path)  # no profiles/ folder here
     args = [x for opt in given for x in (opt, acc if opt == "-a" else lat)]
     r = invoke("run", "--tree", tree, "--adapt", *args, "--target", tmp_path / "no-model",
                "--results-dir", tmp_path / "res")
