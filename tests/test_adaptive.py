@@ -351,7 +351,8 @@ def test_cli_adapt_bad_values_one_line_exit_2(profiles, tmp_path, extra, message
 
 
 @pytest.mark.parametrize("given, missing", [(["-a"], "--adapt needs -l, the latency profile: none given and none at "),
-                                            (["-l"], "--adapt needs -a, the acceptance profile: none given and none at "),
+                                            (["-l"], "--adapt needs -a, the acceptance profile: none given and "
+                                                     "none at "),
                                             ([], "--adapt needs -a, the acceptance profile")])
 def test_cli_adapt_needs_both_profiles(profiles, tmp_path, given, missing, monkeypatch):
     """Not given and not at the default paths (where treeopt profile writes them): named with that path."""

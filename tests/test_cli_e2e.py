@@ -199,8 +199,12 @@ def test_run_compare_and_adapt_read_the_default_profiles(workdir, tmp_path, monk
     run = ("run", "--tree", tree, "--target", target, "--draft", draft, "--prompts", prompts, "--num-prompts", "1",
            "--max-new-tokens", "8", "--results-dir", tmp_path / "res", "--json")
     r = invoke(*run, "--compare")  # nothing profiled yet: the default path and the command that writes it
-    assert r.exit_code == 2 and "--compare needs -a, the acceptance profile: none given and none at profiles" in r.output
+    assert r.exit_code == 2
+    assert "--compare needs -a, the acceptance profile: none given and none at profiles" in r.output
     assert "where treeopt profile acceptance --target" in r.output, r.output
+    r = invoke(*run, "--compare", "--temperature", "0.5")  # the command given writes the file the run looks for
+    assert r.exit_code == 2 and "acceptance-sampling-t0.5-p1.yaml, where treeopt profile acceptance" in r.output
+    assert "--temperature 0.5 --top-p 1 writes it" in r.output, r.output
     r = invoke("profile", "acceptance", "--target", target, "--draft", draft, "--prompts", prompts, "--width", "3",
                "--depth", "2", "--max-new-tokens", "8", "--num-prompts", "2", "--json")
     assert r.exit_code == 0, r.output

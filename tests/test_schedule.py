@@ -742,7 +742,8 @@ def test_tune_for_a_gpu_engine_names_the_pair_given_and_warns_when_the_profile_m
     assert any("but this run uses 'my-draft'" in w for w in doc["warnings"]), doc["warnings"]
     assert any("but this run uses 'my-target'" in w for w in doc["warnings"]), doc["warnings"]
     assert any(w.startswith("the plan is for the pair named here (--target / --draft) but priced on the acceptance "
-                            "of the pair the profile measured: profile this pair's acceptance") for w in doc["warnings"])
+                            "of the pair the profile measured: profile this pair's acceptance")
+               for w in doc["warnings"])
     assert json.loads(doc["settings"]["text"])["model"] == str(mine)
     assert any(n.startswith(f"the draft checkpoint named is --draft's, {mine}, as this machine has it")
                for n in doc["notes"])

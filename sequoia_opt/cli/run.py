@@ -23,6 +23,7 @@ depth, predicted tokens per step) follows; the results JSON holds the whole log.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -86,7 +87,12 @@ def _default_profiles(target: Optional[Path], draft: Optional[list[str]], accept
     paths = default_profile_paths(target, spec, device=device, temperature=temperature, top_p=top_p, dtype=dtype,
                                   weights=weights)
     what = "--adapt" if adapt else "--compare"
-    how = f"{' --target ' + str(target) if target else ''}{' --draft ' + spec.spec if draft else ''}"
+    how = f"{' --target ' + shlex.quote(str(target)) if target else ''}" \
+          f"{' --draft ' + shlex.quote(spec.spec) if draft else ''}"
+    extra = {"acceptance": f" --temperature {temperature:g} --top-p {top_p:g}" if temperature else "",
+             "latency": "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights))
+                                if v != "float32")}  # the file the run reads is the one this writes
+    device_flag = f" --device {device}" if device != "cpu" else ""
     out, notes = [acceptance, latency], []
     for i, (kind, opt) in enumerate((("acceptance", "-a"), ("latency", "-l"))):
         if out[i] is not None:
@@ -96,7 +102,7 @@ def _default_profiles(target: Optional[Path], draft: Optional[list[str]], accept
             notes.append(f"{what}: {opt} {paths[i]} (where treeopt profile {kind} writes it; pass {opt} for another)")
         elif kind == "acceptance" or adapt:
             raise TreeoptError(f"{what} needs {opt}, the {kind} profile: none given and none at {paths[i]}, where "
-                               f"treeopt profile {kind}{how} writes it")
+                               f"treeopt profile {kind}{how}{device_flag}{extra[kind]} writes it")
     return out[0], out[1], notes
 
 
@@ -226,7 +232,7 @@ def run_cmd(
                      and (policy is None or pkind.name == "static") and not dynamic
                      and not any(_graft_tree_names(t) for t in tree))
     profile_notes: list[str] = []
-    if (compare or adapt) and not (compare_drafters or merge or scheduler is not None or len(draft or []) > 1):
+    if (compare or adapt) and tree and not (compare_drafters or merge or scheduler is not None or len(draft or []) > 1):
         acceptance, latency, profile_notes = _default_profiles(
             target, draft, acceptance, latency, adapt=bool(adapt), device=device, temperature=temperature,
             top_p=top_p, dtype=dtype, weights=weights)

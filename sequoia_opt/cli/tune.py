@@ -50,7 +50,8 @@ def tune(
     release: Annotated[Optional[str], typer.Option(
         "--release", help="The engine release to export for (refused when it does not take the setting).")] = None,
     method: Annotated[Optional[str], typer.Option(
-        "--method", help="The engine's drafting method in vLLM's names: draft_model | ngram | eagle | eagle3 | mtp | medusa "
+        "--method", help="The engine's drafting method in vLLM's names: draft_model | ngram | eagle | eagle3 | mtp | "
+        "medusa "
         "(default: the drafter measured: --draft, else the one the acceptance profile names).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="The draft checkpoint to name in the export.")] = None,
     max_batch: Annotated[Optional[int], typer.Option(

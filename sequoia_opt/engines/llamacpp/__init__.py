@@ -24,7 +24,8 @@ from .target import LlamaCppDrafter, LlamaCppTarget
 
 __all__ = ["LlamaCppModel", "LlamaCppTarget", "LlamaCppDrafter", "check_gguf", "engine_info", "server_prompt_ids",
            "DRAFT_TOP_K", "top1",
-           "Step", "Generation", "generate", "SettingRun", "run_settings", "GgufPair", "resolve_pair", "check_llamacpp_drafter",
+           "Step", "Generation", "generate", "SettingRun", "run_settings", "GgufPair", "resolve_pair",
+           "check_llamacpp_drafter",
            "forward_calls", "batch_calls", "measure_acceptance", "measure_batch_overhead", "measure_step_overhead",
            "profile_latency", "profile_latency_batch", "ChainSetting",
            "ChainChoice", "chain_cost", "predict_chain", "predict_replay", "replay_chain", "solve_chain",
