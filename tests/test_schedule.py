@@ -751,6 +751,40 @@ def test_tune_for_a_gpu_engine_names_the_pair_given_and_warns_when_the_profile_m
     assert res.exit_code == 0 and not any("but this run uses" in w for w in json.loads(res.stdout)["warnings"])
 
 
+def test_tune_for_a_gpu_engine_compares_the_pair_by_its_weights(tmp_path):
+    """By name only, a byte-identical copy of the profiled draft under another folder name was warned about (and
+    sent to re-profile), and another draft in a folder of the profiled one's name passed without a word. The
+    fingerprints decide, as run's check does."""
+    import shutil
+
+    from sequoia_opt.model.loaders import weights_fingerprint
+
+    table, acc = _files(tmp_path)
+    draft = tmp_path / "p" / "draft"
+    draft.mkdir(parents=True)
+    (draft / "model.safetensors").write_bytes(b"weights of p" * 100)
+    doc = yaml.safe_load(acc.read_text())
+    doc["measured"] = {"draft": "draft", "weights": {"draft": {"path": str(draft),
+                                                               "fingerprint": weights_fingerprint(draft)}}}
+    acc.write_text(yaml.safe_dump(doc))
+    copy = tmp_path / "copy" / "draft_copy"
+    shutil.copytree(draft, copy)
+    other = tmp_path / "q" / "draft"
+    other.mkdir(parents=True)
+    (other / "model.safetensors").write_bytes(b"weights of q" * 100)
+
+    def warnings_of(path):
+        res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--draft", str(path),
+                                  "--json"])
+        assert res.exit_code == 0, res.output
+        return [w for w in json.loads(res.stdout)["warnings"] if "measured" in w]
+
+    assert warnings_of(draft) == [] and warnings_of(copy) == []
+    found = warnings_of(other)
+    assert any(w.startswith("profile 'acc' was measured with other weights: its draft weights at ") for w in found), found
+    assert any(w.startswith("the plan is for the pair named here") for w in found), found
+
+
 def test_a_table_in_microseconds_warns(tmp_path):
     """A T(b, n) table typed in microseconds (7900 for 7.9 ms) was read as ms without a word: every predicted
     tokens/s 1000x low. A warning names the fastest time; the same table in ms does not warn."""

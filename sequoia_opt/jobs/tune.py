@@ -959,18 +959,30 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     if opts.acceptance is not None and (opts.engine == "treeopt" or opts.target is not None or
                                         opts.draft is not None and spec.path is not None):
         # a given profile and the pair named here (loaded, for treeopt): the same?
-        from ..profiles import measured_differs, warn_on_mismatch
+        from ..profiles import measured_differs, warn_on_mismatch, weights_mismatch
+        from ..profiles.checks import same_weights
 
         named = {"target": labels.get("target"), "drafter": labels.get("drafter")}
-        if opts.engine in GPU_ENGINES:  # nothing loaded: the names given (a drafter by its checkpoint's path)
-            from .load import model_label
+        weights: dict[str, Any] = {}
+        if opts.engine in GPU_ENGINES:  # nothing loaded: the names given (a drafter by its checkpoint's path), and
+            from .load import model_label  # and their weights' fingerprints (a copy is the same model)
+            from ..model.loaders import weights_fingerprint
 
             named = {"target": model_label(Path(opts.target)) if opts.target is not None else measured.get("target"),
                      "drafter": labels.get("drafter") if spec.path is not None else measured.get("draft")}
-        warnings += [w for w in warn_on_mismatch(acceptance=acc, target=named["target"],
-                                                 draft=named["drafter"]) if w not in warnings]
-        if any(measured_differs(key, measured.get(key), named[label])
-               for key, label in (("target", "target"), ("draft", "drafter"))):
+            from ..errors import CheckpointError
+
+            for role, path in (("target", opts.target), ("draft", spec.checkpoint if spec.path else None)):
+                try:  # as weights_record writes them; a folder with no weight file (a config for the engine's
+                    if path is not None:  # machine) has no fingerprint
+                        weights[role] = {"path": str(Path(path).resolve()), "fingerprint": weights_fingerprint(path)}
+                except CheckpointError:
+                    pass
+        warnings += [w for w in warn_on_mismatch(acceptance=acc, target=named["target"], draft=named["drafter"],
+                                                 weights=weights or None) if w not in warnings]
+        if any(measured_differs(key, measured.get(key), named[label]) and not same_weights(measured, weights, key)
+               for key, label in (("target", "target"), ("draft", "drafter"))) or weights_mismatch(measured,
+                                                                                                     weights):
             warnings.append(f"the plan is for the pair {'loaded' if opts.engine == 'treeopt' else 'named'} here "
                             "(--target / --draft) but priced on the acceptance "
                             "of the pair the profile measured: " + (
