@@ -751,6 +751,19 @@ def test_tune_for_a_gpu_engine_names_the_pair_given_and_warns_when_the_profile_m
     assert res.exit_code == 0 and not any("but this run uses" in w for w in json.loads(res.stdout)["warnings"])
 
 
+def test_tune_exports_a_draft_folder_given_by_a_relative_path_absolute(tmp_path, monkeypatch):
+    """--draft ./-dd lost its ./ on the way to SGLang's start command ('--speculative-draft-model-path -dd', an
+    option to SGLang), and a relative path only worked from the folder tune ran in."""
+    table, acc = _files(tmp_path)
+    (tmp_path / "-dd").mkdir()
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["tune", "--engine", "sglang", "-l", str(table), "-a", str(acc), "--draft", "./-dd",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    flags = [r["cli_flags"] for r in json.loads(res.stdout)["settings"]["data"]["per_range"]]
+    assert any(f"--speculative-draft-model-path {tmp_path / '-dd'} " in f for f in flags), flags
+
+
 def test_tune_for_a_gpu_engine_compares_the_pair_by_its_weights(tmp_path):
     """By name only, a byte-identical copy of the profiled draft under another folder name was warned about (and
     sent to re-profile), and another draft in a folder of the profiled one's name passed without a word. The

@@ -24,6 +24,7 @@ anything is measured or written.
 
 from __future__ import annotations
 
+import os
 import shlex
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -1147,10 +1148,11 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     model = opts.model or (str(given_doc["draft_model"]) if given_doc.get("draft_model") else None)
     gguf = served.path if opts.draft is not None and served.kind == "model" else None  # a profile's label: no file
     if model is None and opts.engine == "llama.cpp" and gguf is not None and str(gguf).lower().endswith(".gguf"):
-        model = str(gguf)  # the draft GGUF tune measured is the one llama-server's -md loads (model:X.gguf too)
+        model = os.path.abspath(gguf)  # the draft GGUF tune measured is llama-server's -md (model:X.gguf too);
+        # absolute: the command runs from anywhere, and a name starting with '-' is no option
     if model is None and opts.engine in GPU_ENGINES and opts.draft is not None and served.path is not None \
             and key != "ngram" and not str(served.path).lower().endswith(".gguf"):  # a folder the engine can load
-        model = str(served.path)
+        model = os.path.abspath(served.path)
         notes.append(f"the draft checkpoint named is --draft's, {shlex.quote(model)}, as this machine has it: pass "
                      "--model with the path (or Hugging Face id) the engine's machine loads")
     if opts.model is not None and key == "ngram" and opts.engine in GPU_ENGINES:
@@ -1161,7 +1163,7 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
         doc["draft_model"] = model  # the drafter checkpoint the engine loads (--model)
     settings = None
     if opts.engine != "treeopt":
-        target = str(opts.target) if opts.engine == "llama.cpp" and opts.target is not None and \
+        target = os.path.abspath(opts.target) if opts.engine == "llama.cpp" and opts.target is not None and \
             str(opts.target).lower().endswith(".gguf") else None  # the GGUF tune measured is llama-server's -m
         settings = export_plan(plan, opts.engine, release=opts.release, method=method,
                                model=model, lookup=lookup, max_batch=opts.max_batch, target=target)
