@@ -2087,6 +2087,29 @@ def _labelled(tmp_path, drafter: str):
     return table, path
 
 
+def test_tune_caps_a_medusa_profiles_chains_at_its_heads_and_a_bad_limit_is_refused(tmp_path):
+    """A 3-head Medusa profile was exported to vLLM with num_speculative_tokens 5 (solve capped its trees, tune did
+    not); a draft_depth_limit of 0, "3", 3.5 or true was ignored without a word."""
+    table, acc = _labelled(tmp_path, "medusa:md")
+    doc = yaml.safe_load(acc.read_text())
+    doc["acceptance"], doc["counts"] = [0.9, 0.05, 0.02], [900, 50, 20, 30]  # deep chains pay
+    doc["measured"]["draft_depth_limit"] = 2
+    acc.write_text(yaml.safe_dump(doc))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert json.loads(out["settings"]["text"])["num_speculative_tokens"] == 2
+    assert any(n.startswith("chains up to K = 2, not ") for n in out["notes"]), out["notes"]
+    for bad in (0, "2", 2.5, True):
+        doc["measured"]["draft_depth_limit"] = bad
+        acc.write_text(yaml.safe_dump(doc))
+        for args in (["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc)], ["solve", "-a", str(acc)]):
+            res = runner.invoke(app, args)
+            assert res.exit_code == 2 and f"measured.draft_depth_limit = {bad!r} must be an integer >= 1" in \
+                res.output, res.output
+
+
 def test_tune_sglang_serves_a_draft_model_as_standalone_and_warns_on_a_head_method(tmp_path):
     """A draft model's acceptance runs as SGLang's STANDALONE (its draft-model algorithm), as vLLM's draft_model and
     TensorRT-LLM's Draft_Target: the export defaulted to EAGLE3, a feature head the profile never measured. A

@@ -1036,6 +1036,11 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
                          + (f" at {batch_sizes_text(short)}, and every batch size is solved over the same K "
                             f"(measured further at {batch_sizes_text(sorted(further))}: up to n = "
                             f"{max(further.values())}; to score longer chains there, {fix})" if further else ""))
+        limit = (getattr(acc, "measured", None) or {}).get("draft_depth_limit")
+        if limit is not None and k > limit:  # Medusa's K heads: a longer chain is cut every step
+            notes.append(f"chains up to K = {limit}, not {k}: acceptance profile {acc.id!r} measured a drafter that "
+                         f"proposes depths 1..{limit} only (Medusa's {limit} heads)")
+            k = limit
         value = ChainValue(acc, k, acceptance_model=opts.acceptance_model)
         notes.append(f"chains valued with the {value.model_used} acceptance model (--acceptance-model "
                      f"{opts.acceptance_model})")
@@ -1206,7 +1211,9 @@ def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, note
                            "profile): a tree needs the acceptance of its k-th ranked candidates; measure it with "
                            "treeopt profile acceptance --width 4 (or drop -a: tune measures it)")
     _, k = _draft_limit(opts, profile, ctx)
-    value = TreeValue(acc, budget=k + 1, max_depth=k, max_branching=min(width, 16))
+    limit = (getattr(acc, "measured", None) or {}).get("draft_depth_limit")  # Medusa's K heads
+    value = TreeValue(acc, budget=k + 1, max_depth=k if limit is None else min(k, limit),
+                      max_branching=min(width, 16))
     notes.append(f"trees of up to {k + 1} nodes (root included) valued positionally: p_1..p_{width} of the "
                  f"{width} ranked candidates the acceptance profile measured")
     return value

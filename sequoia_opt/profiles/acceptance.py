@@ -164,6 +164,12 @@ class AcceptanceProfile:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                     raise ProfileError(f"{source}: measured.{key} = {v!r} must be a non-negative integer")
                 check_integer(v, f"{source}: measured.{key}", high=MAX_TOKENS if key == "width" else MAX_COUNT)
+        limit = measured.get("draft_depth_limit")  # the deepest the drafter proposes (Medusa's K heads)
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ProfileError(f"{source}: measured.draft_depth_limit = {limit!r} must be an integer >= 1 (the "
+                                   "deepest the drafter proposes)")
+            check_integer(limit, f"{source}: measured.draft_depth_limit", high=MAX_TOKENS)
         # the sizes a profile states must agree with its data (a hand-edited or truncated vector otherwise
         # solves for another K without a word)
         if measured.get("width") is not None and measured["width"] != p.size:
