@@ -448,3 +448,16 @@ def test_run_on_llamacpp_refuses_a_head_before_reading_its_tree(workdir, tmp_pat
     tree.write_text("choices: [[0], [1]]\n")
     r = invoke("run", "--engine", "llama.cpp", "--draft", "eagle3", "--tree", tree)
     assert r.exit_code == 2 and "a feature head reads the target's hidden states, which llama.cpp's binding" in r.output
+
+
+def test_tune_for_a_gpu_engine_refuses_a_head_folder_given_as_a_draft_model(workdir, tmp_path):
+    """tune --engine vllm --draft HEAD_FOLDER (no kind) exported '"method": "draft_model"' with the head as the
+    draft model; run and profile refused it, naming the kind."""
+    root, target, draft, prompts, heads = workdir
+    table = tmp_path / "t.csv"
+    table.write_text("batch,tokens,target_ms\n" + "".join(f"1,{n},{10 + n}\n" for n in range(1, 6)))
+    acc = tmp_path / "a.yaml"
+    acc.write_text(yaml.safe_dump({"format": "treeopt-acceptance/1", "id": "a", "acceptance": [0.6, 0.1]}))
+    r = invoke("tune", "--engine", "vllm", "-l", table, "-a", acc, "--draft", heads["medusa"], "-o", tmp_path / "x")
+    assert r.exit_code == 2 and f"pass --draft medusa:{heads['medusa']}" in r.output, r.output
+    assert not (tmp_path / "x").exists()

@@ -31,8 +31,8 @@ from .policies import (AdaptiveSchedulePolicy, ChainPolicy, DynamicPolicy, PlanA
 
 __all__ = ["DrafterSpec", "DrafterKind", "CostProbe", "PolicyKind", "DRAFTERS", "POLICIES", "register_drafter",
            "register_policy", "policy_kind", "parse_policy", "load_plugins", "drafter_kind", "no_argument",
-           "parse_drafter_spec", "check_drafter", "drafter_slug", "LOOKUP_DEFAULT", "DRAFTER_KEYWORDS",
-           "plugin_kinds"]
+           "parse_drafter_spec", "check_drafter", "refuse_a_head_as_a_draft_model", "drafter_slug", "LOOKUP_DEFAULT",
+           "DRAFTER_KEYWORDS", "plugin_kinds"]
 
 #: The lookup drafter's n-gram sizes when ``--draft lookup`` gives none (vLLM's ``ngram`` method takes both
 #: ``prompt_lookup_min`` and ``prompt_lookup_max``; 1..3 matches prompt lookup decoding's usual setting).
@@ -809,7 +809,7 @@ def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path
             tokenizers differ).
     """
     if spec.kind == "model" and spec.path is not None:
-        _refuse_a_head_as_a_draft_model(Path(spec.path))
+        refuse_a_head_as_a_draft_model(Path(spec.path))
     spec.entry.check(spec, target_config)
     if target_path is not None and spec.entry.loads_model and spec.entry.load is None:
         from ..model.loaders import check_draft_checkpoint
@@ -817,7 +817,7 @@ def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path
         check_draft_checkpoint(target_path, spec.path if spec.path is not None else bundled_draft_path())
 
 
-def _refuse_a_head_as_a_draft_model(path: Path) -> None:
+def refuse_a_head_as_a_draft_model(path: Path) -> None:
     """Raise TreeoptError when the draft-model folder ``path`` holds a feature head's ``config.json`` (EAGLE-3,
     EAGLE-1/2 or Medusa): read as a draft model it failed later on its tokenizer or its missing layers, in lines
     that never named the ``--draft KIND:PATH`` spelling. Anything unreadable is left to the loader's checks."""
