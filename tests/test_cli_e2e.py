@@ -187,6 +187,9 @@ def test_profile_latency_default_context_fits_a_short_context_model(workdir, tmp
     assert f"--context {fit}: the default {DEFAULT_CONTEXT} does not fit" in r.output
     r = invoke(*args, "--context", "256")
     assert r.exit_code == 2 and "--context 256 + 12 tokens exceeds the target model's context of 160" in r.output
+    r = invoke(*args[:-2], "--max-tokens", "200", "-o", lat)  # no default fits: the line names what to lower
+    assert r.exit_code == 2 and "context of 160 tokens leaves no context to time trees of up to 200 tokens at: " \
+        "lower --max-tokens" in r.output, r.output
 
 
 def test_run_compare_and_adapt_read_the_default_profiles(workdir, tmp_path, monkeypatch):

@@ -198,7 +198,11 @@ def profile_latency(
         fit = min(limit - widest for limit, widest, _ in positions)
         if loop and drafter is not None and not offload:
             fit = min(fit, positions[0][0] - loop_positions(0, max(grid)))
-        if 1 <= fit < contexts[0]:
+        if fit < 1:
+            limit, widest, what = min(positions, key=lambda x: x[0] - x[1])
+            raise TreeoptError(f"the {what} model's context of {limit} tokens leaves no context to time trees of up "
+                               f"to {widest} tokens at: lower --max-tokens / --max-draft-tokens")
+        if fit < contexts[0]:
             note(f"--context {fit}: the default {DEFAULT_CONTEXT} does not fit the models' context with trees up "
                  f"to {max(grid)} tokens (pass --context to choose)")
             contexts = [fit]
