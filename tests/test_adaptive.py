@@ -576,3 +576,21 @@ def test_a_run_of_an_adaptive_tree_predicts_no_less_than_a_token_a_step_and_caps
     assert s.adaptive is not None and s.predicted_tokens_per_step is not None and s.predicted_tokens_per_step >= 1.0
     assert s.predicted_tokens_per_step == pytest.approx(adapter.predicted_tokens_per_step)  # no file factor applied
     assert s.tps_ci95[1] >= s.tokens_per_step > 1.0  # the 'same' draft is accepted: deeper trees ran
+
+
+def test_adaptive_re_solves_stop_at_a_medusa_profiles_depth(profiles, tmp_path):
+    """With 3 Medusa heads the run said 're-solved ... depth 16' while every deeper tree was cut to 3 each step:
+    the re-solves' depth is capped at the profile's draft_depth_limit."""
+    from sequoia_opt.jobs.entries import adaptive_entries
+    from sequoia_opt.jobs.run import TreeEntry
+    from sequoia_opt.tree import load_tree
+
+    root, acc, lat, tree = profiles
+    limited = tmp_path / "acc.yaml"
+    save_acceptance(limited, AcceptanceProfile(id="acc-heads", acceptance=np.array([0.5, 0.2, 0.1]),
+                                               measured={"draft_depth_limit": 2}))
+    t, meta = load_tree(tree)
+    for path, depth in ((acc, 16), (limited, 2)):
+        _, notes = adaptive_entries([TreeEntry("t", t, meta)], path, lat, every=8, window=32, prior_weight=8.0,
+                                    budget=None, max_depth=None, max_branching=None)
+        assert any(f"within budget 10, depth {depth}, branching" in n for n in notes), notes

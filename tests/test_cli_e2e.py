@@ -184,7 +184,7 @@ def test_profile_latency_default_context_fits_a_short_context_model(workdir, tmp
     assert r.exit_code == 0, r.output
     fit = min(160 - 12, 160 - loop_positions(0, 12))
     assert 1 <= fit < DEFAULT_CONTEXT and load_latency(lat).contexts == [fit]
-    assert f"--context {fit}: the default {DEFAULT_CONTEXT} does not fit" in r.output
+    assert f"--context {fit}: the default {DEFAULT_CONTEXT} does not fit the context of the models" in r.output
     r = invoke(*args, "--context", "256")
     assert r.exit_code == 2 and "--context 256 + 12 tokens exceeds the target model's context of 160" in r.output
     r = invoke(*args[:-2], "--max-tokens", "200", "-o", lat)  # no default fits: the line names what to lower

@@ -203,8 +203,9 @@ def profile_latency(
             raise TreeoptError(f"the {what} model's context of {limit} tokens leaves no context to time trees of up "
                                f"to {widest} tokens at: lower --max-tokens / --max-draft-tokens")
         if fit < contexts[0]:
-            note(f"--context {fit}: the default {DEFAULT_CONTEXT} does not fit the models' context with trees up "
-                 f"to {max(grid)} tokens (pass --context to choose)")
+            note(f"--context {fit}: the default {DEFAULT_CONTEXT} does not fit the context of the models (and the "
+                 f"timed loop) with the sizes timed, up to {max(grid)} target and {max(dgrid)} draft tokens (pass "
+                 "--context to choose)")
             contexts = [fit]
     for limit, widest, what in positions:
         if max(contexts) + widest > limit:

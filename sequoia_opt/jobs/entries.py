@@ -510,7 +510,8 @@ def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, wi
 
     Limits of the re-solves: ``budget`` or the tree's recorded budget limit (``treeopt solve`` writes it),
     else its budget, else its size, lowered to the latency profile's largest measured token count when a
-    limit that was not given exceeds it (a note says so); ``max_depth`` or 16 (``treeopt solve``'s default);
+    limit that was not given exceeds it (a note says so); ``max_depth`` or 16 (``treeopt solve``'s default), at
+    most the profile's ``draft_depth_limit`` (Medusa's K heads);
     ``max_branching`` or the tree's recorded one, else 32. ``guard``: arm each adapter's guard (it needs the
     acceptance profile's per-prompt counts; :class:`~sequoia_opt.drafting.policies.TreeAdapter`).
 
@@ -539,6 +540,8 @@ def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, wi
                          f"profile {curve.id!r} was measured up to {measured} target tokens")
             b = measured
         d = SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth
+        limit = (acc.measured or {}).get("draft_depth_limit")  # Medusa's K heads: deeper re-solves are cut
+        d = min(d, limit) if limit is not None else d
         br = max_branching if max_branching is not None else int(extra.get("max_branching")
                                                                  or SINGLE_DEFAULTS["max_branching"])
         adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,
