@@ -407,8 +407,8 @@ def test_a_head_given_as_a_draft_model_names_its_kind(workdir, tmp_path, kind):
     root, target, draft, prompts, heads = workdir
     r = invoke("profile", "acceptance", "--target", target, "--draft", heads[kind], "--prompts", prompts,
                "-o", tmp_path / "acc.yaml")
-    assert r.exit_code == 2 and (f"--draft {heads[kind]}: its config.json is a feature head's ({kind}), not a draft "
-                                 f"model's: pass --draft {kind}:{heads[kind]}") in r.output, r.output
+    assert r.exit_code == 2 and (f"--draft {heads[kind]} holds a feature head ({kind}), not a draft model: pass "
+                                 f"--draft {kind}:{heads[kind]}") in r.output, r.output
     assert not (tmp_path / "acc.yaml").exists()
 
 
@@ -461,3 +461,13 @@ def test_tune_for_a_gpu_engine_refuses_a_head_folder_given_as_a_draft_model(work
     r = invoke("tune", "--engine", "vllm", "-l", table, "-a", acc, "--draft", heads["medusa"], "-o", tmp_path / "x")
     assert r.exit_code == 2 and f"pass --draft medusa:{heads['medusa']}" in r.output, r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_an_eagle_head_in_llamas_architecture_given_as_a_draft_model_names_its_kind(workdir, tmp_path):
+    """EAGLE-1 heads often say architectures LlamaForCausalLM, as draft models do; given as --draft PATH one failed on
+    its missing tokenizer.json. Its fc.weight (read from the safetensors header) names the kind."""
+    root, target, draft, prompts, heads = workdir
+    head = write_eagle(tmp_path / "e1", weights="model.safetensors", architectures=["LlamaForCausalLM"])
+    r = invoke("profile", "acceptance", "--target", target, "--draft", head, "--prompts", prompts)
+    assert r.exit_code == 2 and f"holds a feature head (eagle), not a draft model: pass --draft eagle:{head}" \
+        in r.output, r.output

@@ -818,8 +818,9 @@ def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path
 
 
 def refuse_a_head_as_a_draft_model(path: Path) -> None:
-    """Raise TreeoptError when the draft-model folder ``path`` holds a feature head's ``config.json`` (EAGLE-3,
-    EAGLE-1/2 or Medusa): read as a draft model it failed later on its tokenizer or its missing layers, in lines
+    """Raise TreeoptError when the draft-model folder ``path`` holds a feature head (EAGLE-3, EAGLE-1/2 or Medusa:
+    its ``config.json``, or an EAGLE head's ``fc.weight`` in a folder without a tokenizer, :func:`_holds_eagle_fc`):
+    read as a draft model it failed later on its tokenizer or its missing layers, in lines
     that never named the ``--draft KIND:PATH`` spelling. Anything unreadable is left to the loader's checks."""
     import json
 
@@ -834,10 +835,27 @@ def refuse_a_head_as_a_draft_model(path: Path) -> None:
     archs = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
     kind = ("eagle3" if any(a in EAGLE3_ARCHITECTURES for a in archs) else
             "medusa" if "medusa_num_heads" in cfg or any(a in MEDUSA_ARCHITECTURES for a in archs) else
-            "eagle" if "EagleLlamaForCausalLM" in archs else None)
+            "eagle" if "EagleLlamaForCausalLM" in archs or _holds_eagle_fc(path) else None)
     if kind is not None:
-        raise TreeoptError(f"--draft {path}: its config.json is a feature head's ({kind}), not a draft model's: "
-                           f"pass --draft {kind}:{path}")
+        raise TreeoptError(f"--draft {path} holds a feature head ({kind}), not a draft model: pass --draft "
+                           f"{kind}:{path}")
+
+
+def _holds_eagle_fc(path: Path) -> bool:
+    """Whether a folder without a tokenizer holds an EAGLE-1/2 head's ``fc.weight`` (its ``config.json`` may say
+    ``LlamaForCausalLM``, as the draft models' do): read from the safetensors headers only."""
+    if (path / "tokenizer.json").exists():
+        return False
+    try:
+        from safetensors import safe_open
+
+        for file in sorted(path.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as handle:
+                if "fc.weight" in handle.keys():
+                    return True
+    except Exception:  # noqa: BLE001 (safetensors' own errors): an unreadable file is the loader's to name
+        return False
+    return False
 
 
 #: The kinds this package registers itself (the CLI's ``--draft`` / ``--policy`` help describes them in its own
