@@ -227,8 +227,8 @@ def solve(
     curve = load_latency(latency) if latency is not None else None
     p = acc.acceptance
     report = Report(title="treeopt solve")
-    limit = (acc.measured or {}).get("draft_depth_limit")
-    if isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit < max_depth:
+    limit = acc.depth_limit
+    if limit is not None and limit < max_depth:
         report.notes.append(f"max depth {limit} (asked {max_depth}): profile {acc.id!r} measured a drafter that "
                             f"proposes depths 1..{limit} only (Medusa's {limit} heads); a deeper tree would be cut "
                             "every step")

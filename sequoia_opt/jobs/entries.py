@@ -540,8 +540,7 @@ def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, wi
                          f"profile {curve.id!r} was measured up to {measured} target tokens")
             b = measured
         d = SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth
-        limit = (acc.measured or {}).get("draft_depth_limit")  # Medusa's K heads: deeper re-solves are cut
-        d = min(d, limit) if limit is not None else d
+        d = d if acc.depth_limit is None else min(d, acc.depth_limit)  # Medusa's K heads: deeper re-solves are cut
         br = max_branching if max_branching is not None else int(extra.get("max_branching")
                                                                  or SINGLE_DEFAULTS["max_branching"])
         adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,

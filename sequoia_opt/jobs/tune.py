@@ -963,36 +963,7 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
         warnings.append(f"acceptance profile {acc.id!r} is EXAMPLE data, not a measurement")
     if opts.acceptance is not None and (opts.engine == "treeopt" or opts.target is not None or
                                         opts.draft is not None and spec.path is not None):
-        # a given profile and the pair named here (loaded, for treeopt): the same?
-        from ..profiles import measured_differs, warn_on_mismatch, weights_mismatch
-        from ..profiles.checks import same_weights
-
-        named = {"target": labels.get("target"), "drafter": labels.get("drafter")}
-        weights: dict[str, Any] = {}
-        if opts.engine in GPU_ENGINES:  # nothing loaded: the names given (a drafter by its checkpoint's path), and
-            from .load import model_label  # and their weights' fingerprints (a copy is the same model)
-            from ..model.loaders import weights_fingerprint
-
-            named = {"target": model_label(Path(opts.target)) if opts.target is not None else measured.get("target"),
-                     "drafter": labels.get("drafter") if spec.path is not None else measured.get("draft")}
-            from ..errors import CheckpointError
-
-            for role, path in (("target", opts.target), ("draft", spec.checkpoint if spec.path else None)):
-                try:  # as weights_record writes them; a folder with no weight file (a config for the engine's
-                    if path is not None:  # machine) has no fingerprint
-                        weights[role] = {"path": str(Path(path).resolve()), "fingerprint": weights_fingerprint(path)}
-                except CheckpointError:
-                    pass
-        warnings += [w for w in warn_on_mismatch(acceptance=acc, target=named["target"], draft=named["drafter"],
-                                                 weights=weights or None) if w not in warnings]
-        if any(measured_differs(key, measured.get(key), named[label]) and not same_weights(measured, weights, key)
-               for key, label in (("target", "target"), ("draft", "drafter"))) or weights_mismatch(measured,
-                                                                                                     weights):
-            warnings.append(f"the plan is for the pair {'loaded' if opts.engine == 'treeopt' else 'named'} here "
-                            "(--target / --draft) but priced on the acceptance "
-                            "of the pair the profile measured: " + (
-                                "drop -a to measure this pair's acceptance" if opts.engine in ("treeopt", "llama.cpp")
-                                else "profile this pair's acceptance (treeopt profile acceptance) and pass it as -a"))
+        warnings += [w for w in _pair_warnings(opts, spec, acc, labels) if w not in warnings]
     if opts.shape == "envelope":
         from ..profiles.calibration import calibration_warnings, load_calibration
         from ..solver.dynamic import setting_grid
@@ -1040,7 +1011,7 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
                          + (f" at {batch_sizes_text(short)}, and every batch size is solved over the same K "
                             f"(measured further at {batch_sizes_text(sorted(further))}: up to n = "
                             f"{max(further.values())}; to score longer chains there, {fix})" if further else ""))
-        limit = (getattr(acc, "measured", None) or {}).get("draft_depth_limit")
+        limit = getattr(acc, "depth_limit", None)
         if limit is not None and k > limit:  # Medusa's K heads: a longer chain is cut every step
             notes.append(f"chains up to K = {limit}, not {k}: acceptance profile {acc.id!r} measured a drafter that "
                          f"proposes depths 1..{limit} only (Medusa's {limit} heads)")
@@ -1198,6 +1169,41 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
                       warnings)
 
 
+def _pair_warnings(opts: TuneOptions, spec: Any, acc: Any, labels: Mapping[str, Any]) -> list[str]:
+    """Warnings where the acceptance profile given (-a) measured another pair than the one this run names: the pair
+    loaded (treeopt's engine; ``labels``), or, for a GPU engine (nothing loaded), the -t / --draft checkpoints
+    given, by name and by their weights' fingerprints (a copy under another folder name is the same model, another
+    checkpoint under the profiled one's name is not; a folder with no weight file is compared by name)."""
+    from ..errors import CheckpointError
+    from ..model.loaders import weights_fingerprint
+    from ..profiles import measured_differs, warn_on_mismatch, weights_mismatch
+    from ..profiles.checks import same_weights
+    from .load import model_label
+
+    measured = getattr(acc, "measured", None) or {}
+    named = {"target": labels.get("target"), "draft": labels.get("drafter")}
+    weights: dict[str, Any] = {}
+    if opts.engine in GPU_ENGINES:
+        named = {"target": model_label(Path(opts.target)) if opts.target is not None else measured.get("target"),
+                 "draft": labels.get("drafter") if spec.path is not None else measured.get("draft")}
+        for role, path in (("target", opts.target), ("draft", spec.checkpoint if spec.path else None)):
+            if path is None:
+                continue
+            try:  # as weights_record writes them
+                weights[role] = {"path": str(Path(path).resolve()), "fingerprint": weights_fingerprint(path)}
+            except CheckpointError:  # no weight file: a config for the engine's machine
+                pass
+    out = warn_on_mismatch(acceptance=acc, target=named["target"], draft=named["draft"], weights=weights or None)
+    if weights_mismatch(measured, weights) or any(
+            measured_differs(role, measured.get(role), named[role]) and not same_weights(measured, weights, role)
+            for role in ("target", "draft")):
+        fix = ("drop -a to measure this pair's acceptance" if opts.engine in ("treeopt", "llama.cpp") else
+               "profile this pair's acceptance (treeopt profile acceptance) and pass it as -a")
+        out.append(f"the plan is for the pair {'loaded' if opts.engine == 'treeopt' else 'named'} here (--target / "
+                   f"--draft) but priced on the acceptance of the pair the profile measured: {fix}")
+    return out
+
+
 def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, notes: list[str]) -> Any:
     """``--shape tree``: the :class:`~sequoia_opt.solver.schedule.TreeValue` of the hardware-aware tree per batch
     size, its budget the most tokens every batch size's curve measured (at most ``--max-draft`` + 1; without it, 9
@@ -1215,7 +1221,7 @@ def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, note
                            "profile): a tree needs the acceptance of its k-th ranked candidates; measure it with "
                            "treeopt profile acceptance --width 4 (or drop -a: tune measures it)")
     _, k = _draft_limit(opts, profile, ctx)
-    limit = (getattr(acc, "measured", None) or {}).get("draft_depth_limit")  # Medusa's K heads
+    limit = getattr(acc, "depth_limit", None)  # Medusa's K heads
     value = TreeValue(acc, budget=k + 1, max_depth=k if limit is None else min(k, limit),
                       max_branching=min(width, 16))
     notes.append(f"trees of up to {k + 1} nodes (root included) valued positionally: p_1..p_{width} of the "

@@ -107,6 +107,14 @@ class AcceptanceProfile:
         return np.stack(rows)
 
     @property
+    def depth_limit(self) -> int | None:
+        """The deepest the measured drafter proposes (``measured.draft_depth_limit``, written by ``treeopt profile
+        acceptance`` for Medusa's K heads: K; checked on load), None when it has no limit: the trees and chains
+        solved for it stop there."""
+        v = self.measured.get("draft_depth_limit")
+        return None if v is None else int(v)
+
+    @property
     def positional_consistent(self) -> bool | None:
         """Whether the acceptance mass of every measured depth agreed with the pooled one (the positional
         assumption, Sequoia section 3.1; ``measured.positional_consistent``, written by ``treeopt profile
