@@ -80,7 +80,7 @@ def _default_profiles(target: Optional[Path], draft: Optional[list[str]], accept
         TreeoptError: a profile the option needs is neither given nor at its default path (naming the path and
             the command that writes it).
     """
-    from ..jobs.entries import default_profile_paths
+    from ..jobs.entries import default_profile_paths, profile_flags
     from ..jobs.load import parse_drafter_spec
 
     spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails here, before anything is read
@@ -89,10 +89,6 @@ def _default_profiles(target: Optional[Path], draft: Optional[list[str]], accept
     what = "--adapt" if adapt else "--compare"
     how = f"{' --target ' + shlex.quote(str(target)) if target else ''}" \
           f"{' --draft ' + shlex.quote(spec.spec) if draft else ''}"
-    extra = {"acceptance": f" --temperature {temperature:g} --top-p {top_p:g}" if temperature else "",
-             "latency": "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights))
-                                if v != "float32")}  # the file the run reads is the one this writes
-    device_flag = f" --device {device}" if device != "cpu" else ""
     out, notes = [acceptance, latency], []
     for i, (kind, opt) in enumerate((("acceptance", "-a"), ("latency", "-l"))):
         if out[i] is not None:
@@ -101,8 +97,10 @@ def _default_profiles(target: Optional[Path], draft: Optional[list[str]], accept
             out[i] = [paths[i]]
             notes.append(f"{what}: {opt} {paths[i]} (where treeopt profile {kind} writes it; pass {opt} for another)")
         elif kind == "acceptance" or adapt:
+            flags = profile_flags(kind, device=device, temperature=temperature, top_p=top_p, dtype=dtype,
+                                  weights=weights)  # the file the run reads is the one this writes
             raise TreeoptError(f"{what} needs {opt}, the {kind} profile: none given and none at {paths[i]}, where "
-                               f"treeopt profile {kind}{how}{device_flag}{extra[kind]} writes it")
+                               f"treeopt profile {kind}{how}{flags} writes it")
     return out[0], out[1], notes
 
 

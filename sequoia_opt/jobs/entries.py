@@ -95,6 +95,19 @@ def default_profile_paths(target: Optional[Path], spec, *, device, temperature: 
             Path(default_latency_path(tlabel, spec, device_slug(device), precision_suffix(dtype, weights))))
 
 
+def profile_flags(kind: str, *, device, temperature: float = 0.0, top_p: float = 1.0, dtype: str = "float32",
+                  weights: str = "float32") -> str:
+    """The options of ``treeopt profile <kind>`` (``acceptance`` or ``latency``) that write the file
+    :func:`default_profile_paths` names for a run in this sampling mode, precision and device (empty for greedy
+    float32 on the CPU): what a message naming the command to run must carry, or the file it writes is another."""
+    flags = "" if str(device) == "cpu" else f" --device {device}"
+    if kind == "acceptance" and temperature:
+        flags += f" --temperature {temperature:g} --top-p {top_p:g}"
+    if kind == "latency":
+        flags += "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights)) if v != "float32")
+    return flags
+
+
 def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[list[Path]], *, target: Optional[Path],
                    device, temperature: float, top_p: float, budget: Optional[int], max_depth: int,
                    max_branching: int, defaults: bool = False,
@@ -122,7 +135,6 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
         if given is not None and len(given) != n:
             raise TreeoptError(f"--compare-drafters pairs every --draft with one {opt}, in order: got {n} {what} "
                                f"and {len(given)} {opt}")
-    precision_flags = "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights)) if v != "float32")
     plans, paths = [], []
     for i, spec in enumerate(specs):
         a_default, l_default = default_profile_paths(target, spec, device=device, temperature=temperature,
@@ -133,11 +145,10 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
                f"{'' if spec.entry.loads_model and spec.path is None else ' --draft ' + spec.spec}")
         for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
             if not Path(path).is_file():
-                extra = f" --temperature {temperature:g} --top-p {top_p:g}" if kind == "acceptance" and temperature else ""
+                extra = profile_flags(kind, device=device, temperature=temperature, top_p=top_p, dtype=dtype,
+                                      weights=weights)
                 if kind == "acceptance" and prompts is not None:
                     extra += f" --prompts {shlex.quote(str(prompts))}"
-                if kind == "latency":
-                    extra += precision_flags
                 raise TreeoptError(f"no {kind} profile of drafter {spec.label} at {path}: write it with treeopt profile "
                                    f"{kind}{how}{extra} (or pass {opt} PATH)")
         acc, curve = load_acceptance(a_path), load_latency(l_path)

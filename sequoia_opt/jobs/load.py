@@ -258,6 +258,12 @@ def load_pair(target_path: Path | None, draft: str | Path | DrafterSpec | None, 
     return load_drafters(target_path, [draft], device=device, dtype=dtype, weights=weights, log=log)[0]
 
 
+def _head_context(loaded: Any) -> int | None:
+    """A loaded feature head's own context (tokens): an EAGLE head's (``(EagleHead, draft ids)``) ``config.json``
+    ``max_position_embeddings``; None for Medusa's heads, which read positions through the target alone."""
+    return int(loaded[0].config.layer.max_position_embeddings) if isinstance(loaded, tuple) else None
+
+
 def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | DrafterSpec | None], *,
                   device: torch.device, dtype: torch.dtype, weights: str = "float32",
                   log: Callable[[str], None] | None = None) -> list[ModelPair]:
@@ -299,8 +305,7 @@ def load_drafters(target_path: Path | None, drafts: Sequence[str | Path | Drafte
             key = (spec.kind, Path(spec.checkpoint).resolve())
             if key not in models:
                 models[key] = spec.entry.load(spec, target)
-                own = getattr(getattr(getattr(models[key][0], "config", None), "layer", None),
-                              "max_position_embeddings", None) if isinstance(models[key], tuple) else None
+                own = _head_context(models[key])
                 if log is not None and own is not None and own < target.config.max_position_embeddings:
                     log(f"{Path(spec.checkpoint) / 'config.json'}: max_position_embeddings = {own}, shorter than the "
                         f"target's {target.config.max_position_embeddings}: the head drafts nothing past position "
