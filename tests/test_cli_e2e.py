@@ -207,7 +207,7 @@ def test_run_compare_and_adapt_read_the_default_profiles(workdir, tmp_path, monk
     assert "where treeopt profile acceptance --target" in r.output, r.output
     r = invoke(*run, "--compare", "--temperature", "0.5")  # the command given writes the file the run looks for
     assert r.exit_code == 2 and "acceptance-sampling-t0.5-p1.yaml, where treeopt profile acceptance" in r.output
-    assert "--temperature 0.5 --top-p 1 writes it" in r.output, r.output
+    assert f"--temperature 0.5 --top-p 1 --prompts {prompts} writes it" in r.output, r.output
     r = invoke("profile", "acceptance", "--target", target, "--draft", draft, "--prompts", prompts, "--width", "3",
                "--depth", "2", "--max-new-tokens", "8", "--num-prompts", "2", "--json")
     assert r.exit_code == 0, r.output

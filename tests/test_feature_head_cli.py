@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 import torch
@@ -170,6 +171,9 @@ def test_tune_measures_a_drafter_without_a_draft_model_end_to_end(workdir, tmp_p
         assert curve.cost_model == cost_model and curve.model["draft"] == parse_drafter_spec(spec).label
         assert all(curve.draft_ms(w, 16) > 0 for w in (1, 2))
     assert [int(r["batch_range"][0]) for r in doc["schedule"]["ranges"]][0] == 1
+    # the acceptance tune measured records Medusa's depth limit (3 heads), as profile acceptance's does
+    acc = load_acceptance(doc["profiles"]["acceptance"].removeprefix("measured: ").split(" (")[0])
+    assert acc.depth_limit == (3 if kind == "medusa" else None)
 
 
 def test_calibration_dynamic_run_and_compare_drafters_with_an_eagle3_head(workdir, tmp_path):
@@ -471,3 +475,19 @@ def test_an_eagle_head_in_llamas_architecture_given_as_a_draft_model_names_its_k
     r = invoke("profile", "acceptance", "--target", target, "--draft", head, "--prompts", prompts)
     assert r.exit_code == 2 and f"holds a feature head (eagle), not a draft model: pass --draft eagle:{head}" \
         in r.output, r.output
+
+
+def test_compare_drafters_and_plot_stop_at_a_medusa_profiles_depth(workdir, tmp_path):
+    """run --compare-drafters solved a depth-8 tree for 3 Medusa heads (then warned that every step is cut to 3)
+    and plot drew its speedup curve at depth 10: both stop at the profile's depth limit now, as solve does."""
+    from sequoia_opt.jobs.compare import plan_drafter
+    from sequoia_opt.profiles import AcceptanceProfile, LatencyCurve
+
+    curve = LatencyCurve.synthetic({n: 10.0 + 0.05 * n for n in range(1, 33)}, {w: 0.01 for w in range(1, 33)},
+                                   cost_model="one-pass")
+    deep = np.array([0.9, 0.05])
+    free = plan_drafter("medusa:md", "one-pass", AcceptanceProfile(id="a", acceptance=deep), curve, check=False)
+    heads = plan_drafter("medusa:md", "one-pass", AcceptanceProfile(id="a", acceptance=deep,
+                                                                   measured={"draft_depth_limit": 3}), curve,
+                         check=False)
+    assert free.choice.tree.tree_depth > 3 and heads.choice.tree.tree_depth == 3 and heads.max_depth == 3

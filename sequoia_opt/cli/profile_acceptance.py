@@ -61,7 +61,8 @@ def profile_acceptance(
     trees are predicted from. Profile a sample of your own traffic: --prompts FILE."""
     from ..jobs.load import default_acceptance_path, load_pair, parse_device, parse_dtype
     from ..profiles import save_acceptance
-    from ..profiling.acceptance import build_acceptance_profile, measure_acceptance, positional_check
+    from ..profiling.acceptance import (build_acceptance_profile, measure_acceptance, positional_check,
+                                        record_depth_limit)
     from ..device import device_name
     from ..prompts import demo_prompts_path, encode_prompts, load_prompts
 
@@ -139,9 +140,7 @@ def profile_acceptance(
         prompts_file=str(pfile), num_prompts=len(ids), max_new_tokens=max_new_tokens, seed=seed,
         draft_cost_model=pair.cost_model)
     prof.measured["weights"] = weights
-    limit = pair.new_drafter().depth_limit
-    if limit is not None:  # Medusa's K heads propose depths 1..K: solve caps the tree there
-        prof.measured["draft_depth_limit"] = int(limit)
+    record_depth_limit(prof, pair.new_drafter())  # Medusa's K heads propose depths 1..K: what is solved stops there
     save_acceptance(out, prof)
     ci = prof.confidence_interval()
     from ..solver.intervals import acceptance_spreads

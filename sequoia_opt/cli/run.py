@@ -70,7 +70,8 @@ LatenciesOpt = Annotated[
 
 def _default_profiles(target: Optional[Path], draft: Optional[list[str]], acceptance: Optional[list[Path]],
                       latency: Optional[list[Path]], *, adapt: bool, device: str, temperature: float, top_p: float,
-                      dtype: str, weights: str) -> tuple[Optional[list[Path]], Optional[list[Path]], list[str]]:
+                      dtype: str, weights: str, prompts: Optional[Path] = None
+                      ) -> tuple[Optional[list[Path]], Optional[list[Path]], list[str]]:
     """``--compare`` / ``--adapt`` with no -a / -l: the pair's profiles where ``treeopt profile`` writes them
     (:func:`~sequoia_opt.jobs.entries.default_profile_paths`), as the options' help says. Returns ``(acceptance,
     latency, notes)``: a default is taken only where its file exists (a note names it); --compare's latency is
@@ -99,6 +100,8 @@ def _default_profiles(target: Optional[Path], draft: Optional[list[str]], accept
         elif kind == "acceptance" or adapt:
             flags = profile_flags(kind, device=device, temperature=temperature, top_p=top_p, dtype=dtype,
                                   weights=weights)  # the file the run reads is the one this writes
+            if kind == "acceptance" and prompts is not None:  # the demo's may not fit the user's model
+                flags += f" --prompts {shlex.quote(str(prompts))}"
             raise TreeoptError(f"{what} needs {opt}, the {kind} profile: none given and none at {paths[i]}, where "
                                f"treeopt profile {kind}{how}{flags} writes it")
     return out[0], out[1], notes
@@ -233,7 +236,7 @@ def run_cmd(
     if (compare or adapt) and tree and not (compare_drafters or merge or scheduler is not None or len(draft or []) > 1):
         acceptance, latency, profile_notes = _default_profiles(
             target, draft, acceptance, latency, adapt=bool(adapt), device=device, temperature=temperature,
-            top_p=top_p, dtype=dtype, weights=weights)
+            top_p=top_p, dtype=dtype, weights=weights, prompts=prompts)
     adapt_every, adapt_window, adapt_prior_weight = check_adapt_options(
         adapt, adapt_every, adapt_window, adapt_prior_weight, acceptance=acceptance, latency=latency,
         multi=compare_drafters or merge or scheduler is not None or len(draft or []) > 1)

@@ -299,7 +299,8 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
         curve: its :class:`~sequoia_opt.profiles.LatencyCurve`.
         budget: the largest tree considered (nodes incl. the root); None = the largest target token count
             the curve measured at ``context``.
-        max_depth, max_branching: the solver's depth limit D and most children per node B.
+        max_depth, max_branching: the solver's depth limit D (at most the profile's
+            :attr:`~sequoia_opt.profiles.AcceptanceProfile.depth_limit`) and most children per node B.
         context: context length (tokens) to read the curve at; None = the smallest measured.
         name: the tree's name in results (default: ``label``).
         check: refuse profiles of another drafter first (:func:`check_drafter_profiles`).
@@ -321,6 +322,8 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
         check_drafter_profiles(label, cost_model, acceptance, curve)
     ctx = int(curve.contexts[0]) if context is None else int(context)
     limit = curve.max_target_tokens(context) if budget is None else budget
+    if acceptance.depth_limit is not None:  # Medusa's K heads: a deeper tree is cut every step
+        max_depth = min(max_depth, acceptance.depth_limit)
     solution, model_used = solve_profile(acceptance, limit, max_depth, max_branching, acceptance_model)
     choice = choose(acceptance.acceptance, curve, limit, max_depth, max_branching, context=context,
                     solution=solution)

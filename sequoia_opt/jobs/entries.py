@@ -103,6 +103,8 @@ def profile_flags(kind: str, *, device, temperature: float = 0.0, top_p: float =
     flags = "" if str(device) == "cpu" else f" --device {device}"
     if kind == "acceptance" and temperature:
         flags += f" --temperature {temperature:g} --top-p {top_p:g}"
+    if kind == "acceptance" and dtype != "float32":  # recorded, and a run in another dtype is warned about
+        flags += f" --dtype {dtype}"
     if kind == "latency":
         flags += "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights)) if v != "float32")
     return flags

@@ -1563,7 +1563,8 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
 
     from ..device import device_slug
     from ..jobs.load import default_acceptance_path, default_chain_acceptance_path, load_pair
-    from ..profiling.acceptance import build_acceptance_profile, can_teacher_force, measure_acceptance
+    from ..profiling.acceptance import (build_acceptance_profile, can_teacher_force, measure_acceptance,
+                                        record_depth_limit)
     from ..profiling.batch import profile_batches
     from ..profiling.latency import method_text
     from ..prompts import demo_prompts_path, encode_prompts, load_prompts
@@ -1610,6 +1611,9 @@ def _treeopt_inputs(opts: TuneOptions, spec: Any, done: dict[str, str], progress
     chains = opts.shape == "chain" and can_teacher_force(pair.new_drafter())
 
     def measure_acc() -> Any:
+        return record_depth_limit(measure_acc_counts(), pair.new_drafter())  # Medusa's heads: chains stop there
+
+    def measure_acc_counts() -> Any:
         if chains:  # along the target's greedy output, every start seen (chain_traces)
             return measure_chain_acceptance(pair, ids, prompts_file=str(pfile), max_new_tokens=opts.max_new_tokens,
                                             max_depth=want_k, command="treeopt tune --engine treeopt",

@@ -70,8 +70,8 @@ def is_bundled_copy(path: Path, bundled: Path) -> bool:
     try:
         return (path.is_dir() and path.name == bundled.name and (path / "config.json").is_file()
                 and weights_fingerprint(path) == weights_fingerprint(bundled))
-    except OSError:  # an unreadable folder is not the bundled one; its own checks say why it cannot be read
-        return False
+    except (OSError, CheckpointError):  # an unreadable folder, or one without weights (a config for an engine's
+        return False                    # machine), is not the bundled one; its own checks say why where it matters
 
 
 #: the files of a checkpoint folder whose bytes :func:`weights_fingerprint` reads (its config and weights)

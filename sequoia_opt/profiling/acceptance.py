@@ -17,7 +17,7 @@ proposes nothing and is no trial (not a rejection), so clipped steps only contri
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -305,6 +305,17 @@ def _positional_flag(counts: AcceptanceCounts) -> dict:
     assumption (:func:`positional_check`), else ``{}``."""
     rows = positional_check(counts)
     return {"positional_consistent": all(r["consistent"] for r in rows)} if len(rows) >= 2 else {}
+
+
+def record_depth_limit(profile: Any, drafter: Any) -> Any:
+    """Write the drafter's depth limit (:attr:`~sequoia_opt.drafting.drafters.Drafter.depth_limit`: Medusa's K
+    heads propose depths 1..K) into ``profile.measured["draft_depth_limit"]``, where it has one, so that what is
+    solved from the profile (solve, tune, run --compare-drafters and --adapt, plot) stops there. Returns
+    ``profile``."""
+    limit = getattr(drafter, "depth_limit", None)
+    if limit is not None:
+        profile.measured["draft_depth_limit"] = int(limit)
+    return profile
 
 
 def build_acceptance_profile(
