@@ -764,6 +764,19 @@ def test_tune_exports_a_draft_folder_given_by_a_relative_path_absolute(tmp_path,
     assert any(f"--speculative-draft-model-path {tmp_path / '-dd'} " in f for f in flags), flags
 
 
+def test_tune_takes_a_config_only_draft_folder_named_like_the_bundled_one(tmp_path):
+    """A folder called 'draft' (the bundled draft's name) holding a config.json only, for the engine's machine,
+    was refused: 'no weight file to fingerprint' escaped the bundled-copy test."""
+    table, acc = _files(tmp_path)
+    folder = tmp_path / "cfgonly" / "draft"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--draft", str(folder),
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(json.loads(res.stdout)["settings"]["text"])["model"] == str(folder)
+
+
 def test_tune_for_a_gpu_engine_compares_the_pair_by_its_weights(tmp_path):
     """By name only, a byte-identical copy of the profiled draft under another folder name was warned about (and
     sent to re-profile), and another draft in a folder of the profiled one's name passed without a word. The
