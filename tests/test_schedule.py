@@ -807,7 +807,8 @@ def test_tune_for_a_gpu_engine_compares_the_pair_by_its_weights(tmp_path):
 
     assert warnings_of(draft) == [] and warnings_of(copy) == []
     found = warnings_of(other)
-    assert any(w.startswith("profile 'acc' was measured with other weights: its draft weights at ") for w in found), found
+    assert any(w.startswith("profile 'acc' was measured with other weights: its draft weights at ")
+               for w in found), found
     assert any(w.startswith("the plan is for the pair named here") for w in found), found
 
 
