@@ -491,3 +491,21 @@ def test_compare_drafters_and_plot_stop_at_a_medusa_profiles_depth(workdir, tmp_
                                                                    measured={"draft_depth_limit": 3}), curve,
                          check=False)
     assert free.choice.tree.tree_depth > 3 and heads.choice.tree.tree_depth == 3 and heads.max_depth == 3
+
+
+def test_profile_latency_times_a_medusa_loop_past_the_4_ary_trees_depth(workdir, tmp_path):
+    """With 3 Medusa heads the timed loop's probe trees (the 4-ary tree's first n nodes) went deeper than 3 past
+    n = 85, every such step was clipped and left uncounted, and the profile refused itself at n = 96 ("outside the
+    timed sizes 1..80") with the default --max-tokens 128. Probe trees now stay within the heads' depth."""
+    from sequoia_opt.profiling.steps import probe_tree
+
+    for n in (5, 85, 86, 128):
+        t = probe_tree(n, max_depth=3)
+        assert t.size == n and t.tree_depth <= 3
+    assert probe_tree(86).tree_depth == 4  # no limit: the 4-ary tree as before
+    root, target, draft, prompts, heads = workdir
+    lat = tmp_path / "lat.yaml"
+    r = invoke("profile", "latency", "--target", target, "--draft", f"medusa:{heads['medusa']}", "--context", "16",
+               "--max-tokens", "96", "--max-draft-tokens", "8", "--max-repeats", "3", "--rounds", "1", "-o", lat)
+    assert r.exit_code == 0, r.output
+    assert load_latency(lat).step_target_ms(96, 16) > 0

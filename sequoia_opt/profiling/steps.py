@@ -67,14 +67,21 @@ class LoopTable:
     timed: list[int] = field(default_factory=list)
 
 
-def probe_tree(n: int, policy: str = "static") -> Tree:
+def probe_tree(n: int, policy: str = "static", max_depth: int | None = None) -> Tree:
     """The tree of n nodes whose steps are timed: a chain of n - 1 drafts (``chain``) or the first n nodes of the
-    breadth-first 4-ary tree (``static``)."""
+    breadth-first 4-ary tree (``static``). ``max_depth``: the drafter proposes no deeper (Medusa's K heads): the
+    static tree is the first n nodes of the narrowest k-ary tree (k >= 4) of that depth that holds n, so that no
+    step is clipped (a clipped step is not counted, and sizes past the 4-ary tree's depth were left untimed)."""
     if policy == "chain":
         return Tree.chain(n)
     from ..solver.baselines import kary_tree
 
-    return kary_tree(4, n, n)
+    if max_depth is None:
+        return kary_tree(4, n, n)
+    k = 4
+    while sum(k ** d for d in range(max_depth + 1)) < n:
+        k += 1
+    return kary_tree(k, max_depth, n)
 
 
 def repeating_prompts(rows: int, context: int, vocab_size: int, *, period: int = 16, seed: int = 0,
@@ -371,8 +378,11 @@ def static_loop_decoders(target, make_drafter: Callable[[], object], *, backend:
     make = drafter_factory(make_drafter)
 
     def make_decoder(n: int) -> Decoder:
-        pol = None if n == 1 else StaticTreePolicy(make(), tree if tree is not None else probe_tree(n, policy),
-                                                cut_at_answer_end=False)
+        if n == 1:
+            return Decoder(target, None, backend=backend, max_len=max_len, max_batch=max_batch)
+        drafter = make()
+        probe = tree if tree is not None else probe_tree(n, policy, getattr(drafter, "depth_limit", None))
+        pol = StaticTreePolicy(drafter, probe, cut_at_answer_end=False)
         return Decoder(target, pol, backend=backend, max_len=max_len, max_batch=max_batch)
 
     return make_decoder
