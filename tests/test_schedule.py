@@ -2115,6 +2115,18 @@ def test_tune_caps_a_medusa_profiles_chains_at_its_heads_and_a_bad_limit_is_refu
     out = json.loads(res.stdout)
     assert json.loads(out["settings"]["text"])["num_speculative_tokens"] == 2
     assert any(n.startswith("chains up to K = 2, not ") for n in out["notes"]), out["notes"]
+    # a plan solved without the limit, given back: the line names the heads, not --max-draft
+    doc["measured"].pop("draft_depth_limit")
+    acc.write_text(yaml.safe_dump(doc))
+    plan = tmp_path / "plan.yaml"
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--batches", "1,8",
+                              "--schedule", str(plan)])
+    assert res.exit_code == 0, res.output
+    assert yaml.safe_load(plan.read_text())["ranges"][0]["setting"]["draft_tokens"] > 2, plan.read_text()
+    doc["measured"]["draft_depth_limit"] = 2
+    acc.write_text(yaml.safe_dump(doc))
+    res = runner.invoke(app, ["tune", "--engine", "vllm", "-l", str(table), "-a", str(acc), "--plan", str(plan)])
+    assert res.exit_code == 2 and "(K <= 2: the drafter proposes depths 1..2 only (Medusa's 2 heads)" in res.output
     for bad in (0, "2", 2.5, True):
         doc["measured"]["draft_depth_limit"] = bad
         acc.write_text(yaml.safe_dump(doc))

@@ -1053,9 +1053,12 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
                 raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run {st.label}, {with_article(st.shape)}, but "
                                    f"tune values {value.shape}s here{hint}")
             if st.shape == "chain" and st.draft_tokens > value.max_draft:
+                heads = getattr(acc, "depth_limit", None)
+                fix = (f"the drafter proposes depths 1..{heads} only (Medusa's {heads} heads): solve the plan for it"
+                       if heads is not None and value.max_draft >= heads else
+                       "raise --max-draft, or measure longer chains")
                 raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run K = {st.draft_tokens}, past the chains "
-                                   f"valued here (K <= {value.max_draft}: raise --max-draft, or measure longer "
-                                   "chains)")
+                                   f"valued here (K <= {value.max_draft}: {fix})")
             if st.shape == "tree" and st.draft_tokens + 1 > value.budget:
                 raise TreeoptError(f"{opts.plan}: batch sizes {lo}-{hi} run {st.label}, {st.draft_tokens + 1} nodes, "
                                    f"past the trees valued here (at most {value.budget}: raise --max-draft, or "
