@@ -98,14 +98,22 @@ def weights_record(target_path: Path | None, spec: DrafterSpec | None) -> dict[s
     Raises:
         CheckpointError: a checkpoint that does not exist or holds no weight file.
     """
+    out = {"target": weights_entry(Path(target_path) if target_path else default_target_path())}
+    if spec is not None and spec.entry.loads_model:
+        out["draft"] = weights_entry(Path(spec.checkpoint))
+    return out
+
+
+def weights_entry(path: Path) -> dict[str, str]:
+    """One model's entry of :func:`weights_record`: ``{"path": resolved path, "fingerprint":
+    weights_fingerprint(path)}``.
+
+    Raises:
+        CheckpointError: a checkpoint that does not exist or holds no weight file.
+    """
     from ..model.loaders import weights_fingerprint
 
-    tp = Path(target_path) if target_path else default_target_path()
-    out = {"target": {"path": str(tp.resolve()), "fingerprint": weights_fingerprint(tp)}}
-    if spec is not None and spec.entry.loads_model:
-        dp = Path(spec.checkpoint)
-        out["draft"] = {"path": str(dp.resolve()), "fingerprint": weights_fingerprint(dp)}
-    return out
+    return {"path": str(Path(path).resolve()), "fingerprint": weights_fingerprint(path)}
 
 
 def check_default_profile(path: Path, weights: dict[str, dict[str, str]], option: str = "-o") -> None:

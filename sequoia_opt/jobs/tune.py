@@ -1178,10 +1178,9 @@ def _pair_warnings(opts: TuneOptions, spec: Any, acc: Any, labels: Mapping[str, 
     given, by name and by their weights' fingerprints (a copy under another folder name is the same model, another
     checkpoint under the profiled one's name is not; a folder with no weight file is compared by name)."""
     from ..errors import CheckpointError
-    from ..model.loaders import weights_fingerprint
     from ..profiles import measured_differs, warn_on_mismatch, weights_mismatch
     from ..profiles.checks import same_weights
-    from .load import model_label
+    from .load import model_label, weights_entry
 
     measured = getattr(acc, "measured", None) or {}
     named = {"target": labels.get("target"), "draft": labels.get("drafter")}
@@ -1192,8 +1191,8 @@ def _pair_warnings(opts: TuneOptions, spec: Any, acc: Any, labels: Mapping[str, 
         for role, path in (("target", opts.target), ("draft", spec.checkpoint if spec.path else None)):
             if path is None:
                 continue
-            try:  # as weights_record writes them
-                weights[role] = {"path": str(Path(path).resolve()), "fingerprint": weights_fingerprint(path)}
+            try:
+                weights[role] = weights_entry(Path(path))
             except CheckpointError:  # no weight file: a config for the engine's machine
                 pass
     out = warn_on_mismatch(acceptance=acc, target=named["target"], draft=named["draft"], weights=weights or None)
