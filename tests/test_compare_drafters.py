@@ -671,3 +671,13 @@ def test_a_prompt_the_context_cannot_hold_is_refused_naming_its_file_before_any_
                                              acc, "-l", lat, "--prompts", long, "--max-new-tokens", "8",
                                              "--results-dir", tmp_path / "res"]])
     assert r.exit_code == 2 and f"{long}:2: prompt 2 of 2 (" in " ".join(r.output.split())  # path:line
+
+
+def test_a_missing_profile_of_the_bundled_head_names_it_in_the_command(tmp_path, monkeypatch):
+    """--draft eagle3 (the shipped head: no path given) was left out of the command a missing profile names, as
+    the bundled draft model is, so 'treeopt profile acceptance' as printed profiled the draft model instead."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["run", "--compare-drafters", "--draft", "eagle3", "--draft", "lookup"])
+    assert r.exit_code == 2 and "write it with treeopt profile acceptance --draft eagle3:" in r.output, r.output
+    r = runner.invoke(app, ["run", "--compare-drafters"])  # the bundled draft model: no --draft to name
+    assert r.exit_code == 2 and "write it with treeopt profile acceptance (or pass -a PATH)" in r.output, r.output

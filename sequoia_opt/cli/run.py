@@ -23,7 +23,6 @@ depth, predicted tokens per step) follows; the results JSON holds the whole log.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -81,15 +80,13 @@ def _default_profiles(target: Optional[Path], draft: Optional[list[str]], accept
         TreeoptError: a profile the option needs is neither given nor at its default path (naming the path and
             the command that writes it).
     """
-    from ..jobs.entries import default_profile_paths, profile_flags
+    from ..jobs.entries import default_profile_paths, profile_command
     from ..jobs.load import parse_drafter_spec
 
     spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails here, before anything is read
     paths = default_profile_paths(target, spec, device=device, temperature=temperature, top_p=top_p, dtype=dtype,
                                   weights=weights)
     what = "--adapt" if adapt else "--compare"
-    how = f"{' --target ' + shlex.quote(str(target)) if target else ''}" \
-          f"{' --draft ' + shlex.quote(spec.spec) if draft else ''}"
     out, notes = [acceptance, latency], []
     for i, (kind, opt) in enumerate((("acceptance", "-a"), ("latency", "-l"))):
         if out[i] is not None:
@@ -98,12 +95,10 @@ def _default_profiles(target: Optional[Path], draft: Optional[list[str]], accept
             out[i] = [paths[i]]
             notes.append(f"{what}: {opt} {paths[i]} (where treeopt profile {kind} writes it; pass {opt} for another)")
         elif kind == "acceptance" or adapt:
-            flags = profile_flags(kind, device=device, temperature=temperature, top_p=top_p, dtype=dtype,
-                                  weights=weights)  # the file the run reads is the one this writes
-            if kind == "acceptance" and prompts is not None:  # the demo's may not fit the user's model
-                flags += f" --prompts {shlex.quote(str(prompts))}"
+            how = profile_command(kind, target, spec, device=device, temperature=temperature, top_p=top_p,
+                                  dtype=dtype, weights=weights, prompts=prompts)  # writes the file the run reads
             raise TreeoptError(f"{what} needs {opt}, the {kind} profile: none given and none at {paths[i]}, where "
-                               f"treeopt profile {kind}{how}{flags} writes it")
+                               f"{how} writes it")
     return out[0], out[1], notes
 
 

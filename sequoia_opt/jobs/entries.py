@@ -95,19 +95,27 @@ def default_profile_paths(target: Optional[Path], spec, *, device, temperature: 
             Path(default_latency_path(tlabel, spec, device_slug(device), precision_suffix(dtype, weights))))
 
 
-def profile_flags(kind: str, *, device, temperature: float = 0.0, top_p: float = 1.0, dtype: str = "float32",
-                  weights: str = "float32") -> str:
-    """The options of ``treeopt profile <kind>`` (``acceptance`` or ``latency``) that write the file
-    :func:`default_profile_paths` names for a run in this sampling mode, precision and device (empty for greedy
-    float32 on the CPU): what a message naming the command to run must carry, or the file it writes is another."""
-    flags = "" if str(device) == "cpu" else f" --device {device}"
+def profile_command(kind: str, target: Optional[Path], spec, *, device, temperature: float = 0.0, top_p: float = 1.0,
+                    dtype: str = "float32", weights: str = "float32", prompts: Optional[Path] = None) -> str:
+    """``treeopt profile <kind> ...`` (``acceptance`` or ``latency``): the command that writes the file
+    :func:`default_profile_paths` names for the pair (``target``; ``spec`` a parsed --draft, left out when it is
+    the bundled draft model) in this sampling mode, precision and device (``prompts``: the run's own, named for an
+    acceptance profile, since the demo's may not fit the model): what a message for a missing profile names, or
+    the file written is another."""
+    args = f" --target {shlex.quote(str(target))}" if target else ""
+    if not (spec.kind == "model" and spec.path is None):
+        args += f" --draft {shlex.quote(spec.spec)}"
+    if str(device) != "cpu":
+        args += f" --device {device}"
     if kind == "acceptance" and temperature:
-        flags += f" --temperature {temperature:g} --top-p {top_p:g}"
+        args += f" --temperature {temperature:g} --top-p {top_p:g}"
     if kind == "acceptance" and dtype != "float32":  # recorded, and a run in another dtype is warned about
-        flags += f" --dtype {dtype}"
+        args += f" --dtype {dtype}"
+    if kind == "acceptance" and prompts is not None:
+        args += f" --prompts {shlex.quote(str(prompts))}"
     if kind == "latency":
-        flags += "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights)) if v != "float32")
-    return flags
+        args += "".join(f" --{opt} {v}" for opt, v in (("dtype", dtype), ("weights", weights)) if v != "float32")
+    return f"treeopt profile {kind}{args}"
 
 
 def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[list[Path]], *, target: Optional[Path],
@@ -143,23 +151,20 @@ def plan_drafters(specs, acceptance: Optional[list[Path]], latency: Optional[lis
                                                      top_p=top_p, dtype=dtype, weights=weights)
         a_path = acceptance[i] if acceptance is not None else a_default
         l_path = latency[i] if latency is not None else l_default
-        how = (f"{' --target ' + str(target) if target else ''}"
-               f"{'' if spec.entry.loads_model and spec.path is None else ' --draft ' + spec.spec}")
         for kind, path, opt in (("acceptance", a_path, "-a"), ("latency", l_path, "-l")):
             if not Path(path).is_file():
-                extra = profile_flags(kind, device=device, temperature=temperature, top_p=top_p, dtype=dtype,
-                                      weights=weights)
-                if kind == "acceptance" and prompts is not None:
-                    extra += f" --prompts {shlex.quote(str(prompts))}"
-                raise TreeoptError(f"no {kind} profile of drafter {spec.label} at {path}: write it with treeopt profile "
-                                   f"{kind}{how}{extra} (or pass {opt} PATH)")
+                how = profile_command(kind, target, spec, device=device, temperature=temperature, top_p=top_p,
+                                      dtype=dtype, weights=weights, prompts=prompts)
+                raise TreeoptError(f"no {kind} profile of drafter {spec.label} at {path}: write it with {how} (or pass "
+                                   f"{opt} PATH)")
         acc, curve = load_acceptance(a_path), load_latency(l_path)
         if acceptance is None:  # picked by name: another checkpoint of this name is another drafter
             other = weights_mismatch(acc.measured, weights_record(target, spec))
             if other:
+                how = profile_command("acceptance", target, spec, device=device, temperature=temperature,
+                                      top_p=top_p, dtype=dtype, weights=weights, prompts=prompts)
                 raise TreeoptError(f"the acceptance profile at {a_path} is not of drafter {spec.label} in use: "
-                                   f"{other[0]}; profile this one with treeopt profile acceptance{how} -o PATH and "
-                                   "pass -a PATH")
+                                   f"{other[0]}; profile this one with {how} -o PATH and pass -a PATH")
         plans.append(plan_drafter(spec.label, spec.cost_model, acc, curve, budget=budget, max_depth=max_depth,
                                   max_branching=max_branching))
         paths.append((Path(a_path), Path(l_path)))
