@@ -49,8 +49,8 @@ def plot_cmd(
     t = _plot_tree(tree) if tree else None
     predicted = None
     if curve is not None and acc is not None:
-        depth = max_depth if acc.depth_limit is None else min(max_depth, acc.depth_limit)  # Medusa's K heads
-        predicted = predicted_speedup_curve(acc.acceptance, curve, curve.max_target_tokens(), depth,
+        predicted = predicted_speedup_curve(acc.acceptance, curve, curve.max_target_tokens(),
+                                            acc.capped_depth(max_depth),  # Medusa's K heads
                                             max(acc.width, 1))
     paths = plot_all(out_dir, latency=curve, acceptance=acc, run=run_doc, tree=t, predicted=predicted)
     report = Report(title="treeopt plot", summary={"written": ", ".join(str(p) for p in paths)})

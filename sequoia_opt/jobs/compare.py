@@ -322,8 +322,7 @@ def plan_drafter(label: str, cost_model: str, acceptance: AcceptanceProfile, cur
         check_drafter_profiles(label, cost_model, acceptance, curve)
     ctx = int(curve.contexts[0]) if context is None else int(context)
     limit = curve.max_target_tokens(context) if budget is None else budget
-    if acceptance.depth_limit is not None:  # Medusa's K heads: a deeper tree is cut every step
-        max_depth = min(max_depth, acceptance.depth_limit)
+    max_depth = acceptance.capped_depth(max_depth)  # Medusa's K heads: a deeper tree is cut every step
     solution, model_used = solve_profile(acceptance, limit, max_depth, max_branching, acceptance_model)
     choice = choose(acceptance.acceptance, curve, limit, max_depth, max_branching, context=context,
                     solution=solution)

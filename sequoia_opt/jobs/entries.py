@@ -557,8 +557,8 @@ def adaptive_entries(entries, acceptance: Path, latency: Path, *, every: int, wi
             notes.append(f"{e.name} (adaptive): re-solves limited to {measured} nodes (the tree's budget: {b}): latency "
                          f"profile {curve.id!r} was measured up to {measured} target tokens")
             b = measured
-        d = SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth
-        d = d if acc.depth_limit is None else min(d, acc.depth_limit)  # Medusa's K heads: deeper re-solves are cut
+        # Medusa's K heads: deeper re-solves are cut
+        d = acc.capped_depth(SINGLE_DEFAULTS["max_depth"] if max_depth is None else max_depth)
         br = max_branching if max_branching is not None else int(extra.get("max_branching")
                                                                  or SINGLE_DEFAULTS["max_branching"])
         adapter = TreeAdapter(e.tree, acc.acceptance, curve, budget=b, max_depth=d, max_branching=br, every=every,

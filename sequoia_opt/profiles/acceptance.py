@@ -114,6 +114,10 @@ class AcceptanceProfile:
         v = self.measured.get("draft_depth_limit")
         return None if v is None else int(v)
 
+    def capped_depth(self, depth: int) -> int:
+        """``depth`` (a solver's depth limit D), at most :attr:`depth_limit` where the drafter has one."""
+        return depth if self.depth_limit is None else min(depth, self.depth_limit)
+
     @property
     def positional_consistent(self) -> bool | None:
         """Whether the acceptance mass of every measured depth agreed with the pooled one (the positional
