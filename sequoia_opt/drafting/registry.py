@@ -808,8 +808,7 @@ def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path
         TreeoptError: naming the problem (CheckpointError when a config or tokenizer cannot be read, or the
             tokenizers differ).
     """
-    if spec.kind == "model" and spec.path is not None:
-        refuse_a_head_as_a_draft_model(Path(spec.path))
+    refuse_a_head_as_a_draft_model(spec)
     spec.entry.check(spec, target_config)
     if target_path is not None and spec.entry.loads_model and spec.entry.load is None:
         from ..model.loaders import check_draft_checkpoint
@@ -817,15 +816,19 @@ def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path
         check_draft_checkpoint(target_path, spec.path if spec.path is not None else bundled_draft_path())
 
 
-def refuse_a_head_as_a_draft_model(path: Path) -> None:
-    """Raise TreeoptError when the draft-model folder ``path`` holds a feature head (EAGLE-3, EAGLE-1/2 or Medusa:
-    its ``config.json``, or an EAGLE head's ``fc.weight`` in a folder without a tokenizer, :func:`_holds_eagle_fc`):
-    read as a draft model it failed later on its tokenizer or its missing layers, in lines
-    that never named the ``--draft KIND:PATH`` spelling. Anything unreadable is left to the loader's checks."""
+def refuse_a_head_as_a_draft_model(spec: DrafterSpec) -> None:
+    """Raise TreeoptError when ``spec`` is a draft model (``--draft PATH``) whose folder holds a feature head
+    (EAGLE-3, EAGLE-1/2 or Medusa: its ``config.json``, or an EAGLE head's ``fc.weight`` in a folder without a
+    tokenizer, :func:`_holds_eagle_fc`): read as a draft model it failed later on its tokenizer or its missing
+    layers, in lines that never named the ``--draft KIND:PATH`` spelling. Anything unreadable is left to the
+    loader's checks."""
     import json
 
     from ..model.head_checkpoints import EAGLE3_ARCHITECTURES, MEDUSA_ARCHITECTURES
 
+    if spec.kind != "model" or spec.path is None:  # a kind named, or the bundled draft model
+        return
+    path = Path(spec.path)
     try:
         cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -844,7 +847,9 @@ def refuse_a_head_as_a_draft_model(path: Path) -> None:
 def _holds_eagle_fc(path: Path) -> bool:
     """Whether a folder without a tokenizer holds an EAGLE-1/2 head's ``fc.weight`` (its ``config.json`` may say
     ``LlamaForCausalLM``, as the draft models' do): read from the safetensors headers only."""
-    if (path / "tokenizer.json").exists():
+    from ..model.hf import TOKENIZER_FILE
+
+    if (path / TOKENIZER_FILE).exists():
         return False
     try:
         from safetensors import safe_open

@@ -362,10 +362,9 @@ def check_options(opts: TuneOptions) -> TuneOptions:
     check_output_tokens(opts.output_tokens)
     check_chain_acceptance_model(opts.acceptance_model)
     spec = parse_drafter_spec(opts.draft)  # a bad --draft fails here
-    if spec.kind == "model" and spec.path is not None:  # a head's folder would be exported as a draft model
-        from ..drafting.registry import refuse_a_head_as_a_draft_model
+    from ..drafting.registry import refuse_a_head_as_a_draft_model
 
-        refuse_a_head_as_a_draft_model(Path(spec.path))
+    refuse_a_head_as_a_draft_model(spec)  # a head's folder would be exported as a draft model
     if opts.engine == "llama.cpp" and not spec.entry.loads_model and spec.kind != "lookup":
         raise TreeoptError(f"--draft {spec.label}: llama.cpp drafts with a draft model or n-grams (lookup)")
     if opts.acceptance_model == "replay" and opts.shape == "chain":  # before minutes of measuring
