@@ -71,8 +71,6 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- weight files
-#: safetensors' dtype names of the weights a head may store (floating point; loaded as the decoder's dtype).
-_FLOAT_DTYPES = FLOAT_DTYPES
 #: EAGLE-3's vocabulary maps: d2t holds id offsets, t2d marks the draft ids (SGLang writes bool, some int64).
 _EAGLE3_MAPS = {"d2t": ("I64", "I32"), "t2d": ("BOOL", "I64", "I32", "U8")}
 _TORCH_DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64",
@@ -121,7 +119,7 @@ class _Weights:
         dtypes given there. Raises CheckpointError naming the file and the tensor: a bool, integer or complex
         weight would be cast on load and decode silently wrong."""
         for name, dt in self.dtypes.items():
-            allowed = integer.get(name, _FLOAT_DTYPES)
+            allowed = integer.get(name, FLOAT_DTYPES)  # floating point, cast to the decoder's dtype
             if dt not in allowed:
                 raise CheckpointError(f"{self.path}: tensor {name} is {dt}; the layout stores it as "
                                       f"{' or '.join(allowed)}")
