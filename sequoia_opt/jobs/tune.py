@@ -1222,7 +1222,8 @@ def _tree_value(opts: TuneOptions, profile: Any, acc: Any, ctx: int | None, note
                            "profile): a tree needs the acceptance of its k-th ranked candidates; measure it with "
                            "treeopt profile acceptance --width 4 (or drop -a: tune measures it)")
     _, k = _draft_limit(opts, profile, ctx)
-    value = TreeValue(acc, budget=k + 1, max_depth=acc.capped_depth(k), max_branching=min(width, 16))  # Medusa's K heads
+    # max_depth: at most Medusa's K heads
+    value = TreeValue(acc, budget=k + 1, max_depth=acc.capped_depth(k), max_branching=min(width, 16))
     notes.append(f"trees of up to {k + 1} nodes (root included) valued positionally: p_1..p_{width} of the "
                  f"{width} ranked candidates the acceptance profile measured")
     return value
