@@ -161,6 +161,7 @@ def test_a_resolve_that_keeps_the_tree_is_logged_unchanged():
     doc = ad.as_dict()
     assert doc["every"] == 2 and doc["window"] == 8 and doc["steps"] == 4 and doc["tokens"] == 24
     assert doc["final_tree"] == Tree.chain(9).choices() and len(doc["resolves"]) == 2
+    assert (doc["final_size"], doc["final_depth"]) == (9, 8)  # Tree.chain(n): n nodes, root included
     json.dumps(doc)  # plain JSON
     ad.reset()
     assert ad.tree == Tree.chain(3) and ad.resolves == [] and ad.steps == 0
@@ -576,6 +577,14 @@ def test_a_run_of_an_adaptive_tree_predicts_no_less_than_a_token_a_step_and_caps
     assert s.adaptive is not None and s.predicted_tokens_per_step is not None and s.predicted_tokens_per_step >= 1.0
     assert s.predicted_tokens_per_step == pytest.approx(adapter.predicted_tokens_per_step)  # no file factor applied
     assert s.tps_ci95[1] >= s.tokens_per_step > 1.0  # the 'same' draft is accepted: deeper trees ran
+    from sequoia_opt.cli.run import _resolve_table
+
+    # the note's final tree is the adapter's last, not the starting chain nor the largest verified (it said 5 nodes)
+    assert (s.adaptive["final_size"], s.adaptive["final_depth"]) == (adapter.tree.size, adapter.tree.tree_depth)
+    assert adapter.tree.size != tree.size
+    note = _resolve_table(run)[1][0]
+    assert f"(final: {adapter.tree.size} nodes, depth {adapter.tree.tree_depth}; the largest it verified: {s.size} " \
+           f"nodes, depth {s.depth})" in note, note
 
 
 def test_adaptive_re_solves_stop_at_a_medusa_profiles_depth(profiles, tmp_path):

@@ -918,7 +918,8 @@ def _resolve_table(run) -> tuple[tuple[str, list[str], list[list]], list[str]]:
         changed = sum(r["changed"] for r in log)
         mean_ms = sum(r["solve_ms"] for r in log) / len(log) if log else 0.0
         notes.append(f"{s.tree}: {len(log)} re-solves over {s.adaptive['steps']} steps, {changed} changed the tree "
-                     f"(final: {s.size} nodes, depth {s.depth}); {mean_ms:.2f} ms per re-solve"
+                     f"(final: {s.adaptive['final_size']} nodes, depth {s.adaptive['final_depth']}; the largest it "
+                     f"verified: {s.size} nodes, depth {s.depth}); {mean_ms:.2f} ms per re-solve"
                      + (f"; the table shows the {len(shown)} that changed it (all are in the JSON)"
                         if shown is not log else ""))
         moved = [r for r in log if r.get("reason") == "left the prediction interval"]

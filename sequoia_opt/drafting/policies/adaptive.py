@@ -503,6 +503,7 @@ class TreeAdapter:
                 "prior": [float(x) for x in self.estimate.prior], "steps": self.steps, "tokens": self.tokens,
                 "predicted_tokens_per_step": self.predicted_tokens_per_step,
                 "initial_tree": self.initial.choices(), "final_tree": self.tree.choices(),
+                "final_size": self.tree.size, "final_depth": self.tree.tree_depth,
                 "resolves": [r.as_dict() for r in self.resolves]}
 
 
