@@ -2228,6 +2228,11 @@ def test_tune_warns_for_a_head_exported_as_another_heads_method_and_refuses_an_u
                               "-o", str(tmp_path / "plan.yaml")])
     assert res.exit_code == 2 and "--method 'bogus' is no drafting method in vLLM's names: one of" in res.output
     assert not (tmp_path / "plan.yaml").exists()
+    # a method in another case is stored in vLLM's name (the plan had 'EAGLE3' as typed)
+    res = runner.invoke(app, ["tune", "--engine", "treeopt", "-l", str(table), "-a", str(acc), "--method", "EAGLE3",
+                              "-o", str(tmp_path / "plan.yaml")])
+    assert res.exit_code == 0, res.output
+    assert yaml.safe_load((tmp_path / "plan.yaml").read_text())["method"] == "eagle3"
 
 
 def test_tune_plan_keeps_the_method_it_was_exported_with(tmp_path):

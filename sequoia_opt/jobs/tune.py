@@ -1110,10 +1110,10 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
     method, method_warnings = engine_method(opts.method or given, served, labels.get("drafter"),
                                             origin="--method" if given is None else f"{opts.plan}'s method")
     warnings.extend(method_warnings)
-    if method is not None:
-        doc["method"] = method  # vLLM's name; a --plan of this file exports with it again
-    given_doc = sched.doc if given is not None else {}  # that plan's drafter settings go with its method
     key = method_key(method)
+    if key is not None:  # vLLM's name (--method EAGLE3 is stored as eagle3); a --plan of this file exports with it
+        doc["method"] = key
+    given_doc = sched.doc if given is not None else {}  # that plan's drafter settings go with its method
     if key != "ngram" and served.kind != "lookup" and _drafting_is_free(profile, ctx):
         warnings.append(f"latency profile {profile.id!r} prices drafting at 0 ms at every batch size (a T(b, n) table "
                         f"without draft_ms), but {method or served.label} runs a drafter: the plan over-speculates; "
