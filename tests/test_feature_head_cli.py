@@ -467,14 +467,38 @@ def test_tune_for_a_gpu_engine_refuses_a_head_folder_given_as_a_draft_model(work
     assert not (tmp_path / "x").exists()
 
 
-def test_an_eagle_head_in_llamas_architecture_given_as_a_draft_model_names_its_kind(workdir, tmp_path):
-    """EAGLE-1 heads often say architectures LlamaForCausalLM, as draft models do; given as --draft PATH one failed on
-    its missing tokenizer.json. Its fc.weight (read from the safetensors header) names the kind."""
+@pytest.mark.parametrize("case", ["safetensors", "bin", "bin with a tokenizer", "eagle3", "eagle3 bare config"])
+def test_an_eagle_head_in_llamas_architecture_given_as_a_draft_model_names_its_kind(workdir, tmp_path, case):
+    """EAGLE heads often say architectures LlamaForCausalLM, as draft models do; given as --draft PATH one failed on
+    its missing tokenizer.json, on 'PyTorch .bin checkpoints are not loaded' (EAGLE-1's published heads are
+    pytorch_model.bin), and an EAGLE-3 head was named 'eagle'. Its tensor names (the safetensors header, or the
+    .bin's pickled structure) or EAGLE-3's config keys name the kind."""
     root, target, draft, prompts, heads = workdir
-    head = write_eagle(tmp_path / "e1", weights="model.safetensors", architectures=["LlamaForCausalLM"])
+    if case.startswith("eagle3"):
+        head = write_eagle3(tmp_path / "e3", architectures=["LlamaForCausalLM"])
+        if case == "eagle3 bare config":  # no EAGLE-3 config key: the weights' midlayer / d2t name it
+            cfg = json.loads((head / "config.json").read_text())
+            del cfg["draft_vocab_size"], cfg["eagle_config"]
+            (head / "config.json").write_text(json.dumps(cfg))
+        kind = "eagle3"
+    else:
+        head = write_eagle(tmp_path / "e1", weights="model.safetensors" if case == "safetensors" else
+                           "pytorch_model.bin", architectures=["LlamaForCausalLM"])
+        if case == "bin with a tokenizer":
+            (head / "tokenizer.json").write_text((Path(draft) / "tokenizer.json").read_text())
+        kind = "eagle"
     r = invoke("profile", "acceptance", "--target", target, "--draft", head, "--prompts", prompts)
-    assert r.exit_code == 2 and f"holds a feature head (eagle), not a draft model: pass --draft eagle:{head}" \
+    assert r.exit_code == 2 and f"holds a feature head ({kind}), not a draft model: pass --draft {kind}:{head}" \
         in r.output, r.output
+
+
+def test_a_draft_model_is_not_taken_for_a_head(workdir):
+    """The tensor-name test reads a real draft model's weights and finds no head in them."""
+    from sequoia_opt.drafting.registry import _head_kind_in_weights
+
+    root, target, draft, prompts, heads = workdir
+    assert _head_kind_in_weights(Path(draft)) is None
+    assert _head_kind_in_weights(Path(heads["eagle"])) == "eagle"  # the fixture's EAGLE-1 head: pytorch_model.bin
 
 
 def test_compare_drafters_and_plot_stop_at_a_medusa_profiles_depth(workdir, tmp_path):

@@ -818,10 +818,11 @@ def check_drafter(spec: DrafterSpec, target_config: Any, target_path: str | Path
 
 def refuse_a_head_as_a_draft_model(spec: DrafterSpec) -> None:
     """Raise TreeoptError when ``spec`` is a draft model (``--draft PATH``) whose folder holds a feature head
-    (EAGLE-3, EAGLE-1/2 or Medusa: its ``config.json``, or an EAGLE head's ``fc.weight`` in a folder without a
-    tokenizer, :func:`_holds_eagle_fc`): read as a draft model it failed later on its tokenizer or its missing
-    layers, in lines that never named the ``--draft KIND:PATH`` spelling. Anything unreadable is left to the
-    loader's checks."""
+    (EAGLE-3, EAGLE-1/2 or Medusa): named by its ``config.json`` (architecture, ``medusa_num_heads``, EAGLE-3's
+    ``draft_vocab_size`` / ``eagle_config``), or, where the config says ``LlamaForCausalLM`` as draft models' do,
+    by its tensor names (:func:`_head_kind_in_weights`). Read as a draft model a head failed later on its tokenizer,
+    its ``.bin`` weights or its missing layers, in lines that never named the ``--draft KIND:PATH`` spelling.
+    Anything unreadable is left to the loader's checks."""
     import json
 
     from ..model.head_checkpoints import EAGLE3_ARCHITECTURES, MEDUSA_ARCHITECTURES
@@ -836,31 +837,41 @@ def refuse_a_head_as_a_draft_model(spec: DrafterSpec) -> None:
     if not isinstance(cfg, dict):
         return
     archs = cfg.get("architectures") if isinstance(cfg.get("architectures"), list) else []
-    kind = ("eagle3" if any(a in EAGLE3_ARCHITECTURES for a in archs) else
+    kind = ("eagle3" if any(a in EAGLE3_ARCHITECTURES for a in archs) or "draft_vocab_size" in cfg
+            or "eagle_config" in cfg else
             "medusa" if "medusa_num_heads" in cfg or any(a in MEDUSA_ARCHITECTURES for a in archs) else
-            "eagle" if "EagleLlamaForCausalLM" in archs or _holds_eagle_fc(path) else None)
+            "eagle" if "EagleLlamaForCausalLM" in archs else _head_kind_in_weights(path))
     if kind is not None:
         raise TreeoptError(f"--draft {path} holds a feature head ({kind}), not a draft model: pass --draft "
                            f"{kind}:{path}")
 
 
-def _holds_eagle_fc(path: Path) -> bool:
-    """Whether a folder without a tokenizer holds an EAGLE-1/2 head's ``fc.weight`` (its ``config.json`` may say
-    ``LlamaForCausalLM``, as the draft models' do): read from the safetensors headers only."""
-    from ..model.hf import TOKENIZER_FILE
+def _head_kind_in_weights(path: Path) -> str | None:
+    """``"eagle3"`` when a folder's weights hold EAGLE-3's ``midlayer.*`` or ``d2t``, ``"eagle"`` when they hold
+    EAGLE-1/2's ``fc.weight`` (no Llama draft model has either), else None. Only names are read: the
+    safetensors headers, and the pickled structure (``data.pkl``) of a zip-format ``pytorch_model.bin``, scanned
+    with :mod:`pickletools` (nothing is unpickled, no tensor data is read)."""
+    import pickletools
+    import zipfile
 
-    if (path / TOKENIZER_FILE).exists():
-        return False
+    names: set[str] = set()
     try:
         from safetensors import safe_open
 
         for file in sorted(path.glob("*.safetensors")):
             with safe_open(str(file), framework="pt") as handle:
-                if "fc.weight" in handle.keys():
-                    return True
-    except Exception:  # noqa: BLE001 (safetensors' own errors): an unreadable file is the loader's to name
-        return False
-    return False
+                names.update(handle.keys())
+        bin_file = path / "pytorch_model.bin"
+        if bin_file.is_file() and zipfile.is_zipfile(bin_file):
+            with zipfile.ZipFile(bin_file) as archive:
+                pkl = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+                if pkl is not None:
+                    names.update(arg for _, arg, _ in pickletools.genops(archive.read(pkl)) if isinstance(arg, str))
+    except Exception:  # noqa: BLE001 (safetensors', zipfile's, pickletools' own errors): the loader names them
+        return None
+    if "d2t" in names or any(n.startswith("midlayer.") for n in names):
+        return "eagle3"
+    return "eagle" if "fc.weight" in names else None
 
 
 #: The kinds this package registers itself (the CLI's ``--draft`` / ``--policy`` help describes them in its own
