@@ -513,15 +513,20 @@ RUN_ID_RE = re.compile(r"(?:[A-Za-z0-9_.]+-)?\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}")
 
 def remove_uncommitted(folder: str | os.PathLike, part: str, record: str) -> list[Path]:
     """Remove the orphans a killed :func:`create_files` left in ``folder``: a ``<run-id><part>`` file (e.g. a run's
-    ``.csv``) whose ``<run-id><record>`` (its ``.json``, named last: the unit's commit) does not exist. A SIGKILL
-    between the two names leaves the first alone, and a script reading ``results/*.csv`` took it for a run. Runs
-    under :func:`_folders_locked`, which :func:`create_files` holds while it names a unit, so a run being saved
-    at this moment is never taken for an orphan; where the folder cannot be locked, nothing is removed. Only
-    names :func:`new_run_id` makes (:data:`RUN_ID_RE`) are looked at; a missing folder has none.
+    ``.csv``) whose ``<run-id><record>`` (its ``.json``, named last: the unit's commit) does not exist, and which is
+    still a second name of its hidden temporary file (same inode: the kill came before the temporary was removed).
+    A SIGKILL between the two names leaves the first alone, and a script reading ``results/*.csv`` took it for a
+    run. A CSV whose JSON the user moved away, or a copy of one, shares no inode with a temporary and is kept. The
+    unit's leftover temporaries (``.<run-id><part>.*.tmp``, ``.<run-id><record>.*.tmp``) go with it. Runs under
+    :func:`_folders_locked`, which :func:`create_files` holds while it names a unit, so a run being saved at this
+    moment is never taken for an orphan; where the folder cannot be locked, nothing is removed. Only names
+    :func:`new_run_id` makes (:data:`RUN_ID_RE`) are looked at; a missing folder has none.
 
     Returns:
-        The files removed.
+        The ``<run-id><part>`` files removed (not their temporaries).
     """
+    import glob
+
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -531,10 +536,18 @@ def remove_uncommitted(folder: str | os.PathLike, part: str, record: str) -> lis
             return []
         for f in folder.iterdir():
             stem = f.name[:-len(part)] if f.name.endswith(part) else None
-            if stem and RUN_ID_RE.fullmatch(stem) and f.is_file() and not os.path.lexists(folder / (stem + record)):
-                with contextlib.suppress(OSError):
+            if not (stem and RUN_ID_RE.fullmatch(stem) and f.is_file() and not f.is_symlink()
+                    and not os.path.lexists(folder / (stem + record))):
+                continue
+            here = glob.escape(str(folder))
+            tmps = [Path(t) for name in (f.name, stem + record)
+                    for t in glob.glob(os.path.join(here, glob.escape(_tmp_prefix(name)) + "*.tmp"))]
+            with contextlib.suppress(OSError):
+                if any(t.name.startswith(_tmp_prefix(f.name)) and os.path.samefile(t, f) for t in tmps):
                     f.unlink()
                     removed.append(f)
+                    for t in tmps:
+                        t.unlink(missing_ok=True)
     return removed
 
 

@@ -388,10 +388,13 @@ def test_two_writers_of_the_same_pair_leave_one_writers_pair(tmp_path, monkeypat
 
 def test_a_run_killed_between_its_two_names_leaves_a_csv_the_next_save_removes(tmp_path):
     """SIGKILL between create_files' two links left ``<run-id>.csv`` without its ``.json`` (the commit) for
-    good: a script reading results/*.csv took it for a run. The next save into the folder removes such an orphan,
-    and only that: a whole run, a run-named JSON alone and a CSV of the user's own are kept."""
+    good: a script reading results/*.csv took it for a run. The next save into the folder removes such an orphan
+    (still one inode with its temporary), and only that: a whole run, a run-named JSON alone, a CSV of the user's
+    own and a run's CSV whose JSON the user moved away (it was removed) are kept."""
     import subprocess
     import sys
+
+    import sequoia_opt._io as io
 
     from sequoia_opt._io import new_run_id
     from sequoia_opt.jobs.run import RunReport
@@ -407,16 +410,21 @@ def test_a_run_killed_between_its_two_names_leaves_a_csv_the_next_save_removes(t
     assert r.returncode == -9
     seen = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))  # not the hidden temporaries
     assert seen == [f"{orphan}.csv"]
-    whole, lone_json = new_run_id(), new_run_id("llamacpp")
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith(".")]) == 2  # its two hidden temporaries
+    whole, lone_json, moved = new_run_id(), new_run_id("llamacpp"), new_run_id()
     for name in (f"{whole}.csv", f"{whole}.json", f"{lone_json}.json", "mine.csv", "table-20260101.csv"):
         (tmp_path / name).write_text("kept")
+    # a whole run whose JSON the user moved away: its CSV is theirs (the sweep had removed it)
+    io.create_files({tmp_path / f"{moved}.csv": "rows", tmp_path / f"{moved}.json": "{}"})
+    (tmp_path / f"{moved}.json").rename(tmp_path / "archived.json")
     run = RunReport(run_id=new_run_id(), settings={}, summaries=[], rows=[])
     with pytest.warns(ProfileWarning) as said:  # never silently: the CLI prints it as one warning line
         j, c = run.save(tmp_path)
     assert [str(w.message) for w in said] == [
         f"removed {tmp_path / orphan}.csv: a run's CSV without its JSON (a run stopped between writing the two)"]
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
-        [j.name, c.name, f"{whole}.csv", f"{whole}.json", f"{lone_json}.json", "mine.csv", "table-20260101.csv"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(  # the orphan's temporaries went with it
+        [j.name, c.name, f"{whole}.csv", f"{whole}.json", f"{lone_json}.json", "mine.csv", "table-20260101.csv",
+         f"{moved}.csv", "archived.json"])
 
 
 def test_the_orphan_sweep_waits_for_a_unit_being_named(tmp_path, monkeypatch):
