@@ -215,30 +215,45 @@ def document_text(path: str | os.PathLike, doc: Mapping[str, Any]) -> str:
     return yaml.dump(dict(doc), Dumper=Dumper, sort_keys=False, default_flow_style=None)
 
 
-def atomic_write_texts(files: Mapping[str | os.PathLike, str]) -> list[Path]:
+def atomic_write_texts(files: Mapping[str | os.PathLike, str], remove: Sequence[str | os.PathLike] = ()) -> list[Path]:
     """Write several files (UTF-8), replacing what is there: every temporary file is made and written in its
     destination folder before the first is renamed over its path, so a folder that refuses a file, or a failing
     write, leaves every path as it was (a failure in the renames themselves, after every write succeeded, can
-    leave some replaced; Ctrl-C / SIGTERM are held until the last rename is done). Returns the paths in the order
-    given.
+    leave some replaced; Ctrl-C / SIGTERM are held until the last rename is done). ``remove``: files of the same
+    unit that must no longer exist (an earlier run's engine settings that this run found nothing to set for),
+    removed after the renames inside the same folder locks and signal hold, so another writer of the same paths
+    never sees this unit's files beside its own. Returns the paths written, in the order given.
 
     Raises:
-        OutputError: two entries for one path, or as :func:`atomic_write_bytes` (one line naming the path).
+        OutputError: two entries for one path, a file of ``remove`` the OS refuses to remove, or as
+            :func:`atomic_write_bytes` (one line naming the path).
     """
     paths = [_target(p) for p in files]
     if len({p.resolve() for p in paths}) < len(paths):
         raise OutputError(f"cannot write {', '.join(map(str, files))}: one path is named twice (each output needs "
                           "its own file)")
+    gone = [Path(p) for p in remove]
+
+    def remove_after_renames(exc_type, _exc, _tb) -> bool:
+        if exc_type is None:
+            for p in gone:
+                try:
+                    p.unlink(missing_ok=True)
+                except OSError as err:
+                    raise OutputError(f"cannot remove {p}: {err.strerror or err}") from None
+        return False
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(_signals_deferred())  # exits last: no Ctrl-C between two renames
         lock = stack.enter_context(_folders_locked())  # released after the renames, which exit before it
+        stack.push(remove_after_renames)  # after every rename (they exit first), before the locks are released
         tmps = [stack.enter_context(atomic_output_path(p)) for p in paths]  # all made before any is renamed
         for p, tmp, text in zip(paths, tmps, files.values()):
             try:
                 tmp.write_bytes(text.encode("utf-8"))
             except OSError as err:
                 raise OutputError(f"cannot write {p}: {err.strerror or err}") from None
-        lock([p.parent for p in paths])  # the folders exist now: atomic_output_path made them
+        lock([p.parent for p in paths] + [p.parent for p in gone])
     return paths
 
 

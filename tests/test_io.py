@@ -386,6 +386,63 @@ def test_two_writers_of_the_same_pair_leave_one_writers_pair(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.json", "b.yaml", "out"]
 
 
+def test_a_removal_in_the_unit_happens_inside_its_locks(tmp_path, monkeypatch):
+    """Two ``treeopt tune -o spec.json --schedule plan.yaml`` at once, one finding nothing to set: it wrote its plan,
+    released the lock and then removed spec.json, which the other run had written meanwhile: the other's plan went
+    with no spec, or this plan beside the other's spec. The removal is part of the unit now: after the renames,
+    before the locks are released. A failed write removes nothing."""
+    import contextlib
+    import threading
+
+    from sequoia_opt import _io
+    from sequoia_opt._io import atomic_write_texts
+
+    spec, plan = tmp_path / "spec.json", tmp_path / "plan.yaml"
+    spec.write_text("old spec\n")
+    real_replace, real_lock = os.replace, _io._folders_locked
+    go = threading.Event()
+    started: list[threading.Thread] = []
+
+    @contextlib.contextmanager
+    def lock_and_tell():
+        with real_lock() as lock:
+            def announced(folders):
+                if threading.current_thread() is not threading.main_thread():
+                    go.set()
+                lock(folders)
+            yield announced
+        if threading.current_thread() is threading.main_thread() and started:
+            started[0].join(30)  # the locks are released: the second writer runs whole before this one goes on
+
+    def second():  # the run that speculates: writes both
+        try:
+            atomic_write_texts({spec: "2\n", plan: "2\n"})
+        finally:
+            go.set()
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        if threading.current_thread() is threading.main_thread() and not started:
+            started.append(threading.Thread(target=second))
+            started[0].start()
+            assert go.wait(30)
+
+    monkeypatch.setattr(_io, "_folders_locked", lock_and_tell)
+    monkeypatch.setattr(_io.os, "replace", replace)
+    atomic_write_texts({plan: "1\n"}, remove=[spec])  # nothing to set: its plan, and no spec
+    started[0].join(30)
+    assert not started[0].is_alive()
+    assert (spec.read_text(), plan.read_text()) == ("2\n", "2\n")  # the second unit whole, after the first
+    monkeypatch.setattr(_io.os, "replace", real_replace)
+    atomic_write_texts({plan: "3\n"}, remove=[spec])
+    assert not spec.exists() and plan.read_text() == "3\n"
+    spec.write_text("kept\n")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError):
+        atomic_write_texts({plan: "4\n", tmp_path / "file" / "x.yaml": "4\n"}, remove=[spec])
+    assert (spec.read_text(), plan.read_text()) == ("kept\n", "3\n")
+
+
 def test_a_run_killed_between_its_two_names_leaves_a_csv_the_next_save_removes(tmp_path):
     """SIGKILL between create_files' two links left ``<run-id>.csv`` without its ``.json`` (the commit) for
     good: a script reading results/*.csv took it for a run. The next save into the folder removes such an orphan

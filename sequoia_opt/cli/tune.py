@@ -247,12 +247,10 @@ def tune(
     if stale is not None and not os.access(stale.parent, os.W_OK | os.X_OK):
         # before anything is written: a file that cannot be removed stops the run with every path as it was
         raise OutputError(f"cannot remove {output}: its folder is not writable")
-    atomic_write_texts(files)
-    if stale is not None:  # after the writes: a failed write leaves the old settings file in place
-        try:
-            stale.unlink()
-        except OSError as err:
-            raise OutputError(f"cannot remove {output}: {err.strerror or err}") from None
+    # the stale settings go in the same unit, after the writes (a failed write leaves them in place) and inside
+    # the folders' locks (a tune running beside this one never ends with its spec beside this plan)
+    atomic_write_texts(files, remove=[stale] if stale is not None else [])
+    if stale is not None:
         written["removed_file"] = str(output)
     for k, v in written.items():
         if k != "removed_file":
