@@ -2650,7 +2650,8 @@ def test_tune_removes_a_stale_setting_only_after_its_other_outputs_are_written(t
     old = '{"method": "draft_model", "num_speculative_tokens": 4}\n'
     out.write_text(old)
 
-    def disk_full(files):
+    def disk_full(files, remove=()):
+        assert [str(p) for p in remove] == [str(out.resolve())]  # removed in the unit, after the writes
         raise OutputError(f"cannot write {next(iter(files))}: No space left on device")
 
     monkeypatch.setattr(tune_cli, "atomic_write_texts", disk_full)
