@@ -32,7 +32,7 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ._io import atomic_write_bytes
+from ._io import atomic_write_bytes, write_all
 from .errors import TreeoptError
 from .profiles import AcceptanceProfile, LatencyCurve
 from .profiles.common import wilson_interval
@@ -58,10 +58,18 @@ def _new_figure(width_in: float, height_in: float) -> Figure:
     return fig
 
 
+#: While :func:`plot_all` draws a set: the PNGs rendered so far, ``(path, bytes)``, written together at its end.
+_PENDING: list[tuple[Path, bytes]] | None = None
+
+
 def _save(fig: Figure, path: str | Path) -> Path:
-    """Render ``fig`` as PNG into memory, then write it atomically to ``path``. Returns the path."""
+    """Render ``fig`` as PNG into memory, then write it atomically to ``path`` (inside :func:`plot_all`: keep it for
+    the set's one write). Returns the path."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": "treeopt (matplotlib Agg)"})
+    if _PENDING is not None:
+        _PENDING.append((Path(path), buf.getvalue()))
+        return Path(path)
     return atomic_write_bytes(path, buf.getvalue())
 
 
@@ -615,21 +623,31 @@ def plot_all(
       and/or ``predicted`` (``(budget, predicted_speedup)`` pairs) (:func:`plot_speedup_vs_budget`),
     - ``tree.png`` from ``tree``, coloured by ``acceptance`` when given (:func:`plot_tree`).
 
-    Returns the written paths in that order (empty when nothing was given).
+    Every figure is drawn in memory first, then the set is written as one unit
+    (:func:`~sequoia_opt._io.write_all`): a stop or a failed write leaves the folder's old PNGs, never some new
+    beside some old. Returns the written paths in that order (empty when nothing was given).
+
+    Raises:
+        OutputError: a PNG the OS refuses to write (the set is put back as it was).
     """
+    global _PENDING
     out = Path(out_dir)
-    written: list[Path] = []
     pts = None  # read before anything is drawn: a bad run file must not leave the other PNGs replaced
     if run is not None or predicted:
         pts = speedup_points_from_run(_as_run_dict(run)) if run is not None else SpeedupPoints()
         if predicted:
             pts.predicted = [(int(b), float(s)) for b, s in predicted]
-    if latency is not None:
-        written.append(plot_latency(latency, out / LATENCY_PNG))
-    if acceptance is not None:
-        written.append(plot_acceptance(acceptance, out / ACCEPTANCE_PNG))
-    if pts is not None and (pts.predicted or pts.trees):
-        written.append(plot_speedup_vs_budget(pts, out / SPEEDUP_PNG))
-    if tree is not None:
-        written.append(plot_tree(tree, out / TREE_PNG, acceptance))
-    return written
+    pending: list[tuple[Path, bytes]] = []
+    _PENDING = pending
+    try:
+        if latency is not None:
+            plot_latency(latency, out / LATENCY_PNG)
+        if acceptance is not None:
+            plot_acceptance(acceptance, out / ACCEPTANCE_PNG)
+        if pts is not None and (pts.predicted or pts.trees):
+            plot_speedup_vs_budget(pts, out / SPEEDUP_PNG)
+        if tree is not None:
+            plot_tree(tree, out / TREE_PNG, acceptance)
+    finally:
+        _PENDING = None
+    return write_all([(path, lambda p, data=data: atomic_write_bytes(p, data)) for path, data in pending])

@@ -246,6 +246,40 @@ def test_a_bad_run_file_leaves_every_png_as_it_was(tmp_path: Path) -> None:
     assert (out / "latency.png").read_bytes() == b"an earlier figure"
 
 
+@pytest.mark.parametrize("stop", ["drawing", "writing"])
+def test_a_stopped_or_failed_plot_leaves_the_old_set(tmp_path: Path, monkeypatch, stop: str) -> None:
+    """Ctrl-C while the third figure was drawn left latency.png and acceptance.png new beside the old
+    speedup_vs_budget.png and tree.png: each file whole, the set a mix. Every figure is drawn first now, then the
+    set is written as one unit: a stop while drawing, or a failed write of the last PNG, leaves the old set."""
+    import sequoia_opt.plots as plots
+    from sequoia_opt._io import OutputError
+
+    out = tmp_path / "figs"
+    out.mkdir()
+    names = ["latency.png", "acceptance.png", "speedup_vs_budget.png", "tree.png"]
+    for n in names:
+        (out / n).write_bytes(f"old {n}".encode())
+    if stop == "drawing":
+        def interrupted(*a, **k):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(plots, "plot_speedup_vs_budget", interrupted)
+        error = KeyboardInterrupt
+    else:
+        real = plots.atomic_write_bytes
+
+        def full(path, data):
+            if Path(path).name == "tree.png":
+                raise OutputError(f"cannot write {path}: No space left on device")
+            return real(path, data)
+        monkeypatch.setattr(plots, "atomic_write_bytes", full)
+        error = OutputError
+    with pytest.raises(error):
+        plot_all(out, latency=latency_two_contexts(), acceptance=acceptance_with_counts(),
+                 predicted=[(1, 1.0), (4, 1.5)], tree=Tree.from_choices([[0], [1]]))
+    assert {n: (out / n).read_bytes() for n in names} == {n: f"old {n}".encode() for n in names}
+    assert_no_temp_files(out)
+
+
 def test_plots_with_missing_optional_data(tmp_path: Path) -> None:
     # one context, no spreads, smallest count 2; no counts (no intervals), no per-depth vectors
     assert_png(plot_latency(latency_one_context(), tmp_path / "lat.png"))
