@@ -422,15 +422,19 @@ def new_run_id(prefix: str | None = "run") -> str:
     return f"{prefix}-{stamp}" if prefix else stamp
 
 
+#: The stops :func:`_signals_deferred` holds: Ctrl-C, ``kill``, and a closed terminal (where the platform has it).
+_HELD_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
 @contextlib.contextmanager
 def _signals_deferred():
-    """Hold SIGINT / SIGTERM until the block ends (main thread only; elsewhere Python runs no handler), then
-    deliver the first one that arrived to the handler that was installed."""
+    """Hold SIGINT / SIGTERM / SIGHUP until the block ends (main thread only; elsewhere Python runs no handler),
+    then deliver the first one that arrived to the handler that was installed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     got: list[int] = []
-    old = {sig: signal.signal(sig, lambda s, _f: got.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.signal(sig, lambda s, _f: got.append(s)) for sig in _HELD_SIGNALS}
     try:
         yield
     finally:

@@ -388,6 +388,82 @@ def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkey
     assert r.output.strip() == "interrupted: each output file is whole or absent (written atomically, last)"
 
 
+def test_a_stop_while_typer_builds_the_command_is_one_line(monkeypatch, capsys):
+    """Ctrl-C in typer's own set-up (get_command, before the root group's guard) printed a traceback through
+    typer/main.py: it is one line and exit 130 now, and later stops are ignored."""
+    import signal
+
+    import typer.main
+
+    import sequoia_opt.cli.common as common
+    from sequoia_opt._entry import STOP_SIGNALS, main
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(typer.main, "get_command", interrupted)
+    monkeypatch.setattr(common, "on_command_end", None)  # main sets it for the process
+    monkeypatch.setattr("sys.argv", ["treeopt", "solve"])
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *STOP_SIGNALS)}
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main()
+        after = {sig: signal.getsignal(sig) for sig in kept}
+    finally:  # main installs its handlers for the process: not this test session's
+        for sig, h in kept.items():
+            signal.signal(sig, h)
+    assert exc.value.code == 130 and capsys.readouterr().err == "interrupted: no output file was written\n"
+    assert set(after.values()) == {signal.SIG_IGN}
+
+
+def test_the_outermost_command_end_is_told_once_and_a_stop_after_it_is_ignored(monkeypatch):
+    """A second Ctrl-C while Python exited printed 'Exception ignored in atexit callback ... KeyboardInterrupt', and
+    one landing after the outputs were written ended the run 130 with no line or with 'interrupted' (its files
+    saved). handle_errors tells the entry point when the outermost command has ended (returned, failed or stopped),
+    and the entry point ignores later stops from then on; SIGHUP stops a command as SIGTERM does (129)."""
+    import signal
+    import subprocess
+    import sys
+
+    import typer
+
+    import sequoia_opt.cli.common as common
+    from sequoia_opt.cli.common import handle_errors
+
+    ended: list[str] = []
+    monkeypatch.setattr(common, "on_command_end", lambda: ended.append("end"))
+    mini = typer.Typer()
+
+    @handle_errors
+    def inner() -> None:
+        ended.append("inner")
+
+    @mini.command()
+    @handle_errors
+    def outer(stop: bool = False) -> None:
+        inner()  # a command another runs ends inside it: not the end
+        if stop:
+            raise KeyboardInterrupt
+
+    assert runner.invoke(mini, []).exit_code == 0 and ended == ["inner", "end"]
+    ended.clear()
+    r = runner.invoke(mini, ["--stop"])
+    assert r.exit_code == 130 and ended == ["inner", "end"] and "interrupted:" in r.output
+    code = ("import os, signal, sys\n"
+            "from sequoia_opt._entry import install_sigterm, ignore_stops\n"
+            "from sequoia_opt.errors import Terminated, stop_exit_code\n"
+            "install_sigterm()\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGHUP); signal.pause()\n"
+            "except Terminated as err:\n"
+            "    print('stopped', err.signum, stop_exit_code(err))\n"
+            "ignore_stops()\n"
+            "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): os.kill(os.getpid(), sig)\n"
+            "print('alive')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"stopped {int(signal.SIGHUP)} 129\nalive\n", "")
+
+
 def test_a_python_warning_in_a_command_is_shown_once_and_the_command_ends(recwarn):
     """Any warning but treeopt's own (a torch or numpy UserWarning, a DeprecationWarning) made every command loop
     until the machine ran out of memory: handle_errors showed it while still recording, and each warning shown

@@ -266,6 +266,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: the warnings each running command's :func:`handle_errors` records, innermost last
 _RECORDING: list[list] = []
 
+#: Called once the outermost command has ended (returned, failed, or printed its stop line); the ``treeopt``
+#: entry point sets it to :func:`sequoia_opt._entry.ignore_stops`. None in a library or test caller.
+on_command_end: Callable[[], None] | None = None
+
 
 def recorded_warnings() -> list[str]:
     """The distinct :class:`~sequoia_opt.errors.ProfileWarning` lines the running command raised so far (a file's
@@ -278,6 +282,12 @@ def recorded_warnings() -> list[str]:
         if issubclass(w.category, ProfileWarning) and str(w.message) not in out:
             out.append(str(w.message))
     return out
+
+
+def _command_ended() -> None:
+    """Tell :data:`on_command_end` (where set) that the outermost command has ended."""
+    if on_command_end is not None:
+        on_command_end()
 
 
 def handle_errors(fn: F) -> F:
@@ -296,6 +306,7 @@ def handle_errors(fn: F) -> F:
         from ..errors import ProfileWarning, stop_exit_code, stop_word
 
         caught: list = []
+        outermost = not _RECORDING  # a command another command runs ends inside it
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ProfileWarning)
@@ -306,10 +317,16 @@ def handle_errors(fn: F) -> F:
                     _print_error(str(err) or err.__class__.__name__)
                     raise typer.Exit(2) from None
                 except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM; may land after a file is in place: no claim
-                    _err.print(f"[yellow]{stop_word(err)}:[/] each output file is whole or absent (written "
-                               "atomically, last)")
+                    if outermost:  # now: a second stop would cut this line off (told once: not in finally)
+                        outermost = False
+                        _command_ended()
+                    with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+                        _err.print(f"[yellow]{stop_word(err)}:[/] each output file is whole or absent (written "
+                                   "atomically, last)")
                     raise typer.Exit(stop_exit_code(err)) from None
         finally:  # shown once the recorder is gone: inside it, showwarning records again, and the loop never ends
+            if outermost:  # every output is written (or the command failed)
+                _command_ended()
             if _RECORDING and _RECORDING[-1] is caught:
                 _RECORDING.pop()
             shown: set[str] = set()
