@@ -358,7 +358,8 @@ def test_treeopt_run_takes_a_plan_without_a_tree_file(tmp_path, kind):
         assert row["adaptive"] is None
     assert not [w for w in doc["warnings"] if "was solved from profiles" in w]
     # the same plan solved for another pair and engine: each difference named, the run still made
-    other = load_schedule(plan).doc | {"target": "another-model", "drafter": "another-draft", "engine": "vllm"}
+    other = load_schedule(plan).doc | {"target": "another-model", "drafter": "another-draft", "engine": "vllm",
+                                       "threads": 999}  # T(b, n) timed on other CPU threads than this run's
     other_plan = save_schedule(tmp_path / "other.yaml", other)
     r = CliRunner().invoke(app, ["run", "--target", str(target), "--draft", str(draft), "--policy",
                                  f"{kind}:{other_plan}", "--prompts", str(prompts), "--num-prompts", "1",
@@ -366,7 +367,7 @@ def test_treeopt_run_takes_a_plan_without_a_tree_file(tmp_path, kind):
     assert r.exit_code == 0, r.output
     warned = [w for w in json.loads(r.stdout)["warnings"] if "was solved from profiles" in w]
     assert [w.split(" measured with ")[1].split(",")[0] for w in warned] == [
-        "target 'another-model'", "draft 'another-draft'", "engine 'vllm'"]
+        "target 'another-model'", "draft 'another-draft'", "engine 'vllm'", "threads 999"]
     assert all(w.startswith(f"tree 'other ({kind})'") for w in warned)
     r = CliRunner().invoke(app, ["run", "--target", str(target), "--draft", str(draft), "--policy", f"{kind}:{plan}",
                                  "--compare", "-a", str(plan)])

@@ -2521,6 +2521,30 @@ def test_tune_for_a_gpu_engine_warns_of_a_profile_measured_on_another_engine(tmp
     assert f"start it with: trtllm-serve MODEL --extra_llm_api_options '{out}'" in json.loads(res.stdout)["notes"]
 
 
+def test_a_treeopt_plan_records_the_cpu_threads_its_latency_was_timed_with(tmp_path):
+    """The README's `tune --engine treeopt -o plan.yaml && run --policy schedule:plan.yaml` ran the plan at run's
+    default threads (the CPU count) where tune had timed T(b, n) on 1, and the plan file did not say so: run could
+    not warn, as it does for a tree. The plan records the profile's CPU threads; a table without a device, none."""
+    import dataclasses
+
+    from sequoia_opt.drafting.registry import _solved_for
+    from sequoia_opt.jobs.tune import load_given_latency
+    from sequoia_opt.profiles.batch import save_batch_latency
+
+    table, acc = _files(tmp_path)
+    prof = dataclasses.replace(load_given_latency(table, 128), source="measured by treeopt profile latency --batch")
+    doc = yaml.safe_load(save_batch_latency(tmp_path / "cpu.yaml", prof).read_text())
+    doc["device"] = {"name": "cpu", "type": "cpu", "threads": 3}
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(doc))
+    for latency, threads in ((tmp_path / "cpu.yaml", 3), (table, None)):
+        plan = tmp_path / f"plan-{latency.stem}.yaml"
+        res = runner.invoke(app, ["tune", "--engine", "treeopt", "-l", str(latency), "-a", str(acc), "-o", str(plan)])
+        assert res.exit_code == 0, res.output
+        doc = yaml.safe_load(plan.read_text())
+        assert doc.get("threads") == threads
+        assert _solved_for(doc).get("profiled_threads") == threads
+
+
 def test_tune_keeps_another_contexts_curves_in_its_own_file(tmp_path):
     """tune times one context (--context); timing another rewrote its file with that context alone, so going back
     to the first re-timed it. Now the file keeps every context and batch size it timed, and each is reused."""

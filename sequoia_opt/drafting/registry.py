@@ -566,13 +566,14 @@ def _plan_name(source: str, kind: str) -> str:
 
 def _solved_for(doc: Mapping[str, Any]) -> dict[str, Any]:
     """What a plan file says it was solved for, as a tree file's ``profiled_*`` metadata (``target``, ``draft``,
-    ``engine``, the acceptance's ``temperature`` and checkpoints' ``weights`` where tune recorded them):
-    ``treeopt run`` warns when the loaded pair, its weights, its decoder or its temperature is another
-    (:func:`~sequoia_opt.jobs.entries.tree_mismatch_warnings`)."""
+    ``engine``, the acceptance's ``temperature``, the CPU ``threads`` its latency was timed with and the
+    checkpoints' ``weights`` where tune recorded them): ``treeopt run`` warns when the loaded pair, its weights, its
+    decoder, its temperature or its threads is another (:func:`~sequoia_opt.jobs.entries.tree_mismatch_warnings`)."""
     keys = (("target", "target"), ("draft", "drafter"), ("engine", "engine"))
     out: dict[str, Any] = {f"profiled_{k}": str(doc[field]) for k, field in keys if doc.get(field) not in (None, "")}
-    if isinstance(doc.get("temperature"), (int, float)) and not isinstance(doc.get("temperature"), bool):
-        out["profiled_temperature"] = float(doc["temperature"])
+    for key in ("temperature", "threads"):
+        if isinstance(doc.get(key), (int, float)) and not isinstance(doc.get(key), bool):
+            out[f"profiled_{key}"] = float(doc[key]) if key == "temperature" else int(doc[key])
     if isinstance(doc.get("weights"), Mapping):
         out["profiled_weights"] = dict(doc["weights"])
     return out

@@ -1031,6 +1031,9 @@ def _tune(opts: TuneOptions, progress: ProgressFn | None, stack: ExitStack) -> T
             "target": labels.get("target"), "batches": list(opts.batches)}
     measured = getattr(acc, "measured", None) or {}  # what run compares with its own (tree_mismatch_warnings)
     prov.update({"temperature": measured.get("temperature"), "weights": measured.get("weights") or None})
+    timed_on = profile.device or {}
+    if opts.engine == "treeopt" and timed_on.get("type", "cpu") == "cpu":  # run warns at other CPU threads
+        prov["threads"] = timed_on.get("threads")
     prov = {k: v for k, v in prov.items() if v is not None}
     # priced cut only where the traces say which answers ran to the cap: one that ends at an EOS the engine could
     # not see coming pays whole steps (the replay knows which; a positional or per-depth profile does not)

@@ -86,7 +86,7 @@ SCHEDULE_KEYS = ("format", "engine", "drafter", "shape", "latency_profile", "acc
                  "calibration_profile", "target", "batches", "refined_batches", "given_plan", "context_tokens",
                  "output_tokens", "min_gain", "first_is_longest", "answer_end_cut", "date", "rule", "stops_paying_above",
                  "ranges", "by_batch", "guard", "notes", "method", "draft_model", "lookup", "engine_settings",
-                 "engine_releases", "temperature", "weights")
+                 "engine_releases", "temperature", "threads", "weights")
 #: the keys of one entry of a schedule's ``ranges``
 SCHEDULE_RANGE_KEYS = ("batch_range", "setting", "predicted")
 SHAPES = ("none", "chain", "envelope", "tree")
