@@ -2424,6 +2424,33 @@ def test_tune_envelope_needs_an_engine_that_takes_one_then_a_calibration(tmp_pat
         in " ".join(res.output.split()), res.output
 
 
+def test_a_saved_profile_tune_does_not_use_is_not_warned_about(tmp_path):
+    """tune read the user's batch profile (its loader warned 'an implausible draft curve ... re-measure before
+    trusting what is solved from it'), found it did not fit and solved from its own file: the warning named a file
+    that had no part in the plan. A saved profile's warnings are shown only when it is the one used."""
+    import warnings
+
+    from sequoia_opt.errors import ProfileWarning
+    from sequoia_opt.jobs.tune import _saved_profile
+
+    def load(path):
+        warnings.warn(ProfileWarning(f"{path.name}: implausible"))
+        return path.read_text()
+
+    users, own = tmp_path / "p.yaml", tmp_path / "p.tune.yaml"
+    users.write_text("other threads")
+    own.write_text("fits")
+    with pytest.warns(ProfileWarning) as said:
+        prof, where, why = _saved_profile(users, load, lambda p: "" if p == "fits" else "was timed otherwise",
+                                          lambda p: False)
+    assert (prof, where, why) == ("fits", own, "")
+    assert [str(w.message) for w in said] == ["p.tune.yaml: implausible"]
+    users.write_text("fits")
+    with pytest.warns(ProfileWarning) as said:
+        assert _saved_profile(users, load, lambda p: "" if p == "fits" else "no", lambda p: False)[1] == users
+    assert [str(w.message) for w in said] == ["p.yaml: implausible"]
+
+
 def test_tune_reuses_a_saved_latency_profile_only_where_it_was_timed_as_asked(tmp_path):
     """A saved batch profile was reused whatever --context or --threads asked (it failed later on the context, or
     priced another thread count without a word). Now each mismatch says why the profile is timed again."""

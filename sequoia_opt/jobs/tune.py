@@ -753,13 +753,18 @@ def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[An
     writes it too), else tune's own beside it (``own``, default ``<name>.tune.yaml``), whichever ``misfit`` passes
     ('' = fits). Returns ``(profile, its path, '')`` for one that fits; else ``(None, where to write the new one, why
     the saved ones did not fit)``, the new one going to ``own`` when ``path`` holds a profile tune did not write (a
-    user's measurement is never replaced) or when ``always_own``."""
+    user's measurement is never replaced) or when ``always_own``. A saved profile's load warnings are shown only
+    when it is the one used (a user's profile that did not fit was warned about while tune read its own)."""
+    import warnings
+
     own = path.with_suffix(".tune.yaml") if own is None else own
     why, keep = "", always_own
     for candidate in (path, own):
         if candidate.is_file():
             try:
-                prof = load(candidate)
+                with warnings.catch_warnings(record=True) as said:  # a file's own warnings count if it is used
+                    warnings.simplefilter("always")
+                    prof = load(candidate)
             except ProfileError as err:  # tune's own file is its cache: unreadable, it is measured anew
                 if candidate != own:
                     raise
@@ -767,6 +772,8 @@ def _saved_profile(path: Path, load: Callable[[Path], Any], misfit: Callable[[An
                 continue
             miss = misfit(prof)
             if not miss:
+                for w in said:  # the profile the plan is solved from: what its loader said is shown
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
                 return prof, candidate, ""
             why = why or f" (the one saved at {candidate} {miss})"
             keep = keep or (candidate == path and not tune_wrote(prof))
