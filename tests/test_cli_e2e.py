@@ -333,6 +333,16 @@ def test_profile_latency_random_weights_preset(tmp_path):
     assert "RANDOM" in r.output
 
 
+def test_random_weight_shapes_get_a_default_file_named_by_their_presets(tmp_path, monkeypatch):
+    """Without -o the file was 'tiny__tiny (random weights)-latency.yaml': the draft's part kept the label's
+    suffix (the target's did not), a path of spaces and parentheses that an unquoted -l broke on."""
+    monkeypatch.chdir(tmp_path)
+    r = invoke("profile", "latency", "--random-weights", "--arch", "tiny", "--draft-arch", "tiny", "--context", "8",
+               "--max-tokens", "1", "--max-draft-tokens", "1", "--max-repeats", "2", "--rounds", "1", "--no-loop")
+    assert r.exit_code == 0, r.output
+    assert [p.name for p in (tmp_path / "profiles").rglob("*.yaml")] == ["tiny__tiny-latency.yaml"]
+
+
 def test_profile_latency_random_weights_takes_a_quantized_checkpoints_config(tmp_path):
     """--arch config.json with --random-weights times a shape: an AWQ / GPTQ checkpoint's config.json gives its
     architecture (no weights are read; --weights int4 times int4 linears), as before the loader refused a

@@ -140,6 +140,7 @@ def profile_latency(
     cost_model = spec.cost_model if spec is not None else "per-level"
     drafter: object = None
     dconfig = None
+    draft_arch_name = None  # a random-weight draft's preset (or config) name: its part of the file name
     if random_weights:
         tcfg = config_of(arch)
         dcfg = config_of(draft_arch) if draft_arch is not None else None
@@ -159,7 +160,7 @@ def profile_latency(
         if dcfg is not None:
             drafter = random_weight_model(dcfg, device=dev, dtype=dt, seed=1)
             tune_loaded_model(drafter, None, log=note)
-            dname, dconfig = f"{dcfg.name} (random weights)", dcfg
+            dname, dconfig, draft_arch_name = f"{dcfg.name} (random weights)", dcfg, dcfg.name
         if cuda_graphs:  # the graphed forwards replace the eager ones everywhere below, drafters included
             tmodel, drafter = graphed(tmodel), graphed(drafter)
         if dcfg is None and spec is not None:
@@ -229,7 +230,10 @@ def profile_latency(
 
     slug = device_slug(dev)
     base = tcfg.name if random_weights else tname
-    dpart = f"__{drafter_slug(dname)}" if dname is not None else ""
+    # a random-weight shape's file is named by its presets, the target's and the draft's alike (no "(random
+    # weights)": a path of spaces and parentheses that an unquoted -l broke on)
+    dbase = draft_arch_name if random_weights and draft_arch_name is not None else dname
+    dpart = f"__{drafter_slug(dbase)}" if dbase is not None else ""
     gpart = "_cuda-graphs" if cuda_graphs else ""
     # another precision is another curve: its own id and default file (it replaced the float32 one, same id)
     ppart = precision_suffix(dt, weights)
