@@ -326,7 +326,7 @@ def test_the_docs_show_many_commands_of_every_kind():
     # the extraction itself: a continuation, a flock prefix, a && chain and a span over a line break
     where = {(c.where, c.argv[:3]) for c in COMMANDS}
     assert ("docs/drafters.md:23", ("treeopt", "solve", "-a")) in where  # continued by `\` onto line 24
-    assert ("README.md:33", ("treeopt", "run", "--policy")) in where  # the second command of an && chain
+    assert ("README.md:33", ("treeopt", "run", "--threads")) in where  # the second command of an && chain
     assert any(c.argv[0] == "benchmarks/continuous_batching.py" and c.where.startswith("README.md") for c in COMMANDS)
     assert ("docs/measurements.md:11", ("treeopt", "demo")) in {(c.where, c.argv[:2]) for c in COMMANDS}
 
