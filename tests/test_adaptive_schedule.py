@@ -326,6 +326,33 @@ def test_the_registry_policy_runs_through_treeopt_runs_job(tmp_path):
     assert notes[0].count("K=") == len(ad["initial_ranges"]) + len(ad["final_ranges"])
 
 
+def test_run_drafts_with_the_drafter_a_plan_names_when_no_draft_is_given(tmp_path):
+    """A plan from `tune --draft lookup` run as `run --policy schedule:plan.yaml` drafted with the bundled draft
+    model (and warned that the plan was solved for lookup): run now makes the plan's drafter where its name is
+    enough (lookup, self:L, a bundled head); --draft still chooses; a checkpoint's label is no path: not taken."""
+    import json
+
+    from tiny_pair import make_pair
+    from typer.testing import CliRunner
+
+    from sequoia_opt.cli import app
+
+    target, draft, prompts = make_pair(tmp_path)
+    doc = plan_document(solve_plan(ChainValue(_acc(), 4), PROFILE), engine="treeopt")
+    args = ["--target", str(target), "--prompts", str(prompts), "--num-prompts", "1", "--max-new-tokens", "6",
+            "--results-dir", str(tmp_path), "--json"]
+    for drafter, given, used in (("lookup:1-3", [], "lookup:1-3"), ("lookup:1-3", ["--draft", str(draft)], None),
+                                 ("my-draft-model", ["--draft", str(draft)], None)):
+        plan = save_schedule(tmp_path / "plan.yaml", {**doc, "drafter": drafter})
+        r = CliRunner().invoke(app, ["run", "--policy", f"schedule:{plan}", *args, *given])
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        said = [n for n in out["notes"] if n.startswith("drafting with the plan's drafter")]
+        assert said == ([f"drafting with the plan's drafter {used} (--draft to choose another)"] if used else [])
+        mismatch = [w for w in out["warnings"] if "measured with draft" in w]
+        assert bool(mismatch) == (used is None), out["warnings"]  # the plan's drafter, or a warning naming it
+
+
 @pytest.mark.parametrize("kind", ["schedule", "adaptive-schedule"])
 def test_treeopt_run_takes_a_plan_without_a_tree_file(tmp_path, kind):
     """``treeopt tune --schedule FILE`` then ``treeopt run --policy KIND:FILE``: the plan brings its own chains, so

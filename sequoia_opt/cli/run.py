@@ -315,6 +315,12 @@ def run_cmd(
     acceptance_path = acceptance[0] if acceptance else None
     latency_path = latency[0] if latency else None
     spec = parse_drafter_spec(draft[0] if draft else None)  # a bad --draft fails before anything is read
+    plan_notes = []
+    if own is not None and not draft:  # a plan solved for a drafter run can make by its name: that one drafts
+        planned = _plan_drafter(popts.get("solved_for", {}).get("profiled_draft"))
+        if planned is not None:
+            spec = planned
+            plan_notes.append(f"drafting with the plan's drafter {planned.label} (--draft to choose another)")
     if (dyn or pkind.name == "dynamic") and spec is not None and not spec.entry.has_probs:
         # refused here, by its own name (the policy built later named every drafter 'draft'), before models load
         raise TreeoptError(f"drafter {spec.label!r} has no draft probabilities: a dynamic tree (--dynamic, --policy "
@@ -396,7 +402,7 @@ def run_cmd(
                                  top_p=top_p, seed=seed, backend=backend, results_dir=results_dir, as_json=as_json,
                                  settings={"prompts": str(prompts or "demo eval prompts")}, value_label=value_label)
     report.warnings = warnings + report.warnings
-    report.notes = profile_notes + adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
+    report.notes = plan_notes + profile_notes + adapt_notes + baseline_notes + dyn_notes + settings_notes + report.notes
     if dev.type == "cpu":
         from ..omp import policy_note
 
@@ -879,6 +885,23 @@ def _trees_table(run, temperature: float, predicted: str | None = None) -> tuple
             "approximated; the steps cut at an answer's end priced at their own cost), at most what a step can emit",
             ["name", "nodes", "depth", "tokens/step", "95% CI", "predicted", "95% PI", "tokens/s", "speedup",
              "pred. speedup", "speedup 95% PI", "draft ms", "verify ms", "bookkeeping ms", "= plain"], rows)
+
+
+def _plan_drafter(name: Optional[str]):
+    """The drafter a plan file names (its ``drafter``: tune's label of the drafter it measured) as a
+    :class:`~sequoia_opt.drafting.registry.DrafterSpec`, where run can make it from the name alone: prompt lookup
+    (``lookup:1-3``), layer skip (``self:L``), a bundled head (``eagle3``). None for a checkpoint (a label is no
+    path) or a name that is no drafter: run drafts with ``--draft`` or the bundled draft model then, and warns when
+    that is another drafter than the plan's. A plan from ``tune --draft lookup`` was run with the draft model."""
+    from ..jobs.load import parse_drafter_spec
+
+    if not name:
+        return None
+    try:
+        spec = parse_drafter_spec(str(name))
+    except TreeoptError:
+        return None
+    return spec if spec.path is None and spec.kind != "model" else None
 
 
 #: Re-solve rows shown in the table; past it only the re-solves that changed the tree (the JSON has them all).
