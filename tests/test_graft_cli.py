@@ -234,6 +234,26 @@ def test_solve_writes_a_grafted_tree_with_the_baselines(env, tmp_path, monkeypat
     assert all(name in table for name in ("chosen", "light alone", "strong alone", "specinfer merge"))
 
 
+def test_the_advice_for_a_tree_deeper_than_the_pair_rows_names_what_is_missing(env, monkeypatch):
+    """After `profile graft --depth 3` on 2 prompts solve said 'measured to depth 1 ... profile a deeper spine':
+    the spines had reached depth 3, with too few trials for rows of their own there."""
+    import dataclasses
+
+    import numpy as np
+
+    from sequoia_opt.cli.solve import deeper_measurement_advice
+
+    monkeypatch.chdir(env["root"])
+    measured = load_pair_acceptance(_files(env)["pair_acceptance"])
+    n = measured.light_width + measured.strong_width + 1
+    sparse = dataclasses.replace(measured, counts_by_depth={1: np.full(n, 40), 2: np.full(n, 2), 3: np.full(n, 1)})
+    assert sparse.depth_counts().shape[0] == 2  # depth 1 its own row; 2 and 3 pooled
+    assert deeper_measurement_advice(sparse, 3) == (
+        "more trials per depth (treeopt profile graft --num-prompts / --max-new-tokens: a depth keeps its own row "
+        "from 30 trials; the spines reached depth 3)")
+    assert deeper_measurement_advice(sparse, 4) == "a deeper spine (treeopt profile graft --depth)"
+
+
 @pytest.mark.parametrize("plan", ["graft", "merge"])
 def test_solve_plan_writes_a_tree_holding_both_drafters(env, tmp_path, monkeypatch, plan):
     """--plan graft / merge: the tree a scheduler needs (both drafters' nodes), whatever wins called every step.

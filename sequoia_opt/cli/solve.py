@@ -498,12 +498,12 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
     profiles = GraftProfiles(names[0], names[1], models[0], models[1], curves[0], curves[1], accs[0], accs[1], pair)
     plans = plan_graft(profiles, budget=budget, max_depth=max_depth, max_branching=max_branching, context=context)
     ch, dtree = plans.choice, plans.choice.dtree
+    fix = deeper_measurement_advice(pair, dtree.tree_depth)
     for x in plans.extrapolated:  # what the value model did not measure, and how it was valued
         deeper = dtree.tree_depth > x["measured_depth"]
         (report.warnings if deeper else report.notes).append(
             f"value model: {x['text']}" + (f"; the chosen tree reaches depth {dtree.tree_depth}, deeper than that "
-                                           "measurement: profile a deeper spine (treeopt profile graft --depth)" if deeper
-                                           else ""))
+                                           f"measurement: profile {fix}" if deeper else ""))
     ctx = context if context is not None else int(curves[0].contexts[0])
     meta = plans.metadata["graft"]
     if plan != "auto":  # a tree holding both drafters, for a scheduler, whether or not it wins called every step
@@ -603,3 +603,18 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
         typer.echo(text, nl=False)
     else:
         render(report, as_json)
+
+
+def deeper_measurement_advice(pair, depth: int) -> str:
+    """What to profile when a grafted tree of ``depth`` reaches past the rows the pair profile ``pair`` measured
+    (:class:`~sequoia_opt.profiles.PairAcceptanceProfile`): more trials per depth where its spines reached
+    ``depth`` but too few trials kept a row of its own there (a depth keeps one from
+    :data:`~sequoia_opt.profiles.pair.PAIR_MIN_TRIALS` trials), else a deeper spine. It always said "a deeper spine",
+    also to a user whose 2-prompt profile had spines of depth 3."""
+    from ..profiles.pair import PAIR_MIN_TRIALS
+
+    spine = max(pair.counts_by_depth)  # the deepest level the spines reached
+    if spine >= depth:
+        return (f"more trials per depth (treeopt profile graft --num-prompts / --max-new-tokens: a depth keeps its "
+                f"own row from {PAIR_MIN_TRIALS} trials; the spines reached depth {spine})")
+    return "a deeper spine (treeopt profile graft --depth)"
