@@ -170,8 +170,9 @@ def run_cmd(
         "--engine", help="treeopt (the bundled decoder) | llama.cpp: plain and chain speculative decoding on "
         "llama.cpp, --tree being llama.cpp flags (solve --format llama.cpp -o) or a chain tree.")] = "treeopt",
     threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads: llama.cpp's with --engine "
-                                                   "llama.cpp, torch's otherwise (default: the CPU count); run with "
-                                                   "the threads the latency profile was measured with.")] = None,
+                                                   "llama.cpp, torch's otherwise (default: the CPUs this process may "
+                                                   "use); run with the threads the latency profile was measured "
+                                                   "with.")] = None,
     cuda_graphs: CudaGraphsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
