@@ -559,7 +559,8 @@ def test_a_workload_that_moved_is_solved_from_the_live_lower_bounds():
 
 
 def test_a_run_of_an_adaptive_tree_predicts_no_less_than_a_token_a_step_and_caps_nothing_at_its_final_tree(target,
-                                                                                                           drafts):
+                                                                                                           drafts,
+                                                                                                           monkeypatch):
     """A tryout: an adaptive run whose final tree was the root alone showed its tokens/step interval as [1, 1] (capped
     at the final tree's depth + 1 while earlier steps ran a deeper tree) and a predicted 0.98 tokens/step (the tree
     file's end-of-answer figures applied to the adapter's mean over other trees)."""
@@ -577,6 +578,14 @@ def test_a_run_of_an_adaptive_tree_predicts_no_less_than_a_token_a_step_and_caps
     assert s.adaptive is not None and s.predicted_tokens_per_step is not None and s.predicted_tokens_per_step >= 1.0
     assert s.predicted_tokens_per_step == pytest.approx(adapter.predicted_tokens_per_step)  # no file factor applied
     assert s.tps_ci95[1] >= s.tokens_per_step > 1.0  # the 'same' draft is accepted: deeper trees ran
+    # and no interval past what the deepest tree it verified can emit in a step (it read 1.000 to 3.135 for depth 2)
+    assert s.depth >= 4 and s.tps_ci95[1] <= s.depth + 1  # s.depth: the deepest tree a step verified
+    import sequoia_opt.jobs.run as jr
+
+    monkeypatch.setattr(jr, "_tokens_per_step_ci95", lambda per_prompt: (1.0, 99.0))  # 2 prompts: a wide interval
+    wide = run_trees(target, drafts["same"], [entry], [[5, 17, 3], [200, 3, 3, 9]], max_new_tokens=12,
+                     backend="torch", warmup=False).summaries[1]
+    assert wide.tps_ci95 == (1.0, wide.depth + 1.0)  # it was capped at the 12 tokens asked
     from sequoia_opt.cli.run import _resolve_table
 
     # the note's final tree is the adapter's last, not the starting chain nor the largest verified (it said 5 nodes)

@@ -681,7 +681,7 @@ def run_trees(
             served = [st for r in res for st in r.steps]  # tokens/step from the earlier, deeper trees);
             size = max((st.tree_size for st in served), default=1)  # predicted: the step-weighted mean over them
             depth = max((st.tree_depth for st in served), default=0)
-            most = max_new_tokens  # earlier steps ran other (deeper) trees
+            most = min(depth + 1, max_new_tokens)  # no step emits more than the deepest tree any step verified
             extra = {k: v for k, v in meta.extra.items()
                      if k not in ("end_overshoot_tokens", "node_rates", "depth_step_ms")}
             meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None,
