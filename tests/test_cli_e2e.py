@@ -128,6 +128,15 @@ def test_profile_solve_run_plot_end_to_end(workdir):
     assert all(Path(w).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for w in written)
 
 
+def test_plot_refuses_a_picture_file_name_for_its_folder(tmp_path):
+    """`plot -o fig.png` made a folder named fig.png holding the four PNGs: a file name is refused in one line."""
+    r = invoke("plot", "--acceptance", EXAMPLE_ACCEPTANCE, "-o", tmp_path / "fig.png")
+    assert r.exit_code == 2 and "names a picture file; plot writes its PNGs into a folder" in r.output, r.output
+    assert not (tmp_path / "fig.png").exists()
+    r = invoke("plot", "--acceptance", EXAMPLE_ACCEPTANCE, "-o", tmp_path / "figs")
+    assert r.exit_code == 0 and (tmp_path / "figs" / "acceptance.png").is_file(), r.output
+
+
 def test_run_compare_adds_best_chain_and_kary(workdir, tmp_path):
     root, target, draft, prompts = workdir
     acc = tmp_path / "acc.yaml"

@@ -34,6 +34,9 @@ def plot_cmd(
     if not any((latency, acceptance, run, tree)):
         raise TreeoptError("nothing to plot: pass --latency, --acceptance, --run and/or --tree")
     _check_results_dir(out_dir, "--out-dir")  # a file there: one line before drawing, not 'File exists' after
+    if out_dir.suffix.lower() in (".png", ".svg", ".pdf", ".jpg", ".jpeg") and not out_dir.is_dir():
+        raise TreeoptError(f"--out-dir {out_dir} names a picture file; plot writes its PNGs into a folder under fixed "
+                           "names (latency.png, acceptance.png, speedup_vs_budget.png, tree.png): give the folder")
     curve = load_latency(latency) if latency else None
     acc = load_acceptance(acceptance) if acceptance else None
     run_doc = None
