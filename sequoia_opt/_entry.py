@@ -49,6 +49,7 @@ def main() -> None:
         from .cli import app
         from .cli import common
     except KeyboardInterrupt as err:
+        ignore_stops()  # a second stop would end the process by its signal before the line
         sys.stderr.write(f"{stop_word(err)}: no output file was written\n")
         raise SystemExit(stop_exit_code(err)) from None
     common.on_command_end = ignore_stops

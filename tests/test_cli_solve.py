@@ -363,15 +363,23 @@ def test_ctrl_c_is_one_line_and_exit_130_while_loading_and_in_any_command(monkey
             raise KeyboardInterrupt
         return real_import(name, globals, locals, fromlist, level)
 
+    from sequoia_opt._entry import STOP_SIGNALS, install_sigterm
+
     monkeypatch.setattr(builtins, "__import__", interrupted_import)
-    sigterm = signal.getsignal(signal.SIGTERM)
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *STOP_SIGNALS)}
     try:
         with pytest.raises(SystemExit) as exc:
             main()
+        after = {sig: signal.getsignal(sig) for sig in kept}  # ignored: a second stop cannot cut the line off
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        install_sigterm()
         installed = signal.getsignal(signal.SIGTERM)
-    finally:  # main installs its SIGTERM handler for the process: not this test session's (pytest's own stays)
-        signal.signal(signal.SIGTERM, sigterm)
+    finally:  # main installs its handlers for the process: not this test session's (pytest's own stays)
+        for sig, h in kept.items():
+            signal.signal(sig, h)
     assert exc.value.code == 130 and capsys.readouterr().err == "interrupted: no output file was written\n"
+    assert set(after.values()) == {signal.SIG_IGN}
     monkeypatch.setattr(builtins, "__import__", real_import)
     with pytest.raises(Terminated):
         installed(signal.SIGTERM, None)

@@ -524,3 +524,23 @@ def test_a_run_record_is_a_new_json_file_never_replaced(tmp_path):
     with pytest.raises(OutputError, match="it exists"):
         create_run_record(tmp_path, {"other": 1}, "run-1")
     assert json.loads(named.read_text()) == doc  # the first record stands
+
+
+def test_a_stop_while_an_output_folder_is_probed_leaves_no_probe_file(tmp_path, monkeypatch):
+    """A Ctrl-C between the probe file's make and its unlink left a hidden .treeopt-probe-* in the user's folder:
+    the stop is held until the probe is gone, then delivered."""
+    import signal
+
+    from sequoia_opt.cli import common
+
+    real_close = os.close
+
+    def close_then_stop(fd):
+        os.kill(os.getpid(), signal.SIGINT)  # lands between the make and the unlink
+        real_close(fd)
+
+    monkeypatch.setattr(os, "close", close_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        common._probe_folder(tmp_path, "--out-dir")
+    assert list(tmp_path.iterdir()) == []
+

@@ -718,12 +718,14 @@ def _probe_folder(folder: Path, what: str) -> None:
     import os
     import tempfile
 
+    from .._io import _signals_deferred
     from ..errors import OutputError
 
     try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".treeopt-probe-")
-        os.close(fd)
-        os.unlink(probe)
+        with _signals_deferred():  # a stop between the make and the unlink left the probe behind
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".treeopt-probe-")
+            os.close(fd)
+            os.unlink(probe)
     except OSError as err:
         raise OutputError(f"{what}: a file cannot be made in {folder} ({err.strerror or err})") from None
 

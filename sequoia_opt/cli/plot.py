@@ -15,6 +15,10 @@ from ..report import Report
 from .common import JsonOpt, _check_results_dir, _load_tree_entry, app, handle_errors
 from .render import render
 
+#: File name endings of pictures: an --out-dir named so is a file name given where a folder is wanted.
+_PICTURE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".webp", ".gif", ".tif", ".tiff", ".bmp", ".eps")
+
+
 @app.command("plot")
 @handle_errors
 def plot_cmd(
@@ -34,7 +38,7 @@ def plot_cmd(
     if not any((latency, acceptance, run, tree)):
         raise TreeoptError("nothing to plot: pass --latency, --acceptance, --run and/or --tree")
     _check_results_dir(out_dir, "--out-dir")  # a file there: one line before drawing, not 'File exists' after
-    if out_dir.suffix.lower() in (".png", ".svg", ".pdf", ".jpg", ".jpeg") and not out_dir.is_dir():
+    if out_dir.suffix.lower() in _PICTURE_SUFFIXES and not out_dir.is_dir():
         raise TreeoptError(f"--out-dir {out_dir} names a picture file; plot writes its PNGs into a folder under fixed "
                            "names (latency.png, acceptance.png, speedup_vs_budget.png, tree.png): give the folder")
     curve = load_latency(latency) if latency else None
