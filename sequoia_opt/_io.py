@@ -215,14 +215,17 @@ def document_text(path: str | os.PathLike, doc: Mapping[str, Any]) -> str:
     return yaml.dump(dict(doc), Dumper=Dumper, sort_keys=False, default_flow_style=None)
 
 
-def atomic_write_texts(files: Mapping[str | os.PathLike, str], remove: Sequence[str | os.PathLike] = ()) -> list[Path]:
+def atomic_write_texts(files: Mapping[str | os.PathLike, str], remove: Sequence[str | os.PathLike] = (),
+                       remove_if: Callable[[Path], bool] | None = None) -> list[Path]:
     """Write several files (UTF-8), replacing what is there: every temporary file is made and written in its
     destination folder before the first is renamed over its path, so a folder that refuses a file, or a failing
     write, leaves every path as it was (a failure in the renames themselves, after every write succeeded, can
     leave some replaced; Ctrl-C / SIGTERM are held until the last rename is done). ``remove``: files of the same
     unit that must no longer exist (an earlier run's engine settings that this run found nothing to set for),
     removed after the renames inside the same folder locks and signal hold, so another writer of the same paths
-    never sees this unit's files beside its own. Returns the paths written, in the order given.
+    never sees this unit's files beside its own; with ``remove_if``, only a file for which it answers True there
+    (read under the locks: another writer's file made since a caller's own look is judged too). Returns the paths
+    written, in the order given.
 
     Raises:
         OutputError: two entries for one path, a file of ``remove`` the OS refuses to remove, or as
@@ -237,6 +240,8 @@ def atomic_write_texts(files: Mapping[str | os.PathLike, str], remove: Sequence[
     def remove_after_renames(exc_type, _exc, _tb) -> bool:
         if exc_type is None:
             for p in gone:
+                if remove_if is not None and not (p.is_file() and remove_if(p)):
+                    continue
                 try:
                     p.unlink(missing_ok=True)
                 except OSError as err:

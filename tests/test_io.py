@@ -443,6 +443,32 @@ def test_a_removal_in_the_unit_happens_inside_its_locks(tmp_path, monkeypatch):
     assert (spec.read_text(), plan.read_text()) == ("kept\n", "3\n")
 
 
+@pytest.mark.parametrize("judged", [True, False])
+def test_a_file_to_remove_is_judged_under_the_locks(tmp_path, monkeypatch, judged):
+    """tune looked for an earlier spec before the write: absent then, another tune's spec written before this
+    write's locks survived beside this plan. The file is looked at and judged (remove_if) under the locks."""
+    import contextlib
+
+    from sequoia_opt import _io
+    from sequoia_opt._io import atomic_write_texts
+
+    spec, plan = tmp_path / "spec.json", tmp_path / "plan.yaml"
+    real_lock = _io._folders_locked
+
+    @contextlib.contextmanager
+    def another_writer_first():
+        with real_lock() as lock:
+            def then_lock(folders):
+                spec.write_text("2\n")  # the other tune finished just before these locks
+                lock(folders)
+            yield then_lock
+
+    monkeypatch.setattr(_io, "_folders_locked", another_writer_first)
+    seen = []
+    atomic_write_texts({plan: "1\n"}, remove=[spec], remove_if=lambda p: seen.append(p.read_text()) or judged)
+    assert seen == ["2\n"] and plan.read_text() == "1\n" and spec.exists() != judged
+
+
 def test_a_run_killed_between_its_two_names_leaves_a_csv_the_next_save_removes(tmp_path):
     """SIGKILL between create_files' two links left ``<run-id>.csv`` without its ``.json`` (the commit) for
     good: a script reading results/*.csv took it for a run. The next save into the folder removes such an orphan

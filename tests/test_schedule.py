@@ -2701,8 +2701,9 @@ def test_tune_removes_a_stale_setting_only_after_its_other_outputs_are_written(t
     old = '{"method": "draft_model", "num_speculative_tokens": 4}\n'
     out.write_text(old)
 
-    def disk_full(files, remove=()):
+    def disk_full(files, remove=(), remove_if=None):
         assert [str(p) for p in remove] == [str(out.resolve())]  # removed in the unit, after the writes
+        assert remove_if(out) is True  # judged there: an engine's settings
         raise OutputError(f"cannot write {next(iter(files))}: No space left on device")
 
     monkeypatch.setattr(tune_cli, "atomic_write_texts", disk_full)

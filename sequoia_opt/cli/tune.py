@@ -218,7 +218,8 @@ def tune(
                             "solved)" + (" (write PLAN.yaml with --schedule PLAN.yaml)" if plan_file is None else ""))
     files: dict[Path, str] = {}  # every output's text first: then written as one unit (both or neither)
     written = {}
-    stale: Path | None = None
+    stale: Path | None = None  # settings at -o this plan must not leave behind: judged under the write's locks
+    why = ""
     if output is not None:
         if opts.engine == "treeopt":
             files[output] = schedule_text(output, res.schedule)
@@ -229,14 +230,7 @@ def tune(
             why = settings.nothing_to_set_reason + (
                 f" (under the engine's rule; without it, {batch_sizes_text(own_paying)} would speculate)"
                 if own_paying else "")
-            if not output.is_file():
-                report.warnings.append(f"nothing written to {output}: {why}")
-            elif looks_like_engine_settings(output):  # an earlier plan's: it would keep the engine speculating
-                stale = output.resolve()  # through a link: the file the engine reads
-                report.warnings.append(f"removed {output} (an earlier setting): {why}")
-            else:
-                report.warnings.append(f"nothing written to {output}, and the file there was kept: it holds no "
-                                       f"engine settings treeopt writes (remove it if it was one): {why}")
+            stale = output.resolve()  # through a link: the file the engine reads
         else:
             files[output] = settings.text
         if output in files:
@@ -244,14 +238,29 @@ def tune(
     if schedule is not None:
         files[schedule] = schedule_text(schedule, res.schedule)
         written["schedule_file"] = str(schedule)
-    if stale is not None and not os.access(stale.parent, os.W_OK | os.X_OK):
+    if stale is not None and stale.is_file() and looks_like_engine_settings(stale) \
+            and not os.access(stale.parent, os.W_OK | os.X_OK):
         # before anything is written: a file that cannot be removed stops the run with every path as it was
         raise OutputError(f"cannot remove {output}: its folder is not writable")
-    # the stale settings go in the same unit, after the writes (a failed write leaves them in place) and inside
-    # the folders' locks (a tune running beside this one never ends with its spec beside this plan)
-    atomic_write_texts(files, remove=[stale] if stale is not None else [])
-    if stale is not None:
+    removed: list[Path] = []
+
+    def earlier_settings(path: Path) -> bool:  # an earlier plan's (or a tune beside this one's): it would keep the
+        if looks_like_engine_settings(path):  # engine speculating; any other file there is kept
+            removed.append(path)
+            return True
+        return False
+
+    # the stale settings go in the same unit, after the writes (a failed write leaves them in place), judged and
+    # removed inside the folders' locks (a tune running beside this one never ends with its spec beside this plan)
+    atomic_write_texts(files, remove=[stale] if stale is not None else [], remove_if=earlier_settings)
+    if removed:
         written["removed_file"] = str(output)
+        report.warnings.append(f"removed {output} (an earlier setting): {why}")
+    elif stale is not None and stale.is_file():
+        report.warnings.append(f"nothing written to {output}, and the file there was kept: it holds no engine "
+                               f"settings treeopt writes (remove it if it was one): {why}")
+    elif stale is not None:
+        report.warnings.append(f"nothing written to {output}: {why}")
     for k, v in written.items():
         if k != "removed_file":
             report.notes.append(f"wrote {v}")
