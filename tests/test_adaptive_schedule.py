@@ -351,6 +351,29 @@ def test_run_drafts_with_the_drafter_a_plan_names_when_no_draft_is_given(tmp_pat
         assert said == ([f"drafting with the plan's drafter {used} (--draft to choose another)"] if used else [])
         mismatch = [w for w in out["warnings"] if "measured with draft" in w]
         assert bool(mismatch) == (used is None), out["warnings"]  # the plan's drafter, or a warning naming it
+    # a plan's drafter that cannot run on this target is named as the plan's (it read as '--draft self:999')
+    plan = save_schedule(tmp_path / "plan.yaml", {**doc, "drafter": "self:999"})
+    r = CliRunner().invoke(app, ["run", "--policy", f"schedule:{plan}", *args])
+    assert r.exit_code == 2 and f"{plan} names drafter self:999, which cannot run here: " in " ".join(r.output.split())
+    # a hand-edited threads: one line naming the file
+    for bad in ("abc", -1, 0, 1.5, True):
+        plan = save_schedule(tmp_path / "plan.yaml", {**doc, "threads": bad})
+        r = CliRunner().invoke(app, ["run", "--policy", f"schedule:{plan}", *args])
+        assert r.exit_code == 2 and f"{plan}: threads = {bad!r}: the CPU threads" in " ".join(r.output.split()), \
+            r.output
+
+
+def test_a_plan_naming_the_bundled_head_by_its_label_drafts_with_it():
+    """tune records a drafter by its label: the bundled head's is 'eagle3:treeopt-smollm2-eagle3', which names no
+    path, so run drafted with the draft model (and warned); a plan saying 'eagle3' was run with the head but
+    warned that the plan's 'eagle3' was another drafter than 'eagle3:treeopt-smollm2-eagle3'."""
+    from sequoia_opt.cli.run import _plan_drafter
+    from sequoia_opt.jobs.load import parse_drafter_spec
+
+    head = parse_drafter_spec("eagle3")
+    for name in ("eagle3", head.label):
+        assert _plan_drafter(name) == head
+    assert _plan_drafter("eagle3:another-head") is None and _plan_drafter("treeopt-smollm2-draft") is None
 
 
 @pytest.mark.parametrize("kind", ["schedule", "adaptive-schedule"])

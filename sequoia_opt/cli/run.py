@@ -321,6 +321,7 @@ def run_cmd(
         planned = _plan_drafter(popts.get("solved_for", {}).get("profiled_draft"))
         if planned is not None:
             spec = planned
+            popts.setdefault("solved_for", {})["profiled_draft"] = planned.label  # 'eagle3' is this head: no warning
             plan_notes.append(f"drafting with the plan's drafter {planned.label} (--draft to choose another)")
     if (dyn or pkind.name == "dynamic") and spec is not None and not spec.entry.has_probs:
         # refused here, by its own name (the policy built later named every drafter 'draft'), before models load
@@ -372,7 +373,14 @@ def run_cmd(
     settings_notes = setting_notes(temperature=temperature, top_p=top_p, num_prompts=num_prompts,
                                    prompts_found=len(texts), prompts_file=pfile)
     check_dynamic_memory(dyn, target, dev)  # before the weights load
-    pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
+    try:
+        pair = load_pair(target, spec, device=dev, dtype=dt, weights=weights, log=note)
+    except TreeoptError as err:
+        if not plan_notes:
+            raise
+        # the drafter came from the plan, not from a --draft the user typed: say so
+        raise TreeoptError(f"{popts['source']} names drafter {spec.label}, which cannot run here: {err} (pass "
+                           "--draft to run the plan with another)") from None
     if cuda_graphs:  # plain decoding and every tree replay the same graphed forwards
         import dataclasses
 
@@ -894,15 +902,29 @@ def _plan_drafter(name: Optional[str]):
     (``lookup:1-3``), layer skip (``self:L``), a bundled head (``eagle3``). None for a checkpoint (a label is no
     path) or a name that is no drafter: run drafts with ``--draft`` or the bundled draft model then, and warns when
     that is another drafter than the plan's. A plan from ``tune --draft lookup`` was run with the draft model."""
+    from ..drafting.registry import DRAFTERS
     from ..jobs.load import parse_drafter_spec
 
     if not name:
         return None
     try:
         spec = parse_drafter_spec(str(name))
+    except TreeoptError:  # a bundled head's label (eagle3:treeopt-smollm2-eagle3) names no path: its kind does
+        bundled = [k for k, kind in DRAFTERS.items() if k != "model" and kind.default_path is not None
+                   and str(name).lower().startswith(f"{k}:")]
+        spec = next((s for s in map(_bundled_spec, bundled) if s is not None and s.label == str(name)), None)
+        return spec
+    return spec if spec.path is None and spec.kind != "model" else None
+
+
+def _bundled_spec(kind: str):
+    """The bundled checkpoint of drafter ``kind`` as a spec (``--draft eagle3``), or None where it is missing."""
+    from ..jobs.load import parse_drafter_spec
+
+    try:
+        return parse_drafter_spec(kind)
     except TreeoptError:
         return None
-    return spec if spec.path is None and spec.kind != "model" else None
 
 
 #: Re-solve rows shown in the table; past it only the re-solves that changed the tree (the JSON has them all).

@@ -472,7 +472,7 @@ def _parse_schedule(arg: str | None) -> dict[str, Any]:
         batch1 = {"expected_tokens_per_step": float(g), "predicted_speedup": float(speedup)} \
             if first.get("batch") == 1 and _positive_numbers(g, speedup) else {}
         return {"ranges": ranges, "source": arg, "solved_for": {}, "batch1": batch1}
-    return {"ranges": ranges, "source": arg, "solved_for": _solved_for(doc),
+    return {"ranges": ranges, "source": arg, "solved_for": _solved_for(doc, arg),
             "batch1": _batch1_prediction(doc, sched.ranges[0][2].label if sched.ranges else None)}
 
 
@@ -564,16 +564,24 @@ def _plan_name(source: str, kind: str) -> str:
     return f"{Path(source).stem} ({kind})"
 
 
-def _solved_for(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _solved_for(doc: Mapping[str, Any], source: str = "the plan") -> dict[str, Any]:
     """What a plan file says it was solved for, as a tree file's ``profiled_*`` metadata (``target``, ``draft``,
     ``engine``, the acceptance's ``temperature``, the CPU ``threads`` its latency was timed with and the
     checkpoints' ``weights`` where tune recorded them): ``treeopt run`` warns when the loaded pair, its weights, its
-    decoder, its temperature or its threads is another (:func:`~sequoia_opt.jobs.entries.tree_mismatch_warnings`)."""
+    decoder, its temperature or its threads is another (:func:`~sequoia_opt.jobs.entries.tree_mismatch_warnings`).
+
+    Raises:
+        TreeoptError: a ``threads`` that is no whole number >= 1 (``source`` names the file)."""
     keys = (("target", "target"), ("draft", "drafter"), ("engine", "engine"))
     out: dict[str, Any] = {f"profiled_{k}": str(doc[field]) for k, field in keys if doc.get(field) not in (None, "")}
-    for key in ("temperature", "threads"):
-        if isinstance(doc.get(key), (int, float)) and not isinstance(doc.get(key), bool):
-            out[f"profiled_{key}"] = float(doc[key]) if key == "temperature" else int(doc[key])
+    if isinstance(doc.get("temperature"), (int, float)) and not isinstance(doc.get("temperature"), bool):
+        out["profiled_temperature"] = float(doc["temperature"])
+    threads = doc.get("threads")
+    if threads is not None:  # tune writes a whole count >= 1; anything else is a hand edit gone wrong
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise TreeoptError(f"{source}: threads = {threads!r}: the CPU threads the plan's latency was timed with "
+                               "must be a whole number >= 1 (or leave the key out)")
+        out["profiled_threads"] = threads
     if isinstance(doc.get("weights"), Mapping):
         out["profiled_weights"] = dict(doc["weights"])
     return out
@@ -623,7 +631,7 @@ def _parse_adaptive_schedule(arg: str | None) -> dict[str, Any]:
     sched = load_schedule(path)
     adapter = PlanAdapter.of_document(sched.doc, path, **kw)  # refused here, before anything loads
     return {"doc": sched.doc, "source": path, "live": kw, "longest": max(adapter.ks),
-            "solved_for": _solved_for(sched.doc)}
+            "solved_for": _solved_for(sched.doc, path)}
 
 
 register_policy(PolicyKind(
