@@ -234,8 +234,6 @@ def _e3(tmp_path, drop=None, add=None, **over):
                                                                  "midlayer.self_attn.k_proj.weight"),
     (lambda p: _e3(p, add={"midlayer.extra.weight": torch.zeros(2)}), "unexpected tensor midlayer.extra.weight"),
     (lambda p: _e3(p, add={"fc.weight": torch.zeros(64, 96)}), "tensor fc.weight has shape (64, 96)"),
-    (lambda p: _e3(p, architectures=["LlamaForCausalLM"]), "config.json: architectures = ['LlamaForCausalLM'] is "
-                                                          "not an EAGLE-3 head"),
     (lambda p: _e3(p, architectures=["MysteryForCausalLM"]), "is not an EAGLE-3 head"),
     (lambda p: _e3(p, vocab_size=32000), "config.json: vocab_size = 32000 but the target's vocabulary has 257"),
     (lambda p: _e3(p, hidden_size=128), "config.json: hidden_size = 128 but the target's hidden size is 64"),
@@ -292,6 +290,13 @@ def test_eagle3_loader_is_strict(tmp_path, make, message):
     with pytest.raises(CheckpointError) as err:
         check_eagle_head(folder, "eagle3", TARGET4)
     assert message in str(err.value) and str(folder) in str(err.value)
+
+
+def test_an_eagle3_head_may_say_llamas_architecture_as_published_heads_do(tmp_path):
+    """EAGLE-3 heads are published with architectures LlamaForCausalLM (vLLM's EAGLEConfig renames it by the
+    method the user names); named eagle3:PATH, its layout decides."""
+    folder = _e3(tmp_path, architectures=["LlamaForCausalLM"])
+    assert check_eagle_head(folder, "eagle3", TARGET4).aux_layers == (0, 1, 2)
 
 
 def test_a_null_in_eagle_config_reads_as_absent_as_in_the_engines(tmp_path):

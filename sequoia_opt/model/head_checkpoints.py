@@ -178,7 +178,9 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
     path = Path(folder) / CONFIG_FILE
     cfg = _read_json(path)
     archs = cfg.get("architectures")
-    known = EAGLE3_ARCHITECTURES if kind == "eagle3" else EAGLE_ARCHITECTURES
+    # an EAGLE-3 head may say LlamaForCausalLM as EAGLE's published heads do (the engines take the method from their
+    # own setting, not from the config): named eagle3:PATH, its layout decides (midlayer.*, fused layer ids)
+    known = EAGLE3_ARCHITECTURES + ("LlamaForCausalLM",) if kind == "eagle3" else EAGLE_ARCHITECTURES
     if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in known:
         raise CheckpointError(f"{path}: architectures = {archs!r} is not an {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} "
                               f"head (known: {', '.join(known)})")
