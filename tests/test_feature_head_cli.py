@@ -496,13 +496,18 @@ def test_an_eagle_head_in_llamas_architecture_given_as_a_draft_model_names_its_k
         assert r.exit_code == 0 and (tmp_path / "a.yaml").is_file(), r.output
 
 
-def test_a_draft_model_is_not_taken_for_a_head(workdir):
+def test_a_draft_model_is_not_taken_for_a_head(workdir, tmp_path):
     """The tensor-name test reads a real draft model's weights and finds no head in them."""
     from sequoia_opt.drafting.registry import _head_kind_in_weights
 
     root, target, draft, prompts, heads = workdir
     assert _head_kind_in_weights(Path(draft)) is None
     assert _head_kind_in_weights(Path(heads["eagle"])) == "eagle"  # the fixture's EAGLE-1 head: pytorch_model.bin
+    import shutil
+
+    beside = shutil.copytree(heads["eagle"], tmp_path / "e1-junk")
+    (beside / "broken.safetensors").write_bytes(b"not a safetensors file")  # read alone: the .bin still names it
+    assert _head_kind_in_weights(beside) == "eagle"
 
 
 def test_compare_drafters_and_plot_stop_at_a_medusa_profiles_depth(workdir, tmp_path):

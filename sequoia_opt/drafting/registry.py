@@ -863,21 +863,24 @@ def _head_kind_in_weights(path: Path) -> str | None:
     import pickletools
     import zipfile
 
-    names: set[str] = set()
-    try:
-        from safetensors import safe_open
+    from safetensors import safe_open
 
-        for file in sorted(path.glob("*.safetensors")):
+    names: set[str] = set()
+    for file in sorted(path.glob("*.safetensors")):
+        try:
             with safe_open(str(file), framework="pt") as handle:
                 names.update(handle.keys())
-        bin_file = path / "pytorch_model.bin"
+        except Exception:  # noqa: BLE001 (safetensors' own errors): an unreadable file is the loader's to name
+            continue
+    bin_file = path / "pytorch_model.bin"
+    try:
         if bin_file.is_file() and zipfile.is_zipfile(bin_file):
             with zipfile.ZipFile(bin_file) as archive:
                 pkl = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
                 if pkl is not None:
                     names.update(arg for _, arg, _ in pickletools.genops(archive.read(pkl)) if isinstance(arg, str))
-    except Exception:  # noqa: BLE001 (safetensors', zipfile's, pickletools' own errors): the loader names them
-        return None
+    except Exception:  # noqa: BLE001 (zipfile's, pickletools' own errors): the loader names them
+        pass
     if "d2t" in names or any(n.startswith("midlayer.") for n in names):
         return "eagle3"
     return "eagle" if "fc.weight" in names else None
