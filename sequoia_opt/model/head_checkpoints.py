@@ -181,9 +181,13 @@ def read_eagle_config(folder: str | Path, kind: str, target: ModelConfig) -> Eag
     # an EAGLE-3 head may say LlamaForCausalLM as EAGLE's published heads do (the engines take the method from their
     # own setting, not from the config): named eagle3:PATH, its layout decides (midlayer.*, fused layer ids)
     known = EAGLE3_ARCHITECTURES + ("LlamaForCausalLM",) if kind == "eagle3" else EAGLE_ARCHITECTURES
-    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in known:
+    eagle3_keys = ("draft_vocab_size", "eagle_config", "eagle_aux_hidden_state_layer_ids")
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in known or (
+            kind == "eagle3" and archs[0] == "LlamaForCausalLM" and not any(k in cfg for k in eagle3_keys)):
+        llama = (f"; LlamaForCausalLM with EAGLE-3's keys ({', '.join(eagle3_keys)}): a draft model has none"
+                 if kind == "eagle3" else "")
         raise CheckpointError(f"{path}: architectures = {archs!r} is not an {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} "
-                              f"head (known: {', '.join(known)})")
+                              f"head (known: {', '.join(known[:-1] if kind == 'eagle3' else known)}{llama})")
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise CheckpointError(f"{path}: hidden_act = {act!r}; the heads run SwiGLU (silu)")
