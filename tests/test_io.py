@@ -340,18 +340,17 @@ def test_write_all_puts_a_symlinked_file_back_not_the_link(tmp_path):
     assert link.is_symlink() and (real / "a.yaml").read_text() == "after"
 
 
-def test_two_writers_of_the_same_pair_leave_one_writers_pair(tmp_path, monkeypatch):
-    """Two ``treeopt tune -o A --schedule B`` at once: each renamed its files one by one, so A could be one run's
-    and B the other's (each file whole). Deterministic interleaving: the second writer starts right after the
-    first renamed its first file, and the first goes on once the second has finished or waits on the lock."""
+def _second_writer_after_first_rename(monkeypatch, files: dict, *, join_after_release: bool = False) -> list:
+    """Interleave two writers deterministically: right after the main thread's first rename, a thread runs
+    ``atomic_write_texts(files)``; the main thread goes on once that writer has finished or is about to wait on the
+    main thread's folder locks (``join_after_release``: and, once the main thread has released its locks, it waits
+    for that writer to finish before going on). Returns the list the thread is put in (empty until then)."""
     import contextlib
     import threading
 
     from sequoia_opt import _io
-    from sequoia_opt._io import atomic_write_texts
 
-    a, b = tmp_path / "out" / "a.json", tmp_path / "b.yaml"
-    real_replace, real_lock = os.replace, getattr(_io, "_folders_locked", None)
+    real_replace, real_lock = os.replace, _io._folders_locked
     go = threading.Event()  # the second writer has finished, or is about to wait on the first's lock
     started: list[threading.Thread] = []
 
@@ -363,60 +362,12 @@ def test_two_writers_of_the_same_pair_leave_one_writers_pair(tmp_path, monkeypat
                     go.set()
                 lock(folders)
             yield announced
+        if join_after_release and threading.current_thread() is threading.main_thread() and started:
+            started[0].join(30)  # the locks are released: the second writer runs whole before this one goes on
 
     def second():
         try:
-            atomic_write_texts({a: "2\n", b: "2\n"})
-        finally:
-            go.set()
-
-    def replace(src, dst):
-        real_replace(src, dst)
-        if threading.current_thread() is threading.main_thread() and not started:
-            started.append(threading.Thread(target=second))
-            started[0].start()
-            assert go.wait(30)
-
-    monkeypatch.setattr(_io, "_folders_locked", lock_and_tell, raising=False)
-    monkeypatch.setattr(_io.os, "replace", replace)
-    atomic_write_texts({a: "1\n", b: "1\n"})
-    started[0].join(30)
-    assert not started[0].is_alive()
-    assert (a.read_text(), b.read_text()) == ("2\n", "2\n")  # the second writer's pair, whole
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.json", "b.yaml", "out"]
-
-
-def test_a_removal_in_the_unit_happens_inside_its_locks(tmp_path, monkeypatch):
-    """Two ``treeopt tune -o spec.json --schedule plan.yaml`` at once, one finding nothing to set: it wrote its plan,
-    released the lock and then removed spec.json, which the other run had written meanwhile: the other's plan went
-    with no spec, or this plan beside the other's spec. The removal is part of the unit now: after the renames,
-    before the locks are released. A failed write removes nothing."""
-    import contextlib
-    import threading
-
-    from sequoia_opt import _io
-    from sequoia_opt._io import atomic_write_texts
-
-    spec, plan = tmp_path / "spec.json", tmp_path / "plan.yaml"
-    spec.write_text("old spec\n")
-    real_replace, real_lock = os.replace, _io._folders_locked
-    go = threading.Event()
-    started: list[threading.Thread] = []
-
-    @contextlib.contextmanager
-    def lock_and_tell():
-        with real_lock() as lock:
-            def announced(folders):
-                if threading.current_thread() is not threading.main_thread():
-                    go.set()
-                lock(folders)
-            yield announced
-        if threading.current_thread() is threading.main_thread() and started:
-            started[0].join(30)  # the locks are released: the second writer runs whole before this one goes on
-
-    def second():  # the run that speculates: writes both
-        try:
-            atomic_write_texts({spec: "2\n", plan: "2\n"})
+            _io.atomic_write_texts(files)
         finally:
             go.set()
 
@@ -429,11 +380,41 @@ def test_a_removal_in_the_unit_happens_inside_its_locks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_io, "_folders_locked", lock_and_tell)
     monkeypatch.setattr(_io.os, "replace", replace)
+    return started
+
+
+def test_two_writers_of_the_same_pair_leave_one_writers_pair(tmp_path, monkeypatch):
+    """Two ``treeopt tune -o A --schedule B`` at once: each renamed its files one by one, so A could be one run's
+    and B the other's (each file whole). Deterministic interleaving: the second writer starts right after the
+    first renamed its first file, and the first goes on once the second has finished or waits on the lock."""
+    from sequoia_opt._io import atomic_write_texts
+
+    a, b = tmp_path / "out" / "a.json", tmp_path / "b.yaml"
+    started = _second_writer_after_first_rename(monkeypatch, {a: "2\n", b: "2\n"})
+    atomic_write_texts({a: "1\n", b: "1\n"})
+    started[0].join(30)
+    assert not started[0].is_alive()
+    assert (a.read_text(), b.read_text()) == ("2\n", "2\n")  # the second writer's pair, whole
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.json", "b.yaml", "out"]
+
+
+def test_a_removal_in_the_unit_happens_inside_its_locks(tmp_path, monkeypatch):
+    """Two ``treeopt tune -o spec.json --schedule plan.yaml`` at once, one finding nothing to set: it wrote its plan,
+    released the lock and then removed spec.json, which the other run had written meanwhile: the other's plan went
+    with no spec, or this plan beside the other's spec. The removal is part of the unit now: after the renames,
+    before the locks are released. A failed write removes nothing."""
+    from sequoia_opt._io import atomic_write_texts
+
+    spec, plan = tmp_path / "spec.json", tmp_path / "plan.yaml"
+    spec.write_text("old spec\n")
+    real_replace = os.replace
+    # the run that speculates writes both; it runs whole as soon as this one releases its locks
+    started = _second_writer_after_first_rename(monkeypatch, {spec: "2\n", plan: "2\n"}, join_after_release=True)
     atomic_write_texts({plan: "1\n"}, remove=[spec])  # nothing to set: its plan, and no spec
     started[0].join(30)
     assert not started[0].is_alive()
     assert (spec.read_text(), plan.read_text()) == ("2\n", "2\n")  # the second unit whole, after the first
-    monkeypatch.setattr(_io.os, "replace", real_replace)
+    monkeypatch.setattr(os, "replace", real_replace)
     atomic_write_texts({plan: "3\n"}, remove=[spec])
     assert not spec.exists() and plan.read_text() == "3\n"
     spec.write_text("kept\n")
