@@ -460,7 +460,7 @@ def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
             for, e.g. a run's JSON, last).
 
     Returns:
-        The paths, in the order given.
+        The paths, in the order given. When nothing is written, the folders it made are removed again (if empty).
 
     Raises:
         OutputError: a name that exists (``"... exists: a writer never replaces a file it did not create"``),
@@ -472,10 +472,14 @@ def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
             raise OutputError(f"cannot write {p}: it exists, and a run never replaces a file it did not create")
     tmps: list[str] = []
     made: list[Path] = []
+    folders: list[Path] = []  # the folders this call made, outermost first: removed again when nothing is written
+    done = False
     try:
         for p, data in zip(paths, files.values()):
             try:
+                missing = [d for d in (p.parent, *p.parent.parents) if not os.path.lexists(d)]
                 p.parent.mkdir(parents=True, exist_ok=True)
+                folders += [d for d in reversed(missing) if d not in folders]
                 fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(p.name), suffix=".tmp", dir=p.parent)
                 tmps.append(tmp)
                 with os.fdopen(fd, "wb") as f:
@@ -496,10 +500,15 @@ def create_files(files: Mapping[str | os.PathLike, str | bytes]) -> list[Path]:
                     with contextlib.suppress(OSError):
                         os.unlink(p)
                 raise
+        done = True
     finally:
         for tmp in tmps:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        if not done:  # a full disk left the results folder it made, empty
+            for d in reversed(folders):
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # only an empty folder goes: another writer's files keep theirs
     return paths
 
 

@@ -551,3 +551,28 @@ def test_a_stop_while_an_output_folder_is_probed_leaves_no_probe_file(tmp_path, 
         common._probe_folder(tmp_path, "--out-dir")
     assert list(tmp_path.iterdir()) == []
 
+
+
+def test_a_failed_unit_removes_the_folders_it_made_and_keeps_the_others(tmp_path, monkeypatch):
+    """A full disk during run's save refused in one line but left the empty results folder it had made."""
+    import errno
+
+    from sequoia_opt import _io
+
+    real_fsync, calls = os.fsync, []
+
+    def full(fd):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(_io.os, "fsync", full)
+    with pytest.raises(OutputError, match="No space left on device"):
+        _io.create_files({tmp_path / "a" / "b" / "r.csv": "rows", tmp_path / "a" / "b" / "r.json": "{}"})
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    calls.clear()
+    with pytest.raises(OutputError):
+        _io.create_files({tmp_path / "mine" / "new" / "r.csv": "rows", tmp_path / "mine" / "r.json": "{}"})
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"] and list((tmp_path / "mine").iterdir()) == []
