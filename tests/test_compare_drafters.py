@@ -681,3 +681,18 @@ def test_a_missing_profile_of_the_bundled_head_names_it_in_the_command(tmp_path,
     assert r.exit_code == 2 and "write it with treeopt profile acceptance --draft eagle3:" in r.output, r.output
     r = runner.invoke(app, ["run", "--compare-drafters"])  # the bundled draft model: no --draft to name
     assert r.exit_code == 2 and "write it with treeopt profile acceptance (or pass -a PATH)" in r.output, r.output
+
+
+def test_a_seed_at_the_top_of_its_range_runs_every_prompt(models):
+    """--seed 2^64 - 1 with two prompts raised 'Overflow when unpacking long long' at the second (seed + 1): prompt
+    i's seed wraps into manual_seed's range."""
+    from sequoia_opt.decoding.sampling import prompt_seed
+    from sequoia_opt.jobs.run import TreeEntry, run_trees
+
+    assert (prompt_seed(2**64 - 1, 0), prompt_seed(2**64 - 1, 1), prompt_seed(-(2**63), 2)) == (2**64 - 1, 0,
+                                                                                                 -(2**63) + 2)
+    target, draft, prompts = models
+    entry = [TreeEntry("t", Tree.from_choices([[0], [1], [0, 0]]))]
+    top = run_trees(target, draft, entry, prompts[:2], max_new_tokens=6, temperature=0.8, seed=2**64 - 1,
+                    warmup=False, backend="torch")
+    assert [r.new_tokens for r in top.rows] == [6, 6, 6, 6]

@@ -236,6 +236,27 @@ def test_warn_on_mismatch():
     assert any("draft 'other' differs" in x for x in w)
 
 
+def test_warn_on_mismatch_names_another_temperature_or_nucleus():
+    """run --compare / --adapt took an -a profile measured at temperature 2.5, top-p 0.5 (or greedy) for a run at
+    0.7 / 0.9 and re-predicted every tree from it without a word (tree files warned; the profiles did not)."""
+    def acc(**m):
+        return AcceptanceProfile(id="a", acceptance=np.array([0.5]), measured=m)
+
+    sampled = acc(temperature=2.5, top_p=0.5)
+    assert warn_on_mismatch(acceptance=sampled, temperature=0.7, top_p=0.9) == [
+        "profile 'a' was measured with temperature 2.5, but this run uses 0.7: its acceptance (and what is predicted "
+        "or solved from it) is another setting's",
+        "profile 'a' was measured with top_p 0.5, but this run uses 0.9: its acceptance (and what is predicted or "
+        "solved from it) is another setting's"]
+    greedy = acc(temperature=0.0, top_p=0.5)  # a greedy profile's top_p is not read
+    assert [w.split(":")[0] for w in warn_on_mismatch(acceptance=greedy, temperature=0.7, top_p=0.9)] == [
+        "profile 'a' was measured with temperature 0, but this run uses 0.7"]
+    assert warn_on_mismatch(acceptance=greedy, temperature=0.0, top_p=1.0) == []
+    assert warn_on_mismatch(acceptance=acc(temperature=0.7, top_p=0.9), temperature=0.7, top_p=0.9) == []
+    assert warn_on_mismatch(acceptance=acc(), temperature=0.7, top_p=0.9) == []  # a profile that does not say
+    assert warn_on_mismatch(acceptance=sampled) == []  # a caller that does not say
+
+
 def test_measured_differs_is_the_rule_the_warnings_follow():
     from sequoia_opt.profiles import measured_differs
 

@@ -400,7 +400,8 @@ def run_cmd(
         adapt_warnings = [f"{who}: {w}" for w in warn_on_mismatch(
             acceptance=load_acceptance(acceptance_path), latency=load_latency(latency_path) if latency_path else None,
             device=device_name(dev), device_type=dev.type, dtype=str(dt).removeprefix("torch."),
-            target=pair.target_name, draft=pair.draft_name, weights=pair.weights)]
+            target=pair.target_name, draft=pair.draft_name, weights=pair.weights, temperature=temperature,
+            top_p=top_p)]
     warnings = adapt_warnings + dyn_warnings + [w for e in entries for w in tree_mismatch_warnings(
         e.name, e.metadata, device=device_name(dev), dtype=str(dt).removeprefix("torch."),
         target=pair.target_name, draft=pair.draft_name, draft_cost_model=pair.cost_model, device_type=dev.type,
@@ -488,7 +489,8 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
     for plan, dpair in zip(plans, pairs):
         on = dict(device=device_name(dev), device_type=dev.type, dtype=dtype_name, target=dpair.target_name,
                   draft=dpair.draft_name)
-        for w in warn_on_mismatch(acceptance=plan.acceptance, latency=plan.curve, weights=dpair.weights, **on):
+        for w in warn_on_mismatch(acceptance=plan.acceptance, latency=plan.curve, weights=dpair.weights,
+                                  temperature=temperature, top_p=top_p, **on):
             if w not in warnings:
                 warnings.append(w)
         limit = dpair.new_drafter().depth_limit  # Medusa's heads: a deeper tree is cut every step
@@ -496,7 +498,7 @@ def _compare_drafters_cmd(*, tree, target, drafts, prompts, max_new_tokens, num_
             warnings.append(too_deep_warning(f"{plan.label}: its tree is", plan.tree.tree_depth, dpair.draft_name,
                                              limit))
         measured_mode = plan.acceptance.measured.get("mode")
-        if measured_mode is not None and measured_mode != mode:
+        if measured_mode is not None and measured_mode != mode and plan.acceptance.measured.get("temperature") is None:
             warnings.append(f"acceptance profile {plan.acceptance.id!r} was measured in {measured_mode} mode, this "
                             f"run is {mode}: {plan.label}'s predicted tokens per step describe the other mode")
     from ..decoding.forward import check_capacity, check_each_prompt, check_prompt

@@ -29,6 +29,7 @@ import torch
 
 __all__ = [
     "GREEDY_LIMIT_TEMPERATURE",
+    "prompt_seed",
     "argmax_tokens",
     "process_logits",
     "sample_categorical",
@@ -564,3 +565,12 @@ def verify_greedy(
         depth += 1
     tokens = tuple(int(tree_tokens[i]) for i in path[1:]) + (int(target_argmax[node]),)
     return Acceptance(tuple(path), tokens, tuple(visits))
+
+
+def prompt_seed(seed: int, i: int) -> int:
+    """The sampling seed of prompt ``i`` of a run seeded with ``seed``: ``seed + i``, wrapped into
+    ``torch.Generator.manual_seed``'s range (-2^63 .. 2^64 - 1) past its top (``--seed 2^64 - 1`` with two prompts
+    raised 'Overflow when unpacking long long' at the second prompt)."""
+    s = int(seed) + int(i)
+    return s - 2**64 if s > 2**64 - 1 else s
+

@@ -37,6 +37,7 @@ from .._io import create_files, new_run_id, remove_uncommitted
 from ..errors import ProfileWarning
 from ..decoding import Decoder, DraftingPolicy, GenerationResult
 from ..decoding.forward import check_each_prompt
+from ..decoding.sampling import prompt_seed
 from ..drafting.drafters import Drafter, drafter_factory
 from ..drafting.drafters.model import guessable_tokens
 from ..drafting.policies import SchedulePolicy, StaticTreePolicy
@@ -645,7 +646,7 @@ def run_trees(
     rows: list[PromptRow] = []
     mismatches: list[dict[str, Any]] = []
     for i, p in enumerate(prompts):
-        plain.generator = gen(seed + i)
+        plain.generator = gen(prompt_seed(seed, i))
         base = plain.generate(p, max_new_tokens)
         plain_results.append(base)
         rows.append(_row("plain", i, base, None, greedy))
@@ -653,7 +654,7 @@ def run_trees(
         if progress:
             progress(f"prompt {i + 1}/{len(prompts)}: plain decoding", done, total)
         for j, (e, d) in enumerate(zip(entries, decoders)):
-            d.generator = gen(seed + i)
+            d.generator = gen(prompt_seed(seed, i))
             res = d.generate(p, max_new_tokens)
             results[j].append(res)
             row = _row(e.name, i, res, base, greedy)

@@ -44,6 +44,27 @@ def measured_differs(label: str, have: Any, want: Any, device_type: str | None =
     return str(have).strip().lower() != str(want).strip().lower()
 
 
+def _sampling_mismatch(measured: Any, temperature: float | None, top_p: float | None, pid: str) -> list[str]:
+    """A warning where an acceptance profile's recorded ``temperature`` (or, both sampling, ``top_p``) is not the
+    run's; nothing where either side does not say."""
+    def num(x: Any) -> float | None:
+        try:
+            return None if x is None or isinstance(x, bool) else float(x)
+        except (TypeError, ValueError):
+            return None
+
+    out = []
+    t_have, t_want = num(measured.get("temperature")), num(temperature)
+    if t_have is not None and t_want is not None and t_have != t_want:
+        out.append(f"profile {pid!r} was measured with temperature {t_have:g}, but this run uses {t_want:g}: its "
+                   "acceptance (and what is predicted or solved from it) is another setting's")
+    p_have, p_want = num(measured.get("top_p")), num(top_p)
+    if (t_have or 0) > 0 and (t_want or 0) > 0 and p_have is not None and p_want is not None and p_have != p_want:
+        out.append(f"profile {pid!r} was measured with top_p {p_have:g}, but this run uses {p_want:g}: its acceptance "
+                   "(and what is predicted or solved from it) is another setting's")
+    return out
+
+
 def same_weights(measured: Any, weights: Any, role: str) -> bool:
     """Whether a profile's ``measured.weights`` and ``weights`` (:func:`~sequoia_opt.jobs.load.weights_record`)
     both give model ``role`` a fingerprint and it is the same one: the same checkpoint, whatever its folder is
@@ -96,13 +117,17 @@ def warn_on_mismatch(
     draft: str | None = None,
     device_type: str | None = None,
     weights: dict | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
 ) -> list[str]:
     """Warnings (strings, one per problem) when the profiles were measured on another device / dtype / model
     pair than the one in use, or disagree with each other. Values that are unknown on either side are not
     compared. ``device`` is the device's name (``sequoia_opt.device.device_name``), ``device_type`` its torch
     type (``cpu``, ``cuda``), for profiles that recorded only a type (:func:`same_device`). Returns ``[]``
     when everything matches. ``weights``: the weights in use (:func:`~sequoia_opt.jobs.load.weights_record`),
-    compared with an acceptance profile's by fingerprint (:func:`weights_mismatch`).
+    compared with an acceptance profile's by fingerprint (:func:`weights_mismatch`). ``temperature`` / ``top_p``:
+    the run's sampling settings, compared with the acceptance profile's (the nucleus only where both sample; greedy
+    decoding reads none): acceptance at another temperature is another vector.
     """
     out: list[str] = []
 
@@ -122,6 +147,7 @@ def warn_on_mismatch(
         cmp("dtype", m.get("dtype"), dtype, acceptance.id)
         out += [f"profile {acceptance.id!r} was measured with other weights: {w}"
                 for w in weights_mismatch(m, weights)]
+        out += _sampling_mismatch(m, temperature, top_p, acceptance.id)
         if acceptance.example:
             out.append(f"acceptance profile {acceptance.id!r} is EXAMPLE data, not a measurement")
     if latency is not None:

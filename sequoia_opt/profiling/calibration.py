@@ -12,7 +12,7 @@ import torch
 from ..profiles.calibration import CalibrationProfile, RecordedStep
 from ..decoding import Decoder, StepView
 from ..decoding.forward import check_each_prompt
-from ..decoding.sampling import argmax_tokens, process_logits
+from ..decoding.sampling import argmax_tokens, process_logits, prompt_seed
 from ..drafting.drafters import Drafter
 from ..drafting.policies import DynamicPolicy
 from ..dynamic import DynamicSetting, max_candidates
@@ -53,7 +53,7 @@ def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter],
         prompts: token ids per prompt (each at least one token).
         steps, topk: the recording tree (``1 + topk + (steps - 1) topk^2`` nodes verified per step).
         temperature, top_p: the decoding mode (greedy acceptance is the target's argmax; sampling, its p).
-        seed: the decoder's random seed (per prompt ``seed + i``).
+        seed: the decoder's random seed (per prompt ``seed + i``: :func:`~sequoia_opt.decoding.sampling.prompt_seed`).
         max_new_tokens: tokens generated per prompt.
 
     Returns:
@@ -70,7 +70,7 @@ def measure_calibration(target: Transformer, new_drafter: Callable[[], Drafter],
                   max_len=min(target.config.max_position_embeddings, longest + max_new_tokens) + policy.max_size)
     check_each_prompt(prompts, lambda p: dec.check(p, max_new_tokens))  # before the first forward pass
     for i, p in enumerate(prompts):
-        dec.generator = torch.Generator(device=target.device).manual_seed(seed + i)
+        dec.generator = torch.Generator(device=target.device).manual_seed(prompt_seed(seed, i))
         dec.generate(p, max_new_tokens)
         if progress:
             progress(f"prompt {i + 1}/{len(prompts)}", i + 1, len(prompts))
