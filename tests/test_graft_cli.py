@@ -216,12 +216,15 @@ def test_solve_writes_a_grafted_tree_with_the_baselines(env, tmp_path, monkeypat
                   "strong": weights_record(Path(env["target"]), parse_drafter_spec(env["draft"]))["draft"]}
     meta.extra["profiled_weights"]["strong"]["fingerprint"] = "another-checkpoint"
     save_drafter_tree(tmp_path / "other.yaml", dtree, meta)
+    # the sampling settings its profiles were measured at (a grafted tree recorded none: run never warned)
+    assert (meta.extra["profiled_temperature"], meta.extra["profiled_top_p"]) == (0.0, 1.0)
     r = invoke("run", "--target", env["target"], "--draft", "lookup", "--draft", env["draft"], "--tree",
                tmp_path / "other.yaml", "--prompts", env["prompts"], "--num-prompts", "1", "--max-new-tokens", "4",
-               "--results-dir", tmp_path / "res", "--json")
+               "--results-dir", tmp_path / "res", "--temperature", "0.7", "--json")
     assert r.exit_code == 0, r.output
     said = [w for w in json.loads(r.stdout)["warnings"] if "other weights" in w]
     assert len(said) == 1 and "its strong drafter weights (fingerprint another-checkpoint)" in said[0], said
+    assert any("measured with temperature 0.0, but this run uses 0.7" in w for w in json.loads(r.stdout)["warnings"])
     note = next(n for n in doc["notes"] if n.startswith(("grafting pays here", "grafting does not pay")))
     # what the tree written holds, as it is (a root-only tree was called "that drafter's nodes alone")
     assert note.startswith("grafting pays here") == (doc["choice"]["plan"] == "graft")

@@ -529,9 +529,15 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
                                            found.light_only()[0], plans.acceptance)})
     meta.extra.update({"max_branching": max_branching, "budget_limit": budget, "context_tokens": ctx,
                        "light_latency_profile": curves[0].id})
+    # what run compares with its own (tree_mismatch_warnings): a grafted tree warned of another device or dtype,
+    # never of another temperature, nucleus or thread count
+    sampled = {k: pair.measured.get(k, accs[0].measured.get(k)) for k in ("temperature", "top_p")}
     for key, value in (("target", pair.measured.get("target") or accs[0].measured.get("target")),
                        ("device", curves[0].device.get("name")),
-                       ("dtype", curves[0].device.get("dtype") or pair.measured.get("dtype"))):
+                       ("dtype", curves[0].device.get("dtype") or pair.measured.get("dtype")),
+                       ("omp_wait_policy", curves[0].device.get("omp_wait_policy")),
+                       ("temperature", sampled["temperature"]), ("top_p", sampled["top_p"]),
+                       ("threads", curves[0].device.get("threads") if curves[0].device.get("type") == "cpu" else None)):
         if value is not None:
             meta.extra[f"profiled_{key}"] = value
 
