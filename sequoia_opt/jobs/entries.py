@@ -39,25 +39,21 @@ def tree_mismatch_warnings(name: str, meta: TreeMetadata, *, device: str, dtype:
     it); ``weights``: the checkpoints' fingerprints in use (:func:`~sequoia_opt.jobs.load.weights_record`),
     against the acceptance profile's (``profiled_weights``: another checkpoint of the same name accepts otherwise)."""
     from ..profiles import same_device, weights_mismatch
-    from ..profiles.checks import same_weights
+    from ..profiles.checks import sampling_differences, same_weights
 
     out = []
-    def sampled(t: Any) -> bool:
-        try:
-            return float(t) > 0
-        except (TypeError, ValueError):
-            return False
-
-    # greedy decoding reads no nucleus; a greedy side is told by the temperature's own line
-    both_sample = sampled(temperature) and sampled(meta.extra.get("profiled_temperature"))
+    sampling = {key for key, _, _ in sampling_differences(meta.extra.get("profiled_temperature"),
+                                                          meta.extra.get("profiled_top_p"), temperature, top_p)}
     for key, have in (("device", device), ("dtype", dtype), ("target", target), ("draft", draft),
                       ("draft_cost_model", draft_cost_model), ("engine", "treeopt"),
-                      ("omp_wait_policy", omp_wait_policy), ("temperature", temperature),
-                      ("top_p", top_p if both_sample else None), ("threads", threads)):
+                      ("omp_wait_policy", omp_wait_policy), ("temperature", temperature), ("top_p", top_p),
+                      ("threads", threads)):
         want = meta.extra.get(f"profiled_{key}")
         if have is None or want is None:
             continue
-        if key in ("temperature", "top_p", "threads"):
+        if key in ("temperature", "top_p"):
+            same = key not in sampling
+        elif key == "threads":
             try:
                 same = float(want) == float(have)
             except (TypeError, ValueError):

@@ -44,25 +44,37 @@ def measured_differs(label: str, have: Any, want: Any, device_type: str | None =
     return str(have).strip().lower() != str(want).strip().lower()
 
 
-def _sampling_mismatch(measured: Any, temperature: float | None, top_p: float | None, pid: str) -> list[str]:
-    """A warning where an acceptance profile's recorded ``temperature`` (or, both sampling, ``top_p``) is not the
-    run's; nothing where either side does not say."""
-    def num(x: Any) -> float | None:
-        try:
-            return None if x is None or isinstance(x, bool) else float(x)
-        except (TypeError, ValueError):
-            return None
+def _number(x: Any) -> float | None:
+    """A recorded sampling setting as a number; None where it is absent or no number (a file that does not say)."""
+    try:
+        return None if x is None or isinstance(x, bool) else float(x)
+    except (TypeError, ValueError):
+        return None
 
+
+def sampling_differences(recorded_temperature: Any, recorded_top_p: Any, temperature: Any,
+                         top_p: Any) -> list[tuple[str, float, float]]:
+    """``(key, recorded, in use)`` for each sampling setting a profile (or the tree solved from it) recorded and the
+    run differs in: ``temperature`` as numbers; ``top_p`` only where both sample (greedy decoding reads no nucleus;
+    a greedy side is told by the temperature's own line). A side that does not say is not compared. The one rule
+    :func:`warn_on_mismatch` and :func:`~sequoia_opt.jobs.entries.tree_mismatch_warnings` warn by."""
     out = []
-    t_have, t_want = num(measured.get("temperature")), num(temperature)
+    t_have, t_want = _number(recorded_temperature), _number(temperature)
     if t_have is not None and t_want is not None and t_have != t_want:
-        out.append(f"profile {pid!r} was measured with temperature {t_have:g}, but this run uses {t_want:g}: its "
-                   "acceptance (and what is predicted or solved from it) is another setting's")
-    p_have, p_want = num(measured.get("top_p")), num(top_p)
+        out.append(("temperature", t_have, t_want))
+    p_have, p_want = _number(recorded_top_p), _number(top_p)
     if (t_have or 0) > 0 and (t_want or 0) > 0 and p_have is not None and p_want is not None and p_have != p_want:
-        out.append(f"profile {pid!r} was measured with top_p {p_have:g}, but this run uses {p_want:g}: its acceptance "
-                   "(and what is predicted or solved from it) is another setting's")
+        out.append(("top_p", p_have, p_want))
     return out
+
+
+def _sampling_mismatch(measured: Any, temperature: float | None, top_p: float | None, pid: str) -> list[str]:
+    """A warning per sampling setting (:func:`sampling_differences`) an acceptance profile's ``measured`` records
+    otherwise than the run."""
+    return [f"profile {pid!r} was measured with {key} {have:g}, but this run uses {want:g}: its acceptance (and what "
+            "is predicted or solved from it) is another setting's"
+            for key, have, want in sampling_differences(measured.get("temperature"), measured.get("top_p"),
+                                                        temperature, top_p)]
 
 
 def same_weights(measured: Any, weights: Any, role: str) -> bool:
