@@ -529,17 +529,16 @@ def _solve_graft(pair_path: Path, acceptance: list[Path], latency: Optional[list
                                            found.light_only()[0], plans.acceptance)})
     meta.extra.update({"max_branching": max_branching, "budget_limit": budget, "context_tokens": ctx,
                        "light_latency_profile": curves[0].id})
-    # what run compares with its own (tree_mismatch_warnings): a grafted tree warned of another device or dtype,
-    # never of another temperature, nucleus or thread count
-    sampled = {k: pair.measured.get(k, accs[0].measured.get(k)) for k in ("temperature", "top_p")}
-    for key, value in (("target", pair.measured.get("target") or accs[0].measured.get("target")),
-                       ("device", curves[0].device.get("name")),
-                       ("dtype", curves[0].device.get("dtype") or pair.measured.get("dtype")),
-                       ("omp_wait_policy", curves[0].device.get("omp_wait_policy")),
-                       ("temperature", sampled["temperature"]), ("top_p", sampled["top_p"]),
-                       ("threads", curves[0].device.get("threads") if curves[0].device.get("type") == "cpu" else None)):
-        if value is not None:
-            meta.extra[f"profiled_{key}"] = value
+    # what run compares with its own (tree_mismatch_warnings), as for a one-drafter tree (_measured_on: the pair
+    # profile and the light drafter's curve), less what names one drafter (its name, cost model, weights, engine:
+    # graft_weights records the three models' weights); the light profile's where the pair's does not say
+    on = _measured_on(pair, curves[0])
+    for key in ("draft", "draft_cost_model", "weights", "engine"):
+        on.pop(f"profiled_{key}", None)
+    for key in ("target", "temperature", "top_p"):
+        if on.get(f"profiled_{key}") is None and accs[0].measured.get(key) is not None:
+            on[f"profiled_{key}"] = accs[0].measured[key]
+    meta.extra.update(on)
 
     def cells(name: str, nodes, per, depth, g, cost, tps, speedup) -> list:
         return [name, nodes, " ".join(map(str, per)), depth, g, cost, tps, speedup]
