@@ -912,21 +912,15 @@ def _plan_drafter(name: Optional[str]):
     try:
         spec = parse_drafter_spec(str(name))
     except TreeoptError:  # a bundled head's label (eagle3:treeopt-smollm2-eagle3) names no path: its kind does
-        bundled = [k for k, kind in DRAFTERS.items() if k != "model" and kind.default_path is not None
-                   and str(name).lower().startswith(f"{k}:")]
-        spec = next((s for s in map(_bundled_spec, bundled) if s is not None and s.label == str(name)), None)
-        return spec
+        kind = str(name).partition(":")[0].strip().lower()
+        if kind == "model" or kind not in DRAFTERS or DRAFTERS[kind].default_path is None:
+            return None
+        try:
+            spec = parse_drafter_spec(kind)  # the kind's bundled checkpoint, when that is the one the label names
+        except TreeoptError:  # the bundled checkpoint is missing
+            return None
+        return spec if spec.label == str(name) else None
     return spec if spec.path is None and spec.kind != "model" else None
-
-
-def _bundled_spec(kind: str):
-    """The bundled checkpoint of drafter ``kind`` as a spec (``--draft eagle3``), or None where it is missing."""
-    from ..jobs.load import parse_drafter_spec
-
-    try:
-        return parse_drafter_spec(kind)
-    except TreeoptError:
-        return None
 
 
 #: Re-solve rows shown in the table; past it only the re-solves that changed the tree (the JSON has them all).
