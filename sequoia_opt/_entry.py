@@ -48,14 +48,12 @@ def main() -> None:
     try:
         from .cli import app
         from .cli import common
-    except KeyboardInterrupt as err:
-        ignore_stops()  # a second stop would end the process by its signal before the line
-        sys.stderr.write(f"{stop_word(err)}: no output file was written\n")
-        raise SystemExit(stop_exit_code(err)) from None
-    common.on_command_end = ignore_stops
-    try:
+
+        common.on_command_end = ignore_stops
         app(prog_name="treeopt")
-    except KeyboardInterrupt as err:  # in typer's own set-up (building the command from its functions), before
-        ignore_stops()  # the root group's guard: no command has run
+    except KeyboardInterrupt as err:
+        # while the CLI loads, or in typer's own set-up (building the command from its functions) before the root
+        # group's guard: no command has run. Later stops are ignored: a second would end the process before the line
+        ignore_stops()
         sys.stderr.write(f"{stop_word(err)}: no output file was written\n")
         raise SystemExit(stop_exit_code(err)) from None
