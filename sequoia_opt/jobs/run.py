@@ -675,18 +675,17 @@ def run_trees(
         size, depth = (e.tree.size, e.tree.tree_depth) if static else (pol.max_verified, pol.max_depth)
         meta = e.metadata
         adapter = getattr(pol, "adapter", None)
-        # a step emits at most this many tokens (the intervals stop there): the tree's depth + 1, and no more than
-        # the generation asks (the decoder drafts no deeper than a row can still emit)
-        most = min(depth + 1, max_new_tokens)
         if adapter is not None:  # its trees change: the largest it verified (the final one read 1 node beside
             served = [st for r in res for st in r.steps]  # tokens/step from the earlier, deeper trees);
             size = max((st.tree_size for st in served), default=1)  # predicted: the step-weighted mean over them
             depth = max((st.tree_depth for st in served), default=0)
-            most = min(depth + 1, max_new_tokens)  # no step emits more than the deepest tree any step verified
             extra = {k: v for k, v in meta.extra.items()
                      if k not in ("end_overshoot_tokens", "node_rates", "depth_step_ms")}
             meta = replace(meta, expected_tokens_per_step=adapter.predicted_tokens_per_step, predicted_speedup=None,
                            extra=extra)  # the file's tree's length figures are not the trees it ran
+        # a step emits at most this many tokens (the intervals stop there): the (deepest verified) tree's depth + 1,
+        # and no more than the generation asks (the decoder drafts no deeper than a row can still emit)
+        most = min(depth + 1, max_new_tokens)
         contexts = [d.context for d in pol.drafters if d.context < target.config.max_position_embeddings]
         summaries.append(_summary(e.name, size, depth, res, [r for r in rows if r.tree == e.name],
                                   plain_summary.tokens_per_s, meta, e.drafter, names,
