@@ -17,6 +17,7 @@ never half a PNG). Each returns the path it wrote.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import json
 import math
@@ -58,8 +59,9 @@ def _new_figure(width_in: float, height_in: float) -> Figure:
     return fig
 
 
-#: While :func:`plot_all` draws a set: the PNGs rendered so far, ``(path, bytes)``, written together at its end.
-_PENDING: list[tuple[Path, bytes]] | None = None
+#: While :func:`plot_all` draws a set (in this thread or task): the PNGs rendered so far, ``(path, bytes)``,
+#: written together at its end; None elsewhere.
+_PENDING: contextvars.ContextVar[list[tuple[Path, bytes]] | None] = contextvars.ContextVar("_PENDING", default=None)
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
@@ -67,8 +69,9 @@ def _save(fig: Figure, path: str | Path) -> Path:
     the set's one write). Returns the path."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": "treeopt (matplotlib Agg)"})
-    if _PENDING is not None:
-        _PENDING.append((Path(path), buf.getvalue()))
+    pending = _PENDING.get()
+    if pending is not None:
+        pending.append((Path(path), buf.getvalue()))
         return Path(path)
     return atomic_write_bytes(path, buf.getvalue())
 
@@ -630,7 +633,6 @@ def plot_all(
     Raises:
         OutputError: a PNG the OS refuses to write (the set is put back as it was).
     """
-    global _PENDING
     out = Path(out_dir)
     pts = None  # read before anything is drawn: a bad run file must not leave the other PNGs replaced
     if run is not None or predicted:
@@ -638,7 +640,7 @@ def plot_all(
         if predicted:
             pts.predicted = [(int(b), float(s)) for b, s in predicted]
     pending: list[tuple[Path, bytes]] = []
-    _PENDING = pending
+    token = _PENDING.set(pending)
     try:
         if latency is not None:
             plot_latency(latency, out / LATENCY_PNG)
@@ -649,5 +651,5 @@ def plot_all(
         if tree is not None:
             plot_tree(tree, out / TREE_PNG, acceptance)
     finally:
-        _PENDING = None
+        _PENDING.reset(token)
     return write_all([(path, lambda p, data=data: atomic_write_bytes(p, data)) for path, data in pending])
